@@ -1,0 +1,62 @@
+"""The dtype table shared by every stage: DSL names, torch dtypes, MSL types, promotion."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str           # DSL name: "f32", "f16", ...
+    torch: torch.dtype
+    msl: str            # MSL storage type
+    itemsize: int
+    kind: str           # "float" | "int" | "uint" | "bool"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint")
+
+    @property
+    def compute(self) -> "DType":
+        """The dtype arithmetic happens in: f16/bf16 compute in f32 (opmath)."""
+        return F32 if self.is_float else self
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+F32 = DType("f32", torch.float32, "float", 4, "float")
+F16 = DType("f16", torch.float16, "half", 2, "float")
+BF16 = DType("bf16", torch.bfloat16, "bfloat", 2, "float")
+I64 = DType("i64", torch.int64, "long", 8, "int")
+I32 = DType("i32", torch.int32, "int", 4, "int")
+U32 = DType("u32", torch.uint32, "uint", 4, "uint")
+I16 = DType("i16", torch.int16, "short", 2, "int")
+U16 = DType("u16", torch.uint16, "ushort", 2, "uint")
+I8 = DType("i8", torch.int8, "char", 1, "int")
+U8 = DType("u8", torch.uint8, "uchar", 1, "uint")
+BOOL = DType("bool", torch.bool, "bool", 1, "bool")
+
+# Names accepted in annotations (DESIGN §2). i64 exists internally (index/argmax results).
+ANNOTATION_DTYPES = {d.name: d for d in (F32, F16, BF16, I32, U32, I16, U16, I8, U8, BOOL)}
+ALL = {d.name: d for d in (F32, F16, BF16, I64, I32, U32, I16, U16, I8, U8, BOOL)}
+BY_TORCH = {d.torch: d for d in ALL.values()}
+
+
+def from_torch(dt: torch.dtype) -> DType:
+    try:
+        return BY_TORCH[dt]
+    except KeyError:
+        raise TypeError(f"dtype {dt} is not supported by metalforge "
+                        f"(supported: {', '.join(str(d.torch) for d in ALL.values())})") from None
+
+
+def promote(a: DType, b: DType) -> DType:
+    """torch's type promotion of two tensor dtypes."""
+    return from_torch(torch.promote_types(a.torch, b.torch))

@@ -1,0 +1,173 @@
+"""The named-axis op graph: what tracing produces, what scheduling and the reference consume.
+
+A `Graph` is one specialisation of a kernel: every dtype variable and every `mf.Const` value is
+already bound, so the graph holds concrete dtypes and no Python control flow. Sizes of axes are
+*not* bound: they are runtime values the wrapper reads off the tensors.
+
+Axes are strings. A plain dim is its name (``"D"``); a derived dim is its canonical text
+(``"K/8"``) and an `AxisSpec` says how its size follows from its base; a batch dim ``*B`` is
+the single axis ``"B"`` whose size is the product of the leading dims (the wrapper flattens).
+Broadcasting is by axis name, so a node's ``axes`` is a set written in a canonical order: the
+order in which the axes first appear in the kernel's parameters (then in ``mf.index`` calls).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from .dtypes import DType
+
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class AxisSpec:
+    """One dim of an annotation. size = (size(base) * mul) // div + add for derived dims."""
+    name: str                   # canonical text: "D", "K/8", "N*2+1", or the batch name "B"
+    base: Optional[str] = None  # derived dims: the dim they are computed from
+    mul: int = 1
+    div: int = 1
+    add: int = 0
+    batch: bool = False         # "*B": any number of leading dims, flattened into one axis
+
+    @property
+    def derived(self) -> bool:
+        return self.base is not None
+
+
+@dataclass(frozen=True)
+class TensorParam:
+    name: str
+    dtype: DType                    # concrete (after specialisation)
+    dtype_var: Optional[str]        # "T" when annotated with a dtype variable, else None
+    dims: tuple[AxisSpec, ...]      # in storage order; the last is the contiguous one
+    annotation: str                 # the user's text, for error messages
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    """A runtime scalar (`float`, `int`, `bool` annotation): a kernel argument, no recompile."""
+    name: str
+    pytype: type                    # float | int | bool
+    dtype: DType                    # the width the kernel declares and the wrapper binds
+    default: Any = None
+    has_default: bool = False
+
+
+@dataclass(frozen=True)
+class ConstParam:
+    """A compile-time constant (`mf.Const[int]`/`mf.Const[bool]`): one variant per value."""
+    name: str
+    pytype: type
+    default: Any = None
+    has_default: bool = False
+
+
+Param = TensorParam | ScalarParam | ConstParam
+
+# --------------------------------------------------------------------------- nodes
+
+# Node.op values and their attr:
+#   "load"    attr = tensor parameter name                  args = ()
+#   "scalar"  attr = scalar parameter name                  args = ()
+#   "const"   attr = Python value (int/float/bool)          args = ()
+#   "index"   attr = axis name  (position along the axis, i64)
+#   "size"    attr = axis name  (size of the axis, i64)
+#   "unary"   attr = one of UNARY                           args = (x,)
+#   "binary"  attr = one of BINARY                          args = (a, b)
+#   "where"   attr = None                                   args = (cond, a, b)
+#   "cast"    attr = None (target is node.dtype)            args = (x,)
+#   "reduce"  attr = (kind, axis), kind in REDUCE           args = (x,)
+UNARY = ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+         "sigmoid", "erf", "abs", "floor", "ceil", "invert", "not")
+BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "mod", "floordiv",
+          "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "shl", "shr")
+REDUCE = ("sum", "max", "min", "prod", "argmax", "argmin")   # mean = sum / size
+
+
+@dataclass(eq=False)
+class Node:
+    """One value in the DAG. Identity semantics: the same Node object is the same value.
+
+    ``dtype`` is the logical (torch-promoted) result dtype; code generation computes f16/bf16
+    values in ``dtype.compute`` (f32) and casts only at loads and stores.
+    ``weak`` marks Python-scalar-derived values, which follow torch's scalar promotion rules.
+    """
+    op: str
+    args: tuple["Node", ...]
+    dtype: DType
+    axes: tuple[str, ...]
+    attr: Any = None
+    weak: bool = False
+    loc: Optional[tuple[str, int]] = None   # (user file, line) that created it
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, {self.attr!r}, {self.dtype}, {list(self.axes)})"
+
+
+@dataclass(frozen=True)
+class Output:
+    node: Node
+    axes: tuple[str, ...]      # storage order of the output tensor
+    dtype: DType
+
+
+@dataclass
+class Graph:
+    name: str
+    params: tuple[Param, ...]
+    outputs: tuple[Output, ...]
+    consts: dict[str, Any] = field(default_factory=dict)    # bound Const values
+    dtype_vars: dict[str, DType] = field(default_factory=dict)
+    loc: Optional[tuple[str, int]] = None                   # where the kernel is defined
+
+    # -- queries used by schedule, reference and runtime --------------------------------
+    @property
+    def tensors(self) -> tuple[TensorParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, TensorParam))
+
+    @property
+    def scalars(self) -> tuple[ScalarParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, ScalarParam))
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node reachable from the outputs, each once, operands before users."""
+        seen: set[int] = set()
+        order: list[Node] = []
+
+        def visit(n: Node) -> None:
+            stack = [(n, False)]
+            while stack:
+                node, done = stack.pop()
+                if done:
+                    order.append(node)
+                    continue
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                stack.append((node, True))
+                stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+
+        for o in self.outputs:
+            visit(o.node)
+        return iter(order)
+
+    def reductions(self) -> list[Node]:
+        return [n for n in self.nodes() if n.op == "reduce"]
+
+    def axis_spec(self, axis: str) -> AxisSpec:
+        for t in self.tensors:
+            for d in t.dims:
+                if d.name == axis:
+                    return d
+        raise KeyError(axis)
