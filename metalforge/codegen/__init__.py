@@ -1,0 +1,4 @@
+"""Code generators: kernel IR → source text for a target (Metal Shading Language today)."""
+from .msl import render as render_msl
+
+__all__ = ["render_msl"]

@@ -1,0 +1,239 @@
+"""IR → Metal Shading Language text.
+
+A small printer: one statement per line, four-space indents, `precise::` math, explicit casts,
+the helpers a kernel calls defined above it, the kernel as a template and one
+`template [[host_name("...")]]` instantiation per binding of its template parameters.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from .. import ir
+
+# helper functions, emitted only when a kernel calls them
+HELPERS: dict[str, str] = {
+    "mf_erf": """\
+// erf (MSL has none): for |x| < 2.5 the all-positive series
+//   erf(x) = 2/sqrt(pi) * exp(-x^2) * sum_n (2x^2)^n x / (1*3*...*(2n+1));
+// beyond, erfc from its continued fraction
+//   erfc(a) = exp(-a^2)/sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ...)))).
+inline float mf_erf(float x) {
+    const float mf_a = abs(x);
+    if (isnan(x)) {
+        return x;
+    }
+    if (mf_a >= 4.0f) {
+        return copysign(1.0f, x);
+    }
+    const float mf_e = precise::exp(-x * x);
+    if (mf_a < 2.5f) {
+        const float mf_x2 = 2.0f * x * x;
+        float mf_term = x;
+        float mf_sum = x;
+        for (int mf_n = 1; mf_n < 60; ++mf_n) {
+            mf_term *= mf_x2 / float(2 * mf_n + 1);
+            mf_sum += mf_term;
+            if (abs(mf_term) < 1e-9f * abs(mf_sum)) {
+                break;
+            }
+        }
+        return 1.1283791670955126f * mf_e * mf_sum;
+    }
+    float mf_f = mf_a;
+    for (int mf_n = 30; mf_n >= 1; --mf_n) {
+        mf_f = mf_a + (0.5f * float(mf_n)) / mf_f;
+    }
+    const float mf_erfc = mf_e / (1.7724538509055160f * mf_f);
+    return copysign(1.0f - mf_erfc, x);
+}""",
+    "mf_maximum": """\
+// maximum/minimum propagating NaN, as torch does
+template <typename F>
+inline F mf_maximum(F a, F b) {
+    if (a != a) {
+        return a;
+    }
+    if (b != b) {
+        return b;
+    }
+    return a > b ? a : b;
+}""",
+    "mf_minimum": """\
+template <typename F>
+inline F mf_minimum(F a, F b) {
+    if (a != a) {
+        return a;
+    }
+    if (b != b) {
+        return b;
+    }
+    return a < b ? a : b;
+}""",
+    "mf_pow": """\
+// pow with torch's sign for a negative base and an integral exponent
+inline float mf_pow(float a, float b) {
+    if (a < 0.0f && b == floor(b)) {
+        const float mf_r = precise::pow(-a, b);
+        return fmod(b, 2.0f) != 0.0f ? -mf_r : mf_r;
+    }
+    return precise::pow(a, b);
+}""",
+    "mf_ipow": """\
+// integer power by squaring (exponent >= 0)
+template <typename I>
+inline I mf_ipow(I a, I b) {
+    I mf_r = 1;
+    while (b > 0) {
+        if (b & 1) {
+            mf_r *= a;
+        }
+        a *= a;
+        b >>= 1;
+    }
+    return mf_r;
+}""",
+    "mf_remainder": """\
+// integer remainder with the sign of the divisor (torch.remainder)
+template <typename I>
+inline I mf_remainder(I a, I b) {
+    const I mf_r = a % b;
+    return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;
+}""",
+    "mf_fremainder": """\
+// float remainder with the sign of the divisor (torch.remainder)
+inline float mf_fremainder(float a, float b) {
+    const float mf_r = fmod(a, b);
+    return (mf_r != 0.0f && ((mf_r < 0.0f) != (b < 0.0f))) ? mf_r + b : mf_r;
+}""",
+    "mf_floordiv": """\
+// integer division rounding toward -infinity (torch.floor_divide)
+template <typename I>
+inline I mf_floordiv(I a, I b) {
+    const I mf_q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
+}""",
+}
+
+_SIMPLE_TYPE = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
+
+
+def literal(e: ir.Lit) -> str:
+    v, t = e.value, e.type
+    if t == "bool":
+        return "true" if v else "false"
+    if t in ("float", "half", "bfloat"):
+        v = float(v)
+        if math.isnan(v):
+            return "NAN"
+        if math.isinf(v):
+            return "INFINITY" if v > 0 else "-INFINITY"
+        s = repr(v)
+        if "e" not in s and "." not in s:
+            s += ".0"
+        return s + "f"
+    v = int(v)
+    if t in ("uint", "ulong", "mf_index_t") and v >= 0:
+        return f"{v}u" if t == "uint" or v < 2 ** 31 else f"{v}ul"
+    if -2 ** 31 <= v < 2 ** 31:
+        return str(v)
+    return f"{v}l"
+
+
+def _call(e: ir.Call, r) -> str:
+    fn = f"precise::{e.fn}" if e.precise else e.fn
+    return f"{fn}({', '.join(r(a) for a in e.args)})"
+
+
+def _cast(e: ir.Cast, r) -> str:
+    inner = r(e.x)
+    return f"{e.type}({inner})" if _SIMPLE_TYPE.match(e.type) else \
+        f"static_cast<{e.type}>({inner})"
+
+
+def _load(e: ir.Load, r) -> str:
+    if e.width == 1:
+        return f"{e.buffer}[{r(e.index)}]"
+    return (f"*reinterpret_cast<device const vec<{e.elem_type}, {e.width}>*>"
+            f"({e.buffer} + {r(e.index, 9)})")
+
+
+def expr(e: ir.Expr) -> str:
+    return ir.expr_text(e, lit=literal, call=_call, cast=_cast, load=_load)
+
+
+def _stmts(body: list, ind: str, out: list[str]) -> None:
+    for s in body:
+        if isinstance(s, ir.Comment):
+            out.append(f"{ind}// {s.text}")
+        elif isinstance(s, ir.Decl):
+            const = "const " if s.const else ""
+            val = "" if s.value is None else f" = {expr(s.value)}"
+            out.append(f"{ind}{const}{s.type} {s.name}{val};")
+        elif isinstance(s, ir.Assign):
+            out.append(f"{ind}{expr(s.target)} = {expr(s.value)};")
+        elif isinstance(s, ir.Store):
+            if s.width == 1:
+                out.append(f"{ind}{s.buffer}[{expr(s.index)}] = {expr(s.value)};")
+            else:
+                out.append(f"{ind}*reinterpret_cast<device vec<{s.elem_type}, {s.width}>*>"
+                           f"({s.buffer} + {ir.expr_text(s.index, literal, _call, _cast, _load, 9)})"
+                           f" = {expr(s.value)};")
+        elif isinstance(s, ir.If):
+            out.append(f"{ind}if ({expr(s.cond)}) {{")
+            _stmts(s.then, ind + "    ", out)
+            if s.orelse:
+                out.append(f"{ind}}} else {{")
+                _stmts(s.orelse, ind + "    ", out)
+            out.append(f"{ind}}}")
+        elif isinstance(s, ir.For):
+            out.append(f"{ind}for ({s.type} {s.var} = {expr(s.start)}; {s.var} < {expr(s.stop)}; "
+                       f"++{s.var}) {{")
+            _stmts(s.body, ind + "    ", out)
+            out.append(f"{ind}}}")
+        elif isinstance(s, ir.Break):
+            out.append(f"{ind}break;")
+        else:
+            raise TypeError(f"not an IR statement: {s!r}")
+
+
+def _signature(k: ir.Kernel, types: dict[str, str] | None = None) -> list[str]:
+    def t(name: str) -> str:
+        return types.get(name, name) if types else name
+
+    lines = []
+    for p in k.params:
+        if p.kind == "buffer":
+            q = "device " if p.writable else "device const "
+            lines.append(f"    {q}{t(p.type)}* {p.name} [[buffer({p.index})]]")
+        else:
+            lines.append(f"    constant {t(p.type)}& {p.name} [[buffer({p.index})]]")
+    for th in k.threads:
+        lines.append(f"    {th.type} {th.name} [[{th.attribute}]]")
+    return [ln + ("," if i < len(lines) - 1 else "") for i, ln in enumerate(lines)]
+
+
+def render(k: ir.Kernel) -> str:
+    """The complete MSL source of one kernel."""
+    out = ["#include <metal_stdlib>", "using namespace metal;", ""]
+    if k.summary:
+        out += [f"// {k.summary}", "// generated by metalforge", ""]
+    for h in k.helpers:
+        out += [HELPERS[h], ""]
+    if k.template:
+        out.append(f"template <{', '.join(f'typename {p}' for p in k.template)}>")
+    out.append(f"kernel void {k.name}(")
+    out += _signature(k)
+    out[-1] += ")"
+    out.append("{")
+    _stmts(k.body, "    ", out)
+    out += ["}", ""]
+    if k.template:
+        out.append("// one kernel per dtype set and index width")
+        for inst in k.instances:
+            types = dict(zip(k.template, inst.types))
+            out.append(f"template [[host_name(\"{inst.host_name}\")]] kernel void "
+                       f"{k.name}<{', '.join(inst.types)}>(")
+            out += _signature(k, types)
+            out[-1] += ");"
+    return "\n".join(out) + "\n"

@@ -1,0 +1,48 @@
+"""Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
+
+Families (DESIGN §5): elementwise today; row and column reductions slot in as further entries
+of `_BUILDERS` and `policy.POLICIES`, each producing the same `Schedule` object.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ..graph import Graph
+from . import elementwise
+from .base import Schedule, Traffic
+from .lower import UnsupportedConstruct, where
+from .policy import LaunchError, LaunchPolicy, resolve
+
+__all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedConstruct",
+           "family", "plan", "needs_index64", "INDEX32_LIMIT"]
+
+INDEX32_LIMIT = 2 ** 31          # sizes and element counts below this use 32-bit indexing
+_BUILDERS = {"elementwise": elementwise.build}
+
+
+def family(graph: Graph) -> str:
+    """The schedule family of a graph, or an error naming the construct it cannot handle."""
+    reds = graph.reductions()
+    if reds:
+        n = reds[0]
+        kind, axis = n.attr
+        raise UnsupportedConstruct(
+            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){where(n)} is a reduction; "
+            f"reduction schedules (row and column) are not supported yet — only elementwise "
+            f"kernels can be compiled for now")
+    return "elementwise"
+
+
+def needs_index64(sizes: Mapping[str, int], numel: int) -> bool:
+    return numel >= INDEX32_LIMIT or any(s >= INDEX32_LIMIT for s in sizes.values())
+
+
+def plan(graph: Graph, launch: Optional[Mapping[str, Any]] = None, *,
+         index64: bool = False) -> Schedule:
+    """The schedule of `graph` with `launch` overrides; index64 picks 64-bit indexing (a
+    policy's explicit index64 wins)."""
+    fam = family(graph)
+    policy = resolve(fam, launch)
+    if policy.index64 is not None:
+        index64 = policy.index64
+    return _BUILDERS[fam](graph, policy, index64)

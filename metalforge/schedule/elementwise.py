@@ -1,0 +1,336 @@
+"""The elementwise schedule: a grid over the output's elements, several per thread.
+
+Layout. Thread t covers `elements_per_thread` consecutive elements of the grid (the output with
+the most axes, in its storage order), in chunks of `vector_width`. A chunk that lies wholly inside
+the grid is read and written with vector loads/stores for every tensor whose elements at those
+positions are contiguous (same axes as the grid; or a suffix of them, when that suffix's span is
+a multiple of the vector width); other tensors (broadcast ones) are read one element per lane at
+their own offset. The last, partial chunk takes a guarded scalar path.
+
+Broadcast inputs are indexed by their own axes: an offset is `i` (same axes as the grid),
+`i % span` (a suffix), `i / span` (a prefix), or built from the element's position along each
+axis (any other subset/order). Axis sizes are kernel arguments. The index type is a template
+parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir
+from ..dtypes import DType
+from ..graph import Graph, Node, TensorParam
+from .base import Schedule
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
+from .policy import LaunchPolicy
+
+IDX = "mf_index_t"
+_SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
+                 "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
+# names the generated code uses that a user's parameter must not shadow
+RESERVED = {"kernel", "device", "constant", "thread", "threadgroup", "half", "bfloat", "float",
+            "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "bool", "vec",
+            "metal", "precise", "fast", "abs", "min", "max", "floor", "ceil", "exp", "exp2", "log",
+            "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "pow", "fmod", "select", "true",
+            "false", "T", IDX, "auto", "const", "static", "template", "typename", "using",
+            "namespace", "return", "if", "else", "for", "while", "break", "void", "signed",
+            "unsigned", "struct", "class", "union", "enum", "this", "new", "delete"}
+
+
+def param_name(name: str) -> str:
+    return f"mf_p_{name}" if name in RESERVED or name.startswith("mf_") else name
+
+
+def host_name(graph: Graph, index64: bool) -> str:
+    if graph.dtype_vars:
+        tags = [d.name for d in graph.dtype_vars.values()]
+    else:
+        tags = list(dict.fromkeys(t.dtype.name for t in graph.tensors))
+    return "_".join([graph.name, *tags] + (["idx64"] if index64 else []))
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
+    return _Builder(graph, policy, index64).build()
+
+
+class _Builder:
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
+        self.g, self.p, self.index64 = graph, policy, index64
+        outs = graph.outputs
+        self.grid = max(outs, key=lambda o: len(o.axes)).axes
+        for o in outs:
+            extra = [a for a in o.axes if a not in self.grid]
+            if extra:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': outputs over different axes ({list(o.axes)} and "
+                    f"{list(self.grid)}) are not supported by the elementwise schedule")
+        nodes = list(graph.nodes())
+        used = {n.attr for n in nodes if n.op == "load"}
+        self.inputs = [t for t in graph.tensors if t.name in used]
+        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
+                                                        for n in nodes)]
+        for t in self.inputs:
+            extra = [a for a in t.axes if a not in self.grid]
+            if extra:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                    f"output has: only a reduction can remove an axis")
+        for n in nodes:
+            if n.op == "index" and n.attr not in self.grid:
+                raise UnsupportedConstruct(
+                    f"mf.index({n.attr!r})" + (f" at {n.loc[0]}:{n.loc[1]}" if n.loc else "") +
+                    f": '{n.attr}' is not an axis of the output {list(self.grid)}")
+        # template parameters: dtype variables, then the index type
+        self.tvars = dict(graph.dtype_vars)
+        self.names = {t.name: param_name(t.name) for t in graph.tensors}
+        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
+        single = len(outs) == 1
+        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(outs))]
+        vw = policy.vector_width
+        self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)]
+        self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]
+        self.sizes_used: list[str] = []
+        self.spans: dict[tuple[str, ...], str] = {}
+        self.span_decls: list[ir.Stmt] = []
+        self.helpers: set[str] = set()
+
+    # -- naming and types --------------------------------------------------------------
+    def stype(self, dtype: DType, var: str | None = None) -> str:
+        """Storage type spelling: the template parameter where a dtype variable binds it."""
+        return var if var and var in self.tvars else dtype.msl
+
+    def out_stype(self, k: int) -> str:
+        o = self.g.outputs[k]
+        for v, d in self.tvars.items():
+            if d == o.dtype:
+                return v
+        return o.dtype.msl
+
+    def in_stype(self, t: TensorParam) -> str:
+        return self.stype(t.dtype, t.dtype_var)
+
+    def size(self, axis: str) -> ir.Expr:
+        if axis not in self.sizes_used:
+            self.sizes_used.append(axis)
+        return ir.Var(f"mf_size_{ident(axis)}")
+
+    def span(self, axes: tuple[str, ...]) -> ir.Expr:
+        """Product of the sizes of `axes` (declared once at the top of the kernel)."""
+        if len(axes) == 1:
+            return self.size(axes[0])
+        if axes not in self.spans:
+            name = "mf_span_" + "_".join(ident(a) for a in axes)
+            e: ir.Expr = self.size(axes[0])
+            for a in axes[1:]:
+                e = ir.Binary("*", e, self.size(a))
+            self.spans[axes] = name
+            self.span_decls.append(ir.Decl(name, IDX, e))
+        return ir.Var(self.spans[axes])
+
+    def _vectorisable(self, axes: tuple[str, ...]) -> bool:
+        n = len(axes)
+        return n > 0 and axes == self.grid[len(self.grid) - n:]
+
+    # -- offsets -----------------------------------------------------------------------
+    def position(self, axis: str, i: ir.Expr, need: dict) -> ir.Expr:
+        """Position of element i along a grid axis (declared per element, on first use)."""
+        if axis not in need:
+            k = self.grid.index(axis)
+            inner = self.grid[k + 1:]
+            e = ir.Binary("/", i, self.span(inner)) if inner else i
+            if k > 0:
+                e = ir.Binary("%", e, self.size(axis))
+            need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, e)
+        return ir.Var(f"mf_pos_{ident(axis)}")
+
+    def offset(self, axes: tuple[str, ...], i: ir.Expr, need: dict) -> ir.Expr:
+        g = self.grid
+        if axes == g:
+            return i
+        if not axes:
+            return ir.Lit(0, IDX)
+        if axes == g[len(g) - len(axes):]:
+            return ir.Binary("%", i, self.span(axes))
+        if axes == g[:len(axes)]:
+            return ir.Binary("/", i, self.span(g[len(axes):]))
+        e = self.position(axes[0], i, need)
+        for a in axes[1:]:
+            e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a, i, need))
+        return e
+
+    # -- one element -------------------------------------------------------------------
+    def element(self, vector: bool) -> list[ir.Stmt]:
+        """Statements computing and storing element `mf_i` (lane `mf_k` of the vector path)."""
+        i, k = ir.Var("mf_i"), ir.Var("mf_k")
+        need: dict[str, ir.Decl] = {}
+        vec_names = {t.name for t in self.vec_in}
+
+        def load(n: Node) -> ir.Expr:
+            t = self.g.param(n.attr)
+            if vector and t.name in vec_names:
+                raw: ir.Expr = ir.Lane(ir.Var(f"mf_{t.name}_v"), k)
+            else:
+                raw = ir.Load(self.names[t.name], self.offset(t.axes, i, need))
+            return ir.Cast(ctype(t.dtype), raw)
+
+        low = ElementLowering(self.g, load, lambda a: self.position(a, i, need), self.size,
+                              lambda s: self.names[s])
+        body = low.lower([o.node for o in self.g.outputs])
+        self.helpers |= low.helpers
+        stores: list[ir.Stmt] = []
+        for kk, o in enumerate(self.g.outputs):
+            v = ir.Cast(self.out_stype(kk), self._to_out(low.value(o.node), o.node.dtype, o.dtype))
+            if vector and kk in self.vec_out:
+                stores.append(ir.Assign(ir.Lane(ir.Var(f"{self.out_names[kk]}_v"), k), v))
+                continue
+            st = ir.Store(self.out_names[kk], self.offset(o.axes, i, need), v)
+            missing = [a for a in self.grid if a not in o.axes]
+            if missing:      # the value repeats along these axes: one thread writes it
+                cond: ir.Expr = ir.Binary("==", self.position(missing[0], i, need), ir.Lit(0, IDX))
+                for a in missing[1:]:
+                    cond = ir.Binary("&&", cond, ir.Binary("==", self.position(a, i, need),
+                                                           ir.Lit(0, IDX)))
+                stores.append(ir.If(cond, [st]))
+            else:
+                stores.append(st)
+        pos = [need[a] for a in self.grid if a in need]
+        out: list[ir.Stmt] = []
+        if pos:
+            out += [ir.Comment("position along each axis")] + pos
+        out += [ir.Comment("compute (f16/bf16 in f32)")] + body
+        out += [ir.Comment("store")] + stores
+        return out
+
+    @staticmethod
+    def _to_out(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
+        return convert(e, src, dst)
+
+    # -- the kernel --------------------------------------------------------------------
+    def build(self) -> Schedule:
+        p = self.p
+        vw, vpt = p.vector_width, p.vectors_per_thread
+        i_decl = ir.Decl("mf_i", IDX, ir.Binary("+", ir.Var("mf_start"), ir.Var("mf_k")))
+
+        # scalar path: guarded, one element at a time
+        scalar_el = self.element(vector=False)
+        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+            i_decl,
+            ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)])]
+        if vw == 1:
+            scalar = [ir.Decl("mf_i", IDX, ir.Var("mf_start")),
+                      ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)]
+
+        chunk: list[ir.Stmt]
+        if vw > 1:
+            start = ir.Var("mf_start")
+            loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
+                                               f"inputs")]
+            for t in self.vec_in:
+                off = self.offset(t.axes, start, {})
+                loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
+                                     ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
+            for kk in self.vec_out:
+                loads.append(ir.Decl(f"{self.out_names[kk]}_v",
+                                     f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
+            lane_el = self.element(vector=True)
+            uses_i = _mentions(lane_el, "mf_i")
+            lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                           ([i_decl] if uses_i else []) + lane_el, unroll=True)
+            vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
+            for kk in self.vec_out:
+                vstores.append(ir.Store(self.out_names[kk], start,
+                                        ir.Var(f"{self.out_names[kk]}_v"), vw,
+                                        self.out_stype(kk)))
+            full = ir.Binary("<=", ir.Binary("+", start, ir.Lit(vw, IDX)), ir.Var("mf_numel"))
+            suffix = [t for t in self.vec_in if t.axes != self.grid]
+            cond: ir.Expr = full
+            pre: list[ir.Stmt] = []
+            if suffix:
+                spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
+                ok: ir.Expr = ir.Binary("==", ir.Binary("%", self.span(spans[0]), ir.Lit(vw, IDX)),
+                                        ir.Lit(0, IDX))
+                for s in spans[1:]:
+                    ok = ir.Binary("&&", ok, ir.Binary("==", ir.Binary("%", self.span(s),
+                                                                       ir.Lit(vw, IDX)),
+                                                       ir.Lit(0, IDX)))
+                pre = [ir.Comment("broadcast inputs can be read as vectors when their rows hold "
+                                  f"whole {vw}-element chunks"),
+                       ir.Decl("mf_vec_ok", "bool", ok)]
+                cond = ir.Binary("&&", full, ir.Var("mf_vec_ok"))
+            chunk = [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
+                           [ir.Comment("tail: scalar, guarded")] + scalar)]
+        else:
+            pre = []
+            chunk = scalar
+
+        ept = p.elements_per_thread
+        base = ir.Binary("*", ir.Cast(IDX, ir.Var("mf_tid")), ir.Lit(ept, IDX))
+        body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
+                                          f"elements")]
+        if vpt == 1:
+            body.append(ir.Decl("mf_start", IDX, base))
+            loop_body = chunk
+        else:
+            body.append(ir.Decl("mf_base", IDX, base))
+            loop_body = [ir.Decl("mf_start", IDX, ir.Binary(
+                "+", ir.Var("mf_base"), ir.Binary("*", ir.Cast(IDX, ir.Var("mf_j")),
+                                                  ir.Lit(vw, IDX))))] + chunk
+        sizes_block = ([ir.Comment("sizes of multi-axis spans")] + self.span_decls
+                       if self.span_decls else [])
+        body += sizes_block + pre
+        if vpt == 1:
+            body += loop_body
+        else:
+            body.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vpt, "uint"), loop_body,
+                               unroll=True))
+
+        kernel = ir.Kernel(
+            name=f"mf_{self.g.name}",
+            op=self.g.name,
+            template=(*self.tvars.keys(), IDX),
+            instances=(ir.Instance(host_name(self.g, self.index64),
+                                   (*(d.msl for d in self.tvars.values()),
+                                    "ulong" if self.index64 else "uint")),),
+            params=self._params(),
+            threads=(ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
+            body=body,
+            helpers=tuple(sorted(self.helpers)),
+            summary=(f"{self.g.name}: elementwise over [{', '.join(self.grid)}], {ept} elements "
+                     f"per thread ({vw}-wide vector loads/stores where contiguous), "
+                     f"{'64' if self.index64 else '32'}-bit indexing"),
+        )
+        return Schedule("elementwise", self.g, p, kernel, tuple(self.grid),
+                        tuple(t.name for t in self.vec_in), self.index64)
+
+    def _params(self) -> tuple[ir.Param, ...]:
+        ps: list[ir.Param] = []
+
+        def add(name, kind, typ, binds, writable=False, cast=None):
+            ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+
+        for t in self.inputs:
+            add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
+        for kk in range(len(self.g.outputs)):
+            add(self.out_names[kk], "buffer", self.out_stype(kk), ("output", kk), writable=True)
+        for s in self.scalars:
+            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
+                cast=_SCALAR_CASTS.get(s.dtype.name))
+        icast = None if self.index64 else "int32"
+        add("mf_numel", "scalar", IDX, ("numel",), cast=icast)
+        for a in self.sizes_used:
+            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+        return tuple(ps)
+
+
+def _mentions(stmts: list, name: str) -> bool:
+    """Whether any statement reads variable `name`."""
+    def walk(x) -> bool:
+        if isinstance(x, ir.Var):
+            return x.name == name
+        if isinstance(x, list):
+            return any(walk(y) for y in x)
+        if isinstance(x, tuple):
+            return any(walk(y) for y in x)
+        if dataclasses.is_dataclass(x):
+            return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
+        return False
+    return walk(stmts)

@@ -1,0 +1,229 @@
+"""Graph nodes → IR statements computing one element: shared by every schedule family.
+
+`ElementLowering` walks the nodes a set of outputs needs, in dependency order, and emits one
+`Decl` per computed value. f16/bf16 values are computed in f32 (`DType.compute`); conversions
+between compute types are explicit casts. How a tensor element, an axis position or an axis size
+is read is the schedule's business, passed in as callbacks.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .. import ir
+from ..dtypes import BOOL, F32, DType, promote
+from ..graph import Graph, Node
+
+# math functions that have a precise:: form in MSL (accuracy matters: DESIGN §4)
+_PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
+                  "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tanh": "tanh"}
+_FLOAT_RESULT = set(_PRECISE_UNARY) | {"sigmoid", "erf"}
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^",
+          "shl": "<<", "shr": ">>"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+class UnsupportedConstruct(ValueError):
+    """A graph construct this schedule cannot lower (names the construct and the user's line)."""
+
+
+def where(node: Node) -> str:
+    return f" at {node.loc[0]}:{node.loc[1]}" if node.loc else ""
+
+
+def ctype(dt: DType) -> str:
+    """The MSL type a value of dtype `dt` is computed in."""
+    return dt.compute.msl
+
+
+def lit(value, dt: DType) -> ir.Lit:
+    c = dt.compute
+    if c.kind == "bool":
+        return ir.Lit(bool(value), "bool")
+    if c.is_float:
+        return ir.Lit(float(value), ctype(dt))
+    return ir.Lit(int(value), ctype(dt))
+
+
+def convert(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
+    """e (computed as src.compute) as a dst.compute value."""
+    s, d = src.compute, dst.compute
+    if s == d:
+        return e
+    if isinstance(e, ir.Lit):
+        return lit(e.value, dst)
+    return ir.Cast(ctype(dst), e)
+
+
+class ElementLowering:
+    """Lowers the nodes behind some outputs into per-element statements.
+
+    load(node) -> Expr        the stored element of tensor node.attr, as its compute type
+    position(axis) -> Expr    this element's position along an axis (index type)
+    size(axis) -> Expr        the size of an axis (index type)
+    scalar(name) -> str       the MSL name of a runtime scalar parameter
+    """
+
+    def __init__(self, graph: Graph, load: Callable[[Node], ir.Expr],
+                 position: Callable[[str], ir.Expr], size: Callable[[str], ir.Expr],
+                 scalar: Callable[[str], str], prefix: str = "mf_v"):
+        self.graph = graph
+        self.load, self.position, self.size, self.scalar = load, position, size, scalar
+        self.prefix = prefix
+        self.helpers: set[str] = set()
+        self.values: dict[int, ir.Expr] = {}
+        self._count = 0
+
+    # -- walking ------------------------------------------------------------------------
+    def lower(self, roots: list[Node]) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for n in self._order(roots):
+            if id(n) in self.values:
+                continue
+            e = self._expr(n)
+            if isinstance(e, (ir.Lit, ir.Var)) or n.op in ("scalar", "const", "size"):
+                self.values[id(n)] = e
+                continue
+            name = self._name(n)
+            out.append(ir.Decl(name, ctype(n.dtype), e))
+            self.values[id(n)] = ir.Var(name)
+        return out
+
+    def value(self, n: Node) -> ir.Expr:
+        return self.values[id(n)]
+
+    def _order(self, roots: list[Node]) -> list[Node]:
+        seen: set[int] = set(self.values)
+        order: list[Node] = []
+        for r in roots:
+            stack = [(r, False)]
+            while stack:
+                node, done = stack.pop()
+                if done:
+                    order.append(node)
+                    continue
+                if id(node) in seen:
+                    continue
+                seen.add(id(node))
+                stack.append((node, True))
+                stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
+        return order
+
+    def _name(self, n: Node) -> str:
+        if n.op == "load":
+            return f"mf_{n.attr}"
+        if n.op == "index":
+            return f"mf_index_{_ident(n.attr)}"
+        self._count += 1
+        return f"{self.prefix}{self._count}"
+
+    # -- one node -----------------------------------------------------------------------
+    def _arg(self, n: Node, i: int, dt: DType) -> ir.Expr:
+        a = n.args[i]
+        return convert(self.values[id(a)], a.dtype, dt)
+
+    def _expr(self, n: Node) -> ir.Expr:
+        op = n.op
+        if op == "load":
+            return self.load(n)
+        if op == "scalar":
+            p = self.graph.param(n.attr)
+            return convert(ir.Var(self.scalar(n.attr)), p.dtype, n.dtype)
+        if op == "const":
+            return lit(n.attr, n.dtype)
+        if op == "index":
+            return ir.Cast(ctype(n.dtype), self.position(n.attr))
+        if op == "size":
+            return ir.Cast(ctype(n.dtype), self.size(n.attr))
+        if op == "cast":
+            return self._cast(n)
+        if op == "where":
+            return ir.Select(self._arg(n, 0, BOOL), self._arg(n, 1, n.dtype),
+                             self._arg(n, 2, n.dtype))
+        if op == "unary":
+            return self._unary(n)
+        if op == "binary":
+            return self._binary(n)
+        if op == "reduce":
+            kind, axis = n.attr
+            raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{where(n)} is a reduction, "
+                                       f"which this schedule cannot lower")
+        raise UnsupportedConstruct(f"graph op '{op}'{where(n)} is not supported")
+
+    def _cast(self, n: Node) -> ir.Expr:
+        src = n.args[0]
+        x = self.values[id(src)]
+        dst = n.dtype
+        if dst.compute == F32 and dst != F32:
+            # round through the narrow storage type so the value is what torch would hold
+            return ir.Cast("float", ir.Cast(dst.msl, convert(x, src.dtype, F32)))
+        if dst.kind == "bool" and src.dtype.kind != "bool":
+            return ir.Binary("!=", x, lit(0, src.dtype))
+        return convert(x, src.dtype, dst)
+
+    def _unary(self, n: Node) -> ir.Expr:
+        f = n.attr
+        dt = n.dtype
+        x = self._arg(n, 0, dt)
+        if f in _PRECISE_UNARY:
+            return ir.Call(_PRECISE_UNARY[f], (x,), precise=True)
+        if f == "sigmoid":
+            one = lit(1.0, dt)
+            return ir.Binary("/", one, ir.Binary("+", one, ir.Call("exp", (ir.Unary("-", x),),
+                                                                   precise=True)))
+        if f == "erf":
+            self.helpers.add("mf_erf")
+            return ir.Call("mf_erf", (x,))
+        if f == "neg":
+            return ir.Unary("-", x)
+        if f == "abs":
+            return x if dt.kind in ("uint", "bool") else ir.Call("abs", (x,))
+        if f in ("floor", "ceil"):
+            return ir.Call(f, (x,)) if dt.is_float else x
+        if f == "invert":
+            return ir.Unary("!", x) if dt.kind == "bool" else ir.Unary("~", x)
+        if f == "not":
+            return ir.Unary("!", self._arg(n, 0, BOOL))
+        raise UnsupportedConstruct(f"unary function '{f}'{where(n)} is not supported")
+
+    def _binary(self, n: Node) -> ir.Expr:
+        f = n.attr
+        dt = n.dtype
+        if f in _COMPARE:
+            a, b = n.args
+            common = promote(a.dtype, b.dtype)
+            return ir.Binary(_COMPARE[f], self._arg(n, 0, common), self._arg(n, 1, common))
+        x, y = self._arg(n, 0, dt), self._arg(n, 1, dt)
+        if f in _ARITH:
+            if dt.kind == "bool" and f in ("add", "mul"):      # torch: bool + bool is logical
+                return ir.Binary("|" if f == "add" else "&", x, y)
+            return ir.Binary(_ARITH[f], x, y)
+        if f in ("maximum", "minimum"):
+            self.helpers.add(f"mf_{f}")
+            return ir.Call(f"mf_{f}", (x, y))
+        if f == "pow":
+            if dt.is_float:
+                self.helpers.add("mf_pow")
+                return ir.Call("mf_pow", (x, y))
+            self.helpers.add("mf_ipow")
+            return ir.Call("mf_ipow", (x, y))
+        if f == "mod":
+            h = "mf_fremainder" if dt.is_float else "mf_remainder"
+            self.helpers.add(h)
+            return ir.Call(h, (x, y))
+        if f == "floordiv":
+            if dt.is_float:
+                return ir.Call("floor", (ir.Binary("/", x, y),))
+            self.helpers.add("mf_floordiv")
+            return ir.Call("mf_floordiv", (x, y))
+        raise UnsupportedConstruct(f"binary operation '{f}'{where(n)} is not supported")
+
+
+def _ident(axis: str) -> str:
+    """An axis name as part of an identifier: "K/8" → "K_div8"."""
+    out = axis
+    for a, b in (("/", "_div"), ("*", "_mul"), ("+", "_add"), ("-", "_sub"), (" ", "")):
+        out = out.replace(a, b)
+    return out
+
+
+ident = _ident

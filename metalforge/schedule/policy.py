@@ -1,0 +1,99 @@
+"""Launch policy: one config table per schedule family, overridable, validated on the host.
+
+Codegen reads every launch-shaped number (threads per group, elements per thread, vector width)
+from a `LaunchPolicy`; nothing launch-related is a literal elsewhere. `resolve` merges a user's
+`launch=` overrides into the family's defaults and checks them; `validate_for_kernel` checks the
+result against the compiled pipeline's own limit before the first launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping, Optional
+
+MAX_THREADS_PER_GROUP = 1024          # Metal's limit on Apple GPUs
+MAX_THREADGROUP_BYTES = 32 * 1024     # static threadgroup memory a kernel may declare
+SIMD_WIDTH = 32
+
+
+class LaunchError(ValueError):
+    """A launch configuration that cannot run (checked on the host before any launch)."""
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    family: str
+    threads_per_group: int = 256
+    vector_width: int = 4              # elements per vector load/store (1 = scalar only)
+    vectors_per_thread: int = 1        # vector chunks each thread handles
+    rows_per_group: int = 1            # row reductions: rows per threadgroup
+    reads_per_thread: int = 4          # row reductions: elements held in registers per thread
+    looped_limit: int = 4096           # row reductions: longest row done in one pass
+    uses_simd: bool = False            # simd collectives in the kernel → groups of 32
+    threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
+    index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
+
+    @property
+    def elements_per_thread(self) -> int:
+        return self.vector_width * self.vectors_per_thread
+
+    def key(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+# The table. Only the keys a family reads may be overridden for it.
+POLICIES: dict[str, LaunchPolicy] = {
+    "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=4,
+                                vectors_per_thread=1),
+}
+TUNABLE: dict[str, tuple[str, ...]] = {
+    "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
+}
+
+
+def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPolicy:
+    """The family's policy with `launch` overrides applied, checked."""
+    base = POLICIES[family]
+    if launch:
+        allowed = TUNABLE[family]
+        bad = sorted(k for k in launch if k not in allowed)
+        if bad:
+            raise LaunchError(f"launch option(s) {', '.join(map(repr, bad))} do not apply to a "
+                              f"{family} kernel; it takes: {', '.join(allowed)}")
+        base = replace(base, **dict(launch))
+    validate(base)
+    return base
+
+
+def validate(p: LaunchPolicy) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise LaunchError(f"{p.family} launch policy: {msg}")
+
+    for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
+                 "reads_per_thread", "looped_limit"):
+        v = getattr(p, name)
+        need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+             f"{name} must be a positive int, got {v!r}")
+    need(p.index64 is None or isinstance(p.index64, bool),
+         f"index64 must be None, True or False, got {p.index64!r}")
+    need(p.threads_per_group <= MAX_THREADS_PER_GROUP,
+         f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
+         f"{MAX_THREADS_PER_GROUP}")
+    need(not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
+         f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
+         f"kernel uses simdgroup collectives")
+    need(p.vector_width in (1, 2, 4), f"vector_width must be 1, 2 or 4, got {p.vector_width}")
+    need(p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
+         f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
+         f"{MAX_THREADGROUP_BYTES}-byte limit")
+
+
+def validate_for_kernel(p: LaunchPolicy, kernel_name: str, max_threads: int,
+                        static_tg_bytes: int = 0) -> None:
+    """Checks against the compiled pipeline (its max_threads_per_threadgroup), before launch."""
+    if p.threads_per_group > max_threads:
+        raise LaunchError(f"kernel {kernel_name}: threads_per_group={p.threads_per_group} exceeds "
+                          f"this pipeline's max_threads_per_threadgroup={max_threads}")
+    if static_tg_bytes > MAX_THREADGROUP_BYTES:
+        raise LaunchError(f"kernel {kernel_name}: {static_tg_bytes} bytes of threadgroup memory, "
+                          f"over the {MAX_THREADGROUP_BYTES}-byte limit")
