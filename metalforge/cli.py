@@ -1,0 +1,104 @@
+"""The `metalforge` command line.
+
+    metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir]
+
+Each subcommand is a `_cmd_<name>(args) -> int` registered in `_SUBCOMMANDS` with its argument
+setup, so further subcommands (gen-tests, ...) slot in beside `show`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from typing import Callable, Optional
+
+from .dtypes import ANNOTATION_DTYPES
+
+
+class CLIError(Exception):
+    pass
+
+
+def load_kernel(target: str):
+    """`FILE.py::NAME` → the kernel object NAME defined in FILE.py (imported, not run as
+    __main__, so a script's self-check does not run)."""
+    if "::" not in target:
+        raise CLIError(f"expected FILE.py::NAME, got {target!r}")
+    path, name = target.rsplit("::", 1)
+    if not os.path.isfile(path):
+        raise CLIError(f"no such file: {path}")
+    mod_name = "_metalforge_cli_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    if not hasattr(module, name):
+        found = sorted(k for k, v in vars(module).items() if hasattr(v, "source")
+                       and hasattr(v, "reference"))
+        raise CLIError(f"{path} defines no {name!r}" +
+                       (f"; kernels there: {', '.join(found)}" if found else ""))
+    k = getattr(module, name)
+    if not (hasattr(k, "source") and hasattr(k, "ir")):
+        raise CLIError(f"{path}::{name} is a {type(k).__name__}, not a @metalforge.kernel")
+    return k
+
+
+def dtype_bindings(kernel, dtype: Optional[str]) -> dict[str, str]:
+    """Bind every dtype variable of the kernel to `dtype` (default f32)."""
+    tvars = list(dict.fromkeys(p.dtype_var for p in getattr(kernel, "params", ())
+                               if getattr(p, "dtype_var", None)))
+    if dtype is not None and not tvars:
+        raise CLIError(f"kernel '{kernel.name}' has no dtype variable to bind --dtype to; its "
+                       f"dtypes are fixed by its annotations")
+    return {v: dtype or "f32" for v in tvars}
+
+
+def _cmd_show(args) -> int:
+    k = load_kernel(args.target)
+    binds = dtype_bindings(k, args.dtype)
+    text = k.ir(**binds) if args.emit == "ir" else k.source(**binds)
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def _setup_show(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="FILE.py::NAME", help="a kernel defined in a Python file")
+    p.add_argument("--dtype", choices=sorted(ANNOTATION_DTYPES),
+                   help="dtype bound to the kernel's dtype variables (default f32)")
+    p.add_argument("--emit", choices=("msl", "ir"), default="msl",
+                   help="print the Metal source (default) or the lowered IR")
+
+
+_SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+    "show": ("print the generated Metal source (or IR) of a kernel", _setup_show, _cmd_show),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="metalforge",
+                                 description="metalforge: a declarative kernel DSL for Metal")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, (help_, setup, _) in _SUBCOMMANDS.items():
+        setup(sub.add_parser(name, help=help_, description=help_))
+    return ap
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _SUBCOMMANDS[args.command][2](args)
+    except CLIError as e:
+        print(f"metalforge {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except (TypeError, ValueError, SyntaxError) as e:
+        print(f"metalforge {args.command}: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

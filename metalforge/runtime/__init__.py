@@ -1,0 +1,68 @@
+"""Runtime: run a graph specialisation on a backend; show its MSL or IR.
+
+    run(graph, values, backend=None, launch=None)   checks, allocates, compiles (cached), launches
+    source(graph, values=None, sizes=None, launch=None) -> str     the MSL
+    ir(graph, values=None, sizes=None, launch=None) -> str         the lowered kernel, as text
+    schedule_of(graph, values=None, sizes=None, launch=None)       the Schedule (traffic, launch)
+    backend("sim") / current_backend(tensors)                      selection and override
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+
+from .. import ir as ir_mod
+from .. import schedule as sched_mod
+from ..codegen import render_msl
+from ..graph import Graph
+from ..shapes import bind_shapes
+from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
+from .launcher import DeviceError, run as _run, specialisation
+
+__all__ = ["run", "source", "ir", "schedule_of", "backend", "current_backend", "BACKENDS",
+           "DeviceError", "clear_caches"]
+
+
+def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = None,
+        launch: Optional[Mapping[str, Any]] = None):
+    """Run one specialisation. values: every tensor and runtime scalar by name.
+    Returns the output tensor, or a tuple of them for several outputs."""
+    if backend is not None:
+        check_name(backend)
+    return _run(graph, values, backend, launch)
+
+
+def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
+                sizes: Optional[Mapping[str, int]] = None,
+                launch: Optional[Mapping[str, Any]] = None) -> sched_mod.Schedule:
+    """The schedule a call with these values (or axis sizes) uses. Without sizes, the
+    32-bit-indexed variant."""
+    spec = specialisation(graph, launch)
+    bound: dict[str, int] = dict(sizes or {})
+    if values is not None:
+        tensors = {t.name: values[t.name] for t in graph.tensors
+                   if isinstance(values.get(t.name), torch.Tensor)}
+        if len(tensors) == len(graph.tensors):
+            bound.update(bind_shapes(graph, tensors).sizes)
+    index64 = False
+    if all(a in bound for a in spec.grid):
+        numel = 1
+        for a in spec.grid:
+            numel *= bound[a]
+        index64 = sched_mod.needs_index64(bound, numel)
+    return spec.schedule(index64)
+
+
+def source(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
+           sizes: Optional[Mapping[str, int]] = None,
+           launch: Optional[Mapping[str, Any]] = None) -> str:
+    """The MSL source of the kernel these values (or sizes) select."""
+    return render_msl(schedule_of(graph, values, sizes=sizes, launch=launch).kernel)
+
+
+def ir(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
+       sizes: Optional[Mapping[str, int]] = None,
+       launch: Optional[Mapping[str, Any]] = None) -> str:
+    """A readable dump of the lowered kernel."""
+    return ir_mod.dump(schedule_of(graph, values, sizes=sizes, launch=launch).kernel)

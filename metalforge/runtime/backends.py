@@ -1,0 +1,92 @@
+"""Backends: where a generated kernel runs, how one is chosen, and the compiled-library cache.
+
+Both backends expose one call model, `torch.mps.compile_shader`'s: `compile(source)` returns a
+library; `getattr(lib, host_name)` a kernel object called as
+`kernel(*args, threads=, group_size=, arg_casts=)` (positional buffer binding, dispatchThreads).
+
+- "mps": `torch.mps.compile_shader` on MPS tensors (Metal on Apple GPUs).
+- "sim": `metalforge.sim.compile_shader` on CPU tensors (the MSL compiled as C++ and run on the
+  CPU with real threadgroup/simdgroup semantics).
+
+Precedence: an explicit `backend=` (from `@mf.kernel(backend=...)`) > the innermost
+`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim").
+"""
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any, Iterable, Optional
+
+import torch
+
+BACKENDS = ("mps", "sim")
+DEVICE_OF = {"mps": "mps", "sim": "cpu"}          # the tensor device each backend runs on
+_override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
+
+
+def check_name(name: Any) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown metalforge backend {name!r}; choose one of: "
+                         f"{', '.join(BACKENDS)}")
+    return name
+
+
+class backend:
+    """Select the backend for kernel calls in a `with` block: `with mf.backend("sim"): ...`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = check_name(name)
+        self._tokens: list = []
+
+    def __enter__(self) -> "backend":
+        self._tokens.append(_override.set(self.name))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _override.reset(self._tokens.pop())
+
+    def __repr__(self) -> str:
+        return f"metalforge.backend({self.name!r})"
+
+
+def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
+    """The backend a call with these tensors uses: the `with` override, else their device."""
+    name = _override.get()
+    if name is not None:
+        return name
+    for t in tensors:
+        return "mps" if t.device.type == "mps" else "sim"
+    return "mps" if torch.backends.mps.is_available() else "sim"
+
+
+# --------------------------------------------------------------------------- compilation
+
+_libraries: dict[tuple[str, str], Any] = {}      # (backend, source) → compiled library
+_kernels: dict[tuple[str, str, str], Any] = {}   # (backend, source, host name) → kernel object
+
+
+def _compile(backend_name: str, source: str):
+    if backend_name == "mps":
+        if not torch.backends.mps.is_available():
+            raise RuntimeError("backend 'mps' needs an Apple-silicon Mac with MPS available; on "
+                               "other machines use CPU tensors (the 'sim' backend)")
+        return torch.mps.compile_shader(source)
+    from ..sim import compile_shader
+    return compile_shader(source)
+
+
+def kernel_object(backend_name: str, source: str, host_name: str):
+    """The compiled kernel (cached: one library per source, one kernel object per name)."""
+    key = (backend_name, source, host_name)
+    k = _kernels.get(key)
+    if k is None:
+        lib = _libraries.get((backend_name, source))
+        if lib is None:
+            lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
+        k = _kernels[key] = getattr(lib, host_name)
+    return k
+
+
+def clear_caches() -> None:
+    """Forget compiled libraries (the simulator's on-disk cache is separate)."""
+    _libraries.clear()
+    _kernels.clear()

@@ -1,0 +1,183 @@
+"""The wrapper around one graph specialisation: argument checks, output allocation, launch.
+
+`Specialisation` is built once per (graph, launch overrides) and keeps everything a warm call
+needs precomputed: the tensor/scalar parameters, the grid axes, and per (index width, backend)
+a `Launcher` holding the compiled kernel object, its positional argument plan and `arg_casts`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+import torch
+
+from .. import schedule as sched_mod
+from ..graph import Graph
+from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
+from ..codegen import render_msl
+from .backends import DEVICE_OF, current_backend, kernel_object
+from ..schedule.policy import validate_for_kernel
+
+MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
+
+
+class DeviceError(ValueError):
+    """Tensor arguments on a device metalforge cannot run on, or on different devices."""
+
+
+def _where(graph: Graph) -> str:
+    return f"kernel '{graph.name}'" + (f" ({graph.loc[0]}:{graph.loc[1]})" if graph.loc else "")
+
+
+@dataclass
+class Launcher:
+    schedule: sched_mod.Schedule
+    backend: str
+    source: str
+    kernel: Any
+    binds: tuple                  # per positional argument: what to pass
+    casts: Optional[dict]         # arg_casts for compile_shader (None when none needed)
+
+
+@dataclass
+class Specialisation:
+    graph: Graph
+    launch: Optional[Mapping[str, Any]]
+    family: str
+    tensors: tuple
+    scalars: tuple
+    grid: tuple[str, ...]
+    where: str
+    _schedules: dict = field(default_factory=dict)
+    _launchers: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: Graph, launch) -> "Specialisation":
+        fam = sched_mod.family(graph)
+        grid = max(graph.outputs, key=lambda o: len(o.axes)).axes
+        return cls(graph, launch, fam, graph.tensors, graph.scalars, tuple(grid), _where(graph))
+
+    # -- schedule and compiled kernel, cached ------------------------------------------
+    def schedule(self, index64: bool) -> sched_mod.Schedule:
+        s = self._schedules.get(index64)
+        if s is None:
+            s = self._schedules[index64] = sched_mod.plan(self.graph, self.launch,
+                                                          index64=index64)
+        return s
+
+    def launcher(self, index64: bool, backend: str) -> Launcher:
+        key = (index64, backend)
+        ln = self._launchers.get(key)
+        if ln is None:
+            s = self.schedule(index64)
+            src = render_msl(s.kernel)
+            k = kernel_object(backend, src, s.kernel.host_name)
+            validate_for_kernel(s.policy, s.kernel.host_name,
+                                int(k.max_threads_per_threadgroup),
+                                int(getattr(k, "static_thread_group_memory_length", 0)))
+            casts = {p.index: p.cast for p in s.kernel.params if p.cast}
+            ln = self._launchers[key] = Launcher(
+                s, backend, src, k, tuple(p.binds for p in s.kernel.params), casts or None)
+        return ln
+
+    # -- checks ------------------------------------------------------------------------
+    def collect(self, values: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        tensors: dict[str, torch.Tensor] = {}
+        for p in self.tensors:
+            if p.name not in values:
+                raise TypeError(f"{self.where}: missing tensor argument '{p.name}'")
+            t = values[p.name]
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{self.where}: argument '{p.name}' (annotated "
+                                f"\"{p.annotation}\") must be a torch.Tensor, got "
+                                f"{type(t).__name__}")
+            if t.dtype != p.dtype.torch:
+                raise TypeError(f"{self.where}: argument '{p.name}' has dtype {t.dtype}, but "
+                                f"this specialisation was built for {p.dtype.torch}")
+            tensors[p.name] = t
+        return tensors
+
+    def device(self, tensors: Mapping[str, torch.Tensor]) -> torch.device:
+        dev = None
+        first = None
+        for name, t in tensors.items():
+            if t.device.type not in ("mps", "cpu"):
+                raise DeviceError(f"{self.where}: argument '{name}' is on device "
+                                  f"'{t.device}'; metalforge runs on 'mps' tensors (Metal) or "
+                                  f"'cpu' tensors (the simulator)")
+            if dev is None:
+                dev, first = t.device, name
+            elif t.device != dev:
+                raise DeviceError(f"{self.where}: all tensor arguments must be on one device: "
+                                  f"'{first}' is on {dev} but '{name}' is on {t.device}")
+        return dev if dev is not None else torch.device("cpu")
+
+
+_specs: dict[tuple, Specialisation] = {}
+
+
+def specialisation(graph: Graph, launch) -> Specialisation:
+    lkey = None if not launch else tuple(sorted(launch.items()))
+    key = (id(graph), lkey)
+    s = _specs.get(key)
+    if s is None or s.graph is not graph:
+        s = _specs[key] = Specialisation.of(graph, launch)
+    return s
+
+
+def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+        launch: Optional[Mapping[str, Any]] = None):
+    spec = specialisation(graph, launch)
+    tensors = spec.collect(values)
+    dev = spec.device(tensors)
+    be = backend or current_backend(tensors.values())
+    if DEVICE_OF[be] != dev.type:
+        hint = ".to('mps')" if be == "mps" else ".cpu()"
+        raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
+                          f"arguments are on {dev}; move them with {hint} or choose backend "
+                          f"'{'sim' if be == 'mps' else 'mps'}'")
+    binding: ShapeBinding = bind_shapes(graph, tensors)
+    sizes = binding.sizes
+    outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
+            for o in graph.outputs]
+    numel = 1
+    for a in spec.grid:
+        numel *= sizes[a]
+    if numel:
+        _launch(spec, be, tensors, values, binding, outs, numel)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _launch(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
+            numel: int) -> None:
+    sizes = binding.sizes
+    ln = spec.launcher(sched_mod.needs_index64(sizes, numel), be)
+    s = ln.schedule
+    vw = s.policy.vector_width
+    args: list = []
+    for b in ln.binds:
+        kind = b[0]
+        if kind == "input":
+            p = spec.graph.param(b[1])
+            t = tensors[b[1]].contiguous()
+            if b[1] in s.vector_inputs and t.storage_offset() % vw:
+                t = t.clone()                  # vector loads need an aligned start
+            if p.dims and p.dims[0].batch:
+                t = t.reshape(flat_shape(binding, p))
+            args.append(t)
+        elif kind == "output":
+            args.append(outs[b[1]])
+        elif kind == "scalar":
+            p = spec.graph.param(b[1])
+            v = values[b[1]]
+            args.append(float(v) if p.dtype.is_float else int(v))
+        elif kind == "numel":
+            args.append(numel)
+        else:                                  # ("size", axis)
+            args.append(sizes[b[1]])
+    threads, group = s.launch(sizes)
+    if threads > MAX_THREADS:
+        raise ValueError(f"{spec.where}: {numel} output elements need {threads} threads, over "
+                         f"the {MAX_THREADS} a dispatch can launch; raise "
+                         f"launch={{'vectors_per_thread': ...}}")
+    ln.kernel(*args, threads=threads, group_size=group, arg_casts=ln.casts)
