@@ -1,0 +1,1 @@
+"""Frontend: annotations (lark), tracing of @mf.kernel functions into a Graph, the Kernel."""

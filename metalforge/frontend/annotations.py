@@ -1,0 +1,233 @@
+"""Parse tensor annotations ("T[R, D]", "u32[N, K/8]", "T[*B, D]") with the lark grammar.
+
+`parse_annotation(text)` returns an `Annotation`: the dtype (a DSL dtype name or a dtype
+variable) and one `Dim` per storage dim. Derived dims keep their expression until the kernel
+resolves it (`resolve_dim`) into a `graph.AxisSpec`, because an operand may name an
+`mf.Const[int]` parameter (``K/GS``) whose value is known only per specialisation.
+Every error is an `AnnotationError` whose message shows the annotation with a caret under the
+offending character.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from importlib import resources
+from typing import Mapping, Optional
+
+import lark
+
+from .. import dtypes
+from ..graph import AxisSpec
+from .errors import AnnotationError
+
+_READABLE = {
+    "NAME": "a name", "INT": "an integer", "RSQB": "']'", "LSQB": "'['", "COMMA": "','",
+    "STAR": "'*'", "LPAR": "'('", "RPAR": "')'", "PLUS": "'+'", "MINUS": "'-'",
+    "SLASH": "'/'", "$END": "the end", "<END-OF-FILE>": "the end",
+}
+
+# Names that look like dtypes but are not metalforge dtypes: refuse them rather than silently
+# treating them as dtype variables.
+_DTYPE_LOOKALIKE = re.compile(
+    r"^(?:[fiu]\d+|bf\d+|float\d*|half|double|bfloat\d*|int\d*|uint\d*|long|short|char|"
+    r"uchar|ushort|bool_|boolean)$")
+
+
+@lru_cache(maxsize=1)
+def grammar_text() -> str:
+    return resources.files(__package__).joinpath("metalforge.lark").read_text()
+
+
+@lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+    return lark.Lark(grammar_text(), parser="lalr", propagate_positions=True,
+                     maybe_placeholders=False)
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One storage dim of an annotation, as written."""
+    kind: str                      # "plain" | "derived" | "batch" | "group"
+    name: str                      # plain/batch: the name; derived/group: the text as written
+    pos: int                       # offset of the dim in the annotation text
+    expr: Optional[lark.Tree] = None       # derived: the expression
+    names: tuple[str, ...] = ()            # group: the member names; derived: names used
+
+
+@dataclass(frozen=True)
+class Annotation:
+    text: str
+    dtype: Optional[dtypes.DType]  # concrete dtype, or None when a dtype variable decides
+    dtype_var: Optional[str]
+    dims: tuple[Dim, ...]
+
+    @property
+    def has_group(self) -> bool:
+        return any(d.kind == "group" for d in self.dims)
+
+
+def caret(text: str, pos: int) -> str:
+    """The annotation in quotes with a caret under character `pos`."""
+    return f'    "{text}"\n     {" " * pos}^'
+
+
+def _fail(text: str, pos: int, msg: str, context: str) -> AnnotationError:
+    prefix = f"{context}: " if context else ""
+    err = AnnotationError(f"{prefix}bad annotation \"{text}\": {msg}\n{caret(text, pos)}")
+    err.column = pos
+    err.annotation = text
+    return err
+
+
+def _syntax_error(text: str, e: lark.exceptions.UnexpectedInput, context: str) -> AnnotationError:
+    if isinstance(e, lark.exceptions.UnexpectedToken):
+        tok = e.token
+        pos = len(text) if tok.type == "$END" else tok.start_pos
+        got = "end of the annotation" if tok.type == "$END" else f"'{tok}'"
+        expected = sorted(_READABLE.get(t, t) for t in e.expected)
+    elif isinstance(e, lark.exceptions.UnexpectedCharacters):
+        pos = e.pos_in_stream
+        got = f"'{text[pos]}'"
+        expected = sorted(_READABLE.get(t, t) for t in (e.allowed or ()))
+    else:   # UnexpectedEOF
+        pos = len(text)
+        got = "end of the annotation"
+        expected = sorted(_READABLE.get(t, t) for t in getattr(e, "expected", ()))
+    want = f"; expected {', '.join(expected)}" if expected else ""
+    return _fail(text, pos, f"unexpected {got}{want}. Annotations look like \"T[R, D]\", "
+                 "\"f16[N]\", \"u32[N, K/8]\" or \"T[*B, D]\"", context)
+
+
+def _names(tree: lark.Tree) -> list[lark.Token]:
+    if tree.data == "name":
+        return [tree.children[0]]
+    if tree.data == "int":
+        return []
+    return [n for c in tree.children if isinstance(c, lark.Tree) for n in _names(c)]
+
+
+def parse_annotation(text: str, context: str = "") -> Annotation:
+    """Parse one tensor annotation; `context` (e.g. "kernel 'f' (a.py:3), parameter 'x'")
+    prefixes error messages."""
+    try:
+        tree = _parser().parse(text)
+    except lark.exceptions.UnexpectedInput as e:
+        raise _syntax_error(text, e, context) from None
+
+    dtype_tok, *dim_trees = tree.children
+    dname = str(dtype_tok)
+    if dname in dtypes.ANNOTATION_DTYPES:
+        dtype, dtype_var = dtypes.ANNOTATION_DTYPES[dname], None
+    elif _DTYPE_LOOKALIKE.match(dname):
+        raise _fail(text, dtype_tok.start_pos,
+                    f"'{dname}' is not a metalforge dtype (dtypes: "
+                    f"{' '.join(dtypes.ANNOTATION_DTYPES)}; any other name, like T, is a "
+                    "dtype variable)", context)
+    else:
+        dtype, dtype_var = None, dname
+
+    dims: list[Dim] = []
+    seen: dict[str, int] = {}
+    for i, t in enumerate(dim_trees):
+        start = t.meta.start_pos
+        src = text[start:t.meta.end_pos]
+        if t.data == "batch":
+            if i != 0:
+                raise _fail(text, start, f"the batch dims '{src}' must come first (they stand "
+                            "for any number of leading dims)", context)
+            dim = Dim("batch", str(t.children[0]), start, names=(str(t.children[0]),))
+        elif t.data == "group":
+            dim = Dim("group", "(" + " ".join(map(str, t.children)) + ")", start,
+                      names=tuple(map(str, t.children)))
+        elif t.data == "name":
+            dim = Dim("plain", str(t.children[0]), start, names=(str(t.children[0]),))
+        else:
+            names = _names(t)
+            if not names:
+                raise _fail(text, start, f"the dim '{src}' has no name; fixed sizes are not "
+                            "supported: name the dim (e.g. N) and the size comes from the "
+                            "tensors", context)
+            dim = Dim("derived", re.sub(r"\s+", "", src), start, expr=t,
+                      names=tuple(dict.fromkeys(map(str, names))))
+        for n, tok_pos in _dim_name_positions(dim, t):
+            if dim.kind == "derived":
+                continue        # derived dims may repeat their base (K and K/8)
+            if n in seen:
+                raise _fail(text, tok_pos, f"dim '{n}' appears twice", context)
+            seen[n] = tok_pos
+        dims.append(dim)
+    return Annotation(text, dtype, dtype_var, tuple(dims))
+
+
+def _dim_name_positions(dim: Dim, tree: lark.Tree) -> list[tuple[str, int]]:
+    if dim.kind == "derived":
+        return []
+    toks = [c for c in tree.children if isinstance(c, lark.Token)]
+    return [(str(tok), tok.start_pos) for tok in toks]
+
+
+# --------------------------------------------------------------------------- derived dims
+
+def _linear(tree: lark.Tree, consts: Mapping[str, int], text: str, context: str):
+    """Evaluate a derived-dim expression as coef * base + off. Returns (base, coef, off)."""
+    def ev(t: lark.Tree):
+        if t.data == "int":
+            return None, Fraction(0), Fraction(int(t.children[0]))
+        if t.data == "name":
+            n = str(t.children[0])
+            if n in consts:
+                v = consts[n]
+                if isinstance(v, bool) or not isinstance(v, int):
+                    raise _fail(text, t.meta.start_pos, f"'{n}' in a derived dim must be an "
+                                f"mf.Const[int], got {v!r}", context)
+                return None, Fraction(0), Fraction(v)
+            return n, Fraction(1), Fraction(0)
+        (ba, ca, oa), (bb, cb, ob) = ev(t.children[0]), ev(t.children[1])
+        if ba and bb and ba != bb:
+            raise _fail(text, t.meta.start_pos, f"a derived dim is computed from one base dim "
+                        f"and integers, but this one uses '{ba}' and '{bb}' (names other than "
+                        "the base must be mf.Const[int] parameters)", context)
+        base = ba or bb
+        if t.data == "add":
+            return base, ca + cb, oa + ob
+        if t.data == "sub":
+            return base, ca - cb, oa - ob
+        if t.data == "mul":
+            if ca and cb:
+                raise _fail(text, t.meta.start_pos, "a derived dim cannot multiply a dim by a "
+                            "dim", context)
+            return base, ca * ob + cb * oa, oa * ob
+        # div
+        if cb:
+            raise _fail(text, t.children[1].meta.start_pos, "a derived dim can only divide "
+                        "by an integer", context)
+        if ob == 0:
+            raise _fail(text, t.children[1].meta.start_pos, "division by zero", context)
+        return base, ca / ob, oa / ob
+    return ev(tree)
+
+
+def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "") -> AxisSpec:
+    """The graph's AxisSpec for one parsed dim (derived dims need the Const values)."""
+    if dim.kind == "plain":
+        return AxisSpec(dim.name)
+    if dim.kind == "batch":
+        return AxisSpec(dim.name, batch=True)
+    if dim.kind == "group":
+        raise _fail(text, dim.pos, f"grouped dims like '{dim.name}' are not supported yet "
+                    "(they come with the attention schedule); use separate dims", context)
+    base, coef, off = _linear(dim.expr, consts, text, context)
+    if base is None or coef <= 0:
+        raise _fail(text, dim.pos, f"the derived dim '{dim.name}' must grow with its base dim "
+                    "(e.g. K/8, N*2+1)", context)
+    if off.denominator != 1:
+        raise _fail(text, dim.pos, f"the derived dim '{dim.name}' must have the form "
+                    "base*a/b + c with whole numbers a, b, c", context)
+    mul, div, add = coef.numerator, coef.denominator, int(off)
+    if (mul, div, add) == (1, 1, 0):
+        return AxisSpec(base)
+    name = base + (f"*{mul}" if mul != 1 else "") + (f"/{div}" if div != 1 else "")
+    name += f"+{add}" if add > 0 else (f"{add}" if add < 0 else "")
+    return AxisSpec(name, base=base, mul=mul, div=div, add=add)

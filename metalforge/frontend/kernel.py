@@ -1,0 +1,456 @@
+"""`@mf.kernel` and the Kernel object: parameters from annotations, argument binding, one
+traced Graph per specialisation (dtype variables + Const values), and the calls into the
+runtime (run/source/ir) and the reference."""
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import textwrap
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+
+from .. import dtypes
+from ..dtypes import BOOL, DType, F32, I64
+from ..graph import AxisSpec, ConstParam, Graph, Node, Output, Param, ScalarParam, TensorParam
+from .annotations import Annotation, parse_annotation, resolve_dim
+from .errors import AnnotationError, BindingError, TraceError
+from .tracer import Sym, Trace
+
+SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
+_CONST_TEXT = re.compile(r"^(?:[A-Za-z_]\w*\.)*Const\[\s*(int|bool)\s*\]$")
+
+
+class _ConstType:
+    def __init__(self, pytype: type):
+        self.pytype = pytype
+
+    def __repr__(self) -> str:
+        return f"mf.Const[{self.pytype.__name__}]"
+
+
+class Const:
+    """`mf.Const[int]` / `mf.Const[bool]`: a compile-time constant parameter. Inside the kernel
+    it is a plain Python value; each distinct value is its own specialised variant."""
+
+    def __class_getitem__(cls, pytype):
+        if pytype not in (int, bool):
+            raise TypeError(f"mf.Const[{getattr(pytype, '__name__', pytype)}]: only "
+                            "mf.Const[int] and mf.Const[bool] exist")
+        return _ConstType(pytype)
+
+
+# --------------------------------------------------------------------------- source locations
+
+def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
+    """(file, def line, {parameter: line of its annotation}) of a function."""
+    file = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    line = fn.__code__.co_firstlineno
+    lines: dict[str, int] = {}
+    try:
+        src, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(src)))
+        fdef = next(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                                  ast.AsyncFunctionDef)))
+        line = start + fdef.lineno - 1
+        a = fdef.args
+        for arg in a.posonlyargs + a.args + a.kwonlyargs:
+            lines[arg.arg] = start + (arg.annotation or arg).lineno - 1
+        if fdef.returns is not None:
+            lines["return"] = start + fdef.returns.lineno - 1
+    except (OSError, TypeError, SyntaxError, StopIteration):
+        pass        # no source (e.g. exec'd code): the code object's line is the best we have
+    return file, line, lines
+
+
+# --------------------------------------------------------------------------- the kernel
+
+class Kernel:
+    """A traced, lowered, runnable metalforge kernel (see DESIGN §2)."""
+
+    def __init__(self, fn: Callable, *, name: Optional[str] = None,
+                 backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.backend = backend
+        self.launch = dict(launch) if launch else None
+        file, line, self._lines = _locate(fn)
+        self.loc = (file, line)
+        self.signature = inspect.signature(fn)
+        self._annotations: dict[str, Annotation] = {}
+        self.params = self._declare()
+        self.dtype_vars = tuple(dict.fromkeys(
+            p.dtype_var for p in self.params if isinstance(p, TensorParam) and p.dtype_var))
+        self.dims = tuple(dict.fromkeys(
+            n for a in self._annotations.values() for d in a.dims for n in d.names
+            if n not in self._const_names))
+        self._return = self._declare_return()
+        self._graphs: dict[tuple, Graph] = {}
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<metalforge kernel {self.name} ({self.loc[0]}:{self.loc[1]})>"
+
+    # -- declaration --------------------------------------------------------------------
+    @property
+    def where(self) -> str:
+        return f"kernel '{self.name}' ({self.loc[0]}:{self.loc[1]})"
+
+    def _pwhere(self, pname: str) -> str:
+        return f"kernel '{self.name}' ({self.loc[0]}:{self._lines.get(pname, self.loc[1])}), " \
+               f"parameter '{pname}'"
+
+    def _declare(self) -> tuple[Param, ...]:
+        params: list[Param] = []
+        for p in self.signature.parameters.values():
+            where = self._pwhere(p.name)
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise AnnotationError(f"{where}: *args/**kwargs are not supported; declare "
+                                      "each argument with an annotation")
+            ann = p.annotation
+            has_default = p.default is not inspect.Parameter.empty
+            if ann is inspect.Parameter.empty:
+                raise AnnotationError(f"{where}: needs an annotation: a tensor like \"T[N]\", "
+                                      "float/int/bool for a runtime scalar, or mf.Const[int]")
+            text = ann.strip() if isinstance(ann, str) else None
+            if ann in (float, int, bool) or text in ("float", "int", "bool"):
+                pytype = ann if not text else {"float": float, "int": int, "bool": bool}[text]
+                if has_default:
+                    self._check_scalar(pytype, p.default, where + " (default)")
+                params.append(ScalarParam(p.name, pytype, SCALAR_DTYPES[pytype],
+                                          p.default if has_default else None, has_default))
+                continue
+            m = _CONST_TEXT.match(text) if text else None
+            if isinstance(ann, _ConstType) or m:
+                pytype = ann.pytype if isinstance(ann, _ConstType) else \
+                    {"int": int, "bool": bool}[m.group(1)]
+                if has_default:
+                    self._check_const(pytype, p.default, where + " (default)")
+                params.append(ConstParam(p.name, pytype, p.default if has_default else None,
+                                         has_default))
+                continue
+            if text is None:
+                raise AnnotationError(
+                    f"{where}: unsupported annotation {ann!r}; use a string like \"T[N]\" for "
+                    "a tensor, float/int/bool for a runtime scalar, or mf.Const[int]/[bool]")
+            if has_default:
+                raise AnnotationError(f"{where}: tensor parameters cannot have defaults")
+            a = parse_annotation(text, where)
+            self._annotations[p.name] = a
+            params.append(TensorParam(p.name, a.dtype, a.dtype_var, (), text))
+        self._const_names = {p.name: p for p in params if isinstance(p, ConstParam)}
+        # resolve dims with stand-in Const values now, so bad annotations fail at definition
+        dummy = {n: (c.default if c.has_default else 1) for n, c in self._const_names.items()
+                 if c.pytype is int}
+        out = []
+        batch_names, plain_names = {}, {}
+        for p in params:
+            if isinstance(p, TensorParam):
+                a = self._annotations[p.name]
+                dims = tuple(resolve_dim(d, dummy, a.text, self._pwhere(p.name))
+                             for d in a.dims)
+                for d in dims:
+                    for nm in ([d.base] if d.derived else [d.name]):
+                        (batch_names if d.batch else plain_names).setdefault(nm, p.name)
+                p = replace(p, dims=dims)
+            out.append(p)
+        for nm, pn in batch_names.items():
+            if nm in plain_names:
+                raise AnnotationError(
+                    f"{self._pwhere(pn)}: '*{nm}' is a batch of leading dims here but "
+                    f"'{nm}' is a single dim in parameter '{plain_names[nm]}'; use another "
+                    "name for one of them")
+        return tuple(out)
+
+    def _declare_return(self) -> Optional[tuple[Annotation, ...]]:
+        ann = self.signature.return_annotation
+        if ann is inspect.Signature.empty or ann is None:
+            return None
+        where = self._pwhere("return").replace("parameter 'return'", "return annotation")
+        if isinstance(ann, str):
+            try:
+                value = ast.literal_eval(ann) if ann.lstrip().startswith(("(", "[", "'", '"')) \
+                    else ann
+            except (ValueError, SyntaxError):
+                value = ann
+            ann = value
+        items = ann if isinstance(ann, (tuple, list)) else (ann,)
+        if not all(isinstance(i, str) for i in items):
+            raise AnnotationError(f"{where}: expected a string like \"T[R, D]\" or a tuple of "
+                                  f"them, got {ann!r}")
+        return tuple(parse_annotation(i.strip(), where) for i in items)
+
+    @staticmethod
+    def _check_scalar(pytype: type, v: Any, where: str) -> Any:
+        ok = (isinstance(v, bool) if pytype is bool else
+              isinstance(v, int) and not isinstance(v, bool) if pytype is int else
+              isinstance(v, (int, float)) and not isinstance(v, bool))
+        if not ok:
+            raise BindingError(f"{where}: expected a Python {pytype.__name__}, got "
+                               f"{type(v).__name__} {v!r}")
+        return pytype(v)
+
+    @staticmethod
+    def _check_const(pytype: type, v: Any, where: str) -> Any:
+        ok = isinstance(v, bool) if pytype is bool else \
+            isinstance(v, int) and not isinstance(v, bool)
+        if not ok:
+            raise BindingError(f"{where}: mf.Const[{pytype.__name__}] needs a Python "
+                               f"{pytype.__name__}, got {type(v).__name__} {v!r}")
+        return v
+
+    # -- binding ------------------------------------------------------------------------
+    def _bind(self, args: tuple, kwargs: Mapping[str, Any], *, partial: bool = False,
+              dtype_hints: Optional[Mapping[str, Any]] = None):
+        """-> (specialisation key, values for the runtime, dtype_vars, consts)."""
+        try:
+            ba = (self.signature.bind_partial if partial else self.signature.bind)(
+                *args, **kwargs)
+        except TypeError as e:
+            raise BindingError(f"{self.where}: {e}; the signature is "
+                               f"{self.name}{self.signature}") from None
+        ba.apply_defaults()
+        got = ba.arguments
+        dvars: dict[str, DType] = {}
+        dvar_from: dict[str, str] = {}
+        for var, v in (dtype_hints or {}).items():
+            dvars[var] = self._hint_dtype(var, v)
+            dvar_from[var] = f"the binding {var}={v!r}"
+        values: dict[str, Any] = {}
+        consts: dict[str, Any] = {}
+        for p in self.params:
+            where = f"{self.where}, argument '{p.name}'"
+            if p.name not in got:
+                if isinstance(p, ConstParam):
+                    raise BindingError(f"{where}: mf.Const parameter needs a value "
+                                       f"({p.name}=...)")
+                continue
+            v = got[p.name]
+            if isinstance(p, TensorParam):
+                if not isinstance(v, torch.Tensor):
+                    raise BindingError(f"{where}: expected a torch.Tensor (annotated "
+                                       f"\"{p.annotation}\"), got {type(v).__name__}")
+                try:
+                    dt = dtypes.from_torch(v.dtype)
+                except TypeError as e:
+                    raise BindingError(f"{where}: {e}") from None
+                if p.dtype_var is None:
+                    if dt is not p.dtype:
+                        raise BindingError(f"{where}: annotated \"{p.annotation}\" needs "
+                                           f"{p.dtype.torch}, got {v.dtype}")
+                elif p.dtype_var in dvars:
+                    if dvars[p.dtype_var] is not dt:
+                        raise BindingError(
+                            f"{where}: dtype variable {p.dtype_var} is {dvars[p.dtype_var]} "
+                            f"from {dvar_from[p.dtype_var]} but argument '{p.name}' is "
+                            f"{dt} ({v.dtype}); tensors sharing {p.dtype_var} must have one "
+                            "dtype")
+                else:
+                    dvars[p.dtype_var] = dt
+                    dvar_from[p.dtype_var] = f"argument '{p.name}'"
+                values[p.name] = v
+            elif isinstance(p, ScalarParam):
+                values[p.name] = self._check_scalar(p.pytype, v, where)
+            else:
+                consts[p.name] = self._check_const(p.pytype, v, where)
+        for var in self.dtype_vars:
+            if var not in dvars:
+                if not partial:
+                    raise BindingError(f"{self.where}: dtype variable {var} is not bound")
+                dvars[var] = F32        # introspection without tensors: f32 unless told
+        key = (tuple((v, dvars[v].name) for v in self.dtype_vars),
+               tuple((n, consts[n]) for n in self._const_names))
+        return key, values, dvars, consts
+
+    def _hint_dtype(self, var: str, v: Any) -> DType:
+        if isinstance(v, DType):
+            return v
+        if isinstance(v, torch.dtype):
+            return dtypes.from_torch(v)
+        if isinstance(v, str) and v in dtypes.ALL:
+            return dtypes.ALL[v]
+        raise BindingError(f"{self.where}: dtype variable {var}={v!r} is not a dtype (use one "
+                           f"of {' '.join(dtypes.ALL)} or a torch dtype)")
+
+    def _split_bindings(self, kwargs: Mapping[str, Any]):
+        """kwargs of source()/ir()/graph(): parameters, dtype variables and dim sizes."""
+        params, hints, sizes = {}, {}, {}
+        for k, v in kwargs.items():
+            if k in self.signature.parameters:
+                params[k] = v
+            elif k in self.dtype_vars:
+                hints[k] = v
+            elif k in self.dims:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise BindingError(f"{self.where}: dim size {k}={v!r} must be a "
+                                       "non-negative int")
+                sizes[k] = v
+            else:
+                raise BindingError(
+                    f"{self.where}: unknown binding {k}={v!r}; expected a parameter "
+                    f"({', '.join(self.signature.parameters)}), a dtype variable "
+                    f"({', '.join(self.dtype_vars) or 'none'}) or a dim "
+                    f"({', '.join(self.dims) or 'none'})")
+        return params, hints, sizes
+
+    # -- specialisation -----------------------------------------------------------------
+    def _graph(self, key, dvars: Mapping[str, DType], consts: Mapping[str, Any]) -> Graph:
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = self._trace(dict(dvars), dict(consts))
+        return g
+
+    def _trace(self, dvars: dict[str, DType], consts: dict[str, Any]) -> Graph:
+        params: list[Param] = []
+        axis_specs: dict[str, AxisSpec] = {}
+        for p in self.params:
+            if isinstance(p, TensorParam):
+                a = self._annotations[p.name]
+                dims = tuple(resolve_dim(d, consts, a.text, self._pwhere(p.name))
+                             for d in a.dims)
+                for d in dims:
+                    axis_specs.setdefault(d.name, d)
+                p = replace(p, dtype=p.dtype or dvars[p.dtype_var], dims=dims)
+            params.append(p)
+        trace = Trace(self.name, self.loc, axis_specs, dvars)
+        call_args, call_kwargs = [], {}
+        for p, sp in zip(params, self.signature.parameters.values()):
+            if isinstance(p, TensorParam):
+                axes = tuple(sorted(p.axes, key=trace.order.__getitem__))
+                v = Sym(Node("load", (), p.dtype, axes, attr=p.name, loc=self.loc), trace)
+            elif isinstance(p, ScalarParam):
+                v = Sym(Node("scalar", (), p.dtype, (), attr=p.name, weak=True, loc=self.loc),
+                        trace)
+            else:
+                v = consts[p.name]
+            if sp.kind == sp.KEYWORD_ONLY:
+                call_kwargs[p.name] = v
+            else:
+                call_args.append(v)
+        with trace:
+            result = self.fn(*call_args, **call_kwargs)
+        outputs = self._outputs(result, trace, params, consts, dvars)
+        return Graph(self.name, tuple(params), outputs, consts=dict(consts),
+                     dtype_vars=dict(dvars), loc=self.loc)
+
+    def _outputs(self, result, trace: Trace, params, consts, dvars) -> tuple[Output, ...]:
+        ret_loc = (self.loc[0], self._lines.get("return", self.loc[1]))
+        if result is None:
+            raise trace.error("the kernel returns nothing; return the output value(s)",
+                              self.loc)
+        items = result if isinstance(result, (tuple, list)) else (result,)
+        if not items:
+            raise trace.error("the kernel returns an empty tuple", self.loc)
+        if self._return is not None and len(self._return) != len(items):
+            raise trace.error(f"the return annotation declares {len(self._return)} output(s) "
+                              f"but the kernel returns {len(items)}", ret_loc)
+        tensors = [p for p in params if isinstance(p, TensorParam)]
+        outs = []
+        for i, v in enumerate(items):
+            what = f"output {i}" if len(items) > 1 else "the output"
+            if not isinstance(v, Sym):
+                raise trace.error(f"{what} is {type(v).__name__} {v!r}, not a value computed "
+                                  "from the kernel's tensor arguments", self.loc)
+            n = v.node
+            if n.weak:
+                raise trace.error(f"{what} depends on no tensor argument (only scalars); an "
+                                  "output must be computed from tensors", self.loc)
+            if self._return is not None:
+                axes = self._declared_axes(self._return[i], n, what, trace, consts, dvars,
+                                           ret_loc)
+            else:
+                axes = self._infer_axes(n, what, tensors, trace)
+            outs.append(Output(n, axes, n.dtype))
+        return tuple(outs)
+
+    def _declared_axes(self, a: Annotation, n: Node, what, trace, consts, dvars, loc):
+        dt = a.dtype or dvars.get(a.dtype_var)
+        if a.dtype_var and a.dtype_var not in dvars:
+            raise trace.error(f"the return annotation \"{a.text}\" uses dtype variable "
+                              f"{a.dtype_var}, which no argument binds", loc)
+        if dt is not n.dtype:
+            raise trace.error(f"{what} is {n.dtype} but the return annotation \"{a.text}\" "
+                              f"says {dt}; convert with .to(...)", loc)
+        axes = tuple(resolve_dim(d, consts, a.text, f"kernel '{self.name}' return annotation"
+                                 ).name for d in a.dims)
+        if set(axes) != set(n.axes) or len(axes) != len(n.axes):
+            raise trace.error(f"{what} has axes {list(n.axes)} but the return annotation "
+                              f"\"{a.text}\" lists {list(axes)}", loc)
+        return axes
+
+    def _infer_axes(self, n: Node, what, tensors, trace) -> tuple[str, ...]:
+        """The first argument (in declaration order) whose annotation holds all the output's
+        axes gives their order; without one the order is ambiguous."""
+        if len(n.axes) <= 1:
+            return n.axes
+        for p in tensors:
+            if set(n.axes) <= set(p.axes):
+                return tuple(a for a in p.axes if a in n.axes)
+        raise trace.error(f"{what} has axes {list(n.axes)}, which no single argument's "
+                          "annotation holds, so their order is ambiguous; add a return "
+                          f"annotation such as -> \"T[{', '.join(n.axes)}]\"", self.loc)
+
+    # -- public API ---------------------------------------------------------------------
+    def graph(self, *args, **kwargs) -> Graph:
+        """The traced Graph for the specialisation these arguments (or bindings) select."""
+        params, hints, _ = self._split_bindings(kwargs)
+        key, _, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
+        return self._graph(key, dvars, consts)
+
+    def __call__(self, *args, **kwargs):
+        key, values, dvars, consts = self._bind(args, kwargs)
+        g = self._graph(key, dvars, consts)
+        return _runtime("run")(g, values, backend=self.backend, launch=self.launch)
+
+    def _introspect(self, what: str, args, kwargs) -> str:
+        params, hints, sizes = self._split_bindings(kwargs)
+        key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
+        g = self._graph(key, dvars, consts)
+        return _runtime(what)(g, values, sizes=sizes or None, launch=self.launch)
+
+    def source(self, *args, **bindings) -> str:
+        """The MSL of the specialisation that these example arguments select. Without tensors,
+        bindings give dtype variables (T="f16", default f32), Consts and dim sizes (D=4096)."""
+        return self._introspect("source", args, bindings)
+
+    def ir(self, *args, **bindings) -> str:
+        """A readable dump of the lowered kernel IR (same arguments as `source`)."""
+        return self._introspect("ir", args, bindings)
+
+    def reference(self, *args, **kwargs):
+        """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
+        from .. import reference
+        key, values, dvars, consts = self._bind(args, kwargs)
+        return reference.evaluate(self._graph(key, dvars, consts), values)
+
+    def variants(self) -> list[dict[str, Any]]:
+        """The specialisations traced so far: dtype variables and Const values of each."""
+        return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
+
+
+def _runtime(fn: str):
+    try:
+        from .. import runtime
+    except ModuleNotFoundError as e:
+        if e.name != "metalforge.runtime":
+            raise
+        runtime = None
+    f = getattr(runtime, fn, None)
+    if f is None:
+        raise RuntimeError(f"metalforge.runtime.{fn} is not available in this installation, "
+                           "so kernels cannot be compiled or run here (tracing and .reference "
+                           "work)")
+    return f
+
+
+def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,
+           backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
+    """Decorator: `@mf.kernel` or `@mf.kernel(name=..., backend="sim"|"mps", launch={...})`."""
+    if fn is None:
+        return lambda f: Kernel(f, name=name, backend=backend, launch=launch)
+    if not callable(fn):
+        raise TypeError(f"@mf.kernel decorates a function, got {fn!r}")
+    return Kernel(fn, name=name, backend=backend, launch=launch)

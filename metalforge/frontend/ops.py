@@ -1,0 +1,163 @@
+"""The DSL functions (`mf.exp`, `mf.where`, `mf.sum`, ...). They only work while a kernel is
+traced; each records graph nodes through the current `Trace`.
+
+softmax, log_softmax, logsumexp and mean are written here from the primitives (no special
+nodes), so every schedule and the reference see only primitives.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from .tracer import Sym, Trace, current
+
+inf = math.inf
+
+
+def _trace(args: Sequence[Any], fn: str) -> Trace:
+    for a in args:
+        if isinstance(a, Sym):
+            return a._trace
+    return current(f"mf.{fn}")
+
+
+def _unary(op: str):
+    def f(x):
+        return _trace((x,), op).unary(op, x)
+    f.__name__ = f.__qualname__ = op
+    f.__doc__ = f"Elementwise {op}; integer inputs give f32 results as in torch." \
+        if op not in ("abs", "floor", "ceil") else f"Elementwise {op} (keeps the dtype)."
+    return f
+
+
+exp = _unary("exp")
+exp2 = _unary("exp2")
+log = _unary("log")
+log2 = _unary("log2")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+sin = _unary("sin")
+cos = _unary("cos")
+tanh = _unary("tanh")
+sigmoid = _unary("sigmoid")
+erf = _unary("erf")
+abs = _unary("abs")     # noqa: A001  (the DSL name)
+floor = _unary("floor")
+ceil = _unary("ceil")
+
+
+def where(cond, a, b):
+    """Elementwise select: a where cond is true, else b (cond must be bool)."""
+    if isinstance(cond, bool):
+        return a if cond else b
+    return _trace((cond, a, b), "where").where(cond, a, b)
+
+
+def maximum(a, b):
+    """Elementwise maximum; NaN propagates (torch.maximum)."""
+    return _trace((a, b), "maximum").binary("maximum", a, b)
+
+
+def minimum(a, b):
+    """Elementwise minimum; NaN propagates (torch.minimum)."""
+    return _trace((a, b), "minimum").binary("minimum", a, b)
+
+
+def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
+    """torch.clamp: minimum(maximum(x, min), max); either bound may be left out."""
+    tr = _trace((x, min, max), "clamp")
+    if min is None and max is None:
+        raise tr.error("mf.clamp needs min=, max= or both")
+    y = x if min is None else tr.binary("maximum", x, min)
+    return y if max is None else tr.binary("minimum", y, max)
+
+
+def index(axis: str):
+    """The position along `axis` (i64), e.g. for masks: mf.index("L") <= mf.index("S")."""
+    return current("mf.index").index(axis)
+
+
+def size(axis: str):
+    """The size of `axis` (i64, weak like a Python int)."""
+    return current("mf.size").size(axis)
+
+
+# --------------------------------------------------------------------------- reductions
+
+def _axes(tr: Trace, axis, fn: str) -> tuple[str, ...]:
+    if isinstance(axis, (tuple, list)):
+        if not axis:
+            raise tr.error(f"mf.{fn}: axis=() names no axis")
+        return tuple(axis)
+    return (axis,)
+
+
+def _reduce_many(kind: str, x, axis, fn: str):
+    tr = _trace((x,), fn)
+    for ax in _axes(tr, axis, fn):
+        x = tr.reduce(kind, x, ax, f"mf.{fn}")
+    return x
+
+
+def sum(x, axis):  # noqa: A001
+    """Sum over `axis` (a name or a tuple of names); integers sum in i64 as in torch."""
+    return _reduce_many("sum", x, axis, "sum")
+
+
+def prod(x, axis):
+    """Product over `axis`; integers multiply in i64 as in torch."""
+    return _reduce_many("prod", x, axis, "prod")
+
+
+def max(x, axis):  # noqa: A001
+    """Maximum over `axis`; NaN propagates (torch.amax)."""
+    return _reduce_many("max", x, axis, "max")
+
+
+def min(x, axis):  # noqa: A001
+    """Minimum over `axis`; NaN propagates (torch.amin)."""
+    return _reduce_many("min", x, axis, "min")
+
+
+def argmax(x, axis: str):
+    """Index (i64) of the first maximum along `axis`; a NaN counts as the maximum."""
+    return _trace((x,), "argmax").reduce("argmax", x, axis, "mf.argmax")
+
+
+def argmin(x, axis: str):
+    """Index (i64) of the first minimum along `axis`; a NaN counts as the minimum."""
+    return _trace((x,), "argmin").reduce("argmin", x, axis, "mf.argmin")
+
+
+def mean(x, axis):
+    """sum(x, axis) / size(axis). Floating-point values only (torch.mean refuses integers)."""
+    tr = _trace((x,), "mean")
+    if isinstance(x, Sym) and not x.dtype.is_float:
+        raise tr.error(f"mf.mean needs a floating-point value, got {x.dtype} (torch.mean "
+                       "refuses integers too); use mf.mean(x.to(mf.f32), ...)")
+    axes = _axes(tr, axis, "mean")
+    total = _reduce_many("sum", x, axes, "mean")
+    n = tr.size(axes[0])
+    for ax in axes[1:]:
+        n = n * tr.size(ax)
+    return total / n
+
+
+def softmax(x, axis: str):
+    """exp(x - max) / sum(exp(x - max)); a row of all -inf gives NaN, as torch does."""
+    e = exp(x - max(x, axis))
+    return e / sum(e, axis)
+
+
+def log_softmax(x, axis: str):
+    """(x - max) - log(sum(exp(x - max))), as torch.log_softmax."""
+    s = x - max(x, axis)
+    return s - log(sum(exp(s), axis))
+
+
+def logsumexp(x, axis: str):
+    """log(sum(exp(x))) computed stably like torch.logsumexp: an infinite max is replaced by 0
+    before shifting, so all -inf gives -inf and +inf gives +inf."""
+    m = max(x, axis)
+    m = where(abs(m) == inf, 0.0, m)
+    return log(sum(exp(x - m), axis)) + m

@@ -1,0 +1,501 @@
+"""Tracing: symbolic values with named axes that record graph Nodes.
+
+A `Trace` holds what one specialisation needs while the user's function runs: the axis table
+(canonical order, derived-dim specs), bound dtype variables and the user's code, to attach
+file:line to nodes and errors. `Sym` is the value the user's code sees; its operators build
+Nodes with torch's type promotion:
+
+* operands are ranked as torch ranks them: tensors with dims > zero-dim tensors (a value whose
+  axes were all reduced away) > weak Python scalars (literals, runtime `float`/`int`/`bool`
+  arguments, `mf.size`). A weak scalar only decides the result dtype's *category*
+  (f16 * 2.0 -> f16, i32 * 2.5 -> f32, bool + 1 -> i64), as `torch.result_type` does.
+* every binary/where node gets operands of one dtype: non-weak operands of another dtype are
+  wrapped in explicit "cast" nodes (i32 + f16 -> cast(i32 -> f16) + f16, like torch casts
+  to the common dtype); weak scalars stay as they are (f32 width) unless an int/bool scalar
+  meets a float computation, where they become f32, so f16 math never rounds a scalar to f16.
+* true division of integers, and math functions of integers, produce f32 (torch's default).
+"""
+from __future__ import annotations
+
+import contextvars
+import linecache
+import numbers
+import os
+import sys
+from typing import Any, Iterable, Optional
+
+import torch
+
+from .. import dtypes
+from ..dtypes import BOOL, DType, F32, I64
+from ..graph import AxisSpec, Node
+from .errors import TraceError
+
+_CURRENT: contextvars.ContextVar[Optional["Trace"]] = contextvars.ContextVar(
+    "metalforge_trace", default=None)
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (torch,)) + (_PKG_DIR,)
+try:
+    import numpy as _np
+    _SKIP_DIRS += (os.path.dirname(os.path.abspath(_np.__file__)),)
+except ImportError:     # numpy is a dependency, but tracing does not need it
+    _np = None
+
+MATH_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+                  "sigmoid", "erf", "abs", "floor", "ceil")
+_FLOAT_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
+                    "sigmoid", "erf")
+_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
+_BITWISE = ("and", "or", "xor", "shl", "shr")
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "mod": "%",
+           "floordiv": "//", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
+           "ge": ">=", "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
+           "maximum": "mf.maximum", "minimum": "mf.minimum"}
+
+
+def current(what: str) -> "Trace":
+    tr = _CURRENT.get()
+    if tr is None:
+        raise TraceError(f"{what} can only be used inside an @mf.kernel function, while "
+                         "metalforge traces it")
+    return tr
+
+
+def user_frame_loc() -> tuple[str, int]:
+    """(file, line) of the innermost frame that is the user's code (not metalforge, torch,
+    numpy or the standard library)."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not (fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")):
+            return fn, f.f_lineno
+        f = f.f_back
+    return "<unknown>", 0
+
+
+# --------------------------------------------------------------------------- promotion
+
+def _category(dt: DType) -> int:
+    return 2 if dt.is_float else (0 if dt is BOOL else 1)
+
+
+class PromotionError(Exception):
+    pass
+
+
+def promote(a: Optional[DType], b: Optional[DType]) -> Optional[DType]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    try:
+        return dtypes.promote(a, b)
+    except RuntimeError as e:
+        raise PromotionError(f"torch does not promote {a} with {b} ({e}); convert one side "
+                             "explicitly with .to(...)") from None
+
+
+def _combine(higher: Optional[DType], lower: Optional[DType]) -> Optional[DType]:
+    """torch's combine_categories: a lower-priority operand only lifts the category."""
+    if higher is None:
+        return lower
+    if lower is None or higher.is_float:
+        return higher
+    if higher is BOOL or lower.is_float:
+        return promote(higher, lower)
+    return higher
+
+
+def result_type(nodes: Iterable[Node]) -> DType:
+    """torch.result_type over nodes: dim tensors > zero-dim tensors > weak scalars."""
+    dim = zero = weak = None
+    for n in nodes:
+        if n.weak:
+            weak = promote(weak, n.dtype)
+        elif n.axes:
+            dim = promote(dim, n.dtype)
+        else:
+            zero = promote(zero, n.dtype)
+    return _combine(dim, _combine(zero, weak))
+
+
+# --------------------------------------------------------------------------- the trace
+
+class Trace:
+    def __init__(self, kernel_name: str, kernel_loc: tuple[str, int],
+                 axis_specs: dict[str, AxisSpec], dtype_vars: dict[str, DType]):
+        self.kernel_name = kernel_name
+        self.kernel_loc = kernel_loc
+        self.axis_specs = dict(axis_specs)               # canonical order = insertion order
+        self.order = {a: i for i, a in enumerate(self.axis_specs)}
+        self.dtype_vars = dict(dtype_vars)
+
+    # -- context ------------------------------------------------------------------------
+    def __enter__(self) -> "Trace":
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._token)
+
+    # -- errors -------------------------------------------------------------------------
+    def error(self, msg: str, loc: Optional[tuple[str, int]] = None) -> TraceError:
+        file, line = loc or user_frame_loc()
+        code = linecache.getline(file, line).strip() if line else ""
+        shown = f"\n    {code}" if code else ""
+        return TraceError(f"{file}:{line}: in kernel '{self.kernel_name}': {msg}{shown}")
+
+    # -- nodes --------------------------------------------------------------------------
+    def node(self, op: str, args: tuple[Node, ...], dtype: DType, axes: tuple[str, ...],
+             attr: Any = None, weak: bool = False) -> Node:
+        return Node(op, args, dtype, axes, attr=attr, weak=weak, loc=user_frame_loc())
+
+    def sym(self, node: Node) -> "Sym":
+        return Sym(node, self)
+
+    def as_node(self, v: Any, what: str = "an operand") -> Node:
+        if isinstance(v, Sym):
+            if v._trace is not self:
+                raise self.error("a value from another kernel's trace was used here")
+            return v._node
+        if isinstance(v, (bool, getattr(_np, "bool_", bool))):
+            return self.node("const", (), BOOL, (), attr=bool(v), weak=True)
+        if isinstance(v, numbers.Integral):
+            return self.node("const", (), I64, (), attr=int(v), weak=True)
+        if isinstance(v, numbers.Real):
+            return self.node("const", (), F32, (), attr=float(v), weak=True)
+        if isinstance(v, torch.Tensor):
+            raise self.error("a torch.Tensor captured from outside the kernel cannot be used "
+                             "inside it; pass it as an annotated argument")
+        raise self.error(f"cannot use {type(v).__name__} {v!r} as {what} in a kernel "
+                         "expression (expected a kernel value or a Python number)")
+
+    def axes_of(self, *nodes: Node) -> tuple[str, ...]:
+        """Broadcast by axis name: the union of the axes, in canonical order."""
+        names = {a for n in nodes for a in n.axes}
+        axes = tuple(sorted(names, key=self.order.__getitem__))
+        for a in axes:
+            spec = self.axis_specs[a]
+            if spec.derived:
+                clash = [b for b in axes if b != a and (b == spec.base or
+                         self.axis_specs[b].base == spec.base)]
+                if clash:
+                    raise self.error(
+                        f"cannot combine axis '{a}' with axis '{clash[0]}' in one elementwise "
+                        f"operation: both are sizes derived from '{spec.base}' and "
+                        "broadcasting a derived axis against its base is not supported yet")
+        return axes
+
+    def check_axis(self, axis: Any, fn: str) -> str:
+        if not isinstance(axis, str):
+            raise self.error(f"{fn}: axis must be an axis name like \"D\", got {axis!r}")
+        if axis not in self.axis_specs:
+            raise self.error(f"{fn}: unknown axis '{axis}'; the kernel's axes are "
+                             f"{list(self.axis_specs)}")
+        return axis
+
+    def promote_or_fail(self, nodes: Iterable[Node], opname: str) -> DType:
+        try:
+            return result_type(nodes)
+        except PromotionError as e:
+            raise self.error(f"'{opname}': {e}") from None
+
+    def cast(self, n: Node, dt: DType) -> Node:
+        """Bring an operand to the dtype an operation computes in (see module doc)."""
+        if n.dtype is dt:
+            return n
+        if n.weak:
+            if not dt.is_float or n.dtype.is_float:
+                return n
+            if n.op == "const":
+                return self.node("const", (), F32, (), attr=float(n.attr), weak=True)
+            return self.node("cast", (n,), F32, n.axes, weak=True)
+        return self.node("cast", (n,), dt, n.axes)
+
+    # -- operations ---------------------------------------------------------------------
+    def binary(self, op: str, a: Any, b: Any) -> "Sym":
+        x, y = self.as_node(a), self.as_node(b)
+        axes = self.axes_of(x, y)
+        common = self.promote_or_fail((x, y), _SYMBOL.get(op, op))
+        sym = _SYMBOL.get(op, op)
+        if op == "sub" and common is BOOL:
+            raise self.error("subtracting bools is not supported (torch refuses it too); "
+                             "use ^ or ~ on masks, or .to(...) an integer dtype first")
+        if op in _BITWISE:
+            if common.is_float:
+                raise self.error(f"'{sym}' needs integer or bool operands, got {x.dtype} and "
+                                 f"{y.dtype}")
+            if op in ("shl", "shr") and common is BOOL:
+                raise self.error(f"'{sym}' on bools is not supported (torch refuses it too)")
+        if op == "div" and not common.is_float:
+            common = F32                    # true division of integers gives the default float
+        out = BOOL if op in _COMPARE else common
+        x, y = self.cast(x, common), self.cast(y, common)
+        return self.sym(self.node("binary", (x, y), out, axes, attr=op,
+                                  weak=x.weak and y.weak))
+
+    def unary(self, op: str, a: Any) -> "Sym":
+        x = self.as_node(a)
+        if op in _FLOAT_FUNCTIONS:
+            if not x.dtype.is_float:
+                x = self.cast(x, F32)   # torch: math functions of integers give f32
+            return self.sym(self.node("unary", (x,), x.dtype, x.axes, attr=op, weak=x.weak))
+        if op == "neg" and x.dtype is BOOL:
+            raise self.error("negating a bool is not supported (torch refuses it too); "
+                             "use ~ for logical not")
+        if op == "abs" and x.dtype is BOOL:
+            raise self.error("abs of a bool is not supported (torch refuses it too)")
+        if op in ("floor", "ceil"):
+            if x.dtype is BOOL:
+                raise self.error(f"{op} of a bool is not supported (torch refuses it too)")
+            if not x.dtype.is_float:
+                return self.sym(x)     # torch: floor/ceil of an integer is the integer
+        if op == "invert":
+            if x.dtype.is_float:
+                raise self.error(f"'~' needs an integer or bool operand, got {x.dtype}")
+            if x.dtype is BOOL:
+                op = "not"
+        return self.sym(self.node("unary", (x,), x.dtype, x.axes, attr=op, weak=x.weak))
+
+    def pow(self, a: Any, b: Any) -> "Sym":
+        """x ** n for a Python int 2 <= n <= 4 becomes multiplications (exact, like torch's
+        own special cases); n == 1 is x in the promoted dtype; anything else is a pow node."""
+        if isinstance(b, numbers.Integral) and not isinstance(b, bool) and 1 <= b <= 4 \
+                and isinstance(a, Sym):
+            x = self.as_node(a)
+            dt = self.promote_or_fail((x, self.as_node(b)), "**")
+            xs = self.sym(self.cast(x, dt)) if x.dtype is not dt else a
+            if b == 1:
+                return xs
+            sq = self.binary("mul", xs, xs)
+            return {2: sq, 3: self.binary("mul", sq, xs), 4: self.binary("mul", sq, sq)}[int(b)]
+        x, y = self.as_node(a), self.as_node(b)
+        common = self.promote_or_fail((x, y), "**")
+        if not common.is_float and y.op == "const" and y.attr < 0:
+            raise self.error("integers to negative integer powers are not allowed (as in "
+                             "torch); convert to a float dtype first")
+        return self.binary("pow", a, b)
+
+    def where(self, cond: Any, a: Any, b: Any) -> "Sym":
+        c = self.as_node(cond, "the condition")
+        if c.dtype is not BOOL:
+            raise self.error(f"mf.where needs a bool condition, got {c.dtype}; compare "
+                             "explicitly, e.g. mf.where(m != 0, a, b)")
+        x, y = self.as_node(a), self.as_node(b)
+        axes = self.axes_of(c, x, y)
+        common = self.promote_or_fail((x, y), "mf.where")
+        x, y = self.cast(x, common), self.cast(y, common)
+        return self.sym(self.node("where", (c, x, y), common, axes,
+                                  weak=c.weak and x.weak and y.weak))
+
+    def to(self, a: Any, dtype: Any) -> "Sym":
+        x = self.as_node(a)
+        dt = self.resolve_dtype(dtype)
+        if dt is x.dtype and not x.weak:
+            return self.sym(x)
+        return self.sym(self.node("cast", (x,), dt, x.axes))
+
+    def resolve_dtype(self, dtype: Any) -> DType:
+        if isinstance(dtype, DType):
+            return dtype
+        if isinstance(dtype, torch.dtype):
+            try:
+                return dtypes.from_torch(dtype)
+            except TypeError as e:
+                raise self.error(str(e)) from None
+        if isinstance(dtype, str):
+            if dtype in dtypes.ALL:
+                return dtypes.ALL[dtype]
+            if dtype in self.dtype_vars:
+                return self.dtype_vars[dtype]
+        raise self.error(f".to(): unknown dtype {dtype!r}; use a name ({' '.join(dtypes.ALL)}),"
+                         f" a dtype variable of the kernel ({', '.join(self.dtype_vars) or 'none'})"
+                         ", mf.f16 and friends, or a torch dtype")
+
+    def reduce(self, kind: str, a: Any, axis: Any, fn: str) -> "Sym":
+        if not isinstance(a, Sym):
+            raise self.error(f"{fn}: expected a kernel value to reduce, got {a!r}")
+        x = a._node
+        axis = self.check_axis(axis, fn)
+        if axis not in x.axes:
+            raise self.error(f"{fn}: the value has axes {list(x.axes)}, not '{axis}'; a "
+                             "reduction removes an axis the value has")
+        if kind in ("sum", "prod"):
+            out = x.dtype if x.dtype.is_float else I64   # torch sums integers in int64
+        elif kind in ("argmax", "argmin"):
+            out = I64
+        else:
+            out = x.dtype
+        if kind in ("sum", "prod"):
+            x = self.cast(x, out)
+        axes = tuple(ax for ax in x.axes if ax != axis)
+        return self.sym(self.node("reduce", (x,), out, axes, attr=(kind, axis)))
+
+    def index(self, axis: Any) -> "Sym":
+        axis = self.check_axis(axis, "mf.index")
+        return self.sym(self.node("index", (), I64, (axis,), attr=axis))
+
+    def size(self, axis: Any) -> "Sym":
+        axis = self.check_axis(axis, "mf.size")
+        return self.sym(self.node("size", (), I64, (), attr=axis, weak=True))
+
+
+# --------------------------------------------------------------------------- the symbol
+
+def _binop(op: str):
+    def f(self, other):
+        return self._trace.binary(op, self, other)
+
+    def r(self, other):
+        return self._trace.binary(op, other, self)
+    return f, r
+
+
+class Sym:
+    """A traced value: a graph node plus the trace it belongs to. Named axes, torch dtype
+    promotion; Python control flow on it is an error (use mf.where)."""
+    __slots__ = ("_node", "_trace")
+    __array_priority__ = 1000       # numpy: let our reflected operators win
+
+    def __init__(self, node: Node, trace: Trace):
+        object.__setattr__(self, "_node", node)
+        object.__setattr__(self, "_trace", trace)
+
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    @property
+    def dtype(self) -> DType:
+        return self._node.dtype
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return self._node.axes
+
+    def __repr__(self) -> str:
+        return f"<metalforge value {self._node.dtype}[{', '.join(self._node.axes)}]>"
+
+    __add__, __radd__ = _binop("add")
+    __sub__, __rsub__ = _binop("sub")
+    __mul__, __rmul__ = _binop("mul")
+    __truediv__, __rtruediv__ = _binop("div")
+    __floordiv__, __rfloordiv__ = _binop("floordiv")
+    __mod__, __rmod__ = _binop("mod")
+    __and__, __rand__ = _binop("and")
+    __or__, __ror__ = _binop("or")
+    __xor__, __rxor__ = _binop("xor")
+    __lshift__, __rlshift__ = _binop("shl")
+    __rshift__, __rrshift__ = _binop("shr")
+
+    def __pow__(self, other):
+        return self._trace.pow(self, other)
+
+    def __rpow__(self, other):
+        return self._trace.pow(other, self)
+
+    def __eq__(self, other):  # type: ignore[override]
+        return self._trace.binary("eq", self, other)
+
+    def __ne__(self, other):  # type: ignore[override]
+        return self._trace.binary("ne", self, other)
+
+    def __lt__(self, other):
+        return self._trace.binary("lt", self, other)
+
+    def __le__(self, other):
+        return self._trace.binary("le", self, other)
+
+    def __gt__(self, other):
+        return self._trace.binary("gt", self, other)
+
+    def __ge__(self, other):
+        return self._trace.binary("ge", self, other)
+
+    __hash__ = object.__hash__
+
+    def __neg__(self):
+        return self._trace.unary("neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self._trace.unary("abs", self)
+
+    def __invert__(self):
+        return self._trace.unary("invert", self)
+
+    def to(self, dtype) -> "Sym":
+        return self._trace.to(self, dtype)
+
+    # -- what cannot be traced ----------------------------------------------------------
+    def __bool__(self):
+        raise self._trace.error(
+            "Python control flow (if, while, and/or/not, bool(), chained comparisons, the "
+            "builtins max/min) cannot depend on a traced value: its value is only known when "
+            "the kernel runs. Use mf.where(cond, a, b), mf.maximum/mf.minimum, or make the "
+            "deciding argument an mf.Const")
+
+    def __len__(self):
+        raise self._trace.error("len() of a traced value is not known while tracing; use "
+                                "mf.size(\"AXIS\") for the size of an axis")
+
+    def __iter__(self):
+        raise self._trace.error("a traced value cannot be iterated over (loops run at trace "
+                                "time); use a reduction like mf.sum(x, axis=\"D\")")
+
+    def __contains__(self, item):
+        raise self._trace.error("'in' on a traced value is not supported")
+
+    def __getitem__(self, key):
+        raise self._trace.error("indexing a traced value (x[...]) is not supported: values are "
+                                "whole named-axis arrays; use mf.index(\"AXIS\") with mf.where "
+                                "for masks, or a reduction")
+
+    def __setitem__(self, key, value):
+        raise self._trace.error("assigning into a traced value (x[...] = v) is not supported; "
+                                "build a new value with mf.where")
+
+    def _no_python_number(self, *_):
+        raise self._trace.error(
+            "a traced value cannot become a Python number (float(), int(), round(), or a "
+            "math.* function called on it). Use the metalforge functions instead: "
+            "mf.exp, mf.sqrt, mf.floor, ...")
+
+    __float__ = __int__ = __index__ = __complex__ = _no_python_number
+    __round__ = __trunc__ = __floor__ = __ceil__ = _no_python_number
+
+    def __setattr__(self, name, value):
+        raise self._trace.error(f"cannot set attribute '{name}' on a traced value")
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        trace = object.__getattribute__(self, "_trace")
+        hint = (f"; call mf.{name}(x) instead" if name in MATH_FUNCTIONS or name in
+                ("sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
+                 "log_softmax", "logsumexp", "clamp", "maximum", "minimum") else
+                "; traced values have .to(dtype), .dtype and .axes")
+        raise trace.error(f"a traced value has no attribute '{name}'{hint}")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        tr = next((a._trace for a in list(args) + list((kwargs or {}).values())
+                   if isinstance(a, Sym)), None) or current("torch functions")
+        name = getattr(func, "__name__", str(func))
+        alt = f"mf.{name}" if name in MATH_FUNCTIONS or name in ("where", "maximum", "minimum",
+                                                                 "clamp", "sum", "mean") \
+            else "the matching mf function"
+        raise tr.error(f"torch.{name} cannot be called on a traced value; use {alt}")
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        name = getattr(ufunc, "__name__", str(ufunc))
+        raise self._trace.error(f"numpy.{name} cannot be called on a traced value; use "
+                                f"mf.{name} (or the matching mf function)")
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = getattr(func, "__name__", str(func))
+        raise self._trace.error(f"numpy.{name} cannot be called on a traced value; use the "
+                                "matching mf function")

@@ -1,0 +1,109 @@
+"""The reference: evaluate a Graph with torch eager ops on the caller's tensors.
+
+Each node is computed in float64 for float dtypes (float32 on devices without float64, i.e.
+MPS), int64 for integers (wrapped back to the node's width after every op, so integer
+overflow behaves as in the kernel's dtype) and bool for bools. Explicit casts round to their
+target dtype; only the outputs are cast to their storage dtype. Values carry their axes in the
+graph's canonical order and broadcast by name (missing axes become size-1 dims).
+Reductions follow torch: max/min propagate NaN (torch.amax/amin), argmax/argmin give the
+first index of the extreme value or of the first NaN, integer sums are int64.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from .dtypes import BOOL, DType
+from .graph import Graph, Node
+from .shapes import bind_shapes, flat_shape, output_shape
+
+_UNARY = {
+    "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
+    "log2": torch.log2, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin,
+    "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
+    "abs": torch.abs, "floor": torch.floor, "ceil": torch.ceil,
+    "invert": torch.bitwise_not, "not": torch.logical_not,
+}
+_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+    "maximum": torch.maximum, "minimum": torch.minimum, "mod": torch.remainder,
+    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge, "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
+    "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,
+}
+_REDUCE = {
+    "sum": torch.sum, "prod": torch.prod, "max": torch.amax, "min": torch.amin,
+    "argmax": torch.argmax, "argmin": torch.argmin,
+}
+
+
+def evaluate(graph: Graph, values: Mapping[str, Any]):
+    """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
+    output tensor (or a tuple for several outputs) with batch dims re-expanded."""
+    tensors = {t.name: values[t.name] for t in graph.tensors}
+    binding = bind_shapes(graph, tensors)
+    sizes = binding.sizes
+    device = next((t.device for t in tensors.values()), torch.device("cpu"))
+    fdt = torch.float32 if device.type == "mps" else torch.float64
+
+    def ctype(dt: DType) -> torch.dtype:
+        return fdt if dt.is_float else (torch.bool if dt is BOOL else torch.int64)
+
+    def wrap(t: torch.Tensor, dt: DType) -> torch.Tensor:
+        # integer results wrap to their own width, as they do in the kernel
+        return t.to(dt.torch).to(torch.int64) if dt.is_int and dt.torch != torch.int64 else t
+
+    def align(n: Node, axes: tuple[str, ...]) -> torch.Tensor:
+        t = val[id(n)]
+        return t.reshape([t.shape[n.axes.index(a)] if a in n.axes else 1 for a in axes])
+
+    def common(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        if any(t.dtype.is_floating_point for t in ts):
+            return [t.to(fdt) for t in ts]
+        if all(t.dtype == torch.bool for t in ts):
+            return ts
+        return [t.to(torch.int64) for t in ts]
+
+    val: dict[int, torch.Tensor] = {}
+    for n in graph.nodes():
+        ct = ctype(n.dtype)
+        if n.op == "load":
+            p = graph.param(n.attr)
+            t = tensors[n.attr].reshape(flat_shape(binding, p))
+            r = t.permute([p.axes.index(a) for a in n.axes]).to(ct)
+        elif n.op == "scalar":
+            r = torch.tensor(values[n.attr], dtype=ct, device=device)
+        elif n.op == "const":
+            r = torch.tensor(n.attr, dtype=ct, device=device)
+        elif n.op == "index":
+            r = torch.arange(sizes[n.attr], dtype=torch.int64, device=device)
+        elif n.op == "size":
+            r = torch.tensor(sizes[n.attr], dtype=torch.int64, device=device)
+        elif n.op == "cast":
+            r = val[id(n.args[0])].to(n.dtype.torch).to(ct)
+        elif n.op == "unary":
+            r = wrap(_UNARY[n.attr](val[id(n.args[0])].to(ct)), n.dtype)
+        elif n.op == "binary":
+            a, b = common([align(x, n.axes) for x in n.args])
+            r = _BINARY[n.attr](a, b)
+            r = wrap(r.to(ct), n.dtype)
+        elif n.op == "where":
+            c = align(n.args[0], n.axes)
+            a, b = common([align(x, n.axes) for x in n.args[1:]])
+            r = torch.where(c, a, b).to(ct)
+        elif n.op == "reduce":
+            kind, axis = n.attr
+            x = n.args[0]
+            r = wrap(_REDUCE[kind](val[id(x)], dim=x.axes.index(axis)).to(ct), n.dtype)
+        else:
+            raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{graph.name}'")
+        val[id(n)] = r
+
+    outs = []
+    for o in graph.outputs:
+        t = align(o.node, o.node.axes).permute([o.node.axes.index(a) for a in o.axes])
+        t = t.expand([sizes[a] for a in o.axes]).to(o.dtype.torch)
+        outs.append(t.reshape(output_shape(binding, o)).contiguous())
+    return outs[0] if len(outs) == 1 else tuple(outs)
