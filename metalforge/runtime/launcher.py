@@ -6,8 +6,9 @@ a `Launcher` holding the compiled kernel object, its positional argument plan an
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -19,6 +20,12 @@ from .backends import DEVICE_OF, current_backend, kernel_object
 from ..schedule.policy import validate_for_kernel
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
+
+# Test seam (owned by metalforge.testing.faults, which sets it inside `planted(...)` blocks): a
+# function rewriting the MSL text before it is compiled, to plant faults that `check` must
+# catch. Unset (None) outside those blocks; while set, launchers are built fresh, not cached.
+MSL_REWRITE: ContextVar[Optional[Callable[[str], str]]] = ContextVar("mf_msl_rewrite",
+                                                                     default=None)
 
 
 class DeviceError(ValueError):
@@ -67,17 +74,22 @@ class Specialisation:
 
     def launcher(self, index64: bool, backend: str) -> Launcher:
         key = (index64, backend)
-        ln = self._launchers.get(key)
+        rewrite = MSL_REWRITE.get()                      # test seam, see MSL_REWRITE
+        ln = self._launchers.get(key) if rewrite is None else None
         if ln is None:
             s = self.schedule(index64)
             src = render_msl(s.kernel)
+            if rewrite is not None:
+                src = rewrite(src)
             k = kernel_object(backend, src, s.kernel.host_name)
             validate_for_kernel(s.policy, s.kernel.host_name,
                                 int(k.max_threads_per_threadgroup),
                                 int(getattr(k, "static_thread_group_memory_length", 0)))
             casts = {p.index: p.cast for p in s.kernel.params if p.cast}
-            ln = self._launchers[key] = Launcher(
-                s, backend, src, k, tuple(p.binds for p in s.kernel.params), casts or None)
+            ln = Launcher(s, backend, src, k, tuple(p.binds for p in s.kernel.params),
+                          casts or None)
+            if rewrite is None:
+                self._launchers[key] = ln
         return ln
 
     # -- checks ------------------------------------------------------------------------
