@@ -1,0 +1,184 @@
+"""Schedule → IR → MSL text: golden snippets where the text matters, variants, policy checks.
+
+Graphs are built by hand here so these tests pin the backend alone; the runtime tests run the
+same kernels through the tracer and the simulator.
+"""
+import pytest
+
+from metalforge import ir, schedule
+from metalforge.codegen import render_msl
+from metalforge.dtypes import BOOL, F16, F32, I64
+from metalforge.graph import AxisSpec, Graph, Node, Output, ScalarParam, TensorParam
+from metalforge.schedule import LaunchError, UnsupportedConstruct
+
+
+def tensor(name, dtype, axes, var="T"):
+    dims = tuple(AxisSpec(a, batch=a == "B") for a in axes)
+    ann = f"{var or dtype.name}[{', '.join(('*' + a) if a == 'B' else a for a in axes)}]"
+    return TensorParam(name, dtype, var, dims, ann)
+
+
+def load(p):
+    return Node("load", (), p.dtype, p.axes, p.name)
+
+
+def bias_scale(dtype=F16):
+    x, b = tensor("x", dtype, ("R", "D")), tensor("bias", dtype, ("D",))
+    s = ScalarParam("scale", float, F32, 0.5, True)
+    add = Node("binary", (load(x), load(b)), dtype, ("R", "D"), "add")
+    mul = Node("binary", (add, Node("scalar", (), F32, (), "scale")), dtype, ("R", "D"), "mul")
+    return Graph("bias_scale", (x, b, s), (Output(mul, ("R", "D"), dtype),),
+                 dtype_vars={"T": dtype})
+
+
+def test_signature_golden():
+    src = render_msl(schedule.plan(bias_scale()).kernel)
+    want = """\
+template <typename T, typename mf_index_t>
+kernel void mf_bias_scale(
+    device const T* x [[buffer(0)]],
+    device const T* bias [[buffer(1)]],
+    device T* mf_out [[buffer(2)]],
+    constant float& scale [[buffer(3)]],
+    constant mf_index_t& mf_numel [[buffer(4)]],
+    constant mf_index_t& mf_size_D [[buffer(5)]],
+    uint mf_tid [[thread_position_in_grid]])
+{"""
+    assert want in src
+    inst = 'template [[host_name("bias_scale_f16")]] kernel void mf_bias_scale<half, uint>('
+    assert inst in src
+    assert "    constant uint& mf_numel [[buffer(4)]]," in src
+    assert src.startswith("#include <metal_stdlib>\nusing namespace metal;\n")
+
+
+def test_vector_phase_golden():
+    src = render_msl(schedule.plan(bias_scale()).kernel)
+    want = """\
+    if (mf_start + 4u <= mf_numel && mf_vec_ok) {
+        // load: 4-wide vectors from the contiguous inputs
+        const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_start);
+        const vec<T, 4> mf_bias_v = *reinterpret_cast<device const vec<T, 4>*>(bias + mf_start % mf_size_D);
+        vec<T, 4> mf_out_v;
+        // compute each lane
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            // compute (f16/bf16 in f32)
+            const float mf_x = float(mf_x_v[mf_k]);
+            const float mf_bias = float(mf_bias_v[mf_k]);
+            const float mf_v1 = mf_x + mf_bias;
+            const float mf_v2 = mf_v1 * scale;
+            // store
+            mf_out_v[mf_k] = T(mf_v2);
+        }
+        // store: 4-wide vectors
+        *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
+    } else {"""
+    assert want in src
+    assert "const bool mf_vec_ok = mf_size_D % 4u == 0u;" in src
+    # the tail is guarded element by element
+    assert "if (mf_i < mf_numel) {" in src
+    assert "mf_out[mf_i] = T(mf_v2);" in src
+
+
+def test_one_statement_per_line_and_mf_prefix():
+    src = render_msl(schedule.plan(bias_scale()).kernel)
+    body = src.split("{", 1)[1]
+    for line in body.splitlines():
+        assert line.count(";") <= 1 or line.lstrip().startswith("for ("), line
+    declared = [ln.split("=")[0].split()[-1] for ln in body.splitlines()
+                if ln.strip().startswith("const ") and "=" in ln]
+    assert declared and all(n.startswith("mf_") for n in declared)
+
+
+def test_index64_variant():
+    k = schedule.plan(bias_scale(), index64=True).kernel
+    src = render_msl(k)
+    assert 'host_name("bias_scale_f16_idx64")' in src
+    assert "mf_bias_scale<half, ulong>" in src
+    assert "constant ulong& mf_numel [[buffer(4)]]" in src
+    assert k.param_for(("numel",)).cast is None          # ulong ← Python int (int64): no cast
+    assert schedule.plan(bias_scale()).kernel.param_for(("numel",)).cast == "int32"
+    assert schedule.needs_index64({"R": 2, "D": 2 ** 31}, 2 ** 32)
+    assert not schedule.needs_index64({"R": 2, "D": 2 ** 20}, 2 ** 21)
+
+
+def test_broadcast_indexing_forms():
+    # w[R] over [R, D] is a prefix: i / size(D); u[D, R] is a transposed subset: positions
+    x, w, u = tensor("x", F32, ("R", "D")), tensor("w", F32, ("R",)), tensor("u", F32, ("D", "R"))
+    e = Node("binary", (Node("binary", (load(x), load(w)), F32, ("R", "D"), "mul"), load(u)),
+             F32, ("R", "D"), "add")
+    g = Graph("bc", (x, w, u), (Output(e, ("R", "D"), F32),), dtype_vars={"T": F32})
+    src = render_msl(schedule.plan(g).kernel)
+    assert "w[mf_i / mf_size_D]" in src
+    assert "const mf_index_t mf_pos_R = mf_i / mf_size_D;" in src
+    assert "const mf_index_t mf_pos_D = mf_i % mf_size_D;" in src
+    assert "u[mf_pos_D * mf_size_R + mf_pos_R]" in src
+
+
+def test_scalar_widths_and_casts():
+    x = tensor("x", F32, ("N",))
+    flag = ScalarParam("flag", bool, BOOL, False, True)
+    n = ScalarParam("n", int, I64, 1, True)
+    v = Node("where", (Node("scalar", (), BOOL, (), "flag"), load(x),
+                       Node("cast", (Node("scalar", (), I64, (), "n"),), F32, ())), F32, ("N",))
+    g = Graph("pick", (x, flag, n), (Output(v, ("N",), F32),), dtype_vars={"T": F32})
+    k = schedule.plan(g).kernel
+    src = render_msl(k)
+    assert "constant bool& flag [[buffer(2)]]" in src
+    assert "constant long& n [[buffer(3)]]" in src
+    assert k.param_for(("scalar", "flag")).cast == "uint8"
+    assert k.param_for(("scalar", "n")).cast is None
+
+
+def test_reserved_names_are_renamed():
+    x = tensor("max", F32, ("N",))
+    e = Node("unary", (load(x),), F32, ("N",), "exp")
+    g = Graph("k", (x,), (Output(e, ("N",), F32),), dtype_vars={"T": F32})
+    src = render_msl(schedule.plan(g).kernel)
+    assert "device const T* mf_p_max [[buffer(0)]]" in src
+    assert "precise::exp(" in src
+
+
+def test_reduction_is_a_clear_error():
+    x = tensor("x", F32, ("R", "D"))
+    r = Node("reduce", (load(x),), F32, ("R",), ("sum", "D"), loc=("user.py", 12))
+    g = Graph("rowsum", (x,), (Output(r, ("R",), F32),), dtype_vars={"T": F32})
+    with pytest.raises(UnsupportedConstruct, match=r"mf\.sum.*'D'.*user\.py:12.*not supported"):
+        schedule.plan(g)
+
+
+def test_policy_overrides_and_validation():
+    g = bias_scale()
+    s = schedule.plan(g, {"vectors_per_thread": 2, "threads_per_group": 128})
+    assert s.policy.elements_per_thread == 8
+    assert s.launch({"R": 3, "D": 100}) == (38, 38)
+    assert schedule.plan(g, {"vector_width": 1}).vector_inputs == ()
+    with pytest.raises(LaunchError, match="exceeds Metal's limit of 1024"):
+        schedule.plan(g, {"threads_per_group": 2048})
+    with pytest.raises(LaunchError, match="'rows_per_group'.*do not apply.*elementwise"):
+        schedule.plan(g, {"rows_per_group": 2})
+    with pytest.raises(LaunchError, match="vector_width must be 1, 2 or 4"):
+        schedule.plan(g, {"vector_width": 3})
+    with pytest.raises(LaunchError, match="max_threads_per_threadgroup=512"):
+        schedule.policy.validate_for_kernel(s.policy.__class__("elementwise", 1024), "k", 512)
+    simd = schedule.policy.LaunchPolicy("row", threads_per_group=100, uses_simd=True)
+    with pytest.raises(LaunchError, match="multiple of 32"):
+        schedule.policy.validate(simd)
+    big = schedule.policy.LaunchPolicy("row", threadgroup_bytes=40000)
+    with pytest.raises(LaunchError, match="32768-byte limit"):
+        schedule.policy.validate(big)
+
+
+def test_traffic_counts_each_tensor_once():
+    s = schedule.plan(bias_scale())
+    t = s.traffic({"R": 10, "D": 64})
+    assert (t.read, t.written) == (10 * 64 * 2 + 64 * 2, 10 * 64 * 2)
+
+
+def test_ir_dump_is_readable():
+    text = ir.dump(schedule.plan(bias_scale()).kernel)
+    assert "kernel mf_bias_scale<T, mf_index_t>" in text
+    assert "instance bias_scale_f16: T=half, mf_index_t=uint" in text
+    assert "[3] scale: float (scalar; scalar scale)" in text
+    assert "[4] mf_numel: mf_index_t (scalar; element count, arg_cast int32)" in text
+    assert "let mf_x_v: vec<T, 4> = x[mf_start : +4]" in text
+    assert "store mf_out[mf_start : +4] = mf_out_v" in text
