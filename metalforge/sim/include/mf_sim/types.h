@@ -1,12 +1,14 @@
 // metalforge.sim — the Metal type library: scalars (half, bfloat, uint, ...), vectors
-// (float4, uint3, ...), type traits, as_type. packed_ types, metal::array and numeric_limits
-// follow in their own headers.
+// (float4, uint3, ...), packed vectors, metal::array, type traits, numeric_limits and the
+// predefined constants, as_type.
 #ifndef MF_SIM_TYPES_H
 #define MF_SIM_TYPES_H
 
 #include "scalar.h"
 #include "vec.h"
 #include "traits.h"
+#include "packed.h"
+#include "limits.h"
 
 namespace metal {
 
