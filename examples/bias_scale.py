@@ -5,6 +5,7 @@
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -21,5 +22,5 @@ if __name__ == "__main__":
     torch.testing.assert_close(y, bias_scale.reference(x, bias, 0.125), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(y, ((x.float() + bias.float()) * 0.125).half(), rtol=1e-3,
                                atol=1e-3)
-    print(f"bias_scale: {tuple(y.shape)} {y.dtype} on {mf.current_backend([x])} matches the "
+    print(f"bias_scale: {tuple(y.shape)} {y.dtype} on {current_backend([x])} matches the "
           f"reference")

@@ -8,6 +8,7 @@ mask tensor in memory.
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -24,5 +25,5 @@ if __name__ == "__main__":
     torch.testing.assert_close(y, causal_mask.reference(s))
     keep = torch.ones(33, 47, dtype=torch.bool, device=device).tril(47 - 33)
     torch.testing.assert_close(y, s.masked_fill(~keep, float("-inf")))
-    print(f"causal_mask: {tuple(y.shape)} {y.dtype} on {mf.current_backend([s])} matches the "
+    print(f"causal_mask: {tuple(y.shape)} {y.dtype} on {current_backend([s])} matches the "
           f"reference")

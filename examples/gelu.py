@@ -7,6 +7,7 @@ import math
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -23,4 +24,4 @@ if __name__ == "__main__":
     torch.testing.assert_close(y, gelu.reference(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate="tanh"),
                                rtol=1e-5, atol=1e-5)
-    print(f"gelu: {tuple(y.shape)} {y.dtype} on {mf.current_backend([x])} matches the reference")
+    print(f"gelu: {tuple(y.shape)} {y.dtype} on {current_backend([x])} matches the reference")

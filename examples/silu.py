@@ -8,6 +8,7 @@ through metalforge's simulator) and checks it against the reference.
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -22,4 +23,4 @@ if __name__ == "__main__":
     y = silu(x)
     torch.testing.assert_close(y, silu.reference(x), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(y, torch.nn.functional.silu(x.float()).half(), rtol=1e-3, atol=1e-3)
-    print(f"silu: {tuple(y.shape)} {y.dtype} on {mf.current_backend([x])} matches the reference")
+    print(f"silu: {tuple(y.shape)} {y.dtype} on {current_backend([x])} matches the reference")

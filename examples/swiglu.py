@@ -5,6 +5,7 @@
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -21,5 +22,5 @@ if __name__ == "__main__":
     torch.testing.assert_close(y, swiglu.reference(gate, up), rtol=1e-2, atol=1e-2)
     want = (torch.nn.functional.silu(gate.float()) * up.float()).bfloat16()
     torch.testing.assert_close(y, want, rtol=1e-2, atol=1e-2)
-    print(f"swiglu: {tuple(y.shape)} {y.dtype} on {mf.current_backend([gate])} matches the "
+    print(f"swiglu: {tuple(y.shape)} {y.dtype} on {current_backend([gate])} matches the "
           f"reference")

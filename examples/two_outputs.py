@@ -7,6 +7,7 @@
 import torch
 
 import metalforge as mf
+from metalforge.runtime import current_backend
 
 
 @mf.kernel
@@ -28,5 +29,5 @@ if __name__ == "__main__":
     torch.testing.assert_close(h, h32.half(), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(act, torch.nn.functional.silu(h32.half().float()).half(),
                                rtol=1e-3, atol=1e-3)
-    print(f"add_silu: two outputs {tuple(h.shape)} {h.dtype} on {mf.current_backend([x])} "
+    print(f"add_silu: two outputs {tuple(h.shape)} {h.dtype} on {current_backend([x])} "
           f"match the reference")
