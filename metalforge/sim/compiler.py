@@ -1,0 +1,259 @@
+"""Compile MSL text as C++ into a shared library, with an on-disk cache.
+
+Pipeline for one source (only on a cache miss):
+
+1. preprocess the source alone (``$CXX -E``) with torch's include folder, so ``#include
+   <c10/metal/...>`` is inlined as torch.mps.compile_shader does and macros that generate
+   kernels are expanded; ``<metal_*>`` headers resolve to empty stand-ins here (the real shim
+   comes in through the precompiled header in step 3);
+2. parse kernel signatures (parse.py) and apply the textual rewrites (rewrite.py);
+3. compile the rewritten text plus generated trampolines (trampoline.py) against the
+   precompiled ``<metal_stdlib>`` shim into ``<key>.so``; the parsed signatures go to
+   ``<key>.json`` next to it.
+
+The key hashes the source, the shim headers' contents, torch's version, the compiler's identity
+and the flags, so a second run of the same source (any process) only loads the two files.
+Cache folder: ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge`` (subfolder ``sim``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from .parse import Kernel, Param, ParseError, parse
+from .rewrite import rewrite
+from .trampoline import cpu_trampolines, entry_symbol
+
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+SOURCE_NAME = "program_source"
+# -O1 compiles in about half the time of -O2 and runs the simulator's kernels at a similar speed
+# (the engine, not kernel code, dominates); see the sim section of README.md for the numbers.
+OPT_LEVEL = os.environ.get("METALFORGE_SIM_OPT", "-O1")
+COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
+                "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1",
+                "-D__METAL_VERSION__=310"]
+FORMAT_VERSION = "1"
+
+
+class CompilerNotFound(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("METALFORGE_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "metalforge"
+    d = root / "sim"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+_cxx_cache: dict[str, tuple[str, str, bool]] = {}
+
+
+def compiler() -> tuple[str, str, bool]:
+    """(path, identity, is_clang) of $CXX, else c++."""
+    name = os.environ.get("CXX") or "c++"
+    if name in _cxx_cache:
+        return _cxx_cache[name]
+    parts = name.split()
+    path = shutil.which(parts[0])
+    if path is None:
+        raise CompilerNotFound(
+            f"metalforge.sim needs a C++17 compiler to run Metal kernels on the CPU, and "
+            f"'{parts[0]}' was not found ({'$CXX' if os.environ.get('CXX') else 'c++, since $CXX is unset'}). "
+            f"Install one (e.g. `apt-get install g++` or `apt-get install clang`) or set $CXX.")
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    ident = f"{real}:{st.st_size}:{int(st.st_mtime)}"
+    is_clang = "clang" in os.path.basename(real) or "clang" in parts[0]
+    if not is_clang and "g++" not in real and "gcc" not in real:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+        is_clang = "clang" in out.lower()
+    _cxx_cache[name] = (path, ident, is_clang)
+    return _cxx_cache[name]
+
+
+def _cxx_cmd() -> list[str]:
+    name = os.environ.get("CXX") or "c++"
+    parts = name.split()
+    return [compiler()[0]] + parts[1:]
+
+
+_shim_hash: str | None = None
+
+
+def shim_hash() -> str:
+    global _shim_hash
+    if _shim_hash is None:
+        h = hashlib.sha256(FORMAT_VERSION.encode())
+        for p in sorted(INCLUDE_DIR.rglob("*")):
+            if p.is_file():
+                h.update(str(p.relative_to(INCLUDE_DIR)).encode())
+                h.update(p.read_bytes())
+        for p in sorted(Path(__file__).resolve().parent.glob("*.py")):
+            h.update(p.read_bytes())
+        import torch
+        h.update(torch.__version__.encode())
+        _shim_hash = h.hexdigest()[:16]
+    return _shim_hash
+
+
+def torch_include() -> str:
+    import torch
+    return str(Path(torch.__file__).resolve().parent / "include")
+
+
+def _run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+
+
+def _atomic_build(target: Path, build) -> None:
+    """Run build(tmp_path) and move the result into place (safe across processes)."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        build(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def engine_library() -> Path:
+    """Build (once per compiler and shim version) the engine shared library."""
+    path, ident, _ = compiler()
+    key = hashlib.sha256(f"{shim_hash()}|{ident}".encode()).hexdigest()[:16]
+    target = cache_dir() / f"engine-{key}.so"
+    if target.exists():
+        return target
+
+    def build(tmp: Path) -> None:
+        r = _run(_cxx_cmd() + ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w",
+                               str(INCLUDE_DIR / "mf_sim" / "engine.cpp"), "-o", str(tmp)])
+        if r.returncode != 0:
+            raise RuntimeError(f"metalforge.sim: building the engine failed:\n{r.stderr}")
+    _atomic_build(target, build)
+    return target
+
+
+def _pch() -> list[str]:
+    """Flags that make the compile use a precompiled <metal_stdlib> (built on first use)."""
+    path, ident, is_clang = compiler()
+    key = hashlib.sha256(f"{shim_hash()}|{ident}|{OPT_LEVEL}|{COMMON_FLAGS}".encode()) \
+        .hexdigest()[:16]
+    d = cache_dir() / f"pch-{key}"
+    header = d / "metal_stdlib"
+    pch = d / ("metal_stdlib.pch" if is_clang else "metal_stdlib.gch")
+    if not pch.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        header.write_text(f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
+
+        def build(tmp: Path) -> None:
+            r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-x", "c++-header", str(header),
+                                                 "-o", str(tmp)])
+            if r.returncode != 0:
+                raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
+                                   f"{r.stderr}")
+        _atomic_build(pch, build)
+    if is_clang:
+        return ["-include-pch", str(pch), "-include", str(header)]
+    return ["-include", str(header)]
+
+
+def _stub_dir() -> Path:
+    """Empty stand-ins for every <metal_*> header, used while preprocessing user text."""
+    d = cache_dir() / f"stubs-{shim_hash()}"
+    if not d.exists():
+        tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
+        for p in INCLUDE_DIR.iterdir():
+            if p.is_file() and not p.name.startswith("."):
+                (tmp / p.name).write_text("")
+        try:
+            os.replace(tmp, d)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def _clean_message(msg: str, tmpdir: str) -> str:
+    msg = msg.replace(tmpdir + os.sep, "")
+    lines = msg.splitlines()
+    if len(lines) > 80:
+        lines = lines[:80] + [f"... ({len(lines) - 80} more lines)"]
+    return "\n".join(lines)
+
+
+def _first_error_line(msg: str) -> int | None:
+    m = re.search(rf"{SOURCE_NAME}:(\d+):(?:\d+:)?\s*(?:fatal )?error", msg)
+    return int(m.group(1)) if m else None
+
+
+def _syntax_error(msg: str, source: str) -> SyntaxError:
+    line = _first_error_line(msg)
+    err = SyntaxError(f"failed to compile Metal source with the CPU simulator:\n{msg}")
+    err.filename = SOURCE_NAME
+    if line is not None:
+        err.lineno = line
+        lines = source.splitlines()
+        if 0 < line <= len(lines):
+            err.text = lines[line - 1]
+    return err
+
+
+def _kernel_from_json(d: dict) -> Kernel:
+    d = dict(d)
+    d["params"] = [Param(**p) for p in d["params"]]
+    return Kernel(**d)
+
+
+def build(source: str) -> tuple[Path, list[Kernel]]:
+    """Compile `source` (or fetch it from the cache); return the library path and kernels."""
+    path, ident, is_clang = compiler()
+    key = hashlib.sha256("\0".join([source, shim_hash(), ident, OPT_LEVEL,
+                                    " ".join(COMMON_FLAGS)]).encode()).hexdigest()[:24]
+    d = cache_dir()
+    so, meta = d / f"lib-{key}.so", d / f"lib-{key}.json"
+    if so.exists() and meta.exists():
+        try:
+            kernels = [_kernel_from_json(k) for k in json.loads(meta.read_text())["kernels"]]
+            return so, kernels
+        except (ValueError, KeyError, TypeError):
+            pass
+    engine_library()
+    pch_flags = _pch()
+    with tempfile.TemporaryDirectory(prefix="mfsim-") as tmp:
+        src = Path(tmp) / SOURCE_NAME
+        src.write_text(source)
+        r = _run(_cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
+                               "-D__METAL_VERSION__=310", "-I", str(_stub_dir()),
+                               "-I", torch_include(), SOURCE_NAME], cwd=tmp)
+        if r.returncode != 0:
+            raise _syntax_error(_clean_message(r.stderr, tmp), source)
+        pre = r.stdout
+        try:
+            parsed = parse(pre)
+        except ParseError as e:
+            raise _syntax_error(str(e), source) from None
+        text = rewrite(pre, parsed)
+        tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
+        (Path(tmp) / "tu.cpp").write_text(tu)
+
+        def compile_(out: Path) -> None:
+            r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-shared"] + pch_flags +
+                     ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
+                      "-o", str(out)], cwd=tmp)
+            if r.returncode != 0:
+                raise _syntax_error(_clean_message(r.stderr, tmp), source)
+        _atomic_build(so, compile_)
+    meta.write_text(json.dumps({"kernels": [asdict(k) for k in parsed.kernels]}))
+    return so, parsed.kernels
+
+
+__all__ = ["build", "engine_library", "cache_dir", "compiler", "CompilerNotFound",
+           "entry_symbol"]

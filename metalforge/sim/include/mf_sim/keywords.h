@@ -1,0 +1,21 @@
+// metalforge.sim — Metal's address-space and function-kind keywords.
+//
+// Included LAST by <metal_stdlib> so that no C++ standard header sees these
+// macros.  On the CPU every address space is ordinary memory, so they all
+// expand to nothing.  Kernel-scope `threadgroup` variable declarations are
+// turned into group-shared storage by metalforge/sim/rewrite.py before the
+// compiler sees the text; every other `threadgroup` (pointer and reference
+// parameters, local pointers) is just a pointer to that storage.
+#ifndef MF_SIM_KEYWORDS_H
+#define MF_SIM_KEYWORDS_H
+
+#define kernel
+#define device
+#define constant
+#define thread
+#define threadgroup
+#define threadgroup_imageblock
+#define ray_data
+#define object_data
+
+#endif  // MF_SIM_KEYWORDS_H

@@ -1,0 +1,450 @@
+"""Library and Kernel objects: torch.mps.compile_shader's call model on CPU tensors.
+
+Binding rules (as torch.mps.compile_shader): positional argument i binds buffer i; a tensor binds
+its storage from its storage offset on; a 0-dim tensor binds its one value; Python float ->
+float32, int (and bool, an int) -> int64, lists of ints/floats -> packed int64/float32 arrays;
+``arg_casts`` (str for every non-tensor argument, or {index: str}) converts scalars and lists to
+"fp16" "bf16" "int32" "int16" "int8" "uint8"; ``threads`` defaults to the first tensor's numel;
+``threads``/``group_size`` are ints or 1-3 element lists; dispatch is dispatchThreads, so edge
+threadgroups are partial; the default group size is min(threads, max) in 1-D and (max, 1, 1) in
+2-D/3-D.
+
+Stricter than Metal: the arguments must match the kernel's parameters in number and kind
+(TypeError naming kernel, argument index and parameter); every buffer is staged into its own
+mapping with inaccessible guard pages on both sides and canary bytes in the alignment gap, so
+out-of-bounds writes and faulting reads are reported with the buffer's name and the byte offset.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .compiler import build, engine_library
+from .parse import Kernel as KernelSig, Param, is_float_scalar, scalar_of
+from .trampoline import entry_symbol
+
+MAX_THREADS = 1024
+SIMD_WIDTH = 32
+
+_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32,
+          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
+_CAST_SCALAR = {torch.float16: "half", torch.bfloat16: "bfloat", torch.int32: "int",
+                torch.int16: "short", torch.int8: "char", torch.uint8: "uchar",
+                torch.float32: "float", torch.int64: "long"}
+_DTYPE_SCALAR = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat",
+                 torch.float64: "double", torch.int64: "long", torch.int32: "int",
+                 torch.int16: "short", torch.int8: "char", torch.uint8: "uchar",
+                 torch.bool: "bool", torch.uint16: "ushort", torch.uint32: "uint",
+                 torch.uint64: "ulong"}
+_PAGE = mmap.PAGESIZE
+_CANARY = 0xA5
+
+
+class _Result(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_int32), ("signo", ctypes.c_int32),
+                ("is_write", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("fault_addr", ctypes.c_uint64), ("group", ctypes.c_uint32 * 3),
+                ("thread", ctypes.c_uint32 * 3), ("message", ctypes.c_char * 8192)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+_engine = None
+
+
+def _load_engine():
+    global _engine
+    if _engine is None:
+        _engine = ctypes.CDLL(str(engine_library()), mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
+        _engine.mf_rt_launch.restype = ctypes.c_int
+        _engine.mf_rt_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_uint32),
+                                         ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,
+                                         ctypes.POINTER(_Result)]
+        if _engine.mf_rt_result_size() != ctypes.sizeof(_Result):
+            raise RuntimeError("metalforge.sim: engine and Python disagree on the result layout")
+    return _engine
+
+
+class KernelError(RuntimeError):
+    """A simulated kernel failed at run time (fault, out-of-bounds access, barrier divergence)."""
+
+
+# ---------------------------------------------------------------------------- staging
+class _Region:
+    """One guarded staging mapping: [guard][canary..data..canary][guard]."""
+
+    def __init__(self, nbytes: int, names: list[str]):
+        self.nbytes = nbytes
+        self.names = names
+        body = max(16, (nbytes + 15) // 16 * 16)
+        self.inner = (body + _PAGE - 1) // _PAGE * _PAGE
+        self.total = self.inner + 2 * _PAGE
+        base = _libc.mmap(None, self.total, 3, 0x22, -1, 0)  # RW, PRIVATE|ANONYMOUS
+        if base in (None, ctypes.c_void_p(-1).value):
+            raise MemoryError("metalforge.sim: cannot map a staging buffer")
+        self.base = base
+        ctypes.memset(base + _PAGE, _CANARY, self.inner)
+        _libc.mprotect(base, _PAGE, 0)
+        _libc.mprotect(base + _PAGE + self.inner, _PAGE, 0)
+        self.data = base + _PAGE + self.inner - body
+        self.body = body
+
+    def classify(self, addr: int) -> int | None:
+        """Byte offset of `addr` relative to the data if it lies in this region's guards."""
+        if self.base <= addr < self.base + self.total:
+            return addr - self.data
+        return None
+
+    def canary_damage(self) -> int | None:
+        front = self.data - (self.base + _PAGE)
+        pat = bytes([_CANARY])
+        if front:
+            got = ctypes.string_at(self.base + _PAGE, front)
+            if got != pat * front:
+                k = max(i for i, b in enumerate(got) if b != _CANARY)
+                return k - front
+        gap = self.body - self.nbytes
+        if gap:
+            got = ctypes.string_at(self.data + self.nbytes, gap)
+            if got != pat * gap:
+                return self.nbytes + next(i for i, b in enumerate(got) if b != _CANARY)
+        return None
+
+    def free(self) -> None:
+        _libc.munmap(self.base, self.total)
+
+
+def _to_bytes(values, dtype: torch.dtype) -> bytes:
+    if dtype.is_floating_point:
+        t = torch.tensor(values, dtype=torch.float64).to(dtype)
+    else:
+        t = torch.tensor(values, dtype=torch.int64).to(dtype)   # wraps, like a C cast
+    return bytes(t.contiguous().view(torch.uint8).numpy())
+
+
+@dataclass
+class _Bound:
+    kind: str            # 'tensor', 'bytes'
+    scalar: str          # Metal scalar name of the data ('' unknown)
+    count: int           # number of elements (lists/scalars)
+    desc: str            # for messages
+    tensor: torch.Tensor | None = None
+    data: bytes = b""
+
+
+def _describe_param(p: Param) -> str:
+    return f"'{p.name}' ({p.type_text.strip()})"
+
+
+def _check(kname: str, i: int, p: Param, b: _Bound) -> None:
+    where = f"kernel '{kname}' argument {i} {_describe_param(p)}"
+    sc = scalar_of(p.elem_type)
+    if b.kind == "tensor" and b.tensor.dim() > 0:
+        if not p.is_pointer and sc is not None:
+            raise TypeError(f"{where}: expects a single value, got a tensor of shape "
+                            f"{tuple(b.tensor.shape)}; pass a Python number (with arg_casts) "
+                            f"or declare the parameter as a pointer")
+    if sc is None or not b.scalar:
+        return
+    want, ncomp, _ = sc
+    got = b.scalar
+    gsc = scalar_of(got)
+    ok = False
+    if is_float_scalar(want) or is_float_scalar(got):
+        ok = want == got
+    else:
+        ok = gsc is not None and scalar_of(want)[2] == gsc[2]
+    if not ok:
+        hint = ""
+        if b.kind == "bytes":
+            cast = {"half": "fp16", "bfloat": "bf16", "int": "int32", "uint": "int32",
+                    "short": "int16", "ushort": "int16", "char": "int8", "uchar": "uint8",
+                    "bool": "uint8"}.get(want)
+            hint = (f"; pass arg_casts={{{i}: '{cast}'}}" if cast else
+                    "; pass a value of the parameter's type")
+        raise TypeError(f"{where}: got {b.desc}, whose elements are {got}, but the parameter's "
+                        f"elements are {want}{hint}")
+    if b.kind == "bytes" and not p.is_pointer and ncomp > 1 and b.count not in (ncomp,) and \
+            not (ncomp == 3 and b.count == 3):
+        raise TypeError(f"{where}: expects {ncomp} values, got {b.count}")
+    if b.kind == "bytes" and not p.is_pointer and ncomp == 1 and b.count != 1:
+        raise TypeError(f"{where}: expects a single value, got a list of {b.count}")
+
+
+def _dims(v, what: str) -> list[int]:
+    if isinstance(v, bool) or not isinstance(v, (int, list, tuple)):
+        raise RuntimeError(f"{what} must be an int or a list of 1 to 3 ints, got {v!r}")
+    vals = [v] if isinstance(v, int) else list(v)
+    if not 0 < len(vals) < 4 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                        for x in vals):
+        raise RuntimeError(f"Number of {what} is undefined or has wrong dimension: {v!r}")
+    if any(x < 0 for x in vals):
+        raise RuntimeError(f"{what} must not be negative: {v!r}")
+    return vals
+
+
+class Kernel:
+    """One kernel of a Library (what ``lib.<name>`` returns)."""
+
+    def __init__(self, lib: "Library", index: int, sig: KernelSig):
+        self._lib = lib
+        self._index = index
+        self._sig = sig
+        self._entry = ctypes.cast(getattr(lib._dll, entry_symbol(index)), ctypes.c_void_p).value
+
+    @property
+    def max_threads_per_threadgroup(self) -> int:
+        return self._sig.max_total_threads
+
+    @property
+    def thread_execution_width(self) -> int:
+        return SIMD_WIDTH
+
+    @property
+    def static_thread_group_memory_length(self) -> int:
+        """Bytes of kernel-scope ``threadgroup`` arrays: the sum of their sizes, rounded up to a
+        multiple of 16 (threadgroup memory is allocated in 16-byte units)."""
+        if self._sig.threadgroup_bytes is None:
+            raise RuntimeError(
+                f"kernel '{self._sig.host_name}': the simulator cannot size its threadgroup "
+                f"declarations statically (an element type or array length it cannot evaluate)")
+        return self._sig.threadgroup_bytes
+
+    def __repr__(self) -> str:
+        return f"<metalforge.sim kernel '{self._sig.host_name}'>"
+
+    # -------------------------------------------------------------------- call
+    def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
+        sig = self._sig
+        name = sig.host_name
+        casts = self._casts(arg_casts, len(args))
+        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
+        if sorted(bufs) != list(range(len(bufs))):
+            missing = [k for k in range(max(bufs) + 1) if k not in bufs] if bufs else []
+            raise TypeError(f"kernel '{name}': buffer indices {sorted(bufs)} leave "
+                            f"{missing} unbound; positional argument i binds buffer(i)")
+        if len(args) != len(bufs):
+            plist = ", ".join(f"{k}: {_describe_param(bufs[k])}" for k in sorted(bufs))
+            raise TypeError(f"kernel '{name}' takes {len(bufs)} arguments ({plist}), "
+                            f"got {len(args)}")
+        bound: list[_Bound] = []
+        first_numel = None
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "cpu":
+                    raise TypeError(f"kernel '{name}' argument {i}: the simulator runs on CPU "
+                                    f"tensors, got one on {a.device}")
+                if first_numel is None:
+                    first_numel = a.numel()
+                if a.dim() == 0:
+                    t = a.to(torch.float32) if a.dtype == torch.float64 else a
+                    bound.append(_Bound("bytes", _DTYPE_SCALAR.get(t.dtype, ""), 1,
+                                        f"a 0-dim {t.dtype} tensor",
+                                        data=bytes(t.reshape(1).view(torch.uint8).numpy())))
+                else:
+                    bound.append(_Bound("tensor", _DTYPE_SCALAR.get(a.dtype, ""), a.numel(),
+                                        f"a {a.dtype} tensor", tensor=a))
+                continue
+            cast = casts.get(i)
+            if isinstance(a, (list, tuple)):
+                if len(a) == 0:
+                    raise RuntimeError("Empty list/tuple can not be an argument to metal kernel")
+                if isinstance(a[0], torch.Tensor):
+                    raise TypeError(f"kernel '{name}' argument {i}: lists of tensors (argument "
+                                    f"buffers) are not supported by the simulator")
+                if isinstance(a[0], float):
+                    dt = cast or torch.float32
+                elif isinstance(a[0], int):
+                    dt = cast or torch.int64
+                else:
+                    raise RuntimeError("Unexpected argument types")
+                vals = list(a)
+                if not all(isinstance(v, (int, float)) for v in vals):
+                    raise RuntimeError("Unexpected argument types")
+                bound.append(_Bound("bytes", _CAST_SCALAR[dt], len(vals),
+                                    f"a list of {len(vals)} values as {_CAST_SCALAR[dt]}",
+                                    data=_to_bytes(vals, dt)))
+                continue
+            if isinstance(a, float):
+                dt = cast or torch.float32
+            elif isinstance(a, int):
+                dt = cast or torch.int64
+            else:
+                raise RuntimeError(f"Unsupported argument type {type(a).__name__} "
+                                   f"(argument {i} of kernel '{name}')")
+            kind = "Python float" if isinstance(a, float) else (
+                "Python bool" if isinstance(a, bool) else "Python int")
+            bound.append(_Bound("bytes", _CAST_SCALAR[dt], 1,
+                                f"a {kind} (bound as {_CAST_SCALAR[dt]})",
+                                data=_to_bytes([a], dt)))
+        for i, b in enumerate(bound):
+            _check(name, i, bufs[i], b)
+
+        grid = _dims(threads, "threads") if threads is not None else None
+        if grid is None:
+            if first_numel is None:
+                raise RuntimeError("Number of threads is undefined or has wrong dimension")
+            grid = [first_numel]
+        mx = sig.max_total_threads
+        if group_size is None:
+            group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+        else:
+            group = _dims(group_size, "group_size")
+            if len(group) != len(grid):
+                raise RuntimeError(f"group_size {group_size!r} must have as many dimensions as "
+                                   f"threads {threads!r}")
+        prod = 1
+        for g in group:
+            prod *= g
+        if prod > mx:
+            raise ValueError(f"Threadgroup size exceeds {mx} limit")
+        if any(g == 0 for g in group) and not any(t == 0 for t in grid):
+            raise ValueError(f"group_size {group_size!r} has a zero dimension")
+        grid3 = (grid + [1, 1])[:3]
+        group3 = (group + [1, 1])[:3]
+        if any(t == 0 for t in grid3):
+            return
+        self._launch(bound, grid3, group3)
+
+    def _casts(self, arg_casts, n: int) -> dict[int, torch.dtype]:
+        if arg_casts is None:
+            return {}
+        if isinstance(arg_casts, str):
+            if arg_casts not in _CASTS:
+                raise RuntimeError(f"Unsupported cast instruction {arg_casts}")
+            return {i: _CASTS[arg_casts] for i in range(n)}
+        if isinstance(arg_casts, dict):
+            out = {}
+            for k, v in arg_casts.items():
+                if not isinstance(k, int) or not isinstance(v, str):
+                    raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
+                if v not in _CASTS:
+                    raise RuntimeError(f"Unsupported cast instruction {v}")
+                out[k] = _CASTS[v]
+            return out
+        raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
+
+    def _launch(self, bound: list[_Bound], grid: list[int], group: list[int]) -> None:
+        sig = self._sig
+        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
+        regions: list[_Region] = []
+        ptrs = (ctypes.c_void_p * max(1, len(bound)))()
+        owners: dict[int, list[int]] = {}     # region index -> argument indices
+        arg_region: list[int] = []
+        storages: dict[int, tuple[int, torch.Tensor, int]] = {}  # storage ptr -> (region, t, lo)
+        try:
+            # one region per storage, covering every bound view of it through the storage's end
+            lo_of: dict[int, int] = {}
+            for b in bound:
+                if b.kind == "tensor":
+                    st = b.tensor.untyped_storage()
+                    off = b.tensor.storage_offset() * b.tensor.element_size()
+                    key = st.data_ptr()
+                    lo_of[key] = min(lo_of.get(key, off), off)
+            for i, b in enumerate(bound):
+                label = f"'{bufs[i].name}' (argument {i})"
+                if b.kind == "tensor":
+                    st = b.tensor.untyped_storage()
+                    key = st.data_ptr()
+                    if key not in storages:
+                        lo = lo_of[key]
+                        r = _Region(st.nbytes() - lo, [])
+                        ctypes.memmove(r.data, key + lo, st.nbytes() - lo)
+                        regions.append(r)
+                        storages[key] = (len(regions) - 1, b.tensor, lo)
+                    ri, _, lo = storages[key]
+                    off = b.tensor.storage_offset() * b.tensor.element_size()
+                    ptrs[i] = regions[ri].data + (off - lo)
+                else:
+                    r = _Region(len(b.data), [])
+                    ctypes.memmove(r.data, b.data, len(b.data))
+                    regions.append(r)
+                    ri = len(regions) - 1
+                    ptrs[i] = r.data
+                regions[ri].names.append(label)
+                owners.setdefault(ri, []).append(i)
+                arg_region.append(ri)
+            ptr_table = (ctypes.c_void_p * max(1, len(bound)))()
+            for i in range(len(bound)):
+                ptr_table[bufs[i].buffer_index] = ptrs[i]
+            res = _Result()
+            g = (ctypes.c_uint32 * 3)(*grid)
+            gs = (ctypes.c_uint32 * 3)(*group)
+            workers = int(os.environ.get("METALFORGE_SIM_WORKERS", "2"))
+            _load_engine().mf_rt_launch(self._entry, ptr_table, g, gs, workers,
+                                        ctypes.byref(res))
+            if res.code != 0:
+                raise KernelError(self._explain(res, regions))
+            for r in regions:
+                off = r.canary_damage()
+                if off is not None:
+                    raise KernelError(
+                        f"kernel '{sig.host_name}' wrote out of bounds of buffer "
+                        f"{' / '.join(r.names)} at byte offset {off} (the buffer has {r.nbytes} "
+                        f"bytes from its binding offset)")
+            for key, (ri, t, lo) in storages.items():
+                ctypes.memmove(key + lo, regions[ri].data, regions[ri].nbytes)
+        finally:
+            for r in regions:
+                r.free()
+
+    def _explain(self, res: _Result, regions: list[_Region]) -> str:
+        name = self._sig.host_name
+        msg = res.message.decode(errors="replace")
+        if res.code == 2:
+            addr = res.fault_addr
+            for r in regions:
+                off = r.classify(addr)
+                if off is not None:
+                    rw = {1: "write", 0: "read"}.get(res.is_write, "access")
+                    return (f"kernel '{name}': out-of-bounds {rw} of buffer "
+                            f"{' / '.join(r.names)} at byte offset {off} (the buffer has "
+                            f"{r.nbytes} bytes from its binding offset), by "
+                            f"thread_position_in_grid ({res.thread[0]},{res.thread[1]},"
+                            f"{res.thread[2]})")
+            return f"kernel '{name}' faulted: {msg}"
+        if res.code == 1:
+            return f"kernel '{name}': {msg}"
+        return f"kernel '{name}': simulator error: {msg}"
+
+
+class Library:
+    """What `compile_shader` returns: one attribute per host-visible kernel."""
+
+    def __init__(self, source: str):
+        path, kernels = build(source)
+        _load_engine()
+        self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
+        self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
+        self._path = path
+
+    def __getattr__(self, name: str) -> Kernel:
+        if name.startswith("__") or name in ("_dll", "_sigs", "_path"):
+            raise AttributeError(name)
+        if name not in self._sigs:
+            raise RuntimeError(f"Failed to create function state object for: {name}")
+        i, sig = self._sigs[name]
+        return Kernel(self, i, sig)
+
+    def __dir__(self):
+        return sorted(self._sigs)
+
+    def __repr__(self) -> str:
+        return f"<metalforge.sim library: {', '.join(sorted(self._sigs))}>"
+
+
+def compile_shader(source: str) -> Library:
+    """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader)."""
+    if not isinstance(source, str):
+        raise TypeError("compile_shader expects the Metal source as a str")
+    return Library(source)

@@ -1,0 +1,778 @@
+"""Kernel signatures from MSL text, as plain Python data.
+
+The parser reads the *preprocessed* source (macros expanded, ``#include <c10/...>``
+inlined, line markers kept) and finds:
+
+- kernel definitions: ``kernel void f(...) {...}`` and ``[[kernel]] void f(...)``, plain or
+  templated (``template <typename T, int N> kernel void f(...)``);
+- host-visible instantiations of templated kernels, in the three forms MSL code uses::
+
+      template [[host_name("f_float")]] kernel void f<float>(device float* x, uint i);
+      template [[host_name("f_float")]] kernel void f(device float* x, uint i);   // deduced
+      template [[host_name("f_float")]] [[kernel]] decltype(f<float>) f<float>;   // MLX
+
+- each parameter's role: a buffer (``[[buffer(n)]]`` or the implicit index), a thread-position
+  attribute, or something the simulator cannot bind (textures, samplers, ``[[threadgroup(n)]]``).
+
+It also records what the rewrite pass needs (attribute spans, ``threadgroup`` declarations, the
+instantiation statements). Nothing here knows about the CPU: the same data drives the CUDA
+trampolines (see metalforge/sim/trampoline.py).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Thread-position attributes a kernel parameter may carry (MSL spec, "Kernel function input
+# attributes").  thread_execution_width is the older spelling of threads_per_simdgroup.
+POSITION_ATTRS = frozenset({
+    "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+    "threads_per_threadgroup", "threadgroups_per_grid", "threads_per_grid",
+    "dispatch_threads_per_threadgroup", "grid_origin", "grid_size", "thread_index_in_threadgroup",
+    "thread_index_in_simdgroup", "simdgroup_index_in_threadgroup", "threads_per_simdgroup",
+    "simdgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup", "thread_execution_width",
+    "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
+    "dispatch_quadgroups_per_threadgroup",
+})
+
+# C++ attributes that stay in the text; every other [[...]] is Metal's and is blanked.
+STANDARD_ATTRS = frozenset({"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard",
+                            "noreturn", "deprecated", "carries_dependency", "no_unique_address"})
+
+ADDRESS_SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_imageblock",
+                  "ray_data", "object_data")
+
+
+class ParseError(Exception):
+    """The source has a kernel the simulator cannot run (message says why and where)."""
+
+
+@dataclass
+class Token:
+    kind: str   # 'id', 'num', 'str', 'punct', 'attr'
+    text: str
+    start: int
+    end: int
+
+
+@dataclass
+class Param:
+    index: int                 # position in the parameter list
+    text: str                  # the declaration, attributes removed
+    name: str
+    type_text: str             # declared type (may mention template parameters)
+    role: str                  # 'buffer' or 'position'
+    attr: str = ""             # position attribute name, e.g. 'thread_position_in_grid'
+    buffer_index: int = -1
+    address_space: str = ""    # device / constant / thread / '' (by value)
+    is_pointer: bool = False
+    is_reference: bool = False
+    is_const: bool = False
+    elem_type: str = ""        # pointee / referee / value type, qualifiers removed
+
+
+@dataclass
+class Kernel:
+    host_name: str
+    func_name: str             # qualified C++ name of the function (template name for templates)
+    template_args: str | None  # "float, 4" for explicit instantiations, None otherwise
+    fn_params: str | None      # concrete parameter list for the deduced instantiation form
+    params: list[Param]
+    line: int                  # line of the definition in the user's source
+    max_total_threads: int     # [[max_total_threads_per_threadgroup(N)]] or 1024
+    threadgroup_bytes: int | None  # static threadgroup memory, None when not computable
+
+
+@dataclass
+class TgDecl:
+    start: int                 # offset of the `threadgroup` keyword
+    end: int
+    type_text: str
+    dims: list[str]
+
+
+@dataclass
+class ParsedSource:
+    kernels: list[Kernel]
+    blank_spans: list[tuple[int, int]] = field(default_factory=list)     # attributes, instantiations
+    tg_decls: list[TgDecl] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------ tokens
+_ID = re.compile(r"[A-Za-z_]\w*")
+_NUM = re.compile(r"\.?\d(?:[\w.]|[eEpP][+-])*")
+_PUNCT3 = ("<<=", ">>=", "...", "->*")
+_PUNCT2 = ("::", "->", "++", "--", "<<", "<=", ">=", "==", "!=", "&&", "||", "+=", "-=", "*=",
+           "/=", "%=", "&=", "|=", "^=", ".*")
+
+
+def tokenize(text: str) -> list[Token]:
+    """Tokens of preprocessed C++ (line markers and other # lines are skipped)."""
+    toks: list[Token] = []
+    i, n = 0, len(text)
+    line_start = True
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line_start = True
+            i += 1
+            continue
+        if c in " \t\r\f\v":
+            i += 1
+            continue
+        if c == "#" and line_start:
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        line_start = False
+        if c == "/" and text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c == "/" and text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+            continue
+        if c == '"' or c == "'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            toks.append(Token("str", text[i:j + 1], i, j + 1))
+            i = j + 1
+            continue
+        if c == "[" and text.startswith("[[", i):
+            depth, j = 0, i
+            while j < n:
+                if text[j] == "[":
+                    depth += 1
+                elif text[j] == "]":
+                    depth -= 1
+                    if depth == 0:
+                        break
+                j += 1
+            toks.append(Token("attr", text[i + 2:j - 1].strip(), i, j + 1))
+            i = j + 1
+            continue
+        m = _ID.match(text, i)
+        if m:
+            toks.append(Token("id", m.group(), i, m.end()))
+            i = m.end()
+            continue
+        m = _NUM.match(text, i)
+        if m:
+            toks.append(Token("num", m.group(), i, m.end()))
+            i = m.end()
+            continue
+        for p in _PUNCT3 + _PUNCT2:
+            if text.startswith(p, i):
+                toks.append(Token("punct", p, i, i + len(p)))
+                i += len(p)
+                break
+        else:
+            toks.append(Token("punct", c, i, i + 1))
+            i += 1
+    return toks
+
+
+def _match(toks: list[Token], i: int, open_: str, close: str) -> int:
+    """Index of the token closing the bracket opened at toks[i]."""
+    depth = 0
+    for j in range(i, len(toks)):
+        t = toks[j].text
+        if toks[j].kind != "punct":
+            continue
+        if t == open_:
+            depth += 1
+        elif t == close:
+            depth -= 1
+            if depth == 0:
+                return j
+    raise ParseError(f"unbalanced '{open_}'")
+
+
+def _match_angle(toks: list[Token], i: int) -> int:
+    """Index of the '>' closing the template bracket opened at toks[i]."""
+    depth = 0
+    j = i
+    while j < len(toks):
+        t = toks[j].text
+        if t in ("(", "["):
+            j = _match(toks, j, t, ")" if t == "(" else "]") + 1
+            continue
+        if t == "<":
+            depth += 1
+        elif t == ">":
+            depth -= 1
+        elif t == ">>":
+            depth -= 2
+        if depth <= 0 and t in (">", ">>"):
+            return j
+        j += 1
+    raise ParseError("unbalanced '<' in a template")
+
+
+def _name_before(toks: list[Token], idx: int) -> str:
+    """The (possibly qualified) name that ends just before toks[idx]."""
+    parts: list[str] = []
+    j = idx - 1
+    while j >= 0 and toks[j].kind == "id":
+        parts.insert(0, toks[j].text)
+        j -= 1
+        if j >= 0 and toks[j].text == "::":
+            parts.insert(0, "::")
+            j -= 1
+            continue
+        break
+    return "".join(parts)
+
+
+def _split_commas(toks: list[Token]) -> list[list[Token]]:
+    parts: list[list[Token]] = [[]]
+    depth = 0
+    for t in toks:
+        if t.kind == "punct" and t.text in "([{<":
+            depth += 1
+        elif t.kind == "punct" and t.text in ")]}>":
+            depth -= 1
+        elif t.kind == "punct" and t.text == ">>":
+            depth -= 2
+        if t.kind == "punct" and t.text == "," and depth == 0:
+            parts.append([])
+            continue
+        parts[-1].append(t)
+    return [p for p in parts if p]
+
+
+# ------------------------------------------------------------------------------------ lines
+_LINEMARK = re.compile(r'^#\s*(?:line\s+)?(\d+)\s+"([^"]*)"', re.M)
+
+
+class LineMap:
+    """Maps offsets in preprocessed text back to (file, line) via its line markers."""
+
+    def __init__(self, text: str):
+        self.marks: list[tuple[int, int, str]] = []   # (offset of next line, line no, file)
+        for m in _LINEMARK.finditer(text):
+            nl = text.find("\n", m.end())
+            self.marks.append((len(text) if nl < 0 else nl + 1, int(m.group(1)), m.group(2)))
+        self.text = text
+
+    def locate(self, off: int) -> tuple[str, int]:
+        best = None
+        for mark in self.marks:
+            if mark[0] <= off:
+                best = mark
+            else:
+                break
+        if best is None:
+            return "", self.text.count("\n", 0, off) + 1
+        return best[2], best[1] + self.text.count("\n", best[0], off)
+
+
+# ------------------------------------------------------------------------------------ params
+def _attr_name(a: str) -> tuple[str, str]:
+    m = re.match(r"\s*(\w+)\s*(?:\((.*)\))?\s*$", a, re.S)
+    return (m.group(1), (m.group(2) or "").strip()) if m else (a, "")
+
+
+def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param:
+    attrs = [t for t in ptoks if t.kind == "attr"]
+    body = [t for t in ptoks if t.kind != "attr"]
+    # the name is the last identifier outside array brackets
+    name_i = None
+    depth = 0
+    for k in range(len(body) - 1, -1, -1):
+        t = body[k]
+        if t.text == "]":
+            depth += 1
+        elif t.text == "[":
+            depth -= 1
+        elif depth == 0 and t.kind == "id":
+            name_i = k
+            break
+    type_toks = body
+    name = ""
+    if name_i is not None and name_i > 0 and body[name_i - 1].text not in ("::",) and \
+            body[name_i].text not in ("int", "uint", "float", "half", "bool"):
+        name = body[name_i].text
+        type_toks = body[:name_i] + body[name_i + 1:]
+    type_text = " ".join(t.text for t in type_toks).replace(" :: ", "::").replace(" < ", "<") \
+        .replace(" >", ">").replace(" ,", ",")
+    decl_text = " ".join(t.text for t in body)
+    p = Param(index=index, text=decl_text, name=name or f"arg{index}", type_text=type_text,
+              role="buffer")
+    words = [t.text for t in type_toks]
+    p.is_pointer = "*" in words
+    p.is_reference = "&" in words or "&&" in words
+    p.is_const = "const" in words
+    for a in ADDRESS_SPACES:
+        if a in words:
+            p.address_space = a
+            break
+    elem = [w for w in words if w not in ADDRESS_SPACES and w not in
+            ("const", "volatile", "*", "&", "&&", "restrict", "__restrict", "__restrict__")]
+    p.elem_type = " ".join(elem).replace(" :: ", "::").replace(" < ", "<").replace(" >", ">") \
+        .replace(" ,", ",")
+    for a in attrs:
+        an, arg = _attr_name(a.text)
+        if an in POSITION_ATTRS:
+            p.role = "position"
+            p.attr = "threads_per_grid" if an == "grid_size" else an
+        elif an == "buffer":
+            try:
+                p.buffer_index = int(arg, 0)
+            except ValueError:
+                raise ParseError(f"{where}: parameter '{p.name}': [[buffer({arg})]] must be an "
+                                 f"integer literal") from None
+        elif an == "threadgroup":
+            raise ParseError(
+                f"{where}: parameter '{p.name}' uses [[threadgroup({arg})]] (dynamic threadgroup "
+                f"memory); torch.mps.compile_shader cannot bind it either. Declare a "
+                f"`threadgroup T name[N];` array inside the kernel instead")
+        elif an in ("texture", "sampler", "stage_in", "visible_function_table",
+                    "intersection_function_table", "instance_acceleration_structure"):
+            raise ParseError(f"{where}: parameter '{p.name}' uses [[{an}]], which the simulator "
+                             f"(and torch.mps.compile_shader) cannot bind")
+    return p
+
+
+def _parse_params(toks: list[Token], text: str, where: str) -> list[Param]:
+    parts = _split_commas(toks)
+    if len(parts) == 1 and len(parts[0]) == 1 and parts[0][0].text == "void":
+        return []
+    return [_parse_param(pt, text, i, where) for i, pt in enumerate(parts)]
+
+
+def assign_buffer_indices(params: list[Param], where: str) -> None:
+    """Implicit [[buffer(n)]] indices: the lowest unused index, in declaration order."""
+    used = {p.buffer_index for p in params if p.role == "buffer" and p.buffer_index >= 0}
+    nxt = 0
+    for p in params:
+        if p.role != "buffer" or p.buffer_index >= 0:
+            continue
+        while nxt in used:
+            nxt += 1
+        p.buffer_index = nxt
+        used.add(nxt)
+    seen: dict[int, str] = {}
+    for p in params:
+        if p.role == "buffer":
+            if p.buffer_index in seen:
+                raise ParseError(f"{where}: parameters '{seen[p.buffer_index]}' and '{p.name}' "
+                                 f"both use buffer({p.buffer_index})")
+            seen[p.buffer_index] = p.name
+
+
+# ------------------------------------------------------------------------------------ sizes
+_SCALAR_SIZES = {
+    "bool": 1, "char": 1, "uchar": 1, "int8_t": 1, "uint8_t": 1, "short": 2, "ushort": 2,
+    "int16_t": 2, "uint16_t": 2, "half": 2, "bfloat": 2, "int": 4, "uint": 4, "int32_t": 4,
+    "uint32_t": 4, "float": 4, "long": 8, "ulong": 8, "int64_t": 8, "uint64_t": 8, "size_t": 8,
+    "unsigned": 4, "signed": 4, "double": 8,
+}
+_FLOAT_SCALARS = {"half", "bfloat", "float", "double"}
+
+
+def scalar_of(type_name: str) -> tuple[str, int, int] | None:
+    """(scalar, components, byte size) of a Metal scalar/vector/packed type name, else None."""
+    t = re.sub(r"^(?:::)?metal::", "", type_name.strip())
+    t = {"unsigned int": "uint", "unsigned short": "ushort", "unsigned char": "uchar",
+         "unsigned long": "ulong", "signed char": "char", "long long": "long",
+         "unsigned long long": "ulong"}.get(t, t)
+    m = re.fullmatch(r"(packed_)?([a-z]+?)([234])?", t)
+    if m and m.group(2) in _SCALAR_SIZES:
+        s, n = m.group(2), int(m.group(3) or 1)
+        sz = _SCALAR_SIZES[s]
+        if n == 1:
+            return s, 1, sz
+        # a 3-vector occupies four elements unless packed (MSL spec, "Vector data types")
+        return s, n, sz * (n if (m.group(1) or n != 3) else 4)
+    m = re.fullmatch(r"(?:metal::)?atomic_(int|uint|float|bool|ulong|long)", t)
+    if m:
+        return m.group(1), 1, _SCALAR_SIZES[m.group(1)]
+    m = re.fullmatch(r"vec<\s*(\w+)\s*,\s*([234])\s*>", t)
+    if m and m.group(1) in _SCALAR_SIZES:
+        n = int(m.group(2))
+        return m.group(1), n, _SCALAR_SIZES[m.group(1)] * (4 if n == 3 else n)
+    return None
+
+
+def is_float_scalar(s: str) -> bool:
+    return s in _FLOAT_SCALARS
+
+
+def eval_int(expr: str, names: dict[str, str]) -> int | None:
+    """Evaluate a small integer constant expression, resolving identifiers through `names`."""
+    seen = 0
+    while True:
+        seen += 1
+        if seen > 20:
+            return None
+        changed = False
+
+        def sub(m: re.Match) -> str:
+            nonlocal changed
+            w = m.group()
+            if w in names:
+                changed = True
+                return f"({names[w]})"
+            return w
+        expr = re.sub(r"(?<![\w.])[A-Za-z_]\w*(?:::\w+)*", sub, expr)
+        if not changed:
+            break
+    expr = re.sub(r"(?<=\d)[uUlL]+\b", "", expr)
+    if not re.fullmatch(r"[\d\s+\-*/%()<>]*", expr) or not expr.strip():
+        return None
+    try:
+        v = eval(expr.replace("/", "//"), {"__builtins__": {}}, {})  # digits and operators only
+    except Exception:
+        return None
+    return int(v) if isinstance(v, int) else None
+
+
+def type_size(type_text: str, names: dict[str, str]) -> int | None:
+    t = type_text.strip()
+    for w, v in names.items():
+        t = re.sub(rf"(?<![\w:]){re.escape(w)}(?!\w)", v, t)
+    sc = scalar_of(t)
+    if sc:
+        return sc[2]
+    m = re.fullmatch(r"(?:::)?(?:metal::)?array<\s*(.+)\s*,\s*([^,<>]+)>", t)
+    if m:
+        inner, n = type_size(m.group(1), names), eval_int(m.group(2), names)
+        return inner * n if inner is not None and n is not None else None
+    return None
+
+
+# ------------------------------------------------------------------------------------ walker
+@dataclass
+class _FuncDef:
+    name: str
+    qual: str
+    tparams: list[tuple[str, str | None]]    # (name, default text)
+    param_toks: list[Token]
+    is_kernel: bool
+    attrs: list[str]
+    body: tuple[int, int]                     # token index range of the body
+    offset: int
+    tg: list[TgDecl]
+
+
+def _template_params(toks: list[Token]) -> list[tuple[str, str | None]]:
+    out = []
+    for part in _split_commas(toks):
+        dflt = None
+        for k, t in enumerate(part):
+            if t.text == "=":
+                dflt = " ".join(x.text for x in part[k + 1:])
+                part = part[:k]
+                break
+        ids = [t.text for t in part if t.kind == "id"]
+        if ids:
+            out.append((ids[-1], dflt))
+    return out
+
+
+class _Walker:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = tokenize(text)
+        self.funcs: list[_FuncDef] = []
+        self.insts: list[dict] = []
+        self.blank: list[tuple[int, int]] = []
+        self.tg: list[TgDecl] = []
+        self.consts: dict[str, str] = {}
+
+    def run(self) -> None:
+        toks = self.toks
+        for t in toks:
+            if t.kind == "attr":
+                name, _ = _attr_name(t.text)
+                if name not in STANDARD_ATTRS:
+                    self.blank.append((t.start, t.end))
+        self._scope(0, len(toks), [])
+
+    def _scope(self, i: int, end: int, ns: list[str]) -> None:
+        toks = self.toks
+        stmt_start = i
+        while i < end:
+            t = toks[i]
+            if t.text == "namespace" and t.kind == "id":
+                j = i + 1
+                names = []
+                while j < end and toks[j].text != "{" and toks[j].text != ";" and \
+                        toks[j].text != "=":
+                    if toks[j].kind == "id":
+                        names.append(toks[j].text)
+                    j += 1
+                if j < end and toks[j].text == "{":
+                    close = _match(toks, j, "{", "}")
+                    self._scope(j + 1, close, ns + names)
+                    i = close + 1
+                    stmt_start = i
+                    continue
+            if t.text == "extern" and i + 2 < end and toks[i + 1].kind == "str" and \
+                    toks[i + 2].text == "{":
+                close = _match(toks, i + 2, "{", "}")
+                self._scope(i + 3, close, ns)
+                i = close + 1
+                stmt_start = i
+                continue
+            if t.text == ";":
+                self._statement(stmt_start, i, None, ns)
+                i += 1
+                stmt_start = i
+                continue
+            if t.text == "{":
+                close = _match(toks, i, "{", "}")
+                head = toks[stmt_start:i]
+                words = [x.text for x in head]
+                first = words[0] if words else ""
+                k = 0
+                if first == "template" and len(words) > 1 and words[1] == "<":
+                    k = _match_angle(head, 1) + 1
+                kind = words[k] if k < len(words) else ""
+                is_func = (")" in words and "=" not in words and
+                           kind not in ("struct", "class", "union", "enum", "typedef", "using"))
+                if is_func:
+                    self._statement(stmt_start, i, (i, close), ns)
+                    i = close + 1
+                    stmt_start = i
+                    continue
+                i = close + 1       # struct/enum/initializer body: the statement goes on to ';'
+                continue
+            i += 1
+
+    def _statement(self, s: int, e: int, body: tuple[int, int] | None, ns: list[str]) -> None:
+        toks = self.toks
+        head = toks[s:e]
+        if not head:
+            return
+        words = [t.text for t in head]
+        # global integer constants, for threadgroup array sizes
+        if body is None and "=" in words and "(" not in words:
+            q = words.index("=")
+            if q >= 1 and head[q - 1].kind == "id" and \
+                    any(w in ("constexpr", "constant", "const") for w in words[:q]):
+                self.consts[words[q - 1]] = " ".join(words[q + 1:])
+        if words[0] == "template" and (len(words) < 2 or words[1] != "<"):
+            if body is None:
+                self._instantiation(head, ns)
+            return
+        if body is None:
+            return
+        tparams: list[tuple[str, str | None]] = []
+        k = 0
+        if words[0] == "template":
+            close = _match_angle(head, 1)
+            tparams = _template_params(head[2:close])
+            k = close + 1
+        decl = head[k:]
+        is_kernel = any(t.kind == "id" and t.text == "kernel" for t in decl) or \
+            any(t.kind == "attr" and _attr_name(t.text)[0] == "kernel" for t in decl)
+        # function name: identifier before the parameter list's '('
+        popen = next((j for j, t in enumerate(decl) if t.text == "("), None)
+        if popen is None or popen == 0:
+            return
+        pclose = _match(decl, popen, "(", ")")
+        name = _name_before(decl, popen)
+        if not name:
+            return
+        tg = self._body(body[0], body[1])
+        self.funcs.append(_FuncDef(
+            name=name.split("::")[-1], qual="::".join(ns + [name]) if ns else name,
+            tparams=tparams, param_toks=decl[popen + 1:pclose], is_kernel=is_kernel,
+            attrs=[t.text for t in decl if t.kind == "attr"], body=body,
+            offset=head[0].start, tg=tg))
+
+    def _body(self, b0: int, b1: int) -> list[TgDecl]:
+        """Find statement-level `threadgroup T x[N];` declarations in a function body."""
+        toks = self.toks
+        found: list[TgDecl] = []
+        prev = "{"
+        i = b0 + 1
+        while i < b1:
+            t = toks[i]
+            if t.kind == "id" and t.text == "threadgroup" and prev in ("{", "}", ";", ":"):
+                j = i
+                while j < b1 and toks[j].text != ";":
+                    j += 1
+                decl = toks[i + 1:j]
+                words = [x.text for x in decl]
+                if decl and not any(w in ("*", "&", "&&", "=", "(") for w in words):
+                    # type = tokens up to the first declarator; dims = bracket contents
+                    parts = _split_commas(decl)
+                    first = parts[0]
+                    br = next((k for k, x in enumerate(first) if x.text == "["), len(first))
+                    type_toks = first[:br - 1] if br > 0 else first
+                    type_text = " ".join(x.text for x in type_toks).replace(" :: ", "::") \
+                        .replace(" < ", "<").replace(" >", ">").replace(" ,", ",")
+                    for part in parts:
+                        dims, k = [], 0
+                        while k < len(part):
+                            if part[k].text == "[":
+                                c = _match(part, k, "[", "]")
+                                dims.append(" ".join(x.text for x in part[k + 1:c]))
+                                k = c
+                            k += 1
+                        found.append(TgDecl(start=t.start, end=t.end, type_text=type_text,
+                                            dims=dims))
+                    self.tg.append(TgDecl(start=t.start, end=t.end, type_text=type_text,
+                                          dims=[]))
+                i = j
+                prev = ";"
+                continue
+            prev = t.text if t.kind == "punct" else "x"
+            i += 1
+        return found
+
+    def _instantiation(self, head: list[Token], ns: list[str]) -> None:
+        attrs = [t for t in head if t.kind == "attr"]
+        host = None
+        for a in attrs:
+            an, arg = _attr_name(a.text)
+            if an == "host_name":
+                host = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', arg))
+        if host is None:
+            return
+        self.blank.append((head[0].start, head[-1].end + 1))   # through the ';'
+        body = [t for t in head[1:] if t.kind != "attr"]
+        words = [t.text for t in body]
+        if "decltype" in words:
+            # template [[host_name]] [[kernel]] decltype(f<A>) f<A>;
+            d = words.index("decltype")
+            close = _match(body, d + 1, "(", ")")
+            rest = body[close + 1:]
+            name, targs = self._name_targs(rest)
+            self.insts.append(dict(host=host, name=name, targs=targs, params=None,
+                                   offset=head[0].start, ns=ns))
+            return
+        popen = words.index("(") if "(" in words else None
+        if popen is None:
+            raise ParseError(f"cannot read the instantiation of '{host}'")
+        pclose = _match(body, popen, "(", ")")
+        pre = body[:popen]
+        # the name (and <args>) is at the end of `pre`
+        lt = None
+        if pre and pre[-1].text in (">", ">>"):
+            depth = 0
+            for k in range(len(pre) - 1, -1, -1):
+                if pre[k].text == ">":
+                    depth += 1
+                elif pre[k].text == ">>":
+                    depth += 2
+                elif pre[k].text == "<":
+                    depth -= 1
+                    if depth == 0:
+                        lt = k
+                        break
+        name = _name_before(pre, lt if lt is not None else len(pre))
+        targs = None
+        if lt is not None:
+            targs = self.text[pre[lt].end:pre[-1].start].strip()
+        params_text = self.text[body[popen].end:body[pclose].start]
+        self.insts.append(dict(host=host, name=name, targs=targs,
+                               params=params_text if targs is None else None,
+                               param_toks=body[popen + 1:pclose],
+                               offset=head[0].start, ns=ns))
+
+    def _name_targs(self, toks: list[Token]) -> tuple[str, str | None]:
+        words = [t.text for t in toks]
+        if "<" in words:
+            lt = words.index("<")
+            gt = _match_angle(toks, lt)
+            name = "".join(words[:lt])
+            return name, self.text[toks[lt].end:toks[gt].start].strip()
+        return "".join(w for w in words if w != ";"), None
+
+
+def _subst(text: str, mapping: dict[str, str]) -> str:
+    for k, v in mapping.items():
+        text = re.sub(rf"(?<![\w:]){re.escape(k)}(?!\w)", v, text)
+    return text
+
+
+def parse(text: str) -> ParsedSource:
+    """Parse preprocessed MSL text into kernels plus the spans the rewrite pass needs."""
+    w = _Walker(text)
+    w.run()
+    lines = LineMap(text)
+    kernels: list[Kernel] = []
+
+    def where(off: int) -> str:
+        f, ln = lines.locate(off)
+        return f"{f or 'program_source'}:{ln}"
+
+    def finish(fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
+               subst: dict[str, str], concrete: list[Param] | None) -> Kernel:
+        params = _parse_params(fd.param_toks, text, f"{where(fd.offset)}: kernel '{host}'")
+        if concrete is not None:
+            if len(concrete) != len(params):
+                raise ParseError(f"{where(fd.offset)}: instantiation '{host}' has "
+                                 f"{len(concrete)} parameters, the template {len(params)}")
+            for p, c in zip(params, concrete):
+                p.type_text, p.elem_type = c.type_text, c.elem_type
+                p.is_pointer, p.is_reference, p.is_const = c.is_pointer, c.is_reference, c.is_const
+                p.address_space = c.address_space or p.address_space
+        elif subst:
+            for p in params:
+                p.type_text = _subst(p.type_text, subst)
+                p.elem_type = _subst(p.elem_type, subst)
+        assign_buffer_indices(params, f"{where(fd.offset)}: kernel '{host}'")
+        names = dict(w.consts)
+        names.update(subst)
+        mtt = 1024
+        for a in fd.attrs:
+            an, arg = _attr_name(a)
+            if an == "max_total_threads_per_threadgroup":
+                v = eval_int(arg, names)
+                if v is None:
+                    raise ParseError(f"{where(fd.offset)}: kernel '{host}': cannot evaluate "
+                                     f"[[max_total_threads_per_threadgroup({arg})]]")
+                mtt = min(v, 1024)
+        total: int | None = 0
+        for d in fd.tg:
+            sz = type_size(d.type_text, names)
+            for dim in d.dims:
+                n = eval_int(dim, names)
+                sz = None if (sz is None or n is None) else sz * n
+            total = None if (total is None or sz is None) else total + sz
+        if total is not None:
+            total = (total + 15) // 16 * 16
+        _, line = lines.locate(fd.offset)
+        return Kernel(host_name=host, func_name=fd.qual, template_args=targs,
+                      fn_params=fn_params, params=params, line=line, max_total_threads=mtt,
+                      threadgroup_bytes=total)
+
+    for fd in w.funcs:
+        if fd.is_kernel and not fd.tparams:
+            kernels.append(finish(fd, fd.name, None, None, {}, None))
+    for inst in w.insts:
+        base = inst["name"].split("::")[-1]
+        cands = [fd for fd in w.funcs if fd.name == base and fd.tparams]
+        if not cands:
+            raise ParseError(f"{where(inst['offset'])}: instantiation '{inst['host']}' names "
+                             f"'{inst['name']}', which is not a template function in this source")
+        if inst["targs"] is not None:
+            fd = cands[0]
+            args = [" ".join(t.text for t in part) for part in
+                    _split_commas(tokenize(inst["targs"]))]
+            subst = {}
+            for k, (pn, dflt) in enumerate(fd.tparams):
+                if k < len(args):
+                    subst[pn] = args[k]
+                elif dflt is not None:
+                    subst[pn] = _subst(dflt, subst)
+            kernels.append(finish(fd, inst["host"], inst["targs"], None, subst, None))
+        else:
+            concrete = _parse_params(inst["param_toks"], text, where(inst["offset"]))
+            fd = next((c for c in cands if len(_split_commas(c.param_toks)) == len(concrete)),
+                      cands[0])
+            kernels.append(finish(fd, inst["host"], None, inst["params"], {}, concrete))
+        kernels[-1].func_name = fd.qual
+    seen: set[str] = set()
+    for k in kernels:
+        if k.host_name in seen:
+            raise ParseError(f"two kernels are named '{k.host_name}'")
+        seen.add(k.host_name)
+    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg)

@@ -1,0 +1,36 @@
+"""The textual pass that turns preprocessed MSL into C++ the shim headers can compile.
+
+The pass is deliberately tiny; everything else is done by the headers (address-space keywords
+are empty macros, see include/mf_sim/keywords.h).  Line numbers never change: removed text is
+replaced by spaces, so compiler messages point at the user's lines.  The rewrites, exactly:
+
+1. Metal attributes ``[[...]]`` (``[[buffer(0)]]``, ``[[thread_position_in_grid]]``,
+   ``[[kernel]]``, ``[[host_name("x")]]``, ``[[max_total_threads_per_threadgroup(N)]]``, ...)
+   are blanked.  Standard C++ attributes (``[[maybe_unused]]``, ``[[likely]]``, ...) stay.
+2. A statement-level ``threadgroup`` variable declaration inside a function body
+   (``threadgroup float buf[256];``: no ``*``, ``&``, ``=`` or ``(`` in it) becomes
+   ``static thread_local float buf[256];``.  Each worker OS thread runs one threadgroup at a
+   time and all fibers of that group live on that OS thread, so this storage is exactly the
+   group's shared memory.  Like Metal's, it is not initialised between groups.
+3. Explicit instantiations carrying ``[[host_name("...")]]`` (all three forms) are blanked
+   whole; the generated trampoline names the instantiation instead, which instantiates it.
+"""
+from __future__ import annotations
+
+from .parse import ParsedSource
+
+TG_REPLACEMENT = "static thread_local"
+
+
+def rewrite(text: str, parsed: ParsedSource) -> str:
+    chars = list(text)
+    for a, b in parsed.blank_spans:
+        for k in range(a, min(b, len(chars))):
+            if chars[k] != "\n":
+                chars[k] = " "
+    out = "".join(chars)
+    # threadgroup keywords, back to front so offsets stay valid
+    for d in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
+        if out[d[0]:d[1]] == "threadgroup":
+            out = out[:d[0]] + TG_REPLACEMENT + out[d[1]:]
+    return out
