@@ -1,0 +1,373 @@
+"""`check(kernel)`: property-based test of a kernel against its reference.
+
+For each compiled variant of the kernel (a dtype for each dtype variable x a value for each
+`mf.Const`), hypothesis draws sizes for every named dim, values from several families, memory
+layouts and runtime scalars; the kernel runs on the chosen backend and its outputs are compared
+with ``kernel.reference`` under the policy of `metalforge.testing.tolerance`. The first failure
+is shrunk and raised as an AssertionError whose message holds the example, the breach and the
+generated MSL.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+from hypothesis import given, settings, strategies as st
+
+from .. import dtypes as _dtypes
+from ..graph import ConstParam, Graph, ScalarParam, TensorParam
+from . import faults, strategies as S
+from .profiles import Profile, profile as _profile
+from .tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, \
+    tolerance
+
+_PREFERRED = ("f32", "f16", "bf16", "i32", "u32", "i16", "u16", "i8", "u8", "bool")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled specialisation: dtype-variable bindings and Const values."""
+    dtypes: dict[str, str]
+    consts: dict[str, Any]
+    graph: Graph
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.dtypes.items()]
+        parts += [f"{k}={v!r}" for k, v in self.consts.items()]
+        return ", ".join(parts) or "(single variant)"
+
+
+@dataclass
+class Report:
+    """What a passing check did (returned by `check`)."""
+    kernel: str
+    profile: str
+    variants: list[str] = field(default_factory=list)
+    skipped_variants: list[str] = field(default_factory=list)
+    examples: int = 0
+
+
+def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
+          dtypes: Optional[Mapping[str, Sequence[str] | str]] = None,
+          values: Optional[Mapping[str, Any] | str | Sequence[str]] = None,
+          max_examples: Optional[int] = None, backend: Optional[str] = None,
+          layouts: bool = True, memory_budget: Optional[int] = None,
+          max_variants: Optional[int] = None, profile: Optional[str] = None) -> Report:
+    """Test ``kernel`` against ``kernel.reference`` on inputs hypothesis draws.
+
+    dims:          pin sizes: ``{"D": 4096}``, ``{"D": range(1, 65)}``, ``{"D": (1, 64)}``
+                   (inclusive), ``{"D": [31, 4097]}``; batch dims by leading shape
+                   ``{"B": (2, 3)}`` or ``{"B": [(), (4,)]}``.
+    dtypes:        restrict dtype variables: ``{"T": ["f16", "bf16"]}`` (or ``"f16"``).
+    values:        per parameter: a tensor's value families (``"normal"``, ``["tiny", "zeros"]``)
+                   or a ``(lo, hi)`` range; a scalar's value, list, ``(lo, hi)`` or a hypothesis
+                   strategy; a Const's value or list of values. A plain family name or list
+                   applies to every float tensor.
+    max_examples:  examples per compiled variant (default: the profile's).
+    backend:       "sim" or "mps" (default: the tensors' device: CPU tensors -> sim, or MPS
+                   tensors when ``backend="mps"``).
+    layouts:       also draw non-contiguous, offset and expanded inputs.
+    memory_budget: bytes the inputs and outputs of one example may take (default: profile's).
+    max_variants:  compiled variants tried (default: the profile's; None in the thorough one).
+    profile:       "metalforge-ci" / "metalforge-thorough" (default: $METALFORGE_HYPOTHESIS_PROFILE).
+    """
+    prof = _profile(profile)
+    params = tuple(kernel.params)
+    dims = dict(dims or {})
+    per_param, global_families = _split_values(values, params, kernel)
+    variants = _variants(kernel, params, dtypes, per_param)
+    cap = max_variants if max_variants is not None else prof.max_variants
+    chosen = _spread(variants, cap)
+    report = Report(kernel.name, prof.name, [v.describe() for v in chosen],
+                    [v.describe() for v in variants if v not in chosen])
+    n = max_examples if max_examples is not None else prof.settings.max_examples
+    budget = memory_budget if memory_budget is not None else prof.memory_budget
+    for variant in chosen:
+        report.examples += _check_variant(kernel, variant, params, dims=dims,
+                                          per_param=per_param, global_families=global_families,
+                                          max_examples=n, backend=backend, layouts=layouts,
+                                          budget=budget, prof=prof)
+    return report
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def _split_values(values, params, kernel):
+    if values is None:
+        return {}, None
+    if isinstance(values, str):
+        return {}, [values]
+    if isinstance(values, (list, tuple)) and all(isinstance(v, str) for v in values):
+        return {}, list(values)
+    if not isinstance(values, Mapping):
+        raise TypeError(f"check({kernel.name}): values= must be a mapping from parameter name "
+                        f"to families/ranges/values, or family name(s); got {values!r}")
+    names = {p.name for p in params}
+    for k in values:
+        if k not in names:
+            raise ValueError(f"check({kernel.name}): values= names '{k}', which is not a "
+                             f"parameter (parameters: {', '.join(sorted(names))})")
+    return dict(values), None
+
+
+def _dtype_vars(params) -> dict[str, list[TensorParam]]:
+    out: dict[str, list[TensorParam]] = {}
+    for p in params:
+        if isinstance(p, TensorParam) and p.dtype_var:
+            out.setdefault(p.dtype_var, []).append(p)
+    return out
+
+
+def _probe_args(params, dt: Mapping[str, str], consts: Mapping[str, Any]) -> dict[str, Any]:
+    """Tiny arguments that select one variant (used to trace it)."""
+    plan = S.dim_plan(params)
+    sizes = {n: m for n, m in plan.plain.items()}
+    for n, spec in plan.derived.items():
+        sizes[n] = sizes[spec.base] * spec.mul // spec.div + spec.add
+    args: dict[str, Any] = {}
+    for p in params:
+        if isinstance(p, TensorParam):
+            dtype = _dtypes.ALL[dt[p.dtype_var]] if p.dtype_var else p.dtype
+            shape = tuple(sizes[d.name] for d in p.dims if not d.batch)
+            args[p.name] = torch.zeros(shape, dtype=dtype.torch)
+        elif isinstance(p, ScalarParam):
+            args[p.name] = p.default if p.has_default else p.pytype(1)
+        elif isinstance(p, ConstParam):
+            args[p.name] = consts[p.name]
+    return args
+
+
+def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
+    from ..frontend.errors import BindingError, TraceError
+
+    dvars = _dtype_vars(params)
+    dtypes = dict(dtypes or {})
+    for k in dtypes:
+        if k not in dvars:
+            raise ValueError(f"check({kernel.name}): dtypes= names '{k}', which is not a dtype "
+                             f"variable of the kernel (its variables: "
+                             f"{', '.join(dvars) or 'none'})")
+    choices: list[list[str]] = []
+    for var in dvars:
+        want = dtypes.get(var)
+        if want is None:
+            cands = list(_PREFERRED)
+        else:
+            cands = [want] if isinstance(want, str) else list(want)
+            for c in cands:
+                if c not in _dtypes.ANNOTATION_DTYPES:
+                    raise ValueError(f"check({kernel.name}): dtypes['{var}'] has unknown dtype "
+                                     f"'{c}' (known: {', '.join(_dtypes.ANNOTATION_DTYPES)})")
+        choices.append(cands)
+    consts = [p for p in params if isinstance(p, ConstParam)]
+    const_choices = [S.const_values(p, per_param.get(p.name)) for p in consts]
+    out: list[Variant] = []
+    errors: list[str] = []
+    for combo in itertools.product(*choices):
+        dt = dict(zip(dvars, combo))
+        for cvals in itertools.product(*const_choices):
+            cs = {p.name: v for p, v in zip(consts, cvals)}
+            try:
+                graph = kernel.graph(**_probe_args(params, dt, cs))
+            except (BindingError, TraceError) as e:     # this dtype is not accepted
+                errors.append(f"{dt} {cs}: {e}")
+                continue
+            out.append(Variant(dt, cs, graph))
+    if not out:
+        raise ValueError(f"check({kernel.name}): no dtype/Const combination traces; the "
+                         f"errors were:\n" + "\n".join(errors))
+    return out
+
+
+def _spread(variants: list[Variant], cap: Optional[int]) -> list[Variant]:
+    """At most ``cap`` variants: the first, then the ones that add unseen dtypes/Consts."""
+    if cap is None or len(variants) <= cap:
+        return variants
+    chosen: list[Variant] = []
+    seen: set = set()
+    for v in variants:
+        new = {(k, x) for k, x in v.dtypes.items()} | {(k, repr(x)) for k, x in v.consts.items()}
+        if len(chosen) < cap and (not chosen or new - seen):
+            chosen.append(v)
+            seen |= new
+    for v in variants:
+        if len(chosen) >= cap:
+            break
+        if v not in chosen:
+            chosen.append(v)
+    return chosen
+
+
+# --------------------------------------------------------------------------- one variant
+
+
+@dataclass
+class _Drawn:
+    """One example: the arguments and how each was made (for the report)."""
+    args: dict[str, Any]
+    lines: list[str]
+    sizes: S.Sizes
+
+
+def _graph_limits(graph: Graph) -> dict[str, bool]:
+    """Which value families the ops of ``graph`` are defined on."""
+    float_to_int = int_div = shifts = int_pow = False
+    for n in graph.nodes():
+        if n.op == "cast" and n.args and n.args[0].dtype.is_float and not n.dtype.is_float:
+            float_to_int = True
+        if n.op == "binary" and n.attr in ("floordiv", "mod") and not n.dtype.is_float:
+            int_div = True
+        if n.op == "binary" and n.attr in ("shl", "shr"):
+            shifts = True
+        if n.op == "binary" and n.attr == "pow" and not n.dtype.is_float:
+            int_pow = True
+    return {"nonfinite": not float_to_int, "large": not float_to_int,
+            "zeros": not int_div, "negative": not (shifts or int_pow)}
+
+
+def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_families,
+                  layouts: bool, budget: int, device) -> _Drawn:
+    graph = variant.graph
+    plan = S.dim_plan(params)
+    reduced = frozenset(n.attr[1] for n in graph.reductions())
+    reduced |= frozenset(plan.derived[a].base for a in reduced if a in plan.derived)
+    itemsize = max([t.dtype.itemsize for t in graph.tensors] + [4])
+    max_elements = max(1, budget // ((plan.tensors + len(graph.outputs)) * itemsize))
+    sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced),
+                 label="sizes")
+    limits = _graph_limits(graph)
+    args: dict[str, Any] = {}
+    lines = [f"sizes: {sizes.describe()}"]
+    for p in params:
+        if isinstance(p, TensorParam):
+            dtype = graph.param(p.name).dtype
+            shape = sizes.shape(p)
+            spec = per_param.get(p.name)
+            rng = None
+            if isinstance(spec, tuple) and len(spec) == 2:
+                rng, fams = spec, ("range",)
+            else:
+                allowed = S.families(dtype, nonfinite=limits["nonfinite"],
+                                     large=limits["large"], zeros=limits["zeros"])
+                want = spec if spec is not None else (global_families if dtype.is_float
+                                                      else None)
+                if isinstance(want, str):
+                    want = [want]
+                if want is not None:
+                    bad = [f for f in want if f not in S.families(dtype)]
+                    if bad:
+                        raise ValueError(f"values['{p.name}']: unknown family "
+                                         f"{', '.join(bad)} for {dtype.name} (families: "
+                                         f"{', '.join(S.families(dtype))})")
+                fams = tuple(want) if want is not None else allowed
+            family = draw(st.sampled_from(fams), label=f"{p.name} family")
+            seed = draw(st.integers(0, 2 ** 16), label=f"{p.name} seed")
+            vals = S.make_values(dtype, shape, family, seed, value_range=rng,
+                                 zeros=limits["zeros"], negative=limits["negative"])
+            layout = draw(st.sampled_from(S.layouts_for(shape)), label=f"{p.name} layout") \
+                if layouts else "contiguous"
+            t = S.materialise(vals, layout, device=device)
+            args[p.name] = t
+            what = f"range {rng}" if rng else f"family '{family}'"
+            lines.append(f"{p.name}: {dtype.name}{list(shape)} (annotation \"{p.annotation}\"), "
+                         f"values {what} seed {seed}, layout {S.describe_layout(t, layout)}")
+        elif isinstance(p, ScalarParam):
+            v = draw(S.scalar(p, per_param.get(p.name)), label=p.name)
+            args[p.name] = v
+            lines.append(f"{p.name} = {v!r} ({p.pytype.__name__}, runtime scalar)")
+        elif isinstance(p, ConstParam):
+            args[p.name] = variant.consts[p.name]
+    return _Drawn(args, lines, sizes)
+
+
+def _as_tuple(r) -> tuple:
+    return tuple(r) if isinstance(r, (tuple, list)) else (r,)
+
+
+def _check_variant(kernel, variant: Variant, params, *, dims, per_param, global_families,
+                   max_examples: int, backend, layouts: bool, budget: int,
+                   prof: Profile) -> int:
+    from .. import runtime
+
+    device = "mps" if backend == "mps" else "cpu"
+    ran = [0]
+
+    def backend_ctx():
+        return runtime.backend(backend) if backend else contextlib.nullcontext()
+
+    @settings(prof.settings, max_examples=max_examples)
+    @given(st.data())
+    def run_one(data):
+        ex = _draw_example(data.draw, variant, params, dims=dims, per_param=per_param,
+                           global_families=global_families, layouts=layouts, budget=budget,
+                           device=device)
+        ran[0] += 1
+        before = {k: v.clone() for k, v in ex.args.items() if isinstance(v, torch.Tensor)}
+        try:
+            with backend_ctx():
+                got = _as_tuple(kernel(**ex.args))
+        except faults.FaultNotPlanted:
+            raise
+        except Exception as e:                                   # noqa: BLE001 - reported
+            raise AssertionError(_report(kernel, variant, ex, backend,
+                                         f"the kernel raised {type(e).__name__}: {e}")) from e
+        for k, v in before.items():
+            if not _same(ex.args[k], v):
+                raise AssertionError(_report(kernel, variant, ex, backend,
+                                             f"the kernel modified its input '{k}'"))
+        try:
+            expected = _as_tuple(kernel.reference(**ex.args))
+        except Exception as e:                                   # noqa: BLE001 - reported
+            raise AssertionError(_report(
+                kernel, variant, ex, backend,
+                f"the reference raised {type(e).__name__}: {e} (restrict the inputs with "
+                f"dims=/values= if this input is outside the op's domain)")) from e
+        if len(got) != len(expected):
+            raise AssertionError(_report(kernel, variant, ex, backend,
+                                         f"the kernel returned {len(got)} output(s), the "
+                                         f"reference {len(expected)}"))
+        tol = _tolerance(variant.graph, ex)
+        for i, (g, e) in enumerate(zip(got, expected)):
+            breach = compare(g, e, tol, output=i)
+            if breach is not None:
+                raise AssertionError(_report(kernel, variant, ex, backend, str(breach)))
+
+    run_one()
+    return ran[0]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_floating_point():
+        return bool(torch.equal(torch.nan_to_num(a, nan=0.5), torch.nan_to_num(b, nan=0.5))
+                    and torch.equal(torch.isnan(a), torch.isnan(b)))
+    return torch.equal(a, b)
+
+
+def _tolerance(graph: Graph, ex: _Drawn) -> Tolerance:
+    floats = [n.dtype for n in graph.nodes()] + [o.dtype for o in graph.outputs] + \
+        [t.dtype for t in graph.tensors]
+    return tolerance(lowest_precision(floats),
+                     reduction_length=reduction_length(graph, ex.sizes.sizes),
+                     scale=magnitude(ex.args.values()))
+
+
+def _report(kernel, variant: Variant, ex: _Drawn, backend, what: str) -> str:
+    loc = getattr(kernel, "loc", None)
+    where = f" ({loc[0]}:{loc[1]})" if loc else ""
+    try:
+        src = faults.preview(kernel.source(**ex.args))
+    except Exception as e:                                        # noqa: BLE001 - reported
+        src = f"(kernel.source failed: {type(e).__name__}: {e})"
+    lines = [f"metalforge check: kernel '{kernel.name}'{where} does not match its reference.",
+             f"  {what}",
+             "",
+             f"Example (shrunk by hypothesis), variant {variant.describe()}, backend "
+             f"{backend or 'by device'}:"]
+    lines += [f"  {ln}" for ln in ex.lines]
+    lines += ["", "Generated MSL for this example:", src.rstrip(), ""]
+    return "\n".join(lines)
