@@ -219,9 +219,9 @@ class Trace:
         axes = self.axes_of(x, y)
         common = self.promote_or_fail((x, y), _SYMBOL.get(op, op))
         sym = _SYMBOL.get(op, op)
-        if op == "sub" and common is BOOL:
-            raise self.error("subtracting bools is not supported (torch refuses it too); "
-                             "use ^ or ~ on masks, or .to(...) an integer dtype first")
+        if op == "sub" and BOOL in (x.dtype, y.dtype):
+            raise self.error("subtracting with a bool operand is not supported (torch refuses "
+                             "it too); use ^ or ~ on masks, or .to(...) a number dtype first")
         if op in _BITWISE:
             if common.is_float:
                 raise self.error(f"'{sym}' needs integer or bool operands, got {x.dtype} and "
