@@ -599,7 +599,8 @@ class _Walker:
                     j += 1
                 decl = toks[i + 1:j]
                 words = [x.text for x in decl]
-                if decl and not any(w in ("*", "&", "&&", "=", "(") for w in words):
+                head_words = words[:words.index("[")] if "[" in words else words
+                if decl and not any(w in ("*", "&", "&&", "=", "(") for w in head_words):
                     # type = tokens up to the first declarator; dims = bracket contents
                     parts = _split_commas(decl)
                     first = parts[0]
