@@ -7,7 +7,7 @@
 Modules: `check` (the check and its failure report), `strategies` (hypothesis strategies from a
 kernel's params), `tolerance` (the tolerance policy), `profiles` (the CI / thorough hypothesis
 profiles), `gen` (`metalforge gen-tests`), `faults` (planted-fault test seam), `plugin` (pytest).
-`check` is imported on first use, so `metalforge gen-tests` does not need hypothesis.
+Without hypothesis installed, `metalforge gen-tests` still works; `check` says what to install.
 """
 from __future__ import annotations
 
@@ -15,9 +15,14 @@ from .gen import load_module
 
 __all__ = ["check", "load_module", "Report"]
 
+try:
+    from .check import Report, check
+except ModuleNotFoundError as _e:          # hypothesis is a test extra; gen-tests works without
+    if _e.name != "hypothesis":
+        raise
 
-def __getattr__(name: str):
-    if name in ("check", "Report"):
-        from . import check as _check_mod
-        return getattr(_check_mod, name)
-    raise AttributeError(f"module 'metalforge.testing' has no attribute '{name}'")
+    def __getattr__(name: str):
+        if name in ("check", "Report"):
+            raise ModuleNotFoundError("metalforge.testing.check needs hypothesis: "
+                                      "pip install 'metalforge[test]'", name="hypothesis")
+        raise AttributeError(f"module 'metalforge.testing' has no attribute '{name}'")

@@ -307,38 +307,40 @@ def _check_variant(kernel, variant: Variant, params, *, dims, per_param, global_
                            global_families=global_families, layouts=layouts, budget=budget,
                            device=device)
         ran[0] += 1
-        before = {k: v.clone() for k, v in ex.args.items() if isinstance(v, torch.Tensor)}
-        try:
-            with backend_ctx():
-                got = _as_tuple(kernel(**ex.args))
-        except faults.FaultNotPlanted:
-            raise
-        except Exception as e:                                   # noqa: BLE001 - reported
-            raise AssertionError(_report(kernel, variant, ex, backend,
-                                         f"the kernel raised {type(e).__name__}: {e}")) from e
-        for k, v in before.items():
-            if not _same(ex.args[k], v):
-                raise AssertionError(_report(kernel, variant, ex, backend,
-                                             f"the kernel modified its input '{k}'"))
-        try:
-            expected = _as_tuple(kernel.reference(**ex.args))
-        except Exception as e:                                   # noqa: BLE001 - reported
-            raise AssertionError(_report(
-                kernel, variant, ex, backend,
-                f"the reference raised {type(e).__name__}: {e} (restrict the inputs with "
-                f"dims=/values= if this input is outside the op's domain)")) from e
-        if len(got) != len(expected):
-            raise AssertionError(_report(kernel, variant, ex, backend,
-                                         f"the kernel returned {len(got)} output(s), the "
-                                         f"reference {len(expected)}"))
-        tol = _tolerance(variant.graph, ex)
-        for i, (g, e) in enumerate(zip(got, expected)):
-            breach = compare(g, e, tol, output=i)
-            if breach is not None:
-                raise AssertionError(_report(kernel, variant, ex, backend, str(breach)))
+        problem = _run_and_compare(kernel, variant, ex, backend_ctx)
+        if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
+            raise AssertionError(_report(kernel, variant, ex, backend, problem))
 
     run_one()
     return ran[0]
+
+
+def _run_and_compare(kernel, variant: Variant, ex: _Drawn, backend_ctx) -> Optional[str]:
+    """None when the kernel matches its reference on ``ex``, else what went wrong."""
+    before = {k: v.clone() for k, v in ex.args.items() if isinstance(v, torch.Tensor)}
+    try:
+        with backend_ctx():
+            got = _as_tuple(kernel(**ex.args))
+    except faults.FaultNotPlanted:
+        raise
+    except Exception as e:                                       # noqa: BLE001 - reported
+        return f"the kernel raised {type(e).__name__}: {e}"
+    for k, v in before.items():
+        if not _same(ex.args[k], v):
+            return f"the kernel modified its input '{k}'"
+    try:
+        expected = _as_tuple(kernel.reference(**ex.args))
+    except Exception as e:                                       # noqa: BLE001 - reported
+        return (f"the reference raised {type(e).__name__}: {e} (restrict the inputs with "
+                f"dims=/values= if this input is outside the op's domain)")
+    if len(got) != len(expected):
+        return f"the kernel returned {len(got)} output(s), the reference {len(expected)}"
+    tol = _tolerance(variant.graph, ex)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        breach = compare(g, e, tol, output=i)
+        if breach is not None:
+            return str(breach)
+    return None
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -36,13 +36,13 @@ PROFILES = {
     "metalforge-ci": Profile(
         "metalforge-ci",
         settings(max_examples=8, deadline=None, database=None, derandomize=True,
-                 suppress_health_check=_HEALTH, print_blob=False,
+                 suppress_health_check=_HEALTH, print_blob=False, report_multiple_bugs=False,
                  phases=(Phase.explicit, Phase.generate, Phase.shrink)),
         memory_budget=1 << 20, max_variants=3),
     "metalforge-thorough": Profile(
         "metalforge-thorough",
         settings(max_examples=150, deadline=None, database=None, derandomize=False,
-                 suppress_health_check=_HEALTH, print_blob=True),
+                 suppress_health_check=_HEALTH, print_blob=True, report_multiple_bugs=False),
         memory_budget=64 << 20, max_variants=None),
 }
 
