@@ -1,0 +1,85 @@
+"""Planted faults: `check` must catch real bugs in generated MSL, with a readable report.
+
+Each fault is a textual edit of the generated MSL made through the runtime's test seam
+(metalforge.testing.faults.planted). The kernels run on the simulator.
+"""
+import re
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge.testing import check
+from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, OFF_BY_ONE_GUARD,
+                                       Fault, FaultNotPlanted, planted)
+
+
+@mf.kernel
+def fault_bias_scale(x: "T[R, D]", bias: "T[D]", scale: float = 0.5):
+    return (x + bias) * scale
+
+
+@mf.kernel
+def fault_hypot(x: "T[N]", y: "T[N]"):
+    return mf.sqrt(x * x + y * y)
+
+
+def caught(fault, kernel, **options) -> str:
+    """Run check with ``fault`` planted; return the failure report (fails if not caught)."""
+    with planted(fault) as planting:
+        with pytest.raises(AssertionError) as info:
+            check(kernel, **options)
+    assert planting.applied[fault.name] >= 1
+    report = str(info.value)
+    assert report.startswith(f"metalforge check: kernel '{kernel.name}'")
+    assert "Example (shrunk by hypothesis)" in report and "sizes:" in report
+    assert "Generated MSL for this example:" in report
+    return report
+
+
+def test_off_by_one_bound_guard_is_caught():
+    report = caught(OFF_BY_ONE_GUARD, fault_bias_scale, dtypes={"T": "f32"})
+    assert "out of bounds" in report and "mf_out" in report     # the simulator's finding
+    assert "if (mf_i <= mf_numel)" in report                    # the MSL shown is what ran
+
+
+def test_dropped_fp32_upcast_is_caught():
+    report = caught(DROPPED_UPCAST, fault_hypot, dtypes={"T": "f16"})
+    m = re.search(r"worst at index \[\d+\]: got (\S+), expected (\S+)", report)
+    assert m, report
+    assert "values family 'large'" in report                     # overflow only shows there
+    assert "const T mf_v1 = mf_x * mf_x;" in report
+
+
+def test_broadcast_indexed_by_the_wrong_axis_is_caught():
+    report = caught(BROADCAST_WRONG_AXIS, fault_bias_scale, dtypes={"T": "f32"})
+    assert "out of tolerance; worst at index" in report
+    assert "atol=" in report and "rtol=" in report
+    assert "bias[mf_i / mf_size_D]" in report
+    # shrunk: the smallest shape that shows it broadcasts along D with R >= 1
+    m = re.search(r"sizes: R=(\d+), D=(\d+)", report)
+    assert m and int(m.group(1)) * int(m.group(2)) <= 8, report
+
+
+def test_the_same_kernels_pass_without_faults():
+    check(fault_bias_scale, dtypes={"T": ["f32", "f16"]}, max_examples=4)
+    check(fault_hypot, dtypes={"T": "f16"}, values={"x": "large"}, max_examples=4)
+
+
+def test_a_fault_whose_pattern_is_absent_fails_loudly():
+    stale = Fault("stale", "keys on text codegen no longer emits",
+                  ((r"mf_no_such_identifier", "x"),))
+    with pytest.raises(FaultNotPlanted, match="does not contain") as info:
+        with planted(stale):
+            fault_hypot(torch.ones(3), torch.ones(3))
+    assert not isinstance(info.value, AssertionError)       # cannot pass for a caught fault
+    # and through check it is not turned into an ordinary failure report
+    with pytest.raises(FaultNotPlanted):
+        with planted(stale):
+            check(fault_hypot, dtypes={"T": "f32"}, max_examples=2)
+
+
+def test_a_fault_that_rewrote_nothing_fails_loudly():
+    with pytest.raises(FaultNotPlanted, match="rewrote no source"):
+        with planted(OFF_BY_ONE_GUARD):
+            pass
