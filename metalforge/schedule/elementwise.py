@@ -24,6 +24,7 @@ from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 from .policy import LaunchPolicy
 
 IDX = "mf_index_t"
+MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
                  "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
 # names the generated code uses that a user's parameter must not shadow
@@ -318,6 +319,11 @@ class _Builder:
         add("mf_numel", "scalar", IDX, ("numel",), cast=icast)
         for a in self.sizes_used:
             add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+        if len(ps) > MAX_BUFFERS:
+            raise UnsupportedConstruct(
+                f"kernel '{self.g.name}' needs {len(ps)} kernel arguments (tensors, outputs, "
+                f"scalars and sizes), over Metal's {MAX_BUFFERS} buffer slots; split it into "
+                f"smaller kernels")
         return tuple(ps)
 
 

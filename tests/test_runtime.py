@@ -1,0 +1,141 @@
+"""The wrapper and the sim backend: broadcasting, batches, layouts, errors, empties, caching."""
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge import runtime
+from metalforge.runtime import backends, launcher
+
+
+@mf.kernel
+def scale_rows(x: "T[R, D]", w: "T[D]", r: "T[R]", beta: float = 1.0):
+    return x * w + r * beta
+
+
+@mf.kernel
+def gate(x: "T[*B, D]", g: "T[*B, D]"):
+    return x * mf.sigmoid(g)
+
+
+def torch_scale_rows(x, w, r, beta=1.0):
+    return (x.float() * w.float() + r.float()[:, None] * beta).to(x.dtype)
+
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=1e-3, atol=1e-3),
+       torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_broadcast_by_axis_name(dtype):
+    # D = 64: the w[D] vector path; D = 33: rows not a multiple of 4 (scalar path throughout)
+    for rows, d in ((5, 64), (3, 33), (1, 1)):
+        x, w, r = torch.randn(rows, d, dtype=dtype), torch.randn(d, dtype=dtype), \
+            torch.randn(rows, dtype=dtype)
+        y = scale_rows(x, w, r, 0.5)
+        torch.testing.assert_close(y, torch_scale_rows(x, w, r, 0.5), **TOL[dtype])
+
+
+def test_batch_dims_any_rank():
+    for shape in ((7,), (2, 3, 10), (2, 1, 3, 5)):
+        x, g = torch.randn(shape), torch.randn(shape)
+        y = gate(x, g)
+        assert y.shape == shape
+        torch.testing.assert_close(y, x * torch.sigmoid(g))
+
+
+def test_non_contiguous_and_offset_inputs():
+    base = torch.randn(9, 70)
+    x = base[1:, 3:67]                     # storage offset 73 (not a multiple of 4), strided
+    xt = torch.randn(64, 8).t()            # transposed
+    w = torch.randn(80)[5:69]              # offset 5: vector loads need a realigned copy
+    r = torch.randn(16)[::2]               # stepped
+    for xx in (x, xt):
+        y = scale_rows(xx, w, r)
+        torch.testing.assert_close(y, torch_scale_rows(xx, w, r))
+    y = gate(torch.randn(4, 6, 9).transpose(0, 2), torch.randn(9, 6, 4))
+    assert y.shape == (9, 6, 4)
+
+
+def test_launch_variants_agree():
+    x, g = torch.randn(3, 1003), torch.randn(3, 1003)
+    want = x * torch.sigmoid(g)
+    for launch in ({"vector_width": 1}, {"vectors_per_thread": 3, "threads_per_group": 32},
+                   {"index64": True}):
+        k = mf.kernel(gate.fn, name="gate", launch=launch)
+        torch.testing.assert_close(k(x, g), want)
+    assert "mf_gate<float, ulong>" in k.source(x, g)
+
+
+def test_empty_inputs_return_empty_without_launch(monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("launched for an empty tensor")
+    monkeypatch.setattr(launcher, "_launch", no_launch)
+    y = scale_rows(torch.randn(0, 8), torch.randn(8), torch.randn(0))
+    assert y.shape == (0, 8) and y.dtype == torch.float32
+    y = gate(torch.randn(2, 0, 4), torch.randn(2, 0, 4))
+    assert y.shape == (2, 0, 4)
+
+
+def test_compiles_once_per_specialisation(monkeypatch):
+    calls = []
+    real = backends._compile
+    monkeypatch.setattr(backends, "_compile", lambda b, s: calls.append(s) or real(b, s))
+
+    @mf.kernel
+    def twice(x: "T[N]"):
+        return x * 2 + 1
+
+    for n in (5, 100, 7):
+        torch.testing.assert_close(twice(torch.ones(n)), torch.full((n,), 3.0))
+    assert len(calls) == 1
+    twice(torch.ones(4, dtype=torch.float16))          # a new dtype is a new specialisation
+    assert len(calls) == 2
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_wrong_device():
+    with pytest.raises(runtime.DeviceError, match=r"'w' is on device 'meta'.*'mps'.*'cpu'"):
+        scale_rows(torch.randn(2, 4), torch.empty(4, device="meta"), torch.randn(2))
+
+
+def test_backend_device_mismatch():
+    x, w, r = torch.randn(2, 4), torch.randn(4), torch.randn(2)
+    with pytest.raises(runtime.DeviceError, match=r"backend 'mps' runs on mps tensors.*cpu"):
+        runtime.run(scale_rows.graph(x, w, r), {"x": x, "w": w, "r": r, "beta": 1.0},
+                    backend="mps")
+    with mf.backend("mps"):
+        assert runtime.current_backend([x]) == "mps"
+        with pytest.raises(runtime.DeviceError, match="backend 'mps'"):
+            scale_rows(x, w, r)
+        with mf.backend("sim"):
+            torch.testing.assert_close(scale_rows(x, w, r), torch_scale_rows(x, w, r))
+        assert runtime.current_backend([x]) == "mps"
+    assert runtime.current_backend([x]) == "sim"
+    with pytest.raises(ValueError, match="unknown metalforge backend 'cuda'.*mps, sim"):
+        mf.backend("cuda")
+
+
+def test_rank_mismatch():
+    with pytest.raises(mf.ShapeError, match=r"'x'.*\"T\[R, D\]\".*exactly 2.*\(2, 3, 4\)"):
+        scale_rows(torch.randn(2, 3, 4), torch.randn(4), torch.randn(2))
+
+
+def test_mismatched_dims_name_both_arguments():
+    with pytest.raises(mf.ShapeError, match=r"dim 'D' is 8 in argument 'x' but 5 in argument 'w'"):
+        scale_rows(torch.randn(3, 8), torch.randn(5), torch.randn(3))
+    with pytest.raises(mf.ShapeError, match=r"'\*B'.*\(2, 3\).*'x'.*\(3, 2\).*'g'"):
+        gate(torch.randn(2, 3, 4), torch.randn(3, 2, 4))
+
+
+def test_non_tensor_argument():
+    with pytest.raises((TypeError, mf.BindingError), match=r"'x'.*[Tt]ensor.*list"):
+        scale_rows([[1.0]], torch.randn(1), torch.randn(1))
+
+
+def test_dtype_mismatch_against_specialisation():
+    x, w, r = torch.randn(2, 4), torch.randn(4), torch.randn(2)
+    g = scale_rows.graph(x, w, r)
+    with pytest.raises(TypeError, match=r"'w' has dtype torch.float16.*torch.float32"):
+        runtime.run(g, {"x": x, "w": w.half(), "r": r, "beta": 1.0})
