@@ -139,8 +139,9 @@ MF_SIM_FLOAT1(ceil, __builtin_ceilf(x))
 MF_SIM_FLOAT1(round, __builtin_roundf(x))  // halfway cases away from zero
 MF_SIM_FLOAT1(rint, __builtin_rintf(x))    // halfway cases to even
 MF_SIM_FLOAT1(trunc, __builtin_truncf(x))
-// fract: x - floor(x), kept below 1 (MSL clamps to 0x1.fffffep-1f).
-MF_SIM_FLOAT1(fract, __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f))
+// fract: x - floor(x), kept below 1 (MSL clamps to 0x1.fffffep-1f); +-0 for +-inf, NaN for NaN.
+MF_SIM_FLOAT1(fract, __builtin_fabsf(x) == __builtin_inff() ? __builtin_copysignf(0.0f, x)
+                     : x != x ? x : __builtin_fminf(x - __builtin_floorf(x), 0x1.fffffep-1f))
 MF_SIM_FLOAT1(logb, __builtin_logbf(x))
 MF_SIM_FLOAT2(pow, __builtin_powf(x, y))
 MF_SIM_FLOAT2(powr, __builtin_powf(x, y))  // MSL: defined for x >= 0
@@ -161,12 +162,17 @@ MF_SIM_FLOAT3(fmax3, __builtin_fmaxf(__builtin_fmaxf(x, y), z))
 MF_SIM_FLOAT3(fmedian3, __builtin_fmaxf(__builtin_fminf(x, y), __builtin_fminf(__builtin_fmaxf(x, y), z)))
 
 // abs: floats and integers (integers: |x| in the same type, abs(INT_MIN) == INT_MIN).
-MF_INLINE float abs(float x) { return __builtin_fabsf(x); }
-MF_SIM_F16_VIA_FLOAT1(abs)
-#define MF_SIM_INT_ABS(T) \
-  MF_INLINE T abs(T x) { return std::is_signed<T>::value && x < 0 ? T(0 - (std::make_unsigned_t<T>)x) : x; }
-MF_SIM_FOR_INTS(MF_SIM_INT_ABS)
-#undef MF_SIM_INT_ABS
+// One template for all scalars, so that a C library ::abs(int) or std::abs(float) made visible
+// by some other header wins ties with identical results instead of making calls ambiguous.
+template <class T, std::enable_if_t<detail::is_scalar_v<T>, int> = 0>
+MF_INLINE constexpr T abs(T x) {
+  if constexpr (detail::is_float_scalar_v<T>)
+    return T(__builtin_fabsf(float(x)));
+  else if constexpr (std::is_signed<T>::value)
+    return x < 0 ? T(0 - std::make_unsigned_t<T>(x)) : x;
+  else
+    return x;
+}
 MF_SIM_VMAP1(abs, cat_any)
 
 // sincos returns sin(x) and stores cos(x).
@@ -206,7 +212,8 @@ MF_INLINE int ilogb(float x) { return __builtin_ilogbf(x); }
 MF_INLINE int ilogb(half x) { return __builtin_ilogbf(float(x)); }
 
 // ---- common functions ----------------------------------------------------------------------
-// clamp(x, lo, hi) = fmin(fmax(x, lo), hi); the vector form (floats and integers) is below.
+// clamp(x, lo, hi) = fmin(fmax(x, lo), hi), as MSL defines it: a NaN x gives lo (saturate(NaN)
+// is 0). The vector form (floats and integers) is below.
 MF_INLINE float clamp(float x, float lo, float hi) { return __builtin_fminf(__builtin_fmaxf(x, lo), hi); }
 MF_SIM_F16_VIA_FLOAT3(clamp)
 MF_SIM_FLOAT1(saturate, __builtin_fminf(__builtin_fmaxf(x, 0.0f), 1.0f))
