@@ -42,6 +42,8 @@ _DTYPE_SCALAR = {torch.float32: "float", torch.float16: "half", torch.bfloat16: 
                  torch.uint64: "ulong"}
 _PAGE = mmap.PAGESIZE
 _CANARY = 0xA5
+_GUARD_MIN = 1 << 20
+_GUARD_MAX = 1 << 30
 
 
 class _Result(ctypes.Structure):
@@ -88,15 +90,17 @@ class _Region:
         self.names = names
         body = max(16, (nbytes + 15) // 16 * 16)
         self.inner = (body + _PAGE - 1) // _PAGE * _PAGE
-        self.total = self.inner + 2 * _PAGE
-        base = _libc.mmap(None, self.total, 3, 0x22, -1, 0)  # RW, PRIVATE|ANONYMOUS
+        # Guards as large as the buffer (at least 1 MiB, at most 1 GiB) on each side: address
+        # space only, so that even indices far off the end land in them and fault.
+        self.guard = min(max(_GUARD_MIN, self.inner), _GUARD_MAX)
+        self.total = self.inner + 2 * self.guard
+        base = _libc.mmap(None, self.total, 0, 0x4022, -1, 0)  # PROT_NONE, PRIVATE|ANON|NORESERVE
         if base in (None, ctypes.c_void_p(-1).value):
             raise MemoryError("metalforge.sim: cannot map a staging buffer")
         self.base = base
-        ctypes.memset(base + _PAGE, _CANARY, self.inner)
-        _libc.mprotect(base, _PAGE, 0)
-        _libc.mprotect(base + _PAGE + self.inner, _PAGE, 0)
-        self.data = base + _PAGE + self.inner - body
+        _libc.mprotect(base + self.guard, self.inner, 3)      # the usable middle: RW
+        ctypes.memset(base + self.guard, _CANARY, self.inner)
+        self.data = base + self.guard + self.inner - body
         self.body = body
 
     def classify(self, addr: int) -> int | None:
@@ -106,10 +110,10 @@ class _Region:
         return None
 
     def canary_damage(self) -> int | None:
-        front = self.data - (self.base + _PAGE)
+        front = self.data - (self.base + self.guard)
         pat = bytes([_CANARY])
         if front:
-            got = ctypes.string_at(self.base + _PAGE, front)
+            got = ctypes.string_at(self.base + self.guard, front)
             if got != pat * front:
                 k = max(i for i, b in enumerate(got) if b != _CANARY)
                 return k - front
