@@ -185,22 +185,22 @@ def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
 
 
 def _spread(variants: list[Variant], cap: Optional[int]) -> list[Variant]:
-    """At most ``cap`` variants: the first, then the ones that add unseen dtypes/Consts."""
+    """At most ``cap`` variants, chosen greedily to cover the most dtype and Const values:
+    each pick is the (earliest) variant adding the most values not yet covered."""
     if cap is None or len(variants) <= cap:
         return variants
+
+    def values(v: Variant) -> set:
+        return set(v.dtypes.items()) | {(k, repr(x)) for k, x in v.consts.items()}
+
     chosen: list[Variant] = []
     seen: set = set()
-    for v in variants:
-        new = {(k, x) for k, x in v.dtypes.items()} | {(k, repr(x)) for k, x in v.consts.items()}
-        if len(chosen) < cap and (not chosen or new - seen):
-            chosen.append(v)
-            seen |= new
-    for v in variants:
-        if len(chosen) >= cap:
-            break
-        if v not in chosen:
-            chosen.append(v)
-    return chosen
+    while len(chosen) < cap:
+        rest = [v for v in variants if v not in chosen]
+        best = max(rest, key=lambda v: (len(values(v) - seen), -variants.index(v)))
+        chosen.append(best)
+        seen |= values(best)
+    return sorted(chosen, key=variants.index)
 
 
 # --------------------------------------------------------------------------- one variant

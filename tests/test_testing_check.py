@@ -1,0 +1,156 @@
+"""metalforge.testing.check on real kernels through the simulator: what it draws, what it
+accepts, how options narrow it, and its errors."""
+import math
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge.testing import check
+from metalforge.testing.profiles import PROFILES, profile
+from metalforge.testing.tolerance import reduction_length
+
+
+@mf.kernel
+def chk_affine(x: "T[*B, R, D]", w: "T[D]", alpha: float = 2.0, flip: mf.Const[bool] = False):
+    y = x * w + alpha
+    if flip:
+        y = -y
+    return y
+
+
+@mf.kernel
+def chk_floordiv(a: "T[N]", b: "T[N]"):
+    return a // b
+
+
+@mf.kernel
+def chk_nan_max(x: "T[N]", y: "T[N]"):
+    return mf.where(x > 0, mf.maximum(x, y), mf.exp(y))
+
+
+class Spy:
+    """A kernel stand-in that records the arguments check passes (and forwards everything)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.calls = []
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+    def __call__(self, **kwargs):
+        self.calls.append({k: (v.shape, v.stride(), v.storage_offset(), v.dtype, v.clone())
+                           if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+        return self.kernel(**kwargs)
+
+
+def test_check_passes_a_correct_kernel_over_dtypes_consts_batch_and_layouts():
+    spy = Spy(chk_affine)
+    report = check(spy, max_examples=12, max_variants=2)
+    assert report.variants == ["T=f32, flip=False", "T=f16, flip=True"]
+    assert "T=bf16, flip=False" in report.skipped_variants       # capped by max_variants
+    assert report.examples == len(spy.calls) >= 24
+    strides = [c["x"][1] for c in spy.calls]
+    shapes = [c["x"][0] for c in spy.calls]
+    assert any(0 in s for s in strides + [c["w"][1] for c in spy.calls])    # expanded
+    assert any(c["x"][2] > 0 or c["w"][2] > 0 for c in spy.calls)           # storage offset
+    assert any(len(s) > 2 for s in shapes) and any(len(s) == 2 for s in shapes)  # *B: 0..3 dims
+    assert {c["x"][3] for c in spy.calls} == {torch.float32, torch.float16}
+    alphas = {c["alpha"] for c in spy.calls}
+    assert 2.0 in alphas and len(alphas) > 1                     # default and drawn scalars
+
+
+def test_values_dims_and_layout_options_narrow_the_draw():
+    spy = Spy(chk_affine)
+    check(spy, dims={"D": 33, "R": [1, 2], "B": [(3,)]}, dtypes={"T": "bf16"},
+          values={"x": "tiny", "w": (1.0, 2.0), "alpha": 0.25, "flip": True},
+          layouts=False, max_examples=6)
+    assert len(spy.calls) == 6
+    for c in spy.calls:
+        assert c["x"][0][0] == 3 and c["x"][0][-1] == 33 and c["x"][0][-2] in (1, 2)
+        assert c["x"][3] == torch.bfloat16 and c["alpha"] == 0.25 and c["flip"] is True
+        x, w = c["x"][4].float(), c["w"][4].float()
+        assert (x.abs() <= torch.finfo(torch.bfloat16).tiny * 2 ** 12).all()
+        assert ((w >= 1) & (w <= 2)).all()
+        assert c["x"][1] == tuple(torch.empty(c["x"][0]).stride()) and c["x"][2] == 0
+
+
+def test_int_kernels_get_nonzero_divisors_and_compare_exactly():
+    spy = Spy(chk_floordiv)
+    report = check(spy, dtypes={"T": ["i32", "i8"]}, max_examples=8)
+    assert report.variants == ["T=i32", "T=i8"]
+    assert all((c["b"][4] != 0).all() for c in spy.calls)
+
+
+def test_nan_and_inf_inputs_must_match_torch():
+    spy = Spy(chk_nan_max)
+    check(spy, dtypes={"T": "f32"}, values=["special"], max_examples=6)
+    assert any(torch.isnan(c["x"][4]).any() for c in spy.calls)
+
+
+def test_bad_options_name_what_was_wrong():
+    with pytest.raises(ValueError, match="no dim 'Q'"):
+        check(chk_affine, dims={"Q": 3}, max_examples=1, max_variants=1)
+    with pytest.raises(ValueError, match="not a dtype variable.*T"):
+        check(chk_affine, dtypes={"U": "f16"})
+    with pytest.raises(ValueError, match="unknown dtype 'f64'"):
+        check(chk_affine, dtypes={"T": "f64"})
+    with pytest.raises(ValueError, match="'z', which is not a parameter"):
+        check(chk_affine, values={"z": "normal"})
+    with pytest.raises(ValueError, match="unknown family huge"):
+        check(chk_affine, values={"x": "huge"}, dtypes={"T": "f32"}, max_examples=1,
+              max_variants=1)
+    with pytest.raises(ValueError, match="unknown hypothesis profile 'fast'"):
+        check(chk_affine, profile="fast")
+
+
+def test_a_kernel_that_cannot_compile_is_reported_not_skipped():
+    @mf.kernel
+    def chk_rowsum(x: "T[R, D]"):
+        return mf.sum(x, axis="D")
+
+    if "row" in __import__("metalforge.schedule", fromlist=["x"])._BUILDERS:
+        pytest.fail("reductions landed: replace this test by a reduction check")
+    with pytest.raises(AssertionError, match="(?s)the kernel raised.*reduction.*sizes: R="):
+        check(chk_rowsum, dtypes={"T": "f32"}, max_examples=2)
+
+
+def test_reduction_length_follows_the_graph():
+    @mf.kernel
+    def chk_layer_norm(x: "T[R, D]", eps: float = 1e-5):
+        mu = mf.mean(x, axis="D")
+        var = mf.mean((x - mu) * (x - mu), axis="D")
+        return (x - mu) * mf.rsqrt(var + eps)
+
+    @mf.kernel
+    def chk_softmax(x: "T[R, D]"):
+        e = mf.exp(x - mf.max(x, axis="D"))
+        return e / mf.sum(e, axis="D")
+
+    x = torch.zeros(2, 8)
+    assert reduction_length(chk_layer_norm.graph(x), {"R": 2, "D": 8}) == 16   # two means
+    assert reduction_length(chk_softmax.graph(x), {"R": 2, "D": 8}) == 8        # max is exact
+    assert reduction_length(chk_affine.graph(torch.zeros(2, 3), torch.zeros(3)), {}) == 0
+
+
+def test_profiles(monkeypatch):
+    monkeypatch.delenv("METALFORGE_HYPOTHESIS_PROFILE", raising=False)
+    assert profile().name == "metalforge-ci"
+    monkeypatch.setenv("METALFORGE_HYPOTHESIS_PROFILE", "metalforge-thorough")
+    assert profile().name == "metalforge-thorough"
+    assert profile("metalforge-ci").name == "metalforge-ci"
+    ci, thorough = PROFILES["metalforge-ci"], PROFILES["metalforge-thorough"]
+    assert ci.settings.max_examples < thorough.settings.max_examples
+    assert ci.max_variants is not None and thorough.max_variants is None
+    assert ci.settings.deadline is None and ci.settings.derandomize
+    assert ci.memory_budget < thorough.memory_budget
+    monkeypatch.setenv("METALFORGE_HYPOTHESIS_PROFILE", "nope")
+    with pytest.raises(ValueError, match="METALFORGE_HYPOTHESIS_PROFILE names unknown"):
+        profile()
+
+
+def test_mf_check_fixture_uses_the_session_profile(mf_check):
+    assert mf_check.keywords["profile"] == profile().name
+    assert mf_check(chk_affine, dtypes={"T": "f32"}, values={"flip": False},
+                    max_examples=2).examples == 2
