@@ -11,7 +11,9 @@
 
 #define kernel
 #define device
-#define constant
+// `constant` memory is read-only; spelling it `const` also keeps overloads on address space
+// distinct (c10/metal/indexing.h overloads val_at_offs on constant void* and device void*).
+#define constant const
 #define thread
 #define threadgroup
 #define threadgroup_imageblock
