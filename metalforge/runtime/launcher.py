@@ -162,6 +162,14 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
 
 def _launch(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
             numel: int) -> None:
+    kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
+    kernel(*args, **kw)
+
+
+def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
+             numel: int):
+    """(kernel object, positional args, keyword args) of one launch, in compile_shader's call
+    model: argument i binds buffer i; threads/group_size as dispatchThreads; arg_casts."""
     sizes = binding.sizes
     ln = spec.launcher(sched_mod.needs_index64(sizes, numel), be)
     s = ln.schedule
@@ -192,4 +200,22 @@ def _launch(spec: Specialisation, be: str, tensors, values, binding: ShapeBindin
         raise ValueError(f"{spec.where}: {numel} output elements need {threads} threads, over "
                          f"the {MAX_THREADS} a dispatch can launch; raise "
                          f"launch={{'vectors_per_thread': ...}}")
-    ln.kernel(*args, threads=threads, group_size=group, arg_casts=ln.casts)
+    return ln.kernel, args, dict(threads=threads, group_size=group, arg_casts=ln.casts)
+
+
+def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+            launch: Optional[Mapping[str, Any]] = None):
+    """What `run` would launch, without launching: (kernel, args, kwargs, outputs). For
+    benchmarks (to time the bare kernel call against the wrapped one) and tuning."""
+    spec = specialisation(graph, launch)
+    tensors = spec.collect(values)
+    dev = spec.device(tensors)
+    be = backend or current_backend(tensors.values())
+    binding = bind_shapes(graph, tensors)
+    outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
+            for o in graph.outputs]
+    numel = 1
+    for a in spec.grid:
+        numel *= binding.sizes[a]
+    kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
+    return kernel, args, kw, outs

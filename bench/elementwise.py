@@ -1,0 +1,135 @@
+"""Elementwise kernels: ours vs torch eager on the same device, bytes moved, achieved GB/s.
+
+    python bench/elementwise.py                 # MPS tensors on a Mac, else CPU (the simulator)
+    python bench/elementwise.py --dtype f32 --sizes 4096x4096
+
+Bytes are the schedule's own count (each input element read once, each output written once).
+On the simulator the times are only a smoke test of the script: it runs Metal code on CPU fibers.
+The last section measures the wrapper's warm-call overhead: a full `kernel(x)` call minus the bare
+compiled-kernel call with the same arguments (which, on the simulator, is the simulator's own
+launch time).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import metalforge as mf  # noqa: E402
+from metalforge import runtime  # noqa: E402
+from metalforge.runtime.launcher import specialisation  # noqa: E402
+from bias_scale import bias_scale  # noqa: E402
+from gelu import gelu  # noqa: E402
+from silu import silu  # noqa: E402
+from swiglu import swiglu  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+
+
+def sync(device: str) -> None:
+    if device == "mps":
+        torch.mps.synchronize()
+
+
+def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
+    """Median seconds per call (synchronised before and after each call)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def cases(rows: int, cols: int, dtype, device):
+    def t(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+    x, x2, b = t(rows, cols), t(rows, cols), t(cols)
+    yield "silu", silu, (x,), lambda: torch.nn.functional.silu(x)
+    yield "gelu_tanh", gelu, (x,), lambda: torch.nn.functional.gelu(x, approximate="tanh")
+    yield "swiglu", swiglu, (x, x2), lambda: torch.nn.functional.silu(x) * x2
+    yield "bias_scale", bias_scale, (x, b, 0.5), lambda: (x + b) * 0.5
+
+
+def values_of(kernel, args) -> dict:
+    return {p.name: a for p, a in zip(kernel.params, args)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dtype", choices=DTYPES, default="f16")
+    ap.add_argument("--sizes", nargs="*", default=None,
+                    help="ROWSxCOLS (default: 4096x4096 and 1024x1024 on MPS; 64x1024 on the "
+                         "simulator)")
+    ap.add_argument("--repeat", type=int, default=None)
+    a = ap.parse_args(argv)
+    device = "mps" if torch.backends.mps.is_available() else "cpu"
+    sim = device == "cpu"
+    sizes = a.sizes or (["64x1024"] if sim else ["1024x1024", "4096x4096", "8192x8192"])
+    repeat = a.repeat or (3 if sim else 50)
+    dtype = DTYPES[a.dtype]
+    backend = runtime.current_backend([torch.empty(0, device=device)])
+    print(f"device {device}, backend {backend}, dtype {a.dtype}, median of {repeat}" +
+          ("  (simulator: times are a smoke test only)" if sim else ""))
+    print(f"{'op':<11} {'shape':>11} {'bytes':>11} {'ours us':>10} {'torch us':>10} "
+          f"{'ours GB/s':>10} {'torch GB/s':>10}")
+    for spec in sizes:
+        rows, cols = (int(v) for v in spec.lower().split("x"))
+        for name, k, args, eager in cases(rows, cols, dtype, device):
+            graph = k.graph(*args)
+            traffic = runtime.schedule_of(graph, values_of(k, args)).traffic(
+                {"R": rows, "D": cols, "B": rows, "F": cols})
+            ours = timeit(lambda: k(*args), device, repeat)
+            theirs = timeit(eager, device, repeat)
+            gbs = lambda s: traffic.total / s / 1e9  # noqa: E731
+            print(f"{name:<11} {spec:>11} {traffic.total:>11} {ours * 1e6:>10.1f} "
+                  f"{theirs * 1e6:>10.1f} {gbs(ours):>10.2f} {gbs(theirs):>10.2f}")
+
+    # warm-call overhead of the wrapper: each full call minus the time spent inside the
+    # compiled-kernel call it makes (on the simulator: the simulator's own launch time)
+    x = torch.randn(256, dtype=dtype, device=device)
+    for _ in range(3):
+        silu(x)
+    ln = specialisation(silu.graph(x), None).launcher(False, backend)
+    real, inner = ln.kernel, []
+
+    def timed(*args, **kw):
+        t0 = time.perf_counter()
+        real(*args, **kw)
+        sync(device)
+        inner.append(time.perf_counter() - t0)
+
+    ln.kernel = timed
+    n = 300 if sim else 3000
+    overheads, fulls = [], []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            silu(x)
+            sync(device)
+            fulls.append(time.perf_counter() - t0)
+            overheads.append(fulls[-1] - inner[-1])
+    finally:
+        ln.kernel = real
+    full = statistics.median(fulls)
+    print(f"\nwarm call, silu on {x.numel()} elements: full call {full * 1e6:.1f} us (median of "
+          f"{n}), of which inside the kernel call {statistics.median(inner) * 1e6:.1f} us -> "
+          f"wrapper overhead {statistics.median(overheads) * 1e6:.1f} us per call")
+    if not math.isfinite(full):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
