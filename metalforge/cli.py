@@ -78,6 +78,11 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "show": ("print the generated Metal source (or IR) of a kernel", _setup_show, _cmd_show),
 }
 
+# `gen-tests` is owned by metalforge.testing (the test generator); it needs no hypothesis
+from .testing.gen import SUBCOMMAND as _GEN_TESTS  # noqa: E402
+
+_SUBCOMMANDS["gen-tests"] = _GEN_TESTS
+
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="metalforge",
