@@ -17,6 +17,7 @@ from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2
                            inf, log, log2, log_softmax, logsumexp, max, maximum, mean, min,
                            minimum, prod, rsqrt, sigmoid, sin, size, softmax, sqrt, sum, tanh,
                            where)
+from .runtime import backend
 from .shapes import ShapeError
 
 __version__ = "0.1.0"
@@ -32,11 +33,6 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "dtypes", "AnnotationError", 
 
 
 def __getattr__(name: str):
-    # `backend` comes from the runtime, imported on first use so that `import metalforge`
-    # (tracing, reference) never depends on the backends being importable.
-    if name == "backend":
-        from .runtime import backend
-        return backend
     if name == "bool":      # mf.bool as a dtype, without shadowing the builtin in this module
         return dtypes.BOOL
     from .frontend.tracer import _CURRENT, user_frame_loc

@@ -431,3 +431,29 @@ def test_binding_errors(args, kwargs, words):
 def test_python_scalars_accept_ints_for_float():
     r = bind_me.reference(torch.ones(2, 3), torch.ones(3), torch.tensor([True, False]), eps=1)
     assert torch.equal(r, torch.tensor([[3.0] * 3, [0.0] * 3]))
+
+
+def test_public_api_names():
+    for name in ("kernel", "Const", "backend", "where", "exp", "exp2", "log", "log2", "sqrt",
+                 "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs", "floor", "ceil",
+                 "maximum", "minimum", "clamp", "index", "size", "inf", "sum", "mean", "max",
+                 "min", "prod", "argmax", "argmin", "softmax", "log_softmax", "logsumexp"):
+        assert hasattr(mf, name), name
+    assert mf.f16 is dtypes.F16 and mf.bool is dtypes.BOOL and mf.inf == float("inf")
+    with pytest.raises(AttributeError, match="DSL functions are"):
+        mf.softplus
+
+
+def test_to_accepts_dsl_names_dtype_vars_and_torch_dtypes():
+    @mf.kernel
+    def k(x: "T[N]", i: "U[N]"):
+        return i.to("T"), x.to(torch.bfloat16), x.to(mf.i32), x.to("u8")
+
+    g = k.graph(f32(3).half(), torch.zeros(3, dtype=torch.int32))
+    assert [o.dtype for o in g.outputs] == [dtypes.F16, dtypes.BF16, dtypes.I32, dtypes.U8]
+
+    @mf.kernel
+    def bad(x: "T[N]"):
+        return x.to("float64")  # ERR-to
+
+    expect_error(bad, (f32(3),), "# ERR-to", ["unknown dtype 'float64'"])
