@@ -21,6 +21,7 @@ import contextvars
 import linecache
 import numbers
 import os
+import re
 import sys
 from typing import Any, Iterable, Optional
 
@@ -459,10 +460,14 @@ class Sym:
                                 "build a new value with mf.where")
 
     def _no_python_number(self, *_):
+        file, line = user_frame_loc()
+        called = re.findall(r"\bmath\.(\w+)\s*\(", linecache.getline(file, line))
+        hint = (f"use mf.{called[0]}(x) instead of math.{called[0]}(x)"
+                if called and called[0] in MATH_FUNCTIONS else
+                "use the metalforge functions instead: mf.exp, mf.sqrt, mf.floor, ...")
         raise self._trace.error(
             "a traced value cannot become a Python number (float(), int(), round(), or a "
-            "math.* function called on it). Use the metalforge functions instead: "
-            "mf.exp, mf.sqrt, mf.floor, ...")
+            f"math.* function called on it); {hint}", (file, line))
 
     __float__ = __int__ = __index__ = __complex__ = _no_python_number
     __round__ = __trunc__ = __floor__ = __ceil__ = _no_python_number
