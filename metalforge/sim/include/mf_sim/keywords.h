@@ -11,9 +11,7 @@
 
 #define kernel
 #define device
-// `constant` memory is read-only; spelling it `const` also keeps overloads on address space
-// distinct (c10/metal/indexing.h overloads val_at_offs on constant void* and device void*).
-#define constant const
+#define constant
 #define thread
 #define threadgroup
 #define threadgroup_imageblock
