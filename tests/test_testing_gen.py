@@ -1,0 +1,78 @@
+"""`metalforge gen-tests`: generated pytest modules for the shipped examples, and that they pass."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from metalforge.cli import main
+from metalforge.testing.gen import GenError, generate, kernels_of, load_module
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generated")
+    assert main(["gen-tests", str(EXAMPLES), "-o", str(out)]) == 0
+    return out
+
+
+def test_one_module_per_example_file_one_test_per_kernel(generated):
+    sources = sorted(p for p in EXAMPLES.glob("*.py") if kernels_of(load_module(p)))
+    assert sources, "examples/ defines no kernels"
+    written = sorted(generated.glob("test_*.py"))
+    assert [p.name for p in written] == [f"test_{p.stem}.py" for p in sources]
+    for src in sources:
+        text = (generated / f"test_{src.stem}.py").read_text()
+        tree = ast.parse(text)                                     # valid Python
+        tests = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+        names = [name for name, _ in kernels_of(load_module(src))]
+        assert tests == [f"test_{n}" for n in names]
+        for name, k in kernels_of(load_module(src)):
+            assert f"    check(kernels.{name})\n" in text
+            assert f"    # {k.name}(" in text                         # the signature, as a comment
+        assert "dims={" in text and "max_examples=" in text            # editable hints
+
+
+def test_generated_tests_pass(generated):
+    ran = 0
+    for path in sorted(generated.glob("test_*.py")):
+        module = load_module(path)
+        for name, fn in vars(module).items():
+            if name.startswith("test_") and callable(fn):
+                fn()
+                ran += 1
+    assert ran >= 5
+
+
+def test_existing_files_are_not_overwritten_without_force(generated, capsys):
+    target = EXAMPLES / "silu.py"
+    edited = generated / "test_silu.py"
+    edited.write_text("# my edits\n")
+    with pytest.raises(GenError, match="would overwrite .*test_silu.py.*--force"):
+        generate(target, generated)
+    assert edited.read_text() == "# my edits\n"
+    assert main(["gen-tests", str(target), "-o", str(generated)]) == 1
+    assert "would overwrite" in capsys.readouterr().err
+    assert generate(target, generated, force=True) == [edited]
+    assert "check(kernels.silu)" in edited.read_text()
+
+
+def test_files_without_kernels_and_imported_kernels(tmp_path):
+    (tmp_path / "helpers.py").write_text("X = 1\n")
+    (tmp_path / "mine.py").write_text(
+        "import metalforge as mf\n"
+        "from silu import silu          # imported: tested where it is defined\n\n"
+        "@mf.kernel\n"
+        "def twice(x: \"T[N]\"):\n"
+        "    return x + x\n")
+    (tmp_path / "silu.py").write_text((EXAMPLES / "silu.py").read_text())
+    with pytest.raises(GenError, match="defines no @metalforge.kernel"):
+        generate(tmp_path / "helpers.py", tmp_path / "out")
+    written = generate(tmp_path, tmp_path / "out")
+    assert sorted(p.name for p in written) == ["test_mine.py", "test_silu.py"]
+    mine = (tmp_path / "out" / "test_mine.py").read_text()
+    assert "def test_twice" in mine and "def test_silu" not in mine
+    with pytest.raises(GenError, match="no such file"):
+        generate(tmp_path / "nope.py", tmp_path / "out")
