@@ -211,3 +211,14 @@ def test_uint32_unpacking_values():
     got = nib.reference(w)
     want = (w.to(torch.int64) >> 4) & 15
     assert got.dtype == torch.uint32 and torch.equal(got.to(torch.int64), want)
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_comparisons_round_float_scalars_to_the_half_dtype(dt):
+    @mf.kernel
+    def k(x: "T[N]", s: float):
+        return x == 0.1, x < 0.1, x >= s
+
+    x = torch.tensor([0.1, 0.0999755859375, 0.10009765625, 0.09997558]).to(dt)
+    eq, lt, ge = k.reference(x, 0.1)
+    assert torch.equal(eq, x == 0.1) and torch.equal(lt, x < 0.1) and torch.equal(ge, x >= 0.1)

@@ -214,6 +214,15 @@ class Trace:
             return self.node("cast", (n,), F32, n.axes, weak=True)
         return self.node("cast", (n,), dt, n.axes)
 
+    def round_weak(self, n: Node, dt: DType) -> Node:
+        """A weak float scalar rounded to `dt` (kept weak: it already took part in promotion)."""
+        if not n.weak or n.dtype is dt:
+            return n
+        if n.op == "const":
+            v = torch.tensor(float(n.attr), dtype=dt.torch).item()
+            return self.node("const", (), F32, (), attr=float(v), weak=True)
+        return self.node("cast", (n,), dt, n.axes, weak=True)
+
     # -- operations ---------------------------------------------------------------------
     def binary(self, op: str, a: Any, b: Any) -> "Sym":
         x, y = self.as_node(a), self.as_node(b)
@@ -233,6 +242,9 @@ class Trace:
             common = F32                    # true division of integers gives the default float
         out = BOOL if op in _COMPARE else common
         x, y = self.cast(x, common), self.cast(y, common)
+        if op in _COMPARE and common.is_float and common is not F32:
+            # torch compares in the common dtype: a float scalar is rounded to f16/bf16 first
+            x, y = self.round_weak(x, common), self.round_weak(y, common)
         return self.sym(self.node("binary", (x, y), out, axes, attr=op,
                                   weak=x.weak and y.weak))
 
