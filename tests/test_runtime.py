@@ -139,3 +139,30 @@ def test_dtype_mismatch_against_specialisation():
     g = scale_rows.graph(x, w, r)
     with pytest.raises(TypeError, match=r"'w' has dtype torch.float16.*torch.float32"):
         runtime.run(g, {"x": x, "w": w.half(), "r": r, "beta": 1.0})
+
+
+@mf.kernel
+def row_and_vector(x: "T[R, D]", w: "T[D]"):
+    return x * w, w * 3
+
+
+@mf.kernel
+def transposed(x: "T[R, D]") -> "T[D, R]":
+    return x + 1
+
+
+def test_outputs_over_fewer_or_reordered_axes():
+    x, w = torch.randn(5, 12), torch.randn(12)
+    a, b = row_and_vector(x, w)                     # b over [D] only: written once per D
+    torch.testing.assert_close(a, x * w)
+    torch.testing.assert_close(b, w * 3)
+    y = transposed(x)                               # grid over [D, R]; x read by position
+    torch.testing.assert_close(y, (x + 1).t())
+    assert "x[mf_pos_R * mf_size_D + mf_pos_D]" in transposed.source(x)
+
+
+def test_source_and_ir_from_sizes_pick_the_index_width():
+    assert "mf_transposed<half, uint>" in transposed.source(T="f16")
+    big = transposed.source(T="f16", R=2 ** 16, D=2 ** 16)
+    assert "mf_transposed<half, ulong>" in big and 'host_name("transposed_f16_idx64")' in big
+    assert "instance transposed_f32: T=float, mf_index_t=uint" in transposed.ir(T="f32")
