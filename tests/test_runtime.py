@@ -166,3 +166,13 @@ def test_source_and_ir_from_sizes_pick_the_index_width():
     big = transposed.source(T="f16", R=2 ** 16, D=2 ** 16)
     assert "mf_transposed<half, ulong>" in big and 'host_name("transposed_f16_idx64")' in big
     assert "instance transposed_f32: T=float, mf_index_t=uint" in transposed.ir(T="f32")
+
+
+def test_reduction_kernels_say_not_supported_yet_with_the_line():
+    @mf.kernel
+    def rms(x: "T[R, D]"):
+        return x * mf.rsqrt(mf.mean(x * x, axis="D") + 1e-6)
+
+    with pytest.raises(ValueError, match=r"mf\.sum\(\.\.\., axis='D'\) at .*test_runtime\.py:\d+ "
+                                         r"is a reduction.*not supported yet"):
+        rms(torch.randn(2, 8))
