@@ -251,7 +251,9 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
             if r.returncode != 0:
                 raise _syntax_error(_clean_message(r.stderr, tmp), source)
         _atomic_build(so, compile_)
-    meta.write_text(json.dumps({"kernels": [asdict(k) for k in parsed.kernels]}))
+    tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.tmp")
+    tmp_meta.write_text(json.dumps({"kernels": [asdict(k) for k in parsed.kernels]}))
+    os.replace(tmp_meta, meta)
     return so, parsed.kernels
 
 

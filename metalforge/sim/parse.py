@@ -379,6 +379,8 @@ def scalar_of(type_name: str) -> tuple[str, int, int] | None:
     t = {"unsigned int": "uint", "unsigned short": "ushort", "unsigned char": "uchar",
          "unsigned long": "ulong", "signed char": "char", "long long": "long",
          "unsigned long long": "ulong"}.get(t, t)
+    if t in _SCALAR_SIZES:
+        return t, 1, _SCALAR_SIZES[t]
     m = re.fullmatch(r"(packed_)?([a-z]+?)([234])?", t)
     if m and m.group(2) in _SCALAR_SIZES:
         s, n = m.group(2), int(m.group(3) or 1)
