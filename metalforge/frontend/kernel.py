@@ -16,7 +16,7 @@ from .. import dtypes
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Output, Param, ScalarParam, TensorParam
 from .annotations import Annotation, parse_annotation, resolve_dim
-from .errors import AnnotationError, BindingError, TraceError
+from .errors import AnnotationError, BindingError
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
