@@ -123,25 +123,6 @@ def _dtype_vars(params) -> dict[str, list[TensorParam]]:
     return out
 
 
-def _probe_args(params, dt: Mapping[str, str], consts: Mapping[str, Any]) -> dict[str, Any]:
-    """Tiny arguments that select one variant (used to trace it)."""
-    plan = S.dim_plan(params)
-    sizes = {n: m for n, m in plan.plain.items()}
-    for n, spec in plan.derived.items():
-        sizes[n] = sizes[spec.base] * spec.mul // spec.div + spec.add
-    args: dict[str, Any] = {}
-    for p in params:
-        if isinstance(p, TensorParam):
-            dtype = _dtypes.ALL[dt[p.dtype_var]] if p.dtype_var else p.dtype
-            shape = tuple(sizes[d.name] for d in p.dims if not d.batch)
-            args[p.name] = torch.zeros(shape, dtype=dtype.torch)
-        elif isinstance(p, ScalarParam):
-            args[p.name] = p.default if p.has_default else p.pytype(1)
-        elif isinstance(p, ConstParam):
-            args[p.name] = consts[p.name]
-    return args
-
-
 def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
     from ..frontend.errors import BindingError, TraceError
 
@@ -173,14 +154,15 @@ def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
         for cvals in itertools.product(*const_choices):
             cs = {p.name: v for p, v in zip(consts, cvals)}
             try:
-                graph = kernel.graph(**_probe_args(params, dt, cs))
+                graph = kernel.graph(**dt, **cs)        # bindings only: trace, no tensors
             except (BindingError, TraceError) as e:     # this dtype is not accepted
-                errors.append(f"{dt} {cs}: {e}")
+                if str(e) not in errors:
+                    errors.append(str(e))
                 continue
             out.append(Variant(dt, cs, graph))
     if not out:
         raise ValueError(f"check({kernel.name}): no dtype/Const combination traces; the "
-                         f"errors were:\n" + "\n".join(errors))
+                         f"errors were:\n" + "\n".join(errors[:5]))
     return out
 
 
@@ -303,9 +285,9 @@ def _check_variant(kernel, variant: Variant, params, *, dims, per_param, global_
     @settings(prof.settings, max_examples=max_examples)
     @given(st.data())
     def run_one(data):
-        ex = _draw_example(data.draw, variant, params, dims=dims, per_param=per_param,
-                           global_families=global_families, layouts=layouts, budget=budget,
-                           device=device)
+        ex = _draw_example(data.draw, variant, variant.graph.params, dims=dims,
+                           per_param=per_param, global_families=global_families,
+                           layouts=layouts, budget=budget, device=device)
         ran[0] += 1
         problem = _run_and_compare(kernel, variant, ex, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
