@@ -2,9 +2,9 @@
 
 half/bfloat I/O through 4-wide vector loads, f32 math in f16/bf16 kernels, swizzles, packed
 types, metal::array, as_type, numeric_limits, atomics across thread groups, and the headers
-torch ships in c10/metal compiled together (all but indexing.h, which overloads functions on
-the constant/device address spaces; the simulator erases address spaces). Results are
-compared with torch on the CPU.
+torch ships in c10/metal compiled together (indexing.h, which overloads on the constant/device
+address spaces, is exercised in test_sim_address_spaces.py). Results are compared with torch
+on the CPU.
 """
 import pytest
 import torch

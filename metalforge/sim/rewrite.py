@@ -14,12 +14,25 @@ replaced by spaces, so compiler messages point at the user's lines.  The rewrite
    group's shared memory.  Like Metal's, it is not initialised between groups.
 3. Explicit instantiations carrying ``[[host_name("...")]]`` (all three forms) are blanked
    whole; the generated trampoline names the instantiation instead, which instantiates it.
+4. ``constant`` next to ``const`` (``const constant T*``, ``constant const char*``) is blanked:
+   ``constant`` is the macro ``const`` (keywords.h), so a ``constant`` pointer is read-only as on
+   Metal and overloads on ``constant`` vs ``device`` pointers stay distinct, and C++ would
+   reject the doubled ``const``.
 """
 from __future__ import annotations
+
+import re
 
 from .parse import ParsedSource
 
 TG_REPLACEMENT = "static thread_local"
+_CONST_CONSTANT = re.compile(r"\bconst(\s+)constant\b|\bconstant(\s+)const\b")
+
+
+def _drop_doubled_const(m: re.Match) -> str:
+    if m.group(1) is not None:                       # "const constant" -> "const         "
+        return "const" + m.group(1) + " " * len("constant")
+    return " " * len("constant") + m.group(2) + "const"
 
 
 def rewrite(text: str, parsed: ParsedSource) -> str:
@@ -33,4 +46,4 @@ def rewrite(text: str, parsed: ParsedSource) -> str:
     for d in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
         if out[d[0]:d[1]] == "threadgroup":
             out = out[:d[0]] + TG_REPLACEMENT + out[d[1]:]
-    return out
+    return _CONST_CONSTANT.sub(_drop_doubled_const, out)

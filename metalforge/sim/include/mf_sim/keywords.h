@@ -1,8 +1,10 @@
 // metalforge.sim — Metal's address-space and function-kind keywords.
 //
 // Included LAST by <metal_stdlib> so that no C++ standard header sees these
-// macros.  On the CPU every address space is ordinary memory, so they all
-// expand to nothing.  Kernel-scope `threadgroup` variable declarations are
+// macros.  On the CPU every address space is ordinary memory, so they expand to
+// nothing, except `constant`, which is read-only memory in Metal: it becomes
+// `const` (rewrite.py blanks a `constant` written next to `const`).
+// Kernel-scope `threadgroup` variable declarations are
 // turned into group-shared storage by metalforge/sim/rewrite.py before the
 // compiler sees the text; every other `threadgroup` (pointer and reference
 // parameters, local pointers) is just a pointer to that storage.
@@ -11,7 +13,7 @@
 
 #define kernel
 #define device
-#define constant
+#define constant const
 #define thread
 #define threadgroup
 #define threadgroup_imageblock
