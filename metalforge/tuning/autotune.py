@@ -1,0 +1,316 @@
+"""`mf.autotune`: try launch configurations of one kernel on example arguments, check each
+against the reference, time them where timings mean something, and remember the fastest.
+
+    result = mf.autotune(rms_norm, x, w)          # candidates: a small grid (see sweep.SWEEP)
+    print(result)                                  # every candidate, its time, the winner
+    rms_norm(x, w)                                 # later calls use the winner automatically
+
+On MPS each candidate is warmed up, then timed as the median of repeated samples, each sample
+a batch of launches between two `torch.mps.synchronize()` calls; the winner is stored in the
+autotune cache (see `metalforge.tuning.cache`). On the simulator every candidate is run and
+checked, but nothing is timed or stored: CPU timings of a simulated GPU say nothing about the
+GPU, so the result is the default configuration.
+
+A candidate whose output differs from the reference is a metalforge bug: autotune checks them
+all, then raises `CandidateMismatch` naming each failing configuration.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
+
+import torch
+
+from .. import runtime
+from ..schedule import family as family_of
+from ..schedule.policy import TUNABLE, LaunchError, resolve
+from ..shapes import bind_shapes
+from .cache import TuneKey, default_cache, device_name, key_for
+from .launch import NOT_TUNED, check_options, merge
+from .sweep import grid
+
+TIMED_BACKENDS = ("mps",)
+
+
+class CandidateMismatch(AssertionError):
+    """Launch configurations that gave a result different from the reference (a metalforge
+    bug: please report it with the message)."""
+
+
+@dataclass
+class Trial:
+    launch: dict[str, Any]
+    status: str                          # "ok" | "wrong" | "skipped"
+    seconds: Optional[float] = None      # median time per launch (timed backends only)
+    detail: str = ""                     # why it was skipped, or what was wrong
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.launch.items()) or "(table defaults)"
+
+
+@dataclass
+class TuneResult:
+    kernel: str
+    backend: str
+    device: str
+    key: TuneKey
+    default: dict[str, Any]              # the configuration used without tuning
+    best: dict[str, Any]                 # the winner (the default where nothing was timed)
+    timed: bool
+    trials: list[Trial] = field(default_factory=list)
+    saved_to: Optional[Path] = None
+    note: str = ""
+
+    def trial(self, launch: Mapping[str, Any]) -> Trial:
+        for t in self.trials:
+            if t.launch == dict(launch):
+                return t
+        raise KeyError(dict(launch))
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """Default time / best time (timed backends only)."""
+        if not self.timed:
+            return None
+        d, b = self.trial(self.default).seconds, self.trial(self.best).seconds
+        return d / b if d and b else None
+
+    def __str__(self) -> str:
+        lines = [f"autotune {self.kernel} on {self.device} ({self.backend}), {self.key.dtypes}, "
+                 f"shape bucket {self.key.shape}: {len(self.trials)} candidates"]
+        if self.note:
+            lines.append(self.note)
+        trials = sorted(self.trials, key=lambda t: (t.seconds is None, t.seconds or 0.0))
+        for t in trials:
+            mark = "*" if t.launch == self.best else " "
+            tm = f"{t.seconds * 1e3:9.4f} ms" if t.seconds is not None else " " * 12
+            extra = f"  {t.status}: {t.detail}" if t.status != "ok" else ""
+            lines.append(f" {mark} {tm}  {t.describe()}{extra}")
+        if self.saved_to is not None:
+            lines.append(f"winner saved to {self.saved_to}")
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- timing
+
+def median_time(call: Callable[[], Any], sync: Callable[[], Any], *, warmup: int = 3,
+                repeats: int = 15, clock: Callable[[], float] = time.perf_counter,
+                min_sample: float = 2e-4) -> float:
+    """Seconds per call: the median over `repeats` samples, each a batch of calls between two
+    syncs, sized from a first timed call so a sample lasts about `min_sample` seconds (short
+    kernels are not drowned by the cost of synchronising)."""
+    for _ in range(warmup):
+        call()
+    sync()
+    t0 = clock()
+    call()
+    sync()
+    once = max(clock() - t0, 1e-9)
+    number = max(1, min(1000, int(min_sample / once)))
+    samples = []
+    for _ in range(repeats):
+        sync()
+        t0 = clock()
+        for _ in range(number):
+            call()
+        sync()
+        samples.append((clock() - t0) / number)
+    return statistics.median(samples)
+
+
+def _timer(backend: str, warmup: int, repeats: int) -> Optional[Callable[[Callable], float]]:
+    """How to time one candidate's bare launch on this backend; None where timings are not
+    meaningful (the simulator)."""
+    if backend not in TIMED_BACKENDS:
+        return None
+    return lambda call: median_time(call, torch.mps.synchronize, warmup=warmup, repeats=repeats)
+
+
+class _Progress:
+    """One status line on stderr, redrawn in place on a terminal; elsewhere only the summary."""
+
+    def __init__(self, label: str, total: int, enabled: bool, stream: Optional[TextIO] = None,
+                 tty: Optional[bool] = None):
+        self.label, self.total, self.enabled = label, total, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = tty if tty is not None else bool(getattr(self.stream, "isatty", lambda: False)())
+        self.width = 0
+
+    def step(self, done: int, text: str) -> None:
+        if not (self.enabled and self.tty):
+            return
+        n = 20 * done // max(self.total, 1)
+        line = f"\r{self.label} [{'#' * n}{'.' * (20 - n)}] {done}/{self.total} {text}"
+        self.width = max(self.width, len(line))
+        self.stream.write(line.ljust(self.width))
+        self.stream.flush()
+
+    def close(self, summary: str) -> None:
+        if not self.enabled:
+            return
+        self.stream.write(("\r" + summary.ljust(self.width) if self.tty else summary) + "\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------- autotune
+
+def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = None,
+             repeats: int = 15, warmup: int = 3, progress: bool = True, save: bool = True,
+             **kwargs) -> TuneResult:
+    """Sweep launch configurations of `kernel` on these example arguments (given as for a call;
+    a kernel parameter named like one of autotune's options must be passed positionally).
+
+    candidates: launch-option dicts to try; default: `sweep.grid` over the kernel family's
+    tunable options not pinned by the kernel's own `launch=` (pinned options apply to every
+    candidate: explicit overrides win). The default configuration is always tried too.
+    Raises LaunchError for a candidate that cannot apply (before anything runs) and
+    CandidateMismatch if any candidate disagrees with the reference.
+    """
+    from ..frontend.kernel import Kernel
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
+    where = f"mf.autotune({kernel.name})"
+    expected = kernel.reference(*args, **kwargs)               # binding errors surface here
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    graph = kernel.graph(*args, **kwargs)
+    values = _values(kernel, graph, args, kwargs)
+    tensors = {t.name: values[t.name] for t in graph.tensors}
+    backend = kernel.backend or runtime.current_backend(tensors.values())
+    fam = family_of(graph)
+    pinned = dict(kernel.launch or {})
+    trials = [Trial(c, "ok") for c in _candidates(fam, pinned, candidates, where)]
+    default = trials[0].launch
+    sizes = bind_shapes(graph, tensors).sizes
+    key = key_for(graph, backend, sizes)
+    tol = _tolerance(graph, sizes, values)
+    timer = _timer(backend, warmup, repeats)
+    bar = _Progress(f"autotune {kernel.name}", len(trials), progress)
+
+    for i, t in enumerate(trials):
+        bar.step(i, t.describe())
+        try:
+            got = runtime.run(graph, values, backend=backend, launch=t.launch)
+        except LaunchError as e:        # this pipeline cannot take it (e.g. its thread limit)
+            t.status, t.detail = "skipped", str(e)
+            continue
+        except Exception as e:          # noqa: BLE001 - a candidate that fails is reported
+            t.status, t.detail = "wrong", f"raised {type(e).__name__}: {e}"
+            continue
+        t.detail = _mismatch(got, expected, tol)
+        if t.detail:
+            t.status = "wrong"
+            continue
+        if timer is not None:
+            from ..runtime.launcher import prepare
+            k, a, kw, _ = prepare(graph, values, backend, t.launch)
+            t.seconds = timer(lambda: k(*a, **kw))
+    bar.step(len(trials), "done")
+
+    wrong = [t for t in trials if t.status == "wrong"]
+    if wrong:
+        bar.close(f"autotune {kernel.name}: {len(wrong)} of {len(trials)} candidates are wrong")
+        raise CandidateMismatch(
+            f"{kernel.where}: {len(wrong)} launch configuration(s) give a result different from "
+            f"the reference on {key.dtypes}, sizes {dict(sizes)} ({tol.describe()}). This is a "
+            "metalforge bug; please report it with this message:\n" +
+            "\n".join(f"  {t.describe()}: {t.detail}" for t in wrong))
+
+    result = TuneResult(kernel.name, backend, device_name(backend), key, default, default,
+                        timer is not None, trials)
+    ok = [t for t in trials if t.status == "ok"]
+    if timer is None:
+        result.note = (f"all {len(ok)} runnable candidates match the reference; timings on the "
+                       f"'{backend}' backend are not meaningful (it runs the GPU kernel on the "
+                       "CPU), so the default launch policy is kept and nothing is cached")
+    else:
+        best = min(ok, key=lambda t: t.seconds)
+        result.best = best.launch
+        if save:
+            cache = default_cache()
+            cache.put(key, _entry(best, result, pinned))
+            result.saved_to = cache.path
+    summary = (f"autotune {kernel.name}: {len(ok)}/{len(trials)} candidates correct; " +
+               (f"best {result.trial(result.best).describe()} "
+                f"{result.trial(result.best).seconds * 1e3:.4f} ms "
+                f"({result.speedup:.2f}x the default)" if result.timed else
+                f"timings on '{backend}' are not meaningful; keeping the default"))
+    bar.close(summary)
+    return result
+
+
+def _values(kernel, graph, args, kwargs) -> dict[str, Any]:
+    """Every tensor and runtime scalar by name, defaults filled (what runtime.run takes)."""
+    ba = kernel.signature.bind(*args, **kwargs)
+    ba.apply_defaults()
+    return {p.name: ba.arguments[p.name] for p in (*graph.tensors, *graph.scalars)}
+
+
+def _candidates(fam: str, pinned: dict, candidates, where: str) -> list[dict[str, Any]]:
+    """Full configurations (every tunable option spelled out), the default first, no repeats.
+    Every one is checked against the family's policy before anything runs."""
+    keys = [k for k in TUNABLE[fam] if k not in NOT_TUNED]
+
+    def full(cand: Mapping[str, Any], label: str) -> dict[str, Any]:
+        try:
+            p = resolve(fam, merge(cand, pinned))
+        except LaunchError as e:
+            raise LaunchError(f"{where}: {label} {dict(cand)}: {e}") from None
+        return {**{k: getattr(p, k) for k in keys}, **pinned}
+
+    if candidates is None:
+        given = grid(fam, pinned)
+    else:
+        if isinstance(candidates, Mapping) or not all(isinstance(c, Mapping)
+                                                      for c in candidates):
+            raise LaunchError(f"{where}: candidates must be a list of launch-option dicts, "
+                              f"e.g. [{{'threads_per_group': 128}}, "
+                              f"{{'threads_per_group': 512}}]")
+        given = []
+        for i, c in enumerate(candidates):
+            c = check_options(c, f"{where} candidate {i}")
+            nt = [k for k in c if k in NOT_TUNED]
+            if nt:
+                raise LaunchError(f"{where} candidate {i}: {', '.join(nt)} is chosen from the "
+                                  "sizes for correctness and is not tuned; leave it out")
+            given.append(c)
+    out = [full({}, "the default")]
+    for i, c in enumerate(given):
+        f = full(c, f"candidate {i}")
+        if f not in out:
+            out.append(f)
+    return out
+
+
+def _tolerance(graph, sizes, values):
+    from ..testing.tolerance import lowest_precision, magnitude, reduction_length, tolerance
+    floats = [n.dtype for n in graph.nodes()] + [o.dtype for o in graph.outputs] + \
+        [t.dtype for t in graph.tensors]
+    return tolerance(lowest_precision(floats), reduction_length=reduction_length(graph, sizes),
+                     scale=magnitude(values.values()))
+
+
+def _mismatch(got, expected: tuple, tol) -> str:
+    from ..testing.tolerance import compare
+    got = got if isinstance(got, tuple) else (got,)
+    if len(got) != len(expected):
+        return f"returned {len(got)} outputs, the reference {len(expected)}"
+    for i, (g, e) in enumerate(zip(got, expected)):
+        breach = compare(g.cpu(), e.cpu(), tol, output=i)
+        if breach is not None:
+            return str(breach)
+    return ""
+
+
+def _entry(best: Trial, result: TuneResult, pinned: Mapping[str, Any]) -> dict[str, Any]:
+    import metalforge
+    default_s = result.trial(result.default).seconds
+    return {"launch": {k: v for k, v in best.launch.items() if k not in pinned},
+            "kernel": result.kernel, "time_ms": best.seconds * 1e3,
+            "default_ms": default_s * 1e3 if default_s else None,
+            "candidates": len(result.trials), "metalforge": metalforge.__version__,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
+

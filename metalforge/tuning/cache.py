@@ -1,0 +1,250 @@
+"""The autotune cache: the winning launch configuration per (device, kernel, dtypes, shape bucket).
+
+One JSON file, `$METALFORGE_CACHE_DIR/autotune.json`, else `~/.cache/metalforge/autotune.json`:
+
+    {"version": 1,
+     "entries": {"<device> | <kernel>@<hash> | <dtypes> | <shape bucket>":
+                     {"launch": {"threads_per_group": 128, ...}, "time_ms": 0.0123, ...}}}
+
+- device: the GPU the timings were taken on ("Apple M2 Max" on MPS; "metalforge-sim").
+- kernel hash: a hash of the traced graph (every op, dtype, axis, parameter and `mf.Const`
+  value), which is what the generated code is made from: editing comments or formatting in the
+  kernel's Python does not invalidate its tuning, changing what it computes does.
+- dtypes: the dtype variables (or each tensor's dtype when there are none).
+- shape bucket: each axis size rounded up to a power of two (``R:8,D:4096``).
+
+The launcher looks a call up here (`tuned_launch`) and uses the entry under any explicit
+override. A file that cannot be read is reported once with a warning and treated as empty; the
+next autotune rewrites it. Writes go through a temporary file and `os.replace`, after merging
+with what is on disk, so concurrent tuners lose no entries wholesale.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from ..graph import ConstParam, Graph, ScalarParam, TensorParam
+
+VERSION = 1
+FILE_NAME = "autotune.json"
+
+
+class CacheWarning(UserWarning):
+    """The autotune cache file (or an entry in it) could not be used."""
+
+
+def cache_path() -> Path:
+    base = os.environ.get("METALFORGE_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "metalforge"
+    return root / FILE_NAME
+
+
+# --------------------------------------------------------------------------- keys
+
+@dataclass(frozen=True)
+class TuneKey:
+    device: str
+    kernel: str          # the kernel's name
+    graph_hash: str      # 16 hex digits of the graph's canonical text
+    dtypes: str          # "T=f16" or "x=f32,w=f16"
+    shape: str           # "R:8,D:4096"
+
+    @property
+    def text(self) -> str:
+        return f"{self.device} | {self.kernel}@{self.graph_hash} | {self.dtypes} | {self.shape}"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+_DEVICE: dict[str, str] = {}
+
+
+def device_name(backend: str) -> str:
+    """The name of the GPU a backend runs on (memoised)."""
+    name = _DEVICE.get(backend)
+    if name is None:
+        if backend == "mps":
+            name = _apple_chip() or f"Apple GPU ({platform.machine()})"
+        else:
+            name = f"metalforge-{backend}"
+        _DEVICE[backend] = name
+    return name
+
+
+def _apple_chip() -> Optional[str]:
+    """The SoC name ("Apple M2 Max") that holds the GPU, from sysctl on macOS."""
+    try:
+        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                             text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def graph_text(graph: Graph) -> str:
+    """A canonical, stable text of everything the generated code depends on."""
+    lines = [f"kernel {graph.name}"]
+    for p in graph.params:
+        if isinstance(p, TensorParam):
+            dims = ",".join(f"{d.name}{'*' if d.batch else ''}" for d in p.dims)
+            lines.append(f"tensor {p.name} {p.dtype.name} [{dims}]")
+        elif isinstance(p, ScalarParam):
+            lines.append(f"scalar {p.name} {p.dtype.name}")
+        elif isinstance(p, ConstParam):
+            lines.append(f"const {p.name}={graph.consts.get(p.name)!r}")
+    ids: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes()):
+        ids[id(n)] = i
+        args = ",".join(str(ids[id(a)]) for a in n.args)
+        lines.append(f"%{i} {n.op} {n.attr!r} {n.dtype.name} [{','.join(n.axes)}]"
+                     f"{' weak' if n.weak else ''} ({args})")
+    for o in graph.outputs:
+        lines.append(f"out %{ids[id(o.node)]} {o.dtype.name} [{','.join(o.axes)}]")
+    return "\n".join(lines)
+
+
+_HASHES: dict[int, tuple[Graph, str]] = {}
+
+
+def graph_hash(graph: Graph) -> str:
+    hit = _HASHES.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    h = hashlib.sha256(graph_text(graph).encode()).hexdigest()[:16]
+    _HASHES[id(graph)] = (graph, h)
+    return h
+
+
+def dtype_text(graph: Graph) -> str:
+    if graph.dtype_vars:
+        return ",".join(f"{v}={d.name}" for v, d in graph.dtype_vars.items())
+    return ",".join(f"{t.name}={t.dtype.name}" for t in graph.tensors)
+
+
+def bucket(n: int) -> int:
+    """n rounded up to a power of two (0 stays 0)."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def shape_text(graph: Graph, sizes: Mapping[str, int]) -> str:
+    axes = dict.fromkeys(d.name for t in graph.tensors for d in t.dims)
+    return ",".join(f"{a}:{bucket(sizes[a])}" for a in axes if a in sizes)
+
+
+def key_for(graph: Graph, backend: str, sizes: Mapping[str, int]) -> TuneKey:
+    return TuneKey(device_name(backend), graph.name, graph_hash(graph), dtype_text(graph),
+                   shape_text(graph, sizes))
+
+
+# --------------------------------------------------------------------------- the file
+
+class TuneCache:
+    """The entries of one cache file, loaded on first use."""
+
+    def __init__(self, path: os.PathLike | str):
+        self.path = Path(path)
+        self._entries: Optional[dict[str, dict]] = None
+        self._rejected: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<metalforge TuneCache {self.path}>"
+
+    @property
+    def entries(self) -> dict[str, dict]:
+        if self._entries is None:
+            self._entries = self._read()
+        return self._entries
+
+    def _read(self) -> dict[str, dict]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            return self._unusable(f"cannot be read ({e})")
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            return self._unusable(f"is not valid JSON ({e})")
+        if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
+            return self._unusable("does not hold an object with an \"entries\" object")
+        if data.get("version") != VERSION:
+            return self._unusable(f"has version {data.get('version')!r}; this metalforge "
+                                  f"reads version {VERSION}")
+        return {k: v for k, v in data["entries"].items()
+                if isinstance(v, dict) and isinstance(v.get("launch"), dict)}
+
+    def _unusable(self, why: str) -> dict:
+        warnings.warn(f"metalforge: the autotune cache {self.path} {why}; ignoring it (kernels "
+                      "use their default launch policy; the next mf.autotune rewrites the "
+                      "file)", CacheWarning, stacklevel=4)
+        return {}
+
+    def get(self, key: TuneKey | str) -> Optional[dict]:
+        return self.entries.get(key.text if isinstance(key, TuneKey) else key)
+
+    def launch_for(self, key: TuneKey, allowed: tuple[str, ...]) -> Optional[dict[str, Any]]:
+        """The cached launch options for `key`, if any and if they still apply."""
+        e = self.get(key)
+        if e is None:
+            return None
+        launch = e["launch"]
+        bad = [k for k in launch if k not in allowed]
+        if bad:
+            if key.text not in self._rejected:
+                self._rejected.add(key.text)
+                warnings.warn(f"metalforge: ignoring the autotune cache entry '{key.text}' in "
+                              f"{self.path}: option(s) {', '.join(bad)} do not apply to this "
+                              f"kernel any more; re-run mf.autotune", CacheWarning, stacklevel=4)
+            return None
+        return dict(launch)
+
+    def put(self, key: TuneKey, entry: Mapping[str, Any]) -> None:
+        """Store one entry (merged with the file's current content) and write the file."""
+        fresh = TuneCache(self.path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CacheWarning)     # a corrupt file is replaced
+            merged = dict(fresh.entries)
+        merged[key.text] = dict(entry)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": VERSION, "entries": merged}, f, indent=1, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._entries = merged
+
+
+_CACHES: dict[Path, TuneCache] = {}
+
+
+def default_cache() -> TuneCache:
+    """The cache at `cache_path()` (one object per path, so it is read once per process)."""
+    p = cache_path()
+    c = _CACHES.get(p)
+    if c is None:
+        c = _CACHES[p] = TuneCache(p)
+    return c
+
+
+def tuned_launch(graph: Graph, backend: str, sizes: Mapping[str, int],
+                 family: str) -> Optional[dict[str, Any]]:
+    """What the launcher uses under explicit overrides: the tuned options for this call."""
+    cache = default_cache()
+    if not cache.entries:
+        return None
+    from ..schedule.policy import TUNABLE
+    return cache.launch_for(key_for(graph, backend, sizes), TUNABLE.get(family, ()))
