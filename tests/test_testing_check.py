@@ -61,6 +61,20 @@ def test_check_passes_a_correct_kernel_over_dtypes_consts_batch_and_layouts():
     assert 2.0 in alphas and len(alphas) > 1                     # default and drawn scalars
 
 
+@mf.kernel
+def chk_grouped(w: "u32[N, K/8]", s: "T[N, K/GS]", GS: mf.Const[int] = 64):
+    return s * 2 + mf.size("N")
+
+
+def test_derived_dims_follow_each_const_variant():
+    spy = Spy(chk_grouped)
+    report = check(spy, dtypes={"T": "f32"}, values={"GS": [32, 64]}, max_examples=5)
+    assert report.variants == ["T=f32, GS=32", "T=f32, GS=64"]
+    for c in spy.calls:
+        (n, k8), (n2, kgs) = c["w"][0], c["s"][0]
+        assert n == n2 and k8 * 8 == kgs * c["GS"] and k8 >= 1
+
+
 def test_values_dims_and_layout_options_narrow_the_draw():
     spy = Spy(chk_affine)
     check(spy, dims={"D": 33, "R": [1, 2], "B": [(3,)]}, dtypes={"T": "bf16"},
