@@ -4,6 +4,7 @@ runtime (run/source/ir) and the reference."""
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import re
 import textwrap
@@ -75,7 +76,7 @@ class Kernel:
         self.fn = fn
         self.name = name or fn.__name__
         self.backend = backend
-        self.launch = dict(launch) if launch else None
+        self.launch = None
         file, line, self._lines = _locate(fn)
         self.loc = (file, line)
         self.signature = inspect.signature(fn)
@@ -88,6 +89,9 @@ class Kernel:
             if n not in self._const_names))
         self._return = self._declare_return()
         self._graphs: dict[tuple, Graph] = {}
+        if launch:
+            from ..tuning.launch import check_options
+            self.launch = check_options(launch, f"{self.where}, launch=")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -426,9 +430,29 @@ class Kernel:
         key, values, dvars, consts = self._bind(args, kwargs)
         return reference.evaluate(self._graph(key, dvars, consts), values)
 
-    def variants(self) -> list[dict[str, Any]]:
-        """The specialisations traced so far: dtype variables and Const values of each."""
-        return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
+    def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
+        """The specialisations traced so far: dtype variables and Const values of each.
+        compiled=True: one entry per kernel compiled for them, adding its "host_name",
+        "backend", "family" and the "launches" (launch policies) it was built for."""
+        if not compiled:
+            return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
+        out = []
+        for (dv, cv), g in self._graphs.items():
+            for c in _runtime("compiled")(g):
+                out.append({**dict(dv), **dict(cv), **c})
+        return out
+
+    def with_launch(self, launch: Optional[Mapping[str, Any]] = None, /,
+                    **options: Any) -> "Kernel":
+        """A view of this kernel whose calls use these launch-policy overrides (on top of the
+        kernel's own `launch=`): `rms_norm.with_launch(threads_per_group=128)(x, w)`. It shares
+        the traces and compiled kernels; options are checked here, before any launch."""
+        from ..tuning.launch import check_options
+        where = f"{self.where}, with_launch"
+        opts = {**check_options(launch or {}, where), **check_options(options, where)}
+        view = copy.copy(self)
+        view.launch = {**(self.launch or {}), **opts} or None
+        return view
 
 
 def _runtime(fn: str):
