@@ -18,10 +18,10 @@ from ..codegen import render_msl
 from ..graph import Graph
 from ..shapes import bind_shapes
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
-from .launcher import DeviceError, run as _run, specialisation
+from .launcher import DeviceError, compiled, run as _run, specialisation
 
 __all__ = ["run", "source", "ir", "schedule_of", "backend", "current_backend", "BACKENDS",
-           "DeviceError", "clear_caches"]
+           "DeviceError", "clear_caches", "compiled"]
 
 
 def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = None,

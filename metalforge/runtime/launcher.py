@@ -17,7 +17,10 @@ from ..graph import Graph
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..codegen import render_msl
 from .backends import DEVICE_OF, current_backend, kernel_object
-from ..schedule.policy import validate_for_kernel
+from ..schedule.policy import (MAX_THREADS_PER_GROUP, TUNABLE, LaunchError,
+                               validate_for_kernel)
+from ..tuning.cache import tuned_launch
+from ..tuning.launch import merge
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
 
@@ -44,6 +47,7 @@ class Launcher:
     kernel: Any
     binds: tuple                  # per positional argument: what to pass
     casts: Optional[dict]         # arg_casts for compile_shader (None when none needed)
+    max_threads: int = MAX_THREADS_PER_GROUP   # the pipeline's max_threads_per_threadgroup
 
 
 @dataclass
@@ -68,8 +72,12 @@ class Specialisation:
     def schedule(self, index64: bool) -> sched_mod.Schedule:
         s = self._schedules.get(index64)
         if s is None:
-            s = self._schedules[index64] = sched_mod.plan(self.graph, self.launch,
-                                                          index64=index64)
+            try:
+                s = sched_mod.plan(self.graph, self.launch, index64=index64)
+            except LaunchError as e:
+                raise LaunchError(f"{self.where}: {e} (launch options "
+                                  f"{dict(self.launch or {})})") from None
+            self._schedules[index64] = s
         return s
 
     def launcher(self, index64: bool, backend: str) -> Launcher:
@@ -82,12 +90,12 @@ class Specialisation:
             if rewrite is not None:
                 src = rewrite(src)
             k = kernel_object(backend, src, s.kernel.host_name)
-            validate_for_kernel(s.policy, s.kernel.host_name,
-                                int(k.max_threads_per_threadgroup),
+            max_threads = int(k.max_threads_per_threadgroup)
+            validate_for_kernel(s.policy, s.kernel.host_name, max_threads,
                                 int(getattr(k, "static_thread_group_memory_length", 0)))
             casts = {p.index: p.cast for p in s.kernel.params if p.cast}
             ln = Launcher(s, backend, src, k, tuple(p.binds for p in s.kernel.params),
-                          casts or None)
+                          casts or None, max_threads)
             if rewrite is None:
                 self._launchers[key] = ln
         return ln
@@ -150,6 +158,9 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
                           f"'{'sim' if be == 'mps' else 'mps'}'")
     binding: ShapeBinding = bind_shapes(graph, tensors)
     sizes = binding.sizes
+    tuned = tuned_launch(graph, be, sizes, spec.family)      # autotune cache; explicit wins
+    if tuned:
+        spec = specialisation(graph, merge(tuned, launch))
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     numel = 1
@@ -196,6 +207,9 @@ def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBindi
         else:                                  # ("size", axis)
             args.append(sizes[b[1]])
     threads, group = s.launch(sizes)
+    if not 1 <= group <= ln.max_threads:           # checked on every launch
+        raise LaunchError(f"{spec.where}: a threadgroup of {group} threads, but this pipeline "
+                          f"allows 1 to {ln.max_threads} (launch policy {s.policy})")
     if threads > MAX_THREADS:
         raise ValueError(f"{spec.where}: {numel} output elements need {threads} threads, over "
                          f"the {MAX_THREADS} a dispatch can launch; raise "
@@ -212,6 +226,9 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
     dev = spec.device(tensors)
     be = backend or current_backend(tensors.values())
     binding = bind_shapes(graph, tensors)
+    tuned = tuned_launch(graph, be, binding.sizes, spec.family)
+    if tuned:
+        spec = specialisation(graph, merge(tuned, launch))
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     numel = 1
@@ -219,3 +236,22 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
         numel *= binding.sizes[a]
     kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
     return kernel, args, kw, outs
+
+
+def compiled(graph: Graph) -> list[dict]:
+    """The kernels compiled for this graph so far, one per (backend, generated source): its
+    host name, backend, family, and the launch policies it has been built for (launch options
+    that do not change the generated code, like threads per group, share one kernel)."""
+    out: dict[tuple, dict] = {}
+    for spec in list(_specs.values()):
+        if spec.graph is not graph:
+            continue
+        for ln in spec._launchers.values():
+            entry = out.setdefault((ln.backend, ln.source), {
+                "host_name": ln.schedule.kernel.host_name, "backend": ln.backend,
+                "family": ln.schedule.family, "launches": []})
+            launch = {k: getattr(ln.schedule.policy, k)
+                      for k in TUNABLE.get(ln.schedule.family, ())}
+            if launch not in entry["launches"]:
+                entry["launches"].append(launch)
+    return list(out.values())
