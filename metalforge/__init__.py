@@ -19,6 +19,7 @@ from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2
                            where)
 from .runtime import backend
 from .shapes import ShapeError
+from .tuning import autotune
 
 __version__ = "0.1.0"
 
@@ -27,8 +28,8 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp")
 
-__all__ = ["kernel", "Kernel", "Const", "backend", "dtypes", "AnnotationError", "BindingError",
-           "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32", "i16", "u16",
+__all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "AnnotationError",
+           "BindingError", "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32", "i16", "u16",
            "i8", "u8", *_OPS]
 
 
