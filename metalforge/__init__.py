@@ -29,8 +29,8 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
         "log_softmax", "logsumexp")
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "AnnotationError",
-           "BindingError", "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32", "i16", "u16",
-           "i8", "u8", *_OPS]
+           "BindingError", "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32",
+           "i16", "u16", "i8", "u8", *_OPS]
 
 
 def __getattr__(name: str):
