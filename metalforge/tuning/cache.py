@@ -228,15 +228,16 @@ class TuneCache:
         self._entries = merged
 
 
-_CACHES: dict[Path, TuneCache] = {}
+_CACHES: dict[Optional[str], TuneCache] = {}
 
 
 def default_cache() -> TuneCache:
-    """The cache at `cache_path()` (one object per path, so it is read once per process)."""
-    p = cache_path()
-    c = _CACHES.get(p)
+    """The cache at `cache_path()` (one object per $METALFORGE_CACHE_DIR value, so the file is
+    read once per process; this runs on every kernel call, so it is kept cheap)."""
+    env = os.environ.get("METALFORGE_CACHE_DIR")
+    c = _CACHES.get(env)
     if c is None:
-        c = _CACHES[p] = TuneCache(p)
+        c = _CACHES[env] = TuneCache(cache_path())
     return c
 
 
