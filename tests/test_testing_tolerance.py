@@ -78,6 +78,8 @@ def test_lowest_precision_and_magnitude():
     assert lowest_precision(["f32", "i32", "f16"]) == "f16"
     assert lowest_precision([torch.float32, torch.bfloat16]) == "bf16"
     assert lowest_precision(["i8", "bool"]) is None
-    m = magnitude([torch.tensor([1.0, -7.0, math.inf, math.nan]), 3.0,
-                   torch.tensor([100], dtype=torch.int32)])
+    m = magnitude([torch.tensor([1.0, -7.0, math.inf, math.nan]), 3.0, True,
+                   torch.tensor([True])])
     assert m == 7.0
+    assert magnitude([torch.tensor([-100], dtype=torch.int32), 2.0]) == 100.0   # ints count
+    assert magnitude([torch.tensor([], dtype=torch.float16), -9]) == 9.0

@@ -93,18 +93,19 @@ def reduction_length(graph, sizes: dict[str, int]) -> int:
 
 
 def magnitude(values: Iterable) -> float:
-    """The largest finite |value| over tensors and Python numbers (floats only; 0 if none)."""
+    """The largest finite |value| over tensors and Python numbers (ints count: they feed float
+    math too; bools do not). 0 if there is none."""
     best = 0.0
     for v in values:
         if isinstance(v, torch.Tensor):
-            if not v.is_floating_point() or v.numel() == 0:
+            if v.dtype == torch.bool or v.numel() == 0:
                 continue
             a = v.detach().abs().to(torch.float64)
             a = a[torch.isfinite(a)]
             if a.numel():
                 best = max(best, float(a.max()))
-        elif isinstance(v, float) and math.isfinite(v):
-            best = max(best, abs(v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            best = max(best, abs(float(v)))
     return best
 
 
