@@ -42,10 +42,14 @@ def param_name(name: str) -> str:
 
 
 def host_name(graph: Graph, index64: bool) -> str:
+    """`{op}_{dtypes}[_{const}_{value}...][_idx64]`: every mf.Const variant is its own kernel
+    with its own name (`attn_f16_causal_true`, `q4_f16_GS_64`)."""
     if graph.dtype_vars:
         tags = [d.name for d in graph.dtype_vars.values()]
     else:
         tags = list(dict.fromkeys(t.dtype.name for t in graph.tensors))
+    for name, v in graph.consts.items():
+        tags += [name, str(v).lower() if isinstance(v, bool) else str(v).replace("-", "m")]
     return "_".join([graph.name, *tags] + (["idx64"] if index64 else []))
 
 
