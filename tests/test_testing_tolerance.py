@@ -82,4 +82,5 @@ def test_lowest_precision_and_magnitude():
                    torch.tensor([True])])
     assert m == 7.0
     assert magnitude([torch.tensor([-100], dtype=torch.int32), 2.0]) == 100.0   # ints count
+    assert magnitude([torch.tensor([7], dtype=torch.uint32)]) == 7.0
     assert magnitude([torch.tensor([], dtype=torch.float16), -9]) == 9.0

@@ -87,7 +87,7 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     n = max_examples if max_examples is not None else prof.settings.max_examples
     budget = memory_budget if memory_budget is not None else prof.memory_budget
     for variant in chosen:
-        report.examples += _check_variant(kernel, variant, params, dims=dims,
+        report.examples += _check_variant(kernel, variant, dims=dims,
                                           per_param=per_param, global_families=global_families,
                                           max_examples=n, backend=backend, layouts=layouts,
                                           budget=budget, prof=prof)
@@ -271,7 +271,7 @@ def _as_tuple(r) -> tuple:
     return tuple(r) if isinstance(r, (tuple, list)) else (r,)
 
 
-def _check_variant(kernel, variant: Variant, params, *, dims, per_param, global_families,
+def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
                    prof: Profile) -> int:
     from .. import runtime

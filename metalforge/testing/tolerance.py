@@ -100,7 +100,7 @@ def magnitude(values: Iterable) -> float:
         if isinstance(v, torch.Tensor):
             if v.dtype == torch.bool or v.numel() == 0:
                 continue
-            a = v.detach().abs().to(torch.float64)
+            a = v.detach().to(torch.float64).abs()
             a = a[torch.isfinite(a)]
             if a.numel():
                 best = max(best, float(a.max()))
