@@ -1,0 +1,292 @@
+"""mf.autotune: every candidate of every example kernel is checked through the simulator, a
+wrong candidate is reported with its configuration, the winner is cached per (device, kernel,
+dtypes, shape bucket) and used automatically, and a damaged cache file only warns."""
+import importlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge.graph import ConstParam, ScalarParam, TensorParam
+from metalforge.runtime import backends, launcher
+from metalforge.schedule import family
+from metalforge.schedule.policy import LaunchError
+from metalforge.testing import load_module
+from metalforge.tuning import cache as cache_mod
+from metalforge.tuning import CacheWarning, CandidateMismatch, TuneCache, grid, median_time
+
+autotune_mod = importlib.import_module("metalforge.tuning.autotune")   # (the function shadows it)
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+
+
+@pytest.fixture
+def tune_file(tmp_path, monkeypatch):
+    """A private autotune cache file (the simulator's compile cache is left where it is)."""
+    path = tmp_path / "tuning" / "autotune.json"
+    monkeypatch.setattr(cache_mod, "cache_path", lambda: path)
+    monkeypatch.setattr(cache_mod, "_CACHES", {})
+    return path
+
+
+def example_args(kernel) -> list:
+    """Arguments for every tensor and runtime scalar (Consts keep their defaults): odd sizes,
+    so vector paths, tails and partial groups all run."""
+    sizes: dict[str, int] = {}
+    fresh = iter([37, 5, 3, 11, 7, 13])
+    gen = torch.Generator().manual_seed(0)
+    args = []
+    for p in kernel.params:
+        if isinstance(p, ConstParam):
+            break
+        if isinstance(p, ScalarParam):
+            args.append(p.default if p.has_default else p.pytype(1))
+            continue
+        assert isinstance(p, TensorParam)
+        shape: list[int] = []
+        for d in p.dims:
+            if d.batch:
+                shape += [2, 3]
+            elif d.derived:
+                base = sizes.setdefault(d.base, 8 * next(fresh))
+                shape.append(base * d.mul // d.div + d.add)
+            else:
+                shape.append(sizes.setdefault(d.name, next(fresh)))
+        dt = p.dtype.torch if p.dtype is not None else torch.float32
+        if dt.is_floating_point:
+            args.append(torch.randn(shape, generator=gen).to(dt) * 2)
+        else:
+            args.append(torch.randint(0, 100, shape, generator=gen).to(dt))
+    return args
+
+
+def example_kernels():
+    out = []
+    for path in EXAMPLES:
+        module = load_module(path)
+        out += [pytest.param(k, id=f"{path.stem}.{name}")
+                for name, k in vars(module).items() if isinstance(k, mf.Kernel)]
+    return out
+
+
+@pytest.mark.parametrize("kernel", example_kernels())
+def test_every_candidate_of_every_example_is_correct(kernel, tune_file, monkeypatch):
+    compiled = []
+    real = backends._compile
+    monkeypatch.setattr(backends, "_compile", lambda b, s: compiled.append(s) or real(b, s))
+    args = example_args(kernel)
+    r = mf.autotune(kernel, *args, progress=False)      # raises CandidateMismatch if any differ
+    fam = family(kernel.graph(*args))
+    assert [t.status for t in r.trials] == ["ok"] * len(r.trials)
+    assert len(r.trials) == len(grid(fam)) and r.default in [t.launch for t in r.trials]
+    # on the simulator nothing is timed or cached, and the default is kept
+    assert not r.timed and r.best == r.default and r.saved_to is None
+    assert "not meaningful" in r.note and not tune_file.exists()
+    # only options that change the generated code compile a new kernel
+    code_keys = {tuple((k, v) for k, v in t.launch.items() if k != "threads_per_group")
+                 for t in r.trials}
+    assert len(compiled) <= len(code_keys) < len(r.trials)
+
+
+@mf.kernel
+def axpb(x: "T[R, D]", w: "T[D]", b: float = 1.0):
+    return x * w + b
+
+
+def test_a_wrong_candidate_is_reported_with_its_config(tune_file):
+    def corrupt_vec2(src: str) -> str:       # planted bug: only in the 2-wide vector kernel
+        if "vec<T, 2>" not in src:
+            return src
+        return src.replace("mf_out_v[mf_k] = T(", "mf_out_v[mf_k] = T(1.0f + ")
+
+    token = launcher.MSL_REWRITE.set(corrupt_vec2)
+    try:
+        with pytest.raises(CandidateMismatch) as e:
+            mf.autotune(axpb, torch.randn(3, 40), torch.randn(40), progress=False,
+                        candidates=[{"vector_width": 2}, {"vector_width": 4,
+                                                          "threads_per_group": 64}])
+    finally:
+        launcher.MSL_REWRITE.reset(token)
+    msg = str(e.value)
+    assert "kernel 'axpb'" in msg and "1 launch configuration(s)" in msg
+    assert "metalforge bug" in msg
+    assert "threads_per_group=256, vector_width=2, vectors_per_thread=1: output 0:" in msg
+    assert "vector_width=4" not in msg
+
+
+def test_candidates_are_checked_before_anything_runs(tune_file, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(backends, "_compile", lambda b, s: compiled.append(s))
+    x, w = torch.randn(2, 8), torch.randn(8)
+    with pytest.raises(LaunchError, match=r"mf.autotune\(axpb\) candidate 1: "
+                                          r"threads_per_group=4096 exceeds"):
+        mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 64},
+                                            {"threads_per_group": 4096}])
+    with pytest.raises(LaunchError, match=r"candidate 0: index64 is chosen from the sizes"):
+        mf.autotune(axpb, x, w, candidates=[{"index64": True}])
+    with pytest.raises(LaunchError, match="candidates must be a list of launch-option dicts"):
+        mf.autotune(axpb, x, w, candidates={"threads_per_group": 64})
+    assert compiled == []
+
+
+def test_explicit_candidates_pinned_options_and_no_repeats(tune_file):
+    x, w = torch.randn(3, 21), torch.randn(21)
+    r = mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 256}, {"vector_width": 1},
+                                            {"threads_per_group": 256, "vector_width": 4}],
+                    progress=False)
+    assert [t.launch for t in r.trials] == [
+        {"threads_per_group": 256, "vector_width": 4, "vectors_per_thread": 1},
+        {"threads_per_group": 256, "vector_width": 1, "vectors_per_thread": 1}]
+    pinned = mf.kernel(axpb.fn, name="axpb_scalar", launch={"vector_width": 1})
+    r = mf.autotune(pinned, x, w, progress=False)
+    assert {t.launch["vector_width"] for t in r.trials} == {1}
+    assert len(r.trials) == len(grid("elementwise", {"vector_width": 1})) == 12
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def fake_timer(monkeypatch, times):
+    """Time candidates on the simulator as if on a GPU: the bare launch runs, the time is
+    scripted (in trial order), so which one wins is known."""
+    it = iter(times)
+
+    def timer(backend, warmup, repeats):
+        def time_it(call):
+            call()
+            return next(it)
+        return time_it
+
+    monkeypatch.setattr(autotune_mod, "_timer", timer)
+
+
+def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
+    x, w = torch.randn(3, 50), torch.randn(50)
+    fake_timer(monkeypatch, [1.0e-3, 0.9e-3, 0.4e-3, 0.7e-3])
+    r = mf.autotune(axpb, x, w, progress=False,
+                    candidates=[{"threads_per_group": 128},
+                                {"threads_per_group": 512, "vectors_per_thread": 2},
+                                {"threads_per_group": 64}])
+    best = {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
+    assert r.timed and r.best == best and r.speedup == pytest.approx(2.5)
+    assert r.saved_to == tune_file
+    key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 3, "D": 50})
+    assert key == r.key and key.text == (f"metalforge-sim | axpb@{key.graph_hash} | T=f32 | "
+                                         "R:4,D:64")
+    # a fresh reader of the file sees the entry
+    data = json.loads(tune_file.read_text())
+    assert data["version"] == 1 and data["entries"][key.text]["launch"] == best
+    assert TuneCache(tune_file).get(key)["time_ms"] == pytest.approx(0.4)
+
+    # a fresh process (nothing in memory) uses it on plain calls, under explicit overrides
+    cache_mod._CACHES.clear()
+    launches = []
+    real = launcher._prepare
+
+    def spy(spec, *a, **k):
+        launches.append(dict(spec.launch or {}))
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(launcher, "_prepare", spy)
+    torch.testing.assert_close(axpb(x, w), x * w + 1)
+    torch.testing.assert_close(axpb(torch.randn(4, 33), torch.ones(33), 0.0).shape,
+                               torch.Size([4, 33]))                    # same bucket
+    axpb.with_launch(threads_per_group=64)(x, w)                       # call site wins
+    axpb(torch.randn(3, 65), torch.randn(65))                          # D bucket 128: not tuned
+    axpb(x.half(), w.half())                                           # other dtypes: not tuned
+    assert launches == [best, best, {**best, "threads_per_group": 64}, {}, {}]
+
+
+def test_keys_separate_const_variants_and_devices():
+    @mf.kernel
+    def powk(x: "T[N]", k: mf.Const[int] = 2):
+        return x ** k
+
+    x = torch.randn(10)
+    k2, k3 = (cache_mod.key_for(powk.graph(x, k=k), "sim", {"N": 10}) for k in (2, 3))
+    assert k2.graph_hash != k3.graph_hash and k2.shape == k3.shape == "N:16"
+    assert cache_mod.key_for(powk.graph(x), "sim", {"N": 10}) == k2      # stable per graph
+    assert k2.device == "metalforge-sim"
+    # the hash is of what the kernel computes, not of the Kernel object
+    again = mf.kernel(powk.fn, name="powk")
+    assert cache_mod.key_for(again.graph(x), "sim", {"N": 10}) == k2
+
+
+def test_corrupt_cache_file_warns_and_is_replaced(tune_file, monkeypatch):
+    tune_file.parent.mkdir(parents=True)
+    tune_file.write_text("{not json")
+    x, w = torch.randn(2, 9), torch.randn(9)
+    with pytest.warns(CacheWarning, match=r"autotune cache .*autotune\.json is not valid JSON"):
+        torch.testing.assert_close(axpb(x, w), x * w + 1)
+    torch.testing.assert_close(axpb(x, w), x * w + 1)          # read once: no second warning
+    fake_timer(monkeypatch, [2e-3, 1e-3])
+    mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 64}], progress=False)
+    data = json.loads(tune_file.read_text())
+    assert [e["launch"] for e in data["entries"].values()] == [
+        {"threads_per_group": 64, "vector_width": 4, "vectors_per_thread": 1}]
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"version": 99, "entries": {}}', "has version 99; this metalforge reads version 1"),
+    ('[1, 2]', 'does not hold an object with an "entries" object'),
+])
+def test_unreadable_cache_versions_warn(tune_file, content, match):
+    tune_file.parent.mkdir(parents=True)
+    tune_file.write_text(content)
+    with pytest.warns(CacheWarning, match=match):
+        assert TuneCache(tune_file).entries == {}
+
+
+def test_stale_entry_is_ignored_with_a_warning(tune_file):
+    x, w = torch.randn(2, 9), torch.randn(9)
+    key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 2, "D": 9})
+    cache_mod.default_cache().put(key, {"launch": {"rows_per_group": 4}})
+    with pytest.warns(CacheWarning, match=r"ignoring the autotune cache entry .*axpb.*"
+                                          r"rows_per_group do not apply"):
+        torch.testing.assert_close(axpb(x, w), x * w + 1)
+
+
+def test_cache_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("METALFORGE_CACHE_DIR", str(tmp_path))
+    assert cache_mod.cache_path() == tmp_path / "autotune.json"
+    monkeypatch.delenv("METALFORGE_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_mod.cache_path() == tmp_path / "home" / ".cache" / "metalforge" / "autotune.json"
+
+
+def test_buckets():
+    assert [cache_mod.bucket(n) for n in (0, 1, 2, 3, 4, 5, 4096, 4097)] == \
+        [0, 1, 2, 4, 4, 8, 4096, 8192]
+
+
+# --------------------------------------------------------------------------- timing, progress
+
+
+def test_median_time_batches_launches_between_syncs():
+    events = []
+    ticks = iter([0.0, 1e-5] + [x for i in range(5) for x in (1.0, 1.0 + (i + 1) * 1e-3)])
+    t = median_time(lambda: events.append("call"), lambda: events.append("sync"),
+                    warmup=2, repeats=5, clock=lambda: next(ticks), min_sample=2e-4)
+    # warm-up 2, one calibration call (1e-5 s) → 20 calls per sample, 5 samples
+    assert events.count("call") == 2 + 1 + 20 * 5
+    assert events[:4] == ["call", "call", "sync", "call"]
+    assert t == pytest.approx(3e-3 / 20)                        # the median sample
+
+
+def test_progress_line_and_summary(capsys, tune_file):
+    buf = io.StringIO()
+    bar = autotune_mod._Progress("autotune k", 4, True, stream=buf, tty=True)
+    bar.step(1, "threads_per_group=64")
+    bar.step(4, "done")
+    bar.close("autotune k: 4/4 candidates correct")
+    out = buf.getvalue()
+    assert out.startswith("\rautotune k [#####...............] 1/4 threads_per_group=64")
+    assert "\rautotune k [####################] 4/4 done" in out
+    assert out.endswith("\n") and out.split("\r")[-1].rstrip() == \
+        "autotune k: 4/4 candidates correct"
+    mf.autotune(axpb, torch.randn(2, 5), torch.randn(5), candidates=[])
+    err = capsys.readouterr().err
+    assert err == ("autotune axpb: 1/1 candidates correct; timings on 'sim' are not "
+                   "meaningful; keeping the default\n")
