@@ -163,7 +163,7 @@ def fake_timer(monkeypatch, times):
 
 
 def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
-    x, w = torch.randn(3, 50), torch.randn(50)
+    x, w = torch.randn(3, 1000), torch.randn(1000)
     fake_timer(monkeypatch, [1.0e-3, 0.9e-3, 0.4e-3, 0.7e-3])
     r = mf.autotune(axpb, x, w, progress=False,
                     candidates=[{"threads_per_group": 128},
@@ -172,9 +172,9 @@ def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
     best = {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
     assert r.timed and r.best == best and r.speedup == pytest.approx(2.5)
     assert r.saved_to == tune_file
-    key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 3, "D": 50})
+    key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 3, "D": 1000})
     assert key == r.key and key.text == (f"metalforge-sim | axpb@{key.graph_hash} | T=f32 | "
-                                         "R:4,D:64")
+                                         "R:4,D:1024")
     # a fresh reader of the file sees the entry
     data = json.loads(tune_file.read_text())
     assert data["version"] == 1 and data["entries"][key.text]["launch"] == best
@@ -191,12 +191,22 @@ def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
 
     monkeypatch.setattr(launcher, "_prepare", spy)
     torch.testing.assert_close(axpb(x, w), x * w + 1)
-    torch.testing.assert_close(axpb(torch.randn(4, 33), torch.ones(33), 0.0).shape,
-                               torch.Size([4, 33]))                    # same bucket
+    torch.testing.assert_close(axpb(torch.randn(4, 600), torch.ones(600), 0.0).shape,
+                               torch.Size([4, 600]))                   # same bucket
     axpb.with_launch(threads_per_group=64)(x, w)                       # call site wins
-    axpb(torch.randn(3, 65), torch.randn(65))                          # D bucket 128: not tuned
+    axpb(torch.randn(3, 1025), torch.randn(1025))                      # D bucket 2048: not tuned
     axpb(x.half(), w.half())                                           # other dtypes: not tuned
     assert launches == [best, best, {**best, "threads_per_group": 64}, {}, {}]
+
+
+def test_same_kernel_and_dispatch_is_timed_once(tune_file, monkeypatch):
+    # 19 threads in all: groups of 256 and of 512 threads are both one group of 19
+    fake_timer(monkeypatch, [3e-3, 2e-3])
+    r = mf.autotune(axpb, torch.randn(3, 50), torch.randn(50), progress=False,
+                    candidates=[{"threads_per_group": 512, "vectors_per_thread": 2},
+                                {"threads_per_group": 256, "vectors_per_thread": 2}])
+    assert [t.seconds for t in r.trials] == [3e-3, 2e-3, 2e-3]
+    assert r.best == {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
 
 
 def test_keys_separate_const_variants_and_devices():
@@ -217,7 +227,7 @@ def test_keys_separate_const_variants_and_devices():
 def test_corrupt_cache_file_warns_and_is_replaced(tune_file, monkeypatch):
     tune_file.parent.mkdir(parents=True)
     tune_file.write_text("{not json")
-    x, w = torch.randn(2, 9), torch.randn(9)
+    x, w = torch.randn(2, 900), torch.randn(900)
     with pytest.warns(CacheWarning, match=r"autotune cache .*autotune\.json is not valid JSON"):
         torch.testing.assert_close(axpb(x, w), x * w + 1)
     torch.testing.assert_close(axpb(x, w), x * w + 1)          # read once: no second warning
