@@ -39,7 +39,7 @@ class Spy:
 class CountingKernels:
     """Wraps compiled kernel objects: counts real launches; can report a lower pipeline limit."""
 
-    def __init__(self, monkeypatch, max_threads=None):
+    def __init__(self, monkeypatch, max_threads=None, tg_bytes=None):
         self.calls = 0
         real = launcher.kernel_object
         outer = self
@@ -48,7 +48,8 @@ class CountingKernels:
             def __init__(self, k):
                 self.k = k
                 self.max_threads_per_threadgroup = max_threads or k.max_threads_per_threadgroup
-                self.static_thread_group_memory_length = k.static_thread_group_memory_length
+                self.static_thread_group_memory_length = \
+                    tg_bytes or k.static_thread_group_memory_length
 
             def __call__(self, *a, **kw):
                 outer.calls += 1
@@ -140,6 +141,19 @@ def test_pipeline_limit_checked_before_launch(monkeypatch):
     y = heavy.with_launch(threads_per_group=128)(x)             # within the limit: runs
     torch.testing.assert_close(y, torch.erf(x) * torch.tanh(x))
     assert kl.calls == 1
+
+
+def test_threadgroup_memory_checked_before_launch(monkeypatch):
+    kl = CountingKernels(monkeypatch, tg_bytes=40000)   # as if the pipeline declared 40 KB
+
+    @mf.kernel
+    def sq(x: "T[N]"):
+        return x * x
+
+    with pytest.raises(LaunchError, match=r"kernel sq_f32: 40000 bytes of threadgroup memory, "
+                                          r"over the 32768-byte limit"):
+        sq(torch.randn(10))
+    assert kl.calls == 0
 
 
 def test_group_size_checked_on_every_launch(monkeypatch):
