@@ -72,7 +72,7 @@ class Load:
 
 @dataclass(frozen=True)
 class Lane:
-    """Element `lane` of a vector value."""
+    """Element `lane` of a vector value (or of an `ArrayDecl` array)."""
     vec: "Expr"
     lane: "Expr"
 
@@ -135,7 +135,30 @@ class Break:
     pass
 
 
-Stmt = Union[Comment, Decl, Assign, Store, If, For, Break]
+@dataclass
+class ArrayDecl:
+    """`[threadgroup] type name[length];` — a per-thread register array (space "thread") or a
+    threadgroup-shared scratch array (space "threadgroup", declared at kernel scope).
+    Elements are read and written with `Lane(Var(name), i)`."""
+    name: str
+    type: str
+    length: int
+    space: str = "thread"
+
+
+@dataclass
+class Barrier:
+    """Every thread of the threadgroup waits here; threadgroup memory writes become visible."""
+    pass
+
+
+@dataclass
+class Return:
+    """Leave the kernel (only where no later barrier needs this thread)."""
+    pass
+
+
+Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, Return]
 
 # --------------------------------------------------------------------------- kernel
 
@@ -263,6 +286,13 @@ def _dump_body(body: list[Stmt], ind: str, out: list[str]) -> None:
             _dump_body(s.body, ind + "    ", out)
         elif isinstance(s, Break):
             out.append(f"{ind}break")
+        elif isinstance(s, ArrayDecl):
+            sp = "threadgroup " if s.space == "threadgroup" else ""
+            out.append(f"{ind}{sp}array {s.name}: {s.type}[{s.length}]")
+        elif isinstance(s, Barrier):
+            out.append(f"{ind}barrier (threadgroup)")
+        elif isinstance(s, Return):
+            out.append(f"{ind}return")
         else:
             raise TypeError(f"not an IR statement: {s!r}")
 

@@ -113,6 +113,88 @@ inline I mf_floordiv(I a, I b) {
     const I mf_q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
 }""",
+    # ---- reductions (row/column schedules): collectives with torch's NaN semantics ----
+    "mf_simd_max": """\
+// simdgroup max/min propagating NaN, as torch.amax/amin do (Metal's simd_max/min skip NaN)
+inline float mf_simd_max(float x) {
+    const bool mf_nan = simd_any(x != x);
+    const float mf_m = simd_max(x);
+    return mf_nan ? NAN : mf_m;
+}""",
+    "mf_simd_min": """\
+inline float mf_simd_min(float x) {
+    const bool mf_nan = simd_any(x != x);
+    const float mf_m = simd_min(x);
+    return mf_nan ? NAN : mf_m;
+}""",
+    "mf_simd_argmax": """\
+// simdgroup argmax/argmin: returns the smallest index holding the extreme value (a NaN counts as
+// the extreme, as in torch.argmax/argmin); v becomes that value, in every lane
+inline uint mf_simd_argmax(thread float& v, uint i) {
+    const bool mf_nan = simd_any(v != v);
+    const float mf_m = simd_max(v);
+    const bool mf_hit = mf_nan ? v != v : v == mf_m;
+    v = mf_nan ? NAN : mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}""",
+    "mf_simd_argmin": """\
+inline uint mf_simd_argmin(thread float& v, uint i) {
+    const bool mf_nan = simd_any(v != v);
+    const float mf_m = simd_min(v);
+    const bool mf_hit = mf_nan ? v != v : v == mf_m;
+    v = mf_nan ? NAN : mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}""",
+    "mf_simd_iargmax": """\
+// integer argmax/argmin over a simdgroup: the smallest index holding the extreme value
+template <typename V>
+inline uint mf_simd_iargmax(thread V& v, uint i) {
+    const V mf_m = simd_max(v);
+    const bool mf_hit = v == mf_m;
+    v = mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}""",
+    "mf_simd_iargmin": """\
+template <typename V>
+inline uint mf_simd_iargmin(thread V& v, uint i) {
+    const V mf_m = simd_min(v);
+    const bool mf_hit = v == mf_m;
+    v = mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}""",
+    "mf_online_add": """\
+// online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
+// sum when the max grows; returns the new sum. The terms are those of the two-pass
+// sum(exp(x - max(x))): a -inf element adds nothing while the max is -inf (if the max stays
+// -inf the whole sum is NaN, fixed after the combine), +inf and NaN give NaN, as in torch.
+inline float mf_online_add(thread float& m, float s, float x) {
+    if (x > m || x != x) {
+        s = s * precise::exp(m - x) + precise::exp(x - x);
+        m = x;
+        return s;
+    }
+    return (x == m && x == -INFINITY) ? s : s + precise::exp(x - m);
+}""",
+    "mf_online_merge": """\
+// merge running (max, sum of exp(x - max)) pairs: returns s * exp(m - M) + s2 * exp(m2 - M)
+// (an empty sum adds nothing) and sets m to M = max(m, m2), NaN-propagating
+inline float mf_online_merge(thread float& m, float s, float m2, float s2) {
+    const float mf_m = (m != m || m2 != m2) ? NAN : max(m, m2);
+    s = (s == 0.0f ? 0.0f : s * precise::exp(m - mf_m)) +
+        (s2 == 0.0f ? 0.0f : s2 * precise::exp(m2 - mf_m));
+    m = mf_m;
+    return s;
+}""",
+    "mf_simd_online": """\
+// merge running (max, sum of exp(x - max)) pairs across a simdgroup; returns the sum, sets m
+inline float mf_simd_online(thread float& m, float s) {
+    const bool mf_nan = simd_any(m != m);
+    const float mf_top = simd_max(m);
+    const float mf_m = mf_nan ? NAN : mf_top;
+    s = simd_sum(s == 0.0f ? 0.0f : s * precise::exp(m - mf_m));
+    m = mf_m;
+    return s;
+}""",
 }
 
 _SIMPLE_TYPE = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
@@ -193,6 +275,13 @@ def _stmts(body: list, ind: str, out: list[str]) -> None:
             out.append(f"{ind}}}")
         elif isinstance(s, ir.Break):
             out.append(f"{ind}break;")
+        elif isinstance(s, ir.ArrayDecl):
+            sp = "threadgroup " if s.space == "threadgroup" else ""
+            out.append(f"{ind}{sp}{s.type} {s.name}[{s.length}];")
+        elif isinstance(s, ir.Barrier):
+            out.append(f"{ind}threadgroup_barrier(mem_flags::mem_threadgroup);")
+        elif isinstance(s, ir.Return):
+            out.append(f"{ind}return;")
         else:
             raise TypeError(f"not an IR statement: {s!r}")
 
@@ -213,8 +302,21 @@ def _signature(k: ir.Kernel, types: dict[str, str] | None = None) -> list[str]:
     return [ln + ("," if i < len(lines) - 1 else "") for i, ln in enumerate(lines)]
 
 
-def render(k: ir.Kernel) -> str:
-    """The complete MSL source of one kernel."""
+def render(k) -> str:
+    """The complete MSL source of one kernel, or of several kernels in one library (a
+    sequence of `ir.Kernel`, e.g. the row-length variants of a reduction): one header, each
+    helper once, then each kernel with its instantiations."""
+    if not isinstance(k, ir.Kernel):
+        kernels = list(k)
+        helpers = list(dict.fromkeys(h for kk in kernels for h in kk.helpers))
+        out = ["#include <metal_stdlib>", "using namespace metal;", ""]
+        for h in helpers:
+            out += [HELPERS[h], ""]
+        text = "\n".join(out) + "\n"
+        for kk in kernels:
+            one = render(ir.Kernel(**{**kk.__dict__, "helpers": ()}))
+            text += one[one.index("\n\n") + 2:] + "\n"
+        return text.rstrip("\n") + "\n"
     out = ["#include <metal_stdlib>", "using namespace metal;", ""]
     if k.summary:
         out += [f"// {k.summary}", "// generated by metalforge", ""]

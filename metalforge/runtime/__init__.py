@@ -58,11 +58,13 @@ def source(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
            sizes: Optional[Mapping[str, int]] = None,
            launch: Optional[Mapping[str, Any]] = None) -> str:
     """The MSL source of the kernel these values (or sizes) select."""
-    return render_msl(schedule_of(graph, values, sizes=sizes, launch=launch).kernel)
+    s = schedule_of(graph, values, sizes=sizes, launch=launch)
+    return render_msl(s.kernels if len(s.kernels) > 1 else s.kernel)
 
 
 def ir(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
        sizes: Optional[Mapping[str, int]] = None,
        launch: Optional[Mapping[str, Any]] = None) -> str:
     """A readable dump of the lowered kernel."""
-    return ir_mod.dump(schedule_of(graph, values, sizes=sizes, launch=launch).kernel)
+    s = schedule_of(graph, values, sizes=sizes, launch=launch)
+    return "\n".join(ir_mod.dump(k) for k in s.kernels)

@@ -48,6 +48,22 @@ class Launcher:
     binds: tuple                  # per positional argument: what to pass
     casts: Optional[dict]         # arg_casts for compile_shader (None when none needed)
     max_threads: int = MAX_THREADS_PER_GROUP   # the pipeline's max_threads_per_threadgroup
+    variants: dict = field(default_factory=dict)  # host name → (kernel, max_threads): the
+                                                  # schedule's other kernels (row lengths)
+
+    def kernel_for(self, host: str) -> tuple[Any, int]:
+        """The compiled kernel with this host name (the schedule's first kernel, or one of its
+        variants from the same library) and its pipeline's max threads per group."""
+        if host == self.schedule.kernel.host_name:
+            return self.kernel, self.max_threads
+        got = self.variants.get(host)
+        if got is None:
+            k = kernel_object(self.backend, self.source, host)
+            mt = int(k.max_threads_per_threadgroup)
+            validate_for_kernel(self.schedule.policy, host, mt,
+                                int(getattr(k, "static_thread_group_memory_length", 0)))
+            got = self.variants[host] = (k, mt)
+        return got
 
 
 @dataclass
@@ -86,7 +102,7 @@ class Specialisation:
         ln = self._launchers.get(key) if rewrite is None else None
         if ln is None:
             s = self.schedule(index64)
-            src = render_msl(s.kernel)
+            src = render_msl(s.kernels if len(s.kernels) > 1 else s.kernel)
             if rewrite is not None:
                 src = rewrite(src)
             k = kernel_object(backend, src, s.kernel.host_name)
@@ -182,7 +198,9 @@ def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBindi
     """(kernel object, positional args, keyword args) of one launch, in compile_shader's call
     model: argument i binds buffer i; threads/group_size as dispatchThreads; arg_casts."""
     sizes = binding.sizes
-    ln = spec.launcher(sched_mod.needs_index64(sizes, numel), be)
+    index64 = sched_mod.needs_index64(sizes, numel)
+    host = spec.schedule(index64).host_name(sizes)      # may refuse these sizes, before compiling
+    ln = spec.launcher(index64, be)
     s = ln.schedule
     vw = s.policy.vector_width
     args: list = []
@@ -206,15 +224,16 @@ def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBindi
             args.append(numel)
         else:                                  # ("size", axis)
             args.append(sizes[b[1]])
+    kernel, max_threads = ln.kernel_for(host)
     threads, group = s.launch(sizes)
-    if not 1 <= group <= ln.max_threads:           # checked on every launch
+    if not 1 <= group <= max_threads:              # checked on every launch
         raise LaunchError(f"{spec.where}: a threadgroup of {group} threads, but this pipeline "
-                          f"allows 1 to {ln.max_threads} (launch policy {s.policy})")
+                          f"allows 1 to {max_threads} (launch policy {s.policy})")
     if threads > MAX_THREADS:
         raise ValueError(f"{spec.where}: {numel} output elements need {threads} threads, over "
                          f"the {MAX_THREADS} a dispatch can launch; raise "
                          f"launch={{'vectors_per_thread': ...}}")
-    return ln.kernel, args, dict(threads=threads, group_size=group, arg_casts=ln.casts)
+    return kernel, args, dict(threads=threads, group_size=group, arg_casts=ln.casts)
 
 
 def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..graph import Graph
-from . import elementwise
+from . import column, elementwise, row
 from .base import Schedule, Traffic
 from .lower import UnsupportedConstruct, where
 from .policy import LaunchError, LaunchPolicy, resolve
@@ -17,19 +17,21 @@ __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedCon
            "family", "plan", "needs_index64", "INDEX32_LIMIT"]
 
 INDEX32_LIMIT = 2 ** 31          # sizes and element counts below this use 32-bit indexing
-_BUILDERS = {"elementwise": elementwise.build}
+_BUILDERS = {"elementwise": elementwise.build, "row": row.build, "column": column.build}
 
 
 def family(graph: Graph) -> str:
     """The schedule family of a graph, or an error naming the construct it cannot handle."""
     reds = graph.reductions()
     if reds:
-        n = reds[0]
-        kind, axis = n.attr
-        raise UnsupportedConstruct(
-            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){where(n)} is a reduction; "
-            f"reduction schedules (row and column) are not supported yet — only elementwise "
-            f"kernels can be compiled for now")
+        axes = list(dict.fromkeys(n.attr[1] for n in reds))
+        if len(axes) > 1:
+            n = next(n for n in reds if n.attr[1] == axes[1])
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}), "
+                f"e.g. mf.{n.attr[0]}(..., axis={axes[1]!r}){where(n)}; one kernel reduces one "
+                f"axis: split it into one kernel per axis")
+        return "row" if row.is_row(graph, axes[0]) else "column"
     return "elementwise"
 
 

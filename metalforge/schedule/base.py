@@ -54,6 +54,18 @@ class Schedule:
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 
+    # -- several kernels per schedule (reductions: one per row-length variant) -------------
+    @property
+    def kernels(self) -> tuple[ir.Kernel, ...]:
+        """Every kernel of this schedule, compiled together as one library (the first is
+        `kernel`); they share one parameter list, so one argument plan binds them all."""
+        return (self.kernel,)
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        """The host name of the kernel a call with these axis sizes launches. May raise a
+        ValueError for sizes the schedule refuses (before anything is compiled or launched)."""
+        return self.kernel.host_name
+
     @property
     def _binds(self) -> set:
         return {p.binds for p in self.kernel.params}

@@ -44,9 +44,22 @@ class LaunchPolicy:
 POLICIES: dict[str, LaunchPolicy] = {
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=4,
                                 vectors_per_thread=1),
+    # row reductions (schedule/row.py): rows up to 32*reads_per_thread → one simdgroup per row,
+    # rows_per_group rows per group; up to looped_limit → one group per row, values in
+    # registers; longer → threads_per_group threads per row, looped (online softmax)
+    "row": LaunchPolicy("row", threads_per_group=1024, vector_width=4, rows_per_group=8,
+                        reads_per_thread=4, looped_limit=4096, uses_simd=True),
+    # column reductions (schedule/column.py): one thread per output column, looping over the
+    # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
+    # (groups of threads_per_group = 32 columns x rows_per_group slices)
+    "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
+                           looped_limit=256),
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
+    "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
+            "looped_limit", "index64"),
+    "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
 }
 
 
@@ -86,6 +99,22 @@ def validate(p: LaunchPolicy) -> None:
     need(p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
          f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
          f"{MAX_THREADGROUP_BYTES}-byte limit")
+    if p.family == "row":
+        need(p.reads_per_thread % p.vector_width == 0,
+             f"reads_per_thread={p.reads_per_thread} must be a multiple of vector_width="
+             f"{p.vector_width}")
+        need(p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
+             f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
+             f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
+        need(p.looped_limit <= p.threads_per_group * p.reads_per_thread,
+             f"looped_limit={p.looped_limit}: a row held in registers needs "
+             f"looped_limit <= threads_per_group * reads_per_thread = "
+             f"{p.threads_per_group * p.reads_per_thread}")
+    if p.family == "column":
+        need(p.threads_per_group % SIMD_WIDTH == 0 and
+             p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
+             f"threads_per_group={p.threads_per_group} must equal 32 columns x rows_per_group="
+             f"{p.rows_per_group}")
 
 
 def validate_for_kernel(p: LaunchPolicy, kernel_name: str, max_threads: int,
