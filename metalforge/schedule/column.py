@@ -1,0 +1,387 @@
+"""The column-reduction schedule: reductions over an axis that is not the innermost one.
+
+Threads run along the output's columns (every axis but the reduced one, the contiguous one
+fastest), so neighbouring threads read neighbouring addresses; each thread loops over the
+reduced axis. Two kernels in one library, chosen per call from the reduced length:
+
+- ``column`` (reduced axis <= looped_limit): one thread per column, groups of threads_per_group
+  columns, no threadgroup memory.
+- ``split`` (taller): a group holds 32 columns x rows_per_group slices; slice s takes positions
+  s, s + S, s + 2S, ... of the reduced axis; the partials meet in threadgroup memory and every
+  slice merges them in slice order (so argmax keeps the first index). One launch, no atomics and
+  no second pass; the price is parallelism limited to ceil(columns / 32) groups.
+
+Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
+sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
+that keep the reduced axis (softmax over a column).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from .. import ir
+from ..graph import Graph, Node, TensorParam
+from .base import Traffic
+from .elementwise import IDX, MAX_BUFFERS, _SCALAR_CASTS, host_name as _host_name, param_name
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
+from .row import RowSchedule
+from . import reduce as red
+
+VARIANTS = ("column", "split")
+
+
+@dataclass
+class ColumnSchedule(RowSchedule):
+    """Same interface as RowSchedule: `rows` are the column axes, `axis` the reduced one."""
+
+    def variant(self, sizes: Mapping[str, int]) -> str:
+        return "split" if sizes[self.axis] > self.policy.looped_limit else "column"
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        red.check_sizes(self.graph, self.reductions, sizes)
+        n = self._rows(sizes) * sizes[self.axis]
+        if not self.index64 and n >= 2 ** 31:
+            raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit indexing; "
+                              f"call it with launch={{'index64': True}}")
+        if sizes[self.axis] >= 2 ** 32 or self._rows(sizes) >= 2 ** 32:
+            raise LaunchError(f"kernel '{self.graph.name}': over 2^32 columns or rows")
+        return self.variants[self.variant(sizes)].host_name
+
+    def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        cols = self._rows(sizes)
+        p = self.policy
+        if self.variant(sizes) == "column":
+            return cols, max(1, min(p.threads_per_group, cols))
+        groups = -(-cols // SIMD_WIDTH)
+        return groups * p.threads_per_group, p.threads_per_group
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
+    return _Builder(graph, policy, index64).build()
+
+
+class _Builder:
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
+        self.g, self.p, self.index64 = graph, policy, index64
+        reds = graph.reductions()
+        self.A = A = reds[0].attr[1]
+        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
+        self.cols = tuple(a for a in widest if a != A)
+        allowed = set(self.cols) | {A}
+        nodes = list(graph.nodes())
+        used = {n.attr for n in nodes if n.op == "load"}
+        self.inputs = [t for t in graph.tensors if t.name in used]
+        for t in self.inputs:
+            extra = [a for a in t.axes if a not in allowed]
+            if extra:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                    f"output keeps and no reduction removes")
+        for o in graph.outputs:
+            if set(o.axes) - {A} != set(self.cols):
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
+                    f"{list(widest)}: every output of a column reduction must cover the same "
+                    f"columns {list(self.cols)}")
+        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
+                                                        for n in nodes)]
+        self.tvars = dict(graph.dtype_vars)
+        self.names = {t.name: param_name(t.name) for t in graph.tensors}
+        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
+        single = len(graph.outputs) == 1
+        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
+        self.sizes_used: list[str] = [A] + list(self.cols)
+        self.helpers: set[str] = set()
+
+    def in_stype(self, t: TensorParam) -> str:
+        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
+
+    def out_stype(self, k: int) -> str:
+        o = self.g.outputs[k]
+        for v, d in self.tvars.items():
+            if d == o.dtype:
+                return v
+        return o.dtype.msl
+
+    def size(self, axis: str) -> ir.Expr:
+        if axis not in self.sizes_used:
+            self.sizes_used.append(axis)
+        return ir.Var(f"mf_size_{ident(axis)}")
+
+    def elem(self, n: Node) -> bool:
+        return self.A in n.axes
+
+    def span(self, axes) -> ir.Expr:
+        e: ir.Expr = ir.Lit(1, IDX)
+        for k, a in enumerate(axes):
+            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
+        return e
+
+    def col_position(self, axis: str) -> ir.Expr:
+        name = f"mf_colpos_{ident(axis)}"
+        if name not in self.pre_names:
+            k = self.cols.index(axis)
+            inner = self.cols[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_col"))
+            if inner:
+                e = ir.Binary("/", e, self.span(inner))
+            if k > 0:
+                e = ir.Binary("%", e, self.size(axis))
+            self.pre.append(ir.Decl(name, IDX, e))
+            self.pre_names.add(name)
+        return ir.Var(name)
+
+    def bases(self, name: str, axes: tuple[str, ...]) -> tuple[ir.Expr, ir.Expr]:
+        """(offset of this column's element at position 0 of the reduced axis, stride of the
+        reduced axis) in a tensor/output with these axes."""
+        b, st = f"mf_col_{name}", f"mf_stride_{name}"
+        if b not in self.pre_names:
+            e = None
+            for a in axes:
+                pos = None if a == self.A else self.col_position(a)
+                if e is not None:
+                    e = ir.Binary("*", e, self.size(a))
+                if pos is not None:
+                    e = pos if e is None else ir.Binary("+", e, pos)
+            self.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
+            self.pre_names.add(b)
+            if self.A in axes:
+                after = axes[axes.index(self.A) + 1:]
+                self.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
+        return ir.Var(b), ir.Var(st)
+
+    def at(self, name: str, axes) -> ir.Expr:
+        b, st = self.bases(name, axes)
+        if self.A not in axes:
+            return b
+        return ir.Binary("+", b, ir.Binary("*", ir.Cast(IDX, ir.Var("mf_k")), st))
+
+    def col_load(self, n: Node) -> ir.Expr:
+        t = self.g.param(n.attr)
+        v = ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name], self.at(t.name, t.axes)))
+        if self.split:       # threads past the last column read nothing
+            zero = ir.Lit(0.0 if t.dtype.is_float else (False if t.dtype.kind == "bool" else 0),
+                          ctype(t.dtype))
+            v = ir.Select(ir.Var("mf_live"), v, zero)
+        return v
+
+    def el_position(self, axis: str) -> ir.Expr:
+        return ir.Var("mf_k") if axis == self.A else self.col_position(axis)
+
+    def cone(self, roots):
+        seen: set[int] = set()
+        tensors: list[str] = []
+        frontier: list[Node] = []
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if not self.elem(n):
+                frontier.append(n)
+                continue
+            if n.op == "load" and n.attr not in tensors:
+                tensors.append(n.attr)
+            stack.extend(n.args)
+        return tensors, frontier
+
+    def kernel(self, variant: str):
+        g = self.g
+        split = self.split = variant == "split"
+        S = self.p.rows_per_group if split else 1
+        reds = red.phases(g, online=True)
+        nph = 1 + max(r.phase for r in reds)
+        self.pre: list[ir.Stmt] = []
+        self.pre_names: set[str] = set()
+        tg: list[ir.Stmt] = []
+        self.collow = ElementLowering(g, self.col_load, self.col_position, self.size,
+                                      lambda s: self.names[s], prefix="mf_r")
+        self.helpers |= red.helpers_of(reds, simd=False)
+        passes: dict[str, int] = {}
+        live = ir.Var("mf_live")
+        main: list[ir.Stmt] = []
+
+        def loop(roots, rs, outs) -> list[ir.Stmt]:
+            tensors, frontier = self.cone(roots)
+            for t in tensors:
+                passes[t] = passes.get(t, 0) + 1
+            pre = self.collow.lower(frontier)
+            el = ElementLowering(g, self.col_load, self.el_position, self.size,
+                                 lambda s: self.names[s], prefix="mf_v")
+            for n in frontier:
+                el.values[id(n)] = self.collow.value(n)
+            body = el.lower(roots)
+            self.helpers |= el.helpers
+            for r in rs:
+                if r.online_max is None:
+                    v = el.value(r.arg)
+                    if r.acc_type != ctype(r.arg.dtype):
+                        v = ir.Cast(r.acc_type, v)
+                    body += red.update(r, v, ir.Var("mf_k"))
+            for k in outs:
+                o = g.outputs[k]
+                v = ir.Cast(self.out_stype(k), convert(el.value(o.node), o.node.dtype, o.dtype))
+                body.append(ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes), v))
+            k_expr: ir.Expr = ir.Var("mf_i")
+            if split:
+                k_expr = ir.Binary("+", ir.Binary("*", ir.Var("mf_i"), ir.Lit(S, "uint")),
+                                   ir.Var("mf_slice"))
+            inner = [ir.Decl("mf_k", "uint", k_expr)]
+            if split:
+                inner.append(ir.If(ir.Binary("<", ir.Cast(IDX, ir.Var("mf_k")),
+                                             self.size(self.A)), body))
+            else:
+                inner += body
+            stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.A))
+            return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
+
+        for p in range(nph):
+            rs = [r for r in reds if r.phase == p]
+            roots = [r.arg for r in rs if r.online_max is None]
+            main.append(ir.Comment(f"phase {p + 1}: " + ", ".join(
+                f"{r.kind} over {r.axis}" + (" (online, with the sum of exp(x - max))"
+                                              if r.online_sum else "")
+                for r in rs if r.online_max is None)))
+            pre, lp = loop(roots, rs, [])
+            main += pre
+            for r in rs:
+                main += red.declare(r)
+            main += [ir.If(live, lp)] if split else lp
+            if split:
+                stores, merges = [], []
+                for r in rs:
+                    tg.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+                                           else "float", self.p.threads_per_group, "threadgroup"))
+                    stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), ir.Var("mf_lid")),
+                                            ir.Var(r.acc)))
+                    if r.has_index:
+                        tg.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", self.p.threads_per_group,
+                                               "threadgroup"))
+                        stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"),
+                                                        ir.Var("mf_lid")), ir.Var(r.idx)))
+                resets: list[ir.Stmt] = []
+                slot = ir.Binary("+", ir.Binary("*", ir.Var("mf_s"), ir.Lit(SIMD_WIDTH, "uint")),
+                                 ir.Var("mf_lane"))
+                for r in rs:
+                    if r.online_max is not None:
+                        continue
+                    resets.append(ir.Assign(ir.Var(r.acc), red.identity(r)))
+                    if r.has_index:
+                        resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(red.SENTINEL, "uint")))
+                    if r.online_sum is not None:
+                        resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
+                        merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                                            ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
+                    else:
+                        merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                                            ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
+                                            if r.has_index else None)
+                main += [ir.Comment(f"combine the {S} slices of each column through threadgroup "
+                                    f"memory, in slice order"),
+                         *stores, ir.Barrier(), *resets,
+                         ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(S, "uint"), merges)]
+            for r in rs:
+                self.collow.values[id(r.node)] = red.result(r)
+
+        el_outs = [k for k, o in enumerate(g.outputs) if self.A in o.axes]
+        col_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
+        if el_outs:
+            main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
+            pre, lp = loop([g.outputs[k].node for k in el_outs], [], el_outs)
+            main += pre + ([ir.If(live, lp)] if split else lp)
+        if col_outs:
+            stmts = self.collow.lower([g.outputs[k].node for k in col_outs])
+            stores = []
+            for k in col_outs:
+                o = g.outputs[k]
+                v = ir.Cast(self.out_stype(k), convert(self.collow.value(o.node), o.node.dtype,
+                                                       o.dtype))
+                stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes), v))
+            main.append(ir.Comment("epilogue: the column's results"))
+            main += stmts
+            if split:
+                main.append(ir.If(ir.Binary("&&", live, ir.Binary("==", ir.Var("mf_slice"),
+                                                                   ir.Lit(0, "uint"))), stores))
+            else:
+                main += stores
+
+        ncols = self.span(self.cols)
+        if split:
+            threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                       ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+            head = [ir.Comment(f"32 columns x {S} slices of the reduced axis per threadgroup"),
+                    ir.Decl("mf_lane", "uint", ir.Binary("%", ir.Var("mf_lid"),
+                                                         ir.Lit(SIMD_WIDTH, "uint"))),
+                    ir.Decl("mf_slice", "uint", ir.Binary("/", ir.Var("mf_lid"),
+                                                          ir.Lit(SIMD_WIDTH, "uint"))),
+                    ir.Decl("mf_col", "uint", ir.Binary("+", ir.Binary(
+                        "*", ir.Var("mf_group"), ir.Lit(SIMD_WIDTH, "uint")), ir.Var("mf_lane"))),
+                    ir.Comment("threads past the last column still take part in the barriers"),
+                    ir.Decl("mf_live", "bool", ir.Binary("<", ir.Cast(IDX, ir.Var("mf_col")),
+                                                         ncols)),
+                    ir.Decl("mf_steps", "uint", ir.Binary("/", ir.Binary(
+                        "+", ir.Cast("uint", self.size(self.A)), ir.Lit(S - 1, "uint")),
+                        ir.Lit(S, "uint")))]
+        else:
+            threads = (ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),)
+            head = [ir.Comment("one thread per column"),
+                    ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_col")), ncols), [ir.Return()])]
+        body = tg + head + self.pre + main
+        tags = _host_name(g, self.index64)
+        k = ir.Kernel(
+            name=f"mf_{g.name}_{variant}", op=g.name, template=(*self.tvars.keys(), IDX),
+            instances=(ir.Instance(f"{tags}_{variant}",
+                                   (*(d.msl for d in self.tvars.values()),
+                                    "ulong" if self.index64 else "uint")),),
+            params=(), threads=threads, body=body,
+            summary=(f"{g.name} ({variant}): reduces '{self.A}' (not innermost) for each column "
+                     f"of [{', '.join(self.cols)}] in {nph} phase(s); " +
+                     (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
+                      f"memory" if split else "one thread per column, looping over the axis") +
+                     "; fp32 accumulation"))
+        return k, passes, sum(4 * a.length for a in tg)
+
+    def build(self) -> ColumnSchedule:
+        kernels, passes, tgb = {}, {}, 0
+        for v in VARIANTS:
+            k, ps, b = self.kernel(v)
+            kernels[v], passes[v] = k, ps
+            tgb = max(tgb, b)
+        if tgb > MAX_THREADGROUP_BYTES:
+            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tgb} bytes of "
+                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
+                              f"limit; lower rows_per_group")
+        params = self._params()
+        helpers = tuple(sorted(self.helpers))
+        for k in kernels.values():
+            k.params, k.helpers = params, helpers
+        policy = replace(self.p, threadgroup_bytes=tgb)
+        return ColumnSchedule("column", self.g, policy, kernels["column"],
+                              tuple(self.cols) + (self.A,), (), self.index64, axis=self.A,
+                              rows=self.cols, variants=kernels,
+                              reductions=red.phases(self.g, online=False), passes=passes)
+
+    def _params(self) -> tuple[ir.Param, ...]:
+        ps: list[ir.Param] = []
+
+        def add(name, kind, typ, binds, writable=False, cast=None):
+            ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+
+        for t in self.inputs:
+            add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
+        for k in range(len(self.g.outputs)):
+            add(self.out_names[k], "buffer", self.out_stype(k), ("output", k), writable=True)
+        for s in self.scalars:
+            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
+                cast=_SCALAR_CASTS.get(s.dtype.name))
+        icast = None if self.index64 else "int32"
+        for a in self.sizes_used:
+            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+        if len(ps) > MAX_BUFFERS:
+            raise UnsupportedConstruct(
+                f"kernel '{self.g.name}' needs {len(ps)} kernel arguments, over Metal's "
+                f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
+        return tuple(ps)

@@ -1,0 +1,270 @@
+"""What the row and column reduction schedules share: phases, accumulators, combines, checks.
+
+A reduction kernel runs in *phases*. Phase p computes every reduction whose input needs only
+the loaded tensors and the results of phases < p (LayerNorm: the mean in phase 0, the variance
+in phase 1; softmax: the max, then the sum); after the last phase the *epilogue* computes and
+stores the outputs. Values without the reduced axis (a reduction result, `rsqrt(var + eps)`, a
+per-row input) are *row values*, computed once per row by every thread; values with it are
+*element values*, computed per element inside the phase's loop.
+
+Online pairs: in a schedule that re-reads the row each phase (the looped row variant), a
+`sum(exp(a - max(a)))` is computed in the same pass as its `max(a)` with a running max and a
+rescaled running sum (`mf_online_add`), which saves one pass over the row for softmax and
+log_softmax. The sum's terms are exactly the two-pass ones, so NaN/inf behave the same.
+
+Accumulators are fp32 for float values (f16/bf16 compute in f32), and int/uint (32-bit) for
+max/min/argmax/argmin of integers up to 32 bits. torch's NaN rules: max/min/sum propagate NaN,
+argmax/argmin return the first NaN's index, otherwise the first index of the extreme value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from .. import ir
+from ..dtypes import DType
+from ..graph import Graph, Node
+from .lower import UnsupportedConstruct, ctype, where
+
+SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
+_EXTREME = ("max", "min", "argmax", "argmin")
+
+
+@dataclass
+class Reduction:
+    node: Node
+    kind: str
+    axis: str
+    i: int                                 # its number: accumulators mf_acc{i}, mf_arg{i}
+    phase: int = 0
+    online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
+    online_max: Optional["Reduction"] = None   # a sum computed online with this max
+
+    @property
+    def arg(self) -> Node:
+        return self.node.args[0]
+
+    @property
+    def value_dtype(self) -> DType:
+        return self.arg.dtype
+
+    @property
+    def acc_type(self) -> str:
+        """MSL type of the running value."""
+        dt = self.arg.dtype
+        if dt.is_float:
+            return "float"
+        return "uint" if dt.kind == "uint" else "int"
+
+    @property
+    def is_float(self) -> bool:
+        return self.arg.dtype.is_float
+
+    @property
+    def has_index(self) -> bool:
+        return self.kind in ("argmax", "argmin")
+
+    @property
+    def acc(self) -> str:
+        return f"mf_acc{self.i}"
+
+    @property
+    def idx(self) -> str:
+        return f"mf_arg{self.i}"
+
+
+def _strip_cast(n: Node) -> Node:
+    while n.op == "cast" and n.args[0].dtype == n.dtype:
+        n = n.args[0]
+    return n
+
+
+def check_supported(graph: Graph, n: Node) -> None:
+    """The value types the reduction schedules handle; a clear error otherwise."""
+    kind, axis = n.attr
+    dt = n.args[0].dtype
+    ok = dt.is_float if kind in ("sum", "prod") else \
+        (dt.is_float or (dt.is_int and dt.itemsize <= 4))
+    if not ok:
+        what = "integer sums and products (torch accumulates them in int64, which simdgroup " \
+               "collectives do not support)" if kind in ("sum", "prod") else \
+               f"{dt} values"
+        raise UnsupportedConstruct(
+            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){where(n)}: {what} cannot be "
+            f"reduced by the reduction schedules (they take float values, and max/min/argmax/"
+            f"argmin of integers up to 32 bits); convert first, e.g. x.to(mf.f32)")
+
+
+def phases(graph: Graph, online: bool) -> list[Reduction]:
+    """Every reduction with its phase (see the module doc); `online` pairs sum(exp(a - max(a)))
+    with its max."""
+    nodes = list(graph.nodes())
+    reds: list[Reduction] = []
+    by_id: dict[int, Reduction] = {}
+    for n in nodes:
+        if n.op == "reduce":
+            check_supported(graph, n)
+            r = Reduction(n, n.attr[0], n.attr[1], len(reds) + 1)
+            reds.append(r)
+            by_id[id(n)] = r
+    if online:
+        for r in reds:
+            if r.kind != "sum" or not r.is_float:
+                continue
+            e = _strip_cast(r.arg)
+            if not (e.op == "unary" and e.attr == "exp"):
+                continue
+            d = _strip_cast(e.args[0])
+            if not (d.op == "binary" and d.attr == "sub"):
+                continue
+            a, m = d.args[0], _strip_cast(d.args[1])
+            mr = by_id.get(id(m))
+            if (mr is None or mr.kind != "max" or mr.axis != r.axis or mr.arg is not a
+                    or not mr.is_float or mr.online_sum is not None):
+                continue
+            mr.online_sum, r.online_max = r, mr
+    avail: dict[int, int] = {}
+    for n in nodes:
+        if n.op == "reduce":
+            r = by_id[id(n)]
+            r.phase = avail[id(r.online_max.node)] - 1 if r.online_max else avail[id(n.args[0])]
+            avail[id(n)] = r.phase + 1
+        else:
+            avail[id(n)] = max((avail[id(a)] for a in n.args), default=0)
+    # renumber phases densely (an online pair can leave a phase empty)
+    used = sorted({r.phase for r in reds})
+    for r in reds:
+        r.phase = used.index(r.phase)
+    return reds
+
+
+def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -> None:
+    """torch refuses max/min/argmax/argmin over an empty axis; so do we (before launching)."""
+    for r in reds:
+        if r.kind in _EXTREME and sizes.get(r.axis, 1) == 0:
+            raise ValueError(
+                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){where(r.node)} over "
+                f"an empty axis ({r.axis} = 0) has no value (torch raises too); sum, prod and "
+                f"mean of an empty axis give 0, 1 and NaN")
+
+
+# --------------------------------------------------------------------------- IR pieces
+
+def identity(r: Reduction) -> ir.Expr:
+    t = r.acc_type
+    if r.kind == "sum":
+        return ir.Lit(0.0 if t == "float" else 0, t)
+    if r.kind == "prod":
+        return ir.Lit(1.0 if t == "float" else 1, t)
+    big = r.kind in ("max", "argmax")
+    if t == "float":
+        return ir.Lit(float("-inf") if big else float("inf"), t)
+    return ir.Var(f"numeric_limits<{t}>::{'lowest' if big else 'max'}()")
+
+
+def declare(r: Reduction) -> list[ir.Stmt]:
+    """The running accumulator(s) of one reduction, at their identity."""
+    if r.online_max is not None:          # the running sum of an online pair
+        return [ir.Decl(r.acc, "float", ir.Lit(0.0, "float"), const=False)]
+    out: list[ir.Stmt] = [ir.Decl(r.acc, r.acc_type, identity(r), const=False)]
+    if r.has_index:
+        out.append(ir.Decl(r.idx, "uint", ir.Lit(SENTINEL, "uint"), const=False))
+    return out
+
+
+def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
+    """Fold one element value v (at position pos along the axis) into the accumulator.
+    Elements must arrive in increasing position per thread (argmax keeps the first)."""
+    acc = ir.Var(r.acc)
+    k = r.kind
+    if r.online_sum is not None:
+        s = ir.Var(r.online_sum.acc)
+        return [ir.Assign(s, ir.Call("mf_online_add", (acc, s, v)))]
+    if k == "sum":
+        return [ir.Assign(acc, ir.Binary("+", acc, v))]
+    if k == "prod":
+        return [ir.Assign(acc, ir.Binary("*", acc, v))]
+    if k in ("max", "min"):
+        fn = (f"mf_{k}imum" if r.is_float else k)
+        return [ir.Assign(acc, ir.Call(fn, (acc, v)))]
+    # argmax / argmin: first index of the extreme; the first NaN wins
+    idx = ir.Var(r.idx)
+    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
+    if r.is_float:
+        better = ir.Binary("||", better, ir.Binary("&&", ir.Binary("!=", v, v),
+                                                   ir.Binary("==", acc, acc)))
+    cond = ir.Binary("||", ir.Binary("==", idx, ir.Lit(SENTINEL, "uint")), better)
+    return [ir.If(cond, [ir.Assign(acc, v), ir.Assign(idx, ir.Cast("uint", pos))])]
+
+
+def simd_combine(r: Reduction) -> list[ir.Stmt]:
+    """Reduce the accumulators across a simdgroup: every lane gets the simdgroup's result."""
+    acc = ir.Var(r.acc)
+    k = r.kind
+    if r.online_sum is not None:
+        s = ir.Var(r.online_sum.acc)
+        return [ir.Assign(s, ir.Call("mf_simd_online", (acc, s)))]
+    if k == "sum":
+        return [ir.Assign(acc, ir.Call("simd_sum", (acc,)))]
+    if k == "prod":
+        return [ir.Assign(acc, ir.Call("simd_product", (acc,)))]
+    if k in ("max", "min"):
+        fn = f"mf_simd_{k}" if r.is_float else f"simd_{k}"
+        return [ir.Assign(acc, ir.Call(fn, (acc,)))]
+    fn = f"mf_simd_{k}" if r.is_float else f"mf_simd_i{k}"
+    return [ir.Assign(ir.Var(r.idx), ir.Call(fn, (acc, ir.Var(r.idx))))]
+
+
+def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> list[ir.Stmt]:
+    """Fold another thread's partial result (read from threadgroup memory) into this one's;
+    the partial covers later positions than this thread's when other_idx is None-free ties."""
+    acc = ir.Var(r.acc)
+    k = r.kind
+    if r.online_sum is not None:
+        s = ir.Var(r.online_sum.acc)
+        return [ir.Assign(s, ir.Call("mf_online_merge", (acc, s, other_acc, other_idx)))]
+    if k == "sum":
+        return [ir.Assign(acc, ir.Binary("+", acc, other_acc))]
+    if k == "prod":
+        return [ir.Assign(acc, ir.Binary("*", acc, other_acc))]
+    if k in ("max", "min"):
+        fn = (f"mf_{k}imum" if r.is_float else k)
+        return [ir.Assign(acc, ir.Call(fn, (acc, other_acc)))]
+    idx = ir.Var(r.idx)
+    o_nan = ir.Binary("!=", other_acc, other_acc) if r.is_float else None
+    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
+    same = ir.Binary("&&", ir.Binary("==", other_acc, acc), ir.Binary("<", other_idx, idx))
+    better = ir.Binary("||", better, same)
+    if o_nan is not None:
+        a_nan = ir.Binary("!=", acc, acc)
+        # a NaN beats any number; between NaNs the smaller index wins
+        better = ir.Select(a_nan, ir.Binary("&&", o_nan, ir.Binary("<", other_idx, idx)),
+                           ir.Binary("||", o_nan, better))
+    cond = ir.Binary("&&", ir.Binary("!=", other_idx, ir.Lit(SENTINEL, "uint")), better)
+    return [ir.If(cond, [ir.Assign(acc, other_acc), ir.Assign(idx, other_idx)])]
+
+
+def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
+    hs: set[str] = set()
+    for r in reds:
+        if r.online_sum is not None:
+            hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
+        elif r.kind in ("max", "min") and r.is_float:
+            hs.add(f"mf_{r.kind}imum")
+            if simd:
+                hs.add(f"mf_simd_{r.kind}")
+        elif r.has_index and simd:
+            hs.add(f"mf_simd_{r.kind}" if r.is_float else f"mf_simd_i{r.kind}")
+    return hs
+
+
+def result(r: Reduction) -> ir.Expr:
+    """The reduction's value as its node's compute type."""
+    if r.has_index:
+        return ir.Cast(ctype(r.node.dtype), ir.Var(r.idx))
+    if r.online_max is not None:
+        # a max of -inf means every term was exp(-inf - -inf): the two-pass sum is NaN
+        return ir.Select(ir.Binary("==", ir.Var(r.online_max.acc), ir.Lit(float("-inf"), "float")),
+                         ir.Lit(float("nan"), "float"), ir.Var(r.acc))
+    want = ctype(r.node.dtype)
+    return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))

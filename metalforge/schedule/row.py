@@ -1,0 +1,590 @@
+"""The row-reduction schedule: reductions over the innermost, contiguous axis ("D").
+
+One library holds three kernels; the host picks one per call from the row length D
+(`RowSchedule.variant`), so sizes never recompile:
+
+- ``simd``   (D <= 32 * reads_per_thread): one simdgroup per row, `rows_per_group` rows per
+  threadgroup; lane l holds elements [l*R, l*R + R) in registers; simd collectives only.
+- ``group``  (D <= looped_limit): one threadgroup per row of ceil(D/R) threads rounded up to 32;
+  thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
+  `vector_width`-wide loads when D is a multiple of the width; partials go simd → threadgroup
+  scratch (one 32-slot array per reduction) → a second simd reduction in every simdgroup.
+- ``looped`` (longer rows): one threadgroup of `threads_per_group` threads per row; every phase
+  streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
+  once per phase; a max followed by sum(exp(a - max)) is fused into one online pass.
+
+Each phase (see `reduce`) loads the inputs it needs, computes its element values, folds them
+into fp32 accumulators, and combines them across the row; the epilogue computes the outputs
+(elements of the row, vector stores; or one value per row, stored by the row's first thread).
+Register variants re-read nothing: the epilogue recomputes element values from the loaded
+registers (an exp may be evaluated twice; global memory is read once).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from .. import ir
+from ..graph import Graph, Node, TensorParam
+from .base import Schedule, Traffic
+from .elementwise import IDX, MAX_BUFFERS, _SCALAR_CASTS, host_name as _host_name, param_name
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
+from . import reduce as red
+
+VARIANTS = ("simd", "group", "looped")
+UINT_LIMIT = 2 ** 32
+
+
+def is_row(graph: Graph, axis: str) -> bool:
+    """Whether `axis` is innermost (contiguous) in every tensor and output that has it."""
+    for t in graph.tensors:
+        if axis in t.axes and t.axes[-1] != axis:
+            return False
+    for o in graph.outputs:
+        if axis in o.axes and o.axes[-1] != axis:
+            return False
+    return True
+
+
+@dataclass
+class RowSchedule(Schedule):
+    axis: str = ""
+    rows: tuple[str, ...] = ()
+    variants: dict = field(default_factory=dict)       # name → ir.Kernel
+    reductions: list = field(default_factory=list)
+    passes: dict = field(default_factory=dict)         # variant → {input: times read per row}
+
+    @property
+    def kernels(self) -> tuple[ir.Kernel, ...]:
+        return tuple(self.variants.values())
+
+    def _rows(self, sizes: Mapping[str, int]) -> int:
+        n = 1
+        for a in self.rows:
+            n *= sizes[a]
+        return n
+
+    def variant(self, sizes: Mapping[str, int]) -> str:
+        d = sizes[self.axis]
+        p = self.policy
+        if d <= SIMD_WIDTH * p.reads_per_thread:
+            return "simd"
+        return "group" if d <= p.looped_limit else "looped"
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        red.check_sizes(self.graph, self.reductions, sizes)
+        d = sizes[self.axis]
+        if d >= UINT_LIMIT:
+            raise LaunchError(f"kernel '{self.graph.name}': rows of {d} elements along "
+                              f"'{self.axis}' are over the 2^32 a row reduction indexes")
+        if not self.index64 and self._rows(sizes) * d >= 2 ** 31:
+            raise LaunchError(f"kernel '{self.graph.name}': {self._rows(sizes) * d} elements "
+                              f"need 64-bit indexing; call it with launch={{'index64': True}}")
+        return self.variants[self.variant(sizes)].host_name
+
+    def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        rows, d = self._rows(sizes), sizes[self.axis]
+        p = self.policy
+        v = self.variant(sizes)
+        if v == "simd":
+            return rows * SIMD_WIDTH, max(1, min(p.rows_per_group, rows)) * SIMD_WIDTH
+        if v == "group":
+            t = -(-d // p.reads_per_thread)
+            t = -(-t // SIMD_WIDTH) * SIMD_WIDTH
+            return rows * t, t
+        return rows * p.threads_per_group, p.threads_per_group
+
+    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        """Bytes this call moves: each output written once; each input read once in the
+        register variants, once per pass that needs it in the looped one."""
+        passes = self.passes[self.variant(sizes)]
+
+        def numel(axes) -> int:
+            n = 1
+            for a in axes:
+                n *= sizes[a]
+            return n
+        read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
+                   for t in self.graph.tensors if ("input", t.name) in self._binds)
+        written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
+        return Traffic(read, written)
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
+    return _Builder(graph, policy, index64).build()
+
+
+class _Builder:
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
+        self.g, self.p, self.index64 = graph, policy, index64
+        reds = graph.reductions()
+        axes = list(dict.fromkeys(n.attr[1] for n in reds))
+        if len(axes) != 1:
+            n = next(n for n in reds if n.attr[1] == axes[1])
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}) in one "
+                f"kernel{where(n)}; a row-reduction kernel reduces one axis")
+        self.D = D = axes[0]
+        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
+        self.rows = tuple(a for a in widest if a != D)
+        allowed = set(self.rows) | {D}
+        nodes = list(graph.nodes())
+        used = {n.attr for n in nodes if n.op == "load"}
+        self.inputs = [t for t in graph.tensors if t.name in used]
+        for t in self.inputs:
+            extra = [a for a in t.axes if a not in allowed]
+            if extra:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                    f"output keeps and no reduction removes")
+        for o in graph.outputs:
+            if set(o.axes) - {D} != set(self.rows):
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
+                    f"{list(widest)}: every output of a row reduction must cover the same "
+                    f"rows {list(self.rows)}")
+        for n in nodes:
+            if n.op == "reduce" and any(a not in allowed for a in n.axes):
+                raise UnsupportedConstruct(f"mf.{n.attr[0]}{where(n)}: unexpected axes")
+        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
+                                                        for n in nodes)]
+        self.tvars = dict(graph.dtype_vars)
+        self.names = {t.name: param_name(t.name) for t in graph.tensors}
+        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
+        single = len(graph.outputs) == 1
+        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
+        self.vw = policy.vector_width
+        self.R = policy.reads_per_thread
+        self.sizes_used: list[str] = [D] + list(self.rows)
+        self.helpers: set[str] = set()
+
+    # -- types and names ---------------------------------------------------------------
+    def in_stype(self, t: TensorParam) -> str:
+        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
+
+    def out_stype(self, k: int) -> str:
+        o = self.g.outputs[k]
+        for v, d in self.tvars.items():
+            if d == o.dtype:
+                return v
+        return o.dtype.msl
+
+    def size(self, axis: str) -> ir.Expr:
+        if axis not in self.sizes_used:
+            self.sizes_used.append(axis)
+        return ir.Var(f"mf_size_{ident(axis)}")
+
+    def elem(self, n: Node) -> bool:
+        return self.D in n.axes
+
+    # -- per-row offsets (declared in the row preamble on first use) --------------------
+    def span(self, axes) -> ir.Expr:
+        e: ir.Expr = ir.Lit(1, IDX)
+        for k, a in enumerate(axes):
+            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
+        return e
+
+    def row_position(self, axis: str) -> ir.Expr:
+        name = f"mf_rowpos_{ident(axis)}"
+        if name not in self.pre_names:
+            k = self.rows.index(axis)
+            inner = self.rows[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
+            if inner:
+                e = ir.Binary("/", e, self.span(inner))
+            if k > 0:
+                e = ir.Binary("%", e, self.size(axis))
+            self.pre.append(ir.Decl(name, IDX, e))
+            self.pre_names.add(name)
+        return ir.Var(name)
+
+    def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
+        """Offset of this row's first element in a tensor/output with these axes."""
+        var = f"mf_row_{name}"
+        if var not in self.pre_names:
+            ra = tuple(a for a in axes if a != self.D)
+            if ra == self.rows:
+                e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
+            elif not ra:
+                e = ir.Lit(0, IDX)
+            else:
+                e = self.row_position(ra[0])
+                for a in ra[1:]:
+                    e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.row_position(a))
+            if self.D in axes and ra:
+                e = ir.Binary("*", e, self.size(self.D))
+            self.pre.append(ir.Decl(var, IDX, e))
+            self.pre_names.add(var)
+        return ir.Var(var)
+
+    # -- lowering callbacks --------------------------------------------------------------
+    def row_load(self, n: Node) -> ir.Expr:
+        t = self.g.param(n.attr)
+        return ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name],
+                                                self.row_base(t.name, t.axes)))
+
+    def el_position(self, axis: str) -> ir.Expr:
+        return ir.Var("mf_pos") if axis == self.D else self.row_position(axis)
+
+    def row_pos_only(self, axis: str) -> ir.Expr:
+        return self.row_position(axis)
+
+    def cone(self, roots: list[Node]):
+        """Element nodes reachable from roots (stopping at row values): (loads, frontier)."""
+        seen: set[int] = set()
+        loads: list[Node] = []
+        frontier: list[Node] = []
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if not self.elem(n):
+                frontier.append(n)
+                continue
+            if n.op == "load":
+                loads.append(n)
+            stack.extend(n.args)
+        tensors = list(dict.fromkeys(n.attr for n in loads))
+        return tensors, frontier
+
+    # -- register blocks -----------------------------------------------------------------
+    def reg(self, name: str) -> str:
+        return f"mf_reg_{name}"
+
+    def load_block(self, tensors: list[str], declare: bool) -> list[ir.Stmt]:
+        """Fill mf_reg_<t>[R] with this thread's R elements of each tensor (guarded)."""
+        R, vw = self.R, self.vw
+        base = ir.Var("mf_base")
+        out: list[ir.Stmt] = [ir.Comment(f"load {R} elements per thread of "
+                                         f"{', '.join(tensors)} into registers")]
+        vec: list[ir.Stmt] = []
+        sca: list[ir.Stmt] = []
+        for name in tensors:
+            t = self.g.param(name)
+            ct, st = ctype(t.dtype), self.in_stype(t)
+            arr = ir.Var(self.reg(name))
+            if declare:
+                out.append(ir.ArrayDecl(self.reg(name), ct, R))
+            rb = self.row_base(name, t.axes)
+            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
+                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
+                ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
+                                                                     vw, st)),
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    ir.Assign(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
+                                                                     ir.Lit(vw, "uint")),
+                                                      ir.Var("mf_j"))),
+                              ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_j"))))],
+                    unroll=True)], unroll=True))
+            pos = ir.Binary("+", base, ir.Var("mf_k"))
+            sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
+                ir.Binary("<", pos, self.size(self.D)),
+                ir.Cast(ct, ir.Load(self.names[name], ir.Binary("+", rb, ir.Cast(IDX, pos)))),
+                ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
+        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca,
+                         unroll=True)]
+        if vw > 1:
+            out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
+                             [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar))
+        else:
+            out += scalar
+        return out
+
+    def full(self) -> ir.Expr:
+        return ir.Binary("&&", ir.Var("mf_vec_ok"), ir.Binary(
+            "<=", ir.Binary("+", ir.Var("mf_base"), ir.Lit(self.R, "uint")),
+            self.size(self.D)))
+
+    def element_loop(self, roots: list[Node], reds: list[red.Reduction],
+                     outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(row statements before the loop, the loop over this thread's R elements)."""
+        tensors, frontier = self.cone(roots)
+        row_stmts = self.rowlow.lower(frontier)
+        el = ElementLowering(self.g, lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
+                             self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
+        for n in frontier:
+            el.values[id(n)] = self.rowlow.value(n)
+        body = el.lower(roots)
+        self.helpers |= el.helpers
+        pos = ir.Var("mf_pos")
+        for r in reds:
+            if r.online_max is not None:
+                continue
+            v = el.value(r.arg)
+            if r.acc_type != ctype(r.arg.dtype):
+                v = ir.Cast(r.acc_type, v)
+            body += red.update(r, v, pos)
+        for k in outs:
+            o = self.g.outputs[k]
+            v = ir.Cast(self.out_stype(k), convert(el.value(o.node), o.node.dtype, o.dtype))
+            body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
+                                          ir.Var("mf_k")), v))
+        loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
+            ir.Decl("mf_pos", "uint", ir.Binary("+", ir.Var("mf_base"), ir.Var("mf_k"))),
+            ir.If(ir.Binary("<", pos, self.size(self.D)), body)], unroll=True)]
+        return row_stmts, (tensors, loop)
+
+    def store_block(self, outs: list[int]) -> list[ir.Stmt]:
+        R, vw = self.R, self.vw
+        base = ir.Var("mf_base")
+        vec: list[ir.Stmt] = []
+        sca: list[ir.Stmt] = []
+        for k in outs:
+            o = self.g.outputs[k]
+            st = self.out_stype(k)
+            arr = ir.Var(f"mf_reg_{self.out_names[k]}")
+            rb = self.row_base(self.out_names[k], o.axes)
+            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
+                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
+            lanes = tuple(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
+                                                                ir.Lit(vw, "uint")),
+                                                 ir.Lit(j, "uint"))) for j in range(vw))
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
+                ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
+                unroll=True))
+            pos = ir.Binary("+", base, ir.Var("mf_k"))
+            sca.append(ir.If(ir.Binary("<", pos, self.size(self.D)), [
+                ir.Store(self.out_names[k], ir.Binary("+", rb, ir.Cast(IDX, pos)),
+                         ir.Lane(arr, ir.Var("mf_k")))]))
+        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca, unroll=True)]
+        if vw > 1:
+            return [ir.Comment("store the row's outputs"),
+                    ir.If(self.full(), [ir.Comment(f"{vw}-wide vector stores")] + vec,
+                          [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar)]
+        return [ir.Comment("store the row's outputs")] + scalar
+
+    # -- combining across the row ---------------------------------------------------------
+    def combine(self, reds: list[red.Reduction], variant: str) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = [ir.Comment("combine across the simdgroup")]
+        for r in reds:
+            if r.online_max is None:
+                out += red.simd_combine(r)
+        if variant == "simd":
+            return out
+        lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
+        stores: list[ir.Stmt] = []
+        reads: list[ir.Stmt] = []
+        second: list[ir.Stmt] = []
+        have = ir.Binary("<", lane, ir.Var("mf_nsg"))
+        for r in reds:
+            self.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+                                               else "float", SIMD_WIDTH, "threadgroup"))
+            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), sg), ir.Var(r.acc)))
+            ident_v = ir.Lit(0.0, "float") if r.online_max is not None else red.identity(r)
+            reads.append(ir.Assign(ir.Var(r.acc), ir.Select(
+                have, ir.Lane(ir.Var(f"mf_tg{r.i}"), lane), ident_v)))
+            if r.has_index:
+                self.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
+                                                   "threadgroup"))
+                stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), sg), ir.Var(r.idx)))
+                reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
+                    have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(red.SENTINEL, "uint"))))
+            if r.online_max is None:
+                second += red.simd_combine(r)
+        out += [ir.Comment("across simdgroups: one partial per simdgroup through threadgroup "
+                           "memory, then a second simd reduction in every simdgroup"),
+                ir.If(ir.Binary("==", lane, ir.Lit(0, "uint")), stores), ir.Barrier()]
+        out += reads + second
+        return out
+
+    # -- one variant -----------------------------------------------------------------------
+    def kernel(self, variant: str) -> tuple[ir.Kernel, dict]:
+        g = self.g
+        reds = red.phases(g, online=(variant == "looped"))
+        nph = 1 + max(r.phase for r in reds)
+        self.pre: list[ir.Stmt] = []
+        self.pre_names: set[str] = set()
+        self.tg_arrays: list[ir.Stmt] = []
+        self.rowlow = ElementLowering(g, self.row_load, self.row_pos_only, self.size,
+                                      lambda s: self.names[s], prefix="mf_r")
+        self.helpers |= red.helpers_of(reds, simd=True) - {"mf_online_merge"}
+        looped = variant == "looped"
+        passes: dict[str, int] = {}
+        loaded: set[str] = set()
+        main: list[ir.Stmt] = []
+        R = self.R
+
+        def section(roots, rs, outs, title) -> None:
+            row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
+            main.append(ir.Comment(title))
+            main.extend(row_stmts)
+            if rs:
+                for r in rs:
+                    main.extend(red.declare(r))
+            regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R)
+                    for k in outs]
+            body: list[ir.Stmt] = []
+            new = [t for t in tensors if looped or t not in loaded]
+            for t in new:
+                passes[t] = passes.get(t, 0) + 1
+            if looped:
+                body += [ir.Decl("mf_base", "uint", ir.Binary("*", ir.Binary(
+                    "+", ir.Binary("*", ir.Var("mf_j"), ir.Var("mf_tpg")), ir.Var("mf_t")),
+                    ir.Lit(R, "uint")))]
+                if new:
+                    body += self.load_block(new, declare=True)
+                body += regs
+            else:
+                if new:
+                    main.extend(self.load_block(new, declare=True))
+                    loaded.update(new)
+                main.extend(regs)
+            body += [ir.Comment(f"each of this thread's {R} elements")] + loop
+            if outs:
+                body += self.store_block(outs)
+            if looped:
+                main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
+            else:
+                main.extend(body)
+            if rs:
+                main.extend(self.combine(rs, variant))
+                for r in rs:
+                    self.rowlow.values[id(r.node)] = red.result(r)
+
+        for p in range(nph):
+            rs = [r for r in reds if r.phase == p]
+            roots = [r.arg for r in rs if r.online_max is None]
+            desc = ", ".join(self._desc(r) for r in rs)
+            section(roots, rs, [], f"phase {p + 1}: {desc}")
+        el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.D in o.axes]
+        row_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
+        if el_outs:
+            section([g.outputs[k].node for k in el_outs], [], el_outs,
+                    "epilogue: compute and store the outputs along the row")
+        if row_outs:
+            stmts = self.rowlow.lower([g.outputs[k].node for k in row_outs])
+            stores = []
+            for k in row_outs:
+                o = g.outputs[k]
+                v = ir.Cast(self.out_stype(k), convert(self.rowlow.value(o.node), o.node.dtype,
+                                                       o.dtype))
+                stores.append(ir.Store(self.out_names[k], self.row_base(self.out_names[k],
+                                                                        o.axes), v))
+            main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
+            main += stmts + [ir.If(ir.Binary("==", ir.Var("mf_t"), ir.Lit(0, "uint")), stores)]
+
+        # -- header: thread positions, the row, sizes -----------------------------------
+        head: list[ir.Stmt] = []
+        threads = [ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
+                   ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
+        if variant == "simd":
+            threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+                       ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
+            head += [ir.Comment(f"one simdgroup per row, {self.p.rows_per_group} rows per "
+                                f"threadgroup"),
+                     ir.Decl("mf_row", "uint", ir.Binary("/", ir.Var("mf_tid"),
+                                                         ir.Lit(SIMD_WIDTH, "uint"))),
+                     ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.rows)),
+                           [ir.Return()]),
+                     ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
+        else:
+            threads.insert(1, ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+            head += [ir.Comment("one threadgroup per row"),
+                     ir.Decl("mf_row", "uint", ir.Var("mf_group")),
+                     ir.Decl("mf_t", "uint", ir.Var("mf_lid")),
+                     ir.Decl("mf_nsg", "uint", ir.Binary("/", ir.Binary(
+                         "+", ir.Var("mf_tpg"), ir.Lit(SIMD_WIDTH - 1, "uint")),
+                         ir.Lit(SIMD_WIDTH, "uint")))]
+        if variant != "looped":
+            head.append(ir.Decl("mf_base", "uint", ir.Binary("*", ir.Var("mf_t"),
+                                                             ir.Lit(R, "uint"))))
+        else:
+            span = ir.Binary("*", ir.Var("mf_tpg"), ir.Lit(R, "uint"))
+            head.append(ir.Decl("mf_chunks", "uint", ir.Binary("/", ir.Binary(
+                "+", ir.Cast("uint", self.size(self.D)), ir.Binary("-", span, ir.Lit(1, "uint"))),
+                span)))
+        if self.vw > 1:
+            head.append(ir.Decl("mf_vec_ok", "bool", ir.Binary("==", ir.Binary(
+                "%", self.size(self.D), ir.Lit(self.vw, IDX)), ir.Lit(0, IDX))))
+        body = list(self.tg_arrays) + head + self.pre + main
+        tags = _host_name(g, self.index64)
+        kernel = ir.Kernel(
+            name=f"mf_{g.name}_{variant}",
+            op=g.name,
+            template=(*self.tvars.keys(), IDX),
+            instances=(ir.Instance(f"{tags}_{variant}",
+                                   (*(d.msl for d in self.tvars.values()),
+                                    "ulong" if self.index64 else "uint")),),
+            params=(),
+            threads=tuple(threads),
+            body=body,
+            helpers=(),
+            summary=self._summary(variant, reds),
+        )
+        tg_bytes = sum(4 * a.length for a in self.tg_arrays)
+        return kernel, passes, tg_bytes
+
+    @staticmethod
+    def _desc(r: red.Reduction) -> str:
+        if r.online_sum is not None:
+            return f"{r.kind} and (online) sum of exp(x - max)"
+        if r.online_max is not None:
+            return "(with the max above)"
+        return f"{r.kind} over {r.axis}"
+
+    def _summary(self, variant: str, reds) -> str:
+        p = self.p
+        how = {"simd": f"one simdgroup per row ({p.rows_per_group} rows per threadgroup), "
+                       f"{self.R} elements per lane in registers",
+               "group": f"one threadgroup per row, {self.R} elements per thread in registers, "
+                        f"global memory read once",
+               "looped": f"one threadgroup of {p.threads_per_group} threads per row, streamed "
+                         f"in chunks of {p.threads_per_group * self.R} elements per phase"}[variant]
+        nph = 1 + max(r.phase for r in reds)
+        return (f"{self.g.name} ({variant}): reduces '{self.D}' over rows "
+                f"[{', '.join(self.rows)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
+                f"loads/stores where aligned; fp32 accumulation")
+
+    # -- the schedule -------------------------------------------------------------------
+    def build(self) -> RowSchedule:
+        kernels: dict[str, ir.Kernel] = {}
+        passes: dict[str, dict] = {}
+        tg = 0
+        for v in VARIANTS:
+            k, ps, b = self.kernel(v)
+            kernels[v], passes[v] = k, ps
+            tg = max(tg, b)
+        if tg > MAX_THREADGROUP_BYTES:
+            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
+                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
+        params = self._params()
+        helpers = tuple(sorted(self.helpers))
+        for v in VARIANTS:
+            kernels[v].params = params
+            kernels[v].helpers = helpers
+        policy = replace(self.p, threadgroup_bytes=tg, uses_simd=True)
+        reds = red.phases(self.g, online=False)
+        first = kernels[VARIANTS[0]]
+        return RowSchedule("row", self.g, policy, first, tuple(self.rows) + (self.D,),
+                           tuple(t.name for t in self.inputs if self.D in t.axes
+                                 and self.vw > 1),
+                           self.index64, axis=self.D, rows=self.rows, variants=kernels,
+                           reductions=reds, passes=passes)
+
+    def _params(self) -> tuple[ir.Param, ...]:
+        ps: list[ir.Param] = []
+
+        def add(name, kind, typ, binds, writable=False, cast=None):
+            ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+
+        for t in self.inputs:
+            add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
+        for k in range(len(self.g.outputs)):
+            add(self.out_names[k], "buffer", self.out_stype(k), ("output", k), writable=True)
+        for s in self.scalars:
+            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
+                cast=_SCALAR_CASTS.get(s.dtype.name))
+        icast = None if self.index64 else "int32"
+        for a in self.sizes_used:
+            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+        if len(ps) > MAX_BUFFERS:
+            raise UnsupportedConstruct(
+                f"kernel '{self.g.name}' needs {len(ps)} kernel arguments, over Metal's "
+                f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
+        return tuple(ps)
