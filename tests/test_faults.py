@@ -1,4 +1,6 @@
-"""Planted faults: `check` must catch real bugs in generated MSL, with a readable report.
+"""Planted faults: `check` must catch real bugs in generated MSL, with a readable report:
+an off-by-one bound guard, a dropped fp32 upcast, a broadcast indexed by the wrong axis, a
+missing threadgroup barrier and a wrong reduction identity.
 
 Each fault is a textual edit of the generated MSL made through the runtime's test seam
 (metalforge.testing.faults.planted). The kernels run on the simulator.
@@ -10,8 +12,9 @@ import torch
 
 import metalforge as mf
 from metalforge.testing import check
-from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, OFF_BY_ONE_GUARD,
-                                       Fault, FaultNotPlanted, planted)
+from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, MISSING_BARRIER,
+                                       OFF_BY_ONE_GUARD, WRONG_IDENTITY, Fault,
+                                       FaultNotPlanted, planted)
 
 
 @mf.kernel
@@ -47,7 +50,8 @@ def test_dropped_fp32_upcast_is_caught():
     report = caught(DROPPED_UPCAST, fault_hypot, dtypes={"T": "f16"})
     m = re.search(r"worst at index \[\d+\]: got (\S+), expected (\S+)", report)
     assert m, report
-    assert "values family 'large'" in report                     # overflow only shows there
+    assert re.search(r"values family '(large|mixed)'", report)   # overflow needs large values
+    assert float(m.group(1)) == float("inf") and abs(float(m.group(2))) > 256
     assert "const T mf_v1 = mf_x * mf_x;" in report
 
 
@@ -61,9 +65,36 @@ def test_broadcast_indexed_by_the_wrong_axis_is_caught():
     assert m and int(m.group(1)) * int(m.group(2)) <= 8, report
 
 
+@mf.kernel
+def fault_rowsum(x: "T[R, D]"):
+    return mf.sum(x, axis="D")
+
+
+@mf.kernel
+def fault_rowmax(x: "T[R, D]"):
+    return mf.max(x, axis="D")
+
+
+def test_missing_barrier_is_caught():
+    report = caught(MISSING_BARRIER, fault_rowsum, dtypes={"T": "f32"})
+    assert "out of tolerance; worst at index" in report
+    m = re.search(r"sizes: R=\d+, D=(\d+)", report)
+    assert m and int(m.group(1)) > 32, report      # needs more than one simdgroup per row
+    assert "threadgroup_barrier" not in report.split("Generated MSL")[1]
+
+
+def test_wrong_reduction_identity_is_caught():
+    report = caught(WRONG_IDENTITY, fault_rowmax, dtypes={"T": "f32"})
+    m = re.search(r"got (\S+), expected (\S+),", report)
+    assert m and float(m.group(1)) == 0.0 and float(m.group(2)) < 0, report
+    assert "= 0.0f;" in report
+
+
 def test_the_same_kernels_pass_without_faults():
     check(fault_bias_scale, dtypes={"T": ["f32", "f16"]}, max_examples=4)
     check(fault_hypot, dtypes={"T": "f16"}, values={"x": "large"}, max_examples=4)
+    check(fault_rowsum, dtypes={"T": "f32"}, dims={"D": [129, 1000]}, max_examples=4)
+    check(fault_rowmax, dtypes={"T": "f32"}, values={"x": "shifted"}, max_examples=4)
 
 
 def test_a_fault_whose_pattern_is_absent_fails_loudly():

@@ -72,7 +72,7 @@ def test_derived_dims_follow_each_const_variant():
     assert report.variants == ["T=f32, GS=32", "T=f32, GS=64"]
     for c in spy.calls:
         (n, k8), (n2, kgs) = c["w"][0], c["s"][0]
-        assert n == n2 and k8 * 8 == kgs * c["GS"] and k8 >= 1
+        assert n == n2 and k8 * 8 == kgs * c["GS"]           # K is a multiple of 8 and GS
 
 
 def test_values_dims_and_layout_options_narrow_the_draw():
@@ -119,31 +119,36 @@ def test_bad_options_name_what_was_wrong():
         check(chk_affine, profile="fast")
 
 
-def test_a_kernel_that_cannot_compile_is_reported_not_skipped():
-    @mf.kernel
-    def chk_rowsum(x: "T[R, D]"):
-        return mf.sum(x, axis="D")
+@mf.kernel
+def chk_layer_norm(x: "T[*B, D]", w: "T[D]", eps: float = 1e-5):
+    mu = mf.mean(x, axis="D")
+    var = mf.mean((x - mu) * (x - mu), axis="D")
+    return (x - mu) * mf.rsqrt(var + eps) * w
 
-    if "row" in __import__("metalforge.schedule", fromlist=["x"])._BUILDERS:
-        pytest.fail("reductions landed: replace this test by a reduction check")
-    with pytest.raises(AssertionError, match="(?s)the kernel raised.*reduction.*sizes: R="):
-        check(chk_rowsum, dtypes={"T": "f32"}, max_examples=2)
+
+@mf.kernel
+def chk_softmax(x: "T[R, D]"):
+    e = mf.exp(x - mf.max(x, axis="D"))
+    return e / mf.sum(e, axis="D")
+
+
+def test_reduction_kernels_pass_with_tolerance_widened_by_length():
+    spy = Spy(chk_layer_norm)
+    check(spy, max_examples=10)
+    assert max(c["x"][0][-1] for c in spy.calls) > 32          # rows past one simdgroup
+    check(chk_softmax, max_examples=10)
+
+
+def test_reduced_dims_are_never_empty():
+    spy = Spy(chk_softmax)
+    check(spy, dtypes={"T": "f32"}, max_examples=15)
+    assert all(c["x"][0][1] >= 1 for c in spy.calls)
+    assert any(c["x"][0][0] == 0 for c in spy.calls) or len(spy.calls) < 15
 
 
 def test_reduction_length_follows_the_graph():
-    @mf.kernel
-    def chk_layer_norm(x: "T[R, D]", eps: float = 1e-5):
-        mu = mf.mean(x, axis="D")
-        var = mf.mean((x - mu) * (x - mu), axis="D")
-        return (x - mu) * mf.rsqrt(var + eps)
-
-    @mf.kernel
-    def chk_softmax(x: "T[R, D]"):
-        e = mf.exp(x - mf.max(x, axis="D"))
-        return e / mf.sum(e, axis="D")
-
     x = torch.zeros(2, 8)
-    assert reduction_length(chk_layer_norm.graph(x), {"R": 2, "D": 8}) == 16   # two means
+    assert reduction_length(chk_layer_norm.graph(x, torch.zeros(8)), {"B": 2, "D": 8}) == 16
     assert reduction_length(chk_softmax.graph(x), {"R": 2, "D": 8}) == 8        # max is exact
     assert reduction_length(chk_affine.graph(torch.zeros(2, 3), torch.zeros(3)), {}) == 0
 

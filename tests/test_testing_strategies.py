@@ -109,8 +109,16 @@ def test_float_families_have_their_advertised_values(dt):
     dtype = dtypes.ALL[dt]
     finfo = torch.finfo(dtype.torch)
     shape = (64, 33)
-    assert families(dtype) == ("normal", "mixed", "large", "tiny", "zeros", "special")
-    assert families(dtype, nonfinite=False, large=False) == ("normal", "mixed", "tiny", "zeros")
+    assert families(dtype) == ("normal", "shifted", "mixed", "large", "tiny", "zeros",
+                               "special")
+    assert families(dtype, nonfinite=False, large=False) == ("normal", "shifted", "mixed",
+                                                             "tiny", "zeros")
+    signs = set()
+    for seed in range(8):
+        shifted = make_values(dtype, shape, "shifted", seed).double()
+        assert 1 < abs(float(shifted.mean())) < 101 and torch.isfinite(shifted).all()
+        signs.add(bool(shifted.mean() > 0))
+    assert signs == {True, False}
     normal = make_values(dtype, shape, "normal", 1)
     assert normal.dtype == dtype.torch and normal.shape == shape
     assert 0.5 < float(normal.float().std()) < 1.5 and torch.isfinite(normal).all()

@@ -223,6 +223,7 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
     sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced),
                  label="sizes")
     limits = _graph_limits(graph)
+    nonfinite = limits["nonfinite"] and draw(st.booleans(), label="inf/NaN inputs")
     args: dict[str, Any] = {}
     lines = [f"sizes: {sizes.describe()}"]
     for p in params:
@@ -234,8 +235,10 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
             if isinstance(spec, tuple) and len(spec) == 2:
                 rng, fams = spec, ("range",)
             else:
-                allowed = S.families(dtype, nonfinite=limits["nonfinite"],
-                                     large=limits["large"], zeros=limits["zeros"])
+                allowed = S.families(dtype, nonfinite=nonfinite, large=limits["large"],
+                                     zeros=limits["zeros"])
+                if nonfinite and dtype.is_float:
+                    allowed = tuple(f for f in allowed if f in S.MODERATE_FAMILIES)
                 want = spec if spec is not None else (global_families if dtype.is_float
                                                       else None)
                 if isinstance(want, str):

@@ -65,7 +65,20 @@ BROADCAST_WRONG_AXIS = Fault(
     ((r"\b(\w+)\[mf_i % (mf_size_\w+)\]", r"\1[mf_i / \2]"),
      (r"\((\w+) \+ mf_start % (mf_size_\w+)\)", r"(\1 + mf_start / \2)")))
 
-CATALOGUE = (OFF_BY_ONE_GUARD, DROPPED_UPCAST, BROADCAST_WRONG_AXIS)
+# Reductions (metalforge/schedule/row.py): partials cross simdgroups through threadgroup memory
+# after `threadgroup_barrier(mem_flags::mem_threadgroup);`; a max starts from `-INFINITY`.
+
+MISSING_BARRIER = Fault(
+    "missing_barrier", "the threadgroup barrier between writing and reading the simdgroup "
+    "partials is gone",
+    ((r"^\s*threadgroup_barrier\(mem_flags::mem_threadgroup\);\n", ""),))
+
+WRONG_IDENTITY = Fault(
+    "wrong_reduction_identity", "a max reduction starts from 0 instead of -inf",
+    ((r"\bfloat (mf_acc\d+) = -INFINITY;", r"float \1 = 0.0f;"),))
+
+CATALOGUE = (OFF_BY_ONE_GUARD, DROPPED_UPCAST, BROADCAST_WRONG_AXIS, MISSING_BARRIER,
+             WRONG_IDENTITY)
 
 
 @dataclass
