@@ -1,0 +1,306 @@
+"""Row and column reductions through the simulator, against hand-written torch (float64).
+
+Each kernel compiles once per dtype (its three row-length variants are one library); sizes and
+launch overrides that only change the host's variant choice (looped_limit) do not recompile.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+from metalforge import runtime
+from metalforge.schedule import LaunchError, UnsupportedConstruct
+
+INF, NAN = math.inf, math.nan
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ROWS = (1, 31, 33, 200, 4097)          # simd, simd, group, group, looped (default policy)
+
+
+def close(got, want, dtype, scale=1.0):
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=rtol * scale, atol=atol * scale,
+                               equal_nan=True)
+
+
+def variant(kernel, *args, **kw):
+    """The row/column variant a call with these arguments launches."""
+    g = kernel.graph(*args, **kw)
+    values = {p.name: a for p, a in zip(g.params, args)}
+    s = runtime.schedule_of(g, values, launch=kernel.launch)
+    from metalforge.shapes import bind_shapes
+    sizes = bind_shapes(g, {t.name: values[t.name] for t in g.tensors}).sizes
+    return s.variant(sizes), s, sizes
+
+
+# --------------------------------------------------------------------------- kernels
+
+@mf.kernel
+def rms_norm(x: "T[*B, D]", w: "T[D]", eps: float = 1e-6):
+    return x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w
+
+
+@mf.kernel
+def layer_norm(x: "T[R, D]", w: "T[D]", b: "T[D]", eps: float = 1e-5):
+    mu = mf.mean(x, axis="D")
+    var = mf.mean((x - mu) * (x - mu), axis="D")
+    return (x - mu) * mf.rsqrt(var + eps) * w + b
+
+
+@mf.kernel
+def softmax(x: "T[*B, D]"):
+    return mf.softmax(x, axis="D")
+
+
+# the same kernel, made to take the looped (online) variant from 129 elements on: same source
+@mf.kernel(name="softmax", launch={"looped_limit": 128})
+def softmax_looped(x: "T[*B, D]"):
+    return mf.softmax(x, axis="D")
+
+
+@mf.kernel
+def log_softmax(x: "T[R, D]"):
+    return mf.log_softmax(x, axis="D")
+
+
+@mf.kernel
+def logsumexp(x: "T[R, D]"):
+    return mf.logsumexp(x, axis="D")
+
+
+@mf.kernel
+def add_rms_norm(x: "T[*B, D]", r: "T[*B, D]", w: "T[D]", eps: float = 1e-6):
+    h = x + r
+    return h, h * mf.rsqrt(mf.mean(h * h, axis="D") + eps) * w
+
+
+@mf.kernel
+def stats(x: "T[R, D]"):                 # four reductions in one phase, four outputs
+    return mf.max(x, axis="D"), mf.min(x, axis="D"), mf.sum(x, axis="D"), mf.prod(x, axis="D")
+
+
+@mf.kernel
+def arg(x: "T[R, D]"):
+    return mf.argmax(x, axis="D"), mf.argmin(x, axis="D")
+
+
+@mf.kernel(name="arg", launch={"looped_limit": 128})
+def arg_looped(x: "T[R, D]"):
+    return mf.argmax(x, axis="D"), mf.argmin(x, axis="D")
+
+
+@mf.kernel
+def column_sum(x: "T[R, D]"):
+    return mf.sum(x, axis="R")
+
+
+@mf.kernel
+def column_softmax(x: "T[R, D]"):
+    return mf.softmax(x, axis="R")
+
+
+@mf.kernel
+def column_arg(x: "T[R, D]"):
+    return mf.argmax(x, axis="R"), mf.argmin(x, axis="R")
+
+
+@mf.kernel
+def middle_mean(x: "T[B, R, D]", s: "T[B, D]"):
+    return mf.mean(x, axis="R") * s
+
+
+def special_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows 0..4: all -inf, a masked prefix, a NaN, an +inf, all equal; the rest random."""
+    d = x.shape[-1]
+    v = x.view(-1, d)
+    v[0] = -INF
+    v[1, : max(1, d // 3)] = -INF
+    v[2, d // 2] = NAN
+    v[3, (d - 1) // 2] = INF
+    v[4] = 0.5
+    return x
+
+
+# --------------------------------------------------------------------------- row
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_every_variant_batched_and_strided(dtype):
+    seen = set()
+    for d in ROWS:
+        base = torch.randn(2, 3, 2 * d, dtype=dtype)
+        x = base[..., ::2]                                  # non-contiguous rows
+        w = torch.randn(d, dtype=dtype)
+        want = F.rms_norm(x.double(), (d,), w.double(), eps=1e-6)
+        close(rms_norm(x, w), want, dtype)
+        seen.add(variant(rms_norm, x, w)[0])
+    assert seen == {"simd", "group", "looped"}
+
+
+def test_rms_norm_f16_reads_each_input_once():
+    x = torch.randn(64, 4096, dtype=torch.float16)
+    w = torch.randn(4096, dtype=torch.float16)
+    v, s, sizes = variant(rms_norm, x, w)
+    assert v == "group"
+    t = s.traffic(sizes)
+    assert (t.read, t.written) == (64 * 4096 * 2 + 4096 * 2, 64 * 4096 * 2)
+    src = rms_norm.source(x, w)
+    group = src[src.index("kernel void mf_rms_norm_group"):src.index("kernel void mf_rms_norm_looped")]
+    # one 4-wide vector load site and one guarded scalar site for x, in one load block
+    assert group.count("reinterpret_cast<device const vec<T, 4>*>(x + ") == 1
+    assert group.count("x[mf_row_x") == 1
+    assert "float mf_reg_x[4];" in group and "simd_sum" in group and "threadgroup float" in group
+    # the looped variant re-reads x for the epilogue: its traffic says so
+    big = {"B": 2, "D": 8192}
+    assert s.traffic(big).read == 2 * (2 * 8192 * 2) + 8192 * 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_nan_inf_rows(dtype):
+    for d in ROWS:
+        x = special_rows(torch.randn(2, 4, d, dtype=torch.float32)).to(dtype)
+        want = torch.softmax(x.double(), dim=-1)
+        close(softmax(x), want, dtype)
+    x = special_rows(torch.randn(6, 300, dtype=torch.float32)).to(dtype)
+    assert variant(softmax_looped, x)[0] == "looped"       # online max + sum in one pass
+    close(softmax_looped(x), torch.softmax(x.double(), dim=-1), dtype)
+    assert "mf_online_add" in softmax.source(x)
+
+
+def test_softmax_online_pass_count():
+    x = torch.randn(2, 300)
+    _, s, sizes = variant(softmax_looped, x)
+    assert s.traffic(sizes).read == 2 * 2 * 300 * 4        # two passes: online max+sum, write
+
+
+def test_long_row_f32():
+    x = torch.randn(1, 65537)
+    x[0, :1000] = -INF
+    close(softmax(x), torch.softmax(x.double(), dim=-1), torch.float32)
+
+
+def test_log_softmax_and_logsumexp():
+    for d in (1, 33, 4097):
+        x = special_rows(torch.randn(6, d))
+        close(log_softmax(x), torch.log_softmax(x.double(), dim=-1), torch.float32)
+        close(logsumexp(x), torch.logsumexp(x.double(), dim=-1), torch.float32)
+    x = special_rows(torch.randn(6, 100)).half()
+    close(logsumexp(x), torch.logsumexp(x.double(), dim=-1), torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_norm(dtype):
+    for d in (1, 33, 4097):
+        x = (torch.randn(5, d) * 3 + 1).to(dtype)
+        w, b = torch.randn(d, dtype=dtype), torch.randn(d, dtype=dtype)
+        want = F.layer_norm(x.double(), (d,), w.double(), b.double(), eps=1e-5)
+        close(layer_norm(x, w, b), want, dtype, scale=2)
+
+
+def test_add_rms_norm_two_outputs():
+    for d in (31, 2048, 5000):
+        x = torch.randn(2, 3, d, dtype=torch.float16)
+        r = torch.randn(2, 3, d, dtype=torch.float16)
+        w = torch.randn(d, dtype=torch.float16)
+        h, y = add_rms_norm(x, r, w)
+        hd = x.double() + r.double()
+        close(h, hd, torch.float16)
+        close(y, F.rms_norm(hd.half().double(), (d,), w.double(), eps=1e-6), torch.float16,
+              scale=2)
+
+
+def test_max_min_sum_prod_propagate_nan_and_inf():
+    for d in (1, 31, 33, 4097):
+        x = special_rows(torch.rand(7, d) + 0.5)
+        mx, mn, sm, pr = stats(x)
+        xd = x.double()
+        close(mx, xd.amax(-1), torch.float32)
+        close(mn, xd.amin(-1), torch.float32)
+        close(sm, xd.sum(-1), torch.float32, scale=10)
+        close(pr, xd.prod(-1), torch.float32, scale=100)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32], ids=str)
+def test_argmax_argmin_first_index_ties_and_nan(dtype):
+    for d in (1, 31, 33, 4097):
+        x = torch.randint(-3, 4, (6, d)).float()                # many ties
+        if dtype.is_floating_point:
+            x[0] = -INF
+            x[1, d // 2] = NAN
+            x[1, d - 1] = NAN
+            x[2, -1] = INF
+        x = x.to(dtype)
+        amax, amin = arg(x)
+        assert torch.equal(amax, x.argmax(-1)) and torch.equal(amin, x.argmin(-1))
+    x = torch.randint(-3, 4, (4, 700)).float().to(dtype)
+    assert variant(arg_looped, x)[0] == "looped"
+    amax, amin = arg_looped(x)
+    assert torch.equal(amax, x.argmax(-1)) and torch.equal(amin, x.argmin(-1))
+
+
+# --------------------------------------------------------------------------- column
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_column_sum_short_tall_and_strided(dtype):
+    seen = set()
+    for r, d in ((1, 1), (5, 33), (1000, 33), (300, 70)):
+        x = torch.randn(d, r, dtype=dtype).t()                  # non-contiguous
+        close(column_sum(x), x.double().sum(0), dtype, scale=max(1, r / 10))
+        seen.add(variant(column_sum, x)[0])
+    assert seen == {"column", "split"}
+
+
+def test_column_softmax_and_argmax():
+    for r in (3, 1000):                                       # column; split (online merge)
+        x = torch.randn(r, 37)
+        x[:, 0] = -INF
+        x[: r // 2, 1] = -INF
+        x[r // 3, 2] = NAN
+        x[1, 3] = INF
+        close(column_softmax(x), torch.softmax(x.double(), dim=0), torch.float32)
+        t = torch.randint(-2, 3, (r, 37)).float()
+        t[:, 0] = -INF
+        t[r // 2, 1] = NAN
+        t[r - 1, 1] = NAN
+        amax, amin = column_arg(t)
+        assert torch.equal(amax, t.argmax(0)) and torch.equal(amin, t.argmin(0))
+
+
+def test_column_reduction_of_a_middle_axis():
+    for r in (4, 600):
+        x = torch.randn(3, r, 10)
+        s = torch.randn(3, 10)
+        close(middle_mean(x, s), x.double().mean(1) * s.double(), torch.float32)
+
+
+# --------------------------------------------------------------------------- edges and errors
+
+def test_empty_reductions_like_torch():
+    assert torch.equal(column_sum(torch.empty(0, 5)), torch.zeros(5))
+    assert rms_norm(torch.empty(3, 0), torch.empty(0)).shape == (3, 0)
+    assert logsumexp(torch.empty(0, 4)).shape == (0,)
+    with pytest.raises(ValueError, match=r"mf\.max.*empty axis \(D = 0\)"):
+        logsumexp(torch.empty(3, 0))
+
+
+def test_launch_policy_is_validated():
+    x = torch.randn(2, 8)
+    with pytest.raises(LaunchError, match="rows_per_group=64"):
+        mf.kernel(launch={"rows_per_group": 64})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="looped_limit=8192"):
+        mf.kernel(launch={"looped_limit": 8192})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="multiple of 32"):
+        mf.kernel(launch={"threads_per_group": 100, "looped_limit": 64})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="do not apply to a row kernel"):
+        mf.kernel(launch={"vectors_per_thread": 2})(softmax.fn)(x)
+
+
+def test_unsupported_reductions_say_what_and_where():
+    @mf.kernel
+    def isum(x: "i32[R, D]"):
+        return mf.sum(x, axis="D")
+
+    with pytest.raises(UnsupportedConstruct, match=r"mf\.sum.*test_reductions\.py:\d+.*integer "
+                                                   r"sums.*x\.to\(mf\.f32\)"):
+        isum(torch.ones(2, 3, dtype=torch.int32))
