@@ -476,8 +476,7 @@ class _Builder:
         if variant == "simd":
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
-            head += [ir.Comment(f"one simdgroup per row, {self.p.rows_per_group} rows per "
-                                f"threadgroup"),
+            head += [ir.Comment("one simdgroup per row (rows per threadgroup: set at launch)"),
                      ir.Decl("mf_row", "uint", ir.Binary("/", ir.Var("mf_tid"),
                                                          ir.Lit(SIMD_WIDTH, "uint"))),
                      ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.rows)),
@@ -529,13 +528,14 @@ class _Builder:
         return f"{r.kind} over {r.axis}"
 
     def _summary(self, variant: str, reds) -> str:
-        p = self.p
-        how = {"simd": f"one simdgroup per row ({p.rows_per_group} rows per threadgroup), "
+        # launch-only choices (threads and rows per group) stay out of the text, so changing
+        # them reuses the compiled library
+        how = {"simd": f"one simdgroup per row (rows per threadgroup set at launch), "
                        f"{self.R} elements per lane in registers",
                "group": f"one threadgroup per row, {self.R} elements per thread in registers, "
                         f"global memory read once",
-               "looped": f"one threadgroup of {p.threads_per_group} threads per row, streamed "
-                         f"in chunks of {p.threads_per_group * self.R} elements per phase"}[variant]
+               "looped": f"one threadgroup per row (its size set at launch), streamed in "
+                         f"chunks of {self.R} elements per thread per phase"}[variant]
         nph = 1 + max(r.phase for r in reds)
         return (f"{self.g.name} ({variant}): reduces '{self.D}' over rows "
                 f"[{', '.join(self.rows)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
