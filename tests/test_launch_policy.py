@@ -1,5 +1,7 @@
 """Launch policy overrides: per kernel and per call site, their precedence, and host-side checks
 that reject a bad configuration before anything is launched."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ import metalforge as mf
 from metalforge.runtime import backends, launcher
 from metalforge.schedule import policy
 from metalforge.schedule.policy import LaunchError
+from metalforge.testing import load_module
 from metalforge.tuning import check_options, known_options
 
 
@@ -181,3 +184,23 @@ def test_check_options_passes_good_values_through():
         {"threads_per_group": 64, "vector_width": 1}
     with pytest.raises(LaunchError, match="here: launch options must be a dict"):
         check_options([("threads_per_group", 64)], "here")
+
+
+def test_reduction_policies_refused_before_launch(monkeypatch):
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    rms_norm = load_module(examples / "rms_norm.py").rms_norm
+    column_sum = load_module(examples / "column_sum.py").column_sum
+    kl = CountingKernels(monkeypatch)
+    x, w = torch.randn(4, 40), torch.randn(40)
+    with pytest.raises(LaunchError, match=r"kernel 'rms_norm' .*threads_per_group=100 must be "
+                                          r"a multiple of 32: the kernel uses simdgroup"):
+        rms_norm.with_launch(threads_per_group=100)(x, w)
+    with pytest.raises(LaunchError, match=r"kernel 'column_sum' .*threads_per_group=128 must "
+                                          r"equal 32 columns x rows_per_group=8"):
+        column_sum.with_launch(threads_per_group=128)(x)
+    with pytest.raises(LaunchError, match=r"'vector_width' do not apply to a column kernel"):
+        column_sum.with_launch(vector_width=2)(x)
+    assert kl.calls == 0
+    got = column_sum.with_launch(threads_per_group=128, rows_per_group=4)(x)
+    torch.testing.assert_close(got, x.sum(0), rtol=1e-5, atol=1e-5)
+    assert kl.calls == 1
