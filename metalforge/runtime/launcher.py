@@ -258,17 +258,19 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
 
 
 def compiled(graph: Graph) -> list[dict]:
-    """The kernels compiled for this graph so far, one per (backend, generated source): its
-    host name, backend, family, and the launch policies it has been built for (launch options
-    that do not change the generated code, like threads per group, share one kernel)."""
+    """The libraries compiled for this graph so far, one per (backend, generated source): the
+    host name of its kernel (and of every kernel in it: reductions hold one per row-length
+    variant), backend, family, and the launch policies it has been built for (launch options
+    that do not change the generated code, like threads per group, share one library)."""
     out: dict[tuple, dict] = {}
     for spec in list(_specs.values()):
         if spec.graph is not graph:
             continue
         for ln in spec._launchers.values():
             entry = out.setdefault((ln.backend, ln.source), {
-                "host_name": ln.schedule.kernel.host_name, "backend": ln.backend,
-                "family": ln.schedule.family, "launches": []})
+                "host_name": ln.schedule.kernel.host_name,
+                "host_names": tuple(k.host_name for k in ln.schedule.kernels),
+                "backend": ln.backend, "family": ln.schedule.family, "launches": []})
             launch = {k: getattr(ln.schedule.policy, k)
                       for k in TUNABLE.get(ln.schedule.family, ())}
             if launch not in entry["launches"]:
