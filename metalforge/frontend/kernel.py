@@ -432,8 +432,9 @@ class Kernel:
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.
-        compiled=True: one entry per kernel compiled for them, adding its "host_name",
-        "backend", "family" and the "launches" (launch policies) it was built for."""
+        compiled=True: one entry per library compiled for them, adding its "host_name" (and
+        "host_names" of all its kernels), "backend", "family" and the "launches" (launch
+        policies) it was built for."""
         if not compiled:
             return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
         out = []
