@@ -106,4 +106,19 @@ def test_variants_lists_traced_and_compiled_kernels():
     assert [(v["T"], v["by"], v["host_name"], v["backend"]) for v in got] == [
         ("f32", 1, "shift_f32_by_1", "sim"), ("f16", 2, "shift_f16_by_2", "sim")]
     assert [lp["threads_per_group"] for lp in got[0]["launches"]] == [256, 64]
-    assert got[0]["family"] == "elementwise"
+    assert got[0]["family"] == "elementwise" and got[0]["host_names"] == ("shift_f32_by_1",)
+
+
+def test_reduction_variants_share_one_library():
+    @mf.kernel
+    def norm_or_softmax(x: "T[R, D]", log: mf.Const[bool] = False):
+        return mf.log_softmax(x, axis="D") if log else mf.softmax(x, axis="D")
+
+    short, long = torch.randn(3, 40), torch.randn(2, 5000)
+    for x in (short, long):
+        torch.testing.assert_close(norm_or_softmax(x, log=True), torch.log_softmax(x, -1))
+    (v,) = norm_or_softmax.variants(compiled=True)
+    assert v["log"] is True and v["family"] == "row"
+    assert v["host_names"] == ("norm_or_softmax_f32_log_true_simd",
+                               "norm_or_softmax_f32_log_true_group",
+                               "norm_or_softmax_f32_log_true_looped")
