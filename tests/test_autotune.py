@@ -217,6 +217,30 @@ def test_same_kernel_and_dispatch_is_timed_once(tune_file, monkeypatch):
     assert r.best == {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
 
 
+def test_candidates_the_pipeline_refuses_are_skipped(tune_file, monkeypatch):
+    real = launcher.kernel_object
+
+    class Limited:                    # a pipeline that allows at most 128 threads per group
+        def __init__(self, k):
+            self.k, self.max_threads_per_threadgroup = k, 128
+            self.static_thread_group_memory_length = 0
+
+        def __call__(self, *a, **kw):
+            return self.k(*a, **kw)
+
+    monkeypatch.setattr(launcher, "kernel_object", lambda *a: Limited(real(*a)))
+    fake_timer(monkeypatch, [1e-3])
+    x, w = torch.randn(4, 500), torch.randn(500)
+    k = mf.kernel(axpb.fn, name="axpb")          # fresh traces: nothing compiled yet
+    r = mf.autotune(k, x, w, candidates=[{"threads_per_group": 128}], progress=False)
+    assert [t.status for t in r.trials] == ["skipped", "ok"]
+    assert "max_threads_per_threadgroup=128" in r.trials[0].detail
+    assert r.best["threads_per_group"] == 128 and r.speedup is None
+    with pytest.raises(LaunchError, match=r"no launch configuration can run here:\n"
+                                          r"  threads_per_group=256.*max_threads"):
+        mf.autotune(k, x, w, candidates=[{"threads_per_group": 512}], progress=False)
+
+
 def test_keys_separate_const_variants_and_devices():
     @mf.kernel
     def powk(x: "T[N]", k: mf.Const[int] = 2):

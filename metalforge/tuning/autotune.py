@@ -227,6 +227,10 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     result = TuneResult(kernel.name, backend, device_name(backend), key, default, default,
                         timer is not None, trials)
     ok = [t for t in trials if t.status == "ok"]
+    if not ok:
+        bar.close(f"autotune {kernel.name}: no candidate can run")
+        raise LaunchError(f"{kernel.where}: no launch configuration can run here:\n" +
+                          "\n".join(f"  {t.describe()}: {t.detail}" for t in trials))
     if timer is None:
         result.note = (f"all {len(ok)} runnable candidates match the reference; timings on the "
                        f"'{backend}' backend are not meaningful (it runs the GPU kernel on the "
@@ -240,8 +244,9 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
             result.saved_to = cache.path
     summary = (f"autotune {kernel.name}: {len(ok)}/{len(trials)} candidates correct; " +
                (f"best {result.trial(result.best).describe()} "
-                f"{result.trial(result.best).seconds * 1e3:.4f} ms "
-                f"({result.speedup:.2f}x the default)" if result.timed else
+                f"{result.trial(result.best).seconds * 1e3:.4f} ms" +
+                (f" ({result.speedup:.2f}x the default)" if result.speedup else "")
+                if result.timed else
                 f"timings on '{backend}' are not meaningful; keeping the default"))
     bar.close(summary)
     return result
