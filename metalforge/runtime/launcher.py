@@ -161,8 +161,11 @@ def specialisation(graph: Graph, launch) -> Specialisation:
     return s
 
 
-def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-        launch: Optional[Mapping[str, Any]] = None):
+def _setup(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
+           launch: Optional[Mapping[str, Any]]):
+    """Everything a call needs before its launch, with every host-side check: the
+    specialisation (autotuned launch merged under explicit options), backend, tensors, shapes,
+    freshly allocated outputs and the output element count."""
     spec = specialisation(graph, launch)
     tensors = spec.collect(values)
     dev = spec.device(tensors)
@@ -173,24 +176,24 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{'sim' if be == 'mps' else 'mps'}'")
     binding: ShapeBinding = bind_shapes(graph, tensors)
-    sizes = binding.sizes
-    tuned = tuned_launch(graph, be, sizes, spec.family)      # autotune cache; explicit wins
+    tuned = tuned_launch(graph, be, binding.sizes, spec.family)  # autotune cache; explicit wins
     if tuned:
         spec = specialisation(graph, merge(tuned, launch))
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     numel = 1
     for a in spec.grid:
-        numel *= sizes[a]
-    if numel:
-        _launch(spec, be, tensors, values, binding, outs, numel)
+        numel *= binding.sizes[a]
+    return spec, be, tensors, binding, outs, numel
+
+
+def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+        launch: Optional[Mapping[str, Any]] = None):
+    spec, be, tensors, binding, outs, numel = _setup(graph, values, backend, launch)
+    if numel:                                  # empty outputs: no launch
+        kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
+        kernel(*args, **kw)
     return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def _launch(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
-            numel: int) -> None:
-    kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
-    kernel(*args, **kw)
 
 
 def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
@@ -240,19 +243,7 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
             launch: Optional[Mapping[str, Any]] = None):
     """What `run` would launch, without launching: (kernel, args, kwargs, outputs). For
     benchmarks (to time the bare kernel call against the wrapped one) and tuning."""
-    spec = specialisation(graph, launch)
-    tensors = spec.collect(values)
-    dev = spec.device(tensors)
-    be = backend or current_backend(tensors.values())
-    binding = bind_shapes(graph, tensors)
-    tuned = tuned_launch(graph, be, binding.sizes, spec.family)
-    if tuned:
-        spec = specialisation(graph, merge(tuned, launch))
-    outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
-            for o in graph.outputs]
-    numel = 1
-    for a in spec.grid:
-        numel *= binding.sizes[a]
+    spec, be, tensors, binding, outs, numel = _setup(graph, values, backend, launch)
     kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
     return kernel, args, kw, outs
 
