@@ -1,7 +1,7 @@
 """Reductions: ours vs torch eager on the same device, bytes moved, achieved GB/s.
 
-    python bench/bench_reductions.py                    # MPS tensors on a Mac, else the simulator
-    python bench/bench_reductions.py --dtype f32 --sizes 4096x4096 64x65536
+    python bench/reductions.py                    # MPS tensors on a Mac, else the simulator
+    python bench/reductions.py --dtype f32 --sizes 4096x4096 64x65536
 
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
