@@ -281,6 +281,29 @@ def test_column_softmax_and_argmax():
         assert torch.equal(amax, t.argmax(0)) and torch.equal(amin, t.argmin(0))
 
 
+def test_long_sums_stay_accurate_like_torch():
+    """A thread that adds many values in fp32 one after another loses ~n*eps (at 262145 equal
+    rows: 264296 for 264382); the sequential loops compensate their sums, as torch's cascade
+    sum is accurate: every row equal, so rounding errors all have the same sign."""
+    vals = torch.tensor([1.0085, 0.1, -3.3, 7.77])
+    x = vals.expand(262145, 4).contiguous()
+    assert variant(column_sum, x)[0] == "split"
+    want = x.double().sum(0)
+    close(column_sum(x), want, torch.float32)
+    assert torch.allclose(column_sum(x).double(), torch.sum(x, 0).double(), rtol=2e-6, atol=0)
+    x[0] = 2.0                                # softmax's (online) sum of exp over the column
+    close(column_softmax(x[:, :3]), torch.softmax(x[:, :3].double(), dim=0), torch.float32)
+    # the looped row variant: 4M elements per row, 4096 per thread
+    y = vals[:, None].expand(4, 1 << 22).contiguous()
+    y[2, 7] = INF
+    y[3, 9] = NAN
+    sm = stats(y)[2]
+    assert variant(stats, y)[0] == "looped"
+    close(sm, y.double().sum(-1), torch.float32)
+    y[:, 0] = 2.0
+    close(logsumexp(y), torch.logsumexp(y.double(), dim=-1), torch.float32)
+
+
 def test_column_reduction_of_a_middle_axis():
     for r in (4, 600):
         x = torch.randn(3, r, 10)

@@ -162,18 +162,43 @@ inline uint mf_simd_iargmin(thread V& v, uint i) {
     v = mf_m;
     return simd_min(mf_hit ? i : 0xFFFFFFFFu);
 }""",
+    "mf_sum_add": """\
+// compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
+// so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
+// the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
+// math may reassociate (s - t) + x to 0. An inf or NaN sum collects no error term.
+inline float mf_sum_add(thread float& c, float s, float x) {
+    const float mf_t = s + x;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(x) ? (s - mf_t) + x : (x - mf_t) + s;
+    }
+    return mf_t;
+}""",
     "mf_online_add": """\
 // online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
-// sum when the max grows; returns the new sum. The terms are those of the two-pass
-// sum(exp(x - max(x))): a -inf element adds nothing while the max is -inf (if the max stays
-// -inf the whole sum is NaN, fixed after the combine), +inf and NaN give NaN, as in torch.
-inline float mf_online_add(thread float& m, float s, float x) {
+// sum (and its compensation term c, see the compensated sum below) when the max grows; returns
+// the new sum. The terms are those of the two-pass sum(exp(x - max(x))): a -inf element adds
+// nothing while the max is -inf (if the max stays -inf the whole sum is NaN, fixed after the
+// combine), +inf and NaN give NaN, as in torch. Each term is added with Neumaier compensation:
+// the rounding error of s + e goes to c, which the caller adds to s at the end.
+inline float mf_online_add(thread float& m, thread float& c, float s, float x) {
+    float mf_e;
     if (x > m || x != x) {
-        s = s * precise::exp(m - x) + precise::exp(x - x);
+        const float mf_scale = precise::exp(m - x);
+        s = s * mf_scale;
+        c = c * mf_scale;
+        mf_e = precise::exp(x - x);
         m = x;
+    } else if (x == m && x == -INFINITY) {
         return s;
+    } else {
+        mf_e = precise::exp(x - m);
     }
-    return (x == m && x == -INFINITY) ? s : s + precise::exp(x - m);
+    const float mf_t = s + mf_e;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(mf_e) ? (s - mf_t) + mf_e : (mf_e - mf_t) + s;
+    }
+    return mf_t;
 }""",
     "mf_online_merge": """\
 // merge running (max, sum of exp(x - max)) pairs: returns s * exp(m - M) + s2 * exp(m2 - M)

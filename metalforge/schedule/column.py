@@ -192,7 +192,8 @@ class _Builder:
         g = self.g
         split = self.split = variant == "split"
         S = self.p.rows_per_group if split else 1
-        reds = red.phases(g, online=True)
+        # each thread adds a long stretch of the column in sequence: compensated sums
+        reds = red.phases(g, online=True, compensated=True)
         nph = 1 + max(r.phase for r in reds)
         self.pre: list[ir.Stmt] = []
         self.pre_names: set[str] = set()
@@ -250,6 +251,7 @@ class _Builder:
             for r in rs:
                 main += red.declare(r)
             main += [ir.If(live, lp)] if split else lp
+            main += red.finish(rs)
             if split:
                 stores, merges = [], []
                 for r in rs:
@@ -341,7 +343,7 @@ class _Builder:
                      f"of [{', '.join(self.cols)}] in {nph} phase(s); " +
                      (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
                       f"memory" if split else "one thread per column, looping over the axis") +
-                     "; fp32 accumulation"))
+                     "; fp32 accumulation, compensated sums"))
         return k, passes, sum(4 * a.length for a in tg)
 
     def build(self) -> ColumnSchedule:

@@ -12,6 +12,16 @@ Online pairs: in a schedule that re-reads the row each phase (the looped row var
 rescaled running sum (`mf_online_add`), which saves one pass over the row for softmax and
 log_softmax. The sum's terms are exactly the two-pass ones, so NaN/inf behave the same.
 
+Compensated sums: where one thread folds many elements one after another (the looped row
+variant, the column schedule), a plain fp32 running sum loses about n*eps of accuracy (n terms
+per thread), while torch's cascade summation stays near eps. There float sums (and the running
+sum of an online pair) carry a Neumaier compensation term `mf_cmp{i}` that collects the rounding
+error of every addition (`mf_sum_add`); it is folded into the sum once the thread's loop is done
+(`finish`), before partials are combined across threads (a short tree, accurate as it is). This
+relies on IEEE addition as written: Metal's safe math mode, which torch.mps.compile_shader uses
+unless PYTORCH_MPS_FAST_MATH is set (fast math may reassociate the error term away, leaving
+plain fp32 accuracy).
+
 Accumulators are fp32 for float values (f16/bf16 compute in f32), and int/uint (32-bit) for
 max/min/argmax/argmin of integers up to 32 bits. torch's NaN rules: max/min/sum propagate NaN,
 argmax/argmin return the first NaN's index, otherwise the first index of the extreme value.
@@ -39,6 +49,7 @@ class Reduction:
     phase: int = 0
     online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
     online_max: Optional["Reduction"] = None   # a sum computed online with this max
+    compensated: bool = False              # a float sum with a Neumaier compensation term
 
     @property
     def arg(self) -> Node:
@@ -72,6 +83,11 @@ class Reduction:
     def idx(self) -> str:
         return f"mf_arg{self.i}"
 
+    @property
+    def cmp(self) -> str:
+        """The compensation term of a compensated sum."""
+        return f"mf_cmp{self.i}"
+
 
 def _strip_cast(n: Node) -> Node:
     while n.op == "cast" and n.args[0].dtype == n.dtype:
@@ -95,9 +111,11 @@ def check_supported(graph: Graph, n: Node) -> None:
             f"argmin of integers up to 32 bits); convert first, e.g. x.to(mf.f32)")
 
 
-def phases(graph: Graph, online: bool) -> list[Reduction]:
+def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduction]:
     """Every reduction with its phase (see the module doc); `online` pairs sum(exp(a - max(a)))
-    with its max."""
+    with its max; `compensated` gives float sums a compensation term (for schedules where a
+    thread adds many elements in sequence). The running sum of an online pair is always
+    compensated (online pairs only occur in such schedules)."""
     nodes = list(graph.nodes())
     reds: list[Reduction] = []
     by_id: dict[int, Reduction] = {}
@@ -123,6 +141,9 @@ def phases(graph: Graph, online: bool) -> list[Reduction]:
                     or not mr.is_float or mr.online_sum is not None):
                 continue
             mr.online_sum, r.online_max = r, mr
+    for r in reds:
+        r.compensated = r.kind == "sum" and r.is_float and (compensated or
+                                                            r.online_max is not None)
     avail: dict[int, int] = {}
     for n in nodes:
         if n.op == "reduce":
@@ -165,8 +186,13 @@ def identity(r: Reduction) -> ir.Expr:
 def declare(r: Reduction) -> list[ir.Stmt]:
     """The running accumulator(s) of one reduction, at their identity."""
     if r.online_max is not None:          # the running sum of an online pair
-        return [ir.Decl(r.acc, "float", ir.Lit(0.0, "float"), const=False)]
-    out: list[ir.Stmt] = [ir.Decl(r.acc, r.acc_type, identity(r), const=False)]
+        out: list[ir.Stmt] = [ir.Decl(r.acc, "float", ir.Lit(0.0, "float"), const=False)]
+    else:
+        out = [ir.Decl(r.acc, r.acc_type, identity(r), const=False)]
+    if r.compensated:
+        out.append(ir.Decl(r.cmp, "float", ir.Lit(0.0, "float"), const=False))
+    if r.online_max is not None:
+        return out
     if r.has_index:
         out.append(ir.Decl(r.idx, "uint", ir.Lit(SENTINEL, "uint"), const=False))
     return out
@@ -179,7 +205,9 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     k = r.kind
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
-        return [ir.Assign(s, ir.Call("mf_online_add", (acc, s, v)))]
+        return [ir.Assign(s, ir.Call("mf_online_add", (acc, ir.Var(r.online_sum.cmp), s, v)))]
+    if k == "sum" and r.compensated:
+        return [ir.Assign(acc, ir.Call("mf_sum_add", (ir.Var(r.cmp), acc, v)))]
     if k == "sum":
         return [ir.Assign(acc, ir.Binary("+", acc, v))]
     if k == "prod":
@@ -195,6 +223,18 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
                                                    ir.Binary("==", acc, acc)))
     cond = ir.Binary("||", ir.Binary("==", idx, ir.Lit(SENTINEL, "uint")), better)
     return [ir.If(cond, [ir.Assign(acc, v), ir.Assign(idx, ir.Cast("uint", pos))])]
+
+
+def finish(reds: list[Reduction]) -> list[ir.Stmt]:
+    """After a thread's sequential loop: fold each compensation term into its sum (a finite
+    correction; an inf or NaN sum stays as it is)."""
+    out: list[ir.Stmt] = []
+    for r in reds:
+        if r.compensated:
+            out.append(ir.Assign(ir.Var(r.acc), ir.Binary("+", ir.Var(r.acc), ir.Var(r.cmp))))
+    if out:
+        out.insert(0, ir.Comment("add the rounding errors the compensated sums collected"))
+    return out
 
 
 def simd_combine(r: Reduction) -> list[ir.Stmt]:
@@ -247,6 +287,8 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
 def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
     hs: set[str] = set()
     for r in reds:
+        if r.compensated and r.online_max is None:
+            hs.add("mf_sum_add")
         if r.online_sum is not None:
             hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
         elif r.kind in ("max", "min") and r.is_float:

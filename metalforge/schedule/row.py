@@ -394,7 +394,8 @@ class _Builder:
     # -- one variant -----------------------------------------------------------------------
     def kernel(self, variant: str) -> tuple[ir.Kernel, dict]:
         g = self.g
-        reds = red.phases(g, online=(variant == "looped"))
+        # the looped variant adds thousands of elements per thread: compensated sums
+        reds = red.phases(g, online=(variant == "looped"), compensated=(variant == "looped"))
         nph = 1 + max(r.phase for r in reds)
         self.pre: list[ir.Stmt] = []
         self.pre_names: set[str] = set()
@@ -441,6 +442,7 @@ class _Builder:
             else:
                 main.extend(body)
             if rs:
+                main.extend(red.finish(rs))
                 main.extend(self.combine(rs, variant))
                 for r in rs:
                     self.rowlow.values[id(r.node)] = red.result(r)
@@ -535,7 +537,8 @@ class _Builder:
                "group": f"one threadgroup per row, {self.R} elements per thread in registers, "
                         f"global memory read once",
                "looped": f"one threadgroup per row (its size set at launch), streamed in "
-                         f"chunks of {self.R} elements per thread per phase"}[variant]
+                         f"chunks of {self.R} elements per thread per phase, compensated "
+                         f"sums"}[variant]
         nph = 1 + max(r.phase for r in reds)
         return (f"{self.g.name} ({variant}): reduces '{self.D}' over rows "
                 f"[{', '.join(self.rows)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
