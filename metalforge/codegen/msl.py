@@ -80,23 +80,48 @@ inline float mf_pow(float a, float b) {
     return precise::pow(a, b);
 }""",
     "mf_ipow": """\
-// integer power by squaring (exponent >= 0)
+// integer power by squaring (exponent >= 0), wrapping at I's width as torch does (the products
+// are taken in ulong: signed overflow is undefined in MSL)
 template <typename I>
 inline I mf_ipow(I a, I b) {
     I mf_r = 1;
     while (b > 0) {
         if (b & 1) {
-            mf_r *= a;
+            mf_r = I(ulong(mf_r) * ulong(a));
         }
-        a *= a;
+        a = I(ulong(a) * ulong(a));
         b >>= 1;
     }
     return mf_r;
+}""",
+    "mf_shl": """\
+// a << b as torch computes it: 0 when b is negative or at least I's width (undefined in MSL);
+// the shift is taken in ulong (shifting a negative value is undefined too), wrapped to I
+template <typename I>
+inline I mf_shl(I a, I b) {
+    if (b < I(0) || b >= I(sizeof(I) * 8)) {
+        return I(0);
+    }
+    return I(ulong(a) << ulong(b));
+}""",
+    "mf_shr": """\
+// a >> b as torch computes it: arithmetic for signed I; a shift by a negative amount or by I's
+// width or more gives -1 for a negative a and 0 otherwise (undefined in MSL)
+template <typename I>
+inline I mf_shr(I a, I b) {
+    if (b < I(0) || b >= I(sizeof(I) * 8)) {
+        return a < I(0) ? I(-1) : I(0);
+    }
+    return I(a >> b);
 }""",
     "mf_remainder": """\
 // integer remainder with the sign of the divisor (torch.remainder)
 template <typename I>
 inline I mf_remainder(I a, I b) {
+    if (I(-1) < I(0) && b == I(-1)) {
+        // anything % -1 is 0 (min % -1 overflows the hardware division)
+        return I(0);
+    }
     const I mf_r = a % b;
     return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;
 }""",
@@ -110,6 +135,10 @@ inline float mf_fremainder(float a, float b) {
 // integer division rounding toward -infinity (torch.floor_divide)
 template <typename I>
 inline I mf_floordiv(I a, I b) {
+    if (I(-1) < I(0) && b == I(-1)) {
+        // a // -1 is -a, wrapping: min // -1 == min as in torch (the hardware division overflows)
+        return I(0ul - ulong(a));
+    }
     const I mf_q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
 }""",

@@ -143,21 +143,37 @@ def mean(x, axis):
     return total / n
 
 
+def _float_only(x, fn: str) -> None:
+    """torch.softmax / log_softmax refuse integer and bool tensors ("not implemented for
+    'Byte'"); so do we, at the user's line (in integers, x - max(x) would wrap, too)."""
+    if isinstance(x, Sym) and not x.dtype.is_float:
+        raise _trace((x,), fn).error(
+            f"mf.{fn} needs a floating-point value, got {x.dtype} (torch.{fn} refuses integer "
+            f"and bool tensors too); convert first, e.g. mf.{fn}(x.to(mf.f32), ...)")
+
+
 def softmax(x, axis: str):
-    """exp(x - max) / sum(exp(x - max)); a row of all -inf gives NaN, as torch does."""
+    """exp(x - max) / sum(exp(x - max)); a row of all -inf gives NaN, as torch does.
+    Floating-point values only, as in torch."""
+    _float_only(x, "softmax")
     e = exp(x - max(x, axis))
     return e / sum(e, axis)
 
 
 def log_softmax(x, axis: str):
-    """(x - max) - log(sum(exp(x - max))), as torch.log_softmax."""
+    """(x - max) - log(sum(exp(x - max))), as torch.log_softmax. Floating-point values only,
+    as in torch."""
+    _float_only(x, "log_softmax")
     s = x - max(x, axis)
     return s - log(sum(exp(s), axis))
 
 
 def logsumexp(x, axis: str):
     """log(sum(exp(x))) computed stably like torch.logsumexp: an infinite max is replaced by 0
-    before shifting, so all -inf gives -inf and +inf gives +inf."""
+    before shifting, so all -inf gives -inf and +inf gives +inf. Integer and bool values are
+    converted to f32 first, as torch converts them to its default float dtype."""
+    if isinstance(x, Sym) and not x.dtype.is_float:
+        x = x.to("f32")
     m = max(x, axis)
     m = where(abs(m) == inf, 0.0, m)
     return log(sum(exp(x - m), axis)) + m

@@ -4,6 +4,13 @@
 `Decl` per computed value. f16/bf16 values are computed in f32 (`DType.compute`); conversions
 between compute types are explicit casts. How a tensor element, an axis position or an axis size
 is read is the schedule's business, passed in as callbacks.
+
+Integer arithmetic wraps at the value's own width, as torch's does (`wrap_int`): MSL promotes
+char/short operands to int, so a narrow result is converted back to its type explicitly
+(unsigned narrow values compute in uint, where u16 * u16 cannot overflow an int); signed
+32/64-bit add, sub, mul and negation, whose overflow is undefined in MSL as in C++, compute in the
+unsigned type of the same width and convert back (two's complement wrap). Shifts by the width or
+more and min // -1 follow torch through helpers (`mf_shl`, `mf_shr`, `mf_floordiv`).
 """
 from __future__ import annotations
 
@@ -20,6 +27,30 @@ _FLOAT_RESULT = set(_PRECISE_UNARY) | {"sigmoid", "erf"}
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^",
           "shl": "<<", "shr": ">>"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_UNSIGNED = {"int": "uint", "long": "ulong"}       # signed types whose overflow is undefined
+
+
+def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
+    """C operator `op` ("+", "-", "*", "-" unary with one arg, ...) on integer operands of
+    dtype dt, with torch's wrapping at dt's width and no undefined behaviour in MSL. A shift
+    ("<<", ">>") must have an amount in [0, width)."""
+    t = ctype(dt)
+
+    def e(xs):
+        return ir.Unary(op, xs[0]) if len(xs) == 1 else ir.Binary(op, *xs)
+    if dt.itemsize < 4:
+        # narrow: the operands promote to int (uint for unsigned types); convert back. Left
+        # shifts go through uint (shifting a negative int left is undefined)
+        if dt.kind == "uint" and op in ("+", "-", "*"):
+            args = tuple(ir.Cast("uint", a) for a in args)
+        elif op == "<<":
+            args = (ir.Cast("uint", args[0]), args[1])
+        return ir.Cast(t, e(args))
+    if t in _UNSIGNED and op in ("+", "-", "*"):
+        return ir.Cast(t, e(tuple(ir.Cast(_UNSIGNED[t], a) for a in args)))
+    if t in _UNSIGNED and op == "<<":
+        return ir.Cast(t, e((ir.Cast(_UNSIGNED[t], args[0]), args[1])))
+    return e(args)
 
 
 class UnsupportedConstruct(ValueError):
@@ -174,13 +205,17 @@ class ElementLowering:
             self.helpers.add("mf_erf")
             return ir.Call("mf_erf", (x,))
         if f == "neg":
-            return ir.Unary("-", x)
+            return wrap_int("-", (x,), dt) if dt.is_int else ir.Unary("-", x)
         if f == "abs":
-            return x if dt.kind in ("uint", "bool") else ir.Call("abs", (x,))
+            if dt.kind in ("uint", "bool"):
+                return x
+            # abs(min) is min, as in torch (and Metal's abs)
+            return ir.Cast(ctype(dt), ir.Call("abs", (x,))) if dt.itemsize < 4 and dt.is_int \
+                else ir.Call("abs", (x,))
         if f in ("floor", "ceil"):
             return ir.Call(f, (x,)) if dt.is_float else x
         if f == "invert":
-            return ir.Unary("!", x) if dt.kind == "bool" else ir.Unary("~", x)
+            return ir.Unary("!", x) if dt.kind == "bool" else wrap_int("~", (x,), dt)
         if f == "not":
             return ir.Unary("!", self._arg(n, 0, BOOL))
         raise UnsupportedConstruct(f"unary function '{f}'{where(n)} is not supported")
@@ -196,7 +231,16 @@ class ElementLowering:
         if f in _ARITH:
             if dt.kind == "bool" and f in ("add", "mul"):      # torch: bool + bool is logical
                 return ir.Binary("|" if f == "add" else "&", x, y)
+            if dt.is_int and f in ("shl", "shr"):
+                if isinstance(y, ir.Lit) and 0 <= int(y.value) < 8 * dt.itemsize:
+                    return wrap_int(_ARITH[f], (x, y), dt)
+                # a shift by the width or more is undefined in MSL; torch gives 0 (or -1)
+                self.helpers.add(f"mf_{f}")
+                return ir.Call(f"mf_{f}", _typed(x, y))
+            if dt.is_int:
+                return wrap_int(_ARITH[f], (x, y), dt)
             return ir.Binary(_ARITH[f], x, y)
+        x, y = _typed(x, y)
         if f in ("maximum", "minimum"):
             self.helpers.add(f"mf_{f}")
             return ir.Call(f"mf_{f}", (x, y))
@@ -216,6 +260,13 @@ class ElementLowering:
             self.helpers.add("mf_floordiv")
             return ir.Call("mf_floordiv", (x, y))
         raise UnsupportedConstruct(f"binary operation '{f}'{where(n)} is not supported")
+
+
+def _typed(*args: ir.Expr) -> tuple[ir.Expr, ...]:
+    """Operands of a helper that is a template over one type: a literal takes that type
+    explicitly (an MSL literal is an int or uint, never a char, short or long)."""
+    return tuple(ir.Cast(a.type, a) if isinstance(a, ir.Lit) and
+                 a.type not in ("int", "uint", "float", "bool") else a for a in args)
 
 
 def _ident(axis: str) -> str:
