@@ -1,8 +1,12 @@
 """The reference: evaluate a Graph with torch eager ops on the caller's tensors.
 
 Each node is computed in float64 for float dtypes (float32 on devices without float64, i.e.
-MPS), int64 for integers (wrapped back to the node's width after every op, so integer
-overflow behaves as in the kernel's dtype) and bool for bools. Explicit casts round to their
+MPS) and its value rounded to fp32, the type a float value has in the kernel and in torch's fp32
+arithmetic (f16/bf16 compute in f32): every op gives its float64 result rounded to fp32, a value
+that under- or overflows fp32 does so here too (x * x of a tiny x is 0, as torch says), while a
+reduction adds its fp32 terms in float64. Float runtime scalars are bound as 32-bit floats and
+rounded the same way. Integers are int64 (wrapped back to the node's width after every op, so
+integer overflow behaves as in the kernel's dtype) and bool for bools. Explicit casts round to their
 target dtype; only the outputs are cast to their storage dtype. Values carry their axes in the
 graph's canonical order and broadcast by name (missing axes become size-1 dims).
 Reductions follow torch: max/min propagate NaN (torch.amax/amin), argmax/argmin give the
@@ -50,6 +54,10 @@ def evaluate(graph: Graph, values: Mapping[str, Any]):
 
     def ctype(dt: DType) -> torch.dtype:
         return fdt if dt.is_float else (torch.bool if dt is BOOL else torch.int64)
+
+    def fp32(t: torch.Tensor, dt: DType) -> torch.Tensor:
+        # a float node's value as the kernel holds it: an fp32 number
+        return t.to(torch.float32).to(fdt) if dt.is_float and fdt != torch.float32 else t
 
     def wrap(t: torch.Tensor, dt: DType) -> torch.Tensor:
         # integer results wrap to their own width, as they do in the kernel
@@ -99,7 +107,7 @@ def evaluate(graph: Graph, values: Mapping[str, Any]):
             r = wrap(_REDUCE[kind](val[id(x)], dim=x.axes.index(axis)).to(ct), n.dtype)
         else:
             raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{graph.name}'")
-        val[id(n)] = r
+        val[id(n)] = fp32(r, n.dtype)
 
     outs = []
     for o in graph.outputs:

@@ -209,3 +209,18 @@ def test_shape_errors_reach_the_caller():
     with pytest.raises(mf.ShapeError, match=r"dim 'D' is 4 in argument 'x' but 5 in argument "
                                             r"'w'"):
         rms_norm.reference(torch.randn(2, 4), torch.randn(5))
+
+
+def test_float_values_have_fp32_range_like_torch():
+    """A float node holds an fp32 value in the kernel and in torch (f16/bf16 compute in f32):
+    x * x of a tiny x underflows to 0 there, so with eps = 0 rms_norm gives inf. The reference
+    rounds every float node to fp32, so it says inf as torch does (float64 throughout said a
+    finite number, which no kernel can produce)."""
+    x = torch.tensor([[3e-23, -2e-23], [1e-30, 5e-31]])
+    w = torch.tensor([1.5, -0.5])
+    want = F.rms_norm(x, (2,), w, eps=0.0)                      # torch's own fp32 evaluation
+    assert want.isinf().all()
+    close(rms_norm.reference(x, w, eps=0.0), want)
+    close(rms_norm(x, w, eps=0.0), want)
+    big = torch.tensor([[3e19, 1e19]])                          # x * x overflows to inf
+    close(rms_norm.reference(big, w, eps=0.0), F.rms_norm(big, (2,), w, eps=0.0))
