@@ -173,3 +173,20 @@ def test_mf_check_fixture_uses_the_session_profile(mf_check):
     assert mf_check.keywords["profile"] == profile().name
     assert mf_check(chk_affine, dtypes={"T": "f32"}, values={"flip": False},
                     max_examples=2).examples == 2
+
+
+@mf.kernel
+def chk_col_sum(x: "T[R, D]"):
+    return mf.sum(x, axis="R")
+
+
+def test_variants_the_schedules_refuse_are_left_out_and_reported():
+    """Integer sums are refused before launch with a clear error (UnsupportedConstruct), which
+    is not a wrong answer: check leaves such variants out (reporting them), and fails when none
+    is left."""
+    report = check(chk_col_sum, dtypes={"T": ["f32", "i32", "u8"]}, max_examples=4)
+    assert report.variants == ["T=f32"]
+    assert [r.split(":")[0] for r in report.refused_variants] == ["T=i32", "T=u8"]
+    assert "integer sums" in report.refused_variants[0]
+    with pytest.raises(ValueError, match=r"(?s)chk_col_sum.*T=i32.*integer sums"):
+        check(chk_col_sum, dtypes={"T": "i32"}, max_examples=1)

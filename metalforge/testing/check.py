@@ -48,6 +48,7 @@ class Report:
     profile: str
     variants: list[str] = field(default_factory=list)
     skipped_variants: list[str] = field(default_factory=list)
+    refused_variants: list[str] = field(default_factory=list)   # "T=i32: <the error>"
     examples: int = 0
 
 
@@ -79,11 +80,11 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     params = tuple(kernel.params)
     dims = dict(dims or {})
     per_param, global_families = _split_values(values, params, kernel)
-    variants = _variants(kernel, params, dtypes, per_param)
+    variants, refused = _variants(kernel, params, dtypes, per_param)
     cap = max_variants if max_variants is not None else prof.max_variants
     chosen = _spread(variants, cap)
     report = Report(kernel.name, prof.name, [v.describe() for v in chosen],
-                    [v.describe() for v in variants if v not in chosen])
+                    [v.describe() for v in variants if v not in chosen], refused)
     n = max_examples if max_examples is not None else prof.settings.max_examples
     budget = memory_budget if memory_budget is not None else prof.memory_budget
     for variant in chosen:
@@ -123,8 +124,13 @@ def _dtype_vars(params) -> dict[str, list[TensorParam]]:
     return out
 
 
-def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
+def _variants(kernel, params, dtypes, per_param) -> tuple[list[Variant], list[str]]:
+    """The variants that trace and lower, and those the schedules refuse with a clear error
+    before any launch (e.g. integer sums): "T=i32: <error>". Refusing is the kernel's
+    documented behaviour, not a wrong answer, so these are left out (and reported)."""
     from ..frontend.errors import BindingError, TraceError
+    from ..runtime import schedule_of
+    from ..schedule import UnsupportedConstruct
 
     dvars = _dtype_vars(params)
     dtypes = dict(dtypes or {})
@@ -149,6 +155,7 @@ def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
     const_choices = [S.const_values(p, per_param.get(p.name)) for p in consts]
     out: list[Variant] = []
     errors: list[str] = []
+    refused: list[str] = []
     for combo in itertools.product(*choices):
         dt = dict(zip(dvars, combo))
         for cvals in itertools.product(*const_choices):
@@ -159,11 +166,17 @@ def _variants(kernel, params, dtypes, per_param) -> list[Variant]:
                 if str(e) not in errors:
                     errors.append(str(e))
                 continue
-            out.append(Variant(dt, cs, graph))
+            v = Variant(dt, cs, graph)
+            try:
+                schedule_of(graph, launch=getattr(kernel, "launch", None))
+            except UnsupportedConstruct as e:
+                refused.append(f"{v.describe()}: {e}")
+                continue
+            out.append(v)
     if not out:
-        raise ValueError(f"check({kernel.name}): no dtype/Const combination traces; the "
-                         f"errors were:\n" + "\n".join(errors[:5]))
-    return out
+        raise ValueError(f"check({kernel.name}): no dtype/Const combination traces and lowers; "
+                         f"the errors were:\n" + "\n".join((errors + refused)[:5]))
+    return out, refused
 
 
 def _spread(variants: list[Variant], cap: Optional[int]) -> list[Variant]:
