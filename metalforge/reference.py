@@ -14,7 +14,7 @@ first index of the extreme value or of the first NaN, integer sums are int64.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -43,9 +43,12 @@ _REDUCE = {
 }
 
 
-def evaluate(graph: Graph, values: Mapping[str, Any]):
+def evaluate(graph: Graph, values: Mapping[str, Any],
+             adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]] = None):
     """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
-    output tensor (or a tuple for several outputs) with batch dims re-expanded."""
+    output tensor (or a tuple for several outputs) with batch dims re-expanded.
+    adjust(node, input, result) may replace each reduction's result (testing uses it to see how
+    far the outputs move when a sum is off by its allowed rounding error)."""
     tensors = {t.name: values[t.name] for t in graph.tensors}
     binding = bind_shapes(graph, tensors)
     sizes = binding.sizes
@@ -105,6 +108,8 @@ def evaluate(graph: Graph, values: Mapping[str, Any]):
             kind, axis = n.attr
             x = n.args[0]
             r = wrap(_REDUCE[kind](val[id(x)], dim=x.axes.index(axis)).to(ct), n.dtype)
+            if adjust is not None:
+                r = adjust(n, val[id(x)], r)
         else:
             raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{graph.name}'")
         val[id(n)] = fp32(r, n.dtype)

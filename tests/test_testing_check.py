@@ -190,3 +190,42 @@ def test_variants_the_schedules_refuse_are_left_out_and_reported():
     assert "integer sums" in report.refused_variants[0]
     with pytest.raises(ValueError, match=r"(?s)chk_col_sum.*T=i32.*integer sums"):
         check(chk_col_sum, dtypes={"T": "i32"}, max_examples=1)
+
+
+@mf.kernel
+def chk_layer_norm(x: "T[*B, D]", w: "T[D]", b: "T[D]", eps: float = 1e-5):
+    mu = mf.mean(x, axis="D")
+    var = mf.mean((x - mu) * (x - mu), axis="D")
+    return (x - mu) * mf.rsqrt(var + eps) * w + b
+
+
+def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
+    """LayerNorm of a constant row (an expanded input): x - mean(x) is pure fp32 rounding,
+    multiplied by rsqrt(eps) ~ 316. torch's own fp32 evaluation of the same expression is off
+    by as much as the kernel; the slack (how far the reference moves when its sums are off by
+    the allowed accumulation error) lets both pass, and stays tiny for ordinary rows."""
+    from metalforge.testing.check import reduction_slack
+    from metalforge.testing.tolerance import compare, tolerance
+
+    torch.manual_seed(0)
+    d = 63
+    w, b = torch.randn(d), torch.randn(d)
+    x = torch.tensor([-0.8192821741104126]).expand(d)          # stride 0: a constant row
+    g = chk_layer_norm.graph(T="f32")
+    args = {"x": x, "w": w, "b": b, "eps": 1e-5}
+    want = chk_layer_norm.reference(x, w, b)
+    mu = x.mean(-1, keepdim=True)
+    eager = (x - mu) * torch.rsqrt(((x - mu) * (x - mu)).mean(-1, keepdim=True) + 1e-5) * w + b
+    tol = tolerance("f32", reduction_length=2 * d, scale=float(max(w.abs().max(),
+                                                                   b.abs().max(), x.abs()[0])))
+    got = chk_layer_norm(x, w, b)
+    assert compare(eager, want, tol) is not None                # torch fails the plain bound
+    slack = reduction_slack(g, args, (want,))[0]
+    assert compare(eager, want, tol, slack=slack) is None
+    assert compare(got, want, tol, slack=slack) is None
+    assert compare(got + 0.01, want, tol, slack=slack) is not None     # still a real bound
+    # an ordinary row: the slack is below the tolerance itself
+    x = torch.randn(4, d)
+    want = chk_layer_norm.reference(x, w, b)
+    slack = reduction_slack(g, {**args, "x": x}, (want,))[0]
+    assert float(slack.max()) < tol.atol + tol.rtol * float(want.abs().min())

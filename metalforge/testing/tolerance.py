@@ -18,6 +18,13 @@ magnitude of the numbers involved (the largest finite |value| fed to the kernel,
 reductions when that is known), so ``atol`` is relative to the problem, not to 1: tiny inputs are
 compared tightly, large ones are not failed for cancellation both sides suffer.
 
+Ill-conditioned outputs: a sum's rounding error can be amplified by what follows it (LayerNorm
+of a constant row: x - mean(x) is pure rounding, multiplied by rsqrt(var + eps), ~316 for
+eps = 1e-5), and any fp32 evaluation, torch's included, is then that far off. `check` measures
+this per element (`check.reduction_slack`: how far the reference's outputs move when every float
+sum is off by ACCUMULATION * sqrt(n) * sum(|terms|), either way) and passes it to `compare` as
+``slack``, added to the allowed difference.
+
 Integer and bool outputs must be equal. Shapes and dtypes must be equal.
 """
 from __future__ import annotations
@@ -129,8 +136,9 @@ class Breach:
 
 
 def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
-            output: int = 0) -> Optional[Breach]:
-    """None when ``got`` matches ``expected`` under ``tol``, else the `Breach`."""
+            output: int = 0, slack: Optional[torch.Tensor] = None) -> Optional[Breach]:
+    """None when ``got`` matches ``expected`` under ``tol``, else the `Breach`. ``slack``: an
+    extra allowed difference per element (the output's sensitivity to reduction rounding)."""
     label = f"output {output}"
     if tuple(got.shape) != tuple(expected.shape):
         return Breach(output, "shape", f"{label}: shape {tuple(got.shape)}, expected "
@@ -155,6 +163,8 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
         inf_bad = (gi | ei) & ~(gn | en) & (g != e)
         finite = ~(gn | en | gi | ei)
         allowed = tol.atol + tol.rtol * e.abs()
+        if slack is not None:
+            allowed = allowed + slack.detach().cpu().to(torch.float64).reshape(e.shape)
         diff = torch.where(finite, (g - e).abs(), torch.zeros_like(g))
         value_bad = finite & (diff > allowed)
         bad = nan_bad | inf_bad | value_bad
@@ -178,12 +188,15 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
         kind = ("nan" if bool(nan_bad.reshape(-1)[flat])
                 else "inf" if bool(inf_bad.reshape(-1)[flat]) else "value")
         d = abs(gv - ev) if kind == "value" else math.nan
-        allowed_v = tol.atol + tol.rtol * abs(ev) if math.isfinite(ev) else math.nan
+        extra = float(slack.reshape(-1)[flat]) if slack is not None else 0.0
+        allowed_v = tol.atol + tol.rtol * abs(ev) + extra if math.isfinite(ev) else math.nan
         detail = (f"got {gv!r}, expected {ev!r}"
                   + (f", |diff| {d:.6g} > allowed {allowed_v:.6g}" if kind == "value" else
                      f" ({'NaN' if kind == 'nan' else 'inf'} mismatch)"))
     message = (f"{label}: {mismatched} of {total} elements out of tolerance; worst at index "
-               f"{list(index)}: {detail}; tolerance {tol.describe()}")
+               f"{list(index)}: {detail}; tolerance {tol.describe()}"
+               + (f" + sensitivity to reduction rounding {extra:.3g}" if slack is not None and
+                  kinds is not None else ""))
     return Breach(output, kind, message, index, gv, ev, mismatched, total)
 
 
