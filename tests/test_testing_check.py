@@ -204,7 +204,7 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     multiplied by rsqrt(eps) ~ 316. torch's own fp32 evaluation of the same expression is off
     by as much as the kernel; the slack (how far the reference moves when its sums are off by
     the allowed accumulation error) lets both pass, and stays tiny for ordinary rows."""
-    from metalforge.testing.check import reduction_slack
+    from metalforge.testing.check import moved_references, reduction_slack
     from metalforge.testing.tolerance import compare, tolerance
 
     torch.manual_seed(0)
@@ -224,6 +224,18 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     assert compare(eager, want, tol, slack=slack) is None
     assert compare(got, want, tol, slack=slack) is None
     assert compare(got + 0.01, want, tol, slack=slack) is not None     # still a real bound
+    # with an infinite weight the element is rounding residue x inf: the reference's residue is
+    # exactly 0 (NaN), the kernel's is not (inf); a sum off by its allowed error gives inf too
+    w2 = w.clone()
+    w2[5] = math.inf
+    want, got = chk_layer_norm.reference(x, w2, b), chk_layer_norm(x, w2, b)
+    assert want[5].isnan() and got[5].isinf()
+    moved = moved_references(g, {**args, "w": w2})
+    slack = reduction_slack(g, {**args, "w": w2}, (want,))[0]
+    assert compare(got, want, tol, slack=slack) is not None
+    assert compare(got, want, tol, slack=slack, alternatives=[m[0] for m in moved]) is None
+    got[5] = 1.0
+    assert compare(got, want, tol, slack=slack, alternatives=[m[0] for m in moved]) is not None
     # an ordinary row: the slack is below the tolerance itself
     x = torch.randn(4, d)
     want = chk_layer_norm.reference(x, w, b)
