@@ -236,6 +236,15 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     assert compare(got, want, tol, slack=slack, alternatives=[m[0] for m in moved]) is None
     got[5] = 1.0
     assert compare(got, want, tol, slack=slack, alternatives=[m[0] for m in moved]) is not None
+    # eps = 0: the reference's 0 * rsqrt(0) is NaN, the kernel's residue / |residue| is +-1
+    args0 = {**args, "eps": 0.0}
+    want, got = chk_layer_norm.reference(x, w, b, eps=0.0), chk_layer_norm(x, w, b, eps=0.0)
+    assert want.isnan().all() and got.isfinite().all()
+    assert any(torch.allclose(got, s * w + b) for s in (1.0, -1.0))     # residue / |residue|
+    moved = moved_references(g, args0)
+    assert compare(got, want, tol) is not None
+    assert compare(got, want, tol, alternatives=[m[0] for m in moved]) is None
+    assert compare(got + 0.01, want, tol, alternatives=[m[0] for m in moved]) is not None
     # an ordinary row: the slack is below the tolerance itself
     x = torch.randn(4, d)
     want = chk_layer_norm.reference(x, w, b)

@@ -23,8 +23,9 @@ of a constant row: x - mean(x) is pure rounding, multiplied by rsqrt(var + eps),
 eps = 1e-5), and any fp32 evaluation, torch's included, is then that far off. `check` measures
 this per element (`check.reduction_slack`: how far the reference's outputs move when every float
 sum is off by ACCUMULATION * sqrt(n) * sum(|terms|), either way) and passes it to `compare` as
-``slack``, added to the allowed difference; where such a moved reference is NaN or ±inf (the
-residue times an infinite weight), the kernel may give that value too (``alternatives``).
+``slack``, added to the allowed difference; where the reference is NaN or ±inf and such a moved
+reference is not, or the other way round (the residue times an infinite weight, or 0/0 with
+eps = 0), the kernel may give what the moved one gives (``alternatives``).
 
 Integer and bool outputs must be equal. Shapes and dtypes must be equal.
 """
@@ -141,10 +142,11 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
             alternatives: Optional[Iterable[torch.Tensor]] = None) -> Optional[Breach]:
     """None when ``got`` matches ``expected`` under ``tol``, else the `Breach`. ``slack``: an
     extra allowed difference per element (the output's sensitivity to reduction rounding).
-    ``alternatives``: the reference with its sums off by their allowed rounding; where one of
-    them is NaN or ±inf, ``got`` may be that too (a rounding residue times inf: LayerNorm of a
-    constant row with an infinite weight is NaN or ±inf depending on the last bit of the
-    mean)."""
+    ``alternatives``: the reference with its sums off by their allowed rounding; where the
+    reference is NaN or ±inf and one of them is not, or the other way round, ``got`` may match
+    that one instead (LayerNorm of a constant row: x - mean(x) is 0 or a rounding residue, so
+    with an infinite weight the output is NaN or ±inf, and with eps = 0 it is 0/0 = NaN or
+    ±w + b, depending on the last bit of the mean)."""
     label = f"output {output}"
     if tuple(got.shape) != tuple(expected.shape):
         return Breach(output, "shape", f"{label}: shape {tuple(got.shape)}, expected "
@@ -168,8 +170,12 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
         nan_bad = gn != en
         inf_bad = (gi | ei) & ~(gn | en) & (g != e)
         for a in alternatives or ():
+            # where the exact reference is NaN/inf but one with its sums off by their allowed
+            # rounding is not (or the other way round), got may be what that one gives
             a = a.detach().cpu().to(torch.float64).reshape(e.shape)
-            same = (gn & torch.isnan(a)) | (gi & (g == a))
+            af = torch.isfinite(a)
+            same = (gn & torch.isnan(a)) | (gi & (g == a)) | \
+                (torch.isfinite(g) & af & ((g - a).abs() <= tol.atol + tol.rtol * a.abs()))
             nan_bad = nan_bad & ~same
             inf_bad = inf_bad & ~same
         finite = ~(gn | en | gi | ei)
