@@ -13,7 +13,7 @@ order in which the axes first appear in the kernel's parameters (then in ``mf.in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from .dtypes import DType
 
@@ -142,25 +142,7 @@ class Graph:
 
     def nodes(self) -> Iterator[Node]:
         """Every node reachable from the outputs, each once, operands before users."""
-        seen: set[int] = set()
-        order: list[Node] = []
-
-        def visit(n: Node) -> None:
-            stack = [(n, False)]
-            while stack:
-                node, done = stack.pop()
-                if done:
-                    order.append(node)
-                    continue
-                if id(node) in seen:
-                    continue
-                seen.add(id(node))
-                stack.append((node, True))
-                stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
-
-        for o in self.outputs:
-            visit(o.node)
-        return iter(order)
+        return iter(topo_order([o.node for o in self.outputs]))
 
     def reductions(self) -> list[Node]:
         return [n for n in self.nodes() if n.op == "reduce"]
@@ -171,3 +153,24 @@ class Graph:
                 if d.name == axis:
                     return d
         raise KeyError(axis)
+
+
+def topo_order(roots: Iterable[Node], seen: Iterable[int] = ()) -> list[Node]:
+    """Every node reachable from `roots` (in their order), each once, operands before users
+    (an iterative post-order walk); nodes whose id() is in `seen` are skipped, and so is
+    everything reachable only through them."""
+    done_ids: set[int] = set(seen)
+    order: list[Node] = []
+    for r in roots:
+        stack = [(r, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if id(node) in done_ids:
+                continue
+            done_ids.add(id(node))
+            stack.append((node, True))
+            stack.extend((a, False) for a in reversed(node.args) if id(a) not in done_ids)
+    return order

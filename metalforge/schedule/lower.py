@@ -18,7 +18,7 @@ from typing import Callable
 
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
-from ..graph import Graph, Node
+from ..graph import Graph, Node, topo_order
 
 # math functions that have a precise:: form in MSL (accuracy matters: DESIGN §4)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
@@ -107,7 +107,7 @@ class ElementLowering:
     # -- walking ------------------------------------------------------------------------
     def lower(self, roots: list[Node]) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
-        for n in self._order(roots):
+        for n in topo_order(roots, seen=self.values):
             if id(n) in self.values:
                 continue
             e = self._expr(n)
@@ -121,23 +121,6 @@ class ElementLowering:
 
     def value(self, n: Node) -> ir.Expr:
         return self.values[id(n)]
-
-    def _order(self, roots: list[Node]) -> list[Node]:
-        seen: set[int] = set(self.values)
-        order: list[Node] = []
-        for r in roots:
-            stack = [(r, False)]
-            while stack:
-                node, done = stack.pop()
-                if done:
-                    order.append(node)
-                    continue
-                if id(node) in seen:
-                    continue
-                seen.add(id(node))
-                stack.append((node, True))
-                stack.extend((a, False) for a in reversed(node.args) if id(a) not in seen)
-        return order
 
     def _name(self, n: Node) -> str:
         if n.op == "load":
