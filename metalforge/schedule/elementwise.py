@@ -307,28 +307,36 @@ class _Builder:
                         tuple(t.name for t in self.vec_in), self.index64)
 
     def _params(self) -> tuple[ir.Param, ...]:
-        ps: list[ir.Param] = []
+        return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")
 
-        def add(name, kind, typ, binds, writable=False, cast=None):
-            ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
 
-        for t in self.inputs:
-            add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
-        for kk in range(len(self.g.outputs)):
-            add(self.out_names[kk], "buffer", self.out_stype(kk), ("output", kk), writable=True)
-        for s in self.scalars:
-            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
-                cast=_SCALAR_CASTS.get(s.dtype.name))
-        icast = None if self.index64 else "int32"
+def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...]:
+    """The kernel's parameter list, in binding order: the inputs it reads, the outputs, the
+    scalars it uses, [mf_numel,] the axis sizes it uses. `b` is a schedule builder (its graph
+    `g`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
+    `index64`); `what` goes after "kernel arguments" in the too-many-arguments error."""
+    ps: list[ir.Param] = []
+
+    def add(name, kind, typ, binds, writable=False, cast=None):
+        ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+
+    for t in b.inputs:
+        add(b.names[t.name], "buffer", b.in_stype(t), ("input", t.name))
+    for k in range(len(b.g.outputs)):
+        add(b.out_names[k], "buffer", b.out_stype(k), ("output", k), writable=True)
+    for s in b.scalars:
+        add(b.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
+            cast=_SCALAR_CASTS.get(s.dtype.name))
+    icast = None if b.index64 else "int32"
+    if numel:
         add("mf_numel", "scalar", IDX, ("numel",), cast=icast)
-        for a in self.sizes_used:
-            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
-        if len(ps) > MAX_BUFFERS:
-            raise UnsupportedConstruct(
-                f"kernel '{self.g.name}' needs {len(ps)} kernel arguments (tensors, outputs, "
-                f"scalars and sizes), over Metal's {MAX_BUFFERS} buffer slots; split it into "
-                f"smaller kernels")
-        return tuple(ps)
+    for a in b.sizes_used:
+        add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+    if len(ps) > MAX_BUFFERS:
+        raise UnsupportedConstruct(
+            f"kernel '{b.g.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
+            f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
+    return tuple(ps)
 
 
 def _mentions(stmts: list, name: str) -> bool:

@@ -27,7 +27,7 @@ from typing import Mapping
 from .. import ir
 from ..graph import Graph, Node, TensorParam
 from .base import Schedule, Traffic
-from .elementwise import IDX, MAX_BUFFERS, _SCALAR_CASTS, host_name as _host_name, param_name
+from .elementwise import IDX, host_name as _host_name, kernel_params, param_name
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
 from . import reduce as red
@@ -571,23 +571,4 @@ class _Builder:
                            reductions=reds, passes=passes)
 
     def _params(self) -> tuple[ir.Param, ...]:
-        ps: list[ir.Param] = []
-
-        def add(name, kind, typ, binds, writable=False, cast=None):
-            ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
-
-        for t in self.inputs:
-            add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
-        for k in range(len(self.g.outputs)):
-            add(self.out_names[k], "buffer", self.out_stype(k), ("output", k), writable=True)
-        for s in self.scalars:
-            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
-                cast=_SCALAR_CASTS.get(s.dtype.name))
-        icast = None if self.index64 else "int32"
-        for a in self.sizes_used:
-            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
-        if len(ps) > MAX_BUFFERS:
-            raise UnsupportedConstruct(
-                f"kernel '{self.g.name}' needs {len(ps)} kernel arguments, over Metal's "
-                f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
-        return tuple(ps)
+        return kernel_params(self)
