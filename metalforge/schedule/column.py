@@ -21,10 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .. import ir
-from ..graph import Graph, Node, TensorParam
-from .base import Traffic
-from .elementwise import IDX, host_name as _host_name, kernel_params, param_name
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from ..graph import Graph, Node
+from .elementwise import IDX, host_name as _host_name
+from .lower import ElementLowering, convert, ctype
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce as red
@@ -62,76 +61,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
     return _Builder(graph, policy, index64).build()
 
 
-class _Builder:
+class _Builder(red.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
-        self.g, self.p, self.index64 = graph, policy, index64
-        reds = graph.reductions()
-        self.A = A = reds[0].attr[1]
-        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
-        self.cols = tuple(a for a in widest if a != A)
-        allowed = set(self.cols) | {A}
-        nodes = list(graph.nodes())
-        used = {n.attr for n in nodes if n.op == "load"}
-        self.inputs = [t for t in graph.tensors if t.name in used]
-        for t in self.inputs:
-            extra = [a for a in t.axes if a not in allowed]
-            if extra:
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
-                    f"output keeps and no reduction removes")
-        for o in graph.outputs:
-            if set(o.axes) - {A} != set(self.cols):
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
-                    f"{list(widest)}: every output of a column reduction must cover the same "
-                    f"columns {list(self.cols)}")
-        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
-                                                        for n in nodes)]
-        self.tvars = dict(graph.dtype_vars)
-        self.names = {t.name: param_name(t.name) for t in graph.tensors}
-        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
-        single = len(graph.outputs) == 1
-        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
-        self.sizes_used: list[str] = [A] + list(self.cols)
-        self.helpers: set[str] = set()
-
-    def in_stype(self, t: TensorParam) -> str:
-        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
-
-    def out_stype(self, k: int) -> str:
-        o = self.g.outputs[k]
-        for v, d in self.tvars.items():
-            if d == o.dtype:
-                return v
-        return o.dtype.msl
-
-    def size(self, axis: str) -> ir.Expr:
-        if axis not in self.sizes_used:
-            self.sizes_used.append(axis)
-        return ir.Var(f"mf_size_{ident(axis)}")
-
-    def elem(self, n: Node) -> bool:
-        return self.A in n.axes
-
-    def span(self, axes) -> ir.Expr:
-        e: ir.Expr = ir.Lit(1, IDX)
-        for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
-        return e
-
-    def col_position(self, axis: str) -> ir.Expr:
-        name = f"mf_colpos_{ident(axis)}"
-        if name not in self.pre_names:
-            k = self.cols.index(axis)
-            inner = self.cols[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_col"))
-            if inner:
-                e = ir.Binary("/", e, self.span(inner))
-            if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
-            self.pre.append(ir.Decl(name, IDX, e))
-            self.pre_names.add(name)
-        return ir.Var(name)
+        super().__init__(graph, policy, index64, graph.reductions()[0].attr[1], "col", "column")
 
     def bases(self, name: str, axes: tuple[str, ...]) -> tuple[ir.Expr, ir.Expr]:
         """(offset of this column's element at position 0 of the reduced axis, stride of the
@@ -140,21 +72,21 @@ class _Builder:
         if b not in self.pre_names:
             e = None
             for a in axes:
-                pos = None if a == self.A else self.col_position(a)
+                pos = None if a == self.axis else self.position(a)
                 if e is not None:
                     e = ir.Binary("*", e, self.size(a))
                 if pos is not None:
                     e = pos if e is None else ir.Binary("+", e, pos)
             self.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
             self.pre_names.add(b)
-            if self.A in axes:
-                after = axes[axes.index(self.A) + 1:]
+            if self.axis in axes:
+                after = axes[axes.index(self.axis) + 1:]
                 self.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
         return ir.Var(b), ir.Var(st)
 
     def at(self, name: str, axes) -> ir.Expr:
         b, st = self.bases(name, axes)
-        if self.A not in axes:
+        if self.axis not in axes:
             return b
         return ir.Binary("+", b, ir.Binary("*", ir.Cast(IDX, ir.Var("mf_k")), st))
 
@@ -168,25 +100,7 @@ class _Builder:
         return v
 
     def el_position(self, axis: str) -> ir.Expr:
-        return ir.Var("mf_k") if axis == self.A else self.col_position(axis)
-
-    def cone(self, roots):
-        seen: set[int] = set()
-        tensors: list[str] = []
-        frontier: list[Node] = []
-        stack = list(roots)
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            if not self.elem(n):
-                frontier.append(n)
-                continue
-            if n.op == "load" and n.attr not in tensors:
-                tensors.append(n.attr)
-            stack.extend(n.args)
-        return tensors, frontier
+        return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
     def kernel(self, variant: str):
         g = self.g
@@ -198,7 +112,7 @@ class _Builder:
         self.pre: list[ir.Stmt] = []
         self.pre_names: set[str] = set()
         tg: list[ir.Stmt] = []
-        self.collow = ElementLowering(g, self.col_load, self.col_position, self.size,
+        self.collow = ElementLowering(g, self.col_load, self.position, self.size,
                                       lambda s: self.names[s], prefix="mf_r")
         self.helpers |= red.helpers_of(reds, simd=False)
         passes: dict[str, int] = {}
@@ -233,10 +147,10 @@ class _Builder:
             inner = [ir.Decl("mf_k", "uint", k_expr)]
             if split:
                 inner.append(ir.If(ir.Binary("<", ir.Cast(IDX, ir.Var("mf_k")),
-                                             self.size(self.A)), body))
+                                             self.size(self.axis)), body))
             else:
                 inner += body
-            stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.A))
+            stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
             return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
 
         for p in range(nph):
@@ -288,7 +202,7 @@ class _Builder:
             for r in rs:
                 self.collow.values[id(r.node)] = red.result(r)
 
-        el_outs = [k for k, o in enumerate(g.outputs) if self.A in o.axes]
+        el_outs = [k for k, o in enumerate(g.outputs) if self.axis in o.axes]
         col_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
         if el_outs:
             main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
@@ -310,7 +224,7 @@ class _Builder:
             else:
                 main += stores
 
-        ncols = self.span(self.cols)
+        ncols = self.span(self.outer)
         if split:
             threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                        ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
@@ -325,7 +239,7 @@ class _Builder:
                     ir.Decl("mf_live", "bool", ir.Binary("<", ir.Cast(IDX, ir.Var("mf_col")),
                                                          ncols)),
                     ir.Decl("mf_steps", "uint", ir.Binary("/", ir.Binary(
-                        "+", ir.Cast("uint", self.size(self.A)), ir.Lit(S - 1, "uint")),
+                        "+", ir.Cast("uint", self.size(self.axis)), ir.Lit(S - 1, "uint")),
                         ir.Lit(S, "uint")))]
         else:
             threads = (ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),)
@@ -339,8 +253,8 @@ class _Builder:
                                    (*(d.msl for d in self.tvars.values()),
                                     "ulong" if self.index64 else "uint")),),
             params=(), threads=threads, body=body,
-            summary=(f"{g.name} ({variant}): reduces '{self.A}' (not innermost) for each column "
-                     f"of [{', '.join(self.cols)}] in {nph} phase(s); " +
+            summary=(f"{g.name} ({variant}): reduces '{self.axis}' (not innermost) for each column "
+                     f"of [{', '.join(self.outer)}] in {nph} phase(s); " +
                      (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
                       f"memory" if split else "one thread per column, looping over the axis") +
                      "; fp32 accumulation, compensated sums"))
@@ -362,9 +276,6 @@ class _Builder:
             k.params, k.helpers = params, helpers
         policy = replace(self.p, threadgroup_bytes=tgb)
         return ColumnSchedule("column", self.g, policy, kernels["column"],
-                              tuple(self.cols) + (self.A,), (), self.index64, axis=self.A,
-                              rows=self.cols, variants=kernels,
+                              tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,
+                              rows=self.outer, variants=kernels,
                               reductions=red.phases(self.g, online=False), passes=passes)
-
-    def _params(self) -> tuple[ir.Param, ...]:
-        return kernel_params(self)

@@ -33,8 +33,10 @@ from typing import Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
-from ..graph import Graph, Node
-from .lower import UnsupportedConstruct, ctype, where
+from ..graph import Graph, Node, TensorParam
+from .policy import LaunchPolicy
+from .elementwise import IDX, kernel_params, param_name
+from .lower import UnsupportedConstruct, ctype, ident, where
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -310,3 +312,109 @@ def result(r: Reduction) -> ir.Expr:
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
     want = ctype(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))
+
+
+# --------------------------------------------------------------------------- builders
+
+class Builder:
+    """What the row and column schedule builders share: the checks on the graph, names and
+    types of parameters, sizes used, positions of the thread's row/column (`outer` axes:
+    every output axis but the reduced `axis`), the element cone of a phase, the parameters.
+    `tag` names the thread's unit in generated code (mf_row, mf_rowpos_<axis>); `unit` in
+    messages."""
+
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool, axis: str,
+                 tag: str, unit: str):
+        self.g, self.p, self.index64 = graph, policy, index64
+        self.axis, self.tag = axis, tag
+        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
+        self.outer = tuple(a for a in widest if a != axis)
+        self.allowed = set(self.outer) | {axis}
+        self.nodes = nodes = list(graph.nodes())
+        used = {n.attr for n in nodes if n.op == "load"}
+        self.inputs = [t for t in graph.tensors if t.name in used]
+        for t in self.inputs:
+            extra = [a for a in t.axes if a not in self.allowed]
+            if extra:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                    f"output keeps and no reduction removes")
+        for o in graph.outputs:
+            if set(o.axes) - {axis} != set(self.outer):
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
+                    f"{list(widest)}: every output of a {unit} reduction must cover the same "
+                    f"{unit}s {list(self.outer)}")
+        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
+                                                        for n in nodes)]
+        self.tvars = dict(graph.dtype_vars)
+        self.names = {t.name: param_name(t.name) for t in graph.tensors}
+        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
+        single = len(graph.outputs) == 1
+        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
+        self.sizes_used: list[str] = [axis] + list(self.outer)
+        self.helpers: set[str] = set()
+
+    # -- types and names ---------------------------------------------------------------
+    def in_stype(self, t: TensorParam) -> str:
+        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
+
+    def out_stype(self, k: int) -> str:
+        o = self.g.outputs[k]
+        for v, d in self.tvars.items():
+            if d == o.dtype:
+                return v
+        return o.dtype.msl
+
+    def size(self, axis: str) -> ir.Expr:
+        if axis not in self.sizes_used:
+            self.sizes_used.append(axis)
+        return ir.Var(f"mf_size_{ident(axis)}")
+
+    def elem(self, n: Node) -> bool:
+        return self.axis in n.axes
+
+    # -- the thread's row/column (declared in the preamble `pre` on first use) ----------
+    def span(self, axes) -> ir.Expr:
+        e: ir.Expr = ir.Lit(1, IDX)
+        for k, a in enumerate(axes):
+            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
+        return e
+
+    def position(self, axis: str) -> ir.Expr:
+        """The thread's position along one of the outer axes."""
+        name = f"mf_{self.tag}pos_{ident(axis)}"
+        if name not in self.pre_names:
+            k = self.outer.index(axis)
+            inner = self.outer[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var(f"mf_{self.tag}"))
+            if inner:
+                e = ir.Binary("/", e, self.span(inner))
+            if k > 0:
+                e = ir.Binary("%", e, self.size(axis))
+            self.pre.append(ir.Decl(name, IDX, e))
+            self.pre_names.add(name)
+        return ir.Var(name)
+
+    def cone(self, roots: list[Node]):
+        """Element nodes reachable from roots (stopping at row values): (the tensors they
+        load, in order of first use; the frontier of row values)."""
+        seen: set[int] = set()
+        tensors: list[str] = []
+        frontier: list[Node] = []
+        stack = list(roots)
+        while stack:
+            n = stack.pop()
+            if id(n) in seen:
+                continue
+            seen.add(id(n))
+            if not self.elem(n):
+                frontier.append(n)
+                continue
+            if n.op == "load" and n.attr not in tensors:
+                tensors.append(n.attr)
+            stack.extend(n.args)
+        return tensors, frontier
+
+    def _params(self) -> tuple[ir.Param, ...]:
+        return kernel_params(self)

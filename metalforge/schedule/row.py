@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .. import ir
-from ..graph import Graph, Node, TensorParam
+from ..graph import Graph, Node
 from .base import Schedule, Traffic
-from .elementwise import IDX, host_name as _host_name, kernel_params, param_name
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from .elementwise import IDX, host_name as _host_name
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, where
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
 from . import reduce as red
 
@@ -115,9 +115,8 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
     return _Builder(graph, policy, index64).build()
 
 
-class _Builder:
+class _Builder(red.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
-        self.g, self.p, self.index64 = graph, policy, index64
         reds = graph.reductions()
         axes = list(dict.fromkeys(n.attr[1] for n in reds))
         if len(axes) != 1:
@@ -125,95 +124,29 @@ class _Builder:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}) in one "
                 f"kernel{where(n)}; a row-reduction kernel reduces one axis")
-        self.D = D = axes[0]
-        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
-        self.rows = tuple(a for a in widest if a != D)
-        allowed = set(self.rows) | {D}
-        nodes = list(graph.nodes())
-        used = {n.attr for n in nodes if n.op == "load"}
-        self.inputs = [t for t in graph.tensors if t.name in used]
-        for t in self.inputs:
-            extra = [a for a in t.axes if a not in allowed]
-            if extra:
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
-                    f"output keeps and no reduction removes")
-        for o in graph.outputs:
-            if set(o.axes) - {D} != set(self.rows):
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
-                    f"{list(widest)}: every output of a row reduction must cover the same "
-                    f"rows {list(self.rows)}")
-        for n in nodes:
-            if n.op == "reduce" and any(a not in allowed for a in n.axes):
+        super().__init__(graph, policy, index64, axes[0], "row", "row")
+        for n in self.nodes:
+            if n.op == "reduce" and any(a not in self.allowed for a in n.axes):
                 raise UnsupportedConstruct(f"mf.{n.attr[0]}{where(n)}: unexpected axes")
-        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
-                                                        for n in nodes)]
-        self.tvars = dict(graph.dtype_vars)
-        self.names = {t.name: param_name(t.name) for t in graph.tensors}
-        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
-        single = len(graph.outputs) == 1
-        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
         self.vw = policy.vector_width
         self.R = policy.reads_per_thread
-        self.sizes_used: list[str] = [D] + list(self.rows)
-        self.helpers: set[str] = set()
-
-    # -- types and names ---------------------------------------------------------------
-    def in_stype(self, t: TensorParam) -> str:
-        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
-
-    def out_stype(self, k: int) -> str:
-        o = self.g.outputs[k]
-        for v, d in self.tvars.items():
-            if d == o.dtype:
-                return v
-        return o.dtype.msl
-
-    def size(self, axis: str) -> ir.Expr:
-        if axis not in self.sizes_used:
-            self.sizes_used.append(axis)
-        return ir.Var(f"mf_size_{ident(axis)}")
-
-    def elem(self, n: Node) -> bool:
-        return self.D in n.axes
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
-    def span(self, axes) -> ir.Expr:
-        e: ir.Expr = ir.Lit(1, IDX)
-        for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
-        return e
-
-    def row_position(self, axis: str) -> ir.Expr:
-        name = f"mf_rowpos_{ident(axis)}"
-        if name not in self.pre_names:
-            k = self.rows.index(axis)
-            inner = self.rows[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
-            if inner:
-                e = ir.Binary("/", e, self.span(inner))
-            if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
-            self.pre.append(ir.Decl(name, IDX, e))
-            self.pre_names.add(name)
-        return ir.Var(name)
-
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
         """Offset of this row's first element in a tensor/output with these axes."""
         var = f"mf_row_{name}"
         if var not in self.pre_names:
-            ra = tuple(a for a in axes if a != self.D)
-            if ra == self.rows:
+            ra = tuple(a for a in axes if a != self.axis)
+            if ra == self.outer:
                 e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
             elif not ra:
                 e = ir.Lit(0, IDX)
             else:
-                e = self.row_position(ra[0])
+                e = self.position(ra[0])
                 for a in ra[1:]:
-                    e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.row_position(a))
-            if self.D in axes and ra:
-                e = ir.Binary("*", e, self.size(self.D))
+                    e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a))
+            if self.axis in axes and ra:
+                e = ir.Binary("*", e, self.size(self.axis))
             self.pre.append(ir.Decl(var, IDX, e))
             self.pre_names.add(var)
         return ir.Var(var)
@@ -225,30 +158,10 @@ class _Builder:
                                                 self.row_base(t.name, t.axes)))
 
     def el_position(self, axis: str) -> ir.Expr:
-        return ir.Var("mf_pos") if axis == self.D else self.row_position(axis)
+        return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
 
     def row_pos_only(self, axis: str) -> ir.Expr:
-        return self.row_position(axis)
-
-    def cone(self, roots: list[Node]):
-        """Element nodes reachable from roots (stopping at row values): (loads, frontier)."""
-        seen: set[int] = set()
-        loads: list[Node] = []
-        frontier: list[Node] = []
-        stack = list(roots)
-        while stack:
-            n = stack.pop()
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            if not self.elem(n):
-                frontier.append(n)
-                continue
-            if n.op == "load":
-                loads.append(n)
-            stack.extend(n.args)
-        tensors = list(dict.fromkeys(n.attr for n in loads))
-        return tensors, frontier
+        return self.position(axis)
 
     # -- register blocks -----------------------------------------------------------------
     def reg(self, name: str) -> str:
@@ -282,7 +195,7 @@ class _Builder:
                     unroll=True)], unroll=True))
             pos = ir.Binary("+", base, ir.Var("mf_k"))
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
-                ir.Binary("<", pos, self.size(self.D)),
+                ir.Binary("<", pos, self.size(self.axis)),
                 ir.Cast(ct, ir.Load(self.names[name], ir.Binary("+", rb, ir.Cast(IDX, pos)))),
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca,
@@ -297,7 +210,7 @@ class _Builder:
     def full(self) -> ir.Expr:
         return ir.Binary("&&", ir.Var("mf_vec_ok"), ir.Binary(
             "<=", ir.Binary("+", ir.Var("mf_base"), ir.Lit(self.R, "uint")),
-            self.size(self.D)))
+            self.size(self.axis)))
 
     def element_loop(self, roots: list[Node], reds: list[red.Reduction],
                      outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
@@ -325,7 +238,7 @@ class _Builder:
                                           ir.Var("mf_k")), v))
         loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
             ir.Decl("mf_pos", "uint", ir.Binary("+", ir.Var("mf_base"), ir.Var("mf_k"))),
-            ir.If(ir.Binary("<", pos, self.size(self.D)), body)], unroll=True)]
+            ir.If(ir.Binary("<", pos, self.size(self.axis)), body)], unroll=True)]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
@@ -347,7 +260,7 @@ class _Builder:
                 ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
                 unroll=True))
             pos = ir.Binary("+", base, ir.Var("mf_k"))
-            sca.append(ir.If(ir.Binary("<", pos, self.size(self.D)), [
+            sca.append(ir.If(ir.Binary("<", pos, self.size(self.axis)), [
                 ir.Store(self.out_names[k], ir.Binary("+", rb, ir.Cast(IDX, pos)),
                          ir.Lane(arr, ir.Var("mf_k")))]))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca, unroll=True)]
@@ -452,7 +365,7 @@ class _Builder:
             roots = [r.arg for r in rs if r.online_max is None]
             desc = ", ".join(self._desc(r) for r in rs)
             section(roots, rs, [], f"phase {p + 1}: {desc}")
-        el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.D in o.axes]
+        el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.axis in o.axes]
         row_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
         if el_outs:
             section([g.outputs[k].node for k in el_outs], [], el_outs,
@@ -481,7 +394,7 @@ class _Builder:
             head += [ir.Comment("one simdgroup per row (rows per threadgroup: set at launch)"),
                      ir.Decl("mf_row", "uint", ir.Binary("/", ir.Var("mf_tid"),
                                                          ir.Lit(SIMD_WIDTH, "uint"))),
-                     ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.rows)),
+                     ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.outer)),
                            [ir.Return()]),
                      ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
         else:
@@ -498,11 +411,11 @@ class _Builder:
         else:
             span = ir.Binary("*", ir.Var("mf_tpg"), ir.Lit(R, "uint"))
             head.append(ir.Decl("mf_chunks", "uint", ir.Binary("/", ir.Binary(
-                "+", ir.Cast("uint", self.size(self.D)), ir.Binary("-", span, ir.Lit(1, "uint"))),
+                "+", ir.Cast("uint", self.size(self.axis)), ir.Binary("-", span, ir.Lit(1, "uint"))),
                 span)))
         if self.vw > 1:
             head.append(ir.Decl("mf_vec_ok", "bool", ir.Binary("==", ir.Binary(
-                "%", self.size(self.D), ir.Lit(self.vw, IDX)), ir.Lit(0, IDX))))
+                "%", self.size(self.axis), ir.Lit(self.vw, IDX)), ir.Lit(0, IDX))))
         body = list(self.tg_arrays) + head + self.pre + main
         tags = _host_name(g, self.index64)
         kernel = ir.Kernel(
@@ -540,8 +453,8 @@ class _Builder:
                          f"chunks of {self.R} elements per thread per phase, compensated "
                          f"sums"}[variant]
         nph = 1 + max(r.phase for r in reds)
-        return (f"{self.g.name} ({variant}): reduces '{self.D}' over rows "
-                f"[{', '.join(self.rows)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
+        return (f"{self.g.name} ({variant}): reduces '{self.axis}' over rows "
+                f"[{', '.join(self.outer)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
                 f"loads/stores where aligned; fp32 accumulation")
 
     # -- the schedule -------------------------------------------------------------------
@@ -564,11 +477,8 @@ class _Builder:
         policy = replace(self.p, threadgroup_bytes=tg, uses_simd=True)
         reds = red.phases(self.g, online=False)
         first = kernels[VARIANTS[0]]
-        return RowSchedule("row", self.g, policy, first, tuple(self.rows) + (self.D,),
-                           tuple(t.name for t in self.inputs if self.D in t.axes
+        return RowSchedule("row", self.g, policy, first, tuple(self.outer) + (self.axis,),
+                           tuple(t.name for t in self.inputs if self.axis in t.axes
                                  and self.vw > 1),
-                           self.index64, axis=self.D, rows=self.rows, variants=kernels,
+                           self.index64, axis=self.axis, rows=self.outer, variants=kernels,
                            reductions=reds, passes=passes)
-
-    def _params(self) -> tuple[ir.Param, ...]:
-        return kernel_params(self)
