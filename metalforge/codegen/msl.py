@@ -298,6 +298,23 @@ def expr(e: ir.Expr) -> str:
     return ir.expr_text(e, lit=literal, call=_call, cast=_cast, load=_load)
 
 
+def _breaks(body: list) -> bool:
+    """Whether a `break` in these statements would leave the loop around them."""
+    for s in body:
+        if isinstance(s, ir.Break):
+            return True
+        if isinstance(s, ir.If) and (_breaks(s.then) or _breaks(s.orelse or [])):
+            return True
+    return False
+
+
+def _single_trip(s: ir.For) -> bool:
+    """A loop that runs exactly once (literal bounds one apart) and does not break."""
+    return (isinstance(s.start, ir.Lit) and isinstance(s.stop, ir.Lit)
+            and type(s.start.value) is int and type(s.stop.value) is int
+            and s.stop.value - s.start.value == 1 and not _breaks(s.body))
+
+
 def _stmts(body: list, ind: str, out: list[str]) -> None:
     for s in body:
         if isinstance(s, ir.Comment):
@@ -321,6 +338,15 @@ def _stmts(body: list, ind: str, out: list[str]) -> None:
             if s.orelse:
                 out.append(f"{ind}}} else {{")
                 _stmts(s.orelse, ind + "    ", out)
+            out.append(f"{ind}}}")
+        elif isinstance(s, ir.For) and _single_trip(s):
+            # one iteration: straight-line code in a block, the loop variable a constant
+            inner: list[str] = []
+            _stmts(s.body, ind + "    ", inner)
+            out.append(f"{ind}{{")
+            if any(re.search(rf"\b{s.var}\b", line) for line in inner):
+                out.append(f"{ind}    const {s.type} {s.var} = {expr(s.start)};")
+            out += inner
             out.append(f"{ind}}}")
         elif isinstance(s, ir.For):
             out.append(f"{ind}for ({s.type} {s.var} = {expr(s.start)}; {s.var} < {expr(s.stop)}; "

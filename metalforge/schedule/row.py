@@ -187,11 +187,11 @@ class _Builder(red.Builder):
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
                 ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
                                                                      vw, st)),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                     ir.Assign(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
                                                                      ir.Lit(vw, "uint")),
-                                                      ir.Var("mf_j"))),
-                              ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_j"))))],
+                                                      ir.Var("mf_l"))),
+                              ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
                     unroll=True)], unroll=True))
             pos = ir.Binary("+", base, ir.Var("mf_k"))
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
