@@ -23,7 +23,7 @@ from typing import Mapping
 from .. import ir
 from ..graph import Graph, Node
 from .elementwise import IDX, host_name as _host_name
-from .lower import ElementLowering, convert, ctype
+from .lower import ElementLowering, ctype
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce as red
@@ -130,16 +130,11 @@ class _Builder(red.Builder):
                 el.values[id(n)] = self.collow.value(n)
             body = el.lower(roots)
             self.helpers |= el.helpers
-            for r in rs:
-                if r.online_max is None:
-                    v = el.value(r.arg)
-                    if r.acc_type != ctype(r.arg.dtype):
-                        v = ir.Cast(r.acc_type, v)
-                    body += red.update(r, v, ir.Var("mf_k"))
+            body += self.fold(el, rs, ir.Var("mf_k"))
             for k in outs:
-                o = g.outputs[k]
-                v = ir.Cast(self.out_stype(k), convert(el.value(o.node), o.node.dtype, o.dtype))
-                body.append(ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes), v))
+                body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
+                                                                g.outputs[k].axes),
+                                     self.out_value(k, el)))
             k_expr: ir.Expr = ir.Var("mf_i")
             if split:
                 k_expr = ir.Binary("+", ir.Binary("*", ir.Var("mf_i"), ir.Lit(S, "uint")),
@@ -212,10 +207,9 @@ class _Builder(red.Builder):
             stmts = self.collow.lower([g.outputs[k].node for k in col_outs])
             stores = []
             for k in col_outs:
-                o = g.outputs[k]
-                v = ir.Cast(self.out_stype(k), convert(self.collow.value(o.node), o.node.dtype,
-                                                       o.dtype))
-                stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes), v))
+                stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
+                                                                  g.outputs[k].axes),
+                                       self.out_value(k, self.collow)))
             main.append(ir.Comment("epilogue: the column's results"))
             main += stmts
             if split:

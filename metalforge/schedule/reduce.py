@@ -36,7 +36,7 @@ from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
 from .policy import LaunchPolicy
 from .elementwise import IDX, kernel_params, param_name
-from .lower import UnsupportedConstruct, ctype, ident, where
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -415,6 +415,24 @@ class Builder:
                 tensors.append(n.attr)
             stack.extend(n.args)
         return tensors, frontier
+
+    def fold(self, el: ElementLowering, reds: list[Reduction], pos: ir.Expr) -> list[ir.Stmt]:
+        """Fold each reduction's element value (lowered by `el`, at position `pos` of the
+        axis) into its accumulator; the sum of an online pair rides along with its max."""
+        out: list[ir.Stmt] = []
+        for r in reds:
+            if r.online_max is not None:
+                continue
+            v = el.value(r.arg)
+            if r.acc_type != ctype(r.arg.dtype):
+                v = ir.Cast(r.acc_type, v)
+            out += update(r, v, pos)
+        return out
+
+    def out_value(self, k: int, low: ElementLowering) -> ir.Expr:
+        """Output k's value (lowered by `low`) converted to its storage type."""
+        o = self.g.outputs[k]
+        return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
     def _params(self) -> tuple[ir.Param, ...]:
         return kernel_params(self)

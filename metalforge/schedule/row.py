@@ -28,7 +28,7 @@ from .. import ir
 from ..graph import Graph, Node
 from .base import Schedule, Traffic
 from .elementwise import IDX, host_name as _host_name
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, where
+from .lower import ElementLowering, UnsupportedConstruct, ctype, where
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
 from . import reduce as red
 
@@ -224,18 +224,10 @@ class _Builder(red.Builder):
         body = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
-        for r in reds:
-            if r.online_max is not None:
-                continue
-            v = el.value(r.arg)
-            if r.acc_type != ctype(r.arg.dtype):
-                v = ir.Cast(r.acc_type, v)
-            body += red.update(r, v, pos)
+        body += self.fold(el, reds, pos)
         for k in outs:
-            o = self.g.outputs[k]
-            v = ir.Cast(self.out_stype(k), convert(el.value(o.node), o.node.dtype, o.dtype))
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
-                                          ir.Var("mf_k")), v))
+                                          ir.Var("mf_k")), self.out_value(k, el)))
         loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
             ir.Decl("mf_pos", "uint", ir.Binary("+", ir.Var("mf_base"), ir.Var("mf_k"))),
             ir.If(ir.Binary("<", pos, self.size(self.axis)), body)], unroll=True)]
@@ -374,11 +366,8 @@ class _Builder(red.Builder):
             stmts = self.rowlow.lower([g.outputs[k].node for k in row_outs])
             stores = []
             for k in row_outs:
-                o = g.outputs[k]
-                v = ir.Cast(self.out_stype(k), convert(self.rowlow.value(o.node), o.node.dtype,
-                                                       o.dtype))
-                stores.append(ir.Store(self.out_names[k], self.row_base(self.out_names[k],
-                                                                        o.axes), v))
+                stores.append(ir.Store(self.out_names[k], self.row_base(
+                    self.out_names[k], g.outputs[k].axes), self.out_value(k, self.rowlow)))
             main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
             main += stmts + [ir.If(ir.Binary("==", ir.Var("mf_t"), ir.Lit(0, "uint")), stores)]
 
