@@ -24,7 +24,7 @@ from .. import ir
 from ..graph import Graph, Node
 from .elementwise import IDX, host_name as _host_name
 from .lower import ElementLowering, ctype
-from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
+from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce as red
 
@@ -255,19 +255,7 @@ class _Builder(red.Builder):
         return k, passes, sum(4 * a.length for a in tg)
 
     def build(self) -> ColumnSchedule:
-        kernels, passes, tgb = {}, {}, 0
-        for v in VARIANTS:
-            k, ps, b = self.kernel(v)
-            kernels[v], passes[v] = k, ps
-            tgb = max(tgb, b)
-        if tgb > MAX_THREADGROUP_BYTES:
-            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tgb} bytes of "
-                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
-                              f"limit; lower rows_per_group")
-        params = self._params()
-        helpers = tuple(sorted(self.helpers))
-        for k in kernels.values():
-            k.params, k.helpers = params, helpers
+        kernels, passes, tgb = self.variants(VARIANTS, "; lower rows_per_group")
         policy = replace(self.p, threadgroup_bytes=tgb)
         return ColumnSchedule("column", self.g, policy, kernels["column"],
                               tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,

@@ -34,7 +34,7 @@ from typing import Mapping, Optional
 from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
-from .policy import LaunchPolicy
+from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
 from .elementwise import IDX, kernel_params, param_name
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
 
@@ -434,5 +434,23 @@ class Builder:
         o = self.g.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
-    def _params(self) -> tuple[ir.Param, ...]:
-        return kernel_params(self)
+    def variants(self, names, advice: str = "") -> tuple[dict, dict, int]:
+        """Build the kernel of every variant (the subclass's `kernel(name)`: kernel, input
+        passes, threadgroup bytes); they share one parameter list and helper set. Returns
+        ({name: kernel}, {name: passes}, the most threadgroup bytes any needs)."""
+        kernels: dict[str, ir.Kernel] = {}
+        passes: dict[str, dict] = {}
+        tg = 0
+        for v in names:
+            k, ps, b = self.kernel(v)
+            kernels[v], passes[v] = k, ps
+            tg = max(tg, b)
+        if tg > MAX_THREADGROUP_BYTES:
+            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
+                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
+                              f"limit{advice}")
+        params = kernel_params(self)
+        helpers = tuple(sorted(self.helpers))
+        for k in kernels.values():
+            k.params, k.helpers = params, helpers
+        return kernels, passes, tg

@@ -29,7 +29,7 @@ from ..graph import Graph, Node
 from .base import Schedule, Traffic
 from .elementwise import IDX, host_name as _host_name
 from .lower import ElementLowering, UnsupportedConstruct, ctype, where
-from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES, SIMD_WIDTH
+from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from . import reduce as red
 
 VARIANTS = ("simd", "group", "looped")
@@ -448,21 +448,7 @@ class _Builder(red.Builder):
 
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
-        kernels: dict[str, ir.Kernel] = {}
-        passes: dict[str, dict] = {}
-        tg = 0
-        for v in VARIANTS:
-            k, ps, b = self.kernel(v)
-            kernels[v], passes[v] = k, ps
-            tg = max(tg, b)
-        if tg > MAX_THREADGROUP_BYTES:
-            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
-                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
-        params = self._params()
-        helpers = tuple(sorted(self.helpers))
-        for v in VARIANTS:
-            kernels[v].params = params
-            kernels[v].helpers = helpers
+        kernels, passes, tg = self.variants(VARIANTS)
         policy = replace(self.p, threadgroup_bytes=tg, uses_simd=True)
         reds = red.phases(self.g, online=False)
         first = kernels[VARIANTS[0]]
