@@ -41,6 +41,22 @@ def param_name(name: str) -> str:
     return f"mf_p_{name}" if name in RESERVED or name.startswith("mf_") else name
 
 
+def used_params(graph: Graph, nodes: list[Node]) -> tuple[list, list]:
+    """(the tensors the kernel loads, the scalars it reads), in parameter order."""
+    used = {n.attr for n in nodes if n.op == "load"}
+    scalars = {n.attr for n in nodes if n.op == "scalar"}
+    return ([t for t in graph.tensors if t.name in used],
+            [s for s in graph.scalars if s.name in scalars])
+
+
+def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
+    """({parameter: its name in MSL}, the outputs' names: mf_out, or mf_out0, mf_out1, ...)."""
+    names = {t.name: param_name(t.name) for t in graph.tensors}
+    names.update({s.name: param_name(s.name) for s in graph.scalars})
+    single = len(graph.outputs) == 1
+    return names, ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
+
+
 def host_name(graph: Graph, index64: bool) -> str:
     """`{op}_{dtypes}[_{const}_{value}...][_idx64]`: every mf.Const variant is its own kernel
     with its own name (`attn_f16_causal_true`, `q4_f16_GS_64`)."""
@@ -69,10 +85,7 @@ class _Builder:
                     f"kernel '{graph.name}': outputs over different axes ({list(o.axes)} and "
                     f"{list(self.grid)}) are not supported by the elementwise schedule")
         nodes = list(graph.nodes())
-        used = {n.attr for n in nodes if n.op == "load"}
-        self.inputs = [t for t in graph.tensors if t.name in used]
-        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
-                                                        for n in nodes)]
+        self.inputs, self.scalars = used_params(graph, nodes)
         for t in self.inputs:
             extra = [a for a in t.axes if a not in self.grid]
             if extra:
@@ -86,10 +99,7 @@ class _Builder:
                     f": '{n.attr}' is not an axis of the output {list(self.grid)}")
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
-        self.names = {t.name: param_name(t.name) for t in graph.tensors}
-        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
-        single = len(outs) == 1
-        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(outs))]
+        self.names, self.out_names = msl_names(graph)
         vw = policy.vector_width
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]

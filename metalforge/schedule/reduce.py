@@ -35,7 +35,7 @@ from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
-from .elementwise import IDX, kernel_params, param_name
+from .elementwise import IDX, kernel_params, msl_names, used_params
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
@@ -331,8 +331,7 @@ class Builder:
         self.outer = tuple(a for a in widest if a != axis)
         self.allowed = set(self.outer) | {axis}
         self.nodes = nodes = list(graph.nodes())
-        used = {n.attr for n in nodes if n.op == "load"}
-        self.inputs = [t for t in graph.tensors if t.name in used]
+        self.inputs, self.scalars = used_params(graph, nodes)
         for t in self.inputs:
             extra = [a for a in t.axes if a not in self.allowed]
             if extra:
@@ -345,13 +344,8 @@ class Builder:
                     f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
                     f"{list(widest)}: every output of a {unit} reduction must cover the same "
                     f"{unit}s {list(self.outer)}")
-        self.scalars = [s for s in graph.scalars if any(n.op == "scalar" and n.attr == s.name
-                                                        for n in nodes)]
         self.tvars = dict(graph.dtype_vars)
-        self.names = {t.name: param_name(t.name) for t in graph.tensors}
-        self.names.update({s.name: param_name(s.name) for s in graph.scalars})
-        single = len(graph.outputs) == 1
-        self.out_names = ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
+        self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [axis] + list(self.outer)
         self.helpers: set[str] = set()
 
