@@ -21,36 +21,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import metalforge as mf  # noqa: E402
+from common import DTYPES, sync, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from metalforge.runtime.launcher import specialisation  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
 from gelu import gelu  # noqa: E402
 from silu import silu  # noqa: E402
 from swiglu import swiglu  # noqa: E402
-
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def sync(device: str) -> None:
-    if device == "mps":
-        torch.mps.synchronize()
-
-
-def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
-    """Median seconds per call (synchronised before and after each call)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
 
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):

@@ -11,16 +11,16 @@ simulator the times are only a smoke test of the script (Metal code on CPU fiber
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import DTYPES, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from metalforge.shapes import bind_shapes  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
@@ -31,28 +31,6 @@ from logsumexp import logsumexp  # noqa: E402
 from rms_norm import rms_norm  # noqa: E402
 from row_argmax import row_argmax  # noqa: E402
 from softmax import softmax  # noqa: E402
-
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-
-
-def sync(device: str) -> None:
-    if device == "mps":
-        torch.mps.synchronize()
-
-
-def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
-    """Median seconds per call (synchronised after each call)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
 
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):
