@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import metalforge as mf  # noqa: E402
-from common import DTYPES, sync, timeit  # noqa: E402
+from common import DTYPES, plan, sync, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from metalforge.runtime.launcher import specialisation  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
@@ -40,10 +40,6 @@ def cases(rows: int, cols: int, dtype, device):
     yield "gelu_tanh", gelu, (x,), lambda: torch.nn.functional.gelu(x, approximate="tanh")
     yield "swiglu", swiglu, (x, x2), lambda: torch.nn.functional.silu(x) * x2
     yield "bias_scale", bias_scale, (x, b, 0.5), lambda: (x + b) * 0.5
-
-
-def values_of(kernel, args) -> dict:
-    return {p.name: a for p, a in zip(kernel.params, args)}
 
 
 def main(argv=None) -> int:
@@ -67,9 +63,8 @@ def main(argv=None) -> int:
     for spec in sizes:
         rows, cols = (int(v) for v in spec.lower().split("x"))
         for name, k, args, eager in cases(rows, cols, dtype, device):
-            graph = k.graph(*args)
-            traffic = runtime.schedule_of(graph, values_of(k, args)).traffic(
-                {"R": rows, "D": cols, "B": rows, "F": cols})
+            s, sz = plan(k, args)
+            traffic = s.traffic(sz)
             ours = timeit(lambda: k(*args), device, repeat)
             theirs = timeit(eager, device, repeat)
             gbs = lambda s: traffic.total / s / 1e9  # noqa: E731

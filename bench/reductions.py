@@ -20,9 +20,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, timeit  # noqa: E402
+from common import DTYPES, plan, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
-from metalforge.shapes import bind_shapes  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
 from layer_norm import layer_norm  # noqa: E402
@@ -50,15 +49,6 @@ def cases(rows: int, cols: int, dtype, device):
     yield "column_sum", column_sum, (x,), lambda: x.sum(dim=0)
 
 
-def plan(kernel, args):
-    """(variant name, Traffic) of the call these arguments make."""
-    g = kernel.graph(*args)
-    values = {p.name: a for p, a in zip(g.params, args)}
-    sizes = bind_shapes(g, {p.name: values[p.name] for p in g.tensors}).sizes
-    s = runtime.schedule_of(g, values, launch=kernel.launch)
-    return s.variant(sizes), s.traffic(sizes)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", choices=DTYPES, default="f16")
@@ -83,7 +73,8 @@ def main(argv=None) -> int:
         for name, k, args, eager in cases(rows, cols, dtype, device):
             if a.ops and name not in a.ops:
                 continue
-            var, traffic = plan(k, args)
+            s, sz = plan(k, args)
+            var, traffic = s.variant(sz), s.traffic(sz)
             ours = timeit(lambda: k(*args), device, repeat)
             theirs = timeit(eager, device, repeat)
             # torch moves at least the same bytes: report both against our count
