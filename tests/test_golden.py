@@ -1,0 +1,67 @@
+"""Golden MSL: `source()` and `ir()` of every example kernel × {f32, f16}, plus one 64-bit-index
+case, compared byte for byte with the files in tests/golden/.
+
+A refactor must leave these unchanged; a change to code generation rewrites them on purpose:
+
+    METALFORGE_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py
+
+and the diff of tests/golden/ goes into review with the change.
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+import metalforge as mf
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE = os.environ.get("METALFORGE_UPDATE_GOLDEN") == "1"
+
+
+def _example_kernels():
+    out = []
+    for path in sorted((ROOT / "examples").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"mf_golden_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out += [(name, k) for name, k in sorted(vars(mod).items()) if isinstance(k, mf.Kernel)]
+    return out
+
+
+KERNELS = _example_kernels()
+CASES = [(name, k, {"T": dt}) for name, k in KERNELS for dt in ("f32", "f16")]
+CASES.append(("silu", dict(KERNELS)["silu"], {"T": "f32", "D": 2 ** 31}))   # 64-bit indexing
+
+
+def _case_id(name, bindings):
+    return "_".join([name] + [f"{k}{v}" for k, v in bindings.items()])
+
+
+def _compare(path: Path, text: str):
+    if UPDATE:
+        path.write_text(text)
+        return
+    assert path.exists(), f"{path.name} is missing: run with METALFORGE_UPDATE_GOLDEN=1"
+    expected = path.read_text()
+    assert text == expected, (f"{path.name} changed; if on purpose, rerun with "
+                              f"METALFORGE_UPDATE_GOLDEN=1 and review the diff")
+
+
+@pytest.mark.parametrize("name,kernel,bindings", CASES,
+                         ids=[_case_id(n, b) for n, _, b in CASES])
+def test_golden(name, kernel, bindings):
+    cid = _case_id(name, bindings)
+    _compare(GOLDEN / f"{cid}.metal", kernel.source(**bindings))
+    _compare(GOLDEN / f"{cid}.ir", kernel.ir(**bindings))
+
+
+def test_no_stale_golden_files():
+    expected = {f"{_case_id(n, b)}{ext}" for n, _, b in CASES for ext in (".metal", ".ir")}
+    stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in expected)
+    if UPDATE:
+        for name in stale:
+            (GOLDEN / name).unlink()
+        return
+    assert not stale, f"golden files with no case: {stale}"
