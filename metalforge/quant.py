@@ -89,6 +89,7 @@ def dequantize(wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
     _check_bits(bits)
     _check_words("dequantize", wq, bits)
     _check_float("scales", scales)
+    _check_float("biases", biases)
     if biases.dtype != scales.dtype:
         raise TypeError(f"dequantize: biases must have the scales' dtype {scales.dtype}, "
                         f"got {biases.dtype}")
@@ -126,8 +127,11 @@ def unpack(wq: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """The inverse of `unpack`: integer codes [..., K] in [0, 2**bits) -> uint32 [..., K*bits/32]."""
+    """The inverse of `unpack`: integer codes [..., K] in [0, 2**bits) -> uint32
+    [..., K*bits/32]."""
     _check_bits(bits)
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"pack: codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
         raise TypeError(f"pack: codes must be an integer tensor, got {codes.dtype}")
     per_pack, _ = pack_layout(bits)
@@ -139,8 +143,8 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 1 << bits):
         raise ValueError(f"pack: codes must lie in [0, {(1 << bits) - 1}] at bits={bits}, "
                          f"got values in [{int(c.min())}, {int(c.max())}]")
-    k = codes.shape[-1]
-    return _pack_words(c.reshape(math.prod(codes.shape[:-1]), k), bits).reshape(*codes.shape[:-1], k * bits // 32)
+    lead, k = tuple(codes.shape[:-1]), codes.shape[-1]
+    return _pack_words(c.reshape(math.prod(lead), k), bits).reshape(*lead, k * bits // 32)
 
 
 def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -153,9 +157,11 @@ def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
     for i in range(per_pack):
         word, shift = divmod(i * bits, 32)
         bits_at = c[..., i] << shift                     # < 2**40: exact in int64
-        words[..., word] |= bits_at & _WORD_MASK
-        if shift + bits > 32:
+        if shift + bits > 32:                            # the high bits go to the next word
+            words[..., word] |= bits_at & _WORD_MASK
             words[..., word + 1] |= bits_at >> 32
+        else:
+            words[..., word] |= bits_at
     return words.reshape(rows, k * bits // 32).to(torch.uint32)
 
 

@@ -60,6 +60,7 @@ def test_codes_round_half_to_even():
     w = torch.zeros(1, 32)
     w[0, :3] = torch.tensor([15.0, 0.5, 2.5])
     wq, s, b = quant.quantize(w, group_size=32, bits=4)
+    assert s.tolist() == [[-1.0]] and b.tolist() == [[15.0]]
     assert int(wq[0, 0]) == 0xFFFFFCE0
     assert quant.unpack(wq, 4)[0, :4].tolist() == [0, 14, 12, 15]
 
@@ -216,7 +217,8 @@ def test_round_trip_error_is_at_most_one_step(bits, group_size, dtype, rows, gro
 @pytest.mark.parametrize("call, error, words_in_message", [
     (lambda: quant.quantize(torch.randn(2, 64), group_size=16), ValueError,
      ["group_size=16", "(32, 64, 128)"]),
-    (lambda: quant.quantize(torch.randn(2, 64), bits=7), ValueError, ["bits=7", "(2, 3, 4, 5, 6, 8)"]),
+    (lambda: quant.quantize(torch.randn(2, 64), bits=7), ValueError,
+     ["bits=7", "(2, 3, 4, 5, 6, 8)"]),
     (lambda: quant.quantize(torch.randn(2, 96), group_size=64), ValueError,
      ["group_size=64", "(2, 96)"]),
     (lambda: quant.quantize(torch.tensor(1.0)), ValueError, ["group_size=64", "()"]),
