@@ -61,13 +61,14 @@ def quantize(w: torch.Tensor, group_size: int = 64,
     scale = torch.maximum((w_max - w_min) / n_bins, eps)
     _check_finite_groups(w_max, w_min, scale, lead, k, group_size)
 
-    # The value of larger magnitude (the "edge") is represented exactly: it gets code 0 and
-    # becomes the bias, and the scale is adjusted so that 0 maps onto the nearest grid point.
+    # The value of larger magnitude (the "edge"; the max on a tie) is represented exactly: it
+    # gets code 0 and becomes the bias, and the scale is adjusted so that 0.0 lies on the grid
+    # (at code -q0). The scale is negative when the edge is the max.
     neg_edge = w_min.abs() > w_max.abs()
     scale = torch.where(neg_edge, scale, -scale)
     edge = torch.where(neg_edge, w_min, w_max)
     q0 = torch.round(edge / scale)                       # round half to even, like rint
-    at_zero = q0 == 0                                    # only when every |value| is tiny
+    at_zero = q0 == 0                                    # only if |edge| < 5e-8 (scale = eps)
     scale = torch.where(at_zero, scale, edge / q0)
     bias = torch.where(at_zero, torch.zeros_like(edge), edge)
 
@@ -122,8 +123,8 @@ def unpack(wq: torch.Tensor, bits: int) -> torch.Tensor:
         code = words[..., word] >> shift
         if shift + bits > 32:                            # the high bits are in the next word
             code = code | (words[..., word + 1] << (32 - shift))
-        codes.append(code & mask)
-    return torch.stack(codes, dim=-1).reshape(*lead, n_words * 32 // bits).to(torch.int32)
+        codes.append((code & mask).to(torch.int32))
+    return torch.stack(codes, dim=-1).reshape(*lead, n_words * 32 // bits)
 
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -205,13 +206,10 @@ def _check_finite_groups(w_max: torch.Tensor, w_min: torch.Tensor, scale: torch.
     if not bool(bad.any()):
         return
     g = int(bad.flatten().nonzero()[0])
-    groups = k // group_size
-    row = tuple(int(i) for i in torch.unravel_index(torch.tensor(g // groups), lead)) if lead \
-        else ()
-    col = (g % groups) * group_size
-    what = ("holds NaN or inf" if not (torch.isfinite(w_max.flatten()[g])
-                                       and torch.isfinite(w_min.flatten()[g]))
-            else "spans a range (max - min) that overflows float32")
-    raise ValueError(f"quantize: w[{', '.join(map(str, (*row, f'{col}:{col + group_size}')))}] "
-                     f"(a group of {group_size} values) {what}; only finite weights with "
-                     f"max - min < 3.4e38 per group can be quantized")
+    row, group = divmod(g, k // group_size)
+    index = [str(int(i)) for i in torch.unravel_index(torch.tensor(row), lead)] if lead else []
+    index.append(f"{group * group_size}:{(group + 1) * group_size}")
+    finite = bool(torch.isfinite(w_max.flatten()[g]) & torch.isfinite(w_min.flatten()[g]))
+    what = "spans a range (max - min) that overflows float32" if finite else "holds NaN or inf"
+    raise ValueError(f"quantize: w[{', '.join(index)}] (a group of {group_size} values) {what}; "
+                     f"only finite weights with max - min < 3.4e38 per group can be quantized")
