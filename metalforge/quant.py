@@ -2,7 +2,9 @@
 
 `quantize(w)` gives the same packed words, scales and biases as MLX's `mx.quantize(w)` (its CPU
 implementation), bit for bit; `dequantize` gives what `mx.dequantize` gives. Everything is plain
-torch arithmetic, so it runs on any device.
+torch arithmetic, so it runs on any device. (MLX's Metal and CUDA quantize kernels differ from
+its CPU one: they round half away from zero and start the group max at 0, so ties and
+all-negative groups can get other codes there.)
 
 The layout (MLX "affine" mode):
 - The last dim K is cut into groups of `group_size` consecutive values; each group has one scale
