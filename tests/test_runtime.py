@@ -69,7 +69,7 @@ def test_launch_variants_agree():
 def test_empty_inputs_return_empty_without_launch(monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("launched for an empty tensor")
-    monkeypatch.setattr(launcher, "_prepare", no_launch)
+    monkeypatch.setattr(launcher, "bind", no_launch)
     y = scale_rows(torch.randn(0, 8), torch.randn(8), torch.randn(0))
     assert y.shape == (0, 8) and y.dtype == torch.float32
     y = gate(torch.randn(2, 0, 4), torch.randn(2, 0, 4))
