@@ -14,33 +14,100 @@ from typing import Any, Optional, Union
 # --------------------------------------------------------------------------- expressions
 
 
+class ExprOps:
+    """Python operators on IR expressions build IR: `(j * tpg + t) * Lit(R, "uint")` is
+    `Binary("*", Binary("+", Binary("*", j, tpg), t), Lit(R, "uint"))`. Operands must be IR
+    expressions (a literal needs its MSL type: `Lit(4, "uint")`). `==` and `!=` stay the
+    dataclasses' structural equality, so C's `==`, `!=`, `&&` and `||` are the methods `eq`,
+    `ne`, `and_` and `or_`."""
+    __slots__ = ()
+
+    def __add__(self, other: Expr) -> Binary:
+        return Binary("+", self, other)
+
+    def __sub__(self, other: Expr) -> Binary:
+        return Binary("-", self, other)
+
+    def __mul__(self, other: Expr) -> Binary:
+        return Binary("*", self, other)
+
+    def __truediv__(self, other: Expr) -> Binary:
+        """C division (integer division for integer types)."""
+        return Binary("/", self, other)
+
+    def __mod__(self, other: Expr) -> Binary:
+        return Binary("%", self, other)
+
+    def __lshift__(self, other: Expr) -> Binary:
+        return Binary("<<", self, other)
+
+    def __rshift__(self, other: Expr) -> Binary:
+        return Binary(">>", self, other)
+
+    def __and__(self, other: Expr) -> Binary:
+        return Binary("&", self, other)
+
+    def __or__(self, other: Expr) -> Binary:
+        return Binary("|", self, other)
+
+    def __xor__(self, other: Expr) -> Binary:
+        return Binary("^", self, other)
+
+    def __lt__(self, other: Expr) -> Binary:
+        return Binary("<", self, other)
+
+    def __le__(self, other: Expr) -> Binary:
+        return Binary("<=", self, other)
+
+    def __gt__(self, other: Expr) -> Binary:
+        return Binary(">", self, other)
+
+    def __ge__(self, other: Expr) -> Binary:
+        return Binary(">=", self, other)
+
+    def __neg__(self) -> Unary:
+        return Unary("-", self)
+
+    def eq(self, other: Expr) -> Binary:
+        return Binary("==", self, other)
+
+    def ne(self, other: Expr) -> Binary:
+        return Binary("!=", self, other)
+
+    def and_(self, other: Expr) -> Binary:
+        return Binary("&&", self, other)
+
+    def or_(self, other: Expr) -> Binary:
+        return Binary("||", self, other)
+
+
 @dataclass(frozen=True)
-class Var:
+class Var(ExprOps):
     name: str
 
 
 @dataclass(frozen=True)
-class Lit:
+class Lit(ExprOps):
     """A literal of an MSL type. value: bool | int | float (inf/nan allowed)."""
     value: Any
     type: str
 
 
 @dataclass(frozen=True)
-class Unary:
+class Unary(ExprOps):
     op: str            # "-" "!" "~"
     x: "Expr"
 
 
 @dataclass(frozen=True)
-class Binary:
+class Binary(ExprOps):
     op: str            # C operators: + - * / % < <= > >= == != & | ^ << >> && ||
     a: "Expr"
     b: "Expr"
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(ExprOps):
     """A math/library function by its neutral name ("exp", "rsqrt", "max", "mf_erf", ...).
     precise: use the accurate (`precise::`) form where the target has one."""
     fn: str
@@ -49,20 +116,20 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Cast:
+class Cast(ExprOps):
     type: str
     x: "Expr"
 
 
 @dataclass(frozen=True)
-class Select:
+class Select(ExprOps):
     cond: "Expr"
     a: "Expr"
     b: "Expr"
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(ExprOps):
     """buffer[index]; width > 1 reads `width` consecutive elements as one vector."""
     buffer: str
     index: "Expr"
@@ -71,7 +138,7 @@ class Load:
 
 
 @dataclass(frozen=True)
-class Lane:
+class Lane(ExprOps):
     """Element `lane` of a vector value (or of an `ArrayDecl` array)."""
     vec: "Expr"
     lane: "Expr"

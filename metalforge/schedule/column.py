@@ -74,9 +74,9 @@ class _Builder(red.Builder):
             for a in axes:
                 pos = None if a == self.axis else self.position(a)
                 if e is not None:
-                    e = ir.Binary("*", e, self.size(a))
+                    e = e * self.size(a)
                 if pos is not None:
-                    e = pos if e is None else ir.Binary("+", e, pos)
+                    e = pos if e is None else e + pos
             self.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
             self.pre_names.add(b)
             if self.axis in axes:
@@ -88,7 +88,7 @@ class _Builder(red.Builder):
         b, st = self.bases(name, axes)
         if self.axis not in axes:
             return b
-        return ir.Binary("+", b, ir.Binary("*", ir.Cast(IDX, ir.Var("mf_k")), st))
+        return b + ir.Cast(IDX, ir.Var("mf_k")) * st
 
     def col_load(self, n: Node) -> ir.Expr:
         t = self.g.param(n.attr)
@@ -137,12 +137,10 @@ class _Builder(red.Builder):
                                      self.out_value(k, el)))
             k_expr: ir.Expr = ir.Var("mf_i")
             if split:
-                k_expr = ir.Binary("+", ir.Binary("*", ir.Var("mf_i"), ir.Lit(S, "uint")),
-                                   ir.Var("mf_slice"))
+                k_expr = ir.Var("mf_i") * ir.Lit(S, "uint") + ir.Var("mf_slice")
             inner = [ir.Decl("mf_k", "uint", k_expr)]
             if split:
-                inner.append(ir.If(ir.Binary("<", ir.Cast(IDX, ir.Var("mf_k")),
-                                             self.size(self.axis)), body))
+                inner.append(ir.If(ir.Cast(IDX, ir.Var("mf_k")) < self.size(self.axis), body))
             else:
                 inner += body
             stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
@@ -174,8 +172,7 @@ class _Builder(red.Builder):
                         stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"),
                                                         ir.Var("mf_lid")), ir.Var(r.idx)))
                 resets: list[ir.Stmt] = []
-                slot = ir.Binary("+", ir.Binary("*", ir.Var("mf_s"), ir.Lit(SIMD_WIDTH, "uint")),
-                                 ir.Var("mf_lane"))
+                slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
                 for r in rs:
                     if r.online_max is not None:
                         continue
@@ -213,8 +210,7 @@ class _Builder(red.Builder):
             main.append(ir.Comment("epilogue: the column's results"))
             main += stmts
             if split:
-                main.append(ir.If(ir.Binary("&&", live, ir.Binary("==", ir.Var("mf_slice"),
-                                                                   ir.Lit(0, "uint"))), stores))
+                main.append(ir.If(live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores))
             else:
                 main += stores
 
@@ -223,22 +219,18 @@ class _Builder(red.Builder):
             threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                        ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
             head = [ir.Comment(f"32 columns x {S} slices of the reduced axis per threadgroup"),
-                    ir.Decl("mf_lane", "uint", ir.Binary("%", ir.Var("mf_lid"),
-                                                         ir.Lit(SIMD_WIDTH, "uint"))),
-                    ir.Decl("mf_slice", "uint", ir.Binary("/", ir.Var("mf_lid"),
-                                                          ir.Lit(SIMD_WIDTH, "uint"))),
-                    ir.Decl("mf_col", "uint", ir.Binary("+", ir.Binary(
-                        "*", ir.Var("mf_group"), ir.Lit(SIMD_WIDTH, "uint")), ir.Var("mf_lane"))),
+                    ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
+                    ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
+                    ir.Decl("mf_col", "uint",
+                            ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
                     ir.Comment("threads past the last column still take part in the barriers"),
-                    ir.Decl("mf_live", "bool", ir.Binary("<", ir.Cast(IDX, ir.Var("mf_col")),
-                                                         ncols)),
-                    ir.Decl("mf_steps", "uint", ir.Binary("/", ir.Binary(
-                        "+", ir.Cast("uint", self.size(self.axis)), ir.Lit(S - 1, "uint")),
-                        ir.Lit(S, "uint")))]
+                    ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
+                    ir.Decl("mf_steps", "uint", (ir.Cast("uint", self.size(self.axis)) +
+                                                 ir.Lit(S - 1, "uint")) / ir.Lit(S, "uint"))]
         else:
             threads = (ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),)
             head = [ir.Comment("one thread per column"),
-                    ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_col")), ncols), [ir.Return()])]
+                    ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])]
         body = tg + head + self.pre + main
         tags = _host_name(g, self.index64)
         k = ir.Kernel(

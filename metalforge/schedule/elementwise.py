@@ -136,7 +136,7 @@ class _Builder:
             name = "mf_span_" + "_".join(ident(a) for a in axes)
             e: ir.Expr = self.size(axes[0])
             for a in axes[1:]:
-                e = ir.Binary("*", e, self.size(a))
+                e = e * self.size(a)
             self.spans[axes] = name
             self.span_decls.append(ir.Decl(name, IDX, e))
         return ir.Var(self.spans[axes])
@@ -151,9 +151,9 @@ class _Builder:
         if axis not in need:
             k = self.grid.index(axis)
             inner = self.grid[k + 1:]
-            e = ir.Binary("/", i, self.span(inner)) if inner else i
+            e = i / self.span(inner) if inner else i
             if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
+                e = e % self.size(axis)
             need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, e)
         return ir.Var(f"mf_pos_{ident(axis)}")
 
@@ -164,12 +164,12 @@ class _Builder:
         if not axes:
             return ir.Lit(0, IDX)
         if axes == g[len(g) - len(axes):]:
-            return ir.Binary("%", i, self.span(axes))
+            return i % self.span(axes)
         if axes == g[:len(axes)]:
-            return ir.Binary("/", i, self.span(g[len(axes):]))
+            return i / self.span(g[len(axes):])
         e = self.position(axes[0], i, need)
         for a in axes[1:]:
-            e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a, i, need))
+            e = e * self.size(a) + self.position(a, i, need)
         return e
 
     # -- one element -------------------------------------------------------------------
@@ -200,10 +200,9 @@ class _Builder:
             st = ir.Store(self.out_names[kk], self.offset(o.axes, i, need), v)
             missing = [a for a in self.grid if a not in o.axes]
             if missing:      # the value repeats along these axes: one thread writes it
-                cond: ir.Expr = ir.Binary("==", self.position(missing[0], i, need), ir.Lit(0, IDX))
+                cond: ir.Expr = self.position(missing[0], i, need).eq(ir.Lit(0, IDX))
                 for a in missing[1:]:
-                    cond = ir.Binary("&&", cond, ir.Binary("==", self.position(a, i, need),
-                                                           ir.Lit(0, IDX)))
+                    cond = cond.and_(self.position(a, i, need).eq(ir.Lit(0, IDX)))
                 stores.append(ir.If(cond, [st]))
             else:
                 stores.append(st)
@@ -223,16 +222,16 @@ class _Builder:
     def build(self) -> Schedule:
         p = self.p
         vw, vpt = p.vector_width, p.vectors_per_thread
-        i_decl = ir.Decl("mf_i", IDX, ir.Binary("+", ir.Var("mf_start"), ir.Var("mf_k")))
+        i_decl = ir.Decl("mf_i", IDX, ir.Var("mf_start") + ir.Var("mf_k"))
 
         # scalar path: guarded, one element at a time
         scalar_el = self.element(vector=False)
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
             i_decl,
-            ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)])]
+            ir.If(ir.Var("mf_i") < ir.Var("mf_numel"), scalar_el)])]
         if vw == 1:
             scalar = [ir.Decl("mf_i", IDX, ir.Var("mf_start")),
-                      ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)]
+                      ir.If(ir.Var("mf_i") < ir.Var("mf_numel"), scalar_el)]
 
         chunk: list[ir.Stmt]
         if vw > 1:
@@ -255,22 +254,19 @@ class _Builder:
                 vstores.append(ir.Store(self.out_names[kk], start,
                                         ir.Var(f"{self.out_names[kk]}_v"), vw,
                                         self.out_stype(kk)))
-            full = ir.Binary("<=", ir.Binary("+", start, ir.Lit(vw, IDX)), ir.Var("mf_numel"))
+            full = (start + ir.Lit(vw, IDX)) <= ir.Var("mf_numel")
             suffix = [t for t in self.vec_in if t.axes != self.grid]
             cond: ir.Expr = full
             pre: list[ir.Stmt] = []
             if suffix:
                 spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
-                ok: ir.Expr = ir.Binary("==", ir.Binary("%", self.span(spans[0]), ir.Lit(vw, IDX)),
-                                        ir.Lit(0, IDX))
+                ok: ir.Expr = (self.span(spans[0]) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX))
                 for s in spans[1:]:
-                    ok = ir.Binary("&&", ok, ir.Binary("==", ir.Binary("%", self.span(s),
-                                                                       ir.Lit(vw, IDX)),
-                                                       ir.Lit(0, IDX)))
+                    ok = ok.and_((self.span(s) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX)))
                 pre = [ir.Comment("broadcast inputs can be read as vectors when their rows hold "
                                   f"whole {vw}-element chunks"),
                        ir.Decl("mf_vec_ok", "bool", ok)]
-                cond = ir.Binary("&&", full, ir.Var("mf_vec_ok"))
+                cond = full.and_(ir.Var("mf_vec_ok"))
             chunk = [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
         else:
@@ -278,7 +274,7 @@ class _Builder:
             chunk = scalar
 
         ept = p.elements_per_thread
-        base = ir.Binary("*", ir.Cast(IDX, ir.Var("mf_tid")), ir.Lit(ept, IDX))
+        base = ir.Cast(IDX, ir.Var("mf_tid")) * ir.Lit(ept, IDX)
         body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
                                           f"elements")]
         if vpt == 1:
@@ -286,9 +282,8 @@ class _Builder:
             loop_body = chunk
         else:
             body.append(ir.Decl("mf_base", IDX, base))
-            loop_body = [ir.Decl("mf_start", IDX, ir.Binary(
-                "+", ir.Var("mf_base"), ir.Binary("*", ir.Cast(IDX, ir.Var("mf_j")),
-                                                  ir.Lit(vw, IDX))))] + chunk
+            j = ir.Cast(IDX, ir.Var("mf_j"))
+            loop_body = [ir.Decl("mf_start", IDX, ir.Var("mf_base") + j * ir.Lit(vw, IDX))] + chunk
         sizes_block = ([ir.Comment("sizes of multi-axis spans")] + self.span_decls
                        if self.span_decls else [])
         body += sizes_block + pre

@@ -171,7 +171,7 @@ class ElementLowering:
             # round through the narrow storage type so the value is what torch would hold
             return ir.Cast("float", ir.Cast(dst.msl, convert(x, src.dtype, F32)))
         if dst.kind == "bool" and src.dtype.kind != "bool":
-            return ir.Binary("!=", x, lit(0, src.dtype))
+            return x.ne(lit(0, src.dtype))
         return convert(x, src.dtype, dst)
 
     def _unary(self, n: Node) -> ir.Expr:
@@ -182,8 +182,8 @@ class ElementLowering:
             return ir.Call(_PRECISE_UNARY[f], (x,), precise=True)
         if f == "sigmoid":
             one = lit(1.0, dt)
-            return ir.Binary("/", one, ir.Binary("+", one, ir.Call("exp", (ir.Unary("-", x),),
-                                                                   precise=True)))
+            return one / (one + ir.Call("exp", (ir.Unary("-", x),),
+                                                                   precise=True))
         if f == "erf":
             self.helpers.add("mf_erf")
             return ir.Call("mf_erf", (x,))
@@ -239,7 +239,7 @@ class ElementLowering:
             return ir.Call(h, (x, y))
         if f == "floordiv":
             if dt.is_float:
-                return ir.Call("floor", (ir.Binary("/", x, y),))
+                return ir.Call("floor", (x / y,))
             self.helpers.add("mf_floordiv")
             return ir.Call("mf_floordiv", (x, y))
         raise UnsupportedConstruct(f"binary operation '{f}'{where(n)} is not supported")

@@ -211,9 +211,9 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     if k == "sum" and r.compensated:
         return [ir.Assign(acc, ir.Call("mf_sum_add", (ir.Var(r.cmp), acc, v)))]
     if k == "sum":
-        return [ir.Assign(acc, ir.Binary("+", acc, v))]
+        return [ir.Assign(acc, acc + v)]
     if k == "prod":
-        return [ir.Assign(acc, ir.Binary("*", acc, v))]
+        return [ir.Assign(acc, acc * v)]
     if k in ("max", "min"):
         fn = (f"mf_{k}imum" if r.is_float else k)
         return [ir.Assign(acc, ir.Call(fn, (acc, v)))]
@@ -221,9 +221,8 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     idx = ir.Var(r.idx)
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
     if r.is_float:
-        better = ir.Binary("||", better, ir.Binary("&&", ir.Binary("!=", v, v),
-                                                   ir.Binary("==", acc, acc)))
-    cond = ir.Binary("||", ir.Binary("==", idx, ir.Lit(SENTINEL, "uint")), better)
+        better = better.or_((v.ne(v)).and_(acc.eq(acc)))
+    cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
     return [ir.If(cond, [ir.Assign(acc, v), ir.Assign(idx, ir.Cast("uint", pos))])]
 
 
@@ -233,7 +232,7 @@ def finish(reds: list[Reduction]) -> list[ir.Stmt]:
     out: list[ir.Stmt] = []
     for r in reds:
         if r.compensated:
-            out.append(ir.Assign(ir.Var(r.acc), ir.Binary("+", ir.Var(r.acc), ir.Var(r.cmp))))
+            out.append(ir.Assign(ir.Var(r.acc), ir.Var(r.acc) + ir.Var(r.cmp)))
     if out:
         out.insert(0, ir.Comment("add the rounding errors the compensated sums collected"))
     return out
@@ -266,23 +265,23 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_merge", (acc, s, other_acc, other_idx)))]
     if k == "sum":
-        return [ir.Assign(acc, ir.Binary("+", acc, other_acc))]
+        return [ir.Assign(acc, acc + other_acc)]
     if k == "prod":
-        return [ir.Assign(acc, ir.Binary("*", acc, other_acc))]
+        return [ir.Assign(acc, acc * other_acc)]
     if k in ("max", "min"):
         fn = (f"mf_{k}imum" if r.is_float else k)
         return [ir.Assign(acc, ir.Call(fn, (acc, other_acc)))]
     idx = ir.Var(r.idx)
-    o_nan = ir.Binary("!=", other_acc, other_acc) if r.is_float else None
+    o_nan = other_acc.ne(other_acc) if r.is_float else None
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
-    same = ir.Binary("&&", ir.Binary("==", other_acc, acc), ir.Binary("<", other_idx, idx))
-    better = ir.Binary("||", better, same)
+    same = (other_acc.eq(acc)).and_(other_idx < idx)
+    better = better.or_(same)
     if o_nan is not None:
-        a_nan = ir.Binary("!=", acc, acc)
+        a_nan = acc.ne(acc)
         # a NaN beats any number; between NaNs the smaller index wins
-        better = ir.Select(a_nan, ir.Binary("&&", o_nan, ir.Binary("<", other_idx, idx)),
-                           ir.Binary("||", o_nan, better))
-    cond = ir.Binary("&&", ir.Binary("!=", other_idx, ir.Lit(SENTINEL, "uint")), better)
+        better = ir.Select(a_nan, o_nan.and_(other_idx < idx),
+                           o_nan.or_(better))
+    cond = (other_idx.ne(ir.Lit(SENTINEL, "uint"))).and_(better)
     return [ir.If(cond, [ir.Assign(acc, other_acc), ir.Assign(idx, other_idx)])]
 
 
@@ -308,7 +307,7 @@ def result(r: Reduction) -> ir.Expr:
         return ir.Cast(ctype(r.node.dtype), ir.Var(r.idx))
     if r.online_max is not None:
         # a max of -inf means every term was exp(-inf - -inf): the two-pass sum is NaN
-        return ir.Select(ir.Binary("==", ir.Var(r.online_max.acc), ir.Lit(float("-inf"), "float")),
+        return ir.Select(ir.Var(r.online_max.acc).eq(ir.Lit(float("-inf"), "float")),
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
     want = ctype(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))
@@ -372,7 +371,7 @@ class Builder:
     def span(self, axes) -> ir.Expr:
         e: ir.Expr = ir.Lit(1, IDX)
         for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
+            e = self.size(a) if k == 0 else e * self.size(a)
         return e
 
     def position(self, axis: str) -> ir.Expr:
@@ -383,9 +382,9 @@ class Builder:
             inner = self.outer[k + 1:]
             e: ir.Expr = ir.Cast(IDX, ir.Var(f"mf_{self.tag}"))
             if inner:
-                e = ir.Binary("/", e, self.span(inner))
+                e = e / self.span(inner)
             if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
+                e = e % self.size(axis)
             self.pre.append(ir.Decl(name, IDX, e))
             self.pre_names.add(name)
         return ir.Var(name)

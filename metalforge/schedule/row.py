@@ -144,9 +144,9 @@ class _Builder(red.Builder):
             else:
                 e = self.position(ra[0])
                 for a in ra[1:]:
-                    e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a))
+                    e = e * self.size(a) + self.position(a)
             if self.axis in axes and ra:
-                e = ir.Binary("*", e, self.size(self.axis))
+                e = e * self.size(self.axis)
             self.pre.append(ir.Decl(var, IDX, e))
             self.pre_names.add(var)
         return ir.Var(var)
@@ -182,21 +182,18 @@ class _Builder(red.Builder):
             if declare:
                 out.append(ir.ArrayDecl(self.reg(name), ct, R))
             rb = self.row_base(name, t.axes)
-            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
-                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
                 ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
                                                                      vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                    ir.Assign(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
-                                                                     ir.Lit(vw, "uint")),
-                                                      ir.Var("mf_l"))),
+                    ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
                               ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
                     unroll=True)], unroll=True))
-            pos = ir.Binary("+", base, ir.Var("mf_k"))
+            pos = base + ir.Var("mf_k")
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
-                ir.Binary("<", pos, self.size(self.axis)),
-                ir.Cast(ct, ir.Load(self.names[name], ir.Binary("+", rb, ir.Cast(IDX, pos)))),
+                pos < self.size(self.axis),
+                ir.Cast(ct, ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca,
                          unroll=True)]
@@ -208,9 +205,8 @@ class _Builder(red.Builder):
         return out
 
     def full(self) -> ir.Expr:
-        return ir.Binary("&&", ir.Var("mf_vec_ok"), ir.Binary(
-            "<=", ir.Binary("+", ir.Var("mf_base"), ir.Lit(self.R, "uint")),
-            self.size(self.axis)))
+        end = ir.Var("mf_base") + ir.Lit(self.R, "uint")
+        return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
     def element_loop(self, roots: list[Node], reds: list[red.Reduction],
                      outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
@@ -229,8 +225,8 @@ class _Builder(red.Builder):
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
         loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
-            ir.Decl("mf_pos", "uint", ir.Binary("+", ir.Var("mf_base"), ir.Var("mf_k"))),
-            ir.If(ir.Binary("<", pos, self.size(self.axis)), body)], unroll=True)]
+            ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k")),
+            ir.If(pos < self.size(self.axis), body)], unroll=True)]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
@@ -243,17 +239,15 @@ class _Builder(red.Builder):
             st = self.out_stype(k)
             arr = ir.Var(f"mf_reg_{self.out_names[k]}")
             rb = self.row_base(self.out_names[k], o.axes)
-            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
-                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
-            lanes = tuple(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
-                                                                ir.Lit(vw, "uint")),
-                                                 ir.Lit(j, "uint"))) for j in range(vw))
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
+            first = ir.Var("mf_c") * ir.Lit(vw, "uint")
+            lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
                 ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
                 unroll=True))
-            pos = ir.Binary("+", base, ir.Var("mf_k"))
-            sca.append(ir.If(ir.Binary("<", pos, self.size(self.axis)), [
-                ir.Store(self.out_names[k], ir.Binary("+", rb, ir.Cast(IDX, pos)),
+            pos = base + ir.Var("mf_k")
+            sca.append(ir.If(pos < self.size(self.axis), [
+                ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
                          ir.Lane(arr, ir.Var("mf_k")))]))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca, unroll=True)]
         if vw > 1:
@@ -274,7 +268,7 @@ class _Builder(red.Builder):
         stores: list[ir.Stmt] = []
         reads: list[ir.Stmt] = []
         second: list[ir.Stmt] = []
-        have = ir.Binary("<", lane, ir.Var("mf_nsg"))
+        have = lane < ir.Var("mf_nsg")
         for r in reds:
             self.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
                                                else "float", SIMD_WIDTH, "threadgroup"))
@@ -292,7 +286,7 @@ class _Builder(red.Builder):
                 second += red.simd_combine(r)
         out += [ir.Comment("across simdgroups: one partial per simdgroup through threadgroup "
                            "memory, then a second simd reduction in every simdgroup"),
-                ir.If(ir.Binary("==", lane, ir.Lit(0, "uint")), stores), ir.Barrier()]
+                ir.If(lane.eq(ir.Lit(0, "uint")), stores), ir.Barrier()]
         out += reads + second
         return out
 
@@ -328,9 +322,8 @@ class _Builder(red.Builder):
             for t in new:
                 passes[t] = passes.get(t, 0) + 1
             if looped:
-                body += [ir.Decl("mf_base", "uint", ir.Binary("*", ir.Binary(
-                    "+", ir.Binary("*", ir.Var("mf_j"), ir.Var("mf_tpg")), ir.Var("mf_t")),
-                    ir.Lit(R, "uint")))]
+                thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
+                body += [ir.Decl("mf_base", "uint", thread * ir.Lit(R, "uint"))]
                 if new:
                     body += self.load_block(new, declare=True)
                 body += regs
@@ -369,7 +362,7 @@ class _Builder(red.Builder):
                 stores.append(ir.Store(self.out_names[k], self.row_base(
                     self.out_names[k], g.outputs[k].axes), self.out_value(k, self.rowlow)))
             main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
-            main += stmts + [ir.If(ir.Binary("==", ir.Var("mf_t"), ir.Lit(0, "uint")), stores)]
+            main += stmts + [ir.If(ir.Var("mf_t").eq(ir.Lit(0, "uint")), stores)]
 
         # -- header: thread positions, the row, sizes -----------------------------------
         head: list[ir.Stmt] = []
@@ -381,9 +374,8 @@ class _Builder(red.Builder):
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
             head += [ir.Comment("one simdgroup per row (rows per threadgroup: set at launch)"),
-                     ir.Decl("mf_row", "uint", ir.Binary("/", ir.Var("mf_tid"),
-                                                         ir.Lit(SIMD_WIDTH, "uint"))),
-                     ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.outer)),
+                     ir.Decl("mf_row", "uint", ir.Var("mf_tid") / ir.Lit(SIMD_WIDTH, "uint")),
+                     ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.outer),
                            [ir.Return()]),
                      ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
         else:
@@ -391,20 +383,17 @@ class _Builder(red.Builder):
             head += [ir.Comment("one threadgroup per row"),
                      ir.Decl("mf_row", "uint", ir.Var("mf_group")),
                      ir.Decl("mf_t", "uint", ir.Var("mf_lid")),
-                     ir.Decl("mf_nsg", "uint", ir.Binary("/", ir.Binary(
-                         "+", ir.Var("mf_tpg"), ir.Lit(SIMD_WIDTH - 1, "uint")),
-                         ir.Lit(SIMD_WIDTH, "uint")))]
+                     ir.Decl("mf_nsg", "uint", (ir.Var("mf_tpg") + ir.Lit(SIMD_WIDTH - 1, "uint")) /
+                             ir.Lit(SIMD_WIDTH, "uint"))]
         if variant != "looped":
-            head.append(ir.Decl("mf_base", "uint", ir.Binary("*", ir.Var("mf_t"),
-                                                             ir.Lit(R, "uint"))))
+            head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(R, "uint")))
         else:
-            span = ir.Binary("*", ir.Var("mf_tpg"), ir.Lit(R, "uint"))
-            head.append(ir.Decl("mf_chunks", "uint", ir.Binary("/", ir.Binary(
-                "+", ir.Cast("uint", self.size(self.axis)), ir.Binary("-", span, ir.Lit(1, "uint"))),
-                span)))
+            span = ir.Var("mf_tpg") * ir.Lit(R, "uint")
+            length = ir.Cast("uint", self.size(self.axis))
+            head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
         if self.vw > 1:
-            head.append(ir.Decl("mf_vec_ok", "bool", ir.Binary("==", ir.Binary(
-                "%", self.size(self.axis), ir.Lit(self.vw, IDX)), ir.Lit(0, IDX))))
+            whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
+            head.append(ir.Decl("mf_vec_ok", "bool", whole))
         body = list(self.tg_arrays) + head + self.pre + main
         tags = _host_name(g, self.index64)
         kernel = ir.Kernel(
