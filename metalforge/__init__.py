@@ -13,7 +13,8 @@ from ._version import __version__
 from .autotuner import autotune
 from .dtypes import BF16 as bf16, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32
 from .dtypes import I64 as i64, U8 as u8, U16 as u16, U32 as u32
-from .frontend.errors import AnnotationError, BindingError, TraceError
+from .errors import (AnnotationError, BindingError, CandidateMismatch, DeviceError, LaunchError,
+                     MetalforgeError, ShapeError, TraceError, UnsupportedConstruct)
 from .frontend.kernel import Const, Kernel, kernel
 from .frontend import tracer as _tracer
 from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2, floor, index,
@@ -21,16 +22,16 @@ from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2
                            minimum, prod, rsqrt, sigmoid, sin, size, softmax, sqrt, sum, tanh,
                            where)
 from .runtime import backend
-from .shapes import ShapeError
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp")
 
-__all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "AnnotationError",
-           "BindingError", "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32",
-           "i16", "u16", "i8", "u8", *_OPS]
+__all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
+           "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",
+           "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "f32", "f16", "bf16",
+           "i64", "i32", "u32", "i16", "u16", "i8", "u8", *_OPS]
 
 
 def __getattr__(name: str):

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 import torch
 
 from ._version import __version__
+from .errors import CandidateMismatch
 from .frontend.kernel import Kernel
 from .runtime.backends import current_backend
 from .runtime.launcher import dispatch, prepare, run
@@ -38,11 +39,6 @@ from .tuning.launch import NOT_TUNED, check_options, merge
 from .tuning.sweep import grid
 
 TIMED_BACKENDS = ("mps",)
-
-
-class CandidateMismatch(AssertionError):
-    """Launch configurations that gave a result different from the reference (a metalforge
-    bug: please report it with the message)."""
 
 
 @dataclass

@@ -13,11 +13,8 @@ from typing import Mapping
 
 import torch
 
+from .errors import ShapeError
 from .graph import AxisSpec, Graph, Output, TensorParam
-
-
-class ShapeError(ValueError):
-    """A tensor argument's shape does not fit its annotation (or other arguments)."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_msl
+from ..errors import BindingError, DeviceError
 from ..graph import Graph
 from ..schedule.policy import (MAX_THREADS_PER_GROUP, TUNABLE, LaunchError,
                                validate_for_kernel)
@@ -45,10 +46,6 @@ MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count p
 # catch. Unset (None) outside those blocks; while set, libraries are built fresh, not cached.
 MSL_REWRITE: ContextVar[Optional[Callable[[str], str]]] = ContextVar("mf_msl_rewrite",
                                                                      default=None)
-
-
-class DeviceError(ValueError):
-    """Tensor arguments on a device metalforge cannot run on, or on different devices."""
 
 
 def describe(graph: Graph) -> str:
@@ -233,13 +230,13 @@ def check_tensors(spec: "Specialisation", values: Mapping[str, Any]) -> dict[str
     tensors: dict[str, torch.Tensor] = {}
     for p in spec.graph.tensors:
         if p.name not in values:
-            raise TypeError(f"{spec.where}: missing tensor argument '{p.name}'")
+            raise BindingError(f"{spec.where}: missing tensor argument '{p.name}'")
         t = values[p.name]
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{spec.where}: argument '{p.name}' (annotated \"{p.annotation}\") "
+            raise BindingError(f"{spec.where}: argument '{p.name}' (annotated \"{p.annotation}\") "
                             f"must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != p.dtype.torch:
-            raise TypeError(f"{spec.where}: argument '{p.name}' has dtype {t.dtype}, but this "
+            raise BindingError(f"{spec.where}: argument '{p.name}' has dtype {t.dtype}, but this "
                             f"specialisation was built for {p.dtype.torch}")
         tensors[p.name] = t
     return tensors

@@ -18,6 +18,7 @@ from typing import Callable
 
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
+from ..errors import UnsupportedConstruct
 from ..graph import Graph, Node, topo_order
 
 # math functions that have a precise:: form in MSL (accuracy matters: DESIGN §4)
@@ -51,10 +52,6 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     if t in _UNSIGNED and op == "<<":
         return ir.Cast(t, e((ir.Cast(_UNSIGNED[t], args[0]), args[1])))
     return e(args)
-
-
-class UnsupportedConstruct(ValueError):
-    """A graph construct this schedule cannot lower (names the construct and the user's line)."""
 
 
 def where(node: Node) -> str:
