@@ -71,7 +71,7 @@ def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
 # --------------------------------------------------------------------------- the kernel
 
 class Kernel:
-    """A traced, lowered, runnable metalforge kernel (see DESIGN §2)."""
+    """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns)."""
 
     def __init__(self, fn: Callable, *, name: Optional[str] = None,
                  backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):

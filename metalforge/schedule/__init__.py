@@ -1,7 +1,9 @@
 """Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
 
-Families (DESIGN §5): elementwise today; row and column reductions slot in as further entries
-of `_BUILDERS` and `policy.POLICIES`, each producing the same `Schedule` object.
+Families: elementwise maps (`elementwise`), reductions over the innermost axis (`row`) and over
+another axis (`column`; both build on `reduce`). Each is an entry of `_BUILDERS` and of
+`policy.POLICIES` and produces a `Schedule` (`base`), whose kernels come from `base.make_kernel`.
+A new family is one more module and one more entry in each.
 """
 from __future__ import annotations
 

@@ -19,11 +19,10 @@ import dataclasses
 from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
-from .base import Schedule
+from .base import IDX, Schedule, host_name, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 from .policy import LaunchPolicy
 
-IDX = "mf_index_t"
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
                  "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
@@ -55,18 +54,6 @@ def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
     names.update({s.name: param_name(s.name) for s in graph.scalars})
     single = len(graph.outputs) == 1
     return names, ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
-
-
-def host_name(graph: Graph, index64: bool) -> str:
-    """`{op}_{dtypes}[_{const}_{value}...][_idx64]`: every mf.Const variant is its own kernel
-    with its own name (`attn_f16_causal_true`, `q4_f16_GS_64`)."""
-    if graph.dtype_vars:
-        tags = [d.name for d in graph.dtype_vars.values()]
-    else:
-        tags = list(dict.fromkeys(t.dtype.name for t in graph.tensors))
-    for name, v in graph.consts.items():
-        tags += [name, str(v).lower() if isinstance(v, bool) else str(v).replace("-", "m")]
-    return "_".join([graph.name, *tags] + (["idx64"] if index64 else []))
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
@@ -219,95 +206,97 @@ class _Builder:
         return convert(e, src, dst)
 
     # -- the kernel --------------------------------------------------------------------
-    def build(self) -> Schedule:
-        p = self.p
-        vw, vpt = p.vector_width, p.vectors_per_thread
-        i_decl = ir.Decl("mf_i", IDX, ir.Var("mf_start") + ir.Var("mf_k"))
-
-        # scalar path: guarded, one element at a time
-        scalar_el = self.element(vector=False)
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-            i_decl,
-            ir.If(ir.Var("mf_i") < ir.Var("mf_numel"), scalar_el)])]
+    def scalar_path(self) -> list[ir.Stmt]:
+        """The guarded path: the chunk's elements one at a time, each checked against the
+        element count (the tail, and every chunk when vector_width is 1)."""
+        vw = self.p.vector_width
+        element = self.element(vector=False)
+        in_range = ir.Var("mf_i") < ir.Var("mf_numel")
         if vw == 1:
-            scalar = [ir.Decl("mf_i", IDX, ir.Var("mf_start")),
-                      ir.If(ir.Var("mf_i") < ir.Var("mf_numel"), scalar_el)]
+            return [ir.Decl("mf_i", IDX, ir.Var("mf_start")), ir.If(in_range, element)]
+        return [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                       [self.i_decl(), ir.If(in_range, element)])]
 
-        chunk: list[ir.Stmt]
-        if vw > 1:
-            start = ir.Var("mf_start")
-            loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
-                                               f"inputs")]
-            for t in self.vec_in:
-                off = self.offset(t.axes, start, {})
-                loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
-                                     ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
-            for kk in self.vec_out:
-                loads.append(ir.Decl(f"{self.out_names[kk]}_v",
-                                     f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
-            lane_el = self.element(vector=True)
-            uses_i = _mentions(lane_el, "mf_i")
-            lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
-                           ([i_decl] if uses_i else []) + lane_el, unroll=True)
-            vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
-            for kk in self.vec_out:
-                vstores.append(ir.Store(self.out_names[kk], start,
-                                        ir.Var(f"{self.out_names[kk]}_v"), vw,
-                                        self.out_stype(kk)))
-            full = (start + ir.Lit(vw, IDX)) <= ir.Var("mf_numel")
-            suffix = [t for t in self.vec_in if t.axes != self.grid]
-            cond: ir.Expr = full
-            pre: list[ir.Stmt] = []
-            if suffix:
-                spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
-                ok: ir.Expr = (self.span(spans[0]) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX))
-                for s in spans[1:]:
-                    ok = ok.and_((self.span(s) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX)))
-                pre = [ir.Comment("broadcast inputs can be read as vectors when their rows hold "
-                                  f"whole {vw}-element chunks"),
-                       ir.Decl("mf_vec_ok", "bool", ok)]
-                cond = full.and_(ir.Var("mf_vec_ok"))
-            chunk = [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
+    @staticmethod
+    def i_decl() -> ir.Decl:
+        return ir.Decl("mf_i", IDX, ir.Var("mf_start") + ir.Var("mf_k"))
+
+    def vector_chunk(self, scalar: list[ir.Stmt]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(statements before the thread's loop, one chunk): vector loads of the contiguous
+        inputs, the lanes computed, vector stores; `scalar` where the chunk is the tail."""
+        vw = self.p.vector_width
+        start = ir.Var("mf_start")
+        loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
+                                           f"inputs")]
+        for t in self.vec_in:
+            off = self.offset(t.axes, start, {})
+            loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
+                                 ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
+        for kk in self.vec_out:
+            loads.append(ir.Decl(f"{self.out_names[kk]}_v",
+                                 f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
+        lane_el = self.element(vector=True)
+        uses_i = _mentions(lane_el, "mf_i")
+        lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                       ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
+        vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
+        for kk in self.vec_out:
+            vstores.append(ir.Store(self.out_names[kk], start,
+                                    ir.Var(f"{self.out_names[kk]}_v"), vw,
+                                    self.out_stype(kk)))
+        pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"))
+        return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
-        else:
-            pre = []
-            chunk = scalar
 
-        ept = p.elements_per_thread
+    def vector_condition(self, full: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
+        """(declarations, condition) for taking the vector path: the chunk is whole and every
+        broadcast input read as vectors has rows holding whole chunks."""
+        vw = self.p.vector_width
+        suffix = [t for t in self.vec_in if t.axes != self.grid]
+        if not suffix:
+            return [], full
+        spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
+        ok: ir.Expr = (self.span(spans[0]) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX))
+        for s in spans[1:]:
+            ok = ok.and_((self.span(s) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX)))
+        pre: list[ir.Stmt] = [
+            ir.Comment("broadcast inputs can be read as vectors when their rows hold "
+                       f"whole {vw}-element chunks"),
+            ir.Decl("mf_vec_ok", "bool", ok)]
+        return pre, full.and_(ir.Var("mf_vec_ok"))
+
+    def thread_body(self, pre: list[ir.Stmt], chunk: list[ir.Stmt]) -> list[ir.Stmt]:
+        """The kernel body: this thread's first element, then its chunks (one, or a loop of
+        vectors_per_thread)."""
+        vw, vpt, ept = self.p.vector_width, self.p.vectors_per_thread, self.p.elements_per_thread
         base = ir.Cast(IDX, ir.Var("mf_tid")) * ir.Lit(ept, IDX)
         body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
                                           f"elements")]
+        body.append(ir.Decl("mf_start" if vpt == 1 else "mf_base", IDX, base))
+        if self.span_decls:
+            body += [ir.Comment("sizes of multi-axis spans")] + self.span_decls
+        body += pre
         if vpt == 1:
-            body.append(ir.Decl("mf_start", IDX, base))
-            loop_body = chunk
-        else:
-            body.append(ir.Decl("mf_base", IDX, base))
-            j = ir.Cast(IDX, ir.Var("mf_j"))
-            loop_body = [ir.Decl("mf_start", IDX, ir.Var("mf_base") + j * ir.Lit(vw, IDX))] + chunk
-        sizes_block = ([ir.Comment("sizes of multi-axis spans")] + self.span_decls
-                       if self.span_decls else [])
-        body += sizes_block + pre
-        if vpt == 1:
-            body += loop_body
-        else:
-            body.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vpt, "uint"), loop_body,
-                               unroll=True))
+            return body + chunk
+        j = ir.Cast(IDX, ir.Var("mf_j"))
+        loop_body = [ir.Decl("mf_start", IDX, ir.Var("mf_base") + j * ir.Lit(vw, IDX))] + chunk
+        body.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vpt, "uint"), loop_body,
+                           unroll=True))
+        return body
 
-        kernel = ir.Kernel(
-            name=f"mf_{self.g.name}",
-            op=self.g.name,
-            template=(*self.tvars.keys(), IDX),
-            instances=(ir.Instance(host_name(self.g, self.index64),
-                                   (*(d.msl for d in self.tvars.values()),
-                                    "ulong" if self.index64 else "uint")),),
-            params=self._params(),
-            threads=(ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
-            body=body,
-            helpers=tuple(sorted(self.helpers)),
-            summary=(f"{self.g.name}: elementwise over [{', '.join(self.grid)}], {ept} elements "
-                     f"per thread ({vw}-wide vector loads/stores where contiguous), "
-                     f"{'64' if self.index64 else '32'}-bit indexing"),
-        )
+    def build(self) -> Schedule:
+        p = self.p
+        scalar = self.scalar_path()
+        pre, chunk = self.vector_chunk(scalar) if p.vector_width > 1 else ([], scalar)
+        body = self.thread_body(pre, chunk)
+        summary = (f"{self.g.name}: elementwise over [{', '.join(self.grid)}], "
+                   f"{p.elements_per_thread} elements per thread ({p.vector_width}-wide vector "
+                   f"loads/stores where contiguous), {'64' if self.index64 else '32'}-bit "
+                   f"indexing")
+        kernel = make_kernel(self.g, self.index64,
+                             (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
+                             body, summary, params=self._params(),
+                             helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.g, p, kernel, tuple(self.grid),
                         tuple(t.name for t in self.vec_in), self.index64)
 

@@ -21,7 +21,7 @@ from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct
 from ..graph import Graph, Node, topo_order
 
-# math functions that have a precise:: form in MSL (accuracy matters: DESIGN §4)
+# math functions that have a precise:: form in MSL (the fast forms lose accuracy)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
                   "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tanh": "tanh"}
 _FLOAT_RESULT = set(_PRECISE_UNARY) | {"sigmoid", "erf"}

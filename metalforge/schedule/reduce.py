@@ -28,14 +28,15 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
-from .elementwise import IDX, kernel_params, msl_names, used_params
+from .base import IDX
+from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
@@ -315,6 +316,25 @@ def result(r: Reduction) -> ir.Expr:
 
 # --------------------------------------------------------------------------- builders
 
+@dataclass
+class Variant:
+    """What one kernel variant collects while it is built (`Builder.variants` makes a fresh one
+    for each): the preamble of per-row/column values, threadgroup arrays, how often each input
+    is read, the main statements, and the lowering of row (column) values."""
+    name: str
+    row_values: ElementLowering
+    pre: list[ir.Stmt] = field(default_factory=list)
+    pre_names: set[str] = field(default_factory=set)
+    tg_arrays: list[ir.ArrayDecl] = field(default_factory=list)
+    passes: dict[str, int] = field(default_factory=dict)    # input → reads per row
+    loaded: set[str] = field(default_factory=set)            # inputs already in registers
+    main: list[ir.Stmt] = field(default_factory=list)
+
+    @property
+    def tg_bytes(self) -> int:
+        return sum(4 * a.length for a in self.tg_arrays)
+
+
 class Builder:
     """What the row and column schedule builders share: the checks on the graph, names and
     types of parameters, sizes used, positions of the thread's row/column (`outer` axes:
@@ -377,7 +397,7 @@ class Builder:
     def position(self, axis: str) -> ir.Expr:
         """The thread's position along one of the outer axes."""
         name = f"mf_{self.tag}pos_{ident(axis)}"
-        if name not in self.pre_names:
+        if name not in self.v.pre_names:
             k = self.outer.index(axis)
             inner = self.outer[k + 1:]
             e: ir.Expr = ir.Cast(IDX, ir.Var(f"mf_{self.tag}"))
@@ -385,8 +405,8 @@ class Builder:
                 e = e / self.span(inner)
             if k > 0:
                 e = e % self.size(axis)
-            self.pre.append(ir.Decl(name, IDX, e))
-            self.pre_names.add(name)
+            self.v.pre.append(ir.Decl(name, IDX, e))
+            self.v.pre_names.add(name)
         return ir.Var(name)
 
     def cone(self, roots: list[Node]):
@@ -427,17 +447,28 @@ class Builder:
         o = self.g.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
-    def variants(self, names, advice: str = "") -> tuple[dict, dict, int]:
-        """Build the kernel of every variant (the subclass's `kernel(name)`: kernel, input
-        passes, threadgroup bytes); they share one parameter list and helper set. Returns
-        ({name: kernel}, {name: passes}, the most threadgroup bytes any needs)."""
+    def outer_load(self, n: Node) -> ir.Expr:
+        """A load of input `n` at the thread's row (column), for values without the axis."""
+        raise NotImplementedError
+
+    def kernel(self, v: Variant) -> ir.Kernel:
+        raise NotImplementedError
+
+    def variants(self, names: tuple[str, ...], advice: str = ""
+                 ) -> tuple[dict[str, ir.Kernel], dict[str, dict[str, int]], int]:
+        """Build the kernel of every variant (the subclass's `kernel`, each with a fresh
+        `Variant` as `self.v`); they share one parameter list and helper set. Returns
+        ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
         kernels: dict[str, ir.Kernel] = {}
-        passes: dict[str, dict] = {}
+        passes: dict[str, dict[str, int]] = {}
         tg = 0
-        for v in names:
-            k, ps, b = self.kernel(v)
-            kernels[v], passes[v] = k, ps
-            tg = max(tg, b)
+        for name in names:
+            self.v = Variant(name, ElementLowering(self.g, self.outer_load, self.position,
+                                                   self.size, lambda s: self.names[s],
+                                                   prefix="mf_r"))
+            kernels[name] = self.kernel(self.v)
+            passes[name] = self.v.passes
+            tg = max(tg, self.v.tg_bytes)
         if tg > MAX_THREADGROUP_BYTES:
             raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
                               f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "

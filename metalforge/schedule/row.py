@@ -26,8 +26,7 @@ from typing import Mapping
 
 from .. import ir
 from ..graph import Graph, Node
-from .base import Schedule, Traffic
-from .elementwise import IDX, host_name as _host_name
+from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, ctype, where
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from . import reduce as red
@@ -135,7 +134,7 @@ class _Builder(red.Builder):
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
         """Offset of this row's first element in a tensor/output with these axes."""
         var = f"mf_row_{name}"
-        if var not in self.pre_names:
+        if var not in self.v.pre_names:
             ra = tuple(a for a in axes if a != self.axis)
             if ra == self.outer:
                 e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
@@ -147,21 +146,18 @@ class _Builder(red.Builder):
                     e = e * self.size(a) + self.position(a)
             if self.axis in axes and ra:
                 e = e * self.size(self.axis)
-            self.pre.append(ir.Decl(var, IDX, e))
-            self.pre_names.add(var)
+            self.v.pre.append(ir.Decl(var, IDX, e))
+            self.v.pre_names.add(var)
         return ir.Var(var)
 
     # -- lowering callbacks --------------------------------------------------------------
-    def row_load(self, n: Node) -> ir.Expr:
+    def outer_load(self, n: Node) -> ir.Expr:
         t = self.g.param(n.attr)
         return ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name],
                                                 self.row_base(t.name, t.axes)))
 
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
-
-    def row_pos_only(self, axis: str) -> ir.Expr:
-        return self.position(axis)
 
     # -- register blocks -----------------------------------------------------------------
     def reg(self, name: str) -> str:
@@ -212,11 +208,11 @@ class _Builder(red.Builder):
                      outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(row statements before the loop, the loop over this thread's R elements)."""
         tensors, frontier = self.cone(roots)
-        row_stmts = self.rowlow.lower(frontier)
+        row_stmts = self.v.row_values.lower(frontier)
         el = ElementLowering(self.g, lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
                              self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
-            el.values[id(n)] = self.rowlow.value(n)
+            el.values[id(n)] = self.v.row_values.value(n)
         body = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
@@ -270,15 +266,16 @@ class _Builder(red.Builder):
         second: list[ir.Stmt] = []
         have = lane < ir.Var("mf_nsg")
         for r in reds:
-            self.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
-                                               else "float", SIMD_WIDTH, "threadgroup"))
+            self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type
+                                                 if r.online_max is None else "float",
+                                                 SIMD_WIDTH, "threadgroup"))
             stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), sg), ir.Var(r.acc)))
             ident_v = ir.Lit(0.0, "float") if r.online_max is not None else red.identity(r)
             reads.append(ir.Assign(ir.Var(r.acc), ir.Select(
                 have, ir.Lane(ir.Var(f"mf_tg{r.i}"), lane), ident_v)))
             if r.has_index:
-                self.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
-                                                   "threadgroup"))
+                self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
+                                                     "threadgroup"))
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), sg), ir.Var(r.idx)))
                 reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
                     have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(red.SENTINEL, "uint"))))
@@ -291,80 +288,84 @@ class _Builder(red.Builder):
         return out
 
     # -- one variant -----------------------------------------------------------------------
-    def kernel(self, variant: str) -> tuple[ir.Kernel, dict]:
+    def kernel(self, v: red.Variant) -> ir.Kernel:
         g = self.g
+        looped = v.name == "looped"
         # the looped variant adds thousands of elements per thread: compensated sums
-        reds = red.phases(g, online=(variant == "looped"), compensated=(variant == "looped"))
-        nph = 1 + max(r.phase for r in reds)
-        self.pre: list[ir.Stmt] = []
-        self.pre_names: set[str] = set()
-        self.tg_arrays: list[ir.Stmt] = []
-        self.rowlow = ElementLowering(g, self.row_load, self.row_pos_only, self.size,
-                                      lambda s: self.names[s], prefix="mf_r")
+        reds = red.phases(g, online=looped, compensated=looped)
         self.helpers |= red.helpers_of(reds, simd=True) - {"mf_online_merge"}
-        looped = variant == "looped"
-        passes: dict[str, int] = {}
-        loaded: set[str] = set()
-        main: list[ir.Stmt] = []
-        R = self.R
-
-        def section(roots, rs, outs, title) -> None:
-            row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
-            main.append(ir.Comment(title))
-            main.extend(row_stmts)
-            if rs:
-                for r in rs:
-                    main.extend(red.declare(r))
-            regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R)
-                    for k in outs]
-            body: list[ir.Stmt] = []
-            new = [t for t in tensors if looped or t not in loaded]
-            for t in new:
-                passes[t] = passes.get(t, 0) + 1
-            if looped:
-                thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
-                body += [ir.Decl("mf_base", "uint", thread * ir.Lit(R, "uint"))]
-                if new:
-                    body += self.load_block(new, declare=True)
-                body += regs
-            else:
-                if new:
-                    main.extend(self.load_block(new, declare=True))
-                    loaded.update(new)
-                main.extend(regs)
-            body += [ir.Comment(f"each of this thread's {R} elements")] + loop
-            if outs:
-                body += self.store_block(outs)
-            if looped:
-                main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
-            else:
-                main.extend(body)
-            if rs:
-                main.extend(red.finish(rs))
-                main.extend(self.combine(rs, variant))
-                for r in rs:
-                    self.rowlow.values[id(r.node)] = red.result(r)
-
-        for p in range(nph):
+        for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
             desc = ", ".join(self._desc(r) for r in rs)
-            section(roots, rs, [], f"phase {p + 1}: {desc}")
+            self.section(v, roots, rs, [], f"phase {p + 1}: {desc}")
+        self.epilogue(v)
+        threads, head = self.header(v.name)
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(g, self.index64, threads, body, self._summary(v.name, reds), v.name)
+
+    def section(self, v: red.Variant, roots: list[Node], rs: list[red.Reduction],
+                outs: list[int], title: str) -> None:
+        """One pass over the row: load the inputs it needs (once per row in the register
+        variants, per chunk in the looped one), compute element values, fold the reductions
+        `rs` and store the outputs `outs`; then combine `rs` across the row."""
+        R, looped = self.R, v.name == "looped"
+        row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
+        v.main.append(ir.Comment(title))
+        v.main.extend(row_stmts)
+        for r in rs:
+            v.main.extend(red.declare(r))
+        regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R) for k in outs]
+        body: list[ir.Stmt] = []
+        new = [t for t in tensors if looped or t not in v.loaded]
+        for t in new:
+            v.passes[t] = v.passes.get(t, 0) + 1
+        if looped:
+            thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
+            body += [ir.Decl("mf_base", "uint", thread * ir.Lit(R, "uint"))]
+            if new:
+                body += self.load_block(new, declare=True)
+            body += regs
+        else:
+            if new:
+                v.main.extend(self.load_block(new, declare=True))
+                v.loaded.update(new)
+            v.main.extend(regs)
+        body += [ir.Comment(f"each of this thread's {R} elements")] + loop
+        if outs:
+            body += self.store_block(outs)
+        if looped:
+            v.main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
+        else:
+            v.main.extend(body)
+        if rs:
+            v.main.extend(red.finish(rs))
+            v.main.extend(self.combine(rs, v.name))
+            for r in rs:
+                v.row_values.values[id(r.node)] = red.result(r)
+
+    def epilogue(self, v: red.Variant) -> None:
+        """The outputs: those along the row in one more section; one value per row stored by
+        the row's first thread."""
+        g = self.g
         el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.axis in o.axes]
         row_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
         if el_outs:
-            section([g.outputs[k].node for k in el_outs], [], el_outs,
-                    "epilogue: compute and store the outputs along the row")
+            self.section(v, [g.outputs[k].node for k in el_outs], [], el_outs,
+                         "epilogue: compute and store the outputs along the row")
         if row_outs:
-            stmts = self.rowlow.lower([g.outputs[k].node for k in row_outs])
-            stores = []
+            stmts = v.row_values.lower([g.outputs[k].node for k in row_outs])
+            stores: list[ir.Stmt] = []
             for k in row_outs:
                 stores.append(ir.Store(self.out_names[k], self.row_base(
-                    self.out_names[k], g.outputs[k].axes), self.out_value(k, self.rowlow)))
-            main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
-            main += stmts + [ir.If(ir.Var("mf_t").eq(ir.Lit(0, "uint")), stores)]
+                    self.out_names[k], g.outputs[k].axes), self.out_value(k, v.row_values)))
+            v.main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
+            v.main += stmts + [ir.If(ir.Var("mf_t").eq(ir.Lit(0, "uint")), stores)]
 
-        # -- header: thread positions, the row, sizes -----------------------------------
+    def header(self, variant: str) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+        """(thread inputs, statements placing the thread): its row, its index in the row,
+        where its elements start, the chunk count (looped) and whether vector loads apply."""
+        R = self.R
         head: list[ir.Stmt] = []
         threads = [ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
@@ -394,23 +395,7 @@ class _Builder(red.Builder):
         if self.vw > 1:
             whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
             head.append(ir.Decl("mf_vec_ok", "bool", whole))
-        body = list(self.tg_arrays) + head + self.pre + main
-        tags = _host_name(g, self.index64)
-        kernel = ir.Kernel(
-            name=f"mf_{g.name}_{variant}",
-            op=g.name,
-            template=(*self.tvars.keys(), IDX),
-            instances=(ir.Instance(f"{tags}_{variant}",
-                                   (*(d.msl for d in self.tvars.values()),
-                                    "ulong" if self.index64 else "uint")),),
-            params=(),
-            threads=tuple(threads),
-            body=body,
-            helpers=(),
-            summary=self._summary(variant, reds),
-        )
-        tg_bytes = sum(4 * a.length for a in self.tg_arrays)
-        return kernel, passes, tg_bytes
+        return tuple(threads), head
 
     @staticmethod
     def _desc(r: red.Reduction) -> str:
