@@ -5,7 +5,7 @@ import operator
 from hypothesis import given, strategies as st
 
 from metalforge import ir
-from metalforge.codegen.msl import expr as msl_expr
+from metalforge.codegen.msl import expr as msl_expr, render
 
 j, t, n = ir.Var("mf_j"), ir.Var("mf_t"), ir.Var("mf_n")
 R = ir.Lit(4, "uint")
@@ -56,3 +56,34 @@ def test_operator_spelling_matches_constructor(tree):
         return _PY[x[0]](a, b)
 
     assert by_ops(tree) == by_ctor(tree)
+
+
+# --------------------------------------------------------------------------- passes, printers
+
+def _loop(stop, body, var="mf_c"):
+    return ir.For(var, "uint", ir.Lit(0, "uint"), ir.Lit(stop, "uint"), body, unroll=True)
+
+
+def test_single_trip_loops_become_blocks():
+    use = ir.Assign(ir.Var("mf_x"), ir.Var("mf_c"))
+    keep = ir.Assign(ir.Var("mf_x"), ir.Lit(1, "uint"))
+    body = ir.inline_single_trip([_loop(1, [use]), _loop(1, [keep]), _loop(2, [use]),
+                                  ir.If(n, [_loop(1, [_loop(1, [keep], "mf_d")])])])
+    assert body[0] == ir.Block([ir.Decl("mf_c", "uint", ir.Lit(0, "uint")), use])
+    assert body[1] == ir.Block([keep])                 # the variable is not read: no constant
+    assert body[2] == _loop(2, [use])                  # two trips: a loop
+    assert body[3] == ir.If(n, [ir.Block([ir.Block([keep])])])
+
+
+def test_a_loop_that_breaks_stays_a_loop():
+    loop = _loop(1, [ir.If(n, [ir.Break()])])
+    assert ir.inline_single_trip([loop]) == [loop]
+    inner = _loop(1, [_loop(3, [ir.Break()], "mf_d")])     # the break leaves the inner loop
+    assert isinstance(ir.inline_single_trip([inner])[0], ir.Block)
+
+
+def test_msl_prints_blocks_and_the_ir_dump_keeps_the_loop():
+    k = ir.Kernel("mf_k", "k", (), (ir.Instance("k", ()),), (), (), [
+        _loop(1, [ir.Assign(ir.Var("mf_x"), ir.Var("mf_c"))])])
+    assert "    {\n        const uint mf_c = 0u;\n        mf_x = mf_c;\n    }\n" in render(k)
+    assert "for mf_c: uint in [0, 1):  (unrolled)" in ir.dump(k)

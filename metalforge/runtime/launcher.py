@@ -29,7 +29,7 @@ import torch
 
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
-from ..codegen import render_msl
+from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError
 from ..graph import Graph
 from ..schedule.policy import (MAX_THREADS_PER_GROUP, TUNABLE, LaunchError,
@@ -68,7 +68,9 @@ def plan(graph: Graph, launch: Optional[Mapping[str, Any]], index64: bool) -> sc
 
 def render(schedule: sched_mod.Schedule) -> str:
     """Stage 2: the Metal source of every kernel of the schedule, as one library."""
-    return render_msl(schedule.kernels if len(schedule.kernels) > 1 else schedule.kernel)
+    if len(schedule.kernels) > 1:
+        return render_library(schedule.kernels)
+    return render_msl(schedule.kernel)
 
 
 @dataclass(frozen=True)

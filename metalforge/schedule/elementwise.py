@@ -14,8 +14,6 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 """
 from __future__ import annotations
 
-import dataclasses
-
 from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
@@ -236,7 +234,7 @@ class _Builder:
             loads.append(ir.Decl(f"{self.out_names[kk]}_v",
                                  f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
         lane_el = self.element(vector=True)
-        uses_i = _mentions(lane_el, "mf_i")
+        uses_i = ir.mentions(lane_el, "mf_i")
         lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                        ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
         vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
@@ -331,18 +329,3 @@ def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...
             f"kernel '{b.g.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
             f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
     return tuple(ps)
-
-
-def _mentions(stmts: list, name: str) -> bool:
-    """Whether any statement reads variable `name`."""
-    def walk(x) -> bool:
-        if isinstance(x, ir.Var):
-            return x.name == name
-        if isinstance(x, list):
-            return any(walk(y) for y in x)
-        if isinstance(x, tuple):
-            return any(walk(y) for y in x)
-        if dataclasses.is_dataclass(x):
-            return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return False
-    return walk(stmts)
