@@ -23,7 +23,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import metalforge as mf  # noqa: E402
 from common import DTYPES, plan, sync, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from metalforge.runtime.launcher import Compiled, specialisation  # noqa: E402

@@ -37,9 +37,9 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
 def __getattr__(name: str):
     if name == "bool":      # mf.bool as a dtype, without shadowing the builtin in this module
         return dtypes.BOOL
-    where = ""
+    at = ""
     if _tracer._CURRENT.get() is not None:          # inside a kernel: say where the user called it
         file, line = _tracer.user_frame_loc()
-        where = f"{file}:{line}: "
-    raise AttributeError(f"{where}module 'metalforge' has no attribute '{name}'; the DSL "
+        at = f"{file}:{line}: "
+    raise AttributeError(f"{at}module 'metalforge' has no attribute '{name}'; the DSL "
                          f"functions are: {', '.join(_OPS)}")

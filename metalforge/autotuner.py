@@ -1,7 +1,7 @@
 """`mf.autotune`: try launch configurations of one kernel on example arguments, check each
 against the reference, time them where timings mean something, and remember the fastest.
 
-    result = mf.autotune(rms_norm, x, w)          # candidates: a small grid (see tuning.sweep.SWEEP)
+    result = mf.autotune(rms_norm, x, w)      # candidates: a small grid (tuning.sweep.SWEEP)
     print(result)                                  # every candidate, its time, the winner
     rms_norm(x, w)                                 # later calls use the winner automatically
 

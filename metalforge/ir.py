@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 # --------------------------------------------------------------------------- expressions
 
@@ -23,63 +23,66 @@ class ExprOps:
     `ne`, `and_` and `or_`."""
     __slots__ = ()
 
+    def _e(self) -> Expr:
+        return cast(Expr, self)          # every subclass is one of the Expr types
+
     def __add__(self, other: Expr) -> Binary:
-        return Binary("+", self, other)
+        return Binary("+", self._e(), other)
 
     def __sub__(self, other: Expr) -> Binary:
-        return Binary("-", self, other)
+        return Binary("-", self._e(), other)
 
     def __mul__(self, other: Expr) -> Binary:
-        return Binary("*", self, other)
+        return Binary("*", self._e(), other)
 
     def __truediv__(self, other: Expr) -> Binary:
         """C division (integer division for integer types)."""
-        return Binary("/", self, other)
+        return Binary("/", self._e(), other)
 
     def __mod__(self, other: Expr) -> Binary:
-        return Binary("%", self, other)
+        return Binary("%", self._e(), other)
 
     def __lshift__(self, other: Expr) -> Binary:
-        return Binary("<<", self, other)
+        return Binary("<<", self._e(), other)
 
     def __rshift__(self, other: Expr) -> Binary:
-        return Binary(">>", self, other)
+        return Binary(">>", self._e(), other)
 
     def __and__(self, other: Expr) -> Binary:
-        return Binary("&", self, other)
+        return Binary("&", self._e(), other)
 
     def __or__(self, other: Expr) -> Binary:
-        return Binary("|", self, other)
+        return Binary("|", self._e(), other)
 
     def __xor__(self, other: Expr) -> Binary:
-        return Binary("^", self, other)
+        return Binary("^", self._e(), other)
 
     def __lt__(self, other: Expr) -> Binary:
-        return Binary("<", self, other)
+        return Binary("<", self._e(), other)
 
     def __le__(self, other: Expr) -> Binary:
-        return Binary("<=", self, other)
+        return Binary("<=", self._e(), other)
 
     def __gt__(self, other: Expr) -> Binary:
-        return Binary(">", self, other)
+        return Binary(">", self._e(), other)
 
     def __ge__(self, other: Expr) -> Binary:
-        return Binary(">=", self, other)
+        return Binary(">=", self._e(), other)
 
     def __neg__(self) -> Unary:
-        return Unary("-", self)
+        return Unary("-", self._e())
 
     def eq(self, other: Expr) -> Binary:
-        return Binary("==", self, other)
+        return Binary("==", self._e(), other)
 
     def ne(self, other: Expr) -> Binary:
-        return Binary("!=", self, other)
+        return Binary("!=", self._e(), other)
 
     def and_(self, other: Expr) -> Binary:
-        return Binary("&&", self, other)
+        return Binary("&&", self._e(), other)
 
     def or_(self, other: Expr) -> Binary:
-        return Binary("||", self, other)
+        return Binary("||", self._e(), other)
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ class Param:
     index: int
     kind: str
     type: str                  # element type (buffers) or scalar type
-    binds: tuple
+    binds: tuple[str | int, ...]
     writable: bool = False
     cast: Optional[str] = None
 
@@ -287,7 +290,7 @@ class Kernel:
     def host_name(self) -> str:
         return self.instances[0].host_name
 
-    def param_for(self, binds: tuple) -> Param:
+    def param_for(self, binds: tuple[str | int, ...]) -> Param:
         for p in self.params:
             if p.binds == binds:
                 return p
@@ -500,11 +503,11 @@ class IRPrinter(Printer):
     @staticmethod
     def param(p: Param) -> str:
         what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
-                "numel": "element count"}[p.binds[0]]
+                "numel": "element count"}[str(p.binds[0])]
         src = " ".join(str(b) for b in p.binds[1:])
         acc = ("buffer rw" if p.writable else "buffer ro") if p.kind == "buffer" else "scalar"
-        cast = f", arg_cast {p.cast}" if p.cast else ""
-        return f"[{p.index}] {p.name}: {p.type} ({acc}; {what} {src}".rstrip() + f"{cast})"
+        arg_cast = f", arg_cast {p.cast}" if p.cast else ""
+        return f"[{p.index}] {p.name}: {p.type} ({acc}; {what} {src}".rstrip() + f"{arg_cast})"
 
 
 def expr_text(e: Expr) -> str:

@@ -46,7 +46,9 @@ def solve_base(spec: AxisSpec, size: int) -> int | None:
 
 
 def _describe(spec: AxisSpec) -> str:
-    return f"(size({spec.base}) * {spec.mul}) / {spec.div} + {spec.add}" if spec.derived else spec.name
+    if not spec.derived:
+        return spec.name
+    return f"(size({spec.base}) * {spec.mul}) / {spec.div} + {spec.add}"
 
 
 def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBinding:

@@ -75,7 +75,7 @@ def test_vector_phase_golden():
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
-    } else {"""
+    } else {"""  # noqa: E501  (generated text, as printed)
     assert want in src
     assert "const bool mf_vec_ok = mf_size_D % 4u == 0u;" in src
     # the tail is guarded element by element

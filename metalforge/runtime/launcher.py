@@ -32,8 +32,7 @@ from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError
 from ..graph import Graph
-from ..schedule.policy import (MAX_THREADS_PER_GROUP, TUNABLE, LaunchError,
-                               validate_for_kernel)
+from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .. import ir
 from ..dtypes import DType
 from ..graph import Graph, Node, TensorParam
-from .base import IDX, Schedule, host_name, make_kernel
+from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 from .policy import LaunchPolicy
 
