@@ -16,7 +16,7 @@ import torch
 from .. import dtypes, runtime
 from ..reference import evaluate
 from ..dtypes import BOOL, DType, F32, I64
-from ..graph import AxisSpec, ConstParam, Graph, Node, Output, Param, ScalarParam, TensorParam
+from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dim
 from .errors import AnnotationError, BindingError
@@ -325,9 +325,9 @@ class Kernel:
         for p, sp in zip(params, self.signature.parameters.values()):
             if isinstance(p, TensorParam):
                 axes = tuple(sorted(p.axes, key=trace.order.__getitem__))
-                v = Sym(Node("load", (), p.dtype, axes, attr=p.name, loc=self.loc), trace)
+                v = Sym(Node(Op.LOAD, (), p.dtype, axes, attr=p.name, loc=self.loc), trace)
             elif isinstance(p, ScalarParam):
-                v = Sym(Node("scalar", (), p.dtype, (), attr=p.name, weak=True, loc=self.loc),
+                v = Sym(Node(Op.SCALAR, (), p.dtype, (), attr=p.name, weak=True, loc=self.loc),
                         trace)
             else:
                 v = consts[p.name]

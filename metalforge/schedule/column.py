@@ -129,7 +129,7 @@ class _Builder(red.Builder):
             if split:
                 v.main += self.combine_slices(v, rs, S)
             for r in rs:
-                v.row_values.values[id(r.node)] = red.result(r)
+                v.row_values.values[r.node] = red.result(r)
         self.epilogue(v, S)
         threads, head = self.header(v.name, S)
         summary = (f"{g.name} ({v.name}): reduces '{self.axis}' (not innermost) for each column "
@@ -152,7 +152,7 @@ class _Builder(red.Builder):
         el = ElementLowering(g, self.col_load, self.el_position, self.size,
                              lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
-            el.values[id(n)] = v.row_values.value(n)
+            el.values[n] = v.row_values.value(n)
         body = el.lower(roots)
         self.helpers |= el.helpers
         body += self.fold(el, rs, ir.Var("mf_k"))

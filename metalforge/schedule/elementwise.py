@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..dtypes import DType
-from ..graph import Graph, Node, TensorParam
+from ..graph import Graph, Node, Op, TensorParam
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 from .policy import LaunchPolicy
@@ -40,8 +40,8 @@ def param_name(name: str) -> str:
 
 def used_params(graph: Graph, nodes: list[Node]) -> tuple[list, list]:
     """(the tensors the kernel loads, the scalars it reads), in parameter order."""
-    used = {n.attr for n in nodes if n.op == "load"}
-    scalars = {n.attr for n in nodes if n.op == "scalar"}
+    used = {n.attr for n in nodes if n.op == Op.LOAD}
+    scalars = {n.attr for n in nodes if n.op == Op.SCALAR}
     return ([t for t in graph.tensors if t.name in used],
             [s for s in graph.scalars if s.name in scalars])
 
@@ -78,7 +78,7 @@ class _Builder:
                     f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
                     f"output has: only a reduction can remove an axis")
         for n in nodes:
-            if n.op == "index" and n.attr not in self.grid:
+            if n.op == Op.INDEX and n.attr not in self.grid:
                 raise UnsupportedConstruct(
                     f"mf.index({n.attr!r})" + (f" at {n.loc[0]}:{n.loc[1]}" if n.loc else "") +
                     f": '{n.attr}' is not an axis of the output {list(self.grid)}")

@@ -19,7 +19,7 @@ from typing import Callable
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct
-from ..graph import Graph, Node, topo_order
+from ..graph import Graph, Node, Op, topo_order
 
 # math functions that have a precise:: form in MSL (the fast forms lose accuracy)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
@@ -98,31 +98,31 @@ class ElementLowering:
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
         self.prefix = prefix
         self.helpers: set[str] = set()
-        self.values: dict[int, ir.Expr] = {}
+        self.values: dict[Node, ir.Expr] = {}
         self._count = 0
 
     # -- walking ------------------------------------------------------------------------
     def lower(self, roots: list[Node]) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
         for n in topo_order(roots, seen=self.values):
-            if id(n) in self.values:
+            if n in self.values:
                 continue
             e = self._expr(n)
-            if isinstance(e, (ir.Lit, ir.Var)) or n.op in ("scalar", "const", "size"):
-                self.values[id(n)] = e
+            if isinstance(e, (ir.Lit, ir.Var)) or n.op in (Op.SCALAR, Op.CONST, Op.SIZE):
+                self.values[n] = e
                 continue
             name = self._name(n)
             out.append(ir.Decl(name, ctype(n.dtype), e))
-            self.values[id(n)] = ir.Var(name)
+            self.values[n] = ir.Var(name)
         return out
 
     def value(self, n: Node) -> ir.Expr:
-        return self.values[id(n)]
+        return self.values[n]
 
     def _name(self, n: Node) -> str:
-        if n.op == "load":
+        if n.op == Op.LOAD:
             return f"mf_{n.attr}"
-        if n.op == "index":
+        if n.op == Op.INDEX:
             return f"mf_index_{_ident(n.attr)}"
         self._count += 1
         return f"{self.prefix}{self._count}"
@@ -130,31 +130,31 @@ class ElementLowering:
     # -- one node -----------------------------------------------------------------------
     def _arg(self, n: Node, i: int, dt: DType) -> ir.Expr:
         a = n.args[i]
-        return convert(self.values[id(a)], a.dtype, dt)
+        return convert(self.values[a], a.dtype, dt)
 
     def _expr(self, n: Node) -> ir.Expr:
         op = n.op
-        if op == "load":
+        if op == Op.LOAD:
             return self.load(n)
-        if op == "scalar":
+        if op == Op.SCALAR:
             p = self.graph.param(n.attr)
             return convert(ir.Var(self.scalar(n.attr)), p.dtype, n.dtype)
-        if op == "const":
+        if op == Op.CONST:
             return lit(n.attr, n.dtype)
-        if op == "index":
+        if op == Op.INDEX:
             return ir.Cast(ctype(n.dtype), self.position(n.attr))
-        if op == "size":
+        if op == Op.SIZE:
             return ir.Cast(ctype(n.dtype), self.size(n.attr))
-        if op == "cast":
+        if op == Op.CAST:
             return self._cast(n)
-        if op == "where":
+        if op == Op.WHERE:
             return ir.Select(self._arg(n, 0, BOOL), self._arg(n, 1, n.dtype),
                              self._arg(n, 2, n.dtype))
-        if op == "unary":
+        if op == Op.UNARY:
             return self._unary(n)
-        if op == "binary":
+        if op == Op.BINARY:
             return self._binary(n)
-        if op == "reduce":
+        if op == Op.REDUCE:
             kind, axis = n.attr
             raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{where(n)} is a reduction, "
                                        f"which this schedule cannot lower")
@@ -162,7 +162,7 @@ class ElementLowering:
 
     def _cast(self, n: Node) -> ir.Expr:
         src = n.args[0]
-        x = self.values[id(src)]
+        x = self.values[src]
         dst = n.dtype
         if dst.compute == F32 and dst != F32:
             # round through the narrow storage type so the value is what torch would hold

@@ -33,7 +33,7 @@ from typing import Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
-from ..graph import Graph, Node, TensorParam
+from ..graph import Graph, Node, Op, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, used_params
@@ -93,7 +93,7 @@ class Reduction:
 
 
 def _strip_cast(n: Node) -> Node:
-    while n.op == "cast" and n.args[0].dtype == n.dtype:
+    while n.op == Op.CAST and n.args[0].dtype == n.dtype:
         n = n.args[0]
     return n
 
@@ -121,25 +121,25 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     compensated (online pairs only occur in such schedules)."""
     nodes = list(graph.nodes())
     reds: list[Reduction] = []
-    by_id: dict[int, Reduction] = {}
+    by_node: dict[Node, Reduction] = {}
     for n in nodes:
-        if n.op == "reduce":
+        if n.op == Op.REDUCE:
             check_supported(graph, n)
             r = Reduction(n, n.attr[0], n.attr[1], len(reds) + 1)
             reds.append(r)
-            by_id[id(n)] = r
+            by_node[n] = r
     if online:
         for r in reds:
             if r.kind != "sum" or not r.is_float:
                 continue
             e = _strip_cast(r.arg)
-            if not (e.op == "unary" and e.attr == "exp"):
+            if not (e.op == Op.UNARY and e.attr == "exp"):
                 continue
             d = _strip_cast(e.args[0])
-            if not (d.op == "binary" and d.attr == "sub"):
+            if not (d.op == Op.BINARY and d.attr == "sub"):
                 continue
             a, m = d.args[0], _strip_cast(d.args[1])
-            mr = by_id.get(id(m))
+            mr = by_node.get(m)
             if (mr is None or mr.kind != "max" or mr.axis != r.axis or mr.arg is not a
                     or not mr.is_float or mr.online_sum is not None):
                 continue
@@ -147,14 +147,14 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     for r in reds:
         r.compensated = r.kind == "sum" and r.is_float and (compensated or
                                                             r.online_max is not None)
-    avail: dict[int, int] = {}
+    avail: dict[Node, int] = {}
     for n in nodes:
-        if n.op == "reduce":
-            r = by_id[id(n)]
-            r.phase = avail[id(r.online_max.node)] - 1 if r.online_max else avail[id(n.args[0])]
-            avail[id(n)] = r.phase + 1
+        if n.op == Op.REDUCE:
+            r = by_node[n]
+            r.phase = avail[r.online_max.node] - 1 if r.online_max else avail[n.args[0]]
+            avail[n] = r.phase + 1
         else:
-            avail[id(n)] = max((avail[id(a)] for a in n.args), default=0)
+            avail[n] = max((avail[a] for a in n.args), default=0)
     # renumber phases densely (an online pair can leave a phase empty)
     used = sorted({r.phase for r in reds})
     for r in reds:
@@ -412,19 +412,19 @@ class Builder:
     def cone(self, roots: list[Node]):
         """Element nodes reachable from roots (stopping at row values): (the tensors they
         load, in order of first use; the frontier of row values)."""
-        seen: set[int] = set()
+        seen: set[Node] = set()
         tensors: list[str] = []
         frontier: list[Node] = []
         stack = list(roots)
         while stack:
             n = stack.pop()
-            if id(n) in seen:
+            if n in seen:
                 continue
-            seen.add(id(n))
+            seen.add(n)
             if not self.elem(n):
                 frontier.append(n)
                 continue
-            if n.op == "load" and n.attr not in tensors:
+            if n.op == Op.LOAD and n.attr not in tensors:
                 tensors.append(n.attr)
             stack.extend(n.args)
         return tensors, frontier

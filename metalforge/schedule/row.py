@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .. import ir
-from ..graph import Graph, Node
+from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, ctype, where
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
@@ -125,7 +125,7 @@ class _Builder(red.Builder):
                 f"kernel{where(n)}; a row-reduction kernel reduces one axis")
         super().__init__(graph, policy, index64, axes[0], "row", "row")
         for n in self.nodes:
-            if n.op == "reduce" and any(a not in self.allowed for a in n.axes):
+            if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
                 raise UnsupportedConstruct(f"mf.{n.attr[0]}{where(n)}: unexpected axes")
         self.vw = policy.vector_width
         self.R = policy.reads_per_thread
@@ -212,7 +212,7 @@ class _Builder(red.Builder):
         el = ElementLowering(self.g, lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
                              self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
-            el.values[id(n)] = self.v.row_values.value(n)
+            el.values[n] = self.v.row_values.value(n)
         body = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
@@ -342,7 +342,7 @@ class _Builder(red.Builder):
             v.main.extend(red.finish(rs))
             v.main.extend(self.combine(rs, v.name))
             for r in rs:
-                v.row_values.values[id(r.node)] = red.result(r)
+                v.row_values.values[r.node] = red.result(r)
 
     def epilogue(self, v: red.Variant) -> None:
         """The outputs: those along the row in one more section; one value per row stored by
