@@ -8,6 +8,21 @@ generator's `GenError`, derive from `MetalforgeError` too.)
 """
 from __future__ import annotations
 
+from typing import Optional
+
+Loc = tuple[str, int]                  # (the user's file, line)
+
+
+def at(loc: Optional[Loc]) -> str:
+    """How messages point into the user's code: " at file.py:12" (nothing when unknown)."""
+    return f" at {loc[0]}:{loc[1]}" if loc else ""
+
+
+def kernel_at(name: str, loc: Optional[Loc]) -> str:
+    """How messages name a kernel: "kernel 'silu' (file.py:12)"."""
+    return f"kernel '{name}'" + (f" ({loc[0]}:{loc[1]})" if loc else "")
+
+
 
 class MetalforgeError(Exception):
     """Base of every error metalforge raises for a user's mistake."""

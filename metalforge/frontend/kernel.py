@@ -19,7 +19,7 @@ from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dim
-from .errors import AnnotationError, BindingError
+from ..errors import AnnotationError, BindingError, kernel_at
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
@@ -102,7 +102,7 @@ class Kernel:
     # -- declaration --------------------------------------------------------------------
     @property
     def where(self) -> str:
-        return f"kernel '{self.name}' ({self.loc[0]}:{self.loc[1]})"
+        return kernel_at(self.name, self.loc)
 
     def _pwhere(self, pname: str) -> str:
         return f"kernel '{self.name}' ({self.loc[0]}:{self._lines.get(pname, self.loc[1])}), " \

@@ -30,7 +30,7 @@ import torch
 from .. import dtypes
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, Node, Op
-from .errors import TraceError
+from ..errors import TraceError
 
 _CURRENT: contextvars.ContextVar[Optional["Trace"]] = contextvars.ContextVar(
     "metalforge_trace", default=None)

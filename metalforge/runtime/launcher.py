@@ -30,7 +30,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
-from ..errors import BindingError, DeviceError
+from ..errors import BindingError, DeviceError, kernel_at
 from ..graph import Graph
 from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
@@ -47,11 +47,6 @@ MSL_REWRITE: ContextVar[Optional[Callable[[str], str]]] = ContextVar("mf_msl_rew
                                                                      default=None)
 
 
-def describe(graph: Graph) -> str:
-    """How errors name a kernel: "kernel 'silu' (file.py:12)"."""
-    return f"kernel '{graph.name}'" + (f" ({graph.loc[0]}:{graph.loc[1]})" if graph.loc else "")
-
-
 # --------------------------------------------------------------------------- the stages
 
 def plan(graph: Graph, launch: Optional[Mapping[str, Any]], index64: bool) -> sched_mod.Schedule:
@@ -59,7 +54,7 @@ def plan(graph: Graph, launch: Optional[Mapping[str, Any]], index64: bool) -> sc
     try:
         s = sched_mod.plan(graph, launch, index64=index64)
     except LaunchError as e:
-        raise LaunchError(f"{describe(graph)}: {e} (launch options "
+        raise LaunchError(f"{kernel_at(graph.name, graph.loc)}: {e} (launch options "
                           f"{dict(launch or {})})") from None
     _dump(s)
     return s
@@ -276,7 +271,8 @@ class Specialisation:
     @classmethod
     def of(cls, graph: Graph, launch: Optional[Mapping[str, Any]]) -> "Specialisation":
         grid = max(graph.outputs, key=lambda o: len(o.axes)).axes
-        return cls(graph, launch, sched_mod.family(graph), tuple(grid), describe(graph))
+        return cls(graph, launch, sched_mod.family(graph), tuple(grid),
+                   kernel_at(graph.name, graph.loc))
 
     def schedule(self, index64: bool) -> sched_mod.Schedule:
         s = self._schedules.get(index64)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..errors import at
 from ..graph import Graph
 from . import column, elementwise, row
 from .base import Schedule, Traffic
-from .lower import UnsupportedConstruct, where
+from .lower import UnsupportedConstruct
 from .policy import LaunchError, LaunchPolicy, resolve
 
 __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedConstruct",
@@ -31,7 +32,7 @@ def family(graph: Graph) -> str:
             n = next(n for n in reds if n.attr[1] == axes[1])
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}), "
-                f"e.g. mf.{n.attr[0]}(..., axis={axes[1]!r}){where(n)}; one kernel reduces one "
+                f"e.g. mf.{n.attr[0]}(..., axis={axes[1]!r}){at(n.loc)}; one kernel reduces one "
                 f"axis: split it into one kernel per axis")
         return "row" if row.is_row(graph, axes[0]) else "column"
     return "elementwise"

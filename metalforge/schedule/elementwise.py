@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..dtypes import DType
+from ..errors import at
 from ..graph import Graph, Node, Op, TensorParam
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
@@ -80,7 +81,7 @@ class _Builder:
         for n in nodes:
             if n.op == Op.INDEX and n.attr not in self.grid:
                 raise UnsupportedConstruct(
-                    f"mf.index({n.attr!r})" + (f" at {n.loc[0]}:{n.loc[1]}" if n.loc else "") +
+                    f"mf.index({n.attr!r}){at(n.loc)}"
                     f": '{n.attr}' is not an axis of the output {list(self.grid)}")
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)

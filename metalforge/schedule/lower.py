@@ -18,7 +18,7 @@ from typing import Callable
 
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
-from ..errors import UnsupportedConstruct
+from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, topo_order
 
 # math functions that have a precise:: form in MSL (the fast forms lose accuracy)
@@ -52,10 +52,6 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     if t in _UNSIGNED and op == "<<":
         return ir.Cast(t, e((ir.Cast(_UNSIGNED[t], args[0]), args[1])))
     return e(args)
-
-
-def where(node: Node) -> str:
-    return f" at {node.loc[0]}:{node.loc[1]}" if node.loc else ""
 
 
 def ctype(dt: DType) -> str:
@@ -156,9 +152,9 @@ class ElementLowering:
             return self._binary(n)
         if op == Op.REDUCE:
             kind, axis = n.attr
-            raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{where(n)} is a reduction, "
+            raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{at(n.loc)} is a reduction, "
                                        f"which this schedule cannot lower")
-        raise UnsupportedConstruct(f"graph op '{op}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"graph op '{op}'{at(n.loc)} is not supported")
 
     def _cast(self, n: Node) -> ir.Expr:
         src = n.args[0]
@@ -198,7 +194,7 @@ class ElementLowering:
             return ir.Unary("!", x) if dt.kind == "bool" else wrap_int("~", (x,), dt)
         if f == "not":
             return ir.Unary("!", self._arg(n, 0, BOOL))
-        raise UnsupportedConstruct(f"unary function '{f}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"unary function '{f}'{at(n.loc)} is not supported")
 
     def _binary(self, n: Node) -> ir.Expr:
         f = n.attr
@@ -239,7 +235,7 @@ class ElementLowering:
                 return ir.Call("floor", (x / y,))
             self.helpers.add("mf_floordiv")
             return ir.Call("mf_floordiv", (x, y))
-        raise UnsupportedConstruct(f"binary operation '{f}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"binary operation '{f}'{at(n.loc)} is not supported")
 
 
 def _typed(*args: ir.Expr) -> tuple[ir.Expr, ...]:

@@ -33,11 +33,12 @@ from typing import Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
+from ..errors import at
 from ..graph import Graph, Node, Op, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, used_params
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -109,7 +110,7 @@ def check_supported(graph: Graph, n: Node) -> None:
                "collectives do not support)" if kind in ("sum", "prod") else \
                f"{dt} values"
         raise UnsupportedConstruct(
-            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){where(n)}: {what} cannot be "
+            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){at(n.loc)}: {what} cannot be "
             f"reduced by the reduction schedules (they take float values, and max/min/argmax/"
             f"argmin of integers up to 32 bits); convert first, e.g. x.to(mf.f32)")
 
@@ -167,7 +168,7 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
     for r in reds:
         if r.kind in _EXTREME and sizes.get(r.axis, 1) == 0:
             raise ValueError(
-                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){where(r.node)} over "
+                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){at(r.node.loc)} over "
                 f"an empty axis ({r.axis} = 0) has no value (torch raises too); sum, prod and "
                 f"mean of an empty axis give 0, 1 and NaN")
 

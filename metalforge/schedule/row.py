@@ -25,9 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .. import ir
+from ..errors import at
 from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, UnsupportedConstruct, ctype, where
+from .lower import ElementLowering, UnsupportedConstruct, ctype
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from . import reduce as red
 
@@ -122,11 +123,11 @@ class _Builder(red.Builder):
             n = next(n for n in reds if n.attr[1] == axes[1])
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}) in one "
-                f"kernel{where(n)}; a row-reduction kernel reduces one axis")
+                f"kernel{at(n.loc)}; a row-reduction kernel reduces one axis")
         super().__init__(graph, policy, index64, axes[0], "row", "row")
         for n in self.nodes:
             if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
-                raise UnsupportedConstruct(f"mf.{n.attr[0]}{where(n)}: unexpected axes")
+                raise UnsupportedConstruct(f"mf.{n.attr[0]}{at(n.loc)}: unexpected axes")
         self.vw = policy.vector_width
         self.R = policy.reads_per_thread
 
