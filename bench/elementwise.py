@@ -23,10 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import metalforge as mf  # noqa: E402
 from common import DTYPES, plan, sync, timeit  # noqa: E402
 from metalforge import runtime  # noqa: E402
-from metalforge.runtime.launcher import specialisation  # noqa: E402
+from metalforge.runtime.launcher import Compiled, specialisation  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
 from gelu import gelu  # noqa: E402
 from silu import silu  # noqa: E402
@@ -76,8 +75,10 @@ def main(argv=None) -> int:
     x = torch.randn(256, dtype=dtype, device=device)
     for _ in range(3):
         silu(x)
-    ln = specialisation(silu.graph(x), None).launcher(False, backend)
-    real, inner = ln.kernel, []
+    lib = specialisation(silu.graph(x), None).library(False, backend)
+    host = lib.schedule.kernel.host_name
+    compiled = lib.kernel(host)
+    real, inner = compiled.kernel, []
 
     def timed(*args, **kw):
         t0 = time.perf_counter()
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
         sync(device)
         inner.append(time.perf_counter() - t0)
 
-    ln.kernel = timed
+    lib.kernels[host] = Compiled(timed, compiled.max_threads)
     n = 300 if sim else 3000
     overheads, fulls = [], []
     try:
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
             fulls.append(time.perf_counter() - t0)
             overheads.append(fulls[-1] - inner[-1])
     finally:
-        ln.kernel = real
+        lib.kernels[host] = compiled
     full = statistics.median(fulls)
     print(f"\nwarm call, silu on {x.numel()} elements: full call {full * 1e6:.1f} us (median of "
           f"{n}), of which inside the kernel call {statistics.median(inner) * 1e6:.1f} us -> "

@@ -1,4 +1,4 @@
-"""metalforge: a declarative kernel DSL for Apple-silicon GPUs (see README and DESIGN §2).
+"""metalforge: a declarative kernel DSL for Apple-silicon GPUs (see README.md).
 
     import metalforge as mf
 
@@ -9,37 +9,37 @@
 from __future__ import annotations
 
 from . import dtypes
+from ._version import __version__
+from .autotuner import autotune
 from .dtypes import BF16 as bf16, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32
 from .dtypes import I64 as i64, U8 as u8, U16 as u16, U32 as u32
-from .frontend.errors import AnnotationError, BindingError, TraceError
+from .errors import (AnnotationError, BindingError, CandidateMismatch, DeviceError, LaunchError,
+                     MetalforgeError, ShapeError, TraceError, UnsupportedConstruct)
 from .frontend.kernel import Const, Kernel, kernel
+from .frontend import tracer as _tracer
 from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2, floor, index,
                            inf, log, log2, log_softmax, logsumexp, max, maximum, mean, min,
                            minimum, prod, rsqrt, sigmoid, sin, size, softmax, sqrt, sum, tanh,
                            where)
 from .runtime import backend
-from .shapes import ShapeError
-from .tuning import autotune
-
-__version__ = "0.1.0"
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp")
 
-__all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "AnnotationError",
-           "BindingError", "TraceError", "ShapeError", "f32", "f16", "bf16", "i64", "i32", "u32",
-           "i16", "u16", "i8", "u8", *_OPS]
+__all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
+           "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",
+           "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "f32", "f16", "bf16",
+           "i64", "i32", "u32", "i16", "u16", "i8", "u8", *_OPS]
 
 
 def __getattr__(name: str):
     if name == "bool":      # mf.bool as a dtype, without shadowing the builtin in this module
         return dtypes.BOOL
-    from .frontend.tracer import _CURRENT, user_frame_loc
-    where = ""
-    if _CURRENT.get() is not None:          # inside a kernel: say where the user called it
-        file, line = user_frame_loc()
-        where = f"{file}:{line}: "
-    raise AttributeError(f"{where}module 'metalforge' has no attribute '{name}'; the DSL "
+    at = ""
+    if _tracer._CURRENT.get() is not None:          # inside a kernel: say where the user called it
+        file, line = _tracer.user_frame_loc()
+        at = f"{file}:{line}: "
+    raise AttributeError(f"{at}module 'metalforge' has no attribute '{name}'; the DSL "
                          f"functions are: {', '.join(_OPS)}")

@@ -43,7 +43,7 @@ I8 = DType("i8", torch.int8, "char", 1, "int")
 U8 = DType("u8", torch.uint8, "uchar", 1, "uint")
 BOOL = DType("bool", torch.bool, "bool", 1, "bool")
 
-# Names accepted in annotations (DESIGN §2). i64 exists internally (index/argmax results).
+# Names accepted in annotations. i64 exists internally (index/argmax results).
 ANNOTATION_DTYPES = {d.name: d for d in (F32, F16, BF16, I32, U32, I16, U16, I8, U8, BOOL)}
 ALL = {d.name: d for d in (F32, F16, BF16, I64, I32, U32, I16, U16, I8, U8, BOOL)}
 BY_TORCH = {d.torch: d for d in ALL.values()}

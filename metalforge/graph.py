@@ -13,6 +13,7 @@ order in which the axes first appear in the kernel's parameters (then in ``mf.in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Iterable, Iterator, Optional
 
 from .dtypes import DType
@@ -71,17 +72,39 @@ Param = TensorParam | ScalarParam | ConstParam
 
 # --------------------------------------------------------------------------- nodes
 
-# Node.op values and their attr:
-#   "load"    attr = tensor parameter name                  args = ()
-#   "scalar"  attr = scalar parameter name                  args = ()
-#   "const"   attr = Python value (int/float/bool)          args = ()
-#   "index"   attr = axis name  (position along the axis, i64)
-#   "size"    attr = axis name  (size of the axis, i64)
-#   "unary"   attr = one of UNARY                           args = (x,)
-#   "binary"  attr = one of BINARY                          args = (a, b)
-#   "where"   attr = None                                   args = (cond, a, b)
-#   "cast"    attr = None (target is node.dtype)            args = (x,)
-#   "reduce"  attr = (kind, axis), kind in REDUCE           args = (x,)
+class Op(str, Enum):
+    """What a graph node computes; its `attr` says which one:
+
+        LOAD    attr = tensor parameter name                  args = ()
+        SCALAR  attr = scalar parameter name                  args = ()
+        CONST   attr = Python value (int/float/bool)          args = ()
+        INDEX   attr = axis name  (position along the axis, i64)
+        SIZE    attr = axis name  (size of the axis, i64)
+        UNARY   attr = one of UNARY                           args = (x,)
+        BINARY  attr = one of BINARY                          args = (a, b)
+        WHERE   attr = None                                   args = (cond, a, b)
+        CAST    attr = None (target is node.dtype)            args = (x,)
+        REDUCE  attr = (kind, axis), kind in REDUCE           args = (x,)
+
+    A `str` enum: an op equals, prints and formats as its lower-case name ("load")."""
+    LOAD = "load"
+    SCALAR = "scalar"
+    CONST = "const"
+    INDEX = "index"
+    SIZE = "size"
+    UNARY = "unary"
+    BINARY = "binary"
+    WHERE = "where"
+    CAST = "cast"
+    REDUCE = "reduce"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 UNARY = ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
          "sigmoid", "erf", "abs", "floor", "ceil", "invert", "not")
 BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "mod", "floordiv",
@@ -91,13 +114,14 @@ REDUCE = ("sum", "max", "min", "prod", "argmax", "argmin")   # mean = sum / size
 
 @dataclass(eq=False)
 class Node:
-    """One value in the DAG. Identity semantics: the same Node object is the same value.
+    """One value in the DAG. Identity semantics: the same Node object is the same value (and
+    nodes are dict keys by identity).
 
     ``dtype`` is the logical (torch-promoted) result dtype; code generation computes f16/bf16
     values in ``dtype.compute`` (f32) and casts only at loads and stores.
     ``weak`` marks Python-scalar-derived values, which follow torch's scalar promotion rules.
     """
-    op: str
+    op: Op
     args: tuple["Node", ...]
     dtype: DType
     axes: tuple[str, ...]
@@ -145,7 +169,7 @@ class Graph:
         return iter(topo_order([o.node for o in self.outputs]))
 
     def reductions(self) -> list[Node]:
-        return [n for n in self.nodes() if n.op == "reduce"]
+        return [n for n in self.nodes() if n.op == Op.REDUCE]
 
     def axis_spec(self, axis: str) -> AxisSpec:
         for t in self.tensors:
@@ -155,22 +179,22 @@ class Graph:
         raise KeyError(axis)
 
 
-def topo_order(roots: Iterable[Node], seen: Iterable[int] = ()) -> list[Node]:
+def topo_order(roots: Iterable[Node], seen: Iterable[Node] = ()) -> list[Node]:
     """Every node reachable from `roots` (in their order), each once, operands before users
-    (an iterative post-order walk); nodes whose id() is in `seen` are skipped, and so is
+    (an iterative post-order walk); nodes in `seen` are skipped, and so is
     everything reachable only through them."""
-    done_ids: set[int] = set(seen)
+    visited: set[Node] = set(seen)
     order: list[Node] = []
     for r in roots:
         stack = [(r, False)]
         while stack:
-            node, done = stack.pop()
-            if done:
+            node, operands_done = stack.pop()
+            if operands_done:
                 order.append(node)
                 continue
-            if id(node) in done_ids:
+            if node in visited:
                 continue
-            done_ids.add(id(node))
+            visited.add(node)
             stack.append((node, True))
-            stack.extend((a, False) for a in reversed(node.args) if id(a) not in done_ids)
+            stack.extend((a, False) for a in reversed(node.args) if a not in visited)
     return order

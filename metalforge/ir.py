@@ -8,39 +8,110 @@ printed as Metal. `dump(kernel)` renders a readable, language-neutral view for `
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 # --------------------------------------------------------------------------- expressions
 
 
+class ExprOps:
+    """Python operators on IR expressions build IR: `(j * tpg + t) * Lit(R, "uint")` is
+    `Binary("*", Binary("+", Binary("*", j, tpg), t), Lit(R, "uint"))`. Operands must be IR
+    expressions (a literal needs its MSL type: `Lit(4, "uint")`). `==` and `!=` stay the
+    dataclasses' structural equality, so C's `==`, `!=`, `&&` and `||` are the methods `eq`,
+    `ne`, `and_` and `or_`."""
+    __slots__ = ()
+
+    def _e(self) -> Expr:
+        return cast(Expr, self)          # every subclass is one of the Expr types
+
+    def __add__(self, other: Expr) -> Binary:
+        return Binary("+", self._e(), other)
+
+    def __sub__(self, other: Expr) -> Binary:
+        return Binary("-", self._e(), other)
+
+    def __mul__(self, other: Expr) -> Binary:
+        return Binary("*", self._e(), other)
+
+    def __truediv__(self, other: Expr) -> Binary:
+        """C division (integer division for integer types)."""
+        return Binary("/", self._e(), other)
+
+    def __mod__(self, other: Expr) -> Binary:
+        return Binary("%", self._e(), other)
+
+    def __lshift__(self, other: Expr) -> Binary:
+        return Binary("<<", self._e(), other)
+
+    def __rshift__(self, other: Expr) -> Binary:
+        return Binary(">>", self._e(), other)
+
+    def __and__(self, other: Expr) -> Binary:
+        return Binary("&", self._e(), other)
+
+    def __or__(self, other: Expr) -> Binary:
+        return Binary("|", self._e(), other)
+
+    def __xor__(self, other: Expr) -> Binary:
+        return Binary("^", self._e(), other)
+
+    def __lt__(self, other: Expr) -> Binary:
+        return Binary("<", self._e(), other)
+
+    def __le__(self, other: Expr) -> Binary:
+        return Binary("<=", self._e(), other)
+
+    def __gt__(self, other: Expr) -> Binary:
+        return Binary(">", self._e(), other)
+
+    def __ge__(self, other: Expr) -> Binary:
+        return Binary(">=", self._e(), other)
+
+    def __neg__(self) -> Unary:
+        return Unary("-", self._e())
+
+    def eq(self, other: Expr) -> Binary:
+        return Binary("==", self._e(), other)
+
+    def ne(self, other: Expr) -> Binary:
+        return Binary("!=", self._e(), other)
+
+    def and_(self, other: Expr) -> Binary:
+        return Binary("&&", self._e(), other)
+
+    def or_(self, other: Expr) -> Binary:
+        return Binary("||", self._e(), other)
+
+
 @dataclass(frozen=True)
-class Var:
+class Var(ExprOps):
     name: str
 
 
 @dataclass(frozen=True)
-class Lit:
+class Lit(ExprOps):
     """A literal of an MSL type. value: bool | int | float (inf/nan allowed)."""
     value: Any
     type: str
 
 
 @dataclass(frozen=True)
-class Unary:
+class Unary(ExprOps):
     op: str            # "-" "!" "~"
     x: "Expr"
 
 
 @dataclass(frozen=True)
-class Binary:
+class Binary(ExprOps):
     op: str            # C operators: + - * / % < <= > >= == != & | ^ << >> && ||
     a: "Expr"
     b: "Expr"
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(ExprOps):
     """A math/library function by its neutral name ("exp", "rsqrt", "max", "mf_erf", ...).
     precise: use the accurate (`precise::`) form where the target has one."""
     fn: str
@@ -49,20 +120,20 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Cast:
+class Cast(ExprOps):
     type: str
     x: "Expr"
 
 
 @dataclass(frozen=True)
-class Select:
+class Select(ExprOps):
     cond: "Expr"
     a: "Expr"
     b: "Expr"
 
 
 @dataclass(frozen=True)
-class Load:
+class Load(ExprOps):
     """buffer[index]; width > 1 reads `width` consecutive elements as one vector."""
     buffer: str
     index: "Expr"
@@ -71,7 +142,7 @@ class Load:
 
 
 @dataclass(frozen=True)
-class Lane:
+class Lane(ExprOps):
     """Element `lane` of a vector value (or of an `ArrayDecl` array)."""
     vec: "Expr"
     lane: "Expr"
@@ -158,7 +229,13 @@ class Return:
     pass
 
 
-Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, Return]
+@dataclass
+class Block:
+    """A nested scope (what `inline_single_trip` makes of a loop that runs once)."""
+    body: list["Stmt"]
+
+
+Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, Return, Block]
 
 # --------------------------------------------------------------------------- kernel
 
@@ -177,7 +254,7 @@ class Param:
     index: int
     kind: str
     type: str                  # element type (buffers) or scalar type
-    binds: tuple
+    binds: tuple[str | int, ...]
     writable: bool = False
     cast: Optional[str] = None
 
@@ -213,111 +290,231 @@ class Kernel:
     def host_name(self) -> str:
         return self.instances[0].host_name
 
-    def param_for(self, binds: tuple) -> Param:
+    def param_for(self, binds: tuple[str | int, ...]) -> Param:
         for p in self.params:
             if p.binds == binds:
                 return p
         raise KeyError(binds)
 
 
-# --------------------------------------------------------------------------- dump
+# --------------------------------------------------------------------------- passes
+
+def mentions(stmts: list[Stmt], name: str) -> bool:
+    """Whether any of these statements reads the variable `name`."""
+    def walk(x: object) -> bool:
+        if isinstance(x, Var):
+            return x.name == name
+        if isinstance(x, (list, tuple)):
+            return any(walk(y) for y in x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
+        return False
+    return walk(stmts)
+
+
+def _breaks(body: list[Stmt]) -> bool:
+    """Whether a `break` in these statements would leave the loop around them."""
+    for s in body:
+        if isinstance(s, Break):
+            return True
+        if isinstance(s, If) and (_breaks(s.then) or _breaks(s.orelse)):
+            return True
+        if isinstance(s, Block) and _breaks(s.body):
+            return True
+    return False
+
+
+def _single_trip(s: For) -> bool:
+    """A loop that runs exactly once (literal bounds one apart) and does not break."""
+    return (isinstance(s.start, Lit) and isinstance(s.stop, Lit)
+            and type(s.start.value) is int and type(s.stop.value) is int
+            and s.stop.value - s.start.value == 1 and not _breaks(s.body))
+
+
+def inline_single_trip(body: list[Stmt]) -> list[Stmt]:
+    """Every loop that runs exactly once becomes a `Block` of its body, the loop variable
+    declared as a constant where the body reads it (straight-line code for the compiler and
+    the reader)."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, If):
+            s = If(s.cond, inline_single_trip(s.then), inline_single_trip(s.orelse))
+        elif isinstance(s, Block):
+            s = Block(inline_single_trip(s.body))
+        elif isinstance(s, For):
+            inner = inline_single_trip(s.body)
+            if _single_trip(s):
+                first: list[Stmt] = ([Decl(s.var, s.type, s.start)] if mentions(inner, s.var)
+                                     else [])
+                s = Block(first + inner)
+            else:
+                s = dataclasses.replace(s, body=inner)
+        out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- printing
 
 _PREC = {"||": 1, "&&": 2, "|": 3, "^": 4, "&": 5, "==": 6, "!=": 6, "<": 7, "<=": 7, ">": 7,
          ">=": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}
 
 
-def expr_text(e: Expr, lit=None, call=None, cast=None, load=None, prec: int = 0) -> str:
-    """Render an expression with minimal parentheses. The hooks let a code generator change
-    how literals, calls, casts and loads are spelt; the defaults give the neutral IR view."""
-    def r(x: Expr, p: int = 0) -> str:
-        return expr_text(x, lit, call, cast, load, p)
+class Printer:
+    """The walk every text view of the IR shares: expressions with C precedence and minimal
+    parentheses; statements one per line, nested bodies one indent deeper. Subclasses spell
+    the pieces: `IRPrinter` (the readable dump) and `metalforge.codegen.msl.MSLPrinter`."""
+    indent = "    "
 
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, Lit):
-        return lit(e) if lit else repr(e.value)
-    if isinstance(e, Unary):
-        return f"{e.op}{r(e.x, 11)}"
-    if isinstance(e, Binary):
-        p = _PREC[e.op]
-        s = f"{r(e.a, p)} {e.op} {r(e.b, p + 1)}"
-        return f"({s})" if p < prec else s
-    if isinstance(e, Call):
-        return call(e, r) if call else f"{e.fn}({', '.join(r(a) for a in e.args)})"
-    if isinstance(e, Cast):
-        return cast(e, r) if cast else f"{e.type}({r(e.x)})"
-    if isinstance(e, Select):
-        s = f"{r(e.cond, 1)} ? {r(e.a, 1)} : {r(e.b, 1)}"
-        return f"({s})" if prec > 0 else s
-    if isinstance(e, Load):
-        if load:
-            return load(e, r)
-        return f"{e.buffer}[{r(e.index)}]" if e.width == 1 else \
-            f"{e.buffer}[{r(e.index)} : +{e.width}]"
-    if isinstance(e, Lane):
-        return f"{r(e.vec, 12)}[{r(e.lane)}]"
-    raise TypeError(f"not an IR expression: {e!r}")
+    # -- expressions ---------------------------------------------------------------------
+    def expr(self, e: Expr, prec: int = 0) -> str:
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Lit):
+            return self.lit(e)
+        if isinstance(e, Unary):
+            return f"{e.op}{self.expr(e.x, 11)}"
+        if isinstance(e, Binary):
+            p = _PREC[e.op]
+            s = f"{self.expr(e.a, p)} {e.op} {self.expr(e.b, p + 1)}"
+            return f"({s})" if p < prec else s
+        if isinstance(e, Call):
+            return self.call(e)
+        if isinstance(e, Cast):
+            return self.cast(e)
+        if isinstance(e, Select):
+            s = f"{self.expr(e.cond, 1)} ? {self.expr(e.a, 1)} : {self.expr(e.b, 1)}"
+            return f"({s})" if prec > 0 else s
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, Lane):
+            return f"{self.expr(e.vec, 12)}[{self.expr(e.lane)}]"
+        raise TypeError(f"not an IR expression: {e!r}")
+
+    def lit(self, e: Lit) -> str:
+        return repr(e.value)
+
+    def call(self, e: Call) -> str:
+        return f"{e.fn}({', '.join(self.expr(a) for a in e.args)})"
+
+    def cast(self, e: Cast) -> str:
+        return f"{e.type}({self.expr(e.x)})"
+
+    def load(self, e: Load) -> str:
+        if e.width == 1:
+            return f"{e.buffer}[{self.expr(e.index)}]"
+        return f"{e.buffer}[{self.expr(e.index)} : +{e.width}]"
+
+    # -- statements ----------------------------------------------------------------------
+    def body(self, stmts: list[Stmt], ind: str, out: list[str]) -> None:
+        for s in stmts:
+            if isinstance(s, If):
+                out.append(ind + self.if_head(s))
+                self.body(s.then, ind + self.indent, out)
+                if s.orelse:
+                    out.append(ind + self.else_line())
+                    self.body(s.orelse, ind + self.indent, out)
+                self.close(ind, out)
+            elif isinstance(s, For):
+                out.append(ind + self.for_head(s))
+                self.body(s.body, ind + self.indent, out)
+                self.close(ind, out)
+            elif isinstance(s, Block):
+                out.append(ind + self.block_head())
+                self.body(s.body, ind + self.indent, out)
+                self.close(ind, out)
+            else:
+                out.append(ind + self.line(s))
+
+    def line(self, s: Stmt) -> str:
+        """One statement without a body."""
+        raise NotImplementedError
+
+    def if_head(self, s: If) -> str:
+        raise NotImplementedError
+
+    def else_line(self) -> str:
+        raise NotImplementedError
+
+    def for_head(self, s: For) -> str:
+        raise NotImplementedError
+
+    def block_head(self) -> str:
+        raise NotImplementedError
+
+    def close(self, ind: str, out: list[str]) -> None:
+        """After a body (C's closing brace; nothing where indentation says it)."""
 
 
-def _dump_body(body: list[Stmt], ind: str, out: list[str]) -> None:
-    for s in body:
+class IRPrinter(Printer):
+    """The readable, language-neutral view of `kernel.ir()`."""
+
+    def line(self, s: Stmt) -> str:
         if isinstance(s, Comment):
-            out.append(f"{ind}# {s.text}")
-        elif isinstance(s, Decl):
-            kw = "let" if s.const else "var"
-            val = "" if s.value is None else f" = {expr_text(s.value)}"
-            out.append(f"{ind}{kw} {s.name}: {s.type}{val}")
-        elif isinstance(s, Assign):
-            out.append(f"{ind}{expr_text(s.target)} = {expr_text(s.value)}")
-        elif isinstance(s, Store):
-            tgt = f"{s.buffer}[{expr_text(s.index)}]" if s.width == 1 else \
-                f"{s.buffer}[{expr_text(s.index)} : +{s.width}]"
-            out.append(f"{ind}store {tgt} = {expr_text(s.value)}")
-        elif isinstance(s, If):
-            out.append(f"{ind}if {expr_text(s.cond)}:")
-            _dump_body(s.then, ind + "    ", out)
-            if s.orelse:
-                out.append(f"{ind}else:")
-                _dump_body(s.orelse, ind + "    ", out)
-        elif isinstance(s, For):
-            un = "  (unrolled)" if s.unroll else ""
-            out.append(f"{ind}for {s.var}: {s.type} in [{expr_text(s.start)}, "
-                       f"{expr_text(s.stop)}):{un}")
-            _dump_body(s.body, ind + "    ", out)
-        elif isinstance(s, Break):
-            out.append(f"{ind}break")
-        elif isinstance(s, ArrayDecl):
+            return f"# {s.text}"
+        if isinstance(s, Decl):
+            val = "" if s.value is None else f" = {self.expr(s.value)}"
+            return f"{'let' if s.const else 'var'} {s.name}: {s.type}{val}"
+        if isinstance(s, Assign):
+            return f"{self.expr(s.target)} = {self.expr(s.value)}"
+        if isinstance(s, Store):
+            return f"store {self.load(Load(s.buffer, s.index, s.width))} = {self.expr(s.value)}"
+        if isinstance(s, Break):
+            return "break"
+        if isinstance(s, ArrayDecl):
             sp = "threadgroup " if s.space == "threadgroup" else ""
-            out.append(f"{ind}{sp}array {s.name}: {s.type}[{s.length}]")
-        elif isinstance(s, Barrier):
-            out.append(f"{ind}barrier (threadgroup)")
-        elif isinstance(s, Return):
-            out.append(f"{ind}return")
-        else:
-            raise TypeError(f"not an IR statement: {s!r}")
+            return f"{sp}array {s.name}: {s.type}[{s.length}]"
+        if isinstance(s, Barrier):
+            return "barrier (threadgroup)"
+        if isinstance(s, Return):
+            return "return"
+        raise TypeError(f"not an IR statement: {s!r}")
+
+    def if_head(self, s: If) -> str:
+        return f"if {self.expr(s.cond)}:"
+
+    def else_line(self) -> str:
+        return "else:"
+
+    def for_head(self, s: For) -> str:
+        un = "  (unrolled)" if s.unroll else ""
+        return f"for {s.var}: {s.type} in [{self.expr(s.start)}, {self.expr(s.stop)}):{un}"
+
+    def block_head(self) -> str:
+        return "block:"
+
+    def kernel(self, k: Kernel) -> str:
+        out = [f"kernel {k.name}<{', '.join(k.template)}>"]
+        for inst in k.instances:
+            out.append(f"  instance {inst.host_name}: " +
+                       ", ".join(f"{n}={t}" for n, t in zip(k.template, inst.types)))
+        if k.summary:
+            out.append(f"  # {k.summary}")
+        out.append("  params:")
+        for p in k.params:
+            out.append(f"    {self.param(p)}")
+        for t in k.threads:
+            out.append(f"    {t.name}: {t.type} [{t.attribute}]")
+        if k.helpers:
+            out.append(f"  helpers: {', '.join(k.helpers)}")
+        out.append("  body:")
+        self.body(k.body, "    ", out)
+        return "\n".join(out) + "\n"
+
+    @staticmethod
+    def param(p: Param) -> str:
+        what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
+                "numel": "element count"}[str(p.binds[0])]
+        src = " ".join(str(b) for b in p.binds[1:])
+        acc = ("buffer rw" if p.writable else "buffer ro") if p.kind == "buffer" else "scalar"
+        arg_cast = f", arg_cast {p.cast}" if p.cast else ""
+        return f"[{p.index}] {p.name}: {p.type} ({acc}; {what} {src}".rstrip() + f"{arg_cast})"
+
+
+def expr_text(e: Expr) -> str:
+    """An expression as the IR dump spells it."""
+    return IRPrinter().expr(e)
 
 
 def dump(k: Kernel) -> str:
     """A readable text view of the lowered kernel."""
-    out = [f"kernel {k.name}<{', '.join(k.template)}>"]
-    for inst in k.instances:
-        out.append(f"  instance {inst.host_name}: " +
-                   ", ".join(f"{n}={t}" for n, t in zip(k.template, inst.types)))
-    if k.summary:
-        out.append(f"  # {k.summary}")
-    out.append("  params:")
-    for p in k.params:
-        what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
-                "numel": "element count"}[p.binds[0]]
-        src = " ".join(str(b) for b in p.binds[1:])
-        acc = ("buffer rw" if p.writable else "buffer ro") if p.kind == "buffer" else "scalar"
-        cast = f", arg_cast {p.cast}" if p.cast else ""
-        out.append(f"    [{p.index}] {p.name}: {p.type} ({acc}; {what} {src}".rstrip() +
-                   f"{cast})")
-    for t in k.threads:
-        out.append(f"    {t.name}: {t.type} [{t.attribute}]")
-    if k.helpers:
-        out.append(f"  helpers: {', '.join(k.helpers)}")
-    out.append("  body:")
-    _dump_body(k.body, "    ", out)
-    return "\n".join(out) + "\n"
+    return IRPrinter().kernel(k)

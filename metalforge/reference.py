@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from .dtypes import BOOL, DType
-from .graph import Graph, Node
+from .graph import Graph, Node, Op
 from .shapes import bind_shapes, flat_shape, output_shape
 
 _UNARY = {
@@ -67,7 +67,7 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
         return t.to(dt.torch).to(torch.int64) if dt.is_int and dt.torch != torch.int64 else t
 
     def align(n: Node, axes: tuple[str, ...]) -> torch.Tensor:
-        t = val[id(n)]
+        t = val[n]
         return t.reshape([t.shape[n.axes.index(a)] if a in n.axes else 1 for a in axes])
 
     def common(ts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -77,42 +77,42 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
             return ts
         return [t.to(torch.int64) for t in ts]
 
-    val: dict[int, torch.Tensor] = {}
+    val: dict[Node, torch.Tensor] = {}
     for n in graph.nodes():
         ct = ctype(n.dtype)
-        if n.op == "load":
+        if n.op == Op.LOAD:
             p = graph.param(n.attr)
             t = tensors[n.attr].reshape(flat_shape(binding, p))
             r = t.permute([p.axes.index(a) for a in n.axes]).to(ct)
-        elif n.op == "scalar":
+        elif n.op == Op.SCALAR:
             r = torch.tensor(values[n.attr], dtype=ct, device=device)
-        elif n.op == "const":
+        elif n.op == Op.CONST:
             r = torch.tensor(n.attr, dtype=ct, device=device)
-        elif n.op == "index":
+        elif n.op == Op.INDEX:
             r = torch.arange(sizes[n.attr], dtype=torch.int64, device=device)
-        elif n.op == "size":
+        elif n.op == Op.SIZE:
             r = torch.tensor(sizes[n.attr], dtype=torch.int64, device=device)
-        elif n.op == "cast":
-            r = val[id(n.args[0])].to(n.dtype.torch).to(ct)
-        elif n.op == "unary":
-            r = wrap(_UNARY[n.attr](val[id(n.args[0])].to(ct)), n.dtype)
-        elif n.op == "binary":
+        elif n.op == Op.CAST:
+            r = val[n.args[0]].to(n.dtype.torch).to(ct)
+        elif n.op == Op.UNARY:
+            r = wrap(_UNARY[n.attr](val[n.args[0]].to(ct)), n.dtype)
+        elif n.op == Op.BINARY:
             a, b = common([align(x, n.axes) for x in n.args])
             r = _BINARY[n.attr](a, b)
             r = wrap(r.to(ct), n.dtype)
-        elif n.op == "where":
+        elif n.op == Op.WHERE:
             c = align(n.args[0], n.axes)
             a, b = common([align(x, n.axes) for x in n.args[1:]])
             r = torch.where(c, a, b).to(ct)
-        elif n.op == "reduce":
+        elif n.op == Op.REDUCE:
             kind, axis = n.attr
             x = n.args[0]
-            r = wrap(_REDUCE[kind](val[id(x)], dim=x.axes.index(axis)).to(ct), n.dtype)
+            r = wrap(_REDUCE[kind](val[x], dim=x.axes.index(axis)).to(ct), n.dtype)
             if adjust is not None:
-                r = adjust(n, val[id(x)], r)
+                r = adjust(n, val[x], r)
         else:
             raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{graph.name}'")
-        val[id(n)] = fp32(r, n.dtype)
+        val[n] = fp32(r, n.dtype)
 
     outs = []
     for o in graph.outputs:

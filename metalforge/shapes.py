@@ -13,11 +13,8 @@ from typing import Mapping
 
 import torch
 
+from .errors import ShapeError
 from .graph import AxisSpec, Graph, Output, TensorParam
-
-
-class ShapeError(ValueError):
-    """A tensor argument's shape does not fit its annotation (or other arguments)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +46,9 @@ def solve_base(spec: AxisSpec, size: int) -> int | None:
 
 
 def _describe(spec: AxisSpec) -> str:
-    return f"(size({spec.base}) * {spec.mul}) / {spec.div} + {spec.add}" if spec.derived else spec.name
+    if not spec.derived:
+        return spec.name
+    return f"(size({spec.base}) * {spec.mul}) / {spec.div} + {spec.add}"
 
 
 def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBinding:

@@ -16,9 +16,10 @@ from metalforge.schedule import family
 from metalforge.schedule.policy import LaunchError
 from metalforge.testing import load_module
 from metalforge.tuning import cache as cache_mod
-from metalforge.tuning import CacheWarning, CandidateMismatch, TuneCache, grid, median_time
+from metalforge.autotuner import CandidateMismatch, median_time
+from metalforge.tuning import CacheWarning, TuneCache, grid
 
-autotune_mod = importlib.import_module("metalforge.tuning.autotune")   # (the function shadows it)
+autotune_mod = importlib.import_module("metalforge.autotuner")
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
 
 
@@ -191,13 +192,13 @@ def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
     # a fresh process (nothing in memory) uses it on plain calls, under explicit overrides
     cache_mod._CACHES.clear()
     launches = []
-    real = launcher._prepare
+    real = launcher.bind
 
-    def spy(spec, *a, **k):
-        launches.append(dict(spec.launch or {}))
-        return real(spec, *a, **k)
+    def spy(call):
+        launches.append(dict(call.spec.launch or {}))
+        return real(call)
 
-    monkeypatch.setattr(launcher, "_prepare", spy)
+    monkeypatch.setattr(launcher, "bind", spy)
     torch.testing.assert_close(axpb(x, w), x * w + 1)
     torch.testing.assert_close(axpb(torch.randn(4, 600), torch.ones(600), 0.0).shape,
                                torch.Size([4, 600]))                   # same bucket

@@ -16,7 +16,8 @@ def test_show_prints_msl(capsys):
 
 
 def test_show_dtype_and_ir(capsys):
-    assert main(["show", f"{EXAMPLES / 'swiglu.py'}::swiglu", "--dtype", "f16", "--emit", "ir"]) == 0
+    target = f"{EXAMPLES / 'swiglu.py'}::swiglu"
+    assert main(["show", target, "--dtype", "f16", "--emit", "ir"]) == 0
     out = capsys.readouterr().out
     assert "instance swiglu_f16: T=half, mf_index_t=uint" in out
     assert "store mf_out[mf_start : +4] = mf_out_v" in out

@@ -3,10 +3,14 @@
 Graphs are built by hand here so these tests pin the backend alone; the runtime tests run the
 same kernels through the tracer and the simulator.
 """
-import pytest
+from importlib import resources
 
-from metalforge import ir, schedule
+import pytest
+import torch
+
+from metalforge import ir, schedule, sim
 from metalforge.codegen import render_msl
+from metalforge.codegen.msl import HELPERS
 from metalforge.dtypes import BOOL, F16, F32, I64
 from metalforge.graph import AxisSpec, Graph, Node, Output, ScalarParam, TensorParam
 from metalforge.schedule import LaunchError, UnsupportedConstruct
@@ -71,7 +75,7 @@ def test_vector_phase_golden():
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
-    } else {"""
+    } else {"""  # noqa: E501  (generated text, as printed)
     assert want in src
     assert "const bool mf_vec_ok = mf_size_D % 4u == 0u;" in src
     # the tail is guarded element by element
@@ -183,3 +187,44 @@ def test_ir_dump_is_readable():
     assert "[4] mf_numel: mf_index_t (scalar; element count, arg_cast int32)" in text
     assert "let mf_x_v: vec<T, 4> = x[mf_start : +4]" in text
     assert "store mf_out[mf_start : +4] = mf_out_v" in text
+
+
+def test_helpers_file_compiles_whole_and_computes():
+    """helpers.metal (every helper a generated kernel may include) compiled as one library by
+    the simulator, with a kernel that instantiates and calls each of them."""
+    text = resources.files("metalforge.codegen").joinpath("helpers.metal").read_text()
+    kernel = """
+kernel void all_helpers(device float* f [[buffer(0)]], device int* n [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) {
+    float x = float(i) * 0.25f - 2.0f;
+    float c = 0.0f, m = -INFINITY, m2 = x;
+    const float s = mf_sum_add(c, 1.0f, x) + mf_online_add(m, c, 0.0f, x)
+        + mf_online_merge(m2, 1.0f, m, 1.0f) + mf_simd_online(m2, 1.0f);
+    float v = x, w = x;
+    int iv = int(i);
+    const uint a = mf_simd_argmax(v, i) + mf_simd_argmin(w, i) + mf_simd_iargmax(iv, i)
+        + mf_simd_iargmin(iv, i);
+    f[i * 4] = mf_erf(x);
+    f[i * 4 + 1] = mf_maximum(x, 0.0f) + mf_minimum(x, 0.0f) + mf_pow(x, 2.0f)
+        + mf_fremainder(x, 1.5f) + mf_simd_max(x) + mf_simd_min(x) + s + float(a);
+    f[i * 4 + 2] = mf_fremainder(x, 1.5f);
+    f[i * 4 + 3] = mf_pow(x, 3.0f);
+    const int k = int(i) - 16;
+    n[i * 4] = mf_floordiv(k, 3);
+    n[i * 4 + 1] = mf_remainder(k, 3);
+    n[i * 4 + 2] = mf_ipow(k, 3) + mf_shl(k, 40) + mf_shr(k, -1);
+    n[i * 4 + 3] = mf_shr(k, 2);
+}
+"""
+    assert all(f"mf_{name[3:]}(" in text for name in HELPERS)
+    lib = sim.compile_shader(text + kernel)
+    f, n = torch.zeros(32 * 4), torch.zeros(32 * 4, dtype=torch.int32)
+    lib.all_helpers(f, n, threads=32, group_size=32)
+    x = torch.arange(32) * 0.25 - 2.0
+    k = torch.arange(32, dtype=torch.int32) - 16
+    torch.testing.assert_close(f[0::4], torch.erf(x), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(f[2::4], torch.remainder(x, 1.5))
+    torch.testing.assert_close(f[3::4], x ** 3)
+    assert torch.equal(n[0::4], torch.div(k, 3, rounding_mode="floor").int())
+    assert torch.equal(n[1::4], torch.remainder(k, 3).int())
+    assert torch.equal(n[3::4], k >> 2)

@@ -32,7 +32,8 @@ def _example_kernels():
 
 KERNELS = _example_kernels()
 CASES = [(name, k, {"T": dt}) for name, k in KERNELS for dt in ("f32", "f16")]
-CASES.append(("silu", dict(KERNELS)["silu"], {"T": "f32", "B": 1, "D": 2 ** 31}))   # 64-bit indexing
+# 64-bit indexing
+CASES.append(("silu", dict(KERNELS)["silu"], {"T": "f32", "B": 1, "D": 2 ** 31}))
 
 
 def _case_id(name, bindings):

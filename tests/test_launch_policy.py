@@ -27,14 +27,14 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.launches, self.compiles = [], []
-        real_prepare, real_compile = launcher._prepare, backends._compile
+        real_bind, real_compile = launcher.bind, backends._compile
 
-        def prepare(spec, *a, **k):
-            kern, args, kw = real_prepare(spec, *a, **k)
-            self.launches.append((dict(spec.launch or {}), kw["group_size"]))
-            return kern, args, kw
+        def bind(call):
+            bound = real_bind(call)
+            self.launches.append((dict(call.spec.launch or {}), bound.group_size))
+            return bound
 
-        monkeypatch.setattr(launcher, "_prepare", prepare)
+        monkeypatch.setattr(launcher, "bind", bind)
         monkeypatch.setattr(backends, "_compile",
                             lambda b, s: self.compiles.append(s) or real_compile(b, s))
 
@@ -171,8 +171,9 @@ def test_group_size_checked_on_every_launch(monkeypatch):
     # the pipeline limit the launcher recorded shrinks (as if another device's pipeline):
     # the next launch is refused before it reaches the kernel
     spec = launcher.specialisation(neg.graph(x), None)
-    (ln,) = spec._launchers.values()
-    ln.max_threads = 128
+    (lib,) = spec._libraries.values()
+    (host,) = lib.kernels
+    lib.kernels[host] = launcher.Compiled(lib.kernels[host].kernel, 128)
     with pytest.raises(LaunchError, match=r"kernel 'neg' .*threadgroup of 256 threads, but "
                                           r"this pipeline allows 1 to 128"):
         neg(x)

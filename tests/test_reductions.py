@@ -152,7 +152,8 @@ def test_rms_norm_f16_reads_each_input_once():
     t = s.traffic(sizes)
     assert (t.read, t.written) == (64 * 4096 * 2 + 4096 * 2, 64 * 4096 * 2)
     src = rms_norm.source(x, w)
-    group = src[src.index("kernel void mf_rms_norm_group"):src.index("kernel void mf_rms_norm_looped")]
+    start = src.index("kernel void mf_rms_norm_group")
+    group = src[start:src.index("kernel void mf_rms_norm_looped")]
     # one 4-wide vector load site and one guarded scalar site for x, in one load block
     assert group.count("reinterpret_cast<device const vec<T, 4>*>(x + ") == 1
     assert group.count("x[mf_row_x") == 1

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import metalforge as mf
-from metalforge import runtime
+from metalforge import errors, runtime, sim
 from metalforge.runtime import backends, launcher
 
 
@@ -69,7 +69,7 @@ def test_launch_variants_agree():
 def test_empty_inputs_return_empty_without_launch(monkeypatch):
     def no_launch(*a, **k):
         raise AssertionError("launched for an empty tensor")
-    monkeypatch.setattr(launcher, "_prepare", no_launch)
+    monkeypatch.setattr(launcher, "bind", no_launch)
     y = scale_rows(torch.randn(0, 8), torch.randn(8), torch.randn(0))
     assert y.shape == (0, 8) and y.dtype == torch.float32
     y = gate(torch.randn(2, 0, 4), torch.randn(2, 0, 4))
@@ -176,3 +176,23 @@ def test_reductions_over_two_axes_say_so_with_the_line():
     with pytest.raises(ValueError, match=r"several axes.*mf\.sum\(\.\.\., axis='R'\) at "
                                          r".*test_runtime\.py:\d+"):
         total(torch.randn(2, 8))
+
+
+def test_every_user_error_is_a_metalforge_error_and_keeps_its_builtin_base():
+    for name in ("AnnotationError", "TraceError", "BindingError", "ShapeError", "DeviceError",
+                 "LaunchError", "UnsupportedConstruct", "CandidateMismatch"):
+        cls = getattr(mf, name)
+        assert cls is getattr(errors, name) and issubclass(cls, mf.MetalforgeError)
+    assert issubclass(mf.AnnotationError, ValueError) and issubclass(mf.BindingError, TypeError)
+    assert issubclass(sim.KernelError, mf.MetalforgeError)
+
+
+def test_same_argument_mistake_same_class_through_the_runtime():
+    x, w, r = torch.randn(2, 8), torch.randn(8), torch.randn(2)
+    g = scale_rows.graph(x, w, r)
+    with pytest.raises(mf.BindingError, match="missing tensor argument 'w'"):
+        runtime.run(g, {"x": x, "r": r, "beta": 1.0})
+    with pytest.raises(mf.BindingError, match="argument 'w'.*must be a torch.Tensor"):
+        runtime.run(g, {"x": x, "w": [1.0] * 8, "r": r, "beta": 1.0})
+    with pytest.raises(mf.BindingError, match="argument 'w'.*dtype"):
+        scale_rows(x, w.half(), r)

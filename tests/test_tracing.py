@@ -332,7 +332,8 @@ def int_neg_pow(a: "i32[N]"):
     (captured, (f32(3),), "# ERR-captured", ["captured", "argument"]),
     (builtin_max, (f32(3), f32(3)), "# ERR-builtin-max", ["max/min", "mf.maximum"]),
     (via_helper, (f32(3),), "# ERR-helper", ["no attribute 'sqrt'", "mf.sqrt"]),
-    (bool_sub, (torch.zeros(3, dtype=torch.bool),) * 2, "# ERR-boolsub", ["subtracting with a bool"]),
+    (bool_sub, (torch.zeros(3, dtype=torch.bool),) * 2, "# ERR-boolsub",
+     ["subtracting with a bool"]),
     (int_neg_pow, (torch.zeros(3, dtype=torch.int32),), "# ERR-negpow", ["negative integer"]),
 ])
 def test_trace_errors_name_file_and_line(kern, args, marker, words):

@@ -1,256 +1,40 @@
 """IR → Metal Shading Language text.
 
-A small printer: one statement per line, four-space indents, `precise::` math, explicit casts,
-the helpers a kernel calls defined above it, the kernel as a template and one
-`template [[host_name("...")]]` instantiation per binding of its template parameters.
+`MSLPrinter` spells the IR as Metal (one statement per line, four-space indents, `precise::`
+math, explicit casts; loops that run once as plain blocks, see `ir.inline_single_trip`).
+`render(kernel)` is one kernel's source, `render_library(kernels)` several kernels compiled as
+one library (a reduction's row-length variants): the header, each helper the kernels call once
+(their text is `helpers.metal`, shipped with the package), then each kernel as a template with
+one `template [[host_name("...")]]` instantiation per binding of its template parameters.
 """
 from __future__ import annotations
 
 import math
 import re
+from importlib import resources
+from typing import Iterable
 
 from .. import ir
 
-# helper functions, emitted only when a kernel calls them
-HELPERS: dict[str, str] = {
-    "mf_erf": """\
-// erf (MSL has none): for |x| < 2.5 the all-positive series
-//   erf(x) = 2/sqrt(pi) * exp(-x^2) * sum_n (2x^2)^n x / (1*3*...*(2n+1));
-// beyond, erfc from its continued fraction
-//   erfc(a) = exp(-a^2)/sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ...)))).
-inline float mf_erf(float x) {
-    const float mf_a = abs(x);
-    if (isnan(x)) {
-        return x;
-    }
-    if (mf_a >= 4.0f) {
-        return copysign(1.0f, x);
-    }
-    const float mf_e = precise::exp(-x * x);
-    if (mf_a < 2.5f) {
-        const float mf_x2 = 2.0f * x * x;
-        float mf_term = x;
-        float mf_sum = x;
-        for (int mf_n = 1; mf_n < 60; ++mf_n) {
-            mf_term *= mf_x2 / float(2 * mf_n + 1);
-            mf_sum += mf_term;
-            if (abs(mf_term) < 1e-9f * abs(mf_sum)) {
-                break;
-            }
-        }
-        return 1.1283791670955126f * mf_e * mf_sum;
-    }
-    float mf_f = mf_a;
-    for (int mf_n = 30; mf_n >= 1; --mf_n) {
-        mf_f = mf_a + (0.5f * float(mf_n)) / mf_f;
-    }
-    const float mf_erfc = mf_e / (1.7724538509055160f * mf_f);
-    return copysign(1.0f - mf_erfc, x);
-}""",
-    "mf_maximum": """\
-// maximum/minimum propagating NaN, as torch does
-template <typename F>
-inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a > b ? a : b;
-}""",
-    "mf_minimum": """\
-template <typename F>
-inline F mf_minimum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a < b ? a : b;
-}""",
-    "mf_pow": """\
-// pow with torch's sign for a negative base and an integral exponent
-inline float mf_pow(float a, float b) {
-    if (a < 0.0f && b == floor(b)) {
-        const float mf_r = precise::pow(-a, b);
-        return fmod(b, 2.0f) != 0.0f ? -mf_r : mf_r;
-    }
-    return precise::pow(a, b);
-}""",
-    "mf_ipow": """\
-// integer power by squaring (exponent >= 0), wrapping at I's width as torch does (the products
-// are taken in ulong: signed overflow is undefined in MSL)
-template <typename I>
-inline I mf_ipow(I a, I b) {
-    I mf_r = 1;
-    while (b > 0) {
-        if (b & 1) {
-            mf_r = I(ulong(mf_r) * ulong(a));
-        }
-        a = I(ulong(a) * ulong(a));
-        b >>= 1;
-    }
-    return mf_r;
-}""",
-    "mf_shl": """\
-// a << b as torch computes it: 0 when b is negative or at least I's width (undefined in MSL);
-// the shift is taken in ulong (shifting a negative value is undefined too), wrapped to I
-template <typename I>
-inline I mf_shl(I a, I b) {
-    if (b < I(0) || b >= I(sizeof(I) * 8)) {
-        return I(0);
-    }
-    return I(ulong(a) << ulong(b));
-}""",
-    "mf_shr": """\
-// a >> b as torch computes it: arithmetic for signed I; a shift by a negative amount or by I's
-// width or more gives -1 for a negative a and 0 otherwise (undefined in MSL)
-template <typename I>
-inline I mf_shr(I a, I b) {
-    if (b < I(0) || b >= I(sizeof(I) * 8)) {
-        return a < I(0) ? I(-1) : I(0);
-    }
-    return I(a >> b);
-}""",
-    "mf_remainder": """\
-// integer remainder with the sign of the divisor (torch.remainder)
-template <typename I>
-inline I mf_remainder(I a, I b) {
-    if (I(-1) < I(0) && b == I(-1)) {
-        // anything % -1 is 0 (min % -1 overflows the hardware division)
-        return I(0);
-    }
-    const I mf_r = a % b;
-    return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;
-}""",
-    "mf_fremainder": """\
-// float remainder with the sign of the divisor (torch.remainder)
-inline float mf_fremainder(float a, float b) {
-    const float mf_r = fmod(a, b);
-    return (mf_r != 0.0f && ((mf_r < 0.0f) != (b < 0.0f))) ? mf_r + b : mf_r;
-}""",
-    "mf_floordiv": """\
-// integer division rounding toward -infinity (torch.floor_divide)
-template <typename I>
-inline I mf_floordiv(I a, I b) {
-    if (I(-1) < I(0) && b == I(-1)) {
-        // a // -1 is -a, wrapping: min // -1 == min as in torch (the hardware division overflows)
-        return I(0ul - ulong(a));
-    }
-    const I mf_q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
-}""",
-    # ---- reductions (row/column schedules): collectives with torch's NaN semantics ----
-    "mf_simd_max": """\
-// simdgroup max/min propagating NaN, as torch.amax/amin do (Metal's simd_max/min skip NaN)
-inline float mf_simd_max(float x) {
-    const bool mf_nan = simd_any(x != x);
-    const float mf_m = simd_max(x);
-    return mf_nan ? NAN : mf_m;
-}""",
-    "mf_simd_min": """\
-inline float mf_simd_min(float x) {
-    const bool mf_nan = simd_any(x != x);
-    const float mf_m = simd_min(x);
-    return mf_nan ? NAN : mf_m;
-}""",
-    "mf_simd_argmax": """\
-// simdgroup argmax/argmin: returns the smallest index holding the extreme value (a NaN counts as
-// the extreme, as in torch.argmax/argmin); v becomes that value, in every lane
-inline uint mf_simd_argmax(thread float& v, uint i) {
-    const bool mf_nan = simd_any(v != v);
-    const float mf_m = simd_max(v);
-    const bool mf_hit = mf_nan ? v != v : v == mf_m;
-    v = mf_nan ? NAN : mf_m;
-    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
-}""",
-    "mf_simd_argmin": """\
-inline uint mf_simd_argmin(thread float& v, uint i) {
-    const bool mf_nan = simd_any(v != v);
-    const float mf_m = simd_min(v);
-    const bool mf_hit = mf_nan ? v != v : v == mf_m;
-    v = mf_nan ? NAN : mf_m;
-    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
-}""",
-    "mf_simd_iargmax": """\
-// integer argmax/argmin over a simdgroup: the smallest index holding the extreme value
-template <typename V>
-inline uint mf_simd_iargmax(thread V& v, uint i) {
-    const V mf_m = simd_max(v);
-    const bool mf_hit = v == mf_m;
-    v = mf_m;
-    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
-}""",
-    "mf_simd_iargmin": """\
-template <typename V>
-inline uint mf_simd_iargmin(thread V& v, uint i) {
-    const V mf_m = simd_min(v);
-    const bool mf_hit = v == mf_m;
-    v = mf_m;
-    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
-}""",
-    "mf_sum_add": """\
-// compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
-// so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
-// the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
-// math may reassociate (s - t) + x to 0. An inf or NaN sum collects no error term.
-inline float mf_sum_add(thread float& c, float s, float x) {
-    const float mf_t = s + x;
-    if (isfinite(mf_t)) {
-        c += abs(s) >= abs(x) ? (s - mf_t) + x : (x - mf_t) + s;
-    }
-    return mf_t;
-}""",
-    "mf_online_add": """\
-// online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
-// sum (and its compensation term c, see the compensated sum below) when the max grows; returns
-// the new sum. The terms are those of the two-pass sum(exp(x - max(x))): a -inf element adds
-// nothing while the max is -inf (if the max stays -inf the whole sum is NaN, fixed after the
-// combine), +inf and NaN give NaN, as in torch. Each term is added with Neumaier compensation:
-// the rounding error of s + e goes to c, which the caller adds to s at the end.
-inline float mf_online_add(thread float& m, thread float& c, float s, float x) {
-    float mf_e;
-    if (x > m || x != x) {
-        const float mf_scale = precise::exp(m - x);
-        s = s * mf_scale;
-        c = c * mf_scale;
-        mf_e = precise::exp(x - x);
-        m = x;
-    } else if (x == m && x == -INFINITY) {
-        return s;
-    } else {
-        mf_e = precise::exp(x - m);
-    }
-    const float mf_t = s + mf_e;
-    if (isfinite(mf_t)) {
-        c += abs(s) >= abs(mf_e) ? (s - mf_t) + mf_e : (mf_e - mf_t) + s;
-    }
-    return mf_t;
-}""",
-    "mf_online_merge": """\
-// merge running (max, sum of exp(x - max)) pairs: returns s * exp(m - M) + s2 * exp(m2 - M)
-// (an empty sum adds nothing) and sets m to M = max(m, m2), NaN-propagating
-inline float mf_online_merge(thread float& m, float s, float m2, float s2) {
-    const float mf_m = (m != m || m2 != m2) ? NAN : max(m, m2);
-    s = (s == 0.0f ? 0.0f : s * precise::exp(m - mf_m)) +
-        (s2 == 0.0f ? 0.0f : s2 * precise::exp(m2 - mf_m));
-    m = mf_m;
-    return s;
-}""",
-    "mf_simd_online": """\
-// merge running (max, sum of exp(x - max)) pairs across a simdgroup; returns the sum, sets m
-inline float mf_simd_online(thread float& m, float s) {
-    const bool mf_nan = simd_any(m != m);
-    const float mf_top = simd_max(m);
-    const float mf_m = mf_nan ? NAN : mf_top;
-    s = simd_sum(s == 0.0f ? 0.0f : s * precise::exp(m - mf_m));
-    m = mf_m;
-    return s;
-}""",
-}
+HEADER = ["#include <metal_stdlib>", "using namespace metal;", ""]
+_HELPER_MARK = "// helper: "
 
+
+def _load_helpers() -> dict[str, str]:
+    """{name: text} of the helper functions in helpers.metal (each from its `// helper: NAME`
+    line to the next, trailing blank lines dropped)."""
+    text = resources.files(__package__).joinpath("helpers.metal").read_text()
+    helpers: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(_HELPER_MARK):
+            current = helpers[line[len(_HELPER_MARK):].strip()] = []
+        elif current is not None:
+            current.append(line)
+    return {name: "\n".join(lines).rstrip("\n") for name, lines in helpers.items()}
+
+
+HELPERS: dict[str, str] = _load_helpers()     # emitted only where a kernel calls them
 _SIMPLE_TYPE = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$")
 
 
@@ -276,146 +60,129 @@ def literal(e: ir.Lit) -> str:
     return f"{v}l"
 
 
-def _call(e: ir.Call, r) -> str:
-    fn = f"precise::{e.fn}" if e.precise else e.fn
-    return f"{fn}({', '.join(r(a) for a in e.args)})"
+class MSLPrinter(ir.Printer):
+    def lit(self, e: ir.Lit) -> str:
+        return literal(e)
 
+    def call(self, e: ir.Call) -> str:
+        fn = f"precise::{e.fn}" if e.precise else e.fn
+        return f"{fn}({', '.join(self.expr(a) for a in e.args)})"
 
-def _cast(e: ir.Cast, r) -> str:
-    inner = r(e.x)
-    return f"{e.type}({inner})" if _SIMPLE_TYPE.match(e.type) else \
-        f"static_cast<{e.type}>({inner})"
+    def cast(self, e: ir.Cast) -> str:
+        inner = self.expr(e.x)
+        return f"{e.type}({inner})" if _SIMPLE_TYPE.match(e.type) else \
+            f"static_cast<{e.type}>({inner})"
 
+    def load(self, e: ir.Load) -> str:
+        if e.width == 1:
+            return f"{e.buffer}[{self.expr(e.index)}]"
+        return (f"*reinterpret_cast<device const vec<{e.elem_type}, {e.width}>*>"
+                f"({e.buffer} + {self.expr(e.index, 9)})")
 
-def _load(e: ir.Load, r) -> str:
-    if e.width == 1:
-        return f"{e.buffer}[{r(e.index)}]"
-    return (f"*reinterpret_cast<device const vec<{e.elem_type}, {e.width}>*>"
-            f"({e.buffer} + {r(e.index, 9)})")
+    def line(self, s: ir.Stmt) -> str:
+        if isinstance(s, ir.Comment):
+            return f"// {s.text}"
+        if isinstance(s, ir.Decl):
+            const = "const " if s.const else ""
+            val = "" if s.value is None else f" = {self.expr(s.value)}"
+            return f"{const}{s.type} {s.name}{val};"
+        if isinstance(s, ir.Assign):
+            return f"{self.expr(s.target)} = {self.expr(s.value)};"
+        if isinstance(s, ir.Store):
+            if s.width == 1:
+                return f"{s.buffer}[{self.expr(s.index)}] = {self.expr(s.value)};"
+            return (f"*reinterpret_cast<device vec<{s.elem_type}, {s.width}>*>"
+                    f"({s.buffer} + {self.expr(s.index, 9)}) = {self.expr(s.value)};")
+        if isinstance(s, ir.Break):
+            return "break;"
+        if isinstance(s, ir.ArrayDecl):
+            sp = "threadgroup " if s.space == "threadgroup" else ""
+            return f"{sp}{s.type} {s.name}[{s.length}];"
+        if isinstance(s, ir.Barrier):
+            return "threadgroup_barrier(mem_flags::mem_threadgroup);"
+        if isinstance(s, ir.Return):
+            return "return;"
+        raise TypeError(f"not an IR statement: {s!r}")
+
+    def if_head(self, s: ir.If) -> str:
+        return f"if ({self.expr(s.cond)}) {{"
+
+    def else_line(self) -> str:
+        return "} else {"
+
+    def for_head(self, s: ir.For) -> str:
+        return (f"for ({s.type} {s.var} = {self.expr(s.start)}; {s.var} < {self.expr(s.stop)}; "
+                f"++{s.var}) {{")
+
+    def block_head(self) -> str:
+        return "{"
+
+    def close(self, ind: str, out: list[str]) -> None:
+        out.append(f"{ind}}}")
+
+    # -- a kernel ------------------------------------------------------------------------
+    def signature(self, k: ir.Kernel, types: dict[str, str] | None = None) -> list[str]:
+        def t(name: str) -> str:
+            return types.get(name, name) if types else name
+
+        lines = []
+        for p in k.params:
+            if p.kind == "buffer":
+                q = "device " if p.writable else "device const "
+                lines.append(f"    {q}{t(p.type)}* {p.name} [[buffer({p.index})]]")
+            else:
+                lines.append(f"    constant {t(p.type)}& {p.name} [[buffer({p.index})]]")
+        for th in k.threads:
+            lines.append(f"    {th.type} {th.name} [[{th.attribute}]]")
+        return [ln + ("," if i < len(lines) - 1 else "") for i, ln in enumerate(lines)]
+
+    def kernel(self, k: ir.Kernel) -> list[str]:
+        """The kernel template, its body and its instantiations."""
+        out = []
+        if k.template:
+            out.append(f"template <{', '.join(f'typename {p}' for p in k.template)}>")
+        out.append(f"kernel void {k.name}(")
+        out += self.signature(k)
+        out[-1] += ")"
+        out.append("{")
+        self.body(ir.inline_single_trip(k.body), self.indent, out)
+        out += ["}", ""]
+        if k.template:
+            out.append("// one kernel per dtype set and index width")
+            for inst in k.instances:
+                types = dict(zip(k.template, inst.types))
+                out.append(f"template [[host_name(\"{inst.host_name}\")]] kernel void "
+                           f"{k.name}<{', '.join(inst.types)}>(")
+                out += self.signature(k, types)
+                out[-1] += ");"
+        return out
 
 
 def expr(e: ir.Expr) -> str:
-    return ir.expr_text(e, lit=literal, call=_call, cast=_cast, load=_load)
+    return MSLPrinter().expr(e)
 
 
-def _breaks(body: list) -> bool:
-    """Whether a `break` in these statements would leave the loop around them."""
-    for s in body:
-        if isinstance(s, ir.Break):
-            return True
-        if isinstance(s, ir.If) and (_breaks(s.then) or _breaks(s.orelse or [])):
-            return True
-    return False
+def _summary(k: ir.Kernel) -> list[str]:
+    return [f"// {k.summary}", "// generated by metalforge", ""] if k.summary else []
 
 
-def _single_trip(s: ir.For) -> bool:
-    """A loop that runs exactly once (literal bounds one apart) and does not break."""
-    return (isinstance(s.start, ir.Lit) and isinstance(s.stop, ir.Lit)
-            and type(s.start.value) is int and type(s.stop.value) is int
-            and s.stop.value - s.start.value == 1 and not _breaks(s.body))
-
-
-def _stmts(body: list, ind: str, out: list[str]) -> None:
-    for s in body:
-        if isinstance(s, ir.Comment):
-            out.append(f"{ind}// {s.text}")
-        elif isinstance(s, ir.Decl):
-            const = "const " if s.const else ""
-            val = "" if s.value is None else f" = {expr(s.value)}"
-            out.append(f"{ind}{const}{s.type} {s.name}{val};")
-        elif isinstance(s, ir.Assign):
-            out.append(f"{ind}{expr(s.target)} = {expr(s.value)};")
-        elif isinstance(s, ir.Store):
-            if s.width == 1:
-                out.append(f"{ind}{s.buffer}[{expr(s.index)}] = {expr(s.value)};")
-            else:
-                out.append(f"{ind}*reinterpret_cast<device vec<{s.elem_type}, {s.width}>*>"
-                           f"({s.buffer} + {ir.expr_text(s.index, literal, _call, _cast, _load, 9)})"
-                           f" = {expr(s.value)};")
-        elif isinstance(s, ir.If):
-            out.append(f"{ind}if ({expr(s.cond)}) {{")
-            _stmts(s.then, ind + "    ", out)
-            if s.orelse:
-                out.append(f"{ind}}} else {{")
-                _stmts(s.orelse, ind + "    ", out)
-            out.append(f"{ind}}}")
-        elif isinstance(s, ir.For) and _single_trip(s):
-            # one iteration: straight-line code in a block, the loop variable a constant
-            inner: list[str] = []
-            _stmts(s.body, ind + "    ", inner)
-            out.append(f"{ind}{{")
-            if any(re.search(rf"\b{s.var}\b", line) for line in inner):
-                out.append(f"{ind}    const {s.type} {s.var} = {expr(s.start)};")
-            out += inner
-            out.append(f"{ind}}}")
-        elif isinstance(s, ir.For):
-            out.append(f"{ind}for ({s.type} {s.var} = {expr(s.start)}; {s.var} < {expr(s.stop)}; "
-                       f"++{s.var}) {{")
-            _stmts(s.body, ind + "    ", out)
-            out.append(f"{ind}}}")
-        elif isinstance(s, ir.Break):
-            out.append(f"{ind}break;")
-        elif isinstance(s, ir.ArrayDecl):
-            sp = "threadgroup " if s.space == "threadgroup" else ""
-            out.append(f"{ind}{sp}{s.type} {s.name}[{s.length}];")
-        elif isinstance(s, ir.Barrier):
-            out.append(f"{ind}threadgroup_barrier(mem_flags::mem_threadgroup);")
-        elif isinstance(s, ir.Return):
-            out.append(f"{ind}return;")
-        else:
-            raise TypeError(f"not an IR statement: {s!r}")
-
-
-def _signature(k: ir.Kernel, types: dict[str, str] | None = None) -> list[str]:
-    def t(name: str) -> str:
-        return types.get(name, name) if types else name
-
-    lines = []
-    for p in k.params:
-        if p.kind == "buffer":
-            q = "device " if p.writable else "device const "
-            lines.append(f"    {q}{t(p.type)}* {p.name} [[buffer({p.index})]]")
-        else:
-            lines.append(f"    constant {t(p.type)}& {p.name} [[buffer({p.index})]]")
-    for th in k.threads:
-        lines.append(f"    {th.type} {th.name} [[{th.attribute}]]")
-    return [ln + ("," if i < len(lines) - 1 else "") for i, ln in enumerate(lines)]
-
-
-def render(k) -> str:
-    """The complete MSL source of one kernel, or of several kernels in one library (a
-    sequence of `ir.Kernel`, e.g. the row-length variants of a reduction): one header, each
-    helper once, then each kernel with its instantiations."""
-    if not isinstance(k, ir.Kernel):
-        kernels = list(k)
-        helpers = list(dict.fromkeys(h for kk in kernels for h in kk.helpers))
-        out = ["#include <metal_stdlib>", "using namespace metal;", ""]
-        for h in helpers:
-            out += [HELPERS[h], ""]
-        text = "\n".join(out) + "\n"
-        for kk in kernels:
-            one = render(ir.Kernel(**{**kk.__dict__, "helpers": ()}))
-            text += one[one.index("\n\n") + 2:] + "\n"
-        return text.rstrip("\n") + "\n"
-    out = ["#include <metal_stdlib>", "using namespace metal;", ""]
-    if k.summary:
-        out += [f"// {k.summary}", "// generated by metalforge", ""]
-    for h in k.helpers:
+def _helpers(names: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for h in names:
         out += [HELPERS[h], ""]
-    if k.template:
-        out.append(f"template <{', '.join(f'typename {p}' for p in k.template)}>")
-    out.append(f"kernel void {k.name}(")
-    out += _signature(k)
-    out[-1] += ")"
-    out.append("{")
-    _stmts(k.body, "    ", out)
-    out += ["}", ""]
-    if k.template:
-        out.append("// one kernel per dtype set and index width")
-        for inst in k.instances:
-            types = dict(zip(k.template, inst.types))
-            out.append(f"template [[host_name(\"{inst.host_name}\")]] kernel void "
-                       f"{k.name}<{', '.join(inst.types)}>(")
-            out += _signature(k, types)
-            out[-1] += ");"
-    return "\n".join(out) + "\n"
+    return out
+
+
+def render(k: ir.Kernel) -> str:
+    """The complete MSL source of one kernel: header, what it does, its helpers, the kernel."""
+    return "\n".join(HEADER + _summary(k) + _helpers(k.helpers) + MSLPrinter().kernel(k)) + "\n"
+
+
+def render_library(kernels: Iterable[ir.Kernel]) -> str:
+    """Several kernels as one library: one header, each helper once, then each kernel with
+    what it does."""
+    kernels = list(kernels)
+    helpers = dict.fromkeys(h for k in kernels for h in k.helpers)
+    parts = ["\n".join(HEADER + _helpers(helpers))]
+    parts += ["\n".join(_summary(k) + MSLPrinter().kernel(k)) + "\n" for k in kernels]
+    return "\n".join(parts).rstrip("\n") + "\n"

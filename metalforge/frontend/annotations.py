@@ -20,7 +20,7 @@ import lark
 
 from .. import dtypes
 from ..graph import AxisSpec
-from .errors import AnnotationError
+from ..errors import AnnotationError
 
 _READABLE = {
     "NAME": "a name", "INT": "an integer", "RSQB": "']'", "LSQB": "'['", "COMMA": "','",

@@ -13,11 +13,13 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .. import dtypes
+from .. import dtypes, runtime
+from ..reference import evaluate
 from ..dtypes import BOOL, DType, F32, I64
-from ..graph import AxisSpec, ConstParam, Graph, Node, Output, Param, ScalarParam, TensorParam
+from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
+from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dim
-from .errors import AnnotationError, BindingError
+from ..errors import AnnotationError, BindingError, kernel_at
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
@@ -69,7 +71,7 @@ def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
 # --------------------------------------------------------------------------- the kernel
 
 class Kernel:
-    """A traced, lowered, runnable metalforge kernel (see DESIGN §2)."""
+    """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns)."""
 
     def __init__(self, fn: Callable, *, name: Optional[str] = None,
                  backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
@@ -90,7 +92,6 @@ class Kernel:
         self._return = self._declare_return()
         self._graphs: dict[tuple, Graph] = {}
         if launch:
-            from ..tuning.launch import check_options
             self.launch = check_options(launch, f"{self.where}, launch=")
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -101,7 +102,7 @@ class Kernel:
     # -- declaration --------------------------------------------------------------------
     @property
     def where(self) -> str:
-        return f"kernel '{self.name}' ({self.loc[0]}:{self.loc[1]})"
+        return kernel_at(self.name, self.loc)
 
     def _pwhere(self, pname: str) -> str:
         return f"kernel '{self.name}' ({self.loc[0]}:{self._lines.get(pname, self.loc[1])}), " \
@@ -324,9 +325,9 @@ class Kernel:
         for p, sp in zip(params, self.signature.parameters.values()):
             if isinstance(p, TensorParam):
                 axes = tuple(sorted(p.axes, key=trace.order.__getitem__))
-                v = Sym(Node("load", (), p.dtype, axes, attr=p.name, loc=self.loc), trace)
+                v = Sym(Node(Op.LOAD, (), p.dtype, axes, attr=p.name, loc=self.loc), trace)
             elif isinstance(p, ScalarParam):
-                v = Sym(Node("scalar", (), p.dtype, (), attr=p.name, weak=True, loc=self.loc),
+                v = Sym(Node(Op.SCALAR, (), p.dtype, (), attr=p.name, weak=True, loc=self.loc),
                         trace)
             else:
                 v = consts[p.name]
@@ -407,28 +408,27 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
-        return _runtime("run")(g, values, backend=self.backend, launch=self.launch)
+        return runtime.run(g, values, backend=self.backend, launch=self.launch)
 
-    def _introspect(self, what: str, args, kwargs) -> str:
+    def _introspect(self, show: Callable[..., str], args, kwargs) -> str:
         params, hints, sizes = self._split_bindings(kwargs)
         key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
         g = self._graph(key, dvars, consts)
-        return _runtime(what)(g, values, sizes=sizes or None, launch=self.launch)
+        return show(g, values, sizes=sizes or None, launch=self.launch)
 
     def source(self, *args, **bindings) -> str:
         """The MSL of the specialisation that these example arguments select. Without tensors,
         bindings give dtype variables (T="f16", default f32), Consts and dim sizes (D=4096)."""
-        return self._introspect("source", args, bindings)
+        return self._introspect(runtime.source, args, bindings)
 
     def ir(self, *args, **bindings) -> str:
         """A readable dump of the lowered kernel IR (same arguments as `source`)."""
-        return self._introspect("ir", args, bindings)
+        return self._introspect(runtime.ir, args, bindings)
 
     def reference(self, *args, **kwargs):
         """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
-        from .. import reference
         key, values, dvars, consts = self._bind(args, kwargs)
-        return reference.evaluate(self._graph(key, dvars, consts), values)
+        return evaluate(self._graph(key, dvars, consts), values)
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.
@@ -439,7 +439,7 @@ class Kernel:
             return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
         out = []
         for (dv, cv), g in self._graphs.items():
-            for c in _runtime("compiled")(g):
+            for c in runtime.compiled(g):
                 out.append({**dict(dv), **dict(cv), **c})
         return out
 
@@ -448,27 +448,11 @@ class Kernel:
         """A view of this kernel whose calls use these launch-policy overrides (on top of the
         kernel's own `launch=`): `rms_norm.with_launch(threads_per_group=128)(x, w)`. It shares
         the traces and compiled kernels; options are checked here, before any launch."""
-        from ..tuning.launch import check_options
         where = f"{self.where}, with_launch"
         opts = {**check_options(launch or {}, where), **check_options(options, where)}
         view = copy.copy(self)
         view.launch = {**(self.launch or {}), **opts} or None
         return view
-
-
-def _runtime(fn: str):
-    try:
-        from .. import runtime
-    except ModuleNotFoundError as e:
-        if e.name != "metalforge.runtime":
-            raise
-        runtime = None
-    f = getattr(runtime, fn, None)
-    if f is None:
-        raise RuntimeError(f"metalforge.runtime.{fn} is not available in this installation, "
-                           "so kernels cannot be compiled or run here (tracing and .reference "
-                           "work)")
-    return f
 
 
 def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,

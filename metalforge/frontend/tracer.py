@@ -29,8 +29,8 @@ import torch
 
 from .. import dtypes
 from ..dtypes import BOOL, DType, F32, I64
-from ..graph import AxisSpec, Node
-from .errors import TraceError
+from ..graph import AxisSpec, Node, Op
+from ..errors import TraceError
 
 _CURRENT: contextvars.ContextVar[Optional["Trace"]] = contextvars.ContextVar(
     "metalforge_trace", default=None)
@@ -148,7 +148,7 @@ class Trace:
         return TraceError(f"{file}:{line}: in kernel '{self.kernel_name}': {msg}{shown}")
 
     # -- nodes --------------------------------------------------------------------------
-    def node(self, op: str, args: tuple[Node, ...], dtype: DType, axes: tuple[str, ...],
+    def node(self, op: Op, args: tuple[Node, ...], dtype: DType, axes: tuple[str, ...],
              attr: Any = None, weak: bool = False) -> Node:
         return Node(op, args, dtype, axes, attr=attr, weak=weak, loc=user_frame_loc())
 
@@ -161,11 +161,11 @@ class Trace:
                 raise self.error("a value from another kernel's trace was used here")
             return v._node
         if isinstance(v, (bool, getattr(_np, "bool_", bool))):
-            return self.node("const", (), BOOL, (), attr=bool(v), weak=True)
+            return self.node(Op.CONST, (), BOOL, (), attr=bool(v), weak=True)
         if isinstance(v, numbers.Integral):
-            return self.node("const", (), I64, (), attr=int(v), weak=True)
+            return self.node(Op.CONST, (), I64, (), attr=int(v), weak=True)
         if isinstance(v, numbers.Real):
-            return self.node("const", (), F32, (), attr=float(v), weak=True)
+            return self.node(Op.CONST, (), F32, (), attr=float(v), weak=True)
         if isinstance(v, torch.Tensor):
             raise self.error("a torch.Tensor captured from outside the kernel cannot be used "
                              "inside it; pass it as an annotated argument")
@@ -209,19 +209,19 @@ class Trace:
         if n.weak:
             if not dt.is_float or n.dtype.is_float:
                 return n
-            if n.op == "const":
-                return self.node("const", (), F32, (), attr=float(n.attr), weak=True)
-            return self.node("cast", (n,), F32, n.axes, weak=True)
-        return self.node("cast", (n,), dt, n.axes)
+            if n.op == Op.CONST:
+                return self.node(Op.CONST, (), F32, (), attr=float(n.attr), weak=True)
+            return self.node(Op.CAST, (n,), F32, n.axes, weak=True)
+        return self.node(Op.CAST, (n,), dt, n.axes)
 
     def round_weak(self, n: Node, dt: DType) -> Node:
         """A weak float scalar rounded to `dt` (kept weak: it already took part in promotion)."""
         if not n.weak or n.dtype is dt:
             return n
-        if n.op == "const":
+        if n.op == Op.CONST:
             v = torch.tensor(float(n.attr), dtype=dt.torch).item()
-            return self.node("const", (), F32, (), attr=float(v), weak=True)
-        return self.node("cast", (n,), dt, n.axes, weak=True)
+            return self.node(Op.CONST, (), F32, (), attr=float(v), weak=True)
+        return self.node(Op.CAST, (n,), dt, n.axes, weak=True)
 
     # -- operations ---------------------------------------------------------------------
     def binary(self, op: str, a: Any, b: Any) -> "Sym":
@@ -245,7 +245,7 @@ class Trace:
         if op in _COMPARE and common.is_float and common is not F32:
             # torch compares in the common dtype: a float scalar is rounded to f16/bf16 first
             x, y = self.round_weak(x, common), self.round_weak(y, common)
-        return self.sym(self.node("binary", (x, y), out, axes, attr=op,
+        return self.sym(self.node(Op.BINARY, (x, y), out, axes, attr=op,
                                   weak=x.weak and y.weak))
 
     def unary(self, op: str, a: Any) -> "Sym":
@@ -253,7 +253,7 @@ class Trace:
         if op in _FLOAT_FUNCTIONS:
             if not x.dtype.is_float:
                 x = self.cast(x, F32)   # torch: math functions of integers give f32
-            return self.sym(self.node("unary", (x,), x.dtype, x.axes, attr=op, weak=x.weak))
+            return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
         if op == "neg" and x.dtype is BOOL:
             raise self.error("negating a bool is not supported (torch refuses it too); "
                              "use ~ for logical not")
@@ -269,7 +269,7 @@ class Trace:
                 raise self.error(f"'~' needs an integer or bool operand, got {x.dtype}")
             if x.dtype is BOOL:
                 op = "not"
-        return self.sym(self.node("unary", (x,), x.dtype, x.axes, attr=op, weak=x.weak))
+        return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
 
     def pow(self, a: Any, b: Any) -> "Sym":
         """x ** n for a Python int 2 <= n <= 4 becomes multiplications (exact, like torch's
@@ -285,7 +285,7 @@ class Trace:
             return {2: sq, 3: self.binary("mul", sq, xs), 4: self.binary("mul", sq, sq)}[int(b)]
         x, y = self.as_node(a), self.as_node(b)
         common = self.promote_or_fail((x, y), "**")
-        if not common.is_float and y.op == "const" and y.attr < 0:
+        if not common.is_float and y.op == Op.CONST and y.attr < 0:
             raise self.error("integers to negative integer powers are not allowed (as in "
                              "torch); convert to a float dtype first")
         return self.binary("pow", a, b)
@@ -299,7 +299,7 @@ class Trace:
         axes = self.axes_of(c, x, y)
         common = self.promote_or_fail((x, y), "mf.where")
         x, y = self.cast(x, common), self.cast(y, common)
-        return self.sym(self.node("where", (c, x, y), common, axes,
+        return self.sym(self.node(Op.WHERE, (c, x, y), common, axes,
                                   weak=c.weak and x.weak and y.weak))
 
     def to(self, a: Any, dtype: Any) -> "Sym":
@@ -307,7 +307,7 @@ class Trace:
         dt = self.resolve_dtype(dtype)
         if dt is x.dtype and not x.weak:
             return self.sym(x)
-        return self.sym(self.node("cast", (x,), dt, x.axes))
+        return self.sym(self.node(Op.CAST, (x,), dt, x.axes))
 
     def resolve_dtype(self, dtype: Any) -> DType:
         if isinstance(dtype, DType):
@@ -343,15 +343,15 @@ class Trace:
         if kind in ("sum", "prod"):
             x = self.cast(x, out)
         axes = tuple(ax for ax in x.axes if ax != axis)
-        return self.sym(self.node("reduce", (x,), out, axes, attr=(kind, axis)))
+        return self.sym(self.node(Op.REDUCE, (x,), out, axes, attr=(kind, axis)))
 
     def index(self, axis: Any) -> "Sym":
         axis = self.check_axis(axis, "mf.index")
-        return self.sym(self.node("index", (), I64, (axis,), attr=axis))
+        return self.sym(self.node(Op.INDEX, (), I64, (axis,), attr=axis))
 
     def size(self, axis: Any) -> "Sym":
         axis = self.check_axis(axis, "mf.size")
-        return self.sym(self.node("size", (), I64, (), attr=axis, weak=True))
+        return self.sym(self.node(Op.SIZE, (), I64, (), attr=axis, weak=True))
 
 
 # --------------------------------------------------------------------------- the symbol

@@ -5,6 +5,8 @@
     ir(graph, values=None, sizes=None, launch=None) -> str         the lowered kernel, as text
     schedule_of(graph, values=None, sizes=None, launch=None)       the Schedule (traffic, launch)
     backend("sim") / current_backend(tensors)                      selection and override
+
+The stages themselves (plan → render → compile → bind → dispatch) are in `launcher`.
 """
 from __future__ import annotations
 
@@ -14,11 +16,11 @@ import torch
 
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
-from ..codegen import render_msl
 from ..graph import Graph
 from ..shapes import bind_shapes
+from . import launcher
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
-from .launcher import DeviceError, compiled, run as _run, specialisation
+from .launcher import DeviceError, compiled, render, specialisation
 
 __all__ = ["run", "source", "ir", "schedule_of", "backend", "current_backend", "BACKENDS",
            "DeviceError", "clear_caches", "compiled"]
@@ -30,7 +32,7 @@ def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = Non
     Returns the output tensor, or a tuple of them for several outputs."""
     if backend is not None:
         check_name(backend)
-    return _run(graph, values, backend, launch)
+    return launcher.run(graph, values, backend, launch)
 
 
 def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
@@ -58,8 +60,7 @@ def source(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
            sizes: Optional[Mapping[str, int]] = None,
            launch: Optional[Mapping[str, Any]] = None) -> str:
     """The MSL source of the kernel these values (or sizes) select."""
-    s = schedule_of(graph, values, sizes=sizes, launch=launch)
-    return render_msl(s.kernels if len(s.kernels) > 1 else s.kernel)
+    return render(schedule_of(graph, values, sizes=sizes, launch=launch))
 
 
 def ir(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,

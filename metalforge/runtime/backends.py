@@ -18,6 +18,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..sim import compile_shader as sim_compile_shader
+
 BACKENDS = ("mps", "sim")
 DEVICE_OF = {"mps": "mps", "sim": "cpu"}          # the tensor device each backend runs on
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
@@ -70,8 +72,7 @@ def _compile(backend_name: str, source: str):
             raise RuntimeError("backend 'mps' needs an Apple-silicon Mac with MPS available; on "
                                "other machines use CPU tensors (the 'sim' backend)")
         return torch.mps.compile_shader(source)
-    from ..sim import compile_shader
-    return compile_shader(source)
+    return sim_compile_shader(source)
 
 
 def kernel_object(backend_name: str, source: str, host_name: str):

@@ -1,181 +1,215 @@
-"""The wrapper around one graph specialisation: argument checks, output allocation, launch.
+"""The pipeline: how a traced graph becomes a kernel launch, one stage per function.
 
-`Specialisation` is built once per (graph, launch overrides) and keeps everything a warm call
-needs precomputed: the tensor/scalar parameters, the grid axes, and per (index width, backend)
-a `Launcher` holding the compiled kernel object, its positional argument plan and `arg_casts`.
+    Graph ──plan──▶ Schedule ──render──▶ MSL ──compile──▶ Compiled ──bind──▶ Launch ──dispatch──▶
+         (schedule/)          (codegen/)      (backends)              (this call's
+                                                                       arguments)
+
+    plan(graph, launch, index64)          the family's schedule and lowered IR, under the launch
+                                          overrides
+    render(schedule)                      the Metal source of every kernel of the schedule
+    compile(schedule, source, backend, host)   the kernel object, checked against its pipeline
+    bind(call)                            positional arguments and dispatch size of one call
+    dispatch(launch)                      run it
+
+`run` strings them together for one call after `check_call` (argument checks, shapes, the
+autotuned launch, freshly allocated outputs). `Specialisation` only caches: per (graph, launch
+overrides) the schedule of each index width and, per (index width, backend), the `Library`
+holding the rendered source and its compiled kernels. `METALFORGE_DUMP=dir` writes each
+freshly planned schedule's graph, IR and MSL there.
 """
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from .. import ir as ir_mod
 from .. import schedule as sched_mod
+from ..codegen import render_library, render_msl
+from ..errors import BindingError, DeviceError, kernel_at
 from ..graph import Graph
+from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
-from ..codegen import render_msl
-from .backends import DEVICE_OF, current_backend, kernel_object
-from ..schedule.policy import (MAX_THREADS_PER_GROUP, TUNABLE, LaunchError,
-                               validate_for_kernel)
-from ..tuning.cache import tuned_launch
+from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
+from .backends import DEVICE_OF, current_backend, kernel_object
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
 
 # Test seam (owned by metalforge.testing.faults, which sets it inside `planted(...)` blocks): a
 # function rewriting the MSL text before it is compiled, to plant faults that `check` must
-# catch. Unset (None) outside those blocks; while set, launchers are built fresh, not cached.
+# catch. Unset (None) outside those blocks; while set, libraries are built fresh, not cached.
 MSL_REWRITE: ContextVar[Optional[Callable[[str], str]]] = ContextVar("mf_msl_rewrite",
                                                                      default=None)
 
 
-class DeviceError(ValueError):
-    """Tensor arguments on a device metalforge cannot run on, or on different devices."""
+# --------------------------------------------------------------------------- the stages
+
+def plan(graph: Graph, launch: Optional[Mapping[str, Any]], index64: bool) -> sched_mod.Schedule:
+    """Stage 1: the schedule (family, launch policy, lowered IR kernels)."""
+    try:
+        s = sched_mod.plan(graph, launch, index64=index64)
+    except LaunchError as e:
+        raise LaunchError(f"{kernel_at(graph.name, graph.loc)}: {e} (launch options "
+                          f"{dict(launch or {})})") from None
+    _dump(s)
+    return s
 
 
-def _where(graph: Graph) -> str:
-    return f"kernel '{graph.name}'" + (f" ({graph.loc[0]}:{graph.loc[1]})" if graph.loc else "")
+def render(schedule: sched_mod.Schedule) -> str:
+    """Stage 2: the Metal source of every kernel of the schedule, as one library."""
+    if len(schedule.kernels) > 1:
+        return render_library(schedule.kernels)
+    return render_msl(schedule.kernel)
+
+
+@dataclass(frozen=True)
+class Compiled:
+    kernel: Any                   # the backend's kernel object (compile_shader's call model)
+    max_threads: int              # its pipeline's max_threads_per_threadgroup
+
+
+def compile(schedule: sched_mod.Schedule, source: str, backend: str,  # noqa: A001
+            host_name: str) -> Compiled:
+    """Stage 3: the kernel `host_name` of `source` on `backend` (libraries are cached by the
+    backend), refused if its pipeline cannot take the schedule's launch policy."""
+    k = kernel_object(backend, source, host_name)
+    max_threads = int(k.max_threads_per_threadgroup)
+    validate_for_kernel(schedule.policy, host_name, max_threads,
+                        int(getattr(k, "static_thread_group_memory_length", 0)))
+    return Compiled(k, max_threads)
 
 
 @dataclass
-class Launcher:
+class Library:
+    """One schedule rendered and compiled for one backend: its kernels, compiled on first use
+    (a reduction's library holds one kernel per row-length variant)."""
     schedule: sched_mod.Schedule
     backend: str
     source: str
-    kernel: Any
-    binds: tuple                  # per positional argument: what to pass
-    casts: Optional[dict]         # arg_casts for compile_shader (None when none needed)
-    max_threads: int = MAX_THREADS_PER_GROUP   # the pipeline's max_threads_per_threadgroup
-    variants: dict = field(default_factory=dict)  # host name → (kernel, max_threads): the
-                                                  # schedule's other kernels (row lengths)
+    kernels: dict[str, Compiled] = field(default_factory=dict)      # host name → compiled
 
-    def kernel_for(self, host: str) -> tuple[Any, int]:
-        """The compiled kernel with this host name (the schedule's first kernel, or one of its
-        variants from the same library) and its pipeline's max threads per group."""
-        if host == self.schedule.kernel.host_name:
-            return self.kernel, self.max_threads
-        got = self.variants.get(host)
+    def kernel(self, host_name: str) -> Compiled:
+        got = self.kernels.get(host_name)
         if got is None:
-            k = kernel_object(self.backend, self.source, host)
-            mt = int(k.max_threads_per_threadgroup)
-            validate_for_kernel(self.schedule.policy, host, mt,
-                                int(getattr(k, "static_thread_group_memory_length", 0)))
-            got = self.variants[host] = (k, mt)
+            got = self.kernels[host_name] = compile(self.schedule, self.source, self.backend,
+                                                    host_name)
         return got
 
 
 @dataclass
-class Specialisation:
-    graph: Graph
-    launch: Optional[Mapping[str, Any]]
-    family: str
-    tensors: tuple
-    scalars: tuple
-    grid: tuple[str, ...]
-    where: str
-    _schedules: dict = field(default_factory=dict)
-    _launchers: dict = field(default_factory=dict)
+class Call:
+    """One call, checked: everything `bind` needs besides the compiled kernel."""
+    spec: "Specialisation"
+    backend: str
+    values: Mapping[str, Any]              # every tensor and runtime scalar by name
+    tensors: dict[str, torch.Tensor]
+    binding: ShapeBinding
+    outputs: list[torch.Tensor]
+    numel: int                             # output elements the grid covers
 
-    @classmethod
-    def of(cls, graph: Graph, launch) -> "Specialisation":
-        fam = sched_mod.family(graph)
-        grid = max(graph.outputs, key=lambda o: len(o.axes)).axes
-        return cls(graph, launch, fam, graph.tensors, graph.scalars, tuple(grid), _where(graph))
-
-    # -- schedule and compiled kernel, cached ------------------------------------------
-    def schedule(self, index64: bool) -> sched_mod.Schedule:
-        s = self._schedules.get(index64)
-        if s is None:
-            try:
-                s = sched_mod.plan(self.graph, self.launch, index64=index64)
-            except LaunchError as e:
-                raise LaunchError(f"{self.where}: {e} (launch options "
-                                  f"{dict(self.launch or {})})") from None
-            self._schedules[index64] = s
-        return s
-
-    def launcher(self, index64: bool, backend: str) -> Launcher:
-        key = (index64, backend)
-        rewrite = MSL_REWRITE.get()                      # test seam, see MSL_REWRITE
-        ln = self._launchers.get(key) if rewrite is None else None
-        if ln is None:
-            s = self.schedule(index64)
-            src = render_msl(s.kernels if len(s.kernels) > 1 else s.kernel)
-            if rewrite is not None:
-                src = rewrite(src)
-            k = kernel_object(backend, src, s.kernel.host_name)
-            max_threads = int(k.max_threads_per_threadgroup)
-            validate_for_kernel(s.policy, s.kernel.host_name, max_threads,
-                                int(getattr(k, "static_thread_group_memory_length", 0)))
-            casts = {p.index: p.cast for p in s.kernel.params if p.cast}
-            ln = Launcher(s, backend, src, k, tuple(p.binds for p in s.kernel.params),
-                          casts or None, max_threads)
-            if rewrite is None:
-                self._launchers[key] = ln
-        return ln
-
-    # -- checks ------------------------------------------------------------------------
-    def collect(self, values: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        tensors: dict[str, torch.Tensor] = {}
-        for p in self.tensors:
-            if p.name not in values:
-                raise TypeError(f"{self.where}: missing tensor argument '{p.name}'")
-            t = values[p.name]
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{self.where}: argument '{p.name}' (annotated "
-                                f"\"{p.annotation}\") must be a torch.Tensor, got "
-                                f"{type(t).__name__}")
-            if t.dtype != p.dtype.torch:
-                raise TypeError(f"{self.where}: argument '{p.name}' has dtype {t.dtype}, but "
-                                f"this specialisation was built for {p.dtype.torch}")
-            tensors[p.name] = t
-        return tensors
-
-    def device(self, tensors: Mapping[str, torch.Tensor]) -> torch.device:
-        dev = None
-        first = None
-        for name, t in tensors.items():
-            if t.device.type not in ("mps", "cpu"):
-                raise DeviceError(f"{self.where}: argument '{name}' is on device "
-                                  f"'{t.device}'; metalforge runs on 'mps' tensors (Metal) or "
-                                  f"'cpu' tensors (the simulator)")
-            if dev is None:
-                dev, first = t.device, name
-            elif t.device != dev:
-                raise DeviceError(f"{self.where}: all tensor arguments must be on one device: "
-                                  f"'{first}' is on {dev} but '{name}' is on {t.device}")
-        return dev if dev is not None else torch.device("cpu")
+    @property
+    def index64(self) -> bool:
+        return sched_mod.needs_index64(self.binding.sizes, self.numel)
 
 
-_specs: dict[tuple, Specialisation] = {}
+@dataclass(frozen=True)
+class Launch:
+    """A bound launch in compile_shader's call model: argument i binds buffer i; threads and
+    group_size as dispatchThreads; arg_casts."""
+    kernel: Any
+    args: tuple
+    threads: int
+    group_size: int
+    arg_casts: Optional[dict[int, str]]
 
 
-def specialisation(graph: Graph, launch) -> Specialisation:
-    lkey = None if not launch else tuple(sorted(launch.items()))
-    key = (id(graph), lkey)
-    s = _specs.get(key)
-    if s is None or s.graph is not graph:
-        s = _specs[key] = Specialisation.of(graph, launch)
-    return s
+def bind(call: Call) -> Launch:
+    """Stage 4: this call's positional arguments (in the kernel's parameter order) and its
+    dispatch, with the launch-time checks."""
+    spec, sizes = call.spec, call.binding.sizes
+    s = spec.schedule(call.index64)
+    host = s.host_name(sizes)                   # may refuse these sizes, before compiling
+    lib = spec.library(call.index64, call.backend)
+    args = tuple(_argument(p.binds, call, s) for p in s.kernel.params)
+    compiled = lib.kernel(host)
+    threads, group = s.launch(sizes)
+    if not 1 <= group <= compiled.max_threads:      # checked on every launch
+        raise LaunchError(f"{spec.where}: a threadgroup of {group} threads, but this pipeline "
+                          f"allows 1 to {compiled.max_threads} (launch policy {s.policy})")
+    if threads > MAX_THREADS:
+        raise ValueError(f"{spec.where}: {call.numel} output elements need {threads} threads, "
+                         f"over the {MAX_THREADS} a dispatch can launch; raise "
+                         f"launch={{'vectors_per_thread': ...}}")
+    casts = {p.index: p.cast for p in s.kernel.params if p.cast}
+    return Launch(compiled.kernel, args, threads, group, casts or None)
 
 
-def _setup(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-           launch: Optional[Mapping[str, Any]]):
-    """Everything a call needs before its launch, with every host-side check: the
-    specialisation (autotuned launch merged under explicit options), backend, tensors, shapes,
-    freshly allocated outputs and the output element count."""
+def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
+    """What the runtime passes for one kernel parameter (see `ir.Param.binds`)."""
+    kind = binds[0]
+    if kind == "input":
+        p = call.spec.graph.param(binds[1])
+        t = call.tensors[binds[1]].contiguous()
+        if binds[1] in s.vector_inputs and t.storage_offset() % s.policy.vector_width:
+            t = t.clone()                       # vector loads need an aligned start
+        if p.dims and p.dims[0].batch:
+            t = t.reshape(flat_shape(call.binding, p))
+        return t
+    if kind == "output":
+        return call.outputs[binds[1]]
+    if kind == "scalar":
+        p = call.spec.graph.param(binds[1])
+        v = call.values[binds[1]]
+        return float(v) if p.dtype.is_float else int(v)
+    if kind == "numel":
+        return call.numel
+    return call.binding.sizes[binds[1]]         # ("size", axis)
+
+
+def dispatch(launch: Launch) -> None:
+    """Stage 5: run the bound launch."""
+    launch.kernel(*launch.args, threads=launch.threads, group_size=launch.group_size,
+                  arg_casts=launch.arg_casts)
+
+
+# --------------------------------------------------------------------------- a call
+
+def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+        launch: Optional[Mapping[str, Any]] = None):
+    """Check, bind and dispatch one call. Returns the output, or a tuple of them."""
+    call = check_call(graph, values, backend, launch)
+    if call.numel:                              # empty outputs: no launch
+        dispatch(bind(call))
+    return call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
+
+
+def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+            launch: Optional[Mapping[str, Any]] = None) -> tuple[Launch, list[torch.Tensor]]:
+    """What `run` would dispatch, without dispatching: (launch, outputs). For benchmarks (to
+    time the bare kernel call against the wrapped one) and tuning."""
+    call = check_call(graph, values, backend, launch)
+    return bind(call), call.outputs
+
+
+def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
+               launch: Optional[Mapping[str, Any]]) -> Call:
+    """Every host-side check of a call, then its specialisation (the autotuned launch merged
+    under explicit overrides), shapes and freshly allocated outputs."""
     spec = specialisation(graph, launch)
-    tensors = spec.collect(values)
-    dev = spec.device(tensors)
+    tensors = check_tensors(spec, values)
+    dev = common_device(spec.where, tensors)
     be = backend or current_backend(tensors.values())
     if DEVICE_OF[be] != dev.type:
         hint = ".to('mps')" if be == "mps" else ".cpu()"
         raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{'sim' if be == 'mps' else 'mps'}'")
-    binding: ShapeBinding = bind_shapes(graph, tensors)
+    binding = bind_shapes(graph, tensors)
     tuned = tuned_launch(graph, be, binding.sizes, spec.family)  # autotune cache; explicit wins
     if tuned:
         spec = specialisation(graph, merge(tuned, launch))
@@ -184,68 +218,89 @@ def _setup(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
     numel = 1
     for a in spec.grid:
         numel *= binding.sizes[a]
-    return spec, be, tensors, binding, outs, numel
+    return Call(spec, be, values, tensors, binding, outs, numel)
 
 
-def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-        launch: Optional[Mapping[str, Any]] = None):
-    spec, be, tensors, binding, outs, numel = _setup(graph, values, backend, launch)
-    if numel:                                  # empty outputs: no launch
-        kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
-        kernel(*args, **kw)
-    return outs[0] if len(outs) == 1 else tuple(outs)
+def check_tensors(spec: "Specialisation", values: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensor arguments by name, each present, a tensor, and of the traced dtype."""
+    tensors: dict[str, torch.Tensor] = {}
+    for p in spec.graph.tensors:
+        if p.name not in values:
+            raise BindingError(f"{spec.where}: missing tensor argument '{p.name}'")
+        t = values[p.name]
+        if not isinstance(t, torch.Tensor):
+            raise BindingError(f"{spec.where}: argument '{p.name}' (annotated \"{p.annotation}\") "
+                            f"must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != p.dtype.torch:
+            raise BindingError(f"{spec.where}: argument '{p.name}' has dtype {t.dtype}, but this "
+                            f"specialisation was built for {p.dtype.torch}")
+        tensors[p.name] = t
+    return tensors
 
 
-def _prepare(spec: Specialisation, be: str, tensors, values, binding: ShapeBinding, outs,
-             numel: int):
-    """(kernel object, positional args, keyword args) of one launch, in compile_shader's call
-    model: argument i binds buffer i; threads/group_size as dispatchThreads; arg_casts."""
-    sizes = binding.sizes
-    index64 = sched_mod.needs_index64(sizes, numel)
-    host = spec.schedule(index64).host_name(sizes)      # may refuse these sizes, before compiling
-    ln = spec.launcher(index64, be)
-    s = ln.schedule
-    vw = s.policy.vector_width
-    args: list = []
-    for b in ln.binds:
-        kind = b[0]
-        if kind == "input":
-            p = spec.graph.param(b[1])
-            t = tensors[b[1]].contiguous()
-            if b[1] in s.vector_inputs and t.storage_offset() % vw:
-                t = t.clone()                  # vector loads need an aligned start
-            if p.dims and p.dims[0].batch:
-                t = t.reshape(flat_shape(binding, p))
-            args.append(t)
-        elif kind == "output":
-            args.append(outs[b[1]])
-        elif kind == "scalar":
-            p = spec.graph.param(b[1])
-            v = values[b[1]]
-            args.append(float(v) if p.dtype.is_float else int(v))
-        elif kind == "numel":
-            args.append(numel)
-        else:                                  # ("size", axis)
-            args.append(sizes[b[1]])
-    kernel, max_threads = ln.kernel_for(host)
-    threads, group = s.launch(sizes)
-    if not 1 <= group <= max_threads:              # checked on every launch
-        raise LaunchError(f"{spec.where}: a threadgroup of {group} threads, but this pipeline "
-                          f"allows 1 to {max_threads} (launch policy {s.policy})")
-    if threads > MAX_THREADS:
-        raise ValueError(f"{spec.where}: {numel} output elements need {threads} threads, over "
-                         f"the {MAX_THREADS} a dispatch can launch; raise "
-                         f"launch={{'vectors_per_thread': ...}}")
-    return kernel, args, dict(threads=threads, group_size=group, arg_casts=ln.casts)
+def common_device(where: str, tensors: Mapping[str, torch.Tensor]) -> torch.device:
+    """The one device every tensor argument is on (cpu when there are none)."""
+    dev, first = None, None
+    for name, t in tensors.items():
+        if t.device.type not in ("mps", "cpu"):
+            raise DeviceError(f"{where}: argument '{name}' is on device '{t.device}'; "
+                              f"metalforge runs on 'mps' tensors (Metal) or 'cpu' tensors "
+                              f"(the simulator)")
+        if dev is None:
+            dev, first = t.device, name
+        elif t.device != dev:
+            raise DeviceError(f"{where}: all tensor arguments must be on one device: "
+                              f"'{first}' is on {dev} but '{name}' is on {t.device}")
+    return dev if dev is not None else torch.device("cpu")
 
 
-def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-            launch: Optional[Mapping[str, Any]] = None):
-    """What `run` would launch, without launching: (kernel, args, kwargs, outputs). For
-    benchmarks (to time the bare kernel call against the wrapped one) and tuning."""
-    spec, be, tensors, binding, outs, numel = _setup(graph, values, backend, launch)
-    kernel, args, kw = _prepare(spec, be, tensors, values, binding, outs, numel)
-    return kernel, args, kw, outs
+# --------------------------------------------------------------------------- caching
+
+@dataclass
+class Specialisation:
+    """The cache of one (graph, launch overrides): a schedule per index width and a compiled
+    `Library` per (index width, backend)."""
+    graph: Graph
+    launch: Optional[Mapping[str, Any]]
+    family: str
+    grid: tuple[str, ...]                 # the output axes the threads cover
+    where: str
+    _schedules: dict[bool, sched_mod.Schedule] = field(default_factory=dict)
+    _libraries: dict[tuple[bool, str], Library] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, graph: Graph, launch: Optional[Mapping[str, Any]]) -> "Specialisation":
+        grid = max(graph.outputs, key=lambda o: len(o.axes)).axes
+        return cls(graph, launch, sched_mod.family(graph), tuple(grid),
+                   kernel_at(graph.name, graph.loc))
+
+    def schedule(self, index64: bool) -> sched_mod.Schedule:
+        s = self._schedules.get(index64)
+        if s is None:
+            s = self._schedules[index64] = plan(self.graph, self.launch, index64)
+        return s
+
+    def library(self, index64: bool, backend: str) -> Library:
+        rewrite = MSL_REWRITE.get()                      # test seam, see MSL_REWRITE
+        lib = self._libraries.get((index64, backend)) if rewrite is None else None
+        if lib is None:
+            s = self.schedule(index64)
+            src = render(s)
+            if rewrite is not None:
+                return Library(s, backend, rewrite(src))
+            lib = self._libraries[(index64, backend)] = Library(s, backend, src)
+        return lib
+
+
+_specs: dict[tuple, Specialisation] = {}
+
+
+def specialisation(graph: Graph, launch: Optional[Mapping[str, Any]]) -> Specialisation:
+    key = (id(graph), None if not launch else tuple(sorted(launch.items())))
+    s = _specs.get(key)
+    if s is None or s.graph is not graph:
+        s = _specs[key] = Specialisation.of(graph, launch)
+    return s
 
 
 def compiled(graph: Graph) -> list[dict]:
@@ -257,13 +312,31 @@ def compiled(graph: Graph) -> list[dict]:
     for spec in list(_specs.values()):
         if spec.graph is not graph:
             continue
-        for ln in spec._launchers.values():
-            entry = out.setdefault((ln.backend, ln.source), {
-                "host_name": ln.schedule.kernel.host_name,
-                "host_names": tuple(k.host_name for k in ln.schedule.kernels),
-                "backend": ln.backend, "family": ln.schedule.family, "launches": []})
-            launch = {k: getattr(ln.schedule.policy, k)
-                      for k in TUNABLE.get(ln.schedule.family, ())}
+        for lib in spec._libraries.values():
+            if not lib.kernels:
+                continue
+            s = lib.schedule
+            entry = out.setdefault((lib.backend, lib.source), {
+                "host_name": s.kernel.host_name,
+                "host_names": tuple(k.host_name for k in s.kernels),
+                "backend": lib.backend, "family": s.family, "launches": []})
+            launch = {k: getattr(s.policy, k) for k in TUNABLE.get(s.family, ())}
             if launch not in entry["launches"]:
                 entry["launches"].append(launch)
     return list(out.values())
+
+
+# --------------------------------------------------------------------------- METALFORGE_DUMP
+
+def _dump(s: sched_mod.Schedule) -> None:
+    """With METALFORGE_DUMP=dir: write the schedule's graph, IR and MSL to
+    dir/<host name>.{graph,ir,metal}."""
+    root = os.environ.get("METALFORGE_DUMP")
+    if not root:
+        return
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    stem = path / s.kernel.host_name
+    stem.with_suffix(".graph").write_text(graph_text(s.graph) + "\n")
+    stem.with_suffix(".ir").write_text("\n".join(ir_mod.dump(k) for k in s.kernels))
+    stem.with_suffix(".metal").write_text(render(s))

@@ -1,16 +1,19 @@
 """Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
 
-Families (DESIGN §5): elementwise today; row and column reductions slot in as further entries
-of `_BUILDERS` and `policy.POLICIES`, each producing the same `Schedule` object.
+Families: elementwise maps (`elementwise`), reductions over the innermost axis (`row`) and over
+another axis (`column`; both build on `reduce`). Each is an entry of `_BUILDERS` and of
+`policy.POLICIES` and produces a `Schedule` (`base`), whose kernels come from `base.make_kernel`.
+A new family is one more module and one more entry in each.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..errors import at
 from ..graph import Graph
 from . import column, elementwise, row
 from .base import Schedule, Traffic
-from .lower import UnsupportedConstruct, where
+from .lower import UnsupportedConstruct
 from .policy import LaunchError, LaunchPolicy, resolve
 
 __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedConstruct",
@@ -29,7 +32,7 @@ def family(graph: Graph) -> str:
             n = next(n for n in reds if n.attr[1] == axes[1])
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}), "
-                f"e.g. mf.{n.attr[0]}(..., axis={axes[1]!r}){where(n)}; one kernel reduces one "
+                f"e.g. mf.{n.attr[0]}(..., axis={axes[1]!r}){at(n.loc)}; one kernel reduces one "
                 f"axis: split it into one kernel per axis")
         return "row" if row.is_row(graph, axes[0]) else "column"
     return "elementwise"

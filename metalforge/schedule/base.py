@@ -1,12 +1,43 @@
-"""What every schedule family produces: the lowered kernel plus how to launch it and what it moves."""
+"""What every schedule family produces (the lowered kernels, how to launch them and what they
+move) and the one constructor of their `ir.Kernel`s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 from .. import ir
 from ..graph import Graph
 from .policy import LaunchPolicy
+
+IDX = "mf_index_t"               # the index type: a template parameter, uint or ulong
+
+
+def host_name(graph: Graph, index64: bool) -> str:
+    """`{op}_{dtypes}[_{const}_{value}...][_idx64]`: every mf.Const variant is its own kernel
+    with its own name (`attn_f16_causal_true`, `q4_f16_GS_64`)."""
+    if graph.dtype_vars:
+        tags = [d.name for d in graph.dtype_vars.values()]
+    else:
+        tags = list(dict.fromkeys(t.dtype.name for t in graph.tensors))
+    for name, v in graph.consts.items():
+        tags += [name, str(v).lower() if isinstance(v, bool) else str(v).replace("-", "m")]
+    return "_".join([graph.name, *tags] + (["idx64"] if index64 else []))
+
+
+def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...],
+                body: list[ir.Stmt], summary: str, variant: Optional[str] = None,
+                params: tuple[ir.Param, ...] = (), helpers: tuple[str, ...] = ()) -> ir.Kernel:
+    """The kernel template `mf_<op>[_<variant>]`, generic over the graph's dtype variables and
+    the index type, with its one instantiation for this graph (host name `host_name(...)`,
+    plus `_<variant>`)."""
+    suffix = f"_{variant}" if variant else ""
+    tvars = graph.dtype_vars
+    return ir.Kernel(
+        name=f"mf_{graph.name}{suffix}", op=graph.name, template=(*tvars.keys(), IDX),
+        instances=(ir.Instance(host_name(graph, index64) + suffix,
+                               (*(d.msl for d in tvars.values()),
+                                "ulong" if index64 else "uint")),),
+        params=params, threads=threads, body=body, helpers=helpers, summary=summary)
 
 
 @dataclass(frozen=True)
@@ -23,7 +54,7 @@ class Traffic:
 
 @dataclass
 class Schedule:
-    family: str                        # "elementwise" (row/column reductions next)
+    family: str                        # "elementwise" | "row" | "column"
     graph: Graph
     policy: LaunchPolicy
     kernel: ir.Kernel

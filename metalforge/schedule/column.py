@@ -22,7 +22,7 @@ from typing import Mapping
 
 from .. import ir
 from ..graph import Graph, Node
-from .elementwise import IDX, host_name as _host_name
+from .base import IDX, make_kernel
 from .lower import ElementLowering, ctype
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
@@ -69,190 +69,188 @@ class _Builder(red.Builder):
         """(offset of this column's element at position 0 of the reduced axis, stride of the
         reduced axis) in a tensor/output with these axes."""
         b, st = f"mf_col_{name}", f"mf_stride_{name}"
-        if b not in self.pre_names:
+        if b not in self.v.pre_names:
             e = None
             for a in axes:
                 pos = None if a == self.axis else self.position(a)
                 if e is not None:
-                    e = ir.Binary("*", e, self.size(a))
+                    e = e * self.size(a)
                 if pos is not None:
-                    e = pos if e is None else ir.Binary("+", e, pos)
-            self.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
-            self.pre_names.add(b)
+                    e = pos if e is None else e + pos
+            self.v.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
+            self.v.pre_names.add(b)
             if self.axis in axes:
                 after = axes[axes.index(self.axis) + 1:]
-                self.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
+                self.v.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
         return ir.Var(b), ir.Var(st)
 
     def at(self, name: str, axes) -> ir.Expr:
         b, st = self.bases(name, axes)
         if self.axis not in axes:
             return b
-        return ir.Binary("+", b, ir.Binary("*", ir.Cast(IDX, ir.Var("mf_k")), st))
+        return b + ir.Cast(IDX, ir.Var("mf_k")) * st
 
     def col_load(self, n: Node) -> ir.Expr:
         t = self.g.param(n.attr)
         v = ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name], self.at(t.name, t.axes)))
-        if self.split:       # threads past the last column read nothing
+        if self.v.name == "split":       # threads past the last column read nothing
             zero = ir.Lit(0.0 if t.dtype.is_float else (False if t.dtype.kind == "bool" else 0),
                           ctype(t.dtype))
             v = ir.Select(ir.Var("mf_live"), v, zero)
         return v
 
+    def outer_load(self, n: Node) -> ir.Expr:
+        return self.col_load(n)
+
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
-    def kernel(self, variant: str):
+    def kernel(self, v: red.Variant) -> ir.Kernel:
         g = self.g
-        split = self.split = variant == "split"
+        split = v.name == "split"
         S = self.p.rows_per_group if split else 1
         # each thread adds a long stretch of the column in sequence: compensated sums
         reds = red.phases(g, online=True, compensated=True)
         nph = 1 + max(r.phase for r in reds)
-        self.pre: list[ir.Stmt] = []
-        self.pre_names: set[str] = set()
-        tg: list[ir.Stmt] = []
-        self.collow = ElementLowering(g, self.col_load, self.position, self.size,
-                                      lambda s: self.names[s], prefix="mf_r")
         self.helpers |= red.helpers_of(reds, simd=False)
-        passes: dict[str, int] = {}
-        live = ir.Var("mf_live")
-        main: list[ir.Stmt] = []
-
-        def loop(roots, rs, outs) -> list[ir.Stmt]:
-            tensors, frontier = self.cone(roots)
-            for t in tensors:
-                passes[t] = passes.get(t, 0) + 1
-            pre = self.collow.lower(frontier)
-            el = ElementLowering(g, self.col_load, self.el_position, self.size,
-                                 lambda s: self.names[s], prefix="mf_v")
-            for n in frontier:
-                el.values[id(n)] = self.collow.value(n)
-            body = el.lower(roots)
-            self.helpers |= el.helpers
-            body += self.fold(el, rs, ir.Var("mf_k"))
-            for k in outs:
-                body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
-                                                                g.outputs[k].axes),
-                                     self.out_value(k, el)))
-            k_expr: ir.Expr = ir.Var("mf_i")
-            if split:
-                k_expr = ir.Binary("+", ir.Binary("*", ir.Var("mf_i"), ir.Lit(S, "uint")),
-                                   ir.Var("mf_slice"))
-            inner = [ir.Decl("mf_k", "uint", k_expr)]
-            if split:
-                inner.append(ir.If(ir.Binary("<", ir.Cast(IDX, ir.Var("mf_k")),
-                                             self.size(self.axis)), body))
-            else:
-                inner += body
-            stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
-            return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
-
         for p in range(nph):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
-            main.append(ir.Comment(f"phase {p + 1}: " + ", ".join(
+            v.main.append(ir.Comment(f"phase {p + 1}: " + ", ".join(
                 f"{r.kind} over {r.axis}" + (" (online, with the sum of exp(x - max))"
                                               if r.online_sum else "")
                 for r in rs if r.online_max is None)))
-            pre, lp = loop(roots, rs, [])
-            main += pre
+            pre, lp = self.loop(v, roots, rs, [], S)
+            v.main += pre
             for r in rs:
-                main += red.declare(r)
-            main += [ir.If(live, lp)] if split else lp
-            main += red.finish(rs)
+                v.main += red.declare(r)
+            v.main += [ir.If(ir.Var("mf_live"), lp)] if split else lp
+            v.main += red.finish(rs)
             if split:
-                stores, merges = [], []
-                for r in rs:
-                    tg.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
-                                           else "float", self.p.threads_per_group, "threadgroup"))
-                    stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), ir.Var("mf_lid")),
-                                            ir.Var(r.acc)))
-                    if r.has_index:
-                        tg.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", self.p.threads_per_group,
-                                               "threadgroup"))
-                        stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"),
-                                                        ir.Var("mf_lid")), ir.Var(r.idx)))
-                resets: list[ir.Stmt] = []
-                slot = ir.Binary("+", ir.Binary("*", ir.Var("mf_s"), ir.Lit(SIMD_WIDTH, "uint")),
-                                 ir.Var("mf_lane"))
-                for r in rs:
-                    if r.online_max is not None:
-                        continue
-                    resets.append(ir.Assign(ir.Var(r.acc), red.identity(r)))
-                    if r.has_index:
-                        resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(red.SENTINEL, "uint")))
-                    if r.online_sum is not None:
-                        resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
-                        merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                            ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
-                    else:
-                        merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                            ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
-                                            if r.has_index else None)
-                main += [ir.Comment(f"combine the {S} slices of each column through threadgroup "
-                                    f"memory, in slice order"),
-                         *stores, ir.Barrier(), *resets,
-                         ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(S, "uint"), merges)]
+                v.main += self.combine_slices(v, rs, S)
             for r in rs:
-                self.collow.values[id(r.node)] = red.result(r)
+                v.row_values.values[r.node] = red.result(r)
+        self.epilogue(v, S)
+        threads, head = self.header(v.name, S)
+        summary = (f"{g.name} ({v.name}): reduces '{self.axis}' (not innermost) for each column "
+                   f"of [{', '.join(self.outer)}] in {nph} phase(s); " +
+                   (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
+                    f"memory" if split else "one thread per column, looping over the axis") +
+                   "; fp32 accumulation, compensated sums")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(g, self.index64, threads, body, summary, v.name)
 
+    def loop(self, v: red.Variant, roots: list[Node], rs: list[red.Reduction], outs: list[int],
+             S: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(column values computed before it, the loop over this thread's positions of the
+        reduced axis): element values, folded into `rs`, outputs `outs` stored."""
+        g, split = self.g, v.name == "split"
+        tensors, frontier = self.cone(roots)
+        for t in tensors:
+            v.passes[t] = v.passes.get(t, 0) + 1
+        pre = v.row_values.lower(frontier)
+        el = ElementLowering(g, self.col_load, self.el_position, self.size,
+                             lambda s: self.names[s], prefix="mf_v")
+        for n in frontier:
+            el.values[n] = v.row_values.value(n)
+        body = el.lower(roots)
+        self.helpers |= el.helpers
+        body += self.fold(el, rs, ir.Var("mf_k"))
+        for k in outs:
+            body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
+                                                            g.outputs[k].axes),
+                                 self.out_value(k, el)))
+        k_expr: ir.Expr = ir.Var("mf_i")
+        if split:
+            k_expr = ir.Var("mf_i") * ir.Lit(S, "uint") + ir.Var("mf_slice")
+        inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k_expr)]
+        if split:
+            inner.append(ir.If(ir.Cast(IDX, ir.Var("mf_k")) < self.size(self.axis), body))
+        else:
+            inner += body
+        stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
+        return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
+
+    def combine_slices(self, v: red.Variant, rs: list[red.Reduction], S: int) -> list[ir.Stmt]:
+        """The split variant: every slice's partials through threadgroup memory, merged by
+        every slice in slice order (so argmax keeps the first index)."""
+        tpg = self.p.threads_per_group
+        stores: list[ir.Stmt] = []
+        for r in rs:
+            v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+                                            else "float", tpg, "threadgroup"))
+            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), ir.Var("mf_lid")),
+                                    ir.Var(r.acc)))
+            if r.has_index:
+                v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", tpg, "threadgroup"))
+                stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), ir.Var("mf_lid")),
+                                        ir.Var(r.idx)))
+        resets: list[ir.Stmt] = []
+        merges: list[ir.Stmt] = []
+        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+        for r in rs:
+            if r.online_max is not None:
+                continue
+            resets.append(ir.Assign(ir.Var(r.acc), red.identity(r)))
+            if r.has_index:
+                resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(red.SENTINEL, "uint")))
+            if r.online_sum is not None:
+                resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
+                merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                                    ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
+            else:
+                merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                                    ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
+                                    if r.has_index else None)
+        return [ir.Comment(f"combine the {S} slices of each column through threadgroup "
+                           f"memory, in slice order"),
+                *stores, ir.Barrier(), *resets,
+                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(S, "uint"), merges)]
+
+    def epilogue(self, v: red.Variant, S: int) -> None:
+        """Outputs along the column in one more loop; one value per column stored once."""
+        g, split = self.g, v.name == "split"
+        live = ir.Var("mf_live")
         el_outs = [k for k, o in enumerate(g.outputs) if self.axis in o.axes]
         col_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
         if el_outs:
-            main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
-            pre, lp = loop([g.outputs[k].node for k in el_outs], [], el_outs)
-            main += pre + ([ir.If(live, lp)] if split else lp)
+            v.main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
+            pre, lp = self.loop(v, [g.outputs[k].node for k in el_outs], [], el_outs, S)
+            v.main += pre + ([ir.If(live, lp)] if split else lp)
         if col_outs:
-            stmts = self.collow.lower([g.outputs[k].node for k in col_outs])
-            stores = []
+            stmts = v.row_values.lower([g.outputs[k].node for k in col_outs])
+            stores: list[ir.Stmt] = []
             for k in col_outs:
                 stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
                                                                   g.outputs[k].axes),
-                                       self.out_value(k, self.collow)))
-            main.append(ir.Comment("epilogue: the column's results"))
-            main += stmts
+                                       self.out_value(k, v.row_values)))
+            v.main.append(ir.Comment("epilogue: the column's results"))
+            v.main += stmts
             if split:
-                main.append(ir.If(ir.Binary("&&", live, ir.Binary("==", ir.Var("mf_slice"),
-                                                                   ir.Lit(0, "uint"))), stores))
+                v.main.append(ir.If(live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores))
             else:
-                main += stores
+                v.main += stores
 
+    def header(self, variant: str, S: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+        """(thread inputs, statements placing the thread on its column and slice)."""
         ncols = self.span(self.outer)
-        if split:
-            threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
-                       ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
-            head = [ir.Comment(f"32 columns x {S} slices of the reduced axis per threadgroup"),
-                    ir.Decl("mf_lane", "uint", ir.Binary("%", ir.Var("mf_lid"),
-                                                         ir.Lit(SIMD_WIDTH, "uint"))),
-                    ir.Decl("mf_slice", "uint", ir.Binary("/", ir.Var("mf_lid"),
-                                                          ir.Lit(SIMD_WIDTH, "uint"))),
-                    ir.Decl("mf_col", "uint", ir.Binary("+", ir.Binary(
-                        "*", ir.Var("mf_group"), ir.Lit(SIMD_WIDTH, "uint")), ir.Var("mf_lane"))),
-                    ir.Comment("threads past the last column still take part in the barriers"),
-                    ir.Decl("mf_live", "bool", ir.Binary("<", ir.Cast(IDX, ir.Var("mf_col")),
-                                                         ncols)),
-                    ir.Decl("mf_steps", "uint", ir.Binary("/", ir.Binary(
-                        "+", ir.Cast("uint", self.size(self.axis)), ir.Lit(S - 1, "uint")),
-                        ir.Lit(S, "uint")))]
-        else:
-            threads = (ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),)
-            head = [ir.Comment("one thread per column"),
-                    ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_col")), ncols), [ir.Return()])]
-        body = tg + head + self.pre + main
-        tags = _host_name(g, self.index64)
-        k = ir.Kernel(
-            name=f"mf_{g.name}_{variant}", op=g.name, template=(*self.tvars.keys(), IDX),
-            instances=(ir.Instance(f"{tags}_{variant}",
-                                   (*(d.msl for d in self.tvars.values()),
-                                    "ulong" if self.index64 else "uint")),),
-            params=(), threads=threads, body=body,
-            summary=(f"{g.name} ({variant}): reduces '{self.axis}' (not innermost) for each column "
-                     f"of [{', '.join(self.outer)}] in {nph} phase(s); " +
-                     (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
-                      f"memory" if split else "one thread per column, looping over the axis") +
-                     "; fp32 accumulation, compensated sums"))
-        return k, passes, sum(4 * a.length for a in tg)
+        if variant != "split":
+            return ((ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),),
+                    [ir.Comment("one thread per column"),
+                     ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])])
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+        head: list[ir.Stmt] = [
+            ir.Comment(f"32 columns x {S} slices of the reduced axis per threadgroup"),
+            ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_col", "uint",
+                    ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
+            ir.Comment("threads past the last column still take part in the barriers"),
+            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
+            ir.Decl("mf_steps", "uint", (ir.Cast("uint", self.size(self.axis)) +
+                                         ir.Lit(S - 1, "uint")) / ir.Lit(S, "uint"))]
+        return threads, head
 
     def build(self) -> ColumnSchedule:
         kernels, passes, tgb = self.variants(VARIANTS, "; lower rows_per_group")

@@ -14,16 +14,14 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 """
 from __future__ import annotations
 
-import dataclasses
-
 from .. import ir
 from ..dtypes import DType
-from ..graph import Graph, Node, TensorParam
-from .base import Schedule
+from ..errors import at
+from ..graph import Graph, Node, Op, TensorParam
+from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 from .policy import LaunchPolicy
 
-IDX = "mf_index_t"
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
                  "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
@@ -43,8 +41,8 @@ def param_name(name: str) -> str:
 
 def used_params(graph: Graph, nodes: list[Node]) -> tuple[list, list]:
     """(the tensors the kernel loads, the scalars it reads), in parameter order."""
-    used = {n.attr for n in nodes if n.op == "load"}
-    scalars = {n.attr for n in nodes if n.op == "scalar"}
+    used = {n.attr for n in nodes if n.op == Op.LOAD}
+    scalars = {n.attr for n in nodes if n.op == Op.SCALAR}
     return ([t for t in graph.tensors if t.name in used],
             [s for s in graph.scalars if s.name in scalars])
 
@@ -55,18 +53,6 @@ def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
     names.update({s.name: param_name(s.name) for s in graph.scalars})
     single = len(graph.outputs) == 1
     return names, ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
-
-
-def host_name(graph: Graph, index64: bool) -> str:
-    """`{op}_{dtypes}[_{const}_{value}...][_idx64]`: every mf.Const variant is its own kernel
-    with its own name (`attn_f16_causal_true`, `q4_f16_GS_64`)."""
-    if graph.dtype_vars:
-        tags = [d.name for d in graph.dtype_vars.values()]
-    else:
-        tags = list(dict.fromkeys(t.dtype.name for t in graph.tensors))
-    for name, v in graph.consts.items():
-        tags += [name, str(v).lower() if isinstance(v, bool) else str(v).replace("-", "m")]
-    return "_".join([graph.name, *tags] + (["idx64"] if index64 else []))
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
@@ -93,9 +79,9 @@ class _Builder:
                     f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
                     f"output has: only a reduction can remove an axis")
         for n in nodes:
-            if n.op == "index" and n.attr not in self.grid:
+            if n.op == Op.INDEX and n.attr not in self.grid:
                 raise UnsupportedConstruct(
-                    f"mf.index({n.attr!r})" + (f" at {n.loc[0]}:{n.loc[1]}" if n.loc else "") +
+                    f"mf.index({n.attr!r}){at(n.loc)}"
                     f": '{n.attr}' is not an axis of the output {list(self.grid)}")
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
@@ -136,7 +122,7 @@ class _Builder:
             name = "mf_span_" + "_".join(ident(a) for a in axes)
             e: ir.Expr = self.size(axes[0])
             for a in axes[1:]:
-                e = ir.Binary("*", e, self.size(a))
+                e = e * self.size(a)
             self.spans[axes] = name
             self.span_decls.append(ir.Decl(name, IDX, e))
         return ir.Var(self.spans[axes])
@@ -151,9 +137,9 @@ class _Builder:
         if axis not in need:
             k = self.grid.index(axis)
             inner = self.grid[k + 1:]
-            e = ir.Binary("/", i, self.span(inner)) if inner else i
+            e = i / self.span(inner) if inner else i
             if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
+                e = e % self.size(axis)
             need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, e)
         return ir.Var(f"mf_pos_{ident(axis)}")
 
@@ -164,12 +150,12 @@ class _Builder:
         if not axes:
             return ir.Lit(0, IDX)
         if axes == g[len(g) - len(axes):]:
-            return ir.Binary("%", i, self.span(axes))
+            return i % self.span(axes)
         if axes == g[:len(axes)]:
-            return ir.Binary("/", i, self.span(g[len(axes):]))
+            return i / self.span(g[len(axes):])
         e = self.position(axes[0], i, need)
         for a in axes[1:]:
-            e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a, i, need))
+            e = e * self.size(a) + self.position(a, i, need)
         return e
 
     # -- one element -------------------------------------------------------------------
@@ -200,10 +186,9 @@ class _Builder:
             st = ir.Store(self.out_names[kk], self.offset(o.axes, i, need), v)
             missing = [a for a in self.grid if a not in o.axes]
             if missing:      # the value repeats along these axes: one thread writes it
-                cond: ir.Expr = ir.Binary("==", self.position(missing[0], i, need), ir.Lit(0, IDX))
+                cond: ir.Expr = self.position(missing[0], i, need).eq(ir.Lit(0, IDX))
                 for a in missing[1:]:
-                    cond = ir.Binary("&&", cond, ir.Binary("==", self.position(a, i, need),
-                                                           ir.Lit(0, IDX)))
+                    cond = cond.and_(self.position(a, i, need).eq(ir.Lit(0, IDX)))
                 stores.append(ir.If(cond, [st]))
             else:
                 stores.append(st)
@@ -220,99 +205,97 @@ class _Builder:
         return convert(e, src, dst)
 
     # -- the kernel --------------------------------------------------------------------
-    def build(self) -> Schedule:
-        p = self.p
-        vw, vpt = p.vector_width, p.vectors_per_thread
-        i_decl = ir.Decl("mf_i", IDX, ir.Binary("+", ir.Var("mf_start"), ir.Var("mf_k")))
-
-        # scalar path: guarded, one element at a time
-        scalar_el = self.element(vector=False)
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-            i_decl,
-            ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)])]
+    def scalar_path(self) -> list[ir.Stmt]:
+        """The guarded path: the chunk's elements one at a time, each checked against the
+        element count (the tail, and every chunk when vector_width is 1)."""
+        vw = self.p.vector_width
+        element = self.element(vector=False)
+        in_range = ir.Var("mf_i") < ir.Var("mf_numel")
         if vw == 1:
-            scalar = [ir.Decl("mf_i", IDX, ir.Var("mf_start")),
-                      ir.If(ir.Binary("<", ir.Var("mf_i"), ir.Var("mf_numel")), scalar_el)]
+            return [ir.Decl("mf_i", IDX, ir.Var("mf_start")), ir.If(in_range, element)]
+        return [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                       [self.i_decl(), ir.If(in_range, element)])]
 
-        chunk: list[ir.Stmt]
-        if vw > 1:
-            start = ir.Var("mf_start")
-            loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
-                                               f"inputs")]
-            for t in self.vec_in:
-                off = self.offset(t.axes, start, {})
-                loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
-                                     ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
-            for kk in self.vec_out:
-                loads.append(ir.Decl(f"{self.out_names[kk]}_v",
-                                     f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
-            lane_el = self.element(vector=True)
-            uses_i = _mentions(lane_el, "mf_i")
-            lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
-                           ([i_decl] if uses_i else []) + lane_el, unroll=True)
-            vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
-            for kk in self.vec_out:
-                vstores.append(ir.Store(self.out_names[kk], start,
-                                        ir.Var(f"{self.out_names[kk]}_v"), vw,
-                                        self.out_stype(kk)))
-            full = ir.Binary("<=", ir.Binary("+", start, ir.Lit(vw, IDX)), ir.Var("mf_numel"))
-            suffix = [t for t in self.vec_in if t.axes != self.grid]
-            cond: ir.Expr = full
-            pre: list[ir.Stmt] = []
-            if suffix:
-                spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
-                ok: ir.Expr = ir.Binary("==", ir.Binary("%", self.span(spans[0]), ir.Lit(vw, IDX)),
-                                        ir.Lit(0, IDX))
-                for s in spans[1:]:
-                    ok = ir.Binary("&&", ok, ir.Binary("==", ir.Binary("%", self.span(s),
-                                                                       ir.Lit(vw, IDX)),
-                                                       ir.Lit(0, IDX)))
-                pre = [ir.Comment("broadcast inputs can be read as vectors when their rows hold "
-                                  f"whole {vw}-element chunks"),
-                       ir.Decl("mf_vec_ok", "bool", ok)]
-                cond = ir.Binary("&&", full, ir.Var("mf_vec_ok"))
-            chunk = [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
+    @staticmethod
+    def i_decl() -> ir.Decl:
+        return ir.Decl("mf_i", IDX, ir.Var("mf_start") + ir.Var("mf_k"))
+
+    def vector_chunk(self, scalar: list[ir.Stmt]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(statements before the thread's loop, one chunk): vector loads of the contiguous
+        inputs, the lanes computed, vector stores; `scalar` where the chunk is the tail."""
+        vw = self.p.vector_width
+        start = ir.Var("mf_start")
+        loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
+                                           f"inputs")]
+        for t in self.vec_in:
+            off = self.offset(t.axes, start, {})
+            loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
+                                 ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
+        for kk in self.vec_out:
+            loads.append(ir.Decl(f"{self.out_names[kk]}_v",
+                                 f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
+        lane_el = self.element(vector=True)
+        uses_i = ir.mentions(lane_el, "mf_i")
+        lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                       ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
+        vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
+        for kk in self.vec_out:
+            vstores.append(ir.Store(self.out_names[kk], start,
+                                    ir.Var(f"{self.out_names[kk]}_v"), vw,
+                                    self.out_stype(kk)))
+        pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"))
+        return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
-        else:
-            pre = []
-            chunk = scalar
 
-        ept = p.elements_per_thread
-        base = ir.Binary("*", ir.Cast(IDX, ir.Var("mf_tid")), ir.Lit(ept, IDX))
+    def vector_condition(self, full: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
+        """(declarations, condition) for taking the vector path: the chunk is whole and every
+        broadcast input read as vectors has rows holding whole chunks."""
+        vw = self.p.vector_width
+        suffix = [t for t in self.vec_in if t.axes != self.grid]
+        if not suffix:
+            return [], full
+        spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
+        ok: ir.Expr = (self.span(spans[0]) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX))
+        for s in spans[1:]:
+            ok = ok.and_((self.span(s) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX)))
+        pre: list[ir.Stmt] = [
+            ir.Comment("broadcast inputs can be read as vectors when their rows hold "
+                       f"whole {vw}-element chunks"),
+            ir.Decl("mf_vec_ok", "bool", ok)]
+        return pre, full.and_(ir.Var("mf_vec_ok"))
+
+    def thread_body(self, pre: list[ir.Stmt], chunk: list[ir.Stmt]) -> list[ir.Stmt]:
+        """The kernel body: this thread's first element, then its chunks (one, or a loop of
+        vectors_per_thread)."""
+        vw, vpt, ept = self.p.vector_width, self.p.vectors_per_thread, self.p.elements_per_thread
+        base = ir.Cast(IDX, ir.Var("mf_tid")) * ir.Lit(ept, IDX)
         body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
                                           f"elements")]
+        body.append(ir.Decl("mf_start" if vpt == 1 else "mf_base", IDX, base))
+        if self.span_decls:
+            body += [ir.Comment("sizes of multi-axis spans")] + self.span_decls
+        body += pre
         if vpt == 1:
-            body.append(ir.Decl("mf_start", IDX, base))
-            loop_body = chunk
-        else:
-            body.append(ir.Decl("mf_base", IDX, base))
-            loop_body = [ir.Decl("mf_start", IDX, ir.Binary(
-                "+", ir.Var("mf_base"), ir.Binary("*", ir.Cast(IDX, ir.Var("mf_j")),
-                                                  ir.Lit(vw, IDX))))] + chunk
-        sizes_block = ([ir.Comment("sizes of multi-axis spans")] + self.span_decls
-                       if self.span_decls else [])
-        body += sizes_block + pre
-        if vpt == 1:
-            body += loop_body
-        else:
-            body.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vpt, "uint"), loop_body,
-                               unroll=True))
+            return body + chunk
+        j = ir.Cast(IDX, ir.Var("mf_j"))
+        loop_body = [ir.Decl("mf_start", IDX, ir.Var("mf_base") + j * ir.Lit(vw, IDX))] + chunk
+        body.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(vpt, "uint"), loop_body,
+                           unroll=True))
+        return body
 
-        kernel = ir.Kernel(
-            name=f"mf_{self.g.name}",
-            op=self.g.name,
-            template=(*self.tvars.keys(), IDX),
-            instances=(ir.Instance(host_name(self.g, self.index64),
-                                   (*(d.msl for d in self.tvars.values()),
-                                    "ulong" if self.index64 else "uint")),),
-            params=self._params(),
-            threads=(ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
-            body=body,
-            helpers=tuple(sorted(self.helpers)),
-            summary=(f"{self.g.name}: elementwise over [{', '.join(self.grid)}], {ept} elements "
-                     f"per thread ({vw}-wide vector loads/stores where contiguous), "
-                     f"{'64' if self.index64 else '32'}-bit indexing"),
-        )
+    def build(self) -> Schedule:
+        p = self.p
+        scalar = self.scalar_path()
+        pre, chunk = self.vector_chunk(scalar) if p.vector_width > 1 else ([], scalar)
+        body = self.thread_body(pre, chunk)
+        summary = (f"{self.g.name}: elementwise over [{', '.join(self.grid)}], "
+                   f"{p.elements_per_thread} elements per thread ({p.vector_width}-wide vector "
+                   f"loads/stores where contiguous), {'64' if self.index64 else '32'}-bit "
+                   f"indexing")
+        kernel = make_kernel(self.g, self.index64,
+                             (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
+                             body, summary, params=self._params(),
+                             helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.g, p, kernel, tuple(self.grid),
                         tuple(t.name for t in self.vec_in), self.index64)
 
@@ -347,18 +330,3 @@ def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...
             f"kernel '{b.g.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
             f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
     return tuple(ps)
-
-
-def _mentions(stmts: list, name: str) -> bool:
-    """Whether any statement reads variable `name`."""
-    def walk(x) -> bool:
-        if isinstance(x, ir.Var):
-            return x.name == name
-        if isinstance(x, list):
-            return any(walk(y) for y in x)
-        if isinstance(x, tuple):
-            return any(walk(y) for y in x)
-        if dataclasses.is_dataclass(x):
-            return any(walk(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return False
-    return walk(stmts)

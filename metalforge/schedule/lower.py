@@ -18,9 +18,10 @@ from typing import Callable
 
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
-from ..graph import Graph, Node, topo_order
+from ..errors import UnsupportedConstruct, at
+from ..graph import Graph, Node, Op, topo_order
 
-# math functions that have a precise:: form in MSL (accuracy matters: DESIGN §4)
+# math functions that have a precise:: form in MSL (the fast forms lose accuracy)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
                   "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tanh": "tanh"}
 _FLOAT_RESULT = set(_PRECISE_UNARY) | {"sigmoid", "erf"}
@@ -51,14 +52,6 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     if t in _UNSIGNED and op == "<<":
         return ir.Cast(t, e((ir.Cast(_UNSIGNED[t], args[0]), args[1])))
     return e(args)
-
-
-class UnsupportedConstruct(ValueError):
-    """A graph construct this schedule cannot lower (names the construct and the user's line)."""
-
-
-def where(node: Node) -> str:
-    return f" at {node.loc[0]}:{node.loc[1]}" if node.loc else ""
 
 
 def ctype(dt: DType) -> str:
@@ -101,31 +94,31 @@ class ElementLowering:
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
         self.prefix = prefix
         self.helpers: set[str] = set()
-        self.values: dict[int, ir.Expr] = {}
+        self.values: dict[Node, ir.Expr] = {}
         self._count = 0
 
     # -- walking ------------------------------------------------------------------------
     def lower(self, roots: list[Node]) -> list[ir.Stmt]:
         out: list[ir.Stmt] = []
         for n in topo_order(roots, seen=self.values):
-            if id(n) in self.values:
+            if n in self.values:
                 continue
             e = self._expr(n)
-            if isinstance(e, (ir.Lit, ir.Var)) or n.op in ("scalar", "const", "size"):
-                self.values[id(n)] = e
+            if isinstance(e, (ir.Lit, ir.Var)) or n.op in (Op.SCALAR, Op.CONST, Op.SIZE):
+                self.values[n] = e
                 continue
             name = self._name(n)
             out.append(ir.Decl(name, ctype(n.dtype), e))
-            self.values[id(n)] = ir.Var(name)
+            self.values[n] = ir.Var(name)
         return out
 
     def value(self, n: Node) -> ir.Expr:
-        return self.values[id(n)]
+        return self.values[n]
 
     def _name(self, n: Node) -> str:
-        if n.op == "load":
+        if n.op == Op.LOAD:
             return f"mf_{n.attr}"
-        if n.op == "index":
+        if n.op == Op.INDEX:
             return f"mf_index_{_ident(n.attr)}"
         self._count += 1
         return f"{self.prefix}{self._count}"
@@ -133,45 +126,45 @@ class ElementLowering:
     # -- one node -----------------------------------------------------------------------
     def _arg(self, n: Node, i: int, dt: DType) -> ir.Expr:
         a = n.args[i]
-        return convert(self.values[id(a)], a.dtype, dt)
+        return convert(self.values[a], a.dtype, dt)
 
     def _expr(self, n: Node) -> ir.Expr:
         op = n.op
-        if op == "load":
+        if op == Op.LOAD:
             return self.load(n)
-        if op == "scalar":
+        if op == Op.SCALAR:
             p = self.graph.param(n.attr)
             return convert(ir.Var(self.scalar(n.attr)), p.dtype, n.dtype)
-        if op == "const":
+        if op == Op.CONST:
             return lit(n.attr, n.dtype)
-        if op == "index":
+        if op == Op.INDEX:
             return ir.Cast(ctype(n.dtype), self.position(n.attr))
-        if op == "size":
+        if op == Op.SIZE:
             return ir.Cast(ctype(n.dtype), self.size(n.attr))
-        if op == "cast":
+        if op == Op.CAST:
             return self._cast(n)
-        if op == "where":
+        if op == Op.WHERE:
             return ir.Select(self._arg(n, 0, BOOL), self._arg(n, 1, n.dtype),
                              self._arg(n, 2, n.dtype))
-        if op == "unary":
+        if op == Op.UNARY:
             return self._unary(n)
-        if op == "binary":
+        if op == Op.BINARY:
             return self._binary(n)
-        if op == "reduce":
+        if op == Op.REDUCE:
             kind, axis = n.attr
-            raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{where(n)} is a reduction, "
+            raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{at(n.loc)} is a reduction, "
                                        f"which this schedule cannot lower")
-        raise UnsupportedConstruct(f"graph op '{op}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"graph op '{op}'{at(n.loc)} is not supported")
 
     def _cast(self, n: Node) -> ir.Expr:
         src = n.args[0]
-        x = self.values[id(src)]
+        x = self.values[src]
         dst = n.dtype
         if dst.compute == F32 and dst != F32:
             # round through the narrow storage type so the value is what torch would hold
             return ir.Cast("float", ir.Cast(dst.msl, convert(x, src.dtype, F32)))
         if dst.kind == "bool" and src.dtype.kind != "bool":
-            return ir.Binary("!=", x, lit(0, src.dtype))
+            return x.ne(lit(0, src.dtype))
         return convert(x, src.dtype, dst)
 
     def _unary(self, n: Node) -> ir.Expr:
@@ -182,8 +175,8 @@ class ElementLowering:
             return ir.Call(_PRECISE_UNARY[f], (x,), precise=True)
         if f == "sigmoid":
             one = lit(1.0, dt)
-            return ir.Binary("/", one, ir.Binary("+", one, ir.Call("exp", (ir.Unary("-", x),),
-                                                                   precise=True)))
+            return one / (one + ir.Call("exp", (ir.Unary("-", x),),
+                                                                   precise=True))
         if f == "erf":
             self.helpers.add("mf_erf")
             return ir.Call("mf_erf", (x,))
@@ -201,7 +194,7 @@ class ElementLowering:
             return ir.Unary("!", x) if dt.kind == "bool" else wrap_int("~", (x,), dt)
         if f == "not":
             return ir.Unary("!", self._arg(n, 0, BOOL))
-        raise UnsupportedConstruct(f"unary function '{f}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"unary function '{f}'{at(n.loc)} is not supported")
 
     def _binary(self, n: Node) -> ir.Expr:
         f = n.attr
@@ -239,10 +232,10 @@ class ElementLowering:
             return ir.Call(h, (x, y))
         if f == "floordiv":
             if dt.is_float:
-                return ir.Call("floor", (ir.Binary("/", x, y),))
+                return ir.Call("floor", (x / y,))
             self.helpers.add("mf_floordiv")
             return ir.Call("mf_floordiv", (x, y))
-        raise UnsupportedConstruct(f"binary operation '{f}'{where(n)} is not supported")
+        raise UnsupportedConstruct(f"binary operation '{f}'{at(n.loc)} is not supported")
 
 
 def _typed(*args: ir.Expr) -> tuple[ir.Expr, ...]:

@@ -10,13 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Optional
 
+from ..errors import LaunchError
+
 MAX_THREADS_PER_GROUP = 1024          # Metal's limit on Apple GPUs
 MAX_THREADGROUP_BYTES = 32 * 1024     # static threadgroup memory a kernel may declare
 SIMD_WIDTH = 32
-
-
-class LaunchError(ValueError):
-    """A launch configuration that cannot run (checked on the host before any launch)."""
 
 
 @dataclass(frozen=True)

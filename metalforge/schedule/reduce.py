@@ -28,15 +28,17 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
-from ..graph import Graph, Node, TensorParam
+from ..errors import at
+from ..graph import Graph, Node, Op, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
-from .elementwise import IDX, kernel_params, msl_names, used_params
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident, where
+from .base import IDX
+from .elementwise import kernel_params, msl_names, used_params
+from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -92,7 +94,7 @@ class Reduction:
 
 
 def _strip_cast(n: Node) -> Node:
-    while n.op == "cast" and n.args[0].dtype == n.dtype:
+    while n.op == Op.CAST and n.args[0].dtype == n.dtype:
         n = n.args[0]
     return n
 
@@ -108,7 +110,7 @@ def check_supported(graph: Graph, n: Node) -> None:
                "collectives do not support)" if kind in ("sum", "prod") else \
                f"{dt} values"
         raise UnsupportedConstruct(
-            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){where(n)}: {what} cannot be "
+            f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){at(n.loc)}: {what} cannot be "
             f"reduced by the reduction schedules (they take float values, and max/min/argmax/"
             f"argmin of integers up to 32 bits); convert first, e.g. x.to(mf.f32)")
 
@@ -120,25 +122,25 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     compensated (online pairs only occur in such schedules)."""
     nodes = list(graph.nodes())
     reds: list[Reduction] = []
-    by_id: dict[int, Reduction] = {}
+    by_node: dict[Node, Reduction] = {}
     for n in nodes:
-        if n.op == "reduce":
+        if n.op == Op.REDUCE:
             check_supported(graph, n)
             r = Reduction(n, n.attr[0], n.attr[1], len(reds) + 1)
             reds.append(r)
-            by_id[id(n)] = r
+            by_node[n] = r
     if online:
         for r in reds:
             if r.kind != "sum" or not r.is_float:
                 continue
             e = _strip_cast(r.arg)
-            if not (e.op == "unary" and e.attr == "exp"):
+            if not (e.op == Op.UNARY and e.attr == "exp"):
                 continue
             d = _strip_cast(e.args[0])
-            if not (d.op == "binary" and d.attr == "sub"):
+            if not (d.op == Op.BINARY and d.attr == "sub"):
                 continue
             a, m = d.args[0], _strip_cast(d.args[1])
-            mr = by_id.get(id(m))
+            mr = by_node.get(m)
             if (mr is None or mr.kind != "max" or mr.axis != r.axis or mr.arg is not a
                     or not mr.is_float or mr.online_sum is not None):
                 continue
@@ -146,14 +148,14 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     for r in reds:
         r.compensated = r.kind == "sum" and r.is_float and (compensated or
                                                             r.online_max is not None)
-    avail: dict[int, int] = {}
+    avail: dict[Node, int] = {}
     for n in nodes:
-        if n.op == "reduce":
-            r = by_id[id(n)]
-            r.phase = avail[id(r.online_max.node)] - 1 if r.online_max else avail[id(n.args[0])]
-            avail[id(n)] = r.phase + 1
+        if n.op == Op.REDUCE:
+            r = by_node[n]
+            r.phase = avail[r.online_max.node] - 1 if r.online_max else avail[n.args[0]]
+            avail[n] = r.phase + 1
         else:
-            avail[id(n)] = max((avail[id(a)] for a in n.args), default=0)
+            avail[n] = max((avail[a] for a in n.args), default=0)
     # renumber phases densely (an online pair can leave a phase empty)
     used = sorted({r.phase for r in reds})
     for r in reds:
@@ -166,7 +168,7 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
     for r in reds:
         if r.kind in _EXTREME and sizes.get(r.axis, 1) == 0:
             raise ValueError(
-                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){where(r.node)} over "
+                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){at(r.node.loc)} over "
                 f"an empty axis ({r.axis} = 0) has no value (torch raises too); sum, prod and "
                 f"mean of an empty axis give 0, 1 and NaN")
 
@@ -211,9 +213,9 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     if k == "sum" and r.compensated:
         return [ir.Assign(acc, ir.Call("mf_sum_add", (ir.Var(r.cmp), acc, v)))]
     if k == "sum":
-        return [ir.Assign(acc, ir.Binary("+", acc, v))]
+        return [ir.Assign(acc, acc + v)]
     if k == "prod":
-        return [ir.Assign(acc, ir.Binary("*", acc, v))]
+        return [ir.Assign(acc, acc * v)]
     if k in ("max", "min"):
         fn = (f"mf_{k}imum" if r.is_float else k)
         return [ir.Assign(acc, ir.Call(fn, (acc, v)))]
@@ -221,9 +223,8 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     idx = ir.Var(r.idx)
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
     if r.is_float:
-        better = ir.Binary("||", better, ir.Binary("&&", ir.Binary("!=", v, v),
-                                                   ir.Binary("==", acc, acc)))
-    cond = ir.Binary("||", ir.Binary("==", idx, ir.Lit(SENTINEL, "uint")), better)
+        better = better.or_((v.ne(v)).and_(acc.eq(acc)))
+    cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
     return [ir.If(cond, [ir.Assign(acc, v), ir.Assign(idx, ir.Cast("uint", pos))])]
 
 
@@ -233,7 +234,7 @@ def finish(reds: list[Reduction]) -> list[ir.Stmt]:
     out: list[ir.Stmt] = []
     for r in reds:
         if r.compensated:
-            out.append(ir.Assign(ir.Var(r.acc), ir.Binary("+", ir.Var(r.acc), ir.Var(r.cmp))))
+            out.append(ir.Assign(ir.Var(r.acc), ir.Var(r.acc) + ir.Var(r.cmp)))
     if out:
         out.insert(0, ir.Comment("add the rounding errors the compensated sums collected"))
     return out
@@ -266,23 +267,23 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_merge", (acc, s, other_acc, other_idx)))]
     if k == "sum":
-        return [ir.Assign(acc, ir.Binary("+", acc, other_acc))]
+        return [ir.Assign(acc, acc + other_acc)]
     if k == "prod":
-        return [ir.Assign(acc, ir.Binary("*", acc, other_acc))]
+        return [ir.Assign(acc, acc * other_acc)]
     if k in ("max", "min"):
         fn = (f"mf_{k}imum" if r.is_float else k)
         return [ir.Assign(acc, ir.Call(fn, (acc, other_acc)))]
     idx = ir.Var(r.idx)
-    o_nan = ir.Binary("!=", other_acc, other_acc) if r.is_float else None
+    o_nan = other_acc.ne(other_acc) if r.is_float else None
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
-    same = ir.Binary("&&", ir.Binary("==", other_acc, acc), ir.Binary("<", other_idx, idx))
-    better = ir.Binary("||", better, same)
+    same = (other_acc.eq(acc)).and_(other_idx < idx)
+    better = better.or_(same)
     if o_nan is not None:
-        a_nan = ir.Binary("!=", acc, acc)
+        a_nan = acc.ne(acc)
         # a NaN beats any number; between NaNs the smaller index wins
-        better = ir.Select(a_nan, ir.Binary("&&", o_nan, ir.Binary("<", other_idx, idx)),
-                           ir.Binary("||", o_nan, better))
-    cond = ir.Binary("&&", ir.Binary("!=", other_idx, ir.Lit(SENTINEL, "uint")), better)
+        better = ir.Select(a_nan, o_nan.and_(other_idx < idx),
+                           o_nan.or_(better))
+    cond = (other_idx.ne(ir.Lit(SENTINEL, "uint"))).and_(better)
     return [ir.If(cond, [ir.Assign(acc, other_acc), ir.Assign(idx, other_idx)])]
 
 
@@ -308,13 +309,32 @@ def result(r: Reduction) -> ir.Expr:
         return ir.Cast(ctype(r.node.dtype), ir.Var(r.idx))
     if r.online_max is not None:
         # a max of -inf means every term was exp(-inf - -inf): the two-pass sum is NaN
-        return ir.Select(ir.Binary("==", ir.Var(r.online_max.acc), ir.Lit(float("-inf"), "float")),
+        return ir.Select(ir.Var(r.online_max.acc).eq(ir.Lit(float("-inf"), "float")),
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
     want = ctype(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))
 
 
 # --------------------------------------------------------------------------- builders
+
+@dataclass
+class Variant:
+    """What one kernel variant collects while it is built (`Builder.variants` makes a fresh one
+    for each): the preamble of per-row/column values, threadgroup arrays, how often each input
+    is read, the main statements, and the lowering of row (column) values."""
+    name: str
+    row_values: ElementLowering
+    pre: list[ir.Stmt] = field(default_factory=list)
+    pre_names: set[str] = field(default_factory=set)
+    tg_arrays: list[ir.ArrayDecl] = field(default_factory=list)
+    passes: dict[str, int] = field(default_factory=dict)    # input → reads per row
+    loaded: set[str] = field(default_factory=set)            # inputs already in registers
+    main: list[ir.Stmt] = field(default_factory=list)
+
+    @property
+    def tg_bytes(self) -> int:
+        return sum(4 * a.length for a in self.tg_arrays)
+
 
 class Builder:
     """What the row and column schedule builders share: the checks on the graph, names and
@@ -372,40 +392,40 @@ class Builder:
     def span(self, axes) -> ir.Expr:
         e: ir.Expr = ir.Lit(1, IDX)
         for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else ir.Binary("*", e, self.size(a))
+            e = self.size(a) if k == 0 else e * self.size(a)
         return e
 
     def position(self, axis: str) -> ir.Expr:
         """The thread's position along one of the outer axes."""
         name = f"mf_{self.tag}pos_{ident(axis)}"
-        if name not in self.pre_names:
+        if name not in self.v.pre_names:
             k = self.outer.index(axis)
             inner = self.outer[k + 1:]
             e: ir.Expr = ir.Cast(IDX, ir.Var(f"mf_{self.tag}"))
             if inner:
-                e = ir.Binary("/", e, self.span(inner))
+                e = e / self.span(inner)
             if k > 0:
-                e = ir.Binary("%", e, self.size(axis))
-            self.pre.append(ir.Decl(name, IDX, e))
-            self.pre_names.add(name)
+                e = e % self.size(axis)
+            self.v.pre.append(ir.Decl(name, IDX, e))
+            self.v.pre_names.add(name)
         return ir.Var(name)
 
     def cone(self, roots: list[Node]):
         """Element nodes reachable from roots (stopping at row values): (the tensors they
         load, in order of first use; the frontier of row values)."""
-        seen: set[int] = set()
+        seen: set[Node] = set()
         tensors: list[str] = []
         frontier: list[Node] = []
         stack = list(roots)
         while stack:
             n = stack.pop()
-            if id(n) in seen:
+            if n in seen:
                 continue
-            seen.add(id(n))
+            seen.add(n)
             if not self.elem(n):
                 frontier.append(n)
                 continue
-            if n.op == "load" and n.attr not in tensors:
+            if n.op == Op.LOAD and n.attr not in tensors:
                 tensors.append(n.attr)
             stack.extend(n.args)
         return tensors, frontier
@@ -428,17 +448,28 @@ class Builder:
         o = self.g.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
-    def variants(self, names, advice: str = "") -> tuple[dict, dict, int]:
-        """Build the kernel of every variant (the subclass's `kernel(name)`: kernel, input
-        passes, threadgroup bytes); they share one parameter list and helper set. Returns
-        ({name: kernel}, {name: passes}, the most threadgroup bytes any needs)."""
+    def outer_load(self, n: Node) -> ir.Expr:
+        """A load of input `n` at the thread's row (column), for values without the axis."""
+        raise NotImplementedError
+
+    def kernel(self, v: Variant) -> ir.Kernel:
+        raise NotImplementedError
+
+    def variants(self, names: tuple[str, ...], advice: str = ""
+                 ) -> tuple[dict[str, ir.Kernel], dict[str, dict[str, int]], int]:
+        """Build the kernel of every variant (the subclass's `kernel`, each with a fresh
+        `Variant` as `self.v`); they share one parameter list and helper set. Returns
+        ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
         kernels: dict[str, ir.Kernel] = {}
-        passes: dict[str, dict] = {}
+        passes: dict[str, dict[str, int]] = {}
         tg = 0
-        for v in names:
-            k, ps, b = self.kernel(v)
-            kernels[v], passes[v] = k, ps
-            tg = max(tg, b)
+        for name in names:
+            self.v = Variant(name, ElementLowering(self.g, self.outer_load, self.position,
+                                                   self.size, lambda s: self.names[s],
+                                                   prefix="mf_r"))
+            kernels[name] = self.kernel(self.v)
+            passes[name] = self.v.passes
+            tg = max(tg, self.v.tg_bytes)
         if tg > MAX_THREADGROUP_BYTES:
             raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
                               f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .. import ir
-from ..graph import Graph, Node
-from .base import Schedule, Traffic
-from .elementwise import IDX, host_name as _host_name
-from .lower import ElementLowering, UnsupportedConstruct, ctype, where
+from ..errors import at
+from ..graph import Graph, Node, Op
+from .base import IDX, Schedule, Traffic, make_kernel
+from .lower import ElementLowering, UnsupportedConstruct, ctype
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from . import reduce as red
 
@@ -123,11 +123,11 @@ class _Builder(red.Builder):
             n = next(n for n in reds if n.attr[1] == axes[1])
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': reductions over several axes ({', '.join(axes)}) in one "
-                f"kernel{where(n)}; a row-reduction kernel reduces one axis")
+                f"kernel{at(n.loc)}; a row-reduction kernel reduces one axis")
         super().__init__(graph, policy, index64, axes[0], "row", "row")
         for n in self.nodes:
-            if n.op == "reduce" and any(a not in self.allowed for a in n.axes):
-                raise UnsupportedConstruct(f"mf.{n.attr[0]}{where(n)}: unexpected axes")
+            if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
+                raise UnsupportedConstruct(f"mf.{n.attr[0]}{at(n.loc)}: unexpected axes")
         self.vw = policy.vector_width
         self.R = policy.reads_per_thread
 
@@ -135,7 +135,7 @@ class _Builder(red.Builder):
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
         """Offset of this row's first element in a tensor/output with these axes."""
         var = f"mf_row_{name}"
-        if var not in self.pre_names:
+        if var not in self.v.pre_names:
             ra = tuple(a for a in axes if a != self.axis)
             if ra == self.outer:
                 e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
@@ -144,24 +144,21 @@ class _Builder(red.Builder):
             else:
                 e = self.position(ra[0])
                 for a in ra[1:]:
-                    e = ir.Binary("+", ir.Binary("*", e, self.size(a)), self.position(a))
+                    e = e * self.size(a) + self.position(a)
             if self.axis in axes and ra:
-                e = ir.Binary("*", e, self.size(self.axis))
-            self.pre.append(ir.Decl(var, IDX, e))
-            self.pre_names.add(var)
+                e = e * self.size(self.axis)
+            self.v.pre.append(ir.Decl(var, IDX, e))
+            self.v.pre_names.add(var)
         return ir.Var(var)
 
     # -- lowering callbacks --------------------------------------------------------------
-    def row_load(self, n: Node) -> ir.Expr:
+    def outer_load(self, n: Node) -> ir.Expr:
         t = self.g.param(n.attr)
         return ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name],
                                                 self.row_base(t.name, t.axes)))
 
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
-
-    def row_pos_only(self, axis: str) -> ir.Expr:
-        return self.position(axis)
 
     # -- register blocks -----------------------------------------------------------------
     def reg(self, name: str) -> str:
@@ -182,21 +179,18 @@ class _Builder(red.Builder):
             if declare:
                 out.append(ir.ArrayDecl(self.reg(name), ct, R))
             rb = self.row_base(name, t.axes)
-            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
-                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
                 ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
                                                                      vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                    ir.Assign(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
-                                                                     ir.Lit(vw, "uint")),
-                                                      ir.Var("mf_l"))),
+                    ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
                               ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
                     unroll=True)], unroll=True))
-            pos = ir.Binary("+", base, ir.Var("mf_k"))
+            pos = base + ir.Var("mf_k")
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
-                ir.Binary("<", pos, self.size(self.axis)),
-                ir.Cast(ct, ir.Load(self.names[name], ir.Binary("+", rb, ir.Cast(IDX, pos)))),
+                pos < self.size(self.axis),
+                ir.Cast(ct, ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca,
                          unroll=True)]
@@ -208,19 +202,18 @@ class _Builder(red.Builder):
         return out
 
     def full(self) -> ir.Expr:
-        return ir.Binary("&&", ir.Var("mf_vec_ok"), ir.Binary(
-            "<=", ir.Binary("+", ir.Var("mf_base"), ir.Lit(self.R, "uint")),
-            self.size(self.axis)))
+        end = ir.Var("mf_base") + ir.Lit(self.R, "uint")
+        return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
     def element_loop(self, roots: list[Node], reds: list[red.Reduction],
                      outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(row statements before the loop, the loop over this thread's R elements)."""
         tensors, frontier = self.cone(roots)
-        row_stmts = self.rowlow.lower(frontier)
+        row_stmts = self.v.row_values.lower(frontier)
         el = ElementLowering(self.g, lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
                              self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
-            el.values[id(n)] = self.rowlow.value(n)
+            el.values[n] = self.v.row_values.value(n)
         body = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
@@ -229,8 +222,8 @@ class _Builder(red.Builder):
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
         loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
-            ir.Decl("mf_pos", "uint", ir.Binary("+", ir.Var("mf_base"), ir.Var("mf_k"))),
-            ir.If(ir.Binary("<", pos, self.size(self.axis)), body)], unroll=True)]
+            ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k")),
+            ir.If(pos < self.size(self.axis), body)], unroll=True)]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
@@ -243,17 +236,15 @@ class _Builder(red.Builder):
             st = self.out_stype(k)
             arr = ir.Var(f"mf_reg_{self.out_names[k]}")
             rb = self.row_base(self.out_names[k], o.axes)
-            start = ir.Binary("+", ir.Binary("+", rb, ir.Cast(IDX, base)),
-                              ir.Binary("*", ir.Var("mf_c"), ir.Lit(vw, IDX)))
-            lanes = tuple(ir.Lane(arr, ir.Binary("+", ir.Binary("*", ir.Var("mf_c"),
-                                                                ir.Lit(vw, "uint")),
-                                                 ir.Lit(j, "uint"))) for j in range(vw))
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
+            first = ir.Var("mf_c") * ir.Lit(vw, "uint")
+            lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
                 ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
                 unroll=True))
-            pos = ir.Binary("+", base, ir.Var("mf_k"))
-            sca.append(ir.If(ir.Binary("<", pos, self.size(self.axis)), [
-                ir.Store(self.out_names[k], ir.Binary("+", rb, ir.Cast(IDX, pos)),
+            pos = base + ir.Var("mf_k")
+            sca.append(ir.If(pos < self.size(self.axis), [
+                ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
                          ir.Lane(arr, ir.Var("mf_k")))]))
         scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca, unroll=True)]
         if vw > 1:
@@ -274,17 +265,18 @@ class _Builder(red.Builder):
         stores: list[ir.Stmt] = []
         reads: list[ir.Stmt] = []
         second: list[ir.Stmt] = []
-        have = ir.Binary("<", lane, ir.Var("mf_nsg"))
+        have = lane < ir.Var("mf_nsg")
         for r in reds:
-            self.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
-                                               else "float", SIMD_WIDTH, "threadgroup"))
+            self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type
+                                                 if r.online_max is None else "float",
+                                                 SIMD_WIDTH, "threadgroup"))
             stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), sg), ir.Var(r.acc)))
             ident_v = ir.Lit(0.0, "float") if r.online_max is not None else red.identity(r)
             reads.append(ir.Assign(ir.Var(r.acc), ir.Select(
                 have, ir.Lane(ir.Var(f"mf_tg{r.i}"), lane), ident_v)))
             if r.has_index:
-                self.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
-                                                   "threadgroup"))
+                self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
+                                                     "threadgroup"))
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), sg), ir.Var(r.idx)))
                 reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
                     have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(red.SENTINEL, "uint"))))
@@ -292,86 +284,89 @@ class _Builder(red.Builder):
                 second += red.simd_combine(r)
         out += [ir.Comment("across simdgroups: one partial per simdgroup through threadgroup "
                            "memory, then a second simd reduction in every simdgroup"),
-                ir.If(ir.Binary("==", lane, ir.Lit(0, "uint")), stores), ir.Barrier()]
+                ir.If(lane.eq(ir.Lit(0, "uint")), stores), ir.Barrier()]
         out += reads + second
         return out
 
     # -- one variant -----------------------------------------------------------------------
-    def kernel(self, variant: str) -> tuple[ir.Kernel, dict]:
+    def kernel(self, v: red.Variant) -> ir.Kernel:
         g = self.g
+        looped = v.name == "looped"
         # the looped variant adds thousands of elements per thread: compensated sums
-        reds = red.phases(g, online=(variant == "looped"), compensated=(variant == "looped"))
-        nph = 1 + max(r.phase for r in reds)
-        self.pre: list[ir.Stmt] = []
-        self.pre_names: set[str] = set()
-        self.tg_arrays: list[ir.Stmt] = []
-        self.rowlow = ElementLowering(g, self.row_load, self.row_pos_only, self.size,
-                                      lambda s: self.names[s], prefix="mf_r")
+        reds = red.phases(g, online=looped, compensated=looped)
         self.helpers |= red.helpers_of(reds, simd=True) - {"mf_online_merge"}
-        looped = variant == "looped"
-        passes: dict[str, int] = {}
-        loaded: set[str] = set()
-        main: list[ir.Stmt] = []
-        R = self.R
-
-        def section(roots, rs, outs, title) -> None:
-            row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
-            main.append(ir.Comment(title))
-            main.extend(row_stmts)
-            if rs:
-                for r in rs:
-                    main.extend(red.declare(r))
-            regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R)
-                    for k in outs]
-            body: list[ir.Stmt] = []
-            new = [t for t in tensors if looped or t not in loaded]
-            for t in new:
-                passes[t] = passes.get(t, 0) + 1
-            if looped:
-                body += [ir.Decl("mf_base", "uint", ir.Binary("*", ir.Binary(
-                    "+", ir.Binary("*", ir.Var("mf_j"), ir.Var("mf_tpg")), ir.Var("mf_t")),
-                    ir.Lit(R, "uint")))]
-                if new:
-                    body += self.load_block(new, declare=True)
-                body += regs
-            else:
-                if new:
-                    main.extend(self.load_block(new, declare=True))
-                    loaded.update(new)
-                main.extend(regs)
-            body += [ir.Comment(f"each of this thread's {R} elements")] + loop
-            if outs:
-                body += self.store_block(outs)
-            if looped:
-                main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
-            else:
-                main.extend(body)
-            if rs:
-                main.extend(red.finish(rs))
-                main.extend(self.combine(rs, variant))
-                for r in rs:
-                    self.rowlow.values[id(r.node)] = red.result(r)
-
-        for p in range(nph):
+        for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
             desc = ", ".join(self._desc(r) for r in rs)
-            section(roots, rs, [], f"phase {p + 1}: {desc}")
+            self.section(v, roots, rs, [], f"phase {p + 1}: {desc}")
+        self.epilogue(v)
+        threads, head = self.header(v.name)
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(g, self.index64, threads, body, self._summary(v.name, reds), v.name)
+
+    def section(self, v: red.Variant, roots: list[Node], rs: list[red.Reduction],
+                outs: list[int], title: str) -> None:
+        """One pass over the row: load the inputs it needs (once per row in the register
+        variants, per chunk in the looped one), compute element values, fold the reductions
+        `rs` and store the outputs `outs`; then combine `rs` across the row."""
+        R, looped = self.R, v.name == "looped"
+        row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
+        v.main.append(ir.Comment(title))
+        v.main.extend(row_stmts)
+        for r in rs:
+            v.main.extend(red.declare(r))
+        regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R) for k in outs]
+        body: list[ir.Stmt] = []
+        new = [t for t in tensors if looped or t not in v.loaded]
+        for t in new:
+            v.passes[t] = v.passes.get(t, 0) + 1
+        if looped:
+            thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
+            body += [ir.Decl("mf_base", "uint", thread * ir.Lit(R, "uint"))]
+            if new:
+                body += self.load_block(new, declare=True)
+            body += regs
+        else:
+            if new:
+                v.main.extend(self.load_block(new, declare=True))
+                v.loaded.update(new)
+            v.main.extend(regs)
+        body += [ir.Comment(f"each of this thread's {R} elements")] + loop
+        if outs:
+            body += self.store_block(outs)
+        if looped:
+            v.main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
+        else:
+            v.main.extend(body)
+        if rs:
+            v.main.extend(red.finish(rs))
+            v.main.extend(self.combine(rs, v.name))
+            for r in rs:
+                v.row_values.values[r.node] = red.result(r)
+
+    def epilogue(self, v: red.Variant) -> None:
+        """The outputs: those along the row in one more section; one value per row stored by
+        the row's first thread."""
+        g = self.g
         el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.axis in o.axes]
         row_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
         if el_outs:
-            section([g.outputs[k].node for k in el_outs], [], el_outs,
-                    "epilogue: compute and store the outputs along the row")
+            self.section(v, [g.outputs[k].node for k in el_outs], [], el_outs,
+                         "epilogue: compute and store the outputs along the row")
         if row_outs:
-            stmts = self.rowlow.lower([g.outputs[k].node for k in row_outs])
-            stores = []
+            stmts = v.row_values.lower([g.outputs[k].node for k in row_outs])
+            stores: list[ir.Stmt] = []
             for k in row_outs:
                 stores.append(ir.Store(self.out_names[k], self.row_base(
-                    self.out_names[k], g.outputs[k].axes), self.out_value(k, self.rowlow)))
-            main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
-            main += stmts + [ir.If(ir.Binary("==", ir.Var("mf_t"), ir.Lit(0, "uint")), stores)]
+                    self.out_names[k], g.outputs[k].axes), self.out_value(k, v.row_values)))
+            v.main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
+            v.main += stmts + [ir.If(ir.Var("mf_t").eq(ir.Lit(0, "uint")), stores)]
 
-        # -- header: thread positions, the row, sizes -----------------------------------
+    def header(self, variant: str) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+        """(thread inputs, statements placing the thread): its row, its index in the row,
+        where its elements start, the chunk count (looped) and whether vector loads apply."""
+        R = self.R
         head: list[ir.Stmt] = []
         threads = [ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
@@ -381,9 +376,8 @@ class _Builder(red.Builder):
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
             head += [ir.Comment("one simdgroup per row (rows per threadgroup: set at launch)"),
-                     ir.Decl("mf_row", "uint", ir.Binary("/", ir.Var("mf_tid"),
-                                                         ir.Lit(SIMD_WIDTH, "uint"))),
-                     ir.If(ir.Binary(">=", ir.Cast(IDX, ir.Var("mf_row")), self.span(self.outer)),
+                     ir.Decl("mf_row", "uint", ir.Var("mf_tid") / ir.Lit(SIMD_WIDTH, "uint")),
+                     ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.outer),
                            [ir.Return()]),
                      ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
         else:
@@ -391,37 +385,18 @@ class _Builder(red.Builder):
             head += [ir.Comment("one threadgroup per row"),
                      ir.Decl("mf_row", "uint", ir.Var("mf_group")),
                      ir.Decl("mf_t", "uint", ir.Var("mf_lid")),
-                     ir.Decl("mf_nsg", "uint", ir.Binary("/", ir.Binary(
-                         "+", ir.Var("mf_tpg"), ir.Lit(SIMD_WIDTH - 1, "uint")),
-                         ir.Lit(SIMD_WIDTH, "uint")))]
+                     ir.Decl("mf_nsg", "uint", (ir.Var("mf_tpg") + ir.Lit(SIMD_WIDTH - 1, "uint")) /
+                             ir.Lit(SIMD_WIDTH, "uint"))]
         if variant != "looped":
-            head.append(ir.Decl("mf_base", "uint", ir.Binary("*", ir.Var("mf_t"),
-                                                             ir.Lit(R, "uint"))))
+            head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(R, "uint")))
         else:
-            span = ir.Binary("*", ir.Var("mf_tpg"), ir.Lit(R, "uint"))
-            head.append(ir.Decl("mf_chunks", "uint", ir.Binary("/", ir.Binary(
-                "+", ir.Cast("uint", self.size(self.axis)), ir.Binary("-", span, ir.Lit(1, "uint"))),
-                span)))
+            span = ir.Var("mf_tpg") * ir.Lit(R, "uint")
+            length = ir.Cast("uint", self.size(self.axis))
+            head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
         if self.vw > 1:
-            head.append(ir.Decl("mf_vec_ok", "bool", ir.Binary("==", ir.Binary(
-                "%", self.size(self.axis), ir.Lit(self.vw, IDX)), ir.Lit(0, IDX))))
-        body = list(self.tg_arrays) + head + self.pre + main
-        tags = _host_name(g, self.index64)
-        kernel = ir.Kernel(
-            name=f"mf_{g.name}_{variant}",
-            op=g.name,
-            template=(*self.tvars.keys(), IDX),
-            instances=(ir.Instance(f"{tags}_{variant}",
-                                   (*(d.msl for d in self.tvars.values()),
-                                    "ulong" if self.index64 else "uint")),),
-            params=(),
-            threads=tuple(threads),
-            body=body,
-            helpers=(),
-            summary=self._summary(variant, reds),
-        )
-        tg_bytes = sum(4 * a.length for a in self.tg_arrays)
-        return kernel, passes, tg_bytes
+            whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
+            head.append(ir.Decl("mf_vec_ok", "bool", whole))
+        return tuple(threads), head
 
     @staticmethod
     def _desc(r: red.Reduction) -> str:

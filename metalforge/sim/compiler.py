@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from ..errors import MetalforgeError
 from .parse import Kernel, Param, ParseError, parse
 from .rewrite import rewrite
 from .trampoline import cpu_trampolines, entry_symbol
@@ -42,7 +43,7 @@ COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing",
 FORMAT_VERSION = "1"
 
 
-class CompilerNotFound(RuntimeError):
+class CompilerNotFound(MetalforgeError, RuntimeError):
     pass
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import MetalforgeError
 from .compiler import build, engine_library
 from .parse import Kernel as KernelSig, Param, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
@@ -77,7 +78,7 @@ def _load_engine():
     return _engine
 
 
-class KernelError(RuntimeError):
+class KernelError(MetalforgeError, RuntimeError):
     """A simulated kernel failed at run time (fault, out-of-bounds access, barrier divergence)."""
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..errors import MetalforgeError
+
 # Thread-position attributes a kernel parameter may carry (MSL spec, "Kernel function input
 # attributes").  thread_execution_width is the older spelling of threads_per_simdgroup.
 POSITION_ATTRS = frozenset({
@@ -43,7 +45,7 @@ ADDRESS_SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_im
                   "ray_data", "object_data")
 
 
-class ParseError(Exception):
+class ParseError(MetalforgeError):
     """The source has a kernel the simulator cannot run (message says why and where)."""
 
 

@@ -3,7 +3,7 @@
 For each compiled variant of the kernel (a dtype for each dtype variable x a value for each
 `mf.Const`), hypothesis draws sizes for every named dim, values from several families, memory
 layouts and runtime scalars; the kernel runs on the chosen backend and its outputs are compared
-with ``kernel.reference`` under the policy of `metalforge.testing.tolerance`. The first failure
+with ``kernel.reference`` under the policy of `metalforge.tolerance`. The first failure
 is shrunk and raised as an AssertionError whose message holds the example, the breach and the
 generated MSL.
 """
@@ -22,7 +22,7 @@ from .. import dtypes as _dtypes
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam
 from . import faults, strategies as S
 from .profiles import Profile, profile as _profile
-from .tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
+from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
 
 _PREFERRED = ("f32", "f16", "bf16", "i32", "u32", "i16", "u16", "i8", "u8", "bool")

@@ -16,10 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
+from ..errors import MetalforgeError
 from ..graph import ConstParam, ScalarParam, TensorParam
 
 
-class GenError(ValueError):
+class GenError(MetalforgeError, ValueError):
     """Bad input to the generator (no such file, nothing to test, would overwrite)."""
 
 

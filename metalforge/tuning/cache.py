@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam
+from ..schedule.policy import TUNABLE
 
 VERSION = 1
 FILE_NAME = "autotune.json"
@@ -247,5 +248,4 @@ def tuned_launch(graph: Graph, backend: str, sizes: Mapping[str, int],
     cache = default_cache()
     if not cache.entries:
         return None
-    from ..schedule.policy import TUNABLE
     return cache.launch_for(key_for(graph, backend, sizes), TUNABLE.get(family, ()))

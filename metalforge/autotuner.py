@@ -1,7 +1,7 @@
 """`mf.autotune`: try launch configurations of one kernel on example arguments, check each
 against the reference, time them where timings mean something, and remember the fastest.
 
-    result = mf.autotune(rms_norm, x, w)          # candidates: a small grid (see sweep.SWEEP)
+    result = mf.autotune(rms_norm, x, w)      # candidates: a small grid (tuning.sweep.SWEEP)
     print(result)                                  # every candidate, its time, the winner
     rms_norm(x, w)                                 # later calls use the winner automatically
 
@@ -25,20 +25,20 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
 import torch
 
-from .. import runtime
-from ..schedule import family as family_of
-from ..schedule.policy import TUNABLE, LaunchError, resolve
-from ..shapes import bind_shapes
-from .cache import TuneKey, default_cache, device_name, key_for
-from .launch import NOT_TUNED, check_options, merge
-from .sweep import grid
+from ._version import __version__
+from .errors import CandidateMismatch
+from .frontend.kernel import Kernel
+from .runtime.backends import current_backend
+from .runtime.launcher import dispatch, prepare, run
+from .schedule import family as family_of
+from .schedule.policy import TUNABLE, LaunchError, resolve
+from .shapes import bind_shapes
+from .tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, tolerance
+from .tuning.cache import TuneKey, default_cache, device_name, key_for
+from .tuning.launch import NOT_TUNED, check_options, merge
+from .tuning.sweep import grid
 
 TIMED_BACKENDS = ("mps",)
-
-
-class CandidateMismatch(AssertionError):
-    """Launch configurations that gave a result different from the reference (a metalforge
-    bug: please report it with the message)."""
 
 
 @dataclass
@@ -170,7 +170,6 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     Raises LaunchError for a candidate that cannot apply (before anything runs) and
     CandidateMismatch if any candidate disagrees with the reference.
     """
-    from ..frontend.kernel import Kernel
     if not isinstance(kernel, Kernel):
         raise TypeError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
     where = f"mf.autotune({kernel.name})"
@@ -179,7 +178,7 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     graph = kernel.graph(*args, **kwargs)
     values = _values(kernel, graph, args, kwargs)
     tensors = {t.name: values[t.name] for t in graph.tensors}
-    backend = kernel.backend or runtime.current_backend(tensors.values())
+    backend = kernel.backend or current_backend(tensors.values())
     fam = family_of(graph)
     pinned = dict(kernel.launch or {})
     trials = [Trial(c, "ok") for c in _candidates(fam, pinned, candidates, where)]
@@ -194,7 +193,7 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     for i, t in enumerate(trials):
         bar.step(i, t.describe())
         try:
-            got = runtime.run(graph, values, backend=backend, launch=t.launch)
+            got = run(graph, values, backend, t.launch)
         except LaunchError as e:        # this pipeline cannot take it (e.g. its thread limit)
             t.status, t.detail = "skipped", str(e)
             continue
@@ -206,12 +205,11 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
             t.status = "wrong"
             continue
         if timer is not None:
-            from ..runtime.launcher import prepare
-            k, a, kw, _ = prepare(graph, values, backend, t.launch)
+            ready, _ = prepare(graph, values, backend, t.launch)
             # candidates that end up as the same kernel and dispatch are timed once
-            effect = (id(k), str(kw["threads"]), str(kw["group_size"]))
+            effect = (id(ready.kernel), ready.threads, ready.group_size)
             if effect not in timed:
-                timed[effect] = timer(lambda: k(*a, **kw))
+                timed[effect] = timer(lambda: dispatch(ready))
             t.seconds = timed[effect]
     bar.step(len(trials), "done")
 
@@ -295,8 +293,7 @@ def _candidates(fam: str, pinned: dict, candidates, where: str) -> list[dict[str
     return out
 
 
-def _tolerance(graph, sizes, values):
-    from ..testing.tolerance import lowest_precision, magnitude, reduction_length, tolerance
+def _tolerance(graph, sizes, values) -> Tolerance:
     floats = [n.dtype for n in graph.nodes()] + [o.dtype for o in graph.outputs] + \
         [t.dtype for t in graph.tensors]
     return tolerance(lowest_precision(floats), reduction_length=reduction_length(graph, sizes),
@@ -304,7 +301,6 @@ def _tolerance(graph, sizes, values):
 
 
 def _mismatch(got, expected: tuple, tol) -> str:
-    from ..testing.tolerance import compare
     got = got if isinstance(got, tuple) else (got,)
     if len(got) != len(expected):
         return f"returned {len(got)} outputs, the reference {len(expected)}"
@@ -316,11 +312,10 @@ def _mismatch(got, expected: tuple, tol) -> str:
 
 
 def _entry(best: Trial, result: TuneResult, pinned: Mapping[str, Any]) -> dict[str, Any]:
-    import metalforge
     default_s = result.trial(result.default).seconds
     return {"launch": {k: v for k, v in best.launch.items() if k not in pinned},
             "kernel": result.kernel, "time_ms": best.seconds * 1e3,
             "default_ms": default_s * 1e3 if default_s else None,
-            "candidates": len(result.trials), "metalforge": metalforge.__version__,
+            "candidates": len(result.trials), "metalforge": __version__,
             "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

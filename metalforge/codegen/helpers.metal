@@ -1,0 +1,260 @@
+// Metal helper functions of metalforge's generated kernels. A kernel's source includes the
+// ones it calls, each once, above the kernel (metalforge/codegen/msl.py reads this file:
+// each helper is the text from its `// helper: NAME` line to the next such line).
+#include <metal_stdlib>
+using namespace metal;
+
+// helper: mf_erf
+// erf (MSL has none): for |x| < 2.5 the all-positive series
+//   erf(x) = 2/sqrt(pi) * exp(-x^2) * sum_n (2x^2)^n x / (1*3*...*(2n+1));
+// beyond, erfc from its continued fraction
+//   erfc(a) = exp(-a^2)/sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ...)))).
+inline float mf_erf(float x) {
+    const float mf_a = abs(x);
+    if (isnan(x)) {
+        return x;
+    }
+    if (mf_a >= 4.0f) {
+        return copysign(1.0f, x);
+    }
+    const float mf_e = precise::exp(-x * x);
+    if (mf_a < 2.5f) {
+        const float mf_x2 = 2.0f * x * x;
+        float mf_term = x;
+        float mf_sum = x;
+        for (int mf_n = 1; mf_n < 60; ++mf_n) {
+            mf_term *= mf_x2 / float(2 * mf_n + 1);
+            mf_sum += mf_term;
+            if (abs(mf_term) < 1e-9f * abs(mf_sum)) {
+                break;
+            }
+        }
+        return 1.1283791670955126f * mf_e * mf_sum;
+    }
+    float mf_f = mf_a;
+    for (int mf_n = 30; mf_n >= 1; --mf_n) {
+        mf_f = mf_a + (0.5f * float(mf_n)) / mf_f;
+    }
+    const float mf_erfc = mf_e / (1.7724538509055160f * mf_f);
+    return copysign(1.0f - mf_erfc, x);
+}
+
+// helper: mf_maximum
+// maximum/minimum propagating NaN, as torch does
+template <typename F>
+inline F mf_maximum(F a, F b) {
+    if (a != a) {
+        return a;
+    }
+    if (b != b) {
+        return b;
+    }
+    return a > b ? a : b;
+}
+
+// helper: mf_minimum
+template <typename F>
+inline F mf_minimum(F a, F b) {
+    if (a != a) {
+        return a;
+    }
+    if (b != b) {
+        return b;
+    }
+    return a < b ? a : b;
+}
+
+// helper: mf_pow
+// pow with torch's sign for a negative base and an integral exponent
+inline float mf_pow(float a, float b) {
+    if (a < 0.0f && b == floor(b)) {
+        const float mf_r = precise::pow(-a, b);
+        return fmod(b, 2.0f) != 0.0f ? -mf_r : mf_r;
+    }
+    return precise::pow(a, b);
+}
+
+// helper: mf_ipow
+// integer power by squaring (exponent >= 0), wrapping at I's width as torch does (the products
+// are taken in ulong: signed overflow is undefined in MSL)
+template <typename I>
+inline I mf_ipow(I a, I b) {
+    I mf_r = 1;
+    while (b > 0) {
+        if (b & 1) {
+            mf_r = I(ulong(mf_r) * ulong(a));
+        }
+        a = I(ulong(a) * ulong(a));
+        b >>= 1;
+    }
+    return mf_r;
+}
+
+// helper: mf_shl
+// a << b as torch computes it: 0 when b is negative or at least I's width (undefined in MSL);
+// the shift is taken in ulong (shifting a negative value is undefined too), wrapped to I
+template <typename I>
+inline I mf_shl(I a, I b) {
+    if (b < I(0) || b >= I(sizeof(I) * 8)) {
+        return I(0);
+    }
+    return I(ulong(a) << ulong(b));
+}
+
+// helper: mf_shr
+// a >> b as torch computes it: arithmetic for signed I; a shift by a negative amount or by I's
+// width or more gives -1 for a negative a and 0 otherwise (undefined in MSL)
+template <typename I>
+inline I mf_shr(I a, I b) {
+    if (b < I(0) || b >= I(sizeof(I) * 8)) {
+        return a < I(0) ? I(-1) : I(0);
+    }
+    return I(a >> b);
+}
+
+// helper: mf_remainder
+// integer remainder with the sign of the divisor (torch.remainder)
+template <typename I>
+inline I mf_remainder(I a, I b) {
+    if (I(-1) < I(0) && b == I(-1)) {
+        // anything % -1 is 0 (min % -1 overflows the hardware division)
+        return I(0);
+    }
+    const I mf_r = a % b;
+    return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;
+}
+
+// helper: mf_fremainder
+// float remainder with the sign of the divisor (torch.remainder)
+inline float mf_fremainder(float a, float b) {
+    const float mf_r = fmod(a, b);
+    return (mf_r != 0.0f && ((mf_r < 0.0f) != (b < 0.0f))) ? mf_r + b : mf_r;
+}
+
+// helper: mf_floordiv
+// integer division rounding toward -infinity (torch.floor_divide)
+template <typename I>
+inline I mf_floordiv(I a, I b) {
+    if (I(-1) < I(0) && b == I(-1)) {
+        // a // -1 is -a, wrapping: min // -1 == min as in torch (the hardware division overflows)
+        return I(0ul - ulong(a));
+    }
+    const I mf_q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
+}
+
+// helper: mf_simd_max
+// simdgroup max/min propagating NaN, as torch.amax/amin do (Metal's simd_max/min skip NaN)
+inline float mf_simd_max(float x) {
+    const bool mf_nan = simd_any(x != x);
+    const float mf_m = simd_max(x);
+    return mf_nan ? NAN : mf_m;
+}
+
+// helper: mf_simd_min
+inline float mf_simd_min(float x) {
+    const bool mf_nan = simd_any(x != x);
+    const float mf_m = simd_min(x);
+    return mf_nan ? NAN : mf_m;
+}
+
+// helper: mf_simd_argmax
+// simdgroup argmax/argmin: returns the smallest index holding the extreme value (a NaN counts as
+// the extreme, as in torch.argmax/argmin); v becomes that value, in every lane
+inline uint mf_simd_argmax(thread float& v, uint i) {
+    const bool mf_nan = simd_any(v != v);
+    const float mf_m = simd_max(v);
+    const bool mf_hit = mf_nan ? v != v : v == mf_m;
+    v = mf_nan ? NAN : mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}
+
+// helper: mf_simd_argmin
+inline uint mf_simd_argmin(thread float& v, uint i) {
+    const bool mf_nan = simd_any(v != v);
+    const float mf_m = simd_min(v);
+    const bool mf_hit = mf_nan ? v != v : v == mf_m;
+    v = mf_nan ? NAN : mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}
+
+// helper: mf_simd_iargmax
+// integer argmax/argmin over a simdgroup: the smallest index holding the extreme value
+template <typename V>
+inline uint mf_simd_iargmax(thread V& v, uint i) {
+    const V mf_m = simd_max(v);
+    const bool mf_hit = v == mf_m;
+    v = mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}
+
+// helper: mf_simd_iargmin
+template <typename V>
+inline uint mf_simd_iargmin(thread V& v, uint i) {
+    const V mf_m = simd_min(v);
+    const bool mf_hit = v == mf_m;
+    v = mf_m;
+    return simd_min(mf_hit ? i : 0xFFFFFFFFu);
+}
+
+// helper: mf_sum_add
+// compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
+// so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
+// the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
+// math may reassociate (s - t) + x to 0. An inf or NaN sum collects no error term.
+inline float mf_sum_add(thread float& c, float s, float x) {
+    const float mf_t = s + x;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(x) ? (s - mf_t) + x : (x - mf_t) + s;
+    }
+    return mf_t;
+}
+
+// helper: mf_online_add
+// online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
+// sum (and its compensation term c, see the compensated sum below) when the max grows; returns
+// the new sum. The terms are those of the two-pass sum(exp(x - max(x))): a -inf element adds
+// nothing while the max is -inf (if the max stays -inf the whole sum is NaN, fixed after the
+// combine), +inf and NaN give NaN, as in torch. Each term is added with Neumaier compensation:
+// the rounding error of s + e goes to c, which the caller adds to s at the end.
+inline float mf_online_add(thread float& m, thread float& c, float s, float x) {
+    float mf_e;
+    if (x > m || x != x) {
+        const float mf_scale = precise::exp(m - x);
+        s = s * mf_scale;
+        c = c * mf_scale;
+        mf_e = precise::exp(x - x);
+        m = x;
+    } else if (x == m && x == -INFINITY) {
+        return s;
+    } else {
+        mf_e = precise::exp(x - m);
+    }
+    const float mf_t = s + mf_e;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(mf_e) ? (s - mf_t) + mf_e : (mf_e - mf_t) + s;
+    }
+    return mf_t;
+}
+
+// helper: mf_online_merge
+// merge running (max, sum of exp(x - max)) pairs: returns s * exp(m - M) + s2 * exp(m2 - M)
+// (an empty sum adds nothing) and sets m to M = max(m, m2), NaN-propagating
+inline float mf_online_merge(thread float& m, float s, float m2, float s2) {
+    const float mf_m = (m != m || m2 != m2) ? NAN : max(m, m2);
+    s = (s == 0.0f ? 0.0f : s * precise::exp(m - mf_m)) +
+        (s2 == 0.0f ? 0.0f : s2 * precise::exp(m2 - mf_m));
+    m = mf_m;
+    return s;
+}
+
+// helper: mf_simd_online
+// merge running (max, sum of exp(x - max)) pairs across a simdgroup; returns the sum, sets m
+inline float mf_simd_online(thread float& m, float s) {
+    const bool mf_nan = simd_any(m != m);
+    const float mf_top = simd_max(m);
+    const float mf_m = mf_nan ? NAN : mf_top;
+    s = simd_sum(s == 0.0f ? 0.0f : s * precise::exp(m - mf_m));
+    m = mf_m;
+    return s;
+}

@@ -1,0 +1,64 @@
+"""The errors metalforge raises for a user's mistake, all in one place.
+
+Each derives from `MetalforgeError` (catch every metalforge error with it) and from the builtin
+class that says what kind of mistake it is, so `except ValueError` / `except TypeError` keep
+working. Messages name the kernel, the user's file:line, the argument or buffer, and what would
+be right. (The simulator's `KernelError`, `CompilerNotFound` and `ParseError`, and the test
+generator's `GenError`, derive from `MetalforgeError` too.)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+Loc = tuple[str, int]                  # (the user's file, line)
+
+
+def at(loc: Optional[Loc]) -> str:
+    """How messages point into the user's code: " at file.py:12" (nothing when unknown)."""
+    return f" at {loc[0]}:{loc[1]}" if loc else ""
+
+
+def kernel_at(name: str, loc: Optional[Loc]) -> str:
+    """How messages name a kernel: "kernel 'silu' (file.py:12)"."""
+    return f"kernel '{name}'" + (f" ({loc[0]}:{loc[1]})" if loc else "")
+
+
+
+class MetalforgeError(Exception):
+    """Base of every error metalforge raises for a user's mistake."""
+
+
+class AnnotationError(MetalforgeError, ValueError):
+    """A malformed or unsupported annotation. `column` is the offending character's offset."""
+    column: int = 0
+    annotation: str = ""
+
+
+class TraceError(MetalforgeError, TypeError):
+    """The kernel body does something the DSL cannot trace (data-dependent control flow,
+    unknown function, bad axis, type promotion torch refuses, ...)."""
+
+
+class BindingError(MetalforgeError, TypeError):
+    """Arguments that do not fit the kernel's signature or annotations."""
+
+
+class ShapeError(MetalforgeError, ValueError):
+    """A tensor argument's shape does not fit its annotation (or other arguments)."""
+
+
+class DeviceError(MetalforgeError, ValueError):
+    """Tensor arguments on a device metalforge cannot run on, or on different devices."""
+
+
+class UnsupportedConstruct(MetalforgeError, ValueError):
+    """A graph construct this schedule cannot lower (names the construct and the user's line)."""
+
+
+class LaunchError(MetalforgeError, ValueError):
+    """A launch configuration that cannot run (checked on the host before any launch)."""
+
+
+class CandidateMismatch(MetalforgeError, AssertionError):
+    """Launch configurations that gave a result different from the reference (a metalforge
+    bug: please report it with the message)."""

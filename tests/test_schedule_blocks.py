@@ -1,0 +1,52 @@
+"""Schedule building blocks, each on its own: the one ir.Kernel constructor, per-variant state
+of the reduction builders, the elementwise vector-path condition."""
+import metalforge as mf
+from metalforge import ir, schedule
+from metalforge.schedule.base import host_name, make_kernel
+
+
+@mf.kernel
+def scaled(x: "T[R, D]", w: "T[D]", k: mf.Const[int]):
+    return x * w * k
+
+
+@mf.kernel
+def layer_norm(x: "T[R, D]"):
+    mu = mf.mean(x, axis="D")
+    var = mf.mean((x - mu) ** 2, axis="D")
+    return (x - mu) * mf.rsqrt(var + 1e-5)
+
+
+def test_make_kernel_names_template_and_instance():
+    g = scaled.graph(T="f16", k=3)
+    threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),)
+    k = make_kernel(g, False, threads, [ir.Return()], "a summary")
+    assert (k.name, k.op, k.template) == ("mf_scaled", "scaled", ("T", "mf_index_t"))
+    assert k.instances == (ir.Instance("scaled_f16_k_3", ("half", "uint")),)
+    k64 = make_kernel(g, True, threads, [], "", variant="looped")
+    assert k64.name == "mf_scaled_looped"
+    assert k64.instances[0] == ir.Instance("scaled_f16_k_3_idx64_looped", ("half", "ulong"))
+    assert host_name(g, True) == "scaled_f16_k_3_idx64"
+
+
+def test_each_row_variant_keeps_its_own_state():
+    s = schedule.plan(layer_norm.graph(T="f32"))
+    # two phases (mean, then variance) and an epilogue: registers read x once per row, the
+    # looped variant streams it once per phase and once more for the outputs
+    assert s.passes["simd"] == {"x": 1} and s.passes["group"] == {"x": 1}
+    assert s.passes["looped"] == {"x": 3}
+    # threadgroup scratch only where partials cross simdgroups, declared per variant
+    tg = {v: [st for st in k.body if isinstance(st, ir.ArrayDecl) and st.space == "threadgroup"]
+          for v, k in s.variants.items()}
+    assert tg["simd"] == [] and len(tg["group"]) == 2 and len(tg["looped"]) == 2
+    # one parameter list and helper set shared by the variants
+    assert len({k.params for k in s.kernels}) == 1 and len({k.helpers for k in s.kernels}) == 1
+
+
+def test_vector_condition_checks_broadcast_rows_hold_whole_chunks():
+    s = schedule.plan(scaled.graph(T="f32", k=2), {"vector_width": 4})
+    src = ir.dump(s.kernel)
+    assert "let mf_vec_ok: bool = mf_size_D % 4 == 0" in src
+    assert "if mf_start + 4 <= mf_numel && mf_vec_ok:" in src
+    scalar_only = schedule.plan(scaled.graph(T="f32", k=2), {"vector_width": 1})
+    assert "mf_vec_ok" not in ir.dump(scalar_only.kernel)
