@@ -137,10 +137,11 @@ class Specialisation:
         dev = None
         first = None
         for name, t in tensors.items():
-            if t.device.type not in ("mps", "cpu"):
+            if t.device.type not in ("mps", "cpu", "cuda"):
                 raise DeviceError(f"{self.where}: argument '{name}' is on device "
-                                  f"'{t.device}'; metalforge runs on 'mps' tensors (Metal) or "
-                                  f"'cpu' tensors (the simulator)")
+                                  f"'{t.device}'; metalforge runs on 'mps' tensors (Metal), "
+                                  f"'cuda' tensors (NVIDIA GPUs) or 'cpu' tensors (the "
+                                  f"simulator)")
             if dev is None:
                 dev, first = t.device, name
             elif t.device != dev:
@@ -171,10 +172,11 @@ def _setup(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
     dev = spec.device(tensors)
     be = backend or current_backend(tensors.values())
     if DEVICE_OF[be] != dev.type:
-        hint = ".to('mps')" if be == "mps" else ".cpu()"
+        hint = {"mps": ".to('mps')", "cuda": ".cuda()"}.get(be, ".cpu()")
+        other = {"mps": "mps", "cuda": "cuda"}.get(dev.type, "sim")
         raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
                           f"arguments are on {dev}; move them with {hint} or choose backend "
-                          f"'{'sim' if be == 'mps' else 'mps'}'")
+                          f"'{other}'")
     binding: ShapeBinding = bind_shapes(graph, tensors)
     tuned = tuned_launch(graph, be, binding.sizes, spec.family)  # autotune cache; explicit wins
     if tuned:
