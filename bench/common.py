@@ -71,10 +71,10 @@ def _cuda_graph_time(fn, repeat: int, inner: int = 10) -> float:
 
 
 def copy_time(nbytes: int, device: str, repeat: int) -> float:
-    """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2): the ceiling a
+    """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2, as float32): the ceiling a
     kernel moving that many bytes can approach."""
-    half = max(1, nbytes // 2)
-    src = torch.empty(half, dtype=torch.uint8, device=device)
+    half = max(1, nbytes // 8)
+    src = torch.empty(half, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     return timeit(lambda: dst.copy_(src), device, repeat)
 

@@ -224,12 +224,23 @@ class Kernel:
         self._lib = lib
         self._entry = entry
         self._types = [_scalar(a.elem_type) for a in entry.args]
+        self._on: dict[int, tuple] = {}     # device → (function handle, max threads per group)
 
     def __repr__(self) -> str:
         return f"<metalforge.cuda kernel '{self._entry.host_name}'>"
 
     def _module(self) -> _Module:
         return self._lib.module(torch.cuda.current_device())
+
+    def _compiled(self, device: int) -> tuple:
+        """(function handle, max threads per group) on a device, compiled on first use."""
+        got = self._on.get(device)
+        if got is None:
+            with torch.cuda.device(device):
+                m = self._module()
+                got = self._on[device] = (m.function(self._entry.symbol),
+                                          self.max_threads_per_threadgroup)
+        return got
 
     @property
     def max_threads_per_threadgroup(self) -> int:
@@ -286,39 +297,37 @@ class Kernel:
             if first_numel is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
             grid = [first_numel]
-        with torch.cuda.device(dev_index):
-            mod = self._module()
-            mx = self.max_threads_per_threadgroup
-            if group_size is None:
-                group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
-            else:
-                group = _dims(group_size, "group_size")
-                if len(group) != len(grid):
-                    raise RuntimeError(f"group_size {group_size!r} must have as many "
-                                       f"dimensions as threads {threads!r}")
-            prod = 1
-            for g in group:
-                prod *= g
-            if prod > mx:
-                raise ValueError(f"Threadgroup size exceeds {mx} limit")
-            grid3 = (grid + [1, 1])[:3]
-            group3 = (group + [1, 1])[:3]
-            if any(t == 0 for t in grid3):
-                return
-            if any(g == 0 for g in group3):
-                raise ValueError(f"group_size {group_size!r} has a zero dimension")
-            blocks = [(t + g - 1) // g for t, g in zip(grid3, group3)]
-            if any(b > m for b, m in zip(blocks, _MAX_GRID)) or any(t >= 2 ** 32 for t in grid3):
-                raise ValueError(f"kernel '{name}': threads {grid} in groups of {group} need "
-                                 f"{blocks} blocks, over CUDA's grid limits {list(_MAX_GRID)}")
-            for t in grid3:
-                params.append(ctypes.c_uint32(t))
-            arr = (ctypes.c_void_p * len(params))(
-                *[ctypes.cast(ctypes.byref(p), ctypes.c_void_p) for p in params])
-            stream = torch.cuda.current_stream(dev_index)
-            _check(_libcuda().cuLaunchKernel(mod.function(self._entry.symbol), *blocks,
-                                             *group3, 0, stream._as_parameter_, arr, None),
-                   f"launching kernel '{name}'")
+        func, mx = self._compiled(dev_index)
+        if group_size is None:
+            group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+        else:
+            group = _dims(group_size, "group_size")
+            if len(group) != len(grid):
+                raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
+                                   f"as threads {threads!r}")
+        prod = 1
+        for g in group:
+            prod *= g
+        if prod > mx:
+            raise ValueError(f"Threadgroup size exceeds {mx} limit")
+        grid3 = (grid + [1, 1])[:3]
+        group3 = (group + [1, 1])[:3]
+        if any(t == 0 for t in grid3):
+            return
+        if any(g == 0 for g in group3):
+            raise ValueError(f"group_size {group_size!r} has a zero dimension")
+        blocks = [(t + g - 1) // g for t, g in zip(grid3, group3)]
+        if any(b > m for b, m in zip(blocks, _MAX_GRID)) or any(t >= 2 ** 32 for t in grid3):
+            raise ValueError(f"kernel '{name}': threads {grid} in groups of {group} need "
+                             f"{blocks} blocks, over CUDA's grid limits {list(_MAX_GRID)}")
+        for t in grid3:
+            params.append(ctypes.c_uint32(t))
+        arr = (ctypes.c_void_p * len(params))(
+            *[ctypes.cast(ctypes.byref(p), ctypes.c_void_p) for p in params])
+        stream = torch.cuda.current_stream(dev_index)
+        _check(_libcuda().cuLaunchKernel(func, *blocks, *group3, 0, stream._as_parameter_,
+                                         arr, None),
+               f"launching kernel '{name}'")
 
     def _pointer(self, a, i, spec: Arg, ty, where, casts, dev_index, keep):
         if isinstance(a, (list, tuple)):
