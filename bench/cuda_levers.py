@@ -15,6 +15,10 @@ TUNABLE; "16B" is an experiment on the generated text, not something codegen emi
              generated 2-chunk 8-byte vector loops rewritten to a 16-byte aligned struct access
              (valid MSL; needs rows that are a multiple of 8 elements, as all shapes here are)
   r16+16B    the same with reads_per_thread=16
+  fm         an accuracy experiment, not a proposal as is: precise::exp/log → fast:: and
+             division by a row's sum → multiplication by its reciprocal, to see how much of
+             the gap is arithmetic rather than memory
+  r8+16B+fm, r16+16B+fm   the combinations
 """
 from __future__ import annotations
 
@@ -34,15 +38,20 @@ from metalforge.runtime import launcher  # noqa: E402
 from metalforge.schedule.policy import LaunchError  # noqa: E402
 from reductions import cases  # noqa: E402
 
-CANDIDATES = {
-    "default": ({}, False),
-    "r8": (dict(reads_per_thread=8, looped_limit=8192), False),
-    "r16": (dict(reads_per_thread=16, looped_limit=16384), False),
-    "r16t512": (dict(reads_per_thread=16, threads_per_group=512, looped_limit=8192), False),
-    "rpg4": (dict(rows_per_group=4), False),
-    "rpg16": (dict(rows_per_group=16), False),
-    "r8+16B": (dict(reads_per_thread=8, looped_limit=8192), True),
-    "r16+16B": (dict(reads_per_thread=16, looped_limit=16384), True),
+R8 = dict(reads_per_thread=8, looped_limit=8192)
+R16 = dict(reads_per_thread=16, looped_limit=16384)
+CANDIDATES = {                       # name: (launch overrides, text rewrites of the MSL)
+    "default": ({}, ()),
+    "r8": (R8, ()),
+    "r16": (R16, ()),
+    "r16t512": (dict(reads_per_thread=16, threads_per_group=512, looped_limit=8192), ()),
+    "rpg4": (dict(rows_per_group=4), ()),
+    "rpg16": (dict(rows_per_group=16), ()),
+    "r8+16B": (R8, ("16B",)),
+    "r16+16B": (R16, ("16B",)),
+    "fm": ({}, ("fm",)),
+    "r8+16B+fm": (R8, ("16B", "fm")),
+    "r16+16B+fm": (R16, ("16B", "fm")),
 }
 
 _X8 = ("\n// bench experiment: 16 bytes per access (two 4-vectors, 16-byte aligned)\n"
@@ -71,6 +80,25 @@ def sixteen_bytes(src: str) -> str:
     return out.replace("using namespace metal;\n", "using namespace metal;\n" + _X8, 1)
 
 
+_DIV = re.compile(r"= (\w+) / (mf_acc\d+);")
+
+
+def fast_math(src: str) -> str:
+    src = src.replace("precise::exp(", "fast::exp(").replace("precise::log(", "fast::log(")
+    return _DIV.sub(r"= \1 * (1.0f / \2);", src)
+
+
+REWRITES = {"16B": sixteen_bytes, "fm": fast_math}
+
+
+def rewriter(names):
+    def apply(src: str) -> str:
+        for n in names:
+            src = REWRITES[n](src)
+        return src
+    return apply
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16", "f32"])
@@ -79,12 +107,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", nargs="*", default=["rms_norm", "layer_norm", "softmax",
                                                  "log_softmax", "add_rms_norm"])
     ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--candidates", nargs="*", default=list(CANDIDATES))
+    ap.add_argument("--candidates", nargs="*", default=[n for n in CANDIDATES
+                                                        if "fm" not in n])
     a = ap.parse_args(argv)
     names = a.candidates
     print(f"torch/ours per launch candidate (device cuda, median of {a.repeat} graph replays)")
-    print(f"{'op':<13} {'dtype':>5} {'shape':>11} " + " ".join(f"{n:>8}" for n in names) +
-          f" {'best':>8}")
+    print(f"{'op':<13} {'dtype':>5} {'shape':>11} " + " ".join(f"{n:>{max(8, len(n))}}" for n in names) +
+          f" {'best':>10}")
     ratios: dict[str, list] = {n: [] for n in names}
     best_ratios = []
     for spec in a.sizes:
@@ -96,11 +125,11 @@ def main(argv=None) -> int:
                 theirs = timeit(eager, "cuda", a.repeat)
                 got = {}
                 for n in names:
-                    launch, rewrite = CANDIDATES[n]
-                    if rewrite and dname == "f32":
+                    launch, rewrites = CANDIDATES[n]
+                    if "16B" in rewrites and dname == "f32":
                         continue
                     kk = k.with_launch(**launch) if launch else k
-                    tok = launcher.MSL_REWRITE.set(sixteen_bytes) if rewrite else None
+                    tok = launcher.MSL_REWRITE.set(rewriter(rewrites)) if rewrites else None
                     try:
                         ours = timeit(lambda: kk(*args), "cuda", a.repeat)
                         got[n] = theirs / ours
@@ -114,8 +143,9 @@ def main(argv=None) -> int:
                 best = max(got, key=got.get)
                 best_ratios.append(got[best])
                 print(f"{name:<13} {dname:>5} {spec:>11} " +
-                      " ".join(f"{got[n]:>8.2f}" if n in got else f"{'-':>8}" for n in names) +
-                      f" {best:>8}", flush=True)
+                      " ".join(f"{got[n]:>{max(8, len(n))}.2f}" if n in got else f"{'-':>{max(8, len(n))}}"
+                               for n in names) +
+                      f" {best:>10}", flush=True)
     geo = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))  # noqa: E731
     print("\ngeomean torch/ours per candidate (a case it cannot run counts at default):")
     for n in names:
