@@ -78,8 +78,23 @@ class KernelError(RuntimeError):
     """A CUDA kernel could not be launched (driver error)."""
 
 
+_driver = None
+
+
 def _libcuda():
-    return torch.cuda._utils._get_gpu_runtime_library()
+    """The CUDA driver library, as torch loads it (once: torch's helper reopens it per call)."""
+    global _driver
+    if _driver is None:
+        _driver = torch.cuda._utils._get_gpu_runtime_library()
+    return _driver
+
+
+def _stream_handle(device: int):
+    """torch's current stream on `device`, as a CUstream."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return ctypes.c_void_p(raw(device))
+    return torch.cuda.current_stream(device)._as_parameter_
 
 
 def _check(res: int, what: str) -> None:
@@ -217,6 +232,18 @@ def _pack(values: list, scalar: str, ncomp: int) -> bytes:
     return b"".join((int(v) & ((1 << (8 * size)) - 1)).to_bytes(size, "little") for v in vals)
 
 
+class _Where:
+    """'kernel 'k' argument i 'name' (type)', formatted only when an error message needs it."""
+    __slots__ = ("kernel", "i", "spec")
+
+    def __init__(self, kernel: str, i: int, spec: Arg):
+        self.kernel, self.i, self.spec = kernel, i, spec
+
+    def __format__(self, spec: str) -> str:
+        return (f"kernel '{self.kernel}' argument {self.i} '{self.spec.name}' "
+                f"({self.spec.type_text.strip()})")
+
+
 class Kernel:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
@@ -285,7 +312,7 @@ class Kernel:
         keep: list = []                  # tensors made here live until the launch is queued
         params: list = []
         for i, (a, spec, ty) in enumerate(zip(args, e.args, self._types)):
-            where = f"kernel '{name}' argument {i} '{spec.name}' ({spec.type_text.strip()})"
+            where = _Where(name, i, spec)
             if isinstance(a, torch.Tensor) and first_numel is None:
                 first_numel = a.numel()
             if spec.by_pointer:
@@ -322,10 +349,8 @@ class Kernel:
                              f"{blocks} blocks, over CUDA's grid limits {list(_MAX_GRID)}")
         for t in grid3:
             params.append(ctypes.c_uint32(t))
-        arr = (ctypes.c_void_p * len(params))(
-            *[ctypes.cast(ctypes.byref(p), ctypes.c_void_p) for p in params])
-        stream = torch.cuda.current_stream(dev_index)
-        _check(_libcuda().cuLaunchKernel(func, *blocks, *group3, 0, stream._as_parameter_,
+        arr = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
+        _check(_libcuda().cuLaunchKernel(func, *blocks, *group3, 0, _stream_handle(dev_index),
                                          arr, None),
                f"launching kernel '{name}'")
 
@@ -359,7 +384,6 @@ class Kernel:
                                 f"arg_casts), or declare the parameter as a pointer")
             vals = [a.item()]
             got = _DTYPE_SCALAR.get(a.dtype, "")
-            desc = f"a 0-dim {a.dtype} tensor"
         else:
             vals = list(a) if isinstance(a, (list, tuple)) else [a]
             if not vals or not all(isinstance(v, (int, float)) for v in vals):
@@ -367,9 +391,10 @@ class Kernel:
                                    f"(argument {i})")
             dt = casts.get(i) or (torch.float32 if isinstance(vals[0], float) else torch.int64)
             got = _CAST_SCALAR[dt]
-            desc = (f"a list of {len(vals)} values as {got}" if isinstance(a, (list, tuple))
-                    else f"a Python {type(a).__name__} (bound as {got})")
         if not _compatible(scalar, got):
+            desc = (f"a 0-dim {a.dtype} tensor" if isinstance(a, torch.Tensor) else
+                    f"a list of {len(vals)} values as {got}" if isinstance(a, (list, tuple))
+                    else f"a Python {type(a).__name__} (bound as {got})")
             cast = _CAST_NAME.get(scalar)
             hint = (f"; pass arg_casts={{{i}: '{cast}'}}" if cast
                     else "; pass a value of the parameter's type")
