@@ -71,8 +71,8 @@ def _cuda_graph_time(fn, repeat: int, inner: int = 10) -> float:
 
 
 def copy_time(nbytes: int, device: str, repeat: int) -> float:
-    """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2, as float32): the ceiling a
-    kernel moving that many bytes can approach."""
+    """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2, as float32): the
+    ceiling a kernel moving that many bytes can approach."""
     half = max(1, nbytes // 8)
     src = torch.empty(half, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)

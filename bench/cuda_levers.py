@@ -111,7 +111,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     names = a.candidates
     print(f"torch/ours per launch candidate (device cuda, median of {a.repeat} graph replays)")
-    print(f"{'op':<13} {'dtype':>5} {'shape':>11} " + " ".join(f"{n:>{max(8, len(n))}}" for n in names) +
+    w = {n: max(8, len(n)) for n in names}
+    print(f"{'op':<13} {'dtype':>5} {'shape':>11} " + " ".join(f"{n:>{w[n]}}" for n in names) +
           f" {'best':>10}")
     ratios: dict[str, list] = {n: [] for n in names}
     best_ratios = []
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                 best = max(got, key=got.get)
                 best_ratios.append(got[best])
                 print(f"{name:<13} {dname:>5} {spec:>11} " +
-                      " ".join(f"{got[n]:>{max(8, len(n))}.2f}" if n in got else f"{'-':>{max(8, len(n))}}"
+                      " ".join(f"{got[n]:>{w[n]}.2f}" if n in got else f"{'-':>{w[n]}}"
                                for n in names) +
                       f" {best:>10}", flush=True)
     geo = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))  # noqa: E731

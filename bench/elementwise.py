@@ -1,6 +1,6 @@
 """Elementwise kernels: ours vs torch eager on the same device, bytes moved, achieved GB/s.
 
-    python bench/elementwise.py                 # MPS on a Mac, CUDA on NVIDIA, else CPU (the simulator)
+    python bench/elementwise.py                 # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/elementwise.py --device cuda --dtype f16 f32 --sizes 16384x4096
     python bench/elementwise.py --dtype f32 --sizes 4096x4096
 

@@ -1,15 +1,16 @@
 """Reductions: ours vs torch eager on the same device, bytes moved, achieved GB/s.
 
-    python bench/reductions.py                    # MPS tensors on a Mac, CUDA on NVIDIA, else the simulator
+    python bench/reductions.py              # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/reductions.py --device cuda --dtype f16 f32 --sizes 16384x4096 2048x16384
-    python bench/reductions.py --device cuda --ops softmax --launch reads_per_thread=16 looped_limit=16384
+    python bench/reductions.py --device cuda --ops softmax --launch reads_per_thread=8
 
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
 comparable with the device's copy bandwidth: the copy columns time `copy_` moving the same number
 of bytes (the ceiling), %copy is ours against it, torch/ours > 1 means ours is faster. On CUDA
-both sides are timed as GPU time of CUDA-graph replays (see common.timeit). The variant column says which kernel ran. On the
-simulator the times are only a smoke test of the script (Metal code on CPU fibers).
+both sides are timed as GPU time of CUDA-graph replays (see common.timeit). The variant column
+says which kernel ran. On the simulator the times are only a smoke test of the script (Metal
+code on CPU fibers).
 """
 from __future__ import annotations
 

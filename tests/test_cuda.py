@@ -54,7 +54,8 @@ def test_row_kernels_every_variant(dtype, rows, cols):
     torch.testing.assert_close(softmax(x), torch.softmax(x.float(), -1).to(dtype), **tol)
 
 
-@pytest.mark.parametrize("launch", [dict(rows_per_group=4), dict(threads_per_group=96, looped_limit=384),
+@pytest.mark.parametrize("launch", [dict(rows_per_group=4),
+                                    dict(threads_per_group=96, looped_limit=384),
                                     dict(threads_per_group=64, looped_limit=64)])
 def test_overhang_row_kernels(launch):
     """Grids that the group size does not divide: 5 rows at 4 rows per group (the last group

@@ -27,7 +27,6 @@ from .translate import Arg, Entry, SOURCE_NAME, translate
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 NVRTC_OPTIONS = ["-default-device", "--std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=310"]
-MAX_THREADS = 1024
 SIMD_WIDTH = 32
 _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1

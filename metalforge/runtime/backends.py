@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 BACKENDS = ("mps", "sim", "cuda")
-DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda"}          # the tensor device each backend runs on
+DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda"}  # the tensor device of each backend
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
 
 
