@@ -1,5 +1,5 @@
-"""What the bench scripts share: dtype names, device sync, the median timer and each call's
-schedule (for its byte count)."""
+"""What the bench scripts share: dtype names, device choice and sync, the timers, the copy_
+ceiling and each call's schedule (for its byte count)."""
 from __future__ import annotations
 
 import statistics
@@ -13,16 +13,31 @@ from metalforge.shapes import bind_shapes
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
+def pick_device(name: str | None) -> str:
+    """--device: "mps", "cuda" or "cpu" (the simulator); default: the GPU there is, else cpu."""
+    if name:
+        return name
+    if torch.backends.mps.is_available():
+        return "mps"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def sync(device: str) -> None:
     if device == "mps":
         torch.mps.synchronize()
+    elif device == "cuda":
+        torch.cuda.synchronize()
 
 
 def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
-    """Median seconds per call (synchronised after the warm-up and after each call)."""
+    """Seconds per call. On CUDA: GPU time from CUDA events around replays of a CUDA graph of
+    10 calls (no host launch overhead in it, for ours and torch alike; median over `repeat`
+    replays). Elsewhere: the median wall time of single synchronised calls."""
     for _ in range(warmup):
         fn()
     sync(device)
+    if device == "cuda":
+        return _cuda_graph_time(fn, repeat)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -32,6 +47,38 @@ def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def _cuda_graph_time(fn, repeat: int, inner: int = 10) -> float:
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()                                   # allocations of the side stream, before capture
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / inner)
+    return statistics.median(times)
+
+
+def copy_time(nbytes: int, device: str, repeat: int) -> float:
+    """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2, as float32): the
+    ceiling a kernel moving that many bytes can approach."""
+    half = max(1, nbytes // 8)
+    src = torch.empty(half, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return timeit(lambda: dst.copy_(src), device, repeat)
+
+
 def plan(kernel, args):
     """(schedule, axis sizes) of the call `kernel(*args)` makes: `schedule.traffic(sizes)` is
     its global-memory byte count."""
@@ -39,3 +86,24 @@ def plan(kernel, args):
     values = {p.name: a for p, a in zip(g.params, args)}
     sizes = bind_shapes(g, {p.name: values[p.name] for p in g.tensors}).sizes
     return runtime.schedule_of(g, values, launch=kernel.launch), sizes
+
+
+def parse_launch(items) -> dict:
+    """--launch key=value ... → launch overrides (ints)."""
+    out = {}
+    for it in items or ():
+        k, _, v = it.partition("=")
+        out[k] = int(v)
+    return out
+
+
+HEADER = (f"{'op':<13} {'dtype':>5} {'shape':>11} {'variant':>8} {'bytes':>11} {'ours us':>9} "
+          f"{'torch us':>9} {'copy us':>8} {'ours GB/s':>9} {'copy GB/s':>9} {'%copy':>6} "
+          f"{'torch/ours':>10}")
+
+
+def row(name, dtype, spec, variant, nbytes, ours, theirs, copy) -> str:
+    gbs = lambda s: nbytes / s / 1e9  # noqa: E731
+    return (f"{name:<13} {dtype:>5} {spec:>11} {variant:>8} {nbytes:>11} {ours * 1e6:>9.1f} "
+            f"{theirs * 1e6:>9.1f} {copy * 1e6:>8.1f} {gbs(ours):>9.0f} {gbs(copy):>9.0f} "
+            f"{100 * copy / ours:>5.0f}% {theirs / ours:>9.2f}x")

@@ -1,6 +1,7 @@
 """Elementwise kernels: ours vs torch eager on the same device, bytes moved, achieved GB/s.
 
-    python bench/elementwise.py                 # MPS tensors on a Mac, else CPU (the simulator)
+    python bench/elementwise.py                 # MPS on a Mac, CUDA on NVIDIA, else the simulator
+    python bench/elementwise.py --device cuda --dtype f16 f32 --sizes 16384x4096
     python bench/elementwise.py --dtype f32 --sizes 4096x4096
 
 Bytes are the schedule's own count (each input element read once, each output written once).
@@ -23,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, plan, sync, timeit  # noqa: E402
+from common import (DTYPES, HEADER, copy_time, parse_launch, pick_device, plan, row,  # noqa: E402
+                    sync, timeit)
 from metalforge import runtime  # noqa: E402
 from metalforge.runtime.launcher import Compiled, specialisation  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
@@ -43,32 +45,39 @@ def cases(rows: int, cols: int, dtype, device):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dtype", choices=DTYPES, default="f16")
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16"])
     ap.add_argument("--sizes", nargs="*", default=None,
-                    help="ROWSxCOLS (default: 4096x4096 and 1024x1024 on MPS; 64x1024 on the "
+                    help="ROWSxCOLS (default: 1024x1024 to 8192x8192 on a GPU; 64x1024 on the "
                          "simulator)")
     ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
+    ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
     a = ap.parse_args(argv)
-    device = "mps" if torch.backends.mps.is_available() else "cpu"
+    device = pick_device(a.device)
     sim = device == "cpu"
     sizes = a.sizes or (["64x1024"] if sim else ["1024x1024", "4096x4096", "8192x8192"])
     repeat = a.repeat or (3 if sim else 50)
-    dtype = DTYPES[a.dtype]
+    launch = parse_launch(a.launch)
+    dtype = DTYPES[a.dtype[0]]
     backend = runtime.current_backend([torch.empty(0, device=device)])
-    print(f"device {device}, backend {backend}, dtype {a.dtype}, median of {repeat}" +
-          ("  (simulator: times are a smoke test only)" if sim else ""))
-    print(f"{'op':<11} {'shape':>11} {'bytes':>11} {'ours us':>10} {'torch us':>10} "
-          f"{'ours GB/s':>10} {'torch GB/s':>10}")
+    print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
+          f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
+    print(HEADER)
     for spec in sizes:
         rows, cols = (int(v) for v in spec.lower().split("x"))
-        for name, k, args, eager in cases(rows, cols, dtype, device):
-            s, sz = plan(k, args)
-            traffic = s.traffic(sz)
-            ours = timeit(lambda: k(*args), device, repeat)
-            theirs = timeit(eager, device, repeat)
-            gbs = lambda s: traffic.total / s / 1e9  # noqa: E731
-            print(f"{name:<11} {spec:>11} {traffic.total:>11} {ours * 1e6:>10.1f} "
-                  f"{theirs * 1e6:>10.1f} {gbs(ours):>10.2f} {gbs(theirs):>10.2f}")
+        for dname in a.dtype:
+            for name, k, args, eager in cases(rows, cols, DTYPES[dname], device):
+                if a.ops and name not in a.ops:
+                    continue
+                if launch:
+                    k = k.with_launch(**launch)
+                s, sz = plan(k, args)
+                traffic = s.traffic(sz)
+                ours = timeit(lambda: k(*args), device, repeat)
+                theirs = timeit(eager, device, repeat)
+                copy = copy_time(traffic.total, device, repeat)
+                print(row(name, dname, spec, "-", traffic.total, ours, theirs, copy), flush=True)
 
     # warm-call overhead of the wrapper: each full call minus the time spent inside the
     # compiled-kernel call it makes (on the simulator: the simulator's own launch time)

@@ -1,12 +1,16 @@
 """Reductions: ours vs torch eager on the same device, bytes moved, achieved GB/s.
 
-    python bench/reductions.py                    # MPS tensors on a Mac, else the simulator
-    python bench/reductions.py --dtype f32 --sizes 4096x4096 64x65536
+    python bench/reductions.py              # MPS on a Mac, CUDA on NVIDIA, else the simulator
+    python bench/reductions.py --device cuda --dtype f16 f32 --sizes 16384x4096 2048x16384
+    python bench/reductions.py --device cuda --ops softmax --launch reads_per_thread=8
 
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
-comparable with the device's copy bandwidth. The variant column says which kernel ran. On the
-simulator the times are only a smoke test of the script (Metal code on CPU fibers).
+comparable with the device's copy bandwidth: the copy columns time `copy_` moving the same number
+of bytes (the ceiling), %copy is ours against it, torch/ours > 1 means ours is faster. On CUDA
+both sides are timed as GPU time of CUDA-graph replays (see common.timeit). The variant column
+says which kernel ran. On the simulator the times are only a smoke test of the script (Metal
+code on CPU fibers).
 """
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, plan, timeit  # noqa: E402
+from common import (DTYPES, HEADER, copy_time, parse_launch, pick_device, plan, row,  # noqa: E402
+                    timeit)
 from metalforge import runtime  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
@@ -51,36 +56,39 @@ def cases(rows: int, cols: int, dtype, device):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dtype", choices=DTYPES, default="f16")
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16"])
     ap.add_argument("--sizes", nargs="*", default=None,
-                    help="ROWSxCOLS (default: several on MPS; 16x1000 and 2x8192 on the simulator)")
+                    help="ROWSxCOLS (default: several on a GPU; 16x1000 and 2x8192 on the "
+                         "simulator)")
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
+    ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
     a = ap.parse_args(argv)
-    device = "mps" if torch.backends.mps.is_available() else "cpu"
+    device = pick_device(a.device)
     sim = device == "cpu"
     sizes = a.sizes or (["16x1000", "2x8192"] if sim else
                         ["4096x128", "4096x1024", "4096x4096", "1024x16384", "64x65536"])
     repeat = a.repeat or (2 if sim else 50)
-    dtype = DTYPES[a.dtype]
+    launch = parse_launch(a.launch)
     backend = runtime.current_backend([torch.empty(0, device=device)])
-    print(f"device {device}, backend {backend}, dtype {a.dtype}, median of {repeat}" +
-          ("  (simulator: times are a smoke test only)" if sim else ""))
-    print(f"{'op':<13} {'shape':>11} {'variant':>8} {'bytes':>11} {'ours us':>10} "
-          f"{'torch us':>10} {'ours GB/s':>10} {'torch GB/s':>10}")
+    print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
+          f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
+    print(HEADER)
     for spec in sizes:
         rows, cols = (int(v) for v in spec.lower().split("x"))
-        for name, k, args, eager in cases(rows, cols, dtype, device):
-            if a.ops and name not in a.ops:
-                continue
-            s, sz = plan(k, args)
-            var, traffic = s.variant(sz), s.traffic(sz)
-            ours = timeit(lambda: k(*args), device, repeat)
-            theirs = timeit(eager, device, repeat)
-            # torch moves at least the same bytes: report both against our count
-            gbs = lambda s: traffic.total / s / 1e9  # noqa: E731
-            print(f"{name:<13} {spec:>11} {var:>8} {traffic.total:>11} {ours * 1e6:>10.1f} "
-                  f"{theirs * 1e6:>10.1f} {gbs(ours):>10.2f} {gbs(theirs):>10.2f}")
+        for dname in a.dtype:
+            for name, k, args, eager in cases(rows, cols, DTYPES[dname], device):
+                if a.ops and name not in a.ops:
+                    continue
+                if launch:
+                    k = k.with_launch(**launch)
+                s, sz = plan(k, args)
+                var, traffic = s.variant(sz), s.traffic(sz)
+                ours = timeit(lambda: k(*args), device, repeat)
+                theirs = timeit(eager, device, repeat)
+                copy = copy_time(traffic.total, device, repeat)
+                print(row(name, dname, spec, var, traffic.total, ours, theirs, copy), flush=True)
     return 0
 
 

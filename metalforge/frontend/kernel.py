@@ -457,7 +457,8 @@ class Kernel:
 
 def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,
            backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
-    """Decorator: `@mf.kernel` or `@mf.kernel(name=..., backend="sim"|"mps", launch={...})`."""
+    """Decorator: `@mf.kernel` or
+    `@mf.kernel(name=..., backend="sim"|"mps"|"cuda", launch={...})`."""
     if fn is None:
         return lambda f: Kernel(f, name=name, backend=backend, launch=launch)
     if not callable(fn):

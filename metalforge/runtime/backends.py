@@ -7,9 +7,11 @@ library; `getattr(lib, host_name)` a kernel object called as
 - "mps": `torch.mps.compile_shader` on MPS tensors (Metal on Apple GPUs).
 - "sim": `metalforge.sim.compile_shader` on CPU tensors (the MSL compiled as C++ and run on the
   CPU with real threadgroup/simdgroup semantics).
+- "cuda": `metalforge.cuda.compile_shader` on CUDA tensors (the same MSL translated to CUDA C++
+  and compiled with NVRTC, launched on torch's current stream).
 
 Precedence: an explicit `backend=` (from `@mf.kernel(backend=...)`) > the innermost
-`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim").
+`with mf.backend(...)` block > the tensors' device (mps → "mps", cuda → "cuda", cpu → "sim").
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..cuda import compile_shader as cuda_compile_shader
 from ..sim import compile_shader as sim_compile_shader
 
-BACKENDS = ("mps", "sim")
-DEVICE_OF = {"mps": "mps", "sim": "cpu"}          # the tensor device each backend runs on
+BACKENDS = ("mps", "sim", "cuda")
+DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda"}  # the tensor device of each backend
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
 
 
@@ -56,7 +59,7 @@ def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
     if name is not None:
         return name
     for t in tensors:
-        return "mps" if t.device.type == "mps" else "sim"
+        return {"mps": "mps", "cuda": "cuda"}.get(t.device.type, "sim")
     return "mps" if torch.backends.mps.is_available() else "sim"
 
 
@@ -72,6 +75,11 @@ def _compile(backend_name: str, source: str):
             raise RuntimeError("backend 'mps' needs an Apple-silicon Mac with MPS available; on "
                                "other machines use CPU tensors (the 'sim' backend)")
         return torch.mps.compile_shader(source)
+    if backend_name == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("backend 'cuda' needs an NVIDIA GPU with torch's CUDA build; on "
+                               "other machines use CPU tensors (the 'sim' backend)")
+        return cuda_compile_shader(source)
     return sim_compile_shader(source)
 
 

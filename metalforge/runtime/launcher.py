@@ -205,10 +205,11 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
     dev = common_device(spec.where, tensors)
     be = backend or current_backend(tensors.values())
     if DEVICE_OF[be] != dev.type:
-        hint = ".to('mps')" if be == "mps" else ".cpu()"
+        hint = {"mps": ".to('mps')", "cuda": ".cuda()"}.get(be, ".cpu()")
+        other = {"mps": "mps", "cuda": "cuda"}.get(dev.type, "sim")
         raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
                           f"arguments are on {dev}; move them with {hint} or choose backend "
-                          f"'{'sim' if be == 'mps' else 'mps'}'")
+                          f"'{other}'")
     binding = bind_shapes(graph, tensors)
     tuned = tuned_launch(graph, be, binding.sizes, spec.family)  # autotune cache; explicit wins
     if tuned:
@@ -242,10 +243,10 @@ def common_device(where: str, tensors: Mapping[str, torch.Tensor]) -> torch.devi
     """The one device every tensor argument is on (cpu when there are none)."""
     dev, first = None, None
     for name, t in tensors.items():
-        if t.device.type not in ("mps", "cpu"):
+        if t.device.type not in ("mps", "cpu", "cuda"):
             raise DeviceError(f"{where}: argument '{name}' is on device '{t.device}'; "
-                              f"metalforge runs on 'mps' tensors (Metal) or 'cpu' tensors "
-                              f"(the simulator)")
+                              f"metalforge runs on 'mps' tensors (Metal), 'cuda' tensors "
+                              f"(NVIDIA GPUs) or 'cpu' tensors (the simulator)")
         if dev is None:
             dev, first = t.device, name
         elif t.device != dev:

@@ -69,8 +69,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
                    strategy; a Const's value or list of values. A plain family name or list
                    applies to every float tensor.
     max_examples:  examples per compiled variant (default: the profile's).
-    backend:       "sim" or "mps" (default: the tensors' device: CPU tensors -> sim, or MPS
-                   tensors when ``backend="mps"``).
+    backend:       "sim", "mps" or "cuda" (default: the tensors' device: CPU tensors -> sim;
+                   MPS tensors when ``backend="mps"``, CUDA tensors when ``backend="cuda"``).
     layouts:       also draw non-contiguous, offset and expanded inputs.
     memory_budget: bytes the inputs and outputs of one example may take (default: profile's).
     max_variants:  compiled variants tried (default: the profile's; None in the thorough one).
@@ -292,7 +292,7 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
                    prof: Profile) -> int:
     from .. import runtime
 
-    device = "mps" if backend == "mps" else "cpu"
+    device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
     ran = [0]
 
     def backend_ctx():

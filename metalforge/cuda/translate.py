@@ -1,0 +1,140 @@
+"""MSL text → CUDA C++ for NVRTC, and the __global__ entry points.
+
+The kernels' signatures come from the simulator's parser (`metalforge.sim.parse.parse`, used
+read-only through its result's attributes). The text itself changes only where C++ needs it;
+line numbers never change (removed text becomes spaces), so NVRTC's messages point at the
+user's lines:
+
+1. Metal attributes (``[[buffer(0)]]``, ``[[thread_position_in_grid]]``, ``[[kernel]]``, ...)
+   and the ``template [[host_name("...")]] ...;`` instantiations are blanked (the parser's
+   ``blank_spans``); the entry points instantiate the kernels instead.
+2. A kernel-scope ``threadgroup T name[N];`` declaration becomes ``__shared__ T name[N];``.
+3. ``constant`` next to ``const`` is blanked (``constant`` is the macro ``const``).
+
+Everything else is the shim header's job (include/metal_stdlib: types, math, collectives,
+barriers, address-space keywords as empty macros).
+
+Entry points: for each host-visible kernel i, ``extern "C" __global__ void mf_entry_<i>(...)``
+takes the buffer parameters in buffer-index order (pointers as pointers, ``constant T&`` and
+by-value parameters by value, references to device memory as pointers) and then the Metal grid
+size (three unsigned ints). It computes the Metal thread position (include/mf_cuda/entry.h),
+returns at once for the threads that the rounded-up CUDA grid adds past the Metal grid's edge,
+and calls the kernel with the thread-position parameters converted to their declared types.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..sim.parse import ParseError, parse
+
+SOURCE_NAME = "program_source"
+_CONST_CONSTANT = re.compile(r"\bconst(\s+)constant\b|\bconstant(\s+)const\b")
+_ATTR = re.compile(r"\[\[.*?\]\]", re.S)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One parameter of an entry point, in buffer-index order."""
+    buffer_index: int
+    name: str
+    type_text: str         # as declared in the kernel
+    elem_type: str         # pointee / referee / value type, qualifiers removed
+    by_pointer: bool       # the host passes a device pointer (a tensor); else a value
+
+
+@dataclass(frozen=True)
+class Entry:
+    host_name: str
+    symbol: str
+    args: tuple[Arg, ...]
+    max_total_threads: int
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str                      # the CUDA C++ translation unit
+    entries: tuple[Entry, ...]
+
+
+def _drop_doubled_const(m: re.Match) -> str:
+    if m.group(1) is not None:
+        return "const" + m.group(1) + " " * len("constant")
+    return " " * len("constant") + m.group(2) + "const"
+
+
+def rewrite(text: str, parsed) -> str:
+    chars = list(text)
+    for a, b in parsed.blank_spans:
+        for k in range(a, min(b, len(chars))):
+            if chars[k] != "\n":
+                chars[k] = " "
+    out = "".join(chars)
+    for start, end in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
+        if out[start:end] == "threadgroup":
+            out = out[:start] + "__shared__ " + out[end:]
+    return _CONST_CONSTANT.sub(_drop_doubled_const, out)
+
+
+def _by_pointer(p) -> bool:
+    return bool(p.is_pointer) or (bool(p.is_reference) and
+                                  p.address_space in ("device", "threadgroup"))
+
+
+def _function(k) -> tuple[str, str]:
+    """(function pointer type, callee expression) of a parsed kernel."""
+    fn = k.func_name if k.func_name.startswith("::") else "::" + k.func_name
+    if k.template_args is not None:
+        return f"decltype(&{fn}<{k.template_args}>)", f"{fn}<{k.template_args}>"
+    if k.fn_params is not None:           # template [[host_name]] kernel void f(params);
+        return f"void (*)({_ATTR.sub(' ', k.fn_params)})", fn
+    return f"decltype(&{fn})", fn
+
+
+def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
+    out = ["", "// ---- metalforge.cuda: entry points (one per host-visible kernel) ----"]
+    entries = []
+    for i, k in enumerate(kernels):
+        ftype, callee = _function(k)
+        fty = f"mf_F_{i}"
+        buffers = sorted((p for p in k.params if p.role == "buffer"), key=lambda p: p.buffer_index)
+        decls, args = [], {}
+        for p in buffers:
+            ptr = _by_pointer(p)
+            kind = ("param_t" if p.is_pointer else "pointer_t") if ptr else "value_t"
+            decls.append(f"::mf_cuda::{kind}<{fty}, {p.index}> mf_a{p.index}")
+            args[p.index] = f"*mf_a{p.index}" if ptr and not p.is_pointer else f"mf_a{p.index}"
+        for p in k.params:
+            if p.role == "position":
+                args[p.index] = (f"::mf_cuda::pos_cast<::mf_cuda::param_t<{fty}, {p.index}>>"
+                                 f"(mf_p.{p.attr}())")
+        bounds = f" __launch_bounds__({k.max_total_threads})" if k.max_total_threads < 1024 else ""
+        sym = f"mf_entry_{i}"
+        out += [f"// {k.host_name}",
+                f"using {fty} = {ftype};",
+                f'extern "C" __global__ void{bounds} {sym}(' +
+                ", ".join(decls + ["unsigned mf_gx", "unsigned mf_gy", "unsigned mf_gz"]) + ") {",
+                "  ::mf_cuda::Pos mf_p;",
+                "  if (!mf_p.init(mf_gx, mf_gy, mf_gz)) return;",
+                f"  {callee}(" + ", ".join(args[j] for j in range(len(k.params))) + ");",
+                "}"]
+        entries.append(Entry(k.host_name, sym, tuple(
+            Arg(p.buffer_index, p.name, p.type_text, p.elem_type, _by_pointer(p))
+            for p in buffers), k.max_total_threads))
+    return "\n".join(out) + "\n", tuple(entries)
+
+
+def translate(source: str) -> Translation:
+    """The CUDA translation unit of an MSL source (SyntaxError when it cannot be read)."""
+    try:
+        parsed = parse(source)
+    except ParseError as e:
+        err = SyntaxError(f"metalforge.cuda cannot read this Metal source: {e}")
+        err.filename = SOURCE_NAME
+        raise err from None
+    if not parsed.kernels:
+        raise SyntaxError("metalforge.cuda: the Metal source defines no host-visible kernel")
+    body = rewrite(source, parsed)
+    tramp, entries = entry_points(parsed.kernels)
+    text = f'#line 1 "{SOURCE_NAME}"\n{body}\n#line 1 "metalforge_cuda_entries"\n{tramp}'
+    return Translation(text, entries)

@@ -1,0 +1,188 @@
+"""The CUDA backend on an NVIDIA GPU (skipped without one): every example kernel through
+`check` on CUDA tensors (all three families), Metal's partial edge threadgroups, streams, the
+call model and its errors. The simulator is the reference for Metal semantics in the
+hand-written kernels below: the same MSL runs on both and must agree."""
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge import cuda as mfcuda
+from metalforge import sim
+from metalforge.testing import check
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+
+
+def _kernels(path):
+    spec = importlib.util.spec_from_file_location(f"mf_example_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [(n, k) for n, k in inspect.getmembers(mod) if isinstance(k, mf.Kernel)]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_checks_on_cuda(path):
+    kernels = _kernels(path)
+    assert kernels
+    for _, k in kernels:
+        report = check(k, backend="cuda", max_examples=25)
+        assert report is not None
+
+
+def _example(name):
+    return dict(_kernels(Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,cols", [(3, 1), (5, 96), (7, 1000), (3, 4096), (2, 20000)])
+def test_row_kernels_every_variant(dtype, rows, cols):
+    """simd, group and looped variants (by row length) against torch on the GPU."""
+    rms_norm = _example("rms_norm")["rms_norm"]
+    softmax = _example("softmax")["softmax"]
+    x = torch.randn(rows, cols, dtype=dtype, device="cuda")
+    w = torch.randn(cols, dtype=dtype, device="cuda")
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else dict(rtol=1e-4, atol=1e-5)
+    y = rms_norm(x, w)
+    ref = torch.nn.functional.rms_norm(x.float(), (cols,), w.float(), eps=1e-6).to(dtype)
+    torch.testing.assert_close(y, ref, **tol)
+    torch.testing.assert_close(softmax(x), torch.softmax(x.float(), -1).to(dtype), **tol)
+
+
+@pytest.mark.parametrize("launch", [dict(rows_per_group=4),
+                                    dict(threads_per_group=96, looped_limit=384),
+                                    dict(threads_per_group=64, looped_limit=64)])
+def test_overhang_row_kernels(launch):
+    """Grids that the group size does not divide: 5 rows at 4 rows per group (the last group
+    has one simdgroup), and threadgroups that are not whole warps."""
+    rms_norm = _example("rms_norm")["rms_norm"].with_launch(**launch)
+    for rows, cols in [(5, 100), (9, 700), (3, 5000)]:
+        x = torch.randn(rows, cols, device="cuda")
+        w = torch.randn(cols, device="cuda")
+        ref = torch.nn.functional.rms_norm(x, (cols,), w, eps=1e-6)
+        torch.testing.assert_close(rms_norm(x, w), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_overhang_elementwise():
+    silu = _example("silu")["silu"]
+    for n in [1, 3, 31, 33, 1023, 1025, 4099, 1 << 20 | 7]:
+        x = torch.randn(n, device="cuda", dtype=torch.float16)
+        torch.testing.assert_close(silu(x), torch.nn.functional.silu(x.float()).half(),
+                                   rtol=2e-3, atol=2e-3)
+
+
+# A kernel that exposes Metal's edge-threadgroup semantics: the actual group size, the simdgroup
+# numbering, a simd_sum over a partial simdgroup and a threadgroup reduction with a barrier.
+EDGE_MSL = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void edge(device float* out [[buffer(0)]], device const float* x [[buffer(1)]],
+                 uint2 gid [[thread_position_in_grid]], uint2 tpg [[threads_per_threadgroup]],
+                 uint2 grid [[threads_per_grid]], uint2 lid [[thread_position_in_threadgroup]],
+                 uint li [[thread_index_in_threadgroup]], ushort lane [[thread_index_in_simdgroup]],
+                 ushort sg [[simdgroup_index_in_threadgroup]],
+                 ushort nsg [[simdgroups_per_threadgroup]]) {
+    threadgroup float part[32];
+    const uint i = gid.y * grid.x + gid.x;
+    const float v = x[i];
+    const float s = simd_sum(v);
+    if (lane == 0) part[sg] = s;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (ushort k = 0; k < nsg; ++k) total += part[k];
+    out[6 * i + 0] = float(tpg.x * 1000 + tpg.y);
+    out[6 * i + 1] = float(lid.x * 1000 + lid.y);
+    out[6 * i + 2] = float(li);
+    out[6 * i + 3] = float(sg * 100 + lane);
+    out[6 * i + 4] = s;
+    out[6 * i + 5] = total;
+}
+"""
+
+
+@pytest.mark.parametrize("threads,group", [(100, 64), (70, 32), (45, 48), ([37, 5], [16, 4]),
+                                           ([20, 7], [8, 8]), (1000, 1024)])
+def test_edge_threadgroups_match_metal_semantics(threads, group):
+    grid = threads if isinstance(threads, list) else [threads, 1]
+    n = grid[0] * grid[1]
+    x = torch.arange(n, dtype=torch.float32) % 7 + 1
+    ref = torch.full((6 * n,), -1.0)
+    sim.compile_shader(EDGE_MSL).edge(ref, x, threads=threads, group_size=group)
+    got = torch.full((6 * n,), -1.0, device="cuda")
+    mfcuda.compile_shader(EDGE_MSL).edge(got, x.cuda(), threads=threads, group_size=group)
+    torch.testing.assert_close(got.cpu().view(n, 6), ref.view(n, 6), rtol=0, atol=0)
+
+
+def test_runs_on_the_current_stream_without_sync():
+    silu = _example("silu")["silu"]
+    x = torch.randn(1 << 22, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(10_000_000)              # keeps the stream busy: a sync would wait
+        y = silu(x)
+        assert not s.query()                       # queued behind the sleep, not finished
+    s.synchronize()
+    torch.testing.assert_close(y, torch.nn.functional.silu(x))
+
+
+def test_compiled_once_per_source_and_device():
+    lib = mfcuda.compile_shader(EDGE_MSL)
+    k = lib.edge
+    assert lib.edge is k
+    assert k.max_threads_per_threadgroup <= 1024
+    assert k.static_thread_group_memory_length == 32 * 4
+    assert len(lib._modules) == 1
+
+
+def test_call_errors():
+    lib = mfcuda.compile_shader("""
+#include <metal_stdlib>
+using namespace metal;
+kernel void axpy(device float* y [[buffer(0)]], device const float* x [[buffer(1)]],
+                 constant float& a [[buffer(2)]], constant uint& n [[buffer(3)]],
+                 uint i [[thread_position_in_grid]]) {
+    if (i < n) y[i] = a * x[i] + y[i];
+}""")
+    y, x = torch.zeros(10, device="cuda"), torch.ones(10, device="cuda")
+    lib.axpy(y, x, 2.0, 10, threads=10, arg_casts={3: "int32"})
+    torch.testing.assert_close(y, torch.full((10,), 2.0, device="cuda"))
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        lib.axpy(y, x, 2.0, threads=10)
+    with pytest.raises(TypeError, match=r"arg_casts=\{3: 'int32'\}"):
+        lib.axpy(y, x, 2.0, 10, threads=10)
+    with pytest.raises(TypeError, match="elements are half"):
+        lib.axpy(y, x.half(), 2.0, 10, threads=10, arg_casts={3: "int32"})
+    with pytest.raises(TypeError, match=r"needs CUDA tensors.*\.cuda\(\)"):
+        lib.axpy(y, x.cpu(), 2.0, 10, threads=10, arg_casts={3: "int32"})
+    with pytest.raises(TypeError, match="expects a value"):
+        lib.axpy(y, x, torch.tensor(2.0, device="cuda"), 10, threads=10, arg_casts={3: "int32"})
+    with pytest.raises(ValueError, match="exceeds 1024"):
+        lib.axpy(y, x, 2.0, 10, threads=4096, group_size=2048, arg_casts={3: "int32"})
+    with pytest.raises(AttributeError, match="no kernel named 'nope'"):
+        lib.nope
+
+
+def test_compile_errors_point_at_the_line():
+    bad = ("#include <metal_stdlib>\nusing namespace metal;\n"
+           "kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+           "    y[i] = undefined_name;\n}\n")
+    with pytest.raises(SyntaxError, match="undefined_name") as e:
+        mfcuda.compile_shader(bad).k(torch.zeros(4, device="cuda"), threads=4)
+    assert e.value.lineno == 4
+
+
+def test_backend_selection_on_cuda_tensors():
+    silu = _example("silu")["silu"]
+    x = torch.randn(1000, device="cuda")
+    assert mf.runtime.current_backend([x]) == "cuda"
+    y = silu(x)
+    assert y.device.type == "cuda"
+    assert any(c["backend"] == "cuda" for c in silu.variants(compiled=True))
+    with mf.backend("sim"), pytest.raises(mf.runtime.DeviceError, match="backend 'sim'"):
+        silu(x)
