@@ -455,6 +455,9 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
         params = [p for p in graph.params
                   if p.name in used or not isinstance(p, (TensorParam, ScalarParam))]
         params += [p for name, p in extra.items() if name in used]
+        for ax in {a for t in k for a in t.axes}:   # sizes come from tensors: keep one per axis
+            if not any(ax in p.axes for p in params if isinstance(p, TensorParam)):
+                params.append(next(t for t in graph.tensors if ax in t.axes))
         name = f"{graph.name}_backward" + (f"{ki + 1}" if n > 1 else "")
         out_kernels.append(Graph(name, tuple(params),
                                  tuple(Output(t.node, t.axes, t.dtype) for t in k),
@@ -494,6 +497,14 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,
             dy = torch.zeros(_out_shape(bw.graph, o, values), dtype=o.dtype.torch,
                              device=ref.device)
         env[name] = dy.to(o.dtype.torch).contiguous()
+    # a '*B' batch of zero leading dims gets one of size 1, so that the per-row buffers
+    # between kernels are never 0-dim tensors (those come back unwritten from the runtime)
+    for k in bw.kernels:
+        for p in k.tensors:
+            v = env.get(p.name)
+            if p.dims and p.dims[0].batch and isinstance(v, torch.Tensor) \
+                    and v.dim() == len(p.dims) - 1:
+                env[p.name] = v.unsqueeze(0)
     results: list[tuple] = []
     for k in bw.kernels:
         kv = {p.name: env[p.name] for p in k.params if p.name in env}
@@ -510,7 +521,7 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,
     for name in bw.wrt:
         if name in bw.grads:
             ki, oi = bw.grads[name]
-            out[name] = results[ki][oi]
+            out[name] = results[ki][oi].reshape(values[name].shape)
         else:
             out[name] = torch.zeros_like(values[name])
     return out
