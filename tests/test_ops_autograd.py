@@ -214,3 +214,36 @@ def test_op_name_errors():
         silu.as_op("mf_test::again")
     with pytest.raises(OpError, match="PyTorch already has"):
         silu.as_op("aten::relu")
+
+
+def test_gradients_of_every_differentiable_op():
+    @mf.kernel
+    def many(x: "T[R, D]", y: "T[R, D]", v: "T[D]", p: float = 1.5):
+        a = mf.exp(x) + mf.log(y) + mf.sqrt(y) + mf.rsqrt(y) + mf.sin(x) * mf.cos(v)
+        b = mf.tanh(x) * mf.sigmoid(v) + mf.erf(x) + mf.abs(x) * mf.exp2(x) + mf.log2(y)
+        c = mf.maximum(x, v) - mf.minimum(x, 0.25) + mf.clamp(x, -0.5, 0.5) + y ** p
+        d = (x % 0.7) + x / y + mf.where(x > v, x * x, -y) + mf.floor(x) * x
+        return a + b + c + d
+
+    @mf.kernel
+    def reductions(x: "T[R, D]", v: "T[R]"):
+        r = mf.max(x, axis="D") * 2 + mf.min(x, axis="D") + mf.mean(x * v, axis="D")
+        return r + mf.logsumexp(x, axis="D")
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 37, generator=gen).requires_grad_()
+    y = (torch.rand(6, 37, generator=gen) + 0.5).requires_grad_()
+    v = torch.randn(37, generator=gen).requires_grad_()
+    dy = torch.randn(6, 37, generator=gen)
+    got = torch.autograd.grad(many(x, y, v), [x, y, v], dy)
+    want = _reference_grads(many, [x, y, v], [dy])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+    xt = torch.randn(6, 37, generator=gen).round().requires_grad_()    # ties in max and min
+    vr = torch.randn(6, generator=gen).requires_grad_()
+    dr = torch.randn(6, generator=gen)
+    got = torch.autograd.grad(reductions(xt, vr), [xt, vr], dr)
+    want = _reference_grads(reductions, [xt, vr], [dr])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
