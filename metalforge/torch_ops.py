@@ -242,6 +242,10 @@ class KernelOp:
 _registered: dict[str, KernelOp] = {}       # operator name -> its KernelOp (explicit cache)
 
 
+def _definition(kernel) -> tuple:
+    return kernel.fn.__code__.co_filename, kernel.fn.__qualname__, kernel.name
+
+
 def register(kernel, name: str) -> KernelOp:
     """`kernel.as_op(name)`: register (once) and return the operator."""
     m = _NAME.match(name) if isinstance(name, str) else None
@@ -250,7 +254,8 @@ def register(kernel, name: str) -> KernelOp:
                       "'namespace::name', e.g. 'mylib::rms_norm' (identifiers only)")
     done = _registered.get(name)
     if done is not None:
-        if done.kernel.fn is kernel.fn:
+        if _definition(done.kernel) == _definition(kernel):
+            done.kernel = kernel        # the same definition executed again (module re-run)
             return done
         raise OpError(f"{kernel.where}: as_op({name!r}): that name is already registered for "
                       f"{done.kernel.where}; choose another name")

@@ -247,3 +247,15 @@ def test_gradients_of_every_differentiable_op():
     want = _reference_grads(reductions, [xt, vr], [dr])
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_cli_show_backward(capsys):
+    from metalforge.cli import main
+    assert main(["show", f"{ROOT / 'examples' / 'rms_norm.py'}::rms_norm", "--backward",
+                 "--dtype", "f16"]) == 0
+    out = capsys.readouterr().out
+    assert "// backward kernel 1 of 2 of 'rms_norm': writes dx, sum_D; reads x, w, dy" in out
+    assert 'host_name("rms_norm_backward2_f16_column")' in out
+    assert main(["show", f"{ROOT / 'examples' / 'row_argmax.py'}::row_argmax",
+                 "--backward"]) == 1
+    assert "no derivative" in capsys.readouterr().err
