@@ -307,10 +307,13 @@ class Backward:
 
 
 def _fresh(name: str, taken: set[str]) -> str:
-    while name in taken:
-        name = "_" + name
-    taken.add(name)
-    return name
+    """`name`, or name_2, name_3, ... : the first not in `taken` (which it joins)."""
+    out, i = name, 1
+    while out in taken:
+        i += 1
+        out = f"{name}_{i}"
+    taken.add(out)
+    return out
 
 
 def _spec(graph: Graph, axis: str) -> AxisSpec:

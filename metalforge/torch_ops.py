@@ -289,6 +289,10 @@ class _KernelFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *dys):
         kernel, graph, values, names = ctx.meta
+        if torch.is_grad_enabled():         # create_graph=True: the result must be differentiable
+            raise NotDifferentiable(f"{kernel.where}: double backward (create_graph=True) "
+                                    "through a metalforge kernel is not supported; its "
+                                    "backward kernels have no derivative")
         tensors = ctx.saved_tensors
         wrt = tuple(n for n, t, need in zip(names, tensors, ctx.needs_input_grad[4:])
                     if need and t.dtype.is_floating_point)

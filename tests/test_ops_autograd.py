@@ -259,3 +259,14 @@ def test_cli_show_backward(capsys):
     assert main(["show", f"{ROOT / 'examples' / 'row_argmax.py'}::row_argmax",
                  "--backward"]) == 1
     assert "no derivative" in capsys.readouterr().err
+
+
+def test_double_backward_is_refused_clearly():
+    silu = dict(KERNELS)["silu.silu"]
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(NotDifferentiable, match="double backward"):
+        torch.autograd.grad(silu(x).sum(), x, create_graph=True)
+    op = silu.as_op("mf_test::silu_double")
+    g, = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="silu_double_backward"):
+        torch.autograd.grad(g.sum(), x)
