@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from .dtypes import BOOL, F32, I64, DType
-from .graph import AxisSpec, Graph, Node, Output, ScalarParam, TensorParam, topo_order
+from .graph import Graph, Node, Output, ScalarParam, TensorParam, topo_order
 
 
 class NotDifferentiable(TypeError):
@@ -300,8 +300,9 @@ class Backward:
     buffers: dict                       # intermediate buffer -> (kernel index, output index)
 
     @property
-    def saved(self) -> tuple[str, ...]:
-        """What the backward reads besides the output gradients: forward inputs only."""
+    def reads(self) -> tuple[str, ...]:
+        """The forward inputs the backward kernels read (besides the output gradients and
+        their own buffers): nothing computed by the forward is saved."""
         used = {t.name for k in self.kernels for t in k.tensors}
         return tuple(t.name for t in self.graph.tensors if t.name in used)
 
@@ -314,10 +315,6 @@ def _fresh(name: str, taken: set[str]) -> str:
         out = f"{name}_{i}"
     taken.add(out)
     return out
-
-
-def _spec(graph: Graph, axis: str) -> AxisSpec:
-    return graph.axis_spec(axis)
 
 
 def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
@@ -354,7 +351,7 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
             dy_names.append(None)
             continue
         name = _fresh("dy" if len(graph.outputs) == 1 else f"dy{i}", taken)
-        dims = tuple(_spec(graph, a) for a in o.axes)
+        dims = tuple(graph.axis_spec(a) for a in o.axes)
         dy_params.append(TensorParam(name, o.dtype, None, dims,
                                      f"{o.dtype}[{', '.join(o.axes)}]"))
         dy_names.append(name)
@@ -447,7 +444,7 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
                 grads[t.name] = (ki, oi)
             else:
                 bufs[t.name] = (ki, oi)
-                dims = tuple(_spec(graph, a) for a in t.axes)
+                dims = tuple(graph.axis_spec(a) for a in t.axes)
                 buffer_params[t.name] = TensorParam(t.name, t.dtype, None, dims,
                                                     f"{t.dtype}[{', '.join(t.axes)}]")
     extra = {p.name: p for p in dy_params} | buffer_params

@@ -25,7 +25,7 @@ import torch
 
 from . import autodiff
 from .autodiff import NotDifferentiable
-from .graph import ConstParam, Graph, ScalarParam, TensorParam
+from .graph import ConstParam, Graph, TensorParam
 from .shapes import bind_shapes, output_shape
 
 __all__ = ["KernelOp", "register", "call_differentiable", "NotDifferentiable", "OpError"]
@@ -130,7 +130,7 @@ class KernelOp:
             self.backward_op = torch.library.custom_op(f"{name}_backward", self._backward_impl,
                                                        mutates_args=(),
                                                        schema=self.backward_schema)
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:
             raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch refused the operator "
                           f"schema {self.schema}: {e}") from None
         self.backward_op.register_fake(self._backward_fake)
@@ -146,7 +146,7 @@ class KernelOp:
                     for p in self.kernel.params if isinstance(p, ConstParam)}
         try:
             n = len(self.kernel.graph(**stand_in).outputs)
-        except Exception as e:
+        except (TypeError, ValueError) as e:        # trace, binding and annotation errors
             raise OpError(f"{self.kernel.where}: as_op({self.name!r}): could not trace the "
                           f"kernel to count its outputs ({e}); give its mf.Const parameters "
                           "defaults") from None

@@ -107,7 +107,7 @@ def test_rms_norm_backward_is_one_row_kernel_and_one_column_kernel():
     assert [o.axes for o in dx_kernel.outputs] == [("B", "D"), ("B",)]     # dx, sum_D per row
     assert {t.name for t in dw_kernel.tensors} == {"x", "dy", "sum_D"}
     assert bw.grads == {"x": (0, 0), "w": (1, 0)}
-    assert bw.saved == ("x", "w")
+    assert bw.reads == ("x", "w")
     src = _rms_norm().backward_source(T="f16", D=1000)
     assert "rms_norm_backward1" in src and "rms_norm_backward2" in src
 
