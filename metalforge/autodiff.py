@@ -352,8 +352,9 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
             continue
         name = _fresh("dy" if len(graph.outputs) == 1 else f"dy{i}", taken)
         dims = tuple(graph.axis_spec(a) for a in o.axes)
-        dy_params.append(TensorParam(name, o.dtype, None, dims,
-                                     f"{o.dtype}[{', '.join(o.axes)}]"))
+        var = next((v for v, d in graph.dtype_vars.items() if d is o.dtype), None)
+        dy_params.append(TensorParam(name, o.dtype, var, dims,
+                                     f"{var or o.dtype}[{', '.join(o.axes)}]"))
         dy_names.append(name)
         ld = b.f32(Node("load", (), o.dtype, b.axes(o.node), attr=name))
         prev = dys.get(id(o.node))
