@@ -270,3 +270,21 @@ def test_double_backward_is_refused_clearly():
     g, = torch.autograd.grad(op(x).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="silu_double_backward"):
         torch.autograd.grad(g.sum(), x)
+
+
+def test_check_compares_gradients_and_catches_a_wrong_one(monkeypatch):
+    from metalforge.testing import check
+    silu = dict(KERNELS)["silu.silu"]
+    assert check(silu, dtypes={"T": ["f32"]}, max_examples=3).examples == 3
+    real = autodiff._contributions
+
+    def off_by_one_percent(b, n, g):
+        out = real(b, n, g)
+        if n.op == "unary" and n.attr == "sigmoid":
+            return [(i, b.scale(c, 1.01)) for i, c in out]
+        return out
+    monkeypatch.setattr(autodiff, "_contributions", off_by_one_percent)
+    monkeypatch.setattr(autodiff, "_cache", {})
+    with pytest.raises(AssertionError, match="gradient with respect to 'x'"):
+        check(silu, dtypes={"T": ["f32"]}, max_examples=5)
+    check(silu, dtypes={"T": ["f32"]}, max_examples=3, grad=False)   # outputs are still right

@@ -21,6 +21,7 @@ from hypothesis import given, settings, strategies as st
 from .. import dtypes as _dtypes
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam
 from . import faults, strategies as S
+from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
 from .tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
@@ -57,7 +58,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
           values: Optional[Mapping[str, Any] | str | Sequence[str]] = None,
           max_examples: Optional[int] = None, backend: Optional[str] = None,
           layouts: bool = True, memory_budget: Optional[int] = None,
-          max_variants: Optional[int] = None, profile: Optional[str] = None) -> Report:
+          max_variants: Optional[int] = None, profile: Optional[str] = None,
+          grad: bool = True) -> Report:
     """Test ``kernel`` against ``kernel.reference`` on inputs hypothesis draws.
 
     dims:          pin sizes: ``{"D": 4096}``, ``{"D": range(1, 65)}``, ``{"D": (1, 64)}``
@@ -75,6 +77,7 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     memory_budget: bytes the inputs and outputs of one example may take (default: profile's).
     max_variants:  compiled variants tried (default: the profile's; None in the thorough one).
     profile:       "metalforge-ci" / "metalforge-thorough" (default: $METALFORGE_HYPOTHESIS_PROFILE).
+    grad:          also check a differentiable kernel's gradients (`testing.gradients`).
     """
     prof = _profile(profile)
     params = tuple(kernel.params)
@@ -91,7 +94,7 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
         report.examples += _check_variant(kernel, variant, dims=dims,
                                           per_param=per_param, global_families=global_families,
                                           max_examples=n, backend=backend, layouts=layouts,
-                                          budget=budget, prof=prof)
+                                          budget=budget, prof=prof, grad=grad)
     return report
 
 
@@ -289,7 +292,7 @@ def _as_tuple(r) -> tuple:
 
 def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
-                   prof: Profile) -> int:
+                   prof: Profile, grad: bool = True) -> int:
     from .. import runtime
 
     device = "mps" if backend == "mps" else "cpu"
@@ -306,6 +309,9 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
                            layouts=layouts, budget=budget, device=device)
         ran[0] += 1
         problem = _run_and_compare(kernel, variant, ex, backend_ctx)
+        if problem is None and grad:
+            seed = data.draw(st.integers(0, 2 ** 16), label="gradient seed")
+            problem = gradient_problem(kernel, variant.graph, ex.args, seed, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
             raise AssertionError(_report(kernel, variant, ex, backend, problem))
 
