@@ -303,8 +303,14 @@ class Backward:
     def reads(self) -> tuple[str, ...]:
         """The forward inputs the backward kernels read (besides the output gradients and
         their own buffers): nothing computed by the forward is saved."""
-        used = {t.name for k in self.kernels for t in k.tensors}
+        used = {n for k in self.kernels for n in loaded(k)}
         return tuple(t.name for t in self.graph.tensors if t.name in used)
+
+
+def loaded(graph: Graph) -> list[str]:
+    """The tensors a kernel reads (a backward kernel may take one only for an axis size)."""
+    names = {n.attr for n in graph.nodes() if n.op == "load"}
+    return [t.name for t in graph.tensors if t.name in names]
 
 
 def _fresh(name: str, taken: set[str]) -> str:
@@ -441,7 +447,7 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
     wrt_set = set(wrt)
     for ki, k in enumerate(kernels):
         for oi, t in enumerate(k):
-            if t.name in wrt_set and t.name not in bufs:
+            if t.name in wrt_set:
                 grads[t.name] = (ki, oi)
             else:
                 bufs[t.name] = (ki, oi)
@@ -543,7 +549,7 @@ def source(bw: Backward, values: Optional[Mapping[str, Any]] = None, *,
         mine = sorted((v[1], n) for n, v in {**bw.grads, **bw.buffers}.items() if v[0] == i)
         outs = ", ".join(f"d{n}" if n in bw.grads else n for _, n in mine)
         head = (f"// backward kernel {i + 1} of {len(bw.kernels)} of '{bw.graph.name}': "
-                f"writes {outs}; reads {', '.join(t.name for t in k.tensors)}")
+                f"writes {outs}; reads {', '.join(loaded(k))}")
         kv = None
         if values is not None:
             kv = {p.name: values[p.name] for p in k.params if p.name in values}
