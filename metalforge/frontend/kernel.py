@@ -13,8 +13,9 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .. import dtypes, runtime
+from .. import autodiff, dtypes, runtime
 from ..reference import evaluate
+from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..tuning.launch import check_options
@@ -408,6 +409,9 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
+        if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                           for v in values.values()):
+            return call_differentiable(self, g, values)    # autograd through derived kernels
         return runtime.run(g, values, backend=self.backend, launch=self.launch)
 
     def _introspect(self, show: Callable[..., str], args, kwargs) -> str:
@@ -424,6 +428,20 @@ class Kernel:
     def ir(self, *args, **bindings) -> str:
         """A readable dump of the lowered kernel IR (same arguments as `source`)."""
         return self._introspect(runtime.ir, args, bindings)
+
+    def as_op(self, name: str):
+        """Register this kernel as the PyTorch operator `name` ("mylib::rms_norm"), usable
+        under torch.compile / torch.export and differentiable; returns the operator (call it
+        like the kernel; `.op` is the torch.library op). See metalforge.torch_ops."""
+        return register(self, name)
+
+    def backward_source(self, *args, **bindings) -> str:
+        """The MSL of the backward kernels (derived by metalforge.autodiff) of the
+        specialisation these arguments select, in launch order; same arguments as `source`."""
+        params, hints, sizes = self._split_bindings(bindings)
+        key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
+        bw = autodiff.backward_of(self._graph(key, dvars, consts))
+        return autodiff.source(bw, values, sizes=sizes or None, launch=self.launch)
 
     def reference(self, *args, **kwargs):
         """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
