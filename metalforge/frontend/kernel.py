@@ -225,6 +225,7 @@ class Kernel:
             dvar_from[var] = f"the binding {var}={v!r}"
         values: dict[str, Any] = {}
         consts: dict[str, Any] = {}
+        kinds: dict[bool, str] = {}     # MLX array or torch tensor → first argument of the kind
         for p in self.params:
             where = f"{self.where}, argument '{p.name}'"
             if p.name not in got:
@@ -234,11 +235,13 @@ class Kernel:
                 continue
             v = got[p.name]
             if isinstance(p, TensorParam):
-                if not isinstance(v, torch.Tensor):
+                mlx = type(v).__module__ == "mlx.core"       # an mlx.core.array: MLX backend
+                if not isinstance(v, torch.Tensor) and not mlx:
                     raise BindingError(f"{where}: expected a torch.Tensor (annotated "
                                        f"\"{p.annotation}\"), got {type(v).__name__}")
+                kinds.setdefault(mlx, p.name)
                 try:
-                    dt = dtypes.from_torch(v.dtype)
+                    dt = _mlx_dtype(v) if mlx else dtypes.from_torch(v.dtype)
                 except TypeError as e:
                     raise BindingError(f"{where}: {e}") from None
                 if p.dtype_var is None:
@@ -260,6 +263,11 @@ class Kernel:
                 values[p.name] = self._check_scalar(p.pytype, v, where)
             else:
                 consts[p.name] = self._check_const(p.pytype, v, where)
+        if len(kinds) > 1:
+            raise BindingError(f"{self.where}: argument '{kinds[False]}' is a torch.Tensor but "
+                               f"'{kinds[True]}' is an mlx.core.array; one call takes one kind "
+                               "(torch tensors run on 'mps'/'sim', MLX arrays on 'mlx'): "
+                               "convert one of them")
         for var in self.dtype_vars:
             if var not in dvars:
                 if not partial:
@@ -454,6 +462,11 @@ class Kernel:
         view = copy.copy(self)
         view.launch = {**(self.launch or {}), **opts} or None
         return view
+
+
+def _mlx_dtype(v) -> DType:
+    from ..runtime.mlx import dtype_of
+    return dtype_of(v)
 
 
 def _runtime(fn: str):

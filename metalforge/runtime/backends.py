@@ -7,9 +7,11 @@ library; `getattr(lib, host_name)` a kernel object called as
 - "mps": `torch.mps.compile_shader` on MPS tensors (Metal on Apple GPUs).
 - "sim": `metalforge.sim.compile_shader` on CPU tensors (the MSL compiled as C++ and run on the
   CPU with real threadgroup/simdgroup semantics).
+- "mlx": `mx.fast.metal_kernel` on `mlx.core.array` inputs (metalforge.runtime.mlx has its own
+  call path; under "sim", MLX arrays run the source MLX builds in the simulator).
 
 Precedence: an explicit `backend=` (from `@mf.kernel(backend=...)`) > the innermost
-`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim").
+`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim"; MLX arrays → "mlx").
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-BACKENDS = ("mps", "sim")
-DEVICE_OF = {"mps": "mps", "sim": "cpu"}          # the tensor device each backend runs on
+BACKENDS = ("mps", "sim", "mlx")
+DEVICE_OF = {"mps": "mps", "sim": "cpu", "mlx": "mlx"}          # the tensor device each backend runs on
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
 
 
@@ -54,6 +56,8 @@ def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
     if name is not None:
         return name
     for t in tensors:
+        if type(t).__module__ == "mlx.core":
+            return "mlx"
         return "mps" if t.device.type == "mps" else "sim"
     return "mps" if torch.backends.mps.is_available() else "sim"
 
