@@ -1,6 +1,6 @@
 """The `metalforge` command line.
 
-    metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir]
+    metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir] [--backend mlx]
 
 Each subcommand is a `_cmd_<name>(args) -> int` registered in `_SUBCOMMANDS` with its argument
 setup, so further subcommands (gen-tests, ...) slot in beside `show`.
@@ -61,7 +61,11 @@ def dtype_bindings(kernel, dtype: Optional[str]) -> dict[str, str]:
 def _cmd_show(args) -> int:
     k = load_kernel(args.target)
     binds = dtype_bindings(k, args.dtype)
-    text = k.ir(**binds) if args.emit == "ir" else k.source(**binds)
+    if args.backend == "mlx" and args.emit == "msl":      # body, header and the MLX call
+        from .runtime.mlx import show
+        text = show(k.graph(**binds), launch=k.launch)
+    else:
+        text = k.ir(**binds) if args.emit == "ir" else k.source(**binds)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -72,6 +76,9 @@ def _setup_show(p: argparse.ArgumentParser) -> None:
                    help="dtype bound to the kernel's dtype variables (default f32)")
     p.add_argument("--emit", choices=("msl", "ir"), default="msl",
                    help="print the Metal source (default) or the lowered IR")
+    p.add_argument("--backend", choices=("metal", "mlx"), default="metal",
+                   help="metal: the MSL library (torch.mps.compile_shader, the simulator); "
+                        "mlx: each kernel's body and header and the mx.fast.metal_kernel call")
 
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
