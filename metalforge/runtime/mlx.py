@@ -437,6 +437,9 @@ def show(graph: Graph, sizes: Optional[Mapping[str, int]] = None,
         for inst in k.instances:
             mk = translate(k, inst.host_name)
             out.append(_show_one(graph, mk, s, sizes, numel))
+    if len(out) > 1:
+        out.insert(0, f"# {graph.name}: {len(out)} MLX kernels; each call launches the one its "
+                      "sizes select (row length)")
     return "\n\n".join(out) + "\n"
 
 
@@ -458,10 +461,16 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
         threads = group = None
     grid = f"({threads}, 1, 1)" if threads else "(threads, 1, 1)"
     tg = f"({group}, 1, 1)" if group else "(threads_per_group, 1, 1)"
+    batch = {d.name for t in graph.tensors for d in t.dims if d.batch}
+
+    def shape(o) -> str:
+        axes = [("*" if a in batch else "") + a for a in o.axes]
+        return "(" + ", ".join(axes) + ("," if len(axes) == 1 else "") + ")"
+
     outs = [graph.outputs[i] for i in mk.outputs]
     lines = [f"# ---- MLX kernel {mk.name} ({s.family})",
-             f"header_{mk.name} = r'''", mk.header.rstrip("\n"), "'''",
-             f"source_{mk.name} = r'''", mk.source.rstrip("\n"), "'''",
+             f"header_{mk.name} = r'''" + mk.header.rstrip("\n"), "'''",
+             f"source_{mk.name} = r'''" + mk.source.rstrip("\n"), "'''",
              f"{mk.name} = mx.fast.metal_kernel(",
              f"    name={mk.name!r},",
              f"    input_names={list(mk.input_names)!r},",
@@ -471,7 +480,7 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
              f"outputs = {mk.name}(",
              f"    inputs=[{', '.join(arg(b, t) for b, t in mk.inputs)}],",
              f"    template=[{', '.join(f'({n!r}, mx.{_MSL_TO_MLX[t][0]})' for n, t in mk.template)}],",
-             f"    output_shapes=[{', '.join('(' + ', '.join(o.axes) + (',)' if len(o.axes) == 1 else ')') for o in outs)}],",
+             f"    output_shapes=[{', '.join(shape(o) for o in outs)}],",
              f"    output_dtypes=[{', '.join('mx.' + _TO_MLX[o.dtype.name] for o in outs)}],",
              f"    grid={grid}, threadgroup={tg})"]
     if threads is None:
