@@ -259,3 +259,75 @@ def test_cli_show_backend_mlx(capsys):
     assert "template=[('T', mx.float16), ('mf_index_t', mx.uint32)]" in out
     assert "kernel void" not in out and "[[buffer(" not in out
     assert "const uint mf_tid = uint(thread_position_in_grid.x);" in out
+
+
+# --------------------------------------------------------------------------- more dtypes
+
+@mf.kernel
+def shift_mask(x: "T[N]", k: int, on: bool = True):
+    return mf.where(on, x * k, x) > 3
+
+
+@mf.kernel
+def affine(x: "T[R, D]", a: "f32[D]", scale: float = 2.0):
+    return x.to(mf.f32) * scale + a
+
+
+def test_integer_dtypes_int_and_bool_scalars_bool_output():
+    x = mx.array([-4, 0, 1, 2, 3, 7, 100, -100, 5], dtype=mx.int16)
+    with mf.backend("sim"):
+        y = shift_mask(x, 2, on=True)
+        n = shift_mask(x, 2, on=False)
+    assert y.dtype == mx.bool_
+    assert np.array(y).tolist() == [v * 2 > 3 for v in np.array(x).tolist()]
+    assert np.array(n).tolist() == [v > 3 for v in np.array(x).tolist()]
+    xu = mx.arange(40, dtype=mx.uint8).reshape(4, 10)
+    a = mx.random.normal((10,))
+    with mf.backend("sim"):
+        got = affine(xu, a, scale=0.25)
+    ref = affine.reference(xu, a, scale=0.25)
+    assert mfx.is_array(ref)
+    np.testing.assert_allclose(np.array(got), np.array(ref), rtol=1e-6, atol=1e-6)
+
+
+def test_64_bit_indexing_variant():
+    k = EXAMPLES["silu"].with_launch(index64=True)
+    x = mx.random.normal((3, 33))
+    call, _ = mfx.prepare(k.graph(x), {"x": x}, launch=k.launch)
+    assert dict(call.kernel.template)["mf_index_t"] == "ulong"
+    assert "const constant uint64_t& mf_numel" in mfx.captured_source(call)
+    with mf.backend("sim"):
+        y = k(x)
+    np.testing.assert_allclose(np.array(y), np.array(EXAMPLES["silu"].reference(x)), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_the_mlx_call_itself(monkeypatch):
+    """With Metal present the call goes to the metal_kernel object with the same inputs and
+    keyword arguments the simulator path uses; outputs come back in the kernel's order."""
+    calls = []
+
+    class Fake:
+        def __init__(self, **kw):
+            self.made = kw
+
+        def __call__(self, *, inputs, output_shapes, output_dtypes, grid, threadgroup,
+                     template):
+            calls.append(dict(inputs=inputs, grid=grid, threadgroup=threadgroup,
+                              template=template, names=self.made["output_names"]))
+            return [mx.full(s, float(i + 1), dtype=d)
+                    for i, (s, d) in enumerate(zip(output_shapes, output_dtypes))]
+
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(mx.fast, "metal_kernel", Fake)
+    mfx._built.clear()
+    x = mx.zeros((4, 100), dtype=mx.float16)
+    h, s = EXAMPLES["add_silu"](x, x)
+    (c,) = calls
+    assert c["grid"] == (100, 1, 1) and c["threadgroup"][1:] == (1, 1)
+    assert c["template"] == [("T", mx.float16), ("mf_index_t", mx.uint32)]
+    assert [a.shape for a in c["inputs"]] == [(4, 100), (4, 100), ()]
+    first = c["names"][0]
+    out0 = h if first == "mf_out0" else s
+    assert float(out0[0, 0]) == 1.0
+    mfx._built.clear()

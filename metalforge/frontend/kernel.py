@@ -433,10 +433,17 @@ class Kernel:
         return self._introspect("ir", args, bindings)
 
     def reference(self, *args, **kwargs):
-        """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
+        """Evaluate the kernel with torch eager ops (float64 math) on these arguments (MLX
+        arrays are evaluated on copies as CPU tensors and the results returned as MLX arrays)."""
         from .. import reference
         key, values, dvars, consts = self._bind(args, kwargs)
-        return reference.evaluate(self._graph(key, dvars, consts), values)
+        g = self._graph(key, dvars, consts)
+        if not any(type(v).__module__ == "mlx.core" for v in values.values()):
+            return reference.evaluate(g, values)
+        from ..runtime.mlx import to_mlx, to_torch      # MLX arrays in, MLX arrays out
+        out = reference.evaluate(g, {n: to_torch(v) if type(v).__module__ == "mlx.core" else v
+                                     for n, v in values.items()})
+        return tuple(map(to_mlx, out)) if isinstance(out, tuple) else to_mlx(out)
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.

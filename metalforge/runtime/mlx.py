@@ -376,15 +376,20 @@ def captured_source(call: Call) -> str:
 _libs: dict[str, Any] = {}
 
 
-def _to_torch(a) -> torch.Tensor:
+def to_torch(a) -> torch.Tensor:
+    """An MLX array as a CPU torch tensor (a copy), bf16 included."""
     import numpy as np
     core = mx()
     if a.dtype == core.bfloat16:
         return torch.from_numpy(np.array(core.view(a, core.uint16))).view(torch.bfloat16)
-    return torch.from_numpy(np.array(a))
+    arr = np.array(a)
+    if arr.dtype.kind in "iu" and arr.itemsize == 8:     # MLX gives (u)longlong; torch wants
+        arr = arr.astype(np.int64 if arr.dtype.kind == "i" else np.uint64)   # (u)int64
+    return torch.from_numpy(arr)
 
 
-def _to_mlx(t: torch.Tensor):
+def to_mlx(t: torch.Tensor):
+    """A CPU torch tensor as an MLX array (a copy), bf16 included."""
     core = mx()
     if t.dtype == torch.bfloat16:
         return core.view(core.array(t.view(torch.uint16).numpy()), core.bfloat16)
@@ -401,7 +406,7 @@ def simulate(call: Call) -> list:
     if lib is None:
         lib = _libs[src] = compile_shader(SIM_UTILS + src)
     host = re.search(r"\[\[kernel\]\] void (\w+)\(", src).group(1)
-    args = [_to_torch(a) for a in call.inputs]
+    args = [to_torch(a) for a in call.inputs]
     outs = [torch.empty(shape, dtype=_torch_dtype(dt))
             for shape, dt in zip(call.kwargs["output_shapes"], call.kwargs["output_dtypes"])]
     grid = list(call.kwargs["grid"])
@@ -409,7 +414,7 @@ def simulate(call: Call) -> list:
     getattr(lib, host)(*args, *outs, threads=grid, group_size=group)
     result = [None] * len(outs)
     for i, t in zip(call.kernel.outputs, outs):
-        result[i] = _to_mlx(t)
+        result[i] = to_mlx(t)
     return result
 
 
