@@ -11,7 +11,8 @@ library; `getattr(lib, host_name)` a kernel object called as
   call path; under "sim", MLX arrays run the source MLX builds in the simulator).
 
 Precedence: an explicit `backend=` (from `@mf.kernel(backend=...)`) > the innermost
-`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim"; MLX arrays → "mlx").
+`with mf.backend(...)` block > the tensors' device (mps → "mps", cpu → "sim"; MLX arrays →
+"mlx").
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 BACKENDS = ("mps", "sim", "mlx")
-DEVICE_OF = {"mps": "mps", "sim": "cpu", "mlx": "mlx"}          # the tensor device each backend runs on
+DEVICE_OF = {"mps": "mps", "sim": "cpu", "mlx": "mlx"}   # the tensor device each backend runs on
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
 
 

@@ -44,7 +44,7 @@ from ..codegen import render_msl
 from ..graph import Graph
 from ..ir import Kernel as IRKernel
 from ..shapes import bind_shapes, output_shape
-from .backends import DEVICE_OF
+from .backends import DEVICE_OF, current_backend
 from .launcher import DeviceError, specialisation
 
 # Metal thread attributes MLX recognises in a body, with the type it declares them as.
@@ -57,7 +57,8 @@ ATTRIBUTES: dict[str, str] = {
     "thread_index_in_simdgroup": "uint", "thread_index_in_threadgroup": "uint",
     "thread_position_in_grid": "uint3", "thread_position_in_threadgroup": "uint3",
     "threadgroup_position_in_grid": "uint3", "threadgroups_per_grid": "uint3",
-    "threads_per_grid": "uint3", "threads_per_simdgroup": "uint", "threads_per_threadgroup": "uint3",
+    "threads_per_grid": "uint3", "threads_per_simdgroup": "uint",
+    "threads_per_threadgroup": "uint3",
 }
 SHAPE_SUFFIXES = ("_shape", "_strides", "_ndim")
 CONSTANT_LIMIT = 8          # MLX passes inputs with fewer elements in the constant address space
@@ -182,7 +183,6 @@ def translate(k: IRKernel, host_name: str) -> MetalKernel:
     tokens = set(re.findall(r"\w+", header + text)) | {p.name for p in params}
     fresh = _fresh(set(tokens), reserved)
     rename = {t: next(fresh) for t in sorted(tokens) if any(r in t for r in reserved)}
-    # the new names must not make new shape substrings with the renamed inputs either
     if rename:
         def sub(s: str) -> str:
             return re.sub(r"\w+", lambda m: rename.get(m.group(0), m.group(0)), s)
@@ -190,8 +190,9 @@ def translate(k: IRKernel, host_name: str) -> MetalKernel:
     name_of = {p.name: rename.get(p.name, p.name) for p in params}
     prologue = ["    // thread position from MLX's attribute parameters (1-D grid)"]
     for th in k.threads:
-        src = th.attribute + (".x" if ATTRIBUTES[th.attribute] == "uint3" and
-                              not th.type.endswith("3") else "")
+        src = th.attribute
+        if ATTRIBUTES[th.attribute] == "uint3" and not th.type.endswith("3"):
+            src += ".xy" if th.type.endswith("2") else ".x"
         prologue.append(f"    const {th.type} {th.name} = {th.type}({src});")
     source = "\n".join(prologue + [text]) + "\n"
     mk = MetalKernel(
@@ -220,7 +221,6 @@ class Call:
 
 
 _built: dict[tuple[int, str], tuple[Any, MetalKernel, Any]] = {}   # (schedule, host) → ...
-_lock = threading.Lock()
 
 
 def built(schedule: sched_mod.Schedule, host: str) -> tuple[MetalKernel, Any]:
@@ -250,9 +250,9 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     core = mx()
     spec = specialisation(graph, launch)
     where = _where(graph)
-    arrays = {}
+    arrays: dict[str, Any] = {}
     for p in spec.tensors:
-        v = values.get(p.name)
+        v: Any = values.get(p.name)
         if not is_array(v):
             raise TypeError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
                             f"other arguments of this call, got {type(v).__name__}")
@@ -260,7 +260,7 @@ def prepare(graph: Graph, values: Mapping[str, Any],
             raise TypeError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
                             f"specialisation was built for {p.dtype}")
         arrays[p.name] = v
-    binding = bind_shapes(graph, arrays)
+    binding = bind_shapes(graph, arrays)          # reads only .shape, which MLX arrays have
     sizes = binding.sizes
     shapes = [(output_shape(binding, o), getattr(core, _TO_MLX[o.dtype.name]))
               for o in graph.outputs]
@@ -281,13 +281,13 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     for binds, typ in mk.inputs:
         kind = binds[0]
         if kind == "input":
-            a = arrays[binds[1]]
-            if a.size < CONSTANT_LIMIT:
+            arr = arrays[binds[1]]
+            if arr.size < CONSTANT_LIMIT:
                 # MLX would pass it in the constant address space, where the body's
                 # `device` vector loads cannot point: pad it to a device buffer
-                a = core.concatenate([a.reshape(-1),
-                                      core.zeros((CONSTANT_LIMIT - a.size,), dtype=a.dtype)])
-            inputs.append(a)
+                arr = core.concatenate([arr.reshape(-1), core.zeros(
+                    (CONSTANT_LIMIT - arr.size,), dtype=arr.dtype)])
+            inputs.append(arr)
         elif kind == "scalar":
             inputs.append(core.array(values[binds[1]], dtype=mlx_dtype(typ)))
         elif kind == "numel":
@@ -305,7 +305,6 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
         launch: Optional[Mapping[str, Any]] = None):
     """Run one specialisation on MLX arrays: on "mlx" (Metal through mx.fast.metal_kernel), or
     on "sim" (the source MLX builds for it, in the simulator). Returns MLX arrays."""
-    from .backends import current_backend
     be = backend or current_backend(a for a in values.values() if is_array(a))
     where = _where(graph)
     if be not in ("mlx", "sim"):
@@ -342,7 +341,7 @@ def captured_source(call: Call) -> str:
     captured from `mx.export_function` tracing with `verbose=True`, which MLX prints to the
     process's stdout (file descriptor 1, redirected here for the duration)."""
     core = mx()
-    key = (id(call.obj), tuple((str(a.dtype), a.ndim == 0, a.size < CONSTANT_LIMIT)
+    key = (call.kernel, tuple((str(a.dtype), a.ndim == 0, a.size < CONSTANT_LIMIT)
                                for a in call.inputs),
            tuple(str(d) for d in call.kwargs["output_dtypes"]),
            tuple((n, str(t)) for n, t in call.kwargs["template"]))
@@ -405,7 +404,7 @@ def simulate(call: Call) -> list:
     lib = _libs.get(src)
     if lib is None:
         lib = _libs[src] = compile_shader(SIM_UTILS + src)
-    host = re.search(r"\[\[kernel\]\] void (\w+)\(", src).group(1)
+    host = re.findall(r"\[\[kernel\]\] void (\w+)\(", src)[0]
     args = [to_torch(a) for a in call.inputs]
     outs = [torch.empty(shape, dtype=_torch_dtype(dt))
             for shape, dt in zip(call.kwargs["output_shapes"], call.kwargs["output_dtypes"])]
@@ -473,6 +472,7 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
         return "(" + ", ".join(axes) + ("," if len(axes) == 1 else "") + ")"
 
     outs = [graph.outputs[i] for i in mk.outputs]
+    template = [f"({n!r}, mx.{_MSL_TO_MLX[t][0]})" for n, t in mk.template]
     lines = [f"# ---- MLX kernel {mk.name} ({s.family})",
              f"header_{mk.name} = r'''" + mk.header.rstrip("\n"), "'''",
              f"source_{mk.name} = r'''" + mk.source.rstrip("\n"), "'''",
@@ -484,7 +484,7 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
              "    ensure_row_contiguous=True)",
              f"outputs = {mk.name}(",
              f"    inputs=[{', '.join(arg(b, t) for b, t in mk.inputs)}],",
-             f"    template=[{', '.join(f'({n!r}, mx.{_MSL_TO_MLX[t][0]})' for n, t in mk.template)}],",
+             f"    template=[{', '.join(template)}],",
              f"    output_shapes=[{', '.join(shape(o) for o in outs)}],",
              f"    output_dtypes=[{', '.join('mx.' + _TO_MLX[o.dtype.name] for o in outs)}],",
              f"    grid={grid}, threadgroup={tg})"]
