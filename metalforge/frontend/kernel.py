@@ -15,6 +15,7 @@ import torch
 
 from .. import autodiff, dtypes, runtime
 from ..reference import evaluate
+from ..runtime import mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
@@ -227,6 +228,7 @@ class Kernel:
             dvar_from[var] = f"the binding {var}={v!r}"
         values: dict[str, Any] = {}
         consts: dict[str, Any] = {}
+        kinds: dict[bool, str] = {}     # MLX array or torch tensor → first argument of the kind
         for p in self.params:
             where = f"{self.where}, argument '{p.name}'"
             if p.name not in got:
@@ -236,11 +238,13 @@ class Kernel:
                 continue
             v = got[p.name]
             if isinstance(p, TensorParam):
-                if not isinstance(v, torch.Tensor):
+                is_mlx = mlx.is_array(v)                   # an mlx.core.array: MLX backend
+                if not isinstance(v, torch.Tensor) and not is_mlx:
                     raise BindingError(f"{where}: expected a torch.Tensor (annotated "
                                        f"\"{p.annotation}\"), got {type(v).__name__}")
+                kinds.setdefault(is_mlx, p.name)
                 try:
-                    dt = dtypes.from_torch(v.dtype)
+                    dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
                 except TypeError as e:
                     raise BindingError(f"{where}: {e}") from None
                 if p.dtype_var is None:
@@ -262,6 +266,11 @@ class Kernel:
                 values[p.name] = self._check_scalar(p.pytype, v, where)
             else:
                 consts[p.name] = self._check_const(p.pytype, v, where)
+        if len(kinds) > 1:
+            raise BindingError(f"{self.where}: argument '{kinds[False]}' is a torch.Tensor but "
+                               f"'{kinds[True]}' is an mlx.core.array; one call takes one kind "
+                               "(torch tensors run on 'mps'/'sim', MLX arrays on 'mlx'): "
+                               "convert one of them")
         for var in self.dtype_vars:
             if var not in dvars:
                 if not partial:
@@ -444,9 +453,15 @@ class Kernel:
         return autodiff.source(bw, values, sizes=sizes or None, launch=self.launch)
 
     def reference(self, *args, **kwargs):
-        """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
+        """Evaluate the kernel with torch eager ops (float64 math) on these arguments (MLX
+        arrays are evaluated on copies as CPU tensors and the results returned as MLX arrays)."""
         key, values, dvars, consts = self._bind(args, kwargs)
-        return evaluate(self._graph(key, dvars, consts), values)
+        g = self._graph(key, dvars, consts)
+        if not any(mlx.is_array(v) for v in values.values()):
+            return evaluate(g, values)
+        out = evaluate(g, {n: mlx.to_torch(v) if mlx.is_array(v) else v   # MLX in, MLX out
+                           for n, v in values.items()})
+        return tuple(map(mlx.to_mlx, out)) if isinstance(out, tuple) else mlx.to_mlx(out)
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.
