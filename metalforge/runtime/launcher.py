@@ -150,7 +150,7 @@ def bind(call: Call) -> Launch:
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
-    """What the runtime passes for one kernel parameter (see `ir.Param.binds`)."""
+    """What the runtime passes for one kernel parameter (see `ir.Argument.binds`)."""
     kind = binds[0]
     if kind == "input":
         p = call.spec.graph.param(binds[1])

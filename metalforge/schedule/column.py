@@ -105,7 +105,7 @@ class _Builder(red.Builder):
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
-    def kernel(self, v: red.Variant) -> ir.Kernel:
+    def kernel(self, v: red.Variant) -> ir.LoweredKernel:
         g = self.g
         split = v.name == "split"
         S = self.p.rows_per_group if split else 1

@@ -299,19 +299,19 @@ class _Builder:
         return Schedule("elementwise", self.g, p, kernel, tuple(self.grid),
                         tuple(t.name for t in self.vec_in), self.index64)
 
-    def _params(self) -> tuple[ir.Param, ...]:
+    def _params(self) -> tuple[ir.Argument, ...]:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")
 
 
-def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...]:
+def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Argument, ...]:
     """The kernel's parameter list, in binding order: the inputs it reads, the outputs, the
     scalars it uses, [mf_numel,] the axis sizes it uses. `b` is a schedule builder (its graph
     `g`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
     `index64`); `what` goes after "kernel arguments" in the too-many-arguments error."""
-    ps: list[ir.Param] = []
+    ps: list[ir.Argument] = []
 
     def add(name, kind, typ, binds, writable=False, cast=None):
-        ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+        ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
 
     for t in b.inputs:
         add(b.names[t.name], "buffer", b.in_stype(t), ("input", t.name))

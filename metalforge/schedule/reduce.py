@@ -452,15 +452,15 @@ class Builder:
         """A load of input `n` at the thread's row (column), for values without the axis."""
         raise NotImplementedError
 
-    def kernel(self, v: Variant) -> ir.Kernel:
+    def kernel(self, v: Variant) -> ir.LoweredKernel:
         raise NotImplementedError
 
     def variants(self, names: tuple[str, ...], advice: str = ""
-                 ) -> tuple[dict[str, ir.Kernel], dict[str, dict[str, int]], int]:
+                 ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:
         """Build the kernel of every variant (the subclass's `kernel`, each with a fresh
         `Variant` as `self.v`); they share one parameter list and helper set. Returns
         ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
-        kernels: dict[str, ir.Kernel] = {}
+        kernels: dict[str, ir.LoweredKernel] = {}
         passes: dict[str, dict[str, int]] = {}
         tg = 0
         for name in names:

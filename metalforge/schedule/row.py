@@ -51,12 +51,12 @@ def is_row(graph: Graph, axis: str) -> bool:
 class RowSchedule(Schedule):
     axis: str = ""
     rows: tuple[str, ...] = ()
-    variants: dict = field(default_factory=dict)       # name → ir.Kernel
+    variants: dict = field(default_factory=dict)       # name → ir.LoweredKernel
     reductions: list = field(default_factory=list)
     passes: dict = field(default_factory=dict)         # variant → {input: times read per row}
 
     @property
-    def kernels(self) -> tuple[ir.Kernel, ...]:
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
         return tuple(self.variants.values())
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
@@ -289,7 +289,7 @@ class _Builder(red.Builder):
         return out
 
     # -- one variant -----------------------------------------------------------------------
-    def kernel(self, v: red.Variant) -> ir.Kernel:
+    def kernel(self, v: red.Variant) -> ir.LoweredKernel:
         g = self.g
         looped = v.name == "looped"
         # the looped variant adds thousands of elements per thread: compensated sums
