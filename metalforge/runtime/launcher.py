@@ -73,7 +73,7 @@ class Compiled:
     max_threads: int              # its pipeline's max_threads_per_threadgroup
 
 
-def compile(schedule: sched_mod.Schedule, source: str, backend: str,  # noqa: A001
+def compile(schedule: sched_mod.Schedule, source: str, backend: str,
             host_name: str) -> Compiled:
     """Stage 3: the kernel `host_name` of `source` on `backend` (libraries are cached by the
     backend), refused if its pipeline cannot take the schedule's launch policy."""
@@ -150,7 +150,7 @@ def bind(call: Call) -> Launch:
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
-    """What the runtime passes for one kernel parameter (see `ir.Param.binds`)."""
+    """What the runtime passes for one kernel parameter (see `ir.Argument.binds`)."""
     kind = binds[0]
     if kind == "input":
         p = call.spec.graph.param(binds[1])
