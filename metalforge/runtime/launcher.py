@@ -159,9 +159,9 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
             t = t.clone()                       # vector loads need an aligned start
         if p.dims and p.dims[0].batch:
             t = t.reshape(flat_shape(call.binding, p))
-        return t
+        return _as_buffer(t)
     if kind == "output":
-        return call.outputs[binds[1]]
+        return _as_buffer(call.outputs[binds[1]])
     if kind == "scalar":
         p = call.spec.graph.param(binds[1])
         v = call.values[binds[1]]
@@ -169,6 +169,13 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
     if kind == "numel":
         return call.numel
     return call.binding.sizes[binds[1]]         # ("size", axis)
+
+
+def _as_buffer(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim tensor (an output whose axes are all zero `*B` dims) as a 1-element view:
+    compile_shader binds a 0-dim CPU tensor by value (setBytes), so a kernel's writes to it
+    would be lost."""
+    return t.reshape(1) if t.dim() == 0 else t
 
 
 def dispatch(launch: Launch) -> None:
