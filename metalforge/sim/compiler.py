@@ -38,7 +38,7 @@ SOURCE_NAME = "program_source"
 OPT_LEVEL = os.environ.get("METALFORGE_SIM_OPT", "-O1")
 COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
                 "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1",
-                "-D__METAL_VERSION__=310"]
+                "-D__METAL_VERSION__=320"]
 FORMAT_VERSION = "1"
 
 
@@ -231,7 +231,7 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
         src = Path(tmp) / SOURCE_NAME
         src.write_text(source)
         r = _run(_cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
-                               "-D__METAL_VERSION__=310", "-I", str(_stub_dir()),
+                               "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
                                "-I", torch_include(), SOURCE_NAME], cwd=tmp)
         if r.returncode != 0:
             raise _syntax_error(_clean_message(r.stderr, tmp), source)

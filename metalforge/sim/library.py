@@ -422,11 +422,36 @@ class Kernel:
         return f"kernel '{name}': simulator error: {msg}"
 
 
+def _fc_literal(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v}ll"
+    if isinstance(v, float):
+        return f"{float(v).hex()}"
+    raise TypeError(f"function_constants: values are bool, int or float, got {v!r}")
+
+
+def function_constant_preamble(values: dict[int, bool | int | float]) -> str:
+    """C++ text that defines function constants `values` (index -> value) for the source that
+    follows it (see include/mf_sim/constants.h); line 1 of that source stays line 1."""
+    if not values:
+        return ""
+    specs = []
+    for k in sorted(values):
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 65536:
+            raise TypeError(f"function_constants: keys are the [[function_constant(index)]] "
+                            f"indices (ints 0..65535), got {k!r}")
+        specs.append(f"template <> struct fc_value<{k}> {{ static constexpr bool defined = true; "
+                     f"static constexpr auto value = {_fc_literal(values[k])}; }};")
+    return f"namespace mf {{ {' '.join(specs)} }}\n#line 1\n"
+
+
 class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
-    def __init__(self, source: str):
-        path, kernels = build(source)
+    def __init__(self, source: str, function_constants: dict | None = None):
+        path, kernels = build(function_constant_preamble(function_constants or {}) + source)
         _load_engine()
         self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
@@ -447,8 +472,14 @@ class Library:
         return f"<metalforge.sim library: {', '.join(sorted(self._sigs))}>"
 
 
-def compile_shader(source: str) -> Library:
-    """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader)."""
+def compile_shader(source: str, *, function_constants: dict | None = None) -> Library:
+    """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader).
+
+    ``function_constants`` (a simulator extension; torch.mps.compile_shader has no such
+    argument) gives values to ``[[function_constant(index)]]`` declarations, as
+    ``{index: value}`` with bool/int/float values, as an MTLFunctionConstantValues would.  A
+    constant without a value is undefined: ``is_function_constant_defined`` is false for it and
+    it reads as zero."""
     if not isinstance(source, str):
         raise TypeError("compile_shader expects the Metal source as a str")
-    return Library(source)
+    return Library(source, function_constants)

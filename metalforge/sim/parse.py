@@ -44,7 +44,14 @@ ADDRESS_SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_im
 
 
 class ParseError(Exception):
-    """The source has a kernel the simulator cannot run (message says why and where)."""
+    """The source has a kernel the simulator cannot run (message says why and where).
+
+    ``offset`` (into the preprocessed text) is set when the message has no location yet;
+    `parse` turns it into the user's ``file:line``."""
+
+    def __init__(self, msg: str, offset: int | None = None):
+        super().__init__(msg)
+        self.offset = offset
 
 
 @dataclass
@@ -92,10 +99,22 @@ class TgDecl:
 
 
 @dataclass
+class FunctionConstant:
+    """A program-scope ``constant T name [[function_constant(index)]];`` declaration."""
+    name: str
+    type_text: str
+    index: int
+    start: int                 # offsets of the declaration, through its ';'
+    end: int
+    line: int = 0
+
+
+@dataclass
 class ParsedSource:
     kernels: list[Kernel]
     blank_spans: list[tuple[int, int]] = field(default_factory=list)     # attributes, instantiations
     tg_decls: list[TgDecl] = field(default_factory=list)
+    function_constants: list[FunctionConstant] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------ tokens
@@ -187,7 +206,8 @@ def _match(toks: list[Token], i: int, open_: str, close: str) -> int:
             depth -= 1
             if depth == 0:
                 return j
-    raise ParseError(f"unbalanced '{open_}'")
+    raise ParseError(f"unbalanced '{open_}': no matching '{close}'", toks[i].start if i < len(toks)
+                     else None)
 
 
 def _match_angle(toks: list[Token], i: int) -> int:
@@ -208,7 +228,7 @@ def _match_angle(toks: list[Token], i: int) -> int:
         if depth <= 0 and t in (">", ">>"):
             return j
         j += 1
-    raise ParseError("unbalanced '<' in a template")
+    raise ParseError("unbalanced '<' in a template", toks[i].start if i < len(toks) else None)
 
 
 def _name_before(toks: list[Token], idx: int) -> str:
@@ -224,6 +244,19 @@ def _name_before(toks: list[Token], idx: int) -> str:
             continue
         break
     return "".join(parts)
+
+
+def _top_level(toks: list[Token]) -> list[str]:
+    """Texts of the tokens outside (), [] and {} brackets."""
+    out, depth = [], 0
+    for t in toks:
+        if t.kind == "punct" and t.text in "([{":
+            depth += 1
+        elif t.kind == "punct" and t.text in ")]}":
+            depth -= 1
+        elif depth == 0:
+            out.append(t.text)
+    return out
 
 
 def _split_commas(toks: list[Token]) -> list[list[Token]]:
@@ -484,6 +517,7 @@ class _Walker:
         self.blank: list[tuple[int, int]] = []
         self.tg: list[TgDecl] = []
         self.consts: dict[str, str] = {}
+        self.fcs: list[FunctionConstant] = []
 
     def run(self) -> None:
         toks = self.toks
@@ -520,6 +554,11 @@ class _Walker:
                 i = close + 1
                 stmt_start = i
                 continue
+            if t.text == "(" and t.kind == "punct":
+                # a parenthesised part of a declaration (parameter list, static_assert or
+                # initialiser argument): braces inside it are never a function body
+                i = _match(toks, i, "(", ")") + 1
+                continue
             if t.text == ";":
                 self._statement(stmt_start, i, None, ns)
                 i += 1
@@ -531,10 +570,12 @@ class _Walker:
                 words = [x.text for x in head]
                 first = words[0] if words else ""
                 k = 0
-                if first == "template" and len(words) > 1 and words[1] == "<":
-                    k = _match_angle(head, 1) + 1
+                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
+                    k = _match_angle(head, k + 1) + 1
                 kind = words[k] if k < len(words) else ""
-                is_func = (")" in words and "=" not in words and
+                # a function definition: a parameter list and no '=' outside brackets (an '='
+                # makes it a variable with a brace initialiser)
+                is_func = (")" in words[k:] and "=" not in _top_level(head[k:]) and
                            kind not in ("struct", "class", "union", "enum", "typedef", "using"))
                 if is_func:
                     self._statement(stmt_start, i, (i, close), ns)
@@ -557,6 +598,10 @@ class _Walker:
             if q >= 1 and head[q - 1].kind == "id" and \
                     any(w in ("constexpr", "constant", "const") for w in words[:q]):
                 self.consts[words[q - 1]] = " ".join(words[q + 1:])
+        if body is None and any(t.kind == "attr" and _attr_name(t.text)[0] == "function_constant"
+                                for t in head):
+            self._function_constant(head, e)
+            return
         if words[0] == "template" and (len(words) < 2 or words[1] != "<"):
             if body is None:
                 self._instantiation(head, ns)
@@ -586,6 +631,25 @@ class _Walker:
             tparams=tparams, param_toks=decl[popen + 1:pclose], is_kernel=is_kernel,
             attrs=[t.text for t in decl if t.kind == "attr"], body=body,
             offset=head[0].start, tg=tg))
+
+    def _function_constant(self, head: list[Token], semi: int) -> None:
+        attr = next(t for t in head if t.kind == "attr")
+        _, arg = _attr_name(attr.text)
+        decl = [t for t in head if t.kind != "attr" and t.text not in ("constant", "const")]
+        if len(decl) < 2 or decl[-1].kind != "id" or "=" in [t.text for t in decl]:
+            raise ParseError(f"a function constant is declared as `constant T name "
+                             f"[[function_constant(index)]];`, got "
+                             f"`{self.text[head[0].start:head[-1].end]}`", head[0].start)
+        try:
+            index = int(arg, 8) if re.fullmatch(r"0[0-7]+", arg) else int(arg, 0)
+        except ValueError:
+            index = None
+        if index is None:
+            raise ParseError(f"[[function_constant({arg})]]: the index must be an integer "
+                             f"literal", attr.start)
+        type_text = " ".join(t.text for t in decl[:-1]).replace(" :: ", "::")
+        self.fcs.append(FunctionConstant(name=decl[-1].text, type_text=type_text, index=index,
+                                         start=head[0].start, end=self.toks[semi].end))
 
     def _body(self, b0: int, b1: int) -> list[TgDecl]:
         """Find statement-level `threadgroup T x[N];` declarations in a function body."""
@@ -697,14 +761,24 @@ def _subst(text: str, mapping: dict[str, str]) -> str:
 
 def parse(text: str) -> ParsedSource:
     """Parse preprocessed MSL text into kernels plus the spans the rewrite pass needs."""
-    w = _Walker(text)
-    w.run()
     lines = LineMap(text)
-    kernels: list[Kernel] = []
 
     def where(off: int) -> str:
         f, ln = lines.locate(off)
         return f"{f or 'program_source'}:{ln}"
+
+    try:
+        return _parse(text, lines, where)
+    except ParseError as e:
+        if e.offset is None:
+            raise
+        raise ParseError(f"{where(e.offset)}: {e}") from None
+
+
+def _parse(text: str, lines: LineMap, where) -> ParsedSource:
+    w = _Walker(text)
+    w.run()
+    kernels: list[Kernel] = []
 
     def finish(fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
                subst: dict[str, str], concrete: list[Param] | None) -> Kernel:
@@ -778,4 +852,7 @@ def parse(text: str) -> ParsedSource:
         if k.host_name in seen:
             raise ParseError(f"two kernels are named '{k.host_name}'")
         seen.add(k.host_name)
-    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg)
+    for fc in w.fcs:
+        fc.line = lines.locate(fc.start)[1]
+    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
+                        function_constants=w.fcs)
