@@ -183,3 +183,26 @@ def test_intrinsics_bfloat_overloads_rotations_and_logging():
     torch.testing.assert_close(y[:, 2], x[(lanes + 3) % 32])
     torch.testing.assert_close(y[:, 3], x[(lanes - 3) % 32])
     torch.testing.assert_close(y[:, 4], x.sum().expand(32), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- big sources
+def test_big_sources_compile_each_kernel_on_first_lookup():
+    from metalforge.sim.library import LAZY_KERNELS
+    insts = "\n".join(f'template [[host_name("add_{i}")]] [[kernel]] decltype(add<{i}>) add<{i}>;'
+                      for i in range(LAZY_KERNELS + 1))
+    src = r"""
+#include <metal_stdlib>
+template <int N>
+[[kernel]] void add(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static_assert(N != 7, "instantiating add<7> is an error");
+  y[i] += float(N);
+}
+""" + insts
+    lib = compile_shader(src)          # add<7> is never instantiated unless looked up
+    assert len(dir(lib)) == LAZY_KERNELS + 1
+    y = torch.zeros(3)
+    lib.add_5(y)
+    lib.add_64(y)
+    assert y.tolist() == [69.0] * 3
+    with pytest.raises(SyntaxError, match="instantiating add<7> is an error"):
+        lib.add_7

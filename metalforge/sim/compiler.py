@@ -212,11 +212,18 @@ def _kernel_from_json(d: dict) -> Kernel:
     return Kernel(**d)
 
 
-def build(source: str) -> tuple[Path, list[Kernel]]:
-    """Compile `source` (or fetch it from the cache); return the library path and kernels."""
+def build(source: str, kernels: list[str] | None = None,
+          max_kernels: int | None = None) -> tuple[Path | None, list[Kernel]]:
+    """Compile `source` (or fetch it from the cache); return the library path and kernels.
+
+    With `kernels` (host names), only those get entry points, so only they are instantiated.
+    With `max_kernels`, a source with more kernels than that is not compiled: the result is
+    (None, its kernels), and the caller builds them one at a time (see library.py)."""
     path, ident, is_clang = compiler()
-    key = hashlib.sha256("\0".join([source, shim_hash(), ident, OPT_LEVEL,
-                                    " ".join(COMMON_FLAGS)]).encode()).hexdigest()[:24]
+    parts = [source, shim_hash(), ident, OPT_LEVEL, " ".join(COMMON_FLAGS)]
+    if kernels is not None:
+        parts.append("kernels:" + ",".join(kernels))
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
     d = cache_dir()
     so, meta = d / f"lib-{key}.so", d / f"lib-{key}.json"
     if so.exists() and meta.exists():
@@ -240,6 +247,11 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
+        if kernels is None and max_kernels is not None and len(parsed.kernels) > max_kernels:
+            return None, parsed.kernels
+        if kernels is not None:
+            by_name = {k.host_name: k for k in parsed.kernels}
+            parsed.kernels = [by_name[n] for n in kernels]
         text = rewrite(pre, parsed)
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)

@@ -200,7 +200,7 @@ def _dims(v, what: str) -> list[int]:
 class Kernel:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: "Library", index: int, sig: KernelSig):
+    def __init__(self, lib: "_Dll", index: int, sig: KernelSig):
         self._lib = lib
         self._index = index
         self._sig = sig
@@ -447,23 +447,43 @@ def function_constant_preamble(values: dict[int, bool | int | float]) -> str:
     return f"namespace mf {{ {' '.join(specs)} }}\n#line 1\n"
 
 
+# Sources with more host-visible kernels than this (MLX's binary.metal has thousands) are
+# compiled lazily: each kernel on first lookup, as its own small library, so time and memory
+# are bounded by what is used.  Smaller sources compile whole, in one compiler run.
+LAZY_KERNELS = 64
+
+
+class _Dll:
+    """One compiled shared library (a whole source, or one kernel of a lazily built one)."""
+
+    def __init__(self, path):
+        self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
+        self._path = path
+
+
 class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
     def __init__(self, source: str, function_constants: dict | None = None):
-        path, kernels = build(function_constant_preamble(function_constants or {}) + source)
+        self._source = function_constant_preamble(function_constants or {}) + source
+        path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
         _load_engine()
-        self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
-        self._path = path
+        self._kernels: dict[str, Kernel] = {}
+        if path is not None:
+            dll = _Dll(path)
+            for name, (i, sig) in self._sigs.items():
+                self._kernels[name] = Kernel(dll, i, sig)
 
     def __getattr__(self, name: str) -> Kernel:
-        if name.startswith("__") or name in ("_dll", "_sigs", "_path"):
+        if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._sigs:
             raise RuntimeError(f"Failed to create function state object for: {name}")
-        i, sig = self._sigs[name]
-        return Kernel(self, i, sig)
+        if name not in self._kernels:
+            path, kernels = build(self._source, kernels=[name])
+            self._kernels[name] = Kernel(_Dll(path), 0, kernels[0])
+        return self._kernels[name]
 
     def __dir__(self):
         return sorted(self._sigs)

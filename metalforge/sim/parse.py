@@ -246,6 +246,12 @@ def _name_before(toks: list[Token], idx: int) -> str:
     return "".join(parts)
 
 
+# Address spaces that are the same ordinary memory on the CPU (`constant` is `const`, so it stays
+# a distinct overload).
+_CPU_SAME_SPACES = frozenset(ADDRESS_SPACES) - {"constant"}
+_MEMBER_QUALS = frozenset(ADDRESS_SPACES) | {"const", "volatile", "noexcept", "override", "final"}
+
+
 def _top_level(toks: list[Token]) -> list[str]:
     """Texts of the tokens outside (), [] and {} brackets."""
     out, depth = [], 0
@@ -518,6 +524,7 @@ class _Walker:
         self.tg: list[TgDecl] = []
         self.consts: dict[str, str] = {}
         self.fcs: list[FunctionConstant] = []
+        self.overloads: dict[str, list[tuple[str, int, int]]] = {}
 
     def run(self) -> None:
         toks = self.toks
@@ -527,6 +534,14 @@ class _Walker:
                 if name not in STANDARD_ATTRS:
                     self.blank.append((t.start, t.end))
         self._scope(0, len(toks), [])
+        self._drop_space_overloads(self.overloads)
+
+    def _drop_space_overloads(self, groups: dict[str, list[tuple[str, int, int]]]) -> None:
+        for group in groups.values():
+            keep = next((m for m in group if m[0] in ("", "thread")), group[0])
+            for m in group:
+                if m is not keep:
+                    self.blank.append((self.toks[m[1]].start, self.toks[m[2]].end))
 
     def _scope(self, i: int, end: int, ns: list[str]) -> None:
         toks = self.toks
@@ -582,6 +597,8 @@ class _Walker:
                     i = close + 1
                     stmt_start = i
                     continue
+                if kind in ("struct", "class", "union"):
+                    self._class_body(i, close)
                 i = close + 1       # struct/enum/initializer body: the statement goes on to ';'
                 continue
             i += 1
@@ -621,6 +638,14 @@ class _Walker:
         popen = next((j for j, t in enumerate(decl) if t.text == "("), None)
         if popen is None or popen == 0:
             return
+        if not is_kernel:
+            # overloads on address spaces only (`f(thread T&)`, `f(device T&)`) coincide on the
+            # CPU: the first (preferably `thread`/unqualified) is kept, see run()
+            key = " ".join(ns + [t.text for t in head if t.kind != "attr" and
+                                 (t.kind != "id" or t.text not in _CPU_SAME_SPACES)])
+            space = next((t.text for t in head if t.kind == "id" and
+                          t.text in _CPU_SAME_SPACES - {"thread"}), "")
+            self.overloads.setdefault(key, []).append((space, s, body[1]))
         pclose = _match(decl, popen, "(", ")")
         name = _name_before(decl, popen)
         if not name:
@@ -631,6 +656,82 @@ class _Walker:
             tparams=tparams, param_toks=decl[popen + 1:pclose], is_kernel=is_kernel,
             attrs=[t.text for t in decl if t.kind == "attr"], body=body,
             offset=head[0].start, tg=tg))
+
+    def _class_body(self, open_: int, close: int) -> None:
+        """Member functions overloaded on the object's address space (``f() thread``, ``f()
+        device``, ``f() const constant``: Metal code such as MLX's complex_t writes one per
+        space) are the same function on the CPU, where every space is ordinary memory: the
+        qualifier is blanked, and of members that then coincide the first ``thread`` (or
+        unqualified) one is kept and the others are blanked whole."""
+        toks = self.toks
+        members: dict[str, list[tuple[str, int, int]]] = {}
+        i = stmt = open_ + 1
+        while i < close:
+            t = toks[i]
+            if t.kind == "id" and t.text in ("public", "private", "protected") and \
+                    i + 1 < close and toks[i + 1].text == ":":
+                i = stmt = i + 2
+                continue
+            if t.text == "(" and t.kind == "punct":
+                i = _match(toks, i, "(", ")") + 1
+                continue
+            if t.text == ";":
+                self._member(toks[stmt:i], stmt, i, members)
+                i = stmt = i + 1
+                continue
+            if t.text == "{":
+                end = _match(toks, i, "{", "}")
+                head = toks[stmt:i]
+                words = [x.text for x in head]
+                k = 0
+                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
+                    k = _match_angle(head, k + 1) + 1
+                kind = words[k] if k < len(words) else ""
+                if kind in ("struct", "class", "union"):
+                    self._class_body(i, end)
+                    i = end + 1
+                    continue
+                tl = _top_level(head[k:])
+                init_brace = ":" in tl and ")" in words and toks[i - 1].text not in (")",) and \
+                    (toks[i - 1].kind == "id" and toks[i - 1].text not in _MEMBER_QUALS or
+                     toks[i - 1].text == ">")
+                if ")" in words[k:] and "=" not in tl and kind not in ("enum", "typedef", "using") \
+                        and not init_brace:
+                    self._member(head, stmt, end, members)
+                    i = stmt = end + 1
+                    if i < close and toks[i].text == ";":
+                        i = stmt = i + 1
+                    continue
+                i = end + 1
+                continue
+            i += 1
+        self._drop_space_overloads(members)
+
+    def _member(self, head: list[Token], s: int, e: int,
+                members: dict[str, list[tuple[str, int, int]]]) -> None:
+        """Record one member declaration/definition toks[s..e]; blank address-space qualifiers."""
+        words = [t.text for t in head]
+        popen = next((j for j, t in enumerate(head) if t.text == "(" and j > 0 and
+                      (head[j - 1].kind == "id" or head[j - 1].text in (")", ">"))), None)
+        if popen is None:
+            return
+        pclose = _match(head, popen, "(", ")")
+        if words[popen - 1] == ")" and popen >= 2 and words[popen - 2] == "(":  # operator()
+            if pclose + 1 < len(head) and words[pclose + 1] == "(":
+                popen = pclose + 1
+                pclose = _match(head, popen, "(", ")")
+        space = ""
+        key = [t.text for t in head[:pclose + 1] if t.kind != "attr" and
+               (t.kind != "id" or t.text not in _CPU_SAME_SPACES)]
+        for t in head[pclose + 1:]:
+            if t.text in (":", "->", "=", "{") or t.kind == "attr":
+                break
+            if t.kind == "id" and t.text in ADDRESS_SPACES:
+                space = space or t.text
+                self.blank.append((t.start, t.end))
+            else:
+                key.append(t.text)
+        members.setdefault(" ".join(key), []).append((space, s, e))
 
     def _function_constant(self, head: list[Token], semi: int) -> None:
         attr = next(t for t in head if t.kind == "attr")

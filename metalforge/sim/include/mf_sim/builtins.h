@@ -53,9 +53,20 @@ MF_SIM_INTRINSIC(simd_shuffle_rotate_down) MF_SIM_INTRINSIC(simd_shuffle_rotate_
 MF_SIM_INTRINSIC(simd_shuffle_xor) MF_SIM_INTRINSIC(simd_max) MF_SIM_INTRINSIC(simd_min)
 MF_SIM_INTRINSIC(simd_prefix_exclusive_product) MF_SIM_INTRINSIC(simd_prefix_exclusive_sum)
 MF_SIM_INTRINSIC(simd_prefix_inclusive_product) MF_SIM_INTRINSIC(simd_prefix_inclusive_sum)
-MF_SIM_INTRINSIC(simd_product) MF_SIM_INTRINSIC(simd_sum) MF_SIM_INTRINSIC(simd_xor)
+MF_SIM_INTRINSIC(simd_product) MF_SIM_INTRINSIC(simd_sum)
 #undef MF_SIM_INTRINSIC
 
+// The bitwise reduction on any scalar: on the value's bits (MLX calls it with a float).
+template <class T>
+MF_INLINE T __metal_simd_xor(T x) {
+  if constexpr (std::is_integral<T>::value) {
+    return ::metal::simd_xor(x);
+  } else {
+    using U = std::conditional_t<sizeof(T) == 2, uint16_t,
+                                 std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+    return __builtin_bit_cast(T, ::metal::simd_xor(__builtin_bit_cast(U, x)));
+  }
+}
 template <class T>
 MF_INLINE T __metal_frexp(T x, int* e) { return ::metal::frexp(x, *e); }
 template <class T>

@@ -284,7 +284,7 @@ MF_PREFIX(quad_prefix_exclusive_product, Prod, false, 1, 1)
 
 #define MF_SHUFFLE(NAME, KIND, QUAD)                                                         \
   template <class T>                                                                        \
-  inline T NAME(T data, unsigned arg, MF_SITE_PARAMS) {                                     \
+  inline T NAME(T data, ushort arg, MF_SITE_PARAMS) {                                     \
     return ::mf::simd::run<T>(data, &::mf::simd::shuffle<T, ::mf::simd::KIND>, QUAD, #NAME, \
                               MF_SITE, arg);                                                \
   }
@@ -306,12 +306,12 @@ MF_SHUFFLE(quad_shuffle_rotate_down, ROTATE_DOWN, 1)
 
 #define MF_FILL(NAME, DOWN, QUAD)                                                            \
   template <class T>                                                                        \
-  inline T NAME(T data, T filling_data, unsigned delta, MF_SITE_PARAMS) {                   \
+  inline T NAME(T data, T filling_data, ushort delta, MF_SITE_PARAMS) {                   \
     return ::mf::simd::run<T>(data, &::mf::simd::fill_shuffle<T, DOWN>, QUAD, #NAME,        \
                               MF_SITE, delta, &filling_data, 0);                            \
   }                                                                                         \
   template <class T>                                                                        \
-  inline T NAME(T data, T filling_data, unsigned delta, unsigned modulo, MF_SITE_PARAMS) {   \
+  inline T NAME(T data, T filling_data, ushort delta, ushort modulo, MF_SITE_PARAMS) {   \
     return ::mf::simd::run<T>(data, &::mf::simd::fill_shuffle<T, DOWN>, QUAD, #NAME,        \
                               MF_SITE, delta, &filling_data, (int64_t)modulo);              \
   }
