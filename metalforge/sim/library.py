@@ -200,11 +200,17 @@ def _dims(v, what: str) -> list[int]:
 class Kernel:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: "_Dll", index: int, sig: KernelSig):
+    def __init__(self, lib: "_Dll", index: int, sig: KernelSig, fc: dict | None = None):
+        self._fc = fc or {}
         self._lib = lib
         self._index = index
         self._sig = sig
         self._entry = ctypes.cast(getattr(lib._dll, entry_symbol(index)), ctypes.c_void_p).value
+
+    def _present(self, p: Param) -> bool:
+        """Whether a parameter exists in this specialisation (its function constant, if any,
+        is true; an undefined one counts as false)."""
+        return p.function_constant_index < 0 or bool(self._fc.get(p.function_constant_index))
 
     @property
     def max_threads_per_threadgroup(self) -> int:
@@ -244,6 +250,17 @@ class Kernel:
         bound: list[_Bound] = []
         first_numel = None
         for i, a in enumerate(args):
+            absent = not self._present(bufs[i])
+            if absent or a is None:
+                if not absent or a is not None:
+                    p = bufs[i]
+                    raise TypeError(
+                        f"kernel '{name}' argument {i} {_describe_param(p)}: pass None exactly "
+                        f"for the parameters whose [[function_constant(...)]] is false; "
+                        f"{p.function_constant or 'it has none'}"
+                        f"{' is false' if absent else ''}")
+                bound.append(_Bound("none", "", 0, "None"))
+                continue
             if isinstance(a, torch.Tensor):
                 if a.device.type != "cpu":
                     raise TypeError(f"kernel '{name}' argument {i}: the simulator runs on CPU "
@@ -357,6 +374,10 @@ class Kernel:
                     lo_of[key] = min(lo_of.get(key, off), off)
             for i, b in enumerate(bound):
                 label = f"'{bufs[i].name}' (argument {i})"
+                if b.kind == "none":
+                    ptrs[i] = None
+                    arg_region.append(-1)
+                    continue
                 if b.kind == "tensor":
                     st = b.tensor.untyped_storage()
                     key = st.data_ptr()
@@ -465,7 +486,8 @@ class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
     def __init__(self, source: str, function_constants: dict | None = None):
-        self._source = function_constant_preamble(function_constants or {}) + source
+        self._fc = dict(function_constants or {})
+        self._source = function_constant_preamble(self._fc) + source
         path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
         _load_engine()
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
@@ -473,7 +495,7 @@ class Library:
         if path is not None:
             dll = _Dll(path)
             for name, (i, sig) in self._sigs.items():
-                self._kernels[name] = Kernel(dll, i, sig)
+                self._kernels[name] = Kernel(dll, i, sig, self._fc)
 
     def __getattr__(self, name: str) -> Kernel:
         if name.startswith("_"):
@@ -482,7 +504,7 @@ class Library:
             raise RuntimeError(f"Failed to create function state object for: {name}")
         if name not in self._kernels:
             path, kernels = build(self._source, kernels=[name])
-            self._kernels[name] = Kernel(_Dll(path), 0, kernels[0])
+            self._kernels[name] = Kernel(_Dll(path), 0, kernels[0], self._fc)
         return self._kernels[name]
 
     def __dir__(self):

@@ -76,6 +76,9 @@ class Param:
     is_reference: bool = False
     is_const: bool = False
     elem_type: str = ""        # pointee / referee / value type, qualifiers removed
+    # [[function_constant(name)]]: the parameter exists only when that bool constant is true
+    function_constant: str = ""
+    function_constant_index: int = -1
 
 
 @dataclass
@@ -219,6 +222,9 @@ def _match_angle(toks: list[Token], i: int) -> int:
         if t in ("(", "["):
             j = _match(toks, j, t, ")" if t == "(" else "]") + 1
             continue
+        if t == "<" and _is_less_than(toks, j):
+            j += 1
+            continue
         if t == "<":
             depth += 1
         elif t == ">":
@@ -265,11 +271,19 @@ def _top_level(toks: list[Token]) -> list[str]:
     return out
 
 
+def _is_less_than(toks: list[Token], j: int) -> bool:
+    """Whether the '<' at toks[j] compares (`sizeof(T) < 8`, `4 < N`) rather than opening
+    template arguments: a template name is never a literal or a closing parenthesis."""
+    return j > 0 and (toks[j - 1].kind == "num" or toks[j - 1].text == ")")
+
+
 def _split_commas(toks: list[Token]) -> list[list[Token]]:
     parts: list[list[Token]] = [[]]
     depth = 0
-    for t in toks:
-        if t.kind == "punct" and t.text in "([{<":
+    for j, t in enumerate(toks):
+        if t.kind == "punct" and t.text == "<" and _is_less_than(toks, j):
+            pass
+        elif t.kind == "punct" and t.text in "([{<":
             depth += 1
         elif t.kind == "punct" and t.text in ")]}>":
             depth -= 1
@@ -314,6 +328,23 @@ def _attr_name(a: str) -> tuple[str, str]:
     return (m.group(1), (m.group(2) or "").strip()) if m else (a, "")
 
 
+def _attr_list(text: str) -> list[tuple[str, str]]:
+    """(name, argument) of each attribute in one ``[[a(x), b]]``."""
+    parts, depth, cur = [], 0, ""
+    for c in text:
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    return [_attr_name(x) for x in parts if x.strip()]
+
+
 def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param:
     attrs = [t for t in ptoks if t.kind == "attr"]
     body = [t for t in ptoks if t.kind != "attr"]
@@ -352,9 +383,10 @@ def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param
             ("const", "volatile", "*", "&", "&&", "restrict", "__restrict", "__restrict__")]
     p.elem_type = " ".join(elem).replace(" :: ", "::").replace(" < ", "<").replace(" >", ">") \
         .replace(" ,", ",")
-    for a in attrs:
-        an, arg = _attr_name(a.text)
-        if an in POSITION_ATTRS:
+    for an, arg in (x for a in attrs for x in _attr_list(a.text)):
+        if an == "function_constant":
+            p.function_constant = arg
+        elif an in POSITION_ATTRS:
             p.role = "position"
             p.attr = "threads_per_grid" if an == "grid_size" else an
         elif an == "buffer":
@@ -599,6 +631,14 @@ class _Walker:
                     continue
                 if kind in ("struct", "class", "union"):
                     self._class_body(i, close)
+                    # specialisations on address spaces only (`S<device T*>`, `S<thread T*>`)
+                    # coincide on the CPU, as overloaded functions do
+                    key = " ".join(ns + [x.text for x in head if x.kind != "attr" and
+                                         (x.kind != "id" or x.text not in _CPU_SAME_SPACES)])
+                    space = next((x.text for x in head if x.kind == "id" and
+                                  x.text in _CPU_SAME_SPACES - {"thread"}), "")
+                    self.overloads.setdefault("struct " + key, []).append(
+                        (space, stmt_start, close))
                 i = close + 1       # struct/enum/initializer body: the statement goes on to ';'
                 continue
             i += 1
@@ -955,5 +995,14 @@ def _parse(text: str, lines: LineMap, where) -> ParsedSource:
         seen.add(k.host_name)
     for fc in w.fcs:
         fc.line = lines.locate(fc.start)[1]
+    fc_index = {fc.name: fc.index for fc in w.fcs}
+    for k in kernels:
+        for p in k.params:
+            if p.function_constant:
+                if p.function_constant not in fc_index:
+                    raise ParseError(f"program_source:{k.line}: kernel '{k.host_name}': parameter "
+                                     f"'{p.name}' names [[function_constant({p.function_constant})]]"
+                                     f", which is not a declared function constant")
+                p.function_constant_index = fc_index[p.function_constant]
     return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
                         function_constants=w.fcs)

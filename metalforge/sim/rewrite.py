@@ -30,7 +30,10 @@ import re
 from .parse import ParsedSource
 
 TG_REPLACEMENT = "static thread_local"
-_CONST_CONSTANT = re.compile(r"\bconst(\s+)constant\b|\bconstant(\s+)const\b")
+# `const` and `constant` in one run of declaration specifiers, possibly with others between them
+# (MLX: `static constant constexpr const`).
+_CONST_CONSTANT = re.compile(r"\bconst((?:\s+(?:constexpr|static|inline|volatile))*\s+)constant\b"
+                             r"|\bconstant((?:\s+(?:constexpr|static|inline|volatile))*\s+)const\b")
 
 
 def _drop_doubled_const(m: re.Match) -> str:

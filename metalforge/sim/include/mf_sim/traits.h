@@ -56,7 +56,6 @@ using std::remove_reference_t;
 using std::remove_volatile;
 using std::remove_volatile_t;
 using std::true_type;
-using std::void_t;
 
 namespace detail {
 template <class T> struct scalar_of { using type = T; };
