@@ -749,8 +749,16 @@ class _Walker:
 
     def _member(self, head: list[Token], s: int, e: int,
                 members: dict[str, list[tuple[str, int, int]]]) -> None:
-        """Record one member declaration/definition toks[s..e]; blank address-space qualifiers."""
+        """Record one member declaration/definition toks[s..e]; blank address-space qualifiers.
+
+        An explicit specialisation of a member function template written inside the class
+        (``template <> R operator()(complex64_t x)``: Clang, hence Metal, accepts it; GCC does
+        not) loses its ``template <>`` and becomes the plain overload that overload resolution
+        prefers for exactly those argument types, as it would pick the specialisation."""
         words = [t.text for t in head]
+        if words[:3] == ["template", "<", ">"]:
+            self.blank.append((head[0].start, head[2].end))
+            head, words = head[3:], words[3:]
         popen = next((j for j, t in enumerate(head) if t.text == "(" and j > 0 and
                       (head[j - 1].kind == "id" or head[j - 1].text in (")", ">"))), None)
         if popen is None:

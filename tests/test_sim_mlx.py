@@ -1,0 +1,197 @@
+"""Conformance: MLX's Metal kernel library, unmodified, through metalforge.sim.
+
+Set METALFORGE_MLX_SRC to an MLX checkout (the folder holding ``mlx/backend/metal/kernels``);
+without it every test here is skipped, and nothing of MLX is in this repository.  Each kernel
+file is read with its ``#include "mlx/..."`` headers inlined (each once, as ``#pragma once``
+does), with ``#line`` markers so errors point into MLX's files.  Kernels run with the buffers
+and grid MLX's host code (mlx/backend/metal/*.cpp) sets and are compared with ``mlx.core`` on
+the CPU (optional test extra ``mlx``; those comparisons are skipped without it).
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from metalforge.sim import compile_shader
+
+MLX_SRC = os.environ.get("METALFORGE_MLX_SRC")
+KDIR = "mlx/backend/metal/kernels/"
+pytestmark = pytest.mark.skipif(
+    not MLX_SRC or not (Path(MLX_SRC) / KDIR).is_dir(),
+    reason="METALFORGE_MLX_SRC does not point to an MLX checkout")
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(mlx/[^"]+)"')
+
+
+def inline_mlx(rel: str, seen: set[str] | None = None) -> str:
+    """MLX source file `rel` with its "mlx/..." includes inlined once each."""
+    seen = set() if seen is None else seen
+    if rel in seen:
+        return ""
+    seen.add(rel)
+    out = [f'#line 1 "{rel}"']
+    for n, line in enumerate((Path(MLX_SRC) / rel).read_text().split("\n"), 1):
+        m = _INCLUDE.match(line)
+        if m:
+            out.append(inline_mlx(m.group(1), seen))
+            out.append(f'#line {n + 1} "{rel}"')
+        elif line.strip() == "#pragma once":
+            out.append("")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+_libs: dict[str, object] = {}
+
+
+def library(name: str):
+    if name not in _libs:
+        _libs[name] = compile_shader(inline_mlx(KDIR + name))
+    return _libs[name]
+
+
+# file -> kernels to look up (files with many kernels compile lazily, per looked-up kernel)
+FILES = {
+    "rms_norm.metal": ["rmsfloat32", "rms_loopedfloat16", "vjp_rmsbfloat16"],
+    "layer_norm.metal": ["layer_normfloat32", "layer_norm_loopedbfloat16"],
+    "softmax.metal": ["block_softmax_float32", "looped_softmax_precise_float16"],
+    "logsumexp.metal": None,
+    "unary.metal": ["v_Expfloat32float32", "v_Log1pfloat32float32", "gn4large_Sinbfloat16bfloat16"],
+    "binary.metal": ["vv_Addfloat32", "vv_Multiplyfloat16", "g2_Maximumbfloat16"],
+    "ternary.metal": None,
+    "copy.metal": ["s_copyfloat32float16", "g2_copyint32int32"],
+    "arg_reduce.metal": None,
+    "reduce.metal": ["all_reduce_sumfloat32", "row_reduce_small_1_reduce_maxfloat16"],
+    "rope.metal": None,
+    "quantized.metal": ["affine_qmv_float_gs_64_b_4_batch_0"],
+    "gemv.metal": ["gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0"],
+    "scaled_dot_product_attention.metal": None,
+    "steel/gemm/kernels/steel_gemm_fused.metal": None,
+    "steel/attn/kernels/steel_attention.metal": None,
+}
+
+
+@pytest.mark.parametrize("name", list(FILES))
+def test_mlx_kernel_file_compiles(name):
+    lib = library(name)
+    names = dir(lib)
+    assert names
+    for k in FILES[name] or []:
+        assert k in names, f"{name} has no kernel {k}"
+        getattr(lib, k)          # compiles it (lazily built libraries compile here)
+
+
+# ------------------------------------------------------------------------- runs vs mlx[cpu]
+mx = pytest.importorskip("mlx.core") if MLX_SRC else None
+
+_TNAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _mx(t: torch.Tensor):
+    return mx.array(t.float().numpy()).astype(
+        {torch.float32: mx.float32, torch.float16: mx.float16,
+         torch.bfloat16: mx.bfloat16}[t.dtype])
+
+
+def _torch(a, dtype) -> torch.Tensor:
+    import numpy as np
+    return torch.from_numpy(np.array(a.astype(mx.float32))).to(dtype)
+
+
+def _close(got, want, dtype):
+    tol = _TOL[dtype]
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def _row_grid(axis_size: int, n_rows: int, n_reads: int = 4, looped_limit: int = 4096):
+    """normalization.cpp / softmax.cpp: one threadgroup per row."""
+    if axis_size <= looped_limit:
+        tg = 32 * -(-(-(-axis_size // n_reads)) // 32)
+    else:
+        tg = 1024
+    return [n_rows * tg], [tg]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("axis", [96, 4100])
+def test_rms_norm_matches_mlx(dtype, axis):
+    lib = library("rms_norm.metal")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, axis, generator=g).to(dtype)
+    w = torch.randn(axis, generator=g).to(dtype)
+    out = torch.zeros_like(x)
+    name = ("rms_looped" if axis > 4096 else "rms") + _TNAME[dtype]
+    grid, group = _row_grid(axis, 3)
+    getattr(lib, name)(x, w, out, 1e-5, axis, 1, threads=grid, group_size=group,
+                       arg_casts={4: "int32", 5: "int32"})
+    want = _torch(mx.fast.rms_norm(_mx(x), _mx(w), 1e-5), dtype)
+    _close(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+# 250: normalization.cpp's threadgroup (32 threads of 8 reads) covers the row exactly.  With more
+# threads than ceil(axis / 8) (e.g. axis 100), MLX's layer_norm_single_row writes
+# thread_x[n..7] with a negative n, outside the thread's array: the GPU happens to tolerate it,
+# the simulator faults.
+@pytest.mark.parametrize("axis", [250, 7000])
+def test_layer_norm_matches_mlx(dtype, axis):
+    lib = library("layer_norm.metal")
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, axis, generator=g) * 3 + 1).to(dtype)
+    w = torch.randn(axis, generator=g).to(dtype)
+    b = torch.randn(axis, generator=g).to(dtype)
+    out = torch.zeros_like(x)
+    name = ("layer_norm_looped" if axis > 6656 else "layer_norm") + _TNAME[dtype]
+    grid, group = _row_grid(axis, 2, n_reads=8 if axis <= 6656 else 4, looped_limit=6656)
+    getattr(lib, name)(x, w, b, out, 1e-5, axis, 1, 1, threads=grid, group_size=group,
+                       arg_casts={5: "int32", 6: "int32", 7: "int32"})
+    want = _torch(mx.fast.layer_norm(_mx(x), _mx(w), _mx(b), 1e-5), dtype)
+    _close(out, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axis", [33, 4097])
+def test_softmax_matches_mlx(dtype, axis):
+    lib = library("softmax.metal")
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(2, axis, generator=g) * 4).to(dtype)
+    out = torch.zeros_like(x)
+    name = ("looped_softmax_" if axis > 4096 else "block_softmax_") + _TNAME[dtype]
+    grid, group = _row_grid(axis, 2)
+    getattr(lib, name)(x, out, axis, threads=grid, group_size=group, arg_casts={2: "int32"})
+    want = _torch(mx.softmax(_mx(x), axis=-1), dtype)
+    _close(out, want, dtype)
+
+
+@pytest.mark.parametrize("op,mxop,dtype", [
+    ("Exp", mx.exp if mx else None, torch.float32),
+    ("Log1p", mx.log1p if mx else None, torch.float32),
+    ("Exp", mx.exp if mx else None, torch.float16),
+    ("Sin", mx.sin if mx else None, torch.bfloat16)])
+def test_unary_matches_mlx(op, mxop, dtype):
+    lib = library("unary.metal")
+    x = torch.linspace(-3, 3, 1000).to(dtype)
+    out = torch.zeros_like(x)
+    t = _TNAME[dtype]
+    getattr(lib, f"v_{op}{t}{t}")(x, out, x.numel(), threads=x.numel(),
+                                  arg_casts={2: "int32"})
+    _close(out, _torch(mxop(_mx(x)), dtype), dtype)
+
+
+@pytest.mark.parametrize("op,mxop,dtype", [
+    ("Add", mx.add if mx else None, torch.float32),
+    ("Multiply", mx.multiply if mx else None, torch.float16),
+    ("Maximum", mx.maximum if mx else None, torch.bfloat16)])
+def test_binary_matches_mlx(op, mxop, dtype):
+    lib = library("binary.metal")
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(777, generator=g).to(dtype)
+    b = torch.randn(777, generator=g).to(dtype)
+    out = torch.zeros_like(a)
+    getattr(lib, f"vv_{op}{_TNAME[dtype]}")(a, b, out, a.numel(), threads=a.numel(),
+                                            arg_casts={3: "int32"})
+    _close(out, _torch(mxop(_mx(a), _mx(b)), dtype), dtype)
