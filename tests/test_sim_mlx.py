@@ -7,6 +7,7 @@ does), with ``#line`` markers so errors point into MLX's files.  Kernels run wit
 and grid MLX's host code (mlx/backend/metal/*.cpp) sets and are compared with ``mlx.core`` on
 the CPU (optional test extra ``mlx``; those comparisons are skipped without it).
 """
+import math
 import os
 import re
 from pathlib import Path
@@ -104,7 +105,7 @@ def _torch(a, dtype) -> torch.Tensor:
 
 def _close(got, want, dtype):
     tol = _TOL[dtype]
-    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol, equal_nan=True)
 
 
 def _row_grid(axis_size: int, n_rows: int, n_reads: int = 4, looped_limit: int = 4096):
@@ -195,3 +196,21 @@ def test_binary_matches_mlx(op, mxop, dtype):
     getattr(lib, f"vv_{op}{_TNAME[dtype]}")(a, b, out, a.numel(), threads=a.numel(),
                                             arg_casts={3: "int32"})
     _close(out, _torch(mxop(_mx(a), _mx(b)), dtype), dtype)
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+def test_rope_single_matches_mlx(traditional):
+    # rope.cpp, the inference case (one time step, contiguous, one offset): function constants
+    # forward(1), traditional(2), hs_transpose(3); grid (dims/2, B*N); buffers 0-4 and 10
+    lib = compile_shader(inline_mlx(KDIR + "rope.metal"),
+                         function_constants={1: True, 2: traditional, 3: False})
+    B, N, D, offset, scale, base = 2, 3, 64, 5, 0.5, 10000.0
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(B, N, 1, D, generator=g)
+    out = torch.zeros_like(x)
+    lib.rope_single_float32(x, out, offset, scale, D, None, None, None, None, None,
+                            math.log2(base), threads=[D // 2, B * N], group_size=[32, 3],
+                            arg_casts={2: "int32"})
+    want = mx.fast.rope(_mx(x), D, traditional=traditional, base=base, scale=scale,
+                        offset=offset)
+    _close(out, _torch(want, torch.float32), torch.float32)

@@ -207,9 +207,22 @@ class Kernel:
         self._sig = sig
         self._entry = ctypes.cast(getattr(lib._dll, entry_symbol(index)), ctypes.c_void_p).value
 
+    def _buffers(self) -> dict[int, Param]:
+        """Buffer index -> parameter, for every index up to the highest: positional argument i
+        binds buffer(i), and an index no parameter uses (MLX's rope_single binds 0-4 and 10)
+        takes None."""
+        bufs = {p.buffer_index: p for p in self._sig.params if p.role == "buffer"}
+        for k in range(max(bufs, default=-1) + 1):
+            if k not in bufs:
+                bufs[k] = Param(index=-1, text="", name=f"buffer({k})", type_text="unused",
+                                role="unused", buffer_index=k)
+        return bufs
+
     def _present(self, p: Param) -> bool:
         """Whether a parameter exists in this specialisation (its function constant, if any,
         is true; an undefined one counts as false)."""
+        if p.role == "unused":
+            return False
         return p.function_constant_index < 0 or bool(self._fc.get(p.function_constant_index))
 
     @property
@@ -238,11 +251,7 @@ class Kernel:
         sig = self._sig
         name = sig.host_name
         casts = self._casts(arg_casts, len(args))
-        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
-        if sorted(bufs) != list(range(len(bufs))):
-            missing = [k for k in range(max(bufs) + 1) if k not in bufs] if bufs else []
-            raise TypeError(f"kernel '{name}': buffer indices {sorted(bufs)} leave "
-                            f"{missing} unbound; positional argument i binds buffer(i)")
+        bufs = self._buffers()
         if len(args) != len(bufs):
             plist = ", ".join(f"{k}: {_describe_param(bufs[k])}" for k in sorted(bufs))
             raise TypeError(f"kernel '{name}' takes {len(bufs)} arguments ({plist}), "
@@ -256,9 +265,11 @@ class Kernel:
                     p = bufs[i]
                     raise TypeError(
                         f"kernel '{name}' argument {i} {_describe_param(p)}: pass None exactly "
-                        f"for the parameters whose [[function_constant(...)]] is false; "
-                        f"{p.function_constant or 'it has none'}"
-                        f"{' is false' if absent else ''}")
+                        f"for buffer indices no parameter uses and for parameters whose "
+                        f"[[function_constant(...)]] is false; "
+                        + ("no parameter uses it" if p.role == "unused" else
+                           f"{p.function_constant or 'it has none'}"
+                           f"{' is false' if absent else ''}"))
                 bound.append(_Bound("none", "", 0, "None"))
                 continue
             if isinstance(a, torch.Tensor):
@@ -357,7 +368,7 @@ class Kernel:
 
     def _launch(self, bound: list[_Bound], grid: list[int], group: list[int]) -> None:
         sig = self._sig
-        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
+        bufs = self._buffers()
         regions: list[_Region] = []
         ptrs = (ctypes.c_void_p * max(1, len(bound)))()
         owners: dict[int, list[int]] = {}     # region index -> argument indices
