@@ -206,3 +206,62 @@ template <int N>
     assert y.tolist() == [69.0] * 3
     with pytest.raises(SyntaxError, match="instantiating add<7> is an error"):
         lib.add_7
+
+
+# ------------------------------------------------------------------------- Metal-only C++
+MSL_STYLE_SRC = r"""
+#include <metal_stdlib>
+using namespace metal;
+#define MY_CONST static constant constexpr const
+MY_CONST int kTwo = 2;
+constant bool use_bias [[function_constant(7)]];
+
+struct cplx {
+  float re, im;
+  constexpr cplx(float r, float i) thread : re(r), im(i) {}
+  constexpr cplx(float r, float i) device : re(r), im(i) {}
+  float norm2() const thread { return re * re + im * im; }
+  float norm2() const device { return re * re + im * im; }
+  float norm2() const constant { return re * re + im * im; }
+};
+inline thread cplx& scale(thread cplx& c, float s) { c.re *= s; c.im *= s; return c; }
+inline device cplx& scale(device cplx& c, float s) { c.re *= s; c.im *= s; return c; }
+template <typename P> struct elem_of {};
+template <typename T> struct elem_of<thread T*> { using type = T; };
+template <typename T> struct elem_of<device T*> { using type = T; };
+
+struct Op {
+  template <typename T> T operator()(T x) { return x + T(1); }
+  template <> float operator()(float x) { return x * 10.0f; }
+};
+template <typename T, metal::enable_if_t<sizeof(T) < 4, bool> = true>
+T widen_or_keep(T x) { return x + T(100); }
+template <typename T, metal::enable_if_t<sizeof(T) >= 4, bool> = true>
+T widen_or_keep(T x) { return x; }
+
+[[kernel]] void msl_style(device float* y [[buffer(0)]],
+                          device const float* bias [[buffer(2), function_constant(use_bias)]],
+                          uint i [[thread_position_in_grid]]) {
+  cplx c(3.0f, 4.0f);
+  scale(c, float(kTwo));
+  typename elem_of<device float*>::type acc = c.norm2();        // 100
+  half h = 1.5h;
+  acc += h;                                                     // float += half
+  acc += Op()(1.0f) + float(Op()(2));                           // 10 + 3
+  acc += float(widen_or_keep(short(1))) + widen_or_keep(1.0f);  // 101 + 1
+  y[i] = acc + (use_bias ? bias[i] : 0.0f);
+}
+"""
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_metal_only_cpp_address_space_overloads_and_conditional_buffers(with_bias):
+    lib = compile_shader(MSL_STYLE_SRC, function_constants={7: with_bias})
+    y = torch.zeros(4)
+    bias = torch.arange(4.0)
+    # buffer(1) is used by no parameter and buffer(2) only with use_bias: both take None
+    lib.msl_style(y, None, bias if with_bias else None)
+    expected = 100 + 1.5 + 13 + 102 + (bias if with_bias else 0)
+    torch.testing.assert_close(y, torch.full((4,), 0.0) + expected)
+    with pytest.raises(TypeError, match="pass None exactly"):
+        lib.msl_style(y, bias, bias if with_bias else None)
