@@ -62,7 +62,7 @@ FILES = {
     "logsumexp.metal": None,
     "unary.metal": ["v_Expfloat32float32", "v_Log1pfloat32float32", "gn4large_Sinbfloat16bfloat16"],
     "binary.metal": ["vv_Addfloat32", "vv_Multiplyfloat16", "g2_Maximumbfloat16"],
-    "ternary.metal": None,
+    "ternary.metal": ["g1_Selectfloat32", "g2_Selectbfloat16"],
     "copy.metal": ["s_copyfloat32float16", "g2_copyint32int32"],
     "arg_reduce.metal": None,
     "reduce.metal": ["all_reduce_sumfloat32", "row_reduce_small_1_reduce_maxfloat16"],
@@ -70,7 +70,9 @@ FILES = {
     "quantized.metal": ["affine_qmv_float_gs_64_b_4_batch_0"],
     "gemv.metal": ["gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0"],
     "scaled_dot_product_attention.metal": None,
-    "steel/gemm/kernels/steel_gemm_fused.metal": None,
+    "steel/gemm/kernels/steel_gemm_fused.metal": [
+        "steel_gemm_fused_nn_float32_float32_bm32_bn32_bk16_wm2_wn2",
+        "steel_gemm_fused_nn_bfloat16_bfloat16_bm32_bn32_bk16_wm2_wn2"],
     "steel/attn/kernels/steel_attention.metal": None,
 }
 
