@@ -216,3 +216,23 @@ def test_rope_single_matches_mlx(traditional):
     want = mx.fast.rope(_mx(x), D, traditional=traditional, base=base, scale=scale,
                         offset=offset)
     _close(out, _torch(want, torch.float32), torch.float32)
+
+
+def test_sdpa_vector_matches_mlx():
+    # scaled_dot_product_attention.cpp, sdpa_vector(): one query position, no mask or sinks
+    # (function constants 20-25 false), grid = (B * Hq, Lq) threadgroups of 1024 threads
+    lib = compile_shader(inline_mlx(KDIR + "scaled_dot_product_attention.metal"),
+                         function_constants={k: False for k in range(20, 26)})
+    B, Hq, Hkv, N, D = 1, 4, 2, 37, 64
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(B, Hq, 1, D, generator=g)
+    k = torch.randn(B, Hkv, N, D, generator=g)
+    v = torch.randn(B, Hkv, N, D, generator=g)
+    out = torch.zeros_like(q)
+    scale = D ** -0.5
+    lib.sdpa_vector_float_64_64(q, k, v, out, Hq // Hkv, N, N * D, D, N * D, D, scale,
+                                None, None, None, None, None, None, None,
+                                threads=[B * Hq * 1024, 1, 1], group_size=[1024, 1, 1],
+                                arg_casts={4: "int32", 5: "int32"})
+    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale)
+    _close(out, _torch(want, torch.float32), torch.float32)
