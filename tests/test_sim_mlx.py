@@ -236,3 +236,27 @@ def test_sdpa_vector_matches_mlx():
                                 arg_casts={4: "int32", 5: "int32"})
     want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale)
     _close(out, _torch(want, torch.float32), torch.float32)
+
+
+def test_affine_qmv_matches_mlx():
+    # quantized.cpp, qmv(): grid (M, ceil(N / 8), B) threadgroups of (32, 2); N % 8 != 0 picks
+    # the general (not _fast) kernel.  With B = 1 MLX leaves buffers 7-14 (batch shapes and
+    # strides) unbound and the kernel does not read them; the simulator binds every present
+    # parameter, so they get placeholder values.
+    import numpy as np
+    lib = library("quantized.metal")
+    M, N, K, gs, bits = 3, 12, 256, 64, 4
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(N, K, generator=g)
+    x = torch.randn(M, K, generator=g)
+    wq, scales, biases = mx.quantize(_mx(w), group_size=gs, bits=bits)
+    wq_t = torch.from_numpy(np.array(wq).view(np.int32))
+    s_t, b_t = _torch(scales, torch.float32), _torch(biases, torch.float32)
+    y = torch.zeros(M, N)
+    lib.affine_qmv_float_gs_64_b_4_batch_0(
+        wq_t, s_t, b_t, x, y, K, N, 0, [0], [0], 0, [0], [0], [0], [0],
+        threads=[M * 32, -(-N // 8) * 2, 1], group_size=[32, 2, 1],
+        arg_casts={5: "int32", 6: "int32", 7: "int32", 8: "int32", 10: "int32", 11: "int32"})
+    want = mx.quantized_matmul(_mx(x), wq, scales, biases, transpose=True, group_size=gs,
+                               bits=bits)
+    _close(y, _torch(want, torch.float32), torch.float16)   # 4-bit weights: sums of 256 terms
