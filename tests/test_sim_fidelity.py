@@ -205,7 +205,7 @@ template <int N>
     lib.add_64(y)
     assert y.tolist() == [69.0] * 3
     with pytest.raises(SyntaxError, match="instantiating add<7> is an error"):
-        lib.add_7
+        _ = lib.add_7
 
 
 # ------------------------------------------------------------------------- Metal-only C++

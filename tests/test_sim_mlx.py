@@ -113,7 +113,7 @@ def _close(got, want, dtype):
 def _row_grid(axis_size: int, n_rows: int, n_reads: int = 4, looped_limit: int = 4096):
     """normalization.cpp / softmax.cpp: one threadgroup per row."""
     if axis_size <= looped_limit:
-        tg = 32 * -(-(-(-axis_size // n_reads)) // 32)
+        tg = 32 * math.ceil(math.ceil(axis_size / n_reads) / 32)
     else:
         tg = 1024
     return [n_rows * tg], [tg]

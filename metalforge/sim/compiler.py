@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from .parse import Kernel, Param, ParseError, parse
+from .parse import Param, ParseError, Signature, parse
 from .rewrite import rewrite
 from .trampoline import cpu_trampolines, entry_symbol
 
@@ -206,14 +206,14 @@ def _syntax_error(msg: str, source: str) -> SyntaxError:
     return err
 
 
-def _kernel_from_json(d: dict) -> Kernel:
+def _kernel_from_json(d: dict) -> Signature:
     d = dict(d)
     d["params"] = [Param(**p) for p in d["params"]]
-    return Kernel(**d)
+    return Signature(**d)
 
 
 def build(source: str, kernels: list[str] | None = None,
-          max_kernels: int | None = None) -> tuple[Path | None, list[Kernel]]:
+          max_kernels: int | None = None) -> tuple[Path | None, list[Signature]]:
     """Compile `source` (or fetch it from the cache); return the library path and kernels.
 
     With `kernels` (host names), only those get entry points, so only they are instantiated.

@@ -1,4 +1,4 @@
-"""Library and Kernel objects: torch.mps.compile_shader's call model on CPU tensors.
+"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on CPU tensors.
 
 Binding rules (as torch.mps.compile_shader): positional argument i binds buffer i; a tensor binds
 its storage from its storage offset on; a 0-dim tensor binds its one value; Python float ->
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from .compiler import build, engine_library
-from .parse import Kernel as KernelSig, Param, is_float_scalar, scalar_of
+from .parse import Param, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
 
 MAX_THREADS = 1024
@@ -197,10 +197,10 @@ def _dims(v, what: str) -> list[int]:
     return vals
 
 
-class Kernel:
+class LibraryFunction:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: "_Dll", index: int, sig: KernelSig, fc: dict | None = None):
+    def __init__(self, lib: "_Dll", index: int, sig: Signature, fc: dict | None = None):
         self._fc = fc or {}
         self._lib = lib
         self._index = index
@@ -479,6 +479,8 @@ def function_constant_preamble(values: dict[int, bool | int | float]) -> str:
     return f"namespace mf {{ {' '.join(specs)} }}\n#line 1\n"
 
 
+Kernel = LibraryFunction   # the earlier name, kept for code that imports it
+
 # Sources with more host-visible kernels than this (MLX's binary.metal has thousands) are
 # compiled lazily: each kernel on first lookup, as its own small library, so time and memory
 # are bounded by what is used.  Smaller sources compile whole, in one compiler run.
@@ -502,20 +504,20 @@ class Library:
         path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
         _load_engine()
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
-        self._kernels: dict[str, Kernel] = {}
+        self._kernels: dict[str, LibraryFunction] = {}
         if path is not None:
             dll = _Dll(path)
             for name, (i, sig) in self._sigs.items():
-                self._kernels[name] = Kernel(dll, i, sig, self._fc)
+                self._kernels[name] = LibraryFunction(dll, i, sig, self._fc)
 
-    def __getattr__(self, name: str) -> Kernel:
+    def __getattr__(self, name: str) -> LibraryFunction:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._sigs:
             raise RuntimeError(f"Failed to create function state object for: {name}")
         if name not in self._kernels:
             path, kernels = build(self._source, kernels=[name])
-            self._kernels[name] = Kernel(_Dll(path), 0, kernels[0], self._fc)
+            self._kernels[name] = LibraryFunction(_Dll(path), 0, kernels[0], self._fc)
         return self._kernels[name]
 
     def __dir__(self):

@@ -82,7 +82,8 @@ class Param:
 
 
 @dataclass
-class Kernel:
+class Signature:
+    """One host-visible kernel: its name, C++ function, template arguments and parameters."""
     host_name: str
     func_name: str             # qualified C++ name of the function (template name for templates)
     template_args: str | None  # "float, 4" for explicit instantiations, None otherwise
@@ -91,6 +92,9 @@ class Kernel:
     line: int                  # line of the definition in the user's source
     max_total_threads: int     # [[max_total_threads_per_threadgroup(N)]] or 1024
     threadgroup_bytes: int | None  # static threadgroup memory, None when not computable
+
+
+Kernel = Signature   # the earlier name, kept for code that imports it
 
 
 @dataclass
@@ -114,7 +118,7 @@ class FunctionConstant:
 
 @dataclass
 class ParsedSource:
-    kernels: list[Kernel]
+    kernels: list[Signature]
     blank_spans: list[tuple[int, int]] = field(default_factory=list)     # attributes, instantiations
     tg_decls: list[TgDecl] = field(default_factory=list)
     function_constants: list[FunctionConstant] = field(default_factory=list)
@@ -615,7 +619,6 @@ class _Walker:
                 close = _match(toks, i, "{", "}")
                 head = toks[stmt_start:i]
                 words = [x.text for x in head]
-                first = words[0] if words else ""
                 k = 0
                 while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
                     k = _match_angle(head, k + 1) + 1
@@ -764,10 +767,10 @@ class _Walker:
         if popen is None:
             return
         pclose = _match(head, popen, "(", ")")
-        if words[popen - 1] == ")" and popen >= 2 and words[popen - 2] == "(":  # operator()
-            if pclose + 1 < len(head) and words[pclose + 1] == "(":
-                popen = pclose + 1
-                pclose = _match(head, popen, "(", ")")
+        if words[popen - 1] == ")" and popen >= 2 and words[popen - 2] == "(" and \
+                pclose + 1 < len(head) and words[pclose + 1] == "(":   # operator()(...)
+            popen = pclose + 1
+            pclose = _match(head, popen, "(", ")")
         space = ""
         key = [t.text for t in head[:pclose + 1] if t.kind != "attr" and
                (t.kind != "id" or t.text not in _CPU_SAME_SPACES)]
@@ -927,10 +930,10 @@ def parse(text: str) -> ParsedSource:
 def _parse(text: str, lines: LineMap, where) -> ParsedSource:
     w = _Walker(text)
     w.run()
-    kernels: list[Kernel] = []
+    kernels: list[Signature] = []
 
     def finish(fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
-               subst: dict[str, str], concrete: list[Param] | None) -> Kernel:
+               subst: dict[str, str], concrete: list[Param] | None) -> Signature:
         params = _parse_params(fd.param_toks, text, f"{where(fd.offset)}: kernel '{host}'")
         if concrete is not None:
             if len(concrete) != len(params):
@@ -966,7 +969,7 @@ def _parse(text: str, lines: LineMap, where) -> ParsedSource:
         if total is not None:
             total = (total + 15) // 16 * 16
         _, line = lines.locate(fd.offset)
-        return Kernel(host_name=host, func_name=fd.qual, template_args=targs,
+        return Signature(host_name=host, func_name=fd.qual, template_args=targs,
                       fn_params=fn_params, params=params, line=line, max_total_threads=mtt,
                       threadgroup_bytes=total)
 
