@@ -492,7 +492,6 @@ class _Dll:
 
     def __init__(self, path):
         self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
-        self._path = path
 
 
 class Library:
