@@ -14,8 +14,12 @@ inlined, line markers kept) and finds:
 - each parameter's role: a buffer (``[[buffer(n)]]`` or the implicit index), a thread-position
   attribute, or something the simulator cannot bind (textures, samplers, ``[[threadgroup(n)]]``).
 
-It also records what the rewrite pass needs (attribute spans, ``threadgroup`` declarations, the
-instantiation statements). Nothing here knows about the CPU: the same data drives the CUDA
+It reads real-world top-level C++ (``static_assert`` and brace initialisers inside parentheses,
+``constexpr`` functions, nested templates, default template arguments, ``<`` comparisons in
+template arguments) and records what the rewrite pass needs: attribute spans, ``threadgroup``
+declarations, the instantiation statements, function constants (`FunctionConstant`), and the
+definitions that differ only in an address space and so coincide on the CPU (blanked, see
+`_Walker._drop_space_overloads`).  Errors carry the user's ``file:line``. Nothing here knows about the CPU: the same data drives the CUDA
 trampolines (see metalforge/sim/trampoline.py).
 """
 from __future__ import annotations
