@@ -131,6 +131,7 @@ def warm(tmp_path_factory):
 
 def copy_of(warm, tmp_path):
     d = tmp_path / "cache"
+    d.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(warm, d)
     return d
 
@@ -150,16 +151,21 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_entries_are_rebuilt_with_a_warning(warm, tmp_path, damage):
-    d = copy_of(warm, tmp_path)
-    kinds = _kinds(d)
-    for path in kinds.values():
-        path.write_bytes(DAMAGE[damage](path.read_bytes()))
-    out = finish(run_script(d))              # and the kernel's result is right (finish checks)
-    for kind, path in kinds.items():          # one warning per entry, naming it; then it is good
-        assert out.count(f"cache entry {path} ") == 1, (kind, out)
-        assert cache.problem(path) is None, kind
+def test_damaged_entries_are_rebuilt_with_a_warning(warm, tmp_path):
+    """Every kind of entry truncated, emptied or overwritten with garbage (one copy of the cache
+    per damage, run at once): each is rebuilt with one warning naming it, and results are right."""
+    runs = []
+    for damage in sorted(DAMAGE):
+        d = copy_of(warm, tmp_path / damage)
+        kinds = _kinds(d)
+        for path in kinds.values():
+            path.write_bytes(DAMAGE[damage](path.read_bytes()))
+        runs.append((damage, kinds, run_script(d)))
+    for damage, kinds, p in runs:
+        out = finish(p)                       # and the kernel's result is right (finish checks)
+        for kind, path in kinds.items():      # one warning per entry, naming it; then it is good
+            assert out.count(f"cache entry {path} ") == 1, (damage, kind, out)
+            assert cache.problem(path) is None, (damage, kind)
 
 
 def test_missing_record_means_rebuild(tmp_path, monkeypatch):
