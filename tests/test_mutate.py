@@ -5,8 +5,7 @@ below it); these tests prove the mutator and the runner."""
 import pytest
 
 import metalforge as mf
-from metalforge.codegen import render_msl
-from metalforge.runtime.launcher import specialisation
+from metalforge.runtime.launcher import render, specialisation
 from metalforge.testing.mutate import OPERATORS, Mutant, mutants, mutation_test, sample
 
 
@@ -17,7 +16,7 @@ def mut_rowmax(x: "T[R, D]"):
 
 def source_of(kernel, **dtypes):
     s = specialisation(kernel.graph(**dtypes), kernel.launch).schedule(False)
-    return render_msl(s.kernels if len(s.kernels) > 1 else s.kernel)
+    return render(s)
 
 
 def test_every_operator_finds_sites_in_a_reduction():

@@ -275,7 +275,7 @@ def test_double_backward_is_refused_clearly():
 def test_check_compares_gradients_and_catches_a_wrong_one(monkeypatch):
     from metalforge.testing import check
     silu = dict(KERNELS)["silu.silu"]
-    assert check(silu, dtypes={"T": ["f32"]}, max_examples=3, grad=True).examples == 3
+    assert check(silu, dtypes={"T": ["f32"]}, max_examples=3, grad=True).examples >= 3
     real = autodiff._contributions
 
     def off_by_one_percent(b, n, g):
