@@ -208,7 +208,8 @@ kernel void all_helpers(device float* f [[buffer(0)]], device int* n [[buffer(1)
     f[i * 4 + 1] = mf_maximum(x, 0.0f) + mf_minimum(x, 0.0f) + mf_pow(x, 2.0f)
         + mf_fremainder(x, 1.5f) + mf_simd_max(x) + mf_simd_min(x) + s + float(a);
     f[i * 4 + 2] = mf_fremainder(x, 1.5f);
-    f[i * 4 + 3] = mf_pow(x, 3.0f);
+    const mf_pack8<float> p8 = mf_pack8_of(x, x, x, x, x, x, x, x);
+    f[i * 4 + 3] = mf_pow(x, 3.0f) + (mf_lane8(p8, 7u) - x);
     const int k = int(i) - 16;
     n[i * 4] = mf_floordiv(k, 3);
     n[i * 4 + 1] = mf_remainder(k, 3);

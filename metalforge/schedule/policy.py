@@ -15,6 +15,12 @@ from ..errors import LaunchError
 MAX_THREADS_PER_GROUP = 1024          # Metal's limit on Apple GPUs
 MAX_THREADGROUP_BYTES = 32 * 1024     # static threadgroup memory a kernel may declare
 SIMD_WIDTH = 32
+MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vectors of 4-byte types
+# Elements a row-reduction thread holds per input in registers (fp32 each). Bounded for Metal:
+# Apple GPUs keep fewer registers per thread than NVIDIA before spilling, and on the H100 a
+# 1024-thread group already has only 64 registers per thread (65536 / 1024): layer_norm f16 with
+# 16 reads per thread exceeded that and could not launch 1024 threads (bench/README.md, levers).
+MAX_READS_PER_THREAD = 16
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,9 @@ class LaunchPolicy:
     vector_width: int = 4              # elements per vector load/store (1 = scalar only)
     vectors_per_thread: int = 1        # vector chunks each thread handles
     rows_per_group: int = 1            # row reductions: rows per threadgroup
-    reads_per_thread: int = 4          # row reductions: elements held in registers per thread
+    reads_per_thread: int = 4          # row reductions, group variant: elements per thread
+    simd_reads_per_thread: int = 4     # row reductions, simd variant: elements per lane
+    looped_reads_per_thread: int = 4   # row reductions, looped variant: elements per chunk
     looped_limit: int = 4096           # row reductions: longest row done in one pass
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
@@ -42,11 +50,22 @@ class LaunchPolicy:
 POLICIES: dict[str, LaunchPolicy] = {
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=4,
                                 vectors_per_thread=1),
-    # row reductions (schedule/row.py): rows up to 32*reads_per_thread → one simdgroup per row,
-    # rows_per_group rows per group; up to looped_limit → one group per row, values in
-    # registers; longer → threads_per_group threads per row, looped (online softmax)
-    "row": LaunchPolicy("row", threads_per_group=1024, vector_width=4, rows_per_group=8,
-                        reads_per_thread=4, looped_limit=4096, uses_simd=True),
+    # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
+    # per row, rows_per_group rows per group; up to looped_limit → one group per row,
+    # reads_per_thread values per thread in registers; longer → threads_per_group threads per
+    # row, looped. vector_width is an upper bound: each access moves at most 16 bytes (8 f16,
+    # 4 f32) and no more than a thread's reads.
+    # Chosen on an H100 (bench/cuda_levers.py, 2026-11-23, table in bench/README.md): one
+    # reads_per_thread for every variant was the main loss. 8 per thread for the group variant
+    # (rows up to 8192 read once with <= 1024 threads) beat 4 (rms_norm f16 16384x4096
+    # 0.86→1.30x torch, layer_norm f16 65536x1024 0.99→1.30x) and 16 (which cannot launch
+    # layer_norm f16 with 1024 threads, see MAX_READS_PER_THREAD); the simd variant keeps 4
+    # per lane (8 left half the lanes idle at D=128: softmax f16 8192x128 0.77→0.46x); the
+    # looped variant keeps 4 (8 at D=16384: softmax f16 0.54→0.46x); 16-byte f16 accesses
+    # added up to 0.27x more (log_softmax f16 4096x8192 1.03→1.30x with 16 reads).
+    "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
+                        reads_per_thread=8, simd_reads_per_thread=4, looped_reads_per_thread=4,
+                        looped_limit=8192, uses_simd=True),
     # column reductions (schedule/column.py): one thread per output column, looping over the
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
@@ -56,7 +75,7 @@ POLICIES: dict[str, LaunchPolicy] = {
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
-            "looped_limit", "index64"),
+            "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
 }
 
@@ -80,8 +99,9 @@ def validate(p: LaunchPolicy) -> None:
         if not ok:
             raise LaunchError(f"{p.family} launch policy: {msg}")
 
+    reads = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 "reads_per_thread", "looped_limit"):
+                 *reads, "looped_limit"):
         v = getattr(p, name)
         need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
              f"{name} must be a positive int, got {v!r}")
@@ -93,14 +113,24 @@ def validate(p: LaunchPolicy) -> None:
     need(not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
          f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
          f"kernel uses simdgroup collectives")
-    need(p.vector_width in (1, 2, 4), f"vector_width must be 1, 2 or 4, got {p.vector_width}")
+    if p.family == "row":
+        need(p.vector_width in (1, 2, 4, 8),
+             f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
+    else:
+        need(p.vector_width in (1, 2, 4),
+             f"vector_width must be 1, 2 or 4, got {p.vector_width}")
     need(p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
          f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
          f"{MAX_THREADGROUP_BYTES}-byte limit")
     if p.family == "row":
-        need(p.reads_per_thread % p.vector_width == 0,
-             f"reads_per_thread={p.reads_per_thread} must be a multiple of vector_width="
-             f"{p.vector_width}")
+        for name in reads:
+            r = getattr(p, name)
+            need(r <= MAX_READS_PER_THREAD,
+                 f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
+                 f"spill on Apple GPUs")
+            need(r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
+                 f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
+                 f"of two below it)")
         need(p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
              f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
              f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
