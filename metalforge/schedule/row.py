@@ -121,6 +121,16 @@ class RowSchedule(Schedule):
             return rows * t, t
         return rows * p.threads_per_group, p.threads_per_group
 
+    def max_group_size(self, host_name: str) -> int:
+        v = next(n for n, k in self.variants.items() if k.host_name == host_name)
+        p = self.policy
+        if v == "simd":
+            return p.rows_per_group * SIMD_WIDTH
+        if v == "group":
+            t = -(-p.looped_limit // reads_for(p, "group", self.itemsize))
+            return -(-t // SIMD_WIDTH) * SIMD_WIDTH
+        return p.threads_per_group
+
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
         """Bytes this call moves: each output written once; each input read once in the
         register variants, once per pass that needs it in the looped one."""
