@@ -268,9 +268,19 @@ class _Builder(red.Builder):
         for k in outs:
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
-        loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
-            ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k")),
-            ir.If(pos < self.size(self.axis), body)], unroll=True)]
+        decl_pos = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+
+        def each(guarded: bool) -> ir.Stmt:
+            if guarded:
+                stmts = decl_pos + [ir.If(pos < self.size(self.axis), body)]
+            else:
+                stmts = (decl_pos if ir.mentions(body, "mf_pos") else []) + body
+            return ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), stmts,
+                          unroll=True)
+        end = ir.Var("mf_base") + ir.Lit(self.R, "uint")
+        loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), [
+            ir.Comment("all of them in the row: no per-element check"), each(False)],
+            [ir.Comment("the row's end: each element checked"), each(True)])]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:

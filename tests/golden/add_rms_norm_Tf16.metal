@@ -90,14 +90,26 @@ kernel void mf_add_rms_norm_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_r = mf_reg_r[mf_k];
             const float mf_v1 = mf_x + mf_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_r;
+                const float mf_v2 = mf_v1 * mf_v1;
+                mf_acc1 = mf_acc1 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -127,9 +139,9 @@ kernel void mf_add_rms_norm_simd(
     T mf_reg_mf_out0[4];
     T mf_reg_mf_out1[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_r = mf_reg_r[mf_k];
             const float mf_v1 = mf_x + mf_r;
@@ -138,6 +150,21 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v3 = mf_v2 * mf_w;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
             mf_reg_mf_out1[mf_k] = T(mf_v3);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_r;
+                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+                mf_reg_mf_out1[mf_k] = T(mf_v3);
+            }
         }
     }
     // store the row's outputs
@@ -235,14 +262,26 @@ kernel void mf_add_rms_norm_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_r = mf_reg_r[mf_k];
             const float mf_v1 = mf_x + mf_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_r;
+                const float mf_v2 = mf_v1 * mf_v1;
+                mf_acc1 = mf_acc1 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -278,9 +317,9 @@ kernel void mf_add_rms_norm_group(
     T mf_reg_mf_out0[16];
     T mf_reg_mf_out1[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_r = mf_reg_r[mf_k];
             const float mf_v1 = mf_x + mf_r;
@@ -289,6 +328,21 @@ kernel void mf_add_rms_norm_group(
             const float mf_v3 = mf_v2 * mf_w;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
             mf_reg_mf_out1[mf_k] = T(mf_v3);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_r;
+                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+                mf_reg_mf_out1[mf_k] = T(mf_v3);
+            }
         }
     }
     // store the row's outputs
@@ -392,14 +446,26 @@ kernel void mf_add_rms_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_r = mf_reg_r[mf_k];
                 const float mf_v1 = mf_x + mf_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_v2 = mf_v1 * mf_v1;
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
+                }
             }
         }
     }
@@ -459,9 +525,9 @@ kernel void mf_add_rms_norm_looped(
         T mf_reg_mf_out0[4];
         T mf_reg_mf_out1[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_r = mf_reg_r[mf_k];
                 const float mf_v1 = mf_x + mf_r;
@@ -470,6 +536,21 @@ kernel void mf_add_rms_norm_looped(
                 const float mf_v3 = mf_v2 * mf_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_v2 = mf_v1 * mf_r4;
+                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_v3 = mf_v2 * mf_w;
+                    mf_reg_mf_out0[mf_k] = T(mf_v1);
+                    mf_reg_mf_out1[mf_k] = T(mf_v3);
+                }
             }
         }
         // store the row's outputs

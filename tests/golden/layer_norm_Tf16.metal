@@ -79,11 +79,20 @@ kernel void mf_layer_norm_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_acc1 + mf_x;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_acc1 + mf_x;
+            }
         }
     }
     // combine across the simdgroup
@@ -93,14 +102,26 @@ kernel void mf_layer_norm_simd(
     const float mf_r2 = mf_acc1 / mf_r1;
     float mf_acc2 = 0.0f;
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_x - mf_r2;
+                const float mf_v3 = mf_v1 * mf_v2;
+                mf_acc2 = mf_acc2 + mf_v3;
+            }
         }
     }
     // combine across the simdgroup
@@ -138,9 +159,9 @@ kernel void mf_layer_norm_simd(
     }
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
@@ -149,6 +170,21 @@ kernel void mf_layer_norm_simd(
             const float mf_b = mf_reg_b[mf_k];
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_v1 * mf_r6;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_b = mf_reg_b[mf_k];
+                const float mf_v4 = mf_v3 + mf_b;
+                mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
         }
     }
     // store the row's outputs
@@ -229,11 +265,20 @@ kernel void mf_layer_norm_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_acc1 + mf_x;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_acc1 + mf_x;
+            }
         }
     }
     // combine across the simdgroup
@@ -250,14 +295,26 @@ kernel void mf_layer_norm_group(
     const float mf_r2 = mf_acc1 / mf_r1;
     float mf_acc2 = 0.0f;
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_x - mf_r2;
+                const float mf_v3 = mf_v1 * mf_v2;
+                mf_acc2 = mf_acc2 + mf_v3;
+            }
         }
     }
     // combine across the simdgroup
@@ -300,9 +357,9 @@ kernel void mf_layer_norm_group(
     }
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
@@ -311,6 +368,21 @@ kernel void mf_layer_norm_group(
             const float mf_b = mf_reg_b[mf_k];
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_v1 * mf_r6;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_b = mf_reg_b[mf_k];
+                const float mf_v4 = mf_v3 + mf_b;
+                mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
         }
     }
     // store the row's outputs
@@ -397,11 +469,20 @@ kernel void mf_layer_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                }
             }
         }
     }
@@ -441,14 +522,26 @@ kernel void mf_layer_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_v2 = mf_x - mf_r2;
+                    const float mf_v3 = mf_v1 * mf_v2;
+                    mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+                }
             }
         }
     }
@@ -507,9 +600,9 @@ kernel void mf_layer_norm_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
@@ -518,6 +611,21 @@ kernel void mf_layer_norm_looped(
                 const float mf_b = mf_reg_b[mf_k];
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_v2 = mf_v1 * mf_r6;
+                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_b = mf_reg_b[mf_k];
+                    const float mf_v4 = mf_v3 + mf_b;
+                    mf_reg_mf_out[mf_k] = T(mf_v4);
+                }
             }
         }
         // store the row's outputs

@@ -117,11 +117,20 @@ kernel void mf_log_softmax_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -129,13 +138,24 @@ kernel void mf_log_softmax_simd(
     // phase 2: sum over D
     float mf_acc2 = 0.0f;
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -144,13 +164,24 @@ kernel void mf_log_softmax_simd(
     const float mf_r1 = precise::log(mf_acc2);
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = mf_v1 - mf_r1;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -223,11 +254,20 @@ kernel void mf_log_softmax_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -242,13 +282,24 @@ kernel void mf_log_softmax_group(
     // phase 2: sum over D
     float mf_acc2 = 0.0f;
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -264,13 +315,24 @@ kernel void mf_log_softmax_group(
     const float mf_r1 = precise::log(mf_acc2);
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = mf_v1 - mf_r1;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -350,11 +412,20 @@ kernel void mf_log_softmax_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                }
             }
         }
     }
@@ -394,13 +465,24 @@ kernel void mf_log_softmax_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_acc1;
+                    const float mf_v2 = mf_v1 - mf_r1;
+                    mf_reg_mf_out[mf_k] = T(mf_v2);
+                }
             }
         }
         // store the row's outputs

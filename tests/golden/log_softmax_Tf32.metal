@@ -98,11 +98,20 @@ kernel void mf_log_softmax_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -110,13 +119,24 @@ kernel void mf_log_softmax_simd(
     // phase 2: sum over D
     float mf_acc2 = 0.0f;
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -125,13 +145,24 @@ kernel void mf_log_softmax_simd(
     const float mf_r1 = precise::log(mf_acc2);
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = mf_v1 - mf_r1;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -204,11 +235,20 @@ kernel void mf_log_softmax_group(
         }
     }
     // each of this thread's 8 elements
-    for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 8u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -223,13 +263,24 @@ kernel void mf_log_softmax_group(
     // phase 2: sum over D
     float mf_acc2 = 0.0f;
     // each of this thread's 8 elements
-    for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 8u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -245,13 +296,24 @@ kernel void mf_log_softmax_group(
     const float mf_r1 = precise::log(mf_acc2);
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
-    for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 8u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = mf_v1 - mf_r1;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -331,11 +393,20 @@ kernel void mf_log_softmax_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                }
             }
         }
     }
@@ -375,13 +446,24 @@ kernel void mf_log_softmax_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_acc1;
+                    const float mf_v2 = mf_v1 - mf_r1;
+                    mf_reg_mf_out[mf_k] = T(mf_v2);
+                }
             }
         }
         // store the row's outputs

@@ -93,11 +93,20 @@ kernel void mf_logsumexp_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -108,13 +117,24 @@ kernel void mf_logsumexp_simd(
     const float mf_r3 = mf_r2 ? 0.0f : mf_acc1;
     float mf_acc2 = 0.0f;
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r3;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -180,11 +200,20 @@ kernel void mf_logsumexp_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -202,13 +231,24 @@ kernel void mf_logsumexp_group(
     const float mf_r3 = mf_r2 ? 0.0f : mf_acc1;
     float mf_acc2 = 0.0f;
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r3;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -287,11 +327,20 @@ kernel void mf_logsumexp_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc1 = mf_maximum(mf_acc1, mf_x);
+                }
             }
         }
     }
@@ -330,13 +379,24 @@ kernel void mf_logsumexp_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_r3;
+                    const float mf_v2 = precise::exp(mf_v1);
+                    mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
+                }
             }
         }
     }

@@ -77,12 +77,22 @@ kernel void mf_rms_norm_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x * mf_x;
+                mf_acc1 = mf_acc1 + mf_v1;
+            }
         }
     }
     // combine across the simdgroup
@@ -111,14 +121,26 @@ kernel void mf_rms_norm_simd(
     }
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x * mf_r4;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -195,12 +217,22 @@ kernel void mf_rms_norm_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x * mf_x;
+                mf_acc1 = mf_acc1 + mf_v1;
+            }
         }
     }
     // combine across the simdgroup
@@ -235,14 +267,26 @@ kernel void mf_rms_norm_group(
     }
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x * mf_r4;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
         }
     }
     // store the row's outputs
@@ -325,12 +369,22 @@ kernel void mf_rms_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x * mf_x;
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
+                }
             }
         }
     }
@@ -380,14 +434,26 @@ kernel void mf_rms_norm_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x * mf_r4;
+                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_v2 = mf_v1 * mf_w;
+                    mf_reg_mf_out[mf_k] = T(mf_v2);
+                }
             }
         }
         // store the row's outputs

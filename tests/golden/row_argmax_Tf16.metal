@@ -73,13 +73,26 @@ kernel void mf_row_argmax_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
             const float mf_x = mf_reg_x[mf_k];
             if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                 mf_acc1 = mf_x;
                 mf_arg1 = uint(mf_pos);
+            }
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
+                    mf_acc1 = mf_x;
+                    mf_arg1 = uint(mf_pos);
+                }
             }
         }
     }
@@ -145,13 +158,26 @@ kernel void mf_row_argmax_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
             const float mf_x = mf_reg_x[mf_k];
             if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                 mf_acc1 = mf_x;
                 mf_arg1 = uint(mf_pos);
+            }
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
+                    mf_acc1 = mf_x;
+                    mf_arg1 = uint(mf_pos);
+                }
             }
         }
     }
@@ -232,13 +258,26 @@ kernel void mf_row_argmax_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
                 const float mf_x = mf_reg_x[mf_k];
                 if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                     mf_acc1 = mf_x;
                     mf_arg1 = uint(mf_pos);
+                }
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
+                        mf_acc1 = mf_x;
+                        mf_arg1 = uint(mf_pos);
+                    }
                 }
             }
         }

@@ -117,11 +117,20 @@ kernel void mf_softmax_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -130,14 +139,26 @@ kernel void mf_softmax_simd(
     float mf_acc2 = 0.0f;
     float mf_keep2[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+                mf_keep2[mf_k] = mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -145,11 +166,20 @@ kernel void mf_softmax_simd(
     // epilogue: compute and store the outputs along the row
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
             mf_reg_mf_out[mf_k] = T(mf_v1);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+                mf_reg_mf_out[mf_k] = T(mf_v1);
+            }
         }
     }
     // store the row's outputs
@@ -222,11 +252,20 @@ kernel void mf_softmax_group(
         }
     }
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            }
         }
     }
     // combine across the simdgroup
@@ -242,14 +281,26 @@ kernel void mf_softmax_group(
     float mf_acc2 = 0.0f;
     float mf_keep2[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_v2 = precise::exp(mf_v1);
+                mf_acc2 = mf_acc2 + mf_v2;
+                mf_keep2[mf_k] = mf_v2;
+            }
         }
     }
     // combine across the simdgroup
@@ -264,11 +315,20 @@ kernel void mf_softmax_group(
     // epilogue: compute and store the outputs along the row
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
-    for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
             mf_reg_mf_out[mf_k] = T(mf_v1);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+                mf_reg_mf_out[mf_k] = T(mf_v1);
+            }
         }
     }
     // store the row's outputs
@@ -348,11 +408,20 @@ kernel void mf_softmax_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                }
             }
         }
     }
@@ -391,14 +460,26 @@ kernel void mf_softmax_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 const float mf_v3 = mf_v2 / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
                 mf_reg_mf_out[mf_k] = T(mf_v3);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_acc1;
+                    const float mf_v2 = precise::exp(mf_v1);
+                    const float mf_v3 = mf_v2 / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
+                    mf_reg_mf_out[mf_k] = T(mf_v3);
+                }
             }
         }
         // store the row's outputs
