@@ -52,17 +52,18 @@ POLICIES: dict[str, LaunchPolicy] = {
                                 vectors_per_thread=1),
     # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
     # per row, rows_per_group rows per group; up to looped_limit → one group per row,
-    # reads_per_thread values per thread in registers; longer → threads_per_group threads per
-    # row, looped. vector_width is an upper bound: each access moves at most 16 bytes (8 f16,
-    # 4 f32) and no more than a thread's reads.
-    # Chosen on an H100 (bench/cuda_levers.py, 2026-11-23, table in bench/README.md): one
-    # reads_per_thread for every variant was the main loss. 8 per thread for the group variant
-    # (rows up to 8192 read once with <= 1024 threads) beat 4 (rms_norm f16 16384x4096
-    # 0.86→1.30x torch, layer_norm f16 65536x1024 0.99→1.30x) and 16 (which cannot launch
-    # layer_norm f16 with 1024 threads, see MAX_READS_PER_THREAD); the simd variant keeps 4
-    # per lane (8 left half the lanes idle at D=128: softmax f16 8192x128 0.77→0.46x); the
-    # looped variant keeps 4 (8 at D=16384: softmax f16 0.54→0.46x); 16-byte f16 accesses
-    # added up to 0.27x more (log_softmax f16 4096x8192 1.03→1.30x with 16 reads).
+    # reads_per_thread values per thread in registers (counted for 4-byte types: 2-byte types
+    # hold the same 32 bytes, 16 values); longer → threads_per_group threads per row, looped.
+    # vector_width is an upper bound: an access moves at most 16 bytes and a thread's reads.
+    # Chosen on an H100 (2026-11-23, bench/README.md "after" table; levers from
+    # bench/cuda_levers.py): reads_per_thread 4 for every variant was the main loss. Group
+    # variant 8 per thread (f32) beat 4 and 16 (rms_norm f32 16384x4096 1.38→1.42x torch,
+    # f32 at 4096x8192 with 16: rms_norm 1.35→1.19x); 16 for f16 beat 8 (layer_norm f16
+    # 16384x4096 0.76→0.96x, softmax f16 4096x8192 1.04→1.50x, before the unchecked element
+    # loops); simd variant 4 per lane (8 left half the lanes idle at D=128: softmax f16 8192x128
+    # 0.77→0.46x); looped variant 4 (8 at D=16384: softmax f16 0.56→0.48x, log_softmax f32
+    # 0.91→0.66x); looped_limit 8192 is the longest row 1024 threads hold at 8 per thread.
+    # With them: geomean 1.29x torch eager over 50 cases (was 1.03x).
     "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
                         reads_per_thread=8, simd_reads_per_thread=4, looped_reads_per_thread=4,
                         looped_limit=8192, uses_simd=True),
