@@ -23,7 +23,9 @@ Each phase (see `reduce`) loads the inputs it needs, computes its element values
 into fp32 accumulators, and combines them across the row; the epilogue computes the outputs
 (elements of the row, vector stores; or one value per row, stored by the row's first thread).
 Register variants re-read nothing: the epilogue recomputes element values from the loaded
-registers (an exp may be evaluated twice; global memory is read once).
+registers, except a reduction's computed argument that a later phase or output uses again
+(softmax's exp(x - max)), which is kept in registers (`kept_values`). A thread whose R
+elements all lie in the row runs its element loops without a per-element bounds check.
 """
 from __future__ import annotations
 
