@@ -22,7 +22,7 @@ from ..errors import at
 from ..graph import Graph, Node, Op, TensorParam
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
-from .policy import MAX_VECTOR_BYTES, LaunchPolicy
+from .policy import LaunchPolicy, access_width
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
@@ -88,9 +88,9 @@ class _Builder:
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
-        # vector_width is an upper bound: an access moves at most 16 bytes of the widest tensor
-        widest = max([t.dtype.itemsize for t in self.inputs] + [o.dtype.itemsize for o in outs])
-        vw = min(policy.vector_width, max(1, MAX_VECTOR_BYTES // widest))
+        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`)
+        vw = access_width(policy.vector_width, {t.dtype.itemsize for t in self.inputs} |
+                          {o.dtype.itemsize for o in outs})
         self.p = replace(policy, vector_width=vw)
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]

@@ -46,6 +46,14 @@ class LaunchPolicy:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 
+def access_width(limit: int, itemsizes: set[int]) -> int:
+    """Elements per vector access for tensors of these element sizes: at most `limit` and 16
+    bytes of the widest; 8 only when every one is 2 bytes (the 16-byte `mf_pack8`: Metal's
+    vectors stop at 4 components)."""
+    w = min(limit, max(1, MAX_VECTOR_BYTES // max(itemsizes)))
+    return w if w <= 4 or itemsizes == {2} else 4
+
+
 # The table. Only the keys a family reads may be overridden for it.
 POLICIES: dict[str, LaunchPolicy] = {
     # elementwise: vector_width is an upper bound, each access moves at most 16 bytes (8 f16,

@@ -37,8 +37,8 @@ from ..errors import at
 from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, ctype
-from .policy import (LaunchError, LaunchPolicy, MAX_READS_PER_THREAD, MAX_VECTOR_BYTES,
-                     SIMD_WIDTH)
+from .policy import (LaunchError, LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
+                     access_width)
 from . import reduce as red
 
 VARIANTS = ("simd", "group", "looped")
@@ -56,11 +56,10 @@ def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
     return r
 
 
-def vector_width_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
-    """Elements per vector access: up to the policy's vector_width, at most 16 bytes of the
-    widest row tensor (`itemsize` bytes each), at most the thread's reads."""
-    return max(1, min(p.vector_width, reads_for(p, variant, itemsize),
-                      MAX_VECTOR_BYTES // itemsize))
+def vector_width_for(p: LaunchPolicy, variant: str, itemsizes: set[int]) -> int:
+    """Elements per vector access of row tensors of these element sizes: up to the policy's
+    vector_width, at most 16 bytes (`access_width`), at most the thread's reads."""
+    return access_width(min(p.vector_width, reads_for(p, variant, max(itemsizes))), itemsizes)
 
 
 def is_row(graph: Graph, axis: str) -> bool:
@@ -166,8 +165,10 @@ class _Builder(red.Builder):
         for n in self.nodes:
             if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
                 raise UnsupportedConstruct(f"mf.{n.attr[0]}{at(n.loc)}: unexpected axes")
-        self.itemsize = max([t.dtype.itemsize for t in self.inputs if self.axis in t.axes] +
-                            [o.dtype.itemsize for o in graph.outputs if self.axis in o.axes])
+        self.itemsizes = ({t.dtype.itemsize for t in self.inputs if self.axis in t.axes} |
+                          {o.dtype.itemsize for o in graph.outputs if self.axis in o.axes}
+                          or {4})
+        self.itemsize = max(self.itemsizes)
         self.R = self.vw = 1             # the variant's (set per kernel)
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
@@ -354,7 +355,7 @@ class _Builder(red.Builder):
         g = self.g
         looped = v.name == "looped"
         self.R = reads_for(self.p, v.name, self.itemsize)
-        self.vw = vector_width_for(self.p, v.name, self.itemsize)
+        self.vw = vector_width_for(self.p, v.name, self.itemsizes)
         if self.vw == 8:
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
@@ -523,7 +524,7 @@ class _Builder(red.Builder):
     def build(self) -> RowSchedule:
         kernels, passes, tg = self.variants(VARIANTS)
         # the widest access any variant makes: the alignment the launcher checks inputs for
-        vw = max(vector_width_for(self.p, name, self.itemsize) for name in VARIANTS)
+        vw = max(vector_width_for(self.p, name, self.itemsizes) for name in VARIANTS)
         policy = replace(self.p, threadgroup_bytes=tg, uses_simd=True, vector_width=vw)
         reds = red.phases(self.g, online=False)
         first = kernels[VARIANTS[0]]
