@@ -57,7 +57,8 @@ def access_width(limit: int, itemsizes: set[int]) -> int:
 # The table. Only the keys a family reads may be overridden for it.
 POLICIES: dict[str, LaunchPolicy] = {
     # elementwise: vector_width is an upper bound, each access moves at most 16 bytes (8 f16,
-    # 4 f32); 8-byte f16 accesses reached 90 % of copy_ on the H100 (bench/README.md)
+    # 4 f32; `access_width`): on the H100 silu f16 went from 90 % of copy_ with 8-byte
+    # accesses to 97-100 % with 16-byte ones (bench/README.md, 2026-11-23)
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=8,
                                 vectors_per_thread=1),
     # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
