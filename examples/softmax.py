@@ -2,7 +2,7 @@
 
     python examples/softmax.py
 
-Prints the generated Metal library (its looped kernel, for rows over 4096 elements, computes the
+Prints the generated Metal library (its looped kernel, for rows over 8192 elements, computes the
 max and the sum in one online pass), runs it on rows with -inf and NaN, and checks it against the
 reference and torch.softmax (an all -inf row gives NaN, as in torch).
 """

@@ -142,6 +142,13 @@ class Load(ExprOps):
     elem_type: str = ""        # storage type of one element (for the vector type)
 
 
+def vector_type(elem_type: str, width: int) -> str:
+    """The type of `width` consecutive elements moved as one access: a Metal vector up to 4
+    components; 8 (16 bytes of a 2-byte type) as the helper struct `mf_pack8` (read its
+    elements with the helper `mf_lane8`, build one with `mf_pack8_of`)."""
+    return f"mf_pack8<{elem_type}>" if width == 8 else f"vec<{elem_type}, {width}>"
+
+
 @dataclass(frozen=True)
 class Lane(ExprOps):
     """Element `lane` of a vector value (or of an `ArrayDecl` array)."""

@@ -143,10 +143,10 @@ def test_candidates_are_checked_before_anything_runs(tune_file, monkeypatch):
 def test_explicit_candidates_pinned_options_and_no_repeats(tune_file):
     x, w = torch.randn(3, 21), torch.randn(21)
     r = mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 256}, {"vector_width": 1},
-                                            {"threads_per_group": 256, "vector_width": 4}],
+                                            {"threads_per_group": 256, "vector_width": 8}],
                     progress=False)
     assert [t.launch for t in r.trials] == [
-        {"threads_per_group": 256, "vector_width": 4, "vectors_per_thread": 1},
+        {"threads_per_group": 256, "vector_width": 8, "vectors_per_thread": 1},
         {"threads_per_group": 256, "vector_width": 1, "vectors_per_thread": 1}]
     pinned = mf.kernel(axpb.fn, name="axpb_scalar", launch={"vector_width": 1})
     r = mf.autotune(pinned, x, w, progress=False)
@@ -178,7 +178,7 @@ def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
                     candidates=[{"threads_per_group": 128},
                                 {"threads_per_group": 512, "vectors_per_thread": 2},
                                 {"threads_per_group": 64}])
-    best = {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
+    best = {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2}
     assert r.timed and r.best == best and r.speedup == pytest.approx(2.5)
     assert r.saved_to == tune_file
     key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 3, "D": 1000})
@@ -215,7 +215,7 @@ def test_same_kernel_and_dispatch_is_timed_once(tune_file, monkeypatch):
                     candidates=[{"threads_per_group": 512, "vectors_per_thread": 2},
                                 {"threads_per_group": 256, "vectors_per_thread": 2}])
     assert [t.seconds for t in r.trials] == [3e-3, 2e-3, 2e-3]
-    assert r.best == {"threads_per_group": 512, "vector_width": 4, "vectors_per_thread": 2}
+    assert r.best == {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2}
 
 
 def test_candidates_the_pipeline_refuses_are_skipped(tune_file, monkeypatch):
@@ -268,7 +268,7 @@ def test_corrupt_cache_file_warns_and_is_replaced(tune_file, monkeypatch):
     mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 64}], progress=False)
     data = json.loads(tune_file.read_text())
     assert [e["launch"] for e in data["entries"].values()] == [
-        {"threads_per_group": 64, "vector_width": 4, "vectors_per_thread": 1}]
+        {"threads_per_group": 64, "vector_width": 8, "vectors_per_thread": 1}]
 
 
 @pytest.mark.parametrize("content, match", [

@@ -20,7 +20,7 @@ def test_show_dtype_and_ir(capsys):
     assert main(["show", target, "--dtype", "f16", "--emit", "ir"]) == 0
     out = capsys.readouterr().out
     assert "instance swiglu_f16: T=half, mf_index_t=uint" in out
-    assert "store mf_out[mf_start : +4] = mf_out_v" in out
+    assert "store mf_out[mf_start : +8] = mf_pack8_of(mf_out_v[0], mf_out_v[1]," in out
 
 
 def test_show_errors(capsys):

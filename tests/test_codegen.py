@@ -56,7 +56,7 @@ kernel void mf_bias_scale(
 
 
 def test_vector_phase_golden():
-    src = render_msl(schedule.plan(bias_scale()).kernel)
+    src = render_msl(schedule.plan(bias_scale(), {"vector_width": 4}).kernel)
     want = """\
     if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
@@ -154,6 +154,9 @@ def test_reduction_over_two_axes_is_a_clear_error():
 def test_policy_overrides_and_validation():
     g = bias_scale()
     s = schedule.plan(g, {"vectors_per_thread": 2, "threads_per_group": 128})
+    assert s.policy.elements_per_thread == 16          # 2 x 8 halves (16-byte vectors)
+    assert s.launch({"R": 3, "D": 100}) == (19, 19)
+    s = schedule.plan(g, {"vectors_per_thread": 2, "vector_width": 4})
     assert s.policy.elements_per_thread == 8
     assert s.launch({"R": 3, "D": 100}) == (38, 38)
     assert schedule.plan(g, {"vector_width": 1}).vector_inputs == ()
@@ -161,7 +164,7 @@ def test_policy_overrides_and_validation():
         schedule.plan(g, {"threads_per_group": 2048})
     with pytest.raises(LaunchError, match="'rows_per_group'.*do not apply.*elementwise"):
         schedule.plan(g, {"rows_per_group": 2})
-    with pytest.raises(LaunchError, match="vector_width must be 1, 2 or 4"):
+    with pytest.raises(LaunchError, match="vector_width must be 1, 2, 4 or 8"):
         schedule.plan(g, {"vector_width": 3})
     with pytest.raises(LaunchError, match="max_threads_per_threadgroup=512"):
         schedule.policy.validate_for_kernel(s.policy.__class__("elementwise", 1024), "k", 512)
@@ -180,7 +183,7 @@ def test_traffic_counts_each_tensor_once():
 
 
 def test_ir_dump_is_readable():
-    text = ir.dump(schedule.plan(bias_scale()).kernel)
+    text = ir.dump(schedule.plan(bias_scale(), {"vector_width": 4}).kernel)
     assert "kernel mf_bias_scale<T, mf_index_t>" in text
     assert "instance bias_scale_f16: T=half, mf_index_t=uint" in text
     assert "[3] scale: float (scalar; scalar scale)" in text
@@ -208,7 +211,8 @@ kernel void all_helpers(device float* f [[buffer(0)]], device int* n [[buffer(1)
     f[i * 4 + 1] = mf_maximum(x, 0.0f) + mf_minimum(x, 0.0f) + mf_pow(x, 2.0f)
         + mf_fremainder(x, 1.5f) + mf_simd_max(x) + mf_simd_min(x) + s + float(a);
     f[i * 4 + 2] = mf_fremainder(x, 1.5f);
-    f[i * 4 + 3] = mf_pow(x, 3.0f);
+    const mf_pack8<float> p8 = mf_pack8_of(x, x, x, x, x, x, x, x);
+    f[i * 4 + 3] = mf_pow(x, 3.0f) + (mf_lane8(p8, 7u) - x);
     const int k = int(i) - 16;
     n[i * 4] = mf_floordiv(k, 3);
     n[i * 4 + 1] = mf_remainder(k, 3);

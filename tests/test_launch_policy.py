@@ -97,7 +97,7 @@ def test_threads_per_group_changes_do_not_recompile(monkeypatch):
     ({"threads_per_group": 2048}, "threads_per_group=2048 exceeds Metal's limit of 1024"),
     ({"threads_per_group": 0}, "threads_per_group must be a positive int, got 0"),
     ({"threads_per_group": "128"}, "threads_per_group must be a positive int, got '128'"),
-    ({"vector_width": 3}, "vector_width must be 1, 2 or 4, got 3"),
+    ({"vector_width": 3}, "vector_width must be 1, 2, 4 or 8, got 3"),
     ({"vectors_per_thread": True}, "vectors_per_thread must be a positive int, got True"),
     ({"index64": "yes"}, "index64 must be None, True or False"),
     ({"threads": 128}, r"unknown launch option\(s\) 'threads'; the options are: .*"

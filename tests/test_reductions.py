@@ -16,7 +16,7 @@ from metalforge.schedule import LaunchError, UnsupportedConstruct
 INF, NAN = math.inf, math.nan
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-ROWS = (1, 31, 33, 200, 4097)          # simd, simd, group, group, looped (default policy)
+ROWS = (1, 31, 33, 200, 8193)          # simd, simd, group, group, looped (default policy)
 
 
 def close(got, want, dtype, scale=1.0):
@@ -154,13 +154,32 @@ def test_rms_norm_f16_reads_each_input_once():
     src = rms_norm.source(x, w)
     start = src.index("kernel void mf_rms_norm_group")
     group = src[start:src.index("kernel void mf_rms_norm_looped")]
-    # one 4-wide vector load site and one guarded scalar site for x, in one load block
-    assert group.count("reinterpret_cast<device const vec<T, 4>*>(x + ") == 1
+    # 16 halves per thread (32 bytes, as f32's 8): one 16-byte load site (8 halves, two
+    # trips) and one guarded scalar site for x, in one load block
+    assert group.count("reinterpret_cast<device const mf_pack8<T>*>(x + ") == 1
+    assert "for (uint mf_c = 0u; mf_c < 2u; ++mf_c)" in group
     assert group.count("x[mf_row_x") == 1
-    assert "float mf_reg_x[4];" in group and "simd_sum" in group and "threadgroup float" in group
+    assert "float mf_reg_x[16];" in group and "simd_sum" in group and "threadgroup float" in group
+    # f32: the same 8 elements per thread as two 16-byte vectors
+    x32, w32 = x.float(), w.float()
+    src = rms_norm.source(x32, w32)
+    group = src[src.index("kernel void mf_rms_norm_group"):]
+    assert "for (uint mf_c = 0u; mf_c < 2u; ++mf_c)" in group
+    assert "reinterpret_cast<device const vec<T, 4>*>(x + " in group
+    assert "mf_pack8" not in src
     # the looped variant re-reads x for the epilogue: its traffic says so
-    big = {"B": 2, "D": 8192}
-    assert s.traffic(big).read == 2 * (2 * 8192 * 2) + 8192 * 2
+    big = {"B": 2, "D": 16384}
+    assert s.traffic(big).read == 2 * (2 * 16384 * 2) + 16384 * 2
+
+
+def test_softmax_keeps_exp_in_registers():
+    x = torch.randn(4, 1000)
+    src = softmax.source(x)
+    group = src[src.index("kernel void mf_softmax_group"):src.index("kernel void mf_softmax_loo")]
+    phase2, epilogue = group.split("// epilogue")
+    assert "precise::exp(" in phase2 and "float mf_keep2[8];" in phase2
+    assert "precise::exp(" not in epilogue and "mf_keep2[mf_k] / mf_acc2" in epilogue
+    close(softmax(x), torch.softmax(x.double(), dim=-1), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -326,8 +345,12 @@ def test_launch_policy_is_validated():
     x = torch.randn(2, 8)
     with pytest.raises(LaunchError, match="rows_per_group=64"):
         mf.kernel(launch={"rows_per_group": 64})(softmax.fn)(x)
-    with pytest.raises(LaunchError, match="looped_limit=8192"):
-        mf.kernel(launch={"looped_limit": 8192})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="looped_limit=16384"):
+        mf.kernel(launch={"looped_limit": 16384})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="reads_per_thread=32: over 16 values"):
+        mf.kernel(launch={"reads_per_thread": 32})(softmax.fn)(x)
+    with pytest.raises(LaunchError, match="simd_reads_per_thread=6 must be a multiple"):
+        mf.kernel(launch={"simd_reads_per_thread": 6})(softmax.fn)(x)
     with pytest.raises(LaunchError, match="multiple of 32"):
         mf.kernel(launch={"threads_per_group": 100, "looped_limit": 64})(softmax.fn)(x)
     with pytest.raises(LaunchError, match="do not apply to a row kernel"):

@@ -258,3 +258,23 @@ inline float mf_simd_online(thread float& m, float s) {
     m = mf_m;
     return s;
 }
+
+// helper: mf_pack8_of
+// 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
+// 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,
+// mf_lane8 gives one element, mf_pack8_of builds one to store.
+template <typename T>
+struct alignas(16) mf_pack8 {
+    T v[8];
+};
+
+template <typename T>
+inline T mf_lane8(thread const mf_pack8<T>& p, uint i) {
+    return p.v[i];
+}
+
+template <typename T>
+inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
+    mf_pack8<T> p = {{a0, a1, a2, a3, a4, a5, a6, a7}};
+    return p;
+}

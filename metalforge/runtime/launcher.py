@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -79,7 +79,9 @@ def compile(schedule: sched_mod.Schedule, source: str, backend: str,
     backend), refused if its pipeline cannot take the schedule's launch policy."""
     k = kernel_object(backend, source, host_name)
     max_threads = int(k.max_threads_per_threadgroup)
-    validate_for_kernel(schedule.policy, host_name, max_threads,
+    validate_for_kernel(replace(schedule.policy,
+                                threads_per_group=schedule.max_group_size(host_name)),
+                        host_name, max_threads,
                         int(getattr(k, "static_thread_group_memory_length", 0)))
     return Compiled(k, max_threads)
 

@@ -75,6 +75,10 @@ class Schedule:
         threads = -(-self.numel(sizes) // ept)
         return threads, max(1, min(self.policy.threads_per_group, threads))
 
+    def max_group_size(self, host_name: str) -> int:
+        """The most threads per group a launch of kernel `host_name` asks for."""
+        return self.policy.threads_per_group
+
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
         def numel(axes) -> int:
             n = 1

@@ -14,13 +14,15 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import ir
 from ..dtypes import DType
 from ..errors import at
 from ..graph import Graph, Node, Op, TensorParam
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, convert, compute_type, ident
-from .policy import LaunchPolicy
+from .policy import LaunchPolicy, access_width
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
@@ -86,7 +88,10 @@ class _Builder:
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
-        vw = policy.vector_width
+        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`)
+        vw = access_width(policy.vector_width, {t.dtype.itemsize for t in self.inputs} |
+                          {o.dtype.itemsize for o in outs})
+        self.policy = replace(policy, vector_width=vw)
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]
         self.sizes_used: list[str] = []
@@ -158,6 +163,10 @@ class _Builder:
             e = e * self.size(a) + self.position(a, i, need)
         return e
 
+    def lane(self, v: ir.Expr, k: ir.Expr) -> ir.Expr:
+        """Lane k of a loaded vector (an mf_pack8 through its helper)."""
+        return ir.Call("mf_lane8", (v, k)) if self.policy.vector_width == 8 else ir.Lane(v, k)
+
     # -- one element -------------------------------------------------------------------
     def element(self, vector: bool) -> list[ir.Stmt]:
         """Statements computing and storing element `mf_i` (lane `mf_k` of the vector path)."""
@@ -168,7 +177,7 @@ class _Builder:
         def load(n: Node) -> ir.Expr:
             t = self.graph.param(n.attr)
             if vector and t.name in vec_names:
-                raw: ir.Expr = ir.Lane(ir.Var(f"mf_{t.name}_v"), k)
+                raw: ir.Expr = self.lane(ir.Var(f"mf_{t.name}_v"), k)
             else:
                 raw = ir.Load(self.names[t.name], self.offset(t.axes, i, need))
             return ir.Cast(compute_type(t.dtype), raw)
@@ -224,25 +233,33 @@ class _Builder:
         """(statements before the thread's loop, one chunk): vector loads of the contiguous
         inputs, the lanes computed, vector stores; `scalar` where the chunk is the tail."""
         vw = self.policy.vector_width
+        if vw == 8:
+            self.helpers.add("mf_pack8_of")
         start = ir.Var("mf_start")
         loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
                                            f"inputs")]
         for t in self.vec_in:
             off = self.offset(t.axes, start, {})
-            loads.append(ir.Decl(f"mf_{t.name}_v", f"vec<{self.in_stype(t)}, {vw}>",
+            loads.append(ir.Decl(f"mf_{t.name}_v", ir.vector_type(self.in_stype(t), vw),
                                  ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
         for kk in self.vec_out:
-            loads.append(ir.Decl(f"{self.out_names[kk]}_v",
-                                 f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
+            if vw == 8:          # 8 lanes: an array, packed into one 16-byte store below
+                loads.append(ir.ArrayDecl(f"{self.out_names[kk]}_v", self.out_stype(kk), vw))
+            else:
+                loads.append(ir.Decl(f"{self.out_names[kk]}_v",
+                                     f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
         lane_el = self.element(vector=True)
         uses_i = ir.mentions(lane_el, "mf_i")
         lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                        ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
         vstores: list[ir.Stmt] = [ir.Comment(f"store: {vw}-wide vectors")]
         for kk in self.vec_out:
-            vstores.append(ir.Store(self.out_names[kk], start,
-                                    ir.Var(f"{self.out_names[kk]}_v"), vw,
-                                    self.out_stype(kk)))
+            val: ir.Expr = ir.Var(f"{self.out_names[kk]}_v")
+            if vw == 8:
+                val = ir.Call("mf_pack8_of", tuple(ir.Lane(val, ir.Lit(j, "uint"))
+                                                   for j in range(8)))
+                self.helpers.add("mf_pack8_of")
+            vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"))
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]

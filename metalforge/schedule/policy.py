@@ -15,6 +15,12 @@ from ..errors import LaunchError
 MAX_THREADS_PER_GROUP = 1024          # Metal's limit on Apple GPUs
 MAX_THREADGROUP_BYTES = 32 * 1024     # static threadgroup memory a kernel may declare
 SIMD_WIDTH = 32
+MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vectors of 4-byte types
+# Elements a row-reduction thread holds per input in registers (fp32 each). Bounded for Metal:
+# Apple GPUs keep fewer registers per thread than NVIDIA before spilling, and on the H100 a
+# 1024-thread group already has only 64 registers per thread (65536 / 1024): layer_norm f16 with
+# 16 reads per thread exceeded that and could not launch 1024 threads (bench/README.md, levers).
+MAX_READS_PER_THREAD = 16
 
 
 @dataclass(frozen=True)
@@ -24,7 +30,9 @@ class LaunchPolicy:
     vector_width: int = 4              # elements per vector load/store (1 = scalar only)
     vectors_per_thread: int = 1        # vector chunks each thread handles
     rows_per_group: int = 1            # row reductions: rows per threadgroup
-    reads_per_thread: int = 4          # row reductions: elements held in registers per thread
+    reads_per_thread: int = 4          # row reductions, group variant: elements per thread
+    simd_reads_per_thread: int = 4     # row reductions, simd variant: elements per lane
+    looped_reads_per_thread: int = 4   # row reductions, looped variant: elements per chunk
     looped_limit: int = 4096           # row reductions: longest row done in one pass
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
@@ -38,15 +46,38 @@ class LaunchPolicy:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 
+def access_width(limit: int, itemsizes: set[int]) -> int:
+    """Elements per vector access for tensors of these element sizes: at most `limit` and 16
+    bytes of the widest; 8 only when every one is 2 bytes (the 16-byte `mf_pack8`: Metal's
+    vectors stop at 4 components)."""
+    w = min(limit, max(1, MAX_VECTOR_BYTES // max(itemsizes)))
+    return w if w <= 4 or itemsizes == {2} else 4
+
+
 # The table. Only the keys a family reads may be overridden for it.
 POLICIES: dict[str, LaunchPolicy] = {
-    "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=4,
+    # elementwise: vector_width is an upper bound, each access moves at most 16 bytes (8 f16,
+    # 4 f32; `access_width`): on the H100 silu f16 went from 90 % of copy_ with 8-byte
+    # accesses to 97-100 % with 16-byte ones (bench/README.md, 2026-11-23)
+    "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=8,
                                 vectors_per_thread=1),
-    # row reductions (schedule/row.py): rows up to 32*reads_per_thread → one simdgroup per row,
-    # rows_per_group rows per group; up to looped_limit → one group per row, values in
-    # registers; longer → threads_per_group threads per row, looped (online softmax)
-    "row": LaunchPolicy("row", threads_per_group=1024, vector_width=4, rows_per_group=8,
-                        reads_per_thread=4, looped_limit=4096, uses_simd=True),
+    # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
+    # per row, rows_per_group rows per group; up to looped_limit → one group per row,
+    # reads_per_thread values per thread in registers (counted for 4-byte types: 2-byte types
+    # hold the same 32 bytes, 16 values); longer → threads_per_group threads per row, looped.
+    # vector_width is an upper bound: an access moves at most 16 bytes and a thread's reads.
+    # Chosen on an H100 (2026-11-23, bench/README.md "after" table; levers from
+    # bench/cuda_levers.py): reads_per_thread 4 for every variant was the main loss. Group
+    # variant 8 per thread (f32) beat 4 and 16 (rms_norm f32 16384x4096 1.38→1.42x torch,
+    # f32 at 4096x8192 with 16: rms_norm 1.35→1.19x); 16 for f16 beat 8 (layer_norm f16
+    # 16384x4096 0.76→0.96x, softmax f16 4096x8192 1.04→1.50x, before the unchecked element
+    # loops); simd variant 4 per lane (8 left half the lanes idle at D=128: softmax f16 8192x128
+    # 0.77→0.46x); looped variant 4 (8 at D=16384: softmax f16 0.56→0.48x, log_softmax f32
+    # 0.91→0.66x); looped_limit 8192 is the longest row 1024 threads hold at 8 per thread.
+    # With them: geomean 1.29x torch eager over 50 cases (was 1.03x).
+    "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
+                        reads_per_thread=8, simd_reads_per_thread=4, looped_reads_per_thread=4,
+                        looped_limit=8192, uses_simd=True),
     # column reductions (schedule/column.py): one thread per output column, looping over the
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
@@ -56,7 +87,7 @@ POLICIES: dict[str, LaunchPolicy] = {
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
-            "looped_limit", "index64"),
+            "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
 }
 
@@ -80,8 +111,9 @@ def validate(p: LaunchPolicy) -> None:
         if not ok:
             raise LaunchError(f"{p.family} launch policy: {msg}")
 
+    reads = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 "reads_per_thread", "looped_limit"):
+                 *reads, "looped_limit"):
         v = getattr(p, name)
         need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
              f"{name} must be a positive int, got {v!r}")
@@ -93,14 +125,20 @@ def validate(p: LaunchPolicy) -> None:
     need(not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
          f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
          f"kernel uses simdgroup collectives")
-    need(p.vector_width in (1, 2, 4), f"vector_width must be 1, 2 or 4, got {p.vector_width}")
+    need(p.vector_width in (1, 2, 4, 8),
+         f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
     need(p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
          f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
          f"{MAX_THREADGROUP_BYTES}-byte limit")
     if p.family == "row":
-        need(p.reads_per_thread % p.vector_width == 0,
-             f"reads_per_thread={p.reads_per_thread} must be a multiple of vector_width="
-             f"{p.vector_width}")
+        for name in reads:
+            r = getattr(p, name)
+            need(r <= MAX_READS_PER_THREAD,
+                 f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
+                 f"spill on Apple GPUs")
+            need(r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
+                 f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
+                 f"of two below it)")
         need(p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
              f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
              f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")

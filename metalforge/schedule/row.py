@@ -3,21 +3,29 @@
 One library holds three kernels; the host picks one per call from the row length D
 (`RowSchedule.variant`), so sizes never recompile:
 
-- ``simd``   (D <= 32 * reads_per_thread): one simdgroup per row, `rows_per_group` rows per
-  threadgroup; lane l holds elements [l*R, l*R + R) in registers; simd collectives only.
+- ``simd``   (D <= 32 * simd_reads_per_thread): one simdgroup per row, `rows_per_group` rows
+  per threadgroup; lane l holds elements [l*R, l*R + R) in registers; simd collectives only.
 - ``group``  (D <= looped_limit): one threadgroup per row of ceil(D/R) threads rounded up to 32;
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
-  `vector_width`-wide loads when D is a multiple of the width; partials go simd → threadgroup
+  vector loads when D is a multiple of the width; partials go simd → threadgroup
   scratch (one 32-slot array per reduction) → a second simd reduction in every simdgroup.
 - ``looped`` (longer rows): one threadgroup of `threads_per_group` threads per row; every phase
   streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
   once per phase; a max followed by sum(exp(a - max)) is fused into one online pass.
 
+R is the variant's reads per thread (`reads_for`: the group variant's `reads_per_thread` counts
+4-byte elements, narrower types hold as many bytes, so f16 rows get twice as many elements per
+thread, up to MAX_READS_PER_THREAD); a vector access moves up to
+`vector_width` elements, at most 16 bytes and at most R (`vector_width_for`): 8 f16 elements
+as one `mf_pack8`, 4 f32 elements as one `vec<float, 4>`.
+
 Each phase (see `reduce`) loads the inputs it needs, computes its element values, folds them
 into fp32 accumulators, and combines them across the row; the epilogue computes the outputs
 (elements of the row, vector stores; or one value per row, stored by the row's first thread).
 Register variants re-read nothing: the epilogue recomputes element values from the loaded
-registers (an exp may be evaluated twice; global memory is read once).
+registers, except a reduction's computed argument that a later phase or output uses again
+(softmax's exp(x - max)), which is kept in registers (`kept_values`). A thread whose R
+elements all lie in the row runs its element loops without a per-element bounds check.
 """
 from __future__ import annotations
 
@@ -29,11 +37,29 @@ from ..errors import at
 from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, UnsupportedConstruct, compute_type
-from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
+from .policy import (LaunchError, LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
+                     access_width)
 from . import reduce
 
 VARIANTS = ("simd", "group", "looped")
 UINT_LIMIT = 2 ** 32
+READS = {"simd": "simd_reads_per_thread", "group": "reads_per_thread",
+         "looped": "looped_reads_per_thread"}
+
+
+def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
+    """Elements each thread (lane) of this variant holds in registers per input, for row
+    tensors of at most `itemsize` bytes."""
+    r = getattr(p, READS[variant])
+    if variant == "group" and itemsize < 4:
+        r = max(r, min(MAX_READS_PER_THREAD, r * 4 // itemsize))
+    return r
+
+
+def vector_width_for(p: LaunchPolicy, variant: str, itemsizes: set[int]) -> int:
+    """Elements per vector access of row tensors of these element sizes: up to the policy's
+    vector_width, at most 16 bytes (`access_width`), at most the thread's reads."""
+    return access_width(min(p.vector_width, reads_for(p, variant, max(itemsizes))), itemsizes)
 
 
 def is_row(graph: Graph, axis: str) -> bool:
@@ -54,6 +80,7 @@ class RowSchedule(Schedule):
     variants: dict = field(default_factory=dict)       # name → ir.LoweredKernel
     reductions: list = field(default_factory=list)
     passes: dict = field(default_factory=dict)         # variant → {input: times read per row}
+    itemsize: int = 4                                  # bytes of the widest row tensor
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -68,7 +95,7 @@ class RowSchedule(Schedule):
     def variant(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
         p = self.policy
-        if d <= SIMD_WIDTH * p.reads_per_thread:
+        if d <= SIMD_WIDTH * p.simd_reads_per_thread:
             return "simd"
         return "group" if d <= p.looped_limit else "looped"
 
@@ -90,10 +117,20 @@ class RowSchedule(Schedule):
         if v == "simd":
             return rows * SIMD_WIDTH, max(1, min(p.rows_per_group, rows)) * SIMD_WIDTH
         if v == "group":
-            t = -(-d // p.reads_per_thread)
+            t = -(-d // reads_for(p, "group", self.itemsize))
             t = -(-t // SIMD_WIDTH) * SIMD_WIDTH
             return rows * t, t
         return rows * p.threads_per_group, p.threads_per_group
+
+    def max_group_size(self, host_name: str) -> int:
+        v = next(n for n, k in self.variants.items() if k.host_name == host_name)
+        p = self.policy
+        if v == "simd":
+            return p.rows_per_group * SIMD_WIDTH
+        if v == "group":
+            t = -(-p.looped_limit // reads_for(p, "group", self.itemsize))
+            return -(-t // SIMD_WIDTH) * SIMD_WIDTH
+        return p.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
         """Bytes this call moves: each output written once; each input read once in the
@@ -128,8 +165,11 @@ class _Builder(reduce.Builder):
         for n in self.nodes:
             if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
                 raise UnsupportedConstruct(f"mf.{n.attr[0]}{at(n.loc)}: unexpected axes")
-        self.vw = policy.vector_width
-        self.reads = policy.reads_per_thread
+        self.itemsizes = ({t.dtype.itemsize for t in self.inputs if self.axis in t.axes} |
+                          {o.dtype.itemsize for o in graph.outputs if self.axis in o.axes}
+                          or {4})
+        self.itemsize = max(self.itemsizes)
+        self.reads = self.vw = 1             # the variant's (set per kernel)
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
@@ -181,11 +221,11 @@ class _Builder(reduce.Builder):
             rb = self.row_base(name, t.axes)
             start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
-                ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
-                                                                     vw, st)),
+                ir.Decl(f"mf_{name}_v", ir.vector_type(st, vw),
+                        ir.Load(self.names[name], start, vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                     ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
-                              ir.Cast(ct, ir.Lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
+                              ir.Cast(ct, self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
                     unroll=True)], unroll=True))
             pos = base + ir.Var("mf_k")
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
@@ -201,6 +241,10 @@ class _Builder(reduce.Builder):
             out += scalar
         return out
 
+    def lane(self, v: ir.Expr, i: ir.Expr) -> ir.Expr:
+        """Element i of a loaded vector (an mf_pack8 through its helper)."""
+        return ir.Call("mf_lane8", (v, i)) if self.vw == 8 else ir.Lane(v, i)
+
     def full(self) -> ir.Expr:
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
         return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
@@ -215,16 +259,32 @@ class _Builder(reduce.Builder):
                              self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
             el.values[n] = self.v.row_values.value(n)
+        for n in self.stored:
+            el.values[n] = ir.Lane(ir.Var(self.keep[n]), ir.Var("mf_k"))
         body = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
         body += self.fold(el, reds, pos)
+        for r in reds:
+            if r.arg in self.keep and r.arg not in self.stored:
+                body.append(ir.Assign(ir.Lane(ir.Var(self.keep[r.arg]), ir.Var("mf_k")),
+                                      el.value(r.arg)))
         for k in outs:
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
-        loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.reads, "uint"), [
-            ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k")),
-            ir.If(pos < self.size(self.axis), body)], unroll=True)]
+        decl_pos = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+
+        def each(guarded: bool) -> ir.Stmt:
+            if guarded:
+                stmts = decl_pos + [ir.If(pos < self.size(self.axis), body)]
+            else:
+                stmts = (decl_pos if ir.mentions(body, "mf_pos") else []) + body
+            return ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.reads, "uint"), stmts,
+                          unroll=True)
+        end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
+        loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), [
+            ir.Comment("all of them in the row: no per-element check"), each(False)],
+            [ir.Comment("the row's end: each element checked"), each(True)])]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
@@ -241,7 +301,9 @@ class _Builder(reduce.Builder):
             first = ir.Var("mf_c") * ir.Lit(vw, "uint")
             lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
-                ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
+                ir.Store(self.out_names[k], start,
+                         ir.Call("mf_pack8_of" if vw == 8 else ir.vector_type(st, vw), lanes),
+                         vw, st)],
                 unroll=True))
             pos = base + ir.Var("mf_k")
             sca.append(ir.If(pos < self.size(self.axis), [
@@ -294,8 +356,14 @@ class _Builder(reduce.Builder):
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
         graph = self.graph
         looped = v.name == "looped"
+        self.reads = reads_for(self.policy, v.name, self.itemsize)
+        self.vw = vector_width_for(self.policy, v.name, self.itemsizes)
+        if self.vw == 8:
+            self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
         reds = reduce.phases(graph, online=looped, compensated=looped)
+        self.keep = {} if looped else self.kept_values(reds)
+        self.stored: set[Node] = set()
         self.helpers |= reduce.helpers_of(reds, simd=True) - {"mf_online_merge"}
         for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
@@ -306,6 +374,34 @@ class _Builder(reduce.Builder):
         threads, head = self.header(v.name)
         body = list(v.tg_arrays) + head + v.pre + v.main
         return make_kernel(graph, self.index64, threads, body, self._summary(v.name, reds), v.name)
+
+    def kept_values(self, reds: list[reduce.Reduction]) -> dict[Node, str]:
+        """Element values a register variant keeps in registers from the phase that computes
+        them to the later phases or outputs that use them ({node: register array}): the
+        computed argument of a reduction that later element values use again (softmax's
+        exp(x - max), computed once instead of twice)."""
+        g = self.graph
+        later = [r.arg for r in reds] + [o.node for o in g.outputs]
+        keep: dict[Node, str] = {}
+        for r in reds:
+            a = r.arg
+            if not self.elem(a) or a.op == Op.LOAD or a in keep:
+                continue
+            if any(n is not a and a in self.element_nodes(n) for n in later):
+                keep[a] = f"mf_keep{r.i}"
+        return keep
+
+    def element_nodes(self, root: Node) -> set[Node]:
+        """The element nodes `root`'s value is computed from (itself included)."""
+        seen: set[Node] = set()
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            if n in seen or not self.elem(n):
+                continue
+            seen.add(n)
+            stack.extend(n.args)
+        return seen
 
     def section(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
                 outs: list[int], title: str) -> None:
@@ -319,6 +415,8 @@ class _Builder(reduce.Builder):
         for r in rs:
             v.main.extend(reduce.declare(r))
         regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), reads) for k in outs]
+        kept = [r.arg for r in rs if r.arg in self.keep and r.arg not in self.stored]
+        regs += [ir.ArrayDecl(self.keep[n], compute_type(n.dtype), reads) for n in kept]
         body: list[ir.Stmt] = []
         new = [t for t in tensors if looped or t not in v.loaded]
         for t in new:
@@ -341,6 +439,7 @@ class _Builder(reduce.Builder):
             v.main.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Var("mf_chunks"), body))
         else:
             v.main.extend(body)
+        self.stored.update(kept)
         if rs:
             v.main.extend(reduce.finish(rs))
             v.main.extend(self.combine(rs, v.name))
@@ -427,11 +526,13 @@ class _Builder(reduce.Builder):
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
         kernels, passes, tg = self.variants(VARIANTS)
-        policy = replace(self.policy, threadgroup_bytes=tg, uses_simd=True)
+        # the widest access any variant makes: the alignment the launcher checks inputs for
+        vw = max(vector_width_for(self.policy, name, self.itemsizes) for name in VARIANTS)
+        policy = replace(self.policy, threadgroup_bytes=tg, uses_simd=True, vector_width=vw)
         reds = reduce.phases(self.graph, online=False)
         first = kernels[VARIANTS[0]]
         return RowSchedule("row", self.graph, policy, first, tuple(self.outer) + (self.axis,),
                            tuple(t.name for t in self.inputs if self.axis in t.axes
-                                 and self.vw > 1),
+                                 and vw > 1),
                            self.index64, axis=self.axis, rows=self.outer, variants=kernels,
-                           reductions=reds, passes=passes)
+                           reductions=reds, passes=passes, itemsize=self.itemsize)

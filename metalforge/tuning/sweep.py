@@ -11,7 +11,7 @@ from .launch import NOT_TUNED
 # others change the generated code, so the grid compiles one kernel per combination of them.
 SWEEP: dict[str, tuple[int, ...]] = {
     "threads_per_group": (128, 256, 512, 1024),
-    "vector_width": (2, 4),
+    "vector_width": (2, 4, 8),
     "vectors_per_thread": (1, 2, 4),
     "rows_per_group": (1, 2, 4, 8),
     "reads_per_thread": (2, 4, 8),

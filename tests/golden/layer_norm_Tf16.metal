@@ -1,6 +1,25 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
+// 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,
+// mf_lane8 gives one element, mf_pack8_of builds one to store.
+template <typename T>
+struct alignas(16) mf_pack8 {
+    T v[8];
+};
+
+template <typename T>
+inline T mf_lane8(thread const mf_pack8<T>& p, uint i) {
+    return p.v[i];
+}
+
+template <typename T>
+inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
+    mf_pack8<T> p = {{a0, a1, a2, a3, a4, a5, a6, a7}};
+    return p;
+}
+
 // compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
 // so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
 // the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
@@ -60,11 +79,20 @@ kernel void mf_layer_norm_simd(
         }
     }
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_acc1 + mf_x;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_acc1 + mf_x;
+            }
         }
     }
     // combine across the simdgroup
@@ -74,14 +102,26 @@ kernel void mf_layer_norm_simd(
     const float mf_r2 = mf_acc1 / mf_r1;
     float mf_acc2 = 0.0f;
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_x - mf_r2;
+                const float mf_v3 = mf_v1 * mf_v2;
+                mf_acc2 = mf_acc2 + mf_v3;
+            }
         }
     }
     // combine across the simdgroup
@@ -119,9 +159,9 @@ kernel void mf_layer_norm_simd(
     }
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    if (mf_base + 4u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
@@ -130,6 +170,21 @@ kernel void mf_layer_norm_simd(
             const float mf_b = mf_reg_b[mf_k];
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_v1 * mf_r6;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_b = mf_reg_b[mf_k];
+                const float mf_v4 = mf_v3 + mf_b;
+                mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
         }
     }
     // store the row's outputs
@@ -161,7 +216,7 @@ template [[host_name("layer_norm_f16_simd")]] kernel void mf_layer_norm_simd<hal
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
-// layer_norm (group): reduces 'D' over rows [B] in 2 phase(s); one threadgroup per row, 4 elements per thread in registers, global memory read once; 4-wide vector loads/stores where aligned; fp32 accumulation
+// layer_norm (group): reduces 'D' over rows [B] in 2 phase(s); one threadgroup per row, 16 elements per thread in registers, global memory read once; 8-wide vector loads/stores where aligned; fp32 accumulation
 // generated by metalforge
 
 template <typename T, typename mf_index_t>
@@ -185,37 +240,45 @@ kernel void mf_layer_norm_group(
     const uint mf_row = mf_group;
     const uint mf_t = mf_lid;
     const uint mf_nsg = (mf_tpg + 31u) / 32u;
-    const uint mf_base = mf_t * 4u;
-    const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    const uint mf_base = mf_t * 16u;
+    const bool mf_vec_ok = mf_size_D % 8u == 0u;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_b = 0u;
     const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
-    // load 4 elements per thread of x into registers
-    float mf_reg_x[4];
-    if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
-        // 4-wide vector loads
-        {
-            const uint mf_c = 0u;
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+    // load 16 elements per thread of x into registers
+    float mf_reg_x[16];
+    if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
+        // 8-wide vector loads
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
+            for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
+                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
         }
     }
-    // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    // each of this thread's 16 elements
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             mf_acc1 = mf_acc1 + mf_x;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                mf_acc1 = mf_acc1 + mf_x;
+            }
         }
     }
     // combine across the simdgroup
@@ -231,15 +294,27 @@ kernel void mf_layer_norm_group(
     const float mf_r1 = float(long(mf_size_D));
     const float mf_r2 = mf_acc1 / mf_r1;
     float mf_acc2 = 0.0f;
-    // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    // each of this thread's 16 elements
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
+        }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_x - mf_r2;
+                const float mf_v3 = mf_v1 * mf_v2;
+                mf_acc2 = mf_acc2 + mf_v3;
+            }
         }
     }
     // combine across the simdgroup
@@ -256,37 +331,35 @@ kernel void mf_layer_norm_group(
     const float mf_r4 = mf_acc2 / mf_r3;
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
-    // load 4 elements per thread of b, w into registers
-    float mf_reg_b[4];
-    float mf_reg_w[4];
-    if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
-        // 4-wide vector loads
-        {
-            const uint mf_c = 0u;
-            const vec<T, 4> mf_b_v = *reinterpret_cast<device const vec<T, 4>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_b[mf_c * 4u + mf_l] = float(mf_b_v[mf_l]);
+    // load 16 elements per thread of b, w into registers
+    float mf_reg_b[16];
+    float mf_reg_w[16];
+    if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
+        // 8-wide vector loads
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            const mf_pack8<T> mf_b_v = *reinterpret_cast<device const mf_pack8<T>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 8u);
+            for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
+                mf_reg_b[mf_c * 8u + mf_l] = float(mf_lane8(mf_b_v, mf_l));
             }
         }
-        {
-            const uint mf_c = 0u;
-            const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
+            for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
+                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
         }
     }
-    T mf_reg_mf_out[4];
-    // each of this thread's 4 elements
-    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-        const uint mf_pos = mf_base + mf_k;
-        if (mf_pos < mf_size_D) {
+    T mf_reg_mf_out[16];
+    // each of this thread's 16 elements
+    if (mf_base + 16u <= mf_size_D) {
+        // all of them in the row: no per-element check
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
@@ -296,17 +369,31 @@ kernel void mf_layer_norm_group(
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
+    } else {
+        // the row's end: each element checked
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            const uint mf_pos = mf_base + mf_k;
+            if (mf_pos < mf_size_D) {
+                const float mf_x = mf_reg_x[mf_k];
+                const float mf_v1 = mf_x - mf_r2;
+                const float mf_v2 = mf_v1 * mf_r6;
+                const float mf_w = mf_reg_w[mf_k];
+                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_b = mf_reg_b[mf_k];
+                const float mf_v4 = mf_v3 + mf_b;
+                mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
+        }
     }
     // store the row's outputs
-    if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
-        // 4-wide vector stores
-        {
-            const uint mf_c = 0u;
-            *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+    if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
+        // 8-wide vector stores
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
                 mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
             }
@@ -382,11 +469,20 @@ kernel void mf_layer_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                }
             }
         }
     }
@@ -426,14 +522,26 @@ kernel void mf_layer_norm_looped(
             }
         }
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_v2 = mf_x - mf_r2;
+                    const float mf_v3 = mf_v1 * mf_v2;
+                    mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+                }
             }
         }
     }
@@ -492,9 +600,9 @@ kernel void mf_layer_norm_looped(
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
-            if (mf_pos < mf_size_D) {
+        if (mf_base + 4u <= mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
@@ -503,6 +611,21 @@ kernel void mf_layer_norm_looped(
                 const float mf_b = mf_reg_b[mf_k];
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
+            }
+        } else {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_base + mf_k;
+                if (mf_pos < mf_size_D) {
+                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_v2 = mf_v1 * mf_r6;
+                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_b = mf_reg_b[mf_k];
+                    const float mf_v4 = mf_v3 + mf_b;
+                    mf_reg_mf_out[mf_k] = T(mf_v4);
+                }
             }
         }
         // store the row's outputs
