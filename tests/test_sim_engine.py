@@ -3,6 +3,11 @@
 Every kernel is hand-written MSL run through the simulator and checked against torch on the CPU.
 Kernels are batched into few sources (the simulator caches compiled libraries on disk).
 """
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -294,6 +299,44 @@ def test_threadgroup_arrays_and_pointers(lib):
     torch.testing.assert_close(out, x.view(6, 128).sum(1), rtol=1e-5, atol=1e-4)
     # 128*4 + 4*4 + 6*4 bytes, rounded up to 16
     assert k.static_thread_group_memory_length == 560
+
+
+REVERSE_IN_TG = r"""
+#include <metal_stdlib>
+using namespace metal;
+template <typename T>
+kernel void reverse_in_tg(device T* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]],
+                          uint n [[threads_per_threadgroup]]) {
+  threadgroup T buf[N];
+  buf[lid] = T(lid);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = buf[n - 1 - lid];
+}
+template [[host_name("reverse_in_tg")]] kernel void reverse_in_tg<float>(device float*, uint, uint);
+"""
+
+
+def test_threadgroup_arrays_are_private_to_their_library():
+    """Two libraries instantiating the same kernel template with different threadgroup array
+    sizes (as metalforge's variants compiled for other launch options do) each get their own
+    array: the larger group of the second must not write past the first one's array into the
+    heap (it did, and the process aborted in free()).  Run in a subprocess, so that a
+    regression fails this test instead of killing the test run."""
+    code = textwrap.dedent("""
+        import torch
+        from metalforge.sim import compile_shader
+        from tests.test_sim_engine import REVERSE_IN_TG
+        for n in (4, 1024, 4, 1024):
+            lib = compile_shader(f"#define N {n}\\n" + REVERSE_IN_TG)
+            out = torch.zeros(n)
+            lib.reverse_in_tg(out, threads=n, group_size=n)
+            assert torch.equal(out, torch.arange(n - 1, -1, -1).float()), n
+        print("private")
+    """)
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "private" in r.stdout, (r.returncode, r.stderr[-3000:])
 
 
 def test_kernel_properties(lib):

@@ -43,6 +43,14 @@ OPT_LEVEL = os.environ.get("METALFORGE_SIM_OPT", "-O1")
 COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
                 "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1",
                 "-D__METAL_VERSION__=320"]
+# GCC gives the static locals of template and inline functions (so every kernel-scope
+# `threadgroup` array of a templated kernel, which rewrite.py makes `static thread_local`)
+# STB_GNU_UNIQUE binding, and the dynamic linker merges such symbols across every loaded
+# library, RTLD_LOCAL or not: two libraries instantiating the same kernel template would share
+# one array, sized by whichever loaded first, and a larger threadgroup of the other would write
+# past it into the heap.  -fno-gnu-unique makes them ordinary weak symbols, private to their
+# library (clang never emits STB_GNU_UNIQUE).
+GCC_FLAGS = ["-fno-gnu-unique"]
 FORMAT_VERSION = "1"
 
 
@@ -78,6 +86,10 @@ def compiler() -> tuple[str, str, bool]:
         is_clang = "clang" in out.lower()
     _cxx_cache[name] = (path, ident, is_clang)
     return _cxx_cache[name]
+
+
+def _flags(is_clang: bool) -> list[str]:
+    return COMMON_FLAGS + ([] if is_clang else GCC_FLAGS)
 
 
 def _cxx_cmd() -> list[str]:
@@ -131,7 +143,7 @@ def engine_library() -> Path:
 def _pch() -> list[str]:
     """Flags that make the compile use a precompiled <metal_stdlib> (built on first use)."""
     path, ident, is_clang = compiler()
-    key = hashlib.sha256(f"{shim_hash()}|{ident}|{OPT_LEVEL}|{COMMON_FLAGS}".encode()) \
+    key = hashlib.sha256(f"{shim_hash()}|{ident}|{OPT_LEVEL}|{_flags(is_clang)}".encode()) \
         .hexdigest()[:16]
     d = cache_dir() / f"pch-{key}"
     header = d / "metal_stdlib"
@@ -140,7 +152,7 @@ def _pch() -> list[str]:
     cache.write_text(header, f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
 
     def build(tmp: Path) -> None:
-        r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-x", "c++-header", str(header),
+        r = _run(_cxx_cmd() + _flags(is_clang) + [OPT_LEVEL, "-x", "c++-header", str(header),
                                              "-o", str(tmp)])
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
@@ -213,7 +225,7 @@ def build(source: str, kernels: list[str] | None = None,
     With `max_kernels`, a source with more kernels than that is not compiled: the result is
     (None, its kernels), and the caller builds them one at a time (see library.py)."""
     path, ident, is_clang = compiler()
-    parts = [source, shim_hash(), ident, OPT_LEVEL, " ".join(COMMON_FLAGS)]
+    parts = [source, shim_hash(), ident, OPT_LEVEL, " ".join(_flags(is_clang))]
     if kernels is not None:
         parts.append("kernels:" + ",".join(kernels))
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
@@ -259,7 +271,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
-        r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-shared"] + pch_flags +
+        r = _run(_cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-shared"] + pch_flags +
                  ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
                   "-o", str(out)], cwd=tmp)
         if r.returncode != 0:
