@@ -15,6 +15,7 @@ import torch
 
 from .. import dtypes, runtime
 from ..reference import evaluate
+from ..runtime import fastpath
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..tuning.launch import check_options
@@ -23,6 +24,7 @@ from ..errors import AnnotationError, BindingError, kernel_at
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
+_NO_DEFAULT = inspect.Parameter.empty
 _CONST_TEXT = re.compile(r"^(?:[A-Za-z_]\w*\.)*Const\[\s*(int|bool)\s*\]$")
 
 
@@ -93,6 +95,7 @@ class Kernel:
         self._graphs: dict[tuple, Graph] = {}
         if launch:
             self.launch = check_options(launch, f"{self.where}, launch=")
+        self._declare_call()
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -169,6 +172,17 @@ class Kernel:
                     f"'{nm}' is a single dim in parameter '{plain_names[nm]}'; use another "
                     "name for one of them")
         return tuple(out)
+
+    def _declare_call(self) -> None:
+        """What the warm-call key reads: each parameter's kind, name, default and how it may
+        be passed (see `_warm_key`)."""
+        sig = list(self.signature.parameters.values())
+        self._call_params = tuple(
+            (p.name, type(q), p.default, p.kind is not p.POSITIONAL_ONLY)
+            for p, q in zip(sig, self.params))
+        self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
+        self._warm = fastpath.WarmCache()
+        self._warm_launch = self.launch
 
     def _declare_return(self) -> Optional[tuple[Annotation, ...]]:
         ann = self.signature.return_annotation
@@ -406,9 +420,77 @@ class Kernel:
         return self._graph(key, dvars, consts)
 
     def __call__(self, *args, **kwargs):
+        warm = self._warm
+        if self._warm_launch is not self.launch:     # `launch` reassigned: other closures
+            warm = self._warm = fastpath.WarmCache()
+            self._warm_launch = self.launch
+        hit = self._warm_key(args, kwargs) if fastpath.enabled() else None
+        if hit is not None:
+            w = warm.get(hit[0])
+            if w is not None and w.current():
+                return w(hit[1])
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
-        return runtime.run(g, values, backend=self.backend, launch=self.launch)
+        if hit is None:
+            return runtime.run(g, values, backend=self.backend, launch=self.launch)
+        out, w = fastpath.run(g, values, self.backend, self.launch)
+        warm.put(hit[0], w)
+        return out
+
+    def _warm_key(self, args: tuple, kwargs: Mapping[str, Any]):
+        """(key, argument values in parameter order) for the warm-call fast path, or None
+        when this call must take the full path: arguments it cannot map without
+        `inspect.Signature.bind` (whose errors the full path reports), a non-Tensor (or Tensor
+        subclass) where a tensor goes, a tensor that requires grad while grad mode is on.
+
+        The key holds everything a checked call's launch depends on: the kernel's backend and
+        the `with mf.backend(...)` override; each tensor's dtype, shape, strides and device;
+        each runtime scalar's Python type; each Const's type and value. The launch overrides
+        are the cache's (one per `launch`), the autotune entry is checked by `Warm.current`."""
+        params = self._call_params
+        if kwargs or len(args) != len(params) or len(args) > self._max_positional:
+            values = self._warm_values(args, kwargs)
+            if values is None:
+                return None
+        else:
+            values = args
+        key: list[Any] = [self.backend, fastpath.backend_override()]
+        grad = False
+        try:
+            for v, (_, kind, _, _) in zip(values, params):
+                if kind is TensorParam:
+                    if type(v) is not torch.Tensor:
+                        return None
+                    grad = grad or v.requires_grad
+                    key.append((v.dtype, v.shape, v.stride(), v.device))
+                elif kind is ScalarParam:
+                    key.append(type(v))
+                elif type(v) is int or type(v) is bool:
+                    key.append((type(v), v))
+                else:
+                    return None                   # a bad Const: the full path says why
+        except RuntimeError:                      # a tensor without strides (sparse, ...)
+            return None
+        if grad and torch.is_grad_enabled():
+            return None                           # autograd: the full path
+        return tuple(key), values
+
+    def _warm_values(self, args: tuple, kwargs: Mapping[str, Any]) -> Optional[list]:
+        """Every argument in parameter order (defaults filled in), or None for anything
+        unusual (too many, unknown, duplicated or missing arguments)."""
+        if len(args) > self._max_positional:
+            return None
+        values = list(args)
+        used = 0
+        for name, _, default, by_keyword in self._call_params[len(args):]:
+            if by_keyword and name in kwargs:
+                values.append(kwargs[name])
+                used += 1
+            elif default is not _NO_DEFAULT:
+                values.append(default)
+            else:
+                return None
+        return values if used == len(kwargs) else None
 
     def _introspect(self, show: Callable[..., str], args, kwargs) -> str:
         params, hints, sizes = self._split_bindings(kwargs)

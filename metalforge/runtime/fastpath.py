@@ -1,0 +1,167 @@
+"""The warm-call fast path: a checked call, replayed.
+
+A call's first pass through `launcher.check_call` and `launcher.bind` settles everything that
+depends only on what the caller can vary — the tensors' dtypes, shapes, strides and device, the
+runtime scalars' Python types, the Const values, the backend and the launch policy (overrides
+and autotune entry) — and checks it. The caller (`Kernel.__call__`) turns exactly those into a
+key; `record` turns the checked call into a `Warm` closure for that key: the kernel object,
+where each kernel argument comes from, the dispatch size and the output shapes. A later call with
+the same key passed the same checks, so it only runs the closure, which still does the work that
+depends on the values themselves: fresh outputs, the scalars' conversion, and the copy that
+gives a vector-loaded input an aligned start.
+
+What is not in the key is checked when the closure runs (`Warm.current`): the autotune cache it
+was built under and the `MSL_REWRITE` test seam (while set, every call takes the full path).
+
+Closures are immutable and `WarmCache` only adds or drops whole entries under a lock, so
+threads may call one kernel at once.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Hashable, Mapping, Optional, Sequence
+
+import torch
+
+from ..graph import Graph
+from ..tuning.cache import default_cache
+from . import backends
+from .launcher import MSL_REWRITE, Call, Launch, bind, check_call, dispatch
+
+# where a kernel argument comes from (the first field of each `Warm.params` entry)
+INPUT, OUTPUT, SCALAR, FIXED = range(4)
+
+
+@dataclass(frozen=True)
+class Warm:
+    """One checked call's launch, as a function of the next call's argument values (given in
+    the kernel's parameter order)."""
+    kernel: Any                       # the backend's kernel object (compile_shader's model)
+    threads: int
+    group_size: int
+    arg_casts: Optional[dict[int, str]]
+    # per kernel parameter, in buffer order:
+    #   (INPUT, position, make contiguous, vector width or 0, flat shape or None)
+    #   (OUTPUT, output index) / (SCALAR, position, float or int) / (FIXED, value)
+    params: tuple[tuple, ...]
+    outputs: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
+    launches: bool                    # False for empty outputs
+    tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
+
+    def current(self) -> bool:
+        """Still what the full path would do: the autotune cache is the same object holding
+        the same entries (a write replaces them; another cache directory is another object)."""
+        c = default_cache()
+        return c is self.tuning[0] and c.entries is self.tuning[1]
+
+    def __call__(self, values: Sequence[Any]):
+        outs = [torch.empty(shape, dtype=dtype, device=device)
+                for shape, dtype, device in self.outputs]
+        if self.launches:
+            args = []
+            for p in self.params:
+                kind = p[0]
+                if kind == INPUT:
+                    t = values[p[1]]
+                    if p[2]:
+                        t = t.contiguous()
+                    elif p[3] and t.storage_offset() % p[3]:
+                        t = t.clone()               # vector loads need an aligned start
+                    if p[4] is not None:
+                        t = t.view(p[4])
+                    args.append(t)
+                elif kind == OUTPUT:
+                    args.append(outs[p[1]])
+                elif kind == SCALAR:
+                    args.append(p[2](values[p[1]]))
+                else:
+                    args.append(p[1])
+            self.kernel(*args, threads=self.threads, group_size=self.group_size,
+                        arg_casts=self.arg_casts)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def tuning_state() -> tuple[Any, Any]:
+    """What `Warm.current` compares against; taken before the call is checked, so a cache
+    written meanwhile makes the closure stale rather than wrong."""
+    c = default_cache()
+    return c, c.entries
+
+
+def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> Warm:
+    """The closure replaying `call` (checked, with `launch` bound from it; None when its
+    outputs are empty) for later calls with the same key."""
+    graph = call.spec.graph
+    position = {p.name: i for i, p in enumerate(graph.params)}
+    outputs = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
+    if launch is None:
+        return Warm(None, 0, 0, None, (), outputs, False, tuning)
+    s = call.spec.schedule(call.index64)
+    params = []
+    for p, arg in zip(s.kernel.params, launch.args):
+        kind = p.binds[0]
+        if kind == "input":
+            t = call.tensors[p.binds[1]]
+            vector = s.policy.vector_width if p.binds[1] in s.vector_inputs else 0
+            flat = tuple(arg.shape)
+            params.append((INPUT, position[p.binds[1]], not t.is_contiguous(), vector,
+                           None if flat == tuple(t.shape) else flat))
+        elif kind == "output":
+            params.append((OUTPUT, p.binds[1]))
+        elif kind == "scalar":
+            params.append((SCALAR, position[p.binds[1]],
+                           float if graph.param(p.binds[1]).dtype.is_float else int))
+        else:                                       # numel and sizes: fixed by the shapes
+            params.append((FIXED, arg))
+    return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
+                tuple(params), outputs, True, tuning)
+
+
+class WarmCache:
+    """Closures by key, at most `size` of them (the oldest goes first)."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._entries: dict[Hashable, Warm] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable) -> Optional[Warm]:
+        return self._entries.get(key)
+
+    def put(self, key: Hashable, warm: Warm) -> None:
+        with self._lock:
+            while len(self._entries) >= self.size:
+                del self._entries[next(iter(self._entries))]
+            self._entries[key] = warm
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def enabled() -> bool:
+    """False while the `MSL_REWRITE` test seam is set: those calls build fresh libraries."""
+    return MSL_REWRITE.get() is None
+
+
+def backend_override() -> Optional[str]:
+    """The innermost `with mf.backend(...)` name, or None (part of every key)."""
+    return backends._override.get()
+
+
+def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
+        launch: Optional[Mapping[str, Any]]):
+    """`launcher.run`, also returning the closure that replays this call: (result, Warm)."""
+    if backend is not None:
+        backends.check_name(backend)
+    tuning = tuning_state()
+    call = check_call(graph, values, backend, launch)
+    bound = bind(call) if call.numel else None
+    if bound is not None:
+        dispatch(bound)
+    result = call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
+    return result, record(call, bound, tuning)
