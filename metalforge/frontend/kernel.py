@@ -9,7 +9,7 @@ import inspect
 import re
 import textwrap
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
@@ -174,13 +174,19 @@ class Kernel:
         return tuple(out)
 
     def _declare_call(self) -> None:
-        """What the warm-call key reads: each parameter's kind, name, default and how it may
-        be passed (see `_warm_key`)."""
+        """What the warm-call key reads: each parameter's name, kind, default and whether it
+        may be passed by keyword; and, per number of positional arguments, the defaults that
+        complete them (None where a parameter without default would be missing)."""
         sig = list(self.signature.parameters.values())
         self._call_params = tuple(
             (p.name, type(q), p.default, p.kind is not p.POSITIONAL_ONLY)
             for p, q in zip(sig, self.params))
+        self._kinds = tuple(type(q) for q in self.params)
         self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
+        self._completions = tuple(
+            tuple(p.default for p in sig[n:])
+            if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
+            for n in range(self._max_positional + 1))
         self._warm = fastpath.WarmCache()
         self._warm_launch = self.launch
 
@@ -424,7 +430,7 @@ class Kernel:
         if self._warm_launch is not self.launch:     # `launch` reassigned: other closures
             warm = self._warm = fastpath.WarmCache()
             self._warm_launch = self.launch
-        hit = self._warm_key(args, kwargs) if fastpath.enabled() else None
+        hit = self._warm_key(args, kwargs) if fastpath.MSL_REWRITE.get() is None else None
         if hit is not None:
             w = warm.get(hit[0])
             if w is not None and w.current():
@@ -447,17 +453,19 @@ class Kernel:
         the `with mf.backend(...)` override; each tensor's dtype, shape, strides and device;
         each runtime scalar's Python type; each Const's type and value. The launch overrides
         are the cache's (one per `launch`), the autotune entry is checked by `Warm.current`."""
-        params = self._call_params
-        if kwargs or len(args) != len(params) or len(args) > self._max_positional:
-            values = self._warm_values(args, kwargs)
-            if values is None:
-                return None
+        values: Optional[Sequence[Any]] = None
+        if not kwargs and len(args) <= self._max_positional:
+            tail = self._completions[len(args)]
+            if tail is not None:
+                values = args + tail if tail else args
         else:
-            values = args
-        key: list[Any] = [self.backend, fastpath.backend_override()]
+            values = self._warm_values(args, kwargs)
+        if values is None:
+            return None
+        key: list[Any] = [self.backend, fastpath.BACKEND_OVERRIDE.get()]
         grad = False
         try:
-            for v, (_, kind, _, _) in zip(values, params):
+            for v, kind in zip(values, self._kinds):
                 if kind is TensorParam:
                     if type(v) is not torch.Tensor:
                         return None

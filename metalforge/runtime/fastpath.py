@@ -29,8 +29,10 @@ from ..tuning.cache import default_cache
 from . import backends
 from .launcher import MSL_REWRITE, Call, Launch, bind, check_call, dispatch
 
-# where a kernel argument comes from (the first field of each `Warm.params` entry)
-INPUT, OUTPUT, SCALAR, FIXED = range(4)
+# read on every call: the `with mf.backend(...)` override (part of every key) and the test seam
+# that plants faults in the MSL (while set, every call takes the full path: fresh libraries)
+BACKEND_OVERRIDE = backends._override
+__all__ = ["BACKEND_OVERRIDE", "MSL_REWRITE", "Warm", "WarmCache", "record", "run"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,14 @@ class Warm:
     threads: int
     group_size: int
     arg_casts: Optional[dict[int, str]]
-    # per kernel parameter, in buffer order:
-    #   (INPUT, position, make contiguous, vector width or 0, flat shape or None)
-    #   (OUTPUT, output index) / (SCALAR, position, float or int) / (FIXED, value)
-    params: tuple[tuple, ...]
-    outputs: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]
+    template: tuple                   # the kernel's arguments: sizes and numel, None elsewhere
+    # filled in per call: (argument index, position, make contiguous, vector width or 0,
+    # flat shape or None) / (argument index, output index) / (argument index, position, float
+    # or int)
+    inputs: tuple[tuple[int, int, bool, int, Optional[tuple[int, ...]]], ...]
+    outputs: tuple[tuple[int, int], ...]
+    scalars: tuple[tuple[int, int, type], ...]
+    allocate: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]   # the outputs
     launches: bool                    # False for empty outputs
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
 
@@ -57,26 +62,20 @@ class Warm:
 
     def __call__(self, values: Sequence[Any]):
         outs = [torch.empty(shape, dtype=dtype, device=device)
-                for shape, dtype, device in self.outputs]
+                for shape, dtype, device in self.allocate]
         if self.launches:
-            args = []
-            for p in self.params:
-                kind = p[0]
-                if kind == INPUT:
-                    t = values[p[1]]
-                    if p[2]:
-                        t = t.contiguous()
-                    elif p[3] and t.storage_offset() % p[3]:
-                        t = t.clone()               # vector loads need an aligned start
-                    if p[4] is not None:
-                        t = t.view(p[4])
-                    args.append(t)
-                elif kind == OUTPUT:
-                    args.append(outs[p[1]])
-                elif kind == SCALAR:
-                    args.append(p[2](values[p[1]]))
-                else:
-                    args.append(p[1])
+            args = list(self.template)
+            for i, pos, contiguous, vector, flat in self.inputs:
+                t = values[pos]
+                if contiguous:
+                    t = t.contiguous()
+                elif vector and t.storage_offset() % vector:
+                    t = t.clone()                   # vector loads need an aligned start
+                args[i] = t if flat is None else t.view(flat)
+            for i, o in self.outputs:
+                args[i] = outs[o]
+            for i, pos, convert in self.scalars:
+                args[i] = convert(values[pos])
             self.kernel(*args, threads=self.threads, group_size=self.group_size,
                         arg_casts=self.arg_casts)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -94,28 +93,31 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
     outputs are empty) for later calls with the same key."""
     graph = call.spec.graph
     position = {p.name: i for i, p in enumerate(graph.params)}
-    outputs = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
+    allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
     if launch is None:
-        return Warm(None, 0, 0, None, (), outputs, False, tuning)
+        return Warm(None, 0, 0, None, (), (), (), (), allocate, False, tuning)
     s = call.spec.schedule(call.index64)
-    params = []
-    for p, arg in zip(s.kernel.params, launch.args):
-        kind = p.binds[0]
+    template: list[Any] = []
+    inputs, outputs, scalars = [], [], []
+    for i, (p, arg) in enumerate(zip(s.kernel.params, launch.args)):
+        kind, name = p.binds[0], p.binds[1] if len(p.binds) > 1 else None
+        template.append(None)
         if kind == "input":
-            t = call.tensors[p.binds[1]]
-            vector = s.policy.vector_width if p.binds[1] in s.vector_inputs else 0
+            t = call.tensors[name]
+            vector = s.policy.vector_width if name in s.vector_inputs else 0
             flat = tuple(arg.shape)
-            params.append((INPUT, position[p.binds[1]], not t.is_contiguous(), vector,
+            inputs.append((i, position[name], not t.is_contiguous(), vector,
                            None if flat == tuple(t.shape) else flat))
         elif kind == "output":
-            params.append((OUTPUT, p.binds[1]))
+            outputs.append((i, name))
         elif kind == "scalar":
-            params.append((SCALAR, position[p.binds[1]],
-                           float if graph.param(p.binds[1]).dtype.is_float else int))
+            scalars.append((i, position[name],
+                            float if graph.param(name).dtype.is_float else int))
         else:                                       # numel and sizes: fixed by the shapes
-            params.append((FIXED, arg))
+            template[i] = arg
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
-                tuple(params), outputs, True, tuning)
+                tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
+                tuning)
 
 
 class WarmCache:
@@ -141,16 +143,6 @@ class WarmCache:
 
     def __len__(self) -> int:
         return len(self._entries)
-
-
-def enabled() -> bool:
-    """False while the `MSL_REWRITE` test seam is set: those calls build fresh libraries."""
-    return MSL_REWRITE.get() is None
-
-
-def backend_override() -> Optional[str]:
-    """The innermost `with mf.backend(...)` name, or None (part of every key)."""
-    return backends._override.get()
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
