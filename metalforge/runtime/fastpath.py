@@ -26,8 +26,8 @@ import torch
 
 from ..graph import Graph
 from ..tuning.cache import default_cache
-from . import backends
-from .launcher import MSL_REWRITE, Call, Launch, bind, check_call, dispatch
+from . import backends, launcher
+from .launcher import MSL_REWRITE, Call, Launch
 
 # read on every call: the `with mf.backend(...)` override (part of every key) and the test seam
 # that plants faults in the MSL (while set, every call takes the full path: fresh libraries)
@@ -53,12 +53,17 @@ class Warm:
     allocate: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]   # the outputs
     launches: bool                    # False for empty outputs
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
+    compiled: tuple[dict, str, Any]   # (the library's kernels, host name, the Compiled checked)
 
     def current(self) -> bool:
         """Still what the full path would do: the autotune cache is the same object holding
-        the same entries (a write replaces them; another cache directory is another object)."""
+        the same entries (a write replaces them; another cache directory is another object),
+        and the library still holds the compiled kernel whose limits the launch was checked
+        against (else the full path checks the group size again)."""
         c = default_cache()
-        return c is self.tuning[0] and c.entries is self.tuning[1]
+        kernels, host, checked = self.compiled
+        return (c is self.tuning[0] and c.entries is self.tuning[1]
+                and kernels.get(host) is checked)
 
     def __call__(self, values: Sequence[Any]):
         outs = [torch.empty(shape, dtype=dtype, device=device)
@@ -81,6 +86,9 @@ class Warm:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+_NONE: tuple[dict, str, Any] = ({}, "", None)       # no launch, no kernel to check
+
+
 def tuning_state() -> tuple[Any, Any]:
     """What `Warm.current` compares against; taken before the call is checked, so a cache
     written meanwhile makes the closure stale rather than wrong."""
@@ -95,8 +103,10 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
     position = {p.name: i for i, p in enumerate(graph.params)}
     allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
     if launch is None:
-        return Warm(None, 0, 0, None, (), (), (), (), allocate, False, tuning)
+        return Warm(None, 0, 0, None, (), (), (), (), allocate, False, tuning, _NONE)
     s = call.spec.schedule(call.index64)
+    kernels = call.spec.library(call.index64, call.backend).kernels
+    host = s.host_name(call.binding.sizes)
     template: list[Any] = []
     inputs, outputs, scalars = [], [], []
     for i, (p, arg) in enumerate(zip(s.kernel.params, launch.args)):
@@ -117,7 +127,7 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
             template[i] = arg
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
-                tuning)
+                tuning, (kernels, host, kernels[host]))
 
 
 class WarmCache:
@@ -151,9 +161,9 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
     if backend is not None:
         backends.check_name(backend)
     tuning = tuning_state()
-    call = check_call(graph, values, backend, launch)
-    bound = bind(call) if call.numel else None
+    call = launcher.check_call(graph, values, backend, launch)
+    bound = launcher.bind(call) if call.numel else None
     if bound is not None:
-        dispatch(bound)
+        launcher.dispatch(bound)
     result = call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
     return result, record(call, bound, tuning)
