@@ -1,6 +1,6 @@
 """The `metalforge` command line.
 
-    metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir]
+    metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir] [--backward] [--backend mlx]
 
 Each subcommand is a `_cmd_<name>(args) -> int` registered in `_SUBCOMMANDS` with its argument
 setup, so further subcommands (gen-tests, ...) slot in beside `show`.
@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Optional
 
 from .dtypes import ANNOTATION_DTYPES
+from .runtime.mlx import show as mlx_show
 
 
 class CLIError(Exception):
@@ -61,7 +62,15 @@ def dtype_bindings(kernel, dtype: Optional[str]) -> dict[str, str]:
 def _cmd_show(args) -> int:
     k = load_kernel(args.target)
     binds = dtype_bindings(k, args.dtype)
-    text = k.ir(**binds) if args.emit == "ir" else k.source(**binds)
+    if args.backward:
+        if args.emit == "ir":
+            raise CLIError("--backward prints the Metal source of the backward kernels; "
+                           "leave out --emit ir")
+        text = k.backward_source(**binds)
+    elif args.backend == "mlx" and args.emit == "msl":      # body, header and the MLX call
+        text = mlx_show(k.graph(**binds), launch=k.launch)
+    else:
+        text = k.ir(**binds) if args.emit == "ir" else k.source(**binds)
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
@@ -72,6 +81,11 @@ def _setup_show(p: argparse.ArgumentParser) -> None:
                    help="dtype bound to the kernel's dtype variables (default f32)")
     p.add_argument("--emit", choices=("msl", "ir"), default="msl",
                    help="print the Metal source (default) or the lowered IR")
+    p.add_argument("--backward", action="store_true",
+                   help="print the backward kernels metalforge derives (autograd)")
+    p.add_argument("--backend", choices=("metal", "mlx"), default="metal",
+                   help="metal: the MSL library (torch.mps.compile_shader, the simulator); "
+                        "mlx: each kernel's body and header and the mx.fast.metal_kernel call")
 
 
 _SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {

@@ -276,3 +276,14 @@ def test_the_cache_is_bounded():
         x = torch.randn(n, 4)
         close(silu(x), F.silu(x))
     assert len(silu._warm) == 3
+
+
+def test_mlx_backend_on_torch_tensors_keeps_its_error():
+    silu, cold = mf.kernel(_silu), mf.kernel(_silu)
+    x = torch.randn(4, 16)
+    close(silu(x), F.silu(x))
+    with mf.backend("mlx"):
+        expected = _error(cold, x)
+        assert "backend 'mlx' runs on mlx.core.array" in expected
+        assert _error(silu, x) == expected
+        assert _error(silu, x) == expected

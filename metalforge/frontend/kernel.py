@@ -13,9 +13,10 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
-from .. import dtypes, runtime
+from .. import autodiff, dtypes, runtime
 from ..reference import evaluate
-from ..runtime import fastpath
+from ..runtime import fastpath, mlx
+from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..tuning.launch import check_options
@@ -246,6 +247,7 @@ class Kernel:
             dvar_from[var] = f"the binding {var}={v!r}"
         values: dict[str, Any] = {}
         consts: dict[str, Any] = {}
+        kinds: dict[bool, str] = {}     # MLX array or torch tensor → first argument of the kind
         for p in self.params:
             where = f"{self.where}, argument '{p.name}'"
             if p.name not in got:
@@ -255,11 +257,13 @@ class Kernel:
                 continue
             v = got[p.name]
             if isinstance(p, TensorParam):
-                if not isinstance(v, torch.Tensor):
+                is_mlx = mlx.is_array(v)                   # an mlx.core.array: MLX backend
+                if not isinstance(v, torch.Tensor) and not is_mlx:
                     raise BindingError(f"{where}: expected a torch.Tensor (annotated "
                                        f"\"{p.annotation}\"), got {type(v).__name__}")
+                kinds.setdefault(is_mlx, p.name)
                 try:
-                    dt = dtypes.from_torch(v.dtype)
+                    dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
                 except TypeError as e:
                     raise BindingError(f"{where}: {e}") from None
                 if p.dtype_var is None:
@@ -281,6 +285,11 @@ class Kernel:
                 values[p.name] = self._check_scalar(p.pytype, v, where)
             else:
                 consts[p.name] = self._check_const(p.pytype, v, where)
+        if len(kinds) > 1:
+            raise BindingError(f"{self.where}: argument '{kinds[False]}' is a torch.Tensor but "
+                               f"'{kinds[True]}' is an mlx.core.array; one call takes one kind "
+                               "(torch tensors run on 'mps'/'sim', MLX arrays on 'mlx'): "
+                               "convert one of them")
         for var in self.dtype_vars:
             if var not in dvars:
                 if not partial:
@@ -437,10 +446,14 @@ class Kernel:
                 return w(hit[1])
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
+        if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                           for v in values.values()):
+            return call_differentiable(self, g, values)    # autograd through derived kernels
         if hit is None:
             return runtime.run(g, values, backend=self.backend, launch=self.launch)
         out, w = fastpath.run(g, values, self.backend, self.launch)
-        warm.put(hit[0], w)
+        if w is not None:
+            warm.put(hit[0], w)
         return out
 
     def _warm_key(self, args: tuple, kwargs: Mapping[str, Any]):
@@ -515,10 +528,30 @@ class Kernel:
         """A readable dump of the lowered kernel IR (same arguments as `source`)."""
         return self._introspect(runtime.ir, args, bindings)
 
+    def as_op(self, name: str):
+        """Register this kernel as the PyTorch operator `name` ("mylib::rms_norm"), usable
+        under torch.compile / torch.export and differentiable; returns the operator (call it
+        like the kernel; `.op` is the torch.library op). See metalforge.torch_ops."""
+        return register(self, name)
+
+    def backward_source(self, *args, **bindings) -> str:
+        """The MSL of the backward kernels (derived by metalforge.autodiff) of the
+        specialisation these arguments select, in launch order; same arguments as `source`."""
+        params, hints, sizes = self._split_bindings(bindings)
+        key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
+        bw = autodiff.backward_of(self._graph(key, dvars, consts))
+        return autodiff.source(bw, values, sizes=sizes or None, launch=self.launch)
+
     def reference(self, *args, **kwargs):
-        """Evaluate the kernel with torch eager ops (float64 math) on these arguments."""
+        """Evaluate the kernel with torch eager ops (float64 math) on these arguments (MLX
+        arrays are evaluated on copies as CPU tensors and the results returned as MLX arrays)."""
         key, values, dvars, consts = self._bind(args, kwargs)
-        return evaluate(self._graph(key, dvars, consts), values)
+        g = self._graph(key, dvars, consts)
+        if not any(mlx.is_array(v) for v in values.values()):
+            return evaluate(g, values)
+        out = evaluate(g, {n: mlx.to_torch(v) if mlx.is_array(v) else v   # MLX in, MLX out
+                           for n, v in values.items()})
+        return tuple(map(mlx.to_mlx, out)) if isinstance(out, tuple) else mlx.to_mlx(out)
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.

@@ -5,6 +5,7 @@
     ir(graph, values=None, sizes=None, launch=None) -> str         the lowered kernel, as text
     schedule_of(graph, values=None, sizes=None, launch=None)       the Schedule (traffic, launch)
     backend("sim") / current_backend(tensors)                      selection and override
+    mlx                 the MLX backend: the same kernels through mx.fast.metal_kernel
 
 The stages themselves (plan → render → compile → bind → dispatch) are in `launcher`.
 """
@@ -18,7 +19,7 @@ from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..graph import Graph
 from ..shapes import bind_shapes
-from . import launcher
+from . import launcher, mlx
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
 from .launcher import DeviceError, compiled, render, specialisation
 
@@ -32,6 +33,12 @@ def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = Non
     Returns the output tensor, or a tuple of them for several outputs."""
     if backend is not None:
         check_name(backend)
+    if any(mlx.is_array(v) for v in values.values()):
+        return mlx.run(graph, values, backend, launch)
+    if (backend or current_backend()) == "mlx":
+        raise DeviceError(f"kernel '{graph.name}': backend 'mlx' runs on mlx.core.array "
+                          "arguments, got torch tensors; convert them with mx.array(...) or "
+                          "choose backend 'mps' or 'sim'")
     return launcher.run(graph, values, backend, launch)
 
 

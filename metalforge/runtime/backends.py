@@ -10,8 +10,12 @@ library; `getattr(lib, host_name)` a kernel object called as
 - "cuda": `metalforge.cuda.compile_shader` on CUDA tensors (the same MSL translated to CUDA C++
   and compiled with NVRTC, launched on torch's current stream).
 
+- "mlx": `mx.fast.metal_kernel` on `mlx.core.array` inputs (metalforge.runtime.mlx has its own
+  call path; under "sim", MLX arrays run the source MLX builds in the simulator).
+
 Precedence: an explicit `backend=` (from `@mf.kernel(backend=...)`) > the innermost
-`with mf.backend(...)` block > the tensors' device (mps → "mps", cuda → "cuda", cpu → "sim").
+`with mf.backend(...)` block > the tensors' device (mps → "mps", cuda → "cuda", cpu → "sim";
+MLX arrays → "mlx").
 """
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ import torch
 from ..cuda import compile_shader as cuda_compile_shader
 from ..sim import compile_shader as sim_compile_shader
 
-BACKENDS = ("mps", "sim", "cuda")
-DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda"}  # the tensor device of each backend
+BACKENDS = ("mps", "sim", "cuda", "mlx")
+DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda", "mlx": "mlx"}  # each backend's device
 _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=None)
 
 
@@ -59,6 +63,8 @@ def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
     if name is not None:
         return name
     for t in tensors:
+        if type(t).__module__ == "mlx.core":
+            return "mlx"
         return {"mps": "mps", "cuda": "cuda"}.get(t.device.type, "sim")
     return "mps" if torch.backends.mps.is_available() else "sim"
 

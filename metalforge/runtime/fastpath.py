@@ -24,6 +24,7 @@ from typing import Any, Hashable, Mapping, Optional, Sequence
 
 import torch
 
+from .. import runtime
 from ..graph import Graph
 from ..tuning.cache import default_cache
 from . import backends, launcher
@@ -157,9 +158,13 @@ class WarmCache:
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
         launch: Optional[Mapping[str, Any]]):
-    """`launcher.run`, also returning the closure that replays this call: (result, Warm)."""
+    """`runtime.run` for torch tensors, also returning the closure that replays this call:
+    (result, Warm), or (result, None) for a call the fast path does not replay (the mlx
+    backend, which `runtime.run` refuses torch tensors for)."""
     if backend is not None:
         backends.check_name(backend)
+    if (backend or backends.current_backend()) == "mlx":
+        return runtime.run(graph, values, backend=backend, launch=launch), None
     tuning = tuning_state()
     call = launcher.check_call(graph, values, backend, launch)
     bound = launcher.bind(call) if call.numel else None

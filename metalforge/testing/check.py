@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -21,6 +22,7 @@ from hypothesis import given, settings, strategies as st
 from .. import dtypes as _dtypes
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam
 from . import faults, strategies as S
+from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
 from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
@@ -34,6 +36,7 @@ class Variant:
     dtypes: dict[str, str]
     consts: dict[str, Any]
     graph: Graph
+    grad: bool = False          # also compare gradients (check's grad=)
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in self.dtypes.items()]
@@ -57,7 +60,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
           values: Optional[Mapping[str, Any] | str | Sequence[str]] = None,
           max_examples: Optional[int] = None, backend: Optional[str] = None,
           layouts: bool = True, memory_budget: Optional[int] = None,
-          max_variants: Optional[int] = None, profile: Optional[str] = None) -> Report:
+          max_variants: Optional[int] = None, profile: Optional[str] = None,
+          grad: bool = False) -> Report:
     """Test ``kernel`` against ``kernel.reference`` on inputs hypothesis draws.
 
     dims:          pin sizes: ``{"D": 4096}``, ``{"D": range(1, 65)}``, ``{"D": (1, 64)}``
@@ -75,6 +79,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     memory_budget: bytes the inputs and outputs of one example may take (default: profile's).
     max_variants:  compiled variants tried (default: the profile's; None in the thorough one).
     profile:       "metalforge-ci" / "metalforge-thorough" (default: $METALFORGE_HYPOTHESIS_PROFILE).
+    grad:          also check a differentiable kernel's gradients against torch.autograd on
+                   the reference (`testing.gradients`).
     """
     prof = _profile(profile)
     params = tuple(kernel.params)
@@ -88,7 +94,7 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     n = max_examples if max_examples is not None else prof.settings.max_examples
     budget = memory_budget if memory_budget is not None else prof.memory_budget
     for variant in chosen:
-        report.examples += _check_variant(kernel, variant, dims=dims,
+        report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims,
                                           per_param=per_param, global_families=global_families,
                                           max_examples=n, backend=backend, layouts=layouts,
                                           budget=budget, prof=prof)
@@ -341,6 +347,9 @@ def _run_and_compare(kernel, variant: Variant, ex: _Drawn, backend_ctx) -> Optio
                          alternatives=[m[i] for m in moved] if moved else None)
         if breach is not None:
             return str(breach)
+    if variant.grad:
+        return gradient_problem(kernel, variant.graph, ex.args,
+                                zlib.crc32("\n".join(ex.lines).encode()), backend_ctx)
     return None
 
 

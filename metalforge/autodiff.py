@@ -1,0 +1,559 @@
+"""Reverse-mode differentiation of a kernel's Graph into backward kernels (Graphs again).
+
+`derive(graph, wrt)` walks the forward graph from its outputs back to its tensor loads and
+builds the adjoint of every value as new `Node`s of the same graph form, so the backward runs
+through the same schedule → IR → MSL pipeline as any kernel (`run_backward`):
+
+- The backward kernels read the forward *inputs* and the output gradients (``dy``) and
+  recompute every forward value they need: nothing but the inputs is saved. A recomputed row
+  reduction reads the row that the backward kernel holds in registers anyway, so it moves no
+  extra bytes (saving it would write and re-read one value per row).
+- A gradient that reaches a tensor through broadcasting (``w["D"]`` in a ``[B, D]`` kernel) is
+  summed over the broadcast axes.
+- A schedule reduces one axis per kernel, so the gradients are split into kernels by the axis
+  they reduce: a gradient that needs a reduction over another axis first (rms_norm's ``dw``
+  sums over ``B`` values that need ``sum(x * x)`` over ``D``) reads that reduction from a small
+  f32 buffer written by an earlier kernel of the backward (the row kernel of ``dx``).
+  rms_norm's backward is one row-reduction kernel for ``dx`` (which also writes ``sum_D``, one
+  float per row) and one column reduction for ``dw``.
+
+Differentiable: + - * / ** (int or float exponents), neg, exp, exp2, log, log2, sqrt, rsqrt,
+sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties split the gradient,
+as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
+and so softmax/log_softmax/logsumexp. No gradient flows through comparisons, integer or bool
+values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod` has no derivative
+here (its gradient at zeros needs products of the other elements): `NotDifferentiable`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+
+from . import runtime
+from .dtypes import BOOL, F32, I64, DType
+from .graph import Graph, Node, Output, ScalarParam, TensorParam, topo_order
+from .shapes import bind_shapes, output_shape
+
+
+class NotDifferentiable(TypeError):
+    """Gradients were requested through a kernel (or an op in it) that has no derivative."""
+
+
+def _where(graph: Graph) -> str:
+    return f"kernel '{graph.name}'" + (f" ({graph.loc[0]}:{graph.loc[1]})" if graph.loc else "")
+
+
+def _at(n: Node) -> str:
+    return f" at {n.loc[0]}:{n.loc[1]}" if n.loc else ""
+
+
+# --------------------------------------------------------------------------- node building
+
+class _Nodes:
+    """Builds F32 gradient nodes; axes are kept in the forward graph's canonical order."""
+
+    def __init__(self, order: Mapping[str, int]):
+        self.order = order
+
+    def axes(self, *nodes: Node) -> tuple[str, ...]:
+        s = {a for n in nodes for a in n.axes}
+        return tuple(sorted(s, key=self.order.__getitem__))
+
+    def const(self, v: float) -> Node:
+        return Node("const", (), F32, (), attr=float(v), weak=True)
+
+    def f32(self, n: Node) -> Node:
+        return n if n.dtype is F32 else Node("cast", (n,), F32, n.axes)
+
+    def bin(self, op: str, a: Node, b: Node) -> Node:
+        a, b = self.f32(a), self.f32(b)
+        return Node("binary", (a, b), F32, self.axes(a, b), attr=op, weak=a.weak and b.weak)
+
+    def add(self, a: Node, b: Node) -> Node:
+        return self.bin("add", a, b)
+
+    def mul(self, a: Node, b: Node) -> Node:
+        return self.bin("mul", a, b)
+
+    def div(self, a: Node, b: Node) -> Node:
+        return self.bin("div", a, b)
+
+    def scale(self, a: Node, c: float) -> Node:
+        return self.mul(a, self.const(c))
+
+    def neg(self, a: Node) -> Node:
+        a = self.f32(a)
+        return Node("unary", (a,), F32, a.axes, attr="neg")
+
+    def unary(self, op: str, a: Node) -> Node:
+        a = self.f32(a)
+        return Node("unary", (a,), F32, a.axes, attr=op)
+
+    def cmp(self, op: str, a: Node, b: Node) -> Node:
+        return Node("binary", (a, b), BOOL, self.axes(a, b), attr=op)
+
+    def where(self, c: Node, a: Node, b: Node) -> Node:
+        a, b = self.f32(a), self.f32(b)
+        return Node("where", (c, a, b), F32, self.axes(c, a, b))
+
+    def zero_unless(self, c: Node, a: Node) -> Node:
+        return self.where(c, a, self.const(0.0))
+
+    def sum(self, a: Node, axis: str) -> Node:
+        return Node("reduce", (self.f32(a),), F32, tuple(x for x in a.axes if x != axis),
+                    attr=("sum", axis))
+
+    def expand(self, a: Node, axes: tuple[str, ...]) -> Node:
+        """`a` broadcast to `axes` (a value with axes (R,) written as [R, D] needs the D axis:
+        where(index(D) >= 0, a, 0) adds it without reading memory)."""
+        for ax in axes:
+            if ax not in a.axes:
+                idx = Node("index", (), I64, (ax,), attr=ax)
+                ok = self.cmp("ge", idx, Node("const", (), I64, (), attr=0, weak=True))
+                a = self.zero_unless(ok, a)
+        return a
+
+
+# --------------------------------------------------------------------------- the adjoint
+
+def _live(graph: Graph, wrt: set[str]) -> set[int]:
+    """ids of float nodes whose value depends on a tensor in `wrt` (where gradients flow)."""
+    live: set[int] = set()
+    for n in graph.nodes():
+        if not n.dtype.is_float:
+            continue
+        if (n.op == "load" and n.attr in wrt) or any(id(a) in live for a in n.args):
+            live.add(id(n))
+    return live
+
+
+def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
+    """(argument position, gradient contribution) of node n whose output gradient is g."""
+    op, f, args = n.op, n.attr, n.args
+    if op == "cast":
+        return [(0, g)] if args[0].dtype.is_float else []
+    if op == "where":
+        c = args[0]
+        return [(1, b.zero_unless(c, g)), (2, b.where(c, b.const(0.0), g))]
+    if op == "unary":
+        a = args[0]
+        rules = {
+            "neg": lambda: b.neg(g),
+            "exp": lambda: b.mul(g, n),
+            "exp2": lambda: b.mul(g, b.scale(n, math.log(2.0))),
+            "log": lambda: b.div(g, a),
+            "log2": lambda: b.div(g, b.scale(a, math.log(2.0))),
+            "sqrt": lambda: b.div(b.scale(g, 0.5), n),
+            "rsqrt": lambda: b.mul(b.scale(g, -0.5), b.mul(n, b.mul(n, n))),
+            "sin": lambda: b.mul(g, b.unary("cos", a)),
+            "cos": lambda: b.neg(b.mul(g, b.unary("sin", a))),
+            "tanh": lambda: b.mul(g, b.bin("sub", b.const(1.0), b.mul(n, n))),
+            "sigmoid": lambda: b.mul(g, b.mul(n, b.bin("sub", b.const(1.0), n))),
+            "erf": lambda: b.mul(g, b.scale(b.unary("exp", b.neg(b.mul(a, a))),
+                                            2.0 / math.sqrt(math.pi))),
+            "abs": lambda: b.where(b.cmp("gt", a, b.const(0.0)), g,
+                                   b.zero_unless(b.cmp("lt", a, b.const(0.0)), b.neg(g))),
+            "floor": lambda: None, "ceil": lambda: None,
+        }
+        r = rules[f]() if f in rules else None
+        return [(0, r)] if r is not None else []
+    if op == "binary":
+        x, y = args
+        if f == "add":
+            return [(0, g), (1, g)]
+        if f == "sub":
+            return [(0, g), (1, b.neg(g))]
+        if f == "mul":
+            return [(0, b.mul(g, y)), (1, b.mul(g, x))]
+        if f == "div":
+            return [(0, b.div(g, y)), (1, b.neg(b.div(b.mul(g, n), y)))]
+        if f == "pow":
+            out = []
+            if y.op == "const":
+                e = float(y.attr)
+                if e != 0.0:
+                    p = b.bin("pow", x, b.const(e - 1.0))
+                    out.append((0, b.mul(g, b.scale(p, e))))
+            else:
+                e = b.f32(y)
+                p = b.bin("pow", x, b.bin("sub", e, b.const(1.0)))
+                out.append((0, b.mul(g, b.mul(e, p))))
+                out.append((1, b.mul(b.mul(g, n), b.unary("log", x))))
+            return out
+        if f in ("maximum", "minimum"):
+            wins = b.cmp("gt" if f == "maximum" else "lt", x, y)
+            tie = b.cmp("eq", x, y)
+            half = b.scale(g, 0.5)
+            return [(0, b.where(wins, g, b.zero_unless(tie, half))),
+                    (1, b.where(wins, b.const(0.0), b.where(tie, half, g)))]
+        if f == "mod":          # torch.remainder: d/da = 1, d/db = -floor(a / b)
+            return [(0, g), (1, b.neg(b.mul(g, b.unary("floor", b.div(x, y)))))]
+        return []                               # floordiv: zero; comparisons, bit ops: none
+    if op == "reduce":
+        kind, axis = f
+        a = args[0]
+        if kind == "sum":
+            return [(0, g)]
+        if kind in ("max", "min"):              # ties share the gradient (torch.amax)
+            hit = b.cmp("eq", a, n)
+            count = b.sum(b.where(hit, b.const(1.0), b.const(0.0)), axis)
+            return [(0, b.zero_unless(hit, b.div(g, count)))]
+        if kind == "prod":
+            raise NotDifferentiable(f"mf.prod(..., axis={axis!r}){_at(n)} has no derivative "
+                                    "in metalforge (its gradient at zeros needs the product of "
+                                    "the other elements)")
+        return []
+    return []
+
+
+def _adjoint(graph: Graph, wrt: set[str], dys: dict[int, Node], b: _Nodes) -> dict[str, Node]:
+    """{input name: gradient node} for the inputs in `wrt` that get any gradient."""
+    live = _live(graph, wrt)
+    grads: dict[int, Node] = dict(dys)
+    loads: dict[str, Node] = {}
+    for n in reversed(list(graph.nodes())):
+        if n.op == "load" and n.attr in wrt:
+            loads[n.attr] = n
+        g = grads.get(id(n))
+        if g is None or id(n) not in live or n.op == "load":
+            continue
+        for i, c in _contributions(b, n, g):
+            a = n.args[i]
+            if id(a) not in live:
+                continue
+            for ax in [x for x in c.axes if x not in a.axes]:   # broadcast in n: sum it out
+                c = b.sum(c, ax)
+            prev = grads.get(id(a))
+            grads[id(a)] = c if prev is None else b.add(prev, c)
+    return {name: grads[id(ld)] for name, ld in loads.items() if id(ld) in grads}
+
+
+# --------------------------------------------------------------------------- splitting
+
+def _rebuild(roots: list[Node], swap: Mapping[int, Node]) -> list[Node]:
+    """`roots` with every node in `swap` replaced (the nodes above them are copied)."""
+    new: dict[int, Node] = {}
+    for n in topo_order(roots, seen=()):
+        if id(n) in swap:
+            new[id(n)] = swap[id(n)]
+        elif any(id(a) in new and new[id(a)] is not a for a in n.args):
+            new[id(n)] = Node(n.op, tuple(new.get(id(a), a) for a in n.args), n.dtype, n.axes,
+                              attr=n.attr, weak=n.weak, loc=n.loc)
+        else:
+            new[id(n)] = n
+    return [new[id(r)] for r in roots]
+
+
+def _reduce_axis(root: Node) -> tuple[Optional[str], list[Node]]:
+    """(the axis this root's kernel reduces, the reductions over other axes it must read from
+    an earlier kernel). The axis is that of the reductions nearest the root."""
+    top: list[Node] = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:                                    # reductions not below another reduction
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op == "reduce":
+            top.append(n)
+        else:
+            stack.extend(n.args)
+    if not top:
+        return None, []
+    axis = top[0].attr[1]
+    other: dict[int, Node] = {}
+    seen = set()
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if n.op == "reduce" and n.attr[1] != axis:
+            other[id(n)] = n
+            continue
+        stack.extend(n.args)
+    return axis, list(other.values())
+
+
+@dataclass
+class _Target:
+    name: str               # output buffer name
+    node: Node
+    axes: tuple[str, ...]   # storage order
+    dtype: DType
+    axis: Optional[str] = None
+    needs: tuple[str, ...] = ()     # buffers of earlier kernels it reads
+
+
+@dataclass(frozen=True)
+class Backward:
+    """The backward of one forward graph with respect to `wrt`."""
+    graph: Graph                        # the forward graph
+    wrt: tuple[str, ...]                # inputs whose gradients are computed
+    dy: tuple[Optional[str], ...]       # per forward output: its gradient's parameter name
+    kernels: tuple[Graph, ...]          # in launch order
+    grads: dict                         # input name -> (kernel index, output index); absent:
+                                        # the gradient is zero (no path to any output)
+    buffers: dict                       # intermediate buffer -> (kernel index, output index)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The forward inputs the backward kernels read (besides the output gradients and
+        their own buffers): nothing computed by the forward is saved."""
+        used = {n for k in self.kernels for n in loaded(k)}
+        return tuple(t.name for t in self.graph.tensors if t.name in used)
+
+
+def loaded(graph: Graph) -> list[str]:
+    """The tensors a kernel reads (a backward kernel may take one only for an axis size)."""
+    names = {n.attr for n in graph.nodes() if n.op == "load"}
+    return [t.name for t in graph.tensors if t.name in names]
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or name_2, name_3, ... : the first not in `taken` (which it joins)."""
+    out, i = name, 1
+    while out in taken:
+        i += 1
+        out = f"{name}_{i}"
+    taken.add(out)
+    return out
+
+
+def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
+    """The backward kernels of `graph` with respect to the float tensor inputs `wrt` (all of
+    them when None). Raises NotDifferentiable when no output is a float value, when a
+    requested input is not a float tensor, or through an op with no derivative."""
+    where = _where(graph)
+    floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
+    wrt = floats if wrt is None else tuple(wrt)
+    for name in wrt:
+        if name not in floats:
+            raise NotDifferentiable(f"{where}: argument '{name}' is not a floating-point tensor "
+                                    "argument, so it has no gradient")
+    outs = [o for o in graph.outputs if o.dtype.is_float]
+    if not outs:
+        kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
+        raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "
+                                "e.g. from mf.argmax or a comparison), which have no "
+                                "derivative; detach the inputs (x.detach()) to call it")
+    order: dict[str, int] = {}
+    for t in graph.tensors:
+        for a in t.axes:
+            order.setdefault(a, len(order))
+    for n in graph.nodes():
+        for a in n.axes:
+            order.setdefault(a, len(order))
+    b = _Nodes(order)
+    taken = {p.name for p in graph.params}
+    dy_names: list[Optional[str]] = []
+    dy_params: list[TensorParam] = []
+    dys: dict[int, Node] = {}
+    for i, o in enumerate(graph.outputs):
+        if not o.dtype.is_float:
+            dy_names.append(None)
+            continue
+        name = _fresh("dy" if len(graph.outputs) == 1 else f"dy{i}", taken)
+        dims = tuple(graph.axis_spec(a) for a in o.axes)
+        var = next((v for v, d in graph.dtype_vars.items() if d is o.dtype), None)
+        dy_params.append(TensorParam(name, o.dtype, var, dims,
+                                     f"{var or o.dtype}[{', '.join(o.axes)}]"))
+        dy_names.append(name)
+        ld = b.f32(Node("load", (), o.dtype, b.axes(o.node), attr=name))
+        prev = dys.get(id(o.node))
+        dys[id(o.node)] = ld if prev is None else b.add(prev, ld)
+    grads = _adjoint(graph, set(wrt), dys, b)
+
+    # one target per gradient, then split by reduction axis
+    targets: list[_Target] = []
+    for name in wrt:
+        if name not in grads:
+            continue
+        p = graph.param(name)
+        assert isinstance(p, TensorParam)
+        g = b.expand(grads[name], b.axes(*[Node("load", (), p.dtype, p.axes)]))
+        if p.dtype is not F32:
+            g = Node("cast", (g,), p.dtype, g.axes)
+        targets.append(_Target(name, g, p.axes, p.dtype))
+    buffers: dict[int, tuple[str, Node]] = {}       # reduction node id -> (buffer, its load)
+    todo = list(targets)
+    done: list[_Target] = []
+    while todo:
+        t = todo.pop(0)
+        axis, other = _reduce_axis(t.node)
+        swap: dict[int, Node] = {}
+        for r in other:
+            if id(r) not in buffers:
+                bname = _fresh(f"{r.attr[0]}_{r.attr[1]}", taken)
+                dt = F32 if r.dtype.is_float else r.dtype
+                buffers[id(r)] = (bname, Node("load", (), dt, r.axes, attr=bname))
+                todo.append(_Target(bname, r if dt is r.dtype else b.f32(r),
+                                    tuple(r.axes), dt))
+            swap[id(r)] = buffers[id(r)][1]
+        if swap:
+            t.node = _rebuild([t.node], swap)[0]
+        t.axis = axis
+        t.needs = tuple(buffers[id(r)][0] for r in other)
+        done.append(t)
+
+    kernels = _group(graph, done, b)
+    return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+
+
+def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target]]:
+    """Targets in kernels: one kernel per (reduced axis, kept axes); an elementwise target joins
+    a row-reduction kernel over its axes; kernels ordered so buffers are written first."""
+    groups: dict[tuple, list[_Target]] = {}
+    for t in targets:
+        if t.axis is not None:
+            key = (t.axis, frozenset(t.node.axes) - {t.axis})
+            groups.setdefault(key, []).append(t)
+    for t in targets:
+        if t.axis is None:
+            key = (t.axes[-1], frozenset(t.axes[:-1])) if t.axes else None
+            if key not in groups:
+                key = (None, frozenset(t.axes))
+            groups.setdefault(key, []).append(t)
+    kernels = list(groups.values())
+    made_by = {t.name: i for i, k in enumerate(kernels) for t in k}
+    ordered: list[list[_Target]] = []
+    state: dict[int, int] = {}
+
+    def visit(i: int) -> None:
+        if state.get(i) == 2:
+            return
+        if state.get(i) == 1:
+            raise NotDifferentiable(f"{_where(graph)}: its backward needs reductions that "
+                                    "depend on each other across axes; this is not supported")
+        state[i] = 1
+        for t in kernels[i]:
+            for need in t.needs:
+                visit(made_by[need])
+        state[i] = 2
+        ordered.append(kernels[i])
+    for i in range(len(kernels)):
+        visit(i)
+    return ordered
+
+
+def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backward:
+    out_kernels: list[Graph] = []
+    grads: dict[str, tuple[int, int]] = {}
+    bufs: dict[str, tuple[int, int]] = {}
+    buffer_params: dict[str, TensorParam] = {}
+    wrt_set = set(wrt)
+    for ki, k in enumerate(kernels):
+        for oi, t in enumerate(k):
+            if t.name in wrt_set:
+                grads[t.name] = (ki, oi)
+            else:
+                bufs[t.name] = (ki, oi)
+                dims = tuple(graph.axis_spec(a) for a in t.axes)
+                buffer_params[t.name] = TensorParam(t.name, t.dtype, None, dims,
+                                                    f"{t.dtype}[{', '.join(t.axes)}]")
+    extra = {p.name: p for p in dy_params} | buffer_params
+    n = len(kernels)
+    for ki, k in enumerate(kernels):
+        nodes = topo_order([t.node for t in k])
+        used = {x.attr for x in nodes if x.op in ("load", "scalar")}
+        params = [p for p in graph.params
+                  if p.name in used or not isinstance(p, (TensorParam, ScalarParam))]
+        params += [p for name, p in extra.items() if name in used]
+        for ax in {a for t in k for a in t.axes}:   # sizes come from tensors: keep one per axis
+            if not any(ax in p.axes for p in params if isinstance(p, TensorParam)):
+                params.append(next(t for t in graph.tensors if ax in t.axes))
+        name = f"{graph.name}_backward" + (f"{ki + 1}" if n > 1 else "")
+        out_kernels.append(Graph(name, tuple(params),
+                                 tuple(Output(t.node, t.axes, t.dtype) for t in k),
+                                 consts=dict(graph.consts), dtype_vars=dict(graph.dtype_vars),
+                                 loc=graph.loc))
+    return Backward(graph, tuple(wrt), dy_names, tuple(out_kernels), grads, bufs)
+
+
+# --------------------------------------------------------------------------- running
+
+_cache: dict[tuple, Backward] = {}
+
+
+def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
+    """`derive`, cached per (forward graph, wrt): the backward graphs keep their identity, so
+    their compiled kernels are reused."""
+    key = (id(graph), None if wrt is None else tuple(wrt))
+    bw = _cache.get(key)
+    if bw is None or bw.graph is not graph:
+        bw = _cache[key] = derive(graph, wrt)
+    return bw
+
+
+def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,
+                 launch=None, evaluate=None) -> dict[str, torch.Tensor]:
+    """The gradients {input: tensor} for `wrt` given the forward values (tensors and runtime
+    scalars by name) and the output gradients `dys` (one per forward output; None or an
+    integer output's entry is ignored). Inputs with no path to a float output get zeros.
+    evaluate(graph, values) replaces the runtime (e.g. `reference.evaluate`)."""
+    env: dict[str, Any] = dict(values)
+    for name, dy, o in zip(bw.dy, dys, bw.graph.outputs):
+        if name is None:
+            continue
+        if dy is None:
+            ref = next(v for v in values.values() if isinstance(v, torch.Tensor))
+            dy = torch.zeros(_out_shape(bw.graph, o, values), dtype=o.dtype.torch,
+                             device=ref.device)
+        env[name] = dy.to(o.dtype.torch).contiguous()
+    # a '*B' batch of zero leading dims gets one of size 1, so that the per-row buffers
+    # between kernels are never 0-dim tensors (those come back unwritten from the runtime)
+    for k in bw.kernels:
+        for p in k.tensors:
+            v = env.get(p.name)
+            if p.dims and p.dims[0].batch and isinstance(v, torch.Tensor) \
+                    and v.dim() == len(p.dims) - 1:
+                env[p.name] = v.unsqueeze(0)
+    results: list[tuple] = []
+    for k in bw.kernels:
+        kv = {p.name: env[p.name] for p in k.params if p.name in env}
+        if evaluate is not None:
+            r = evaluate(k, kv)
+        else:
+            r = runtime.run(k, kv, backend=backend, launch=launch)
+        r = r if isinstance(r, tuple) else (r,)
+        results.append(r)
+        for o_name, (ki, oi) in bw.buffers.items():
+            if ki == len(results) - 1:
+                env[o_name] = r[oi]
+    out = {}
+    for name in bw.wrt:
+        if name in bw.grads:
+            ki, oi = bw.grads[name]
+            out[name] = results[ki][oi].reshape(values[name].shape)
+        else:
+            out[name] = torch.zeros_like(values[name])
+    return out
+
+
+def _out_shape(graph: Graph, o: Output, values: Mapping[str, Any]):
+    tensors = {t.name: values[t.name] for t in graph.tensors}
+    return output_shape(bind_shapes(graph, tensors), o)
+
+
+def source(bw: Backward, values: Optional[Mapping[str, Any]] = None, *,
+           sizes: Optional[Mapping[str, int]] = None, launch=None) -> str:
+    """The MSL of every backward kernel, in launch order, each under a header comment."""
+    parts = []
+    for i, k in enumerate(bw.kernels):
+        mine = sorted((v[1], n) for n, v in {**bw.grads, **bw.buffers}.items() if v[0] == i)
+        outs = ", ".join(f"d{n}" if n in bw.grads else n for _, n in mine)
+        head = (f"// backward kernel {i + 1} of {len(bw.kernels)} of '{bw.graph.name}': "
+                f"writes {outs}; reads {', '.join(loaded(k))}")
+        kv = None
+        if values is not None:
+            kv = {p.name: values[p.name] for p in k.params if p.name in values}
+            if len(kv) != len([p for p in k.params if isinstance(p, (TensorParam,
+                                                                    ScalarParam))]):
+                kv = None
+        parts.append(head + "\n" + runtime.source(k, kv, sizes=sizes, launch=launch))
+    return "\n\n".join(parts)

@@ -1,0 +1,315 @@
+"""metalforge kernels as PyTorch operators and as differentiable functions.
+
+`kernel.as_op("mylib::rms_norm")` registers the kernel as a `torch.library.custom_op`:
+
+- schema from the annotations, one argument per kernel parameter in declaration order: tensors
+  are ``Tensor``, runtime scalars ``float``/``int``/``bool`` (with their defaults), `mf.Const`
+  values ``int``/``bool``; one ``Tensor`` per output;
+- a fake (meta) implementation derived from the graph: output shapes from the named dims of the
+  inputs (``*B`` leading dims and derived dims included, symbolic sizes kept symbolic), dtypes
+  from promotion, the inputs' device; so `torch.compile(fullgraph=True)` traces through the op
+  without a graph break and `torch.export` records it;
+- autograd: the backward is a second operator (``mylib::rms_norm_backward``) that runs the
+  kernels `metalforge.autodiff` derives from the graph; it saves the op's inputs only.
+
+Calling a kernel directly on tensors that require grad goes through `call_differentiable`
+(a `torch.autograd.Function` over the same backward kernels). A kernel that has no derivative
+(integer outputs, `mf.prod`) raises `NotDifferentiable` when it is called, not at backward.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from . import autodiff, runtime
+from .errors import BindingError
+from .autodiff import NotDifferentiable
+from .graph import ConstParam, Graph, TensorParam
+from .shapes import bind_shapes, output_shape
+
+__all__ = ["KernelOp", "register", "call_differentiable", "NotDifferentiable", "OpError"]
+
+_NAME = re.compile(r"^([A-Za-z_]\w*)::([A-Za-z_]\w*)$")
+
+
+class OpError(ValueError):
+    """A kernel cannot be registered as an operator under this name or schema."""
+
+
+# --------------------------------------------------------------------------- schema
+
+def _default(v: Any) -> str:
+    return repr(v) if not isinstance(v, float) else repr(float(v))
+
+
+def schema_args(kernel, with_defaults: bool = True) -> list[str]:
+    """The schema's argument list: one entry per kernel parameter."""
+    out = []
+    for p in kernel.params:
+        if isinstance(p, TensorParam):
+            out.append(f"Tensor {p.name}")
+            continue
+        ty = {float: "float", int: "int", bool: "bool"}[p.pytype]
+        text = f"{ty} {p.name}"
+        if with_defaults and p.has_default:
+            text += f"={_default(p.default)}"
+        out.append(text)
+    return out
+
+
+def _check_schema_names(kernel) -> None:
+    for p in kernel.params:
+        if p.name in ("self", "out") or p.name.startswith("__"):
+            raise OpError(f"{kernel.where}: parameter '{p.name}' cannot be an argument name of "
+                          "a PyTorch operator schema; rename it")
+
+
+# --------------------------------------------------------------------------- shapes
+
+def fake_outputs(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """Empty outputs of the right shape, dtype and device for these (possibly fake) inputs.
+    Concrete shapes are checked like a real call; symbolic sizes stay symbolic."""
+    dev = next(iter(tensors.values())).device if tensors else torch.device("cpu")
+    if all(isinstance(s, int) for t in tensors.values() for s in t.shape):
+        b = bind_shapes(graph, tensors)
+        return [torch.empty(output_shape(b, o), dtype=o.dtype.torch, device=dev)
+                for o in graph.outputs]
+    sizes: dict[str, Any] = {}
+    batch: dict[str, tuple] = {}
+    for p in graph.tensors:
+        shape = tuple(tensors[p.name].shape)
+        dims = p.dims
+        if dims and dims[0].batch:
+            lead = len(shape) - (len(dims) - 1)
+            batch.setdefault(dims[0].name, shape[:lead])
+            dims, shape = dims[1:], shape[lead:]
+        for d, s in zip(dims, shape):
+            sizes.setdefault(d.name, s)
+            if d.derived and d.base not in sizes and d.mul == 1 and d.add == 0:
+                sizes[d.base] = s * d.div
+    outs = []
+    for o in graph.outputs:
+        shape: list = []
+        for a in o.axes:
+            if a in batch:
+                shape.extend(batch[a])
+                continue
+            if a not in sizes:
+                d = graph.axis_spec(a)
+                sizes[a] = (sizes[d.base] * d.mul) // d.div + d.add
+            shape.append(sizes[a])
+        outs.append(torch.empty(shape, dtype=o.dtype.torch, device=dev))
+    return outs
+
+
+# --------------------------------------------------------------------------- the operator
+
+class KernelOp:
+    """A kernel registered as a PyTorch operator. Call it like the kernel (keywords and
+    defaults work); `.op` is the `torch.library.CustomOpDef` (also `torch.ops.<ns>.<name>`),
+    `.backward_op` the operator its autograd calls."""
+
+    def __init__(self, kernel, name: str):
+        self.kernel = kernel
+        self.name = name
+        self.names = tuple(p.name for p in kernel.params)
+        self._tensor_pos = [i for i, p in enumerate(kernel.params)
+                            if isinstance(p, TensorParam)]
+        self._float_pos = [i for i in self._tensor_pos
+                           if kernel.params[i].dtype is None or kernel.params[i].dtype.is_float]
+        _check_schema_names(kernel)
+        self.schema = f"({', '.join(schema_args(kernel))}) -> {self._returns()}"
+        try:
+            self.op = torch.library.custom_op(name, self._impl, mutates_args=(),
+                                              schema=self.schema)
+            self.op.register_fake(self._fake)
+            bargs = schema_args(kernel, with_defaults=False)
+            self.backward_schema = (f"({', '.join(bargs + ['Tensor[] grads', 'int[] wrt'])})"
+                                    " -> Tensor[]")
+            self.backward_op = torch.library.custom_op(f"{name}_backward", self._backward_impl,
+                                                       mutates_args=(),
+                                                       schema=self.backward_schema)
+        except (RuntimeError, ValueError) as e:
+            raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch refused the operator "
+                          f"schema {self.schema}: {e}") from None
+        self.backward_op.register_fake(self._backward_fake)
+        self.op.register_autograd(self._backward, setup_context=self._setup_context)
+
+    def __repr__(self) -> str:
+        return f"<metalforge op {self.name}{self.schema}>"
+
+    def _returns(self) -> str:
+        """The outputs, counted on one trace (dtype variables f32, Consts at their defaults or
+        0/False): the number of outputs must not depend on a Const's value."""
+        stand_in = {p.name: p.default if p.has_default else p.pytype()
+                    for p in self.kernel.params if isinstance(p, ConstParam)}
+        try:
+            n = len(self.kernel.graph(**stand_in).outputs)
+        except (TypeError, ValueError) as e:        # trace, binding and annotation errors
+            raise OpError(f"{self.kernel.where}: as_op({self.name!r}): could not trace the "
+                          f"kernel to count its outputs ({e}); give its mf.Const parameters "
+                          "defaults") from None
+        return "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+
+    # -- argument handling -------------------------------------------------------------
+    def args_of(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        """The op's positional arguments for a kernel-style call."""
+        try:
+            ba = self.kernel.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise BindingError(f"{self.kernel.where}: {e}; the signature is "
+                               f"{self.kernel.name}{self.kernel.signature}") from None
+        ba.apply_defaults()
+        return tuple(ba.arguments[n] for n in self.names)
+
+    def __call__(self, *args, **kwargs):
+        return self.op(*self.args_of(args, kwargs))
+
+    def _graph(self, args: Sequence[Any]) -> Graph:
+        return self.kernel.graph(**dict(zip(self.names, args)))
+
+    def _values(self, args: Sequence[Any]) -> dict[str, Any]:
+        return {p.name: a for p, a in zip(self.kernel.params, args)
+                if not isinstance(p, ConstParam)}
+
+    # -- forward -----------------------------------------------------------------------
+    def _impl(self, *args):
+        with torch.no_grad():
+            out = self.kernel(**dict(zip(self.names, args)))
+        # an op output must not alias an input (an identity kernel returns its input)
+        outs = out if isinstance(out, tuple) else (out,)
+        ins = [args[i] for i in self._tensor_pos]
+        outs = tuple(o.clone() if any(o is t for t in ins) else o for o in outs)
+        return outs if isinstance(out, tuple) else outs[0]
+
+    def _fake(self, *args):
+        g = self._graph(args)
+        outs = fake_outputs(g, {t.name: args[i] for i, t in zip(self._tensor_pos, g.tensors)})
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+    # -- autograd ----------------------------------------------------------------------
+    def _wrt(self, args: Sequence[Any], flags: Sequence[bool]) -> list[int]:
+        return [i for i in self._float_pos if flags[i] and isinstance(args[i], torch.Tensor)
+                and args[i].dtype.is_floating_point]
+
+    def _setup_context(self, ctx, inputs, output) -> None:
+        wrt = self._wrt(inputs, [isinstance(a, torch.Tensor) and a.requires_grad
+                                 for a in inputs])
+        if wrt:         # a kernel with no derivative fails here, at the call
+            autodiff.backward_of(self._graph(inputs), tuple(self.names[i] for i in wrt))
+        ctx.save_for_backward(*[inputs[i] for i in self._tensor_pos])
+        ctx.others = [None if i in self._tensor_pos else a for i, a in enumerate(inputs)]
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.outs = [(o.shape, o.dtype, o.device) for o in outs]
+
+    def _backward(self, ctx, *grads):
+        args = list(ctx.others)
+        for i, t in zip(self._tensor_pos, ctx.saved_tensors):
+            args[i] = t
+        wrt = self._wrt(args, ctx.needs_input_grad)
+        if not wrt:
+            return tuple(None for _ in args)
+        dys = [g if g is not None else torch.zeros(shape, dtype=dt, device=dev)
+               for g, (shape, dt, dev) in zip(grads, ctx.outs) if dt.is_floating_point]
+        got = self.backward_op(*args, dys, wrt)
+        out: list = [None] * len(args)
+        for i, g in zip(wrt, got):
+            out[i] = g
+        return tuple(out)
+
+    def _split_backward_args(self, args):
+        n = len(self.names)
+        return list(args[:n]), list(args[n]), list(args[n + 1])
+
+    def _backward_impl(self, *args):
+        fwd, dys, wrt = self._split_backward_args(args)
+        g = self._graph(fwd)
+        bw = autodiff.backward_of(g, tuple(self.names[i] for i in wrt))
+        floats = iter(dys)
+        full = [next(floats) if o.dtype.is_float else None for o in g.outputs]
+        with torch.no_grad():
+            grads = autodiff.run_backward(bw, self._values(fwd), full,
+                                          backend=self.kernel.backend, launch=self.kernel.launch)
+        return [grads[self.names[i]] for i in wrt]
+
+    def _backward_fake(self, *args):
+        fwd, _, wrt = self._split_backward_args(args)
+        return [torch.empty_like(fwd[i]) for i in wrt]
+
+
+_registered: dict[str, KernelOp] = {}       # operator name -> its KernelOp (explicit cache)
+
+
+def _definition(kernel) -> tuple:
+    return kernel.fn.__code__.co_filename, kernel.fn.__qualname__, kernel.name
+
+
+def register(kernel, name: str) -> KernelOp:
+    """`kernel.as_op(name)`: register (once) and return the operator."""
+    m = _NAME.match(name) if isinstance(name, str) else None
+    if m is None:
+        raise OpError(f"{kernel.where}: as_op({name!r}): an operator name is "
+                      "'namespace::name', e.g. 'mylib::rms_norm' (identifiers only)")
+    done = _registered.get(name)
+    if done is not None:
+        if _definition(done.kernel) == _definition(kernel):
+            done.kernel = kernel        # the same definition executed again (module re-run)
+            return done
+        raise OpError(f"{kernel.where}: as_op({name!r}): that name is already registered for "
+                      f"{done.kernel.where}; choose another name")
+    for n in (name, f"{name}_backward"):
+        ns, op = n.split("::")
+        try:
+            getattr(getattr(torch.ops, ns), op)
+        except (AttributeError, RuntimeError):
+            continue
+        raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch already has an operator "
+                      f"'{n}'; choose another name")
+    op = _registered[name] = KernelOp(kernel, name)
+    return op
+
+
+# --------------------------------------------------------------------------- direct calls
+
+class _KernelFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, kernel, graph, values, names, *tensors):
+        vals = dict(values)
+        vals.update(zip(names, tensors))
+        out = runtime.run(graph, vals, backend=kernel.backend, launch=kernel.launch)
+        outs = out if isinstance(out, tuple) else (out,)
+        ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
+        ctx.save_for_backward(*tensors)
+        ctx.meta = (kernel, graph, values, names)
+        return out
+
+    @staticmethod
+    def backward(ctx, *dys):
+        kernel, graph, values, names = ctx.meta
+        if torch.is_grad_enabled():         # create_graph=True: the result must be differentiable
+            raise NotDifferentiable(f"{kernel.where}: double backward (create_graph=True) "
+                                    "through a metalforge kernel is not supported; its "
+                                    "backward kernels have no derivative")
+        tensors = ctx.saved_tensors
+        wrt = tuple(n for n, t, need in zip(names, tensors, ctx.needs_input_grad[4:])
+                    if need and t.dtype.is_floating_point)
+        vals = dict(values)
+        vals.update(zip(names, tensors))
+        grads = autodiff.run_backward(autodiff.backward_of(graph, wrt), vals, dys,
+                                      backend=kernel.backend, launch=kernel.launch)
+        return (None, None, None, None, *[grads.get(n) for n in names])
+
+
+def call_differentiable(kernel, graph: Graph, values: Mapping[str, Any]):
+    """Run `graph` so that autograd can differentiate its outputs with respect to the input
+    tensors that require grad (the backward kernels of `metalforge.autodiff`)."""
+    names = tuple(t.name for t in graph.tensors)
+    wrt = tuple(n for n in names if values[n].requires_grad)
+    try:
+        autodiff.backward_of(graph, wrt)            # no derivative: fail now, not at backward
+    except NotDifferentiable as e:
+        raise NotDifferentiable(f"{e} (argument(s) {', '.join(wrt)} require grad)") from None
+    scalars = {k: v for k, v in values.items() if k not in names}
+    return _KernelFunction.apply(kernel, graph, scalars, names, *[values[n] for n in names])
