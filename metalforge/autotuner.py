@@ -172,63 +172,30 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     """
     if not isinstance(kernel, Kernel):
         raise TypeError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
-    where = f"mf.autotune({kernel.name})"
     expected = kernel.reference(*args, **kwargs)               # binding errors surface here
     expected = expected if isinstance(expected, tuple) else (expected,)
     graph = kernel.graph(*args, **kwargs)
     values = _values(kernel, graph, args, kwargs)
     tensors = {t.name: values[t.name] for t in graph.tensors}
     backend = kernel.backend or current_backend(tensors.values())
-    fam = family_of(graph)
     pinned = dict(kernel.launch or {})
-    trials = [Trial(c, "ok") for c in _candidates(fam, pinned, candidates, where)]
-    default = trials[0].launch
+    trials = [Trial(c, "ok") for c in _candidates(family_of(graph), pinned, candidates,
+                                                  f"mf.autotune({kernel.name})")]
     sizes = bind_shapes(graph, tensors).sizes
     key = key_for(graph, backend, sizes)
     tol = _tolerance(graph, sizes, values)
     timer = _timer(backend, warmup, repeats)
     bar = _Progress(f"autotune {kernel.name}", len(trials), progress)
     timed: dict[tuple, float] = {}
-
     for i, t in enumerate(trials):
         bar.step(i, t.describe())
-        try:
-            got = run(graph, values, backend, t.launch)
-        except LaunchError as e:        # this pipeline cannot take it (e.g. its thread limit)
-            t.status, t.detail = "skipped", str(e)
-            continue
-        except Exception as e:          # noqa: BLE001 - a candidate that fails is reported
-            t.status, t.detail = "wrong", f"raised {type(e).__name__}: {e}"
-            continue
-        t.detail = _mismatch(got, expected, tol)
-        if t.detail:
-            t.status = "wrong"
-            continue
-        if timer is not None:
-            ready, _ = prepare(graph, values, backend, t.launch)
-            # candidates that end up as the same kernel and dispatch are timed once
-            effect = (id(ready.kernel), ready.threads, ready.group_size)
-            if effect not in timed:
-                timed[effect] = timer(lambda: dispatch(ready))
-            t.seconds = timed[effect]
+        _try(t, graph, values, backend, expected, tol, timer, timed)
     bar.step(len(trials), "done")
+    ok = _runnable(kernel, trials, key, sizes, tol, bar)
 
-    wrong = [t for t in trials if t.status == "wrong"]
-    if wrong:
-        bar.close(f"autotune {kernel.name}: {len(wrong)} of {len(trials)} candidates are wrong")
-        raise CandidateMismatch(
-            f"{kernel.where}: {len(wrong)} launch configuration(s) give a result different from "
-            f"the reference on {key.dtypes}, sizes {dict(sizes)} ({tol.describe()}). This is a "
-            "metalforge bug; please report it with this message:\n" +
-            "\n".join(f"  {t.describe()}: {t.detail}" for t in wrong))
-
+    default = trials[0].launch
     result = TuneResult(kernel.name, backend, device_name(backend), key, default, default,
                         timer is not None, trials)
-    ok = [t for t in trials if t.status == "ok"]
-    if not ok:
-        bar.close(f"autotune {kernel.name}: no candidate can run")
-        raise LaunchError(f"{kernel.where}: no launch configuration can run here:\n" +
-                          "\n".join(f"  {t.describe()}: {t.detail}" for t in trials))
     if timer is None:
         result.note = (f"all {len(ok)} runnable candidates match the reference; timings on the "
                        f"'{backend}' backend are not meaningful (it runs the GPU kernel on the "
@@ -240,14 +207,61 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
             cache = default_cache()
             cache.put(key, _entry(best, result, pinned))
             result.saved_to = cache.path
-    summary = (f"autotune {kernel.name}: {len(ok)}/{len(trials)} candidates correct; " +
-               (f"best {result.trial(result.best).describe()} "
-                f"{result.trial(result.best).seconds * 1e3:.4f} ms" +
-                (f" ({result.speedup:.2f}x the default)" if result.speedup else "")
-                if result.timed else
-                f"timings on '{backend}' are not meaningful; keeping the default"))
-    bar.close(summary)
+    bar.close(_summary(kernel.name, result, len(ok)))
     return result
+
+
+def _try(t: Trial, graph, values, backend: str, expected: tuple, tol: Tolerance,
+         timer: Optional[Callable[[Callable], float]], timed: dict[tuple, float]) -> None:
+    """Run one candidate, compare it with the reference and, where timings mean something,
+    time its bare launch; the outcome goes into `t`."""
+    try:
+        got = run(graph, values, backend, t.launch)
+    except LaunchError as e:        # this pipeline cannot take it (e.g. its thread limit)
+        t.status, t.detail = "skipped", str(e)
+        return
+    except Exception as e:          # noqa: BLE001 - a candidate that fails is reported
+        t.status, t.detail = "wrong", f"raised {type(e).__name__}: {e}"
+        return
+    t.detail = _mismatch(got, expected, tol)
+    if t.detail:
+        t.status = "wrong"
+        return
+    if timer is not None:
+        ready, _ = prepare(graph, values, backend, t.launch)
+        # candidates that end up as the same kernel and dispatch are timed once
+        effect = (id(ready.kernel), ready.threads, ready.group_size)
+        if effect not in timed:
+            timed[effect] = timer(lambda: dispatch(ready))
+        t.seconds = timed[effect]
+
+
+def _runnable(kernel, trials: list[Trial], key: TuneKey, sizes, tol: Tolerance,
+              bar: _Progress) -> list[Trial]:
+    """The candidates that ran and matched; raises if any was wrong or none could run."""
+    wrong = [t for t in trials if t.status == "wrong"]
+    if wrong:
+        bar.close(f"autotune {kernel.name}: {len(wrong)} of {len(trials)} candidates are wrong")
+        raise CandidateMismatch(
+            f"{kernel.where}: {len(wrong)} launch configuration(s) give a result different from "
+            f"the reference on {key.dtypes}, sizes {dict(sizes)} ({tol.describe()}). This is a "
+            "metalforge bug; please report it with this message:\n" +
+            "\n".join(f"  {t.describe()}: {t.detail}" for t in wrong))
+    ok = [t for t in trials if t.status == "ok"]
+    if not ok:
+        bar.close(f"autotune {kernel.name}: no candidate can run")
+        raise LaunchError(f"{kernel.where}: no launch configuration can run here:\n" +
+                          "\n".join(f"  {t.describe()}: {t.detail}" for t in trials))
+    return ok
+
+
+def _summary(name: str, result: TuneResult, n_ok: int) -> str:
+    head = f"autotune {name}: {n_ok}/{len(result.trials)} candidates correct; "
+    if not result.timed:
+        return head + f"timings on '{result.backend}' are not meaningful; keeping the default"
+    best = result.trial(result.best)
+    return (head + f"best {best.describe()} {best.seconds * 1e3:.4f} ms" +
+            (f" ({result.speedup:.2f}x the default)" if result.speedup else ""))
 
 
 def _values(kernel, graph, args, kwargs) -> dict[str, Any]:

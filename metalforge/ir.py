@@ -1,10 +1,11 @@
 """The lowered kernel: small plain dataclasses between a schedule and a code generator.
 
-A schedule builds a `Kernel`: its parameters (each with its buffer index, MSL type and what the
-runtime binds there), the thread-position inputs it reads, and a body of statements over
-expressions. Types are MSL spellings ("float", "T", "vec<T, 4>", "uint"): the IR exists to be
-printed as Metal. `dump(kernel)` renders a readable, language-neutral view for `kernel.ir()`;
-`metalforge.codegen.msl` renders the Metal source.
+A schedule builds a `LoweredKernel` (named apart from the user's `mf.Kernel`): its `Argument`s
+(each with its buffer index, MSL type and what the runtime binds there), the thread-position
+inputs it reads, and a body of statements over expressions. Types are MSL spellings ("float",
+"T", "vec<T, 4>", "uint"): the IR exists to be printed as Metal. `dump(kernel)` renders a
+readable, language-neutral view for `kernel.ir()`; `metalforge.codegen.msl` renders the Metal
+source; both are `Printer`s.
 """
 from __future__ import annotations
 
@@ -241,7 +242,7 @@ Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, R
 
 
 @dataclass(frozen=True)
-class Param:
+class Argument:
     """One kernel argument, bound positionally at buffer `index`.
 
     kind: "buffer" (a tensor: `device T*`) or "scalar" (`constant T&`).
@@ -275,12 +276,12 @@ class Instance:
 
 
 @dataclass
-class Kernel:
+class LoweredKernel:
     name: str                           # template function name: "mf_silu"
     op: str                             # the user's op name
     template: tuple[str, ...]           # template type parameters: ("T", "mf_index_t")
     instances: tuple["Instance", ...]   # one kernel per binding of the template parameters
-    params: tuple[Param, ...]
+    params: tuple[Argument, ...]
     threads: tuple[ThreadInput, ...]
     body: list[Stmt]
     helpers: tuple[str, ...] = ()       # helper functions the body calls ("mf_erf", ...)
@@ -290,7 +291,7 @@ class Kernel:
     def host_name(self) -> str:
         return self.instances[0].host_name
 
-    def param_for(self, binds: tuple[str | int, ...]) -> Param:
+    def param_for(self, binds: tuple[str | int, ...]) -> Argument:
         for p in self.params:
             if p.binds == binds:
                 return p
@@ -482,7 +483,7 @@ class IRPrinter(Printer):
     def block_head(self) -> str:
         return "block:"
 
-    def kernel(self, k: Kernel) -> str:
+    def kernel(self, k: LoweredKernel) -> str:
         out = [f"kernel {k.name}<{', '.join(k.template)}>"]
         for inst in k.instances:
             out.append(f"  instance {inst.host_name}: " +
@@ -501,7 +502,7 @@ class IRPrinter(Printer):
         return "\n".join(out) + "\n"
 
     @staticmethod
-    def param(p: Param) -> str:
+    def param(p: Argument) -> str:
         what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
                 "numel": "element count"}[str(p.binds[0])]
         src = " ".join(str(b) for b in p.binds[1:])
@@ -515,6 +516,6 @@ def expr_text(e: Expr) -> str:
     return IRPrinter().expr(e)
 
 
-def dump(k: Kernel) -> str:
+def dump(k: LoweredKernel) -> str:
     """A readable text view of the lowered kernel."""
     return IRPrinter().kernel(k)

@@ -55,7 +55,7 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     device = next((t.device for t in tensors.values()), torch.device("cpu"))
     fdt = torch.float32 if device.type == "mps" else torch.float64
 
-    def ctype(dt: DType) -> torch.dtype:
+    def eval_dtype(dt: DType) -> torch.dtype:
         return fdt if dt.is_float else (torch.bool if dt is BOOL else torch.int64)
 
     def fp32(t: torch.Tensor, dt: DType) -> torch.Tensor:
@@ -79,7 +79,7 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
 
     val: dict[Node, torch.Tensor] = {}
     for n in graph.nodes():
-        ct = ctype(n.dtype)
+        ct = eval_dtype(n.dtype)
         if n.op == Op.LOAD:
             p = graph.param(n.attr)
             t = tensors[n.attr].reshape(flat_shape(binding, p))

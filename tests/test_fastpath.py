@@ -285,3 +285,23 @@ def test_mlx_backend_on_torch_tensors_keeps_its_error():
         assert "backend 'mlx' runs on mlx.core.array" in expected
         assert _error(silu, x) == expected
         assert _error(silu, x) == expected
+
+
+def _total(x: "T[*B, D]"):
+    return mf.sum(x, axis="D")
+
+
+def _double(x: "T[*B]"):
+    return x * 2
+
+
+def test_0dim_inputs_and_outputs_bind_as_one_element_buffers_when_warm():
+    total, double = mf.kernel(_total), mf.kernel(_double)
+    for d in (7, 300, 7, 300):
+        x = torch.randn(d)
+        y = total(x)
+        assert y.shape == ()
+        torch.testing.assert_close(y, x.sum(), rtol=1e-5, atol=1e-5)
+    for v in (1.5, -2.0, 3.0):
+        y = double(torch.tensor(v))
+        assert y.shape == () and y.item() == 2 * v

@@ -83,7 +83,7 @@ def test_a_loop_that_breaks_stays_a_loop():
 
 
 def test_msl_prints_blocks_and_the_ir_dump_keeps_the_loop():
-    k = ir.Kernel("mf_k", "k", (), (ir.Instance("k", ()),), (), (), [
+    k = ir.LoweredKernel("mf_k", "k", (), (ir.Instance("k", ()),), (), (), [
         _loop(1, [ir.Assign(ir.Var("mf_x"), ir.Var("mf_c"))])])
     assert "    {\n        const uint mf_c = 0u;\n        mf_x = mf_c;\n    }\n" in render(k)
     assert "for mf_c: uint in [0, 1):  (unrolled)" in ir.dump(k)

@@ -196,3 +196,18 @@ def test_same_argument_mistake_same_class_through_the_runtime():
         runtime.run(g, {"x": x, "w": [1.0] * 8, "r": r, "beta": 1.0})
     with pytest.raises(mf.BindingError, match="argument 'w'.*dtype"):
         scale_rows(x, w.half(), r)
+
+
+def test_reduction_over_zero_batch_dims_writes_its_0dim_output():
+    """`*B` with no leading dims makes a 0-dim output; it must be bound as a buffer (a 0-dim
+    CPU tensor binds by value under compile_shader's call model, so writes to it were lost)."""
+    @mf.kernel
+    def row_total(x: "T[*B, D]"):
+        return mf.sum(x, axis="D")
+
+    torch.manual_seed(0)
+    for d in (1, 7, 300, 5000):                       # simd, group and looped row kernels
+        x = torch.randn(d)
+        y = row_total(x)
+        assert y.shape == ()
+        torch.testing.assert_close(y, x.sum(), rtol=1e-5, atol=1e-5)

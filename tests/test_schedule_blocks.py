@@ -1,5 +1,5 @@
-"""Schedule building blocks, each on its own: the one ir.Kernel constructor, per-variant state
-of the reduction builders, the elementwise vector-path condition."""
+"""Schedule building blocks, each on its own: the one ir.LoweredKernel constructor, per-variant
+state of the reduction builders, the elementwise vector-path condition."""
 import metalforge as mf
 from metalforge import ir, schedule
 from metalforge.schedule.base import host_name, make_kernel

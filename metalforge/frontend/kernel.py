@@ -14,14 +14,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import autodiff, dtypes, runtime
-from ..reference import evaluate
 from ..runtime import fastpath, mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
+from ..errors import AnnotationError, BindingError, kernel_at
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
+from ..reference import evaluate
 from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dim
-from ..errors import AnnotationError, BindingError, kernel_at
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}

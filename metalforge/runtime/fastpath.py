@@ -46,10 +46,10 @@ class Warm:
     arg_casts: Optional[dict[int, str]]
     template: tuple                   # the kernel's arguments: sizes and numel, None elsewhere
     # filled in per call: (argument index, position, make contiguous, vector width or 0,
-    # flat shape or None) / (argument index, output index) / (argument index, position, float
-    # or int)
+    # shape to view it as or None) / (argument index, output index, shape to view it as or
+    # None) / (argument index, position, float or int)
     inputs: tuple[tuple[int, int, bool, int, Optional[tuple[int, ...]]], ...]
-    outputs: tuple[tuple[int, int], ...]
+    outputs: tuple[tuple[int, int, Optional[tuple[int, ...]]], ...]
     scalars: tuple[tuple[int, int, type], ...]
     allocate: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]   # the outputs
     launches: bool                    # False for empty outputs
@@ -78,8 +78,8 @@ class Warm:
                 elif vector and t.storage_offset() % vector:
                     t = t.clone()                   # vector loads need an aligned start
                 args[i] = t if flat is None else t.view(flat)
-            for i, o in self.outputs:
-                args[i] = outs[o]
+            for i, o, view in self.outputs:
+                args[i] = outs[o] if view is None else outs[o].view(view)
             for i, pos, convert in self.scalars:
                 args[i] = convert(values[pos])
             self.kernel(*args, threads=self.threads, group_size=self.group_size,
@@ -119,8 +119,9 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
             flat = tuple(arg.shape)
             inputs.append((i, position[name], not t.is_contiguous(), vector,
                            None if flat == tuple(t.shape) else flat))
-        elif kind == "output":
-            outputs.append((i, name))
+        elif kind == "output":                      # a 0-dim output binds as 1 element
+            view = tuple(arg.shape)
+            outputs.append((i, name, None if view == tuple(call.outputs[name].shape) else view))
         elif kind == "scalar":
             scalars.append((i, position[name],
                             float if graph.param(name).dtype.is_float else int))

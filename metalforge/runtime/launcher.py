@@ -73,7 +73,7 @@ class Compiled:
     max_threads: int              # its pipeline's max_threads_per_threadgroup
 
 
-def compile(schedule: sched_mod.Schedule, source: str, backend: str,  # noqa: A001
+def compile(schedule: sched_mod.Schedule, source: str, backend: str,
             host_name: str) -> Compiled:
     """Stage 3: the kernel `host_name` of `source` on `backend` (libraries are cached by the
     backend), refused if its pipeline cannot take the schedule's launch policy."""
@@ -150,7 +150,7 @@ def bind(call: Call) -> Launch:
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
-    """What the runtime passes for one kernel parameter (see `ir.Param.binds`)."""
+    """What the runtime passes for one kernel parameter (see `ir.Argument.binds`)."""
     kind = binds[0]
     if kind == "input":
         p = call.spec.graph.param(binds[1])
@@ -159,9 +159,9 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
             t = t.clone()                       # vector loads need an aligned start
         if p.dims and p.dims[0].batch:
             t = t.reshape(flat_shape(call.binding, p))
-        return t
+        return _as_buffer(t)
     if kind == "output":
-        return call.outputs[binds[1]]
+        return _as_buffer(call.outputs[binds[1]])
     if kind == "scalar":
         p = call.spec.graph.param(binds[1])
         v = call.values[binds[1]]
@@ -169,6 +169,13 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
     if kind == "numel":
         return call.numel
     return call.binding.sizes[binds[1]]         # ("size", axis)
+
+
+def _as_buffer(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim tensor (an output whose axes are all zero `*B` dims) as a 1-element view:
+    compile_shader binds a 0-dim CPU tensor by value (setBytes), so a kernel's writes to it
+    would be lost."""
+    return t.reshape(1) if t.dim() == 0 else t
 
 
 def dispatch(launch: Launch) -> None:

@@ -43,7 +43,7 @@ from .. import schedule as sched_mod
 from ..codegen import render_msl
 from ..errors import kernel_at
 from ..graph import Graph
-from ..ir import Kernel as IRKernel
+from ..ir import LoweredKernel
 from ..shapes import bind_shapes, output_shape
 from .backends import DEVICE_OF, current_backend
 from .launcher import DeviceError, specialisation
@@ -144,7 +144,7 @@ def scan(source: str, input_names) -> tuple[list[str], list[str]]:
     return attrs, shapes
 
 
-def _split(msl: str, k: IRKernel) -> tuple[str, list[str]]:
+def _split(msl: str, k: LoweredKernel) -> tuple[str, list[str]]:
     """(header, body lines) of a one-kernel MSL source as metalforge renders it: everything
     before the kernel's `template <...>` line, and the lines between its braces."""
     lines = msl.split("\n")
@@ -165,7 +165,7 @@ def _fresh(taken: set[str], reserved: list[str]):
             yield name
 
 
-def translate(k: IRKernel, host_name: str) -> MetalKernel:
+def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
     """The metal_kernel form of instance `host_name` of IR kernel `k`."""
     inst = next(i for i in k.instances if i.host_name == host_name)
     types = dict(zip(k.template, inst.types))

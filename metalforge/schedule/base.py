@@ -1,5 +1,5 @@
 """What every schedule family produces (the lowered kernels, how to launch them and what they
-move) and the one constructor of their `ir.Kernel`s."""
+move) and the one constructor of their `ir.LoweredKernel`s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,13 +26,14 @@ def host_name(graph: Graph, index64: bool) -> str:
 
 def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...],
                 body: list[ir.Stmt], summary: str, variant: Optional[str] = None,
-                params: tuple[ir.Param, ...] = (), helpers: tuple[str, ...] = ()) -> ir.Kernel:
+                params: tuple[ir.Argument, ...] = (),
+                helpers: tuple[str, ...] = ()) -> ir.LoweredKernel:
     """The kernel template `mf_<op>[_<variant>]`, generic over the graph's dtype variables and
     the index type, with its one instantiation for this graph (host name `host_name(...)`,
     plus `_<variant>`)."""
     suffix = f"_{variant}" if variant else ""
     tvars = graph.dtype_vars
-    return ir.Kernel(
+    return ir.LoweredKernel(
         name=f"mf_{graph.name}{suffix}", op=graph.name, template=(*tvars.keys(), IDX),
         instances=(ir.Instance(host_name(graph, index64) + suffix,
                                (*(d.msl for d in tvars.values()),
@@ -57,7 +58,7 @@ class Schedule:
     family: str                        # "elementwise" | "row" | "column"
     graph: Graph
     policy: LaunchPolicy
-    kernel: ir.Kernel
+    kernel: ir.LoweredKernel
     grid_axes: tuple[str, ...]         # the output index space the threads cover
     vector_inputs: tuple[str, ...]     # inputs read with vector loads: must be aligned
     index64: bool
@@ -87,7 +88,7 @@ class Schedule:
 
     # -- several kernels per schedule (reductions: one per row-length variant) -------------
     @property
-    def kernels(self) -> tuple[ir.Kernel, ...]:
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
         """Every kernel of this schedule, compiled together as one library (the first is
         `kernel`); they share one parameter list, so one argument plan binds them all."""
         return (self.kernel,)

@@ -23,10 +23,10 @@ from typing import Mapping
 from .. import ir
 from ..graph import Graph, Node
 from .base import IDX, make_kernel
-from .lower import ElementLowering, ctype
+from .lower import ElementLowering, compute_type
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
-from . import reduce as red
+from . import reduce
 
 VARIANTS = ("column", "split")
 
@@ -39,7 +39,7 @@ class ColumnSchedule(RowSchedule):
         return "split" if sizes[self.axis] > self.policy.looped_limit else "column"
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
-        red.check_sizes(self.graph, self.reductions, sizes)
+        reduce.check_sizes(self.graph, self.reductions, sizes)
         n = self._rows(sizes) * sizes[self.axis]
         if not self.index64 and n >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit indexing; "
@@ -61,7 +61,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
     return _Builder(graph, policy, index64).build()
 
 
-class _Builder(red.Builder):
+class _Builder(reduce.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
         super().__init__(graph, policy, index64, graph.reductions()[0].attr[1], "col", "column")
 
@@ -91,11 +91,11 @@ class _Builder(red.Builder):
         return b + ir.Cast(IDX, ir.Var("mf_k")) * st
 
     def col_load(self, n: Node) -> ir.Expr:
-        t = self.g.param(n.attr)
-        v = ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name], self.at(t.name, t.axes)))
+        t = self.graph.param(n.attr)
+        v = ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], self.at(t.name, t.axes)))
         if self.v.name == "split":       # threads past the last column read nothing
             zero = ir.Lit(0.0 if t.dtype.is_float else (False if t.dtype.kind == "bool" else 0),
-                          ctype(t.dtype))
+                          compute_type(t.dtype))
             v = ir.Select(ir.Var("mf_live"), v, zero)
         return v
 
@@ -105,14 +105,14 @@ class _Builder(red.Builder):
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
-    def kernel(self, v: red.Variant) -> ir.Kernel:
-        g = self.g
+    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        graph = self.graph
         split = v.name == "split"
-        S = self.p.rows_per_group if split else 1
+        slices = self.policy.rows_per_group if split else 1
         # each thread adds a long stretch of the column in sequence: compensated sums
-        reds = red.phases(g, online=True, compensated=True)
+        reds = reduce.phases(graph, online=True, compensated=True)
         nph = 1 + max(r.phase for r in reds)
-        self.helpers |= red.helpers_of(reds, simd=False)
+        self.helpers |= reduce.helpers_of(reds, simd=False)
         for p in range(nph):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
@@ -120,36 +120,37 @@ class _Builder(red.Builder):
                 f"{r.kind} over {r.axis}" + (" (online, with the sum of exp(x - max))"
                                               if r.online_sum else "")
                 for r in rs if r.online_max is None)))
-            pre, lp = self.loop(v, roots, rs, [], S)
+            pre, lp = self.loop(v, roots, rs, [], slices)
             v.main += pre
             for r in rs:
-                v.main += red.declare(r)
+                v.main += reduce.declare(r)
             v.main += [ir.If(ir.Var("mf_live"), lp)] if split else lp
-            v.main += red.finish(rs)
+            v.main += reduce.finish(rs)
             if split:
-                v.main += self.combine_slices(v, rs, S)
+                v.main += self.combine_slices(v, rs, slices)
             for r in rs:
-                v.row_values.values[r.node] = red.result(r)
-        self.epilogue(v, S)
-        threads, head = self.header(v.name, S)
-        summary = (f"{g.name} ({v.name}): reduces '{self.axis}' (not innermost) for each column "
-                   f"of [{', '.join(self.outer)}] in {nph} phase(s); " +
-                   (f"32 columns x {S} slices per threadgroup, partials merged in threadgroup "
+                v.row_values.values[r.node] = reduce.result(r)
+        self.epilogue(v, slices)
+        threads, head = self.header(v.name, slices)
+        summary = (f"{graph.name} ({v.name}): reduces '{self.axis}' (not innermost) for each "
+                   f"column of [{', '.join(self.outer)}] in {nph} phase(s); " +
+                   (f"32 columns x {slices} slices per threadgroup, partials merged in threadgroup "
                     f"memory" if split else "one thread per column, looping over the axis") +
                    "; fp32 accumulation, compensated sums")
         body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(g, self.index64, threads, body, summary, v.name)
+        return make_kernel(graph, self.index64, threads, body, summary, v.name)
 
-    def loop(self, v: red.Variant, roots: list[Node], rs: list[red.Reduction], outs: list[int],
-             S: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+             outs: list[int],
+             slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(column values computed before it, the loop over this thread's positions of the
         reduced axis): element values, folded into `rs`, outputs `outs` stored."""
-        g, split = self.g, v.name == "split"
+        graph, split = self.graph, v.name == "split"
         tensors, frontier = self.cone(roots)
         for t in tensors:
             v.passes[t] = v.passes.get(t, 0) + 1
         pre = v.row_values.lower(frontier)
-        el = ElementLowering(g, self.col_load, self.el_position, self.size,
+        el = ElementLowering(graph, self.col_load, self.el_position, self.size,
                              lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
             el.values[n] = v.row_values.value(n)
@@ -158,11 +159,11 @@ class _Builder(red.Builder):
         body += self.fold(el, rs, ir.Var("mf_k"))
         for k in outs:
             body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
-                                                            g.outputs[k].axes),
+                                                            graph.outputs[k].axes),
                                  self.out_value(k, el)))
         k_expr: ir.Expr = ir.Var("mf_i")
         if split:
-            k_expr = ir.Var("mf_i") * ir.Lit(S, "uint") + ir.Var("mf_slice")
+            k_expr = ir.Var("mf_i") * ir.Lit(slices, "uint") + ir.Var("mf_slice")
         inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k_expr)]
         if split:
             inner.append(ir.If(ir.Cast(IDX, ir.Var("mf_k")) < self.size(self.axis), body))
@@ -171,10 +172,11 @@ class _Builder(red.Builder):
         stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
         return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
 
-    def combine_slices(self, v: red.Variant, rs: list[red.Reduction], S: int) -> list[ir.Stmt]:
+    def combine_slices(self, v: reduce.Variant, rs: list[reduce.Reduction],
+                       slices: int) -> list[ir.Stmt]:
         """The split variant: every slice's partials through threadgroup memory, merged by
         every slice in slice order (so argmax keeps the first index)."""
-        tpg = self.p.threads_per_group
+        tpg = self.policy.threads_per_group
         stores: list[ir.Stmt] = []
         for r in rs:
             v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
@@ -191,38 +193,38 @@ class _Builder(red.Builder):
         for r in rs:
             if r.online_max is not None:
                 continue
-            resets.append(ir.Assign(ir.Var(r.acc), red.identity(r)))
+            resets.append(ir.Assign(ir.Var(r.acc), reduce.identity(r)))
             if r.has_index:
-                resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(red.SENTINEL, "uint")))
+                resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(reduce.SENTINEL, "uint")))
             if r.online_sum is not None:
                 resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
-                merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
                                     ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
             else:
-                merges += red.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
+                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
                                     ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
                                     if r.has_index else None)
-        return [ir.Comment(f"combine the {S} slices of each column through threadgroup "
+        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
                            f"memory, in slice order"),
                 *stores, ir.Barrier(), *resets,
-                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(S, "uint"), merges)]
+                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
 
-    def epilogue(self, v: red.Variant, S: int) -> None:
+    def epilogue(self, v: reduce.Variant, slices: int) -> None:
         """Outputs along the column in one more loop; one value per column stored once."""
-        g, split = self.g, v.name == "split"
+        graph, split = self.graph, v.name == "split"
         live = ir.Var("mf_live")
-        el_outs = [k for k, o in enumerate(g.outputs) if self.axis in o.axes]
-        col_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
+        el_outs = [k for k, o in enumerate(graph.outputs) if self.axis in o.axes]
+        col_outs = [k for k in range(len(graph.outputs)) if k not in el_outs]
         if el_outs:
             v.main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
-            pre, lp = self.loop(v, [g.outputs[k].node for k in el_outs], [], el_outs, S)
+            pre, lp = self.loop(v, [graph.outputs[k].node for k in el_outs], [], el_outs, slices)
             v.main += pre + ([ir.If(live, lp)] if split else lp)
         if col_outs:
-            stmts = v.row_values.lower([g.outputs[k].node for k in col_outs])
+            stmts = v.row_values.lower([graph.outputs[k].node for k in col_outs])
             stores: list[ir.Stmt] = []
             for k in col_outs:
                 stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
-                                                                  g.outputs[k].axes),
+                                                                  graph.outputs[k].axes),
                                        self.out_value(k, v.row_values)))
             v.main.append(ir.Comment("epilogue: the column's results"))
             v.main += stmts
@@ -231,7 +233,7 @@ class _Builder(red.Builder):
             else:
                 v.main += stores
 
-    def header(self, variant: str, S: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+    def header(self, variant: str, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing the thread on its column and slice)."""
         ncols = self.span(self.outer)
         if variant != "split":
@@ -241,7 +243,7 @@ class _Builder(red.Builder):
         threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
         head: list[ir.Stmt] = [
-            ir.Comment(f"32 columns x {S} slices of the reduced axis per threadgroup"),
+            ir.Comment(f"32 columns x {slices} slices of the reduced axis per threadgroup"),
             ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
             ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
             ir.Decl("mf_col", "uint",
@@ -249,13 +251,13 @@ class _Builder(red.Builder):
             ir.Comment("threads past the last column still take part in the barriers"),
             ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
             ir.Decl("mf_steps", "uint", (ir.Cast("uint", self.size(self.axis)) +
-                                         ir.Lit(S - 1, "uint")) / ir.Lit(S, "uint"))]
+                                         ir.Lit(slices - 1, "uint")) / ir.Lit(slices, "uint"))]
         return threads, head
 
     def build(self) -> ColumnSchedule:
         kernels, passes, tgb = self.variants(VARIANTS, "; lower rows_per_group")
-        policy = replace(self.p, threadgroup_bytes=tgb)
-        return ColumnSchedule("column", self.g, policy, kernels["column"],
+        policy = replace(self.policy, threadgroup_bytes=tgb)
+        return ColumnSchedule("column", self.graph, policy, kernels["column"],
                               tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,
                               rows=self.outer, variants=kernels,
-                              reductions=red.phases(self.g, online=False), passes=passes)
+                              reductions=reduce.phases(self.graph, online=False), passes=passes)

@@ -19,7 +19,7 @@ from ..dtypes import DType
 from ..errors import at
 from ..graph import Graph, Node, Op, TensorParam
 from .base import IDX, Schedule, make_kernel
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
+from .lower import ElementLowering, UnsupportedConstruct, convert, compute_type, ident
 from .policy import LaunchPolicy
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
@@ -61,7 +61,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
 
 class _Builder:
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
-        self.g, self.p, self.index64 = graph, policy, index64
+        self.graph, self.policy, self.index64 = graph, policy, index64
         outs = graph.outputs
         self.grid = max(outs, key=lambda o: len(o.axes)).axes
         for o in outs:
@@ -100,7 +100,7 @@ class _Builder:
         return var if var and var in self.tvars else dtype.msl
 
     def out_stype(self, k: int) -> str:
-        o = self.g.outputs[k]
+        o = self.graph.outputs[k]
         for v, d in self.tvars.items():
             if d == o.dtype:
                 return v
@@ -144,15 +144,15 @@ class _Builder:
         return ir.Var(f"mf_pos_{ident(axis)}")
 
     def offset(self, axes: tuple[str, ...], i: ir.Expr, need: dict) -> ir.Expr:
-        g = self.grid
-        if axes == g:
+        grid = self.grid
+        if axes == grid:
             return i
         if not axes:
             return ir.Lit(0, IDX)
-        if axes == g[len(g) - len(axes):]:
+        if axes == grid[len(grid) - len(axes):]:
             return i % self.span(axes)
-        if axes == g[:len(axes)]:
-            return i / self.span(g[len(axes):])
+        if axes == grid[:len(axes)]:
+            return i / self.span(grid[len(axes):])
         e = self.position(axes[0], i, need)
         for a in axes[1:]:
             e = e * self.size(a) + self.position(a, i, need)
@@ -166,19 +166,19 @@ class _Builder:
         vec_names = {t.name for t in self.vec_in}
 
         def load(n: Node) -> ir.Expr:
-            t = self.g.param(n.attr)
+            t = self.graph.param(n.attr)
             if vector and t.name in vec_names:
                 raw: ir.Expr = ir.Lane(ir.Var(f"mf_{t.name}_v"), k)
             else:
                 raw = ir.Load(self.names[t.name], self.offset(t.axes, i, need))
-            return ir.Cast(ctype(t.dtype), raw)
+            return ir.Cast(compute_type(t.dtype), raw)
 
-        low = ElementLowering(self.g, load, lambda a: self.position(a, i, need), self.size,
+        low = ElementLowering(self.graph, load, lambda a: self.position(a, i, need), self.size,
                               lambda s: self.names[s])
-        body = low.lower([o.node for o in self.g.outputs])
+        body = low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         stores: list[ir.Stmt] = []
-        for kk, o in enumerate(self.g.outputs):
+        for kk, o in enumerate(self.graph.outputs):
             v = ir.Cast(self.out_stype(kk), self._to_out(low.value(o.node), o.node.dtype, o.dtype))
             if vector and kk in self.vec_out:
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"{self.out_names[kk]}_v"), k), v))
@@ -208,7 +208,7 @@ class _Builder:
     def scalar_path(self) -> list[ir.Stmt]:
         """The guarded path: the chunk's elements one at a time, each checked against the
         element count (the tail, and every chunk when vector_width is 1)."""
-        vw = self.p.vector_width
+        vw = self.policy.vector_width
         element = self.element(vector=False)
         in_range = ir.Var("mf_i") < ir.Var("mf_numel")
         if vw == 1:
@@ -223,7 +223,7 @@ class _Builder:
     def vector_chunk(self, scalar: list[ir.Stmt]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(statements before the thread's loop, one chunk): vector loads of the contiguous
         inputs, the lanes computed, vector stores; `scalar` where the chunk is the tail."""
-        vw = self.p.vector_width
+        vw = self.policy.vector_width
         start = ir.Var("mf_start")
         loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
                                            f"inputs")]
@@ -250,7 +250,7 @@ class _Builder:
     def vector_condition(self, full: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
         """(declarations, condition) for taking the vector path: the chunk is whole and every
         broadcast input read as vectors has rows holding whole chunks."""
-        vw = self.p.vector_width
+        vw = self.policy.vector_width
         suffix = [t for t in self.vec_in if t.axes != self.grid]
         if not suffix:
             return [], full
@@ -267,7 +267,8 @@ class _Builder:
     def thread_body(self, pre: list[ir.Stmt], chunk: list[ir.Stmt]) -> list[ir.Stmt]:
         """The kernel body: this thread's first element, then its chunks (one, or a loop of
         vectors_per_thread)."""
-        vw, vpt, ept = self.p.vector_width, self.p.vectors_per_thread, self.p.elements_per_thread
+        p = self.policy
+        vw, vpt, ept = p.vector_width, p.vectors_per_thread, p.elements_per_thread
         base = ir.Cast(IDX, ir.Var("mf_tid")) * ir.Lit(ept, IDX)
         body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
                                           f"elements")]
@@ -284,38 +285,38 @@ class _Builder:
         return body
 
     def build(self) -> Schedule:
-        p = self.p
+        p = self.policy
         scalar = self.scalar_path()
         pre, chunk = self.vector_chunk(scalar) if p.vector_width > 1 else ([], scalar)
         body = self.thread_body(pre, chunk)
-        summary = (f"{self.g.name}: elementwise over [{', '.join(self.grid)}], "
+        summary = (f"{self.graph.name}: elementwise over [{', '.join(self.grid)}], "
                    f"{p.elements_per_thread} elements per thread ({p.vector_width}-wide vector "
                    f"loads/stores where contiguous), {'64' if self.index64 else '32'}-bit "
                    f"indexing")
-        kernel = make_kernel(self.g, self.index64,
+        kernel = make_kernel(self.graph, self.index64,
                              (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
                              body, summary, params=self._params(),
                              helpers=tuple(sorted(self.helpers)))
-        return Schedule("elementwise", self.g, p, kernel, tuple(self.grid),
+        return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
                         tuple(t.name for t in self.vec_in), self.index64)
 
-    def _params(self) -> tuple[ir.Param, ...]:
+    def _params(self) -> tuple[ir.Argument, ...]:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")
 
 
-def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...]:
+def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Argument, ...]:
     """The kernel's parameter list, in binding order: the inputs it reads, the outputs, the
     scalars it uses, [mf_numel,] the axis sizes it uses. `b` is a schedule builder (its graph
-    `g`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
+    `graph`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
     `index64`); `what` goes after "kernel arguments" in the too-many-arguments error."""
-    ps: list[ir.Param] = []
+    ps: list[ir.Argument] = []
 
     def add(name, kind, typ, binds, writable=False, cast=None):
-        ps.append(ir.Param(name, len(ps), kind, typ, binds, writable, cast))
+        ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
 
     for t in b.inputs:
         add(b.names[t.name], "buffer", b.in_stype(t), ("input", t.name))
-    for k in range(len(b.g.outputs)):
+    for k in range(len(b.graph.outputs)):
         add(b.out_names[k], "buffer", b.out_stype(k), ("output", k), writable=True)
     for s in b.scalars:
         add(b.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
@@ -327,6 +328,6 @@ def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Param, ...
         add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
     if len(ps) > MAX_BUFFERS:
         raise UnsupportedConstruct(
-            f"kernel '{b.g.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
+            f"kernel '{b.graph.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
             f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
     return tuple(ps)

@@ -35,7 +35,7 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     """C operator `op` ("+", "-", "*", "-" unary with one arg, ...) on integer operands of
     dtype dt, with torch's wrapping at dt's width and no undefined behaviour in MSL. A shift
     ("<<", ">>") must have an amount in [0, width)."""
-    t = ctype(dt)
+    t = compute_type(dt)
 
     def e(xs):
         return ir.Unary(op, xs[0]) if len(xs) == 1 else ir.Binary(op, *xs)
@@ -54,7 +54,7 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     return e(args)
 
 
-def ctype(dt: DType) -> str:
+def compute_type(dt: DType) -> str:
     """The MSL type a value of dtype `dt` is computed in."""
     return dt.compute.msl
 
@@ -64,8 +64,8 @@ def lit(value, dt: DType) -> ir.Lit:
     if c.kind == "bool":
         return ir.Lit(bool(value), "bool")
     if c.is_float:
-        return ir.Lit(float(value), ctype(dt))
-    return ir.Lit(int(value), ctype(dt))
+        return ir.Lit(float(value), compute_type(dt))
+    return ir.Lit(int(value), compute_type(dt))
 
 
 def convert(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
@@ -75,7 +75,7 @@ def convert(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
         return e
     if isinstance(e, ir.Lit):
         return lit(e.value, dst)
-    return ir.Cast(ctype(dst), e)
+    return ir.Cast(compute_type(dst), e)
 
 
 class ElementLowering:
@@ -108,7 +108,7 @@ class ElementLowering:
                 self.values[n] = e
                 continue
             name = self._name(n)
-            out.append(ir.Decl(name, ctype(n.dtype), e))
+            out.append(ir.Decl(name, compute_type(n.dtype), e))
             self.values[n] = ir.Var(name)
         return out
 
@@ -138,9 +138,9 @@ class ElementLowering:
         if op == Op.CONST:
             return lit(n.attr, n.dtype)
         if op == Op.INDEX:
-            return ir.Cast(ctype(n.dtype), self.position(n.attr))
+            return ir.Cast(compute_type(n.dtype), self.position(n.attr))
         if op == Op.SIZE:
-            return ir.Cast(ctype(n.dtype), self.size(n.attr))
+            return ir.Cast(compute_type(n.dtype), self.size(n.attr))
         if op == Op.CAST:
             return self._cast(n)
         if op == Op.WHERE:
@@ -186,8 +186,9 @@ class ElementLowering:
             if dt.kind in ("uint", "bool"):
                 return x
             # abs(min) is min, as in torch (and Metal's abs)
-            return ir.Cast(ctype(dt), ir.Call("abs", (x,))) if dt.itemsize < 4 and dt.is_int \
-                else ir.Call("abs", (x,))
+            if dt.itemsize < 4 and dt.is_int:
+                return ir.Cast(compute_type(dt), ir.Call("abs", (x,)))
+            return ir.Call("abs", (x,))
         if f in ("floor", "ceil"):
             return ir.Call(f, (x,)) if dt.is_float else x
         if f == "invert":

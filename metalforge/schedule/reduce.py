@@ -38,7 +38,7 @@ from ..graph import Graph, Node, Op, TensorParam
 from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, used_params
-from .lower import ElementLowering, UnsupportedConstruct, convert, ctype, ident
+from .lower import ElementLowering, UnsupportedConstruct, convert, compute_type, ident
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -306,12 +306,12 @@ def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
 def result(r: Reduction) -> ir.Expr:
     """The reduction's value as its node's compute type."""
     if r.has_index:
-        return ir.Cast(ctype(r.node.dtype), ir.Var(r.idx))
+        return ir.Cast(compute_type(r.node.dtype), ir.Var(r.idx))
     if r.online_max is not None:
         # a max of -inf means every term was exp(-inf - -inf): the two-pass sum is NaN
         return ir.Select(ir.Var(r.online_max.acc).eq(ir.Lit(float("-inf"), "float")),
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
-    want = ctype(r.node.dtype)
+    want = compute_type(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))
 
 
@@ -345,7 +345,7 @@ class Builder:
 
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool, axis: str,
                  tag: str, unit: str):
-        self.g, self.p, self.index64 = graph, policy, index64
+        self.graph, self.policy, self.index64 = graph, policy, index64
         self.axis, self.tag = axis, tag
         widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
         self.outer = tuple(a for a in widest if a != axis)
@@ -374,7 +374,7 @@ class Builder:
         return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
 
     def out_stype(self, k: int) -> str:
-        o = self.g.outputs[k]
+        o = self.graph.outputs[k]
         for v, d in self.tvars.items():
             if d == o.dtype:
                 return v
@@ -438,40 +438,40 @@ class Builder:
             if r.online_max is not None:
                 continue
             v = el.value(r.arg)
-            if r.acc_type != ctype(r.arg.dtype):
+            if r.acc_type != compute_type(r.arg.dtype):
                 v = ir.Cast(r.acc_type, v)
             out += update(r, v, pos)
         return out
 
     def out_value(self, k: int, low: ElementLowering) -> ir.Expr:
         """Output k's value (lowered by `low`) converted to its storage type."""
-        o = self.g.outputs[k]
+        o = self.graph.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
     def outer_load(self, n: Node) -> ir.Expr:
         """A load of input `n` at the thread's row (column), for values without the axis."""
         raise NotImplementedError
 
-    def kernel(self, v: Variant) -> ir.Kernel:
+    def kernel(self, v: Variant) -> ir.LoweredKernel:
         raise NotImplementedError
 
     def variants(self, names: tuple[str, ...], advice: str = ""
-                 ) -> tuple[dict[str, ir.Kernel], dict[str, dict[str, int]], int]:
+                 ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:
         """Build the kernel of every variant (the subclass's `kernel`, each with a fresh
         `Variant` as `self.v`); they share one parameter list and helper set. Returns
         ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
-        kernels: dict[str, ir.Kernel] = {}
+        kernels: dict[str, ir.LoweredKernel] = {}
         passes: dict[str, dict[str, int]] = {}
         tg = 0
         for name in names:
-            self.v = Variant(name, ElementLowering(self.g, self.outer_load, self.position,
+            self.v = Variant(name, ElementLowering(self.graph, self.outer_load, self.position,
                                                    self.size, lambda s: self.names[s],
                                                    prefix="mf_r"))
             kernels[name] = self.kernel(self.v)
             passes[name] = self.v.passes
             tg = max(tg, self.v.tg_bytes)
         if tg > MAX_THREADGROUP_BYTES:
-            raise LaunchError(f"kernel '{self.g.name}': its reductions need {tg} bytes of "
+            raise LaunchError(f"kernel '{self.graph.name}': its reductions need {tg} bytes of "
                               f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
                               f"limit{advice}")
         params = kernel_params(self)

@@ -28,9 +28,9 @@ from .. import ir
 from ..errors import at
 from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, UnsupportedConstruct, ctype
+from .lower import ElementLowering, UnsupportedConstruct, compute_type
 from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
-from . import reduce as red
+from . import reduce
 
 VARIANTS = ("simd", "group", "looped")
 UINT_LIMIT = 2 ** 32
@@ -51,12 +51,12 @@ def is_row(graph: Graph, axis: str) -> bool:
 class RowSchedule(Schedule):
     axis: str = ""
     rows: tuple[str, ...] = ()
-    variants: dict = field(default_factory=dict)       # name → ir.Kernel
+    variants: dict = field(default_factory=dict)       # name → ir.LoweredKernel
     reductions: list = field(default_factory=list)
     passes: dict = field(default_factory=dict)         # variant → {input: times read per row}
 
     @property
-    def kernels(self) -> tuple[ir.Kernel, ...]:
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
         return tuple(self.variants.values())
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
@@ -73,7 +73,7 @@ class RowSchedule(Schedule):
         return "group" if d <= p.looped_limit else "looped"
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
-        red.check_sizes(self.graph, self.reductions, sizes)
+        reduce.check_sizes(self.graph, self.reductions, sizes)
         d = sizes[self.axis]
         if d >= UINT_LIMIT:
             raise LaunchError(f"kernel '{self.graph.name}': rows of {d} elements along "
@@ -115,7 +115,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
     return _Builder(graph, policy, index64).build()
 
 
-class _Builder(red.Builder):
+class _Builder(reduce.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
         reds = graph.reductions()
         axes = list(dict.fromkeys(n.attr[1] for n in reds))
@@ -129,7 +129,7 @@ class _Builder(red.Builder):
             if n.op == Op.REDUCE and any(a not in self.allowed for a in n.axes):
                 raise UnsupportedConstruct(f"mf.{n.attr[0]}{at(n.loc)}: unexpected axes")
         self.vw = policy.vector_width
-        self.R = policy.reads_per_thread
+        self.reads = policy.reads_per_thread
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
@@ -153,8 +153,8 @@ class _Builder(red.Builder):
 
     # -- lowering callbacks --------------------------------------------------------------
     def outer_load(self, n: Node) -> ir.Expr:
-        t = self.g.param(n.attr)
-        return ir.Cast(ctype(t.dtype), ir.Load(self.names[t.name],
+        t = self.graph.param(n.attr)
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name],
                                                 self.row_base(t.name, t.axes)))
 
     def el_position(self, axis: str) -> ir.Expr:
@@ -166,21 +166,21 @@ class _Builder(red.Builder):
 
     def load_block(self, tensors: list[str], declare: bool) -> list[ir.Stmt]:
         """Fill mf_reg_<t>[R] with this thread's R elements of each tensor (guarded)."""
-        R, vw = self.R, self.vw
+        reads, vw = self.reads, self.vw
         base = ir.Var("mf_base")
-        out: list[ir.Stmt] = [ir.Comment(f"load {R} elements per thread of "
+        out: list[ir.Stmt] = [ir.Comment(f"load {reads} elements per thread of "
                                          f"{', '.join(tensors)} into registers")]
         vec: list[ir.Stmt] = []
         sca: list[ir.Stmt] = []
         for name in tensors:
-            t = self.g.param(name)
-            ct, st = ctype(t.dtype), self.in_stype(t)
+            t = self.graph.param(name)
+            ct, st = compute_type(t.dtype), self.in_stype(t)
             arr = ir.Var(self.reg(name))
             if declare:
-                out.append(ir.ArrayDecl(self.reg(name), ct, R))
+                out.append(ir.ArrayDecl(self.reg(name), ct, reads))
             rb = self.row_base(name, t.axes)
             start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
-            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
                 ir.Decl(f"mf_{name}_v", f"vec<{st}, {vw}>", ir.Load(self.names[name], start,
                                                                      vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
@@ -192,7 +192,7 @@ class _Builder(red.Builder):
                 pos < self.size(self.axis),
                 ir.Cast(ct, ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca,
+        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), sca,
                          unroll=True)]
         if vw > 1:
             out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
@@ -202,15 +202,16 @@ class _Builder(red.Builder):
         return out
 
     def full(self) -> ir.Expr:
-        end = ir.Var("mf_base") + ir.Lit(self.R, "uint")
+        end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
         return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
-    def element_loop(self, roots: list[Node], reds: list[red.Reduction],
+    def element_loop(self, roots: list[Node], reds: list[reduce.Reduction],
                      outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(row statements before the loop, the loop over this thread's R elements)."""
         tensors, frontier = self.cone(roots)
         row_stmts = self.v.row_values.lower(frontier)
-        el = ElementLowering(self.g, lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
+        el = ElementLowering(self.graph,
+                             lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
                              self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
             el.values[n] = self.v.row_values.value(n)
@@ -221,32 +222,33 @@ class _Builder(red.Builder):
         for k in outs:
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
-        loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.R, "uint"), [
+        loop = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.reads, "uint"), [
             ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k")),
             ir.If(pos < self.size(self.axis), body)], unroll=True)]
         return row_stmts, (tensors, loop)
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
-        R, vw = self.R, self.vw
+        reads, vw = self.reads, self.vw
         base = ir.Var("mf_base")
         vec: list[ir.Stmt] = []
         sca: list[ir.Stmt] = []
         for k in outs:
-            o = self.g.outputs[k]
+            o = self.graph.outputs[k]
             st = self.out_stype(k)
             arr = ir.Var(f"mf_reg_{self.out_names[k]}")
             rb = self.row_base(self.out_names[k], o.axes)
             start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
             first = ir.Var("mf_c") * ir.Lit(vw, "uint")
             lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
-            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(R // vw, "uint"), [
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
                 ir.Store(self.out_names[k], start, ir.Call(f"vec<{st}, {vw}>", lanes), vw, st)],
                 unroll=True))
             pos = base + ir.Var("mf_k")
             sca.append(ir.If(pos < self.size(self.axis), [
                 ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
                          ir.Lane(arr, ir.Var("mf_k")))]))
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(R, "uint"), sca, unroll=True)]
+        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), sca,
+                         unroll=True)]
         if vw > 1:
             return [ir.Comment("store the row's outputs"),
                     ir.If(self.full(), [ir.Comment(f"{vw}-wide vector stores")] + vec,
@@ -254,11 +256,11 @@ class _Builder(red.Builder):
         return [ir.Comment("store the row's outputs")] + scalar
 
     # -- combining across the row ---------------------------------------------------------
-    def combine(self, reds: list[red.Reduction], variant: str) -> list[ir.Stmt]:
+    def combine(self, reds: list[reduce.Reduction], variant: str) -> list[ir.Stmt]:
         out: list[ir.Stmt] = [ir.Comment("combine across the simdgroup")]
         for r in reds:
             if r.online_max is None:
-                out += red.simd_combine(r)
+                out += reduce.simd_combine(r)
         if variant == "simd":
             return out
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
@@ -271,7 +273,7 @@ class _Builder(red.Builder):
                                                  if r.online_max is None else "float",
                                                  SIMD_WIDTH, "threadgroup"))
             stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), sg), ir.Var(r.acc)))
-            ident_v = ir.Lit(0.0, "float") if r.online_max is not None else red.identity(r)
+            ident_v = ir.Lit(0.0, "float") if r.online_max is not None else reduce.identity(r)
             reads.append(ir.Assign(ir.Var(r.acc), ir.Select(
                 have, ir.Lane(ir.Var(f"mf_tg{r.i}"), lane), ident_v)))
             if r.has_index:
@@ -279,9 +281,9 @@ class _Builder(red.Builder):
                                                      "threadgroup"))
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), sg), ir.Var(r.idx)))
                 reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
-                    have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(red.SENTINEL, "uint"))))
+                    have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(reduce.SENTINEL, "uint"))))
             if r.online_max is None:
-                second += red.simd_combine(r)
+                second += reduce.simd_combine(r)
         out += [ir.Comment("across simdgroups: one partial per simdgroup through threadgroup "
                            "memory, then a second simd reduction in every simdgroup"),
                 ir.If(lane.eq(ir.Lit(0, "uint")), stores), ir.Barrier()]
@@ -289,12 +291,12 @@ class _Builder(red.Builder):
         return out
 
     # -- one variant -----------------------------------------------------------------------
-    def kernel(self, v: red.Variant) -> ir.Kernel:
-        g = self.g
+    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        graph = self.graph
         looped = v.name == "looped"
         # the looped variant adds thousands of elements per thread: compensated sums
-        reds = red.phases(g, online=looped, compensated=looped)
-        self.helpers |= red.helpers_of(reds, simd=True) - {"mf_online_merge"}
+        reds = reduce.phases(graph, online=looped, compensated=looped)
+        self.helpers |= reduce.helpers_of(reds, simd=True) - {"mf_online_merge"}
         for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
@@ -303,27 +305,27 @@ class _Builder(red.Builder):
         self.epilogue(v)
         threads, head = self.header(v.name)
         body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(g, self.index64, threads, body, self._summary(v.name, reds), v.name)
+        return make_kernel(graph, self.index64, threads, body, self._summary(v.name, reds), v.name)
 
-    def section(self, v: red.Variant, roots: list[Node], rs: list[red.Reduction],
+    def section(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
                 outs: list[int], title: str) -> None:
         """One pass over the row: load the inputs it needs (once per row in the register
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
-        R, looped = self.R, v.name == "looped"
+        reads, looped = self.reads, v.name == "looped"
         row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
         v.main.append(ir.Comment(title))
         v.main.extend(row_stmts)
         for r in rs:
-            v.main.extend(red.declare(r))
-        regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), R) for k in outs]
+            v.main.extend(reduce.declare(r))
+        regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), reads) for k in outs]
         body: list[ir.Stmt] = []
         new = [t for t in tensors if looped or t not in v.loaded]
         for t in new:
             v.passes[t] = v.passes.get(t, 0) + 1
         if looped:
             thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
-            body += [ir.Decl("mf_base", "uint", thread * ir.Lit(R, "uint"))]
+            body += [ir.Decl("mf_base", "uint", thread * ir.Lit(reads, "uint"))]
             if new:
                 body += self.load_block(new, declare=True)
             body += regs
@@ -332,7 +334,7 @@ class _Builder(red.Builder):
                 v.main.extend(self.load_block(new, declare=True))
                 v.loaded.update(new)
             v.main.extend(regs)
-        body += [ir.Comment(f"each of this thread's {R} elements")] + loop
+        body += [ir.Comment(f"each of this thread's {reads} elements")] + loop
         if outs:
             body += self.store_block(outs)
         if looped:
@@ -340,33 +342,34 @@ class _Builder(red.Builder):
         else:
             v.main.extend(body)
         if rs:
-            v.main.extend(red.finish(rs))
+            v.main.extend(reduce.finish(rs))
             v.main.extend(self.combine(rs, v.name))
             for r in rs:
-                v.row_values.values[r.node] = red.result(r)
+                v.row_values.values[r.node] = reduce.result(r)
 
-    def epilogue(self, v: red.Variant) -> None:
+    def epilogue(self, v: reduce.Variant) -> None:
         """The outputs: those along the row in one more section; one value per row stored by
         the row's first thread."""
-        g = self.g
-        el_outs = [k for k, o in enumerate(g.outputs) if self.elem(o.node) or self.axis in o.axes]
-        row_outs = [k for k in range(len(g.outputs)) if k not in el_outs]
+        graph = self.graph
+        el_outs = [k for k, o in enumerate(graph.outputs)
+                   if self.elem(o.node) or self.axis in o.axes]
+        row_outs = [k for k in range(len(graph.outputs)) if k not in el_outs]
         if el_outs:
-            self.section(v, [g.outputs[k].node for k in el_outs], [], el_outs,
+            self.section(v, [graph.outputs[k].node for k in el_outs], [], el_outs,
                          "epilogue: compute and store the outputs along the row")
         if row_outs:
-            stmts = v.row_values.lower([g.outputs[k].node for k in row_outs])
+            stmts = v.row_values.lower([graph.outputs[k].node for k in row_outs])
             stores: list[ir.Stmt] = []
             for k in row_outs:
                 stores.append(ir.Store(self.out_names[k], self.row_base(
-                    self.out_names[k], g.outputs[k].axes), self.out_value(k, v.row_values)))
+                    self.out_names[k], graph.outputs[k].axes), self.out_value(k, v.row_values)))
             v.main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
             v.main += stmts + [ir.If(ir.Var("mf_t").eq(ir.Lit(0, "uint")), stores)]
 
     def header(self, variant: str) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing the thread): its row, its index in the row,
         where its elements start, the chunk count (looped) and whether vector loads apply."""
-        R = self.R
+        reads = self.reads
         head: list[ir.Stmt] = []
         threads = [ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
@@ -388,9 +391,9 @@ class _Builder(red.Builder):
                      ir.Decl("mf_nsg", "uint", (ir.Var("mf_tpg") + ir.Lit(SIMD_WIDTH - 1, "uint")) /
                              ir.Lit(SIMD_WIDTH, "uint"))]
         if variant != "looped":
-            head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(R, "uint")))
+            head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(reads, "uint")))
         else:
-            span = ir.Var("mf_tpg") * ir.Lit(R, "uint")
+            span = ir.Var("mf_tpg") * ir.Lit(reads, "uint")
             length = ir.Cast("uint", self.size(self.axis))
             head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
         if self.vw > 1:
@@ -399,7 +402,7 @@ class _Builder(red.Builder):
         return tuple(threads), head
 
     @staticmethod
-    def _desc(r: red.Reduction) -> str:
+    def _desc(r: reduce.Reduction) -> str:
         if r.online_sum is not None:
             return f"{r.kind} and (online) sum of exp(x - max)"
         if r.online_max is not None:
@@ -410,24 +413,24 @@ class _Builder(red.Builder):
         # launch-only choices (threads and rows per group) stay out of the text, so changing
         # them reuses the compiled library
         how = {"simd": f"one simdgroup per row (rows per threadgroup set at launch), "
-                       f"{self.R} elements per lane in registers",
-               "group": f"one threadgroup per row, {self.R} elements per thread in registers, "
+                       f"{self.reads} elements per lane in registers",
+               "group": f"one threadgroup per row, {self.reads} elements per thread in registers, "
                         f"global memory read once",
                "looped": f"one threadgroup per row (its size set at launch), streamed in "
-                         f"chunks of {self.R} elements per thread per phase, compensated "
+                         f"chunks of {self.reads} elements per thread per phase, compensated "
                          f"sums"}[variant]
         nph = 1 + max(r.phase for r in reds)
-        return (f"{self.g.name} ({variant}): reduces '{self.axis}' over rows "
+        return (f"{self.graph.name} ({variant}): reduces '{self.axis}' over rows "
                 f"[{', '.join(self.outer)}] in {nph} phase(s); {how}; {self.vw}-wide vector "
                 f"loads/stores where aligned; fp32 accumulation")
 
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
         kernels, passes, tg = self.variants(VARIANTS)
-        policy = replace(self.p, threadgroup_bytes=tg, uses_simd=True)
-        reds = red.phases(self.g, online=False)
+        policy = replace(self.policy, threadgroup_bytes=tg, uses_simd=True)
+        reds = reduce.phases(self.graph, online=False)
         first = kernels[VARIANTS[0]]
-        return RowSchedule("row", self.g, policy, first, tuple(self.outer) + (self.axis,),
+        return RowSchedule("row", self.graph, policy, first, tuple(self.outer) + (self.axis,),
                            tuple(t.name for t in self.inputs if self.axis in t.axes
                                  and self.vw > 1),
                            self.index64, axis=self.axis, rows=self.outer, variants=kernels,

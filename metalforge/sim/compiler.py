@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import MetalforgeError
-from .parse import Kernel, Param, ParseError, parse
+from .parse import Param, ParseError, Signature, parse
 from .rewrite import rewrite
 from .trampoline import cpu_trampolines, entry_symbol
 
@@ -39,7 +39,7 @@ SOURCE_NAME = "program_source"
 OPT_LEVEL = os.environ.get("METALFORGE_SIM_OPT", "-O1")
 COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
                 "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1",
-                "-D__METAL_VERSION__=310"]
+                "-D__METAL_VERSION__=320"]
 FORMAT_VERSION = "1"
 
 
@@ -207,17 +207,24 @@ def _syntax_error(msg: str, source: str) -> SyntaxError:
     return err
 
 
-def _kernel_from_json(d: dict) -> Kernel:
+def _kernel_from_json(d: dict) -> Signature:
     d = dict(d)
     d["params"] = [Param(**p) for p in d["params"]]
-    return Kernel(**d)
+    return Signature(**d)
 
 
-def build(source: str) -> tuple[Path, list[Kernel]]:
-    """Compile `source` (or fetch it from the cache); return the library path and kernels."""
+def build(source: str, kernels: list[str] | None = None,
+          max_kernels: int | None = None) -> tuple[Path | None, list[Signature]]:
+    """Compile `source` (or fetch it from the cache); return the library path and kernels.
+
+    With `kernels` (host names), only those get entry points, so only they are instantiated.
+    With `max_kernels`, a source with more kernels than that is not compiled: the result is
+    (None, its kernels), and the caller builds them one at a time (see library.py)."""
     path, ident, is_clang = compiler()
-    key = hashlib.sha256("\0".join([source, shim_hash(), ident, OPT_LEVEL,
-                                    " ".join(COMMON_FLAGS)]).encode()).hexdigest()[:24]
+    parts = [source, shim_hash(), ident, OPT_LEVEL, " ".join(COMMON_FLAGS)]
+    if kernels is not None:
+        parts.append("kernels:" + ",".join(kernels))
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
     d = cache_dir()
     so, meta = d / f"lib-{key}.so", d / f"lib-{key}.json"
     if so.exists() and meta.exists():
@@ -232,7 +239,7 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
         src = Path(tmp) / SOURCE_NAME
         src.write_text(source)
         r = _run(_cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
-                               "-D__METAL_VERSION__=310", "-I", str(_stub_dir()),
+                               "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
                                "-I", torch_include(), SOURCE_NAME], cwd=tmp)
         if r.returncode != 0:
             raise _syntax_error(_clean_message(r.stderr, tmp), source)
@@ -241,6 +248,11 @@ def build(source: str) -> tuple[Path, list[Kernel]]:
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
+        if kernels is None and max_kernels is not None and len(parsed.kernels) > max_kernels:
+            return None, parsed.kernels
+        if kernels is not None:
+            by_name = {k.host_name: k for k in parsed.kernels}
+            parsed.kernels = [by_name[n] for n in kernels]
         text = rewrite(pre, parsed)
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)

@@ -1,4 +1,4 @@
-"""Library and Kernel objects: torch.mps.compile_shader's call model on CPU tensors.
+"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on CPU tensors.
 
 Binding rules (as torch.mps.compile_shader): positional argument i binds buffer i; a tensor binds
 its storage from its storage offset on; a 0-dim tensor binds its one value; Python float ->
@@ -25,7 +25,7 @@ import torch
 
 from ..errors import MetalforgeError
 from .compiler import build, engine_library
-from .parse import Kernel as KernelSig, Param, is_float_scalar, scalar_of
+from .parse import Param, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
 
 MAX_THREADS = 1024
@@ -198,14 +198,33 @@ def _dims(v, what: str) -> list[int]:
     return vals
 
 
-class Kernel:
+class LibraryFunction:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: "Library", index: int, sig: KernelSig):
+    def __init__(self, lib: "_Dll", index: int, sig: Signature, fc: dict | None = None):
+        self._fc = fc or {}
         self._lib = lib
         self._index = index
         self._sig = sig
         self._entry = ctypes.cast(getattr(lib._dll, entry_symbol(index)), ctypes.c_void_p).value
+
+    def _buffers(self) -> dict[int, Param]:
+        """Buffer index -> parameter, for every index up to the highest: positional argument i
+        binds buffer(i), and an index no parameter uses (MLX's rope_single binds 0-4 and 10)
+        takes None."""
+        bufs = {p.buffer_index: p for p in self._sig.params if p.role == "buffer"}
+        for k in range(max(bufs, default=-1) + 1):
+            if k not in bufs:
+                bufs[k] = Param(index=-1, text="", name=f"buffer({k})", type_text="unused",
+                                role="unused", buffer_index=k)
+        return bufs
+
+    def _present(self, p: Param) -> bool:
+        """Whether a parameter exists in this specialisation (its function constant, if any,
+        is true; an undefined one counts as false)."""
+        if p.role == "unused":
+            return False
+        return p.function_constant_index < 0 or bool(self._fc.get(p.function_constant_index))
 
     @property
     def max_threads_per_threadgroup(self) -> int:
@@ -233,11 +252,7 @@ class Kernel:
         sig = self._sig
         name = sig.host_name
         casts = self._casts(arg_casts, len(args))
-        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
-        if sorted(bufs) != list(range(len(bufs))):
-            missing = [k for k in range(max(bufs) + 1) if k not in bufs] if bufs else []
-            raise TypeError(f"kernel '{name}': buffer indices {sorted(bufs)} leave "
-                            f"{missing} unbound; positional argument i binds buffer(i)")
+        bufs = self._buffers()
         if len(args) != len(bufs):
             plist = ", ".join(f"{k}: {_describe_param(bufs[k])}" for k in sorted(bufs))
             raise TypeError(f"kernel '{name}' takes {len(bufs)} arguments ({plist}), "
@@ -245,6 +260,19 @@ class Kernel:
         bound: list[_Bound] = []
         first_numel = None
         for i, a in enumerate(args):
+            absent = not self._present(bufs[i])
+            if absent or a is None:
+                if not absent or a is not None:
+                    p = bufs[i]
+                    raise TypeError(
+                        f"kernel '{name}' argument {i} {_describe_param(p)}: pass None exactly "
+                        f"for buffer indices no parameter uses and for parameters whose "
+                        f"[[function_constant(...)]] is false; "
+                        + ("no parameter uses it" if p.role == "unused" else
+                           f"{p.function_constant or 'it has none'}"
+                           f"{' is false' if absent else ''}"))
+                bound.append(_Bound("none", "", 0, "None"))
+                continue
             if isinstance(a, torch.Tensor):
                 if a.device.type != "cpu":
                     raise TypeError(f"kernel '{name}' argument {i}: the simulator runs on CPU "
@@ -341,7 +369,7 @@ class Kernel:
 
     def _launch(self, bound: list[_Bound], grid: list[int], group: list[int]) -> None:
         sig = self._sig
-        bufs = {p.buffer_index: p for p in sig.params if p.role == "buffer"}
+        bufs = self._buffers()
         regions: list[_Region] = []
         ptrs = (ctypes.c_void_p * max(1, len(bound)))()
         owners: dict[int, list[int]] = {}     # region index -> argument indices
@@ -358,6 +386,10 @@ class Kernel:
                     lo_of[key] = min(lo_of.get(key, off), off)
             for i, b in enumerate(bound):
                 label = f"'{bufs[i].name}' (argument {i})"
+                if b.kind == "none":
+                    ptrs[i] = None
+                    arg_region.append(-1)
+                    continue
                 if b.kind == "tensor":
                     st = b.tensor.untyped_storage()
                     key = st.data_ptr()
@@ -423,23 +455,70 @@ class Kernel:
         return f"kernel '{name}': simulator error: {msg}"
 
 
+def _fc_literal(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v}ll"
+    if isinstance(v, float):
+        return f"{float(v).hex()}"
+    raise TypeError(f"function_constants: values are bool, int or float, got {v!r}")
+
+
+def function_constant_preamble(values: dict[int, bool | int | float]) -> str:
+    """C++ text that defines function constants `values` (index -> value) for the source that
+    follows it (see include/mf_sim/constants.h); line 1 of that source stays line 1."""
+    if not values:
+        return ""
+    specs = []
+    for k in sorted(values):
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 65536:
+            raise TypeError(f"function_constants: keys are the [[function_constant(index)]] "
+                            f"indices (ints 0..65535), got {k!r}")
+        specs.append(f"template <> struct fc_value<{k}> {{ static constexpr bool defined = true; "
+                     f"static constexpr auto value = {_fc_literal(values[k])}; }};")
+    return f"namespace mf {{ {' '.join(specs)} }}\n#line 1\n"
+
+
+Kernel = LibraryFunction   # the earlier name, kept for code that imports it
+
+# Sources with more host-visible kernels than this (MLX's binary.metal has thousands) are
+# compiled lazily: each kernel on first lookup, as its own small library, so time and memory
+# are bounded by what is used.  Smaller sources compile whole, in one compiler run.
+LAZY_KERNELS = 64
+
+
+class _Dll:
+    """One compiled shared library (a whole source, or one kernel of a lazily built one)."""
+
+    def __init__(self, path):
+        self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
+
+
 class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
-    def __init__(self, source: str):
-        path, kernels = build(source)
+    def __init__(self, source: str, function_constants: dict | None = None):
+        self._fc = dict(function_constants or {})
+        self._source = function_constant_preamble(self._fc) + source
+        path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
         _load_engine()
-        self._dll = ctypes.CDLL(str(path), mode=os.RTLD_NOW | ctypes.RTLD_LOCAL)
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
-        self._path = path
+        self._kernels: dict[str, LibraryFunction] = {}
+        if path is not None:
+            dll = _Dll(path)
+            for name, (i, sig) in self._sigs.items():
+                self._kernels[name] = LibraryFunction(dll, i, sig, self._fc)
 
-    def __getattr__(self, name: str) -> Kernel:
-        if name.startswith("__") or name in ("_dll", "_sigs", "_path"):
+    def __getattr__(self, name: str) -> LibraryFunction:
+        if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._sigs:
             raise RuntimeError(f"Failed to create function state object for: {name}")
-        i, sig = self._sigs[name]
-        return Kernel(self, i, sig)
+        if name not in self._kernels:
+            path, kernels = build(self._source, kernels=[name])
+            self._kernels[name] = LibraryFunction(_Dll(path), 0, kernels[0], self._fc)
+        return self._kernels[name]
 
     def __dir__(self):
         return sorted(self._sigs)
@@ -448,8 +527,14 @@ class Library:
         return f"<metalforge.sim library: {', '.join(sorted(self._sigs))}>"
 
 
-def compile_shader(source: str) -> Library:
-    """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader)."""
+def compile_shader(source: str, *, function_constants: dict | None = None) -> Library:
+    """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader).
+
+    ``function_constants`` (a simulator extension; torch.mps.compile_shader has no such
+    argument) gives values to ``[[function_constant(index)]]`` declarations, as
+    ``{index: value}`` with bool/int/float values, as an MTLFunctionConstantValues would.  A
+    constant without a value is undefined: ``is_function_constant_defined`` is false for it and
+    it reads as zero."""
     if not isinstance(source, str):
         raise TypeError("compile_shader expects the Metal source as a str")
-    return Library(source)
+    return Library(source, function_constants)

@@ -14,8 +14,12 @@ inlined, line markers kept) and finds:
 - each parameter's role: a buffer (``[[buffer(n)]]`` or the implicit index), a thread-position
   attribute, or something the simulator cannot bind (textures, samplers, ``[[threadgroup(n)]]``).
 
-It also records what the rewrite pass needs (attribute spans, ``threadgroup`` declarations, the
-instantiation statements). Nothing here knows about the CPU: the same data drives the CUDA
+It reads real-world top-level C++ (``static_assert`` and brace initialisers inside parentheses,
+``constexpr`` functions, nested templates, default template arguments, ``<`` comparisons in
+template arguments) and records what the rewrite pass needs: attribute spans, ``threadgroup``
+declarations, the instantiation statements, function constants (`FunctionConstant`), and the
+definitions that differ only in an address space and so coincide on the CPU (blanked, see
+`_Walker._drop_space_overloads`).  Errors carry the user's ``file:line``. Nothing here knows about the CPU: the same data drives the CUDA
 trampolines (see metalforge/sim/trampoline.py).
 """
 from __future__ import annotations
@@ -46,7 +50,14 @@ ADDRESS_SPACES = ("device", "constant", "threadgroup", "thread", "threadgroup_im
 
 
 class ParseError(MetalforgeError):
-    """The source has a kernel the simulator cannot run (message says why and where)."""
+    """The source has a kernel the simulator cannot run (message says why and where).
+
+    ``offset`` (into the preprocessed text) is set when the message has no location yet;
+    `parse` turns it into the user's ``file:line``."""
+
+    def __init__(self, msg: str, offset: int | None = None):
+        super().__init__(msg)
+        self.offset = offset
 
 
 @dataclass
@@ -71,10 +82,14 @@ class Param:
     is_reference: bool = False
     is_const: bool = False
     elem_type: str = ""        # pointee / referee / value type, qualifiers removed
+    # [[function_constant(name)]]: the parameter exists only when that bool constant is true
+    function_constant: str = ""
+    function_constant_index: int = -1
 
 
 @dataclass
-class Kernel:
+class Signature:
+    """One host-visible kernel: its name, C++ function, template arguments and parameters."""
     host_name: str
     func_name: str             # qualified C++ name of the function (template name for templates)
     template_args: str | None  # "float, 4" for explicit instantiations, None otherwise
@@ -83,6 +98,9 @@ class Kernel:
     line: int                  # line of the definition in the user's source
     max_total_threads: int     # [[max_total_threads_per_threadgroup(N)]] or 1024
     threadgroup_bytes: int | None  # static threadgroup memory, None when not computable
+
+
+Kernel = Signature   # the earlier name, kept for code that imports it
 
 
 @dataclass
@@ -94,10 +112,22 @@ class TgDecl:
 
 
 @dataclass
+class FunctionConstant:
+    """A program-scope ``constant T name [[function_constant(index)]];`` declaration."""
+    name: str
+    type_text: str
+    index: int
+    start: int                 # offsets of the declaration, through its ';'
+    end: int
+    line: int = 0
+
+
+@dataclass
 class ParsedSource:
-    kernels: list[Kernel]
+    kernels: list[Signature]
     blank_spans: list[tuple[int, int]] = field(default_factory=list)     # attributes, instantiations
     tg_decls: list[TgDecl] = field(default_factory=list)
+    function_constants: list[FunctionConstant] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------ tokens
@@ -189,7 +219,8 @@ def _match(toks: list[Token], i: int, open_: str, close: str) -> int:
             depth -= 1
             if depth == 0:
                 return j
-    raise ParseError(f"unbalanced '{open_}'")
+    raise ParseError(f"unbalanced '{open_}': no matching '{close}'", toks[i].start if i < len(toks)
+                     else None)
 
 
 def _match_angle(toks: list[Token], i: int) -> int:
@@ -201,6 +232,9 @@ def _match_angle(toks: list[Token], i: int) -> int:
         if t in ("(", "["):
             j = _match(toks, j, t, ")" if t == "(" else "]") + 1
             continue
+        if t == "<" and _is_less_than(toks, j):
+            j += 1
+            continue
         if t == "<":
             depth += 1
         elif t == ">":
@@ -210,7 +244,7 @@ def _match_angle(toks: list[Token], i: int) -> int:
         if depth <= 0 and t in (">", ">>"):
             return j
         j += 1
-    raise ParseError("unbalanced '<' in a template")
+    raise ParseError("unbalanced '<' in a template", toks[i].start if i < len(toks) else None)
 
 
 def _name_before(toks: list[Token], idx: int) -> str:
@@ -228,11 +262,38 @@ def _name_before(toks: list[Token], idx: int) -> str:
     return "".join(parts)
 
 
+# Address spaces that are the same ordinary memory on the CPU (`constant` is `const`, so it stays
+# a distinct overload).
+_CPU_SAME_SPACES = frozenset(ADDRESS_SPACES) - {"constant"}
+_MEMBER_QUALS = frozenset(ADDRESS_SPACES) | {"const", "volatile", "noexcept", "override", "final"}
+
+
+def _top_level(toks: list[Token]) -> list[str]:
+    """Texts of the tokens outside (), [] and {} brackets."""
+    out, depth = [], 0
+    for t in toks:
+        if t.kind == "punct" and t.text in "([{":
+            depth += 1
+        elif t.kind == "punct" and t.text in ")]}":
+            depth -= 1
+        elif depth == 0:
+            out.append(t.text)
+    return out
+
+
+def _is_less_than(toks: list[Token], j: int) -> bool:
+    """Whether the '<' at toks[j] compares (`sizeof(T) < 8`, `4 < N`) rather than opening
+    template arguments: a template name is never a literal or a closing parenthesis."""
+    return j > 0 and (toks[j - 1].kind == "num" or toks[j - 1].text == ")")
+
+
 def _split_commas(toks: list[Token]) -> list[list[Token]]:
     parts: list[list[Token]] = [[]]
     depth = 0
-    for t in toks:
-        if t.kind == "punct" and t.text in "([{<":
+    for j, t in enumerate(toks):
+        if t.kind == "punct" and t.text == "<" and _is_less_than(toks, j):
+            pass
+        elif t.kind == "punct" and t.text in "([{<":
             depth += 1
         elif t.kind == "punct" and t.text in ")]}>":
             depth -= 1
@@ -277,6 +338,23 @@ def _attr_name(a: str) -> tuple[str, str]:
     return (m.group(1), (m.group(2) or "").strip()) if m else (a, "")
 
 
+def _attr_list(text: str) -> list[tuple[str, str]]:
+    """(name, argument) of each attribute in one ``[[a(x), b]]``."""
+    parts, depth, cur = [], 0, ""
+    for c in text:
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    return [_attr_name(x) for x in parts if x.strip()]
+
+
 def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param:
     attrs = [t for t in ptoks if t.kind == "attr"]
     body = [t for t in ptoks if t.kind != "attr"]
@@ -315,9 +393,10 @@ def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param
             ("const", "volatile", "*", "&", "&&", "restrict", "__restrict", "__restrict__")]
     p.elem_type = " ".join(elem).replace(" :: ", "::").replace(" < ", "<").replace(" >", ">") \
         .replace(" ,", ",")
-    for a in attrs:
-        an, arg = _attr_name(a.text)
-        if an in POSITION_ATTRS:
+    for an, arg in (x for a in attrs for x in _attr_list(a.text)):
+        if an == "function_constant":
+            p.function_constant = arg
+        elif an in POSITION_ATTRS:
             p.role = "position"
             p.attr = "threads_per_grid" if an == "grid_size" else an
         elif an == "buffer":
@@ -486,6 +565,8 @@ class _Walker:
         self.blank: list[tuple[int, int]] = []
         self.tg: list[TgDecl] = []
         self.consts: dict[str, str] = {}
+        self.fcs: list[FunctionConstant] = []
+        self.overloads: dict[str, list[tuple[str, int, int]]] = {}
 
     def run(self) -> None:
         toks = self.toks
@@ -495,6 +576,14 @@ class _Walker:
                 if name not in STANDARD_ATTRS:
                     self.blank.append((t.start, t.end))
         self._scope(0, len(toks), [])
+        self._drop_space_overloads(self.overloads)
+
+    def _drop_space_overloads(self, groups: dict[str, list[tuple[str, int, int]]]) -> None:
+        for group in groups.values():
+            keep = next((m for m in group if m[0] in ("", "thread")), group[0])
+            for m in group:
+                if m is not keep:
+                    self.blank.append((self.toks[m[1]].start, self.toks[m[2]].end))
 
     def _scope(self, i: int, end: int, ns: list[str]) -> None:
         toks = self.toks
@@ -522,6 +611,11 @@ class _Walker:
                 i = close + 1
                 stmt_start = i
                 continue
+            if t.text == "(" and t.kind == "punct":
+                # a parenthesised part of a declaration (parameter list, static_assert or
+                # initialiser argument): braces inside it are never a function body
+                i = _match(toks, i, "(", ")") + 1
+                continue
             if t.text == ";":
                 self._statement(stmt_start, i, None, ns)
                 i += 1
@@ -531,18 +625,29 @@ class _Walker:
                 close = _match(toks, i, "{", "}")
                 head = toks[stmt_start:i]
                 words = [x.text for x in head]
-                first = words[0] if words else ""
                 k = 0
-                if first == "template" and len(words) > 1 and words[1] == "<":
-                    k = _match_angle(head, 1) + 1
+                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
+                    k = _match_angle(head, k + 1) + 1
                 kind = words[k] if k < len(words) else ""
-                is_func = (")" in words and "=" not in words and
+                # a function definition: a parameter list and no '=' outside brackets (an '='
+                # makes it a variable with a brace initialiser)
+                is_func = (")" in words[k:] and "=" not in _top_level(head[k:]) and
                            kind not in ("struct", "class", "union", "enum", "typedef", "using"))
                 if is_func:
                     self._statement(stmt_start, i, (i, close), ns)
                     i = close + 1
                     stmt_start = i
                     continue
+                if kind in ("struct", "class", "union"):
+                    self._class_body(i, close)
+                    # specialisations on address spaces only (`S<device T*>`, `S<thread T*>`)
+                    # coincide on the CPU, as overloaded functions do
+                    key = " ".join(ns + [x.text for x in head if x.kind != "attr" and
+                                         (x.kind != "id" or x.text not in _CPU_SAME_SPACES)])
+                    space = next((x.text for x in head if x.kind == "id" and
+                                  x.text in _CPU_SAME_SPACES - {"thread"}), "")
+                    self.overloads.setdefault("struct " + key, []).append(
+                        (space, stmt_start, close))
                 i = close + 1       # struct/enum/initializer body: the statement goes on to ';'
                 continue
             i += 1
@@ -559,6 +664,10 @@ class _Walker:
             if q >= 1 and head[q - 1].kind == "id" and \
                     any(w in ("constexpr", "constant", "const") for w in words[:q]):
                 self.consts[words[q - 1]] = " ".join(words[q + 1:])
+        if body is None and any(t.kind == "attr" and _attr_name(t.text)[0] == "function_constant"
+                                for t in head):
+            self._function_constant(head, e)
+            return
         if words[0] == "template" and (len(words) < 2 or words[1] != "<"):
             if body is None:
                 self._instantiation(head, ns)
@@ -578,6 +687,14 @@ class _Walker:
         popen = next((j for j, t in enumerate(decl) if t.text == "("), None)
         if popen is None or popen == 0:
             return
+        if not is_kernel:
+            # overloads on address spaces only (`f(thread T&)`, `f(device T&)`) coincide on the
+            # CPU: the first (preferably `thread`/unqualified) is kept, see run()
+            key = " ".join(ns + [t.text for t in head if t.kind != "attr" and
+                                 (t.kind != "id" or t.text not in _CPU_SAME_SPACES)])
+            space = next((t.text for t in head if t.kind == "id" and
+                          t.text in _CPU_SAME_SPACES - {"thread"}), "")
+            self.overloads.setdefault(key, []).append((space, s, body[1]))
         pclose = _match(decl, popen, "(", ")")
         name = _name_before(decl, popen)
         if not name:
@@ -588,6 +705,109 @@ class _Walker:
             tparams=tparams, param_toks=decl[popen + 1:pclose], is_kernel=is_kernel,
             attrs=[t.text for t in decl if t.kind == "attr"], body=body,
             offset=head[0].start, tg=tg))
+
+    def _class_body(self, open_: int, close: int) -> None:
+        """Member functions overloaded on the object's address space (``f() thread``, ``f()
+        device``, ``f() const constant``: Metal code such as MLX's complex_t writes one per
+        space) are the same function on the CPU, where every space is ordinary memory: the
+        qualifier is blanked, and of members that then coincide the first ``thread`` (or
+        unqualified) one is kept and the others are blanked whole."""
+        toks = self.toks
+        members: dict[str, list[tuple[str, int, int]]] = {}
+        i = stmt = open_ + 1
+        while i < close:
+            t = toks[i]
+            if t.kind == "id" and t.text in ("public", "private", "protected") and \
+                    i + 1 < close and toks[i + 1].text == ":":
+                i = stmt = i + 2
+                continue
+            if t.text == "(" and t.kind == "punct":
+                i = _match(toks, i, "(", ")") + 1
+                continue
+            if t.text == ";":
+                self._member(toks[stmt:i], stmt, i, members)
+                i = stmt = i + 1
+                continue
+            if t.text == "{":
+                end = _match(toks, i, "{", "}")
+                head = toks[stmt:i]
+                words = [x.text for x in head]
+                k = 0
+                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
+                    k = _match_angle(head, k + 1) + 1
+                kind = words[k] if k < len(words) else ""
+                if kind in ("struct", "class", "union"):
+                    self._class_body(i, end)
+                    i = end + 1
+                    continue
+                tl = _top_level(head[k:])
+                init_brace = ":" in tl and ")" in words and toks[i - 1].text not in (")",) and \
+                    (toks[i - 1].kind == "id" and toks[i - 1].text not in _MEMBER_QUALS or
+                     toks[i - 1].text == ">")
+                if ")" in words[k:] and "=" not in tl and kind not in ("enum", "typedef", "using") \
+                        and not init_brace:
+                    self._member(head, stmt, end, members)
+                    i = stmt = end + 1
+                    if i < close and toks[i].text == ";":
+                        i = stmt = i + 1
+                    continue
+                i = end + 1
+                continue
+            i += 1
+        self._drop_space_overloads(members)
+
+    def _member(self, head: list[Token], s: int, e: int,
+                members: dict[str, list[tuple[str, int, int]]]) -> None:
+        """Record one member declaration/definition toks[s..e]; blank address-space qualifiers.
+
+        An explicit specialisation of a member function template written inside the class
+        (``template <> R operator()(complex64_t x)``: Clang, hence Metal, accepts it; GCC does
+        not) loses its ``template <>`` and becomes the plain overload that overload resolution
+        prefers for exactly those argument types, as it would pick the specialisation."""
+        words = [t.text for t in head]
+        if words[:3] == ["template", "<", ">"]:
+            self.blank.append((head[0].start, head[2].end))
+            head, words = head[3:], words[3:]
+        popen = next((j for j, t in enumerate(head) if t.text == "(" and j > 0 and
+                      (head[j - 1].kind == "id" or head[j - 1].text in (")", ">"))), None)
+        if popen is None:
+            return
+        pclose = _match(head, popen, "(", ")")
+        if words[popen - 1] == ")" and popen >= 2 and words[popen - 2] == "(" and \
+                pclose + 1 < len(head) and words[pclose + 1] == "(":   # operator()(...)
+            popen = pclose + 1
+            pclose = _match(head, popen, "(", ")")
+        space = ""
+        key = [t.text for t in head[:pclose + 1] if t.kind != "attr" and
+               (t.kind != "id" or t.text not in _CPU_SAME_SPACES)]
+        for t in head[pclose + 1:]:
+            if t.text in (":", "->", "=", "{") or t.kind == "attr":
+                break
+            if t.kind == "id" and t.text in ADDRESS_SPACES:
+                space = space or t.text
+                self.blank.append((t.start, t.end))
+            else:
+                key.append(t.text)
+        members.setdefault(" ".join(key), []).append((space, s, e))
+
+    def _function_constant(self, head: list[Token], semi: int) -> None:
+        attr = next(t for t in head if t.kind == "attr")
+        _, arg = _attr_name(attr.text)
+        decl = [t for t in head if t.kind != "attr" and t.text not in ("constant", "const")]
+        if len(decl) < 2 or decl[-1].kind != "id" or "=" in [t.text for t in decl]:
+            raise ParseError(f"a function constant is declared as `constant T name "
+                             f"[[function_constant(index)]];`, got "
+                             f"`{self.text[head[0].start:head[-1].end]}`", head[0].start)
+        try:
+            index = int(arg, 8) if re.fullmatch(r"0[0-7]+", arg) else int(arg, 0)
+        except ValueError:
+            index = None
+        if index is None:
+            raise ParseError(f"[[function_constant({arg})]]: the index must be an integer "
+                             f"literal", attr.start)
+        type_text = " ".join(t.text for t in decl[:-1]).replace(" :: ", "::")
+        self.fcs.append(FunctionConstant(name=decl[-1].text, type_text=type_text, index=index,
+                                         start=head[0].start, end=self.toks[semi].end))
 
     def _body(self, b0: int, b1: int) -> list[TgDecl]:
         """Find statement-level `threadgroup T x[N];` declarations in a function body."""
@@ -699,17 +919,27 @@ def _subst(text: str, mapping: dict[str, str]) -> str:
 
 def parse(text: str) -> ParsedSource:
     """Parse preprocessed MSL text into kernels plus the spans the rewrite pass needs."""
-    w = _Walker(text)
-    w.run()
     lines = LineMap(text)
-    kernels: list[Kernel] = []
 
     def where(off: int) -> str:
         f, ln = lines.locate(off)
         return f"{f or 'program_source'}:{ln}"
 
+    try:
+        return _parse(text, lines, where)
+    except ParseError as e:
+        if e.offset is None:
+            raise
+        raise ParseError(f"{where(e.offset)}: {e}") from None
+
+
+def _parse(text: str, lines: LineMap, where) -> ParsedSource:
+    w = _Walker(text)
+    w.run()
+    kernels: list[Signature] = []
+
     def finish(fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
-               subst: dict[str, str], concrete: list[Param] | None) -> Kernel:
+               subst: dict[str, str], concrete: list[Param] | None) -> Signature:
         params = _parse_params(fd.param_toks, text, f"{where(fd.offset)}: kernel '{host}'")
         if concrete is not None:
             if len(concrete) != len(params):
@@ -745,7 +975,7 @@ def parse(text: str) -> ParsedSource:
         if total is not None:
             total = (total + 15) // 16 * 16
         _, line = lines.locate(fd.offset)
-        return Kernel(host_name=host, func_name=fd.qual, template_args=targs,
+        return Signature(host_name=host, func_name=fd.qual, template_args=targs,
                       fn_params=fn_params, params=params, line=line, max_total_threads=mtt,
                       threadgroup_bytes=total)
 
@@ -780,4 +1010,16 @@ def parse(text: str) -> ParsedSource:
         if k.host_name in seen:
             raise ParseError(f"two kernels are named '{k.host_name}'")
         seen.add(k.host_name)
-    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg)
+    for fc in w.fcs:
+        fc.line = lines.locate(fc.start)[1]
+    fc_index = {fc.name: fc.index for fc in w.fcs}
+    for k in kernels:
+        for p in k.params:
+            if p.function_constant:
+                if p.function_constant not in fc_index:
+                    raise ParseError(f"program_source:{k.line}: kernel '{k.host_name}': parameter "
+                                     f"'{p.name}' names [[function_constant({p.function_constant})]]"
+                                     f", which is not a declared function constant")
+                p.function_constant_index = fc_index[p.function_constant]
+    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
+                        function_constants=w.fcs)

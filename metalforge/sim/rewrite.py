@@ -14,7 +14,11 @@ replaced by spaces, so compiler messages point at the user's lines.  The rewrite
    group's shared memory.  Like Metal's, it is not initialised between groups.
 3. Explicit instantiations carrying ``[[host_name("...")]]`` (all three forms) are blanked
    whole; the generated trampoline names the instantiation instead, which instantiates it.
-4. ``constant`` next to ``const`` (``const constant T*``, ``constant const char*``) is blanked:
+4. A function constant, ``constant T name [[function_constant(n)]];``, becomes
+   ``static constexpr T name = ::mf::function_constant<T, n>();`` plus the flag that
+   ``is_function_constant_defined(name)`` reads.  The values come from specialisations of
+   ``mf::fc_value<n>`` that `Library` puts before the source (see include/mf_sim/constants.h).
+5. ``constant`` next to ``const`` (``const constant T*``, ``constant const char*``) is blanked:
    ``constant`` is the macro ``const`` (keywords.h), so a ``constant`` pointer is read-only as on
    Metal and overloads on ``constant`` vs ``device`` pointers stay distinct, and C++ would
    reject the doubled ``const``.
@@ -26,7 +30,10 @@ import re
 from .parse import ParsedSource
 
 TG_REPLACEMENT = "static thread_local"
-_CONST_CONSTANT = re.compile(r"\bconst(\s+)constant\b|\bconstant(\s+)const\b")
+# `const` and `constant` in one run of declaration specifiers, possibly with others between them
+# (MLX: `static constant constexpr const`).
+_CONST_CONSTANT = re.compile(r"\bconst((?:\s+(?:constexpr|static|inline|volatile))*\s+)constant\b"
+                             r"|\bconstant((?:\s+(?:constexpr|static|inline|volatile))*\s+)const\b")
 
 
 def _drop_doubled_const(m: re.Match) -> str:
@@ -42,8 +49,17 @@ def rewrite(text: str, parsed: ParsedSource) -> str:
             if chars[k] != "\n":
                 chars[k] = " "
     out = "".join(chars)
-    # threadgroup keywords, back to front so offsets stay valid
-    for d in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
-        if out[d[0]:d[1]] == "threadgroup":
-            out = out[:d[0]] + TG_REPLACEMENT + out[d[1]:]
+    # replacements, back to front so offsets stay valid; line counts never change
+    edits: set[tuple[int, int, str]] = set()
+    for d in parsed.tg_decls:
+        if out[d.start:d.end] == "threadgroup":
+            edits.add((d.start, d.end, TG_REPLACEMENT))
+    for fc in parsed.function_constants:
+        decl = (f"static constexpr {fc.type_text} {fc.name} = "
+                f"::mf::function_constant<{fc.type_text}, {fc.index}>(); "
+                f"static constexpr bool mf_fc_defined_{fc.name} = "
+                f"::mf::fc_value<{fc.index}>::defined;")
+        edits.add((fc.start, fc.end, decl + "\n" * out.count("\n", fc.start, fc.end)))
+    for a, b, new in sorted(edits, reverse=True):
+        out = out[:a] + new + out[b:]
     return _CONST_CONSTANT.sub(_drop_doubled_const, out)

@@ -5,14 +5,14 @@
 thread: buffer parameters come from the bound buffer table (pointer, reference or by-value, by
 their declared type), thread-position parameters from the engine's position record, converted to
 the declared type (uint, ushort2, uint3, ...).  The target-specific part is only this text; a
-CUDA target would emit a ``__global__`` wrapper from the same `Kernel` data.
+CUDA target would emit a ``__global__`` wrapper from the same `Signature` data.
 """
 from __future__ import annotations
 
-from .parse import Kernel
+from .parse import Signature
 
 
-def function_pointer(k: Kernel) -> tuple[str, str]:
+def function_pointer(k: Signature) -> tuple[str, str]:
     """(type of the kernel's function pointer, expression naming the function)."""
     fn = k.func_name if k.func_name.startswith("::") else "::" + k.func_name
     if k.template_args is not None:
@@ -27,7 +27,7 @@ def entry_symbol(i: int) -> str:
     return f"mf_entry_{i}"
 
 
-def cpu_trampolines(kernels: list[Kernel]) -> str:
+def cpu_trampolines(kernels: list[Signature]) -> str:
     out = ["", "// ---- metalforge.sim: generated entry points (one per host-visible kernel) ----"]
     for i, k in enumerate(kernels):
         ftype, fexpr = function_pointer(k)

@@ -20,4 +20,7 @@
 #define ray_data
 #define object_data
 
+// Metal's own spelling for an always-inlined helper function (used throughout MLX).
+#define METAL_FUNC MF_INLINE
+
 #endif  // MF_SIM_KEYWORDS_H

@@ -56,19 +56,25 @@ struct vres : vres_if<vres_check<Cat, A...>::ok(), first_vec<A...>> {};
 }  // namespace detail
 
 // ---- definition helpers ------------------------------------------------------------------
+// The bfloat overloads are templates restricted to bfloat: Metal's own library has no bfloat
+// math, and code written for it (MLX's bf16_math.h) defines plain `bfloat f(bfloat)` overloads
+// of its own in metal::, metal::fast:: and metal::precise::. A template never clashes with
+// those, and overload resolution prefers them where both exist.
+#define MF_SIM_BF_FN(B) \
+  template <class B, std::enable_if_t<std::is_same<B, bfloat>::value, int> = 0> MF_INLINE B
 // Scalar float definition, plus half/bfloat through float, plus the element-wise vector form.
 #define MF_SIM_F16_VIA_FLOAT1(NAME)                                                              \
   MF_INLINE half NAME(half x) { return half(NAME(float(x))); }                                   \
-  MF_INLINE bfloat NAME(bfloat x) { return bfloat(NAME(float(x))); }
+  MF_SIM_BF_FN(B) NAME(B x) { return B(NAME(float(x))); }
 #define MF_SIM_F16_VIA_FLOAT2(NAME)                                                              \
   MF_INLINE half NAME(half x, half y) { return half(NAME(float(x), float(y))); }                 \
-  MF_INLINE bfloat NAME(bfloat x, bfloat y) { return bfloat(NAME(float(x), float(y))); }
+  MF_SIM_BF_FN(B) NAME(B x, B y) { return B(NAME(float(x), float(y))); }
 #define MF_SIM_F16_VIA_FLOAT3(NAME)                                                              \
   MF_INLINE half NAME(half x, half y, half z) {                                                  \
     return half(NAME(float(x), float(y), float(z)));                                             \
   }                                                                                              \
-  MF_INLINE bfloat NAME(bfloat x, bfloat y, bfloat z) {                                          \
-    return bfloat(NAME(float(x), float(y), float(z)));                                           \
+  MF_SIM_BF_FN(B) NAME(B x, B y, B z) {                                                          \
+    return B(NAME(float(x), float(y), float(z)));                                                \
   }
 #define MF_SIM_VMAP1(NAME, CAT)                                                                  \
   template <class A, class F = detail::vres<detail::CAT, A>>                                     \
@@ -184,9 +190,9 @@ MF_INLINE half sincos(half x, half& cosval) {
   cosval = half(__builtin_cosf(float(x)));
   return half(__builtin_sinf(float(x)));
 }
-MF_INLINE bfloat sincos(bfloat x, bfloat& cosval) {
-  cosval = bfloat(__builtin_cosf(float(x)));
-  return bfloat(__builtin_sinf(float(x)));
+MF_SIM_BF_FN(B) sincos(B x, B& cosval) {
+  cosval = B(__builtin_cosf(float(x)));
+  return B(__builtin_sinf(float(x)));
 }
 template <class T, int N>
 MF_INLINE vec<T, N> sincos(const vec<T, N>& x, vec<T, N>& cosval) {
@@ -197,10 +203,10 @@ MF_INLINE vec<T, N> sincos(const vec<T, N>& x, vec<T, N>& cosval) {
 
 MF_INLINE float ldexp(float x, int k) { return __builtin_ldexpf(x, k); }
 MF_INLINE half ldexp(half x, int k) { return half(__builtin_ldexpf(float(x), k)); }
-MF_INLINE bfloat ldexp(bfloat x, int k) { return bfloat(__builtin_ldexpf(float(x), k)); }
+MF_SIM_BF_FN(B) ldexp(B x, int k) { return B(__builtin_ldexpf(float(x), k)); }
 MF_INLINE float frexp(float x, int& e) { return __builtin_frexpf(x, &e); }
 MF_INLINE half frexp(half x, int& e) { return half(__builtin_frexpf(float(x), &e)); }
-MF_INLINE bfloat frexp(bfloat x, int& e) { return bfloat(__builtin_frexpf(float(x), &e)); }
+MF_SIM_BF_FN(B) frexp(B x, int& e) { return B(__builtin_frexpf(float(x), &e)); }
 MF_INLINE float modf(float x, float& i) { return __builtin_modff(x, &i); }
 MF_INLINE half modf(half x, half& i) {
   float fi;
@@ -469,6 +475,7 @@ MF_INLINE typename F::type faceforward(const A& n, const B& i, const C& nref) {
   return dot(R, I) < typename F::elem(0) ? N : typename F::type(-N);
 }
 
+#undef MF_SIM_BF_FN
 #undef MF_SIM_F16_VIA_FLOAT1
 #undef MF_SIM_F16_VIA_FLOAT2
 #undef MF_SIM_F16_VIA_FLOAT3

@@ -19,7 +19,7 @@
 #define __METAL__ 1
 #endif
 #ifndef __METAL_VERSION__
-#define __METAL_VERSION__ 310
+#define __METAL_VERSION__ 320
 #endif
 
 // Kernels are compiled with -O; forced inlining keeps the per-element helpers out of the profile.

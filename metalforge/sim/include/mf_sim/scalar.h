@@ -128,6 +128,13 @@ MF_SIM_F16_CLASS(bfloat, f32_to_bf16, bf16_to_f32, half)
 inline half::half(bfloat o) : half(float(o)) {}
 inline bfloat::bfloat(half o) : bfloat(float(o)) {}
 
+// MSL's literal suffixes: 1.0h / 2h (half), 1.0bf (bfloat).  Global, so every scope finds them.
+constexpr half operator""h(long double v) { return half(float(v)); }
+constexpr half operator""h(unsigned long long v) { return half(float(v)); }
+constexpr half operator""H(long double v) { return half(float(v)); }
+constexpr bfloat operator""bf(long double v) { return bfloat(float(v)); }
+constexpr bfloat operator""bf(unsigned long long v) { return bfloat(float(v)); }
+
 // Binary operators with MSL's result types (see f16_arith): both operands are converted to the
 // result type, the operation is done in float and rounded once to the result type. (float has
 // more than 2p+2 bits for p = 11 and p = 8, so this equals a correctly rounded 16-bit op.)
@@ -167,6 +174,19 @@ MF_SIM_F16_COMPARE(<=)
 MF_SIM_F16_COMPARE(>=)
 #undef MF_SIM_F16_ARITH
 #undef MF_SIM_F16_COMPARE
+
+// Compound assignment of a half/bfloat into a plain arithmetic variable (`float acc; acc += h;`):
+// the conversion to float is a template, which C++'s built-in operators do not consider.
+#define MF_SIM_F16_COMPOUND(OP)                                                                  \
+  template <class A, class H,                                                                    \
+            std::enable_if_t<metal::detail::is_plain_arith_v<A> && metal::detail::is_f16<H>::value, \
+                             int> = 0>                                                           \
+  constexpr A& operator OP##=(A& a, H b) { return a = static_cast<A>(a OP b); }
+MF_SIM_F16_COMPOUND(+)
+MF_SIM_F16_COMPOUND(-)
+MF_SIM_F16_COMPOUND(*)
+MF_SIM_F16_COMPOUND(/)
+#undef MF_SIM_F16_COMPOUND
 
 namespace metal {
 using ::bfloat;

@@ -95,7 +95,7 @@ inline T lane_value(CollSlot* const* l, int src) {
   return in<T>(l[src]);
 }
 
-enum ShuffleKind { BROADCAST, SHUFFLE, XOR, UP, DOWN };
+enum ShuffleKind { BROADCAST, SHUFFLE, XOR, UP, DOWN, ROTATE_UP, ROTATE_DOWN };
 
 template <class T, int Kind>
 void shuffle(CollSlot* const* l, unsigned w) {
@@ -118,6 +118,12 @@ void shuffle(CollSlot* const* l, unsigned w) {
       case UP: {  // the lower `delta` lanes keep their own value
         int64_t s = (int64_t)own - a;
         r = s >= 0 ? lane_value<T>(l, (int)(base + s)) : in<T>(l[i]);
+        break;
+      }
+      case ROTATE_UP:
+      case ROTATE_DOWN: {  // lane i reads lane (i -/+ delta) mod width
+        const int64_t d = ((Kind == ROTATE_UP ? -a : a) % (int64_t)w + w) % w;
+        r = lane_value<T>(l, (int)(base + (own + d) % w));
         break;
       }
       default: {  // DOWN: the upper `delta` lanes keep their own value
@@ -278,7 +284,7 @@ MF_PREFIX(quad_prefix_exclusive_product, Prod, false, 1, 1)
 
 #define MF_SHUFFLE(NAME, KIND, QUAD)                                                         \
   template <class T>                                                                        \
-  inline T NAME(T data, unsigned arg, MF_SITE_PARAMS) {                                     \
+  inline T NAME(T data, ushort arg, MF_SITE_PARAMS) {                                     \
     return ::mf::simd::run<T>(data, &::mf::simd::shuffle<T, ::mf::simd::KIND>, QUAD, #NAME, \
                               MF_SITE, arg);                                                \
   }
@@ -287,21 +293,25 @@ MF_SHUFFLE(simd_shuffle, SHUFFLE, 0)
 MF_SHUFFLE(simd_shuffle_xor, XOR, 0)
 MF_SHUFFLE(simd_shuffle_up, UP, 0)
 MF_SHUFFLE(simd_shuffle_down, DOWN, 0)
+MF_SHUFFLE(simd_shuffle_rotate_up, ROTATE_UP, 0)
+MF_SHUFFLE(simd_shuffle_rotate_down, ROTATE_DOWN, 0)
 MF_SHUFFLE(quad_broadcast, BROADCAST, 1)
 MF_SHUFFLE(quad_shuffle, SHUFFLE, 1)
 MF_SHUFFLE(quad_shuffle_xor, XOR, 1)
 MF_SHUFFLE(quad_shuffle_up, UP, 1)
 MF_SHUFFLE(quad_shuffle_down, DOWN, 1)
+MF_SHUFFLE(quad_shuffle_rotate_up, ROTATE_UP, 1)
+MF_SHUFFLE(quad_shuffle_rotate_down, ROTATE_DOWN, 1)
 #undef MF_SHUFFLE
 
 #define MF_FILL(NAME, DOWN, QUAD)                                                            \
   template <class T>                                                                        \
-  inline T NAME(T data, T filling_data, unsigned delta, MF_SITE_PARAMS) {                   \
+  inline T NAME(T data, T filling_data, ushort delta, MF_SITE_PARAMS) {                   \
     return ::mf::simd::run<T>(data, &::mf::simd::fill_shuffle<T, DOWN>, QUAD, #NAME,        \
                               MF_SITE, delta, &filling_data, 0);                            \
   }                                                                                         \
   template <class T>                                                                        \
-  inline T NAME(T data, T filling_data, unsigned delta, unsigned modulo, MF_SITE_PARAMS) {   \
+  inline T NAME(T data, T filling_data, ushort delta, ushort modulo, MF_SITE_PARAMS) {   \
     return ::mf::simd::run<T>(data, &::mf::simd::fill_shuffle<T, DOWN>, QUAD, #NAME,        \
                               MF_SITE, delta, &filling_data, (int64_t)modulo);              \
   }

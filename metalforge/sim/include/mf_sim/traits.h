@@ -56,7 +56,6 @@ using std::remove_reference_t;
 using std::remove_volatile;
 using std::remove_volatile_t;
 using std::true_type;
-using std::void_t;
 
 namespace detail {
 template <class T> struct scalar_of { using type = T; };
@@ -116,6 +115,24 @@ template <class T> constexpr bool is_signed_v = is_signed<T>::value;
 template <class T> constexpr bool is_unsigned_v = is_unsigned<T>::value;
 template <class T> constexpr bool is_scalar_v = is_scalar<T>::value;
 template <class T> constexpr int vec_elements_v = vec_elements<T>::value;
+
+// Address spaces are one memory on the CPU: removing them changes nothing.
+template <class T> struct remove_addrspace { using type = T; };
+template <class T> using remove_addrspace_t = typename remove_addrspace<T>::type;
+
+// Metal's internal trait helpers (visible under `#pragma METAL internals : enable`).
+template <class... B> using _disjunction = std::disjunction<B...>;
+template <class... B> using _conjunction = std::conjunction<B...>;
+
+// uniform<T>: a value the same in every thread (a compiler hint on Metal); here the value.
+template <class T>
+struct uniform {
+  T mf_v;
+  uniform() = default;
+  constexpr uniform(T v) : mf_v(v) {}
+  constexpr operator T() const { return mf_v; }
+};
+template <class T> constexpr uniform<T> make_uniform(T v) { return uniform<T>(v); }
 
 }  // namespace metal
 

@@ -1,0 +1,267 @@
+"""metalforge.sim on Metal written in the style of real kernel libraries (MLX): top-level C++
+the signature parser must read, function constants, simdgroup_matrix with Metal's lane
+ownership, the __metal_* intrinsics and shuffle rotations, each checked against an independent
+Python reference."""
+import pytest
+import torch
+
+from metalforge.sim import compile_shader
+from metalforge.sim.parse import ParseError, parse
+
+
+# ------------------------------------------------------------------------- parser
+def test_top_level_cpp_and_default_template_args_with_decltype_instantiation():
+    src = r"""
+#include <metal_stdlib>
+using namespace metal;
+struct pair_t { float a; float b; constexpr pair_t(float x, float y) : a(x), b(y) {} };
+constexpr float sum_of(pair_t p) { return p.a + p.b; }
+static_assert(sum_of(pair_t{1.0f, 2.0f}) == 3.0f, "brace initialisers inside parentheses");
+static_assert((pair_t{1.0f, 2.0f}).b == 2.0f);
+constant float table[] = {1.0f, 2.0f, 4.0f};
+template <typename T> struct wrap { template <typename U> struct inner { U v; }; };
+
+template <typename T, int N = 3>
+[[kernel]] void scale(device const T* x, device T* y, uint i [[thread_position_in_grid]]) {
+  typename wrap<T>::template inner<T> w{x[i]};
+  y[i] = w.v * T(table[N - 1]);
+}
+#define instantiate_kernel(name, func, ...) \
+  template [[host_name(name)]] [[kernel]] decltype(func<__VA_ARGS__>) func<__VA_ARGS__>;
+instantiate_kernel("scale_float", scale, float)
+instantiate_kernel("scale_half_2", scale, half, 2)
+"""
+    lib = compile_shader(src)
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.zeros(8)
+    lib.scale_float(x, y)
+    torch.testing.assert_close(y, x * 4)
+    xh, yh = x.half(), torch.zeros(8, dtype=torch.half)
+    lib.scale_half_2(xh, yh)
+    torch.testing.assert_close(yh, xh * 2)
+
+
+def test_parse_error_names_file_and_line():
+    src = '# 1 "program_source"\nkernel void f(device float* x) {}\n\nstatic_assert((1 + 2;\n'
+    with pytest.raises(ParseError, match=r"program_source:3: unbalanced '\('"):
+        parse(src)
+
+
+def test_implicit_buffer_indices_fill_gaps_in_declaration_order():
+    src = ("kernel void f(device float* a, device float* b [[buffer(0)]], constant uint& n,\n"
+           "              uint i [[thread_position_in_grid]]) {}\n")
+    k = parse(src).kernels[0]
+    assert [(p.name, p.buffer_index) for p in k.params if p.role == "buffer"] == \
+        [("a", 1), ("b", 0), ("n", 2)]
+
+
+# ------------------------------------------------------------------------- function constants
+FC_SRC = r"""
+#include <metal_stdlib>
+using namespace metal;
+constant bool has_w [[function_constant(20)]];
+constant int reps [[function_constant(01)]];
+constant bool reps_given = is_function_constant_defined(reps);
+kernel void fc(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float v = has_w ? 10.0f : 1.0f;
+  y[i] = v * (reps_given ? float(reps) : -1.0f) + float(is_function_constant_defined(has_w));
+}
+"""
+
+
+@pytest.mark.parametrize("values,expected", [
+    (None, -1.0), ({20: True, 1: 3}, 31.0), ({1: 2}, 2.0), ({20: False}, -1.0 + 1.0)])
+def test_function_constants(values, expected):
+    lib = compile_shader(FC_SRC, function_constants=values)
+    y = torch.zeros(4)
+    lib.fc(y)
+    assert y.tolist() == [expected] * 4
+
+
+def test_function_constant_errors():
+    with pytest.raises(TypeError, match="indices"):
+        compile_shader(FC_SRC, function_constants={"has_w": True})
+    with pytest.raises(SyntaxError, match=r"program_source:2: .*function constant"):
+        compile_shader("#include <metal_stdlib>\nconstant bool b [[function_constant(0)]] = 1;\n")
+
+
+# ------------------------------------------------------------------------- simdgroup_matrix
+MM_SRC = r"""
+#include <metal_stdlib>
+#include <metal_simdgroup_matrix>
+using namespace metal;
+template <typename T>
+kernel void mma8(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+                 device const float* c [[buffer(2)]], device float* d [[buffer(3)]],
+                 device float* owned [[buffer(4)]], device float* dt [[buffer(5)]],
+                 uint lane [[thread_index_in_simdgroup]]) {
+  simdgroup_matrix<T, 8, 8> A, B;
+  simdgroup_float8x8 C, D;
+  simdgroup_load(A, a);
+  simdgroup_load(B, b + 8, 16, ulong2(0, 0), false);    // the right half of a 8x16 array
+  simdgroup_load(C, c);
+  simdgroup_multiply_accumulate(D, A, B, C);
+  simdgroup_store(D, d);
+  simdgroup_store(D, dt, 8, ulong2(0, 0), true);
+  owned[2 * lane] = D.thread_elements()[0];
+  owned[2 * lane + 1] = D.thread_elements()[1];
+}
+template [[host_name("mma8_float")]] kernel void mma8<float>(device const float*,
+    device const float*, device const float*, device float*, device float*, device float*, uint);
+template [[host_name("mma8_half")]] kernel void mma8<half>(device const half*,
+    device const half*, device const float*, device float*, device float*, device float*, uint);
+"""
+
+
+def _lane_coords(lane: int) -> tuple[int, int]:
+    q = lane // 4
+    return (q & 4) + (lane // 2) % 4, (q & 2) * 2 + (lane % 2) * 2
+
+
+@pytest.mark.parametrize("dtype,tname", [(torch.float32, "float"), (torch.float16, "half")])
+def test_simdgroup_matrix_matches_matmul_and_lane_ownership(dtype, tname):
+    lib = compile_shader(MM_SRC)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(8, 8, generator=g).to(dtype)
+    b = torch.randn(8, 16, generator=g).to(dtype)
+    c = torch.randn(8, 8, generator=g)
+    d, owned, dt = torch.zeros(8, 8), torch.zeros(64), torch.zeros(8, 8)
+    getattr(lib, f"mma8_{tname}")(a, b, c, d, owned, dt, threads=32, group_size=32)
+    ref = a.double() @ b[:, 8:].double() + c.double()
+    torch.testing.assert_close(d.double(), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dt, d.T)
+    # lane l holds D[row][col], D[row][col + 1] of the documented mapping
+    seen = set()
+    for lane in range(32):
+        r, col = _lane_coords(lane)
+        assert owned[2 * lane].item() == d[r, col].item()
+        assert owned[2 * lane + 1].item() == d[r, col + 1].item()
+        seen |= {(r, col), (r, col + 1)}
+    assert len(seen) == 64
+
+
+# ------------------------------------------------------------------------- intrinsics, logging
+INTR_SRC = r"""
+#include <metal_stdlib>
+#include <metal_logging>
+using namespace metal;
+typedef bfloat bfloat16_t;
+namespace metal {
+// code for Metal defines its own bfloat math (as MLX's bf16_math.h does), through intrinsics
+METAL_FUNC bfloat16_t exp(bfloat16_t x) {
+  return static_cast<bfloat16_t>(__metal_exp(static_cast<float>(x), __METAL_MAYBE_FAST_MATH__));
+}
+namespace fast {
+METAL_FUNC bfloat16_t exp(bfloat16_t x) {
+  return static_cast<bfloat16_t>(__metal_exp(static_cast<float>(x), __METAL_FAST_MATH__));
+}
+}
+}
+constant os_log logger("metalforge", "test");
+kernel void intr(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                 uint lane [[thread_index_in_simdgroup]]) {
+  logger.log_debug("lane %u", lane);
+  float v = x[lane];
+  y[5 * lane + 0] = float(metal::exp(bfloat16_t(v)));
+  y[5 * lane + 1] = float(metal::fast::exp(bfloat16_t(v)));
+  y[5 * lane + 2] = simd_shuffle_rotate_down(v, 3);
+  y[5 * lane + 3] = simd_shuffle_rotate_up(v, 3);
+  y[5 * lane + 4] = __metal_simd_sum(v);
+}
+"""
+
+
+def test_intrinsics_bfloat_overloads_rotations_and_logging():
+    lib = compile_shader(INTR_SRC)
+    x = torch.linspace(-2, 2, 32)
+    y = torch.zeros(32, 5)
+    lib.intr(x, y, threads=32, group_size=32)
+    e = torch.exp(x.bfloat16().float()).bfloat16().float()
+    torch.testing.assert_close(y[:, 0], e)
+    torch.testing.assert_close(y[:, 1], e)
+    lanes = torch.arange(32)
+    torch.testing.assert_close(y[:, 2], x[(lanes + 3) % 32])
+    torch.testing.assert_close(y[:, 3], x[(lanes - 3) % 32])
+    torch.testing.assert_close(y[:, 4], x.sum().expand(32), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- big sources
+def test_big_sources_compile_each_kernel_on_first_lookup():
+    from metalforge.sim.library import LAZY_KERNELS
+    insts = "\n".join(f'template [[host_name("add_{i}")]] [[kernel]] decltype(add<{i}>) add<{i}>;'
+                      for i in range(LAZY_KERNELS + 1))
+    src = r"""
+#include <metal_stdlib>
+template <int N>
+[[kernel]] void add(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static_assert(N != 7, "instantiating add<7> is an error");
+  y[i] += float(N);
+}
+""" + insts
+    lib = compile_shader(src)          # add<7> is never instantiated unless looked up
+    assert len(dir(lib)) == LAZY_KERNELS + 1
+    y = torch.zeros(3)
+    lib.add_5(y)
+    lib.add_64(y)
+    assert y.tolist() == [69.0] * 3
+    with pytest.raises(SyntaxError, match="instantiating add<7> is an error"):
+        _ = lib.add_7
+
+
+# ------------------------------------------------------------------------- Metal-only C++
+MSL_STYLE_SRC = r"""
+#include <metal_stdlib>
+using namespace metal;
+#define MY_CONST static constant constexpr const
+MY_CONST int kTwo = 2;
+constant bool use_bias [[function_constant(7)]];
+
+struct cplx {
+  float re, im;
+  constexpr cplx(float r, float i) thread : re(r), im(i) {}
+  constexpr cplx(float r, float i) device : re(r), im(i) {}
+  float norm2() const thread { return re * re + im * im; }
+  float norm2() const device { return re * re + im * im; }
+  float norm2() const constant { return re * re + im * im; }
+};
+inline thread cplx& scale(thread cplx& c, float s) { c.re *= s; c.im *= s; return c; }
+inline device cplx& scale(device cplx& c, float s) { c.re *= s; c.im *= s; return c; }
+template <typename P> struct elem_of {};
+template <typename T> struct elem_of<thread T*> { using type = T; };
+template <typename T> struct elem_of<device T*> { using type = T; };
+
+struct Op {
+  template <typename T> T operator()(T x) { return x + T(1); }
+  template <> float operator()(float x) { return x * 10.0f; }
+};
+template <typename T, metal::enable_if_t<sizeof(T) < 4, bool> = true>
+T widen_or_keep(T x) { return x + T(100); }
+template <typename T, metal::enable_if_t<sizeof(T) >= 4, bool> = true>
+T widen_or_keep(T x) { return x; }
+
+[[kernel]] void msl_style(device float* y [[buffer(0)]],
+                          device const float* bias [[buffer(2), function_constant(use_bias)]],
+                          uint i [[thread_position_in_grid]]) {
+  cplx c(3.0f, 4.0f);
+  scale(c, float(kTwo));
+  typename elem_of<device float*>::type acc = c.norm2();        // 100
+  half h = 1.5h;
+  acc += h;                                                     // float += half
+  acc += Op()(1.0f) + float(Op()(2));                           // 10 + 3
+  acc += float(widen_or_keep(short(1))) + widen_or_keep(1.0f);  // 101 + 1
+  y[i] = acc + (use_bias ? bias[i] : 0.0f);
+}
+"""
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_metal_only_cpp_address_space_overloads_and_conditional_buffers(with_bias):
+    lib = compile_shader(MSL_STYLE_SRC, function_constants={7: with_bias})
+    y = torch.zeros(4)
+    bias = torch.arange(4.0)
+    # buffer(1) is used by no parameter and buffer(2) only with use_bias: both take None
+    lib.msl_style(y, None, bias if with_bias else None)
+    expected = 100 + 1.5 + 13 + 102 + (bias if with_bias else 0)
+    torch.testing.assert_close(y, torch.full((4,), 0.0) + expected)
+    with pytest.raises(TypeError, match="pass None exactly"):
+        lib.msl_style(y, bias, bias if with_bias else None)
