@@ -15,24 +15,24 @@ from metalforge.runtime import fastpath, launcher
 from metalforge.tuning import cache as cache_mod
 
 
-def _silu(x: "T[*B, D]"):
+def k_silu(x: "T[*B, D]"):
     return x * mf.sigmoid(x)
 
 
-def _rms(x: "T[*B, D]", w: "T[D]", eps: float = 1e-6):
+def k_rms(x: "T[*B, D]", w: "T[D]", eps: float = 1e-6):
     return x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w
 
 
-def _scaled(x: "T[R, D]", k: mf.Const[int], neg: mf.Const[bool] = False):
+def k_scaled(x: "T[R, D]", k: mf.Const[int], neg: mf.Const[bool] = False):
     y = x * k
     return -y if neg else y
 
 
-def _axpb(x: "T[R, D]", b: "f32[D]", a: float, n: int):
+def k_axpb(x: "T[R, D]", b: "f32[D]", a: float, n: int):
     return x * a + b + n
 
 
-def _two(x: "T[*B, D]", r: "T[*B, D]"):
+def k_two(x: "T[*B, D]", r: "T[*B, D]"):
     h = x + r
     return h, h * mf.sigmoid(h)
 
@@ -68,7 +68,7 @@ def launches(monkeypatch):
 
 
 def test_warm_calls_replay_one_closure():
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     x = torch.randn(5, 40)
     for _ in range(3):
         close(silu(x), F.silu(x))
@@ -76,7 +76,7 @@ def test_warm_calls_replay_one_closure():
 
 
 def test_dtype_shape_stride_and_offset_changes_get_their_own_closure():
-    rms = mf.kernel(_rms)
+    rms = mf.kernel(k_rms)
     x, w = torch.randn(6, 48), torch.randn(48)
     close(rms(x, w), rms_ref(x, w))
     xh, wh = x.half(), w.half()
@@ -99,7 +99,7 @@ def test_dtype_shape_stride_and_offset_changes_get_their_own_closure():
 
 
 def test_elementwise_offsets_strides_and_empty():
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     base = torch.randn(7 * 33 + 3)
     for off in (0, 1, 2, 3, 0):
         x = base[off:off + 7 * 33].view(7, 33)
@@ -112,7 +112,7 @@ def test_elementwise_offsets_strides_and_empty():
 
 
 def test_const_values_and_types():
-    scaled = mf.kernel(_scaled)
+    scaled = mf.kernel(k_scaled)
     x = torch.randn(4, 9)
     for k, neg in [(2, False), (3, False), (3, True), (2, False), (1, False)]:
         close(scaled(x, k, neg=neg), -x * k if neg else x * k)
@@ -121,7 +121,7 @@ def test_const_values_and_types():
 
 
 def test_scalars_keep_their_checks():
-    axpb = mf.kernel(_axpb)
+    axpb = mf.kernel(k_axpb)
     x, b = torch.randn(3, 8), torch.randn(8)
     close(axpb(x, b, 0.5, 2), x * 0.5 + b + 2)
     close(axpb(x, b, 2, 1), x * 2 + b + 1)                    # an int where a float goes
@@ -132,7 +132,7 @@ def test_scalars_keep_their_checks():
 
 
 def test_two_outputs():
-    two = mf.kernel(_two)
+    two = mf.kernel(k_two)
     x, r = torch.randn(2, 3, 17), torch.randn(2, 3, 17)
     for _ in range(2):
         h, y = two(x, r)
@@ -165,7 +165,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_raises_the_cold_error_when_warm(case):
-    warm, cold = mf.kernel(_rms), mf.kernel(_rms)
+    warm, cold = mf.kernel(k_rms), mf.kernel(k_rms)
     x, w = torch.randn(4, 16), torch.randn(16)
     for _ in range(2):
         close(warm(x, w), rms_ref(x, w))
@@ -176,7 +176,7 @@ def test_bad_input_raises_the_cold_error_when_warm(case):
 
 
 def test_backend_override_is_part_of_the_key():
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     x = torch.randn(4, 16)
     close(silu(x), F.silu(x))
     with pytest.raises(DeviceError, match="backend 'cuda' runs on cuda tensors"):
@@ -184,7 +184,7 @@ def test_backend_override_is_part_of_the_key():
             silu(x)
     with mf.backend("sim"):
         close(silu(x), F.silu(x))
-    explicit = mf.kernel(backend="cuda")(_silu)
+    explicit = mf.kernel(backend="cuda")(k_silu)
     with pytest.raises(DeviceError, match="backend 'cuda'"):
         explicit(x)
     with pytest.raises(DeviceError, match="backend 'cuda'"):
@@ -192,7 +192,7 @@ def test_backend_override_is_part_of_the_key():
 
 
 def test_launch_overrides_get_their_own_closures(launches):
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     x = torch.randn(64, 64)
     small = silu.with_launch(threads_per_group=32)
     for k, group in [(silu, None), (small, 32), (silu, None), (small, 32)]:
@@ -210,7 +210,7 @@ def test_an_autotune_entry_written_later_is_used(tmp_path, monkeypatch, launches
     path = tmp_path / "autotune.json"
     monkeypatch.setattr(cache_mod, "cache_path", lambda: path)
     monkeypatch.setattr(cache_mod, "_CACHES", {})
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     x = torch.randn(64, 64)
     close(silu(x), F.silu(x))
     default_group = launches[-1][1]
@@ -227,7 +227,7 @@ def test_an_autotune_entry_written_later_is_used(tmp_path, monkeypatch, launches
 
 
 def test_requires_grad_takes_the_full_path(monkeypatch):
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     x = torch.randn(4, 16, requires_grad=True)
     close(silu(x), F.silu(x.detach()))
     assert len(silu._warm) == 0
@@ -241,7 +241,7 @@ def test_requires_grad_takes_the_full_path(monkeypatch):
 
 
 def test_threads_calling_at_once():
-    rms, scaled = mf.kernel(_rms), mf.kernel(_scaled)
+    rms, scaled = mf.kernel(k_rms), mf.kernel(k_scaled)
     cases = [torch.randn(3, 32), torch.randn(5, 32).half(), torch.randn(32, 7).t().contiguous(),
              torch.randn(2, 2, 32)]
     for x in cases:                              # compile first: the test is about the cache
@@ -268,7 +268,7 @@ def test_threads_calling_at_once():
 
 
 def test_the_cache_is_bounded():
-    silu = mf.kernel(_silu)
+    silu = mf.kernel(k_silu)
     silu._warm.size = 3
     for n in range(1, 7):
         x = torch.randn(n, 4)
@@ -277,7 +277,7 @@ def test_the_cache_is_bounded():
 
 
 def test_mlx_backend_on_torch_tensors_keeps_its_error():
-    silu, cold = mf.kernel(_silu), mf.kernel(_silu)
+    silu, cold = mf.kernel(k_silu), mf.kernel(k_silu)
     x = torch.randn(4, 16)
     close(silu(x), F.silu(x))
     with mf.backend("mlx"):
@@ -287,16 +287,16 @@ def test_mlx_backend_on_torch_tensors_keeps_its_error():
         assert _error(silu, x) == expected
 
 
-def _total(x: "T[*B, D]"):
+def k_total(x: "T[*B, D]"):
     return mf.sum(x, axis="D")
 
 
-def _double(x: "T[*B]"):
+def k_double(x: "T[*B]"):
     return x * 2
 
 
 def test_0dim_inputs_and_outputs_bind_as_one_element_buffers_when_warm():
-    total, double = mf.kernel(_total), mf.kernel(_double)
+    total, double = mf.kernel(k_total), mf.kernel(k_double)
     for d in (7, 300, 7, 300):
         x = torch.randn(d)
         y = total(x)
