@@ -175,13 +175,12 @@ class Kernel:
         return tuple(out)
 
     def _declare_call(self) -> None:
-        """What the warm-call key reads: each parameter's name, kind, default and whether it
-        may be passed by keyword; and, per number of positional arguments, the defaults that
+        """What the warm-call key reads: each parameter's kind; its name, default and whether
+        it may be passed by keyword; and, per number of positional arguments, the defaults that
         complete them (None where a parameter without default would be missing)."""
         sig = list(self.signature.parameters.values())
-        self._call_params = tuple(
-            (p.name, type(q), p.default, p.kind is not p.POSITIONAL_ONLY)
-            for p, q in zip(sig, self.params))
+        self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
+                                  for p in sig)
         self._kinds = tuple(type(q) for q in self.params)
         self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
         self._completions = tuple(
@@ -503,7 +502,7 @@ class Kernel:
             return None
         values = list(args)
         used = 0
-        for name, _, default, by_keyword in self._call_params[len(args):]:
+        for name, default, by_keyword in self._call_params[len(args):]:
             if by_keyword and name in kwargs:
                 values.append(kwargs[name])
                 used += 1

@@ -10,8 +10,9 @@ the same key passed the same checks, so it only runs the closure, which still do
 depends on the values themselves: fresh outputs, the scalars' conversion, and the copy that
 gives a vector-loaded input an aligned start.
 
-What is not in the key is checked when the closure runs (`Warm.current`): the autotune cache it
-was built under and the `MSL_REWRITE` test seam (while set, every call takes the full path).
+What is not in the key is checked on every call: `Warm.current` (the autotune cache the closure
+was built under; the compiled kernel whose pipeline limits its group size was checked against)
+and, by the caller, the `MSL_REWRITE` test seam (while set, every call takes the full path).
 
 Closures are immutable and `WarmCache` only adds or drops whole entries under a lock, so
 threads may call one kernel at once.
@@ -148,10 +149,6 @@ class WarmCache:
             while len(self._entries) >= self.size:
                 del self._entries[next(iter(self._entries))]
             self._entries[key] = warm
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
