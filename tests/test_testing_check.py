@@ -50,7 +50,9 @@ def test_check_passes_a_correct_kernel_over_dtypes_consts_batch_and_layouts():
     report = check(spy, max_examples=12, max_variants=2)
     assert report.variants == ["T=f32, flip=False", "T=f16, flip=True"]
     assert "T=bf16, flip=False" in report.skipped_variants       # capped by max_variants
-    assert report.examples == len(spy.calls) >= 24
+    # random examples plus the 32-bit boundary examples went through the spy; the 64-bit ones
+    # through a with_launch(index64=True) view of the kernel
+    assert report.examples > len(spy.calls) >= 24
     strides = [c["x"][1] for c in spy.calls]
     shapes = [c["x"][0] for c in spy.calls]
     assert any(0 in s for s in strides + [c["w"][1] for c in spy.calls])    # expanded
@@ -80,7 +82,7 @@ def test_values_dims_and_layout_options_narrow_the_draw():
     check(spy, dims={"D": 33, "R": [1, 2], "B": [(3,)]}, dtypes={"T": "bf16"},
           values={"x": "tiny", "w": (1.0, 2.0), "alpha": 0.25, "flip": True},
           layouts=False, max_examples=6)
-    assert len(spy.calls) == 6
+    assert len(spy.calls) == 6 + 1      # and one 32-bit boundary example: D=33 is one
     for c in spy.calls:
         assert c["x"][0][0] == 3 and c["x"][0][-1] == 33 and c["x"][0][-2] in (1, 2)
         assert c["x"][3] == torch.bfloat16 and c["alpha"] == 0.25 and c["flip"] is True
@@ -171,8 +173,8 @@ def test_profiles(monkeypatch):
 
 def test_mf_check_fixture_uses_the_session_profile(mf_check):
     assert mf_check.keywords["profile"] == profile().name
-    assert mf_check(chk_affine, dtypes={"T": "f32"}, values={"flip": False},
-                    max_examples=2).examples == 2
+    report = mf_check(chk_affine, dtypes={"T": "f32"}, values={"flip": False}, max_examples=2)
+    assert report.profile == profile().name and report.examples > 2     # + boundary sizes
 
 
 @mf.kernel
@@ -250,3 +252,41 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     want = chk_layer_norm.reference(x, w, b)
     slack = reduction_slack(g, {**args, "x": x}, (want,))[0]
     assert float(slack.max()) < tol.atol + tol.rtol * float(want.abs().min())
+
+
+# --------------------------------------------------------------------------- coverage
+
+def test_every_instantiation_is_launched_with_its_boundary_sizes():
+    report = check(chk_softmax, dtypes={"T": "f32"}, max_examples=2)
+    got = {i.host_name: i for i in report.instantiations}
+    # three row variants at two index widths, each launched
+    assert set(got) == {f"chk_softmax_f32{w}_{v}" for w in ("", "_idx64")
+                        for v in ("simd", "group", "looped")}
+    assert all(i.launches >= 1 for i in got.values()), report.coverage()
+    assert all(i.index64 == ("idx64" in h) for h, i in got.items())
+
+    def ds(host):
+        return {int(s.split("D=")[1]) for s in got[host].sizes}
+    # 32-bit: every boundary size of each threshold; 64-bit: one size per kernel
+    assert ds("chk_softmax_f32_simd") == {1, 31, 32, 33, 128}
+    assert ds("chk_softmax_f32_group") == {129, 132, 4096}
+    assert ds("chk_softmax_f32_looped") == {4097, 4100}
+    assert [len(ds(f"chk_softmax_f32_idx64_{v}")) for v in ("simd", "group", "looped")] == \
+        [1, 1, 1]
+    assert "chk_softmax_f32_idx64_looped: 1 launch(es), sizes R=" in report.coverage()
+
+
+def test_an_instantiation_never_launched_fails_the_check(monkeypatch):
+    import sys
+    check_mod = sys.modules["metalforge.testing.check"]
+    monkeypatch.setattr(check_mod, "_cover", lambda *a, **k: 0)     # random examples only
+    with pytest.raises(AssertionError, match=r"(?s)never launched.*chk_softmax_\w*idx64"):
+        check(chk_softmax, dtypes={"T": "f32"}, max_examples=2)
+
+
+def test_pinned_dims_make_the_other_instantiations_unreachable_not_failures():
+    report = check(chk_softmax, dtypes={"T": "f32"}, dims={"D": [31, 33]}, max_examples=2)
+    got = {i.host_name: i for i in report.instantiations}
+    assert got["chk_softmax_f32_simd"].launches and got["chk_softmax_f32_idx64_simd"].launches
+    assert not got["chk_softmax_f32_looped"].launches
+    assert got["chk_softmax_f32_looped"].unreachable == "dims= pins 'D' to [31, 33]"

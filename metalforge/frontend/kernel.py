@@ -73,17 +73,34 @@ def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
 
 # --------------------------------------------------------------------------- the kernel
 
+# generated names are mf_<name>_<variant>: no "__" there either (reserved in C++)
+_NAME = re.compile(r"(?=.{1,64}$)[A-Za-z](?:_?[A-Za-z0-9])*")
+
+
+def _check_name(name: Optional[str], fn: Callable, loc: tuple[str, int]) -> str:
+    """The kernel's name, which generated MSL uses in function names, host names and comments:
+    a plain ASCII identifier, else a ValueError."""
+    got = fn.__name__ if name is None else name
+    if isinstance(got, str) and _NAME.fullmatch(got):
+        return got
+    src = "name=" if name is not None else "the function's __name__"
+    raise ValueError(f"kernel at {loc[0]}:{loc[1]}: {src} {got!r} cannot name a Metal kernel; "
+                     f"use a plain identifier (ASCII letters and digits, single '_' between them, "
+                     f"a letter first, at most 64 characters), e.g. "
+                     f"@mf.kernel(name=\"my_kernel\")")
+
+
 class Kernel:
     """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns)."""
 
     def __init__(self, fn: Callable, *, name: Optional[str] = None,
                  backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
         self.fn = fn
-        self.name = name or fn.__name__
         self.backend = backend
         self.launch = None
         file, line, self._lines = _locate(fn)
         self.loc = (file, line)
+        self.name = _check_name(name, fn, self.loc)
         self.signature = inspect.signature(fn)
         self._annotations: dict[str, Annotation] = {}
         self.params = self._declare()

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
+from ..cache import key_lock
 from ..cuda import compile_shader as cuda_compile_shader
 from ..sim import compile_shader as sim_compile_shader
 
@@ -90,14 +91,19 @@ def _compile(backend_name: str, source: str):
 
 
 def kernel_object(backend_name: str, source: str, host_name: str):
-    """The compiled kernel (cached: one library per source, one kernel object per name)."""
+    """The compiled kernel (cached: one library per source, one kernel object per name).
+
+    Thread-safe: one compile per source; other threads calling it meanwhile wait for it."""
     key = (backend_name, source, host_name)
     k = _kernels.get(key)
     if k is None:
-        lib = _libraries.get((backend_name, source))
-        if lib is None:
-            lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
-        k = _kernels[key] = getattr(lib, host_name)
+        with key_lock(f"{backend_name}\0{source}"):
+            k = _kernels.get(key)
+            if k is None:
+                lib = _libraries.get((backend_name, source))
+                if lib is None:
+                    lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
+                k = _kernels[key] = getattr(lib, host_name)
     return k
 
 

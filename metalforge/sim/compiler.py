@@ -13,7 +13,9 @@ Pipeline for one source (only on a cache miss):
 
 The key hashes the source, the shim headers' contents, torch's version, the compiler's identity
 and the flags, so a second run of the same source (any process) only loads the two files.
-Cache folder: ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge`` (subfolder ``sim``).
+Cache folder: ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge`` (subfolder ``sim``). Every
+file there (engine, precompiled header, libraries) is a checked entry of metalforge/cache.py:
+written atomically under a lock, its size and hash checked before use, rebuilt when bad.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+from .. import cache
 from ..errors import MetalforgeError
 from .parse import Param, ParseError, Signature, parse
 from .rewrite import rewrite
@@ -48,11 +51,7 @@ class CompilerNotFound(MetalforgeError, RuntimeError):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("METALFORGE_CACHE_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "metalforge"
-    d = root / "sim"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return cache.subdir("sim")
 
 
 _cxx_cache: dict[str, tuple[str, str, bool]] = {}
@@ -115,32 +114,18 @@ def _run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
 
 
-def _atomic_build(target: Path, build) -> None:
-    """Run build(tmp_path) and move the result into place (safe across processes)."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        build(tmp)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def engine_library() -> Path:
     """Build (once per compiler and shim version) the engine shared library."""
     path, ident, _ = compiler()
     key = hashlib.sha256(f"{shim_hash()}|{ident}".encode()).hexdigest()[:16]
     target = cache_dir() / f"engine-{key}.so"
-    if target.exists():
-        return target
 
     def build(tmp: Path) -> None:
         r = _run(_cxx_cmd() + ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w",
                                str(INCLUDE_DIR / "mf_sim" / "engine.cpp"), "-o", str(tmp)])
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: building the engine failed:\n{r.stderr}")
-    _atomic_build(target, build)
-    return target
+    return cache.entry(target, build)
 
 
 def _pch() -> list[str]:
@@ -151,17 +136,16 @@ def _pch() -> list[str]:
     d = cache_dir() / f"pch-{key}"
     header = d / "metal_stdlib"
     pch = d / ("metal_stdlib.pch" if is_clang else "metal_stdlib.gch")
-    if not pch.exists():
-        d.mkdir(parents=True, exist_ok=True)
-        header.write_text(f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
+    d.mkdir(mode=0o700, exist_ok=True)
+    cache.write_text(header, f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
 
-        def build(tmp: Path) -> None:
-            r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-x", "c++-header", str(header),
-                                                 "-o", str(tmp)])
-            if r.returncode != 0:
-                raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
-                                   f"{r.stderr}")
-        _atomic_build(pch, build)
+    def build(tmp: Path) -> None:
+        r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-x", "c++-header", str(header),
+                                             "-o", str(tmp)])
+        if r.returncode != 0:
+            raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
+                               f"{r.stderr}")
+    cache.entry(pch, build)
     if is_clang:
         return ["-include-pch", str(pch), "-include", str(header)]
     return ["-include", str(header)]
@@ -213,6 +197,14 @@ def _kernel_from_json(d: dict) -> Signature:
     return Signature(**d)
 
 
+class _TooManyKernels(Exception):
+    """Raised inside a cache build when the source has more kernels than `max_kernels`."""
+
+    def __init__(self, kernels: list[Signature]):
+        super().__init__(len(kernels))
+        self.kernels = kernels
+
+
 def build(source: str, kernels: list[str] | None = None,
           max_kernels: int | None = None) -> tuple[Path | None, list[Signature]]:
     """Compile `source` (or fetch it from the cache); return the library path and kernels.
@@ -227,12 +219,22 @@ def build(source: str, kernels: list[str] | None = None,
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
     d = cache_dir()
     so, meta = d / f"lib-{key}.so", d / f"lib-{key}.json"
-    if so.exists() and meta.exists():
-        try:
-            kernels = [_kernel_from_json(k) for k in json.loads(meta.read_text())["kernels"]]
-            return so, kernels
-        except (ValueError, KeyError, TypeError):
-            pass
+    limit = max_kernels if kernels is None else None
+
+    def make(tmp: list[Path]) -> None:
+        built = _compile(source, tmp[0], kernels, limit)
+        tmp[1].write_text(json.dumps({"kernels": [asdict(k) for k in built]}))
+    try:
+        cache.entries([so, meta], make)
+    except _TooManyKernels as e:
+        return None, e.kernels
+    return so, [_kernel_from_json(k) for k in json.loads(meta.read_text())["kernels"]]
+
+
+def _compile(source: str, out: Path, kernels: list[str] | None,
+             max_kernels: int | None) -> list[Signature]:
+    """Compile `source` into the shared library `out` (only the `kernels` named, when given);
+    return its kernels. Raises _TooManyKernels past `max_kernels`, before compiling."""
     engine_library()
     pch_flags = _pch()
     with tempfile.TemporaryDirectory(prefix="mfsim-") as tmp:
@@ -248,8 +250,8 @@ def build(source: str, kernels: list[str] | None = None,
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
-        if kernels is None and max_kernels is not None and len(parsed.kernels) > max_kernels:
-            return None, parsed.kernels
+        if max_kernels is not None and len(parsed.kernels) > max_kernels:
+            raise _TooManyKernels(parsed.kernels)
         if kernels is not None:
             by_name = {k.host_name: k for k in parsed.kernels}
             parsed.kernels = [by_name[n] for n in kernels]
@@ -257,17 +259,12 @@ def build(source: str, kernels: list[str] | None = None,
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
-        def compile_(out: Path) -> None:
-            r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-shared"] + pch_flags +
-                     ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
-                      "-o", str(out)], cwd=tmp)
-            if r.returncode != 0:
-                raise _syntax_error(_clean_message(r.stderr, tmp), source)
-        _atomic_build(so, compile_)
-    tmp_meta = meta.with_name(f".{meta.name}.{os.getpid()}.tmp")
-    tmp_meta.write_text(json.dumps({"kernels": [asdict(k) for k in parsed.kernels]}))
-    os.replace(tmp_meta, meta)
-    return so, parsed.kernels
+        r = _run(_cxx_cmd() + COMMON_FLAGS + [OPT_LEVEL, "-shared"] + pch_flags +
+                 ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
+                  "-o", str(out)], cwd=tmp)
+        if r.returncode != 0:
+            raise _syntax_error(_clean_message(r.stderr, tmp), source)
+    return parsed.kernels
 
 
 __all__ = ["build", "engine_library", "cache_dir", "compiler", "CompilerNotFound",

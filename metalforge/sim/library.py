@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -62,11 +63,14 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 _engine = None
+_engine_lock = threading.Lock()
 
 
 def _load_engine():
     global _engine
-    if _engine is None:
+    with _engine_lock:
+        if _engine is not None:
+            return _engine
         _engine = ctypes.CDLL(str(engine_library()), mode=os.RTLD_NOW | ctypes.RTLD_GLOBAL)
         _engine.mf_rt_launch.restype = ctypes.c_int
         _engine.mf_rt_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
@@ -75,7 +79,7 @@ def _load_engine():
                                          ctypes.POINTER(_Result)]
         if _engine.mf_rt_result_size() != ctypes.sizeof(_Result):
             raise RuntimeError("metalforge.sim: engine and Python disagree on the result layout")
-    return _engine
+        return _engine
 
 
 class KernelError(MetalforgeError, RuntimeError):

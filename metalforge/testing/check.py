@@ -6,6 +6,15 @@ layouts and runtime scalars; the kernel runs on the chosen backend and its outpu
 with ``kernel.reference`` under the policy of `metalforge.tolerance`. The first failure
 is shrunk and raised as an AssertionError whose message holds the example, the breach and the
 generated MSL.
+
+Coverage: each variant compiles to several kernel instantiations (one per ``host_name``: the
+schedule's size variants, e.g. simd/group/looped rows or column/split, at 32- and 64-bit
+indexing). After the random examples, `check` runs boundary sizes of the axis that picks the
+instantiation (1, 31, 32, 33 and each threshold t, t+1, t+vector width of the launch policy), at
+both index widths (64-bit through ``launch={"index64": True}``, so small tensors reach those
+kernels), a fixed number of examples each. The report lists every instantiation with its launch
+count and sizes; one that no example launched fails the check, unless no size allowed by
+``dims=`` selects it (then the report says so).
 """
 from __future__ import annotations
 
@@ -45,6 +54,22 @@ class Variant:
 
 
 @dataclass
+class Instantiation:
+    """One compiled kernel a variant can launch, and the launches check made of it."""
+    variant: str                  # Variant.describe()
+    host_name: str
+    index64: bool
+    launches: int = 0
+    sizes: list[str] = field(default_factory=list)    # distinct axis sizes launched (first 8)
+    unreachable: Optional[str] = None                 # why no allowed size selects it
+
+    def describe(self) -> str:
+        what = (f"{self.launches} launch(es), sizes {'; '.join(self.sizes)}" if self.launches
+                else f"never launched ({self.unreachable or 'no example selected it'})")
+        return f"{self.variant} | {self.host_name}: {what}"
+
+
+@dataclass
 class Report:
     """What a passing check did (returned by `check`)."""
     kernel: str
@@ -53,6 +78,11 @@ class Report:
     skipped_variants: list[str] = field(default_factory=list)
     refused_variants: list[str] = field(default_factory=list)   # "T=i32: <the error>"
     examples: int = 0
+    instantiations: list[Instantiation] = field(default_factory=list)
+
+    def coverage(self) -> str:
+        """One line per instantiation of the checked variants: launches and sizes."""
+        return "\n".join(i.describe() for i in self.instantiations)
 
 
 def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
@@ -93,12 +123,131 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
                     [v.describe() for v in variants if v not in chosen], refused)
     n = max_examples if max_examples is not None else prof.settings.max_examples
     budget = memory_budget if memory_budget is not None else prof.memory_budget
+    common = dict(per_param=per_param, global_families=global_families, backend=backend,
+                  layouts=layouts, budget=budget, prof=prof)
     for variant in chosen:
-        report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims,
-                                          per_param=per_param, global_families=global_families,
-                                          max_examples=n, backend=backend, layouts=layouts,
-                                          budget=budget, prof=prof)
+        insts = _instantiations(kernel, variant)
+        report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims, max_examples=n,
+                                          record=insts, **common)
+        report.examples += _cover(kernel, variant, insts, dims, **common)
+        report.instantiations += insts.values()
+    missing = [i for i in report.instantiations if not i.launches and not i.unreachable]
+    if missing:
+        raise AssertionError(
+            f"metalforge check: kernel '{kernel.name}': {len(missing)} kernel instantiation(s) "
+            f"were never launched, so nothing tested them:\n  "
+            + "\n  ".join(i.describe() for i in missing)
+            + "\nEvery instantiation:\n  " + report.coverage().replace("\n", "\n  "))
     return report
+
+
+# --------------------------------------------------------------------------- coverage
+
+def _instantiations(kernel, variant: Variant) -> dict[tuple[bool, str], Instantiation]:
+    """Every kernel the variant can launch: each host name at each index width."""
+    from ..runtime.launcher import specialisation
+
+    out: dict[tuple[bool, str], Instantiation] = {}
+    spec = specialisation(variant.graph, getattr(kernel, "launch", None))
+    for idx64 in (False, True):
+        s = spec.schedule(idx64)
+        for k in s.kernels:
+            if not any(i.host_name == k.host_name for i in out.values()):
+                out[(s.index64, k.host_name)] = Instantiation(variant.describe(), k.host_name,
+                                                              s.index64)
+    return out
+
+
+def _selector(schedule) -> Optional[str]:
+    """The axis whose size picks the instantiation (a reduction's axis; else the innermost)."""
+    return getattr(schedule, "axis", None) or (schedule.grid_axes[-1]
+                                                if schedule.grid_axes else None)
+
+
+def boundary_sizes(schedule) -> list[int]:
+    """Sizes at each threshold of a schedule: 1, 31, 32, 33 (a simdgroup, and a multiple of
+    the vector width or not) and, for reductions, each size threshold of the launch policy (the
+    simd-row limit 32 * reads_per_thread, looped_limit) as t, t + 1 and t + vector width."""
+    p = schedule.policy
+    out = {1, 31, 32, 33}
+    if schedule.family != "elementwise":
+        vw = max(1, p.vector_width)
+        for t in (32 * p.reads_per_thread, p.looped_limit):
+            out |= {t, t + 1, t + vw}
+    return sorted(out)
+
+
+def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) -> int:
+    """Boundary examples at both index widths; marks what no allowed size can select."""
+    from ..runtime.launcher import specialisation
+
+    ran = 0
+    plain = S.dim_plan(variant.graph.params).plain
+    for idx64 in sorted({k[0] for k in insts}):
+        runner = kernel.with_launch(index64=True) if idx64 else kernel
+        s = specialisation(variant.graph, getattr(runner, "launch", None)).schedule(idx64)
+        axis = _selector(s)
+        if axis is None or axis not in plain:
+            pins: list[Optional[int]] = [None]         # not pinnable: random sizes only
+        else:
+            pins = [b for b in boundary_sizes(s)
+                    if axis not in dims or _allowed(dims[axis], b)] or [None]
+            if idx64:                   # the 64-bit kernels: one boundary size per kernel
+                pins = _one_per_kernel(s, axis, pins)
+        for b in pins:
+            pinned = dict(dims) if b is None else {**dims, axis: b}
+            ran += _check_variant(runner, variant, dims=pinned,
+                                  max_examples=prof.boundary_examples, record=insts,
+                                  prof=prof, **{**common, "budget": common["budget"] // 8})
+        if axis in dims:
+            for (w, host), inst in insts.items():
+                if w == idx64 and not inst.launches:
+                    inst.unreachable = f"dims= pins '{axis}' to {dims[axis]!r}"
+    return ran
+
+
+def _one_per_kernel(s, axis: str, pins: list) -> list:
+    """The first size of `pins` that selects each of the schedule's kernels (all axes but
+    `axis` at 1)."""
+    firsts: dict[str, int] = {}
+    ones = {d.name: 1 for t in s.graph.tensors for d in t.dims}
+    for b in pins:
+        try:
+            host = s.host_name({**ones, axis: b})
+        except Exception:                                        # noqa: BLE001 - refused
+            continue
+        firsts.setdefault(host, b)
+    return sorted(firsts.values()) or pins[:1]
+
+
+def _allowed(pin, size: int) -> bool:
+    if isinstance(pin, int):
+        return pin == size
+    if isinstance(pin, range):
+        return size in pin
+    if isinstance(pin, tuple) and len(pin) == 2 and all(isinstance(v, int) for v in pin):
+        return pin[0] <= size <= pin[1]
+    return isinstance(pin, list) and size in pin
+
+
+def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
+    """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
+    from ..runtime import schedule_of
+    from ..shapes import bind_shapes
+
+    graph = variant.graph
+    try:
+        sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
+        s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
+        host = s.host_name(sizes)
+    except Exception:                                            # noqa: BLE001 - refused
+        return                                                   # sizes: nothing launched
+    inst = insts.get((s.index64, host))
+    if inst is not None:
+        inst.launches += 1
+        text = ",".join(f"{a}={n}" for a, n in sizes.items())
+        if text not in inst.sizes and len(inst.sizes) < 8:
+            inst.sizes.append(text)
 
 
 # --------------------------------------------------------------------------- variants
@@ -295,7 +444,7 @@ def _as_tuple(r) -> tuple:
 
 def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
-                   prof: Profile) -> int:
+                   prof: Profile, record=None) -> int:
     from .. import runtime
 
     device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
@@ -311,6 +460,8 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
                            per_param=per_param, global_families=global_families,
                            layouts=layouts, budget=budget, device=device)
         ran[0] += 1
+        if record is not None:
+            _record(record, kernel, variant, ex.args)
         problem = _run_and_compare(kernel, variant, ex, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
             raise AssertionError(_report(kernel, variant, ex, backend, problem))

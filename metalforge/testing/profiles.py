@@ -30,6 +30,7 @@ class Profile:
     settings: settings            # max_examples is per compiled variant
     memory_budget: int            # bytes of inputs + outputs one example may allocate
     max_variants: int | None      # compiled dtype x Const variants per check (None: all)
+    boundary_examples: int = 1    # examples per boundary size and index width (see check)
 
 
 PROFILES = {

@@ -15,8 +15,10 @@ One JSON file, `$METALFORGE_CACHE_DIR/autotune.json`, else `~/.cache/metalforge/
 
 The launcher looks a call up here (`tuned_launch`) and uses the entry under any explicit
 override. A file that cannot be read is reported once with a warning and treated as empty; the
-next autotune rewrites it. Writes go through a temporary file and `os.replace`, after merging
-with what is on disk, so concurrent tuners lose no entries wholesale.
+next autotune rewrites it. A write holds a lock (`fcntl.flock` on `autotune.json.lock`, and a
+per-file lock between threads) while it merges with what is on disk, writes a temporary file
+unique to the writer and moves it into place with `os.replace`, so concurrent tuners (threads or
+processes) lose no entries and a reader never sees a half-written file.
 """
 from __future__ import annotations
 
@@ -25,12 +27,12 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ..cache import CacheWarning, configured_root, locked, temp_name
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam
 from ..schedule.policy import TUNABLE
 
@@ -38,14 +40,8 @@ VERSION = 1
 FILE_NAME = "autotune.json"
 
 
-class CacheWarning(UserWarning):
-    """The autotune cache file (or an entry in it) could not be used."""
-
-
 def cache_path() -> Path:
-    base = os.environ.get("METALFORGE_CACHE_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "metalforge"
-    return root / FILE_NAME
+    return configured_root() / FILE_NAME
 
 
 # --------------------------------------------------------------------------- keys
@@ -168,7 +164,7 @@ class TuneCache:
     def _read(self) -> dict[str, dict]:
         try:
             text = self.path.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return {}
         except OSError as e:
             return self._unusable(f"cannot be read ({e})")
@@ -211,21 +207,31 @@ class TuneCache:
 
     def put(self, key: TuneKey, entry: Mapping[str, Any]) -> None:
         """Store one entry (merged with the file's current content) and write the file."""
-        fresh = TuneCache(self.path)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CacheWarning)     # a corrupt file is replaced
-            merged = dict(fresh.entries)
-        merged[key.text] = dict(entry)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune-", suffix=".json")
         try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"version": VERSION, "entries": merged}, f, indent=1, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            self._write(key, entry)
+        except OSError as e:
+            warnings.warn(f"metalforge: cannot write the autotune cache {self.path} ({e}); the "
+                          f"result is kept for this process only", CacheWarning, stacklevel=3)
+            self.entries[key.text] = dict(entry)
+
+    def _write(self, key: TuneKey, entry: Mapping[str, Any]) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with locked(self.path):
+            fresh = TuneCache(self.path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", CacheWarning)     # a corrupt file is replaced
+                merged = dict(fresh.entries)
+            merged[key.text] = dict(entry)
+            tmp = temp_name(self.path)
+            try:
+                with open(tmp, "w") as f:
+                    json.dump({"version": VERSION, "entries": merged}, f, indent=1,
+                              sort_keys=True)
+                    f.write("\n")
+                os.replace(tmp, self.path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         self._entries = merged
 
 
