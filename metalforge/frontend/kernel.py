@@ -9,12 +9,12 @@ import inspect
 import re
 import textwrap
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from .. import autodiff, dtypes, runtime
-from ..runtime import mlx
+from ..runtime import fastpath, mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
 from ..errors import AnnotationError, BindingError, kernel_at
@@ -25,6 +25,7 @@ from .annotations import Annotation, parse_annotation, resolve_dim
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
+_NO_DEFAULT = inspect.Parameter.empty
 _CONST_TEXT = re.compile(r"^(?:[A-Za-z_]\w*\.)*Const\[\s*(int|bool)\s*\]$")
 
 
@@ -112,6 +113,7 @@ class Kernel:
         self._graphs: dict[tuple, Graph] = {}
         if launch:
             self.launch = check_options(launch, f"{self.where}, launch=")
+        self._declare_call()
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -188,6 +190,22 @@ class Kernel:
                     f"'{nm}' is a single dim in parameter '{plain_names[nm]}'; use another "
                     "name for one of them")
         return tuple(out)
+
+    def _declare_call(self) -> None:
+        """What the warm-call key reads: each parameter's kind; its name, default and whether
+        it may be passed by keyword; and, per number of positional arguments, the defaults that
+        complete them (None where a parameter without default would be missing)."""
+        sig = list(self.signature.parameters.values())
+        self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
+                                  for p in sig)
+        self._kinds = tuple(type(q) for q in self.params)
+        self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
+        self._completions = tuple(
+            tuple(p.default for p in sig[n:])
+            if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
+            for n in range(self._max_positional + 1))
+        self._warm = fastpath.WarmCache()
+        self._warm_launch = self.launch
 
     def _declare_return(self) -> Optional[tuple[Annotation, ...]]:
         ann = self.signature.return_annotation
@@ -433,12 +451,83 @@ class Kernel:
         return self._graph(key, dvars, consts)
 
     def __call__(self, *args, **kwargs):
+        warm = self._warm
+        if self._warm_launch is not self.launch:     # `launch` reassigned: other closures
+            warm = self._warm = fastpath.WarmCache()
+            self._warm_launch = self.launch
+        hit = self._warm_key(args, kwargs) if fastpath.MSL_REWRITE.get() is None else None
+        if hit is not None:
+            w = warm.get(hit[0])
+            if w is not None and w.current():
+                return w(hit[1])
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
                                            for v in values.values()):
             return call_differentiable(self, g, values)    # autograd through derived kernels
-        return runtime.run(g, values, backend=self.backend, launch=self.launch)
+        if hit is None:
+            return runtime.run(g, values, backend=self.backend, launch=self.launch)
+        out, w = fastpath.run(g, values, self.backend, self.launch)
+        if w is not None:
+            warm.put(hit[0], w)
+        return out
+
+    def _warm_key(self, args: tuple, kwargs: Mapping[str, Any]):
+        """(key, argument values in parameter order) for the warm-call fast path, or None
+        when this call must take the full path: arguments it cannot map without
+        `inspect.Signature.bind` (whose errors the full path reports), a non-Tensor (or Tensor
+        subclass) where a tensor goes, a tensor that requires grad while grad mode is on.
+
+        The key holds everything a checked call's launch depends on: the kernel's backend and
+        the `with mf.backend(...)` override; each tensor's dtype, shape, strides and device;
+        each runtime scalar's Python type; each Const's type and value. The launch overrides
+        are the cache's (one per `launch`), the autotune entry is checked by `Warm.current`."""
+        values: Optional[Sequence[Any]] = None
+        if not kwargs and len(args) <= self._max_positional:
+            tail = self._completions[len(args)]
+            if tail is not None:
+                values = args + tail if tail else args
+        else:
+            values = self._warm_values(args, kwargs)
+        if values is None:
+            return None
+        key: list[Any] = [self.backend, fastpath.BACKEND_OVERRIDE.get()]
+        grad = False
+        try:
+            for v, kind in zip(values, self._kinds):
+                if kind is TensorParam:
+                    if type(v) is not torch.Tensor:
+                        return None
+                    grad = grad or v.requires_grad
+                    key.append((v.dtype, v.shape, v.stride(), v.device))
+                elif kind is ScalarParam:
+                    key.append(type(v))
+                elif type(v) is int or type(v) is bool:
+                    key.append((type(v), v))
+                else:
+                    return None                   # a bad Const: the full path says why
+        except RuntimeError:                      # a tensor without strides (sparse, ...)
+            return None
+        if grad and torch.is_grad_enabled():
+            return None                           # autograd: the full path
+        return tuple(key), values
+
+    def _warm_values(self, args: tuple, kwargs: Mapping[str, Any]) -> Optional[list]:
+        """Every argument in parameter order (defaults filled in), or None for anything
+        unusual (too many, unknown, duplicated or missing arguments)."""
+        if len(args) > self._max_positional:
+            return None
+        values = list(args)
+        used = 0
+        for name, default, by_keyword in self._call_params[len(args):]:
+            if by_keyword and name in kwargs:
+                values.append(kwargs[name])
+                used += 1
+            elif default is not _NO_DEFAULT:
+                values.append(default)
+            else:
+                return None
+        return values if used == len(kwargs) else None
 
     def _introspect(self, show: Callable[..., str], args, kwargs) -> str:
         params, hints, sizes = self._split_bindings(kwargs)

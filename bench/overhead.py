@@ -1,0 +1,123 @@
+"""Warm-call host overhead: µs of Python per kernel call, with the GPU launch replaced by a no-op.
+
+    python bench/overhead.py                    # MPS on a Mac, CUDA on NVIDIA, else the simulator
+    python bench/overhead.py --device cuda --calls 20000
+
+Every compiled kernel object is wrapped so that calling it does nothing (compilation, the
+pipeline limits and everything before the launch are real), then each kernel is called warm
+`--calls` times in a loop; the number is the median over `--rounds` rounds of the process's CPU
+time per call (CPU time, not wall time, so a loaded machine does not inflate it).
+That is metalforge's own cost per call: binding, checks, shape binding, output allocation and
+argument marshalling. Next to it, torch eager on the same tensors (which includes torch's real
+kernel, so on CPU it is dominated by the arithmetic) and on 1-element tensors (torch's dispatch
+floor), plus `torch.empty_like` (one output allocation).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DTYPES, pick_device, sync  # noqa: E402
+from metalforge.runtime import backends, launcher  # noqa: E402
+from add_rms_norm import add_rms_norm  # noqa: E402
+from column_sum import column_sum  # noqa: E402
+from rms_norm import rms_norm  # noqa: E402
+from silu import silu  # noqa: E402
+from softmax import softmax  # noqa: E402
+from two_outputs import add_silu  # noqa: E402
+
+
+class NoLaunch:
+    """A compiled kernel object whose call does nothing (its attributes are the real ones)."""
+
+    def __init__(self, kernel):
+        self._kernel = kernel
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def __call__(self, *args, threads, group_size, arg_casts=None):
+        return None
+
+
+def stub_launches() -> None:
+    real = backends.kernel_object
+    made: dict[int, NoLaunch] = {}
+
+    def kernel_object(backend_name, source, host_name):
+        k = real(backend_name, source, host_name)
+        return made.setdefault(id(k), NoLaunch(k))
+
+    launcher.kernel_object = kernel_object
+
+
+def per_call(fn, calls: int, rounds: int, device: str) -> float:
+    """Median µs per call of `fn` over `rounds` loops of `calls` calls (no sync inside), in
+    CPU time of this process, so that other load on the machine does not count."""
+    for _ in range(min(calls, 200)):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(rounds):
+        t0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        times.append((time.process_time() - t0) / calls * 1e6)
+        sync(device)
+    return statistics.median(times)
+
+
+def cases(rows: int, cols: int, dtype, device):
+    def t(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+    x, r, w = t(rows, cols), t(rows, cols), t(cols)
+    x1, r1, w1 = t(1, 1), t(1, 1), t(1)
+    yield ("elementwise", "silu", lambda: silu(x), lambda: F.silu(x), lambda: F.silu(x1))
+    yield ("elementwise", "add_silu (2 outputs)", lambda: add_silu(x, r),
+           lambda: (x + r, F.silu(x + r)), lambda: (x1 + r1, F.silu(x1 + r1)))
+    yield ("row", "rms_norm", lambda: rms_norm(x, w),
+           lambda: F.rms_norm(x, (cols,), w, eps=1e-6),
+           lambda: F.rms_norm(x1, (1,), w1, eps=1e-6))
+    yield ("row", "add_rms_norm", lambda: add_rms_norm(x, r, w),
+           lambda: F.rms_norm(x + r, (cols,), w, eps=1e-6),
+           lambda: F.rms_norm(x1 + r1, (1,), w1, eps=1e-6))
+    yield ("row", "softmax", lambda: softmax(x), lambda: torch.softmax(x, -1),
+           lambda: torch.softmax(x1, -1))
+    yield ("column", "column_sum", lambda: column_sum(x), lambda: x.sum(0), lambda: x1.sum(0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["mps", "cuda", "cpu"])
+    ap.add_argument("--dtype", default="f32", choices=list(DTYPES))
+    ap.add_argument("--size", default="64x4096", help="rows x cols of the arguments")
+    ap.add_argument("--calls", type=int, default=5000)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    device = pick_device(a.device)
+    rows, cols = (int(v) for v in a.size.split("x"))
+    stub_launches()
+    print(f"warm-call overhead, launch stubbed (device {device}, {a.dtype} {rows}x{cols}, "
+          f"median of {a.rounds} x {a.calls} calls)")
+    print(f"{'family':12} {'kernel':22} {'ours µs':>8} {'torch µs':>9} {'torch 1-elem µs':>16}")
+    for family, name, ours, eager, eager1 in cases(rows, cols, DTYPES[a.dtype], device):
+        us = [per_call(ours, a.calls, a.rounds, device),
+              per_call(eager, max(50, a.calls // 20), a.rounds, device),   # real work on CPU
+              per_call(eager1, a.calls, a.rounds, device)]
+        print(f"{family:12} {name:22} {us[0]:8.2f} {us[1]:9.2f} {us[2]:16.2f}")
+    x = torch.randn(rows, cols, dtype=DTYPES[a.dtype], device=device)
+    print(f"torch.empty_like (one output allocation): "
+          f"{per_call(lambda: torch.empty_like(x), a.calls, a.rounds, device):.2f} µs")
+
+
+if __name__ == "__main__":
+    main()
