@@ -24,7 +24,7 @@ from metalforge.runtime import mlx as mfx
 
 mx = pytest.importorskip("mlx.core")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MX = {"f32": mx.float32, "f16": mx.float16, "bf16": mx.bfloat16}
 TOL = {"f32": 1e-4, "f16": 3e-3, "bf16": 2e-2}
 

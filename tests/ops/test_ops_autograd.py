@@ -13,7 +13,7 @@ from metalforge import autodiff, schedule
 from metalforge.graph import TensorParam
 from metalforge.torch_ops import NotDifferentiable, OpError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = [7, 40, 5, 33, 3]
 
 

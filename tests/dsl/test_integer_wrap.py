@@ -159,7 +159,7 @@ def test_generated_code_has_no_signed_overflow():
                 assert torch.equal(g, w.to(g.dtype)), dt
         print("no overflow")
     """)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "no overflow" in r.stdout, (r.returncode, r.stderr[-3000:])

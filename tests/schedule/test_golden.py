@@ -3,7 +3,7 @@ case, compared byte for byte with the files in tests/golden/.
 
 A refactor must leave these unchanged; a change to code generation rewrites them on purpose:
 
-    METALFORGE_UPDATE_GOLDEN=1 python -m pytest tests/test_golden.py
+    METALFORGE_UPDATE_GOLDEN=1 python -m pytest tests/schedule/test_golden.py
 
 and the diff of tests/golden/ goes into review with the change.
 """
@@ -15,7 +15,7 @@ import pytest
 
 import metalforge as mf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("METALFORGE_UPDATE_GOLDEN") == "1"
 

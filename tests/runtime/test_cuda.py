@@ -16,7 +16,7 @@ from metalforge.testing import check
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
 def _kernels(path):
@@ -36,7 +36,7 @@ def test_example_checks_on_cuda(path):
 
 
 def _example(name):
-    return dict(_kernels(Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"))
+    return dict(_kernels(Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

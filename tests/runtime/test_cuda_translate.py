@@ -14,7 +14,7 @@ from metalforge.cuda import translate
 from metalforge.cuda.library import INCLUDE_DIR
 from metalforge.runtime import DeviceError
 
-GOLDEN = sorted((Path(__file__).resolve().parent / "golden").glob("*.metal"))
+GOLDEN = sorted((Path(__file__).resolve().parents[1] / "schedule" / "golden").glob("*.metal"))
 
 
 def test_golden_found():

@@ -11,7 +11,7 @@ from metalforge.frontend.annotations import grammar_text, parse_annotation, reso
 from metalforge.graph import AxisSpec
 
 HERE = os.path.abspath(__file__)
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 
 def axes(text, consts=None):

@@ -20,7 +20,7 @@ from metalforge.autotuner import CandidateMismatch, median_time
 from metalforge.tuning import CacheWarning, TuneCache, grid
 
 autotune_mod = importlib.import_module("metalforge.autotuner")
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
 @pytest.fixture

@@ -325,7 +325,7 @@ def test_threadgroup_arrays_are_private_to_their_library():
     code = textwrap.dedent("""
         import torch
         from metalforge.sim import compile_shader
-        from tests.test_sim_engine import REVERSE_IN_TG
+        from tests.sim.test_sim_engine import REVERSE_IN_TG
         for n in (4, 1024, 4, 1024):
             lib = compile_shader(f"#define N {n}\\n" + REVERSE_IN_TG)
             out = torch.zeros(n)
@@ -333,7 +333,7 @@ def test_threadgroup_arrays_are_private_to_their_library():
             assert torch.equal(out, torch.arange(n - 1, -1, -1).float()), n
         print("private")
     """)
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and "private" in r.stdout, (r.returncode, r.stderr[-3000:])

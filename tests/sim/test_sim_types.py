@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-INCLUDE = os.path.join(os.path.dirname(__file__), "..", "metalforge", "sim", "include")
+INCLUDE = os.path.join(os.path.dirname(__file__), "..", "..", "metalforge", "sim", "include")
 
 PROBE = r"""
 #include <stdio.h>

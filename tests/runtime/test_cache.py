@@ -21,7 +21,7 @@ from metalforge.runtime import backends
 from metalforge.sim import compiler
 from metalforge.tuning import TuneCache, TuneKey
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # One script for the subprocess cases: call a kernel from N threads, check every result, print
 # how many succeeded and every warning.

@@ -7,7 +7,7 @@ import pytest
 from metalforge.cli import main
 from metalforge.testing.gen import GenError, generate, kernels_of, load_module
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from metalforge.cli import main
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_show_prints_msl(capsys):
