@@ -167,12 +167,12 @@ def _selector(schedule) -> Optional[str]:
 def boundary_sizes(schedule) -> list[int]:
     """Sizes at each threshold of a schedule: 1, 31, 32, 33 (a simdgroup, and a multiple of
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
-    simd-row limit 32 * reads_per_thread, looped_limit) as t, t + 1 and t + vector width."""
+    simd-row limit 32 * simd_reads_per_thread, looped_limit) as t, t + 1 and t + vector width."""
     p = schedule.policy
     out = {1, 31, 32, 33}
     if schedule.family != "elementwise":
         vw = max(1, p.vector_width)
-        for t in (32 * p.reads_per_thread, p.looped_limit):
+        for t in (32 * p.simd_reads_per_thread, p.looped_limit):
             out |= {t, t + 1, t + vw}
     return sorted(out)
 

@@ -144,7 +144,7 @@ def test_generated_code_has_no_signed_overflow():
     the generated code (i32 a + b, u16 * u16 promoted to int, ...) aborts: run in a subprocess."""
     code = textwrap.dedent("""
         import sys, torch
-        sys.path.insert(0, "tests")
+        sys.path.insert(0, "tests/dsl")
         from metalforge.sim import compiler
         compiler.COMMON_FLAGS = ["-ftrapv" if f == "-fwrapv" else f for f in compiler.COMMON_FLAGS]
         import metalforge as mf
