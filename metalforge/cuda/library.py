@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
 from .translate import Arg, Entry, SOURCE_NAME, translate
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
@@ -32,8 +33,6 @@ _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _MAX_GRID = (2 ** 31 - 1, 65535, 65535)
 
-_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32,
-          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
 # Metal scalar → (struct format, byte size, is float); half/bfloat are packed through torch
 _SCALARS = {"float": ("f", 4, True), "half": ("e", 2, True), "bfloat": (None, 2, True),
             "int": ("i", 4, False), "uint": ("I", 4, False), "int32_t": ("i", 4, False),
@@ -42,14 +41,6 @@ _SCALARS = {"float": ("f", 4, True), "half": ("e", 2, True), "bfloat": (None, 2,
             "uchar": ("B", 1, False), "int8_t": ("b", 1, False), "uint8_t": ("B", 1, False),
             "bool": ("?", 1, False), "long": ("q", 8, False), "ulong": ("Q", 8, False),
             "int64_t": ("q", 8, False), "uint64_t": ("Q", 8, False), "size_t": ("Q", 8, False)}
-_DTYPE_SCALAR = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat",
-                 torch.int64: "long", torch.int32: "int", torch.int16: "short",
-                 torch.int8: "char", torch.uint8: "uchar", torch.bool: "bool",
-                 torch.uint16: "ushort", torch.uint32: "uint", torch.uint64: "ulong",
-                 torch.float64: "double"}
-_CAST_SCALAR = {torch.float16: "half", torch.bfloat16: "bfloat", torch.int32: "int",
-                torch.int16: "short", torch.int8: "char", torch.uint8: "uchar",
-                torch.float32: "float", torch.int64: "long"}
 _CAST_NAME = {"half": "fp16", "bfloat": "bf16", "int": "int32", "uint": "int32",
               "short": "int16", "ushort": "int16", "char": "int8", "uchar": "uint8"}
 
@@ -186,37 +177,6 @@ class Library:
         return list(self._entries)
 
 
-def _dims(v, what: str) -> list[int]:
-    if isinstance(v, bool) or not isinstance(v, (int, list, tuple)):
-        raise RuntimeError(f"{what} must be an int or a list of 1 to 3 ints, got {v!r}")
-    vals = [v] if isinstance(v, int) else list(v)
-    if not 0 < len(vals) < 4 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                        for x in vals):
-        raise RuntimeError(f"Number of {what} is undefined or has wrong dimension: {v!r}")
-    if any(x < 0 for x in vals):
-        raise RuntimeError(f"{what} must not be negative: {v!r}")
-    return vals
-
-
-def _casts(arg_casts, n: int) -> dict[int, torch.dtype]:
-    if arg_casts is None:
-        return {}
-    if isinstance(arg_casts, str):
-        if arg_casts not in _CASTS:
-            raise RuntimeError(f"Unsupported cast instruction {arg_casts}")
-        return {i: _CASTS[arg_casts] for i in range(n)}
-    if isinstance(arg_casts, dict):
-        out = {}
-        for k, v in arg_casts.items():
-            if not isinstance(k, int) or not isinstance(v, str):
-                raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
-            if v not in _CASTS:
-                raise RuntimeError(f"Unsupported cast instruction {v}")
-            out[k] = _CASTS[v]
-        return out
-    raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
-
-
 def _pack(values: list, scalar: str, ncomp: int) -> bytes:
     """The bytes of a Metal scalar/vector value (a 3-vector occupies four elements)."""
     fmt = _SCALARS[scalar][0]
@@ -297,7 +257,7 @@ class Kernel:
             raise TypeError(f"kernel '{name}': buffer indices "
                             f"{[a.buffer_index for a in e.args]} leave gaps; positional "
                             f"argument i binds buffer(i)")
-        casts = _casts(arg_casts, len(args))
+        casts = cast_dtypes(arg_casts, len(args))
         device = None
         first_numel = None
         for i, a in enumerate(args):
@@ -318,7 +278,7 @@ class Kernel:
                 params.append(self._pointer(a, i, spec, ty, where, casts, dev_index, keep))
             else:
                 params.append(self._value(a, i, ty, where, casts))
-        grid = _dims(threads, "threads") if threads is not None else None
+        grid = dims(threads, "threads") if threads is not None else None
         if grid is None:
             if first_numel is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
@@ -327,7 +287,7 @@ class Kernel:
         if group_size is None:
             group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
         else:
-            group = _dims(group_size, "group_size")
+            group = dims(group_size, "group_size")
             if len(group) != len(grid):
                 raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
                                    f"as threads {threads!r}")
@@ -366,7 +326,7 @@ class Kernel:
         if a.device.type != "cuda":
             raise TypeError(f"{where}: the CUDA backend needs CUDA tensors, got one on "
                             f"{a.device}; move it with .cuda()")
-        got = _DTYPE_SCALAR.get(a.dtype, "")
+        got = DTYPE_SCALAR.get(a.dtype, "")
         if ty is not None and got and not _compatible(ty[0], got):
             raise TypeError(f"{where}: got a {a.dtype} tensor, whose elements are {got}, but "
                             f"the parameter's elements are {ty[0]}")
@@ -382,14 +342,14 @@ class Kernel:
                                 f"{tuple(a.shape)} on {a.device}; pass a Python number (with "
                                 f"arg_casts), or declare the parameter as a pointer")
             vals = [a.item()]
-            got = _DTYPE_SCALAR.get(a.dtype, "")
+            got = DTYPE_SCALAR.get(a.dtype, "")
         else:
             vals = list(a) if isinstance(a, (list, tuple)) else [a]
             if not vals or not all(isinstance(v, (int, float)) for v in vals):
                 raise RuntimeError(f"Unsupported argument type {type(a).__name__} "
                                    f"(argument {i})")
             dt = casts.get(i) or (torch.float32 if isinstance(vals[0], float) else torch.int64)
-            got = _CAST_SCALAR[dt]
+            got = CAST_SCALAR[dt]
         if not _compatible(scalar, got):
             desc = (f"a 0-dim {a.dtype} tensor" if isinstance(a, torch.Tensor) else
                     f"a list of {len(vals)} values as {got}" if isinstance(a, (list, tuple))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import MetalforgeError
+from .callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
 from .compiler import build, engine_library
 from .parse import Param, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
@@ -32,16 +33,6 @@ from .trampoline import entry_symbol
 MAX_THREADS = 1024
 SIMD_WIDTH = 32
 
-_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32,
-          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
-_CAST_SCALAR = {torch.float16: "half", torch.bfloat16: "bfloat", torch.int32: "int",
-                torch.int16: "short", torch.int8: "char", torch.uint8: "uchar",
-                torch.float32: "float", torch.int64: "long"}
-_DTYPE_SCALAR = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat",
-                 torch.float64: "double", torch.int64: "long", torch.int32: "int",
-                 torch.int16: "short", torch.int8: "char", torch.uint8: "uchar",
-                 torch.bool: "bool", torch.uint16: "ushort", torch.uint32: "uint",
-                 torch.uint64: "ulong"}
 _PAGE = mmap.PAGESIZE
 _CANARY = 0xA5
 _GUARD_MIN = 1 << 20
@@ -190,18 +181,6 @@ def _check(kname: str, i: int, p: Param, b: _Bound) -> None:
         raise TypeError(f"{where}: expects a single value, got a list of {b.count}")
 
 
-def _dims(v, what: str) -> list[int]:
-    if isinstance(v, bool) or not isinstance(v, (int, list, tuple)):
-        raise RuntimeError(f"{what} must be an int or a list of 1 to 3 ints, got {v!r}")
-    vals = [v] if isinstance(v, int) else list(v)
-    if not 0 < len(vals) < 4 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                        for x in vals):
-        raise RuntimeError(f"Number of {what} is undefined or has wrong dimension: {v!r}")
-    if any(x < 0 for x in vals):
-        raise RuntimeError(f"{what} must not be negative: {v!r}")
-    return vals
-
-
 class LibraryFunction:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
@@ -255,7 +234,7 @@ class LibraryFunction:
     def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
         sig = self._sig
         name = sig.host_name
-        casts = self._casts(arg_casts, len(args))
+        casts = cast_dtypes(arg_casts, len(args))
         bufs = self._buffers()
         if len(args) != len(bufs):
             plist = ", ".join(f"{k}: {_describe_param(bufs[k])}" for k in sorted(bufs))
@@ -285,11 +264,11 @@ class LibraryFunction:
                     first_numel = a.numel()
                 if a.dim() == 0:
                     t = a.to(torch.float32) if a.dtype == torch.float64 else a
-                    bound.append(_Bound("bytes", _DTYPE_SCALAR.get(t.dtype, ""), 1,
+                    bound.append(_Bound("bytes", DTYPE_SCALAR.get(t.dtype, ""), 1,
                                         f"a 0-dim {t.dtype} tensor",
                                         data=bytes(t.reshape(1).view(torch.uint8).numpy())))
                 else:
-                    bound.append(_Bound("tensor", _DTYPE_SCALAR.get(a.dtype, ""), a.numel(),
+                    bound.append(_Bound("tensor", DTYPE_SCALAR.get(a.dtype, ""), a.numel(),
                                         f"a {a.dtype} tensor", tensor=a))
                 continue
             cast = casts.get(i)
@@ -308,8 +287,8 @@ class LibraryFunction:
                 vals = list(a)
                 if not all(isinstance(v, (int, float)) for v in vals):
                     raise RuntimeError("Unexpected argument types")
-                bound.append(_Bound("bytes", _CAST_SCALAR[dt], len(vals),
-                                    f"a list of {len(vals)} values as {_CAST_SCALAR[dt]}",
+                bound.append(_Bound("bytes", CAST_SCALAR[dt], len(vals),
+                                    f"a list of {len(vals)} values as {CAST_SCALAR[dt]}",
                                     data=_to_bytes(vals, dt)))
                 continue
             if isinstance(a, float):
@@ -321,13 +300,13 @@ class LibraryFunction:
                                    f"(argument {i} of kernel '{name}')")
             kind = "Python float" if isinstance(a, float) else (
                 "Python bool" if isinstance(a, bool) else "Python int")
-            bound.append(_Bound("bytes", _CAST_SCALAR[dt], 1,
-                                f"a {kind} (bound as {_CAST_SCALAR[dt]})",
+            bound.append(_Bound("bytes", CAST_SCALAR[dt], 1,
+                                f"a {kind} (bound as {CAST_SCALAR[dt]})",
                                 data=_to_bytes([a], dt)))
         for i, b in enumerate(bound):
             _check(name, i, bufs[i], b)
 
-        grid = _dims(threads, "threads") if threads is not None else None
+        grid = dims(threads, "threads") if threads is not None else None
         if grid is None:
             if first_numel is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
@@ -336,7 +315,7 @@ class LibraryFunction:
         if group_size is None:
             group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
         else:
-            group = _dims(group_size, "group_size")
+            group = dims(group_size, "group_size")
             if len(group) != len(grid):
                 raise RuntimeError(f"group_size {group_size!r} must have as many dimensions as "
                                    f"threads {threads!r}")
@@ -352,24 +331,6 @@ class LibraryFunction:
         if any(t == 0 for t in grid3):
             return
         self._launch(bound, grid3, group3)
-
-    def _casts(self, arg_casts, n: int) -> dict[int, torch.dtype]:
-        if arg_casts is None:
-            return {}
-        if isinstance(arg_casts, str):
-            if arg_casts not in _CASTS:
-                raise RuntimeError(f"Unsupported cast instruction {arg_casts}")
-            return {i: _CASTS[arg_casts] for i in range(n)}
-        if isinstance(arg_casts, dict):
-            out = {}
-            for k, v in arg_casts.items():
-                if not isinstance(k, int) or not isinstance(v, str):
-                    raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
-                if v not in _CASTS:
-                    raise RuntimeError(f"Unsupported cast instruction {v}")
-                out[k] = _CASTS[v]
-            return out
-        raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
 
     def _launch(self, bound: list[_Bound], grid: list[int], group: list[int]) -> None:
         sig = self._sig
