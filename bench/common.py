@@ -107,3 +107,28 @@ def row(name, dtype, spec, variant, nbytes, ours, theirs, copy) -> str:
     return (f"{name:<13} {dtype:>5} {spec:>11} {variant:>8} {nbytes:>11} {ours * 1e6:>9.1f} "
             f"{theirs * 1e6:>9.1f} {copy * 1e6:>8.1f} {gbs(ours):>9.0f} {gbs(copy):>9.0f} "
             f"{100 * copy / ours:>5.0f}% {theirs / ours:>9.2f}x")
+
+
+def print_table(cases, sizes, dtypes, ops, device: str, repeat: int, launch: dict,
+                with_variant: bool) -> None:
+    """One row per (size "ROWSxCOLS", dtype name, op) of `cases(rows, cols, dtype, device)`
+    (each case: name, kernel, args, torch eager callable; only `ops` when given): ours, torch,
+    the copy_ ceiling, GB/s from the schedule's byte count; with_variant names the row-length
+    variant the host picks."""
+    print(HEADER)
+    for spec in sizes:
+        rows, cols = (int(v) for v in spec.lower().split("x"))
+        for dname in dtypes:
+            for name, k, kargs, eager in cases(rows, cols, DTYPES[dname], device):
+                if ops and name not in ops:
+                    continue
+                if launch:
+                    k = k.with_launch(**launch)
+                s, sz = plan(k, kargs)
+                traffic = s.traffic(sz)
+                ours = timeit(lambda: k(*kargs), device, repeat)
+                theirs = timeit(eager, device, repeat)
+                copy = copy_time(traffic.total, device, repeat)
+                variant = s.variant(sz) if with_variant else "-"
+                print(row(name, dname, spec, variant, traffic.total, ours, theirs, copy),
+                      flush=True)

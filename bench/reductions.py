@@ -24,8 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (DTYPES, HEADER, copy_time, parse_launch, pick_device, plan, row,  # noqa: E402
-                    timeit)
+from common import DTYPES, parse_launch, pick_device, print_table  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
@@ -74,21 +73,7 @@ def main(argv=None) -> int:
     backend = runtime.current_backend([torch.empty(0, device=device)])
     print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
           f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
-    print(HEADER)
-    for spec in sizes:
-        rows, cols = (int(v) for v in spec.lower().split("x"))
-        for dname in a.dtype:
-            for name, k, args, eager in cases(rows, cols, DTYPES[dname], device):
-                if a.ops and name not in a.ops:
-                    continue
-                if launch:
-                    k = k.with_launch(**launch)
-                s, sz = plan(k, args)
-                var, traffic = s.variant(sz), s.traffic(sz)
-                ours = timeit(lambda: k(*args), device, repeat)
-                theirs = timeit(eager, device, repeat)
-                copy = copy_time(traffic.total, device, repeat)
-                print(row(name, dname, spec, var, traffic.total, ours, theirs, copy), flush=True)
+    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=True)
     return 0
 
 
