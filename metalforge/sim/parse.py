@@ -223,6 +223,14 @@ def _match(toks: list[Token], i: int, open_: str, close: str) -> int:
                      else None)
 
 
+def _after_templates(head: list[Token]) -> int:
+    """Index of the first token of a declaration after its `template <...>` headers."""
+    k = 0
+    while k + 1 < len(head) and head[k].text == "template" and head[k + 1].text == "<":
+        k = _match_angle(head, k + 1) + 1
+    return k
+
+
 def _match_angle(toks: list[Token], i: int) -> int:
     """Index of the '>' closing the template bracket opened at toks[i]."""
     depth = 0
@@ -625,9 +633,7 @@ class _Walker:
                 close = _match(toks, i, "{", "}")
                 head = toks[stmt_start:i]
                 words = [x.text for x in head]
-                k = 0
-                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
-                    k = _match_angle(head, k + 1) + 1
+                k = _after_templates(head)
                 kind = words[k] if k < len(words) else ""
                 # a function definition: a parameter list and no '=' outside brackets (an '='
                 # makes it a variable with a brace initialiser)
@@ -732,9 +738,7 @@ class _Walker:
                 end = _match(toks, i, "{", "}")
                 head = toks[stmt:i]
                 words = [x.text for x in head]
-                k = 0
-                while k + 1 < len(words) and words[k] == "template" and words[k + 1] == "<":
-                    k = _match_angle(head, k + 1) + 1
+                k = _after_templates(head)
                 kind = words[k] if k < len(words) else ""
                 if kind in ("struct", "class", "union"):
                     self._class_body(i, end)
