@@ -164,6 +164,20 @@ class Graph:
                 return p
         raise KeyError(name)
 
+    def tensor(self, name: str) -> TensorParam:
+        """The tensor parameter `name` (a LOAD node's attr)."""
+        p = self.param(name)
+        if not isinstance(p, TensorParam):
+            raise KeyError(f"{name} is not a tensor parameter")
+        return p
+
+    def scalar(self, name: str) -> ScalarParam:
+        """The runtime scalar parameter `name` (a SCALAR node's attr)."""
+        p = self.param(name)
+        if not isinstance(p, ScalarParam):
+            raise KeyError(f"{name} is not a runtime scalar parameter")
+        return p
+
     def nodes(self) -> Iterator[Node]:
         """Every node reachable from the outputs, each once, operands before users."""
         return iter(topo_order([o.node for o in self.outputs]))

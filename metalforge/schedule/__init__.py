@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from ..errors import at
+from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph
 from . import column, elementwise, row
 from .base import Schedule, Traffic
-from .lower import UnsupportedConstruct
-from .policy import LaunchError, LaunchPolicy, resolve
+from .policy import LaunchPolicy, resolve
 
 __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedConstruct",
            "family", "plan", "needs_index64", "INDEX32_LIMIT"]

@@ -3,7 +3,7 @@ move) and the one constructor of their `ir.LoweredKernel`s."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from .. import ir
 from ..graph import Graph
@@ -80,7 +80,7 @@ class Schedule:
         return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
-        def numel(axes) -> int:
+        def numel(axes: Iterable[str]) -> int:
             n = 1
             for a in axes:
                 n *= sizes[a]
@@ -103,5 +103,5 @@ class Schedule:
         return self.kernel.host_name
 
     @property
-    def _binds(self) -> set:
+    def _binds(self) -> set[tuple[str | int, ...]]:
         return {p.binds for p in self.kernel.params}

@@ -24,7 +24,8 @@ from .. import ir
 from ..graph import Graph, Node
 from .base import IDX, make_kernel
 from .lower import ElementLowering, compute_type
-from .policy import LaunchError, LaunchPolicy, SIMD_WIDTH
+from ..errors import LaunchError
+from .policy import LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce
 
@@ -46,7 +47,8 @@ class ColumnSchedule(RowSchedule):
                               f"call it with launch={{'index64': True}}")
         if sizes[self.axis] >= 2 ** 32 or self._rows(sizes) >= 2 ** 32:
             raise LaunchError(f"kernel '{self.graph.name}': over 2^32 columns or rows")
-        return self.variants[self.variant(sizes)].host_name
+        kernel: ir.LoweredKernel = self.variants[self.variant(sizes)]
+        return kernel.host_name
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         cols = self._rows(sizes)
@@ -84,15 +86,16 @@ class _Builder(reduce.Builder):
                 self.v.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
         return ir.Var(b), ir.Var(st)
 
-    def at(self, name: str, axes) -> ir.Expr:
+    def at(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
         b, st = self.bases(name, axes)
         if self.axis not in axes:
             return b
         return b + ir.Cast(IDX, ir.Var("mf_k")) * st
 
     def col_load(self, n: Node) -> ir.Expr:
-        t = self.graph.param(n.attr)
-        v = ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], self.at(t.name, t.axes)))
+        t = self.graph.tensor(n.attr)
+        v: ir.Expr = ir.Cast(compute_type(t.dtype),
+                             ir.Load(self.names[t.name], self.at(t.name, t.axes)))
         if self.v.name == "split":       # threads past the last column read nothing
             zero = ir.Lit(0.0 if t.dtype.is_float else (False if t.dtype.kind == "bool" else 0),
                           compute_type(t.dtype))

@@ -15,13 +15,14 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional, Protocol
 
 from .. import ir
 from ..dtypes import DType
-from ..errors import at
-from ..graph import Graph, Node, Op, TensorParam
+from ..errors import UnsupportedConstruct, at
+from ..graph import Graph, Node, Op, ScalarParam, TensorParam
 from .base import IDX, Schedule, make_kernel
-from .lower import ElementLowering, UnsupportedConstruct, convert, compute_type, ident
+from .lower import ElementLowering, convert, compute_type, ident
 from .policy import LaunchPolicy, access_width
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
@@ -41,7 +42,7 @@ def param_name(name: str) -> str:
     return f"mf_p_{name}" if name in RESERVED or name.startswith("mf_") else name
 
 
-def used_params(graph: Graph, nodes: list[Node]) -> tuple[list, list]:
+def used_params(graph: Graph, nodes: list[Node]) -> tuple[list[TensorParam], list[ScalarParam]]:
     """(the tensors the kernel loads, the scalars it reads), in parameter order."""
     used = {n.attr for n in nodes if n.op == Op.LOAD}
     scalars = {n.attr for n in nodes if n.op == Op.SCALAR}
@@ -137,7 +138,7 @@ class _Builder:
         return n > 0 and axes == self.grid[len(self.grid) - n:]
 
     # -- offsets -----------------------------------------------------------------------
-    def position(self, axis: str, i: ir.Expr, need: dict) -> ir.Expr:
+    def position(self, axis: str, i: ir.Expr, need: dict[str, ir.Decl]) -> ir.Expr:
         """Position of element i along a grid axis (declared per element, on first use)."""
         if axis not in need:
             k = self.grid.index(axis)
@@ -148,7 +149,7 @@ class _Builder:
             need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, e)
         return ir.Var(f"mf_pos_{ident(axis)}")
 
-    def offset(self, axes: tuple[str, ...], i: ir.Expr, need: dict) -> ir.Expr:
+    def offset(self, axes: tuple[str, ...], i: ir.Expr, need: dict[str, ir.Decl]) -> ir.Expr:
         grid = self.grid
         if axes == grid:
             return i
@@ -175,7 +176,7 @@ class _Builder:
         vec_names = {t.name for t in self.vec_in}
 
         def load(n: Node) -> ir.Expr:
-            t = self.graph.param(n.attr)
+            t = self.graph.tensor(n.attr)
             if vector and t.name in vec_names:
                 raw: ir.Expr = self.lane(ir.Var(f"mf_{t.name}_v"), k)
             else:
@@ -201,7 +202,7 @@ class _Builder:
                 stores.append(ir.If(cond, [st]))
             else:
                 stores.append(st)
-        pos = [need[a] for a in self.grid if a in need]
+        pos: list[ir.Stmt] = [need[a] for a in self.grid if a in need]
         out: list[ir.Stmt] = []
         if pos:
             out += [ir.Comment("position along each axis")] + pos
@@ -321,14 +322,30 @@ class _Builder:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")
 
 
-def kernel_params(b, numel: bool = False, what: str = "") -> tuple[ir.Argument, ...]:
+class ParamSource(Protocol):
+    """What `kernel_params` reads off a schedule builder."""
+    graph: Graph
+    inputs: list[TensorParam]
+    names: dict[str, str]
+    out_names: list[str]
+    scalars: list[ScalarParam]
+    sizes_used: list[str]
+    index64: bool
+
+    def in_stype(self, t: TensorParam) -> str: ...
+
+    def out_stype(self, k: int) -> str: ...
+
+
+def kernel_params(b: ParamSource, numel: bool = False, what: str = "") -> tuple[ir.Argument, ...]:
     """The kernel's parameter list, in binding order: the inputs it reads, the outputs, the
     scalars it uses, [mf_numel,] the axis sizes it uses. `b` is a schedule builder (its graph
     `graph`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
     `index64`); `what` goes after "kernel arguments" in the too-many-arguments error."""
     ps: list[ir.Argument] = []
 
-    def add(name, kind, typ, binds, writable=False, cast=None):
+    def add(name: str, kind: str, typ: str, binds: tuple[str | int, ...], writable: bool = False,
+            cast: Optional[str] = None) -> None:
         ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
 
     for t in b.inputs:

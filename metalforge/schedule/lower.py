@@ -37,7 +37,7 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     ("<<", ">>") must have an amount in [0, width)."""
     t = compute_type(dt)
 
-    def e(xs):
+    def e(xs: tuple[ir.Expr, ...]) -> ir.Expr:
         return ir.Unary(op, xs[0]) if len(xs) == 1 else ir.Binary(op, *xs)
     if dt.itemsize < 4:
         # narrow: the operands promote to int (uint for unsigned types); convert back. Left
@@ -59,7 +59,7 @@ def compute_type(dt: DType) -> str:
     return dt.compute.msl
 
 
-def lit(value, dt: DType) -> ir.Lit:
+def lit(value: int | float | bool, dt: DType) -> ir.Lit:
     c = dt.compute
     if c.kind == "bool":
         return ir.Lit(bool(value), "bool")
@@ -133,7 +133,7 @@ class ElementLowering:
         if op == Op.LOAD:
             return self.load(n)
         if op == Op.SCALAR:
-            p = self.graph.param(n.attr)
+            p = self.graph.scalar(n.attr)
             return convert(ir.Var(self.scalar(n.attr)), p.dtype, n.dtype)
         if op == Op.CONST:
             return lit(n.attr, n.dtype)

@@ -42,7 +42,7 @@ class LaunchPolicy:
     def elements_per_thread(self) -> int:
         return self.vector_width * self.vectors_per_thread
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
 
 

@@ -29,16 +29,16 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from .. import ir
 from ..dtypes import DType
-from ..errors import at
+from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam
-from .policy import LaunchError, LaunchPolicy, MAX_THREADGROUP_BYTES
+from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, used_params
-from .lower import ElementLowering, UnsupportedConstruct, convert, compute_type, ident
+from .lower import ElementLowering, convert, compute_type, ident
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -264,6 +264,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     acc = ir.Var(r.acc)
     k = r.kind
     if r.online_sum is not None:
+        assert other_idx is not None, "an online max merges with the other thread's sum"
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_merge", (acc, s, other_acc, other_idx)))]
     if k == "sum":
@@ -273,6 +274,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     if k in ("max", "min"):
         fn = (f"mf_{k}imum" if r.is_float else k)
         return [ir.Assign(acc, ir.Call(fn, (acc, other_acc)))]
+    assert other_idx is not None, f"{k} merges with the other thread's index"
     idx = ir.Var(r.idx)
     o_nan = other_acc.ne(other_acc) if r.is_float else None
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
@@ -389,7 +391,7 @@ class Builder:
         return self.axis in n.axes
 
     # -- the thread's row/column (declared in the preamble `pre` on first use) ----------
-    def span(self, axes) -> ir.Expr:
+    def span(self, axes: Iterable[str]) -> ir.Expr:
         e: ir.Expr = ir.Lit(1, IDX)
         for k, a in enumerate(axes):
             e = self.size(a) if k == 0 else e * self.size(a)
@@ -410,7 +412,7 @@ class Builder:
             self.v.pre_names.add(name)
         return ir.Var(name)
 
-    def cone(self, roots: list[Node]):
+    def cone(self, roots: list[Node]) -> tuple[list[str], list[Node]]:
         """Element nodes reachable from roots (stopping at row values): (the tensors they
         load, in order of first use; the frontier of row values)."""
         seen: set[Node] = set()

@@ -30,14 +30,14 @@ elements all lie in the row runs its element loops without a per-element bounds 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from .. import ir
-from ..errors import at
+from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, UnsupportedConstruct, compute_type
-from .policy import (LaunchError, LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
+from .lower import ElementLowering, compute_type
+from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
                      access_width)
 from . import reduce
 
@@ -50,7 +50,7 @@ READS = {"simd": "simd_reads_per_thread", "group": "reads_per_thread",
 def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
     """Elements each thread (lane) of this variant holds in registers per input, for row
     tensors of at most `itemsize` bytes."""
-    r = getattr(p, READS[variant])
+    r: int = getattr(p, READS[variant])
     if variant == "group" and itemsize < 4:
         r = max(r, min(MAX_READS_PER_THREAD, r * 4 // itemsize))
     return r
@@ -77,9 +77,9 @@ def is_row(graph: Graph, axis: str) -> bool:
 class RowSchedule(Schedule):
     axis: str = ""
     rows: tuple[str, ...] = ()
-    variants: dict = field(default_factory=dict)       # name → ir.LoweredKernel
-    reductions: list = field(default_factory=list)
-    passes: dict = field(default_factory=dict)         # variant → {input: times read per row}
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
+    reductions: list[reduce.Reduction] = field(default_factory=list)
+    passes: dict[str, dict[str, int]] = field(default_factory=dict)  # variant → {input: reads}
     itemsize: int = 4                                  # bytes of the widest row tensor
 
     @property
@@ -108,7 +108,8 @@ class RowSchedule(Schedule):
         if not self.index64 and self._rows(sizes) * d >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {self._rows(sizes) * d} elements "
                               f"need 64-bit indexing; call it with launch={{'index64': True}}")
-        return self.variants[self.variant(sizes)].host_name
+        kernel: ir.LoweredKernel = self.variants[self.variant(sizes)]
+        return kernel.host_name
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows, d = self._rows(sizes), sizes[self.axis]
@@ -137,7 +138,7 @@ class RowSchedule(Schedule):
         register variants, once per pass that needs it in the looped one."""
         passes = self.passes[self.variant(sizes)]
 
-        def numel(axes) -> int:
+        def numel(axes: Iterable[str]) -> int:
             n = 1
             for a in axes:
                 n *= sizes[a]
@@ -193,7 +194,7 @@ class _Builder(reduce.Builder):
 
     # -- lowering callbacks --------------------------------------------------------------
     def outer_load(self, n: Node) -> ir.Expr:
-        t = self.graph.param(n.attr)
+        t = self.graph.tensor(n.attr)
         return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name],
                                                 self.row_base(t.name, t.axes)))
 
@@ -213,7 +214,7 @@ class _Builder(reduce.Builder):
         vec: list[ir.Stmt] = []
         sca: list[ir.Stmt] = []
         for name in tensors:
-            t = self.graph.param(name)
+            t = self.graph.tensor(name)
             ct, st = compute_type(t.dtype), self.in_stype(t)
             arr = ir.Var(self.reg(name))
             if declare:
@@ -232,8 +233,8 @@ class _Builder(reduce.Builder):
                 pos < self.size(self.axis),
                 ir.Cast(ct, ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), sca,
-                         unroll=True)]
+        scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
+                                        ir.Lit(reads, "uint"), sca, unroll=True)]
         if vw > 1:
             out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
                              [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar))
@@ -250,7 +251,8 @@ class _Builder(reduce.Builder):
         return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
     def element_loop(self, roots: list[Node], reds: list[reduce.Reduction],
-                     outs: list[int]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+                     outs: list[int]
+                     ) -> tuple[list[ir.Stmt], tuple[list[str], list[ir.Stmt]]]:
         """(row statements before the loop, the loop over this thread's R elements)."""
         tensors, frontier = self.cone(roots)
         row_stmts = self.v.row_values.lower(frontier)
@@ -272,7 +274,7 @@ class _Builder(reduce.Builder):
         for k in outs:
             body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
-        decl_pos = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+        decl_pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
 
         def each(guarded: bool) -> ir.Stmt:
             if guarded:
@@ -309,8 +311,8 @@ class _Builder(reduce.Builder):
             sca.append(ir.If(pos < self.size(self.axis), [
                 ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
                          ir.Lane(arr, ir.Var("mf_k")))]))
-        scalar = [ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), sca,
-                         unroll=True)]
+        scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
+                                        ir.Lit(reads, "uint"), sca, unroll=True)]
         if vw > 1:
             return [ir.Comment("store the row's outputs"),
                     ir.If(self.full(), [ir.Comment(f"{vw}-wide vector stores")] + vec,
@@ -508,7 +510,7 @@ class _Builder(reduce.Builder):
             return "(with the max above)"
         return f"{r.kind} over {r.axis}"
 
-    def _summary(self, variant: str, reds) -> str:
+    def _summary(self, variant: str, reds: list[reduce.Reduction]) -> str:
         # launch-only choices (threads and rows per group) stay out of the text, so changing
         # them reuses the compiled library
         how = {"simd": f"one simdgroup per row (rows per threadgroup set at launch), "
