@@ -31,7 +31,9 @@ _WORD_MASK = 0xFFFFFFFF
 
 
 def pack_layout(bits: int) -> tuple[int, int]:
-    """(codes, words): the smallest run of codes that fills whole uint32 words at `bits` bits."""
+    """(codes, words): the smallest run of codes that fills whole uint32 words at `bits` bits.
+
+    Example: ``quant.pack_layout(3) == (32, 3)``"""
     _check_bits(bits)
     codes = 32 // math.gcd(32, bits)
     return codes, codes * bits // 32
@@ -45,6 +47,8 @@ def quantize(w: torch.Tensor, group_size: int = 64,
     biases in w's dtype (f32, f16 or bf16), bit-identical to `mx.quantize(w, group_size, bits)`.
     The arithmetic is float32 whatever w's dtype; scales and biases are rounded to w's dtype
     only when stored (codes are computed with the float32 scale, as MLX does).
+
+    Example: ``wq, scales, biases = quant.quantize(linear.weight, group_size=64, bits=4)``
     """
     _check_group_size(group_size)
     _check_bits(bits)
@@ -87,6 +91,8 @@ def dequantize(wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
 
     wq: uint32 [..., K*bits/32]; scales, biases: [..., K/group_size], one float dtype. The
     product and the sum are each rounded to that dtype (no fused multiply-add), like MLX.
+
+    Example: ``w_hat = quant.dequantize(wq, scales, biases, group_size=64, bits=4)``
     """
     _check_group_size(group_size)
     _check_bits(bits)
@@ -111,7 +117,9 @@ def dequantize(wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
 
 def unpack(wq: torch.Tensor, bits: int) -> torch.Tensor:
     """The integer codes in packed words: uint32 [..., W] -> int32 [..., W*32/bits] in
-    [0, 2**bits). Code k is bits [k*bits, (k+1)*bits) of the row's little-endian bit stream."""
+    [0, 2**bits). Code k is bits [k*bits, (k+1)*bits) of the row's little-endian bit stream.
+
+    Example: ``codes = quant.unpack(wq, bits=4)``"""
     _check_bits(bits)
     _check_words("unpack", wq, bits)
     per_pack, words_per_pack = pack_layout(bits)
@@ -131,7 +139,9 @@ def unpack(wq: torch.Tensor, bits: int) -> torch.Tensor:
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """The inverse of `unpack`: integer codes [..., K] in [0, 2**bits) -> uint32
-    [..., K*bits/32]."""
+    [..., K*bits/32].
+
+    Example: ``wq = quant.pack(codes, bits=4)``"""
     _check_bits(bits)
     if not isinstance(codes, torch.Tensor):
         raise TypeError(f"pack: codes must be a torch.Tensor, got {type(codes).__name__}")

@@ -39,7 +39,16 @@ class _ConstType:
 
 class Const:
     """`mf.Const[int]` / `mf.Const[bool]`: a compile-time constant parameter. Inside the kernel
-    it is a plain Python value; each distinct value is its own specialised variant."""
+    it is a plain Python value; each distinct value is its own specialised variant.
+
+    Example::
+
+        @mf.kernel
+        def masked(x: "T[S, L]", causal: mf.Const[bool] = True):
+            if causal:              # decided while tracing: one kernel per value
+                x = mf.where(mf.index("L") <= mf.index("S"), x, -mf.inf)
+            return x
+    """
 
     def __class_getitem__(cls, pytype):
         if pytype not in (int, bool):
@@ -91,7 +100,18 @@ def _check_name(name: Optional[str], fn: Callable, loc: tuple[str, int]) -> str:
 
 
 class Kernel:
-    """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns)."""
+    """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns).
+
+    Call it to run; `.source(*args)` / `.ir(*args)` show the Metal source / lowered kernel of the
+    specialisation the arguments select; `.reference(*args)` evaluates the same description with
+    torch; `.variants()`, `.with_launch(...)`, `.as_op("ns::name")`, `.backward_source(...)`.
+
+    Example::
+
+        y = silu(x)                      # MPS → Metal, CPU → simulator, CUDA → NVRTC
+        print(silu.source(x))
+        torch.testing.assert_close(y, silu.reference(x))
+    """
 
     def __init__(self, fn: Callable, *, name: Optional[str] = None,
                  backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
@@ -596,8 +616,21 @@ class Kernel:
 
 def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,
            backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
-    """Decorator: `@mf.kernel` or
-    `@mf.kernel(name=..., backend="sim"|"mps"|"cuda", launch={...})`."""
+    """Turn an annotated Python function into a metalforge kernel: `@mf.kernel` or
+    `@mf.kernel(name=..., backend="sim"|"mps"|"cuda"|"mlx", launch={...})`.
+
+    fn:      the kernel body; tensor parameters annotated with strings ("T[R, D]"), runtime
+             scalars with float/int/bool, compile-time constants with mf.Const[int|bool].
+    name:    the kernel's name in generated MSL (default: the function's name).
+    backend: force a backend instead of following the tensors' device.
+    launch:  launch-policy overrides ({"threads_per_group": 128, ...}).
+
+    Example::
+
+        @mf.kernel
+        def silu(x: "T[*B, D]"):
+            return x * mf.sigmoid(x)
+    """
     if fn is None:
         return lambda f: Kernel(f, name=name, backend=backend, launch=launch)
     if not callable(fn):

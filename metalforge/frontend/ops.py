@@ -25,8 +25,12 @@ def _unary(op: str):
     def f(x):
         return _trace((x,), op).unary(op, x)
     f.__name__ = f.__qualname__ = op
-    f.__doc__ = f"Elementwise {op}; integer inputs give f32 results as in torch." \
-        if op not in ("abs", "floor", "ceil") else f"Elementwise {op} (keeps the dtype)."
+    keeps = op in ("abs", "floor", "ceil")
+    what = f"Elementwise {op}, as torch.{op}" + (
+        " (keeps the dtype)." if keeps else "; integer inputs give f32 results as in torch.")
+    f.__doc__ = (f"{what}\n\n    x: a tensor value or a Python number.\n\n"
+                 f"    Example::\n\n        @mf.kernel\n        def k(x: \"T[N]\"):\n"
+                 f"            return mf.{op}(x)\n")
     return f
 
 
@@ -47,24 +51,39 @@ ceil = _unary("ceil")
 
 
 def where(cond, a, b):
-    """Elementwise select: a where cond is true, else b (cond must be bool)."""
+    """Elementwise select, as torch.where: a where cond is true, else b.
+
+    cond: a bool value (a Python bool picks a branch while tracing); a, b: values or numbers,
+    promoted together as torch does.
+
+    Example::
+
+        @mf.kernel
+        def relu(x: "T[N]"):
+            return mf.where(x > 0, x, 0.0)"""
     if isinstance(cond, bool):
         return a if cond else b
     return _trace((cond, a, b), "where").where(cond, a, b)
 
 
 def maximum(a, b):
-    """Elementwise maximum; NaN propagates (torch.maximum)."""
+    """Elementwise maximum; NaN propagates (torch.maximum). a, b: values or numbers.
+
+    Example: ``mf.maximum(x, 0.0)`` (a ReLU)."""
     return _trace((a, b), "maximum").binary("maximum", a, b)
 
 
 def minimum(a, b):
-    """Elementwise minimum; NaN propagates (torch.minimum)."""
+    """Elementwise minimum; NaN propagates (torch.minimum). a, b: values or numbers.
+
+    Example: ``mf.minimum(x, y)``."""
     return _trace((a, b), "minimum").binary("minimum", a, b)
 
 
 def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
-    """torch.clamp: minimum(maximum(x, min), max); either bound may be left out."""
+    """torch.clamp: minimum(maximum(x, min), max); either bound may be left out.
+
+    Example: ``mf.clamp(x, min=-1.0, max=1.0)``."""
     tr = _trace((x, min, max), "clamp")
     if min is None and max is None:
         raise tr.error("mf.clamp needs min=, max= or both")
@@ -73,12 +92,22 @@ def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
 
 
 def index(axis: str):
-    """The position along `axis` (i64), e.g. for masks: mf.index("L") <= mf.index("S")."""
+    """The position along `axis` (i64), broadcast over the other axes: for masks and positions.
+
+    axis: the name of a dim of the kernel's annotations.
+
+    Example::
+
+        @mf.kernel
+        def causal_mask(scores: "T[S, L]"):
+            return mf.where(mf.index("L") <= mf.index("S"), scores, -mf.inf)"""
     return current("mf.index").index(axis)
 
 
 def size(axis: str):
-    """The size of `axis` (i64, weak like a Python int)."""
+    """The size of `axis` (i64, weak like a Python int: `x / mf.size("D")` keeps x's dtype).
+
+    Example: ``mf.sum(x, axis="D") / mf.size("D")`` (what mf.mean computes)."""
     return current("mf.size").size(axis)
 
 
@@ -100,37 +129,59 @@ def _reduce_many(kind: str, x, axis, fn: str):
 
 
 def sum(x, axis):  # noqa: A001
-    """Sum over `axis` (a name or a tuple of names); integers sum in i64 as in torch."""
+    """Sum over `axis` (a name or a tuple of names), removing it; fp32 accumulation;
+    integers sum in i64 as in torch.
+
+    Example: ``mf.sum(x * x, axis="D")`` on ``x: "T[R, D]"`` is ``[R]``."""
     return _reduce_many("sum", x, axis, "sum")
 
 
 def prod(x, axis):
-    """Product over `axis`; integers multiply in i64 as in torch."""
+    """Product over `axis` (a name or a tuple of names); integers multiply in i64 as in torch.
+
+    Example: ``mf.prod(x, axis="D")``."""
     return _reduce_many("prod", x, axis, "prod")
 
 
 def max(x, axis):  # noqa: A001
-    """Maximum over `axis`; NaN propagates (torch.amax)."""
+    """Maximum over `axis` (a name or a tuple of names); NaN propagates (torch.amax).
+
+    Example: ``x - mf.max(x, axis="D")``."""
     return _reduce_many("max", x, axis, "max")
 
 
 def min(x, axis):  # noqa: A001
-    """Minimum over `axis`; NaN propagates (torch.amin)."""
+    """Minimum over `axis` (a name or a tuple of names); NaN propagates (torch.amin).
+
+    Example: ``mf.min(x, axis="D")``."""
     return _reduce_many("min", x, axis, "min")
 
 
 def argmax(x, axis: str):
-    """Index (i64) of the first maximum along `axis`; a NaN counts as the maximum."""
+    """Index (i64) of the first maximum along `axis`; a NaN counts as the maximum
+    (torch.argmax).
+
+    Example: ``mf.argmax(logits, axis="V")``."""
     return _trace((x,), "argmax").reduce("argmax", x, axis, "mf.argmax")
 
 
 def argmin(x, axis: str):
-    """Index (i64) of the first minimum along `axis`; a NaN counts as the minimum."""
+    """Index (i64) of the first minimum along `axis`; a NaN counts as the minimum
+    (torch.argmin).
+
+    Example: ``mf.argmin(dist, axis="K")``."""
     return _trace((x,), "argmin").reduce("argmin", x, axis, "mf.argmin")
 
 
 def mean(x, axis):
-    """sum(x, axis) / size(axis). Floating-point values only (torch.mean refuses integers)."""
+    """Mean over `axis` (a name or a tuple of names): sum(x, axis) / size(axis).
+    Floating-point values only (torch.mean refuses integers).
+
+    Example::
+
+        @mf.kernel
+        def rms_norm(x: "T[*B, D]", w: "T[D]", eps: float = 1e-6):
+            return x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w"""
     tr = _trace((x,), "mean")
     if isinstance(x, Sym) and not x.dtype.is_float:
         raise tr.error(f"mf.mean needs a floating-point value, got {x.dtype} (torch.mean "
@@ -153,7 +204,14 @@ def _float_only(x, fn: str) -> None:
 
 
 def softmax(x, axis: str):
-    """exp(x - max) / sum(exp(x - max)); a row of all -inf gives NaN, as torch does.
+    """Softmax over `axis`: exp(x - max) / sum(exp(x - max)); a row of all -inf gives
+    NaN, as torch does.
+
+    Example::
+
+        @mf.kernel
+        def softmax(x: "T[R, D]"):
+            return mf.softmax(x, axis="D")
     Floating-point values only, as in torch."""
     _float_only(x, "softmax")
     e = exp(x - max(x, axis))
@@ -161,17 +219,21 @@ def softmax(x, axis: str):
 
 
 def log_softmax(x, axis: str):
-    """(x - max) - log(sum(exp(x - max))), as torch.log_softmax. Floating-point values only,
-    as in torch."""
+    """Log-softmax over `axis`: (x - max) - log(sum(exp(x - max))), as torch.log_softmax.
+    Floating-point values only, as in torch.
+
+    Example: ``mf.log_softmax(logits, axis="V")``."""
     _float_only(x, "log_softmax")
     s = x - max(x, axis)
     return s - log(sum(exp(s), axis))
 
 
 def logsumexp(x, axis: str):
-    """log(sum(exp(x))) computed stably like torch.logsumexp: an infinite max is replaced by 0
-    before shifting, so all -inf gives -inf and +inf gives +inf. Integer and bool values are
-    converted to f32 first, as torch converts them to its default float dtype."""
+    """log(sum(exp(x))) over `axis`, computed stably like torch.logsumexp: an infinite max is
+    replaced by 0 before shifting, so all -inf gives -inf and +inf gives +inf. Integer and
+    bool values are converted to f32 first, as torch converts them to its default float dtype.
+
+    Example: ``mf.logsumexp(x, axis="D")``."""
     if isinstance(x, Sym) and not x.dtype.is_float:
         x = x.to("f32")
     m = max(x, axis)

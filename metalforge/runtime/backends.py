@@ -41,7 +41,13 @@ def check_name(name: Any) -> str:
 
 
 class backend:
-    """Select the backend for kernel calls in a `with` block: `with mf.backend("sim"): ...`."""
+    """Select the backend ("mps", "sim", "cuda" or "mlx") for kernel calls in a `with` block.
+
+    Example::
+
+        with mf.backend("sim"):
+            y = silu(x)          # the simulator, whatever the tensors' device allows
+    """
 
     def __init__(self, name: str) -> None:
         self.name = check_name(name)

@@ -499,7 +499,17 @@ def compile_shader(source: str, *, function_constants: dict | None = None) -> Li
     argument) gives values to ``[[function_constant(index)]]`` declarations, as
     ``{index: value}`` with bool/int/float values, as an MTLFunctionConstantValues would.  A
     constant without a value is undefined: ``is_function_constant_defined`` is false for it and
-    it reads as zero."""
+    it reads as zero.
+
+    Example::
+
+        lib = compile_shader('''
+        #include <metal_stdlib>
+        kernel void twice(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+            x[i] *= 2.0f;
+        }''')
+        lib.twice(x)                      # x: a CPU float32 tensor; threads = x.numel()
+    """
     if not isinstance(source, str):
         raise TypeError("compile_shader expects the Metal source as a str")
     return Library(source, function_constants)

@@ -111,6 +111,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     profile:       "metalforge-ci" / "metalforge-thorough" (default: $METALFORGE_HYPOTHESIS_PROFILE).
     grad:          also check a differentiable kernel's gradients against torch.autograd on
                    the reference (`testing.gradients`).
+
+    Example: ``check(rms_norm, dtypes={"T": ["f16"]}, dims={"D": [31, 4097]})``
     """
     prof = _profile(profile)
     params = tuple(kernel.params)
