@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
@@ -132,81 +132,86 @@ def _live(graph: Graph, wrt: set[str]) -> set[int]:
 
 def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     """(argument position, gradient contribution) of node n whose output gradient is g."""
-    op, f, args = n.op, n.attr, n.args
-    if op == "cast":
-        return [(0, g)] if args[0].dtype.is_float else []
-    if op == "where":
-        c = args[0]
+    if n.op == "cast":
+        return [(0, g)] if n.args[0].dtype.is_float else []
+    if n.op == "where":
+        c = n.args[0]
         return [(1, b.zero_unless(c, g)), (2, b.where(c, b.const(0.0), g))]
-    if op == "unary":
-        a = args[0]
-        rules = {
-            "neg": lambda: b.neg(g),
-            "exp": lambda: b.mul(g, n),
-            "exp2": lambda: b.mul(g, b.scale(n, math.log(2.0))),
-            "log": lambda: b.div(g, a),
-            "log2": lambda: b.div(g, b.scale(a, math.log(2.0))),
-            "sqrt": lambda: b.div(b.scale(g, 0.5), n),
-            "rsqrt": lambda: b.mul(b.scale(g, -0.5), b.mul(n, b.mul(n, n))),
-            "sin": lambda: b.mul(g, b.unary("cos", a)),
-            "cos": lambda: b.neg(b.mul(g, b.unary("sin", a))),
-            "tanh": lambda: b.mul(g, b.bin("sub", b.const(1.0), b.mul(n, n))),
-            "sigmoid": lambda: b.mul(g, b.mul(n, b.bin("sub", b.const(1.0), n))),
-            "erf": lambda: b.mul(g, b.scale(b.unary("exp", b.neg(b.mul(a, a))),
-                                            2.0 / math.sqrt(math.pi))),
-            "abs": lambda: b.where(b.cmp("gt", a, b.const(0.0)), g,
-                                   b.zero_unless(b.cmp("lt", a, b.const(0.0)), b.neg(g))),
-            "floor": lambda: None, "ceil": lambda: None,
-        }
-        r = rules[f]() if f in rules else None
+    if n.op == "unary":
+        r = _unary_grad(b, n, g)
         return [(0, r)] if r is not None else []
-    if op == "binary":
-        x, y = args
-        if f == "add":
-            return [(0, g), (1, g)]
-        if f == "sub":
-            return [(0, g), (1, b.neg(g))]
-        if f == "mul":
-            return [(0, b.mul(g, y)), (1, b.mul(g, x))]
-        if f == "div":
-            return [(0, b.div(g, y)), (1, b.neg(b.div(b.mul(g, n), y)))]
-        if f == "pow":
-            out = []
-            if y.op == "const":
-                e = float(y.attr)
-                if e != 0.0:
-                    p = b.bin("pow", x, b.const(e - 1.0))
-                    out.append((0, b.mul(g, b.scale(p, e))))
-            else:
-                e = b.f32(y)
-                p = b.bin("pow", x, b.bin("sub", e, b.const(1.0)))
-                out.append((0, b.mul(g, b.mul(e, p))))
-                out.append((1, b.mul(b.mul(g, n), b.unary("log", x))))
-            return out
-        if f in ("maximum", "minimum"):
-            wins = b.cmp("gt" if f == "maximum" else "lt", x, y)
-            tie = b.cmp("eq", x, y)
-            half = b.scale(g, 0.5)
-            return [(0, b.where(wins, g, b.zero_unless(tie, half))),
-                    (1, b.where(wins, b.const(0.0), b.where(tie, half, g)))]
-        if f == "mod":          # torch.remainder: d/da = 1, d/db = -floor(a / b)
-            return [(0, g), (1, b.neg(b.mul(g, b.unary("floor", b.div(x, y)))))]
-        return []                               # floordiv: zero; comparisons, bit ops: none
-    if op == "reduce":
-        kind, axis = f
-        a = args[0]
-        if kind == "sum":
-            return [(0, g)]
-        if kind in ("max", "min"):              # ties share the gradient (torch.amax)
-            hit = b.cmp("eq", a, n)
-            count = b.sum(b.where(hit, b.const(1.0), b.const(0.0)), axis)
-            return [(0, b.zero_unless(hit, b.div(g, count)))]
-        if kind == "prod":
-            raise NotDifferentiable(f"mf.prod(..., axis={axis!r}){_at(n)} has no derivative "
-                                    "in metalforge (its gradient at zeros needs the product of "
-                                    "the other elements)")
-        return []
+    if n.op == "binary":
+        return _binary_grad(b, n, g)
+    if n.op == "reduce":
+        return _reduce_grad(b, n, g)
     return []
+
+
+def _unary_grad(b: _Nodes, n: Node, g: Node) -> Optional[Node]:
+    """d(f(a))/da * g for the unary function n = f(a); None where it is zero (floor, ceil)."""
+    a = n.args[0]
+    rules: dict[str, Callable[[], Optional[Node]]] = {
+        "neg": lambda: b.neg(g),
+        "exp": lambda: b.mul(g, n),
+        "exp2": lambda: b.mul(g, b.scale(n, math.log(2.0))),
+        "log": lambda: b.div(g, a),
+        "log2": lambda: b.div(g, b.scale(a, math.log(2.0))),
+        "sqrt": lambda: b.div(b.scale(g, 0.5), n),
+        "rsqrt": lambda: b.mul(b.scale(g, -0.5), b.mul(n, b.mul(n, n))),
+        "sin": lambda: b.mul(g, b.unary("cos", a)),
+        "cos": lambda: b.neg(b.mul(g, b.unary("sin", a))),
+        "tanh": lambda: b.mul(g, b.bin("sub", b.const(1.0), b.mul(n, n))),
+        "sigmoid": lambda: b.mul(g, b.mul(n, b.bin("sub", b.const(1.0), n))),
+        "erf": lambda: b.mul(g, b.scale(b.unary("exp", b.neg(b.mul(a, a))),
+                                        2.0 / math.sqrt(math.pi))),
+        "abs": lambda: b.where(b.cmp("gt", a, b.const(0.0)), g,
+                               b.zero_unless(b.cmp("lt", a, b.const(0.0)), b.neg(g))),
+        "floor": lambda: None, "ceil": lambda: None,
+    }
+    return rules[n.attr]() if n.attr in rules else None
+
+
+def _binary_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
+    f, (x, y) = n.attr, n.args
+    if f == "add":
+        return [(0, g), (1, g)]
+    if f == "sub":
+        return [(0, g), (1, b.neg(g))]
+    if f == "mul":
+        return [(0, b.mul(g, y)), (1, b.mul(g, x))]
+    if f == "div":
+        return [(0, b.div(g, y)), (1, b.neg(b.div(b.mul(g, n), y)))]
+    if f == "pow":
+        if y.op == "const":
+            e = float(y.attr)
+            return [(0, b.mul(g, b.scale(b.bin("pow", x, b.const(e - 1.0)), e)))] if e else []
+        ey = b.f32(y)
+        p = b.bin("pow", x, b.bin("sub", ey, b.const(1.0)))
+        return [(0, b.mul(g, b.mul(ey, p))), (1, b.mul(b.mul(g, n), b.unary("log", x)))]
+    if f in ("maximum", "minimum"):
+        wins = b.cmp("gt" if f == "maximum" else "lt", x, y)
+        tie = b.cmp("eq", x, y)
+        half = b.scale(g, 0.5)
+        return [(0, b.where(wins, g, b.zero_unless(tie, half))),
+                (1, b.where(wins, b.const(0.0), b.where(tie, half, g)))]
+    if f == "mod":          # torch.remainder: d/da = 1, d/db = -floor(a / b)
+        return [(0, g), (1, b.neg(b.mul(g, b.unary("floor", b.div(x, y)))))]
+    return []                               # floordiv: zero; comparisons, bit ops: none
+
+
+def _reduce_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
+    (kind, axis), a = n.attr, n.args[0]
+    if kind == "sum":
+        return [(0, g)]
+    if kind in ("max", "min"):              # ties share the gradient (torch.amax)
+        hit = b.cmp("eq", a, n)
+        count = b.sum(b.where(hit, b.const(1.0), b.const(0.0)), axis)
+        return [(0, b.zero_unless(hit, b.div(g, count)))]
+    if kind == "prod":
+        raise NotDifferentiable(f"mf.prod(..., axis={axis!r}){_at(n)} has no derivative "
+                                "in metalforge (its gradient at zeros needs the product of "
+                                "the other elements)")
+    return []                               # argmax, argmin: integer results
 
 
 def _adjoint(graph: Graph, wrt: set[str], dys: dict[int, Node], b: _Nodes) -> dict[str, Node]:
@@ -329,6 +334,19 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
     """The backward kernels of `graph` with respect to the float tensor inputs `wrt` (all of
     them when None). Raises NotDifferentiable when no output is a float value, when a
     requested input is not a float tensor, or through an op with no derivative."""
+    wrt = _check_wrt(graph, wrt)
+    b = _Nodes(_axis_order(graph))
+    taken = {p.name for p in graph.params}
+    dy_names, dy_params, dys = _output_gradients(graph, b, taken)
+    grads = _adjoint(graph, set(wrt), dys, b)
+    targets = [_target(graph, name, grads[name], b) for name in wrt if name in grads]
+    done = _split_by_axis(targets, b, taken)
+    kernels = _group(graph, done, b)
+    return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+
+
+def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
+    """The inputs to differentiate for: float tensors only, and some float output."""
     where = _where(graph)
     floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
     wrt = floats if wrt is None else tuple(wrt)
@@ -336,12 +354,16 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
         if name not in floats:
             raise NotDifferentiable(f"{where}: argument '{name}' is not a floating-point tensor "
                                     "argument, so it has no gradient")
-    outs = [o for o in graph.outputs if o.dtype.is_float]
-    if not outs:
+    if not any(o.dtype.is_float for o in graph.outputs):
         kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
         raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "
                                 "e.g. from mf.argmax or a comparison), which have no "
                                 "derivative; detach the inputs (x.detach()) to call it")
+    return wrt
+
+
+def _axis_order(graph: Graph) -> dict[str, int]:
+    """Axes in the canonical order: the parameters' first, then the nodes'."""
     order: dict[str, int] = {}
     for t in graph.tensors:
         for a in t.axes:
@@ -349,8 +371,13 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
     for n in graph.nodes():
         for a in n.axes:
             order.setdefault(a, len(order))
-    b = _Nodes(order)
-    taken = {p.name for p in graph.params}
+    return order
+
+
+def _output_gradients(graph: Graph, b: _Nodes, taken: set[str]
+                      ) -> tuple[list[Optional[str]], list[TensorParam], dict[int, Node]]:
+    """One incoming-gradient parameter `dy` per float output: (its name per output, None for
+    the others; the parameters; the gradient flowing into each output node, by node id)."""
     dy_names: list[Optional[str]] = []
     dy_params: list[TensorParam] = []
     dys: dict[int, Node] = {}
@@ -367,19 +394,21 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
         ld = b.f32(Node("load", (), o.dtype, b.axes(o.node), attr=name))
         prev = dys.get(id(o.node))
         dys[id(o.node)] = ld if prev is None else b.add(prev, ld)
-    grads = _adjoint(graph, set(wrt), dys, b)
+    return dy_names, dy_params, dys
 
-    # one target per gradient, then split by reduction axis
-    targets: list[_Target] = []
-    for name in wrt:
-        if name not in grads:
-            continue
-        p = graph.param(name)
-        assert isinstance(p, TensorParam)
-        g = b.expand(grads[name], b.axes(*[Node("load", (), p.dtype, p.axes)]))
-        if p.dtype is not F32:
-            g = Node("cast", (g,), p.dtype, g.axes)
-        targets.append(_Target(name, g, p.axes, p.dtype))
+
+def _target(graph: Graph, name: str, grad: Node, b: _Nodes) -> _Target:
+    """The gradient of input `name`, expanded to its axes and cast to its dtype."""
+    p = graph.tensor(name)
+    g = b.expand(grad, b.axes(*[Node("load", (), p.dtype, p.axes)]))
+    if p.dtype is not F32:
+        g = Node("cast", (g,), p.dtype, g.axes)
+    return _Target(name, g, p.axes, p.dtype)
+
+
+def _split_by_axis(targets: list[_Target], b: _Nodes, taken: set[str]) -> list[_Target]:
+    """Each target reduces one axis: a reduction over another axis it needs becomes a target
+    of its own, written to a small f32 buffer that the first one loads."""
     buffers: dict[int, tuple[str, Node]] = {}       # reduction node id -> (buffer, its load)
     todo = list(targets)
     done: list[_Target] = []
@@ -400,9 +429,7 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
         t.axis = axis
         t.needs = tuple(buffers[id(r)][0] for r in other)
         done.append(t)
-
-    kernels = _group(graph, done, b)
-    return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+    return done
 
 
 def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target]]:

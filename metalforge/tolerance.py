@@ -158,63 +158,84 @@ def compare(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
         return None
     g = got.detach().cpu()
     e = expected.detach().cpu()
-    if tol.exact or not e.is_floating_point():
-        bad = g != e
-        score = bad.to(torch.float64)
-        kinds = None
-    else:
-        g = g.to(torch.float64)
-        e = e.to(torch.float64)
-        gn, en = torch.isnan(g), torch.isnan(e)
-        gi, ei = torch.isinf(g), torch.isinf(e)
-        nan_bad = gn != en
-        inf_bad = (gi | ei) & ~(gn | en) & (g != e)
-        for a in alternatives or ():
-            # where the exact reference is NaN/inf but one with its sums off by their allowed
-            # rounding is not (or the other way round), got may be what that one gives
-            a = a.detach().cpu().to(torch.float64).reshape(e.shape)
-            af = torch.isfinite(a)
-            same = (gn & torch.isnan(a)) | (gi & (g == a)) | \
-                (torch.isfinite(g) & af & ((g - a).abs() <= tol.atol + tol.rtol * a.abs()))
-            nan_bad = nan_bad & ~same
-            inf_bad = inf_bad & ~same
-        finite = ~(gn | en | gi | ei)
-        allowed = tol.atol + tol.rtol * e.abs()
-        if slack is not None:
-            allowed = allowed + slack.detach().cpu().to(torch.float64).reshape(e.shape)
-        diff = torch.where(finite, (g - e).abs(), torch.zeros_like(g))
-        value_bad = finite & (diff > allowed)
-        bad = nan_bad | inf_bad | value_bad
-        # worst element: NaN/inf mismatches first, then the largest diff / allowed ratio
-        score = torch.where(nan_bad | inf_bad, torch.full_like(g, math.inf),
-                            diff / allowed.clamp_min(1e-300))
-        score = torch.where(bad, score, torch.full_like(g, -1.0))
-        kinds = (nan_bad, inf_bad)
-    mismatched = int(bad.sum())
+    exact = tol.exact or not e.is_floating_point()
+    m = _exact_mismatch(g, e) if exact else _float_mismatch(g, e, tol, slack, alternatives)
+    mismatched = int(m.bad.sum())
     if mismatched == 0:
         return None
-    flat = int(torch.argmax(score.reshape(-1)))
+    flat = int(torch.argmax(m.score.reshape(-1)))
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), e.shape))
-    gv = _item(got.detach().cpu().reshape(-1)[flat])
-    ev = _item(expected.detach().cpu().reshape(-1)[flat])
-    if kinds is None:
-        kind = "value"
-        detail = f"got {gv!r}, expected {ev!r} (exact equality required)"
+    gv = _item(g.reshape(-1)[flat])
+    ev = _item(e.reshape(-1)[flat])
+    if exact:
+        kind, detail = "value", f"got {gv!r}, expected {ev!r} (exact equality required)"
     else:
-        nan_bad, inf_bad = kinds
-        kind = ("nan" if bool(nan_bad.reshape(-1)[flat])
-                else "inf" if bool(inf_bad.reshape(-1)[flat]) else "value")
-        d = abs(gv - ev) if kind == "value" else math.nan
-        extra = float(slack.reshape(-1)[flat]) if slack is not None else 0.0
-        allowed_v = tol.atol + tol.rtol * abs(ev) + extra if math.isfinite(ev) else math.nan
-        detail = (f"got {gv!r}, expected {ev!r}"
-                  + (f", |diff| {d:.6g} > allowed {allowed_v:.6g}" if kind == "value" else
-                     f" ({'NaN' if kind == 'nan' else 'inf'} mismatch)"))
+        kind, detail = _worst_detail(m, flat, gv, ev, tol, slack)
+    extra = float(slack.reshape(-1)[flat]) if slack is not None else 0.0
     message = (f"{label}: {mismatched} of {total} elements out of tolerance; worst at index "
                f"{list(index)}: {detail}; tolerance {tol.describe()}"
                + (f" + sensitivity to reduction rounding {extra:.3g}" if slack is not None and
-                  kinds is not None else ""))
+                  not exact else ""))
     return Breach(output, kind, message, index, gv, ev, mismatched, total)
+
+
+@dataclass
+class _Mismatch:
+    """Which elements are out of tolerance (`bad`), how badly (`score`: the worst is the
+    largest; NaN/inf mismatches score inf) and, for floats, which are NaN/inf mismatches."""
+    bad: torch.Tensor
+    score: torch.Tensor
+    nan_bad: Optional[torch.Tensor] = None
+    inf_bad: Optional[torch.Tensor] = None
+
+
+def _exact_mismatch(g: torch.Tensor, e: torch.Tensor) -> _Mismatch:
+    bad = g != e
+    return _Mismatch(bad, bad.to(torch.float64))
+
+
+def _float_mismatch(g: torch.Tensor, e: torch.Tensor, tol: Tolerance,
+                    slack: Optional[torch.Tensor],
+                    alternatives: Optional[Iterable[torch.Tensor]]) -> _Mismatch:
+    g = g.to(torch.float64)
+    e = e.to(torch.float64)
+    gn, en = torch.isnan(g), torch.isnan(e)
+    gi, ei = torch.isinf(g), torch.isinf(e)
+    nan_bad = gn != en
+    inf_bad = (gi | ei) & ~(gn | en) & (g != e)
+    for a in alternatives or ():
+        # where the exact reference is NaN/inf but one with its sums off by their allowed
+        # rounding is not (or the other way round), got may be what that one gives
+        a = a.detach().cpu().to(torch.float64).reshape(e.shape)
+        af = torch.isfinite(a)
+        same = (gn & torch.isnan(a)) | (gi & (g == a)) | \
+            (torch.isfinite(g) & af & ((g - a).abs() <= tol.atol + tol.rtol * a.abs()))
+        nan_bad = nan_bad & ~same
+        inf_bad = inf_bad & ~same
+    finite = ~(gn | en | gi | ei)
+    allowed = tol.atol + tol.rtol * e.abs()
+    if slack is not None:
+        allowed = allowed + slack.detach().cpu().to(torch.float64).reshape(e.shape)
+    diff = torch.where(finite, (g - e).abs(), torch.zeros_like(g))
+    bad = nan_bad | inf_bad | (finite & (diff > allowed))
+    # worst element: NaN/inf mismatches first, then the largest diff / allowed ratio
+    score = torch.where(nan_bad | inf_bad, torch.full_like(g, math.inf),
+                        diff / allowed.clamp_min(1e-300))
+    score = torch.where(bad, score, torch.full_like(g, -1.0))
+    return _Mismatch(bad, score, nan_bad, inf_bad)
+
+
+def _worst_detail(m: _Mismatch, flat: int, gv: float, ev: float, tol: Tolerance,
+                  slack: Optional[torch.Tensor]) -> tuple[str, str]:
+    """(kind, text) of the worst float element: "nan", "inf" or "value" with its |diff|."""
+    assert m.nan_bad is not None and m.inf_bad is not None
+    kind = ("nan" if bool(m.nan_bad.reshape(-1)[flat])
+            else "inf" if bool(m.inf_bad.reshape(-1)[flat]) else "value")
+    if kind != "value":
+        return kind, f"got {gv!r}, expected {ev!r} ({'NaN' if kind == 'nan' else 'inf'} mismatch)"
+    extra = float(slack.reshape(-1)[flat]) if slack is not None else 0.0
+    allowed = tol.atol + tol.rtol * abs(ev) + extra if math.isfinite(ev) else math.nan
+    return kind, f"got {gv!r}, expected {ev!r}, |diff| {abs(gv - ev):.6g} > allowed {allowed:.6g}"
 
 
 def _item(x: torch.Tensor):
