@@ -9,6 +9,8 @@ Axes are strings. A plain dim is its name (``"D"``); a derived dim is its canoni
 the single axis ``"B"`` whose size is the product of the leading dims (the wrapper flattens).
 Broadcasting is by axis name, so a node's ``axes`` is a set written in a canonical order: the
 order in which the axes first appear in the kernel's parameters (then in ``mf.index`` calls).
+A derived axis that is a whole division of its base (``"K/64"``) broadcasts against the base:
+element k of the result reads element k // 64 of the derived axis (`broadcasts_over`).
 """
 from __future__ import annotations
 
@@ -85,6 +87,10 @@ class Op(str, Enum):
         WHERE   attr = None                                   args = (cond, a, b)
         CAST    attr = None (target is node.dtype)            args = (x,)
         REDUCE  attr = (kind, axis), kind in REDUCE           args = (x,)
+        UNPACK  attr = bits (values per u32 word: 32 // bits)  args = (words,)
+                words: a u32 value whose innermost axis is "K/(32/bits)"; the node is over
+                "K": element k is bits [(k % (32/bits)) * bits, ...) of word k / (32/bits)
+                (MLX's affine layout), an i32 in [0, 2**bits)
 
     A `str` enum: an op equals, prints and formats as its lower-case name ("load")."""
     LOAD = "load"
@@ -97,6 +103,7 @@ class Op(str, Enum):
     WHERE = "where"
     CAST = "cast"
     REDUCE = "reduce"
+    UNPACK = "unpack"
 
     def __str__(self) -> str:
         return self.value
@@ -186,11 +193,21 @@ class Graph:
         return [n for n in self.nodes() if n.op == Op.REDUCE]
 
     def axis_spec(self, axis: str) -> AxisSpec:
+        """The spec of an axis: as a tensor declares it, or a plain axis that only appears as
+        the base of derived dims (K in "u32[N, K/8]", which mf.unpack brings in)."""
         for t in self.tensors:
             for d in t.dims:
                 if d.name == axis:
                     return d
+        if any(d.base == axis for t in self.tensors for d in t.dims):
+            return AxisSpec(axis)
         raise KeyError(axis)
+
+
+def broadcasts_over(spec: AxisSpec) -> bool:
+    """Whether a derived axis can broadcast against its base by integer division (K/GS: the
+    base scaled by 1/div exactly, nothing added)."""
+    return spec.derived and spec.mul == 1 and spec.add == 0 and spec.div > 1
 
 
 def topo_order(roots: Iterable[Node], seen: Iterable[Node] = ()) -> list[Node]:

@@ -200,13 +200,15 @@ class If:
 
 @dataclass
 class For:
-    """for (type var = start; var < stop; ++var) body. unroll: a compile-time trip count."""
+    """for (type var = start; var < stop; var += step) body (step None: ++var). unroll: a
+    compile-time trip count."""
     var: str
     type: str
     start: Expr
     stop: Expr
     body: list["Stmt"]
     unroll: bool = False
+    step: Optional[Expr] = None
 
 
 @dataclass
@@ -336,7 +338,7 @@ def _single_trip(s: For) -> bool:
     """A loop that runs exactly once (literal bounds one apart) and does not break."""
     return (isinstance(s.start, Lit) and isinstance(s.stop, Lit)
             and type(s.start.value) is int and type(s.stop.value) is int
-            and s.stop.value - s.start.value == 1 and not _breaks(s.body))
+            and s.stop.value - s.start.value == 1 and s.step is None and not _breaks(s.body))
 
 
 def inline_single_trip(body: list[Stmt]) -> list[Stmt]:
@@ -485,7 +487,8 @@ class IRPrinter(Printer):
 
     def for_head(self, s: For) -> str:
         un = "  (unrolled)" if s.unroll else ""
-        return f"for {s.var}: {s.type} in [{self.expr(s.start)}, {self.expr(s.stop)}):{un}"
+        step = f" step {self.expr(s.step)}" if s.step is not None else ""
+        return f"for {s.var}: {s.type} in [{self.expr(s.start)}, {self.expr(s.stop)}){step}:{un}"
 
     def block_head(self) -> str:
         return "block:"

@@ -43,6 +43,15 @@ _REDUCE = {
 }
 
 
+def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """The `bits`-bit values packed in u32 words (held as int64), lowest bits first: the last
+    dim grows from W words to W * 32 / bits values (int64)."""
+    per_word = 32 // bits
+    shifts = torch.arange(per_word, device=words.device, dtype=torch.int64) * bits
+    codes = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return codes.reshape(*words.shape[:-1], words.shape[-1] * per_word)
+
+
 def evaluate(graph: Graph, values: Mapping[str, Any],
              adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]] = None):
     """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
@@ -67,8 +76,17 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
         return t.to(dt.torch).to(torch.int64) if dt.is_int and dt.torch != torch.int64 else t
 
     def align(n: Node, axes: tuple[str, ...]) -> torch.Tensor:
-        t = val[n]
-        return t.reshape([t.shape[n.axes.index(a)] if a in n.axes else 1 for a in axes])
+        """val[n] broadcastable to `axes`: missing axes as size-1 dims; a derived axis K/64
+        repeated 64 times along its base K (element k reads k // 64)."""
+        t, names = val[n], list(n.axes)
+        for i, a in enumerate(names):
+            spec = graph.axis_spec(a)
+            if a not in axes and spec.base in axes:
+                t = t.repeat_interleave(spec.div, dim=i)
+                names[i] = spec.base
+        present = [a for a in axes if a in names]
+        t = t.permute([names.index(a) for a in present])
+        return t.reshape([t.shape[present.index(a)] if a in present else 1 for a in axes])
 
     def common(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         if any(t.dtype.is_floating_point for t in ts):
@@ -104,6 +122,10 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
             c = align(n.args[0], n.axes)
             a, b = common([align(x, n.axes) for x in n.args[1:]])
             r = torch.where(c, a, b).to(ct)
+        elif n.op == Op.UNPACK:
+            words = n.args[0].axes                      # (..., K/(32/bits))
+            layout = [*words[:-1], *(a for a in n.axes if a not in words)]   # (..., K)
+            r = _unpack(val[n.args[0]], n.attr).permute([layout.index(a) for a in n.axes])
         elif n.op == Op.REDUCE:
             kind, axis = n.attr
             x = n.args[0]

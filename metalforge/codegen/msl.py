@@ -111,8 +111,9 @@ class MSLPrinter(ir.Printer):
         return "} else {"
 
     def for_head(self, s: ir.For) -> str:
+        step = f"++{s.var}" if s.step is None else f"{s.var} += {self.expr(s.step)}"
         return (f"for ({s.type} {s.var} = {self.expr(s.start)}; {s.var} < {self.expr(s.stop)}; "
-                f"++{s.var}) {{")
+                f"{step}) {{")
 
     def block_head(self) -> str:
         return "{"

@@ -91,6 +91,25 @@ def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
     return y if max is None else tr.binary("minimum", y, max)
 
 
+def unpack(w, bits: int):
+    """The `bits`-bit unsigned integers packed in the u32 words `w`, as i32 values in
+    [0, 2**bits): MLX's affine quantization layout (`mx.quantize`, `metalforge.quant`), value k
+    at bits [(k % (32/bits)) * bits, ...) of word k / (32/bits), lowest bits first.
+
+    w:    a u32 value whose innermost axis is K/(32/bits) (annotate it "u32[N, K/8]" for 4
+          bits); the result is over K instead.
+    bits: 1, 2, 4, 8 or 16 (whole values per word).
+
+    Example::
+
+        @mf.kernel
+        def dequantize(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
+                       GS: mf.Const[int] = 64) -> "T[N, K]":
+            return mf.unpack(wq, bits=4) * scales + biases   # K/GS broadcasts as k // GS
+    """
+    return _trace((w,), "unpack").unpack(w, bits)
+
+
 def index(axis: str):
     """The position along `axis` (i64), broadcast over the other axes: for masks and positions.
 

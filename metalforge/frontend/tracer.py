@@ -28,9 +28,11 @@ from typing import Any, Iterable, Optional
 import torch
 
 from .. import dtypes
-from ..dtypes import BOOL, DType, F32, I64
-from ..graph import AxisSpec, Node, Op
+from ..dtypes import BOOL, DType, F32, I32, I64, U32
+from ..graph import AxisSpec, Node, Op, broadcasts_over
 from ..errors import TraceError
+
+UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bit word
 
 _CURRENT: contextvars.ContextVar[Optional["Trace"]] = contextvars.ContextVar(
     "metalforge_trace", default=None)
@@ -173,20 +175,55 @@ class Trace:
                          "expression (expected a kernel value or a Python number)")
 
     def axes_of(self, *nodes: Node) -> tuple[str, ...]:
-        """Broadcast by axis name: the union of the axes, in canonical order."""
+        """Broadcast by axis name: the union of the axes, in canonical order. A derived axis
+        that divides its base (K/64) broadcasts against the base (K): element k reads k // 64."""
         names = {a for n in nodes for a in n.axes}
+        for a in list(names):
+            spec = self.axis_specs[a]
+            if spec.derived and spec.base in names:
+                if not broadcasts_over(spec):
+                    raise self.error(
+                        f"cannot combine axis '{a}' with its base '{spec.base}' in one "
+                        f"elementwise operation: only a whole division of the base (like "
+                        f"'{spec.base}/64') broadcasts against it, element k reading k // 64")
+                names.discard(a)
         axes = tuple(sorted(names, key=self.order.__getitem__))
         for a in axes:
             spec = self.axis_specs[a]
             if spec.derived:
-                clash = [b for b in axes if b != a and (b == spec.base or
-                         self.axis_specs[b].base == spec.base)]
+                clash = [b for b in axes if b != a and self.axis_specs[b].base == spec.base]
                 if clash:
                     raise self.error(
                         f"cannot combine axis '{a}' with axis '{clash[0]}' in one elementwise "
-                        f"operation: both are sizes derived from '{spec.base}' and "
-                        "broadcasting a derived axis against its base is not supported yet")
+                        f"operation: both are sizes derived from '{spec.base}'; combine each "
+                        f"with '{spec.base}' itself (e.g. after mf.unpack)")
         return axes
+
+    def unpack(self, w: Any, bits: Any) -> "Sym":
+        """mf.unpack: the `bits`-bit integers packed in the u32 words of `w` (MLX layout)."""
+        x = self.as_node(w, "the packed words")
+        if isinstance(bits, bool) or bits not in UNPACK_BITS:
+            raise self.error(f"mf.unpack: bits={bits!r} is not supported; bits must be one of "
+                             f"{', '.join(map(str, UNPACK_BITS))} (whole values per 32-bit word; "
+                             "MLX's 3, 5 and 6-bit layouts straddle words)")
+        if x.dtype is not U32:
+            raise self.error(f"mf.unpack needs u32 words, got a {x.dtype} value; annotate the "
+                             "packed tensor like \"u32[N, K/8]\"")
+        per_word = 32 // bits
+        inner = x.axes[-1] if x.axes else None
+        spec = self.axis_specs.get(inner) if inner else None
+        if spec is None or not (spec.derived and spec.mul == 1 and spec.add == 0
+                                and spec.div == per_word):
+            raise self.error(f"mf.unpack(..., bits={bits}): the words' innermost axis must be "
+                             f"K/{per_word} for some axis K ({per_word} values per word), got "
+                             f"axes {list(x.axes)}; annotate it like \"u32[N, K/{per_word}]\"")
+        base = spec.base
+        assert base is not None
+        if base not in self.axis_specs:
+            self.axis_specs[base] = AxisSpec(base)
+            self.order[base] = len(self.order)
+        axes = tuple(sorted((*x.axes[:-1], base), key=self.order.__getitem__))
+        return self.sym(self.node(Op.UNPACK, (x,), I32, axes, attr=bits))
 
     def check_axis(self, axis: Any, fn: str) -> str:
         if not isinstance(axis, str):

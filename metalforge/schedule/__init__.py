@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph
-from . import column, elementwise, row
+from ..graph import Graph, Op
+from . import column, elementwise, quant, row
 from .base import Schedule, Traffic
 from .policy import LaunchPolicy, resolve
 
@@ -19,13 +19,17 @@ __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedCon
            "family", "plan", "needs_index64", "INDEX32_LIMIT"]
 
 INDEX32_LIMIT = 2 ** 31          # sizes and element counts below this use 32-bit indexing
-_BUILDERS = {"elementwise": elementwise.build, "row": row.build, "column": column.build}
+_BUILDERS = {"elementwise": elementwise.build, "row": row.build, "column": column.build,
+             "quant": quant.build}
 
 
 def family(graph: Graph) -> str:
     """The schedule family of a graph, or an error naming the construct it cannot handle."""
     reds = graph.reductions()
+    if quant.is_quant(graph):
+        return "quant"
     if reds:
+        _no_derived_broadcast(graph)
         axes = list(dict.fromkeys(n.attr[1] for n in reds))
         if len(axes) > 1:
             n = next(n for n in reds if n.attr[1] == axes[1])
@@ -35,6 +39,18 @@ def family(graph: Graph) -> str:
                 f"axis: split it into one kernel per axis")
         return "row" if row.is_row(graph, axes[0]) else "column"
     return "elementwise"
+
+
+def _no_derived_broadcast(graph: Graph) -> None:
+    """Reductions read derived axes (K/GS) against their base only in the quantized family."""
+    for n in graph.nodes():
+        for a in n.args:
+            lost = [x for x in a.axes if x not in n.axes and n.op != Op.REDUCE]
+            if lost:
+                raise UnsupportedConstruct(
+                    f"kernel '{graph.name}'{at(n.loc)}: axis '{lost[0]}' broadcast against "
+                    f"its base inside a reduction kernel: only kernels that unpack words "
+                    f"(mf.unpack, the quantized matvec) read derived axes by k // d there")
 
 
 def needs_index64(sizes: Mapping[str, int], numel: int) -> bool:

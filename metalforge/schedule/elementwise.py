@@ -20,7 +20,7 @@ from typing import Optional, Protocol
 from .. import ir
 from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, ScalarParam, TensorParam
+from ..graph import Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, convert, compute_type, ident
 from .policy import LaunchPolicy, access_width
@@ -76,7 +76,7 @@ class _Builder:
         nodes = list(graph.nodes())
         self.inputs, self.scalars = used_params(graph, nodes)
         for t in self.inputs:
-            extra = [a for a in t.axes if a not in self.grid]
+            extra = [a for a in t.axes if a not in self.grid and not self._on_grid(a)]
             if extra:
                 raise UnsupportedConstruct(
                     f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
@@ -133,13 +133,24 @@ class _Builder:
             self.span_decls.append(ir.Decl(name, IDX, e))
         return ir.Var(self.spans[axes])
 
+    def _on_grid(self, axis: str) -> bool:
+        """A derived axis read by integer division of a grid axis (K/8 of K: element k // 8)."""
+        spec = self.graph.axis_spec(axis)
+        return broadcasts_over(spec) and spec.base in self.grid
+
     def _vectorisable(self, axes: tuple[str, ...]) -> bool:
         n = len(axes)
         return n > 0 and axes == self.grid[len(self.grid) - n:]
 
     # -- offsets -----------------------------------------------------------------------
     def position(self, axis: str, i: ir.Expr, need: dict[str, ir.Decl]) -> ir.Expr:
-        """Position of element i along a grid axis (declared per element, on first use)."""
+        """Position of element i along a grid axis, or a derived axis K/d of one as k / d
+        (declared per element, on first use)."""
+        if axis not in need and axis not in self.grid:
+            spec = self.graph.axis_spec(axis)
+            assert spec.base is not None
+            base = self.position(spec.base, i, need)
+            need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, base / ir.Lit(spec.div, IDX))
         if axis not in need:
             k = self.grid.index(axis)
             inner = self.grid[k + 1:]
@@ -203,6 +214,7 @@ class _Builder:
             else:
                 stores.append(st)
         pos: list[ir.Stmt] = [need[a] for a in self.grid if a in need]
+        pos += [d for a, d in need.items() if a not in self.grid]   # derived: after their base
         out: list[ir.Stmt] = []
         if pos:
             out += [ir.Comment("position along each axis")] + pos

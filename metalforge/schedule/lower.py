@@ -14,7 +14,7 @@ more and min // -1 follow torch through helpers (`mf_shl`, `mf_shr`, `mf_floordi
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
@@ -54,6 +54,13 @@ def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     return e(args)
 
 
+def unpack_value(word: ir.Expr, shift: ir.Expr, bits: int) -> ir.Expr:
+    """The packing building block: the `bits`-bit value at bit `shift` of a u32 `word`, as an
+    int: `int((word >> shift) & mask)`."""
+    mask = ir.Lit((1 << bits) - 1, "uint")
+    return ir.Cast("int", (word >> shift) & mask)
+
+
 def compute_type(dt: DType) -> str:
     """The MSL type a value of dtype `dt` is computed in."""
     return dt.compute.msl
@@ -85,13 +92,18 @@ class ElementLowering:
     position(axis) -> Expr    this element's position along an axis (index type)
     size(axis) -> Expr        the size of an axis (index type)
     scalar(name) -> str       the MSL name of a runtime scalar parameter
+    shift(node) -> Expr       for an UNPACK node: the bit offset of this element's value in its
+                              word (default: (position % values per word) * bits); schedules
+                              that know the element's slot in the word pass a literal
     """
 
     def __init__(self, graph: Graph, load: Callable[[Node], ir.Expr],
                  position: Callable[[str], ir.Expr], size: Callable[[str], ir.Expr],
-                 scalar: Callable[[str], str], prefix: str = "mf_v"):
+                 scalar: Callable[[str], str], prefix: str = "mf_v",
+                 shift: Optional[Callable[[Node], ir.Expr]] = None):
         self.graph = graph
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
+        self.shift = shift or self._shift
         self.prefix = prefix
         self.helpers: set[str] = set()
         self.values: dict[Node, ir.Expr] = {}
@@ -150,11 +162,20 @@ class ElementLowering:
             return self._unary(n)
         if op == Op.BINARY:
             return self._binary(n)
+        if op == Op.UNPACK:
+            return unpack_value(self.values[n.args[0]], self.shift(n), n.attr)
         if op == Op.REDUCE:
             kind, axis = n.attr
             raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{at(n.loc)} is a reduction, "
                                        f"which this schedule cannot lower")
         raise UnsupportedConstruct(f"graph op '{op}'{at(n.loc)} is not supported")
+
+    def _shift(self, n: Node) -> ir.Expr:
+        """Where this element's value sits in its word: (k % values per word) * bits."""
+        base = next(a for a in n.axes if a not in n.args[0].axes)
+        k = self.position(base)
+        per_word = ir.Lit(32 // n.attr, "uint")
+        return ir.Cast("uint", k % per_word) * ir.Lit(n.attr, "uint")
 
     def _cast(self, n: Node) -> ir.Expr:
         src = n.args[0]

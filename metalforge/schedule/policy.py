@@ -81,6 +81,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # column reductions (schedule/column.py): one thread per output column, looping over the
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
+    # quantized matvec (schedule/quant.py): one simdgroup per rows_per_group weight rows, each
+    # lane reading vector_width packed words (16 bytes) per chunk; threads_per_group only
+    # groups simdgroups (no threadgroup memory)
+    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=4,
+                          uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
 }
@@ -89,6 +94,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
+    "quant": ("threads_per_group", "vector_width", "rows_per_group", "index64"),
 }
 
 

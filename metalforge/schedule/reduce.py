@@ -355,7 +355,8 @@ class Builder:
         self.nodes = nodes = list(graph.nodes())
         self.inputs, self.scalars = used_params(graph, nodes)
         for t in self.inputs:
-            extra = [a for a in t.axes if a not in self.allowed]
+            extra = [a for a in t.axes if a not in self.allowed
+                     and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
             if extra:
                 raise UnsupportedConstruct(
                     f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "

@@ -1,0 +1,336 @@
+"""The quantized matrix-vector schedule: a sum over K of values computed from packed words.
+
+Recognised when a reduction's argument unpacks words (`mf.unpack`), as in
+
+    y[m, n] = sum_k (unpack(wq)[n, k] * scales[n, k // GS] + biases[n, k // GS]) * x[m, k]
+
+One kernel, `qmv`. The output's innermost axis (N, the weight rows) is split into blocks of
+`rows_per_group` rows; each simdgroup owns one block at one position of the other output axes
+(M). Its 32 lanes walk K in chunks of C = vector_width words × values per word (16 bytes of
+words: 32 4-bit values), lane l taking chunks l, l + 32, l + 64, ...:
+
+- the values the block's rows share (tensors without N, such as x) are loaded once per chunk
+  into registers, with 16-byte vector loads, and reused by every row;
+- each row reads its chunk of packed words with one vector load and unpacks every value from
+  a register with a literal shift (`lower.unpack_value`); per-group tensors (scales and biases
+  over K/GS) are addressed once per chunk when GS is a multiple of C;
+- the element value (the user's expression) is added to the row's fp32 accumulator;
+- a chunk that runs past K is done element by element, every load guarded.
+
+Then each row's accumulator is reduced across the simdgroup (`simd_sum`) and lane 0 computes
+and stores the outputs (the epilogue may use the sum like any row value). Weight bytes are read
+once per position of the other output axes: at M = 1 the kernel streams the packed weights
+once, which is what decode needs. Larger M re-reads them (from cache) once per row of x.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from .. import ir
+from ..errors import LaunchError, UnsupportedConstruct, at
+from ..graph import Graph, Node, Op, TensorParam
+from . import reduce
+from .base import IDX, Schedule, Traffic, make_kernel
+from .lower import ElementLowering, compute_type, ident
+from .policy import LaunchPolicy, SIMD_WIDTH, access_width
+
+SIMD = ir.Lit(SIMD_WIDTH, "uint")
+
+
+def is_quant(graph: Graph) -> bool:
+    """A reduction whose argument unpacks packed words."""
+    reds = graph.reductions()
+    return bool(reds) and any(n.op == Op.UNPACK for r in reds for n in _cone(r.args[0]))
+
+
+def _cone(n: Node) -> list[Node]:
+    seen: list[Node] = []
+    stack = [n]
+    while stack:
+        m = stack.pop()
+        if m not in seen:
+            seen.append(m)
+            stack.extend(m.args)
+    return seen
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "QuantSchedule":
+    return _Builder(graph, policy, index64).build()
+
+
+@dataclass
+class QuantSchedule(Schedule):
+    axis: str = "K"
+    rows_axis: str = "N"                 # the output's innermost axis: blocks of rows
+    outer: tuple[str, ...] = ()          # every output axis but K
+
+    def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        rows = self.policy.rows_per_group
+        blocks = -(-sizes[self.rows_axis] // rows)
+        for a in self.outer[:-1]:
+            blocks *= sizes[a]
+        threads = blocks * SIMD_WIDTH
+        return threads, max(SIMD_WIDTH, min(self.policy.threads_per_group, threads))
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        n = 1
+        for a in (*self.outer, self.axis):
+            n *= sizes[a]
+        if not self.index64 and (n >= 2 ** 31 or sizes[self.axis] >= 2 ** 31):
+            raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
+                              f"indexing; call it with launch={{'index64': True}}")
+        return self.kernel.host_name
+
+    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        """Each input read once (x once per block of rows: from cache after the first), each
+        output written once: the bytes the decode kernel must move."""
+        return super().traffic(sizes)
+
+
+class _Builder(reduce.Builder):
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
+        reds = graph.reductions()
+        first = reds[0]
+        if len(reds) != 1 or first.attr[0] != "sum":
+            bad = next((n for n in reds if n.attr[0] != "sum"), reds[-1])
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': mf.{bad.attr[0]}(..., axis={bad.attr[1]!r})"
+                f"{at(bad.loc)}: a kernel that unpacks words (mf.unpack) may reduce them with "
+                f"one mf.sum; split other reductions into their own kernel")
+        super().__init__(graph, policy, index64, first.attr[1], "row", "row")
+        self.red = first
+        if not self.outer:
+            raise UnsupportedConstruct(f"kernel '{graph.name}': the quantized matvec schedule "
+                                       "needs an output axis besides the reduced one")
+        self.rows_axis = self.outer[-1]
+        self.prefix = self.outer[:-1]
+        self.packed = self._packed_inputs()
+        bits = set(self.packed.values())
+        if len(bits) != 1:
+            raise UnsupportedConstruct(f"kernel '{graph.name}': unpacks words of different "
+                                       f"widths ({sorted(bits)} bits) in one kernel")
+        self.bits = bits.pop()
+        self.per_word = 32 // self.bits
+        self.words = policy.vector_width               # words per lane per chunk
+        self.chunk = self.words * self.per_word        # values per lane per chunk
+        cone = [n for n in _cone(self.red.args[0]) if n.op == Op.LOAD]
+        self.shared = [t for t in self.inputs if any(n.attr == t.name for n in cone)
+                       and t.name not in self.packed and self.rows_axis not in t.axes
+                       and t.axes and t.axes[-1] == self.axis]
+        self.vw = access_width(8, {t.dtype.itemsize for t in self.shared} or {4})
+        while self.chunk % self.vw:
+            self.vw //= 2
+
+    def _packed_inputs(self) -> dict[str, int]:
+        """{tensor: bits} of the words unpacked in the reduction; each must be a tensor
+        argument with one word row per output row."""
+        out: dict[str, int] = {}
+        for n in _cone(self.red.args[0]):
+            if n.op != Op.UNPACK:
+                continue
+            w = n.args[0]
+            if w.op != Op.LOAD:
+                raise UnsupportedConstruct(
+                    f"mf.unpack{at(n.loc)}: the quantized matvec schedule unpacks words read "
+                    "straight from a tensor argument; unpack the argument itself")
+            if self.rows_axis not in w.axes:
+                raise UnsupportedConstruct(
+                    f"mf.unpack{at(n.loc)}: the packed tensor '{w.attr}' must have the output's "
+                    f"innermost axis '{self.rows_axis}' (one row of words per output row)")
+            out[w.attr] = n.attr
+        return out
+
+    # -- positions and loads (one element k of the row n) -------------------------------
+    def prefix_position(self, axis: str) -> ir.Expr:
+        """The simdgroup's position along an output axis other than the rows axis."""
+        name = f"mf_pos_{ident(axis)}"
+        if name not in self.v.pre_names:
+            k = self.prefix.index(axis)
+            inner = self.prefix[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_outer"))
+            if inner:
+                e = e / self.span(inner)
+            if k > 0:
+                e = e % self.size(axis)
+            self.v.pre.append(ir.Decl(name, IDX, e))
+            self.v.pre_names.add(name)
+        return ir.Var(name)
+
+    def at(self, axis: str, k: ir.Expr, chunk_start: bool) -> ir.Expr:
+        """The position along `axis` of element k (K), of row mf_n (N), or the simdgroup's."""
+        if axis == self.axis:
+            return k
+        if axis == self.rows_axis:
+            return ir.Var("mf_n")
+        if axis in self.prefix:
+            return self.prefix_position(axis)
+        spec = self.graph.axis_spec(axis)              # K/GS: element k reads k / GS
+        d = ir.Lit(spec.div, IDX)
+        if chunk_start and spec.div % self.chunk == 0:
+            return ir.Var("mf_k0") / d                 # the whole chunk is in one group
+        if chunk_start and self.chunk % spec.div == 0:
+            return ir.Var("mf_k0") / d + ir.Cast(IDX, ir.Var("mf_j") / ir.Lit(spec.div, "uint"))
+        return k / d
+
+    def offset(self, t: TensorParam, k: ir.Expr, chunk_start: bool) -> ir.Expr:
+        e: ir.Expr = ir.Lit(0, IDX)
+        for i, a in enumerate(t.axes):
+            p = self.at(a, k, chunk_start)
+            e = p if i == 0 else e * self.size(a) + p
+        return e
+
+    def lowering(self, fast: bool) -> ElementLowering:
+        """Element values of the chunk's element mf_j: from registers on the fast path (shared
+        values, words), from guarded global loads on the tail path."""
+        k = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
+
+        def load(n: Node) -> ir.Expr:
+            t = self.graph.tensor(n.attr)
+            ct = compute_type(t.dtype)
+            if fast and t in self.shared:
+                return ir.Lane(ir.Var(f"mf_{t.name}_reg"), ir.Var("mf_j"))
+            if fast and t.name in self.packed:
+                word = ir.Var(f"mf_{t.name}_w")
+                return word if self.words == 1 else \
+                    ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
+            return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, fast)))
+
+        def shift(n: Node) -> ir.Expr:
+            slot = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") if fast else \
+                ir.Cast("uint", k % ir.Lit(self.per_word, IDX))
+            return slot * ir.Lit(self.bits, "uint")
+
+        return ElementLowering(self.graph, load, lambda a: self.at(a, k, fast), self.size,
+                               lambda s: self.names[s], prefix="mf_e", shift=shift)
+
+    def element(self, fast: bool) -> list[ir.Stmt]:
+        """Add element mf_j of the chunk to the row's accumulator."""
+        el = self.lowering(fast)
+        body = el.lower([self.red.args[0]])
+        self.helpers |= el.helpers
+        v = el.value(self.red.args[0])
+        if compute_type(self.red.args[0].dtype) != "float":
+            v = ir.Cast("float", v)
+        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        return body + [ir.Assign(acc, acc + v)]
+
+    # -- the kernel ---------------------------------------------------------------------
+    def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
+        rows = self.policy.rows_per_group
+        n = ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r"))
+        return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
+            ir.Decl("mf_n", IDX, n),
+            ir.If(ir.Var("mf_n") < self.size(self.rows_axis), body)], unroll=True)
+
+    def load_shared(self) -> list[ir.Stmt]:
+        """The chunk's values of the tensors every row uses, into registers (vector loads)."""
+        out: list[ir.Stmt] = []
+        vw, C = self.vw, self.chunk
+        for t in self.shared:
+            ct, st = compute_type(t.dtype), self.in_stype(t)
+            reg = ir.Var(f"mf_{t.name}_reg")
+            start = (self.offset(t, ir.Var("mf_k0"), False)
+                     + ir.Cast(IDX, ir.Var("mf_v") * ir.Lit(vw, "uint")))
+            vec = ir.Var(f"mf_{t.name}_v")
+            lane = (lambda i: ir.Call("mf_lane8", (vec, i))) if vw == 8 else \
+                (lambda i: ir.Lane(vec, i))
+            if vw == 8:
+                self.helpers.add("mf_pack8_of")
+            out += [ir.ArrayDecl(reg.name, ct, C),
+                    ir.For("mf_v", "uint", ir.Lit(0, "uint"), ir.Lit(C // vw, "uint"), [
+                        ir.Decl(vec.name, ir.vector_type(st, vw),
+                                ir.Load(self.names[t.name], start, vw, st)),
+                        ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                            ir.Assign(ir.Lane(reg, ir.Var("mf_v") * ir.Lit(vw, "uint") +
+                                              ir.Var("mf_l")), ir.Cast(ct, lane(ir.Var("mf_l"))))],
+                            unroll=True)], unroll=True)]
+        return out
+
+    def load_words(self) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for name in self.packed:
+            t = self.graph.tensor(name)
+            base = self.offset(t, ir.Var("mf_k0"), False)       # the chunk's first word
+            out.append(ir.Decl(f"mf_{name}_w", ir.vector_type("uint", self.words)
+                               if self.words > 1 else "uint",
+                               ir.Load(self.names[name], base, self.words, "uint")))
+        return out
+
+    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        rows, C, K = self.policy.rows_per_group, self.chunk, self.size(self.axis)
+        blocks = (self.size(self.rows_axis) + ir.Lit(rows - 1, IDX)) / ir.Lit(rows, IDX)
+        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        head: list[ir.Stmt] = [
+            ir.Comment(f"one simdgroup per block of {rows} rows of '{self.rows_axis}'"),
+            ir.Decl("mf_task", IDX, ir.Cast(IDX, ir.Var("mf_tid") / SIMD)),
+            ir.Decl("mf_blocks", IDX, blocks),
+            ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks")),
+            ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]),
+            ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
+            ir.ArrayDecl("mf_acc", "float", rows),
+            ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
+                ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
+                unroll=True)]
+        words: list[ir.Stmt] = [ir.Comment(f"{self.words} packed words per row: one "
+                                           f"{4 * self.words}-byte load")]
+        words += self.load_words()
+        words.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                            self.element(True), unroll=True))
+        fast: list[ir.Stmt] = [ir.Comment(f"values every row shares: {C} per lane, in "
+                                          "registers")]
+        fast += self.load_shared() + [self.rows_loop(words)]
+        tail_el = self.element(False)
+        kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
+        tail = [self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                                       [ir.If(kj < K, tail_el)], unroll=True)])]
+        step = ir.Lit(SIMD_WIDTH * C, IDX)
+        loop = ir.For("mf_k0", IDX, ir.Cast(IDX, ir.Var("mf_lane") * ir.Lit(C, "uint")), K, [
+            ir.If(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K,
+                  [ir.Comment("a whole chunk: registers, unguarded")] + fast,
+                  [ir.Comment("the row's end: element by element, guarded")] + tail)],
+            step=step)
+        # combine and store
+        row_vals = v.row_values
+        v.row_values.values[self.red] = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        outs = self.graph.outputs
+        stmts = row_vals.lower([o.node for o in outs])
+        stores: list[ir.Stmt] = []
+        for k, o in enumerate(outs):
+            off: ir.Expr = ir.Lit(0, IDX)
+            for i, a in enumerate(o.axes):
+                p = self.at(a, ir.Lit(0, IDX), False)
+                off = p if i == 0 else off * self.size(a) + p
+            stores.append(ir.Store(self.out_names[k], off, self.out_value(k, row_vals)))
+        finish = self.rows_loop([
+            ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")),
+                      ir.Call("simd_sum", (ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")),))),
+            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), stmts + stores)])
+        body = head + v.pre + [ir.Comment(f"lane l takes chunks l, l + 32, ... of {C} values "
+                                          f"along '{self.axis}'"), loop,
+                               ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
+                               finish]
+        summary = (f"{self.graph.name} (qmv): y = sum over '{self.axis}' of values unpacked "
+                   f"from {self.bits}-bit words; one simdgroup per {rows} rows of "
+                   f"'{self.rows_axis}', {C} values per lane per chunk ({self.words} words), "
+                   f"shared values in registers; fp32 accumulation")
+        return make_kernel(self.graph, self.index64, threads, body, summary, "qmv")
+
+    def position(self, axis: str) -> ir.Expr:
+        """Positions for the epilogue's row values (inside the rows loop)."""
+        return self.at(axis, ir.Lit(0, IDX), False)
+
+    def outer_load(self, n: Node) -> ir.Expr:
+        t = self.graph.tensor(n.attr)
+        return ir.Cast(compute_type(t.dtype),
+                       ir.Load(self.names[t.name], self.offset(t, ir.Lit(0, IDX), False)))
+
+    def build(self) -> QuantSchedule:
+        kernels, _, _ = self.variants(("qmv",))
+        k = kernels["qmv"]
+        policy = replace(self.policy, uses_simd=True, vector_width=self.words)
+        return QuantSchedule("quant", self.graph, policy, k, (*self.outer, self.axis),
+                             tuple(self.packed) + tuple(t.name for t in self.shared),
+                             self.index64, axis=self.axis, rows_axis=self.rows_axis,
+                             outer=self.outer)
