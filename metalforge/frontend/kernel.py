@@ -57,6 +57,17 @@ class Const:
         return _ConstType(pytype)
 
 
+def _unquote(ann: str) -> str:
+    """An annotation string as written: under `from __future__ import annotations` Python keeps
+    `x: "T[N]"` as the text `'T[N]'`, quotes included."""
+    text = ann.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        value = ast.literal_eval(text)
+        if isinstance(value, str):
+            return value.strip()
+    return text
+
+
 # --------------------------------------------------------------------------- source locations
 
 def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
@@ -161,7 +172,7 @@ class Kernel:
             if ann is inspect.Parameter.empty:
                 raise AnnotationError(f"{where}: needs an annotation: a tensor like \"T[N]\", "
                                       "float/int/bool for a runtime scalar, or mf.Const[int]")
-            text = ann.strip() if isinstance(ann, str) else None
+            text = _unquote(ann) if isinstance(ann, str) else None
             if ann in (float, int, bool) or text in ("float", "int", "bool"):
                 pytype = ann if not text else {"float": float, "int": int, "bool": bool}[text]
                 if has_default:

@@ -65,6 +65,14 @@ class QuantSchedule(Schedule):
     rows_axis: str = "N"                 # the output's innermost axis: blocks of rows
     outer: tuple[str, ...] = ()          # every output axis but K
 
+    chunk: int = 32                      # values per lane per chunk
+
+    @property
+    def thresholds(self) -> list[int]:
+        """Sizes of K where the kernel's path changes: one chunk per lane across the
+        simdgroup (testing draws sizes at each, and one on either side)."""
+        return [self.chunk, SIMD_WIDTH * self.chunk]
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows = self.policy.rows_per_group
         blocks = -(-sizes[self.rows_axis] // rows)
@@ -257,6 +265,17 @@ class _Builder(reduce.Builder):
                                ir.Load(self.names[name], base, self.words, "uint")))
         return out
 
+    def aligned(self) -> ir.Expr:
+        """Whether every row's words and shared values start at a whole vector (else all
+        chunks take the guarded element path)."""
+        ok: ir.Expr = ir.Lit(True, "bool")
+        for name in self.packed:
+            words = self.size(self.graph.tensor(name).axes[-1])
+            ok = ok.and_((words % ir.Lit(self.words, IDX)).eq(ir.Lit(0, IDX)))
+        if self.shared:
+            ok = ok.and_((self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX)))
+        return ok
+
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
         rows, C, K = self.policy.rows_per_group, self.chunk, self.size(self.axis)
         blocks = (self.size(self.rows_axis) + ir.Lit(rows - 1, IDX)) / ir.Lit(rows, IDX)
@@ -269,6 +288,7 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks")),
             ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]),
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
+            ir.Decl("mf_vec_ok", "bool", self.aligned()),
             ir.ArrayDecl("mf_acc", "float", rows),
             ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
@@ -287,9 +307,10 @@ class _Builder(reduce.Builder):
                                        [ir.If(kj < K, tail_el)], unroll=True)])]
         step = ir.Lit(SIMD_WIDTH * C, IDX)
         loop = ir.For("mf_k0", IDX, ir.Cast(IDX, ir.Var("mf_lane") * ir.Lit(C, "uint")), K, [
-            ir.If(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K,
+            ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
                   [ir.Comment("a whole chunk: registers, unguarded")] + fast,
-                  [ir.Comment("the row's end: element by element, guarded")] + tail)],
+                  [ir.Comment("the row's end (or unaligned rows): element by element, "
+                              "guarded")] + tail)],
             step=step)
         # combine and store
         row_vals = v.row_values
@@ -333,4 +354,4 @@ class _Builder(reduce.Builder):
         return QuantSchedule("quant", self.graph, policy, k, (*self.outer, self.axis),
                              tuple(self.packed) + tuple(t.name for t in self.shared),
                              self.index64, axis=self.axis, rows_axis=self.rows_axis,
-                             outer=self.outer)
+                             outer=self.outer, chunk=self.chunk)

@@ -172,7 +172,10 @@ def boundary_sizes(schedule) -> list[int]:
     simd-row limit 32 * simd_reads_per_thread, looped_limit) as t, t + 1 and t + vector width."""
     p = schedule.policy
     out = {1, 31, 32, 33}
-    if schedule.family != "elementwise":
+    if hasattr(schedule, "thresholds"):                 # a family that knows its own
+        for t in schedule.thresholds:
+            out |= {t - 1, t, t + 1}
+    elif schedule.family != "elementwise":
         vw = max(1, p.vector_width)
         for t in (32 * p.simd_reads_per_thread, p.looped_limit):
             out |= {t, t + 1, t + vw}
@@ -192,8 +195,9 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
         if axis is None or axis not in plain:
             pins: list[Optional[int]] = [None]         # not pinnable: random sizes only
         else:
-            pins = [b for b in boundary_sizes(s)
-                    if axis not in dims or _allowed(dims[axis], b)] or [None]
+            multiple = plain[axis]           # derived dims (K/GS) need whole multiples
+            sizes = sorted({S._round_up(b, multiple) for b in boundary_sizes(s)})
+            pins = [b for b in sizes if axis not in dims or _allowed(dims[axis], b)] or [None]
             if idx64:                   # the 64-bit kernels: one boundary size per kernel
                 pins = _one_per_kernel(s, axis, pins)
         for b in pins:

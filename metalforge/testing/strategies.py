@@ -200,7 +200,8 @@ def families(dtype: DType, *, nonfinite: bool = True, large: bool = True,
     if dtype.kind == "bool":
         return BOOL_FAMILIES
     if dtype.is_int:
-        return tuple(f for f in INT_FAMILIES if (zeros or f != "zeros"))
+        extra = ("bits",) if dtype.kind == "uint" else ()     # packed words: every bit set
+        return tuple(f for f in INT_FAMILIES + extra if (zeros or f != "zeros"))
     return tuple(f for f in FLOAT_FAMILIES
                  if (nonfinite or f not in NONFINITE_FAMILIES) and (large or f != "large"))
 
@@ -223,7 +224,8 @@ def make_values(dtype: DType, shape: Sequence[int], family: str, seed: int, *,
     (|x| log-uniform in 1e2..6e4 for f16, 1e2..1e12 otherwise), tiny (|x| log-uniform from the
     dtype's smallest normal up 2**12 times), zeros (±0), special (normal with ±inf and NaN
     sprinkled in). Int families: small (-3..3, 0..6 unsigned), wide (± 2**(bits/2 - 1), so
-    products do not overflow), zeros. Bool: random, true, false. ``zeros=False`` keeps int values
+    products do not overflow), zeros, and for unsigned types bits (uniform over every value:
+    packed words with all their fields). Bool: random, true, false. ``zeros=False`` keeps int values
     away from 0 (divisors); ``negative=False`` keeps them >= 0 (shift amounts).
     """
     g = torch.Generator().manual_seed(int(seed))
@@ -247,6 +249,8 @@ def make_values(dtype: DType, shape: Sequence[int], family: str, seed: int, *,
         unsigned = dtype.kind == "uint" or not negative
         if family == "zeros":
             v = torch.zeros(n, dtype=torch.int64)
+        elif family == "bits":
+            v = torch.randint(0, 2 ** bits, (n,), generator=g, dtype=torch.int64)
         else:
             hi = 6 if family == "small" else 2 ** (bits // 2 - 1)
             lo = 0 if unsigned else -hi if family == "wide" else -3
