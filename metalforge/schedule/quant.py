@@ -25,14 +25,14 @@ once, which is what decode needs. Larger M re-reads them (from cache) once per r
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Mapping, NamedTuple, Optional
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam
 from . import reduce
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, compute_type, ident
+from .lower import ElementLowering, compute_type, ident, unpack_value
 from .policy import LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -53,6 +53,17 @@ def _cone(n: Node) -> list[Node]:
             seen.append(m)
             stack.extend(m.args)
     return seen
+
+
+class _Affine(NamedTuple):
+    q: Node                              # the UNPACK node
+    s: Node                              # per-group scale
+    b: Node                              # per-group bias
+    x: Node                              # the shared factor
+
+
+def _f32(e: ir.Expr, n: Node) -> ir.Expr:
+    return e if compute_type(n.dtype) == "float" else ir.Cast("float", e)
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "QuantSchedule":
@@ -223,6 +234,78 @@ class _Builder(reduce.Builder):
         acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
         return body + [ir.Assign(acc, acc + v)]
 
+    # -- the affine form: sum_k (q_k * s + b) * x_k = s * sum q_k x_k + b * sum x_k ------
+    def affine(self) -> Optional["_Affine"]:
+        """The reduction's argument as (q * s + b) * x, with q the unpacked value, s and b
+        per-group values of the row (over rows axis and K/GS, GS a multiple of the chunk, so
+        constant over a chunk) and x a value the rows share; None for any other form."""
+        def strip(n: Node) -> Node:
+            return n.args[0] if n.op == Op.CAST else n
+
+        def split(n: Node, op: str) -> list[tuple[Node, Node]]:
+            if n.op != Op.BINARY or n.attr != op:
+                return []
+            a, b = n.args
+            return [(a, b), (b, a)]
+
+        for qsb, x in split(self.red.args[0], "mul"):
+            for qs, b in split(qsb, "add"):
+                for q, s in split(qs, "mul"):
+                    q = strip(q)
+                    if (q.op == Op.UNPACK and self._per_group(s) and self._per_group(b)
+                            and self._shared(x) and q.args[0].op == Op.LOAD):
+                        return _Affine(q, s, b, x)
+        return None
+
+    def _per_group(self, n: Node) -> bool:
+        """A load over the rows axis and K/GS (and other output axes), GS a multiple of C."""
+        n = n.args[0] if n.op == Op.CAST else n
+        if n.op != Op.LOAD or self.axis in n.axes or self.rows_axis not in n.axes:
+            return False
+        derived = [self.graph.axis_spec(a) for a in n.axes if a not in self.outer]
+        return len(derived) == 1 and derived[0].base == self.axis and \
+            derived[0].div % self.chunk == 0
+
+    def _shared(self, n: Node) -> bool:
+        """x: computed from shared tensors (registers) only, without the rows axis."""
+        loads = [m for m in _cone(n) if m.op == Op.LOAD]
+        return self.rows_axis not in n.axes and bool(loads) and all(
+            self.graph.tensor(m.attr) in self.shared for m in loads) and \
+            not any(m.op in (Op.UNPACK, Op.REDUCE) for m in _cone(n))
+
+    def affine_chunk(self, f: "_Affine") -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(statements before the rows loop: x of each element and their sum over the chunk;
+        the row's statements: sum q_j x_j over its words, then s * that + b * sum x)."""
+        C = self.chunk
+        el = self.lowering(True)
+        xs: list[ir.Stmt] = [ir.ArrayDecl("mf_xe", "float", C),
+                             ir.Decl("mf_xsum", "float", ir.Lit(0.0, "float"), const=False)]
+        xbody = el.lower([f.x])
+        xv = el.value(f.x)
+        xe = ir.Lane(ir.Var("mf_xe"), ir.Var("mf_j"))
+        xbody += [ir.Assign(xe, _f32(xv, f.x)),
+                  ir.Assign(ir.Var("mf_xsum"), ir.Var("mf_xsum") + xe)]
+        xs.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), xbody, unroll=True))
+        self.helpers |= el.helpers
+        word = ir.Var(f"mf_{f.q.args[0].attr}_w")
+        w = word if self.words == 1 else \
+            ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
+        shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
+        code = ir.Cast("float", unpack_value(w, shift, self.bits))
+        row: list[ir.Stmt] = [
+            ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
+            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
+                ir.Assign(ir.Var("mf_qx"), ir.Call("fma", (code, xe, ir.Var("mf_qx"))))],
+                unroll=True)]
+        low = self.lowering(True)
+        row += low.lower([f.s, f.b])
+        self.helpers |= low.helpers
+        s, b = _f32(low.value(f.s), f.s), _f32(low.value(f.b), f.b)
+        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        bx = ir.Call("fma", (b, ir.Var("mf_xsum"), acc))
+        row.append(ir.Assign(acc, ir.Call("fma", (s, ir.Var("mf_qx"), bx))))
+        return xs, row
+
     # -- the kernel ---------------------------------------------------------------------
     def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
         rows = self.policy.rows_per_group
@@ -296,11 +379,19 @@ class _Builder(reduce.Builder):
         words: list[ir.Stmt] = [ir.Comment(f"{self.words} packed words per row: one "
                                            f"{4 * self.words}-byte load")]
         words += self.load_words()
-        words.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                            self.element(True), unroll=True))
         fast: list[ir.Stmt] = [ir.Comment(f"values every row shares: {C} per lane, in "
                                           "registers")]
-        fast += self.load_shared() + [self.rows_loop(words)]
+        fast += self.load_shared()
+        form = self.affine()
+        if form is not None:
+            xs, row = self.affine_chunk(form)
+            fast += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
+                                "s sum_k q x + b sum_k x (s, b: one per group)")] + xs
+            words += row
+        else:
+            words.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                                self.element(True), unroll=True))
+        fast += [self.rows_loop(words)]
         tail_el = self.element(False)
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
         tail = [self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
