@@ -83,8 +83,12 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
     # quantized matvec (schedule/quant.py): one simdgroup per rows_per_group weight rows, each
     # lane reading vector_width packed words (16 bytes) per chunk; threads_per_group only
-    # groups simdgroups (no threadgroup memory)
-    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=4,
+    # groups simdgroups (no threadgroup memory). Chosen on an H100 (2026-11-23, bench/quant.py,
+    # f16, M = 1, 4-bit, GS 64; time vs F.linear on the f16 weight): 1 row per simdgroup ran
+    # 4096x4096 / 14336x4096 / 4096x11008 at 1.29x / 1.98x / 2.04x (40-56% of copy_), 2 rows
+    # 1.23x / 1.99x / 1.91x, 4 rows 1.03x / 2.02x / 1.51x, 8 rows 0.66x / 1.96x / 0.89x: at
+    # M = 1 more simdgroups (latency hiding) beat sharing x between rows
+    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=1,
                           uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),

@@ -254,7 +254,7 @@ def unknown_axis(x: "T[N]"):
 
 
 @mf.kernel
-def derived_mix(w: "u32[N, K/8]", x: "u32[N, K]"):
+def derived_mix(w: "u32[N, K*2]", x: "u32[N, K]"):
     return w + x  # ERR-derived
 
 
@@ -322,8 +322,8 @@ def int_neg_pow(a: "i32[N]"):
     (use_numpy, (f32(3),), "# ERR-numpy", ["numpy.exp", "mf.exp"]),
     (bad_axis, (f32(2, 3), f32(3)), "# ERR-axis", ["mf.sum", "['D']", "'R'"]),
     (unknown_axis, (f32(3),), "# ERR-unknown-axis", ["unknown axis 'Q'", "['N']"]),
-    (derived_mix, (torch.zeros(2, 1, dtype=torch.uint32), torch.zeros(2, 8, dtype=torch.uint32)),
-     "# ERR-derived", ["'K/8'", "'K'", "not supported yet"]),
+    (derived_mix, (torch.zeros(2, 16, dtype=torch.uint32), torch.zeros(2, 8, dtype=torch.uint32)),
+     "# ERR-derived", ["'K*2'", "'K'", "whole division"]),
     (uint_promo, (torch.zeros(2, dtype=torch.uint32), torch.zeros(2, dtype=torch.int32)),
      "# ERR-uint", ["does not promote u32 with i32", ".to("]),
     (float_bits, (f32(3),), "# ERR-bits", ["'&'", "integer or bool"]),
