@@ -20,13 +20,13 @@ from .frontend import tracer as _tracer
 from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2, floor, index,
                            inf, log, log2, log_softmax, logsumexp, max, maximum, mean, min,
                            minimum, prod, rsqrt, sigmoid, sin, size, softmax, sqrt, sum, tanh,
-                           unpack, where)
+                           take, unpack, where)
 from .runtime import backend
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
-        "log_softmax", "logsumexp", "unpack")
+        "log_softmax", "logsumexp", "take", "unpack")
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

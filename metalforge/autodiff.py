@@ -144,6 +144,10 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
         return _binary_grad(b, n, g)
     if n.op == "reduce":
         return _reduce_grad(b, n, g)
+    if n.op == "take" and n.dtype.is_float:
+        raise NotDifferentiable(f"mf.take from '{n.attr[0]}'{_at(n)} has no derivative in "
+                                "metalforge yet (its gradient is a scatter-add into the "
+                                "tensor); detach that input")
     return []
 
 

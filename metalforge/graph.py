@@ -91,6 +91,11 @@ class Op(str, Enum):
                 words: a u32 value whose innermost axis is "K/(32/bits)"; the node is over
                 "K": element k is bits [(k % (32/bits)) * bits, ...) of word k / (32/bits)
                 (MLX's affine layout), an i32 in [0, 2**bits)
+        TAKE    attr = (tensor parameter name, axis)          args = (index,)
+                the tensor's element at position `index` along `axis` (its other axes at
+                this element's positions): a gather. The node's axes are the tensor's without
+                `axis`, plus the index's. An index outside [0, size) is an error the kernel
+                reports (`take_sites` numbers the TAKE nodes for its report)
 
     A `str` enum: an op equals, prints and formats as its lower-case name ("load")."""
     LOAD = "load"
@@ -104,6 +109,7 @@ class Op(str, Enum):
     CAST = "cast"
     REDUCE = "reduce"
     UNPACK = "unpack"
+    TAKE = "take"
 
     def __str__(self) -> str:
         return self.value
@@ -202,6 +208,12 @@ class Graph:
         if any(d.base == axis for t in self.tensors for d in t.dims):
             return AxisSpec(axis)
         raise KeyError(axis)
+
+
+def take_sites(graph: "Graph") -> list[Node]:
+    """The graph's TAKE nodes in a fixed order: a kernel reports an index error by the number
+    of its gather in this list."""
+    return [n for n in graph.nodes() if n.op == Op.TAKE]
 
 
 def broadcasts_over(spec: AxisSpec) -> bool:

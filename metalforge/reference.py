@@ -52,6 +52,21 @@ def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
     return codes.reshape(*words.shape[:-1], words.shape[-1] * per_word)
 
 
+def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.Tensor,
+          axes: tuple[str, ...], sizes: Mapping[str, int], what: str) -> torch.Tensor:
+    """torch.gather along `axis` of `src` at `index` (broadcast to the node's `axes`)."""
+    rest = [a for a in axes if a in src_axes and a != axis]
+    x = src.permute([src_axes.index(a) for a in rest] + [src_axes.index(axis)])
+    x = x.reshape([sizes[a] if a in rest else 1 for a in axes] + [sizes[axis]])
+    shape = [sizes[a] for a in axes]
+    idx = index.to(torch.int64).expand(shape)
+    bad = (idx < 0) | (idx >= sizes[axis])
+    if bool(bad.any()):
+        v = int(idx[bad][0])
+        raise IndexError(f"{what}: index {v} is out of range for size {sizes[axis]}")
+    return torch.gather(x.expand(shape + [sizes[axis]]), -1, idx.unsqueeze(-1)).squeeze(-1)
+
+
 def evaluate(graph: Graph, values: Mapping[str, Any],
              adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]] = None):
     """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
@@ -126,6 +141,12 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
             words = n.args[0].axes                      # (..., K/(32/bits))
             layout = [*words[:-1], *(a for a in n.axes if a not in words)]   # (..., K)
             r = _unpack(val[n.args[0]], n.attr).permute([layout.index(a) for a in n.axes])
+        elif n.op == Op.TAKE:
+            name, axis = n.attr
+            p = graph.tensor(name)
+            src = tensors[name].reshape(flat_shape(binding, p)).to(ct)
+            r = _take(src, p.axes, axis, align(n.args[0], n.axes), n.axes, sizes,
+                      f"kernel '{graph.name}': mf.take from '{name}' along '{axis}'")
         elif n.op == Op.REDUCE:
             kind, axis = n.attr
             x = n.args[0]

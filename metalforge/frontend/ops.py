@@ -91,6 +91,26 @@ def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
     return y if max is None else tr.binary("minimum", y, max)
 
 
+def take(x, axis: str, index):
+    """Gather: `x` read at position `index` along `axis` (torch.gather / x[..., index, ...]).
+
+    x:     a tensor argument of the kernel.
+    axis:  one of its axes; the result has x's other axes, each element at its own position,
+           and the index's axes.
+    index: an integer value: an index expression (mf.index, mf.size, integer arithmetic,
+           runtime ints) or an integer tensor whose axes broadcast by name. An index outside
+           [0, size of axis) raises IndexError after the launch (nothing is read out of
+           bounds), naming the kernel, the tensor and the value.
+
+    Example::
+
+        @mf.kernel
+        def embed(table: "T[V, D]", ids: "i32[N]") -> "T[N, D]":
+            return mf.take(table, axis="V", index=ids)
+    """
+    return _trace((x, index), "take").take(x, axis, index)
+
+
 def unpack(w, bits: int):
     """The `bits`-bit unsigned integers packed in the u32 words `w`, as i32 values in
     [0, 2**bits): MLX's affine quantization layout (`mx.quantize`, `metalforge.quant`), value k

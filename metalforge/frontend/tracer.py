@@ -199,6 +199,26 @@ class Trace:
                         f"with '{spec.base}' itself (e.g. after mf.unpack)")
         return axes
 
+    def take(self, x: Any, axis: Any, index: Any) -> "Sym":
+        """mf.take: x (a tensor argument) read at position `index` along `axis`."""
+        src = self.as_node(x, "the tensor to take from")
+        if src.op != Op.LOAD:
+            raise self.error("mf.take reads from a tensor argument of the kernel (a gather from "
+                             "memory); pass the argument itself, not a computed value")
+        axis = self.check_axis(axis, "mf.take")
+        if axis not in src.axes:
+            raise self.error(f"mf.take: '{src.attr}' has axes {list(src.axes)}, not '{axis}'")
+        idx = self.as_node(index, "the index")
+        if idx.dtype.is_float or idx.dtype is BOOL:
+            raise self.error(f"mf.take: the index must be an integer value (an integer tensor, "
+                             f"mf.index, mf.size or integer arithmetic), got {idx.dtype}")
+        rest = [a for a in src.axes if a != axis]
+        names = set(rest) | set(idx.axes)
+        axes = tuple(sorted(names, key=self.order.__getitem__))
+        if idx.op == Op.CONST:
+            idx = self.node(Op.CONST, (), I64, (), attr=idx.attr)
+        return self.sym(self.node(Op.TAKE, (idx,), src.dtype, axes, attr=(src.attr, axis)))
+
     def unpack(self, w: Any, bits: Any) -> "Sym":
         """mf.unpack: the `bits`-bit integers packed in the u32 words of `w` (MLX layout)."""
         x = self.as_node(w, "the packed words")

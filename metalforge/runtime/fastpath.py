@@ -56,6 +56,7 @@ class Warm:
     launches: bool                    # False for empty outputs
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
     compiled: tuple[dict, str, Any]   # (the library's kernels, host name, the Compiled checked)
+    errors: Optional[launcher.IndexErrors] = None   # gathers: a zeroed report buffer per call
 
     def current(self) -> bool:
         """Still what the full path would do: the autotune cache is the same object holding
@@ -83,8 +84,12 @@ class Warm:
                 args[i] = outs[o] if view is None else outs[o].view(view)
             for i, pos, convert in self.scalars:
                 args[i] = convert(values[pos])
+            if self.errors is not None:
+                args[self.errors.arg] = torch.zeros(4, dtype=torch.int32, device=outs[0].device)
             self.kernel(*args, threads=self.threads, group_size=self.group_size,
                         arg_casts=self.arg_casts)
+            if self.errors is not None:
+                self.errors.check(args[self.errors.arg])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -130,7 +135,7 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
             template[i] = arg
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
-                tuning, (kernels, host, kernels[host]))
+                tuning, (kernels, host, kernels[host]), launch.errors)
 
 
 class WarmCache:

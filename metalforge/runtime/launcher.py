@@ -30,8 +30,8 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
-from ..errors import BindingError, DeviceError, kernel_at
-from ..graph import Graph
+from ..errors import BindingError, DeviceError, at, kernel_at
+from ..graph import Graph, take_sites
 from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
@@ -128,6 +128,35 @@ class Launch:
     threads: int
     group_size: int
     arg_casts: Optional[dict[int, str]]
+    errors: Optional["IndexErrors"] = None     # kernels with gathers: where they report
+
+
+@dataclass(frozen=True)
+class IndexErrors:
+    """A gather kernel's error report: argument `arg` is a 4-int buffer, zeroed before the
+    launch, that the kernel sets to (1, gather number, index low 32 bits, high 32 bits) when
+    an index is out of range; `sites` says which gather each number is."""
+    arg: int
+    sites: tuple[str, ...]
+    where: str                                  # the kernel, as messages name it
+
+    @staticmethod
+    def of(graph: Graph, params) -> Optional["IndexErrors"]:
+        arg = next((p.index for p in params if p.binds == ("error",)), None)
+        if arg is None:
+            return None
+        sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}'{at(n.loc)}"
+                      for n in take_sites(graph))
+        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
+
+    def check(self, buffer: torch.Tensor) -> None:
+        """Raise IndexError if the kernel reported one (reading the buffer waits for the GPU:
+        a gather kernel's call synchronises)."""
+        flag, site, lo, hi = (int(v) for v in buffer.cpu())
+        if flag:
+            value = (hi << 32) | (lo & 0xFFFFFFFF)
+            raise IndexError(f"{self.where}: {self.sites[site]}: index {value} is out of range "
+                             f"(the kernel read nothing there)")
 
 
 def bind(call: Call) -> Launch:
@@ -148,7 +177,8 @@ def bind(call: Call) -> Launch:
                          f"over the {MAX_THREADS} a dispatch can launch; raise "
                          f"launch={{'vectors_per_thread': ...}}")
     casts = {p.index: p.cast for p in s.kernel.params if p.cast}
-    return Launch(compiled.kernel, args, threads, group, casts or None)
+    return Launch(compiled.kernel, args, threads, group, casts or None,
+                  IndexErrors.of(spec.graph, s.kernel.params))
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
@@ -170,6 +200,8 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
         return float(v) if p.dtype.is_float else int(v)
     if kind == "numel":
         return call.numel
+    if kind == "error":                         # a gather's report, zeroed (IndexErrors)
+        return torch.zeros(4, dtype=torch.int32, device=call.outputs[0].device)
     return call.binding.sizes[binds[1]]         # ("size", axis)
 
 
@@ -184,6 +216,8 @@ def dispatch(launch: Launch) -> None:
     """Stage 5: run the bound launch."""
     launch.kernel(*launch.args, threads=launch.threads, group_size=launch.group_size,
                   arg_casts=launch.arg_casts)
+    if launch.errors is not None:
+        launch.errors.check(launch.args[launch.errors.arg])
 
 
 # --------------------------------------------------------------------------- a call

@@ -171,6 +171,10 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
     types = dict(zip(k.template, inst.types))
     header, body = _split(render_msl(k), k)
     params = sorted(k.params, key=lambda p: p.index)
+    if any(p.binds == ("error",) for p in params):
+        raise NotImplementedError(f"kernel '{host_name}' gathers (mf.take) and reports index "
+                                  "errors through a buffer it writes; the mlx backend does not "
+                                  "bind that buffer yet: call it with torch tensors")
     ins = [p for p in params if p.binds[0] != "output"]
     outs = [p for p in params if p.binds[0] == "output"]
     for th in k.threads:

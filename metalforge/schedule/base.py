@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
 from .. import ir
-from ..graph import Graph
+from ..graph import Graph, Op, take_sites
 from .policy import LaunchPolicy
 
 IDX = "mf_index_t"               # the index type: a template parameter, uint or ulong
@@ -85,8 +85,12 @@ class Schedule:
             for a in axes:
                 n *= sizes[a]
             return n
+        loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
         read = sum(numel(t.axes) * t.dtype.itemsize for t in self.graph.tensors
-                   if ("input", t.name) in self._binds)
+                   if ("input", t.name) in self._binds and t.name in loaded)
+        # a gather reads one element per element of its result (an embedding row per id)
+        read += sum(numel(n.axes) * self.graph.tensor(n.attr[0]).dtype.itemsize
+                    for n in take_sites(self.graph))
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 

@@ -20,7 +20,8 @@ from typing import Optional, Protocol
 from .. import ir
 from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over
+from ..graph import (Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over,
+                     take_sites)
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, convert, compute_type, ident
 from .policy import LaunchPolicy, access_width
@@ -45,6 +46,7 @@ def param_name(name: str) -> str:
 def used_params(graph: Graph, nodes: list[Node]) -> tuple[list[TensorParam], list[ScalarParam]]:
     """(the tensors the kernel loads, the scalars it reads), in parameter order."""
     used = {n.attr for n in nodes if n.op == Op.LOAD}
+    used |= {n.attr[0] for n in nodes if n.op == Op.TAKE}
     scalars = {n.attr for n in nodes if n.op == Op.SCALAR}
     return ([t for t in graph.tensors if t.name in used],
             [s for s in graph.scalars if s.name in scalars])
@@ -75,8 +77,11 @@ class _Builder:
                     f"{list(self.grid)}) are not supported by the elementwise schedule")
         nodes = list(graph.nodes())
         self.inputs, self.scalars = used_params(graph, nodes)
+        taken = {n.attr for n in nodes if n.op == Op.TAKE}
+        self.loaded = {n.attr for n in nodes if n.op == Op.LOAD}
         for t in self.inputs:
-            extra = [a for a in t.axes if a not in self.grid and not self._on_grid(a)]
+            extra = [a for a in t.axes if a not in self.grid and not self._on_grid(a)
+                     and (t.name, a) not in taken]
             if extra:
                 raise UnsupportedConstruct(
                     f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
@@ -93,7 +98,8 @@ class _Builder:
         vw = access_width(policy.vector_width, {t.dtype.itemsize for t in self.inputs} |
                           {o.dtype.itemsize for o in outs})
         self.policy = replace(policy, vector_width=vw)
-        self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)]
+        self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)
+                       and t.name in self.loaded]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]
         self.sizes_used: list[str] = []
         self.spans: dict[tuple[str, ...], str] = {}
@@ -194,8 +200,17 @@ class _Builder:
                 raw = ir.Load(self.names[t.name], self.offset(t.axes, i, need))
             return ir.Cast(compute_type(t.dtype), raw)
 
+        def take(n: Node, pos: ir.Expr) -> ir.Expr:
+            name, axis = n.attr
+            t = self.graph.tensor(name)
+            e: ir.Expr = ir.Lit(0, IDX)
+            for j, a in enumerate(t.axes):
+                p = pos if a == axis else self.position(a, i, need)
+                e = p if j == 0 else e * self.size(a) + p
+            return ir.Cast(compute_type(t.dtype), ir.Load(self.names[name], e))
+
         low = ElementLowering(self.graph, load, lambda a: self.position(a, i, need), self.size,
-                              lambda s: self.names[s])
+                              lambda s: self.names[s], take=take)
         body = low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         stores: list[ir.Stmt] = []
@@ -367,6 +382,8 @@ def kernel_params(b: ParamSource, numel: bool = False, what: str = "") -> tuple[
     for s in b.scalars:
         add(b.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
             cast=_SCALAR_CASTS.get(s.dtype.name))
+    if take_sites(b.graph):
+        add("mf_err", "buffer", "int", ("error",), writable=True)
     icast = None if b.index64 else "int32"
     if numel:
         add("mf_numel", "scalar", IDX, ("numel",), cast=icast)

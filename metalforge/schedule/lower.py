@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, topo_order
+from ..graph import Graph, Node, Op, take_sites, topo_order
+from .base import IDX
 
 # math functions that have a precise:: form in MSL (the fast forms lose accuracy)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
@@ -95,15 +96,20 @@ class ElementLowering:
     shift(node) -> Expr       for an UNPACK node: the bit offset of this element's value in its
                               word (default: (position % values per word) * bits); schedules
                               that know the element's slot in the word pass a literal
+    take(node, pos) -> Expr   for a TAKE node: its tensor's element at position `pos` (checked
+                              to be in range) along the node's axis, this element's elsewhere
     """
 
     def __init__(self, graph: Graph, load: Callable[[Node], ir.Expr],
                  position: Callable[[str], ir.Expr], size: Callable[[str], ir.Expr],
                  scalar: Callable[[str], str], prefix: str = "mf_v",
-                 shift: Optional[Callable[[Node], ir.Expr]] = None):
+                 shift: Optional[Callable[[Node], ir.Expr]] = None,
+                 take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None):
         self.graph = graph
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
         self.shift = shift or self._shift
+        self.take = take
+        self.pending: list[ir.Stmt] = []          # statements a value needs before its Decl
         self.prefix = prefix
         self.helpers: set[str] = set()
         self.values: dict[Node, ir.Expr] = {}
@@ -116,6 +122,8 @@ class ElementLowering:
             if n in self.values:
                 continue
             e = self._expr(n)
+            out += self.pending
+            self.pending = []
             if isinstance(e, (ir.Lit, ir.Var)) or n.op in (Op.SCALAR, Op.CONST, Op.SIZE):
                 self.values[n] = e
                 continue
@@ -162,6 +170,8 @@ class ElementLowering:
             return self._unary(n)
         if op == Op.BINARY:
             return self._binary(n)
+        if op == Op.TAKE:
+            return self._take(n)
         if op == Op.UNPACK:
             return unpack_value(self.values[n.args[0]], self.shift(n), n.attr)
         if op == Op.REDUCE:
@@ -169,6 +179,29 @@ class ElementLowering:
             raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{at(n.loc)} is a reduction, "
                                        f"which this schedule cannot lower")
         raise UnsupportedConstruct(f"graph op '{op}'{at(n.loc)} is not supported")
+
+    def _take(self, n: Node) -> ir.Expr:
+        """A gather: the index checked against the axis; out of range, the kernel records the
+        error (flag, which gather, the value) in mf_err and reads position 0 instead."""
+        name, axis = n.attr
+        if self.take is None:
+            raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
+                                       "supported in elementwise kernels only (no reduction)")
+        self._count += 1
+        i, ok = f"mf_take{self._count}", f"mf_take{self._count}_ok"
+        site = take_sites(self.graph).index(n)
+        idx = ir.Var(i)
+        zero = ir.Lit(0, "long")
+        self.pending += [
+            ir.Decl(i, "long", ir.Cast("long", self.values[n.args[0]])),
+            ir.Decl(ok, "bool", (idx >= zero).and_(idx < ir.Cast("long", self.size(axis)))),
+            ir.If(ir.Unary("!", ir.Var(ok)), [
+                ir.Comment(f"index out of range: report it (gather {site}, from '{name}')"),
+                ir.Store("mf_err", ir.Lit(0, "uint"), ir.Lit(1, "int")),
+                ir.Store("mf_err", ir.Lit(1, "uint"), ir.Lit(site, "int")),
+                ir.Store("mf_err", ir.Lit(2, "uint"), ir.Cast("int", idx)),
+                ir.Store("mf_err", ir.Lit(3, "uint"), ir.Cast("int", idx >> ir.Lit(32, "long")))])]
+        return self.take(n, ir.Select(ir.Var(ok), ir.Cast(IDX, idx), ir.Lit(0, IDX)))
 
     def _shift(self, n: Node) -> ir.Expr:
         """Where this element's value sits in its word: (k % values per word) * bits."""

@@ -29,7 +29,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from .. import dtypes as _dtypes
-from ..graph import ConstParam, Graph, ScalarParam, TensorParam
+from ..graph import ConstParam, Graph, ScalarParam, TensorParam, take_sites
 from . import faults, strategies as S
 from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
@@ -386,12 +386,27 @@ def _graph_limits(graph: Graph) -> dict[str, bool]:
             "zeros": not int_div, "negative": not (shifts or int_pow)}
 
 
+def index_tensors(graph: Graph) -> dict[str, str]:
+    """{integer tensor: the axis it indexes} for gathers whose index is a tensor argument (as
+    loaded, or converted): check draws their values in range (a separate test draws bad ones)."""
+    out: dict[str, str] = {}
+    for n in take_sites(graph):
+        idx = n.args[0]
+        while idx.op == "cast" and not idx.dtype.is_float:
+            idx = idx.args[0]
+        if idx.op == "load":
+            out[idx.attr] = n.attr[1]
+    return out
+
+
 def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_families,
                   layouts: bool, budget: int, device) -> _Drawn:
     graph = variant.graph
     plan = S.dim_plan(params)
     reduced = frozenset(n.attr[1] for n in graph.reductions())
     reduced |= frozenset(plan.derived[a].base for a in reduced if a in plan.derived)
+    indices = index_tensors(graph)               # gathered axes: never empty, valid indices
+    reduced |= frozenset(indices.values())
     itemsize = max([t.dtype.itemsize for t in graph.tensors] + [4])
     max_elements = max(1, budget // ((plan.tensors + len(graph.outputs)) * itemsize))
     sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced),
@@ -406,6 +421,8 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
             shape = sizes.shape(p)
             spec = per_param.get(p.name)
             rng = None
+            if p.name in indices and spec is None:
+                spec = (0, sizes.sizes[indices[p.name]] - 1)    # in range along the axis
             if isinstance(spec, tuple) and len(spec) == 2:
                 rng, fams = spec, ("range",)
             else:
