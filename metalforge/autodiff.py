@@ -34,11 +34,12 @@ import torch
 
 from . import runtime
 from .dtypes import BOOL, F32, I64, DType
+from .errors import MetalforgeError
 from .graph import Graph, Node, Output, ScalarParam, TensorParam, topo_order
 from .shapes import bind_shapes, output_shape
 
 
-class NotDifferentiable(TypeError):
+class NotDifferentiable(MetalforgeError, TypeError):
     """Gradients were requested through a kernel (or an op in it) that has no derivative."""
 
 
@@ -144,10 +145,6 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
         return _binary_grad(b, n, g)
     if n.op == "reduce":
         return _reduce_grad(b, n, g)
-    if n.op == "take" and n.dtype.is_float:
-        raise NotDifferentiable(f"mf.take from '{n.attr[0]}'{_at(n)} has no derivative in "
-                                "metalforge yet (its gradient is a scatter-add into the "
-                                "tensor); detach that input")
     return []
 
 
@@ -358,6 +355,19 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
         if name not in floats:
             raise NotDifferentiable(f"{where}: argument '{name}' is not a floating-point tensor "
                                     "argument, so it has no gradient")
+    bases = {a for n in graph.nodes() for a in n.axes}
+    for name in wrt:
+        spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in bases), None)
+        if spec is not None:
+            raise NotDifferentiable(f"{where}: argument '{name}' is read along '{spec.name}' "
+                                    f"against '{spec.base}' (one value per group); its gradient "
+                                    "is a per-group sum, which metalforge does not derive yet; "
+                                    "detach that input")
+    for n in graph.nodes():
+        if n.op == "take" and n.attr[0] in wrt:
+            raise NotDifferentiable(f"{where}: mf.take from '{n.attr[0]}'{_at(n)} has no "
+                                    "derivative in metalforge yet (its gradient is a "
+                                    "scatter-add into the tensor); detach that input")
     if not any(o.dtype.is_float for o in graph.outputs):
         kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
         raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "

@@ -141,12 +141,13 @@ class IndexErrors:
     where: str                                  # the kernel, as messages name it
 
     @staticmethod
-    def of(graph: Graph, params) -> Optional["IndexErrors"]:
+    def of(graph: Graph, params, sizes: Mapping[str, int]) -> Optional["IndexErrors"]:
         arg = next((p.index for p in params if p.binds == ("error",)), None)
         if arg is None:
             return None
-        sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}'{at(n.loc)}"
-                      for n in take_sites(graph))
+        sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
+                      f"{sizes[n.attr[1]]}: valid indices 0 to {sizes[n.attr[1]] - 1})"
+                      f"{at(n.loc)}" for n in take_sites(graph))
         return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
 
     def check(self, buffer: torch.Tensor) -> None:
@@ -178,7 +179,7 @@ def bind(call: Call) -> Launch:
                          f"launch={{'vectors_per_thread': ...}}")
     casts = {p.index: p.cast for p in s.kernel.params if p.cast}
     return Launch(compiled.kernel, args, threads, group, casts or None,
-                  IndexErrors.of(spec.graph, s.kernel.params))
+                  IndexErrors.of(spec.graph, s.kernel.params, sizes))
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:

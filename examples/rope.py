@@ -1,0 +1,100 @@
+"""Rotary position embeddings (RoPE), written with gathers (`mf.take`).
+
+    python examples/rope.py
+
+Four variants, each checked against an independent torch implementation: rotate-half RoPE
+with positions from a tensor and the angles computed in the kernel (Llama/NeoX layout),
+interleaved RoPE (pairs 2j, 2j+1; GPT-J layout), partial rotary dims (only the first
+`rot_dims` of each head rotate), and cos/sin read from precomputed tables. The partner element
+(the other half of the pair) is a gather along E by an index expression: a second read of the
+same row, with no index tensor in memory. Runs on Metal on a Mac, else on the simulator.
+"""
+import torch
+
+import metalforge as mf
+from metalforge.runtime import current_backend
+
+
+@mf.kernel                                    # rotate-half RoPE, positions from a tensor
+def rope(x: "T[B, H, S, E]", pos: "i32[B, S]", base: float = 10000.0):
+    i, half = mf.index("E"), mf.size("E") // 2
+    partner = mf.take(x, axis="E", index=mf.where(i < half, i + half, i - half))
+    theta = pos * base ** (-2.0 * (i % half) / mf.size("E"))     # f32: pos is an integer
+    out = x * mf.cos(theta) + mf.where(i < half, -partner, partner) * mf.sin(theta)
+    return out.to("T")                                             # back to x's dtype
+
+
+@mf.kernel                                    # interleaved pairs (2j, 2j + 1)
+def rope_interleaved(x: "T[B, H, S, E]", pos: "i32[B, S]", base: float = 10000.0):
+    i = mf.index("E")
+    partner = mf.take(x, axis="E", index=i ^ 1)
+    theta = pos * base ** (-2.0 * (i // 2) / mf.size("E"))
+    out = x * mf.cos(theta) + mf.where(i % 2 == 0, -partner, partner) * mf.sin(theta)
+    return out.to("T")
+
+
+@mf.kernel                                    # only the first rot_dims dims of a head rotate
+def rope_partial(x: "T[B, H, S, E]", pos: "i32[B, S]", base: float = 10000.0,
+                 rot_dims: mf.Const[int] = 32):
+    i, half = mf.index("E"), rot_dims // 2
+    rotated = i < rot_dims
+    partner = mf.take(x, axis="E",
+                      index=mf.where(i < half, i + half, mf.where(rotated, i - half, i)))
+    theta = pos * base ** (-2.0 * (i % half) / rot_dims)
+    out = x * mf.cos(theta) + mf.where(i < half, -partner, partner) * mf.sin(theta)
+    return mf.where(rotated, out, x).to("T")
+
+
+@mf.kernel                                    # cos/sin from tables over (S, E/2)
+def rope_cached(x: "T[B, H, S, E]", cos: "T[S, E/2]", sin: "T[S, E/2]"):
+    i, half = mf.index("E"), mf.size("E") // 2
+    partner = mf.take(x, axis="E", index=mf.where(i < half, i + half, i - half))
+    c = mf.take(cos, axis="E/2", index=i % half)
+    s = mf.take(sin, axis="E/2", index=i % half)
+    return x * c + mf.where(i < half, -partner, partner) * s
+
+
+# independent torch implementations --------------------------------------------------------
+
+def angles(pos: torch.Tensor, dims: int, base: float = 10000.0) -> torch.Tensor:
+    """[..., dims / 2] angles pos * base^(-2j / dims), in float64."""
+    inv = base ** (-torch.arange(0, dims, 2, dtype=torch.float64, device=pos.device) / dims)
+    return pos.to(torch.float64)[..., None] * inv
+
+
+def torch_rope(x, pos, base=10000.0):
+    th = angles(pos, x.shape[-1], base)[:, None].repeat(1, 1, 1, 2)       # [B, 1, S, E]
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return (x.double() * th.cos() + torch.cat([-x2, x1], -1) * th.sin()).to(x.dtype)
+
+
+def torch_rope_interleaved(x, pos, base=10000.0):
+    th = angles(pos, x.shape[-1], base)[:, None]                           # [B, 1, S, E/2]
+    xd = x.double().unflatten(-1, (-1, 2))
+    a, b = xd[..., 0], xd[..., 1]
+    out = torch.stack([a * th.cos() - b * th.sin(), b * th.cos() + a * th.sin()], -1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def torch_rope_partial(x, pos, rot_dims, base=10000.0):
+    rot = torch_rope(x[..., :rot_dims], pos, base)
+    return torch.cat([rot, x[..., rot_dims:]], -1)
+
+
+if __name__ == "__main__":
+    device = "mps" if torch.backends.mps.is_available() else "cpu"
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 33, 64, dtype=torch.float16, device=device)
+    pos = torch.randint(0, 4096, (2, 33), dtype=torch.int32, device=device)
+    print(rope.source(x, pos))
+    tol = dict(rtol=2e-3, atol=3e-3)
+    torch.testing.assert_close(rope(x, pos), torch_rope(x, pos), **tol)
+    torch.testing.assert_close(rope_interleaved(x, pos), torch_rope_interleaved(x, pos), **tol)
+    torch.testing.assert_close(rope_partial(x, pos, rot_dims=32),
+                               torch_rope_partial(x, pos, 32), **tol)
+    th = angles(torch.arange(33, device=device), 64)
+    cos, sin = th.cos().half(), th.sin().half()
+    seq = torch.arange(33, dtype=torch.int32, device=device).expand(2, 33).contiguous()
+    torch.testing.assert_close(rope_cached(x, cos, sin), torch_rope(x, seq), **tol)
+    print(f"rope: 4 variants of {tuple(x.shape)} {x.dtype} on {current_backend([x])} match "
+          "independent torch implementations")
