@@ -1,0 +1,80 @@
+"""RoPE: ours vs torch eager on the same device, bytes moved, achieved GB/s.
+
+    python bench/rope.py                    # MPS on a Mac, CUDA on NVIDIA, else the simulator
+    python bench/rope.py --device cuda --dtype f16 bf16
+
+Shapes [B, H, S, E] of q in prefill and decode. Ours: examples/rope.py's `rope` (angles from the
+position tensor, computed in the kernel) and `rope_cached` (cos/sin tables [S, E/2]); torch: the
+usual eager rotate-half with precomputed cos/sin of shape [S, E] (x * cos + cat(-x2, x1) * sin:
+four kernels). Bytes are our schedule's count (x read once more for the partner element, which
+comes from cache); GB/s over them, %copy against `copy_` moving as many. On CUDA all are GPU
+times of CUDA-graph replays (common.timeit). On the simulator only a smoke test of the script.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DTYPES, copy_time, pick_device, plan, timeit  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(      # examples/rope.py (this file is rope.py)
+    "mf_example_rope", Path(__file__).resolve().parent.parent / "examples" / "rope.py")
+_ex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ex)
+angles, rope, rope_cached = _ex.angles, _ex.rope, _ex.rope_cached
+
+SHAPES = ["1x32x4096x128", "8x32x1024x128", "32x32x1x128", "1x8x8192x64"]
+
+
+def torch_rope(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device")
+    ap.add_argument("--dtype", nargs="+", default=["f16", "bf16", "f32"], choices=list(DTYPES))
+    ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--repeat", type=int, default=50)
+    args = ap.parse_args(argv)
+    device = pick_device(args.device)
+    repeat = args.repeat if device != "cpu" else 1
+    print(f"device {device}")
+    print(f"{'dtype':>5} {'B x H x S x E':>15} {'kernel':>11} {'bytes':>10} {'ours us':>8} "
+          f"{'torch us':>8} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'torch/ours':>10}")
+    for dname in args.dtype:
+        dtype = DTYPES[dname]
+        for spec in args.shapes:
+            b, h, s, e = (int(v) for v in spec.split("x"))
+            if device == "cpu":
+                b, h, s = 1, 2, min(s, 16)
+            x = torch.randn(b, h, s, e, dtype=dtype, device=device)
+            pos = torch.arange(s, dtype=torch.int32, device=device).expand(b, s).contiguous()
+            th = angles(torch.arange(s, device=device), e)
+            cos_t, sin_t = th.cos().to(dtype), th.sin().to(dtype)          # [S, E/2]
+            cos_f, sin_f = cos_t.repeat(1, 2), sin_t.repeat(1, 2)          # torch's [S, E]
+            want = torch_rope(x, cos_f, sin_f)
+            theirs = timeit(lambda: torch_rope(x, cos_f, sin_f), device, repeat)
+            for name, k, kargs in (("rope", rope, (x, pos)),
+                                   ("rope_cached", rope_cached, (x, cos_t, sin_t))):
+                y = k(*kargs)
+                torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+                sched, sizes = plan(k, kargs)
+                nbytes = sched.traffic(sizes).total
+                ours = timeit(lambda: k(*kargs), device, repeat)
+                copy = copy_time(nbytes, device, repeat)
+                print(f"{dname:>5} {f'{b}x{h}x{s}x{e}':>15} {name:>11} {nbytes:>10} "
+                      f"{ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} {copy * 1e6:>8.1f} "
+                      f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
+                      f"{theirs / ours:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()
