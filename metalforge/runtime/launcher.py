@@ -151,8 +151,11 @@ class IndexErrors:
         return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
 
     def check(self, buffer: torch.Tensor) -> None:
-        """Raise IndexError if the kernel reported one (reading the buffer waits for the GPU:
-        a gather kernel's call synchronises)."""
+        """Raise IndexError if the kernel reported one. Reading the buffer waits for the GPU, so
+        a gather kernel's call synchronises; while a CUDA graph is being captured nothing can be
+        read, and the report is not checked (the kernel still reads nothing out of range)."""
+        if buffer.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
         flag, site, lo, hi = (int(v) for v in buffer.cpu())
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
