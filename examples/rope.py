@@ -54,6 +54,12 @@ def rope_cached(x: "T[B, H, S, E]", cos: "T[S, E/2]", sin: "T[S, E/2]"):
     return x * c + mf.where(i < half, -partner, partner) * s
 
 
+# what check() may draw: RoPE pairs elements of a head, so E is even (and at least rot_dims)
+CHECK = {name: {"dims": {"E": [2, 8, 64, 128]}} for name in
+         ("rope", "rope_interleaved", "rope_cached")}
+CHECK["rope_partial"] = {"dims": {"E": [32, 64, 128]}}
+
+
 # independent torch implementations --------------------------------------------------------
 
 def angles(pos: torch.Tensor, dims: int, base: float = 10000.0) -> torch.Tensor:

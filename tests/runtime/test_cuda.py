@@ -19,19 +19,24 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
-def _kernels(path):
+def _module(path):
     spec = importlib.util.spec_from_file_location(f"mf_example_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return [(n, k) for n, k in inspect.getmembers(mod) if isinstance(k, mf.Kernel)]
+    return mod
+
+
+def _kernels(path):
+    return [(n, k) for n, k in inspect.getmembers(_module(path)) if isinstance(k, mf.Kernel)]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_checks_on_cuda(path):
-    kernels = _kernels(path)
+    mod = _module(path)
+    kernels = [(n, k) for n, k in inspect.getmembers(mod) if isinstance(k, mf.Kernel)]
     assert kernels
-    for _, k in kernels:
-        report = check(k, backend="cuda", max_examples=25)
+    for n, k in kernels:                # CHECK: an example's check() options per kernel
+        report = check(k, backend="cuda", max_examples=25, **getattr(mod, "CHECK", {}).get(n, {}))
         assert report is not None
 
 
