@@ -156,6 +156,9 @@ def validate(p: LaunchPolicy) -> None:
              f"looped_limit={p.looped_limit}: a row held in registers needs "
              f"looped_limit <= threads_per_group * reads_per_thread = "
              f"{p.threads_per_group * p.reads_per_thread}")
+    if p.family == "quant":
+        need(p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
+             "packed words at once, at most 4 (16 bytes)")
     if p.family == "column":
         need(p.threads_per_group % SIMD_WIDTH == 0 and
              p.threads_per_group == SIMD_WIDTH * p.rows_per_group,

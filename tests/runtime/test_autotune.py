@@ -4,6 +4,7 @@ dtypes, shape bucket) and used automatically, and a damaged cache file only warn
 import importlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import metalforge as mf
 from metalforge.graph import ConstParam, ScalarParam, TensorParam
 from metalforge.runtime import backends, launcher
 from metalforge.schedule import family
+from metalforge.testing.check import index_tensors
 from metalforge.schedule.policy import LaunchError
 from metalforge.testing import load_module
 from metalforge.tuning import cache as cache_mod
@@ -35,9 +37,14 @@ def tune_file(tmp_path, monkeypatch):
 def example_args(kernel, sizes=None) -> list:
     """Arguments for every tensor and runtime scalar (Consts keep their defaults): odd sizes,
     so vector paths, tails and partial groups all run; `sizes` fixes some dims."""
-    sizes = dict(sizes or {})
-    fresh = iter([37, 5, 3, 11, 7, 13])
+    sizes = {"E": 64, **(sizes or {})}          # E: RoPE heads (even, at least rot_dims)
+    fresh = iter([37, 5, 3, 11, 7, 13, 9, 6, 4])
     gen = torch.Generator().manual_seed(0)
+    group = {}                                   # bases of derived dims: whole K/8, K/64
+    for p in kernel.params:
+        for d in getattr(p, "dims", ()):
+            if d.derived:
+                group[d.base] = math.lcm(group.get(d.base, 1), d.div)
     args = []
     for p in kernel.params:
         if isinstance(p, ConstParam):
@@ -51,7 +58,7 @@ def example_args(kernel, sizes=None) -> list:
             if d.batch:
                 shape += [2, 3]
             elif d.derived:
-                base = sizes.setdefault(d.base, 8 * next(fresh))
+                base = sizes.setdefault(d.base, group[d.base] * next(fresh))
                 shape.append(base * d.mul // d.div + d.add)
             else:
                 shape.append(sizes.setdefault(d.name, next(fresh)))
@@ -59,7 +66,8 @@ def example_args(kernel, sizes=None) -> list:
         if dt.is_floating_point:
             args.append(torch.randn(shape, generator=gen).to(dt) * 2)
         else:
-            args.append(torch.randint(0, 100, shape, generator=gen).to(dt))
+            hi = 2 if p.name in index_tensors(kernel.graph(T="f32")) else 100   # valid ids
+            args.append(torch.randint(0, hi, shape, generator=gen).to(dt))
     return args
 
 
