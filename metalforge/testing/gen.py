@@ -110,10 +110,13 @@ def render(source: Path, out_dir: Path, module: ModuleType) -> str:
         "",
         f'kernels = load_module(Path(__file__).resolve().parent / "{rel}")',
     ]
+    options = getattr(module, "CHECK", {})     # the module's own check() options per kernel
     for name, k in kernels:
+        call = f'check(kernels.{name}, **kernels.CHECK["{name}"])' if name in options else \
+            f"check(kernels.{name})"
         lines += ["", "", f"def test_{name}():",
                   f"    # {_signature(k)}",
-                  f"    check(kernels.{name})",
+                  f"    {call}",
                   "    # check(kernels.{0},".format(name)]
         lines += [f"    #       {h}" for h in _hints(k)] + ["    #       )"]
     return "\n".join(lines) + "\n"

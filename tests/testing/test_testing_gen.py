@@ -29,8 +29,10 @@ def test_one_module_per_example_file_one_test_per_kernel(generated):
         tests = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
         names = [name for name, _ in kernels_of(load_module(src))]
         assert tests == [f"test_{n}" for n in names]
-        for name, k in kernels_of(load_module(src)):
-            assert f"    check(kernels.{name})\n" in text
+        module = load_module(src)
+        for name, k in kernels_of(module):
+            opts = f', **kernels.CHECK["{name}"]' if name in getattr(module, "CHECK", {}) else ""
+            assert f"    check(kernels.{name}{opts})\n" in text       # the module's options
             assert f"    # {k.name}(" in text                         # the signature, as a comment
         assert "dims={" in text and "max_examples=" in text            # editable hints
 
