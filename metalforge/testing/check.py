@@ -35,6 +35,12 @@ from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
 from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
+from .. import runtime
+from ..errors import BindingError, TraceError, UnsupportedConstruct
+from ..reference import evaluate
+from ..runtime import schedule_of
+from ..runtime.launcher import specialisation
+from ..shapes import bind_shapes
 
 _PREFERRED = ("f32", "f16", "bf16", "i32", "u32", "i16", "u16", "i8", "u8", "bool")
 
@@ -147,8 +153,6 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
 
 def _instantiations(kernel, variant: Variant) -> dict[tuple[bool, str], Instantiation]:
     """Every kernel the variant can launch: each host name at each index width."""
-    from ..runtime.launcher import specialisation
-
     out: dict[tuple[bool, str], Instantiation] = {}
     spec = specialisation(variant.graph, getattr(kernel, "launch", None))
     for idx64 in (False, True):
@@ -184,8 +188,6 @@ def boundary_sizes(schedule) -> list[int]:
 
 def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) -> int:
     """Boundary examples at both index widths; marks what no allowed size can select."""
-    from ..runtime.launcher import specialisation
-
     ran = 0
     plain = S.dim_plan(variant.graph.params).plain
     for idx64 in sorted({k[0] for k in insts}):
@@ -238,9 +240,6 @@ def _allowed(pin, size: int) -> bool:
 
 def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
     """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
-    from ..runtime import schedule_of
-    from ..shapes import bind_shapes
-
     graph = variant.graph
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
@@ -289,10 +288,6 @@ def _variants(kernel, params, dtypes, per_param) -> tuple[list[Variant], list[st
     """The variants that trace and lower, and those the schedules refuse with a clear error
     before any launch (e.g. integer sums): "T=i32: <error>". Refusing is the kernel's
     documented behaviour, not a wrong answer, so these are left out (and reported)."""
-    from ..frontend.errors import BindingError, TraceError
-    from ..runtime import schedule_of
-    from ..schedule import UnsupportedConstruct
-
     dvars = _dtype_vars(params)
     dtypes = dict(dtypes or {})
     for k in dtypes:
@@ -468,8 +463,6 @@ def _as_tuple(r) -> tuple:
 def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
                    prof: Profile, record=None) -> int:
-    from .. import runtime
-
     device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
     ran = [0]
 
@@ -541,8 +534,6 @@ def reduction_slack(graph: Graph, values: Mapping[str, Any],
 def moved_references(graph: Graph, values: Mapping[str, Any]) -> Optional[list[tuple]]:
     """The reference's outputs with every float sum off by its allowed accumulation error, all
     up and all down (None when the graph has no float sums)."""
-    from ..reference import evaluate
-
     if not any(n.attr[0] == "sum" and n.dtype.is_float for n in graph.reductions()):
         return None
 

@@ -15,9 +15,12 @@ Planting fails loudly rather than silently testing nothing:
 from __future__ import annotations
 
 import re
+
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
+
+from ..runtime.launcher import MSL_REWRITE     # the seam, with the runtime that compiles
 
 
 class FaultNotPlanted(RuntimeError):
@@ -106,8 +109,6 @@ class Planting:
 @contextmanager
 def planted(*faults: Fault) -> Iterator[Planting]:
     """Rewrite every MSL source compiled inside the block with ``faults`` (in order)."""
-    from ..runtime.launcher import MSL_REWRITE     # the seam, with the runtime that compiles
-
     planting = Planting(tuple(faults))
     token = MSL_REWRITE.set(planting.rewrite)
     try:
@@ -123,8 +124,6 @@ def planted(*faults: Fault) -> Iterator[Planting]:
 
 def preview(src: str) -> str:
     """``src`` as the faults planted right now would rewrite it (unchanged when none are)."""
-    from ..runtime.launcher import MSL_REWRITE
-
     fn = MSL_REWRITE.get()
     owner = getattr(fn, "__self__", None)
     return owner.preview(src) if isinstance(owner, Planting) else src

@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Optional
 
 from ..errors import MetalforgeError
+from ..frontend.kernel import Kernel
 from ..graph import ConstParam, ScalarParam, TensorParam
 
 
@@ -52,8 +53,6 @@ def load_module(path: str | os.PathLike) -> ModuleType:
 
 def kernels_of(module: ModuleType) -> list[tuple[str, object]]:
     """The kernels a module defines at top level (not ones it imports), in definition order."""
-    from ..frontend.kernel import Kernel
-
     here = os.path.realpath(module.__file__)
     return [(name, k) for name, k in vars(module).items()
             if isinstance(k, Kernel) and os.path.realpath(k.loc[0]) == here]

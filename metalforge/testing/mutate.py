@@ -28,6 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional
 
+from hypothesis.errors import FlakyFailure
+
+from ..runtime.launcher import MSL_REWRITE
+from ..sim import compile_shader
+from .check import check
+
 # (operator name, regex, replacement function of the match)
 _SWAP = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "+": "-", "-": "+", "*": "/", "/": "*"}
 _FUN = {"exp": "exp2", "exp2": "exp", "log": "log2", "log2": "log", "max": "min", "min": "max",
@@ -117,8 +123,6 @@ def sample(ms: list[Mutant], n: Optional[int], seed: int = 0) -> list[Mutant]:
 def applied(mutant: Mutant) -> Iterator[list[int]]:
     """Compile `mutant.source` wherever the runtime compiles `mutant.original` in the block;
     yields a one-element list counting the replacements."""
-    from ..runtime.launcher import MSL_REWRITE
-
     hits = [0]
 
     def rewrite(src: str) -> str:
@@ -154,7 +158,6 @@ class MutationReport:
 
 
 def _compiles(src: str) -> bool:
-    from ..sim import compile_shader
     try:
         compile_shader(src)
     except SyntaxError:
@@ -169,9 +172,6 @@ def mutation_test(kernel, source: str, *, sample_size: Optional[int] = None, see
     the kernel's generated sources, e.g. `kernel.source(...)`); a mutant is killed when check
     fails. `sample_size` mutants are drawn deterministically from all sites (None: all), or
     `chosen` ones are run."""
-    from hypothesis.errors import FlakyFailure
-
-    from .check import check
 
     ms = mutants(source)
     rep = MutationReport(getattr(kernel, "name", str(kernel)), total_sites=len(ms))
