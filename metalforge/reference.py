@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from .dtypes import BOOL, DType
-from .graph import Graph, Node, Op
+from .graph import Graph, Node, Op, Output
 from .shapes import bind_shapes, flat_shape, output_shape
 
 _UNARY = {
@@ -73,29 +73,55 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     output tensor (or a tuple for several outputs) with batch dims re-expanded.
     adjust(node, input, result) may replace each reduction's result (testing uses it to see how
     far the outputs move when a sum is off by its allowed rounding error)."""
-    tensors = {t.name: values[t.name] for t in graph.tensors}
-    binding = bind_shapes(graph, tensors)
-    sizes = binding.sizes
-    device = next((t.device for t in tensors.values()), torch.device("cpu"))
-    fdt = torch.float32 if device.type == "mps" else torch.float64
+    ev = _Evaluator(graph, values, adjust)
+    for n in graph.nodes():
+        ev.val[n] = ev.fp32(ev.node(n), n.dtype)
+    outs = [ev.output(o) for o in graph.outputs]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def eval_dtype(dt: DType) -> torch.dtype:
-        return fdt if dt.is_float else (torch.bool if dt is BOOL else torch.int64)
 
-    def fp32(t: torch.Tensor, dt: DType) -> torch.Tensor:
-        # a float node's value as the kernel holds it: an fp32 number
-        return t.to(torch.float32).to(fdt) if dt.is_float and fdt != torch.float32 else t
+class _Evaluator:
+    """One evaluation: float values in float64 (float32 on MPS, which has no float64), each
+    float node rounded to fp32 as the kernel holds it, integers in int64 wrapped to their
+    node's width."""
 
+    def __init__(self, graph: Graph, values: Mapping[str, Any],
+                 adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]]):
+        self.graph, self.values, self.adjust = graph, values, adjust
+        self.tensors = {t.name: values[t.name] for t in graph.tensors}
+        self.binding = bind_shapes(graph, self.tensors)
+        self.sizes = self.binding.sizes
+        self.device = next((t.device for t in self.tensors.values()), torch.device("cpu"))
+        self.fdt = torch.float32 if self.device.type == "mps" else torch.float64
+        self.val: dict[Node, torch.Tensor] = {}
+
+    # -- types --------------------------------------------------------------------------
+    def eval_dtype(self, dt: DType) -> torch.dtype:
+        return self.fdt if dt.is_float else (torch.bool if dt is BOOL else torch.int64)
+
+    def fp32(self, t: torch.Tensor, dt: DType) -> torch.Tensor:
+        """A float node's value as the kernel holds it: an fp32 number."""
+        return t.to(torch.float32).to(self.fdt) if dt.is_float and self.fdt != torch.float32 \
+            else t
+
+    @staticmethod
     def wrap(t: torch.Tensor, dt: DType) -> torch.Tensor:
-        # integer results wrap to their own width, as they do in the kernel
+        """Integer results wrap to their own width, as they do in the kernel."""
         return t.to(dt.torch).to(torch.int64) if dt.is_int and dt.torch != torch.int64 else t
 
-    def align(n: Node, axes: tuple[str, ...]) -> torch.Tensor:
+    def common(self, ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        if any(t.dtype.is_floating_point for t in ts):
+            return [t.to(self.fdt) for t in ts]
+        if all(t.dtype == torch.bool for t in ts):
+            return ts
+        return [t.to(torch.int64) for t in ts]
+
+    def align(self, n: Node, axes: tuple[str, ...]) -> torch.Tensor:
         """val[n] broadcastable to `axes`: missing axes as size-1 dims; a derived axis K/64
         repeated 64 times along its base K (element k reads k // 64)."""
-        t, names = val[n], list(n.axes)
+        t, names = self.val[n], list(n.axes)
         for i, a in enumerate(names):
-            spec = graph.axis_spec(a)
+            spec = self.graph.axis_spec(a)
             if a not in axes and spec.base in axes:
                 t = t.repeat_interleave(spec.div, dim=i)
                 names[i] = spec.base
@@ -103,63 +129,56 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
         t = t.permute([names.index(a) for a in present])
         return t.reshape([t.shape[present.index(a)] if a in present else 1 for a in axes])
 
-    def common(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        if any(t.dtype.is_floating_point for t in ts):
-            return [t.to(fdt) for t in ts]
-        if all(t.dtype == torch.bool for t in ts):
-            return ts
-        return [t.to(torch.int64) for t in ts]
+    def tensor(self, name: str) -> torch.Tensor:
+        """Tensor argument `name` with its batch dims flattened (its annotation's axes)."""
+        return self.tensors[name].reshape(flat_shape(self.binding, self.graph.tensor(name)))
 
-    val: dict[Node, torch.Tensor] = {}
-    for n in graph.nodes():
-        ct = eval_dtype(n.dtype)
+    # -- nodes --------------------------------------------------------------------------
+    def node(self, n: Node) -> torch.Tensor:
+        ct, dev, sizes = self.eval_dtype(n.dtype), self.device, self.sizes
+        args = [self.val[a] for a in n.args]
         if n.op == Op.LOAD:
-            p = graph.param(n.attr)
-            t = tensors[n.attr].reshape(flat_shape(binding, p))
-            r = t.permute([p.axes.index(a) for a in n.axes]).to(ct)
-        elif n.op == Op.SCALAR:
-            r = torch.tensor(values[n.attr], dtype=ct, device=device)
-        elif n.op == Op.CONST:
-            r = torch.tensor(n.attr, dtype=ct, device=device)
-        elif n.op == Op.INDEX:
-            r = torch.arange(sizes[n.attr], dtype=torch.int64, device=device)
-        elif n.op == Op.SIZE:
-            r = torch.tensor(sizes[n.attr], dtype=torch.int64, device=device)
-        elif n.op == Op.CAST:
-            r = val[n.args[0]].to(n.dtype.torch).to(ct)
-        elif n.op == Op.UNARY:
-            r = wrap(_UNARY[n.attr](val[n.args[0]].to(ct)), n.dtype)
-        elif n.op == Op.BINARY:
-            a, b = common([align(x, n.axes) for x in n.args])
-            r = _BINARY[n.attr](a, b)
-            r = wrap(r.to(ct), n.dtype)
-        elif n.op == Op.WHERE:
-            c = align(n.args[0], n.axes)
-            a, b = common([align(x, n.axes) for x in n.args[1:]])
-            r = torch.where(c, a, b).to(ct)
-        elif n.op == Op.UNPACK:
+            axes = self.graph.tensor(n.attr).axes
+            return self.tensor(n.attr).permute([axes.index(a) for a in n.axes]).to(ct)
+        if n.op == Op.SCALAR:
+            return torch.tensor(self.values[n.attr], dtype=ct, device=dev)
+        if n.op == Op.CONST:
+            return torch.tensor(n.attr, dtype=ct, device=dev)
+        if n.op == Op.INDEX:
+            return torch.arange(sizes[n.attr], dtype=torch.int64, device=dev)
+        if n.op == Op.SIZE:
+            return torch.tensor(sizes[n.attr], dtype=torch.int64, device=dev)
+        if n.op == Op.CAST:
+            return args[0].to(n.dtype.torch).to(ct)
+        if n.op == Op.UNARY:
+            return self.wrap(_UNARY[n.attr](args[0].to(ct)), n.dtype)
+        if n.op == Op.BINARY:
+            a, b = self.common([self.align(x, n.axes) for x in n.args])
+            return self.wrap(_BINARY[n.attr](a, b).to(ct), n.dtype)
+        if n.op == Op.WHERE:
+            a, b = self.common([self.align(x, n.axes) for x in n.args[1:]])
+            return torch.where(self.align(n.args[0], n.axes), a, b).to(ct)
+        if n.op == Op.UNPACK:
             words = n.args[0].axes                      # (..., K/(32/bits))
             layout = [*words[:-1], *(a for a in n.axes if a not in words)]   # (..., K)
-            r = _unpack(val[n.args[0]], n.attr).permute([layout.index(a) for a in n.axes])
-        elif n.op == Op.TAKE:
+            return _unpack(args[0], n.attr).permute([layout.index(a) for a in n.axes])
+        if n.op == Op.TAKE:
             name, axis = n.attr
-            p = graph.tensor(name)
-            src = tensors[name].reshape(flat_shape(binding, p)).to(ct)
-            r = _take(src, p.axes, axis, align(n.args[0], n.axes), n.axes, sizes,
-                      f"kernel '{graph.name}': mf.take from '{name}' along '{axis}'")
-        elif n.op == Op.REDUCE:
-            kind, axis = n.attr
-            x = n.args[0]
-            r = wrap(_REDUCE[kind](val[x], dim=x.axes.index(axis)).to(ct), n.dtype)
-            if adjust is not None:
-                r = adjust(n, val[x], r)
-        else:
-            raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{graph.name}'")
-        val[n] = fp32(r, n.dtype)
+            return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
+                         self.align(n.args[0], n.axes), n.axes, sizes,
+                         f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+        if n.op == Op.REDUCE:
+            return self.reduce(n, ct)
+        raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
-    outs = []
-    for o in graph.outputs:
-        t = align(o.node, o.node.axes).permute([o.node.axes.index(a) for a in o.axes])
-        t = t.expand([sizes[a] for a in o.axes]).to(o.dtype.torch)
-        outs.append(t.reshape(output_shape(binding, o)).contiguous())
-    return outs[0] if len(outs) == 1 else tuple(outs)
+    def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
+        kind, axis = n.attr
+        x = n.args[0]
+        r = self.wrap(_REDUCE[kind](self.val[x], dim=x.axes.index(axis)).to(ct), n.dtype)
+        return self.adjust(n, self.val[x], r) if self.adjust is not None else r
+
+    def output(self, o: Output) -> torch.Tensor:
+        n = o.node
+        t = self.align(n, n.axes).permute([n.axes.index(a) for a in o.axes])
+        t = t.expand([self.sizes[a] for a in o.axes]).to(o.dtype.torch)
+        return t.reshape(output_shape(self.binding, o)).contiguous()

@@ -15,7 +15,6 @@ Planting fails loudly rather than silently testing nothing:
 from __future__ import annotations
 
 import re
-
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
