@@ -304,29 +304,8 @@ class Kernel:
                 continue
             v = got[p.name]
             if isinstance(p, TensorParam):
-                is_mlx = mlx.is_array(v)                   # an mlx.core.array: MLX backend
-                if not isinstance(v, torch.Tensor) and not is_mlx:
-                    raise BindingError(f"{where}: expected a torch.Tensor (annotated "
-                                       f"\"{p.annotation}\"), got {type(v).__name__}")
-                kinds.setdefault(is_mlx, p.name)
-                try:
-                    dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
-                except TypeError as e:
-                    raise BindingError(f"{where}: {e}") from None
-                if p.dtype_var is None:
-                    if dt is not p.dtype:
-                        raise BindingError(f"{where}: annotated \"{p.annotation}\" needs "
-                                           f"{p.dtype.torch}, got {v.dtype}")
-                elif p.dtype_var in dvars:
-                    if dvars[p.dtype_var] is not dt:
-                        raise BindingError(
-                            f"{where}: dtype variable {p.dtype_var} is {dvars[p.dtype_var]} "
-                            f"from {dvar_from[p.dtype_var]} but argument '{p.name}' is "
-                            f"{dt} ({v.dtype}); tensors sharing {p.dtype_var} must have one "
-                            "dtype")
-                else:
-                    dvars[p.dtype_var] = dt
-                    dvar_from[p.dtype_var] = f"argument '{p.name}'"
+                kinds.setdefault(mlx.is_array(v), p.name)
+                self._bind_dtype(p, v, where, dvars, dvar_from)
                 values[p.name] = v
             elif isinstance(p, ScalarParam):
                 values[p.name] = self._check_scalar(p.pytype, v, where)
@@ -345,6 +324,34 @@ class Kernel:
         key = (tuple((v, dvars[v].name) for v in self.dtype_vars),
                tuple((n, consts[n]) for n in self._const_names))
         return key, values, dvars, consts
+
+    @staticmethod
+    def _bind_dtype(p: TensorParam, v: Any, where: str, dvars: dict[str, DType],
+                    dvar_from: dict[str, str]) -> None:
+        """Check tensor argument `v` (torch or MLX) against `p`'s dtype, binding its dtype
+        variable on first sight (`dvar_from` says where each variable was bound)."""
+        is_mlx = mlx.is_array(v)                   # an mlx.core.array: MLX backend
+        if not isinstance(v, torch.Tensor) and not is_mlx:
+            raise BindingError(f"{where}: expected a torch.Tensor (annotated "
+                               f"\"{p.annotation}\"), got {type(v).__name__}")
+        try:
+            dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
+        except TypeError as e:
+            raise BindingError(f"{where}: {e}") from None
+        if p.dtype_var is None:
+            if dt is not p.dtype:
+                raise BindingError(f"{where}: annotated \"{p.annotation}\" needs "
+                                   f"{p.dtype.torch}, got {v.dtype}")
+        elif p.dtype_var in dvars:
+            if dvars[p.dtype_var] is not dt:
+                raise BindingError(
+                    f"{where}: dtype variable {p.dtype_var} is {dvars[p.dtype_var]} "
+                    f"from {dvar_from[p.dtype_var]} but argument '{p.name}' is "
+                    f"{dt} ({v.dtype}); tensors sharing {p.dtype_var} must have one "
+                    "dtype")
+        else:
+            dvars[p.dtype_var] = dt
+            dvar_from[p.dtype_var] = f"argument '{p.name}'"
 
     def _hint_dtype(self, var: str, v: Any) -> DType:
         if isinstance(v, DType):
