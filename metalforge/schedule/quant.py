@@ -359,12 +359,11 @@ class _Builder(reduce.Builder):
             ok = ok.and_((self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX)))
         return ok
 
-    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
-        rows, C, K = self.policy.rows_per_group, self.chunk, self.size(self.axis)
+    def header(self) -> list[ir.Stmt]:
+        """The simdgroup's block of rows, the alignment test and zeroed accumulators."""
+        rows = self.policy.rows_per_group
         blocks = (self.size(self.rows_axis) + ir.Lit(rows - 1, IDX)) / ir.Lit(rows, IDX)
-        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
-                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-        head: list[ir.Stmt] = [
+        return [
             ir.Comment(f"one simdgroup per block of {rows} rows of '{self.rows_axis}'"),
             ir.Decl("mf_task", IDX, ir.Cast(IDX, ir.Var("mf_tid") / SIMD)),
             ir.Decl("mf_blocks", IDX, blocks),
@@ -376,6 +375,10 @@ class _Builder(reduce.Builder):
             ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
                 unroll=True)]
+
+    def whole_chunk(self) -> list[ir.Stmt]:
+        """A chunk inside K with aligned rows: shared values and words in registers."""
+        C = self.chunk
         words: list[ir.Stmt] = [ir.Comment(f"{self.words} packed words per row: one "
                                            f"{4 * self.words}-byte load")]
         words += self.load_words()
@@ -391,21 +394,25 @@ class _Builder(reduce.Builder):
         else:
             words.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
                                 self.element(True), unroll=True))
-        fast += [self.rows_loop(words)]
-        tail_el = self.element(False)
+        return fast + [self.rows_loop(words)]
+
+    def chunk_loop(self) -> ir.Stmt:
+        """Lane l's chunks l, l + 32, ... along K: whole ones fast, the rest guarded."""
+        C, K = self.chunk, self.size(self.axis)
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
         tail = [self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                                       [ir.If(kj < K, tail_el)], unroll=True)])]
-        step = ir.Lit(SIMD_WIDTH * C, IDX)
-        loop = ir.For("mf_k0", IDX, ir.Cast(IDX, ir.Var("mf_lane") * ir.Lit(C, "uint")), K, [
+                                       [ir.If(kj < K, self.element(False))], unroll=True)])]
+        return ir.For("mf_k0", IDX, ir.Cast(IDX, ir.Var("mf_lane") * ir.Lit(C, "uint")), K, [
             ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
-                  [ir.Comment("a whole chunk: registers, unguarded")] + fast,
+                  [ir.Comment("a whole chunk: registers, unguarded")] + self.whole_chunk(),
                   [ir.Comment("the row's end (or unaligned rows): element by element, "
                               "guarded")] + tail)],
-            step=step)
-        # combine and store
+            step=ir.Lit(SIMD_WIDTH * C, IDX))
+
+    def store_rows(self, v: reduce.Variant) -> ir.Stmt:
+        """Each row's sum across the simdgroup; lane 0 computes and stores the outputs."""
         row_vals = v.row_values
-        v.row_values.values[self.red] = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        row_vals.values[self.red] = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
         outs = self.graph.outputs
         stmts = row_vals.lower([o.node for o in outs])
         stores: list[ir.Stmt] = []
@@ -415,18 +422,22 @@ class _Builder(reduce.Builder):
                 p = self.at(a, ir.Lit(0, IDX), False)
                 off = p if i == 0 else off * self.size(a) + p
             stores.append(ir.Store(self.out_names[k], off, self.out_value(k, row_vals)))
-        finish = self.rows_loop([
-            ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")),
-                      ir.Call("simd_sum", (ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")),))),
-            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), stmts + stores)])
-        body = head + v.pre + [ir.Comment(f"lane l takes chunks l, l + 32, ... of {C} values "
-                                          f"along '{self.axis}'"), loop,
+        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        return self.rows_loop([ir.Assign(acc, ir.Call("simd_sum", (acc,))),
+                               ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), stmts + stores)])
+
+    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        head, loop, finish = self.header(), self.chunk_loop(), self.store_rows(v)
+        body = head + v.pre + [ir.Comment(f"lane l takes chunks l, l + 32, ... of "
+                                          f"{self.chunk} values along '{self.axis}'"), loop,
                                ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
                                finish]
         summary = (f"{self.graph.name} (qmv): y = sum over '{self.axis}' of values unpacked "
-                   f"from {self.bits}-bit words; one simdgroup per {rows} rows of "
-                   f"'{self.rows_axis}', {C} values per lane per chunk ({self.words} words), "
-                   f"shared values in registers; fp32 accumulation")
+                   f"from {self.bits}-bit words; one simdgroup per {self.policy.rows_per_group} "
+                   f"rows of '{self.rows_axis}', {self.chunk} values per lane per chunk "
+                   f"({self.words} words), shared values in registers; fp32 accumulation")
         return make_kernel(self.graph, self.index64, threads, body, summary, "qmv")
 
     def position(self, axis: str) -> ir.Expr:
