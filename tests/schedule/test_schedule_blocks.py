@@ -50,3 +50,28 @@ def test_vector_condition_checks_broadcast_rows_hold_whole_chunks():
     assert "if mf_start + 4 <= mf_numel && mf_vec_ok:" in src
     scalar_only = schedule.plan(scaled.graph(T="f32", k=2), {"vector_width": 1})
     assert "mf_vec_ok" not in ir.dump(scalar_only.kernel)
+
+
+def test_unpack_value_reads_every_field_of_a_word():
+    """The packed-word block on its own: an MSL kernel built from `unpack_value` extracts each
+    `bits`-bit field of random words exactly as metalforge.quant.unpack (MLX's layout)."""
+    import torch
+
+    from metalforge import quant
+    from metalforge.codegen.msl import expr
+    from metalforge.schedule.lower import unpack_value
+    from metalforge.sim import compile_shader
+
+    for bits in (2, 4, 8):
+        per = 32 // bits
+        value = unpack_value(ir.Var("w"), ir.Var("i") % ir.Lit(per, "uint") * ir.Lit(bits, "uint"),
+                             bits)
+        lib = compile_shader(
+            "#include <metal_stdlib>\nusing namespace metal;\n"
+            "kernel void f(device const uint* words [[buffer(0)]], device int* out [[buffer(1)]],"
+            " uint i [[thread_position_in_grid]]) {\n"
+            f"    const uint w = words[i / {per}u];\n    out[i] = {expr(value)};\n}}\n")
+        words = torch.randint(0, 2 ** 32, (16,), dtype=torch.int64).to(torch.uint32)
+        out = torch.empty(16 * per, dtype=torch.int32)
+        lib.f(words, out, threads=out.numel())
+        assert torch.equal(out, quant.unpack(words[None], bits=bits)[0])
