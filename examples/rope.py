@@ -2,12 +2,13 @@
 
     python examples/rope.py
 
-Four variants, each checked against an independent torch implementation: rotate-half RoPE
+Five variants, each checked against an independent torch implementation: rotate-half RoPE
 with positions from a tensor and the angles computed in the kernel (Llama/NeoX layout),
 interleaved RoPE (pairs 2j, 2j+1; GPT-J layout), partial rotary dims (only the first
-`rot_dims` of each head rotate), and cos/sin read from precomputed tables. The partner element
-(the other half of the pair) is a gather along E by an index expression: a second read of the
-same row, with no index tensor in memory. Runs on Metal on a Mac, else on the simulator.
+`rot_dims` of each head rotate), cos/sin read from precomputed tables, and a q/k RMSNorm fused
+with RoPE (one row-reduction kernel: the norm's sum and the rotation in one pass). The partner
+element (the other half of the pair) is a gather along E by an index expression: a second read
+of the same row, with no index tensor in memory. Runs on Metal on a Mac, else on the simulator.
 """
 import torch
 
@@ -54,6 +55,18 @@ def rope_cached(x: "T[B, H, S, E]", cos: "T[S, E/2]", sin: "T[S, E/2]"):
     return x * c + mf.where(i < half, -partner, partner) * s
 
 
+@mf.kernel                                    # q/k RMSNorm and RoPE fused: one row kernel
+def qk_norm_rope(x: "T[B, H, S, E]", w: "T[E]", pos: "i32[B, S]", eps: float = 1e-6,
+                 base: float = 10000.0):
+    i, half = mf.index("E"), mf.size("E") // 2
+    j = mf.where(i < half, i + half, i - half)                     # the partner's position
+    inv = mf.rsqrt(mf.mean(x * x, axis="E") + eps)                 # per head: a row reduction
+    y = x * inv * w
+    partner = mf.take(x, axis="E", index=j) * inv * mf.take(w, axis="E", index=j)
+    theta = pos * base ** (-2.0 * (i % half) / mf.size("E"))
+    return (y * mf.cos(theta) + mf.where(i < half, -partner, partner) * mf.sin(theta)).to("T")
+
+
 # what check() may draw: RoPE pairs elements of a head, so E is even (and at least rot_dims);
 # positions stay small where the kernel computes the angles: cos(pos * f) at pos ~ 30000 turns a
 # 1-ulp difference of the GPU's pow into ~4e-3 of the output, far over f32's tolerance (torch's
@@ -62,7 +75,8 @@ _SMALL = {"pos": (0, 16)}
 CHECK = {"rope": {"dims": {"E": [2, 8, 64, 128]}, "values": _SMALL},
          "rope_interleaved": {"dims": {"E": [2, 8, 64, 128]}, "values": _SMALL},
          "rope_cached": {"dims": {"E": [2, 8, 64, 128]}},
-         "rope_partial": {"dims": {"E": [32, 64, 128]}, "values": _SMALL}}
+         "rope_partial": {"dims": {"E": [32, 64, 128]}, "values": _SMALL},
+         "qk_norm_rope": {"dims": {"E": [2, 8, 64, 128, 256]}, "values": _SMALL}}
 
 
 # independent torch implementations --------------------------------------------------------
@@ -107,5 +121,8 @@ if __name__ == "__main__":
     cos, sin = th.cos().half(), th.sin().half()
     seq = torch.arange(33, dtype=torch.int32, device=device).expand(2, 33).contiguous()
     torch.testing.assert_close(rope_cached(x, cos, sin), torch_rope(x, seq), **tol)
-    print(f"rope: 4 variants of {tuple(x.shape)} {x.dtype} on {current_backend([x])} match "
+    w = torch.randn(64, dtype=torch.float16, device=device)
+    normed = torch.nn.functional.rms_norm(x.float(), (64,), w.float(), eps=1e-6).half()
+    torch.testing.assert_close(qk_norm_rope(x, w, pos), torch_rope(normed, pos), **tol)
+    print(f"rope: 5 variants of {tuple(x.shape)} {x.dtype} on {current_backend([x])} match "
           "independent torch implementations")

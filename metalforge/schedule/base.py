@@ -88,11 +88,20 @@ class Schedule:
         loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
         read = sum(numel(t.axes) * t.dtype.itemsize for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        # a gather reads one element per element of its result (an embedding row per id)
-        read += sum(numel(n.axes) * self.graph.tensor(n.attr[0]).dtype.itemsize
-                    for n in take_sites(self.graph))
+        read += self.gathered_bytes(sizes)
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
+
+    def gathered_bytes(self, sizes: Mapping[str, int]) -> int:
+        """What the gathers read: one element per element of each gather's result (an
+        embedding row per id, a RoPE partner per element)."""
+        total = 0
+        for n in take_sites(self.graph):
+            count = self.graph.tensor(n.attr[0]).dtype.itemsize
+            for a in n.axes:
+                count *= sizes[a]
+            total += count
+        return total
 
     # -- several kernels per schedule (reductions: one per row-length variant) -------------
     @property

@@ -186,7 +186,9 @@ class ElementLowering:
         name, axis = n.attr
         if self.take is None:
             raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
-                                       "supported in elementwise kernels only (no reduction)")
+                                       "supported in elementwise kernels and in the elements of "
+                                       "row reductions (not in column or quantized reductions, "
+                                       "nor in a row's per-row values)")
         self._count += 1
         i, ok = f"mf_take{self._count}", f"mf_take{self._count}_ok"
         site = take_sites(self.graph).index(n)

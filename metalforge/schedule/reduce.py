@@ -354,8 +354,9 @@ class Builder:
         self.allowed = set(self.outer) | {axis}
         self.nodes = nodes = list(graph.nodes())
         self.inputs, self.scalars = used_params(graph, nodes)
+        taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
         for t in self.inputs:
-            extra = [a for a in t.axes if a not in self.allowed
+            extra = [a for a in t.axes if a not in self.allowed and (t.name, a) not in taken
                      and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
             if extra:
                 raise UnsupportedConstruct(
@@ -471,6 +472,7 @@ class Builder:
                                                    self.size, lambda s: self.names[s],
                                                    prefix="mf_r"))
             kernels[name] = self.kernel(self.v)
+            self.helpers |= self.v.row_values.helpers           # per-row values' helpers too
             passes[name] = self.v.passes
             tg = max(tg, self.v.tg_bytes)
         if tg > MAX_THREADGROUP_BYTES:

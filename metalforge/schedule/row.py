@@ -143,8 +143,11 @@ class RowSchedule(Schedule):
             for a in axes:
                 n *= sizes[a]
             return n
+        loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
         read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
-                   for t in self.graph.tensors if ("input", t.name) in self._binds)
+                   for t in self.graph.tensors
+                   if ("input", t.name) in self._binds and t.name in loaded)
+        read += self.gathered_bytes(sizes)
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 
@@ -200,6 +203,17 @@ class _Builder(reduce.Builder):
 
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
+
+    def gather(self, n: Node, pos: ir.Expr) -> ir.Expr:
+        """A gathered element (mf.take) of this element: a guarded global load (the row's
+        other elements sit in other threads' registers), from cache for a row just read."""
+        name, axis = n.attr
+        t = self.graph.tensor(name)
+        e: ir.Expr = ir.Lit(0, IDX)
+        for i, a in enumerate(t.axes):
+            p = pos if a == axis else ir.Cast(IDX, self.el_position(a))
+            e = p if i == 0 else e * self.size(a) + p
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.names[name], e))
 
     # -- register blocks -----------------------------------------------------------------
     def reg(self, name: str) -> str:
@@ -258,7 +272,8 @@ class _Builder(reduce.Builder):
         row_stmts = self.v.row_values.lower(frontier)
         el = ElementLowering(self.graph,
                              lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
-                             self.el_position, self.size, lambda s: self.names[s], prefix="mf_v")
+                             self.el_position, self.size, lambda s: self.names[s], prefix="mf_v",
+                             take=self.gather)
         for n in frontier:
             el.values[n] = self.v.row_values.value(n)
         for n in self.stored:

@@ -14,8 +14,8 @@ from metalforge.testing import check
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from embedding import embed, embed_scaled  # noqa: E402
 from paged_kv_gather import paged_gather  # noqa: E402
-from rope import (angles, rope, rope_cached, rope_interleaved, rope_partial,  # noqa: E402
-                  torch_rope, torch_rope_interleaved, torch_rope_partial)
+from rope import (angles, qk_norm_rope, rope, rope_cached, rope_interleaved,  # noqa: E402
+                  rope_partial, torch_rope, torch_rope_interleaved, torch_rope_partial)
 
 # the kernels compute angles pos * base^(-2j/E) in fp32 (as torch RoPE code does): at positions
 # up to 8192 the angle itself is off by up to 8192 * 2^-24 rad, the reference computes in f64
@@ -40,6 +40,15 @@ def test_rope_variants_match_torch(dtype, shape):
     seq = torch.arange(shape[2], dtype=torch.int32).expand(shape[0], -1).contiguous()
     torch.testing.assert_close(rope_cached(x, th.cos().to(dtype), th.sin().to(dtype)),
                                torch_rope(x, seq), **TOL[dtype])
+
+
+@pytest.mark.parametrize("e", [2, 64, 128, 256, 8194])     # simd, group and looped rows
+def test_fused_qk_norm_rope_matches_torch(e):
+    g = torch.Generator().manual_seed(e)
+    x, w = torch.randn(2, 2, 3, e, generator=g), torch.randn(e, generator=g)
+    pos = torch.randint(0, 64, (2, 3), generator=g, dtype=torch.int32)
+    want = torch_rope(torch.nn.functional.rms_norm(x, (e,), w, eps=1e-6), pos)
+    torch.testing.assert_close(qk_norm_rope(x, w, pos), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("v,d,n", [(1, 1, 1), (1000, 33, 17), (7, 256, 300)])
@@ -111,10 +120,10 @@ def test_gather_errors():
         float_index(torch.randn(3), torch.randn(3))
 
     @mf.kernel
-    def in_reduction(x: "T[R, D]", ids: "i32[R]"):
-        return mf.sum(mf.take(x, axis="R", index=ids), axis="D")
-    with pytest.raises(mf.UnsupportedConstruct, match="elementwise kernels only"):
-        in_reduction(torch.randn(3, 4), torch.zeros(3, dtype=torch.int32))
+    def in_column_sum(x: "T[R, D]", ids: "i32[R]"):
+        return mf.sum(mf.take(x, axis="D", index=ids), axis="R")
+    with pytest.raises(mf.UnsupportedConstruct, match="not in column"):
+        in_column_sum(torch.randn(3, 4), torch.zeros(3, dtype=torch.int32))
 
     table = torch.randn(5, 3, requires_grad=True)
     with pytest.raises(mf.MetalforgeError, match="no derivative"):
