@@ -355,6 +355,10 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
         if name not in floats:
             raise NotDifferentiable(f"{where}: argument '{name}' is not a floating-point tensor "
                                     "argument, so it has no gradient")
+    if len({r.attr[1] for r in graph.reductions()}) > 1:
+        raise NotDifferentiable(f"{where}: it reduces several axes (attention: a softmax over "
+                                "one axis of contractions over another); metalforge derives no "
+                                "backward for that yet; detach the inputs")
     bases = {a for n in graph.nodes() for a in n.axes}
     for name in wrt:
         spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in bases), None)

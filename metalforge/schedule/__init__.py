@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Op
-from . import column, elementwise, quant, row
+from . import attention, column, elementwise, quant, row
 from .base import Schedule, Traffic
 from .policy import LaunchPolicy, resolve
 
@@ -20,7 +20,7 @@ __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedCon
 
 INDEX32_LIMIT = 2 ** 31          # sizes and element counts below this use 32-bit indexing
 _BUILDERS = {"elementwise": elementwise.build, "row": row.build, "column": column.build,
-             "quant": quant.build}
+             "quant": quant.build, "attention": attention.build}
 
 
 def family(graph: Graph) -> str:
@@ -28,6 +28,8 @@ def family(graph: Graph) -> str:
     reds = graph.reductions()
     if quant.is_quant(graph):
         return "quant"
+    if len({n.attr[1] for n in reds}) > 1 and attention.is_attention(graph):
+        return "attention"
     if reds:
         _no_derived_broadcast(graph)
         axes = list(dict.fromkeys(n.attr[1] for n in reds))

@@ -32,6 +32,13 @@ _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="
 _UNSIGNED = {"int": "uint", "long": "ulong"}       # signed types whose overflow is undefined
 
 
+# suffixes of the variables schedules declare (mf_k, mf_row, ...): a value loaded from a tensor
+# argument of that name gets another one
+_SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "t", "v", "sg",
+                             "qx", "xe", "tid", "lane", "row", "base", "group", "lid", "tpg",
+                             "nsg", "score", "corr", "acc", "task", "outer", "blocks"})
+
+
 def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
     """C operator `op` ("+", "-", "*", "-" unary with one arg, ...) on integer operands of
     dtype dt, with torch's wrapping at dt's width and no undefined behaviour in MSL. A shift
@@ -136,8 +143,8 @@ class ElementLowering:
         return self.values[n]
 
     def _name(self, n: Node) -> str:
-        if n.op == Op.LOAD:
-            return f"mf_{n.attr}"
+        if n.op == Op.LOAD:         # a tensor named like a schedule's own variable: mf_in_k
+            return f"mf_in_{n.attr}" if n.attr in _SCHEDULE_NAMES else f"mf_{n.attr}"
         if n.op == Op.INDEX:
             return f"mf_index_{_ident(n.attr)}"
         self._count += 1

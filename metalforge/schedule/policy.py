@@ -90,6 +90,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # M = 1 more simdgroups (latency hiding) beat sharing x between rows
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=1,
                           uses_simd=True),
+    # attention (schedule/attention.py): one simdgroup per query row, reads_per_thread E
+    # elements per lane (E up to 32 x 8 = 256); threads_per_group only groups simdgroups
+    "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
+                              uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
 }
@@ -99,6 +103,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "index64"),
+    "attention": ("threads_per_group", "reads_per_thread", "index64"),
 }
 
 

@@ -38,7 +38,7 @@ def example_args(kernel, sizes=None) -> list:
     """Arguments for every tensor and runtime scalar (Consts keep their defaults): odd sizes,
     so vector paths, tails and partial groups all run; `sizes` fixes some dims."""
     sizes = {"E": 64, **(sizes or {})}          # E: RoPE heads (even, at least rot_dims)
-    fresh = iter([37, 5, 3, 11, 7, 13, 9, 6, 4])
+    fresh = iter([37, 5, 3, 11, 7, 13, 9, 6, 4, 8, 10, 12])
     gen = torch.Generator().manual_seed(0)
     group = {}                                   # bases of derived dims: whole K/8, K/64
     for p in kernel.params:
@@ -61,7 +61,9 @@ def example_args(kernel, sizes=None) -> list:
                 base = sizes.setdefault(d.base, group[d.base] * next(fresh))
                 shape.append(base * d.mul // d.div + d.add)
             else:
-                shape.append(sizes.setdefault(d.name, next(fresh)))
+                if d.name not in sizes:
+                    sizes[d.name] = next(fresh)
+                shape.append(sizes[d.name])
         dt = p.dtype.torch if p.dtype is not None else torch.float32
         if dt.is_floating_point:
             args.append(torch.randn(shape, generator=gen).to(dt) * 2)

@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 import metalforge as mf
 from metalforge.cli import main as cli_main
 from metalforge.frontend.errors import BindingError
-from metalforge.graph import TensorParam, take_sites
+from metalforge.graph import ScalarParam, TensorParam, take_sites
 from metalforge.runtime import DeviceError
 from metalforge.runtime import mlx as mfx
 
@@ -62,8 +62,8 @@ def inputs(kernel, sizes, dtype="f32", seed=0):
                 args.append(mx.random.normal(tuple(shape)).astype(MX[dtype]))
             else:                       # packed words: every bit; int tensors: small values
                 hi = 2 ** 32 if p.dtype.name == "u32" else 2
-                args.append(mx.random.randint(0, hi, tuple(shape)).astype(getattr(
-                    mx, p.dtype.torch.__str__().split(".")[1])))
+                name = "bool_" if p.dtype.name == "bool" else str(p.dtype.torch).split(".")[1]
+                args.append(mx.random.randint(0, hi, tuple(shape)).astype(getattr(mx, name)))
     return args
 
 
@@ -93,7 +93,9 @@ GATHERS = {n for n, k in EXAMPLES.items() if take_sites(k.graph(T="f32"))}
 @pytest.mark.parametrize("name", sorted(set(EXAMPLES) - GATHERS))
 def test_every_example_runs_the_source_mlx_builds(name, dtype):
     k = EXAMPLES[name]
-    check_against_reference(k, inputs(k, SIZES, dtype), dtype)
+    scalars = {p.name: p.pytype(8) for p in k.params      # required runtime scalars: a value
+               if isinstance(p, ScalarParam) and not p.has_default}
+    check_against_reference(k, inputs(k, SIZES, dtype), dtype, **scalars)
 
 
 @pytest.mark.parametrize("name", sorted(GATHERS))

@@ -94,8 +94,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
         }
@@ -105,8 +105,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
             }
@@ -143,8 +143,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v3 = mf_v2 * mf_w;
@@ -157,8 +157,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -266,8 +266,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
         }
@@ -277,8 +277,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
             }
@@ -321,8 +321,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v3 = mf_v2 * mf_w;
@@ -335,8 +335,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -450,8 +450,8 @@ kernel void mf_add_rms_norm_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
@@ -461,8 +461,8 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = mf_reg_x[mf_k];
-                    const float mf_r = mf_reg_r[mf_k];
-                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_v1;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
                 }
@@ -529,8 +529,8 @@ kernel void mf_add_rms_norm_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -543,8 +543,8 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = mf_reg_x[mf_k];
-                    const float mf_r = mf_reg_r[mf_k];
-                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_r4;
                     const float mf_w = mf_reg_w[mf_k];
                     const float mf_v3 = mf_v2 * mf_w;

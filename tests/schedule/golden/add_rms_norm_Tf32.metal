@@ -75,8 +75,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
         }
@@ -86,8 +86,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
             }
@@ -124,8 +124,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v3 = mf_v2 * mf_w;
@@ -138,8 +138,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -247,8 +247,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
         }
@@ -258,8 +258,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
             }
@@ -302,8 +302,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = mf_reg_x[mf_k];
-            const float mf_r = mf_reg_r[mf_k];
-            const float mf_v1 = mf_x + mf_r;
+            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
             const float mf_w = mf_reg_w[mf_k];
             const float mf_v3 = mf_v2 * mf_w;
@@ -316,8 +316,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -431,8 +431,8 @@ kernel void mf_add_rms_norm_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
@@ -442,8 +442,8 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = mf_reg_x[mf_k];
-                    const float mf_r = mf_reg_r[mf_k];
-                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_v1;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
                 }
@@ -510,8 +510,8 @@ kernel void mf_add_rms_norm_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
-                const float mf_r = mf_reg_r[mf_k];
-                const float mf_v1 = mf_x + mf_r;
+                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
                 const float mf_w = mf_reg_w[mf_k];
                 const float mf_v3 = mf_v2 * mf_w;
@@ -524,8 +524,8 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = mf_reg_x[mf_k];
-                    const float mf_r = mf_reg_r[mf_k];
-                    const float mf_v1 = mf_x + mf_r;
+                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_r4;
                     const float mf_w = mf_reg_w[mf_k];
                     const float mf_v3 = mf_v2 * mf_w;

@@ -1,0 +1,77 @@
+"""The attention family: online-softmax attention written in the DSL, one pass over the keys,
+against torch's scaled_dot_product_attention and the graph's reference."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+from metalforge.testing import check
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from attention import attention, causal_mask  # noqa: E402
+from padded_attention import padded_attention  # noqa: E402
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("s,length,e", [(1, 1, 8), (1, 31, 64), (1, 33, 128), (5, 100, 256),
+                                        (7, 7, 16), (3, 4097, 32)])
+def test_matches_sdpa(dtype, s, length, e):
+    g = torch.Generator().manual_seed(s * length + e)
+    q, k, v = (torch.randn(1, 2, n, e, generator=g).to(dtype) for n in (s, length, length))
+    for causal in (True, False):
+        mask = causal_mask(s, length, "cpu") if causal else None
+        want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=e ** -0.5,
+                                              attn_mask=mask).to(dtype)
+        torch.testing.assert_close(attention(q, k, v, e ** -0.5, causal=causal), want,
+                                   **TOL[dtype])
+
+
+def test_masked_rows_and_nan_follow_softmax():
+    q, k, v = torch.randn(2, 1, 3, 8), torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    valid[1] = False                                   # every key of sequence 1 masked
+    out = padded_attention(q, k, v, valid)
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    k[0, 0, 2, 0] = float("nan")                       # a NaN score: that query row is NaN
+    out = padded_attention(q, k, v, valid)
+    torch.testing.assert_close(out, padded_attention.reference(q, k, v, valid), equal_nan=True)
+    assert out[0].isnan().all()
+
+
+def test_check_covers_attention():
+    report = check(attention, max_examples=3, dims={"E": [1, 8, 33, 64]})
+    assert all(i.launches for i in report.instantiations), report.coverage()
+    assert any("L=33" in i.describe() for i in report.instantiations)
+
+
+def test_head_dim_over_the_schedule_is_refused_before_launch():
+    q, k = torch.randn(1, 1, 1, 300), torch.randn(1, 1, 4, 300)
+    with pytest.raises(mf.LaunchError, match="'E' = 300, over the 256"):
+        attention(q, k, k, 0.1)
+    wide = attention.with_launch(reads_per_thread=16)          # 32 lanes x 16: E up to 512
+    want = F.scaled_dot_product_attention(q, k, k, scale=0.1, attn_mask=causal_mask(1, 4, "cpu"))
+    torch.testing.assert_close(wide(q, k, k, 0.1), want, rtol=1e-4, atol=1e-5)
+
+
+def test_mismatched_shapes_are_clear_errors():
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 4, 8)
+    with pytest.raises(mf.ShapeError, match="'E'"):
+        attention(q, k, torch.randn(1, 2, 4, 9), 0.1)
+    with pytest.raises(mf.ShapeError, match="'H'"):
+        attention(q, torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8), 0.1)
+
+
+def test_other_multi_axis_reductions_still_name_the_construct():
+    @mf.kernel
+    def two_axes(x: "T[R, D]"):
+        return mf.sum(mf.sum(x, axis="D"), axis="R")
+    with pytest.raises(mf.UnsupportedConstruct, match="several axes"):
+        two_axes(torch.randn(3, 4))
