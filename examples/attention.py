@@ -1,8 +1,12 @@
-"""Attention written in the DSL: causal decode and prefill, compiled to one pass over the keys.
+"""Attention written in the DSL: causal grouped-query (GQA) decode and prefill, compiled to one
+pass over the keys.
 
     python examples/attention.py
 
-The scores (q . k over E, scaled, causally masked) and their softmax over L are never stored:
+q has G*R heads, k and v have G: the annotation "(G R)" reads q's head dim as the axes G and R,
+so each key/value head serves R query heads (R = 1 is plain multi-head attention, G = 1
+multi-query). The scores (q . k over E, scaled, causally masked) and their softmax over L are
+never stored:
 the kernel keeps a running max, a running sum and a rescaled fp32 accumulator of the E outputs
 per query row (online softmax). Runs on Metal on a Mac, else on the simulator; checked against
 torch.nn.functional.scaled_dot_product_attention.
@@ -15,12 +19,12 @@ from metalforge.runtime import current_backend
 
 
 @mf.kernel
-def attention(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]", scale: float,
+def attention(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", scale: float,
               causal: mf.Const[bool] = True):
-    s = mf.sum(q * k, axis="E") * scale                       # scores [B, H, S, L], never stored
+    s = mf.sum(q * k, axis="E") * scale                       # scores [B, G, R, S, L], never stored
     if causal:                                                # bottom-right aligned when S < L
         s = mf.where(mf.index("L") <= mf.index("S") + mf.size("L") - mf.size("S"), s, -mf.inf)
-    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")      # -> [B, H, S, E]
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")      # -> [B, (G R), S, E]
 
 
 def causal_mask(s: int, length: int, device) -> torch.Tensor:
@@ -33,13 +37,14 @@ if __name__ == "__main__":
     device = "mps" if torch.backends.mps.is_available() else "cpu"
     torch.manual_seed(0)
     for s, length in ((1, 77), (16, 16)):                     # decode: one query; prefill
-        q = torch.randn(1, 4, s, 64, dtype=torch.float16, device=device)
-        k = torch.randn(1, 4, length, 64, dtype=torch.float16, device=device)
-        v = torch.randn(1, 4, length, 64, dtype=torch.float16, device=device)
+        q = torch.randn(1, 8, s, 64, dtype=torch.float16, device=device)    # 8 query heads
+        k = torch.randn(1, 2, length, 64, dtype=torch.float16, device=device)  # 2 kv heads
+        v = torch.randn(1, 2, length, 64, dtype=torch.float16, device=device)
         out = attention(q, k, v, 0.125)
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.125,
-                                              attn_mask=causal_mask(s, length, device)).half()
+                                              attn_mask=causal_mask(s, length, device),
+                                              enable_gqa=True).half()
         torch.testing.assert_close(out, want, rtol=2e-3, atol=2e-3)
     print(attention.source(q, k, v, 0.125))
-    print(f"attention: causal decode and prefill on {current_backend([q])} match "
+    print(f"attention: causal GQA decode and prefill on {current_backend([q])} match "
           "scaled_dot_product_attention")

@@ -32,6 +32,7 @@ class AxisSpec:
     div: int = 1
     add: int = 0
     batch: bool = False         # "*B": any number of leading dims, flattened into one axis
+    joined: bool = False        # "(G R)": R shares G's storage dim (G outer, R inner)
 
     @property
     def derived(self) -> bool:
@@ -49,6 +50,17 @@ class TensorParam:
     @property
     def axes(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.dims)
+
+    @property
+    def storage(self) -> tuple[tuple[AxisSpec, ...], ...]:
+        """The axes of each storage dim: one each, several for a grouped dim "(G R)"."""
+        out: list[tuple[AxisSpec, ...]] = []
+        for d in self.dims:
+            if d.joined and out:
+                out[-1] += (d,)
+            else:
+                out.append((d,))
+        return tuple(out)
 
 
 @dataclass(frozen=True)

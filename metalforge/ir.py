@@ -256,7 +256,9 @@ class Argument:
 
     kind: "buffer" (a tensor: `device T*`) or "scalar" (`constant T&`).
     binds: what the runtime passes: ("input", name) | ("output", k) | ("scalar", name)
-           | ("size", axis) | ("numel",) | ("error",) (a gather's 4-int report, zeroed).
+           | ("size", axis) | ("numel",) | ("error",) (a gather's 4-int report, zeroed)
+           | ("scratch",) (fp32 partial results passed between a call's launches)
+           | ("launch", name) (a per-call launch parameter, `Schedule.launch_value`).
     cast: the compile_shader `arg_casts` string that makes the bound width equal `type`
           (None: the default width — 4-byte float, 8-byte int — already matches).
     """
@@ -514,7 +516,8 @@ class IRPrinter(Printer):
     @staticmethod
     def param(p: Argument) -> str:
         what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
-                "numel": "element count", "error": "index-error report"}[str(p.binds[0])]
+                "numel": "element count", "error": "index-error report",
+                "scratch": "partial results", "launch": "launch value"}[str(p.binds[0])]
         src = " ".join(str(b) for b in p.binds[1:])
         acc = ("buffer rw" if p.writable else "buffer ro") if p.kind == "buffer" else "scalar"
         arg_cast = f", arg_cast {p.cast}" if p.cast else ""

@@ -21,6 +21,7 @@ from .graph import AxisSpec, Graph, Output, TensorParam
 class ShapeBinding:
     sizes: dict[str, int]                 # every axis (plain, derived, batch) -> size
     batch: dict[str, tuple[int, ...]]     # batch axis name -> the leading shape it flattens
+    groups: tuple[tuple[str, ...], ...] = ()   # grouped dims "(G R)": axes of one storage dim
 
 
 def _where(graph: Graph) -> str:
@@ -58,6 +59,7 @@ def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBindi
     batch: dict[str, tuple[int, ...]] = {}
     batch_by: dict[str, str] = {}
     derived: list[tuple[AxisSpec, str, int]] = []   # (spec, argument, size)
+    grouped: list[tuple[tuple[str, ...], TensorParam, int]] = []   # (axes, argument, size)
 
     def fix(axis: str, size: int, arg: str, ann: str) -> None:
         if axis in sizes and sizes[axis] != size:
@@ -75,7 +77,7 @@ def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBindi
         t = tensors[p.name]
         shape = tuple(int(s) for s in t.shape)
         has_batch = bool(p.dims) and p.dims[0].batch
-        fixed = p.dims[1:] if has_batch else p.dims
+        fixed = p.storage[1:] if has_batch else p.storage
         if (len(shape) < len(fixed)) if has_batch else (len(shape) != len(fixed)):
             need = f"at least {len(fixed)}" if has_batch else f"exactly {len(fixed)}"
             raise ShapeError(
@@ -92,10 +94,16 @@ def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBindi
             batch[b] = lead
             batch_by.setdefault(b, p.name)
             fix(b, math.prod(lead), p.name, p.annotation)
-        for spec, size in zip(fixed, shape[len(lead):]):
+        for axes, size in zip(fixed, shape[len(lead):]):
+            if len(axes) > 1:
+                grouped.append((tuple(a.name for a in axes), p, size))
+                continue
+            spec = axes[0]
             fix(spec.name, size, p.name, p.annotation)
             if spec.derived:
                 derived.append((spec, p.name, size))
+    for names, p, size in grouped:
+        _bind_group(where, names, p, size, sizes, seen_by, fix)
 
     # derived dims: check against the base where the base is bound, else solve the base
     for spec, arg, size in derived:
@@ -119,7 +127,38 @@ def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBindi
                     f"size of '{spec.base}' gives ('{spec.name}' = {_describe(spec)})")
             sizes[spec.base] = base
             seen_by[spec.base] = arg
-    return ShapeBinding(sizes=sizes, batch=batch)
+    groups = tuple(dict.fromkeys(names for names, _, _ in grouped))
+    return ShapeBinding(sizes=sizes, batch=batch, groups=groups)
+
+
+def _bind_group(where: str, names: tuple[str, ...], p: TensorParam, size: int,
+                sizes: dict[str, int], seen_by: dict[str, str], fix) -> None:
+    """Sizes of a grouped dim's axes: all but one are bound by other arguments (G by k in
+    attention's q "(G R)"); the free one is the storage size divided by their product."""
+    free = [n for n in names if n not in sizes]
+    group = "(" + " ".join(names) + ")"
+    if len(free) > 1:
+        raise ShapeError(
+            f"{where}: the grouped dim {group} of argument '{p.name}' (annotated "
+            f"\"{p.annotation}\") has size {size}, but {', '.join(repr(n) for n in free)} are "
+            f"not bound by any other argument; all axes of a grouped dim but one need a size "
+            f"from another argument (e.g. G from k's \"T[B, G, L, E]\")")
+    known = math.prod(sizes[n] for n in names if n not in free)
+    bound = "; ".join(f"'{n}' = {sizes[n]} from argument '{seen_by[n]}'"
+                      for n in names if n not in free)
+    if free and known == 0 == size:     # empty either way: the free axis is empty too
+        fix(free[0], 0, p.name, p.annotation)
+    elif free:
+        if known == 0 or size % known:
+            raise ShapeError(
+                f"{where}: the grouped dim {group} of argument '{p.name}' (annotated "
+                f"\"{p.annotation}\") has size {size}, which is not a multiple of {known} "
+                f"({bound}); e.g. query heads must be a multiple of key/value heads")
+        fix(free[0], size // known, p.name, p.annotation)
+    elif known != size:
+        raise ShapeError(
+            f"{where}: the grouped dim {group} of argument '{p.name}' (annotated "
+            f"\"{p.annotation}\") has size {size}, but its axes give {known} ({bound})")
 
 
 def flat_shape(binding: ShapeBinding, param: TensorParam) -> tuple[int, ...]:
@@ -128,11 +167,20 @@ def flat_shape(binding: ShapeBinding, param: TensorParam) -> tuple[int, ...]:
 
 
 def output_shape(binding: ShapeBinding, out: Output) -> tuple[int, ...]:
-    """The shape of an output tensor as the caller gets it: batch dims re-expanded."""
+    """The shape of an output tensor as the caller gets it: batch dims re-expanded, the axes of
+    a grouped dim (G then R, adjacent) laid out as that one dim again."""
     shape: list[int] = []
-    for axis in out.axes:
-        if axis in binding.batch:
-            shape.extend(binding.batch[axis])
+    axes = out.axes
+    i = 0
+    while i < len(axes):
+        group = next((g for g in binding.groups if axes[i:i + len(g)] == g), None)
+        if group:
+            shape.append(math.prod(binding.sizes[a] for a in group))
+            i += len(group)
+            continue
+        if axes[i] in binding.batch:
+            shape.extend(binding.batch[axes[i]])
         else:
-            shape.append(binding.sizes[axis])
+            shape.append(binding.sizes[axes[i]])
+        i += 1
     return tuple(shape)

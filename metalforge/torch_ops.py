@@ -18,6 +18,7 @@ Calling a kernel directly on tensors that require grad goes through `call_differ
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Mapping, Sequence
 
@@ -78,21 +79,39 @@ def fake_outputs(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> list[torc
                 for o in graph.outputs]
     sizes: dict[str, Any] = {}
     batch: dict[str, tuple] = {}
+    grouped: list[tuple[tuple[str, ...], Any]] = []
     for p in graph.tensors:
         shape = tuple(tensors[p.name].shape)
-        dims = p.dims
-        if dims and dims[0].batch:
+        dims = p.storage
+        if dims and dims[0][0].batch:
             lead = len(shape) - (len(dims) - 1)
-            batch.setdefault(dims[0].name, shape[:lead])
+            batch.setdefault(dims[0][0].name, shape[:lead])
             dims, shape = dims[1:], shape[lead:]
-        for d, s in zip(dims, shape):
+        for axes, s in zip(dims, shape):
+            if len(axes) > 1:
+                grouped.append((tuple(a.name for a in axes), s))
+                continue
+            d = axes[0]
             sizes.setdefault(d.name, s)
             if d.derived and d.base not in sizes and d.mul == 1 and d.add == 0:
                 sizes[d.base] = s * d.div
+    for names, s in grouped:                # "(G R)": R is the size over the others
+        known = [sizes[n] for n in names if n in sizes]
+        for n in names:
+            sizes.setdefault(n, s // math.prod(known))
     outs = []
+    groups = tuple(dict.fromkeys(g for g, _ in grouped))
     for o in graph.outputs:
         shape: list = []
-        for a in o.axes:
+        axes, i = o.axes, 0
+        while i < len(axes):
+            group = next((g for g in groups if axes[i:i + len(g)] == g), None)
+            if group:
+                shape.append(math.prod(sizes[a] for a in group))
+                i += len(group)
+                continue
+            a = axes[i]
+            i += 1
             if a in batch:
                 shape.extend(batch[a])
                 continue

@@ -209,6 +209,24 @@ def _linear(tree: lark.Tree, consts: Mapping[str, int], text: str, context: str)
     return ev(tree)
 
 
+def resolve_dims(dims: tuple[Dim, ...], consts: Mapping[str, int], text: str,
+                 context: str = "") -> tuple[AxisSpec, ...]:
+    """The graph's AxisSpecs for an annotation's dims: one per dim, except a grouped dim
+    "(G R)", which is one storage dim seen as the axes G (outer) and R (inner): R is `joined`
+    to G (the same storage dim, R varying fastest)."""
+    out: list[AxisSpec] = []
+    for d in dims:
+        if d.kind == "group":
+            clash = [n for n in d.names if n in consts]
+            if clash:
+                raise _fail(text, d.pos, f"'{clash[0]}' in the grouped dim '{d.name}' is an "
+                            "mf.Const; a grouped dim is made of named axes", context)
+            out += [AxisSpec(n, joined=i > 0) for i, n in enumerate(d.names)]
+        else:
+            out.append(resolve_dim(d, consts, text, context))
+    return tuple(out)
+
+
 def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "") -> AxisSpec:
     """The graph's AxisSpec for one parsed dim (derived dims need the Const values)."""
     if dim.kind == "plain":
@@ -216,8 +234,8 @@ def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "
     if dim.kind == "batch":
         return AxisSpec(dim.name, batch=True)
     if dim.kind == "group":
-        raise _fail(text, dim.pos, f"grouped dims like '{dim.name}' are not supported yet "
-                    "(they come with the attention schedule); use separate dims", context)
+        raise _fail(text, dim.pos, f"the grouped dim '{dim.name}' stands for several axes; "
+                    "resolve it with resolve_dims", context)
     base, coef, off = _linear(dim.expr, consts, text, context)
     if base is None or coef <= 0:
         raise _fail(text, dim.pos, f"the derived dim '{dim.name}' must grow with its base dim "

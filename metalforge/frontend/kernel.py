@@ -21,7 +21,7 @@ from ..errors import AnnotationError, BindingError, kernel_at
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..reference import evaluate
 from ..tuning.launch import check_options
-from .annotations import Annotation, parse_annotation, resolve_dim
+from .annotations import Annotation, parse_annotation, resolve_dims
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
@@ -207,8 +207,7 @@ class Kernel:
         for p in params:
             if isinstance(p, TensorParam):
                 a = self._annotations[p.name]
-                dims = tuple(resolve_dim(d, dummy, a.text, self._pwhere(p.name))
-                             for d in a.dims)
+                dims = resolve_dims(a.dims, dummy, a.text, self._pwhere(p.name))
                 for d in dims:
                     for nm in ([d.base] if d.derived else [d.name]):
                         (batch_names if d.batch else plain_names).setdefault(nm, p.name)
@@ -397,8 +396,7 @@ class Kernel:
         for p in self.params:
             if isinstance(p, TensorParam):
                 a = self._annotations[p.name]
-                dims = tuple(resolve_dim(d, consts, a.text, self._pwhere(p.name))
-                             for d in a.dims)
+                dims = resolve_dims(a.dims, consts, a.text, self._pwhere(p.name))
                 for d in dims:
                     axis_specs.setdefault(d.name, d)
                 p = replace(p, dtype=p.dtype or dvars[p.dtype_var], dims=dims)
@@ -462,8 +460,8 @@ class Kernel:
         if dt is not n.dtype:
             raise trace.error(f"{what} is {n.dtype} but the return annotation \"{a.text}\" "
                               f"says {dt}; convert with .to(...)", loc)
-        axes = tuple(resolve_dim(d, consts, a.text, f"kernel '{self.name}' return annotation"
-                                 ).name for d in a.dims)
+        axes = tuple(d.name for d in resolve_dims(a.dims, consts, a.text,
+                                                  f"kernel '{self.name}' return annotation"))
         if set(axes) != set(n.axes) or len(axes) != len(n.axes):
             raise trace.error(f"{what} has axes {list(n.axes)} but the return annotation "
                               f"\"{a.text}\" lists {list(axes)}", loc)

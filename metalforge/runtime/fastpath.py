@@ -57,6 +57,8 @@ class Warm:
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
     compiled: tuple[dict, str, Any]   # (the library's kernels, host name, the Compiled checked)
     errors: Optional[launcher.IndexErrors] = None   # gathers: a zeroed report buffer per call
+    scratch: Optional[tuple[int, int]] = None   # (argument index, fp32 elements) per call
+    then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
 
     def current(self) -> bool:
         """Still what the full path would do: the autotune cache is the same object holding
@@ -86,8 +88,13 @@ class Warm:
                 args[i] = convert(values[pos])
             if self.errors is not None:
                 args[self.errors.arg] = torch.zeros(4, dtype=torch.int32, device=outs[0].device)
+            if self.scratch is not None:
+                i, n = self.scratch
+                args[i] = torch.empty(n, dtype=torch.float32, device=outs[0].device)
             self.kernel(*args, threads=self.threads, group_size=self.group_size,
                         arg_casts=self.arg_casts)
+            for kernel, threads, group in self.then:
+                kernel(*args, threads=threads, group_size=group, arg_casts=self.arg_casts)
             if self.errors is not None:
                 self.errors.check(args[self.errors.arg])
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -116,6 +123,7 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
     host = s.host_name(call.binding.sizes)
     template: list[Any] = []
     inputs, outputs, scalars = [], [], []
+    scratch = None
     for i, (p, arg) in enumerate(zip(s.kernel.params, launch.args)):
         kind, name = p.binds[0], p.binds[1] if len(p.binds) > 1 else None
         template.append(None)
@@ -131,11 +139,13 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
         elif kind == "scalar":
             scalars.append((i, position[name],
                             float if graph.param(name).dtype.is_float else int))
-        else:                                       # numel and sizes: fixed by the shapes
+        elif kind == "scratch":                     # fresh per call, like the outputs
+            scratch = (i, arg.numel())
+        else:                                       # numel, sizes, launch values: fixed
             template[i] = arg
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
-                tuning, (kernels, host, kernels[host]), launch.errors)
+                tuning, (kernels, host, kernels[host]), launch.errors, scratch, launch.then)
 
 
 class WarmCache:

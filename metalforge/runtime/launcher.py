@@ -129,6 +129,7 @@ class Launch:
     group_size: int
     arg_casts: Optional[dict[int, str]]
     errors: Optional["IndexErrors"] = None     # kernels with gathers: where they report
+    then: tuple[tuple[Any, int, int], ...] = ()   # later launches (kernel, threads, group)
 
 
 @dataclass(frozen=True)
@@ -165,24 +166,28 @@ class IndexErrors:
 
 def bind(call: Call) -> Launch:
     """Stage 4: this call's positional arguments (in the kernel's parameter order) and its
-    dispatch, with the launch-time checks."""
+    dispatch (every launch of the call: most schedules make one), with the launch-time checks."""
     spec, sizes = call.spec, call.binding.sizes
     s = spec.schedule(call.index64)
-    host = s.host_name(sizes)                   # may refuse these sizes, before compiling
+    steps = s.steps(sizes)                      # may refuse these sizes, before compiling
     lib = spec.library(call.index64, call.backend)
     args = tuple(_argument(p.binds, call, s) for p in s.kernel.params)
-    compiled = lib.kernel(host)
-    threads, group = s.launch(sizes)
-    if not 1 <= group <= compiled.max_threads:      # checked on every launch
-        raise LaunchError(f"{spec.where}: a threadgroup of {group} threads, but this pipeline "
-                          f"allows 1 to {compiled.max_threads} (launch policy {s.policy})")
-    if threads > MAX_THREADS:
-        raise ValueError(f"{spec.where}: {call.numel} output elements need {threads} threads, "
-                         f"over the {MAX_THREADS} a dispatch can launch; raise "
-                         f"launch={{'vectors_per_thread': ...}}")
+    launches = []
+    for step in steps:
+        compiled = lib.kernel(step.host_name)
+        if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
+            raise LaunchError(f"{spec.where}: a threadgroup of {step.group} threads, but this "
+                              f"pipeline allows 1 to {compiled.max_threads} (launch policy "
+                              f"{s.policy})")
+        if step.threads > MAX_THREADS:
+            raise ValueError(f"{spec.where}: {call.numel} output elements need {step.threads} "
+                             f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
+                             f"launch={{'vectors_per_thread': ...}}")
+        launches.append((compiled.kernel, step.threads, step.group))
     casts = {p.index: p.cast for p in s.kernel.params if p.cast}
-    return Launch(compiled.kernel, args, threads, group, casts or None,
-                  IndexErrors.of(spec.graph, s.kernel.params, sizes))
+    (kernel, threads, group), *then = launches
+    return Launch(kernel, args, threads, group, casts or None,
+                  IndexErrors.of(spec.graph, s.kernel.params, sizes), tuple(then))
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
@@ -206,6 +211,11 @@ def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
         return call.numel
     if kind == "error":                         # a gather's report, zeroed (IndexErrors)
         return torch.zeros(4, dtype=torch.int32, device=call.outputs[0].device)
+    if kind == "scratch":                       # partial results between launches
+        n = max(1, s.scratch_floats(call.binding.sizes))
+        return torch.empty(n, dtype=torch.float32, device=call.outputs[0].device)
+    if kind == "launch":
+        return s.launch_value(str(binds[1]), call.binding.sizes)
     return call.binding.sizes[binds[1]]         # ("size", axis)
 
 
@@ -220,6 +230,8 @@ def dispatch(launch: Launch) -> None:
     """Stage 5: run the bound launch."""
     launch.kernel(*launch.args, threads=launch.threads, group_size=launch.group_size,
                   arg_casts=launch.arg_casts)
+    for kernel, threads, group in launch.then:
+        kernel(*launch.args, threads=threads, group_size=group, arg_casts=launch.arg_casts)
     if launch.errors is not None:
         launch.errors.check(launch.args[launch.errors.arg])
 

@@ -41,7 +41,7 @@ import torch
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import kernel_at
+from ..errors import LaunchError, kernel_at
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..shapes import bind_shapes, output_shape
@@ -123,8 +123,9 @@ class MetalKernel:
     """Everything `mx.fast.metal_kernel` and its call take for one metalforge kernel instance.
 
     inputs: per MLX input, what it carries (the IR's binds: ("input", name), ("scalar", name),
-    ("size", axis), ("numel",)) and its MSL type (element type for arrays); outputs: the output
-    index of each MLX output. template: (parameter, MSL type) pairs, passed as MLX dtypes."""
+    ("size", axis), ("numel",), ("launch", name)) and its MSL type (element type for arrays);
+    outputs: the output index of each MLX output (None: the scratch buffer, dropped).
+    template: (parameter, MSL type) pairs, passed as MLX dtypes."""
     name: str
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
@@ -132,7 +133,7 @@ class MetalKernel:
     source: str
     template: tuple[tuple[str, str], ...]
     inputs: tuple[tuple[tuple, str], ...]
-    outputs: tuple[int, ...]
+    outputs: tuple[Optional[int], ...]
     attributes: tuple[str, ...]
 
 
@@ -175,8 +176,10 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
         raise NotImplementedError(f"kernel '{host_name}' gathers (mf.take) and reports index "
                                   "errors through a buffer it writes; the mlx backend does not "
                                   "bind that buffer yet: call it with torch tensors")
-    ins = [p for p in params if p.binds[0] != "output"]
-    outs = [p for p in params if p.binds[0] == "output"]
+    # a ("scratch",) buffer is written, so MLX must see it as an output (dropped after the
+    # call; with one key block per row, attention never touches it)
+    ins = [p for p in params if p.binds[0] not in ("output", "scratch")]
+    outs = [p for p in params if p.binds[0] in ("output", "scratch")]
     for th in k.threads:
         if th.attribute not in ATTRIBUTES:
             raise NotImplementedError(f"kernel '{host_name}' reads [[{th.attribute}]], which "
@@ -205,7 +208,7 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
         output_names=tuple(name_of[p.name] for p in outs), header=header, source=source,
         template=tuple((t, types[t]) for t in k.template),
         inputs=tuple((p.binds, types.get(p.type, p.type)) for p in ins),
-        outputs=tuple(p.binds[1] for p in outs),
+        outputs=tuple(p.binds[1] if p.binds[0] == "output" else None for p in outs),
         attributes=tuple(dict.fromkeys(th.attribute for th in k.threads)))
     attrs, shapes = scan(mk.source, mk.input_names)
     if set(attrs) != set(mk.attributes) or shapes:
@@ -249,8 +252,14 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     """The launch a call with these MLX arrays makes: (Call or None when the outputs are
     empty, the output shapes and dtypes)."""
     core = mx()
-    spec = specialisation(graph, launch)
     where = kernel_at(graph.name, graph.loc)
+    if sched_mod.family(graph) == "attention":       # one launch per call: no key blocks
+        if (launch or {}).get("key_splits", 1) != 1:
+            raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so "
+                              f"attention keeps one block of keys per query row; got "
+                              f"launch={dict(launch or {})}")
+        launch = {**(launch or {}), "key_splits": 1}
+    spec = specialisation(graph, launch)
     arrays: dict[str, Any] = {}
     for p in graph.tensors:
         v: Any = values.get(p.name)
@@ -293,11 +302,14 @@ def prepare(graph: Graph, values: Mapping[str, Any],
             inputs.append(core.array(values[binds[1]], dtype=mlx_dtype(typ)))
         elif kind == "numel":
             inputs.append(core.array(numel, dtype=mlx_dtype(typ)))
+        elif kind == "launch":
+            inputs.append(core.array(s.launch_value(binds[1], sizes), dtype=mlx_dtype(typ)))
         else:                                  # ("size", axis)
             inputs.append(core.array(sizes[binds[1]], dtype=mlx_dtype(typ)))
     kwargs = dict(template=[(n, mlx_dtype(t)) for n, t in mk.template],
-                  output_shapes=[shapes[i][0] for i in mk.outputs],
-                  output_dtypes=[shapes[i][1] for i in mk.outputs],
+                  output_shapes=[(1,) if i is None else shapes[i][0] for i in mk.outputs],
+                  output_dtypes=[core.float32 if i is None else shapes[i][1]
+                                 for i in mk.outputs],
                   grid=(threads, 1, 1), threadgroup=(group, 1, 1))
     return Call(mk, obj, inputs, kwargs), shapes
 
@@ -325,7 +337,8 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
         got = call.obj(inputs=call.inputs, **call.kwargs)
         outs = [None] * len(shapes)
         for i, o in zip(call.kernel.outputs, got):
-            outs[i] = o
+            if i is not None:
+                outs[i] = o
     else:
         outs = simulate(call)
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -412,9 +425,10 @@ def simulate(call: Call) -> list:
     grid = list(call.kwargs["grid"])
     group = [min(t, g) for t, g in zip(call.kwargs["threadgroup"], grid)]
     getattr(lib, host)(*args, *outs, threads=grid, group_size=group)
-    result = [None] * len(outs)
+    result = [None] * sum(i is not None for i in call.kernel.outputs)
     for i, t in zip(call.kernel.outputs, outs):
-        result[i] = to_mlx(t)
+        if i is not None:
+            result[i] = to_mlx(t)
     return result
 
 

@@ -24,17 +24,18 @@ does in torch; a NaN score makes the row NaN, as in softmax. The scores never to
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from . import reduce
-from .base import IDX, Schedule, make_kernel
+from .base import IDX, Schedule, Step, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
-from .policy import SIMD_WIDTH, LaunchPolicy
+from .policy import SIMD_WIDTH, LaunchPolicy, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 NEG_INF = ir.Lit(float("-inf"), "float")
@@ -59,16 +60,20 @@ def _strip(n: Node) -> Node:
     return n
 
 
-def _reductions_in(n: Node) -> list[Node]:
+def _cone(n: Node) -> list[Node]:
+    """n and every node it is computed from."""
     seen: list[Node] = []
     stack = [n]
     while stack:
         m = stack.pop()
-        if m in seen:
-            continue
-        seen.append(m)
-        stack.extend(m.args)
-    return [m for m in seen if m.op == Op.REDUCE]
+        if m not in seen:
+            seen.append(m)
+            stack.extend(m.args)
+    return seen
+
+
+def _reductions_in(n: Node) -> list[Node]:
+    return [m for m in _cone(n) if m.op == Op.REDUCE]
 
 
 def match(graph: Graph) -> Optional[Form]:
@@ -122,17 +127,34 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
     return _Builder(graph, policy, index64).build()
 
 
+# Key blocks per query row, when launch={'key_splits': n} does not pin them: enough
+# threadgroups (rows x blocks) to fill a GPU of many cores, each simdgroup of a block still
+# taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
+TARGET_GROUPS = 512
+MIN_KEYS = 16
+
+
 @dataclass
 class AttentionSchedule(Schedule):
     l_axis: str = "L"
     e_axis: str = "E"
     rows: tuple[str, ...] = ()
     max_e: int = 256
+    merge: Optional[ir.LoweredKernel] = None
 
     @property
     def axis(self) -> str:
         """The key axis: the size testing draws boundaries of (1, 31, 32, 33, ...)."""
         return self.l_axis
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """Key counts where a single query row starts splitting its keys into blocks."""
+        return (2 * self._per_block(),)
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return (self.kernel,) if self.merge is None else (self.kernel, self.merge)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
         n = 1
@@ -140,9 +162,38 @@ class AttentionSchedule(Schedule):
             n *= sizes[a]
         return n
 
+    def _per_block(self) -> int:
+        return self.policy.threads_per_group // SIMD_WIDTH * max(MIN_KEYS,
+                                                                  2 * self.policy.keys_per_step)
+
+    def splits(self, sizes: Mapping[str, int]) -> int:
+        """Key blocks per query row for a call with these sizes."""
+        length = sizes[self.l_axis]
+        if self.policy.key_splits:
+            return max(1, min(self.policy.key_splits, length))
+        want = -(-TARGET_GROUPS // max(1, self._rows(sizes)))
+        return max(1, min(want, length // self._per_block()))
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        tpg = self.policy.threads_per_group
+        return self._rows(sizes) * self.splits(sizes) * tpg, tpg
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        first = (Step(self.host_name(sizes), *self.launch(sizes)),)
+        if self.splits(sizes) == 1 or self.merge is None:
+            return first
         threads = self._rows(sizes) * SIMD_WIDTH
-        return threads, max(SIMD_WIDTH, min(self.policy.threads_per_group, threads))
+        return first + (Step(self.merge.host_name, threads, min(self.policy.threads_per_group,
+                                                                 threads)),)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        splits = self.splits(sizes)
+        return 0 if splits == 1 else self._rows(sizes) * splits * (self.max_e + 2)
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == "key_splits":
+            return self.splits(sizes)
+        raise KeyError(name)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         where = f"kernel '{self.graph.name}'"
@@ -154,7 +205,8 @@ class AttentionSchedule(Schedule):
         if sizes[self.l_axis] == 0:
             raise ValueError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
                              "value (torch raises too)")
-        n = self._rows(sizes) * sizes[self.l_axis] * sizes[self.e_axis]
+        n = max([self._rows(sizes) * sizes[self.e_axis], self.scratch_floats(sizes)] + [
+            math.prod(sizes[a] for a in t.axes) for t in self.graph.tensors])
         if not self.index64 and n >= 2 ** 31:
             raise LaunchError(f"{where}: {n} elements need 64-bit indexing; call it with "
                               "launch={'index64': True}")
@@ -196,8 +248,12 @@ class _Builder(reduce.Builder):
         self.sizes_used: list[str] = [form.key, form.e, *self.rows]
         self.helpers: set[str] = set()
         self.epl = policy.reads_per_thread             # E elements per lane
+        self.kps = policy.keys_per_step                # keys a simdgroup takes at once
         self.pre: list[ir.Stmt] = []
         self.pre_names: set[str] = set()
+        self.params: tuple[ir.Argument, ...] = ()
+        self.staged: dict[Node, ir.Expr] = {}
+        self.tg_bytes = 0
 
     # -- positions and loads ------------------------------------------------------------
     def row_position(self, axis: str) -> ir.Expr:
@@ -243,45 +299,100 @@ class _Builder(reduce.Builder):
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)], unroll=True)
 
     # -- the kernel ---------------------------------------------------------------------
-    def key_step(self) -> list[ir.Stmt]:
-        """One key mf_l: its score (contractions over E: lanes, then simd_sum; then the
-        score's elementwise work), then the online-softmax update of (m, d, acc)."""
+    def stage(self) -> list[ir.Stmt]:
+        """Register staging of what the score contractions read that does not change with the
+        key (the query row's q): each lane loads its E elements once, before the key loop,
+        into `mf_staged<i>[j]`; `key_step` reads them from there."""
         f = self.form
+        self.staged = {}
+        nodes: list[Node] = []
+        for r in f.contractions:
+            cone = _cone(r.args[0])
+            fixed = {n for n in cone if f.key not in n.axes and f.e in n.axes}
+            nodes += [n for n in cone if n in fixed and n not in nodes and not any(
+                n in u.args for u in cone if u in fixed)]
         out: list[ir.Stmt] = []
+        for i, n in enumerate(nodes):
+            low = self.lowering(f"mf_st{i}_")
+            body = low.lower([n])
+            self.helpers |= low.helpers
+            name = f"mf_staged{i}"
+            out += [ir.ArrayDecl(name, compute_type(n.dtype), self.epl),
+                    self.lanes(body + [ir.Assign(ir.Lane(ir.Var(name), ir.Var("mf_j")),
+                                                 low.value(n))])]
+            self.staged[n] = ir.Lane(ir.Var(name), ir.Var("mf_j"))
+        if out:
+            out.insert(0, ir.Comment("the query row's values each key multiplies, in registers"))
+        return out
+
+    def keys(self, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
+        """`body` for each key mf_l = mf_base + u of the block (u < keys_per_step) inside the
+        simdgroup's keys; `past` for the block's keys past the end."""
+        return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
+            ir.Decl("mf_l", IDX, ir.Var("mf_base") + ir.Cast(IDX, ir.Var("mf_u"))),
+            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))], unroll=True)
+
+    def key_step(self) -> list[ir.Stmt]:
+        """A block of keys_per_step keys mf_base, mf_base + 1, ...: their scores
+        (contractions over E: each lane's part for every key first, so that all their loads
+        are in flight at once; then simd_sum; then the score's elementwise work), then one
+        online-softmax update of (m, d, acc) for the whole block."""
+        f = self.form
+        u = ir.Var("mf_u")
+        out: list[ir.Stmt] = [ir.Comment("the block's scores: each lane's part of every "
+                                         "contraction (loads), then across the simdgroup")]
         score = self.lowering("mf_s")
         for i, r in enumerate(f.contractions):
             part = self.lowering(f"mf_c{i}_")
+            part.values.update(self.staged)
             body = part.lower([r.args[0]])
             v = part.value(r.args[0])
-            acc = ir.Var(f"mf_dot{i}")
-            out += [ir.Decl(acc.name, "float", ir.Lit(0.0, "float"), const=False),
-                    self.lanes(body + [ir.Assign(acc, acc + _float(v, r.args[0]))]),
-                    ir.Assign(acc, ir.Call("simd_sum", (acc,)))]
+            dot = ir.Lane(ir.Var(f"mf_dot{i}"), u)
+            out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.kps),
+                    ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
+                        ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True),
+                    self.keys([self.lanes(body + [ir.Assign(dot, dot + _float(v, r.args[0]))])]),
+                    ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
+                        ir.Assign(dot, ir.Call("simd_sum", (dot,)))], unroll=True)]
             self.helpers |= part.helpers
-            score.values[r] = acc if compute_type(r.dtype) == "float" else ir.Cast(
-                compute_type(r.dtype), acc)
-        out += score.lower([f.scores])
+            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
+                compute_type(r.dtype), dot)
+        sc = ir.Lane(ir.Var("mf_sc"), u)
+        body = score.lower([f.scores])
         self.helpers |= score.helpers | {"mf_maximum"}
-        s = _float(score.value(f.scores), f.scores)
-        m, d = ir.Var("mf_m"), ir.Var("mf_d")
-        live = ir.Var("mf_m_new").ne(NEG_INF)
+        out += [ir.ArrayDecl("mf_sc", "float", self.kps),
+                self.keys(body + [ir.Assign(sc, _float(score.value(f.scores), f.scores))],
+                          [ir.Assign(sc, NEG_INF)])]
+        m, d, m_new, corr = (ir.Var(n) for n in ("mf_m", "mf_d", "mf_m_new", "mf_corr"))
+        live = m_new.ne(NEG_INF)
+        p = ir.Lane(ir.Var("mf_p"), u)
+
+        def each(body: list[ir.Stmt]) -> ir.Stmt:
+            return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), body,
+                          unroll=True)
         out += [
-            ir.Comment("online softmax: rescale what was summed under the old max"),
-            ir.Decl("mf_score", "float", s),
-            ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (m, ir.Var("mf_score")))),
+            ir.Comment("online softmax: the block's max, what was summed under the old max "
+                       "rescaled, the block's weights p added"),
+            ir.Decl("mf_m_new", "float", m, const=False),
+            each([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
             ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
-                "exp", (m - ir.Var("mf_m_new"),), precise=True), ir.Lit(1.0, "float"))),
-            ir.Decl("mf_p", "float", ir.Select(live, ir.Call(
-                "exp", (ir.Var("mf_score") - ir.Var("mf_m_new"),), precise=True),
-                ir.Lit(0.0, "float"))),
-            ir.Assign(d, d * ir.Var("mf_corr") + ir.Var("mf_p")),
-            ir.Assign(m, ir.Var("mf_m_new"))]
+                "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
+            ir.Assign(d, d * corr),
+            ir.ArrayDecl("mf_p", "float", self.kps),
+            each([ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
+                                         ir.Lit(0.0, "float"))),
+                  ir.Assign(d, d + p)]),
+            ir.Assign(m, m_new)]
         vals = self.lowering("mf_w")
         body = vals.lower([f.values])
         self.helpers |= vals.helpers
         a = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j"))
-        out.append(self.lanes(body + [ir.Assign(a, a * ir.Var("mf_corr") + ir.Var("mf_p") *
-                                                _float(vals.value(f.values), f.values))]))
+        out += [
+            ir.Comment("the values: acc = acc * corr + sum of p v over the block"),
+            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                ir.Assign(a, a * corr)], unroll=True),
+            self.keys([self.lanes(body + [ir.Assign(a, a + p * _float(
+                vals.value(f.values), f.values))])])]
         return out
 
     def epilogue(self) -> ir.Stmt:
@@ -299,41 +410,163 @@ class _Builder(reduce.Builder):
             body.append(ir.Store(self.out_names[k], off, self.out_value(k, low)))
         return self.lanes(body)
 
+    # -- online-softmax states: one per simdgroup, merged --------------------------------
+    def state(self) -> list[ir.Stmt]:
+        """An empty online-softmax state: m = -inf, d = 0, acc = 0."""
+        return [ir.Decl("mf_m", "float", NEG_INF, const=False),
+                ir.Decl("mf_d", "float", ir.Lit(0.0, "float"), const=False),
+                ir.ArrayDecl("mf_acc", "float", self.epl),
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))],
+                    unroll=True)]
+
+    def reset(self) -> list[ir.Stmt]:
+        """The state emptied again (after it was shared)."""
+        return [ir.Assign(ir.Var("mf_m"), NEG_INF),
+                ir.Assign(ir.Var("mf_d"), ir.Lit(0.0, "float")),
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))],
+                    unroll=True)]
+
+    def merge_states(self, count: ir.Expr, m_of: Callable[[ir.Expr], ir.Expr],
+                     d_of: Callable[[ir.Expr], ir.Expr],
+                     acc_of: Callable[[ir.Expr, ir.Expr], ir.Expr],
+                     declare: bool = True) -> list[ir.Stmt]:
+        """(m, d, acc) = the merge of `count` states s (m_of(s), d_of(s), acc_of(s, e)): the
+        largest max M, then d = sum d_s c_s and acc = sum acc_s c_s with c_s = exp(m_s - M)
+        (0 for an empty state, m_s = -inf; NaN in any state makes the result NaN)."""
+        s = ir.Var("mf_s")
+        c = ir.Var("mf_c")
+        lane_e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
+        return (self.state() if declare else self.reset()) + [
+            ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
+                ir.Assign(ir.Var("mf_m"), ir.Call("mf_maximum", (ir.Var("mf_m"), m_of(s))))]),
+            ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
+                ir.Decl("mf_ms", "float", m_of(s)),
+                ir.Decl("mf_c", "float", ir.Select(ir.Var("mf_ms").ne(NEG_INF), ir.Call(
+                    "exp", (ir.Var("mf_ms") - ir.Var("mf_m"),), precise=True),
+                    ir.Lit(0.0, "float"))),
+                ir.Assign(ir.Var("mf_d"), ir.Var("mf_d") + d_of(s) * c),
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")),
+                              ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")) + acc_of(s, lane_e) * c)],
+                    unroll=True)])]
+
+    # -- the kernels ----------------------------------------------------------------------
     def decode_kernel(self) -> ir.LoweredKernel:
+        """A threadgroup per (query row, block of keys): its simdgroups take turns over the
+        block's keys, each keeping an online-softmax state; the states merge through
+        threadgroup memory; one block per row writes the outputs, several write partial
+        states for the merge kernel."""
         f = self.form
-        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+        nsg = self.policy.threads_per_group // SIMD_WIDTH
+        emax = SIMD_WIDTH * self.epl
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        self.pre, self.pre_names = [], set()
+        staged = self.stage()
         step = self.key_step()
         fin = self.epilogue()
+        splits, length = ir.Var("mf_splits"), self.size(f.key)
+        chunk = (length + ir.Cast(IDX, splits) - ir.Lit(1, IDX)) / ir.Cast(IDX, splits)
+        tg: list[ir.Stmt] = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
+                             ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
+                             ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
+        self.tg_bytes = 4 * nsg * (2 + emax)
+        lane_e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
+        partial = ir.Var("mf_partial")
+        head: list[ir.Stmt] = [
+            ir.Comment(f"threadgroup: query row mf_row, keys [mf_l0, mf_l1) of block mf_block; "
+                       f"its {nsg} simdgroups take turns over steps of {self.kps} keys; lane l "
+                       f"holds E elements l, l + 32, ..."),
+            ir.Decl("mf_row", "uint", ir.Var("mf_group") / splits),
+            ir.Decl("mf_block", "uint", ir.Var("mf_group") % splits),
+            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
+            ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
+            ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length)))]
+        loop = ir.For("mf_base", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg") *
+                                                                ir.Lit(self.kps, "uint")),
+                      ir.Var("mf_l1"), step, step=ir.Lit(nsg * self.kps, IDX))
+        share: list[ir.Stmt] = [
+            ir.Comment("merge the simdgroups' states through threadgroup memory"),
+            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+                ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), ir.Var("mf_m")),
+                ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), ir.Var("mf_d"))]),
+            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg") * ir.Lit(emax, "uint")
+                                  + lane_e), ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))],
+                unroll=True),
+            ir.Barrier(),
+            ir.If(ir.Var("mf_sg").ne(ir.Lit(0, "uint")), [ir.Return()]),
+            ir.Comment("simdgroup 0: the group's state, then outputs or a partial state")]
+        share += self.merge_states(
+            ir.Lit(nsg, "uint"),
+            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
+            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e),
+            declare=False)
+        share.append(ir.If(splits.eq(ir.Lit(1, "uint")), [
+            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax "
+                       "gives)"), fin], [
+            ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge kernel"),
+            ir.Decl("mf_partial", IDX, ir.Cast(IDX, ir.Var("mf_group")) * ir.Lit(emax + 2, IDX)),
+            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+                ir.Store("mf_scratch", partial, ir.Var("mf_m")),
+                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_d"))]),
+            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+                ir.Store("mf_scratch", partial + ir.Lit(2, IDX) + ir.Cast(IDX, lane_e),
+                         ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))], unroll=True)]))
+        scan: list[ir.Stmt] = [ir.Comment(f"one pass over the block's keys along '{f.key}' "
+                                          f"(scores never stored)"), loop]
+        body = head + self.pre + staged + self.state() + scan + share
+        summary = (f"{self.graph.name} (decode): softmax over '{f.key}' of scores contracting "
+                   f"'{f.e}', times the values, summed over '{f.key}'; a threadgroup per query "
+                   f"row and block of keys, {nsg} simdgroups over the keys, online softmax in "
+                   f"one pass, fp32 state")
+        return make_kernel(self.graph, self.index64, threads, tg + body, summary, "decode",
+                           params=self.params, helpers=tuple(sorted(self.helpers)))
+
+    def merge_kernel(self) -> ir.LoweredKernel:
+        """One simdgroup per query row: the merge of its blocks' states, then the outputs."""
+        emax = SIMD_WIDTH * self.epl
+        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        self.pre, self.pre_names = [], set()
+        fin = self.epilogue()
+        splits = ir.Var("mf_splits")
+        base = ir.Cast(IDX, ir.Var("mf_row")) * ir.Cast(IDX, splits)
+
+        def at(s: ir.Expr, k: ir.Expr) -> ir.Expr:
+            return ir.Load("mf_scratch", (base + ir.Cast(IDX, s)) * ir.Lit(emax + 2, IDX) + k)
         head: list[ir.Stmt] = [
             ir.Comment("one simdgroup per query row; lane l holds E elements l, l + 32, ..."),
             ir.Decl("mf_row", "uint", ir.Var("mf_tid") / SIMD),
-            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
-            ir.Decl("mf_m", "float", NEG_INF, const=False),
-            ir.Decl("mf_d", "float", ir.Lit(0.0, "float"), const=False),
-            ir.ArrayDecl("mf_acc", "float", self.epl),
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
-                ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))],
-                unroll=True)]
-        loop = ir.For("mf_l", IDX, ir.Lit(0, IDX), self.size(f.key),
-                      [ir.Comment("key mf_l: its score, then the online-softmax update")] + step)
-        body = head + self.pre + [
-            ir.Comment(f"one pass over the keys along '{f.key}' (scores never stored)"), loop,
-            ir.Comment("outputs: acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)"),
-            fin]
-        summary = (f"{self.graph.name} (decode): softmax over '{f.key}' of scores contracting "
-                   f"'{f.e}', times the values, summed over '{f.key}'; one simdgroup per query "
-                   f"row, online softmax in one pass over the keys, fp32 state")
-        return make_kernel(self.graph, self.index64, threads, body, summary, "decode",
-                           params=kernel_params(self), helpers=tuple(sorted(self.helpers)))
+            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()])]
+        merged = self.merge_states(
+            splits, lambda s: at(s, ir.Lit(0, IDX)), lambda s: at(s, ir.Lit(1, IDX)),
+            lambda s, e: at(s, ir.Lit(2, IDX) + ir.Cast(IDX, e)))
+        body = head + self.pre + [ir.Comment("merge the row's key blocks (m, d, acc[E])")] + \
+            merged + [ir.Comment("outputs: acc / d (all keys masked: 0 / 0 = NaN)"), fin]
+        summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
+                   f"blocks merged, then the outputs; one simdgroup per query row")
+        return make_kernel(self.graph, self.index64, threads, body, summary, "merge",
+                           params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def build(self) -> AttentionSchedule:
-        k = self.decode_kernel()
-        policy = replace(self.policy, uses_simd=True)
-        return AttentionSchedule("attention", self.graph, policy, k,
+        base = kernel_params(self)
+        extra = [ir.Argument("mf_scratch", len(base), "buffer", "float", ("scratch",), True),
+                 ir.Argument("mf_splits", len(base) + 1, "scalar", "uint",
+                             ("launch", "key_splits"), cast="int32")]
+        self.params = base + tuple(extra)
+        self.helpers.add("mf_maximum")
+        decode = self.decode_kernel()
+        merge = self.merge_kernel()
+        policy = replace(self.policy, uses_simd=True, threadgroup_bytes=self.tg_bytes)
+        validate(policy)
+        return AttentionSchedule("attention", self.graph, policy, decode,
                                  (*self.rows, self.form.e), (), self.index64,
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
-                                 max_e=SIMD_WIDTH * self.epl)
+                                 max_e=SIMD_WIDTH * self.epl, merge=merge)
 
 
 def _float(e: ir.Expr, n: Node) -> ir.Expr:

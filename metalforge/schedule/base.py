@@ -53,6 +53,14 @@ class Traffic:
         return self.read + self.written
 
 
+@dataclass(frozen=True)
+class Step:
+    """One launch of a call: kernel `host_name`, `threads` in groups of `group`."""
+    host_name: str
+    threads: int
+    group: int
+
+
 @dataclass
 class Schedule:
     family: str                        # "elementwise" | "row" | "column"
@@ -114,6 +122,19 @@ class Schedule:
         """The host name of the kernel a call with these axis sizes launches. May raise a
         ValueError for sizes the schedule refuses (before anything is compiled or launched)."""
         return self.kernel.host_name
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """The launches of one call, in order: the kernel `host_name(sizes)` alone, unless the
+        schedule splits the work (attention's key blocks, then their merge)."""
+        return (Step(self.host_name(sizes), *self.launch(sizes)),)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        """fp32 elements of the ("scratch",) buffer the steps pass partial results through."""
+        return 0
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        """A ("launch", name) argument: a per-call launch parameter (attention's key_splits)."""
+        raise KeyError(name)
 
     @property
     def _binds(self) -> set[tuple[str | int, ...]]:

@@ -37,6 +37,8 @@ class LaunchPolicy:
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
+    key_splits: int = 0                # attention: key blocks per query row (0: per call)
+    keys_per_step: int = 8             # attention: keys a simdgroup loads at once
 
     @property
     def elements_per_thread(self) -> int:
@@ -90,9 +92,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # M = 1 more simdgroups (latency hiding) beat sharing x between rows
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=1,
                           uses_simd=True),
-    # attention (schedule/attention.py): one simdgroup per query row, reads_per_thread E
-    # elements per lane (E up to 32 x 8 = 256); threads_per_group only groups simdgroups
-    "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
+    # attention (schedule/attention.py): a threadgroup per query row and block of keys, its
+    # threads_per_group / 32 simdgroups taking turns over the block's keys, reads_per_thread E
+    # elements per lane (E up to 32 x 8 = 256); key_splits blocks per row (0: chosen per call
+    # so that a few query rows still fill the GPU)
+    "attention": LaunchPolicy("attention", threads_per_group=256, reads_per_thread=8,
                               uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
@@ -103,7 +107,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "index64"),
-    "attention": ("threads_per_group", "reads_per_thread", "index64"),
+    "attention": ("threads_per_group", "reads_per_thread", "key_splits", "keys_per_step",
+                  "index64"),
 }
 
 
@@ -128,10 +133,13 @@ def validate(p: LaunchPolicy) -> None:
 
     reads = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 *reads, "looped_limit"):
+                 *reads, "looped_limit", "keys_per_step"):
         v = getattr(p, name)
         need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
              f"{name} must be a positive int, got {v!r}")
+    need(isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
+         and p.key_splits >= 0,
+         f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
     need(p.index64 is None or isinstance(p.index64, bool),
          f"index64 must be None, True or False, got {p.index64!r}")
     need(p.threads_per_group <= MAX_THREADS_PER_GROUP,
@@ -161,6 +169,15 @@ def validate(p: LaunchPolicy) -> None:
              f"looped_limit={p.looped_limit}: a row held in registers needs "
              f"looped_limit <= threads_per_group * reads_per_thread = "
              f"{p.threads_per_group * p.reads_per_thread}")
+    if p.family == "attention":
+        nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
+        tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
+        need(tg <= MAX_THREADGROUP_BYTES,
+             f"threads_per_group={p.threads_per_group} with reads_per_thread="
+             f"{p.reads_per_thread}: the merge of the simdgroups' states needs {tg} bytes of "
+             f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
+        need(p.keys_per_step <= 32, f"keys_per_step={p.keys_per_step}: each lane keeps that "
+             "many scores and weights in registers, at most 32")
     if p.family == "quant":
         need(p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
              "packed words at once, at most 4 (16 bytes)")

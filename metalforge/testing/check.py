@@ -221,10 +221,11 @@ def _one_per_kernel(s, axis: str, pins: list) -> list:
     ones = {d.name: 1 for t in s.graph.tensors for d in t.dims}
     for b in pins:
         try:
-            host = s.host_name({**ones, axis: b})
+            hosts = [step.host_name for step in s.steps({**ones, axis: b})]
         except Exception:                                        # noqa: BLE001 - refused
             continue
-        firsts.setdefault(host, b)
+        for host in hosts:
+            firsts.setdefault(host, b)
     return sorted(firsts.values()) or pins[:1]
 
 
@@ -244,15 +245,16 @@ def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
         s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
-        host = s.host_name(sizes)
+        hosts = [step.host_name for step in s.steps(sizes)]
     except Exception:                                            # noqa: BLE001 - refused
         return                                                   # sizes: nothing launched
-    inst = insts.get((s.index64, host))
-    if inst is not None:
-        inst.launches += 1
-        text = ",".join(f"{a}={n}" for a, n in sizes.items())
-        if text not in inst.sizes and len(inst.sizes) < 8:
-            inst.sizes.append(text)
+    for host in hosts:                  # a call may launch several kernels (attention's merge)
+        inst = insts.get((s.index64, host))
+        if inst is not None:
+            inst.launches += 1
+            text = ",".join(f"{a}={n}" for a, n in sizes.items())
+            if text not in inst.sizes and len(inst.sizes) < 8:
+                inst.sizes.append(text)
 
 
 # --------------------------------------------------------------------------- variants

@@ -37,11 +37,11 @@ class Sizes:
     def shape(self, param: TensorParam) -> tuple[int, ...]:
         """The full (unflattened) shape of a tensor argument."""
         shape: list[int] = []
-        for d in param.dims:
-            if d.batch:
-                shape.extend(self.batch[d.name])
+        for axes in param.storage:
+            if axes[0].batch:
+                shape.extend(self.batch[axes[0].name])
             else:
-                shape.append(self.sizes[d.name])
+                shape.append(math.prod(self.sizes[d.name] for d in axes))
         return tuple(shape)
 
     def describe(self) -> str:

@@ -92,7 +92,8 @@ def graph_text(graph: Graph) -> str:
     lines = [f"kernel {graph.name}"]
     for p in graph.params:
         if isinstance(p, TensorParam):
-            dims = ",".join(f"{d.name}{'*' if d.batch else ''}" for d in p.dims)
+            dims = ",".join(f"{'^' if d.joined else ''}{d.name}{'*' if d.batch else ''}"
+                            for d in p.dims)
             lines.append(f"tensor {p.name} {p.dtype.name} [{dims}]")
         elif isinstance(p, ScalarParam):
             lines.append(f"scalar {p.name} {p.dtype.name}")

@@ -4,10 +4,12 @@ import os
 import re
 
 import pytest
+import torch
 
 import metalforge as mf
 from metalforge import dtypes
-from metalforge.frontend.annotations import grammar_text, parse_annotation, resolve_dim
+from metalforge.frontend.annotations import (grammar_text, parse_annotation, resolve_dim,
+                                             resolve_dims)
 from metalforge.graph import AxisSpec
 
 HERE = os.path.abspath(__file__)
@@ -63,11 +65,14 @@ def test_batch_dims():
     assert dims[0] == AxisSpec("B", batch=True) and dims[1] == AxisSpec("D")
 
 
-def test_grouped_dims_parse_but_are_not_lowered_yet():
+def test_grouped_dims_are_two_axes_of_one_storage_dim():
     a = parse_annotation("T[B, (G R), S, E]")
     assert a.has_group and a.dims[1].names == ("G", "R") and a.dims[1].pos == 5
-    with pytest.raises(mf.AnnotationError, match="not supported yet") as e:
-        resolve_dim(a.dims[1], {}, a.text)
+    dims = resolve_dims(a.dims, {}, a.text)
+    assert [d.name for d in dims] == ["B", "G", "R", "S", "E"]
+    assert [d.joined for d in dims] == [False, False, True, False, False]
+    with pytest.raises(mf.AnnotationError, match="is an mf.Const") as e:
+        resolve_dims(a.dims, {"R": 2}, a.text)
     assert e.value.column == 5
 
 
@@ -119,11 +124,23 @@ def test_kernel_definition_error_names_parameter_file_and_line():
     assert msg.splitlines()[-1].index("^") == msg.splitlines()[-2].index('"') + 1 + 4
 
 
-def test_grouped_dims_rejected_at_kernel_definition():
-    with pytest.raises(mf.AnnotationError, match=r"parameter 'q'.*grouped dims.*not supported"):
-        @mf.kernel
-        def attn(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]"):
-            return q
+def test_grouped_dim_binds_from_the_other_axes():
+    @mf.kernel
+    def per_group(x: "T[(G R), D]", w: "T[G, D]"):
+        return x * w                                  # w broadcast over the R rows of a group
+    x, w = torch.randn(6, 5), torch.randn(3, 5)
+    got = per_group(x, w)
+    assert got.shape == (6, 5)                        # laid out as x's grouped dim again
+    torch.testing.assert_close(got, (x.view(3, 2, 5) * w[:, None]).reshape(6, 5))
+    with pytest.raises(mf.ShapeError, match=r"\(G R\) of argument 'x'.*size 7.*multiple of 3"
+                       r".*'G' = 3 from argument 'w'"):
+        per_group(torch.randn(7, 5), w)
+
+    @mf.kernel
+    def unbound(x: "T[(G R), D]"):
+        return x * 2
+    with pytest.raises(mf.ShapeError, match="'G', 'R' are not bound by any other argument"):
+        unbound(x)
 
 
 def test_scalar_and_const_annotations():

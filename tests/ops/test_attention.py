@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import metalforge as mf
+from metalforge import runtime
 from metalforge.testing import check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -34,6 +35,35 @@ def test_matches_sdpa(dtype, s, length, e):
                                    **TOL[dtype])
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 1), (3, 3)])     # GQA, MQA, MHA
+@pytest.mark.parametrize("s,length,splits", [(1, 700, 0), (1, 129, 3), (2, 50, 50), (3, 40, 1)])
+def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits):
+    """q's heads "(G R)": each of the G key/value heads serves R query heads; the keys of a
+    query row split into `splits` blocks (0: chosen per call) merged by a second kernel."""
+    g = torch.Generator().manual_seed(heads * length + s)
+    q = torch.randn(2, heads, s, 64, generator=g)
+    k, v = (torch.randn(2, kv_heads, length, 64, generator=g) for _ in range(2))
+    kernel = attention.with_launch(key_splits=splits) if splits else attention
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.125, enable_gqa=True,
+                                          attn_mask=causal_mask(s, length, "cpu"))
+    for _ in range(2):                                          # cold, then the warm path
+        torch.testing.assert_close(kernel(q, k, v, 0.125), want, **TOL[torch.float32])
+
+
+def test_key_blocks_per_call():
+    """A few query rows split their keys (a second launch merges the blocks); many rows, or
+    few keys, launch the one kernel."""
+    q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
+    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1))
+    sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
+    steps = s.steps(sizes)
+    assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
+                                             "attention_f32_causal_true_merge"]
+    assert s.splits(sizes) == 16 and steps[0].threads == 32 * 16 * 256
+    assert len(s.steps({**sizes, "L": 100})) == 1
+    assert len(s.steps({**sizes, "S": 1024})) == 1
+
+
 def test_masked_rows_and_nan_follow_softmax():
     q, k, v = torch.randn(2, 1, 3, 8), torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
     valid = torch.ones(2, 5, dtype=torch.bool)
@@ -50,6 +80,7 @@ def test_check_covers_attention():
     report = check(attention, max_examples=3, dims={"E": [1, 8, 33, 64]})
     assert all(i.launches for i in report.instantiations), report.coverage()
     assert any("L=33" in i.describe() for i in report.instantiations)
+    assert any(i.host_name.endswith("_merge") and i.launches for i in report.instantiations)
 
 
 def test_head_dim_over_the_schedule_is_refused_before_launch():
@@ -65,8 +96,11 @@ def test_mismatched_shapes_are_clear_errors():
     q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 4, 8)
     with pytest.raises(mf.ShapeError, match="'E'"):
         attention(q, k, torch.randn(1, 2, 4, 9), 0.1)
-    with pytest.raises(mf.ShapeError, match="'H'"):
+    with pytest.raises(mf.ShapeError, match=r"grouped dim \(G R\) of argument 'q'.*size 2, "
+                       r"which is not a multiple of 3 \('G' = 3 from argument 'k'\)"):
         attention(q, torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8), 0.1)
+    with pytest.raises(mf.ShapeError, match="'G' is 2 in argument 'k' but 1 in argument 'v'"):
+        attention(q, k, torch.randn(1, 1, 4, 8), 0.1)
 
 
 def test_other_multi_axis_reductions_still_name_the_construct():

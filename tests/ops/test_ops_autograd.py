@@ -47,6 +47,8 @@ def _inputs(kernel, seed=0, dtype=torch.float32, requires_grad=False):
                 shape += [2, 3]
             elif d.derived:
                 shape.append(sizes[d.base] * d.mul // d.div + d.add)
+            elif d.joined:                    # "(G R)": one dim of G * R
+                shape[-1] *= sizes.setdefault(d.name, 2)
             else:
                 shape.append(sizes.setdefault(d.name, SIZES[len(sizes) % len(SIZES)]))
         dt = dtype if p.dtype_var else p.dtype.torch

@@ -6,6 +6,7 @@ source in the simulator, bound in MLX's buffer order with MLX's grid and clamped
 the results are compared with the kernel's reference.
 """
 import importlib.util
+import math
 import re
 import sys
 from pathlib import Path
@@ -55,9 +56,14 @@ def inputs(kernel, sizes, dtype="f32", seed=0):
     for p in kernel.params:
         if isinstance(p, TensorParam):
             shape = []
-            for d in p.dims:
-                n = sizes[d.base] * d.mul // d.div + d.add if d.derived else sizes.get(d.name)
-                shape += [2, 3] if d.batch else [n]
+            for axes in p.storage:          # a grouped dim "(G R)" is one dim of G*R
+                d = axes[0]
+                if d.batch:
+                    shape += [2, 3]
+                elif d.derived:
+                    shape.append(sizes[d.base] * d.mul // d.div + d.add)
+                else:
+                    shape.append(math.prod(sizes[a.name] for a in axes))
             if p.dtype is None or p.dtype.is_float:
                 args.append(mx.random.normal(tuple(shape)).astype(MX[dtype]))
             else:                       # packed words: every bit; int tensors: small values

@@ -1,0 +1,103 @@
+"""Attention: ours (examples/attention.py) vs torch's scaled_dot_product_attention, same device.
+
+    python bench/attention.py                       # MPS on a Mac, CUDA on NVIDIA, else the sim
+    python bench/attention.py --device cuda --launch threads_per_group=512 key_splits=32
+
+Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
+65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
+achieves moving as many bytes; torch: SDPA with enable_gqa=True. Prefill: S = L in {1024, 4096},
+causal, E in {64, 128}, 32 heads (R = 1): TFLOP/s counts the 4·S·L·E multiply-adds per head
+that a causal kernel needs half of (so both sides get the same credit). On CUDA all times are
+GPU times of CUDA-graph replays (common.timeit); on the simulator this is a smoke test only.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DTYPES, copy_time, parse_launch, pick_device, timeit  # noqa: E402
+
+_spec = importlib.util.spec_from_file_location(      # examples/attention.py (this file's name)
+    "mf_example_attention",
+    Path(__file__).resolve().parent.parent / "examples" / "attention.py")
+_ex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_ex)
+attention, causal_mask = _ex.attention, _ex.causal_mask
+
+DECODE = [4096, 16384, 65536]
+PREFILL = [(1024, 64), (1024, 128), (4096, 64), (4096, 128)]
+
+
+def decode(device: str, dtype, lengths, repeat: int, launch: dict) -> None:
+    kernel = attention.with_launch(**launch) if launch else attention
+    print(f"decode: B=1, 32 query heads / 8 kv heads, S=1, E=128, causal, {dtype}")
+    print(f"{'L':>6} {'K/V bytes':>11} {'ours us':>8} {'sdpa us':>8} {'copy us':>8} "
+          f"{'ours GB/s':>9} {'%copy':>6} {'sdpa/ours':>9}")
+    for length in lengths:
+        heads, kv, e = (32, 8, 128) if device != "cpu" else (4, 2, 64)
+        if device == "cpu":
+            length = min(length, 300)
+        q = torch.randn(1, heads, 1, e, dtype=dtype, device=device)
+        k = torch.randn(1, kv, length, e, dtype=dtype, device=device)
+        v = torch.randn(1, kv, length, e, dtype=dtype, device=device)
+        want = F.scaled_dot_product_attention(q, k, v, scale=e ** -0.5, enable_gqa=True)
+        torch.testing.assert_close(kernel(q, k, v, e ** -0.5), want, rtol=2e-2, atol=2e-2)
+        nbytes = 2 * k.numel() * k.element_size()
+        ours = timeit(lambda: kernel(q, k, v, e ** -0.5), device, repeat)
+        theirs = timeit(lambda: F.scaled_dot_product_attention(q, k, v, scale=e ** -0.5,
+                                                               enable_gqa=True), device, repeat)
+        copy = copy_time(nbytes, device, repeat)
+        print(f"{length:>6} {nbytes:>11} {ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} "
+              f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
+              f"{theirs / ours:>8.2f}x")
+
+
+def prefill(device: str, dtype, cases, repeat: int, launch: dict) -> None:
+    kernel = attention.with_launch(**launch) if launch else attention
+    print(f"prefill: B=1, 32 heads, S = L, causal, {dtype}")
+    print(f"{'S=L':>6} {'E':>4} {'ours us':>9} {'sdpa us':>9} {'ours TFLOP/s':>12} "
+          f"{'sdpa TFLOP/s':>12} {'sdpa/ours':>9}")
+    for length, e in cases:
+        heads = 32 if device != "cpu" else 2
+        if device == "cpu":
+            length = min(length, 40)
+        q, k, v = (torch.randn(1, heads, length, e, dtype=dtype, device=device)
+                   for _ in range(3))
+        want = F.scaled_dot_product_attention(q, k, v, scale=e ** -0.5, is_causal=True)
+        torch.testing.assert_close(kernel(q, k, v, e ** -0.5), want, rtol=2e-2, atol=2e-2)
+        flops = 4 * heads * length * length * e / 2             # causal: half the products
+        ours = timeit(lambda: kernel(q, k, v, e ** -0.5), device, repeat)
+        theirs = timeit(lambda: F.scaled_dot_product_attention(q, k, v, scale=e ** -0.5,
+                                                               is_causal=True), device, repeat)
+        print(f"{length:>6} {e:>4} {ours * 1e6:>9.1f} {theirs * 1e6:>9.1f} "
+              f"{flops / ours / 1e12:>12.2f} {flops / theirs / 1e12:>12.2f} "
+              f"{theirs / ours:>8.2f}x")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device")
+    ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=DECODE)
+    ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. key_splits=16")
+    args = ap.parse_args(argv)
+    device = pick_device(args.device)
+    repeat = args.repeat if device != "cpu" else 1
+    launch = parse_launch(args.launch)
+    print(f"device {device}" + (f", launch {launch}" if launch else ""))
+    decode(device, DTYPES[args.dtype], args.lengths, repeat, launch)
+    if not args.no_prefill:
+        prefill(device, DTYPES[args.dtype], PREFILL, repeat, launch)
+
+
+if __name__ == "__main__":
+    main()
