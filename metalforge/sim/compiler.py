@@ -6,7 +6,8 @@ Pipeline for one source (only on a cache miss):
    <c10/metal/...>`` is inlined as torch.mps.compile_shader does and macros that generate
    kernels are expanded; ``<metal_*>`` headers resolve to empty stand-ins here (the real shim
    comes in through the precompiled header in step 3);
-2. parse kernel signatures (parse.py) and apply the textual rewrites (rewrite.py);
+2. parse kernel signatures (parse.py), reject explicit casts between address spaces
+   (spaces.py) and apply the textual rewrites (rewrite.py);
 3. compile the rewritten text plus generated trampolines (trampoline.py) against the
    precompiled ``<metal_stdlib>`` shim into ``<key>.so``; the parsed signatures go to
    ``<key>.json`` next to it.
@@ -33,6 +34,7 @@ from .. import cache
 from ..errors import MetalforgeError
 from .parse import Param, ParseError, Signature, parse
 from .rewrite import rewrite
+from .spaces import cast_errors as address_space_cast_errors
 from .trampoline import cpu_trampolines, entry_symbol
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
@@ -100,11 +102,12 @@ def _cxx_cmd() -> list[str]:
 
 # The modules whose text shapes what is compiled: the pipeline and flags (compiler.py), the
 # signatures that become trampolines and the .json next to each library (parse.py), the textual
-# pass (rewrite.py) and the generated entry points (trampoline.py).  Keep every module that
+# pass (rewrite.py), the address-space cast check (spaces.py: it decides what compiles) and the
+# generated entry points (trampoline.py).  Keep every module that
 # compiler.py imports (directly or through these) in this list; tests/sim/test_sim_cache_key.py
 # checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
 # editing them leaves the cache valid.
-KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "trampoline.py")
+KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py")
 SIM_DIR = Path(__file__).resolve().parent
 
 
@@ -283,6 +286,9 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
+        cast_errors = address_space_cast_errors(pre)
+        if cast_errors:
+            raise _syntax_error("\n".join(cast_errors), source)
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
             raise _TooManyKernels(parsed.kernels)
         if kernels is not None:

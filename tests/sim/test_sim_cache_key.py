@@ -42,6 +42,7 @@ def test_key_ignores_binding_modules_and_follows_headers_and_codegen(tmp_path):
                  lambda: _append(sim / "rewrite.py", "\n# edit\n"),
                  lambda: _append(sim / "trampoline.py", "\n# edit\n"),
                  lambda: _append(sim / "parse.py", "\n# edit\n"),
+                 lambda: _append(sim / "spaces.py", "\n# edit\n"),
                  lambda: _append(sim / "compiler.py", "\n# edit\n")):
         edit()
         k = compiler.compute_shim_hash(inc, sim)
