@@ -6,13 +6,14 @@ Pipeline for one source (only on a cache miss):
    <c10/metal/...>`` is inlined as torch.mps.compile_shader does and macros that generate
    kernels are expanded; ``<metal_*>`` headers resolve to empty stand-ins here (the real shim
    comes in through the precompiled header in step 3);
-2. parse kernel signatures (parse.py) and apply the textual rewrites (rewrite.py);
+2. parse kernel signatures (parse.py), reject explicit casts between address spaces
+   (spaces.py) and apply the textual rewrites (rewrite.py);
 3. compile the rewritten text plus generated trampolines (trampoline.py) against the
    precompiled ``<metal_stdlib>`` shim into ``<key>.so``; the parsed signatures go to
    ``<key>.json`` next to it.
 
-The key hashes the source, the shim headers' contents, torch's version, the compiler's identity
-and the flags, so a second run of the same source (any process) only loads the two files.
+The key hashes the source, the shim headers' contents, the modules that produce the C++ text
+(`KEY_MODULES`), torch's version, the compiler's identity and the flags, so a second run of the same source (any process) only loads the two files.
 Cache folder: ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge`` (subfolder ``sim``). Every
 file there (engine, precompiled header, libraries) is a checked entry of metalforge/cache.py:
 written atomically under a lock, its size and hash checked before use, rebuilt when bad.
@@ -33,6 +34,7 @@ from .. import cache
 from ..errors import MetalforgeError
 from .parse import Param, ParseError, Signature, parse
 from .rewrite import rewrite
+from .spaces import cast_errors as address_space_cast_errors
 from .trampoline import cpu_trampolines, entry_symbol
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
@@ -98,22 +100,44 @@ def _cxx_cmd() -> list[str]:
     return [compiler()[0]] + parts[1:]
 
 
+# The modules whose text shapes what is compiled: the pipeline and flags (compiler.py), the
+# signatures that become trampolines and the .json next to each library (parse.py), the textual
+# pass (rewrite.py), the address-space cast check (spaces.py: it decides what compiles) and the
+# generated entry points (trampoline.py).  Keep every module that
+# compiler.py imports (directly or through these) in this list; tests/sim/test_sim_cache_key.py
+# checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
+# editing them leaves the cache valid.
+KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py")
+SIM_DIR = Path(__file__).resolve().parent
+
+
+def compute_shim_hash(include_dir: Path = INCLUDE_DIR, sim_dir: Path = SIM_DIR,
+                      modules: tuple[str, ...] = KEY_MODULES) -> str:
+    """Hash of everything besides the source, compiler and flags that a compiled library depends
+    on: every file under the shim's include folder (names and contents, engine.cpp included),
+    the `modules` of `sim_dir` (names and contents) and torch's version (its c10/metal headers
+    are inlined)."""
+    import torch
+    h = hashlib.sha256(FORMAT_VERSION.encode())
+    for p in sorted(include_dir.rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(include_dir)).encode() + b"\0")
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    for name in modules:
+        h.update(name.encode() + b"\0")
+        h.update(hashlib.sha256((sim_dir / name).read_bytes()).digest())
+    h.update(torch.__version__.encode())
+    return h.hexdigest()[:16]
+
+
 _shim_hash: str | None = None
 
 
 def shim_hash() -> str:
+    """`compute_shim_hash()` of this installation, computed once per process."""
     global _shim_hash
     if _shim_hash is None:
-        h = hashlib.sha256(FORMAT_VERSION.encode())
-        for p in sorted(INCLUDE_DIR.rglob("*")):
-            if p.is_file():
-                h.update(str(p.relative_to(INCLUDE_DIR)).encode())
-                h.update(p.read_bytes())
-        for p in sorted(Path(__file__).resolve().parent.glob("*.py")):
-            h.update(p.read_bytes())
-        import torch
-        h.update(torch.__version__.encode())
-        _shim_hash = h.hexdigest()[:16]
+        _shim_hash = compute_shim_hash()
     return _shim_hash
 
 
@@ -262,6 +286,9 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
+        cast_errors = address_space_cast_errors(pre)
+        if cast_errors:
+            raise _syntax_error("\n".join(cast_errors), source)
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
             raise _TooManyKernels(parsed.kernels)
         if kernels is not None:

@@ -70,3 +70,48 @@ kernel void scale(const constant float* x [[buffer(0)]], device float* y [[buffe
     y = torch.empty(6)
     compile_shader(src).scale(x, y, 0.5)
     torch.testing.assert_close(y, x, rtol=0, atol=0)
+
+
+CAST_KERNEL = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(constant float* c [[buffer(0)]], device float* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  device const float* d = out;
+  {CAST}
+  out[i] = q[i];
+}
+"""
+
+
+@pytest.mark.parametrize("cast", [
+    "device float* q = (device float*)c;",
+    "device const float* q = (device const float*)c;",
+    "device float* q = const_cast<device float*>(c);",
+    "constant float* q = (constant float*)out;",
+    "const constant float* q = (const constant float*)d;",
+])
+def test_explicit_casts_between_address_spaces_are_compile_errors(cast):
+    # Metal rejects these; in C++ `constant` is `const`, so they were accepted before
+    with pytest.raises(SyntaxError, match="Metal does not convert pointers between address "
+                                          "spaces") as e:
+        compile_shader(CAST_KERNEL.replace("{CAST}", cast))
+    assert e.value.lineno == 7
+
+
+@pytest.mark.parametrize("stmt", [
+    "device float* p = c;",                       # implicit: drops const, C++ rejects it too
+])
+def test_implicit_constant_to_device_pointer_is_a_compile_error(stmt):
+    with pytest.raises(SyntaxError) as e:
+        compile_shader(CAST_KERNEL.replace("{CAST}", stmt + " constant float* q = c;"))
+    assert e.value.lineno == 7
+
+
+def test_casts_within_an_address_space_still_compile():
+    src = CAST_KERNEL.replace("{CAST}", "device float* w = (device float*)d; "
+                              "constant uint* cu = (constant uint*)c; "
+                              "device float* q = const_cast<device float*>(d); (void)w; (void)cu;")
+    out = torch.arange(4.0)
+    compile_shader(src).k(torch.zeros(4), out)
+    torch.testing.assert_close(out, torch.arange(4.0))

@@ -4,7 +4,8 @@
 // Every function exists for the scalars it has in MSL (non-template overloads, so mixed calls
 // such as max(uint, int) are as ambiguous as in Metal) and element-wise for vectors, swizzles
 // and packed vectors (templates; a scalar argument next to a vector is broadcast).
-// half and bfloat are computed in float and rounded once to the 16-bit type.
+// half and bfloat are computed in float and rounded once to the 16-bit type; a 16-bit float
+// mixed with integers (max(h, 0)) is that 16-bit type, as in MSL (detail::f16_int_mix_t).
 // Float functions call libm through the compiler builtins: precise:: results equal the C
 // library's float functions; fast:: is the same code (allowed: fast only bounds the error).
 //
@@ -53,6 +54,28 @@ template <int Cat, class... A> struct vres_check {
 template <int Cat, class... A>
 struct vres : vres_if<vres_check<Cat, A...>::ok(), first_vec<A...>> {};
 
+// A scalar call that mixes one 16-bit float type H with integers (max(h, 0), clamp(h, 0, 1),
+// pow(h, 2)): on Metal the integers convert to H as readily as to float and the H argument
+// matches exactly, so the H overload is chosen and the result is an H. In C++ H is a class and
+// the H and float overloads would each need one user-defined conversion (ambiguous), hence
+// templates that take the integers as they are. `type` is H; absent unless every argument is H
+// or an integer, at least one is H and at least one is not (all-H calls use the plain overloads;
+// H mixed with float stays ambiguous, as on Metal).
+template <class... A> struct first_f16 {};
+template <class A, class... R>
+struct first_f16<A, R...> : std::conditional_t<is_f16<A>::value, std::enable_if<true, A>,
+                                               first_f16<R...>> {};
+template <class H, class... A>
+constexpr bool f16_int_mix_ok = ((std::is_same<A, H>::value || std::is_integral<A>::value) && ...) &&
+                                !(std::is_same<A, H>::value && ...);
+template <class Enable, class... A> struct f16_int_mix_impl {};
+template <class... A>
+struct f16_int_mix_impl<std::enable_if_t<f16_int_mix_ok<typename first_f16<A...>::type, A...>>,
+                        A...> {
+  using type = typename first_f16<A...>::type;
+};
+template <class... A> using f16_int_mix_t = typename f16_int_mix_impl<void, A...>::type;
+
 }  // namespace detail
 
 // ---- definition helpers ------------------------------------------------------------------
@@ -68,14 +91,18 @@ struct vres : vres_if<vres_check<Cat, A...>::ok(), first_vec<A...>> {};
   MF_SIM_BF_FN(B) NAME(B x) { return B(NAME(float(x))); }
 #define MF_SIM_F16_VIA_FLOAT2(NAME)                                                              \
   MF_INLINE half NAME(half x, half y) { return half(NAME(float(x), float(y))); }                 \
-  MF_SIM_BF_FN(B) NAME(B x, B y) { return B(NAME(float(x), float(y))); }
+  MF_SIM_BF_FN(B) NAME(B x, B y) { return B(NAME(float(x), float(y))); }                         \
+  template <class X, class Y, class H = detail::f16_int_mix_t<X, Y>>                             \
+  MF_INLINE H NAME(X x, Y y) { return NAME(H(x), H(y)); }
 #define MF_SIM_F16_VIA_FLOAT3(NAME)                                                              \
   MF_INLINE half NAME(half x, half y, half z) {                                                  \
     return half(NAME(float(x), float(y), float(z)));                                             \
   }                                                                                              \
   MF_SIM_BF_FN(B) NAME(B x, B y, B z) {                                                          \
     return B(NAME(float(x), float(y), float(z)));                                                \
-  }
+  }                                                                                              \
+  template <class X, class Y, class Z, class H = detail::f16_int_mix_t<X, Y, Z>>                 \
+  MF_INLINE H NAME(X x, Y y, Z z) { return NAME(H(x), H(y), H(z)); }
 #define MF_SIM_VMAP1(NAME, CAT)                                                                  \
   template <class A, class F = detail::vres<detail::CAT, A>>                                     \
   MF_INLINE typename F::type NAME(const A& a) {                                                  \
@@ -214,8 +241,42 @@ MF_INLINE half modf(half x, half& i) {
   i = half(fi);
   return half(f);
 }
+MF_SIM_BF_FN(B) modf(B x, B& i) {
+  float fi;
+  const float f = __builtin_modff(float(x), &fi);
+  i = B(fi);
+  return B(f);
+}
 MF_INLINE int ilogb(float x) { return __builtin_ilogbf(x); }
 MF_INLINE int ilogb(half x) { return __builtin_ilogbf(float(x)); }
+template <class B, std::enable_if_t<std::is_same<B, bfloat>::value, int> = 0>
+MF_INLINE int ilogb(B x) { return __builtin_ilogbf(float(x)); }
+// Vector forms (MSL: T ldexp(T, Ti), T frexp(T, thread Ti&), T modf(T, thread T&), Ti ilogb(T)
+// with Ti the int vector of T's length).
+template <class T, int N, std::enable_if_t<detail::is_float_scalar_v<T>, int> = 0>
+MF_INLINE vec<T, N> ldexp(const vec<T, N>& x, const vec<int, N>& k) {
+  vec<T, N> r{};
+  for (int i = 0; i < N; ++i) r.mf_e[i] = ldexp(x.mf_e[i], k.mf_e[i]);
+  return r;
+}
+template <class T, int N, std::enable_if_t<detail::is_float_scalar_v<T>, int> = 0>
+MF_INLINE vec<T, N> frexp(const vec<T, N>& x, vec<int, N>& e) {
+  vec<T, N> r{};
+  for (int i = 0; i < N; ++i) r.mf_e[i] = frexp(x.mf_e[i], e.mf_e[i]);
+  return r;
+}
+template <class T, int N, std::enable_if_t<detail::is_float_scalar_v<T>, int> = 0>
+MF_INLINE vec<T, N> modf(const vec<T, N>& x, vec<T, N>& ip) {
+  vec<T, N> r{};
+  for (int i = 0; i < N; ++i) r.mf_e[i] = modf(x.mf_e[i], ip.mf_e[i]);
+  return r;
+}
+template <class T, int N, std::enable_if_t<detail::is_float_scalar_v<T>, int> = 0>
+MF_INLINE vec<int, N> ilogb(const vec<T, N>& x) {
+  vec<int, N> r{};
+  for (int i = 0; i < N; ++i) r.mf_e[i] = ilogb(x.mf_e[i]);
+  return r;
+}
 
 // ---- common functions ----------------------------------------------------------------------
 // clamp(x, lo, hi) = fmin(fmax(x, lo), hi), as MSL defines it: a NaN x gives lo (saturate(NaN)
