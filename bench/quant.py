@@ -2,6 +2,8 @@
 
     python bench/quant.py                   # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/quant.py --device cuda --dtype f16 bf16 --shapes 4096x4096 11008x4096
+    python bench/quant.py --sweep           # one row per launch setting (the qmv levers)
+    python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
 
 For each weight shape N x K (4-bit, group size 64, MLX layout): our q4_matvec
 (examples/q4_matvec.py); torch F.linear with the f16/bf16 weight (what the 4-bit weight
@@ -10,24 +12,110 @@ then F.linear). Bytes are the schedule's count: packed words + scales + biases +
 ours over those bytes; %copy against `copy_` moving as many bytes (the ceiling). On CUDA all
 are GPU times of CUDA-graph replays (common.timeit). On the simulator the times are only a
 smoke test of the script.
+
+--sweep times our kernel under every combination of the qmv schedule's launch levers
+(schedule/quant.py): rows_per_group (--rows), k_splits (--splits), threads_per_group
+(--threads) and vector_width (--vector-width); combinations the policy refuses (threads per
+group not a multiple of 32 x k_splits) are listed as skipped. Each row: µs, GB/s, % of the copy_
+ceiling and F.linear time / ours; F.linear and copy_ are timed once per shape. Every setting's
+result is checked against F.linear on the dequantized weight first. The best setting of each
+shape is printed last; --csv also writes the rows to a file.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import itertools
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another installed one
 
 from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
 from metalforge import quant  # noqa: E402
+from metalforge.schedule.policy import LaunchError  # noqa: E402
 from q4_matvec import q4_matvec  # noqa: E402
 
 SHAPES = ["4096x4096", "11008x4096", "4096x11008", "14336x4096"]
+
+
+def _inputs(spec: str, m: int, dtype, device: str):
+    n, k = (int(v) for v in spec.split("x"))
+    if device == "cpu":
+        n, k = min(n, 64), min(k, 1024)        # the simulator: a smoke test
+    g = torch.Generator().manual_seed(n * 31 + k)
+    w = torch.randn(n, k, generator=g).to(dtype).to(device)
+    x = torch.randn(m, k, generator=g).to(dtype).to(device)
+    wq, s, b = quant.quantize(w, group_size=64, bits=4)
+    return n, k, w, x, (wq, s, b, x)
+
+
+def _check(y, args, k: int, dtype) -> None:
+    wq, s, b, x = args
+    w_hat = quant.dequantize(wq, s, b, group_size=64, bits=4)
+    ref = F.linear(x.float(), w_hat.float()).to(dtype)
+    torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * k ** 0.5)
+
+
+def sweep(args, device: str, repeat: int) -> None:
+    """One row per launch setting and shape: the levers of the qmv schedule."""
+    settings = [dict(rows_per_group=r, k_splits=s, threads_per_group=t, vector_width=v)
+                for r, s, t, v in itertools.product(args.rows, args.splits, args.threads,
+                                                    args.vector_width)]
+    print(f"device {device}, M = {args.m}, 4-bit, group size 64; sweep of {len(settings)} "
+          f"launch settings (rows_per_group x k_splits x threads_per_group x vector_width)")
+    head = (f"{'dtype':>5} {'N x K':>11} {'rows':>4} {'split':>5} {'tpg':>4} {'vw':>2} "
+            f"{'bytes':>10} {'ours us':>8} {'GB/s':>6} {'%copy':>6} {'linear/ours':>11}")
+    print(head)
+    table: list[dict] = []
+    for dname in args.dtype:
+        dtype = DTYPES[dname]
+        for spec in args.shapes:
+            n, k, w, x, kargs = _inputs(spec, args.m, dtype, device)
+            linear = timeit(lambda: F.linear(x, w), device, repeat)
+            copy = None
+            for st in settings:
+                tag = (f"{dname:>5} {f'{n}x{k}':>11} {st['rows_per_group']:>4} "
+                       f"{st['k_splits']:>5} {st['threads_per_group']:>4} "
+                       f"{st['vector_width']:>2}")
+                try:
+                    kernel = q4_matvec.with_launch(**st)
+                    _check(kernel(*kargs), kargs, k, dtype)
+                except LaunchError as e:
+                    why = str(e).split("policy: ")[-1].split(" (launch options")[0]
+                    print(f"{tag} skipped: {why}", flush=True)
+                    continue
+                sched, sizes = plan(kernel, kargs)
+                nbytes = sched.traffic(sizes).total
+                if copy is None:
+                    copy = copy_time(nbytes, device, repeat)
+                ours = timeit(lambda: kernel(*kargs), device, repeat)
+                rec = dict(dtype=dname, n=n, k=k, **st, bytes=nbytes, ours_us=ours * 1e6,
+                           gbs=nbytes / ours / 1e9, pct_copy=100 * copy / ours,
+                           linear_over_ours=linear / ours, linear_us=linear * 1e6,
+                           copy_us=copy * 1e6)
+                table.append(rec)
+                print(f"{tag} {nbytes:>10} {rec['ours_us']:>8.1f} {rec['gbs']:>6.0f} "
+                      f"{rec['pct_copy']:>5.0f}% {rec['linear_over_ours']:>10.2f}x", flush=True)
+    print("\nbest setting per shape (least time):")
+    for key, group in itertools.groupby(table, key=lambda r: (r["dtype"], r["n"], r["k"])):
+        best = min(group, key=lambda r: r["ours_us"])
+        print(f"{key[0]:>5} {f'{key[1]}x{key[2]}':>11}: rows_per_group={best['rows_per_group']} "
+              f"k_splits={best['k_splits']} threads_per_group={best['threads_per_group']} "
+              f"vector_width={best['vector_width']}: {best['ours_us']:.1f} us, "
+              f"{best['pct_copy']:.0f}% of copy, {best['linear_over_ours']:.2f}x F.linear")
+    if args.csv and table:
+        with open(args.csv, "w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=list(table[0]))
+            out.writeheader()
+            out.writerows(table)
+        print(f"wrote {len(table)} rows to {args.csv}")
 
 
 def main(argv=None) -> None:
@@ -38,11 +126,27 @@ def main(argv=None) -> None:
     ap.add_argument("--m", type=int, default=1, help="rows of x (1: decode)")
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. rows_per_group=8")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time every combination of --rows, --splits, --threads, --vector-width")
+    ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8],
+                    help="--sweep: rows_per_group values")
+    ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4, 8],
+                    help="--sweep: k_splits values")
+    ap.add_argument("--threads", nargs="+", type=int, default=[256],
+                    help="--sweep: threads_per_group values (multiples of 32 x k_splits)")
+    ap.add_argument("--vector-width", nargs="+", type=int, default=[4],
+                    help="--sweep: vector_width values (packed words per load, 1, 2 or 4)")
+    ap.add_argument("--csv", help="--sweep: also write the rows to this CSV file")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
+    repeat = args.repeat if device != "cpu" else 1
+    if args.sweep:
+        if args.launch:
+            ap.error("--sweep sets the launch options itself; leave out --launch")
+        sweep(args, device, repeat)
+        return
     launch = parse_launch(args.launch)
     kernel = q4_matvec.with_launch(**launch) if launch else q4_matvec
-    repeat = args.repeat if device != "cpu" else 1
     print(f"device {device}, M = {args.m}, 4-bit, group size 64, launch {launch or 'default'}")
     print(f"{'dtype':>5} {'N x K':>11} {'bytes':>10} {'ours us':>8} {'linear us':>9} "
           f"{'deq+mm us':>9} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'linear/ours':>11} "
@@ -50,16 +154,8 @@ def main(argv=None) -> None:
     for dname in args.dtype:
         dtype = DTYPES[dname]
         for spec in args.shapes:
-            n, k = (int(v) for v in spec.split("x"))
-            if device == "cpu":
-                n, k = min(n, 64), min(k, 1024)        # the simulator: a smoke test
-            w = torch.randn(n, k, dtype=dtype, device=device)
-            x = torch.randn(args.m, k, dtype=dtype, device=device)
-            wq, s, b = quant.quantize(w, group_size=64, bits=4)
-            y = kernel(wq, s, b, x)
-            w_hat = quant.dequantize(wq, s, b, group_size=64, bits=4)
-            ref = F.linear(x.float(), w_hat.float()).to(dtype)
-            torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * k ** 0.5)
+            n, k, w, x, (wq, s, b, _) = _inputs(spec, args.m, dtype, device)
+            _check(kernel(wq, s, b, x), (wq, s, b, x), k, dtype)
             sched, sizes = plan(kernel, (wq, s, b, x))
             nbytes = sched.traffic(sizes).total
             ours = timeit(lambda: kernel(wq, s, b, x), device, repeat)

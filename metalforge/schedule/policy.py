@@ -21,6 +21,9 @@ MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vecto
 # 1024-thread group already has only 64 registers per thread (65536 / 1024): layer_norm f16 with
 # 16 reads per thread exceeded that and could not launch 1024 threads (bench/README.md, levers).
 MAX_READS_PER_THREAD = 16
+# Weight rows one quantized-matvec simdgroup holds at once: each keeps its packed words, scale,
+# bias and accumulator in registers for the chunk.
+MAX_QUANT_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class LaunchPolicy:
     simd_reads_per_thread: int = 4     # row reductions, simd variant: elements per lane
     looped_reads_per_thread: int = 4   # row reductions, looped variant: elements per chunk
     looped_limit: int = 4096           # row reductions: longest row done in one pass
+    k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
+                                       # each taking a slice of K (merged in threadgroup memory)
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
@@ -89,7 +94,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # f16, M = 1, 4-bit, GS 64; time vs F.linear on the f16 weight): 1 row per simdgroup ran
     # 4096x4096 / 14336x4096 / 4096x11008 at 1.29x / 1.98x / 2.04x (40-56% of copy_), 2 rows
     # 1.23x / 1.99x / 1.91x, 4 rows 1.03x / 2.02x / 1.51x, 8 rows 0.66x / 1.96x / 0.89x: at
-    # M = 1 more simdgroups (latency hiding) beat sharing x between rows
+    # M = 1 more simdgroups (latency hiding) beat sharing x between rows. k_splits simdgroups
+    # (of one threadgroup) share a block of rows, each taking every k_splits-th stretch of
+    # 32 chunks of K, their sums merged through threadgroup memory: more loads in flight for
+    # short rows (1: no split, the kernel as measured above)
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=1,
                           uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per query row and block of keys, its
@@ -106,7 +114,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
-    "quant": ("threads_per_group", "vector_width", "rows_per_group", "index64"),
+    "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "key_splits", "keys_per_step",
                   "index64"),
 }
@@ -133,13 +141,16 @@ def validate(p: LaunchPolicy) -> None:
 
     reads = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 *reads, "looped_limit", "keys_per_step"):
+                 *reads, "looped_limit", "keys_per_step", "k_splits"):
         v = getattr(p, name)
         need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
              f"{name} must be a positive int, got {v!r}")
     need(isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
          and p.key_splits >= 0,
          f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
+    need(p.k_splits & (p.k_splits - 1) == 0 and p.k_splits * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
+         f"k_splits must be a power of two up to {MAX_THREADS_PER_GROUP // SIMD_WIDTH} (one "
+         f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
     need(p.index64 is None or isinstance(p.index64, bool),
          f"index64 must be None, True or False, got {p.index64!r}")
     need(p.threads_per_group <= MAX_THREADS_PER_GROUP,
@@ -181,6 +192,13 @@ def validate(p: LaunchPolicy) -> None:
     if p.family == "quant":
         need(p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
              "packed words at once, at most 4 (16 bytes)")
+        need(p.rows_per_group <= MAX_QUANT_ROWS,
+             f"rows_per_group={p.rows_per_group}: a simdgroup keeps each row's words, scale, "
+             f"bias and sum in registers, at most {MAX_QUANT_ROWS} rows")
+        need(p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
+             f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
+             f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "
+             f"rows share one threadgroup")
     if p.family == "column":
         need(p.threads_per_group % SIMD_WIDTH == 0 and
              p.threads_per_group == SIMD_WIDTH * p.rows_per_group,

@@ -5,22 +5,34 @@ Recognised when a reduction's argument unpacks words (`mf.unpack`), as in
     y[m, n] = sum_k (unpack(wq)[n, k] * scales[n, k // GS] + biases[n, k // GS]) * x[m, k]
 
 One kernel, `qmv`. The output's innermost axis (N, the weight rows) is split into blocks of
-`rows_per_group` rows; each simdgroup owns one block at one position of the other output axes
-(M). Its 32 lanes walk K in chunks of C = vector_width words × values per word (16 bytes of
-words: 32 4-bit values), lane l taking chunks l, l + 32, l + 64, ...:
+R = `rows_per_group` rows; S = `k_splits` simdgroups (of one threadgroup) own one block at one
+position of the other output axes (M), simdgroup s of them taking slice s of K. The 32 lanes of
+slice s walk K in chunks of C = vector_width words × values per word (16 bytes of words: 32
+4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 1: l, l + 32, ...):
 
-- the values the block's rows share (tensors without N, such as x) are loaded once per chunk
-  into registers, with 16-byte vector loads, and reused by every row;
-- each row reads its chunk of packed words with one vector load and unpacks every value from
-  a register with a literal shift (`lower.unpack_value`); per-group tensors (scales and biases
-  over K/GS) are addressed once per chunk when GS is a multiple of C;
-- the element value (the user's expression) is added to the row's fp32 accumulator;
+- every load of a chunk is issued before any of its values is used: the values the block's rows
+  share (tensors without N, such as x) into registers with 16-byte vector loads, then each
+  row's chunk of packed words (one vector load per row) and, in the affine form below, the
+  row's per-group scale and bias (GS a multiple of C: one each per chunk), into per-row
+  register arrays, so a lane has R + 1 streams of loads in flight;
+- then each row unpacks every value from a register with a literal shift
+  (`lower.unpack_value`) and adds the element value (the user's expression) to its fp32
+  accumulator;
 - a chunk that runs past K is done element by element, every load guarded.
 
-Then each row's accumulator is reduced across the simdgroup (`simd_sum`) and lane 0 computes
-and stores the outputs (the epilogue may use the sum like any row value). Weight bytes are read
-once per position of the other output axes: at M = 1 the kernel streams the packed weights
-once, which is what decode needs. Larger M re-reads them (from cache) once per row of x.
+Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
+in the chunk loop) and are never stored. Then each row's accumulator is reduced across the
+simdgroup (`simd_sum`); with S > 1 the S partials of a row meet in threadgroup memory
+(`reduce.through_threadgroup`, the row schedule's simd → threadgroup → simd combine) and the
+block's first simdgroup stores. Lane 0 computes and stores the outputs (the epilogue may use
+the sum like any row value). Weight bytes are read once per position of the other output axes:
+at M = 1 the kernel streams the packed weights once, which is what decode needs. Larger M
+re-reads them (from cache) once per row of x.
+
+Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
+fewer simdgroups), k_splits (more simdgroups per row: more loads in flight when rows are short,
+one barrier and S partials per row more), vector_width (words per load), threads_per_group
+(a multiple of 32 S; only groups simdgroups).
 """
 from __future__ import annotations
 
@@ -81,16 +93,26 @@ class QuantSchedule(Schedule):
     @property
     def thresholds(self) -> list[int]:
         """Sizes of K where the kernel's path changes: one chunk per lane across the
-        simdgroup (testing draws sizes at each, and one on either side)."""
-        return [self.chunk, SIMD_WIDTH * self.chunk]
+        simdgroup, and across the block's k_splits simdgroups (testing draws sizes at each,
+        and one on either side)."""
+        out = [self.chunk, SIMD_WIDTH * self.chunk]
+        if self.policy.k_splits > 1:
+            out.append(self.policy.k_splits * SIMD_WIDTH * self.chunk)
+        return out
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        rows = self.policy.rows_per_group
+        """k_splits simdgroups per block of rows_per_group rows. With k_splits > 1 the grid
+        is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
+        the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
+        rows, S = self.policy.rows_per_group, self.policy.k_splits
         blocks = -(-sizes[self.rows_axis] // rows)
         for a in self.outer[:-1]:
             blocks *= sizes[a]
-        threads = blocks * SIMD_WIDTH
-        return threads, max(SIMD_WIDTH, min(self.policy.threads_per_group, threads))
+        threads = blocks * S * SIMD_WIDTH
+        group = max(S * SIMD_WIDTH, min(self.policy.threads_per_group, threads))
+        if S > 1:
+            threads = -(-threads // group) * group
+        return threads, group
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         n = 1
@@ -210,9 +232,7 @@ class _Builder(reduce.Builder):
             if fast and t in self.shared:
                 return ir.Lane(ir.Var(f"mf_{t.name}_reg"), ir.Var("mf_j"))
             if fast and t.name in self.packed:
-                word = ir.Var(f"mf_{t.name}_w")
-                return word if self.words == 1 else \
-                    ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
+                return self.word(t.name)
             return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, fast)))
 
         def shift(n: Node) -> ir.Expr:
@@ -222,6 +242,12 @@ class _Builder(reduce.Builder):
 
         return ElementLowering(self.graph, load, lambda a: self.at(a, k, fast), self.size,
                                lambda s: self.names[s], prefix="mf_e", shift=shift)
+
+    def word(self, name: str) -> ir.Expr:
+        """The packed word holding element mf_j of the chunk, in row mf_r's registers."""
+        word = ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r"))
+        return word if self.words == 1 else \
+            ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
 
     def element(self, fast: bool) -> list[ir.Stmt]:
         """Add element mf_j of the chunk to the row's accumulator."""
@@ -273,10 +299,12 @@ class _Builder(reduce.Builder):
             self.graph.tensor(m.attr) in self.shared for m in loads) and \
             not any(m.op in (Op.UNPACK, Op.REDUCE) for m in _cone(n))
 
-    def affine_chunk(self, f: "_Affine") -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-        """(statements before the rows loop: x of each element and their sum over the chunk;
-        the row's statements: sum q_j x_j over its words, then s * that + b * sum x)."""
-        C = self.chunk
+    def affine_chunk(self, f: "_Affine"
+                     ) -> tuple[list[ir.Stmt], list[ir.Stmt], list[ir.Stmt], list[ir.Stmt]]:
+        """(statements before the rows loops: x of each element and their sum over the chunk;
+        register arrays for each row's scale and bias; the row's loads of its scale and bias
+        into them; the row's sums: sum q_j x_j over its words, then s * that + b * sum x)."""
+        C, rows = self.chunk, self.policy.rows_per_group
         el = self.lowering(True)
         xs: list[ir.Stmt] = [ir.ArrayDecl("mf_xe", "float", C),
                              ir.Decl("mf_xsum", "float", ir.Lit(0.0, "float"), const=False)]
@@ -287,32 +315,43 @@ class _Builder(reduce.Builder):
                   ir.Assign(ir.Var("mf_xsum"), ir.Var("mf_xsum") + xe)]
         xs.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), xbody, unroll=True))
         self.helpers |= el.helpers
-        word = ir.Var(f"mf_{f.q.args[0].attr}_w")
-        w = word if self.words == 1 else \
-            ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
+        low = self.lowering(True)
+        loads = low.lower([f.s, f.b])
+        self.helpers |= low.helpers
+        scale, bias = ir.Var("mf_row_scale"), ir.Var("mf_row_bias")
+        r = ir.Var("mf_r")
+        arrays: list[ir.Stmt] = [ir.ArrayDecl(scale.name, "float", rows),
+                                 ir.ArrayDecl(bias.name, "float", rows)]
+        loads += [ir.Assign(ir.Lane(scale, r), _f32(low.value(f.s), f.s)),
+                  ir.Assign(ir.Lane(bias, r), _f32(low.value(f.b), f.b))]
         shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
-        code = ir.Cast("float", unpack_value(w, shift, self.bits))
+        code = ir.Cast("float", unpack_value(self.word(f.q.args[0].attr), shift, self.bits))
         row: list[ir.Stmt] = [
             ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
             ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
                 ir.Assign(ir.Var("mf_qx"), ir.Call("fma", (code, xe, ir.Var("mf_qx"))))],
                 unroll=True)]
-        low = self.lowering(True)
-        row += low.lower([f.s, f.b])
-        self.helpers |= low.helpers
-        s, b = _f32(low.value(f.s), f.s), _f32(low.value(f.b), f.b)
-        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
-        bx = ir.Call("fma", (b, ir.Var("mf_xsum"), acc))
-        row.append(ir.Assign(acc, ir.Call("fma", (s, ir.Var("mf_qx"), bx))))
-        return xs, row
+        acc = ir.Lane(ir.Var("mf_acc"), r)
+        bx = ir.Call("fma", (ir.Lane(bias, r), ir.Var("mf_xsum"), acc))
+        row.append(ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), ir.Var("mf_qx"), bx))))
+        return xs, arrays, loads, row
 
     # -- the kernel ---------------------------------------------------------------------
+    @property
+    def splits(self) -> int:
+        return self.policy.k_splits
+
     def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """Each row mf_r of the block, as row mf_n. Rows past N (the last block of a size N
+        that is not a multiple of rows_per_group) repeat row N - 1: they read in bounds and
+        take the same branches, and their results are never stored."""
         rows = self.policy.rows_per_group
         n = ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r"))
-        return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
-            ir.Decl("mf_n", IDX, n),
-            ir.If(ir.Var("mf_n") < self.size(self.rows_axis), body)], unroll=True)
+        last = self.size(self.rows_axis) - ir.Lit(1, IDX)
+        decl: list[ir.Stmt] = [ir.Decl("mf_n", IDX, n if rows == 1 else
+                                       ir.Call("min", (n, last)))]
+        return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"),
+                      (decl if ir.mentions(body, "mf_n") else []) + body, unroll=True)
 
     def load_shared(self) -> list[ir.Stmt]:
         """The chunk's values of the tensors every row uses, into registers (vector loads)."""
@@ -338,15 +377,19 @@ class _Builder(reduce.Builder):
                             unroll=True)], unroll=True)]
         return out
 
-    def load_words(self) -> list[ir.Stmt]:
-        out: list[ir.Stmt] = []
+    def load_words(self) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(one register array of packed words per packed tensor, a vector per row; the row's
+        load of its chunk of words into it: one vector load)."""
+        arrays: list[ir.Stmt] = []
+        loads: list[ir.Stmt] = []
+        wtype = ir.vector_type("uint", self.words) if self.words > 1 else "uint"
         for name in self.packed:
             t = self.graph.tensor(name)
             base = self.offset(t, ir.Var("mf_k0"), False)       # the chunk's first word
-            out.append(ir.Decl(f"mf_{name}_w", ir.vector_type("uint", self.words)
-                               if self.words > 1 else "uint",
-                               ir.Load(self.names[name], base, self.words, "uint")))
-        return out
+            arrays.append(ir.ArrayDecl(f"mf_{name}_w", wtype, self.policy.rows_per_group))
+            loads.append(ir.Assign(ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r")),
+                                   ir.Load(self.names[name], base, self.words, "uint")))
+        return arrays, loads
 
     def aligned(self) -> ir.Expr:
         """Whether every row's words and shared values start at a whole vector (else all
@@ -360,59 +403,91 @@ class _Builder(reduce.Builder):
         return ok
 
     def header(self) -> list[ir.Stmt]:
-        """The simdgroup's block of rows, the alignment test and zeroed accumulators."""
-        rows = self.policy.rows_per_group
+        """The simdgroup's block of rows (and slice of K), the alignment test and zeroed
+        accumulators."""
+        rows, S = self.policy.rows_per_group, self.splits
         blocks = (self.size(self.rows_axis) + ir.Lit(rows - 1, IDX)) / ir.Lit(rows, IDX)
-        return [
-            ir.Comment(f"one simdgroup per block of {rows} rows of '{self.rows_axis}'"),
-            ir.Decl("mf_task", IDX, ir.Cast(IDX, ir.Var("mf_tid") / SIMD)),
-            ir.Decl("mf_blocks", IDX, blocks),
-            ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks")),
-            ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]),
+        sg = ir.Var("mf_tid") / SIMD                   # the simdgroup's index in the grid
+        out: list[ir.Stmt] = []
+        if S == 1:
+            out += [ir.Comment(f"one simdgroup per block of {rows} rows of '{self.rows_axis}'"),
+                    ir.Decl("mf_task", IDX, ir.Cast(IDX, sg))]
+        else:
+            out += [ir.Comment(f"{S} simdgroups (of one threadgroup) per block of {rows} rows of "
+                               f"'{self.rows_axis}'; simdgroup mf_split of them takes slice "
+                               f"mf_split of '{self.axis}'"),
+                    ir.Decl("mf_task", IDX, ir.Cast(IDX, sg / ir.Lit(S, "uint"))),
+                    ir.Decl("mf_split", "uint", sg % ir.Lit(S, "uint"))]
+        out += [ir.Decl("mf_blocks", IDX, blocks),
+                ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
+        if S == 1:
+            out.append(ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]))
+        else:
+            out += [ir.Comment("the grid is padded to whole threadgroups: simdgroups past the "
+                               "end skip the work but stay for the barrier"),
+                    ir.Decl("mf_live", "bool", ir.Var("mf_outer") < self.span(self.prefix))]
+        out += [
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
             ir.Decl("mf_vec_ok", "bool", self.aligned()),
             ir.ArrayDecl("mf_acc", "float", rows),
             ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
                 unroll=True)]
+        return out
 
     def whole_chunk(self) -> list[ir.Stmt]:
-        """A chunk inside K with aligned rows: shared values and words in registers."""
-        C = self.chunk
-        words: list[ir.Stmt] = [ir.Comment(f"{self.words} packed words per row: one "
-                                           f"{4 * self.words}-byte load")]
-        words += self.load_words()
-        fast: list[ir.Stmt] = [ir.Comment(f"values every row shares: {C} per lane, in "
-                                          "registers")]
-        fast += self.load_shared()
+        """A chunk inside K with aligned rows: every load of the chunk first (shared values,
+        then each row's words and per-group values), then the arithmetic, so a lane has all
+        its loads in flight at once."""
+        C, rows = self.chunk, self.policy.rows_per_group
+        out: list[ir.Stmt] = [ir.Comment(f"values every row shares: {C} per lane, in registers")]
+        out += self.load_shared()
+        arrays, row_loads = self.load_words()
         form = self.affine()
+        what = f"{self.words} packed words (one {4 * self.words}-byte load)"
         if form is not None:
-            xs, row = self.affine_chunk(form)
-            fast += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
-                                "s sum_k q x + b sum_k x (s, b: one per group)")] + xs
-            words += row
+            xs, sb_arrays, sb_loads, row = self.affine_chunk(form)
+            arrays += sb_arrays
+            row_loads += sb_loads
+            what += ", its group's scale and bias"
         else:
-            words.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                                self.element(True), unroll=True))
-        return fast + [self.rows_loop(words)]
+            row = [ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                          self.element(True), unroll=True)]
+        out += [ir.Comment(f"loads of the block's {rows} row(s), all issued before any is "
+                           f"used: per row {what}")] + arrays + [self.rows_loop(row_loads)]
+        if form is not None:
+            out += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
+                               "s sum_k q x + b sum_k x (s, b: one per group)")] + xs
+        out += [ir.Comment("each row: unpack its words from registers, add to its sum"),
+                self.rows_loop(row)]
+        return out
 
     def chunk_loop(self) -> ir.Stmt:
-        """Lane l's chunks l, l + 32, ... along K: whole ones fast, the rest guarded."""
-        C, K = self.chunk, self.size(self.axis)
+        """Lane l's chunks along K (of slice s: chunks 32 s + l, then every 32 S-th): whole
+        ones fast, the rest guarded."""
+        C, K, S = self.chunk, self.size(self.axis), self.splits
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
         tail = [self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
                                        [ir.If(kj < K, self.element(False))], unroll=True)])]
-        return ir.For("mf_k0", IDX, ir.Cast(IDX, ir.Var("mf_lane") * ir.Lit(C, "uint")), K, [
+        first: ir.Expr = ir.Var("mf_lane")
+        if S > 1:
+            first = ir.Var("mf_split") * SIMD + first
+        loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, [
             ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
                   [ir.Comment("a whole chunk: registers, unguarded")] + self.whole_chunk(),
                   [ir.Comment("the row's end (or unaligned rows): element by element, "
                               "guarded")] + tail)],
-            step=ir.Lit(SIMD_WIDTH * C, IDX))
+            step=ir.Lit(S * SIMD_WIDTH * C, IDX))
+        return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
 
-    def store_rows(self, v: reduce.Variant) -> ir.Stmt:
-        """Each row's sum across the simdgroup; lane 0 computes and stores the outputs."""
+    def store_rows(self, v: reduce.Variant) -> list[ir.Stmt]:
+        """Each row's sum across the simdgroup (and across the block's simdgroups, through
+        threadgroup memory); one lane computes and stores the outputs."""
+        S, rows = self.splits, self.policy.rows_per_group
+        red = reduce.Reduction(self.red, "sum", self.axis, 1,
+                               acc_at=ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")))
         row_vals = v.row_values
-        row_vals.values[self.red] = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        row_vals.values[self.red] = red.acc_ref
         outs = self.graph.outputs
         stmts = row_vals.lower([o.node for o in outs])
         stores: list[ir.Stmt] = []
@@ -422,23 +497,49 @@ class _Builder(reduce.Builder):
                 p = self.at(a, ir.Lit(0, IDX), False)
                 off = p if i == 0 else off * self.size(a) + p
             stores.append(ir.Store(self.out_names[k], off, self.out_value(k, row_vals)))
-        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
-        return self.rows_loop([ir.Assign(acc, ir.Call("simd_sum", (acc,))),
-                               ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), stmts + stores)])
+        lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
+        # rows past N (clamped to N - 1 in rows_loop) are not stored
+        real: ir.Expr = ir.Lit(True, "bool") if rows == 1 else \
+            ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r")) < self.size(self.rows_axis)
+        if S == 1:
+            keep = lane0 if rows == 1 else real.and_(lane0)
+            return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
+                    self.rows_loop(reduce.simd_combine(red) + [ir.If(keep, stmts + stores)])]
+        lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
+        r = ir.Var("mf_r")
+        slot = sg * ir.Lit(rows, "uint") + r
+        first = (sg - ir.Var("mf_split") + lane) * ir.Lit(rows, "uint") + r
+        put, merge = reduce.through_threadgroup(v, [red], SIMD_WIDTH * rows, slot, first,
+                                                lane < ir.Lit(S, "uint"))
+        keep = ir.Var("mf_live").and_(ir.Var("mf_split").eq(ir.Lit(0, "uint"))).and_(lane0)
+        if rows > 1:
+            keep = real.and_(keep)
+        return [ir.Comment("each row: sum across the simdgroup"),
+                self.rows_loop(reduce.simd_combine(red)),
+                ir.Comment(f"across the block's {S} simdgroups: one partial per simdgroup and "
+                           "row through threadgroup memory, then a second simd reduction"),
+                ir.If(lane0, [self.rows_loop(put)]), ir.Barrier(),
+                ir.Comment("the first simdgroup's lane 0 stores each row"),
+                self.rows_loop(merge + [ir.If(keep, stmts + stores)])]
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
-        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
-                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        S = self.splits
+        threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
+        if S > 1:
+            threads.append(ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"))
         head, loop, finish = self.header(), self.chunk_loop(), self.store_rows(v)
-        body = head + v.pre + [ir.Comment(f"lane l takes chunks l, l + 32, ... of "
-                                          f"{self.chunk} values along '{self.axis}'"), loop,
-                               ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
-                               finish]
+        lanes = "lane l takes chunks l, l + 32, ..." if S == 1 else \
+            f"lane l of slice s takes chunks 32 s + l, then every {32 * S}th,"
+        body = list(v.tg_arrays) + head + v.pre + [
+            ir.Comment(f"{lanes} of {self.chunk} values along '{self.axis}'"), loop, *finish]
+        split = "" if S == 1 else (f", {S} simdgroups per block each summing a slice of "
+                                   f"'{self.axis}' (merged through threadgroup memory)")
         summary = (f"{self.graph.name} (qmv): y = sum over '{self.axis}' of values unpacked "
                    f"from {self.bits}-bit words; one simdgroup per {self.policy.rows_per_group} "
-                   f"rows of '{self.rows_axis}', {self.chunk} values per lane per chunk "
+                   f"rows of '{self.rows_axis}'{split}, {self.chunk} values per lane per chunk "
                    f"({self.words} words), shared values in registers; fp32 accumulation")
-        return make_kernel(self.graph, self.index64, threads, body, summary, "qmv")
+        return make_kernel(self.graph, self.index64, tuple(threads), body, summary, "qmv")
 
     def position(self, axis: str) -> ir.Expr:
         """Positions for the epilogue's row values (inside the rows loop)."""
@@ -450,9 +551,10 @@ class _Builder(reduce.Builder):
                        ir.Load(self.names[t.name], self.offset(t, ir.Lit(0, IDX), False)))
 
     def build(self) -> QuantSchedule:
-        kernels, _, _ = self.variants(("qmv",))
+        kernels, _, tg = self.variants(("qmv",))
         k = kernels["qmv"]
-        policy = replace(self.policy, uses_simd=True, vector_width=self.words)
+        policy = replace(self.policy, uses_simd=True, vector_width=self.words,
+                         threadgroup_bytes=tg)
         return QuantSchedule("quant", self.graph, policy, k, (*self.outer, self.axis),
                              tuple(self.packed) + tuple(t.name for t in self.shared),
                              self.index64, axis=self.axis, rows_axis=self.rows_axis,

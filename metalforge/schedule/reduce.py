@@ -54,6 +54,14 @@ class Reduction:
     online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
     online_max: Optional["Reduction"] = None   # a sum computed online with this max
     compensated: bool = False              # a float sum with a Neumaier compensation term
+    # where the running value lives when it is not the scalar mf_acc{i}: an element of a
+    # register array (the quantized matvec keeps one accumulator per weight row, mf_acc[mf_r])
+    acc_at: Optional[ir.Expr] = None
+
+    @property
+    def acc_ref(self) -> ir.Expr:
+        """The running value as an expression (read and assigned)."""
+        return self.acc_at if self.acc_at is not None else ir.Var(self.acc)
 
     @property
     def arg(self) -> Node:
@@ -205,7 +213,7 @@ def declare(r: Reduction) -> list[ir.Stmt]:
 def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     """Fold one element value v (at position pos along the axis) into the accumulator.
     Elements must arrive in increasing position per thread (argmax keeps the first)."""
-    acc = ir.Var(r.acc)
+    acc = r.acc_ref
     k = r.kind
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
@@ -242,7 +250,7 @@ def finish(reds: list[Reduction]) -> list[ir.Stmt]:
 
 def simd_combine(r: Reduction) -> list[ir.Stmt]:
     """Reduce the accumulators across a simdgroup: every lane gets the simdgroup's result."""
-    acc = ir.Var(r.acc)
+    acc = r.acc_ref
     k = r.kind
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
@@ -261,7 +269,7 @@ def simd_combine(r: Reduction) -> list[ir.Stmt]:
 def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> list[ir.Stmt]:
     """Fold another thread's partial result (read from threadgroup memory) into this one's;
     the partial covers later positions than this thread's when other_idx is None-free ties."""
-    acc = ir.Var(r.acc)
+    acc = r.acc_ref
     k = r.kind
     if r.online_sum is not None:
         assert other_idx is not None, "an online max merges with the other thread's sum"
@@ -287,6 +295,34 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
                            o_nan.or_(better))
     cond = (other_idx.ne(ir.Lit(SENTINEL, "uint"))).and_(better)
     return [ir.If(cond, [ir.Assign(acc, other_acc), ir.Assign(idx, other_idx)])]
+
+
+def through_threadgroup(v: "Variant", reds: list[Reduction], slots: int, slot: ir.Expr,
+                        read: ir.Expr, have: ir.Expr) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    """Combine simdgroup results across the simdgroups of a threadgroup, through one
+    threadgroup array of `slots` partials per reduction (added to `v.tg_arrays`; argmax/argmin
+    get a second one for the index). Returns (the stores of this simdgroup's result into
+    `slot`, for one lane of it to run; the reads: every lane takes slot `read` where `have`,
+    the identity elsewhere, and the simdgroup reduces them again, so every lane holds the
+    combined result). The caller puts a barrier between the two. Call after `simd_combine`."""
+    stores: list[ir.Stmt] = []
+    reads: list[ir.Stmt] = []
+    second: list[ir.Stmt] = []
+    for r in reds:
+        v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+                                        else "float", slots, "threadgroup"))
+        stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), slot), r.acc_ref))
+        ident_v = ir.Lit(0.0, "float") if r.online_max is not None else identity(r)
+        reads.append(ir.Assign(r.acc_ref, ir.Select(
+            have, ir.Lane(ir.Var(f"mf_tg{r.i}"), read), ident_v)))
+        if r.has_index:
+            v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", slots, "threadgroup"))
+            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot), ir.Var(r.idx)))
+            reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
+                have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), read), ir.Lit(SENTINEL, "uint"))))
+        if r.online_max is None:
+            second += simd_combine(r)
+    return stores, reads + second
 
 
 def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:

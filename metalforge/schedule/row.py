@@ -343,31 +343,12 @@ class _Builder(reduce.Builder):
         if variant == "simd":
             return out
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
-        stores: list[ir.Stmt] = []
-        reads: list[ir.Stmt] = []
-        second: list[ir.Stmt] = []
-        have = lane < ir.Var("mf_nsg")
-        for r in reds:
-            self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type
-                                                 if r.online_max is None else "float",
-                                                 SIMD_WIDTH, "threadgroup"))
-            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), sg), ir.Var(r.acc)))
-            ident_v = ir.Lit(0.0, "float") if r.online_max is not None else reduce.identity(r)
-            reads.append(ir.Assign(ir.Var(r.acc), ir.Select(
-                have, ir.Lane(ir.Var(f"mf_tg{r.i}"), lane), ident_v)))
-            if r.has_index:
-                self.v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", SIMD_WIDTH,
-                                                     "threadgroup"))
-                stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), sg), ir.Var(r.idx)))
-                reads.append(ir.Assign(ir.Var(r.idx), ir.Select(
-                    have, ir.Lane(ir.Var(f"mf_tgi{r.i}"), lane), ir.Lit(reduce.SENTINEL, "uint"))))
-            if r.online_max is None:
-                second += reduce.simd_combine(r)
+        stores, reads = reduce.through_threadgroup(self.v, reds, SIMD_WIDTH, sg, lane,
+                                                   lane < ir.Var("mf_nsg"))
         out += [ir.Comment("across simdgroups: one partial per simdgroup through threadgroup "
                            "memory, then a second simd reduction in every simdgroup"),
                 ir.If(lane.eq(ir.Lit(0, "uint")), stores), ir.Barrier()]
-        out += reads + second
-        return out
+        return out + reads
 
     # -- one variant -----------------------------------------------------------------------
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:

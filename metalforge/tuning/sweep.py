@@ -15,6 +15,7 @@ SWEEP: dict[str, tuple[int, ...]] = {
     "vectors_per_thread": (1, 2, 4),
     "rows_per_group": (1, 2, 4, 8),
     "reads_per_thread": (2, 4, 8),
+    "k_splits": (1, 2, 4, 8),
 }
 
 

@@ -144,3 +144,146 @@ def test_bad_input_errors():
         return mf.unpack(wq, bits=4)
     with pytest.raises(mf.TraceError, match="K/8"):
         wrong_axis(wq)
+
+
+# -- launch levers of the qmv schedule: rows per simdgroup, K split across simdgroups ---------
+
+LEVERS = [(rows, splits) for rows in (1, 2, 4, 8) for splits in (1, 2, 4, 8)]
+
+
+def _reference(wq, s, b, x, gs, bits=4):
+    """The independent reference: metalforge.quant's dequantize, then a torch matmul."""
+    w_hat = quant.dequantize(wq, s, b, group_size=gs, bits=bits).float()
+    return x.float() @ w_hat.T
+
+
+@pytest.mark.parametrize("rows,splits", LEVERS)
+@pytest.mark.parametrize("m,n,k", [
+    (1, 7, 4160),      # N not a multiple of the rows; K: 130 chunks, the lanes' last round partial
+    (2, 9, 64),        # K under one chunk per lane: 2 chunks, most lanes (and slices) idle
+    (3, 5, 1088),      # M > 1: the padded grid of a K split has simdgroups past the end
+    (1, 16, 2048),     # whole blocks, 64 chunks: every lane (S <= 2) has work
+])
+def test_q4_matvec_levers_f32(rows, splits, m, n, k):
+    _, (wq, s, b) = _quantized(n, k, torch.float32, seed=n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    got = q4_matvec.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x)
+    torch.testing.assert_close(got, _reference(wq, s, b, x, 64), rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("rows,splits", [(1, 4), (4, 1), (4, 4), (8, 8), (3, 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_q4_matvec_levers_half(rows, splits, dtype):
+    m, n, k = 1, 13, 4096 + 128
+    _, (wq, s, b) = _quantized(n, k, dtype, seed=3)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(4)).to(dtype)
+    got = q4_matvec.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x)
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got.float(), _reference(wq, s, b, x, 64), rtol=rtol,
+                               atol=atol * k ** 0.5 * 4)
+    # the same sums as the default launch, up to the order of fp32 additions and the rounding
+    # of the output
+    torch.testing.assert_close(got, q4_matvec(wq, s, b, x), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("rows,splits", LEVERS)
+@pytest.mark.parametrize("k", [40, 8, 1064])
+def test_q4_levers_k_not_a_multiple_of_the_chunk(rows, splits, k):
+    # GS 8: rows of k / 8 words; K = 40 (5 words: not a whole 16-byte chunk, every chunk
+    # guarded), K = 8 (one word: under one chunk per lane), K = 1064 (33.25 chunks: lane 0
+    # of slice 0 wraps around once when S = 1, the last chunk partial); N = 11 rows
+    n, m = 11, 2
+    g = torch.Generator().manual_seed(k)
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    wq = quant.pack(codes, bits=4)
+    s, b = torch.rand(n, k // 8, generator=g) + 0.5, torch.randn(n, k // 8, generator=g)
+    x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+    w_hat = quant.unpack(wq, bits=4).float() * s.repeat_interleave(8, 1) + \
+        b.repeat_interleave(8, 1)
+    got = q4_linear_bias.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x, bias)
+    torch.testing.assert_close(got, x @ w_hat.T + bias, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("vw", [1, 2])
+@pytest.mark.parametrize("rows,splits", [(1, 1), (3, 2), (8, 4)])
+def test_q4_levers_narrow_word_loads(vw, rows, splits):
+    # vector_width 1 or 2 words per lane per chunk (8 or 16 values): scalar word registers,
+    # and with GS 8 the affine form at a chunk of one group (vw 1) or two (vw 2, per element)
+    n, k = 9, 4096 + 64
+    _, (wq, s, b) = _quantized(n, k, torch.float32, seed=vw)
+    x = torch.randn(2, k)
+    view = q4_matvec.with_launch(vector_width=vw, rows_per_group=rows, k_splits=splits)
+    torch.testing.assert_close(view(wq, s, b, x), _reference(wq, s, b, x, 64), rtol=1e-4,
+                               atol=1e-3)
+    g = torch.Generator().manual_seed(vw)
+    codes = torch.randint(0, 16, (n, 40), generator=g)
+    wq8 = quant.pack(codes, bits=4)
+    s8, b8 = torch.rand(n, 5, generator=g) + 0.5, torch.randn(n, 5, generator=g)
+    x8, bias = torch.randn(3, 40, generator=g), torch.zeros(n)
+    w_hat = codes.float() * s8.repeat_interleave(8, 1) + b8.repeat_interleave(8, 1)
+    view8 = q4_linear_bias.with_launch(vector_width=vw, rows_per_group=rows, k_splits=splits)
+    torch.testing.assert_close(view8(wq8, s8, b8, x8, bias), x8 @ w_hat.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,bits,gs", [(q8_matvec, 8, 32), (q2_matvec, 2, 32)])
+def test_other_widths_with_levers(kernel, bits, gs):
+    _, (wq, s, b) = _quantized(7, 2048 + 32, torch.float32, gs=gs, bits=bits)
+    x = torch.randn(2, 2048 + 32)
+    got = kernel.with_launch(rows_per_group=4, k_splits=4)(wq, s, b, x)
+    torch.testing.assert_close(got, _reference(wq, s, b, x, gs, bits), rtol=1e-4, atol=1e-3)
+
+
+def test_levers_with_64_bit_indexing():
+    _, (wq, s, b) = _quantized(10, 1088, torch.float32)
+    x = torch.randn(2, 1088)
+    got = q4_matvec.with_launch(rows_per_group=4, k_splits=2, index64=True)(wq, s, b, x)
+    torch.testing.assert_close(got, _reference(wq, s, b, x, 64), rtol=1e-4, atol=1e-3)
+    assert "_idx64" in q4_matvec.with_launch(index64=True, k_splits=2).source(wq, s, b, x)
+
+
+def test_check_covers_the_k_split():
+    view = q4_matvec.with_launch(rows_per_group=4, k_splits=4)
+    report = check(view, max_examples=3, dtypes={"T": "f32"})
+    assert all(i.launches for i in report.instantiations), report.coverage()
+    assert "K=4096" in report.coverage()          # the threshold of 32 chunks x 4 slices
+
+
+def test_k_split_kernel_text():
+    _, (wq, s, b) = _quantized(8, 256, torch.float32)
+    x = torch.randn(1, 256)
+    src = q4_matvec.with_launch(rows_per_group=4, k_splits=4).source(wq, s, b, x)
+    assert "threadgroup float mf_tg1[128];" in src          # 32 simdgroups x 4 rows
+    assert src.count("threadgroup_barrier") == 1
+    assert "simdgroup_index_in_threadgroup" in src
+    # every row's words are loaded before any row is unpacked
+    assert src.index("mf_wq_w[mf_r] = ") < src.index("mf_wq_w[mf_r][mf_j / 8u]")
+    plain = q4_matvec.source(wq, s, b, x)
+    assert "threadgroup" not in plain.split("kernel void")[1].split("template [[")[0]
+
+
+def test_lever_errors():
+    _, (wq, s, b) = _quantized(4, 128, torch.float32)
+    x = torch.randn(1, 128)
+    with pytest.raises(mf.LaunchError, match="k_splits must be a power of two"):
+        q4_matvec.with_launch(k_splits=3)
+    with pytest.raises(mf.LaunchError, match="k_splits must be a positive int"):
+        q4_matvec.with_launch(k_splits=0)
+    with pytest.raises(mf.LaunchError, match=r"multiple of 32 x k_splits=8 = 256"):
+        q4_matvec.with_launch(k_splits=8, threads_per_group=128)(wq, s, b, x)
+    with pytest.raises(mf.LaunchError, match="rows_per_group=32.*at most 16 rows"):
+        q4_matvec.with_launch(rows_per_group=32)(wq, s, b, x)
+    with pytest.raises(mf.LaunchError, match="'k_splits' do not apply to a elementwise"):
+        dequantize4.with_launch(k_splits=2)(wq, s, b)
+
+
+def test_autotune_grid_sweeps_the_levers():
+    from metalforge.schedule.policy import resolve
+    from metalforge.tuning import sweep
+    cands = sweep.grid("quant")
+    assert {c["k_splits"] for c in cands} == {1, 2, 4, 8}
+    assert {c["rows_per_group"] for c in cands} == {1, 2, 4, 8}
+    for c in cands:
+        p = resolve("quant", c)
+        assert p.threads_per_group % (32 * p.k_splits) == 0
+    assert {"threads_per_group": 128, "k_splits": 8} not in [
+        {k: c[k] for k in ("threads_per_group", "k_splits")} for c in cands]

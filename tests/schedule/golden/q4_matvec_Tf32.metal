@@ -46,6 +46,19 @@ kernel void mf_q4_matvec_qmv(
                     mf_x_reg[mf_v * 4u + mf_l] = float(mf_x_v[mf_l]);
                 }
             }
+            // loads of the block's 1 row(s), all issued before any is used: per row 4 packed words (one 16-byte load), its group's scale and bias
+            vec<uint, 4> mf_wq_w[1];
+            float mf_row_scale[1];
+            float mf_row_bias[1];
+            {
+                const uint mf_r = 0u;
+                const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
+                mf_wq_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
+                const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                mf_row_scale[mf_r] = mf_scales;
+                mf_row_bias[mf_r] = mf_biases;
+            }
             // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
             float mf_xe[32];
             float mf_xsum = 0.0f;
@@ -54,40 +67,32 @@ kernel void mf_q4_matvec_qmv(
                 mf_xe[mf_j] = mf_x;
                 mf_xsum = mf_xsum + mf_xe[mf_j];
             }
+            // each row: unpack its words from registers, add to its sum
             {
                 const uint mf_r = 0u;
-                const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
-                if (mf_n < mf_size_N) {
-                    // 4 packed words per row: one 16-byte load
-                    const vec<uint, 4> mf_wq_w = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-                    float mf_qx = 0.0f;
-                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        mf_qx = fma(float(int(mf_wq_w[mf_j / 8u] >> mf_j % 8u * 4u & 15u)), mf_xe[mf_j], mf_qx);
-                    }
-                    const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    mf_acc[mf_r] = fma(mf_scales, mf_qx, fma(mf_biases, mf_xsum, mf_acc[mf_r]));
+                float mf_qx = 0.0f;
+                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                    mf_qx = fma(float(int(mf_wq_w[mf_r][mf_j / 8u] >> mf_j % 8u * 4u & 15u)), mf_xe[mf_j], mf_qx);
                 }
+                mf_acc[mf_r] = fma(mf_row_scale[mf_r], mf_qx, fma(mf_row_bias[mf_r], mf_xsum, mf_acc[mf_r]));
             }
         } else {
             // the row's end (or unaligned rows): element by element, guarded
             {
                 const uint mf_r = 0u;
                 const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
-                if (mf_n < mf_size_N) {
-                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
-                            const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
-                            const int mf_e1 = int(mf_wq >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u & 15u);
-                            const float mf_e2 = float(mf_e1);
-                            const float mf_scales = float(scales[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                            const float mf_e3 = mf_e2 * mf_scales;
-                            const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                            const float mf_e4 = mf_e3 + mf_biases;
-                            const float mf_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                            const float mf_e5 = mf_e4 * mf_x;
-                            mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
-                        }
+                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                    if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
+                        const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
+                        const int mf_e1 = int(mf_wq >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u & 15u);
+                        const float mf_e2 = float(mf_e1);
+                        const float mf_scales = float(scales[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                        const float mf_e3 = mf_e2 * mf_scales;
+                        const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                        const float mf_e4 = mf_e3 + mf_biases;
+                        const float mf_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                        const float mf_e5 = mf_e4 * mf_x;
+                        mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
                     }
                 }
             }
@@ -97,11 +102,9 @@ kernel void mf_q4_matvec_qmv(
     {
         const uint mf_r = 0u;
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
-        if (mf_n < mf_size_N) {
-            mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
-            if (mf_lane == 0u) {
-                mf_out[mf_pos_M * mf_size_N + mf_n] = T(mf_acc[mf_r]);
-            }
+        mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
+        if (mf_lane == 0u) {
+            mf_out[mf_pos_M * mf_size_N + mf_n] = T(mf_acc[mf_r]);
         }
     }
 }
