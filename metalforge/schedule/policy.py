@@ -89,16 +89,15 @@ POLICIES: dict[str, LaunchPolicy] = {
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
     # quantized matvec (schedule/quant.py): one simdgroup per rows_per_group weight rows, each
-    # lane reading vector_width packed words (16 bytes) per chunk; threads_per_group only
-    # groups simdgroups (no threadgroup memory). Chosen on an H100 (2026-11-23, bench/quant.py,
-    # f16, M = 1, 4-bit, GS 64; time vs F.linear on the f16 weight): 1 row per simdgroup ran
-    # 4096x4096 / 14336x4096 / 4096x11008 at 1.29x / 1.98x / 2.04x (40-56% of copy_), 2 rows
-    # 1.23x / 1.99x / 1.91x, 4 rows 1.03x / 2.02x / 1.51x, 8 rows 0.66x / 1.96x / 0.89x: at
-    # M = 1 more simdgroups (latency hiding) beat sharing x between rows. k_splits simdgroups
-    # (of one threadgroup) share a block of rows, each taking every k_splits-th stretch of
-    # 32 chunks of K, their sums merged through threadgroup memory: more loads in flight for
-    # short rows (1: no split, the kernel as measured above)
-    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=1,
+    # lane reading vector_width packed words (16 bytes) per chunk, every row's words loaded
+    # before any is unpacked; k_splits simdgroups (of one threadgroup) may share a block of
+    # rows, each taking every k_splits-th stretch of 32 chunks of K, their sums merged through
+    # threadgroup memory. Chosen on an H100 (2026-11-24, `bench/quant.py --sweep`, f16, M = 1,
+    # 4-bit, GS 64; time vs F.linear on the f16 weight, 4096x4096 / 11008x4096 / 4096x11008 /
+    # 14336x4096): 2 rows, no split 1.52x / 2.38x / 2.38x / 2.31x (42-64% of copy_); 1 row
+    # 1.27x / 1.94x / 2.04x / 1.95x; 4 rows 1.24x / 2.25x / 1.92x / 2.05x; k_splits 2 within
+    # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md)
+    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
                           uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per query row and block of keys, its
     # threads_per_group / 32 simdgroups taking turns over the block's keys, reads_per_thread E
