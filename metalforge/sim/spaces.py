@@ -16,7 +16,8 @@ function and visible in the text, carries a different address-space keyword (``d
 ``constant``, ``threadgroup``, ``thread``).  It is deliberately narrow, so that it never rejects
 valid Metal: an operand that is an expression (``c + 1``, ``&c[i]``, a call), a name declared
 without a keyword, or a name that may be declared again in that function (it follows a type-like
-token anywhere in the function) is not checked.  What stays accepted is listed in SIM_NOTES.md.
+token anywhere in the function) is not checked.  What stays accepted is listed in
+docs/reference/simulator.md ("Address spaces").
 """
 from __future__ import annotations
 
