@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -169,18 +169,25 @@ def flat_shape(binding: ShapeBinding, param: TensorParam) -> tuple[int, ...]:
 def output_shape(binding: ShapeBinding, out: Output) -> tuple[int, ...]:
     """The shape of an output tensor as the caller gets it: batch dims re-expanded, the axes of
     a grouped dim (G then R, adjacent) laid out as that one dim again."""
-    shape: list[int] = []
-    axes = out.axes
+    return tuple(lay_out(out.axes, binding.groups, binding.batch, binding.sizes.__getitem__))
+
+
+def lay_out(axes: tuple[str, ...], groups: tuple[tuple[str, ...], ...],
+            batch: Mapping[str, tuple[Any, ...]], size: Callable[[str], Any]) -> list[Any]:
+    """The storage shape of `axes`: each batch axis as its leading shape, the axes of each
+    grouped dim as the product of their sizes, every other axis as `size(axis)` (sizes may be
+    symbolic: torch's fake shapes)."""
+    shape: list[Any] = []
     i = 0
     while i < len(axes):
-        group = next((g for g in binding.groups if axes[i:i + len(g)] == g), None)
+        group = next((g for g in groups if axes[i:i + len(g)] == g), None)
         if group:
-            shape.append(math.prod(binding.sizes[a] for a in group))
+            shape.append(math.prod(size(a) for a in group))
             i += len(group)
             continue
-        if axes[i] in binding.batch:
-            shape.extend(binding.batch[axes[i]])
+        if axes[i] in batch:
+            shape.extend(batch[axes[i]])
         else:
-            shape.append(binding.sizes[axes[i]])
+            shape.append(size(axes[i]))
         i += 1
-    return tuple(shape)
+    return shape

@@ -28,7 +28,7 @@ from . import autodiff, runtime
 from .errors import BindingError
 from .autodiff import NotDifferentiable
 from .graph import ConstParam, Graph, TensorParam
-from .shapes import bind_shapes, output_shape
+from .shapes import bind_shapes, lay_out, output_shape
 
 __all__ = ["KernelOp", "register", "call_differentiable", "NotDifferentiable", "OpError"]
 
@@ -99,28 +99,15 @@ def fake_outputs(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> list[torc
         known = [sizes[n] for n in names if n in sizes]
         for n in names:
             sizes.setdefault(n, s // math.prod(known))
-    outs = []
     groups = tuple(dict.fromkeys(g for g, _ in grouped))
-    for o in graph.outputs:
-        shape: list = []
-        axes, i = o.axes, 0
-        while i < len(axes):
-            group = next((g for g in groups if axes[i:i + len(g)] == g), None)
-            if group:
-                shape.append(math.prod(sizes[a] for a in group))
-                i += len(group)
-                continue
-            a = axes[i]
-            i += 1
-            if a in batch:
-                shape.extend(batch[a])
-                continue
-            if a not in sizes:
-                d = graph.axis_spec(a)
-                sizes[a] = (sizes[d.base] * d.mul) // d.div + d.add
-            shape.append(sizes[a])
-        outs.append(torch.empty(shape, dtype=o.dtype.torch, device=dev))
-    return outs
+
+    def size(a: str) -> Any:
+        if a not in sizes:
+            d = graph.axis_spec(a)
+            sizes[a] = (sizes[d.base] * d.mul) // d.div + d.add
+        return sizes[a]
+    return [torch.empty(lay_out(o.axes, groups, batch, size), dtype=o.dtype.torch, device=dev)
+            for o in graph.outputs]
 
 
 # --------------------------------------------------------------------------- the operator

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op
+from ..graph import Graph, Node, Op, topo_order
 from . import reduce
 from .base import IDX, Schedule, Step, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
@@ -60,20 +60,8 @@ def _strip(n: Node) -> Node:
     return n
 
 
-def _cone(n: Node) -> list[Node]:
-    """n and every node it is computed from."""
-    seen: list[Node] = []
-    stack = [n]
-    while stack:
-        m = stack.pop()
-        if m not in seen:
-            seen.append(m)
-            stack.extend(m.args)
-    return seen
-
-
 def _reductions_in(n: Node) -> list[Node]:
-    return [m for m in _cone(n) if m.op == Op.REDUCE]
+    return [m for m in topo_order([n]) if m.op == Op.REDUCE]
 
 
 def match(graph: Graph) -> Optional[Form]:
@@ -291,12 +279,22 @@ class _Builder(reduce.Builder):
         return ElementLowering(self.graph, self.load, self.at, self.size,
                                lambda s: self.names[s], prefix=prefix)
 
+    def slots(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each of the lane's E slots mf_j < reads_per_thread (unrolled)."""
+        return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), body,
+                      unroll=True)
+
+    def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each key mf_u < keys_per_step of a step (unrolled)."""
+        return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), body,
+                      unroll=True)
+
     def lanes(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each of the lane's E elements mf_e = lane + 32 j inside E."""
         e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
-        return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+        return self.slots([
             ir.Decl("mf_e", "uint", e),
-            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)], unroll=True)
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)])
 
     # -- the kernel ---------------------------------------------------------------------
     def stage(self) -> list[ir.Stmt]:
@@ -307,7 +305,7 @@ class _Builder(reduce.Builder):
         self.staged = {}
         nodes: list[Node] = []
         for r in f.contractions:
-            cone = _cone(r.args[0])
+            cone = topo_order([r.args[0]])
             fixed = {n for n in cone if f.key not in n.axes and f.e in n.axes}
             nodes += [n for n in cone if n in fixed and n not in nodes and not any(
                 n in u.args for u in cone if u in fixed)]
@@ -328,9 +326,9 @@ class _Builder(reduce.Builder):
     def keys(self, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
         """`body` for each key mf_l = mf_base + u of the block (u < keys_per_step) inside the
         simdgroup's keys; `past` for the block's keys past the end."""
-        return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
+        return self.each_key([
             ir.Decl("mf_l", IDX, ir.Var("mf_base") + ir.Cast(IDX, ir.Var("mf_u"))),
-            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))], unroll=True)
+            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))])
 
     def key_step(self) -> list[ir.Stmt]:
         """A block of keys_per_step keys mf_base, mf_base + 1, ...: their scores
@@ -349,11 +347,11 @@ class _Builder(reduce.Builder):
             v = part.value(r.args[0])
             dot = ir.Lane(ir.Var(f"mf_dot{i}"), u)
             out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.kps),
-                    ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
-                        ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True),
+                    self.each_key([
+                        ir.Assign(dot, ir.Lit(0.0, "float"))]),
                     self.keys([self.lanes(body + [ir.Assign(dot, dot + _float(v, r.args[0]))])]),
-                    ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), [
-                        ir.Assign(dot, ir.Call("simd_sum", (dot,)))], unroll=True)]
+                    self.each_key([
+                        ir.Assign(dot, ir.Call("simd_sum", (dot,)))])]
             self.helpers |= part.helpers
             score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
                 compute_type(r.dtype), dot)
@@ -366,20 +364,16 @@ class _Builder(reduce.Builder):
         m, d, m_new, corr = (ir.Var(n) for n in ("mf_m", "mf_d", "mf_m_new", "mf_corr"))
         live = m_new.ne(NEG_INF)
         p = ir.Lane(ir.Var("mf_p"), u)
-
-        def each(body: list[ir.Stmt]) -> ir.Stmt:
-            return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), body,
-                          unroll=True)
         out += [
             ir.Comment("online softmax: the block's max, what was summed under the old max "
                        "rescaled, the block's weights p added"),
             ir.Decl("mf_m_new", "float", m, const=False),
-            each([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
+            self.each_key([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
             ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
                 "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
             ir.Assign(d, d * corr),
             ir.ArrayDecl("mf_p", "float", self.kps),
-            each([ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
+            self.each_key([ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
                                          ir.Lit(0.0, "float"))),
                   ir.Assign(d, d + p)]),
             ir.Assign(m, m_new)]
@@ -389,8 +383,8 @@ class _Builder(reduce.Builder):
         a = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j"))
         out += [
             ir.Comment("the values: acc = acc * corr + sum of p v over the block"),
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
-                ir.Assign(a, a * corr)], unroll=True),
+            self.slots([
+                ir.Assign(a, a * corr)]),
             self.keys([self.lanes(body + [ir.Assign(a, a + p * _float(
                 vals.value(f.values), f.values))])])]
         return out
@@ -416,17 +410,15 @@ class _Builder(reduce.Builder):
         return [ir.Decl("mf_m", "float", NEG_INF, const=False),
                 ir.Decl("mf_d", "float", ir.Lit(0.0, "float"), const=False),
                 ir.ArrayDecl("mf_acc", "float", self.epl),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
-                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))],
-                    unroll=True)]
+                self.slots([
+                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))])]
 
     def reset(self) -> list[ir.Stmt]:
         """The state emptied again (after it was shared)."""
         return [ir.Assign(ir.Var("mf_m"), NEG_INF),
                 ir.Assign(ir.Var("mf_d"), ir.Lit(0.0, "float")),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
-                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))],
-                    unroll=True)]
+                self.slots([
+                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))])]
 
     def merge_states(self, count: ir.Expr, m_of: Callable[[ir.Expr], ir.Expr],
                      d_of: Callable[[ir.Expr], ir.Expr],
@@ -437,6 +429,7 @@ class _Builder(reduce.Builder):
         (0 for an empty state, m_s = -inf; NaN in any state makes the result NaN)."""
         s = ir.Var("mf_s")
         c = ir.Var("mf_c")
+        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j"))
         lane_e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
         return (self.state() if declare else self.reset()) + [
             ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
@@ -447,10 +440,7 @@ class _Builder(reduce.Builder):
                     "exp", (ir.Var("mf_ms") - ir.Var("mf_m"),), precise=True),
                     ir.Lit(0.0, "float"))),
                 ir.Assign(ir.Var("mf_d"), ir.Var("mf_d") + d_of(s) * c),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
-                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")),
-                              ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")) + acc_of(s, lane_e) * c)],
-                    unroll=True)])]
+                self.slots([ir.Assign(acc, acc + acc_of(s, lane_e) * c)])])]
 
     # -- the kernels ----------------------------------------------------------------------
     def decode_kernel(self) -> ir.LoweredKernel:
@@ -493,10 +483,9 @@ class _Builder(reduce.Builder):
             ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
                 ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), ir.Var("mf_m")),
                 ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), ir.Var("mf_d"))]),
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+            self.slots([
                 ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg") * ir.Lit(emax, "uint")
-                                  + lane_e), ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))],
-                unroll=True),
+                                  + lane_e), ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))]),
             ir.Barrier(),
             ir.If(ir.Var("mf_sg").ne(ir.Lit(0, "uint")), [ir.Return()]),
             ir.Comment("simdgroup 0: the group's state, then outputs or a partial state")]
@@ -513,9 +502,9 @@ class _Builder(reduce.Builder):
             ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
                 ir.Store("mf_scratch", partial, ir.Var("mf_m")),
                 ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_d"))]),
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), [
+            self.slots([
                 ir.Store("mf_scratch", partial + ir.Lit(2, IDX) + ir.Cast(IDX, lane_e),
-                         ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))], unroll=True)]))
+                         ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))])]))
         scan: list[ir.Stmt] = [ir.Comment(f"one pass over the block's keys along '{f.key}' "
                                           f"(scores never stored)"), loop]
         body = head + self.pre + staged + self.state() + scan + share

@@ -41,7 +41,7 @@ from typing import Mapping, NamedTuple, Optional
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, TensorParam
+from ..graph import Graph, Node, Op, TensorParam, topo_order
 from . import reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, compute_type, ident, unpack_value
@@ -53,18 +53,7 @@ SIMD = ir.Lit(SIMD_WIDTH, "uint")
 def is_quant(graph: Graph) -> bool:
     """A reduction whose argument unpacks packed words."""
     reds = graph.reductions()
-    return bool(reds) and any(n.op == Op.UNPACK for r in reds for n in _cone(r.args[0]))
-
-
-def _cone(n: Node) -> list[Node]:
-    seen: list[Node] = []
-    stack = [n]
-    while stack:
-        m = stack.pop()
-        if m not in seen:
-            seen.append(m)
-            stack.extend(m.args)
-    return seen
+    return bool(reds) and any(n.op == Op.UNPACK for n in topo_order([r.args[0] for r in reds]))
 
 
 class _Affine(NamedTuple):
@@ -155,7 +144,7 @@ class _Builder(reduce.Builder):
         self.per_word = 32 // self.bits
         self.words = policy.vector_width               # words per lane per chunk
         self.chunk = self.words * self.per_word        # values per lane per chunk
-        cone = [n for n in _cone(self.red.args[0]) if n.op == Op.LOAD]
+        cone = [n for n in topo_order([self.red.args[0]]) if n.op == Op.LOAD]
         self.shared = [t for t in self.inputs if any(n.attr == t.name for n in cone)
                        and t.name not in self.packed and self.rows_axis not in t.axes
                        and t.axes and t.axes[-1] == self.axis]
@@ -167,7 +156,7 @@ class _Builder(reduce.Builder):
         """{tensor: bits} of the words unpacked in the reduction; each must be a tensor
         argument with one word row per output row."""
         out: dict[str, int] = {}
-        for n in _cone(self.red.args[0]):
+        for n in topo_order([self.red.args[0]]):
             if n.op != Op.UNPACK:
                 continue
             w = n.args[0]
@@ -294,10 +283,10 @@ class _Builder(reduce.Builder):
 
     def _shared(self, n: Node) -> bool:
         """x: computed from shared tensors (registers) only, without the rows axis."""
-        loads = [m for m in _cone(n) if m.op == Op.LOAD]
+        loads = [m for m in topo_order([n]) if m.op == Op.LOAD]
         return self.rows_axis not in n.axes and bool(loads) and all(
             self.graph.tensor(m.attr) in self.shared for m in loads) and \
-            not any(m.op in (Op.UNPACK, Op.REDUCE) for m in _cone(n))
+            not any(m.op in (Op.UNPACK, Op.REDUCE) for m in topo_order([n]))
 
     def affine_chunk(self, f: "_Affine"
                      ) -> tuple[list[ir.Stmt], list[ir.Stmt], list[ir.Stmt], list[ir.Stmt]]:
