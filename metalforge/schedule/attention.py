@@ -35,7 +35,7 @@ from . import reduce
 from .base import IDX, Schedule, Step, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
-from .policy import SIMD_WIDTH, LaunchPolicy, validate
+from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 NEG_INF = ir.Lit(float("-inf"), "float")
@@ -115,11 +115,19 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
     return _Builder(graph, policy, index64).build()
 
 
-# Key blocks per query row, when launch={'key_splits': n} does not pin them: enough
-# threadgroups (rows x blocks) to fill a GPU of many cores, each simdgroup of a block still
+# Key blocks per tile of query rows, when launch={'key_splits': n} does not pin them: enough
+# threadgroups (tiles x blocks) to fill a GPU of many cores, each simdgroup of a block still
 # taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
 TARGET_GROUPS = 512
-MIN_KEYS = 16
+MIN_KEYS = 32
+
+
+def lanes_per_key(e: int, per_lane: int) -> int:
+    """Lanes that share one key's E elements (a power of two): per_lane elements each."""
+    w = 1
+    while w * per_lane < e and w < SIMD_WIDTH:
+        w *= 2
+    return w
 
 
 @dataclass
@@ -129,6 +137,9 @@ class AttentionSchedule(Schedule):
     rows: tuple[str, ...] = ()
     max_e: int = 256
     merge: Optional[ir.LoweredKernel] = None
+    own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
+    tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
+    qt: int = 1                        # query rows per tile
 
     @property
     def axis(self) -> str:
@@ -137,7 +148,7 @@ class AttentionSchedule(Schedule):
 
     @property
     def thresholds(self) -> tuple[int, ...]:
-        """Key counts where a single query row starts splitting its keys into blocks."""
+        """Key counts from which one tile of query rows splits its keys into blocks."""
         return (2 * self._per_block(),)
 
     @property
@@ -145,26 +156,30 @@ class AttentionSchedule(Schedule):
         return (self.kernel,) if self.merge is None else (self.kernel, self.merge)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
-        n = 1
-        for a in self.rows:
-            n *= sizes[a]
-        return n
+        return math.prod(sizes[a] for a in self.rows)
+
+    def _tiles(self, sizes: Mapping[str, int]) -> int:
+        """Threadgroups per key block: own rows x tiles of qt rows sharing keys."""
+        tiled = math.prod(sizes[a] for a in self.tile_axes)
+        return math.prod(sizes[a] for a in self.own_axes) * -(-tiled // self.qt)
 
     def _per_block(self) -> int:
-        return self.policy.threads_per_group // SIMD_WIDTH * max(MIN_KEYS,
-                                                                  2 * self.policy.keys_per_step)
+        return self.policy.threads_per_group // SIMD_WIDTH * MIN_KEYS
+
+    def lanes(self, sizes: Mapping[str, int]) -> int:
+        return lanes_per_key(sizes[self.e_axis], self.policy.reads_per_thread)
 
     def splits(self, sizes: Mapping[str, int]) -> int:
-        """Key blocks per query row for a call with these sizes."""
+        """Key blocks per tile for a call with these sizes."""
         length = sizes[self.l_axis]
         if self.policy.key_splits:
             return max(1, min(self.policy.key_splits, length))
-        want = -(-TARGET_GROUPS // max(1, self._rows(sizes)))
+        want = -(-TARGET_GROUPS // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         tpg = self.policy.threads_per_group
-        return self._rows(sizes) * self.splits(sizes) * tpg, tpg
+        return max(1, self._tiles(sizes)) * self.splits(sizes) * tpg, tpg
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
@@ -181,6 +196,8 @@ class AttentionSchedule(Schedule):
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         if name == "key_splits":
             return self.splits(sizes)
+        if name == "lanes_per_key":
+            return self.lanes(sizes)
         raise KeyError(name)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
@@ -235,21 +252,46 @@ class _Builder(reduce.Builder):
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [form.key, form.e, *self.rows]
         self.helpers: set[str] = set()
+        # rows that read the same keys share a threadgroup: the query-row axes no tensor
+        # with keys along L has (GQA's R, the query positions S)
+        keyed = {a for t in graph.tensors if form.key in t.axes for a in t.axes}
+        self.tile_axes = tuple(a for a in self.rows if a not in keyed)
+        self.own_axes = tuple(a for a in self.rows if a in keyed)
+        self.qt = policy.rows_per_group if self.tile_axes else 1
         self.epl = policy.reads_per_thread             # E elements per lane
-        self.kps = policy.keys_per_step                # keys a simdgroup takes at once
+        self.kps = policy.keys_per_step                # keys a lane's key stream takes at once
+        self.kv = self._key_tensors()
+        sizes = {graph.tensor(n.attr).dtype.itemsize for n in self.kv}
+        self.vw = access_width(self.epl, sizes or {4})
+        self.tiled = False
         self.pre: list[ir.Stmt] = []
         self.pre_names: set[str] = set()
         self.params: tuple[ir.Argument, ...] = ()
         self.staged: dict[Node, ir.Expr] = {}
         self.tg_bytes = 0
 
+    def _key_tensors(self) -> dict[Node, str]:
+        """Loads of tensors along the keys and E (k, v) that no tile axis changes: each key's
+        E elements are loaded once per lane into registers (`mf_kv<i>`) and shared by the
+        tile's query rows."""
+        f = self.form
+        roots = [r.args[0] for r in f.contractions] + [f.values]
+        loads = [n for n in topo_order(roots) if n.op == Op.LOAD]
+        out: dict[Node, str] = {}
+        for n in loads:
+            axes = self.graph.tensor(n.attr).axes
+            if f.key in axes and f.e in axes and not set(axes) & set(self.tile_axes):
+                out[n] = f"mf_kv{len(out)}"
+        return out
+
     # -- positions and loads ------------------------------------------------------------
-    def row_position(self, axis: str) -> ir.Expr:
+    def flat_position(self, axis: str, axes: tuple[str, ...], var: str) -> ir.Expr:
+        """`axis`'s position in the flat index `var` over `axes` (declared once, up front)."""
         name = f"mf_pos_{ident(axis)}"
         if name not in self.pre_names:
-            k = self.rows.index(axis)
-            inner = self.rows[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_row"))
+            k = axes.index(axis)
+            inner = axes[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var(var))
             if inner:
                 e = e / self.span(inner)
             if k > 0:
@@ -263,44 +305,84 @@ class _Builder(reduce.Builder):
             return ir.Var("mf_l")
         if axis == self.form.e:
             return ir.Cast(IDX, ir.Var("mf_e"))
+        if axis in self.tile_axes and self.tiled:
+            return ir.Lane(ir.Var(f"mf_tpos_{ident(axis)}"), ir.Var("mf_t"))
+        if axis in self.own_axes and self.tiled:
+            return self.flat_position(axis, self.own_axes, "mf_own")
         if axis in self.rows:
-            return self.row_position(axis)
+            return self.flat_position(axis, self.rows, "mf_row")
         raise UnsupportedConstruct(f"kernel '{self.graph.name}': axis '{axis}' is neither a "
                                    f"query-row axis, '{self.form.key}' nor '{self.form.e}'")
 
+    def offset(self, axes: Sequence[str]) -> ir.Expr:
+        e: ir.Expr = ir.Lit(0, IDX)
+        for i, a in enumerate(axes):
+            e = self.at(a) if i == 0 else e * self.size(a) + self.at(a)
+        return e
+
     def load(self, n: Node) -> ir.Expr:
         t = self.graph.tensor(n.attr)
-        e: ir.Expr = ir.Lit(0, IDX)
-        for i, a in enumerate(t.axes):
-            e = self.at(a) if i == 0 else e * self.size(a) + self.at(a)
-        return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], e))
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], self.offset(t.axes)))
 
     def lowering(self, prefix: str) -> ElementLowering:
         return ElementLowering(self.graph, self.load, self.at, self.size,
                                lambda s: self.names[s], prefix=prefix)
 
+    # -- loops: a lane's E slots, a tile's rows, a step's keys ---------------------------
     def slots(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each of the lane's E slots mf_j < reads_per_thread (unrolled)."""
         return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), body,
                       unroll=True)
 
-    def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each key mf_u < keys_per_step of a step (unrolled)."""
-        return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), body,
-                      unroll=True)
-
     def lanes(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each of the lane's E elements mf_e = lane + 32 j inside E."""
-        e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
+        """`body` for each of the lane's E elements mf_e = mf_sub * reads_per_thread + j
+        inside E (a lane holds reads_per_thread consecutive elements)."""
+        e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
         return self.slots([
             ir.Decl("mf_e", "uint", e),
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)])
 
-    # -- the kernel ---------------------------------------------------------------------
+    def each_row(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each live query row mf_t < rows_per_group of the tile (unrolled; a row
+        past the end is dead in every thread of the group alike)."""
+        return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
+            ir.If(ir.Lane(ir.Var("mf_live"), ir.Var("mf_t")), body)], unroll=True)
+
+    def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each key mf_u < keys_per_step of the lane's key stream (unrolled)."""
+        return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(self.kps, "uint"), body,
+                      unroll=True)
+
+    def keys(self, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
+        """`body` for each key mf_l = mf_base + u * kp + grp of the step inside the block's
+        keys (the simdgroup's kp key streams interleave); `past` for keys past the end."""
+        key = ir.Var("mf_base") + ir.Cast(IDX, ir.Var("mf_u") * ir.Var("mf_kp")
+                                          + ir.Var("mf_grp"))
+        return self.each_key([
+            ir.Decl("mf_l", IDX, key),
+            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))])
+
+    # -- the decode kernel's parts --------------------------------------------------------
+    def tile(self) -> list[ir.Stmt]:
+        """Positions of the tile's query rows along the tile axes, and which rows exist."""
+        r = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint") + ir.Var("mf_t"))
+        out: list[ir.Stmt] = [ir.ArrayDecl("mf_live", "bool", self.qt)]
+        body: list[ir.Stmt] = [ir.Assign(ir.Lane(ir.Var("mf_live"), ir.Var("mf_t")),
+                                         r < self.span(self.tile_axes))]
+        for k, a in enumerate(self.tile_axes):
+            name = f"mf_tpos_{ident(a)}"
+            inner = self.tile_axes[k + 1:]
+            e = r / self.span(inner) if inner else r
+            out.append(ir.ArrayDecl(name, IDX, self.qt))
+            body.append(ir.Assign(ir.Lane(ir.Var(name), ir.Var("mf_t")),
+                                  e % self.size(a) if k > 0 else e))
+        return out + [ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), body,
+                             unroll=True)]
+
     def stage(self) -> list[ir.Stmt]:
         """Register staging of what the score contractions read that does not change with the
-        key (the query row's q): each lane loads its E elements once, before the key loop,
-        into `mf_staged<i>[j]`; `key_step` reads them from there."""
+        key (each query row's q): each lane loads its E elements of every row once, before
+        the key loop, into `mf_staged<i>[t][j]` (0 past E)."""
         f = self.form
         self.staged = {}
         nodes: list[Node] = []
@@ -315,203 +397,344 @@ class _Builder(reduce.Builder):
             body = low.lower([n])
             self.helpers |= low.helpers
             name = f"mf_staged{i}"
-            out += [ir.ArrayDecl(name, compute_type(n.dtype), self.epl),
-                    self.lanes(body + [ir.Assign(ir.Lane(ir.Var(name), ir.Var("mf_j")),
-                                                 low.value(n))])]
-            self.staged[n] = ir.Lane(ir.Var(name), ir.Var("mf_j"))
+            slot = ir.Lane(ir.Var(name), ir.Var("mf_t") * ir.Lit(self.epl, "uint")
+                           + ir.Var("mf_j"))
+            zero = ir.Lit(0.0, "float") if compute_type(n.dtype) == "float" else ir.Lit(
+                0, compute_type(n.dtype))
+            out += [ir.ArrayDecl(name, compute_type(n.dtype), self.qt * self.epl),
+                    self.each_row([self.slots([ir.Assign(slot, zero)]),
+                                   self.lanes(body + [ir.Assign(slot, low.value(n))])])]
+            self.staged[n] = slot
         if out:
-            out.insert(0, ir.Comment("the query row's values each key multiplies, in registers"))
+            out.insert(0, ir.Comment("each query row's values every key multiplies, in "
+                                     "registers (0 past E)"))
         return out
 
-    def keys(self, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
-        """`body` for each key mf_l = mf_base + u of the block (u < keys_per_step) inside the
-        simdgroup's keys; `past` for the block's keys past the end."""
-        return self.each_key([
-            ir.Decl("mf_l", IDX, ir.Var("mf_base") + ir.Cast(IDX, ir.Var("mf_u"))),
-            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))])
+    def load_keys(self) -> list[ir.Stmt]:
+        """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
+        multiple of the width, else guarded scalar loads; 0 past E and past the keys."""
+        out: list[ir.Stmt] = [ir.Comment("this lane's E elements of the step's keys and values, "
+                                         "loaded once for all the tile's rows")]
+        vw = self.vw
+        for n, arr in self.kv.items():
+            t = self.graph.tensor(n.attr)
+            ct = compute_type(t.dtype)
+            zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+            out.append(ir.ArrayDecl(arr, ct, self.kps * self.epl))
+            slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+            scalar = ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e),
+                           [ir.Assign(ir.Lane(ir.Var(arr), slot), self.load(n))],
+                           [ir.Assign(ir.Lane(ir.Var(arr), slot), zero)])
+            guarded: list[ir.Stmt] = [self.slots([
+                ir.Decl("mf_e", "uint", ir.Var("mf_sub") * ir.Lit(self.epl, "uint")
+                        + ir.Var("mf_j")), scalar])]
+            body = guarded
+            if vw > 1 and t.axes[-1] == self.form.e:
+                body = [ir.If(ir.Var("mf_vec_ok"), self.vector_load(n, arr), guarded)]
+            out.append(self.keys(body, [self.slots([ir.Assign(ir.Lane(ir.Var(arr), slot),
+                                                              zero)])]))
+        return out
 
-    def key_step(self) -> list[ir.Stmt]:
-        """A block of keys_per_step keys mf_base, mf_base + 1, ...: their scores
-        (contractions over E: each lane's part for every key first, so that all their loads
-        are in flight at once; then simd_sum; then the score's elementwise work), then one
-        online-softmax update of (m, d, acc) for the whole block."""
+    def vector_load(self, n: Node, arr: str) -> list[ir.Stmt]:
+        """The lane's reads_per_thread elements of one key as reads_per_thread / vw vector
+        loads (the lane's chunk is inside E or wholly past it: E is a multiple of vw)."""
+        t = self.graph.tensor(n.attr)
+        ct, st, vw = compute_type(t.dtype), self.in_stype(t), self.vw
+        c = ir.Var("mf_c")
+        e0 = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + c * ir.Lit(vw, "uint")
+        slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + c * ir.Lit(vw, "uint") + ir.Var(
+            "mf_x")
+        elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), ir.Var("mf_x"))) if vw == 8 else ir.Lane(
+            ir.Var("mf_vec"), ir.Var("mf_x"))
+        zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+        if vw == 8:
+            self.helpers.add("mf_pack8_of")
+        return [ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // vw, "uint"), [
+            ir.Decl("mf_e", "uint", e0),
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
+                ir.Decl("mf_vec", ir.vector_type(st, vw),
+                        ir.Load(self.names[t.name], self.offset(t.axes), vw, st)),
+                ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var(arr), slot), ir.Cast(ct, elem))], unroll=True)],
+                [ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var(arr), slot), zero)], unroll=True)])],
+            unroll=True)]
+
+    def key_value(self, low: ElementLowering) -> None:
+        """Let `low` read the staged q and k/v registers instead of loading them."""
+        low.values.update(self.staged)
+        slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+        low.values.update({n: ir.Lane(ir.Var(arr), slot) for n, arr in self.kv.items()})
+
+    def elements(self, n: Node, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` over the lane's E slots: all of them when `n` reads nothing along E but the
+        staged registers (slots past E compute values nobody stores), else only those inside
+        E (guarded loads)."""
+        own = [m for m in topo_order([n]) if m.op in (Op.LOAD, Op.INDEX, Op.TAKE)
+               and self.form.e in m.axes and m not in self.staged and m not in self.kv]
+        return self.lanes(body) if own else self.slots(body)
+
+    def zero_padded(self, n: Node) -> bool:
+        """Whether `n` is 0 past E without a guard: a product of staged registers."""
+        if n in self.staged or n in self.kv:
+            return True
+        if n.op == Op.CAST:
+            return self.zero_padded(n.args[0])
+        return n.op == Op.BINARY and n.attr == "mul" and all(self.zero_padded(a)
+                                                             for a in n.args)
+
+    def dots(self) -> list[ir.Stmt]:
+        """The step's score contractions: each lane's part over its E elements for every
+        (key, row), then summed over the key's mf_w lanes (xor butterfly)."""
         f = self.form
-        u = ir.Var("mf_u")
-        out: list[ir.Stmt] = [ir.Comment("the block's scores: each lane's part of every "
-                                         "contraction (loads), then across the simdgroup")]
-        score = self.lowering("mf_s")
+        out: list[ir.Stmt] = [ir.Comment("scores: each lane's part of every contraction, then "
+                                         "summed across the key's lanes")]
+        dot_at = ir.Var("mf_u") * ir.Lit(self.qt, "uint") + ir.Var("mf_t")
+        self.dot_of: dict[Node, ir.Expr] = {}
         for i, r in enumerate(f.contractions):
             part = self.lowering(f"mf_c{i}_")
-            part.values.update(self.staged)
+            self.key_value(part)
             body = part.lower([r.args[0]])
-            v = part.value(r.args[0])
-            dot = ir.Lane(ir.Var(f"mf_dot{i}"), u)
-            out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.kps),
-                    self.each_key([
-                        ir.Assign(dot, ir.Lit(0.0, "float"))]),
-                    self.keys([self.lanes(body + [ir.Assign(dot, dot + _float(v, r.args[0]))])]),
-                    self.each_key([
-                        ir.Assign(dot, ir.Call("simd_sum", (dot,)))])]
+            dot = ir.Lane(ir.Var(f"mf_dot{i}"), dot_at)
+            add = body + [ir.Assign(dot, dot + _float(part.value(r.args[0]), r.args[0]))]
+            each = self.elements(r.args[0], add) if self.zero_padded(r.args[0]) else \
+                self.lanes(add)
             self.helpers |= part.helpers
-            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
-                compute_type(r.dtype), dot)
-        sc = ir.Lane(ir.Var("mf_sc"), u)
-        body = score.lower([f.scores])
-        self.helpers |= score.helpers | {"mf_maximum"}
-        out += [ir.ArrayDecl("mf_sc", "float", self.kps),
-                self.keys(body + [ir.Assign(sc, _float(score.value(f.scores), f.scores))],
-                          [ir.Assign(sc, NEG_INF)])]
-        m, d, m_new, corr = (ir.Var(n) for n in ("mf_m", "mf_d", "mf_m_new", "mf_corr"))
-        live = m_new.ne(NEG_INF)
-        p = ir.Lane(ir.Var("mf_p"), u)
-        out += [
-            ir.Comment("online softmax: the block's max, what was summed under the old max "
-                       "rescaled, the block's weights p added"),
-            ir.Decl("mf_m_new", "float", m, const=False),
-            self.each_key([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
-            ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
-                "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
-            ir.Assign(d, d * corr),
-            ir.ArrayDecl("mf_p", "float", self.kps),
-            self.each_key([ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
-                                         ir.Lit(0.0, "float"))),
-                  ir.Assign(d, d + p)]),
-            ir.Assign(m, m_new)]
-        vals = self.lowering("mf_w")
-        body = vals.lower([f.values])
-        self.helpers |= vals.helpers
-        a = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j"))
-        out += [
-            ir.Comment("the values: acc = acc * corr + sum of p v over the block"),
-            self.slots([
-                ir.Assign(a, a * corr)]),
-            self.keys([self.lanes(body + [ir.Assign(a, a + p * _float(
-                vals.value(f.values), f.values))])])]
+            rows = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
+                          [ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)
+            off = ir.Var("mf_off")
+            out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.kps * self.qt),
+                    self.each_key([rows, self.each_row([each])]),
+                    ir.For("mf_off", "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), [
+                        self.each_key([self.each_row([ir.Assign(dot, dot + ir.Call(
+                            "simd_shuffle_xor", (dot, off)))])])], step=off)]
+            self.dot_of[r] = dot
         return out
 
+    def softmax_step(self) -> list[ir.Stmt]:
+        """The scores' elementwise work, then per row one online-softmax update for the step:
+        its max, what was summed under the old max rescaled, the step's weights p added."""
+        f = self.form
+        sc_at = ir.Var("mf_u") * ir.Lit(self.qt, "uint") + ir.Var("mf_t")
+        sc, p = ir.Lane(ir.Var("mf_sc"), sc_at), ir.Lane(ir.Var("mf_p"), sc_at)
+        score = self.lowering("mf_s")
+        for r, dot in self.dot_of.items():
+            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
+                compute_type(r.dtype), dot)
+        body = score.lower([f.scores])
+        self.helpers |= score.helpers | {"mf_maximum"}
+        t = ir.Var("mf_t")
+        m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
+        m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
+        live = m_new.ne(NEG_INF)
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
+                      [ir.Assign(sc, NEG_INF)], unroll=True)
+        return [
+            ir.ArrayDecl("mf_sc", "float", self.kps * self.qt),
+            self.keys([self.each_row(body + [ir.Assign(sc, _float(score.value(f.scores),
+                                                                  f.scores))])], [dead]),
+            ir.Comment("online softmax, per row: the step's max, the old sums rescaled, the "
+                       "step's weights p added"),
+            ir.ArrayDecl("mf_p", "float", self.kps * self.qt),
+            self.each_row([
+                ir.Decl("mf_m_new", "float", m, const=False),
+                self.each_key([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
+                ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
+                    "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
+                ir.Assign(d, d * corr),
+                self.each_key([
+                    ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
+                                           ir.Lit(0.0, "float"))),
+                    ir.Assign(d, d + p)]),
+                ir.Assign(m, m_new),
+                self.slots([ir.Assign(acc, acc * corr)])])]
+
+    def accumulate(self) -> list[ir.Stmt]:
+        """acc += p v for every (row, key) of the step."""
+        f = self.form
+        vals = self.lowering("mf_w")
+        self.key_value(vals)
+        body = vals.lower([f.values])
+        self.helpers |= vals.helpers
+        t = ir.Var("mf_t")
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        p = ir.Lane(ir.Var("mf_p"), ir.Var("mf_u") * ir.Lit(self.qt, "uint") + t)
+        return [ir.Comment("the values: acc += p v"),
+                self.keys([self.each_row([self.elements(f.values, body + [
+                    ir.Assign(acc, acc + p * _float(vals.value(f.values), f.values))])])])]
+
     def epilogue(self) -> ir.Stmt:
-        """The outputs at the lane's E elements: acc / d through the work after the sum."""
+        """The outputs at the lane's E elements: the merged acc / d through the work after the
+        sum."""
         f = self.form
         low = self.lowering("mf_o")
         low.values[f.out] = ir.Cast(compute_type(f.out.dtype),
-                                    ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")) / ir.Var("mf_d"))
+                                    ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")) / ir.Var("mf_md"))
         body = low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         for k, o in enumerate(self.graph.outputs):
-            off: ir.Expr = ir.Lit(0, IDX)
-            for i, a in enumerate(o.axes):
-                off = self.at(a) if i == 0 else off * self.size(a) + self.at(a)
-            body.append(ir.Store(self.out_names[k], off, self.out_value(k, low)))
+            body.append(ir.Store(self.out_names[k], self.offset(o.axes), self.out_value(k, low)))
         return self.lanes(body)
 
-    # -- online-softmax states: one per simdgroup, merged --------------------------------
+    # -- online-softmax states: per key stream, merged -----------------------------------
     def state(self) -> list[ir.Stmt]:
-        """An empty online-softmax state: m = -inf, d = 0, acc = 0."""
-        return [ir.Decl("mf_m", "float", NEG_INF, const=False),
-                ir.Decl("mf_d", "float", ir.Lit(0.0, "float"), const=False),
-                ir.ArrayDecl("mf_acc", "float", self.epl),
-                self.slots([
-                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))])]
+        """Empty online-softmax states for the tile's rows: m = -inf, d = 0, acc = 0."""
+        t = ir.Var("mf_t")
+        return [ir.ArrayDecl("mf_m", "float", self.qt), ir.ArrayDecl("mf_d", "float", self.qt),
+                ir.ArrayDecl("mf_acc", "float", self.qt * self.epl),
+                ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var("mf_m"), t), NEG_INF),
+                    ir.Assign(ir.Lane(ir.Var("mf_d"), t), ir.Lit(0.0, "float")),
+                    self.slots([ir.Assign(ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint")
+                                                  + ir.Var("mf_j")), ir.Lit(0.0, "float"))])],
+                       unroll=True)]
 
-    def reset(self) -> list[ir.Stmt]:
-        """The state emptied again (after it was shared)."""
-        return [ir.Assign(ir.Var("mf_m"), NEG_INF),
-                ir.Assign(ir.Var("mf_d"), ir.Lit(0.0, "float")),
-                self.slots([
-                    ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")), ir.Lit(0.0, "float"))])]
+    def merge_streams(self) -> list[ir.Stmt]:
+        """Merge the simdgroup's kp key streams (lanes mf_w apart hold the same E elements of
+        different keys) by an xor butterfly; afterwards every stream holds the merge."""
+        t, off = ir.Var("mf_t"), ir.Var("mf_off")
+        m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        mo, mx = ir.Var("mf_mo"), ir.Var("mf_mx")
+
+        def weight(ms: ir.Expr) -> ir.Expr:
+            return ir.Select(ms.ne(NEG_INF), ir.Call("exp", (ms - mx,), precise=True),
+                             ir.Lit(0.0, "float"))
+        return [
+            ir.Comment("merge the simdgroup's key streams"),
+            ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.each_row([
+                ir.Decl("mf_mo", "float", ir.Call("simd_shuffle_xor", (m, off))),
+                ir.Decl("mf_do", "float", ir.Call("simd_shuffle_xor", (d, off))),
+                ir.Decl("mf_mx", "float", ir.Call("mf_maximum", (m, mo))),
+                ir.Decl("mf_c1", "float", weight(m)),
+                ir.Decl("mf_c2", "float", weight(mo)),
+                ir.Assign(d, d * ir.Var("mf_c1") + ir.Var("mf_do") * ir.Var("mf_c2")),
+                self.slots([ir.Assign(acc, acc * ir.Var("mf_c1") + ir.Call(
+                    "simd_shuffle_xor", (acc, off)) * ir.Var("mf_c2"))]),
+                ir.Assign(m, mx)])], step=off)]
 
     def merge_states(self, count: ir.Expr, m_of: Callable[[ir.Expr], ir.Expr],
                      d_of: Callable[[ir.Expr], ir.Expr],
-                     acc_of: Callable[[ir.Expr, ir.Expr], ir.Expr],
-                     declare: bool = True) -> list[ir.Stmt]:
-        """(m, d, acc) = the merge of `count` states s (m_of(s), d_of(s), acc_of(s, e)): the
-        largest max M, then d = sum d_s c_s and acc = sum acc_s c_s with c_s = exp(m_s - M)
-        (0 for an empty state, m_s = -inf; NaN in any state makes the result NaN)."""
-        s = ir.Var("mf_s")
-        c = ir.Var("mf_c")
-        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j"))
-        lane_e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
-        return (self.state() if declare else self.reset()) + [
+                     acc_of: Callable[[ir.Expr, ir.Expr], ir.Expr]) -> list[ir.Stmt]:
+        """(mf_mm, mf_md, mf_macc) = the merge of `count` states s (m_of(s), d_of(s),
+        acc_of(s, e)): the largest max M, then d = sum d_s c_s and acc = sum acc_s c_s with
+        c_s = exp(m_s - M) (0 for an empty state, m_s = -inf; NaN in any state makes the
+        result NaN)."""
+        s, c = ir.Var("mf_s"), ir.Var("mf_c")
+        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        e = ir.Var("mf_e")
+        return [
+            ir.Decl("mf_mm", "float", NEG_INF, const=False),
+            ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
+            ir.ArrayDecl("mf_macc", "float", self.epl),
+            self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
             ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
-                ir.Assign(ir.Var("mf_m"), ir.Call("mf_maximum", (ir.Var("mf_m"), m_of(s))))]),
+                ir.Assign(ir.Var("mf_mm"), ir.Call("mf_maximum", (ir.Var("mf_mm"), m_of(s))))]),
             ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
                 ir.Decl("mf_ms", "float", m_of(s)),
                 ir.Decl("mf_c", "float", ir.Select(ir.Var("mf_ms").ne(NEG_INF), ir.Call(
-                    "exp", (ir.Var("mf_ms") - ir.Var("mf_m"),), precise=True),
+                    "exp", (ir.Var("mf_ms") - ir.Var("mf_mm"),), precise=True),
                     ir.Lit(0.0, "float"))),
-                ir.Assign(ir.Var("mf_d"), ir.Var("mf_d") + d_of(s) * c),
-                self.slots([ir.Assign(acc, acc + acc_of(s, lane_e) * c)])])]
+                ir.Assign(ir.Var("mf_md"), ir.Var("mf_md") + d_of(s) * c),
+                self.lanes([ir.Assign(acc, acc + acc_of(s, e) * c)])])]
+
+    def share(self, nsg: int, emax: int) -> list[ir.Stmt]:
+        """Row by row: the simdgroups' states through threadgroup memory, merged by
+        simdgroup 0, which writes the outputs (one block) or the block's partial state."""
+        t = ir.Var("mf_t")
+        lane_e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        first = ir.Var("mf_grp").eq(ir.Lit(0, "uint"))
+        partial = ir.Var("mf_partial")
+        row_id = self.offset(self.rows)
+        merged = self.merge_states(
+            ir.Lit(nsg, "uint"),
+            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
+            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
+        out = ir.If(ir.Var("mf_splits").eq(ir.Lit(1, "uint")), [
+            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
+                       "softmax gives)"), self.epilogue()], [
+            ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
+                       "kernel"),
+            ir.Decl("mf_partial", IDX, (row_id * ir.Cast(IDX, ir.Var("mf_splits"))
+                                        + ir.Cast(IDX, ir.Var("mf_block")))
+                    * ir.Lit(emax + 2, IDX)),
+            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+                ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
+                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_md"))]),
+            self.lanes([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
+                                 + ir.Cast(IDX, ir.Var("mf_e")),
+                                 ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")))])])
+        return [
+            ir.Comment("row by row: merge the simdgroups' states through threadgroup memory"),
+            self.each_row([
+                ir.If(first, [
+                    ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+                        ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")),
+                                  ir.Lane(ir.Var("mf_m"), t)),
+                        ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")),
+                                  ir.Lane(ir.Var("mf_d"), t))]),
+                    self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
+                                                  * ir.Lit(emax, "uint") + lane_e), acc)])]),
+                ir.Barrier(),
+                ir.If(ir.Var("mf_sg").eq(ir.Lit(0, "uint")).and_(first), merged + [out]),
+                ir.Barrier()])]
 
     # -- the kernels ----------------------------------------------------------------------
     def decode_kernel(self) -> ir.LoweredKernel:
-        """A threadgroup per (query row, block of keys): its simdgroups take turns over the
-        block's keys, each keeping an online-softmax state; the states merge through
-        threadgroup memory; one block per row writes the outputs, several write partial
-        states for the merge kernel."""
+        """A threadgroup per (rows that share keys, block of keys): its simdgroups take turns
+        over the block's keys, each running mf_kp key streams of mf_w lanes; each stream keeps
+        an online-softmax state per row; the states merge across streams (shuffles), then
+        simdgroups (threadgroup memory); one block per row writes the outputs, several write
+        partial states for the merge kernel."""
         f = self.form
         nsg = self.policy.threads_per_group // SIMD_WIDTH
         emax = SIMD_WIDTH * self.epl
         threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-        self.pre, self.pre_names = [], set()
-        staged = self.stage()
-        step = self.key_step()
-        fin = self.epilogue()
+        self.pre, self.pre_names, self.tiled = [], set(), True
+        tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
+        head: list[ir.Stmt] = [
+            ir.Comment(f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
+                       f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
+                       f"turns over steps of keys; a key's E elements are spread over mf_w "
+                       f"lanes, {self.epl} consecutive ones each"),
+            ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_splits")),
+            ir.Decl("mf_tile", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
+                                                               / ir.Var("mf_splits")) % tiles)),
+            ir.Decl("mf_own", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
+                                                              / ir.Var("mf_splits")) / tiles)),
+            ir.If(ir.Cast(IDX, ir.Var("mf_own")) >= self.span(self.own_axes), [ir.Return()]),
+            ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % ir.Var("mf_w")),
+            ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / ir.Var("mf_w")),
+            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w"))]
         splits, length = ir.Var("mf_splits"), self.size(f.key)
         chunk = (length + ir.Cast(IDX, splits) - ir.Lit(1, IDX)) / ir.Cast(IDX, splits)
+        head += [ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
+                 ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length))),
+                 ir.Decl("mf_vec_ok", "bool", (self.size(f.e) % ir.Lit(self.vw, IDX)).eq(
+                     ir.Lit(0, IDX)))]
+        head += self.tile()
+        staged = self.stage()
+        step = self.load_keys() + self.dots() + self.softmax_step() + self.accumulate()
+        per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(self.kps, "uint"))
+        loop = ir.For("mf_base", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step,
+                      ir.Var("mf_l1"), step, step=per_step * ir.Lit(nsg, IDX))
         tg: list[ir.Stmt] = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
                              ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
                              ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
         self.tg_bytes = 4 * nsg * (2 + emax)
-        lane_e = ir.Var("mf_lane") + ir.Var("mf_j") * SIMD
-        partial = ir.Var("mf_partial")
-        head: list[ir.Stmt] = [
-            ir.Comment(f"threadgroup: query row mf_row, keys [mf_l0, mf_l1) of block mf_block; "
-                       f"its {nsg} simdgroups take turns over steps of {self.kps} keys; lane l "
-                       f"holds E elements l, l + 32, ..."),
-            ir.Decl("mf_row", "uint", ir.Var("mf_group") / splits),
-            ir.Decl("mf_block", "uint", ir.Var("mf_group") % splits),
-            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
-            ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
-            ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length)))]
-        loop = ir.For("mf_base", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg") *
-                                                                ir.Lit(self.kps, "uint")),
-                      ir.Var("mf_l1"), step, step=ir.Lit(nsg * self.kps, IDX))
-        share: list[ir.Stmt] = [
-            ir.Comment("merge the simdgroups' states through threadgroup memory"),
-            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
-                ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), ir.Var("mf_m")),
-                ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), ir.Var("mf_d"))]),
-            self.slots([
-                ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg") * ir.Lit(emax, "uint")
-                                  + lane_e), ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))]),
-            ir.Barrier(),
-            ir.If(ir.Var("mf_sg").ne(ir.Lit(0, "uint")), [ir.Return()]),
-            ir.Comment("simdgroup 0: the group's state, then outputs or a partial state")]
-        share += self.merge_states(
-            ir.Lit(nsg, "uint"),
-            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
-            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e),
-            declare=False)
-        share.append(ir.If(splits.eq(ir.Lit(1, "uint")), [
-            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax "
-                       "gives)"), fin], [
-            ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge kernel"),
-            ir.Decl("mf_partial", IDX, ir.Cast(IDX, ir.Var("mf_group")) * ir.Lit(emax + 2, IDX)),
-            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
-                ir.Store("mf_scratch", partial, ir.Var("mf_m")),
-                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_d"))]),
-            self.slots([
-                ir.Store("mf_scratch", partial + ir.Lit(2, IDX) + ir.Cast(IDX, lane_e),
-                         ir.Lane(ir.Var("mf_acc"), ir.Var("mf_j")))])]))
         scan: list[ir.Stmt] = [ir.Comment(f"one pass over the block's keys along '{f.key}' "
                                           f"(scores never stored)"), loop]
-        body = head + self.pre + staged + self.state() + scan + share
+        tail = self.merge_streams() + self.share(nsg, emax)
+        body = head + self.pre + staged + self.state() + scan + tail
+        self.tiled = False
         summary = (f"{self.graph.name} (decode): softmax over '{f.key}' of scores contracting "
-                   f"'{f.e}', times the values, summed over '{f.key}'; a threadgroup per query "
-                   f"row and block of keys, {nsg} simdgroups over the keys, online softmax in "
-                   f"one pass, fp32 state")
+                   f"'{f.e}', times the values, summed over '{f.key}'; a threadgroup per "
+                   f"{self.qt} query rows sharing their keys and block of keys, {nsg} "
+                   f"simdgroups over the keys, online softmax in one pass, fp32 state")
         return make_kernel(self.graph, self.index64, threads, tg + body, summary, "decode",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
@@ -528,9 +751,11 @@ class _Builder(reduce.Builder):
         def at(s: ir.Expr, k: ir.Expr) -> ir.Expr:
             return ir.Load("mf_scratch", (base + ir.Cast(IDX, s)) * ir.Lit(emax + 2, IDX) + k)
         head: list[ir.Stmt] = [
-            ir.Comment("one simdgroup per query row; lane l holds E elements l, l + 32, ..."),
+            ir.Comment(f"one simdgroup per query row; lane l holds E elements {self.epl} l, "
+                       f"..., {self.epl} l + {self.epl - 1}"),
             ir.Decl("mf_row", "uint", ir.Var("mf_tid") / SIMD),
-            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()])]
+            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
+            ir.Decl("mf_sub", "uint", ir.Var("mf_lane"))]
         merged = self.merge_states(
             splits, lambda s: at(s, ir.Lit(0, IDX)), lambda s: at(s, ir.Lit(1, IDX)),
             lambda s, e: at(s, ir.Lit(2, IDX) + ir.Cast(IDX, e)))
@@ -545,17 +770,22 @@ class _Builder(reduce.Builder):
         base = kernel_params(self)
         extra = [ir.Argument("mf_scratch", len(base), "buffer", "float", ("scratch",), True),
                  ir.Argument("mf_splits", len(base) + 1, "scalar", "uint",
-                             ("launch", "key_splits"), cast="int32")]
+                             ("launch", "key_splits"), cast="int32"),
+                 ir.Argument("mf_w", len(base) + 2, "scalar", "uint",
+                             ("launch", "lanes_per_key"), cast="int32")]
         self.params = base + tuple(extra)
         self.helpers.add("mf_maximum")
         decode = self.decode_kernel()
         merge = self.merge_kernel()
-        policy = replace(self.policy, uses_simd=True, threadgroup_bytes=self.tg_bytes)
+        vector = tuple(dict.fromkeys(n.attr for n in self.kv)) if self.vw > 1 else ()
+        policy = replace(self.policy, uses_simd=True, threadgroup_bytes=self.tg_bytes,
+                         vector_width=self.vw)
         validate(policy)
         return AttentionSchedule("attention", self.graph, policy, decode,
-                                 (*self.rows, self.form.e), (), self.index64,
+                                 (*self.rows, self.form.e), vector, self.index64,
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
-                                 max_e=SIMD_WIDTH * self.epl, merge=merge)
+                                 max_e=SIMD_WIDTH * self.epl, merge=merge,
+                                 own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt)
 
 
 def _float(e: ir.Expr, n: Node) -> ir.Expr:

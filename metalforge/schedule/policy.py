@@ -99,12 +99,15 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
                           uses_simd=True),
-    # attention (schedule/attention.py): a threadgroup per query row and block of keys, its
-    # threads_per_group / 32 simdgroups taking turns over the block's keys, reads_per_thread E
-    # elements per lane (E up to 32 x 8 = 256); key_splits blocks per row (0: chosen per call
-    # so that a few query rows still fill the GPU)
+    # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
+    # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
+    # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
+    # keys; a key's E elements are spread over the fewest lanes holding reads_per_thread
+    # consecutive ones each (E up to 32 x 8 = 256), the simdgroup's other lanes take other
+    # keys; each lane takes keys_per_step keys per step; key_splits blocks per tile (0: chosen
+    # per call so that a few tiles still fill the GPU)
     "attention": LaunchPolicy("attention", threads_per_group=256, reads_per_thread=8,
-                              uses_simd=True),
+                              rows_per_group=4, keys_per_step=2, uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
 }
@@ -114,8 +117,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "index64"),
-    "attention": ("threads_per_group", "reads_per_thread", "key_splits", "keys_per_step",
-                  "index64"),
+    "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
+                  "keys_per_step", "index64"),
 }
 
 
@@ -186,8 +189,18 @@ def validate(p: LaunchPolicy) -> None:
              f"threads_per_group={p.threads_per_group} with reads_per_thread="
              f"{p.reads_per_thread}: the merge of the simdgroups' states needs {tg} bytes of "
              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
-        need(p.keys_per_step <= 32, f"keys_per_step={p.keys_per_step}: each lane keeps that "
-             "many scores and weights in registers, at most 32")
+        need(p.reads_per_thread & (p.reads_per_thread - 1) == 0
+             and p.reads_per_thread <= MAX_READS_PER_THREAD,
+             f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
+             f"elements per key and per row in registers: a power of two up to "
+             f"{MAX_READS_PER_THREAD}")
+        for name in ("rows_per_group", "keys_per_step"):
+            n = getattr(p, name)
+            need(n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,
+                 f"{name}={n} with reads_per_thread={p.reads_per_thread}: each lane keeps "
+                 f"{name} x reads_per_thread = {n * p.reads_per_thread} values in registers "
+                 f"(q and the accumulators per row, k and v per key), at most "
+                 f"{8 * MAX_READS_PER_THREAD}")
     if p.family == "quant":
         need(p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
              "packed words at once, at most 4 (16 bytes)")
