@@ -314,14 +314,10 @@ class _Builder(reduce.Builder):
         raise UnsupportedConstruct(f"kernel '{self.graph.name}': axis '{axis}' is neither a "
                                    f"query-row axis, '{self.form.key}' nor '{self.form.e}'")
 
-    def offset(self, axes: Sequence[str], plus_e: int = 0) -> ir.Expr:
-        """The element's index in a tensor over `axes` (`plus_e` further along E)."""
+    def offset(self, axes: Sequence[str]) -> ir.Expr:
         e: ir.Expr = ir.Lit(0, IDX)
         for i, a in enumerate(axes):
-            p = self.at(a)
-            if a == self.form.e and plus_e:
-                p = ir.Cast(IDX, ir.Var("mf_e") + ir.Lit(plus_e, "uint"))
-            e = p if i == 0 else e * self.size(a) + p
+            e = self.at(a) if i == 0 else e * self.size(a) + self.at(a)
         return e
 
     def load(self, n: Node) -> ir.Expr:
@@ -415,70 +411,60 @@ class _Builder(reduce.Builder):
         return out
 
     def load_keys(self) -> list[ir.Stmt]:
-        """Each key's E elements of k and v for this lane, kept as loaded (storage type, vw
-        per chunk: half the registers of fp32 for 2-byte types, so more keys in flight):
-        vector loads when E is a multiple of vw, else guarded scalar loads; 0 past E and past
-        the keys."""
-        out: list[ir.Stmt] = [ir.Comment("this lane's E elements of the step's keys and values "
-                                         "as loaded, once for all the tile's rows")]
-        chunks = self.epl // self.vw
-        ci = ir.Var("mf_u") * ir.Lit(chunks, "uint") + ir.Var("mf_c")
-        e0 = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_c") * ir.Lit(self.vw,
-                                                                                   "uint")
+        """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
+        multiple of the width, else guarded scalar loads; 0 past E and past the keys."""
+        out: list[ir.Stmt] = [ir.Comment("this lane's E elements of the step's keys and values, "
+                                         "loaded once for all the tile's rows")]
+        vw = self.vw
         for n, arr in self.kv.items():
             t = self.graph.tensor(n.attr)
-            st = self.in_stype(t)
-            chunk = ir.Lane(ir.Var(arr), ci)
-            inner = t.axes[-1] == self.form.e        # the chunk is contiguous in memory
-            at = ir.Var("mf_at")
-
-            def elem(x: int) -> ir.Expr:
-                pos = at + ir.Lit(x, IDX) if inner else self.offset(t.axes, x)
-                return ir.Select(ir.Cast(IDX, ir.Var("mf_e") + ir.Lit(x, "uint"))
-                                 < self.size(self.form.e), ir.Load(self.names[t.name], pos),
-                                 ir.Cast(st, ir.Lit(0, "int")))
-            guarded = ir.Assign(chunk, self.pack(st, [elem(x) for x in range(self.vw)]))
-            load: list[ir.Stmt] = [ir.Decl("mf_e", "uint", e0)]
-            if inner:
-                load.append(ir.Decl("mf_at", IDX, self.offset(t.axes)))
-            if self.vw > 1 and inner:
-                inside = ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e)
-                load.append(ir.If(ir.Var("mf_vec_ok").and_(inside), [ir.Assign(chunk, ir.Load(
-                    self.names[t.name], at, self.vw, st))], [guarded]))
-            else:
-                load.append(guarded)
-            zero = ir.Assign(chunk, self.pack(st, [ir.Cast(st, ir.Lit(0, "int"))] * self.vw))
-            out += [ir.ArrayDecl(arr, self.packed(st), self.kps * chunks),
-                    self.keys([self.chunks(load)], [self.chunks([zero])])]
+            ct = compute_type(t.dtype)
+            zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+            out.append(ir.ArrayDecl(arr, ct, self.kps * self.epl))
+            slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+            scalar = ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e),
+                           [ir.Assign(ir.Lane(ir.Var(arr), slot), self.load(n))],
+                           [ir.Assign(ir.Lane(ir.Var(arr), slot), zero)])
+            guarded: list[ir.Stmt] = [self.slots([
+                ir.Decl("mf_e", "uint", ir.Var("mf_sub") * ir.Lit(self.epl, "uint")
+                        + ir.Var("mf_j")), scalar])]
+            body = guarded
+            if vw > 1 and t.axes[-1] == self.form.e:
+                body = [ir.If(ir.Var("mf_vec_ok"), self.vector_load(n, arr), guarded)]
+            out.append(self.keys(body, [self.slots([ir.Assign(ir.Lane(ir.Var(arr), slot),
+                                                              zero)])]))
         return out
 
-    def chunks(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each vw-wide chunk mf_c of the lane's E elements (unrolled)."""
-        return ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // self.vw, "uint"),
-                      body, unroll=True)
-
-    def packed(self, st: str) -> str:
-        return st if self.vw == 1 else ir.vector_type(st, self.vw)
-
-    def pack(self, st: str, elems: list[ir.Expr]) -> ir.Expr:
-        if self.vw == 1:
-            return elems[0]
-        if self.vw == 8:
+    def vector_load(self, n: Node, arr: str) -> list[ir.Stmt]:
+        """The lane's reads_per_thread elements of one key as reads_per_thread / vw vector
+        loads (the lane's chunk is inside E or wholly past it: E is a multiple of vw)."""
+        t = self.graph.tensor(n.attr)
+        ct, st, vw = compute_type(t.dtype), self.in_stype(t), self.vw
+        c = ir.Var("mf_c")
+        e0 = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + c * ir.Lit(vw, "uint")
+        slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + c * ir.Lit(vw, "uint") + ir.Var(
+            "mf_x")
+        elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), ir.Var("mf_x"))) if vw == 8 else ir.Lane(
+            ir.Var("mf_vec"), ir.Var("mf_x"))
+        zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+        if vw == 8:
             self.helpers.add("mf_pack8_of")
-            return ir.Call("mf_pack8_of", tuple(elems))
-        return ir.Call(self.packed(st), tuple(elems))
+        return [ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // vw, "uint"), [
+            ir.Decl("mf_e", "uint", e0),
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
+                ir.Decl("mf_vec", ir.vector_type(st, vw),
+                        ir.Load(self.names[t.name], self.offset(t.axes), vw, st)),
+                ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var(arr), slot), ir.Cast(ct, elem))], unroll=True)],
+                [ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var(arr), slot), zero)], unroll=True)])],
+            unroll=True)]
 
     def key_value(self, low: ElementLowering) -> None:
-        """Let `low` read the staged q and k/v registers instead of loading them: element j of
-        the lane's E elements of key u is lane j % vw of chunk u * chunks + j / vw."""
+        """Let `low` read the staged q and k/v registers instead of loading them."""
         low.values.update(self.staged)
-        j, vw = ir.Var("mf_j"), ir.Lit(self.vw, "uint")
-        ci = ir.Var("mf_u") * ir.Lit(self.epl // self.vw, "uint") + j / vw
-        for n, arr in self.kv.items():
-            chunk = ir.Lane(ir.Var(arr), ci)
-            elem = chunk if self.vw == 1 else ir.Call("mf_lane8", (chunk, j % vw)) \
-                if self.vw == 8 else ir.Lane(chunk, j % vw)
-            low.values[n] = ir.Cast(compute_type(n.dtype), elem)
+        slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+        low.values.update({n: ir.Lane(ir.Var(arr), slot) for n, arr in self.kv.items()})
 
     def elements(self, n: Node, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` over the lane's E slots: all of them when `n` reads nothing along E but the

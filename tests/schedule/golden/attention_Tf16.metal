@@ -109,46 +109,74 @@ kernel void mf_attention_decode(
     }
     // one pass over the block's keys along 'L' (scores never stored)
     for (mf_index_t mf_base = mf_l0 + mf_index_t(mf_sg) * mf_index_t(mf_kp * 2u); mf_base < mf_l1; mf_base += mf_index_t(mf_kp * 2u) * 8u) {
-        // this lane's E elements of the step's keys and values as loaded, once for all the tile's rows
-        mf_pack8<T> mf_kv0[2];
+        // this lane's E elements of the step's keys and values, loaded once for all the tile's rows
+        float mf_kv0[16];
         for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
             const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
             if (mf_l < mf_l1) {
-                {
-                    const uint mf_c = 0u;
-                    const uint mf_e = mf_sub * 8u + mf_c * 8u;
-                    const mf_index_t mf_at = ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e);
-                    if (mf_vec_ok && mf_index_t(mf_e) < mf_size_E) {
-                        mf_kv0[mf_u * 1u + mf_c] = *reinterpret_cast<device const mf_pack8<T>*>(k + mf_at);
-                    } else {
-                        mf_kv0[mf_u * 1u + mf_c] = mf_pack8_of(mf_index_t(mf_e + 0u) < mf_size_E ? k[mf_at + 0u] : T(0), mf_index_t(mf_e + 1u) < mf_size_E ? k[mf_at + 1u] : T(0), mf_index_t(mf_e + 2u) < mf_size_E ? k[mf_at + 2u] : T(0), mf_index_t(mf_e + 3u) < mf_size_E ? k[mf_at + 3u] : T(0), mf_index_t(mf_e + 4u) < mf_size_E ? k[mf_at + 4u] : T(0), mf_index_t(mf_e + 5u) < mf_size_E ? k[mf_at + 5u] : T(0), mf_index_t(mf_e + 6u) < mf_size_E ? k[mf_at + 6u] : T(0), mf_index_t(mf_e + 7u) < mf_size_E ? k[mf_at + 7u] : T(0));
+                if (mf_vec_ok) {
+                    {
+                        const uint mf_c = 0u;
+                        const uint mf_e = mf_sub * 8u + mf_c * 8u;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            const mf_pack8<T> mf_vec = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                            for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                                mf_kv0[mf_u * 8u + mf_c * 8u + mf_x] = float(mf_lane8(mf_vec, mf_x));
+                            }
+                        } else {
+                            for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                                mf_kv0[mf_u * 8u + mf_c * 8u + mf_x] = 0.0f;
+                            }
+                        }
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        const uint mf_e = mf_sub * 8u + mf_j;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            mf_kv0[mf_u * 8u + mf_j] = float(k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)]);
+                        } else {
+                            mf_kv0[mf_u * 8u + mf_j] = 0.0f;
+                        }
                     }
                 }
             } else {
-                {
-                    const uint mf_c = 0u;
-                    mf_kv0[mf_u * 1u + mf_c] = mf_pack8_of(T(0), T(0), T(0), T(0), T(0), T(0), T(0), T(0));
+                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                    mf_kv0[mf_u * 8u + mf_j] = 0.0f;
                 }
             }
         }
-        mf_pack8<T> mf_kv1[2];
+        float mf_kv1[16];
         for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
             const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
             if (mf_l < mf_l1) {
-                {
-                    const uint mf_c = 0u;
-                    const uint mf_e = mf_sub * 8u + mf_c * 8u;
-                    const mf_index_t mf_at = ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e);
-                    if (mf_vec_ok && mf_index_t(mf_e) < mf_size_E) {
-                        mf_kv1[mf_u * 1u + mf_c] = *reinterpret_cast<device const mf_pack8<T>*>(v + mf_at);
-                    } else {
-                        mf_kv1[mf_u * 1u + mf_c] = mf_pack8_of(mf_index_t(mf_e + 0u) < mf_size_E ? v[mf_at + 0u] : T(0), mf_index_t(mf_e + 1u) < mf_size_E ? v[mf_at + 1u] : T(0), mf_index_t(mf_e + 2u) < mf_size_E ? v[mf_at + 2u] : T(0), mf_index_t(mf_e + 3u) < mf_size_E ? v[mf_at + 3u] : T(0), mf_index_t(mf_e + 4u) < mf_size_E ? v[mf_at + 4u] : T(0), mf_index_t(mf_e + 5u) < mf_size_E ? v[mf_at + 5u] : T(0), mf_index_t(mf_e + 6u) < mf_size_E ? v[mf_at + 6u] : T(0), mf_index_t(mf_e + 7u) < mf_size_E ? v[mf_at + 7u] : T(0));
+                if (mf_vec_ok) {
+                    {
+                        const uint mf_c = 0u;
+                        const uint mf_e = mf_sub * 8u + mf_c * 8u;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            const mf_pack8<T> mf_vec = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                            for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                                mf_kv1[mf_u * 8u + mf_c * 8u + mf_x] = float(mf_lane8(mf_vec, mf_x));
+                            }
+                        } else {
+                            for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                                mf_kv1[mf_u * 8u + mf_c * 8u + mf_x] = 0.0f;
+                            }
+                        }
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        const uint mf_e = mf_sub * 8u + mf_j;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            mf_kv1[mf_u * 8u + mf_j] = float(v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)]);
+                        } else {
+                            mf_kv1[mf_u * 8u + mf_j] = 0.0f;
+                        }
                     }
                 }
             } else {
-                {
-                    const uint mf_c = 0u;
-                    mf_kv1[mf_u * 1u + mf_c] = mf_pack8_of(T(0), T(0), T(0), T(0), T(0), T(0), T(0), T(0));
+                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                    mf_kv1[mf_u * 8u + mf_j] = 0.0f;
                 }
             }
         }
@@ -161,7 +189,7 @@ kernel void mf_attention_decode(
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                 if (mf_live[mf_t]) {
                     for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * float(mf_lane8(mf_kv0[mf_u * 1u + mf_j / 8u], mf_j % 8u));
+                        const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * mf_kv0[mf_u * 8u + mf_j];
                         mf_dot0[mf_u * 4u + mf_t] = mf_dot0[mf_u * 4u + mf_t] + mf_c0_1;
                     }
                 }
@@ -225,7 +253,7 @@ kernel void mf_attention_decode(
                 for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                     if (mf_live[mf_t]) {
                         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                            mf_acc[mf_t * 8u + mf_j] = mf_acc[mf_t * 8u + mf_j] + mf_p[mf_u * 4u + mf_t] * float(mf_lane8(mf_kv1[mf_u * 1u + mf_j / 8u], mf_j % 8u));
+                            mf_acc[mf_t * 8u + mf_j] = mf_acc[mf_t * 8u + mf_j] + mf_p[mf_u * 4u + mf_t] * mf_kv1[mf_u * 8u + mf_j];
                         }
                     }
                 }

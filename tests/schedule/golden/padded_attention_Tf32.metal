@@ -87,42 +87,72 @@ kernel void mf_padded_attention_decode(
     }
     // one pass over the block's keys along 'L' (scores never stored)
     for (mf_index_t mf_base = mf_l0 + mf_index_t(mf_sg) * mf_index_t(mf_kp * 2u); mf_base < mf_l1; mf_base += mf_index_t(mf_kp * 2u) * 8u) {
-        // this lane's E elements of the step's keys and values as loaded, once for all the tile's rows
-        vec<T, 4> mf_kv0[4];
+        // this lane's E elements of the step's keys and values, loaded once for all the tile's rows
+        float mf_kv0[16];
         for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
             const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
             if (mf_l < mf_l1) {
-                for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                    const uint mf_e = mf_sub * 8u + mf_c * 4u;
-                    const mf_index_t mf_at = ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e);
-                    if (mf_vec_ok && mf_index_t(mf_e) < mf_size_E) {
-                        mf_kv0[mf_u * 2u + mf_c] = *reinterpret_cast<device const vec<T, 4>*>(k + mf_at);
-                    } else {
-                        mf_kv0[mf_u * 2u + mf_c] = vec<T, 4>(mf_index_t(mf_e + 0u) < mf_size_E ? k[mf_at + 0u] : T(0), mf_index_t(mf_e + 1u) < mf_size_E ? k[mf_at + 1u] : T(0), mf_index_t(mf_e + 2u) < mf_size_E ? k[mf_at + 2u] : T(0), mf_index_t(mf_e + 3u) < mf_size_E ? k[mf_at + 3u] : T(0));
+                if (mf_vec_ok) {
+                    for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                        const uint mf_e = mf_sub * 8u + mf_c * 4u;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            const vec<T, 4> mf_vec = *reinterpret_cast<device const vec<T, 4>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                mf_kv0[mf_u * 8u + mf_c * 4u + mf_x] = float(mf_vec[mf_x]);
+                            }
+                        } else {
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                mf_kv0[mf_u * 8u + mf_c * 4u + mf_x] = 0.0f;
+                            }
+                        }
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        const uint mf_e = mf_sub * 8u + mf_j;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            mf_kv0[mf_u * 8u + mf_j] = float(k[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)]);
+                        } else {
+                            mf_kv0[mf_u * 8u + mf_j] = 0.0f;
+                        }
                     }
                 }
             } else {
-                for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                    mf_kv0[mf_u * 2u + mf_c] = vec<T, 4>(T(0), T(0), T(0), T(0));
+                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                    mf_kv0[mf_u * 8u + mf_j] = 0.0f;
                 }
             }
         }
-        vec<T, 4> mf_kv1[4];
+        float mf_kv1[16];
         for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
             const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
             if (mf_l < mf_l1) {
-                for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                    const uint mf_e = mf_sub * 8u + mf_c * 4u;
-                    const mf_index_t mf_at = ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e);
-                    if (mf_vec_ok && mf_index_t(mf_e) < mf_size_E) {
-                        mf_kv1[mf_u * 2u + mf_c] = *reinterpret_cast<device const vec<T, 4>*>(v + mf_at);
-                    } else {
-                        mf_kv1[mf_u * 2u + mf_c] = vec<T, 4>(mf_index_t(mf_e + 0u) < mf_size_E ? v[mf_at + 0u] : T(0), mf_index_t(mf_e + 1u) < mf_size_E ? v[mf_at + 1u] : T(0), mf_index_t(mf_e + 2u) < mf_size_E ? v[mf_at + 2u] : T(0), mf_index_t(mf_e + 3u) < mf_size_E ? v[mf_at + 3u] : T(0));
+                if (mf_vec_ok) {
+                    for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                        const uint mf_e = mf_sub * 8u + mf_c * 4u;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            const vec<T, 4> mf_vec = *reinterpret_cast<device const vec<T, 4>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                mf_kv1[mf_u * 8u + mf_c * 4u + mf_x] = float(mf_vec[mf_x]);
+                            }
+                        } else {
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                mf_kv1[mf_u * 8u + mf_c * 4u + mf_x] = 0.0f;
+                            }
+                        }
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        const uint mf_e = mf_sub * 8u + mf_j;
+                        if (mf_index_t(mf_e) < mf_size_E) {
+                            mf_kv1[mf_u * 8u + mf_j] = float(v[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)]);
+                        } else {
+                            mf_kv1[mf_u * 8u + mf_j] = 0.0f;
+                        }
                     }
                 }
             } else {
-                for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                    mf_kv1[mf_u * 2u + mf_c] = vec<T, 4>(T(0), T(0), T(0), T(0));
+                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                    mf_kv1[mf_u * 8u + mf_j] = 0.0f;
                 }
             }
         }
@@ -135,7 +165,7 @@ kernel void mf_padded_attention_decode(
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                 if (mf_live[mf_t]) {
                     for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * float(mf_kv0[mf_u * 2u + mf_j / 4u][mf_j % 4u]);
+                        const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * mf_kv0[mf_u * 8u + mf_j];
                         mf_dot0[mf_u * 4u + mf_t] = mf_dot0[mf_u * 4u + mf_t] + mf_c0_1;
                     }
                 }
@@ -198,7 +228,7 @@ kernel void mf_padded_attention_decode(
                 for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                     if (mf_live[mf_t]) {
                         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                            mf_acc[mf_t * 8u + mf_j] = mf_acc[mf_t * 8u + mf_j] + mf_p[mf_u * 4u + mf_t] * float(mf_kv1[mf_u * 2u + mf_j / 4u][mf_j % 4u]);
+                            mf_acc[mf_t * 8u + mf_j] = mf_acc[mf_t * 8u + mf_j] + mf_p[mf_u * 4u + mf_t] * mf_kv1[mf_u * 8u + mf_j];
                         }
                     }
                 }
