@@ -105,9 +105,13 @@ POLICIES: dict[str, LaunchPolicy] = {
     # keys; a key's E elements are spread over the fewest lanes holding reads_per_thread
     # consecutive ones each (E up to 32 x 8 = 256), the simdgroup's other lanes take other
     # keys; each lane takes keys_per_step keys per step; key_splits blocks per tile (0: chosen
-    # per call so that a few tiles still fill the GPU)
+    # per call so that a few tiles still fill the GPU). Chosen on an H100 (2026-11-24,
+    # bench/attention.py, decode B=1, 32/8 heads, E=128, f16, L=65536 / 4096, us): 2 rows x 2
+    # keys 392 / 36; 4 x 2 588 / 48 (160 registers a thread: one group of 256 per core);
+    # 4 x 1 398 / 52; 2 x 1 486 / 40; 1 x 2 609 / 43; 128 or 512 threads, key_splits=32,
+    # reads_per_thread=4 all slower (bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=256, reads_per_thread=8,
-                              rows_per_group=4, keys_per_step=2, uses_simd=True),
+                              rows_per_group=2, keys_per_step=2, uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
 }

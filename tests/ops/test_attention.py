@@ -52,15 +52,15 @@ def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits):
 
 def test_key_blocks_per_call():
     """A few tiles of query rows split their keys (a second launch merges the blocks); many
-    tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head share one
-    tile (one threadgroup per kv head and key block)."""
+    tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head make two
+    tiles of rows_per_group = 2 (a threadgroup per tile and key block)."""
     q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1))
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
     steps = s.steps(sizes)
     assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
                                              "attention_f32_causal_true_merge"]
-    assert s.splits(sizes) == 64 and steps[0].threads == 8 * 64 * 256
+    assert s.splits(sizes) == 32 and steps[0].threads == 8 * 2 * 32 * 256
     assert len(s.steps({**sizes, "L": 100})) == 1
     assert len(s.steps({**sizes, "S": 1024})) == 1      # 8 x 1024 tiles fill the GPU
 
