@@ -41,10 +41,11 @@ import torch
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import LaunchError, kernel_at
+from ..errors import BindingError, LaunchError, kernel_at
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..shapes import bind_shapes, output_shape
+from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
 from .launcher import DeviceError, specialisation
 
@@ -268,9 +269,9 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     mk, obj = built(s, s.host_name(sizes))
     threads, group = s.launch(sizes)
     if threads > MAX_GRID:
-        raise ValueError(f"{where}: {numel} output elements need {threads} threads, over the "
-                         f"{MAX_GRID} an MLX grid holds; raise launch={{'vectors_per_thread': "
-                         f"...}}")
+        raise LaunchError(f"{where}: {numel} output elements need {threads} threads, over the "
+                          f"{MAX_GRID} an MLX grid holds; raise launch={{'vectors_per_thread': "
+                          f"...}}")
     inputs = [_input(binds, typ, arrays, values, s, sizes, numel) for binds, typ in mk.inputs]
     kwargs = dict(template=[(n, mlx_dtype(t)) for n, t in mk.template],
                   output_shapes=[(1,) if i is None else shapes[i][0] for i in mk.outputs],
@@ -299,11 +300,11 @@ def _check_arrays(graph: Graph, values: Mapping[str, Any], where: str) -> dict[s
     for p in graph.tensors:
         v: Any = values.get(p.name)
         if not is_array(v):
-            raise TypeError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
-                            f"other arguments of this call, got {type(v).__name__}")
+            raise BindingError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
+                              f"other arguments of this call, got {type(v).__name__}")
         if dtype_of(v) is not p.dtype:
-            raise TypeError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
-                            f"specialisation was built for {p.dtype}")
+            raise BindingError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
+                              f"specialisation was built for {p.dtype}")
         arrays[p.name] = v
     return arrays
 
@@ -430,7 +431,6 @@ def simulate(call: Call) -> list:
     """Run the source MLX builds for this call in metalforge's simulator, bound as MLX binds
     it (inputs, then outputs, by buffer index), with MLX's grid and (clamped) threadgroup.
     Returns the outputs as MLX arrays, in the graph's output order."""
-    from ..sim import compile_shader
     src = captured_source(call)
     lib = _libs.get(src)
     if lib is None:
