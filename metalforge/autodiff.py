@@ -34,8 +34,8 @@ import torch
 
 from . import runtime
 from .dtypes import BOOL, F32, I64, DType
-from .errors import MetalforgeError
-from .graph import Graph, Node, Output, ScalarParam, TensorParam, topo_order
+from .errors import MetalforgeError, at, kernel_at
+from .graph import Graph, Node, Op, Output, ScalarParam, TensorParam, topo_order
 from .shapes import bind_shapes, output_shape
 
 
@@ -44,11 +44,11 @@ class NotDifferentiable(MetalforgeError, TypeError):
 
 
 def _where(graph: Graph) -> str:
-    return f"kernel '{graph.name}'" + (f" ({graph.loc[0]}:{graph.loc[1]})" if graph.loc else "")
+    return kernel_at(graph.name, graph.loc)
 
 
 def _at(n: Node) -> str:
-    return f" at {n.loc[0]}:{n.loc[1]}" if n.loc else ""
+    return at(n.loc)
 
 
 # --------------------------------------------------------------------------- node building
@@ -64,14 +64,14 @@ class _Nodes:
         return tuple(sorted(s, key=self.order.__getitem__))
 
     def const(self, v: float) -> Node:
-        return Node("const", (), F32, (), attr=float(v), weak=True)
+        return Node(Op.CONST, (), F32, (), attr=float(v), weak=True)
 
     def f32(self, n: Node) -> Node:
-        return n if n.dtype is F32 else Node("cast", (n,), F32, n.axes)
+        return n if n.dtype is F32 else Node(Op.CAST, (n,), F32, n.axes)
 
     def bin(self, op: str, a: Node, b: Node) -> Node:
         a, b = self.f32(a), self.f32(b)
-        return Node("binary", (a, b), F32, self.axes(a, b), attr=op, weak=a.weak and b.weak)
+        return Node(Op.BINARY, (a, b), F32, self.axes(a, b), attr=op, weak=a.weak and b.weak)
 
     def add(self, a: Node, b: Node) -> Node:
         return self.bin("add", a, b)
@@ -87,24 +87,24 @@ class _Nodes:
 
     def neg(self, a: Node) -> Node:
         a = self.f32(a)
-        return Node("unary", (a,), F32, a.axes, attr="neg")
+        return Node(Op.UNARY, (a,), F32, a.axes, attr="neg")
 
     def unary(self, op: str, a: Node) -> Node:
         a = self.f32(a)
-        return Node("unary", (a,), F32, a.axes, attr=op)
+        return Node(Op.UNARY, (a,), F32, a.axes, attr=op)
 
     def cmp(self, op: str, a: Node, b: Node) -> Node:
-        return Node("binary", (a, b), BOOL, self.axes(a, b), attr=op)
+        return Node(Op.BINARY, (a, b), BOOL, self.axes(a, b), attr=op)
 
     def where(self, c: Node, a: Node, b: Node) -> Node:
         a, b = self.f32(a), self.f32(b)
-        return Node("where", (c, a, b), F32, self.axes(c, a, b))
+        return Node(Op.WHERE, (c, a, b), F32, self.axes(c, a, b))
 
     def zero_unless(self, c: Node, a: Node) -> Node:
         return self.where(c, a, self.const(0.0))
 
     def sum(self, a: Node, axis: str) -> Node:
-        return Node("reduce", (self.f32(a),), F32, tuple(x for x in a.axes if x != axis),
+        return Node(Op.REDUCE, (self.f32(a),), F32, tuple(x for x in a.axes if x != axis),
                     attr=("sum", axis))
 
     def expand(self, a: Node, axes: tuple[str, ...]) -> Node:
@@ -112,38 +112,38 @@ class _Nodes:
         where(index(D) >= 0, a, 0) adds it without reading memory)."""
         for ax in axes:
             if ax not in a.axes:
-                idx = Node("index", (), I64, (ax,), attr=ax)
-                ok = self.cmp("ge", idx, Node("const", (), I64, (), attr=0, weak=True))
+                idx = Node(Op.INDEX, (), I64, (ax,), attr=ax)
+                ok = self.cmp("ge", idx, Node(Op.CONST, (), I64, (), attr=0, weak=True))
                 a = self.zero_unless(ok, a)
         return a
 
 
 # --------------------------------------------------------------------------- the adjoint
 
-def _live(graph: Graph, wrt: set[str]) -> set[int]:
-    """ids of float nodes whose value depends on a tensor in `wrt` (where gradients flow)."""
-    live: set[int] = set()
+def _live(graph: Graph, wrt: set[str]) -> set[Node]:
+    """The float nodes whose value depends on a tensor in `wrt` (where gradients flow)."""
+    live: set[Node] = set()
     for n in graph.nodes():
         if not n.dtype.is_float:
             continue
-        if (n.op == "load" and n.attr in wrt) or any(id(a) in live for a in n.args):
-            live.add(id(n))
+        if (n.op == Op.LOAD and n.attr in wrt) or any(a in live for a in n.args):
+            live.add(n)
     return live
 
 
 def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     """(argument position, gradient contribution) of node n whose output gradient is g."""
-    if n.op == "cast":
+    if n.op == Op.CAST:
         return [(0, g)] if n.args[0].dtype.is_float else []
-    if n.op == "where":
+    if n.op == Op.WHERE:
         c = n.args[0]
         return [(1, b.zero_unless(c, g)), (2, b.where(c, b.const(0.0), g))]
-    if n.op == "unary":
+    if n.op == Op.UNARY:
         r = _unary_grad(b, n, g)
         return [(0, r)] if r is not None else []
-    if n.op == "binary":
+    if n.op == Op.BINARY:
         return _binary_grad(b, n, g)
-    if n.op == "reduce":
+    if n.op == Op.REDUCE:
         return _reduce_grad(b, n, g)
     return []
 
@@ -183,7 +183,7 @@ def _binary_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     if f == "div":
         return [(0, b.div(g, y)), (1, b.neg(b.div(b.mul(g, n), y)))]
     if f == "pow":
-        if y.op == "const":
+        if y.op == Op.CONST:
             e = float(y.attr)
             return [(0, b.mul(g, b.scale(b.bin("pow", x, b.const(e - 1.0)), e)))] if e else []
         ey = b.f32(y)
@@ -215,75 +215,75 @@ def _reduce_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     return []                               # argmax, argmin: integer results
 
 
-def _adjoint(graph: Graph, wrt: set[str], dys: dict[int, Node], b: _Nodes) -> dict[str, Node]:
+def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> dict[str, Node]:
     """{input name: gradient node} for the inputs in `wrt` that get any gradient."""
     live = _live(graph, wrt)
-    grads: dict[int, Node] = dict(dys)
+    grads: dict[Node, Node] = dict(dys)
     loads: dict[str, Node] = {}
     for n in reversed(list(graph.nodes())):
-        if n.op == "load" and n.attr in wrt:
+        if n.op == Op.LOAD and n.attr in wrt:
             loads[n.attr] = n
-        g = grads.get(id(n))
-        if g is None or id(n) not in live or n.op == "load":
+        g = grads.get(n)
+        if g is None or n not in live or n.op == Op.LOAD:
             continue
         for i, c in _contributions(b, n, g):
             a = n.args[i]
-            if id(a) not in live:
+            if a not in live:
                 continue
             for ax in [x for x in c.axes if x not in a.axes]:   # broadcast in n: sum it out
                 c = b.sum(c, ax)
-            prev = grads.get(id(a))
-            grads[id(a)] = c if prev is None else b.add(prev, c)
-    return {name: grads[id(ld)] for name, ld in loads.items() if id(ld) in grads}
+            prev = grads.get(a)
+            grads[a] = c if prev is None else b.add(prev, c)
+    return {name: grads[ld] for name, ld in loads.items() if ld in grads}
 
 
 # --------------------------------------------------------------------------- splitting
 
-def _rebuild(roots: list[Node], swap: Mapping[int, Node]) -> list[Node]:
+def _rebuild(roots: list[Node], swap: Mapping[Node, Node]) -> list[Node]:
     """`roots` with every node in `swap` replaced (the nodes above them are copied)."""
-    new: dict[int, Node] = {}
+    new: dict[Node, Node] = {}
     for n in topo_order(roots, seen=()):
-        if id(n) in swap:
-            new[id(n)] = swap[id(n)]
-        elif any(id(a) in new and new[id(a)] is not a for a in n.args):
-            new[id(n)] = Node(n.op, tuple(new.get(id(a), a) for a in n.args), n.dtype, n.axes,
+        if n in swap:
+            new[n] = swap[n]
+        elif any(a in new and new[a] is not a for a in n.args):
+            new[n] = Node(n.op, tuple(new.get(a, a) for a in n.args), n.dtype, n.axes,
                               attr=n.attr, weak=n.weak, loc=n.loc)
         else:
-            new[id(n)] = n
-    return [new[id(r)] for r in roots]
+            new[n] = n
+    return [new[r] for r in roots]
 
 
 def _reduce_axis(root: Node) -> tuple[Optional[str], list[Node]]:
     """(the axis this root's kernel reduces, the reductions over other axes it must read from
     an earlier kernel). The axis is that of the reductions nearest the root."""
     top: list[Node] = []
-    seen: set[int] = set()
+    seen: set[Node] = set()
     stack = [root]
     while stack:                                    # reductions not below another reduction
         n = stack.pop()
-        if id(n) in seen:
+        if n in seen:
             continue
-        seen.add(id(n))
-        if n.op == "reduce":
+        seen.add(n)
+        if n.op == Op.REDUCE:
             top.append(n)
         else:
             stack.extend(n.args)
     if not top:
         return None, []
     axis = top[0].attr[1]
-    other: dict[int, Node] = {}
+    other: list[Node] = []
     seen = set()
     stack = [root]
     while stack:
         n = stack.pop()
-        if id(n) in seen:
+        if n in seen:
             continue
-        seen.add(id(n))
-        if n.op == "reduce" and n.attr[1] != axis:
-            other[id(n)] = n
+        seen.add(n)
+        if n.op == Op.REDUCE and n.attr[1] != axis:
+            other.append(n)
             continue
         stack.extend(n.args)
-    return axis, list(other.values())
+    return axis, other
 
 
 @dataclass
@@ -317,7 +317,7 @@ class Backward:
 
 def loaded(graph: Graph) -> list[str]:
     """The tensors a kernel reads (a backward kernel may take one only for an axis size)."""
-    names = {n.attr for n in graph.nodes() if n.op == "load"}
+    names = {n.attr for n in graph.nodes() if n.op == Op.LOAD}
     return [t.name for t in graph.tensors if t.name in names]
 
 
@@ -368,7 +368,7 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
                                     "is a per-group sum, which metalforge does not derive yet; "
                                     "detach that input")
     for n in graph.nodes():
-        if n.op == "take" and n.attr[0] in wrt:
+        if n.op == Op.TAKE and n.attr[0] in wrt:
             raise NotDifferentiable(f"{where}: mf.take from '{n.attr[0]}'{_at(n)} has no "
                                     "derivative in metalforge yet (its gradient is a "
                                     "scatter-add into the tensor); detach that input")
@@ -393,12 +393,12 @@ def _axis_order(graph: Graph) -> dict[str, int]:
 
 
 def _output_gradients(graph: Graph, b: _Nodes, taken: set[str]
-                      ) -> tuple[list[Optional[str]], list[TensorParam], dict[int, Node]]:
+                      ) -> tuple[list[Optional[str]], list[TensorParam], dict[Node, Node]]:
     """One incoming-gradient parameter `dy` per float output: (its name per output, None for
-    the others; the parameters; the gradient flowing into each output node, by node id)."""
+    the others; the parameters; the gradient flowing into each output node, by node)."""
     dy_names: list[Optional[str]] = []
     dy_params: list[TensorParam] = []
-    dys: dict[int, Node] = {}
+    dys: dict[Node, Node] = {}
     for i, o in enumerate(graph.outputs):
         if not o.dtype.is_float:
             dy_names.append(None)
@@ -409,43 +409,43 @@ def _output_gradients(graph: Graph, b: _Nodes, taken: set[str]
         dy_params.append(TensorParam(name, o.dtype, var, dims,
                                      f"{var or o.dtype}[{', '.join(o.axes)}]"))
         dy_names.append(name)
-        ld = b.f32(Node("load", (), o.dtype, b.axes(o.node), attr=name))
-        prev = dys.get(id(o.node))
-        dys[id(o.node)] = ld if prev is None else b.add(prev, ld)
+        ld = b.f32(Node(Op.LOAD, (), o.dtype, b.axes(o.node), attr=name))
+        prev = dys.get(o.node)
+        dys[o.node] = ld if prev is None else b.add(prev, ld)
     return dy_names, dy_params, dys
 
 
 def _target(graph: Graph, name: str, grad: Node, b: _Nodes) -> _Target:
     """The gradient of input `name`, expanded to its axes and cast to its dtype."""
     p = graph.tensor(name)
-    g = b.expand(grad, b.axes(*[Node("load", (), p.dtype, p.axes)]))
+    g = b.expand(grad, b.axes(*[Node(Op.LOAD, (), p.dtype, p.axes)]))
     if p.dtype is not F32:
-        g = Node("cast", (g,), p.dtype, g.axes)
+        g = Node(Op.CAST, (g,), p.dtype, g.axes)
     return _Target(name, g, p.axes, p.dtype)
 
 
 def _split_by_axis(targets: list[_Target], b: _Nodes, taken: set[str]) -> list[_Target]:
     """Each target reduces one axis: a reduction over another axis it needs becomes a target
     of its own, written to a small f32 buffer that the first one loads."""
-    buffers: dict[int, tuple[str, Node]] = {}       # reduction node id -> (buffer, its load)
+    buffers: dict[Node, tuple[str, Node]] = {}      # reduction node -> (buffer, its load)
     todo = list(targets)
     done: list[_Target] = []
     while todo:
         t = todo.pop(0)
         axis, other = _reduce_axis(t.node)
-        swap: dict[int, Node] = {}
+        swap: dict[Node, Node] = {}
         for r in other:
-            if id(r) not in buffers:
+            if r not in buffers:
                 bname = _fresh(f"{r.attr[0]}_{r.attr[1]}", taken)
                 dt = F32 if r.dtype.is_float else r.dtype
-                buffers[id(r)] = (bname, Node("load", (), dt, r.axes, attr=bname))
+                buffers[r] = (bname, Node(Op.LOAD, (), dt, r.axes, attr=bname))
                 todo.append(_Target(bname, r if dt is r.dtype else b.f32(r),
                                     tuple(r.axes), dt))
-            swap[id(r)] = buffers[id(r)][1]
+            swap[r] = buffers[r][1]
         if swap:
             t.node = _rebuild([t.node], swap)[0]
         t.axis = axis
-        t.needs = tuple(buffers[id(r)][0] for r in other)
+        t.needs = tuple(buffers[r][0] for r in other)
         done.append(t)
     return done
 
@@ -505,7 +505,7 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
     n = len(kernels)
     for ki, k in enumerate(kernels):
         nodes = topo_order([t.node for t in k])
-        used = {x.attr for x in nodes if x.op in ("load", "scalar")}
+        used = {x.attr for x in nodes if x.op in (Op.LOAD, Op.SCALAR)}
         params = [p for p in graph.params
                   if p.name in used or not isinstance(p, (TensorParam, ScalarParam))]
         params += [p for name, p in extra.items() if name in used]

@@ -176,7 +176,41 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     """
     if not isinstance(kernel, Kernel):
         raise TypeError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
-    expected = kernel.reference(*args, **kwargs)               # binding errors surface here
+    tn = _setup(kernel, args, kwargs, candidates, warmup, repeats)
+    bar = _Progress(f"autotune {kernel.name}", len(tn.trials), progress)
+    for i, t in enumerate(tn.trials):
+        bar.step(i, t.describe())
+        _try(t, tn.graph, tn.values, tn.backend, tn.expected, tn.tol, tn.timer, tn.timed)
+    bar.step(len(tn.trials), "done")
+    ok = _runnable(kernel, tn.trials, tn.key, tn.sizes, tn.tol, bar)
+    result = _result(tn, ok, save)
+    bar.close(_summary(kernel.name, result, len(ok)))
+    return result
+
+
+@dataclass
+class _Tuning:
+    """What one `autotune` call works from: the call's graph and values, the reference result,
+    the candidates (as trials, the default first), the cache key, tolerance and timer."""
+    kernel: Kernel
+    graph: Any
+    values: dict[str, Any]
+    backend: str
+    expected: tuple
+    pinned: dict[str, Any]
+    trials: list[Trial]
+    sizes: dict[str, int]
+    key: TuneKey
+    tol: Tolerance
+    timer: Optional[Callable[[Callable], float]]
+    timed: dict[tuple, float] = field(default_factory=dict)   # per (kernel, threads, group)
+
+
+def _setup(kernel: Kernel, args: tuple, kwargs: dict, candidates, warmup: int,
+           repeats: int) -> _Tuning:
+    """Bind the example arguments (binding errors surface here, from the reference), check
+    every candidate, and fix the key, tolerance and timer of the sweep."""
+    expected = kernel.reference(*args, **kwargs)
     expected = expected if isinstance(expected, tuple) else (expected,)
     graph = kernel.graph(*args, **kwargs)
     values = _values(kernel, graph, args, kwargs)
@@ -186,32 +220,28 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     trials = [Trial(c, "ok") for c in _candidates(family_of(graph), pinned, candidates,
                                                   f"mf.autotune({kernel.name})")]
     sizes = bind_shapes(graph, tensors).sizes
-    key = key_for(graph, backend, sizes)
-    tol = _tolerance(graph, sizes, values)
-    timer = _timer(backend, warmup, repeats)
-    bar = _Progress(f"autotune {kernel.name}", len(trials), progress)
-    timed: dict[tuple, float] = {}
-    for i, t in enumerate(trials):
-        bar.step(i, t.describe())
-        _try(t, graph, values, backend, expected, tol, timer, timed)
-    bar.step(len(trials), "done")
-    ok = _runnable(kernel, trials, key, sizes, tol, bar)
+    return _Tuning(kernel, graph, values, backend, expected, pinned, trials, sizes,
+                   key_for(graph, backend, sizes), _tolerance(graph, sizes, values),
+                   _timer(backend, warmup, repeats))
 
-    default = trials[0].launch
-    result = TuneResult(kernel.name, backend, device_name(backend), key, default, default,
-                        timer is not None, trials)
-    if timer is None:
+
+def _result(tn: _Tuning, ok: list[Trial], save: bool) -> TuneResult:
+    """The result: the fastest correct candidate (saved to the autotune cache unless
+    save=False), or the default where timings mean nothing."""
+    default = tn.trials[0].launch
+    result = TuneResult(tn.kernel.name, tn.backend, device_name(tn.backend), tn.key, default,
+                        default, tn.timer is not None, tn.trials)
+    if tn.timer is None:
         result.note = (f"all {len(ok)} runnable candidates match the reference; timings on the "
-                       f"'{backend}' backend are not meaningful (it runs the GPU kernel on the "
-                       "CPU), so the default launch policy is kept and nothing is cached")
-    else:
-        best = min(ok, key=lambda t: t.seconds)
-        result.best = best.launch
-        if save:
-            cache = default_cache()
-            cache.put(key, _entry(best, result, pinned))
-            result.saved_to = cache.path
-    bar.close(_summary(kernel.name, result, len(ok)))
+                       f"'{tn.backend}' backend are not meaningful (it runs the GPU kernel on "
+                       "the CPU), so the default launch policy is kept and nothing is cached")
+        return result
+    best = min(ok, key=lambda t: t.seconds)
+    result.best = best.launch
+    if save:
+        cache = default_cache()
+        cache.put(tn.key, _entry(best, result, tn.pinned))
+        result.saved_to = cache.path
     return result
 
 

@@ -8,12 +8,12 @@ mistake gets the same message whichever path finds it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
-from .errors import ShapeError
+from .errors import ShapeError, kernel_at
 from .graph import AxisSpec, Graph, Output, TensorParam
 
 
@@ -22,12 +22,6 @@ class ShapeBinding:
     sizes: dict[str, int]                 # every axis (plain, derived, batch) -> size
     batch: dict[str, tuple[int, ...]]     # batch axis name -> the leading shape it flattens
     groups: tuple[tuple[str, ...], ...] = ()   # grouped dims "(G R)": axes of one storage dim
-
-
-def _where(graph: Graph) -> str:
-    if graph.loc:
-        return f"kernel '{graph.name}' ({graph.loc[0]}:{graph.loc[1]})"
-    return f"kernel '{graph.name}'"
 
 
 def derived_size(spec: AxisSpec, base_size: int) -> int | None:
@@ -53,82 +47,114 @@ def _describe(spec: AxisSpec) -> str:
 
 
 def bind_shapes(graph: Graph, tensors: Mapping[str, torch.Tensor]) -> ShapeBinding:
-    where = _where(graph)
-    sizes: dict[str, int] = {}
-    seen_by: dict[str, str] = {}                  # axis -> argument that fixed its size
-    batch: dict[str, tuple[int, ...]] = {}
-    batch_by: dict[str, str] = {}
-    derived: list[tuple[AxisSpec, str, int]] = []   # (spec, argument, size)
-    grouped: list[tuple[tuple[str, ...], TensorParam, int]] = []   # (axes, argument, size)
-
-    def fix(axis: str, size: int, arg: str, ann: str) -> None:
-        if axis in sizes and sizes[axis] != size:
-            raise ShapeError(
-                f"{where}: dim '{axis}' is {sizes[axis]} in argument '{seen_by[axis]}' but "
-                f"{size} in argument '{arg}' (annotated \"{ann}\"); every argument must agree "
-                f"on the size of '{axis}'")
-        if axis not in sizes:
-            sizes[axis] = size
-            seen_by[axis] = arg
-
+    """Every axis's size, read off `tensors` and checked against the annotations: each tensor's
+    rank, batch and storage dims in parameter order, then grouped dims, then derived dims."""
+    b = _Binder(kernel_at(graph.name, graph.loc))
     for p in graph.tensors:
         if p.name not in tensors:
-            raise ShapeError(f"{where}: no tensor given for argument '{p.name}'")
-        t = tensors[p.name]
-        shape = tuple(int(s) for s in t.shape)
+            raise ShapeError(f"{b.where}: no tensor given for argument '{p.name}'")
+        b.bind_tensor(p, tuple(int(s) for s in tensors[p.name].shape))
+    for names, p, size in b.grouped:
+        _bind_group(b.where, names, p, size, b.sizes, b.seen_by, b.fix)
+    for spec, arg, size in b.derived:
+        b.bind_derived(spec, arg, size)
+    groups = tuple(dict.fromkeys(names for names, _, _ in b.grouped))
+    return ShapeBinding(sizes=b.sizes, batch=b.batch, groups=groups)
+
+
+@dataclass
+class _Binder:
+    """The state of one `bind_shapes`: the sizes bound so far, which argument bound each (for
+    messages), and the grouped and derived dims left for after every tensor is read."""
+    where: str
+    sizes: dict[str, int] = field(default_factory=dict)
+    seen_by: dict[str, str] = field(default_factory=dict)          # axis -> argument that fixed it
+    batch: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    batch_by: dict[str, str] = field(default_factory=dict)
+    derived: list[tuple[AxisSpec, str, int]] = field(default_factory=list)   # (spec, arg, size)
+    grouped: list[tuple[tuple[str, ...], TensorParam, int]] = field(
+        default_factory=list)                                       # (axes, argument, size)
+
+    def fix(self, axis: str, size: int, arg: str, ann: str) -> None:
+        """Bind `axis` to `size`, or check it against the size another argument gave it."""
+        if axis in self.sizes and self.sizes[axis] != size:
+            raise ShapeError(
+                f"{self.where}: dim '{axis}' is {self.sizes[axis]} in argument "
+                f"'{self.seen_by[axis]}' but {size} in argument '{arg}' (annotated \"{ann}\"); "
+                f"every argument must agree on the size of '{axis}'")
+        if axis not in self.sizes:
+            self.sizes[axis] = size
+            self.seen_by[axis] = arg
+
+    def bind_tensor(self, p: TensorParam, shape: tuple[int, ...]) -> None:
+        """One tensor argument: its rank, its batch dims, then each storage dim."""
         has_batch = bool(p.dims) and p.dims[0].batch
         fixed = p.storage[1:] if has_batch else p.storage
-        if (len(shape) < len(fixed)) if has_batch else (len(shape) != len(fixed)):
-            need = f"at least {len(fixed)}" if has_batch else f"exactly {len(fixed)}"
-            raise ShapeError(
-                f"{where}: argument '{p.name}' is annotated \"{p.annotation}\" and needs {need} "
-                f"dim(s), got a tensor of shape {tuple(shape)} ({len(shape)} dim(s))")
+        self.check_rank(p, shape, len(fixed), has_batch)
         lead = shape[:len(shape) - len(fixed)]
         if has_batch:
-            b = p.dims[0].name
-            if b in batch and batch[b] != lead:
-                raise ShapeError(
-                    f"{where}: batch dims '*{b}' are {batch[b]} in argument '{batch_by[b]}' but "
-                    f"{lead} in argument '{p.name}' (annotated \"{p.annotation}\"); arguments "
-                    f"sharing '*{b}' need the same leading shape")
-            batch[b] = lead
-            batch_by.setdefault(b, p.name)
-            fix(b, math.prod(lead), p.name, p.annotation)
+            self.bind_batch(p, lead)
         for axes, size in zip(fixed, shape[len(lead):]):
-            if len(axes) > 1:
-                grouped.append((tuple(a.name for a in axes), p, size))
-                continue
-            spec = axes[0]
-            fix(spec.name, size, p.name, p.annotation)
-            if spec.derived:
-                derived.append((spec, p.name, size))
-    for names, p, size in grouped:
-        _bind_group(where, names, p, size, sizes, seen_by, fix)
+            self.bind_storage_dim(p, axes, size)
 
-    # derived dims: check against the base where the base is bound, else solve the base
-    for spec, arg, size in derived:
-        if spec.base in sizes:
-            want = derived_size(spec, sizes[spec.base])
-            if want is None:
-                raise ShapeError(
-                    f"{where}: dim '{spec.name}' of argument '{arg}' needs size({spec.base}) * "
-                    f"{spec.mul} to be divisible by {spec.div}, but '{spec.base}' is "
-                    f"{sizes[spec.base]} (from argument '{seen_by[spec.base]}')")
-            if want != size:
-                raise ShapeError(
-                    f"{where}: dim '{spec.name}' of argument '{arg}' must be {want} because "
-                    f"'{spec.base}' is {sizes[spec.base]} (from argument "
-                    f"'{seen_by[spec.base]}'), got {size}")
-        else:
-            base = solve_base(spec, size)
-            if base is None:
-                raise ShapeError(
-                    f"{where}: dim '{spec.name}' of argument '{arg}' is {size}, which no whole "
-                    f"size of '{spec.base}' gives ('{spec.name}' = {_describe(spec)})")
-            sizes[spec.base] = base
-            seen_by[spec.base] = arg
-    groups = tuple(dict.fromkeys(names for names, _, _ in grouped))
-    return ShapeBinding(sizes=sizes, batch=batch, groups=groups)
+    def check_rank(self, p: TensorParam, shape: tuple[int, ...], fixed: int,
+                   has_batch: bool) -> None:
+        if (len(shape) < fixed) if has_batch else (len(shape) != fixed):
+            need = f"at least {fixed}" if has_batch else f"exactly {fixed}"
+            raise ShapeError(
+                f"{self.where}: argument '{p.name}' is annotated \"{p.annotation}\" and needs "
+                f"{need} dim(s), got a tensor of shape {tuple(shape)} ({len(shape)} dim(s))")
+
+    def bind_batch(self, p: TensorParam, lead: tuple[int, ...]) -> None:
+        """The leading dims a batch dim `*B` flattens: the same in every argument sharing it."""
+        b = p.dims[0].name
+        if b in self.batch and self.batch[b] != lead:
+            raise ShapeError(
+                f"{self.where}: batch dims '*{b}' are {self.batch[b]} in argument "
+                f"'{self.batch_by[b]}' but {lead} in argument '{p.name}' (annotated "
+                f"\"{p.annotation}\"); arguments sharing '*{b}' need the same leading shape")
+        self.batch[b] = lead
+        self.batch_by.setdefault(b, p.name)
+        self.fix(b, math.prod(lead), p.name, p.annotation)
+
+    def bind_storage_dim(self, p: TensorParam, axes: tuple[AxisSpec, ...], size: int) -> None:
+        """One storage dim: a plain or derived axis now, a grouped dim "(G R)" later."""
+        if len(axes) > 1:
+            self.grouped.append((tuple(a.name for a in axes), p, size))
+            return
+        spec = axes[0]
+        self.fix(spec.name, size, p.name, p.annotation)
+        if spec.derived:
+            self.derived.append((spec, p.name, size))
+
+    def bind_derived(self, spec: AxisSpec, arg: str, size: int) -> None:
+        """A derived dim: checked against its base where the base is bound, else the base is
+        solved from it."""
+        assert spec.base is not None
+        if spec.base in self.sizes:
+            self.check_derived(spec, arg, size)
+            return
+        base = solve_base(spec, size)
+        if base is None:
+            raise ShapeError(
+                f"{self.where}: dim '{spec.name}' of argument '{arg}' is {size}, which no whole "
+                f"size of '{spec.base}' gives ('{spec.name}' = {_describe(spec)})")
+        self.sizes[spec.base] = base
+        self.seen_by[spec.base] = arg
+
+    def check_derived(self, spec: AxisSpec, arg: str, size: int) -> None:
+        assert spec.base is not None
+        base, by = self.sizes[spec.base], self.seen_by[spec.base]
+        want = derived_size(spec, base)
+        if want is None:
+            raise ShapeError(
+                f"{self.where}: dim '{spec.name}' of argument '{arg}' needs size({spec.base}) * "
+                f"{spec.mul} to be divisible by {spec.div}, but '{spec.base}' is "
+                f"{base} (from argument '{by}')")
+        if want != size:
+            raise ShapeError(
+                f"{self.where}: dim '{spec.name}' of argument '{arg}' must be {want} because "
+                f"'{spec.base}' is {base} (from argument '{by}'), got {size}")
 
 
 def _bind_group(where: str, names: tuple[str, ...], p: TensorParam, size: int,

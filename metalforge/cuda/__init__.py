@@ -6,7 +6,7 @@ textual rewrites and generated ``__global__`` entry points) against metalforge's
 ``<metal_stdlib>`` shim (include/), compiled with NVRTC through torch, and launched on torch's
 current stream. See library.py for the call model.
 """
-from .library import Kernel, KernelError, Library, compile_shader
+from .library import Kernel, KernelError, Library, LibraryFunction, compile_shader
 from .translate import translate
 
-__all__ = ["compile_shader", "Library", "Kernel", "KernelError", "translate"]
+__all__ = ["compile_shader", "Library", "LibraryFunction", "Kernel", "KernelError", "translate"]

@@ -1,4 +1,5 @@
-"""Library and Kernel objects: torch.mps.compile_shader's call model on CUDA tensors.
+"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on
+CUDA tensors.
 
 `compile_shader(source)` translates the MSL text (translate.py) at once (a SyntaxError for text
 it cannot read) and compiles it with NVRTC, through `torch.cuda._compile_kernel`, on first use
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import MetalforgeError
 from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
 from .translate import Arg, Entry, SOURCE_NAME, translate
 
@@ -64,7 +66,7 @@ def _compatible(want: str, got: str) -> bool:
     return got in _SCALARS and _SCALARS[want][1] == _SCALARS[got][1]
 
 
-class KernelError(RuntimeError):
+class KernelError(MetalforgeError, RuntimeError):
     """A CUDA kernel could not be launched (driver error)."""
 
 
@@ -145,7 +147,7 @@ class _Module:
 
 
 class Library:
-    """A compiled MSL source; `lib.<host_name>` is a Kernel."""
+    """A compiled MSL source; `lib.<host_name>` is a LibraryFunction."""
 
     def __init__(self, source: str):
         tr = translate(source)
@@ -153,7 +155,7 @@ class Library:
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries
         self._modules: dict[int, _Module] = {}
-        self._kernels: dict[str, Kernel] = {}
+        self._kernels: dict[str, LibraryFunction] = {}
 
     def module(self, device: int) -> _Module:
         m = self._modules.get(device)
@@ -161,7 +163,7 @@ class Library:
             m = self._modules[device] = _Module(self.text, self._order, device)
         return m
 
-    def __getattr__(self, name: str) -> "Kernel":
+    def __getattr__(self, name: str) -> LibraryFunction:
         if name.startswith("_"):
             raise AttributeError(name)
         k = self._kernels.get(name)
@@ -170,7 +172,7 @@ class Library:
             if e is None:
                 raise AttributeError(f"no kernel named '{name}' in this library (kernels: "
                                      f"{', '.join(self._entries)})")
-            k = self._kernels[name] = Kernel(self, e)
+            k = self._kernels[name] = LibraryFunction(self, e)
         return k
 
     def __dir__(self):
@@ -191,6 +193,24 @@ def _pack(values: list, scalar: str, ncomp: int) -> bytes:
     return b"".join((int(v) & ((1 << (8 * size)) - 1)).to_bytes(size, "little") for v in vals)
 
 
+def _group(group_size, grid: list[int], threads, mx: int) -> list[int]:
+    """The threadgroup: `group_size`, or by default as many threads as allowed along the first
+    axis; at most `mx` threads in all."""
+    if group_size is None:
+        group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+    else:
+        group = dims(group_size, "group_size")
+        if len(group) != len(grid):
+            raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
+                               f"as threads {threads!r}")
+    prod = 1
+    for g in group:
+        prod *= g
+    if prod > mx:
+        raise ValueError(f"Threadgroup size exceeds {mx} limit")
+    return group
+
+
 class _Where:
     """'kernel 'k' argument i 'name' (type)', formatted only when an error message needs it."""
     __slots__ = ("kernel", "i", "spec")
@@ -203,7 +223,7 @@ class _Where:
                 f"({self.spec.type_text.strip()})")
 
 
-class Kernel:
+class LibraryFunction:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
     def __init__(self, lib: Library, entry: Entry):
@@ -246,72 +266,87 @@ class Kernel:
 
     # -------------------------------------------------------------------- call
     def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
+        """Bind `args` by buffer index and launch on the current stream of their device."""
+        self._check_signature(args)
+        casts = cast_dtypes(arg_casts, len(args))
+        dev_index = self._device(args)
+        keep: list = []                  # tensors made here live until the launch is queued
+        params, first_numel = self._params(args, casts, dev_index, keep)
+        grid = self._grid(threads, first_numel)
+        func, mx = self._compiled(dev_index)
+        group = _group(group_size, grid, threads, mx)
+        grid3 = (grid + [1, 1])[:3]
+        group3 = (group + [1, 1])[:3]
+        if any(t == 0 for t in grid3):
+            return
+        blocks = self._blocks(grid, group, grid3, group3, group_size)
+        for t in grid3:
+            params.append(ctypes.c_uint32(t))
+        arr = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
+        _check(_libcuda().cuLaunchKernel(func, *blocks, *group3, 0, _stream_handle(dev_index),
+                                         arr, None),
+               f"launching kernel '{self._entry.host_name}'")
+
+    def _check_signature(self, args: tuple) -> None:
+        """One argument per parameter, the parameters at buffers 0, 1, ... without gaps."""
         e = self._entry
-        name = e.host_name
         if len(args) != len(e.args):
             plist = ", ".join(f"{a.buffer_index}: '{a.name}' ({a.type_text.strip()})"
                               for a in e.args)
-            raise TypeError(f"kernel '{name}' takes {len(e.args)} arguments ({plist}), "
+            raise TypeError(f"kernel '{e.host_name}' takes {len(e.args)} arguments ({plist}), "
                             f"got {len(args)}")
         if [a.buffer_index for a in e.args] != list(range(len(e.args))):
-            raise TypeError(f"kernel '{name}': buffer indices "
+            raise TypeError(f"kernel '{e.host_name}': buffer indices "
                             f"{[a.buffer_index for a in e.args]} leave gaps; positional "
                             f"argument i binds buffer(i)")
-        casts = cast_dtypes(arg_casts, len(args))
+
+    def _device(self, args: tuple) -> int:
+        """The one CUDA device of the tensor arguments (the current device when none is)."""
         device = None
-        first_numel = None
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.device.type == "cuda":
                 if device is None:
                     device = a.device
                 elif a.device != device:
-                    raise TypeError(f"kernel '{name}' argument {i}: on {a.device}, but "
-                                    f"argument tensors before it are on {device}")
-        dev_index = device.index if device is not None else torch.cuda.current_device()
-        keep: list = []                  # tensors made here live until the launch is queued
+                    raise TypeError(f"kernel '{self._entry.host_name}' argument {i}: on "
+                                    f"{a.device}, but argument tensors before it are on {device}")
+        return device.index if device is not None else torch.cuda.current_device()
+
+    def _params(self, args: tuple, casts, dev_index: int, keep: list) -> tuple[list, int | None]:
+        """(the launch parameter of each argument, the first tensor argument's numel)."""
+        first_numel = None
         params: list = []
-        for i, (a, spec, ty) in enumerate(zip(args, e.args, self._types)):
-            where = _Where(name, i, spec)
+        for i, (a, spec, ty) in enumerate(zip(args, self._entry.args, self._types)):
+            where = _Where(self._entry.host_name, i, spec)
             if isinstance(a, torch.Tensor) and first_numel is None:
                 first_numel = a.numel()
             if spec.by_pointer:
                 params.append(self._pointer(a, i, spec, ty, where, casts, dev_index, keep))
             else:
                 params.append(self._value(a, i, ty, where, casts))
+        return params, first_numel
+
+    @staticmethod
+    def _grid(threads, first_numel: int | None) -> list[int]:
+        """The dispatchThreads grid: `threads`, else the first tensor argument's numel."""
         grid = dims(threads, "threads") if threads is not None else None
         if grid is None:
             if first_numel is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
             grid = [first_numel]
-        func, mx = self._compiled(dev_index)
-        if group_size is None:
-            group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
-        else:
-            group = dims(group_size, "group_size")
-            if len(group) != len(grid):
-                raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
-                                   f"as threads {threads!r}")
-        prod = 1
-        for g in group:
-            prod *= g
-        if prod > mx:
-            raise ValueError(f"Threadgroup size exceeds {mx} limit")
-        grid3 = (grid + [1, 1])[:3]
-        group3 = (group + [1, 1])[:3]
-        if any(t == 0 for t in grid3):
-            return
+        return grid
+
+    def _blocks(self, grid: list[int], group: list[int], grid3: list[int], group3: list[int],
+                group_size) -> list[int]:
+        """CUDA blocks covering the grid (edge blocks partial), within CUDA's grid limits."""
         if any(g == 0 for g in group3):
             raise ValueError(f"group_size {group_size!r} has a zero dimension")
         blocks = [(t + g - 1) // g for t, g in zip(grid3, group3)]
         if any(b > m for b, m in zip(blocks, _MAX_GRID)) or any(t >= 2 ** 32 for t in grid3):
-            raise ValueError(f"kernel '{name}': threads {grid} in groups of {group} need "
-                             f"{blocks} blocks, over CUDA's grid limits {list(_MAX_GRID)}")
-        for t in grid3:
-            params.append(ctypes.c_uint32(t))
-        arr = (ctypes.c_void_p * len(params))(*[ctypes.addressof(p) for p in params])
-        _check(_libcuda().cuLaunchKernel(func, *blocks, *group3, 0, _stream_handle(dev_index),
-                                         arr, None),
-               f"launching kernel '{name}'")
+            raise ValueError(f"kernel '{self._entry.host_name}': threads {grid} in groups of "
+                             f"{group} need {blocks} blocks, over CUDA's grid limits "
+                             f"{list(_MAX_GRID)}")
+        return blocks
 
     def _pointer(self, a, i, spec: Arg, ty, where, casts, dev_index, keep):
         if isinstance(a, (list, tuple)):
@@ -362,6 +397,9 @@ class Kernel:
         if len(vals) != ncomp:
             raise TypeError(f"{where}: expects {ncomp} value(s), got {len(vals)}")
         return ctypes.create_string_buffer(_pack(vals, scalar, ncomp), 16 if ncomp > 1 else 8)
+
+
+Kernel = LibraryFunction   # the earlier name, kept for code that imports it (as metalforge.sim)
 
 
 def compile_shader(source: str) -> Library:

@@ -115,50 +115,55 @@ def parse_annotation(text: str, context: str = "") -> Annotation:
         tree = _parser().parse(text)
     except lark.exceptions.UnexpectedInput as e:
         raise _syntax_error(text, e, context) from None
-
     dtype_tok, *dim_trees = tree.children
-    dname = str(dtype_tok)
-    if dname in dtypes.ANNOTATION_DTYPES:
-        dtype, dtype_var = dtypes.ANNOTATION_DTYPES[dname], None
-    elif _DTYPE_LOOKALIKE.match(dname):
-        raise _fail(text, dtype_tok.start_pos,
-                    f"'{dname}' is not a metalforge dtype (dtypes: "
-                    f"{' '.join(dtypes.ANNOTATION_DTYPES)}; any other name, like T, is a "
-                    "dtype variable)", context)
-    else:
-        dtype, dtype_var = None, dname
-
+    dtype, dtype_var = _dtype(text, dtype_tok, context)
     dims: list[Dim] = []
     seen: dict[str, int] = {}
     for i, t in enumerate(dim_trees):
-        start = t.meta.start_pos
-        src = text[start:t.meta.end_pos]
-        if t.data == "batch":
-            if i != 0:
-                raise _fail(text, start, f"the batch dims '{src}' must come first (they stand "
-                            "for any number of leading dims)", context)
-            dim = Dim("batch", str(t.children[0]), start, names=(str(t.children[0]),))
-        elif t.data == "group":
-            dim = Dim("group", "(" + " ".join(map(str, t.children)) + ")", start,
-                      names=tuple(map(str, t.children)))
-        elif t.data == "name":
-            dim = Dim("plain", str(t.children[0]), start, names=(str(t.children[0]),))
-        else:
-            names = _names(t)
-            if not names:
-                raise _fail(text, start, f"the dim '{src}' has no name; fixed sizes are not "
-                            "supported: name the dim (e.g. N) and the size comes from the "
-                            "tensors", context)
-            dim = Dim("derived", re.sub(r"\s+", "", src), start, expr=t,
-                      names=tuple(dict.fromkeys(map(str, names))))
-        for n, tok_pos in _dim_name_positions(dim, t):
-            if dim.kind == "derived":
-                continue        # derived dims may repeat their base (K and K/8)
+        dim = _dim(text, t, i, context)
+        for n, tok_pos in _dim_name_positions(dim, t):   # derived dims may repeat their base
             if n in seen:
                 raise _fail(text, tok_pos, f"dim '{n}' appears twice", context)
             seen[n] = tok_pos
         dims.append(dim)
     return Annotation(text, dtype, dtype_var, tuple(dims))
+
+
+def _dtype(text: str, tok: lark.Token,
+           context: str) -> tuple[Optional[dtypes.DType], Optional[str]]:
+    """(dtype, None) for a dtype name, (None, name) for a dtype variable such as T."""
+    dname = str(tok)
+    if dname in dtypes.ANNOTATION_DTYPES:
+        return dtypes.ANNOTATION_DTYPES[dname], None
+    if _DTYPE_LOOKALIKE.match(dname):
+        raise _fail(text, tok.start_pos,
+                    f"'{dname}' is not a metalforge dtype (dtypes: "
+                    f"{' '.join(dtypes.ANNOTATION_DTYPES)}; any other name, like T, is a "
+                    "dtype variable)", context)
+    return None, dname
+
+
+def _dim(text: str, t: lark.Tree, i: int, context: str) -> Dim:
+    """The i-th dim of an annotation: a batch "*B", a group "(G R)", a name, or derived."""
+    start = t.meta.start_pos
+    src = text[start:t.meta.end_pos]
+    if t.data == "batch":
+        if i != 0:
+            raise _fail(text, start, f"the batch dims '{src}' must come first (they stand "
+                        "for any number of leading dims)", context)
+        return Dim("batch", str(t.children[0]), start, names=(str(t.children[0]),))
+    if t.data == "group":
+        return Dim("group", "(" + " ".join(map(str, t.children)) + ")", start,
+                   names=tuple(map(str, t.children)))
+    if t.data == "name":
+        return Dim("plain", str(t.children[0]), start, names=(str(t.children[0]),))
+    names = _names(t)
+    if not names:
+        raise _fail(text, start, f"the dim '{src}' has no name; fixed sizes are not "
+                    "supported: name the dim (e.g. N) and the size comes from the "
+                    "tensors", context)
+    return Dim("derived", re.sub(r"\s+", "", src), start, expr=t,
+               names=tuple(dict.fromkeys(map(str, names))))
 
 
 def _dim_name_positions(dim: Dim, tree: lark.Tree) -> list[tuple[str, int]]:

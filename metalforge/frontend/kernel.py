@@ -17,7 +17,7 @@ from .. import autodiff, dtypes, runtime
 from ..runtime import fastpath, mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
-from ..errors import AnnotationError, BindingError, kernel_at
+from ..errors import AnnotationError, BindingError, at, kernel_at
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..reference import evaluate
 from ..tuning.launch import check_options
@@ -104,7 +104,7 @@ def _check_name(name: Optional[str], fn: Callable, loc: tuple[str, int]) -> str:
     if isinstance(got, str) and _NAME.fullmatch(got):
         return got
     src = "name=" if name is not None else "the function's __name__"
-    raise ValueError(f"kernel at {loc[0]}:{loc[1]}: {src} {got!r} cannot name a Metal kernel; "
+    raise ValueError(f"kernel{at(loc)}: {src} {got!r} cannot name a Metal kernel; "
                      f"use a plain identifier (ASCII letters and digits, single '_' between them, "
                      f"a letter first, at most 64 characters), e.g. "
                      f"@mf.kernel(name=\"my_kernel\")")
@@ -157,69 +157,81 @@ class Kernel:
         return kernel_at(self.name, self.loc)
 
     def _pwhere(self, pname: str) -> str:
-        return f"kernel '{self.name}' ({self.loc[0]}:{self._lines.get(pname, self.loc[1])}), " \
-               f"parameter '{pname}'"
+        line = self._lines.get(pname, self.loc[1])
+        return f"{kernel_at(self.name, (self.loc[0], line))}, parameter '{pname}'"
 
     def _declare(self) -> tuple[Param, ...]:
-        params: list[Param] = []
-        for p in self.signature.parameters.values():
-            where = self._pwhere(p.name)
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                raise AnnotationError(f"{where}: *args/**kwargs are not supported; declare "
-                                      "each argument with an annotation")
-            ann = p.annotation
-            has_default = p.default is not inspect.Parameter.empty
-            if ann is inspect.Parameter.empty:
-                raise AnnotationError(f"{where}: needs an annotation: a tensor like \"T[N]\", "
-                                      "float/int/bool for a runtime scalar, or mf.Const[int]")
-            text = _unquote(ann) if isinstance(ann, str) else None
-            if ann in (float, int, bool) or text in ("float", "int", "bool"):
-                pytype = ann if not text else {"float": float, "int": int, "bool": bool}[text]
-                if has_default:
-                    self._check_scalar(pytype, p.default, where + " (default)")
-                params.append(ScalarParam(p.name, pytype, SCALAR_DTYPES[pytype],
-                                          p.default if has_default else None, has_default))
-                continue
-            m = _CONST_TEXT.match(text) if text else None
-            if isinstance(ann, _ConstType) or m:
-                pytype = ann.pytype if isinstance(ann, _ConstType) else \
-                    {"int": int, "bool": bool}[m.group(1)]
-                if has_default:
-                    self._check_const(pytype, p.default, where + " (default)")
-                params.append(ConstParam(p.name, pytype, p.default if has_default else None,
-                                         has_default))
-                continue
-            if text is None:
-                raise AnnotationError(
-                    f"{where}: unsupported annotation {ann!r}; use a string like \"T[N]\" for "
-                    "a tensor, float/int/bool for a runtime scalar, or mf.Const[int]/[bool]")
-            if has_default:
-                raise AnnotationError(f"{where}: tensor parameters cannot have defaults")
-            a = parse_annotation(text, where)
-            self._annotations[p.name] = a
-            params.append(TensorParam(p.name, a.dtype, a.dtype_var, (), text))
+        """The parameters, from the signature's annotations: runtime scalars, Consts, tensors
+        (their dims resolved with stand-in Const values, so bad annotations fail here)."""
+        params = [self._declare_param(p) for p in self.signature.parameters.values()]
         self._const_names = {p.name: p for p in params if isinstance(p, ConstParam)}
-        # resolve dims with stand-in Const values now, so bad annotations fail at definition
+        out = self._resolve_dims(params)
+        self._check_batch_names(out)
+        return out
+
+    def _declare_param(self, p: inspect.Parameter) -> Param:
+        """One parameter, by its annotation: float/int/bool, mf.Const[...], or a tensor."""
+        where = self._pwhere(p.name)
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise AnnotationError(f"{where}: *args/**kwargs are not supported; declare "
+                                  "each argument with an annotation")
+        ann = p.annotation
+        has_default = p.default is not inspect.Parameter.empty
+        if ann is inspect.Parameter.empty:
+            raise AnnotationError(f"{where}: needs an annotation: a tensor like \"T[N]\", "
+                                  "float/int/bool for a runtime scalar, or mf.Const[int]")
+        text = _unquote(ann) if isinstance(ann, str) else None
+        if ann in (float, int, bool) or text in ("float", "int", "bool"):
+            pytype = ann if not text else {"float": float, "int": int, "bool": bool}[text]
+            if has_default:
+                self._check_scalar(pytype, p.default, where + " (default)")
+            return ScalarParam(p.name, pytype, SCALAR_DTYPES[pytype],
+                               p.default if has_default else None, has_default)
+        m = _CONST_TEXT.match(text) if text else None
+        if isinstance(ann, _ConstType) or m:
+            pytype = ann.pytype if isinstance(ann, _ConstType) else \
+                {"int": int, "bool": bool}[m.group(1)]
+            if has_default:
+                self._check_const(pytype, p.default, where + " (default)")
+            return ConstParam(p.name, pytype, p.default if has_default else None, has_default)
+        if text is None:
+            raise AnnotationError(
+                f"{where}: unsupported annotation {ann!r}; use a string like \"T[N]\" for "
+                "a tensor, float/int/bool for a runtime scalar, or mf.Const[int]/[bool]")
+        if has_default:
+            raise AnnotationError(f"{where}: tensor parameters cannot have defaults")
+        a = parse_annotation(text, where)
+        self._annotations[p.name] = a
+        return TensorParam(p.name, a.dtype, a.dtype_var, (), text)
+
+    def _resolve_dims(self, params: list[Param]) -> tuple[Param, ...]:
+        """The tensor parameters with their dims resolved, each int Const standing in as its
+        default (or 1)."""
         dummy = {n: (c.default if c.has_default else 1) for n, c in self._const_names.items()
                  if c.pytype is int}
-        out = []
-        batch_names, plain_names = {}, {}
+        out: list[Param] = []
         for p in params:
             if isinstance(p, TensorParam):
                 a = self._annotations[p.name]
-                dims = resolve_dims(a.dims, dummy, a.text, self._pwhere(p.name))
-                for d in dims:
+                p = replace(p, dims=resolve_dims(a.dims, dummy, a.text, self._pwhere(p.name)))
+            out.append(p)
+        return tuple(out)
+
+    def _check_batch_names(self, params: tuple[Param, ...]) -> None:
+        """A name is either a batch of leading dims ('*B') or a single dim, not both."""
+        batch_names: dict[str, str] = {}
+        plain_names: dict[str, str] = {}
+        for p in params:
+            if isinstance(p, TensorParam):
+                for d in p.dims:
                     for nm in ([d.base] if d.derived else [d.name]):
                         (batch_names if d.batch else plain_names).setdefault(nm, p.name)
-                p = replace(p, dims=dims)
-            out.append(p)
         for nm, pn in batch_names.items():
             if nm in plain_names:
                 raise AnnotationError(
                     f"{self._pwhere(pn)}: '*{nm}' is a batch of leading dims here but "
                     f"'{nm}' is a single dim in parameter '{plain_names[nm]}'; use another "
                     "name for one of them")
-        return tuple(out)
 
     def _declare_call(self) -> None:
         """What the warm-call key reads: each parameter's kind; its name, default and whether

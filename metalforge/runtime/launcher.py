@@ -180,9 +180,9 @@ def bind(call: Call) -> Launch:
                               f"pipeline allows 1 to {compiled.max_threads} (launch policy "
                               f"{s.policy})")
         if step.threads > MAX_THREADS:
-            raise ValueError(f"{spec.where}: {call.numel} output elements need {step.threads} "
-                             f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
-                             f"launch={{'vectors_per_thread': ...}}")
+            raise LaunchError(f"{spec.where}: {call.numel} output elements need {step.threads} "
+                              f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
+                              f"launch={{'vectors_per_thread': ...}}")
         launches.append((compiled.kernel, step.threads, step.group))
     casts = {p.index: p.cast for p in s.kernel.params if p.cast}
     (kernel, threads, group), *then = launches

@@ -41,10 +41,11 @@ import torch
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import LaunchError, kernel_at
+from ..errors import BindingError, LaunchError, kernel_at
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..shapes import bind_shapes, output_shape
+from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
 from .launcher import DeviceError, specialisation
 
@@ -253,23 +254,8 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     empty, the output shapes and dtypes)."""
     core = mx()
     where = kernel_at(graph.name, graph.loc)
-    if sched_mod.family(graph) == "attention":       # one launch per call: no key blocks
-        if (launch or {}).get("key_splits", 1) != 1:
-            raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so "
-                              f"attention keeps one block of keys per query row; got "
-                              f"launch={dict(launch or {})}")
-        launch = {**(launch or {}), "key_splits": 1}
-    spec = specialisation(graph, launch)
-    arrays: dict[str, Any] = {}
-    for p in graph.tensors:
-        v: Any = values.get(p.name)
-        if not is_array(v):
-            raise TypeError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
-                            f"other arguments of this call, got {type(v).__name__}")
-        if dtype_of(v) is not p.dtype:
-            raise TypeError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
-                            f"specialisation was built for {p.dtype}")
-        arrays[p.name] = v
+    spec = specialisation(graph, _one_launch(graph, launch, where))
+    arrays = _check_arrays(graph, values, where)
     binding = bind_shapes(graph, arrays)          # reads only .shape, which MLX arrays have
     sizes = binding.sizes
     shapes = [(output_shape(binding, o), getattr(core, _TO_MLX[o.dtype.name]))
@@ -280,38 +266,70 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     if not numel:
         return None, shapes
     s = spec.schedule(sched_mod.needs_index64(sizes, numel))
-    host = s.host_name(sizes)
-    mk, obj = built(s, host)
+    mk, obj = built(s, s.host_name(sizes))
     threads, group = s.launch(sizes)
     if threads > MAX_GRID:
-        raise ValueError(f"{where}: {numel} output elements need {threads} threads, over the "
-                         f"{MAX_GRID} an MLX grid holds; raise launch={{'vectors_per_thread': "
-                         f"...}}")
-    inputs = []
-    for binds, typ in mk.inputs:
-        kind = binds[0]
-        if kind == "input":
-            arr = arrays[binds[1]]
-            if arr.size < CONSTANT_LIMIT:
-                # MLX would pass it in the constant address space, where the body's
-                # `device` vector loads cannot point: pad it to a device buffer
-                arr = core.concatenate([arr.reshape(-1), core.zeros(
-                    (CONSTANT_LIMIT - arr.size,), dtype=arr.dtype)])
-            inputs.append(arr)
-        elif kind == "scalar":
-            inputs.append(core.array(values[binds[1]], dtype=mlx_dtype(typ)))
-        elif kind == "numel":
-            inputs.append(core.array(numel, dtype=mlx_dtype(typ)))
-        elif kind == "launch":
-            inputs.append(core.array(s.launch_value(binds[1], sizes), dtype=mlx_dtype(typ)))
-        else:                                  # ("size", axis)
-            inputs.append(core.array(sizes[binds[1]], dtype=mlx_dtype(typ)))
+        raise LaunchError(f"{where}: {numel} output elements need {threads} threads, over the "
+                          f"{MAX_GRID} an MLX grid holds; raise launch={{'vectors_per_thread': "
+                          f"...}}")
+    inputs = [_input(binds, typ, arrays, values, s, sizes, numel) for binds, typ in mk.inputs]
     kwargs = dict(template=[(n, mlx_dtype(t)) for n, t in mk.template],
                   output_shapes=[(1,) if i is None else shapes[i][0] for i in mk.outputs],
                   output_dtypes=[core.float32 if i is None else shapes[i][1]
                                  for i in mk.outputs],
                   grid=(threads, 1, 1), threadgroup=(group, 1, 1))
     return Call(mk, obj, inputs, kwargs), shapes
+
+
+def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
+                where: str) -> Optional[Mapping[str, Any]]:
+    """The launch options under MLX, which launches one kernel per call: attention keeps one
+    block of keys per query row (key_splits 1)."""
+    if sched_mod.family(graph) != "attention":
+        return launch
+    if (launch or {}).get("key_splits", 1) != 1:
+        raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so "
+                          f"attention keeps one block of keys per query row; got "
+                          f"launch={dict(launch or {})}")
+    return {**(launch or {}), "key_splits": 1}
+
+
+def _check_arrays(graph: Graph, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The tensor arguments by name, each an MLX array of the traced dtype."""
+    arrays: dict[str, Any] = {}
+    for p in graph.tensors:
+        v: Any = values.get(p.name)
+        if not is_array(v):
+            raise BindingError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
+                              f"other arguments of this call, got {type(v).__name__}")
+        if dtype_of(v) is not p.dtype:
+            raise BindingError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
+                              f"specialisation was built for {p.dtype}")
+        arrays[p.name] = v
+    return arrays
+
+
+def _input(binds: tuple, typ: str, arrays: Mapping[str, Any], values: Mapping[str, Any],
+           s: sched_mod.Schedule, sizes: Mapping[str, int], numel: int) -> Any:
+    """The MLX input bound to one kernel input (see `MetalKernel.inputs`): a tensor argument,
+    or a runtime scalar, the element count, a launch value or an axis size as a 0-d array."""
+    core = mx()
+    kind = binds[0]
+    if kind == "input":
+        arr = arrays[binds[1]]
+        if arr.size < CONSTANT_LIMIT:
+            # MLX would pass it in the constant address space, where the body's
+            # `device` vector loads cannot point: pad it to a device buffer
+            arr = core.concatenate([arr.reshape(-1), core.zeros(
+                (CONSTANT_LIMIT - arr.size,), dtype=arr.dtype)])
+        return arr
+    if kind == "scalar":
+        return core.array(values[binds[1]], dtype=mlx_dtype(typ))
+    if kind == "numel":
+        return core.array(numel, dtype=mlx_dtype(typ))
+    if kind == "launch":
+        return core.array(s.launch_value(binds[1], sizes), dtype=mlx_dtype(typ))
+    return core.array(sizes[binds[1]], dtype=mlx_dtype(typ))      # ("size", axis)
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
@@ -413,7 +431,6 @@ def simulate(call: Call) -> list:
     """Run the source MLX builds for this call in metalforge's simulator, bound as MLX binds
     it (inputs, then outputs, by buffer index), with MLX's grid and (clamped) threadgroup.
     Returns the outputs as MLX arrays, in the graph's output order."""
-    from ..sim import compile_shader
     src = captured_source(call)
     lib = _libs.get(src)
     if lib is None:

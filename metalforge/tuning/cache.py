@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from ..cache import CacheWarning, configured_root, locked, temp_name
-from ..graph import ConstParam, Graph, ScalarParam, TensorParam
+from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam
 from ..schedule.policy import TUNABLE
 
 VERSION = 1
@@ -99,14 +99,14 @@ def graph_text(graph: Graph) -> str:
             lines.append(f"scalar {p.name} {p.dtype.name}")
         elif isinstance(p, ConstParam):
             lines.append(f"const {p.name}={graph.consts.get(p.name)!r}")
-    ids: dict[int, int] = {}
+    ids: dict[Node, int] = {}
     for i, n in enumerate(graph.nodes()):
-        ids[id(n)] = i
-        args = ",".join(str(ids[id(a)]) for a in n.args)
+        ids[n] = i
+        args = ",".join(str(ids[a]) for a in n.args)
         lines.append(f"%{i} {n.op} {n.attr!r} {n.dtype.name} [{','.join(n.axes)}]"
                      f"{' weak' if n.weak else ''} ({args})")
     for o in graph.outputs:
-        lines.append(f"out %{ids[id(o.node)]} {o.dtype.name} [{','.join(o.axes)}]")
+        lines.append(f"out %{ids[o.node]} {o.dtype.name} [{','.join(o.axes)}]")
     return "\n".join(lines)
 
 
