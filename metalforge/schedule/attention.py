@@ -681,20 +681,10 @@ class _Builder(reduce.Builder):
                 ir.If(ir.Var("mf_sg").eq(ir.Lit(0, "uint")).and_(first), merged + [out]),
                 ir.Barrier()])]
 
-    # -- the kernels ----------------------------------------------------------------------
-    def decode_kernel(self) -> ir.LoweredKernel:
-        """A threadgroup per (rows that share keys, block of keys): its simdgroups take turns
-        over the block's keys, each running mf_kp key streams of mf_w lanes; each stream keeps
-        an online-softmax state per row; the states merge across streams (shuffles), then
-        simdgroups (threadgroup memory); one block per row writes the outputs, several write
-        partial states for the merge kernel."""
+    def group_head(self, nsg: int) -> list[ir.Stmt]:
+        """Which tile of query rows (mf_own, mf_tile) and block of keys [mf_l0, mf_l1) the
+        threadgroup takes, and the lane's place: E chunk mf_sub of key stream mf_grp."""
         f = self.form
-        nsg = self.policy.threads_per_group // SIMD_WIDTH
-        emax = SIMD_WIDTH * self.epl
-        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
-                   ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
-                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-        self.pre, self.pre_names, self.tiled = [], set(), True
         tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
         head: list[ir.Stmt] = [
             ir.Comment(f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
@@ -716,7 +706,23 @@ class _Builder(reduce.Builder):
                  ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length))),
                  ir.Decl("mf_vec_ok", "bool", (self.size(f.e) % ir.Lit(self.vw, IDX)).eq(
                      ir.Lit(0, IDX)))]
-        head += self.tile()
+        return head
+
+    # -- the kernels ----------------------------------------------------------------------
+    def decode_kernel(self) -> ir.LoweredKernel:
+        """A threadgroup per (rows that share keys, block of keys): its simdgroups take turns
+        over the block's keys, each running mf_kp key streams of mf_w lanes; each stream keeps
+        an online-softmax state per row; the states merge across streams (shuffles), then
+        simdgroups (threadgroup memory); one block per row writes the outputs, several write
+        partial states for the merge kernel."""
+        f = self.form
+        nsg = self.policy.threads_per_group // SIMD_WIDTH
+        emax = SIMD_WIDTH * self.epl
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
+                   ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+        self.pre, self.pre_names, self.tiled = [], set(), True
+        head = self.group_head(nsg) + self.tile()
         staged = self.stage()
         step = self.load_keys() + self.dots() + self.softmax_step() + self.accumulate()
         per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(self.kps, "uint"))

@@ -140,86 +140,112 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
     return base
 
 
-def validate(p: LaunchPolicy) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise LaunchError(f"{p.family} launch policy: {msg}")
+_READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
 
-    reads = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
+
+def _need(p: LaunchPolicy, ok: bool, msg: str) -> None:
+    if not ok:
+        raise LaunchError(f"{p.family} launch policy: {msg}")
+
+
+def validate(p: LaunchPolicy) -> None:
+    """Check a policy's values, in general and for its family (a LaunchError naming the
+    option, its value and what would be right)."""
+    _validate_common(p)
+    check = _FAMILY_CHECKS.get(p.family)
+    if check is not None:
+        check(p)
+
+
+def _validate_common(p: LaunchPolicy) -> None:
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 *reads, "looped_limit", "keys_per_step", "k_splits"):
+                 *_READS, "looped_limit", "keys_per_step", "k_splits"):
         v = getattr(p, name)
-        need(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-             f"{name} must be a positive int, got {v!r}")
-    need(isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
-         and p.key_splits >= 0,
-         f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
-    need(p.k_splits & (p.k_splits - 1) == 0 and p.k_splits * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
-         f"k_splits must be a power of two up to {MAX_THREADS_PER_GROUP // SIMD_WIDTH} (one "
-         f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
-    need(p.index64 is None or isinstance(p.index64, bool),
-         f"index64 must be None, True or False, got {p.index64!r}")
-    need(p.threads_per_group <= MAX_THREADS_PER_GROUP,
-         f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
-         f"{MAX_THREADS_PER_GROUP}")
-    need(not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
-         f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
-         f"kernel uses simdgroup collectives")
-    need(p.vector_width in (1, 2, 4, 8),
-         f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
-    need(p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
-         f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
-         f"{MAX_THREADGROUP_BYTES}-byte limit")
-    if p.family == "row":
-        for name in reads:
-            r = getattr(p, name)
-            need(r <= MAX_READS_PER_THREAD,
-                 f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
-                 f"spill on Apple GPUs")
-            need(r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
-                 f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
-                 f"of two below it)")
-        need(p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
-             f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
-             f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
-        need(p.looped_limit <= p.threads_per_group * p.reads_per_thread,
-             f"looped_limit={p.looped_limit}: a row held in registers needs "
-             f"looped_limit <= threads_per_group * reads_per_thread = "
-             f"{p.threads_per_group * p.reads_per_thread}")
-    if p.family == "attention":
-        nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
-        tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
-        need(tg <= MAX_THREADGROUP_BYTES,
-             f"threads_per_group={p.threads_per_group} with reads_per_thread="
-             f"{p.reads_per_thread}: the merge of the simdgroups' states needs {tg} bytes of "
-             f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
-        need(p.reads_per_thread & (p.reads_per_thread - 1) == 0
-             and p.reads_per_thread <= MAX_READS_PER_THREAD,
-             f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
-             f"elements per key and per row in registers: a power of two up to "
-             f"{MAX_READS_PER_THREAD}")
-        for name in ("rows_per_group", "keys_per_step"):
-            n = getattr(p, name)
-            need(n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,
-                 f"{name}={n} with reads_per_thread={p.reads_per_thread}: each lane keeps "
-                 f"{name} x reads_per_thread = {n * p.reads_per_thread} values in registers "
-                 f"(q and the accumulators per row, k and v per key), at most "
-                 f"{8 * MAX_READS_PER_THREAD}")
-    if p.family == "quant":
-        need(p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
-             "packed words at once, at most 4 (16 bytes)")
-        need(p.rows_per_group <= MAX_QUANT_ROWS,
-             f"rows_per_group={p.rows_per_group}: a simdgroup keeps each row's words, scale, "
-             f"bias and sum in registers, at most {MAX_QUANT_ROWS} rows")
-        need(p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
-             f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
-             f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "
-             f"rows share one threadgroup")
-    if p.family == "column":
-        need(p.threads_per_group % SIMD_WIDTH == 0 and
-             p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
-             f"threads_per_group={p.threads_per_group} must equal 32 columns x rows_per_group="
-             f"{p.rows_per_group}")
+        _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+              f"{name} must be a positive int, got {v!r}")
+    _need(p, isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
+          and p.key_splits >= 0,
+          f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
+    _need(p, p.k_splits & (p.k_splits - 1) == 0
+          and p.k_splits * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
+          f"k_splits must be a power of two up to {MAX_THREADS_PER_GROUP // SIMD_WIDTH} (one "
+          f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
+    _need(p, p.index64 is None or isinstance(p.index64, bool),
+          f"index64 must be None, True or False, got {p.index64!r}")
+    _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
+          f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
+          f"{MAX_THREADS_PER_GROUP}")
+    _need(p, not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
+          f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
+          f"kernel uses simdgroup collectives")
+    _need(p, p.vector_width in (1, 2, 4, 8),
+          f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
+    _need(p, p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
+          f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
+          f"{MAX_THREADGROUP_BYTES}-byte limit")
+
+
+
+def _validate_row(p: LaunchPolicy) -> None:
+    for name in _READS:
+        r = getattr(p, name)
+        _need(p, r <= MAX_READS_PER_THREAD,
+              f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
+              f"spill on Apple GPUs")
+        _need(p, r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
+              f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
+              f"of two below it)")
+    _need(p, p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
+          f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
+          f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
+    _need(p, p.looped_limit <= p.threads_per_group * p.reads_per_thread,
+          f"looped_limit={p.looped_limit}: a row held in registers needs "
+          f"looped_limit <= threads_per_group * reads_per_thread = "
+          f"{p.threads_per_group * p.reads_per_thread}")
+
+
+def _validate_attention(p: LaunchPolicy) -> None:
+    nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
+    tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
+    _need(p, tg <= MAX_THREADGROUP_BYTES,
+          f"threads_per_group={p.threads_per_group} with reads_per_thread="
+          f"{p.reads_per_thread}: the merge of the simdgroups' states needs {tg} bytes of "
+          f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
+    _need(p, p.reads_per_thread & (p.reads_per_thread - 1) == 0
+          and p.reads_per_thread <= MAX_READS_PER_THREAD,
+          f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
+          f"elements per key and per row in registers: a power of two up to "
+          f"{MAX_READS_PER_THREAD}")
+    for name in ("rows_per_group", "keys_per_step"):
+        n = getattr(p, name)
+        _need(p, n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,
+              f"{name}={n} with reads_per_thread={p.reads_per_thread}: each lane keeps "
+              f"{name} x reads_per_thread = {n * p.reads_per_thread} values in registers "
+              f"(q and the accumulators per row, k and v per key), at most "
+              f"{8 * MAX_READS_PER_THREAD}")
+
+
+def _validate_quant(p: LaunchPolicy) -> None:
+    _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
+          "packed words at once, at most 4 (16 bytes)")
+    _need(p, p.rows_per_group <= MAX_QUANT_ROWS,
+          f"rows_per_group={p.rows_per_group}: a simdgroup keeps each row's words, scale, "
+          f"bias and sum in registers, at most {MAX_QUANT_ROWS} rows")
+    _need(p, p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
+          f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
+          f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "
+          f"rows share one threadgroup")
+
+
+def _validate_column(p: LaunchPolicy) -> None:
+    _need(p, p.threads_per_group % SIMD_WIDTH == 0 and
+          p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
+          f"threads_per_group={p.threads_per_group} must equal 32 columns x rows_per_group="
+          f"{p.rows_per_group}")
+
+
+_FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,
+                  "quant": _validate_quant, "column": _validate_column}
 
 
 def validate_for_kernel(p: LaunchPolicy, kernel_name: str, max_threads: int,
