@@ -13,8 +13,10 @@ from ._version import __version__
 from .autotuner import autotune
 from .dtypes import BF16 as bf16, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32
 from .dtypes import I64 as i64, U8 as u8, U16 as u16, U32 as u32
-from .errors import (AnnotationError, BindingError, CandidateMismatch, DeviceError, LaunchError,
-                     MetalforgeError, ShapeError, TraceError, UnsupportedConstruct)
+from .errors import (AnnotationError, BackendUnavailable, BindingError, CandidateMismatch,
+                     DeviceError, GatherIndexError, LaunchError, MetalforgeError,
+                     QuantizationError, ShapeError, TraceError, UnsupportedConstruct,
+                     UnsupportedOnBackend)
 from .frontend.kernel import Const, Kernel, kernel
 from .frontend import tracer as _tracer
 from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2, floor, index,
@@ -30,7 +32,8 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",
-           "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "f32", "f16", "bf16",
+           "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "BackendUnavailable",
+           "UnsupportedOnBackend", "GatherIndexError", "QuantizationError", "f32", "f16", "bf16",
            "i64", "i32", "u32", "i16", "u16", "i8", "u8", *_OPS]
 
 

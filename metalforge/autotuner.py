@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 import torch
 
 from ._version import __version__
-from .errors import CandidateMismatch
+from .errors import BindingError, CandidateMismatch
 from .frontend.kernel import Kernel
 from .runtime.backends import current_backend
 from .runtime.launcher import dispatch, prepare, run
@@ -175,7 +175,7 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
         r = mf.autotune(rms_norm, x, w)     # r.best, r.trials, r.speedup; print(r)
     """
     if not isinstance(kernel, Kernel):
-        raise TypeError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
+        raise BindingError(f"mf.autotune tunes an @mf.kernel, got {kernel!r}")
     tn = _setup(kernel, args, kwargs, candidates, warmup, repeats)
     bar = _Progress(f"autotune {kernel.name}", len(tn.trials), progress)
     for i, t in enumerate(tn.trials):

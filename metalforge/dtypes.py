@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import BindingError
+
 
 @dataclass(frozen=True)
 class DType:
@@ -53,8 +55,9 @@ def from_torch(dt: torch.dtype) -> DType:
     try:
         return BY_TORCH[dt]
     except KeyError:
-        raise TypeError(f"dtype {dt} is not supported by metalforge "
-                        f"(supported: {', '.join(str(d.torch) for d in ALL.values())})") from None
+        raise BindingError(
+            f"dtype {dt} is not supported by metalforge "
+            f"(supported: {', '.join(str(d.torch) for d in ALL.values())})") from None
 
 
 def promote(a: DType, b: DType) -> DType:

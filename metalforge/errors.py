@@ -59,6 +59,25 @@ class LaunchError(MetalforgeError, ValueError):
     """A launch configuration that cannot run (checked on the host before any launch)."""
 
 
+class BackendUnavailable(DeviceError, RuntimeError):
+    """A backend this machine cannot run (mps without a Mac, cuda without an NVIDIA GPU, mlx
+    without Metal)."""
+
+
+class UnsupportedOnBackend(UnsupportedConstruct, NotImplementedError):
+    """A kernel a backend cannot run (names the construct and the backend that can)."""
+
+
+class GatherIndexError(MetalforgeError, IndexError):
+    """An index of `mf.take` outside its axis (names kernel, tensor, axis size and value): the
+    same class from the kernels' report and from the reference."""
+
+
+class QuantizationError(MetalforgeError, ValueError):
+    """Weights or packed words `metalforge.quant` cannot quantize or unpack (non-finite values,
+    codes outside the bit range)."""
+
+
 class CandidateMismatch(MetalforgeError, AssertionError):
     """Launch configurations that gave a result different from the reference (a metalforge
     bug: please report it with the message)."""

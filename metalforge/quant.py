@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from .errors import BindingError, QuantizationError, ShapeError, UnsupportedConstruct
+
 SUPPORTED_BITS = (2, 3, 4, 5, 6, 8)
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -54,7 +56,7 @@ def quantize(w: torch.Tensor, group_size: int = 64,
     _check_bits(bits)
     _check_float("w", w)
     if w.dim() == 0 or w.shape[-1] % group_size:
-        raise ValueError(f"quantize: w's last dim must be a multiple of group_size={group_size}, "
+        raise ShapeError(f"quantize: w's last dim must be a multiple of group_size={group_size}, "
                          f"but w has shape {tuple(w.shape)}")
     lead, k = tuple(w.shape[:-1]), w.shape[-1]
     rows, groups = math.prod(lead), k // group_size
@@ -100,13 +102,13 @@ def dequantize(wq: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
     _check_float("scales", scales)
     _check_float("biases", biases)
     if biases.dtype != scales.dtype:
-        raise TypeError(f"dequantize: biases must have the scales' dtype {scales.dtype}, "
-                        f"got {biases.dtype}")
+        raise BindingError(f"dequantize: biases must have the scales' dtype {scales.dtype}, "
+                           f"got {biases.dtype}")
     k = wq.shape[-1] * 32 // bits
     expected = (*wq.shape[:-1], k // group_size)
     for name, t in (("scales", scales), ("biases", biases)):
         if tuple(t.shape) != expected:
-            raise ValueError(
+            raise ShapeError(
                 f"dequantize: {name} must have shape {expected} for wq of shape "
                 f"{tuple(wq.shape)} ({k} values per row at bits={bits}) and "
                 f"group_size={group_size}, got {tuple(t.shape)}")
@@ -144,18 +146,18 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     Example: ``wq = quant.pack(codes, bits=4)``"""
     _check_bits(bits)
     if not isinstance(codes, torch.Tensor):
-        raise TypeError(f"pack: codes must be a torch.Tensor, got {type(codes).__name__}")
+        raise BindingError(f"pack: codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
-        raise TypeError(f"pack: codes must be an integer tensor, got {codes.dtype}")
+        raise BindingError(f"pack: codes must be an integer tensor, got {codes.dtype}")
     per_pack, _ = pack_layout(bits)
     if codes.dim() == 0 or codes.shape[-1] % per_pack:
-        raise ValueError(f"pack: codes' last dim must be a multiple of {per_pack} at bits={bits} "
+        raise ShapeError(f"pack: codes' last dim must be a multiple of {per_pack} at bits={bits} "
                          f"(so that the codes fill whole uint32 words), but codes have shape "
                          f"{tuple(codes.shape)}")
     c = codes.to(torch.int64)
     if c.numel() and (int(c.min()) < 0 or int(c.max()) >= 1 << bits):
-        raise ValueError(f"pack: codes must lie in [0, {(1 << bits) - 1}] at bits={bits}, "
-                         f"got values in [{int(c.min())}, {int(c.max())}]")
+        raise QuantizationError(f"pack: codes must lie in [0, {(1 << bits) - 1}] at bits={bits}, "
+                                f"got values in [{int(c.min())}, {int(c.max())}]")
     lead, k = tuple(codes.shape[:-1]), codes.shape[-1]
     return _pack_words(c.reshape(math.prod(lead), k), bits).reshape(*lead, k * bits // 32)
 
@@ -180,32 +182,34 @@ def _pack_words(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def _check_bits(bits: int) -> None:
     if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
-        raise ValueError(f"bits={bits!r} is not supported; MLX's affine quantization supports "
-                         f"bits in {SUPPORTED_BITS}")
+        raise UnsupportedConstruct(
+            f"bits={bits!r} is not supported; MLX's affine quantization supports "
+            f"bits in {SUPPORTED_BITS}")
 
 
 def _check_group_size(group_size: int) -> None:
     if isinstance(group_size, bool) or group_size not in SUPPORTED_GROUP_SIZES:
-        raise ValueError(f"group_size={group_size!r} is not supported; MLX's affine quantization "
-                         f"supports group_size in {SUPPORTED_GROUP_SIZES}")
+        raise UnsupportedConstruct(
+            f"group_size={group_size!r} is not supported; MLX's affine quantization "
+            f"supports group_size in {SUPPORTED_GROUP_SIZES}")
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise BindingError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32, float16 or bfloat16 (what MLX quantizes), "
-                        f"got {t.dtype}")
+        raise BindingError(f"{name} must be float32, float16 or bfloat16 (what MLX quantizes), "
+                           f"got {t.dtype}")
 
 
 def _check_words(fn: str, wq: torch.Tensor, bits: int) -> None:
     if not isinstance(wq, torch.Tensor):
-        raise TypeError(f"{fn}: wq must be a torch.Tensor, got {type(wq).__name__}")
+        raise BindingError(f"{fn}: wq must be a torch.Tensor, got {type(wq).__name__}")
     if wq.dtype != torch.uint32:
-        raise TypeError(f"{fn}: wq must hold packed words as torch.uint32, got {wq.dtype}")
+        raise BindingError(f"{fn}: wq must hold packed words as torch.uint32, got {wq.dtype}")
     _, words_per_pack = pack_layout(bits)
     if wq.dim() == 0 or wq.shape[-1] % words_per_pack:
-        raise ValueError(f"{fn}: wq's last dim must be a multiple of {words_per_pack} words at "
+        raise ShapeError(f"{fn}: wq's last dim must be a multiple of {words_per_pack} words at "
                          f"bits={bits} (codes straddle words in runs of {words_per_pack}), but "
                          f"wq has shape {tuple(wq.shape)}")
 
@@ -223,5 +227,6 @@ def _check_finite_groups(w_max: torch.Tensor, w_min: torch.Tensor, scale: torch.
     index.append(f"{group * group_size}:{(group + 1) * group_size}")
     finite = bool(torch.isfinite(w_max.flatten()[g]) & torch.isfinite(w_min.flatten()[g]))
     what = "spans a range (max - min) that overflows float32" if finite else "holds NaN or inf"
-    raise ValueError(f"quantize: w[{', '.join(index)}] (a group of {group_size} values) {what}; "
-                     f"only finite weights with max - min < 3.4e38 per group can be quantized")
+    raise QuantizationError(
+        f"quantize: w[{', '.join(index)}] (a group of {group_size} values) {what}; "
+        f"only finite weights with max - min < 3.4e38 per group can be quantized")

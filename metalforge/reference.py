@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from .dtypes import BOOL, DType
+from .errors import GatherIndexError
 from .graph import Graph, Node, Op, Output
 from .shapes import bind_shapes, flat_shape, output_shape
 
@@ -63,7 +64,7 @@ def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.
     bad = (idx < 0) | (idx >= sizes[axis])
     if bool(bad.any()):
         v = int(idx[bad][0])
-        raise IndexError(f"{what}: index {v} is out of range for size {sizes[axis]}")
+        raise GatherIndexError(f"{what}: index {v} is out of range for size {sizes[axis]}")
     return torch.gather(x.expand(shape + [sizes[axis]]), -1, idx.unsqueeze(-1)).squeeze(-1)
 
 

@@ -17,7 +17,8 @@ from .. import autodiff, dtypes, runtime
 from ..runtime import fastpath, mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
-from ..errors import AnnotationError, BindingError, at, kernel_at
+from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
+                      kernel_at)
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..reference import evaluate
 from ..tuning.launch import check_options
@@ -52,8 +53,8 @@ class Const:
 
     def __class_getitem__(cls, pytype):
         if pytype not in (int, bool):
-            raise TypeError(f"mf.Const[{getattr(pytype, '__name__', pytype)}]: only "
-                            "mf.Const[int] and mf.Const[bool] exist")
+            raise TraceError(f"mf.Const[{getattr(pytype, '__name__', pytype)}]: only "
+                             "mf.Const[int] and mf.Const[bool] exist")
         return _ConstType(pytype)
 
 
@@ -104,10 +105,11 @@ def _check_name(name: Optional[str], fn: Callable, loc: tuple[str, int]) -> str:
     if isinstance(got, str) and _NAME.fullmatch(got):
         return got
     src = "name=" if name is not None else "the function's __name__"
-    raise ValueError(f"kernel{at(loc)}: {src} {got!r} cannot name a Metal kernel; "
-                     f"use a plain identifier (ASCII letters and digits, single '_' between them, "
-                     f"a letter first, at most 64 characters), e.g. "
-                     f"@mf.kernel(name=\"my_kernel\")")
+    raise UnsupportedConstruct(
+        f"kernel{at(loc)}: {src} {got!r} cannot name a Metal kernel; "
+        f"use a plain identifier (ASCII letters and digits, single '_' between them, "
+        f"a letter first, at most 64 characters), e.g. "
+        f"@mf.kernel(name=\"my_kernel\")")
 
 
 class Kernel:
@@ -662,5 +664,5 @@ def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,
     if fn is None:
         return lambda f: Kernel(f, name=name, backend=backend, launch=launch)
     if not callable(fn):
-        raise TypeError(f"@mf.kernel decorates a function, got {fn!r}")
+        raise TraceError(f"@mf.kernel decorates a function, got {fn!r}")
     return Kernel(fn, name=name, backend=backend, launch=launch)

@@ -26,6 +26,7 @@ import torch
 
 from ..cache import key_lock
 from ..cuda import compile_shader as cuda_compile_shader
+from ..errors import BackendUnavailable, DeviceError
 from ..sim import compile_shader as sim_compile_shader
 
 BACKENDS = ("mps", "sim", "cuda", "mlx")
@@ -35,8 +36,8 @@ _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=
 
 def check_name(name: Any) -> str:
     if name not in BACKENDS:
-        raise ValueError(f"unknown metalforge backend {name!r}; choose one of: "
-                         f"{', '.join(BACKENDS)}")
+        raise DeviceError(f"unknown metalforge backend {name!r}; choose one of: "
+                          f"{', '.join(BACKENDS)}")
     return name
 
 
@@ -85,13 +86,15 @@ _kernels: dict[tuple[str, str, str], Any] = {}   # (backend, source, host name) 
 def _compile(backend_name: str, source: str):
     if backend_name == "mps":
         if not torch.backends.mps.is_available():
-            raise RuntimeError("backend 'mps' needs an Apple-silicon Mac with MPS available; on "
-                               "other machines use CPU tensors (the 'sim' backend)")
+            raise BackendUnavailable(
+                "backend 'mps' needs an Apple-silicon Mac with MPS available; on "
+                "other machines use CPU tensors (the 'sim' backend)")
         return torch.mps.compile_shader(source)
     if backend_name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("backend 'cuda' needs an NVIDIA GPU with torch's CUDA build; on "
-                               "other machines use CPU tensors (the 'sim' backend)")
+            raise BackendUnavailable(
+                "backend 'cuda' needs an NVIDIA GPU with torch's CUDA build; on "
+                "other machines use CPU tensors (the 'sim' backend)")
         return cuda_compile_shader(source)
     return sim_compile_shader(source)
 

@@ -30,7 +30,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
-from ..errors import BindingError, DeviceError, at, kernel_at
+from ..errors import BindingError, DeviceError, GatherIndexError, at, kernel_at
 from ..graph import Graph, take_sites
 from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
@@ -160,8 +160,9 @@ class IndexErrors:
         flag, site, lo, hi = (int(v) for v in buffer.cpu())
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
-            raise IndexError(f"{self.where}: {self.sites[site]}: index {value} is out of range "
-                             f"(the kernel read nothing there)")
+            raise GatherIndexError(
+                f"{self.where}: {self.sites[site]}: index {value} is out of range "
+                f"(the kernel read nothing there)")
 
 
 def bind(call: Call) -> Launch:
@@ -290,10 +291,10 @@ def check_tensors(spec: "Specialisation", values: Mapping[str, Any]) -> dict[str
         t = values[p.name]
         if not isinstance(t, torch.Tensor):
             raise BindingError(f"{spec.where}: argument '{p.name}' (annotated \"{p.annotation}\") "
-                            f"must be a torch.Tensor, got {type(t).__name__}")
+                               f"must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != p.dtype.torch:
             raise BindingError(f"{spec.where}: argument '{p.name}' has dtype {t.dtype}, but this "
-                            f"specialisation was built for {p.dtype.torch}")
+                               f"specialisation was built for {p.dtype.torch}")
         tensors[p.name] = t
     return tensors
 

@@ -41,7 +41,8 @@ import torch
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import BindingError, LaunchError, kernel_at
+from ..errors import (BackendUnavailable, BindingError, LaunchError, UnsupportedOnBackend,
+                      kernel_at)
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..shapes import bind_shapes, output_shape
@@ -109,8 +110,8 @@ def dtype_of(a: Any) -> dtypes.DType:
     try:
         return _FROM_MLX[name]
     except KeyError:
-        raise TypeError(f"MLX dtype {name} is not supported by metalforge (supported: "
-                        f"{', '.join(_FROM_MLX)})") from None
+        raise BindingError(f"MLX dtype {name} is not supported by metalforge (supported: "
+                           f"{', '.join(_FROM_MLX)})") from None
 
 
 def mlx_dtype(msl_type: str):
@@ -174,17 +175,17 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
     header, body = _split(render_msl(k), k)
     params = sorted(k.params, key=lambda p: p.index)
     if any(p.binds == ("error",) for p in params):
-        raise NotImplementedError(f"kernel '{host_name}' gathers (mf.take) and reports index "
-                                  "errors through a buffer it writes; the mlx backend does not "
-                                  "bind that buffer yet: call it with torch tensors")
+        raise UnsupportedOnBackend(f"kernel '{host_name}' gathers (mf.take) and reports index "
+                                   "errors through a buffer it writes; the mlx backend does not "
+                                   "bind that buffer yet: call it with torch tensors")
     # a ("scratch",) buffer is written, so MLX must see it as an output (dropped after the
     # call; with one key block per row, attention never touches it)
     ins = [p for p in params if p.binds[0] not in ("output", "scratch")]
     outs = [p for p in params if p.binds[0] in ("output", "scratch")]
     for th in k.threads:
         if th.attribute not in ATTRIBUTES:
-            raise NotImplementedError(f"kernel '{host_name}' reads [[{th.attribute}]], which "
-                                      "mx.fast.metal_kernel cannot pass")
+            raise UnsupportedOnBackend(f"kernel '{host_name}' reads [[{th.attribute}]], which "
+                                       "mx.fast.metal_kernel cannot pass")
     # rename every identifier that MLX's substring scan would mistake for an attribute or an
     # input's shape parameter (it scans the body only, comments included)
     text = "\n".join(body)
@@ -301,10 +302,10 @@ def _check_arrays(graph: Graph, values: Mapping[str, Any], where: str) -> dict[s
         v: Any = values.get(p.name)
         if not is_array(v):
             raise BindingError(f"{where}: argument '{p.name}' must be an mlx.core.array like the "
-                              f"other arguments of this call, got {type(v).__name__}")
+                               f"other arguments of this call, got {type(v).__name__}")
         if dtype_of(v) is not p.dtype:
             raise BindingError(f"{where}: argument '{p.name}' has dtype {v.dtype}, but this "
-                              f"specialisation was built for {p.dtype}")
+                               f"specialisation was built for {p.dtype}")
         arrays[p.name] = v
     return arrays
 
@@ -344,10 +345,10 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
                           f"backend 'mlx' (or 'sim' to simulate the MLX kernel)")
     core = mx()
     if be == "mlx" and not core.metal.is_available():
-        raise RuntimeError(f"{where}: MLX has no Metal back-end on this machine "
-                           "(mx.metal.is_available() is False); the 'mlx' backend runs on "
-                           "Apple-silicon Macs. To run the kernel MLX would build in "
-                           "metalforge's simulator, call it inside `with mf.backend('sim'):`")
+        raise BackendUnavailable(f"{where}: MLX has no Metal back-end on this machine "
+                                 "(mx.metal.is_available() is False); the 'mlx' backend runs on "
+                                 "Apple-silicon Macs. To run the kernel MLX would build in "
+                                 "metalforge's simulator, call it inside `with mf.backend('sim'):`")
     call, shapes = prepare(graph, values, launch)
     if call is None:
         outs = [core.zeros(shape, dtype=dt) for shape, dt in shapes]
