@@ -72,7 +72,8 @@ def test_out_of_range_index_raises_and_reads_nothing(bad):
     table = torch.randn(1000, 8)
     ids = torch.tensor([3, bad, 5], dtype=torch.int32)
     for _ in range(2):                              # the full path, then the warm one
-        with pytest.raises(mf.GatherIndexError, match=rf"'table' along 'V' \(size 1000.*index {bad} "):
+        with pytest.raises(mf.GatherIndexError,
+                           match=rf"'table' along 'V' \(size 1000.*index {bad} "):
             embed(table, ids)
         torch.testing.assert_close(embed(table, ids.clamp(0, 999)),
                                    table[ids.clamp(0, 999).long()])
