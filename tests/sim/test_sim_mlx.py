@@ -46,11 +46,16 @@ def inline_mlx(rel: str, seen: set[str] | None = None) -> str:
 
 
 _libs: dict[str, object] = {}
+# Files with kernels where lanes that returned leave a later threadgroup_barrier to the others
+# (gemv.h: only lane 0 of each simdgroup meets the barrier of the threadgroup reduction); Apple
+# GPUs run them, the simulator does with exited_leave_barriers.
+EXITED_LEAVE_BARRIERS = {"gemv.metal"}
 
 
 def library(name: str):
     if name not in _libs:
-        _libs[name] = compile_shader(inline_mlx(KDIR + name))
+        _libs[name] = compile_shader(inline_mlx(KDIR + name),
+                                     exited_leave_barriers=name in EXITED_LEAVE_BARRIERS)
     return _libs[name]
 
 
@@ -267,3 +272,91 @@ def test_affine_qmv_matches_mlx():
     want = mx.quantized_matmul(_mx(x), wq, scales, biases, transpose=True, group_size=gs,
                                bits=bits)
     _close(y, _torch(want, torch.float32), torch.float16)   # 4-bit weights: sums of 256 terms
+
+
+def _gemv_grid(n_out: int, per_group: int, bn: int, bm: int, batch: int):
+    """matmul.cpp gemv_axbpy: threadgroups (ceil(n_out / per_group), 1, batch) of (32, bn, bm)."""
+    n_tgp = -(-n_out // per_group)
+    return [n_tgp * 32, bn, bm * batch], [32, bn, bm]
+
+
+@pytest.mark.parametrize("M,K,kname,bm,bn,sm,tm", [
+    # K >= 16 * M: bm 1, bn 8;  otherwise bm 4 (M < 4096), sm 1, sn 32
+    (20, 512, "gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0", 1, 8, 1, 4),
+    (50, 200, "gemv_float32_bm4_bn1_sm1_sn32_tm4_tn4_nc0_axpby0", 4, 1, 1, 4),
+    # K <= 64: bm 1, sm 8, sn 4
+    (37, 60, "gemv_float32_bm1_bn1_sm8_sn4_tm4_tn4_nc0_axpby0", 1, 1, 8, 4)])
+def test_gemv_matches_mlx(M, K, kname, bm, bn, sm, tm):
+    # matmul.cpp gemv_axbpy without axpby: A (M, K) @ x (K, 1); batch_shape {1}, strides {0};
+    # buffers 2 (bias), 7, 8 (alpha, beta), 13, 14 are unbound there: placeholders here.
+    lib = library("gemv.metal")
+    g = torch.Generator().manual_seed(8)
+    a = torch.randn(M, K, generator=g)
+    x = torch.randn(K, generator=g)
+    out = torch.zeros(M)
+    grid, group = _gemv_grid(M, bm * sm * tm, bn, bm, 1)
+    getattr(lib, kname)(a, x, torch.zeros(1), out, K, M, K, 1.0, 0.0, 1, [1], [0], [0], [0], 0,
+                        threads=grid, group_size=group,
+                        arg_casts={4: "int32", 5: "int32", 6: "int32", 9: "int32", 10: "int32",
+                                   14: "int32"})
+    want = mx.matmul(_mx(a), _mx(x))
+    _close(out, _torch(want, torch.float32), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_t_matches_mlx(dtype):
+    # x (B, 1, K) @ W (B, K, N), W row-major: the matrix is transposed for gemv, gemv_t; K < 8192:
+    # sm 8, sn 4; N < 512: bn 2; tn 4.  batch_shape {B} (one dim: the contiguous kernel, nc0).
+    lib = library("gemv.metal")
+    B, K, N = 2, 300, 70
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(B, 1, K, generator=g).to(dtype)
+    w = torch.randn(B, K, N, generator=g).to(dtype)
+    out = torch.zeros(B, 1, N, dtype=dtype)
+    grid, group = _gemv_grid(N, 2 * 4 * 4, 2, 1, B)
+    kname = f"gemv_t_{_TNAME[dtype]}_bm1_bn2_sm8_sn4_tm4_tn4_nc0_axpby0"
+    getattr(lib, kname)(w, x, torch.zeros(1, dtype=dtype), out, K, N, N, 1.0, 0.0, 1, [B],
+                        [K], [K * N], [0], 0, threads=grid, group_size=group,
+                        arg_casts={4: "int32", 5: "int32", 6: "int32", 9: "int32", 10: "int32",
+                                   14: "int32"})
+    want = mx.matmul(_mx(x), _mx(w))
+    _close(out, _torch(want, dtype), dtype)
+
+
+def _gemm_params(M, N, K, lda, ldb, ldd, bm, bn, bk, batch_stride_a=0, batch_stride_b=0,
+                 batch_stride_d=0, batch_ndim=1) -> torch.Tensor:
+    """steel/gemm/params.h GEMMParams, as matmul.cpp fills it (swizzle_log 0)."""
+    import struct
+    tn, tm = -(-N // bn), -(-M // bm)
+    raw = struct.pack("<8i3q3i4x", M, N, K, lda, ldb, ldd, tn, tm,
+                      batch_stride_a, batch_stride_b, batch_stride_d, 0, K // bk, batch_ndim)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("dtype,trans,M,N,K,bm,bn,bk,wm,wn", [
+    # float32 takes MLX's default tile (64, 64, 16, 2, 2); half/bfloat nt on a small device
+    # (GEMM_TPARAM_MACRO, devc 'g'): (64, 32, 32, 2, 2)
+    (torch.float32, "nn", 70, 100, 40, 64, 64, 16, 2, 2),
+    (torch.bfloat16, "nt", 64, 64, 96, 64, 32, 32, 2, 2),
+    (torch.float16, "nt", 33, 50, 20, 64, 32, 32, 2, 2)])
+def test_steel_gemm_fused_matches_mlx(dtype, trans, M, N, K, bm, bn, bk, wm, wn):
+    # matmul.cpp steel_matmul_regular_axpby without batch or C: function constants has_batch
+    # (10), use_out_source (100), do_axpby (110) false, align_M/N/K (200-202) from the shape;
+    # threadgroups (tiles_n, tiles_m, 1) of (32, wn, wm); buffers 0, 1, 3, 4.
+    fc = {10: False, 100: False, 110: False,
+          200: M % bm == 0, 201: N % bn == 0, 202: K % bk == 0}
+    lib = compile_shader(inline_mlx(KDIR + "steel/gemm/kernels/steel_gemm_fused.metal"),
+                         function_constants=fc)
+    g = torch.Generator().manual_seed(10)
+    a = torch.randn(M, K, generator=g).to(dtype)
+    b = (torch.randn(N, K, generator=g) if trans[1] == "t" else
+         torch.randn(K, N, generator=g)).to(dtype)
+    out = torch.zeros(M, N, dtype=dtype)
+    t = _TNAME[dtype]
+    kname = f"steel_gemm_fused_{trans}_{t}_{t}_bm{bm}_bn{bn}_bk{bk}_wm{wm}_wn{wn}"
+    params = _gemm_params(M, N, K, K, b.shape[1], N, bm, bn, bk, M * K, K * N, M * N)
+    tiles = [-(-N // bn), -(-M // bm), 1]
+    getattr(lib, kname)(a, b, None, out, params, None, None, None,
+                        threads=[tiles[0] * 32, tiles[1] * wn, wm], group_size=[32, wn, wm])
+    want = mx.matmul(_mx(a), _mx(b).T if trans[1] == "t" else _mx(b))
+    _close(out, _torch(want, dtype), dtype)
