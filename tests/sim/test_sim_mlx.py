@@ -76,20 +76,14 @@ FILES = {
     "gemv.metal": ["gemv_float32_bm1_bn8_sm1_sn32_tm4_tn4_nc0_axpby0"],
     "scaled_dot_product_attention.metal": None,
     "steel/gemm/kernels/steel_gemm_fused.metal": [
-        "steel_gemm_fused_nn_float32_float32_bm32_bn32_bk16_wm2_wn2",
-        "steel_gemm_fused_nn_bfloat16_bfloat16_bm32_bn32_bk16_wm2_wn2"],
-    "steel/attn/kernels/steel_attention.metal": None,
+        "steel_gemm_fused_nn_float32_float32_bm64_bn64_bk16_wm2_wn2",
+        "steel_gemm_fused_nt_bfloat16_bfloat16_bm64_bn32_bk32_wm2_wn2"],
+    "steel/attn/kernels/steel_attention.metal": [
+        "steel_attention_float32_bq32_bk32_bd64_wm4_wn1_maskfloat32"],
 }
 
 
-# steel_attention's mma.h names `typename metal::vec<U, N>`; the shim's vec is a union, and g++
-# rejects `typename` naming a union ("class tag used in naming union").
-KNOWN_FAILING = {"steel/attn/kernels/steel_attention.metal"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="vec is a union in the shim"))
-    if n in KNOWN_FAILING else n for n in FILES])
+@pytest.mark.parametrize("name", list(FILES))
 def test_mlx_kernel_file_compiles(name):
     lib = library(name)
     names = dir(lib)
@@ -115,6 +109,11 @@ def _mx(t: torch.Tensor):
 def _torch(a, dtype) -> torch.Tensor:
     import numpy as np
     return torch.from_numpy(np.array(a.astype(mx.float32))).to(dtype)
+
+
+def np_of(a):
+    import numpy as np
+    return np.array(a)
 
 
 def _close(got, want, dtype):
@@ -360,3 +359,157 @@ def test_steel_gemm_fused_matches_mlx(dtype, trans, M, N, K, bm, bn, bk, wm, wn)
                         threads=[tiles[0] * 32, tiles[1] * wn, wm], group_size=[32, wn, wm])
     want = mx.matmul(_mx(a), _mx(b).T if trans[1] == "t" else _mx(b))
     _close(out, _torch(want, dtype), dtype)
+
+
+def _attn_params(B, H, D, qL, kL, gqa, scale, bq, bk, q, k, v, o) -> torch.Tensor:
+    """steel/attn/params.h AttnParams, as scaled_dot_product_attention.cpp fills it."""
+    import struct
+    NQ, NK = -(-qL // bq), -(-kL // bk)
+    NQa, NKa = qL // bq, kL // bk
+    strides = [s for t in (q, k, v, o) for s in t.stride()[:3]]
+    raw = struct.pack("<6if7i12q", B, H, D, qL, kL, gqa, scale, NQ, NK, NQa, NKa,
+                      qL - NQa * bq, kL - NKa * bk, kL - qL, *strides)
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("dtype,D,qL,kL,causal", [
+    (torch.float32, 64, 40, 50, False),
+    (torch.float16, 128, 32, 48, True)])
+def test_steel_attention_matches_mlx(dtype, D, qL, kL, causal):
+    # scaled_dot_product_attention.cpp sdpa_full_self_attention_metal (no NAX): bq 32,
+    # bk 32 (D < 128) or 16, wm 4, wn 1; function constants align_Q (200), align_K (201),
+    # has_mask (300), do_causal (301), has_sinks (302); threadgroups (NQ, H, B) of (32, 4, 1);
+    # buffers 0-4.
+    bq, bk = 32, (32 if D < 128 else 16)
+    fc = {200: qL % bq == 0, 201: kL % bk == 0, 300: False, 301: causal, 302: False}
+    lib = compile_shader(inline_mlx(KDIR + "steel/attn/kernels/steel_attention.metal"),
+                         function_constants=fc)
+    B, H, Hkv = 1, 4, 2
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    o = torch.zeros_like(q)
+    scale = D ** -0.5
+    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
+    t = _TNAME[dtype]
+    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
+    NQ = -(-qL // bq)
+    getattr(lib, kname)(q, k, v, o, params, None, None, None,
+                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
+    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
+                                                mask="causal" if causal else None)
+    _close(o, _torch(want, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype,axis", [(torch.float32, 100), (torch.bfloat16, 5000)])
+def test_logsumexp_matches_mlx(dtype, axis):
+    # logsumexp.cpp: block kernel (axis <= 4096) with one threadgroup of 32 * ceil(axis / 4 / 32)
+    # threads per row, else the looped kernel with the kernel's maximum (1024) per row.
+    lib = library("logsumexp.metal")
+    g = torch.Generator().manual_seed(12)
+    x = (torch.randn(3, axis, generator=g) * 3).to(dtype)
+    out = torch.zeros(3, dtype=dtype)
+    name = ("looped_" if axis > 4096 else "block_") + "logsumexp_" + _TNAME[dtype]
+    grid, group = _row_grid(axis, 3)
+    getattr(lib, name)(x, out, axis, threads=grid, group_size=group, arg_casts={2: "int32"})
+    _close(out, _torch(mx.logsumexp(_mx(x), axis=-1), dtype), dtype)
+
+
+def _block_dims(dim0: int, dim1: int, dim2: int, pow2: int = 10) -> list[int]:
+    """mlx/backend/metal/utils.cpp get_block_dims_common: powers of two, at most 2**pow2
+    threads, grown one dimension at a time."""
+    pows, total = [0, 0, 0], 0
+    while True:
+        before = total
+        for k, d in enumerate((dim0, dim1, dim2)):
+            if d >= 1 << (pows[k] + 1):
+                pows[k] += 1
+                total += 1
+            if total == 10:
+                return [1 << p for p in pows]
+        if total in (before, pow2):
+            return [1 << p for p in pows]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ternary_select_matches_mlx(dtype):
+    # ternary.cpp, a general 2-D select with broadcast operands: g2_Select<type>, strides in
+    # buffers 4-6, a grid (cols, rows, 1) of get_block_dims threadgroups.
+    lib = library("ternary.metal")
+    g = torch.Generator().manual_seed(13)
+    R, C = 5, 37
+    cond = torch.rand(R, 1, generator=g) > 0.5
+    a = torch.randn(R, C, generator=g).to(dtype)
+    b = torch.randn(C, generator=g).to(dtype)
+    out = torch.zeros(R, C, dtype=dtype)
+    getattr(lib, f"g2_Select{_TNAME[dtype]}")(
+        cond, a, b, out, [1, 0], [C, 1], [0, 1],
+        threads=[C, R, 1], group_size=_block_dims(C, R, 1))
+    want = mx.where(mx.array(cond.numpy()), _mx(a), _mx(b)[None, :])
+    _close(out, _torch(want, dtype), dtype)
+
+
+def test_copy_matches_mlx():
+    lib = library("copy.metal")
+    # fill_gpu: the scalar copy, size < 2**16 so one element per thread: s_copy<in><out>
+    val = torch.tensor([1.2345678])
+    out = torch.zeros(1000, dtype=torch.float16)
+    lib.s_copyfloat32float16(val, out, out.numel(), threads=[1000], group_size=[1000],
+                             arg_casts={2: "int32"})
+    _close(out, torch.full((1000,), 1.2345678).half(), torch.float16)
+    # copy_gpu_inplace, a general 2-D copy of a transposed int32 view: buffer 3 holds the
+    # source strides, buffer 2 (the shape, for more than 3 dims) is unbound
+    src = torch.arange(6 * 45, dtype=torch.int32).reshape(6, 45).T      # (45, 6), strides (1, 45)
+    dst = torch.zeros(45, 6, dtype=torch.int32)
+    lib.g2_copyint32int32(src, dst, None, [1, 45], threads=[6, 45, 1],
+                          group_size=_block_dims(6, 45, 1))
+    want = np_of(mx.array(src.numpy()) + 0)
+    assert torch.equal(dst, torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("op,dtype,shape,axis", [
+    ("argmax", torch.float32, (4, 300), 1),
+    ("argmin", torch.float16, (100, 6), 0)])
+def test_arg_reduce_matches_mlx(op, dtype, shape, axis):
+    # primitives.cpp ArgReduce::eval_gpu: one threadgroup of 32 * ceil(ceil(axis / 4) / 32)
+    # threads per output element; shape and strides without the reduced axis
+    lib = library("arg_reduce.metal")
+    g = torch.Generator().manual_seed(14)
+    x = torch.randn(*shape, generator=g).to(dtype)
+    out_shape = [n for d, n in enumerate(shape) if d != axis]
+    out = torch.zeros(out_shape, dtype=torch.int32)       # uint32 in MLX, same bits here
+    axis_size = shape[axis]
+    tg = min(-(-axis_size // 4), 1024)
+    tg = -(-tg // 32) * 32
+    in_strides = [s for d, s in enumerate(x.stride()) if d != axis]
+    getattr(lib, f"{op}_{_TNAME[dtype]}")(
+        x, out, out_shape, in_strides, list(out.stride()), len(out_shape), x.stride(axis),
+        axis_size, threads=[tg, out.numel(), 1], group_size=[tg, 1, 1],
+        arg_casts={2: "int32"})
+    want = getattr(mx, op)(_mx(x), axis=axis)
+    assert torch.equal(out.long(), torch.from_numpy(np_of(want)).long())
+
+
+@pytest.mark.parametrize("n", [3000, 20000])
+def test_all_reduce_sum_matches_mlx(n):
+    # reduce.cpp all_reduce_dispatch: up to 4 * 1024 elements one threadgroup; beyond, a first
+    # pass of 128 rows into an intermediate and a second pass of 32 threads over it
+    lib = library("reduce.metal")
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(n, generator=g)
+    out = torch.zeros(1)
+    if n <= 4 * 1024:
+        tg = -(-(-(-n // 4)) // 32) * 32
+        lib.all_reduce_sumfloat32(x, out, n, n, threads=[tg, 1, 1], group_size=[tg, 1, 1])
+    else:
+        rows = 32 * 4
+        row_size = -(-n // rows)
+        tg = -(-min(-(-row_size // 4), 1024) // 32) * 32
+        mid = torch.zeros(rows)
+        lib.all_reduce_sumfloat32(x, mid, n, row_size, threads=[tg, rows, 1],
+                                  group_size=[tg, 1, 1])
+        lib.all_reduce_sumfloat32(mid, out, rows, rows, threads=[32, 1, 1],
+                                  group_size=[32, 1, 1])
+    torch.testing.assert_close(out, _torch(mx.sum(_mx(x)), torch.float32).reshape(1),
+                               rtol=1e-5, atol=1e-4)
