@@ -535,7 +535,7 @@ const char* signame(int s) {
   return "signal";
 }
 
-// The function holding code address `pc` (demangled, without its arguments), "" if unknown.
+// The function holding code address `pc` (demangled, with its parameter types), "" if unknown.
 std::string function_at(void* pc) {
   Dl_info info;
   if (!dladdr(pc, &info) || !info.dli_sname) return "";
