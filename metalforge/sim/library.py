@@ -37,6 +37,7 @@ _PAGE = mmap.PAGESIZE
 _CANARY = 0xA5
 _GUARD_MIN = 1 << 20
 _GUARD_MAX = 1 << 30
+_EXITED_LEAVE_BARRIERS = 1    # launch flag, kExitedLeaveBarriers in include/mf_sim/engine.cpp
 
 
 class _Result(ctypes.Structure):
@@ -67,7 +68,7 @@ def _load_engine():
         _engine.mf_rt_launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
                                          ctypes.POINTER(ctypes.c_uint32),
                                          ctypes.POINTER(ctypes.c_uint32), ctypes.c_int,
-                                         ctypes.POINTER(_Result)]
+                                         ctypes.c_int, ctypes.POINTER(_Result)]
         if _engine.mf_rt_result_size() != ctypes.sizeof(_Result):
             raise RuntimeError("metalforge.sim: engine and Python disagree on the result layout")
         return _engine
@@ -181,11 +182,81 @@ def _check(kname: str, i: int, p: Param, b: _Bound) -> None:
         raise TypeError(f"{where}: expects a single value, got a list of {b.count}")
 
 
+def _product(xs: list[int]) -> int:
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+class _Staging:
+    """The guarded copies of a launch's arguments: one region per tensor storage (covering
+    every bound view of it through the storage's end) and one per bytes argument."""
+
+    def __init__(self):
+        self.regions: list[_Region] = []
+        self.storages: dict[int, tuple[int, int]] = {}   # storage ptr -> (region, low offset)
+
+    def stage(self, bound: list[_Bound], bufs: dict[int, Param]):
+        """Copy the arguments into regions; the table of buffer pointers, by buffer index."""
+        lo_of = self._low_offsets(bound)
+        ptr_table = (ctypes.c_void_p * max(1, len(bound)))()
+        for i, b in enumerate(bound):
+            if b.kind == "none":
+                ptr_table[bufs[i].buffer_index] = None
+                continue
+            ri, ptr = (self._stage_tensor(b.tensor, lo_of) if b.kind == "tensor" else
+                       self._stage_bytes(b.data))
+            self.regions[ri].names.append(f"'{bufs[i].name}' (argument {i})")
+            ptr_table[bufs[i].buffer_index] = ptr
+        return ptr_table
+
+    @staticmethod
+    def _low_offsets(bound: list[_Bound]) -> dict[int, int]:
+        """Storage pointer -> the lowest byte offset any bound view of it starts at."""
+        lo_of: dict[int, int] = {}
+        for b in bound:
+            if b.kind == "tensor":
+                key = b.tensor.untyped_storage().data_ptr()
+                off = b.tensor.storage_offset() * b.tensor.element_size()
+                lo_of[key] = min(lo_of.get(key, off), off)
+        return lo_of
+
+    def _stage_tensor(self, t: torch.Tensor, lo_of: dict[int, int]) -> tuple[int, int]:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key not in self.storages:
+            lo = lo_of[key]
+            r = _Region(st.nbytes() - lo, [])
+            ctypes.memmove(r.data, key + lo, st.nbytes() - lo)
+            self.regions.append(r)
+            self.storages[key] = (len(self.regions) - 1, lo)
+        ri, lo = self.storages[key]
+        off = t.storage_offset() * t.element_size()
+        return ri, self.regions[ri].data + (off - lo)
+
+    def _stage_bytes(self, data: bytes) -> tuple[int, int]:
+        r = _Region(len(data), [])
+        ctypes.memmove(r.data, data, len(data))
+        self.regions.append(r)
+        return len(self.regions) - 1, r.data
+
+    def copy_back(self) -> None:
+        for key, (ri, lo) in self.storages.items():
+            ctypes.memmove(key + lo, self.regions[ri].data, self.regions[ri].nbytes)
+
+    def free(self) -> None:
+        for r in self.regions:
+            r.free()
+
+
 class LibraryFunction:
     """One kernel of a Library (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: "_Dll", index: int, sig: Signature, fc: dict | None = None):
+    def __init__(self, lib: "_Dll", index: int, sig: Signature, fc: dict | None = None,
+                 exited_leave_barriers: bool = False):
         self._fc = fc or {}
+        self._exited_leave_barriers = exited_leave_barriers
         self._lib = lib
         self._index = index
         self._sig = sig
@@ -232,86 +303,95 @@ class LibraryFunction:
 
     # -------------------------------------------------------------------- call
     def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
-        sig = self._sig
-        name = sig.host_name
-        casts = cast_dtypes(arg_casts, len(args))
+        name = self._sig.host_name
         bufs = self._buffers()
         if len(args) != len(bufs):
             plist = ", ".join(f"{k}: {_describe_param(bufs[k])}" for k in sorted(bufs))
             raise TypeError(f"kernel '{name}' takes {len(bufs)} arguments ({plist}), "
                             f"got {len(args)}")
-        bound: list[_Bound] = []
-        first_numel = None
-        for i, a in enumerate(args):
-            absent = not self._present(bufs[i])
-            if absent or a is None:
-                if not absent or a is not None:
-                    p = bufs[i]
-                    raise TypeError(
-                        f"kernel '{name}' argument {i} {_describe_param(p)}: pass None exactly "
-                        f"for buffer indices no parameter uses and for parameters whose "
-                        f"[[function_constant(...)]] is false; "
-                        + ("no parameter uses it" if p.role == "unused" else
-                           f"{p.function_constant or 'it has none'}"
-                           f"{' is false' if absent else ''}"))
-                bound.append(_Bound("none", "", 0, "None"))
-                continue
-            if isinstance(a, torch.Tensor):
-                if a.device.type != "cpu":
-                    raise TypeError(f"kernel '{name}' argument {i}: the simulator runs on CPU "
-                                    f"tensors, got one on {a.device}")
-                if first_numel is None:
-                    first_numel = a.numel()
-                if a.dim() == 0:
-                    t = a.to(torch.float32) if a.dtype == torch.float64 else a
-                    bound.append(_Bound("bytes", DTYPE_SCALAR.get(t.dtype, ""), 1,
-                                        f"a 0-dim {t.dtype} tensor",
-                                        data=bytes(t.reshape(1).view(torch.uint8).numpy())))
-                else:
-                    bound.append(_Bound("tensor", DTYPE_SCALAR.get(a.dtype, ""), a.numel(),
-                                        f"a {a.dtype} tensor", tensor=a))
-                continue
-            cast = casts.get(i)
-            if isinstance(a, (list, tuple)):
-                if len(a) == 0:
-                    raise RuntimeError("Empty list/tuple can not be an argument to metal kernel")
-                if isinstance(a[0], torch.Tensor):
-                    raise TypeError(f"kernel '{name}' argument {i}: lists of tensors (argument "
-                                    f"buffers) are not supported by the simulator")
-                if isinstance(a[0], float):
-                    dt = cast or torch.float32
-                elif isinstance(a[0], int):
-                    dt = cast or torch.int64
-                else:
-                    raise RuntimeError("Unexpected argument types")
-                vals = list(a)
-                if not all(isinstance(v, (int, float)) for v in vals):
-                    raise RuntimeError("Unexpected argument types")
-                bound.append(_Bound("bytes", CAST_SCALAR[dt], len(vals),
-                                    f"a list of {len(vals)} values as {CAST_SCALAR[dt]}",
-                                    data=_to_bytes(vals, dt)))
-                continue
-            if isinstance(a, float):
-                dt = cast or torch.float32
-            elif isinstance(a, int):
-                dt = cast or torch.int64
-            else:
-                raise RuntimeError(f"Unsupported argument type {type(a).__name__} "
-                                   f"(argument {i} of kernel '{name}')")
-            kind = "Python float" if isinstance(a, float) else (
-                "Python bool" if isinstance(a, bool) else "Python int")
-            bound.append(_Bound("bytes", CAST_SCALAR[dt], 1,
-                                f"a {kind} (bound as {CAST_SCALAR[dt]})",
-                                data=_to_bytes([a], dt)))
+        casts = cast_dtypes(arg_casts, len(args))
+        bound = [self._bind(i, a, bufs[i], casts.get(i)) for i, a in enumerate(args)]
         for i, b in enumerate(bound):
             _check(name, i, bufs[i], b)
+        first_numel = next((a.numel() for a in args if isinstance(a, torch.Tensor)), None)
+        grid3, group3 = self._geometry(threads, group_size, first_numel)
+        if any(t == 0 for t in grid3):
+            return
+        self._launch(bound, grid3, group3)
 
+    def _bind(self, i: int, a, p: Param, cast: torch.dtype | None) -> _Bound:
+        """Argument `a` (index i) for parameter `p`, as the bytes or tensor it binds."""
+        absent = not self._present(p)
+        if absent or a is None:
+            return self._bind_none(i, a, p, absent)
+        if isinstance(a, torch.Tensor):
+            return self._bind_tensor(i, a)
+        if isinstance(a, (list, tuple)):
+            return self._bind_list(i, a, cast)
+        return self._bind_scalar(i, a, cast)
+
+    def _bind_none(self, i: int, a, p: Param, absent: bool) -> _Bound:
+        if not absent or a is not None:
+            raise TypeError(
+                f"kernel '{self._sig.host_name}' argument {i} {_describe_param(p)}: pass None "
+                f"exactly for buffer indices no parameter uses and for parameters whose "
+                f"[[function_constant(...)]] is false; "
+                + ("no parameter uses it" if p.role == "unused" else
+                   f"{p.function_constant or 'it has none'}{' is false' if absent else ''}"))
+        return _Bound("none", "", 0, "None")
+
+    def _bind_tensor(self, i: int, a: torch.Tensor) -> _Bound:
+        if a.device.type != "cpu":
+            raise TypeError(f"kernel '{self._sig.host_name}' argument {i}: the simulator runs "
+                            f"on CPU tensors, got one on {a.device}")
+        if a.dim() == 0:
+            t = a.to(torch.float32) if a.dtype == torch.float64 else a
+            return _Bound("bytes", DTYPE_SCALAR.get(t.dtype, ""), 1, f"a 0-dim {t.dtype} tensor",
+                          data=bytes(t.reshape(1).view(torch.uint8).numpy()))
+        return _Bound("tensor", DTYPE_SCALAR.get(a.dtype, ""), a.numel(), f"a {a.dtype} tensor",
+                      tensor=a)
+
+    def _bind_list(self, i: int, a, cast: torch.dtype | None) -> _Bound:
+        if len(a) == 0:
+            raise RuntimeError("Empty list/tuple can not be an argument to metal kernel")
+        if isinstance(a[0], torch.Tensor):
+            raise TypeError(f"kernel '{self._sig.host_name}' argument {i}: lists of tensors "
+                            f"(argument buffers) are not supported by the simulator")
+        if isinstance(a[0], float):
+            dt = cast or torch.float32
+        elif isinstance(a[0], int):
+            dt = cast or torch.int64
+        else:
+            raise RuntimeError("Unexpected argument types")
+        vals = list(a)
+        if not all(isinstance(v, (int, float)) for v in vals):
+            raise RuntimeError("Unexpected argument types")
+        return _Bound("bytes", CAST_SCALAR[dt], len(vals),
+                      f"a list of {len(vals)} values as {CAST_SCALAR[dt]}",
+                      data=_to_bytes(vals, dt))
+
+    def _bind_scalar(self, i: int, a, cast: torch.dtype | None) -> _Bound:
+        if isinstance(a, float):
+            dt = cast or torch.float32
+        elif isinstance(a, int):
+            dt = cast or torch.int64
+        else:
+            raise RuntimeError(f"Unsupported argument type {type(a).__name__} "
+                               f"(argument {i} of kernel '{self._sig.host_name}')")
+        kind = "Python float" if isinstance(a, float) else (
+            "Python bool" if isinstance(a, bool) else "Python int")
+        return _Bound("bytes", CAST_SCALAR[dt], 1, f"a {kind} (bound as {CAST_SCALAR[dt]})",
+                      data=_to_bytes([a], dt))
+
+    def _geometry(self, threads, group_size, first_numel: int | None
+                  ) -> tuple[list[int], list[int]]:
+        """The dispatch's grid and threadgroup size, each as 3 dimensions."""
         grid = dims(threads, "threads") if threads is not None else None
         if grid is None:
             if first_numel is None:
                 raise RuntimeError("Number of threads is undefined or has wrong dimension")
             grid = [first_numel]
-        mx = sig.max_total_threads
+        mx = self._sig.max_total_threads
         if group_size is None:
             group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
         else:
@@ -319,86 +399,38 @@ class LibraryFunction:
             if len(group) != len(grid):
                 raise RuntimeError(f"group_size {group_size!r} must have as many dimensions as "
                                    f"threads {threads!r}")
-        prod = 1
-        for g in group:
-            prod *= g
-        if prod > mx:
+        if _product(group) > mx:
             raise ValueError(f"Threadgroup size exceeds {mx} limit")
         if any(g == 0 for g in group) and not any(t == 0 for t in grid):
             raise ValueError(f"group_size {group_size!r} has a zero dimension")
-        grid3 = (grid + [1, 1])[:3]
-        group3 = (group + [1, 1])[:3]
-        if any(t == 0 for t in grid3):
-            return
-        self._launch(bound, grid3, group3)
+        return (grid + [1, 1])[:3], (group + [1, 1])[:3]
 
+    # -------------------------------------------------------------------- launch
     def _launch(self, bound: list[_Bound], grid: list[int], group: list[int]) -> None:
-        sig = self._sig
-        bufs = self._buffers()
-        regions: list[_Region] = []
-        ptrs = (ctypes.c_void_p * max(1, len(bound)))()
-        owners: dict[int, list[int]] = {}     # region index -> argument indices
-        arg_region: list[int] = []
-        storages: dict[int, tuple[int, torch.Tensor, int]] = {}  # storage ptr -> (region, t, lo)
+        staged = _Staging()
         try:
-            # one region per storage, covering every bound view of it through the storage's end
-            lo_of: dict[int, int] = {}
-            for b in bound:
-                if b.kind == "tensor":
-                    st = b.tensor.untyped_storage()
-                    off = b.tensor.storage_offset() * b.tensor.element_size()
-                    key = st.data_ptr()
-                    lo_of[key] = min(lo_of.get(key, off), off)
-            for i, b in enumerate(bound):
-                label = f"'{bufs[i].name}' (argument {i})"
-                if b.kind == "none":
-                    ptrs[i] = None
-                    arg_region.append(-1)
-                    continue
-                if b.kind == "tensor":
-                    st = b.tensor.untyped_storage()
-                    key = st.data_ptr()
-                    if key not in storages:
-                        lo = lo_of[key]
-                        r = _Region(st.nbytes() - lo, [])
-                        ctypes.memmove(r.data, key + lo, st.nbytes() - lo)
-                        regions.append(r)
-                        storages[key] = (len(regions) - 1, b.tensor, lo)
-                    ri, _, lo = storages[key]
-                    off = b.tensor.storage_offset() * b.tensor.element_size()
-                    ptrs[i] = regions[ri].data + (off - lo)
-                else:
-                    r = _Region(len(b.data), [])
-                    ctypes.memmove(r.data, b.data, len(b.data))
-                    regions.append(r)
-                    ri = len(regions) - 1
-                    ptrs[i] = r.data
-                regions[ri].names.append(label)
-                owners.setdefault(ri, []).append(i)
-                arg_region.append(ri)
-            ptr_table = (ctypes.c_void_p * max(1, len(bound)))()
-            for i in range(len(bound)):
-                ptr_table[bufs[i].buffer_index] = ptrs[i]
+            ptr_table = staged.stage(bound, self._buffers())
             res = _Result()
-            g = (ctypes.c_uint32 * 3)(*grid)
-            gs = (ctypes.c_uint32 * 3)(*group)
             workers = int(os.environ.get("METALFORGE_SIM_WORKERS", "2"))
-            _load_engine().mf_rt_launch(self._entry, ptr_table, g, gs, workers,
+            flags = _EXITED_LEAVE_BARRIERS if self._exited_leave_barriers else 0
+            _load_engine().mf_rt_launch(self._entry, ptr_table, (ctypes.c_uint32 * 3)(*grid),
+                                        (ctypes.c_uint32 * 3)(*group), workers, flags,
                                         ctypes.byref(res))
             if res.code != 0:
-                raise KernelError(self._explain(res, regions))
-            for r in regions:
-                off = r.canary_damage()
-                if off is not None:
-                    raise KernelError(
-                        f"kernel '{sig.host_name}' wrote out of bounds of buffer "
-                        f"{' / '.join(r.names)} at byte offset {off} (the buffer has {r.nbytes} "
-                        f"bytes from its binding offset)")
-            for key, (ri, t, lo) in storages.items():
-                ctypes.memmove(key + lo, regions[ri].data, regions[ri].nbytes)
+                raise KernelError(self._explain(res, staged.regions))
+            self._check_canaries(staged.regions)
+            staged.copy_back()
         finally:
-            for r in regions:
-                r.free()
+            staged.free()
+
+    def _check_canaries(self, regions: list[_Region]) -> None:
+        for r in regions:
+            off = r.canary_damage()
+            if off is not None:
+                raise KernelError(
+                    f"kernel '{self._sig.host_name}' wrote out of bounds of buffer "
+                    f"{' / '.join(r.names)} at byte offset {off} (the buffer has {r.nbytes} "
+                    f"bytes from its binding offset)")
 
     def _explain(self, res: _Result, regions: list[_Region]) -> str:
         name = self._sig.host_name
@@ -463,8 +495,10 @@ class _Dll:
 class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
-    def __init__(self, source: str, function_constants: dict | None = None):
+    def __init__(self, source: str, function_constants: dict | None = None,
+                 exited_leave_barriers: bool = False):
         self._fc = dict(function_constants or {})
+        self._exited = exited_leave_barriers
         self._source = function_constant_preamble(self._fc) + source
         path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
         _load_engine()
@@ -473,7 +507,7 @@ class Library:
         if path is not None:
             dll = _Dll(path)
             for name, (i, sig) in self._sigs.items():
-                self._kernels[name] = LibraryFunction(dll, i, sig, self._fc)
+                self._kernels[name] = LibraryFunction(dll, i, sig, self._fc, self._exited)
 
     def __getattr__(self, name: str) -> LibraryFunction:
         if name.startswith("_"):
@@ -482,7 +516,8 @@ class Library:
             raise RuntimeError(f"Failed to create function state object for: {name}")
         if name not in self._kernels:
             path, kernels = build(self._source, kernels=[name])
-            self._kernels[name] = LibraryFunction(_Dll(path), 0, kernels[0], self._fc)
+            self._kernels[name] = LibraryFunction(_Dll(path), 0, kernels[0], self._fc,
+                                                  self._exited)
         return self._kernels[name]
 
     def __dir__(self):
@@ -492,7 +527,8 @@ class Library:
         return f"<metalforge.sim library: {', '.join(sorted(self._sigs))}>"
 
 
-def compile_shader(source: str, *, function_constants: dict | None = None) -> Library:
+def compile_shader(source: str, *, function_constants: dict | None = None,
+                   exited_leave_barriers: bool = False) -> Library:
     """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader).
 
     ``function_constants`` (a simulator extension; torch.mps.compile_shader has no such
@@ -500,6 +536,12 @@ def compile_shader(source: str, *, function_constants: dict | None = None) -> Li
     ``{index: value}`` with bool/int/float values, as an MTLFunctionConstantValues would.  A
     constant without a value is undefined: ``is_function_constant_defined`` is false for it and
     it reads as zero.
+
+    ``exited_leave_barriers`` (a simulator extension): by default a barrier that some threads
+    reach after others returned is reported as divergence (``KernelError``).  With True, a
+    thread that has returned no longer takes part in barriers, as on Apple GPUs, and a barrier
+    resolves once every thread that has not returned waits at it (MLX's gemv relies on this:
+    one lane per simdgroup meets a ``threadgroup_barrier`` after the others returned).
 
     Example::
 
@@ -512,4 +554,4 @@ def compile_shader(source: str, *, function_constants: dict | None = None) -> Li
     """
     if not isinstance(source, str):
         raise TypeError("compile_shader expects the Metal source as a str")
-    return Library(source, function_constants)
+    return Library(source, function_constants, exited_leave_barriers)

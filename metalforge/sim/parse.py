@@ -144,66 +144,74 @@ def tokenize(text: str) -> list[Token]:
     i, n = 0, len(text)
     line_start = True
     while i < n:
-        c = text[i]
-        if c == "\n":
-            line_start = True
-            i += 1
-            continue
-        if c in " \t\r\f\v":
-            i += 1
-            continue
-        if c == "#" and line_start:
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        line_start = False
-        if c == "/" and text.startswith("//", i):
-            j = text.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        if c == "/" and text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            i = n if j < 0 else j + 2
-            continue
-        if c == '"' or c == "'":
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            toks.append(Token("str", text[i:j + 1], i, j + 1))
-            i = j + 1
-            continue
-        if c == "[" and text.startswith("[[", i):
-            depth, j = 0, i
-            while j < n:
-                if text[j] == "[":
-                    depth += 1
-                elif text[j] == "]":
-                    depth -= 1
-                    if depth == 0:
-                        break
-                j += 1
-            toks.append(Token("attr", text[i + 2:j - 1].strip(), i, j + 1))
-            i = j + 1
-            continue
-        m = _ID.match(text, i)
-        if m:
-            toks.append(Token("id", m.group(), i, m.end()))
-            i = m.end()
-            continue
-        m = _NUM.match(text, i)
-        if m:
-            toks.append(Token("num", m.group(), i, m.end()))
-            i = m.end()
-            continue
-        for p in _PUNCT3 + _PUNCT2:
-            if text.startswith(p, i):
-                toks.append(Token("punct", p, i, i + len(p)))
-                i += len(p)
-                break
-        else:
-            toks.append(Token("punct", c, i, i + 1))
-            i += 1
+        j, line_start = _skip(text, i, line_start)
+        if j == i:
+            toks.append(_token_at(text, i))
+            j = toks[-1].end
+        i = j
     return toks
+
+
+def _skip(text: str, i: int, line_start: bool) -> tuple[int, bool]:
+    """Past the whitespace, comment or # line at text[i] (i itself when a token starts there),
+    and whether the next character starts a line."""
+    c = text[i]
+    if c == "\n":
+        return i + 1, True
+    if c in " \t\r\f\v":
+        return i + 1, line_start
+    if c == "#" and line_start:
+        return _line_end(text, i), True
+    if text.startswith("//", i):
+        return _line_end(text, i), False
+    if text.startswith("/*", i):
+        j = text.find("*/", i + 2)
+        return (len(text) if j < 0 else j + 2), False
+    return i, False
+
+
+def _line_end(text: str, i: int) -> int:
+    j = text.find("\n", i)
+    return len(text) if j < 0 else j
+
+
+def _token_at(text: str, i: int) -> Token:
+    """The token starting at text[i]."""
+    c = text[i]
+    if c == '"' or c == "'":
+        return _quoted_at(text, i)
+    if text.startswith("[[", i):
+        return _attribute_at(text, i)
+    for kind, pattern in (("id", _ID), ("num", _NUM)):
+        m = pattern.match(text, i)
+        if m:
+            return Token(kind, m.group(), i, m.end())
+    for p in _PUNCT3 + _PUNCT2:
+        if text.startswith(p, i):
+            return Token("punct", p, i, i + len(p))
+    return Token("punct", c, i, i + 1)
+
+
+def _quoted_at(text: str, i: int) -> Token:
+    """A string or character literal."""
+    j, n = i + 1, len(text)
+    while j < n and text[j] != text[i]:
+        j += 2 if text[j] == "\\" else 1
+    return Token("str", text[i:j + 1], i, j + 1)
+
+
+def _attribute_at(text: str, i: int) -> Token:
+    """An attribute ``[[...]]`` (nested brackets included), as its inner text."""
+    depth, j, n = 0, i, len(text)
+    while j < n:
+        if text[j] == "[":
+            depth += 1
+        elif text[j] == "]":
+            depth -= 1
+            if depth == 0:
+                break
+        j += 1
+    return Token("attr", text[i + 2:j - 1].strip(), i, j + 1)
 
 
 def _match(toks: list[Token], i: int, open_: str, close: str) -> int:
@@ -366,7 +374,18 @@ def _attr_list(text: str) -> list[tuple[str, str]]:
 def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param:
     attrs = [t for t in ptoks if t.kind == "attr"]
     body = [t for t in ptoks if t.kind != "attr"]
-    # the name is the last identifier outside array brackets
+    name, type_toks = _param_name(body)
+    p = Param(index=index, text=" ".join(t.text for t in body), name=name or f"arg{index}",
+              type_text=_type_text([t.text for t in type_toks]), role="buffer")
+    _describe_type(p, [t.text for t in type_toks])
+    for an, arg in (x for a in attrs for x in _attr_list(a.text)):
+        _apply_param_attr(p, an, arg, where)
+    return p
+
+
+def _param_name(body: list[Token]) -> tuple[str, list[Token]]:
+    """The declared name (the last identifier outside array brackets; "" when the declaration
+    has none) and the tokens of the type without it."""
     name_i = None
     depth = 0
     for k in range(len(body) - 1, -1, -1):
@@ -378,18 +397,19 @@ def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param
         elif depth == 0 and t.kind == "id":
             name_i = k
             break
-    type_toks = body
-    name = ""
     if name_i is not None and name_i > 0 and body[name_i - 1].text not in ("::",) and \
             body[name_i].text not in ("int", "uint", "float", "half", "bool"):
-        name = body[name_i].text
-        type_toks = body[:name_i] + body[name_i + 1:]
-    type_text = " ".join(t.text for t in type_toks).replace(" :: ", "::").replace(" < ", "<") \
-        .replace(" >", ">").replace(" ,", ",")
-    decl_text = " ".join(t.text for t in body)
-    p = Param(index=index, text=decl_text, name=name or f"arg{index}", type_text=type_text,
-              role="buffer")
-    words = [t.text for t in type_toks]
+        return body[name_i].text, body[:name_i] + body[name_i + 1:]
+    return "", body
+
+
+def _type_text(words: list[str]) -> str:
+    return " ".join(words).replace(" :: ", "::").replace(" < ", "<").replace(" >", ">") \
+        .replace(" ,", ",")
+
+
+def _describe_type(p: Param, words: list[str]) -> None:
+    """Pointer, reference, const, address space and element type of `p` from its type's words."""
     p.is_pointer = "*" in words
     p.is_reference = "&" in words or "&&" in words
     p.is_const = "const" in words
@@ -397,32 +417,33 @@ def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param
         if a in words:
             p.address_space = a
             break
-    elem = [w for w in words if w not in ADDRESS_SPACES and w not in
-            ("const", "volatile", "*", "&", "&&", "restrict", "__restrict", "__restrict__")]
-    p.elem_type = " ".join(elem).replace(" :: ", "::").replace(" < ", "<").replace(" >", ">") \
-        .replace(" ,", ",")
-    for an, arg in (x for a in attrs for x in _attr_list(a.text)):
-        if an == "function_constant":
-            p.function_constant = arg
-        elif an in POSITION_ATTRS:
-            p.role = "position"
-            p.attr = "threads_per_grid" if an == "grid_size" else an
-        elif an == "buffer":
-            try:
-                p.buffer_index = int(arg, 0)
-            except ValueError:
-                raise ParseError(f"{where}: parameter '{p.name}': [[buffer({arg})]] must be an "
-                                 f"integer literal") from None
-        elif an == "threadgroup":
-            raise ParseError(
-                f"{where}: parameter '{p.name}' uses [[threadgroup({arg})]] (dynamic threadgroup "
-                f"memory); torch.mps.compile_shader cannot bind it either. Declare a "
-                f"`threadgroup T name[N];` array inside the kernel instead")
-        elif an in ("texture", "sampler", "stage_in", "visible_function_table",
-                    "intersection_function_table", "instance_acceleration_structure"):
-            raise ParseError(f"{where}: parameter '{p.name}' uses [[{an}]], which the simulator "
-                             f"(and torch.mps.compile_shader) cannot bind")
-    return p
+    p.elem_type = _type_text([w for w in words if w not in ADDRESS_SPACES and w not in
+                              ("const", "volatile", "*", "&", "&&", "restrict", "__restrict",
+                               "__restrict__")])
+
+
+def _apply_param_attr(p: Param, an: str, arg: str, where: str) -> None:
+    """Record attribute `an`(`arg`) of parameter `p`, or reject one the simulator cannot bind."""
+    if an == "function_constant":
+        p.function_constant = arg
+    elif an in POSITION_ATTRS:
+        p.role = "position"
+        p.attr = "threads_per_grid" if an == "grid_size" else an
+    elif an == "buffer":
+        try:
+            p.buffer_index = int(arg, 0)
+        except ValueError:
+            raise ParseError(f"{where}: parameter '{p.name}': [[buffer({arg})]] must be an "
+                             f"integer literal") from None
+    elif an == "threadgroup":
+        raise ParseError(
+            f"{where}: parameter '{p.name}' uses [[threadgroup({arg})]] (dynamic threadgroup "
+            f"memory); torch.mps.compile_shader cannot bind it either. Declare a "
+            f"`threadgroup T name[N];` array inside the kernel instead")
+    elif an in ("texture", "sampler", "stage_in", "visible_function_table",
+                "intersection_function_table", "instance_acceleration_structure"):
+        raise ParseError(f"{where}: parameter '{p.name}' uses [[{an}]], which the simulator "
+                         f"(and torch.mps.compile_shader) cannot bind")
 
 
 def _parse_params(toks: list[Token], text: str, where: str) -> list[Param]:
@@ -564,6 +585,17 @@ def _template_params(toks: list[Token]) -> list[tuple[str, str | None]]:
     return out
 
 
+def _space_overload_key(head: list[Token], ns: list[str]) -> tuple[str, str]:
+    """What declarations that differ only in an address space share (the words of `head`
+    without attributes and CPU-equivalent space keywords, in namespace `ns`), and the space
+    keyword it names ("" for none or `thread`)."""
+    key = " ".join(ns + [t.text for t in head if t.kind != "attr" and
+                         (t.kind != "id" or t.text not in _CPU_SAME_SPACES)])
+    space = next((t.text for t in head if t.kind == "id" and
+                  t.text in _CPU_SAME_SPACES - {"thread"}), "")
+    return key, space
+
+
 class _Walker:
     def __init__(self, text: str):
         self.text = text
@@ -598,91 +630,104 @@ class _Walker:
         stmt_start = i
         while i < end:
             t = toks[i]
-            if t.text == "namespace" and t.kind == "id":
-                j = i + 1
-                names = []
-                while j < end and toks[j].text != "{" and toks[j].text != ";" and \
-                        toks[j].text != "=":
-                    if toks[j].kind == "id":
-                        names.append(toks[j].text)
-                    j += 1
-                if j < end and toks[j].text == "{":
-                    close = _match(toks, j, "{", "}")
-                    self._scope(j + 1, close, ns + names)
-                    i = close + 1
-                    stmt_start = i
-                    continue
-            if t.text == "extern" and i + 2 < end and toks[i + 1].kind == "str" and \
-                    toks[i + 2].text == "{":
-                close = _match(toks, i + 2, "{", "}")
-                self._scope(i + 3, close, ns)
-                i = close + 1
-                stmt_start = i
-                continue
-            if t.text == "(" and t.kind == "punct":
+            after = self._nested_scope(i, end, ns)
+            if after is not None:
+                i = stmt_start = after
+            elif t.text == "(" and t.kind == "punct":
                 # a parenthesised part of a declaration (parameter list, static_assert or
                 # initialiser argument): braces inside it are never a function body
                 i = _match(toks, i, "(", ")") + 1
-                continue
-            if t.text == ";":
+            elif t.text == ";":
                 self._statement(stmt_start, i, None, ns)
-                i += 1
-                stmt_start = i
-                continue
-            if t.text == "{":
-                close = _match(toks, i, "{", "}")
-                head = toks[stmt_start:i]
-                words = [x.text for x in head]
-                k = _after_templates(head)
-                kind = words[k] if k < len(words) else ""
-                # a function definition: a parameter list and no '=' outside brackets (an '='
-                # makes it a variable with a brace initialiser)
-                is_func = (")" in words[k:] and "=" not in _top_level(head[k:]) and
-                           kind not in ("struct", "class", "union", "enum", "typedef", "using"))
-                if is_func:
-                    self._statement(stmt_start, i, (i, close), ns)
-                    i = close + 1
+                i = stmt_start = i + 1
+            elif t.text == "{":
+                i, ended = self._braces(stmt_start, i, ns)
+                if ended:
                     stmt_start = i
-                    continue
-                if kind in ("struct", "class", "union"):
-                    self._class_body(i, close)
-                    # specialisations on address spaces only (`S<device T*>`, `S<thread T*>`)
-                    # coincide on the CPU, as overloaded functions do
-                    key = " ".join(ns + [x.text for x in head if x.kind != "attr" and
-                                         (x.kind != "id" or x.text not in _CPU_SAME_SPACES)])
-                    space = next((x.text for x in head if x.kind == "id" and
-                                  x.text in _CPU_SAME_SPACES - {"thread"}), "")
-                    self.overloads.setdefault("struct " + key, []).append(
-                        (space, stmt_start, close))
-                i = close + 1       # struct/enum/initializer body: the statement goes on to ';'
-                continue
-            i += 1
+            else:
+                i += 1
+
+    def _nested_scope(self, i: int, end: int, ns: list[str]) -> int | None:
+        """Walk the block of `namespace a::b {` or `extern "C" {` starting at toks[i]; the index
+        after its '}', or None when toks[i] starts no such block."""
+        toks = self.toks
+        t = toks[i]
+        if t.text == "namespace" and t.kind == "id":
+            j = i + 1
+            names = []
+            while j < end and toks[j].text not in ("{", ";", "="):
+                if toks[j].kind == "id":
+                    names.append(toks[j].text)
+                j += 1
+            if j < end and toks[j].text == "{":
+                close = _match(toks, j, "{", "}")
+                self._scope(j + 1, close, ns + names)
+                return close + 1
+        if t.text == "extern" and i + 2 < end and toks[i + 1].kind == "str" and \
+                toks[i + 2].text == "{":
+            close = _match(toks, i + 2, "{", "}")
+            self._scope(i + 3, close, ns)
+            return close + 1
+        return None
+
+    def _braces(self, stmt_start: int, i: int, ns: list[str]) -> tuple[int, bool]:
+        """The '{' at toks[i], in the statement from stmt_start: a function body (the statement
+        ends with it), a class body or an initialiser (the statement goes on to ';').  Returns
+        the index after the matching '}' and whether the statement ended."""
+        toks = self.toks
+        close = _match(toks, i, "{", "}")
+        head = toks[stmt_start:i]
+        words = [x.text for x in head]
+        k = _after_templates(head)
+        kind = words[k] if k < len(words) else ""
+        # a function definition: a parameter list and no '=' outside brackets (an '=' makes it
+        # a variable with a brace initialiser)
+        if (")" in words[k:] and "=" not in _top_level(head[k:]) and
+                kind not in ("struct", "class", "union", "enum", "typedef", "using")):
+            self._statement(stmt_start, i, (i, close), ns)
+            return close + 1, True
+        if kind in ("struct", "class", "union"):
+            self._class_body(i, close)
+            # specialisations on address spaces only (`S<device T*>`, `S<thread T*>`) coincide
+            # on the CPU, as overloaded functions do
+            key, space = _space_overload_key(head, ns)
+            self.overloads.setdefault("struct " + key, []).append((space, stmt_start, close))
+        return close + 1, False
 
     def _statement(self, s: int, e: int, body: tuple[int, int] | None, ns: list[str]) -> None:
-        toks = self.toks
-        head = toks[s:e]
+        head = self.toks[s:e]
         if not head:
             return
+        if body is None:
+            self._declaration(head, e, ns)
+            return
+        words = [t.text for t in head]
+        if words[0] == "template" and (len(words) < 2 or words[1] != "<"):
+            return
+        self._function(head, s, body, ns)
+
+    def _declaration(self, head: list[Token], e: int, ns: list[str]) -> None:
+        """A statement without a body: a global integer constant, a function constant or an
+        explicit instantiation are recorded."""
         words = [t.text for t in head]
         # global integer constants, for threadgroup array sizes
-        if body is None and "=" in words and "(" not in words:
+        if "=" in words and "(" not in words:
             q = words.index("=")
             if q >= 1 and head[q - 1].kind == "id" and \
                     any(w in ("constexpr", "constant", "const") for w in words[:q]):
                 self.consts[words[q - 1]] = " ".join(words[q + 1:])
-        if body is None and any(t.kind == "attr" and _attr_name(t.text)[0] == "function_constant"
-                                for t in head):
+        if any(t.kind == "attr" and _attr_name(t.text)[0] == "function_constant" for t in head):
             self._function_constant(head, e)
             return
         if words[0] == "template" and (len(words) < 2 or words[1] != "<"):
-            if body is None:
-                self._instantiation(head, ns)
-            return
-        if body is None:
-            return
+            self._instantiation(head, ns)
+
+    def _function(self, head: list[Token], s: int, body: tuple[int, int],
+                  ns: list[str]) -> None:
+        """A function definition (kernel or not) whose body is the token range `body`."""
         tparams: list[tuple[str, str | None]] = []
         k = 0
-        if words[0] == "template":
+        if head[0].text == "template":
             close = _match_angle(head, 1)
             tparams = _template_params(head[2:close])
             k = close + 1
@@ -696,10 +741,7 @@ class _Walker:
         if not is_kernel:
             # overloads on address spaces only (`f(thread T&)`, `f(device T&)`) coincide on the
             # CPU: the first (preferably `thread`/unqualified) is kept, see run()
-            key = " ".join(ns + [t.text for t in head if t.kind != "attr" and
-                                 (t.kind != "id" or t.text not in _CPU_SAME_SPACES)])
-            space = next((t.text for t in head if t.kind == "id" and
-                          t.text in _CPU_SAME_SPACES - {"thread"}), "")
+            key, space = _space_overload_key(head, ns)
             self.overloads.setdefault(key, []).append((space, s, body[1]))
         pclose = _match(decl, popen, "(", ")")
         name = _name_before(decl, popen)
@@ -940,55 +982,34 @@ def parse(text: str) -> ParsedSource:
 def _parse(text: str, lines: LineMap, where) -> ParsedSource:
     w = _Walker(text)
     w.run()
-    kernels: list[Signature] = []
+    sigs = _Signatures(text, lines, where, w.consts)
+    kernels = [sigs.finish(fd, fd.name, None, None, {}, None)
+               for fd in w.funcs if fd.is_kernel and not fd.tparams]
+    kernels += [sigs.instantiate(inst, w.funcs) for inst in w.insts]
+    seen: set[str] = set()
+    for k in kernels:
+        if k.host_name in seen:
+            raise ParseError(f"two kernels are named '{k.host_name}'")
+        seen.add(k.host_name)
+    _bind_function_constants(kernels, w.fcs, lines)
+    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
+                        function_constants=w.fcs)
 
-    def finish(fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
-               subst: dict[str, str], concrete: list[Param] | None) -> Signature:
-        params = _parse_params(fd.param_toks, text, f"{where(fd.offset)}: kernel '{host}'")
-        if concrete is not None:
-            if len(concrete) != len(params):
-                raise ParseError(f"{where(fd.offset)}: instantiation '{host}' has "
-                                 f"{len(concrete)} parameters, the template {len(params)}")
-            for p, c in zip(params, concrete):
-                p.type_text, p.elem_type = c.type_text, c.elem_type
-                p.is_pointer, p.is_reference, p.is_const = c.is_pointer, c.is_reference, c.is_const
-                p.address_space = c.address_space or p.address_space
-        elif subst:
-            for p in params:
-                p.type_text = _subst(p.type_text, subst)
-                p.elem_type = _subst(p.elem_type, subst)
-        assign_buffer_indices(params, f"{where(fd.offset)}: kernel '{host}'")
-        names = dict(w.consts)
-        names.update(subst)
-        mtt = 1024
-        for a in fd.attrs:
-            an, arg = _attr_name(a)
-            if an == "max_total_threads_per_threadgroup":
-                v = eval_int(arg, names)
-                if v is None:
-                    raise ParseError(f"{where(fd.offset)}: kernel '{host}': cannot evaluate "
-                                     f"[[max_total_threads_per_threadgroup({arg})]]")
-                mtt = min(v, 1024)
-        total: int | None = 0
-        for d in fd.tg:
-            sz = type_size(d.type_text, names)
-            for dim in d.dims:
-                n = eval_int(dim, names)
-                sz = None if (sz is None or n is None) else sz * n
-            total = None if (total is None or sz is None) else total + sz
-        if total is not None:
-            total = (total + 15) // 16 * 16
-        _, line = lines.locate(fd.offset)
-        return Signature(host_name=host, func_name=fd.qual, template_args=targs,
-                      fn_params=fn_params, params=params, line=line, max_total_threads=mtt,
-                      threadgroup_bytes=total)
 
-    for fd in w.funcs:
-        if fd.is_kernel and not fd.tparams:
-            kernels.append(finish(fd, fd.name, None, None, {}, None))
-    for inst in w.insts:
+class _Signatures:
+    """Signatures of the kernels a walked source defines or instantiates."""
+
+    def __init__(self, text: str, lines: LineMap, where, consts: dict[str, str]):
+        self.text = text
+        self.lines = lines
+        self.where = where
+        self.consts = consts
+
+    def instantiate(self, inst: dict, funcs: list[_FuncDef]) -> Signature:
+        """The kernel of an explicit instantiation of a template among `funcs`."""
+        where = self.where
         base = inst["name"].split("::")[-1]
-        cands = [fd for fd in w.funcs if fd.name == base and fd.tparams]
+        cands = [fd for fd in funcs if fd.name == base and fd.tparams]
         if not cands:
             raise ParseError(f"{where(inst['offset'])}: instantiation '{inst['host']}' names "
                              f"'{inst['name']}', which is not a template function in this source")
@@ -1002,21 +1023,80 @@ def _parse(text: str, lines: LineMap, where) -> ParsedSource:
                     subst[pn] = args[k]
                 elif dflt is not None:
                     subst[pn] = _subst(dflt, subst)
-            kernels.append(finish(fd, inst["host"], inst["targs"], None, subst, None))
+            sig = self.finish(fd, inst["host"], inst["targs"], None, subst, None)
         else:
-            concrete = _parse_params(inst["param_toks"], text, where(inst["offset"]))
+            concrete = _parse_params(inst["param_toks"], self.text, where(inst["offset"]))
             fd = next((c for c in cands if len(_split_commas(c.param_toks)) == len(concrete)),
                       cands[0])
-            kernels.append(finish(fd, inst["host"], None, inst["params"], {}, concrete))
-        kernels[-1].func_name = fd.qual
-    seen: set[str] = set()
-    for k in kernels:
-        if k.host_name in seen:
-            raise ParseError(f"two kernels are named '{k.host_name}'")
-        seen.add(k.host_name)
-    for fc in w.fcs:
+            sig = self.finish(fd, inst["host"], None, inst["params"], {}, concrete)
+        sig.func_name = fd.qual
+        return sig
+
+    def finish(self, fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
+               subst: dict[str, str], concrete: list[Param] | None) -> Signature:
+        """The signature of `fd` as kernel `host`: template parameters replaced by `subst`, or
+        parameter types taken from the `concrete` list of a deduced instantiation."""
+        where = f"{self.where(fd.offset)}: kernel '{host}'"
+        params = _parse_params(fd.param_toks, self.text, where)
+        if concrete is not None:
+            _take_concrete_types(params, concrete, f"{self.where(fd.offset)}: instantiation "
+                                                   f"'{host}'")
+        elif subst:
+            for p in params:
+                p.type_text = _subst(p.type_text, subst)
+                p.elem_type = _subst(p.elem_type, subst)
+        assign_buffer_indices(params, where)
+        names = dict(self.consts)
+        names.update(subst)
+        _, line = self.lines.locate(fd.offset)
+        return Signature(host_name=host, func_name=fd.qual, template_args=targs,
+                         fn_params=fn_params, params=params, line=line,
+                         max_total_threads=_max_total_threads(fd, names, where),
+                         threadgroup_bytes=_threadgroup_bytes(fd.tg, names))
+
+
+def _take_concrete_types(params: list[Param], concrete: list[Param], where: str) -> None:
+    if len(concrete) != len(params):
+        raise ParseError(f"{where} has {len(concrete)} parameters, the template {len(params)}")
+    for p, c in zip(params, concrete):
+        p.type_text, p.elem_type = c.type_text, c.elem_type
+        p.is_pointer, p.is_reference, p.is_const = c.is_pointer, c.is_reference, c.is_const
+        p.address_space = c.address_space or p.address_space
+
+
+def _max_total_threads(fd: _FuncDef, names: dict[str, str], where: str) -> int:
+    """[[max_total_threads_per_threadgroup(N)]] (at most 1024), else 1024."""
+    mtt = 1024
+    for a in fd.attrs:
+        an, arg = _attr_name(a)
+        if an == "max_total_threads_per_threadgroup":
+            v = eval_int(arg, names)
+            if v is None:
+                raise ParseError(f"{where}: cannot evaluate "
+                                 f"[[max_total_threads_per_threadgroup({arg})]]")
+            mtt = min(v, 1024)
+    return mtt
+
+
+def _threadgroup_bytes(decls: list[TgDecl], names: dict[str, str]) -> int | None:
+    """Bytes of the kernel-scope threadgroup arrays, rounded up to 16; None if not static."""
+    total: int | None = 0
+    for d in decls:
+        sz = type_size(d.type_text, names)
+        for dim in d.dims:
+            n = eval_int(dim, names)
+            sz = None if (sz is None or n is None) else sz * n
+        total = None if (total is None or sz is None) else total + sz
+    return None if total is None else (total + 15) // 16 * 16
+
+
+def _bind_function_constants(kernels: list[Signature], fcs: list[FunctionConstant],
+                             lines: LineMap) -> None:
+    """Lines of the function constants, and the index of each [[function_constant(name)]]
+    parameter's constant."""
+    for fc in fcs:
         fc.line = lines.locate(fc.start)[1]
-    fc_index = {fc.name: fc.index for fc in w.fcs}
+    fc_index = {fc.name: fc.index for fc in fcs}
     for k in kernels:
         for p in k.params:
             if p.function_constant:
@@ -1025,5 +1105,3 @@ def _parse(text: str, lines: LineMap, where) -> ParsedSource:
                                      f"'{p.name}' names [[function_constant({p.function_constant})]]"
                                      f", which is not a declared function constant")
                 p.function_constant_index = fc_index[p.function_constant]
-    return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
-                        function_constants=w.fcs)

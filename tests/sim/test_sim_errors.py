@@ -34,6 +34,12 @@ kernel void div_zero(device const int* d, device int* out, uint i [[thread_posit
   out[i] = 10 / d[i];
 }
 
+int remainder_of(int a, int b) { return a % b; }
+
+kernel void mod_zero(device const int* d, device int* out, uint i [[thread_position_in_grid]]) {
+  out[i] = remainder_of(10, d[i]);
+}
+
 kernel void early_return(device float* out, uint tid [[thread_position_in_threadgroup]]) {
   threadgroup float buf[64];
   if (tid >= 40) return;
@@ -134,8 +140,13 @@ def test_fault_outside_buffers_and_process_survives(lib):
     with pytest.raises(KernelError, match=r"kernel 'null_write' faulted: SIGSEGV"):
         lib.null_write(out)
     d = torch.tensor([1, 2, 0, 5], dtype=torch.int32)
-    with pytest.raises(KernelError, match=r"kernel 'div_zero' faulted: SIGFPE.*\(2,0,0\)"):
+    with pytest.raises(KernelError, match=r"kernel 'div_zero' faulted: SIGFPE: integer division "
+                                          r"or remainder by zero.* in div_zero\(.*\(2,0,0\)"):
         lib.div_zero(d, torch.zeros(4, dtype=torch.int32))
+    # the function that divides is named, here a helper
+    with pytest.raises(KernelError, match=r"by zero.* in remainder_of\(int, int\) in "
+                                          r"thread_position_in_grid \(2,0,0\)"):
+        lib.mod_zero(d, torch.zeros(4, dtype=torch.int32))
     # the simulator (and the interpreter) keep working
     x, y = torch.randn(100), torch.zeros(100)
     lib.copy(x, y, 100, arg_casts={2: "int32"})

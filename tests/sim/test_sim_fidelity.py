@@ -265,3 +265,107 @@ def test_metal_only_cpp_address_space_overloads_and_conditional_buffers(with_bia
     torch.testing.assert_close(y, torch.full((4,), 0.0) + expected)
     with pytest.raises(TypeError, match="pass None exactly"):
         lib.msl_style(y, bias, bias if with_bias else None)
+
+
+# ------------------------------------------------------------------------- steel-style fragments
+# MLX's steel attention (steel/attn/mma.h) names vectors through `typename metal::vec<U, N>` in
+# alias templates and moves fragments between them and simdgroup_matrix::thread_elements().
+FRAG_SRC = r"""
+#include <metal_stdlib>
+#include <metal_simdgroup_matrix>
+using namespace metal;
+template <typename T> struct Frag8 {
+  static constexpr constant int kElemsPerFrag = 2;
+  typedef metal::simdgroup_matrix<T, 8, 8> mat_type;
+  typedef metal::vec<T, kElemsPerFrag> frag_type;
+  typedef metal::vec<T, 1> row_frag_type;      // named only, never used (as in mma.h)
+  template <typename U> using dtype_frag_t = typename metal::vec<U, kElemsPerFrag>;
+  template <typename U> using dtype_mat_t = typename metal::simdgroup_matrix<U, 8, 8>;
+  static short2 coord(ushort lane) {
+    const short q = lane / 4;
+    return short2{short((q & 2) * 2 + (lane % 2) * 2), short((q & 4) + (lane / 2) % 4)};
+  }
+};
+static_assert(sizeof(float2) == 8 && sizeof(float3) == 16 && alignof(half4) == 8, "layout");
+
+kernel void frag_mm(device const half* a [[buffer(0)]], device const half* b [[buffer(1)]],
+                    device float* d [[buffer(2)]], ushort lane [[thread_index_in_simdgroup]]) {
+  using F = Frag8<half>;
+  const short2 c = F::coord(lane);                  // (col, row) of this lane's two elements
+  F::frag_type fa = F::frag_type(a[c.y * 8 + c.x], a[c.y * 8 + c.x + 1]);
+  F::frag_type fb = F::frag_type(b[c.y * 8 + c.x], b[c.y * 8 + c.x + 1]);
+  F::mat_type A, B;
+  A.thread_elements()[0] = fa.x;
+  A.thread_elements()[1] = fa.y;
+  reinterpret_cast<thread F::frag_type&>(B.thread_elements()) = fb;
+  F::dtype_mat_t<float> D;
+  simdgroup_multiply(D, A, B);
+  F::dtype_frag_t<float> fd = F::dtype_frag_t<float>(D.thread_elements()[0],
+                                                     D.thread_elements()[1]);
+  d[c.y * 8 + c.x] = fd.x;
+  d[c.y * 8 + c.x + 1] = float2(fd.yx).x;
+}
+"""
+
+
+def test_steel_fragments_name_vectors_through_typename_metal_vec():
+    lib = compile_shader(FRAG_SRC)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(8, 8, generator=g).half()
+    b = torch.randn(8, 8, generator=g).half()
+    d = torch.zeros(8, 8)
+    lib.frag_mm(a, b, d, threads=32, group_size=32)
+    torch.testing.assert_close(d.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- exited threads
+# MLX's gemv (gemv.h) lets lanes 1-31 of each simdgroup return and meets a threadgroup_barrier
+# with lane 0 of each: Apple GPUs run it; the simulator does with exited_leave_barriers.
+LANE0_SRC = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void lane0_reduce(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                         uint lid [[thread_position_in_threadgroup]],
+                         uint sg [[simdgroup_index_in_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float part[4];
+  float v = simd_sum(x[lid]);
+  if (lane != 0) return;
+  part[sg] = v;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0) out[0] = part[0] + part[1] + part[2] + part[3];
+}
+kernel void split_sites(device float* out [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) {
+  if (lid >= 40) return;
+  if (lid < 16) {
+    threadgroup_barrier(mem_flags::mem_none);
+  } else {
+    threadgroup_barrier(mem_flags::mem_none);
+  }
+  out[lid] = 1.0f;
+}
+kernel void simd_exit(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  if (lane >= 8) return;
+  simdgroup_barrier(mem_flags::mem_none);
+  out[lane] = 2.0f;
+}
+"""
+
+
+def test_exited_threads_leave_barriers_only_when_asked():
+    from metalforge.sim import KernelError
+    x = torch.randn(128)
+    out = torch.zeros(1)
+    strict = compile_shader(LANE0_SRC)
+    with pytest.raises(KernelError, match=r"threadgroup_barrier divergence.*have returned"):
+        strict.lane0_reduce(x, out, threads=128, group_size=128)
+    lib = compile_shader(LANE0_SRC, exited_leave_barriers=True)
+    lib.lane0_reduce(x, out, threads=128, group_size=128)
+    torch.testing.assert_close(out, x.sum().reshape(1), rtol=1e-5, atol=1e-5)
+    y = torch.zeros(64)
+    lib.simd_exit(y, threads=32, group_size=32)
+    assert y[:8].eq(2).all() and y[8:].eq(0).all()
+    # threads that have not returned must still meet at one barrier
+    with pytest.raises(KernelError, match=r"threads 0-15 wait at threadgroup_barrier.*"
+                                          r"threads 16-39 wait at threadgroup_barrier"):
+        lib.split_sites(y, threads=64, group_size=64)

@@ -15,6 +15,9 @@
 //   then the threadgroup barrier (every live thread at the same
 //   threadgroup_barrier).  Anything else is divergence, reported with the
 //   threads' ids and where each one waits; the launch fails, never hangs.
+//   With kExitedLeaveBarriers (a launch flag), threads that have returned no
+//   longer take part in barriers, as on Apple GPUs (MLX's gemv relies on it):
+//   a barrier then resolves once every thread that has not returned waits at it.
 // - Faults (SIGSEGV/SIGBUS/SIGFPE/SIGILL) in a worker are caught on an
 //   alternate signal stack and siglongjmp back to the worker; faults anywhere
 //   else go to the handler that was installed before the launch.
@@ -41,6 +44,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cxxabi.h>
+#include <dlfcn.h>
 
 #include <atomic>
 #include <string>
@@ -71,6 +77,7 @@ constexpr unsigned kSimdWidth = 32;
 constexpr unsigned kMaxGroup = 1024;
 constexpr size_t kStackSize = 256 * 1024;  // per fiber (virtual; pages on demand)
 constexpr int kMaxWorkers = 16;
+constexpr int kExitedLeaveBarriers = 1;  // launch flag (mirrored in metalforge/sim/library.py)
 
 enum State : int { RUN = 0, DONE = 1, WAIT_TG = 2, WAIT_SG = 3, WAIT_COLL = 4 };
 
@@ -102,6 +109,7 @@ struct Launch {
   uint64_t total_groups;
   std::atomic<uint64_t> next{0};
   std::atomic<int> failed{0};
+  int flags = 0;
   pthread_mutex_t err_mu = PTHREAD_MUTEX_INITIALIZER;
   Result* res;
 };
@@ -121,6 +129,7 @@ struct Worker {
   volatile int in_kernel = 0;
   // fault record
   int fault_sig = 0;
+  int fault_code = 0;       // si_code (FPE_INTDIV, ...)
   void* fault_addr = nullptr;
   int fault_write = -1;
   Fiber* fault_fiber = nullptr;
@@ -404,6 +413,7 @@ int resolve_blocked(Worker* w) {
   for (unsigned i = 0; i < n; ++i)
     if (fs[i].state != DONE) { all_done = false; break; }
   if (all_done) return 0;
+  const bool skip_done = w->launch->flags & kExitedLeaveBarriers;
 
   bool progress = false;
   // 1. collectives, per simdgroup and call site
@@ -429,17 +439,22 @@ int resolve_blocked(Worker* w) {
       if (fs[i].state == WAIT_SG) { first = (int)i; break; }
     if (first < 0) continue;
     for (unsigned i = base; i < end; ++i)
-      if (!same_site(fs[i], fs[first]))
+      if (!same_site(fs[i], fs[first]) && !(skip_done && fs[i].state == DONE))
         return fail(w, 1, divergence_report(w, base, end, "simdgroup_barrier divergence")), -1;
-    for (unsigned i = base; i < end; ++i) fs[i].state = RUN;
+    for (unsigned i = base; i < end; ++i)
+      if (fs[i].state != DONE) fs[i].state = RUN;
     progress = true;
   }
   if (progress) return 1;
   // 3. threadgroup barrier
+  unsigned first = 0;
+  while (skip_done && fs[first].state == DONE) ++first;  // some fiber is not done
   for (unsigned i = 0; i < n; ++i)
-    if (!(fs[i].state == WAIT_TG && same_site(fs[i], fs[0])))
+    if (!(fs[i].state == WAIT_TG && same_site(fs[i], fs[first])) &&
+        !(skip_done && fs[i].state == DONE))
       return fail(w, 1, divergence_report(w, 0, n, "threadgroup_barrier divergence")), -1;
-  for (unsigned i = 0; i < n; ++i) fs[i].state = RUN;
+  for (unsigned i = 0; i < n; ++i)
+    if (fs[i].state != DONE) fs[i].state = RUN;
   return 1;
 }
 
@@ -472,6 +487,7 @@ void on_fault(int sig, siginfo_t* si, void* ucv) {
   if (w && w->in_kernel) {
     w->in_kernel = 0;
     w->fault_sig = sig;
+    w->fault_code = si->si_code;
     w->fault_addr = si->si_addr;
     w->fault_fiber = w->current;
 #if defined(__x86_64__) && defined(REG_ERR)
@@ -519,6 +535,32 @@ const char* signame(int s) {
   return "signal";
 }
 
+// The function holding code address `pc` (demangled, with its parameter types), "" if unknown.
+std::string function_at(void* pc) {
+  Dl_info info;
+  if (!dladdr(pc, &info) || !info.dli_sname) return "";
+  int status = 0;
+  char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+  std::string name = status == 0 && d ? d : info.dli_sname;
+  free(d);
+  return name;
+}
+
+// What a fault was, for the report: an integer division fault is named as such, with the
+// function where it happened (for SIGFPE, si_addr is the faulting instruction).
+std::string describe_fault(Worker* w) {
+  std::string m;
+  if (w->fault_sig == SIGFPE && (w->fault_code == FPE_INTDIV || w->fault_code == FPE_INTOVF)) {
+    m = "SIGFPE: integer division or remainder by zero (or of the most negative value by -1; "
+        "undefined on a GPU, a fault on the CPU)";
+    std::string fn = function_at(w->fault_addr);
+    if (!fn.empty()) m += " in " + fn;
+    return m;
+  }
+  appendf(m, "%s at address %p", signame(w->fault_sig), w->fault_addr);
+  return m;
+}
+
 void* worker_main(void* arg) {
   Worker* w = (Worker*)arg;
   Launch* L = w->launch;
@@ -559,14 +601,13 @@ void* worker_main(void* arg) {
       if (f) {
         memcpy(r->group, f->pos.threadgroup_position_in_grid, sizeof r->group);
         memcpy(r->thread, f->pos.thread_position_in_grid, sizeof r->thread);
-        appendf(m, "%s at address %p in thread_position_in_grid (%u,%u,%u)", signame(w->fault_sig),
-                w->fault_addr, f->pos.thread_position_in_grid[0],
+        appendf(m, "%s in thread_position_in_grid (%u,%u,%u)", describe_fault(w).c_str(),
+                f->pos.thread_position_in_grid[0],
                 f->pos.thread_position_in_grid[1], f->pos.thread_position_in_grid[2]);
         if (in_stack_guard(w->fault_addr))
           m += ": stack overflow (the thread used more than 256 KiB of stack)";
       } else {
-        appendf(m, "%s at address %p in the simulator's scheduler", signame(w->fault_sig),
-                w->fault_addr);
+        appendf(m, "%s in the simulator's scheduler", describe_fault(w).c_str());
       }
       snprintf(r->message, sizeof r->message, "%s", m.c_str());
       L->failed.store(1);
@@ -627,7 +668,7 @@ extern "C" void mf_rt_collective(mf::CollSlot* slot, int quad, const char* what,
 
 // ---------------------------------------------------------------- launch
 extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid,
-                            const uint32_t* group, int nworkers, Result* res) {
+                            const uint32_t* group, int nworkers, int flags, Result* res) {
   memset(res, 0, sizeof *res);
   res->is_write = -1;
   g_page = (size_t)sysconf(_SC_PAGESIZE);
@@ -635,6 +676,7 @@ extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid
   L.entry = entry;
   L.bufs = bufs;
   L.res = res;
+  L.flags = flags;
   L.total_groups = 1;
   for (int d = 0; d < 3; ++d) {
     L.grid[d] = grid[d];

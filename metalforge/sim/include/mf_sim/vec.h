@@ -1,7 +1,8 @@
 // metalforge.sim — metal::vec<T, N> (N = 2, 3, 4) and the global typedefs float4, uint3, ...
 //
 // Layout follows MSL: a vector is aligned to its size, and a 3-vector is stored (and aligned)
-// like a 4-vector (sizeof(float3) == 16). vec is a union so that .x/.y/.z/.w, .r/.g/.b/.a, the
+// like a 4-vector (sizeof(float3) == 16). vec is a struct (so `typename metal::vec<T, N>` names
+// it, as MLX's steel attention does) whose anonymous union makes .x/.y/.z/.w, .r/.g/.b/.a, the
 // element array and the swizzle members (v.xy, v.zyx, ...) share storage; all of them are
 // trivial, so every vector type is trivially copyable.
 #ifndef MF_SIM_VEC_H
@@ -11,7 +12,7 @@
 
 namespace metal {
 
-template <class T, int N> union vec;
+template <class T, int N> struct vec;
 template <class T, int S, int... I> struct swizzle;
 
 namespace detail {
@@ -124,7 +125,7 @@ struct swizzle {
   template <class B> MF_INLINE swizzle& operator/=(const B& b) { return *this = vec_type(*this) / b; }
 
  private:
-  template <class, int> friend union vec;
+  template <class, int> friend struct vec;
   swizzle() = default;
   swizzle(const swizzle&) = default;
   swizzle& operator=(const swizzle&) = default;
@@ -183,55 +184,61 @@ struct swizzle {
 #endif
 
 template <class T>
-union alignas(2 * sizeof(T)) vec<T, 2> {
-  T mf_e[2];
-  struct { T x, y; };
-  struct { T r, g; };
-  swizzle<T, 2, 0, 1> xy, rg;
-  swizzle<T, 2, 1, 0> yx, gr;
-  swizzle<T, 2, 0, 0> xx;
-  swizzle<T, 2, 1, 1> yy;
+struct alignas(2 * sizeof(T)) vec<T, 2> {
+  union {
+    T mf_e[2];
+    struct { T x, y; };
+    struct { T r, g; };
+    swizzle<T, 2, 0, 1> xy, rg;
+    swizzle<T, 2, 1, 0> yx, gr;
+    swizzle<T, 2, 0, 0> xx;
+    swizzle<T, 2, 1, 1> yy;
+  };
   MF_SIM_VEC_COMMON(2)
 };
 
 template <class T>
-union alignas(4 * sizeof(T)) vec<T, 3> {
-  T mf_e[4];  // the 4th element is padding, as in MSL
-  struct { T x, y, z; };
-  struct { T r, g, b; };
-  swizzle<T, 4, 0, 1> xy, rg;
-  swizzle<T, 4, 1, 0> yx;
-  swizzle<T, 4, 0, 2> xz;
-  swizzle<T, 4, 2, 0> zx;
-  swizzle<T, 4, 1, 2> yz;
-  swizzle<T, 4, 2, 1> zy;
-  swizzle<T, 4, 0, 1, 2> xyz, rgb;
-  swizzle<T, 4, 2, 1, 0> zyx, bgr;
-  swizzle<T, 4, 1, 2, 0> yzx;
-  swizzle<T, 4, 2, 0, 1> zxy;
+struct alignas(4 * sizeof(T)) vec<T, 3> {
+  union {
+    T mf_e[4];  // the 4th element is padding, as in MSL
+    struct { T x, y, z; };
+    struct { T r, g, b; };
+    swizzle<T, 4, 0, 1> xy, rg;
+    swizzle<T, 4, 1, 0> yx;
+    swizzle<T, 4, 0, 2> xz;
+    swizzle<T, 4, 2, 0> zx;
+    swizzle<T, 4, 1, 2> yz;
+    swizzle<T, 4, 2, 1> zy;
+    swizzle<T, 4, 0, 1, 2> xyz, rgb;
+    swizzle<T, 4, 2, 1, 0> zyx, bgr;
+    swizzle<T, 4, 1, 2, 0> yzx;
+    swizzle<T, 4, 2, 0, 1> zxy;
+  };
   MF_SIM_VEC_COMMON(3)
 };
 
 template <class T>
-union alignas(4 * sizeof(T)) vec<T, 4> {
-  T mf_e[4];
-  struct { T x, y, z, w; };
-  struct { T r, g, b, a; };
-  swizzle<T, 4, 0, 1> xy, rg;
-  swizzle<T, 4, 1, 0> yx;
-  swizzle<T, 4, 0, 2> xz;
-  swizzle<T, 4, 1, 2> yz;
-  swizzle<T, 4, 1, 3> yw;
-  swizzle<T, 4, 0, 3> xw;
-  swizzle<T, 4, 2, 3> zw, ba;
-  swizzle<T, 4, 3, 2> wz;
-  swizzle<T, 4, 0, 1, 2> xyz, rgb;
-  swizzle<T, 4, 1, 2, 3> yzw;
-  swizzle<T, 4, 2, 1, 0> zyx, bgr;
-  swizzle<T, 4, 0, 1, 2, 3> xyzw, rgba;
-  swizzle<T, 4, 3, 2, 1, 0> wzyx;
-  swizzle<T, 4, 2, 1, 0, 3> bgra;
-  swizzle<T, 4, 2, 3, 0, 1> zwxy;
+struct alignas(4 * sizeof(T)) vec<T, 4> {
+  union {
+    T mf_e[4];
+    struct { T x, y, z, w; };
+    struct { T r, g, b, a; };
+    swizzle<T, 4, 0, 1> xy, rg;
+    swizzle<T, 4, 1, 0> yx;
+    swizzle<T, 4, 0, 2> xz;
+    swizzle<T, 4, 1, 2> yz;
+    swizzle<T, 4, 1, 3> yw;
+    swizzle<T, 4, 0, 3> xw;
+    swizzle<T, 4, 2, 3> zw, ba;
+    swizzle<T, 4, 3, 2> wz;
+    swizzle<T, 4, 0, 1, 2> xyz, rgb;
+    swizzle<T, 4, 1, 2, 3> yzw;
+    swizzle<T, 4, 2, 1, 0> zyx, bgr;
+    swizzle<T, 4, 0, 1, 2, 3> xyzw, rgba;
+    swizzle<T, 4, 3, 2, 1, 0> wzyx;
+    swizzle<T, 4, 2, 1, 0, 3> bgra;
+    swizzle<T, 4, 2, 3, 0, 1> zwxy;
+  };
   MF_SIM_VEC_COMMON(4)
 };
 
