@@ -248,6 +248,9 @@ class Trace:
     def check_axis(self, axis: Any, fn: str) -> str:
         if not isinstance(axis, str):
             raise self.error(f"{fn}: axis must be an axis name like \"D\", got {axis!r}")
+        if axis not in self.axis_specs and any(s.base == axis for s in self.axis_specs.values()):
+            self.axis_specs[axis] = AxisSpec(axis)         # L of a "L/BS" dim: its size binds
+            self.order[axis] = len(self.order)             # from the derived dim
         if axis not in self.axis_specs:
             raise self.error(f"{fn}: unknown axis '{axis}'; the kernel's axes are "
                              f"{list(self.axis_specs)}")

@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, topo_order
+from ..graph import Graph, Node, Op, TensorParam, topo_order
 from . import reduce
 from .base import IDX, Schedule, Step, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
@@ -251,17 +251,21 @@ class _Builder(reduce.Builder):
         self.tvars = dict(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [form.key, form.e, *self.rows]
+        for t in self.inputs:                    # gathered (N) and derived (L/BS) dims too
+            self.sizes_used += [a for a in t.axes if a not in self.sizes_used]
         self.helpers: set[str] = set()
         # rows that read the same keys share a threadgroup: the query-row axes no tensor
         # with keys along L has (GQA's R, the query positions S)
-        keyed = {a for t in graph.tensors if form.key in t.axes for a in t.axes}
+        roots = [o.node for o in graph.outputs]
+        keyed = {a for n in topo_order(roots) if n.op in (Op.LOAD, Op.TAKE)
+                 and form.key in n.axes for a in n.axes}
         self.tile_axes = tuple(a for a in self.rows if a not in keyed)
         self.own_axes = tuple(a for a in self.rows if a in keyed)
         self.qt = policy.rows_per_group if self.tile_axes else 1
         self.epl = policy.reads_per_thread             # E elements per lane
         self.kps = policy.keys_per_step                # keys a lane's key stream takes at once
         self.kv = self._key_tensors()
-        sizes = {graph.tensor(n.attr).dtype.itemsize for n in self.kv}
+        sizes = {self.tensor_of(n).dtype.itemsize for n in self.kv}
         self.vw = access_width(self.epl, sizes or {4})
         self.tiled = False
         self.pre: list[ir.Stmt] = []
@@ -271,18 +275,21 @@ class _Builder(reduce.Builder):
         self.tg_bytes = 0
 
     def _key_tensors(self) -> dict[Node, str]:
-        """Loads of tensors along the keys and E (k, v) that no tile axis changes: each key's
-        E elements are loaded once per lane into registers (`mf_kv<i>`) and shared by the
-        tile's query rows."""
+        """Reads along the keys and E (k, v; loads or gathers through a block table) that no
+        tile axis changes: each key's E elements are loaded once per lane into registers
+        (`mf_kv<i>`) and shared by the tile's query rows."""
         f = self.form
         roots = [r.args[0] for r in f.contractions] + [f.values]
-        loads = [n for n in topo_order(roots) if n.op == Op.LOAD]
         out: dict[Node, str] = {}
-        for n in loads:
-            axes = self.graph.tensor(n.attr).axes
-            if f.key in axes and f.e in axes and not set(axes) & set(self.tile_axes):
-                out[n] = f"mf_kv{len(out)}"
+        for n in topo_order(roots):
+            if n.op == Op.LOAD or (n.op == Op.TAKE and n.attr[1] != f.e):
+                axes = n.axes if n.op == Op.TAKE else self.graph.tensor(n.attr).axes
+                if f.key in axes and f.e in axes and not set(axes) & set(self.tile_axes):
+                    out[n] = f"mf_kv{len(out)}"
         return out
+
+    def tensor_of(self, n: Node) -> TensorParam:
+        return self.graph.tensor(n.attr[0] if n.op == Op.TAKE else n.attr)
 
     # -- positions and loads ------------------------------------------------------------
     def flat_position(self, axis: str, axes: tuple[str, ...], var: str) -> ir.Expr:
@@ -311,22 +318,35 @@ class _Builder(reduce.Builder):
             return self.flat_position(axis, self.own_axes, "mf_own")
         if axis in self.rows:
             return self.flat_position(axis, self.rows, "mf_row")
+        spec = self.graph.axis_spec(axis)
+        if spec.base == self.form.key and spec.mul == 1 and spec.add == 0:
+            return ir.Var("mf_l") / ir.Lit(spec.div, IDX)      # L/BS: key l reads l / BS
         raise UnsupportedConstruct(f"kernel '{self.graph.name}': axis '{axis}' is neither a "
                                    f"query-row axis, '{self.form.key}' nor '{self.form.e}'")
 
-    def offset(self, axes: Sequence[str]) -> ir.Expr:
+    def offset(self, axes: Sequence[str], moved: Mapping[str, ir.Expr] = {}) -> ir.Expr:
+        """The element's index in a tensor over `axes` (at the positions in `moved` along
+        those axes: a gather's row)."""
         e: ir.Expr = ir.Lit(0, IDX)
         for i, a in enumerate(axes):
-            e = self.at(a) if i == 0 else e * self.size(a) + self.at(a)
+            p = moved[a] if a in moved else self.at(a)
+            e = p if i == 0 else e * self.size(a) + p
         return e
 
     def load(self, n: Node) -> ir.Expr:
         t = self.graph.tensor(n.attr)
         return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], self.offset(t.axes)))
 
+    def take(self, n: Node, pos: ir.Expr) -> ir.Expr:
+        """A gather (the index already checked): the tensor's element at `pos` along the
+        gathered axis, at this element's positions along the others."""
+        t = self.tensor_of(n)
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name], self.offset(
+            t.axes, {n.attr[1]: pos})))
+
     def lowering(self, prefix: str) -> ElementLowering:
         return ElementLowering(self.graph, self.load, self.at, self.size,
-                               lambda s: self.names[s], prefix=prefix)
+                               lambda s: self.names[s], prefix=prefix, take=self.take)
 
     # -- loops: a lane's E slots, a tile's rows, a step's keys ---------------------------
     def slots(self, body: list[ir.Stmt]) -> ir.Stmt:
@@ -412,33 +432,42 @@ class _Builder(reduce.Builder):
 
     def load_keys(self) -> list[ir.Stmt]:
         """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
-        multiple of the width, else guarded scalar loads; 0 past E and past the keys."""
+        multiple of the width, else guarded scalar loads; 0 past E and past the keys. A gather
+        (a paged cache) finds the key's row once, then loads it the same way."""
         out: list[ir.Stmt] = [ir.Comment("this lane's E elements of the step's keys and values, "
                                          "loaded once for all the tile's rows")]
-        vw = self.vw
         for n, arr in self.kv.items():
-            t = self.graph.tensor(n.attr)
+            t = self.tensor_of(n)
             ct = compute_type(t.dtype)
             zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
-            out.append(ir.ArrayDecl(arr, ct, self.kps * self.epl))
             slot = ir.Var("mf_u") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+            find: list[ir.Stmt] = []
+            moved: dict[str, ir.Expr] = {}
+            if n.op == Op.TAKE:
+                low = self.lowering(f"{arr}_")
+                find, pos = low.gather_position(n)
+                self.helpers |= low.helpers
+                find.append(ir.Decl(f"mf_{arr}_row", IDX, pos))
+                moved[n.attr[1]] = ir.Var(f"mf_{arr}_row")
+            offset = self.offset(t.axes, moved)
             scalar = ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e),
-                           [ir.Assign(ir.Lane(ir.Var(arr), slot), self.load(n))],
+                           [ir.Assign(ir.Lane(ir.Var(arr), slot), ir.Cast(ct, ir.Load(
+                               self.names[t.name], offset)))],
                            [ir.Assign(ir.Lane(ir.Var(arr), slot), zero)])
             guarded: list[ir.Stmt] = [self.slots([
                 ir.Decl("mf_e", "uint", ir.Var("mf_sub") * ir.Lit(self.epl, "uint")
                         + ir.Var("mf_j")), scalar])]
             body = guarded
-            if vw > 1 and t.axes[-1] == self.form.e:
-                body = [ir.If(ir.Var("mf_vec_ok"), self.vector_load(n, arr), guarded)]
-            out.append(self.keys(body, [self.slots([ir.Assign(ir.Lane(ir.Var(arr), slot),
-                                                              zero)])]))
+            if self.vw > 1 and t.axes[-1] == self.form.e:
+                body = [ir.If(ir.Var("mf_vec_ok"), self.vector_load(t, offset, arr), guarded)]
+            out += [ir.ArrayDecl(arr, ct, self.kps * self.epl),
+                    self.keys(find + body, [self.slots([ir.Assign(ir.Lane(ir.Var(arr), slot),
+                                                                  zero)])])]
         return out
 
-    def vector_load(self, n: Node, arr: str) -> list[ir.Stmt]:
+    def vector_load(self, t: TensorParam, offset: ir.Expr, arr: str) -> list[ir.Stmt]:
         """The lane's reads_per_thread elements of one key as reads_per_thread / vw vector
         loads (the lane's chunk is inside E or wholly past it: E is a multiple of vw)."""
-        t = self.graph.tensor(n.attr)
         ct, st, vw = compute_type(t.dtype), self.in_stype(t), self.vw
         c = ir.Var("mf_c")
         e0 = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + c * ir.Lit(vw, "uint")
@@ -453,7 +482,7 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_e", "uint", e0),
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
                 ir.Decl("mf_vec", ir.vector_type(st, vw),
-                        ir.Load(self.names[t.name], self.offset(t.axes), vw, st)),
+                        ir.Load(self.names[t.name], offset, vw, st)),
                 ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                     ir.Assign(ir.Lane(ir.Var(arr), slot), ir.Cast(ct, elem))], unroll=True)],
                 [ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
@@ -504,7 +533,7 @@ class _Builder(reduce.Builder):
                           [ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)
             off = ir.Var("mf_off")
             out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.kps * self.qt),
-                    self.each_key([rows, self.each_row([each])]),
+                    self.each_key([rows]), self.keys([self.each_row([each])]),
                     ir.For("mf_off", "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), [
                         self.each_key([self.each_row([ir.Assign(dot, dot + ir.Call(
                             "simd_shuffle_xor", (dot, off)))])])], step=off)]
@@ -783,7 +812,8 @@ class _Builder(reduce.Builder):
         self.helpers.add("mf_maximum")
         decode = self.decode_kernel()
         merge = self.merge_kernel()
-        vector = tuple(dict.fromkeys(n.attr for n in self.kv)) if self.vw > 1 else ()
+        vector = tuple(dict.fromkeys(self.tensor_of(n).name for n in self.kv)) \
+            if self.vw > 1 else ()
         policy = replace(self.policy, uses_simd=True, threadgroup_bytes=self.tg_bytes,
                          vector_width=self.vw)
         validate(policy)

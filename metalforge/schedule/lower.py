@@ -193,9 +193,24 @@ class ElementLowering:
         name, axis = n.attr
         if self.take is None:
             raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
-                                       "supported in elementwise kernels and in the elements of "
-                                       "row reductions (not in column or quantized reductions, "
-                                       "nor in a row's per-row values)")
+                                       "supported in elementwise kernels, in the elements of "
+                                       "row reductions and in attention (not in column or "
+                                       "quantized reductions, nor in a row's per-row values)")
+        return self.take(n, self._checked(n))
+
+    def gather_position(self, n: Node) -> tuple[list[ir.Stmt], ir.Expr]:
+        """For a TAKE node: the statements that compute and check its index, and the checked
+        position along its axis (for schedules that load the gathered elements themselves)."""
+        out = self.lower([n.args[0]])
+        pos = self._checked(n)
+        out += self.pending
+        self.pending = []
+        return out, pos
+
+    def _checked(self, n: Node) -> ir.Expr:
+        """The index of gather `n`, checked: out of range, the error is recorded in mf_err and
+        position 0 read instead."""
+        name, axis = n.attr
         self._count += 1
         i, ok = f"mf_take{self._count}", f"mf_take{self._count}_ok"
         site = take_sites(self.graph).index(n)
@@ -210,7 +225,7 @@ class ElementLowering:
                 ir.Store("mf_err", ir.Lit(1, "uint"), ir.Lit(site, "int")),
                 ir.Store("mf_err", ir.Lit(2, "uint"), ir.Cast("int", idx)),
                 ir.Store("mf_err", ir.Lit(3, "uint"), ir.Cast("int", idx >> ir.Lit(32, "long")))])]
-        return self.take(n, ir.Select(ir.Var(ok), ir.Cast(IDX, idx), ir.Lit(0, IDX)))
+        return ir.Select(ir.Var(ok), ir.Cast(IDX, idx), ir.Lit(0, IDX))
 
     def _shift(self, n: Node) -> ir.Expr:
         """Where this element's value sits in its word: (k % values per word) * bits."""

@@ -36,8 +36,9 @@ def _inputs(kernel, seed=0, dtype=torch.float32, requires_grad=False):
     gen = torch.Generator().manual_seed(seed)
     # E: RoPE heads (even, and at least rot_dims); L: keys, at least as many as the queries
     # (S), so that no causal or windowed query row has every key masked (a NaN row, which
-    # opcheck's eager-vs-traced comparison does not accept)
-    sizes, args = {"E": 64, "L": 40}, []
+    # opcheck's eager-vs-traced comparison does not accept); N: a paged cache's rows, enough
+    # for block numbers 1-2 of 16 rows each
+    sizes, args = {"E": 64, "L": 40, "N": 64}, []
     tensors = [p for p in kernel.params if isinstance(p, TensorParam)]
     for p in tensors:                   # bases of derived dims: whole groups (K/8, K/64)
         for d in p.dims:
@@ -57,7 +58,7 @@ def _inputs(kernel, seed=0, dtype=torch.float32, requires_grad=False):
         dt = dtype if p.dtype_var else p.dtype.torch
         t = torch.randn(shape, generator=gen).to(dt) if dt.is_floating_point else \
             torch.ones(shape, dtype=dt) if dt == torch.bool else \
-            torch.randint(0, 2, shape, generator=gen).to(dt)      # masks: every key visible
+            torch.randint(1, 3, shape, generator=gen).to(dt)   # indices, block numbers, lengths
         args.append(t.requires_grad_(requires_grad and dt.is_floating_point))
     args += [p.pytype(1) for p in kernel.params       # required runtime scalars (after tensors)
              if isinstance(p, ScalarParam) and not p.has_default]

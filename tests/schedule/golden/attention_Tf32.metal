@@ -165,11 +165,16 @@ kernel void mf_attention_decode(
             for (uint mf_t = 0u; mf_t < 2u; ++mf_t) {
                 mf_dot0[mf_u * 2u + mf_t] = 0.0f;
             }
-            for (uint mf_t = 0u; mf_t < 2u; ++mf_t) {
-                if (mf_live[mf_t]) {
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * mf_kv0[mf_u * 8u + mf_j];
-                        mf_dot0[mf_u * 2u + mf_t] = mf_dot0[mf_u * 2u + mf_t] + mf_c0_1;
+        }
+        for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
+            const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
+            if (mf_l < mf_l1) {
+                for (uint mf_t = 0u; mf_t < 2u; ++mf_t) {
+                    if (mf_live[mf_t]) {
+                        for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                            const float mf_c0_1 = mf_staged0[mf_t * 8u + mf_j] * mf_kv0[mf_u * 8u + mf_j];
+                            mf_dot0[mf_u * 2u + mf_t] = mf_dot0[mf_u * 2u + mf_t] + mf_c0_1;
+                        }
                     }
                 }
             }
