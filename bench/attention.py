@@ -5,10 +5,13 @@
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
-achieves moving as many bytes; torch: SDPA with enable_gqa=True. Prefill: S = L in {1024, 4096},
-causal, E in {64, 128}, 32 heads (R = 1): TFLOP/s counts the 4·S·L·E multiply-adds per head
-that a causal kernel needs half of (so both sides get the same credit). On CUDA all times are
-GPU times of CUDA-graph replays (common.timeit); on the simulator this is a smoke test only.
+achieves moving as many bytes; torch: SDPA with enable_gqa=True. Paged decode: the same
+shape with K/V in a cache of 16-row blocks in random order read through a block table
+(examples/paged_attention.py; no torch equivalent, so ours and copy only). Prefill: S = L in
+{1024, 4096}, causal, E in {64, 128}, 32 heads (R = 1): TFLOP/s counts the 4·S·L·E
+multiply-adds per head that a causal kernel needs half of (so both sides get the same
+credit). On CUDA all times are GPU times of CUDA-graph replays (common.timeit); on the
+simulator this is a smoke test only.
 """
 from __future__ import annotations
 
@@ -30,6 +33,12 @@ _spec = importlib.util.spec_from_file_location(      # examples/attention.py (th
 _ex = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_ex)
 attention, causal_mask = _ex.attention, _ex.causal_mask
+_spec = importlib.util.spec_from_file_location(      # examples/paged_attention.py
+    "mf_example_paged_attention",
+    Path(__file__).resolve().parent.parent / "examples" / "paged_attention.py")
+_pex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_pex)
+paged_attention, torch_paged_attention = _pex.paged_attention, _pex.torch_paged_attention
 
 DECODE = [4096, 16384, 65536]
 PREFILL = [(1024, 64), (1024, 128), (4096, 64), (4096, 128)]
@@ -57,6 +66,31 @@ def decode(device: str, dtype, lengths, repeat: int, launch: dict) -> None:
         print(f"{length:>6} {nbytes:>11} {ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} "
               f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
               f"{theirs / ours:>8.2f}x")
+
+
+def paged(device: str, dtype, lengths, repeat: int, launch: dict) -> None:
+    """The decode shape again, K/V in a paged cache (blocks of 16 rows in random order)."""
+    kernel = paged_attention.with_launch(**launch) if launch else paged_attention
+    print(f"paged decode: B=1, 32 query heads / 8 kv heads, E=128, blocks of 16, {dtype}")
+    print(f"{'L':>6} {'K/V bytes':>11} {'ours us':>8} {'copy us':>8} {'ours GB/s':>9} "
+          f"{'%copy':>6}")
+    for length in lengths:
+        heads, kv, e = (32, 8, 128) if device != "cpu" else (4, 2, 64)
+        if device == "cpu":
+            length = min(length, 320)
+        blocks = length // 16
+        q = torch.randn(1, heads, e, dtype=dtype, device=device)
+        k, v = (torch.randn(blocks * 16, kv, e, dtype=dtype, device=device) for _ in range(2))
+        table = torch.randperm(blocks, device=device).to(torch.int32)[None]
+        lens = torch.tensor([length], dtype=torch.int32, device=device)
+        want = torch_paged_attention(q, k, v, table, lens, e ** -0.5)
+        torch.testing.assert_close(kernel(q, k, v, table, lens, e ** -0.5), want,
+                                   rtol=2e-2, atol=2e-2)
+        nbytes = 2 * k.numel() * k.element_size()
+        ours = timeit(lambda: kernel(q, k, v, table, lens, e ** -0.5), device, repeat)
+        copy = copy_time(nbytes, device, repeat)
+        print(f"{length:>6} {nbytes:>11} {ours * 1e6:>8.1f} {copy * 1e6:>8.1f} "
+              f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}%")
 
 
 def prefill(device: str, dtype, cases, repeat: int, launch: dict) -> None:
@@ -95,6 +129,7 @@ def main(argv=None) -> None:
     launch = parse_launch(args.launch)
     print(f"device {device}" + (f", launch {launch}" if launch else ""))
     decode(device, DTYPES[args.dtype], args.lengths, repeat, launch)
+    paged(device, DTYPES[args.dtype], args.lengths, repeat, launch)
     if not args.no_prefill:
         prefill(device, DTYPES[args.dtype], PREFILL, repeat, launch)
 
