@@ -15,7 +15,7 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 from .. import ir
 from ..dtypes import DType
@@ -166,7 +166,62 @@ class _Builder:
             need[axis] = ir.Decl(f"mf_pos_{ident(axis)}", IDX, e)
         return ir.Var(f"mf_pos_{ident(axis)}")
 
-    def offset(self, axes: tuple[str, ...], i: ir.Expr, need: dict[str, ir.Decl]) -> ir.Expr:
+    def chunk_position(self, axis: str, chunk: dict[str, ir.Decl],
+                       lane: dict[str, ir.Decl]) -> ir.Expr:
+        """Vector path: the position of element mf_start + mf_k along an axis. A chunk lies
+        inside one row of the innermost axis (`vector_condition`), so only that axis moves with
+        k: the others are the chunk's, declared once before the lanes (`chunk`), and so is a
+        derived K/d of the innermost axis when d is a multiple of the vector width (the chunk
+        sits in one group: a packed word, a scale)."""
+        name, inner = f"mf_pos_{ident(axis)}", self.grid[-1]
+        if axis in chunk or axis in lane:
+            return ir.Var(name)
+        if axis == inner:
+            lane[axis] = ir.Decl(name, IDX, self.chunk_start(chunk) + ir.Cast(IDX,
+                                                                              ir.Var("mf_k")))
+        elif axis in self.grid:
+            k = self.grid.index(axis)
+            e = ir.Var("mf_start") / self.span(self.grid[k + 1:])
+            chunk[axis] = ir.Decl(name, IDX, e % self.size(axis) if k > 0 else e)
+        else:
+            spec = self.graph.axis_spec(axis)
+            assert spec.base is not None
+            d = ir.Lit(spec.div, IDX)
+            if spec.base == inner and spec.div % self.policy.vector_width == 0:
+                chunk[axis] = ir.Decl(name, IDX, self.chunk_start(chunk) / d)
+            else:
+                base = self.chunk_position(spec.base, chunk, lane)
+                (lane if spec.base == inner else chunk)[axis] = ir.Decl(name, IDX, base / d)
+        return ir.Var(name)
+
+    def chunk_start(self, chunk: dict[str, ir.Decl]) -> ir.Expr:
+        """The chunk's first position along the innermost axis (declared once)."""
+        inner = self.grid[-1]
+        pos0 = ir.Var(f"mf_pos0_{ident(inner)}")
+        if "#pos0" not in chunk:
+            start = ir.Var("mf_start")
+            chunk["#pos0"] = ir.Decl(pos0.name, IDX, start % self.size(inner)
+                                     if len(self.grid) > 1 else start)
+        return pos0
+
+    def chunk_shift(self, n: Node, chunk: dict[str, ir.Decl],
+                    lane: dict[str, ir.Decl]) -> ir.Expr:
+        """Vector path: where element mf_start + mf_k of an UNPACK sits in its word. The
+        chunk starts at a multiple of the vector width inside its row, so with whole words
+        per chunk the slot is k % values per word (a literal once unrolled), and with whole
+        chunks per word (pos0 % values per word) + k."""
+        base = next(a for a in n.axes if a not in n.args[0].axes)
+        per, vw, k = 32 // n.attr, self.policy.vector_width, ir.Var("mf_k")
+        if base == self.grid[-1] and vw % per == 0:
+            slot: ir.Expr = k % ir.Lit(per, "uint")
+        elif base == self.grid[-1] and per % vw == 0:
+            slot = ir.Cast("uint", self.chunk_start(chunk) % ir.Lit(per, IDX)) + k
+        else:
+            slot = ir.Cast("uint", self.chunk_position(base, chunk, lane) % ir.Lit(per, IDX))
+        return slot * ir.Lit(n.attr, "uint")
+
+    def offset(self, axes: tuple[str, ...], i: ir.Expr,
+               position: Callable[[str], ir.Expr]) -> ir.Expr:
         grid = self.grid
         if axes == grid:
             return i
@@ -176,9 +231,9 @@ class _Builder:
             return i % self.span(axes)
         if axes == grid[:len(axes)]:
             return i / self.span(grid[len(axes):])
-        e = self.position(axes[0], i, need)
+        e = position(axes[0])
         for a in axes[1:]:
-            e = e * self.size(a) + self.position(a, i, need)
+            e = e * self.size(a) + position(a)
         return e
 
     def lane(self, v: ir.Expr, k: ir.Expr) -> ir.Expr:
@@ -190,14 +245,18 @@ class _Builder:
         """Statements computing and storing element `mf_i` (lane `mf_k` of the vector path)."""
         i, k = ir.Var("mf_i"), ir.Var("mf_k")
         need: dict[str, ir.Decl] = {}
+        chunk: dict[str, ir.Decl] = {}
         vec_names = {t.name for t in self.vec_in}
+
+        def position(a: str) -> ir.Expr:
+            return self.chunk_position(a, chunk, need) if vector else self.position(a, i, need)
 
         def load(n: Node) -> ir.Expr:
             t = self.graph.tensor(n.attr)
             if vector and t.name in vec_names:
                 raw: ir.Expr = self.lane(ir.Var(f"mf_{t.name}_v"), k)
             else:
-                raw = ir.Load(self.names[t.name], self.offset(t.axes, i, need))
+                raw = ir.Load(self.names[t.name], self.offset(t.axes, i, position))
             return ir.Cast(compute_type(t.dtype), raw)
 
         def take(n: Node, pos: ir.Expr) -> ir.Expr:
@@ -205,12 +264,13 @@ class _Builder:
             t = self.graph.tensor(name)
             e: ir.Expr = ir.Lit(0, IDX)
             for j, a in enumerate(t.axes):
-                p = pos if a == axis else self.position(a, i, need)
+                p = pos if a == axis else position(a)
                 e = p if j == 0 else e * self.size(a) + p
             return ir.Cast(compute_type(t.dtype), ir.Load(self.names[name], e))
 
-        low = ElementLowering(self.graph, load, lambda a: self.position(a, i, need), self.size,
-                              lambda s: self.names[s], take=take)
+        shift = (lambda n: self.chunk_shift(n, chunk, need)) if vector else None
+        low = ElementLowering(self.graph, load, position, self.size,
+                              lambda s: self.names[s], shift=shift, take=take)
         body = low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         stores: list[ir.Stmt] = []
@@ -219,17 +279,18 @@ class _Builder:
             if vector and kk in self.vec_out:
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"{self.out_names[kk]}_v"), k), v))
                 continue
-            st = ir.Store(self.out_names[kk], self.offset(o.axes, i, need), v)
+            st = ir.Store(self.out_names[kk], self.offset(o.axes, i, position), v)
             missing = [a for a in self.grid if a not in o.axes]
             if missing:      # the value repeats along these axes: one thread writes it
-                cond: ir.Expr = self.position(missing[0], i, need).eq(ir.Lit(0, IDX))
+                cond: ir.Expr = position(missing[0]).eq(ir.Lit(0, IDX))
                 for a in missing[1:]:
-                    cond = cond.and_(self.position(a, i, need).eq(ir.Lit(0, IDX)))
+                    cond = cond.and_(position(a).eq(ir.Lit(0, IDX)))
                 stores.append(ir.If(cond, [st]))
             else:
                 stores.append(st)
         pos: list[ir.Stmt] = [need[a] for a in self.grid if a in need]
         pos += [d for a, d in need.items() if a not in self.grid]   # derived: after their base
+        self.chunk_decls = list(chunk.values())
         out: list[ir.Stmt] = []
         if pos:
             out += [ir.Comment("position along each axis")] + pos
@@ -267,7 +328,7 @@ class _Builder:
         loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
                                            f"inputs")]
         for t in self.vec_in:
-            off = self.offset(t.axes, start, {})
+            off = self.offset(t.axes, start, lambda a: self.position(a, start, {}))
             loads.append(ir.Decl(f"mf_{t.name}_v", ir.vector_type(self.in_stype(t), vw),
                                  ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
         for kk in self.vec_out:
@@ -277,6 +338,9 @@ class _Builder:
                 loads.append(ir.Decl(f"{self.out_names[kk]}_v",
                                      f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
         lane_el = self.element(vector=True)
+        if self.chunk_decls:
+            loads.append(ir.Comment("the chunk's position (it lies in one row)"))
+            loads += self.chunk_decls
         uses_i = ir.mentions(lane_el, "mf_i")
         lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                        ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
@@ -288,24 +352,30 @@ class _Builder:
                                                    for j in range(8)))
                 self.helpers.add("mf_pack8_of")
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
-        pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"))
+        pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
+                                          rows=bool(self.chunk_decls) and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
 
-    def vector_condition(self, full: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
+    def vector_condition(self, full: ir.Expr, rows: bool = False
+                         ) -> tuple[list[ir.Stmt], ir.Expr]:
         """(declarations, condition) for taking the vector path: the chunk is whole and every
-        broadcast input read as vectors has rows holding whole chunks."""
+        broadcast input read as vectors has rows holding whole chunks (as do the output's
+        innermost rows when `rows`: lanes find their positions from the chunk's)."""
         vw = self.policy.vector_width
-        suffix = [t for t in self.vec_in if t.axes != self.grid]
+        suffix = [t.axes for t in self.vec_in if t.axes != self.grid]
+        if rows:
+            suffix.append(self.grid[-1:])
         if not suffix:
             return [], full
-        spans = list(dict.fromkeys(tuple(t.axes) for t in suffix))
+        spans = list(dict.fromkeys(tuple(a) for a in suffix))
         ok: ir.Expr = (self.span(spans[0]) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX))
         for s in spans[1:]:
             ok = ok.and_((self.span(s) % ir.Lit(vw, IDX)).eq(ir.Lit(0, IDX)))
+        what = "rows hold" if rows else "broadcast inputs can be read as vectors when " \
+            "their rows hold"
         pre: list[ir.Stmt] = [
-            ir.Comment("broadcast inputs can be read as vectors when their rows hold "
-                       f"whole {vw}-element chunks"),
+            ir.Comment(f"{what} whole {vw}-element chunks"),
             ir.Decl("mf_vec_ok", "bool", ok)]
         return pre, full.and_(ir.Var("mf_vec_ok"))
 

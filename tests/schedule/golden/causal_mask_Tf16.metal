@@ -34,16 +34,19 @@ kernel void mf_causal_mask(
 {
     // each thread covers 8 consecutive output elements
     const mf_index_t mf_start = mf_index_t(mf_tid) * 8u;
-    if (mf_start + 8u <= mf_numel) {
+    // rows hold whole 8-element chunks
+    const bool mf_vec_ok = mf_size_L % 8u == 0u;
+    if (mf_start + 8u <= mf_numel && mf_vec_ok) {
         // load: 8-wide vectors from the contiguous inputs
         const mf_pack8<T> mf_scores_v = *reinterpret_cast<device const mf_pack8<T>*>(scores + mf_start);
         T mf_out_v[8];
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos0_L = mf_start % mf_size_L;
+        const mf_index_t mf_pos_S = mf_start / mf_size_L;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
             // position along each axis
-            const mf_index_t mf_pos_S = mf_i / mf_size_L;
-            const mf_index_t mf_pos_L = mf_i % mf_size_L;
+            const mf_index_t mf_pos_L = mf_pos0_L + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
             const long mf_index_L = long(mf_pos_L);
             const long mf_index_S = long(mf_pos_S);

@@ -18,20 +18,21 @@ kernel void mf_dequantize(
 {
     // each thread covers 4 consecutive output elements
     const mf_index_t mf_start = mf_index_t(mf_tid) * 4u;
-    if (mf_start + 4u <= mf_numel) {
+    // rows hold whole 4-element chunks
+    const bool mf_vec_ok = mf_size_K % 4u == 0u;
+    if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
         vec<T, 4> mf_out_v;
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos_N = mf_start / mf_size_K;
+        const mf_index_t mf_pos0_K = mf_start % mf_size_K;
+        const mf_index_t mf_pos_K_div8 = mf_pos0_K / 8u;
+        const mf_index_t mf_pos_K_div64 = mf_pos0_K / 64u;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
-            // position along each axis
-            const mf_index_t mf_pos_N = mf_i / mf_size_K;
-            const mf_index_t mf_pos_K = mf_i % mf_size_K;
-            const mf_index_t mf_pos_K_div8 = mf_pos_K / 8u;
-            const mf_index_t mf_pos_K_div64 = mf_pos_K / 64u;
             // compute (f16/bf16 in f32)
             const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
-            const int mf_v1 = int(mf_wq >> uint(mf_pos_K % 8u) * 4u & 15u);
+            const int mf_v1 = int(mf_wq >> (uint(mf_pos0_K % 8u) + mf_k) * 4u & 15u);
             const float mf_v2 = float(mf_v1);
             const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
             const float mf_v3 = mf_v2 * mf_scales;

@@ -17,14 +17,18 @@ kernel void mf_embed(
 {
     // each thread covers 4 consecutive output elements
     const mf_index_t mf_start = mf_index_t(mf_tid) * 4u;
-    if (mf_start + 4u <= mf_numel) {
+    // rows hold whole 4-element chunks
+    const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
         vec<T, 4> mf_out_v;
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos0_D = mf_start % mf_size_D;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const mf_index_t mf_i = mf_start + mf_k;
             // position along each axis
-            const mf_index_t mf_pos_D = mf_i % mf_size_D;
+            const mf_index_t mf_pos_D = mf_pos0_D + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
             const int mf_ids = int(ids[mf_i / mf_size_D]);
             const long mf_take1 = long(mf_ids);

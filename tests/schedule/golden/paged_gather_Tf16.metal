@@ -22,16 +22,20 @@ kernel void mf_paged_gather(
     // sizes of multi-axis spans
     const mf_index_t mf_span_BS_G_E = mf_size_BS * mf_size_G * mf_size_E;
     const mf_index_t mf_span_G_E = mf_size_G * mf_size_E;
-    if (mf_start + 4u <= mf_numel) {
+    // rows hold whole 4-element chunks
+    const bool mf_vec_ok = mf_size_E % 4u == 0u;
+    if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
         vec<T, 4> mf_out_v;
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos_BS = mf_start / mf_span_G_E % mf_size_BS;
+        const mf_index_t mf_pos_G = mf_start / mf_size_E % mf_size_G;
+        const mf_index_t mf_pos0_E = mf_start % mf_size_E;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const mf_index_t mf_i = mf_start + mf_k;
             // position along each axis
-            const mf_index_t mf_pos_BS = mf_i / mf_span_G_E % mf_size_BS;
-            const mf_index_t mf_pos_G = mf_i / mf_size_E % mf_size_G;
-            const mf_index_t mf_pos_E = mf_i % mf_size_E;
+            const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
             const int mf_block_table = int(block_table[mf_i / mf_span_BS_G_E]);
             const long mf_take1 = long(mf_block_table);

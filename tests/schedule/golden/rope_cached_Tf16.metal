@@ -64,18 +64,21 @@ kernel void mf_rope_cached(
     // sizes of multi-axis spans
     const mf_index_t mf_span_H_S_E = mf_size_H * mf_size_S * mf_size_E;
     const mf_index_t mf_span_S_E = mf_size_S * mf_size_E;
-    if (mf_start + 8u <= mf_numel) {
+    // rows hold whole 8-element chunks
+    const bool mf_vec_ok = mf_size_E % 8u == 0u;
+    if (mf_start + 8u <= mf_numel && mf_vec_ok) {
         // load: 8-wide vectors from the contiguous inputs
         const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_start);
         T mf_out_v[8];
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos0_E = mf_start % mf_size_E;
+        const mf_index_t mf_pos_S = mf_start / mf_size_E % mf_size_S;
+        const mf_index_t mf_pos_B = mf_start / mf_span_H_S_E;
+        const mf_index_t mf_pos_H = mf_start / mf_span_S_E % mf_size_H;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
             // position along each axis
-            const mf_index_t mf_pos_B = mf_i / mf_span_H_S_E;
-            const mf_index_t mf_pos_H = mf_i / mf_span_S_E % mf_size_H;
-            const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
-            const mf_index_t mf_pos_E = mf_i % mf_size_E;
+            const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
             const float mf_x = float(mf_lane8(mf_x_v, mf_k));
             const long mf_index_E = long(mf_pos_E);

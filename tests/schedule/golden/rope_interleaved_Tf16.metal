@@ -53,18 +53,21 @@ kernel void mf_rope_interleaved(
     // sizes of multi-axis spans
     const mf_index_t mf_span_H_S_E = mf_size_H * mf_size_S * mf_size_E;
     const mf_index_t mf_span_S_E = mf_size_S * mf_size_E;
-    if (mf_start + 4u <= mf_numel) {
+    // rows hold whole 4-element chunks
+    const bool mf_vec_ok = mf_size_E % 4u == 0u;
+    if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
         const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_start);
         vec<T, 4> mf_out_v;
+        // the chunk's position (it lies in one row)
+        const mf_index_t mf_pos_B = mf_start / mf_span_H_S_E;
+        const mf_index_t mf_pos_S = mf_start / mf_size_E % mf_size_S;
+        const mf_index_t mf_pos0_E = mf_start % mf_size_E;
+        const mf_index_t mf_pos_H = mf_start / mf_span_S_E % mf_size_H;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
             // position along each axis
-            const mf_index_t mf_pos_B = mf_i / mf_span_H_S_E;
-            const mf_index_t mf_pos_H = mf_i / mf_span_S_E % mf_size_H;
-            const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
-            const mf_index_t mf_pos_E = mf_i % mf_size_E;
+            const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
             const float mf_x = float(mf_x_v[mf_k]);
             const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
