@@ -2,6 +2,7 @@
 
     python bench/quant.py                   # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/quant.py --device cuda --dtype f16 bf16 --shapes 4096x4096 11008x4096
+    python bench/quant.py --dequantize [--dtype f16 bf16] [--shapes ...]
     python bench/quant.py --sweep           # one row per launch setting (the qmv levers)
     python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
 
@@ -40,6 +41,7 @@ sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another
 from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
 from metalforge import quant  # noqa: E402
 from metalforge.schedule.policy import LaunchError  # noqa: E402
+from dequantize import dequantize  # noqa: E402
 from q4_matvec import q4_matvec  # noqa: E402
 
 SHAPES = ["4096x4096", "11008x4096", "4096x11008", "14336x4096"]
@@ -61,6 +63,28 @@ def _check(y, args, k: int, dtype) -> None:
     w_hat = quant.dequantize(wq, s, b, group_size=64, bits=4)
     ref = F.linear(x.float(), w_hat.float()).to(dtype)
     torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * k ** 0.5)
+
+
+def dequantize_table(args, device: str, repeat: int) -> None:
+    """examples/dequantize.py (an elementwise kernel unpacking words) against the same
+    arithmetic in plain torch (metalforge.quant.dequantize)."""
+    print("dequantize, 4-bit, group size 64 (bytes: words + scales + biases + output)")
+    print(f"{'dtype':>5} {'N x K':>11} {'bytes':>10} {'ours us':>8} {'torch us':>9} "
+          f"{'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'torch/ours':>10}")
+    for dname in args.dtype:
+        dtype = DTYPES[dname]
+        for spec in args.shapes:
+            n, k, w, _, (wq, s, b, _) = _inputs(spec, 1, dtype, device)
+            torch.testing.assert_close(dequantize(wq, s, b), quant.dequantize(wq, s, b, 64, 4),
+                                       rtol=1e-2, atol=1e-2)
+            sched, sizes = plan(dequantize, (wq, s, b))
+            nbytes = sched.traffic(sizes).total
+            ours = timeit(lambda: dequantize(wq, s, b), device, repeat)
+            theirs = timeit(lambda: quant.dequantize(wq, s, b, 64, 4), device, repeat)
+            copy = copy_time(nbytes, device, repeat)
+            print(f"{dname:>5} {f'{n}x{k}':>11} {nbytes:>10} {ours * 1e6:>8.1f} "
+                  f"{theirs * 1e6:>9.1f} {copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} "
+                  f"{100 * copy / ours:>5.0f}% {theirs / ours:>9.2f}x")
 
 
 def sweep(args, device: str, repeat: int) -> None:
@@ -137,9 +161,14 @@ def main(argv=None) -> None:
     ap.add_argument("--vector-width", nargs="+", type=int, default=[4],
                     help="--sweep: vector_width values (packed words per load, 1, 2 or 4)")
     ap.add_argument("--csv", help="--sweep: also write the rows to this CSV file")
+    ap.add_argument("--dequantize", action="store_true",
+                    help="time examples/dequantize.py against torch instead")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
+    if args.dequantize:
+        dequantize_table(args, device, repeat)
+        return
     if args.sweep:
         if args.launch:
             ap.error("--sweep sets the launch options itself; leave out --launch")
