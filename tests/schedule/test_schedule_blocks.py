@@ -1,7 +1,11 @@
 """Schedule building blocks, each on its own: the one ir.LoweredKernel constructor, per-variant
-state of the reduction builders, the elementwise vector-path condition."""
+state of the reduction builders, the elementwise vector path (its condition, positions found
+once per chunk), the packed-word block."""
+import torch
+from hypothesis import given, settings, strategies as st
+
 import metalforge as mf
-from metalforge import ir, schedule
+from metalforge import ir, quant, schedule
 from metalforge.schedule.base import host_name, make_kernel
 
 
@@ -55,9 +59,6 @@ def test_vector_condition_checks_broadcast_rows_hold_whole_chunks():
 def test_unpack_value_reads_every_field_of_a_word():
     """The packed-word block on its own: an MSL kernel built from `unpack_value` extracts each
     `bits`-bit field of random words exactly as metalforge.quant.unpack (MLX's layout)."""
-    import torch
-
-    from metalforge import quant
     from metalforge.codegen.msl import expr
     from metalforge.schedule.lower import unpack_value
     from metalforge.sim import compile_shader
@@ -75,3 +76,44 @@ def test_unpack_value_reads_every_field_of_a_word():
         out = torch.empty(16 * per, dtype=torch.int32)
         lib.f(words, out, threads=out.numel())
         assert torch.equal(out, quant.unpack(words[None], bits=bits)[0])
+
+
+@mf.kernel
+def outer_bias(x: "T[A, B, C]", b: "T[A, C]", s: "T[B]"):
+    return x * s + b * mf.index("C") - mf.index("B")
+
+
+@mf.kernel
+def unpack_scale(wq: "u32[N, K/PER]", scales: "T[N, K/GS]", PER: mf.Const[int] = 8,
+                 GS: mf.Const[int] = 16) -> "T[N, K]":
+    return mf.unpack(wq, bits=32 // PER) * scales
+
+
+@settings(max_examples=12, deadline=None)
+@given(a=st.integers(1, 3), b=st.integers(1, 5), c=st.sampled_from([1, 3, 4, 8, 12, 13, 16]),
+       dtype=st.sampled_from(["f32", "f16"]))
+def test_vector_chunks_find_positions_once_per_chunk(a, b, c, dtype):
+    """The vector path computes a chunk's positions once (every position but the innermost is
+    the chunk's): broadcast inputs, mf.index of an outer and the innermost axis, rows that do
+    and do not hold whole chunks, against the reference."""
+    dt = {"f32": torch.float32, "f16": torch.float16}[dtype]
+    x, bias, s = torch.randn(a, b, c).to(dt), torch.randn(a, c).to(dt), torch.randn(b).to(dt)
+    torch.testing.assert_close(outer_bias(x, bias, s), outer_bias.reference(x, bias, s),
+                               rtol=2e-3, atol=2e-3)
+
+
+def test_unpacked_values_take_their_slot_from_the_chunk():
+    """Unpacking with whole words per chunk (8 f16 values per 8-nibble word), whole chunks per
+    word (4 f32 values of an 8-value word) and 2- and 8-bit words, K a multiple of the word
+    and not of the vector width: each value's bit offset comes from its chunk."""
+    for per, dt in ((8, torch.float16), (8, torch.float32), (16, torch.float32),
+                    (4, torch.float16)):
+        bits = 32 // per
+        for k in (per * 2, per * 6, 96):
+            if k % per or k % 16:
+                continue
+            words = torch.randint(0, 2 ** 32, (3, k // per), dtype=torch.int64).to(torch.uint32)
+            scales = torch.randn(3, k // 16).to(dt)
+            got = unpack_scale(words, scales, PER=per)
+            want = quant.unpack(words, bits=bits).to(dt) * scales.repeat_interleave(16, 1)
+            torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
