@@ -104,10 +104,10 @@ def test_vector_chunks_find_positions_once_per_chunk(a, b, c, dtype):
 
 def test_unpacked_values_take_their_slot_from_the_chunk():
     """Unpacking with whole words per chunk (8 f16 values per 8-nibble word), whole chunks per
-    word (4 f32 values of an 8-value word) and 2- and 8-bit words, K a multiple of the word
+    word (4 f32 values of an 8-value word), 2-, 8- and 16-bit words, K a multiple of the word
     and not of the vector width: each value's bit offset comes from its chunk."""
     for per, dt in ((8, torch.float16), (8, torch.float32), (16, torch.float32),
-                    (4, torch.float16)):
+                    (4, torch.float16), (2, torch.float32)):
         bits = 32 // per
         for k in (per * 2, per * 6, 96):
             if k % per or k % 16:
@@ -115,5 +115,7 @@ def test_unpacked_values_take_their_slot_from_the_chunk():
             words = torch.randint(0, 2 ** 32, (3, k // per), dtype=torch.int64).to(torch.uint32)
             scales = torch.randn(3, k // 16).to(dt)
             got = unpack_scale(words, scales, PER=per)
-            want = quant.unpack(words, bits=bits).to(dt) * scales.repeat_interleave(16, 1)
+            w = words.to(torch.int64)[..., None] >> (bits * torch.arange(per))   # lowest first
+            values = (w & (2 ** bits - 1)).flatten(-2)
+            want = values.to(dt) * scales.repeat_interleave(16, 1)
             torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
