@@ -10,17 +10,28 @@ biases, soft caps) on contractions `sum(..., axis=E)`:
     s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)
     out = mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
-One kernel, `decode`: one simdgroup per query row (every output axis but E). Lane l holds
-elements l, l + 32, ... of the row's E outputs (E <= 32 * `reads_per_thread`). For each key:
-each lane computes its part of the score contraction, `simd_sum` completes it, every lane
-computes the score's elementwise work, and the online-softmax state (running max m, running sum
-d, the rescaled fp32 accumulator of the E outputs) absorbs it:
+Kernels: `decode`, and `merge` when a call splits the keys into blocks.
 
-    m' = max(m, s);  c = exp(m - m');  p = exp(s - m');  d = d c + p;  acc = acc c + p v
+- A threadgroup takes a *tile* of `rows_per_group` query rows that read the same keys (the
+  query-row axes no key tensor has: GQA's R, the query positions S) and a block of keys.
+- A key's E elements are spread over mf_w lanes (the fewest holding `reads_per_thread`
+  consecutive ones each, chosen per call from E); the simdgroup's 32 / mf_w key streams take
+  different keys, `keys_per_step` at a time, the simdgroups of the group take turns.
+- Per step: the keys' k and v chunks are loaded once (vector loads; through a gather, the
+  key's row is found and checked first) and shared by the tile's rows; per (key, row) each
+  lane's part of the contraction, an xor butterfly over the key's lanes, the score's
+  elementwise work; per row one online-softmax update of (running max m, running sum d, the
+  rescaled fp32 accumulator of the lane's E outputs):
 
-(with c = 1, p = 0 while m' is still -inf, so masked keys before the first visible one add
-nothing). The outputs are acc / d: all keys masked gives 0 / 0 = NaN, as softmax of all -inf
-does in torch; a NaN score makes the row NaN, as in softmax. The scores never touch memory.
+      m' = max(m, s);  c = exp(m - m');  p = exp(s - m');  d = d c + p;  acc = acc c + p v
+
+  (with c = 1, p = 0 while m' is still -inf, so masked keys before the first visible one add
+  nothing).
+- Then the streams merge by shuffles, the simdgroups through threadgroup memory (row by row),
+  and the tile's rows are written as acc / d, or, with several key blocks, each block's state
+  goes to a scratch buffer that `merge` combines. All keys masked gives 0 / 0 = NaN, as
+  softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
+  never touch memory.
 """
 from __future__ import annotations
 

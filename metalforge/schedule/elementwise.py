@@ -241,8 +241,9 @@ class _Builder:
         return ir.Call("mf_lane8", (v, k)) if self.policy.vector_width == 8 else ir.Lane(v, k)
 
     # -- one element -------------------------------------------------------------------
-    def element(self, vector: bool) -> list[ir.Stmt]:
-        """Statements computing and storing element `mf_i` (lane `mf_k` of the vector path)."""
+    def element(self, vector: bool) -> tuple[list[ir.Decl], list[ir.Stmt]]:
+        """(the chunk's position declarations, statements computing and storing element `mf_i`
+        (lane `mf_k` of the vector path, whose positions come from the chunk's))."""
         i, k = ir.Var("mf_i"), ir.Var("mf_k")
         need: dict[str, ir.Decl] = {}
         chunk: dict[str, ir.Decl] = {}
@@ -290,13 +291,12 @@ class _Builder:
                 stores.append(st)
         pos: list[ir.Stmt] = [need[a] for a in self.grid if a in need]
         pos += [d for a, d in need.items() if a not in self.grid]   # derived: after their base
-        self.chunk_decls = list(chunk.values())
         out: list[ir.Stmt] = []
         if pos:
             out += [ir.Comment("position along each axis")] + pos
         out += [ir.Comment("compute (f16/bf16 in f32)")] + body
         out += [ir.Comment("store")] + stores
-        return out
+        return list(chunk.values()), out
 
     @staticmethod
     def _to_out(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
@@ -307,7 +307,7 @@ class _Builder:
         """The guarded path: the chunk's elements one at a time, each checked against the
         element count (the tail, and every chunk when vector_width is 1)."""
         vw = self.policy.vector_width
-        element = self.element(vector=False)
+        _, element = self.element(vector=False)
         in_range = ir.Var("mf_i") < ir.Var("mf_numel")
         if vw == 1:
             return [ir.Decl("mf_i", IDX, ir.Var("mf_start")), ir.If(in_range, element)]
@@ -337,10 +337,10 @@ class _Builder:
             else:
                 loads.append(ir.Decl(f"{self.out_names[kk]}_v",
                                      f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
-        lane_el = self.element(vector=True)
-        if self.chunk_decls:
+        chunk, lane_el = self.element(vector=True)
+        if chunk:
             loads.append(ir.Comment("the chunk's position (it lies in one row)"))
-            loads += self.chunk_decls
+            loads += chunk
         uses_i = ir.mentions(lane_el, "mf_i")
         lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                        ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
@@ -353,7 +353,7 @@ class _Builder:
                 self.helpers.add("mf_pack8_of")
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
-                                          rows=bool(self.chunk_decls) and len(self.grid) > 1)
+                                          rows=bool(chunk) and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
 
