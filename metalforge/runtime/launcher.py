@@ -116,7 +116,10 @@ class Call:
 
     @property
     def index64(self) -> bool:
-        return sched_mod.needs_index64(self.binding.sizes, self.numel)
+        """64-bit indexing when the grid or any tensor argument (attention's K/V, a gather's
+        table) has 2^31 elements or more."""
+        largest = max([self.numel] + [t.numel() for t in self.tensors.values()])
+        return sched_mod.needs_index64(self.binding.sizes, largest)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The pipeline's stages, called one by one (plan → render → compile → bind → dispatch), agree
 with a plain kernel call; METALFORGE_DUMP writes each stage's artefact."""
+from types import SimpleNamespace
+
 import torch
 
 import metalforge as mf
@@ -56,3 +58,16 @@ def test_dump_writes_graph_ir_and_msl(tmp_path, monkeypatch):
     assert metal.read_text() == src
     assert "kernel double" in metal.with_suffix(".graph").read_text()
     assert metal.with_suffix(".ir").read_text() == double.ir(T="f16")
+
+
+def test_a_large_input_selects_64_bit_indexing_however_small_the_output():
+    """Attention's K/V or a gather's table can pass 2^31 elements while the output is small:
+    the call indexes with 64 bits by itself (an expanded tensor: no memory behind it)."""
+    big = torch.zeros(1).expand(2 ** 16, 2 ** 15)
+    call = launcher.Call(spec=None, backend="sim", values={}, tensors={"k": big},
+                binding=SimpleNamespace(sizes={"A": 2 ** 16, "B": 2 ** 15}), outputs=[],
+                numel=1)
+    assert call.index64
+    small = launcher.Call(spec=None, backend="sim", values={}, tensors={"k": big[:2]},
+                 binding=SimpleNamespace(sizes={"A": 2, "B": 2 ** 15}), outputs=[], numel=1)
+    assert not small.index64
