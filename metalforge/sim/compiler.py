@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import cache
 from ..errors import MetalforgeError
-from .parse import Param, ParseError, Signature, parse
+from .parse import ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
 from .spaces import cast_errors as address_space_cast_errors
 from .trampoline import cpu_trampolines, entry_symbol
@@ -229,7 +229,7 @@ def _syntax_error(msg: str, source: str) -> SyntaxError:
 
 def _kernel_from_json(d: dict) -> Signature:
     d = dict(d)
-    d["params"] = [Param(**p) for p in d["params"]]
+    d["params"] = [SignatureParam(**p) for p in d["params"]]
     return Signature(**d)
 
 

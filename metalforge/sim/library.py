@@ -27,7 +27,7 @@ import torch
 from ..errors import MetalforgeError
 from .callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
 from .compiler import build, engine_library
-from .parse import Param, Signature, is_float_scalar, scalar_of
+from .parse import SignatureParam, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
 
 MAX_THREADS = 1024
@@ -143,11 +143,11 @@ class _Bound:
     data: bytes = b""
 
 
-def _describe_param(p: Param) -> str:
+def _describe_param(p: SignatureParam) -> str:
     return f"'{p.name}' ({p.type_text.strip()})"
 
 
-def _check(kname: str, i: int, p: Param, b: _Bound) -> None:
+def _check(kname: str, i: int, p: SignatureParam, b: _Bound) -> None:
     where = f"kernel '{kname}' argument {i} {_describe_param(p)}"
     sc = scalar_of(p.elem_type)
     if b.kind == "tensor" and b.tensor.dim() > 0:
@@ -197,7 +197,7 @@ class _Staging:
         self.regions: list[_Region] = []
         self.storages: dict[int, tuple[int, int]] = {}   # storage ptr -> (region, low offset)
 
-    def stage(self, bound: list[_Bound], bufs: dict[int, Param]):
+    def stage(self, bound: list[_Bound], bufs: dict[int, SignatureParam]):
         """Copy the arguments into regions; the table of buffer pointers, by buffer index."""
         lo_of = self._low_offsets(bound)
         ptr_table = (ctypes.c_void_p * max(1, len(bound)))()
@@ -262,18 +262,18 @@ class LibraryFunction:
         self._sig = sig
         self._entry = ctypes.cast(getattr(lib._dll, entry_symbol(index)), ctypes.c_void_p).value
 
-    def _buffers(self) -> dict[int, Param]:
+    def _buffers(self) -> dict[int, SignatureParam]:
         """Buffer index -> parameter, for every index up to the highest: positional argument i
         binds buffer(i), and an index no parameter uses (MLX's rope_single binds 0-4 and 10)
         takes None."""
         bufs = {p.buffer_index: p for p in self._sig.params if p.role == "buffer"}
         for k in range(max(bufs, default=-1) + 1):
             if k not in bufs:
-                bufs[k] = Param(index=-1, text="", name=f"buffer({k})", type_text="unused",
+                bufs[k] = SignatureParam(index=-1, text="", name=f"buffer({k})", type_text="unused",
                                 role="unused", buffer_index=k)
         return bufs
 
-    def _present(self, p: Param) -> bool:
+    def _present(self, p: SignatureParam) -> bool:
         """Whether a parameter exists in this specialisation (its function constant, if any,
         is true; an undefined one counts as false)."""
         if p.role == "unused":
@@ -319,7 +319,7 @@ class LibraryFunction:
             return
         self._launch(bound, grid3, group3)
 
-    def _bind(self, i: int, a, p: Param, cast: torch.dtype | None) -> _Bound:
+    def _bind(self, i: int, a, p: SignatureParam, cast: torch.dtype | None) -> _Bound:
         """Argument `a` (index i) for parameter `p`, as the bytes or tensor it binds."""
         absent = not self._present(p)
         if absent or a is None:
@@ -330,7 +330,7 @@ class LibraryFunction:
             return self._bind_list(i, a, cast)
         return self._bind_scalar(i, a, cast)
 
-    def _bind_none(self, i: int, a, p: Param, absent: bool) -> _Bound:
+    def _bind_none(self, i: int, a, p: SignatureParam, absent: bool) -> _Bound:
         if not absent or a is not None:
             raise TypeError(
                 f"kernel '{self._sig.host_name}' argument {i} {_describe_param(p)}: pass None "

@@ -69,7 +69,7 @@ class Token:
 
 
 @dataclass
-class Param:
+class SignatureParam:
     index: int                 # position in the parameter list
     text: str                  # the declaration, attributes removed
     name: str
@@ -94,7 +94,7 @@ class Signature:
     func_name: str             # qualified C++ name of the function (template name for templates)
     template_args: str | None  # "float, 4" for explicit instantiations, None otherwise
     fn_params: str | None      # concrete parameter list for the deduced instantiation form
-    params: list[Param]
+    params: list[SignatureParam]
     line: int                  # line of the definition in the user's source
     max_total_threads: int     # [[max_total_threads_per_threadgroup(N)]] or 1024
     threadgroup_bytes: int | None  # static threadgroup memory, None when not computable
@@ -371,11 +371,11 @@ def _attr_list(text: str) -> list[tuple[str, str]]:
     return [_attr_name(x) for x in parts if x.strip()]
 
 
-def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> Param:
+def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> SignatureParam:
     attrs = [t for t in ptoks if t.kind == "attr"]
     body = [t for t in ptoks if t.kind != "attr"]
     name, type_toks = _param_name(body)
-    p = Param(index=index, text=" ".join(t.text for t in body), name=name or f"arg{index}",
+    p = SignatureParam(index=index, text=" ".join(t.text for t in body), name=name or f"arg{index}",
               type_text=_type_text([t.text for t in type_toks]), role="buffer")
     _describe_type(p, [t.text for t in type_toks])
     for an, arg in (x for a in attrs for x in _attr_list(a.text)):
@@ -408,7 +408,7 @@ def _type_text(words: list[str]) -> str:
         .replace(" ,", ",")
 
 
-def _describe_type(p: Param, words: list[str]) -> None:
+def _describe_type(p: SignatureParam, words: list[str]) -> None:
     """Pointer, reference, const, address space and element type of `p` from its type's words."""
     p.is_pointer = "*" in words
     p.is_reference = "&" in words or "&&" in words
@@ -422,7 +422,7 @@ def _describe_type(p: Param, words: list[str]) -> None:
                                "__restrict__")])
 
 
-def _apply_param_attr(p: Param, an: str, arg: str, where: str) -> None:
+def _apply_param_attr(p: SignatureParam, an: str, arg: str, where: str) -> None:
     """Record attribute `an`(`arg`) of parameter `p`, or reject one the simulator cannot bind."""
     if an == "function_constant":
         p.function_constant = arg
@@ -446,14 +446,14 @@ def _apply_param_attr(p: Param, an: str, arg: str, where: str) -> None:
                          f"(and torch.mps.compile_shader) cannot bind")
 
 
-def _parse_params(toks: list[Token], text: str, where: str) -> list[Param]:
+def _parse_params(toks: list[Token], text: str, where: str) -> list[SignatureParam]:
     parts = _split_commas(toks)
     if len(parts) == 1 and len(parts[0]) == 1 and parts[0][0].text == "void":
         return []
     return [_parse_param(pt, text, i, where) for i, pt in enumerate(parts)]
 
 
-def assign_buffer_indices(params: list[Param], where: str) -> None:
+def assign_buffer_indices(params: list[SignatureParam], where: str) -> None:
     """Implicit [[buffer(n)]] indices: the lowest unused index, in declaration order."""
     used = {p.buffer_index for p in params if p.role == "buffer" and p.buffer_index >= 0}
     nxt = 0
@@ -1033,7 +1033,7 @@ class _Signatures:
         return sig
 
     def finish(self, fd: _FuncDef, host: str, targs: str | None, fn_params: str | None,
-               subst: dict[str, str], concrete: list[Param] | None) -> Signature:
+               subst: dict[str, str], concrete: list[SignatureParam] | None) -> Signature:
         """The signature of `fd` as kernel `host`: template parameters replaced by `subst`, or
         parameter types taken from the `concrete` list of a deduced instantiation."""
         where = f"{self.where(fd.offset)}: kernel '{host}'"
@@ -1055,7 +1055,7 @@ class _Signatures:
                          threadgroup_bytes=_threadgroup_bytes(fd.tg, names))
 
 
-def _take_concrete_types(params: list[Param], concrete: list[Param], where: str) -> None:
+def _take_concrete_types(params: list[SignatureParam], concrete: list[SignatureParam], where: str) -> None:
     if len(concrete) != len(params):
         raise ParseError(f"{where} has {len(concrete)} parameters, the template {len(params)}")
     for p, c in zip(params, concrete):
