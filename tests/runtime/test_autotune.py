@@ -36,8 +36,14 @@ def tune_file(tmp_path, monkeypatch):
 
 def example_args(kernel, sizes=None) -> list:
     """Arguments for every tensor and runtime scalar (Consts keep their defaults): odd sizes,
-    so vector paths, tails and partial groups all run; `sizes` fixes some dims."""
-    sizes = {"E": 64, **(sizes or {})}          # E: RoPE heads (even, at least rot_dims)
+    so vector paths, tails and partial groups all run; `sizes` fixes some dims. An example
+    module's CHECK options for the kernel bound the rest: the low end of a pinned dim's range,
+    an integer tensor's value range (a paged cache needs block numbers below its size)."""
+    opts = getattr(kernel, "check_options", {})
+    pinned = {d: v[0] if isinstance(v, tuple) else v for d, v in opts.get("dims", {}).items()
+              if isinstance(v, (tuple, int))}
+    ranges = {n: v for n, v in opts.get("values", {}).items() if isinstance(v, tuple)}
+    sizes = {"E": 64, **pinned, **(sizes or {})}   # E: RoPE heads (even, at least rot_dims)
     fresh = iter([37, 5, 3, 11, 7, 13, 9, 6, 4, 8, 10, 12])
     gen = torch.Generator().manual_seed(0)
     group = {}                                   # bases of derived dims: whole K/8, K/64
@@ -72,7 +78,8 @@ def example_args(kernel, sizes=None) -> list:
             args.append(torch.randn(shape, generator=gen).to(dt) * 2)
         else:
             hi = 2 if p.name in index_tensors(kernel.graph(T="f32")) else 100   # valid ids
-            args.append(torch.randint(0, hi, shape, generator=gen).to(dt))
+            lo, hi = (ranges[p.name][0], ranges[p.name][1] + 1) if p.name in ranges else (0, hi)
+            args.append(torch.randint(lo, hi, shape, generator=gen).to(dt))
     return args
 
 
@@ -80,8 +87,10 @@ def example_kernels():
     out = []
     for path in EXAMPLES:
         module = load_module(path)
-        out += [pytest.param(k, id=f"{path.stem}.{name}")
-                for name, k in vars(module).items() if isinstance(k, mf.Kernel)]
+        for name, k in vars(module).items():
+            if isinstance(k, mf.Kernel):
+                k.check_options = getattr(module, "CHECK", {}).get(name, {})
+                out.append(pytest.param(k, id=f"{path.stem}.{name}"))
     return out
 
 
