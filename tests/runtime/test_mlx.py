@@ -99,16 +99,21 @@ GATHERS = {n for n, k in EXAMPLES.items() if take_sites(k.graph(T="f32"))}
 @pytest.mark.parametrize("name", sorted(set(EXAMPLES) - GATHERS))
 def test_every_example_runs_the_source_mlx_builds(name, dtype):
     k = EXAMPLES[name]
-    scalars = {p.name: p.pytype(8) for p in k.params      # required runtime scalars: a value
-               if isinstance(p, ScalarParam) and not p.has_default}
-    check_against_reference(k, inputs(k, SIZES, dtype), dtype, **scalars)
+    check_against_reference(k, inputs(k, SIZES, dtype), dtype, **required_scalars(k))
+
+
+def required_scalars(kernel):
+    """A value for each runtime scalar without a default."""
+    return {p.name: p.pytype(8) for p in kernel.params
+            if isinstance(p, ScalarParam) and not p.has_default}
 
 
 @pytest.mark.parametrize("name", sorted(GATHERS))
 def test_gather_kernels_are_refused_clearly(name):
     k = EXAMPLES[name]
     with pytest.raises(NotImplementedError, match="mf.take"):
-        check_against_reference(k, inputs(k, SIZES, "f32"), "f32")
+        check_against_reference(k, inputs(k, SIZES | {"L": 32}, "f32"), "f32",   # L/16 > 0
+                                **required_scalars(k))
 
 
 @pytest.mark.parametrize("name,d", [("rms_norm", 1), ("rms_norm", 33), ("rms_norm", 1000),
