@@ -8,6 +8,7 @@ import time
 import torch
 
 from metalforge import runtime
+from metalforge.runtime import launcher
 from metalforge.shapes import bind_shapes
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -88,6 +89,16 @@ def plan(kernel, args):
     return runtime.schedule_of(g, values, launch=kernel.launch), sizes
 
 
+def launched_variant(schedule, kernel, args) -> str:
+    """The row variant the call `kernel(*args)` launches: the host's pick for the row length,
+    or looped where the group kernel's pipeline cannot take the threads the row needs."""
+    g = kernel.graph(*args)
+    call = launcher.check_call(g, {p.name: a for p, a in zip(g.params, args)}, None,
+                               kernel.launch)
+    host = launcher.bind(call).host_name
+    return next(v for v, k in schedule.variants.items() if k.host_name == host)
+
+
 def parse_launch(items) -> dict:
     """--launch key=value ... → launch overrides (ints)."""
     out = {}
@@ -125,10 +136,10 @@ def print_table(cases, sizes, dtypes, ops, device: str, repeat: int, launch: dic
                 if launch:
                     k = k.with_launch(**launch)
                 s, sz = plan(k, kargs)
-                traffic = s.traffic(sz)
+                variant = launched_variant(s, k, kargs) if with_variant else "-"
+                traffic = s.traffic(sz, variant) if with_variant else s.traffic(sz)
                 ours = timeit(lambda: k(*kargs), device, repeat)
                 theirs = timeit(eager, device, repeat)
                 copy = copy_time(traffic.total, device, repeat)
-                variant = s.variant(sz) if with_variant else "-"
                 print(row(name, dname, spec, variant, traffic.total, ours, theirs, copy),
                       flush=True)

@@ -120,7 +120,7 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
         return Warm(None, 0, 0, None, (), (), (), (), allocate, False, tuning, _NONE)
     s = call.spec.schedule(call.index64)
     kernels = call.spec.library(call.index64, call.backend).kernels
-    host = s.host_name(call.binding.sizes)
+    host = launch.host_name
     template: list[Any] = []
     inputs, outputs, scalars = [], [], []
     scratch = None

@@ -133,6 +133,7 @@ class Launch:
     arg_casts: Optional[dict[int, str]]
     errors: Optional["IndexErrors"] = None     # kernels with gathers: where they report
     then: tuple[tuple[Any, int, int], ...] = ()   # later launches (kernel, threads, group)
+    host_name: str = ""                         # the first launch's kernel
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,9 @@ def bind(call: Call) -> Launch:
     launches = []
     for step in steps:
         compiled = lib.kernel(step.host_name)
+        if step.group > compiled.max_threads:       # a register-bound pipeline: another kernel
+            step = s.within(step, sizes, compiled.max_threads)
+            compiled = lib.kernel(step.host_name)
         if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
             raise LaunchError(f"{spec.where}: a threadgroup of {step.group} threads, but this "
                               f"pipeline allows 1 to {compiled.max_threads} (launch policy "
@@ -187,11 +191,12 @@ def bind(call: Call) -> Launch:
             raise LaunchError(f"{spec.where}: {call.numel} output elements need {step.threads} "
                               f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
                               f"launch={{'vectors_per_thread': ...}}")
-        launches.append((compiled.kernel, step.threads, step.group))
+        launches.append((compiled.kernel, step.threads, step.group, step.host_name))
     casts = {p.index: p.cast for p in s.kernel.params if p.cast}
-    (kernel, threads, group), *then = launches
+    (kernel, threads, group, host), *then = launches
     return Launch(kernel, args, threads, group, casts or None,
-                  IndexErrors.of(spec.graph, s.kernel.params, sizes), tuple(then))
+                  IndexErrors.of(spec.graph, s.kernel.params, sizes),
+                  tuple(t[:3] for t in then), host)
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:

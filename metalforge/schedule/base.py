@@ -123,6 +123,12 @@ class Schedule:
         ValueError for sizes the schedule refuses (before anything is compiled or launched)."""
         return self.kernel.host_name
 
+    def within(self, step: Step, sizes: Mapping[str, int], max_threads: int) -> Step:
+        """The launch to make instead of `step` when its group is larger than the compiled
+        pipeline allows (`max_threads`); the same step if the schedule has no other (the
+        launcher then refuses it)."""
+        return step
+
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """The launches of one call, in order: the kernel `host_name(sizes)` alone, unless the
         schedule splits the work (attention's key blocks, then their merge)."""

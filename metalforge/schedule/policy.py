@@ -70,8 +70,9 @@ POLICIES: dict[str, LaunchPolicy] = {
                                 vectors_per_thread=1),
     # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
     # per row, rows_per_group rows per group; up to looped_limit → one group per row,
-    # reads_per_thread values per thread in registers (counted for 4-byte types: 2-byte types
-    # hold the same 32 bytes, 16 values); longer → threads_per_group threads per row, looped.
+    # reads_per_thread values per thread in registers (both counted for 4-byte types: 2-byte
+    # types hold the same 32 bytes, 16 values, rows up to 2 x looped_limit); longer →
+    # threads_per_group threads per row, looped.
     # vector_width is an upper bound: an access moves at most 16 bytes and a thread's reads.
     # Chosen on an H100 (2026-11-23, bench/README.md "after" table; levers from
     # bench/cuda_levers.py): reads_per_thread 4 for every variant was the main loss. Group

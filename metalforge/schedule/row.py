@@ -5,11 +5,13 @@ One library holds three kernels; the host picks one per call from the row length
 
 - ``simd``   (D <= 32 * simd_reads_per_thread): one simdgroup per row, `rows_per_group` rows
   per threadgroup; lane l holds elements [l*R, l*R + R) in registers; simd collectives only.
-- ``group``  (D <= looped_limit): one threadgroup per row of ceil(D/R) threads rounded up to 32;
+- ``group``  (D <= `group_limit`: looped_limit, counted in 4-byte elements like R, so 2-byte
+  rows up to twice as long): one threadgroup per row of ceil(D/R) threads rounded up to 32;
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
   vector loads when D is a multiple of the width; partials go simd → threadgroup
   scratch (one 32-slot array per reduction) → a second simd reduction in every simdgroup.
-- ``looped`` (longer rows): one threadgroup of `threads_per_group` threads per row; every phase
+- ``looped`` (longer rows, or rows needing more threads than the group kernel's pipeline
+  allows: `RowSchedule.within`): one threadgroup of `threads_per_group` threads per row; every phase
   streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
   once per phase; a max followed by sum(exp(a - max)) is fused into one online pass.
 
@@ -35,7 +37,7 @@ from typing import Iterable, Mapping
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
-from .base import IDX, Schedule, Traffic, make_kernel
+from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
 from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
                      access_width)
@@ -92,12 +94,24 @@ class RowSchedule(Schedule):
             n *= sizes[a]
         return n
 
+    @property
+    def group_limit(self) -> int:
+        """The longest row the group variant takes: looped_limit counts 4-byte elements, as
+        reads_per_thread does, so rows of 2-byte types may be twice as long (same threads)."""
+        p = self.policy
+        return p.looped_limit * reads_for(p, "group", self.itemsize) // p.reads_per_thread
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """Row lengths where the variant changes (simd → group → looped)."""
+        return (SIMD_WIDTH * self.policy.simd_reads_per_thread, self.group_limit)
+
     def variant(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
         p = self.policy
         if d <= SIMD_WIDTH * p.simd_reads_per_thread:
             return "simd"
-        return "group" if d <= p.looped_limit else "looped"
+        return "group" if d <= self.group_limit else "looped"
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         reduce.check_sizes(self.graph, self.reductions, sizes)
@@ -112,31 +126,46 @@ class RowSchedule(Schedule):
         return kernel.host_name
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        return self._launch(self.variant(sizes), sizes)
+
+    def _launch(self, v: str, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows, d = self._rows(sizes), sizes[self.axis]
         p = self.policy
-        v = self.variant(sizes)
         if v == "simd":
             return rows * SIMD_WIDTH, max(1, min(p.rows_per_group, rows)) * SIMD_WIDTH
         if v == "group":
-            t = -(-d // reads_for(p, "group", self.itemsize))
-            t = -(-t // SIMD_WIDTH) * SIMD_WIDTH
+            t = self._group_threads(d)
             return rows * t, t
         return rows * p.threads_per_group, p.threads_per_group
 
+    def _group_threads(self, d: int) -> int:
+        t = -(-d // reads_for(self.policy, "group", self.itemsize))
+        return -(-t // SIMD_WIDTH) * SIMD_WIDTH
+
+    def within(self, step: Step, sizes: Mapping[str, int], max_threads: int) -> Step:
+        """A group-variant row needing more threads than its pipeline allows (registers: an
+        f16 row of 16384 needs 1024 threads of 16 values) runs looped instead."""
+        if step.host_name != self.variants["group"].host_name:
+            return step
+        return Step(self.variants["looped"].host_name, *self._launch("looped", sizes))
+
     def max_group_size(self, host_name: str) -> int:
+        """The group variant asks for up to 1024 threads, but a pipeline allowing fewer only
+        sends its longest rows to the looped kernel (`within`): it must take the threads of
+        the shortest group row."""
         v = next(n for n, k in self.variants.items() if k.host_name == host_name)
         p = self.policy
         if v == "simd":
             return p.rows_per_group * SIMD_WIDTH
         if v == "group":
-            t = -(-p.looped_limit // reads_for(p, "group", self.itemsize))
-            return -(-t // SIMD_WIDTH) * SIMD_WIDTH
+            return self._group_threads(SIMD_WIDTH * p.simd_reads_per_thread + 1)
         return p.threads_per_group
 
-    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+    def traffic(self, sizes: Mapping[str, int], variant: str = "") -> Traffic:
         """Bytes this call moves: each output written once; each input read once in the
-        register variants, once per pass that needs it in the looped one."""
-        passes = self.passes[self.variant(sizes)]
+        register variants, once per pass that needs it in the looped one (the variant
+        `variant(sizes)` unless named: `within` may have picked another)."""
+        passes = self.passes[variant or self.variant(sizes)]
 
         def numel(axes: Iterable[str]) -> int:
             n = 1

@@ -16,7 +16,9 @@ from metalforge.schedule import LaunchError, UnsupportedConstruct
 INF, NAN = math.inf, math.nan
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-ROWS = (1, 31, 33, 200, 8193)          # simd, simd, group, group, looped (default policy)
+# simd, simd, group, group, then looped for f32 (8193) and for 2-byte types (16385: their group
+# rows reach twice as far, same threads)
+ROWS = (1, 31, 33, 200, 8193, 16385)
 
 
 def close(got, want, dtype, scale=1.0):
@@ -167,9 +169,31 @@ def test_rms_norm_f16_reads_each_input_once():
     assert "for (uint mf_c = 0u; mf_c < 2u; ++mf_c)" in group
     assert "reinterpret_cast<device const vec<T, 4>*>(x + " in group
     assert "mf_pack8" not in src
-    # the looped variant re-reads x for the epilogue: its traffic says so
-    big = {"B": 2, "D": 16384}
-    assert s.traffic(big).read == 2 * (2 * 16384 * 2) + 16384 * 2
+    # f16 rows of 16384 are still read once (1024 threads of 16); the looped variant re-reads
+    # x for the epilogue: its traffic says so
+    assert s.traffic({"B": 2, "D": 16384}).read == 2 * 16384 * 2 + 16384 * 2
+    assert s.traffic({"B": 2, "D": 16400}).read == 2 * (2 * 16400 * 2) + 16400 * 2
+
+
+def test_group_rows_over_the_pipeline_limit_run_looped():
+    """A group kernel whose pipeline takes fewer threads than a row needs (register pressure
+    on a real GPU; here its declared limit) sends those rows to the looped kernel."""
+    x = torch.randn(3, 16384, dtype=torch.float16)
+    w = torch.randn(16384, dtype=torch.float16)
+    assert variant(rms_norm, x, w)[0] == "group"               # 1024 threads of 16 halves
+    limit = "[[max_total_threads_per_threadgroup(512)]] kernel void mf_rms_norm_group"
+    token = runtime.launcher.MSL_REWRITE.set(
+        lambda src: src.replace("kernel void mf_rms_norm_group", limit))
+    try:
+        for d in (8192, 16384):                                 # 512 threads: still group
+            got = rms_norm(x[:, :d], w[:d])
+            want = F.rms_norm(x[:, :d].double(), (d,), w[:d].double(), eps=1e-6)
+            close(got, want, torch.float16)
+        launch = runtime.launcher.bind(runtime.launcher.check_call(
+            rms_norm.graph(x, w), {"x": x, "w": w, "eps": 1e-6}, None, None))
+        assert launch.host_name == "rms_norm_f16_looped" and launch.group_size == 1024
+    finally:
+        runtime.launcher.MSL_REWRITE.reset(token)
 
 
 def test_softmax_keeps_exp_in_registers():
