@@ -92,9 +92,9 @@ def plan(kernel, args):
 def launched_variant(schedule, kernel, args) -> str:
     """The row variant the call `kernel(*args)` launches: the host's pick for the row length,
     or looped where the group kernel's pipeline cannot take the threads the row needs."""
-    g = kernel.graph(*args)
-    call = launcher.check_call(g, {p.name: a for p, a in zip(g.params, args)}, None,
-                               kernel.launch)
+    bound = kernel.signature.bind(*args)
+    bound.apply_defaults()
+    call = launcher.check_call(kernel.graph(*args), dict(bound.arguments), None, kernel.launch)
     host = launcher.bind(call).host_name
     return next(v for v, k in schedule.variants.items() if k.host_name == host)
 
