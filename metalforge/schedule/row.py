@@ -101,11 +101,6 @@ class RowSchedule(Schedule):
         p = self.policy
         return p.looped_limit * reads_for(p, "group", self.itemsize) // p.reads_per_thread
 
-    @property
-    def thresholds(self) -> tuple[int, ...]:
-        """Row lengths where the variant changes (simd → group → looped)."""
-        return (SIMD_WIDTH * self.policy.simd_reads_per_thread, self.group_limit)
-
     def variant(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
         p = self.policy

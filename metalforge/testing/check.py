@@ -173,7 +173,8 @@ def _selector(schedule) -> Optional[str]:
 def boundary_sizes(schedule) -> list[int]:
     """Sizes at each threshold of a schedule: 1, 31, 32, 33 (a simdgroup, and a multiple of
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
-    simd-row limit 32 * simd_reads_per_thread, looped_limit) as t, t + 1 and t + vector width."""
+    simd-row limit 32 * simd_reads_per_thread, the group-row limit) as t, t + 1 and t + vector
+    width."""
     p = schedule.policy
     out = {1, 31, 32, 33}
     if hasattr(schedule, "thresholds"):                 # a family that knows its own
@@ -181,7 +182,7 @@ def boundary_sizes(schedule) -> list[int]:
             out |= {t - 1, t, t + 1}
     elif schedule.family != "elementwise":
         vw = max(1, p.vector_width)
-        for t in (32 * p.simd_reads_per_thread, p.looped_limit):
+        for t in (32 * p.simd_reads_per_thread, getattr(schedule, "group_limit", p.looped_limit)):
             out |= {t, t + 1, t + vw}
     return sorted(out)
 
