@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import metalforge as mf
+from metalforge import sim
+from metalforge.codegen.msl import HELPERS
 
 SIZES = (1, 31, 33, 1000, 4099)
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float16: dict(rtol=1e-3, atol=1e-3),
@@ -82,3 +84,33 @@ def test_int_math():
         for i, (x, w) in enumerate(zip(got, want)):
             assert x.dtype == w.dtype, i
             assert torch.equal(x, w), (i, n)
+
+
+
+LONG_DIV = """#include <metal_stdlib>
+using namespace metal;
+%s
+%s
+kernel void long_div(device const long* a [[buffer(0)]], device const long* b [[buffer(1)]],
+                     device long* q [[buffer(2)]], device long* r [[buffer(3)]],
+                     uint i [[thread_position_in_grid]]) {
+    q[i] = mf_floordiv(a[i], b[i]);
+    r[i] = mf_remainder(a[i], b[i]);
+}
+""" % (HELPERS["mf_floordiv"], HELPERS["mf_remainder"])
+
+
+def test_int64_division_on_both_sides_of_32_bits():
+    """The helpers' 64-bit floor division and remainder (index arithmetic is 64-bit) take a
+    32-bit path when both operands fit in 32 bits: values at and around the edge of that path
+    give torch's answers."""
+    edge = [0, 1, 7, 2 ** 31 - 1, 2 ** 31, 2 ** 32 + 5, 2 ** 62, 2 ** 63 - 1]
+    vals = torch.tensor(edge + [-v for v in edge] + [-2 ** 63], dtype=torch.int64)
+    a = vals.repeat_interleave(len(vals))
+    b = vals.repeat(len(vals))
+    keep = (b != 0) & ~((a == -2 ** 63) & (b == -1))      # min // -1: wraps, checked elsewhere
+    a, b = a[keep].contiguous(), b[keep].contiguous()
+    q, r = torch.empty_like(a), torch.empty_like(a)
+    sim.compile_shader(LONG_DIV).long_div(a, b, q, r, threads=a.numel())
+    assert torch.equal(q, torch.div(a, b, rounding_mode="floor"))
+    assert torch.equal(r, torch.remainder(a, b))
