@@ -101,9 +101,8 @@ kernel void long_div(device const long* a [[buffer(0)]], device const long* b [[
 
 
 def test_int64_division_on_both_sides_of_32_bits():
-    """The helpers' 64-bit floor division and remainder (index arithmetic is 64-bit) take a
-    32-bit path when both operands fit in 32 bits: values at and around the edge of that path
-    give torch's answers."""
+    """The helpers' 64-bit floor division and remainder (index arithmetic is 64-bit) at and
+    around the edges of 32 and 64 bits give torch's answers."""
     edge = [0, 1, 7, 2 ** 31 - 1, 2 ** 31, 2 ** 32 + 5, 2 ** 62, 2 ** 63 - 1]
     vals = torch.tensor(edge + [-v for v in edge] + [-2 ** 63], dtype=torch.int64)
     a = vals.repeat_interleave(len(vals))

@@ -11,11 +11,6 @@ inline I mf_floordiv(I a, I b) {
         // a // -1 is -a, wrapping: min // -1 == min as in torch (the hardware division overflows)
         return I(0ul - ulong(a));
     }
-    if (sizeof(I) == 8 && a == I(int(a)) && b == I(int(b))) {
-        // both fit in 32 bits: a 32-bit division (see mf_remainder)
-        const int mf_q = int(a) / int(b);
-        return I((int(a) % int(b) != 0 && ((int(a) < 0) != (int(b) < 0))) ? mf_q - 1 : mf_q);
-    }
     const I mf_q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? mf_q - 1 : mf_q;
 }
@@ -26,12 +21,6 @@ inline I mf_remainder(I a, I b) {
     if (I(-1) < I(0) && b == I(-1)) {
         // anything % -1 is 0 (min % -1 overflows the hardware division)
         return I(0);
-    }
-    if (sizeof(I) == 8 && a == I(int(a)) && b == I(int(b))) {
-        // both fit in 32 bits (an index, a size): a 32-bit division, not the 64-bit
-        // division GPUs emulate in software
-        const int mf_r = int(a) % int(b);
-        return I((mf_r != 0 && ((mf_r < 0) != (int(b) < 0))) ? mf_r + int(b) : mf_r);
     }
     const I mf_r = a % b;
     return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;

@@ -20,12 +20,6 @@ inline I mf_remainder(I a, I b) {
         // anything % -1 is 0 (min % -1 overflows the hardware division)
         return I(0);
     }
-    if (sizeof(I) == 8 && a == I(int(a)) && b == I(int(b))) {
-        // both fit in 32 bits (an index, a size): a 32-bit division, not the 64-bit
-        // division GPUs emulate in software
-        const int mf_r = int(a) % int(b);
-        return I((mf_r != 0 && ((mf_r < 0) != (int(b) < 0))) ? mf_r + int(b) : mf_r);
-    }
     const I mf_r = a % b;
     return (mf_r != 0 && ((mf_r < 0) != (b < 0))) ? mf_r + b : mf_r;
 }
