@@ -100,11 +100,28 @@ def match(graph: Graph) -> Optional[Form]:
     return None
 
 
-def _softmax(p: Node, axis: str) -> Optional[tuple[Node, Node, Node]]:
-    """(s, max(s), sum(exp(s - max))) when p is exp(s - max(s, axis)) / sum(..., axis)."""
-    if p.op != Op.BINARY or p.attr != "div":
+def _normalised(p: Node) -> Optional[tuple[Node, Node]]:
+    """(e, d) when p is e / d or e * (1 / d), in either order (mf.softmax's own form)."""
+    if p.op == Op.BINARY and p.attr == "div":
+        return _strip(p.args[0]), _strip(p.args[1])
+    if p.op != Op.BINARY or p.attr != "mul":
         return None
-    e, denom = (_strip(a) for a in p.args)
+    for e, r in (p.args, p.args[::-1]):
+        r = _strip(r)
+        if r.op == Op.BINARY and r.attr == "div":
+            one = _strip(r.args[0])
+            if one.op == Op.CONST and one.attr == 1:
+                return _strip(e), _strip(r.args[1])
+    return None
+
+
+def _softmax(p: Node, axis: str) -> Optional[tuple[Node, Node, Node]]:
+    """(s, max(s), sum(exp(s - max))) when p is exp(s - max(s, axis)) / sum(..., axis) (or
+    times 1 / sum)."""
+    pair = _normalised(p)
+    if pair is None:
+        return None
+    e, denom = pair
     if denom.op != Op.REDUCE or denom.attr != ("sum", axis) or _strip(denom.args[0]) is not e:
         return None
     if e.op != Op.UNARY or e.attr != "exp":

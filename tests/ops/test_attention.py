@@ -35,6 +35,32 @@ def test_matches_sdpa(dtype, s, length, e):
                                    **TOL[dtype])
 
 
+@mf.kernel
+def attention_divided(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]", scale: float):
+    s = mf.sum(q * k, axis="E") * scale
+    e = mf.exp(s - mf.max(s, axis="L"))
+    return mf.sum(e / mf.sum(e, axis="L") * v, axis="L")
+
+
+@mf.kernel
+def attention_reciprocal(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]",
+                         scale: float):
+    s = mf.sum(q * k, axis="E") * scale
+    e = mf.exp(s - mf.max(s, axis="L"))
+    return mf.sum(v * (e * (1.0 / mf.sum(e, axis="L"))), axis="L")
+
+
+@pytest.mark.parametrize("kernel", [attention_divided, attention_reciprocal])
+def test_softmax_spelled_out_is_attention(kernel):
+    """exp(s - max) divided by its sum, or times the sum's reciprocal, in either order: the
+    attention schedule, as for mf.softmax."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (3, 70, 70))
+    assert runtime.schedule_of(kernel.graph(q, k, v, 0.2), {}).family == "attention"
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.2)
+    torch.testing.assert_close(kernel(q, k, v, 0.2), want, **TOL[torch.float32])
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 1), (3, 3)])     # GQA, MQA, MHA
 @pytest.mark.parametrize("s,length,splits", [(1, 700, 0), (1, 129, 3), (2, 50, 50), (3, 40, 1)])
 def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits):

@@ -164,12 +164,13 @@ kernel void mf_softmax_simd(
     // combine across the simdgroup
     mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
+    const float mf_r1 = 1.0f / mf_acc2;
     T mf_reg_mf_out[4];
     // each of this thread's 4 elements
     if (mf_base + 4u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+            const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
     } else {
@@ -177,7 +178,7 @@ kernel void mf_softmax_simd(
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+                const float mf_v1 = mf_keep2[mf_k] * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v1);
             }
         }
@@ -313,12 +314,13 @@ kernel void mf_softmax_group(
     mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
     mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
+    const float mf_r1 = 1.0f / mf_acc2;
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+            const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
     } else {
@@ -326,7 +328,7 @@ kernel void mf_softmax_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_v1 = mf_keep2[mf_k] / mf_acc2;
+                const float mf_v1 = mf_keep2[mf_k] * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v1);
             }
         }
@@ -439,6 +441,7 @@ kernel void mf_softmax_looped(
     mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
     mf_acc2 = mf_simd_online(mf_acc1, mf_acc2);
     // epilogue: compute and store the outputs along the row
+    const float mf_r1 = 1.0f / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
@@ -466,7 +469,7 @@ kernel void mf_softmax_looped(
                 const float mf_x = mf_reg_x[mf_k];
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
-                const float mf_v3 = mf_v2 / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
+                const float mf_v3 = mf_v2 * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v3);
             }
         } else {
@@ -477,7 +480,7 @@ kernel void mf_softmax_looped(
                     const float mf_x = mf_reg_x[mf_k];
                     const float mf_v1 = mf_x - mf_acc1;
                     const float mf_v2 = precise::exp(mf_v1);
-                    const float mf_v3 = mf_v2 / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
+                    const float mf_v3 = mf_v2 * mf_r1;
                     mf_reg_mf_out[mf_k] = T(mf_v3);
                 }
             }
