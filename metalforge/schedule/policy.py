@@ -44,6 +44,7 @@ class LaunchPolicy:
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
     key_splits: int = 0                # attention: key blocks per query row (0: per call)
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
+    qmm_min_rows: int = 8              # quantized: rows of x from which the tiled kernel runs
 
     @property
     def elements_per_thread(self) -> int:
@@ -121,7 +122,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
-    "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "index64"),
+    "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
+              "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "index64"),
 }
@@ -160,7 +162,7 @@ def validate(p: LaunchPolicy) -> None:
 
 def _validate_common(p: LaunchPolicy) -> None:
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 *_READS, "looped_limit", "keys_per_step", "k_splits"):
+                 *_READS, "looped_limit", "keys_per_step", "k_splits", "qmm_min_rows"):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
               f"{name} must be a positive int, got {v!r}")

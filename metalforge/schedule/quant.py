@@ -36,13 +36,13 @@ one barrier and S partials per row more), vector_width (words per load), threads
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple, Optional
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, topo_order
-from . import reduce
+from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, compute_type, ident, unpack_value
 from .policy import LaunchPolicy, SIMD_WIDTH, access_width
@@ -78,6 +78,26 @@ class QuantSchedule(Schedule):
     outer: tuple[str, ...] = ()          # every output axis but K
 
     chunk: int = 32                      # values per lane per chunk
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (and qmm)
+    m_axis: Optional[str] = None         # the rows of x the tiled kernel (qmm) blocks
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return tuple(self.variants.values())
+
+    def variant(self, sizes: Mapping[str, int]) -> str:
+        """qmm from qmm_min_rows rows of x on (where the kernel has one), else qmv."""
+        if self.m_axis is not None and sizes[self.m_axis] >= self.policy.qmm_min_rows:
+            return "qmm"
+        return "qmv"
+
+    def selecting(self, host_name: str) -> dict[str, int]:
+        """Sizes that make a call launch kernel `host_name` (testing's coverage)."""
+        if self.m_axis is None:
+            return {}
+        qmm_host = self.variants["qmm"].host_name
+        rows = self.policy.qmm_min_rows
+        return {self.m_axis: rows if host_name == qmm_host else max(1, rows - 1)}
 
     @property
     def thresholds(self) -> list[int]:
@@ -90,9 +110,15 @@ class QuantSchedule(Schedule):
         return out
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        """k_splits simdgroups per block of rows_per_group rows. With k_splits > 1 the grid
+        """qmm: one group of 256 threads per tile. qmv: k_splits simdgroups per block of
+        rows_per_group rows. With k_splits > 1 the grid
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
+        if self.variant(sizes) == "qmm":
+            tiles = -(-sizes[self.rows_axis] // qmm.TILE_N)
+            for a in self.outer[:-1]:
+                tiles *= -(-sizes[a] // qmm.TILE_M) if a == self.m_axis else sizes[a]
+            return tiles * qmm.THREADS, qmm.THREADS
         rows, S = self.policy.rows_per_group, self.policy.k_splits
         blocks = -(-sizes[self.rows_axis] // rows)
         for a in self.outer[:-1]:
@@ -110,7 +136,12 @@ class QuantSchedule(Schedule):
         if not self.index64 and (n >= 2 ** 31 or sizes[self.axis] >= 2 ** 31):
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
                               f"indexing; call it with launch={{'index64': True}}")
-        return self.kernel.host_name
+        return self.variants[self.variant(sizes)].host_name
+
+    def max_group_size(self, host_name: str) -> int:
+        if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
+            return qmm.THREADS
+        return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
         """Each input read once (x once per block of rows: from cache after the first), each
@@ -193,6 +224,8 @@ class _Builder(reduce.Builder):
             return k
         if axis == self.rows_axis:
             return ir.Var("mf_n")
+        if self.v.name == "qmm" and axis == self.prefix[-1]:
+            return ir.Var("mf_m")                      # the tiled kernel's row of x
         if axis in self.prefix:
             return self.prefix_position(axis)
         spec = self.graph.axis_spec(axis)              # K/GS: element k reads k / GS
@@ -210,10 +243,11 @@ class _Builder(reduce.Builder):
             e = p if i == 0 else e * self.size(a) + p
         return e
 
-    def lowering(self, fast: bool) -> ElementLowering:
+    def lowering(self, fast: bool, k: Optional[ir.Expr] = None) -> ElementLowering:
         """Element values of the chunk's element mf_j: from registers on the fast path (shared
-        values, words), from guarded global loads on the tail path."""
-        k = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
+        values, words), from global loads on the tail path (or of element `k`)."""
+        if k is None:
+            k = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
 
         def load(n: Node) -> ir.Expr:
             t = self.graph.tensor(n.attr)
@@ -512,6 +546,15 @@ class _Builder(reduce.Builder):
                 self.rows_loop(merge + [ir.If(keep, stmts + stores)])]
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        if v.name == "qmm":
+            w, x = qmm.factors(self) or (self.red, self.red)
+            summary = (f"{self.graph.name} (qmm): y = sum over '{self.axis}' of values "
+                       f"unpacked from {self.bits}-bit words times rows of "
+                       f"'{self.prefix[-1]}'; tiles of {qmm.TILE_M} x {qmm.TILE_N} outputs, "
+                       f"{qmm.TILE_K} values of '{self.axis}' per step staged in threadgroup "
+                       f"memory (weights dequantized once per tile); fp32 accumulation")
+            return make_kernel(self.graph, self.index64, qmm.THREAD_INPUTS,
+                               qmm.body(self, v, w, x), summary, "qmm")
         S = self.splits
         threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
@@ -540,11 +583,13 @@ class _Builder(reduce.Builder):
                        ir.Load(self.names[t.name], self.offset(t, ir.Lit(0, IDX), False)))
 
     def build(self) -> QuantSchedule:
-        kernels, _, tg = self.variants(("qmv",))
-        k = kernels["qmv"]
+        tiled = qmm.factors(self) is not None
+        kernels, _, tg = self.variants(("qmv", "qmm") if tiled else ("qmv",))
         policy = replace(self.policy, uses_simd=True, vector_width=self.words,
                          threadgroup_bytes=tg)
-        return QuantSchedule("quant", self.graph, policy, k, (*self.outer, self.axis),
+        return QuantSchedule("quant", self.graph, policy, kernels["qmv"],
+                             (*self.outer, self.axis),
                              tuple(self.packed) + tuple(t.name for t in self.shared),
                              self.index64, axis=self.axis, rows_axis=self.rows_axis,
-                             outer=self.outer, chunk=self.chunk)
+                             outer=self.outer, chunk=self.chunk, variants=kernels,
+                             m_axis=self.prefix[-1] if tiled else None)

@@ -208,10 +208,27 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
             ran += _check_variant(runner, variant, dims=pinned,
                                   max_examples=prof.boundary_examples, record=insts,
                                   prof=prof, **{**common, "budget": common["budget"] // 8})
+        ran += _cover_selected(runner, variant, insts, dims, s, idx64, prof=prof, **common)
         if axis in dims:
             for (w, host), inst in insts.items():
                 if w == idx64 and not inst.launches:
                     inst.unreachable = f"dims= pins '{axis}' to {dims[axis]!r}"
+    return ran
+
+
+def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, prof: Profile,
+                    **common) -> int:
+    """An example for each kernel still unlaunched that sizes of another axis select
+    (`schedule.selecting`: the quantized schedule's tiled kernel, by rows of x)."""
+    ran = 0
+    for (w, host), inst in insts.items():
+        pins = s.selecting(host) if hasattr(s, "selecting") else {}
+        if w != idx64 or inst.launches or not pins or any(
+                a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
+            continue
+        ran += _check_variant(runner, variant, dims={**dims, **pins},
+                              max_examples=prof.boundary_examples, record=insts, prof=prof,
+                              **{**common, "budget": common["budget"] // 8})
     return ran
 
 

@@ -252,6 +252,7 @@ def test_k_split_kernel_text():
     _, (wq, s, b) = _quantized(8, 256, torch.float32)
     x = torch.randn(1, 256)
     src = q4_matvec.with_launch(rows_per_group=4, k_splits=4).source(wq, s, b, x)
+    src = src[:src.index("kernel void mf_q4_matvec_qmm")]   # the matvec kernel
     assert "threadgroup float mf_tg1[128];" in src          # 32 simdgroups x 4 rows
     assert src.count("threadgroup_barrier") == 1
     assert "simdgroup_index_in_threadgroup" in src
@@ -287,3 +288,87 @@ def test_autotune_grid_sweeps_the_levers():
         assert p.threads_per_group % (32 * p.k_splits) == 0
     assert {"threads_per_group": 128, "k_splits": 8} not in [
         {k: c[k] for k in ("threads_per_group", "k_splits")} for c in cands]
+
+
+# --------------------------------------------------------------------------- tiled (qmm)
+
+@mf.kernel
+def q4_batched(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
+               x: "T[B, M, K]", bias: "T[N]", GS: mf.Const[int] = 8) -> "T[B, M, N]":
+    w = mf.unpack(wq, bits=4) * scales + biases
+    y = mf.sum(x * w, axis="K") + bias                 # x first, an epilogue, a batch axis
+    return y * mf.sigmoid(y)
+
+
+@mf.kernel
+def q4_not_a_product(wq: "u32[N, K/8]", scales: "T[N, K/GS]", x: "T[M, K]",
+                     GS: mf.Const[int] = 64) -> "T[M, N]":
+    return mf.sum(mf.unpack(wq, bits=4) * scales + x, axis="K")
+
+
+def _host(kernel, *args):
+    from metalforge.runtime import launcher
+    bound = kernel.signature.bind(*args)
+    bound.apply_defaults()
+    call = launcher.check_call(kernel.graph(*args), dict(bound.arguments), None, kernel.launch)
+    return launcher.bind(call).host_name
+
+
+@pytest.mark.parametrize("m,n,k", [(8, 32, 64), (33, 45, 1088), (70, 7, 128), (200, 70, 4160)])
+def test_tiled_kernel_from_eight_rows_of_x(m, n, k):
+    """M >= qmm_min_rows (8): the tiled kernel; tiles past M and N, K past the last step."""
+    _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    assert _host(q4_matvec, wq, s, b, x).endswith("_qmm")
+    assert _host(q4_matvec, wq, s, b, x[:7]).endswith("_qmv")
+    want = _reference(wq, s, b, x, 64)
+    torch.testing.assert_close(q4_matvec(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+    one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
+    torch.testing.assert_close(one(wq, s, b, x[:1]), want[:1], rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tiled_kernel_half(dtype):
+    _, (wq, s, b) = _quantized(40, 320, dtype, seed=5)
+    x = torch.randn(12, 320, generator=torch.Generator().manual_seed(2)).to(dtype)
+    got = q4_matvec(wq, s, b, x)
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got, q4_matvec.reference(wq, s, b, x), rtol=rtol, atol=atol * 8)
+
+
+def test_tiled_kernel_batch_axis_epilogue_and_steps_past_k():
+    # K = 40, GS = 8: the last step of 32 values is 8 long; B = 2 batches of M = 9 rows
+    n, k = 33, 40
+    codes = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(0))
+    wq = quant.pack(codes, bits=4)
+    s, b = torch.rand(n, k // 8) + 0.5, torch.randn(n, k // 8)
+    x, bias = torch.randn(2, 9, k), torch.randn(n)
+    w_hat = codes.float() * s.repeat_interleave(8, 1) + b.repeat_interleave(8, 1)
+    assert _host(q4_batched, wq, s, b, x, bias).endswith("_qmm")
+    want = torch.nn.functional.silu(x @ w_hat.T + bias)
+    torch.testing.assert_close(q4_batched(wq, s, b, x, bias), want, rtol=1e-4, atol=1e-4)
+
+
+def test_tiled_kernel_only_for_a_product():
+    """An argument that is not weights times x has the matvec kernel only."""
+    _, (wq, s, _b) = _quantized(5, 128, torch.float32)
+    x = torch.randn(16, 128)
+    src = q4_not_a_product.source(wq, s, x)
+    assert "_qmm" not in src and _host(q4_not_a_product, wq, s, x).endswith("_qmv")
+    torch.testing.assert_close(q4_not_a_product(wq, s, x), q4_not_a_product.reference(wq, s, x),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_tiled_kernel_text():
+    _, (wq, s, b) = _quantized(8, 256, torch.float32)
+    src = q4_matvec.source(wq, s, b, torch.randn(8, 256))
+    qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
+    assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float mf_xs[1024];" in qmm
+    assert qmm.count("threadgroup_barrier") == 2
+    assert "mf_ws[mf_lane * 33u + mf_kk]" in qmm              # padded rows: no bank conflicts
+
+
+def test_check_covers_the_tiled_kernel():
+    report = check(q4_batched, max_examples=3, dtypes={"T": "f32"})
+    assert all(i.launches for i in report.instantiations), report.coverage()
+    assert any(i.host_name.endswith("_idx64_qmm") for i in report.instantiations)

@@ -1,0 +1,209 @@
+"""The quantized matrix-matrix kernel (`qmm`): the quantized schedule's tiled variant for many
+rows of x, where the matvec kernel (`qmv`) would stream the packed weights once per row.
+
+Recognised when the reduction's argument is a product W * X of a weight factor W (over the
+weight rows N and K: the unpacked words and their per-group scale and bias, any expression) and
+a factor X over M and K without N (x, or any expression of the tensors the rows share):
+
+    y[..., m, n] = sum_k W[n, k] * X[..., m, k]
+
+One threadgroup of 256 threads (8 simdgroups) per tile of TILE_M rows of x by TILE_N weight
+rows. It walks K in steps of TILE_K values; each step
+
+- stages W's tile into threadgroup memory as fp32 (dequantized once per tile: lanes of a
+  simdgroup take TILE_K consecutive values of one weight row, so their words are consecutive
+  too), and X's tile likewise; values past K, rows past M are zero, rows past N repeat row N - 1
+  (read in bounds, never stored);
+- after a barrier, thread (simdgroup s, lane l) adds W[n0 + l, k] * X[m0 + 4 s + i, k] for its
+  4 rows i over the step's k: lane l reads its own weight row (rows padded to TILE_K + 1 floats:
+  the 32 lanes hit 32 different banks), the simdgroup's X value is one broadcast read;
+- a barrier before the next step overwrites the tiles.
+
+Each weight row is unpacked once per TILE_M rows of x instead of once per row. Thread (s, l)
+then computes and stores the outputs of its 4 rows (the epilogue may use the sum like any row
+value), each fp32 sum of TILE_K-long stretches.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from .. import ir
+from ..graph import Node, Op
+from . import reduce
+from .base import IDX
+from .lower import compute_type
+
+if TYPE_CHECKING:
+    from .quant import _Builder
+
+TILE_M, TILE_N, TILE_K = 32, 32, 32
+THREADS = 256                                   # 8 simdgroups
+SIMDGROUPS = THREADS // 32
+ROWS_PER_THREAD = TILE_M // SIMDGROUPS          # rows of x each thread sums (4)
+STAGE_TRIPS = TILE_N * TILE_K // THREADS        # tile values each thread stages (4)
+W_STRIDE = TILE_K + 1                           # padded weight rows: no bank conflicts
+
+
+def _strip(n: Node) -> Node:
+    while n.op == Op.CAST:
+        n = n.args[0]
+    return n
+
+
+def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
+    """(W, X) when the reduction's argument is W * X with W over the weight rows and no other
+    output axis, X over the tile's M axis and not the weight rows; None otherwise."""
+    if not b.prefix:
+        return None
+    arg = _strip(b.red.args[0])
+    if arg.op != Op.BINARY or arg.attr != "mul":
+        return None
+    m_axis = b.prefix[-1]
+    for w, x in (arg.args, arg.args[::-1]):
+        if (b.rows_axis in w.axes and not any(a in w.axes for a in b.prefix)
+                and m_axis in x.axes and b.rows_axis not in x.axes
+                and not any(n.op in (Op.UNPACK, Op.REDUCE, Op.TAKE) for n in _cone(x))
+                and not any(n.op in (Op.REDUCE, Op.TAKE) for n in _cone(w))):
+            return w, x
+    return None
+
+
+def _cone(n: Node) -> list[Node]:
+    seen: list[Node] = []
+    stack = [n]
+    while stack:
+        m = stack.pop()
+        if m not in seen:
+            seen.append(m)
+            stack.extend(m.args)
+    return seen
+
+
+def _f32(v: ir.Expr, n: Node) -> ir.Expr:
+    return v if compute_type(n.dtype) == "float" else ir.Cast("float", v)
+
+
+def _u(v: int) -> ir.Lit:
+    return ir.Lit(v, "uint")
+
+
+def _i(v: int) -> ir.Lit:
+    return ir.Lit(v, IDX)
+
+
+def header(b: "_Builder") -> list[ir.Stmt]:
+    """The threadgroup's tile (first weight row n0, first row of x m0, the batch position of
+    the other output axes) and zeroed sums."""
+    n_axis, m_axis = b.rows_axis, b.prefix[-1]
+    n_tiles = (b.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
+    m_tiles = (b.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
+    tile = ir.Var("mf_tile")
+    out: list[ir.Stmt] = [
+        ir.Comment(f"one threadgroup per tile of {TILE_M} rows of '{m_axis}' x {TILE_N} rows "
+                   f"of '{n_axis}'"),
+        ir.Decl("mf_tile", IDX, ir.Cast(IDX, ir.Var("mf_group"))),
+        ir.Decl("mf_n_tiles", IDX, n_tiles),
+        ir.Decl("mf_m_tiles", IDX, m_tiles),
+        ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * _i(TILE_N)),
+        ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * _i(TILE_M))]
+    if len(b.prefix) > 1:
+        out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
+                ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
+                        * b.size(m_axis))]
+    return out + [
+        ir.ArrayDecl("mf_acc", "float", ROWS_PER_THREAD),
+        ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
+            ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i")), ir.Lit(0.0, "float"))],
+            unroll=True)]
+
+
+def stage(b: "_Builder", node: Node, array: str, stride: int, row_decl: list[ir.Stmt],
+          live: ir.Expr) -> ir.Stmt:
+    """Each thread's STAGE_TRIPS values of one tile: row mf_row = simdgroup + 8 j of the
+    tile, value mf_lane of the step; `node` lowered at (row_decl's row, k), 0 where not
+    `live`, stored as fp32 at array[mf_row * stride + mf_lane]."""
+    k = ir.Var("mf_k")
+    el = b.lowering(False, k)
+    body = el.lower([node])
+    b.helpers |= el.helpers
+    value = ir.Var("mf_staged")
+    store = ir.Store(array, ir.Var("mf_row") * _u(stride) + ir.Var("mf_lane"), value)
+    return ir.For("mf_j", "uint", _u(0), _u(STAGE_TRIPS), [
+        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + _u(SIMDGROUPS) * ir.Var("mf_j")),
+        *row_decl,
+        ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
+        ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
+        ir.If(live, body + [ir.Assign(value, _f32(el.value(node), node))]),
+        store], unroll=True)
+
+
+def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
+    """One step of TILE_K values along K: stage both tiles, then every thread's sums."""
+    n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
+    last = b.size(n_axis) - _i(1)
+    in_k = ir.Var("mf_k") < K
+    stage_w = stage(b, w, "mf_ws", W_STRIDE, [
+        ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")),
+                                             last)))], in_k)
+    stage_x = stage(b, x, "mf_xs", TILE_K, [
+        ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
+        in_k.and_(ir.Var("mf_m") < b.size(m_axis)))
+    kk = ir.Var("mf_kk")
+    row = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + ir.Var("mf_i")
+    acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i"))
+    xv = ir.Lane(ir.Var("mf_xs"), row * _u(TILE_K) + kk)
+    return [
+        ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
+        stage_w,
+        ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
+        stage_x,
+        ir.Barrier(),
+        ir.Comment(f"each thread: weight row mf_lane times its {ROWS_PER_THREAD} rows"),
+        ir.For("mf_kk", "uint", _u(0), _u(TILE_K), [
+            ir.Decl("mf_w", "float", ir.Lane(ir.Var("mf_ws"),
+                                             ir.Var("mf_lane") * _u(W_STRIDE) + kk)),
+            ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
+                ir.Assign(acc, ir.Call("fma", (xv, ir.Var("mf_w"), acc)))], unroll=True)],
+            unroll=True),
+        ir.Barrier()]
+
+
+def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
+    """Each of the thread's rows: its outputs at (row mf_m, weight row mf_n), where both exist."""
+    n_axis, m_axis = b.rows_axis, b.prefix[-1]
+    red = reduce.Reduction(b.red, "sum", b.axis, 1,
+                           acc_at=ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i")))
+    rv = v.row_values
+    rv.values[b.red] = red.acc_ref
+    stmts = rv.lower([o.node for o in b.graph.outputs])
+    stores: list[ir.Stmt] = []
+    for k, o in enumerate(b.graph.outputs):
+        off: ir.Expr = _i(0)
+        for i, a in enumerate(o.axes):
+            p = b.at(a, _i(0), False)
+            off = p if i == 0 else off * b.size(a) + p
+        stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
+    row = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + ir.Var("mf_i")
+    real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
+    return [ir.Comment("each of the thread's rows: the outputs, where the row and weight row "
+                       "exist"),
+            ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
+                ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)),
+                ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_lane"))),
+                ir.If(real, stmts + stores)], unroll=True)]
+
+
+def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
+    """The kernel's statements (the builder's M position is mf_m while they are lowered)."""
+    v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_N * W_STRIDE, "threadgroup"),
+                    ir.ArrayDecl("mf_xs", "float", TILE_M * TILE_K, "threadgroup")]
+    head = header(b)
+    loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x), step=_i(TILE_K))
+    finish = store(b, v)
+    return list(v.tg_arrays) + head + v.pre + [
+        ir.Comment(f"along '{b.axis}' in steps of {TILE_K} values"), loop, *finish]
+
+
+THREAD_INPUTS = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                 ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"),
+                 ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"))
