@@ -15,8 +15,10 @@ rows. It walks K in steps of TILE_K values; each step
   too), and X's tile likewise; values past K, rows past M are zero, rows past N repeat row N - 1
   (read in bounds, never stored);
 - after a barrier, thread (simdgroup s, lane l) adds W[n0 + l, k] * X[m0 + 4 s + i, k] for its
-  4 rows i over the step's k: lane l reads its own weight row (rows padded to TILE_K + 1 floats:
-  the 32 lanes hit 32 different banks), the simdgroup's X value is one broadcast read;
+  4 rows i over the step's k, 4 values of k at a time: W is staged transposed (k-major, rows of
+  TILE_N + 1 floats: the lanes read 32 consecutive floats and write 32 different banks), X as
+  float4 (one broadcast read gives a row 4 values of k), so 4 steps of k take 4 + 4 reads
+  for 16 fma;
 - a barrier before the next step overwrites the tiles.
 
 Each weight row is unpacked once per TILE_M rows of x instead of once per row. Thread (s, l)
@@ -41,7 +43,8 @@ THREADS = 256                                   # 8 simdgroups
 SIMDGROUPS = THREADS // 32
 ROWS_PER_THREAD = TILE_M // SIMDGROUPS          # rows of x each thread sums (4)
 STAGE_TRIPS = TILE_N * TILE_K // THREADS        # tile values each thread stages (4)
-W_STRIDE = TILE_K + 1                           # padded weight rows: no bank conflicts
+W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no bank conflicts
+X_VECTORS = TILE_K // 4                         # float4s per staged row of x
 
 
 def _strip(n: Node) -> Node:
@@ -117,17 +120,17 @@ def header(b: "_Builder") -> list[ir.Stmt]:
             unroll=True)]
 
 
-def stage(b: "_Builder", node: Node, array: str, stride: int, row_decl: list[ir.Stmt],
+def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
           live: ir.Expr) -> ir.Stmt:
     """Each thread's STAGE_TRIPS values of one tile: row mf_row = simdgroup + 8 j of the
     tile, value mf_lane of the step; `node` lowered at (row_decl's row, k), 0 where not
-    `live`, stored as fp32 at array[mf_row * stride + mf_lane]."""
+    `live`, stored as fp32 at `target` (of mf_row and mf_lane)."""
     k = ir.Var("mf_k")
     el = b.lowering(False, k)
     body = el.lower([node])
     b.helpers |= el.helpers
     value = ir.Var("mf_staged")
-    store = ir.Store(array, ir.Var("mf_row") * _u(stride) + ir.Var("mf_lane"), value)
+    store = ir.Assign(target, value)
     return ir.For("mf_j", "uint", _u(0), _u(STAGE_TRIPS), [
         ir.Decl("mf_row", "uint", ir.Var("mf_sg") + _u(SIMDGROUPS) * ir.Var("mf_j")),
         *row_decl,
@@ -142,29 +145,37 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
     n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
     last = b.size(n_axis) - _i(1)
     in_k = ir.Var("mf_k") < K
-    stage_w = stage(b, w, "mf_ws", W_STRIDE, [
+    row, lane = ir.Var("mf_row"), ir.Var("mf_lane")
+    stage_w = stage(b, w, ir.Lane(ir.Var("mf_ws"), lane * _u(W_STRIDE) + row), [
         ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")),
                                              last)))], in_k)
-    stage_x = stage(b, x, "mf_xs", TILE_K, [
+    x4 = ir.Lane(ir.Var("mf_xs"), row * _u(X_VECTORS) + lane / _u(4))
+    stage_x = stage(b, x, ir.Lane(x4, lane % _u(4)), [
         ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
         in_k.and_(ir.Var("mf_m") < b.size(m_axis)))
-    kk = ir.Var("mf_kk")
-    row = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + ir.Var("mf_i")
-    acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i"))
-    xv = ir.Lane(ir.Var("mf_xs"), row * _u(TILE_K) + kk)
+    kk, c, i = ir.Var("mf_kk"), ir.Var("mf_c"), ir.Var("mf_i")
+    mine = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + i
+    acc = ir.Lane(ir.Var("mf_acc"), i)
+    xv = ir.Lane(ir.Var("mf_x4"), i)
+    w_at = ir.Lane(ir.Var("mf_ws"), (kk * _u(4) + c) * _u(W_STRIDE) + lane)
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
         stage_w,
         ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
         stage_x,
         ir.Barrier(),
-        ir.Comment(f"each thread: weight row mf_lane times its {ROWS_PER_THREAD} rows"),
-        ir.For("mf_kk", "uint", _u(0), _u(TILE_K), [
-            ir.Decl("mf_w", "float", ir.Lane(ir.Var("mf_ws"),
-                                             ir.Var("mf_lane") * _u(W_STRIDE) + kk)),
+        ir.Comment(f"each thread: weight row mf_lane times its {ROWS_PER_THREAD} rows, 4 values "
+                   "of k at a time"),
+        ir.For("mf_kk", "uint", _u(0), _u(X_VECTORS), [
+            ir.ArrayDecl("mf_x4", "float4", ROWS_PER_THREAD),
             ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
-                ir.Assign(acc, ir.Call("fma", (xv, ir.Var("mf_w"), acc)))], unroll=True)],
-            unroll=True),
+                ir.Assign(xv, ir.Lane(ir.Var("mf_xs"), mine * _u(X_VECTORS) + kk))],
+                unroll=True),
+            ir.For("mf_c", "uint", _u(0), _u(4), [
+                ir.Decl("mf_w", "float", w_at),
+                ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
+                    ir.Assign(acc, ir.Call("fma", (ir.Lane(xv, c), ir.Var("mf_w"), acc)))],
+                    unroll=True)], unroll=True)], unroll=True),
         ir.Barrier()]
 
 
@@ -195,8 +206,8 @@ def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
 
 def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
     """The kernel's statements (the builder's M position is mf_m while they are lowered)."""
-    v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_N * W_STRIDE, "threadgroup"),
-                    ir.ArrayDecl("mf_xs", "float", TILE_M * TILE_K, "threadgroup")]
+    v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
+                    ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")]
     head = header(b)
     loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x), step=_i(TILE_K))
     finish = store(b, v)

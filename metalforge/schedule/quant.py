@@ -36,6 +36,7 @@ one barrier and S partials per row more), vector_width (words per load), threads
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple, Optional
 
@@ -130,10 +131,10 @@ class QuantSchedule(Schedule):
         return threads, group
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
-        n = 1
-        for a in (*self.outer, self.axis):
-            n *= sizes[a]
-        if not self.index64 and (n >= 2 ** 31 or sizes[self.axis] >= 2 ** 31):
+        # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
+        axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
+        n: int = max(math.prod([sizes[a] for a in ax]) for ax in axes)
+        if not self.index64 and max(n, sizes[self.axis]) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
                               f"indexing; call it with launch={{'index64': True}}")
         return self.variants[self.variant(sizes)].host_name

@@ -371,7 +371,8 @@ class Variant:
 
     @property
     def tg_bytes(self) -> int:
-        return sum(4 * a.length for a in self.tg_arrays)
+        """4-byte scalars, or float4s (16 bytes)."""
+        return sum((16 if a.type == "float4" else 4) * a.length for a in self.tg_arrays)
 
 
 class Builder:

@@ -363,12 +363,27 @@ def test_tiled_kernel_text():
     _, (wq, s, b) = _quantized(8, 256, torch.float32)
     src = q4_matvec.source(wq, s, b, torch.randn(8, 256))
     qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
-    assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float mf_xs[1024];" in qmm
+    assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float4 mf_xs[256];" in qmm
     assert qmm.count("threadgroup_barrier") == 2
-    assert "mf_ws[mf_lane * 33u + mf_kk]" in qmm              # padded rows: no bank conflicts
+    # weights k-major in rows of 33 floats (no bank conflicts), x read 4 values of k at once
+    assert "mf_ws[(mf_kk * 4u + mf_c) * 33u + mf_lane]" in qmm
+    assert "mf_x4[mf_i] = mf_xs[(mf_sg * 4u + mf_i) * 8u + mf_kk];" in qmm
 
 
 def test_check_covers_the_tiled_kernel():
     report = check(q4_batched, max_examples=3, dtypes={"T": "f32"})
     assert all(i.launches for i in report.instantiations), report.coverage()
     assert any(i.host_name.endswith("_idx64_qmm") for i in report.instantiations)
+
+
+def test_index_width_follows_the_largest_tensor():
+    """M x N x K may pass 2^31 (prefill: 128 x 4096 x 4096) while every tensor stays under it:
+    32-bit indexing still serves; a tensor of 2^31 elements needs the 64-bit kernels."""
+    from metalforge import runtime
+    g = q4_matvec.graph(T="f32")
+    sizes = {"M": 128, "N": 4096, "K": 4096, "K/8": 512, "K/64": 64}
+    s = runtime.schedule_of(g, sizes=sizes)
+    assert not s.index64 and s.host_name(sizes).endswith("_qmm")
+    big = dict(sizes, M=2 ** 20, K=2 ** 11, **{"K/8": 2 ** 8, "K/64": 2 ** 5})   # x: 2^31
+    with pytest.raises(mf.LaunchError, match="64-bit indexing"):
+        s.host_name(big)
