@@ -44,7 +44,7 @@ class LaunchPolicy:
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
     key_splits: int = 0                # attention: key blocks per query row (0: per call)
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
-    qmm_min_rows: int = 8              # quantized: rows of x from which the tiled kernel runs
+    qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
 
     @property
     def elements_per_thread(self) -> int:
@@ -99,6 +99,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 14336x4096): 2 rows, no split 1.52x / 2.38x / 2.38x / 2.31x (42-64% of copy_); 1 row
     # 1.27x / 1.94x / 2.04x / 1.95x; 4 rows 1.24x / 2.25x / 1.92x / 2.05x; k_splits 2 within
     # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md)
+    # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
+    # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
+    # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
+    # 1992 / 5344 vs 1140 / 2935 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
                           uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows

@@ -292,7 +292,7 @@ def test_autotune_grid_sweeps_the_levers():
 
 # --------------------------------------------------------------------------- tiled (qmm)
 
-@mf.kernel
+@mf.kernel(launch={"qmm_min_rows": 8})
 def q4_batched(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
                x: "T[B, M, K]", bias: "T[N]", GS: mf.Const[int] = 8) -> "T[B, M, N]":
     w = mf.unpack(wq, bits=4) * scales + biases
@@ -314,15 +314,27 @@ def _host(kernel, *args):
     return launcher.bind(call).host_name
 
 
+def test_tiled_kernel_from_qmm_min_rows():
+    from metalforge import runtime
+    g = q4_matvec.graph(T="f16")
+    sizes = {"N": 4096, "K": 4096, "K/8": 512, "K/64": 64}
+    s = runtime.schedule_of(g, sizes=dict(sizes, M=1))
+    assert [s.host_name(dict(sizes, M=m))[-3:] for m in (1, 63, 64, 512)] == \
+        ["qmv", "qmv", "qmm", "qmm"]                            # the default: 64 rows of x
+
+
+Q8 = q4_matvec.with_launch(qmm_min_rows=8)
+
+
 @pytest.mark.parametrize("m,n,k", [(8, 32, 64), (33, 45, 1088), (70, 7, 128), (200, 70, 4160)])
-def test_tiled_kernel_from_eight_rows_of_x(m, n, k):
-    """M >= qmm_min_rows (8): the tiled kernel; tiles past M and N, K past the last step."""
+def test_tiled_kernel(m, n, k):
+    """M >= qmm_min_rows: the tiled kernel; tiles past M and N, K past the last step."""
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    assert _host(q4_matvec, wq, s, b, x).endswith("_qmm")
-    assert _host(q4_matvec, wq, s, b, x[:7]).endswith("_qmv")
+    assert _host(Q8, wq, s, b, x).endswith("_qmm")
+    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmv")
     want = _reference(wq, s, b, x, 64)
-    torch.testing.assert_close(q4_matvec(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+    torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
     one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
     torch.testing.assert_close(one(wq, s, b, x[:1]), want[:1], rtol=1e-4, atol=1e-4 * k ** 0.5)
 
@@ -331,7 +343,8 @@ def test_tiled_kernel_from_eight_rows_of_x(m, n, k):
 def test_tiled_kernel_half(dtype):
     _, (wq, s, b) = _quantized(40, 320, dtype, seed=5)
     x = torch.randn(12, 320, generator=torch.Generator().manual_seed(2)).to(dtype)
-    got = q4_matvec(wq, s, b, x)
+    assert _host(Q8, wq, s, b, x).endswith("_qmm")
+    got = Q8(wq, s, b, x)
     rtol, atol = _TOL[dtype]
     torch.testing.assert_close(got, q4_matvec.reference(wq, s, b, x), rtol=rtol, atol=atol * 8)
 
@@ -361,7 +374,7 @@ def test_tiled_kernel_only_for_a_product():
 
 def test_tiled_kernel_text():
     _, (wq, s, b) = _quantized(8, 256, torch.float32)
-    src = q4_matvec.source(wq, s, b, torch.randn(8, 256))
+    src = Q8.source(wq, s, b, torch.randn(8, 256))
     qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
     assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float4 mf_xs[256];" in qmm
     assert qmm.count("threadgroup_barrier") == 2
