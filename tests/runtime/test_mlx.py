@@ -116,6 +116,13 @@ def test_gather_kernels_are_refused_clearly(name):
                                 **required_scalars(k))
 
 
+@pytest.mark.parametrize("m", [3, 70])
+def test_quantized_matvec_and_tiled_kernels(m):
+    """Under 64 rows of x the matvec kernel, from 64 the tiled one (threadgroup float4 tiles)."""
+    k = EXAMPLES["q4_matvec"]
+    check_against_reference(k, inputs(k, {"N": 40, "K": 128, "M": m}, "f32", seed=m), "f32")
+
+
 @pytest.mark.parametrize("name,d", [("rms_norm", 1), ("rms_norm", 33), ("rms_norm", 1000),
                                     ("rms_norm", 5000), ("softmax", 3000),
                                     ("layer_norm", 4099), ("row_argmax", 2049)])
