@@ -234,6 +234,13 @@ def broadcasts_over(spec: AxisSpec) -> bool:
     return spec.derived and spec.mul == 1 and spec.add == 0 and spec.div > 1
 
 
+def strip_casts(n: Node) -> Node:
+    """The node under any casts of `n`."""
+    while n.op == Op.CAST:
+        n = n.args[0]
+    return n
+
+
 def topo_order(roots: Iterable[Node], seen: Iterable[Node] = ()) -> list[Node]:
     """Every node reachable from `roots` (in their order), each once, operands before users
     (an iterative post-order walk); nodes in `seen` are skipped, and so is

@@ -41,7 +41,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, TensorParam, topo_order
+from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from . import reduce
 from .base import IDX, Schedule, Step, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
@@ -65,12 +65,6 @@ class Form:
     e: str                     # E: the contracted / output axis
 
 
-def _strip(n: Node) -> Node:
-    while n.op == Op.CAST:
-        n = n.args[0]
-    return n
-
-
 def _reductions_in(n: Node) -> list[Node]:
     return [m for m in topo_order([n]) if m.op == Op.REDUCE]
 
@@ -78,13 +72,13 @@ def _reductions_in(n: Node) -> list[Node]:
 def match(graph: Graph) -> Optional[Form]:
     """The attention form of `graph`, or None when it is not one."""
     outs = [r for o in graph.outputs for r in _reductions_in(o.node)
-            if r.attr[0] == "sum" and _strip(r.args[0]).op == Op.BINARY
-            and _strip(r.args[0]).attr == "mul"]
+            if r.attr[0] == "sum" and strip_casts(r.args[0]).op == Op.BINARY
+            and strip_casts(r.args[0]).attr == "mul"]
     for out in outs:
         l_axis = out.attr[1]
-        prod = _strip(out.args[0])
+        prod = strip_casts(out.args[0])
         for p, v in (prod.args, prod.args[::-1]):
-            form = _softmax(_strip(p), l_axis)
+            form = _softmax(strip_casts(p), l_axis)
             if form is None or _reductions_in(v):
                 continue
             scores, mx, denom = form
@@ -103,15 +97,15 @@ def match(graph: Graph) -> Optional[Form]:
 def _normalised(p: Node) -> Optional[tuple[Node, Node]]:
     """(e, d) when p is e / d or e * (1 / d), in either order (mf.softmax's own form)."""
     if p.op == Op.BINARY and p.attr == "div":
-        return _strip(p.args[0]), _strip(p.args[1])
+        return strip_casts(p.args[0]), strip_casts(p.args[1])
     if p.op != Op.BINARY or p.attr != "mul":
         return None
     for e, r in (p.args, p.args[::-1]):
-        r = _strip(r)
+        r = strip_casts(r)
         if r.op == Op.BINARY and r.attr == "div":
-            one = _strip(r.args[0])
+            one = strip_casts(r.args[0])
             if one.op == Op.CONST and one.attr == 1:
-                return _strip(e), _strip(r.args[1])
+                return strip_casts(e), strip_casts(r.args[1])
     return None
 
 
@@ -122,15 +116,15 @@ def _softmax(p: Node, axis: str) -> Optional[tuple[Node, Node, Node]]:
     if pair is None:
         return None
     e, denom = pair
-    if denom.op != Op.REDUCE or denom.attr != ("sum", axis) or _strip(denom.args[0]) is not e:
+    if denom.op != Op.REDUCE or denom.attr != ("sum", axis) or strip_casts(denom.args[0]) is not e:
         return None
     if e.op != Op.UNARY or e.attr != "exp":
         return None
-    diff = _strip(e.args[0])
+    diff = strip_casts(e.args[0])
     if diff.op != Op.BINARY or diff.attr != "sub":
         return None
-    s, mx = (_strip(a) for a in diff.args)
-    if mx.op != Op.REDUCE or mx.attr != ("max", axis) or _strip(mx.args[0]) is not s:
+    s, mx = (strip_casts(a) for a in diff.args)
+    if mx.op != Op.REDUCE or mx.attr != ("max", axis) or strip_casts(mx.args[0]) is not s:
         return None
     return s, mx, denom
 

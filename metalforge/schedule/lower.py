@@ -74,6 +74,11 @@ def compute_type(dt: DType) -> str:
     return dt.compute.msl
 
 
+def as_float(e: ir.Expr, n: Node) -> ir.Expr:
+    """Node `n`'s lowered value `e` as fp32 (accumulators, threadgroup tiles)."""
+    return e if compute_type(n.dtype) == "float" else ir.Cast("float", e)
+
+
 def lit(value: int | float | bool, dt: DType) -> ir.Lit:
     c = dt.compute
     if c.kind == "bool":

@@ -30,10 +30,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from .. import ir
-from ..graph import Node, Op
+from ..graph import Node, Op, strip_casts, topo_order
 from . import reduce
 from .base import IDX
-from .lower import compute_type
+from .lower import as_float
 
 if TYPE_CHECKING:
     from .quant import _Builder
@@ -47,43 +47,22 @@ W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no
 X_VECTORS = TILE_K // 4                         # float4s per staged row of x
 
 
-def _strip(n: Node) -> Node:
-    while n.op == Op.CAST:
-        n = n.args[0]
-    return n
-
-
 def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
     """(W, X) when the reduction's argument is W * X with W over the weight rows and no other
     output axis, X over the tile's M axis and not the weight rows; None otherwise."""
     if not b.prefix:
         return None
-    arg = _strip(b.red.args[0])
+    arg = strip_casts(b.red.args[0])
     if arg.op != Op.BINARY or arg.attr != "mul":
         return None
     m_axis = b.prefix[-1]
     for w, x in (arg.args, arg.args[::-1]):
         if (b.rows_axis in w.axes and not any(a in w.axes for a in b.prefix)
                 and m_axis in x.axes and b.rows_axis not in x.axes
-                and not any(n.op in (Op.UNPACK, Op.REDUCE, Op.TAKE) for n in _cone(x))
-                and not any(n.op in (Op.REDUCE, Op.TAKE) for n in _cone(w))):
+                and not any(n.op in (Op.UNPACK, Op.REDUCE, Op.TAKE) for n in topo_order([x]))
+                and not any(n.op in (Op.REDUCE, Op.TAKE) for n in topo_order([w]))):
             return w, x
     return None
-
-
-def _cone(n: Node) -> list[Node]:
-    seen: list[Node] = []
-    stack = [n]
-    while stack:
-        m = stack.pop()
-        if m not in seen:
-            seen.append(m)
-            stack.extend(m.args)
-    return seen
-
-
-def _f32(v: ir.Expr, n: Node) -> ir.Expr:
-    return v if compute_type(n.dtype) == "float" else ir.Cast("float", v)
 
 
 def _u(v: int) -> ir.Lit:
@@ -136,7 +115,7 @@ def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
         *row_decl,
         ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
         ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
-        ir.If(live, body + [ir.Assign(value, _f32(el.value(node), node))]),
+        ir.If(live, body + [ir.Assign(value, as_float(el.value(node), node))]),
         store], unroll=True)
 
 

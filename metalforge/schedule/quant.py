@@ -42,10 +42,10 @@ from typing import Mapping, NamedTuple, Optional
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, TensorParam, topo_order
+from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, compute_type, ident, unpack_value
+from .lower import ElementLowering, as_float, compute_type, ident, unpack_value
 from .policy import LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -62,10 +62,6 @@ class _Affine(NamedTuple):
     s: Node                              # per-group scale
     b: Node                              # per-group bias
     x: Node                              # the shared factor
-
-
-def _f32(e: ir.Expr, n: Node) -> ir.Expr:
-    return e if compute_type(n.dtype) == "float" else ir.Cast("float", e)
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "QuantSchedule":
@@ -289,9 +285,6 @@ class _Builder(reduce.Builder):
         """The reduction's argument as (q * s + b) * x, with q the unpacked value, s and b
         per-group values of the row (over rows axis and K/GS, GS a multiple of the chunk, so
         constant over a chunk) and x a value the rows share; None for any other form."""
-        def strip(n: Node) -> Node:
-            return n.args[0] if n.op == Op.CAST else n
-
         def split(n: Node, op: str) -> list[tuple[Node, Node]]:
             if n.op != Op.BINARY or n.attr != op:
                 return []
@@ -301,7 +294,7 @@ class _Builder(reduce.Builder):
         for qsb, x in split(self.red.args[0], "mul"):
             for qs, b in split(qsb, "add"):
                 for q, s in split(qs, "mul"):
-                    q = strip(q)
+                    q = strip_casts(q)
                     if (q.op == Op.UNPACK and self._per_group(s) and self._per_group(b)
                             and self._shared(x) and q.args[0].op == Op.LOAD):
                         return _Affine(q, s, b, x)
@@ -335,7 +328,7 @@ class _Builder(reduce.Builder):
         xbody = el.lower([f.x])
         xv = el.value(f.x)
         xe = ir.Lane(ir.Var("mf_xe"), ir.Var("mf_j"))
-        xbody += [ir.Assign(xe, _f32(xv, f.x)),
+        xbody += [ir.Assign(xe, as_float(xv, f.x)),
                   ir.Assign(ir.Var("mf_xsum"), ir.Var("mf_xsum") + xe)]
         xs.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), xbody, unroll=True))
         self.helpers |= el.helpers
@@ -346,8 +339,8 @@ class _Builder(reduce.Builder):
         r = ir.Var("mf_r")
         arrays: list[ir.Stmt] = [ir.ArrayDecl(scale.name, "float", rows),
                                  ir.ArrayDecl(bias.name, "float", rows)]
-        loads += [ir.Assign(ir.Lane(scale, r), _f32(low.value(f.s), f.s)),
-                  ir.Assign(ir.Lane(bias, r), _f32(low.value(f.b), f.b))]
+        loads += [ir.Assign(ir.Lane(scale, r), as_float(low.value(f.s), f.s)),
+                  ir.Assign(ir.Lane(bias, r), as_float(low.value(f.b), f.b))]
         shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
         code = ir.Cast("float", unpack_value(self.word(f.q.args[0].attr), shift, self.bits))
         row: list[ir.Stmt] = [
