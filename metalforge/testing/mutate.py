@@ -22,15 +22,19 @@ variants, other index widths) compile unchanged.
 """
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional
 
 from hypothesis.errors import FlakyFailure
 
-from ..runtime.launcher import MSL_REWRITE
+from ..frontend.kernel import Kernel
+from ..graph import TensorParam
+from ..runtime.launcher import MSL_REWRITE, render, specialisation
 from ..sim import compile_shader
 from .check import check
 
@@ -155,6 +159,47 @@ class MutationReport:
                  f"{len(self.stillborn)} stillborn, of {self.total_sites} sites"]
         lines += [f"  survivor: {m.describe()}" for m in self.survived]
         return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- the examples
+
+@dataclass(frozen=True)
+class Example:
+    """A kernel of an example module, with the `check` options the module gives it."""
+    kernel: Any
+    options: Mapping[str, Any]
+
+
+def example_kernels(folder: Path) -> dict[str, Example]:
+    """Every kernel of the modules in `folder` by name, with the module's `CHECK` options."""
+    out: dict[str, Example] = {}
+    for path in sorted(folder.glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"mf_mutants_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        options = getattr(mod, "CHECK", {})
+        for name, k in vars(mod).items():
+            if isinstance(k, Kernel):
+                out[k.name] = Example(k, options.get(name, {}))
+    return out
+
+
+def f32_source(kernel) -> tuple[str, dict[str, str]]:
+    """(the kernel's library with every dtype variable f32, 32-bit indexing; those dtypes)."""
+    dtypes = {p.dtype_var: "f32" for p in kernel.params
+              if isinstance(p, TensorParam) and p.dtype_var}
+    spec = specialisation(kernel.graph(**dtypes), getattr(kernel, "launch", None))
+    return render(spec.schedule(False)), dtypes
+
+
+def gate_run(example: Example, sample_size: Optional[int], seed: int = 0) -> "MutationReport":
+    """`sample_size` mutants (None: all) of the example's f32 library through `check` with
+    the module's options, f32 only."""
+    source, dtypes = f32_source(example.kernel)
+    options = {**example.options, "dtypes": dtypes} if dtypes else dict(example.options)
+    return mutation_test(example.kernel, source, sample_size=sample_size, seed=seed,
+                         check_options=options)
 
 
 def _compiles(src: str) -> bool:

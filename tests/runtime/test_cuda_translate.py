@@ -36,8 +36,8 @@ def test_golden_translates(path, tmp_path):
     for e in tr.entries:       # a buffer per argument, in order; constants by value
         assert [a.buffer_index for a in e.args] == list(range(len(e.args)))
         assert all(a.by_pointer == ("*" in a.type_text) for a in e.args)
-    if "threadgroup float" in src:
-        assert re.search(r"__shared__\s+float mf_tg", tr.text)
+    for ty, name in re.findall(r"threadgroup (\w+) (mf_\w+)\[", src):    # kernel-scope arrays
+        assert re.search(rf"__shared__\s+{ty}\s+{name}\[", tr.text), name
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler for the syntax check")
