@@ -8,7 +8,7 @@ rewrite.py (the textual pass), compiler.py (compilation and cache) and include/m
 (execution model).
 """
 from .compiler import CompilerNotFound
-from .library import Kernel, KernelError, Library, LibraryFunction, compile_shader
+from .library import Kernel, KernelError, Library, LibraryFunction, compile_shader, thread_order
 
 __all__ = ["CompilerNotFound", "Kernel", "KernelError", "Library", "LibraryFunction",
-           "compile_shader"]
+           "compile_shader", "thread_order"]

@@ -16,11 +16,14 @@ out-of-bounds writes and faulting reads are reported with the buffer's name and 
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
 import mmap
 import os
 import threading
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -38,6 +41,24 @@ _CANARY = 0xA5
 _GUARD_MIN = 1 << 20
 _GUARD_MAX = 1 << 30
 _EXITED_LEAVE_BARRIERS = 1    # launch flag, kExitedLeaveBarriers in include/mf_sim/engine.cpp
+_REVERSE_ORDER = 2            # launch flag, kReverseOrder: a group's fibers run last first
+# The order the fibers of a threadgroup run in between barriers and collectives: "forward"
+# (thread order) or "reverse". Both are orders a GPU may take; a kernel missing a barrier shows
+# in one of them. `thread_order` sets it for a block (testing.check draws it per example).
+THREAD_ORDER: contextvars.ContextVar[str] = contextvars.ContextVar("metalforge_sim_thread_order",
+                                                                   default="forward")
+
+
+@contextlib.contextmanager
+def thread_order(order: str) -> Iterator[None]:
+    """Run the simulator's launches in this block with their threads in `order`."""
+    if order not in ("forward", "reverse"):
+        raise ValueError(f"thread order must be 'forward' or 'reverse', got {order!r}")
+    token = THREAD_ORDER.set(order)
+    try:
+        yield
+    finally:
+        THREAD_ORDER.reset(token)
 
 
 class _Result(ctypes.Structure):
@@ -413,6 +434,8 @@ class LibraryFunction:
             res = _Result()
             workers = int(os.environ.get("METALFORGE_SIM_WORKERS", "2"))
             flags = _EXITED_LEAVE_BARRIERS if self._exited_leave_barriers else 0
+            if THREAD_ORDER.get() == "reverse":
+                flags |= _REVERSE_ORDER
             _load_engine().mf_rt_launch(self._entry, ptr_table, (ctypes.c_uint32 * 3)(*grid),
                                         (ctypes.c_uint32 * 3)(*group), workers, flags,
                                         ctypes.byref(res))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, reject, settings, strategies as st
 
 from .. import dtypes as _dtypes
 from ..graph import ConstParam, Graph, ScalarParam, TensorParam, take_sites
@@ -35,7 +35,7 @@ from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
 from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
-from .. import runtime
+from .. import runtime, sim
 from ..errors import BindingError, TraceError, UnsupportedConstruct
 from ..reference import evaluate
 from ..runtime import schedule_of
@@ -257,16 +257,24 @@ def _allowed(pin, size: int) -> bool:
     return isinstance(pin, list) and size in pin
 
 
-def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
-    """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
+def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
+    """(schedule, sizes, launch steps) of the call `args` make; None for refused sizes."""
     graph = variant.graph
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
         s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
-        hosts = [step.host_name for step in s.steps(sizes)]
+        return s, sizes, s.steps(sizes)
     except Exception:                                            # noqa: BLE001 - refused
-        return                                                   # sizes: nothing launched
-    for host in hosts:                  # a call may launch several kernels (attention's merge)
+        return None                                              # sizes: nothing launched
+
+
+def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
+    """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
+    got = _launches(kernel, variant, args)
+    if got is None:
+        return
+    s, sizes, steps = got
+    for host in (step.host_name for step in steps):   # several: attention's merge
         inst = insts.get((s.index64, host))
         if inst is not None:
             inst.launches += 1
@@ -495,10 +503,18 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
         ex = _draw_example(data.draw, variant, variant.graph.params, dims=dims,
                            per_param=per_param, global_families=global_families,
                            layouts=layouts, budget=budget, device=device)
+        got = _launches(kernel, variant, ex.args)
+        if got is not None and sum(step.threads for step in got[2]) > prof.launch_budget:
+            reject()                 # the simulator runs every thread: keep launches bounded
+        order = "forward"
+        if device == "cpu" and data.draw(st.booleans(), label="threads last first"):
+            order = "reverse"        # a missing barrier shows in one order or the other
+            ex.lines.append("simulator: each threadgroup's threads run last first")
         ran[0] += 1
         if record is not None:
             _record(record, kernel, variant, ex.args)
-        problem = _run_and_compare(kernel, variant, ex, backend_ctx)
+        with sim.thread_order(order):
+            problem = _run_and_compare(kernel, variant, ex, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
             raise AssertionError(_report(kernel, variant, ex, backend, problem))
 

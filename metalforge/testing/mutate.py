@@ -22,16 +22,19 @@ variants, other index widths) compile unchanged.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import multiprocessing
 import random
 import re
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from hypothesis.errors import FlakyFailure
 
+from ..errors import MetalforgeError
 from ..frontend.kernel import Kernel
 from ..graph import TensorParam
 from ..runtime.launcher import MSL_REWRITE, render, specialisation
@@ -165,23 +168,34 @@ class MutationReport:
 
 @dataclass(frozen=True)
 class Example:
-    """A kernel of an example module, with the `check` options the module gives it."""
+    """A kernel of an example module (`path`, attribute `attr`), with the `check` options the
+    module gives it."""
     kernel: Any
     options: Mapping[str, Any]
+    path: Path
+    attr: str
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: Path) -> Any:
+    """The module at `path`, loaded once per process (a mutant worker checks many mutants of
+    one module's kernels: their compiled variants stay warm)."""
+    spec = importlib.util.spec_from_file_location(f"mf_mutants_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def example_kernels(folder: Path) -> dict[str, Example]:
     """Every kernel of the modules in `folder` by name, with the module's `CHECK` options."""
     out: dict[str, Example] = {}
     for path in sorted(folder.glob("*.py")):
-        spec = importlib.util.spec_from_file_location(f"mf_mutants_{path.stem}", path)
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        mod = _load(path)
         options = getattr(mod, "CHECK", {})
         for name, k in vars(mod).items():
             if isinstance(k, Kernel):
-                out[k.name] = Example(k, options.get(name, {}))
+                out[k.name] = Example(k, options.get(name, {}), path, name)
     return out
 
 
@@ -193,13 +207,61 @@ def f32_source(kernel) -> tuple[str, dict[str, str]]:
     return render(spec.schedule(False)), dtypes
 
 
-def gate_run(example: Example, sample_size: Optional[int], seed: int = 0) -> "MutationReport":
+def gate_run(example: Example, sample_size: Optional[int], seed: int = 0,
+             timeout: float = 60.0) -> "MutationReport":
     """`sample_size` mutants (None: all) of the example's f32 library through `check` with
-    the module's options, f32 only."""
+    the module's options, f32 only, each in a separate process (`Isolated`)."""
     source, dtypes = f32_source(example.kernel)
-    options = {**example.options, "dtypes": dtypes} if dtypes else dict(example.options)
-    return mutation_test(example.kernel, source, sample_size=sample_size, seed=seed,
-                         check_options=options)
+    with Isolated(example, dtypes, timeout) as runner:
+        return mutation_test(example.kernel, source, sample_size=sample_size, seed=seed,
+                             runner=runner)
+
+
+def _check_mutant(kernel, options: Mapping[str, Any], mutant: "Mutant") -> tuple[bool, int]:
+    """(whether check failed, how often the mutated source was compiled) with `mutant` in."""
+    with applied(mutant) as hits:
+        try:
+            check(kernel, **dict(options))
+            caught = False
+        except (AssertionError, FlakyFailure, MetalforgeError):   # flaky: a race it made
+            caught = True
+    return caught, hits[0]
+
+
+def _child(path: str, attr: str, dtypes: Mapping[str, str], mutant: "Mutant"
+           ) -> tuple[bool, int]:
+    """In the worker: the example module's kernel, checked with the module's options."""
+    mod = _load(Path(path))
+    options = {**getattr(mod, "CHECK", {}).get(attr, {}), **({"dtypes": dtypes} if dtypes else {})}
+    return _check_mutant(getattr(mod, attr), options, mutant)
+
+
+class Isolated:
+    """Runs each mutant's check in a worker process (spawned once, replaced after a timeout):
+    a mutant may loop forever (a loop bound or step changed), which the simulator, like a GPU
+    without its watchdog, would never end. A mutant over `timeout` seconds counts as killed:
+    the hang is what check's user would see."""
+
+    def __init__(self, example: Example, dtypes: Mapping[str, str], timeout: float):
+        self.args = (str(example.path), example.attr, dict(dtypes))
+        self.timeout = timeout
+        self.pool: Any = None
+
+    def __enter__(self) -> "Isolated":
+        self.pool = multiprocessing.get_context("spawn").Pool(1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.pool.terminate()
+
+    def __call__(self, mutant: "Mutant") -> tuple[bool, int]:
+        job = self.pool.apply_async(_child, (*self.args, mutant))
+        try:
+            return job.get(self.timeout)
+        except multiprocessing.TimeoutError:
+            self.pool.terminate()
+            self.pool = multiprocessing.get_context("spawn").Pool(1)
+            return True, 1
 
 
 def _compiles(src: str) -> bool:
@@ -212,25 +274,22 @@ def _compiles(src: str) -> bool:
 
 def mutation_test(kernel, source: str, *, sample_size: Optional[int] = None, seed: int = 0,
                   check_options: Optional[Mapping[str, Any]] = None,
-                  chosen: Optional[list[Mutant]] = None) -> MutationReport:
+                  chosen: Optional[list[Mutant]] = None,
+                  runner: Optional[Callable[[Mutant], tuple[bool, int]]] = None
+                  ) -> MutationReport:
     """Run `check(kernel, **check_options)` against single-site mutants of `source` (one of
     the kernel's generated sources, e.g. `kernel.source(...)`); a mutant is killed when check
     fails. `sample_size` mutants are drawn deterministically from all sites (None: all), or
-    `chosen` ones are run."""
-
+    `chosen` ones are run; `runner` runs one mutant's check (default: in this process)."""
+    run = runner or (lambda m: _check_mutant(kernel, check_options or {}, m))
     ms = mutants(source)
     rep = MutationReport(getattr(kernel, "name", str(kernel)), total_sites=len(ms))
     for m in (chosen if chosen is not None else sample(ms, sample_size, seed)):
         if not _compiles(m.source):
             rep.stillborn.append(m)
             continue
-        with applied(m) as hits:
-            try:
-                check(kernel, **dict(check_options or {}))
-                caught = False
-            except (AssertionError, FlakyFailure):   # flaky: a race the mutant made, seen
-                caught = True
-        if not hits[0]:
+        caught, hits = run(m)
+        if not hits:
             raise RuntimeError(f"mutant {m.describe()} was never compiled: the source given "
                                f"is not one that check's runs compile")
         (rep.killed if caught else rep.survived).append(m)

@@ -4,7 +4,8 @@ The profile is chosen by the environment variable ``METALFORGE_HYPOTHESIS_PROFIL
 (``metalforge-ci``, the default, or ``metalforge-thorough``), or per call by
 ``check(..., profile=...)``. A profile is hypothesis settings plus the metalforge knobs that
 decide the cost of a check: examples per compiled variant, the memory budget for drawn inputs,
-and how many compiled variants (dtype x Const combinations) are tried.
+the threads an example may launch, and how many compiled variants (dtype x Const combinations)
+are tried.
 
 Cost model: every variant is one compile (seconds on the simulator); every example is one launch
 (milliseconds to a second, growing with the sizes drawn). So the CI profile caps the variants and
@@ -31,6 +32,8 @@ class Profile:
     memory_budget: int            # bytes of inputs + outputs one example may allocate
     max_variants: int | None      # compiled dtype x Const variants per check (None: all)
     boundary_examples: int = 1    # examples per boundary size and index width (see check)
+    launch_budget: int = 1 << 18  # threads one example's launches may run (the simulator runs
+                                  # each: attention launches a 256-thread group per 2 rows)
 
 
 PROFILES = {
@@ -44,7 +47,7 @@ PROFILES = {
         "metalforge-thorough",
         settings(max_examples=150, deadline=None, database=None, derandomize=False,
                  suppress_health_check=_HEALTH, print_blob=True, report_multiple_bugs=False),
-        memory_budget=64 << 20, max_variants=None),
+        memory_budget=64 << 20, max_variants=None, launch_budget=1 << 22),
 }
 
 for _p in PROFILES.values():          # also usable as plain hypothesis profiles

@@ -390,3 +390,35 @@ def test_grid_and_group_argument_errors(lib):
         lib.add(out, out, out, threads=[4, 4], group_size=4)
     with pytest.raises(RuntimeError, match="Number of threads is undefined"):
         lib.limited(torch.zeros(4)[0].item())
+
+
+MISSING_BARRIER = """#include <metal_stdlib>
+using namespace metal;
+kernel void from_left(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                      uint t [[thread_position_in_threadgroup]]) {
+  threadgroup float buf[64];
+  buf[t] = x[t];
+%s
+  y[t] = t == 0 ? 0.0f : buf[t - 1];    // the value the thread to the left wrote
+}
+"""
+
+
+@pytest.mark.parametrize("barrier", [False, True])
+def test_thread_order_exposes_a_missing_barrier(barrier):
+    """Threads run in thread order or last first (`thread_order`): reading what a lower thread
+    wrote without a barrier works in one order and reads stale memory in the other; with the
+    barrier both orders agree."""
+    from metalforge.sim import thread_order
+    line = "  threadgroup_barrier(mem_flags::mem_threadgroup);" if barrier else ""
+    k = compile_shader(MISSING_BARRIER % line).from_left
+    for order, x in (("forward", torch.arange(1.0, 65.0)),
+                     ("reverse", torch.arange(101.0, 165.0))):
+        y = torch.empty(64)
+        with thread_order(order):
+            k(x, y, threads=64, group_size=64)
+        want = torch.cat([torch.zeros(1), x[:-1]])
+        assert torch.equal(y, want) == (barrier or order == "forward"), order
+    with pytest.raises(ValueError, match="forward' or 'reverse"):
+        with thread_order("random"):
+            pass

@@ -15,6 +15,9 @@
 //   then the threadgroup barrier (every live thread at the same
 //   threadgroup_barrier).  Anything else is divergence, reported with the
 //   threads' ids and where each one waits; the launch fails, never hangs.
+//   Runnable fibers run in thread order, or last first with kReverseOrder (a
+//   launch flag): a kernel missing a barrier reads what other threads have not
+//   written yet in one order or the other (testing.check draws the order).
 //   With kExitedLeaveBarriers (a launch flag), threads that have returned no
 //   longer take part in barriers, as on Apple GPUs (MLX's gemv relies on it):
 //   a barrier then resolves once every thread that has not returned waits at it.
@@ -78,6 +81,7 @@ constexpr unsigned kMaxGroup = 1024;
 constexpr size_t kStackSize = 256 * 1024;  // per fiber (virtual; pages on demand)
 constexpr int kMaxWorkers = 16;
 constexpr int kExitedLeaveBarriers = 1;  // launch flag (mirrored in metalforge/sim/library.py)
+constexpr int kReverseOrder = 2;         // launch flag: a group's runnable fibers run last first
 
 enum State : int { RUN = 0, DONE = 1, WAIT_TG = 2, WAIT_SG = 3, WAIT_COLL = 4 };
 
@@ -468,9 +472,12 @@ bool run_group(Worker* w, const uint32_t gp[3]) {
     f->state = RUN;
     init_fiber(f);
   }
+  const bool reverse = L->flags & kReverseOrder;
   for (;;) {
-    for (unsigned i = 0; i < n; ++i)
-      if (w->fibers[i].state == RUN) switch_to_fiber(w, &w->fibers[i]);
+    for (unsigned k = 0; k < n; ++k) {
+      Fiber* f = &w->fibers[reverse ? n - 1 - k : k];
+      if (f->state == RUN) switch_to_fiber(w, f);
+    }
     int r = resolve_blocked(w);
     if (r == 0) return true;
     if (r < 0) return false;
