@@ -53,6 +53,11 @@ COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing",
 # past it into the heap.  -fno-gnu-unique makes them ordinary weak symbols, private to their
 # library (clang never emits STB_GNU_UNIQUE).
 GCC_FLAGS = ["-fno-gnu-unique"]
+# Every index into an array of known size (thread-private arrays, kernel-scope threadgroup
+# arrays) is checked, and a bad one traps (SIGILL, reported as an out-of-bounds index): on a
+# GPU such an index reads another variable or faults; here it would pass unnoticed.
+GCC_FLAGS += ["-fsanitize=bounds", "-fsanitize-undefined-trap-on-error"]
+CLANG_FLAGS = ["-fsanitize=array-bounds", "-fsanitize-trap=array-bounds"]
 FORMAT_VERSION = "1"
 
 
@@ -91,7 +96,7 @@ def compiler() -> tuple[str, str, bool]:
 
 
 def _flags(is_clang: bool) -> list[str]:
-    return COMMON_FLAGS + ([] if is_clang else GCC_FLAGS)
+    return COMMON_FLAGS + (CLANG_FLAGS if is_clang else GCC_FLAGS)
 
 
 def _cxx_cmd() -> list[str]:

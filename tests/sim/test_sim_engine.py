@@ -422,3 +422,27 @@ def test_thread_order_exposes_a_missing_barrier(barrier):
     with pytest.raises(ValueError, match="forward' or 'reverse"):
         with thread_order("random"):
             pass
+
+
+PAST_THE_END = """#include <metal_stdlib>
+using namespace metal;
+kernel void past(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                 constant uint& n [[buffer(2)]], uint t [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  float r[4];
+  for (uint i = 0; i < n; ++i) { r[i] = x[i]; buf[i] = x[i]; }
+  y[t] = r[0] + buf[3];
+}
+"""
+
+
+def test_array_indices_are_checked():
+    """A thread-private or threadgroup array indexed past its end is a KernelError naming the
+    kernel, not a silent read of the next variable."""
+    from metalforge.sim import KernelError
+    k = compile_shader(PAST_THE_END).past
+    x, y = torch.arange(8.0), torch.empty(1)
+    k(x, y, 4, threads=1, group_size=1, arg_casts={2: "int32"})
+    assert y.item() == 3.0
+    with pytest.raises(KernelError, match=r"array index out of bounds.* in past\("):
+        k(x, y, 5, threads=1, group_size=1, arg_casts={2: "int32"})
