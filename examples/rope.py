@@ -71,12 +71,16 @@ def qk_norm_rope(x: "T[B, H, S, E]", w: "T[E]", pos: "i32[B, S]", eps: float = 1
 # positions stay small where the kernel computes the angles: cos(pos * f) at pos ~ 30000 turns a
 # 1-ulp difference of the GPU's pow into ~4e-3 of the output, far over f32's tolerance (torch's
 # own fp32 RoPE has the same error against a float64 one)
+# Head dims: whole vectors of 8 (64, 128) and not (6, 34: the rows end in a partial chunk, so
+# the kernels' element-by-element path runs too); qk_norm_rope's rows span its three
+# row-length variants (one simdgroup, one threadgroup, looped: 8194).
 _SMALL = {"pos": (0, 16)}
-CHECK = {"rope": {"dims": {"E": [2, 8, 64, 128]}, "values": _SMALL},
-         "rope_interleaved": {"dims": {"E": [2, 8, 64, 128]}, "values": _SMALL},
-         "rope_cached": {"dims": {"E": [2, 8, 64, 128]}},
-         "rope_partial": {"dims": {"E": [32, 64, 128]}, "values": _SMALL},
-         "qk_norm_rope": {"dims": {"E": [2, 8, 64, 128, 256]}, "values": _SMALL}}
+_E = [2, 6, 8, 34, 64, 128]
+CHECK = {"rope": {"dims": {"E": _E}, "values": _SMALL},
+         "rope_interleaved": {"dims": {"E": _E}, "values": _SMALL},
+         "rope_cached": {"dims": {"E": _E}},
+         "rope_partial": {"dims": {"E": [32, 34, 64, 128]}, "values": _SMALL},
+         "qk_norm_rope": {"dims": {"E": _E + [256, 8194]}, "values": _SMALL}}
 
 
 # independent torch implementations --------------------------------------------------------

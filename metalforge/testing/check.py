@@ -200,7 +200,10 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
         else:
             multiple = plain[axis]           # derived dims (K/GS) need whole multiples
             sizes = sorted({S._round_up(b, multiple) for b in boundary_sizes(s)})
-            pins = [b for b in sizes if axis not in dims or _allowed(dims[axis], b)] or [None]
+            pins = [b for b in sizes if axis not in dims or _allowed(dims[axis], b)]
+            if axis in dims:            # and the first allowed size of each kernel
+                pins = sorted(set(pins) | set(_one_per_kernel(s, axis, _choices(dims[axis]))))
+            pins = pins or [None]
             if idx64:                   # the 64-bit kernels: one boundary size per kernel
                 pins = _one_per_kernel(s, axis, pins)
         for b in pins:
@@ -245,6 +248,17 @@ def _one_per_kernel(s, axis: str, pins: list) -> list:
         for host in hosts:
             firsts.setdefault(host, b)
     return sorted(firsts.values()) or pins[:1]
+
+
+def _choices(pin) -> list[int]:
+    """The sizes a `dims=` pin allows (a range or (lo, hi): its ends)."""
+    if isinstance(pin, int):
+        return [pin]
+    if isinstance(pin, range):
+        return [pin[0], pin[-1]] if len(pin) else []
+    if isinstance(pin, tuple) and len(pin) == 2 and all(isinstance(v, int) for v in pin):
+        return list(pin)
+    return [v for v in pin if isinstance(v, int)] if isinstance(pin, list) else []
 
 
 def _allowed(pin, size: int) -> bool:
