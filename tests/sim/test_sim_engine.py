@@ -446,3 +446,23 @@ def test_array_indices_are_checked():
     assert y.item() == 3.0
     with pytest.raises(KernelError, match=r"array index out of bounds.* in past\("):
         k(x, y, 5, threads=1, group_size=1, arg_casts={2: "int32"})
+
+
+def test_vector_components_are_checked():
+    from metalforge.sim import KernelError
+    src = """#include <metal_stdlib>
+using namespace metal;
+kernel void comp(device float* y [[buffer(0)]], constant uint& n [[buffer(1)]],
+                 uint t [[thread_position_in_grid]]) {
+  float4 v = float4(1.0f, 2.0f, 3.0f, 4.0f);
+  float s = 0.0f;
+  for (uint i = 0; i < n; ++i) s += v[i];
+  y[t] = s;
+}
+"""
+    k = compile_shader(src).comp
+    y = torch.empty(1)
+    k(y, 4, threads=1, group_size=1, arg_casts={1: "int32"})
+    assert y.item() == 10.0
+    with pytest.raises(KernelError, match=r"out of bounds.* vector's component"):
+        k(y, 5, threads=1, group_size=1, arg_casts={1: "int32"})

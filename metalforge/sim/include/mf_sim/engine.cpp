@@ -565,8 +565,8 @@ std::string describe_fault(Worker* w) {
     return m;
   }
   if (w->fault_sig == SIGILL) {      // the bounds check the compiler adds (-fsanitize=bounds)
-    m = "an array index out of bounds (a thread-private or threadgroup array of known size; "
-        "the simulator checks every index into one)";
+    m = "an array index out of bounds (a thread-private or threadgroup array of known size, "
+        "or a vector's component: the simulator checks every index into one)";
     std::string fn = function_at(w->fault_addr);
     if (!fn.empty()) m += " in " + fn;
     return m;

@@ -33,9 +33,9 @@ template <class T, int N> union packed_vec;
     for (int i = 0; i < N; ++i) v.mf_e[i] = mf_e[i];                                             \
     return v;                                                                                    \
   }                                                                                              \
-  MF_INLINE constexpr T& operator[](int i) { return mf_e[i]; }                                   \
-  MF_INLINE constexpr const T& operator[](int i) const { return mf_e[i]; }                       \
-  MF_INLINE constexpr T mf_get(int i) const { return mf_e[i]; }                                  \
+  MF_INLINE constexpr T& operator[](int i) { return mf_e[MF_CHECKED(i, N)]; }                                \
+  MF_INLINE constexpr const T& operator[](int i) const { return mf_e[MF_CHECKED(i, N)]; }                    \
+  MF_INLINE constexpr T mf_get(int i) const { return mf_e[MF_CHECKED(i, N)]; }                               \
   template <class B_> MF_INLINE packed_vec& operator+=(const B_& b) { return *this = *this + b; } \
   template <class B_> MF_INLINE packed_vec& operator-=(const B_& b) { return *this = *this - b; } \
   template <class B_> MF_INLINE packed_vec& operator*=(const B_& b) { return *this = *this * b; } \
@@ -94,8 +94,8 @@ template <class T, size_t N>
 struct array {
   T mf_e[N];
   using value_type = T;
-  MF_INLINE constexpr T& operator[](size_t i) { return mf_e[i]; }
-  MF_INLINE constexpr const T& operator[](size_t i) const { return mf_e[i]; }
+  MF_INLINE constexpr T& operator[](size_t i) { return mf_e[MF_CHECKED(i, N)]; }
+  MF_INLINE constexpr const T& operator[](size_t i) const { return mf_e[MF_CHECKED(i, N)]; }
   static constexpr size_t size() { return N; }
   static constexpr bool empty() { return N == 0; }
   MF_INLINE constexpr T* data() { return mf_e; }

@@ -24,5 +24,9 @@
 
 // Kernels are compiled with -O; forced inlining keeps the per-element helpers out of the profile.
 #define MF_INLINE inline __attribute__((always_inline))
+// A component or element index of a vector, packed vector or metal::array, checked like an
+// array's (the compiler checks those: -fsanitize=bounds): out of range traps, and the engine
+// reports an index out of bounds.
+#define MF_CHECKED(i, n) ((unsigned long long)(i) < (unsigned long long)(n) ? (i) : (__builtin_trap(), (i)))
 
 #endif  // MF_SIM_PRELUDE_H

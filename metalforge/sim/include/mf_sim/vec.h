@@ -157,9 +157,9 @@ struct swizzle {
   template <class U_, int S_, int... I_,                                                         \
             std::enable_if_t<!std::is_same<U_, T>::value && sizeof...(I_) == N, int> = 0>        \
   MF_INLINE constexpr explicit vec(const swizzle<U_, S_, I_...>& o) : vec(vec<U_, N>(o)) {}      \
-  MF_INLINE constexpr T& operator[](int i) { return mf_e[i]; }                                   \
-  MF_INLINE constexpr const T& operator[](int i) const { return mf_e[i]; }                       \
-  MF_INLINE constexpr T mf_get(int i) const { return mf_e[i]; }                                  \
+  MF_INLINE constexpr T& operator[](int i) { return mf_e[MF_CHECKED(i, N)]; }                                \
+  MF_INLINE constexpr const T& operator[](int i) const { return mf_e[MF_CHECKED(i, N)]; }                    \
+  MF_INLINE constexpr T mf_get(int i) const { return mf_e[MF_CHECKED(i, N)]; }                               \
   template <class B_> MF_INLINE vec& operator+=(const B_& b) { return *this = *this + b; }       \
   template <class B_> MF_INLINE vec& operator-=(const B_& b) { return *this = *this - b; }       \
   template <class B_> MF_INLINE vec& operator*=(const B_& b) { return *this = *this * b; }       \
