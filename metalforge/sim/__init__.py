@@ -8,7 +8,8 @@ rewrite.py (the textual pass), compiler.py (compilation and cache) and include/m
 (execution model).
 """
 from .compiler import CompilerNotFound
-from .library import Kernel, KernelError, Library, LibraryFunction, compile_shader, thread_order
+from .library import (Kernel, KernelError, Library, LibraryFunction, compile_shader, thread_order,
+                      whole_groups)
 
 __all__ = ["CompilerNotFound", "Kernel", "KernelError", "Library", "LibraryFunction",
-           "compile_shader", "thread_order"]
+           "compile_shader", "thread_order", "whole_groups"]

@@ -49,6 +49,23 @@ THREAD_ORDER: contextvars.ContextVar[str] = contextvars.ContextVar("metalforge_s
                                                                    default="forward")
 
 
+# Whether a launch's grid is rounded up to whole threadgroups, as the cuda backend launches
+# (threads past the grid run too, and each kernel must guard them); Metal's dispatchThreads
+# launches exactly the grid. `whole_groups` sets it for a block (testing.check draws it).
+WHOLE_GROUPS: contextvars.ContextVar[bool] = contextvars.ContextVar("metalforge_sim_whole_groups",
+                                                                    default=False)
+
+
+@contextlib.contextmanager
+def whole_groups(on: bool = True) -> Iterator[None]:
+    """Run the simulator's launches in this block on grids rounded up to whole threadgroups."""
+    token = WHOLE_GROUPS.set(bool(on))
+    try:
+        yield
+    finally:
+        WHOLE_GROUPS.reset(token)
+
+
 @contextlib.contextmanager
 def thread_order(order: str) -> Iterator[None]:
     """Run the simulator's launches in this block with their threads in `order`."""
@@ -338,6 +355,8 @@ class LibraryFunction:
         grid3, group3 = self._geometry(threads, group_size, first_numel)
         if any(t == 0 for t in grid3):
             return
+        if WHOLE_GROUPS.get():
+            grid3 = [-(-t // g) * g for t, g in zip(grid3, group3)]
         self._launch(bound, grid3, group3)
 
     def _bind(self, i: int, a, p: SignatureParam, cast: torch.dtype | None) -> _Bound:

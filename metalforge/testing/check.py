@@ -36,7 +36,7 @@ from .profiles import Profile, profile as _profile
 from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
 from .. import runtime, sim
-from ..errors import BindingError, TraceError, UnsupportedConstruct
+from ..errors import BindingError, LaunchError, TraceError, UnsupportedConstruct
 from ..reference import evaluate
 from ..runtime import schedule_of
 from ..runtime.launcher import specialisation
@@ -272,12 +272,15 @@ def _allowed(pin, size: int) -> bool:
 
 
 def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
-    """(schedule, sizes, launch steps) of the call `args` make; None for refused sizes."""
+    """(schedule, sizes, launch steps) of the call `args` make; None for sizes the call
+    refuses; the LaunchError for sizes the schedule's documented limits refuse."""
     graph = variant.graph
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
         s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
         return s, sizes, s.steps(sizes)
+    except LaunchError as e:
+        return e
     except Exception:                                            # noqa: BLE001 - refused
         return None                                              # sizes: nothing launched
 
@@ -285,7 +288,7 @@ def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
 def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
     """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
     got = _launches(kernel, variant, args)
-    if got is None:
+    if not isinstance(got, tuple):
         return
     s, sizes, steps = got
     for host in (step.host_name for step in steps):   # several: attention's merge
@@ -518,22 +521,35 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
                            per_param=per_param, global_families=global_families,
                            layouts=layouts, budget=budget, device=device)
         got = _launches(kernel, variant, ex.args)
-        if got is not None and sum(step.threads for step in got[2]) > prof.launch_budget:
+        if isinstance(got, LaunchError):
+            reject()                 # sizes over a documented limit of the schedule (E > 256)
+        if isinstance(got, tuple) and sum(step.threads for step in got[2]) > prof.launch_budget:
             reject()                 # the simulator runs every thread: keep launches bounded
-        order = "forward"
-        if device == "cpu" and data.draw(st.booleans(), label="threads last first"):
-            order = "reverse"        # a missing barrier shows in one order or the other
-            ex.lines.append("simulator: each threadgroup's threads run last first")
+        order, whole = _launch_model(data.draw, ex) if device == "cpu" else ("forward", False)
         ran[0] += 1
         if record is not None:
             _record(record, kernel, variant, ex.args)
-        with sim.thread_order(order):
+        with sim.thread_order(order), sim.whole_groups(whole):
             problem = _run_and_compare(kernel, variant, ex, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug
             raise AssertionError(_report(kernel, variant, ex, backend, problem))
 
     run_one()
     return ran[0]
+
+
+def _launch_model(draw, ex: _Drawn) -> tuple[str, bool]:
+    """How the simulator runs this example's launches (both are what some GPU does): each
+    threadgroup's threads in order or last first (a missing barrier shows in one of them), on
+    the exact grid (Metal's dispatchThreads) or rounded up to whole threadgroups (the cuda
+    backend: a missing guard on the overhang shows)."""
+    order = "reverse" if draw(st.booleans(), label="threads last first") else "forward"
+    whole = draw(st.booleans(), label="grid rounded up to whole threadgroups")
+    if order == "reverse":
+        ex.lines.append("simulator: each threadgroup's threads run last first")
+    if whole:
+        ex.lines.append("simulator: the grid is rounded up to whole threadgroups (as on CUDA)")
+    return order, whole
 
 
 def _run_and_compare(kernel, variant: Variant, ex: _Drawn, backend_ctx) -> Optional[str]:

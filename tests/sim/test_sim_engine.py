@@ -466,3 +466,28 @@ kernel void comp(device float* y [[buffer(0)]], constant uint& n [[buffer(1)]],
     assert y.item() == 10.0
     with pytest.raises(KernelError, match=r"out of bounds.* vector's component"):
         k(y, 5, threads=1, group_size=1, arg_casts={1: "int32"})
+
+
+def test_whole_groups_runs_the_overhang():
+    """`whole_groups`: the grid rounded up to whole threadgroups (the cuda backend's launch),
+    so a kernel without a guard writes past its buffer there, and one with a guard does not."""
+    from metalforge.sim import KernelError, whole_groups
+    src = """#include <metal_stdlib>
+using namespace metal;
+kernel void unguarded(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = float(i);
+}
+kernel void guarded(device float* y [[buffer(0)]], constant uint& n [[buffer(1)]],
+                    uint i [[thread_position_in_grid]]) {
+  if (i >= n) return;
+  y[i] = float(i);
+}
+"""
+    lib = compile_shader(src)
+    y = torch.empty(40)
+    lib.unguarded(y, threads=40, group_size=32)                    # Metal: exactly 40 threads
+    with whole_groups():
+        with pytest.raises(KernelError, match="out-of-bounds write"):
+            lib.unguarded(y, threads=40, group_size=32)            # 64 threads
+        lib.guarded(y, 40, threads=40, group_size=32, arg_casts={1: "int32"})
+    assert torch.equal(y, torch.arange(40.0))

@@ -143,9 +143,10 @@ def test_reduction_kernels_pass_with_tolerance_widened_by_length():
 
 def test_reduced_dims_are_never_empty():
     spy = Spy(chk_softmax)
-    check(spy, dtypes={"T": "f32"}, max_examples=15)
+    check(spy, dtypes={"T": "f32"}, max_examples=40)
     assert all(c["x"][0][1] >= 1 for c in spy.calls)
-    assert any(c["x"][0][0] == 0 for c in spy.calls) or len(spy.calls) < 15
+    empty = sum(c["x"][0][0] == 0 for c in spy.calls)        # one example in eight, about
+    assert 1 <= empty <= len(spy.calls) // 3
 
 
 def test_reduction_length_follows_the_graph():
