@@ -8,7 +8,8 @@ For each kernel of examples/*.py: its f32 library at 32-bit indexing (every vari
 reduction, the matvec and tiled kernels of a quantized one), a deterministic sample of
 single-site mutants spread over the operators (`metalforge.testing.mutate`), and `check` run
 against each (the example module's `CHECK` options, f32, the CI profile). Prints one row per
-kernel (sites, killed, survived, stillborn, score), then every survivor.
+kernel (sites, killed, survived, argued equivalent, stillborn, score), then every survivor and
+every equivalent mutant with the rule that argues it (`metalforge.testing.mutate.EQUIVALENT`).
 """
 from __future__ import annotations
 
@@ -31,21 +32,25 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     kernels = example_kernels(ROOT / "examples")
     names = a.kernels or sorted(kernels)
-    print(f"{'kernel':<24} {'sites':>6} {'killed':>7} {'survived':>9} {'stillborn':>10} "
-          f"{'score':>6} {'s':>6}")
-    survivors, killed, total = [], 0, 0
+    print(f"{'kernel':<24} {'sites':>6} {'killed':>7} {'survived':>9} {'equivalent':>11} "
+          f"{'stillborn':>10} {'score':>6} {'s':>6}")
+    survivors, equivalent, killed, total = [], [], 0, 0
     for name in names:
         t0 = time.perf_counter()
         rep = gate_run(kernels[name], a.per_kernel or None, a.seed)
         n = len(rep.killed) + len(rep.survived)
         killed, total = killed + len(rep.killed), total + n
         survivors += [f"{name}: {m.describe()}" for m in rep.survived]
+        equivalent += [f"{name} ({r.name}): {m.describe()}" for m, r in rep.equivalent]
         print(f"{name:<24} {rep.total_sites:>6} {len(rep.killed):>7} {len(rep.survived):>9} "
-              f"{len(rep.stillborn):>10} {rep.score:>6.0%} {time.perf_counter() - t0:>6.0f}",
-              flush=True)
-    print(f"\nall: {killed} of {total} killed ({killed / max(total, 1):.1%})")
-    for s in survivors:
-        print("  survivor:", s)
+              f"{len(rep.equivalent):>11} {len(rep.stillborn):>10} {rep.score:>6.0%} "
+              f"{time.perf_counter() - t0:>6.0f}", flush=True)
+    print(f"\nall: {killed} of {total} non-equivalent mutants killed "
+          f"({killed / max(total, 1):.1%}); {len(equivalent)} argued equivalent")
+    for line in survivors:
+        print("  survivor:", line)
+    for line in equivalent:
+        print("  equivalent:", line)
     return 0
 
 

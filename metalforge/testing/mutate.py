@@ -8,13 +8,12 @@ of ``-`` and ``/`` swapped, integer constants changed by one, ``exp``/``exp2`` a
 ``log``/``log2`` and ``max``/``min`` swapped. A mutant is one operator at one site (line and
 occurrence) of one source. Mutants the compiler rejects are stillborn and not counted.
 
-Survivors seen on the examples (measured with 20-mutant samples, see the branch report) that are
-equivalent, or not observable through outputs: a register array declared one larger
-(``float mf_reg_x[4]`` -> ``[5]``); ``mf_start + 4u <= mf_numel`` -> ``<`` (the last full vector
-takes the scalar path: same values); ``mf_base + mf_c * 4u`` -> ``- mf_c * 4u`` where the
-default policy gives one chunk per thread (mf_c is always 0). Not equivalent but invisible to
-output comparison in the simulator: a register loop running one past its array
-(``mf_k < 4u`` -> ``<=``), thread-private stack memory the simulator does not guard.
+Equivalent mutants (the same results for every valid input) are recognised by the rules in
+`EQUIVALENT`, each with its argument; a report counts them apart (`MutationReport.equivalent`)
+and its score leaves them out. What made others observable: the simulator checks every index
+into a private or threadgroup array and every vector component, runs a threadgroup's threads in
+either order and grids exact or rounded up to whole groups (`check` draws both per example), so
+a dropped barrier, a loop one past its array or a missing overhang guard shows.
 
 A mutant runs through the runtime's `MSL_REWRITE` seam (as `faults.planted` does): every source
 equal to the mutated one is replaced by the mutant while `check` runs; other sources (other
@@ -39,7 +38,7 @@ from ..frontend.kernel import Kernel
 from ..graph import TensorParam
 from ..runtime.launcher import MSL_REWRITE, render, specialisation
 from ..sim import compile_shader
-from .check import check
+from .check import check, index_tensors
 
 # (operator name, regex, replacement function of the match)
 _SWAP = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "+": "-", "-": "+", "*": "/", "/": "*"}
@@ -62,6 +61,80 @@ OPERATORS: tuple[tuple[str, str, Any], ...] = (
 # `[[buffer(n)]]`-style attributes are left alone: a kernel template's parameters carry them
 # twice (definition and explicit instantiation), so changing one site is not observable.
 _ATTRIBUTE = re.compile(r"\[\[.*?\]\]")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A class of equivalent mutants: `applies(mutant, kernel)`, and why they are equivalent."""
+    name: str
+    applies: Callable[["Mutant", Any], bool]
+    argument: str
+
+
+def _vector_edge(m: "Mutant", kernel: Any) -> bool:
+    return m.operator == "relational" and bool(
+        re.search(r"\+ \d+u <= ", m.before) and re.search(r"\+ \d+u < ", m.after))
+
+
+def _division_helper(m: "Mutant", kernel: Any) -> bool:
+    guarded = ("mf_r != 0 &&" in m.before or "a % b != 0 &&" in m.before
+               or "I(-1) < I(0)" in m.before)
+    return m.operator == "relational" and guarded
+
+
+def _expression_gather_bound(m: "Mutant", kernel: Any) -> bool:
+    return (m.operator == "relational" and bool(re.search(r"mf_take\d+_ok = ", m.before))
+            and not index_tensors(kernel.graph(**f32_source(kernel)[1])))
+
+
+def _tail_of_whole_vectors(m: "Mutant", kernel: Any) -> bool:
+    """A mutant in the element-by-element tail of an elementwise kernel whose output length is
+    always a multiple of its vector width (dequantize: K is a whole number of words)."""
+    return kernel.name in WHOLE_VECTORS and _in_tail(m)
+
+
+def _in_tail(m: "Mutant") -> bool:
+    lines = m.original.splitlines()
+    tail = next((i for i, line in enumerate(lines) if "// tail: scalar, guarded" in line), None)
+    return tail is not None and m.line > tail + 1
+
+
+def _whole_k_steps(m: "Mutant", kernel: Any) -> bool:
+    """The tiled quantized kernel's guard on K when K is always a whole number of its steps."""
+    return (kernel.name in WHOLE_K_STEPS and m.operator == "relational"
+            and "if (mf_k < mf_size_K) {" in m.before)
+
+
+# Example kernels whose sizes make a code path unreachable: dequantize's output has K/8 words per
+# row, so N x K is a multiple of the 8-element vector; q4_matvec's group size 64 makes K a
+# multiple of the tiled kernel's 32-value step.
+WHOLE_VECTORS = frozenset({"dequantize"})
+WHOLE_K_STEPS = frozenset({"q4_matvec"})
+
+EQUIVALENT: tuple[Rule, ...] = (
+    Rule("vector edge", _vector_edge,
+         "`start + W <= n` -> `<`: the last whole vector takes the guarded element path instead, "
+         "which computes the same values"),
+    Rule("division helper", _division_helper,
+         "a sign test in mf_floordiv / mf_remainder under its guard (`r != 0`, `a % b != 0`, "
+         "b != 0 for a defined division; `I(-1) < I(0)` and `<=` agree for signed and unsigned "
+         "I): the same branch is taken"),
+    Rule("in-range gather index", _expression_gather_bound,
+         "the bound check of a gather whose index is an expression the kernel computes in range "
+         "(RoPE's partner, a table position): the index never equals the size, so `<` and `<=` "
+         "agree (gathers by index tensors are not covered: check draws their indices)"),
+    Rule("unreachable tail", _tail_of_whole_vectors,
+         "the element-by-element tail of a kernel whose element count is always a multiple of "
+         "its vector width: it never runs"),
+    Rule("whole K steps", _whole_k_steps,
+         "the tiled kernel's K guard where the group size makes K a multiple of its step: the "
+         "guard is always true"),
+)
+
+
+def equivalence(m: "Mutant", kernel: Any) -> Optional[Rule]:
+    """The rule that argues `m` equivalent, if any."""
+    return next((r for r in EQUIVALENT if r.applies(m, kernel)), None)
 
 
 @dataclass(frozen=True)
@@ -149,6 +222,7 @@ class MutationReport:
     kernel: str
     killed: list[Mutant] = field(default_factory=list)
     survived: list[Mutant] = field(default_factory=list)
+    equivalent: list[tuple[Mutant, Rule]] = field(default_factory=list)   # survivors, argued
     stillborn: list[Mutant] = field(default_factory=list)     # rejected by the compiler
     total_sites: int = 0
 
@@ -159,8 +233,10 @@ class MutationReport:
 
     def describe(self) -> str:
         lines = [f"{self.kernel}: {len(self.killed)} killed, {len(self.survived)} survived, "
-                 f"{len(self.stillborn)} stillborn, of {self.total_sites} sites"]
+                 f"{len(self.equivalent)} equivalent, {len(self.stillborn)} stillborn, of "
+                 f"{self.total_sites} sites"]
         lines += [f"  survivor: {m.describe()}" for m in self.survived]
+        lines += [f"  equivalent ({r.name}): {m.describe()}" for m, r in self.equivalent]
         return "\n".join(lines)
 
 
@@ -292,5 +368,9 @@ def mutation_test(kernel, source: str, *, sample_size: Optional[int] = None, see
         if not hits:
             raise RuntimeError(f"mutant {m.describe()} was never compiled: the source given "
                                f"is not one that check's runs compile")
-        (rep.killed if caught else rep.survived).append(m)
+        rule = None if caught else equivalence(m, kernel)
+        if rule is not None:
+            rep.equivalent.append((m, rule))
+        else:
+            (rep.killed if caught else rep.survived).append(m)
     return rep

@@ -42,7 +42,7 @@ PROFILES = {
         settings(max_examples=8, deadline=None, database=None, derandomize=True,
                  suppress_health_check=_HEALTH, print_blob=False, report_multiple_bugs=False,
                  phases=(Phase.explicit, Phase.generate, Phase.shrink)),
-        memory_budget=1 << 20, max_variants=3),
+        memory_budget=1 << 20, max_variants=3, boundary_examples=2),
     "metalforge-thorough": Profile(
         "metalforge-thorough",
         settings(max_examples=150, deadline=None, database=None, derandomize=False,
