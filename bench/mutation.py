@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another installed one
 
-from metalforge.testing.mutate import example_kernels, gate_run  # noqa: E402
+from metalforge.testing.mutate import example_kernels, gate_runs  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -35,9 +35,9 @@ def main(argv=None) -> int:
     print(f"{'kernel':<24} {'sites':>6} {'killed':>7} {'survived':>9} {'equivalent':>11} "
           f"{'stillborn':>10} {'score':>6} {'s':>6}")
     survivors, equivalent, killed, total = [], [], 0, 0
-    for name in names:
-        t0 = time.perf_counter()
-        rep = gate_run(kernels[name], a.per_kernel or None, a.seed)
+    t0 = time.perf_counter()
+    for name, rep in zip(names, gate_runs([kernels[n] for n in names], a.per_kernel or None,
+                                          a.seed)):
         n = len(rep.killed) + len(rep.survived)
         killed, total = killed + len(rep.killed), total + n
         survivors += [f"{name}: {m.describe()}" for m in rep.survived]
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
         print(f"{name:<24} {rep.total_sites:>6} {len(rep.killed):>7} {len(rep.survived):>9} "
               f"{len(rep.equivalent):>11} {len(rep.stillborn):>10} {rep.score:>6.0%} "
               f"{time.perf_counter() - t0:>6.0f}", flush=True)
+        t0 = time.perf_counter()
     print(f"\nall: {killed} of {total} non-equivalent mutants killed "
           f"({killed / max(total, 1):.1%}); {len(equivalent)} argued equivalent")
     for line in survivors:

@@ -283,14 +283,15 @@ def f32_source(kernel) -> tuple[str, dict[str, str]]:
     return render(spec.schedule(False)), dtypes
 
 
-def gate_run(example: Example, sample_size: Optional[int], seed: int = 0,
-             timeout: float = 60.0) -> "MutationReport":
-    """`sample_size` mutants (None: all) of the example's f32 library through `check` with
-    the module's options, f32 only, each in a separate process (`Isolated`)."""
-    source, dtypes = f32_source(example.kernel)
-    with Isolated(example, dtypes, timeout) as runner:
-        return mutation_test(example.kernel, source, sample_size=sample_size, seed=seed,
-                             runner=runner)
+def gate_runs(examples: list[Example], sample_size: Optional[int], seed: int = 0,
+              timeout: float = 60.0) -> Iterator["MutationReport"]:
+    """For each example: `sample_size` mutants (None: all) of its f32 library through `check`
+    with its module's options, f32 only, in a worker process (`Isolated`, shared by all)."""
+    with Isolated(timeout) as runner:
+        for ex in examples:
+            source, dtypes = f32_source(ex.kernel)
+            yield mutation_test(ex.kernel, source, sample_size=sample_size, seed=seed,
+                                runner=functools.partial(runner, ex, dtypes))
 
 
 def _check_mutant(kernel, options: Mapping[str, Any], mutant: "Mutant") -> tuple[bool, int]:
@@ -318,8 +319,7 @@ class Isolated:
     without its watchdog, would never end. A mutant over `timeout` seconds counts as killed:
     the hang is what check's user would see."""
 
-    def __init__(self, example: Example, dtypes: Mapping[str, str], timeout: float):
-        self.args = (str(example.path), example.attr, dict(dtypes))
+    def __init__(self, timeout: float):
         self.timeout = timeout
         self.pool: Any = None
 
@@ -330,8 +330,10 @@ class Isolated:
     def __exit__(self, *exc: Any) -> None:
         self.pool.terminate()
 
-    def __call__(self, mutant: "Mutant") -> tuple[bool, int]:
-        job = self.pool.apply_async(_child, (*self.args, mutant))
+    def __call__(self, example: Example, dtypes: Mapping[str, str], mutant: "Mutant"
+                 ) -> tuple[bool, int]:
+        job = self.pool.apply_async(_child, (str(example.path), example.attr, dict(dtypes),
+                                             mutant))
         try:
             return job.get(self.timeout)
         except multiprocessing.TimeoutError:
