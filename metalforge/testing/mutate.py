@@ -99,6 +99,12 @@ def _in_tail(m: "Mutant") -> bool:
     return tail is not None and m.line > tail + 1
 
 
+def _tail_one_further(m: "Mutant", kernel: Any) -> bool:
+    """The elementwise tail's loop over its chunk run one element further."""
+    return (m.operator == "relational" and _in_tail(m)
+            and bool(re.search(r"for \(uint mf_k = 0u; mf_k <= \d+u;", m.after)))
+
+
 def _whole_k_steps(m: "Mutant", kernel: Any) -> bool:
     """The tiled quantized kernel's guard on K when K is always a whole number of its steps."""
     return (kernel.name in WHOLE_K_STEPS and m.operator == "relational"
@@ -123,6 +129,10 @@ EQUIVALENT: tuple[Rule, ...] = (
          "the bound check of a gather whose index is an expression the kernel computes in range "
          "(RoPE's partner, a table position): the index never equals the size, so `<` and `<=` "
          "agree (gathers by index tensors are not covered: check draws their indices)"),
+    Rule("tail one further", _tail_one_further,
+         "the element-by-element tail's loop one element further: that element, if it exists "
+         "(the loop's guard checks), is the next thread's first, computed from the same inputs "
+         "and stored with the value that thread stores"),
     Rule("unreachable tail", _tail_of_whole_vectors,
          "the element-by-element tail of a kernel whose element count is always a multiple of "
          "its vector width: it never runs"),
