@@ -139,6 +139,12 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
                                           record=insts, **common)
         report.examples += _cover(kernel, variant, insts, dims, **common)
         report.instantiations += insts.values()
+    _fail_unlaunched(kernel, report)
+    return report
+
+
+def _fail_unlaunched(kernel, report: Report) -> None:
+    """An AssertionError naming every instantiation no example launched (and not unreachable)."""
     missing = [i for i in report.instantiations if not i.launches and not i.unreachable]
     if missing:
         raise AssertionError(
@@ -146,7 +152,6 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
             f"were never launched, so nothing tested them:\n  "
             + "\n  ".join(i.describe() for i in missing)
             + "\nEvery instantiation:\n  " + report.coverage().replace("\n", "\n  "))
-    return report
 
 
 # --------------------------------------------------------------------------- coverage
@@ -457,41 +462,13 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
     lines = [f"sizes: {sizes.describe()}"]
     for p in params:
         if isinstance(p, TensorParam):
-            dtype = graph.param(p.name).dtype
-            shape = sizes.shape(p)
             spec = per_param.get(p.name)
-            rng = None
             if p.name in indices and spec is None:
                 spec = (0, sizes.sizes[indices[p.name]] - 1)    # in range along the axis
-            if isinstance(spec, tuple) and len(spec) == 2:
-                rng, fams = spec, ("range",)
-            else:
-                allowed = S.families(dtype, nonfinite=nonfinite, large=limits["large"],
-                                     zeros=limits["zeros"])
-                if nonfinite and dtype.is_float:
-                    allowed = tuple(f for f in allowed if f in S.MODERATE_FAMILIES)
-                want = spec if spec is not None else (global_families if dtype.is_float
-                                                      else None)
-                if isinstance(want, str):
-                    want = [want]
-                if want is not None:
-                    bad = [f for f in want if f not in S.families(dtype)]
-                    if bad:
-                        raise ValueError(f"values['{p.name}']: unknown family "
-                                         f"{', '.join(bad)} for {dtype.name} (families: "
-                                         f"{', '.join(S.families(dtype))})")
-                fams = tuple(want) if want is not None else allowed
-            family = draw(st.sampled_from(_weighted(fams)), label=f"{p.name} family")
-            seed = draw(st.integers(0, 2 ** 16), label=f"{p.name} seed")
-            vals = S.make_values(dtype, shape, family, seed, value_range=rng,
-                                 zeros=limits["zeros"], negative=limits["negative"])
-            layout = draw(st.sampled_from(S.layouts_for(shape)), label=f"{p.name} layout") \
-                if layouts else "contiguous"
-            t = S.materialise(vals, layout, device=device)
-            args[p.name] = t
-            what = f"range {rng}" if rng else f"family '{family}'"
-            lines.append(f"{p.name}: {dtype.name}{list(shape)} (annotation \"{p.annotation}\"), "
-                         f"values {what} seed {seed}, layout {S.describe_layout(t, layout)}")
+            args[p.name], line = _draw_tensor(draw, graph.param(p.name).dtype, p, sizes, spec,
+                                              global_families, nonfinite, limits, layouts,
+                                              device)
+            lines.append(line)
         elif isinstance(p, ScalarParam):
             v = draw(S.scalar(p, per_param.get(p.name)), label=p.name)
             args[p.name] = v
@@ -499,6 +476,44 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
         elif isinstance(p, ConstParam):
             args[p.name] = variant.consts[p.name]
     return _Drawn(args, lines, sizes)
+
+
+def _families(dtype, name: str, spec, global_families, nonfinite: bool, limits
+              ) -> tuple[str, ...]:
+    """The value families tensor `name` may take (what `values=` asks, else all allowed)."""
+    allowed = S.families(dtype, nonfinite=nonfinite, large=limits["large"],
+                         zeros=limits["zeros"])
+    if nonfinite and dtype.is_float:
+        allowed = tuple(f for f in allowed if f in S.MODERATE_FAMILIES)
+    want = spec if spec is not None else (global_families if dtype.is_float else None)
+    if isinstance(want, str):
+        want = [want]
+    if want is None:
+        return allowed
+    bad = [f for f in want if f not in S.families(dtype)]
+    if bad:
+        raise ValueError(f"values['{name}']: unknown family {', '.join(bad)} for {dtype.name} "
+                         f"(families: {', '.join(S.families(dtype))})")
+    return tuple(want)
+
+
+def _draw_tensor(draw, dtype, p: TensorParam, sizes, spec, global_families, nonfinite: bool,
+                 limits, layouts: bool, device) -> tuple[torch.Tensor, str]:
+    """One tensor argument and its line of the example's description."""
+    shape = sizes.shape(p)
+    rng = spec if isinstance(spec, tuple) and len(spec) == 2 else None
+    fams = ("range",) if rng else _families(dtype, p.name, spec, global_families, nonfinite,
+                                             limits)
+    family = draw(st.sampled_from(_weighted(fams)), label=f"{p.name} family")
+    seed = draw(st.integers(0, 2 ** 16), label=f"{p.name} seed")
+    vals = S.make_values(dtype, shape, family, seed, value_range=rng,
+                         zeros=limits["zeros"], negative=limits["negative"])
+    layout = draw(st.sampled_from(S.layouts_for(shape)), label=f"{p.name} layout") \
+        if layouts else "contiguous"
+    t = S.materialise(vals, layout, device=device)
+    what = f"range {rng}" if rng else f"family '{family}'"
+    return t, (f"{p.name}: {dtype.name}{list(shape)} (annotation \"{p.annotation}\"), values "
+               f"{what} seed {seed}, layout {S.describe_layout(t, layout)}")
 
 
 def _weighted(fams: tuple[str, ...]) -> tuple[str, ...]:
