@@ -146,22 +146,7 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
         if name in pinned:
             size = draw(_size_choices(pinned[name], name))
         else:
-            kinds = ["small", "small", "edge", "edge"]
-            if any(s <= cap for s in LARGE_SIZES):
-                kinds.append("large")
-            kind = "empty" if name == zero else draw(st.sampled_from(kinds))
-            if kind == "empty":
-                size = 0
-            elif kind == "small":
-                size = draw(st.sampled_from([s for s in SMALL_SIZES if s <= cap] or [1]))
-            elif kind == "edge":
-                size = draw(st.sampled_from([s for s in EDGE_SIZES if s <= cap] or [1]))
-            else:
-                size = draw(st.sampled_from([s for s in LARGE_SIZES if s <= cap]))
-            if size:
-                size = _round_up(size, multiple)
-                if size > cap:
-                    size = max(multiple, cap // multiple * multiple)
+            size = 0 if name == zero else _free_size(draw, cap, multiple)
         if size % multiple:
             raise ValueError(f"dims['{name}'] = {size} must be a multiple of {multiple} (a "
                              f"derived dim divides it)")
@@ -174,15 +159,32 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
         if name in pinned:
             lead = tuple(draw(_batch_choices(pinned[name], name)))
         else:
-            cap = max(1, budget // product)
-            lead = tuple(draw(st.lists(st.sampled_from([s for s in BATCH_SIZES if s <= cap] or [1]),
-                                       max_size=MAX_BATCH_DIMS)))
-            while math.prod(lead) > cap and lead:
-                lead = lead[:-1]
+            lead = _free_batch(draw, max(1, budget // product))
         batch[name] = lead
         out[name] = math.prod(lead)
         product *= max(out[name], 1)
     return Sizes(out, batch)
+
+
+def _free_size(draw, cap: int, multiple: int) -> int:
+    """A dim's size: small, an edge size or (within `cap`) a large one; a multiple of
+    `multiple`."""
+    kinds = ["small", "small", "edge", "edge"]
+    if any(s <= cap for s in LARGE_SIZES):
+        kinds.append("large")
+    pool = {"small": SMALL_SIZES, "edge": EDGE_SIZES, "large": LARGE_SIZES}[
+        draw(st.sampled_from(kinds))]
+    size = _round_up(draw(st.sampled_from([s for s in pool if s <= cap] or [1])), multiple)
+    return max(multiple, cap // multiple * multiple) if size > cap else size
+
+
+def _free_batch(draw, cap: int) -> tuple[int, ...]:
+    """Leading batch dims (0 to MAX_BATCH_DIMS of them) whose product stays within `cap`."""
+    lead = tuple(draw(st.lists(st.sampled_from([s for s in BATCH_SIZES if s <= cap] or [1]),
+                               max_size=MAX_BATCH_DIMS)))
+    while math.prod(lead) > cap and lead:
+        lead = lead[:-1]
+    return lead
 
 
 # --------------------------------------------------------------------------- values
