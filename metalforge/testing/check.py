@@ -23,7 +23,7 @@ import itertools
 import math
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from hypothesis import given, reject, settings, strategies as st
@@ -277,15 +277,12 @@ def _allowed(pin, size: int) -> bool:
 
 
 def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
-    """(schedule, sizes, launch steps) of the call `args` make; None for sizes the call
-    refuses; the LaunchError for sizes the schedule's documented limits refuse."""
+    """(schedule, sizes, launch steps) of the call `args` make; None for refused sizes."""
     graph = variant.graph
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
         s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
         return s, sizes, s.steps(sizes)
-    except LaunchError as e:
-        return e
     except Exception:                                            # noqa: BLE001 - refused
         return None                                              # sizes: nothing launched
 
@@ -293,7 +290,7 @@ def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
 def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
     """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
     got = _launches(kernel, variant, args)
-    if not isinstance(got, tuple):
+    if got is None:
         return
     s, sizes, steps = got
     for host in (step.host_name for step in steps):   # several: attention's merge
@@ -445,7 +442,8 @@ def index_tensors(graph: Graph) -> dict[str, str]:
 
 
 def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_families,
-                  layouts: bool, budget: int, device) -> _Drawn:
+                  layouts: bool, budget: int, device,
+                  admit: Callable[[Mapping[str, int]], None] = lambda sizes: None) -> _Drawn:
     graph = variant.graph
     plan = S.dim_plan(params)
     reduced = frozenset(n.attr[1] for n in graph.reductions())
@@ -456,6 +454,7 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
     max_elements = max(1, budget // ((plan.tensors + len(graph.outputs)) * itemsize))
     sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced),
                  label="sizes")
+    admit(sizes.sizes)                           # may reject the example before its values
     limits = _graph_limits(graph)
     nonfinite = limits["nonfinite"] and draw(st.booleans(), label="inf/NaN inputs")
     args: dict[str, Any] = {}
@@ -540,12 +539,8 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
     def run_one(data):
         ex = _draw_example(data.draw, variant, variant.graph.params, dims=dims,
                            per_param=per_param, global_families=global_families,
-                           layouts=layouts, budget=budget, device=device)
-        got = _launches(kernel, variant, ex.args)
-        if isinstance(got, LaunchError):
-            reject()                 # sizes over a documented limit of the schedule (E > 256)
-        if isinstance(got, tuple) and sum(step.threads for step in got[2]) > prof.launch_budget:
-            reject()                 # the simulator runs every thread: keep launches bounded
+                           layouts=layouts, budget=budget, device=device,
+                           admit=lambda sizes: _admit(kernel, variant, sizes, prof))
         order, whole = _launch_model(data.draw, ex) if device == "cpu" else ("forward", False)
         ran[0] += 1
         if record is not None:
@@ -557,6 +552,21 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
 
     run_one()
     return ran[0]
+
+
+def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) -> None:
+    """Reject (hypothesis) sizes the schedule refuses before launch (a documented limit, such
+    as attention's E over 256) or whose launches run more than the profile's thread budget
+    (the simulator runs every thread)."""
+    try:
+        s = schedule_of(variant.graph, sizes=sizes, launch=getattr(kernel, "launch", None))
+        steps = s.steps(sizes)
+    except LaunchError:
+        reject()
+    except Exception:                                            # noqa: BLE001 - the call
+        return                                                   # reports it
+    if sum(step.threads for step in steps) > prof.launch_budget:
+        reject()
 
 
 def _launch_model(draw, ex: _Drawn) -> tuple[str, bool]:
