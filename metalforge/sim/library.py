@@ -58,7 +58,9 @@ WHOLE_GROUPS: contextvars.ContextVar[bool] = contextvars.ContextVar("metalforge_
 
 @contextlib.contextmanager
 def whole_groups(on: bool = True) -> Iterator[None]:
-    """Run the simulator's launches in this block on grids rounded up to whole threadgroups."""
+    """Run the simulator's launches in this block on grids rounded up to whole threadgroups.
+
+    Example: ``with sim.whole_groups(): lib.k(y, threads=40, group_size=32)`` runs 64 threads."""
     token = WHOLE_GROUPS.set(bool(on))
     try:
         yield
@@ -68,7 +70,9 @@ def whole_groups(on: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def thread_order(order: str) -> Iterator[None]:
-    """Run the simulator's launches in this block with their threads in `order`."""
+    """Run the simulator's launches in this block with their threads in `order`.
+
+    Example: ``with sim.thread_order("reverse"): lib.k(x, y, threads=64, group_size=64)``."""
     if order not in ("forward", "reverse"):
         raise ValueError(f"thread order must be 'forward' or 'reverse', got {order!r}")
     token = THREAD_ORDER.set(order)
