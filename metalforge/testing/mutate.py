@@ -254,10 +254,9 @@ class MutationReport:
 
 @dataclass(frozen=True)
 class Example:
-    """A kernel of an example module (`path`, attribute `attr`), with the `check` options the
-    module gives it."""
+    """A kernel of an example module (`path`, attribute `attr`; the module's `CHECK` gives its
+    `check` options)."""
     kernel: Any
-    options: Mapping[str, Any]
     path: Path
     attr: str
 
@@ -274,14 +273,12 @@ def _load(path: Path) -> Any:
 
 
 def example_kernels(folder: Path) -> dict[str, Example]:
-    """Every kernel of the modules in `folder` by name, with the module's `CHECK` options."""
+    """Every kernel of the modules in `folder`, by kernel name."""
     out: dict[str, Example] = {}
     for path in sorted(folder.glob("*.py")):
-        mod = _load(path)
-        options = getattr(mod, "CHECK", {})
-        for name, k in vars(mod).items():
+        for name, k in vars(_load(path)).items():
             if isinstance(k, Kernel):
-                out[k.name] = Example(k, options.get(name, {}), path, name)
+                out[k.name] = Example(k, path, name)
     return out
 
 
