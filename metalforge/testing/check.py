@@ -213,9 +213,7 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
                 pins = _one_per_kernel(s, axis, pins)
         for b in pins:
             pinned = dict(dims) if b is None else {**dims, axis: b}
-            ran += _check_variant(runner, variant, dims=pinned,
-                                  max_examples=prof.boundary_examples, record=insts,
-                                  prof=prof, **{**common, "budget": common["budget"] // 8})
+            ran += _pinned_examples(runner, variant, pinned, insts, prof, common)
         ran += _cover_selected(runner, variant, insts, dims, s, idx64, prof=prof, **common)
         if axis in dims:
             for (w, host), inst in insts.items():
@@ -234,10 +232,14 @@ def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, pr
         if w != idx64 or inst.launches or not pins or any(
                 a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
             continue
-        ran += _check_variant(runner, variant, dims={**dims, **pins},
-                              max_examples=prof.boundary_examples, record=insts, prof=prof,
-                              **{**common, "budget": common["budget"] // 8})
+        ran += _pinned_examples(runner, variant, {**dims, **pins}, insts, prof, common)
     return ran
+
+
+def _pinned_examples(runner, variant: Variant, dims, insts, prof: Profile, common) -> int:
+    """The profile's boundary examples at sizes `dims` pins (a smaller memory budget)."""
+    return _check_variant(runner, variant, dims=dims, max_examples=prof.boundary_examples,
+                          record=insts, prof=prof, **{**common, "budget": common["budget"] // 8})
 
 
 def _one_per_kernel(s, axis: str, pins: list) -> list:

@@ -84,7 +84,7 @@ def _division_helper(m: "Mutant", kernel: Any) -> bool:
 
 def _expression_gather_bound(m: "Mutant", kernel: Any) -> bool:
     return (m.operator == "relational" and bool(re.search(r"mf_take\d+_ok = ", m.before))
-            and not index_tensors(kernel.graph(**f32_source(kernel)[1])))
+            and not index_tensors(kernel.graph(**f32_dtypes(kernel))))
 
 
 def _tail_of_whole_vectors(m: "Mutant", kernel: Any) -> bool:
@@ -282,10 +282,15 @@ def example_kernels(folder: Path) -> dict[str, Example]:
     return out
 
 
+def f32_dtypes(kernel) -> dict[str, str]:
+    """Every dtype variable of the kernel's parameters, as f32."""
+    return {p.dtype_var: "f32" for p in kernel.params
+            if isinstance(p, TensorParam) and p.dtype_var}
+
+
 def f32_source(kernel) -> tuple[str, dict[str, str]]:
     """(the kernel's library with every dtype variable f32, 32-bit indexing; those dtypes)."""
-    dtypes = {p.dtype_var: "f32" for p in kernel.params
-              if isinstance(p, TensorParam) and p.dtype_var}
+    dtypes = f32_dtypes(kernel)
     spec = specialisation(kernel.graph(**dtypes), getattr(kernel, "launch", None))
     return render(spec.schedule(False)), dtypes
 
