@@ -294,6 +294,8 @@ class _Builder(reduce.Builder):
         self.pre_names: set[str] = set()
         self.params: tuple[ir.Argument, ...] = ()
         self.staged: dict[Node, ir.Expr] = {}
+        self.streamed: set[Node] = set(self.kv)        # what load_keys loads
+        self.tg_decls: list[ir.Stmt] = []
         self.tg_bytes = 0
 
     def _key_tensors(self) -> dict[Node, str]:
@@ -433,6 +435,8 @@ class _Builder(reduce.Builder):
             fixed = {n for n in cone if f.key not in n.axes and f.e in n.axes}
             nodes += [n for n in cone if n in fixed and n not in nodes and not any(
                 n in u.args for u in cone if u in fixed)]
+        if self.policy.lane_scores:
+            return self.stage_shared(nodes)
         out: list[ir.Stmt] = []
         for i, n in enumerate(nodes):
             low = self.lowering(f"mf_st{i}_")
@@ -452,6 +456,36 @@ class _Builder(reduce.Builder):
                                      "registers (0 past E)"))
         return out
 
+    def stage_shared(self, nodes: list[Node]) -> list[ir.Stmt]:
+        """Threadgroup staging of the same values for lane scores: every lane reads all of a
+        row's E values, so the group's threads fill `mf_tgq<i>[t * Emax + e]` together (0 past
+        E and for dead rows), then wait at a barrier."""
+        emax = SIMD_WIDTH * self.epl
+        tpg = self.policy.threads_per_group
+        out: list[ir.Stmt] = [ir.Comment("each query row's values every key multiplies, in "
+                                         "threadgroup memory: every lane reads all of them")]
+        idx, t, e = ir.Var("mf_qi"), ir.Var("mf_t"), ir.Var("mf_e")
+        for i, n in enumerate(nodes):
+            low = self.lowering(f"mf_st{i}_")
+            body = low.lower([n])
+            self.helpers |= low.helpers
+            name = f"mf_tgq{i}"
+            slot = ir.Lane(ir.Var(name), idx)
+            zero = ir.Lit(0.0, "float")
+            self.tg_decls.append(ir.ArrayDecl(name, "float", self.qt * emax, "threadgroup"))
+            self.tg_bytes += 4 * self.qt * emax
+            out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
+                              ir.Lit(self.qt * emax, "uint"), [
+                ir.Decl("mf_t", "uint", idx / ir.Lit(emax, "uint")),
+                ir.Decl("mf_e", "uint", idx % ir.Lit(emax, "uint")),
+                ir.Assign(slot, zero),
+                ir.If(ir.Lane(ir.Var("mf_live"), t).and_(
+                    ir.Cast(IDX, e) < self.size(self.form.e)),
+                    body + [ir.Assign(slot, _float(low.value(n), n))])],
+                step=ir.Lit(tpg, "uint")))
+            self.staged[n] = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
+        return out + [ir.Barrier()] if out[1:] else []
+
     def load_keys(self) -> list[ir.Stmt]:
         """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
         multiple of the width, else guarded scalar loads; 0 past E and past the keys. A gather
@@ -459,6 +493,8 @@ class _Builder(reduce.Builder):
         out: list[ir.Stmt] = [ir.Comment("this lane's E elements of the step's keys and values, "
                                          "loaded once for all the tile's rows")]
         for n, arr in self.kv.items():
+            if n not in self.streamed:
+                continue
             t = self.tensor_of(n)
             ct = compute_type(t.dtype)
             zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
@@ -561,6 +597,154 @@ class _Builder(reduce.Builder):
                             "simd_shuffle_xor", (dot, off)))])])], step=off)]
             self.dot_of[r] = dot
         return out
+
+    def own_key_chunks(self, nodes: Sequence[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """For lane scores: (once per key, per chunk) statements putting chunk mf_c (vw
+        consecutive E elements from mf_c * vw) of the lane's own key mf_l of each of `nodes`
+        into `mf_kc<i>[x]`: a vector load when E is a multiple of vw, else guarded scalar
+        loads (0 past E). A gather finds the key's row once."""
+        vw = self.vw
+        find: list[ir.Stmt] = []
+        chunk: list[ir.Stmt] = []
+        c, x = ir.Var("mf_c"), ir.Var("mf_x")
+        e0 = c * ir.Lit(vw, "uint")
+        for n in nodes:
+            arr = self.kv[n]
+            t = self.tensor_of(n)
+            ct, st = compute_type(t.dtype), self.in_stype(t)
+            zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+            moved: dict[str, ir.Expr] = {}
+            if n.op == Op.TAKE:
+                low = self.lowering(f"{arr}_")
+                found, pos = low.gather_position(n)
+                self.helpers |= low.helpers
+                find += found + [ir.Decl(f"mf_{arr}_row", IDX, pos)]
+                moved[n.attr[1]] = ir.Var(f"mf_{arr}_row")
+            reg = ir.Lane(ir.Var(f"{arr}c"), x)
+            scalar = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                ir.Decl("mf_e", "uint", e0 + x),
+                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e),
+                      [ir.Assign(reg, ir.Cast(ct, ir.Load(self.names[t.name],
+                                                          self.offset(t.axes, moved))))],
+                      [ir.Assign(reg, zero)])], unroll=True)
+            body: list[ir.Stmt] = [scalar]
+            if vw > 1 and t.axes[-1] == self.form.e:
+                elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), x)) if vw == 8 else ir.Lane(
+                    ir.Var("mf_vec"), x)
+                if vw == 8:
+                    self.helpers.add("mf_pack8_of")
+                body = [ir.If(ir.Var("mf_vec_ok"), [
+                    ir.Decl("mf_e", "uint", e0),
+                    ir.Decl("mf_vec", ir.vector_type(st, vw),
+                            ir.Load(self.names[t.name], self.offset(t.axes, moved), vw, st)),
+                    ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                        ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)], [scalar])]
+            chunk += [ir.ArrayDecl(f"{arr}c", ct, vw)] + body
+        return find, chunk
+
+    def lane_dots(self) -> list[ir.Stmt]:
+        """Lane scores: each lane's own key mf_l = mf_step + lane, its whole contraction with
+        every row of the tile (q from threadgroup memory), chunk by chunk of vw elements."""
+        f = self.form
+        vw = self.vw
+        out: list[ir.Stmt] = [ir.Comment("scores: each lane takes a key of its own and "
+                                         "contracts all of E with every row of the tile")]
+        self.dot_of = {}
+        nodes = [n for n in self.kv if any(n in topo_order([r.args[0]])
+                                           for r in f.contractions)]
+        find, chunk = self.own_key_chunks(nodes)
+        adds: list[ir.Stmt] = []
+        t = ir.Var("mf_t")
+        for i, r in enumerate(f.contractions):
+            part = self.lowering(f"mf_c{i}_")
+            part.values.update(self.staged)
+            part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), ir.Var("mf_x"))
+                                for n in nodes})
+            body = part.lower([r.args[0]])
+            self.helpers |= part.helpers
+            dot = ir.Lane(ir.Var(f"mf_dot{i}"), t)
+            adds.append(self.each_row(body + [ir.Assign(dot, dot + _float(
+                part.value(r.args[0]), r.args[0]))]))
+            out += [ir.ArrayDecl(f"mf_dot{i}", "float", self.qt),
+                    ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
+                           [ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)]
+            self.dot_of[r] = dot
+        chunks = (self.size(f.e) + ir.Lit(vw - 1, IDX)) / ir.Lit(vw, IDX)
+        each = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+            ir.Decl("mf_e", "uint", ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_x")),
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)
+        out.append(ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), find + [
+            ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Cast("uint", chunks),
+                   chunk + [each])]))
+        return out
+
+    def lane_softmax(self) -> list[ir.Stmt]:
+        """Lane scores: the scores' elementwise work for the lane's key, then per row one
+        online-softmax update for the simdgroup's 32 keys: their max over the simdgroup (the
+        same m in every lane), the lane's own weight p (kept in mf_ps for the values), its
+        running sum d (lane-partial, summed at the end) and acc rescaled."""
+        f = self.form
+        t = ir.Var("mf_t")
+        sc, ps = ir.Lane(ir.Var("mf_sc"), t), ir.Lane(ir.Var("mf_ps"), t)
+        score = self.lowering("mf_s")
+        for r, dot in self.dot_of.items():
+            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
+                compute_type(r.dtype), dot)
+        body = score.lower([f.scores])
+        self.helpers |= score.helpers | {"mf_maximum", "mf_simd_max"}
+        m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
+        m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
+        live = m_new.ne(NEG_INF)
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
+                      [ir.Assign(sc, NEG_INF)], unroll=True)
+        return [
+            ir.ArrayDecl("mf_sc", "float", self.qt),
+            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), [self.each_row(
+                body + [ir.Assign(sc, _float(score.value(f.scores), f.scores))])], [dead]),
+            ir.Comment("online softmax, per row: the max of the simdgroup's keys, the old sums "
+                       "rescaled, this lane's weight p"),
+            ir.ArrayDecl("mf_ps", "float", self.qt),
+            self.each_row([
+                ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (m, ir.Call(
+                    "mf_simd_max", (sc,))))),
+                ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
+                    "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
+                ir.Assign(ps, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
+                                        ir.Lit(0.0, "float"))),
+                ir.Assign(d, d * corr + ps),
+                ir.Assign(m, m_new),
+                self.slots([ir.Assign(acc, acc * corr)])])]
+
+    def lane_values(self) -> list[ir.Stmt]:
+        """Lane scores: the step's 32 keys' values, kp * keys_per_step at a time in the usual
+        layout (a key's E elements over mf_w lanes, kp key streams), each key's weight p
+        fetched from the lane that scored it."""
+        t, u = ir.Var("mf_t"), ir.Var("mf_u")
+        p = ir.Lane(ir.Var("mf_p"), u * ir.Lit(self.qt, "uint") + t)
+        src = ir.Var("mf_i") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
+        per = ir.Var("mf_kp") * ir.Lit(self.kps, "uint")
+        return [ir.For("mf_i", "uint", ir.Lit(0, "uint"), SIMD, [
+            ir.Decl("mf_base", IDX, ir.Var("mf_step") + ir.Cast(IDX, ir.Var("mf_i"))),
+            *self.load_keys(),
+            ir.ArrayDecl("mf_p", "float", self.kps * self.qt),
+            self.each_key([self.each_row([ir.Assign(p, ir.Call(
+                "simd_shuffle", (ir.Lane(ir.Var("mf_ps"), t), src)))])]),
+            *self.accumulate()], step=per)]
+
+    def merge_lanes(self) -> list[ir.Stmt]:
+        """Lane scores: the simdgroup's state. m is the same in every lane; d is summed over
+        the lanes, acc over the key streams (lanes mf_w apart hold the same E elements)."""
+        t, off = ir.Var("mf_t"), ir.Var("mf_off")
+        d = ir.Lane(ir.Var("mf_d"), t)
+        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        return [
+            ir.Comment("the simdgroup's state: d summed over its lanes, acc over its key "
+                       "streams"),
+            self.each_row([
+                ir.Assign(d, ir.Call("simd_sum", (d,))),
+                ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.slots([ir.Assign(
+                    acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])], step=off)])]
 
     def softmax_step(self) -> list[ir.Stmt]:
         """The scores' elementwise work, then per row one online-softmax update for the step:
@@ -773,19 +957,31 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names, self.tiled = [], set(), True
+        self.tg_decls = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
+                         ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
+                         ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
+        self.tg_bytes = 4 * nsg * (2 + emax)
         head = self.group_head(nsg) + self.tile()
         staged = self.stage()
-        step = self.load_keys() + self.dots() + self.softmax_step() + self.accumulate()
-        per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(self.kps, "uint"))
-        loop = ir.For("mf_base", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step,
-                      ir.Var("mf_l1"), step, step=per_step * ir.Lit(nsg, IDX))
-        tg: list[ir.Stmt] = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
-                             ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
-                             ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
-        self.tg_bytes = 4 * nsg * (2 + emax)
+        if self.policy.lane_scores:
+            values = set(topo_order([f.values]))
+            self.streamed = {n for n in self.kv if n in values}
+            step = [ir.Decl("mf_l", IDX, ir.Var("mf_step") + ir.Cast(IDX, ir.Var("mf_lane")))]
+            step += self.lane_dots() + self.lane_softmax() + self.lane_values()
+            loop = ir.For("mf_step", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg") * SIMD),
+                          ir.Var("mf_l1"), step, step=ir.Lit(SIMD_WIDTH * nsg, IDX))
+            tail = self.merge_lanes() + self.share(nsg, emax)
+        else:
+            self.streamed = set(self.kv)
+            step = self.load_keys() + self.dots() + self.softmax_step() + self.accumulate()
+            per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(self.kps, "uint"))
+            loop = ir.For("mf_base", IDX,
+                          ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step,
+                          ir.Var("mf_l1"), step, step=per_step * ir.Lit(nsg, IDX))
+            tail = self.merge_streams() + self.share(nsg, emax)
         scan: list[ir.Stmt] = [ir.Comment(f"one pass over the block's keys along '{f.key}' "
                                           f"(scores never stored)"), loop]
-        tail = self.merge_streams() + self.share(nsg, emax)
+        tg = self.tg_decls
         body = head + self.pre + staged + self.state() + scan + tail
         self.tiled = False
         summary = (f"{self.graph.name} (decode): softmax over '{f.key}' of scores contracting "

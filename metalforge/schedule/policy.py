@@ -44,6 +44,8 @@ class LaunchPolicy:
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
     key_splits: int = 0                # attention: key blocks per query row (0: per call)
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
+    lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
+                                       # threadgroup memory), no butterfly per key
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
 
     @property
@@ -129,7 +131,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
               "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "index64"),
+                  "keys_per_step", "lane_scores", "index64"),
 }
 
 
@@ -179,6 +181,8 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
     _need(p, p.index64 is None or isinstance(p.index64, bool),
           f"index64 must be None, True or False, got {p.index64!r}")
+    _need(p, isinstance(p.lane_scores, bool),
+          f"lane_scores must be True or False, got {p.lane_scores!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")
