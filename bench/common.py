@@ -100,11 +100,11 @@ def launched_variant(schedule, kernel, args) -> str:
 
 
 def parse_launch(items) -> dict:
-    """--launch key=value ... → launch overrides (ints)."""
-    out = {}
+    """--launch key=value ... → launch overrides (ints; True / False for switches)."""
+    out: dict = {}
     for it in items or ():
         k, _, v = it.partition("=")
-        out[k] = int(v)
+        out[k] = {"True": True, "False": False}[v] if v in ("True", "False") else int(v)
     return out
 
 
