@@ -142,8 +142,6 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
 # taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
 TARGET_GROUPS = 512
 MIN_KEYS = 32
-# Lane scores: chunks of a key's E elements each lane loads before using any (loads in flight)
-CHUNKS = 4
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -601,16 +599,15 @@ class _Builder(reduce.Builder):
         return out
 
     def own_key_chunks(self, nodes: Sequence[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-        """For lane scores: (once per key, per batch of chunks) statements putting CHUNKS
-        chunks (vw consecutive E elements each, chunk mf_c = mf_cb + b from mf_c * vw) of the
-        lane's own key mf_l of each of `nodes` into `<arr>c[b * vw + x]`, all loads issued
-        before any is used: a vector load per chunk when E is a multiple of vw, else guarded
-        scalar loads (0 past E). A gather finds the key's row once."""
+        """For lane scores: (once per key, per chunk) statements putting chunk mf_c (vw
+        consecutive E elements from mf_c * vw) of the lane's own key mf_l of each of `nodes`
+        into `mf_kc<i>[x]`: a vector load when E is a multiple of vw, else guarded scalar
+        loads (0 past E). A gather finds the key's row once."""
         vw = self.vw
         find: list[ir.Stmt] = []
-        batch: list[ir.Stmt] = []
-        x = ir.Var("mf_x")
-        e0 = ir.Var("mf_c") * ir.Lit(vw, "uint")
+        chunk: list[ir.Stmt] = []
+        c, x = ir.Var("mf_c"), ir.Var("mf_x")
+        e0 = c * ir.Lit(vw, "uint")
         for n in nodes:
             arr = self.kv[n]
             t = self.tensor_of(n)
@@ -623,36 +620,31 @@ class _Builder(reduce.Builder):
                 self.helpers |= low.helpers
                 find += found + [ir.Decl(f"mf_{arr}_row", IDX, pos)]
                 moved[n.attr[1]] = ir.Var(f"mf_{arr}_row")
-            reg = ir.Lane(ir.Var(f"{arr}c"), ir.Var("mf_b") * ir.Lit(vw, "uint") + x)
+            reg = ir.Lane(ir.Var(f"{arr}c"), x)
             scalar = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                 ir.Decl("mf_e", "uint", e0 + x),
                 ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e),
                       [ir.Assign(reg, ir.Cast(ct, ir.Load(self.names[t.name],
                                                           self.offset(t.axes, moved))))],
                       [ir.Assign(reg, zero)])], unroll=True)
-            load: list[ir.Stmt] = [scalar]
+            body: list[ir.Stmt] = [scalar]
             if vw > 1 and t.axes[-1] == self.form.e:
                 elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), x)) if vw == 8 else ir.Lane(
                     ir.Var("mf_vec"), x)
                 if vw == 8:
                     self.helpers.add("mf_pack8_of")
-                load = [ir.If(ir.Var("mf_vec_ok").and_(
-                    ir.Cast(IDX, e0) < self.size(self.form.e)), [
+                body = [ir.If(ir.Var("mf_vec_ok"), [
                     ir.Decl("mf_e", "uint", e0),
                     ir.Decl("mf_vec", ir.vector_type(st, vw),
                             ir.Load(self.names[t.name], self.offset(t.axes, moved), vw, st)),
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                         ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)], [scalar])]
-            batch += [ir.ArrayDecl(f"{arr}c", ct, CHUNKS * vw),
-                      ir.For("mf_b", "uint", ir.Lit(0, "uint"), ir.Lit(CHUNKS, "uint"), [
-                          ir.Decl("mf_c", "uint", ir.Var("mf_cb") + ir.Var("mf_b"))] + load,
-                          unroll=True)]
-        return find, batch
+            chunk += [ir.ArrayDecl(f"{arr}c", ct, vw)] + body
+        return find, chunk
 
     def lane_dots(self) -> list[ir.Stmt]:
         """Lane scores: each lane's own key mf_l = mf_step + lane, its whole contraction with
-        every row of the tile (q from threadgroup memory), CHUNKS chunks of vw elements at a
-        time (their loads first)."""
+        every row of the tile (q from threadgroup memory), chunk by chunk of vw elements."""
         f = self.form
         vw = self.vw
         out: list[ir.Stmt] = [ir.Comment("scores: each lane takes a key of its own and "
@@ -660,15 +652,14 @@ class _Builder(reduce.Builder):
         self.dot_of = {}
         nodes = [n for n in self.kv if any(n in topo_order([r.args[0]])
                                            for r in f.contractions)]
-        find, batch = self.own_key_chunks(nodes)
-        chunks = (self.size(f.e) + ir.Lit(vw - 1, IDX)) / ir.Lit(vw, IDX)
+        find, chunk = self.own_key_chunks(nodes)
         adds: list[ir.Stmt] = []
         t = ir.Var("mf_t")
-        slot = ir.Var("mf_b") * ir.Lit(vw, "uint") + ir.Var("mf_x")
         for i, r in enumerate(f.contractions):
             part = self.lowering(f"mf_c{i}_")
             part.values.update(self.staged)
-            part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), slot) for n in nodes})
+            part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), ir.Var("mf_x"))
+                                for n in nodes})
             body = part.lower([r.args[0]])
             self.helpers |= part.helpers
             dot = ir.Lane(ir.Var(f"mf_dot{i}"), t)
@@ -678,15 +669,13 @@ class _Builder(reduce.Builder):
                     ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
                            [ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)]
             self.dot_of[r] = dot
-        each = ir.For("mf_b", "uint", ir.Lit(0, "uint"), ir.Lit(CHUNKS, "uint"), [
-            ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                ir.Decl("mf_e", "uint", (ir.Var("mf_cb") + ir.Var("mf_b")) * ir.Lit(vw, "uint")
-                        + ir.Var("mf_x")),
-                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)],
-            unroll=True)
+        chunks = (self.size(f.e) + ir.Lit(vw - 1, IDX)) / ir.Lit(vw, IDX)
+        each = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+            ir.Decl("mf_e", "uint", ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_x")),
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)
         out.append(ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), find + [
-            ir.For("mf_cb", "uint", ir.Lit(0, "uint"), ir.Cast("uint", chunks), batch + [each],
-                   step=ir.Lit(CHUNKS, "uint"))]))
+            ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Cast("uint", chunks),
+                   chunk + [each])]))
         return out
 
     def lane_softmax(self) -> list[ir.Stmt]:
