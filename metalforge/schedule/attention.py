@@ -458,9 +458,8 @@ class _Builder(reduce.Builder):
 
     def stage_shared(self, nodes: list[Node]) -> list[ir.Stmt]:
         """Threadgroup staging of the same values for lane scores: every lane reads all of a
-        row's E values, so the group's threads fill element t * Emax + e of `mf_tgq<i>`
-        (float4s: a lane reads four at once) together (0 past E and for dead rows), then wait
-        at a barrier."""
+        row's E values, so the group's threads fill `mf_tgq<i>[t * Emax + e]` together (0 past
+        E and for dead rows), then wait at a barrier."""
         emax = SIMD_WIDTH * self.epl
         tpg = self.policy.threads_per_group
         out: list[ir.Stmt] = [ir.Comment("each query row's values every key multiplies, in "
@@ -471,11 +470,9 @@ class _Builder(reduce.Builder):
             body = low.lower([n])
             self.helpers |= low.helpers
             name = f"mf_tgq{i}"
-            four = ir.Lit(4, "uint")
-            slot = ir.Lane(ir.Lane(ir.Var(name), idx / four), idx % four)
+            slot = ir.Lane(ir.Var(name), idx)
             zero = ir.Lit(0.0, "float")
-            self.tg_decls.append(ir.ArrayDecl(name, "float4", self.qt * emax // 4,
-                                              "threadgroup"))
+            self.tg_decls.append(ir.ArrayDecl(name, "float", self.qt * emax, "threadgroup"))
             self.tg_bytes += 4 * self.qt * emax
             out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
                               ir.Lit(self.qt * emax, "uint"), [
@@ -486,8 +483,7 @@ class _Builder(reduce.Builder):
                     ir.Cast(IDX, e) < self.size(self.form.e)),
                     body + [ir.Assign(slot, _float(low.value(n), n))])],
                 step=ir.Lit(tpg, "uint")))
-            at = t * ir.Lit(emax, "uint") + e
-            self.staged[n] = ir.Lane(ir.Lane(ir.Var(name), at / four), at % four)
+            self.staged[n] = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
         return out + [ir.Barrier()] if out[1:] else []
 
     def load_keys(self) -> list[ir.Stmt]:
