@@ -142,6 +142,8 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
 # taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
 TARGET_GROUPS = 512
 MIN_KEYS = 32
+# The merge kernel: key blocks a stream of lanes loads before it adds any of them
+MERGE_STEP = 4
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -992,28 +994,76 @@ class _Builder(reduce.Builder):
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def merge_kernel(self) -> ir.LoweredKernel:
-        """One simdgroup per query row: the merge of its blocks' states, then the outputs."""
+        """One simdgroup per query row: the merge of its blocks' states, then the outputs.
+        The lanes take blocks in parallel: the largest max and the rescaled sum d with a
+        block per lane, then acc with the simdgroup's kp streams of mf_w lanes (a stream's
+        lane holds reads_per_thread elements of E) taking MERGE_STEP blocks each at a time,
+        their loads issued before any is used; the streams are summed by shuffles."""
         emax = SIMD_WIDTH * self.epl
         threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names = [], set()
         fin = self.epilogue()
-        splits = ir.Var("mf_splits")
+        splits, lane = ir.Var("mf_splits"), ir.Var("mf_lane")
         base = ir.Cast(IDX, ir.Var("mf_row")) * ir.Cast(IDX, splits)
+        s, u, j = ir.Var("mf_s"), ir.Var("mf_u"), ir.Var("mf_j")
+        mm, md = ir.Var("mf_mm"), ir.Var("mf_md")
+        self.helpers.add("mf_simd_max")
 
         def at(s: ir.Expr, k: ir.Expr) -> ir.Expr:
             return ir.Load("mf_scratch", (base + ir.Cast(IDX, s)) * ir.Lit(emax + 2, IDX) + k)
-        head: list[ir.Stmt] = [
-            ir.Comment(f"one simdgroup per query row; lane l holds E elements {self.epl} l, "
-                       f"..., {self.epl} l + {self.epl - 1}"),
+
+        def weight(m: ir.Expr) -> ir.Expr:
+            return ir.Select(m.ne(NEG_INF), ir.Call("exp", (m - mm,), precise=True),
+                             ir.Lit(0.0, "float"))
+        each_lane = (lane, splits, SIMD)        # blocks s = lane, lane + 32, ...
+        mv = ir.Lane(ir.Var("mf_mv"), u)
+        av = ir.Lane(ir.Var("mf_av"), u * ir.Lit(self.epl, "uint") + j)
+        acc = ir.Lane(ir.Var("mf_macc"), j)
+        block = ir.Var("mf_s0") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
+        e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
+        steps = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(MERGE_STEP, "uint"),
+                       [ir.Decl("mf_s", "uint", block),
+                        ir.Assign(mv, ir.Select(s < splits, at(s, ir.Lit(0, IDX)), NEG_INF)),
+                        self.slots([ir.Assign(av, ir.Lit(0.0, "float")),
+                                    ir.If((s < splits).and_(ir.Cast(IDX, e) < self.size(
+                                        self.form.e)), [ir.Assign(av, at(s, ir.Lit(2, IDX)
+                                                                         + ir.Cast(IDX, e)))])])],
+                       unroll=True)
+        add = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(MERGE_STEP, "uint"), [
+            ir.Decl("mf_c", "float", weight(mv)),
+            self.slots([ir.Assign(acc, acc + av * ir.Var("mf_c"))])], unroll=True)
+        per = ir.Var("mf_kp") * ir.Lit(MERGE_STEP, "uint")
+        body: list[ir.Stmt] = [
+            ir.Comment("one simdgroup per query row; its lanes take the row's key blocks"),
             ir.Decl("mf_row", "uint", ir.Var("mf_tid") / SIMD),
             ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
-            ir.Decl("mf_sub", "uint", ir.Var("mf_lane"))]
-        merged = self.merge_states(
-            splits, lambda s: at(s, ir.Lit(0, IDX)), lambda s: at(s, ir.Lit(1, IDX)),
-            lambda s, e: at(s, ir.Lit(2, IDX) + ir.Cast(IDX, e)))
-        body = head + self.pre + [ir.Comment("merge the row's key blocks (m, d, acc[E])")] + \
-            merged + [ir.Comment("outputs: acc / d (all keys masked: 0 / 0 = NaN)"), fin]
+            ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
+            ir.Decl("mf_grp", "uint", lane / ir.Var("mf_w")),
+            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w")),
+            *self.pre,
+            ir.Comment("the largest max M and d = sum d_s exp(m_s - M): a block per lane"),
+            ir.Decl("mf_mm", "float", NEG_INF, const=False),
+            ir.For("mf_s", "uint", *each_lane[:2], [ir.Assign(mm, ir.Call(
+                "mf_maximum", (mm, at(s, ir.Lit(0, IDX)))))], step=each_lane[2]),
+            ir.Assign(mm, ir.Call("mf_simd_max", (mm,))),
+            ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
+            ir.For("mf_s", "uint", *each_lane[:2], [ir.Assign(md, md + at(s, ir.Lit(1, IDX))
+                                                             * weight(at(s, ir.Lit(0, IDX))))],
+                   step=each_lane[2]),
+            ir.Assign(md, ir.Call("simd_sum", (md,))),
+            ir.Comment(f"acc = sum acc_s exp(m_s - M): kp streams of blocks, {MERGE_STEP} "
+                       "blocks each at a time (loads first), summed across the streams"),
+            ir.ArrayDecl("mf_macc", "float", self.epl),
+            self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
+            ir.For("mf_s0", "uint", ir.Lit(0, "uint"), splits, [
+                ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
+                ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl), steps, add], step=per),
+            ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.slots([ir.Assign(
+                acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
+                step=ir.Var("mf_off")),
+            ir.Comment("outputs: acc / d (all keys masked: 0 / 0 = NaN)"),
+            ir.If(ir.Var("mf_grp").eq(ir.Lit(0, "uint")), [fin])]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
                    f"blocks merged, then the outputs; one simdgroup per query row")
         return make_kernel(self.graph, self.index64, threads, body, summary, "merge",
