@@ -14,14 +14,20 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
 
 - A threadgroup takes a *tile* of `rows_per_group` query rows that read the same keys (the
   query-row axes no key tensor has: GQA's R, the query positions S) and a block of keys.
-- A key's E elements are spread over mf_w lanes (the fewest holding `reads_per_thread`
-  consecutive ones each, chosen per call from E); the simdgroup's 32 / mf_w key streams take
-  different keys, `keys_per_step` at a time, the simdgroups of the group take turns.
+- Scores, with `lane_scores` (the default): a simdgroup takes 32 keys per step, each lane
+  one, and contracts all of its key's E elements with every row of the tile (q staged in
+  threadgroup memory); the step's max comes from the simdgroup (`mf_simd_max`), so m is the
+  same in every lane, and each lane keeps its own key's weight p and a lane-partial d.
+  Without: a key's E elements are spread over lanes as for the values below, each lane's part
+  of the contraction summed by an xor butterfly over the key's lanes.
+- Values: a key's E elements are spread over mf_w lanes (the fewest holding
+  `reads_per_thread` consecutive ones each, chosen per call from E); the simdgroup's 32 / mf_w
+  key streams take different keys, `keys_per_step` at a time (with lane scores, each key's p
+  shuffled from the lane that scored it), the simdgroups of the group take turns.
 - Per step: the keys' k and v chunks are loaded once (vector loads; through a gather, the
-  key's row is found and checked first) and shared by the tile's rows; per (key, row) each
-  lane's part of the contraction, an xor butterfly over the key's lanes, the score's
-  elementwise work; per row one online-softmax update of (running max m, running sum d, the
-  rescaled fp32 accumulator of the lane's E outputs):
+  key's row is found and checked first) and shared by the tile's rows; per (key, row) the
+  contraction, the score's elementwise work; per row one online-softmax update of (running
+  max m, running sum d, the rescaled fp32 accumulator of the lane's E outputs):
 
       m' = max(m, s);  c = exp(m - m');  p = exp(s - m');  d = d c + p;  acc = acc c + p v
 
@@ -29,7 +35,8 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   nothing).
 - Then the streams merge by shuffles, the simdgroups through threadgroup memory (row by row),
   and the tile's rows are written as acc / d, or, with several key blocks, each block's state
-  goes to a scratch buffer that `merge` combines. All keys masked gives 0 / 0 = NaN, as
+  goes to a scratch buffer that `merge` combines (one simdgroup per row, its lanes over the
+  blocks). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
 """
@@ -926,8 +933,11 @@ class _Builder(reduce.Builder):
         head: list[ir.Stmt] = [
             ir.Comment(f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
                        f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
-                       f"turns over steps of keys; a key's E elements are spread over mf_w "
-                       f"lanes, {self.epl} consecutive ones each"),
+                       f"turns over steps of keys; "
+                       + ("each lane scores a key of its own; for the values, " if
+                          self.policy.lane_scores else "")
+                       + f"a key's E elements are spread over mf_w lanes, {self.epl} "
+                       f"consecutive ones each"),
             ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_splits")),
             ir.Decl("mf_tile", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
                                                                / ir.Var("mf_splits")) % tiles)),
@@ -989,7 +999,9 @@ class _Builder(reduce.Builder):
         summary = (f"{self.graph.name} (decode): softmax over '{f.key}' of scores contracting "
                    f"'{f.e}', times the values, summed over '{f.key}'; a threadgroup per "
                    f"{self.qt} query rows sharing their keys and block of keys, {nsg} "
-                   f"simdgroups over the keys, online softmax in one pass, fp32 state")
+                   f"simdgroups over the keys"
+                   + (", each lane scoring keys of its own" if self.policy.lane_scores else "")
+                   + ", online softmax in one pass, fp32 state")
         return make_kernel(self.graph, self.index64, threads, tg + body, summary, "decode",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 

@@ -110,16 +110,19 @@ POLICIES: dict[str, LaunchPolicy] = {
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
-    # keys; a key's E elements are spread over the fewest lanes holding reads_per_thread
-    # consecutive ones each (E up to 32 x 8 = 256), the simdgroup's other lanes take other
-    # keys; each lane takes keys_per_step keys per step; key_splits blocks per tile (0: chosen
-    # per call so that a few tiles still fill the GPU). Chosen on an H100 (2026-11-24,
-    # bench/attention.py, decode B=1, 32/8 heads, E=128, f16, L=65536 / 4096, us): 2 rows x 2
-    # keys 392 / 36; 4 x 2 588 / 48 (160 registers a thread: one group of 256 per core);
-    # 4 x 1 398 / 52; 2 x 1 486 / 40; 1 x 2 609 / 43; 128 or 512 threads, key_splits=32,
-    # reads_per_thread=4 all slower (bench/README.md)
-    "attention": LaunchPolicy("attention", threads_per_group=256, reads_per_thread=8,
-                              rows_per_group=2, keys_per_step=2, uses_simd=True),
+    # keys. lane_scores: each lane scores a key of its own over all of E (q in threadgroup
+    # memory, 32 keys per simdgroup step), else a key's E elements are spread over the fewest
+    # lanes holding reads_per_thread consecutive ones each and summed by shuffles; the values
+    # are always taken that way (E up to 32 x 8 = 256), keys_per_step keys per lane stream at
+    # a time; key_splits blocks per tile (0: chosen per call so that a few tiles still fill
+    # the GPU), merged by a second kernel. Chosen on an H100 (2026-11-25, bench/attention.py,
+    # decode B=1, 32/8 heads, E=128, f16, L = 4096 / 16384 / 65536, us): lane scores, 4 rows,
+    # 128 threads 32.2 / 77.4 / 234; with 256 threads 34.3 / 93.3 / 253; without lane scores
+    # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
+    # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
+    "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
+                              rows_per_group=4, keys_per_step=2, lane_scores=True,
+                              uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
 }

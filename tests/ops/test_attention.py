@@ -61,15 +61,20 @@ def test_softmax_spelled_out_is_attention(kernel):
     torch.testing.assert_close(kernel(q, k, v, 0.2), want, **TOL[torch.float32])
 
 
+@pytest.mark.parametrize("lane_scores", [True, False])
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 1), (3, 3)])     # GQA, MQA, MHA
-@pytest.mark.parametrize("s,length,splits", [(1, 700, 0), (1, 129, 3), (2, 50, 50), (3, 40, 1)])
-def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits):
+@pytest.mark.parametrize("s,length,splits", [(1, 700, 0), (1, 129, 3), (2, 50, 50), (3, 40, 1),
+                                             (1, 1500, 37)])
+def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits, lane_scores):
     """q's heads "(G R)": each of the G key/value heads serves R query heads; the keys of a
-    query row split into `splits` blocks (0: chosen per call) merged by a second kernel."""
+    query row split into `splits` blocks (0: chosen per call) merged by a second kernel (37:
+    more blocks than a simdgroup has lanes, and not a multiple of its streams); scores by a
+    lane per key or by lanes over E."""
     g = torch.Generator().manual_seed(heads * length + s)
     q = torch.randn(2, heads, s, 64, generator=g)
     k, v = (torch.randn(2, kv_heads, length, 64, generator=g) for _ in range(2))
-    kernel = attention.with_launch(key_splits=splits) if splits else attention
+    launch = dict(lane_scores=lane_scores, **({"key_splits": splits} if splits else {}))
+    kernel = attention.with_launch(**launch)
     want = F.scaled_dot_product_attention(q, k, v, scale=0.125, enable_gqa=True,
                                           attn_mask=causal_mask(s, length, "cpu"))
     for _ in range(2):                                          # cold, then the warm path
@@ -78,27 +83,32 @@ def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits):
 
 def test_key_blocks_per_call():
     """A few tiles of query rows split their keys (a second launch merges the blocks); many
-    tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head make two
-    tiles of rows_per_group = 2 (a threadgroup per tile and key block)."""
+    tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head make one
+    tile of rows_per_group = 4 (a threadgroup of 128 threads per tile and key block): 8 tiles,
+    512 / 8 = 64 blocks."""
     q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1))
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
     steps = s.steps(sizes)
     assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
                                              "attention_f32_causal_true_merge"]
-    assert s.splits(sizes) == 32 and steps[0].threads == 8 * 2 * 32 * 256
+    assert s.splits(sizes) == 64 and steps[0].threads == 8 * 1 * 64 * 128
     assert len(s.steps({**sizes, "L": 100})) == 1
     assert len(s.steps({**sizes, "S": 1024})) == 1      # 8 x 1024 tiles fill the GPU
 
 
-def test_masked_rows_and_nan_follow_softmax():
+@pytest.mark.parametrize("lane_scores,splits", [(True, 0), (False, 0), (True, 2), (False, 3)])
+def test_masked_rows_and_nan_follow_softmax(lane_scores, splits):
+    """All keys masked: NaN (0 / 0, as softmax of all -inf); a NaN score: a NaN row; with the
+    keys in one block or split (the merge kernel carries both)."""
+    kernel = padded_attention.with_launch(lane_scores=lane_scores, key_splits=splits)
     q, k, v = torch.randn(2, 1, 3, 8), torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
     valid = torch.ones(2, 5, dtype=torch.bool)
     valid[1] = False                                   # every key of sequence 1 masked
-    out = padded_attention(q, k, v, valid)
+    out = kernel(q, k, v, valid)
     assert out[1].isnan().all() and not out[0].isnan().any()
     k[0, 0, 2, 0] = float("nan")                       # a NaN score: that query row is NaN
-    out = padded_attention(q, k, v, valid)
+    out = kernel(q, k, v, valid)
     torch.testing.assert_close(out, padded_attention.reference(q, k, v, valid), equal_nan=True)
     assert out[0].isnan().all()
 
