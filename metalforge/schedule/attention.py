@@ -408,12 +408,14 @@ class _Builder(reduce.Builder):
 
     def keys(self, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
         """`body` for each key mf_l = mf_base + u * kp + grp of the step inside the block's
-        keys (the simdgroup's kp key streams interleave); `past` for keys past the end."""
+        keys (the simdgroup's kp key streams interleave; with lane scores, inside the 32 keys
+        the simdgroup scored, mf_lend); `past` for keys past the end."""
         key = ir.Var("mf_base") + ir.Cast(IDX, ir.Var("mf_u") * ir.Var("mf_kp")
                                           + ir.Var("mf_grp"))
+        end = ir.Var("mf_lend" if self.policy.lane_scores else "mf_l1")
         return self.each_key([
             ir.Decl("mf_l", IDX, key),
-            ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), body, list(past))])
+            ir.If(ir.Var("mf_l") < end, body, list(past))])
 
     # -- the decode kernel's parts --------------------------------------------------------
     def tile(self) -> list[ir.Stmt]:
@@ -731,9 +733,13 @@ class _Builder(reduce.Builder):
         fetched from the lane that scored it."""
         t, u = ir.Var("mf_t"), ir.Var("mf_u")
         p = ir.Lane(ir.Var("mf_p"), u * ir.Lit(self.qt, "uint") + t)
-        src = ir.Var("mf_i") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
+        # the lane that scored key mf_i + u * kp + grp (past the step's 32 keys: unused, but a
+        # shuffle must still name a lane of the simdgroup)
+        src = (ir.Var("mf_i") + u * ir.Var("mf_kp") + ir.Var("mf_grp")) % SIMD
         per = ir.Var("mf_kp") * ir.Lit(self.kps, "uint")
-        return [ir.For("mf_i", "uint", ir.Lit(0, "uint"), SIMD, [
+        return [ir.Decl("mf_lend", IDX, ir.Call("min", (ir.Var("mf_l1"), ir.Var("mf_step")
+                                                        + ir.Lit(SIMD_WIDTH, IDX)))),
+                ir.For("mf_i", "uint", ir.Lit(0, "uint"), SIMD, [
             ir.Decl("mf_base", IDX, ir.Var("mf_step") + ir.Cast(IDX, ir.Var("mf_i"))),
             *self.load_keys(),
             ir.ArrayDecl("mf_p", "float", self.kps * self.qt),

@@ -169,13 +169,14 @@ kernel void mf_window_softcap_decode(
                 }
             }
         }
+        const mf_index_t mf_lend = min(mf_l1, mf_step + 32u);
         for (uint mf_i = 0u; mf_i < 32u; mf_i += mf_kp * 2u) {
             const mf_index_t mf_base = mf_step + mf_index_t(mf_i);
             // this lane's E elements of the step's keys and values, loaded once for all the tile's rows
             float mf_kv1[16];
             for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
                 const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
-                if (mf_l < mf_l1) {
+                if (mf_l < mf_lend) {
                     if (mf_vec_ok) {
                         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
                             const uint mf_e = mf_sub * 8u + mf_c * 4u;
@@ -210,14 +211,14 @@ kernel void mf_window_softcap_decode(
             for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
                 for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                     if (mf_live[mf_t]) {
-                        mf_p[mf_u * 4u + mf_t] = simd_shuffle(mf_ps[mf_t], mf_i + mf_u * mf_kp + mf_grp);
+                        mf_p[mf_u * 4u + mf_t] = simd_shuffle(mf_ps[mf_t], (mf_i + mf_u * mf_kp + mf_grp) % 32u);
                     }
                 }
             }
             // the values: acc += p v
             for (uint mf_u = 0u; mf_u < 2u; ++mf_u) {
                 const mf_index_t mf_l = mf_base + mf_index_t(mf_u * mf_kp + mf_grp);
-                if (mf_l < mf_l1) {
+                if (mf_l < mf_lend) {
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                         if (mf_live[mf_t]) {
                             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
