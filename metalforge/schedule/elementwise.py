@@ -106,7 +106,7 @@ class _Builder:
         self.spans: dict[tuple[str, ...], str] = {}
         self.span_decls: list[ir.Stmt] = []
         self.helpers: set[str] = set()
-        self.lane_takes = False          # the vector path reads gathers from loaded lanes
+        self.lane_takes: tuple[int, ...] = ()   # gathers the vector path reads from lanes
 
     # -- naming and types --------------------------------------------------------------
     def stype(self, dtype: DType, var: str | None = None) -> str:
@@ -324,7 +324,7 @@ class _Builder:
                     ir.Decl(var, compute_type(t.dtype), ir.Cast(compute_type(t.dtype), self.lane(
                         ir.Var(f"mf_{name}_v"), k ^ ir.Lit(c, "uint") if c else k)))]
             low.values[n] = ir.Var(var)
-        self.lane_takes = bool(out)
+            self.lane_takes += (take_sites(self.graph).index(n),)
         return out
 
     @staticmethod
@@ -383,7 +383,7 @@ class _Builder:
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
         # lanes finding their positions, or gathered elements, from the chunk's: it must
         # lie in one row
-        in_row = bool(chunk) or self.lane_takes
+        in_row = bool(chunk) or bool(self.lane_takes)
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
                                           rows=in_row and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
@@ -445,7 +445,8 @@ class _Builder:
                              body, summary, params=self._params(),
                              helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
-                        tuple(t.name for t in self.vec_in), self.index64)
+                        tuple(t.name for t in self.vec_in), self.index64,
+                        lane_gathers=self.lane_takes)
 
     def _params(self) -> tuple[ir.Argument, ...]:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")

@@ -82,6 +82,8 @@ class RowSchedule(Schedule):
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
     reductions: list[reduce.Reduction] = field(default_factory=list)
     passes: dict[str, dict[str, int]] = field(default_factory=dict)  # variant → {input: reads}
+    # variant → the gathers (numbers in take_sites) it serves from registers or shuffles
+    held_gathers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     itemsize: int = 4                                  # bytes of the widest row tensor
 
     @property
@@ -160,7 +162,8 @@ class RowSchedule(Schedule):
         """Bytes this call moves: each output written once; each input read once in the
         register variants, once per pass that needs it in the looped one (the variant
         `variant(sizes)` unless named: `within` may have picked another)."""
-        passes = self.passes[variant or self.variant(sizes)]
+        variant = variant or self.variant(sizes)
+        passes = self.passes[variant]
 
         def numel(axes: Iterable[str]) -> int:
             n = 1
@@ -171,7 +174,7 @@ class RowSchedule(Schedule):
         read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
                    for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        read += self.gathered_bytes(sizes)
+        read += self.gathered_bytes(sizes, self.held_gathers.get(variant, ()))
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 
@@ -199,6 +202,8 @@ class _Builder(reduce.Builder):
         self.itemsize = max(self.itemsizes)
         self.reads = self.vw = 1             # the variant's (set per kernel)
         self.own_slots: dict[Node, int] = {}  # the section's gathers from own registers
+        # variant → the gathers some section loads from global memory
+        self.loaded_gathers: dict[str, set[int]] = {v: set() for v in VARIANTS}
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
@@ -319,16 +324,21 @@ class _Builder(reduce.Builder):
         nodes: set[Node] = set()
         for r in roots:
             nodes |= self.element_nodes(r)
-        for n in sorted((n for n in nodes if n.op == Op.TAKE), key=take_sites(self.graph).index):
+        sites = take_sites(self.graph)
+        for n in sorted((n for n in nodes if n.op == Op.TAKE), key=sites.index):
             name, axis = n.attr
-            if axis != self.axis or name not in held or n in self.stored:
-                continue
             c = gather.own_slot(n, self.reads)
-            if c is not None:
+            if n in self.stored:
+                continue
+            if axis != self.axis or name not in held:
+                self.loaded_gathers[self.v.name].add(sites.index(n))
+            elif c is not None:
                 own[n] = c
             elif (self.v.name == "simd" and gather.lane_computable(n, axis)
                   and compute_type(self.graph.tensor(name).dtype) in gather.SHUFFLE_TYPES):
                 shuffled.append(n)
+            else:
+                self.loaded_gathers[self.v.name].add(sites.index(n))
         return own, shuffled
 
     def shuffle_block(self, takes: list[Node], frontier: list[Node]) -> list[ir.Stmt]:
@@ -666,4 +676,10 @@ class _Builder(reduce.Builder):
                            tuple(t.name for t in self.inputs if self.axis in t.axes
                                  and vw > 1),
                            self.index64, axis=self.axis, rows=self.outer, variants=kernels,
-                           reductions=reds, passes=passes, itemsize=self.itemsize)
+                           reductions=reds, passes=passes, itemsize=self.itemsize,
+                           held_gathers=self.held_gathers())
+
+    def held_gathers(self) -> dict[str, tuple[int, ...]]:
+        """{variant: the gathers no section of it loads}: registers or shuffles serve them."""
+        sites = range(len(take_sites(self.graph)))
+        return {v: tuple(k for k in sites if k not in self.loaded_gathers[v]) for v in VARIANTS}

@@ -277,3 +277,21 @@ def test_elementwise_xor_past_the_row_raises(dtype):
     """E = 12 is whole vectors of 4, not of 8: 11 ^ 5 = 14 is past the row in either path."""
     with pytest.raises(mf.GatherIndexError, match=r"'x' along 'E' \(size 12.*index 14 "):
         xor_lanes(torch.randn(2, 12).to(dtype), c=5)
+
+
+def test_traffic_counts_only_gathers_that_load():
+    from metalforge.shapes import bind_shapes
+
+    def read(kernel, *args):
+        g = kernel.graph(*args)
+        values = dict(zip([p.name for p in g.tensors], args))
+        s = runtime.schedule_of(g, values)
+        return s.traffic(bind_shapes(g, values).sizes).read
+    pos = torch.zeros(1, 3, dtype=torch.int32)
+    for e in (64, 6):                       # whole vectors: lanes; 6: the scalar path loads
+        x = torch.randn(1, 2, 3, e)
+        assert read(rope_interleaved, x, pos) == x.nbytes * (1 if e == 64 else 2) + pos.nbytes
+    for e, partners in ((64, 0), (256, 1)):       # simd variant: shuffles; group: loads
+        x, w, p = _qk_args(e)
+        gathered = partners * (x.nbytes + w.nbytes)      # x's and w's partners, once each
+        assert read(qk_norm_rope, x, w, p) == x.nbytes + w.nbytes + p.nbytes + gathered
