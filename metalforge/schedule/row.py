@@ -327,9 +327,9 @@ class _Builder(reduce.Builder):
         sites = take_sites(self.graph)
         for n in sorted((n for n in nodes if n.op == Op.TAKE), key=sites.index):
             name, axis = n.attr
-            c = gather.own_slot(n, self.reads)
-            if n in self.stored:
+            if n in self.stored:             # kept in registers by an earlier phase
                 continue
+            c = gather.own_slot(n, self.reads)
             if axis != self.axis or name not in held:
                 self.loaded_gathers[self.v.name].add(sites.index(n))
             elif c is not None:

@@ -221,6 +221,21 @@ def test_own_slot_pairs_in_a_row_kernel_match_torch(half, rows, dtype):
     torch.testing.assert_close(swap_pairs_norm(x), _ref_swap_pairs_norm(x), **TOL[dtype])
 
 
+@pytest.mark.parametrize("d", [1, 7, 32, 33, 100, 128, 200])
+def test_index_from_a_per_row_tensor_is_shuffled(d):
+    """Each row rotates by its own offset (a per-row value every lane of the row knows)."""
+    @mf.kernel
+    def rotate_rows(x: "T[R, D]", off: "i32[R]"):
+        j = (mf.index("D") + off) % mf.size("D")
+        return mf.take(x, axis="D", index=j) + mf.max(x, axis="D")
+    x = torch.randn(5, d)
+    off = torch.tensor([0, 1, 4, d - 1, 3 * d + 2], dtype=torch.int32)
+    want = torch.stack([torch.roll(r, -int(o)) for r, o in zip(x, off)]) + x.amax(-1, True)
+    torch.testing.assert_close(rotate_rows(x, off), want)
+    if d <= SIMD_ROW:
+        assert not _gathered(_schedule(rotate_rows, x, off).variants["simd"].body, "x")
+
+
 @pytest.mark.parametrize("d", [1, 3, 33, 129])
 def test_own_slot_index_past_an_odd_row_raises(d):
     """i ^ 1 of the last element of an odd row is the row length: reported, as a load would."""
