@@ -4,11 +4,15 @@
     python bench/rope.py --device cuda --dtype f16 bf16
 
 Shapes [B, H, S, E] of q in prefill and decode. Ours: examples/rope.py's `rope` (angles from the
-position tensor, computed in the kernel) and `rope_cached` (cos/sin tables [S, E/2]); torch: the
+position tensor, computed in the kernel) and `rope_cached` (cos/sin tables [S, E/2]) against the
 usual eager rotate-half with precomputed cos/sin of shape [S, E] (x * cos + cat(-x2, x1) * sin:
-four kernels). Bytes are our schedule's count (x read once more for the partner element, which
-comes from cache); GB/s over them, %copy against `copy_` moving as many. On CUDA all are GPU
-times of CUDA-graph replays (common.timeit). On the simulator only a smoke test of the script.
+four kernels); `rope_interleaved` (pairs 2j, 2j + 1: the partner is lane k ^ 1 of the vector
+the kernel loaded) against eager interleaved RoPE on [S, E/2] tables; `qk_norm_rope` (RMSNorm
+and RoPE in one row kernel: for E <= 128 the partner comes from simd shuffles) against
+F.rms_norm then the eager rotate-half. Bytes are our schedule's count (x read once more for a
+partner element that is loaded, from cache: `rope`, `rope_cached`, and `qk_norm_rope` over
+E > 128); GB/s over them, %copy against `copy_` moving as many. On CUDA all are GPU times of
+CUDA-graph replays (common.timeit). On the simulator only a smoke test of the script.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ _spec = importlib.util.spec_from_file_location(      # examples/rope.py (this fi
 _ex = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_ex)
 angles, rope, rope_cached = _ex.angles, _ex.rope, _ex.rope_cached
+rope_interleaved, qk_norm_rope = _ex.rope_interleaved, _ex.qk_norm_rope
+KERNELS = ["rope", "rope_cached", "rope_interleaved", "qk_norm_rope"]
 
 SHAPES = ["1x32x4096x128", "8x32x1024x128", "32x32x1x128", "1x8x8192x64"]
 
@@ -37,17 +43,23 @@ def torch_rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def torch_rope_interleaved(x, cos, sin):          # cos, sin: [S, E/2]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device")
     ap.add_argument("--dtype", nargs="+", default=["f16", "bf16", "f32"], choices=list(DTYPES))
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
     ap.add_argument("--repeat", type=int, default=50)
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
     print(f"device {device}")
-    print(f"{'dtype':>5} {'B x H x S x E':>15} {'kernel':>11} {'bytes':>10} {'ours us':>8} "
+    print(f"{'dtype':>5} {'B x H x S x E':>15} {'kernel':>16} {'bytes':>10} {'ours us':>8} "
           f"{'torch us':>8} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'torch/ours':>10}")
     for dname in args.dtype:
         dtype = DTYPES[dname]
@@ -60,17 +72,26 @@ def main(argv=None) -> None:
             th = angles(torch.arange(s, device=device), e)
             cos_t, sin_t = th.cos().to(dtype), th.sin().to(dtype)          # [S, E/2]
             cos_f, sin_f = cos_t.repeat(1, 2), sin_t.repeat(1, 2)          # torch's [S, E]
-            want = torch_rope(x, cos_f, sin_f)
-            theirs = timeit(lambda: torch_rope(x, cos_f, sin_f), device, repeat)
-            for name, k, kargs in (("rope", rope, (x, pos)),
-                                   ("rope_cached", rope_cached, (x, cos_t, sin_t))):
+            w = torch.randn(e, dtype=dtype, device=device)
+            eager = {"rope": lambda: torch_rope(x, cos_f, sin_f),
+                     "rope_interleaved": lambda: torch_rope_interleaved(x, cos_t, sin_t),
+                     "qk_norm_rope": lambda: torch_rope(
+                         torch.nn.functional.rms_norm(x, (e,), w, eps=1e-6), cos_f, sin_f)}
+            eager["rope_cached"] = eager["rope"]
+            ours_args = {"rope": (rope, (x, pos)), "rope_cached": (rope_cached, (x, cos_t, sin_t)),
+                         "rope_interleaved": (rope_interleaved, (x, pos)),
+                         "qk_norm_rope": (qk_norm_rope, (x, w, pos))}
+            for name in args.kernels:
+                k, kargs = ours_args[name]
+                want = eager[name]()
                 y = k(*kargs)
                 torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+                theirs = timeit(eager[name], device, repeat)
                 sched, sizes = plan(k, kargs)
                 nbytes = sched.traffic(sizes).total
                 ours = timeit(lambda: k(*kargs), device, repeat)
                 copy = copy_time(nbytes, device, repeat)
-                print(f"{dname:>5} {f'{b}x{h}x{s}x{e}':>15} {name:>11} {nbytes:>10} "
+                print(f"{dname:>5} {f'{b}x{h}x{s}x{e}':>15} {name:>16} {nbytes:>10} "
                       f"{ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} {copy * 1e6:>8.1f} "
                       f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
                       f"{theirs / ours:>9.2f}x")

@@ -7,8 +7,11 @@ with positions from a tensor and the angles computed in the kernel (Llama/NeoX l
 interleaved RoPE (pairs 2j, 2j+1; GPT-J layout), partial rotary dims (only the first
 `rot_dims` of each head rotate), cos/sin read from precomputed tables, and a q/k RMSNorm fused
 with RoPE (one row-reduction kernel: the norm's sum and the rotation in one pass). The partner
-element (the other half of the pair) is a gather along E by an index expression: a second read
-of the same row, with no index tensor in memory. Runs on Metal on a Mac, else on the simulator.
+element (the other half of the pair) is a gather along E by an index expression, with no index
+tensor in memory: interleaved RoPE reads it from the vector it loaded (lane k ^ 1), the fused
+kernel from the lane holding it (simd shuffles, for rows one simdgroup holds); the others read
+it a second time, from cache (docs/reference/gathers.md). Runs on Metal on a Mac, else on the
+simulator.
 """
 import torch
 

@@ -70,6 +70,9 @@ class Schedule:
     grid_axes: tuple[str, ...]         # the output index space the threads cover
     vector_inputs: tuple[str, ...]     # inputs read with vector loads: must be aligned
     index64: bool
+    # gathers (numbers in `take_sites`) an elementwise kernel's vector path reads from the
+    # vectors it loaded: they move no bytes when the innermost axis holds whole vectors
+    lane_gathers: tuple[int, ...] = ()
 
     def numel(self, sizes: Mapping[str, int]) -> int:
         n = 1
@@ -96,15 +99,20 @@ class Schedule:
         loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
         read = sum(numel(t.axes) * t.dtype.itemsize for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        read += self.gathered_bytes(sizes)
+        whole = self.lane_gathers and sizes[self.grid_axes[-1]] % self.policy.vector_width == 0
+        read += self.gathered_bytes(sizes, self.lane_gathers if whole else ())
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 
-    def gathered_bytes(self, sizes: Mapping[str, int]) -> int:
+    def gathered_bytes(self, sizes: Mapping[str, int], held: Iterable[int] = ()) -> int:
         """What the gathers read: one element per element of each gather's result (an
-        embedding row per id, a RoPE partner per element)."""
+        embedding row per id, a RoPE partner per element), except the gathers numbered in
+        `held`, served from registers."""
         total = 0
-        for n in take_sites(self.graph):
+        skip = set(held)
+        for k, n in enumerate(take_sites(self.graph)):
+            if k in skip:
+                continue
             count = self.graph.tensor(n.attr[0]).dtype.itemsize
             for a in n.axes:
                 count *= sizes[a]

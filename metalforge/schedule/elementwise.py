@@ -22,6 +22,7 @@ from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
 from ..graph import (Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over,
                      take_sites)
+from . import gather
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, convert, compute_type, ident
 from .policy import LaunchPolicy, access_width
@@ -105,6 +106,7 @@ class _Builder:
         self.spans: dict[tuple[str, ...], str] = {}
         self.span_decls: list[ir.Stmt] = []
         self.helpers: set[str] = set()
+        self.lane_takes: tuple[int, ...] = ()   # gathers the vector path reads from lanes
 
     # -- naming and types --------------------------------------------------------------
     def stype(self, dtype: DType, var: str | None = None) -> str:
@@ -272,7 +274,8 @@ class _Builder:
         shift = (lambda n: self.chunk_shift(n, chunk, need)) if vector else None
         low = ElementLowering(self.graph, load, position, self.size,
                               lambda s: self.names[s], shift=shift, take=take)
-        body = low.lower([o.node for o in self.graph.outputs])
+        body = self.held_takes(low) if vector else []
+        body += low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         stores: list[ir.Stmt] = []
         for kk, o in enumerate(self.graph.outputs):
@@ -297,6 +300,32 @@ class _Builder:
         out += [ir.Comment("compute (f16/bf16 in f32)")] + body
         out += [ir.Comment("store")] + stores
         return list(chunk.values()), out
+
+    def held_takes(self, low: ElementLowering) -> list[ir.Stmt]:
+        """Vector path: gathers along the innermost axis whose element is in the vector this
+        chunk already loaded. A chunk starts at a multiple of the vector width inside its row
+        (`vector_condition`), so an index `mf.index(axis) ^ c` that stays inside aligned
+        blocks of the width (`gather.own_slot`: interleaved RoPE's `i ^ 1`) reads lane k ^ c:
+        no second load, and no index check (the lane is in the row). Declares those values
+        and sets them in `low`; the other gathers stay guarded loads."""
+        vw, inner = self.policy.vector_width, self.grid[-1]
+        vec_names = {t.name for t in self.vec_in}
+        out: list[ir.Stmt] = []
+        for n in take_sites(self.graph):
+            name, axis = n.attr
+            c = gather.own_slot(n, vw) if axis == inner and name in vec_names else None
+            if c is None:
+                continue
+            t = self.graph.tensor(name)
+            k: ir.Expr = ir.Var("mf_k")
+            var = f"mf_{name}_xor{c}"
+            out += [ir.Comment(f"'{name}' at index {inner} ^ {c}: lane k ^ {c} of the vector "
+                               f"already loaded"),
+                    ir.Decl(var, compute_type(t.dtype), ir.Cast(compute_type(t.dtype), self.lane(
+                        ir.Var(f"mf_{name}_v"), k ^ ir.Lit(c, "uint") if c else k)))]
+            low.values[n] = ir.Var(var)
+            self.lane_takes += (take_sites(self.graph).index(n),)
+        return out
 
     @staticmethod
     def _to_out(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
@@ -352,8 +381,11 @@ class _Builder:
                                                    for j in range(8)))
                 self.helpers.add("mf_pack8_of")
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
+        # lanes finding their positions, or gathered elements, from the chunk's: it must
+        # lie in one row
+        in_row = bool(chunk) or bool(self.lane_takes)
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
-                                          rows=bool(chunk) and len(self.grid) > 1)
+                                          rows=in_row and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
                            [ir.Comment("tail: scalar, guarded")] + scalar)]
 
@@ -413,7 +445,8 @@ class _Builder:
                              body, summary, params=self._params(),
                              helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
-                        tuple(t.name for t in self.vec_in), self.index64)
+                        tuple(t.name for t in self.vec_in), self.index64,
+                        lane_gathers=self.lane_takes)
 
     def _params(self) -> tuple[ir.Argument, ...]:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")

@@ -203,28 +203,32 @@ class ElementLowering:
                                        "quantized reductions, nor in a row's per-row values)")
         return self.take(n, self._checked(n))
 
-    def gather_position(self, n: Node) -> tuple[list[ir.Stmt], ir.Expr]:
+    def gather_position(self, n: Node, report_if: Optional[ir.Expr] = None
+                        ) -> tuple[list[ir.Stmt], ir.Expr]:
         """For a TAKE node: the statements that compute and check its index, and the checked
-        position along its axis (for schedules that load the gathered elements themselves)."""
+        position along its axis (for schedules that load or fetch the gathered elements
+        themselves). `report_if`: an out-of-range index is reported only where this holds
+        (a thread computing indices for positions past the end of its row)."""
         out = self.lower([n.args[0]])
-        pos = self._checked(n)
+        pos = self._checked(n, report_if)
         out += self.pending
         self.pending = []
         return out, pos
 
-    def _checked(self, n: Node) -> ir.Expr:
-        """The index of gather `n`, checked: out of range, the error is recorded in mf_err and
-        position 0 read instead."""
+    def _checked(self, n: Node, report_if: Optional[ir.Expr] = None) -> ir.Expr:
+        """The index of gather `n`, checked: out of range, the error is recorded in mf_err
+        (where `report_if` holds, if given) and position 0 read instead."""
         name, axis = n.attr
         self._count += 1
         i, ok = f"mf_take{self._count}", f"mf_take{self._count}_ok"
         site = take_sites(self.graph).index(n)
         idx = ir.Var(i)
         zero = ir.Lit(0, "long")
+        bad = ir.Unary("!", ir.Var(ok))
         self.pending += [
             ir.Decl(i, "long", ir.Cast("long", self.values[n.args[0]])),
             ir.Decl(ok, "bool", (idx >= zero).and_(idx < ir.Cast("long", self.size(axis)))),
-            ir.If(ir.Unary("!", ir.Var(ok)), [
+            ir.If(bad if report_if is None else bad.and_(report_if), [
                 ir.Comment(f"index out of range: report it (gather {site}, from '{name}')"),
                 ir.Store("mf_err", ir.Lit(0, "uint"), ir.Lit(1, "int")),
                 ir.Store("mf_err", ir.Lit(1, "uint"), ir.Lit(site, "int")),

@@ -36,12 +36,12 @@ from typing import Iterable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op
+from ..graph import Graph, Node, Op, take_sites
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
 from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
                      access_width)
-from . import reduce
+from . import gather, reduce
 
 VARIANTS = ("simd", "group", "looped")
 UINT_LIMIT = 2 ** 32
@@ -82,6 +82,8 @@ class RowSchedule(Schedule):
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
     reductions: list[reduce.Reduction] = field(default_factory=list)
     passes: dict[str, dict[str, int]] = field(default_factory=dict)  # variant → {input: reads}
+    # variant → the gathers (numbers in take_sites) it serves from registers or shuffles
+    held_gathers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     itemsize: int = 4                                  # bytes of the widest row tensor
 
     @property
@@ -160,7 +162,8 @@ class RowSchedule(Schedule):
         """Bytes this call moves: each output written once; each input read once in the
         register variants, once per pass that needs it in the looped one (the variant
         `variant(sizes)` unless named: `within` may have picked another)."""
-        passes = self.passes[variant or self.variant(sizes)]
+        variant = variant or self.variant(sizes)
+        passes = self.passes[variant]
 
         def numel(axes: Iterable[str]) -> int:
             n = 1
@@ -171,7 +174,7 @@ class RowSchedule(Schedule):
         read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
                    for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        read += self.gathered_bytes(sizes)
+        read += self.gathered_bytes(sizes, self.held_gathers.get(variant, ()))
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read, written)
 
@@ -198,6 +201,9 @@ class _Builder(reduce.Builder):
                           or {4})
         self.itemsize = max(self.itemsizes)
         self.reads = self.vw = 1             # the variant's (set per kernel)
+        self.own_slots: dict[Node, int] = {}  # the section's gathers from own registers
+        # variant → the gathers some section loads from global memory
+        self.loaded_gathers: dict[str, set[int]] = {v: set() for v in VARIANTS}
 
     # -- per-row offsets (declared in the row preamble on first use) --------------------
     def row_base(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
@@ -229,9 +235,16 @@ class _Builder(reduce.Builder):
         return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
 
     def gather(self, n: Node, pos: ir.Expr) -> ir.Expr:
-        """A gathered element (mf.take) of this element: a guarded global load (the row's
-        other elements sit in other threads' registers), from cache for a row just read."""
+        """A gathered element (mf.take) of this element: from this thread's own registers
+        where the index provably stays in its block of R (`own_slots`: slot k ^ c), else a
+        guarded global load (the row's other elements sit in other threads' registers), from
+        cache for a row just read. Gathers fetched by simd shuffles never get here: their
+        values are set before the element loop (`shuffle_block`)."""
         name, axis = n.attr
+        if n in self.own_slots:
+            c = self.own_slots[n]
+            k: ir.Expr = ir.Var("mf_k")
+            return ir.Lane(ir.Var(self.reg(name)), k ^ ir.Lit(c, "uint") if c else k)
         t = self.graph.tensor(name)
         e: ir.Expr = ir.Lit(0, IDX)
         for i, a in enumerate(t.axes):
@@ -288,18 +301,124 @@ class _Builder(reduce.Builder):
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
         return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
-    def element_loop(self, roots: list[Node], reds: list[reduce.Reduction],
-                     outs: list[int]
-                     ) -> tuple[list[ir.Stmt], tuple[list[str], list[ir.Stmt]]]:
-        """(row statements before the loop, the loop over this thread's R elements)."""
-        tensors, frontier = self.cone(roots)
-        row_stmts = self.v.row_values.lower(frontier)
+    def element_lowering(self, frontier: list[Node], prefix: str = "mf_v") -> ElementLowering:
+        """Lowering of this thread's element mf_k (at row position mf_pos): tensors from its
+        registers, the row values `frontier` as the row computed them."""
         el = ElementLowering(self.graph,
                              lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
-                             self.el_position, self.size, lambda s: self.names[s], prefix="mf_v",
+                             self.el_position, self.size, lambda s: self.names[s], prefix=prefix,
                              take=self.gather)
         for n in frontier:
             el.values[n] = self.v.row_values.value(n)
+        return el
+
+    def row_takes(self, roots: list[Node], held: set[str]) -> tuple[dict[Node, int], list[Node]]:
+        """The gathers along the row among the element values of `roots` that registers can
+        serve: ({gather: c} read from this thread's own slot k ^ c, [gathers fetched from
+        other lanes by simd shuffles]). Both need the gathered tensor held in registers
+        (`held`) for this row; a shuffle needs the simd variant (one simdgroup holds the row),
+        an index a lane can compute for any position (`lane_computable`) and a 32-bit value.
+        The rest are loads (`gather`)."""
+        own: dict[Node, int] = {}
+        shuffled: list[Node] = []
+        nodes: set[Node] = set()
+        for r in roots:
+            nodes |= self.element_nodes(r)
+        sites = take_sites(self.graph)
+        for n in sorted((n for n in nodes if n.op == Op.TAKE), key=sites.index):
+            name, axis = n.attr
+            if n in self.stored:             # kept in registers by an earlier phase
+                continue
+            c = gather.own_slot(n, self.reads)
+            if axis != self.axis or name not in held:
+                self.loaded_gathers[self.v.name].add(sites.index(n))
+            elif c is not None:
+                own[n] = c
+            elif (self.v.name == "simd" and gather.lane_computable(n, axis)
+                  and compute_type(self.graph.tensor(name).dtype) in gather.SHUFFLE_TYPES):
+                shuffled.append(n)
+            else:
+                self.loaded_gathers[self.v.name].add(sites.index(n))
+        return own, shuffled
+
+    def shuffle_block(self, takes: list[Node], frontier: list[Node]) -> list[ir.Stmt]:
+        """Simd variant: fetch gathered elements from the lanes that hold them. Lane l holds
+        row elements [l*R, l*R + R), so element p is lane p / R, slot p % R. Every lane
+        computes (and checks) the index of each of its R slots, then takes the element with
+        `simd_shuffle` (all lanes take part, in uniform control flow). When every element in
+        the row gathers from its own slot number (offsets a multiple of R: rotate-half RoPE
+        on head dims that are multiples of 2R), one shuffle per element; otherwise R per
+        element, keeping the one at the gathered slot. Fills mf_gather<g>[R] (g: the gather's
+        number) for the element loop."""
+        reads, axis = self.reads, self.axis
+        k, pos = ir.Var("mf_k"), ir.Var("mf_pos")
+        in_row = pos < self.size(axis)
+        sites = take_sites(self.graph)
+        el = self.element_lowering(frontier, prefix="mf_i")
+        names = ", ".join(f"{sites.index(n)} from '{n.attr[0]}'" for n in takes)
+        out: list[ir.Stmt] = [ir.Comment(
+            f"gathers along {axis} from the lanes holding them (gather {names}): row element p "
+            f"is lane p / {reads}, slot p % {reads}")]
+        index_loop: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + k)]
+        flag, past_end = ir.Var("mf_same_slot"), pos >= self.size(axis)
+        same: list[ir.Stmt] = []            # mf_same_slot: each gather at its own slot number
+        fetch_same: list[ir.Stmt] = []
+        fetch_any: list[ir.Stmt] = []
+        for n in takes:
+            g = sites.index(n)
+            src, val = ir.Var(f"mf_from{g}"), ir.Var(f"mf_gather{g}")
+            ct = compute_type(self.graph.tensor(n.attr[0]).dtype)
+            reg = ir.Var(self.reg(n.attr[0]))
+            out += [ir.ArrayDecl(src.name, "uint", reads), ir.ArrayDecl(val.name, ct, reads)]
+            stmts, checked = el.gather_position(n, report_if=in_row)
+            index_loop += stmts + [ir.Assign(ir.Lane(src, k), ir.Cast("uint", checked))]
+            slot = ir.Lane(src, k) % ir.Lit(reads, "uint")
+            same.append(ir.Assign(flag, flag.and_(past_end.or_(slot.eq(k)))))
+            lane = ir.Cast("ushort", ir.Lane(src, k) / ir.Lit(reads, "uint"))
+            fetch_same.append(ir.Assign(ir.Lane(val, k),
+                                        ir.Call("simd_shuffle", (ir.Lane(reg, k), lane))))
+            s, t = ir.Var("mf_s"), ir.Var(f"mf_t{g}")
+            fetch_any += [
+                ir.Assign(ir.Lane(val, k),
+                          ir.Call("simd_shuffle", (ir.Lane(reg, ir.Lit(0, "uint")), lane))),
+                ir.For("mf_s", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"), [
+                    ir.Decl(t.name, ct, ir.Call("simd_shuffle", (ir.Lane(reg, s), lane))),
+                    ir.Assign(ir.Lane(val, k), ir.Select(slot.eq(s), t, ir.Lane(val, k)))],
+                    unroll=True)]
+        self.helpers |= el.helpers
+
+        def each(body: list[ir.Stmt]) -> ir.For:
+            return ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), body,
+                          unroll=True)
+        if reads == 1:                  # one slot per lane: the source lane is all there is
+            return out + [each(index_loop), ir.Comment("one shuffle per element"),
+                          each(fetch_same)]
+        index_loop += same
+        return out + [
+            ir.Decl(flag.name, "bool", ir.Lit(True, "bool"), const=False),
+            ir.Comment(f"each of this lane's {reads} elements: where its gathered element is"),
+            each(index_loop),
+            ir.If(ir.Call("simd_all", (flag,)), [
+                ir.Comment("every element in the row gathers from its own slot number of "
+                           "another lane: one shuffle each"), each(fetch_same)],
+                [ir.Comment(f"from any slot: shuffle all {reads} slots of the source lane, keep "
+                            f"the gathered one"), each(fetch_any)])]
+
+    def element_loop(self, roots: list[Node], reds: list[reduce.Reduction],
+                     outs: list[int]
+                     ) -> tuple[list[ir.Stmt], list[str], list[ir.Stmt], list[ir.Stmt]]:
+        """(row statements before the loop, the tensors the loop reads from registers, the
+        statements fetching gathered elements from other lanes (run once the registers are
+        loaded), the loop over this thread's R elements)."""
+        tensors, frontier = self.cone(roots)
+        row_stmts = self.v.row_values.lower(frontier)
+        held = set(tensors) | (set() if self.v.name == "looped" else self.v.loaded)
+        self.own_slots, shuffled = self.row_takes(roots, held)
+        fetch = self.shuffle_block(shuffled, frontier) if shuffled else []
+        el = self.element_lowering(frontier)
+        sites = take_sites(self.graph)
+        for n in shuffled:
+            el.values[n] = ir.Lane(ir.Var(f"mf_gather{sites.index(n)}"), ir.Var("mf_k"))
         for n in self.stored:
             el.values[n] = ir.Lane(ir.Var(self.keep[n]), ir.Var("mf_k"))
         body = el.lower(roots)
@@ -326,7 +445,7 @@ class _Builder(reduce.Builder):
         loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), [
             ir.Comment("all of them in the row: no per-element check"), each(False)],
             [ir.Comment("the row's end: each element checked"), each(True)])]
-        return row_stmts, (tensors, loop)
+        return row_stmts, tensors, fetch, loop
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
         reads, vw = self.reads, self.vw
@@ -431,7 +550,7 @@ class _Builder(reduce.Builder):
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
         reads, looped = self.reads, v.name == "looped"
-        row_stmts, (tensors, loop) = self.element_loop(roots, rs, outs)
+        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)
         v.main.append(ir.Comment(title))
         v.main.extend(row_stmts)
         for r in rs:
@@ -454,7 +573,7 @@ class _Builder(reduce.Builder):
                 v.main.extend(self.load_block(new, declare=True))
                 v.loaded.update(new)
             v.main.extend(regs)
-        body += [ir.Comment(f"each of this thread's {reads} elements")] + loop
+        body += fetch + [ir.Comment(f"each of this thread's {reads} elements")] + loop
         if outs:
             body += self.store_block(outs)
         if looped:
@@ -557,4 +676,10 @@ class _Builder(reduce.Builder):
                            tuple(t.name for t in self.inputs if self.axis in t.axes
                                  and vw > 1),
                            self.index64, axis=self.axis, rows=self.outer, variants=kernels,
-                           reductions=reds, passes=passes, itemsize=self.itemsize)
+                           reductions=reds, passes=passes, itemsize=self.itemsize,
+                           held_gathers=self.held_gathers())
+
+    def held_gathers(self) -> dict[str, tuple[int, ...]]:
+        """{variant: the gathers no section of it loads}: registers or shuffles serve them."""
+        sites = range(len(take_sites(self.graph)))
+        return {v: tuple(k for k in sites if k not in self.loaded_gathers[v]) for v in VARIANTS}

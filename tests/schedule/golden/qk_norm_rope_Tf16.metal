@@ -94,7 +94,6 @@ kernel void mf_qk_norm_rope_simd(
     const mf_index_t mf_rowpos_B = mf_index_t(mf_row) / (mf_size_H * mf_size_S);
     const mf_index_t mf_rowpos_S = mf_index_t(mf_row) % mf_size_S;
     const mf_index_t mf_row_pos = mf_rowpos_B * mf_size_S + mf_rowpos_S;
-    const mf_index_t mf_rowpos_H = mf_index_t(mf_row) / mf_size_S % mf_size_H;
     const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_E;
     // phase 1: sum over E
@@ -164,6 +163,64 @@ kernel void mf_qk_norm_rope_simd(
         }
     }
     T mf_reg_mf_out[4];
+    // gathers along E from the lanes holding them (gather 0 from 'x', 1 from 'w'): row element p is lane p / 4, slot p % 4
+    uint mf_from0[4];
+    float mf_gather0[4];
+    uint mf_from1[4];
+    float mf_gather1[4];
+    bool mf_same_slot = true;
+    // each of this lane's 4 elements: where its gathered element is
+    for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+        const uint mf_pos = mf_base + mf_k;
+        const long mf_index_E = long(mf_pos);
+        const bool mf_i1 = mf_index_E < mf_r2;
+        const long mf_i2 = long(ulong(mf_index_E) + ulong(mf_r2));
+        const long mf_i3 = long(ulong(mf_index_E) - ulong(mf_r2));
+        const long mf_i4 = mf_i1 ? mf_i2 : mf_i3;
+        const long mf_take5 = long(mf_i4);
+        const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_E);
+        if (!mf_take5_ok && mf_pos < mf_size_E) {
+            // index out of range: report it (gather 0, from 'x')
+            mf_err[0u] = 1;
+            mf_err[1u] = 0;
+            mf_err[2u] = int(mf_take5);
+            mf_err[3u] = int(mf_take5 >> 32);
+        }
+        mf_from0[mf_k] = uint(mf_take5_ok ? mf_index_t(mf_take5) : 0u);
+        const long mf_take6 = long(mf_i4);
+        const bool mf_take6_ok = mf_take6 >= 0 && mf_take6 < long(mf_size_E);
+        if (!mf_take6_ok && mf_pos < mf_size_E) {
+            // index out of range: report it (gather 1, from 'w')
+            mf_err[0u] = 1;
+            mf_err[1u] = 1;
+            mf_err[2u] = int(mf_take6);
+            mf_err[3u] = int(mf_take6 >> 32);
+        }
+        mf_from1[mf_k] = uint(mf_take6_ok ? mf_index_t(mf_take6) : 0u);
+        mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from0[mf_k] % 4u == mf_k);
+        mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from1[mf_k] % 4u == mf_k);
+    }
+    if (simd_all(mf_same_slot)) {
+        // every element in the row gathers from its own slot number of another lane: one shuffle each
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            mf_gather0[mf_k] = simd_shuffle(mf_reg_x[mf_k], ushort(mf_from0[mf_k] / 4u));
+            mf_gather1[mf_k] = simd_shuffle(mf_reg_w[mf_k], ushort(mf_from1[mf_k] / 4u));
+        }
+    } else {
+        // from any slot: shuffle all 4 slots of the source lane, keep the gathered one
+        for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+            mf_gather0[mf_k] = simd_shuffle(mf_reg_x[0u], ushort(mf_from0[mf_k] / 4u));
+            for (uint mf_s = 1u; mf_s < 4u; ++mf_s) {
+                const float mf_t0 = simd_shuffle(mf_reg_x[mf_s], ushort(mf_from0[mf_k] / 4u));
+                mf_gather0[mf_k] = mf_from0[mf_k] % 4u == mf_s ? mf_t0 : mf_gather0[mf_k];
+            }
+            mf_gather1[mf_k] = simd_shuffle(mf_reg_w[0u], ushort(mf_from1[mf_k] / 4u));
+            for (uint mf_s = 1u; mf_s < 4u; ++mf_s) {
+                const float mf_t1 = simd_shuffle(mf_reg_w[mf_s], ushort(mf_from1[mf_k] / 4u));
+                mf_gather1[mf_k] = mf_from1[mf_k] % 4u == mf_s ? mf_t1 : mf_gather1[mf_k];
+            }
+        }
+    }
     // each of this thread's 4 elements
     if (mf_base + 4u <= mf_size_E) {
         // all of them in the row: no per-element check
@@ -183,39 +240,15 @@ kernel void mf_qk_norm_rope_simd(
             const float mf_v9 = precise::cos(mf_v8);
             const float mf_v10 = mf_v2 * mf_v9;
             const bool mf_v11 = mf_index_E < mf_r2;
-            const bool mf_v12 = mf_index_E < mf_r2;
-            const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
-            const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
-            const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-            const long mf_take16 = long(mf_v15);
-            const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-            if (!mf_take16_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take16);
-                mf_err[3u] = int(mf_take16 >> 32);
-            }
-            const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-            const float mf_v18 = mf_v17 * mf_r7;
-            const long mf_take19 = long(mf_v15);
-            const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-            if (!mf_take19_ok) {
-                // index out of range: report it (gather 1, from 'w')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take19);
-                mf_err[3u] = int(mf_take19 >> 32);
-            }
-            const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-            const float mf_v21 = mf_v18 * mf_v20;
-            const float mf_v22 = -mf_v21;
-            const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-            const float mf_v24 = precise::sin(mf_v8);
-            const float mf_v25 = mf_v23 * mf_v24;
-            const float mf_v26 = mf_v10 + mf_v25;
-            const float mf_v27 = float(half(mf_v26));
-            mf_reg_mf_out[mf_k] = T(mf_v27);
+            const float mf_v12 = mf_gather0[mf_k] * mf_r7;
+            const float mf_v13 = mf_v12 * mf_gather1[mf_k];
+            const float mf_v14 = -mf_v13;
+            const float mf_v15 = mf_v11 ? mf_v14 : mf_v13;
+            const float mf_v16 = precise::sin(mf_v8);
+            const float mf_v17 = mf_v15 * mf_v16;
+            const float mf_v18 = mf_v10 + mf_v17;
+            const float mf_v19 = float(half(mf_v18));
+            mf_reg_mf_out[mf_k] = T(mf_v19);
         }
     } else {
         // the row's end: each element checked
@@ -236,39 +269,15 @@ kernel void mf_qk_norm_rope_simd(
                 const float mf_v9 = precise::cos(mf_v8);
                 const float mf_v10 = mf_v2 * mf_v9;
                 const bool mf_v11 = mf_index_E < mf_r2;
-                const bool mf_v12 = mf_index_E < mf_r2;
-                const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
-                const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
-                const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-                const long mf_take16 = long(mf_v15);
-                const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-                if (!mf_take16_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take16);
-                    mf_err[3u] = int(mf_take16 >> 32);
-                }
-                const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                const float mf_v18 = mf_v17 * mf_r7;
-                const long mf_take19 = long(mf_v15);
-                const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-                if (!mf_take19_ok) {
-                    // index out of range: report it (gather 1, from 'w')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take19);
-                    mf_err[3u] = int(mf_take19 >> 32);
-                }
-                const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-                const float mf_v21 = mf_v18 * mf_v20;
-                const float mf_v22 = -mf_v21;
-                const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-                const float mf_v24 = precise::sin(mf_v8);
-                const float mf_v25 = mf_v23 * mf_v24;
-                const float mf_v26 = mf_v10 + mf_v25;
-                const float mf_v27 = float(half(mf_v26));
-                mf_reg_mf_out[mf_k] = T(mf_v27);
+                const float mf_v12 = mf_gather0[mf_k] * mf_r7;
+                const float mf_v13 = mf_v12 * mf_gather1[mf_k];
+                const float mf_v14 = -mf_v13;
+                const float mf_v15 = mf_v11 ? mf_v14 : mf_v13;
+                const float mf_v16 = precise::sin(mf_v8);
+                const float mf_v17 = mf_v15 * mf_v16;
+                const float mf_v18 = mf_v10 + mf_v17;
+                const float mf_v19 = float(half(mf_v18));
+                mf_reg_mf_out[mf_k] = T(mf_v19);
             }
         }
     }

@@ -63,12 +63,13 @@ kernel void mf_rope_interleaved(
         const mf_index_t mf_pos_B = mf_start / mf_span_H_S_E;
         const mf_index_t mf_pos_S = mf_start / mf_size_E % mf_size_S;
         const mf_index_t mf_pos0_E = mf_start % mf_size_E;
-        const mf_index_t mf_pos_H = mf_start / mf_span_S_E % mf_size_H;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // position along each axis
             const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
+            // 'x' at index E ^ 1: lane k ^ 1 of the vector already loaded
+            const float mf_x_xor1 = float(mf_x_v[mf_k ^ 1u]);
             const float mf_x = float(mf_x_v[mf_k]);
             const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
             const float mf_v1 = float(mf_pos);
@@ -84,24 +85,13 @@ kernel void mf_rope_interleaved(
             const float mf_v10 = mf_x * mf_v9;
             const long mf_v11 = mf_remainder(mf_index_E, long(2));
             const bool mf_v12 = mf_v11 == 0;
-            const long mf_v13 = mf_index_E ^ 1;
-            const long mf_take14 = long(mf_v13);
-            const bool mf_take14_ok = mf_take14 >= 0 && mf_take14 < long(mf_size_E);
-            if (!mf_take14_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take14);
-                mf_err[3u] = int(mf_take14 >> 32);
-            }
-            const float mf_v15 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take14_ok ? mf_index_t(mf_take14) : 0u)]);
-            const float mf_v16 = -mf_v15;
-            const float mf_v17 = mf_v12 ? mf_v16 : mf_v15;
-            const float mf_v18 = precise::sin(mf_v8);
-            const float mf_v19 = mf_v17 * mf_v18;
-            const float mf_v20 = mf_v10 + mf_v19;
+            const float mf_v13 = -mf_x_xor1;
+            const float mf_v14 = mf_v12 ? mf_v13 : mf_x_xor1;
+            const float mf_v15 = precise::sin(mf_v8);
+            const float mf_v16 = mf_v14 * mf_v15;
+            const float mf_v17 = mf_v10 + mf_v16;
             // store
-            mf_out_v[mf_k] = T(mf_v20);
+            mf_out_v[mf_k] = T(mf_v17);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
