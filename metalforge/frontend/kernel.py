@@ -242,7 +242,9 @@ class Kernel:
         sig = list(self.signature.parameters.values())
         self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
                                   for p in sig)
-        self._kinds = tuple(type(q) for q in self.params)
+        self._key_of = fastpath.key_function(tuple(
+            "tensor" if isinstance(q, TensorParam) else "scalar" if isinstance(q, ScalarParam)
+            else "const" for q in self.params))
         self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
         self._completions = tuple(
             tuple(p.default for p in sig[n:])
@@ -509,7 +511,7 @@ class Kernel:
         if hit is not None:
             w = warm.get(hit[0])
             if w is not None and w.current():
-                return w(hit[1])
+                return w.replay(hit[1])
         key, values, dvars, consts = self._bind(args, kwargs)
         g = self._graph(key, dvars, consts)
         if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
@@ -528,10 +530,11 @@ class Kernel:
         `inspect.Signature.bind` (whose errors the full path reports), a non-Tensor (or Tensor
         subclass) where a tensor goes, a tensor that requires grad while grad mode is on.
 
-        The key holds everything a checked call's launch depends on: the kernel's backend and
-        the `with mf.backend(...)` override; each tensor's dtype, shape, strides and device;
-        each runtime scalar's Python type; each Const's type and value. The launch overrides
-        are the cache's (one per `launch`), the autotune entry is checked by `Warm.current`."""
+        The key (`fastpath.key_function`) holds everything a checked call's launch depends on:
+        the kernel's backend and the `with mf.backend(...)` override; each tensor's dtype,
+        shape, strides and device; each runtime scalar's Python type; each Const's type and
+        value. The launch overrides are the cache's (one per `launch`), the autotune entry is
+        checked by `Warm.current`."""
         values: Optional[Sequence[Any]] = None
         if not kwargs and len(args) <= self._max_positional:
             tail = self._completions[len(args)]
@@ -541,26 +544,8 @@ class Kernel:
             values = self._warm_values(args, kwargs)
         if values is None:
             return None
-        key: list[Any] = [self.backend, fastpath.BACKEND_OVERRIDE.get()]
-        grad = False
-        try:
-            for v, kind in zip(values, self._kinds):
-                if kind is TensorParam:
-                    if type(v) is not torch.Tensor:
-                        return None
-                    grad = grad or v.requires_grad
-                    key.append((v.dtype, v.shape, v.stride(), v.device))
-                elif kind is ScalarParam:
-                    key.append(type(v))
-                elif type(v) is int or type(v) is bool:
-                    key.append((type(v), v))
-                else:
-                    return None                   # a bad Const: the full path says why
-        except RuntimeError:                      # a tensor without strides (sparse, ...)
-            return None
-        if grad and torch.is_grad_enabled():
-            return None                           # autograd: the full path
-        return tuple(key), values
+        key = self._key_of(values, self.backend)
+        return None if key is None else (key, values)
 
     def _warm_values(self, args: tuple, kwargs: Mapping[str, Any]) -> Optional[list]:
         """Every argument in parameter order (defaults filled in), or None for anything

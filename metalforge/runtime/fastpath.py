@@ -20,8 +20,8 @@ threads may call one kernel at once.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
 
 import torch
 
@@ -59,6 +59,8 @@ class Warm:
     errors: Optional[launcher.IndexErrors] = None   # gathers: a zeroed report buffer per call
     scratch: Optional[tuple[int, int]] = None   # (argument index, fp32 elements) per call
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
+    # the call itself, compiled from the fields above (see `source`)
+    replay: Callable[[Sequence[Any]], Any] = field(init=False, repr=False, compare=False)
 
     def current(self) -> bool:
         """Still what the full path would do: the autotune cache is the same object holding
@@ -70,34 +72,83 @@ class Warm:
         return (c is self.tuning[0] and c.entries is self.tuning[1]
                 and kernels.get(host) is checked)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "replay", _compile(self))
+
     def __call__(self, values: Sequence[Any]):
-        outs = [torch.empty(shape, dtype=dtype, device=device)
-                for shape, dtype, device in self.allocate]
-        if self.launches:
-            args = list(self.template)
-            for i, pos, contiguous, vector, flat in self.inputs:
-                t = values[pos]
-                if contiguous:
-                    t = t.contiguous()
-                elif vector and t.storage_offset() % vector:
-                    t = t.clone()                   # vector loads need an aligned start
-                args[i] = t if flat is None else t.view(flat)
-            for i, o, view in self.outputs:
-                args[i] = outs[o] if view is None else outs[o].view(view)
-            for i, pos, convert in self.scalars:
-                args[i] = convert(values[pos])
-            if self.errors is not None:
-                args[self.errors.arg] = torch.zeros(4, dtype=torch.int32, device=outs[0].device)
-            if self.scratch is not None:
-                i, n = self.scratch
-                args[i] = torch.empty(n, dtype=torch.float32, device=outs[0].device)
-            self.kernel(*args, threads=self.threads, group_size=self.group_size,
-                        arg_casts=self.arg_casts)
-            for kernel, threads, group in self.then:
-                kernel(*args, threads=threads, group_size=group, arg_casts=self.arg_casts)
-            if self.errors is not None:
-                self.errors.check(args[self.errors.arg])
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return self.replay(values)
+
+    @property
+    def source(self) -> str:
+        """The replay as Python: straight-line code for this closure's call."""
+        return _replay_source(self)[0]
+
+
+def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
+    """Python for `w`'s replay, and the names it reads: allocate the outputs, then, when the
+    call launches, take each input (made contiguous, or copied to an aligned start, as the
+    checked call needed), convert the scalars, launch the kernel(s), check a gather's report."""
+    env: dict[str, Any] = {"_empty": torch.empty, "_zeros": torch.zeros, "_int32": torch.int32,
+                           "_float32": torch.float32}
+    lines = ["def replay(values):"]
+    for o, (shape, dtype, device) in enumerate(w.allocate):
+        env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
+        lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
+    outs = ", ".join(f"o{o}" for o in range(len(w.allocate)))
+    result = "o0" if len(w.allocate) == 1 else f"({outs},)"
+    if w.launches:
+        args = [f"_c{i}" for i in range(len(w.template))]
+        for i, v in enumerate(w.template):
+            env[f"_c{i}"] = v
+        for i, pos, contiguous, vector, flat in w.inputs:
+            lines.append(f"    a{i} = values[{pos}]")
+            if contiguous:
+                lines.append(f"    a{i} = a{i}.contiguous()")
+            elif vector:                       # vector loads need an aligned start
+                lines.append(f"    if a{i}.storage_offset() % {vector}:")
+                lines.append(f"        a{i} = a{i}.clone()")
+            if flat is not None:
+                env[f"_flat{i}"] = flat
+                lines.append(f"    a{i} = a{i}.view(_flat{i})")
+            args[i] = f"a{i}"
+        for i, o, view in w.outputs:
+            args[i] = f"o{o}"
+            if view is not None:
+                env[f"_view{i}"] = view
+                args[i] = f"o{o}.view(_view{i})"
+        for i, pos, convert in w.scalars:
+            env[f"_conv{i}"] = convert
+            args[i] = f"_conv{i}(values[{pos}])"
+        device = "o0.device" if w.allocate else "None"
+        if w.errors is not None:
+            lines.append(f"    err = _zeros(4, dtype=_int32, device={device})")
+            args[w.errors.arg] = "err"
+        if w.scratch is not None:
+            i, n = w.scratch
+            lines.append(f"    scratch = _empty({n}, dtype=_float32, device={device})")
+            args[i] = "scratch"
+        env.update(_kernel=w.kernel, _casts=w.arg_casts)
+        call = ", ".join(args)
+        if w.then:
+            lines.append(f"    args = ({call},)")
+            call = "*args"
+        lines.append(f"    _kernel({call}, threads={w.threads}, group_size={w.group_size}, "
+                     f"arg_casts=_casts)")
+        for k, (kernel, threads, group) in enumerate(w.then):
+            env[f"_then{k}"] = kernel
+            lines.append(f"    _then{k}(*args, threads={threads}, group_size={group}, "
+                         f"arg_casts=_casts)")
+        if w.errors is not None:
+            env["_check"] = w.errors.check
+            lines.append("    _check(err)")
+    lines.append(f"    return {result}")
+    return "\n".join(lines) + "\n", env
+
+
+def _compile(w: Warm) -> Callable[[Sequence[Any]], Any]:
+    text, env = _replay_source(w)
+    exec(compile(text, "<metalforge warm call>", "exec"), env)     # noqa: S102
+    return env["replay"]
 
 
 _NONE: tuple[dict, str, Any] = ({}, "", None)       # no launch, no kernel to check
@@ -146,6 +197,40 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
                 tuning, (kernels, host, kernels[host]), launch.errors, scratch, launch.then)
+
+
+def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple]]:
+    """The warm-call key of a kernel whose parameters are of these kinds ("tensor", "scalar",
+    "const"), as straight-line Python: key(values in parameter order, backend) is None when
+    the call must take the full path (a non-Tensor or Tensor subclass where a tensor goes, a
+    Const that is not an int or bool, a tensor that requires grad while grad mode is on, a
+    tensor without strides), else a flat tuple of everything a checked call's launch depends
+    on: the backend and the `with mf.backend(...)` override, each tensor's dtype, shape,
+    strides and device, each runtime scalar's Python type, each Const's type and value."""
+    names = [f"a{i}" for i in range(len(kinds))]
+    tensors = [n for n, k in zip(names, kinds) if k == "tensor"]
+    consts = [n for n, k in zip(names, kinds) if k == "const"]
+    lines = ["def key(values, backend):"]
+    if names:
+        lines.append(f"    {', '.join(names)}, = values")
+    tests = [f"type({n}) is not _Tensor" for n in tensors] + [
+        f"(type({n}) is not int and type({n}) is not bool)" for n in consts]
+    if tests:
+        lines += [f"    if {' or '.join(tests)}:", "        return None"]
+    if tensors:
+        grad = " or ".join(f"{n}.requires_grad" for n in tensors)
+        lines += [f"    if ({grad}) and _grad_enabled():", "        return None"]
+    parts = ["backend", "_override()"]
+    for n, k in zip(names, kinds):
+        parts += ([f"{n}.dtype", f"{n}.shape", f"{n}.stride()", f"{n}.device"] if k == "tensor"
+                  else [f"type({n})"] if k == "scalar" else [f"type({n})", n])
+    lines += ["    try:", f"        return ({', '.join(parts)},)",
+              "    except RuntimeError:             # a tensor without strides (sparse, ...)",
+              "        return None"]
+    env: dict[str, Any] = {"_Tensor": torch.Tensor, "_grad_enabled": torch.is_grad_enabled,
+                           "_override": BACKEND_OVERRIDE.get}
+    exec(compile("\n".join(lines) + "\n", "<metalforge warm key>", "exec"), env)  # noqa: S102
+    return env["key"]
 
 
 class WarmCache:

@@ -984,7 +984,8 @@ class _Builder(reduce.Builder):
         if self.policy.lane_scores:
             values = set(topo_order([f.values]))
             self.streamed = {n for n in self.kv if n in values}
-            step = [ir.Decl("mf_l", IDX, ir.Var("mf_step") + ir.Cast(IDX, ir.Var("mf_lane")))]
+            step: list[ir.Stmt] = [ir.Decl("mf_l", IDX, ir.Var("mf_step")
+                                           + ir.Cast(IDX, ir.Var("mf_lane")))]
             step += self.lane_dots() + self.lane_softmax() + self.lane_values()
             loop = ir.For("mf_step", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg") * SIMD),
                           ir.Var("mf_l1"), step, step=ir.Lit(SIMD_WIDTH * nsg, IDX))

@@ -30,7 +30,7 @@ import subprocess
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ..cache import CacheWarning, configured_root, locked, temp_name
 from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam
@@ -236,13 +236,29 @@ class TuneCache:
         self._entries = merged
 
 
-_CACHES: dict[Optional[str], TuneCache] = {}
+_CACHES: dict[Any, TuneCache] = {}
+
+
+def _env_reader(name: str) -> Callable[[], Any]:
+    """A cheap reader of one environment variable, for code that runs on every kernel call:
+    on POSIX, a lookup in the mapping of encoded names that `os.environ` keeps in step with
+    its own updates (the raw bytes value, about ten times faster than `os.environ.get`, which
+    encodes the name and decodes the value on every call); elsewhere `os.environ.get`."""
+    data = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if os.name == "posix" and isinstance(data, dict) and encode is not None:
+        key = encode(name)
+        return lambda: data.get(key)
+    return lambda: os.environ.get(name)
+
+
+_CACHE_DIR = _env_reader("METALFORGE_CACHE_DIR")
 
 
 def default_cache() -> TuneCache:
     """The cache at `cache_path()` (one object per $METALFORGE_CACHE_DIR value, so the file is
     read once per process; this runs on every kernel call, so it is kept cheap)."""
-    env = os.environ.get("METALFORGE_CACHE_DIR")
+    env = _CACHE_DIR()
     c = _CACHES.get(env)
     if c is None:
         c = _CACHES[env] = TuneCache(cache_path())

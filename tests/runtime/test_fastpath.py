@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import metalforge as mf
 from metalforge.errors import BindingError, DeviceError, ShapeError
-from metalforge.runtime import fastpath, launcher
+from metalforge.runtime import launcher
 from metalforge.tuning import cache as cache_mod
 
 
@@ -226,6 +226,36 @@ def test_an_autotune_entry_written_later_is_used(tmp_path, monkeypatch, launches
     assert launches[-1][1] == default_group
 
 
+def test_a_cache_directory_set_later_is_seen_when_warm(tmp_path, monkeypatch, launches):
+    """$METALFORGE_CACHE_DIR is read on every call (cheaply): set while a kernel is warm, the
+    next call uses the autotune entries found there; unset, the previous cache again."""
+    monkeypatch.setattr(cache_mod, "_CACHES", {})
+    silu = mf.kernel(k_silu)
+    x = torch.randn(64, 64)
+    close(silu(x), F.silu(x))
+    default_group = launches[-1][1]
+    monkeypatch.setenv("METALFORGE_CACHE_DIR", str(tmp_path))
+    key = cache_mod.key_for(silu.graph(x), "sim", {"B": 64, "D": 64})
+    cache_mod.default_cache().put(key, {"launch": {"threads_per_group": 32}, "time_ms": 1.0})
+    close(silu(x), F.silu(x))
+    assert launches[-1][1] == 32 != default_group
+    monkeypatch.delenv("METALFORGE_CACHE_DIR")
+    close(silu(x), F.silu(x))
+    assert launches[-1][1] == default_group
+
+
+def test_replay_is_straight_line_python():
+    """The closure's call is generated code that names what it does (for debugging)."""
+    rms = mf.kernel(k_rms)
+    x, w = torch.randn(6, 48), torch.randn(48)
+    rms(x, w)
+    (warm,) = rms._warm._entries.values()
+    src = warm.source
+    assert src.startswith("def replay(values):") and "for " not in src
+    assert "_empty(_shape0" in src and "_kernel(" in src
+    close(warm((x, w, 1e-6)), rms_ref(x, w))
+
+
 def test_requires_grad_takes_the_full_path(monkeypatch):
     silu = mf.kernel(k_silu)
     x = torch.randn(4, 16, requires_grad=True)
@@ -235,7 +265,9 @@ def test_requires_grad_takes_the_full_path(monkeypatch):
         close(silu(x), F.silu(x.detach()))
     assert len(silu._warm) == 1
     used = []
-    monkeypatch.setattr(fastpath.Warm, "__call__", lambda self, values: used.append(1))
+    (key, warm), = silu._warm._entries.items()
+    silu._warm._entries[key] = type("Spy", (), {"replay": lambda self, values: used.append(1),
+                                                "current": warm.current})()
     y = silu(x)                                  # grad mode on again: autograd's path
     assert not used and y.requires_grad
 
