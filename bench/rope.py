@@ -85,7 +85,10 @@ def main(argv=None) -> None:
                 k, kargs = ours_args[name]
                 want = eager[name]()
                 y = k(*kargs)
-                torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+                # eager rounds every step to the dtype (x * cos, the norm): bf16's 8 bits
+                # leave a few ulps of |x| ~ 4 between it and our fp32 math
+                tol = 6e-2 if dtype == torch.bfloat16 else 2e-2
+                torch.testing.assert_close(y, want, rtol=tol, atol=tol)
                 theirs = timeit(eager[name], device, repeat)
                 sched, sizes = plan(k, kargs)
                 nbytes = sched.traffic(sizes).total
