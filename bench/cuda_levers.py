@@ -19,6 +19,8 @@ TUNABLE; "16B" is an experiment on the generated text, not something codegen emi
              division by a row's sum → multiplication by its reciprocal, to see how much of
              the gap is arithmetic rather than memory
   r8+16B+fm, r16+16B+fm   the combinations
+  nocmp      compensated sums (looped rows, online softmax) without their error term: what the
+             compensation costs
 """
 from __future__ import annotations
 
@@ -51,6 +53,8 @@ CANDIDATES = {                       # name: (launch overrides, text rewrites of
     "fm": ({}, ("fm",)),
     "r8+16B+fm": (R8, ("16B", "fm")),
     "r16+16B+fm": (R16, ("16B", "fm")),
+    "nocmp": ({}, ("nocmp",)),
+    "nocmp+fm": ({}, ("nocmp", "fm")),
 }
 
 _X8 = ("\n// bench experiment: 16 bytes per access (two 4-vectors, 16-byte aligned)\n"
@@ -87,7 +91,15 @@ def fast_math(src: str) -> str:
     return _DIV.sub(r"= \1 * (1.0f / \2);", src)
 
 
-REWRITES = {"16B": sixteen_bytes, "fm": fast_math}
+def no_compensation(src: str) -> str:
+    """Compensated sums without their error term (plain fp32 running sums)."""
+    for term in ("x", "mf_e"):
+        src = src.replace(f"    if (isfinite(mf_t)) {{\n        c += abs(s) >= abs({term}) ? "
+                          f"(s - mf_t) + {term} : ({term} - mf_t) + s;\n    }}\n", "")
+    return src
+
+
+REWRITES = {"16B": sixteen_bytes, "fm": fast_math, "nocmp": no_compensation}
 
 
 def rewriter(names):
