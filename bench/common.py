@@ -8,7 +8,6 @@ import time
 import torch
 
 from metalforge import runtime
-from metalforge.runtime import launcher
 from metalforge.shapes import bind_shapes
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -92,10 +91,7 @@ def plan(kernel, args):
 def launched_variant(schedule, kernel, args) -> str:
     """The row variant the call `kernel(*args)` launches: the host's pick for the row length,
     or looped where the group kernel's pipeline cannot take the threads the row needs."""
-    bound = kernel.signature.bind(*args)
-    bound.apply_defaults()
-    call = launcher.check_call(kernel.graph(*args), dict(bound.arguments), None, kernel.launch)
-    host = launcher.bind(call).host_name
+    host = kernel.launches(*args)[0][0]
     return next(v for v, k in schedule.variants.items() if k.host_name == host)
 
 

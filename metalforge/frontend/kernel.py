@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import autodiff, dtypes, runtime
-from ..runtime import fastpath, mlx
+from ..runtime import fastpath, launcher, mlx
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64
 from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
@@ -569,6 +569,21 @@ class Kernel:
         key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
         g = self._graph(key, dvars, consts)
         return show(g, values, sizes=sizes or None, launch=self.launch)
+
+    def launches(self, *args, **kwargs) -> tuple[tuple[str, int, int], ...]:
+        """What calling the kernel with these arguments would launch, without running it: one
+        (host name, threads, threadgroup size) per kernel launch, in order (a row reduction's
+        variant for this row length, attention's decode and merge kernels when its keys are
+        split; () when the outputs are empty). Every check of a call is made, and the library
+        is compiled (the pipeline's thread limit decides some variants).
+
+            >>> rms_norm.launches(torch.randn(8, 4096), torch.randn(4096))
+            (('rms_norm_f32_group', 4096, 512),)
+        """
+        key, values, dvars, consts = self._bind(args, kwargs)
+        call = launcher.check_call(self._graph(key, dvars, consts), values, self.backend,
+                                   self.launch)
+        return launcher.bind(call).plan if call.numel else ()
 
     def source(self, *args, **bindings) -> str:
         """The MSL of the specialisation that these example arguments select. Without tensors,

@@ -134,6 +134,7 @@ class Launch:
     errors: Optional["IndexErrors"] = None     # kernels with gathers: where they report
     then: tuple[tuple[Any, int, int], ...] = ()   # later launches (kernel, threads, group)
     host_name: str = ""                         # the first launch's kernel
+    plan: tuple[tuple[str, int, int], ...] = ()   # every launch: (host name, threads, group)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ def bind(call: Call) -> Launch:
     (kernel, threads, group, host), *then = launches
     return Launch(kernel, args, threads, group, casts or None,
                   IndexErrors.of(spec.graph, s.kernel.params, sizes),
-                  tuple(t[:3] for t in then), host)
+                  tuple(t[:3] for t in then), host, tuple((h, n, g) for _, n, g, h in launches))
 
 
 def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:

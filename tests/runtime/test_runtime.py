@@ -76,6 +76,29 @@ def test_empty_inputs_return_empty_without_launch(monkeypatch):
     assert y.shape == (2, 0, 4)
 
 
+@mf.kernel
+def row_softmax(x: "T[*B, D]"):
+    return mf.softmax(x, axis="D")
+
+
+def test_launches_says_what_a_call_launches(monkeypatch):
+    """`kernel.launches(...)` names the kernels (variant by row length, split attention's
+    merge) with their threads, runs nothing, and matches what the call then launches."""
+    seen = []
+    real = launcher.dispatch
+    monkeypatch.setattr(launcher, "dispatch", lambda b: (seen.append(b.plan), real(b))[1])
+    for d, variant in ((100, "simd"), (1000, "group"), (9000, "looped")):
+        x = torch.randn(3, d)
+        plan = row_softmax.launches(x)
+        assert [h for h, _, _ in plan] == [f"row_softmax_f32_{variant}"]
+        assert not seen
+        torch.testing.assert_close(row_softmax(x), torch.softmax(x, -1))
+        assert seen.pop() == plan
+    assert gate.launches(torch.randn(2, 0, 4), torch.randn(2, 0, 4)) == ()
+    with pytest.raises(errors.ShapeError):
+        gate.launches(torch.randn(2, 3), torch.randn(2, 4))
+
+
 def test_compiles_once_per_specialisation(monkeypatch):
     calls = []
     real = backends._compile
