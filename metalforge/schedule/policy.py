@@ -47,6 +47,9 @@ class LaunchPolicy:
     lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
                                        # threadgroup memory), no butterfly per key
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
+    x_rows: int = 4                    # quantized matvec: rows of x one simdgroup takes at once
+                                       # (weights unpacked once for them) from 2 rows of x on;
+                                       # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
 
     @property
     def elements_per_thread(self) -> int:
@@ -132,7 +135,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
-              "index64"),
+              "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "index64"),
 }
@@ -171,7 +174,8 @@ def validate(p: LaunchPolicy) -> None:
 
 def _validate_common(p: LaunchPolicy) -> None:
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
-                 *_READS, "looped_limit", "keys_per_step", "k_splits", "qmm_min_rows"):
+                 *_READS, "looped_limit", "keys_per_step", "k_splits", "qmm_min_rows",
+                 "x_rows"):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
               f"{name} must be a positive int, got {v!r}")
@@ -245,6 +249,9 @@ def _validate_quant(p: LaunchPolicy) -> None:
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,
           f"rows_per_group={p.rows_per_group}: a simdgroup keeps each row's words, scale, "
           f"bias and sum in registers, at most {MAX_QUANT_ROWS} rows")
+    _need(p, p.x_rows <= MAX_QUANT_ROWS,
+          f"x_rows={p.x_rows}: a lane keeps each row of x's values in registers, at most "
+          f"{MAX_QUANT_ROWS} rows")
     _need(p, p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
           f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
           f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "

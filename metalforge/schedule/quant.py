@@ -46,7 +46,7 @@ from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident, unpack_value
-from .policy import LaunchPolicy, SIMD_WIDTH, access_width
+from .policy import MAX_QUANT_ROWS, LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 
@@ -75,26 +75,33 @@ class QuantSchedule(Schedule):
     outer: tuple[str, ...] = ()          # every output axis but K
 
     chunk: int = 32                      # values per lane per chunk
-    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (and qmm)
-    m_axis: Optional[str] = None         # the rows of x the tiled kernel (qmm) blocks
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (qmvx, qmm)
+    m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
+    x_rows: int = 1                      # rows of x per simdgroup in qmvx
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
         return tuple(self.variants.values())
 
     def variant(self, sizes: Mapping[str, int]) -> str:
-        """qmm from qmm_min_rows rows of x on (where the kernel has one), else qmv."""
-        if self.m_axis is not None and sizes[self.m_axis] >= self.policy.qmm_min_rows:
+        """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
+        of them per simdgroup) from 2, else qmv."""
+        m = 1 if self.m_axis is None else sizes[self.m_axis]
+        if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
-        return "qmv"
+        return "qmvx" if "qmvx" in self.variants and m >= 2 else "qmv"
 
     def selecting(self, host_name: str) -> dict[str, int]:
-        """Sizes that make a call launch kernel `host_name` (testing's coverage)."""
+        """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
+        last block of x's rows that is partly past M."""
         if self.m_axis is None:
             return {}
-        qmm_host = self.variants["qmm"].host_name
-        rows = self.policy.qmm_min_rows
-        return {self.m_axis: rows if host_name == qmm_host else max(1, rows - 1)}
+        top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
+        pick = {"qmm": self.policy.qmm_min_rows,
+                "qmvx": max(2, min(top, self.x_rows + 1)),
+                "qmv": 1 if "qmvx" in self.variants else max(1, top)}
+        name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
+        return {} if name is None else {self.m_axis: pick[name]}
 
     @property
     def thresholds(self) -> list[int]:
@@ -119,7 +126,8 @@ class QuantSchedule(Schedule):
         rows, S = self.policy.rows_per_group, self.policy.k_splits
         blocks = -(-sizes[self.rows_axis] // rows)
         for a in self.outer[:-1]:
-            blocks *= sizes[a]
+            blocks *= -(-sizes[a] // self.x_rows) if (
+                a == self.m_axis and self.variant(sizes) == "qmvx") else sizes[a]
         threads = blocks * S * SIMD_WIDTH
         group = max(S * SIMD_WIDTH, min(self.policy.threads_per_group, threads))
         if S > 1:
@@ -179,6 +187,7 @@ class _Builder(reduce.Builder):
         self.vw = access_width(8, {t.dtype.itemsize for t in self.shared} or {4})
         while self.chunk % self.vw:
             self.vw //= 2
+        self.mb = 1                                    # rows of x per simdgroup (per kernel)
 
     def _packed_inputs(self) -> dict[str, int]:
         """{tensor: bits} of the words unpacked in the reduction; each must be a tensor
@@ -201,12 +210,18 @@ class _Builder(reduce.Builder):
 
     # -- positions and loads (one element k of the row n) -------------------------------
     def prefix_position(self, axis: str) -> ir.Expr:
-        """The simdgroup's position along an output axis other than the rows axis."""
+        """The simdgroup's position along an output axis other than the rows axis (with rows
+        of x blocked, `x_rows`: row mf_m of x along the innermost one, the block's elsewhere)."""
         name = f"mf_pos_{ident(axis)}"
+        prefix, flat = self.prefix, "mf_outer"
+        if self.mb > 1:
+            if axis == self.prefix[-1]:
+                return ir.Var("mf_m")
+            prefix, flat = self.prefix[:-1], "mf_xblock"
         if name not in self.v.pre_names:
-            k = self.prefix.index(axis)
-            inner = self.prefix[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var("mf_outer"))
+            k = prefix.index(axis)
+            inner = prefix[k + 1:]
+            e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
             if inner:
                 e = e / self.span(inner)
             if k > 0:
@@ -250,7 +265,7 @@ class _Builder(reduce.Builder):
             t = self.graph.tensor(n.attr)
             ct = compute_type(t.dtype)
             if fast and t in self.shared:
-                return ir.Lane(ir.Var(f"mf_{t.name}_reg"), ir.Var("mf_j"))
+                return ir.Lane(ir.Var(f"mf_{t.name}_reg"), self.x_slot(ir.Var("mf_j")))
             if fast and t.name in self.packed:
                 return self.word(t.name)
             return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, fast)))
@@ -262,6 +277,30 @@ class _Builder(reduce.Builder):
 
         return ElementLowering(self.graph, load, lambda a: self.at(a, k, fast), self.size,
                                lambda s: self.names[s], prefix="mf_e", shift=shift)
+
+    def x_slot(self, j: ir.Expr) -> ir.Expr:
+        """Element j's register among the chunk's shared values (of row mf_i of x)."""
+        return j if self.mb == 1 else ir.Var("mf_i") * ir.Lit(self.chunk, "uint") + j
+
+    def acc(self) -> ir.Expr:
+        """The sum of weight row mf_r (and row mf_i of x)."""
+        r = ir.Var("mf_r")
+        return ir.Lane(ir.Var("mf_acc"), r if self.mb == 1 else
+                       r * ir.Lit(self.mb, "uint") + ir.Var("mf_i"))
+
+    def each_x_row(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each row mf_i of x of the simdgroup's block (unrolled)."""
+        return ir.For("mf_i", "uint", ir.Lit(0, "uint"), ir.Lit(self.mb, "uint"), body,
+                      unroll=True)
+
+    def x_rows_loop(self, body: list[ir.Stmt]) -> list[ir.Stmt]:
+        """`body` for each row mf_i of x of the simdgroup's block, as row mf_m (rows past M
+        repeat row M - 1: read in bounds, never stored); just `body` without x blocking."""
+        if self.mb == 1:
+            return body
+        m = ir.Call("min", (ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i")),
+                            self.size(self.prefix[-1]) - ir.Lit(1, IDX)))
+        return [self.each_x_row([ir.Decl("mf_m", IDX, m)] + body)]
 
     def word(self, name: str) -> ir.Expr:
         """The packed word holding element mf_j of the chunk, in row mf_r's registers."""
@@ -277,7 +316,7 @@ class _Builder(reduce.Builder):
         v = el.value(self.red.args[0])
         if compute_type(self.red.args[0].dtype) != "float":
             v = ir.Cast("float", v)
-        acc = ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r"))
+        acc = self.acc()
         return body + [ir.Assign(acc, acc + v)]
 
     # -- the affine form: sum_k (q_k * s + b) * x_k = s * sum q_k x_k + b * sum x_k ------
@@ -321,16 +360,20 @@ class _Builder(reduce.Builder):
         """(statements before the rows loops: x of each element and their sum over the chunk;
         register arrays for each row's scale and bias; the row's loads of its scale and bias
         into them; the row's sums: sum q_j x_j over its words, then s * that + b * sum x)."""
-        C, rows = self.chunk, self.policy.rows_per_group
+        C, rows, mb = self.chunk, self.policy.rows_per_group, self.mb
         el = self.lowering(True)
-        xs: list[ir.Stmt] = [ir.ArrayDecl("mf_xe", "float", C),
-                             ir.Decl("mf_xsum", "float", ir.Lit(0.0, "float"), const=False)]
+        i = ir.Var("mf_i")
+        xsum: ir.Expr = ir.Var("mf_xsum") if mb == 1 else ir.Lane(ir.Var("mf_xsum"), i)
+        xs: list[ir.Stmt] = [ir.ArrayDecl("mf_xe", "float", mb * C)]
+        xs += [ir.Decl("mf_xsum", "float", ir.Lit(0.0, "float"), const=False)] if mb == 1 else [
+            ir.ArrayDecl("mf_xsum", "float", mb), self.each_x_row([ir.Assign(xsum, ir.Lit(
+                0.0, "float"))])]
         xbody = el.lower([f.x])
         xv = el.value(f.x)
-        xe = ir.Lane(ir.Var("mf_xe"), ir.Var("mf_j"))
-        xbody += [ir.Assign(xe, as_float(xv, f.x)),
-                  ir.Assign(ir.Var("mf_xsum"), ir.Var("mf_xsum") + xe)]
-        xs.append(ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), xbody, unroll=True))
+        xe = ir.Lane(ir.Var("mf_xe"), self.x_slot(ir.Var("mf_j")))
+        xbody += [ir.Assign(xe, as_float(xv, f.x)), ir.Assign(xsum, xsum + xe)]
+        xs += self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                                       xbody, unroll=True)])
         self.helpers |= el.helpers
         low = self.lowering(True)
         loads = low.lower([f.s, f.b])
@@ -343,20 +386,36 @@ class _Builder(reduce.Builder):
                   ir.Assign(ir.Lane(bias, r), as_float(low.value(f.b), f.b))]
         shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
         code = ir.Cast("float", unpack_value(self.word(f.q.args[0].attr), shift, self.bits))
-        row: list[ir.Stmt] = [
-            ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
-                ir.Assign(ir.Var("mf_qx"), ir.Call("fma", (code, xe, ir.Var("mf_qx"))))],
-                unroll=True)]
-        acc = ir.Lane(ir.Var("mf_acc"), r)
-        bx = ir.Call("fma", (ir.Lane(bias, r), ir.Var("mf_xsum"), acc))
-        row.append(ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), ir.Var("mf_qx"), bx))))
+        acc = self.acc()
+        if mb == 1:
+            qx: ir.Expr = ir.Var("mf_qx")
+            row: list[ir.Stmt] = [
+                ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
+                    ir.Assign(qx, ir.Call("fma", (code, xe, qx)))], unroll=True)]
+        else:                    # each value unpacked once, used for every row of x
+            qx = ir.Lane(ir.Var("mf_qx"), i)
+            row = [ir.ArrayDecl("mf_qx", "float", mb),
+                   self.each_x_row([ir.Assign(qx, ir.Lit(0.0, "float"))]),
+                   ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
+                       ir.Decl("mf_q", "float", code),
+                       self.each_x_row([ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
+                       unroll=True)]
+        bx = ir.Call("fma", (ir.Lane(bias, r), xsum, acc))
+        sums: list[ir.Stmt] = [ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), qx, bx)))]
+        row += sums if mb == 1 else [self.each_x_row(sums)]
         return xs, arrays, loads, row
 
     # -- the kernel ---------------------------------------------------------------------
     @property
     def splits(self) -> int:
         return self.policy.k_splits
+
+    @property
+    def x_rows(self) -> int:
+        """Rows of x per simdgroup in qmvx: x_rows, fewer where rows_per_group x x_rows sums
+        would pass MAX_QUANT_ROWS (registers)."""
+        return max(1, min(self.policy.x_rows, MAX_QUANT_ROWS // self.policy.rows_per_group))
 
     def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
         """Each row mf_r of the block, as row mf_n. Rows past N (the last block of a size N
@@ -384,14 +443,15 @@ class _Builder(reduce.Builder):
                 (lambda i: ir.Lane(vec, i))
             if vw == 8:
                 self.helpers.add("mf_pack8_of")
-            out += [ir.ArrayDecl(reg.name, ct, C),
-                    ir.For("mf_v", "uint", ir.Lit(0, "uint"), ir.Lit(C // vw, "uint"), [
-                        ir.Decl(vec.name, ir.vector_type(st, vw),
-                                ir.Load(self.names[t.name], start, vw, st)),
-                        ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                            ir.Assign(ir.Lane(reg, ir.Var("mf_v") * ir.Lit(vw, "uint") +
-                                              ir.Var("mf_l")), ir.Cast(ct, lane(ir.Var("mf_l"))))],
-                            unroll=True)], unroll=True)]
+            out += [ir.ArrayDecl(reg.name, ct, self.mb * C)] + self.x_rows_loop([
+                ir.For("mf_v", "uint", ir.Lit(0, "uint"), ir.Lit(C // vw, "uint"), [
+                    ir.Decl(vec.name, ir.vector_type(st, vw),
+                            ir.Load(self.names[t.name], start, vw, st)),
+                    ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                        ir.Assign(ir.Lane(reg, self.x_slot(ir.Var("mf_v") * ir.Lit(vw, "uint")
+                                                           + ir.Var("mf_l"))),
+                                  ir.Cast(ct, lane(ir.Var("mf_l"))))],
+                        unroll=True)], unroll=True)])
         return out
 
     def load_words(self) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
@@ -437,7 +497,18 @@ class _Builder(reduce.Builder):
                     ir.Decl("mf_split", "uint", sg % ir.Lit(S, "uint"))]
         out += [ir.Decl("mf_blocks", IDX, blocks),
                 ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
-        if S == 1:
+        if self.mb > 1:
+            m = self.size(self.prefix[-1])
+            mb = ir.Lit(self.mb, IDX)
+            out += [ir.Comment(f"and a block of {self.mb} rows of '{self.prefix[-1]}' (of x): "
+                               f"rows mf_m0, ..., mf_m0 + {self.mb - 1}"),
+                    ir.Decl("mf_mblocks", IDX, (m + ir.Lit(self.mb - 1, IDX)) / mb),
+                    ir.If(ir.Var("mf_outer") >= (self.span(self.prefix[:-1])
+                                                 * ir.Var("mf_mblocks") if self.prefix[:-1]
+                                                 else ir.Var("mf_mblocks")), [ir.Return()]),
+                    ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
+                    ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * mb)]
+        elif S == 1:
             out.append(ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]))
         else:
             out += [ir.Comment("the grid is padded to whole threadgroups: simdgroups past the "
@@ -446,8 +517,8 @@ class _Builder(reduce.Builder):
         out += [
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
             ir.Decl("mf_vec_ok", "bool", self.aligned()),
-            ir.ArrayDecl("mf_acc", "float", rows),
-            ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
+            ir.ArrayDecl("mf_acc", "float", rows * self.mb),
+            ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * self.mb, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
                 unroll=True)]
         return out
@@ -468,8 +539,8 @@ class _Builder(reduce.Builder):
             row_loads += sb_loads
             what += ", its group's scale and bias"
         else:
-            row = [ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                          self.element(True), unroll=True)]
+            row = self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                                           self.element(True), unroll=True)])
         out += [ir.Comment(f"loads of the block's {rows} row(s), all issued before any is "
                            f"used: per row {what}")] + arrays + [self.rows_loop(row_loads)]
         if form is not None:
@@ -484,8 +555,9 @@ class _Builder(reduce.Builder):
         ones fast, the rest guarded."""
         C, K, S = self.chunk, self.size(self.axis), self.splits
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
-        tail = [self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                                       [ir.If(kj < K, self.element(False))], unroll=True)])]
+        tail = [self.rows_loop(self.x_rows_loop([
+            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                   [ir.If(kj < K, self.element(False))], unroll=True)]))]
         first: ir.Expr = ir.Var("mf_lane")
         if S > 1:
             first = ir.Var("mf_split") * SIMD + first
@@ -501,8 +573,7 @@ class _Builder(reduce.Builder):
         """Each row's sum across the simdgroup (and across the block's simdgroups, through
         threadgroup memory); one lane computes and stores the outputs."""
         S, rows = self.splits, self.policy.rows_per_group
-        red = reduce.Reduction(self.red, "sum", self.axis, 1,
-                               acc_at=ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")))
+        red = reduce.Reduction(self.red, "sum", self.axis, 1, acc_at=self.acc())
         row_vals = v.row_values
         row_vals.values[self.red] = red.acc_ref
         outs = self.graph.outputs
@@ -520,8 +591,12 @@ class _Builder(reduce.Builder):
             ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r")) < self.size(self.rows_axis)
         if S == 1:
             keep = lane0 if rows == 1 else real.and_(lane0)
+            if self.mb > 1:          # rows of x past M (clamped to M - 1) are not stored
+                keep = keep.and_(ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i"))
+                                 < self.size(self.prefix[-1]))
             return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
-                    self.rows_loop(reduce.simd_combine(red) + [ir.If(keep, stmts + stores)])]
+                    self.rows_loop(self.x_rows_loop(reduce.simd_combine(red)
+                                                    + [ir.If(keep, stmts + stores)]))]
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
         r = ir.Var("mf_r")
         slot = sg * ir.Lit(rows, "uint") + r
@@ -550,6 +625,7 @@ class _Builder(reduce.Builder):
             return make_kernel(self.graph, self.index64, qmm.THREAD_INPUTS,
                                qmm.body(self, v, w, x), summary, "qmm")
         S = self.splits
+        self.mb = self.x_rows if v.name == "qmvx" else 1
         threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
         if S > 1:
@@ -561,11 +637,16 @@ class _Builder(reduce.Builder):
             ir.Comment(f"{lanes} of {self.chunk} values along '{self.axis}'"), loop, *finish]
         split = "" if S == 1 else (f", {S} simdgroups per block each summing a slice of "
                                    f"'{self.axis}' (merged through threadgroup memory)")
-        summary = (f"{self.graph.name} (qmv): y = sum over '{self.axis}' of values unpacked "
-                   f"from {self.bits}-bit words; one simdgroup per {self.policy.rows_per_group} "
-                   f"rows of '{self.rows_axis}'{split}, {self.chunk} values per lane per chunk "
-                   f"({self.words} words), shared values in registers; fp32 accumulation")
-        return make_kernel(self.graph, self.index64, tuple(threads), body, summary, "qmv")
+        xrows = "" if self.mb == 1 else (f" and {self.mb} rows of '{self.prefix[-1]}' (each "
+                                         f"value unpacked once for them)")
+        summary = (f"{self.graph.name} ({v.name}): y = sum over '{self.axis}' of values "
+                   f"unpacked from {self.bits}-bit words; one simdgroup per "
+                   f"{self.policy.rows_per_group} rows of '{self.rows_axis}'{xrows}{split}, "
+                   f"{self.chunk} values per lane per chunk ({self.words} words), shared values "
+                   f"in registers; fp32 accumulation")
+        kernel = make_kernel(self.graph, self.index64, tuple(threads), body, summary, v.name)
+        self.mb = 1
+        return kernel
 
     def position(self, axis: str) -> ir.Expr:
         """Positions for the epilogue's row values (inside the rows loop)."""
@@ -578,7 +659,10 @@ class _Builder(reduce.Builder):
 
     def build(self) -> QuantSchedule:
         tiled = qmm.factors(self) is not None
-        kernels, _, tg = self.variants(("qmv", "qmm") if tiled else ("qmv",))
+        blocked = bool(self.prefix) and self.x_rows > 1 and self.splits == 1 and \
+            bool(self.shared)
+        names = ("qmv",) + (("qmvx",) if blocked else ()) + (("qmm",) if tiled else ())
+        kernels, _, tg = self.variants(names)
         policy = replace(self.policy, uses_simd=True, vector_width=self.words,
                          threadgroup_bytes=tg)
         return QuantSchedule("quant", self.graph, policy, kernels["qmv"],
@@ -586,4 +670,5 @@ class _Builder(reduce.Builder):
                              tuple(self.packed) + tuple(t.name for t in self.shared),
                              self.index64, axis=self.axis, rows_axis=self.rows_axis,
                              outer=self.outer, chunk=self.chunk, variants=kernels,
-                             m_axis=self.prefix[-1] if tiled else None)
+                             m_axis=self.prefix[-1] if tiled or blocked else None,
+                             x_rows=self.x_rows)

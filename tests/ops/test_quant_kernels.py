@@ -315,8 +315,43 @@ def test_tiled_kernel_from_qmm_min_rows():
     g = q4_matvec.graph(T="f16")
     sizes = {"N": 4096, "K": 4096, "K/8": 512, "K/64": 64}
     s = runtime.schedule_of(g, sizes=dict(sizes, M=1))
-    assert [s.host_name(dict(sizes, M=m))[-3:] for m in (1, 63, 64, 512)] == \
-        ["qmv", "qmv", "qmm", "qmm"]                            # the default: 64 rows of x
+    assert [s.host_name(dict(sizes, M=m)).rsplit("_", 1)[1] for m in (1, 2, 63, 64, 512)] == \
+        ["qmv", "qmvx", "qmvx", "qmm", "qmm"]                   # the default: 64 rows of x
+
+
+@pytest.mark.parametrize("x_rows", [2, 4, 8])
+@pytest.mark.parametrize("m,n,k", [(2, 32, 64), (3, 45, 1088), (9, 7, 128), (13, 70, 4160)])
+def test_rows_of_x_blocked(x_rows, m, n, k):
+    """From 2 rows of x the matvec takes x_rows of them per simdgroup (each weight value
+    unpacked once for all): a last block partly past M, N not a multiple of the weight rows,
+    K past the last whole chunk; as F.linear on the dequantized weight."""
+    _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    kern = q4_matvec.with_launch(x_rows=x_rows)
+    assert _host(kern, wq, s, b, x).endswith("_qmvx")
+    assert _host(kern, wq, s, b, x[:1]).endswith("_qmv")
+    want = _reference(wq, s, b, x, 64)
+    torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("b,m", [(3, 5), (2, 7)])
+def test_rows_of_x_blocked_with_a_batch_axis_and_an_epilogue(b, m):
+    """A batch axis before M and an epilogue (q4_batched, below the tiled kernel's 8 rows),
+    and an element that is not the affine form (the generic path, per row of x)."""
+    n, k = 20, 96                                       # GS = 8: groups inside a chunk
+    codes = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(b))
+    wq = quant.pack(codes, bits=4)
+    s, bi = torch.rand(n, k // 8) + 0.5, torch.randn(n, k // 8)
+    x, bias = torch.randn(b, m, k), torch.randn(n)
+    w_hat = codes.float() * s.repeat_interleave(8, 1) + bi.repeat_interleave(8, 1)
+    assert _host(q4_batched, wq, s, bi, x, bias).endswith("_qmvx")
+    want = torch.nn.functional.silu(x @ w_hat.T + bias)
+    torch.testing.assert_close(q4_batched(wq, s, bi, x, bias), want, rtol=1e-4, atol=1e-4)
+    _, (wq, s, _) = _quantized(20, 128, torch.float32, seed=m)
+    x = torch.randn(m, 128)
+    assert _host(q4_not_a_product, wq, s, x).endswith("_qmvx")
+    torch.testing.assert_close(q4_not_a_product(wq, s, x), q4_not_a_product.reference(wq, s, x),
+                               rtol=1e-4, atol=1e-3)
 
 
 Q8 = q4_matvec.with_launch(qmm_min_rows=8)
@@ -328,7 +363,8 @@ def test_tiled_kernel(m, n, k):
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert _host(Q8, wq, s, b, x).endswith("_qmm")
-    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmv")
+    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx")
+    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv")
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
     one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
@@ -359,11 +395,12 @@ def test_tiled_kernel_batch_axis_epilogue_and_steps_past_k():
 
 
 def test_tiled_kernel_only_for_a_product():
-    """An argument that is not weights times x has the matvec kernel only."""
+    """An argument that is not weights times x has the matvec kernels only (one row of x or
+    blocks of them, at any M)."""
     _, (wq, s, _b) = _quantized(5, 128, torch.float32)
-    x = torch.randn(16, 128)
+    x = torch.randn(70, 128)
     src = q4_not_a_product.source(wq, s, x)
-    assert "_qmm" not in src and _host(q4_not_a_product, wq, s, x).endswith("_qmv")
+    assert "_qmm" not in src and _host(q4_not_a_product, wq, s, x).endswith("_qmvx")
     torch.testing.assert_close(q4_not_a_product(wq, s, x), q4_not_a_product.reference(wq, s, x),
                                rtol=1e-4, atol=1e-3)
 
