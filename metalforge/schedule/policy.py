@@ -48,7 +48,7 @@ class LaunchPolicy:
                                        # threadgroup memory), no butterfly per key
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 4                    # quantized matvec: rows of x one simdgroup takes at once
-                                       # (weights unpacked once for them) from 2 rows of x on;
+                                       # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
 
     @property
@@ -108,6 +108,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
     # 1992 / 5344 vs 1140 / 2935 (bench/README.md)
+    # From x_rows rows of x the qmvx kernel takes x_rows of them per simdgroup (each packed value
+    # unpacked once for all): H100, 2026-11-25, f16, 4096x4096 / 11008x4096, us, x_rows 1 / 2 /
+    # 4 / 8: M = 2 10.8 / 9.4 / 12.4 / 24.5 (4096^2); M = 8 34.9 / 29.6 / 26.9 / 24.6 (4096^2),
+    # 88.7 / 73.4 / 55.8 / 69.7; M = 32 129.6 / 107.7 / 81.1 / 90.6, 340.6 / 280.2 / 201.5 /
+    # 238.0; vector_width 2 with x_rows 8 within 10% of x_rows 4 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
                           uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows

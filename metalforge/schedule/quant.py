@@ -85,11 +85,11 @@ class QuantSchedule(Schedule):
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
-        of them per simdgroup) from 2, else qmv."""
+        of them per simdgroup) from x_rows on, else qmv."""
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
-        return "qmvx" if "qmvx" in self.variants and m >= 2 else "qmv"
+        return "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
 
     def selecting(self, host_name: str) -> dict[str, int]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
@@ -98,7 +98,7 @@ class QuantSchedule(Schedule):
             return {}
         top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
         pick = {"qmm": self.policy.qmm_min_rows,
-                "qmvx": max(2, min(top, self.x_rows + 1)),
+                "qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         return {} if name is None else {self.m_axis: pick[name]}

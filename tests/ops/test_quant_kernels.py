@@ -315,21 +315,21 @@ def test_tiled_kernel_from_qmm_min_rows():
     g = q4_matvec.graph(T="f16")
     sizes = {"N": 4096, "K": 4096, "K/8": 512, "K/64": 64}
     s = runtime.schedule_of(g, sizes=dict(sizes, M=1))
-    assert [s.host_name(dict(sizes, M=m)).rsplit("_", 1)[1] for m in (1, 2, 63, 64, 512)] == \
-        ["qmv", "qmvx", "qmvx", "qmm", "qmm"]                   # the default: 64 rows of x
+    assert [s.host_name(dict(sizes, M=m)).rsplit("_", 1)[1] for m in (1, 3, 4, 63, 64, 512)] \
+        == ["qmv", "qmv", "qmvx", "qmvx", "qmm", "qmm"]      # defaults: x_rows 4, qmm from 64
 
 
 @pytest.mark.parametrize("x_rows", [2, 4, 8])
 @pytest.mark.parametrize("m,n,k", [(2, 32, 64), (3, 45, 1088), (9, 7, 128), (13, 70, 4160)])
 def test_rows_of_x_blocked(x_rows, m, n, k):
-    """From 2 rows of x the matvec takes x_rows of them per simdgroup (each weight value
+    """From x_rows rows of x the matvec takes x_rows of them per simdgroup (each weight value
     unpacked once for all): a last block partly past M, N not a multiple of the weight rows,
     K past the last whole chunk; as F.linear on the dequantized weight."""
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     kern = q4_matvec.with_launch(x_rows=x_rows)
-    assert _host(kern, wq, s, b, x).endswith("_qmvx")
-    assert _host(kern, wq, s, b, x[:1]).endswith("_qmv")
+    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= x_rows else "_qmv")
+    assert _host(kern, wq, s, b, x[:x_rows - 1]).endswith("_qmv")
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
