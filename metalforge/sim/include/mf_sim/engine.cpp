@@ -735,6 +735,8 @@ std::string where(const void* pc) {
   if (!pc) return "";
   std::string fn = function_at(const_cast<void*>(pc));
   if (fn.empty()) return "";
+  if (fn.size() > 160 && fn.find('(') != std::string::npos)
+    fn = fn.substr(0, fn.find('(')) + "(...)";   // the parameter list of a long name
   if (fn.size() > 160) fn = fn.substr(0, 157) + "...";
   return " in " + fn;
 }
