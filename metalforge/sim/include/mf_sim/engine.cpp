@@ -270,8 +270,19 @@ Fiber* pool_fibers(int slot) {
 
 // One race detector per worker slot (its clocks are 128 KiB: allocated once, reused).
 mf_race::Detector g_detectors[kMaxWorkers];
-// Launches running with kRaceCheck: the memory-access hooks return at once when there are none.
-std::atomic<int> g_race_launches{0};
+// The hull of every threadgroup array registered in the running launch (all workers): the
+// memory-access hooks return at once for an address outside it (device buffers, the fibers'
+// stacks), without reading the worker's thread-local state.  Empty outside race-checked
+// launches.  Only ever widened during a launch, and each worker widens it with its own arrays
+// before it accesses them, so a worker always sees its own arrays inside.
+std::atomic<uintptr_t> g_tg_lo{UINTPTR_MAX}, g_tg_hi{0};
+
+void widen_tg_hull(uintptr_t lo, uintptr_t hi) {
+  uintptr_t cur = g_tg_lo.load(std::memory_order_relaxed);
+  while (lo < cur && !g_tg_lo.compare_exchange_weak(cur, lo, std::memory_order_relaxed)) {}
+  cur = g_tg_hi.load(std::memory_order_relaxed);
+  while (hi > cur && !g_tg_hi.compare_exchange_weak(cur, hi, std::memory_order_relaxed)) {}
+}
 
 bool in_stack_guard(void* addr) {
   uintptr_t a = (uintptr_t)addr;
@@ -764,11 +775,13 @@ std::string race_message(Worker* w, const mf_race::Race& r) {
 
 // The hook behind every instrumented load and store of a kernel.
 inline void race_access(const void* p, size_t n, bool write, const void* pc) {
-  if (__builtin_expect(g_race_launches.load(std::memory_order_relaxed) == 0, 1)) return;
+  const uintptr_t a = (uintptr_t)p;
+  if (__builtin_expect(a >= g_tg_hi.load(std::memory_order_relaxed) ||
+                       a + n <= g_tg_lo.load(std::memory_order_relaxed), 1))
+    return;
   Worker* w = tl_worker;
   if (!w || !w->race || !w->current) return;
   mf_race::Detector* d = w->race;
-  const uintptr_t a = (uintptr_t)p;
   if (!d->covers(a, n)) return;
   Fiber* f = w->current;
   const unsigned tid = (unsigned)(f - w->fibers);
@@ -787,6 +800,7 @@ extern "C" void mf_rt_tg_note(void* base, size_t bytes, unsigned granule, unsign
   Worker* w = tl_worker;
   if (!w || !w->race || !w->current) return;
   w->race->note((uintptr_t)base, bytes, granule, elem, dims, ndims, name, file, line);
+  widen_tg_hull((uintptr_t)base, (uintptr_t)base + bytes);
 }
 
 // The ThreadSanitizer instrumentation ABI (what -fsanitize=thread makes the compiler call),
@@ -910,7 +924,7 @@ extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid
 
   pthread_mutex_lock(&g_launch_mu);
   install_handlers();
-  if (flags & kRaceCheck) g_race_launches.fetch_add(1);
+
   Worker ws[kMaxWorkers];
   pthread_t th[kMaxWorkers];
   pthread_attr_t attr;
@@ -929,7 +943,8 @@ extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid
     snprintf(res->message, sizeof res->message, "could not start a worker thread");
   }
   for (int i = 0; i < started; ++i) pthread_join(th[i], nullptr);
-  if (flags & kRaceCheck) g_race_launches.fetch_sub(1);
+  g_tg_lo.store(UINTPTR_MAX);  // launches run one at a time (g_launch_mu)
+  g_tg_hi.store(0);
   restore_handlers();
   pthread_mutex_unlock(&g_launch_mu);
   return res->code;
