@@ -21,6 +21,11 @@
 //   With kExitedLeaveBarriers (a launch flag), threads that have returned no
 //   longer take part in barriers, as on Apple GPUs (MLX's gemv relies on it):
 //   a barrier then resolves once every thread that has not returned waits at it.
+// - With kRaceCheck (a launch flag, on unless sim.race_detection(False)), every
+//   access of a kernel to threadgroup memory goes through the race detector
+//   (race.h): the hooks the compiler's -fsanitize=thread instrumentation calls
+//   are defined below; threadgroup barriers start a new epoch, simdgroup
+//   barriers and collectives are simd events; a race fails the launch (code 4).
 // - Faults (SIGSEGV/SIGBUS/SIGFPE/SIGILL) in a worker are caught on an
 //   alternate signal stack and siglongjmp back to the worker; faults anywhere
 //   else go to the handler that was installed before the launch.
