@@ -3,6 +3,7 @@
     python bench/mutation.py                          # 6 mutants of each example kernel
     python bench/mutation.py --per-kernel 0           # every mutable site (slow: hours)
     python bench/mutation.py --kernels rms_norm rope --per-kernel 20 --seed 3
+    python bench/mutation.py --operators drop_barrier --per-kernel 0   # every dropped barrier
 
 For each kernel of examples/*.py: its f32 library at 32-bit indexing (every variant kernel of a
 reduction, the matvec and tiled kernels of a quantized one), a deterministic sample of
@@ -29,6 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", nargs="*", help="only these example kernels")
     ap.add_argument("--per-kernel", type=int, default=6, help="mutants per kernel (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--operators", nargs="*", help="only mutants of these operators "
+                    "(drop_barrier, relational, arithmetic, ...)")
     a = ap.parse_args(argv)
     kernels = example_kernels(ROOT / "examples")
     names = a.kernels or sorted(kernels)
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
     survivors, equivalent, killed, total = [], [], 0, 0
     t0 = time.perf_counter()
     for name, rep in zip(names, gate_runs([kernels[n] for n in names], a.per_kernel or None,
-                                          a.seed)):
+                                          a.seed, operators=a.operators)):
         n = len(rep.killed) + len(rep.survived)
         killed, total = killed + len(rep.killed), total + n
         survivors += [f"{name}: {m.describe()}" for m in rep.survived]

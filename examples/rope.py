@@ -77,14 +77,16 @@ def qk_norm_rope(x: "T[B, H, S, E]", w: "T[E]", pos: "i32[B, S]", eps: float = 1
 # Head dims: whole vectors of 8 (64, 128) and not (6, 34: the rows end in a partial chunk, so
 # the kernels' element-by-element path runs too); qk_norm_rope's rows span its three
 # row-length variants (one simdgroup, one threadgroup, looped: 8194 for f32, 16386 for 2-byte
-# types), with a memory budget that keeps those to a few rows (the simulator runs every thread).
+# types), with a memory budget that keeps those to a few rows (the simulator runs every thread);
+# 520 gives the one-threadgroup kernel three simdgroups (at 256 it has one), so its exchange of
+# partial sums through threadgroup memory runs.
 _SMALL = {"pos": (0, 16)}
 _E = [2, 6, 8, 34, 64, 128]
 CHECK = {"rope": {"dims": {"E": _E}, "values": _SMALL},
          "rope_interleaved": {"dims": {"E": _E}, "values": _SMALL},
          "rope_cached": {"dims": {"E": _E}},
          "rope_partial": {"dims": {"E": [32, 34, 64, 128]}, "values": _SMALL},
-         "qk_norm_rope": {"dims": {"E": _E + [256, 8194, 16386]}, "values": _SMALL,
+         "qk_norm_rope": {"dims": {"E": _E + [256, 520, 8194, 16386]}, "values": _SMALL,
                           "memory_budget": 1 << 17}}
 
 

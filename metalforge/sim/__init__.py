@@ -8,8 +8,8 @@ rewrite.py (the textual pass), compiler.py (compilation and cache) and include/m
 (execution model).
 """
 from .compiler import CompilerNotFound
-from .library import (Kernel, KernelError, Library, LibraryFunction, compile_shader, thread_order,
-                      whole_groups)
+from .library import (Kernel, KernelError, Library, LibraryFunction, compile_shader,
+                      race_detection, thread_order, whole_groups)
 
 __all__ = ["CompilerNotFound", "Kernel", "KernelError", "Library", "LibraryFunction",
-           "compile_shader", "thread_order", "whole_groups"]
+           "compile_shader", "race_detection", "thread_order", "whole_groups"]

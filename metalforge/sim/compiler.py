@@ -58,6 +58,12 @@ GCC_FLAGS = ["-fno-gnu-unique"]
 # GPU such an index reads another variable or faults; here it would pass unnoticed.
 GCC_FLAGS += ["-fsanitize=bounds", "-fsanitize-undefined-trap-on-error"]
 CLANG_FLAGS = ["-fsanitize=array-bounds", "-fsanitize-trap=array-bounds"]
+# Every load and store the compiler cannot prove thread-private calls the engine's race
+# detector (include/mf_sim/race.h): -fsanitize=thread's instrumentation, without its runtime
+# (the engine defines the __tsan_* functions; the link step below names no sanitizer, so none
+# is linked).  Function entry/exit hooks are not needed.
+GCC_FLAGS += ["-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0"]
+CLANG_FLAGS += ["-fsanitize=thread", "-fno-sanitize-thread-func-entry-exit"]
 FORMAT_VERSION = "1"
 
 
@@ -303,11 +309,16 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
-        r = _run(_cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-shared"] + pch_flags +
+        r = _run(_cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-c"] + pch_flags +
                  ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
-                  "-o", str(out)], cwd=tmp)
+                  "-o", "tu.o"], cwd=tmp)
         if r.returncode != 0:
             raise _syntax_error(_clean_message(r.stderr, tmp), source)
+        # linked without the sanitizer flags, so that no sanitizer runtime comes in
+        r = _run(_cxx_cmd() + ["-shared", "-pthread", "tu.o", "-o", str(out)], cwd=tmp)
+        if r.returncode != 0:
+            raise RuntimeError(f"metalforge.sim: linking the kernel library failed:\n"
+                               f"{_clean_message(r.stderr, tmp)}")
     return parsed.kernels
 
 

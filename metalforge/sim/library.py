@@ -42,11 +42,18 @@ _GUARD_MIN = 1 << 20
 _GUARD_MAX = 1 << 30
 _EXITED_LEAVE_BARRIERS = 1    # launch flag, kExitedLeaveBarriers in include/mf_sim/engine.cpp
 _REVERSE_ORDER = 2            # launch flag, kReverseOrder: a group's fibers run last first
+_RACE_CHECK = 4               # launch flag, kRaceCheck: check threadgroup memory for races
 # The order the fibers of a threadgroup run in between barriers and collectives: "forward"
 # (thread order) or "reverse". Both are orders a GPU may take; a kernel missing a barrier shows
 # in one of them. `thread_order` sets it for a block (testing.check draws it per example).
 THREAD_ORDER: contextvars.ContextVar[str] = contextvars.ContextVar("metalforge_sim_thread_order",
                                                                    default="forward")
+
+
+# Whether launches check threadgroup memory for races (include/mf_sim/race.h): on by default;
+# `race_detection(False)` turns it off for a block.
+RACE_DETECTION: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "metalforge_sim_race_detection", default=True)
 
 
 # Whether a launch's grid is rounded up to whole threadgroups, as the cuda backend launches
@@ -66,6 +73,21 @@ def whole_groups(on: bool = True) -> Iterator[None]:
         yield
     finally:
         WHOLE_GROUPS.reset(token)
+
+
+@contextlib.contextmanager
+def race_detection(on: bool = True) -> Iterator[None]:
+    """Check (the default) or do not check the simulator's launches in this block for
+    threadgroup-memory races: two threads of a group touching one element of a threadgroup
+    array, at least one writing, with no barrier between them, fail the launch with a
+    KernelError naming the array, the element, both threads and the hazard.
+
+    Example: ``with sim.race_detection(False): lib.k(x, threads=64, group_size=64)``."""
+    token = RACE_DETECTION.set(bool(on))
+    try:
+        yield
+    finally:
+        RACE_DETECTION.reset(token)
 
 
 @contextlib.contextmanager
@@ -117,7 +139,8 @@ def _load_engine():
 
 
 class KernelError(MetalforgeError, RuntimeError):
-    """A simulated kernel failed at run time (fault, out-of-bounds access, barrier divergence)."""
+    """A simulated kernel failed at run time (fault, out-of-bounds access, barrier divergence,
+    threadgroup-memory race)."""
 
 
 # ---------------------------------------------------------------------------- staging
@@ -459,6 +482,8 @@ class LibraryFunction:
             flags = _EXITED_LEAVE_BARRIERS if self._exited_leave_barriers else 0
             if THREAD_ORDER.get() == "reverse":
                 flags |= _REVERSE_ORDER
+            if RACE_DETECTION.get():
+                flags |= _RACE_CHECK
             _load_engine().mf_rt_launch(self._entry, ptr_table, (ctypes.c_uint32 * 3)(*grid),
                                         (ctypes.c_uint32 * 3)(*group), workers, flags,
                                         ctypes.byref(res))
@@ -493,7 +518,7 @@ class LibraryFunction:
                             f"thread_position_in_grid ({res.thread[0]},{res.thread[1]},"
                             f"{res.thread[2]})")
             return f"kernel '{name}' faulted: {msg}"
-        if res.code == 1:
+        if res.code in (1, 4):     # barrier divergence, threadgroup-memory race
             return f"kernel '{name}': {msg}"
         return f"kernel '{name}': simulator error: {msg}"
 

@@ -109,6 +109,8 @@ class TgDecl:
     end: int
     type_text: str
     dims: list[str]
+    names: list[str] = field(default_factory=list)   # the declared names (ParsedSource.tg_decls)
+    stmt_end: int = 0          # offset just past the declaration's ';' (ParsedSource.tg_decls)
 
 
 @dataclass
@@ -878,7 +880,11 @@ class _Walker:
                     type_toks = first[:br - 1] if br > 0 else first
                     type_text = " ".join(x.text for x in type_toks).replace(" :: ", "::") \
                         .replace(" < ", "<").replace(" >", ">").replace(" ,", ",")
+                    names = []
                     for part in parts:
+                        br = next((k for k, x in enumerate(part) if x.text == "["), len(part))
+                        if br > 0 and part[br - 1].kind == "id":
+                            names.append(part[br - 1].text)
                         dims, k = [], 0
                         while k < len(part):
                             if part[k].text == "[":
@@ -889,7 +895,8 @@ class _Walker:
                         found.append(TgDecl(start=t.start, end=t.end, type_text=type_text,
                                             dims=dims))
                     self.tg.append(TgDecl(start=t.start, end=t.end, type_text=type_text,
-                                          dims=[]))
+                                          dims=[], names=names,
+                                          stmt_end=toks[j].end if j < b1 else 0))
                 i = j
                 prev = ";"
                 continue

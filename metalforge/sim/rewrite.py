@@ -11,7 +11,10 @@ replaced by spaces, so compiler messages point at the user's lines.  The rewrite
    (``threadgroup float buf[256];``: no ``*``, ``&``, ``=`` or ``(`` in it) becomes
    ``static thread_local float buf[256];``.  Each worker OS thread runs one threadgroup at a
    time and all fibers of that group live on that OS thread, so this storage is exactly the
-   group's shared memory.  Like Metal's, it is not initialised between groups.
+   group's shared memory.  Like Metal's, it is not initialised between groups.  After the
+   declaration's ``;`` (on the same line) comes ``::mf::tg_note(buf, "buf", __FILE__,
+   __LINE__);`` for each declared name: it tells the race detector (include/mf_sim/race.h) where
+   this thread's copy of the array lives, its shape and its name.
 3. Explicit instantiations carrying ``[[host_name("...")]]`` (all three forms) are blanked
    whole; the generated trampoline names the instantiation instead, which instantiates it.
 4. A function constant, ``constant T name [[function_constant(n)]];``, becomes
@@ -42,6 +45,11 @@ def _drop_doubled_const(m: re.Match) -> str:
     return " " * len("constant") + m.group(2) + "const"
 
 
+def tg_notes(names: list[str]) -> str:
+    """The statements that register threadgroup arrays `names` with the race detector."""
+    return "".join(f' ::mf::tg_note({n}, "{n}", __FILE__, __LINE__);' for n in names)
+
+
 def rewrite(text: str, parsed: ParsedSource) -> str:
     chars = list(text)
     for a, b in parsed.blank_spans:
@@ -54,6 +62,8 @@ def rewrite(text: str, parsed: ParsedSource) -> str:
     for d in parsed.tg_decls:
         if out[d.start:d.end] == "threadgroup":
             edits.add((d.start, d.end, TG_REPLACEMENT))
+            if d.names and d.stmt_end:
+                edits.add((d.stmt_end, d.stmt_end, tg_notes(d.names)))
     for fc in parsed.function_constants:
         decl = (f"static constexpr {fc.type_text} {fc.name} = "
                 f"::mf::function_constant<{fc.type_text}, {fc.index}>(); "

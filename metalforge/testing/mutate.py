@@ -11,9 +11,11 @@ occurrence) of one source. Mutants the compiler rejects are stillborn and not co
 Equivalent mutants (the same results for every valid input) are recognised by the rules in
 `EQUIVALENT`, each with its argument; a report counts them apart (`MutationReport.equivalent`)
 and its score leaves them out. What made others observable: the simulator checks every index
-into a private or threadgroup array and every vector component, runs a threadgroup's threads in
-either order and grids exact or rounded up to whole groups (`check` draws both per example), so
-a dropped barrier, a loop one past its array or a missing overhang guard shows.
+into a private or threadgroup array and every vector component, checks threadgroup memory for
+races (two threads touching one element, one writing, with no barrier between them), runs a
+threadgroup's threads in either order and grids exact or rounded up to whole groups (`check`
+draws both per example), so a dropped barrier, a loop one past its array or a missing overhang
+guard shows.
 
 A mutant runs through the runtime's `MSL_REWRITE` seam (as `faults.planted` does): every source
 equal to the mutated one is replaced by the mutant while `check` runs; other sources (other
@@ -29,7 +31,7 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from hypothesis.errors import FlakyFailure
 
@@ -296,14 +298,20 @@ def f32_source(kernel) -> tuple[str, dict[str, str]]:
 
 
 def gate_runs(examples: list[Example], sample_size: Optional[int], seed: int = 0,
-              timeout: float = 60.0) -> Iterator["MutationReport"]:
+              timeout: float = 60.0, operators: Optional[Sequence[str]] = None
+              ) -> Iterator["MutationReport"]:
     """For each example: `sample_size` mutants (None: all) of its f32 library through `check`
-    with its module's options, f32 only, in a worker process (`Isolated`, shared by all)."""
+    with its module's options, f32 only, in a worker process (`Isolated`, shared by all).
+    With `operators`, only mutants of those operators (e.g. ``["drop_barrier"]``) are drawn."""
     with Isolated(timeout) as runner:
         for ex in examples:
             source, dtypes = f32_source(ex.kernel)
+            chosen = None
+            if operators is not None:
+                chosen = sample([m for m in mutants(source) if m.operator in operators],
+                                sample_size, seed)
             yield mutation_test(ex.kernel, source, sample_size=sample_size, seed=seed,
-                                runner=functools.partial(runner, ex, dtypes))
+                                chosen=chosen, runner=functools.partial(runner, ex, dtypes))
 
 
 def _check_mutant(kernel, options: Mapping[str, Any], mutant: "Mutant") -> tuple[bool, int]:

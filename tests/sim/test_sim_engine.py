@@ -126,7 +126,7 @@ template <typename T, int K>
 kernel void scale_t(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
                     uint i [[thread_position_in_grid]]) {
   threadgroup T tmp[K * 8];
-  tmp[i % (K * 8)] = x[i];
+  if (i < K * 8) tmp[i] = x[i];   // distinct elements: no race
   y[i] = T(float(x[i]) * K);
 }
 template [[host_name("scale_float_2")]] kernel void scale_t<float, 2>(
@@ -408,14 +408,15 @@ kernel void from_left(device const float* x [[buffer(0)]], device float* y [[buf
 def test_thread_order_exposes_a_missing_barrier(barrier):
     """Threads run in thread order or last first (`thread_order`): reading what a lower thread
     wrote without a barrier works in one order and reads stale memory in the other; with the
-    barrier both orders agree."""
-    from metalforge.sim import thread_order
+    barrier both orders agree.  (The race detector, which reports the missing barrier in
+    either order, is off here: this is about the orders themselves.)"""
+    from metalforge.sim import race_detection, thread_order
     line = "  threadgroup_barrier(mem_flags::mem_threadgroup);" if barrier else ""
     k = compile_shader(MISSING_BARRIER % line).from_left
     for order, x in (("forward", torch.arange(1.0, 65.0)),
                      ("reverse", torch.arange(101.0, 165.0))):
         y = torch.empty(64)
-        with thread_order(order):
+        with thread_order(order), race_detection(False):
             k(x, y, threads=64, group_size=64)
         want = torch.cat([torch.zeros(1), x[:-1]])
         assert torch.equal(y, want) == (barrier or order == "forward"), order

@@ -77,7 +77,9 @@ def fault_rowmax(x: "T[R, D]"):
 
 def test_missing_barrier_is_caught():
     report = caught(MISSING_BARRIER, fault_rowsum, dtypes={"T": "f32"})
-    assert "out of tolerance; worst at index" in report
+    # the simulator's race detector names the hazard, whatever the values and the thread order
+    assert re.search(r"threadgroup memory race \((write after read|read after write)\) on "
+                     r"mf_tg\d\[\d+\], threadgroup array 'mf_tg\d'", report), report
     m = re.search(r"sizes: R=\d+, D=(\d+)", report)
     assert m and int(m.group(1)) > 32, report      # needs more than one simdgroup per row
     assert "threadgroup_barrier" not in report.split("Generated MSL")[1]

@@ -1,11 +1,21 @@
 """The mutation gate: `check` kills at least GATE of the single-site mutants of the example
 kernels' generated MSL that are not argued equivalent.
 
-GATE is 85%, not the 95% we aim for: what survives (measured 2026-11-24: 47 of 53 killed here,
-64 of 70 in a 3-per-kernel sample) is mostly dropped barriers that guard a write-after-read
-hazard (attention's row-by-row merge through threadgroup memory, the tiled quantized kernel's
-step loop): running the threads in either order shows them only for some sizes and values. A
-threadgroup-memory race detector in the simulator would catch them all.
+GATE is 95%. Measured 2026-11-25 with the simulator's threadgroup-memory race detector
+(include/mf_sim/race.h, on by default): 53 of 53 killed here (100%; 51 of 53 before it), 65 of
+70 in `bench/mutation.py --per-kernel 3 --seed 1` and every one of the 33 dropped-barrier
+mutants of the examples (`--operators drop_barrier --per-kernel 0`; 28 of 33 before). The
+detector fails a launch where two threads touch one threadgroup element, one writing, with no
+barrier between them, whatever the thread order and the values, so a dropped barrier that
+guards a write-after-read hazard (attention's row-by-row merge through threadgroup memory, the
+tiled quantized kernel's step loop) shows at any size where two threads share an element.
+None survives in this sample. In the larger samples the survivors are not barriers: guards of
+the last row or column flipped from `>=` to `>` (they only matter to a thread past the last
+row or column, which no example launched there: it would have written out of bounds), index
+arithmetic in the split-merge kernels of
+attention/window_softcap/paged_attention that only shows with several rows and splits at once,
+and private or threadgroup arrays made one element larger (equivalent, not yet argued by a
+rule); see bench/README.md.
 
 Every kernel of examples/ (elementwise, row and column reductions, attention with its merge
 kernel, the quantized matvec and tiled kernels, gathers) contributes PER_KERNEL mutants of its
@@ -21,7 +31,7 @@ from metalforge.testing.mutate import example_kernels, gate_runs
 ROOT = Path(__file__).resolve().parents[2]
 PER_KERNEL = 2
 SEED = 0
-GATE = 0.85
+GATE = 0.95
 
 
 def test_check_kills_the_examples_mutants():

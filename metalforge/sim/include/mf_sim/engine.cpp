@@ -21,6 +21,11 @@
 //   With kExitedLeaveBarriers (a launch flag), threads that have returned no
 //   longer take part in barriers, as on Apple GPUs (MLX's gemv relies on it):
 //   a barrier then resolves once every thread that has not returned waits at it.
+// - With kRaceCheck (a launch flag, on unless sim.race_detection(False)), every
+//   access of a kernel to threadgroup memory goes through the race detector
+//   (race.h): the hooks the compiler's -fsanitize=thread instrumentation calls
+//   are defined below; threadgroup barriers start a new epoch, simdgroup
+//   barriers and collectives are simd events; a race fails the launch (code 4).
 // - Faults (SIGSEGV/SIGBUS/SIGFPE/SIGILL) in a worker are caught on an
 //   alternate signal stack and siglongjmp back to the worker; faults anywhere
 //   else go to the handler that was installed before the launch.
@@ -57,10 +62,11 @@
 
 #define MF_SIM_ENGINE 1
 #include "runtime.h"
+#include "race.h"
 
 // Result record shared with Python (ctypes mirror in metalforge/sim/library.py).
 struct Result {
-  int32_t code;        // 0 ok, 1 divergence, 2 fault, 3 engine error
+  int32_t code;        // 0 ok, 1 divergence, 2 fault, 3 engine error, 4 threadgroup-memory race
   int32_t signo;
   int32_t is_write;    // 1 write, 0 read, -1 unknown
   int32_t pad;
@@ -82,6 +88,7 @@ constexpr size_t kStackSize = 256 * 1024;  // per fiber (virtual; pages on deman
 constexpr int kMaxWorkers = 16;
 constexpr int kExitedLeaveBarriers = 1;  // launch flag (mirrored in metalforge/sim/library.py)
 constexpr int kReverseOrder = 2;         // launch flag: a group's runnable fibers run last first
+constexpr int kRaceCheck = 4;            // launch flag: check threadgroup memory for races (race.h)
 
 enum State : int { RUN = 0, DONE = 1, WAIT_TG = 2, WAIT_SG = 3, WAIT_COLL = 4 };
 
@@ -137,6 +144,7 @@ struct Worker {
   void* fault_addr = nullptr;
   int fault_write = -1;
   Fiber* fault_fiber = nullptr;
+  mf_race::Detector* race = nullptr;  // set for launches with kRaceCheck
 };
 
 thread_local Worker* tl_worker = nullptr;
@@ -263,6 +271,22 @@ Fiber* pool_fibers(int slot) {
   Fiber* r = g_pool[slot];
   pthread_mutex_unlock(&g_pool_mu);
   return r;
+}
+
+// One race detector per worker slot (its clocks are 128 KiB: allocated once, reused).
+mf_race::Detector g_detectors[kMaxWorkers];
+// The hull of every threadgroup array registered in the running launch (all workers): the
+// memory-access hooks return at once for an address outside it (device buffers, the fibers'
+// stacks), without reading the worker's thread-local state.  Empty outside race-checked
+// launches.  Only ever widened during a launch, and each worker widens it with its own arrays
+// before it accesses them, so a worker always sees its own arrays inside.
+std::atomic<uintptr_t> g_tg_lo{UINTPTR_MAX}, g_tg_hi{0};
+
+void widen_tg_hull(uintptr_t lo, uintptr_t hi) {
+  uintptr_t cur = g_tg_lo.load(std::memory_order_relaxed);
+  while (lo < cur && !g_tg_lo.compare_exchange_weak(cur, lo, std::memory_order_relaxed)) {}
+  cur = g_tg_hi.load(std::memory_order_relaxed);
+  while (hi > cur && !g_tg_hi.compare_exchange_weak(cur, hi, std::memory_order_relaxed)) {}
 }
 
 bool in_stack_guard(void* addr) {
@@ -429,6 +453,12 @@ int resolve_blocked(Worker* w) {
       for (unsigned j = i; j < end; ++j)
         if (fs[j].state == WAIT_COLL && same_site(fs[i], fs[j])) lanes[j - base] = fs[j].slot;
       fs[i].slot->resolve(lanes, fs[i].quad ? 4 : kSimdWidth);
+      if (w->race) {
+        uint32_t mask = 0;   // the lanes that meet here, and those that have returned
+        for (unsigned j = base; j < end; ++j)
+          if (lanes[j - base] || fs[j].state == DONE) mask |= 1u << (j - base);
+        w->race->simd_event(base / kSimdWidth, mask, end - base);
+      }
       for (unsigned j = end; j-- > i;)
         if (lanes[j - base]) fs[j].state = RUN;
       progress = true;
@@ -447,6 +477,7 @@ int resolve_blocked(Worker* w) {
         return fail(w, 1, divergence_report(w, base, end, "simdgroup_barrier divergence")), -1;
     for (unsigned i = base; i < end; ++i)
       if (fs[i].state != DONE) fs[i].state = RUN;
+    if (w->race) w->race->simd_event(base / kSimdWidth, 0xFFFFFFFFu, end - base);
     progress = true;
   }
   if (progress) return 1;
@@ -459,6 +490,7 @@ int resolve_blocked(Worker* w) {
       return fail(w, 1, divergence_report(w, 0, n, "threadgroup_barrier divergence")), -1;
   for (unsigned i = 0; i < n; ++i)
     if (fs[i].state != DONE) fs[i].state = RUN;
+  if (w->race) w->race->barrier();
   return 1;
 }
 
@@ -466,6 +498,7 @@ bool run_group(Worker* w, const uint32_t gp[3]) {
   Launch* L = w->launch;
   set_positions(L, w, gp);
   unsigned n = w->n;
+  if (w->race) w->race->start_group(n);
   for (unsigned i = 0; i < n; ++i) {
     Fiber* f = &w->fibers[i];
     f->worker = w;
@@ -477,6 +510,7 @@ bool run_group(Worker* w, const uint32_t gp[3]) {
     for (unsigned k = 0; k < n; ++k) {
       Fiber* f = &w->fibers[reverse ? n - 1 - k : k];
       if (f->state == RUN) switch_to_fiber(w, f);
+      if (L->failed.load(std::memory_order_relaxed)) return false;  // e.g. a race in f
     }
     int r = resolve_blocked(w);
     if (r == 0) return true;
@@ -585,6 +619,10 @@ void* worker_main(void* arg) {
   ss.ss_flags = 0;
   sigaltstack(&ss, &old_ss);
   w->fibers = pool_fibers(w->slot);
+  if (L->flags & kRaceCheck) {
+    w->race = &g_detectors[w->slot];
+    w->race->start_launch();
+  }
   if (!w->fibers) {
     fail(w, 3, "could not allocate fiber stacks (mmap failed)");
   } else if (sigsetjmp(w->jb, 1) == 0) {
@@ -680,6 +718,187 @@ extern "C" void mf_rt_collective(mf::CollSlot* slot, int quad, const char* what,
   switch_to_scheduler(f);
 }
 
+// ---------------------------------------------------------------- race detector
+namespace {
+
+// "buf[3][5]" for shadow cell `c` of `a` (and which bytes of the element, when it is wider
+// than a cell: a vector's component or a struct's field).
+std::string element_name(const mf_race::Array& a, size_t c) {
+  const size_t off = c * a.granule, elem = off / a.elem, within = off % a.elem;
+  std::string s = a.name;
+  if (a.ndims == 0) {
+    if (a.end - a.base > a.elem) appendf(s, "[%zu]", elem);  // a pointer-cast view of a scalar
+  } else {
+    size_t idx[mf_race::kMaxDims], rest = elem;
+    for (unsigned d = a.ndims; d-- > 0;) {
+      idx[d] = a.dims[d] ? rest % a.dims[d] : rest;
+      rest = a.dims[d] ? rest / a.dims[d] : 0;
+    }
+    for (unsigned d = 0; d < a.ndims; ++d) appendf(s, "[%zu]", idx[d]);
+  }
+  if (a.granule < a.elem)
+    appendf(s, " (bytes %zu-%zu of the element)", within, within + a.granule - 1);
+  return s;
+}
+
+std::string thread_name(unsigned tid) {
+  std::string s;
+  appendf(s, "thread %u (simdgroup %u, lane %u)", tid, tid / kSimdWidth, tid % kSimdWidth);
+  return s;
+}
+
+std::string where(const void* pc) {
+  if (!pc) return "";
+  std::string fn = function_at(const_cast<void*>(pc));
+  if (fn.empty()) return "";
+  if (fn.size() > 160 && fn.find('(') != std::string::npos)
+    fn = fn.substr(0, fn.find('(')) + "(...)";   // the parameter list of a long name
+  if (fn.size() > 160) fn = fn.substr(0, 157) + "...";
+  return " in " + fn;
+}
+
+std::string race_message(Worker* w, const mf_race::Race& r) {
+  static const char* kinds[] = {"read after write", "write after read", "write after write"};
+  static const char* first_verb[] = {"wrote", "read", "wrote"};
+  static const char* second_verb[] = {"reads", "writes", "writes"};
+  const uint32_t* g = w->fibers[0].pos.threadgroup_position_in_grid;
+  std::string m;
+  appendf(m, "threadgroup memory race (%s) on %s, threadgroup array '%s' declared at %s:%u, "
+          "in threadgroup (%u,%u,%u): ", kinds[r.kind],
+          element_name(*r.array, r.cell).c_str(), r.array->name, basename_of(r.array->file),
+          r.array->line, g[0], g[1], g[2]);
+  const std::string f1 = where(r.first_pc), f2 = where(r.second_pc);
+  m += thread_name(r.second_tid) + " " + second_verb[r.kind] + " it" + (f1 == f2 ? "" : f2) +
+       " after " + thread_name(r.first_tid) + " " + first_verb[r.kind] + " it" +
+       (f1 == f2 ? "" : f1) +
+       " with nothing ordering the two: a threadgroup_barrier must separate them (lanes of one "
+       "simdgroup are also ordered by simdgroup_barrier and simd collectives)";
+  if (f1 == f2 && !f1.empty()) m += "; both accesses are" + f1;
+  m += ". Thread ids are thread_index_in_threadgroup";
+  return m;
+}
+
+// The hook behind every instrumented load and store of a kernel.
+inline void race_access(const void* p, size_t n, bool write, const void* pc) {
+  const uintptr_t a = (uintptr_t)p;
+  if (__builtin_expect(a >= g_tg_hi.load(std::memory_order_relaxed) ||
+                       a + n <= g_tg_lo.load(std::memory_order_relaxed), 1))
+    return;
+  Worker* w = tl_worker;
+  if (!w || !w->race || !w->current) return;
+  mf_race::Detector* d = w->race;
+  if (!d->covers(a, n)) return;
+  Fiber* f = w->current;
+  const unsigned tid = (unsigned)(f - w->fibers);
+  mf_race::Race r;
+  if (d->access(a, n, mf_race::Access{tid, write, pc}, &r)) return;
+  fail(w, 4, race_message(w, r));
+  f->state = DONE;           // never resumed: the launch has failed
+  switch_to_scheduler(f);
+}
+
+}  // namespace
+
+extern "C" void mf_rt_tg_note(void* base, size_t bytes, unsigned granule, unsigned elem,
+                              const unsigned* dims, unsigned ndims, const char* name,
+                              const char* file, unsigned line) {
+  Worker* w = tl_worker;
+  if (!w || !w->race || !w->current) return;
+  w->race->note((uintptr_t)base, bytes, granule, elem, dims, ndims, name, file, line);
+  widen_tg_hull((uintptr_t)base, (uintptr_t)base + bytes);
+}
+
+// The ThreadSanitizer instrumentation ABI (what -fsanitize=thread makes the compiler call),
+// implemented here without its runtime: plain accesses go to the race detector, atomics are
+// performed (sequentially consistent, stronger than any order asked for) and not checked.
+#define MF_RACE_RA() __builtin_return_address(0)
+#define MF_TSAN_RW(N)                                                                         \
+  extern "C" void __tsan_read##N(void* p) { race_access(p, N, false, MF_RACE_RA()); }       \
+  extern "C" void __tsan_write##N(void* p) { race_access(p, N, true, MF_RACE_RA()); }       \
+  extern "C" void __tsan_unaligned_read##N(void* p) { race_access(p, N, false, MF_RACE_RA()); } \
+  extern "C" void __tsan_unaligned_write##N(void* p) { race_access(p, N, true, MF_RACE_RA()); } \
+  extern "C" void __tsan_volatile_read##N(void* p) { race_access(p, N, false, MF_RACE_RA()); } \
+  extern "C" void __tsan_volatile_write##N(void* p) { race_access(p, N, true, MF_RACE_RA()); } \
+  extern "C" void __tsan_read##N##_pc(void* p, void* pc) { race_access(p, N, false, pc); }  \
+  extern "C" void __tsan_write##N##_pc(void* p, void* pc) { race_access(p, N, true, pc); }
+MF_TSAN_RW(1)
+MF_TSAN_RW(2)
+MF_TSAN_RW(4)
+MF_TSAN_RW(8)
+MF_TSAN_RW(16)
+#undef MF_TSAN_RW
+
+extern "C" void __tsan_read_range(void* p, size_t n) { race_access(p, n, false, MF_RACE_RA()); }
+extern "C" void __tsan_write_range(void* p, size_t n) { race_access(p, n, true, MF_RACE_RA()); }
+extern "C" void* __tsan_memcpy(void* d, const void* s, size_t n) {
+  race_access(s, n, false, MF_RACE_RA());
+  race_access(d, n, true, MF_RACE_RA());
+  return memcpy(d, s, n);
+}
+extern "C" void* __tsan_memmove(void* d, const void* s, size_t n) {
+  race_access(s, n, false, MF_RACE_RA());
+  race_access(d, n, true, MF_RACE_RA());
+  return memmove(d, s, n);
+}
+extern "C" void* __tsan_memset(void* d, int c, size_t n) {
+  race_access(d, n, true, MF_RACE_RA());
+  return memset(d, c, n);
+}
+extern "C" void __tsan_init() {}
+extern "C" void __tsan_func_entry(void*) {}
+extern "C" void __tsan_func_exit() {}
+extern "C" void __tsan_vptr_update(void**, void*) {}
+extern "C" void __tsan_vptr_read(void**) {}
+extern "C" void __tsan_ignore_thread_begin() {}
+extern "C" void __tsan_ignore_thread_end() {}
+extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
+
+#define MF_TSAN_ATOMIC(B, T)                                                                  \
+  extern "C" T __tsan_atomic##B##_load(const volatile T* a, int) {                            \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                             \
+  }                                                                                           \
+  extern "C" void __tsan_atomic##B##_store(volatile T* a, T v, int) {                         \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_exchange(volatile T* a, T v, int) {                         \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                      \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_add(volatile T* a, T v, int) {                        \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_sub(volatile T* a, T v, int) {                        \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_and(volatile T* a, T v, int) {                        \
+    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_or(volatile T* a, T v, int) {                         \
+    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                        \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_xor(volatile T* a, T v, int) {                        \
+    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                       \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_fetch_nand(volatile T* a, T v, int) {                       \
+    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                      \
+  }                                                                                           \
+  extern "C" int __tsan_atomic##B##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
+  }                                                                                           \
+  extern "C" int __tsan_atomic##B##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) { \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
+  }                                                                                           \
+  extern "C" T __tsan_atomic##B##_compare_exchange_val(volatile T* a, T c, T v, int, int) {   \
+    __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);        \
+    return c;                                                                                 \
+  }
+MF_TSAN_ATOMIC(8, uint8_t)
+MF_TSAN_ATOMIC(16, uint16_t)
+MF_TSAN_ATOMIC(32, uint32_t)
+MF_TSAN_ATOMIC(64, uint64_t)
+#undef MF_TSAN_ATOMIC
+#undef MF_RACE_RA
+
 // ---------------------------------------------------------------- launch
 extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid,
                             const uint32_t* group, int nworkers, int flags, Result* res) {
@@ -710,6 +929,7 @@ extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid
 
   pthread_mutex_lock(&g_launch_mu);
   install_handlers();
+
   Worker ws[kMaxWorkers];
   pthread_t th[kMaxWorkers];
   pthread_attr_t attr;
@@ -728,6 +948,8 @@ extern "C" int mf_rt_launch(Entry entry, void* const* bufs, const uint32_t* grid
     snprintf(res->message, sizeof res->message, "could not start a worker thread");
   }
   for (int i = 0; i < started; ++i) pthread_join(th[i], nullptr);
+  g_tg_lo.store(UINTPTR_MAX);  // launches run one at a time (g_launch_mu)
+  g_tg_hi.store(0);
   restore_handlers();
   pthread_mutex_unlock(&g_launch_mu);
   return res->code;

@@ -88,6 +88,10 @@ void mf_rt_barrier(int simd, const char* file, unsigned line, unsigned col);
 // Block the calling lane at a collective (see CollSlot).
 void mf_rt_collective(mf::CollSlot* slot, int quad, const char* what, const char* file,
                       unsigned line, unsigned col);
+// Tell the race detector where the calling thread's copy of a threadgroup array is (race.h).
+void mf_rt_tg_note(void* base, size_t bytes, unsigned granule, unsigned elem,
+                   const unsigned* dims, unsigned ndims, const char* name, const char* file,
+                   unsigned line);
 }
 
 // Call-site identification for barriers and collectives (default arguments are
@@ -162,6 +166,35 @@ struct pos_conv<metal::vec<E, N>, void> {
 template <class P>
 inline P pos_cast(const uint32_t* v) {
   return pos_conv<std::remove_cv_t<std::remove_reference_t<P>>>::make(v);
+}
+
+// Bytes of one race-detector cell for an array of E: a scalar of E (two threads may write two
+// components of one float4, or two fields of one struct, without racing).
+template <class E>
+struct tg_granule {
+  static constexpr unsigned value = alignof(E) < 8 ? unsigned(alignof(E)) : 8u;
+};
+template <class T, int N>
+struct tg_granule<metal::vec<T, N>> {
+  static constexpr unsigned value = unsigned(sizeof(T));
+};
+
+// Registers a threadgroup array (or variable) `a` with the race detector; rewrite.py puts a
+// call after every threadgroup declaration.  Each thread calls it when it passes the
+// declaration; the engine keeps the first call per array.
+template <class A>
+inline void tg_note(A& a, const char* name, const char* file, unsigned line) {
+  using E = std::remove_cv_t<std::remove_all_extents_t<A>>;
+  constexpr unsigned ndims = unsigned(std::rank<A>::value);
+  unsigned dims[ndims > 0 ? ndims : 1] = {0};
+  if constexpr (ndims > 0) {
+    dims[0] = unsigned(std::extent<A, 0>::value);
+    if constexpr (ndims > 1) dims[1] = unsigned(std::extent<A, 1>::value);
+    if constexpr (ndims > 2) dims[2] = unsigned(std::extent<A, 2>::value);
+    if constexpr (ndims > 3) dims[3] = unsigned(std::extent<A, 3>::value);
+  }
+  mf_rt_tg_note((void*)&a, sizeof(A), tg_granule<E>::value, unsigned(sizeof(E)), dims, ndims,
+                name, file, line);
 }
 
 }  // namespace mf
