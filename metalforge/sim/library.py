@@ -518,7 +518,7 @@ class LibraryFunction:
                             f"thread_position_in_grid ({res.thread[0]},{res.thread[1]},"
                             f"{res.thread[2]})")
             return f"kernel '{name}' faulted: {msg}"
-        if res.code in (1, 4):     # barrier divergence, threadgroup-memory race
+        if res.code in (1, 4, 5):  # barrier divergence, threadgroup-memory race, stray lane
             return f"kernel '{name}': {msg}"
         return f"kernel '{name}': simulator error: {msg}"
 

@@ -269,3 +269,43 @@ def test_c10_reduction_utils():
     lib.nan_max(y, o)
     torch.testing.assert_close(o[:32], y[:32].max().expand(32))
     assert torch.isnan(o[32:]).all()
+
+
+STRAY = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void shuffle_from(device const float* x, device float* out, constant uint& off,
+                         uint i [[thread_position_in_grid]],
+                         uint lane [[thread_index_in_simdgroup]]) {
+  out[i] = simd_shuffle(x[i], ushort(lane + off));
+}
+
+kernel void quad_from(device const float* x, device float* out, constant uint& src,
+                      uint i [[thread_position_in_grid]]) {
+  out[i] = quad_shuffle(x[i], ushort(src));
+}
+"""
+
+
+def test_a_shuffle_from_a_lane_outside_the_simdgroup_fails():
+    """Metal leaves a shuffle from a lane outside the simdgroup (quadgroup) undefined and CUDA
+    wraps it to another lane: the simulator fails the launch, naming the call, the thread and
+    the lane, rather than returning a value some GPU would not."""
+    from metalforge.sim import KernelError
+    lib = compile_shader(STRAY)
+    x, out = torch.randn(64), torch.zeros(64)
+    lib.shuffle_from(x, out, 0, group_size=64, arg_casts="int32")  # its own value
+    assert torch.equal(out, x)
+    out.fill_(7.0)
+    lib.shuffle_from(x, out, 31, group_size=32, threads=1, arg_casts="int32")
+    assert out[0] == 0.0               # lane 31 exists but is inactive: 0, as on Apple GPUs
+    with pytest.raises(KernelError, match=r"simd_shuffle at .*:\d+: thread_position_in_grid "
+                                          r"\(1,0,0\) named source lane 32, but a simdgroup has "
+                                          r"lanes 0 to 31"):
+        lib.shuffle_from(x, out, 31, group_size=32, arg_casts="int32")
+    lib.quad_from(x, out, 3, group_size=32, arg_casts="int32")
+    assert torch.equal(out[:4], x[3].expand(4))
+    with pytest.raises(KernelError, match=r"quad_shuffle .* named source lane 4, but a "
+                                          r"quadgroup has lanes 0 to 3"):
+        lib.quad_from(x, out, 4, group_size=32, arg_casts="int32")

@@ -66,7 +66,8 @@
 
 // Result record shared with Python (ctypes mirror in metalforge/sim/library.py).
 struct Result {
-  int32_t code;        // 0 ok, 1 divergence, 2 fault, 3 engine error, 4 threadgroup-memory race
+  int32_t code;        // 0 ok, 1 divergence, 2 fault, 3 engine error, 4 threadgroup-memory race,
+                       // 5 undefined collective (a shuffle from a lane outside the simdgroup)
   int32_t signo;
   int32_t is_write;    // 1 write, 0 read, -1 unknown
   int32_t pad;
@@ -696,6 +697,23 @@ extern "C" void mf_rt_barrier(int simd, const char* file, unsigned line, unsigne
   f->line = line;
   f->col = col;
   f->what = nullptr;
+  switch_to_scheduler(f);
+}
+
+extern "C" void mf_rt_stray_lane(const char* what, long long lane, unsigned width,
+                                 const char* file, unsigned line) {
+  Worker* w = tl_worker;
+  if (!w || !w->current) return;  // not inside a launch: nothing to fail
+  Fiber* f = w->current;
+  std::string m;
+  appendf(m, "%s at %s:%u: thread_position_in_grid (%u,%u,%u) named source lane %lld, but a "
+          "%s has lanes 0 to %u (Metal leaves the value undefined; CUDA's shuffle wraps to lane "
+          "%lld): keep the lane inside", what, basename_of(file), line,
+          f->pos.thread_position_in_grid[0], f->pos.thread_position_in_grid[1],
+          f->pos.thread_position_in_grid[2], lane, width == 4 ? "quadgroup" : "simdgroup",
+          width - 1, ((lane % (long long)width) + width) % width);
+  fail(w, 5, m);
+  f->state = DONE;           // never resumed: the launch has failed
   switch_to_scheduler(f);
 }
 

@@ -56,7 +56,10 @@ struct CollSlot {
   int64_t arg;         // lane / delta / mask argument
   int64_t modulo;      // simd_shuffle_and_fill_*: segment width (0 = simd width)
   Resolver resolve;
+  int64_t stray;       // set by a shuffle's resolver: the source lane this lane named
+                       // outside its simdgroup (quadgroup); kNoStray when it did not
 };
+constexpr int64_t kNoStray = INT64_MIN;
 
 // Trampoline helpers: turn a bound buffer (void*) into the parameter's type.
 template <class P>
@@ -88,6 +91,10 @@ void mf_rt_barrier(int simd, const char* file, unsigned line, unsigned col);
 // Block the calling lane at a collective (see CollSlot).
 void mf_rt_collective(mf::CollSlot* slot, int quad, const char* what, const char* file,
                       unsigned line, unsigned col);
+// Fail the launch: the calling lane's shuffle named source lane `lane` outside its `width`
+// lanes (Metal leaves the value undefined; never resumed).
+void mf_rt_stray_lane(const char* what, long long lane, unsigned width, const char* file,
+                      unsigned line);
 // Tell the race detector where the calling thread's copy of a threadgroup array is (race.h).
 void mf_rt_tg_note(void* base, size_t bytes, unsigned granule, unsigned elem,
                    const unsigned* dims, unsigned ndims, const char* name, const char* file,

@@ -6,10 +6,12 @@
 // participants are the lanes waiting at the same call site; every other lane
 // (finished, or waiting elsewhere) is inactive, as on the GPU.
 //
-// Inactive or non-existent source lanes (a shuffle reading a lane that does not
-// take part) give an all-zero value, which is what Apple GPUs produce in
-// practice (the note in torch's c10/metal/reduction_utils.h says so).  Metal
-// leaves it undefined.
+// Inactive source lanes (a shuffle reading a lane that does not take part) give
+// an all-zero value, which is what Apple GPUs produce in practice (the note in
+// torch's c10/metal/reduction_utils.h says so); Metal leaves it undefined.  A
+// source lane outside the simdgroup (quadgroup) altogether fails the launch:
+// Metal leaves that undefined too and CUDA's shuffles wrap it to another lane,
+// so a kernel reading it gives different answers on different GPUs.
 #ifndef MF_SIM_SIMD_H
 #define MF_SIM_SIMD_H
 
@@ -108,7 +110,12 @@ void shuffle(CollSlot* const* l, unsigned w) {
     switch (Kind) {
       case BROADCAST:
       case SHUFFLE:
-        r = (a >= 0 && a < (int64_t)w) ? lane_value<T>(l, (int)(base + a)) : zero<T>();
+        if (a >= 0 && a < (int64_t)w) {
+          r = lane_value<T>(l, (int)(base + a));
+        } else {            // no such lane: undefined on Metal (and CUDA wraps): an error
+          r = zero<T>();
+          l[i]->stray = a;
+        }
         break;
       case XOR: {
         int64_t s = (int64_t)own ^ a;
@@ -213,7 +220,9 @@ inline R run(const T& v, Resolver res, int quad, const char* what, const Loc& lo
   s.arg = arg;
   s.modulo = modulo;
   s.resolve = res;
+  s.stray = kNoStray;
   mf_rt_collective(&s, quad, what, loc.file, line, col);
+  if (s.stray != kNoStray) mf_rt_stray_lane(what, (long long)s.stray, quad ? 4 : 32, loc.file, line);
   return out;
 }
 
