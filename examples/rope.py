@@ -80,7 +80,9 @@ def qk_norm_rope(x: "T[B, H, S, E]", w: "T[E]", pos: "i32[B, S]", eps: float = 1
 # types), with a memory budget that keeps those to a few rows (the simulator runs every thread);
 # 520 gives the one-threadgroup kernel three simdgroups (at 256 it has one), so its exchange of
 # partial sums through threadgroup memory runs.
-_SMALL = {"pos": (0, 16)}
+# base: a RoPE base (1e2 to 1e5); a base near 0 makes the angles pos * base^(-2j/E) huge, where
+# one ulp of the GPU's pow moves sin/cos by O(1) (found by the CUDA run of check)
+_SMALL = {"pos": (0, 16), "base": (100.0, 100000.0)}
 _E = [2, 6, 8, 34, 64, 128]
 CHECK = {"rope": {"dims": {"E": _E}, "values": _SMALL},
          "rope_interleaved": {"dims": {"E": _E}, "values": _SMALL},
