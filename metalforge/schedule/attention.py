@@ -689,20 +689,27 @@ class _Builder(reduce.Builder):
                    chunk + [each])]))
         return out
 
+    def score(self) -> tuple[list[ir.Stmt], ir.Expr]:
+        """The scores' elementwise work (scale, masks, caps) on the contractions `dot_of`: its
+        statements and the score as a float."""
+        f = self.form
+        low = self.lowering("mf_s")
+        for r, dot in self.dot_of.items():
+            low.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
+                compute_type(r.dtype), dot)
+        body = low.lower([f.scores])
+        self.helpers |= low.helpers | {"mf_maximum"}
+        return body, _float(low.value(f.scores), f.scores)
+
     def lane_softmax(self) -> list[ir.Stmt]:
         """Lane scores: the scores' elementwise work for the lane's key, then per row one
         online-softmax update for the simdgroup's 32 keys: their max over the simdgroup (the
         same m in every lane), the lane's own weight p (kept in mf_ps for the values), its
         running sum d (lane-partial, summed at the end) and acc rescaled."""
-        f = self.form
         t = ir.Var("mf_t")
         sc, ps = ir.Lane(ir.Var("mf_sc"), t), ir.Lane(ir.Var("mf_ps"), t)
-        score = self.lowering("mf_s")
-        for r, dot in self.dot_of.items():
-            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
-                compute_type(r.dtype), dot)
-        body = score.lower([f.scores])
-        self.helpers |= score.helpers | {"mf_maximum", "mf_simd_max"}
+        body, value = self.score()
+        self.helpers.add("mf_simd_max")
         m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
         m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
         live = m_new.ne(NEG_INF)
@@ -712,7 +719,7 @@ class _Builder(reduce.Builder):
         return [
             ir.ArrayDecl("mf_sc", "float", self.qt),
             ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), [self.each_row(
-                body + [ir.Assign(sc, _float(score.value(f.scores), f.scores))])], [dead]),
+                body + [ir.Assign(sc, value)])], [dead]),
             ir.Comment("online softmax, per row: the max of the simdgroup's keys, the old sums "
                        "rescaled, this lane's weight p"),
             ir.ArrayDecl("mf_ps", "float", self.qt),
@@ -764,15 +771,9 @@ class _Builder(reduce.Builder):
     def softmax_step(self) -> list[ir.Stmt]:
         """The scores' elementwise work, then per row one online-softmax update for the step:
         its max, what was summed under the old max rescaled, the step's weights p added."""
-        f = self.form
         sc_at = ir.Var("mf_u") * ir.Lit(self.qt, "uint") + ir.Var("mf_t")
         sc, p = ir.Lane(ir.Var("mf_sc"), sc_at), ir.Lane(ir.Var("mf_p"), sc_at)
-        score = self.lowering("mf_s")
-        for r, dot in self.dot_of.items():
-            score.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
-                compute_type(r.dtype), dot)
-        body = score.lower([f.scores])
-        self.helpers |= score.helpers | {"mf_maximum"}
+        body, value = self.score()
         t = ir.Var("mf_t")
         m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
         m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
@@ -782,8 +783,7 @@ class _Builder(reduce.Builder):
                       [ir.Assign(sc, NEG_INF)], unroll=True)
         return [
             ir.ArrayDecl("mf_sc", "float", self.kps * self.qt),
-            self.keys([self.each_row(body + [ir.Assign(sc, _float(score.value(f.scores),
-                                                                  f.scores))])], [dead]),
+            self.keys([self.each_row(body + [ir.Assign(sc, value)])], [dead]),
             ir.Comment("online softmax, per row: the step's max, the old sums rescaled, the "
                        "step's weights p added"),
             ir.ArrayDecl("mf_p", "float", self.kps * self.qt),
