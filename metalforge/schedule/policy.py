@@ -47,7 +47,7 @@ class LaunchPolicy:
     lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
                                        # threadgroup memory), no butterfly per key
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
-    x_rows: int = 4                    # quantized matvec: rows of x one simdgroup takes at once
+    x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
 
@@ -112,9 +112,12 @@ POLICIES: dict[str, LaunchPolicy] = {
     # unpacked once for all): H100, 2026-11-25, f16, 4096x4096 / 11008x4096, us, x_rows 1 / 2 /
     # 4 / 8: M = 2 10.8 / 9.4 / 12.4 / 24.5 (4096^2); M = 8 34.9 / 29.6 / 26.9 / 24.6 (4096^2),
     # 88.7 / 73.4 / 55.8 / 69.7; M = 32 129.6 / 107.7 / 81.1 / 90.6, 340.6 / 280.2 / 201.5 /
-    # 238.0; vector_width 2 with x_rows 8 within 10% of x_rows 4 (bench/README.md)
+    # 238.0; vector_width 2 with x_rows 8 within 10% of x_rows 4 (bench/README.md). x_rows 2 is
+    # the default: faster than one row of x at every M from 2, and a lane holds 64 values of x
+    # (2 rows x 32, with 16-byte word loads) where x_rows 4 holds 128: Apple GPUs spill registers
+    # long before NVIDIA's, and MLX's own qmv keeps 16 per lane; raise it where measured
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
-                          uses_simd=True),
+                          x_rows=2, uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's

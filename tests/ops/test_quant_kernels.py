@@ -315,8 +315,8 @@ def test_tiled_kernel_from_qmm_min_rows():
     g = q4_matvec.graph(T="f16")
     sizes = {"N": 4096, "K": 4096, "K/8": 512, "K/64": 64}
     s = runtime.schedule_of(g, sizes=dict(sizes, M=1))
-    assert [s.host_name(dict(sizes, M=m)).rsplit("_", 1)[1] for m in (1, 3, 4, 63, 64, 512)] \
-        == ["qmv", "qmv", "qmvx", "qmvx", "qmm", "qmm"]      # defaults: x_rows 4, qmm from 64
+    assert [s.host_name(dict(sizes, M=m)).rsplit("_", 1)[1] for m in (1, 2, 3, 63, 64, 512)] \
+        == ["qmv", "qmvx", "qmvx", "qmvx", "qmm", "qmm"]     # defaults: x_rows 2, qmm from 64
 
 
 @pytest.mark.parametrize("x_rows", [2, 4, 8])
