@@ -90,7 +90,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 0.91→0.66x); looped_limit 8192 is the longest row 1024 threads hold at 8 per thread.
     # With them: geomean 1.29x torch eager over 50 cases (was 1.03x).
     "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
-                        reads_per_thread=8, simd_reads_per_thread=4, looped_reads_per_thread=4,
+                        reads_per_thread=8, simd_reads_per_thread=8, looped_reads_per_thread=4,
                         looped_limit=8192, uses_simd=True),
     # column reductions (schedule/column.py): one thread per output column, looping over the
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it

@@ -34,7 +34,7 @@ from typing import Iterable, Mapping, Optional
 from .. import ir
 from ..dtypes import DType
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, TensorParam
+from ..graph import Graph, Node, Op, TensorParam, topo_order
 from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, used_params
@@ -54,6 +54,9 @@ class Reduction:
     online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
     online_max: Optional["Reduction"] = None   # a sum computed online with this max
     compensated: bool = False              # a float sum with a Neumaier compensation term
+    # a float max whose NaN the paired sum(exp(a - max)) carries to every output that uses the
+    # max (`nan_in_sum`): it may skip NaN (fmax / simd_max: cheaper than NaN-propagating)
+    nan_via_sum: bool = False
     # where the running value lives when it is not the scalar mf_acc{i}: an element of a
     # register array (the quantized matvec keeps one accumulator per weight row, mf_acc[mf_r])
     acc_at: Optional[ir.Expr] = None
@@ -137,22 +140,13 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
             r = Reduction(n, n.attr[0], n.attr[1], len(reds) + 1)
             reds.append(r)
             by_node[n] = r
+    pairs = _exp_sum_pairs(reds, by_node)
     if online:
-        for r in reds:
-            if r.kind != "sum" or not r.is_float:
-                continue
-            e = _strip_cast(r.arg)
-            if not (e.op == Op.UNARY and e.attr == "exp"):
-                continue
-            d = _strip_cast(e.args[0])
-            if not (d.op == Op.BINARY and d.attr == "sub"):
-                continue
-            a, m = d.args[0], _strip_cast(d.args[1])
-            mr = by_node.get(m)
-            if (mr is None or mr.kind != "max" or mr.axis != r.axis or mr.arg is not a
-                    or not mr.is_float or mr.online_sum is not None):
-                continue
-            mr.online_sum, r.online_max = r, mr
+        for mr, r in pairs:
+            if mr.online_sum is None and r.online_max is None:
+                mr.online_sum, r.online_max = r, mr
+    for mr, r in pairs:
+        mr.nan_via_sum = nan_in_sum(graph, mr.node, r.node)
     for r in reds:
         r.compensated = r.kind == "sum" and r.is_float and (compensated or
                                                             r.online_max is not None)
@@ -169,6 +163,51 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     for r in reds:
         r.phase = used.index(r.phase)
     return reds
+
+
+def _exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
+                   ) -> list[tuple[Reduction, Reduction]]:
+    """(max, sum) pairs of float reductions over one axis where the sum is sum(exp(a - max))
+    of the max's own argument a: softmax's and logsumexp's two phases."""
+    pairs = []
+    for r in reds:
+        if r.kind != "sum" or not r.is_float:
+            continue
+        e = _strip_cast(r.arg)
+        if not (e.op == Op.UNARY and e.attr == "exp"):
+            continue
+        d = _strip_cast(e.args[0])
+        if not (d.op == Op.BINARY and d.attr == "sub"):
+            continue
+        a, m = d.args[0], _strip_cast(d.args[1])
+        mr = by_node.get(m)
+        if mr is not None and mr.kind == "max" and mr.axis == r.axis and mr.arg is a \
+                and mr.is_float:
+            pairs.append((mr, r))
+    return pairs
+
+
+# elementwise ops whose result is NaN when an operand is (pow is not: pow(NaN, 0) = 1;
+# comparisons, where and integer casts are not either)
+_NAN_STRICT = {Op.UNARY: {"neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
+                          "tanh", "sigmoid", "erf", "abs", "floor", "ceil"},
+               Op.BINARY: {"add", "sub", "mul", "div", "maximum", "minimum"}}
+
+
+def nan_in_sum(graph: Graph, mx: Node, s: Node) -> bool:
+    """Whether max `mx` may skip NaN elements: every output that depends on it is NaN when
+    the sum `s` = sum(exp(a - mx)) is. A NaN element of a makes its term exp(NaN - mx) NaN
+    whatever mx is, so s is NaN, and so is every such output: the max's own NaN would change
+    nothing. (All -inf rows are unaffected: the max is -inf either way.)"""
+    strict: dict[Node, bool] = {s: True}
+
+    def nan_if_s(n: Node) -> bool:
+        if n not in strict:
+            ops = _NAN_STRICT.get(n.op, set())
+            arith = n.attr in ops or (n.op == Op.CAST and n.dtype.is_float)
+            strict[n] = arith and any(nan_if_s(a) for a in n.args)
+        return strict[n]
+    return all(nan_if_s(o.node) or mx not in topo_order([o.node]) for o in graph.outputs)
 
 
 def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -> None:
@@ -225,8 +264,7 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     if k == "prod":
         return [ir.Assign(acc, acc * v)]
     if k in ("max", "min"):
-        fn = (f"mf_{k}imum" if r.is_float else k)
-        return [ir.Assign(acc, ir.Call(fn, (acc, v)))]
+        return [ir.Assign(acc, ir.Call(_extreme(r), (acc, v)))]
     # argmax / argmin: first index of the extreme; the first NaN wins
     idx = ir.Var(r.idx)
     better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
@@ -234,6 +272,14 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
         better = better.or_((v.ne(v)).and_(acc.eq(acc)))
     cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
     return [ir.If(cond, [ir.Assign(acc, v), ir.Assign(idx, ir.Cast("uint", pos))])]
+
+
+def _extreme(r: Reduction) -> str:
+    """The two-operand max/min of a reduction's values: NaN-propagating for floats (torch's
+    amax/amin), Metal's NaN-skipping fmax where the paired sum carries the NaN."""
+    if not r.is_float:
+        return r.kind
+    return f"f{r.kind}" if r.nan_via_sum else f"mf_{r.kind}imum"
 
 
 def finish(reds: list[Reduction]) -> list[ir.Stmt]:
@@ -260,7 +306,7 @@ def simd_combine(r: Reduction) -> list[ir.Stmt]:
     if k == "prod":
         return [ir.Assign(acc, ir.Call("simd_product", (acc,)))]
     if k in ("max", "min"):
-        fn = f"mf_simd_{k}" if r.is_float else f"simd_{k}"
+        fn = f"mf_simd_{k}" if r.is_float and not r.nan_via_sum else f"simd_{k}"
         return [ir.Assign(acc, ir.Call(fn, (acc,)))]
     fn = f"mf_simd_{k}" if r.is_float else f"mf_simd_i{k}"
     return [ir.Assign(ir.Var(r.idx), ir.Call(fn, (acc, ir.Var(r.idx))))]
@@ -280,8 +326,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     if k == "prod":
         return [ir.Assign(acc, acc * other_acc)]
     if k in ("max", "min"):
-        fn = (f"mf_{k}imum" if r.is_float else k)
-        return [ir.Assign(acc, ir.Call(fn, (acc, other_acc)))]
+        return [ir.Assign(acc, ir.Call(_extreme(r), (acc, other_acc)))]
     assert other_idx is not None, f"{k} merges with the other thread's index"
     idx = ir.Var(r.idx)
     o_nan = other_acc.ne(other_acc) if r.is_float else None
@@ -332,6 +377,8 @@ def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
             hs.add("mf_sum_add")
         if r.online_sum is not None:
             hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
+        elif r.kind in ("max", "min") and r.is_float and r.nan_via_sum:
+            pass
         elif r.kind in ("max", "min") and r.is_float:
             hs.add(f"mf_{r.kind}imum")
             if simd:

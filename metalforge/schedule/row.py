@@ -129,11 +129,18 @@ class RowSchedule(Schedule):
         rows, d = self._rows(sizes), sizes[self.axis]
         p = self.policy
         if v == "simd":
-            return rows * SIMD_WIDTH, max(1, min(p.rows_per_group, rows)) * SIMD_WIDTH
+            w = self.lanes_per_row(d)
+            return rows * w, min(p.rows_per_group * SIMD_WIDTH, rows * w)
         if v == "group":
             t = self._group_threads(d)
             return rows * t, t
         return rows * p.threads_per_group, p.threads_per_group
+
+    def lanes_per_row(self, d: int) -> int:
+        """Simd variant: the fewest lanes (a power of two, at most 32) holding a row of d
+        elements at `simd_reads_per_thread` each; the kernel computes the same from d."""
+        n = max(1, -(-d // self.policy.simd_reads_per_thread))
+        return 1 << (n - 1).bit_length()
 
     def _group_threads(self, d: int) -> int:
         t = -(-d // reads_for(self.policy, "group", self.itemsize))
@@ -342,16 +349,18 @@ class _Builder(reduce.Builder):
         return own, shuffled
 
     def shuffle_block(self, takes: list[Node], frontier: list[Node]) -> list[ir.Stmt]:
-        """Simd variant: fetch gathered elements from the lanes that hold them. Lane l holds
-        row elements [l*R, l*R + R), so element p is lane p / R, slot p % R. Every lane
-        computes (and checks) the index of each of its R slots, then takes the element with
-        `simd_shuffle` (all lanes take part, in uniform control flow). When every element in
+        """Simd variant: fetch gathered elements from the lanes that hold them. The row's lane
+        l holds its elements [l*R, l*R + R), so element p is the row's lane p / R, slot p % R
+        (the row's lanes start at mf_lane - mf_t). Every lane computes (and checks) the index
+        of each of its R slots, then takes the element with `simd_shuffle` (all lanes take
+        part, in uniform control flow). When every element in
         the row gathers from its own slot number (offsets a multiple of R: rotate-half RoPE
         on head dims that are multiples of 2R), one shuffle per element; otherwise R per
         element, keeping the one at the gathered slot. Fills mf_gather<g>[R] (g: the gather's
         number) for the element loop."""
         reads, axis = self.reads, self.axis
         k, pos = ir.Var("mf_k"), ir.Var("mf_pos")
+        first = ir.Var("mf_lane") - ir.Var("mf_t")        # the row's first lane
         in_row = pos < self.size(axis)
         sites = take_sites(self.graph)
         el = self.element_lowering(frontier, prefix="mf_i")
@@ -374,7 +383,7 @@ class _Builder(reduce.Builder):
             index_loop += stmts + [ir.Assign(ir.Lane(src, k), ir.Cast("uint", checked))]
             slot = ir.Lane(src, k) % ir.Lit(reads, "uint")
             same.append(ir.Assign(flag, flag.and_(past_end.or_(slot.eq(k)))))
-            lane = ir.Cast("ushort", ir.Lane(src, k) / ir.Lit(reads, "uint"))
+            lane = ir.Cast("ushort", first + ir.Lane(src, k) / ir.Lit(reads, "uint"))
             fetch_same.append(ir.Assign(ir.Lane(val, k),
                                         ir.Call("simd_shuffle", (ir.Lane(reg, k), lane))))
             s, t = ir.Var("mf_s"), ir.Var(f"mf_t{g}")
@@ -479,12 +488,12 @@ class _Builder(reduce.Builder):
 
     # -- combining across the row ---------------------------------------------------------
     def combine(self, reds: list[reduce.Reduction], variant: str) -> list[ir.Stmt]:
+        if variant == "simd":
+            return self.row_lanes_combine(reds)
         out: list[ir.Stmt] = [ir.Comment("combine across the simdgroup")]
         for r in reds:
             if r.online_max is None:
                 out += reduce.simd_combine(r)
-        if variant == "simd":
-            return out
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
         stores, reads = reduce.through_threadgroup(self.v, reds, SIMD_WIDTH, sg, lane,
                                                    lane < ir.Var("mf_nsg"))
@@ -492,6 +501,25 @@ class _Builder(reduce.Builder):
                            "memory, then a second simd reduction in every simdgroup"),
                 ir.If(lane.eq(ir.Lit(0, "uint")), stores), ir.Barrier()]
         return out + reads
+
+    @staticmethod
+    def row_lanes_combine(reds: list[reduce.Reduction]) -> list[ir.Stmt]:
+        """Simd variant: combine the row's mf_w lanes by an xor butterfly (partners stay in
+        the row's lanes); every lane of the row ends with the row's result."""
+        off = ir.Var("mf_off")
+        step: list[ir.Stmt] = []
+        for r in reds:
+            other = ir.Var(f"mf_o{r.i}")
+            step.append(ir.Decl(other.name, r.acc_type,
+                                ir.Call("simd_shuffle_xor", (r.acc_ref, off))))
+            other_idx = None
+            if r.has_index:
+                other_idx = ir.Var(f"mf_oi{r.i}")
+                step.append(ir.Decl(other_idx.name, "uint",
+                                    ir.Call("simd_shuffle_xor", (ir.Var(r.idx), off))))
+            step += reduce.merge(r, other, other_idx)
+        return [ir.Comment("combine the row's lanes (xor butterfly)"),
+                ir.For(off.name, "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), step, step=off)]
 
     # -- one variant -----------------------------------------------------------------------
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
@@ -618,11 +646,18 @@ class _Builder(reduce.Builder):
         if variant == "simd":
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
-            head += [ir.Comment("one simdgroup per row (rows per threadgroup: set at launch)"),
-                     ir.Decl("mf_row", "uint", ir.Var("mf_tid") / ir.Lit(SIMD_WIDTH, "uint")),
+            one, w = ir.Lit(1, "uint"), ir.Var("mf_w")
+            per_lane = ir.Lit(reads, "uint")
+            lanes = (ir.Cast("uint", self.size(self.axis)) + (per_lane - one)) / per_lane
+            head += [ir.Comment(f"mf_w lanes per row: the fewest, a power of two up to 32, that "
+                                f"hold it at {reads} elements each (32 / mf_w rows per "
+                                f"simdgroup; threads per threadgroup: set at launch)"),
+                     ir.Decl("mf_w", "uint", one << (ir.Lit(32, "uint") - ir.Call(
+                         "clz", (ir.Call("max", (lanes, one)) - one,)))),
+                     ir.Decl("mf_row", "uint", ir.Var("mf_tid") / w),
                      ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.outer),
                            [ir.Return()]),
-                     ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
+                     ir.Decl("mf_t", "uint", ir.Var("mf_tid") % w)]
         else:
             threads.insert(1, ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
             head += [ir.Comment("one threadgroup per row"),

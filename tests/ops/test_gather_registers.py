@@ -153,7 +153,7 @@ def test_qk_norm_rope_reads_each_row_once_in_the_simd_variant(dtype):
     simd, group, looped = (s.variants[v].body for v in ("simd", "group", "looped"))
     for t in ("x", "w"):
         # the register load (vector path, scalar tail): nothing else reads the tensor
-        assert [ld.width for ld in _loads(simd, t)] == [4, 1], t
+        assert [ld.width for ld in _loads(simd, t)] == [16 // dtype.itemsize, 1], t
         # a threadgroup-held or streamed row: the partner is a (cached) guarded load, in
         # both element loops (all elements in the row; the row's end)
         assert len(_gathered(group, t)) == len(_gathered(looped, t)) == 2, t
@@ -306,7 +306,7 @@ def test_traffic_counts_only_gathers_that_load():
     for e in (64, 6):                       # whole vectors: lanes; 6: the scalar path loads
         x = torch.randn(1, 2, 3, e)
         assert read(rope_interleaved, x, pos) == x.nbytes * (1 if e == 64 else 2) + pos.nbytes
-    for e, partners in ((64, 0), (256, 1)):       # simd variant: shuffles; group: loads
+    for e, partners in ((64, 0), (512, 1)):       # simd variant: shuffles; group: loads
         x, w, p = _qk_args(e)
         gathered = partners * (x.nbytes + w.nbytes)      # x's and w's partners, once each
         assert read(qk_norm_rope, x, w, p) == x.nbytes + w.nbytes + p.nbytes + gathered

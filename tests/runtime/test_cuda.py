@@ -123,6 +123,39 @@ def test_edge_threadgroups_match_metal_semantics(threads, group):
     torch.testing.assert_close(got.cpu().view(n, 6), ref.view(n, 6), rtol=0, atol=0)
 
 
+BITS_MSL = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void bits(device uint* out [[buffer(0)]], device const uint* x [[buffer(1)]],
+                 device const ulong* y [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+    const uint v = x[i];
+    out[9 * i + 0] = clz(v);
+    out[9 * i + 1] = ctz(v);
+    out[9 * i + 2] = popcount(v);
+    out[9 * i + 3] = uint(clz(ushort(v)));
+    out[9 * i + 4] = uint(ctz(ushort(v)));
+    out[9 * i + 5] = uint(popcount(uchar(v)));
+    out[9 * i + 6] = uint(clz(uchar(v)));
+    out[9 * i + 7] = uint(clz(y[i]));
+    out[9 * i + 8] = uint(popcount(y[i]));
+}
+"""
+
+
+def test_bit_counts_match_the_simulator():
+    """clz / ctz / popcount (the row kernels' lanes-per-row uses clz), 0 included."""
+    x = torch.tensor([0, 1, 2, 3, 255, 256, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFFF], dtype=torch.int64)
+    x = torch.cat([x, torch.randint(0, 2 ** 32, (22,))]).to(torch.uint32)
+    y = torch.randint(0, 2 ** 62, (32,), dtype=torch.int64).to(torch.uint64)
+    y[0] = 0
+    ref = torch.zeros(9 * 32, dtype=torch.uint32)
+    sim.compile_shader(BITS_MSL).bits(ref, x, y, threads=32, group_size=32)
+    got = torch.zeros(9 * 32, dtype=torch.uint32, device="cuda")
+    mfcuda.compile_shader(BITS_MSL).bits(got, x.cuda(), y.cuda(), threads=32, group_size=32)
+    assert torch.equal(got.cpu(), ref)
+    assert ref[0] == 32 and ref[1] == 32 and ref[3] == 16 and ref[6] == 8
+
+
 def test_runs_on_the_current_stream_without_sync():
     silu = _example("silu")["silu"]
     x = torch.randn(1 << 22, device="cuda")

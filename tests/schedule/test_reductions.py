@@ -18,7 +18,7 @@ TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16:
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # simd, simd, group, group, then looped for f32 (8193) and for 2-byte types (16385: their group
 # rows reach twice as far, same threads)
-ROWS = (1, 31, 33, 200, 8193, 16385)
+ROWS = (1, 31, 33, 96, 200, 300, 8193, 16385)
 
 
 def close(got, want, dtype, scale=1.0):
@@ -238,6 +238,70 @@ def test_log_softmax_and_logsumexp():
         close(logsumexp(x), torch.logsumexp(x.double(), dim=-1), torch.float32)
     x = special_rows(torch.randn(6, 100)).half()
     close(logsumexp(x), torch.logsumexp(x.double(), dim=-1), torch.float16)
+
+
+# rows of up to 256 elements: the simd variant gives each row the fewest lanes (a power of two)
+# holding it at 8 elements a lane, so several rows share a simdgroup and combine by an xor
+# butterfly over their own lanes
+SHORT = (1, 2, 7, 8, 9, 17, 64, 96, 129, 256)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_short_rows_share_a_simdgroup(dtype):
+    for d in SHORT:
+        for rows in (1, 5, 37):             # 37: the last simdgroup's rows past the end return
+            x = torch.randn(rows, d).to(dtype)
+            v, s, sizes = variant(softmax, x)
+            w = s.lanes_per_row(d)
+            assert v == "simd" and w == min(32, 1 << max(0, math.ceil(d / 8) - 1).bit_length())
+            assert s.launch(sizes)[0] == rows * w
+            if rows >= 5:
+                special_rows(x)
+            xd = x.double()
+            close(softmax(x), torch.softmax(xd, dim=-1), dtype)
+            close(log_softmax(x), torch.log_softmax(xd, dim=-1), dtype)
+            mx, mn, sm, _ = stats(x)
+            close(mx, xd.amax(-1), dtype)
+            close(mn, xd.amin(-1), dtype)
+            close(sm, xd.sum(-1), dtype, scale=4)
+            ties = torch.randint(-3, 4, (rows, d)).to(dtype)
+            ties[0, d // 2] = NAN
+            amax, amin = arg(ties)
+            assert torch.equal(amax, ties.argmax(-1)) and torch.equal(amin, ties.argmin(-1))
+
+
+@mf.kernel
+def max_and_lse(x: "T[R, D]"):             # the max is an output of its own
+    m = mf.max(x, axis="D")
+    return m, mf.log(mf.sum(mf.exp(x - m), axis="D")) + m
+
+
+@mf.kernel
+def gated_shift(x: "T[R, D]"):             # where() hides the sum's NaN from the output
+    m = mf.max(x, axis="D")
+    s = mf.sum(mf.exp(x - m), axis="D")
+    return mf.where(s > 0.0, 0.0, x - m)
+
+
+def test_max_skips_nan_only_where_the_sum_carries_it():
+    x = special_rows(torch.randn(6, 100))
+    # softmax / log_softmax: a NaN element makes sum(exp(x - max)) and every output NaN, so
+    # the max may skip NaN (Metal's fmax / simd_max); the outputs are still all NaN
+    for k, ref in ((softmax, torch.softmax), (log_softmax, torch.log_softmax)):
+        src = k.source(x)
+        assert "fmax(mf_acc1" in src and "mf_maximum" not in src
+        y = k(x)
+        assert y[2].isnan().all()
+        close(y, ref(x.double(), dim=-1), torch.float32)
+    # the max is an output, or where() decides on the sum: NaN-propagating max as before
+    for k in (max_and_lse, gated_shift):
+        assert "mf_maximum" in k.source(x) and "fmax(" not in k.source(x)
+    m, lse = max_and_lse(x)
+    assert m[2].isnan() and lse[2].isnan()
+    close(m, x.double().amax(-1), torch.float32)
+    close(lse, max_and_lse.reference(x)[1], torch.float32)
+    close(gated_shift(x), gated_shift.reference(x), torch.float32)
+    assert gated_shift(x)[2].isnan().all()      # x - max, all NaN: the max itself is NaN
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

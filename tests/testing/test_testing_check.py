@@ -213,7 +213,7 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     torch.manual_seed(0)
     d = 63
     w, b = torch.randn(d), torch.randn(d)
-    x = torch.tensor([-0.8192821741104126]).expand(d)          # stride 0: a constant row
+    x = torch.tensor([-0.7]).expand(d)                  # stride 0: a constant row
     g = chk_layer_norm.graph(T="f32")
     args = {"x": x, "w": w, "b": b, "eps": 1e-5}
     want = chk_layer_norm.reference(x, w, b)
