@@ -46,6 +46,8 @@ class LaunchPolicy:
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
     lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
                                        # threadgroup memory), no butterfly per key
+    stage_kv: bool = False             # attention: K/V tiles of 32 keys staged in threadgroup
+                                       # memory by the whole group, one simdgroup per query row
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
@@ -145,7 +147,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
               "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "index64"),
+                  "keys_per_step", "lane_scores", "stage_kv", "index64"),
 }
 
 
@@ -158,7 +160,10 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
         if bad:
             raise LaunchError(f"launch option(s) {', '.join(map(repr, bad))} do not apply to a "
                               f"{family} kernel; it takes: {', '.join(allowed)}")
-        base = replace(base, **dict(launch))
+        switches = {f.name for f in fields(base) if isinstance(getattr(base, f.name), bool)}
+        # 0 / 1 for a switch (`--launch stage_kv=1` on a command line) is False / True
+        base = replace(base, **{k: bool(v) if k in switches and type(v) is int and v in (0, 1)
+                                else v for k, v in launch.items()})
     validate(base)
     return base
 
@@ -196,8 +201,9 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
     _need(p, p.index64 is None or isinstance(p.index64, bool),
           f"index64 must be None, True or False, got {p.index64!r}")
-    _need(p, isinstance(p.lane_scores, bool),
-          f"lane_scores must be True or False, got {p.lane_scores!r}")
+    for name in ("lane_scores", "stage_kv"):
+        _need(p, isinstance(getattr(p, name), bool),
+              f"{name} must be True or False, got {getattr(p, name)!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")
@@ -231,6 +237,10 @@ def _validate_row(p: LaunchPolicy) -> None:
 
 
 def _validate_attention(p: LaunchPolicy) -> None:
+    _need(p, not p.stage_kv or p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
+          f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
+          f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
+          f"{SIMD_WIDTH * p.rows_per_group}")
     nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
     tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
     _need(p, tg <= MAX_THREADGROUP_BYTES,
