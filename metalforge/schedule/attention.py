@@ -180,6 +180,7 @@ class AttentionSchedule(Schedule):
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
     tile_items: tuple[int, ...] = ()   # stage_kv: element sizes of the staged K/V tensors
+    tile_vw: int = 1                   # ... and the elements of a chunk of their rows
 
     @property
     def axis(self) -> str:
@@ -213,10 +214,10 @@ class AttentionSchedule(Schedule):
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def keys_per_tile(self, sizes: Mapping[str, int]) -> int:
-        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E elements padded by
-        PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does (and
+        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E rounded up to whole
+        chunks, padded by PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does (and
         32 / that many lanes share a key's score); 0 if not even one row fits."""
-        e = sizes[self.e_axis]
+        e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
         kt = TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
             kt //= 2
@@ -1023,8 +1024,9 @@ class _Builder(reduce.Builder):
     # -- stage_kv: tiles of K and V in threadgroup memory, one simdgroup per query row --------
     def tile_arrays(self) -> list[ir.Stmt]:
         """Each K/V read's tile: TILE_BYTES of threadgroup memory declared as float4 (16-byte
-        units, aligned for vector access of any element type), used as `threadgroup T* mf_kv<i>` with rows of E
-        elements padded by PAD_BYTES (`mf_kv<i>_stride` elements apart)."""
+        units, aligned for vector access of any element type), used as `threadgroup T*
+        mf_kv<i>` with rows of mf_chunks chunks of vw elements (E rounded up) padded by
+        PAD_BYTES (`mf_kv<i>_stride` elements apart)."""
         out: list[ir.Stmt] = [ir.Comment(
             "the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] "
             f"(rows padded by {PAD_BYTES} bytes: lanes reading different rows hit different "
@@ -1040,9 +1042,10 @@ class _Builder(reduce.Builder):
             out += [ir.Decl(arr, f"threadgroup {st}*", ir.Call(
                         f"reinterpret_cast<threadgroup {st}*>", (ir.Var(f"mf_tg_{arr[3:]}"),)),
                         const=False),
-                    ir.Decl(f"{arr}_stride", "uint", ir.Cast("uint", self.size(self.form.e))
+                    ir.Decl(f"{arr}_stride", "uint", ir.Var("mf_chunks") * ir.Lit(self.vw, "uint")
                             + ir.Lit(PAD_BYTES // size, "uint"))]
-        return out
+        chunks = (self.size(self.form.e) + ir.Lit(self.vw - 1, IDX)) / ir.Lit(self.vw, IDX)
+        return [ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks))] + out
 
     def key_row(self, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
         """For a gathered K/V read (a paged cache): the statements finding and checking key
@@ -1056,41 +1059,39 @@ class _Builder(reduce.Builder):
 
     def fill_tiles(self) -> list[ir.Stmt]:
         """Every thread of the group copies its share of the tile's mf_tn keys of each K/V
-        read into threadgroup memory: 16-byte copies (vw elements) when E is a multiple of vw
-        and innermost in every read, else element by element."""
+        read into threadgroup memory, a chunk of vw elements (16 bytes) a copy: one vector
+        copy when E is a multiple of vw (and innermost in every read), else the chunk's
+        elements inside E one by one (a chunk is still one thread's)."""
         vw, group = self.vw, ir.Lit(self.group, "uint")
-        i, e, key = ir.Var("mf_i"), ir.Var("mf_e"), ir.Var("mf_r")     # copy i: key r, at e
+        i, key = ir.Var("mf_i"), ir.Var("mf_r")              # copy i: key r, E from mf_e0
         whole = vw > 1 and all(self.tensor_of(n).axes[-1] == self.form.e for n in self.kv)
-
-        def copies(width: int) -> list[ir.Stmt]:
-            per_row = ir.Cast("uint", self.size(self.form.e)) / ir.Lit(width, "uint") \
-                if width > 1 else ir.Cast("uint", self.size(self.form.e))
-            body: list[ir.Stmt] = [
-                ir.Decl("mf_r", "uint", i / ir.Var("mf_per_key")),
-                ir.Decl("mf_e", "uint", i % ir.Var("mf_per_key") * ir.Lit(width, "uint")
-                        if width > 1 else i % ir.Var("mf_per_key")),
-                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key))]
-            for n, arr in self.kv.items():
-                t = self.tensor_of(n)
-                find, moved = self.key_row(n, arr)
-                src = self.offset(t.axes, moved)
-                dst = key * ir.Var(f"{arr}_stride") + e
-                st = self.in_stype(t)
-                body.append(ir.Block(find + [
-                    ir.Store(arr, dst, ir.Load(self.names[t.name], src, width, st), width, st,
-                             space="threadgroup") if width > 1 else
-                    ir.Store(arr, dst, ir.Load(self.names[t.name], src))]))
-            return [ir.Decl("mf_per_key", "uint", per_row),
-                    ir.For("mf_i", "uint", ir.Var("mf_tid"),
-                           ir.Var("mf_tn") * ir.Var("mf_per_key"), body, step=group)]
-        out: list[ir.Stmt] = [ir.Comment(
-            f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {self.group} threads copy, "
-            f"{vw} elements (16 bytes) a copy where E allows")]
-        if whole:
-            out.append(ir.If(ir.Var("mf_vec_ok"), copies(vw), copies(1)))
-        else:
-            out += copies(1)
-        return out + [ir.Barrier()]
+        vector: list[ir.Stmt] = [ir.Decl("mf_e", "uint", ir.Var("mf_e0"))]
+        scalar: list[ir.Stmt] = []
+        for n, arr in self.kv.items():
+            t = self.tensor_of(n)
+            find, moved = self.key_row(n, arr)
+            src = self.offset(t.axes, moved)
+            dst = key * ir.Var(f"{arr}_stride") + ir.Var("mf_e")
+            st = self.in_stype(t)
+            vector.append(ir.Block(find + [ir.Store(arr, dst, ir.Load(
+                self.names[t.name], src, vw, st), vw, st, space="threadgroup")]))
+            find, moved = self.key_row(n, arr)
+            scalar.append(ir.Block(find + [ir.For("mf_x", "uint", ir.Lit(0, "uint"),
+                                                  ir.Lit(vw, "uint"), [
+                ir.Decl("mf_e", "uint", ir.Var("mf_e0") + ir.Var("mf_x")),
+                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
+                    ir.Store(arr, dst, ir.Load(self.names[t.name], src))])], unroll=True)]))
+        body: list[ir.Stmt] = [
+            ir.Decl("mf_r", "uint", i / ir.Var("mf_chunks")),
+            ir.Decl("mf_e0", "uint", i % ir.Var("mf_chunks") * ir.Lit(vw, "uint")),
+            ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key))]
+        body += [ir.If(ir.Var("mf_vec_ok"), vector, scalar)] if whole else scalar
+        return [
+            ir.Comment(f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {self.group} "
+                       f"threads copy, a chunk of {vw} elements (16 bytes) a copy"),
+            ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * ir.Var("mf_chunks"),
+                   body, step=group),
+            ir.Barrier()]
 
     def tile_scores(self) -> list[ir.Stmt]:
         """Lane mf_key's score of its key in the tile against this simdgroup's row: the
@@ -1140,7 +1141,6 @@ class _Builder(reduce.Builder):
             butterfly.append(ir.Assign(dot, dot + ir.Call("simd_shuffle_xor",
                                                           (dot, ir.Var("mf_off")))))
             self.dot_of[r] = dot
-        chunks = (self.size(f.e) + ir.Lit(vw - 1, IDX)) / ir.Lit(vw, IDX)
         each = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
             ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x),
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)
@@ -1150,7 +1150,7 @@ class _Builder(reduce.Builder):
             ir.Comment("scores: lane mf_key contracts its key's E elements (chunk mf_part, "
                        "mf_part + mf_parts, ...) with the row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
-            ir.If(live, [ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Cast("uint", chunks),
+            ir.If(live, [ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"),
                                 chunk + [each], step=ir.Var("mf_parts"))]),
             ir.For("mf_off", "uint", ir.Var("mf_kt"), SIMD, butterfly, step=ir.Var("mf_off")),
             ir.Decl("mf_sc", "float", NEG_INF, const=False),
@@ -1413,7 +1413,7 @@ class _Builder(reduce.Builder):
                                  own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv
-                                 else ())
+                                 else (), tile_vw=self.vw)
 
 
 def _float(e: ir.Expr, n: Node) -> ir.Expr:
