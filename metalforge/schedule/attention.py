@@ -39,6 +39,13 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   blocks). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
+- With `stage_kv` (launch option): one simdgroup per query row of the tile, and the keys a
+  tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
+  threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
+  simdgroup scores the tile with a lane per key from there (`tile_scores`), updates its row's
+  state once (`tile_softmax`) and adds p v with its lanes over E (`tile_values`), a barrier
+  before the next tile. Rows that would not fit a tile's bytes (E > 128 in f16) make tiles of
+  fewer keys, several lanes per key's score. The block's state goes out as above.
 """
 from __future__ import annotations
 
@@ -214,9 +221,9 @@ class AttentionSchedule(Schedule):
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def keys_per_tile(self, sizes: Mapping[str, int]) -> int:
-        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E rounded up to whole
-        chunks, padded by PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does (and
-        32 / that many lanes share a key's score); 0 if not even one row fits."""
+        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E rounded up to
+        whole chunks, padded by PAD_BYTES) would not fit its TILE_BYTES: then the largest power
+        of two that does (and 32 / that many lanes share a key's score); 0 if none fits."""
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
         kt = TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
@@ -1223,7 +1230,7 @@ class _Builder(reduce.Builder):
             ir.ArrayDecl("mf_macc", "float", self.epl),
             self.slots([ir.Assign(ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")),
                                   ir.Lit(0.0, "float"))])]
-        step = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
+        step: list[ir.Stmt] = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
                     ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, kt)))))]
         step += self.fill_tiles()
         step.append(ir.If(live, self.tile_scores() + self.tile_softmax() + self.tile_values()))
@@ -1231,7 +1238,8 @@ class _Builder(reduce.Builder):
                  ir.Barrier()]
         loop = ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
                       step=ir.Cast(IDX, kt))
-        tail = [ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
+        tail: list[ir.Stmt] = [
+                ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
                            "block's state"),
                 ir.If(live, [ir.Assign(ir.Var("mf_md"), ir.Call("simd_sum", (ir.Var("mf_md"),))),
                              self.write_row()])]

@@ -133,6 +133,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 128 threads 32.2 / 77.4 / 234; with 256 threads 34.3 / 93.3 / 253; without lane scores
     # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
     # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
+    # stage_kv (off until timed): K/V tiles of 32 keys in threadgroup memory, one simdgroup
+    # per query row (threads_per_group = 32 x rows_per_group); a hand-written prototype of
+    # it measured 23.6 / 64.5 / 195.2 us at the shapes above (issue #11)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
@@ -160,10 +163,7 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
         if bad:
             raise LaunchError(f"launch option(s) {', '.join(map(repr, bad))} do not apply to a "
                               f"{family} kernel; it takes: {', '.join(allowed)}")
-        switches = {f.name for f in fields(base) if isinstance(getattr(base, f.name), bool)}
-        # 0 / 1 for a switch (`--launch stage_kv=1` on a command line) is False / True
-        base = replace(base, **{k: bool(v) if k in switches and type(v) is int and v in (0, 1)
-                                else v for k, v in launch.items()})
+        base = replace(base, **dict(launch))
     validate(base)
     return base
 

@@ -183,7 +183,7 @@ def test_stage_kv_launch():
     row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; each block of
     keys at least one tile; stage_kv=1 from a command line is True."""
     q, kv = torch.randn(1, 32, 1, 128).half(), torch.randn(1, 8, 65536, 128).half()
-    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": 1})
+    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": True})
     assert s.policy.stage_kv is True
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
     decode, merge = s.steps(sizes)
