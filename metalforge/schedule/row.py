@@ -518,8 +518,11 @@ class _Builder(reduce.Builder):
                 step.append(ir.Decl(other_idx.name, "uint",
                                     ir.Call("simd_shuffle_xor", (ir.Var(r.idx), off))))
             step += reduce.merge(r, other, other_idx)
-        return [ir.Comment("combine the row's lanes (xor butterfly)"),
-                ir.For(off.name, "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), step, step=off)]
+        w = ir.Var("mf_w")
+        return [ir.Comment("combine the row's lanes (xor butterfly; a fixed trip count, so the "
+                           "compiler unrolls it)"),
+                ir.For(off.name, "uint", ir.Lit(1, "uint"), ir.Lit(SIMD_WIDTH, "uint"),
+                       [ir.If(off < w, step)], step=off, unroll=True)]
 
     # -- one variant -----------------------------------------------------------------------
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
@@ -646,18 +649,19 @@ class _Builder(reduce.Builder):
         if variant == "simd":
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
-            one, w = ir.Lit(1, "uint"), ir.Var("mf_w")
+            one, shift = ir.Lit(1, "uint"), ir.Var("mf_wlog")
             per_lane = ir.Lit(reads, "uint")
             lanes = (ir.Cast("uint", self.size(self.axis)) + (per_lane - one)) / per_lane
-            head += [ir.Comment(f"mf_w lanes per row: the fewest, a power of two up to 32, that "
-                                f"hold it at {reads} elements each (32 / mf_w rows per "
-                                f"simdgroup; threads per threadgroup: set at launch)"),
-                     ir.Decl("mf_w", "uint", one << (ir.Lit(32, "uint") - ir.Call(
-                         "clz", (ir.Call("max", (lanes, one)) - one,)))),
-                     ir.Decl("mf_row", "uint", ir.Var("mf_tid") / w),
+            head += [ir.Comment(f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two "
+                                f"up to 32, that hold it at {reads} elements each (32 / mf_w rows "
+                                f"per simdgroup; threads per threadgroup: set at launch)"),
+                     ir.Decl("mf_wlog", "uint", ir.Lit(32, "uint") - ir.Call(
+                         "clz", (ir.Call("max", (lanes, one)) - one,))),
+                     ir.Decl("mf_w", "uint", one << shift),
+                     ir.Decl("mf_row", "uint", ir.Binary(">>", ir.Var("mf_tid"), shift)),
                      ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.outer),
                            [ir.Return()]),
-                     ir.Decl("mf_t", "uint", ir.Var("mf_tid") % w)]
+                     ir.Decl("mf_t", "uint", ir.Var("mf_tid") & (ir.Var("mf_w") - one))]
         else:
             threads.insert(1, ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
             head += [ir.Comment("one threadgroup per row"),

@@ -28,13 +28,14 @@ kernel void mf_layer_norm_simd(
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
-    // mf_w lanes per row: the fewest, a power of two up to 32, that hold it at 8 elements each (32 / mf_w rows per simdgroup; threads per threadgroup: set at launch)
-    const uint mf_w = 1u << 32u - clz(max((uint(mf_size_D) + (8u - 1u)) / 8u, 1u) - 1u);
-    const uint mf_row = mf_tid / mf_w;
+    // mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, that hold it at 8 elements each (32 / mf_w rows per simdgroup; threads per threadgroup: set at launch)
+    const uint mf_wlog = 32u - clz(max((uint(mf_size_D) + (8u - 1u)) / 8u, 1u) - 1u);
+    const uint mf_w = 1u << mf_wlog;
+    const uint mf_row = mf_tid >> mf_wlog;
     if (mf_index_t(mf_row) >= mf_size_B) {
         return;
     }
-    const uint mf_t = mf_tid % mf_w;
+    const uint mf_t = mf_tid & mf_w - 1u;
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
@@ -76,10 +77,12 @@ kernel void mf_layer_norm_simd(
             }
         }
     }
-    // combine the row's lanes (xor butterfly)
-    for (uint mf_off = 1u; mf_off < mf_w; mf_off += mf_off) {
-        const float mf_o1 = simd_shuffle_xor(mf_acc1, mf_off);
-        mf_acc1 = mf_acc1 + mf_o1;
+    // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
+    for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
+        if (mf_off < mf_w) {
+            const float mf_o1 = simd_shuffle_xor(mf_acc1, mf_off);
+            mf_acc1 = mf_acc1 + mf_o1;
+        }
     }
     // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
@@ -108,10 +111,12 @@ kernel void mf_layer_norm_simd(
             }
         }
     }
-    // combine the row's lanes (xor butterfly)
-    for (uint mf_off = 1u; mf_off < mf_w; mf_off += mf_off) {
-        const float mf_o2 = simd_shuffle_xor(mf_acc2, mf_off);
-        mf_acc2 = mf_acc2 + mf_o2;
+    // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
+    for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
+        if (mf_off < mf_w) {
+            const float mf_o2 = simd_shuffle_xor(mf_acc2, mf_off);
+            mf_acc2 = mf_acc2 + mf_o2;
+        }
     }
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
