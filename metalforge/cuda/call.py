@@ -497,9 +497,11 @@ def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
                 lists.append((i, list_dtype))
         else:
             g = value_getter(a, i, ty, where, casts)
-        getters.append(g)
         shape = slot_shape(spec, ty)
         assert shape is not None                  # value_getter refused the others
+        if not spec.by_pointer:                   # packs (or raises) in argument order,
+            struct.pack("<" + shape[1], g(a))     # before the grid's checks, as always
+        getters.append(g)
         shapes.append(shape)
     grid = grid_of(threads, first_numel)
     func, mx = compiled(device)

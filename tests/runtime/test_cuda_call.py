@@ -403,6 +403,9 @@ def _bad_calls():
         ("a short vector", (y, x, a, n, [1.0]), GOOD, TypeError),
         ("a float too large", (y, x, 1e39, n, v), GOOD, OverflowError),
         ("a half too large", (y, x, a, n, [1.0, 1e6]), GOOD, OverflowError),
+        ("a half too large, then a group too large", (y, x, a, n, [1.0, 1e6]),
+         dict(GOOD, group_size=2048), OverflowError),      # in the order they always came
+        ("NaN for a uint", (y, x, a, math.nan, v), GOOD, ValueError),
         ("threads as a bool", (y, x, a, n, v), dict(GOOD, threads=True), RuntimeError),
         ("threads as a float", (y, x, a, n, v), dict(GOOD, threads=10.0), RuntimeError),
         ("negative threads", (y, x, a, n, v), dict(GOOD, threads=-1), RuntimeError),
@@ -486,3 +489,14 @@ def test_concurrent_calls_never_share_a_parameter_buffer(fake):
         assert x == y + 0x100 and a == t * 1000 + i, (hex(y), a)
         seen.add((t, i))
     assert seen == {(t, i) for t in range(4) for i in range(40)}
+
+
+def test_a_kernel_keeps_at_most_its_plan_cache_size(fake):
+    k = axpy()
+    for n in range(1, library.PLANS_PER_KERNEL + 11):
+        k(*good_args(), threads=n, group_size=1, arg_casts=GOOD["arg_casts"])
+    assert len(k._plans) == library.PLANS_PER_KERNEL
+    k(*good_args(), threads=library.PLANS_PER_KERNEL + 10, group_size=1,
+      arg_casts=GOOD["arg_casts"])                        # the newest is still there
+    assert len(k._plans) == library.PLANS_PER_KERNEL
+    assert fake.launches[-1]["blocks"] == (library.PLANS_PER_KERNEL + 10, 1, 1)
