@@ -1,13 +1,13 @@
 """A kernel call in compile_shader's call model, checked once and then replayed as a plan.
 
 Everything the checks of a call depend on is in its *key* (`call_key`): per argument its kind
-(a tensor's type, dtype, device and number of dimensions; a Python scalar's type; a list's
-type and its elements' types), the `threads` and `group_size` values, `arg_casts`, and where a
-call depends on them the first tensor's numel (no `threads`) or the current device (no CUDA
-tensor). The first call with a key runs every check (`plan_call`, with the messages of
-torch.mps.compile_shader and metalforge.sim) and returns a `Plan`; later calls with the same
-key passed the same checks, so they only run the plan (`Plan.launch`), which does the work that
-depends on the argument *values*:
+(a tensor's type, dtype and device, and for a tensor not on the GPU its number of dimensions;
+a Python scalar's type; a list's type and its elements' types), the `threads` and
+`group_size` values, `arg_casts`, and where a call depends on them the first tensor's numel
+(no `threads`) or the current device (no CUDA tensor). The first call with a key runs every
+check (`plan_call`, with the messages of torch.mps.compile_shader and metalforge.sim) and
+returns a `Plan`; later calls with the same key passed the same checks, so they only run the
+plan (`Plan.launch`), which does the work that depends on the argument *values*:
 
 1. each parameter's value from its argument: a tensor's data pointer, a Python scalar
    converted to the parameter's type (`converter`), a list as a vector's bytes (`pack`), a
@@ -15,7 +15,8 @@ depends on the argument *values*:
 2. the values packed with one `struct` call into a parameter buffer laid out like the entry
    point's parameters (`Layout`: the parameters in buffer order, then the Metal grid size as
    three unsigned ints, each at its natural alignment), whose kernelParams array (a pointer per
-   parameter into the buffer) is made with the buffer;
+   parameter into the buffer) is made with the buffer (the driver reads each parameter through
+   its pointer, so only the slots' sizes must be right; the offsets are the ABI's as well);
 3. torch's current stream on the plan's device, and cuLaunchKernel with the plan's function,
    blocks and threadgroup.
 
@@ -47,7 +48,7 @@ from .translate import Arg, Entry
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
 
-# Metal scalar → (struct format, byte size, is float); half/bfloat are packed through torch
+# Metal scalar → (struct format, byte size, is float); bfloat has no struct format (bf16_bits)
 SCALARS = {"float": ("f", 4, True), "half": ("e", 2, True), "bfloat": (None, 2, True),
            "int": ("i", 4, False), "uint": ("I", 4, False), "int32_t": ("i", 4, False),
            "uint32_t": ("I", 4, False), "short": ("h", 2, False), "ushort": ("H", 2, False),
