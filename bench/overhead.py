@@ -2,6 +2,7 @@
 
     python bench/overhead.py                    # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/overhead.py --device cuda --calls 20000
+    python bench/overhead.py --device cuda --real            # real launches, CPU and wall time
 
 Every compiled kernel object is wrapped so that calling it does nothing (compilation, the
 pipeline limits and everything before the launch are real), then each kernel is called warm
@@ -11,6 +12,14 @@ That is metalforge's own cost per call: binding, checks, shape binding, output a
 argument marshalling. Next to it, torch eager on the same tensors (which includes torch's real
 kernel, so on CPU it is dominated by the arithmetic) and on 1-element tensors (torch's dispatch
 floor), plus `torch.empty_like` (one output allocation).
+
+`--real` launches for real (nothing stubbed): the whole host cost of a warm call, the backend's
+launch included (for `cuda`: metalforge.cuda's plan, the stream lookup and cuLaunchKernel), next
+to torch eager on the same tensors. Each number is µs per call, median over the rounds, as CPU
+time of the process (the loop only) and as wall time (the loop plus the synchronisation that
+ends it, so a GPU slower than the host shows up there). With no synchronisation inside the loop
+the launches queue up; keep `--size` small enough that the GPU keeps pace (the default does on
+an H100), else the wall time is the GPU's.
 """
 from __future__ import annotations
 
@@ -76,6 +85,37 @@ def per_call(fn, calls: int, rounds: int, device: str) -> float:
     return statistics.median(times)
 
 
+def per_call_real(fn, calls: int, rounds: int, device: str) -> tuple[float, float]:
+    """(CPU µs, wall µs) per call of `fn`, medians over `rounds` loops of `calls` calls: the
+    process's CPU time of the loop alone, and the wall time of the loop and the sync after it."""
+    for _ in range(min(calls, 200)):
+        fn()
+    sync(device)
+    cpu, wall = [], []
+    for _ in range(rounds):
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            fn()
+        c1 = time.process_time()
+        sync(device)
+        w1 = time.perf_counter()
+        cpu.append((c1 - c0) / calls * 1e6)
+        wall.append((w1 - w0) / calls * 1e6)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def real(a, device: str, rows: int, cols: int) -> None:
+    print(f"warm-call host cost, real launches (device {device}, {a.dtype} {rows}x{cols}, "
+          f"median of {a.rounds} x {a.calls} calls; CPU = process time of the loop, wall = "
+          f"loop + final sync)")
+    print(f"{'family':12} {'kernel':22} {'ours CPU':>9} {'ours wall':>10} {'torch CPU':>10} "
+          f"{'torch wall':>11}")
+    for family, name, ours, eager, _ in cases(rows, cols, DTYPES[a.dtype], device):
+        (oc, ow), (tc, tw) = (per_call_real(ours, a.calls, a.rounds, device),
+                              per_call_real(eager, a.calls, a.rounds, device))
+        print(f"{family:12} {name:22} {oc:9.2f} {ow:10.2f} {tc:10.2f} {tw:11.2f}")
+
+
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):
         return torch.randn(*shape, dtype=dtype, device=device)
@@ -102,9 +142,14 @@ def main() -> None:
     ap.add_argument("--size", default="64x4096", help="rows x cols of the arguments")
     ap.add_argument("--calls", type=int, default=5000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--real", action="store_true",
+                    help="real launches (no stub): CPU and wall µs per call, next to torch eager")
     a = ap.parse_args()
     device = pick_device(a.device)
     rows, cols = (int(v) for v in a.size.split("x"))
+    if a.real:
+        real(a, device, rows, cols)
+        return
     stub_launches()
     print(f"warm-call overhead, launch stubbed (device {device}, {a.dtype} {rows}x{cols}, "
           f"median of {a.rounds} x {a.calls} calls)")

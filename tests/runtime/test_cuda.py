@@ -2,8 +2,10 @@
 `check` on CUDA tensors (all three families), Metal's partial edge threadgroups, streams, the
 call model and its errors. The simulator is the reference for Metal semantics in the
 hand-written kernels below: the same MSL runs on both and must agree."""
+import ctypes
 import importlib.util
 import inspect
+import threading
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,139 @@ def test_backend_selection_on_cuda_tensors():
     assert any(c["backend"] == "cuda" for c in silu.variants(compiled=True))
     with mf.backend("sim"), pytest.raises(mf.runtime.DeviceError, match="backend 'sim'"):
         silu(x)
+
+
+# --------------------------------------------------------------------------- warm calls (plans)
+
+SCALE = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void scale(device float* y [[buffer(0)]], device const float* x [[buffer(1)]],
+                  constant float& a [[buffer(2)]], constant uint& n [[buffer(3)]],
+                  uint i [[thread_position_in_grid]]) {
+    if (i < n) y[i] = a * x[i];
+}"""
+
+# every kind of value parameter, written back as floats: checks the packed parameter buffer
+# against the entry point's real parameter layout on the GPU
+VALUES = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void values(device float* out [[buffer(0)]], constant char& c [[buffer(1)]],
+                   constant half2& h [[buffer(2)]], constant bfloat& b [[buffer(3)]],
+                   constant short& s [[buffer(4)]], constant float3& f [[buffer(5)]],
+                   constant uchar& u [[buffer(6)]], constant long& l [[buffer(7)]],
+                   constant ushort4& us [[buffer(8)]], constant bool& t [[buffer(9)]],
+                   constant int2& i2 [[buffer(10)]], constant uint& n [[buffer(11)]],
+                   uint i [[thread_position_in_grid]]) {
+    if (i != 0) return;
+    out[0] = float(c); out[1] = float(h.x); out[2] = float(h.y); out[3] = float(b);
+    out[4] = float(s); out[5] = f.x; out[6] = f.y; out[7] = f.z; out[8] = float(u);
+    out[9] = float(l); out[10] = float(us.x); out[11] = float(us.w); out[12] = t ? 1.0f : 0.0f;
+    out[13] = float(i2.x); out[14] = float(i2.y); out[15] = float(n);
+}"""
+VALUE_CASTS = {1: "int8", 2: "fp16", 3: "bf16", 4: "int16", 6: "uint8", 8: "int16", 9: "int8",
+               10: "int32", 11: "int32"}
+
+
+def test_warm_calls_with_changing_values_shapes_and_scalars():
+    lib = mfcuda.compile_shader(SCALE)
+    for rnd in range(3):
+        for n, a in [(10, 2.0), (1000, -0.5), (3, 7.25), (4097, 1e-3)]:
+            x = torch.randn(n, device="cuda")
+            y = torch.full((n,), float("nan"), device="cuda")
+            a_arg = torch.tensor(a) if rnd == 2 else a           # a 0-dim CPU tensor too
+            lib.scale(y, x, a_arg, n, threads=n, group_size=min(n, 256),
+                      arg_casts={3: "int32"})
+            torch.testing.assert_close(y, a * x)
+    assert len(lib.scale._plans) == 4 + 4           # one per (threads, group) and per a's kind
+    with pytest.raises(TypeError, match="elements are half"):         # warm, and still checked
+        lib.scale(y.half(), x.half(), 2.0, 3, threads=3, group_size=3, arg_casts={3: "int32"})
+    with pytest.raises(TypeError, match=r"arg_casts=\{3: 'int32'\}"):
+        lib.scale(y, x, 2.0, 3, threads=3, group_size=3)
+
+
+def test_every_value_kind_reaches_the_kernel():
+    lib = mfcuda.compile_shader(VALUES)
+    out = torch.zeros(16, device="cuda")
+    for k in range(3):                                   # cold, then warm with other values
+        args = (out, -5 - k, [0.5 + k, -2.0], 1.5 * (k + 1), -300 * (k + 1),
+                [1.0, 2.0 + k, -3.0], 200 + k, -(2 ** 40) * (k + 1), [1, 2, 3, 60000 - k],
+                k % 2 == 0, [-7, 2 ** 20 + k], 2 ** 31 + k)
+        lib.values(*args, threads=1, group_size=1, arg_casts=VALUE_CASTS)
+        want = [-5 - k, 0.5 + k, -2.0, 1.5 * (k + 1), -300 * (k + 1), 1.0, 2.0 + k, -3.0,
+                200 + k, -(2 ** 40) * (k + 1), 1, 60000 - k, float(k % 2 == 0), -7, 2 ** 20 + k,
+                2 ** 31 + k]
+        torch.testing.assert_close(out.cpu(), torch.tensor(want, dtype=torch.float32))
+    assert len(lib.values._plans) == 1
+
+
+def test_parameter_slots_match_the_driver():
+    """Each slot of the parameter buffer has the size (and offset) that the driver reports for
+    the entry point's parameter (cuFuncGetParamInfo, CUDA 12.4+)."""
+    from metalforge.cuda import call as C
+    from metalforge.cuda import library
+    lib = mfcuda.compile_shader(VALUES)
+    out = torch.zeros(16, device="cuda")
+    lib.values(out, 1, [1.0, 1.0], 1.0, 1, [1.0, 1.0, 1.0], 1, 1, [1, 1, 1, 1], True, [1, 1], 1,
+               threads=1, group_size=1, arg_casts=VALUE_CASTS)
+    drv = library._libcuda()
+    if not hasattr(drv, "cuFuncGetParamInfo"):
+        pytest.skip("the driver has no cuFuncGetParamInfo (CUDA < 12.4)")
+    (plan,) = lib.values._plans._plans.values()
+    func, _ = lib.values._compiled(torch.cuda.current_device())
+    for k, slot in enumerate(plan.layout.slots):
+        off, size = ctypes.c_size_t(), ctypes.c_size_t()
+        library._check(drv.cuFuncGetParamInfo(func, ctypes.c_size_t(k), ctypes.byref(off),
+                                              ctypes.byref(size)), "cuFuncGetParamInfo")
+        assert (off.value, size.value) == (slot.offset, slot.size), k
+    assert C.POINTER_SIZE == ctypes.sizeof(ctypes.c_void_p)
+
+
+def test_metalforge_kernels_warm_across_dtypes_and_shapes():
+    rms_norm = _example("rms_norm")["rms_norm"]
+    silu = _example("silu")["silu"]
+    for _ in range(3):
+        for dtype in [torch.float32, torch.float16, torch.bfloat16]:
+            for rows, cols, eps in [(3, 100, 1e-6), (7, 1000, 1e-3), (1, 5000, 0.5)]:
+                x = torch.randn(rows, cols, dtype=dtype, device="cuda")
+                w = torch.randn(cols, dtype=dtype, device="cuda")
+                tol = dict(rtol=2e-2, atol=2e-2) if dtype != torch.float32 else {}
+                ref = torch.nn.functional.rms_norm(x.float(), (cols,), w.float(), eps=eps)
+                torch.testing.assert_close(rms_norm(x, w, eps), ref.to(dtype), **tol)
+                torch.testing.assert_close(silu(x), torch.nn.functional.silu(x.float()).to(dtype),
+                                           **tol)
+
+
+def test_two_threads_call_one_kernel_concurrently():
+    lib = mfcuda.compile_shader(SCALE)
+    rms_norm = _example("rms_norm")["rms_norm"]
+    results, errors = {}, []
+
+    def worker(t):
+        try:
+            x = torch.randn(4099, device="cuda")           # made here: binds this thread's context
+            w = torch.randn(4099, device="cuda")
+            xs = torch.randn(5, 4099, device="cuda")
+            outs = []
+            for i in range(200):
+                a = float(t * 1000 + i)
+                y = torch.empty_like(x)
+                lib.scale(y, x, a, 4099, threads=4099, group_size=256, arg_casts={3: "int32"})
+                outs.append((a, y, rms_norm(xs, w, 1e-6 * (i + 1))))
+            torch.cuda.synchronize()
+            results[t] = (x, w, xs, outs)
+        except Exception as e:                           # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for t, (x, w, xs, outs) in results.items():
+        for i, (a, y, r) in enumerate(outs):
+            torch.testing.assert_close(y, a * x)
+            ref = torch.nn.functional.rms_norm(xs, (4099,), w, eps=1e-6 * (i + 1))
+            torch.testing.assert_close(r, ref, rtol=1e-4, atol=1e-5)

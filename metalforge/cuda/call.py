@@ -1,0 +1,517 @@
+"""A kernel call in compile_shader's call model, checked once and then replayed as a plan.
+
+Everything the checks of a call depend on is in its *key* (`call_key`): per argument its kind
+(a tensor's type, dtype and device, and for a tensor not on the GPU its number of dimensions;
+a Python scalar's type; a list's type and its elements' types), the `threads` and
+`group_size` values, `arg_casts`, and where a call depends on them the first tensor's numel
+(no `threads`) or the current device (no CUDA tensor). The first call with a key runs every
+check (`plan_call`, with the messages of torch.mps.compile_shader and metalforge.sim) and
+returns a `Plan`; later calls with the same key passed the same checks, so they only run the
+plan (`Plan.launch`), which does the work that depends on the argument *values*:
+
+1. each parameter's value from its argument: a tensor's data pointer, a Python scalar
+   converted to the parameter's type (`converter`), a list as a vector's bytes (`pack`), a
+   list bound to a pointer copied to a fresh device tensor;
+2. the values packed with one `struct` call into a parameter buffer laid out like the entry
+   point's parameters (`Layout`: the parameters in buffer order, then the Metal grid size as
+   three unsigned ints, each at its natural alignment), whose kernelParams array (a pointer per
+   parameter into the buffer) is made with the buffer (the driver reads each parameter through
+   its pointer, so only the slots' sizes must be right; the offsets are the ABI's as well);
+3. torch's current stream on the plan's device, and cuLaunchKernel with the plan's function,
+   blocks and threadgroup.
+
+Nothing in a plan changes after it is made except its free list of parameter buffers. Thread
+safety: a call takes a buffer off that list (or makes one when the list is empty), fills it,
+launches and puts it back. `list.pop` and `list.append` are atomic, so a buffer belongs to one
+call at a time: two threads (or a signal handler re-entering a call) never fill one buffer
+while another call is launching from it. The driver copies the parameters before
+cuLaunchKernel returns, so a buffer can be reused at once. (A fresh buffer per call costs more
+than the launch itself; a thread-local one would be shared by a re-entrant call in the same
+thread.)
+
+Nothing here touches a GPU: the driver calls, the current stream and the compiled function
+are passed in (`Driver`, `plan_call`'s `compiled`), so the plans can be tested on any machine.
+"""
+from __future__ import annotations
+
+import ctypes
+import operator
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import torch
+
+from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
+from .translate import Arg, Entry
+
+MAX_GRID = (2 ** 31 - 1, 65535, 65535)
+
+# Metal scalar → (struct format, byte size, is float); bfloat has no struct format (bf16_bits)
+SCALARS = {"float": ("f", 4, True), "half": ("e", 2, True), "bfloat": (None, 2, True),
+           "int": ("i", 4, False), "uint": ("I", 4, False), "int32_t": ("i", 4, False),
+           "uint32_t": ("I", 4, False), "short": ("h", 2, False), "ushort": ("H", 2, False),
+           "int16_t": ("h", 2, False), "uint16_t": ("H", 2, False), "char": ("b", 1, False),
+           "uchar": ("B", 1, False), "int8_t": ("b", 1, False), "uint8_t": ("B", 1, False),
+           "bool": ("?", 1, False), "long": ("q", 8, False), "ulong": ("Q", 8, False),
+           "int64_t": ("q", 8, False), "uint64_t": ("Q", 8, False), "size_t": ("Q", 8, False)}
+_CAST_NAME = {"half": "fp16", "bfloat": "bf16", "int": "int32", "uint": "int32",
+              "short": "int16", "ushort": "int16", "char": "int8", "uchar": "uint8"}
+_UNSIGNED = {1: "B", 2: "H", 4: "I", 8: "Q"}
+POINTER_SIZE = 8
+
+
+def scalar_type(type_name: str) -> Optional[tuple[str, int]]:
+    """(scalar, components) of a Metal scalar or vector type name, else None."""
+    t = type_name.replace("metal::", "").strip()
+    if t in SCALARS:
+        return t, 1
+    m = (re.fullmatch(r"([a-z]+?)([234])", t) or
+         re.fullmatch(r"vec<\s*(\w+)\s*,\s*([234])\s*>", t))
+    if m and m.group(1) in SCALARS:
+        return m.group(1), int(m.group(2))
+    return None
+
+
+def compatible(want: str, got: str) -> bool:
+    """Whether data of Metal scalar `got` may bind a parameter of scalar `want`."""
+    if SCALARS[want][2] or got in ("float", "half", "bfloat", "double"):
+        return want == got
+    return got in SCALARS and SCALARS[want][1] == SCALARS[got][1]
+
+
+# --------------------------------------------------------------------------- values → bytes
+
+def bf16_bits(v: float) -> int:
+    """The bits of `v` as a bfloat16, rounded as torch rounds a Python float (to float32, then
+    to nearest even; NaN is 0x7FC0)."""
+    v = float(v)
+    if v != v:
+        return 0x7FC0
+    try:
+        u: int = struct.unpack("<I", struct.pack("<f", v))[0]
+    except OverflowError:                   # rounds to ±inf as a float32
+        return 0xFF80 if v < 0 else 0x7F80
+    return (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+
+
+def _wrap(size: int) -> Callable[[Any], int]:
+    mask = (1 << (8 * size)) - 1
+
+    def wrap(v: Any) -> int:
+        """An integer as its low `size` bytes (two's complement), as a C cast wraps it."""
+        return int(v) & mask
+    return wrap
+
+
+def converter(scalar: str) -> tuple[str, Callable[[Any], Any]]:
+    """(struct code, conversion) packing one Python number as Metal scalar `scalar`: floats as
+    themselves ('f', 'e'), bfloat as its bits, integers wrapped to their width, unsigned."""
+    fmt, size, _ = SCALARS[scalar]
+    if fmt is None:
+        return "H", bf16_bits
+    if fmt in "fe":
+        return fmt, float
+    return _UNSIGNED[size], _wrap(size)
+
+
+def pack(values: Sequence[Any], scalar: str, ncomp: int) -> bytes:
+    """The bytes of a Metal scalar/vector value (a 3-vector occupies four elements)."""
+    code, conv = converter(scalar)
+    slots = 4 if ncomp == 3 else ncomp
+    vals = list(values) + [0] * (slots - len(values))
+    return struct.pack(f"<{slots}{code}", *[conv(v) for v in vals])
+
+
+# --------------------------------------------------------------------------- the parameter buffer
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one entry-point parameter lies in the parameter buffer."""
+    offset: int
+    size: int               # bytes (8 for a pointer; a 3-vector as four elements)
+    code: str               # the struct code of its value ('Q' a pointer, 'f', 'I', '16s', ...)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parameter buffer of an entry point: its parameters in buffer order (a pointer or a
+    value), then the Metal grid size (three unsigned ints), each at its natural alignment (a
+    vector at its size, as the shim's vec<T, N>), as the entry point's parameter list."""
+    slots: tuple[Slot, ...]
+    size: int
+    packer: struct.Struct   # every slot's value, in order, with the padding between them
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(s.offset for s in self.slots)
+
+
+def slot_shape(arg: Arg, ty: Optional[tuple[str, int]]) -> Optional[tuple[int, str]]:
+    """(size, struct code) of one parameter; None for a value type the backend cannot pass."""
+    if arg.by_pointer:
+        return POINTER_SIZE, "Q"
+    if ty is None:
+        return None
+    scalar, ncomp = ty
+    if ncomp == 1:
+        return SCALARS[scalar][1], converter(scalar)[0]
+    size = SCALARS[scalar][1] * (4 if ncomp == 3 else ncomp)
+    return size, f"{size}s"
+
+
+def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
+    """The buffer of parameters of these (size, struct code), then the three grid dims."""
+    slots, fmt, offset = [], ["<"], 0
+    for size, code in list(shapes) + [(4, "I")] * 3:
+        start = -(-offset // size) * size            # aligned to its size
+        if start > offset:
+            fmt.append(f"{start - offset}x")
+        fmt.append(code)
+        slots.append(Slot(start, size, code))
+        offset = start + size
+    total = -(-offset // POINTER_SIZE) * POINTER_SIZE
+    return Layout(tuple(slots), total, struct.Struct("".join(fmt)))
+
+
+class Params:
+    """One parameter buffer and its kernelParams array (a pointer to each slot)."""
+    __slots__ = ("data", "pointers")
+
+    def __init__(self, lay: Layout):
+        self.data = ctypes.create_string_buffer(lay.size)
+        base = ctypes.addressof(self.data)
+        self.pointers = (ctypes.c_void_p * len(lay.slots))(*[base + o for o in lay.offsets])
+
+
+# --------------------------------------------------------------------------- the key
+
+class _Uncached(Exception):
+    """A call whose key would not say everything its checks depend on: no plan is kept."""
+
+
+def _dims_key(v: Any) -> Hashable:
+    """`threads` / `group_size` as a key: None, an int or a tuple of ints, exactly (a bool or a
+    float would compare equal to an int and share its plan without being checked)."""
+    if v is None or type(v) is int:
+        return v
+    if (type(v) is list or type(v) is tuple) and all(type(x) is int for x in v):
+        return tuple(v)
+    raise _Uncached
+
+
+def _casts_key(arg_casts: Any) -> Hashable:
+    """`arg_casts` as a key: None, a str, or a dict's items, int → str exactly (a float key
+    would compare equal to an int and share its plan without being checked)."""
+    if arg_casts is None or type(arg_casts) is str:
+        return arg_casts
+    if type(arg_casts) is not dict:
+        raise _Uncached
+    for k, v in arg_casts.items():
+        if type(k) is not int or type(v) is not str:
+            raise _Uncached
+    return tuple(arg_casts.items())
+
+
+def call_key(args: Sequence[Any], threads: Any, group_size: Any, arg_casts: Any,
+             current_device: Callable[[], int]) -> Optional[tuple[Hashable, ...]]:
+    """What the checks of a call depend on, as a hashable key; None when a call is checked in
+    full every time (an unusual `threads`, `group_size` or `arg_casts`). Per argument: a Python
+    scalar's type; a CUDA tensor's type, dtype and device; another tensor's type, dtype,
+    device and dim (a value parameter takes a 0-dim CPU tensor); a list's type and its
+    elements' types (so its length); another object's type. Then `threads`, `group_size`,
+    `arg_casts`, and what the grid or the device comes from when the arguments' kinds do not
+    say it: the first tensor's numel when `threads` is None, the current device when no
+    argument is a CUDA tensor."""
+    kinds: list[Any] = []                  # each hashable
+    cuda = False
+    numel = None
+    for a in args:
+        t = type(a)
+        if t is float or t is int or t is bool:
+            kinds.append(t)
+        elif isinstance(a, torch.Tensor):
+            if a.is_cuda:
+                kinds.append((t, a.dtype, a.device))
+                cuda = True
+            else:
+                kinds.append((t, a.dtype, a.device, a.dim()))
+            if threads is None and numel is None:
+                numel = a.numel()
+        elif t is list or t is tuple:
+            kinds.append((t, *map(type, a)))
+        else:
+            kinds.append(t)
+    try:
+        key = (tuple(kinds), threads if type(threads) is int else _dims_key(threads),
+               group_size if type(group_size) is int else _dims_key(group_size),
+               _casts_key(arg_casts), numel, None if cuda else current_device())
+    except _Uncached:
+        return None
+    return key
+
+
+# --------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Driver:
+    """The CUDA calls a plan makes: cuLaunchKernel (ctypes, no argtypes: pointers as c_void_p,
+    sizes as ints), the current stream's handle on a device, and the check of a result."""
+    launch: Callable[..., int]
+    stream: Callable[[int], Any]
+    check: Callable[[int, str], None]
+
+
+_pointer = operator.methodcaller("data_ptr")          # a tensor's data pointer
+
+
+def _item(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda a: conv(a.item())
+
+
+def _first(conv: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda a: conv(a[0])
+
+
+def _vector(scalar: str, ncomp: int) -> Callable[[Any], bytes]:
+    return lambda a: pack(list(a), scalar, ncomp)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked call's launch, as a function of the next call's argument values: per
+    parameter a getter (argument → its value in the parameter buffer), the lists that become
+    device tensors first, the buffer layout, the compiled function, and the launch geometry."""
+    kernel: str                                   # host name, for messages
+    device: int
+    func: Any                                     # the CUfunction (a c_void_p)
+    getters: tuple[Callable[[Any], Any], ...]
+    lists: tuple[tuple[int, torch.dtype], ...]    # (argument, dtype) copied to the device
+    layout: Layout
+    grid: tuple[int, int, int]                    # the Metal grid (threads)
+    blocks: tuple[int, int, int]                  # the CUDA grid (blocks), rounded up
+    group: tuple[int, int, int]                   # the threadgroup (block)
+    launches: bool                                # False for an empty grid
+    driver: Driver
+    free: list[Params] = field(default_factory=list, compare=False, repr=False)  # idle
+
+    def values(self, args: Sequence[Any]) -> list[Any]:
+        """The value of every parameter's slot, from its argument (then come the grid's)."""
+        return [g(a) for g, a in zip(self.getters, args)]
+
+    def launch(self, args: Sequence[Any]) -> None:
+        """Launch with these arguments (of this plan's key): their values packed into an idle
+        parameter buffer (one taken off `free`, or a new one), then cuLaunchKernel on the
+        current stream; the buffer goes back to `free` (which keeps at most 4)."""
+        if self.lists:                            # kept alive until the launch is queued
+            args = list(args)
+            for i, dt in self.lists:
+                args[i] = list_tensor(args[i], dt, self.device)
+        vals = self.values(args)
+        try:
+            buf = self.free.pop()
+        except IndexError:
+            buf = Params(self.layout)
+        self.layout.packer.pack_into(buf.data, 0, *vals, *self.grid)
+        if self.launches:
+            d = self.driver
+            res = d.launch(self.func, *self.blocks, *self.group, 0,
+                           ctypes.c_void_p(d.stream(self.device)), buf.pointers, None)
+            if res:
+                d.check(res, f"launching kernel '{self.kernel}'")
+        if len(self.free) < 4:
+            self.free.append(buf)
+
+
+def list_tensor(a: Sequence[Any], dtype: torch.dtype, device: int) -> torch.Tensor:
+    """A list bound to a pointer parameter, copied to the device."""
+    if not a or not all(isinstance(v, (int, float)) for v in a):
+        raise RuntimeError("Unexpected argument types")
+    return torch.tensor(list(a), dtype=dtype, device=f"cuda:{device}")
+
+
+class _Where:
+    """'kernel 'k' argument i 'name' (type)', formatted only when an error message needs it."""
+    __slots__ = ("kernel", "i", "spec")
+
+    def __init__(self, kernel: str, i: int, spec: Arg):
+        self.kernel, self.i, self.spec = kernel, i, spec
+
+    def __format__(self, spec: str) -> str:
+        return (f"kernel '{self.kernel}' argument {self.i} '{self.spec.name}' "
+                f"({self.spec.type_text.strip()})")
+
+
+def check_signature(entry: Entry, args: Sequence[Any]) -> None:
+    """One argument per parameter, the parameters at buffers 0, 1, ... without gaps."""
+    e = entry
+    if len(args) != len(e.args):
+        plist = ", ".join(f"{a.buffer_index}: '{a.name}' ({a.type_text.strip()})"
+                          for a in e.args)
+        raise TypeError(f"kernel '{e.host_name}' takes {len(e.args)} arguments ({plist}), "
+                        f"got {len(args)}")
+    if [a.buffer_index for a in e.args] != list(range(len(e.args))):
+        raise TypeError(f"kernel '{e.host_name}': buffer indices "
+                        f"{[a.buffer_index for a in e.args]} leave gaps; positional "
+                        f"argument i binds buffer(i)")
+
+
+def call_device(entry: Entry, args: Sequence[Any], current_device: Callable[[], int]) -> int:
+    """The one CUDA device of the tensor arguments (the current device when none is)."""
+    device = None
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
+            if device is None:
+                device = a.device
+            elif a.device != device:
+                raise TypeError(f"kernel '{entry.host_name}' argument {i}: on "
+                                f"{a.device}, but argument tensors before it are on {device}")
+    return device.index if device is not None else current_device()
+
+
+def pointer_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
+                   casts: dict[int, torch.dtype]
+                   ) -> tuple[Callable[[Any], Any], Optional[torch.dtype]]:
+    """(getter, dtype a list is copied to the device as, or None) of a pointer parameter."""
+    list_dtype = None
+    if isinstance(a, (list, tuple)):
+        if not a or not all(isinstance(v, (int, float)) for v in a):
+            raise RuntimeError("Unexpected argument types")
+        list_dtype = casts.get(i) or (torch.float32 if isinstance(a[0], float) else torch.int64)
+        dtype, device_type = list_dtype, "cuda"
+    elif isinstance(a, torch.Tensor):
+        dtype, device_type = a.dtype, a.device.type
+    else:
+        raise TypeError(f"{where}: a pointer parameter takes a CUDA tensor, got "
+                        f"{type(a).__name__}")
+    if device_type != "cuda":
+        raise TypeError(f"{where}: the CUDA backend needs CUDA tensors, got one on "
+                        f"{a.device}; move it with .cuda()")
+    got = DTYPE_SCALAR.get(dtype, "")
+    if ty is not None and got and not compatible(ty[0], got):
+        raise TypeError(f"{where}: got a {dtype} tensor, whose elements are {got}, but "
+                        f"the parameter's elements are {ty[0]}")
+    return _pointer, list_dtype
+
+
+def value_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
+                 casts: dict[int, torch.dtype]) -> Callable[[Any], Any]:
+    """The getter of a value parameter (`constant T&` or by value), after its checks."""
+    if ty is None:
+        raise TypeError(f"{where}: the CUDA backend cannot pass a value of this type")
+    scalar, ncomp = ty
+    if isinstance(a, torch.Tensor):
+        if a.device.type != "cpu" or a.dim() != 0:
+            raise TypeError(f"{where}: expects a value, got a tensor of shape "
+                            f"{tuple(a.shape)} on {a.device}; pass a Python number (with "
+                            f"arg_casts), or declare the parameter as a pointer")
+        n = 1
+        got = DTYPE_SCALAR.get(a.dtype, "")
+    else:
+        vals = list(a) if isinstance(a, (list, tuple)) else [a]
+        if not vals or not all(isinstance(v, (int, float)) for v in vals):
+            raise RuntimeError(f"Unsupported argument type {type(a).__name__} "
+                               f"(argument {i})")
+        n = len(vals)
+        dt = casts.get(i) or (torch.float32 if isinstance(vals[0], float) else torch.int64)
+        got = CAST_SCALAR[dt]
+    if not compatible(scalar, got):
+        desc = (f"a 0-dim {a.dtype} tensor" if isinstance(a, torch.Tensor) else
+                f"a list of {n} values as {got}" if isinstance(a, (list, tuple))
+                else f"a Python {type(a).__name__} (bound as {got})")
+        cast = _CAST_NAME.get(scalar)
+        hint = (f"; pass arg_casts={{{i}: '{cast}'}}" if cast
+                else "; pass a value of the parameter's type")
+        raise TypeError(f"{where}: got {desc}, whose elements are {got}, but the "
+                        f"parameter's elements are {scalar}{hint}")
+    if n != ncomp:
+        raise TypeError(f"{where}: expects {ncomp} value(s), got {n}")
+    if ncomp > 1:
+        return _vector(scalar, ncomp)
+    conv = converter(scalar)[1]
+    if isinstance(a, torch.Tensor):
+        return _item(conv)
+    return _first(conv) if isinstance(a, (list, tuple)) else conv
+
+
+def grid_of(threads: Any, first_numel: Optional[int]) -> list[int]:
+    """The dispatchThreads grid: `threads`, else the first tensor argument's numel."""
+    grid = dims(threads, "threads") if threads is not None else None
+    if grid is None:
+        if first_numel is None:
+            raise RuntimeError("Number of threads is undefined or has wrong dimension")
+        grid = [first_numel]
+    return grid
+
+
+def group_of(group_size: Any, grid: list[int], threads: Any, mx: int) -> list[int]:
+    """The threadgroup: `group_size`, or by default as many threads as allowed along the first
+    axis; at most `mx` threads in all."""
+    if group_size is None:
+        group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+    else:
+        group = dims(group_size, "group_size")
+        if len(group) != len(grid):
+            raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
+                               f"as threads {threads!r}")
+    prod = 1
+    for g in group:
+        prod *= g
+    if prod > mx:
+        raise ValueError(f"Threadgroup size exceeds {mx} limit")
+    return group
+
+
+def blocks_of(kernel: str, grid: list[int], group: list[int], grid3: list[int],
+              group3: list[int], group_size: Any) -> list[int]:
+    """CUDA blocks covering the grid (edge blocks partial), within CUDA's grid limits."""
+    if any(g == 0 for g in group3):
+        raise ValueError(f"group_size {group_size!r} has a zero dimension")
+    blocks = [(t + g - 1) // g for t, g in zip(grid3, group3)]
+    if any(b > m for b, m in zip(blocks, MAX_GRID)) or any(t >= 2 ** 32 for t in grid3):
+        raise ValueError(f"kernel '{kernel}': threads {grid} in groups of "
+                         f"{group} need {blocks} blocks, over CUDA's grid limits "
+                         f"{list(MAX_GRID)}")
+    return blocks
+
+
+def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
+              arg_casts: Any, *, compiled: Callable[[int], tuple[Any, int]],
+              current_device: Callable[[], int], driver: Driver) -> Plan:
+    """Every check of a call (raising what torch.mps.compile_shader / metalforge.sim raise for
+    bad input), then its plan. `compiled(device)` is (function handle, max threads per
+    threadgroup) on a device."""
+    check_signature(entry, args)
+    casts = cast_dtypes(arg_casts, len(args))
+    device = call_device(entry, args, current_device)
+    types = [scalar_type(a.elem_type) for a in entry.args]
+    getters, lists, shapes = [], [], []
+    first_numel = None
+    for i, (a, spec, ty) in enumerate(zip(args, entry.args, types)):
+        where = _Where(entry.host_name, i, spec)
+        if isinstance(a, torch.Tensor) and first_numel is None:
+            first_numel = a.numel()
+        if spec.by_pointer:
+            g, list_dtype = pointer_getter(a, i, ty, where, casts)
+            if list_dtype is not None:
+                lists.append((i, list_dtype))
+        else:
+            g = value_getter(a, i, ty, where, casts)
+        shape = slot_shape(spec, ty)
+        assert shape is not None                  # value_getter refused the others
+        if not spec.by_pointer:                   # packs (or raises) in argument order,
+            struct.pack("<" + shape[1], g(a))     # before the grid's checks, as always
+        getters.append(g)
+        shapes.append(shape)
+    grid = grid_of(threads, first_numel)
+    func, mx = compiled(device)
+    group = group_of(group_size, grid, threads, mx)
+    grid3 = (grid + [1, 1])[:3]
+    group3 = (group + [1, 1])[:3]
+    launches = all(t != 0 for t in grid3)
+    blocks = (blocks_of(entry.host_name, grid, group, grid3, group3, group_size) if launches
+              else [0, 0, 0])
+    return Plan(entry.host_name, device, func, tuple(getters), tuple(lists), layout(shapes),
+                (grid3[0], grid3[1], grid3[2]), (blocks[0], blocks[1], blocks[2]),
+                (group3[0], group3[1], group3[2]), launches, driver)
