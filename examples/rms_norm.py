@@ -2,10 +2,10 @@
 
     python examples/rms_norm.py
 
-Prints the generated Metal library (three kernels: one simdgroup per row for short rows, one
-threadgroup per row with the row held in registers, and a looped one for long rows; the host
-picks one per call from the row length), runs it (Metal on a Mac, else the simulator) and checks
-it against the reference and torch.
+Prints the generated Metal library (three kernels: a few lanes of a simdgroup per row for short
+rows, one threadgroup per row with the row held in registers, and a looped one for long rows;
+the host picks one per call from the row length), runs it (Metal on a Mac, else the simulator)
+and checks it against the reference and torch.
 """
 import torch
 

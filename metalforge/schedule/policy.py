@@ -74,21 +74,23 @@ POLICIES: dict[str, LaunchPolicy] = {
     # accesses to 97-100 % with 16-byte ones (bench/README.md, 2026-11-23)
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=8,
                                 vectors_per_thread=1),
-    # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → one simdgroup
-    # per row, rows_per_group rows per group; up to looped_limit → one group per row,
-    # reads_per_thread values per thread in registers (both counted for 4-byte types: 2-byte
-    # types hold the same 32 bytes, 16 values, rows up to 2 x looped_limit); longer →
-    # threads_per_group threads per row, looped.
+    # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → the fewest lanes
+    # of a simdgroup holding the row, rows_per_group simdgroups per group; up to looped_limit →
+    # one group per row, reads_per_thread values per thread in registers (both counted for
+    # 4-byte types: 2-byte types hold the same 32 bytes, 16 values, rows up to 2 x
+    # looped_limit); longer → threads_per_group threads per row, looped.
     # vector_width is an upper bound: an access moves at most 16 bytes and a thread's reads.
     # Chosen on an H100 (2026-11-23, bench/README.md "after" table; levers from
     # bench/cuda_levers.py): reads_per_thread 4 for every variant was the main loss. Group
     # variant 8 per thread (f32) beat 4 and 16 (rms_norm f32 16384x4096 1.38→1.42x torch,
     # f32 at 4096x8192 with 16: rms_norm 1.35→1.19x); 16 for f16 beat 8 (layer_norm f16
     # 16384x4096 0.76→0.96x, softmax f16 4096x8192 1.04→1.50x, before the unchecked element
-    # loops); simd variant 4 per lane (8 left half the lanes idle at D=128: softmax f16 8192x128
-    # 0.77→0.46x); looped variant 4 (8 at D=16384: softmax f16 0.56→0.48x, log_softmax f32
+    # loops); looped variant 4 (8 at D=16384: softmax f16 0.56→0.48x, log_softmax f32
     # 0.91→0.66x); looped_limit 8192 is the longest row 1024 threads hold at 8 per thread.
-    # With them: geomean 1.29x torch eager over 50 cases (was 1.03x).
+    # With them: geomean 1.29x torch eager over 50 cases (was 1.03x). Simd variant 8 per lane
+    # since short rows share simdgroups (2026-11-25: D=128 in 16 lanes, 16-byte f16 accesses;
+    # log_softmax f16 8192x128 0.79→1.03x, softmax f16 0.97→1.24x; at 4 per lane and one
+    # simdgroup per row, 8 per lane had left half the lanes idle: softmax f16 0.77→0.46x).
     "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
                         reads_per_thread=8, simd_reads_per_thread=8, looped_reads_per_thread=4,
                         looped_limit=8192, uses_simd=True),
@@ -222,7 +224,7 @@ def _validate_row(p: LaunchPolicy) -> None:
               f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
               f"of two below it)")
     _need(p, p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
-          f"rows_per_group={p.rows_per_group}: one simdgroup per row makes "
+          f"rows_per_group={p.rows_per_group}: that many simdgroups per group make "
           f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
     _need(p, p.looped_limit <= p.threads_per_group * p.reads_per_thread,
           f"looped_limit={p.looped_limit}: a row held in registers needs "

@@ -3,8 +3,11 @@
 One library holds three kernels; the host picks one per call from the row length D
 (`RowSchedule.variant`), so sizes never recompile:
 
-- ``simd``   (D <= 32 * simd_reads_per_thread): one simdgroup per row, `rows_per_group` rows
-  per threadgroup; lane l holds elements [l*R, l*R + R) in registers; simd collectives only.
+- ``simd``   (D <= 32 * simd_reads_per_thread): W lanes per row, the fewest (a power of two
+  up to 32) holding it at R elements each (`lanes_per_row`; the kernel computes the same W from
+  D), so 32 / W short rows share a simdgroup; `rows_per_group` simdgroups per threadgroup; the
+  row's lane l holds elements [l*R, l*R + R) in registers; the row's lanes combine by an xor
+  butterfly (shuffles only, no threadgroup memory).
 - ``group``  (D <= `group_limit`: looped_limit, counted in 4-byte elements like R, so 2-byte
   rows up to twice as long): one threadgroup per row of ceil(D/R) threads rounded up to 32;
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
@@ -691,7 +694,7 @@ class _Builder(reduce.Builder):
     def _summary(self, variant: str, reds: list[reduce.Reduction]) -> str:
         # launch-only choices (threads and rows per group) stay out of the text, so changing
         # them reuses the compiled library
-        how = {"simd": f"one simdgroup per row (rows per threadgroup set at launch), "
+        how = {"simd": f"the fewest lanes of a simdgroup per row that hold it, "
                        f"{self.reads} elements per lane in registers",
                "group": f"one threadgroup per row, {self.reads} elements per thread in registers, "
                         f"global memory read once",

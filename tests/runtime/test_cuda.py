@@ -47,7 +47,8 @@ def _example(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows,cols", [(3, 1), (5, 96), (7, 1000), (3, 4096), (2, 20000)])
+@pytest.mark.parametrize("rows,cols", [(3, 1), (9, 17), (5, 96), (37, 200), (7, 1000), (3, 4096),
+                                       (2, 20000)])
 def test_row_kernels_every_variant(dtype, rows, cols):
     """simd, group and looped variants (by row length) against torch on the GPU."""
     rms_norm = _example("rms_norm")["rms_norm"]

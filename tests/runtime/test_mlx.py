@@ -127,7 +127,7 @@ def test_quantized_matvec_and_tiled_kernels(m):
                                     ("rms_norm", 5000), ("softmax", 3000),
                                     ("layer_norm", 4099), ("row_argmax", 2049)])
 def test_row_variants(name, d):
-    """Short rows (one simdgroup per row), medium (one threadgroup), long (looped)."""
+    """Short rows (a few lanes of a simdgroup per row), medium (one threadgroup), long (looped)."""
     k = EXAMPLES[name]
     check_against_reference(k, inputs(k, {"D": d, "R": 5}, "f32", seed=d), "f32")
 
