@@ -377,12 +377,11 @@ def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
             hs.add("mf_sum_add")
         if r.online_sum is not None:
             hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
-        elif r.kind in ("max", "min") and r.is_float and r.nan_via_sum:
-            pass
         elif r.kind in ("max", "min") and r.is_float:
-            hs.add(f"mf_{r.kind}imum")
-            if simd:
-                hs.add(f"mf_simd_{r.kind}")
+            if not r.nan_via_sum:              # NaN-skipping fmax / simd_max need no helper
+                hs.add(f"mf_{r.kind}imum")
+                if simd:
+                    hs.add(f"mf_simd_{r.kind}")
         elif r.has_index and simd:
             hs.add(f"mf_simd_{r.kind}" if r.is_float else f"mf_simd_i{r.kind}")
     return hs

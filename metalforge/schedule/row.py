@@ -356,10 +356,10 @@ class _Builder(reduce.Builder):
         l holds its elements [l*R, l*R + R), so element p is the row's lane p / R, slot p % R
         (the row's lanes start at mf_lane - mf_t). Every lane computes (and checks) the index
         of each of its R slots, then takes the element with `simd_shuffle` (all lanes take
-        part, in uniform control flow). When every element in
-        the row gathers from its own slot number (offsets a multiple of R: rotate-half RoPE
-        on head dims that are multiples of 2R), one shuffle per element; otherwise R per
-        element, keeping the one at the gathered slot. Fills mf_gather<g>[R] (g: the gather's
+        part, in uniform control flow). When every element in the row gathers from its own
+        slot number (offsets a multiple of R: rotate-half RoPE on head dims that are multiples
+        of 2R), one shuffle per element; otherwise R per element, keeping the one at the
+        gathered slot. Fills mf_gather<g>[R] (g: the gather's
         number) for the element loop."""
         reads, axis = self.reads, self.axis
         k, pos = ir.Var("mf_k"), ir.Var("mf_pos")
