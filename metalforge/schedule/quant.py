@@ -18,7 +18,13 @@ slice s walk K in chunks of C = vector_width words × values per word (16 bytes 
 - then each row unpacks every value from a register with a literal shift
   (`lower.unpack_value`) and adds the element value (the user's expression) to its fp32
   accumulator;
-- a chunk that runs past K is done element by element, every load guarded.
+- a chunk that runs past K is done element by element, every load guarded;
+- with U = `chunks_per_step` > 1 a lane takes U chunks of its stream per step (l, l + 32 S,
+  ..., each load still coalesced across the simdgroup): the loads of all U first (into U-fold
+  register arrays, x kept in its storage type), then each chunk's arithmetic, in the same
+  order as U = 1 (the sums are bit for bit the same); a step with fewer than U whole chunks
+  left (or unaligned rows) goes chunk by chunk with U = 1's code. Held x values are capped
+  at MAX_QUANT_X_VALUES per lane (a kernel takes fewer chunks per step where more pass it).
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
 in the chunk loop) and are never stored. Then each row's accumulator is reduced across the
@@ -32,7 +38,8 @@ re-reads them (from cache) once per row of x.
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
 fewer simdgroups), k_splits (more simdgroups per row: more loads in flight when rows are short,
 one barrier and S partials per row more), vector_width (words per load), threads_per_group
-(a multiple of 32 S; only groups simdgroups).
+(a multiple of 32 S; only groups simdgroups), chunks_per_step (bytes in flight per lane:
+U x 16 bytes of words per row, default 1).
 """
 from __future__ import annotations
 
