@@ -433,3 +433,168 @@ def test_index_width_follows_the_largest_tensor():
     big = dict(sizes, M=2 ** 20, K=2 ** 11, **{"K/8": 2 ** 8, "K/64": 2 ** 5})   # x: 2^31
     with pytest.raises(mf.LaunchError, match="64-bit indexing"):
         s.host_name(big)
+
+
+# -- chunks_per_step: U chunks of a lane's stream loaded before any is unpacked (issue #12) ----
+
+# K: 4160 = 130 chunks of 32 (U = 4: lanes 0 and 1 have a last step of one chunk, the others a
+# step with none past K), 11008 = 344 chunks (a last step of 2-3 chunks for U = 4), 14336 =
+# 448 chunks (whole steps for U = 2 and 4, U = 3 leaves 1-2), 64 = 2 chunks (every lane in
+# the fallback), 1088 = 34 chunks; N odd (the last block of 2 rows repeats a row); M = 2 and 3
+# run the qmvx kernel (x_rows 2: a last block of x's rows partly past M)
+STEP_SHAPES = [(1, 7, 4160), (1, 5, 11008), (1, 3, 14336), (2, 9, 64), (3, 5, 1088)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("steps", [2, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", STEP_SHAPES)
+def test_chunks_per_step(steps, dtype, m, n, k):
+    """As F.linear on the dequantized weight; and bit for bit the default launch's result: a
+    lane still sums its chunks in the same order (l, l + 32, ...), only their loads move
+    earlier."""
+    _, (wq, s, b) = _quantized(n, k, dtype, seed=n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+    kern = q4_matvec.with_launch(chunks_per_step=steps)
+    assert _host(kern, wq, s, b, x).endswith("_qmv" if m == 1 else "_qmvx")
+    got = kern(wq, s, b, x)
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got.float(), _reference(wq, s, b, x, 64), rtol=rtol,
+                               atol=atol * k ** 0.5 * 4)
+    assert torch.equal(got, q4_matvec(wq, s, b, x))
+
+
+@pytest.mark.parametrize("kernel,bits,gs", [(q8_matvec, 8, 32), (q2_matvec, 2, 32)])
+@pytest.mark.parametrize("steps", [2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunks_per_step_other_widths(kernel, bits, gs, steps, dtype):
+    """8-bit (chunks of 16 values: up to 8 per step) and 2-bit (64 values: at most 2 held);
+    K = 4160 + 32 past whole steps, N = 7."""
+    n, k = 7, 4160 + 32
+    _, (wq, s, b) = _quantized(n, k, dtype, gs=gs, bits=bits, seed=steps)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(bits)).to(dtype)
+    got = kernel.with_launch(chunks_per_step=steps)(wq, s, b, x)
+    rtol, atol = _TOL[dtype]
+    torch.testing.assert_close(got.float(), _reference(wq, s, b, x, gs, bits), rtol=rtol,
+                               atol=atol * k ** 0.5 * 4)
+    assert torch.equal(got, kernel(wq, s, b, x))
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+@pytest.mark.parametrize("rows,splits", [(1, 1), (3, 2), (2, 4), (8, 1)])
+def test_chunks_per_step_with_levers(steps, rows, splits):
+    """With rows per simdgroup and K split across simdgroups (the step strides over the
+    slices' chunks: 32 S chunks apart), M = 1 and 3, K past the last whole step."""
+    n, k = 11, 4096 + 1088
+    _, (wq, s, b) = _quantized(n, k, torch.float32, seed=rows)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(splits))
+    kern = q4_matvec.with_launch(chunks_per_step=steps, rows_per_group=rows, k_splits=splits)
+    want = _reference(wq, s, b, x, 64)
+    torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+    torch.testing.assert_close(kern(wq, s, b, x[:1]), want[:1], rtol=1e-4, atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+@pytest.mark.parametrize("k", [40, 1064, 2112])
+def test_chunks_per_step_generic_element_and_unaligned_rows(steps, k):
+    """GS 8 (groups inside a chunk: the generic element path, per-row values loaded per
+    element) and an epilogue: K = 40 and 1064 (rows of 5 and 133 words: unaligned, every
+    chunk through the fallback, guarded), K = 2112 (264 words: aligned, whole steps of the
+    generic element form)."""
+    n, m = 11, 2
+    g = torch.Generator().manual_seed(k)
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    wq = quant.pack(codes, bits=4)
+    s, b = torch.rand(n, k // 8, generator=g) + 0.5, torch.randn(n, k // 8, generator=g)
+    x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+    w_hat = quant.unpack(wq, bits=4).float() * s.repeat_interleave(8, 1) + \
+        b.repeat_interleave(8, 1)
+    kern = q4_linear_bias.with_launch(chunks_per_step=steps)
+    want = x @ w_hat.T + bias
+    torch.testing.assert_close(kern(wq, s, b, x, bias), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+    torch.testing.assert_close(kern(wq, s, b, x[:1], bias), want[:1], rtol=1e-4,
+                               atol=1e-4 * k ** 0.5)
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_chunks_per_step_not_a_product_and_batch_axis(steps):
+    """q4_not_a_product (x added, not multiplied: the generic element path on whole steps)
+    and q4_batched (a batch axis, an epilogue, qmvx below its tiled kernel's 8 rows)."""
+    _, (wq, s, _b) = _quantized(9, 4160, torch.float32, seed=steps)
+    x = torch.randn(1, 4160)
+    kern = q4_not_a_product.with_launch(chunks_per_step=steps)
+    torch.testing.assert_close(kern(wq, s, x), q4_not_a_product.reference(wq, s, x),
+                               rtol=1e-4, atol=1e-2)
+    n, k = 20, 2112
+    codes = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(steps))
+    wq = quant.pack(codes, bits=4)
+    s, bi = torch.rand(n, k // 8) + 0.5, torch.randn(n, k // 8)
+    x, bias = torch.randn(2, 3, k), torch.randn(n)
+    w_hat = codes.float() * s.repeat_interleave(8, 1) + bi.repeat_interleave(8, 1)
+    kern = q4_batched.with_launch(chunks_per_step=steps)
+    assert _host(kern, wq, s, bi, x, bias).endswith("_qmvx")
+    want = torch.nn.functional.silu(x @ w_hat.T + bias)
+    torch.testing.assert_close(kern(wq, s, bi, x, bias), want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_chunks_per_step_matches_mlx(bits, dtype):
+    """Against mx.quantized_matmul on MLX-quantized weights (N = 7, K = 11008, GS 64)."""
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+    n, k = 7, 11008
+    rng = np.random.default_rng(bits)
+    mdt = getattr(mx, dtype)
+    w = mx.array(rng.standard_normal((n, k)).astype(np.float32)).astype(mdt)
+    xm = mx.array(rng.standard_normal((1, k)).astype(np.float32)).astype(mdt)
+    wq, s, b = mx.quantize(w, group_size=64, bits=bits)
+    want = mx.quantized_matmul(xm, wq, s, b, transpose=True, group_size=64, bits=bits)
+    tdt = getattr(torch, dtype)
+
+    def t(a):
+        return torch.from_numpy(np.array(a.astype(mx.float32))).to(tdt)
+
+    kernel = {2: q2_matvec, 4: q4_matvec, 8: q8_matvec}[bits]
+    got = kernel.with_launch(chunks_per_step=4)(torch.from_numpy(np.array(wq)), t(s), t(b),
+                                                t(xm), GS=64)
+    rtol, atol = _TOL[tdt]
+    torch.testing.assert_close(got.float(), t(want).float(), rtol=rtol * 4,
+                               atol=atol * k ** 0.5 * 4)
+
+
+def test_chunks_per_step_kernel_text():
+    _, (wq, s, b) = _quantized(8, 4096, torch.float16)
+    x = torch.randn(1, 4096).half()
+    src = q4_matvec.with_launch(chunks_per_step=4).source(wq, s, b, x)
+    qmv = src[src.index("kernel void mf_q4_matvec_qmv("):src.index("kernel void mf_q4_matvec_qmvx")]
+    assert "4 chunks per lane loaded before any is unpacked" in src
+    # x held in its storage type for the 4 chunks; 4 chunks x 2 rows of words, scales, biases
+    assert "T mf_x_reg[128];" in qmv and "vec<uint, 4> mf_wq_w[8];" in qmv
+    assert "float mf_row_scale[8];" in qmv
+    # every chunk's loads before the first unpack; the fallback takes U = 1's code
+    assert qmv.index("mf_wq_w[mf_u * 2u + mf_r] = ") < qmv.index("mf_wq_w[mf_u * 2u + mf_r][")
+    assert "mf_step + 3104u <= mf_size_K" in qmv           # 3 x 1024 + 32: the step's last end
+    assert "mf_step += 4096u" in qmv
+    # qmvx holds 2 rows of x: at most MAX_QUANT_X_VALUES = 128 of them, so 2 chunks per step
+    qmvx = src[src.index("kernel void mf_q4_matvec_qmvx"):]
+    assert "T mf_x_reg[128];" in qmvx and "2 chunks per lane loaded" in src
+    assert "mf_step" not in q4_matvec.source(wq, s, b, x)  # default: off
+
+
+def test_check_covers_chunks_per_step():
+    view = q4_matvec.with_launch(chunks_per_step=3)
+    report = check(view, max_examples=3, dtypes={"T": "f32"})
+    assert all(i.launches for i in report.instantiations), report.coverage()
+    assert "K=3072" in report.coverage()          # one whole step of 3 chunks for every lane
+
+
+def test_chunks_per_step_errors():
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(mf.LaunchError, match="chunks_per_step must be a positive int"):
+            q4_matvec.with_launch(chunks_per_step=bad)
+    _, (wq, s, b) = _quantized(4, 128, torch.float32)
+    with pytest.raises(mf.LaunchError, match="chunks_per_step=9.*at most 8 chunks"):
+        q4_matvec.with_launch(chunks_per_step=9)(wq, s, b, torch.randn(1, 128))
+    with pytest.raises(mf.LaunchError, match="'chunks_per_step' do not apply to a elementwise"):
+        dequantize4.with_launch(chunks_per_step=2)(wq, s, b)
