@@ -5,8 +5,6 @@
     python bench/quant.py --dequantize [--dtype f16 bf16] [--shapes ...]
     python bench/quant.py --sweep           # one row per launch setting (the qmv levers)
     python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
-    python bench/quant.py --device cuda --dtype f16 --launch chunks_per_step=4
-    python bench/quant.py --sweep --dtype f16 --rows 2 --splits 1 --chunks 1 2 4
 
 For each weight shape N x K (4-bit, group size 64, MLX layout): our q4_matvec
 (examples/q4_matvec.py); torch F.linear with the f16/bf16 weight (what the 4-bit weight
@@ -18,8 +16,7 @@ smoke test of the script.
 
 --sweep times our kernel under every combination of the qmv schedule's launch levers
 (schedule/quant.py): rows_per_group (--rows), k_splits (--splits), threads_per_group
-(--threads), vector_width (--vector-width) and chunks_per_step (--chunks: chunks of a lane's
-stream loaded before any is unpacked); combinations the policy refuses (threads per
+(--threads) and vector_width (--vector-width); combinations the policy refuses (threads per
 group not a multiple of 32 x k_splits) are listed as skipped. Each row: µs, GB/s, % of the copy_
 ceiling and F.linear time / ours; F.linear and copy_ are timed once per shape. Every setting's
 result is checked against F.linear on the dequantized weight first. The best setting of each
@@ -92,14 +89,12 @@ def dequantize_table(args, device: str, repeat: int) -> None:
 
 def sweep(args, device: str, repeat: int) -> None:
     """One row per launch setting and shape: the levers of the qmv schedule."""
-    settings = [dict(rows_per_group=r, k_splits=s, threads_per_group=t, vector_width=v,
-                     chunks_per_step=u)
-                for r, s, t, v, u in itertools.product(args.rows, args.splits, args.threads,
-                                                       args.vector_width, args.chunks)]
+    settings = [dict(rows_per_group=r, k_splits=s, threads_per_group=t, vector_width=v)
+                for r, s, t, v in itertools.product(args.rows, args.splits, args.threads,
+                                                    args.vector_width)]
     print(f"device {device}, M = {args.m}, 4-bit, group size 64; sweep of {len(settings)} "
-          f"launch settings (rows_per_group x k_splits x threads_per_group x vector_width x "
-          f"chunks_per_step)")
-    head = (f"{'dtype':>5} {'N x K':>11} {'rows':>4} {'split':>5} {'tpg':>4} {'vw':>2} {'U':>2} "
+          f"launch settings (rows_per_group x k_splits x threads_per_group x vector_width)")
+    head = (f"{'dtype':>5} {'N x K':>11} {'rows':>4} {'split':>5} {'tpg':>4} {'vw':>2} "
             f"{'bytes':>10} {'ours us':>8} {'GB/s':>6} {'%copy':>6} {'linear/ours':>11}")
     print(head)
     table: list[dict] = []
@@ -112,7 +107,7 @@ def sweep(args, device: str, repeat: int) -> None:
             for st in settings:
                 tag = (f"{dname:>5} {f'{n}x{k}':>11} {st['rows_per_group']:>4} "
                        f"{st['k_splits']:>5} {st['threads_per_group']:>4} "
-                       f"{st['vector_width']:>2} {st['chunks_per_step']:>2}")
+                       f"{st['vector_width']:>2}")
                 try:
                     kernel = q4_matvec.with_launch(**st)
                     _check(kernel(*kargs), kargs, k, dtype)
@@ -137,8 +132,7 @@ def sweep(args, device: str, repeat: int) -> None:
         best = min(group, key=lambda r: r["ours_us"])
         print(f"{key[0]:>5} {f'{key[1]}x{key[2]}':>11}: rows_per_group={best['rows_per_group']} "
               f"k_splits={best['k_splits']} threads_per_group={best['threads_per_group']} "
-              f"vector_width={best['vector_width']} chunks_per_step={best['chunks_per_step']}: "
-              f"{best['ours_us']:.1f} us, "
+              f"vector_width={best['vector_width']}: {best['ours_us']:.1f} us, "
               f"{best['pct_copy']:.0f}% of copy, {best['linear_over_ours']:.2f}x F.linear")
     if args.csv and table:
         with open(args.csv, "w", newline="") as f:
@@ -157,8 +151,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. rows_per_group=8")
     ap.add_argument("--sweep", action="store_true",
-                    help="time every combination of --rows, --splits, --threads, --vector-width, "
-                         "--chunks")
+                    help="time every combination of --rows, --splits, --threads, --vector-width")
     ap.add_argument("--rows", nargs="+", type=int, default=[1, 2, 4, 8],
                     help="--sweep: rows_per_group values")
     ap.add_argument("--splits", nargs="+", type=int, default=[1, 2, 4, 8],
@@ -167,8 +160,6 @@ def main(argv=None) -> None:
                     help="--sweep: threads_per_group values (multiples of 32 x k_splits)")
     ap.add_argument("--vector-width", nargs="+", type=int, default=[4],
                     help="--sweep: vector_width values (packed words per load, 1, 2 or 4)")
-    ap.add_argument("--chunks", nargs="+", type=int, default=[1],
-                    help="--sweep: chunks_per_step values (chunks a lane loads before unpacking)")
     ap.add_argument("--csv", help="--sweep: also write the rows to this CSV file")
     ap.add_argument("--dequantize", action="store_true",
                     help="time examples/dequantize.py against torch instead")

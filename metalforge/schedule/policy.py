@@ -24,11 +24,6 @@ MAX_READS_PER_THREAD = 16
 # Weight rows one quantized-matvec simdgroup holds at once: each keeps its packed words, scale,
 # bias and accumulator in registers for the chunk.
 MAX_QUANT_ROWS = 16
-# Shared values (x) a quantized-matvec lane holds in registers across the chunks of one step
-# (chunks_per_step x rows of x x values per chunk); a kernel takes fewer chunks per step where
-# more would pass it. 128: 4 chunks of 32 4-bit values at one row of x.
-MAX_QUANT_X_VALUES = 128
-MAX_CHUNKS_PER_STEP = 8
 
 
 @dataclass(frozen=True)
@@ -55,8 +50,6 @@ class LaunchPolicy:
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
-    chunks_per_step: int = 1           # quantized matvec: chunks of its stream a lane loads
-                                       # (all of them) before unpacking any
 
     @property
     def elements_per_thread(self) -> int:
@@ -125,16 +118,6 @@ POLICIES: dict[str, LaunchPolicy] = {
     # the default: faster than one row of x at every M from 2, and a lane holds 64 values of x
     # (2 rows x 32, with 16-byte word loads) where x_rows 4 holds 128: Apple GPUs spill registers
     # long before NVIDIA's, and MLX's own qmv keeps 16 per lane; raise it where measured
-    # chunks_per_step = U (issue #12, M = 1 at memory bandwidth): each lane issues the loads of
-    # U chunks of its stream (chunks l, l + 32, ..., l + 32 (U - 1): each load still coalesced
-    # across the simdgroup) before unpacking any, so U x 16 bytes of words per row are in
-    # flight; a step with fewer than U whole chunks left goes chunk by chunk (U = 1's code).
-    # The held x values stay in their storage type. Registers a lane holds for the step (f16,
-    # 4-bit, rows_per_group 2, 16-byte word loads; 32-bit registers, plus the 2 sums and a few
-    # indices): per chunk 16 for x's 32 halves + 2 rows x 4 words + 2 x (scale, bias) = 28;
-    # U = 2: 56, U = 4: 112 (f32 x: 44 per chunk, 88 / 176). Held x values are capped at
-    # MAX_QUANT_X_VALUES (x_rows 2 at U = 4 runs U = 2 in qmvx; 2-bit at most U = 2).
-    # Default 1 (off) until measured on the H100: bench/quant.py --launch chunks_per_step=2
     "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
                           x_rows=2, uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
@@ -162,7 +145,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
-              "x_rows", "chunks_per_step", "index64"),
+              "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "index64"),
 }
@@ -202,7 +185,7 @@ def validate(p: LaunchPolicy) -> None:
 def _validate_common(p: LaunchPolicy) -> None:
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
                  *_READS, "looped_limit", "keys_per_step", "k_splits", "qmm_min_rows",
-                 "x_rows", "chunks_per_step"):
+                 "x_rows"):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
               f"{name} must be a positive int, got {v!r}")
@@ -279,9 +262,6 @@ def _validate_quant(p: LaunchPolicy) -> None:
     _need(p, p.x_rows <= MAX_QUANT_ROWS,
           f"x_rows={p.x_rows}: a lane keeps each row of x's values in registers, at most "
           f"{MAX_QUANT_ROWS} rows")
-    _need(p, p.chunks_per_step <= MAX_CHUNKS_PER_STEP,
-          f"chunks_per_step={p.chunks_per_step}: a lane holds the words, scales, biases and x "
-          f"values of every chunk of a step in registers, at most {MAX_CHUNKS_PER_STEP} chunks")
     _need(p, p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
           f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
           f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "

@@ -18,13 +18,7 @@ slice s walk K in chunks of C = vector_width words × values per word (16 bytes 
 - then each row unpacks every value from a register with a literal shift
   (`lower.unpack_value`) and adds the element value (the user's expression) to its fp32
   accumulator;
-- a chunk that runs past K is done element by element, every load guarded;
-- with U = `chunks_per_step` > 1 a lane takes U chunks of its stream per step (l, l + 32 S,
-  ..., each load still coalesced across the simdgroup): the loads of all U first (into U-fold
-  register arrays, x kept in its storage type), then each chunk's arithmetic, in the same
-  order as U = 1 (the sums are bit for bit the same); a step with fewer than U whole chunks
-  left (or unaligned rows) goes chunk by chunk with U = 1's code. Held x values are capped
-  at MAX_QUANT_X_VALUES per lane (a kernel takes fewer chunks per step where more pass it).
+- a chunk that runs past K is done element by element, every load guarded.
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
 in the chunk loop) and are never stored. Then each row's accumulator is reduced across the
@@ -38,8 +32,7 @@ re-reads them (from cache) once per row of x.
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
 fewer simdgroups), k_splits (more simdgroups per row: more loads in flight when rows are short,
 one barrier and S partials per row more), vector_width (words per load), threads_per_group
-(a multiple of 32 S; only groups simdgroups), chunks_per_step (bytes in flight per lane:
-U x 16 bytes of words per row, default 1).
+(a multiple of 32 S; only groups simdgroups).
 """
 from __future__ import annotations
 
@@ -53,7 +46,7 @@ from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident, unpack_value
-from .policy import MAX_QUANT_ROWS, MAX_QUANT_X_VALUES, LaunchPolicy, SIMD_WIDTH, access_width
+from .policy import MAX_QUANT_ROWS, LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 
@@ -118,9 +111,6 @@ class QuantSchedule(Schedule):
         out = [self.chunk, SIMD_WIDTH * self.chunk]
         if self.policy.k_splits > 1:
             out.append(self.policy.k_splits * SIMD_WIDTH * self.chunk)
-        if self.policy.chunks_per_step > 1:           # one whole step for every lane
-            out.append(self.policy.chunks_per_step * self.policy.k_splits * SIMD_WIDTH
-                       * self.chunk)
         return out
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
@@ -198,7 +188,6 @@ class _Builder(reduce.Builder):
         while self.chunk % self.vw:
             self.vw //= 2
         self.mb = 1                                    # rows of x per simdgroup (per kernel)
-        self.held = 1                                  # chunks whose registers a lane holds
 
     def _packed_inputs(self) -> dict[str, int]:
         """{tensor: bits} of the words unpacked in the reduction; each must be a tensor
@@ -276,8 +265,7 @@ class _Builder(reduce.Builder):
             t = self.graph.tensor(n.attr)
             ct = compute_type(t.dtype)
             if fast and t in self.shared:
-                reg = ir.Lane(ir.Var(f"mf_{t.name}_reg"), self.reg_slot(ir.Var("mf_j")))
-                return reg if self.held == 1 else ir.Cast(ct, reg)    # held: storage type
+                return ir.Lane(ir.Var(f"mf_{t.name}_reg"), self.x_slot(ir.Var("mf_j")))
             if fast and t.name in self.packed:
                 return self.word(t.name)
             return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, fast)))
@@ -293,21 +281,6 @@ class _Builder(reduce.Builder):
     def x_slot(self, j: ir.Expr) -> ir.Expr:
         """Element j's register among the chunk's shared values (of row mf_i of x)."""
         return j if self.mb == 1 else ir.Var("mf_i") * ir.Lit(self.chunk, "uint") + j
-
-    def reg_slot(self, j: ir.Expr) -> ir.Expr:
-        """Element j's register among the shared values a lane holds: x_slot, and with
-        several chunks held at once (`chunks_per_step`) in chunk mf_u's part."""
-        if self.held == 1:
-            return self.x_slot(j)
-        return ir.Var("mf_u") * ir.Lit(self.mb * self.chunk, "uint") + self.x_slot(j)
-
-    def row_slot(self) -> ir.Expr:
-        """Row mf_r's register in the per-row arrays (words, scale, bias): with several
-        chunks held at once, in chunk mf_u's part."""
-        r = ir.Var("mf_r")
-        if self.held == 1:
-            return r
-        return ir.Var("mf_u") * ir.Lit(self.policy.rows_per_group, "uint") + r
 
     def acc(self) -> ir.Expr:
         """The sum of weight row mf_r (and row mf_i of x)."""
@@ -331,7 +304,7 @@ class _Builder(reduce.Builder):
 
     def word(self, name: str) -> ir.Expr:
         """The packed word holding element mf_j of the chunk, in row mf_r's registers."""
-        word = ir.Lane(ir.Var(f"mf_{name}_w"), self.row_slot())
+        word = ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r"))
         return word if self.words == 1 else \
             ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
 
@@ -406,11 +379,11 @@ class _Builder(reduce.Builder):
         loads = low.lower([f.s, f.b])
         self.helpers |= low.helpers
         scale, bias = ir.Var("mf_row_scale"), ir.Var("mf_row_bias")
-        held, slot = rows * self.held, self.row_slot()
-        arrays: list[ir.Stmt] = [ir.ArrayDecl(scale.name, "float", held),
-                                 ir.ArrayDecl(bias.name, "float", held)]
-        loads += [ir.Assign(ir.Lane(scale, slot), as_float(low.value(f.s), f.s)),
-                  ir.Assign(ir.Lane(bias, slot), as_float(low.value(f.b), f.b))]
+        r = ir.Var("mf_r")
+        arrays: list[ir.Stmt] = [ir.ArrayDecl(scale.name, "float", rows),
+                                 ir.ArrayDecl(bias.name, "float", rows)]
+        loads += [ir.Assign(ir.Lane(scale, r), as_float(low.value(f.s), f.s)),
+                  ir.Assign(ir.Lane(bias, r), as_float(low.value(f.b), f.b))]
         shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
         code = ir.Cast("float", unpack_value(self.word(f.q.args[0].attr), shift, self.bits))
         acc = self.acc()
@@ -428,8 +401,8 @@ class _Builder(reduce.Builder):
                        ir.Decl("mf_q", "float", code),
                        self.each_x_row([ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
                        unroll=True)]
-        bx = ir.Call("fma", (ir.Lane(bias, slot), xsum, acc))
-        sums: list[ir.Stmt] = [ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, slot), qx, bx)))]
+        bx = ir.Call("fma", (ir.Lane(bias, r), xsum, acc))
+        sums: list[ir.Stmt] = [ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), qx, bx)))]
         row += sums if mb == 1 else [self.each_x_row(sums)]
         return xs, arrays, loads, row
 
@@ -444,13 +417,6 @@ class _Builder(reduce.Builder):
         would pass MAX_QUANT_ROWS (registers)."""
         return max(1, min(self.policy.x_rows, MAX_QUANT_ROWS // self.policy.rows_per_group))
 
-    @property
-    def steps(self) -> int:
-        """Chunks per lane per step in this kernel: chunks_per_step, fewer where the shared
-        values a lane holds for them (chunks x rows of x x C) would pass MAX_QUANT_X_VALUES."""
-        per = self.mb * self.chunk if self.shared else 1
-        return max(1, min(self.policy.chunks_per_step, MAX_QUANT_X_VALUES // per))
-
     def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
         """Each row mf_r of the block, as row mf_n. Rows past N (the last block of a size N
         that is not a multiple of rows_per_group) repeat row N - 1: they read in bounds and
@@ -463,23 +429,12 @@ class _Builder(reduce.Builder):
         return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"),
                       (decl if ir.mentions(body, "mf_n") else []) + body, unroll=True)
 
-    def shared_arrays(self) -> list[ir.Stmt]:
-        """The registers of the shared values a lane holds: fp32 for one chunk; the storage
-        type for several held at once (`chunks_per_step`: half the registers for f16/bf16),
-        converted where used."""
-        n = self.held * self.mb * self.chunk
-        return [ir.ArrayDecl(f"mf_{t.name}_reg",
-                             compute_type(t.dtype) if self.held == 1 else self.in_stype(t), n)
-                for t in self.shared]
-
-    def load_shared(self, decls: bool = True) -> list[ir.Stmt]:
-        """The chunk's values of the tensors every row uses, into registers (vector loads);
-        `decls`: with their register arrays (else `shared_arrays` declared them)."""
+    def load_shared(self) -> list[ir.Stmt]:
+        """The chunk's values of the tensors every row uses, into registers (vector loads)."""
         out: list[ir.Stmt] = []
         vw, C = self.vw, self.chunk
-        for t, arr in zip(self.shared, self.shared_arrays()):
-            ct = compute_type(t.dtype) if self.held == 1 else self.in_stype(t)
-            st = self.in_stype(t)
+        for t in self.shared:
+            ct, st = compute_type(t.dtype), self.in_stype(t)
             reg = ir.Var(f"mf_{t.name}_reg")
             start = (self.offset(t, ir.Var("mf_k0"), False)
                      + ir.Cast(IDX, ir.Var("mf_v") * ir.Lit(vw, "uint")))
@@ -488,15 +443,14 @@ class _Builder(reduce.Builder):
                 (lambda i: ir.Lane(vec, i))
             if vw == 8:
                 self.helpers.add("mf_pack8_of")
-            out += ([arr] if decls else []) + self.x_rows_loop([
+            out += [ir.ArrayDecl(reg.name, ct, self.mb * C)] + self.x_rows_loop([
                 ir.For("mf_v", "uint", ir.Lit(0, "uint"), ir.Lit(C // vw, "uint"), [
                     ir.Decl(vec.name, ir.vector_type(st, vw),
                             ir.Load(self.names[t.name], start, vw, st)),
                     ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                        ir.Assign(ir.Lane(reg, self.reg_slot(ir.Var("mf_v") * ir.Lit(vw, "uint")
-                                                             + ir.Var("mf_l"))),
-                                  ir.Cast(ct, lane(ir.Var("mf_l"))) if self.held == 1
-                                  else lane(ir.Var("mf_l")))],
+                        ir.Assign(ir.Lane(reg, self.x_slot(ir.Var("mf_v") * ir.Lit(vw, "uint")
+                                                           + ir.Var("mf_l"))),
+                                  ir.Cast(ct, lane(ir.Var("mf_l"))))],
                         unroll=True)], unroll=True)])
         return out
 
@@ -509,9 +463,8 @@ class _Builder(reduce.Builder):
         for name in self.packed:
             t = self.graph.tensor(name)
             base = self.offset(t, ir.Var("mf_k0"), False)       # the chunk's first word
-            arrays.append(ir.ArrayDecl(f"mf_{name}_w", wtype,
-                                       self.policy.rows_per_group * self.held))
-            loads.append(ir.Assign(ir.Lane(ir.Var(f"mf_{name}_w"), self.row_slot()),
+            arrays.append(ir.ArrayDecl(f"mf_{name}_w", wtype, self.policy.rows_per_group))
+            loads.append(ir.Assign(ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r")),
                                    ir.Load(self.names[name], base, self.words, "uint")))
         return arrays, loads
 
@@ -597,47 +550,10 @@ class _Builder(reduce.Builder):
                 self.rows_loop(row)]
         return out
 
-    def whole_step(self) -> list[ir.Stmt]:
-        """U = `chunks_per_step` whole chunks of the lane's stream (mf_k0 = mf_step + u x the
-        stride between its chunks): the loads of all U first (shared values, then each row's
-        words and per-group values, into U-fold register arrays), then each chunk's
-        arithmetic, so a lane has U times the bytes of one chunk in flight."""
-        U, C = self.held, self.chunk
-        k0 = ir.Decl("mf_k0", IDX, ir.Var("mf_step") + ir.Cast(
-            IDX, ir.Var("mf_u") * ir.Lit(self.splits * SIMD_WIDTH * C, "uint")))
-        arrays, row_loads = self.load_words()
-        form = self.affine()
-        what = f"{self.words} packed words (one {4 * self.words}-byte load)"
-        if form is not None:
-            xs, sb_arrays, sb_loads, row = self.affine_chunk(form)
-            arrays += sb_arrays
-            row_loads += sb_loads
-            what += ", its group's scale and bias"
-        else:
-            xs, row = [], self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"),
-                                                   ir.Lit(C, "uint"), self.element(True),
-                                                   unroll=True)])
-        loads = self.load_shared(decls=False) + [self.rows_loop(row_loads)]
-        math = xs + [ir.Comment("each row: unpack its words from registers, add to its sum"),
-                     self.rows_loop(row)]
-        each = ir.Lit(U, "uint")
-        kept = "" if self.held == 1 or not self.shared else \
-            " (shared values in their storage type, converted where used)"
-        return ([ir.Comment(f"registers for {U} chunks{kept}: {C} shared values per lane and "
-                            f"chunk; per chunk and row {what}")]
-                + self.shared_arrays() + arrays
-                + [ir.Comment(f"the loads of all {U} chunks, issued before any value is used"),
-                   ir.For("mf_u", "uint", ir.Lit(0, "uint"), each,
-                          ([k0] if ir.mentions(loads, "mf_k0") else []) + loads, unroll=True),
-                   ir.Comment(f"then each chunk: the rows' sums of its {C} values"),
-                   ir.For("mf_u", "uint", ir.Lit(0, "uint"), each,
-                          ([k0] if ir.mentions(math, "mf_k0") else []) + math, unroll=True)])
-
     def chunk_loop(self) -> ir.Stmt:
         """Lane l's chunks along K (of slice s: chunks 32 s + l, then every 32 S-th): whole
-        ones fast, the rest guarded; with U = `chunks_per_step` > 1, U of them per step (all
-        whole: `whole_step`, else chunk by chunk as with U = 1)."""
-        C, K, S, U = self.chunk, self.size(self.axis), self.splits, self.steps
+        ones fast, the rest guarded."""
+        C, K, S = self.chunk, self.size(self.axis), self.splits
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
         tail = [self.rows_loop(self.x_rows_loop([
             ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
@@ -645,30 +561,12 @@ class _Builder(reduce.Builder):
         first: ir.Expr = ir.Var("mf_lane")
         if S > 1:
             first = ir.Var("mf_split") * SIMD + first
-        stride = S * SIMD_WIDTH * C                   # between a lane's consecutive chunks
-        one = ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
-                    [ir.Comment("a whole chunk: registers, unguarded")] + self.whole_chunk(),
-                    [ir.Comment("the row's end (or unaligned rows): element by element, "
-                                "guarded")] + tail)
-        start = ir.Cast(IDX, first * ir.Lit(C, "uint"))
-        if U == 1:
-            loop: ir.Stmt = ir.For("mf_k0", IDX, start, K, [one], step=ir.Lit(stride, IDX))
-            return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
-        self.held = U
-        step = self.whole_step()
-        self.held = 1
-        last = ir.Var("mf_step") + ir.Lit((U - 1) * stride + C, IDX)   # the step's last end
-        k0 = ir.Decl("mf_k0", IDX, ir.Var("mf_step") + ir.Cast(
-            IDX, ir.Var("mf_u") * ir.Lit(stride, "uint")))
-        loop = ir.For("mf_step", IDX, start, K, [
-            ir.If(ir.Var("mf_vec_ok").and_(last <= K),
-                  [ir.Comment(f"{U} whole chunks, {stride} values apart: registers, "
-                              "unguarded")] + step,
-                  [ir.Comment(f"fewer than {U} whole chunks left (or unaligned rows): chunk by "
-                              "chunk, those inside K"),
-                   ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(U, "uint"), [
-                       k0, ir.If(ir.Var("mf_k0") < K, [one])])])],
-            step=ir.Lit(U * stride, IDX))
+        loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, [
+            ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
+                  [ir.Comment("a whole chunk: registers, unguarded")] + self.whole_chunk(),
+                  [ir.Comment("the row's end (or unaligned rows): element by element, "
+                              "guarded")] + tail)],
+            step=ir.Lit(S * SIMD_WIDTH * C, IDX))
         return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
 
     def store_rows(self, v: reduce.Variant) -> list[ir.Stmt]:
@@ -735,22 +633,17 @@ class _Builder(reduce.Builder):
         head, loop, finish = self.header(), self.chunk_loop(), self.store_rows(v)
         lanes = "lane l takes chunks l, l + 32, ..." if S == 1 else \
             f"lane l of slice s takes chunks 32 s + l, then every {32 * S}th,"
-        per_step = "" if self.steps == 1 else \
-            f", {self.steps} of them per step (all their loads first)"
         body = list(v.tg_arrays) + head + v.pre + [
-            ir.Comment(f"{lanes} of {self.chunk} values along '{self.axis}'{per_step}"), loop,
-            *finish]
+            ir.Comment(f"{lanes} of {self.chunk} values along '{self.axis}'"), loop, *finish]
         split = "" if S == 1 else (f", {S} simdgroups per block each summing a slice of "
                                    f"'{self.axis}' (merged through threadgroup memory)")
         xrows = "" if self.mb == 1 else (f" and {self.mb} rows of '{self.prefix[-1]}' (each "
                                          f"value unpacked once for them)")
-        steps = "" if self.steps == 1 else \
-            f", {self.steps} chunks per lane loaded before any is unpacked"
         summary = (f"{self.graph.name} ({v.name}): y = sum over '{self.axis}' of values "
                    f"unpacked from {self.bits}-bit words; one simdgroup per "
                    f"{self.policy.rows_per_group} rows of '{self.rows_axis}'{xrows}{split}, "
-                   f"{self.chunk} values per lane per chunk ({self.words} words){steps}, shared "
-                   f"values in registers; fp32 accumulation")
+                   f"{self.chunk} values per lane per chunk ({self.words} words), shared values "
+                   f"in registers; fp32 accumulation")
         kernel = make_kernel(self.graph, self.index64, tuple(threads), body, summary, v.name)
         self.mb = 1
         return kernel
