@@ -282,6 +282,16 @@ def _extreme(r: Reduction) -> str:
     return f"f{r.kind}" if r.nan_via_sum else f"mf_{r.kind}imum"
 
 
+def update_chunk(r: Reduction, values: str, n: int) -> list[ir.Stmt]:
+    """Fold a whole chunk of n element values (the register array `values`) into an online
+    max and its sum at once (`mf_online_add_chunk`: one rescale test and one compensated add
+    per chunk)."""
+    assert r.online_sum is not None, "a chunk update is for an online (max, sum) pair"
+    s = ir.Var(r.online_sum.acc)
+    return [ir.Assign(s, ir.Call("mf_online_add_chunk", (
+        r.acc_ref, ir.Var(r.online_sum.cmp), s, ir.Var(values), ir.Lit(n, "uint"))))]
+
+
 def finish(reds: list[Reduction]) -> list[ir.Stmt]:
     """After a thread's sequential loop: fold each compensation term into its sum (a finite
     correction; an inf or NaN sum stays as it is)."""

@@ -35,7 +35,7 @@ elements all lie in the row runs its element loops without a per-element bounds 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
@@ -433,31 +433,62 @@ class _Builder(reduce.Builder):
             el.values[n] = ir.Lane(ir.Var(f"mf_gather{sites.index(n)}"), ir.Var("mf_k"))
         for n in self.stored:
             el.values[n] = ir.Lane(ir.Var(self.keep[n]), ir.Var("mf_k"))
-        body = el.lower(roots)
+        values = el.lower(roots)
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
-        body += self.fold(el, reds, pos)
+        rest: list[ir.Stmt] = []                   # after the reductions' folds
         for r in reds:
             if r.arg in self.keep and r.arg not in self.stored:
-                body.append(ir.Assign(ir.Lane(ir.Var(self.keep[r.arg]), ir.Var("mf_k")),
+                rest.append(ir.Assign(ir.Lane(ir.Var(self.keep[r.arg]), ir.Var("mf_k")),
                                       el.value(r.arg)))
         for k in outs:
-            body.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
+            rest.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
+        body = values + self.fold(el, reds, pos) + rest
         decl_pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
 
-        def each(guarded: bool) -> ir.Stmt:
+        def each(stmts: list[ir.Stmt], guarded: bool) -> ir.Stmt:
             if guarded:
-                stmts = decl_pos + [ir.If(pos < self.size(self.axis), body)]
+                stmts = decl_pos + [ir.If(pos < self.size(self.axis), stmts)]
             else:
-                stmts = (decl_pos if ir.mentions(body, "mf_pos") else []) + body
+                stmts = (decl_pos if ir.mentions(stmts, "mf_pos") else []) + stmts
             return ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(self.reads, "uint"), stmts,
                           unroll=True)
+        whole: list[ir.Stmt] = [ir.Comment("all of them in the row: no per-element check")]
+        pairs = [r for r in reds if r.online_sum is not None]
+        if pairs:
+            whole += self.online_chunk(el, reds, pairs, values, rest, each)
+        else:
+            whole.append(each(body, False))
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
-        loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), [
-            ir.Comment("all of them in the row: no per-element check"), each(False)],
-            [ir.Comment("the row's end: each element checked"), each(True)])]
+        loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), whole, [
+            ir.Comment("the row's end: each element checked"), each(body, True)])]
         return row_stmts, tensors, fetch, loop
+
+    def online_chunk(self, el: ElementLowering, reds: list[reduce.Reduction],
+                     pairs: list[reduce.Reduction], values: list[ir.Stmt], rest: list[ir.Stmt],
+                     each: Callable[[list[ir.Stmt], bool], ir.Stmt]) -> list[ir.Stmt]:
+        """The element loop over a chunk wholly in the row, with online (max, sum) pairs: the
+        loop keeps each pair's argument in a register array instead of folding it element by
+        element, and one `mf_online_add_chunk` per chunk folds them (one rescale test and one
+        compensated add per chunk: f32 softmax rows of 16384 went from 0.93x to 1.02x torch
+        eager on the H100)."""
+        others = [r for r in reds if r.online_sum is None]
+        keep: list[ir.Stmt] = []
+        decls: list[ir.Stmt] = []
+        after: list[ir.Stmt] = []
+        for r in pairs:
+            arr = f"mf_on{r.i}"
+            v = el.value(r.arg)
+            decls.append(ir.ArrayDecl(arr, "float", self.reads))
+            keep.append(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_k")),
+                                  v if r.acc_type == compute_type(r.arg.dtype)
+                                  else ir.Cast(r.acc_type, v)))
+            after += reduce.update_chunk(r, arr, self.reads)
+        self.helpers.add("mf_online_add_chunk")
+        body = values + self.fold(el, others, ir.Var("mf_pos")) + keep + rest
+        return decls + [each(body, False), ir.Comment(
+            "fold the chunk into the running max and sum at once")] + after
 
     def store_block(self, outs: list[int]) -> list[ir.Stmt]:
         reads, vw = self.reads, self.vw

@@ -219,6 +219,47 @@ def test_softmax_nan_inf_rows(dtype):
     assert "mf_online_add" in softmax.source(x)
 
 
+@mf.kernel(name="log_softmax", launch={"looped_limit": 128})
+def log_softmax_looped(x: "T[R, D]"):
+    return mf.log_softmax(x, axis="D")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("threads", [1024, 64], ids=["one_chunk", "four_chunks"])
+def test_online_pass_folds_whole_chunks(dtype, threads):
+    """The looped variant folds each thread's chunk of 4 into the running (max, sum) at once:
+    rows whose max grows inside chunks and across them, -inf up to the last element, +inf and
+    NaN at each position of a chunk, a partial last chunk (D = 1001), one chunk per thread
+    (1024 threads) or four (64), and a long row, all as torch."""
+    launch = {"threads_per_group": threads}
+    soft, logsoft = softmax_looped.with_launch(**launch), log_softmax_looped.with_launch(**launch)
+    d = 1001
+    x = torch.randn(12, d)
+    x[0] = torch.arange(d) / 10.0              # the max grows at every element
+    x[1] = -torch.arange(d) / 10.0             # the first element is the max
+    x[2] = -INF
+    x[2, -1] = 1.0                             # everything -inf but the (tail) last element
+    x[3] = -INF
+    x[3, 300:304] = 2.0                        # one chunk holds everything
+    for i, at in enumerate((0, 1, 2, 3)):
+        x[4 + i, 400 + at] = INF if i % 2 else NAN
+    x[8, 1000] = NAN                           # in the partial last chunk
+    x[9, ::2] = -INF
+    x = x.to(dtype)
+    assert variant(soft, x)[0] == "looped"
+    assert "mf_online_add_chunk(" in soft.source(x)
+    xd = x.double()
+    close(soft(x), torch.softmax(xd, dim=-1), dtype)
+    close(logsoft(x), torch.log_softmax(xd, dim=-1), dtype)
+    long = torch.randn(2, 100003) * 3
+    close(soft(long), torch.softmax(long.double(), dim=-1), torch.float32)
+    # the running max itself is an output: NaN at any chunk position makes it NaN
+    m, lse = max_and_lse.with_launch(looped_limit=128, **launch)(x)
+    assert m[4:8:2].isnan().all() and m[8].isnan()
+    close(m, xd.amax(-1), dtype)
+    close(lse, max_and_lse.reference(x)[1], dtype)
+
+
 def test_softmax_online_pass_count():
     x = torch.randn(2, 300)
     _, s, sizes = variant(softmax_looped, x)

@@ -27,6 +27,40 @@ inline float mf_online_add(thread float& m, thread float& c, float s, float x) {
     return mf_t;
 }
 
+// online softmax over a chunk of n elements x[0..n) (a thread's chunk, all in the row): the same
+// terms as n calls of mf_online_add, with one max test, one rescale and one compensated add per
+// chunk instead of per element. The chunk's max (NaN wins) rescales the running sum s and its
+// compensation c when it grows; the chunk's terms exp(x_i - m) are summed plainly (n is a few)
+// and that partial is added to s with Neumaier compensation. While the max is -inf nothing is
+// added; +inf and NaN give NaN, as in mf_online_add.
+inline float mf_online_add_chunk(thread float& m, thread float& c, float s, thread const float* x,
+                                 uint n) {
+    float mf_cm = x[0];
+    for (uint mf_i = 1u; mf_i < n; ++mf_i) {
+        if (x[mf_i] > mf_cm || x[mf_i] != x[mf_i]) {
+            mf_cm = x[mf_i];
+        }
+    }
+    if (mf_cm > m || mf_cm != mf_cm) {
+        const float mf_scale = precise::exp(m - mf_cm);
+        s = s * mf_scale;
+        c = c * mf_scale;
+        m = mf_cm;
+    }
+    if (m == -INFINITY) {
+        return s;
+    }
+    float mf_p = 0.0f;
+    for (uint mf_i = 0u; mf_i < n; ++mf_i) {
+        mf_p += precise::exp(x[mf_i] - m);
+    }
+    const float mf_t = s + mf_p;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(mf_p) ? (s - mf_t) + mf_p : (mf_p - mf_t) + s;
+    }
+    return mf_t;
+}
+
 // merge running (max, sum of exp(x - max)) pairs across a simdgroup; returns the sum, sets m
 inline float mf_simd_online(thread float& m, float s) {
     const bool mf_nan = simd_any(m != m);
@@ -384,10 +418,13 @@ kernel void mf_softmax_looped(
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
+            float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = mf_reg_x[mf_k];
-                mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                mf_on1[mf_k] = mf_x;
             }
+            // fold the chunk into the running max and sum at once
+            mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
         } else {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
