@@ -16,7 +16,8 @@ One library holds three kernels; the host picks one per call from the row length
 - ``looped`` (longer rows, or rows needing more threads than the group kernel's pipeline
   allows: `RowSchedule.within`): one threadgroup of `threads_per_group` threads per row; every phase
   streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
-  once per phase; a max followed by sum(exp(a - max)) is fused into one online pass.
+  once per phase; a max followed by sum(exp(a - max)) is fused into one online pass, a
+  thread's chunk folded at once where it lies wholly in the row (`mf_online_add_chunk`).
 
 R is the variant's reads per thread (`reads_for`: the group variant's `reads_per_thread` counts
 4-byte elements, narrower types hold as many bytes, so f16 rows get twice as many elements per
