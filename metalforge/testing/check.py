@@ -66,7 +66,7 @@ class Instantiation:
     host_name: str
     index64: bool
     launches: int = 0
-    sizes: list[str] = field(default_factory=list)    # distinct axis sizes launched (first 8)
+    sizes: list[str] = field(default_factory=list)    # distinct axis sizes launched (first 32)
     unreachable: Optional[str] = None                 # why no allowed size selects it
 
     def describe(self) -> str:
@@ -179,7 +179,8 @@ def boundary_sizes(schedule) -> list[int]:
     """Sizes at each threshold of a schedule: 1, 31, 32, 33 (a simdgroup, and a multiple of
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
     simd-row limit 32 * simd_reads_per_thread, the group-row limit) as t, t + 1 and t + vector
-    width."""
+    width; for row reductions also each row length where the lanes per row double (R 2^k and
+    R 2^k + 1, R = simd_reads_per_thread)."""
     p = schedule.policy
     out = {1, 31, 32, 33}
     if hasattr(schedule, "thresholds"):                 # a family that knows its own
@@ -189,6 +190,10 @@ def boundary_sizes(schedule) -> list[int]:
         vw = max(1, p.vector_width)
         for t in (32 * p.simd_reads_per_thread, getattr(schedule, "group_limit", p.looped_limit)):
             out |= {t, t + 1, t + vw}
+    if hasattr(schedule, "lanes_per_row"):              # rows sharing a simdgroup: each
+        for k in range(5):                              # lanes-per-row step, t and t + 1
+            t = p.simd_reads_per_thread << k
+            out |= {t, t + 1}
     return sorted(out)
 
 
@@ -300,7 +305,7 @@ def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
         if inst is not None:
             inst.launches += 1
             text = ",".join(f"{a}={n}" for a, n in sizes.items())
-            if text not in inst.sizes and len(inst.sizes) < 16:
+            if text not in inst.sizes and len(inst.sizes) < 32:
                 inst.sizes.append(text)
 
 

@@ -270,7 +270,7 @@ def test_every_instantiation_is_launched_with_its_boundary_sizes():
         return {int(s.split("D=")[1]) for s in got[host].sizes}
     # 32-bit: every boundary size of each threshold (besides the random examples' sizes);
     # 64-bit: one size per kernel
-    assert ds("chk_softmax_f32_simd") >= {1, 31, 32, 33, 256}
+    assert ds("chk_softmax_f32_simd") >= {1, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 129, 256}
     assert ds("chk_softmax_f32_group") >= {257, 260, 8192}
     assert ds("chk_softmax_f32_looped") >= {8193, 8196}
     assert [len(ds(f"chk_softmax_f32_idx64_{v}")) for v in ("simd", "group", "looped")] == \
