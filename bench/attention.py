@@ -2,6 +2,7 @@
 
     python bench/attention.py                       # MPS on a Mac, CUDA on NVIDIA, else the sim
     python bench/attention.py --device cuda --launch threads_per_group=512 key_splits=32
+    python bench/attention.py --device cuda --launch stage_kv=1 --splits 0 32 64 128 --no-prefill
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
@@ -122,14 +123,22 @@ def main(argv=None) -> None:
     ap.add_argument("--lengths", nargs="+", type=int, default=DECODE)
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--repeat", type=int, default=30)
-    ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. key_splits=16")
+    ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. key_splits=16 or "
+                    "stage_kv=1 (K/V tiles in threadgroup memory)")
+    ap.add_argument("--splits", nargs="+", type=int,
+                    help="decode and paged decode once per key_splits value (0: chosen per "
+                         "call), on top of --launch")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
     launch = parse_launch(args.launch)
     print(f"device {device}" + (f", launch {launch}" if launch else ""))
-    decode(device, DTYPES[args.dtype], args.lengths, repeat, launch)
-    paged(device, DTYPES[args.dtype], args.lengths, repeat, launch)
+    for splits in args.splits or [None]:
+        each = launch if splits is None else {**launch, "key_splits": splits}
+        if splits is not None:
+            print(f"key_splits={splits}" + (" (chosen per call)" if splits == 0 else ""))
+        decode(device, DTYPES[args.dtype], args.lengths, repeat, each)
+        paged(device, DTYPES[args.dtype], args.lengths, repeat, each)
     if not args.no_prefill:
         prefill(device, DTYPES[args.dtype], PREFILL, repeat, launch)
 

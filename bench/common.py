@@ -8,6 +8,7 @@ import time
 import torch
 
 from metalforge import runtime
+from metalforge.schedule.policy import LaunchPolicy
 from metalforge.shapes import bind_shapes
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -96,11 +97,16 @@ def launched_variant(schedule, kernel, args) -> str:
 
 
 def parse_launch(items) -> dict:
-    """--launch key=value ... → launch overrides (ints; True / False for switches)."""
+    """--launch key=value ... → launch overrides (ints; True / False, or 1 / 0, for switches
+    such as stage_kv)."""
+    switches = {k for k, v in vars(LaunchPolicy("any")).items() if isinstance(v, bool)}
     out: dict = {}
     for it in items or ():
         k, _, v = it.partition("=")
-        out[k] = {"True": True, "False": False}[v] if v in ("True", "False") else int(v)
+        if v in ("True", "False"):
+            out[k] = v == "True"
+        else:
+            out[k] = bool(int(v)) if k in switches else int(v)
     return out
 
 

@@ -135,11 +135,13 @@ class Select(ExprOps):
 
 @dataclass(frozen=True)
 class Load(ExprOps):
-    """buffer[index]; width > 1 reads `width` consecutive elements as one vector."""
+    """buffer[index]; width > 1 reads `width` consecutive elements as one vector (from
+    `space`: device memory, or a threadgroup array through a `threadgroup T*`)."""
     buffer: str
     index: "Expr"
     width: int = 1
     elem_type: str = ""        # storage type of one element (for the vector type)
+    space: str = "device"
 
 
 def vector_type(elem_type: str, width: int) -> str:
@@ -183,12 +185,14 @@ class Assign:
 
 @dataclass
 class Store:
-    """buffer[index] = value; width > 1 writes a vector of `width` consecutive elements."""
+    """buffer[index] = value; width > 1 writes a vector of `width` consecutive elements (to
+    `space`: device or threadgroup memory)."""
     buffer: str
     index: Expr
     value: Expr
     width: int = 1
     elem_type: str = ""
+    space: str = "device"
 
 
 @dataclass

@@ -76,7 +76,7 @@ class MSLPrinter(ir.Printer):
     def load(self, e: ir.Load) -> str:
         if e.width == 1:
             return f"{e.buffer}[{self.expr(e.index)}]"
-        return (f"*reinterpret_cast<device const {ir.vector_type(e.elem_type, e.width)}*>"
+        return (f"*reinterpret_cast<{e.space} const {ir.vector_type(e.elem_type, e.width)}*>"
                 f"({e.buffer} + {self.expr(e.index, 9)})")
 
     def line(self, s: ir.Stmt) -> str:
@@ -91,7 +91,7 @@ class MSLPrinter(ir.Printer):
         if isinstance(s, ir.Store):
             if s.width == 1:
                 return f"{s.buffer}[{self.expr(s.index)}] = {self.expr(s.value)};"
-            return (f"*reinterpret_cast<device {ir.vector_type(s.elem_type, s.width)}*>"
+            return (f"*reinterpret_cast<{s.space} {ir.vector_type(s.elem_type, s.width)}*>"
                     f"({s.buffer} + {self.expr(s.index, 9)}) = {self.expr(s.value)};")
         if isinstance(s, ir.Break):
             return "break;"

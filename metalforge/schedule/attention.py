@@ -39,6 +39,13 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   blocks). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
+- With `stage_kv` (launch option): one simdgroup per query row of the tile, and the keys a
+  tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
+  threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
+  simdgroup scores the tile with a lane per key from there (`tile_scores`), updates its row's
+  state once (`tile_softmax`) and adds p v with its lanes over E (`tile_values`), a barrier
+  before the next tile. Rows that would not fit a tile's bytes (E > 128 in f16) make tiles of
+  fewer keys, several lanes per key's score. The block's state goes out as above.
 """
 from __future__ import annotations
 
@@ -151,6 +158,14 @@ TARGET_GROUPS = 512
 MIN_KEYS = 32
 # The merge kernel: key blocks a stream of lanes loads before it adds any of them
 MERGE_STEP = 4
+# stage_kv: keys per tile (one per lane), bytes of threadgroup memory per staged tensor (32
+# keys x 128 elements of 2 bytes, rows padded by PAD_BYTES: 16-byte reads of 32 lanes at
+# different rows then fall on different banks), and the consecutive E elements a lane holds
+# for the values (E = 128: 4 per lane, 32 lanes)
+TILE_KEYS = 32
+PAD_BYTES = 16
+TILE_BYTES = TILE_KEYS * (128 * 2 + PAD_BYTES)
+VALUE_RUN = 4
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -171,6 +186,8 @@ class AttentionSchedule(Schedule):
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
+    tile_items: tuple[int, ...] = ()   # stage_kv: element sizes of the staged K/V tensors
+    tile_vw: int = 1                   # ... and the elements of a chunk of their rows
 
     @property
     def axis(self) -> str:
@@ -195,7 +212,23 @@ class AttentionSchedule(Schedule):
         return math.prod(sizes[a] for a in self.own_axes) * -(-tiled // self.qt)
 
     def _per_block(self) -> int:
+        if self.policy.stage_kv:                # the simdgroups share every key
+            return MIN_KEYS
         return self.policy.threads_per_group // SIMD_WIDTH * MIN_KEYS
+
+    def _group(self) -> int:
+        """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile)."""
+        return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
+
+    def keys_per_tile(self, sizes: Mapping[str, int]) -> int:
+        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E rounded up to
+        whole chunks, padded by PAD_BYTES) would not fit its TILE_BYTES: then the largest power
+        of two that does (and 32 / that many lanes share a key's score); 0 if none fits."""
+        e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
+        kt = TILE_KEYS
+        while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
+            kt //= 2
+        return kt
 
     def lanes(self, sizes: Mapping[str, int]) -> int:
         return lanes_per_key(sizes[self.e_axis], self.policy.reads_per_thread)
@@ -209,7 +242,7 @@ class AttentionSchedule(Schedule):
         return max(1, min(want, length // self._per_block()))
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        tpg = self.policy.threads_per_group
+        tpg = self._group()
         return max(1, self._tiles(sizes)) * self.splits(sizes) * tpg, tpg
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
@@ -229,6 +262,8 @@ class AttentionSchedule(Schedule):
             return self.splits(sizes)
         if name == "lanes_per_key":
             return self.lanes(sizes)
+        if name == "keys_per_tile":
+            return self.keys_per_tile(sizes)
         raise KeyError(name)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
@@ -238,6 +273,10 @@ class AttentionSchedule(Schedule):
                               f"{self.max_e} the attention schedule holds per row (32 lanes x "
                               f"reads_per_thread={self.max_e // SIMD_WIDTH}); raise "
                               f"launch={{'reads_per_thread': ...}} up to 16")
+        if self.policy.stage_kv and not self.keys_per_tile(sizes):
+            raise LaunchError(f"{where}: stage_kv: one key's row of '{self.e_axis}' = "
+                              f"{sizes[self.e_axis]} elements does not fit the "
+                              f"{TILE_BYTES}-byte tile; call it without stage_kv")
         if sizes[self.l_axis] == 0:
             raise ValueError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
                              "value (torch raises too)")
@@ -249,7 +288,7 @@ class AttentionSchedule(Schedule):
         return self.kernel.host_name
 
     def max_group_size(self, host_name: str) -> int:
-        return self.policy.threads_per_group
+        return max(self._group(), self.policy.threads_per_group)
 
 
 class _Builder(reduce.Builder):
@@ -306,6 +345,10 @@ class _Builder(reduce.Builder):
         self.streamed: set[Node] = set(self.kv)        # what load_keys loads
         self.tg_decls: list[ir.Stmt] = []
         self.tg_bytes = 0
+        self.over_e = False                            # slots spread over all 32 lanes
+        # threads of a decode group (stage_kv: one simdgroup per row of the tile)
+        self.group = SIMD_WIDTH * self.qt if policy.stage_kv else policy.threads_per_group
+        self.run = min(VALUE_RUN, self.epl)            # ... run consecutive elements each
 
     def _key_tensors(self) -> dict[Node, str]:
         """Reads along the keys and E (k, v; loads or gathers through a block table) that no
@@ -387,10 +430,21 @@ class _Builder(reduce.Builder):
         return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl, "uint"), body,
                       unroll=True)
 
+    def slot_e(self) -> ir.Expr:
+        """The E element of the lane's slot mf_j: mf_sub * reads_per_thread + j (a lane holds
+        reads_per_thread consecutive elements of a key spread over mf_w lanes); in the
+        stage_kv kernel, all 32 lanes over E, `run` consecutive elements each per stretch of
+        32 x run (E = 128: 4 each)."""
+        j = ir.Var("mf_j")
+        if self.over_e:
+            run = ir.Lit(self.run, "uint")
+            return (j / run * ir.Lit(SIMD_WIDTH * self.run, "uint") + ir.Var("mf_lane") * run
+                    + j % run)
+        return ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
+
     def lanes(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each of the lane's E elements mf_e = mf_sub * reads_per_thread + j
-        inside E (a lane holds reads_per_thread consecutive elements)."""
-        e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
+        """`body` for each of the lane's E elements mf_e = slot_e() inside E."""
+        e = self.slot_e()
         return self.slots([
             ir.Decl("mf_e", "uint", e),
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)])
@@ -446,7 +500,7 @@ class _Builder(reduce.Builder):
             fixed = {n for n in cone if f.key not in n.axes and f.e in n.axes}
             nodes += [n for n in cone if n in fixed and n not in nodes and not any(
                 n in u.args for u in cone if u in fixed)]
-        if self.policy.lane_scores:
+        if self.policy.lane_scores or self.policy.stage_kv:
             return self.stage_shared(nodes)
         out: list[ir.Stmt] = []
         for i, n in enumerate(nodes):
@@ -472,7 +526,7 @@ class _Builder(reduce.Builder):
         row's E values, so the group's threads fill `mf_tgq<i>[t * Emax + e]` together (0 past
         E and for dead rows), then wait at a barrier."""
         emax = SIMD_WIDTH * self.epl
-        tpg = self.policy.threads_per_group
+        tpg = self.group
         out: list[ir.Stmt] = [ir.Comment("each query row's values every key multiplies, in "
                                          "threadgroup memory: every lane reads all of them")]
         idx, t, e = ir.Var("mf_qi"), ir.Var("mf_t"), ir.Var("mf_e")
@@ -896,26 +950,10 @@ class _Builder(reduce.Builder):
         lane_e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
         acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
         first = ir.Var("mf_grp").eq(ir.Lit(0, "uint"))
-        partial = ir.Var("mf_partial")
-        row_id = self.offset(self.rows)
         merged = self.merge_states(
             ir.Lit(nsg, "uint"),
             lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
             lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
-        out = ir.If(ir.Var("mf_splits").eq(ir.Lit(1, "uint")), [
-            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
-                       "softmax gives)"), self.epilogue()], [
-            ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
-                       "kernel"),
-            ir.Decl("mf_partial", IDX, (row_id * ir.Cast(IDX, ir.Var("mf_splits"))
-                                        + ir.Cast(IDX, ir.Var("mf_block")))
-                    * ir.Lit(emax + 2, IDX)),
-            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
-                ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
-                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_md"))]),
-            self.lanes([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
-                                 + ir.Cast(IDX, ir.Var("mf_e")),
-                                 ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")))])])
         return [
             ir.Comment("row by row: merge the simdgroups' states through threadgroup memory"),
             self.each_row([
@@ -928,31 +966,60 @@ class _Builder(reduce.Builder):
                     self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
                                                   * ir.Lit(emax, "uint") + lane_e), acc)])]),
                 ir.Barrier(),
-                ir.If(ir.Var("mf_sg").eq(ir.Lit(0, "uint")).and_(first), merged + [out]),
+                ir.If(ir.Var("mf_sg").eq(ir.Lit(0, "uint")).and_(first),
+                      merged + [self.write_row()]),
                 ir.Barrier()])]
+
+    def write_row(self) -> ir.Stmt:
+        """Row mf_t's merged state (mf_mm, mf_md, mf_macc at the lane's E elements): the
+        outputs when the keys are one block, else the block's state in the scratch buffer."""
+        partial = ir.Var("mf_partial")
+        row_id = self.offset(self.rows)
+        return ir.If(ir.Var("mf_splits").eq(ir.Lit(1, "uint")), [
+            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
+                       "softmax gives)"), self.epilogue()], [
+            ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
+                       "kernel"),
+            ir.Decl("mf_partial", IDX, (row_id * ir.Cast(IDX, ir.Var("mf_splits"))
+                                        + ir.Cast(IDX, ir.Var("mf_block")))
+                    * ir.Lit(SIMD_WIDTH * self.epl + 2, IDX)),
+            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+                ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
+                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_md"))]),
+            self.lanes([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
+                                 + ir.Cast(IDX, ir.Var("mf_e")),
+                                 ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")))])])
 
     def group_head(self, nsg: int) -> list[ir.Stmt]:
         """Which tile of query rows (mf_own, mf_tile) and block of keys [mf_l0, mf_l1) the
-        threadgroup takes, and the lane's place: E chunk mf_sub of key stream mf_grp."""
+        threadgroup takes, and the lane's place: E chunk mf_sub of key stream mf_grp (not with
+        stage_kv, whose lanes place themselves per phase)."""
         f = self.form
         tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
+        if self.policy.stage_kv:
+            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
+                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; "
+                    f"the group stages tiles of mf_kt keys of K and V in threadgroup memory")
+        else:
+            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
+                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
+                    f"turns over steps of keys; "
+                    + ("each lane scores a key of its own; for the values, " if
+                       self.policy.lane_scores else "")
+                    + f"a key's E elements are spread over mf_w lanes, {self.epl} "
+                    f"consecutive ones each")
         head: list[ir.Stmt] = [
-            ir.Comment(f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
-                       f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
-                       f"turns over steps of keys; "
-                       + ("each lane scores a key of its own; for the values, " if
-                          self.policy.lane_scores else "")
-                       + f"a key's E elements are spread over mf_w lanes, {self.epl} "
-                       f"consecutive ones each"),
+            ir.Comment(what),
             ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_splits")),
             ir.Decl("mf_tile", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
                                                                / ir.Var("mf_splits")) % tiles)),
             ir.Decl("mf_own", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
                                                               / ir.Var("mf_splits")) / tiles)),
-            ir.If(ir.Cast(IDX, ir.Var("mf_own")) >= self.span(self.own_axes), [ir.Return()]),
-            ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % ir.Var("mf_w")),
-            ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / ir.Var("mf_w")),
-            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w"))]
+            ir.If(ir.Cast(IDX, ir.Var("mf_own")) >= self.span(self.own_axes), [ir.Return()])]
+        if not self.policy.stage_kv:
+            head += [ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % ir.Var("mf_w")),
+                     ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / ir.Var("mf_w")),
+                     ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w"))]
         splits, length = ir.Var("mf_splits"), self.size(f.key)
         chunk = (length + ir.Cast(IDX, splits) - ir.Lit(1, IDX)) / ir.Cast(IDX, splits)
         head += [ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
@@ -960,6 +1027,224 @@ class _Builder(reduce.Builder):
                  ir.Decl("mf_vec_ok", "bool", (self.size(f.e) % ir.Lit(self.vw, IDX)).eq(
                      ir.Lit(0, IDX)))]
         return head
+
+    # -- stage_kv: tiles of K and V in threadgroup memory, one simdgroup per query row --------
+    def tile_arrays(self) -> list[ir.Stmt]:
+        """Each K/V read's tile: TILE_BYTES of threadgroup memory declared as float4 (16-byte
+        units, aligned for vector access of any element type), used as `threadgroup T*
+        mf_kv<i>` with rows of mf_chunks chunks of vw elements (E rounded up) padded by
+        PAD_BYTES (`mf_kv<i>_stride` elements apart)."""
+        out: list[ir.Stmt] = [ir.Comment(
+            "the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] "
+            f"(rows padded by {PAD_BYTES} bytes: lanes reading different rows hit different "
+            "banks)")]
+        for n, arr in self.kv.items():
+            t = self.tensor_of(n)
+            st, size = self.in_stype(t), t.dtype.itemsize
+            if self.vw == 8:
+                self.helpers.add("mf_pack8_of")
+            self.tg_decls.append(ir.ArrayDecl(f"mf_tg_{arr[3:]}", "float4", TILE_BYTES // 16,
+                                              "threadgroup"))
+            self.tg_bytes += TILE_BYTES
+            out += [ir.Decl(arr, f"threadgroup {st}*", ir.Call(
+                        f"reinterpret_cast<threadgroup {st}*>", (ir.Var(f"mf_tg_{arr[3:]}"),)),
+                        const=False),
+                    ir.Decl(f"{arr}_stride", "uint", ir.Var("mf_chunks") * ir.Lit(self.vw, "uint")
+                            + ir.Lit(PAD_BYTES // size, "uint"))]
+        chunks = (self.size(self.form.e) + ir.Lit(self.vw - 1, IDX)) / ir.Lit(self.vw, IDX)
+        return [ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks))] + out
+
+    def key_row(self, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
+        """For a gathered K/V read (a paged cache): the statements finding and checking key
+        mf_l's row, and that row as the position along the gathered axis."""
+        if n.op != Op.TAKE:
+            return [], {}
+        low = self.lowering(f"{arr}_")
+        find, pos = low.gather_position(n)
+        self.helpers |= low.helpers
+        return find + [ir.Decl(f"mf_{arr}_row", IDX, pos)], {n.attr[1]: ir.Var(f"mf_{arr}_row")}
+
+    def fill_tiles(self) -> list[ir.Stmt]:
+        """Every thread of the group copies its share of the tile's mf_tn keys of each K/V
+        read into threadgroup memory, a chunk of vw elements (16 bytes) a copy: one vector
+        copy when E is a multiple of vw (and innermost in every read), else the chunk's
+        elements inside E one by one (a chunk is still one thread's)."""
+        vw, group = self.vw, ir.Lit(self.group, "uint")
+        i, key = ir.Var("mf_i"), ir.Var("mf_r")              # copy i: key r, E from mf_e0
+        whole = vw > 1 and all(self.tensor_of(n).axes[-1] == self.form.e for n in self.kv)
+        vector: list[ir.Stmt] = [ir.Decl("mf_e", "uint", ir.Var("mf_e0"))]
+        scalar: list[ir.Stmt] = []
+        for n, arr in self.kv.items():
+            t = self.tensor_of(n)
+            find, moved = self.key_row(n, arr)
+            src = self.offset(t.axes, moved)
+            dst = key * ir.Var(f"{arr}_stride") + ir.Var("mf_e")
+            st = self.in_stype(t)
+            vector.append(ir.Block(find + [ir.Store(arr, dst, ir.Load(
+                self.names[t.name], src, vw, st), vw, st, space="threadgroup")]))
+            find, moved = self.key_row(n, arr)
+            scalar.append(ir.Block(find + [ir.For("mf_x", "uint", ir.Lit(0, "uint"),
+                                                  ir.Lit(vw, "uint"), [
+                ir.Decl("mf_e", "uint", ir.Var("mf_e0") + ir.Var("mf_x")),
+                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
+                    ir.Store(arr, dst, ir.Load(self.names[t.name], src))])], unroll=True)]))
+        body: list[ir.Stmt] = [
+            ir.Decl("mf_r", "uint", i / ir.Var("mf_chunks")),
+            ir.Decl("mf_e0", "uint", i % ir.Var("mf_chunks") * ir.Lit(vw, "uint")),
+            ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key))]
+        body += [ir.If(ir.Var("mf_vec_ok"), vector, scalar)] if whole else scalar
+        return [
+            ir.Comment(f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {self.group} "
+                       f"threads copy, a chunk of {vw} elements (16 bytes) a copy"),
+            ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * ir.Var("mf_chunks"),
+                   body, step=group),
+            ir.Barrier()]
+
+    def tile_scores(self) -> list[ir.Stmt]:
+        """Lane mf_key's score of its key in the tile against this simdgroup's row: the
+        contraction over E from the staged tile (a vw-element vector read per chunk; 32 /
+        mf_kt lanes share a key when the tile holds fewer than 32 keys, taking every
+        mf_parts-th chunk, their parts summed by shuffles), then the score's elementwise work
+        (Builder.score: scale, masks, caps); -inf past the tile's keys."""
+        f, vw = self.form, self.vw
+        nodes = [n for n in self.kv if any(n in topo_order([r.args[0]]) for r in f.contractions)]
+        c, x, key = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key")
+        chunk: list[ir.Stmt] = []
+        for n in nodes:
+            arr = self.kv[n]
+            t = self.tensor_of(n)
+            ct, st = compute_type(t.dtype), self.in_stype(t)
+            zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
+            reg = ir.Lane(ir.Var(f"{arr}c"), x)
+            row = key * ir.Var(f"{arr}_stride")
+            scalar = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x),
+                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e),
+                      [ir.Assign(reg, ir.Cast(ct, ir.Lane(ir.Var(arr), row + ir.Var("mf_e"))))],
+                      [ir.Assign(reg, zero)])], unroll=True)
+            body: list[ir.Stmt] = [scalar]
+            if vw > 1:
+                elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), x)) if vw == 8 else ir.Lane(
+                    ir.Var("mf_vec"), x)
+                body = [ir.If(ir.Var("mf_vec_ok"), [
+                    ir.Decl("mf_vec", ir.vector_type(st, vw), ir.Load(
+                        arr, row + c * ir.Lit(vw, "uint"), vw, st, space="threadgroup")),
+                    ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                        ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)], [scalar])]
+            chunk += [ir.ArrayDecl(f"{arr}c", ct, vw)] + body
+        self.dot_of = {}
+        adds: list[ir.Stmt] = []
+        decls: list[ir.Stmt] = []
+        butterfly: list[ir.Stmt] = []
+        for i, r in enumerate(f.contractions):
+            part = self.lowering(f"mf_c{i}_")
+            part.values.update(self.staged)
+            part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), x) for n in nodes})
+            low = part.lower([r.args[0]])
+            self.helpers |= part.helpers
+            dot = ir.Var(f"mf_dot{i}")
+            adds += low + [ir.Assign(dot, dot + _float(part.value(r.args[0]), r.args[0]))]
+            decls.append(ir.Decl(f"mf_dot{i}", "float", ir.Lit(0.0, "float"), const=False))
+            butterfly.append(ir.Assign(dot, dot + ir.Call("simd_shuffle_xor",
+                                                          (dot, ir.Var("mf_off")))))
+            self.dot_of[r] = dot
+        each = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+            ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x),
+            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)
+        sc_body, value = self.score()
+        live = key < ir.Var("mf_tn")
+        return [
+            ir.Comment("scores: lane mf_key contracts its key's E elements (chunk mf_part, "
+                       "mf_part + mf_parts, ...) with the row's q, from the staged tile"),
+            ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
+            ir.If(live, [ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"),
+                                chunk + [each], step=ir.Var("mf_parts"))]),
+            ir.For("mf_off", "uint", ir.Var("mf_kt"), SIMD, butterfly, step=ir.Var("mf_off")),
+            ir.Decl("mf_sc", "float", NEG_INF, const=False),
+            ir.If(live, sc_body + [ir.Assign(ir.Var("mf_sc"), value)])]
+
+    def tile_softmax(self) -> list[ir.Stmt]:
+        """One online-softmax update of the row's state for the tile: the max over the
+        simdgroup (the same m in every lane), the old sums rescaled, the lane's key's weight
+        mf_p (counted in the lane-partial d by the key's first lane only)."""
+        mm, md, m_new, corr = (ir.Var(v) for v in ("mf_mm", "mf_md", "mf_m_new", "mf_corr"))
+        live = m_new.ne(NEG_INF)
+        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        self.helpers.add("mf_simd_max")
+        return [
+            ir.Comment("online softmax: the tile's max, the old sums rescaled, this lane's "
+                       "weight p"),
+            ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, ir.Call(
+                "mf_simd_max", (ir.Var("mf_sc"),))))),
+            ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
+                "exp", (mm - m_new,), precise=True), ir.Lit(1.0, "float"))),
+            ir.Decl("mf_p", "float", ir.Select(live, ir.Call(
+                "exp", (ir.Var("mf_sc") - m_new,), precise=True), ir.Lit(0.0, "float"))),
+            ir.Assign(md, md * corr + ir.Select(ir.Var("mf_part").eq(ir.Lit(0, "uint")),
+                                                ir.Var("mf_p"), ir.Lit(0.0, "float"))),
+            ir.Assign(mm, m_new),
+            self.slots([ir.Assign(acc, acc * corr)])]
+
+    def tile_values(self) -> list[ir.Stmt]:
+        """acc += p v for the tile's keys one after another, each key's p shuffled from the
+        lane that scored it, the lanes over E reading v from the staged tile."""
+        f = self.form
+        vals = self.lowering("mf_w")
+        vals.values.update(self.staged)
+        u = ir.Var("mf_u")
+        vals.values.update({n: ir.Lane(ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e"))
+                            for n, arr in self.kv.items()})
+        body = vals.lower([f.values])
+        self.helpers |= vals.helpers
+        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        return [
+            ir.Comment("the values: acc += p v, key by key of the tile, the lanes over E"),
+            ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Var("mf_tn"), [
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
+                ir.Decl("mf_pu", "float", ir.Call("simd_shuffle", (ir.Var("mf_p"), u))),
+                self.lanes(body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
+                    vals.value(f.values), f.values))])])]
+
+    def stage_kv_body(self) -> list[ir.Stmt]:
+        """The stage_kv decode kernel after its head: q staged, then per tile of mf_kt keys
+        the group fills the K/V tiles, a barrier, each simdgroup (its own query row) scores,
+        updates its state and adds the values from threadgroup memory, a barrier before the
+        next tile overwrites them; then each row's state is written."""
+        f = self.form
+        t = ir.Var("mf_t")
+        lane, kt = ir.Var("mf_lane"), ir.Var("mf_kt")
+        live = ir.Lane(ir.Var("mf_live"), t)
+        setup: list[ir.Stmt] = [
+            ir.Decl("mf_t", "uint", ir.Var("mf_sg")),
+            ir.Decl("mf_tid", "uint", ir.Var("mf_sg") * SIMD + lane),
+            ir.Comment("scores: lane mf_key of the tile's keys, part mf_part of its E chunks "
+                       "(32 / mf_kt lanes per key)"),
+            ir.Decl("mf_key", "uint", lane % kt),
+            ir.Decl("mf_part", "uint", lane / kt),
+            ir.Decl("mf_parts", "uint", SIMD / kt),
+            *self.tile_arrays(),
+            ir.Comment("the row's online-softmax state: running max, lane-partial sum, the "
+                       "lane's E accumulators"),
+            ir.Decl("mf_mm", "float", NEG_INF, const=False),
+            ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
+            ir.ArrayDecl("mf_macc", "float", self.epl),
+            self.slots([ir.Assign(ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")),
+                                  ir.Lit(0.0, "float"))])]
+        step: list[ir.Stmt] = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
+                    ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, kt)))))]
+        step += self.fill_tiles()
+        step.append(ir.If(live, self.tile_scores() + self.tile_softmax() + self.tile_values()))
+        step += [ir.Comment("every simdgroup is done with the tile before it is refilled"),
+                 ir.Barrier()]
+        loop = ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
+                      step=ir.Cast(IDX, kt))
+        tail: list[ir.Stmt] = [
+                ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
+                           "block's state"),
+                ir.If(live, [ir.Assign(ir.Var("mf_md"), ir.Call("simd_sum", (ir.Var("mf_md"),))),
+                             self.write_row()])]
+        return setup + [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile "
+                                   "at a time (scores never stored)"), loop] + tail
 
     # -- the kernels ----------------------------------------------------------------------
     def decode_kernel(self) -> ir.LoweredKernel:
@@ -975,6 +1260,8 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names, self.tiled = [], set(), True
+        if self.policy.stage_kv:
+            return self.stage_kv_kernel(threads)
         self.tg_decls = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
                          ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
                          ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
@@ -1010,6 +1297,26 @@ class _Builder(reduce.Builder):
                    + (", each lane scoring keys of its own" if self.policy.lane_scores else "")
                    + ", online softmax in one pass, fp32 state")
         return make_kernel(self.graph, self.index64, threads, tg + body, summary, "decode",
+                           params=self.params, helpers=tuple(sorted(self.helpers)))
+
+    def stage_kv_kernel(self, threads: tuple[ir.ThreadInput, ...]) -> ir.LoweredKernel:
+        """The decode kernel with stage_kv (see stage_kv_body): a threadgroup of one simdgroup
+        per query row of the tile; K/V tiles in threadgroup memory."""
+        f = self.form
+        self.tg_decls, self.tg_bytes = [], 0
+        head = self.group_head(self.qt) + self.tile()
+        staged = self.stage()
+        self.over_e = True
+        scan = self.stage_kv_body()
+        self.over_e = self.tiled = False
+        body = self.tg_decls + head + self.pre + staged + scan
+        summary = (f"{self.graph.name} (decode, stage_kv): softmax over '{f.key}' of scores "
+                   f"contracting '{f.e}', times the values, summed over '{f.key}'; a "
+                   f"threadgroup per {self.qt} query rows sharing their keys and block of "
+                   f"keys, one simdgroup per row; tiles of K and V staged in threadgroup "
+                   f"memory by the whole group, each lane scoring a key of the tile, the lanes "
+                   f"over E for the values; online softmax in one pass, fp32 state")
+        return make_kernel(self.graph, self.index64, threads, body, summary, "decode",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def merge_kernel(self) -> ir.LoweredKernel:
@@ -1095,6 +1402,9 @@ class _Builder(reduce.Builder):
                              ("launch", "key_splits"), cast="int32"),
                  ir.Argument("mf_w", len(base) + 2, "scalar", "uint",
                              ("launch", "lanes_per_key"), cast="int32")]
+        if self.policy.stage_kv:
+            extra.append(ir.Argument("mf_kt", len(base) + 3, "scalar", "uint",
+                                     ("launch", "keys_per_tile"), cast="int32"))
         self.params = base + tuple(extra)
         self.helpers.add("mf_maximum")
         decode = self.decode_kernel()
@@ -1108,7 +1418,10 @@ class _Builder(reduce.Builder):
                                  (*self.rows, self.form.e), vector, self.index64,
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
                                  max_e=SIMD_WIDTH * self.epl, merge=merge,
-                                 own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt)
+                                 own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
+                                 tile_items=tuple(self.tensor_of(n).dtype.itemsize
+                                                  for n in self.kv) if self.policy.stage_kv
+                                 else (), tile_vw=self.vw)
 
 
 def _float(e: ir.Expr, n: Node) -> ir.Expr:

@@ -46,6 +46,8 @@ class LaunchPolicy:
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
     lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
                                        # threadgroup memory), no butterfly per key
+    stage_kv: bool = False             # attention: K/V tiles of 32 keys staged in threadgroup
+                                       # memory by the whole group, one simdgroup per query row
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
@@ -133,6 +135,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 128 threads 32.2 / 77.4 / 234; with 256 threads 34.3 / 93.3 / 253; without lane scores
     # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
     # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
+    # stage_kv (off until timed): K/V tiles of 32 keys in threadgroup memory, one simdgroup
+    # per query row (threads_per_group = 32 x rows_per_group); a hand-written prototype of
+    # it measured 23.6 / 64.5 / 195.2 us at the shapes above (issue #11)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
@@ -147,7 +152,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
               "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "index64"),
+                  "keys_per_step", "lane_scores", "stage_kv", "index64"),
 }
 
 
@@ -198,8 +203,9 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
     _need(p, p.index64 is None or isinstance(p.index64, bool),
           f"index64 must be None, True or False, got {p.index64!r}")
-    _need(p, isinstance(p.lane_scores, bool),
-          f"lane_scores must be True or False, got {p.lane_scores!r}")
+    for name in ("lane_scores", "stage_kv"):
+        _need(p, isinstance(getattr(p, name), bool),
+              f"{name} must be True or False, got {getattr(p, name)!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")
@@ -233,6 +239,10 @@ def _validate_row(p: LaunchPolicy) -> None:
 
 
 def _validate_attention(p: LaunchPolicy) -> None:
+    _need(p, not p.stage_kv or p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
+          f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
+          f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
+          f"{SIMD_WIDTH * p.rows_per_group}")
     nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
     tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
     _need(p, tg <= MAX_THREADGROUP_BYTES,

@@ -16,6 +16,7 @@ from metalforge.testing import check
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from attention import attention, causal_mask  # noqa: E402
 from padded_attention import padded_attention  # noqa: E402
+from sliding_window_softcap import torch_window_softcap, window_softcap  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
        torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
@@ -146,3 +147,94 @@ def test_other_multi_axis_reductions_still_name_the_construct():
         return mf.sum(mf.sum(x, axis="D"), axis="R")
     with pytest.raises(mf.UnsupportedConstruct, match="several axes"):
         two_axes(torch.randn(3, 4))
+
+
+# -- launch={'stage_kv': True}: K/V tiles in threadgroup memory, one simdgroup per query row --
+STAGED = attention.with_launch(stage_kv=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,s,length,e,splits", [
+    (8, 2, 1, 1, 128, 0),         # one key
+    (8, 2, 1, 31, 64, 0),         # less than a tile
+    (8, 2, 1, 33, 128, 2),        # a tile and one key, split: blocks of 17 and 16 keys
+    (8, 2, 1, 4097, 128, 0),      # many tiles, key blocks chosen per call (a partial tile)
+    (4, 4, 1, 100, 96, 3),        # R = 1: one live row in a tile of four
+    (8, 2, 1, 70, 256, 3),        # E = 256: tiles of 16 keys (f16) / 8 (f32), lanes share keys
+    (6, 3, 1, 50, 33, 4),         # E not a multiple of the vector width: element copies
+    (4, 2, 5, 40, 16, 0),         # S = 5 rows x R = 2: tiles of four rows, some dead
+])
+def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
+    """stage_kv against SDPA (race detector on): GQA and R = 1, any L and E up to 256, the keys
+    in one block or several merged by the second kernel, causal and not."""
+    g = torch.Generator().manual_seed(heads * length + e)
+    q = torch.randn(1, heads, s, e, generator=g).to(dtype)
+    k, v = (torch.randn(1, kv_heads, length, e, generator=g).to(dtype) for _ in range(2))
+    kernel = STAGED.with_launch(**({"key_splits": splits} if splits else {}))
+    for causal in (True, False):
+        mask = causal_mask(s, length, "cpu") if causal else None
+        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=e ** -0.5,
+                                              attn_mask=mask, enable_gqa=True).to(dtype)
+        torch.testing.assert_close(kernel(q, k, v, e ** -0.5, causal=causal), want, **TOL[dtype])
+
+
+def test_stage_kv_launch():
+    """One simdgroup per row of the tile (128 threads for R = 4, 32 where the tile is one
+    row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; each block of
+    keys at least one tile; stage_kv=1 from a command line is True."""
+    q, kv = torch.randn(1, 32, 1, 128).half(), torch.randn(1, 8, 65536, 128).half()
+    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": True})
+    assert s.policy.stage_kv is True
+    sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
+    decode, merge = s.steps(sizes)
+    assert decode.group == 128 and s.splits(sizes) == 64 and decode.threads == 8 * 64 * 128
+    assert s.keys_per_tile(sizes) == 32 and s.keys_per_tile({**sizes, "E": 256}) == 16
+    assert s.splits({**sizes, "L": 4096}) == 64 and s.splits({**sizes, "L": 40}) == 1
+    f32 = runtime.schedule_of(attention.graph(q.float(), kv.float(), kv.float(), 0.1),
+                              launch={"stage_kv": True})
+    assert f32.keys_per_tile(sizes) == 16 and f32.keys_per_tile({**sizes, "E": 256}) == 8
+    assert f32.policy.threadgroup_bytes <= 32 * 1024
+    mha = runtime.schedule_of(attention_divided.graph(q, q, q, 0.1), launch={"stage_kv": True})
+    assert mha.steps(dict(B=1, H=32, S=1, L=1, E=128))[0].group == 128   # S is tiled: 4 rows
+
+
+def test_stage_kv_refuses_what_it_cannot_hold():
+    with pytest.raises(mf.LaunchError, match="stage_kv: one simdgroup per query row.*"
+                                             "threads_per_group=256 must be 32 x rows_per_"):
+        attention.with_launch(stage_kv=True, threads_per_group=256)(
+            *(torch.randn(1, 2, n, 8) for n in (1, 4, 4)), 0.1)
+    with pytest.raises(mf.LaunchError, match="'E' = 300, over the 256"):
+        STAGED(torch.randn(1, 1, 1, 300), torch.randn(1, 1, 4, 300), torch.randn(1, 1, 4, 300),
+               0.1)
+
+
+@pytest.mark.parametrize("splits", [0, 3])
+def test_stage_kv_masks_and_nan_follow_softmax(splits):
+    """Tensor masks with stage_kv: all keys masked gives NaN, a NaN score a NaN row."""
+    kernel = padded_attention.with_launch(stage_kv=True, key_splits=splits)
+    q, k, v = torch.randn(2, 1, 3, 8), torch.randn(2, 1, 40, 8), torch.randn(2, 1, 40, 8)
+    valid = torch.rand(2, 40, generator=torch.Generator().manual_seed(1)) < 0.7
+    valid[1] = False
+    out = kernel(q, k, v, valid)
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    torch.testing.assert_close(out, padded_attention.reference(q, k, v, valid), equal_nan=True)
+    k[0, 0, 2, 0] = float("nan")
+    valid[0, 2] = True
+    out = kernel(q, k, v, valid)
+    torch.testing.assert_close(out, padded_attention.reference(q, k, v, valid), equal_nan=True)
+    assert out[0].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_stage_kv_sliding_window_softcap(dtype):
+    """A causal sliding window and a soft cap on the scores (runtime scalars) with stage_kv."""
+    q, k, v = (torch.randn(2, 3, n, 40).to(dtype) for n in (3, 75, 75))
+    kernel = window_softcap.with_launch(stage_kv=True, key_splits=3)
+    want = torch_window_softcap(q, k, v, 40 ** -0.5, 20, 15.0)
+    torch.testing.assert_close(kernel(q, k, v, 40 ** -0.5, 20, 15.0), want, **TOL[dtype])
+
+
+def test_check_covers_stage_kv():
+    report = check(STAGED, max_examples=3, dims={"E": [1, 8, 33, 64]})
+    assert all(i.launches for i in report.instantiations), report.coverage()
+    assert any(i.host_name.endswith("_merge") and i.launches for i in report.instantiations)

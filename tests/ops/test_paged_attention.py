@@ -34,11 +34,15 @@ def _case(batch, g, r, e, blocks, per_seq, lengths, dtype, seed=0):
     (1, 8, 128, 40, [640, 17]),           # MQA, long enough to split the keys into blocks
     (4, 1, 33, 3, [48, 20]),              # MHA, E not a multiple of the vector width
 ])
-def test_matches_sdpa_per_sequence(dtype, g, r, e, per_seq, lengths):
+@pytest.mark.parametrize("launch", [{}, {"stage_kv": True}, {"stage_kv": True, "key_splits": 3}])
+def test_matches_sdpa_per_sequence(dtype, g, r, e, per_seq, lengths, launch):
+    """The default schedule, and stage_kv (each copy into the K/V tiles finds its key's row
+    through the block table)."""
     args = _case(len(lengths), g, r, e, 100, per_seq, lengths, dtype)
     want = torch_paged_attention(*(a.double() if a.is_floating_point() else a for a in args),
                                  0.125).to(dtype)
-    torch.testing.assert_close(paged_attention(*args, 0.125), want, **TOL[dtype])
+    kernel = paged_attention.with_launch(**launch) if launch else paged_attention
+    torch.testing.assert_close(kernel(*args, 0.125), want, **TOL[dtype])
 
 
 def test_block_outside_the_cache_is_a_clear_error():
@@ -49,6 +53,9 @@ def test_block_outside_the_cache_is_a_clear_error():
         paged_attention(q, k_cache, v_cache, table, lengths, 0.125)
     with pytest.raises(mf.GatherIndexError):           # the reference raises the same class
         paged_attention.reference(q, k_cache, v_cache, table, lengths, 0.125)
+    with pytest.raises(mf.GatherIndexError,          # staged: found while filling a tile
+                       match=r"'[kv]_cache' along 'N' \(size 160.*index 1[67]\d "):
+        paged_attention.with_launch(stage_kv=True)(q, k_cache, v_cache, table, lengths, 0.125)
 
 
 def test_check_covers_paged_attention():
