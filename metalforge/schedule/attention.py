@@ -42,10 +42,13 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
 - With `stage_kv` (launch option): one simdgroup per query row of the tile, and the keys a
   tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
   threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
-  simdgroup scores the tile with a lane per key from there (`tile_scores`), updates its row's
-  state once (`tile_softmax`) and adds p v with its lanes over E (`tile_values`), a barrier
-  before the next tile. Rows that would not fit a tile's bytes (E > 128 in f16) make tiles of
-  fewer keys, several lanes per key's score. The block's state goes out as above.
+  simdgroup scores the tile with a lane per key from there (`tile_scores`: the key's row
+  a 16-byte vector per chunk, the row's q as float4 broadcasts from threadgroup memory),
+  updates its row's state once (`tile_softmax`) and adds p v with its lanes over E
+  (`tile_values`: each lane's 4 consecutive values of a key as one vec<T, 4> read), a barrier
+  before the next tile. Where E is not a multiple of the vector width the tiles are read
+  element by element (guarded). Rows that would not fit a tile's bytes (E > 128 in f16)
+  make tiles of fewer keys, several lanes per key's score. The block's state goes out as above.
 """
 from __future__ import annotations
 
@@ -342,6 +345,7 @@ class _Builder(reduce.Builder):
         self.pre_names: set[str] = set()
         self.params: tuple[ir.Argument, ...] = ()
         self.staged: dict[Node, ir.Expr] = {}
+        self.staged_tg: dict[Node, str] = {}           # ... their threadgroup arrays (mf_tgq<i>)
         self.streamed: set[Node] = set(self.kv)        # what load_keys loads
         self.tg_decls: list[ir.Stmt] = []
         self.tg_bytes = 0
@@ -494,6 +498,7 @@ class _Builder(reduce.Builder):
         the key loop, into `mf_staged<i>[t][j]` (0 past E)."""
         f = self.form
         self.staged = {}
+        self.staged_tg = {}
         nodes: list[Node] = []
         for r in f.contractions:
             cone = topo_order([r.args[0]])
@@ -537,8 +542,17 @@ class _Builder(reduce.Builder):
             name = f"mf_tgq{i}"
             slot = ir.Lane(ir.Var(name), idx)
             zero = ir.Lit(0.0, "float")
-            self.tg_decls.append(ir.ArrayDecl(name, "float", self.qt * emax, "threadgroup"))
             self.tg_bytes += 4 * self.qt * emax
+            if self.policy.stage_kv:
+                # declared as float4 (16-byte aligned): tile_scores reads it a float4 at a time
+                self.tg_decls.append(ir.ArrayDecl(f"{name}_v", "float4", self.qt * emax // 4,
+                                                  "threadgroup"))
+                out.append(ir.Decl(name, "threadgroup float*", ir.Call(
+                    "reinterpret_cast<threadgroup float*>", (ir.Var(f"{name}_v"),)),
+                    const=False))
+            else:
+                self.tg_decls.append(ir.ArrayDecl(name, "float", self.qt * emax, "threadgroup"))
+            self.staged_tg[n] = name
             out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
                               ir.Lit(self.qt * emax, "uint"), [
                 ir.Decl("mf_t", "uint", idx / ir.Lit(emax, "uint")),
@@ -1052,7 +1066,13 @@ class _Builder(reduce.Builder):
                     ir.Decl(f"{arr}_stride", "uint", ir.Var("mf_chunks") * ir.Lit(self.vw, "uint")
                             + ir.Lit(PAD_BYTES // size, "uint"))]
         chunks = (self.size(self.form.e) + ir.Lit(self.vw - 1, IDX)) / ir.Lit(self.vw, IDX)
-        return [ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks))] + out
+        run_ok = (self.size(self.form.e) % ir.Lit(self.run, IDX)).eq(ir.Lit(0, IDX))
+        head: list[ir.Stmt] = [
+                ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks)),
+                ir.Comment(f"the values' reads: {self.run} consecutive elements a lane at once "
+                           f"where E is a multiple of {self.run}"),
+                ir.Decl("mf_run_ok", "bool", run_ok)]
+        return head + out
 
     def key_row(self, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
         """For a gathered K/V read (a paged cache): the statements finding and checking key
@@ -1102,14 +1122,24 @@ class _Builder(reduce.Builder):
 
     def tile_scores(self) -> list[ir.Stmt]:
         """Lane mf_key's score of its key in the tile against this simdgroup's row: the
-        contraction over E from the staged tile (a vw-element vector read per chunk; 32 /
-        mf_kt lanes share a key when the tile holds fewer than 32 keys, taking every
-        mf_parts-th chunk, their parts summed by shuffles), then the score's elementwise work
-        (Builder.score: scale, masks, caps); -inf past the tile's keys."""
+        contraction over E from the staged tile, chunk by chunk of vw elements (32 / mf_kt
+        lanes share a key when the tile holds fewer than 32 keys, taking every mf_parts-th
+        chunk, their parts summed by shuffles), then the score's elementwise work
+        (Builder.score: scale, masks, caps); -inf past the tile's keys.
+
+        Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk
+        as one vw-element (16-byte) vector read of its padded row, q's chunk as float4 reads of
+        the staged row (the same address in every lane: a broadcast), no guards. Otherwise the
+        chunk's elements one by one, 0 past E."""
         f, vw = self.form, self.vw
         nodes = [n for n in self.kv if any(n in topo_order([r.args[0]]) for r in f.contractions)]
         c, x, key = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key")
-        chunk: list[ir.Stmt] = []
+        e_of_x = ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x)
+        inside = ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e)
+
+        # K's chunk into registers mf_kv<i>c[x]: one vector read / guarded element reads
+        k_vec: list[ir.Stmt] = []
+        k_elems: list[ir.Stmt] = []
         for n in nodes:
             arr = self.kv[n]
             t = self.tensor_of(n)
@@ -1117,40 +1147,75 @@ class _Builder(reduce.Builder):
             zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
             reg = ir.Lane(ir.Var(f"{arr}c"), x)
             row = key * ir.Var(f"{arr}_stride")
-            scalar = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x),
-                ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e),
-                      [ir.Assign(reg, ir.Cast(ct, ir.Lane(ir.Var(arr), row + ir.Var("mf_e"))))],
-                      [ir.Assign(reg, zero)])], unroll=True)
-            body: list[ir.Stmt] = [scalar]
-            if vw > 1:
-                elem = ir.Call("mf_lane8", (ir.Var("mf_vec"), x)) if vw == 8 else ir.Lane(
-                    ir.Var("mf_vec"), x)
-                body = [ir.If(ir.Var("mf_vec_ok"), [
-                    ir.Decl("mf_vec", ir.vector_type(st, vw), ir.Load(
-                        arr, row + c * ir.Lit(vw, "uint"), vw, st, space="threadgroup")),
-                    ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                        ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)], [scalar])]
-            chunk += [ir.ArrayDecl(f"{arr}c", ct, vw)] + body
+            k_elems += [ir.ArrayDecl(f"{arr}c", ct, vw), ir.For(
+                "mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                    e_of_x, ir.If(inside, [ir.Assign(reg, ir.Cast(ct, ir.Lane(
+                        ir.Var(arr), row + ir.Var("mf_e"))))], [ir.Assign(reg, zero)])],
+                unroll=True)]
+            vec = ir.Var(f"{arr}v")
+            elem = ir.Call("mf_lane8", (vec, x)) if vw == 8 else ir.Lane(vec, x)
+            k_vec += [ir.Decl(f"{arr}v", ir.vector_type(st, vw), ir.Load(
+                          arr, row + c * ir.Lit(vw, "uint"), vw, st, space="threadgroup")),
+                      ir.ArrayDecl(f"{arr}c", ct, vw),
+                      ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                          ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)]
+
+        # the row's q chunk (each staged value every key multiplies) into registers
+        # mf_q<i>c[x], qw floats per read (float4 for vw = 4 or 8)
+        qw = 4 if vw % 4 == 0 else 2 if vw % 2 == 0 else 1
+        y, z = ir.Var("mf_y"), ir.Var("mf_z")
+        q_vec: list[ir.Stmt] = []
+        q_regs: dict[Node, ir.Expr] = {}
+        emax = SIMD_WIDTH * self.epl
+        for i, (n, name) in enumerate(self.staged_tg.items()):
+            at = ir.Var("mf_t") * ir.Lit(emax, "uint") + c * ir.Lit(vw, "uint") + y * ir.Lit(
+                qw, "uint")
+            regs = ir.Var(f"mf_q{i}c")
+            read = ir.Load(name, at, qw, "float", space="threadgroup") if qw > 1 else ir.Lane(
+                ir.Var(name), at)
+            fill: list[ir.Stmt] = [ir.Assign(ir.Lane(regs, y), ir.Var("mf_qv"))]
+            if qw > 1:
+                fill = [ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(qw, "uint"), [
+                    ir.Assign(ir.Lane(regs, y * ir.Lit(qw, "uint") + z),
+                              ir.Lane(ir.Var("mf_qv"), z))], unroll=True)]
+            one: list[ir.Stmt] = [ir.Decl("mf_qv", ir.vector_type("float", qw) if qw > 1
+                                          else "float", read)]
+            q_vec += [ir.ArrayDecl(f"mf_q{i}c", "float", vw),
+                      ir.For("mf_y", "uint", ir.Lit(0, "uint"), ir.Lit(vw // qw, "uint"),
+                             one + fill, unroll=True)]
+            q_regs[n] = ir.Lane(regs, x)
+
+        # the contractions' parts of the chunk: with q from registers (vector path, every
+        # element inside E) or from the staged row (element path, guarded)
         self.dot_of = {}
-        adds: list[ir.Stmt] = []
         decls: list[ir.Stmt] = []
         butterfly: list[ir.Stmt] = []
+        adds_vec: list[ir.Stmt] = []
+        adds_elem: list[ir.Stmt] = []
         for i, r in enumerate(f.contractions):
-            part = self.lowering(f"mf_c{i}_")
-            part.values.update(self.staged)
-            part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), x) for n in nodes})
-            low = part.lower([r.args[0]])
-            self.helpers |= part.helpers
             dot = ir.Var(f"mf_dot{i}")
-            adds += low + [ir.Assign(dot, dot + _float(part.value(r.args[0]), r.args[0]))]
+            for adds, qs in ((adds_vec, q_regs), (adds_elem, self.staged)):
+                part = self.lowering(f"mf_c{i}_")
+                part.values.update(qs)
+                part.values.update({n: ir.Lane(ir.Var(f"{self.kv[n]}c"), x) for n in nodes})
+                low = part.lower([r.args[0]])
+                self.helpers |= part.helpers
+                adds += low + [ir.Assign(dot, dot + _float(part.value(r.args[0]), r.args[0]))]
             decls.append(ir.Decl(f"mf_dot{i}", "float", ir.Lit(0.0, "float"), const=False))
             butterfly.append(ir.Assign(dot, dot + ir.Call("simd_shuffle_xor",
                                                           (dot, ir.Var("mf_off")))))
             self.dot_of[r] = dot
-        each = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-            ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x),
-            ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e), adds)], unroll=True)
+        each_elem = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+            e_of_x, ir.If(inside, adds_elem)], unroll=True)
+        by_elems = k_elems + [each_elem]
+        chunk: list[ir.Stmt] = by_elems
+        if vw > 1:
+            each_vec = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
+                              [e_of_x] + adds_vec, unroll=True)
+            chunk = [ir.If(ir.Var("mf_vec_ok"), [
+                ir.Comment(f"the key's chunk: one {vw}-element read of its row; q's: "
+                           f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
+                *k_vec, *q_vec, each_vec], by_elems)]
         sc_body, value = self.score()
         live = key < ir.Var("mf_tn")
         return [
@@ -1158,7 +1223,7 @@ class _Builder(reduce.Builder):
                        "mf_part + mf_parts, ...) with the row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
             ir.If(live, [ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"),
-                                chunk + [each], step=ir.Var("mf_parts"))]),
+                                chunk, step=ir.Var("mf_parts"))]),
             ir.For("mf_off", "uint", ir.Var("mf_kt"), SIMD, butterfly, step=ir.Var("mf_off")),
             ir.Decl("mf_sc", "float", NEG_INF, const=False),
             ir.If(live, sc_body + [ir.Assign(ir.Var("mf_sc"), value)])]
@@ -1187,23 +1252,55 @@ class _Builder(reduce.Builder):
 
     def tile_values(self) -> list[ir.Stmt]:
         """acc += p v for the tile's keys one after another, each key's p shuffled from the
-        lane that scored it, the lanes over E reading v from the staged tile."""
-        f = self.form
-        vals = self.lowering("mf_w")
-        vals.values.update(self.staged)
-        u = ir.Var("mf_u")
-        vals.values.update({n: ir.Lane(ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e"))
-                            for n, arr in self.kv.items()})
-        body = vals.lower([f.values])
-        self.helpers |= vals.helpers
+        lane that scored it, the lanes over E reading v from the staged tile: per stretch of
+        32 x run elements, the lane's run consecutive ones as one vec<T, run> read when E is a
+        multiple of run (mf_run_ok: the lane's run is wholly inside E or past it), else one by
+        one (guarded)."""
+        f, run = self.form, self.run
+        u, x = ir.Var("mf_u"), ir.Var("mf_x")
         acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        vnodes = [n for n in self.kv if n in topo_order([f.values])]
+
+        def add(reads: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
+            vals = self.lowering("mf_w")
+            vals.values.update(self.staged)
+            vals.values.update(reads)
+            body = vals.lower([f.values])
+            self.helpers |= vals.helpers
+            return body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
+                vals.value(f.values), f.values))]
+        by_elems = self.lanes(add({n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
+            ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
+            for n, arr in self.kv.items()}))
+        each: ir.Stmt = by_elems
+        # a vector of run elements is aligned: rows start 16-byte aligned at multiples of vw
+        # elements (plus PAD_BYTES), the lane's run at a multiple of run
+        if run in (2, 4) and self.vw % run == 0:
+            e0 = ir.Var("mf_e0")
+            reads: list[ir.Stmt] = []
+            for n in vnodes:
+                arr = self.kv[n]
+                st = self.in_stype(self.tensor_of(n))
+                reads.append(ir.Decl(f"{arr}v", ir.vector_type(st, run), ir.Load(
+                    arr, u * ir.Var(f"{arr}_stride") + e0, run, st, space="threadgroup")))
+            regs = {n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
+                ir.Var(f"{self.kv[n]}v"), x)) for n in vnodes}
+            by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
+                ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(SIMD_WIDTH * run, "uint")
+                        + ir.Var("mf_lane") * ir.Lit(run, "uint")),
+                ir.If(ir.Cast(IDX, e0) < self.size(f.e), reads + [
+                    ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
+                        ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
+                        ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])],
+                unroll=True)
+            each = ir.If(ir.Var("mf_run_ok"), [by_runs], [by_elems])
         return [
-            ir.Comment("the values: acc += p v, key by key of the tile, the lanes over E"),
+            ir.Comment(f"the values: acc += p v, key by key of the tile, the lanes over E "
+                       f"({run} consecutive elements a lane per stretch of {SIMD_WIDTH * run})"),
             ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Var("mf_tn"), [
                 ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
                 ir.Decl("mf_pu", "float", ir.Call("simd_shuffle", (ir.Var("mf_p"), u))),
-                self.lanes(body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
-                    vals.value(f.values), f.values))])])]
+                each])]
 
     def stage_kv_body(self) -> list[ir.Stmt]:
         """The stage_kv decode kernel after its head: q staged, then per tile of mf_kt keys

@@ -162,6 +162,7 @@ STAGED = attention.with_launch(stage_kv=True)
     (4, 4, 1, 100, 96, 3),        # R = 1: one live row in a tile of four
     (8, 2, 1, 70, 256, 3),        # E = 256: tiles of 16 keys (f16) / 8 (f32), lanes share keys
     (6, 3, 1, 50, 33, 4),         # E not a multiple of the vector width: element copies
+    (6, 3, 1, 50, 36, 2),         # E = 36: v read 4 a lane at once, k (f16: 8 a chunk) not
     (4, 2, 5, 40, 16, 0),         # S = 5 rows x R = 2: tiles of four rows, some dead
 ])
 def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
