@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import ctypes
 import re
-import threading
 from pathlib import Path
-from typing import Hashable, Optional
+from typing import Optional
 
 import torch
 
+from ..bounded import Bounded
 from ..errors import MetalforgeError
 from .call import Driver, Plan, call_key, plan_call
 from .translate import Entry, SOURCE_NAME, translate
@@ -127,28 +127,11 @@ class _Module:
         return v.value
 
 
-class PlanCache:
-    """A kernel's plans by call key (None: a call not to be kept), at most `size` of them (the
-    oldest goes first). Reads take no lock; writes do, so that eviction sees a stable dict."""
+class PlanCache(Bounded[Plan]):
+    """A kernel's plans by call key (None: a call not to be kept), at most `size` of them."""
 
     def __init__(self, size: int = PLANS_PER_KERNEL) -> None:
-        self.size = size
-        self._plans: dict[Hashable, Plan] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Optional[Hashable]) -> Optional[Plan]:
-        return None if key is None else self._plans.get(key)
-
-    def put(self, key: Optional[Hashable], plan: Plan) -> None:
-        if key is None:
-            return
-        with self._lock:
-            while len(self._plans) >= self.size:
-                del self._plans[next(iter(self._plans))]
-            self._plans[key] = plan
-
-    def __len__(self) -> int:
-        return len(self._plans)
+        super().__init__(size)
 
 
 class Library:

@@ -19,13 +19,13 @@ threads may call one kernel at once.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from .. import runtime
+from ..bounded import Bounded
 from ..graph import Graph
 from ..tuning.cache import default_cache
 from . import backends, launcher
@@ -233,25 +233,11 @@ def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optiona
     return env["key"]
 
 
-class WarmCache:
-    """Closures by key, at most `size` of them (the oldest goes first)."""
+class WarmCache(Bounded[Warm]):
+    """A kernel's closures by warm key, at most `size` of them (the oldest goes first)."""
 
     def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._entries: dict[Hashable, Warm] = {}
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable) -> Optional[Warm]:
-        return self._entries.get(key)
-
-    def put(self, key: Hashable, warm: Warm) -> None:
-        with self._lock:
-            while len(self._entries) >= self.size:
-                del self._entries[next(iter(self._entries))]
-            self._entries[key] = warm
-
-    def __len__(self) -> int:
-        return len(self._entries)
+        super().__init__(size)
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],

@@ -306,7 +306,7 @@ def test_parameter_slots_match_the_driver():
     drv = library._libcuda()
     if not hasattr(drv, "cuFuncGetParamInfo"):
         pytest.skip("the driver has no cuFuncGetParamInfo (CUDA < 12.4)")
-    (plan,) = lib.values._plans._plans.values()
+    (plan,) = lib.values._plans._entries.values()
     func, _ = lib.values._compiled(torch.cuda.current_device())
     for k, slot in enumerate(plan.layout.slots):
         off, size = ctypes.c_size_t(), ctypes.c_size_t()

@@ -343,9 +343,9 @@ def good_args(a=2.0, n=10, dtype=torch.float32, index=0, ptr=0x1000):
 def test_a_warm_call_replays_the_plan_with_its_own_values(fake):
     k = axpy()
     k(*good_args(), **GOOD)
-    (plan,) = k._plans._plans.values()
+    (plan,) = k._plans._entries.values()
     k(*good_args(a=-7.5, n=33, ptr=0x9000), **GOOD)
-    assert list(k._plans._plans.values()) == [plan]                # no new plan
+    assert list(k._plans._entries.values()) == [plan]                # no new plan
     first, second = fake.launches
     for launch, (y, x, a, n) in [(first, (0x1000, 0x1100, 2.0, 10)),
                                  (second, (0x9000, 0x9100, -7.5, 33))]:
