@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import torch
 
-from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
+from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
 from .translate import Arg, Entry
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
@@ -433,34 +433,6 @@ def value_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
     if isinstance(a, torch.Tensor):
         return _item(conv)
     return _first(conv) if isinstance(a, (list, tuple)) else conv
-
-
-def grid_of(threads: Any, first_numel: Optional[int]) -> list[int]:
-    """The dispatchThreads grid: `threads`, else the first tensor argument's numel."""
-    grid = dims(threads, "threads") if threads is not None else None
-    if grid is None:
-        if first_numel is None:
-            raise RuntimeError("Number of threads is undefined or has wrong dimension")
-        grid = [first_numel]
-    return grid
-
-
-def group_of(group_size: Any, grid: list[int], threads: Any, mx: int) -> list[int]:
-    """The threadgroup: `group_size`, or by default as many threads as allowed along the first
-    axis; at most `mx` threads in all."""
-    if group_size is None:
-        group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
-    else:
-        group = dims(group_size, "group_size")
-        if len(group) != len(grid):
-            raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
-                               f"as threads {threads!r}")
-    prod = 1
-    for g in group:
-        prod *= g
-    if prod > mx:
-        raise ValueError(f"Threadgroup size exceeds {mx} limit")
-    return group
 
 
 def blocks_of(kernel: str, grid: list[int], group: list[int], grid3: list[int],

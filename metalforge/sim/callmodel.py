@@ -1,8 +1,12 @@
 """torch.mps.compile_shader's call model, shared by every backend that implements it (the
 simulator here, metalforge.cuda): the `arg_casts` names, the Metal scalar a tensor dtype or a
-cast binds as, and the checks on `threads`/`group_size` and `arg_casts` (with torch's messages).
+cast binds as, and the checks on `threads`/`group_size` and `arg_casts` (with torch's messages), the grid and
+the threadgroup a dispatch takes.
 """
 from __future__ import annotations
+
+import math
+from typing import Any, Optional
 
 import torch
 
@@ -51,3 +55,28 @@ def cast_dtypes(arg_casts, n: int) -> dict[int, torch.dtype]:
             out[k] = CASTS[v]
         return out
     raise RuntimeError(f"Unexpected caster arg type {type(arg_casts)}")
+
+
+def grid_of(threads: Any, first_numel: Optional[int]) -> list[int]:
+    """The dispatchThreads grid: `threads`, else the first tensor argument's numel."""
+    grid = dims(threads, "threads") if threads is not None else None
+    if grid is None:
+        if first_numel is None:
+            raise RuntimeError("Number of threads is undefined or has wrong dimension")
+        grid = [first_numel]
+    return grid
+
+
+def group_of(group_size: Any, grid: list[int], threads: Any, mx: int) -> list[int]:
+    """The threadgroup: `group_size`, or by default as many threads as allowed along the first
+    axis; at most `mx` threads in all."""
+    if group_size is None:
+        group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
+    else:
+        group = dims(group_size, "group_size")
+        if len(group) != len(grid):
+            raise RuntimeError(f"group_size {group_size!r} must have as many dimensions "
+                               f"as threads {threads!r}")
+    if math.prod(group) > mx:
+        raise ValueError(f"Threadgroup size exceeds {mx} limit")
+    return group

@@ -28,7 +28,7 @@ from typing import Iterator
 import torch
 
 from ..errors import MetalforgeError
-from .callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, dims
+from .callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
 from .compiler import build, engine_library
 from .parse import SignatureParam, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
@@ -247,13 +247,6 @@ def _check(kname: str, i: int, p: SignatureParam, b: _Bound) -> None:
         raise TypeError(f"{where}: expects a single value, got a list of {b.count}")
 
 
-def _product(xs: list[int]) -> int:
-    p = 1
-    for x in xs:
-        p *= x
-    return p
-
-
 class _Staging:
     """The guarded copies of a launch's arguments: one region per tensor storage (covering
     every bound view of it through the storage's end) and one per bytes argument."""
@@ -453,21 +446,8 @@ class LibraryFunction:
     def _geometry(self, threads, group_size, first_numel: int | None
                   ) -> tuple[list[int], list[int]]:
         """The dispatch's grid and threadgroup size, each as 3 dimensions."""
-        grid = dims(threads, "threads") if threads is not None else None
-        if grid is None:
-            if first_numel is None:
-                raise RuntimeError("Number of threads is undefined or has wrong dimension")
-            grid = [first_numel]
-        mx = self._sig.max_total_threads
-        if group_size is None:
-            group = [min(grid[0], mx)] if len(grid) == 1 else [mx] + [1] * (len(grid) - 1)
-        else:
-            group = dims(group_size, "group_size")
-            if len(group) != len(grid):
-                raise RuntimeError(f"group_size {group_size!r} must have as many dimensions as "
-                                   f"threads {threads!r}")
-        if _product(group) > mx:
-            raise ValueError(f"Threadgroup size exceeds {mx} limit")
+        grid = grid_of(threads, first_numel)
+        group = group_of(group_size, grid, threads, self._sig.max_total_threads)
         if any(g == 0 for g in group) and not any(t == 0 for t in grid):
             raise ValueError(f"group_size {group_size!r} has a zero dimension")
         return (grid + [1, 1])[:3], (group + [1, 1])[:3]
