@@ -69,25 +69,10 @@ def stub_launches() -> None:
     launcher.kernel_object = kernel_object
 
 
-def per_call(fn, calls: int, rounds: int, device: str) -> float:
-    """Median µs per call of `fn` over `rounds` loops of `calls` calls (no sync inside), in
-    CPU time of this process, so that other load on the machine does not count."""
-    for _ in range(min(calls, 200)):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(rounds):
-        t0 = time.process_time()
-        for _ in range(calls):
-            fn()
-        times.append((time.process_time() - t0) / calls * 1e6)
-        sync(device)
-    return statistics.median(times)
-
-
 def per_call_real(fn, calls: int, rounds: int, device: str) -> tuple[float, float]:
-    """(CPU µs, wall µs) per call of `fn`, medians over `rounds` loops of `calls` calls: the
-    process's CPU time of the loop alone, and the wall time of the loop and the sync after it."""
+    """(CPU µs, wall µs) per call of `fn`, medians over `rounds` loops of `calls` calls (no
+    sync inside): the process's CPU time of the loop alone (other load on the machine does not
+    count), and the wall time of the loop and the sync after it."""
     for _ in range(min(calls, 200)):
         fn()
     sync(device)
@@ -102,6 +87,11 @@ def per_call_real(fn, calls: int, rounds: int, device: str) -> tuple[float, floa
         cpu.append((c1 - c0) / calls * 1e6)
         wall.append((w1 - w0) / calls * 1e6)
     return statistics.median(cpu), statistics.median(wall)
+
+
+def per_call(fn, calls: int, rounds: int, device: str) -> float:
+    """Median CPU µs per call (`per_call_real`'s first number)."""
+    return per_call_real(fn, calls, rounds, device)[0]
 
 
 def real(a, device: str, rows: int, cols: int) -> None:
