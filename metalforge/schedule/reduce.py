@@ -532,13 +532,15 @@ class Builder:
         axis) into its accumulator; the sum of an online pair rides along with its max."""
         out: list[ir.Stmt] = []
         for r in reds:
-            if r.online_max is not None:
-                continue
-            v = el.value(r.arg)
-            if r.acc_type != compute_type(r.arg.dtype):
-                v = ir.Cast(r.acc_type, v)
-            out += update(r, v, pos)
+            if r.online_max is None:
+                out += update(r, self.acc_value(el, r), pos)
         return out
+
+    @staticmethod
+    def acc_value(el: ElementLowering, r: Reduction) -> ir.Expr:
+        """Reduction r's element value (lowered by `el`) in its accumulator's type."""
+        v = el.value(r.arg)
+        return v if r.acc_type == compute_type(r.arg.dtype) else ir.Cast(r.acc_type, v)
 
     def out_value(self, k: int, low: ElementLowering) -> ir.Expr:
         """Output k's value (lowered by `low`) converted to its storage type."""

@@ -480,11 +480,8 @@ class _Builder(reduce.Builder):
         after: list[ir.Stmt] = []
         for r in pairs:
             arr = f"mf_on{r.i}"
-            v = el.value(r.arg)
             decls.append(ir.ArrayDecl(arr, "float", self.reads))
-            keep.append(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_k")),
-                                  v if r.acc_type == compute_type(r.arg.dtype)
-                                  else ir.Cast(r.acc_type, v)))
+            keep.append(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_k")), self.acc_value(el, r)))
             after += reduce.update_chunk(r, arr, self.reads)
         self.helpers.add("mf_online_add_chunk")
         body = values + self.fold(el, others, ir.Var("mf_pos")) + keep + rest
