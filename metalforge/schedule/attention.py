@@ -35,12 +35,12 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   nothing).
 - Then the streams merge by shuffles, the simdgroups through threadgroup memory (row by row),
   and the tile's rows are written as acc / d, or, with several key blocks, each block's state
-  goes to a scratch buffer that `merge` combines (one simdgroup per row, its lanes over the
-  blocks). All keys masked gives 0 / 0 = NaN, as
+  goes to a scratch buffer that `merge` combines (a threadgroup of 8 simdgroups per row, each
+  over a share of the blocks, its lanes in parallel). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
-- With `stage_kv` (launch option): one simdgroup per query row of the tile, and the keys a
-  tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
+- With `stage_kv` (the default for 2-byte K/V): one simdgroup per query row of the tile, and
+  the keys a tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
   threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
   simdgroup scores the tile with a lane per key from there (`tile_scores`: the key's row
   a 16-byte vector per chunk, the row's q as float4 broadcasts from threadgroup memory),
@@ -157,10 +157,19 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
 # Key blocks per tile of query rows, when launch={'key_splits': n} does not pin them: enough
 # threadgroups (tiles x blocks) to fill a GPU of many cores, each simdgroup of a block still
 # taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
+# stage_kv's threadgroups are lighter (48 registers a thread, 21.5 KB of threadgroup memory:
+# 10 fit an H100 core, against 4 of the default's), so it aims at twice as many: decode GQA
+# 32/8, E = 128, f16, L = 16384 / 65536: 512 groups 83.6 / 285.5 us, 1024 groups 63.3 /
+# 190.5, 2048 groups 68.0 / 190.8 (bench/README.md, 2026-11-25).
 TARGET_GROUPS = 512
+TARGET_GROUPS_STAGED = 1024
 MIN_KEYS = 32
-# The merge kernel: key blocks a stream of lanes loads before it adds any of them
+# The merge kernel: key blocks a stream of lanes loads before it adds any of them, and the
+# simdgroups of a query row's threadgroup (each merges a share of the blocks, then the first
+# merges their states: with one simdgroup per row, 32 rows of 128 blocks took 17-21 us on an
+# H100, a serial chain of loads per row)
 MERGE_STEP = 4
+MERGE_SIMDGROUPS = 8
 # stage_kv: keys per tile (one per lane), bytes of threadgroup memory per staged tensor (32
 # keys x 128 elements of 2 bytes, rows padded by PAD_BYTES: 16-byte reads of 32 lanes at
 # different rows then fall on different banks), and the consecutive E elements a lane holds
@@ -241,7 +250,8 @@ class AttentionSchedule(Schedule):
         length = sizes[self.l_axis]
         if self.policy.key_splits:
             return max(1, min(self.policy.key_splits, length))
-        want = -(-TARGET_GROUPS // max(1, self._tiles(sizes)))
+        target = TARGET_GROUPS_STAGED if self.policy.stage_kv else TARGET_GROUPS
+        want = -(-target // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
@@ -252,9 +262,8 @@ class AttentionSchedule(Schedule):
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
         if self.splits(sizes) == 1 or self.merge is None:
             return first
-        threads = self._rows(sizes) * SIMD_WIDTH
-        return first + (Step(self.merge.host_name, threads, min(self.policy.threads_per_group,
-                                                                 threads)),)
+        group = SIMD_WIDTH * MERGE_SIMDGROUPS
+        return first + (Step(self.merge.host_name, self._rows(sizes) * group, group),)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         splits = self.splits(sizes)
@@ -291,7 +300,9 @@ class AttentionSchedule(Schedule):
         return self.kernel.host_name
 
     def max_group_size(self, host_name: str) -> int:
-        return max(self._group(), self.policy.threads_per_group)
+        if self.merge is not None and host_name == self.merge.host_name:
+            return SIMD_WIDTH * MERGE_SIMDGROUPS
+        return self._group()
 
 
 class _Builder(reduce.Builder):
@@ -339,6 +350,9 @@ class _Builder(reduce.Builder):
         self.kps = policy.keys_per_step                # keys a lane's key stream takes at once
         self.kv = self._key_tensors()
         sizes = {self.tensor_of(n).dtype.itemsize for n in self.kv}
+        if policy.stage_kv is None:              # the schedule's choice (policy.py)
+            self.policy = policy = replace(policy, stage_kv=sizes == {2} and (
+                policy.threads_per_group == SIMD_WIDTH * policy.rows_per_group))
         self.vw = access_width(self.epl, sizes or {4})
         self.tiled = False
         self.pre: list[ir.Stmt] = []
@@ -1417,20 +1431,25 @@ class _Builder(reduce.Builder):
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def merge_kernel(self) -> ir.LoweredKernel:
-        """One simdgroup per query row: the merge of its blocks' states, then the outputs.
-        The lanes take blocks in parallel: the largest max and the rescaled sum d with a
-        block per lane, then acc with the simdgroup's kp streams of mf_w lanes (a stream's
-        lane holds reads_per_thread elements of E) taking MERGE_STEP blocks each at a time,
-        their loads issued before any is used; the streams are summed by shuffles."""
-        emax = SIMD_WIDTH * self.epl
-        threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
+        """A threadgroup of MERGE_SIMDGROUPS simdgroups per query row: each merges the states
+        of its share of the row's key blocks, the first merges theirs (through threadgroup
+        memory) and writes the outputs. In a simdgroup the lanes take blocks in parallel: the
+        largest max and the rescaled sum d with a block per lane, then acc with the
+        simdgroup's kp streams of mf_w lanes (a stream's lane holds reads_per_thread elements
+        of E) taking MERGE_STEP blocks each at a time, their loads issued before any is used;
+        the streams are summed by shuffles."""
+        emax, nsg = SIMD_WIDTH * self.epl, MERGE_SIMDGROUPS
+        threads = (ir.ThreadInput("mf_row", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names = [], set()
         fin = self.epilogue()
         splits, lane = ir.Var("mf_splits"), ir.Var("mf_lane")
+        b0, b1 = ir.Var("mf_b0"), ir.Var("mf_b1")
         base = ir.Cast(IDX, ir.Var("mf_row")) * ir.Cast(IDX, splits)
         s, u, j = ir.Var("mf_s"), ir.Var("mf_u"), ir.Var("mf_j")
         mm, md = ir.Var("mf_mm"), ir.Var("mf_md")
+        zero = ir.Lit(0, "uint")
         self.helpers.add("mf_simd_max")
 
         def at(s: ir.Expr, k: ir.Expr) -> ir.Expr:
@@ -1439,56 +1458,78 @@ class _Builder(reduce.Builder):
         def weight(m: ir.Expr) -> ir.Expr:
             return ir.Select(m.ne(NEG_INF), ir.Call("exp", (m - mm,), precise=True),
                              ir.Lit(0.0, "float"))
-        each_lane = (lane, splits, SIMD)        # blocks s = lane, lane + 32, ...
         mv = ir.Lane(ir.Var("mf_mv"), u)
         av = ir.Lane(ir.Var("mf_av"), u * ir.Lit(self.epl, "uint") + j)
         acc = ir.Lane(ir.Var("mf_macc"), j)
         block = ir.Var("mf_s0") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
         e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
-        steps = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(MERGE_STEP, "uint"),
+        steps = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"),
                        [ir.Decl("mf_s", "uint", block),
-                        ir.Assign(mv, ir.Select(s < splits, at(s, ir.Lit(0, IDX)), NEG_INF)),
+                        ir.Assign(mv, ir.Select(s < b1, at(s, ir.Lit(0, IDX)), NEG_INF)),
                         self.slots([ir.Assign(av, ir.Lit(0.0, "float")),
-                                    ir.If((s < splits).and_(ir.Cast(IDX, e) < self.size(
+                                    ir.If((s < b1).and_(ir.Cast(IDX, e) < self.size(
                                         self.form.e)), [ir.Assign(av, at(s, ir.Lit(2, IDX)
                                                                          + ir.Cast(IDX, e)))])])],
                        unroll=True)
-        add = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(MERGE_STEP, "uint"), [
+        add = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"), [
             ir.Decl("mf_c", "float", weight(mv)),
             self.slots([ir.Assign(acc, acc + av * ir.Var("mf_c"))])], unroll=True)
         per = ir.Var("mf_kp") * ir.Lit(MERGE_STEP, "uint")
-        body: list[ir.Stmt] = [
-            ir.Comment("one simdgroup per query row; its lanes take the row's key blocks"),
-            ir.Decl("mf_row", "uint", ir.Var("mf_tid") / SIMD),
-            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
-            ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
-            ir.Decl("mf_grp", "uint", lane / ir.Var("mf_w")),
-            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w")),
-            *self.pre,
+        share = ir.Var("mf_share")
+        own: list[ir.Stmt] = [
             ir.Comment("the largest max M and d = sum d_s exp(m_s - M): a block per lane"),
             ir.Decl("mf_mm", "float", NEG_INF, const=False),
-            ir.For("mf_s", "uint", *each_lane[:2], [ir.Assign(mm, ir.Call(
-                "mf_maximum", (mm, at(s, ir.Lit(0, IDX)))))], step=each_lane[2]),
+            ir.For("mf_s", "uint", b0 + lane, b1, [ir.Assign(mm, ir.Call(
+                "mf_maximum", (mm, at(s, ir.Lit(0, IDX)))))], step=SIMD),
             ir.Assign(mm, ir.Call("mf_simd_max", (mm,))),
             ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
-            ir.For("mf_s", "uint", *each_lane[:2], [ir.Assign(md, md + at(s, ir.Lit(1, IDX))
+            ir.For("mf_s", "uint", b0 + lane, b1, [ir.Assign(md, md + at(s, ir.Lit(1, IDX))
                                                              * weight(at(s, ir.Lit(0, IDX))))],
-                   step=each_lane[2]),
+                   step=SIMD),
             ir.Assign(md, ir.Call("simd_sum", (md,))),
             ir.Comment(f"acc = sum acc_s exp(m_s - M): kp streams of blocks, {MERGE_STEP} "
                        "blocks each at a time (loads first), summed across the streams"),
             ir.ArrayDecl("mf_macc", "float", self.epl),
             self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
-            ir.For("mf_s0", "uint", ir.Lit(0, "uint"), splits, [
+            ir.For("mf_s0", "uint", b0, b1, [
                 ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
                 ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl), steps, add], step=per),
             ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.slots([ir.Assign(
                 acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
                 step=ir.Var("mf_off")),
-            ir.Comment("outputs: acc / d (all keys masked: 0 / 0 = NaN)"),
-            ir.If(ir.Var("mf_grp").eq(ir.Lit(0, "uint")), [fin])]
+            ir.Comment("this simdgroup's state for the first"),
+            ir.If(ir.Var("mf_grp").eq(zero), [
+                ir.If(lane.eq(zero), [
+                    ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), mm),
+                    ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), md)]),
+                self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
+                                              * ir.Lit(emax, "uint") + e), acc)])])]
+        merged = self.merge_states(
+            ir.Lit(nsg, "uint"),
+            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
+            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
+        body: list[ir.Stmt] = [
+            ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
+            ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
+            ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup"),
+            ir.Comment("a threadgroup per query row; simdgroup mf_sg merges key blocks "
+                       "[mf_b0, mf_b1), its lanes in parallel"),
+            ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
+            ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
+            ir.Decl("mf_grp", "uint", lane / ir.Var("mf_w")),
+            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w")),
+            ir.Decl("mf_share", "uint", (splits + ir.Lit(nsg - 1, "uint")) / ir.Lit(nsg, "uint")),
+            ir.Decl("mf_b0", "uint", ir.Call("min", (ir.Var("mf_sg") * share, splits))),
+            ir.Decl("mf_b1", "uint", ir.Call("min", (b0 + share, splits))),
+            *self.pre,
+            ir.Block(own),
+            ir.Barrier(),
+            ir.Comment("the first simdgroup merges the simdgroups' states; outputs: acc / d "
+                       "(all keys masked: 0 / 0 = NaN)"),
+            ir.If(ir.Var("mf_sg").eq(zero).and_(ir.Var("mf_grp").eq(zero)), merged + [fin])]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
-                   f"blocks merged, then the outputs; one simdgroup per query row")
+                   f"blocks merged, then the outputs; a threadgroup of {nsg} simdgroups per "
+                   f"query row")
         return make_kernel(self.graph, self.index64, threads, body, summary, "merge",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 

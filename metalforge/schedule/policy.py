@@ -46,8 +46,9 @@ class LaunchPolicy:
     keys_per_step: int = 8             # attention: keys a simdgroup loads at once
     lane_scores: bool = False          # attention: each lane scores whole keys of its own (q in
                                        # threadgroup memory), no butterfly per key
-    stage_kv: bool = False             # attention: K/V tiles of 32 keys staged in threadgroup
+    stage_kv: Optional[bool] = None    # attention: K/V tiles of 32 keys staged in threadgroup
                                        # memory by the whole group, one simdgroup per query row
+                                       # (None: the schedule's choice, on for 2-byte K/V)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
@@ -135,9 +136,14 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 128 threads 32.2 / 77.4 / 234; with 256 threads 34.3 / 93.3 / 253; without lane scores
     # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
     # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
-    # stage_kv (off until timed): K/V tiles of 32 keys in threadgroup memory, one simdgroup
-    # per query row (threads_per_group = 32 x rows_per_group); a hand-written prototype of
-    # it measured 23.6 / 64.5 / 195.2 us at the shapes above (issue #11)
+    # stage_kv: K/V tiles of 32 keys in threadgroup memory, one simdgroup per query row
+    # (threads_per_group = 32 x rows_per_group), about 1024 threadgroups. Unless set, on for
+    # 2-byte K/V (where threads_per_group allows it): H100, 2026-11-25, us, default -> staged:
+    # decode GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 23.6 / 63.3 /
+    # 188.4; bf16 16384 71.5 -> 64.9; MHA 32/32 16384 206.5 -> 158.3; L = 1024 29.3 -> 15.1;
+    # prefill S = L = 1024 / 4096, E = 128: 2818 / 42758 -> 2248 / 34292. Slower: E = 64
+    # (decode 16384 41.9 -> 48.2, prefill 1024 1568 -> 1950) and f32 (79.5 -> 88.7), so f32
+    # stays unstaged; E is a per-call size, so 2-byte E = 64 takes the loss (bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
@@ -203,9 +209,10 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
     _need(p, p.index64 is None or isinstance(p.index64, bool),
           f"index64 must be None, True or False, got {p.index64!r}")
-    for name in ("lane_scores", "stage_kv"):
-        _need(p, isinstance(getattr(p, name), bool),
-              f"{name} must be True or False, got {getattr(p, name)!r}")
+    _need(p, isinstance(p.lane_scores, bool),
+          f"lane_scores must be True or False, got {p.lane_scores!r}")
+    _need(p, p.stage_kv is None or isinstance(p.stage_kv, bool),
+          f"stage_kv must be None (the schedule's choice), True or False, got {p.stage_kv!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")

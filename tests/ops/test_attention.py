@@ -22,17 +22,23 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3,
        torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype,stage_kv", [(torch.float32, None), (torch.float16, None),
+                                            (torch.bfloat16, None), (torch.float16, False)])
 @pytest.mark.parametrize("s,length,e", [(1, 1, 8), (1, 31, 64), (1, 33, 128), (5, 100, 256),
                                         (7, 7, 16), (3, 4097, 32)])
-def test_matches_sdpa(dtype, s, length, e):
+def test_matches_sdpa(dtype, stage_kv, s, length, e):
+    """The schedule's own choice (K/V tiles staged for 2-byte types, not for f32) and f16
+    unstaged."""
     g = torch.Generator().manual_seed(s * length + e)
     q, k, v = (torch.randn(1, 2, n, e, generator=g).to(dtype) for n in (s, length, length))
+    kernel = attention if stage_kv is None else attention.with_launch(stage_kv=stage_kv)
+    policy = runtime.schedule_of(kernel.graph(q, k, v, 0.1), launch=kernel.launch).policy
+    assert policy.stage_kv is (dtype != torch.float32 and stage_kv is None)
     for causal in (True, False):
         mask = causal_mask(s, length, "cpu") if causal else None
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=e ** -0.5,
                                               attn_mask=mask).to(dtype)
-        torch.testing.assert_close(attention(q, k, v, e ** -0.5, causal=causal), want,
+        torch.testing.assert_close(kernel(q, k, v, e ** -0.5, causal=causal), want,
                                    **TOL[dtype])
 
 
@@ -86,7 +92,7 @@ def test_key_blocks_per_call():
     """A few tiles of query rows split their keys (a second launch merges the blocks); many
     tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head make one
     tile of rows_per_group = 4 (a threadgroup of 128 threads per tile and key block): 8 tiles,
-    512 / 8 = 64 blocks."""
+    512 / 8 = 64 blocks, merged by a threadgroup of 8 simdgroups per query row."""
     q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1))
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
@@ -94,6 +100,7 @@ def test_key_blocks_per_call():
     assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
                                              "attention_f32_causal_true_merge"]
     assert s.splits(sizes) == 64 and steps[0].threads == 8 * 1 * 64 * 128
+    assert (steps[1].threads, steps[1].group) == (32 * 256, 256)  # 8 simdgroups per query row
     assert len(s.steps({**sizes, "L": 100})) == 1
     assert len(s.steps({**sizes, "S": 1024})) == 1      # 8 x 1024 tiles fill the GPU
 
@@ -181,16 +188,18 @@ def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
 
 def test_stage_kv_launch():
     """One simdgroup per row of the tile (128 threads for R = 4, 32 where the tile is one
-    row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; each block of
-    keys at least one tile; stage_kv=1 from a command line is True."""
+    row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; about 1024
+    threadgroups, each block of keys at least one tile; stage_kv=1 from a command line is
+    True."""
     q, kv = torch.randn(1, 32, 1, 128).half(), torch.randn(1, 8, 65536, 128).half()
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": True})
     assert s.policy.stage_kv is True
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
     decode, merge = s.steps(sizes)
-    assert decode.group == 128 and s.splits(sizes) == 64 and decode.threads == 8 * 64 * 128
+    assert decode.group == 128 and s.splits(sizes) == 128 and decode.threads == 8 * 128 * 128
     assert s.keys_per_tile(sizes) == 32 and s.keys_per_tile({**sizes, "E": 256}) == 16
-    assert s.splits({**sizes, "L": 4096}) == 64 and s.splits({**sizes, "L": 40}) == 1
+    assert s.splits({**sizes, "L": 4096}) == 128 and s.splits({**sizes, "L": 2048}) == 64
+    assert s.splits({**sizes, "L": 40}) == 1
     f32 = runtime.schedule_of(attention.graph(q.float(), kv.float(), kv.float(), 0.1),
                               launch={"stage_kv": True})
     assert f32.keys_per_tile(sizes) == 16 and f32.keys_per_tile({**sizes, "E": 256}) == 8

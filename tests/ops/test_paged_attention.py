@@ -34,10 +34,11 @@ def _case(batch, g, r, e, blocks, per_seq, lengths, dtype, seed=0):
     (1, 8, 128, 40, [640, 17]),           # MQA, long enough to split the keys into blocks
     (4, 1, 33, 3, [48, 20]),              # MHA, E not a multiple of the vector width
 ])
-@pytest.mark.parametrize("launch", [{}, {"stage_kv": True}, {"stage_kv": True, "key_splits": 3}])
+@pytest.mark.parametrize("launch", [{"stage_kv": False}, {"stage_kv": True},
+                                    {"stage_kv": True, "key_splits": 3}])
 def test_matches_sdpa_per_sequence(dtype, g, r, e, per_seq, lengths, launch):
-    """The default schedule, and stage_kv (each copy into the K/V tiles finds its key's row
-    through the block table)."""
+    """Keys read by the lanes that score them, and stage_kv (each copy into the K/V tiles
+    finds its key's row through the block table)."""
     args = _case(len(lengths), g, r, e, 100, per_seq, lengths, dtype)
     want = torch_paged_attention(*(a.double() if a.is_floating_point() else a for a in args),
                                  0.125).to(dtype)
