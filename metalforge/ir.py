@@ -233,8 +233,9 @@ class ArrayDecl:
 
 @dataclass
 class Barrier:
-    """Every thread of the threadgroup waits here; threadgroup memory writes become visible."""
-    pass
+    """Every thread of the threadgroup (scope "simdgroup": of the simdgroup) waits here;
+    threadgroup memory writes become visible to them."""
+    scope: str = "threadgroup"
 
 
 @dataclass
@@ -480,7 +481,7 @@ class IRPrinter(Printer):
             sp = "threadgroup " if s.space == "threadgroup" else ""
             return f"{sp}array {s.name}: {s.type}[{s.length}]"
         if isinstance(s, Barrier):
-            return "barrier (threadgroup)"
+            return f"barrier ({s.scope})"
         if isinstance(s, Return):
             return "return"
         raise TypeError(f"not an IR statement: {s!r}")

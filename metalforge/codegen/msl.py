@@ -99,7 +99,7 @@ class MSLPrinter(ir.Printer):
             sp = "threadgroup " if s.space == "threadgroup" else ""
             return f"{sp}{s.type} {s.name}[{s.length}];"
         if isinstance(s, ir.Barrier):
-            return "threadgroup_barrier(mem_flags::mem_threadgroup);"
+            return f"{s.scope}_barrier(mem_flags::mem_threadgroup);"
         if isinstance(s, ir.Return):
             return "return;"
         raise TypeError(f"not an IR statement: {s!r}")

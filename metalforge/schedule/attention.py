@@ -39,7 +39,7 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   over a share of the blocks, its lanes in parallel). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
-- With `stage_kv` (the default for 2-byte K/V): one simdgroup per query row of the tile, and
+- With `stage_kv` (the default): one simdgroup per query row of the tile, and
   the keys a tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
   threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
   simdgroup scores the tile with a lane per key from there (`tile_scores`: the key's row
@@ -351,7 +351,7 @@ class _Builder(reduce.Builder):
         self.kv = self._key_tensors()
         sizes = {self.tensor_of(n).dtype.itemsize for n in self.kv}
         if policy.stage_kv is None:              # the schedule's choice (policy.py)
-            self.policy = policy = replace(policy, stage_kv=sizes == {2} and (
+            self.policy = policy = replace(policy, stage_kv=(
                 policy.threads_per_group == SIMD_WIDTH * policy.rows_per_group))
         self.vw = access_width(self.epl, sizes or {4})
         self.tiled = False
@@ -577,7 +577,10 @@ class _Builder(reduce.Builder):
                     body + [ir.Assign(slot, _float(low.value(n), n))])],
                 step=ir.Lit(tpg, "uint")))
             self.staged[n] = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
-        return out + [ir.Barrier()] if out[1:] else []
+        if not out[1:]:
+            return []
+        # stage_kv: the first tile's barrier orders these writes before any read of them
+        return out if self.policy.stage_kv else out + [ir.Barrier()]
 
     def load_keys(self) -> list[ir.Stmt]:
         """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
@@ -1104,7 +1107,7 @@ class _Builder(reduce.Builder):
         copy when E is a multiple of vw (and innermost in every read), else the chunk's
         elements inside E one by one (a chunk is still one thread's)."""
         vw, group = self.vw, ir.Lit(self.group, "uint")
-        i, key = ir.Var("mf_i"), ir.Var("mf_r")              # copy i: key r, E from mf_e0
+        key = ir.Var("mf_r")                         # copy mf_i: key mf_r, E from mf_e0
         whole = vw > 1 and all(self.tensor_of(n).axes[-1] == self.form.e for n in self.kv)
         vector: list[ir.Stmt] = [ir.Decl("mf_e", "uint", ir.Var("mf_e0"))]
         scalar: list[ir.Stmt] = []
@@ -1122,16 +1125,26 @@ class _Builder(reduce.Builder):
                 ir.Decl("mf_e", "uint", ir.Var("mf_e0") + ir.Var("mf_x")),
                 ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), [
                     ir.Store(arr, dst, ir.Load(self.names[t.name], src))])], unroll=True)]))
+        chunks, cc = ir.Var("mf_chunks"), ir.Var("mf_cc")
         body: list[ir.Stmt] = [
-            ir.Decl("mf_r", "uint", i / ir.Var("mf_chunks")),
-            ir.Decl("mf_e0", "uint", i % ir.Var("mf_chunks") * ir.Lit(vw, "uint")),
+            ir.Decl("mf_e0", "uint", cc * ir.Lit(vw, "uint")),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key))]
         body += [ir.If(ir.Var("mf_vec_ok"), vector, scalar)] if whole else scalar
+        body += [ir.Comment(f"the next copy: {self.group} further (mf_dr keys and mf_dc "
+                            "chunks), no division per copy"),
+                 ir.Assign(key, key + ir.Var("mf_dr")), ir.Assign(cc, cc + ir.Var("mf_dc")),
+                 ir.If(cc >= chunks, [ir.Assign(cc, cc - chunks),
+                                      ir.Assign(key, key + ir.Lit(1, "uint"))])]
         return [
             ir.Comment(f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {self.group} "
-                       f"threads copy, a chunk of {vw} elements (16 bytes) a copy"),
-            ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * ir.Var("mf_chunks"),
-                   body, step=group),
+                       f"threads copy, a chunk of {vw} elements (16 bytes) a copy; copy i is "
+                       f"key i / mf_chunks, chunk i % mf_chunks"),
+            ir.Decl("mf_r", "uint", ir.Var("mf_tid") / chunks, const=False),
+            ir.Decl("mf_cc", "uint", ir.Var("mf_tid") % chunks, const=False),
+            ir.Decl("mf_dr", "uint", group / chunks),
+            ir.Decl("mf_dc", "uint", group % chunks),
+            ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * chunks, body,
+                   step=group),
             ir.Barrier()]
 
     def tile_scores(self) -> list[ir.Stmt]:
@@ -1222,22 +1235,24 @@ class _Builder(reduce.Builder):
         each_elem = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
             e_of_x, ir.If(inside, adds_elem)], unroll=True)
         by_elems = k_elems + [each_elem]
-        chunk: list[ir.Stmt] = by_elems
+        def chunks(body: list[ir.Stmt]) -> ir.Stmt:
+            return ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"), body,
+                          step=ir.Var("mf_parts"))
+        scan: ir.Stmt = chunks(by_elems)
         if vw > 1:
             each_vec = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                               [e_of_x] + adds_vec, unroll=True)
-            chunk = [ir.If(ir.Var("mf_vec_ok"), [
+            scan = ir.If(ir.Var("mf_vec_ok"), [chunks([
                 ir.Comment(f"the key's chunk: one {vw}-element read of its row; q's: "
                            f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
-                *k_vec, *q_vec, each_vec], by_elems)]
+                *k_vec, *q_vec, each_vec])], [scan])
         sc_body, value = self.score()
         live = key < ir.Var("mf_tn")
         return [
             ir.Comment("scores: lane mf_key contracts its key's E elements (chunk mf_part, "
                        "mf_part + mf_parts, ...) with the row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
-            ir.If(live, [ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"),
-                                chunk, step=ir.Var("mf_parts"))]),
+            ir.If(live, [scan]),
             ir.For("mf_off", "uint", ir.Var("mf_kt"), SIMD, butterfly, step=ir.Var("mf_off")),
             ir.Decl("mf_sc", "float", NEG_INF, const=False),
             ir.If(live, sc_body + [ir.Assign(ir.Var("mf_sc"), value)])]
@@ -1265,15 +1280,21 @@ class _Builder(reduce.Builder):
             self.slots([ir.Assign(acc, acc * corr)])]
 
     def tile_values(self) -> list[ir.Stmt]:
-        """acc += p v for the tile's keys one after another, each key's p shuffled from the
-        lane that scored it, the lanes over E reading v from the staged tile: per stretch of
-        32 x run elements, the lane's run consecutive ones as one vec<T, run> read when E is a
-        multiple of run (mf_run_ok: the lane's run is wholly inside E or past it), else one by
-        one (guarded)."""
+        """acc += p v for the tile's keys one after another, the lanes over E reading v from
+        the staged tile. The keys' weights go through threadgroup memory (each key's first
+        lane stores its p, a simdgroup barrier, every lane reads them back as broadcasts: one
+        read a key instead of a shuffle). Per stretch of 32 x run elements, the lane's run
+        consecutive ones as one vec<T, run> read when E is a multiple of run (mf_run_ok: the
+        lane's run is wholly inside E or past it, decided once per stretch, not per key), else
+        one by one (guarded)."""
         f, run = self.form, self.run
         u, x = ir.Var("mf_u"), ir.Var("mf_x")
         acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
         vnodes = [n for n in self.kv if n in topo_order([f.values])]
+        tgp = ir.Lane(ir.Var("mf_tg_p"), ir.Var("mf_t") * SIMD + u)
+        self.tg_decls.append(ir.ArrayDecl("mf_tg_p", "float", self.qt * SIMD_WIDTH,
+                                          "threadgroup"))
+        self.tg_bytes += 4 * self.qt * SIMD_WIDTH
 
         def add(reads: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
             vals = self.lowering("mf_w")
@@ -1283,9 +1304,15 @@ class _Builder(reduce.Builder):
             self.helpers |= vals.helpers
             return body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
                 vals.value(f.values), f.values))]
-        by_elems = self.lanes(add({n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
-            ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
-            for n, arr in self.kv.items()}))
+
+        def each_key(body: list[ir.Stmt]) -> ir.Stmt:
+            return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Var("mf_tn"), [
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
+                ir.Decl("mf_pu", "float", tgp), *body])
+        by_elems = each_key([self.lanes(add({n: ir.Cast(
+            compute_type(self.tensor_of(n).dtype), ir.Lane(
+                ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
+            for n, arr in self.kv.items()}))])
         each: ir.Stmt = by_elems
         # a vector of run elements is aligned: rows start 16-byte aligned at multiples of vw
         # elements (plus PAD_BYTES), the lane's run at a multiple of run
@@ -1302,19 +1329,22 @@ class _Builder(reduce.Builder):
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
                 ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(SIMD_WIDTH * run, "uint")
                         + ir.Var("mf_lane") * ir.Lit(run, "uint")),
-                ir.If(ir.Cast(IDX, e0) < self.size(f.e), reads + [
+                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
                         ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
-                        ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])],
+                        ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])])],
                 unroll=True)
             each = ir.If(ir.Var("mf_run_ok"), [by_runs], [by_elems])
         return [
+            ir.Comment("the tile's weights p for every lane: each key's first lane stores its "
+                       "p, read back as broadcasts"),
+            ir.If(ir.Var("mf_part").eq(ir.Lit(0, "uint")), [
+                ir.Assign(ir.Lane(ir.Var("mf_tg_p"), ir.Var("mf_t") * SIMD + ir.Var("mf_key")),
+                          ir.Var("mf_p"))]),
+            ir.Barrier("simdgroup"),
             ir.Comment(f"the values: acc += p v, key by key of the tile, the lanes over E "
                        f"({run} consecutive elements a lane per stretch of {SIMD_WIDTH * run})"),
-            ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Var("mf_tn"), [
-                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
-                ir.Decl("mf_pu", "float", ir.Call("simd_shuffle", (ir.Var("mf_p"), u))),
-                each])]
+            each]
 
     def stage_kv_body(self) -> list[ir.Stmt]:
         """The stage_kv decode kernel after its head: q staged, then per tile of mf_kt keys

@@ -48,7 +48,8 @@ class LaunchPolicy:
                                        # threadgroup memory), no butterfly per key
     stage_kv: Optional[bool] = None    # attention: K/V tiles of 32 keys staged in threadgroup
                                        # memory by the whole group, one simdgroup per query row
-                                       # (None: the schedule's choice, on for 2-byte K/V)
+                                       # (None: the schedule's choice, on where
+                                       # threads_per_group = 32 x rows_per_group)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
@@ -137,13 +138,12 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
     # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
     # stage_kv: K/V tiles of 32 keys in threadgroup memory, one simdgroup per query row
-    # (threads_per_group = 32 x rows_per_group), about 1024 threadgroups. Unless set, on for
-    # 2-byte K/V (where threads_per_group allows it): H100, 2026-11-25, us, default -> staged:
-    # decode GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 23.6 / 63.3 /
-    # 188.4; bf16 16384 71.5 -> 64.9; MHA 32/32 16384 206.5 -> 158.3; L = 1024 29.3 -> 15.1;
-    # prefill S = L = 1024 / 4096, E = 128: 2818 / 42758 -> 2248 / 34292. Slower: E = 64
-    # (decode 16384 41.9 -> 48.2, prefill 1024 1568 -> 1950) and f32 (79.5 -> 88.7), so f32
-    # stays unstaged; E is a per-call size, so 2-byte E = 64 takes the loss (bench/README.md)
+    # (threads_per_group = 32 x rows_per_group), about 1024 threadgroups. Unless set, on
+    # wherever threads_per_group allows it: H100, 2026-11-25, us, unstaged -> staged: decode
+    # GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 19.8 / 50.8 / 140.4;
+    # bf16 16384 71.5 -> 50.9; f32 16384 79.6 -> 72.7; E = 64 41.9 -> 33.6; MHA 32/32 16384
+    # 206.5 -> 117.0; prefill S = L = 1024, E = 64 / 128: 1568 / 2818 -> 1192 / 1581
+    # (bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),

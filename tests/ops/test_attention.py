@@ -23,17 +23,18 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3,
 
 
 @pytest.mark.parametrize("dtype,stage_kv", [(torch.float32, None), (torch.float16, None),
-                                            (torch.bfloat16, None), (torch.float16, False)])
+                                            (torch.bfloat16, None), (torch.float16, False),
+                                            (torch.float32, False)])
 @pytest.mark.parametrize("s,length,e", [(1, 1, 8), (1, 31, 64), (1, 33, 128), (5, 100, 256),
                                         (7, 7, 16), (3, 4097, 32)])
 def test_matches_sdpa(dtype, stage_kv, s, length, e):
-    """The schedule's own choice (K/V tiles staged for 2-byte types, not for f32) and f16
-    unstaged."""
+    """The schedule's own choice (K/V tiles staged) and the keys read by the lanes that score
+    them (stage_kv=False)."""
     g = torch.Generator().manual_seed(s * length + e)
     q, k, v = (torch.randn(1, 2, n, e, generator=g).to(dtype) for n in (s, length, length))
     kernel = attention if stage_kv is None else attention.with_launch(stage_kv=stage_kv)
     policy = runtime.schedule_of(kernel.graph(q, k, v, 0.1), launch=kernel.launch).policy
-    assert policy.stage_kv is (dtype != torch.float32 and stage_kv is None)
+    assert policy.stage_kv is (stage_kv is None)
     for causal in (True, False):
         mask = causal_mask(s, length, "cpu") if causal else None
         want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=e ** -0.5,
@@ -68,7 +69,7 @@ def test_softmax_spelled_out_is_attention(kernel):
     torch.testing.assert_close(kernel(q, k, v, 0.2), want, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("lane_scores", [True, False])
+@pytest.mark.parametrize("lane_scores", [True, False, None])     # None: K/V staged (default)
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 1), (3, 3)])     # GQA, MQA, MHA
 @pytest.mark.parametrize("s,length,splits", [(1, 700, 0), (1, 129, 3), (2, 50, 50), (3, 40, 1),
                                              (1, 1500, 37)])
@@ -76,11 +77,12 @@ def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits, lane
     """q's heads "(G R)": each of the G key/value heads serves R query heads; the keys of a
     query row split into `splits` blocks (0: chosen per call) merged by a second kernel (37:
     more blocks than a simdgroup has lanes, and not a multiple of its streams); scores by a
-    lane per key or by lanes over E."""
+    lane per key or by lanes over E, or from K/V tiles staged in threadgroup memory."""
     g = torch.Generator().manual_seed(heads * length + s)
     q = torch.randn(2, heads, s, 64, generator=g)
     k, v = (torch.randn(2, kv_heads, length, 64, generator=g) for _ in range(2))
-    launch = dict(lane_scores=lane_scores, **({"key_splits": splits} if splits else {}))
+    launch = {} if lane_scores is None else dict(stage_kv=False, lane_scores=lane_scores)
+    launch.update({"key_splits": splits} if splits else {})
     kernel = attention.with_launch(**launch)
     want = F.scaled_dot_product_attention(q, k, v, scale=0.125, enable_gqa=True,
                                           attn_mask=causal_mask(s, length, "cpu"))
@@ -90,11 +92,12 @@ def test_grouped_query_heads_match_sdpa(heads, kv_heads, s, length, splits, lane
 
 def test_key_blocks_per_call():
     """A few tiles of query rows split their keys (a second launch merges the blocks); many
-    tiles, or few keys, launch the one kernel. The R = 4 query heads of a kv head make one
+    tiles, or few keys, launch the one kernel. Unstaged (stage_kv: test_stage_kv_launch),
+    the R = 4 query heads of a kv head make one
     tile of rows_per_group = 4 (a threadgroup of 128 threads per tile and key block): 8 tiles,
     512 / 8 = 64 blocks, merged by a threadgroup of 8 simdgroups per query row."""
     q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
-    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1))
+    s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": False})
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
     steps = s.steps(sizes)
     assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
@@ -109,7 +112,8 @@ def test_key_blocks_per_call():
 def test_masked_rows_and_nan_follow_softmax(lane_scores, splits):
     """All keys masked: NaN (0 / 0, as softmax of all -inf); a NaN score: a NaN row; with the
     keys in one block or split (the merge kernel carries both)."""
-    kernel = padded_attention.with_launch(lane_scores=lane_scores, key_splits=splits)
+    kernel = padded_attention.with_launch(stage_kv=False, lane_scores=lane_scores,
+                                          key_splits=splits)
     q, k, v = torch.randn(2, 1, 3, 8), torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
     valid = torch.ones(2, 5, dtype=torch.bool)
     valid[1] = False                                   # every key of sequence 1 masked

@@ -66,6 +66,7 @@ kernel void mf_attention_decode(
     threadgroup float4 mf_tgq0_v[256];
     threadgroup float4 mf_tg_kv0[544];
     threadgroup float4 mf_tg_kv1[544];
+    threadgroup float mf_tg_p[128];
     // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
@@ -97,7 +98,6 @@ kernel void mf_attention_decode(
             mf_tgq0[mf_qi] = mf_q;
         }
     }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
     const uint mf_t = mf_sg;
     const uint mf_tid = mf_sg * 32u + mf_lane;
     // scores: lane mf_key of the tile's keys, part mf_part of its E chunks (32 / mf_kt lanes per key)
@@ -122,10 +122,13 @@ kernel void mf_attention_decode(
     // one pass over the block's keys along 'L', a tile at a time (scores never stored)
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(mf_kt)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(mf_kt)));
-        // stage keys [mf_tk, mf_tk + mf_tn) of K and V: all 128 threads copy, a chunk of 8 elements (16 bytes) a copy
+        // stage keys [mf_tk, mf_tk + mf_tn) of K and V: all 128 threads copy, a chunk of 8 elements (16 bytes) a copy; copy i is key i / mf_chunks, chunk i % mf_chunks
+        uint mf_r = mf_tid / mf_chunks;
+        uint mf_cc = mf_tid % mf_chunks;
+        const uint mf_dr = 128u / mf_chunks;
+        const uint mf_dc = 128u % mf_chunks;
         for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
-            const uint mf_r = mf_i / mf_chunks;
-            const uint mf_e0 = mf_i % mf_chunks * 8u;
+            const uint mf_e0 = mf_cc * 8u;
             const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
             if (mf_vec_ok) {
                 const uint mf_e = mf_e0;
@@ -153,6 +156,13 @@ kernel void mf_attention_decode(
                     }
                 }
             }
+            // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
+            mf_r = mf_r + mf_dr;
+            mf_cc = mf_cc + mf_dc;
+            if (mf_cc >= mf_chunks) {
+                mf_cc = mf_cc - mf_chunks;
+                mf_r = mf_r + 1u;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (mf_live[mf_t]) {
@@ -160,8 +170,8 @@ kernel void mf_attention_decode(
             const mf_index_t mf_l = mf_tk + mf_index_t(mf_key);
             float mf_dot0 = 0.0f;
             if (mf_key < mf_tn) {
-                for (uint mf_c = mf_part; mf_c < mf_chunks; mf_c += mf_parts) {
-                    if (mf_vec_ok) {
+                if (mf_vec_ok) {
+                    for (uint mf_c = mf_part; mf_c < mf_chunks; mf_c += mf_parts) {
                         // the key's chunk: one 8-element read of its row; q's: 2 x float4 (a broadcast)
                         const mf_pack8<T> mf_kv0v = *reinterpret_cast<threadgroup const mf_pack8<T>*>(mf_kv0 + mf_key * mf_kv0_stride + mf_c * 8u);
                         float mf_kv0c[8];
@@ -180,7 +190,9 @@ kernel void mf_attention_decode(
                             const float mf_c0_1 = mf_q0c[mf_x] * mf_kv0c[mf_x];
                             mf_dot0 = mf_dot0 + mf_c0_1;
                         }
-                    } else {
+                    }
+                } else {
+                    for (uint mf_c = mf_part; mf_c < mf_chunks; mf_c += mf_parts) {
                         float mf_kv0c[8];
                         for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
                             const uint mf_e = mf_c * 8u + mf_x;
@@ -223,14 +235,19 @@ kernel void mf_attention_decode(
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                 mf_macc[mf_j] = mf_macc[mf_j] * mf_corr;
             }
+            // the tile's weights p for every lane: each key's first lane stores its p, read back as broadcasts
+            if (mf_part == 0u) {
+                mf_tg_p[mf_t * 32u + mf_key] = mf_p;
+            }
+            simdgroup_barrier(mem_flags::mem_threadgroup);
             // the values: acc += p v, key by key of the tile, the lanes over E (4 consecutive elements a lane per stretch of 128)
-            for (uint mf_u = 0u; mf_u < mf_tn; ++mf_u) {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                const float mf_pu = simd_shuffle(mf_p, mf_u);
-                if (mf_run_ok) {
-                    for (uint mf_s = 0u; mf_s < 2u; ++mf_s) {
-                        const uint mf_e0 = mf_s * 128u + mf_lane * 4u;
-                        if (mf_index_t(mf_e0) < mf_size_E) {
+            if (mf_run_ok) {
+                for (uint mf_s = 0u; mf_s < 2u; ++mf_s) {
+                    const uint mf_e0 = mf_s * 128u + mf_lane * 4u;
+                    if (mf_index_t(mf_e0) < mf_size_E) {
+                        for (uint mf_u = 0u; mf_u < mf_tn; ++mf_u) {
+                            const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                            const float mf_pu = mf_tg_p[mf_t * 32u + mf_u];
                             const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
                             for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
                                 const uint mf_j = mf_s * 4u + mf_x;
@@ -239,7 +256,11 @@ kernel void mf_attention_decode(
                             }
                         }
                     }
-                } else {
+                }
+            } else {
+                for (uint mf_u = 0u; mf_u < mf_tn; ++mf_u) {
+                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                    const float mf_pu = mf_tg_p[mf_t * 32u + mf_u];
                     for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                         const uint mf_e = mf_j / 4u * 128u + mf_lane * 4u + mf_j % 4u;
                         if (mf_index_t(mf_e) < mf_size_E) {
