@@ -14,10 +14,11 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
 
 - A threadgroup takes a *tile* of `rows_per_group` query rows that read the same keys (the
   query-row axes no key tensor has: GQA's R, the query positions S) and a block of keys.
-- Scores, with `lane_scores` (the default): a simdgroup takes 32 keys per step, each lane
-  one, and contracts all of its key's E elements with every row of the tile (q staged in
-  threadgroup memory); the step's max comes from the simdgroup (`mf_simd_max`), so m is the
-  same in every lane, and each lane keeps its own key's weight p and a lane-partial d.
+- With stage_kv=False (staging, below, is the default), scores with `lane_scores` (on
+  unless set off): a simdgroup takes 32 keys per step, each lane one, and contracts all of
+  its key's E elements with every row of the tile (q staged in threadgroup memory); the
+  step's max comes from the simdgroup (`mf_simd_max`), so m is the same in every lane, and
+  each lane keeps its own key's weight p and a lane-partial d.
   Without: a key's E elements are spread over lanes as for the values below, each lane's part
   of the contraction summed by an xor butterfly over the key's lanes.
 - Values: a key's E elements are spread over mf_w lanes (the fewest holding
@@ -158,9 +159,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
 # threadgroups (tiles x blocks) to fill a GPU of many cores, each simdgroup of a block still
 # taking at least MIN_KEYS keys (fewer and the merge costs more than the split saves).
 # stage_kv's threadgroups are lighter (48 registers a thread, 21.5 KB of threadgroup memory:
-# 10 fit an H100 core, against 4 of the default's), so it aims at twice as many: decode GQA
-# 32/8, E = 128, f16, L = 16384 / 65536: 512 groups 83.6 / 285.5 us, 1024 groups 63.3 /
-# 190.5, 2048 groups 68.0 / 190.8 (bench/README.md, 2026-11-25).
+# 10 fit an H100 core, against 4 of the unstaged schedule's), so it aims at twice as many:
+# decode GQA 32/8, E = 128, f16, L = 16384 / 65536: 512 groups 83.6 / 285.5 us, 1024 groups
+# 63.3 / 190.5, 2048 groups 68.0 / 190.8 (bench/README.md, 2026-11-25).
 TARGET_GROUPS = 512
 TARGET_GROUPS_STAGED = 1024
 MIN_KEYS = 32

@@ -140,10 +140,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # stage_kv: K/V tiles of 32 keys in threadgroup memory, one simdgroup per query row
     # (threads_per_group = 32 x rows_per_group), about 1024 threadgroups. Unless set, on
     # wherever threads_per_group allows it: H100, 2026-11-25, us, unstaged -> staged: decode
-    # GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 19.8 / 50.8 / 140.4;
-    # bf16 16384 71.5 -> 50.9; f32 16384 79.6 -> 72.7; E = 64 41.9 -> 33.6; MHA 32/32 16384
-    # 206.5 -> 117.0; prefill S = L = 1024, E = 64 / 128: 1568 / 2818 -> 1192 / 1581
-    # (bench/README.md)
+    # GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 19.9 / 47.4 / 134.7;
+    # bf16 16384 71.5 -> 48.2; f32 79.5 -> 72.1; E = 64 41.9 -> 34.4; MHA 32/32 206.5 ->
+    # 108.5; prefill S = L = 1024, E = 64 / 128: 1568 / 2818 -> 1225 / 1600 (bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
