@@ -2,7 +2,7 @@
 
     python bench/attention.py                       # MPS on a Mac, CUDA on NVIDIA, else the sim
     python bench/attention.py --device cuda --launch threads_per_group=512 key_splits=32
-    python bench/attention.py --device cuda --launch stage_kv=1 --splits 0 32 64 128 --no-prefill
+    python bench/attention.py --device cuda --launch stage_kv=0 --splits 0 32 64 128 --no-prefill
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. key_splits=16 or "
-                    "stage_kv=1 (K/V tiles in threadgroup memory)")
+                    "stage_kv=0 (keys read by each simdgroup, not staged)")
     ap.add_argument("--splits", nargs="+", type=int,
                     help="decode and paged decode once per key_splits value (0: chosen per "
                          "call), on top of --launch")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import fields
 
 import torch
 
@@ -99,7 +100,7 @@ def launched_variant(schedule, kernel, args) -> str:
 def parse_launch(items) -> dict:
     """--launch key=value ... → launch overrides (ints; True / False, or 1 / 0, for switches
     such as stage_kv)."""
-    switches = {k for k, v in vars(LaunchPolicy("any")).items() if isinstance(v, bool)}
+    switches = {f.name for f in fields(LaunchPolicy) if "bool" in str(f.type)}
     out: dict = {}
     for it in items or ():
         k, _, v = it.partition("=")

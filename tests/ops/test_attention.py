@@ -193,8 +193,7 @@ def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
 def test_stage_kv_launch():
     """One simdgroup per row of the tile (128 threads for R = 4, 32 where the tile is one
     row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; about 1024
-    threadgroups, each block of keys at least one tile; stage_kv=1 from a command line is
-    True."""
+    threadgroups, each block of keys at least one tile."""
     q, kv = torch.randn(1, 32, 1, 128).half(), torch.randn(1, 8, 65536, 128).half()
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": True})
     assert s.policy.stage_kv is True
@@ -213,10 +212,16 @@ def test_stage_kv_launch():
 
 
 def test_stage_kv_refuses_what_it_cannot_hold():
+    """Asked for, staging needs a simdgroup per row of the tile; left to the schedule, a
+    threads_per_group it cannot take runs unstaged."""
+    q, k, v = (torch.randn(1, 2, n, 8) for n in (1, 4, 4))
     with pytest.raises(mf.LaunchError, match="stage_kv: one simdgroup per query row.*"
                                              "threads_per_group=256 must be 32 x rows_per_"):
-        attention.with_launch(stage_kv=True, threads_per_group=256)(
-            *(torch.randn(1, 2, n, 8) for n in (1, 4, 4)), 0.1)
+        attention.with_launch(stage_kv=True, threads_per_group=256)(q, k, v, 0.1)
+    wide = attention.with_launch(threads_per_group=256)
+    assert runtime.schedule_of(wide.graph(q, k, v, 0.1), launch=wide.launch).policy.stage_kv \
+        is False
+    torch.testing.assert_close(wide(q, k, v, 0.1), attention(q, k, v, 0.1), **TOL[torch.float32])
     with pytest.raises(mf.LaunchError, match="'E' = 300, over the 256"):
         STAGED(torch.randn(1, 1, 1, 300), torch.randn(1, 1, 4, 300), torch.randn(1, 1, 4, 300),
                0.1)
