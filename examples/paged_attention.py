@@ -7,8 +7,9 @@ n = block * BS + offset (vLLM's layout, viewed as [NB * BS, G, E]). block_table[
 block holding positions [p * BS, (p + 1) * BS) of sequence b: annotated "i32[B, L/BS]", it binds
 L = P * BS, and read at key l it gives the block of l (a derived dim is read at l // BS). Each
 key's row is gathered with `mf.take`; keys at or past lengths[b] are masked. The attention
-kernel finds each key's row once per lane and loads it with vector loads, shared by the query
-heads of its kv head; a block number outside the cache raises GatherIndexError. Runs on Metal
+kernel's threads find each key's row once as they copy the keys' K and V into threadgroup
+memory (16-byte copies), shared there by the query heads of its kv head; a block number outside
+the cache raises GatherIndexError. Runs on Metal
 on a Mac, else on the simulator; checked against scaled_dot_product_attention per sequence.
 """
 import torch
