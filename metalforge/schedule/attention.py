@@ -171,6 +171,7 @@ MIN_KEYS = 32
 # H100, a serial chain of loads per row)
 MERGE_STEP = 4
 MERGE_SIMDGROUPS = 8
+MERGE_MIN_SHARE = 2 * MERGE_STEP
 # stage_kv: keys per tile (one per lane), bytes of threadgroup memory per staged tensor (32
 # keys x 128 elements of 2 bytes, rows padded by PAD_BYTES: 16-byte reads of 32 lanes at
 # different rows then fall on different banks), and the consecutive E elements a lane holds
@@ -179,6 +180,12 @@ TILE_KEYS = 32
 PAD_BYTES = 16
 TILE_BYTES = TILE_KEYS * (128 * 2 + PAD_BYTES)
 VALUE_RUN = 4
+# stage_kv: rows of E up to NARROW_LANES x run elements (64 at run 4) run the `decode_narrow`
+# kernel: the values loop's lanes split into 32 / NARROW_LANES key streams (the lanes over E
+# would otherwise leave half of them idle). H100, f16, E = 64, 32/8 heads, L = 16384: 34.4 ->
+# 30.0 us; prefill S = L = 1024, E = 64: 1225 -> 986 us (bench/README.md); a separate kernel
+# because the same loop with a per-call number of streams cost E = 128 2-8%.
+NARROW_LANES = 16
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -196,6 +203,8 @@ class AttentionSchedule(Schedule):
     rows: tuple[str, ...] = ()
     max_e: int = 256
     merge: Optional[ir.LoweredKernel] = None
+    narrow: Optional[ir.LoweredKernel] = None   # stage_kv: the decode kernel for E <= narrow_e
+    narrow_e: int = 0
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -214,7 +223,7 @@ class AttentionSchedule(Schedule):
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
-        return (self.kernel,) if self.merge is None else (self.kernel, self.merge)
+        return tuple(k for k in (self.kernel, self.narrow, self.merge) if k is not None)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
         return math.prod(sizes[a] for a in self.rows)
@@ -298,7 +307,20 @@ class AttentionSchedule(Schedule):
         if not self.index64 and n >= 2 ** 31:
             raise LaunchError(f"{where}: {n} elements need 64-bit indexing; call it with "
                               "launch={'index64': True}")
+        if self.narrow is not None and sizes[self.e_axis] <= self.narrow_e:
+            return self.narrow.host_name
         return self.kernel.host_name
+
+    def selecting(self, host_name: str) -> dict[str, int]:
+        """Sizes that make a call launch kernel `host_name` (testing's coverage): with the
+        narrow kernel, E just past narrow_e for the other decode kernel and E = narrow_e for
+        the narrow one, each over keys that take three tiles (two key blocks for few rows),
+        so that an example runs their tile loop, barriers and merge, not one key."""
+        if self.narrow is None:
+            return {}
+        keys = {self.l_axis: 2 * TILE_KEYS + 1}
+        return {self.kernel.host_name: {self.e_axis: self.narrow_e + 1, **keys},
+                self.narrow.host_name: {self.e_axis: self.narrow_e, **keys}}.get(host_name, {})
 
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:
@@ -364,7 +386,8 @@ class _Builder(reduce.Builder):
         self.streamed: set[Node] = set(self.kv)        # what load_keys loads
         self.tg_decls: list[ir.Stmt] = []
         self.tg_bytes = 0
-        self.over_e = False                            # slots spread over all 32 lanes
+        self.over_e = False                            # slots spread over the value lanes
+        self.vlanes = SIMD_WIDTH                       # ... that many (stage_kv: 32, narrow 16)
         # threads of a decode group (stage_kv: one simdgroup per row of the tile)
         self.group = SIMD_WIDTH * self.qt if policy.stage_kv else policy.threads_per_group
         self.run = min(VALUE_RUN, self.epl)            # ... run consecutive elements each
@@ -452,14 +475,20 @@ class _Builder(reduce.Builder):
     def slot_e(self) -> ir.Expr:
         """The E element of the lane's slot mf_j: mf_sub * reads_per_thread + j (a lane holds
         reads_per_thread consecutive elements of a key spread over mf_w lanes); in the
-        stage_kv kernel, all 32 lanes over E, `run` consecutive elements each per stretch of
-        32 x run (E = 128: 4 each)."""
+        stage_kv kernel, all 32 lanes over E (the narrow kernel: 16 per key stream), `run`
+        consecutive elements each per stretch of 32 x run (E = 128: 4 each; narrow: 16 x
+        run)."""
         j = ir.Var("mf_j")
         if self.over_e:
             run = ir.Lit(self.run, "uint")
-            return (j / run * ir.Lit(SIMD_WIDTH * self.run, "uint") + ir.Var("mf_lane") * run
+            return (j / run * ir.Lit(self.vlanes * self.run, "uint") + self.vlane() * run
                     + j % run)
         return ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
+
+    def vlane(self) -> ir.Expr:
+        """The lane's place among the value lanes of its key stream (stage_kv)."""
+        lane = ir.Var("mf_lane")
+        return lane if self.vlanes == SIMD_WIDTH else lane % ir.Lit(self.vlanes, "uint")
 
     def lanes(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each of the lane's E elements mf_e = slot_e() inside E."""
@@ -1306,10 +1335,19 @@ class _Builder(reduce.Builder):
             return body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
                 vals.value(f.values), f.values))]
 
+        streams = SIMD_WIDTH // self.vlanes
+
         def each_key(body: list[ir.Stmt]) -> ir.Stmt:
-            return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Var("mf_tn"), [
+            """body for the keys of the lane's stream: every key, or (narrow) every
+            streams-th from the lane's stream."""
+            first: ir.Expr = ir.Lit(0, "uint")
+            step: Optional[ir.Expr] = None
+            if streams > 1:
+                first = ir.Var("mf_lane") / ir.Lit(self.vlanes, "uint")
+                step = ir.Lit(streams, "uint")
+            return ir.For("mf_u", "uint", first, ir.Var("mf_tn"), [
                 ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
-                ir.Decl("mf_pu", "float", tgp), *body])
+                ir.Decl("mf_pu", "float", tgp), *body], step=step)
         by_elems = each_key([self.lanes(add({n: ir.Cast(
             compute_type(self.tensor_of(n).dtype), ir.Lane(
                 ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
@@ -1328,8 +1366,8 @@ class _Builder(reduce.Builder):
             regs = {n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
                 ir.Var(f"{self.kv[n]}v"), x)) for n in vnodes}
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
-                ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(SIMD_WIDTH * run, "uint")
-                        + ir.Var("mf_lane") * ir.Lit(run, "uint")),
+                ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(self.vlanes * run, "uint")
+                        + self.vlane() * ir.Lit(run, "uint")),
                 ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
                         ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
@@ -1344,7 +1382,10 @@ class _Builder(reduce.Builder):
                           ir.Var("mf_p"))]),
             ir.Barrier("simdgroup"),
             ir.Comment(f"the values: acc += p v, key by key of the tile, the lanes over E "
-                       f"({run} consecutive elements a lane per stretch of {SIMD_WIDTH * run})"),
+                       f"({run} consecutive elements a lane per stretch of "
+                       f"{self.vlanes * run})" + (
+                           f"; {streams} key streams of {self.vlanes} lanes taking the keys "
+                           f"in turn" if streams > 1 else "")),
             each]
 
     def stage_kv_body(self) -> list[ir.Stmt]:
@@ -1384,17 +1425,30 @@ class _Builder(reduce.Builder):
                 ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
                            "block's state"),
                 ir.If(live, [ir.Assign(ir.Var("mf_md"), ir.Call("simd_sum", (ir.Var("mf_md"),))),
-                             self.write_row()])]
+                             *self.join_streams()])]
         return setup + [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile "
                                    "at a time (scores never stored)"), loop] + tail
 
+    def join_streams(self) -> list[ir.Stmt]:
+        """The row's state written: with key streams (narrow), their accumulators summed first
+        (an xor butterfly) and the first stream's lanes writing."""
+        if self.vlanes == SIMD_WIDTH:
+            return [self.write_row()]
+        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        return [ir.Comment("the key streams' accumulators summed; the first stream writes"),
+                ir.For("mf_off", "uint", ir.Lit(self.vlanes, "uint"), SIMD, [self.slots([
+                    ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
+                    step=ir.Var("mf_off")),
+                ir.If(ir.Var("mf_lane") < ir.Lit(self.vlanes, "uint"), [self.write_row()])]
+
     # -- the kernels ----------------------------------------------------------------------
-    def decode_kernel(self) -> ir.LoweredKernel:
+    def decode_kernel(self, narrow: bool = False) -> ir.LoweredKernel:
         """A threadgroup per (rows that share keys, block of keys): its simdgroups take turns
         over the block's keys, each running mf_kp key streams of mf_w lanes; each stream keeps
         an online-softmax state per row; the states merge across streams (shuffles), then
         simdgroups (threadgroup memory); one block per row writes the outputs, several write
-        partial states for the merge kernel."""
+        partial states for the merge kernel. With stage_kv, the stage_kv kernel (`narrow`: its
+        values loop in key streams of NARROW_LANES lanes)."""
         f = self.form
         nsg = self.policy.threads_per_group // SIMD_WIDTH
         emax = SIMD_WIDTH * self.epl
@@ -1403,7 +1457,7 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names, self.tiled = [], set(), True
         if self.policy.stage_kv:
-            return self.stage_kv_kernel(threads)
+            return self.stage_kv_kernel(threads, narrow)
         self.tg_decls = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
                          ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
                          ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
@@ -1441,24 +1495,32 @@ class _Builder(reduce.Builder):
         return make_kernel(self.graph, self.index64, threads, tg + body, summary, "decode",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
-    def stage_kv_kernel(self, threads: tuple[ir.ThreadInput, ...]) -> ir.LoweredKernel:
+    def stage_kv_kernel(self, threads: tuple[ir.ThreadInput, ...],
+                        narrow: bool) -> ir.LoweredKernel:
         """The decode kernel with stage_kv (see stage_kv_body): a threadgroup of one simdgroup
-        per query row of the tile; K/V tiles in threadgroup memory."""
+        per query row of the tile; K/V tiles in threadgroup memory. `narrow` (rows of E up to
+        NARROW_LANES x run): the values loop's lanes in 32 / NARROW_LANES key streams."""
         f = self.form
         self.tg_decls, self.tg_bytes = [], 0
         head = self.group_head(self.qt) + self.tile()
         staged = self.stage()
-        self.over_e = True
+        self.over_e, self.vlanes = True, NARROW_LANES if narrow else SIMD_WIDTH
         scan = self.stage_kv_body()
         self.over_e = self.tiled = False
+        self.vlanes = SIMD_WIDTH
         body = self.tg_decls + head + self.pre + staged + scan
-        summary = (f"{self.graph.name} (decode, stage_kv): softmax over '{f.key}' of scores "
+        summary = (f"{self.graph.name} ({'decode_narrow' if narrow else 'decode'}, stage_kv): "
+                   f"softmax over '{f.key}' of scores "
                    f"contracting '{f.e}', times the values, summed over '{f.key}'; a "
                    f"threadgroup per {self.qt} query rows sharing their keys and block of "
                    f"keys, one simdgroup per row; tiles of K and V staged in threadgroup "
                    f"memory by the whole group, each lane scoring a key of the tile, the lanes "
-                   f"over E for the values; online softmax in one pass, fp32 state")
-        return make_kernel(self.graph, self.index64, threads, body, summary, "decode",
+                   f"over E for the values"
+                   + (f" in {SIMD_WIDTH // NARROW_LANES} key streams of {NARROW_LANES} lanes "
+                      f"('{f.e}' up to {NARROW_LANES * self.run})" if narrow else "")
+                   + "; online softmax in one pass, fp32 state")
+        return make_kernel(self.graph, self.index64, threads, body, summary,
+                           "decode_narrow" if narrow else "decode",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def merge_kernel(self) -> ir.LoweredKernel:
@@ -1549,7 +1611,11 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
             ir.Decl("mf_grp", "uint", lane / ir.Var("mf_w")),
             ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w")),
-            ir.Decl("mf_share", "uint", (splits + ir.Lit(nsg - 1, "uint")) / ir.Lit(nsg, "uint")),
+            ir.Comment(f"each simdgroup at least {MERGE_MIN_SHARE} blocks (its lanes load them "
+                       "at once: fewer gain nothing)"),
+            ir.Decl("mf_share", "uint", ir.Call("max", (
+                (splits + ir.Lit(nsg - 1, "uint")) / ir.Lit(nsg, "uint"),
+                ir.Lit(MERGE_MIN_SHARE, "uint")))),
             ir.Decl("mf_b0", "uint", ir.Call("min", (ir.Var("mf_sg") * share, splits))),
             ir.Decl("mf_b1", "uint", ir.Call("min", (b0 + share, splits))),
             *self.pre,
@@ -1577,6 +1643,7 @@ class _Builder(reduce.Builder):
         self.params = base + tuple(extra)
         self.helpers.add("mf_maximum")
         decode = self.decode_kernel()
+        narrow = self.decode_kernel(narrow=True) if self.policy.stage_kv else None
         merge = self.merge_kernel()
         vector = tuple(dict.fromkeys(self.tensor_of(n).name for n in self.kv)) \
             if self.vw > 1 else ()
@@ -1586,7 +1653,8 @@ class _Builder(reduce.Builder):
         return AttentionSchedule("attention", self.graph, policy, decode,
                                  (*self.rows, self.form.e), vector, self.index64,
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
-                                 max_e=SIMD_WIDTH * self.epl, merge=merge,
+                                 max_e=SIMD_WIDTH * self.epl, merge=merge, narrow=narrow,
+                                 narrow_e=NARROW_LANES * self.run,
                                  own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv

@@ -229,13 +229,17 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
 
 def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, prof: Profile,
                     **common) -> int:
-    """An example for each kernel still unlaunched that sizes of another axis select
-    (`schedule.selecting`: the quantized schedule's tiled kernel, by rows of x)."""
+    """Examples for each kernel that sizes of another axis select (`schedule.selecting`: the
+    quantized schedule's tiled kernel, by rows of x; attention's decode kernels, by E, over
+    keys that span several tiles), unless a launch already had those sizes."""
     ran = 0
+    plain = S.dim_plan(variant.graph.params).plain
     for (w, host), inst in insts.items():
         pins = s.selecting(host) if hasattr(s, "selecting") else {}
-        if w != idx64 or inst.launches or not pins or any(
-                a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
+        pins = {a: S._round_up(n, plain.get(a, 1)) for a, n in pins.items()}  # whole multiples
+        want = {f"{a}={n}" for a, n in pins.items()}
+        if w != idx64 or not pins or any(want <= set(seen.split(",")) for seen in inst.sizes) \
+                or any(a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
             continue
         ran += _pinned_examples(runner, variant, {**dims, **pins}, insts, prof, common)
     return ran
