@@ -22,6 +22,11 @@ def window_softcap(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]", s
     return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
 
+# check(): windows of at least one key (a window of 0 masks every key: NaN, as in torch), up
+# to past one tile of 32 keys
+CHECK = {"window_softcap": {"values": {"window": (1, 48)}}}
+
+
 def torch_window_softcap(q, k, v, scale, window, cap):
     s = (q.double() @ k.double().transpose(-1, -2)) * scale
     s = cap * torch.tanh(s / cap)

@@ -1081,13 +1081,77 @@ class _Builder(reduce.Builder):
             head += [ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % ir.Var("mf_w")),
                      ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / ir.Var("mf_w")),
                      ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w"))]
-        splits, length = ir.Var("mf_splits"), self.size(f.key)
-        chunk = (length + ir.Cast(IDX, splits) - ir.Lit(1, IDX)) / ir.Cast(IDX, splits)
-        head += [ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
-                 ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length))),
-                 ir.Decl("mf_vec_ok", "bool", (self.size(f.e) % ir.Lit(self.vw, IDX)).eq(
+        head += [ir.Decl("mf_vec_ok", "bool", (self.size(f.e) % ir.Lit(self.vw, IDX)).eq(
                      ir.Lit(0, IDX)))]
         return head
+
+    def key_bounds(self) -> list[tuple[str, Node, int]]:
+        """The keys a query row can see, from the scores' mask: when the scores' last step is
+        `where(c, s, -inf)`, each conjunct of c comparing index(L) with an integer expression
+        f of the other indices, sizes and integer scalars is a bound, ('lo', f, a): keys
+        >= f + a, or ('hi', f, a): keys < f + a (causal: hi = pos + 1; a sliding window also
+        lo = pos - window + 1). Keys outside them are masked whatever their values."""
+        sc = strip_casts(self.form.scores)
+        if sc.op != Op.WHERE:
+            return []
+        cond, _, other = sc.args
+        other = strip_casts(other)
+        if other.op != Op.CONST or other.attr != float("-inf"):
+            return []
+        key = self.form.key
+        out: list[tuple[str, Node, int]] = []
+        for c in _conjuncts(cond):
+            if c.op != Op.BINARY or c.attr not in _BOUND:
+                continue
+            x, y = (strip_casts(a) for a in c.args)
+            op = c.attr
+            if _is_index(y, key) and _key_free_int(x, key):     # f op L  ==  L op' f
+                x, y, op = y, x, _MIRROR[op]
+            if _is_index(x, key) and _key_free_int(y, key):
+                out.append((_BOUND[op][0], y, _BOUND[op][1]))
+        return out
+
+    def block_keys(self) -> list[ir.Stmt]:
+        """The threadgroup's block of keys [mf_l0, mf_l1): the keys its rows can see (all of
+        L, or the union of the rows' `key_bounds`: masked keys are never read) split into
+        mf_splits blocks."""
+        splits, length = ir.Cast(IDX, ir.Var("mf_splits")), self.size(self.form.key)
+        one = ir.Lit(1, IDX)
+        bounds = self.key_bounds()
+        if not bounds:
+            chunk = (length + splits - one) / splits
+            return [ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
+                    ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length)))]
+        low = self.lowering("mf_kb")
+        vals = low.lower([n for _, n, _ in bounds])
+        self.helpers |= low.helpers
+        zero = ir.Cast("long", ir.Lit(0, IDX))
+        lo: ir.Expr = zero
+        hi: ir.Expr = ir.Cast("long", length)
+        for kind, n, add in bounds:
+            v = ir.Cast("long", low.value(n)) + ir.Cast("long", ir.Lit(add, IDX)) if add \
+                else ir.Cast("long", low.value(n))
+            lo = ir.Select(v > lo, v, lo) if kind == "lo" else lo
+            hi = ir.Select(v < hi, v, hi) if kind == "hi" else hi
+        klo, khi = ir.Var("mf_klo"), ir.Var("mf_khi")
+        rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")
+        chunk = (ir.Var("mf_kn") + splits - one) / splits
+        return [
+            ir.Comment(f"the keys the tile's rows can see (the mask's bounds on "
+                       f"'{self.form.key}'; masked keys are never read), split into mf_splits "
+                       f"blocks"),
+            ir.Decl("mf_klo", "long", ir.Cast("long", length), const=False),
+            ir.Decl("mf_khi", "long", zero, const=False),
+            self.each_row(vals + [
+                ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
+                ir.If(rlo < rhi, [ir.Assign(klo, ir.Select(rlo < klo, rlo, klo)),
+                                  ir.Assign(khi, ir.Select(rhi > khi, rhi, khi))])]),
+            ir.Decl("mf_kn", IDX, ir.Select(khi > klo, ir.Cast(IDX, khi - klo),
+                                            ir.Lit(0, IDX))),
+            ir.Decl("mf_l0", IDX, ir.Select(khi > klo, ir.Cast(IDX, klo), ir.Lit(0, IDX))
+                    + ir.Cast(IDX, ir.Var("mf_block")) * chunk),
+            ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, ir.Select(
+                khi > klo, ir.Cast(IDX, khi), ir.Lit(0, IDX)))))]
 
     # -- stage_kv: tiles of K and V in threadgroup memory, one simdgroup per query row --------
     def tile_arrays(self) -> list[ir.Stmt]:
@@ -1462,7 +1526,7 @@ class _Builder(reduce.Builder):
                          ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
                          ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
         self.tg_bytes = 4 * nsg * (2 + emax)
-        head = self.group_head(nsg) + self.tile()
+        head = self.group_head(nsg) + self.tile() + self.block_keys()
         staged = self.stage()
         if self.policy.lane_scores:
             values = set(topo_order([f.values]))
@@ -1502,7 +1566,7 @@ class _Builder(reduce.Builder):
         NARROW_LANES x run): the values loop's lanes in 32 / NARROW_LANES key streams."""
         f = self.form
         self.tg_decls, self.tg_bytes = [], 0
-        head = self.group_head(self.qt) + self.tile()
+        head = self.group_head(self.qt) + self.tile() + self.block_keys()
         staged = self.stage()
         self.over_e, self.vlanes = True, NARROW_LANES if narrow else SIMD_WIDTH
         scan = self.stage_kv_body()
@@ -1659,6 +1723,37 @@ class _Builder(reduce.Builder):
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv
                                  else (), tile_vw=self.vw)
+
+
+# index(L) <op> f as a bound on the keys: (kind, what to add to f)
+_BOUND = {"lt": ("hi", 0), "le": ("hi", 1), "gt": ("lo", 1), "ge": ("lo", 0)}
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+_INT_ARITH = ("add", "sub", "mul", "floordiv", "maximum", "minimum")
+
+
+def _conjuncts(n: Node) -> list[Node]:
+    n = strip_casts(n)
+    if n.op == Op.BINARY and n.attr == "and":
+        return _conjuncts(n.args[0]) + _conjuncts(n.args[1])
+    return [n]
+
+
+def _is_index(n: Node, axis: str) -> bool:
+    return n.op == Op.INDEX and n.attr == axis
+
+
+def _key_free_int(n: Node, key: str) -> bool:
+    """An integer expression of indices other than `key`, sizes, integer scalars and
+    constants (the same for every key of a row)."""
+    n = strip_casts(n)
+    if not n.dtype.is_int:
+        return False
+    if n.op in (Op.SIZE, Op.SCALAR) or (n.op == Op.INDEX and n.attr != key):
+        return True
+    if n.op == Op.CONST:
+        return isinstance(n.attr, int) and not isinstance(n.attr, bool)
+    return n.op == Op.BINARY and n.attr in _INT_ARITH and all(
+        _key_free_int(a, key) for a in n.args)
 
 
 def _float(e: ir.Expr, n: Node) -> ir.Expr:

@@ -261,3 +261,58 @@ def test_check_covers_unstaged():
                    dims={"E": [1, 8, 33, 64]})
     assert all(i.launches for i in report.instantiations), report.coverage()
     assert any(i.host_name.endswith("_merge") and i.launches for i in report.instantiations)
+
+
+# -- masks that depend only on indices bound the keys a tile reads --------------------------
+
+@pytest.mark.parametrize("launch", [{}, {"key_splits": 3}, {"stage_kv": False},
+                                    {"stage_kv": False, "key_splits": 3}])
+def test_sliding_window_reads_only_the_window(launch):
+    """Decode with a window of 16 over 200 keys: the blocks split the 16 keys the row can see
+    and nothing else is read, so NaN planted in K and V outside the window cannot reach the
+    output (reading them would: 0 x NaN in p v)."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, 1, 32, generator=g)
+    k, v = (torch.randn(1, 2, 200, 32, generator=g) for _ in range(2))
+    want = torch_window_softcap(q, k, v, 32 ** -0.5, 16, 20.0)
+    k[:, :, :184], v[:, :, :184] = float("nan"), float("nan")
+    kernel = window_softcap.with_launch(**launch) if launch else window_softcap
+    torch.testing.assert_close(kernel(q, k, v, 32 ** -0.5, 16, 20.0), want,
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("stage_kv", [None, False])
+def test_causal_tiles_stop_at_their_last_row(stage_kv):
+    """Causal prefill, S = L = 70: a tile of 4 query rows reads keys up to its last row's
+    position only. V NaN at key 60: rows 0-59 (their tiles end at or before row 59) stay
+    finite and match SDPA without it; rows from 60 see the key and are NaN, as in torch."""
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 70, 16, generator=g) for _ in range(3))
+    mask = causal_mask(70, 70, "cpu")
+    v[:, :, 60] = 0.0
+    want = F.scaled_dot_product_attention(q, k, v, scale=0.25, attn_mask=mask)
+    v[:, :, 60] = float("nan")
+    kernel = attention if stage_kv is None else attention.with_launch(stage_kv=stage_kv)
+    out = kernel(q, k, v, 0.25)
+    torch.testing.assert_close(out[:, :, :60], want[:, :, :60], **TOL[torch.float32])
+    assert out[:, :, 60:].isnan().all()
+
+
+def test_unbounded_masks_read_every_key():
+    """A mask that is not a bound on index(L) alone (a tensor mask; a soft cap applied after
+    the mask, which maps -inf to -cap) leaves the keys unbounded: every key is read."""
+    q, k = torch.randn(1, 1, 2, 8), torch.randn(1, 1, 4, 8)
+    assert "mf_klo" in attention.source(q, k, k, 0.1)                       # causal: bounded
+    assert "mf_klo" not in padded_attention.source(q, k, k, torch.ones(1, 4, dtype=torch.bool))
+
+    @mf.kernel
+    def capped_after(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]"):
+        s = mf.sum(q * k, axis="E")
+        s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)
+        s = 5.0 * mf.tanh(s / 5.0)
+        return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+    assert "mf_klo" not in capped_after.source(q, k, k)
+    q, k, v = (torch.randn(1, 1, n, 8) for n in (3, 3, 3))
+    sc = (q @ k.transpose(-1, -2)).masked_fill(~causal_mask(3, 3, "cpu"), float("-inf"))
+    want = torch.softmax(5.0 * torch.tanh(sc / 5.0), -1) @ v
+    torch.testing.assert_close(capped_after(q, k, v), want, **TOL[torch.float32])

@@ -74,8 +74,6 @@ kernel void mf_attention_decode(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_R[4];
@@ -85,6 +83,25 @@ kernel void mf_attention_decode(
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t) / mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t) % mf_size_S;
     }
+    // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
+    long mf_klo = long(mf_size_L);
+    long mf_khi = long(0u);
+    for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
+        if (mf_live[mf_t]) {
+            const long mf_index_S = long(mf_tpos_S[mf_t]);
+            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
+            const long mf_rlo = long(0u);
+            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
+            if (mf_rlo < mf_rhi) {
+                mf_klo = mf_rlo < mf_klo ? mf_rlo : mf_klo;
+                mf_khi = mf_rhi > mf_khi ? mf_rhi : mf_khi;
+            }
+        }
+    }
+    const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
+    const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
@@ -357,8 +374,6 @@ kernel void mf_attention_decode_narrow(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_R[4];
@@ -368,6 +383,25 @@ kernel void mf_attention_decode_narrow(
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t) / mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t) % mf_size_S;
     }
+    // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
+    long mf_klo = long(mf_size_L);
+    long mf_khi = long(0u);
+    for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
+        if (mf_live[mf_t]) {
+            const long mf_index_S = long(mf_tpos_S[mf_t]);
+            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
+            const long mf_rlo = long(0u);
+            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
+            if (mf_rlo < mf_rhi) {
+                mf_klo = mf_rlo < mf_klo ? mf_rlo : mf_klo;
+                mf_khi = mf_rhi > mf_khi ? mf_rhi : mf_khi;
+            }
+        }
+    }
+    const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
+    const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them

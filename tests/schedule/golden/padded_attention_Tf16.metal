@@ -73,8 +73,6 @@ kernel void mf_padded_attention_decode(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_S[4];
@@ -82,6 +80,8 @@ kernel void mf_padded_attention_decode(
         mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t);
     }
+    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
@@ -351,8 +351,6 @@ kernel void mf_padded_attention_decode_narrow(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_S[4];
@@ -360,6 +358,8 @@ kernel void mf_padded_attention_decode_narrow(
         mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t);
     }
+    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them

@@ -89,8 +89,6 @@ kernel void mf_paged_attention_decode(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_R[4];
@@ -98,6 +96,8 @@ kernel void mf_paged_attention_decode(
         mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_R;
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t);
     }
+    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
@@ -441,8 +441,6 @@ kernel void mf_paged_attention_decode_narrow(
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
     }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     bool mf_live[4];
     mf_index_t mf_tpos_R[4];
@@ -450,6 +448,8 @@ kernel void mf_paged_attention_decode_narrow(
         mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_R;
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t);
     }
+    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
