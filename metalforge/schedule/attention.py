@@ -1101,7 +1101,8 @@ class _Builder(reduce.Builder):
         key = self.form.key
         out: list[tuple[str, Node, int]] = []
         for c in _conjuncts(cond):
-            if c.op != Op.BINARY or c.attr not in _BOUND:
+            if c.op != Op.BINARY or c.attr not in _BOUND or not all(
+                    a.dtype.is_int for a in c.args):     # compared as integers, not floats
                 continue
             x, y = (strip_casts(a) for a in c.args)
             op = c.attr
