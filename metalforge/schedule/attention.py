@@ -1004,31 +1004,48 @@ class _Builder(reduce.Builder):
                 ir.Assign(ir.Var("mf_md"), ir.Var("mf_md") + d_of(s) * c),
                 self.lanes([ir.Assign(acc, acc + acc_of(s, e) * c)])])]
 
+    @staticmethod
+    def shared_states(nsg: int, emax: int) -> list[ir.Stmt]:
+        """Threadgroup memory for nsg simdgroups' online-softmax states (m, d, acc[emax])."""
+        return [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
+                ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
+                ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
+
+    def put_state(self, emax: int, m: ir.Expr, d: ir.Expr,
+                  acc: Callable[[ir.Expr], ir.Expr]) -> ir.Stmt:
+        """This simdgroup's state into `shared_states` (its first key stream's lanes: lane 0
+        m and d, each lane its E slots mf_sub * reads_per_thread + j, acc(j))."""
+        j = ir.Var("mf_j")
+        e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
+        zero = ir.Lit(0, "uint")
+        return ir.If(ir.Var("mf_grp").eq(zero), [
+            ir.If(ir.Var("mf_lane").eq(zero), [
+                ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), m),
+                ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), d)]),
+            self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
+                                          * ir.Lit(emax, "uint") + e), acc(j))])])
+
+    def merge_shared(self, nsg: int, emax: int) -> list[ir.Stmt]:
+        """(mf_mm, mf_md, mf_macc) = the merge of the nsg states in `shared_states`."""
+        return self.merge_states(
+            ir.Lit(nsg, "uint"),
+            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
+            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
+
     def share(self, nsg: int, emax: int) -> list[ir.Stmt]:
         """Row by row: the simdgroups' states through threadgroup memory, merged by
         simdgroup 0, which writes the outputs (one block) or the block's partial state."""
         t = ir.Var("mf_t")
-        lane_e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + ir.Var("mf_j")
-        acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
         first = ir.Var("mf_grp").eq(ir.Lit(0, "uint"))
-        merged = self.merge_states(
-            ir.Lit(nsg, "uint"),
-            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
-            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
         return [
             ir.Comment("row by row: merge the simdgroups' states through threadgroup memory"),
             self.each_row([
-                ir.If(first, [
-                    ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
-                        ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")),
-                                  ir.Lane(ir.Var("mf_m"), t)),
-                        ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")),
-                                  ir.Lane(ir.Var("mf_d"), t))]),
-                    self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
-                                                  * ir.Lit(emax, "uint") + lane_e), acc)])]),
+                self.put_state(emax, ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t),
+                               lambda j: ir.Lane(ir.Var("mf_acc"),
+                                                 t * ir.Lit(self.epl, "uint") + j)),
                 ir.Barrier(),
                 ir.If(ir.Var("mf_sg").eq(ir.Lit(0, "uint")).and_(first),
-                      merged + [self.write_row()]),
+                      self.merge_shared(nsg, emax) + [self.write_row()]),
                 ir.Barrier()])]
 
     def write_row(self) -> ir.Stmt:
@@ -1523,9 +1540,7 @@ class _Builder(reduce.Builder):
         self.pre, self.pre_names, self.tiled = [], set(), True
         if self.policy.stage_kv:
             return self.stage_kv_kernel(threads, narrow)
-        self.tg_decls = [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
-                         ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
-                         ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
+        self.tg_decls = self.shared_states(nsg, emax)
         self.tg_bytes = 4 * nsg * (2 + emax)
         head = self.group_head(nsg) + self.tile() + self.block_keys()
         staged = self.stage()
@@ -1656,20 +1671,9 @@ class _Builder(reduce.Builder):
                 acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
                 step=ir.Var("mf_off")),
             ir.Comment("this simdgroup's state for the first"),
-            ir.If(ir.Var("mf_grp").eq(zero), [
-                ir.If(lane.eq(zero), [
-                    ir.Assign(ir.Lane(ir.Var("mf_tg_m"), ir.Var("mf_sg")), mm),
-                    ir.Assign(ir.Lane(ir.Var("mf_tg_d"), ir.Var("mf_sg")), md)]),
-                self.slots([ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
-                                              * ir.Lit(emax, "uint") + e), acc)])])]
-        merged = self.merge_states(
-            ir.Lit(nsg, "uint"),
-            lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
-            lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
+            self.put_state(emax, mm, md, lambda j: ir.Lane(ir.Var("mf_macc"), j))]
         body: list[ir.Stmt] = [
-            ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
-            ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
-            ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup"),
+            *self.shared_states(nsg, emax),
             ir.Comment("a threadgroup per query row; simdgroup mf_sg merges key blocks "
                        "[mf_b0, mf_b1), its lanes in parallel"),
             ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
@@ -1688,7 +1692,8 @@ class _Builder(reduce.Builder):
             ir.Barrier(),
             ir.Comment("the first simdgroup merges the simdgroups' states; outputs: acc / d "
                        "(all keys masked: 0 / 0 = NaN)"),
-            ir.If(ir.Var("mf_sg").eq(zero).and_(ir.Var("mf_grp").eq(zero)), merged + [fin])]
+            ir.If(ir.Var("mf_sg").eq(zero).and_(ir.Var("mf_grp").eq(zero)),
+                  self.merge_shared(nsg, emax) + [fin])]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
                    f"blocks merged, then the outputs; a threadgroup of {nsg} simdgroups per "
                    f"query row")
