@@ -8,7 +8,10 @@ Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
 achieves moving as many bytes; torch: SDPA with enable_gqa=True. Paged decode: the same
 shape with K/V in a cache of 16-row blocks in random order read through a block table
-(examples/paged_attention.py; no torch equivalent, so ours and copy only). Prefill: S = L in
+(examples/paged_attention.py; no torch equivalent, so ours and copy only). Window decode:
+32 heads, E=128, a causal sliding window of 4096 keys with a soft cap
+(examples/sliding_window_softcap.py), its bytes the schedule's own count (`schedule.traffic`
+with the window's value: the window's K/V, however long L is); ours and copy. Prefill: S = L in
 {1024, 4096}, causal, E in {64, 128}, 32 heads (R = 1): TFLOP/s counts the 4·S·L·E
 multiply-adds per head that a causal kernel needs half of (so both sides get the same
 credit). On CUDA all times are GPU times of CUDA-graph replays (common.timeit); on the
@@ -26,7 +29,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, copy_time, parse_launch, pick_device, timeit  # noqa: E402
+from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(      # examples/attention.py (this file's name)
     "mf_example_attention",
@@ -40,6 +43,12 @@ _spec = importlib.util.spec_from_file_location(      # examples/paged_attention.
 _pex = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_pex)
 paged_attention, torch_paged_attention = _pex.paged_attention, _pex.torch_paged_attention
+_spec = importlib.util.spec_from_file_location(      # examples/sliding_window_softcap.py
+    "mf_example_window_softcap",
+    Path(__file__).resolve().parent.parent / "examples" / "sliding_window_softcap.py")
+_wex = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_wex)
+window_softcap, torch_window_softcap = _wex.window_softcap, _wex.torch_window_softcap
 
 DECODE = [4096, 16384, 65536]
 PREFILL = [(1024, 64), (1024, 128), (4096, 64), (4096, 128)]
@@ -94,6 +103,30 @@ def paged(device: str, dtype, lengths, repeat: int, launch: dict) -> None:
               f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}%")
 
 
+def window(device: str, dtype, lengths, repeat: int, launch: dict, width: int = 4096) -> None:
+    """Decode under a causal sliding window: the bytes are what the schedule counts for the
+    window (its K/V rows, q and the outputs), checked against torch on the window's keys."""
+    kernel = window_softcap.with_launch(**launch) if launch else window_softcap
+    print(f"window decode: B=1, 32 heads, S=1, E=128, window {width}, soft cap 30, {dtype}")
+    print(f"{'L':>6} {'bytes':>11} {'ours us':>8} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6}")
+    for length in lengths:
+        heads, e = (32, 128) if device != "cpu" else (2, 32)
+        if device == "cpu":
+            length, width = min(length, 300), 40
+        q = torch.randn(1, heads, 1, e, dtype=dtype, device=device)
+        k, v = (torch.randn(1, heads, length, e, dtype=dtype, device=device) for _ in range(2))
+        args = (q, k, v, e ** -0.5, width, 30.0)
+        want = torch_window_softcap(q.cpu(), k[:, :, -width:].cpu(), v[:, :, -width:].cpu(),
+                                    e ** -0.5, width, 30.0)
+        torch.testing.assert_close(kernel(*args).cpu(), want, rtol=2e-2, atol=2e-2)
+        schedule, sizes = plan(kernel, args)
+        nbytes = schedule.traffic(sizes, {"window": width}).total
+        ours = timeit(lambda: kernel(*args), device, repeat)
+        copy = copy_time(nbytes, device, repeat)
+        print(f"{length:>6} {nbytes:>11} {ours * 1e6:>8.1f} {copy * 1e6:>8.1f} "
+              f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}%")
+
+
 def prefill(device: str, dtype, cases, repeat: int, launch: dict) -> None:
     kernel = attention.with_launch(**launch) if launch else attention
     print(f"prefill: B=1, 32 heads, S = L, causal, {dtype}")
@@ -139,6 +172,7 @@ def main(argv=None) -> None:
             print(f"key_splits={splits}" + (" (chosen per call)" if splits == 0 else ""))
         decode(device, DTYPES[args.dtype], args.lengths, repeat, each)
         paged(device, DTYPES[args.dtype], args.lengths, repeat, each)
+        window(device, DTYPES[args.dtype], args.lengths, repeat, each)
     if not args.no_prefill:
         prefill(device, DTYPES[args.dtype], PREFILL, repeat, launch)
 

@@ -20,7 +20,7 @@ import torch
 
 from .dtypes import BOOL, DType
 from .errors import GatherIndexError
-from .graph import Graph, Node, Op, Output
+from .graph import Graph, Node, Op, Output, topo_order
 from .shapes import bind_shapes, flat_shape, output_shape
 
 _UNARY = {
@@ -81,6 +81,20 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
+def evaluate_expressions(graph: Graph, nodes: list[Node], sizes: Mapping[str, int],
+                         scalars: Mapping[str, Any], axes: tuple[str, ...]) -> list[torch.Tensor]:
+    """The values of `nodes`, expressions of indices, sizes, runtime scalars and constants (no
+    tensor reads), at the axis sizes `sizes`: each as a tensor broadcastable over `axes`
+    (schedules use it to count what index masks leave to read)."""
+    ev = _Evaluator.at_sizes(graph, sizes, scalars)
+    for n in topo_order(nodes):
+        if n.op in (Op.LOAD, Op.TAKE, Op.UNPACK, Op.REDUCE):
+            raise ValueError(f"kernel '{graph.name}': {n.op} is not an expression of indices "
+                             "and scalars")
+        ev.val[n] = ev.fp32(ev.node(n), n.dtype)
+    return [ev.align(n, axes) for n in nodes]
+
+
 class _Evaluator:
     """One evaluation: float values in float64 (float32 on MPS, which has no float64), each
     float node rounded to fp32 as the kernel holds it, integers in int64 wrapped to their
@@ -95,6 +109,15 @@ class _Evaluator:
         self.device = next((t.device for t in self.tensors.values()), torch.device("cpu"))
         self.fdt = torch.float32 if self.device.type == "mps" else torch.float64
         self.val: dict[Node, torch.Tensor] = {}
+
+    @classmethod
+    def at_sizes(cls, graph: Graph, sizes: Mapping[str, int],
+                 scalars: Mapping[str, Any]) -> "_Evaluator":
+        """An evaluator of expressions without tensors: axis sizes and scalars given."""
+        ev = cls.__new__(cls)
+        ev.graph, ev.values, ev.adjust, ev.tensors = graph, dict(scalars), None, {}
+        ev.sizes, ev.device, ev.fdt, ev.val = dict(sizes), torch.device("cpu"), torch.float64, {}
+        return ev
 
     # -- types --------------------------------------------------------------------------
     def eval_dtype(self, dt: DType) -> torch.dtype:

@@ -55,13 +55,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
+from ..reference import evaluate_expressions
 from . import reduce
-from .base import IDX, Schedule, Step, make_kernel
+from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
@@ -210,6 +213,8 @@ class AttentionSchedule(Schedule):
     qt: int = 1                        # query rows per tile
     tile_items: tuple[int, ...] = ()   # stage_kv: element sizes of the staged K/V tensors
     tile_vw: int = 1                   # ... and the elements of a chunk of their rows
+    bounds: tuple[tuple[str, Node, int], ...] = ()   # the mask's bounds on the keys (key_bounds)
+    kv_reads: tuple[Node, ...] = ()    # the reads along keys and E (k, v), loads or gathers
 
     @property
     def axis(self) -> str:
@@ -263,6 +268,47 @@ class AttentionSchedule(Schedule):
         target = TARGET_GROUPS_STAGED if self.policy.stage_kv else TARGET_GROUPS
         want = -(-target // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
+
+    def traffic(self, sizes: Mapping[str, int], scalars: Mapping[str, Any] = {}) -> Traffic:
+        """Each input element read once, each output written once, except that K and V count
+        only the keys the mask's bounds let some threadgroup read: per own query-row head,
+        the union over its tiles of the key range each tile reads (the hull of its rows'
+        bounds). A bound on a runtime scalar counts only when `scalars` gives its value (else
+        every key counts)."""
+        whole = super().traffic(sizes)
+        known = [b for b in self.bounds if all(n.attr in scalars for n in topo_order([b[1]])
+                                               if n.op == Op.SCALAR)]
+        if not known:
+            return whole
+        length, qt = sizes[self.l_axis], self.qt
+        axes = self.own_axes + self.tile_axes
+        shape = [sizes[a] for a in axes]
+        lo = torch.zeros(shape, dtype=torch.int64)
+        hi = torch.full(shape, length, dtype=torch.int64)
+        values = evaluate_expressions(self.graph, [n for _, n, _ in known], sizes, scalars, axes)
+        for (kind, _, add), v in zip(known, values):
+            lo, hi = (torch.maximum(lo, v + add), hi) if kind == "lo" else \
+                (lo, torch.minimum(hi, v + add))
+        owns, tiled = math.prod(shape[:len(self.own_axes)]), math.prod(shape[len(self.own_axes):])
+        pad = -tiled % qt                      # rows past the last tile see nothing
+        seen = lo < hi
+        lo = torch.nn.functional.pad(torch.where(seen, lo, length).reshape(owns, tiled),
+                                     (0, pad), value=length).reshape(owns, -1, qt).amin(-1)
+        hi = torch.nn.functional.pad(torch.where(seen, hi, 0).reshape(owns, tiled),
+                                     (0, pad), value=0).reshape(owns, -1, qt).amax(-1)
+        keys = 0
+        for tlo, thi in zip(lo.tolist(), hi.tolist()):
+            end = 0                            # the union of the own's tile ranges
+            for a, b in sorted(zip(tlo, thi)):
+                if a < b and b > end:
+                    keys += b - max(a, end)
+                    end = b
+        kv = 0
+        for n in dict.fromkeys(self.kv_reads):
+            t = self.graph.tensor(n.attr[0] if n.op == Op.TAKE else n.attr)
+            kv += math.prod(sizes[a] for a in (n.axes if n.op == Op.TAKE else t.axes)) \
+                * t.dtype.itemsize
+        return Traffic(whole.read - kv + kv * keys // (owns * length), whole.written)
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         tpg = self._group()
@@ -1125,7 +1171,8 @@ class _Builder(reduce.Builder):
             op = c.attr
             if _is_index(y, key) and _key_free_int(x, key):     # f op L  ==  L op' f
                 x, y, op = y, x, _MIRROR[op]
-            if _is_index(x, key) and _key_free_int(y, key):
+            if _is_index(x, key) and _key_free_int(y, key) and all(
+                    m.attr in self.rows for m in topo_order([y]) if m.op == Op.INDEX):
                 out.append((_BOUND[op][0], y, _BOUND[op][1]))
         return out
 
@@ -1728,7 +1775,8 @@ class _Builder(reduce.Builder):
                                  own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv
-                                 else (), tile_vw=self.vw)
+                                 else (), tile_vw=self.vw,
+                                 bounds=tuple(self.key_bounds()), kv_reads=tuple(self.kv))
 
 
 # index(L) <op> f as a bound on the keys: (kind, what to add to f)

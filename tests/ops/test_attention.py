@@ -316,3 +316,24 @@ def test_unbounded_masks_read_every_key():
     sc = (q @ k.transpose(-1, -2)).masked_fill(~causal_mask(3, 3, "cpu"), float("-inf"))
     want = torch.softmax(5.0 * torch.tanh(sc / 5.0), -1) @ v
     torch.testing.assert_close(capped_after(q, k, v), want, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("s,length,window", [(1, 200, 16), (4, 1000, 10), (8, 1000, 2),
+                                             (70, 70, 5), (3, 50, 100), (1, 30, 0)])
+def test_byte_count_has_only_the_keys_the_mask_lets_be_read(s, length, window):
+    """schedule.traffic counts K and V for the keys some row of a head can see (the union of
+    the rows' windows, from the mask itself here), q and the outputs whole; without the
+    window's value it cannot know the bound and counts every key."""
+    from metalforge.shapes import bind_shapes
+    heads, e = 3, 16
+    q, k = torch.randn(1, heads, s, e), torch.randn(1, heads, length, e)
+    args = {"q": q, "k": k, "v": k, "scale": 0.1, "window": window, "cap": 20.0}
+    g = window_softcap.graph(*args.values())
+    sched = runtime.schedule_of(g, args)
+    sizes = bind_shapes(g, {"q": q, "k": k, "v": k}).sizes
+    pos = torch.arange(s)[:, None] + length - s
+    key = torch.arange(length)[None, :]
+    visible = int(((key <= pos) & (key > pos - window)).any(0).sum())
+    qo = 2 * q.numel() * 4
+    assert sched.traffic(sizes, {"window": window}).total == qo + 2 * heads * visible * e * 4
+    assert sched.traffic(sizes).total == qo + 2 * k.numel() * 4
