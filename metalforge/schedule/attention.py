@@ -437,7 +437,6 @@ class _Builder(reduce.Builder):
         # threads of a decode group (stage_kv: one simdgroup per row of the tile)
         self.group = SIMD_WIDTH * self.qt if policy.stage_kv else policy.threads_per_group
         self.run = min(VALUE_RUN, self.epl)            # ... run consecutive elements each
-        self.row_fixed = False                         # stage_kv: the row's positions held
 
     def _key_tensors(self) -> dict[Node, str]:
         """Reads along the keys and E (k, v; loads or gathers through a block table) that no
@@ -478,8 +477,6 @@ class _Builder(reduce.Builder):
         if axis == self.form.e:
             return ir.Cast(IDX, ir.Var("mf_e"))
         if axis in self.tile_axes and self.tiled:
-            if self.row_fixed:                  # stage_kv: the simdgroup's row, in a register
-                return ir.Var(f"mf_row_{ident(axis)}")
             return ir.Lane(ir.Var(f"mf_tpos_{ident(axis)}"), ir.Var("mf_t"))
         if axis in self.own_axes and self.tiled:
             return self.flat_position(axis, self.own_axes, "mf_own")
@@ -1528,15 +1525,9 @@ class _Builder(reduce.Builder):
         f = self.form
         t = ir.Var("mf_t")
         lane, kt = ir.Var("mf_lane"), ir.Var("mf_kt")
-        live = ir.Var("mf_row_live")
+        live = ir.Lane(ir.Var("mf_live"), t)
         setup: list[ir.Stmt] = [
             ir.Decl("mf_t", "uint", ir.Var("mf_sg")),
-            ir.Comment("the simdgroup's row: whether it exists and its positions, in registers "
-                       "(the tile's arrays, indexed by the simdgroup, would be read from "
-                       "memory at every use)"),
-            ir.Decl("mf_row_live", "bool", ir.Lane(ir.Var("mf_live"), t)),
-            *(ir.Decl(f"mf_row_{ident(a)}", IDX, ir.Lane(ir.Var(f"mf_tpos_{ident(a)}"), t))
-              for a in self.tile_axes),
             ir.Decl("mf_tid", "uint", ir.Var("mf_sg") * SIMD + lane),
             ir.Comment("scores: lane mf_key of the tile's keys, part mf_part of its E chunks "
                        "(32 / mf_kt lanes per key)"),
@@ -1641,9 +1632,8 @@ class _Builder(reduce.Builder):
         head = self.group_head(self.qt) + self.tile() + self.block_keys()
         staged = self.stage()
         self.over_e, self.vlanes = True, NARROW_LANES if narrow else SIMD_WIDTH
-        self.row_fixed = True
         scan = self.stage_kv_body()
-        self.over_e = self.tiled = self.row_fixed = False
+        self.over_e = self.tiled = False
         self.vlanes = SIMD_WIDTH
         body = self.tg_decls + head + self.pre + staged + scan
         summary = (f"{self.graph.name} ({'decode_narrow' if narrow else 'decode'}, stage_kv): "

@@ -77,9 +77,6 @@ kernel void mf_padded_attention_decode(
         }
     }
     const uint mf_t = mf_sg;
-    // the simdgroup's row: whether it exists and its positions, in registers (the tile's arrays, indexed by the simdgroup, would be read from memory at every use)
-    const bool mf_row_live = mf_live[mf_t];
-    const mf_index_t mf_row_S = mf_tpos_S[mf_t];
     const uint mf_tid = mf_sg * 32u + mf_lane;
     // scores: lane mf_key of the tile's keys, part mf_part of its E chunks (32 / mf_kt lanes per key)
     const uint mf_key = mf_lane % mf_kt;
@@ -146,7 +143,7 @@ kernel void mf_padded_attention_decode(
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (mf_row_live) {
+        if (mf_live[mf_t]) {
             // scores: lane mf_key contracts its key's E elements (chunk mf_part, mf_part + mf_parts, ...) with the row's q, from the staged tile
             const mf_index_t mf_l = mf_tk + mf_index_t(mf_key);
             float mf_dot0 = 0.0f;
@@ -255,19 +252,19 @@ kernel void mf_padded_attention_decode(
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     // the row's state: d summed over the lanes, then the outputs or the block's state
-    if (mf_row_live) {
+    if (mf_live[mf_t]) {
         mf_md = simd_sum(mf_md);
         if (mf_splits == 1u) {
             // one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                 const uint mf_e = mf_j / 4u * 128u + mf_lane * 4u + mf_j % 4u;
                 if (mf_index_t(mf_e) < mf_size_E) {
-                    mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_row_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_macc[mf_j] / mf_md));
+                    mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tpos_S[mf_t]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_macc[mf_j] / mf_md));
                 }
             }
         } else {
             // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_row_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tpos_S[mf_t]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
             if (mf_lane == 0u) {
                 mf_scratch[mf_partial] = mf_mm;
                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -359,9 +356,6 @@ kernel void mf_padded_attention_decode_narrow(
         }
     }
     const uint mf_t = mf_sg;
-    // the simdgroup's row: whether it exists and its positions, in registers (the tile's arrays, indexed by the simdgroup, would be read from memory at every use)
-    const bool mf_row_live = mf_live[mf_t];
-    const mf_index_t mf_row_S = mf_tpos_S[mf_t];
     const uint mf_tid = mf_sg * 32u + mf_lane;
     // scores: lane mf_key of the tile's keys, part mf_part of its E chunks (32 / mf_kt lanes per key)
     const uint mf_key = mf_lane % mf_kt;
@@ -428,7 +422,7 @@ kernel void mf_padded_attention_decode_narrow(
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        if (mf_row_live) {
+        if (mf_live[mf_t]) {
             // scores: lane mf_key contracts its key's E elements (chunk mf_part, mf_part + mf_parts, ...) with the row's q, from the staged tile
             const mf_index_t mf_l = mf_tk + mf_index_t(mf_key);
             float mf_dot0 = 0.0f;
@@ -537,7 +531,7 @@ kernel void mf_padded_attention_decode_narrow(
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     // the row's state: d summed over the lanes, then the outputs or the block's state
-    if (mf_row_live) {
+    if (mf_live[mf_t]) {
         mf_md = simd_sum(mf_md);
         // the key streams' accumulators summed; the first stream writes
         for (uint mf_off = 16u; mf_off < 32u; mf_off += mf_off) {
@@ -551,12 +545,12 @@ kernel void mf_padded_attention_decode_narrow(
                 for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                     const uint mf_e = mf_j / 4u * 64u + mf_lane % 16u * 4u + mf_j % 4u;
                     if (mf_index_t(mf_e) < mf_size_E) {
-                        mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_row_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_macc[mf_j] / mf_md));
+                        mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tpos_S[mf_t]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_macc[mf_j] / mf_md));
                     }
                 }
             } else {
                 // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-                const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_row_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tpos_S[mf_t]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                 if (mf_lane == 0u) {
                     mf_scratch[mf_partial] = mf_mm;
                     mf_scratch[mf_partial + 1u] = mf_md;
