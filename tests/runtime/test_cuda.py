@@ -159,6 +159,89 @@ def test_bit_counts_match_the_simulator():
     assert ref[0] == 32 and ref[1] == 32 and ref[3] == 16 and ref[6] == 8
 
 
+MMA_MSL = r"""
+#include <metal_stdlib>
+#include <metal_simdgroup_matrix>
+using namespace metal;
+// D[16][16] = A[16][K] B[K][16] + C, a simdgroup per 8x8 tile of D, K in steps of 8; B read
+// from its stored [16][K] transpose when bt; each lane's two elements of the first tile too
+template <typename T, typename U>
+kernel void gemm(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+                 device const float* c [[buffer(2)]], device U* d [[buffer(3)]],
+                 device float* owned [[buffer(4)]], constant uint& k [[buffer(5)]],
+                 constant uint& bt [[buffer(6)]],
+                 uint sg [[simdgroup_index_in_threadgroup]],
+                 uint lane [[thread_index_in_simdgroup]]) {
+  const uint r0 = sg / 2 * 8, c0 = sg % 2 * 8;
+  simdgroup_matrix<U, 8, 8> acc;
+  simdgroup_load(acc, c, 16, ulong2(c0, r0));
+  for (uint k0 = 0; k0 < k; k0 += 8) {
+    simdgroup_matrix<T, 8, 8> x, y;
+    simdgroup_load(x, a, k, ulong2(k0, r0));
+    if (bt != 0) {
+      simdgroup_load(y, b, k, ulong2(k0, c0), true);
+    } else {
+      simdgroup_load(y, b, 16, ulong2(c0, k0));
+    }
+    simdgroup_multiply_accumulate(acc, x, y, acc);
+  }
+  simdgroup_store(acc, d, 16, ulong2(c0, r0));
+  if (sg == 0) {
+    owned[2 * lane] = float(acc.thread_elements()[0]);
+    owned[2 * lane + 1] = float(acc.thread_elements()[1]);
+  }
+}
+template [[host_name("gemm_float_float")]] kernel void gemm<float, float>(device const float*,
+    device const float*, device const float*, device float*, device float*, constant uint&,
+    constant uint&, uint, uint);
+template [[host_name("gemm_half_float")]] kernel void gemm<half, float>(device const half*,
+    device const half*, device const float*, device float*, device float*, constant uint&,
+    constant uint&, uint, uint);
+template [[host_name("gemm_bfloat_float")]] kernel void gemm<bfloat, float>(device const bfloat*,
+    device const bfloat*, device const float*, device float*, device float*, constant uint&,
+    constant uint&, uint, uint);
+template [[host_name("gemm_half_half")]] kernel void gemm<half, half>(device const half*,
+    device const half*, device const float*, device half*, device float*, constant uint&,
+    constant uint&, uint, uint);
+"""
+
+
+@pytest.mark.parametrize("t,u", [("float", "float"), ("half", "float"), ("bfloat", "float"),
+                                 ("half", "half")])
+@pytest.mark.parametrize("bt", [0, 1])
+def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
+    """simdgroup_matrix loads (origins, strides, transposed), multiply-accumulates chained
+    over K and stores: half and bfloat products on the tensor cores, float through shuffles;
+    the same MSL on the simulator, both against torch, and the lanes own the same elements
+    (Apple's layout, which thread_elements() exposes)."""
+    dt = {"float": torch.float32, "half": torch.float16, "bfloat": torch.bfloat16}
+    g = torch.Generator().manual_seed(3)
+    k = 40
+    a = torch.randn(16, k, generator=g).to(dt[t])
+    b = torch.randn(k, 16, generator=g).to(dt[t])
+    c = torch.randn(16, 16, generator=g)
+    want = (a.double() @ b.double() + c.double())
+    bb = b.T.contiguous() if bt else b
+    outs = []
+    for backend, dev in ((sim, "cpu"), (mfcuda, "cuda")):
+        d = torch.zeros(16, 16, dtype=dt[u], device=dev)
+        owned = torch.zeros(64, device=dev)
+        lib = backend.compile_shader(MMA_MSL)
+        getattr(lib, f"gemm_{t}_{u}")(a.to(dev), bb.to(dev), c.to(dev), d, owned, k, bt,
+                                      threads=128, group_size=128,
+                                      arg_casts={5: "int32", 6: "int32"})
+        outs.append((d.cpu(), owned.cpu()))
+    tol = dict(rtol=1e-5, atol=1e-4) if u == "float" else dict(rtol=2e-3, atol=2e-2)
+    for d, owned in outs:
+        torch.testing.assert_close(d.double(), want.to(d.dtype).double(), **tol)
+        for lane in range(32):
+            q = lane // 4
+            r, col = (q & 4) + (lane // 2) % 4, (q & 2) * 2 + (lane % 2) * 2
+            assert owned[2 * lane] == d[r, col].float()
+            assert owned[2 * lane + 1] == d[r, col + 1].float()
+    torch.testing.assert_close(outs[1][0], outs[0][0], **tol)
+
+
 def test_runs_on_the_current_stream_without_sync():
     silu = _example("silu")["silu"]
     x = torch.randn(1 << 22, device="cuda")
