@@ -302,6 +302,9 @@ class LoweredKernel:
     body: list[Stmt]
     helpers: tuple[str, ...] = ()       # helper functions the body calls ("mf_erf", ...)
     summary: str = ""                   # one line: what the kernel does and how it is laid out
+    # the threadgroup size it is always launched with, declared to the compiler as
+    # [[max_total_threads_per_threadgroup(N)]] (0: not declared); see cuda/translate.py
+    max_threads: int = 0
 
     @property
     def host_name(self) -> str:

@@ -142,7 +142,8 @@ class MSLPrinter(ir.Printer):
         out = []
         if k.template:
             out.append(f"template <{', '.join(f'typename {p}' for p in k.template)}>")
-        out.append(f"kernel void {k.name}(")
+        bound = f"[[max_total_threads_per_threadgroup({k.max_threads})]] " if k.max_threads else ""
+        out.append(f"{bound}kernel void {k.name}(")
         out += self.signature(k)
         out[-1] += ")"
         out.append("{")

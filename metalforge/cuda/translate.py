@@ -91,6 +91,17 @@ def _function(k) -> tuple[str, str]:
     return f"decltype(&{fn})", fn
 
 
+def _launch_bounds(threads: int) -> str:
+    """A kernel declaring [[max_total_threads_per_threadgroup(N)]] (N < 1024) gets
+    __launch_bounds__(N, 1024 / N): at least 1024 of its threads resident per multiprocessor,
+    so at most 64 registers a thread. Without it NVRTC may take more registers than a schedule
+    sized its grid for: the staged attention decode took 72 (7 groups of 128 per H100 core, its
+    1024 groups in two waves: 177 us at L = 65536, 131 us capped)."""
+    if threads >= 1024:
+        return ""
+    return f" __launch_bounds__({threads}, {max(1, 1024 // threads)})"
+
+
 def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
     out = ["", "// ---- metalforge.cuda: entry points (one per host-visible kernel) ----"]
     entries = []
@@ -108,7 +119,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
             if p.role == "position":
                 args[p.index] = (f"::mf_cuda::pos_cast<::mf_cuda::param_t<{fty}, {p.index}>>"
                                  f"(mf_p.{p.attr}())")
-        bounds = f" __launch_bounds__({k.max_total_threads})" if k.max_total_threads < 1024 else ""
+        bounds = _launch_bounds(k.max_total_threads)
         sym = f"mf_entry_{i}"
         out += [f"// {k.host_name}",
                 f"using {fty} = {ftype};",

@@ -208,6 +208,8 @@ class AttentionSchedule(Schedule):
     merge: Optional[ir.LoweredKernel] = None
     narrow: Optional[ir.LoweredKernel] = None   # stage_kv: the decode kernel for E <= narrow_e
     narrow_e: int = 0
+    wide: Optional[ir.LoweredKernel] = None     # ... for mid_e < E <= max_e (`kernel` up to mid_e)
+    mid_e: int = 0
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -228,7 +230,8 @@ class AttentionSchedule(Schedule):
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
-        return tuple(k for k in (self.kernel, self.narrow, self.merge) if k is not None)
+        return tuple(k for k in (self.kernel, self.narrow, self.wide, self.merge)
+                     if k is not None)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
         return math.prod(sizes[a] for a in self.rows)
@@ -353,20 +356,31 @@ class AttentionSchedule(Schedule):
         if not self.index64 and n >= 2 ** 31:
             raise LaunchError(f"{where}: {n} elements need 64-bit indexing; call it with "
                               "launch={'index64': True}")
-        if self.narrow is not None and sizes[self.e_axis] <= self.narrow_e:
+        if self.policy.stage_kv and self.keys_per_tile(sizes) < self.qt:
+            raise LaunchError(f"{where}: stage_kv: a tile of {self.keys_per_tile(sizes)} keys "
+                              f"('{self.e_axis}' = {sizes[self.e_axis]}) cannot give each of the "
+                              f"rows_per_group={self.qt} simdgroups a key; lower rows_per_group "
+                              f"or call it without stage_kv")
+        e = sizes[self.e_axis]
+        if self.narrow is not None and e <= self.narrow_e:
             return self.narrow.host_name
+        if self.wide is not None and e > self.mid_e:
+            return self.wide.host_name
         return self.kernel.host_name
 
     def selecting(self, host_name: str) -> dict[str, int]:
-        """Sizes that make a call launch kernel `host_name` (testing's coverage): with the
-        narrow kernel, E just past narrow_e for the other decode kernel and E = narrow_e for
-        the narrow one, each over keys that take three tiles (two key blocks for few rows),
-        so that an example runs their tile loop, barriers and merge, not one key."""
+        """Sizes that make a call launch kernel `host_name` (testing's coverage): with stage_kv,
+        E = narrow_e for the narrow kernel and E just past the E of the kernel below for the
+        others (narrow_e + 1, mid_e + 1), each over keys that take three tiles (two key blocks
+        for few rows), so that an example runs their tile loop, barriers and merge, not one
+        key."""
         if self.narrow is None:
             return {}
         keys = {self.l_axis: 2 * TILE_KEYS + 1}
-        return {self.kernel.host_name: {self.e_axis: self.narrow_e + 1, **keys},
-                self.narrow.host_name: {self.e_axis: self.narrow_e, **keys}}.get(host_name, {})
+        pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
+        if self.wide is not None:
+            pick[self.wide.host_name] = self.mid_e + 1
+        return {self.e_axis: pick[host_name], **keys} if host_name in pick else {}
 
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:
@@ -437,6 +451,11 @@ class _Builder(reduce.Builder):
         # threads of a decode group (stage_kv: one simdgroup per row of the tile)
         self.group = SIMD_WIDTH * self.qt if policy.stage_kv else policy.threads_per_group
         self.run = min(VALUE_RUN, self.epl)            # ... run consecutive elements each
+        self.scratch_e = SIMD_WIDTH * self.epl         # E slots of a block's state in scratch
+        # the tile's row as a run-time value (not an unrolled loop's): positions computed
+        # from it, not read from the tile's arrays (indexing those by a run-time value would put
+        # them in memory for the whole kernel)
+        self.row_of: Optional[ir.Expr] = None
 
     def _key_tensors(self) -> dict[Node, str]:
         """Reads along the keys and E (k, v; loads or gathers through a block table) that no
@@ -477,6 +496,8 @@ class _Builder(reduce.Builder):
         if axis == self.form.e:
             return ir.Cast(IDX, ir.Var("mf_e"))
         if axis in self.tile_axes and self.tiled:
+            if self.row_of is not None:        # row mf_t picked at run time: computed
+                return self.tile_position(axis, self.row_of)
             return ir.Lane(ir.Var(f"mf_tpos_{ident(axis)}"), ir.Var("mf_t"))
         if axis in self.own_axes and self.tiled:
             return self.flat_position(axis, self.own_axes, "mf_own")
@@ -624,13 +645,16 @@ class _Builder(reduce.Builder):
         tpg = self.group
         out: list[ir.Stmt] = [ir.Comment("each query row's values every key multiplies, in "
                                          "threadgroup memory: every lane reads all of them")]
-        idx, t, e = ir.Var("mf_qi"), ir.Var("mf_t"), ir.Var("mf_e")
+        t, e = ir.Var("mf_t"), ir.Var("mf_e")
         for i, n in enumerate(nodes):
             low = self.lowering(f"mf_st{i}_")
+            self.row_of = t
             body = low.lower([n])
+            value = _float(low.value(n), n)
+            self.row_of = None
             self.helpers |= low.helpers
             name = f"mf_tgq{i}"
-            slot = ir.Lane(ir.Var(name), idx)
+            slot = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
             zero = ir.Lit(0.0, "float")
             self.tg_bytes += 4 * self.qt * emax
             if self.policy.stage_kv:
@@ -643,14 +667,17 @@ class _Builder(reduce.Builder):
             else:
                 self.tg_decls.append(ir.ArrayDecl(name, "float", self.qt * emax, "threadgroup"))
             self.staged_tg[n] = name
+            # the row (mf_t) a run-time value: its positions computed, not read from the
+            # tile's arrays
+            live = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint") + t) < self.span(
+                self.tile_axes) if self.tile_axes else t.eq(ir.Lit(0, "uint"))
             out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
                               ir.Lit(self.qt * emax, "uint"), [
-                ir.Decl("mf_t", "uint", idx / ir.Lit(emax, "uint")),
-                ir.Decl("mf_e", "uint", idx % ir.Lit(emax, "uint")),
+                ir.Decl("mf_t", "uint", ir.Var("mf_qi") / ir.Lit(emax, "uint")),
+                ir.Decl("mf_e", "uint", ir.Var("mf_qi") % ir.Lit(emax, "uint")),
                 ir.Assign(slot, zero),
-                ir.If(ir.Lane(ir.Var("mf_live"), t).and_(
-                    ir.Cast(IDX, e) < self.size(self.form.e)),
-                    body + [ir.Assign(slot, _float(low.value(n), n))])],
+                ir.If(live.and_(ir.Cast(IDX, e) < self.size(self.form.e)),
+                      body + [ir.Assign(slot, value)])],
                 step=ir.Lit(tpg, "uint")))
             self.staged[n] = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
         if not out[1:]:
@@ -1106,7 +1133,7 @@ class _Builder(reduce.Builder):
                        "kernel"),
             ir.Decl("mf_partial", IDX, (row_id * ir.Cast(IDX, ir.Var("mf_splits"))
                                         + ir.Cast(IDX, ir.Var("mf_block")))
-                    * ir.Lit(SIMD_WIDTH * self.epl + 2, IDX)),
+                    * ir.Lit(self.scratch_e + 2, IDX)),
             ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
                 ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
                 ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_md"))]),
@@ -1306,20 +1333,29 @@ class _Builder(reduce.Builder):
                    step=group),
             ir.Barrier()]
 
+    def live_rows(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for each row mf_t < rows_per_group of the tile that exists (unrolled; the
+        rows that exist are the first mf_nlive, the same in every thread of the group)."""
+        t = ir.Var("mf_t")
+        return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
+            ir.If(t < ir.Var("mf_nlive"), body)], unroll=True)
+
     def tile_scores(self) -> list[ir.Stmt]:
-        """Lane mf_key's score of its key in the tile against this simdgroup's row: the
-        contraction over E from the staged tile, chunk by chunk of vw elements (32 / mf_kt
-        lanes share a key when the tile holds fewer than 32 keys, taking every mf_parts-th
-        chunk, their parts summed by shuffles), then the score's elementwise work
-        (Builder.score: scale, masks, caps); -inf past the tile's keys.
+        """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile
+        (each key's row read and converted once for all of them), into threadgroup memory:
+        lane mf_key's part mf_part of the contraction over E from the staged tile, chunk by
+        chunk of vw elements (32 / mf_ks lanes share a key, taking every mf_parts-th chunk,
+        their parts summed by shuffles), then per row the score's elementwise work
+        (Builder.score: scale, masks, caps); -inf past the tile's keys. The key's first lane
+        stores `mf_tg_s[t * 32 + key]`.
 
         Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk
-        as one vw-element (16-byte) vector read of its padded row, q's chunk as float4 reads of
-        the staged row (the same address in every lane: a broadcast), no guards. Otherwise the
-        chunk's elements one by one, 0 past E."""
+        as one vw-element (16-byte) vector read of its padded row, each row's q chunk as float4
+        reads of its staged row (the same address in every lane: a broadcast), no guards.
+        Otherwise the chunk's elements one by one, 0 past E."""
         f, vw = self.form, self.vw
         nodes = [n for n in self.kv if any(n in topo_order([r.args[0]]) for r in f.contractions)]
-        c, x, key = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key")
+        c, x, key, t = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key"), ir.Var("mf_t")
         e_of_x = ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x)
         inside = ir.Cast(IDX, ir.Var("mf_e")) < self.size(f.e)
 
@@ -1328,8 +1364,8 @@ class _Builder(reduce.Builder):
         k_elems: list[ir.Stmt] = []
         for n in nodes:
             arr = self.kv[n]
-            t = self.tensor_of(n)
-            ct, st = compute_type(t.dtype), self.in_stype(t)
+            tp = self.tensor_of(n)
+            ct, st = compute_type(tp.dtype), self.in_stype(tp)
             zero = ir.Lit(0.0, ct) if ct == "float" else ir.Lit(0, ct)
             reg = ir.Lane(ir.Var(f"{arr}c"), x)
             row = key * ir.Var(f"{arr}_stride")
@@ -1346,40 +1382,30 @@ class _Builder(reduce.Builder):
                       ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                           ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)]
 
-        # the row's q chunk (each staged value every key multiplies) into registers
-        # mf_q<i>c[x], qw floats per read (float4 for vw = 4 or 8)
+        # row mf_t's q (each staged value every key multiplies), qw floats per read (float4
+        # for vw = 4 or 8), each read used at once (x = y * qw + z)
         qw = 4 if vw % 4 == 0 else 2 if vw % 2 == 0 else 1
         y, z = ir.Var("mf_y"), ir.Var("mf_z")
-        q_vec: list[ir.Stmt] = []
+        q_reads: list[ir.Stmt] = []
         q_regs: dict[Node, ir.Expr] = {}
         emax = SIMD_WIDTH * self.epl
         for i, (n, name) in enumerate(self.staged_tg.items()):
-            at = ir.Var("mf_t") * ir.Lit(emax, "uint") + c * ir.Lit(vw, "uint") + y * ir.Lit(
-                qw, "uint")
-            regs = ir.Var(f"mf_q{i}c")
+            at = t * ir.Lit(emax, "uint") + c * ir.Lit(vw, "uint") + y * ir.Lit(qw, "uint")
             read = ir.Load(name, at, qw, "float", space="threadgroup") if qw > 1 else ir.Lane(
                 ir.Var(name), at)
-            fill: list[ir.Stmt] = [ir.Assign(ir.Lane(regs, y), ir.Var("mf_qv"))]
-            if qw > 1:
-                fill = [ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(qw, "uint"), [
-                    ir.Assign(ir.Lane(regs, y * ir.Lit(qw, "uint") + z),
-                              ir.Lane(ir.Var("mf_qv"), z))], unroll=True)]
-            one: list[ir.Stmt] = [ir.Decl("mf_qv", ir.vector_type("float", qw) if qw > 1
-                                          else "float", read)]
-            q_vec += [ir.ArrayDecl(f"mf_q{i}c", "float", vw),
-                      ir.For("mf_y", "uint", ir.Lit(0, "uint"), ir.Lit(vw // qw, "uint"),
-                             one + fill, unroll=True)]
-            q_regs[n] = ir.Lane(regs, x)
+            q_reads.append(ir.Decl(f"mf_qv{i}", ir.vector_type("float", qw) if qw > 1
+                                   else "float", read))
+            q_regs[n] = ir.Lane(ir.Var(f"mf_qv{i}"), z) if qw > 1 else ir.Var(f"mf_qv{i}")
 
-        # the contractions' parts of the chunk: with q from registers (vector path, every
-        # element inside E) or from the staged row (element path, guarded)
+        # the contractions' parts of the chunk per row: with q from registers (vector path,
+        # every element inside E) or from the staged row (element path, guarded)
         self.dot_of = {}
         decls: list[ir.Stmt] = []
         butterfly: list[ir.Stmt] = []
         adds_vec: list[ir.Stmt] = []
         adds_elem: list[ir.Stmt] = []
         for i, r in enumerate(f.contractions):
-            dot = ir.Var(f"mf_dot{i}")
+            dot = ir.Lane(ir.Var(f"mf_dot{i}"), t)
             for adds, qs in ((adds_vec, q_regs), (adds_elem, self.staged)):
                 part = self.lowering(f"mf_c{i}_")
                 part.values.update(qs)
@@ -1387,73 +1413,87 @@ class _Builder(reduce.Builder):
                 low = part.lower([r.args[0]])
                 self.helpers |= part.helpers
                 adds += low + [ir.Assign(dot, dot + _float(part.value(r.args[0]), r.args[0]))]
-            decls.append(ir.Decl(f"mf_dot{i}", "float", ir.Lit(0.0, "float"), const=False))
+            decls += [ir.ArrayDecl(f"mf_dot{i}", "float", self.qt),
+                      ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
+                          ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)]
             butterfly.append(ir.Assign(dot, dot + ir.Call("simd_shuffle_xor",
                                                           (dot, ir.Var("mf_off")))))
             self.dot_of[r] = dot
         each_elem = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
             e_of_x, ir.If(inside, adds_elem)], unroll=True)
-        by_elems = k_elems + [each_elem]
+
         def chunks(body: list[ir.Stmt]) -> ir.Stmt:
             return ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"), body,
                           step=ir.Var("mf_parts"))
-        scan: ir.Stmt = chunks(by_elems)
+        scan: ir.Stmt = chunks(k_elems + [self.live_rows([each_elem])])
         if vw > 1:
-            each_vec = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
-                              [e_of_x] + adds_vec, unroll=True)
+            each_vec = ir.For("mf_y", "uint", ir.Lit(0, "uint"), ir.Lit(vw // qw, "uint"), [
+                *q_reads, ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(qw, "uint"), [
+                    ir.Decl("mf_x", "uint", y * ir.Lit(qw, "uint") + z), e_of_x, *adds_vec],
+                    unroll=True)], unroll=True)
             scan = ir.If(ir.Var("mf_vec_ok"), [chunks([
-                ir.Comment(f"the key's chunk: one {vw}-element read of its row; q's: "
+                ir.Comment(f"the key's chunk: one {vw}-element read of its row; each row's q: "
                            f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
-                *k_vec, *q_vec, each_vec])], [scan])
+                *k_vec, self.live_rows([each_vec])])], [scan])
         sc_body, value = self.score()
         live = key < ir.Var("mf_tn")
+        sc = ir.Var("mf_sc")
         return [
             ir.Comment("scores: lane mf_key contracts its key's E elements (chunk mf_part, "
-                       "mf_part + mf_parts, ...) with the row's q, from the staged tile"),
+                       "mf_part + mf_parts, ...) with every row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
             ir.If(live, [scan]),
-            ir.For("mf_off", "uint", ir.Var("mf_kt"), SIMD, butterfly, step=ir.Var("mf_off")),
-            ir.Decl("mf_sc", "float", NEG_INF, const=False),
-            ir.If(live, sc_body + [ir.Assign(ir.Var("mf_sc"), value)])]
+            ir.For("mf_off", "uint", ir.Var("mf_ks"), SIMD, [self.live_rows(butterfly)],
+                   step=ir.Var("mf_off")),
+            ir.Comment("each row's score of the key (-inf past the tile), stored by the key's "
+                       "first lane"),
+            self.live_rows([
+                ir.Decl("mf_sc", "float", NEG_INF, const=False),
+                ir.If(live, sc_body + [ir.Assign(sc, value)]),
+                ir.If(ir.Var("mf_part").eq(ir.Lit(0, "uint")), [ir.Assign(ir.Lane(
+                    ir.Var("mf_tg_s"), t * SIMD + key), sc)])])]
 
     def tile_softmax(self) -> list[ir.Stmt]:
-        """One online-softmax update of the row's state for the tile: the max over the
-        simdgroup (the same m in every lane), the old sums rescaled, the lane's key's weight
-        mf_p (counted in the lane-partial d by the key's first lane only)."""
+        """Simdgroup mf_sg's row: one online-softmax update for the tile, a key a lane: the
+        tile's max over the simdgroup, the old sums rescaled (the factor to `mf_tg_c[row]` for
+        every simdgroup's accumulators), the lane's key's weight p to `mf_tg_p[key * rows +
+        row]` (a key's weights of all rows side by side) and into the lane-partial d."""
         mm, md, m_new, corr = (ir.Var(v) for v in ("mf_mm", "mf_md", "mf_m_new", "mf_corr"))
+        lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
         live = m_new.ne(NEG_INF)
-        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
         self.helpers.add("mf_simd_max")
-        return [
-            ir.Comment("online softmax: the tile's max, the old sums rescaled, this lane's "
-                       "weight p"),
+        return [ir.If(sg < ir.Var("mf_nlive"), [
+            ir.Comment("online softmax of the simdgroup's row: the tile's max, the old sums' "
+                       "factor, each key's weight p"),
+            ir.Decl("mf_sc", "float", ir.Select(lane < ir.Var("mf_tn"), ir.Lane(
+                ir.Var("mf_tg_s"), sg * SIMD + lane), NEG_INF)),
             ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, ir.Call(
                 "mf_simd_max", (ir.Var("mf_sc"),))))),
             ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
                 "exp", (mm - m_new,), precise=True), ir.Lit(1.0, "float"))),
             ir.Decl("mf_p", "float", ir.Select(live, ir.Call(
                 "exp", (ir.Var("mf_sc") - m_new,), precise=True), ir.Lit(0.0, "float"))),
-            ir.Assign(md, md * corr + ir.Select(ir.Var("mf_part").eq(ir.Lit(0, "uint")),
-                                                ir.Var("mf_p"), ir.Lit(0.0, "float"))),
+            ir.Assign(md, md * corr + ir.Var("mf_p")),
             ir.Assign(mm, m_new),
-            self.slots([ir.Assign(acc, acc * corr)])]
+            ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), lane * ir.Lit(self.qt, "uint") + sg),
+                      ir.Var("mf_p")),
+            ir.If(lane.eq(ir.Lit(0, "uint")), [
+                ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), corr)])])]
 
     def tile_values(self) -> list[ir.Stmt]:
-        """acc += p v for the tile's keys one after another, the lanes over E reading v from
-        the staged tile. The keys' weights go through threadgroup memory (each key's first
-        lane stores its p, a simdgroup barrier, every lane reads them back as broadcasts: one
-        read a key instead of a shuffle). Per stretch of 32 x run elements, the lane's run
+        """This simdgroup's accumulators (every row) rescaled by the rows' factors, then
+        acc[t] += p[t] v for its mf_ks keys of the tile one after another, the lanes over E
+        reading v from the staged tile once for all rows (the narrow kernel: in key streams of
+        NARROW_LANES lanes). Each key's weights of all rows are one read (float4s when the
+        rows are a multiple of 4). Per stretch of vlanes x run elements, the lane's run
         consecutive ones as one vec<T, run> read when E is a multiple of run (mf_run_ok: the
         lane's run is wholly inside E or past it, decided once per stretch, not per key), else
         one by one (guarded)."""
-        f, run = self.form, self.run
-        u, x = ir.Var("mf_u"), ir.Var("mf_x")
-        acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
+        f, run, qt = self.form, self.run, self.qt
+        u, x, t = ir.Var("mf_u"), ir.Var("mf_x"), ir.Var("mf_t")
+        acc = ir.Lane(ir.Var("mf_racc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
+        pk = ir.Lane(ir.Var("mf_pk"), t)
         vnodes = [n for n in self.kv if n in topo_order([f.values])]
-        tgp = ir.Lane(ir.Var("mf_tg_p"), ir.Var("mf_t") * SIMD + u)
-        self.tg_decls.append(ir.ArrayDecl("mf_tg_p", "float", self.qt * SIMD_WIDTH,
-                                          "threadgroup"))
-        self.tg_bytes += 4 * self.qt * SIMD_WIDTH
 
         def add(reads: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
             vals = self.lowering("mf_w")
@@ -1461,26 +1501,40 @@ class _Builder(reduce.Builder):
             vals.values.update(reads)
             body = vals.lower([f.values])
             self.helpers |= vals.helpers
-            return body + [ir.Assign(acc, acc + ir.Var("mf_pu") * _float(
-                vals.value(f.values), f.values))]
+            return body + [ir.Assign(acc, acc + pk * _float(vals.value(f.values), f.values))]
 
         streams = SIMD_WIDTH // self.vlanes
+        if qt % 4 == 0:
+            y, z = ir.Var("mf_y"), ir.Var("mf_z")
+            weights: list[ir.Stmt] = [ir.For("mf_y", "uint", ir.Lit(0, "uint"),
+                                             ir.Lit(qt // 4, "uint"), [
+                ir.Decl("mf_p4", "float4", ir.Load("mf_tg_pf", u * ir.Lit(qt, "uint")
+                                                   + y * ir.Lit(4, "uint"), 4, "float",
+                                                   space="threadgroup")),
+                ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(4, "uint"), [
+                    ir.Assign(ir.Lane(ir.Var("mf_pk"), y * ir.Lit(4, "uint") + z),
+                              ir.Lane(ir.Var("mf_p4"), z))], unroll=True)], unroll=True)]
+        else:
+            weights = [ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(qt, "uint"), [
+                ir.Assign(pk, ir.Lane(ir.Var("mf_tg_pf"), u * ir.Lit(qt, "uint") + t))],
+                unroll=True)]
+        weights.insert(0, ir.ArrayDecl("mf_pk", "float", qt))
 
         def each_key(body: list[ir.Stmt]) -> ir.Stmt:
-            """body for the keys of the lane's stream: every key, or (narrow) every
+            """body for the simdgroup's keys of the tile: every one, or (narrow) every
             streams-th from the lane's stream."""
-            first: ir.Expr = ir.Lit(0, "uint")
+            first: ir.Expr = ir.Var("mf_u0")
             step: Optional[ir.Expr] = None
             if streams > 1:
-                first = ir.Var("mf_lane") / ir.Lit(self.vlanes, "uint")
+                first = first + ir.Var("mf_lane") / ir.Lit(self.vlanes, "uint")
                 step = ir.Lit(streams, "uint")
-            return ir.For("mf_u", "uint", first, ir.Var("mf_tn"), [
-                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)),
-                ir.Decl("mf_pu", "float", tgp), *body], step=step)
-        by_elems = each_key([self.lanes(add({n: ir.Cast(
+            return ir.For("mf_u", "uint", first, ir.Var("mf_u1"), [
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)), *weights, *body],
+                step=step)
+        by_elems = each_key([self.live_rows([self.lanes(add({n: ir.Cast(
             compute_type(self.tensor_of(n).dtype), ir.Lane(
                 ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
-            for n, arr in self.kv.items()}))])
+            for n, arr in self.kv.items()}))])])
         each: ir.Stmt = by_elems
         # a vector of run elements is aligned: rows start 16-byte aligned at multiples of vw
         # elements (plus PAD_BYTES), the lane's run at a multiple of run
@@ -1497,87 +1551,149 @@ class _Builder(reduce.Builder):
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
                 ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(self.vlanes * run, "uint")
                         + self.vlane() * ir.Lit(run, "uint")),
-                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [
+                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [self.live_rows([
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
                         ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
-                        ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])])],
+                        ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])])])],
                 unroll=True)
             each = ir.If(ir.Var("mf_run_ok"), [by_runs], [by_elems])
         return [
-            ir.Comment("the tile's weights p for every lane: each key's first lane stores its "
-                       "p, read back as broadcasts"),
-            ir.If(ir.Var("mf_part").eq(ir.Lit(0, "uint")), [
-                ir.Assign(ir.Lane(ir.Var("mf_tg_p"), ir.Var("mf_t") * SIMD + ir.Var("mf_key")),
-                          ir.Var("mf_p"))]),
-            ir.Barrier("simdgroup"),
-            ir.Comment(f"the values: acc += p v, key by key of the tile, the lanes over E "
-                       f"({run} consecutive elements a lane per stretch of "
-                       f"{self.vlanes * run})" + (
+            ir.Comment("the values: this simdgroup's accumulators rescaled by each row's "
+                       "factor, then acc[t] += p[t] v over its keys of the tile"),
+            self.live_rows([ir.Decl("mf_c", "float", ir.Lane(ir.Var("mf_tg_c"), t)),
+                            self.slots([ir.Assign(acc, acc * ir.Var("mf_c"))])]),
+            ir.Decl("mf_u0", "uint", ir.Var("mf_sg") * ir.Var("mf_ks")),
+            ir.Decl("mf_u1", "uint", ir.Call("min", (ir.Var("mf_u0") + ir.Var("mf_ks"),
+                                                     ir.Var("mf_tn")))),
+            ir.Comment(f"{run} consecutive elements a lane per stretch of "
+                       f"{self.vlanes * run}" + (
                            f"; {streams} key streams of {self.vlanes} lanes taking the keys "
                            f"in turn" if streams > 1 else "")),
             each]
 
     def stage_kv_body(self) -> list[ir.Stmt]:
-        """The stage_kv decode kernel after its head: q staged, then per tile of mf_kt keys
-        the group fills the K/V tiles, a barrier, each simdgroup (its own query row) scores,
-        updates its state and adds the values from threadgroup memory, a barrier before the
-        next tile overwrites them; then each row's state is written."""
-        f = self.form
-        t = ir.Var("mf_t")
-        lane, kt = ir.Var("mf_lane"), ir.Var("mf_kt")
-        live = ir.Lane(ir.Var("mf_live"), t)
+        """The stage_kv decode kernel after its head: q staged, then per tile of mf_kt keys:
+        the group fills the K/V tiles, a barrier; each simdgroup scores its mf_ks keys of the
+        tile against every row (tile_scores), a barrier; simdgroup t updates row t's online
+        softmax (tile_softmax), a barrier; each simdgroup adds p v of its keys to its
+        accumulators of every row (tile_values), a barrier before the next tile overwrites
+        them. Then each row's accumulators are summed across the simdgroups through
+        threadgroup memory, and simdgroup t writes row t's state."""
+        f, qt = self.form, self.qt
+        lane, kt, sg = ir.Var("mf_lane"), ir.Var("mf_kt"), ir.Var("mf_sg")
+        rows = self.span(self.tile_axes) - ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(qt, "uint"))
+        self.tg_decls += [
+            ir.ArrayDecl("mf_tg_s", "float", qt * SIMD_WIDTH, "threadgroup"),
+            ir.ArrayDecl("mf_tg_p", "float4", qt * SIMD_WIDTH // 4, "threadgroup"),
+            ir.ArrayDecl("mf_tg_c", "float", qt, "threadgroup")]
+        self.tg_bytes += 4 * (2 * qt * SIMD_WIDTH + qt)
+        racc = ir.Lane(ir.Var("mf_racc"), ir.Var("mf_t") * ir.Lit(self.epl, "uint")
+                       + ir.Var("mf_j"))
         setup: list[ir.Stmt] = [
-            ir.Decl("mf_t", "uint", ir.Var("mf_sg")),
-            ir.Decl("mf_tid", "uint", ir.Var("mf_sg") * SIMD + lane),
-            ir.Comment("scores: lane mf_key of the tile's keys, part mf_part of its E chunks "
-                       "(32 / mf_kt lanes per key)"),
-            ir.Decl("mf_key", "uint", lane % kt),
-            ir.Decl("mf_part", "uint", lane / kt),
-            ir.Decl("mf_parts", "uint", SIMD / kt),
+            ir.Decl("mf_tid", "uint", sg * SIMD + lane),
+            ir.Comment("the rows of the tile that exist: the first mf_nlive"),
+            ir.Decl("mf_nlive", "uint", ir.Cast("uint", ir.Call("min", (
+                ir.Cast(IDX, ir.Lit(qt, "uint")), rows)))),
+            ir.Comment(f"scores: the {qt} simdgroups split each tile's keys, mf_ks each; lane "
+                       f"mf_key of them, part mf_part of its E chunks (32 / mf_ks lanes per "
+                       f"key)"),
+            ir.Decl("mf_ks", "uint", kt / ir.Lit(qt, "uint")),
+            ir.Decl("mf_key", "uint", sg * ir.Var("mf_ks") + lane % ir.Var("mf_ks")),
+            ir.Decl("mf_part", "uint", lane / ir.Var("mf_ks")),
+            ir.Decl("mf_parts", "uint", SIMD / ir.Var("mf_ks")),
             *self.tile_arrays(),
-            ir.Comment("the row's online-softmax state: running max, lane-partial sum, the "
-                       "lane's E accumulators"),
+            ir.Comment("the keys' weights of all rows side by side, as floats"),
+            ir.Decl("mf_tg_pf", "threadgroup float*", ir.Call(
+                "reinterpret_cast<threadgroup float*>", (ir.Var("mf_tg_p"),)), const=False),
+            ir.Comment("the simdgroup's row's online-softmax state (running max, lane-partial "
+                       "sum) and its accumulators of every row over its keys"),
             ir.Decl("mf_mm", "float", NEG_INF, const=False),
             ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
-            ir.ArrayDecl("mf_macc", "float", self.epl),
-            self.slots([ir.Assign(ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")),
-                                  ir.Lit(0.0, "float"))])]
+            ir.ArrayDecl("mf_racc", "float", qt * self.epl),
+            ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(qt, "uint"), [
+                self.slots([ir.Assign(racc, ir.Lit(0.0, "float"))])], unroll=True)]
         step: list[ir.Stmt] = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
                     ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, kt)))))]
         step += self.fill_tiles()
-        step.append(ir.If(live, self.tile_scores() + self.tile_softmax() + self.tile_values()))
+        step += self.tile_scores() + [ir.Barrier()]
+        step += self.tile_softmax() + [ir.Barrier()]
+        step += self.tile_values()
         step += [ir.Comment("every simdgroup is done with the tile before it is refilled"),
                  ir.Barrier()]
         loop = ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
                       step=ir.Cast(IDX, kt))
-        tail: list[ir.Stmt] = [
-                ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
-                           "block's state"),
-                ir.If(live, [ir.Assign(ir.Var("mf_md"), ir.Call("simd_sum", (ir.Var("mf_md"),))),
-                             *self.join_streams()])]
         return setup + [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile "
-                                   "at a time (scores never stored)"), loop] + tail
+                                   "at a time (scores never stored)"), loop] + self.sum_rows()
 
-    def join_streams(self) -> list[ir.Stmt]:
-        """The row's state written: with key streams (narrow), their accumulators summed first
-        (an xor butterfly) and the first stream's lanes writing."""
-        if self.vlanes == SIMD_WIDTH:
-            return [self.write_row()]
+    def sum_rows(self) -> list[ir.Stmt]:
+        """After the keys: each row's accumulators summed over the simdgroups (with key
+        streams, over the streams first, by shuffles) through threadgroup memory (the K tile's,
+        free now, where it holds them), into simdgroup t's mf_macc for row t; then simdgroup t
+        writes row t's state."""
+        qt, emax = self.qt, self.vlanes * self.epl
+        t, sg, lane = ir.Var("mf_t"), ir.Var("mf_sg"), ir.Var("mf_lane")
+        racc = ir.Lane(ir.Var("mf_racc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
         acc = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))
-        return [ir.Comment("the key streams' accumulators summed; the first stream writes"),
-                ir.For("mf_off", "uint", ir.Lit(self.vlanes, "uint"), SIMD, [self.slots([
-                    ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
-                    step=ir.Var("mf_off")),
-                ir.If(ir.Var("mf_lane") < ir.Lit(self.vlanes, "uint"), [self.write_row()])]
+        red = ir.Var("mf_red")
+        e = self.slot_e()
+        first = next(iter(self.kv.values()))
+        if qt * emax * 4 <= TILE_BYTES:
+            where: ir.Stmt = ir.Decl("mf_red", "threadgroup float*", ir.Call(
+                "reinterpret_cast<threadgroup float*>", (ir.Var(f"mf_tg_{first[3:]}"),)),
+                const=False)
+        else:
+            self.tg_decls.append(ir.ArrayDecl("mf_tg_red", "float", qt * emax, "threadgroup"))
+            self.tg_bytes += 4 * qt * emax
+            where = ir.Decl("mf_red", "threadgroup float*", ir.Var("mf_tg_red"), const=False)
+        total: ir.Expr = ir.Lane(red, e)
+        for s in range(1, qt):
+            total = total + ir.Lane(red, ir.Lit(s * emax, "uint") + e)
+        own = lane < ir.Lit(self.vlanes, "uint")
+        self.row_of = ir.Var("mf_sg")
+        write = self.write_row()
+        self.row_of = None
+        put = self.slots([ir.Decl("mf_e", "uint", e), ir.Assign(
+            ir.Lane(red, sg * ir.Lit(emax, "uint") + ir.Var("mf_e")), racc)])
+        out: list[ir.Stmt] = []
+        if self.vlanes != SIMD_WIDTH:
+            out += [ir.Comment("the key streams' accumulators summed (the first stream's lanes "
+                               "then hold them)"),
+                    self.live_rows([ir.For("mf_off", "uint", ir.Lit(self.vlanes, "uint"), SIMD, [
+                        self.slots([ir.Assign(racc, racc + ir.Call("simd_shuffle_xor", (
+                            racc, ir.Var("mf_off"))))])], step=ir.Var("mf_off"))])]
+        return out + [
+            ir.Comment("row by row: the simdgroups' accumulators summed through threadgroup "
+                       "memory by the row's simdgroup"),
+            where,
+            ir.ArrayDecl("mf_macc", "float", self.epl),
+            self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
+            self.live_rows([
+                put if self.vlanes == SIMD_WIDTH else ir.If(own, [put]),
+                ir.Barrier(),
+                ir.If(sg.eq(t), [self.slots([ir.Assign(acc, total)])]),
+                ir.Barrier()]),
+            ir.Comment("the row's state: d summed over the lanes, then the outputs or the "
+                       "block's state"),
+            ir.If(sg < ir.Var("mf_nlive"), [
+                ir.Assign(ir.Var("mf_md"), ir.Call("simd_sum", (ir.Var("mf_md"),))),
+                ir.If(own, [write]) if self.vlanes != SIMD_WIDTH else write])]
+
+    def tile_position(self, axis: str, t: ir.Expr) -> ir.Expr:
+        """Row t of the tile's position along tile axis `axis` (as `tile` computes it)."""
+        r = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint") + t)
+        k = self.tile_axes.index(axis)
+        inner = self.tile_axes[k + 1:]
+        e = r / self.span(inner) if inner else r
+        return e % self.size(axis) if k > 0 else e
 
     # -- the kernels ----------------------------------------------------------------------
-    def decode_kernel(self, narrow: bool = False) -> ir.LoweredKernel:
+    def decode_kernel(self, variant: str = "decode") -> ir.LoweredKernel:
         """A threadgroup per (rows that share keys, block of keys): its simdgroups take turns
         over the block's keys, each running mf_kp key streams of mf_w lanes; each stream keeps
         an online-softmax state per row; the states merge across streams (shuffles), then
         simdgroups (threadgroup memory); one block per row writes the outputs, several write
-        partial states for the merge kernel. With stage_kv, the stage_kv kernel (`narrow`: its
-        values loop in key streams of NARROW_LANES lanes)."""
+        partial states for the merge kernel. With stage_kv, the stage_kv kernel `variant`
+        (decode, narrow or wide: see stage_kv_kernel)."""
         f = self.form
         nsg = self.policy.threads_per_group // SIMD_WIDTH
         emax = SIMD_WIDTH * self.epl
@@ -1586,7 +1702,7 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names, self.tiled = [], set(), True
         if self.policy.stage_kv:
-            return self.stage_kv_kernel(threads, narrow)
+            return self.stage_kv_kernel(threads, variant)
         self.tg_decls = self.shared_states(nsg, emax)
         self.tg_bytes = 4 * nsg * (2 + emax)
         head = self.group_head(nsg) + self.tile() + self.block_keys()
@@ -1623,32 +1739,39 @@ class _Builder(reduce.Builder):
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 
     def stage_kv_kernel(self, threads: tuple[ir.ThreadInput, ...],
-                        narrow: bool) -> ir.LoweredKernel:
+                        variant: str) -> ir.LoweredKernel:
         """The decode kernel with stage_kv (see stage_kv_body): a threadgroup of one simdgroup
-        per query row of the tile; K/V tiles in threadgroup memory. `narrow` (rows of E up to
-        NARROW_LANES x run): the values loop's lanes in 32 / NARROW_LANES key streams."""
+        per query row of the tile, the simdgroups splitting each tile's keys; K/V tiles in
+        threadgroup memory. Each variant holds only the E its calls have (an accumulator per
+        row for each `run` elements a lane): `decode` E up to 32 x run, `narrow` up to
+        NARROW_LANES x run with the values loop's lanes in 32 / NARROW_LANES key streams,
+        `wide` up to 32 x reads_per_thread."""
         f = self.form
+        policy_epl = self.epl
+        self.epl = policy_epl if variant == "wide" else self.run
         self.tg_decls, self.tg_bytes = [], 0
         head = self.group_head(self.qt) + self.tile() + self.block_keys()
         staged = self.stage()
-        self.over_e, self.vlanes = True, NARROW_LANES if narrow else SIMD_WIDTH
+        self.over_e, self.vlanes = True, NARROW_LANES if variant == "narrow" else SIMD_WIDTH
         scan = self.stage_kv_body()
+        emax = self.vlanes * self.epl
         self.over_e = self.tiled = False
-        self.vlanes = SIMD_WIDTH
+        self.vlanes, self.epl = SIMD_WIDTH, policy_epl
         body = self.tg_decls + head + self.pre + staged + scan
-        summary = (f"{self.graph.name} ({'decode_narrow' if narrow else 'decode'}, stage_kv): "
-                   f"softmax over '{f.key}' of scores "
-                   f"contracting '{f.e}', times the values, summed over '{f.key}'; a "
-                   f"threadgroup per {self.qt} query rows sharing their keys and block of "
-                   f"keys, one simdgroup per row; tiles of K and V staged in threadgroup "
-                   f"memory by the whole group, each lane scoring a key of the tile, the lanes "
-                   f"over E for the values"
-                   + (f" in {SIMD_WIDTH // NARROW_LANES} key streams of {NARROW_LANES} lanes "
-                      f"('{f.e}' up to {NARROW_LANES * self.run})" if narrow else "")
+        name = "decode" if variant == "decode" else f"decode_{variant}"
+        summary = (f"{self.graph.name} ({name}, stage_kv): softmax over '{f.key}' of scores "
+                   f"contracting '{f.e}' (up to {emax}), times the values, summed over "
+                   f"'{f.key}'; a threadgroup per {self.qt} query rows sharing their keys and "
+                   f"block of keys, a simdgroup per row; tiles of K and V staged in "
+                   f"threadgroup memory by the whole group, each simdgroup scoring its share of "
+                   f"a tile's keys against every row (a lane per key) and adding their p v for "
+                   f"every row, the lanes over E"
+                   + (f" in {SIMD_WIDTH // NARROW_LANES} key streams of {NARROW_LANES} lanes"
+                      if variant == "narrow" else "")
                    + "; online softmax in one pass, fp32 state")
-        return make_kernel(self.graph, self.index64, threads, body, summary,
-                           "decode_narrow" if narrow else "decode",
-                           params=self.params, helpers=tuple(sorted(self.helpers)))
+        return make_kernel(self.graph, self.index64, threads, body, summary, name,
+                           params=self.params, helpers=tuple(sorted(self.helpers)),
+                           max_threads=self.group)
 
     def merge_kernel(self) -> ir.LoweredKernel:
         """A threadgroup of MERGE_SIMDGROUPS simdgroups per query row: each merges the states
@@ -1760,7 +1883,9 @@ class _Builder(reduce.Builder):
         self.params = base + tuple(extra)
         self.helpers.add("mf_maximum")
         decode = self.decode_kernel()
-        narrow = self.decode_kernel(narrow=True) if self.policy.stage_kv else None
+        narrow = self.decode_kernel("narrow") if self.policy.stage_kv else None
+        wide = self.decode_kernel("wide") if self.policy.stage_kv and self.epl > self.run \
+            else None
         merge = self.merge_kernel()
         vector = tuple(dict.fromkeys(self.tensor_of(n).name for n in self.kv)) \
             if self.vw > 1 else ()
@@ -1771,7 +1896,8 @@ class _Builder(reduce.Builder):
                                  (*self.rows, self.form.e), vector, self.index64,
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
                                  max_e=SIMD_WIDTH * self.epl, merge=merge, narrow=narrow,
-                                 narrow_e=NARROW_LANES * self.run,
+                                 narrow_e=NARROW_LANES * self.run, wide=wide,
+                                 mid_e=SIMD_WIDTH * self.run,
                                  own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv

@@ -27,7 +27,7 @@ def host_name(graph: Graph, index64: bool) -> str:
 def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...],
                 body: list[ir.Stmt], summary: str, variant: Optional[str] = None,
                 params: tuple[ir.Argument, ...] = (),
-                helpers: tuple[str, ...] = ()) -> ir.LoweredKernel:
+                helpers: tuple[str, ...] = (), max_threads: int = 0) -> ir.LoweredKernel:
     """The kernel template `mf_<op>[_<variant>]`, generic over the graph's dtype variables and
     the index type, with its one instantiation for this graph (host name `host_name(...)`,
     plus `_<variant>`)."""
@@ -38,7 +38,8 @@ def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...]
         instances=(ir.Instance(host_name(graph, index64) + suffix,
                                (*(d.msl for d in tvars.values()),
                                 "ulong" if index64 else "uint")),),
-        params=params, threads=threads, body=body, helpers=helpers, summary=summary)
+        params=params, threads=threads, body=body, helpers=helpers, summary=summary,
+        max_threads=max_threads)
 
 
 @dataclass(frozen=True)

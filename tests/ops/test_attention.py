@@ -127,8 +127,8 @@ def test_masked_rows_and_nan_follow_softmax(lane_scores, splits):
 
 def test_check_covers_attention():
     """Every kernel launched: E up to 64 selects the narrow decode kernel (key streams in the
-    values loop), E = 65 the other."""
-    report = check(attention, max_examples=3, dims={"E": [1, 8, 33, 64, 65]})
+    values loop), E up to 128 the decode kernel, E = 129 the wide one."""
+    report = check(attention, max_examples=3, dims={"E": [1, 8, 33, 64, 65, 129]})
     assert all(i.launches for i in report.instantiations), report.coverage()
     assert any("L=33" in i.describe() for i in report.instantiations)
     assert any(i.host_name.endswith("_merge") and i.launches for i in report.instantiations)

@@ -27,7 +27,13 @@ def test_golden_translates(path, tmp_path):
     tr = translate(src)
     hosts = [line.split('"')[1] for line in src.splitlines() if "host_name(" in line]
     assert [e.host_name for e in tr.entries] == hosts
-    assert tr.text.count('extern "C" __global__ void mf_entry_') == len(hosts)
+    entries = re.findall(r'extern "C" __global__ void(?: __launch_bounds__\((\d+), (\d+)\))? '
+                         r'mf_entry_', tr.text)
+    assert len(entries) == len(hosts)
+    # a declared group size caps registers: 1024 threads of the kernel resident per core
+    declared = [int(n) for n in re.findall(r"max_total_threads_per_threadgroup\((\d+)\)", src)]
+    assert sorted(int(n) * int(b) for n, b in entries if n) == sorted(
+        n * (1024 // n) for n in declared if n < 1024)
     # line numbers are kept: every source line is on the same line of the translation
     body = tr.text.split("\n", 1)[1].splitlines()
     assert all(a.strip() == b.strip() for a, b in zip(src.splitlines(), body)

@@ -44,4 +44,4 @@ float __powf(float, float);
 float __fdividef(float, float);
 float rsqrtf(float);
 float exp10f(float);
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
