@@ -31,23 +31,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(      # examples/attention.py (this file's name)
-    "mf_example_attention",
-    Path(__file__).resolve().parent.parent / "examples" / "attention.py")
-_ex = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_ex)
+
+def _example(name: str):
+    """examples/<name>.py as a module."""
+    spec = importlib.util.spec_from_file_location(
+        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_ex, _pex, _wex = (_example(n) for n in ("attention", "paged_attention",
+                                          "sliding_window_softcap"))
 attention, causal_mask = _ex.attention, _ex.causal_mask
-_spec = importlib.util.spec_from_file_location(      # examples/paged_attention.py
-    "mf_example_paged_attention",
-    Path(__file__).resolve().parent.parent / "examples" / "paged_attention.py")
-_pex = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_pex)
 paged_attention, torch_paged_attention = _pex.paged_attention, _pex.torch_paged_attention
-_spec = importlib.util.spec_from_file_location(      # examples/sliding_window_softcap.py
-    "mf_example_window_softcap",
-    Path(__file__).resolve().parent.parent / "examples" / "sliding_window_softcap.py")
-_wex = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_wex)
 window_softcap, torch_window_softcap = _wex.window_softcap, _wex.torch_window_softcap
 
 DECODE = [4096, 16384, 65536]

@@ -149,9 +149,10 @@ def scan(source: str, input_names) -> tuple[list[str], list[str]]:
 
 def _split(msl: str, k: LoweredKernel) -> tuple[str, list[str]]:
     """(header, body lines) of a one-kernel MSL source as metalforge renders it: everything
-    before the kernel's `template <...>` line, and the lines between its braces."""
+    before the kernel's `template <...>` line, and the lines between its braces (a declared
+    [[max_total_threads_per_threadgroup]] is dropped: metal_kernel writes the signature)."""
     lines = msl.split("\n")
-    start = lines.index(f"kernel void {k.name}(")
+    start = next(i for i, ln in enumerate(lines) if ln.endswith(f"kernel void {k.name}("))
     open_ = lines.index("{", start)
     close = lines.index("}", open_)
     head_end = start - 1 if k.template else start

@@ -10,7 +10,8 @@ biases, soft caps) on contractions `sum(..., axis=E)`:
     s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)
     out = mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
-Kernels: `decode`, and `merge` when a call splits the keys into blocks.
+Kernels: `decode` (with stage_kv also `decode_narrow` and `decode_wide`, by E), and `merge`
+when a call splits the keys into blocks.
 
 - A threadgroup takes a *tile* of `rows_per_group` query rows that read the same keys (the
   query-row axes no key tensor has: GQA's R, the query positions S) and a block of keys.
@@ -40,16 +41,21 @@ Kernels: `decode`, and `merge` when a call splits the keys into blocks.
   over a share of the blocks, its lanes in parallel). All keys masked gives 0 / 0 = NaN, as
   softmax of all -inf does in torch; a NaN score makes the row NaN, as in softmax. The scores
   never touch memory.
-- With `stage_kv` (the default): one simdgroup per query row of the tile, and
-  the keys a tile of mf_kt (32) at a time: the whole group copies the tile's K and V rows into
-  threadgroup memory (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier, each
-  simdgroup scores the tile with a lane per key from there (`tile_scores`: the key's row
-  a 16-byte vector per chunk, the row's q as float4 broadcasts from threadgroup memory),
-  updates its row's state once (`tile_softmax`) and adds p v with its lanes over E
-  (`tile_values`: each lane's 4 consecutive values of a key as one vec<T, 4> read), a barrier
-  before the next tile. Where E is not a multiple of the vector width the tiles are read
-  element by element (guarded). Rows that would not fit a tile's bytes (E > 128 in f16)
-  make tiles of fewer keys, several lanes per key's score. The block's state goes out as above.
+- With `stage_kv` (the default): a simdgroup per query row of the tile, the keys a tile of
+  mf_kt (32) at a time: the whole group copies the tile's K and V rows into threadgroup memory
+  (16-byte copies, rows padded by 16 bytes, `fill_tiles`), a barrier; the simdgroups split the
+  tile's keys, each scoring its mf_ks keys against every row of the tile (`tile_scores`: a
+  key's row read and converted once for all rows, q as float4 broadcasts from threadgroup
+  memory, several lanes per key), a barrier; simdgroup t updates row t's online softmax over
+  the tile (`tile_softmax`: a lane per key; the weights and the rows' rescale factors to
+  threadgroup memory), a barrier; each simdgroup adds p v of its keys to its accumulators of
+  every row (`tile_values`: each lane's 4 consecutive values of a key as one vec<T, 4> read,
+  for all rows), a barrier before the next tile. Then the rows' accumulators are summed
+  across the simdgroups (`sum_rows`) and simdgroup t writes row t. Where E is not a multiple
+  of the vector width the tiles are read element by element (guarded). Rows that would not
+  fit a tile's bytes (E > 128 in f16) make tiles of fewer keys. Three kernels by E (narrow,
+  decode, wide: `stage_kv_kernel`), each with accumulators for its E only. The block's state
+  goes out as above.
 """
 from __future__ import annotations
 
@@ -1149,8 +1155,9 @@ class _Builder(reduce.Builder):
         tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
         if self.policy.stage_kv:
             what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
-                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; "
-                    f"the group stages tiles of mf_kt keys of K and V in threadgroup memory")
+                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; "
+                    f"the group stages tiles of mf_kt keys of K and V in threadgroup memory, "
+                    f"the simdgroups split each tile's keys")
         else:
             what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
                     f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
@@ -1245,7 +1252,7 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, ir.Select(
                 khi > klo, ir.Cast(IDX, khi), ir.Lit(0, IDX)))))]
 
-    # -- stage_kv: tiles of K and V in threadgroup memory, one simdgroup per query row --------
+    # -- stage_kv: tiles of K and V in threadgroup memory, split across the simdgroups --------
     def tile_arrays(self) -> list[ir.Stmt]:
         """Each K/V read's tile: TILE_BYTES of threadgroup memory declared as float4 (16-byte
         units, aligned for vector access of any element type), used as `threadgroup T*
