@@ -51,7 +51,7 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[544];
     threadgroup float4 mf_tg_kv1[544];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
@@ -441,7 +441,7 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[544];
     threadgroup float4 mf_tg_kv1[544];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
@@ -845,7 +845,7 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[544];
     threadgroup float4 mf_tg_kv1[544];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, one simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
