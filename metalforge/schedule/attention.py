@@ -181,13 +181,15 @@ MIN_KEYS = 32
 MERGE_STEP = 4
 MERGE_SIMDGROUPS = 8
 MERGE_MIN_SHARE = 2 * MERGE_STEP
-# stage_kv: keys per tile (one per lane), bytes of threadgroup memory per staged tensor (32
-# keys x 128 elements of 2 bytes, rows padded by PAD_BYTES: 16-byte reads of 32 lanes at
-# different rows then fall on different banks), and the consecutive E elements a lane holds
-# for the values (E = 128: 4 per lane, 32 lanes)
+# stage_kv: keys per tile (the narrow kernel's: NARROW_TILE_KEYS, two a lane in its softmax:
+# its keys are short, and more of them a tile spread the tile's four barriers), bytes of
+# threadgroup memory per staged tensor (32 keys x 128 elements of 2 bytes or 64 x 64, rows
+# padded by PAD_BYTES: 16-byte reads of 32 lanes at different rows then fall on different
+# banks), and the consecutive E elements a lane holds for the values (E = 128: 4 per lane)
 TILE_KEYS = 32
+NARROW_TILE_KEYS = 64
 PAD_BYTES = 16
-TILE_BYTES = TILE_KEYS * (128 * 2 + PAD_BYTES)
+TILE_BYTES = max(TILE_KEYS * (128 * 2 + PAD_BYTES), NARROW_TILE_KEYS * (64 * 2 + PAD_BYTES))
 VALUE_RUN = 4
 # stage_kv: rows of E up to NARROW_LANES x run elements (64 at run 4) run the `decode_narrow`
 # kernel: the values loop's lanes split into 32 / NARROW_LANES key streams (the lanes over E
@@ -257,11 +259,13 @@ class AttentionSchedule(Schedule):
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def keys_per_tile(self, sizes: Mapping[str, int]) -> int:
-        """stage_kv: keys per staged tile, TILE_KEYS unless a tile's rows (E rounded up to
-        whole chunks, padded by PAD_BYTES) would not fit its TILE_BYTES: then the largest power
-        of two that does (and 32 / that many lanes share a key's score); 0 if none fits."""
+        """stage_kv: keys per staged tile, TILE_KEYS (the narrow kernel's calls:
+        NARROW_TILE_KEYS) unless a tile's rows (E rounded up to whole chunks, padded by
+        PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does; 0 if
+        none fits."""
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
-        kt = TILE_KEYS
+        kt = NARROW_TILE_KEYS if self.narrow is not None and sizes[self.e_axis] <= \
+            self.narrow_e else TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
             kt //= 2
         return kt
@@ -382,11 +386,13 @@ class AttentionSchedule(Schedule):
         key."""
         if self.narrow is None:
             return {}
-        keys = {self.l_axis: 2 * TILE_KEYS + 1}
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
         if self.wide is not None:
             pick[self.wide.host_name] = self.mid_e + 1
-        return {self.e_axis: pick[host_name], **keys} if host_name in pick else {}
+        if host_name not in pick:
+            return {}
+        kt = NARROW_TILE_KEYS if host_name == self.narrow.host_name else TILE_KEYS
+        return {self.e_axis: pick[host_name], self.l_axis: 2 * kt + 1}
 
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:
@@ -458,6 +464,7 @@ class _Builder(reduce.Builder):
         self.group = SIMD_WIDTH * self.qt if policy.stage_kv else policy.threads_per_group
         self.run = min(VALUE_RUN, self.epl)            # ... run consecutive elements each
         self.scratch_e = SIMD_WIDTH * self.epl         # E slots of a block's state in scratch
+        self.kt_max = TILE_KEYS                        # stage_kv: the kernel's largest tile
         # the tile's row as a run-time value (not an unrolled loop's): positions computed
         # from it, not read from the tile's arrays (indexing those by a run-time value would put
         # them in memory for the whole kernel)
@@ -1354,7 +1361,7 @@ class _Builder(reduce.Builder):
         chunk of vw elements (32 / mf_ks lanes share a key, taking every mf_parts-th chunk,
         their parts summed by shuffles), then per row the score's elementwise work
         (Builder.score: scale, masks, caps); -inf past the tile's keys. The key's first lane
-        stores `mf_tg_s[t * 32 + key]`.
+        stores `mf_tg_s[t * kt_max + key]`.
 
         Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk
         as one vw-element (16-byte) vector read of its padded row, each row's q chunk as float4
@@ -1458,34 +1465,46 @@ class _Builder(reduce.Builder):
                 ir.Decl("mf_sc", "float", NEG_INF, const=False),
                 ir.If(live, sc_body + [ir.Assign(sc, value)]),
                 ir.If(ir.Var("mf_part").eq(ir.Lit(0, "uint")), [ir.Assign(ir.Lane(
-                    ir.Var("mf_tg_s"), t * SIMD + key), sc)])])]
+                    ir.Var("mf_tg_s"), t * ir.Lit(self.kt_max, "uint") + key), sc)])])]
 
     def tile_softmax(self) -> list[ir.Stmt]:
-        """Simdgroup mf_sg's row: one online-softmax update for the tile, a key a lane: the
-        tile's max over the simdgroup, the old sums rescaled (the factor to `mf_tg_c[row]` for
-        every simdgroup's accumulators), the lane's key's weight p to `mf_tg_p[key * rows +
-        row]` (a key's weights of all rows side by side) and into the lane-partial d."""
+        """Simdgroup mf_sg's row: one online-softmax update for the tile, a key a lane (two in
+        the narrow kernel's 64-key tiles): the tile's max over the simdgroup, the old sums
+        rescaled (the factor to `mf_tg_c[row]` for every simdgroup's accumulators), each key's
+        weight p to `mf_tg_p[key * rows + row]` (a key's weights of all rows side by side) and
+        into the lane-partial d."""
         mm, md, m_new, corr = (ir.Var(v) for v in ("mf_mm", "mf_md", "mf_m_new", "mf_corr"))
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
         live = m_new.ne(NEG_INF)
         self.helpers.add("mf_simd_max")
-        return [ir.If(sg < ir.Var("mf_nlive"), [
+        per = self.kt_max // SIMD_WIDTH                  # keys a lane
+        sc = [ir.Var(f"mf_sc{i}") for i in range(per)]
+        keys = [lane + ir.Lit(i * SIMD_WIDTH, "uint") if i else lane for i in range(per)]
+        top: ir.Expr = sc[0]
+        for v in sc[1:]:
+            top = ir.Call("mf_maximum", (top, v))
+        out: list[ir.Stmt] = [
             ir.Comment("online softmax of the simdgroup's row: the tile's max, the old sums' "
-                       "factor, each key's weight p"),
-            ir.Decl("mf_sc", "float", ir.Select(lane < ir.Var("mf_tn"), ir.Lane(
-                ir.Var("mf_tg_s"), sg * SIMD + lane), NEG_INF)),
+                       "factor, each key's weight p")]
+        out += [ir.Decl(v.name, "float", ir.Select(k < ir.Var("mf_tn"), ir.Lane(
+            ir.Var("mf_tg_s"), sg * ir.Lit(self.kt_max, "uint") + k), NEG_INF))
+            for v, k in zip(sc, keys)]
+        out += [
             ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, ir.Call(
-                "mf_simd_max", (ir.Var("mf_sc"),))))),
+                "mf_simd_max", (top,))))),
             ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
                 "exp", (mm - m_new,), precise=True), ir.Lit(1.0, "float"))),
-            ir.Decl("mf_p", "float", ir.Select(live, ir.Call(
-                "exp", (ir.Var("mf_sc") - m_new,), precise=True), ir.Lit(0.0, "float"))),
-            ir.Assign(md, md * corr + ir.Var("mf_p")),
-            ir.Assign(mm, m_new),
-            ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), lane * ir.Lit(self.qt, "uint") + sg),
-                      ir.Var("mf_p")),
-            ir.If(lane.eq(ir.Lit(0, "uint")), [
-                ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), corr)])])]
+            ir.Assign(md, md * corr)]
+        for v, k in zip(sc, keys):
+            p = ir.Var(f"mf_p{v.name[5:]}")
+            out += [ir.Decl(p.name, "float", ir.Select(live, ir.Call(
+                        "exp", (v - m_new,), precise=True), ir.Lit(0.0, "float"))),
+                    ir.Assign(md, md + p),
+                    ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), k * ir.Lit(self.qt, "uint") + sg), p)]
+        out += [ir.Assign(mm, m_new),
+                ir.If(lane.eq(ir.Lit(0, "uint")), [
+                    ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), corr)])]
+        return [ir.If(sg < ir.Var("mf_nlive"), out)]
 
     def tile_values(self) -> list[ir.Stmt]:
         """This simdgroup's accumulators (every row) rescaled by the rows' factors, then
@@ -1590,10 +1609,10 @@ class _Builder(reduce.Builder):
         lane, kt, sg = ir.Var("mf_lane"), ir.Var("mf_kt"), ir.Var("mf_sg")
         rows = self.span(self.tile_axes) - ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(qt, "uint"))
         self.tg_decls += [
-            ir.ArrayDecl("mf_tg_s", "float", qt * SIMD_WIDTH, "threadgroup"),
-            ir.ArrayDecl("mf_tg_p", "float4", qt * SIMD_WIDTH // 4, "threadgroup"),
+            ir.ArrayDecl("mf_tg_s", "float", qt * self.kt_max, "threadgroup"),
+            ir.ArrayDecl("mf_tg_p", "float4", qt * self.kt_max // 4, "threadgroup"),
             ir.ArrayDecl("mf_tg_c", "float", qt, "threadgroup")]
-        self.tg_bytes += 4 * (2 * qt * SIMD_WIDTH + qt)
+        self.tg_bytes += 4 * (2 * qt * self.kt_max + qt)
         racc = ir.Lane(ir.Var("mf_racc"), ir.Var("mf_t") * ir.Lit(self.epl, "uint")
                        + ir.Var("mf_j"))
         setup: list[ir.Stmt] = [
@@ -1760,6 +1779,7 @@ class _Builder(reduce.Builder):
         head = self.group_head(self.qt) + self.tile() + self.block_keys()
         staged = self.stage()
         self.over_e, self.vlanes = True, NARROW_LANES if variant == "narrow" else SIMD_WIDTH
+        self.kt_max = NARROW_TILE_KEYS if variant == "narrow" else TILE_KEYS
         scan = self.stage_kv_body()
         emax = self.vlanes * self.epl
         self.over_e = self.tiled = False

@@ -48,8 +48,8 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_s[128];
     threadgroup float4 mf_tg_p[32];
     threadgroup float mf_tg_c[4];
-    threadgroup float4 mf_tg_kv0[544];
-    threadgroup float4 mf_tg_kv1[544];
+    threadgroup float4 mf_tg_kv0[576];
+    threadgroup float4 mf_tg_kv1[576];
     // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
@@ -255,13 +255,14 @@ template <typename T, typename mf_index_t>
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (mf_sg < mf_nlive) {
             // online softmax of the simdgroup's row: the tile's max, the old sums' factor, each key's weight p
-            const float mf_sc = mf_lane < mf_tn ? mf_tg_s[mf_sg * 32u + mf_lane] : -INFINITY;
-            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_sc));
+            const float mf_sc0 = mf_lane < mf_tn ? mf_tg_s[mf_sg * 32u + mf_lane] : -INFINITY;
+            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_sc0));
             const float mf_corr = mf_m_new != -INFINITY ? precise::exp(mf_mm - mf_m_new) : 1.0f;
-            const float mf_p = mf_m_new != -INFINITY ? precise::exp(mf_sc - mf_m_new) : 0.0f;
-            mf_md = mf_md * mf_corr + mf_p;
+            mf_md = mf_md * mf_corr;
+            const float mf_p0 = mf_m_new != -INFINITY ? precise::exp(mf_sc0 - mf_m_new) : 0.0f;
+            mf_md = mf_md + mf_p0;
+            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p0;
             mf_mm = mf_m_new;
-            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p;
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
@@ -428,11 +429,11 @@ template <typename T, typename mf_index_t>
     uint mf_lane [[thread_index_in_simdgroup]])
 {
     threadgroup float4 mf_tgq0_v[128];
-    threadgroup float mf_tg_s[128];
-    threadgroup float4 mf_tg_p[32];
+    threadgroup float mf_tg_s[256];
+    threadgroup float4 mf_tg_p[64];
     threadgroup float mf_tg_c[4];
-    threadgroup float4 mf_tg_kv0[544];
-    threadgroup float4 mf_tg_kv1[544];
+    threadgroup float4 mf_tg_kv0[576];
+    threadgroup float4 mf_tg_kv1[576];
     // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
@@ -631,20 +632,25 @@ template <typename T, typename mf_index_t>
                     mf_sc = mf_s5;
                 }
                 if (mf_part == 0u) {
-                    mf_tg_s[mf_t * 32u + mf_key] = mf_sc;
+                    mf_tg_s[mf_t * 64u + mf_key] = mf_sc;
                 }
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (mf_sg < mf_nlive) {
             // online softmax of the simdgroup's row: the tile's max, the old sums' factor, each key's weight p
-            const float mf_sc = mf_lane < mf_tn ? mf_tg_s[mf_sg * 32u + mf_lane] : -INFINITY;
-            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_sc));
+            const float mf_sc0 = mf_lane < mf_tn ? mf_tg_s[mf_sg * 64u + mf_lane] : -INFINITY;
+            const float mf_sc1 = mf_lane + 32u < mf_tn ? mf_tg_s[mf_sg * 64u + (mf_lane + 32u)] : -INFINITY;
+            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_maximum(mf_sc0, mf_sc1)));
             const float mf_corr = mf_m_new != -INFINITY ? precise::exp(mf_mm - mf_m_new) : 1.0f;
-            const float mf_p = mf_m_new != -INFINITY ? precise::exp(mf_sc - mf_m_new) : 0.0f;
-            mf_md = mf_md * mf_corr + mf_p;
+            mf_md = mf_md * mf_corr;
+            const float mf_p0 = mf_m_new != -INFINITY ? precise::exp(mf_sc0 - mf_m_new) : 0.0f;
+            mf_md = mf_md + mf_p0;
+            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p0;
+            const float mf_p1 = mf_m_new != -INFINITY ? precise::exp(mf_sc1 - mf_m_new) : 0.0f;
+            mf_md = mf_md + mf_p1;
+            mf_tg_pf[(mf_lane + 32u) * 4u + mf_sg] = mf_p1;
             mf_mm = mf_m_new;
-            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p;
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
@@ -828,8 +834,8 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_s[128];
     threadgroup float4 mf_tg_p[32];
     threadgroup float mf_tg_c[4];
-    threadgroup float4 mf_tg_kv0[544];
-    threadgroup float4 mf_tg_kv1[544];
+    threadgroup float4 mf_tg_kv0[576];
+    threadgroup float4 mf_tg_kv1[576];
     // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
@@ -1035,13 +1041,14 @@ template <typename T, typename mf_index_t>
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (mf_sg < mf_nlive) {
             // online softmax of the simdgroup's row: the tile's max, the old sums' factor, each key's weight p
-            const float mf_sc = mf_lane < mf_tn ? mf_tg_s[mf_sg * 32u + mf_lane] : -INFINITY;
-            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_sc));
+            const float mf_sc0 = mf_lane < mf_tn ? mf_tg_s[mf_sg * 32u + mf_lane] : -INFINITY;
+            const float mf_m_new = mf_maximum(mf_mm, mf_simd_max(mf_sc0));
             const float mf_corr = mf_m_new != -INFINITY ? precise::exp(mf_mm - mf_m_new) : 1.0f;
-            const float mf_p = mf_m_new != -INFINITY ? precise::exp(mf_sc - mf_m_new) : 0.0f;
-            mf_md = mf_md * mf_corr + mf_p;
+            mf_md = mf_md * mf_corr;
+            const float mf_p0 = mf_m_new != -INFINITY ? precise::exp(mf_sc0 - mf_m_new) : 0.0f;
+            mf_md = mf_md + mf_p0;
+            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p0;
             mf_mm = mf_m_new;
-            mf_tg_pf[mf_lane * 4u + mf_sg] = mf_p;
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
