@@ -191,23 +191,15 @@ kernel void gemm(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]
     owned[2 * lane + 1] = float(acc.thread_elements()[1]);
   }
 }
-template [[host_name("gemm_float_float")]] kernel void gemm<float, float>(device const float*,
-    device const float*, device const float*, device float*, device float*, constant uint&,
-    constant uint&, uint, uint);
-template [[host_name("gemm_half_float")]] kernel void gemm<half, float>(device const half*,
-    device const half*, device const float*, device float*, device float*, constant uint&,
-    constant uint&, uint, uint);
-template [[host_name("gemm_bfloat_float")]] kernel void gemm<bfloat, float>(device const bfloat*,
-    device const bfloat*, device const float*, device float*, device float*, constant uint&,
-    constant uint&, uint, uint);
-template [[host_name("gemm_half_half")]] kernel void gemm<half, half>(device const half*,
-    device const half*, device const float*, device half*, device float*, constant uint&,
-    constant uint&, uint, uint);
 """
+GEMM_TYPES = [("float", "float"), ("half", "float"), ("bfloat", "float"), ("half", "half")]
+MMA_MSL += "".join(
+    f'template [[host_name("gemm_{t}_{u}")]] kernel void gemm<{t}, {u}>(device const {t}*,\n'
+    f"    device const {t}*, device const float*, device {u}*, device float*, constant uint&,\n"
+    f"    constant uint&, uint, uint);\n" for t, u in GEMM_TYPES)
 
 
-@pytest.mark.parametrize("t,u", [("float", "float"), ("half", "float"), ("bfloat", "float"),
-                                 ("half", "half")])
+@pytest.mark.parametrize("t,u", GEMM_TYPES)
 @pytest.mark.parametrize("bt", [0, 1])
 def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
     """simdgroup_matrix loads (origins, strides, transposed), multiply-accumulates chained
