@@ -137,8 +137,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 128 threads 32.2 / 77.4 / 234; with 256 threads 34.3 / 93.3 / 253; without lane scores
     # (2 rows x 2 keys, 256 threads, the old default) 29.9 / 112.5 / 375; keys_per_step 1, 4
     # or 8 within 2%; key_splits=128 slower everywhere (bench/README.md)
-    # stage_kv: K/V tiles of 32 keys in threadgroup memory, one simdgroup per query row
-    # (threads_per_group = 32 x rows_per_group), about 1024 threadgroups. Unless set, on
+    # stage_kv: K/V tiles of 32 keys in threadgroup memory (64 at E <= 64), a simdgroup per
+    # query row (threads_per_group = 32 x rows_per_group), the simdgroups splitting each
+    # tile's keys, about 1024 threadgroups; rows_per_group 8 (256 threads) measured slower
+    # everywhere (decode 64K 131 -> 215 us, prefill 1024 E=128 860 -> 981). Unless set, on
     # wherever threads_per_group allows it: H100, 2026-11-25, us, unstaged -> staged: decode
     # GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 19.9 / 47.4 / 134.7;
     # bf16 16384 71.5 -> 48.2; f32 79.5 -> 72.1; E = 64 41.9 -> 34.4; MHA 32/32 206.5 ->
