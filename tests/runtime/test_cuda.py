@@ -15,6 +15,7 @@ import metalforge as mf
 from metalforge import cuda as mfcuda
 from metalforge import sim
 from metalforge.testing import check
+from tests.sim.test_sim_fidelity import GEMM_MSL, GEMM_TYPES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -159,46 +160,6 @@ def test_bit_counts_match_the_simulator():
     assert ref[0] == 32 and ref[1] == 32 and ref[3] == 16 and ref[6] == 8
 
 
-MMA_MSL = r"""
-#include <metal_stdlib>
-#include <metal_simdgroup_matrix>
-using namespace metal;
-// D[16][16] = A[16][K] B[K][16] + C, a simdgroup per 8x8 tile of D, K in steps of 8; B read
-// from its stored [16][K] transpose when bt; each lane's two elements of the first tile too
-template <typename T, typename U>
-kernel void gemm(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
-                 device const float* c [[buffer(2)]], device U* d [[buffer(3)]],
-                 device float* owned [[buffer(4)]], constant uint& k [[buffer(5)]],
-                 constant uint& bt [[buffer(6)]],
-                 uint sg [[simdgroup_index_in_threadgroup]],
-                 uint lane [[thread_index_in_simdgroup]]) {
-  const uint r0 = sg / 2 * 8, c0 = sg % 2 * 8;
-  simdgroup_matrix<U, 8, 8> acc;
-  simdgroup_load(acc, c, 16, ulong2(c0, r0));
-  for (uint k0 = 0; k0 < k; k0 += 8) {
-    simdgroup_matrix<T, 8, 8> x, y;
-    simdgroup_load(x, a, k, ulong2(k0, r0));
-    if (bt != 0) {
-      simdgroup_load(y, b, k, ulong2(k0, c0), true);
-    } else {
-      simdgroup_load(y, b, 16, ulong2(c0, k0));
-    }
-    simdgroup_multiply_accumulate(acc, x, y, acc);
-  }
-  simdgroup_store(acc, d, 16, ulong2(c0, r0));
-  if (sg == 0) {
-    owned[2 * lane] = float(acc.thread_elements()[0]);
-    owned[2 * lane + 1] = float(acc.thread_elements()[1]);
-  }
-}
-"""
-GEMM_TYPES = [("float", "float"), ("half", "float"), ("bfloat", "float"), ("half", "half")]
-MMA_MSL += "".join(
-    f'template [[host_name("gemm_{t}_{u}")]] kernel void gemm<{t}, {u}>(device const {t}*,\n'
-    f"    device const {t}*, device const float*, device {u}*, device float*, constant uint&,\n"
-    f"    constant uint&, uint, uint);\n" for t, u in GEMM_TYPES)
-
-
 @pytest.mark.parametrize("t,u", GEMM_TYPES)
 @pytest.mark.parametrize("bt", [0, 1])
 def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
@@ -218,7 +179,7 @@ def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
     for backend, dev in ((sim, "cpu"), (mfcuda, "cuda")):
         d = torch.zeros(16, 16, dtype=dt[u], device=dev)
         owned = torch.zeros(64, device=dev)
-        lib = backend.compile_shader(MMA_MSL)
+        lib = backend.compile_shader(GEMM_MSL)
         getattr(lib, f"gemm_{t}_{u}")(a.to(dev), bb.to(dev), c.to(dev), d, owned, k, bt,
                                       threads=128, group_size=128,
                                       arg_casts={5: "int32", 6: "int32"})

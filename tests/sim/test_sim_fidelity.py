@@ -140,6 +140,69 @@ def test_simdgroup_matrix_matches_matmul_and_lane_ownership(dtype, tname):
     assert len(seen) == 64
 
 
+GEMM_MSL = r"""
+#include <metal_stdlib>
+#include <metal_simdgroup_matrix>
+using namespace metal;
+// D[16][16] = A[16][K] B[K][16] + C, a simdgroup per 8x8 tile of D, K in steps of 8; B read
+// from its stored [16][K] transpose when bt; each lane's two elements of the first tile too
+template <typename T, typename U>
+kernel void gemm(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+                 device const float* c [[buffer(2)]], device U* d [[buffer(3)]],
+                 device float* owned [[buffer(4)]], constant uint& k [[buffer(5)]],
+                 constant uint& bt [[buffer(6)]],
+                 uint sg [[simdgroup_index_in_threadgroup]],
+                 uint lane [[thread_index_in_simdgroup]]) {
+  const uint r0 = sg / 2 * 8, c0 = sg % 2 * 8;
+  simdgroup_matrix<U, 8, 8> acc;
+  simdgroup_load(acc, c, 16, ulong2(c0, r0));
+  for (uint k0 = 0; k0 < k; k0 += 8) {
+    simdgroup_matrix<T, 8, 8> x, y;
+    simdgroup_load(x, a, k, ulong2(k0, r0));
+    if (bt != 0) {
+      simdgroup_load(y, b, k, ulong2(k0, c0), true);
+    } else {
+      simdgroup_load(y, b, 16, ulong2(c0, k0));
+    }
+    simdgroup_multiply_accumulate(acc, x, y, acc);
+  }
+  simdgroup_store(acc, d, 16, ulong2(c0, r0));
+  if (sg == 0) {
+    owned[2 * lane] = float(acc.thread_elements()[0]);
+    owned[2 * lane + 1] = float(acc.thread_elements()[1]);
+  }
+}
+"""
+GEMM_TYPES = [("float", "float"), ("half", "float"), ("bfloat", "float"), ("half", "half")]
+GEMM_MSL += "".join(
+    f'template [[host_name("gemm_{t}_{u}")]] kernel void gemm<{t}, {u}>(device const {t}*,\n'
+    f"    device const {t}*, device const float*, device {u}*, device float*, constant uint&,\n"
+    f"    constant uint&, uint, uint);\n" for t, u in GEMM_TYPES)
+
+
+@pytest.mark.parametrize("t,u", GEMM_TYPES)
+@pytest.mark.parametrize("bt", [0, 1])
+def test_simdgroup_matrix_chains_products_over_k(t, u, bt):
+    """Loads at origins and strides (B also transposed), multiply-accumulates chained over K
+    into a float or half accumulator, stores: against torch (the cuda backend runs the same
+    source against this, tests/runtime/test_cuda.py)."""
+    dt = {"float": torch.float32, "half": torch.float16, "bfloat": torch.bfloat16}
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(16, 40, generator=g).to(dt[t])
+    b = torch.randn(40, 16, generator=g).to(dt[t])
+    c = torch.randn(16, 16, generator=g)
+    d, owned = torch.zeros(16, 16, dtype=dt[u]), torch.zeros(64)
+    getattr(compile_shader(GEMM_MSL), f"gemm_{t}_{u}")(
+        a, b.T.contiguous() if bt else b, c, d, owned, 40, bt, threads=128, group_size=128,
+        arg_casts={5: "int32", 6: "int32"})
+    tol = dict(rtol=1e-5, atol=1e-4) if u == "float" else dict(rtol=2e-3, atol=2e-2)
+    want = a.double() @ b.double() + c.double()
+    torch.testing.assert_close(d.double(), want.to(d.dtype).double(), **tol)
+    for lane in range(32):
+        r, col = _lane_coords(lane)
+        assert owned[2 * lane] == d[r, col].float() and owned[2 * lane + 1] == d[r, col + 1].float()
+
+
 # ------------------------------------------------------------------------- intrinsics, logging
 INTR_SRC = r"""
 #include <metal_stdlib>
