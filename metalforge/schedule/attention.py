@@ -366,6 +366,8 @@ class AttentionSchedule(Schedule):
         if not self.index64 and n >= 2 ** 31:
             raise LaunchError(f"{where}: {n} elements need 64-bit indexing; call it with "
                               "launch={'index64': True}")
+        # a safety net: the policies validate() admits keep a tile's keys >= its rows (16 rows
+        # already need more threadgroup memory than Metal has)
         if self.policy.stage_kv and self.keys_per_tile(sizes) < self.qt:
             raise LaunchError(f"{where}: stage_kv: a tile of {self.keys_per_tile(sizes)} keys "
                               f"('{self.e_axis}' = {sizes[self.e_axis]}) cannot give each of the "
