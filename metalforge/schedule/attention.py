@@ -258,14 +258,17 @@ class AttentionSchedule(Schedule):
         """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile)."""
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
+    def _narrow(self, sizes: Mapping[str, int]) -> bool:
+        """Whether a call with these sizes runs the narrow decode kernel (and its tiles)."""
+        return self.narrow is not None and sizes[self.e_axis] <= self.narrow_e
+
     def keys_per_tile(self, sizes: Mapping[str, int]) -> int:
         """stage_kv: keys per staged tile, TILE_KEYS (the narrow kernel's calls:
         NARROW_TILE_KEYS) unless a tile's rows (E rounded up to whole chunks, padded by
         PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does; 0 if
         none fits."""
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
-        kt = NARROW_TILE_KEYS if self.narrow is not None and sizes[self.e_axis] <= \
-            self.narrow_e else TILE_KEYS
+        kt = NARROW_TILE_KEYS if self._narrow(sizes) else TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
             kt //= 2
         return kt
@@ -373,10 +376,9 @@ class AttentionSchedule(Schedule):
                               f"('{self.e_axis}' = {sizes[self.e_axis]}) cannot give each of the "
                               f"rows_per_group={self.qt} simdgroups a key; lower rows_per_group "
                               f"or call it without stage_kv")
-        e = sizes[self.e_axis]
-        if self.narrow is not None and e <= self.narrow_e:
+        if self.narrow is not None and self._narrow(sizes):
             return self.narrow.host_name
-        if self.wide is not None and e > self.mid_e:
+        if self.wide is not None and sizes[self.e_axis] > self.mid_e:
             return self.wide.host_name
         return self.kernel.host_name
 
@@ -580,10 +582,11 @@ class _Builder(reduce.Builder):
             ir.If(ir.Cast(IDX, ir.Var("mf_e")) < self.size(self.form.e), body)])
 
     def each_row(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each live query row mf_t < rows_per_group of the tile (unrolled; a row
-        past the end is dead in every thread of the group alike)."""
+        """`body` for each row mf_t < rows_per_group of the tile that exists (unrolled; the
+        rows that exist are the first mf_nlive, the same in every thread of the group)."""
+        t = ir.Var("mf_t")
         return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
-            ir.If(ir.Lane(ir.Var("mf_live"), ir.Var("mf_t")), body)], unroll=True)
+            ir.If(t < ir.Var("mf_nlive"), body)], unroll=True)
 
     def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each key mf_u < keys_per_step of the lane's key stream (unrolled)."""
@@ -603,18 +606,21 @@ class _Builder(reduce.Builder):
 
     # -- the decode kernel's parts --------------------------------------------------------
     def tile(self) -> list[ir.Stmt]:
-        """Positions of the tile's query rows along the tile axes, and which rows exist."""
-        r = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint") + ir.Var("mf_t"))
-        out: list[ir.Stmt] = [ir.ArrayDecl("mf_live", "bool", self.qt)]
-        body: list[ir.Stmt] = [ir.Assign(ir.Lane(ir.Var("mf_live"), ir.Var("mf_t")),
-                                         r < self.span(self.tile_axes))]
-        for k, a in enumerate(self.tile_axes):
+        """Which rows of the tile exist (the first mf_nlive: the rows past the tile axes' end
+        do not) and their positions along the tile axes."""
+        first = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint"))
+        out: list[ir.Stmt] = [
+            ir.Comment("the rows of the tile that exist: the first mf_nlive"),
+            ir.Decl("mf_nlive", "uint", ir.Cast("uint", ir.Call("min", (
+                ir.Cast(IDX, ir.Lit(self.qt, "uint")), self.span(self.tile_axes) - first))))]
+        if not self.tile_axes:
+            return out
+        body: list[ir.Stmt] = []
+        for a in self.tile_axes:
             name = f"mf_tpos_{ident(a)}"
-            inner = self.tile_axes[k + 1:]
-            e = r / self.span(inner) if inner else r
             out.append(ir.ArrayDecl(name, IDX, self.qt))
             body.append(ir.Assign(ir.Lane(ir.Var(name), ir.Var("mf_t")),
-                                  e % self.size(a) if k > 0 else e))
+                                  self.tile_position(a, ir.Var("mf_t"))))
         return out + [ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), body,
                              unroll=True)]
 
@@ -684,8 +690,7 @@ class _Builder(reduce.Builder):
             self.staged_tg[n] = name
             # the row (mf_t) a run-time value: its positions computed, not read from the
             # tile's arrays
-            live = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(self.qt, "uint") + t) < self.span(
-                self.tile_axes) if self.tile_axes else t.eq(ir.Lit(0, "uint"))
+            live = t < ir.Var("mf_nlive")
             out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
                               ir.Lit(self.qt * emax, "uint"), [
                 ir.Decl("mf_t", "uint", ir.Var("mf_qi") / ir.Lit(emax, "uint")),
@@ -1349,13 +1354,6 @@ class _Builder(reduce.Builder):
                    step=group),
             ir.Barrier()]
 
-    def live_rows(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` for each row mf_t < rows_per_group of the tile that exists (unrolled; the
-        rows that exist are the first mf_nlive, the same in every thread of the group)."""
-        t = ir.Var("mf_t")
-        return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
-            ir.If(t < ir.Var("mf_nlive"), body)], unroll=True)
-
     def tile_scores(self) -> list[ir.Stmt]:
         """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile
         (each key's row read and converted once for all of them), into threadgroup memory:
@@ -1441,7 +1439,7 @@ class _Builder(reduce.Builder):
         def chunks(body: list[ir.Stmt]) -> ir.Stmt:
             return ir.For("mf_c", "uint", ir.Var("mf_part"), ir.Var("mf_chunks"), body,
                           step=ir.Var("mf_parts"))
-        scan: ir.Stmt = chunks(k_elems + [self.live_rows([each_elem])])
+        scan: ir.Stmt = chunks(k_elems + [self.each_row([each_elem])])
         if vw > 1:
             each_vec = ir.For("mf_y", "uint", ir.Lit(0, "uint"), ir.Lit(vw // qw, "uint"), [
                 *q_reads, ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(qw, "uint"), [
@@ -1450,7 +1448,7 @@ class _Builder(reduce.Builder):
             scan = ir.If(ir.Var("mf_vec_ok"), [chunks([
                 ir.Comment(f"the key's chunk: one {vw}-element read of its row; each row's q: "
                            f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
-                *k_vec, self.live_rows([each_vec])])], [scan])
+                *k_vec, self.each_row([each_vec])])], [scan])
         sc_body, value = self.score()
         live = key < ir.Var("mf_tn")
         sc = ir.Var("mf_sc")
@@ -1459,11 +1457,11 @@ class _Builder(reduce.Builder):
                        "mf_part + mf_parts, ...) with every row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
             ir.If(live, [scan]),
-            ir.For("mf_off", "uint", ir.Var("mf_ks"), SIMD, [self.live_rows(butterfly)],
+            ir.For("mf_off", "uint", ir.Var("mf_ks"), SIMD, [self.each_row(butterfly)],
                    step=ir.Var("mf_off")),
             ir.Comment("each row's score of the key (-inf past the tile), stored by the key's "
                        "first lane"),
-            self.live_rows([
+            self.each_row([
                 ir.Decl("mf_sc", "float", NEG_INF, const=False),
                 ir.If(live, sc_body + [ir.Assign(sc, value)]),
                 ir.If(ir.Var("mf_part").eq(ir.Lit(0, "uint")), [ir.Assign(ir.Lane(
@@ -1559,7 +1557,7 @@ class _Builder(reduce.Builder):
             return ir.For("mf_u", "uint", first, ir.Var("mf_u1"), [
                 ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)), *weights, *body],
                 step=step)
-        by_elems = each_key([self.live_rows([self.lanes(add({n: ir.Cast(
+        by_elems = each_key([self.each_row([self.lanes(add({n: ir.Cast(
             compute_type(self.tensor_of(n).dtype), ir.Lane(
                 ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
             for n, arr in self.kv.items()}))])])
@@ -1579,7 +1577,7 @@ class _Builder(reduce.Builder):
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
                 ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(self.vlanes * run, "uint")
                         + self.vlane() * ir.Lit(run, "uint")),
-                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [self.live_rows([
+                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [self.each_row([
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
                         ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
                         ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])])])],
@@ -1588,7 +1586,7 @@ class _Builder(reduce.Builder):
         return [
             ir.Comment("the values: this simdgroup's accumulators rescaled by each row's "
                        "factor, then acc[t] += p[t] v over its keys of the tile"),
-            self.live_rows([ir.Decl("mf_c", "float", ir.Lane(ir.Var("mf_tg_c"), t)),
+            self.each_row([ir.Decl("mf_c", "float", ir.Lane(ir.Var("mf_tg_c"), t)),
                             self.slots([ir.Assign(acc, acc * ir.Var("mf_c"))])]),
             ir.Decl("mf_u0", "uint", ir.Var("mf_sg") * ir.Var("mf_ks")),
             ir.Decl("mf_u1", "uint", ir.Call("min", (ir.Var("mf_u0") + ir.Var("mf_ks"),
@@ -1609,7 +1607,6 @@ class _Builder(reduce.Builder):
         threadgroup memory, and simdgroup t writes row t's state."""
         f, qt = self.form, self.qt
         lane, kt, sg = ir.Var("mf_lane"), ir.Var("mf_kt"), ir.Var("mf_sg")
-        rows = self.span(self.tile_axes) - ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(qt, "uint"))
         self.tg_decls += [
             ir.ArrayDecl("mf_tg_s", "float", qt * self.kt_max, "threadgroup"),
             ir.ArrayDecl("mf_tg_p", "float4", qt * self.kt_max // 4, "threadgroup"),
@@ -1619,9 +1616,6 @@ class _Builder(reduce.Builder):
                        + ir.Var("mf_j"))
         setup: list[ir.Stmt] = [
             ir.Decl("mf_tid", "uint", sg * SIMD + lane),
-            ir.Comment("the rows of the tile that exist: the first mf_nlive"),
-            ir.Decl("mf_nlive", "uint", ir.Cast("uint", ir.Call("min", (
-                ir.Cast(IDX, ir.Lit(qt, "uint")), rows)))),
             ir.Comment(f"scores: the {qt} simdgroups split each tile's keys, mf_ks each; lane "
                        f"mf_key of them, part mf_part of its E chunks (32 / mf_ks lanes per "
                        f"key)"),
@@ -1686,7 +1680,7 @@ class _Builder(reduce.Builder):
         if self.vlanes != SIMD_WIDTH:
             out += [ir.Comment("the key streams' accumulators summed (the first stream's lanes "
                                "then hold them)"),
-                    self.live_rows([ir.For("mf_off", "uint", ir.Lit(self.vlanes, "uint"), SIMD, [
+                    self.each_row([ir.For("mf_off", "uint", ir.Lit(self.vlanes, "uint"), SIMD, [
                         self.slots([ir.Assign(racc, racc + ir.Call("simd_shuffle_xor", (
                             racc, ir.Var("mf_off"))))])], step=ir.Var("mf_off"))])]
         return out + [
@@ -1695,7 +1689,7 @@ class _Builder(reduce.Builder):
             where,
             ir.ArrayDecl("mf_macc", "float", self.epl),
             self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
-            self.live_rows([
+            self.each_row([
                 put if self.vlanes == SIMD_WIDTH else ir.If(own, [put]),
                 ir.Barrier(),
                 ir.If(sg.eq(t), [self.slots([ir.Assign(acc, total)])]),

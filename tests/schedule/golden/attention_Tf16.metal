@@ -77,11 +77,11 @@ template <typename T, typename mf_index_t>
         return;
     }
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
-    bool mf_live[4];
+    // the rows of the tile that exist: the first mf_nlive
+    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     mf_index_t mf_tpos_R[4];
     mf_index_t mf_tpos_S[4];
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S;
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t) / mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t) % mf_size_S;
     }
@@ -89,7 +89,7 @@ template <typename T, typename mf_index_t>
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        if (mf_live[mf_t]) {
+        if (mf_t < mf_nlive) {
             const long mf_index_S = long(mf_tpos_S[mf_t]);
             const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
             const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
@@ -112,14 +112,12 @@ template <typename T, typename mf_index_t>
         const uint mf_t = mf_qi / 128u;
         const uint mf_e = mf_qi % 128u;
         mf_tgq0[mf_t * 128u + mf_e] = 0.0f;
-        if (mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S && mf_index_t(mf_e) < mf_size_E) {
+        if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 4u + mf_t) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
             mf_tgq0[mf_t * 128u + mf_e] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
-    // the rows of the tile that exist: the first mf_nlive
-    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     // scores: the 4 simdgroups split each tile's keys, mf_ks each; lane mf_key of them, part mf_part of its E chunks (32 / mf_ks lanes per key)
     const uint mf_ks = mf_kt / 4u;
     const uint mf_key = mf_sg * mf_ks + mf_lane % mf_ks;
@@ -460,11 +458,11 @@ template <typename T, typename mf_index_t>
         return;
     }
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
-    bool mf_live[4];
+    // the rows of the tile that exist: the first mf_nlive
+    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     mf_index_t mf_tpos_R[4];
     mf_index_t mf_tpos_S[4];
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S;
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t) / mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t) % mf_size_S;
     }
@@ -472,7 +470,7 @@ template <typename T, typename mf_index_t>
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        if (mf_live[mf_t]) {
+        if (mf_t < mf_nlive) {
             const long mf_index_S = long(mf_tpos_S[mf_t]);
             const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
             const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
@@ -495,14 +493,12 @@ template <typename T, typename mf_index_t>
         const uint mf_t = mf_qi / 128u;
         const uint mf_e = mf_qi % 128u;
         mf_tgq0[mf_t * 128u + mf_e] = 0.0f;
-        if (mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S && mf_index_t(mf_e) < mf_size_E) {
+        if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 4u + mf_t) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
             mf_tgq0[mf_t * 128u + mf_e] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
-    // the rows of the tile that exist: the first mf_nlive
-    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     // scores: the 4 simdgroups split each tile's keys, mf_ks each; lane mf_key of them, part mf_part of its E chunks (32 / mf_ks lanes per key)
     const uint mf_ks = mf_kt / 4u;
     const uint mf_key = mf_sg * mf_ks + mf_lane % mf_ks;
@@ -861,11 +857,11 @@ template <typename T, typename mf_index_t>
         return;
     }
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
-    bool mf_live[4];
+    // the rows of the tile that exist: the first mf_nlive
+    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     mf_index_t mf_tpos_R[4];
     mf_index_t mf_tpos_S[4];
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        mf_live[mf_t] = mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S;
         mf_tpos_R[mf_t] = mf_index_t(mf_tile * 4u + mf_t) / mf_size_S;
         mf_tpos_S[mf_t] = mf_index_t(mf_tile * 4u + mf_t) % mf_size_S;
     }
@@ -873,7 +869,7 @@ template <typename T, typename mf_index_t>
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-        if (mf_live[mf_t]) {
+        if (mf_t < mf_nlive) {
             const long mf_index_S = long(mf_tpos_S[mf_t]);
             const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
             const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
@@ -896,14 +892,12 @@ template <typename T, typename mf_index_t>
         const uint mf_t = mf_qi / 256u;
         const uint mf_e = mf_qi % 256u;
         mf_tgq0[mf_t * 256u + mf_e] = 0.0f;
-        if (mf_index_t(mf_tile * 4u + mf_t) < mf_size_R * mf_size_S && mf_index_t(mf_e) < mf_size_E) {
+        if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 4u + mf_t) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
             mf_tgq0[mf_t * 256u + mf_e] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
-    // the rows of the tile that exist: the first mf_nlive
-    const uint mf_nlive = uint(min(mf_index_t(4u), mf_size_R * mf_size_S - mf_index_t(mf_tile * 4u)));
     // scores: the 4 simdgroups split each tile's keys, mf_ks each; lane mf_key of them, part mf_part of its E chunks (32 / mf_ks lanes per key)
     const uint mf_ks = mf_kt / 4u;
     const uint mf_key = mf_sg * mf_ks + mf_lane % mf_ks;
