@@ -15,7 +15,7 @@ import metalforge as mf
 from metalforge import cuda as mfcuda
 from metalforge import sim
 from metalforge.testing import check
-from tests.sim.test_sim_fidelity import GEMM_MSL, GEMM_TYPES
+from tests.sim.test_sim_fidelity import GEMM_MSL, GEMM_TYPES, _lane_coords
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -188,8 +188,7 @@ def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
     for d, owned in outs:
         torch.testing.assert_close(d.double(), want.to(d.dtype).double(), **tol)
         for lane in range(32):
-            q = lane // 4
-            r, col = (q & 4) + (lane // 2) % 4, (q & 2) * 2 + (lane % 2) * 2
+            r, col = _lane_coords(lane)
             assert owned[2 * lane] == d[r, col].float()
             assert owned[2 * lane + 1] == d[r, col + 1].float()
     torch.testing.assert_close(outs[1][0], outs[0][0], **tol)
