@@ -152,6 +152,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
     ap.add_argument("--lengths", nargs="+", type=int, default=DECODE)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--launch", nargs="*", help="launch overrides, e.g. key_splits=16 or "
                     "stage_kv=0 (keys read by each simdgroup, not staged)")
@@ -163,7 +164,7 @@ def main(argv=None) -> None:
     repeat = args.repeat if device != "cpu" else 1
     launch = parse_launch(args.launch)
     print(f"device {device}" + (f", launch {launch}" if launch else ""))
-    for splits in args.splits or [None]:
+    for splits in [] if args.no_decode else args.splits or [None]:
         each = launch if splits is None else {**launch, "key_splits": splits}
         if splits is not None:
             print(f"key_splits={splits}" + (" (chosen per call)" if splits == 0 else ""))

@@ -313,3 +313,17 @@ inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
     mf_pack8<T> p = {{a0, a1, a2, a3, a4, a5, a6, a7}};
     return p;
 }
+
+// helper: mf_mma
+// d = a x b + c over 8x8 float matrices, each passed as the calling lane's two elements
+// (thread_elements(): row ((lane / 4) & 4) + (lane / 2) % 4, columns ((lane / 4) & 2) * 2 +
+// (lane % 2) * 2 and the next); a simdgroup_matrix product, so every lane of the simdgroup
+// calls it together
+inline float2 mf_mma(float2 a, float2 b, float2 c) {
+    simdgroup_float8x8 mf_a, mf_b, mf_c;
+    mf_a.thread_elements() = a;
+    mf_b.thread_elements() = b;
+    mf_c.thread_elements() = c;
+    simdgroup_multiply_accumulate(mf_c, mf_a, mf_b, mf_c);
+    return mf_c.thread_elements();
+}

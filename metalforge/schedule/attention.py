@@ -73,6 +73,7 @@ from . import reduce
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
+from .attention_matrix import prefill_kernel
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -197,6 +198,9 @@ VALUE_RUN = 4
 # 30.0 us; prefill S = L = 1024, E = 64: 1225 -> 986 us (bench/README.md); a separate kernel
 # because the same loop with a per-call number of streams cost E = 128 2-8%.
 NARROW_LANES = 16
+# The simdgroup_matrix prefill kernel (attention_matrix.py): query rows per threadgroup, 8 a
+# simdgroup
+MATRIX_ROWS = 32
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -218,6 +222,8 @@ class AttentionSchedule(Schedule):
     narrow_e: int = 0
     wide: Optional[ir.LoweredKernel] = None     # ... for mid_e < E <= max_e (`kernel` up to mid_e)
     mid_e: int = 0
+    prefill: Optional[ir.LoweredKernel] = None  # simdgroup_matrix kernel for many query rows
+    prefill_e: int = 0                          # ... E up to this
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -238,24 +244,37 @@ class AttentionSchedule(Schedule):
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
-        return tuple(k for k in (self.kernel, self.narrow, self.wide, self.merge)
+        return tuple(k for k in (self.kernel, self.narrow, self.wide, self.prefill, self.merge)
                      if k is not None)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
         return math.prod(sizes[a] for a in self.rows)
 
+    def _prefill(self, sizes: Mapping[str, int]) -> bool:
+        """Whether a call with these sizes runs the simdgroup_matrix prefill kernel: at least
+        matrix_rows query rows share their keys and E fits it."""
+        rows = self.policy.matrix_rows
+        return self.prefill is not None and rows > 0 and sizes[self.e_axis] <= self.prefill_e \
+            and math.prod(sizes[a] for a in self.tile_axes) >= rows
+
+    def _tile_rows(self, sizes: Mapping[str, int]) -> int:
+        return MATRIX_ROWS if self._prefill(sizes) else self.qt
+
     def _tiles(self, sizes: Mapping[str, int]) -> int:
-        """Threadgroups per key block: own rows x tiles of qt rows sharing keys."""
+        """Threadgroups per key block: own rows x tiles of rows sharing keys."""
         tiled = math.prod(sizes[a] for a in self.tile_axes)
-        return math.prod(sizes[a] for a in self.own_axes) * -(-tiled // self.qt)
+        return math.prod(sizes[a] for a in self.own_axes) * -(-tiled // self._tile_rows(sizes))
 
     def _per_block(self) -> int:
         if self.policy.stage_kv:                # the simdgroups share every key
             return MIN_KEYS
         return self.policy.threads_per_group // SIMD_WIDTH * MIN_KEYS
 
-    def _group(self) -> int:
-        """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile)."""
+    def _group(self, sizes: Optional[Mapping[str, int]] = None) -> int:
+        """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile;
+        the prefill kernel: one per 8 rows)."""
+        if sizes is not None and self._prefill(sizes):
+            return SIMD_WIDTH * MATRIX_ROWS // 8
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def _narrow(self, sizes: Mapping[str, int]) -> bool:
@@ -327,7 +346,7 @@ class AttentionSchedule(Schedule):
         return Traffic(whole.read - kv + kv * keys // (owns * length), whole.written)
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        tpg = self._group()
+        tpg = self._group(sizes)
         return max(1, self._tiles(sizes)) * self.splits(sizes) * tpg, tpg
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
@@ -376,6 +395,8 @@ class AttentionSchedule(Schedule):
                               f"('{self.e_axis}' = {sizes[self.e_axis]}) cannot give each of the "
                               f"rows_per_group={self.qt} simdgroups a key; lower rows_per_group "
                               f"or call it without stage_kv")
+        if self.prefill is not None and self._prefill(sizes):
+            return self.prefill.host_name
         if self.narrow is not None and self._narrow(sizes):
             return self.narrow.host_name
         if self.wide is not None and sizes[self.e_axis] > self.mid_e:
@@ -388,6 +409,8 @@ class AttentionSchedule(Schedule):
         others (narrow_e + 1, mid_e + 1), each over keys that take three tiles (two key blocks
         for few rows), so that an example runs their tile loop, barriers and merge, not one
         key."""
+        if self.prefill is not None and host_name == self.prefill.host_name:
+            return self._selecting_prefill()
         if self.narrow is None:
             return {}
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
@@ -398,9 +421,21 @@ class AttentionSchedule(Schedule):
         kt = NARROW_TILE_KEYS if host_name == self.narrow.host_name else TILE_KEYS
         return {self.e_axis: pick[host_name], self.l_axis: 2 * kt + 1}
 
+    def _selecting_prefill(self) -> dict[str, int]:
+        """The prefill kernel's sizes: MATRIX_ROWS + 1 positions along the innermost tile axis a
+        tensor names (a whole tile and one row of the next, whatever the other axes), keys
+        over three tiles (E as drawn: any up to prefill_e)."""
+        named = {d.name for t in self.graph.tensors for d in t.dims}
+        axis = next((a for a in reversed(self.tile_axes) if a in named), None)
+        if axis is None:
+            return {}
+        return {axis: MATRIX_ROWS + 1, self.l_axis: 2 * NARROW_TILE_KEYS + 1}
+
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:
             return SIMD_WIDTH * MERGE_SIMDGROUPS
+        if self.prefill is not None and host_name == self.prefill.host_name:
+            return SIMD_WIDTH * MATRIX_ROWS // 8
         return self._group()
 
 
@@ -1161,13 +1196,17 @@ class _Builder(reduce.Builder):
                                  + ir.Cast(IDX, ir.Var("mf_e")),
                                  ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")))])])
 
-    def group_head(self, nsg: int) -> list[ir.Stmt]:
+    def group_head(self, nsg: int, what: str = "") -> list[ir.Stmt]:
         """Which tile of query rows (mf_own, mf_tile) and block of keys [mf_l0, mf_l1) the
-        threadgroup takes, and the lane's place: E chunk mf_sub of key stream mf_grp (not with
-        stage_kv, whose lanes place themselves per phase)."""
+        threadgroup takes (`what` it does with them: the comment), and the lane's place: E
+        chunk mf_sub of key stream mf_grp (not with stage_kv, whose lanes place themselves per
+        phase)."""
         f = self.form
         tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
-        if self.policy.stage_kv:
+        if what:
+            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
+                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {what}")
+        elif self.policy.stage_kv:
             what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
                     f"mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; "
                     f"the group stages tiles of mf_kt keys of K and V in threadgroup memory, "
@@ -1267,11 +1306,12 @@ class _Builder(reduce.Builder):
                 khi > klo, ir.Cast(IDX, khi), ir.Lit(0, IDX)))))]
 
     # -- stage_kv: tiles of K and V in threadgroup memory, split across the simdgroups --------
-    def tile_arrays(self) -> list[ir.Stmt]:
+    def tile_arrays(self, runs: bool = True) -> list[ir.Stmt]:
         """Each K/V read's tile: TILE_BYTES of threadgroup memory declared as float4 (16-byte
         units, aligned for vector access of any element type), used as `threadgroup T*
         mf_kv<i>` with rows of mf_chunks chunks of vw elements (E rounded up) padded by
-        PAD_BYTES (`mf_kv<i>_stride` elements apart)."""
+        PAD_BYTES (`mf_kv<i>_stride` elements apart); with `runs`, whether the values loop may
+        read runs of `run` elements (mf_run_ok)."""
         out: list[ir.Stmt] = [ir.Comment(
             "the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] "
             f"(rows padded by {PAD_BYTES} bytes: lanes reading different rows hit different "
@@ -1291,11 +1331,11 @@ class _Builder(reduce.Builder):
                             + ir.Lit(PAD_BYTES // size, "uint"))]
         chunks = (self.size(self.form.e) + ir.Lit(self.vw - 1, IDX)) / ir.Lit(self.vw, IDX)
         run_ok = (self.size(self.form.e) % ir.Lit(self.run, IDX)).eq(ir.Lit(0, IDX))
-        head: list[ir.Stmt] = [
-                ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks)),
-                ir.Comment(f"the values' reads: {self.run} consecutive elements a lane at once "
-                           f"where E is a multiple of {self.run}"),
-                ir.Decl("mf_run_ok", "bool", run_ok)]
+        head: list[ir.Stmt] = [ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks))]
+        if runs:
+            head += [ir.Comment(f"the values' reads: {self.run} consecutive elements a lane at "
+                                f"once where E is a multiple of {self.run}"),
+                     ir.Decl("mf_run_ok", "bool", run_ok)]
         return head + out
 
     def key_row(self, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
@@ -1909,6 +1949,7 @@ class _Builder(reduce.Builder):
         narrow = self.decode_kernel("narrow") if self.policy.stage_kv else None
         wide = self.decode_kernel("wide") if self.policy.stage_kv and self.epl > self.run \
             else None
+        prefill = prefill_kernel(self, MATRIX_ROWS) if self.policy.matrix_rows else None
         merge = self.merge_kernel()
         vector = tuple(dict.fromkeys(self.tensor_of(n).name for n in self.kv)) \
             if self.vw > 1 else ()
@@ -1920,7 +1961,8 @@ class _Builder(reduce.Builder):
                                  l_axis=self.form.key, e_axis=self.form.e, rows=self.rows,
                                  max_e=SIMD_WIDTH * self.epl, merge=merge, narrow=narrow,
                                  narrow_e=NARROW_LANES * self.run, wide=wide,
-                                 mid_e=SIMD_WIDTH * self.run,
+                                 mid_e=SIMD_WIDTH * self.run, prefill=prefill,
+                                 prefill_e=SIMD_WIDTH * self.run,
                                  own_axes=self.own_axes, tile_axes=self.tile_axes, qt=self.qt,
                                  tile_items=tuple(self.tensor_of(n).dtype.itemsize
                                                   for n in self.kv) if self.policy.stage_kv

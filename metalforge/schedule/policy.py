@@ -50,6 +50,8 @@ class LaunchPolicy:
                                        # memory by the whole group, one simdgroup per query row
                                        # (None: the schedule's choice, on where
                                        # threads_per_group = 32 x rows_per_group)
+    matrix_rows: int = 32              # attention: query rows sharing keys from which a call
+                                       # runs the simdgroup_matrix prefill kernel (0: never)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
@@ -159,7 +161,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
               "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "stage_kv", "index64"),
+                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }
 
 
@@ -201,6 +203,10 @@ def _validate_common(p: LaunchPolicy) -> None:
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
               f"{name} must be a positive int, got {v!r}")
+    _need(p, isinstance(p.matrix_rows, int) and not isinstance(p.matrix_rows, bool)
+          and p.matrix_rows >= 0,
+          f"matrix_rows must be an int >= 0 (0: never the matrix prefill), got "
+          f"{p.matrix_rows!r}")
     _need(p, isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
           and p.key_splits >= 0,
           f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")

@@ -1,0 +1,298 @@
+"""The attention schedule's prefill kernel on simdgroup matrices (`prefill`): a threadgroup of
+MATRIX_ROWS / 8 simdgroups takes a tile of MATRIX_ROWS query rows that read the same keys, each
+simdgroup 8 of them; the keys go a staged tile at a time (the decode kernels' `fill_tiles`), and
+both contractions are 8x8 simdgroup_matrix products in fp32 (`mf_mma`):
+
+    S[8 rows x 8 keys]  = sum over E blocks of Q[8 rows x 8 e] x K^T[8 e x 8 keys]
+    O[8 rows x 8 e]    += P[8 rows x 8 keys] x V[8 keys x 8 e]
+
+A lane holds two elements of each matrix (thread_elements(): row mf_mr, columns mf_mc and
+mf_mc + 1, Apple's lane layout), so the score's elementwise work (scale, masks, caps) runs on
+the lane's own two scores per key block, and a row's online softmax combines the four lanes
+that hold it (xor 1 and 8). Q is read once into fragments; K^T and V fragments come from the
+staged tile (0 past E and past the tile's keys: stale tile memory never meets a product).
+
+Built when the graph's scores contract one product of a factor without keys (q) and a factor
+without query rows (k), and the values have no query rows either: then both contractions are
+matrix products. Other graphs keep the decode kernels for every call.
+"""
+from __future__ import annotations
+from typing import TYPE_CHECKING, Optional
+
+from .. import ir
+from ..graph import Node, Op, strip_casts
+from .base import IDX, make_kernel
+from .lower import as_float, compute_type
+from .policy import SIMD_WIDTH
+
+if TYPE_CHECKING:
+    from .attention import _Builder
+
+FRAG = 8                     # simdgroup_matrix side
+NEG_INF = ir.Lit(float("-inf"), "float")
+UINT = "uint"
+
+
+def u(v: int) -> ir.Lit:
+    return ir.Lit(v, UINT)
+
+
+def matrix_operands(b: "_Builder") -> Optional[tuple[Node, Node]]:
+    """(q side, k side) of the scores' one contraction when it is their product and the values
+    read no query row: the graph's contractions are then matrix products. Else None."""
+    f = b.form
+    if len(f.contractions) != 1:
+        return None
+    prod = strip_casts(f.contractions[0].args[0])
+    if prod.op != Op.BINARY or prod.attr != "mul":
+        return None
+    tiles = set(b.tile_axes)
+    for q, k in (prod.args, prod.args[::-1]):
+        if f.key not in q.axes and f.e in q.axes and f.e in k.axes and not tiles & set(k.axes):
+            if not tiles & set(f.values.axes):
+                return q, k
+    return None
+
+
+def _unrolled(var: str, n: int, body: list[ir.Stmt]) -> ir.For:
+    return ir.For(var, UINT, u(0), u(n), body, unroll=True)
+
+
+def _frag(name: str, *at: ir.Expr) -> ir.Expr:
+    e: ir.Expr = ir.Var(name)
+    for i in at:
+        e = ir.Lane(e, i)
+    return e
+
+
+def prefill_kernel(b: "_Builder", rows: int) -> Optional[ir.LoweredKernel]:
+    """The prefill kernel for tiles of `rows` query rows (a multiple of 8), holding E up to
+    32 x run, or None when the graph's contractions are not matrix products."""
+    ops = matrix_operands(b)
+    if ops is None or not b.policy.stage_kv or not b.tile_axes:
+        return None
+    f = b.form
+    saved = (b.qt, b.group, b.epl, b.kt_max, b.tg_bytes)
+    b.qt, b.group = rows, SIMD_WIDTH * (rows // FRAG)
+    b.epl, b.over_e, b.vlanes = b.run, True, SIMD_WIDTH
+    b.kt_max = 64
+    emax = SIMD_WIDTH * b.run
+    threads = (ir.ThreadInput("mf_group", UINT, "threadgroup_position_in_grid"),
+               ir.ThreadInput("mf_sg", UINT, "simdgroup_index_in_threadgroup"),
+               ir.ThreadInput("mf_lane", UINT, "thread_index_in_simdgroup"))
+    b.pre, b.pre_names, b.tiled = [], set(), True
+    b.tg_decls, b.tg_bytes = [], 0
+    b.row_of, b.staged = None, {}
+    head = b.group_head(rows // FRAG, (
+        "8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup "
+        "memory, each simdgroup multiplies its rows with every key of the tile")) \
+        + b.tile() + b.block_keys()
+    lane = ir.Var("mf_lane")
+    place: list[ir.Stmt] = [
+        ir.Comment("the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns "
+                   "mf_mc and mf_mc + 1; its query row of the tile"),
+        ir.Decl("mf_mr", UINT, (lane / u(4) & u(4)) + lane / u(2) % u(4)),
+        ir.Decl("mf_mc", UINT, (lane / u(4) & u(2)) * u(2) + lane % u(2) * u(2)),
+        ir.Decl("mf_qrow", UINT, ir.Var("mf_sg") * u(FRAG) + ir.Var("mf_mr")),
+        ir.Decl("mf_live", "bool", ir.Var("mf_qrow") < ir.Var("mf_nlive")),
+        ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + lane)]
+    b.row_of = ir.Var("mf_qrow")
+    q_side, k_side = ops
+    dmax = emax // FRAG
+    body = (place + b.tile_arrays(runs=False) + q_fragments(b, q_side, dmax)
+            + fragment_state(b, dmax))
+    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
+        ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Var("mf_kt"))))))]
+    step += b.fill_tiles()
+    step += fragment_scores(b, k_side, dmax)
+    step += fragment_softmax(b, dmax)
+    step += fragment_values(b, dmax)
+    step += [ir.Comment("every simdgroup is done with the tile before it is refilled"),
+             ir.Barrier()]
+    loop = ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
+                  step=ir.Cast(IDX, ir.Var("mf_kt")))
+    body += [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile at a "
+                        "time (scores never stored)"), loop]
+    body += fragment_write(b, dmax)
+    b.row_of = None
+    b.tiled, b.over_e = False, False
+    body = b.tg_decls + head + b.pre + body
+    kernel = make_kernel(
+        b.graph, b.index64, threads, body,
+        f"{b.graph.name} (prefill): softmax over '{f.key}' of scores contracting "
+        f"'{f.e}' (up to {emax}), times the values, summed over '{f.key}'; a threadgroup "
+        f"per {rows} query rows sharing their keys and block of keys, 8 rows a simdgroup; "
+        f"tiles of K and V staged in threadgroup memory by the whole group; the scores and "
+        f"the values' products as 8x8 simdgroup_matrix products in fp32; online softmax "
+        f"in one pass, fp32 state", "prefill", params=b.params,
+        helpers=tuple(sorted(b.helpers | {"mf_mma"})), max_threads=b.group)
+    b.qt, b.group, b.epl, b.kt_max = saved[:4]
+    b.tg_bytes = max(saved[4], b.tg_bytes)     # the policy's: the largest kernel's
+    return kernel
+
+def q_fragments(b: "_Builder", q: Node, dmax: int) -> list[ir.Stmt]:
+    """The lane's elements of its rows' q side, as the A operands of the scores: fragment
+    d holds E elements d * 8 + mf_mc (+ 1) of row mf_qrow (0 past E and for rows past the
+    tile axes' end)."""
+    low = b.lowering("mf_q")
+    body = low.lower([q])
+    value = as_float(low.value(q), q)
+    b.helpers |= low.helpers
+    qf = _frag("mf_qf", ir.Var("mf_d"), ir.Var("mf_i"))
+    return [
+        ir.Comment("q: the A operands of the scores, E in blocks of 8 (0 past E)"),
+        ir.ArrayDecl("mf_qf", "float2", dmax),
+        _unrolled("mf_d", dmax, [_unrolled("mf_i", 2, [
+            ir.Decl("mf_e", UINT, ir.Var("mf_d") * u(FRAG) + ir.Var("mf_mc") + ir.Var("mf_i")),
+            ir.Assign(qf, ir.Lit(0.0, "float")),
+            ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(b.form.e)),
+                  body + [ir.Assign(qf, value)])])])]
+
+def fragment_state(b: "_Builder", dmax: int) -> list[ir.Stmt]:
+    """The online-softmax state of the lane's row (running max, lane-partial sum) and its
+    part of the rows' accumulators O (8 x 8 blocks over E)."""
+    return [
+        ir.Comment("the lane's row's state: running max, lane-partial sum; O in blocks of "
+                   "8 over E"),
+        ir.Decl("mf_mm", "float", NEG_INF, const=False),
+        ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
+        ir.ArrayDecl("mf_of", "float2", dmax),
+        _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")), ir.Call(
+            "float2", (ir.Lit(0.0, "float"),)))])]
+
+def tile_element(b: "_Builder", side: Node, key: ir.Expr, e: ir.Expr,
+                 prefix: str) -> list[ir.Stmt]:
+    """`mf_x` = `side` (k or v side: elementwise work on staged K/V reads) at tile key `key`
+    and E element `e`, 0 past the tile's keys and past E."""
+    low = b.lowering(prefix)
+    low.values.update({n: ir.Cast(compute_type(b.tensor_of(n).dtype), ir.Lane(
+        ir.Var(arr), ir.Var("mf_u") * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
+        for n, arr in b.kv.items()})
+    body = low.lower([side])
+    b.helpers |= low.helpers
+    inside = (ir.Var("mf_u") < ir.Var("mf_tn")).and_(
+        ir.Cast(IDX, ir.Var("mf_e")) < b.size(b.form.e))
+    return [ir.Decl("mf_u", UINT, key), ir.Decl("mf_e", UINT, e),
+            ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+            ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
+            ir.If(inside, body + [ir.Assign(ir.Var("mf_x"), as_float(low.value(side),
+                                                                      side))])]
+
+def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
+    """The tile's scores of the simdgroup's 8 rows, 8 keys (block kb) at a time: S = sum
+    over E blocks of Q x K^T (K^T from the staged tile), then per element the score's
+    elementwise work (Builder.score: scale, masks, caps); -inf past the tile's keys and for
+    rows past the tile axes' end."""
+    kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
+    kf, sdot = _frag("mf_kf", i), ir.Var("mf_sdot")
+    kt_el = tile_element(b, k, kb * u(FRAG) + ir.Var("mf_mc") + i,
+                              d * u(FRAG) + ir.Var("mf_mr"), "mf_k")
+    b.dot_of = {b.form.contractions[0]: ir.Lane(sdot, i)}
+    s_body, s_value = b.score()
+    sf = _frag("mf_sf", kb, i)
+    key_of = kb * u(FRAG) + ir.Var("mf_mc") + i
+    scored: list[ir.Stmt] = [ir.Decl("mf_u", UINT, key_of),
+              ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+              ir.Assign(sf, NEG_INF),
+              ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(ir.Var("mf_live")),
+                    s_body + [ir.Assign(sf, s_value)])]
+    e_blocks = ir.Cast(IDX, d * u(FRAG)) < b.size(b.form.e)
+    return [
+        ir.Comment("scores: S = Q x K^T over E in blocks of 8, 8 keys at a time, then the "
+                   "score's elementwise work on the lane's two"),
+        ir.ArrayDecl("mf_sf", "float2", b.kt_max // FRAG),
+        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
+            ir.Decl("mf_sdot", "float2", ir.Call("float2", (ir.Lit(0.0, "float"),)),
+                    const=False),
+            _unrolled("mf_d", dmax, [ir.If(e_blocks, [
+                ir.Decl("mf_kf", "float2", None, const=False),
+                _unrolled("mf_i", 2, kt_el + [ir.Assign(kf, ir.Var("mf_x"))]),
+                ir.Assign(sdot, ir.Call("mf_mma", (_frag("mf_qf", d), ir.Var("mf_kf"),
+                                                   sdot)))])]),
+            _unrolled("mf_i", 2, scored)])])]
+
+def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
+    """One online-softmax update of the lane's row over the tile: the tile's max over the
+    row's four lanes (xor 1 and 8), the old sums and O rescaled, the scores replaced by
+    their weights p (the A operands of the values)."""
+    kb, i = ir.Var("mf_kb"), ir.Var("mf_i")
+    sf = _frag("mf_sf", kb, i)
+    mm, md, tmax = ir.Var("mf_mm"), ir.Var("mf_md"), ir.Var("mf_tmax")
+    m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
+    live = m_new.ne(NEG_INF)
+    in_tile = kb * u(FRAG) < ir.Var("mf_tn")
+    b.helpers.add("mf_maximum")
+    return [
+        ir.Comment("online softmax of the lane's row: the tile's max over the row's four "
+                   "lanes, the old sums' factor, the weights p"),
+        ir.Decl("mf_tmax", "float", NEG_INF, const=False),
+        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [_unrolled("mf_i", 2, [
+            ir.Assign(tmax, ir.Call("mf_maximum", (tmax, sf)))])])]),
+        *[ir.Assign(tmax, ir.Call("mf_maximum", (tmax, ir.Call(
+            "simd_shuffle_xor", (tmax, u(off)))))) for off in (1, 8)],
+        ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, tmax))),
+        ir.Decl("mf_corr", "float", ir.Select(live, ir.Call("exp", (mm - m_new,),
+                                                            precise=True),
+                                              ir.Lit(1.0, "float"))),
+        ir.Assign(md, md * corr),
+        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [_unrolled("mf_i", 2, [
+            ir.Assign(sf, ir.Select(live, ir.Call("exp", (sf - m_new,), precise=True),
+                                    ir.Lit(0.0, "float"))),
+            ir.Assign(md, md + sf)])])]),
+        ir.Assign(mm, m_new),
+        _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")),
+                                           _frag("mf_of", ir.Var("mf_d")) * corr)])]
+
+def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
+    """O += P x V for the tile, block by block of 8 E elements and 8 keys (V from the
+    staged tile)."""
+    kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
+    of = _frag("mf_of", d)
+    v_el = tile_element(b, b.form.values, kb * u(FRAG) + ir.Var("mf_mr"),
+                             d * u(FRAG) + ir.Var("mf_mc") + i, "mf_v")
+    e_blocks = ir.Cast(IDX, d * u(FRAG)) < b.size(b.form.e)
+    return [
+        ir.Comment("the values: O += P x V in blocks of 8 keys and 8 elements of E"),
+        _unrolled("mf_d", dmax, [ir.If(e_blocks, [
+            _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
+                ir.Decl("mf_vf", "float2", None, const=False),
+                _unrolled("mf_i", 2, v_el + [ir.Assign(_frag("mf_vf", i), ir.Var("mf_x"))]),
+                ir.Assign(of, ir.Call("mf_mma", (_frag("mf_sf", kb), ir.Var("mf_vf"),
+                                                 of)))])])])])]
+
+def fragment_write(b: "_Builder", dmax: int) -> list[ir.Stmt]:
+    """The row's sum over its four lanes, then each lane's elements of O: the outputs
+    (O / d through the work after the sum) when the keys are one block, else the block's
+    state (m, d, O) in the scratch buffer for the merge kernel."""
+    f = b.form
+    d, i = ir.Var("mf_d"), ir.Var("mf_i")
+    md = ir.Var("mf_md")
+    of = _frag("mf_of", d, i)
+
+    def each(body: list[ir.Stmt]) -> ir.Stmt:
+        return _unrolled("mf_d", dmax, [_unrolled("mf_i", 2, [
+            ir.Decl("mf_e", UINT, d * u(FRAG) + ir.Var("mf_mc") + i),
+            ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(f.e)),
+                  body)])])
+    low = b.lowering("mf_o")
+    low.values[f.out] = ir.Cast(compute_type(f.out.dtype), of / md)
+    outs = low.lower([o.node for o in b.graph.outputs])
+    b.helpers |= low.helpers
+    for k, o in enumerate(b.graph.outputs):
+        outs.append(ir.Store(b.out_names[k], b.offset(o.axes), b.out_value(k, low)))
+    partial = ir.Var("mf_partial")
+    return [
+        ir.Comment("the row's sum over its four lanes"),
+        *[ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, u(off)))) for off in (1, 8)],
+        ir.If(ir.Var("mf_splits").eq(u(1)), [
+            ir.Comment("one block: outputs = O / d (all keys masked: 0 / 0 = NaN, as "
+                       "softmax gives)"), each(outs)], [
+            ir.Comment("several blocks: this block's state (m, d, O) for the merge kernel"),
+            ir.Decl("mf_partial", IDX, (b.offset(b.rows) * ir.Cast(
+                IDX, ir.Var("mf_splits")) + ir.Cast(IDX, ir.Var("mf_block")))
+                * ir.Lit(b.scratch_e + 2, IDX)),
+            ir.If(ir.Var("mf_live").and_(ir.Var("mf_mc").eq(u(0))), [
+                ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
+                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), md)]),
+            each([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
+                           + ir.Cast(IDX, ir.Var("mf_e")), of)])])]
