@@ -341,3 +341,82 @@ def test_byte_count_has_only_the_keys_the_mask_lets_be_read(s, length, window):
     qo = 2 * q.numel() * 4
     assert sched.traffic(sizes, {"window": window}).total == qo + 2 * heads * visible * e * 4
     assert sched.traffic(sizes).total == qo + 2 * k.numel() * 4
+
+
+# -- the simdgroup_matrix prefill kernel ------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv,s,length,e,splits", [
+    (4, 2, 16, 40, 64, 0),        # GQA: 4 x 16 rows of a kv head in 2 tiles of 32
+    (2, 2, 33, 70, 36, 0),        # a whole tile and one row; E not a multiple of 8
+    (2, 1, 40, 129, 128, 0),      # MQA, E = 128, keys over 3 tiles, S < L (bottom-right)
+    (1, 1, 70, 50, 8, 0),         # S > L: the first 20 rows see no key (NaN, as softmax)
+    (2, 2, 48, 100, 24, 3),       # 3 key blocks merged by the merge kernel
+])
+def test_matrix_prefill_matches_sdpa(dtype, heads, kv, s, length, e, splits):
+    """Calls with at least 32 query rows sharing their keys run the prefill kernel (8x8
+    simdgroup_matrix products), causal and not, against torch's math attention: one key
+    block (its rows written by the kernel) or several (their states merged)."""
+    g = torch.Generator().manual_seed(s * length + e)
+    q = torch.randn(1, heads, s, e, generator=g).to(dtype)
+    k, v = (torch.randn(1, kv, length, e, generator=g).to(dtype) for _ in range(2))
+    kernel = attention.with_launch(key_splits=splits or 1)
+    hosts = [h for h, _, _ in kernel.launches(q, k, v, 0.3)]
+    assert hosts[0].endswith("_prefill") and (len(hosts) == 2) == bool(splits), hosts
+    for causal in (True, False):
+        # torch's math attention (SDPA gives 0 where every key is masked; softmax gives NaN)
+        kk, vv = (t.double().repeat_interleave(heads // kv, dim=1) for t in (k, v))
+        sc = q.double() @ kk.transpose(-1, -2) * 0.3
+        if causal:
+            sc = sc.masked_fill(~causal_mask(s, length, "cpu"), float("-inf"))
+        want = (sc.softmax(-1) @ vv).to(dtype)
+        torch.testing.assert_close(kernel(q, k, v, 0.3, causal=causal), want, **TOL[dtype],
+                                   equal_nan=True)
+
+
+def test_matrix_prefill_is_chosen_by_rows_sharing_keys():
+    """31 rows sharing keys keep the decode kernel, 32 take the prefill kernel;
+    matrix_rows=0 never does, matrix_rows=64 from 64 rows."""
+    def host(kernel, heads, s):
+        q, k = torch.randn(1, heads, s, 16), torch.randn(1, 1, 64, 16)
+        return kernel.launches(q, k, k, 0.1)[0][0]
+    assert not host(attention, 1, 31).endswith("_prefill")
+    assert host(attention, 1, 32).endswith("_prefill")
+    assert host(attention, 4, 8).endswith("_prefill")           # 4 query heads x 8 positions
+    assert not host(attention.with_launch(matrix_rows=0), 4, 300).endswith("_prefill")
+    assert not host(attention.with_launch(matrix_rows=64), 1, 63).endswith("_prefill")
+    assert host(attention.with_launch(matrix_rows=64), 1, 64).endswith("_prefill")
+    with pytest.raises(mf.LaunchError, match="matrix_rows must be an int >= 0"):
+        attention.with_launch(matrix_rows=-1)(*(torch.randn(1, 1, 4, 8),) * 3, 0.1)
+
+
+def test_matrix_prefill_propagates_nan_per_row_and_key():
+    """A NaN in one query row makes that row NaN only; a NaN in a key's K makes every row
+    that sees the key NaN (causal: the rows from its position on), as softmax does."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 40, 16, generator=g) for _ in range(3))
+    q[0, 0, 5, 3] = float("nan")
+    out = attention(q, k, v, 0.25)
+    assert out[0, 0, 5].isnan().all()
+    assert not out[0, 0, :5].isnan().any() and not out[0, 0, 6:].isnan().any()
+    q[0, 0, 5, 3] = 0.0
+    k[0, 0, 30, 7] = float("nan")
+    out = attention(q, k, v, 0.25)
+    assert not out[0, 0, :30].isnan().any() and out[0, 0, 30:].isnan().all()
+
+
+def test_matrix_prefill_window_softcap_and_padding():
+    """The score's elementwise work (a sliding window with a soft cap, a key-padding mask)
+    runs on the fragments' elements: 40 query positions against SDPA / the reference."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 40, 40, generator=g)
+    k, v = (torch.randn(1, 2, 90, 40, generator=g) for _ in range(2))
+    args = (q, k, v, 40 ** -0.5, 20, 15.0)
+    assert window_softcap.launches(*args)[0][0].endswith("_prefill")
+    torch.testing.assert_close(window_softcap(*args),
+                               torch_window_softcap(q, k, v, 40 ** -0.5, 20, 15.0),
+                               **TOL[torch.float32])
+    valid = torch.rand(1, 90, generator=g) > 0.3
+    assert padded_attention.launches(q, k, v, valid)[0][0].endswith("_prefill")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])
+    torch.testing.assert_close(padded_attention(q, k, v, valid), want, **TOL[torch.float32])
