@@ -147,6 +147,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # GQA 32/8 E=128 f16 L = 4096 / 16384 / 65536: 31.0 / 71.5 / 227.4 -> 19.9 / 47.4 / 134.7;
     # bf16 16384 71.5 -> 48.2; f32 79.5 -> 72.1; E = 64 41.9 -> 34.4; MHA 32/32 206.5 ->
     # 108.5; prefill S = L = 1024, E = 64 / 128: 1568 / 2818 -> 1225 / 1600 (bench/README.md)
+    # matrix_rows: from 32 query rows sharing keys, the simdgroup_matrix prefill kernel (Metal's
+    # float 8x8 products, as MLX's steel attention). The H100 has no such product (the cuda
+    # backend shuffles operands into place): there it is 2x slower than the scalar kernels
+    # (S = L = 1024, E = 128: 1801 vs 872 us); Apple GPUs multiply them in hardware. Untimed on
+    # a Mac, so the default follows the Metal design; matrix_rows=0 on CUDA (bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
