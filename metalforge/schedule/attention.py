@@ -423,13 +423,13 @@ class AttentionSchedule(Schedule):
 
     def _selecting_prefill(self) -> dict[str, int]:
         """The prefill kernel's sizes: MATRIX_ROWS + 1 positions along the innermost tile axis a
-        tensor names (a whole tile and one row of the next, whatever the other axes), keys
-        over three tiles (E as drawn: any up to prefill_e)."""
+        tensor names (a whole tile and one row of the next, whatever the other axes), E = 33
+        (four whole 8-element blocks and one of a single element), keys over three tiles."""
         named = {d.name for t in self.graph.tensors for d in t.dims}
         axis = next((a for a in reversed(self.tile_axes) if a in named), None)
         if axis is None:
             return {}
-        return {axis: MATRIX_ROWS + 1, self.l_axis: 2 * NARROW_TILE_KEYS + 1}
+        return {axis: MATRIX_ROWS + 1, self.e_axis: 33, self.l_axis: 2 * NARROW_TILE_KEYS + 1}
 
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:

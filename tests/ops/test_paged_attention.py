@@ -46,6 +46,17 @@ def test_matches_sdpa_per_sequence(dtype, g, r, e, per_seq, lengths, launch):
     torch.testing.assert_close(kernel(*args, 0.125), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_many_query_heads_per_kv_head_run_the_matrix_kernel(dtype):
+    """40 query heads on one kv head share their keys: the simdgroup_matrix prefill kernel
+    (its K/V tiles filled through the block table), ragged sequences and E = 40."""
+    args = _case(3, 1, 40, 40, 60, 6, [90, 33, 1], dtype)
+    assert paged_attention.launches(*args, 0.125)[0][0].endswith("_prefill")
+    want = torch_paged_attention(*(a.double() if a.is_floating_point() else a for a in args),
+                                 0.125).to(dtype)
+    torch.testing.assert_close(paged_attention(*args, 0.125), want, **TOL[dtype])
+
+
 def test_block_outside_the_cache_is_a_clear_error():
     q, k_cache, v_cache, table, lengths = _case(2, 2, 2, 16, 10, 3, [40, 5], torch.float32)
     table[1, 2] = 10                                   # one past the last block
