@@ -10,8 +10,9 @@ biases, soft caps) on contractions `sum(..., axis=E)`:
     s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)
     out = mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
-Kernels: `decode` (with stage_kv also `decode_narrow` and `decode_wide`, by E), and `merge`
-when a call splits the keys into blocks.
+Kernels: `decode` (with stage_kv also `decode_narrow` and `decode_wide`, by E), `prefill`
+(attention_matrix.py: simdgroup_matrix products, for calls where at least `matrix_rows` query
+rows share their keys), and `merge` when a call splits the keys into blocks.
 
 - A threadgroup takes a *tile* of `rows_per_group` query rows that read the same keys (the
   query-row axes no key tensor has: GQA's R, the query positions S) and a block of keys.
@@ -1949,7 +1950,8 @@ class _Builder(reduce.Builder):
         narrow = self.decode_kernel("narrow") if self.policy.stage_kv else None
         wide = self.decode_kernel("wide") if self.policy.stage_kv and self.epl > self.run \
             else None
-        prefill = prefill_kernel(self, MATRIX_ROWS) if self.policy.matrix_rows else None
+        prefill = prefill_kernel(self, MATRIX_ROWS, NARROW_TILE_KEYS) \
+            if self.policy.matrix_rows else None
         merge = self.merge_kernel()
         vector = tuple(dict.fromkeys(self.tensor_of(n).name for n in self.kv)) \
             if self.vw > 1 else ()

@@ -65,17 +65,16 @@ def _frag(name: str, *at: ir.Expr) -> ir.Expr:
     return e
 
 
-def prefill_kernel(b: "_Builder", rows: int) -> Optional[ir.LoweredKernel]:
-    """The prefill kernel for tiles of `rows` query rows (a multiple of 8), holding E up to
-    32 x run, or None when the graph's contractions are not matrix products."""
+def prefill_kernel(b: "_Builder", rows: int, keys: int) -> Optional[ir.LoweredKernel]:
+    """The prefill kernel for tiles of `rows` query rows (a multiple of 8) and K/V tiles of up
+    to `keys` keys (a multiple of 8), holding E up to 32 x run, or None when the graph's
+    contractions are not matrix products."""
     ops = matrix_operands(b)
     if ops is None or not b.policy.stage_kv or not b.tile_axes:
         return None
     f = b.form
-    saved = (b.qt, b.group, b.epl, b.kt_max, b.tg_bytes)
-    b.qt, b.group = rows, SIMD_WIDTH * (rows // FRAG)
-    b.epl, b.over_e, b.vlanes = b.run, True, SIMD_WIDTH
-    b.kt_max = 64
+    saved = (b.qt, b.group, b.kt_max, b.tg_bytes)
+    b.qt, b.group, b.kt_max = rows, SIMD_WIDTH * (rows // FRAG), keys
     emax = SIMD_WIDTH * b.run
     threads = (ir.ThreadInput("mf_group", UINT, "threadgroup_position_in_grid"),
                ir.ThreadInput("mf_sg", UINT, "simdgroup_index_in_threadgroup"),
@@ -114,8 +113,7 @@ def prefill_kernel(b: "_Builder", rows: int) -> Optional[ir.LoweredKernel]:
     body += [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile at a "
                         "time (scores never stored)"), loop]
     body += fragment_write(b, dmax)
-    b.row_of = None
-    b.tiled, b.over_e = False, False
+    b.row_of, b.tiled = None, False
     body = b.tg_decls + head + b.pre + body
     kernel = make_kernel(
         b.graph, b.index64, threads, body,
@@ -126,9 +124,10 @@ def prefill_kernel(b: "_Builder", rows: int) -> Optional[ir.LoweredKernel]:
         f"the values' products as 8x8 simdgroup_matrix products in fp32; online softmax "
         f"in one pass, fp32 state", "prefill", params=b.params,
         helpers=tuple(sorted(b.helpers | {"mf_mma"})), max_threads=b.group)
-    b.qt, b.group, b.epl, b.kt_max = saved[:4]
-    b.tg_bytes = max(saved[4], b.tg_bytes)     # the policy's: the largest kernel's
+    b.qt, b.group, b.kt_max = saved[:3]
+    b.tg_bytes = max(saved[3], b.tg_bytes)     # the policy's: the largest kernel's
     return kernel
+
 
 def q_fragments(b: "_Builder", q: Node, dmax: int) -> list[ir.Stmt]:
     """The lane's elements of its rows' q side, as the A operands of the scores: fragment
@@ -148,6 +147,7 @@ def q_fragments(b: "_Builder", q: Node, dmax: int) -> list[ir.Stmt]:
             ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(b.form.e)),
                   body + [ir.Assign(qf, value)])])])]
 
+
 def fragment_state(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     """The online-softmax state of the lane's row (running max, lane-partial sum) and its
     part of the rows' accumulators O (8 x 8 blocks over E)."""
@@ -159,6 +159,7 @@ def fragment_state(b: "_Builder", dmax: int) -> list[ir.Stmt]:
         ir.ArrayDecl("mf_of", "float2", dmax),
         _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")), ir.Call(
             "float2", (ir.Lit(0.0, "float"),)))])]
+
 
 def tile_element(b: "_Builder", side: Node, key: ir.Expr, e: ir.Expr,
                  prefix: str) -> list[ir.Stmt]:
@@ -177,6 +178,7 @@ def tile_element(b: "_Builder", side: Node, key: ir.Expr, e: ir.Expr,
             ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
             ir.If(inside, body + [ir.Assign(ir.Var("mf_x"), as_float(low.value(side),
                                                                       side))])]
+
 
 def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
     """The tile's scores of the simdgroup's 8 rows, 8 keys (block kb) at a time: S = sum
@@ -211,6 +213,7 @@ def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
                                                    sdot)))])]),
             _unrolled("mf_i", 2, scored)])])]
 
+
 def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     """One online-softmax update of the lane's row over the tile: the tile's max over the
     row's four lanes (xor 1 and 8), the old sums and O rescaled, the scores replaced by
@@ -243,6 +246,7 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
         _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")),
                                            _frag("mf_of", ir.Var("mf_d")) * corr)])]
 
+
 def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     """O += P x V for the tile, block by block of 8 E elements and 8 keys (V from the
     staged tile)."""
@@ -259,6 +263,7 @@ def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
                 _unrolled("mf_i", 2, v_el + [ir.Assign(_frag("mf_vf", i), ir.Var("mf_x"))]),
                 ir.Assign(of, ir.Call("mf_mma", (_frag("mf_sf", kb), ir.Var("mf_vf"),
                                                  of)))])])])])]
+
 
 def fragment_write(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     """The row's sum over its four lanes, then each lane's elements of O: the outputs
