@@ -327,3 +327,13 @@ inline float2 mf_mma(float2 a, float2 b, float2 c) {
     simdgroup_multiply_accumulate(mf_c, mf_a, mf_b, mf_c);
     return mf_c.thread_elements();
 }
+
+// helper: mf_mat_load
+// the calling lane's two elements (thread_elements()) of the 8x8 float matrix at column x, row
+// y of a threadgroup array with `stride` floats a row: a simdgroup_load, so every lane of the
+// simdgroup calls it together
+inline float2 mf_mat_load(const threadgroup float* p, uint stride, uint x, uint y) {
+    simdgroup_float8x8 mf_m;
+    simdgroup_load(mf_m, p, ulong(stride), ulong2(x, y));
+    return mf_m.thread_elements();
+}

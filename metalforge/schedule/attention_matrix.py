@@ -23,18 +23,13 @@ from .. import ir
 from ..graph import Node, Op, strip_casts
 from .base import IDX, make_kernel
 from .lower import as_float, compute_type
+from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
 from .policy import SIMD_WIDTH
 
 if TYPE_CHECKING:
     from .attention import _Builder
 
-FRAG = 8                     # simdgroup_matrix side
 NEG_INF = ir.Lit(float("-inf"), "float")
-UINT = "uint"
-
-
-def u(v: int) -> ir.Lit:
-    return ir.Lit(v, UINT)
 
 
 def matrix_operands(b: "_Builder") -> Optional[tuple[Node, Node]]:
@@ -52,17 +47,6 @@ def matrix_operands(b: "_Builder") -> Optional[tuple[Node, Node]]:
             if not tiles & set(f.values.axes):
                 return q, k
     return None
-
-
-def _unrolled(var: str, n: int, body: list[ir.Stmt]) -> ir.For:
-    return ir.For(var, UINT, u(0), u(n), body, unroll=True)
-
-
-def _frag(name: str, *at: ir.Expr) -> ir.Expr:
-    e: ir.Expr = ir.Var(name)
-    for i in at:
-        e = ir.Lane(e, i)
-    return e
 
 
 def prefill_kernel(b: "_Builder", rows: int, keys: int) -> Optional[ir.LoweredKernel]:
@@ -87,11 +71,8 @@ def prefill_kernel(b: "_Builder", rows: int, keys: int) -> Optional[ir.LoweredKe
         "memory, each simdgroup multiplies its rows with every key of the tile")) \
         + b.tile() + b.block_keys()
     lane = ir.Var("mf_lane")
-    place: list[ir.Stmt] = [
-        ir.Comment("the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns "
-                   "mf_mc and mf_mc + 1; its query row of the tile"),
-        ir.Decl("mf_mr", UINT, (lane / u(4) & u(4)) + lane / u(2) % u(4)),
-        ir.Decl("mf_mc", UINT, (lane / u(4) & u(2)) * u(2) + lane % u(2) * u(2)),
+    place: list[ir.Stmt] = lane_place(lane) + [
+        ir.Comment("the lane's query row of the tile"),
         ir.Decl("mf_qrow", UINT, ir.Var("mf_sg") * u(FRAG) + ir.Var("mf_mr")),
         ir.Decl("mf_live", "bool", ir.Var("mf_qrow") < ir.Var("mf_nlive")),
         ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + lane)]
@@ -137,11 +118,11 @@ def q_fragments(b: "_Builder", q: Node, dmax: int) -> list[ir.Stmt]:
     body = low.lower([q])
     value = as_float(low.value(q), q)
     b.helpers |= low.helpers
-    qf = _frag("mf_qf", ir.Var("mf_d"), ir.Var("mf_i"))
+    qf = frag("mf_qf", ir.Var("mf_d"), ir.Var("mf_i"))
     return [
         ir.Comment("q: the A operands of the scores, E in blocks of 8 (0 past E)"),
         ir.ArrayDecl("mf_qf", "float2", dmax),
-        _unrolled("mf_d", dmax, [_unrolled("mf_i", 2, [
+        unrolled("mf_d", dmax, [unrolled("mf_i", 2, [
             ir.Decl("mf_e", UINT, ir.Var("mf_d") * u(FRAG) + ir.Var("mf_mc") + ir.Var("mf_i")),
             ir.Assign(qf, ir.Lit(0.0, "float")),
             ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(b.form.e)),
@@ -157,8 +138,7 @@ def fragment_state(b: "_Builder", dmax: int) -> list[ir.Stmt]:
         ir.Decl("mf_mm", "float", NEG_INF, const=False),
         ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
         ir.ArrayDecl("mf_of", "float2", dmax),
-        _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")), ir.Call(
-            "float2", (ir.Lit(0.0, "float"),)))])]
+        unrolled("mf_d", dmax, [ir.Assign(frag("mf_of", ir.Var("mf_d")), zero())])]
 
 
 def tile_element(b: "_Builder", side: Node, key: ir.Expr, e: ir.Expr,
@@ -186,12 +166,12 @@ def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
     elementwise work (Builder.score: scale, masks, caps); -inf past the tile's keys and for
     rows past the tile axes' end."""
     kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
-    kf, sdot = _frag("mf_kf", i), ir.Var("mf_sdot")
+    kf, sdot = frag("mf_kf", i), ir.Var("mf_sdot")
     kt_el = tile_element(b, k, kb * u(FRAG) + ir.Var("mf_mc") + i,
                               d * u(FRAG) + ir.Var("mf_mr"), "mf_k")
     b.dot_of = {b.form.contractions[0]: ir.Lane(sdot, i)}
     s_body, s_value = b.score()
-    sf = _frag("mf_sf", kb, i)
+    sf = frag("mf_sf", kb, i)
     key_of = kb * u(FRAG) + ir.Var("mf_mc") + i
     scored: list[ir.Stmt] = [ir.Decl("mf_u", UINT, key_of),
               ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
@@ -203,15 +183,14 @@ def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
         ir.Comment("scores: S = Q x K^T over E in blocks of 8, 8 keys at a time, then the "
                    "score's elementwise work on the lane's two"),
         ir.ArrayDecl("mf_sf", "float2", b.kt_max // FRAG),
-        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
-            ir.Decl("mf_sdot", "float2", ir.Call("float2", (ir.Lit(0.0, "float"),)),
+        unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
+            ir.Decl("mf_sdot", "float2", zero(),
                     const=False),
-            _unrolled("mf_d", dmax, [ir.If(e_blocks, [
+            unrolled("mf_d", dmax, [ir.If(e_blocks, [
                 ir.Decl("mf_kf", "float2", None, const=False),
-                _unrolled("mf_i", 2, kt_el + [ir.Assign(kf, ir.Var("mf_x"))]),
-                ir.Assign(sdot, ir.Call("mf_mma", (_frag("mf_qf", d), ir.Var("mf_kf"),
-                                                   sdot)))])]),
-            _unrolled("mf_i", 2, scored)])])]
+                unrolled("mf_i", 2, kt_el + [ir.Assign(kf, ir.Var("mf_x"))]),
+                ir.Assign(sdot, mma(frag("mf_qf", d), ir.Var("mf_kf"), sdot))])]),
+            unrolled("mf_i", 2, scored)])])]
 
 
 def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
@@ -219,7 +198,7 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     row's four lanes (xor 1 and 8), the old sums and O rescaled, the scores replaced by
     their weights p (the A operands of the values)."""
     kb, i = ir.Var("mf_kb"), ir.Var("mf_i")
-    sf = _frag("mf_sf", kb, i)
+    sf = frag("mf_sf", kb, i)
     mm, md, tmax = ir.Var("mf_mm"), ir.Var("mf_md"), ir.Var("mf_tmax")
     m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
     live = m_new.ne(NEG_INF)
@@ -229,7 +208,7 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
         ir.Comment("online softmax of the lane's row: the tile's max over the row's four "
                    "lanes, the old sums' factor, the weights p"),
         ir.Decl("mf_tmax", "float", NEG_INF, const=False),
-        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [_unrolled("mf_i", 2, [
+        unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [unrolled("mf_i", 2, [
             ir.Assign(tmax, ir.Call("mf_maximum", (tmax, sf)))])])]),
         *[ir.Assign(tmax, ir.Call("mf_maximum", (tmax, ir.Call(
             "simd_shuffle_xor", (tmax, u(off)))))) for off in (1, 8)],
@@ -238,30 +217,30 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
                                                             precise=True),
                                               ir.Lit(1.0, "float"))),
         ir.Assign(md, md * corr),
-        _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [_unrolled("mf_i", 2, [
+        unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [unrolled("mf_i", 2, [
             ir.Assign(sf, ir.Select(live, ir.Call("exp", (sf - m_new,), precise=True),
                                     ir.Lit(0.0, "float"))),
             ir.Assign(md, md + sf)])])]),
         ir.Assign(mm, m_new),
-        _unrolled("mf_d", dmax, [ir.Assign(_frag("mf_of", ir.Var("mf_d")),
-                                           _frag("mf_of", ir.Var("mf_d")) * corr)])]
+        unrolled("mf_d", dmax, [ir.Assign(frag("mf_of", ir.Var("mf_d")),
+                                           frag("mf_of", ir.Var("mf_d")) * corr)])]
 
 
 def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     """O += P x V for the tile, block by block of 8 E elements and 8 keys (V from the
     staged tile)."""
     kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
-    of = _frag("mf_of", d)
+    of = frag("mf_of", d)
     v_el = tile_element(b, b.form.values, kb * u(FRAG) + ir.Var("mf_mr"),
                              d * u(FRAG) + ir.Var("mf_mc") + i, "mf_v")
     e_blocks = ir.Cast(IDX, d * u(FRAG)) < b.size(b.form.e)
     return [
         ir.Comment("the values: O += P x V in blocks of 8 keys and 8 elements of E"),
-        _unrolled("mf_d", dmax, [ir.If(e_blocks, [
-            _unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
+        unrolled("mf_d", dmax, [ir.If(e_blocks, [
+            unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
                 ir.Decl("mf_vf", "float2", None, const=False),
-                _unrolled("mf_i", 2, v_el + [ir.Assign(_frag("mf_vf", i), ir.Var("mf_x"))]),
-                ir.Assign(of, ir.Call("mf_mma", (_frag("mf_sf", kb), ir.Var("mf_vf"),
+                unrolled("mf_i", 2, v_el + [ir.Assign(frag("mf_vf", i), ir.Var("mf_x"))]),
+                ir.Assign(of, ir.Call("mf_mma", (frag("mf_sf", kb), ir.Var("mf_vf"),
                                                  of)))])])])])]
 
 
@@ -272,10 +251,10 @@ def fragment_write(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     f = b.form
     d, i = ir.Var("mf_d"), ir.Var("mf_i")
     md = ir.Var("mf_md")
-    of = _frag("mf_of", d, i)
+    of = frag("mf_of", d, i)
 
     def each(body: list[ir.Stmt]) -> ir.Stmt:
-        return _unrolled("mf_d", dmax, [_unrolled("mf_i", 2, [
+        return unrolled("mf_d", dmax, [unrolled("mf_i", 2, [
             ir.Decl("mf_e", UINT, d * u(FRAG) + ir.Var("mf_mc") + i),
             ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(f.e)),
                   body)])])

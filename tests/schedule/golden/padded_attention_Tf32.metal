@@ -1173,9 +1173,10 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
-    // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1; its query row of the tile
+    // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1
     const uint mf_mr = (mf_lane / 4u & 4u) + mf_lane / 2u % 4u;
     const uint mf_mc = (mf_lane / 4u & 2u) * 2u + mf_lane % 2u * 2u;
+    // the lane's query row of the tile
     const uint mf_qrow = mf_sg * 8u + mf_mr;
     const bool mf_live = mf_qrow < mf_nlive;
     const uint mf_tid = mf_sg * 32u + mf_lane;
