@@ -14,16 +14,15 @@ rows. It walks K in steps of TILE_K values; each step
   simdgroup take TILE_K consecutive values of one weight row, so their words are consecutive
   too), and X's tile likewise; values past K, rows past M are zero, rows past N repeat row N - 1
   (read in bounds, never stored);
-- after a barrier, thread (simdgroup s, lane l) adds W[n0 + l, k] * X[m0 + 4 s + i, k] for its
-  4 rows i over the step's k, 4 values of k at a time: W is staged transposed (k-major, rows of
-  TILE_N + 1 floats: the lanes read 32 consecutive floats and write 32 different banks), X as
-  float4 (one broadcast read gives a row 4 values of k), so 4 steps of k take 4 + 4 reads
-  for 16 fma;
+- after a barrier, each simdgroup multiplies its two 8x8 blocks of the output tile as Metal
+  simdgroup matrices (schedule/fragments.py): X's 8 rows of the block row times W^T's 8
+  columns, 8 values of k a product (W is staged k-major, rows of TILE_N + 1 floats, so W^T's
+  blocks load as they are stored; X rows of TILE_K floats), fp32 throughout;
 - a barrier before the next step overwrites the tiles.
 
-Each weight row is unpacked once per TILE_M rows of x instead of once per row. Thread (s, l)
-then computes and stores the outputs of its 4 rows (the epilogue may use the sum like any row
-value), each fp32 sum of TILE_K-long stretches.
+Each weight row is unpacked once per TILE_M rows of x instead of once per row. Each lane then
+computes and stores the outputs of its two elements of each of its blocks (the epilogue may use
+the sum like any row value).
 """
 from __future__ import annotations
 
@@ -33,6 +32,7 @@ from .. import ir
 from ..graph import Node, Op, strip_casts, topo_order
 from . import reduce
 from .base import IDX
+from .fragments import FRAG, frag, lane_place, mat_load, mma, unrolled, zero
 from .lower import as_float
 
 if TYPE_CHECKING:
@@ -41,10 +41,11 @@ if TYPE_CHECKING:
 TILE_M, TILE_N, TILE_K = 32, 32, 32
 THREADS = 256                                   # 8 simdgroups
 SIMDGROUPS = THREADS // 32
-ROWS_PER_THREAD = TILE_M // SIMDGROUPS          # rows of x each thread sums (4)
 STAGE_TRIPS = TILE_N * TILE_K // THREADS        # tile values each thread stages (4)
 W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no bank conflicts
 X_VECTORS = TILE_K // 4                         # float4s per staged row of x
+BLOCKS = TILE_M * TILE_N // (FRAG * FRAG) // SIMDGROUPS   # 8x8 output blocks a simdgroup (2)
+BLOCK_COLS = TILE_N // FRAG                     # 8x8 blocks across a tile row (4)
 
 
 def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
@@ -92,11 +93,14 @@ def header(b: "_Builder") -> list[ir.Stmt]:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
                         * b.size(m_axis))]
-    return out + [
-        ir.ArrayDecl("mf_acc", "float", ROWS_PER_THREAD),
-        ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
-            ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i")), ir.Lit(0.0, "float"))],
-            unroll=True)]
+    first = ir.Var("mf_sg") * _u(BLOCKS)
+    return out + lane_place(ir.Var("mf_lane")) + [
+        ir.Comment(f"the simdgroup's {BLOCKS} blocks of 8x8 outputs: block row mf_bm, block "
+                   f"columns mf_bn + j (j < {BLOCKS}); their sums"),
+        ir.Decl("mf_bm", "uint", first / _u(BLOCK_COLS)),
+        ir.Decl("mf_bn", "uint", first % _u(BLOCK_COLS)),
+        ir.ArrayDecl("mf_acc", "float2", BLOCKS),
+        unrolled("mf_j", BLOCKS, [ir.Assign(frag("mf_acc", ir.Var("mf_j")), zero())])]
 
 
 def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
@@ -132,62 +136,57 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
     stage_x = stage(b, x, ir.Lane(x4, lane % _u(4)), [
         ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
         in_k.and_(ir.Var("mf_m") < b.size(m_axis)))
-    kk, c, i = ir.Var("mf_kk"), ir.Var("mf_c"), ir.Var("mf_i")
-    mine = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + i
-    acc = ir.Lane(ir.Var("mf_acc"), i)
-    xv = ir.Lane(ir.Var("mf_x4"), i)
-    w_at = ir.Lane(ir.Var("mf_ws"), (kk * _u(4) + c) * _u(W_STRIDE) + lane)
+    kb, j = ir.Var("mf_kb"), ir.Var("mf_j")
+    acc = frag("mf_acc", j)
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
         stage_w,
         ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
         stage_x,
         ir.Barrier(),
-        ir.Comment(f"each thread: weight row mf_lane times its {ROWS_PER_THREAD} rows, 4 values "
-                   "of k at a time"),
-        ir.For("mf_kk", "uint", _u(0), _u(X_VECTORS), [
-            ir.ArrayDecl("mf_x4", "float4", ROWS_PER_THREAD),
-            ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
-                ir.Assign(xv, ir.Lane(ir.Var("mf_xs"), mine * _u(X_VECTORS) + kk))],
-                unroll=True),
-            ir.For("mf_c", "uint", _u(0), _u(4), [
-                ir.Decl("mf_w", "float", w_at),
-                ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
-                    ir.Assign(acc, ir.Call("fma", (ir.Lane(xv, c), ir.Var("mf_w"), acc)))],
-                    unroll=True)], unroll=True)], unroll=True),
+        ir.Comment("each block += X's 8 rows x W^T's 8 columns, 8 values of k a product"),
+        unrolled("mf_kb", TILE_K // FRAG, [
+            ir.Decl("mf_a", "float2", mat_load("mf_xsf", TILE_K, kb * _u(FRAG),
+                                               ir.Var("mf_bm") * _u(FRAG))),
+            unrolled("mf_j", BLOCKS, [ir.Assign(acc, mma(ir.Var("mf_a"), mat_load(
+                "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * _u(FRAG), kb * _u(FRAG)), acc))])]),
         ir.Barrier()]
 
 
 def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
-    """Each of the thread's rows: its outputs at (row mf_m, weight row mf_n), where both exist."""
+    """The lane's two elements of each of the simdgroup's blocks: the outputs at (row mf_m,
+    weight row mf_n), where both exist."""
     n_axis, m_axis = b.rows_axis, b.prefix[-1]
-    red = reduce.Reduction(b.red, "sum", b.axis, 1,
-                           acc_at=ir.Lane(ir.Var("mf_acc"), ir.Var("mf_i")))
+    j, i = ir.Var("mf_j"), ir.Var("mf_i")
+    red = reduce.Reduction(b.red, "sum", b.axis, 1, acc_at=frag("mf_acc", j, i))
     rv = v.row_values
     rv.values[b.red] = red.acc_ref
     stmts = rv.lower([o.node for o in b.graph.outputs])
     stores: list[ir.Stmt] = []
     for k, o in enumerate(b.graph.outputs):
         off: ir.Expr = _i(0)
-        for i, a in enumerate(o.axes):
+        for n, a in enumerate(o.axes):
             p = b.at(a, _i(0), False)
-            off = p if i == 0 else off * b.size(a) + p
+            off = p if n == 0 else off * b.size(a) + p
         stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
-    row = ir.Var("mf_sg") * _u(ROWS_PER_THREAD) + ir.Var("mf_i")
+    row = ir.Var("mf_bm") * _u(FRAG) + ir.Var("mf_mr")
+    col = (ir.Var("mf_bn") + j) * _u(FRAG) + ir.Var("mf_mc") + i
     real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
-    return [ir.Comment("each of the thread's rows: the outputs, where the row and weight row "
-                       "exist"),
-            ir.For("mf_i", "uint", _u(0), _u(ROWS_PER_THREAD), [
-                ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)),
-                ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_lane"))),
-                ir.If(real, stmts + stores)], unroll=True)]
+    return [ir.Comment("the lane's elements of its blocks: the outputs, where the row and "
+                       "weight row exist"),
+            ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)),
+            unrolled("mf_j", BLOCKS, [unrolled("mf_i", 2, [
+                ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, col)),
+                ir.If(real, stmts + stores)])])]
 
 
 def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
     """The kernel's statements (the builder's M position is mf_m while they are lowered)."""
+    b.helpers |= {"mf_mma", "mf_mat_load"}
     v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
                     ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")]
-    head = header(b)
+    head = header(b) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
+        "reinterpret_cast<threadgroup float*>", (ir.Var("mf_xs"),)), const=False)]
     loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x), step=_i(TILE_K))
     finish = store(b, v)
     return list(v.tg_arrays) + head + v.pre + [

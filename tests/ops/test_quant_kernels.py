@@ -411,9 +411,12 @@ def test_tiled_kernel_text():
     qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
     assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float4 mf_xs[256];" in qmm
     assert qmm.count("threadgroup_barrier") == 2
-    # weights k-major in rows of 33 floats (no bank conflicts), x read 4 values of k at once
-    assert "mf_ws[(mf_kk * 4u + mf_c) * 33u + mf_lane]" in qmm
-    assert "mf_x4[mf_i] = mf_xs[(mf_sg * 4u + mf_i) * 8u + mf_kk];" in qmm
+    # weights staged k-major in rows of 33 floats (no bank conflicts): W^T's 8x8 blocks load as
+    # stored; each simdgroup's two output blocks as simdgroup_matrix products, 8 values of k
+    assert "mf_ws[mf_lane * 33u + mf_row] = mf_staged;" in qmm
+    assert "const float2 mf_a = mf_mat_load(mf_xsf, 32u, mf_kb * 8u, mf_bm * 8u);" in qmm
+    assert ("mf_acc[mf_j] = mf_mma(mf_a, mf_mat_load(mf_ws, 33u, (mf_bn + mf_j) * 8u, "
+            "mf_kb * 8u), mf_acc[mf_j]);") in qmm
 
 
 def test_check_covers_the_tiled_kernel():

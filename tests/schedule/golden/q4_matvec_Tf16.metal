@@ -1,6 +1,28 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// the calling lane's two elements (thread_elements()) of the 8x8 float matrix at column x, row
+// y of a threadgroup array with `stride` floats a row: a simdgroup_load, so every lane of the
+// simdgroup calls it together
+inline float2 mf_mat_load(const threadgroup float* p, uint stride, uint x, uint y) {
+    simdgroup_float8x8 mf_m;
+    simdgroup_load(mf_m, p, ulong(stride), ulong2(x, y));
+    return mf_m.thread_elements();
+}
+
+// d = a x b + c over 8x8 float matrices, each passed as the calling lane's two elements
+// (thread_elements(): row ((lane / 4) & 4) + (lane / 2) % 4, columns ((lane / 4) & 2) * 2 +
+// (lane % 2) * 2 and the next); a simdgroup_matrix product, so every lane of the simdgroup
+// calls it together
+inline float2 mf_mma(float2 a, float2 b, float2 c) {
+    simdgroup_float8x8 mf_a, mf_b, mf_c;
+    mf_a.thread_elements() = a;
+    mf_b.thread_elements() = b;
+    mf_c.thread_elements() = c;
+    simdgroup_multiply_accumulate(mf_c, mf_a, mf_b, mf_c);
+    return mf_c.thread_elements();
+}
+
 // 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
 // 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,
 // mf_lane8 gives one element, mf_pack8_of builds one to store.
@@ -309,10 +331,17 @@ kernel void mf_q4_matvec_qmm(
     const mf_index_t mf_m_tiles = (mf_size_M + 31u) / 32u;
     const mf_index_t mf_n0 = mf_tile % mf_n_tiles * 32u;
     const mf_index_t mf_m0 = mf_tile / mf_n_tiles % mf_m_tiles * 32u;
-    float mf_acc[4];
-    for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
-        mf_acc[mf_i] = 0.0f;
+    // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1
+    const uint mf_mr = (mf_lane / 4u & 4u) + mf_lane / 2u % 4u;
+    const uint mf_mc = (mf_lane / 4u & 2u) * 2u + mf_lane % 2u * 2u;
+    // the simdgroup's 2 blocks of 8x8 outputs: block row mf_bm, block columns mf_bn + j (j < 2); their sums
+    const uint mf_bm = mf_sg * 2u / 4u;
+    const uint mf_bn = mf_sg * 2u % 4u;
+    float2 mf_acc[2];
+    for (uint mf_j = 0u; mf_j < 2u; ++mf_j) {
+        mf_acc[mf_j] = float2(0.0f);
     }
+    threadgroup float* mf_xsf = reinterpret_cast<threadgroup float*>(mf_xs);
     // along 'K' in steps of 32 values
     for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 32u) {
         // the weight tile: 32 rows x 32 values, dequantized to fp32
@@ -346,27 +375,23 @@ kernel void mf_q4_matvec_qmm(
             mf_xs[mf_row * 8u + mf_lane / 4u][mf_lane % 4u] = mf_staged;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        // each thread: weight row mf_lane times its 4 rows, 4 values of k at a time
-        for (uint mf_kk = 0u; mf_kk < 8u; ++mf_kk) {
-            float4 mf_x4[4];
-            for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
-                mf_x4[mf_i] = mf_xs[(mf_sg * 4u + mf_i) * 8u + mf_kk];
-            }
-            for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-                const float mf_w = mf_ws[(mf_kk * 4u + mf_c) * 33u + mf_lane];
-                for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
-                    mf_acc[mf_i] = fma(mf_x4[mf_i][mf_c], mf_w, mf_acc[mf_i]);
-                }
+        // each block += X's 8 rows x W^T's 8 columns, 8 values of k a product
+        for (uint mf_kb = 0u; mf_kb < 4u; ++mf_kb) {
+            const float2 mf_a = mf_mat_load(mf_xsf, 32u, mf_kb * 8u, mf_bm * 8u);
+            for (uint mf_j = 0u; mf_j < 2u; ++mf_j) {
+                mf_acc[mf_j] = mf_mma(mf_a, mf_mat_load(mf_ws, 33u, (mf_bn + mf_j) * 8u, mf_kb * 8u), mf_acc[mf_j]);
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    // each of the thread's rows: the outputs, where the row and weight row exist
-    for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
-        const mf_index_t mf_m = mf_m0 + mf_index_t(mf_sg * 4u + mf_i);
-        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_lane);
-        if (mf_m < mf_size_M && mf_n < mf_size_N) {
-            mf_out[mf_m * mf_size_N + mf_n] = T(mf_acc[mf_i]);
+    // the lane's elements of its blocks: the outputs, where the row and weight row exist
+    const mf_index_t mf_m = mf_m0 + mf_index_t(mf_bm * 8u + mf_mr);
+    for (uint mf_j = 0u; mf_j < 2u; ++mf_j) {
+        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+            const mf_index_t mf_n = mf_n0 + mf_index_t((mf_bn + mf_j) * 8u + mf_mc + mf_i);
+            if (mf_m < mf_size_M && mf_n < mf_size_N) {
+                mf_out[mf_m * mf_size_N + mf_n] = T(mf_acc[mf_j][mf_i]);
+            }
         }
     }
 }
