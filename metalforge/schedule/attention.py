@@ -71,10 +71,10 @@ from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from ..reference import evaluate_expressions
 from . import reduce
+from .attention_matrix import prefill_kernel
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
-from .attention_matrix import prefill_kernel
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -202,6 +202,7 @@ NARROW_LANES = 16
 # The simdgroup_matrix prefill kernel (attention_matrix.py): query rows per threadgroup, 8 a
 # simdgroup
 MATRIX_ROWS = 32
+MATRIX_GROUP = SIMD_WIDTH * MATRIX_ROWS // 8
 
 
 def lanes_per_key(e: int, per_lane: int) -> int:
@@ -275,7 +276,7 @@ class AttentionSchedule(Schedule):
         """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile;
         the prefill kernel: one per 8 rows)."""
         if sizes is not None and self._prefill(sizes):
-            return SIMD_WIDTH * MATRIX_ROWS // 8
+            return MATRIX_GROUP
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def _narrow(self, sizes: Mapping[str, int]) -> bool:
@@ -436,7 +437,7 @@ class AttentionSchedule(Schedule):
         if self.merge is not None and host_name == self.merge.host_name:
             return SIMD_WIDTH * MERGE_SIMDGROUPS
         if self.prefill is not None and host_name == self.prefill.host_name:
-            return SIMD_WIDTH * MATRIX_ROWS // 8
+            return MATRIX_GROUP
         return self._group()
 
 
@@ -1205,21 +1206,18 @@ class _Builder(reduce.Builder):
         f = self.form
         tiles = (self.span(self.tile_axes) + ir.Lit(self.qt - 1, IDX)) / ir.Lit(self.qt, IDX)
         if what:
-            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
-                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {what}")
+            what = f"; {what}"
         elif self.policy.stage_kv:
-            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
-                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; "
-                    f"the group stages tiles of mf_kt keys of K and V in threadgroup memory, "
-                    f"the simdgroups split each tile's keys")
+            what = (", a simdgroup per row; the group stages tiles of mf_kt keys of K and V in "
+                    "threadgroup memory, the simdgroups split each tile's keys")
         else:
-            what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of "
-                    f"mf_own, keys [mf_l0, mf_l1) of block mf_block; {nsg} simdgroups take "
-                    f"turns over steps of keys; "
+            what = (f"; {nsg} simdgroups take turns over steps of keys; "
                     + ("each lane scores a key of its own; for the values, " if
                        self.policy.lane_scores else "")
                     + f"a key's E elements are spread over mf_w lanes, {self.epl} "
                     f"consecutive ones each")
+        what = (f"threadgroup: query rows mf_tile * {self.qt} + t (t < {self.qt}) of mf_own, "
+                f"keys [mf_l0, mf_l1) of block mf_block{what}")
         head: list[ir.Stmt] = [
             ir.Comment(what),
             ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_splits")),

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Optional
 from .. import ir
 from ..graph import Node, Op, strip_casts
 from .base import IDX, make_kernel
-from .lower import as_float, compute_type
 from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
+from .lower import as_float, compute_type
 from .policy import SIMD_WIDTH
 
 if TYPE_CHECKING:
