@@ -16,6 +16,9 @@ SWEEP: dict[str, tuple[int, ...]] = {
     "rows_per_group": (1, 2, 4, 8),
     "reads_per_thread": (2, 4, 8),
     "k_splits": (1, 2, 4, 8),
+    # attention: the simdgroup_matrix prefill kernel or not (Apple GPUs multiply float 8x8
+    # matrices in hardware, the cuda backend emulates them: 2x slower there, bench/README.md)
+    "matrix_rows": (0, 32),
 }
 
 
