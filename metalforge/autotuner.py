@@ -5,9 +5,10 @@ against the reference, time them where timings mean something, and remember the 
     print(result)                                  # every candidate, its time, the winner
     rms_norm(x, w)                                 # later calls use the winner automatically
 
-On MPS each candidate is warmed up, then timed as the median of repeated samples, each sample
-a batch of launches between two `torch.mps.synchronize()` calls; the winner is stored in the
-autotune cache (see `metalforge.tuning.cache`). On the simulator every candidate is run and
+On MPS and CUDA each candidate is warmed up, then timed as the median of repeated samples,
+each sample a batch of launches between two `torch.mps.synchronize()` (`torch.cuda.
+synchronize()`) calls; the winner is stored in the autotune cache (see
+`metalforge.tuning.cache`), keyed by the GPU's name. On the simulator every candidate is run and
 checked, but nothing is timed or stored: CPU timings of a simulated GPU say nothing about the
 GPU, so the result is the default configuration.
 
@@ -38,7 +39,10 @@ from .tuning.cache import TuneKey, default_cache, device_name, key_for
 from .tuning.launch import NOT_TUNED, check_options, merge
 from .tuning.sweep import grid
 
-TIMED_BACKENDS = ("mps",)
+# the backends that run on a GPU, and how to wait for it
+SYNC: dict[str, Callable[[], Any]] = {"mps": lambda: torch.mps.synchronize(),
+                                     "cuda": lambda: torch.cuda.synchronize()}
+TIMED_BACKENDS = tuple(SYNC)
 
 
 @dataclass
@@ -125,9 +129,10 @@ def median_time(call: Callable[[], Any], sync: Callable[[], Any], *, warmup: int
 def _timer(backend: str, warmup: int, repeats: int) -> Optional[Callable[[Callable], float]]:
     """How to time one candidate's bare launch on this backend; None where timings are not
     meaningful (the simulator)."""
-    if backend not in TIMED_BACKENDS:
+    sync = SYNC.get(backend)
+    if sync is None:
         return None
-    return lambda call: median_time(call, torch.mps.synchronize, warmup=warmup, repeats=repeats)
+    return lambda call: median_time(call, sync, warmup=warmup, repeats=repeats)
 
 
 class _Progress:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+import torch
+
 from ..cache import CacheWarning, configured_root, locked, temp_name
 from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam
 from ..schedule.policy import TUNABLE
@@ -71,6 +73,8 @@ def device_name(backend: str) -> str:
     if name is None:
         if backend == "mps":
             name = _apple_chip() or f"Apple GPU ({platform.machine()})"
+        elif backend == "cuda" and torch.cuda.is_available():
+            name = torch.cuda.get_device_name()
         else:
             name = f"metalforge-{backend}"
         _DEVICE[backend] = name

@@ -398,3 +398,17 @@ def test_two_threads_call_one_kernel_concurrently():
             torch.testing.assert_close(y, a * x)
             ref = torch.nn.functional.rms_norm(xs, (4099,), w, eps=1e-6 * (i + 1))
             torch.testing.assert_close(r, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_autotune_times_candidates_on_cuda():
+    """CUDA is a GPU: autotune times every candidate (here attention's prefill with and without
+    its simdgroup_matrix kernel) and keeps the fastest, keyed by the GPU's name."""
+    attention = _module(EXAMPLES[0].parent / "attention.py").attention
+    q, k, v = (torch.randn(1, 8, 128, 64, device="cuda", dtype=torch.float16)
+               for _ in range(3))
+    r = mf.autotune(attention, q, k, v, 0.125, candidates=[{"matrix_rows": 0}],
+                    progress=False, save=False)
+    ok = [t for t in r.trials if t.status == "ok"]
+    assert r.timed and len(ok) == 2 and all(t.seconds and t.seconds > 0 for t in ok)
+    assert r.best == min(ok, key=lambda t: t.seconds).launch
+    assert r.device == torch.cuda.get_device_name()
