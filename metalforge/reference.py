@@ -14,6 +14,7 @@ first index of the extreme value or of the first NaN, integer sums are int64.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -75,10 +76,32 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     adjust(node, input, result) may replace each reduction's result (testing uses it to see how
     far the outputs move when a sum is off by its allowed rounding error)."""
     ev = _Evaluator(graph, values, adjust)
+    ev.fused = {x for x in _summed_products(graph)
+                if math.prod(ev.sizes[a] for a in x.axes) > FUSED_ELEMENTS}
     for n in graph.nodes():
-        ev.val[n] = ev.fp32(ev.node(n), n.dtype)
+        if n not in ev.fused:
+            ev.val[n] = ev.fp32(ev.node(n), n.dtype)
     outs = [ev.output(o) for o in graph.outputs]
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# A float product whose only use is a float sum is evaluated with that sum, a slice of the
+# other axes at a time, once it has more elements than this (attention's q * k over [B, G, R,
+# S, L, E] is 32 GiB at 32 heads, S = L = 1024, E = 128): the same products rounded to fp32 and
+# the same float64 sums, in bounded memory.
+FUSED_ELEMENTS = 1 << 25
+
+
+def _summed_products(graph: Graph) -> list[Node]:
+    """The float products whose only use is as the argument of a float sum (not an output)."""
+    uses: dict[Node, int] = {}
+    for n in graph.nodes():
+        for a in n.args:
+            uses[a] = uses.get(a, 0) + 1
+    outputs = {o.node for o in graph.outputs}
+    return [r.args[0] for r in graph.nodes() if r.op == Op.REDUCE and r.attr[0] == "sum"
+            and r.dtype.is_float and r.args[0].op == Op.BINARY and r.args[0].attr == "mul"
+            and r.args[0].dtype.is_float and uses[r.args[0]] == 1 and r.args[0] not in outputs]
 
 
 def evaluate_expressions(graph: Graph, nodes: list[Node], sizes: Mapping[str, int],
@@ -109,6 +132,7 @@ class _Evaluator:
         self.device = next((t.device for t in self.tensors.values()), torch.device("cpu"))
         self.fdt = torch.float32 if self.device.type == "mps" else torch.float64
         self.val: dict[Node, torch.Tensor] = {}
+        self.fused: set[Node] = set()           # products evaluated inside their sums
 
     @classmethod
     def at_sizes(cls, graph: Graph, sizes: Mapping[str, int],
@@ -117,6 +141,7 @@ class _Evaluator:
         ev = cls.__new__(cls)
         ev.graph, ev.values, ev.adjust, ev.tensors = graph, dict(scalars), None, {}
         ev.sizes, ev.device, ev.fdt, ev.val = dict(sizes), torch.device("cpu"), torch.float64, {}
+        ev.fused = set()
         return ev
 
     # -- types --------------------------------------------------------------------------
@@ -160,6 +185,8 @@ class _Evaluator:
     # -- nodes --------------------------------------------------------------------------
     def node(self, n: Node) -> torch.Tensor:
         ct, dev, sizes = self.eval_dtype(n.dtype), self.device, self.sizes
+        if n.op == Op.REDUCE:                   # (its argument may be a product left unmade)
+            return self.reduce(n, ct)
         args = [self.val[a] for a in n.args]
         if n.op == Op.LOAD:
             axes = self.graph.tensor(n.attr).axes
@@ -191,15 +218,34 @@ class _Evaluator:
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
                          f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
-        if n.op == Op.REDUCE:
-            return self.reduce(n, ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         kind, axis = n.attr
         x = n.args[0]
+        if x in self.fused:
+            return self.fused_sum(n, ct)
         r = self.wrap(_REDUCE[kind](self.val[x], dim=x.axes.index(axis)).to(ct), n.dtype)
         return self.adjust(n, self.val[x], r) if self.adjust is not None else r
+
+    def fused_sum(self, n: Node, ct: torch.dtype) -> torch.Tensor:
+        """sum(a * b) without the whole product: slices along the longest other axis, each
+        product rounded to fp32 and summed (and adjusted) as `reduce` does the whole."""
+        x = n.args[0]
+        dim = x.axes.index(n.attr[1])
+        other = [i for i in range(len(x.axes)) if i != dim]
+        along = max(other, key=lambda i: self.sizes[x.axes[i]])
+        size = self.sizes[x.axes[along]]
+        step = max(1, FUSED_ELEMENTS * size // math.prod(self.sizes[a] for a in x.axes))
+        args = self.common([self.align(a, x.axes) for a in x.args])
+        parts = []
+        for s0 in range(0, size, step):
+            cut = [a.narrow(along, s0, min(step, size - s0)) if a.shape[along] > 1 else a
+                   for a in args]
+            p = self.fp32(self.wrap(torch.mul(*cut).to(ct), x.dtype), x.dtype)
+            r = self.wrap(torch.sum(p, dim=dim).to(ct), n.dtype)
+            parts.append(self.adjust(n, p, r) if self.adjust is not None else r)
+        return torch.cat(parts, dim=along - (along > dim))
 
     def output(self, o: Output) -> torch.Tensor:
         n = o.node

@@ -224,3 +224,39 @@ def test_float_values_have_fp32_range_like_torch():
     close(rms_norm(x, w, eps=0.0), want)
     big = torch.tensor([[3e19, 1e19]])                          # x * x overflows to inf
     close(rms_norm.reference(big, w, eps=0.0), F.rms_norm(big, (2,), w, eps=0.0))
+
+
+@mf.kernel
+def gqa_attention(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", scale: float):
+    s = mf.sum(q * k, axis="E") * scale
+    s = mf.where(mf.index("L") <= mf.index("S") + mf.size("L") - mf.size("S"), s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.float16])
+def test_summed_products_evaluated_in_slices(dt, monkeypatch):
+    """A product that only feeds a sum (attention's q * k and p * v) is evaluated with the sum,
+    a slice of the other axes at a time, past FUSED_ELEMENTS elements: the same outputs, and the
+    same moved references testing derives (each slice's sum adjusted as the whole's was)."""
+    from metalforge import reference
+    from metalforge.testing.check import moved_references
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 6, 7, 24, generator=g).to(dt)
+    k, v = (torch.randn(2, 3, 11, 24, generator=g).to(dt) for _ in range(2))
+    values = {"q": q, "k": k, "v": v, "scale": 0.2}
+    graph = gqa_attention.graph(q, k, v, 0.2)
+    whole = reference.evaluate(graph, values)
+    moved = moved_references(graph, values)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.2,
+                                          attn_mask=torch.ones(7, 11).bool().tril(4),
+                                          enable_gqa=True).to(dt)
+    torch.testing.assert_close(whole, want, rtol=2e-3, atol=2e-3)
+    sliced = []
+    monkeypatch.setattr(reference, "FUSED_ELEMENTS", 50)           # q * k: 2 x 3 x 2 x 7 x 11 x 24
+    real = reference._Evaluator.fused_sum
+    monkeypatch.setattr(reference._Evaluator, "fused_sum",
+                        lambda self, n, ct: sliced.append(n) or real(self, n, ct))
+    torch.testing.assert_close(reference.evaluate(graph, values), whole, rtol=0, atol=0)
+    assert len(sliced) == 2                          # both contractions
+    for a, b in zip(moved_references(graph, values), moved):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
