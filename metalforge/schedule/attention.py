@@ -79,6 +79,7 @@ from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 NEG_INF = ir.Lit(float("-inf"), "float")
+MACC = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))     # a merged accumulator at the lane's slot
 
 
 @dataclass(frozen=True)
@@ -1059,18 +1060,18 @@ class _Builder(reduce.Builder):
                 self.keys([self.each_row([self.elements(f.values, body + [
                     ir.Assign(acc, acc + p * _float(vals.value(f.values), f.values))])])])]
 
-    def epilogue(self) -> ir.Stmt:
-        """The outputs at the lane's E elements: the merged acc / d through the work after the
-        sum."""
+    def epilogue(self, acc: ir.Expr = MACC,
+                 each: Optional[Callable[[list[ir.Stmt]], ir.Stmt]] = None) -> ir.Stmt:
+        """The outputs at the lane's E elements (`each`: the loop over them declaring mf_e;
+        lanes() unless given): the merged acc / d through the work after the sum."""
         f = self.form
         low = self.lowering("mf_o")
-        low.values[f.out] = ir.Cast(compute_type(f.out.dtype),
-                                    ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")) / ir.Var("mf_md"))
+        low.values[f.out] = ir.Cast(compute_type(f.out.dtype), acc / ir.Var("mf_md"))
         body = low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
         for k, o in enumerate(self.graph.outputs):
             body.append(ir.Store(self.out_names[k], self.offset(o.axes), self.out_value(k, low)))
-        return self.lanes(body)
+        return (each or self.lanes)(body)
 
     # -- online-softmax states: per key stream, merged -----------------------------------
     def state(self) -> list[ir.Stmt]:
@@ -1178,25 +1179,31 @@ class _Builder(reduce.Builder):
                       self.merge_shared(nsg, emax) + [self.write_row()]),
                 ir.Barrier()])]
 
-    def write_row(self) -> ir.Stmt:
-        """Row mf_t's merged state (mf_mm, mf_md, mf_macc at the lane's E elements): the
-        outputs when the keys are one block, else the block's state in the scratch buffer."""
+    def write_row(self, acc: ir.Expr = MACC,
+                  each: Optional[Callable[[list[ir.Stmt]], ir.Stmt]] = None,
+                  first: Optional[ir.Expr] = None) -> ir.Stmt:
+        """The row's merged state (mf_mm, mf_md, `acc` at the lane's E elements, which `each`
+        loops over: lanes() unless given): the outputs when the keys are one block, else the
+        block's state in the scratch buffer (m and d stored where `first`, lane 0 unless
+        given)."""
         partial = ir.Var("mf_partial")
         row_id = self.offset(self.rows)
+        each = each or self.lanes
+        if first is None:
+            first = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
         return ir.If(ir.Var("mf_splits").eq(ir.Lit(1, "uint")), [
             ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
-                       "softmax gives)"), self.epilogue()], [
+                       "softmax gives)"), self.epilogue(acc, each)], [
             ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
                        "kernel"),
             ir.Decl("mf_partial", IDX, (row_id * ir.Cast(IDX, ir.Var("mf_splits"))
                                         + ir.Cast(IDX, ir.Var("mf_block")))
                     * ir.Lit(self.scratch_e + 2, IDX)),
-            ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")), [
+            ir.If(first, [
                 ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
                 ir.Store("mf_scratch", partial + ir.Lit(1, IDX), ir.Var("mf_md"))]),
-            self.lanes([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
-                                 + ir.Cast(IDX, ir.Var("mf_e")),
-                                 ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j")))])])
+            each([ir.Store("mf_scratch", partial + ir.Lit(2, IDX) + ir.Cast(IDX, ir.Var("mf_e")),
+                           acc)])])
 
     def group_head(self, nsg: int, what: str = "") -> list[ir.Stmt]:
         """Which tile of query rows (mf_own, mf_tile) and block of keys [mf_l0, mf_l1) the

@@ -168,24 +168,24 @@ def fragment_scores(b: "_Builder", k: Node, dmax: int) -> list[ir.Stmt]:
     kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
     kf, sdot = frag("mf_kf", i), ir.Var("mf_sdot")
     kt_el = tile_element(b, k, kb * u(FRAG) + ir.Var("mf_mc") + i,
-                              d * u(FRAG) + ir.Var("mf_mr"), "mf_k")
+                         d * u(FRAG) + ir.Var("mf_mr"), "mf_k")
     b.dot_of = {b.form.contractions[0]: ir.Lane(sdot, i)}
     s_body, s_value = b.score()
     sf = frag("mf_sf", kb, i)
     key_of = kb * u(FRAG) + ir.Var("mf_mc") + i
-    scored: list[ir.Stmt] = [ir.Decl("mf_u", UINT, key_of),
-              ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
-              ir.Assign(sf, NEG_INF),
-              ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(ir.Var("mf_live")),
-                    s_body + [ir.Assign(sf, s_value)])]
+    scored: list[ir.Stmt] = [
+        ir.Decl("mf_u", UINT, key_of),
+        ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+        ir.Assign(sf, NEG_INF),
+        ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(ir.Var("mf_live")),
+              s_body + [ir.Assign(sf, s_value)])]
     e_blocks = ir.Cast(IDX, d * u(FRAG)) < b.size(b.form.e)
     return [
         ir.Comment("scores: S = Q x K^T over E in blocks of 8, 8 keys at a time, then the "
                    "score's elementwise work on the lane's two"),
         ir.ArrayDecl("mf_sf", "float2", b.kt_max // FRAG),
         unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
-            ir.Decl("mf_sdot", "float2", zero(),
-                    const=False),
+            ir.Decl("mf_sdot", "float2", zero(), const=False),
             unrolled("mf_d", dmax, [ir.If(e_blocks, [
                 ir.Decl("mf_kf", "float2", None, const=False),
                 unrolled("mf_i", 2, kt_el + [ir.Assign(kf, ir.Var("mf_x"))]),
@@ -232,7 +232,7 @@ def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
     of = frag("mf_of", d)
     v_el = tile_element(b, b.form.values, kb * u(FRAG) + ir.Var("mf_mr"),
-                             d * u(FRAG) + ir.Var("mf_mc") + i, "mf_v")
+                        d * u(FRAG) + ir.Var("mf_mc") + i, "mf_v")
     e_blocks = ir.Cast(IDX, d * u(FRAG)) < b.size(b.form.e)
     return [
         ir.Comment("the values: O += P x V in blocks of 8 keys and 8 elements of E"),
@@ -240,43 +240,22 @@ def fragment_values(b: "_Builder", dmax: int) -> list[ir.Stmt]:
             unrolled("mf_kb", b.kt_max // FRAG, [ir.If(kb * u(FRAG) < ir.Var("mf_tn"), [
                 ir.Decl("mf_vf", "float2", None, const=False),
                 unrolled("mf_i", 2, v_el + [ir.Assign(frag("mf_vf", i), ir.Var("mf_x"))]),
-                ir.Assign(of, ir.Call("mf_mma", (frag("mf_sf", kb), ir.Var("mf_vf"),
-                                                 of)))])])])])]
+                ir.Assign(of, mma(frag("mf_sf", kb), ir.Var("mf_vf"), of))])])])])]
 
 
 def fragment_write(b: "_Builder", dmax: int) -> list[ir.Stmt]:
-    """The row's sum over its four lanes, then each lane's elements of O: the outputs
-    (O / d through the work after the sum) when the keys are one block, else the block's
-    state (m, d, O) in the scratch buffer for the merge kernel."""
-    f = b.form
+    """The row's sum over its four lanes, then the lane's elements of O written as the decode
+    kernels write a row (write_row): the outputs, or the block's state for the merge kernel
+    (m and d by the row's first lane)."""
     d, i = ir.Var("mf_d"), ir.Var("mf_i")
     md = ir.Var("mf_md")
-    of = frag("mf_of", d, i)
 
     def each(body: list[ir.Stmt]) -> ir.Stmt:
         return unrolled("mf_d", dmax, [unrolled("mf_i", 2, [
             ir.Decl("mf_e", UINT, d * u(FRAG) + ir.Var("mf_mc") + i),
-            ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(f.e)),
+            ir.If(ir.Var("mf_live").and_(ir.Cast(IDX, ir.Var("mf_e")) < b.size(b.form.e)),
                   body)])])
-    low = b.lowering("mf_o")
-    low.values[f.out] = ir.Cast(compute_type(f.out.dtype), of / md)
-    outs = low.lower([o.node for o in b.graph.outputs])
-    b.helpers |= low.helpers
-    for k, o in enumerate(b.graph.outputs):
-        outs.append(ir.Store(b.out_names[k], b.offset(o.axes), b.out_value(k, low)))
-    partial = ir.Var("mf_partial")
     return [
         ir.Comment("the row's sum over its four lanes"),
         *[ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, u(off)))) for off in (1, 8)],
-        ir.If(ir.Var("mf_splits").eq(u(1)), [
-            ir.Comment("one block: outputs = O / d (all keys masked: 0 / 0 = NaN, as "
-                       "softmax gives)"), each(outs)], [
-            ir.Comment("several blocks: this block's state (m, d, O) for the merge kernel"),
-            ir.Decl("mf_partial", IDX, (b.offset(b.rows) * ir.Cast(
-                IDX, ir.Var("mf_splits")) + ir.Cast(IDX, ir.Var("mf_block")))
-                * ir.Lit(b.scratch_e + 2, IDX)),
-            ir.If(ir.Var("mf_live").and_(ir.Var("mf_mc").eq(u(0))), [
-                ir.Store("mf_scratch", partial, ir.Var("mf_mm")),
-                ir.Store("mf_scratch", partial + ir.Lit(1, IDX), md)]),
-            each([ir.Store("mf_scratch", partial + ir.Lit(2, IDX)
-                           + ir.Cast(IDX, ir.Var("mf_e")), of)])])]
+        b.write_row(frag("mf_of", d, i), each, ir.Var("mf_live").and_(ir.Var("mf_mc").eq(u(0))))]

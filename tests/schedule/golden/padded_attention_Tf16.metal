@@ -1358,7 +1358,7 @@ template <typename T, typename mf_index_t>
     mf_md = mf_md + simd_shuffle_xor(mf_md, 1u);
     mf_md = mf_md + simd_shuffle_xor(mf_md, 8u);
     if (mf_splits == 1u) {
-        // one block: outputs = O / d (all keys masked: 0 / 0 = NaN, as softmax gives)
+        // one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)
         for (uint mf_d = 0u; mf_d < 16u; ++mf_d) {
             for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                 const uint mf_e = mf_d * 8u + mf_mc + mf_i;
@@ -1368,7 +1368,7 @@ template <typename T, typename mf_index_t>
             }
         }
     } else {
-        // several blocks: this block's state (m, d, O) for the merge kernel
+        // several blocks: this block's state (m, d, acc[E]) for the merge kernel
         const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
         if (mf_live && mf_mc == 0u) {
             mf_scratch[mf_partial] = mf_mm;
