@@ -221,12 +221,15 @@ class _Evaluator:
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
-        kind, axis = n.attr
         x = n.args[0]
-        if x in self.fused:
-            return self.fused_sum(n, ct)
-        r = self.wrap(_REDUCE[kind](self.val[x], dim=x.axes.index(axis)).to(ct), n.dtype)
-        return self.adjust(n, self.val[x], r) if self.adjust is not None else r
+        return self.fused_sum(n, ct) if x in self.fused else self.reduced(n, self.val[x], ct)
+
+    def reduced(self, n: Node, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+        """Reduction `n` of its argument's value `x` (or a slice of it along another axis),
+        adjusted where an `adjust` is given."""
+        kind, axis = n.attr
+        r = self.wrap(_REDUCE[kind](x, dim=n.args[0].axes.index(axis)).to(ct), n.dtype)
+        return self.adjust(n, x, r) if self.adjust is not None else r
 
     def fused_sum(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         """sum(a * b) without the whole product: slices along the longest other axis, each
@@ -242,9 +245,8 @@ class _Evaluator:
         for s0 in range(0, size, step):
             cut = [a.narrow(along, s0, min(step, size - s0)) if a.shape[along] > 1 else a
                    for a in args]
-            p = self.fp32(self.wrap(torch.mul(*cut).to(ct), x.dtype), x.dtype)
-            r = self.wrap(torch.sum(p, dim=dim).to(ct), n.dtype)
-            parts.append(self.adjust(n, p, r) if self.adjust is not None else r)
+            p = self.wrap(_BINARY[x.attr](*cut).to(self.eval_dtype(x.dtype)), x.dtype)
+            parts.append(self.reduced(n, self.fp32(p, x.dtype), ct))
         return torch.cat(parts, dim=along - (along > dim))
 
     def output(self, o: Output) -> torch.Tensor:
