@@ -32,7 +32,7 @@ from .. import ir
 from ..graph import Node, Op, strip_casts, topo_order
 from . import reduce
 from .base import IDX
-from .fragments import FRAG, frag, lane_place, mat_load, mma, unrolled, zero
+from .fragments import FRAG, frag, lane_place, mat_load, mma, u, unrolled, zero
 from .lower import as_float
 
 if TYPE_CHECKING:
@@ -66,10 +66,6 @@ def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
     return None
 
 
-def _u(v: int) -> ir.Lit:
-    return ir.Lit(v, "uint")
-
-
 def _i(v: int) -> ir.Lit:
     return ir.Lit(v, IDX)
 
@@ -93,12 +89,12 @@ def header(b: "_Builder") -> list[ir.Stmt]:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
                         * b.size(m_axis))]
-    first = ir.Var("mf_sg") * _u(BLOCKS)
+    first = ir.Var("mf_sg") * u(BLOCKS)
     return out + lane_place(ir.Var("mf_lane")) + [
         ir.Comment(f"the simdgroup's {BLOCKS} blocks of 8x8 outputs: block row mf_bm, block "
                    f"columns mf_bn + j (j < {BLOCKS}); their sums"),
-        ir.Decl("mf_bm", "uint", first / _u(BLOCK_COLS)),
-        ir.Decl("mf_bn", "uint", first % _u(BLOCK_COLS)),
+        ir.Decl("mf_bm", "uint", first / u(BLOCK_COLS)),
+        ir.Decl("mf_bn", "uint", first % u(BLOCK_COLS)),
         ir.ArrayDecl("mf_acc", "float2", BLOCKS),
         unrolled("mf_j", BLOCKS, [ir.Assign(frag("mf_acc", ir.Var("mf_j")), zero())])]
 
@@ -114,8 +110,8 @@ def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
     b.helpers |= el.helpers
     value = ir.Var("mf_staged")
     store = ir.Assign(target, value)
-    return ir.For("mf_j", "uint", _u(0), _u(STAGE_TRIPS), [
-        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + _u(SIMDGROUPS) * ir.Var("mf_j")),
+    return ir.For("mf_j", "uint", u(0), u(STAGE_TRIPS), [
+        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
         *row_decl,
         ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
         ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
@@ -129,11 +125,11 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
     last = b.size(n_axis) - _i(1)
     in_k = ir.Var("mf_k") < K
     row, lane = ir.Var("mf_row"), ir.Var("mf_lane")
-    stage_w = stage(b, w, ir.Lane(ir.Var("mf_ws"), lane * _u(W_STRIDE) + row), [
+    stage_w = stage(b, w, ir.Lane(ir.Var("mf_ws"), lane * u(W_STRIDE) + row), [
         ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")),
                                              last)))], in_k)
-    x4 = ir.Lane(ir.Var("mf_xs"), row * _u(X_VECTORS) + lane / _u(4))
-    stage_x = stage(b, x, ir.Lane(x4, lane % _u(4)), [
+    x4 = ir.Lane(ir.Var("mf_xs"), row * u(X_VECTORS) + lane / u(4))
+    stage_x = stage(b, x, ir.Lane(x4, lane % u(4)), [
         ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
         in_k.and_(ir.Var("mf_m") < b.size(m_axis)))
     kb, j = ir.Var("mf_kb"), ir.Var("mf_j")
@@ -146,10 +142,10 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
         ir.Barrier(),
         ir.Comment("each block += X's 8 rows x W^T's 8 columns, 8 values of k a product"),
         unrolled("mf_kb", TILE_K // FRAG, [
-            ir.Decl("mf_a", "float2", mat_load("mf_xsf", TILE_K, kb * _u(FRAG),
-                                               ir.Var("mf_bm") * _u(FRAG))),
+            ir.Decl("mf_a", "float2", mat_load("mf_xsf", TILE_K, kb * u(FRAG),
+                                               ir.Var("mf_bm") * u(FRAG))),
             unrolled("mf_j", BLOCKS, [ir.Assign(acc, mma(ir.Var("mf_a"), mat_load(
-                "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * _u(FRAG), kb * _u(FRAG)), acc))])]),
+                "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * u(FRAG), kb * u(FRAG)), acc))])]),
         ir.Barrier()]
 
 
@@ -169,8 +165,8 @@ def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
             p = b.at(a, _i(0), False)
             off = p if n == 0 else off * b.size(a) + p
         stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
-    row = ir.Var("mf_bm") * _u(FRAG) + ir.Var("mf_mr")
-    col = (ir.Var("mf_bn") + j) * _u(FRAG) + ir.Var("mf_mc") + i
+    row = ir.Var("mf_bm") * u(FRAG) + ir.Var("mf_mr")
+    col = (ir.Var("mf_bn") + j) * u(FRAG) + ir.Var("mf_mc") + i
     real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
     return [ir.Comment("the lane's elements of its blocks: the outputs, where the row and "
                        "weight row exist"),
