@@ -1344,6 +1344,13 @@ class _Builder(reduce.Builder):
                      ir.Decl("mf_run_ok", "bool", run_ok)]
         return head + out
 
+    def tile_reads(self) -> dict[Node, ir.Expr]:
+        """Each K/V read as its staged tile's element of key mf_u and E element mf_e, in its
+        compute type."""
+        return {n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
+            ir.Var(arr), ir.Var("mf_u") * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
+            for n, arr in self.kv.items()}
+
     def key_row(self, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
         """For a gathered K/V read (a paged cache): the statements finding and checking key
         mf_l's row, and that row as the position along the gathered axis."""
@@ -1603,10 +1610,7 @@ class _Builder(reduce.Builder):
             return ir.For("mf_u", "uint", first, ir.Var("mf_u1"), [
                 ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, u)), *weights, *body],
                 step=step)
-        by_elems = each_key([self.each_row([self.lanes(add({n: ir.Cast(
-            compute_type(self.tensor_of(n).dtype), ir.Lane(
-                ir.Var(arr), u * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
-            for n, arr in self.kv.items()}))])])
+        by_elems = each_key([self.each_row([self.lanes(add(self.tile_reads()))])])
         each: ir.Stmt = by_elems
         # a vector of run elements is aligned: rows start 16-byte aligned at multiples of vw
         # elements (plus PAD_BYTES), the lane's run at a multiple of run

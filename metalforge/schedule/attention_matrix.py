@@ -23,7 +23,7 @@ from .. import ir
 from ..graph import Node, Op, strip_casts
 from .base import IDX, make_kernel
 from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
-from .lower import as_float, compute_type
+from .lower import as_float
 from .policy import SIMD_WIDTH
 
 if TYPE_CHECKING:
@@ -146,9 +146,7 @@ def tile_element(b: "_Builder", side: Node, key: ir.Expr, e: ir.Expr,
     """`mf_x` = `side` (k or v side: elementwise work on staged K/V reads) at tile key `key`
     and E element `e`, 0 past the tile's keys and past E."""
     low = b.lowering(prefix)
-    low.values.update({n: ir.Cast(compute_type(b.tensor_of(n).dtype), ir.Lane(
-        ir.Var(arr), ir.Var("mf_u") * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
-        for n, arr in b.kv.items()})
+    low.values.update(b.tile_reads())
     body = low.lower([side])
     b.helpers |= low.helpers
     inside = (ir.Var("mf_u") < ir.Var("mf_tn")).and_(
