@@ -1,5 +1,7 @@
 """kernel.reference against hand-written torch code (independent of the graph)."""
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,6 +9,7 @@ import torch.nn.functional as F
 
 import metalforge as mf
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 torch.manual_seed(0)
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float16: dict(rtol=1e-3, atol=1e-3),
        torch.bfloat16: dict(rtol=1e-2, atol=1e-2)}
@@ -226,25 +229,19 @@ def test_float_values_have_fp32_range_like_torch():
     close(rms_norm.reference(big, w, eps=0.0), F.rms_norm(big, (2,), w, eps=0.0))
 
 
-@mf.kernel
-def gqa_attention(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", scale: float):
-    s = mf.sum(q * k, axis="E") * scale
-    s = mf.where(mf.index("L") <= mf.index("S") + mf.size("L") - mf.size("S"), s, -mf.inf)
-    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
-
-
 @pytest.mark.parametrize("dt", [torch.float32, torch.float16])
 def test_summed_products_evaluated_in_slices(dt, monkeypatch):
     """A product that only feeds a sum (attention's q * k and p * v) is evaluated with the sum,
     a slice of the other axes at a time, past FUSED_ELEMENTS elements: the same outputs, and the
     same moved references testing derives (each slice's sum adjusted as the whole's was)."""
+    from attention import attention                         # examples/attention.py
     from metalforge import reference
     from metalforge.testing.check import moved_references
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 6, 7, 24, generator=g).to(dt)
     k, v = (torch.randn(2, 3, 11, 24, generator=g).to(dt) for _ in range(2))
     values = {"q": q, "k": k, "v": v, "scale": 0.2}
-    graph = gqa_attention.graph(q, k, v, 0.2)
+    graph = attention.graph(q, k, v, 0.2)
     whole = reference.evaluate(graph, values)
     moved = moved_references(graph, values)
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.2,
