@@ -395,7 +395,7 @@ class Printer:
             return f"{e.op}{self.expr(e.x, 11)}"
         if isinstance(e, Binary):
             p = _PREC[e.op]
-            s = f"{self.expr(e.a, p)} {e.op} {self.expr(e.b, p + 1)}"
+            s = f"{self.operand(e.a, e.op, p)} {e.op} {self.operand(e.b, e.op, p + 1)}"
             return f"({s})" if p < prec else s
         if isinstance(e, Call):
             return self.call(e)
@@ -409,6 +409,13 @@ class Printer:
         if isinstance(e, Lane):
             return f"{self.expr(e.vec, 12)}[{self.expr(e.lane)}]"
         raise TypeError(f"not an IR expression: {e!r}")
+
+    def operand(self, e: Expr, op: str, prec: int) -> str:
+        """An operand of a binary `op`: a bitwise operator's binary operands of another
+        operator keep their parentheses (`(w >> 4u) & 15u`, not `w >> 4u & 15u`)."""
+        if op in ("&", "|", "^") and isinstance(e, Binary) and e.op != op:
+            prec = 12
+        return self.expr(e, prec)
 
     def lit(self, e: Lit) -> str:
         return repr(e.value)

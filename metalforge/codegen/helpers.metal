@@ -314,6 +314,14 @@ inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
     return p;
 }
 
+// helper: mf_place_weight
+// 2^-s (s < 16; a literal once the loop is unrolled): a packed value masked where it sits,
+// `(word >> half) & (mask << s)`, is the value times 2^s; an x pre-scaled by 2^-s multiplies it
+// as the value itself, so unpacking takes no shift per value (as MLX's quantized kernels do)
+inline float mf_place_weight(uint s) {
+    return as_type<float>((127u - s) << 23u);
+}
+
 // helper: mf_mma
 // d = a x b + c over 8x8 float matrices, each passed as the calling lane's two elements
 // (thread_elements(): row ((lane / 4) & 4) + (lane / 2) % 4, columns ((lane / 4) & 2) * 2 +

@@ -17,7 +17,9 @@ slice s walk K in chunks of C = vector_width words × values per word (16 bytes 
   register arrays, so a lane has R + 1 streams of loads in flight;
 - then each row unpacks every value from a register with a literal shift
   (`lower.unpack_value`) and adds the element value (the user's expression) to its fp32
-  accumulator;
+  accumulator; in the affine form below each value is instead masked where it sits in its half
+  word (`(word >> half) & (mask << at)`: one shift per half word, not per value) and multiplied
+  by an x pre-scaled by 2^-at (`mf_place_weight`), as MLX's qdot does;
 - a chunk that runs past K is done element by element, every load guarded.
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
@@ -45,7 +47,7 @@ from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
-from .lower import ElementLowering, as_float, compute_type, ident, unpack_value
+from .lower import ElementLowering, as_float, compute_type, ident
 from .policy import MAX_QUANT_ROWS, LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -369,9 +371,14 @@ class _Builder(reduce.Builder):
             ir.ArrayDecl("mf_xsum", "float", mb), self.each_x_row([ir.Assign(xsum, ir.Lit(
                 0.0, "float"))])]
         xbody = el.lower([f.x])
-        xv = el.value(f.x)
+        xv = as_float(el.value(f.x), f.x)
         xe = ir.Lane(ir.Var("mf_xe"), self.x_slot(ir.Var("mf_j")))
-        xbody += [ir.Assign(xe, as_float(xv, f.x)), ir.Assign(xsum, xsum + xe)]
+        # value j is unpacked masked in place in its half word (below): x_j carries its place
+        j, per_half = ir.Var("mf_j"), ir.Lit(16 // self.bits, "uint")
+        place = j % per_half * ir.Lit(self.bits, "uint")
+        xbody += [ir.Assign(xe, xv * ir.Call("mf_place_weight", (place,))),
+                  ir.Assign(xsum, xsum + xv)]
+        self.helpers.add("mf_place_weight")
         xs += self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
                                        xbody, unroll=True)])
         self.helpers |= el.helpers
@@ -384,20 +391,26 @@ class _Builder(reduce.Builder):
                                  ir.ArrayDecl(bias.name, "float", rows)]
         loads += [ir.Assign(ir.Lane(scale, r), as_float(low.value(f.s), f.s)),
                   ir.Assign(ir.Lane(bias, r), as_float(low.value(f.b), f.b))]
-        shift = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") * ir.Lit(self.bits, "uint")
-        code = ir.Cast("float", unpack_value(self.word(f.q.args[0].attr), shift, self.bits))
+        # value j: its half word shifted down (one shift for all the half's values), the value
+        # masked where it sits there, at bit mf_at; x_j holds the 2^-mf_at that undoes it
+        at_bits: list[ir.Stmt] = [
+            ir.Decl("mf_half", "uint", j % ir.Lit(self.per_word, "uint") / per_half
+                    * ir.Lit(16, "uint")),
+            ir.Decl("mf_at", "uint", place)]
+        mask = ir.Lit((1 << self.bits) - 1, "uint") << ir.Var("mf_at")
+        code = ir.Cast("float", (self.word(f.q.args[0].attr) >> ir.Var("mf_half")) & mask)
         acc = self.acc()
         if mb == 1:
             qx: ir.Expr = ir.Var("mf_qx")
             row: list[ir.Stmt] = [
                 ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), at_bits + [
                     ir.Assign(qx, ir.Call("fma", (code, xe, qx)))], unroll=True)]
         else:                    # each value unpacked once, used for every row of x
             qx = ir.Lane(ir.Var("mf_qx"), i)
             row = [ir.ArrayDecl("mf_qx", "float", mb),
                    self.each_x_row([ir.Assign(qx, ir.Lit(0.0, "float"))]),
-                   ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), [
+                   ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), at_bits + [
                        ir.Decl("mf_q", "float", code),
                        self.each_x_row([ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
                        unroll=True)]

@@ -84,6 +84,23 @@ def test_other_widths(kernel, bits, gs):
     torch.testing.assert_close(kernel(wq, s, b, x), want, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kernel,bits,gs", [(q2_matvec, 2, 64), (q4_matvec, 4, 64),
+                                            (q8_matvec, 8, 32)])
+def test_values_masked_in_place(kernel, bits, gs, dtype):
+    # groups of whole chunks: the affine form, whose values are masked where they sit in their
+    # half word against x pre-scaled by 2^-bit; every place of every width, both halves
+    _, (wq, s, b) = _quantized(5, 2048, dtype, gs=gs, bits=bits)
+    x = torch.randn(3, 2048).to(dtype)
+    for launch in ({}, {"x_rows": 1}):                       # qmvx, qmv
+        view = kernel.with_launch(**launch)
+        assert "mf_place_weight(" in view.source(wq, s, b, x, GS=gs)
+        got = view(wq, s, b, x, GS=gs).float()
+        want = _reference(wq, s, b, x, gs, bits)
+        tol = 1e-3 if dtype == torch.float32 else 2e-2 * 2048 ** 0.5
+        torch.testing.assert_close(got, want, rtol=1e-2, atol=tol)
+
+
 def test_epilogue_and_unaligned_word_rows():
     # K = 40, GS = 8: rows of 5 words, so no row starts on a 16-byte boundary: every chunk
     # takes the guarded element path; the bias is added after the sum

@@ -32,7 +32,7 @@ kernel void mf_dequantize(
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
             const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
-            const int mf_v1 = int(mf_wq >> (uint(mf_pos0_K % 8u) + mf_k) * 4u & 15u);
+            const int mf_v1 = int((mf_wq >> (uint(mf_pos0_K % 8u) + mf_k) * 4u) & 15u);
             const float mf_v2 = float(mf_v1);
             const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
             const float mf_v3 = mf_v2 * mf_scales;
@@ -55,7 +55,7 @@ kernel void mf_dequantize(
                 const mf_index_t mf_pos_K_div64 = mf_pos_K / 64u;
                 // compute (f16/bf16 in f32)
                 const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
-                const int mf_v1 = int(mf_wq >> uint(mf_pos_K % 8u) * 4u & 15u);
+                const int mf_v1 = int((mf_wq >> uint(mf_pos_K % 8u) * 4u) & 15u);
                 const float mf_v2 = float(mf_v1);
                 const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
                 const float mf_v3 = mf_v2 * mf_scales;

@@ -1412,8 +1412,8 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1
-    const uint mf_mr = (mf_lane / 4u & 4u) + mf_lane / 2u % 4u;
-    const uint mf_mc = (mf_lane / 4u & 2u) * 2u + mf_lane % 2u * 2u;
+    const uint mf_mr = ((mf_lane / 4u) & 4u) + mf_lane / 2u % 4u;
+    const uint mf_mc = ((mf_lane / 4u) & 2u) * 2u + mf_lane % 2u * 2u;
     // the lane's query row of the tile
     const uint mf_qrow = mf_sg * 8u + mf_mr;
     const bool mf_live = mf_qrow < mf_nlive;

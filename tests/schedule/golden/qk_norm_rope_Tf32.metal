@@ -70,7 +70,7 @@ kernel void mf_qk_norm_rope_simd(
     if (mf_index_t(mf_row) >= mf_size_B * mf_size_H * mf_size_S) {
         return;
     }
-    const uint mf_t = mf_tid & mf_w - 1u;
+    const uint mf_t = mf_tid & (mf_w - 1u);
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_E % 4u == 0u;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_E;
