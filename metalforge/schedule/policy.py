@@ -111,7 +111,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 4-bit, GS 64; time vs F.linear on the f16 weight, 4096x4096 / 11008x4096 / 4096x11008 /
     # 14336x4096): 2 rows, no split 1.52x / 2.38x / 2.38x / 2.31x (42-64% of copy_); 1 row
     # 1.27x / 1.94x / 2.04x / 1.95x; 4 rows 1.24x / 2.25x / 1.92x / 2.05x; k_splits 2 within
-    # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md)
+    # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md). Re-swept 2026-11-26 with
+    # values masked in place (rows 1 / 2 / 4 x k_splits 1 / 2 / 4 x 128 / 256 threads): 2 rows,
+    # no split, 256 threads within 0.8 us of the best setting of every shape (49-70% of copy_)
     # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
