@@ -31,13 +31,14 @@ import torch
 from ..bounded import Bounded
 from ..errors import MetalforgeError
 from .call import Driver, Plan, call_key, plan_call
-from .translate import Entry, SOURCE_NAME, translate
+from .translate import Entry, SOURCE_NAME, translate, two_groups
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 NVRTC_OPTIONS = ["-default-device", "--std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=310"]
 SIMD_WIDTH = 32
 _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
+_CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 PLANS_PER_KERNEL = 64
 
 
@@ -95,21 +96,34 @@ def _nvrtc_error(e: Exception) -> SyntaxError:
 
 
 class _Module:
-    """The compiled translation unit on one device: function handles by entry symbol."""
+    """The compiled translation unit on one device: function handles by entry symbol.
+
+    Kernels without a declared thread limit are compiled capped at 32 registers
+    (`translate.two_groups`); where the cap makes one spill (local memory), the unit is
+    compiled again with that kernel uncapped."""
 
     def __init__(self, text: str, entries: tuple[Entry, ...], device: int):
-        with torch.cuda.device(device):
+        self.device = device
+        self._compile(text, entries, [])
+        self.uncapped = frozenset(
+            e.symbol for e in entries
+            if e.two_groups and self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES))
+        if self.uncapped:
+            _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
+            self._compile(text, entries, [f"-D{two_groups(s)}=" for s in sorted(self.uncapped)])
+
+    def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
+        with torch.cuda.device(self.device):
             try:
                 first = torch.cuda._compile_kernel(text, entries[0].symbol,
                                                    cuda_include_dirs=[str(INCLUDE_DIR)],
-                                                   nvcc_options=list(NVRTC_OPTIONS))
+                                                   nvcc_options=list(NVRTC_OPTIONS) + defines)
             except RuntimeError as e:
                 if "compilation failed" in str(e):
                     raise _nvrtc_error(e) from None
                 raise
         self.module = first.module
         self.funcs = {entries[0].symbol: first.func}
-        self.device = device
 
     def function(self, symbol: str) -> ctypes.c_void_p:
         f = self.funcs.get(symbol)

@@ -49,6 +49,7 @@ class Entry:
     symbol: str
     args: tuple[Arg, ...]
     max_total_threads: int
+    two_groups: bool = False       # compiled under two_groups(symbol) (<= 32 registers)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,16 @@ def _launch_bounds(threads: int) -> str:
     return f" __launch_bounds__({threads}, {max(1, 1024 // threads)})"
 
 
+def two_groups(symbol: str) -> str:
+    """The macro a kernel without a declared limit is compiled under: by default
+    __launch_bounds__(1024, 2), at most 32 registers a thread, so that two groups of 1024 fit
+    a core where one would with 33; the library defines it empty for a kernel the cap makes
+    spill (library.py). H100, 2026-11-26: f32 layer_norm (40 registers uncapped, 32 without a
+    spill) 4096x8192 137.5 -> 108.6 us, 2048x16384 147.2 -> 110.7; f16 rms_norm (44) capped
+    spills 48 bytes a thread and ran up to 18% slower, so it keeps its registers."""
+    return f"MF_BOUNDS_{symbol}"
+
+
 def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
     out = ["", "// ---- metalforge.cuda: entry points (one per host-visible kernel) ----"]
     entries = []
@@ -119,10 +130,15 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
             if p.role == "position":
                 args[p.index] = (f"::mf_cuda::pos_cast<::mf_cuda::param_t<{fty}, {p.index}>>"
                                  f"(mf_p.{p.attr}())")
-        bounds = _launch_bounds(k.max_total_threads)
         sym = f"mf_entry_{i}"
-        out += [f"// {k.host_name}",
-                f"using {fty} = {ftype};",
+        capped = k.max_total_threads >= 1024
+        bounds = f" {two_groups(sym)}" if capped else _launch_bounds(k.max_total_threads)
+        out += [f"// {k.host_name}"]
+        if capped:
+            out += [f"#ifndef {two_groups(sym)}",
+                    f"#define {two_groups(sym)} __launch_bounds__(1024, 2)",
+                    "#endif"]
+        out += [f"using {fty} = {ftype};",
                 f'extern "C" __global__ void{bounds} {sym}(' +
                 ", ".join(decls + ["unsigned mf_gx", "unsigned mf_gy", "unsigned mf_gz"]) + ") {",
                 "  ::mf_cuda::Pos mf_p;",
@@ -131,7 +147,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
                 "}"]
         entries.append(Entry(k.host_name, sym, tuple(
             Arg(p.buffer_index, p.name, p.type_text, p.elem_type, _by_pointer(p))
-            for p in buffers), k.max_total_threads))
+            for p in buffers), k.max_total_threads, capped))
     return "\n".join(out) + "\n", tuple(entries)
 
 

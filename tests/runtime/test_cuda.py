@@ -216,6 +216,25 @@ def test_compiled_once_per_source_and_device():
     assert len(lib._modules) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_register_cap_never_spills(dtype):
+    # kernels without a declared limit are compiled at <= 32 registers (two groups of 1024 a
+    # core) unless that spills: then uncapped. layer_norm's group kernel: 40 registers in f32
+    # (fits the cap), 63 in f16 (would spill 160 bytes a thread)
+    from metalforge.cuda.library import _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES as LOCAL
+    ln = _module(Path(__file__).resolve().parents[2] / "examples" / "layer_norm.py").layer_norm
+    x = torch.randn(8, 8192, device="cuda").to(dtype)
+    w, b = torch.randn(8192, device="cuda").to(dtype), torch.randn(8192, device="cuda").to(dtype)
+    lib = mfcuda.compile_shader(ln.source(x, w, b))
+    m = lib.module(torch.cuda.current_device())
+    entries = lib._order
+    assert all(e.two_groups for e in entries)
+    for e in entries:      # capped at 32 registers, or uncapped because the cap spilled
+        assert m.attribute(e.symbol, LOCAL) == 0
+        assert (m.attribute(e.symbol, 4) > 32) == (e.symbol in m.uncapped)   # NUM_REGS
+    torch.testing.assert_close(ln(x, w, b), ln.reference(x, w, b), rtol=2e-2, atol=2e-2)
+
+
 def test_call_errors():
     lib = mfcuda.compile_shader("""
 #include <metal_stdlib>

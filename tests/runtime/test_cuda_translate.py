@@ -27,13 +27,20 @@ def test_golden_translates(path, tmp_path):
     tr = translate(src)
     hosts = [line.split('"')[1] for line in src.splitlines() if "host_name(" in line]
     assert [e.host_name for e in tr.entries] == hosts
-    entries = re.findall(r'extern "C" __global__ void(?: __launch_bounds__\((\d+), (\d+)\))? '
-                         r'mf_entry_', tr.text)
+    entries = re.findall(r'extern "C" __global__ void(?: __launch_bounds__\((\d+), (\d+)\)'
+                         r'| (MF_BOUNDS_mf_entry_\d+)) (mf_entry_\d+)', tr.text)
     assert len(entries) == len(hosts)
     # a declared group size caps registers: 1024 threads of the kernel resident per core
     declared = [int(n) for n in re.findall(r"max_total_threads_per_threadgroup\((\d+)\)", src)]
-    assert sorted(int(n) * int(b) for n, b in entries if n) == sorted(
+    assert sorted(int(n) * int(b) for n, b, _, _ in entries if n) == sorted(
         n * (1024 // n) for n in declared if n < 1024)
+    # the others: two groups of 1024 a core (32 registers) unless the library drops the cap
+    for _, _, macro, sym in entries:
+        if macro:
+            assert macro == f"MF_BOUNDS_{sym}"
+            assert f"#ifndef {macro}\n#define {macro} __launch_bounds__(1024, 2)\n#endif" in tr.text
+    assert sum(bool(m) for _, _, m, _ in entries) == sum(e.two_groups for e in tr.entries) == \
+        len(hosts) - len(declared)
     # line numbers are kept: every source line is on the same line of the translation
     body = tr.text.split("\n", 1)[1].splitlines()
     assert all(a.strip() == b.strip() for a, b in zip(src.splitlines(), body)
