@@ -532,18 +532,7 @@ class _Builder(reduce.Builder):
     # -- positions and loads ------------------------------------------------------------
     def flat_position(self, axis: str, axes: tuple[str, ...], var: str) -> ir.Expr:
         """`axis`'s position in the flat index `var` over `axes` (declared once, up front)."""
-        name = f"mf_pos_{ident(axis)}"
-        if name not in self.pre_names:
-            k = axes.index(axis)
-            inner = axes[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var(var))
-            if inner:
-                e = e / self.span(inner)
-            if k > 0:
-                e = e % self.size(axis)
-            self.pre.append(ir.Decl(name, IDX, e))
-            self.pre_names.add(name)
-        return ir.Var(name)
+        return self.position_in(var, axes, axis, f"mf_pos_{ident(axis)}", self)
 
     def at(self, axis: str) -> ir.Expr:
         if axis == self.form.key:

@@ -220,17 +220,7 @@ class _Builder(reduce.Builder):
             if axis == self.prefix[-1]:
                 return ir.Var("mf_m")
             prefix, flat = self.prefix[:-1], "mf_xblock"
-        if name not in self.v.pre_names:
-            k = prefix.index(axis)
-            inner = prefix[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
-            if inner:
-                e = e / self.span(inner)
-            if k > 0:
-                e = e % self.size(axis)
-            self.v.pre.append(ir.Decl(name, IDX, e))
-            self.v.pre_names.add(name)
-        return ir.Var(name)
+        return self.position_in(flat, prefix, axis, name, self.v)
 
     def at(self, axis: str, k: ir.Expr, chunk_start: bool) -> ir.Expr:
         """The position along `axis` of element k (K), of row mf_n (N), or the simdgroup's."""

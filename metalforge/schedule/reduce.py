@@ -29,7 +29,7 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import ir
 from ..dtypes import DType
@@ -411,6 +411,12 @@ def result(r: Reduction) -> ir.Expr:
 
 # --------------------------------------------------------------------------- builders
 
+class Preamble(Protocol):
+    """Where per-thread positions are declared once, up front (a Variant, attention's builder)."""
+    pre: list[ir.Stmt]
+    pre_names: set[str]
+
+
 @dataclass
 class Variant:
     """What one kernel variant collects while it is built (`Builder.variants` makes a fresh one
@@ -494,17 +500,22 @@ class Builder:
 
     def position(self, axis: str) -> ir.Expr:
         """The thread's position along one of the outer axes."""
-        name = f"mf_{self.tag}pos_{ident(axis)}"
-        if name not in self.v.pre_names:
-            k = self.outer.index(axis)
-            inner = self.outer[k + 1:]
-            e: ir.Expr = ir.Cast(IDX, ir.Var(f"mf_{self.tag}"))
-            if inner:
-                e = e / self.span(inner)
+        return self.position_in(f"mf_{self.tag}", self.outer, axis,
+                                f"mf_{self.tag}pos_{ident(axis)}", self.v)
+
+    def position_in(self, flat: str, axes: Sequence[str], axis: str, name: str,
+                    into: Preamble) -> ir.Var:
+        """`axis`'s position in `flat`, a row-major index over `axes`: `name`, declared once
+        in `into`'s preamble as (flat / span of the axes after it) % size(axis)."""
+        if name not in into.pre_names:
+            k = axes.index(axis)
+            e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
+            if axes[k + 1:]:
+                e = e / self.span(axes[k + 1:])
             if k > 0:
                 e = e % self.size(axis)
-            self.v.pre.append(ir.Decl(name, IDX, e))
-            self.v.pre_names.add(name)
+            into.pre.append(ir.Decl(name, IDX, e))
+            into.pre_names.add(name)
         return ir.Var(name)
 
     def cone(self, roots: list[Node]) -> tuple[list[str], list[Node]]:
