@@ -1,9 +1,16 @@
 """Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
 
 Families: elementwise maps (`elementwise`), reductions over the innermost axis (`row`) and over
-another axis (`column`; both build on `reduce`). Each is an entry of `_BUILDERS` and of
-`policy.POLICIES` and produces a `Schedule` (`base`), whose kernels come from `base.make_kernel`.
-A new family is one more module and one more entry in each.
+another axis (`column`; both build on `reduce`), quantized matvecs (`quant`, its tiled kernel
+in `qmm`) and online-softmax attention (`attention`, its simdgroup_matrix prefill in
+`attention_matrix`). Each is an entry of `_BUILDERS` and of `policy.POLICIES` and produces a
+`Schedule` (`base`), whose kernels come from `base.make_kernel`. A new family is one more
+module and one more entry in each.
+
+Building blocks the families share: `lower` (element values as IR, packed-word unpacking),
+`gather` (mf.take), `reduce` (reduction state, simd → threadgroup → simd combines, positions
+of the thread's unit), `online` (online-softmax factors and merges), `fragments` (8x8
+simdgroup_matrix fragments), `policy` (launch tables and their checks).
 """
 from __future__ import annotations
 

@@ -70,15 +70,15 @@ from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from ..reference import evaluate_expressions
-from . import reduce
+from . import online, reduce
 from .attention_matrix import prefill_kernel
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
+from .online import NEG_INF
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
-NEG_INF = ir.Lit(float("-inf"), "float")
 MACC = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))     # a merged accumulator at the lane's slot
 
 
@@ -947,7 +947,6 @@ class _Builder(reduce.Builder):
         self.helpers.add("mf_simd_max")
         m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
         m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
-        live = m_new.ne(NEG_INF)
         acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
         dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
                       [ir.Assign(sc, NEG_INF)], unroll=True)
@@ -961,10 +960,8 @@ class _Builder(reduce.Builder):
             self.each_row([
                 ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (m, ir.Call(
                     "mf_simd_max", (sc,))))),
-                ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
-                    "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
-                ir.Assign(ps, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
-                                        ir.Lit(0.0, "float"))),
+                ir.Decl("mf_corr", "float", online.rescale(m, m_new)),
+                ir.Assign(ps, online.weight(sc, m_new)),
                 ir.Assign(d, d * corr + ps),
                 ir.Assign(m, m_new),
                 self.slots([ir.Assign(acc, acc * corr)])])]
@@ -1012,7 +1009,6 @@ class _Builder(reduce.Builder):
         t = ir.Var("mf_t")
         m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
         m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
-        live = m_new.ne(NEG_INF)
         acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(self.epl, "uint") + ir.Var("mf_j"))
         dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"),
                       [ir.Assign(sc, NEG_INF)], unroll=True)
@@ -1025,13 +1021,9 @@ class _Builder(reduce.Builder):
             self.each_row([
                 ir.Decl("mf_m_new", "float", m, const=False),
                 self.each_key([ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
-                ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
-                    "exp", (m - m_new,), precise=True), ir.Lit(1.0, "float"))),
+                ir.Decl("mf_corr", "float", online.rescale(m, m_new)),
                 ir.Assign(d, d * corr),
-                self.each_key([
-                    ir.Assign(p, ir.Select(live, ir.Call("exp", (sc - m_new,), precise=True),
-                                           ir.Lit(0.0, "float"))),
-                    ir.Assign(d, d + p)]),
+                self.each_key([ir.Assign(p, online.weight(sc, m_new)), ir.Assign(d, d + p)]),
                 ir.Assign(m, m_new),
                 self.slots([ir.Assign(acc, acc * corr)])])]
 
@@ -1084,8 +1076,7 @@ class _Builder(reduce.Builder):
         mo, mx = ir.Var("mf_mo"), ir.Var("mf_mx")
 
         def weight(ms: ir.Expr) -> ir.Expr:
-            return ir.Select(ms.ne(NEG_INF), ir.Call("exp", (ms - mx,), precise=True),
-                             ir.Lit(0.0, "float"))
+            return online.share(ms, mx)
         return [
             ir.Comment("merge the simdgroup's key streams"),
             ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.each_row([
@@ -1118,9 +1109,7 @@ class _Builder(reduce.Builder):
                 ir.Assign(ir.Var("mf_mm"), ir.Call("mf_maximum", (ir.Var("mf_mm"), m_of(s))))]),
             ir.For("mf_s", "uint", ir.Lit(0, "uint"), count, [
                 ir.Decl("mf_ms", "float", m_of(s)),
-                ir.Decl("mf_c", "float", ir.Select(ir.Var("mf_ms").ne(NEG_INF), ir.Call(
-                    "exp", (ir.Var("mf_ms") - ir.Var("mf_mm"),), precise=True),
-                    ir.Lit(0.0, "float"))),
+                ir.Decl("mf_c", "float", online.share(ir.Var("mf_ms"), ir.Var("mf_mm"))),
                 ir.Assign(ir.Var("mf_md"), ir.Var("mf_md") + d_of(s) * c),
                 self.lanes([ir.Assign(acc, acc + acc_of(s, e) * c)])])]
 
@@ -1517,7 +1506,6 @@ class _Builder(reduce.Builder):
         into the lane-partial d."""
         mm, md, m_new, corr = (ir.Var(v) for v in ("mf_mm", "mf_md", "mf_m_new", "mf_corr"))
         lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
-        live = m_new.ne(NEG_INF)
         self.helpers.add("mf_simd_max")
         per = self.kt_max // SIMD_WIDTH                  # keys a lane
         sc = [ir.Var(f"mf_sc{i}") for i in range(per)]
@@ -1534,13 +1522,11 @@ class _Builder(reduce.Builder):
         out += [
             ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, ir.Call(
                 "mf_simd_max", (top,))))),
-            ir.Decl("mf_corr", "float", ir.Select(live, ir.Call(
-                "exp", (mm - m_new,), precise=True), ir.Lit(1.0, "float"))),
+            ir.Decl("mf_corr", "float", online.rescale(mm, m_new)),
             ir.Assign(md, md * corr)]
         for v, k in zip(sc, keys):
             p = ir.Var(f"mf_p{v.name[5:]}")
-            out += [ir.Decl(p.name, "float", ir.Select(live, ir.Call(
-                        "exp", (v - m_new,), precise=True), ir.Lit(0.0, "float"))),
+            out += [ir.Decl(p.name, "float", online.weight(v, m_new)),
                     ir.Assign(md, md + p),
                     ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), k * ir.Lit(self.qt, "uint") + sg), p)]
         out += [ir.Assign(mm, m_new),
@@ -1861,8 +1847,7 @@ class _Builder(reduce.Builder):
             return ir.Load("mf_scratch", (base + ir.Cast(IDX, s)) * ir.Lit(emax + 2, IDX) + k)
 
         def weight(m: ir.Expr) -> ir.Expr:
-            return ir.Select(m.ne(NEG_INF), ir.Call("exp", (m - mm,), precise=True),
-                             ir.Lit(0.0, "float"))
+            return online.share(m, mm)
         mv = ir.Lane(ir.Var("mf_mv"), u)
         av = ir.Lane(ir.Var("mf_av"), u * ir.Lit(self.epl, "uint") + j)
         acc = ir.Lane(ir.Var("mf_macc"), j)

@@ -23,13 +23,14 @@ from .. import ir
 from ..graph import Node, Op, strip_casts
 from .base import IDX, make_kernel
 from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
+from . import online
 from .lower import as_float
+from .online import NEG_INF
 from .policy import SIMD_WIDTH
 
 if TYPE_CHECKING:
     from .attention import _Builder
 
-NEG_INF = ir.Lit(float("-inf"), "float")
 
 
 def matrix_operands(b: "_Builder") -> Optional[tuple[Node, Node]]:
@@ -199,7 +200,6 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
     sf = frag("mf_sf", kb, i)
     mm, md, tmax = ir.Var("mf_mm"), ir.Var("mf_md"), ir.Var("mf_tmax")
     m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
-    live = m_new.ne(NEG_INF)
     in_tile = kb * u(FRAG) < ir.Var("mf_tn")
     b.helpers.add("mf_maximum")
     return [
@@ -211,13 +211,10 @@ def fragment_softmax(b: "_Builder", dmax: int) -> list[ir.Stmt]:
         *[ir.Assign(tmax, ir.Call("mf_maximum", (tmax, ir.Call(
             "simd_shuffle_xor", (tmax, u(off)))))) for off in (1, 8)],
         ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, tmax))),
-        ir.Decl("mf_corr", "float", ir.Select(live, ir.Call("exp", (mm - m_new,),
-                                                            precise=True),
-                                              ir.Lit(1.0, "float"))),
+        ir.Decl("mf_corr", "float", online.rescale(mm, m_new)),
         ir.Assign(md, md * corr),
         unrolled("mf_kb", b.kt_max // FRAG, [ir.If(in_tile, [unrolled("mf_i", 2, [
-            ir.Assign(sf, ir.Select(live, ir.Call("exp", (sf - m_new,), precise=True),
-                                    ir.Lit(0.0, "float"))),
+            ir.Assign(sf, online.weight(sf, m_new)),
             ir.Assign(md, md + sf)])])]),
         ir.Assign(mm, m_new),
         unrolled("mf_d", dmax, [ir.Assign(frag("mf_of", ir.Var("mf_d")),
