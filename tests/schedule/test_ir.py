@@ -36,6 +36,16 @@ def test_printed_with_c_precedence():
     assert msl_expr(j - (t - n)) == "mf_j - (mf_t - mf_n)"
 
 
+def test_bitwise_operands_keep_their_parentheses():
+    # C parses `w >> s & m` as (w >> s) & m, but readers should not have to know that
+    assert ir.expr_text((j >> t) & (R << n)) == "(mf_j >> mf_t) & (4 << mf_n)"
+    assert ir.expr_text(j & (t - R)) == "mf_j & (mf_t - 4)"
+    assert ir.expr_text((j + t) | (n ^ R)) == "(mf_j + mf_t) | (mf_n ^ 4)"
+    assert ir.expr_text(j & t & n) == "mf_j & mf_t & mf_n"          # the same operator: none
+    assert ir.expr_text((j >> t) + n) == "(mf_j >> mf_t) + mf_n"      # C precedence as before
+    assert ir.expr_text(j >> t + n) == "mf_j >> mf_t + mf_n"
+
+
 _OPS = ["+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^", "<", "<=", ">", ">=", "==", "!="]
 _PY = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
        "%": operator.mod, "<<": operator.lshift, ">>": operator.rshift, "&": operator.and_,
