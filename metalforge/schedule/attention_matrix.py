@@ -21,16 +21,15 @@ from typing import TYPE_CHECKING, Optional
 
 from .. import ir
 from ..graph import Node, Op, strip_casts
+from . import online
 from .base import IDX, make_kernel
 from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
-from . import online
 from .lower import as_float
 from .online import NEG_INF
 from .policy import SIMD_WIDTH
 
 if TYPE_CHECKING:
     from .attention import _Builder
-
 
 
 def matrix_operands(b: "_Builder") -> Optional[tuple[Node, Node]]:
