@@ -92,18 +92,24 @@ class Schedule:
         return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        whole = self.lane_gathers and sizes[self.grid_axes[-1]] % self.policy.vector_width == 0
+        return self.moved(sizes, {}, self.gathered_bytes(sizes, self.lane_gathers if whole else ()))
+
+    def moved(self, sizes: Mapping[str, int], passes: Mapping[str, int], gathered: int
+              ) -> Traffic:
+        """Each loaded input read once (`passes[name]` times where given), `gathered` bytes
+        more read by gathers, each output written once."""
         def numel(axes: Iterable[str]) -> int:
             n = 1
             for a in axes:
                 n *= sizes[a]
             return n
         loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
-        read = sum(numel(t.axes) * t.dtype.itemsize for t in self.graph.tensors
+        read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
+                   for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        whole = self.lane_gathers and sizes[self.grid_axes[-1]] % self.policy.vector_width == 0
-        read += self.gathered_bytes(sizes, self.lane_gathers if whole else ())
         written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
-        return Traffic(read, written)
+        return Traffic(read + gathered, written)
 
     def gathered_bytes(self, sizes: Mapping[str, int], held: Iterable[int] = ()) -> int:
         """What the gathers read: one element per element of each gather's result (an

@@ -36,7 +36,7 @@ elements all lie in the row runs its element loops without a per-element bounds 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
@@ -174,20 +174,8 @@ class RowSchedule(Schedule):
         register variants, once per pass that needs it in the looped one (the variant
         `variant(sizes)` unless named: `within` may have picked another)."""
         variant = variant or self.variant(sizes)
-        passes = self.passes[variant]
-
-        def numel(axes: Iterable[str]) -> int:
-            n = 1
-            for a in axes:
-                n *= sizes[a]
-            return n
-        loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
-        read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
-                   for t in self.graph.tensors
-                   if ("input", t.name) in self._binds and t.name in loaded)
-        read += self.gathered_bytes(sizes, self.held_gathers.get(variant, ()))
-        written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
-        return Traffic(read, written)
+        return self.moved(sizes, self.passes[variant],
+                          self.gathered_bytes(sizes, self.held_gathers.get(variant, ())))
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
