@@ -15,7 +15,7 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 from .. import ir
 from ..dtypes import DType
@@ -51,6 +51,12 @@ def used_params(graph: Graph, nodes: list[Node]) -> tuple[list[TensorParam], lis
     scalars = {n.attr for n in nodes if n.op == Op.SCALAR}
     return ([t for t in graph.tensors if t.name in used],
             [s for s in graph.scalars if s.name in scalars])
+
+
+def output_stype(graph: Graph, tvars: Mapping[str, DType], k: int) -> str:
+    """Output k's storage type: the dtype variable that binds its dtype, else the dtype."""
+    o = graph.outputs[k]
+    return next((v for v, d in tvars.items() if d == o.dtype), o.dtype.msl)
 
 
 def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
@@ -114,11 +120,7 @@ class _Builder:
         return var if var and var in self.tvars else dtype.msl
 
     def out_stype(self, k: int) -> str:
-        o = self.graph.outputs[k]
-        for v, d in self.tvars.items():
-            if d == o.dtype:
-                return v
-        return o.dtype.msl
+        return output_stype(self.graph, self.tvars, k)
 
     def in_stype(self, t: TensorParam) -> str:
         return self.stype(t.dtype, t.dtype_var)

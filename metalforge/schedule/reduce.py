@@ -37,7 +37,7 @@ from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, topo_order
 from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
-from .elementwise import kernel_params, msl_names, used_params
+from .elementwise import kernel_params, msl_names, output_stype, used_params
 from .lower import ElementLowering, convert, compute_type, ident
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
@@ -477,11 +477,7 @@ class Builder:
         return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
 
     def out_stype(self, k: int) -> str:
-        o = self.graph.outputs[k]
-        for v, d in self.tvars.items():
-            if d == o.dtype:
-                return v
-        return o.dtype.msl
+        return output_stype(self.graph, self.tvars, k)
 
     def size(self, axis: str) -> ir.Expr:
         if axis not in self.sizes_used:
