@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass
 
 from ..sim.parse import ParseError, parse
+from ..sim.rewrite import blanked, single_const
 
 SOURCE_NAME = "program_source"
-_CONST_CONSTANT = re.compile(r"\bconst(\s+)constant\b|\bconstant(\s+)const\b")
 _ATTR = re.compile(r"\[\[.*?\]\]", re.S)
 
 
@@ -58,23 +58,12 @@ class Translation:
     entries: tuple[Entry, ...]
 
 
-def _drop_doubled_const(m: re.Match) -> str:
-    if m.group(1) is not None:
-        return "const" + m.group(1) + " " * len("constant")
-    return " " * len("constant") + m.group(2) + "const"
-
-
 def rewrite(text: str, parsed) -> str:
-    chars = list(text)
-    for a, b in parsed.blank_spans:
-        for k in range(a, min(b, len(chars))):
-            if chars[k] != "\n":
-                chars[k] = " "
-    out = "".join(chars)
+    out = blanked(text, parsed)
     for start, end in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
         if out[start:end] == "threadgroup":
             out = out[:start] + "__shared__ " + out[end:]
-    return _CONST_CONSTANT.sub(_drop_doubled_const, out)
+    return single_const(out)
 
 
 def _by_pointer(p) -> bool:

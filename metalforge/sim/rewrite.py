@@ -50,13 +50,25 @@ def tg_notes(names: list[str]) -> str:
     return "".join(f' ::mf::tg_note({n}, "{n}", __FILE__, __LINE__);' for n in names)
 
 
-def rewrite(text: str, parsed: ParsedSource) -> str:
+def blanked(text: str, parsed: ParsedSource) -> str:
+    """`text` with the parsed attributes and instantiations blanked: spaces, every newline
+    kept, so every line keeps its number (the simulator's and the cuda backend's rewrites)."""
     chars = list(text)
     for a, b in parsed.blank_spans:
         for k in range(a, min(b, len(chars))):
             if chars[k] != "\n":
                 chars[k] = " "
-    out = "".join(chars)
+    return "".join(chars)
+
+
+def single_const(text: str) -> str:
+    """`const` and `constant` in one declaration (both spelled `const` by the shims' `#define
+    constant const`) left as one `const`, columns kept."""
+    return _CONST_CONSTANT.sub(_drop_doubled_const, text)
+
+
+def rewrite(text: str, parsed: ParsedSource) -> str:
+    out = blanked(text, parsed)
     # replacements, back to front so offsets stay valid; line counts never change
     edits: set[tuple[int, int, str]] = set()
     for d in parsed.tg_decls:
@@ -72,4 +84,4 @@ def rewrite(text: str, parsed: ParsedSource) -> str:
         edits.add((fc.start, fc.end, decl + "\n" * out.count("\n", fc.start, fc.end)))
     for a, b, new in sorted(edits, reverse=True):
         out = out[:a] + new + out[b:]
-    return _CONST_CONSTANT.sub(_drop_doubled_const, out)
+    return single_const(out)
