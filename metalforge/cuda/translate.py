@@ -86,10 +86,9 @@ def _launch_bounds(threads: int) -> str:
     __launch_bounds__(N, 1024 / N): at least 1024 of its threads resident per multiprocessor,
     so at most 64 registers a thread. Without it NVRTC may take more registers than a schedule
     sized its grid for: the staged attention decode took 72 (7 groups of 128 per H100 core, its
-    1024 groups in two waves: 177 us at L = 65536, 131 us capped)."""
-    if threads >= 1024:
-        return ""
-    return f" __launch_bounds__({threads}, {max(1, 1024 // threads)})"
+    1024 groups in two waves: 177 us at L = 65536, 131 us capped). Kernels without a limit
+    below 1024 get `two_groups` instead."""
+    return f" __launch_bounds__({threads}, {1024 // threads})"
 
 
 def two_groups(symbol: str) -> str:
