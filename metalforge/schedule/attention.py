@@ -612,8 +612,20 @@ class _Builder(reduce.Builder):
         """`body` for each row mf_t < rows_per_group of the tile that exists (unrolled; the
         rows that exist are the first mf_nlive, the same in every thread of the group)."""
         t = ir.Var("mf_t")
-        return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), [
-            ir.If(t < ir.Var("mf_nlive"), body)], unroll=True)
+        return self.every_row([ir.If(t < ir.Var("mf_nlive"), body)])
+
+    def every_row(self, body: list[ir.Stmt]) -> ir.Stmt:
+        """`body` for every row mf_t < rows_per_group of the tile, those past its end too:
+        straight-line code for work whose results the rows past the end never use and that
+        reads nothing they lack (registers, the staged tiles and rows)."""
+        return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), body,
+                      unroll=True)
+
+    @staticmethod
+    def reads_only(roots: Sequence[Node], known: set[Node]) -> bool:
+        """Whether computing `roots` reads no tensor but those in `known` (already in
+        registers or threadgroup memory): then a row past the tile's end may compute it."""
+        return all(n in known for n in topo_order(list(roots)) if n.op in (Op.LOAD, Op.TAKE))
 
     def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each key mf_u < keys_per_step of the lane's key stream (unrolled)."""
@@ -1476,10 +1488,14 @@ class _Builder(reduce.Builder):
                 *q_reads, ir.For("mf_z", "uint", ir.Lit(0, "uint"), ir.Lit(qw, "uint"), [
                     ir.Decl("mf_x", "uint", y * ir.Lit(qw, "uint") + z), e_of_x, *adds_vec],
                     unroll=True)], unroll=True)
+            # rows past the tile's end have q = 0 staged: their dots are computed unguarded
+            # (never used) when the contractions read nothing else
+            rows = self.every_row if self.reads_only(
+                [r.args[0] for r in f.contractions], set(q_regs) | set(nodes)) else self.each_row
             scan = ir.If(ir.Var("mf_vec_ok"), [chunks([
                 ir.Comment(f"the key's chunk: one {vw}-element read of its row; each row's q: "
                            f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
-                *k_vec, self.each_row([each_vec])])], [scan])
+                *k_vec, rows([each_vec])])], [scan])
         sc_body, value = self.score()
         live = key < ir.Var("mf_tn")
         sc = ir.Var("mf_sc")
@@ -1488,7 +1504,7 @@ class _Builder(reduce.Builder):
                        "mf_part + mf_parts, ...) with every row's q, from the staged tile"),
             ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)), *decls,
             ir.If(live, [scan]),
-            ir.For("mf_off", "uint", ir.Var("mf_ks"), SIMD, [self.each_row(butterfly)],
+            ir.For("mf_off", "uint", ir.Var("mf_ks"), SIMD, [self.every_row(butterfly)],
                    step=ir.Var("mf_off")),
             ir.Comment("each row's score of the key (-inf past the tile), stored by the key's "
                        "first lane"),
@@ -1532,7 +1548,13 @@ class _Builder(reduce.Builder):
         out += [ir.Assign(mm, m_new),
                 ir.If(lane.eq(ir.Lit(0, "uint")), [
                     ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), corr)])]
-        return [ir.If(sg < ir.Var("mf_nlive"), out)]
+        # a row past the tile's end: weights 0 and factor 1, so that tile_values may add its
+        # p v and rescale it unguarded (to accumulators never used)
+        past = [ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), k * ir.Lit(self.qt, "uint") + sg),
+                          ir.Lit(0.0, "float")) for k in keys]
+        past.append(ir.If(lane.eq(ir.Lit(0, "uint")), [
+            ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), ir.Lit(1.0, "float"))]))
+        return [ir.If(sg < ir.Var("mf_nlive"), out, past)]
 
     def tile_values(self) -> list[ir.Stmt]:
         """This simdgroup's accumulators (every row) rescaled by the rows' factors, then
@@ -1597,12 +1619,21 @@ class _Builder(reduce.Builder):
                 st = self.in_stype(self.tensor_of(n))
                 reads.append(ir.Decl(f"{arr}v", ir.vector_type(st, run), ir.Load(
                     arr, u * ir.Var(f"{arr}_stride") + e0, run, st, space="threadgroup")))
-            regs = {n: ir.Cast(compute_type(self.tensor_of(n).dtype), ir.Lane(
-                ir.Var(f"{self.kv[n]}v"), x)) for n in vnodes}
+                # converted once for all the rows
+                ct = compute_type(self.tensor_of(n).dtype)
+                reads += [ir.ArrayDecl(f"{arr}f", ct, run), ir.For(
+                    "mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [ir.Assign(
+                        ir.Lane(ir.Var(f"{arr}f"), x),
+                        ir.Cast(ct, ir.Lane(ir.Var(f"{arr}v"), x)))], unroll=True)]
+            regs = {n: ir.Lane(ir.Var(f"{self.kv[n]}f"), x) for n in vnodes}
+            # rows past the tile's end have weight 0 (tile_softmax): unguarded when the
+            # values read nothing but the tile and the staged rows
+            rows = self.every_row if self.reads_only(
+                [f.values], set(vnodes) | set(self.staged)) else self.each_row
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
                 ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(self.vlanes * run, "uint")
                         + self.vlane() * ir.Lit(run, "uint")),
-                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [self.each_row([
+                ir.If(ir.Cast(IDX, e0) < self.size(f.e), [each_key(reads + [rows([
                     ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [
                         ir.Decl("mf_j", "uint", ir.Var("mf_s") * ir.Lit(run, "uint") + x),
                         ir.Decl("mf_e", "uint", e0 + x), *add(regs)], unroll=True)])])])],
@@ -1611,8 +1642,8 @@ class _Builder(reduce.Builder):
         return [
             ir.Comment("the values: this simdgroup's accumulators rescaled by each row's "
                        "factor, then acc[t] += p[t] v over its keys of the tile"),
-            self.each_row([ir.Decl("mf_c", "float", ir.Lane(ir.Var("mf_tg_c"), t)),
-                            self.slots([ir.Assign(acc, acc * ir.Var("mf_c"))])]),
+            self.every_row([ir.Decl("mf_c", "float", ir.Lane(ir.Var("mf_tg_c"), t)),
+                             self.slots([ir.Assign(acc, acc * ir.Var("mf_c"))])]),
             ir.Decl("mf_u0", "uint", ir.Var("mf_sg") * ir.Var("mf_ks")),
             ir.Decl("mf_u1", "uint", ir.Call("min", (ir.Var("mf_u0") + ir.Var("mf_ks"),
                                                      ir.Var("mf_tn")))),

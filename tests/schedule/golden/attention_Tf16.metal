@@ -217,15 +217,13 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_lane8(mf_kv0v, mf_x));
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 8u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 8u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 8u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 8u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -257,9 +255,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -295,15 +291,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -325,13 +324,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }
@@ -598,15 +599,13 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_lane8(mf_kv0v, mf_x));
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 8u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 8u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 8u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 8u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -638,9 +637,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -680,15 +677,19 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            mf_tg_pf[(mf_lane + 32u) * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -710,13 +711,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }
@@ -997,15 +1000,13 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_lane8(mf_kv0v, mf_x));
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 256u + mf_c * 8u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 8u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        for (uint mf_y = 0u; mf_y < 2u; ++mf_y) {
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 256u + mf_c * 8u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 8u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -1037,9 +1038,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -1075,15 +1074,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -1104,13 +1106,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }

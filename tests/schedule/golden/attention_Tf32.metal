@@ -198,16 +198,14 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_kv0v[mf_x]);
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            {
-                                const uint mf_y = 0u;
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 4u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 4u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        {
+                            const uint mf_y = 0u;
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 4u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 4u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -239,9 +237,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -277,15 +273,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -307,13 +306,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }
@@ -580,16 +581,14 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_kv0v[mf_x]);
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            {
-                                const uint mf_y = 0u;
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 4u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 4u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        {
+                            const uint mf_y = 0u;
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 128u + mf_c * 4u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 4u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -621,9 +620,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -663,15 +660,19 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            mf_tg_pf[(mf_lane + 32u) * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -693,13 +694,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }
@@ -980,16 +983,14 @@ template <typename T, typename mf_index_t>
                         mf_kv0c[mf_x] = float(mf_kv0v[mf_x]);
                     }
                     for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                        if (mf_t < mf_nlive) {
-                            {
-                                const uint mf_y = 0u;
-                                const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 256u + mf_c * 4u + mf_y * 4u);
-                                for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
-                                    const uint mf_x = mf_y * 4u + mf_z;
-                                    const uint mf_e = mf_c * 4u + mf_x;
-                                    const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
-                                    mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
-                                }
+                        {
+                            const uint mf_y = 0u;
+                            const vec<float, 4> mf_qv0 = *reinterpret_cast<threadgroup const vec<float, 4>*>(mf_tgq0 + mf_t * 256u + mf_c * 4u + mf_y * 4u);
+                            for (uint mf_z = 0u; mf_z < 4u; ++mf_z) {
+                                const uint mf_x = mf_y * 4u + mf_z;
+                                const uint mf_e = mf_c * 4u + mf_x;
+                                const float mf_c0_1 = mf_qv0[mf_z] * mf_kv0c[mf_x];
+                                mf_dot0[mf_t] = mf_dot0[mf_t] + mf_c0_1;
                             }
                         }
                     }
@@ -1021,9 +1022,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -1059,15 +1058,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -1088,13 +1090,15 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                            if (mf_t < mf_nlive) {
-                                for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
-                                    const uint mf_j = mf_s * 4u + mf_x;
-                                    const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
-                                }
+                            for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                                const uint mf_j = mf_s * 4u + mf_x;
+                                const uint mf_e = mf_e0 + mf_x;
+                                mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                             }
                         }
                     }

@@ -299,9 +299,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -336,15 +334,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -366,12 +367,16 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                             if (mf_t < mf_nlive) {
                                 for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
                                     const uint mf_j = mf_s * 4u + mf_x;
                                     const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
+                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                                 }
                             }
                         }
@@ -733,9 +738,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -774,15 +777,19 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            mf_tg_pf[(mf_lane + 32u) * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -804,12 +811,16 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                             if (mf_t < mf_nlive) {
                                 for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
                                     const uint mf_j = mf_s * 4u + mf_x;
                                     const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
+                                    mf_racc[mf_t * 4u + mf_j] = mf_racc[mf_t * 4u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                                 }
                             }
                         }
@@ -1185,9 +1196,7 @@ template <typename T, typename mf_index_t>
         }
         for (uint mf_off = mf_ks; mf_off < 32u; mf_off += mf_off) {
             for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-                if (mf_t < mf_nlive) {
-                    mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
-                }
+                mf_dot0[mf_t] = mf_dot0[mf_t] + simd_shuffle_xor(mf_dot0[mf_t], mf_off);
             }
         }
         // each row's score of the key (-inf past the tile), stored by the key's first lane
@@ -1222,15 +1231,18 @@ template <typename T, typename mf_index_t>
             if (mf_lane == 0u) {
                 mf_tg_c[mf_sg] = mf_corr;
             }
+        } else {
+            mf_tg_pf[mf_lane * 4u + mf_sg] = 0.0f;
+            if (mf_lane == 0u) {
+                mf_tg_c[mf_sg] = 1.0f;
+            }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: this simdgroup's accumulators rescaled by each row's factor, then acc[t] += p[t] v over its keys of the tile
         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
-            if (mf_t < mf_nlive) {
-                const float mf_c = mf_tg_c[mf_t];
-                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
-                }
+            const float mf_c = mf_tg_c[mf_t];
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] * mf_c;
             }
         }
         const uint mf_u0 = mf_sg * mf_ks;
@@ -1251,12 +1263,16 @@ template <typename T, typename mf_index_t>
                             }
                         }
                         const vec<T, 4> mf_kv1v = *reinterpret_cast<threadgroup const vec<T, 4>*>(mf_kv1 + mf_u * mf_kv1_stride + mf_e0);
+                        float mf_kv1f[4];
+                        for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
+                            mf_kv1f[mf_x] = float(mf_kv1v[mf_x]);
+                        }
                         for (uint mf_t = 0u; mf_t < 4u; ++mf_t) {
                             if (mf_t < mf_nlive) {
                                 for (uint mf_x = 0u; mf_x < 4u; ++mf_x) {
                                     const uint mf_j = mf_s * 4u + mf_x;
                                     const uint mf_e = mf_e0 + mf_x;
-                                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * float(mf_kv1v[mf_x]);
+                                    mf_racc[mf_t * 8u + mf_j] = mf_racc[mf_t * 8u + mf_j] + mf_pk[mf_t] * mf_kv1f[mf_x];
                                 }
                             }
                         }

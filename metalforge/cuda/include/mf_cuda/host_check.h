@@ -17,6 +17,8 @@ __nv_bfloat16 __float2bfloat16_rn(float);
 float __bfloat162float(__nv_bfloat16);
 unsigned __shfl_sync(unsigned, unsigned, int);
 unsigned long long __shfl_sync(unsigned, unsigned long long, int);
+unsigned __shfl_xor_sync(unsigned, unsigned, int);
+unsigned long long __shfl_xor_sync(unsigned, unsigned long long, int);
 unsigned __activemask();
 int __any_sync(unsigned, int);
 int __all_sync(unsigned, int);
