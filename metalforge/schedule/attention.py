@@ -173,10 +173,15 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedu
 # stage_kv's threadgroups are lighter (48 registers a thread, 21.5 KB of threadgroup memory:
 # 10 fit an H100 core, against 4 of the unstaged schedule's), so it aims at twice as many:
 # decode GQA 32/8, E = 128, f16, L = 16384 / 65536: 512 groups 83.6 / 285.5 us, 1024 groups
-# 63.3 / 190.5, 2048 groups 68.0 / 190.8 (bench/README.md, 2026-11-25).
+# 63.3 / 190.5, 2048 groups 68.0 / 190.8 (bench/README.md, 2026-11-25). A stage_kv block takes
+# at least MIN_STAGED_KEYS keys (two tiles): each group's set-up and state then serve more
+# than one tile; H100, 2026-11-26, the same decode at L = 4096: 128 blocks of one tile 17.7 us,
+# 64 blocks 16.2 (at 16K / 64K the target binds first: 128 blocks, 41.0 / 108.7; 64 blocks
+# 44.7 / 127.6).
 TARGET_GROUPS = 512
 TARGET_GROUPS_STAGED = 1024
 MIN_KEYS = 32
+MIN_STAGED_KEYS = 64
 # The merge kernel: key blocks a stream of lanes loads before it adds any of them, and the
 # simdgroups of a query row's threadgroup (each merges a share of the blocks, then the first
 # merges their states: with one simdgroup per row, 32 rows of 128 blocks took 17-21 us on an
@@ -270,7 +275,7 @@ class AttentionSchedule(Schedule):
 
     def _per_block(self) -> int:
         if self.policy.stage_kv:                # the simdgroups share every key
-            return MIN_KEYS
+            return MIN_STAGED_KEYS
         return self.policy.threads_per_group // SIMD_WIDTH * MIN_KEYS
 
     def _group(self, sizes: Optional[Mapping[str, int]] = None) -> int:
