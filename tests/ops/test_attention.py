@@ -192,6 +192,37 @@ def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
         torch.testing.assert_close(kernel(q, k, v, e ** -0.5, causal=causal), want, **TOL[dtype])
 
 
+@mf.kernel
+def row_scaled_keys(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]",
+                    r: "T[B, (G R), S]", scale: float):
+    return mf.sum(mf.softmax(mf.sum(q * (k * r), axis="E") * scale, axis="L") * v, axis="L")
+
+
+@mf.kernel
+def row_scaled_values(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]",
+                      r: "T[B, (G R), S]", scale: float):
+    return mf.sum(mf.softmax(mf.sum(q * k, axis="E") * scale, axis="L") * (v * r), axis="L")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rows_past_the_tile_read_nothing(dtype):
+    """Rows past a tile's end are computed unguarded only where the scores' and values' work
+    reads nothing but staged rows and tiles: a per-row tensor read inside the contraction or
+    the values keeps them guarded (S = 5, R = 2: the last tile of four rows has two; the
+    simulator's bounds check catches a read of the others)."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 5, 32, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 70, 32, generator=g).to(dtype) for _ in range(2))
+    r = (torch.rand(1, 4, 5, generator=g) + 0.5).to(dtype)
+    kq, vq = (t.double().repeat_interleave(2, dim=1) for t in (k, v))
+    rr = r.double()[..., None]
+    p = torch.softmax((q.double() @ kq.transpose(-1, -2)) * rr * 0.2, dim=-1)
+    torch.testing.assert_close(row_scaled_keys(q, k, v, r, 0.2), (p @ vq).to(dtype), **TOL[dtype])
+    p = torch.softmax((q.double() @ kq.transpose(-1, -2)) * 0.2, dim=-1)
+    torch.testing.assert_close(row_scaled_values(q, k, v, r, 0.2), (p @ vq * rr).to(dtype),
+                               **TOL[dtype])
+
+
 def test_stage_kv_launch():
     """One simdgroup per row of the tile (128 threads for R = 4, 32 where the tile is one
     row); 32 keys a tile, fewer where E's rows would not fit the tile's bytes; about 1024
