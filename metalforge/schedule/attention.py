@@ -1555,8 +1555,8 @@ class _Builder(reduce.Builder):
                     ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), corr)])]
         # a row past the tile's end: weights 0 and factor 1, so that tile_values may add its
         # p v and rescale it unguarded (to accumulators never used)
-        past = [ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), k * ir.Lit(self.qt, "uint") + sg),
-                          ir.Lit(0.0, "float")) for k in keys]
+        past: list[ir.Stmt] = [ir.Assign(ir.Lane(ir.Var("mf_tg_pf"), k * ir.Lit(self.qt, "uint")
+                                                 + sg), ir.Lit(0.0, "float")) for k in keys]
         past.append(ir.If(lane.eq(ir.Lit(0, "uint")), [
             ir.Assign(ir.Lane(ir.Var("mf_tg_c"), sg), ir.Lit(1.0, "float"))]))
         return [ir.If(sg < ir.Var("mf_nlive"), out, past)]
