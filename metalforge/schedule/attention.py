@@ -626,11 +626,14 @@ class _Builder(reduce.Builder):
         return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(self.qt, "uint"), body,
                       unroll=True)
 
-    @staticmethod
-    def reads_only(roots: Sequence[Node], known: set[Node]) -> bool:
-        """Whether computing `roots` reads no tensor but those in `known` (already in
-        registers or threadgroup memory): then a row past the tile's end may compute it."""
-        return all(n in known for n in topo_order(list(roots)) if n.op in (Op.LOAD, Op.TAKE))
+    def rows_reading(self, roots: Sequence[Node],
+                     known: set[Node]) -> Callable[[list[ir.Stmt]], ir.Stmt]:
+        """The row loop for work computing `roots`: every_row when it reads no tensor but
+        those in `known` (already in registers or threadgroup memory), so that a row past the
+        tile's end may compute it; else each_row."""
+        if all(n in known for n in topo_order(list(roots)) if n.op in (Op.LOAD, Op.TAKE)):
+            return self.every_row
+        return self.each_row
 
     def each_key(self, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` for each key mf_u < keys_per_step of the lane's key stream (unrolled)."""
@@ -1495,8 +1498,8 @@ class _Builder(reduce.Builder):
                     unroll=True)], unroll=True)
             # rows past the tile's end have q = 0 staged: their dots are computed unguarded
             # (never used) when the contractions read nothing else
-            rows = self.every_row if self.reads_only(
-                [r.args[0] for r in f.contractions], set(q_regs) | set(nodes)) else self.each_row
+            rows = self.rows_reading([r.args[0] for r in f.contractions],
+                                     set(q_regs) | set(nodes))
             scan = ir.If(ir.Var("mf_vec_ok"), [chunks([
                 ir.Comment(f"the key's chunk: one {vw}-element read of its row; each row's q: "
                            f"{vw // qw} x float{qw if qw > 1 else ''} (a broadcast)"),
@@ -1633,8 +1636,7 @@ class _Builder(reduce.Builder):
             regs = {n: ir.Lane(ir.Var(f"{self.kv[n]}f"), x) for n in vnodes}
             # rows past the tile's end have weight 0 (tile_softmax): unguarded when the
             # values read nothing but the tile and the staged rows
-            rows = self.every_row if self.reads_only(
-                [f.values], set(vnodes) | set(self.staged)) else self.each_row
+            rows = self.rows_reading([f.values], set(vnodes) | set(self.staged))
             by_runs = ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(self.epl // run, "uint"), [
                 ir.Decl("mf_e0", "uint", ir.Var("mf_s") * ir.Lit(self.vlanes * run, "uint")
                         + self.vlane() * ir.Lit(run, "uint")),
