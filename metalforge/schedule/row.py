@@ -40,7 +40,7 @@ from typing import Callable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, take_sites
+from ..graph import Graph, Node, Op, TensorParam, take_sites
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
 from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
@@ -243,7 +243,7 @@ class _Builder(reduce.Builder):
         if n in self.own_slots:
             c = self.own_slots[n]
             k: ir.Expr = ir.Var("mf_k")
-            return ir.Lane(ir.Var(self.reg(name)), k ^ ir.Lit(c, "uint") if c else k)
+            return self.reg_value(name, k ^ ir.Lit(c, "uint") if c else k)
         t = self.graph.tensor(name)
         e: ir.Expr = ir.Lit(0, IDX)
         for i, a in enumerate(t.axes):
@@ -255,6 +255,21 @@ class _Builder(reduce.Builder):
     def reg(self, name: str) -> str:
         return f"mf_reg_{name}"
 
+    def reg_type(self, t: TensorParam) -> str:
+        """The type of a tensor's register block: the tensor's own for floats (a half or bfloat
+        row takes half the registers, converted to fp32 where used: two groups of 1024 threads
+        fit an NVIDIA core where fp32 copies of an f16 row took 63 registers a thread), the
+        compute type otherwise."""
+        ct = compute_type(t.dtype)
+        return self.in_stype(t) if ct == "float" else ct
+
+    def reg_value(self, name: str, k: ir.Expr) -> ir.Expr:
+        """Slot k of a tensor's register block, in its compute type."""
+        t = self.graph.tensor(name)
+        ct, rt = compute_type(t.dtype), self.reg_type(t)
+        slot = ir.Lane(ir.Var(self.reg(name)), k)
+        return slot if rt == ct else ir.Cast(ct, slot)
+
     def load_block(self, tensors: list[str], declare: bool) -> list[ir.Stmt]:
         """Fill mf_reg_<t>[R] with this thread's R elements of each tensor (guarded)."""
         reads, vw = self.reads, self.vw
@@ -265,10 +280,13 @@ class _Builder(reduce.Builder):
         sca: list[ir.Stmt] = []
         for name in tensors:
             t = self.graph.tensor(name)
-            ct, st = compute_type(t.dtype), self.in_stype(t)
+            ct, st, rt = compute_type(t.dtype), self.in_stype(t), self.reg_type(t)
             arr = ir.Var(self.reg(name))
+
+            def fill(e: ir.Expr, rt: str = rt) -> ir.Expr:
+                return e if rt == st else ir.Cast(rt, e)
             if declare:
-                out.append(ir.ArrayDecl(self.reg(name), ct, reads))
+                out.append(ir.ArrayDecl(self.reg(name), rt, reads))
             rb = self.row_base(name, t.axes)
             start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
@@ -276,12 +294,13 @@ class _Builder(reduce.Builder):
                         ir.Load(self.names[name], start, vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                     ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
-                              ir.Cast(ct, self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
+                              fill(self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
                     unroll=True)], unroll=True))
             pos = base + ir.Var("mf_k")
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
                 pos < self.size(self.axis),
-                ir.Cast(ct, ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
+                fill(ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
+                ir.Cast(rt, ir.Lit(0.0, "float")) if rt == st != ct else
                 ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
@@ -304,7 +323,7 @@ class _Builder(reduce.Builder):
         """Lowering of this thread's element mf_k (at row position mf_pos): tensors from its
         registers, the row values `frontier` as the row computed them."""
         el = ElementLowering(self.graph,
-                             lambda n: ir.Lane(ir.Var(self.reg(n.attr)), ir.Var("mf_k")),
+                             lambda n: self.reg_value(n.attr, ir.Var("mf_k")),
                              self.el_position, self.size, lambda s: self.names[s], prefix=prefix,
                              take=self.gather)
         for n in frontier:
@@ -369,7 +388,8 @@ class _Builder(reduce.Builder):
             g = sites.index(n)
             src, val = ir.Var(f"mf_from{g}"), ir.Var(f"mf_gather{g}")
             ct = compute_type(self.graph.tensor(n.attr[0]).dtype)
-            reg = ir.Var(self.reg(n.attr[0]))
+            def reg(i: ir.Expr, name: str = n.attr[0]) -> ir.Expr:
+                return self.reg_value(name, i)
             out += [ir.ArrayDecl(src.name, "uint", reads), ir.ArrayDecl(val.name, ct, reads)]
             stmts, checked = el.gather_position(n, report_if=in_row)
             index_loop += stmts + [ir.Assign(ir.Lane(src, k), ir.Cast("uint", checked))]
@@ -377,13 +397,13 @@ class _Builder(reduce.Builder):
             same.append(ir.Assign(flag, flag.and_(past_end.or_(slot.eq(k)))))
             lane = ir.Cast("ushort", first + ir.Lane(src, k) / ir.Lit(reads, "uint"))
             fetch_same.append(ir.Assign(ir.Lane(val, k),
-                                        ir.Call("simd_shuffle", (ir.Lane(reg, k), lane))))
+                                        ir.Call("simd_shuffle", (reg(k), lane))))
             s, t = ir.Var("mf_s"), ir.Var(f"mf_t{g}")
             fetch_any += [
                 ir.Assign(ir.Lane(val, k),
-                          ir.Call("simd_shuffle", (ir.Lane(reg, ir.Lit(0, "uint")), lane))),
+                          ir.Call("simd_shuffle", (reg(ir.Lit(0, "uint")), lane))),
                 ir.For("mf_s", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"), [
-                    ir.Decl(t.name, ct, ir.Call("simd_shuffle", (ir.Lane(reg, s), lane))),
+                    ir.Decl(t.name, ct, ir.Call("simd_shuffle", (reg(s), lane))),
                     ir.Assign(ir.Lane(val, k), ir.Select(slot.eq(s), t, ir.Lane(val, k)))],
                     unroll=True)]
         self.helpers |= el.helpers

@@ -161,7 +161,7 @@ def test_rms_norm_f16_reads_each_input_once():
     assert group.count("reinterpret_cast<device const mf_pack8<T>*>(x + ") == 1
     assert "for (uint mf_c = 0u; mf_c < 2u; ++mf_c)" in group
     assert group.count("x[mf_row_x") == 1
-    assert "float mf_reg_x[16];" in group and "simd_sum" in group and "threadgroup float" in group
+    assert "T mf_reg_x[16];" in group and "simd_sum" in group and "threadgroup float" in group
     # f32: the same 8 elements per thread as two 16-byte vectors
     x32, w32 = x.float(), w.float()
     src = rms_norm.source(x32, w32)

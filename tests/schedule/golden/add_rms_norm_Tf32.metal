@@ -47,35 +47,35 @@ kernel void mf_add_rms_norm_simd(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of r, x into registers
-    float mf_reg_r[8];
-    float mf_reg_x[8];
+    T mf_reg_r[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_r_v = *reinterpret_cast<device const vec<T, 4>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_r[mf_c * 4u + mf_l] = float(mf_r_v[mf_l]);
+                mf_reg_r[mf_c * 4u + mf_l] = mf_r_v[mf_l];
             }
         }
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? float(r[mf_row_r + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
-            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_r = float(mf_reg_r[mf_k]);
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
@@ -85,8 +85,8 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
@@ -106,19 +106,19 @@ kernel void mf_add_rms_norm_simd(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out0[8];
@@ -127,11 +127,11 @@ kernel void mf_add_rms_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
-            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_r = float(mf_reg_r[mf_k]);
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
             mf_reg_mf_out1[mf_k] = T(mf_v3);
@@ -141,11 +141,11 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
@@ -221,35 +221,35 @@ kernel void mf_add_rms_norm_group(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of r, x into registers
-    float mf_reg_r[8];
-    float mf_reg_x[8];
+    T mf_reg_r[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_r_v = *reinterpret_cast<device const vec<T, 4>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_r[mf_c * 4u + mf_l] = float(mf_r_v[mf_l]);
+                mf_reg_r[mf_c * 4u + mf_l] = mf_r_v[mf_l];
             }
         }
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? float(r[mf_row_r + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
-            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_r = float(mf_reg_r[mf_k]);
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
@@ -259,8 +259,8 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
@@ -282,19 +282,19 @@ kernel void mf_add_rms_norm_group(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out0[8];
@@ -303,11 +303,11 @@ kernel void mf_add_rms_norm_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
-            const float mf_in_r = mf_reg_r[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_r = float(mf_reg_r[mf_k]);
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
             mf_reg_mf_out1[mf_k] = T(mf_v3);
@@ -317,11 +317,11 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
@@ -403,37 +403,37 @@ kernel void mf_add_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of r, x into registers
-        float mf_reg_r[4];
-        float mf_reg_x[4];
+        T mf_reg_r[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_r_v = *reinterpret_cast<device const vec<T, 4>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_r[mf_c * 4u + mf_l] = float(mf_r_v[mf_l]);
+                    mf_reg_r[mf_c * 4u + mf_l] = mf_r_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? float(r[mf_row_r + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
@@ -443,8 +443,8 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
-                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_r = float(mf_reg_r[mf_k]);
                     const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_v1;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
@@ -471,38 +471,38 @@ kernel void mf_add_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of w, r, x into registers
-        float mf_reg_w[4];
-        float mf_reg_r[4];
-        float mf_reg_x[4];
+        T mf_reg_w[4];
+        T mf_reg_r[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_r_v = *reinterpret_cast<device const vec<T, 4>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_r[mf_c * 4u + mf_l] = float(mf_r_v[mf_l]);
+                    mf_reg_r[mf_c * 4u + mf_l] = mf_r_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? float(r[mf_row_r + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out0[4];
@@ -511,11 +511,11 @@ kernel void mf_add_rms_norm_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
-                const float mf_in_r = mf_reg_r[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_r = float(mf_reg_r[mf_k]);
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
@@ -525,11 +525,11 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
-                    const float mf_in_r = mf_reg_r[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_r = float(mf_reg_r[mf_k]);
                     const float mf_v1 = mf_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_r4;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v3 = mf_v2 * mf_w;
                     mf_reg_mf_out0[mf_k] = T(mf_v1);
                     mf_reg_mf_out1[mf_k] = T(mf_v3);

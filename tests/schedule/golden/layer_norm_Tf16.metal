@@ -64,27 +64,27 @@ kernel void mf_layer_norm_simd(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_acc1 + mf_x;
         }
     } else {
@@ -92,7 +92,7 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_acc1 + mf_x;
             }
         }
@@ -112,7 +112,7 @@ kernel void mf_layer_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
@@ -123,7 +123,7 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -144,29 +144,29 @@ kernel void mf_layer_norm_simd(
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 8 elements per thread of b, w into registers
-    float mf_reg_b[8];
-    float mf_reg_w[8];
+    T mf_reg_b[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_b_v = *reinterpret_cast<device const mf_pack8<T>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_b[mf_c * 8u + mf_l] = float(mf_lane8(mf_b_v, mf_l));
+                mf_reg_b[mf_c * 8u + mf_l] = mf_lane8(mf_b_v, mf_l);
             }
         }
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -174,12 +174,12 @@ kernel void mf_layer_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
-            const float mf_b = mf_reg_b[mf_k];
+            const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
@@ -188,12 +188,12 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -261,26 +261,26 @@ kernel void mf_layer_norm_group(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 16 elements per thread of x into registers
-    float mf_reg_x[16];
+    T mf_reg_x[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_acc1 + mf_x;
         }
     } else {
@@ -288,7 +288,7 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_acc1 + mf_x;
             }
         }
@@ -310,7 +310,7 @@ kernel void mf_layer_norm_group(
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
@@ -321,7 +321,7 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -344,27 +344,27 @@ kernel void mf_layer_norm_group(
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 16 elements per thread of b, w into registers
-    float mf_reg_b[16];
-    float mf_reg_w[16];
+    T mf_reg_b[16];
+    T mf_reg_w[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_b_v = *reinterpret_cast<device const mf_pack8<T>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_b[mf_c * 8u + mf_l] = float(mf_lane8(mf_b_v, mf_l));
+                mf_reg_b[mf_c * 8u + mf_l] = mf_lane8(mf_b_v, mf_l);
             }
         }
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[16];
@@ -372,12 +372,12 @@ kernel void mf_layer_norm_group(
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
-            const float mf_b = mf_reg_b[mf_k];
+            const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
@@ -386,12 +386,12 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -464,27 +464,27 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
             }
         } else {
@@ -492,7 +492,7 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
                 }
             }
@@ -517,27 +517,27 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -548,7 +548,7 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r2;
                     const float mf_v2 = mf_x - mf_r2;
                     const float mf_v3 = mf_v1 * mf_v2;
@@ -576,38 +576,38 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of b, w, x into registers
-        float mf_reg_b[4];
-        float mf_reg_w[4];
-        float mf_reg_x[4];
+        T mf_reg_b[4];
+        T mf_reg_w[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_b_v = *reinterpret_cast<device const vec<T, 4>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_b[mf_c * 4u + mf_l] = float(mf_b_v[mf_l]);
+                    mf_reg_b[mf_c * 4u + mf_l] = mf_b_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -615,12 +615,12 @@ kernel void mf_layer_norm_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -629,12 +629,12 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r2;
                     const float mf_v2 = mf_v1 * mf_r6;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v3 = mf_v2 * mf_w;
-                    const float mf_b = mf_reg_b[mf_k];
+                    const float mf_b = float(mf_reg_b[mf_k]);
                     const float mf_v4 = mf_v3 + mf_b;
                     mf_reg_mf_out[mf_k] = T(mf_v4);
                 }

@@ -45,26 +45,26 @@ kernel void mf_layer_norm_simd(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_acc1 + mf_x;
         }
     } else {
@@ -72,7 +72,7 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_acc1 + mf_x;
             }
         }
@@ -92,7 +92,7 @@ kernel void mf_layer_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
@@ -103,7 +103,7 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -124,27 +124,27 @@ kernel void mf_layer_norm_simd(
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 8 elements per thread of b, w into registers
-    float mf_reg_b[8];
-    float mf_reg_w[8];
+    T mf_reg_b[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_b_v = *reinterpret_cast<device const vec<T, 4>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_b[mf_c * 4u + mf_l] = float(mf_b_v[mf_l]);
+                mf_reg_b[mf_c * 4u + mf_l] = mf_b_v[mf_l];
             }
         }
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -152,12 +152,12 @@ kernel void mf_layer_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
-            const float mf_b = mf_reg_b[mf_k];
+            const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
@@ -166,12 +166,12 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -238,26 +238,26 @@ kernel void mf_layer_norm_group(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_acc1 + mf_x;
         }
     } else {
@@ -265,7 +265,7 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_acc1 + mf_x;
             }
         }
@@ -287,7 +287,7 @@ kernel void mf_layer_norm_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
@@ -298,7 +298,7 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -321,27 +321,27 @@ kernel void mf_layer_norm_group(
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 8 elements per thread of b, w into registers
-    float mf_reg_b[8];
-    float mf_reg_w[8];
+    T mf_reg_b[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_b_v = *reinterpret_cast<device const vec<T, 4>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_b[mf_c * 4u + mf_l] = float(mf_b_v[mf_l]);
+                mf_reg_b[mf_c * 4u + mf_l] = mf_b_v[mf_l];
             }
         }
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -349,12 +349,12 @@ kernel void mf_layer_norm_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_w;
-            const float mf_b = mf_reg_b[mf_k];
+            const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
@@ -363,12 +363,12 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -441,27 +441,27 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
             }
         } else {
@@ -469,7 +469,7 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
                 }
             }
@@ -494,27 +494,27 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
@@ -525,7 +525,7 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r2;
                     const float mf_v2 = mf_x - mf_r2;
                     const float mf_v3 = mf_v1 * mf_v2;
@@ -553,38 +553,38 @@ kernel void mf_layer_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of b, w, x into registers
-        float mf_reg_b[4];
-        float mf_reg_w[4];
-        float mf_reg_x[4];
+        T mf_reg_b[4];
+        T mf_reg_w[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_b_v = *reinterpret_cast<device const vec<T, 4>*>(b + mf_row_b + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_b[mf_c * 4u + mf_l] = float(mf_b_v[mf_l]);
+                    mf_reg_b[mf_c * 4u + mf_l] = mf_b_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? float(b[mf_row_b + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_b[mf_k] = mf_base + mf_k < mf_size_D ? b[mf_row_b + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -592,12 +592,12 @@ kernel void mf_layer_norm_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_w;
-                const float mf_b = mf_reg_b[mf_k];
+                const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
@@ -606,12 +606,12 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r2;
                     const float mf_v2 = mf_v1 * mf_r6;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v3 = mf_v2 * mf_w;
-                    const float mf_b = mf_reg_b[mf_k];
+                    const float mf_b = float(mf_reg_b[mf_k]);
                     const float mf_v4 = mf_v3 + mf_b;
                     mf_reg_mf_out[mf_k] = T(mf_v4);
                 }

@@ -98,26 +98,26 @@ kernel void mf_log_softmax_simd(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else {
@@ -125,7 +125,7 @@ kernel void mf_log_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
@@ -143,7 +143,7 @@ kernel void mf_log_softmax_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -153,7 +153,7 @@ kernel void mf_log_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -174,7 +174,7 @@ kernel void mf_log_softmax_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
@@ -184,7 +184,7 @@ kernel void mf_log_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
@@ -244,26 +244,26 @@ kernel void mf_log_softmax_group(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else {
@@ -271,7 +271,7 @@ kernel void mf_log_softmax_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
@@ -291,7 +291,7 @@ kernel void mf_log_softmax_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -301,7 +301,7 @@ kernel void mf_log_softmax_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -324,7 +324,7 @@ kernel void mf_log_softmax_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
@@ -334,7 +334,7 @@ kernel void mf_log_softmax_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
@@ -401,20 +401,20 @@ kernel void mf_log_softmax_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
@@ -422,7 +422,7 @@ kernel void mf_log_softmax_looped(
             // all of them in the row: no per-element check
             float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_on1[mf_k] = mf_x;
             }
             // fold the chunk into the running max and sum at once
@@ -432,7 +432,7 @@ kernel void mf_log_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
                 }
             }
@@ -456,20 +456,20 @@ kernel void mf_log_softmax_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -477,7 +477,7 @@ kernel void mf_log_softmax_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
@@ -487,7 +487,7 @@ kernel void mf_log_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_acc1;
                     const float mf_v2 = mf_v1 - mf_r1;
                     mf_reg_mf_out[mf_k] = T(mf_v2);

@@ -59,26 +59,26 @@ kernel void mf_logsumexp_simd(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
     } else {
@@ -86,7 +86,7 @@ kernel void mf_logsumexp_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
             }
         }
@@ -107,7 +107,7 @@ kernel void mf_logsumexp_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -117,7 +117,7 @@ kernel void mf_logsumexp_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -176,26 +176,26 @@ kernel void mf_logsumexp_group(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
     } else {
@@ -203,7 +203,7 @@ kernel void mf_logsumexp_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
             }
         }
@@ -226,7 +226,7 @@ kernel void mf_logsumexp_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -236,7 +236,7 @@ kernel void mf_logsumexp_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -302,27 +302,27 @@ kernel void mf_logsumexp_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
             }
         } else {
@@ -330,7 +330,7 @@ kernel void mf_logsumexp_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc1 = mf_maximum(mf_acc1, mf_x);
                 }
             }
@@ -354,27 +354,27 @@ kernel void mf_logsumexp_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
@@ -384,7 +384,7 @@ kernel void mf_logsumexp_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r3;
                     const float mf_v2 = precise::exp(mf_v1);
                     mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);

@@ -101,27 +101,27 @@ kernel void mf_qk_norm_rope_simd(
     // phase 1: sum over E
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_E) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_E) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -130,7 +130,7 @@ kernel void mf_qk_norm_rope_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -153,20 +153,20 @@ kernel void mf_qk_norm_rope_simd(
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_E) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -210,20 +210,20 @@ kernel void mf_qk_norm_rope_simd(
     if (simd_all(mf_same_slot)) {
         // every element in the row gathers from its own slot number of another lane: one shuffle each
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_gather0[mf_k] = simd_shuffle(mf_reg_x[mf_k], ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
-            mf_gather1[mf_k] = simd_shuffle(mf_reg_w[mf_k], ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
+            mf_gather0[mf_k] = simd_shuffle(float(mf_reg_x[mf_k]), ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
+            mf_gather1[mf_k] = simd_shuffle(float(mf_reg_w[mf_k]), ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
         }
     } else {
         // from any slot: shuffle all 8 slots of the source lane, keep the gathered one
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_gather0[mf_k] = simd_shuffle(mf_reg_x[0u], ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
+            mf_gather0[mf_k] = simd_shuffle(float(mf_reg_x[0u]), ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
             for (uint mf_s = 1u; mf_s < 8u; ++mf_s) {
-                const float mf_t0 = simd_shuffle(mf_reg_x[mf_s], ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
+                const float mf_t0 = simd_shuffle(float(mf_reg_x[mf_s]), ushort(mf_lane - mf_t + mf_from0[mf_k] / 8u));
                 mf_gather0[mf_k] = mf_from0[mf_k] % 8u == mf_s ? mf_t0 : mf_gather0[mf_k];
             }
-            mf_gather1[mf_k] = simd_shuffle(mf_reg_w[0u], ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
+            mf_gather1[mf_k] = simd_shuffle(float(mf_reg_w[0u]), ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
             for (uint mf_s = 1u; mf_s < 8u; ++mf_s) {
-                const float mf_t1 = simd_shuffle(mf_reg_w[mf_s], ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
+                const float mf_t1 = simd_shuffle(float(mf_reg_w[mf_s]), ushort(mf_lane - mf_t + mf_from1[mf_k] / 8u));
                 mf_gather1[mf_k] = mf_from1[mf_k] % 8u == mf_s ? mf_t1 : mf_gather1[mf_k];
             }
         }
@@ -233,9 +233,9 @@ kernel void mf_qk_norm_rope_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r7;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             const long mf_index_E = long(mf_pos);
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
@@ -262,9 +262,9 @@ kernel void mf_qk_norm_rope_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
@@ -360,26 +360,26 @@ kernel void mf_qk_norm_rope_group(
     // phase 1: sum over E
     float mf_acc1 = 0.0f;
     // load 16 elements per thread of x into registers
-    float mf_reg_x[16];
+    T mf_reg_x[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_E) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_E) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -388,7 +388,7 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -413,19 +413,19 @@ kernel void mf_qk_norm_rope_group(
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     // load 16 elements per thread of w into registers
-    float mf_reg_w[16];
+    T mf_reg_w[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_E) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[16];
@@ -434,9 +434,9 @@ kernel void mf_qk_norm_rope_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r7;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             const long mf_index_E = long(mf_pos);
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
@@ -487,9 +487,9 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
@@ -614,27 +614,27 @@ kernel void mf_qk_norm_rope_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_E) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_E) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
@@ -643,7 +643,7 @@ kernel void mf_qk_norm_rope_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_E) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
@@ -673,29 +673,29 @@ kernel void mf_qk_norm_rope_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of w, x into registers
-        float mf_reg_w[4];
-        float mf_reg_x[4];
+        T mf_reg_w[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_E) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_E ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_E ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -704,9 +704,9 @@ kernel void mf_qk_norm_rope_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
@@ -757,9 +757,9 @@ kernel void mf_qk_norm_rope_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_E) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_r7;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v2 = mf_v1 * mf_w;
                     const long mf_index_E = long(mf_pos);
                     const long mf_v3 = mf_remainder(mf_index_E, mf_r2);

@@ -62,27 +62,27 @@ kernel void mf_rms_norm_simd(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -91,7 +91,7 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -110,20 +110,20 @@ kernel void mf_rms_norm_simd(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -131,9 +131,9 @@ kernel void mf_rms_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
@@ -142,9 +142,9 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -208,26 +208,26 @@ kernel void mf_rms_norm_group(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 16 elements per thread of x into registers
-    float mf_reg_x[16];
+    T mf_reg_x[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -236,7 +236,7 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -257,19 +257,19 @@ kernel void mf_rms_norm_group(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 16 elements per thread of w into registers
-    float mf_reg_w[16];
+    T mf_reg_w[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_w[mf_c * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[16];
@@ -277,9 +277,9 @@ kernel void mf_rms_norm_group(
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
@@ -288,9 +288,9 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -359,27 +359,27 @@ kernel void mf_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
@@ -388,7 +388,7 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
@@ -414,29 +414,29 @@ kernel void mf_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of w, x into registers
-        float mf_reg_w[4];
-        float mf_reg_x[4];
+        T mf_reg_w[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -444,9 +444,9 @@ kernel void mf_rms_norm_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -455,9 +455,9 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_r4;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v2 = mf_v1 * mf_w;
                     mf_reg_mf_out[mf_k] = T(mf_v2);
                 }

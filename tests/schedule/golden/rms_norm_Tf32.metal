@@ -43,26 +43,26 @@ kernel void mf_rms_norm_simd(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -71,7 +71,7 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -90,19 +90,19 @@ kernel void mf_rms_norm_simd(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -110,9 +110,9 @@ kernel void mf_rms_norm_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
@@ -121,9 +121,9 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -186,26 +186,26 @@ kernel void mf_rms_norm_group(
     // phase 1: sum over D
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
@@ -214,7 +214,7 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
@@ -235,19 +235,19 @@ kernel void mf_rms_norm_group(
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
-    float mf_reg_w[8];
+    T mf_reg_w[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
@@ -255,9 +255,9 @@ kernel void mf_rms_norm_group(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = mf_reg_w[mf_k];
+            const float mf_w = float(mf_reg_w[mf_k]);
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
@@ -266,9 +266,9 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -337,27 +337,27 @@ kernel void mf_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
@@ -366,7 +366,7 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
@@ -392,29 +392,29 @@ kernel void mf_rms_norm_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of w, x into registers
-        float mf_reg_w[4];
-        float mf_reg_x[4];
+        T mf_reg_w[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_w[mf_c * 4u + mf_l] = float(mf_w_v[mf_l]);
+                    mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
                 }
             }
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? float(w[mf_row_w + mf_index_t(mf_base + mf_k)]) : 0.0f;
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -422,9 +422,9 @@ kernel void mf_rms_norm_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = mf_reg_w[mf_k];
+                const float mf_w = float(mf_reg_w[mf_k]);
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
@@ -433,9 +433,9 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_r4;
-                    const float mf_w = mf_reg_w[mf_k];
+                    const float mf_w = float(mf_reg_w[mf_k]);
                     const float mf_v2 = mf_v1 * mf_w;
                     mf_reg_mf_out[mf_k] = T(mf_v2);
                 }

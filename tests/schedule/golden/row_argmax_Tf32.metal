@@ -39,19 +39,19 @@ kernel void mf_row_argmax_simd(
     float mf_acc1 = -INFINITY;
     uint mf_arg1 = 4294967295u;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
@@ -59,7 +59,7 @@ kernel void mf_row_argmax_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                 mf_acc1 = mf_x;
                 mf_arg1 = uint(mf_pos);
@@ -70,7 +70,7 @@ kernel void mf_row_argmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                     mf_acc1 = mf_x;
                     mf_arg1 = uint(mf_pos);
@@ -133,19 +133,19 @@ kernel void mf_row_argmax_group(
     float mf_acc1 = -INFINITY;
     uint mf_arg1 = 4294967295u;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
@@ -153,7 +153,7 @@ kernel void mf_row_argmax_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                 mf_acc1 = mf_x;
                 mf_arg1 = uint(mf_pos);
@@ -164,7 +164,7 @@ kernel void mf_row_argmax_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                     mf_acc1 = mf_x;
                     mf_arg1 = uint(mf_pos);
@@ -232,20 +232,20 @@ kernel void mf_row_argmax_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
@@ -253,7 +253,7 @@ kernel void mf_row_argmax_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                     mf_acc1 = mf_x;
                     mf_arg1 = uint(mf_pos);
@@ -264,7 +264,7 @@ kernel void mf_row_argmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
                         mf_acc1 = mf_x;
                         mf_arg1 = uint(mf_pos);

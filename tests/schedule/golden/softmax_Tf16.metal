@@ -117,27 +117,27 @@ kernel void mf_softmax_simd(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 8 elements per thread of x into registers
-    float mf_reg_x[8];
+    T mf_reg_x[8];
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 8-wide vector loads
         {
             const uint mf_c = 0u;
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else {
@@ -145,7 +145,7 @@ kernel void mf_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
@@ -164,7 +164,7 @@ kernel void mf_softmax_simd(
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -175,7 +175,7 @@ kernel void mf_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -264,26 +264,26 @@ kernel void mf_softmax_group(
     // phase 1: max over D
     float mf_acc1 = -INFINITY;
     // load 16 elements per thread of x into registers
-    float mf_reg_x[16];
+    T mf_reg_x[16];
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector loads
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                mf_reg_x[mf_c * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
+                mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else {
@@ -291,7 +291,7 @@ kernel void mf_softmax_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
@@ -312,7 +312,7 @@ kernel void mf_softmax_group(
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = mf_reg_x[mf_k];
+            const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
@@ -323,7 +323,7 @@ kernel void mf_softmax_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
@@ -420,20 +420,20 @@ kernel void mf_softmax_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
@@ -441,7 +441,7 @@ kernel void mf_softmax_looped(
             // all of them in the row: no per-element check
             float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 mf_on1[mf_k] = mf_x;
             }
             // fold the chunk into the running max and sum at once
@@ -451,7 +451,7 @@ kernel void mf_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
                 }
             }
@@ -475,20 +475,20 @@ kernel void mf_softmax_looped(
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         // load 4 elements per thread of x into registers
-        float mf_reg_x[4];
+        T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
             // 4-wide vector loads
             {
                 const uint mf_c = 0u;
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? float(x[mf_row_x + mf_index_t(mf_base + mf_k)]) : 0.0f;
+                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
@@ -496,7 +496,7 @@ kernel void mf_softmax_looped(
         if (mf_base + 4u <= mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = mf_reg_x[mf_k];
+                const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 const float mf_v3 = mf_v2 * mf_r1;
@@ -507,7 +507,7 @@ kernel void mf_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = mf_reg_x[mf_k];
+                    const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_acc1;
                     const float mf_v2 = precise::exp(mf_v1);
                     const float mf_v3 = mf_v2 * mf_r1;
