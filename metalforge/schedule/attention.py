@@ -1860,13 +1860,13 @@ class _Builder(reduce.Builder):
                            max_threads=self.group)
 
     def merge_kernel(self) -> ir.LoweredKernel:
-        """A threadgroup of MERGE_SIMDGROUPS simdgroups per query row: each merges the states
-        of its share of the row's key blocks, the first merges theirs (through threadgroup
-        memory) and writes the outputs. In a simdgroup the lanes take blocks in parallel: the
-        largest max and the rescaled sum d with a block per lane, then acc with the
-        simdgroup's kp streams of mf_w lanes (a stream's lane holds reads_per_thread elements
-        of E) taking MERGE_STEP blocks each at a time, their loads issued before any is used;
-        the streams are summed by shuffles."""
+        """A threadgroup of MERGE_SIMDGROUPS simdgroups per query row. Every simdgroup finds
+        the largest max M of all the row's key blocks (a block per lane), then sums d_s
+        exp(m_s - M) and acc_s exp(m_s - M) over its share of the blocks: its kp streams of
+        mf_w lanes (a stream's lane holds reads_per_thread elements of E) take MERGE_STEP
+        blocks each at a time, their loads issued before any is used, and are summed by
+        shuffles. Under one M the simdgroups' sums need no rescaling: the first adds them
+        (through threadgroup memory) and writes the outputs."""
         emax, nsg = SIMD_WIDTH * self.epl, MERGE_SIMDGROUPS
         threads = (ir.ThreadInput("mf_row", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
@@ -1891,9 +1891,12 @@ class _Builder(reduce.Builder):
         acc = ir.Lane(ir.Var("mf_macc"), j)
         block = ir.Var("mf_s0") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
         e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
+        dv = ir.Lane(ir.Var("mf_dv"), u)
         steps = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"),
                        [ir.Decl("mf_s", "uint", block),
                         ir.Assign(mv, ir.Select(s < b1, at(s, ir.Lit(0, IDX)), NEG_INF)),
+                        ir.Assign(dv, ir.Select(s < b1, at(s, ir.Lit(1, IDX)),
+                                                ir.Lit(0.0, "float"))),
                         self.slots([ir.Assign(av, ir.Lit(0.0, "float")),
                                     ir.If((s < b1).and_(ir.Cast(IDX, e) < self.size(
                                         self.form.e)), [ir.Assign(av, at(s, ir.Lit(2, IDX)
@@ -1901,35 +1904,51 @@ class _Builder(reduce.Builder):
                        unroll=True)
         add = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"), [
             ir.Decl("mf_c", "float", weight(mv)),
+            ir.Assign(md, md + dv * ir.Var("mf_c")),
             self.slots([ir.Assign(acc, acc + av * ir.Var("mf_c"))])], unroll=True)
         per = ir.Var("mf_kp") * ir.Lit(MERGE_STEP, "uint")
         share = ir.Var("mf_share")
+        off = ir.Var("mf_off")
+        tg_d, tg_acc = ir.Var("mf_tg_d"), ir.Var("mf_tg_acc")
+        sg, grp = ir.Var("mf_sg"), ir.Var("mf_grp")
         own: list[ir.Stmt] = [
-            ir.Comment("the largest max M and d = sum d_s exp(m_s - M): a block per lane"),
+            ir.Comment("M: the largest max of all the row's blocks (every simdgroup, a block "
+                       "per lane), so that the simdgroups' sums below need no rescaling"),
             ir.Decl("mf_mm", "float", NEG_INF, const=False),
-            ir.For("mf_s", "uint", b0 + lane, b1, [ir.Assign(mm, ir.Call(
+            ir.For("mf_s", "uint", lane, splits, [ir.Assign(mm, ir.Call(
                 "mf_maximum", (mm, at(s, ir.Lit(0, IDX)))))], step=SIMD),
             ir.Assign(mm, ir.Call("mf_simd_max", (mm,))),
+            ir.Comment(f"this simdgroup's blocks: d = sum d_s exp(m_s - M) and acc likewise; kp "
+                       f"streams of blocks, {MERGE_STEP} blocks each at a time (loads first), "
+                       "summed across the streams"),
             ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
-            ir.For("mf_s", "uint", b0 + lane, b1, [ir.Assign(md, md + at(s, ir.Lit(1, IDX))
-                                                             * weight(at(s, ir.Lit(0, IDX))))],
-                   step=SIMD),
-            ir.Assign(md, ir.Call("simd_sum", (md,))),
-            ir.Comment(f"acc = sum acc_s exp(m_s - M): kp streams of blocks, {MERGE_STEP} "
-                       "blocks each at a time (loads first), summed across the streams"),
             ir.ArrayDecl("mf_macc", "float", self.epl),
             self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
             ir.For("mf_s0", "uint", b0, b1, [
                 ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
+                ir.ArrayDecl("mf_dv", "float", MERGE_STEP),
                 ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl), steps, add], step=per),
-            ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [self.slots([ir.Assign(
-                acc, acc + ir.Call("simd_shuffle_xor", (acc, ir.Var("mf_off"))))])],
-                step=ir.Var("mf_off")),
-            ir.Comment("this simdgroup's state for the first"),
-            self.put_state(emax, mm, md, lambda j: ir.Lane(ir.Var("mf_macc"), j))]
+            ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [
+                ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, off))),
+                self.slots([ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])],
+                step=off),
+            ir.Comment("this simdgroup's sums for the first"),
+            ir.If(lane.eq(zero), [ir.Assign(ir.Lane(tg_d, sg), md)]),
+            ir.If(grp.eq(zero), [self.slots([ir.Assign(
+                ir.Lane(tg_acc, sg * ir.Lit(emax, "uint") + e), acc)])])]
+        total: list[ir.Stmt] = [
+            ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
+            ir.ArrayDecl("mf_macc", "float", self.epl),
+            self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
+            ir.For("mf_s", "uint", zero, ir.Lit(nsg, "uint"), [
+                ir.Assign(md, md + ir.Lane(tg_d, s)),
+                self.slots([ir.Assign(acc, acc + ir.Lane(
+                    tg_acc, s * ir.Lit(emax, "uint") + e))])], unroll=True),
+            fin]
         body: list[ir.Stmt] = [
-            *self.shared_states(nsg, emax),
-            ir.Comment("a threadgroup per query row; simdgroup mf_sg merges key blocks "
+            ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
+            ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup"),
+            ir.Comment("a threadgroup per query row; simdgroup mf_sg sums key blocks "
                        "[mf_b0, mf_b1), its lanes in parallel"),
             ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
             ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
@@ -1945,10 +1964,9 @@ class _Builder(reduce.Builder):
             *self.pre,
             ir.Block(own),
             ir.Barrier(),
-            ir.Comment("the first simdgroup merges the simdgroups' states; outputs: acc / d "
-                       "(all keys masked: 0 / 0 = NaN)"),
-            ir.If(ir.Var("mf_sg").eq(zero).and_(ir.Var("mf_grp").eq(zero)),
-                  self.merge_shared(nsg, emax) + [fin])]
+            ir.Comment("the first simdgroup adds the simdgroups' sums; outputs: acc / d (all "
+                       "keys masked: 0 / 0 = NaN)"),
+            ir.If(sg.eq(zero).and_(grp.eq(zero)), total)]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
                    f"blocks merged, then the outputs; a threadgroup of {nsg} simdgroups per "
                    f"query row")

@@ -1521,10 +1521,9 @@ kernel void mf_attention_merge(
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
-    threadgroup float mf_tg_m[8];
     threadgroup float mf_tg_d[8];
     threadgroup float mf_tg_acc[2048];
-    // a threadgroup per query row; simdgroup mf_sg merges key blocks [mf_b0, mf_b1), its lanes in parallel
+    // a threadgroup per query row; simdgroup mf_sg sums key blocks [mf_b0, mf_b1), its lanes in parallel
     if (mf_index_t(mf_row) >= mf_size_B * mf_size_G * mf_size_R * mf_size_S) {
         return;
     }
@@ -1540,28 +1539,26 @@ kernel void mf_attention_merge(
     const mf_index_t mf_pos_R = mf_index_t(mf_row) / mf_size_S % mf_size_R;
     const mf_index_t mf_pos_S = mf_index_t(mf_row) % mf_size_S;
     {
-        // the largest max M and d = sum d_s exp(m_s - M): a block per lane
+        // M: the largest max of all the row's blocks (every simdgroup, a block per lane), so that the simdgroups' sums below need no rescaling
         float mf_mm = -INFINITY;
-        for (uint mf_s = mf_b0 + mf_lane; mf_s < mf_b1; mf_s += 32u) {
+        for (uint mf_s = mf_lane; mf_s < mf_splits; mf_s += 32u) {
             mf_mm = mf_maximum(mf_mm, mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u]);
         }
         mf_mm = mf_simd_max(mf_mm);
+        // this simdgroup's blocks: d = sum d_s exp(m_s - M) and acc likewise; kp streams of blocks, 4 blocks each at a time (loads first), summed across the streams
         float mf_md = 0.0f;
-        for (uint mf_s = mf_b0 + mf_lane; mf_s < mf_b1; mf_s += 32u) {
-            mf_md = mf_md + mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 1u] * (mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] != -INFINITY ? precise::exp(mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] - mf_mm) : 0.0f);
-        }
-        mf_md = simd_sum(mf_md);
-        // acc = sum acc_s exp(m_s - M): kp streams of blocks, 4 blocks each at a time (loads first), summed across the streams
         float mf_macc[8];
         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
             mf_macc[mf_j] = 0.0f;
         }
         for (uint mf_s0 = mf_b0; mf_s0 < mf_b1; mf_s0 += mf_kp * 4u) {
             float mf_mv[4];
+            float mf_dv[4];
             float mf_av[32];
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
                 const uint mf_s = mf_s0 + mf_u * mf_kp + mf_grp;
                 mf_mv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] : -INFINITY;
+                mf_dv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 1u] : 0.0f;
                 for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                     mf_av[mf_u * 8u + mf_j] = 0.0f;
                     if (mf_s < mf_b1 && mf_index_t(mf_sub * 8u + mf_j) < mf_size_E) {
@@ -1571,48 +1568,40 @@ kernel void mf_attention_merge(
             }
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
                 const float mf_c = mf_mv[mf_u] != -INFINITY ? precise::exp(mf_mv[mf_u] - mf_mm) : 0.0f;
+                mf_md = mf_md + mf_dv[mf_u] * mf_c;
                 for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                     mf_macc[mf_j] = mf_macc[mf_j] + mf_av[mf_u * 8u + mf_j] * mf_c;
                 }
             }
         }
         for (uint mf_off = mf_w; mf_off < 32u; mf_off += mf_off) {
+            mf_md = mf_md + simd_shuffle_xor(mf_md, mf_off);
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                 mf_macc[mf_j] = mf_macc[mf_j] + simd_shuffle_xor(mf_macc[mf_j], mf_off);
             }
         }
-        // this simdgroup's state for the first
+        // this simdgroup's sums for the first
+        if (mf_lane == 0u) {
+            mf_tg_d[mf_sg] = mf_md;
+        }
         if (mf_grp == 0u) {
-            if (mf_lane == 0u) {
-                mf_tg_m[mf_sg] = mf_mm;
-                mf_tg_d[mf_sg] = mf_md;
-            }
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                 mf_tg_acc[mf_sg * 256u + (mf_sub * 8u + mf_j)] = mf_macc[mf_j];
             }
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    // the first simdgroup merges the simdgroups' states; outputs: acc / d (all keys masked: 0 / 0 = NaN)
+    // the first simdgroup adds the simdgroups' sums; outputs: acc / d (all keys masked: 0 / 0 = NaN)
     if (mf_sg == 0u && mf_grp == 0u) {
-        float mf_mm = -INFINITY;
         float mf_md = 0.0f;
         float mf_macc[8];
         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
             mf_macc[mf_j] = 0.0f;
         }
         for (uint mf_s = 0u; mf_s < 8u; ++mf_s) {
-            mf_mm = mf_maximum(mf_mm, mf_tg_m[mf_s]);
-        }
-        for (uint mf_s = 0u; mf_s < 8u; ++mf_s) {
-            const float mf_ms = mf_tg_m[mf_s];
-            const float mf_c = mf_ms != -INFINITY ? precise::exp(mf_ms - mf_mm) : 0.0f;
-            mf_md = mf_md + mf_tg_d[mf_s] * mf_c;
+            mf_md = mf_md + mf_tg_d[mf_s];
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                const uint mf_e = mf_sub * 8u + mf_j;
-                if (mf_index_t(mf_e) < mf_size_E) {
-                    mf_macc[mf_j] = mf_macc[mf_j] + mf_tg_acc[mf_s * 256u + mf_e] * mf_c;
-                }
+                mf_macc[mf_j] = mf_macc[mf_j] + mf_tg_acc[mf_s * 256u + (mf_sub * 8u + mf_j)];
             }
         }
         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
