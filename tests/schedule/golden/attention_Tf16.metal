@@ -1591,25 +1591,15 @@ kernel void mf_attention_merge(
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    // the first simdgroup adds the simdgroups' sums; outputs: acc / d (all keys masked: 0 / 0 = NaN)
-    if (mf_sg == 0u && mf_grp == 0u) {
+    // every thread one element of E: the simdgroups' sums added; outputs: acc / d (all keys masked: 0 / 0 = NaN)
+    for (uint mf_e = mf_sg * 32u + mf_lane; mf_e < uint(mf_size_E); mf_e += 256u) {
         float mf_md = 0.0f;
-        float mf_macc[8];
-        for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-            mf_macc[mf_j] = 0.0f;
-        }
+        float mf_ae = 0.0f;
         for (uint mf_s = 0u; mf_s < 8u; ++mf_s) {
             mf_md = mf_md + mf_tg_d[mf_s];
-            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                mf_macc[mf_j] = mf_macc[mf_j] + mf_tg_acc[mf_s * 256u + (mf_sub * 8u + mf_j)];
-            }
+            mf_ae = mf_ae + mf_tg_acc[mf_s * 256u + mf_e];
         }
-        for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-            const uint mf_e = mf_sub * 8u + mf_j;
-            if (mf_index_t(mf_e) < mf_size_E) {
-                mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_pos_R) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_macc[mf_j] / mf_md));
-            }
-        }
+        mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_pos_R) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ae / mf_md));
     }
 }
 
