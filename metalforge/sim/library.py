@@ -12,7 +12,9 @@ threadgroups are partial; the default group size is min(threads, max) in 1-D and
 Stricter than Metal: the arguments must match the kernel's parameters in number and kind
 (TypeError naming kernel, argument index and parameter); every buffer is staged into its own
 mapping with inaccessible guard pages on both sides and canary bytes in the alignment gap, so
-out-of-bounds writes and faulting reads are reported with the buffer's name and the byte offset.
+out-of-bounds writes and faulting reads are reported with the buffer's name and the byte offset;
+a float buffer's canary is a NaN of its type, so a read inside the gap (no fault) turns what it
+feeds into NaN.
 """
 from __future__ import annotations
 
@@ -37,7 +39,13 @@ MAX_THREADS = 1024
 SIMD_WIDTH = 32
 
 _PAGE = mmap.PAGESIZE
-_CANARY = 0xA5
+_CANARY = bytes([0xA5])
+# A float buffer's canary is a NaN of its type (little-endian units), one no arithmetic makes
+# (signalling, payload 0xA5...): a read past the data but inside the alignment gap, which no
+# guard page catches, then turns what it feeds into NaN and the reference comparison fails.
+_FLOAT_CANARY = {torch.float32: bytes([0xA5, 0xA5, 0xA5, 0x7F]),
+                 torch.float16: bytes([0xA5, 0x7D]),
+                 torch.bfloat16: bytes([0xA5, 0x7F])}
 _GUARD_MIN = 1 << 20
 _GUARD_MAX = 1 << 30
 _EXITED_LEAVE_BARRIERS = 1    # launch flag, kExitedLeaveBarriers in include/mf_sim/engine.cpp
@@ -147,9 +155,10 @@ class KernelError(MetalforgeError, RuntimeError):
 class _Region:
     """One guarded staging mapping: [guard][canary..data..canary][guard]."""
 
-    def __init__(self, nbytes: int, names: list[str]):
+    def __init__(self, nbytes: int, names: list[str], canary: bytes = _CANARY):
         self.nbytes = nbytes
         self.names = names
+        self.canary = canary
         body = max(16, (nbytes + 15) // 16 * 16)
         self.inner = (body + _PAGE - 1) // _PAGE * _PAGE
         # Guards as large as the buffer (at least 1 MiB, at most 1 GiB) on each side: address
@@ -161,7 +170,7 @@ class _Region:
             raise MemoryError("metalforge.sim: cannot map a staging buffer")
         self.base = base
         _libc.mprotect(base + self.guard, self.inner, 3)      # the usable middle: RW
-        ctypes.memset(base + self.guard, _CANARY, self.inner)
+        ctypes.memmove(base + self.guard, self.pattern(self.inner), self.inner)
         self.data = base + self.guard + self.inner - body
         self.body = body
 
@@ -171,19 +180,24 @@ class _Region:
             return addr - self.data
         return None
 
+    def pattern(self, n: int, start: int = 0) -> bytes:
+        """The canary bytes at offsets [start, start + n) from the usable middle's start."""
+        u = len(self.canary)
+        k = start % u
+        return (self.canary * ((k + n) // u + 1))[k:k + n]
+
     def canary_damage(self) -> int | None:
         front = self.data - (self.base + self.guard)
-        pat = bytes([_CANARY])
         if front:
-            got = ctypes.string_at(self.base + self.guard, front)
-            if got != pat * front:
-                k = max(i for i, b in enumerate(got) if b != _CANARY)
-                return k - front
+            got, want = ctypes.string_at(self.base + self.guard, front), self.pattern(front)
+            if got != want:
+                return max(i for i in range(front) if got[i] != want[i]) - front
         gap = self.body - self.nbytes
         if gap:
             got = ctypes.string_at(self.data + self.nbytes, gap)
-            if got != pat * gap:
-                return self.nbytes + next(i for i, b in enumerate(got) if b != _CANARY)
+            want = self.pattern(gap, front + self.nbytes)
+            if got != want:
+                return self.nbytes + next(i for i in range(gap) if got[i] != want[i])
         return None
 
     def free(self) -> None:
@@ -285,7 +299,7 @@ class _Staging:
         key = st.data_ptr()
         if key not in self.storages:
             lo = lo_of[key]
-            r = _Region(st.nbytes() - lo, [])
+            r = _Region(st.nbytes() - lo, [], _FLOAT_CANARY.get(t.dtype, _CANARY))
             ctypes.memmove(r.data, key + lo, st.nbytes() - lo)
             self.regions.append(r)
             self.storages[key] = (len(self.regions) - 1, lo)

@@ -159,7 +159,8 @@ def test_qk_norm_rope_reads_each_row_once_in_the_simd_variant(dtype):
         assert len(_gathered(group, t)) == len(_gathered(looped, t)) == 2, t
     text = qk_norm_rope.source(T="f32")
     simd_text = text.split("kernel void mf_qk_norm_rope_simd")[1].split("kernel void")[0]
-    assert "simd_shuffle(float(mf_reg_x[mf_k])" in simd_text and "simd_all(mf_same_slot)" in simd_text
+    assert "simd_shuffle(float(mf_reg_x[mf_k])" in simd_text
+    assert "simd_all(mf_same_slot)" in simd_text
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

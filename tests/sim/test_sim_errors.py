@@ -25,6 +25,17 @@ kernel void read_far(device const float* x, device float* out, uint i [[thread_p
   out[i] = x[i + 100000];
 }
 
+template <typename T>
+kernel void read_one_past(device const T* x, device float* out, uint i [[thread_position_in_grid]]) {
+  out[i] = float(x[i + 1]);
+}
+template [[host_name("read_one_past_f32")]] kernel void read_one_past<float>(
+    device const float*, device float*, uint);
+template [[host_name("read_one_past_f16")]] kernel void read_one_past<half>(
+    device const half*, device float*, uint);
+template [[host_name("read_one_past_bf16")]] kernel void read_one_past<bfloat>(
+    device const bfloat*, device float*, uint);
+
 kernel void null_write(device float* out, uint i [[thread_position_in_grid]]) {
   device float* p = (device float*)(out[i] > 100.0f ? out : nullptr);
   p[i] = 1.0f;
@@ -119,6 +130,24 @@ def test_write_one_past_end_names_buffer(lib):
     out = torch.zeros(10)
     with pytest.raises(KernelError, match=r"'write_one_past' wrote out of bounds of buffer "
                                           r"'out' \(argument 0\) at byte offset 40"):
+        lib.write_one_past(out)
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.float32, "f32"), (torch.float16, "f16"),
+                                        (torch.bfloat16, "bf16")])
+def test_read_inside_the_alignment_gap_gives_nan(lib, dtype, name):
+    # 3 elements end short of the 16-byte boundary: the read one past the end lands in the
+    # gap, where no guard page faults; the gap holds a NaN of the buffer's type, so the value
+    # read poisons the result instead of passing for a small number
+    x, out = torch.ones(3, dtype=dtype), torch.zeros(3)
+    getattr(lib, f"read_one_past_{name}")(x, out)
+    assert out[:2].tolist() == [1.0, 1.0] and torch.isnan(out[2])
+
+
+def test_write_into_the_gap_of_a_float_buffer_is_reported(lib):
+    out = torch.zeros(3)             # a write one past the end lands in the NaN-filled gap
+    with pytest.raises(KernelError, match=r"'write_one_past' wrote out of bounds of buffer "
+                                          r"'out' \(argument 0\) at byte offset 12"):
         lib.write_one_past(out)
 
 
