@@ -1866,14 +1866,15 @@ class _Builder(reduce.Builder):
         mf_w lanes (a stream's lane holds reads_per_thread elements of E) take MERGE_STEP
         blocks each at a time, their loads issued before any is used, and are summed by
         shuffles. Under one M the simdgroups' sums need no rescaling: through threadgroup
-        memory, each thread adds them for one element of E and writes its outputs (the first
-        simdgroup alone took ~400 serial instructions for them on an H100)."""
+        memory, each thread adds them for its elements of E and writes their outputs (the
+        first simdgroup alone took ~400 serial instructions for them on an H100)."""
         emax, nsg = SIMD_WIDTH * self.epl, MERGE_SIMDGROUPS
         threads = (ir.ThreadInput("mf_row", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names = [], set()
         splits, lane = ir.Var("mf_splits"), ir.Var("mf_lane")
+
         def each_element(body: list[ir.Stmt]) -> ir.Stmt:
             """Thread mf_sg * 32 + mf_lane: elements mf_e of E from it, every 32 x nsg-th,
             the simdgroups' sums added."""
@@ -1948,7 +1949,7 @@ class _Builder(reduce.Builder):
                 ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, off))),
                 self.slots([ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])],
                 step=off),
-            ir.Comment("this simdgroup's sums for the first"),
+            ir.Comment("this simdgroup's sums for the threadgroup"),
             ir.If(lane.eq(zero), [ir.Assign(ir.Lane(tg_d, sg), md)]),
             ir.If(grp.eq(zero), [self.slots([ir.Assign(
                 ir.Lane(tg_acc, sg * ir.Lit(emax, "uint") + e), acc)])])]
@@ -1971,7 +1972,7 @@ class _Builder(reduce.Builder):
             *self.pre,
             ir.Block(own),
             ir.Barrier(),
-            ir.Comment("every thread one element of E: the simdgroups' sums added; outputs: "
+            ir.Comment("each thread its elements of E: the simdgroups' sums added; outputs: "
                        "acc / d (all keys masked: 0 / 0 = NaN)"),
             fin]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "

@@ -1490,7 +1490,7 @@ kernel void mf_padded_attention_merge(
                 mf_macc[mf_j] = mf_macc[mf_j] + simd_shuffle_xor(mf_macc[mf_j], mf_off);
             }
         }
-        // this simdgroup's sums for the first
+        // this simdgroup's sums for the threadgroup
         if (mf_lane == 0u) {
             mf_tg_d[mf_sg] = mf_md;
         }
@@ -1501,7 +1501,7 @@ kernel void mf_padded_attention_merge(
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    // every thread one element of E: the simdgroups' sums added; outputs: acc / d (all keys masked: 0 / 0 = NaN)
+    // each thread its elements of E: the simdgroups' sums added; outputs: acc / d (all keys masked: 0 / 0 = NaN)
     for (uint mf_e = mf_sg * 32u + mf_lane; mf_e < uint(mf_size_E); mf_e += 256u) {
         float mf_md = 0.0f;
         float mf_ae = 0.0f;
