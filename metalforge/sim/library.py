@@ -170,9 +170,12 @@ class _Region:
             raise MemoryError("metalforge.sim: cannot map a staging buffer")
         self.base = base
         _libc.mprotect(base + self.guard, self.inner, 3)      # the usable middle: RW
-        ctypes.memmove(base + self.guard, self.pattern(self.inner), self.inner)
-        self.data = base + self.guard + self.inner - body
-        self.body = body
+        self.front = self.inner - body                         # canary before the data
+        self.gap = body - nbytes                               # canary after it (< 16 bytes)
+        self.data = base + self.guard + self.front
+        # only the canaries are written here: the caller copies the data over the rest
+        ctypes.memmove(base + self.guard, self.pattern(self.front), self.front)
+        ctypes.memmove(self.data + nbytes, self.pattern(self.gap, self.front + nbytes), self.gap)
 
     def classify(self, addr: int) -> int | None:
         """Byte offset of `addr` relative to the data if it lies in this region's guards."""
@@ -187,12 +190,11 @@ class _Region:
         return (self.canary * ((k + n) // u + 1))[k:k + n]
 
     def canary_damage(self) -> int | None:
-        front = self.data - (self.base + self.guard)
+        front, gap = self.front, self.gap
         if front:
             got, want = ctypes.string_at(self.base + self.guard, front), self.pattern(front)
             if got != want:
                 return max(i for i in range(front) if got[i] != want[i]) - front
-        gap = self.body - self.nbytes
         if gap:
             got = ctypes.string_at(self.data + self.nbytes, gap)
             want = self.pattern(gap, front + self.nbytes)
