@@ -282,9 +282,10 @@ class _Builder(reduce.Builder):
             t = self.graph.tensor(name)
             ct, st, rt = compute_type(t.dtype), self.in_stype(t), self.reg_type(t)
             arr = ir.Var(self.reg(name))
+            zero = ir.Lit(0.0 if ct == "float" else 0, ct)
 
-            def fill(e: ir.Expr, rt: str = rt) -> ir.Expr:
-                return e if rt == st else ir.Cast(rt, e)
+            def fill(e: ir.Expr, frm: str, rt: str = rt) -> ir.Expr:
+                return e if rt == frm else ir.Cast(rt, e)
             if declare:
                 out.append(ir.ArrayDecl(self.reg(name), rt, reads))
             rb = self.row_base(name, t.axes)
@@ -294,14 +295,13 @@ class _Builder(reduce.Builder):
                         ir.Load(self.names[name], start, vw, st)),
                 ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                     ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
-                              fill(self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l"))))],
+                              fill(self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l")), st))],
                     unroll=True)], unroll=True))
             pos = base + ir.Var("mf_k")
             sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
                 pos < self.size(self.axis),
-                fill(ir.Load(self.names[name], rb + ir.Cast(IDX, pos))),
-                ir.Cast(rt, ir.Lit(0.0, "float")) if rt != ct else
-                ir.Lit(0, ct) if ct != "float" else ir.Lit(0.0, ct))))
+                fill(ir.Load(self.names[name], rb + ir.Cast(IDX, pos)), st),
+                fill(zero, ct))))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
         if vw > 1:
