@@ -32,7 +32,7 @@ from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError, GatherIndexError, at, kernel_at
 from ..graph import Graph, take_sites
-from ..schedule.policy import TUNABLE, LaunchError, validate_for_kernel
+from ..schedule.policy import TUNABLE, LaunchError, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
@@ -267,8 +267,9 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
 
 def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
                launch: Optional[Mapping[str, Any]]) -> Call:
-    """Every host-side check of a call, then its specialisation (the autotuned launch merged
-    under explicit overrides), shapes and freshly allocated outputs."""
+    """Every host-side check of a call, then its specialisation (the backend's changes to the
+    table and the autotuned launch merged under explicit overrides), shapes and freshly
+    allocated outputs."""
     spec = specialisation(graph, launch)
     tensors = check_tensors(spec, values)
     dev = common_device(spec.where, tensors)
@@ -280,9 +281,11 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{other}'")
     binding = bind_shapes(graph, tensors)
-    tuned = tuned_launch(graph, be, binding.sizes, spec.family)  # autotune cache; explicit wins
-    if tuned:
-        spec = specialisation(graph, merge(tuned, launch))
+    # under the explicit options: the autotune cache, then what the backend changes in the table
+    under = merge(backend_launch(be, spec.family),
+                  tuned_launch(graph, be, binding.sizes, spec.family))
+    if under:
+        spec = specialisation(graph, merge(under, launch))
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     numel = 1

@@ -189,6 +189,13 @@ MIN_STAGED_KEYS = 64
 MERGE_STEP = 4
 MERGE_SIMDGROUPS = 8
 MERGE_MIN_SHARE = 2 * MERGE_STEP
+# ... and the lanes of a block one merge threadgroup reads at most (MERGE_LANES x
+# reads_per_thread elements of E): wider rows are split over several threadgroups, so that more
+# cores read a row's states. H100, 2026-11-27, decode 32/8 heads, E = 128, f16, us at L = 4K /
+# 16K / 64K, two runs: all 16 lanes (one threadgroup a row) 14.4 / 40.9-41.1 / 109.2-109.6;
+# 8 lanes 13.8-13.9 / 39.4 / 107.1-107.2; 4 lanes 14.0-14.2 / 39.2-39.7 / 106.9-107.6; 2 lanes
+# 14.4-14.8 / 39.6-40.1 / 107.6 (bench/README.md)
+MERGE_LANES = 8
 # stage_kv: keys per tile (the narrow kernel's: NARROW_TILE_KEYS, two a lane in its softmax:
 # its keys are short, and more of them a tile spread the tile's four barriers), bytes of
 # threadgroup memory per staged tensor (32 keys x 128 elements of 2 bytes or 64 x 64, rows
@@ -362,7 +369,14 @@ class AttentionSchedule(Schedule):
         if self.splits(sizes) == 1 or self.merge is None:
             return first
         group = SIMD_WIDTH * MERGE_SIMDGROUPS
-        return first + (Step(self.merge.host_name, self._rows(sizes) * group, group),)
+        parts = self.merge_parts(sizes)
+        return first + (Step(self.merge.host_name, self._rows(sizes) * parts * group, group),)
+
+    def merge_parts(self, sizes: Mapping[str, int]) -> int:
+        """Threadgroups of the merge kernel per query row: each takes MERGE_LANES lanes' E
+        elements of every block (the kernel computes the same from mf_w)."""
+        w = self.lanes(sizes)
+        return w // min(w, MERGE_LANES)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         splits = self.splits(sizes)
@@ -1860,27 +1874,31 @@ class _Builder(reduce.Builder):
                            max_threads=self.group)
 
     def merge_kernel(self) -> ir.LoweredKernel:
-        """A threadgroup of MERGE_SIMDGROUPS simdgroups per query row. Every simdgroup finds
-        the largest max M of all the row's key blocks (a block per lane), then sums d_s
-        exp(m_s - M) and acc_s exp(m_s - M) over its share of the blocks: its kp streams of
-        mf_w lanes (a stream's lane holds reads_per_thread elements of E) take MERGE_STEP
+        """Threadgroups of MERGE_SIMDGROUPS simdgroups, mf_parts per query row, each for the
+        elements of E that mf_wp (at most MERGE_LANES) of a block's mf_w lanes hold. Every
+        simdgroup finds the largest max M of all the row's key blocks (a block per lane), then
+        sums d_s exp(m_s - M) and acc_s exp(m_s - M) over its share of the blocks: its kp
+        streams of mf_wp lanes (a lane holds reads_per_thread elements of E) take MERGE_STEP
         blocks each at a time, their loads issued before any is used, and are summed by
         shuffles. Under one M the simdgroups' sums need no rescaling: through threadgroup
         memory, each thread adds them for its elements of E and writes their outputs (the
         first simdgroup alone took ~400 serial instructions for them on an H100)."""
         emax, nsg = SIMD_WIDTH * self.epl, MERGE_SIMDGROUPS
-        threads = (ir.ThreadInput("mf_row", "uint", "threadgroup_position_in_grid"),
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
         self.pre, self.pre_names = [], set()
         splits, lane = ir.Var("mf_splits"), ir.Var("mf_lane")
+        wp, part = ir.Var("mf_wp"), ir.Var("mf_part")
+        span = wp * ir.Lit(self.epl, "uint")            # the threadgroup's elements of E
 
         def each_element(body: list[ir.Stmt]) -> ir.Stmt:
-            """Thread mf_sg * 32 + mf_lane: elements mf_e of E from it, every 32 x nsg-th,
-            the simdgroups' sums added."""
+            """Thread mf_sg * 32 + mf_lane: elements mf_e of the threadgroup's part of E
+            from it, every 32 x nsg-th, the simdgroups' sums added."""
             e, s = ir.Var("mf_e"), ir.Var("mf_s")
-            return ir.For("mf_e", "uint", ir.Var("mf_sg") * SIMD + lane,
-                          ir.Cast("uint", self.size(self.form.e)), [
+            return ir.For("mf_e", "uint", part * span + ir.Var("mf_sg") * SIMD + lane,
+                          ir.Call("min", (ir.Cast("uint", self.size(self.form.e)),
+                                          (part + ir.Lit(1, "uint")) * span)), [
                               ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
                               ir.Decl("mf_ae", "float", ir.Lit(0.0, "float"), const=False),
                               ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(nsg, "uint"), [
@@ -1945,7 +1963,7 @@ class _Builder(reduce.Builder):
                 ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
                 ir.ArrayDecl("mf_dv", "float", MERGE_STEP),
                 ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl), steps, add], step=per),
-            ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [
+            ir.For("mf_off", "uint", wp, SIMD, [
                 ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, off))),
                 self.slots([ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])],
                 step=off),
@@ -1956,12 +1974,18 @@ class _Builder(reduce.Builder):
         body: list[ir.Stmt] = [
             ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
             ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup"),
-            ir.Comment("a threadgroup per query row; simdgroup mf_sg sums key blocks "
+            ir.Comment(f"mf_parts threadgroups per query row, each the elements of E of up to "
+                       f"{MERGE_LANES} lanes of a block (mf_wp); simdgroup mf_sg sums key blocks "
                        "[mf_b0, mf_b1), its lanes in parallel"),
+            ir.Decl("mf_wp", "uint", ir.Call("min", (ir.Var("mf_w"),
+                                                     ir.Lit(MERGE_LANES, "uint")))),
+            ir.Decl("mf_parts", "uint", ir.Var("mf_w") / wp),
+            ir.Decl("mf_row", "uint", ir.Var("mf_group") / ir.Var("mf_parts")),
+            ir.Decl("mf_part", "uint", ir.Var("mf_group") % ir.Var("mf_parts")),
             ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= self.span(self.rows), [ir.Return()]),
-            ir.Decl("mf_sub", "uint", lane % ir.Var("mf_w")),
-            ir.Decl("mf_grp", "uint", lane / ir.Var("mf_w")),
-            ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w")),
+            ir.Decl("mf_sub", "uint", part * wp + lane % wp),
+            ir.Decl("mf_grp", "uint", lane / wp),
+            ir.Decl("mf_kp", "uint", SIMD / wp),
             ir.Comment(f"each simdgroup at least {MERGE_MIN_SHARE} blocks (its lanes load them "
                        "at once: fewer gain nothing)"),
             ir.Decl("mf_share", "uint", ir.Call("max", (
@@ -1976,8 +2000,8 @@ class _Builder(reduce.Builder):
                        "acc / d (all keys masked: 0 / 0 = NaN)"),
             fin]
         summary = (f"{self.graph.name} (merge): the online-softmax states of a query row's key "
-                   f"blocks merged, then the outputs; a threadgroup of {nsg} simdgroups per "
-                   f"query row")
+                   f"blocks merged, then the outputs; threadgroups of {nsg} simdgroups per "
+                   f"query row, each for a part of E")
         return make_kernel(self.graph, self.index64, threads, body, summary, "merge",
                            params=self.params, helpers=tuple(sorted(self.helpers)))
 

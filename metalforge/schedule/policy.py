@@ -153,12 +153,23 @@ POLICIES: dict[str, LaunchPolicy] = {
     # float 8x8 products, as MLX's steel attention). The H100 has no such product (the cuda
     # backend shuffles operands into place): there it is 2x slower than the scalar kernels
     # (S = L = 1024, E = 128: 1801 vs 872 us); Apple GPUs multiply them in hardware. Untimed on
-    # a Mac, so the default follows the Metal design; matrix_rows=0 on CUDA (bench/README.md)
+    # a Mac, so the table follows the Metal design; the cuda backend runs matrix_rows=0
+    # (BACKEND_POLICIES below; bench/README.md)
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
                            looped_limit=256),
+}
+# Per backend, what differs from the table for a family. The table is the Metal design (mps,
+# the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and
+# explicit launch options (tuning/launch.py). cuda: the simdgroup_matrix prefill kernel has no
+# float 8x8 product in hardware there (the shim moves each product's operands by shuffles), so
+# it never runs by default: H100, 2026-11-25, prefill S = L = 1024 / 4096, E = 64 / 128, ms,
+# matrix kernel vs the scalar kernels 0.97 / 1.80 / 10.5 / 20.3 vs 0.47 / 0.87 / 6.2 / 12.1
+# (bench/README.md)
+BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
+    "cuda": {"attention": {"matrix_rows": 0}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
@@ -170,6 +181,11 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }
+
+
+def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
+    """The options a backend sets over the family's table (BACKEND_POLICIES), or None."""
+    return BACKEND_POLICIES.get(backend, {}).get(family)
 
 
 def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPolicy:

@@ -5,6 +5,8 @@ A kernel's launch policy is, key by key, the first of
     call site     kernel.with_launch(threads_per_group=128)(x)
     kernel        @mf.kernel(launch={"threads_per_group": 128})
     tuned         the autotune cache entry for this device, kernel, dtypes and shape bucket
+    backend       metalforge.schedule.policy.BACKEND_POLICIES[backend][family], what a backend
+                  changes in the table (cuda: no simdgroup_matrix prefill)
     table         metalforge.schedule.policy.POLICIES[family]
 
 `check_options` runs where an override is written (decorator or `with_launch`), so a typo or an

@@ -95,7 +95,8 @@ def test_key_blocks_per_call():
     tiles, or few keys, launch the one kernel. Unstaged (stage_kv: test_stage_kv_launch),
     the R = 4 query heads of a kv head make one
     tile of rows_per_group = 4 (a threadgroup of 128 threads per tile and key block): 8 tiles,
-    512 / 8 = 64 blocks, merged by a threadgroup of 8 simdgroups per query row."""
+    512 / 8 = 64 blocks, merged by threadgroups of 8 simdgroups, 2 per query row (each
+    reads 8 lanes' elements of E of every block: 64 of its 128)."""
     q, kv = torch.randn(1, 32, 1, 128), torch.randn(1, 8, 65536, 128)
     s = runtime.schedule_of(attention.graph(q, kv, kv, 0.1), launch={"stage_kv": False})
     sizes = dict(B=1, G=8, R=4, S=1, L=65536, E=128)
@@ -103,7 +104,8 @@ def test_key_blocks_per_call():
     assert [st.host_name for st in steps] == ["attention_f32_causal_true_decode",
                                              "attention_f32_causal_true_merge"]
     assert s.splits(sizes) == 64 and steps[0].threads == 8 * 1 * 64 * 128
-    assert (steps[1].threads, steps[1].group) == (32 * 256, 256)  # 8 simdgroups per query row
+    assert (steps[1].threads, steps[1].group) == (32 * 2 * 256, 256)
+    assert s.merge_parts(sizes) == 2 and s.merge_parts({**sizes, "E": 64}) == 1
     assert len(s.steps({**sizes, "L": 100})) == 1
     assert len(s.steps({**sizes, "S": 1024})) == 1      # 8 x 1024 tiles fill the GPU
 
@@ -419,6 +421,23 @@ def test_matrix_prefill_is_chosen_by_rows_sharing_keys():
     assert host(attention.with_launch(matrix_rows=64), 1, 64).endswith("_prefill")
     with pytest.raises(mf.LaunchError, match="matrix_rows must be an int >= 0"):
         attention.with_launch(matrix_rows=-1)(*(torch.randn(1, 1, 4, 8),) * 3, 0.1)
+
+
+def test_backend_policy_sits_under_explicit_launch(monkeypatch):
+    """What a backend changes in the table (BACKEND_POLICIES: cuda runs no simdgroup_matrix
+    prefill) applies to its calls only, under explicit launch options. Shown on the simulator
+    with an entry of its own."""
+    from metalforge.schedule import policy
+
+    def host(kernel):
+        q, k = torch.randn(1, 1, 32, 24), torch.randn(1, 1, 64, 24)
+        return kernel.launches(q, k, k, 0.1)[0][0]
+    assert policy.backend_launch("cuda", "attention") == {"matrix_rows": 0}
+    assert policy.backend_launch("sim", "attention") is None
+    assert host(attention).endswith("_prefill")
+    monkeypatch.setitem(policy.BACKEND_POLICIES, "sim", {"attention": {"matrix_rows": 0}})
+    assert not host(attention).endswith("_prefill")
+    assert host(attention.with_launch(matrix_rows=32)).endswith("_prefill")
 
 
 def test_matrix_prefill_propagates_nan_per_row_and_key():
