@@ -1924,19 +1924,19 @@ class _Builder(reduce.Builder):
         mv = ir.Lane(ir.Var("mf_mv"), u)
         av = ir.Lane(ir.Var("mf_av"), u * ir.Lit(self.epl, "uint") + j)
         acc = ir.Lane(ir.Var("mf_macc"), j)
-        block = ir.Var("mf_s0") + u * ir.Var("mf_kp") + ir.Var("mf_grp")
         e = ir.Var("mf_sub") * ir.Lit(self.epl, "uint") + j
         dv = ir.Lane(ir.Var("mf_dv"), u)
-        steps = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"),
-                       [ir.Decl("mf_s", "uint", block),
-                        ir.Assign(mv, ir.Select(s < b1, at(s, ir.Lit(0, IDX)), NEG_INF)),
-                        ir.Assign(dv, ir.Select(s < b1, at(s, ir.Lit(1, IDX)),
-                                                ir.Lit(0.0, "float"))),
-                        self.slots([ir.Assign(av, ir.Lit(0.0, "float")),
-                                    ir.If((s < b1).and_(ir.Cast(IDX, e) < self.size(
-                                        self.form.e)), [ir.Assign(av, at(s, ir.Lit(2, IDX)
-                                                                         + ir.Cast(IDX, e)))])])],
-                       unroll=True)
+
+        def load_step(s0: ir.Expr) -> ir.Stmt:
+            """The lane's MERGE_STEP blocks of the step from block s0: m, d and its E slots."""
+            return ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"), [
+                ir.Decl("mf_s", "uint", s0 + u * ir.Var("mf_kp") + ir.Var("mf_grp")),
+                ir.Assign(mv, ir.Select(s < b1, at(s, ir.Lit(0, IDX)), NEG_INF)),
+                ir.Assign(dv, ir.Select(s < b1, at(s, ir.Lit(1, IDX)), ir.Lit(0.0, "float"))),
+                self.slots([ir.Assign(av, ir.Lit(0.0, "float")),
+                            ir.If((s < b1).and_(ir.Cast(IDX, e) < self.size(self.form.e)),
+                                  [ir.Assign(av, at(s, ir.Lit(2, IDX) + ir.Cast(IDX, e)))])])],
+                unroll=True)
         add = ir.For("mf_u", "uint", zero, ir.Lit(MERGE_STEP, "uint"), [
             ir.Decl("mf_c", "float", weight(mv)),
             ir.Assign(md, md + dv * ir.Var("mf_c")),
@@ -1947,6 +1947,12 @@ class _Builder(reduce.Builder):
         tg_d, tg_acc = ir.Var("mf_tg_d"), ir.Var("mf_tg_acc")
         sg, grp = ir.Var("mf_sg"), ir.Var("mf_grp")
         own: list[ir.Stmt] = [
+            ir.Comment(f"the first {MERGE_STEP} blocks of each of the simdgroup's kp streams, "
+                       "loaded before M is known (their loads and M's in one round)"),
+            ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
+            ir.ArrayDecl("mf_dv", "float", MERGE_STEP),
+            ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl),
+            load_step(b0),
             ir.Comment("M: the largest max of all the row's blocks (every simdgroup, a block "
                        "per lane), so that the simdgroups' sums below need no rescaling"),
             ir.Decl("mf_mm", "float", NEG_INF, const=False),
@@ -1954,15 +1960,14 @@ class _Builder(reduce.Builder):
                 "mf_maximum", (mm, at(s, ir.Lit(0, IDX)))))], step=SIMD),
             ir.Assign(mm, ir.Call("mf_simd_max", (mm,))),
             ir.Comment(f"this simdgroup's blocks: d = sum d_s exp(m_s - M) and acc likewise; kp "
-                       f"streams of blocks, {MERGE_STEP} blocks each at a time (loads first), "
-                       "summed across the streams"),
+                       f"streams of blocks, {MERGE_STEP} blocks each at a time (the next step's "
+                       "loads issued once the step is added), summed across the streams"),
             ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
             ir.ArrayDecl("mf_macc", "float", self.epl),
             self.slots([ir.Assign(acc, ir.Lit(0.0, "float"))]),
             ir.For("mf_s0", "uint", b0, b1, [
-                ir.ArrayDecl("mf_mv", "float", MERGE_STEP),
-                ir.ArrayDecl("mf_dv", "float", MERGE_STEP),
-                ir.ArrayDecl("mf_av", "float", MERGE_STEP * self.epl), steps, add], step=per),
+                add, ir.If(ir.Var("mf_s0") + per < b1, [load_step(ir.Var("mf_s0") + per)])],
+                step=per),
             ir.For("mf_off", "uint", wp, SIMD, [
                 ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, off))),
                 self.slots([ir.Assign(acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])],

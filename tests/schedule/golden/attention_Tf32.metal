@@ -1527,38 +1527,52 @@ kernel void mf_attention_merge(
     const mf_index_t mf_pos_R = mf_index_t(mf_row) / mf_size_S % mf_size_R;
     const mf_index_t mf_pos_S = mf_index_t(mf_row) % mf_size_S;
     {
+        // the first 4 blocks of each of the simdgroup's kp streams, loaded before M is known (their loads and M's in one round)
+        float mf_mv[4];
+        float mf_dv[4];
+        float mf_av[32];
+        for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
+            const uint mf_s = mf_b0 + mf_u * mf_kp + mf_grp;
+            mf_mv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] : -INFINITY;
+            mf_dv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 1u] : 0.0f;
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                mf_av[mf_u * 8u + mf_j] = 0.0f;
+                if (mf_s < mf_b1 && mf_index_t(mf_sub * 8u + mf_j) < mf_size_E) {
+                    mf_av[mf_u * 8u + mf_j] = mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + (2u + mf_index_t(mf_sub * 8u + mf_j))];
+                }
+            }
+        }
         // M: the largest max of all the row's blocks (every simdgroup, a block per lane), so that the simdgroups' sums below need no rescaling
         float mf_mm = -INFINITY;
         for (uint mf_s = mf_lane; mf_s < mf_splits; mf_s += 32u) {
             mf_mm = mf_maximum(mf_mm, mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u]);
         }
         mf_mm = mf_simd_max(mf_mm);
-        // this simdgroup's blocks: d = sum d_s exp(m_s - M) and acc likewise; kp streams of blocks, 4 blocks each at a time (loads first), summed across the streams
+        // this simdgroup's blocks: d = sum d_s exp(m_s - M) and acc likewise; kp streams of blocks, 4 blocks each at a time (the next step's loads issued once the step is added), summed across the streams
         float mf_md = 0.0f;
         float mf_macc[8];
         for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
             mf_macc[mf_j] = 0.0f;
         }
         for (uint mf_s0 = mf_b0; mf_s0 < mf_b1; mf_s0 += mf_kp * 4u) {
-            float mf_mv[4];
-            float mf_dv[4];
-            float mf_av[32];
-            for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
-                const uint mf_s = mf_s0 + mf_u * mf_kp + mf_grp;
-                mf_mv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] : -INFINITY;
-                mf_dv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 1u] : 0.0f;
-                for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                    mf_av[mf_u * 8u + mf_j] = 0.0f;
-                    if (mf_s < mf_b1 && mf_index_t(mf_sub * 8u + mf_j) < mf_size_E) {
-                        mf_av[mf_u * 8u + mf_j] = mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + (2u + mf_index_t(mf_sub * 8u + mf_j))];
-                    }
-                }
-            }
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
                 const float mf_c = mf_mv[mf_u] != -INFINITY ? precise::exp(mf_mv[mf_u] - mf_mm) : 0.0f;
                 mf_md = mf_md + mf_dv[mf_u] * mf_c;
                 for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                     mf_macc[mf_j] = mf_macc[mf_j] + mf_av[mf_u * 8u + mf_j] * mf_c;
+                }
+            }
+            if (mf_s0 + mf_kp * 4u < mf_b1) {
+                for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
+                    const uint mf_s = mf_s0 + mf_kp * 4u + mf_u * mf_kp + mf_grp;
+                    mf_mv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 0u] : -INFINITY;
+                    mf_dv[mf_u] = mf_s < mf_b1 ? mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + 1u] : 0.0f;
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        mf_av[mf_u * 8u + mf_j] = 0.0f;
+                        if (mf_s < mf_b1 && mf_index_t(mf_sub * 8u + mf_j) < mf_size_E) {
+                            mf_av[mf_u * 8u + mf_j] = mf_scratch[(mf_index_t(mf_row) * mf_index_t(mf_splits) + mf_index_t(mf_s)) * 258u + (2u + mf_index_t(mf_sub * 8u + mf_j))];
+                        }
+                    }
                 }
             }
         }
