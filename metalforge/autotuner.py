@@ -32,7 +32,7 @@ from .frontend.kernel import Kernel
 from .runtime.backends import current_backend
 from .runtime.launcher import dispatch, prepare, run
 from .schedule import family as family_of
-from .schedule.policy import TUNABLE, LaunchError, resolve
+from .schedule.policy import TUNABLE, LaunchError, backend_launch, resolve
 from .shapes import bind_shapes
 from .tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, tolerance
 from .tuning.cache import TuneKey, default_cache, device_name, key_for
@@ -222,8 +222,10 @@ def _setup(kernel: Kernel, args: tuple, kwargs: dict, candidates, warmup: int,
     tensors = {t.name: values[t.name] for t in graph.tensors}
     backend = kernel.backend or current_backend(tensors.values())
     pinned = dict(kernel.launch or {})
-    trials = [Trial(c, "ok") for c in _candidates(family_of(graph), pinned, candidates,
-                                                  f"mf.autotune({kernel.name})")]
+    family = family_of(graph)
+    trials = [Trial(c, "ok") for c in _candidates(family, pinned, candidates,
+                                                  f"mf.autotune({kernel.name})",
+                                                  backend_launch(backend, family))]
     sizes = bind_shapes(graph, tensors).sizes
     return _Tuning(kernel, graph, values, backend, expected, pinned, trials, sizes,
                    key_for(graph, backend, sizes), _tolerance(graph, sizes, values),
@@ -310,14 +312,17 @@ def _values(kernel, graph, args, kwargs) -> dict[str, Any]:
     return {p.name: ba.arguments[p.name] for p in (*graph.tensors, *graph.scalars)}
 
 
-def _candidates(fam: str, pinned: dict, candidates, where: str) -> list[dict[str, Any]]:
-    """Full configurations (every tunable option spelled out), the default first, no repeats.
-    Every one is checked against the family's policy before anything runs."""
+def _candidates(fam: str, pinned: dict, candidates, where: str,
+                base: Optional[Mapping[str, Any]] = None) -> list[dict[str, Any]]:
+    """Full configurations (every tunable option spelled out), the default first, no repeats;
+    options a candidate leaves out come from the table with the backend's changes (`base`)
+    under the kernel's pinned ones, as for a call. Every one is checked against the family's
+    policy before anything runs."""
     keys = [k for k in TUNABLE[fam] if k not in NOT_TUNED]
 
     def full(cand: Mapping[str, Any], label: str) -> dict[str, Any]:
         try:
-            p = resolve(fam, merge(cand, pinned))
+            p = resolve(fam, merge(base, cand, pinned))
         except LaunchError as e:
             raise LaunchError(f"{where}: {label} {dict(cand)}: {e}") from None
         return {**{k: getattr(p, k) for k in keys}, **pinned}

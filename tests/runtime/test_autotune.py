@@ -177,6 +177,17 @@ def test_explicit_candidates_pinned_options_and_no_repeats(tune_file):
     assert len(r.trials) == len(grid("elementwise", {"vector_width": 1})) == 12
 
 
+def test_the_default_candidate_is_what_a_call_runs(tune_file, monkeypatch):
+    """Options a candidate leaves out come from the table with the backend's changes
+    (BACKEND_POLICIES, as for a call): the default trial is the backend's default, and a
+    candidate may ask for the table's value back."""
+    from metalforge.schedule import policy
+    monkeypatch.setitem(policy.BACKEND_POLICIES, "sim", {"elementwise": {"vector_width": 2}})
+    x, w = torch.randn(3, 21), torch.randn(21)
+    r = mf.autotune(axpb, x, w, candidates=[{"vector_width": 8}], progress=False)
+    assert [t.launch["vector_width"] for t in r.trials] == [2, 8]
+
+
 # --------------------------------------------------------------------------- the cache
 
 
