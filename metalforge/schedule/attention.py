@@ -512,6 +512,7 @@ class _Builder(reduce.Builder):
         self.vw = access_width(self.epl, sizes or {4})
         self.tiled = False
         self.pre: list[ir.Stmt] = []
+        self.q_stores: list[ir.Stmt] = []              # stage_kv: q into threadgroup memory
         self.pre_names: set[str] = set()
         self.params: tuple[ir.Argument, ...] = ()
         self.staged: dict[Node, ir.Expr] = {}
@@ -725,8 +726,11 @@ class _Builder(reduce.Builder):
         E and for dead rows), then wait at a barrier."""
         emax = SIMD_WIDTH * self.epl
         tpg = self.group
-        out: list[ir.Stmt] = [ir.Comment("each query row's values every key multiplies, in "
-                                         "threadgroup memory: every lane reads all of them")]
+        self.q_stores = []
+        out: list[ir.Stmt] = [ir.Comment(
+            "each query row's values every key multiplies, in threadgroup memory: every lane "
+            "reads all of them" + ("; loaded here, stored with the first tile's copies"
+                                   if self.policy.stage_kv else ""))]
         t, e = ir.Var("mf_t"), ir.Var("mf_e")
         for i, n in enumerate(nodes):
             low = self.lowering(f"mf_st{i}_")
@@ -752,18 +756,32 @@ class _Builder(reduce.Builder):
             # the row (mf_t) a run-time value: its positions computed, not read from the
             # tile's arrays
             live = t < ir.Var("mf_nlive")
-            out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
-                              ir.Lit(self.qt * emax, "uint"), [
-                ir.Decl("mf_t", "uint", ir.Var("mf_qi") / ir.Lit(emax, "uint")),
-                ir.Decl("mf_e", "uint", ir.Var("mf_qi") % ir.Lit(emax, "uint")),
-                ir.Assign(slot, zero),
-                ir.If(live.and_(ir.Cast(IDX, e) < self.size(self.form.e)),
-                      body + [ir.Assign(slot, value)])],
-                step=ir.Lit(tpg, "uint")))
+            where = [ir.Decl("mf_t", "uint", ir.Var("mf_qi") / ir.Lit(emax, "uint")),
+                     ir.Decl("mf_e", "uint", ir.Var("mf_qi") % ir.Lit(emax, "uint"))]
+            valid = live.and_(ir.Cast(IDX, e) < self.size(self.form.e))
             self.staged[n] = ir.Lane(ir.Var(name), t * ir.Lit(emax, "uint") + e)
+            if not self.policy.stage_kv:
+                out.append(ir.For("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane"),
+                                  ir.Lit(self.qt * emax, "uint"), [
+                    *where, ir.Assign(slot, zero), ir.If(valid, body + [ir.Assign(slot, value)])],
+                    step=ir.Lit(tpg, "uint")))
+                continue
+            # stage_kv: the thread's qt x Emax / tpg values loaded into registers here and
+            # stored once the first tile's copies are issued (`q_stores`), so that their
+            # loads and the tile's wait in one round
+            reg = ir.Lane(ir.Var(f"mf_qr{i}"), ir.Var("mf_n"))
+            qi = ir.Decl("mf_qi", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane")
+                         + ir.Var("mf_n") * ir.Lit(tpg, "uint"))
+            per = ir.Lit(self.qt * emax // tpg, "uint")
+            out += [ir.ArrayDecl(f"mf_qr{i}", "float", self.qt * emax // tpg),
+                    ir.For("mf_n", "uint", ir.Lit(0, "uint"), per, [
+                        qi, *where, ir.Assign(reg, zero),
+                        ir.If(valid, body + [ir.Assign(reg, value)])], unroll=True)]
+            self.q_stores.append(ir.For("mf_n", "uint", ir.Lit(0, "uint"), per, [
+                qi, ir.Assign(ir.Lane(ir.Var(name), ir.Var("mf_qi")), reg)], unroll=True))
         if not out[1:]:
             return []
-        # stage_kv: the first tile's barrier orders these writes before any read of them
+        # stage_kv: the first tile's barrier orders the stores before any read of them
         return out if self.policy.stage_kv else out + [ir.Barrier()]
 
     def load_keys(self) -> list[ir.Stmt]:
@@ -1713,7 +1731,12 @@ class _Builder(reduce.Builder):
                 self.slots([ir.Assign(racc, ir.Lit(0.0, "float"))])], unroll=True)]
         step: list[ir.Stmt] = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
                     ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, kt)))))]
-        step += self.fill_tiles()
+        fill = self.fill_tiles()
+        if self.q_stores:
+            fill[-1:-1] = [ir.Comment("the first tile: the rows' q (loaded before the loop) into "
+                                      "threadgroup memory"),
+                           ir.If(ir.Var("mf_tk").eq(ir.Var("mf_l0")), self.q_stores)]
+        step += fill
         step += self.tile_scores() + [ir.Barrier()]
         step += self.tile_softmax() + [ir.Barrier()]
         step += self.tile_values()

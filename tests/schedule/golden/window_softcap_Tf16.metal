@@ -119,15 +119,17 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
-    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
+    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them; loaded here, stored with the first tile's copies
     threadgroup float* mf_tgq0 = reinterpret_cast<threadgroup float*>(mf_tgq0_v);
-    for (uint mf_qi = mf_sg * 32u + mf_lane; mf_qi < 512u; mf_qi += 128u) {
+    float mf_qr0[4];
+    for (uint mf_n = 0u; mf_n < 4u; ++mf_n) {
+        const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
         const uint mf_t = mf_qi / 128u;
         const uint mf_e = mf_qi % 128u;
-        mf_tgq0[mf_t * 128u + mf_e] = 0.0f;
+        mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_tgq0[mf_t * 128u + mf_e] = mf_q;
+            mf_qr0[mf_n] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -198,6 +200,13 @@ template <typename T, typename mf_index_t>
             if (mf_cc >= mf_chunks) {
                 mf_cc = mf_cc - mf_chunks;
                 mf_r = mf_r + 1u;
+            }
+        }
+        // the first tile: the rows' q (loaded before the loop) into threadgroup memory
+        if (mf_tk == mf_l0) {
+            for (uint mf_n = 0u; mf_n < 4u; ++mf_n) {
+                const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
+                mf_tgq0[mf_qi] = mf_qr0[mf_n];
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -508,15 +517,17 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
-    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
+    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them; loaded here, stored with the first tile's copies
     threadgroup float* mf_tgq0 = reinterpret_cast<threadgroup float*>(mf_tgq0_v);
-    for (uint mf_qi = mf_sg * 32u + mf_lane; mf_qi < 512u; mf_qi += 128u) {
+    float mf_qr0[4];
+    for (uint mf_n = 0u; mf_n < 4u; ++mf_n) {
+        const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
         const uint mf_t = mf_qi / 128u;
         const uint mf_e = mf_qi % 128u;
-        mf_tgq0[mf_t * 128u + mf_e] = 0.0f;
+        mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_tgq0[mf_t * 128u + mf_e] = mf_q;
+            mf_qr0[mf_n] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -587,6 +598,13 @@ template <typename T, typename mf_index_t>
             if (mf_cc >= mf_chunks) {
                 mf_cc = mf_cc - mf_chunks;
                 mf_r = mf_r + 1u;
+            }
+        }
+        // the first tile: the rows' q (loaded before the loop) into threadgroup memory
+        if (mf_tk == mf_l0) {
+            for (uint mf_n = 0u; mf_n < 4u; ++mf_n) {
+                const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
+                mf_tgq0[mf_qi] = mf_qr0[mf_n];
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -916,15 +934,17 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
-    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them
+    // each query row's values every key multiplies, in threadgroup memory: every lane reads all of them; loaded here, stored with the first tile's copies
     threadgroup float* mf_tgq0 = reinterpret_cast<threadgroup float*>(mf_tgq0_v);
-    for (uint mf_qi = mf_sg * 32u + mf_lane; mf_qi < 1024u; mf_qi += 128u) {
+    float mf_qr0[8];
+    for (uint mf_n = 0u; mf_n < 8u; ++mf_n) {
+        const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
         const uint mf_t = mf_qi / 256u;
         const uint mf_e = mf_qi % 256u;
-        mf_tgq0[mf_t * 256u + mf_e] = 0.0f;
+        mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_tgq0[mf_t * 256u + mf_e] = mf_q;
+            mf_qr0[mf_n] = mf_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -995,6 +1015,13 @@ template <typename T, typename mf_index_t>
             if (mf_cc >= mf_chunks) {
                 mf_cc = mf_cc - mf_chunks;
                 mf_r = mf_r + 1u;
+            }
+        }
+        // the first tile: the rows' q (loaded before the loop) into threadgroup memory
+        if (mf_tk == mf_l0) {
+            for (uint mf_n = 0u; mf_n < 8u; ++mf_n) {
+                const uint mf_qi = mf_sg * 32u + mf_lane + mf_n * 128u;
+                mf_tgq0[mf_qi] = mf_qr0[mf_n];
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
