@@ -1732,7 +1732,8 @@ class _Builder(reduce.Builder):
         step: list[ir.Stmt] = [ir.Decl("mf_tn", "uint", ir.Cast("uint", ir.Call("min", (
                     ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, kt)))))]
         fill = self.fill_tiles()
-        if self.q_stores:
+        if self.q_stores:                        # before the copies' barrier
+            assert isinstance(fill[-1], ir.Barrier)
             fill[-1:-1] = [ir.Comment("the first tile: the rows' q (loaded before the loop) into "
                                       "threadgroup memory"),
                            ir.If(ir.Var("mf_tk").eq(ir.Var("mf_l0")), self.q_stores)]
