@@ -205,3 +205,18 @@ def test_reduction_policies_refused_before_launch(monkeypatch):
     got = column_sum.with_launch(threads_per_group=128, rows_per_group=4)(x)
     torch.testing.assert_close(got, x.sum(0), rtol=1e-5, atol=1e-5)
     assert kl.calls == 1
+
+
+def test_backend_policies_are_valid_options_of_their_families():
+    """Each backend's changes to the table name options its family takes and resolve to a
+    valid policy (they are applied without a user to blame for a bad one); a backend or
+    family without an entry changes nothing."""
+    from metalforge.runtime.backends import DEVICE_OF
+    for backend, families in policy.BACKEND_POLICIES.items():
+        assert backend in DEVICE_OF, backend
+        for family, options in families.items():
+            assert set(options) <= set(policy.TUNABLE[family]), (backend, family)
+            policy.resolve(family, options)
+            assert policy.backend_launch(backend, family) == options
+    assert policy.backend_launch("sim", "row") is None
+    assert policy.backend_launch("cuda", "row") is None
