@@ -160,6 +160,28 @@ def test_bit_counts_match_the_simulator():
     assert ref[0] == 32 and ref[1] == 32 and ref[3] == 16 and ref[6] == 8
 
 
+LITERALS_MSL = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void lits(device half* h [[buffer(0)]], device bfloat* b [[buffer(1)]],
+                 uint i [[thread_position_in_grid]]) {
+    h[i] = 1.5h + half(i) * 2h - 0.25H;
+    b[i] = 0.5bf * bfloat(i) + 3bf;
+}
+"""
+
+
+def test_half_and_bfloat_literals_match_the_simulator():
+    """MSL's literal suffixes (h, H, bf) compile for CUDA and mean what they do in Metal."""
+    ref = (torch.zeros(8, dtype=torch.float16), torch.zeros(8, dtype=torch.bfloat16))
+    sim.compile_shader(LITERALS_MSL).lits(*ref, threads=8)
+    got = tuple(t.cuda() for t in (torch.ones(8, dtype=torch.float16),
+                                   torch.ones(8, dtype=torch.bfloat16)))
+    mfcuda.compile_shader(LITERALS_MSL).lits(*got, threads=8)
+    assert all(torch.equal(g.cpu(), r) for g, r in zip(got, ref))
+    assert ref[0][3].item() == 7.25 and ref[1][2].item() == 4.0
+
+
 @pytest.mark.parametrize("t,u", GEMM_TYPES)
 @pytest.mark.parametrize("bt", [0, 1])
 def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
