@@ -404,8 +404,8 @@ class Printer:
         if isinstance(e, Select):
             s = f"{self.expr(e.cond, 1)} ? {self.expr(e.a, 1)} : {self.expr(e.b, 1)}"
             return f"({s})" if prec > 0 else s
-        if isinstance(e, Load):
-            return self.load(e)
+        if isinstance(e, Load):              # a vector load is a dereference: (*p)[i]
+            return f"({self.load(e)})" if e.width > 1 and prec > 11 else self.load(e)
         if isinstance(e, Lane):
             return f"{self.expr(e.vec, 12)}[{self.expr(e.lane)}]"
         raise TypeError(f"not an IR expression: {e!r}")

@@ -36,6 +36,14 @@ def test_printed_with_c_precedence():
     assert msl_expr(j - (t - n)) == "mf_j - (mf_t - mf_n)"
 
 
+def test_an_element_of_a_vector_load_dereferences_first():
+    # `*p[i]` would index the pointer: the load is parenthesised, `(*p)[i]`
+    load = ir.Load("mf_stage", j * R, 4, "float", space="threadgroup")
+    assert msl_expr(ir.Lane(load, n)) == (
+        "(*reinterpret_cast<threadgroup const vec<float, 4>*>(mf_stage + mf_j * 4u))[mf_n]")
+    assert msl_expr(load).startswith("*reinterpret_cast")          # alone: no parentheses
+
+
 def test_bitwise_operands_keep_their_parentheses():
     # C parses `w >> s & m` as (w >> s) & m, but readers should not have to know that
     assert ir.expr_text((j >> t) & (R << n)) == "(mf_j >> mf_t) & (4 << mf_n)"
