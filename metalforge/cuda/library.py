@@ -134,6 +134,14 @@ class _Module:
             self.funcs[symbol] = f
         return f
 
+    def groups_per_core(self, symbol: str, threads: int) -> int:
+        """Blocks of `threads` threads of this kernel that fit one multiprocessor at once."""
+        n = ctypes.c_int()
+        _check(_libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(n), self.function(symbol), ctypes.c_int(threads), ctypes.c_size_t(0)),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        return n.value
+
     def attribute(self, symbol: str, attr: int) -> int:
         v = ctypes.c_int()
         _check(_libcuda().cuFuncGetAttribute(ctypes.byref(v), attr, self.function(symbol)),
@@ -213,6 +221,12 @@ class LibraryFunction:
         m = self._module()
         return min(self._entry.max_total_threads,
                    m.attribute(self._entry.symbol, _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+
+    def groups_per_core(self, group_size: int) -> int:
+        """Threadgroups of `group_size` threads that share one multiprocessor of the current
+        device (its registers, threadgroup memory and thread slots): how the launcher chooses
+        between kernels computing the same (`Schedule.alternatives`)."""
+        return self._module().groups_per_core(self._entry.symbol, group_size)
 
     @property
     def thread_execution_width(self) -> int:

@@ -22,6 +22,7 @@ from ..shapes import bind_shapes
 from . import launcher, mlx
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
 from .launcher import DeviceError, compiled, render, specialisation
+from ..schedule.policy import backend_launch
 
 __all__ = ["run", "source", "ir", "schedule_of", "backend", "current_backend", "BACKENDS",
            "DeviceError", "clear_caches", "compiled"]
@@ -45,8 +46,9 @@ def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = Non
 def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
                 sizes: Optional[Mapping[str, int]] = None,
                 launch: Optional[Mapping[str, Any]] = None) -> sched_mod.Schedule:
-    """The schedule a call with these values (or axis sizes) uses. Without sizes, the
-    32-bit-indexed variant."""
+    """The schedule a call with these values (or axis sizes) uses: with tensors, what their
+    backend changes in the launch table too (BACKEND_POLICIES: cuda builds the staged row
+    kernel). Without sizes, the 32-bit-indexed variant."""
     spec = specialisation(graph, launch)
     bound: dict[str, int] = dict(sizes or {})
     if values is not None:
@@ -54,6 +56,10 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
                    if isinstance(values.get(t.name), torch.Tensor)}
         if len(tensors) == len(graph.tensors):
             bound.update(bind_shapes(graph, tensors).sizes)
+        under = backend_launch(current_backend(tensors.values()), spec.family) \
+            if tensors else None
+        if under:
+            spec = specialisation(graph, {**under, **(launch or {})})
     index64 = False
     if all(a in bound for a in spec.grid):
         numel = 1

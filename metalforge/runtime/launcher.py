@@ -170,6 +170,17 @@ class IndexErrors:
                 f"(the kernel read nothing there)")
 
 
+def _groups_per_core(c: Compiled, group: int) -> int:
+    """Threadgroups of `group` threads the backend says can share one core (cuda: from the
+    compiled kernel's registers and threadgroup memory); 0 where it cannot say. An
+    alternative kernel (the staged row kernel) runs where it fits at least twice as many as
+    the kernel it replaces: H100, 2026-11-27, f16 layer_norm 2048x16384 one group of 1024 a
+    core -> two, 74.3 -> 52.1 us; add_rms_norm 4096x8192 two groups of 512 -> three, 97.9 ->
+    103.4 us (bench/README.md)."""
+    f = getattr(c.kernel, "groups_per_core", None)
+    return int(f(group)) if f is not None else 0
+
+
 def bind(call: Call) -> Launch:
     """Stage 4: this call's positional arguments (in the kernel's parameter order) and its
     dispatch (every launch of the call: most schedules make one), with the launch-time checks."""
@@ -184,6 +195,12 @@ def bind(call: Call) -> Launch:
         if step.group > compiled.max_threads:       # a register-bound pipeline: another kernel
             step = s.within(step, sizes, compiled.max_threads)
             compiled = lib.kernel(step.host_name)
+        for alt in s.alternatives(step, sizes):     # where twice the groups share a core
+            other = lib.kernel(alt.host_name)
+            now = _groups_per_core(compiled, step.group)
+            if alt.group <= other.max_threads and now and \
+                    _groups_per_core(other, alt.group) >= 2 * now:
+                step, compiled = alt, other
         if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
             raise LaunchError(f"{spec.where}: a threadgroup of {step.group} threads, but this "
                               f"pipeline allows 1 to {compiled.max_threads} (launch policy "

@@ -144,6 +144,12 @@ class Schedule:
         launcher then refuses it)."""
         return step
 
+    def alternatives(self, step: Step, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """Launches computing the same as `step` with another kernel, which the launcher takes
+        where the backend says at least twice as many of its threadgroups share a core (row:
+        the staged kernel)."""
+        return ()
+
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """The launches of one call, in order: the kernel `host_name(sizes)` alone, unless the
         schedule splits the work (attention's key blocks, then their merge)."""

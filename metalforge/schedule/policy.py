@@ -37,6 +37,11 @@ class LaunchPolicy:
     simd_reads_per_thread: int = 4     # row reductions, simd variant: elements per lane
     looped_reads_per_thread: int = 4   # row reductions, looped variant: elements per chunk
     looped_limit: int = 4096           # row reductions: longest row done in one pass
+    stage_rows: Optional[bool] = False  # row reductions, group-variant rows of whole blocks:
+                                       # the second half of each thread's block of the row's
+                                       # first inputs kept in threadgroup memory, not registers
+                                       # (the `staged` kernel); None: per call, where the backend
+                                       # says twice the threadgroups then share a core (cuda)
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
@@ -168,13 +173,22 @@ POLICIES: dict[str, LaunchPolicy] = {
 # it never runs by default: H100, 2026-11-25, prefill S = L = 1024 / 4096, E = 64 / 128, ms,
 # matrix kernel vs the scalar kernels 0.97 / 1.80 / 10.5 / 20.3 vs 0.47 / 0.87 / 6.2 / 12.1
 # (bench/README.md)
+# cuda, rows: the staged kernel (stage_rows) wherever the compiled kernels' registers and
+# threadgroup memory let twice as many of its groups share a core as the register kernel's.
+# H100, 2026-11-27, f16, us, group -> staged: layer_norm 2048x16384 74.3 -> 52.1 (64 -> 32
+# registers: one group of 1024 a core -> two), 4096x8192 59.9 -> 48.7, rms_norm 2048x16384
+# 60.2 -> 51.5; where it would not double them it is not faster: softmax 2048x16384 (two a
+# core either way) 54.8 -> 58.7, add_rms_norm 4096x8192 (two groups of 512 -> three) 97.9 ->
+# 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
+# no Mac has timed it.
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"attention": {"matrix_rows": 0}},
+    "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
-            "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "index64"),
+            "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
+            "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "qmm_min_rows",
               "x_rows", "index64"),
@@ -243,6 +257,9 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"lane_scores must be True or False, got {p.lane_scores!r}")
     _need(p, p.stage_kv is None or isinstance(p.stage_kv, bool),
           f"stage_kv must be None (the schedule's choice), True or False, got {p.stage_kv!r}")
+    _need(p, p.stage_rows is None or isinstance(p.stage_rows, bool),
+          f"stage_rows must be None (the backend's choice), True or False, got "
+          f"{p.stage_rows!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")

@@ -1,7 +1,7 @@
 """The row-reduction schedule: reductions over the innermost, contiguous axis ("D").
 
-One library holds three kernels; the host picks one per call from the row length D
-(`RowSchedule.variant`), so sizes never recompile:
+One library holds three kernels (four with `staged`); the host picks one per call from the
+row length D (`RowSchedule.variant`), so sizes never recompile:
 
 - ``simd``   (D <= 32 * simd_reads_per_thread): W lanes per row, the fewest (a power of two
   up to 32) holding it at R elements each (`lanes_per_row`; the kernel computes the same W from
@@ -13,6 +13,16 @@ One library holds three kernels; the host picks one per call from the row length
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
   vector loads when D is a multiple of the width; partials go simd → threadgroup
   scratch (one 32-slot array per reduction) → a second simd reduction in every simdgroup.
+- ``staged`` (group-variant rows of whole blocks, D a multiple of 32 * R, where
+  `stage_rows` asks for it; `RowSchedule.stages`): the group kernel, except that the second
+  half of each thread's block of the inputs phase 1 loads (whole vector chunks, at most half
+  of the threadgroup memory) is also stored to threadgroup memory, and the later phases read
+  it from there instead of keeping it in registers: chunk c >= S / W of the thread's block at
+  chunk `(c - S / W) * tpg + t` (W-wide, the group's threads side by side), written and read
+  back by the same thread, so no barrier. Every load a whole vector, no element checks (a
+  per-element tail path cost the H100 its register saving). Fewer registers a thread, so more
+  groups may share a core: with stage_rows=None the launcher takes it where the backend says
+  at least twice as many do (`RowSchedule.alternatives`).
 - ``looped`` (longer rows, or rows needing more threads than the group kernel's pipeline
   allows: `RowSchedule.within`): one threadgroup of `threads_per_group` threads per row; every phase
   streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
@@ -43,21 +53,22 @@ from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, take_sites
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
-from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, SIMD_WIDTH,
-                     access_width)
+from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, MAX_THREADGROUP_BYTES,
+                     MAX_THREADS_PER_GROUP, SIMD_WIDTH, access_width)
 from . import gather, reduce
 
-VARIANTS = ("simd", "group", "looped")
+VARIANTS = ("simd", "group", "staged", "looped")
 UINT_LIMIT = 2 ** 32
 READS = {"simd": "simd_reads_per_thread", "group": "reads_per_thread",
-         "looped": "looped_reads_per_thread"}
+         "staged": "reads_per_thread", "looped": "looped_reads_per_thread"}
+HELD = ("group", "staged")         # the variants holding a row of a threadgroup in registers
 
 
 def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
     """Elements each thread (lane) of this variant holds in registers per input, for row
     tensors of at most `itemsize` bytes."""
     r: int = getattr(p, READS[variant])
-    if variant == "group" and itemsize < 4:
+    if variant in HELD and itemsize < 4:
         r = max(r, min(MAX_READS_PER_THREAD, r * 4 // itemsize))
     return r
 
@@ -112,7 +123,25 @@ class RowSchedule(Schedule):
         p = self.policy
         if d <= SIMD_WIDTH * p.simd_reads_per_thread:
             return "simd"
-        return "group" if d <= self.group_limit else "looped"
+        if d > self.group_limit:
+            return "looped"
+        return "staged" if self.policy.stage_rows and self.stages(d) else "group"
+
+    def stages(self, d: int) -> bool:
+        """Whether the staged kernel takes rows of d elements: it is built, and they are whole
+        blocks of its threads (d a multiple of 32 x R: every load a full vector, no thread
+        past the row's end)."""
+        return "staged" in self.variants and \
+            d % (SIMD_WIDTH * reads_for(self.policy, "staged", self.itemsize)) == 0
+
+    def alternatives(self, step: Step, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """The staged kernel for a group-variant step where it takes the row (stage_rows None:
+        the launcher takes it where the backend says twice as many of its groups share a
+        core)."""
+        if self.policy.stage_rows is None and self.stages(sizes[self.axis]) and \
+                step.host_name == self.variants["group"].host_name:
+            return (Step(self.variants["staged"].host_name, step.threads, step.group),)
+        return ()
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         reduce.check_sizes(self.graph, self.reductions, sizes)
@@ -135,7 +164,7 @@ class RowSchedule(Schedule):
         if v == "simd":
             w = self.lanes_per_row(d)
             return rows * w, min(p.rows_per_group * SIMD_WIDTH, rows * w)
-        if v == "group":
+        if v in HELD:
             t = self._group_threads(d)
             return rows * t, t
         return rows * p.threads_per_group, p.threads_per_group
@@ -153,7 +182,7 @@ class RowSchedule(Schedule):
     def within(self, step: Step, sizes: Mapping[str, int], max_threads: int) -> Step:
         """A group-variant row needing more threads than its pipeline allows (registers: an
         f16 row of 16384 needs 1024 threads of 16 values) runs looped instead."""
-        if step.host_name != self.variants["group"].host_name:
+        if step.host_name not in (self.variants[v].host_name for v in HELD if v in self.variants):
             return step
         return Step(self.variants["looped"].host_name, *self._launch("looped", sizes))
 
@@ -165,7 +194,7 @@ class RowSchedule(Schedule):
         p = self.policy
         if v == "simd":
             return p.rows_per_group * SIMD_WIDTH
-        if v == "group":
+        if v in HELD:
             return self._group_threads(SIMD_WIDTH * p.simd_reads_per_thread + 1)
         return p.threads_per_group
 
@@ -200,6 +229,8 @@ class _Builder(reduce.Builder):
                           or {4})
         self.itemsize = max(self.itemsizes)
         self.reads = self.vw = 1             # the variant's (set per kernel)
+        self.staged: dict[str, int] = {}     # staged variant: input → first slot staged
+        self.fresh: set[str] = set()         # inputs the section being built loads
         self.own_slots: dict[Node, int] = {}  # the section's gathers from own registers
         # variant → the gathers some section loads from global memory
         self.loaded_gathers: dict[str, set[int]] = {v: set() for v in VARIANTS}
@@ -264,52 +295,126 @@ class _Builder(reduce.Builder):
         return self.in_stype(t) if ct == "float" else ct
 
     def reg_value(self, name: str, k: ir.Expr) -> ir.Expr:
-        """Slot k of a tensor's register block, in its compute type."""
+        """Slot k of a tensor's register block, in its compute type (in the staged variant,
+        slots from `staged[name]` on are in threadgroup memory)."""
         t = self.graph.tensor(name)
         ct, rt = compute_type(t.dtype), self.reg_type(t)
-        slot = ir.Lane(ir.Var(self.reg(name)), k)
+        slot: ir.Expr = ir.Lane(ir.Var(self.reg(name)), k)
+        if name in self.staged and name not in self.fresh:
+            vw, st = ir.Lit(self.vw, "uint"), self.in_stype(t)
+            first = ir.Lit(self.staged[name] // self.vw, "uint")
+            # copied out of threadgroup memory (mf_lane8 takes a thread-space reference)
+            chunk = ir.Cast(ir.vector_type(st, self.vw), ir.Load(
+                self.stage(name), self.stage_chunk(k / vw - first) * vw, self.vw, st,
+                space="threadgroup"))
+            slot = ir.Select(k < ir.Lit(self.staged[name], "uint"), slot, self.lane(chunk, k % vw))
         return slot if rt == ct else ir.Cast(ct, slot)
 
+    def most_threads(self, reads: int) -> int:
+        """Threads of the group (or staged) kernel's longest row, at `reads` a thread."""
+        p = self.policy
+        t = -(-(p.looped_limit * reads // p.reads_per_thread) // reads)
+        return min(MAX_THREADS_PER_GROUP, -(-t // SIMD_WIDTH) * SIMD_WIDTH)
+
+    def stage(self, name: str) -> str:
+        return f"mf_stage_{name}"
+
+    def staging(self) -> dict[str, int]:
+        """The staged variant's split: {input: S} for the inputs phase 1 loads, in order, whose
+        slots S..R-1 (the second half of the thread's block, whole vector chunks) fit in half
+        of the threadgroup memory at the most threads a group row takes (float types only:
+        their blocks keep the storage type). Empty when the block is a single chunk."""
+        p = self.policy
+        reads = reads_for(p, "staged", self.itemsize)
+        vw = vector_width_for(p, "staged", self.itemsizes)
+        split = reads // vw // 2 * vw
+        if vw < 2 or not split:
+            return {}
+        threads = self.most_threads(reads)
+        reds = reduce.phases(self.graph, online=False)
+        first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
+        out: dict[str, int] = {}
+        room = MAX_THREADGROUP_BYTES // 2
+        for name in self.cone(first)[0]:
+            t = self.graph.tensor(name)
+            need = (reads - split) * threads * t.dtype.itemsize
+            if compute_type(t.dtype) == "float" and need <= room:
+                out[name] = split
+                room -= need
+        return out
+
     def load_block(self, tensors: list[str], declare: bool) -> list[ir.Stmt]:
-        """Fill mf_reg_<t>[R] with this thread's R elements of each tensor (guarded)."""
+        """Fill mf_reg_<t>[R] with this thread's R elements of each tensor (guarded). The
+        staged kernel takes only rows of whole blocks (`RowSchedule.stages`), so its loads are
+        all whole vectors; a staged tensor's chunks from slot S on also go to threadgroup
+        memory (`stage_chunk`), where the later phases read them."""
         reads, vw = self.reads, self.vw
-        base = ir.Var("mf_base")
+        base, c, k = ir.Var("mf_base"), ir.Var("mf_c"), ir.Var("mf_k")
+        staged = [n for n in tensors if n in self.staged]
+        where = (f"; of {', '.join(staged)}, elements {self.staged[staged[0]]} on also into "
+                 f"threadgroup memory, where later phases read them" if staged else "")
         out: list[ir.Stmt] = [ir.Comment(f"load {reads} elements per thread of "
-                                         f"{', '.join(tensors)} into registers")]
+                                         f"{', '.join(tensors)} into registers{where}")]
         vec: list[ir.Stmt] = []
         sca: list[ir.Stmt] = []
         for name in tensors:
             t = self.graph.tensor(name)
             ct, st, rt = compute_type(t.dtype), self.in_stype(t), self.reg_type(t)
-            arr = ir.Var(self.reg(name))
-            zero = ir.Lit(0.0 if ct == "float" else 0, ct)
-
-            def fill(e: ir.Expr, frm: str, rt: str = rt) -> ir.Expr:
-                return e if rt == frm else ir.Cast(rt, e)
-            if declare:
-                out.append(ir.ArrayDecl(self.reg(name), rt, reads))
             rb = self.row_base(name, t.axes)
-            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
-            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
-                ir.Decl(f"mf_{name}_v", ir.vector_type(st, vw),
-                        ir.Load(self.names[name], start, vw, st)),
-                ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
-                    ir.Assign(ir.Lane(arr, ir.Var("mf_c") * ir.Lit(vw, "uint") + ir.Var("mf_l")),
-                              fill(self.lane(ir.Var(f"mf_{name}_v"), ir.Var("mf_l")), st))],
-                    unroll=True)], unroll=True))
-            pos = base + ir.Var("mf_k")
-            sca.append(ir.Assign(ir.Lane(arr, ir.Var("mf_k")), ir.Select(
-                pos < self.size(self.axis),
-                fill(ir.Load(self.names[name], rb + ir.Cast(IDX, pos)), st),
-                fill(zero, ct))))
+            held = self.staged.get(name, reads)            # slots only in registers
+            arr, got = ir.Var(self.reg(name)), ir.Var(f"mf_{name}_v")
+            if declare:
+                out.append(ir.ArrayDecl(arr.name, rt, reads))
+            start = rb + ir.Cast(IDX, base) + c * ir.Lit(vw, IDX)
+            load = ir.Decl(got.name, ir.vector_type(st, vw),
+                           ir.Load(self.names[name], start, vw, st))
+            to_regs = ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                ir.Assign(ir.Lane(arr, c * ir.Lit(vw, "uint") + ir.Var("mf_l")),
+                          self.fill(self.lane(got, ir.Var("mf_l")), st, rt))], unroll=True)
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(held // vw, "uint"),
+                              [load, to_regs], unroll=True))
+            sca.append(ir.Assign(ir.Lane(arr, k), ir.Select(
+                base + k < self.size(self.axis),
+                self.fill(ir.Load(self.names[name], rb + ir.Cast(IDX, base + k)), st, rt),
+                self.fill(ir.Lit(0.0 if ct == "float" else 0, ct), ct, rt))))
+            if held < reads:
+                stage = self.stage(name)
+                if declare:
+                    chunk_bytes = vw * t.dtype.itemsize
+                    self.v.tg_arrays.append(ir.ArrayDecl(
+                        f"{stage}_mem", "float4", -(-(reads - held) // vw * chunk_bytes *
+                                                    self.most_threads(reads) // 16),
+                        "threadgroup"))
+                    out.append(ir.Decl(stage, f"threadgroup {st}*", ir.Call(
+                        f"reinterpret_cast<threadgroup {st}*>", (ir.Var(f"{stage}_mem"),)),
+                        const=False))
+                at = self.stage_chunk(c - ir.Lit(held // vw, "uint")) * ir.Lit(vw, "uint")
+                vec.append(ir.For("mf_c", "uint", ir.Lit(held // vw, "uint"),
+                                  ir.Lit(reads // vw, "uint"), [load, to_regs, ir.Store(
+                                      stage, at, got, vw, st, space="threadgroup")],
+                                  unroll=True))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
-        if vw > 1:
+        if self.v.name == "staged":
+            out += [ir.Comment(f"{vw}-wide vector loads (rows of whole blocks)")] + vec
+        elif vw > 1:
             out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
                              [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar))
         else:
             out += scalar
         return out
+
+    @staticmethod
+    def stage_chunk(i: ir.Expr) -> ir.Expr:
+        """Staged variant: where chunk i of this thread's staged slots sits in threadgroup
+        memory, in chunks: chunk-major over the group's threads (16-byte accesses, one chunk
+        a thread, side by side)."""
+        return i * ir.Var("mf_tpg") + ir.Var("mf_t")
+
+    @staticmethod
+    def fill(e: ir.Expr, frm: str, rt: str) -> ir.Expr:
+        """A value of type `frm` as a register slot of type `rt`."""
+        return e if rt == frm else ir.Cast(rt, e)
 
     def lane(self, v: ir.Expr, i: ir.Expr) -> ir.Expr:
         """Element i of a loaded vector (an mf_pack8 through its helper)."""
@@ -469,6 +574,8 @@ class _Builder(reduce.Builder):
             whole += self.online_chunk(el, reds, pairs, values, rest, each)
         else:
             whole.append(each(body, False))
+        if self.v.name == "staged":                 # rows of whole blocks
+            return row_stmts, tensors, fetch, whole
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
         loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), whole, [
             ir.Comment("the row's end: each element checked"), each(body, True)])]
@@ -520,6 +627,8 @@ class _Builder(reduce.Builder):
                          ir.Lane(arr, ir.Var("mf_k")))]))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
+        if self.v.name == "staged":                 # rows of whole blocks
+            return [ir.Comment(f"store the row's outputs, {vw}-wide")] + vec
         if vw > 1:
             return [ir.Comment("store the row's outputs"),
                     ir.If(self.full(), [ir.Comment(f"{vw}-wide vector stores")] + vec,
@@ -570,6 +679,7 @@ class _Builder(reduce.Builder):
         looped = v.name == "looped"
         self.reads = reads_for(self.policy, v.name, self.itemsize)
         self.vw = vector_width_for(self.policy, v.name, self.itemsizes)
+        self.staged = self.staging() if v.name == "staged" else {}
         if self.vw == 8:
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
@@ -621,7 +731,8 @@ class _Builder(reduce.Builder):
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
         reads, looped = self.reads, v.name == "looped"
-        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)
+        self.fresh = set(self.cone(roots)[0]) - v.loaded      # read from the registers just
+        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)   # loaded
         v.main.append(ir.Comment(title))
         v.main.extend(row_stmts)
         for r in rs:
@@ -715,7 +826,7 @@ class _Builder(reduce.Builder):
             span = ir.Var("mf_tpg") * ir.Lit(reads, "uint")
             length = ir.Cast("uint", self.size(self.axis))
             head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
-        if self.vw > 1:
+        if self.vw > 1 and variant != "staged":      # staged: rows of whole blocks
             whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
             head.append(ir.Decl("mf_vec_ok", "bool", whole))
         return tuple(threads), head
@@ -735,6 +846,11 @@ class _Builder(reduce.Builder):
                        f"{self.reads} elements per lane in registers",
                "group": f"one threadgroup per row, {self.reads} elements per thread in registers, "
                         f"global memory read once",
+               "staged": f"rows of whole blocks (a multiple of 32 x {self.reads}), one "
+                         f"threadgroup per row, {self.reads} elements per thread, global "
+                         f"memory read once; after the first phase, elements "
+                         f"{min(self.staged.values(), default=0)} on of "
+                         f"{', '.join(self.staged)} from threadgroup memory, not registers",
                "looped": f"one threadgroup per row (its size set at launch), streamed in "
                          f"chunks of {self.reads} elements per thread per phase, compensated "
                          f"sums"}[variant]
@@ -745,7 +861,10 @@ class _Builder(reduce.Builder):
 
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
-        kernels, passes, tg = self.variants(VARIANTS)
+        # the staged kernel where it may run and the block splits
+        staged = self.policy.stage_rows is not False and bool(self.staging())
+        names = tuple(v for v in VARIANTS if v != "staged" or staged)
+        kernels, passes, tg = self.variants(names)
         # the widest access any variant makes: the alignment the launcher checks inputs for
         vw = max(vector_width_for(self.policy, name, self.itemsizes) for name in VARIANTS)
         policy = replace(self.policy, threadgroup_bytes=tg, uses_simd=True, vector_width=vw)
@@ -756,9 +875,9 @@ class _Builder(reduce.Builder):
                                  and vw > 1),
                            self.index64, axis=self.axis, rows=self.outer, variants=kernels,
                            reductions=reds, passes=passes, itemsize=self.itemsize,
-                           held_gathers=self.held_gathers())
+                           held_gathers=self.held_gathers(names))
 
-    def held_gathers(self) -> dict[str, tuple[int, ...]]:
+    def held_gathers(self, names: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
         """{variant: the gathers no section of it loads}: registers or shuffles serve them."""
         sites = range(len(take_sites(self.graph)))
-        return {v: tuple(k for k in sites if k not in self.loaded_gathers[v]) for v in VARIANTS}
+        return {v: tuple(k for k in sites if k not in self.loaded_gathers[v]) for v in names}

@@ -257,6 +257,28 @@ def test_register_cap_never_spills(dtype):
     torch.testing.assert_close(ln(x, w, b), ln.reference(x, w, b), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_staged_rows_where_twice_the_groups_fit(dtype):
+    # cuda builds the staged row kernel (stage_rows=None) and takes it for rows of whole
+    # blocks where the device fits at least twice as many of its groups a core; each kernel
+    # against the reference, whichever is taken
+    ln = _example("layer_norm")["layer_norm"]
+    d = 16384 if dtype != torch.float32 else 8192
+    x = torch.randn(64, d, device="cuda").to(dtype)
+    w, b = torch.randn(d, device="cuda").to(dtype), torch.randn(d, device="cuda").to(dtype)
+    want = ln.reference(x, w, b)
+    hosts = {}
+    for stage in (True, False, None):
+        k = ln.with_launch(stage_rows=stage)
+        (hosts[stage], _, group), = k.launches(x, w, b)
+        torch.testing.assert_close(k(x, w, b), want, rtol=2e-2, atol=2e-2)
+    assert hosts[True].endswith("_staged") and hosts[False].endswith("_group")
+    lib = mfcuda.compile_shader(ln.with_launch(stage_rows=None).source(x, w, b))
+    fits = {v: getattr(lib, hosts[v]).groups_per_core(group) for v in (True, False)}
+    assert hosts[None] == hosts[fits[True] >= 2 * fits[False]], fits
+    assert ln.launches(x, w, b)[0][0] == hosts[None]           # the backend's own choice
+
+
 def test_call_errors():
     lib = mfcuda.compile_shader("""
 #include <metal_stdlib>

@@ -219,4 +219,5 @@ def test_backend_policies_are_valid_options_of_their_families():
             policy.resolve(family, options)
             assert policy.backend_launch(backend, family) == options
     assert policy.backend_launch("sim", "row") is None
-    assert policy.backend_launch("cuda", "row") is None
+    assert policy.backend_launch("cuda", "column") is None
+    assert policy.backend_launch("cuda", "row") == {"stage_rows": None}   # per call

@@ -196,6 +196,73 @@ def test_group_rows_over_the_pipeline_limit_run_looped():
         runtime.launcher.MSL_REWRITE.reset(token)
 
 
+# staged: rows of whole blocks (32 x R: f32 R = 8, 2-byte types R = 16) above the simd rows
+WHOLE = {torch.float32: (512, 8192), torch.float16: (512, 16384), torch.bfloat16: (1024, 16384)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_staged_rows_match_the_reference(dtype):
+    """stage_rows=True: rows of whole blocks run the staged kernel (half of each thread's
+    block of x read back from threadgroup memory after phase 1), others the group kernel;
+    both against float64 torch, special values included."""
+    kernels = [(k.with_launch(stage_rows=True), ref) for k, ref in (
+        (rms_norm, lambda x, w: F.rms_norm(x.double(), (x.shape[-1],), w.double(), eps=1e-6)),
+        (softmax, lambda x, w: torch.softmax(x.double(), -1)))]
+    for d in WHOLE[dtype] + (1000,):
+        x = special_rows(torch.randn(6, d, dtype=dtype))
+        w = torch.randn(d, dtype=dtype)
+        for k, ref in kernels:
+            args = (x, w) if k.name == "rms_norm" else (x,)
+            close(k(*args), ref(x, w), dtype)
+            assert variant(k, *args)[0] == ("group" if d == 1000 else "staged")
+    ln = layer_norm.with_launch(stage_rows=True)
+    x, w, b = (torch.randn(3, 8192, dtype=dtype) * 3 + 1, torch.randn(8192, dtype=dtype),
+               torch.randn(8192, dtype=dtype))
+    close(ln(x, w, b), F.layer_norm(x.double(), (8192,), w.double(), b.double()), dtype,
+          scale=4.0)
+
+
+def test_staged_kernel_stages_phase_one_inputs_in_half_the_threadgroup_memory():
+    x = torch.randn(2, 16384, dtype=torch.float16)
+    w, b = torch.randn(16384, dtype=torch.float16), torch.randn(16384, dtype=torch.float16)
+    ln = layer_norm.with_launch(stage_rows=True)
+    v, s, sizes = variant(ln, x, w, b)
+    assert v == "staged" and s.traffic(sizes) == s.traffic(sizes, "group")   # read once
+    src = ln.source(x, w, b)
+    staged = src[src.index("kernel void mf_layer_norm_staged"):]
+    staged = staged[:staged.index("\n}\n")]
+    # x's second chunk of 8 halves per thread (1024 threads: 16 KB), not w or b (the epilogue
+    # loads them); whole vectors only, no per-element tail
+    assert "threadgroup float4 mf_stage_x_mem[1024];" in staged
+    assert "mf_stage_w" not in staged and "mf_stage_b" not in staged
+    assert "row tail" not in staged and "each element checked" not in staged
+    assert 16 * 1024 < s.policy.threadgroup_bytes <= 32 * 1024 // 2 + 1024
+    # not built unless asked for (the Metal table), nor where a block is one vector
+    assert "_staged" not in layer_norm.source(x, w, b)
+    one = layer_norm.with_launch(stage_rows=True, reads_per_thread=4, looped_limit=4096)
+    assert "_staged" not in one.source(x.float(), w.float(), b.float())
+
+
+def test_launcher_takes_the_staged_kernel_where_twice_the_groups_share_a_core(monkeypatch):
+    """stage_rows=None: the staged kernel where the backend says at least twice as many of
+    its threadgroups share a core as the group kernel's (the simulator says nothing: group)."""
+    from metalforge.sim.library import LibraryFunction
+    x = torch.randn(2, 8192, dtype=torch.float16)
+    w = torch.randn(8192, dtype=torch.float16)
+    k = rms_norm.with_launch(stage_rows=None)
+
+    def host(*args):
+        return k.launches(*args)[0][0]
+    assert host(x, w) == "rms_norm_f16_group"
+    for staged, group, want in ((2, 1, "staged"), (4, 2, "staged"), (3, 2, "group")):
+        monkeypatch.setattr(LibraryFunction, "groups_per_core", lambda self, n, s=staged,
+                            g=group: s if self._sig.host_name.endswith("_staged") else g,
+                            raising=False)
+        assert host(x, w) == f"rms_norm_f16_{want}"
+        assert host(x[:, :1000], w[:1000]) == "rms_norm_f16_group"    # not whole blocks
+    close(k(x, w), F.rms_norm(x.double(), (8192,), w.double(), eps=1e-6), torch.float16)
+
+
 def test_softmax_keeps_exp_in_registers():
     x = torch.randn(4, 1000)
     src = softmax.source(x)
