@@ -134,6 +134,16 @@ class RowSchedule(Schedule):
         return "staged" in self.variants and \
             d % (SIMD_WIDTH * reads_for(self.policy, "staged", self.itemsize)) == 0
 
+    @property
+    def staged_rows(self) -> tuple[int, ...]:
+        """Row lengths a test should try for the staged kernel (none unless it is built): the
+        shortest whole-block row above the simd rows (`check` adds them to its boundary
+        sizes; the group limit is one already)."""
+        if "staged" not in self.variants:
+            return ()
+        block = SIMD_WIDTH * reads_for(self.policy, "staged", self.itemsize)
+        return ((SIMD_WIDTH * self.policy.simd_reads_per_thread // block + 1) * block,)
+
     def alternatives(self, step: Step, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """The staged kernel for a group-variant step where it takes the row (stage_rows None:
         the launcher takes it where the backend says twice as many of its groups share a

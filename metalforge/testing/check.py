@@ -180,7 +180,7 @@ def boundary_sizes(schedule) -> list[int]:
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
     simd-row limit 32 * simd_reads_per_thread, the group-row limit) as t, t + 1 and t + vector
     width; for row reductions also each row length where the lanes per row double (R 2^k and
-    R 2^k + 1, R = simd_reads_per_thread)."""
+    R 2^k + 1, R = simd_reads_per_thread) and the staged kernel's shortest row."""
     p = schedule.policy
     out = {1, 31, 32, 33}
     if hasattr(schedule, "thresholds"):                 # a family that knows its own
@@ -194,6 +194,7 @@ def boundary_sizes(schedule) -> list[int]:
         for k in range(5):                              # lanes-per-row step, t and t + 1
             t = p.simd_reads_per_thread << k
             out |= {t, t + 1}
+        out |= set(schedule.staged_rows)                # the staged kernel's shortest row
     return sorted(out)
 
 

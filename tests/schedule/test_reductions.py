@@ -228,6 +228,7 @@ def test_staged_kernel_stages_phase_one_inputs_in_half_the_threadgroup_memory():
     ln = layer_norm.with_launch(stage_rows=True)
     v, s, sizes = variant(ln, x, w, b)
     assert v == "staged" and s.traffic(sizes) == s.traffic(sizes, "group")   # read once
+    assert s.staged_rows == (512,)         # check's boundary sizes: its shortest row (16 x 32)
     src = ln.source(x, w, b)
     staged = src[src.index("kernel void mf_layer_norm_staged"):]
     staged = staged[:staged.index("\n}\n")]
