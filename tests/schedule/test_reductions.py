@@ -244,6 +244,16 @@ def test_staged_kernel_stages_phase_one_inputs_in_half_the_threadgroup_memory():
     assert "_staged" not in one.source(x.float(), w.float(), b.float())
 
 
+def test_source_shows_what_the_backend_builds():
+    # .source() of a call follows its backend's changes to the table: cuda builds the staged
+    # row kernel beside the group kernel, the simulator (the Metal table) does not
+    x, w = torch.randn(2, 1024), torch.randn(1024)
+    assert "_staged" not in rms_norm.source(x, w)
+    with runtime.backend("cuda"):
+        src = rms_norm.source(x, w)
+    assert "kernel void mf_rms_norm_staged" in src and "kernel void mf_rms_norm_group" in src
+
+
 def test_launcher_takes_the_staged_kernel_where_twice_the_groups_share_a_core(monkeypatch):
     """stage_rows=None: the staged kernel where the backend says at least twice as many of
     its threadgroups share a core as the group kernel's (the simulator says nothing: group)."""
