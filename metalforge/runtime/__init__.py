@@ -18,11 +18,11 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..graph import Graph
+from ..schedule.policy import backend_launch
 from ..shapes import bind_shapes
 from . import launcher, mlx
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
 from .launcher import DeviceError, compiled, render, specialisation
-from ..schedule.policy import backend_launch
 
 __all__ = ["run", "source", "ir", "schedule_of", "backend", "current_backend", "BACKENDS",
            "DeviceError", "clear_caches", "compiled"]
