@@ -20,6 +20,7 @@ from .. import schedule as sched_mod
 from ..graph import Graph
 from ..schedule.policy import backend_launch
 from ..shapes import bind_shapes
+from ..tuning.launch import merge
 from . import launcher, mlx
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
 from .launcher import DeviceError, compiled, render, specialisation
@@ -59,7 +60,7 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
         under = backend_launch(current_backend(tensors.values()), spec.family) \
             if tensors else None
         if under:
-            spec = specialisation(graph, {**under, **(launch or {})})
+            spec = specialisation(graph, merge(under, launch))
     index64 = False
     if all(a in bound for a in spec.grid):
         numel = 1

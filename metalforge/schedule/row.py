@@ -54,7 +54,7 @@ from ..graph import Graph, Node, Op, TensorParam, take_sites
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
 from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, MAX_THREADGROUP_BYTES,
-                     MAX_THREADS_PER_GROUP, SIMD_WIDTH, access_width)
+                     SIMD_WIDTH, access_width)
 from . import gather, reduce
 
 VARIANTS = ("simd", "group", "staged", "looped")
@@ -71,6 +71,20 @@ def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
     if variant in HELD and itemsize < 4:
         r = max(r, min(MAX_READS_PER_THREAD, r * 4 // itemsize))
     return r
+
+
+def group_limit(p: LaunchPolicy, itemsize: int) -> int:
+    """The longest row the group (and staged) kernel takes: looped_limit counts 4-byte
+    elements, as reads_per_thread does, so rows of 2-byte types may be twice as long (same
+    threads)."""
+    return p.looped_limit * reads_for(p, "group", itemsize) // p.reads_per_thread
+
+
+def group_threads(p: LaunchPolicy, itemsize: int, d: int) -> int:
+    """Threads of the group (and staged) kernel for a row of d elements: a thread per R,
+    rounded up to whole simdgroups."""
+    t = -(-d // reads_for(p, "group", itemsize))
+    return -(-t // SIMD_WIDTH) * SIMD_WIDTH
 
 
 def vector_width_for(p: LaunchPolicy, variant: str, itemsizes: set[int]) -> int:
@@ -113,10 +127,7 @@ class RowSchedule(Schedule):
 
     @property
     def group_limit(self) -> int:
-        """The longest row the group variant takes: looped_limit counts 4-byte elements, as
-        reads_per_thread does, so rows of 2-byte types may be twice as long (same threads)."""
-        p = self.policy
-        return p.looped_limit * reads_for(p, "group", self.itemsize) // p.reads_per_thread
+        return group_limit(self.policy, self.itemsize)
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
@@ -186,8 +197,7 @@ class RowSchedule(Schedule):
         return 1 << (n - 1).bit_length()
 
     def _group_threads(self, d: int) -> int:
-        t = -(-d // reads_for(self.policy, "group", self.itemsize))
-        return -(-t // SIMD_WIDTH) * SIMD_WIDTH
+        return group_threads(self.policy, self.itemsize, d)
 
     def within(self, step: Step, sizes: Mapping[str, int], max_threads: int) -> Step:
         """A group-variant row needing more threads than its pipeline allows (registers: an
@@ -240,6 +250,7 @@ class _Builder(reduce.Builder):
         self.itemsize = max(self.itemsizes)
         self.reads = self.vw = 1             # the variant's (set per kernel)
         self.staged: dict[str, int] = {}     # staged variant: input → first slot staged
+        self.stage_plan: dict[str, int] = {}  # the staged kernel's `staging()`, if it is built
         self.fresh: set[str] = set()         # inputs the section being built loads
         self.own_slots: dict[Node, int] = {}  # the section's gathers from own registers
         # variant → the gathers some section loads from global memory
@@ -320,11 +331,9 @@ class _Builder(reduce.Builder):
             slot = ir.Select(k < ir.Lit(self.staged[name], "uint"), slot, self.lane(chunk, k % vw))
         return slot if rt == ct else ir.Cast(ct, slot)
 
-    def most_threads(self, reads: int) -> int:
-        """Threads of the group (or staged) kernel's longest row, at `reads` a thread."""
-        p = self.policy
-        t = -(-(p.looped_limit * reads // p.reads_per_thread) // reads)
-        return min(MAX_THREADS_PER_GROUP, -(-t // SIMD_WIDTH) * SIMD_WIDTH)
+    def most_threads(self) -> int:
+        """Threads of the staged kernel's longest row (what its threadgroup arrays hold)."""
+        return group_threads(self.policy, self.itemsize, group_limit(self.policy, self.itemsize))
 
     def stage(self, name: str) -> str:
         return f"mf_stage_{name}"
@@ -340,7 +349,7 @@ class _Builder(reduce.Builder):
         split = reads // vw // 2 * vw
         if vw < 2 or not split:
             return {}
-        threads = self.most_threads(reads)
+        threads = self.most_threads()
         reds = reduce.phases(self.graph, online=False)
         first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
         out: dict[str, int] = {}
@@ -393,7 +402,7 @@ class _Builder(reduce.Builder):
                     chunk_bytes = vw * t.dtype.itemsize
                     self.v.tg_arrays.append(ir.ArrayDecl(
                         f"{stage}_mem", "float4", -(-(reads - held) // vw * chunk_bytes *
-                                                    self.most_threads(reads) // 16),
+                                                    self.most_threads() // 16),
                         "threadgroup"))
                     out.append(ir.Decl(stage, f"threadgroup {st}*", ir.Call(
                         f"reinterpret_cast<threadgroup {st}*>", (ir.Var(f"{stage}_mem"),)),
@@ -547,6 +556,7 @@ class _Builder(reduce.Builder):
         statements fetching gathered elements from other lanes (run once the registers are
         loaded), the loop over this thread's R elements)."""
         tensors, frontier = self.cone(roots)
+        self.fresh = set(tensors) - self.v.loaded     # read from the registers just loaded
         row_stmts = self.v.row_values.lower(frontier)
         held = set(tensors) | (set() if self.v.name == "looped" else self.v.loaded)
         self.own_slots, shuffled = self.row_takes(roots, held)
@@ -689,7 +699,7 @@ class _Builder(reduce.Builder):
         looped = v.name == "looped"
         self.reads = reads_for(self.policy, v.name, self.itemsize)
         self.vw = vector_width_for(self.policy, v.name, self.itemsizes)
-        self.staged = self.staging() if v.name == "staged" else {}
+        self.staged = self.stage_plan if v.name == "staged" else {}
         if self.vw == 8:
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
@@ -741,8 +751,7 @@ class _Builder(reduce.Builder):
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
         reads, looped = self.reads, v.name == "looped"
-        self.fresh = set(self.cone(roots)[0]) - v.loaded      # read from the registers just
-        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)   # loaded
+        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)
         v.main.append(ir.Comment(title))
         v.main.extend(row_stmts)
         for r in rs:
@@ -872,8 +881,8 @@ class _Builder(reduce.Builder):
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
         # the staged kernel where it may run and the block splits
-        staged = self.policy.stage_rows is not False and bool(self.staging())
-        names = tuple(v for v in VARIANTS if v != "staged" or staged)
+        self.stage_plan = self.staging() if self.policy.stage_rows is not False else {}
+        names = tuple(v for v in VARIANTS if v != "staged" or self.stage_plan)
         kernels, passes, tg = self.variants(names)
         # the widest access any variant makes: the alignment the launcher checks inputs for
         vw = max(vector_width_for(self.policy, name, self.itemsizes) for name in VARIANTS)
