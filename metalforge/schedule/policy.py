@@ -119,6 +119,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md). Re-swept 2026-11-26 with
     # values masked in place (rows 1 / 2 / 4 x k_splits 1 / 2 / 4 x 128 / 256 threads): 2 rows,
     # no split, 256 threads within 0.8 us of the best setting of every shape (49-70% of copy_)
+    # 2026-11-27, with qmv's per-place sums (schedule/quant.py), rows 2 / 4 x 64 / 128 / 256
+    # threads, f16 (bf16 alike), us: 2 rows 7.1 / 13.4 / 13.3 / 15.9 at best, 4 rows and 128
+    # threads 6.5 / 12.3 / 12.8 / 14.3 (46 / 73 / 70 / 83% of copy_, 1.69-2.95x F.linear), the
+    # best or within 0.4 us of it everywhere; M = 2 / 8 (qmvx) 9.5 -> 8.3 / 29.3 -> 23.7 at
+    # 4096^2. MLX's own qmv also gives a simdgroup 4 rows
     # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
@@ -131,7 +136,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # the default: faster than one row of x at every M from 2, and a lane holds 64 values of x
     # (2 rows x 32, with 16-byte word loads) where x_rows 4 holds 128: Apple GPUs spill registers
     # long before NVIDIA's, and MLX's own qmv keeps 16 per lane; raise it where measured
-    "quant": LaunchPolicy("quant", threads_per_group=256, vector_width=4, rows_per_group=2,
+    "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
                           x_rows=2, uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)

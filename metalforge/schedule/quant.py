@@ -10,16 +10,18 @@ position of the other output axes (M), simdgroup s of them taking slice s of K. 
 slice s walk K in chunks of C = vector_width words × values per word (16 bytes of words: 32
 4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 1: l, l + 32, ...):
 
-- every load of a chunk is issued before any of its values is used: the values the block's rows
-  share (tensors without N, such as x) into registers with 16-byte vector loads, then each
-  row's chunk of packed words (one vector load per row) and, in the affine form below, the
-  row's per-group scale and bias (GS a multiple of C: one each per chunk), into per-row
-  register arrays, so a lane has R + 1 streams of loads in flight;
+- every load of a chunk is issued before any of its values is used: each row's chunk of
+  packed words (one vector load per row) and, in the affine form below, the row's per-group
+  scale and bias (GS a multiple of C: one each per chunk), into per-row register arrays, then
+  the values the block's rows share (tensors without N, such as x) with 16-byte vector loads,
+  so a lane has R + 1 streams of loads in flight;
 - then each row unpacks every value from a register with a literal shift
   (`lower.unpack_value`) and adds the element value (the user's expression) to its fp32
   accumulator; in the affine form below each value is instead masked where it sits in its half
-  word (`(word >> half) & (mask << at)`: one shift per half word, not per value) and multiplied
-  by an x pre-scaled by 2^-at (`mf_place_weight`), as MLX's qdot does;
+  word (`(word >> half) & (mask << at)`: one shift per half word, not per value), which is the
+  value times 2^at. qmv keeps one sum per place at (4 for 4-bit values) for every row and
+  scales each by 2^-at once per chunk (`mf_place_weight`); qmvx, whose every value serves
+  several rows of x, multiplies by an x pre-scaled by 2^-at instead, as MLX's qdot does;
 - a chunk that runs past K is done element by element, every load guarded.
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
@@ -351,7 +353,7 @@ class _Builder(reduce.Builder):
                      ) -> tuple[list[ir.Stmt], list[ir.Stmt], list[ir.Stmt], list[ir.Stmt]]:
         """(statements before the rows loops: x of each element and their sum over the chunk;
         register arrays for each row's scale and bias; the row's loads of its scale and bias
-        into them; the row's sums: sum q_j x_j over its words, then s * that + b * sum x)."""
+        into them; the rows' sums: sum q_j x_j over their words, then s * that + b * sum x)."""
         C, rows, mb = self.chunk, self.policy.rows_per_group, self.mb
         el = self.lowering(True)
         i = ir.Var("mf_i")
@@ -363,10 +365,13 @@ class _Builder(reduce.Builder):
         xbody = el.lower([f.x])
         xv = as_float(el.value(f.x), f.x)
         xe = ir.Lane(ir.Var("mf_xe"), self.x_slot(ir.Var("mf_j")))
-        # value j is unpacked masked in place in its half word (below): x_j carries its place
-        j, per_half = ir.Var("mf_j"), ir.Lit(16 // self.bits, "uint")
+        # value j is unpacked masked in place in its half word (below), i.e. times 2^place:
+        # qmv keeps one sum per place and scales each once per chunk; qmvx, whose values each
+        # serve mb rows of x, pre-scales x_j by 2^-place instead
+        places = 16 // self.bits
+        j, per_half = ir.Var("mf_j"), ir.Lit(places, "uint")
         place = j % per_half * ir.Lit(self.bits, "uint")
-        xbody += [ir.Assign(xe, xv * ir.Call("mf_place_weight", (place,))),
+        xbody += [ir.Assign(xe, xv if mb == 1 else xv * ir.Call("mf_place_weight", (place,))),
                   ir.Assign(xsum, xsum + xv)]
         self.helpers.add("mf_place_weight")
         xs += self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
@@ -390,24 +395,37 @@ class _Builder(reduce.Builder):
         mask = ir.Lit((1 << self.bits) - 1, "uint") << ir.Var("mf_at")
         code = ir.Cast("float", (self.word(f.q.args[0].attr) >> ir.Var("mf_half")) & mask)
         acc = self.acc()
-        if mb == 1:
-            qx: ir.Expr = ir.Var("mf_qx")
-            row: list[ir.Stmt] = [
-                ir.Decl("mf_qx", "float", ir.Lit(0.0, "float"), const=False),
-                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), at_bits + [
-                    ir.Assign(qx, ir.Call("fma", (code, xe, qx)))], unroll=True)]
-        else:                    # each value unpacked once, used for every row of x
-            qx = ir.Lane(ir.Var("mf_qx"), i)
-            row = [ir.ArrayDecl("mf_qx", "float", mb),
-                   self.each_x_row([ir.Assign(qx, ir.Lit(0.0, "float"))]),
-                   ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), at_bits + [
-                       ir.Decl("mf_q", "float", code),
-                       self.each_x_row([ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
-                       unroll=True)]
         bx = ir.Call("fma", (ir.Lane(bias, r), xsum, acc))
-        sums: list[ir.Stmt] = [ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), qx, bx)))]
-        row += sums if mb == 1 else [self.each_x_row(sums)]
-        return xs, arrays, loads, row
+        if mb == 1:
+            # every row's sums first, one per place (independent chains), then each row's
+            # s * sum_p 2^-p sum_(j at p) q_j x_j + b * sum x. H100, 2026-11-27, 4 rows: 6.1-14.5
+            # us this way, 8.3-18.6 with x pre-scaled or each row in turn (bench/README.md)
+            sums = ir.Var("mf_qx")
+            at_place = ir.Lane(sums, r * per_half + j % per_half)
+            qx: ir.Expr = ir.Lane(sums, r * per_half)
+            for p in range(1, places):
+                qx = ir.Call("fma", (ir.Lane(sums, r * per_half + ir.Lit(p, "uint")), ir.Call(
+                    "mf_place_weight", (ir.Lit(p * self.bits, "uint"),)), qx))
+            body: list[ir.Stmt] = [
+                ir.ArrayDecl("mf_qx", "float", rows * places),
+                ir.For("mf_p", "uint", ir.Lit(0, "uint"), ir.Lit(rows * places, "uint"),
+                       [ir.Assign(ir.Lane(sums, ir.Var("mf_p")), ir.Lit(0.0, "float"))],
+                       unroll=True),
+                self.rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                                       at_bits + [ir.Assign(at_place, ir.Call(
+                                           "fma", (code, xe, at_place)))], unroll=True)]),
+                self.rows_loop([ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), qx, bx)))])]
+            return xs, arrays, loads, body
+        # qmvx: each value unpacked once, used for every row of x
+        qx = ir.Lane(ir.Var("mf_qx"), i)
+        row = [ir.ArrayDecl("mf_qx", "float", mb),
+               self.each_x_row([ir.Assign(qx, ir.Lit(0.0, "float"))]),
+               ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), at_bits + [
+                   ir.Decl("mf_q", "float", code),
+                   self.each_x_row([ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
+                   unroll=True),
+               self.each_x_row([ir.Assign(acc, ir.Call("fma", (ir.Lane(scale, r), qx, bx)))])]
+        return xs, arrays, loads, [self.rows_loop(row)]
 
     # -- the kernel ---------------------------------------------------------------------
     @property
@@ -527,31 +545,33 @@ class _Builder(reduce.Builder):
         return out
 
     def whole_chunk(self) -> list[ir.Stmt]:
-        """A chunk inside K with aligned rows: every load of the chunk first (shared values,
-        then each row's words and per-group values), then the arithmetic, so a lane has all
+        """A chunk inside K with aligned rows: every load of the chunk first (each row's words
+        and per-group values, then the shared values), then the arithmetic, so a lane has all
         its loads in flight at once."""
         C, rows = self.chunk, self.policy.rows_per_group
-        out: list[ir.Stmt] = [ir.Comment(f"values every row shares: {C} per lane, in registers")]
-        out += self.load_shared()
         arrays, row_loads = self.load_words()
         form = self.affine()
         what = f"{self.words} packed words (one {4 * self.words}-byte load)"
         if form is not None:
-            xs, sb_arrays, sb_loads, row = self.affine_chunk(form)
+            xs, sb_arrays, sb_loads, rows_body = self.affine_chunk(form)
             arrays += sb_arrays
             row_loads += sb_loads
             what += ", its group's scale and bias"
         else:
-            row = self.x_rows_loop([ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                                           self.element(True), unroll=True)])
-        out += [ir.Comment(f"loads of the block's {rows} row(s), all issued before any is "
-                           f"used: per row {what}")] + arrays + [self.rows_loop(row_loads)]
+            rows_body = [self.rows_loop(self.x_rows_loop([ir.For(
+                "mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"), self.element(True),
+                unroll=True)]))]
+        # the rows' loads (from memory) go out first, then the shared values (cache hits)
+        out: list[ir.Stmt] = [ir.Comment(f"loads of the block's {rows} row(s), all issued before "
+                                         f"any is used: per row {what}")]
+        out += arrays + [self.rows_loop(row_loads)]
+        out += [ir.Comment(f"values every row shares: {C} per lane, in registers")]
+        out += self.load_shared()
         if form is not None:
             out += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
                                "s sum_k q x + b sum_k x (s, b: one per group)")] + xs
-        out += [ir.Comment("each row: unpack its words from registers, add to its sum"),
-                self.rows_loop(row)]
-        return out
+        out += [ir.Comment("each row: unpack its words from registers, add to its sum")]
+        return out + rows_body
 
     def chunk_loop(self) -> ir.Stmt:
         """Lane l's chunks along K (of slice s: chunks 32 s + l, then every 32 S-th): whole

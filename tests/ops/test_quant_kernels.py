@@ -7,6 +7,7 @@ import torch
 
 import metalforge as mf
 from metalforge import quant
+from metalforge.schedule.policy import MAX_QUANT_ROWS, POLICIES
 from metalforge.testing import check
 
 
@@ -168,6 +169,12 @@ def test_bad_input_errors():
 LEVERS = [(rows, splits) for rows in (1, 2, 4, 8) for splits in (1, 2, 4, 8)]
 
 
+def _levers(rows, splits, **more):
+    # k_splits simdgroups share a threadgroup: 8 of them need 256 threads (the table has 128)
+    return dict(rows_per_group=rows, k_splits=splits, threads_per_group=max(128, 32 * splits),
+                **more)
+
+
 def _reference(wq, s, b, x, gs, bits=4):
     """The independent reference: metalforge.quant's dequantize, then a torch matmul."""
     w_hat = quant.dequantize(wq, s, b, group_size=gs, bits=bits).float()
@@ -184,7 +191,7 @@ def _reference(wq, s, b, x, gs, bits=4):
 def test_q4_matvec_levers_f32(rows, splits, m, n, k):
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    got = q4_matvec.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x)
+    got = q4_matvec.with_launch(**_levers(rows, splits))(wq, s, b, x)
     torch.testing.assert_close(got, _reference(wq, s, b, x, 64), rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
@@ -194,7 +201,7 @@ def test_q4_matvec_levers_half(rows, splits, dtype):
     m, n, k = 1, 13, 4096 + 128
     _, (wq, s, b) = _quantized(n, k, dtype, seed=3)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(4)).to(dtype)
-    got = q4_matvec.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x)
+    got = q4_matvec.with_launch(**_levers(rows, splits))(wq, s, b, x)
     rtol, atol = _TOL[dtype]
     torch.testing.assert_close(got.float(), _reference(wq, s, b, x, 64), rtol=rtol,
                                atol=atol * k ** 0.5 * 4)
@@ -217,7 +224,7 @@ def test_q4_levers_k_not_a_multiple_of_the_chunk(rows, splits, k):
     x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
     w_hat = quant.unpack(wq, bits=4).float() * s.repeat_interleave(8, 1) + \
         b.repeat_interleave(8, 1)
-    got = q4_linear_bias.with_launch(rows_per_group=rows, k_splits=splits)(wq, s, b, x, bias)
+    got = q4_linear_bias.with_launch(**_levers(rows, splits))(wq, s, b, x, bias)
     torch.testing.assert_close(got, x @ w_hat.T + bias, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
@@ -229,7 +236,7 @@ def test_q4_levers_narrow_word_loads(vw, rows, splits):
     n, k = 9, 4096 + 64
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=vw)
     x = torch.randn(2, k)
-    view = q4_matvec.with_launch(vector_width=vw, rows_per_group=rows, k_splits=splits)
+    view = q4_matvec.with_launch(**_levers(rows, splits, vector_width=vw))
     torch.testing.assert_close(view(wq, s, b, x), _reference(wq, s, b, x, 64), rtol=1e-4,
                                atol=1e-3)
     g = torch.Generator().manual_seed(vw)
@@ -238,7 +245,7 @@ def test_q4_levers_narrow_word_loads(vw, rows, splits):
     s8, b8 = torch.rand(n, 5, generator=g) + 0.5, torch.randn(n, 5, generator=g)
     x8, bias = torch.randn(3, 40, generator=g), torch.zeros(n)
     w_hat = codes.float() * s8.repeat_interleave(8, 1) + b8.repeat_interleave(8, 1)
-    view8 = q4_linear_bias.with_launch(vector_width=vw, rows_per_group=rows, k_splits=splits)
+    view8 = q4_linear_bias.with_launch(**_levers(rows, splits, vector_width=vw))
     torch.testing.assert_close(view8(wq8, s8, b8, x8, bias), x8 @ w_hat.T, rtol=1e-4, atol=1e-4)
 
 
@@ -345,8 +352,11 @@ def test_rows_of_x_blocked(x_rows, m, n, k):
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     kern = q4_matvec.with_launch(x_rows=x_rows)
-    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= x_rows else "_qmv")
-    assert _host(kern, wq, s, b, x[:x_rows - 1]).endswith("_qmv")
+    # x_rows x rows_per_group sums at most MAX_QUANT_ROWS: with the table's 4 weight rows, 8
+    # rows of x become 4
+    blocked = min(x_rows, MAX_QUANT_ROWS // POLICIES["quant"].rows_per_group)
+    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= blocked else "_qmv")
+    assert _host(kern, wq, s, b, x[:blocked - 1]).endswith("_qmv")
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
