@@ -150,6 +150,12 @@ class Schedule:
         the staged kernel)."""
         return ()
 
+    @property
+    def alternative_hosts(self) -> frozenset[str]:
+        """The kernels that only `alternatives` launches (`check` does not fail them when no
+        example's device took them)."""
+        return frozenset()
+
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """The launches of one call, in order: the kernel `host_name(sizes)` alone, unless the
         schedule splits the work (attention's key blocks, then their merge)."""

@@ -164,6 +164,11 @@ class RowSchedule(Schedule):
             return (Step(self.variants["staged"].host_name, step.threads, step.group),)
         return ()
 
+    @property
+    def alternative_hosts(self) -> frozenset[str]:
+        staged = self.policy.stage_rows is None and "staged" in self.variants
+        return frozenset((self.variants["staged"].host_name,) if staged else ())
+
     def host_name(self, sizes: Mapping[str, int]) -> str:
         reduce.check_sizes(self.graph, self.reductions, sizes)
         d = sizes[self.axis]

@@ -39,7 +39,10 @@ from .. import runtime, sim
 from ..errors import BindingError, LaunchError, TraceError, UnsupportedConstruct
 from ..reference import evaluate
 from ..runtime import schedule_of
+from ..runtime.backends import current_backend
 from ..runtime.launcher import specialisation
+from ..schedule.policy import backend_launch
+from ..tuning.launch import merge
 from ..shapes import bind_shapes
 
 _PREFERRED = ("f32", "f16", "bf16", "i32", "u32", "i16", "u16", "i8", "u8", "bool")
@@ -134,10 +137,11 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
     common = dict(per_param=per_param, global_families=global_families, backend=backend,
                   layouts=layouts, budget=budget, prof=prof)
     for variant in chosen:
-        insts = _instantiations(kernel, variant)
+        insts = _instantiations(kernel, variant, backend)
         report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims, max_examples=n,
                                           record=insts, **common)
         report.examples += _cover(kernel, variant, insts, dims, **common)
+        _mark_alternatives(kernel, variant, insts, backend)
         report.instantiations += insts.values()
     _fail_unlaunched(kernel, report)
     return report
@@ -156,10 +160,22 @@ def _fail_unlaunched(kernel, report: Report) -> None:
 
 # --------------------------------------------------------------------------- coverage
 
-def _instantiations(kernel, variant: Variant) -> dict[tuple[bool, str], Instantiation]:
+def _spec(kernel, variant: Variant, backend: Optional[str]):
+    """The specialisation the examples' calls use: what their backend changes in the launch
+    table (BACKEND_POLICIES) under the kernel's own options, as the launcher layers them."""
+    launch = getattr(kernel, "launch", None)
+    spec = specialisation(variant.graph, launch)
+    device = {"mps": "mps", "cuda": "cuda"}.get(backend or "", "cpu")
+    under = backend_launch(backend or current_backend([torch.empty(0, device=device)]),
+                           spec.family)
+    return specialisation(variant.graph, merge(under, launch)) if under else spec
+
+
+def _instantiations(kernel, variant: Variant, backend: Optional[str]
+                    ) -> dict[tuple[bool, str], Instantiation]:
     """Every kernel the variant can launch: each host name at each index width."""
     out: dict[tuple[bool, str], Instantiation] = {}
-    spec = specialisation(variant.graph, getattr(kernel, "launch", None))
+    spec = _spec(kernel, variant, backend)
     for idx64 in (False, True):
         s = spec.schedule(idx64)
         for k in s.kernels:
@@ -167,6 +183,18 @@ def _instantiations(kernel, variant: Variant) -> dict[tuple[bool, str], Instanti
                 out[(s.index64, k.host_name)] = Instantiation(variant.describe(), k.host_name,
                                                               s.index64)
     return out
+
+
+def _mark_alternatives(kernel, variant: Variant, insts, backend: Optional[str]) -> None:
+    """A kernel that only the launcher's per-device choice takes (`Schedule.alternatives`: the
+    staged rows where the backend fits twice the groups a core) is unreachable, not a failure,
+    when no example's launch took it (the simulator reports no occupancy: never)."""
+    spec = _spec(kernel, variant, backend)
+    for (idx64, host), inst in insts.items():
+        if not inst.launches and host in spec.schedule(idx64).alternative_hosts:
+            inst.unreachable = ("taken only where the backend fits at least twice as many of "
+                                "its threadgroups a core as the kernel it replaces; no "
+                                "example's launch did here")
 
 
 def _selector(schedule) -> Optional[str]:
@@ -204,7 +232,7 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
     plain = S.dim_plan(variant.graph.params).plain
     for idx64 in sorted({k[0] for k in insts}):
         runner = kernel.with_launch(index64=True) if idx64 else kernel
-        s = specialisation(variant.graph, getattr(runner, "launch", None)).schedule(idx64)
+        s = _spec(runner, variant, common.get("backend")).schedule(idx64)
         axis = _selector(s)
         if axis is None or axis not in plain:
             pins: list[Optional[int]] = [None]         # not pinnable: random sizes only
@@ -288,25 +316,19 @@ def _allowed(pin, size: int) -> bool:
     return isinstance(pin, list) and size in pin
 
 
-def _launches(kernel, variant: Variant, args: Mapping[str, Any]):
-    """(schedule, sizes, launch steps) of the call `args` make; None for refused sizes."""
+def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
+    """Count the launches `args` make: the instantiations the launcher runs for them (its
+    choices on the compiled kernels included: a register-bound pipeline's fallback, the staged
+    rows where the backend fits twice the groups a core)."""
     graph = variant.graph
     try:
         sizes = bind_shapes(graph, {t.name: args[t.name] for t in graph.tensors}).sizes
-        s = schedule_of(graph, sizes=sizes, launch=getattr(kernel, "launch", None))
-        return s, sizes, s.steps(sizes)
+        hosts = [plan[0] for plan in kernel.launches(**args)]
     except Exception:                                            # noqa: BLE001 - refused
-        return None                                              # sizes: nothing launched
-
-
-def _record(insts, kernel, variant: Variant, args: Mapping[str, Any]) -> None:
-    """Count the launch `args` make (the instantiation the runtime picks for their sizes)."""
-    got = _launches(kernel, variant, args)
-    if got is None:
-        return
-    s, sizes, steps = got
-    for host in (step.host_name for step in steps):   # several: attention's merge
-        inst = insts.get((s.index64, host))
+        return                                  # the run reports it (or expects the refusal)
+    by_host = {host: inst for (_, host), inst in insts.items()}
+    for host in hosts:                                   # several: attention's merge
+        inst = by_host.get(host)
         if inst is not None:
             inst.launches += 1
             text = ",".join(f"{a}={n}" for a, n in sizes.items())
@@ -560,7 +582,8 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
         order, whole = _launch_model(data.draw, ex) if device == "cpu" else ("forward", False)
         ran[0] += 1
         if record is not None:
-            _record(record, kernel, variant, ex.args)
+            with backend_ctx():
+                _record(record, kernel, variant, ex.args)
         with sim.thread_order(order), sim.whole_groups(whole):
             problem = _run_and_compare(kernel, variant, ex, backend_ctx)
         if problem is not None:      # one raise site: hypothesis shrinks all failures as one bug

@@ -278,6 +278,26 @@ def test_every_instantiation_is_launched_with_its_boundary_sizes():
     assert "chk_softmax_f32_idx64_looped: 2 launch(es), sizes R=" in report.coverage()
 
 
+def test_coverage_counts_the_kernel_the_launcher_picks(monkeypatch):
+    """With stage_rows=None the launcher, not the schedule, picks the staged row kernel (where
+    the backend fits twice its groups a core): check counts what was launched, and a staged
+    kernel no example's device took is unreachable, not a failure."""
+    from metalforge.sim.library import LibraryFunction
+    kernel = chk_softmax.with_launch(stage_rows=None)
+    dims = {"D": [300, 512]}                        # 512: whole blocks of 32 x 16 f16 values
+    report = check(kernel, dtypes={"T": "f16"}, dims=dims, max_examples=2)
+    got = {i.host_name: i for i in report.instantiations}
+    assert got["chk_softmax_f16_group"].launches
+    assert not got["chk_softmax_f16_staged"].launches          # the simulator: no occupancy
+    assert "twice as many of its threadgroups" in got["chk_softmax_f16_staged"].unreachable
+    monkeypatch.setattr(LibraryFunction, "groups_per_core", lambda self, n: 2 if
+                        self._sig.host_name.endswith("_staged") else 1, raising=False)
+    report = check(kernel, dtypes={"T": "f16"}, dims=dims, max_examples=2)
+    got = {i.host_name: i for i in report.instantiations}
+    assert {s.split("D=")[1] for s in got["chk_softmax_f16_staged"].sizes} == {"512"}
+    assert {s.split("D=")[1] for s in got["chk_softmax_f16_group"].sizes} == {"300"}
+
+
 def test_an_instantiation_never_launched_fails_the_check(monkeypatch):
     import sys
     check_mod = sys.modules["metalforge.testing.check"]
