@@ -282,17 +282,22 @@ def _pinned_examples(runner, variant: Variant, dims, insts, prof: Profile, commo
 
 def _one_per_kernel(s, axis: str, pins: list) -> list:
     """The first size of `pins` that selects each of the schedule's kernels (all axes but
-    `axis` at 1)."""
+    `axis` at 1), and every size where the launcher may take another kernel instead
+    (`Schedule.alternatives`: whether it does depends on the device)."""
     firsts: dict[str, int] = {}
+    maybe: set[int] = set()
     ones = {d.name: 1 for t in s.graph.tensors for d in t.dims}
     for b in pins:
+        sizes = {**ones, axis: b}
         try:
-            hosts = [step.host_name for step in s.steps({**ones, axis: b})]
+            steps = s.steps(sizes)
         except Exception:                                        # noqa: BLE001 - refused
             continue
-        for host in hosts:
-            firsts.setdefault(host, b)
-    return sorted(firsts.values()) or pins[:1]
+        for step in steps:
+            firsts.setdefault(step.host_name, b)
+            if s.alternatives(step, sizes):
+                maybe.add(b)
+    return sorted(set(firsts.values()) | maybe) or pins[:1]
 
 
 def _choices(pin) -> list[int]:
