@@ -18,9 +18,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..graph import Graph
-from ..schedule.policy import backend_launch
 from ..shapes import bind_shapes
-from ..tuning.launch import merge
 from . import launcher, mlx
 from .backends import BACKENDS, backend, check_name, clear_caches, current_backend
 from .launcher import DeviceError, compiled, render, specialisation
@@ -47,20 +45,21 @@ def run(graph: Graph, values: Mapping[str, Any], *, backend: Optional[str] = Non
 def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
                 sizes: Optional[Mapping[str, int]] = None,
                 launch: Optional[Mapping[str, Any]] = None) -> sched_mod.Schedule:
-    """The schedule a call with these values (or axis sizes) uses: with tensors, what their
-    backend changes in the launch table too (BACKEND_POLICIES: cuda builds the staged row
-    kernel). Without sizes, the 32-bit-indexed variant."""
+    """The schedule a call with these values (or axis sizes) uses: with tensors, the launch
+    options the launcher layers for them too (`launcher.layered`: what their backend changes
+    in the table, such as cuda's staged row kernel, and the autotune cache's choice for their
+    sizes). Without sizes, the 32-bit-indexed variant."""
     spec = specialisation(graph, launch)
     bound: dict[str, int] = dict(sizes or {})
     if values is not None:
         tensors = {t.name: values[t.name] for t in graph.tensors
                    if isinstance(values.get(t.name), torch.Tensor)}
-        if len(tensors) == len(graph.tensors):
+        whole = len(tensors) == len(graph.tensors)
+        if whole:
             bound.update(bind_shapes(graph, tensors).sizes)
-        under = backend_launch(current_backend(tensors.values()), spec.family) \
-            if tensors else None
-        if under:
-            spec = specialisation(graph, merge(under, launch))
+        if tensors:
+            spec = launcher.layered(graph, current_backend(tensors.values()), launch,
+                                    bound if whole else None)
     index64 = False
     if all(a in bound for a in spec.grid):
         numel = 1

@@ -298,11 +298,7 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{other}'")
     binding = bind_shapes(graph, tensors)
-    # under the explicit options: the autotune cache, then what the backend changes in the table
-    under = merge(backend_launch(be, spec.family),
-                  tuned_launch(graph, be, binding.sizes, spec.family))
-    if under:
-        spec = specialisation(graph, merge(under, launch))
+    spec = layered(graph, be, launch, binding.sizes)
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     numel = 1
@@ -391,6 +387,17 @@ def specialisation(graph: Graph, launch: Optional[Mapping[str, Any]]) -> Special
     if s is None or s.graph is not graph:
         s = _specs[key] = Specialisation.of(graph, launch)
     return s
+
+
+def layered(graph: Graph, backend: str, launch: Optional[Mapping[str, Any]],
+            sizes: Optional[Mapping[str, int]] = None) -> Specialisation:
+    """The specialisation a call on `backend` runs: the family's launch table, what the backend
+    changes in it (BACKEND_POLICIES), the autotune cache's options for these sizes (when
+    given), then the explicit options, later layers winning key by key."""
+    spec = specialisation(graph, launch)
+    tuned = tuned_launch(graph, backend, sizes, spec.family) if sizes is not None else None
+    under = merge(backend_launch(backend, spec.family), tuned)
+    return specialisation(graph, merge(under, launch)) if under else spec
 
 
 def compiled(graph: Graph) -> list[dict]:

@@ -40,9 +40,7 @@ from ..errors import BindingError, LaunchError, TraceError, UnsupportedConstruct
 from ..reference import evaluate
 from ..runtime import schedule_of
 from ..runtime.backends import current_backend
-from ..runtime.launcher import specialisation
-from ..schedule.policy import backend_launch
-from ..tuning.launch import merge
+from ..runtime.launcher import layered
 from ..shapes import bind_shapes
 
 _PREFERRED = ("f32", "f16", "bf16", "i32", "u32", "i16", "u16", "i8", "u8", "bool")
@@ -162,13 +160,11 @@ def _fail_unlaunched(kernel, report: Report) -> None:
 
 def _spec(kernel, variant: Variant, backend: Optional[str]):
     """The specialisation the examples' calls use: what their backend changes in the launch
-    table (BACKEND_POLICIES) under the kernel's own options, as the launcher layers them."""
-    launch = getattr(kernel, "launch", None)
-    spec = specialisation(variant.graph, launch)
+    table under the kernel's own options, as the launcher layers them (the examples' sizes
+    vary: no autotuned options)."""
     device = {"mps": "mps", "cuda": "cuda"}.get(backend or "", "cpu")
-    under = backend_launch(backend or current_backend([torch.empty(0, device=device)]),
-                           spec.family)
-    return specialisation(variant.graph, merge(under, launch)) if under else spec
+    return layered(variant.graph, backend or current_backend([torch.empty(0, device=device)]),
+                   getattr(kernel, "launch", None))
 
 
 def _instantiations(kernel, variant: Variant, backend: Optional[str]
