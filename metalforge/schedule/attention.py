@@ -326,8 +326,7 @@ class AttentionSchedule(Schedule):
         bounds). A bound on a runtime scalar counts only when `scalars` gives its value (else
         every key counts)."""
         whole = super().traffic(sizes)
-        known = [b for b in self.bounds if all(n.attr in scalars for n in topo_order([b[1]])
-                                               if n.op == Op.SCALAR)]
+        known = self._known_bounds(scalars)
         if not known:
             return whole
         length, qt = sizes[self.l_axis], self.qt
@@ -335,10 +334,8 @@ class AttentionSchedule(Schedule):
         shape = [sizes[a] for a in axes]
         lo = torch.zeros(shape, dtype=torch.int64)
         hi = torch.full(shape, length, dtype=torch.int64)
-        values = evaluate_expressions(self.graph, [n for _, n, _ in known], sizes, scalars, axes)
-        for (kind, _, add), v in zip(known, values):
-            lo, hi = (torch.maximum(lo, v + add), hi) if kind == "lo" else \
-                (lo, torch.minimum(hi, v + add))
+        for kind, v in self._bound_values(known, sizes, scalars, axes):
+            lo, hi = (torch.maximum(lo, v), hi) if kind == "lo" else (lo, torch.minimum(hi, v))
         owns, tiled = math.prod(shape[:len(self.own_axes)]), math.prod(shape[len(self.own_axes):])
         pad = -tiled % qt                      # rows past the last tile see nothing
         seen = lo < hi
@@ -359,6 +356,34 @@ class AttentionSchedule(Schedule):
             kv += math.prod(sizes[a] for a in (n.axes if n.op == Op.TAKE else t.axes)) \
                 * t.dtype.itemsize
         return Traffic(whole.read - kv + kv * keys // (owns * length), whole.written)
+
+    def _known_bounds(self, scalars: Mapping[str, Any]) -> list[tuple[str, Node, int]]:
+        """The mask's key bounds whose runtime scalars `scalars` gives."""
+        return [b for b in self.bounds if all(n.attr in scalars for n in topo_order([b[1]])
+                                              if n.op == Op.SCALAR)]
+
+    def _bound_values(self, bounds: list[tuple[str, Node, int]], sizes: Mapping[str, int],
+                      scalars: Mapping[str, Any], axes: tuple[str, ...]
+                      ) -> list[tuple[str, torch.Tensor]]:
+        """Each bound as ('lo' or 'hi', its first or end key per query row), broadcastable
+        over `axes`."""
+        values = evaluate_expressions(self.graph, [n for _, n, _ in bounds], sizes, scalars, axes)
+        return [(kind, v + add) for (kind, _, add), v in zip(bounds, values)]
+
+    def visible_keys(self, sizes: Mapping[str, int], scalars: Mapping[str, Any],
+                     axes: tuple[str, ...]) -> Optional[torch.Tensor]:
+        """Where a query row's mask bounds let it see a key (the keys the kernels read for
+        it), as booleans broadcastable over `axes` (which hold the key axis); None when the
+        mask bounds no key or a bound's scalar is not in `scalars`."""
+        known = self._known_bounds(scalars)
+        if not known or len(known) < len(self.bounds):
+            return None
+        key = torch.arange(sizes[self.l_axis]).reshape(
+            [-1 if a == self.l_axis else 1 for a in axes])
+        seen = torch.ones((), dtype=torch.bool)
+        for kind, v in self._bound_values(known, sizes, scalars, axes):
+            seen = seen & ((key >= v) if kind == "lo" else (key < v))
+        return seen
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         tpg = self._group(sizes)

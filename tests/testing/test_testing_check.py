@@ -255,6 +255,39 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     assert float(slack.max()) < tol.atol + tol.rtol * float(want.abs().min())
 
 
+@mf.kernel
+def chk_causal(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]"):
+    s = mf.sum(q * k, axis="E")
+    s = mf.where(mf.index("L") <= mf.index("S") + mf.size("L") - mf.size("S"), s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+def test_keys_the_mask_hides_may_be_left_out():
+    """The attention kernels never read the keys a causal mask hides from every row of a
+    tile: an inf planted in such a key's values gives the reference's rows NaN (zero weight
+    times inf) and the kernel's a finite value. check accepts either, and nothing else."""
+    from metalforge.testing.check import unread_keys_reference
+    from metalforge.testing.tolerance import compare, tolerance
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 1, 5, 2), torch.randn(1, 1, 3, 2), torch.randn(1, 1, 3, 2)
+    v[0, 0, 2, 0] = math.inf          # key 2: only the last query row sees it (S > L)
+    args = {"q": q, "k": k, "v": v}
+    want, got = chk_causal.reference(**args), chk_causal(**args)
+    other = unread_keys_reference(chk_causal.graph(**args), args)[0]
+    assert want[0, 0, :2].isnan().all() and other[0, 0, :2].isnan().all()    # see no key
+    assert want[0, 0, 2:4, 0].isnan().all() and other[0, 0, 2:4, 0].isfinite().all()
+    assert torch.equal(want[0, 0, 4], other[0, 0, 4]) and want[0, 0, 4, 0] == math.inf
+    tol = tolerance("f32", reduction_length=3, scale=4.0)
+    assert compare(got, want, tol) is not None
+    assert compare(got, want, tol, alternatives=[other]) is None
+    for row in (1, 4):                # a row that sees no key, a row that sees the inf
+        bad = got.clone()
+        bad[0, 0, row, 0] = 0.5
+        assert compare(bad, want, tol, alternatives=[other]) is not None
+    assert unread_keys_reference(chk_softmax.graph(T="f32"), {"x": torch.randn(2, 8)}) is None
+
+
 # --------------------------------------------------------------------------- coverage
 
 def test_every_instantiation_is_launched_with_its_boundary_sizes():
