@@ -123,7 +123,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # threads, f16 (bf16 alike), us: 2 rows 7.1 / 13.4 / 13.3 / 15.9 at best, 4 rows and 128
     # threads 6.5 / 12.3 / 12.8 / 14.3 (46 / 73 / 70 / 83% of copy_, 1.69-2.95x F.linear), the
     # best or within 0.4 us of it everywhere; M = 2 / 8 (qmvx) 9.5 -> 8.3 / 29.3 -> 23.7 at
-    # 4096^2. MLX's own qmv also gives a simdgroup 4 rows
+    # 4096^2. MLX's own qmv also gives a simdgroup 4 rows, with 16 values of x and 4 sums a
+    # lane; ours holds 32 values of x, 16 sums (4 rows x 4 places), 16 words, 8 scales and
+    # biases: about 80 registers, untimed on Apple GPUs, which spill earlier (rows_per_group
+    # 2 halves the sums and words)
     # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
