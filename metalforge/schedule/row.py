@@ -159,13 +159,14 @@ class RowSchedule(Schedule):
         """The staged kernel for a group-variant step where it takes the row (stage_rows None:
         the launcher takes it where the backend says twice as many of its groups share a
         core)."""
-        if self.policy.stage_rows is None and self.stages(sizes[self.axis]) and \
+        if self.alternative_hosts and self.stages(sizes[self.axis]) and \
                 step.host_name == self.variants["group"].host_name:
             return (Step(self.variants["staged"].host_name, step.threads, step.group),)
         return ()
 
     @property
     def alternative_hosts(self) -> frozenset[str]:
+        """The staged kernel, where it is built and the launcher chooses (stage_rows None)."""
         staged = self.policy.stage_rows is None and "staged" in self.variants
         return frozenset((self.variants["staged"].host_name,) if staged else ())
 

@@ -675,13 +675,12 @@ def unread_keys_reference(graph: Graph, values: Mapping[str, Any]) -> Optional[t
     rows' keys), so a NaN or ±inf planted there reaches such a row as the reference's zero
     weight times it (NaN, as torch's math path gives) or not at all. None for other graphs."""
     try:
-        tensors = {t.name: values[t.name] for t in graph.tensors}
-        s = schedule_of(graph, sizes=bind_shapes(graph, tensors).sizes)
+        sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
+        s = schedule_of(graph, sizes=sizes)
     except Exception:                                            # noqa: BLE001 - refused
         return None
     if not getattr(s, "bounds", None):
         return None
-    sizes = bind_shapes(graph, tensors).sizes
     scalars = {p.name: values[p.name] for p in graph.params if isinstance(p, ScalarParam)}
 
     def adjust(n, x, r):
