@@ -514,10 +514,12 @@ class Builder:
             into.pre_names.add(name)
         return ir.Var(name)
 
-    def cone(self, roots: list[Node]) -> tuple[list[str], list[Node]]:
-        """Element nodes reachable from roots (stopping at row values): (the tensors they
-        load, in order of first use; the frontier of row values)."""
-        seen: set[Node] = set()
+    def cone(self, roots: list[Node], stop: Iterable[Node] = ()
+             ) -> tuple[list[str], list[Node]]:
+        """Element nodes reachable from roots (stopping at row values, and at `stop`: values
+        already in registers): (the tensors they load, in order of first use; the frontier of
+        row values)."""
+        seen: set[Node] = set(stop)
         tensors: list[str] = []
         frontier: list[Node] = []
         stack = list(roots)

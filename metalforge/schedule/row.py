@@ -39,9 +39,14 @@ Each phase (see `reduce`) loads the inputs it needs, computes its element values
 into fp32 accumulators, and combines them across the row; the epilogue computes the outputs
 (elements of the row, vector stores; or one value per row, stored by the row's first thread).
 Register variants re-read nothing: the epilogue recomputes element values from the loaded
-registers, except a reduction's computed argument that a later phase or output uses again
-(softmax's exp(x - max)), which is kept in registers (`kept_values`). A thread whose R
-elements all lie in the row runs its element loops without a per-element bounds check.
+registers, except those kept in registers from the phase that computes them (`kept_values`):
+a reduction's computed argument that a later phase or output uses again (softmax's
+exp(x - max)), and a value held in place of the inputs it is computed from where that holds
+fewer register blocks (add_rms_norm's h = x + r, `carried`; the staged kernel then stages
+only inputs read again, so none for add_rms_norm). Outputs that need no reduction
+(add_rms_norm's h) are stored by the first phase. A
+thread whose R elements all lie in the row runs its element loops without a per-element
+bounds check.
 """
 from __future__ import annotations
 
@@ -348,7 +353,8 @@ class _Builder(reduce.Builder):
         """The staged variant's split: {input: S} for the inputs phase 1 loads, in order, whose
         slots S..R-1 (the second half of the thread's block, whole vector chunks) fit in half
         of the threadgroup memory at the most threads a group row takes (float types only:
-        their blocks keep the storage type). Empty when the block is a single chunk."""
+        their blocks keep the storage type), of those a later section reads (not only through
+        kept values). Empty when the block is a single chunk."""
         p = self.policy
         reads = reads_for(p, "staged", self.itemsize)
         vw = vector_width_for(p, "staged", self.itemsizes)
@@ -358,9 +364,15 @@ class _Builder(reduce.Builder):
         threads = self.most_threads()
         reds = reduce.phases(self.graph, online=False)
         first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
+        later = [r.arg for r in reds if r.phase > 0] + [o.node for o in self.graph.outputs]
+        made = set().union(*(self.element_nodes(n) for n in first))
+        kept = [n for n in self.kept_values(reds) if n in made]
+        read = set(self.cone(later, kept)[0])          # read again after phase 1
         out: dict[str, int] = {}
         room = MAX_THREADGROUP_BYTES // 2
         for name in self.cone(first)[0]:
+            if name not in read:
+                continue
             t = self.graph.tensor(name)
             need = (reads - split) * threads * t.dtype.itemsize
             if compute_type(t.dtype) == "float" and need <= room:
@@ -556,12 +568,13 @@ class _Builder(reduce.Builder):
                             f"the gathered one"), each(fetch_any)])]
 
     def element_loop(self, roots: list[Node], reds: list[reduce.Reduction],
-                     outs: list[int]
+                     outs: list[int], kept: list[Node]
                      ) -> tuple[list[ir.Stmt], list[str], list[ir.Stmt], list[ir.Stmt]]:
         """(row statements before the loop, the tensors the loop reads from registers, the
         statements fetching gathered elements from other lanes (run once the registers are
-        loaded), the loop over this thread's R elements)."""
-        tensors, frontier = self.cone(roots)
+        loaded), the loop over this thread's R elements, which also fills the register arrays
+        of the `kept` values it computes)."""
+        tensors, frontier = self.cone(roots, self.stored)
         self.fresh = set(tensors) - self.v.loaded     # read from the registers just loaded
         row_stmts = self.v.row_values.lower(frontier)
         held = set(tensors) | (set() if self.v.name == "looped" else self.v.loaded)
@@ -577,10 +590,8 @@ class _Builder(reduce.Builder):
         self.helpers |= el.helpers
         pos = ir.Var("mf_pos")
         rest: list[ir.Stmt] = []                   # after the reductions' folds
-        for r in reds:
-            if r.arg in self.keep and r.arg not in self.stored:
-                rest.append(ir.Assign(ir.Lane(ir.Var(self.keep[r.arg]), ir.Var("mf_k")),
-                                      el.value(r.arg)))
+        for n in kept:
+            rest.append(ir.Assign(ir.Lane(ir.Var(self.keep[n]), ir.Var("mf_k")), el.value(n)))
         for k in outs:
             rest.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
@@ -713,21 +724,27 @@ class _Builder(reduce.Builder):
         self.keep = {} if looped else self.kept_values(reds)
         self.stored: set[Node] = set()
         self.helpers |= reduce.helpers_of(reds, simd=True) - {"mf_online_merge"}
+        early = [] if looped else self.early_outputs(reds)
         for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
             desc = ", ".join(self._desc(r) for r in rs)
-            self.section(v, roots, rs, [], f"phase {p + 1}: {desc}")
-        self.epilogue(v)
+            outs = early if p == 0 else []
+            if outs:
+                roots += [graph.outputs[k].node for k in outs]
+                desc += f"; store {', '.join(self.out_names[k] for k in outs)}"
+            self.section(v, roots, rs, outs, f"phase {p + 1}: {desc}")
+        self.epilogue(v, early)
         threads, head = self.header(v.name)
         body = list(v.tg_arrays) + head + v.pre + v.main
         return make_kernel(graph, self.index64, threads, body, self._summary(v.name, reds), v.name)
 
     def kept_values(self, reds: list[reduce.Reduction]) -> dict[Node, str]:
         """Element values a register variant keeps in registers from the phase that computes
-        them to the later phases or outputs that use them ({node: register array}): the
-        computed argument of a reduction that later element values use again (softmax's
-        exp(x - max), computed once instead of twice)."""
+        them to the later phases or outputs that use them ({node: register array}):
+        - the computed argument of a reduction that later element values use again (softmax's
+          exp(x - max), computed once instead of twice);
+        - the values `carried` in place of the inputs they are computed from."""
         g = self.graph
         later = [r.arg for r in reds] + [o.node for o in g.outputs]
         keep: dict[Node, str] = {}
@@ -737,10 +754,57 @@ class _Builder(reduce.Builder):
                 continue
             if any(n is not a and a in self.element_nodes(n) for n in later):
                 keep[a] = f"mf_keep{r.i}"
-        return keep
+        return keep | self.carried(reds, keep)
 
-    def element_nodes(self, root: Node) -> set[Node]:
-        """The element nodes `root`'s value is computed from (itself included)."""
+    def carried(self, reds: list[reduce.Reduction], keep: dict[Node, str]) -> dict[Node, str]:
+        """Element values a phase computes from the inputs it holds that the later sections
+        read in their place, where that leaves fewer register blocks live past the phase
+        (greedily, each value at least one block fewer than it costs): add_rms_norm's
+        h = x + r is one block of floats where x and r are two, and the epilogue no longer
+        adds them again. Values are unchanged: the epilogue read the same fp32 h."""
+        order = {n: i for i, n in enumerate(self.nodes)}
+        outs = [o.node for o in self.graph.outputs if self.elem(o.node)]
+        carry: dict[Node, str] = {}
+        loaded: set[str] = set()
+        made: set[Node] = set()
+        for p in range(1 + max(r.phase for r in reds)):
+            stop = set(keep) | set(carry)
+            now = [r.arg for r in reds if r.phase == p and r.online_max is None]
+            later = [r.arg for r in reds if r.phase > p and r.online_max is None] + outs
+            loaded |= set(self.cone(now, stop)[0])
+            fresh = set().union(*(self.element_nodes(n, stop) for n in now)) - made
+            made |= fresh
+            used = set().union(*(self.element_nodes(n, stop) for n in later))
+            options = sorted((n for n in fresh & used if n.op != Op.LOAD), key=order.__getitem__)
+
+            def held(stop: set[Node]) -> int:
+                return len(loaded & set(self.cone(later, stop)[0]))
+            while options:
+                gain, best = max(((held(stop) - held(stop | {n}) - 1, n) for n in options),
+                                 key=lambda t: t[0])
+                if gain <= 0:
+                    break
+                carry[best] = f"mf_carry{len(carry) + 1}"
+                stop.add(best)
+                options.remove(best)
+        return carry
+
+    def early_outputs(self, reds: list[reduce.Reduction]) -> list[int]:
+        """Outputs along the row computed from no row value and only from inputs the first
+        phase loads (add_rms_norm's h): the register variants store them in the first phase,
+        not the epilogue (the looped one would gain nothing: it reads the row again anyway)."""
+        first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
+        loaded = set(self.cone(first)[0])
+        out: list[int] = []
+        for k, o in enumerate(self.graph.outputs):
+            tensors, frontier = self.cone([o.node])
+            if self.elem(o.node) and not frontier and set(tensors) <= loaded:
+                out.append(k)
+        return out
+
+    def element_nodes(self, root: Node, stop: set[Node] = frozenset()) -> set[Node]:
+        """The element nodes `root`'s value is computed from (itself included; not below
+        `stop`, values already in registers)."""
         seen: set[Node] = set()
         stack = [root]
         while stack:
@@ -748,7 +812,8 @@ class _Builder(reduce.Builder):
             if n in seen or not self.elem(n):
                 continue
             seen.add(n)
-            stack.extend(n.args)
+            if n not in stop:
+                stack.extend(n.args)
         return seen
 
     def section(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
@@ -757,13 +822,14 @@ class _Builder(reduce.Builder):
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
         reads, looped = self.reads, v.name == "looped"
-        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs)
+        reach = set().union(*(self.element_nodes(n, self.stored) for n in roots))
+        kept = [n for n in self.keep if n in reach and n not in self.stored]
+        row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs, kept)
         v.main.append(ir.Comment(title))
         v.main.extend(row_stmts)
         for r in rs:
             v.main.extend(reduce.declare(r))
         regs = [ir.ArrayDecl(f"mf_reg_{self.out_names[k]}", self.out_stype(k), reads) for k in outs]
-        kept = [r.arg for r in rs if r.arg in self.keep and r.arg not in self.stored]
         regs += [ir.ArrayDecl(self.keep[n], compute_type(n.dtype), reads) for n in kept]
         body: list[ir.Stmt] = []
         new = [t for t in tensors if looped or t not in v.loaded]
@@ -794,13 +860,13 @@ class _Builder(reduce.Builder):
             for r in rs:
                 v.row_values.values[r.node] = reduce.result(r)
 
-    def epilogue(self, v: reduce.Variant) -> None:
-        """The outputs: those along the row in one more section; one value per row stored by
-        the row's first thread."""
+    def epilogue(self, v: reduce.Variant, early: list[int]) -> None:
+        """The outputs the first phase did not store (`early`): those along the row in one more
+        section; one value per row stored by the row's first thread."""
         graph = self.graph
-        el_outs = [k for k, o in enumerate(graph.outputs)
-                   if self.elem(o.node) or self.axis in o.axes]
-        row_outs = [k for k in range(len(graph.outputs)) if k not in el_outs]
+        along = [k for k, o in enumerate(graph.outputs) if self.elem(o.node) or self.axis in o.axes]
+        el_outs = [k for k in along if k not in early]
+        row_outs = [k for k in range(len(graph.outputs)) if k not in along]
         if el_outs:
             self.section(v, [graph.outputs[k].node for k in el_outs], [], el_outs,
                          "epilogue: compute and store the outputs along the row")

@@ -444,6 +444,47 @@ def test_add_rms_norm_two_outputs():
               scale=2)
 
 
+@mf.kernel
+def add_softmax(x: "T[*B, D]", r: "T[*B, D]"):
+    h = x + r
+    return h, mf.softmax(h, axis="D")
+
+
+def _group_kernel(kernel, *args):
+    src = kernel.source(*args)
+    group = src[src.index(f"kernel void mf_{kernel.name}_group"):]
+    return group[:group.index("\n}\n")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_computed_values_are_held_instead_of_their_inputs(dtype):
+    """h = x + r is held in registers past the first phase in place of x and r (one block,
+    not two), and stored by the first phase (it needs no reduction): as the argument a later
+    phase reuses (softmax's max of h) or carried for the epilogue (add_rms_norm's sum of
+    h * h); every variant, row tails and special values against float64 torch."""
+    x, r, w = (torch.randn(2, 1000, dtype=dtype) for _ in range(3))
+    for kernel, args, held in ((add_softmax, (x, r), "mf_keep1"),
+                               (add_rms_norm, (x, r, w[0]), "mf_carry1")):
+        phase1, later = _group_kernel(kernel, *args).split("// phase 2" if kernel is add_softmax
+                                                           else "// epilogue")
+        assert f"float {held}[" in phase1 and "mf_out0 + mf_row_mf_out0" in phase1
+        assert f"{held}[mf_k]" in later and "mf_out0" not in later
+        assert "mf_reg_x" not in later and "mf_reg_r" not in later
+    # nor is x or r read again: nothing to stage, no staged kernel
+    x, r, w = (torch.randn(3, WHOLE[dtype][1], dtype=dtype) for _ in range(3))
+    assert "_staged" not in add_rms_norm.with_launch(stage_rows=True).source(x, r, w[0])
+    for d in ROWS:
+        x = special_rows(torch.randn(6, d, dtype=dtype))
+        r, w = torch.randn(6, d, dtype=dtype), torch.randn(d, dtype=dtype)
+        hd = x.double() + r.double()
+        h, y = add_softmax(x, r)
+        close(h, hd, dtype)
+        close(y, torch.softmax(hd, -1), dtype)
+        h, y = add_rms_norm(x, r, w)
+        close(h, hd, dtype)
+        close(y, F.rms_norm(hd, (d,), w.double(), eps=1e-6), dtype, scale=2)
+
+
 def test_max_min_sum_prod_propagate_nan_and_inf():
     for d in (1, 31, 33, 4097):
         # values in 1 +- w/2 with w = min(1, 4/d): every partial product of a row stays within

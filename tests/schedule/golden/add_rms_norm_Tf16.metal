@@ -60,10 +60,10 @@ kernel void mf_add_rms_norm_simd(
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
-    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
+    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out1 = mf_index_t(mf_row) * mf_size_D;
-    // phase 1: sum over D
+    // phase 1: sum over D; store mf_out0
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of r, x into registers
     T mf_reg_r[8];
@@ -91,6 +91,8 @@ kernel void mf_add_rms_norm_simd(
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
+    T mf_reg_mf_out0[8];
+    float mf_carry1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
@@ -100,6 +102,8 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+            mf_carry1[mf_k] = mf_v1;
+            mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
     } else {
         // the row's end: each element checked
@@ -111,6 +115,23 @@ kernel void mf_add_rms_norm_simd(
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
+                mf_carry1[mf_k] = mf_v1;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+            }
+        }
+    }
+    // store the row's outputs
+    if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
+        // 8-wide vector stores
+        {
+            const uint mf_c = 0u;
+            *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
+        }
+    } else {
+        // row tail or unaligned rows: scalar, guarded
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            if (mf_base + mf_k < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -143,34 +164,25 @@ kernel void mf_add_rms_norm_simd(
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
-    T mf_reg_mf_out0[8];
     T mf_reg_mf_out1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
-            const float mf_v2 = mf_v1 * mf_r4;
+            const float mf_v1 = mf_carry1[mf_k] * mf_r4;
             const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
-            mf_reg_mf_out0[mf_k] = T(mf_v1);
-            mf_reg_mf_out1[mf_k] = T(mf_v3);
+            const float mf_v2 = mf_v1 * mf_w;
+            mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
-                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
-                mf_reg_mf_out0[mf_k] = T(mf_v1);
-                mf_reg_mf_out1[mf_k] = T(mf_v3);
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
     }
@@ -179,18 +191,11 @@ kernel void mf_add_rms_norm_simd(
         // 8-wide vector stores
         {
             const uint mf_c = 0u;
-            *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
-        }
-        {
-            const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out1[mf_c * 8u + 0u], mf_reg_mf_out1[mf_c * 8u + 1u], mf_reg_mf_out1[mf_c * 8u + 2u], mf_reg_mf_out1[mf_c * 8u + 3u], mf_reg_mf_out1[mf_c * 8u + 4u], mf_reg_mf_out1[mf_c * 8u + 5u], mf_reg_mf_out1[mf_c * 8u + 6u], mf_reg_mf_out1[mf_c * 8u + 7u]);
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
-            }
             if (mf_base + mf_k < mf_size_D) {
                 mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
             }
@@ -239,10 +244,10 @@ kernel void mf_add_rms_norm_group(
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
-    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
+    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out1 = mf_index_t(mf_row) * mf_size_D;
-    // phase 1: sum over D
+    // phase 1: sum over D; store mf_out0
     float mf_acc1 = 0.0f;
     // load 16 elements per thread of r, x into registers
     T mf_reg_r[16];
@@ -268,6 +273,8 @@ kernel void mf_add_rms_norm_group(
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
+    T mf_reg_mf_out0[16];
+    float mf_carry1[16];
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
@@ -277,6 +284,8 @@ kernel void mf_add_rms_norm_group(
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+            mf_carry1[mf_k] = mf_v1;
+            mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
     } else {
         // the row's end: each element checked
@@ -288,6 +297,22 @@ kernel void mf_add_rms_norm_group(
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
+                mf_carry1[mf_k] = mf_v1;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+            }
+        }
+    }
+    // store the row's outputs
+    if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
+        // 8-wide vector stores
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
+        }
+    } else {
+        // row tail or unaligned rows: scalar, guarded
+        for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
+            if (mf_base + mf_k < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -321,34 +346,25 @@ kernel void mf_add_rms_norm_group(
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
-    T mf_reg_mf_out0[16];
     T mf_reg_mf_out1[16];
     // each of this thread's 16 elements
     if (mf_base + 16u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
-            const float mf_v2 = mf_v1 * mf_r4;
+            const float mf_v1 = mf_carry1[mf_k] * mf_r4;
             const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
-            mf_reg_mf_out0[mf_k] = T(mf_v1);
-            mf_reg_mf_out1[mf_k] = T(mf_v3);
+            const float mf_v2 = mf_v1 * mf_w;
+            mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
-                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
-                mf_reg_mf_out0[mf_k] = T(mf_v1);
-                mf_reg_mf_out1[mf_k] = T(mf_v3);
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
     }
@@ -356,17 +372,11 @@ kernel void mf_add_rms_norm_group(
     if (mf_vec_ok && mf_base + 16u <= mf_size_D) {
         // 8-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
-        }
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out1[mf_c * 8u + 0u], mf_reg_mf_out1[mf_c * 8u + 1u], mf_reg_mf_out1[mf_c * 8u + 2u], mf_reg_mf_out1[mf_c * 8u + 3u], mf_reg_mf_out1[mf_c * 8u + 4u], mf_reg_mf_out1[mf_c * 8u + 5u], mf_reg_mf_out1[mf_c * 8u + 6u], mf_reg_mf_out1[mf_c * 8u + 7u]);
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
-            }
             if (mf_base + mf_k < mf_size_D) {
                 mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
             }

@@ -41,10 +41,10 @@ kernel void mf_add_rms_norm_simd(
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
-    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
+    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out1 = mf_index_t(mf_row) * mf_size_D;
-    // phase 1: sum over D
+    // phase 1: sum over D; store mf_out0
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of r, x into registers
     T mf_reg_r[8];
@@ -70,6 +70,8 @@ kernel void mf_add_rms_norm_simd(
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
+    T mf_reg_mf_out0[8];
+    float mf_carry1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
@@ -79,6 +81,8 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+            mf_carry1[mf_k] = mf_v1;
+            mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
     } else {
         // the row's end: each element checked
@@ -90,6 +94,22 @@ kernel void mf_add_rms_norm_simd(
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
+                mf_carry1[mf_k] = mf_v1;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+            }
+        }
+    }
+    // store the row's outputs
+    if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
+        // 4-wide vector stores
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
+        }
+    } else {
+        // row tail or unaligned rows: scalar, guarded
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            if (mf_base + mf_k < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -121,34 +141,25 @@ kernel void mf_add_rms_norm_simd(
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
-    T mf_reg_mf_out0[8];
     T mf_reg_mf_out1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
-            const float mf_v2 = mf_v1 * mf_r4;
+            const float mf_v1 = mf_carry1[mf_k] * mf_r4;
             const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
-            mf_reg_mf_out0[mf_k] = T(mf_v1);
-            mf_reg_mf_out1[mf_k] = T(mf_v3);
+            const float mf_v2 = mf_v1 * mf_w;
+            mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
-                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
-                mf_reg_mf_out0[mf_k] = T(mf_v1);
-                mf_reg_mf_out1[mf_k] = T(mf_v3);
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
     }
@@ -156,17 +167,11 @@ kernel void mf_add_rms_norm_simd(
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
-        }
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
-            }
             if (mf_base + mf_k < mf_size_D) {
                 mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
             }
@@ -215,10 +220,10 @@ kernel void mf_add_rms_norm_group(
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
-    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
+    const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out1 = mf_index_t(mf_row) * mf_size_D;
-    // phase 1: sum over D
+    // phase 1: sum over D; store mf_out0
     float mf_acc1 = 0.0f;
     // load 8 elements per thread of r, x into registers
     T mf_reg_r[8];
@@ -244,6 +249,8 @@ kernel void mf_add_rms_norm_group(
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
+    T mf_reg_mf_out0[8];
+    float mf_carry1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
@@ -253,6 +260,8 @@ kernel void mf_add_rms_norm_group(
             const float mf_v1 = mf_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
+            mf_carry1[mf_k] = mf_v1;
+            mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
     } else {
         // the row's end: each element checked
@@ -264,6 +273,22 @@ kernel void mf_add_rms_norm_group(
                 const float mf_v1 = mf_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
+                mf_carry1[mf_k] = mf_v1;
+                mf_reg_mf_out0[mf_k] = T(mf_v1);
+            }
+        }
+    }
+    // store the row's outputs
+    if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
+        // 4-wide vector stores
+        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
+        }
+    } else {
+        // row tail or unaligned rows: scalar, guarded
+        for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
+            if (mf_base + mf_k < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -297,34 +322,25 @@ kernel void mf_add_rms_norm_group(
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
         }
     }
-    T mf_reg_mf_out0[8];
     T mf_reg_mf_out1[8];
     // each of this thread's 8 elements
     if (mf_base + 8u <= mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
-            const float mf_v2 = mf_v1 * mf_r4;
+            const float mf_v1 = mf_carry1[mf_k] * mf_r4;
             const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
-            mf_reg_mf_out0[mf_k] = T(mf_v1);
-            mf_reg_mf_out1[mf_k] = T(mf_v3);
+            const float mf_v2 = mf_v1 * mf_w;
+            mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
-                const float mf_v2 = mf_v1 * mf_r4;
+                const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
-                mf_reg_mf_out0[mf_k] = T(mf_v1);
-                mf_reg_mf_out1[mf_k] = T(mf_v3);
+                const float mf_v2 = mf_v1 * mf_w;
+                mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
     }
@@ -332,17 +348,11 @@ kernel void mf_add_rms_norm_group(
     if (mf_vec_ok && mf_base + 8u <= mf_size_D) {
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
-        }
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
-            }
             if (mf_base + mf_k < mf_size_D) {
                 mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
             }
