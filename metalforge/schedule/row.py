@@ -51,7 +51,7 @@ bounds check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
+from typing import AbstractSet, Callable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
@@ -802,7 +802,7 @@ class _Builder(reduce.Builder):
                 out.append(k)
         return out
 
-    def element_nodes(self, root: Node, stop: set[Node] = frozenset()) -> set[Node]:
+    def element_nodes(self, root: Node, stop: AbstractSet[Node] = frozenset()) -> set[Node]:
         """The element nodes `root`'s value is computed from (itself included; not below
         `stop`, values already in registers)."""
         seen: set[Node] = set()
