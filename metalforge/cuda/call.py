@@ -448,12 +448,23 @@ def blocks_of(kernel: str, grid: list[int], group: list[int], grid3: list[int],
     return blocks
 
 
+def _one_d(grid: list[int], group_size: Any) -> bool:
+    """Whether a dispatch is 1-D (grid and threadgroup), so the 1-D unit may run it. A
+    group_size that is not a list of ints is left to `group_of`'s error."""
+    if any(g != 1 for g in grid[1:]):
+        return False
+    if group_size is None or isinstance(group_size, int):
+        return True
+    return isinstance(group_size, (list, tuple)) and all(
+        isinstance(g, int) and g == 1 for g in list(group_size)[1:])
+
+
 def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
-              arg_casts: Any, *, compiled: Callable[[int], tuple[Any, int]],
+              arg_casts: Any, *, compiled: Callable[[int, bool], tuple[Any, int]],
               current_device: Callable[[], int], driver: Driver) -> Plan:
     """Every check of a call (raising what torch.mps.compile_shader / metalforge.sim raise for
-    bad input), then its plan. `compiled(device)` is (function handle, max threads per
-    threadgroup) on a device."""
+    bad input), then its plan. `compiled(device, one_d)` is (function handle, max threads per
+    threadgroup) on a device, of the unit for 1-D dispatches or of the one for any grid."""
     check_signature(entry, args)
     casts = cast_dtypes(arg_casts, len(args))
     device = call_device(entry, args, current_device)
@@ -477,7 +488,7 @@ def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
         getters.append(g)
         shapes.append(shape)
     grid = grid_of(threads, first_numel)
-    func, mx = compiled(device)
+    func, mx = compiled(device, _one_d(grid, group_size))
     group = group_of(group_size, grid, threads, mx)
     grid3 = (grid + [1, 1])[:3]
     group3 = (group + [1, 1])[:3]

@@ -100,10 +100,13 @@ class _Module:
 
     Kernels without a declared thread limit are compiled capped at 32 registers
     (`translate.two_groups`); where the cap makes one spill (local memory), the unit is
-    compiled again with that kernel uncapped."""
+    compiled again with that kernel uncapped. `one_d`: the unit for 1-D dispatches only
+    (MF_ONE_D=1: the entry points' thread numbering without y and z, include/mf_cuda/entry.h);
+    the other serves any grid."""
 
-    def __init__(self, text: str, entries: tuple[Entry, ...], device: int):
+    def __init__(self, text: str, entries: tuple[Entry, ...], device: int, one_d: bool = True):
         self.device = device
+        self.one_d = one_d
         self._compile(text, entries, [])
         self.uncapped = frozenset(
             e.symbol for e in entries
@@ -117,7 +120,8 @@ class _Module:
             try:
                 first = torch.cuda._compile_kernel(text, entries[0].symbol,
                                                    cuda_include_dirs=[str(INCLUDE_DIR)],
-                                                   nvcc_options=list(NVRTC_OPTIONS) + defines)
+                                                   nvcc_options=list(NVRTC_OPTIONS) + defines
+                                                   + [f"-DMF_ONE_D={int(self.one_d)}"])
             except RuntimeError as e:
                 if "compilation failed" in str(e):
                     raise _nvrtc_error(e) from None
@@ -164,13 +168,15 @@ class Library:
         self.text = tr.text
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries
-        self._modules: dict[int, _Module] = {}
+        self._modules: dict[tuple[int, bool], _Module] = {}
         self._kernels: dict[str, LibraryFunction] = {}
 
-    def module(self, device: int) -> _Module:
-        m = self._modules.get(device)
+    def module(self, device: int, one_d: bool = True) -> _Module:
+        """The unit compiled for a device: for 1-D dispatches (every metalforge launch), or,
+        compiled on first need, for any grid."""
+        m = self._modules.get((device, one_d))
         if m is None:
-            m = self._modules[device] = _Module(self.text, self._order, device)
+            m = self._modules[device, one_d] = _Module(self.text, self._order, device, one_d)
         return m
 
     def __getattr__(self, name: str) -> LibraryFunction:
@@ -196,31 +202,36 @@ class LibraryFunction:
         self._lib = lib
         self._entry = entry
         self._plans = PlanCache()
-        self._on: dict[int, tuple] = {}     # device → (function handle, max threads per group)
+        # (device, 1-D dispatch) → (function handle, max threads per group)
+        self._on: dict[tuple[int, bool], tuple] = {}
 
     def __repr__(self) -> str:
         return f"<metalforge.cuda kernel '{self._entry.host_name}'>"
 
-    def _module(self) -> _Module:
-        return self._lib.module(torch.cuda.current_device())
+    def _module(self, one_d: bool = True) -> _Module:
+        return self._lib.module(torch.cuda.current_device(), one_d)
 
-    def _compiled(self, device: int) -> tuple:
-        """(function handle, max threads per group) on a device, compiled on first use."""
-        got = self._on.get(device)
+    def _compiled(self, device: int, one_d: bool = True) -> tuple:
+        """(function handle, max threads per group) on a device, for 1-D dispatches or any,
+        compiled on first use."""
+        got = self._on.get((device, one_d))
         if got is None:
             with torch.cuda.device(device):
-                m = self._module()
-                got = self._on[device] = (m.function(self._entry.symbol),
-                                          self.max_threads_per_threadgroup)
+                m = self._module(one_d)
+                got = self._on[device, one_d] = (m.function(self._entry.symbol),
+                                                 self._max_threads(m))
         return got
+
+    def _max_threads(self, m: _Module) -> int:
+        return min(self._entry.max_total_threads,
+                   m.attribute(self._entry.symbol, _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
 
     @property
     def max_threads_per_threadgroup(self) -> int:
         """The declared limit (1024, or [[max_total_threads_per_threadgroup(N)]]) and what the
-        compiled function allows on the current device (its registers), whichever is lower."""
-        m = self._module()
-        return min(self._entry.max_total_threads,
-                   m.attribute(self._entry.symbol, _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK))
+        compiled function allows on the current device (its registers), whichever is lower
+        (for 1-D dispatches, as metalforge launches)."""
+        return self._max_threads(self._module())
 
     def groups_per_core(self, group_size: int) -> int:
         """Threadgroups of `group_size` threads that share one multiprocessor of the current

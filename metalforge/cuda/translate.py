@@ -17,9 +17,10 @@ barriers, address-space keywords as empty macros).
 Entry points: for each host-visible kernel i, ``extern "C" __global__ void mf_entry_<i>(...)``
 takes the buffer parameters in buffer-index order (pointers as pointers, ``constant T&`` and
 by-value parameters by value, references to device memory as pointers) and then the Metal grid
-size (three unsigned ints). It computes the Metal thread position (include/mf_cuda/entry.h),
-returns at once for the threads that the rounded-up CUDA grid adds past the Metal grid's edge,
-and calls the kernel with the thread-position parameters converted to their declared types.
+size (three unsigned ints). It computes the Metal thread position (include/mf_cuda/entry.h;
+the unit compiled with MF_ONE_D=1 serves 1-D dispatches only, with less arithmetic), returns at
+once for the threads that the rounded-up CUDA grid adds past the Metal grid's edge, and calls
+the kernel with the thread-position parameters converted to their declared types.
 """
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
                 f'extern "C" __global__ void{bounds} {sym}(' +
                 ", ".join(decls + ["unsigned mf_gx", "unsigned mf_gy", "unsigned mf_gz"]) + ") {",
                 "  ::mf_cuda::Pos mf_p;",
-                "  if (!mf_p.init(mf_gx, mf_gy, mf_gz)) return;",
+                "  if (!mf_p.init<MF_ONE_D>(mf_gx, mf_gy, mf_gz)) return;",
                 f"  {callee}(" + ", ".join(args[j] for j in range(len(k.params))) + ");",
                 "}"]
         entries.append(Entry(k.host_name, sym, tuple(

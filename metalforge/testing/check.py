@@ -29,7 +29,7 @@ import torch
 from hypothesis import given, reject, settings, strategies as st
 
 from .. import dtypes as _dtypes
-from ..graph import ConstParam, Graph, ScalarParam, TensorParam, take_sites, topo_order
+from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam, take_sites, topo_order
 from . import faults, strategies as S
 from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
@@ -702,33 +702,75 @@ def unread_keys_reference(graph: Graph, values: Mapping[str, Any]) -> Optional[t
 
 
 def moved_references(graph: Graph, values: Mapping[str, Any]) -> Optional[list[tuple]]:
-    """The reference's outputs with every float sum off by its allowed accumulation error, all
-    up and all down (None when the graph has no float sums)."""
-    if not any(n.attr[0] == "sum" and n.dtype.is_float for n in graph.reductions()):
+    """The reference's outputs with every float sum off by its allowed accumulation error: all
+    up, all down, and (`MIXED_PATTERNS` more) with the sums whose elements a later reduction
+    combines (attention's scores, which the softmax compares) each element up or down by its own
+    sign. A uniform shift of the scores moves no softmax; rounding that differs between two
+    near-tied keys does (None when the graph has no float sums)."""
+    sums = [n for n in graph.reductions() if n.attr[0] == "sum" and n.dtype.is_float]
+    if not sums:
         return None
+    combined = _combined_again(graph, sums)
+
+    def bound(n, x):
+        dim = n.args[0].axes.index(n.attr[1])
+        terms = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0)
+        return ACCUMULATION * math.sqrt(x.shape[dim]) * terms.sum(dim)
 
     def moved(sign: float):
         def adjust(n, x, r):
-            if n.attr[0] != "sum" or not n.dtype.is_float:
-                return r
-            dim = n.args[0].axes.index(n.attr[1])
-            terms = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0)
-            bound = ACCUMULATION * math.sqrt(x.shape[dim]) * terms.sum(dim)
-            return r + sign * bound
+            return r + sign * bound(n, x) if n in sums else r
         return _as_tuple(evaluate(graph, values, adjust=adjust))
 
-    return [moved(1.0), moved(-1.0)]
+    def mixed(bit: int):
+        def adjust(n, x, r):
+            return r + _value_signs(r, bit) * bound(n, x) if n in combined else r
+        return _as_tuple(evaluate(graph, values, adjust=adjust))
+
+    return [moved(1.0), moved(-1.0)] + [mixed(b) for b in range(MIXED_PATTERNS if combined else 0)]
+
+
+# Sign patterns of the mixed moved references: two elements of different values get opposite
+# signs in at least one of them with probability 1 - 2^-MIXED_PATTERNS.
+MIXED_PATTERNS = 6
+
+
+def _combined_again(graph: Graph, sums: list[Node]) -> set[Node]:
+    """The sums some later reduction combines several elements of (one over an axis the sum
+    keeps)."""
+    out: set[Node] = set()
+    for m in graph.reductions():
+        stack, seen = list(m.args), set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in sums and m.attr[1] in n.axes:
+                out.add(n)
+            stack.extend(n.args)
+    return out
+
+
+def _value_signs(r: torch.Tensor, bit: int) -> torch.Tensor:
+    """+-1 per element from bit `bit` of a hash of its value's bits: the same for an element
+    however the evaluation slices its sum (`reference.FUSED_ELEMENTS`), different for two
+    different values in about half of the bits."""
+    bits = r.detach().to(torch.float32).contiguous().view(torch.int32).to(torch.int64)
+    h = ((bits & 0xFFFFFFFF) * 0x5BD1E995) & 0xFFFFFFFF       # < 2^63: no int64 overflow
+    return 1.0 - 2.0 * ((h >> (16 + bit)) & 1).to(r.dtype)
 
 
 def _slack(expected: Sequence[torch.Tensor], moved: list[tuple]) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    for e, up, down in zip(expected, *moved):
+    for e, *ms in zip(expected, *moved):
         if not e.is_floating_point():
             out.append(torch.zeros(e.shape, dtype=torch.float64))
             continue
         ed = e.detach().cpu().to(torch.float64)
-        d = torch.maximum((up.detach().cpu().to(torch.float64) - ed).abs(),
-                          (down.detach().cpu().to(torch.float64) - ed).abs())
+        d = torch.zeros_like(ed)
+        for m in ms:
+            d = torch.maximum(d, (m.detach().cpu().to(torch.float64) - ed).abs())
         out.append(torch.nan_to_num(d, nan=0.0, posinf=0.0))
     return out
 

@@ -77,8 +77,9 @@ class FakeDriver:
         return launch["raw"][off:off + size]
 
 
-def compiled(device):
-    return ctypes.c_void_p(0xF000 + device), 1024
+def compiled(device, one_d=True):
+    """A made-up handle: 0xF000 + device for the 1-D unit, 0xF100 + device for any grid's."""
+    return ctypes.c_void_p(0xF000 + device + (0 if one_d else 0x100)), 1024
 
 
 def make_plan(entry, args, threads=1, group_size=None, arg_casts=None, fake=None):
@@ -323,7 +324,8 @@ def fake(monkeypatch):
     threads a group), with device 0 current."""
     f = FakeDriver()
     monkeypatch.setattr(library, "driver", f.driver)
-    monkeypatch.setattr(library.LibraryFunction, "_compiled", lambda self, dev: compiled(dev))
+    monkeypatch.setattr(library.LibraryFunction, "_compiled",
+                        lambda self, dev, one_d: compiled(dev, one_d))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return f
 
@@ -364,18 +366,21 @@ def test_a_cached_plan_serves_only_its_key(fake):
     k(*good_args(), threads=[5, 2], group_size=[2, 2], arg_casts=GOOD["arg_casts"])
     assert fake.launches[-1]["blocks"] == (3, 1, 1) and fake.launches[-1]["group"] == (2, 2, 1)
     assert fake.slot(fake.launches[-1], 5, 4) == struct.pack("<I", 5)       # the Metal grid
+    assert fake.launches[-1]["func"] == 0xF100          # a 2-D dispatch: the any-grid unit
+    k(*good_args(), threads=[10, 1], group_size=[4, 1], arg_casts=GOOD["arg_casts"])
+    assert fake.launches[-1]["func"] == 0xF000          # 1-D in two dimensions
     k(*good_args(), threads=10, group_size=None, arg_casts=GOOD["arg_casts"])
     assert fake.launches[-1]["group"] == (10, 1, 1)
     k(*good_args(n=7), threads=None, group_size=None, arg_casts=GOOD["arg_casts"])
     assert fake.launches[-1]["group"] == (7, 1, 1)               # the first tensor's numel
     k(*good_args(n=9), threads=None, group_size=None, arg_casts=GOOD["arg_casts"])
     assert fake.launches[-1]["group"] == (9, 1, 1)
-    assert len(k._plans) == 6
+    assert len(k._plans) == 7
     with pytest.raises(TypeError, match="elements are half"):
         k(*good_args(dtype=torch.float16), **GOOD)
     with pytest.raises(TypeError, match=r"arg_casts=\{2: 'fp16'\}|elements are float"):
         k(*good_args(a=2), **GOOD)                        # an int for a float
-    assert len(k._plans) == 6 and len(fake.launches) == 6
+    assert len(k._plans) == 7 and len(fake.launches) == 7
 
 
 def _bad_calls():
