@@ -44,9 +44,8 @@ a reduction's computed argument that a later phase or output uses again (softmax
 exp(x - max)), and a value held in place of the inputs it is computed from where that holds
 fewer register blocks (add_rms_norm's h = x + r, `carried`; the staged kernel then stages
 only inputs read again, so none for add_rms_norm). Outputs that need no reduction
-(add_rms_norm's h) are stored by the first phase. A
-thread whose R elements all lie in the row runs its element loops without a per-element
-bounds check.
+(add_rms_norm's h) are stored by the first phase. A thread whose R elements all lie in the
+row runs its element loops without a per-element bounds check.
 """
 from __future__ import annotations
 
@@ -780,7 +779,8 @@ class _Builder(reduce.Builder):
             def held(stop: set[Node]) -> int:
                 return len(loaded & set(self.cone(later, stop)[0]))
             while options:
-                gain, best = max(((held(stop) - held(stop | {n}) - 1, n) for n in options),
+                now_held = held(stop)
+                gain, best = max(((now_held - held(stop | {n}) - 1, n) for n in options),
                                  key=lambda t: t[0])
                 if gain <= 0:
                     break
@@ -792,7 +792,8 @@ class _Builder(reduce.Builder):
     def early_outputs(self, reds: list[reduce.Reduction]) -> list[int]:
         """Outputs along the row computed from no row value and only from inputs the first
         phase loads (add_rms_norm's h): the register variants store them in the first phase,
-        not the epilogue (the looped one would gain nothing: it reads the row again anyway)."""
+        not the epilogue (the looped one reads the row again anyway; storing there too ran f32
+        add_rms_norm 2048x16384 2% slower on the H100)."""
         first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
         loaded = set(self.cone(first)[0])
         out: list[int] = []

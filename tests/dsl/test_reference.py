@@ -266,6 +266,7 @@ def test_moved_references_move_near_tied_scores_apart():
     reference gives 0.02450 (the example check() found): outside the plain tolerance, inside the
     slack of the references whose scores move by a sign per key."""
     from attention import attention                         # examples/attention.py
+    from metalforge import reference
     from metalforge.dtypes import F32
     from metalforge.testing.check import _slack, moved_references
     from metalforge.testing.strategies import make_values
@@ -275,7 +276,6 @@ def test_moved_references_move_near_tied_scores_apart():
     v = make_values(F32, (1, 7, 5, 2), "normal", 0)
     values = {"q": q, "k": k, "v": v, "scale": 2.74609375}
     graph = attention.graph(q, k, v, 2.74609375)
-    from metalforge import reference
     want = reference.evaluate(graph, values)
     moved = moved_references(graph, values)
     assert len(moved) == 2 + 6
