@@ -450,6 +450,12 @@ def add_softmax(x: "T[*B, D]", r: "T[*B, D]"):
     return h, mf.softmax(h, axis="D")
 
 
+@mf.kernel
+def select_norm(x: "T[*B, D]", r: "T[*B, D]", m: "bool[*B, D]"):
+    h = mf.where(m, x, r)
+    return h * mf.rsqrt(mf.mean(h * h, axis="D") + 1e-5), h * 2.0
+
+
 def _group_kernel(kernel, *args):
     src = kernel.source(*args)
     group = src[src.index(f"kernel void mf_{kernel.name}_group"):]
@@ -473,9 +479,20 @@ def test_computed_values_are_held_instead_of_their_inputs(dtype):
     # nor is x or r read again: nothing to stage, no staged kernel
     x, r, w = (torch.randn(3, WHOLE[dtype][1], dtype=dtype) for _ in range(3))
     assert "_staged" not in add_rms_norm.with_launch(stage_rows=True).source(x, r, w[0])
+    # three inputs held as one value; an output with a constant in it stored early too
+    x, r, m = torch.randn(2, 1000, dtype=dtype), torch.randn(2, 1000, dtype=dtype), \
+        torch.rand(2, 1000) < 0.5
+    phase1, later = _group_kernel(select_norm, x, r, m).split("// epilogue")
+    assert "float mf_carry1[" in phase1 and "mf_out1 + mf_row_mf_out1" in phase1
+    assert not any(f"mf_reg_{t}[" in later for t in "xrm") and "mf_out1" not in later
     for d in ROWS:
         x = special_rows(torch.randn(6, d, dtype=dtype))
         r, w = torch.randn(6, d, dtype=dtype), torch.randn(d, dtype=dtype)
+        m = torch.rand(6, d) < 0.5
+        y, h2 = select_norm(x, r, m)
+        hs = torch.where(m, x, r).double()
+        close(h2, hs * 2, dtype)
+        close(y, F.rms_norm(hs, (d,), eps=1e-5), dtype, scale=2)
         hd = x.double() + r.double()
         h, y = add_softmax(x, r)
         close(h, hd, dtype)
