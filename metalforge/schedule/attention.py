@@ -206,6 +206,14 @@ NARROW_TILE_KEYS = 64
 PAD_BYTES = 16
 TILE_BYTES = max(TILE_KEYS * (128 * 2 + PAD_BYTES), NARROW_TILE_KEYS * (64 * 2 + PAD_BYTES))
 VALUE_RUN = 4
+# A thread's copies of a full tile (fill_tiles) issued as one batch per K/V read (its loads,
+# then its stores) when they number at most this: the decode kernel (E = 128, 32 keys, 128
+# threads) and the narrow one (E = 64, 64 keys) make 4, the wide one 8 (left to the loop).
+# H100, 2026-11-27, f16, us, the copy loop -> batched (no spill): decode B=1, 32/8 heads,
+# L = 4K / 16K / 64K 12.0-12.3 / 35.1-35.4 / 102.8-103.5 -> 11.8-11.9 / 34.5-35.0 /
+# 102.2-102.9; sliding-window decode (32 heads, window 4096) 33.2-34.0 -> 31.6-32.3; E = 64
+# unchanged (bench/README.md)
+BATCHED_COPIES = 4
 # stage_kv: rows of E up to NARROW_LANES x run elements (64 at run 4) run the `decode_narrow`
 # kernel: the values loop's lanes split into 32 / NARROW_LANES key streams (the lanes over E
 # would otherwise leave half of them idle). H100, f16, E = 64, 32/8 heads, L = 16384: 34.4 ->
@@ -1450,6 +1458,13 @@ class _Builder(reduce.Builder):
                  ir.Assign(key, key + ir.Var("mf_dr")), ir.Assign(cc, cc + ir.Var("mf_dc")),
                  ir.If(cc >= chunks, [ir.Assign(cc, cc - chunks),
                                       ir.Assign(key, key + ir.Lit(1, "uint"))])]
+        copies: ir.Stmt = ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * chunks,
+                                 body, step=group)
+        per = self.kt_max * (SIMD_WIDTH * self.epl // vw) // self.group
+        if whole and 1 < per <= BATCHED_COPIES and not any(m.op == Op.TAKE for m in self.kv):
+            full = ir.Var("mf_vec_ok").and_(ir.Var("mf_dc").eq(ir.Lit(0, "uint"))).and_(
+                (ir.Var("mf_tn") * chunks).eq(ir.Lit(per * self.group, "uint")))
+            copies = ir.If(full, self.batched_copies(per), [copies])
         return [
             ir.Comment(f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {self.group} "
                        f"threads copy, a chunk of {vw} elements (16 bytes) a copy; copy i is "
@@ -1458,9 +1473,34 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_cc", "uint", ir.Var("mf_tid") % chunks, const=False),
             ir.Decl("mf_dr", "uint", group / chunks),
             ir.Decl("mf_dc", "uint", group % chunks),
-            ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * chunks, body,
-                   step=group),
+            copies,
             ir.Barrier()]
+
+    def batched_copies(self, n: int) -> list[ir.Stmt]:
+        """A full tile whose copies keep their chunk (mf_dc = 0): the thread's n copies (keys
+        mf_r + j * mf_dr, chunk mf_cc) of each K/V read, all n loads before their stores, so
+        that they are in flight together (`BATCHED_COPIES`)."""
+        vw = self.vw
+        out: list[ir.Stmt] = [ir.Comment(
+            f"a full tile: this thread's {n} copies of each read, every load before its store")]
+        for node, arr in self.kv.items():
+            t = self.tensor_of(node)
+            st = self.in_stype(t)
+            held = ir.Var(f"{arr}_cp")
+            out.append(ir.ArrayDecl(held.name, ir.vector_type(st, vw), n))
+            for j in range(n):
+                key = ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr")
+                out.append(ir.Block([
+                    ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)),
+                    ir.Decl("mf_e", "uint", ir.Var("mf_cc") * ir.Lit(vw, "uint")),
+                    ir.Assign(ir.Lane(held, ir.Lit(j, "uint")), ir.Load(
+                        self.names[t.name], self.offset(t.axes), vw, st))]))
+            for j in range(n):
+                key = ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr")
+                dst = key * ir.Var(f"{arr}_stride") + ir.Var("mf_cc") * ir.Lit(vw, "uint")
+                out.append(ir.Store(arr, dst, ir.Lane(held, ir.Lit(j, "uint")), vw, st,
+                                    space="threadgroup"))
+        return out
 
     def tile_scores(self) -> list[ir.Stmt]:
         """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile

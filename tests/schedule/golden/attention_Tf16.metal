@@ -165,41 +165,95 @@ template <typename T, typename mf_index_t>
         uint mf_cc = mf_tid % mf_chunks;
         const uint mf_dr = 128u / mf_chunks;
         const uint mf_dc = 128u % mf_chunks;
-        for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
-            const uint mf_e0 = mf_cc * 8u;
-            const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
-            if (mf_vec_ok) {
-                const uint mf_e = mf_e0;
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-            } else {
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
+        if (mf_vec_ok && mf_dc == 0u && mf_tn * mf_chunks == 512u) {
+            // a full tile: this thread's 4 copies of each read, every load before its store
+            mf_pack8<T> mf_kv0_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
-            mf_r = mf_r + mf_dr;
-            mf_cc = mf_cc + mf_dc;
-            if (mf_cc >= mf_chunks) {
-                mf_cc = mf_cc - mf_chunks;
-                mf_r = mf_r + 1u;
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[3u];
+            mf_pack8<T> mf_kv1_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                const uint mf_e = mf_cc * 8u;
+                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 3u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[3u];
+        } else {
+            for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
+                const uint mf_e0 = mf_cc * 8u;
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
+                if (mf_vec_ok) {
+                    const uint mf_e = mf_e0;
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                } else {
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                }
+                // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
+                mf_r = mf_r + mf_dr;
+                mf_cc = mf_cc + mf_dc;
+                if (mf_cc >= mf_chunks) {
+                    mf_cc = mf_cc - mf_chunks;
+                    mf_r = mf_r + 1u;
+                }
             }
         }
         // the first tile: the rows' q (loaded before the loop) into threadgroup memory
