@@ -1481,24 +1481,25 @@ class _Builder(reduce.Builder):
         mf_r + j * mf_dr, chunk mf_cc) of each K/V read, all n loads before their stores, so
         that they are in flight together (`BATCHED_COPIES`)."""
         vw = self.vw
-        out: list[ir.Stmt] = [ir.Comment(
-            f"a full tile: this thread's {n} copies of each read, every load before its store")]
+        e = ir.Var("mf_e")
+        out: list[ir.Stmt] = [
+            ir.Comment(f"a full tile: this thread's {n} copies of each read (keys mf_r + j * "
+                       f"mf_dr, E from mf_e), every load before its store"),
+            ir.Decl(e.name, "uint", ir.Var("mf_cc") * ir.Lit(vw, "uint"))]
         for node, arr in self.kv.items():
             t = self.tensor_of(node)
             st = self.in_stype(t)
             held = ir.Var(f"{arr}_cp")
+            keys = [ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr") for j in range(n)]
             out.append(ir.ArrayDecl(held.name, ir.vector_type(st, vw), n))
-            for j in range(n):
-                key = ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr")
+            for j, key in enumerate(keys):
                 out.append(ir.Block([
                     ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)),
-                    ir.Decl("mf_e", "uint", ir.Var("mf_cc") * ir.Lit(vw, "uint")),
                     ir.Assign(ir.Lane(held, ir.Lit(j, "uint")), ir.Load(
                         self.names[t.name], self.offset(t.axes), vw, st))]))
-            for j in range(n):
-                key = ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr")
-                dst = key * ir.Var(f"{arr}_stride") + ir.Var("mf_cc") * ir.Lit(vw, "uint")
-                out.append(ir.Store(arr, dst, ir.Lane(held, ir.Lit(j, "uint")), vw, st,
+            for j, key in enumerate(keys):
+                out.append(ir.Store(arr, key * ir.Var(f"{arr}_stride") + e,
+                                    ir.Lane(held, ir.Lit(j, "uint")), vw, st,
                                     space="threadgroup"))
         return out
 

@@ -166,57 +166,50 @@ template <typename T, typename mf_index_t>
         const uint mf_dr = 128u / mf_chunks;
         const uint mf_dc = 128u % mf_chunks;
         if (mf_vec_ok && mf_dc == 0u && mf_tn * mf_chunks == 512u) {
-            // a full tile: this thread's 4 copies of each read, every load before its store
+            // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
+            const uint mf_e = mf_cc * 8u;
             mf_pack8<T> mf_kv0_cp[4];
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[0u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[1u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[2u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_cc * 8u) = mf_kv0_cp[3u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
             mf_pack8<T> mf_kv1_cp[4];
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                const uint mf_e = mf_cc * 8u;
                 mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[0u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[1u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[2u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 3u * mf_dr) * mf_kv1_stride + mf_cc * 8u) = mf_kv1_cp[3u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 3u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[3u];
         } else {
             for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
                 const uint mf_e0 = mf_cc * 8u;
