@@ -173,7 +173,9 @@ STAGED = attention.with_launch(stage_kv=True)
     (8, 2, 1, 1, 128, 0),         # one key
     (8, 2, 1, 31, 64, 0),         # less than a tile
     (8, 2, 1, 33, 128, 2),        # a tile and one key, split: blocks of 17 and 16 keys
-    (8, 2, 1, 4097, 128, 0),      # many tiles, key blocks chosen per call (a partial tile)
+    (8, 2, 1, 4097, 128, 0),      # many tiles, key blocks chosen per call (a partial tile);
+                                  # f16/bf16 full tiles take the batched copies
+    (8, 2, 1, 300, 64, 2),        # E = 64: 64-key tiles, full ones batched (f16/bf16)
     (4, 4, 1, 100, 96, 3),        # R = 1: one live row in a tile of four
     (8, 2, 1, 70, 256, 3),        # E = 256: tiles of 16 keys (f16) / 8 (f32), lanes share keys
     (6, 3, 1, 50, 33, 4),         # E not a multiple of the vector width: element copies
@@ -192,6 +194,18 @@ def test_stage_kv_matches_sdpa(dtype, heads, kv_heads, s, length, e, splits):
         want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=e ** -0.5,
                                               attn_mask=mask, enable_gqa=True).to(dtype)
         torch.testing.assert_close(kernel(q, k, v, e ** -0.5, causal=causal), want, **TOL[dtype])
+
+
+def test_full_tiles_batch_their_copies():
+    """A thread's copies of a full tile (4 at E = 128 in 2-byte types: 32 keys of 16 chunks over
+    128 threads) are loaded before any is stored; paged reads and other tiles keep the loop."""
+    q, k = torch.randn(1, 8, 1, 128, dtype=torch.float16), torch.randn(1, 2, 64, 128,
+                                                                        dtype=torch.float16)
+    src = STAGED.source(q, k, k, 0.1)
+    decode = src[src.index("kernel void mf_attention_decode("):]
+    decode = decode[:decode.index("\n}\n")]
+    assert "mf_tn * mf_chunks == 512u" in decode and "mf_kv0_cp[3u] =" in decode
+    assert "for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks" in decode      # other tiles
 
 
 @mf.kernel
