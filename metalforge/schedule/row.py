@@ -50,7 +50,7 @@ row runs its element loops without a per-element bounds check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import AbstractSet, Callable, Mapping
+from typing import AbstractSet, Callable, Iterable, Mapping
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
@@ -364,7 +364,7 @@ class _Builder(reduce.Builder):
         reds = reduce.phases(self.graph, online=False)
         first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
         later = [r.arg for r in reds if r.phase > 0] + [o.node for o in self.graph.outputs]
-        made = set().union(*(self.element_nodes(n) for n in first))
+        made = self.element_nodes(first)
         kept = [n for n in self.kept_values(reds) if n in made]
         read = set(self.cone(later, kept)[0])          # read again after phase 1
         out: dict[str, int] = {}
@@ -480,11 +480,9 @@ class _Builder(reduce.Builder):
         The rest are loads (`gather`)."""
         own: dict[Node, int] = {}
         shuffled: list[Node] = []
-        nodes: set[Node] = set()
-        for r in roots:
-            nodes |= self.element_nodes(r)
         sites = take_sites(self.graph)
-        for n in sorted((n for n in nodes if n.op == Op.TAKE), key=sites.index):
+        for n in sorted((n for n in self.element_nodes(roots) if n.op == Op.TAKE),
+                        key=sites.index):
             name, axis = n.attr
             if n in self.stored:             # kept in registers by an earlier phase
                 continue
@@ -751,7 +749,7 @@ class _Builder(reduce.Builder):
             a = r.arg
             if not self.elem(a) or a.op == Op.LOAD or a in keep:
                 continue
-            if any(n is not a and a in self.element_nodes(n) for n in later):
+            if any(n is not a and a in self.element_nodes([n]) for n in later):
                 keep[a] = f"mf_keep{r.i}"
         return keep | self.carried(reds, keep)
 
@@ -771,9 +769,9 @@ class _Builder(reduce.Builder):
             now = [r.arg for r in reds if r.phase == p and r.online_max is None]
             later = [r.arg for r in reds if r.phase > p and r.online_max is None] + outs
             loaded |= set(self.cone(now, stop)[0])
-            fresh = set().union(*(self.element_nodes(n, stop) for n in now)) - made
+            fresh = self.element_nodes(now, stop) - made
             made |= fresh
-            used = set().union(*(self.element_nodes(n, stop) for n in later))
+            used = self.element_nodes(later, stop)
             options = sorted((n for n in fresh & used if n.op != Op.LOAD), key=order.__getitem__)
 
             def held(stop: set[Node]) -> int:
@@ -804,11 +802,12 @@ class _Builder(reduce.Builder):
                 out.append(k)
         return out
 
-    def element_nodes(self, root: Node, stop: AbstractSet[Node] = frozenset()) -> set[Node]:
-        """The element nodes `root`'s value is computed from (itself included; not below
-        `stop`, values already in registers)."""
+    def element_nodes(self, roots: Iterable[Node], stop: AbstractSet[Node] = frozenset()
+                      ) -> set[Node]:
+        """The element nodes the values of `roots` are computed from (themselves included; not
+        below `stop`, values already in registers)."""
         seen: set[Node] = set()
-        stack = [root]
+        stack = list(roots)
         while stack:
             n = stack.pop()
             if n in seen or not self.elem(n):
@@ -824,7 +823,7 @@ class _Builder(reduce.Builder):
         variants, per chunk in the looped one), compute element values, fold the reductions
         `rs` and store the outputs `outs`; then combine `rs` across the row."""
         reads, looped = self.reads, v.name == "looped"
-        reach = set().union(*(self.element_nodes(n, self.stored) for n in roots))
+        reach = self.element_nodes(roots, self.stored)
         kept = [n for n in self.keep if n in reach and n not in self.stored]
         row_stmts, tensors, fetch, loop = self.element_loop(roots, rs, outs, kept)
         v.main.append(ir.Comment(title))
