@@ -261,6 +261,8 @@ class _Builder(reduce.Builder):
         self.reads = self.vw = 1             # the variant's (set per kernel)
         self.staged: dict[str, int] = {}     # staged variant: input → first slot staged
         self.stage_plan: dict[str, int] = {}  # the staged kernel's `staging()`, if it is built
+        self.kept: dict[Node, str] = {}      # the register variants' `kept_values`
+        self.early: list[int] = []           # ... and `early_outputs`
         self.fresh: set[str] = set()         # inputs the section being built loads
         self.own_slots: dict[Node, int] = {}  # the section's gathers from own registers
         # variant → the gathers some section loads from global memory
@@ -348,7 +350,7 @@ class _Builder(reduce.Builder):
     def stage(self, name: str) -> str:
         return f"mf_stage_{name}"
 
-    def staging(self) -> dict[str, int]:
+    def staging(self, reds: list[reduce.Reduction]) -> dict[str, int]:
         """The staged variant's split: {input: S} for the inputs phase 1 loads, in order, whose
         slots S..R-1 (the second half of the thread's block, whole vector chunks) fit in half
         of the threadgroup memory at the most threads a group row takes (float types only:
@@ -361,11 +363,10 @@ class _Builder(reduce.Builder):
         if vw < 2 or not split:
             return {}
         threads = self.most_threads()
-        reds = reduce.phases(self.graph, online=False)
         first = [r.arg for r in reds if r.phase == 0 and r.online_max is None]
         later = [r.arg for r in reds if r.phase > 0] + [o.node for o in self.graph.outputs]
         made = self.element_nodes(first)
-        kept = [n for n in self.kept_values(reds) if n in made]
+        kept = [n for n in self.kept if n in made]
         read = set(self.cone(later, kept)[0])          # read again after phase 1
         out: dict[str, int] = {}
         room = MAX_THREADGROUP_BYTES // 2
@@ -718,10 +719,10 @@ class _Builder(reduce.Builder):
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
         reds = reduce.phases(graph, online=looped, compensated=looped)
-        self.keep = {} if looped else self.kept_values(reds)
+        self.keep = {} if looped else self.kept
         self.stored: set[Node] = set()
         self.helpers |= reduce.helpers_of(reds, simd=True) - {"mf_online_merge"}
-        early = [] if looped else self.early_outputs(reds)
+        early = [] if looped else self.early
         for p in range(1 + max(r.phase for r in reds)):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
@@ -953,14 +954,16 @@ class _Builder(reduce.Builder):
 
     # -- the schedule -------------------------------------------------------------------
     def build(self) -> RowSchedule:
-        # the staged kernel where it may run and the block splits
-        self.stage_plan = self.staging() if self.policy.stage_rows is not False else {}
+        # what the register variants keep in registers and store early, the staged kernel
+        # where it may run and the block splits
+        reds = reduce.phases(self.graph, online=False)
+        self.kept, self.early = self.kept_values(reds), self.early_outputs(reds)
+        self.stage_plan = self.staging(reds) if self.policy.stage_rows is not False else {}
         names = tuple(v for v in VARIANTS if v != "staged" or self.stage_plan)
         kernels, passes, tg = self.variants(names)
         # the widest access any variant makes: the alignment the launcher checks inputs for
         vw = max(vector_width_for(self.policy, name, self.itemsizes) for name in VARIANTS)
         policy = replace(self.policy, threadgroup_bytes=tg, uses_simd=True, vector_width=vw)
-        reds = reduce.phases(self.graph, online=False)
         first = kernels[VARIANTS[0]]
         return RowSchedule("row", self.graph, policy, first, tuple(self.outer) + (self.axis,),
                            tuple(t.name for t in self.inputs if self.axis in t.axes
