@@ -738,18 +738,8 @@ MIXED_PATTERNS = 6
 def _combined_again(graph: Graph, sums: list[Node]) -> set[Node]:
     """The sums some later reduction combines several elements of (one over an axis the sum
     keeps)."""
-    out: set[Node] = set()
-    for m in graph.reductions():
-        stack, seen = list(m.args), set()
-        while stack:
-            n = stack.pop()
-            if n in seen:
-                continue
-            seen.add(n)
-            if n in sums and m.attr[1] in n.axes:
-                out.add(n)
-            stack.extend(n.args)
-    return out
+    return {n for m in graph.reductions() for n in topo_order(m.args)
+            if n in sums and m.attr[1] in n.axes}
 
 
 def _value_signs(r: torch.Tensor, bit: int) -> torch.Tensor:
