@@ -1,0 +1,198 @@
+"""Floors: the generated kernels timed with part of their work taken out (CUDA only).
+
+    python bench/floors.py [--parts decode qmv short] [--repeat 30]
+
+Each target still open in bench/README.md ("Floors") is set against the same kernel with some
+of its work removed by a text edit of the generated Metal source before the cuda backend
+compiles it: no change to the removed part can make the kernel faster than that.
+
+- decode: examples/attention.py at the bench's decode shape (B=1, 32/8 heads, E=128, f16, L in
+  {4096, 16384, 65536}) as generated, without the scores' dot products, without the values'
+  accumulation, without both, and without both and every barrier of the tile loop; SDPA.
+- qmv: examples/q4_matvec.py (M = 1, f16, the bench's four shapes) as generated, and with its
+  unpacking and FMAs replaced by one xor of each row's words (loads, x and the sums kept);
+  copy_ of the same bytes and F.linear.
+- short: rows of 128 (8192 of them, f32 and f16): metalforge's own copy (x + 0), silu and
+  log_softmax against torch's copy_, silu and log_softmax.
+
+Each edit runs in a process of its own (compiled libraries and call plans are cached per
+process). Edited kernels compute wrong values: they are timed, never checked.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from common import copy_time, plan, timeit  # noqa: E402
+
+# the generated text each edit looks for (an edit whose text is gone stops with its name)
+SCORES = "if (mf_key < mf_tn) {\n            if (mf_vec_ok) {"
+VALUES = "for (uint mf_u = mf_u0; mf_u < mf_u1; ++mf_u) {"
+TILE_LOOP, AFTER_LOOP = "for (mf_index_t mf_tk = mf_l0;", "// row by row"
+BARRIER = "threadgroup_barrier(mem_flags::mem_threadgroup);"
+UNPACK = "            // each row: unpack its words from registers, add to its sum\n"
+ROW_TOTAL = ("            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {\n"
+             "                mf_acc[mf_r] = fma(mf_row_scale")
+XOR_ROWS = ("            float mf_qx[16];\n"
+            "            for (uint mf_p = 0u; mf_p < 16u; ++mf_p) { mf_qx[mf_p] = 0.0f; }\n"
+            "            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) { mf_qx[mf_r * 4u] = float("
+            "mf_wq_w[mf_r][0] ^ mf_wq_w[mf_r][1] ^ mf_wq_w[mf_r][2] ^ mf_wq_w[mf_r][3]) * "
+            "mf_xe[mf_r]; }\n")
+
+
+def _need(src: str, text: str, what: str) -> None:
+    if text not in src:
+        sys.exit(f"bench/floors.py: the generated text of {what} changed ({text[:40]!r}...); "
+                 "update the edit")
+
+
+def no_scores(src: str) -> str:
+    if "mf_attention_decode(" not in src:
+        return src
+    _need(src, SCORES, "the decode kernel's scores")
+    return src.replace(SCORES, SCORES.replace("mf_key < mf_tn", "false"))
+
+
+def no_values(src: str) -> str:
+    if "mf_attention_decode(" not in src:
+        return src
+    _need(src, VALUES, "the decode kernel's values")
+    return src.replace(VALUES, VALUES.replace("mf_u < mf_u1", "false"))
+
+
+def no_barriers(src: str) -> str:
+    """The decode kernel's tile loop without a barrier."""
+    i = src.find("kernel void mf_attention_decode(")
+    if i < 0:
+        return src
+    j = src.find(TILE_LOOP, i)
+    e = src.find(AFTER_LOOP, j)
+    if j < 0 or e < 0:
+        sys.exit("bench/floors.py: the decode kernel's tile loop changed; update the edit")
+    return src[:j] + src[j:e].replace(BARRIER, "") + src[e:]
+
+
+def no_unpack(src: str) -> str:
+    if "mf_q4_matvec_qmv(" not in src:
+        return src
+    _need(src, UNPACK, "the qmv kernel's unpacking")
+    i = src.find(UNPACK, src.find("kernel void mf_q4_matvec_qmv("))
+    j = src.find(ROW_TOTAL, i)
+    if j < 0:
+        sys.exit("bench/floors.py: the qmv kernel's row totals changed; update the edit")
+    return src[:i] + XOR_ROWS + src[j:]
+
+
+EDITS = {"as generated": [], "no scores": [no_scores], "no values": [no_values],
+         "no scores, no values": [no_scores, no_values],
+         "no scores, no values, no barriers": [no_scores, no_values, no_barriers],
+         "no unpacking": [no_unpack]}
+PARTS = {"decode": ["as generated", "no scores", "no values", "no scores, no values",
+                    "no scores, no values, no barriers"],
+         "qmv": ["as generated", "no unpacking"], "short": ["as generated"]}
+
+
+def install(mode: str) -> None:
+    """Route the cuda backend's compiles through this mode's edits."""
+    from metalforge.runtime import backends
+    compile_shader = backends.cuda_compile_shader
+
+    def edited(source: str):
+        for edit in EDITS[mode]:
+            source = edit(source)
+        return compile_shader(source)
+    backends.cuda_compile_shader = edited
+
+
+def decode(mode: str, repeat: int) -> None:
+    from attention import attention
+    for length in (4096, 16384, 65536):
+        q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+        k = torch.randn(1, 8, length, 128, device="cuda", dtype=torch.float16)
+        v = torch.randn_like(k)
+        ours = timeit(lambda: attention(q, k, v, 128 ** -0.5), "cuda", repeat)
+        sdpa = timeit(lambda: F.scaled_dot_product_attention(q, k, v, scale=128 ** -0.5,
+                                                             enable_gqa=True), "cuda", repeat)
+        print(f"{mode:<34} {length:>6} {ours * 1e6:>8.1f} {sdpa * 1e6:>8.1f} "
+              f"{sdpa / ours:>8.2f}x", flush=True)
+
+
+def qmv(mode: str, repeat: int) -> None:
+    from q4_matvec import q4_matvec
+
+    from metalforge import quant
+    for spec in ("4096x4096", "11008x4096", "4096x11008", "14336x4096"):
+        n, k = (int(v) for v in spec.split("x"))
+        w = torch.randn(n, k, device="cuda", dtype=torch.float16)
+        x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+        wq, s, b = quant.quantize(w, group_size=64, bits=4)
+        sched, sizes = plan(q4_matvec, (wq, s, b, x))
+        nbytes = sched.traffic(sizes).total
+        ours = timeit(lambda: q4_matvec(wq, s, b, x), "cuda", repeat)
+        copy = copy_time(nbytes, "cuda", repeat)
+        linear = timeit(lambda: F.linear(x, w), "cuda", repeat)
+        print(f"{mode:<34} {spec:>11} {ours * 1e6:>8.1f} {copy * 1e6:>8.1f} "
+              f"{100 * copy / ours:>5.0f}% {linear / ours:>8.2f}x", flush=True)
+
+
+def short(mode: str, repeat: int) -> None:
+    import metalforge as mf
+    from log_softmax import log_softmax
+    from silu import silu
+
+    @mf.kernel
+    def plus_zero(x: "T[B, D]"):  # noqa: F821
+        return x + 0.0
+
+    for dtype in (torch.float32, torch.float16):
+        x = torch.randn(8192, 128, device="cuda", dtype=dtype)
+        dst = torch.empty_like(x)
+        pairs = (("copy", lambda: plus_zero(x), lambda: dst.copy_(x)),
+                 ("silu", lambda: silu(x), lambda: F.silu(x)),
+                 ("log_softmax", lambda: log_softmax(x), lambda: torch.log_softmax(x, -1)))
+        for name, ours, theirs in pairs:
+            a, t = timeit(ours, "cuda", repeat), timeit(theirs, "cuda", repeat)
+            print(f"{str(dtype)[6:]:<8} {name:<12} {a * 1e6:>8.2f} {t * 1e6:>8.2f} "
+                  f"{t / a:>8.2f}x", flush=True)
+
+
+HEADERS = {"decode": f"{'decode kernel':<34} {'L':>6} {'ours us':>8} {'sdpa us':>8} "
+                     f"{'sdpa/ours':>9}",
+           "qmv": f"{'qmv kernel':<34} {'N x K':>11} {'ours us':>8} {'copy us':>8} "
+                  f"{'%copy':>6} {'linear/ours':>9}",
+           "short": f"{'dtype':<8} {'op':<12} {'ours us':>8} {'torch us':>8} {'torch/ours':>9}"}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--one", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench/floors.py edits what the cuda backend compiles: it needs a CUDA GPU")
+    if args.one:
+        part, mode = args.one
+        install(mode)
+        {"decode": decode, "qmv": qmv, "short": short}[part](mode, args.repeat)
+        return
+    print(f"device {torch.cuda.get_device_name()}, CUDA graph replays, median of "
+          f"{args.repeat}")
+    for part in args.parts:
+        print(HEADERS[part], flush=True)
+        for mode in PARTS[part]:
+            subprocess.run([sys.executable, __file__, "--one", part, mode,
+                            "--repeat", str(args.repeat)], check=True)
+
+
+if __name__ == "__main__":
+    main()
