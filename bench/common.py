@@ -2,6 +2,7 @@
 ceiling and each call's schedule (for its byte count)."""
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from dataclasses import fields
@@ -22,6 +23,18 @@ def pick_device(name: str | None) -> str:
     if torch.backends.mps.is_available():
         return "mps"
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def table_parser(description: str, sizes_help: str) -> argparse.ArgumentParser:
+    """The arguments of the per-op tables (bench/elementwise.py, bench/reductions.py)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16"])
+    ap.add_argument("--sizes", nargs="*", default=None, help=f"ROWSxCOLS (default: {sizes_help})")
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
+    ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
+    return ap
 
 
 def sync(device: str) -> None:

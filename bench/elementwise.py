@@ -12,7 +12,6 @@ launch time).
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import sys
@@ -24,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, parse_launch, pick_device, print_table, sync  # noqa: E402
+from common import DTYPES, parse_launch, pick_device, print_table, table_parser, sync  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from metalforge.runtime.launcher import Compiled, specialisation  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
@@ -43,15 +42,8 @@ def cases(rows: int, cols: int, dtype, device):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
-    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16"])
-    ap.add_argument("--sizes", nargs="*", default=None,
-                    help="ROWSxCOLS (default: 1024x1024 to 8192x8192 on a GPU; 64x1024 on the "
-                         "simulator)")
-    ap.add_argument("--repeat", type=int, default=None)
-    ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
-    ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
+    ap = table_parser(__doc__.split("\n")[0],
+                      "1024x1024 to 8192x8192 on a GPU; 64x1024 on the simulator")
     a = ap.parse_args(argv)
     device = pick_device(a.device)
     sim = device == "cpu"

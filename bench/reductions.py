@@ -14,7 +14,6 @@ code on CPU fibers).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, parse_launch, pick_device, print_table  # noqa: E402
+from common import parse_launch, pick_device, print_table, table_parser  # noqa: E402
 from metalforge import runtime  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
@@ -54,15 +53,8 @@ def cases(rows: int, cols: int, dtype, device):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
-    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=["f16"])
-    ap.add_argument("--sizes", nargs="*", default=None,
-                    help="ROWSxCOLS (default: several on a GPU; 16x1000 and 2x8192 on the "
-                         "simulator)")
-    ap.add_argument("--repeat", type=int, default=None)
-    ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
-    ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
+    ap = table_parser(__doc__.split("\n")[0],
+                      "several on a GPU; 16x1000 and 2x8192 on the simulator")
     a = ap.parse_args(argv)
     device = pick_device(a.device)
     sim = device == "cpu"
