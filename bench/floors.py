@@ -4,7 +4,9 @@
 
 Each target still open in bench/README.md ("Floors") is set against the same kernel with some
 of its work removed by a text edit of the generated Metal source before the cuda backend
-compiles it: no change to the removed part can make the kernel faster than that.
+compiles it: what the rest of the kernel costs. Where the edited kernel is faster, no change
+to the removed part can beat it; where it is slower, the compiler scheduled the rest
+differently and it bounds nothing.
 
 - decode: examples/attention.py at the bench's decode shape (B=1, 32/8 heads, E=128, f16, L in
   {4096, 16384, 65536}) as generated, without the scores' dot products, without the values'
