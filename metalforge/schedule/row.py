@@ -1,6 +1,6 @@
 """The row-reduction schedule: reductions over the innermost, contiguous axis ("D").
 
-One library holds three kernels (four with `staged`); the host picks one per call from the
+One library holds four kernels (five with `staged`); the host picks one per call from the
 row length D (`RowSchedule.variant`), so sizes never recompile:
 
 - ``simd``   (D <= 32 * simd_reads_per_thread): W lanes per row, the fewest (a power of two
@@ -8,6 +8,13 @@ row length D (`RowSchedule.variant`), so sizes never recompile:
   D), so 32 / W short rows share a simdgroup; `rows_per_group` simdgroups per threadgroup; the
   row's lane l holds elements [l*R, l*R + R) in registers; the row's lanes combine by an xor
   butterfly (shuffles only, no threadgroup memory).
+- ``simd_exact`` (the simd rows its lanes cover exactly, D = W * R: 64, 128, 256 at R = 8):
+  the simd kernel without a check of the row's end (every load a whole vector), and, where a
+  lane holds several vector chunks and the row has no gathers (their register and shuffle paths
+  need contiguous blocks), chunk c of the row's lane l at (c * W + l) * V (V the vector width):
+  each vector access of the row's lanes one contiguous span (`slot_pos`). On the H100 at
+  8192x128 both together took f32 log_softmax from 0.95x to 1.02-1.05x torch eager, neither
+  alone did (bench/README.md).
 - ``group``  (D <= `group_limit`: looped_limit, counted in 4-byte elements like R, so 2-byte
   rows up to twice as long): one threadgroup per row of ceil(D/R) threads rounded up to 32;
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
@@ -61,11 +68,14 @@ from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, MAX_THREADGROUP_BYTES,
                      SIMD_WIDTH, access_width)
 from . import gather, reduce
 
-VARIANTS = ("simd", "group", "staged", "looped")
+VARIANTS = ("simd", "simd_exact", "group", "staged", "looped")
 UINT_LIMIT = 2 ** 32
-READS = {"simd": "simd_reads_per_thread", "group": "reads_per_thread",
-         "staged": "reads_per_thread", "looped": "looped_reads_per_thread"}
+READS = {"simd": "simd_reads_per_thread", "simd_exact": "simd_reads_per_thread",
+         "group": "reads_per_thread", "staged": "reads_per_thread",
+         "looped": "looped_reads_per_thread"}
+LANES = ("simd", "simd_exact")     # the variants whose rows share a simdgroup
 HELD = ("group", "staged")         # the variants holding a row of a threadgroup in registers
+WHOLE = ("simd_exact", "staged")   # the variants taking only rows of whole blocks
 
 
 def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
@@ -137,10 +147,16 @@ class RowSchedule(Schedule):
         d = sizes[self.axis]
         p = self.policy
         if d <= SIMD_WIDTH * p.simd_reads_per_thread:
-            return "simd"
+            return "simd_exact" if self.exact(d) else "simd"
         if d > self.group_limit:
             return "looped"
         return "staged" if self.policy.stage_rows and self.stages(d) else "group"
+
+    def exact(self, d: int) -> bool:
+        """Whether the simd_exact kernel takes rows of d elements: its lanes' blocks cover
+        them exactly (d = lanes x R: 128 at R = 8), so no lane checks the row's end."""
+        return "simd_exact" in self.variants and \
+            d == self.lanes_per_row(d) * self.policy.simd_reads_per_thread
 
     def stages(self, d: int) -> bool:
         """Whether the staged kernel takes rows of d elements: it is built, and they are whole
@@ -192,7 +208,7 @@ class RowSchedule(Schedule):
     def _launch(self, v: str, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows, d = self._rows(sizes), sizes[self.axis]
         p = self.policy
-        if v == "simd":
+        if v in LANES:
             w = self.lanes_per_row(d)
             return rows * w, min(p.rows_per_group * SIMD_WIDTH, rows * w)
         if v in HELD:
@@ -222,7 +238,7 @@ class RowSchedule(Schedule):
         the shortest group row."""
         v = next(n for n, k in self.variants.items() if k.host_name == host_name)
         p = self.policy
-        if v == "simd":
+        if v in LANES:
             return p.rows_per_group * SIMD_WIDTH
         if v in HELD:
             return self._group_threads(SIMD_WIDTH * p.simd_reads_per_thread + 1)
@@ -261,6 +277,7 @@ class _Builder(reduce.Builder):
         self.reads = self.vw = 1             # the variant's (set per kernel)
         self.staged: dict[str, int] = {}     # staged variant: input → first slot staged
         self.stage_plan: dict[str, int] = {}  # the staged kernel's `staging()`, if it is built
+        self.interleaved = False              # the variant's `slot_pos` layout (set per kernel)
         self.kept: dict[Node, str] = {}      # the register variants' `kept_values`
         self.early: list[int] = []           # ... and `early_outputs`
         self.fresh: set[str] = set()         # inputs the section being built loads
@@ -402,7 +419,7 @@ class _Builder(reduce.Builder):
             arr, got = ir.Var(self.reg(name)), ir.Var(f"mf_{name}_v")
             if declare:
                 out.append(ir.ArrayDecl(arr.name, rt, reads))
-            start = rb + ir.Cast(IDX, base) + c * ir.Lit(vw, IDX)
+            start = rb + ir.Cast(IDX, base) + c * self.chunk_step()
             load = ir.Decl(got.name, ir.vector_type(st, vw),
                            ir.Load(self.names[name], start, vw, st))
             to_regs = ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
@@ -411,8 +428,8 @@ class _Builder(reduce.Builder):
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(held // vw, "uint"),
                               [load, to_regs], unroll=True))
             sca.append(ir.Assign(ir.Lane(arr, k), ir.Select(
-                base + k < self.size(self.axis),
-                self.fill(ir.Load(self.names[name], rb + ir.Cast(IDX, base + k)), st, rt),
+                self.slot_pos(k) < self.size(self.axis),
+                self.fill(ir.Load(self.names[name], rb + ir.Cast(IDX, self.slot_pos(k))), st, rt),
                 self.fill(ir.Lit(0.0 if ct == "float" else 0, ct), ct, rt))))
             if held < reads:
                 stage = self.stage(name)
@@ -432,7 +449,7 @@ class _Builder(reduce.Builder):
                                   unroll=True))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
-        if self.v.name == "staged":
+        if self.v.name in WHOLE:
             out += [ir.Comment(f"{vw}-wide vector loads (rows of whole blocks)")] + vec
         elif vw > 1:
             out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
@@ -440,6 +457,24 @@ class _Builder(reduce.Builder):
         else:
             out += scalar
         return out
+
+    def slot_pos(self, k: ir.Expr) -> ir.Expr:
+        """Row position of slot k of this thread's block: mf_base + k, or in an `interleaved`
+        kernel (chunk c of the row's lane t at (c * mf_w + t) * vw) mf_base + k / vw * mf_stride
+        + k % vw (mf_base = t * vw, mf_stride = mf_w * vw)."""
+        if not self.interleaved:
+            return ir.Var("mf_base") + k
+        vw = ir.Lit(self.vw, "uint")
+        return ir.Var("mf_base") + k / vw * ir.Var("mf_stride") + k % vw
+
+    def chunk_step(self) -> ir.Expr:
+        """How far apart along the row a thread's vector chunks start (see `slot_pos`)."""
+        return ir.Cast(IDX, ir.Var("mf_stride")) if self.interleaved else ir.Lit(self.vw, IDX)
+
+    def row_gathers(self) -> bool:
+        """Whether the graph gathers along the row (their register and shuffle paths assume each
+        lane's block is contiguous)."""
+        return any(n.op == Op.TAKE and n.attr[1] == self.axis for n in self.nodes)
 
     @staticmethod
     def stage_chunk(i: ir.Expr) -> ir.Expr:
@@ -492,7 +527,7 @@ class _Builder(reduce.Builder):
                 self.loaded_gathers[self.v.name].add(sites.index(n))
             elif c is not None:
                 own[n] = c
-            elif (self.v.name == "simd" and gather.lane_computable(n, axis)
+            elif (self.v.name in LANES and gather.lane_computable(n, axis)
                   and compute_type(self.graph.tensor(name).dtype) in gather.SHUFFLE_TYPES):
                 shuffled.append(n)
             else:
@@ -519,7 +554,7 @@ class _Builder(reduce.Builder):
         out: list[ir.Stmt] = [ir.Comment(
             f"gathers along {axis} from the lanes holding them (gather {names}): row element p "
             f"is lane p / {reads}, slot p % {reads}")]
-        index_loop: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + k)]
+        index_loop: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", self.slot_pos(k))]
         flag, past_end = ir.Var("mf_same_slot"), pos >= self.size(axis)
         same: list[ir.Stmt] = []            # mf_same_slot: each gather at its own slot number
         fetch_same: list[ir.Stmt] = []
@@ -594,7 +629,7 @@ class _Builder(reduce.Builder):
             rest.append(ir.Assign(ir.Lane(ir.Var(f"mf_reg_{self.out_names[k]}"),
                                           ir.Var("mf_k")), self.out_value(k, el)))
         body = values + self.fold(el, reds, pos) + rest
-        decl_pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+        decl_pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", self.slot_pos(ir.Var("mf_k")))]
 
         def each(stmts: list[ir.Stmt], guarded: bool) -> ir.Stmt:
             if guarded:
@@ -609,7 +644,7 @@ class _Builder(reduce.Builder):
             whole += self.online_chunk(el, reds, pairs, values, rest, each)
         else:
             whole.append(each(body, False))
-        if self.v.name == "staged":                 # rows of whole blocks
+        if self.v.name in WHOLE:                    # rows of whole blocks
             return row_stmts, tensors, fetch, whole
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
         loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), whole, [
@@ -648,7 +683,7 @@ class _Builder(reduce.Builder):
             st = self.out_stype(k)
             arr = ir.Var(f"mf_reg_{self.out_names[k]}")
             rb = self.row_base(self.out_names[k], o.axes)
-            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * ir.Lit(vw, IDX)
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * self.chunk_step()
             first = ir.Var("mf_c") * ir.Lit(vw, "uint")
             lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
@@ -656,13 +691,13 @@ class _Builder(reduce.Builder):
                          ir.Call("mf_pack8_of" if vw == 8 else ir.vector_type(st, vw), lanes),
                          vw, st)],
                 unroll=True))
-            pos = base + ir.Var("mf_k")
+            pos = self.slot_pos(ir.Var("mf_k"))
             sca.append(ir.If(pos < self.size(self.axis), [
                 ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
                          ir.Lane(arr, ir.Var("mf_k")))]))
         scalar: list[ir.Stmt] = [ir.For("mf_k", "uint", ir.Lit(0, "uint"),
                                         ir.Lit(reads, "uint"), sca, unroll=True)]
-        if self.v.name == "staged":                 # rows of whole blocks
+        if self.v.name in WHOLE:                    # rows of whole blocks
             return [ir.Comment(f"store the row's outputs, {vw}-wide")] + vec
         if vw > 1:
             return [ir.Comment("store the row's outputs"),
@@ -672,7 +707,7 @@ class _Builder(reduce.Builder):
 
     # -- combining across the row ---------------------------------------------------------
     def combine(self, reds: list[reduce.Reduction], variant: str) -> list[ir.Stmt]:
-        if variant == "simd":
+        if variant in LANES:
             return self.row_lanes_combine(reds)
         out: list[ir.Stmt] = [ir.Comment("combine across the simdgroup")]
         for r in reds:
@@ -715,6 +750,11 @@ class _Builder(reduce.Builder):
         self.reads = reads_for(self.policy, v.name, self.itemsize)
         self.vw = vector_width_for(self.policy, v.name, self.itemsizes)
         self.staged = self.stage_plan if v.name == "staged" else {}
+        # the exact simd kernel spreads a lane's chunks over the row, the row's lanes side by
+        # side in each (one contiguous span a vector access; f32 log_softmax 8192x128 on the
+        # H100 0.95x -> 1.02-1.05x torch with the tail checks gone, 0.94-0.95x without this)
+        self.interleaved = (v.name == "simd_exact" and self.reads > self.vw
+                            and not self.row_gathers())
         if self.vw == 8:
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
@@ -890,7 +930,7 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
                    ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
-        if variant == "simd":
+        if variant in LANES:
             threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                        ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
             one, shift = ir.Lit(1, "uint"), ir.Var("mf_wlog")
@@ -913,13 +953,17 @@ class _Builder(reduce.Builder):
                      ir.Decl("mf_t", "uint", ir.Var("mf_lid")),
                      ir.Decl("mf_nsg", "uint", (ir.Var("mf_tpg") + ir.Lit(SIMD_WIDTH - 1, "uint")) /
                              ir.Lit(SIMD_WIDTH, "uint"))]
-        if variant != "looped":
+        if self.interleaved:
+            vw = ir.Lit(self.vw, "uint")
+            head += [ir.Decl("mf_base", "uint", ir.Var("mf_t") * vw),
+                     ir.Decl("mf_stride", "uint", ir.Var("mf_w") * vw)]
+        elif variant != "looped":
             head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(reads, "uint")))
         else:
             span = ir.Var("mf_tpg") * ir.Lit(reads, "uint")
             length = ir.Cast("uint", self.size(self.axis))
             head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
-        if self.vw > 1 and variant != "staged":      # staged: rows of whole blocks
+        if self.vw > 1 and variant not in WHOLE:     # the others take rows of whole blocks
             whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
             head.append(ir.Decl("mf_vec_ok", "bool", whole))
         return tuple(threads), head
@@ -935,8 +979,13 @@ class _Builder(reduce.Builder):
     def _summary(self, variant: str, reds: list[reduce.Reduction]) -> str:
         # launch-only choices (threads and rows per group) stay out of the text, so changing
         # them reuses the compiled library
-        how = {"simd": f"the fewest lanes of a simdgroup per row that hold it, "
-                       f"{self.reads} elements per lane in registers",
+        lanes = (f"the fewest lanes of a simdgroup per row that hold it, {self.reads} "
+                 f"elements per lane in registers")
+        spread = (f", each {self.vw}-wide chunk of the row a span of the row's lanes side by "
+                  f"side" if self.interleaved else "")
+        how = {"simd": lanes,
+               "simd_exact": f"{lanes}, for rows they cover exactly (D = lanes x "
+                             f"{self.reads}: no row-end checks){spread}",
                "group": f"one threadgroup per row, {self.reads} elements per thread in registers, "
                         f"global memory read once",
                "staged": f"rows of whole blocks (a multiple of 32 x {self.reads}), one "

@@ -120,5 +120,6 @@ def test_reduction_variants_share_one_library():
     (v,) = norm_or_softmax.variants(compiled=True)
     assert v["log"] is True and v["family"] == "row"
     assert v["host_names"] == ("norm_or_softmax_f32_log_true_simd",
+                               "norm_or_softmax_f32_log_true_simd_exact",
                                "norm_or_softmax_f32_log_true_group",
                                "norm_or_softmax_f32_log_true_looped")

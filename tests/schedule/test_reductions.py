@@ -361,7 +361,8 @@ def test_log_softmax_and_logsumexp():
 
 # rows of up to 256 elements: the simd variant gives each row the fewest lanes (a power of two)
 # holding it at 8 elements a lane, so several rows share a simdgroup and combine by an xor
-# butterfly over their own lanes
+# butterfly over their own lanes; rows those lanes cover exactly (8, 64, 256) take the
+# simd_exact kernel (no row-end checks; f32 lanes' chunks interleaved along the row)
 SHORT = (1, 2, 7, 8, 9, 17, 64, 96, 129, 256)
 
 
@@ -372,7 +373,8 @@ def test_short_rows_share_a_simdgroup(dtype):
             x = torch.randn(rows, d).to(dtype)
             v, s, sizes = variant(softmax, x)
             w = s.lanes_per_row(d)
-            assert v == "simd" and w == min(32, 1 << max(0, math.ceil(d / 8) - 1).bit_length())
+            assert w == min(32, 1 << max(0, math.ceil(d / 8) - 1).bit_length())
+            assert v == ("simd_exact" if d == 8 * w else "simd")
             assert s.launch(sizes)[0] == rows * w
             if rows >= 5:
                 special_rows(x)
@@ -387,6 +389,26 @@ def test_short_rows_share_a_simdgroup(dtype):
             ties[0, d // 2] = NAN
             amax, amin = arg(ties)
             assert torch.equal(amax, ties.argmax(-1)) and torch.equal(amin, ties.argmin(-1))
+
+
+@mf.kernel
+def ramp(x: "T[R, D]"):                     # each element's position matters
+    y = x * (mf.index("D") + 1)
+    return y - mf.max(y, axis="D"), mf.argmax(y, axis="D")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_exact_rows_keep_each_element_at_its_position(dtype):
+    """The simd_exact kernel spreads an f32 lane's chunks along the row (f16 lanes hold one
+    chunk): every element still meets its own mf.index, is stored where it was read, and
+    argmax reports its position."""
+    for d in (8, 32, 64, 128, 256):
+        x = torch.randn(37, d).to(dtype)
+        assert variant(ramp, x)[0] == "simd_exact"
+        y, i = ramp(x)
+        yd = x.double() * torch.arange(1, d + 1, dtype=torch.float64)
+        close(y, yd - yd.amax(-1, keepdim=True), dtype)
+        assert torch.equal(i, yd.argmax(-1))
 
 
 @mf.kernel

@@ -293,9 +293,9 @@ def test_keys_the_mask_hides_may_be_left_out():
 def test_every_instantiation_is_launched_with_its_boundary_sizes():
     report = check(chk_softmax, dtypes={"T": "f32"}, max_examples=2)
     got = {i.host_name: i for i in report.instantiations}
-    # three row variants at two index widths, each launched
-    assert set(got) == {f"chk_softmax_f32{w}_{v}" for w in ("", "_idx64")
-                        for v in ("simd", "group", "looped")}
+    # four row variants at two index widths, each launched
+    variants = ("simd", "simd_exact", "group", "looped")
+    assert set(got) == {f"chk_softmax_f32{w}_{v}" for w in ("", "_idx64") for v in variants}
     assert all(i.launches >= 1 for i in got.values()), report.coverage()
     assert all(i.index64 == ("idx64" in h) for h, i in got.items())
 
@@ -303,11 +303,11 @@ def test_every_instantiation_is_launched_with_its_boundary_sizes():
         return {int(s.split("D=")[1]) for s in got[host].sizes}
     # 32-bit: every boundary size of each threshold (besides the random examples' sizes);
     # 64-bit: one size per kernel
-    assert ds("chk_softmax_f32_simd") >= {1, 8, 9, 16, 17, 31, 32, 33, 64, 65, 128, 129, 256}
+    assert ds("chk_softmax_f32_simd") >= {1, 9, 17, 31, 33, 65, 129}
+    assert ds("chk_softmax_f32_simd_exact") >= {8, 16, 32, 64, 128, 256}   # lanes x 8
     assert ds("chk_softmax_f32_group") >= {257, 260, 8192}
     assert ds("chk_softmax_f32_looped") >= {8193, 8196}
-    assert [len(ds(f"chk_softmax_f32_idx64_{v}")) for v in ("simd", "group", "looped")] == \
-        [1, 1, 1]
+    assert [len(ds(f"chk_softmax_f32_idx64_{v}")) for v in variants] == [1, 1, 1, 1]
     assert "chk_softmax_f32_idx64_looped: 2 launch(es), sizes R=" in report.coverage()
 
 
