@@ -437,6 +437,10 @@ class Printer:
             if isinstance(s, If):
                 out.append(ind + self.if_head(s))
                 self.body(s.then, ind + self.indent, out)
+                while len(s.orelse) == 1 and isinstance(s.orelse[0], If):    # else if
+                    s = s.orelse[0]
+                    out.append(ind + self.elif_head(s))
+                    self.body(s.then, ind + self.indent, out)
                 if s.orelse:
                     out.append(ind + self.else_line())
                     self.body(s.orelse, ind + self.indent, out)
@@ -457,6 +461,9 @@ class Printer:
         raise NotImplementedError
 
     def if_head(self, s: If) -> str:
+        raise NotImplementedError
+
+    def elif_head(self, s: If) -> str:
         raise NotImplementedError
 
     def else_line(self) -> str:
@@ -498,6 +505,9 @@ class IRPrinter(Printer):
 
     def if_head(self, s: If) -> str:
         return f"if {self.expr(s.cond)}:"
+
+    def elif_head(self, s: If) -> str:
+        return f"elif {self.expr(s.cond)}:"
 
     def else_line(self) -> str:
         return "else:"

@@ -107,6 +107,9 @@ class MSLPrinter(ir.Printer):
     def if_head(self, s: ir.If) -> str:
         return f"if ({self.expr(s.cond)}) {{"
 
+    def elif_head(self, s: ir.If) -> str:
+        return f"}} else if ({self.expr(s.cond)}) {{"
+
     def else_line(self) -> str:
         return "} else {"
 

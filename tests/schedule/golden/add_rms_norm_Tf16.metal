@@ -84,7 +84,7 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -105,7 +105,7 @@ kernel void mf_add_rms_norm_simd(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -127,7 +127,7 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -158,7 +158,7 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -174,7 +174,7 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -193,7 +193,7 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out1[mf_c * 8u + 0u], mf_reg_mf_out1[mf_c * 8u + 1u], mf_reg_mf_out1[mf_c * 8u + 2u], mf_reg_mf_out1[mf_c * 8u + 3u], mf_reg_mf_out1[mf_c * 8u + 4u], mf_reg_mf_out1[mf_c * 8u + 5u], mf_reg_mf_out1[mf_c * 8u + 6u], mf_reg_mf_out1[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -385,7 +385,7 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -406,7 +406,7 @@ kernel void mf_add_rms_norm_group(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -427,7 +427,7 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out0[mf_c * 8u + 0u], mf_reg_mf_out0[mf_c * 8u + 1u], mf_reg_mf_out0[mf_c * 8u + 2u], mf_reg_mf_out0[mf_c * 8u + 3u], mf_reg_mf_out0[mf_c * 8u + 4u], mf_reg_mf_out0[mf_c * 8u + 5u], mf_reg_mf_out0[mf_c * 8u + 6u], mf_reg_mf_out0[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -459,7 +459,7 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -475,7 +475,7 @@ kernel void mf_add_rms_norm_group(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -493,7 +493,7 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out1[mf_c * 8u + 0u], mf_reg_mf_out1[mf_c * 8u + 1u], mf_reg_mf_out1[mf_c * 8u + 2u], mf_reg_mf_out1[mf_c * 8u + 3u], mf_reg_mf_out1[mf_c * 8u + 4u], mf_reg_mf_out1[mf_c * 8u + 5u], mf_reg_mf_out1[mf_c * 8u + 6u], mf_reg_mf_out1[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -574,7 +574,7 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -591,7 +591,7 @@ kernel void mf_add_rms_norm_looped(
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -650,7 +650,7 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -673,7 +673,7 @@ kernel void mf_add_rms_norm_looped(
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -700,7 +700,7 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {

@@ -63,7 +63,7 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -84,7 +84,7 @@ kernel void mf_add_rms_norm_simd(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -105,7 +105,7 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -135,7 +135,7 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -151,7 +151,7 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -169,7 +169,7 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -357,7 +357,7 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -378,7 +378,7 @@ kernel void mf_add_rms_norm_group(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -399,7 +399,7 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -431,7 +431,7 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -447,7 +447,7 @@ kernel void mf_add_rms_norm_group(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -465,7 +465,7 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -546,7 +546,7 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -563,7 +563,7 @@ kernel void mf_add_rms_norm_looped(
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -622,7 +622,7 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -645,7 +645,7 @@ kernel void mf_add_rms_norm_looped(
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -672,7 +672,7 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {

@@ -107,7 +107,7 @@ kernel void mf_log_softmax_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -120,7 +120,7 @@ kernel void mf_log_softmax_simd(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -148,7 +148,7 @@ kernel void mf_log_softmax_simd(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -179,7 +179,7 @@ kernel void mf_log_softmax_simd(
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -197,7 +197,7 @@ kernel void mf_log_softmax_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -344,7 +344,7 @@ kernel void mf_log_softmax_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -357,7 +357,7 @@ kernel void mf_log_softmax_group(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -387,7 +387,7 @@ kernel void mf_log_softmax_group(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -420,7 +420,7 @@ kernel void mf_log_softmax_group(
             const float mf_v2 = mf_v1 - mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -438,7 +438,7 @@ kernel void mf_log_softmax_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -502,7 +502,7 @@ kernel void mf_log_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -518,7 +518,7 @@ kernel void mf_log_softmax_looped(
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -557,7 +557,7 @@ kernel void mf_log_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -573,7 +573,7 @@ kernel void mf_log_softmax_looped(
                 const float mf_v2 = mf_v1 - mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -592,7 +592,7 @@ kernel void mf_log_softmax_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {

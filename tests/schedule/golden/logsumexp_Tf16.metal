@@ -88,7 +88,7 @@ kernel void mf_logsumexp_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -101,7 +101,7 @@ kernel void mf_logsumexp_simd(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -132,7 +132,7 @@ kernel void mf_logsumexp_simd(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -290,7 +290,7 @@ kernel void mf_logsumexp_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -303,7 +303,7 @@ kernel void mf_logsumexp_group(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -336,7 +336,7 @@ kernel void mf_logsumexp_group(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -417,7 +417,7 @@ kernel void mf_logsumexp_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -430,7 +430,7 @@ kernel void mf_logsumexp_looped(
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -469,7 +469,7 @@ kernel void mf_logsumexp_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -484,7 +484,7 @@ kernel void mf_logsumexp_looped(
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;

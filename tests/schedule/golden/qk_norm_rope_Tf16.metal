@@ -125,7 +125,7 @@ kernel void mf_qk_norm_rope_simd(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -257,7 +257,7 @@ kernel void mf_qk_norm_rope_simd(
             const float mf_v19 = float(half(mf_v18));
             mf_reg_mf_out[mf_k] = T(mf_v19);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -295,7 +295,7 @@ kernel void mf_qk_norm_rope_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_E) {
@@ -572,7 +572,7 @@ kernel void mf_qk_norm_rope_group(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -671,7 +671,7 @@ kernel void mf_qk_norm_rope_group(
             const float mf_v27 = float(half(mf_v26));
             mf_reg_mf_out[mf_k] = T(mf_v27);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -732,7 +732,7 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_E) {
@@ -827,7 +827,7 @@ kernel void mf_qk_norm_rope_looped(
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -941,7 +941,7 @@ kernel void mf_qk_norm_rope_looped(
                 const float mf_v27 = float(half(mf_v26));
                 mf_reg_mf_out[mf_k] = T(mf_v27);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -1003,7 +1003,7 @@ kernel void mf_qk_norm_rope_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_E) {

@@ -105,7 +105,7 @@ kernel void mf_qk_norm_rope_simd(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -235,7 +235,7 @@ kernel void mf_qk_norm_rope_simd(
             const float mf_v18 = mf_v10 + mf_v17;
             mf_reg_mf_out[mf_k] = T(mf_v18);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -271,7 +271,7 @@ kernel void mf_qk_norm_rope_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_E) {
@@ -544,7 +544,7 @@ kernel void mf_qk_norm_rope_group(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -642,7 +642,7 @@ kernel void mf_qk_norm_rope_group(
             const float mf_v26 = mf_v10 + mf_v25;
             mf_reg_mf_out[mf_k] = T(mf_v26);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -702,7 +702,7 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_E) {
@@ -797,7 +797,7 @@ kernel void mf_qk_norm_rope_looped(
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -910,7 +910,7 @@ kernel void mf_qk_norm_rope_looped(
                 const float mf_v26 = mf_v10 + mf_v25;
                 mf_reg_mf_out[mf_k] = T(mf_v26);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -971,7 +971,7 @@ kernel void mf_qk_norm_rope_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_E) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_E) {

@@ -72,7 +72,7 @@ kernel void mf_rms_norm_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -86,7 +86,7 @@ kernel void mf_rms_norm_simd(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -120,7 +120,7 @@ kernel void mf_rms_norm_simd(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -137,7 +137,7 @@ kernel void mf_rms_norm_simd(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -157,7 +157,7 @@ kernel void mf_rms_norm_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -312,7 +312,7 @@ kernel void mf_rms_norm_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -326,7 +326,7 @@ kernel void mf_rms_norm_group(
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -361,7 +361,7 @@ kernel void mf_rms_norm_group(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -378,7 +378,7 @@ kernel void mf_rms_norm_group(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -397,7 +397,7 @@ kernel void mf_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -464,7 +464,7 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -478,7 +478,7 @@ kernel void mf_rms_norm_looped(
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -527,7 +527,7 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -545,7 +545,7 @@ kernel void mf_rms_norm_looped(
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -565,7 +565,7 @@ kernel void mf_rms_norm_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {

@@ -68,7 +68,7 @@ kernel void mf_row_argmax_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -85,7 +85,7 @@ kernel void mf_row_argmax_simd(
                 mf_arg1 = uint(mf_pos);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -234,7 +234,7 @@ kernel void mf_row_argmax_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -251,7 +251,7 @@ kernel void mf_row_argmax_group(
                 mf_arg1 = uint(mf_pos);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -334,7 +334,7 @@ kernel void mf_row_argmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -351,7 +351,7 @@ kernel void mf_row_argmax_looped(
                     mf_arg1 = uint(mf_pos);
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;

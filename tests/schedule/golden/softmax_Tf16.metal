@@ -127,7 +127,7 @@ kernel void mf_softmax_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -140,7 +140,7 @@ kernel void mf_softmax_simd(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -170,7 +170,7 @@ kernel void mf_softmax_simd(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -200,7 +200,7 @@ kernel void mf_softmax_simd(
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -217,7 +217,7 @@ kernel void mf_softmax_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -365,7 +365,7 @@ kernel void mf_softmax_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -378,7 +378,7 @@ kernel void mf_softmax_group(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -410,7 +410,7 @@ kernel void mf_softmax_group(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -442,7 +442,7 @@ kernel void mf_softmax_group(
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -458,7 +458,7 @@ kernel void mf_softmax_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -522,7 +522,7 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -538,7 +538,7 @@ kernel void mf_softmax_looped(
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -577,7 +577,7 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -594,7 +594,7 @@ kernel void mf_softmax_looped(
                 const float mf_v3 = mf_v2 * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v3);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -614,7 +614,7 @@ kernel void mf_softmax_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {

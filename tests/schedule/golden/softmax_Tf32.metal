@@ -107,7 +107,7 @@ kernel void mf_softmax_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -120,7 +120,7 @@ kernel void mf_softmax_simd(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -150,7 +150,7 @@ kernel void mf_softmax_simd(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -180,7 +180,7 @@ kernel void mf_softmax_simd(
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -196,7 +196,7 @@ kernel void mf_softmax_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -343,7 +343,7 @@ kernel void mf_softmax_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -356,7 +356,7 @@ kernel void mf_softmax_group(
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -388,7 +388,7 @@ kernel void mf_softmax_group(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -420,7 +420,7 @@ kernel void mf_softmax_group(
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
@@ -436,7 +436,7 @@ kernel void mf_softmax_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else {
+    } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             if (mf_base + mf_k < mf_size_D) {
@@ -500,7 +500,7 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -516,7 +516,7 @@ kernel void mf_softmax_looped(
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -555,7 +555,7 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
@@ -572,7 +572,7 @@ kernel void mf_softmax_looped(
                 const float mf_v3 = mf_v2 * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v3);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
@@ -592,7 +592,7 @@ kernel void mf_softmax_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else {
+        } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 if (mf_base + mf_k < mf_size_D) {
