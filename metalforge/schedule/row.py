@@ -13,8 +13,9 @@ row length D (`RowSchedule.variant`), so sizes never recompile:
   lane holds several vector chunks and the row has no gathers (their register and shuffle paths
   need contiguous blocks), chunk c of the row's lane l at (c * W + l) * V (V the vector width):
   each vector access of the row's lanes one contiguous span (`slot_pos`). On the H100 at
-  8192x128 both together took f32 log_softmax from 0.95x to 1.02-1.05x torch eager, neither
-  alone did (bench/README.md).
+  8192x128 (bench/README.md) f32 log_softmax went from 0.93-0.96x torch eager to parity
+  (0.97-1.02x over four runs; as text edits, neither change alone gained), f16 from 1.03x
+  to 1.14-1.18x, rms_norm and layer_norm 10-25% faster.
 - ``group``  (D <= `group_limit`: looped_limit, counted in 4-byte elements like R, so 2-byte
   rows up to twice as long): one threadgroup per row of ceil(D/R) threads rounded up to 32;
   thread t holds elements [t*R, t*R + R) in registers, read once from global memory with
@@ -762,8 +763,7 @@ class _Builder(reduce.Builder):
         self.vw = vector_width_for(self.policy, v.name, self.itemsizes)
         self.staged = self.stage_plan if v.name == "staged" else {}
         # the exact simd kernel spreads a lane's chunks over the row, the row's lanes side by
-        # side in each (one contiguous span a vector access; f32 log_softmax 8192x128 on the
-        # H100 0.95x -> 1.02-1.05x torch with the tail checks gone, 0.94-0.95x without this)
+        # side in each (one contiguous span a vector access; see the module docstring)
         self.interleaved = (v.name == "simd_exact" and self.reads > self.vw
                             and not self.row_gathers())
         if self.vw == 8:

@@ -150,10 +150,12 @@ def _qk_args(e, dtype=torch.float32):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_qk_norm_rope_reads_each_row_once_in_the_simd_variant(dtype):
     s = _schedule(qk_norm_rope, *_qk_args(64, dtype))
-    simd, group, looped = (s.variants[v].body for v in ("simd", "group", "looped"))
+    simd, exact, group, looped = (s.variants[v].body
+                                  for v in ("simd", "simd_exact", "group", "looped"))
     for t in ("x", "w"):
         # the register load (vector path, scalar tail): nothing else reads the tensor
         assert [ld.width for ld in _loads(simd, t)] == [16 // dtype.itemsize, 1], t
+        assert [ld.width for ld in _loads(exact, t)] == [16 // dtype.itemsize], t  # no tail
         # a threadgroup-held or streamed row: the partner is a (cached) guarded load, in
         # both element loops (all elements in the row; the row's end)
         assert len(_gathered(group, t)) == len(_gathered(looped, t)) == 2, t
@@ -161,6 +163,9 @@ def test_qk_norm_rope_reads_each_row_once_in_the_simd_variant(dtype):
     simd_text = text.split("kernel void mf_qk_norm_rope_simd")[1].split("kernel void")[0]
     assert "simd_shuffle(float(mf_reg_x[mf_k])" in simd_text
     assert "simd_all(mf_same_slot)" in simd_text
+    # rows the lanes cover exactly: the same shuffles, over blocks kept contiguous
+    exact_text = text.split("kernel void mf_qk_norm_rope_simd_exact")[1].split("kernel void")[0]
+    assert "simd_all(mf_same_slot)" in exact_text and "mf_stride" not in exact_text
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
