@@ -63,6 +63,20 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
+            }
+        }
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -105,6 +119,11 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -133,6 +152,14 @@ kernel void mf_add_rms_norm_simd(
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
+            }
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else if (mf_base < mf_size_D) {
@@ -168,6 +195,11 @@ kernel void mf_add_rms_norm_simd(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
@@ -357,6 +389,20 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
+            }
+        }
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -399,6 +445,11 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -429,6 +480,14 @@ kernel void mf_add_rms_norm_group(
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
+            }
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else if (mf_base < mf_size_D) {
@@ -464,6 +523,11 @@ kernel void mf_add_rms_norm_group(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
@@ -546,6 +610,20 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
+                }
+            }
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -622,6 +700,26 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
+                }
+            }
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
+                }
+            }
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -671,6 +769,14 @@ kernel void mf_add_rms_norm_looped(
             {
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
+            }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector stores
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
+            }
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
             }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded

@@ -107,6 +107,14 @@ kernel void mf_log_softmax_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -196,6 +204,11 @@ kernel void mf_log_softmax_simd(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
@@ -344,6 +357,14 @@ kernel void mf_log_softmax_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -438,6 +459,11 @@ kernel void mf_log_softmax_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -502,6 +528,14 @@ kernel void mf_log_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -557,6 +591,14 @@ kernel void mf_log_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -591,6 +633,11 @@ kernel void mf_log_softmax_looped(
             {
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+            }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector stores
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
             }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded

@@ -52,6 +52,14 @@ kernel void mf_rms_norm_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -99,6 +107,14 @@ kernel void mf_rms_norm_simd(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -134,6 +150,11 @@ kernel void mf_rms_norm_simd(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
@@ -288,6 +309,14 @@ kernel void mf_rms_norm_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -337,6 +366,14 @@ kernel void mf_rms_norm_group(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -372,6 +409,11 @@ kernel void mf_rms_norm_group(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+        }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector stores
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
@@ -440,6 +482,14 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -503,6 +553,20 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
+                }
+            }
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+                }
+            }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -540,6 +604,11 @@ kernel void mf_rms_norm_looped(
             {
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
+            }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector stores
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
             }
         } else if (mf_base < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded

@@ -48,6 +48,14 @@ kernel void mf_row_argmax_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -214,6 +222,14 @@ kernel void mf_row_argmax_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
+    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
+        // rows of a multiple of 2: 2-wide vector loads
+        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
+            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
+            }
+        }
     } else if (mf_base < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -312,6 +328,14 @@ kernel void mf_row_argmax_looped(
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
+                }
+            }
+        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
+            // rows of a multiple of 2: 2-wide vector loads
+            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
+                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
+                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
+                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else if (mf_base < mf_size_D) {
