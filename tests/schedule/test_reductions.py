@@ -146,11 +146,11 @@ def test_rms_norm_every_variant_batched_and_strided(dtype):
     assert seen == {"simd", "group", "looped"}
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 def test_rows_not_a_multiple_of_the_vector_width_move_in_narrower_vectors(dtype):
     """Rows a multiple of 4 or 2 but not of the 16-byte width (8 f16, 4 f32) take the narrower
     vector paths of the simd, group and looped kernels; odd rows the scalar one."""
-    long = 16388 if dtype == torch.float16 else 8194          # past the group kernel's rows
+    long = 16388 if dtype.itemsize == 2 else 8194             # past the group kernel's rows
     for d, want in ((100, "simd"), (102, "simd"), (99, "simd"), (4100, "group"),
                     (4098, "group"), (4097, "group"), (long, "looped"), (long + 2, "looped")):
         x, w = torch.randn(3, d).to(dtype), torch.randn(d).to(dtype)
@@ -158,7 +158,7 @@ def test_rows_not_a_multiple_of_the_vector_width_move_in_narrower_vectors(dtype)
         close(softmax(x), torch.softmax(x.double(), dim=-1), dtype)
         close(rms_norm(x, w), F.rms_norm(x.double(), (d,), w.double(), eps=1e-6), dtype)
     src = softmax.source(torch.randn(2, 8).to(dtype))
-    for n in ((4, 2) if dtype == torch.float16 else (2,)):
+    for n in ((4, 2) if dtype.itemsize == 2 else (2,)):
         assert f"rows of a multiple of {n}: {n}-wide vector loads" in src
 
 
