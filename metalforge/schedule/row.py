@@ -53,7 +53,11 @@ exp(x - max)), and a value held in place of the inputs it is computed from where
 fewer register blocks (add_rms_norm's h = x + r, `carried`; the staged kernel then stages
 only inputs read again, so none for add_rms_norm). Outputs that need no reduction
 (add_rms_norm's h) are stored by the first phase. A thread whose R elements all lie in the
-row runs its element loops without a per-element bounds check.
+row runs its element loops without a per-element bounds check; one wholly past the row's end
+skips the row-end paths (`holding`). Rows that are not a multiple of the vector width move
+element by element, and there (in the simd, group and looped kernels, unless the row is
+gathered from) slot k of thread t sits at t + k * threads instead of t * R + k, so that each
+access of a simdgroup is one contiguous span (`placement`, `slot_pos`).
 """
 from __future__ import annotations
 
@@ -279,6 +283,7 @@ class _Builder(reduce.Builder):
         self.staged: dict[str, int] = {}     # staged variant: input → first slot staged
         self.stage_plan: dict[str, int] = {}  # the staged kernel's `staging()`, if it is built
         self.interleaved = False              # the variant's `slot_pos` layout (set per kernel)
+        self.strided = False                  # ... and whether unaligned rows spread its slots
         self.kept: dict[Node, str] = {}      # the register variants' `kept_values`
         self.early: list[int] = []           # ... and `early_outputs`
         self.fresh: set[str] = set()         # inputs the section being built loads
@@ -411,7 +416,6 @@ class _Builder(reduce.Builder):
         out: list[ir.Stmt] = [ir.Comment(f"load {reads} elements per thread of "
                                          f"{', '.join(tensors)} into registers{where}")]
         vec: list[ir.Stmt] = []
-        narrow: dict[int, list[ir.Stmt]] = {w: [] for w in self.narrower()}
         sca: list[ir.Stmt] = []
         for name in tensors:
             t = self.graph.tensor(name)
@@ -421,23 +425,14 @@ class _Builder(reduce.Builder):
             arr, got = ir.Var(self.reg(name)), ir.Var(f"mf_{name}_v")
             if declare:
                 out.append(ir.ArrayDecl(arr.name, rt, reads))
-
-            def chunk(w: int, name: str = name, st: str = st, rt: str = rt, rb: ir.Expr = rb,
-                      arr: ir.Var = arr, got: ir.Var = got) -> list[ir.Stmt]:
-                """Load chunk mf_c (w wide) of the thread's block into its register slots."""
-                start = rb + ir.Cast(IDX, base) + c * self.chunk_step(w)
-                return [ir.Decl(got.name, ir.vector_type(st, w),
-                                ir.Load(self.names[name], start, w, st)),
-                        ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(w, "uint"), [
-                            ir.Assign(ir.Lane(arr, c * ir.Lit(w, "uint") + ir.Var("mf_l")),
-                                      self.fill(self.lane(got, ir.Var("mf_l"), w), st, rt))],
-                               unroll=True)]
-            load, to_regs = chunk(vw)
+            start = rb + ir.Cast(IDX, base) + c * self.chunk_step()
+            load = ir.Decl(got.name, ir.vector_type(st, vw),
+                           ir.Load(self.names[name], start, vw, st))
+            to_regs = ir.For("mf_l", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
+                ir.Assign(ir.Lane(arr, c * ir.Lit(vw, "uint") + ir.Var("mf_l")),
+                          self.fill(self.lane(got, ir.Var("mf_l")), st, rt))], unroll=True)
             vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(held // vw, "uint"),
                               [load, to_regs], unroll=True))
-            for w in narrow:
-                narrow[w].append(ir.For("mf_c", "uint", ir.Lit(0, "uint"),
-                                        ir.Lit(reads // w, "uint"), chunk(w), unroll=True))
             sca.append(ir.Assign(ir.Lane(arr, k), ir.Select(
                 self.slot_pos(k) < self.size(self.axis),
                 self.fill(ir.Load(self.names[name], rb + ir.Cast(IDX, self.slot_pos(k))), st, rt),
@@ -466,45 +461,42 @@ class _Builder(reduce.Builder):
             # registers a lane past the row's end skips are never read, except as the values it
             # offers to a row gather's shuffles: zeros there
             tail = [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar
-            out += self.widest(vec, narrow, "loads",
-                               tail if self.row_gathers() else self.holding(tail))
+            out.append(ir.If(self.full(), [ir.Comment(f"{vw}-wide vector loads")] + vec,
+                             tail if self.row_gathers() else self.holding(tail)))
         else:
             out += scalar
         return out
 
-    def narrower(self) -> list[int]:
-        """The narrower vector widths a row-end path falls back to (halving the variant's, down
-        to 2) for rows that are not a multiple of the full one: an f16 row of 4100 took the
-        scalar path in every thread, each of its 2-byte loads touching a simdgroup's sixteen
-        32-byte sectors (H100: softmax 4096x4100 175 us against torch's 60; 34 with 8-byte
-        loads)."""
-        out, w = [], self.vw
-        while w > 2 and w % 2 == 0:
-            w //= 2
-            out.append(w)
-        return out
-
-    def widest(self, vec: list[ir.Stmt], narrow: dict[int, list[ir.Stmt]], what: str,
-               tail: list[ir.Stmt]) -> list[ir.Stmt]:
-        """The thread's block moved by the widest vectors the row length allows (the full width
-        where `mf_vec_ok`, else each of `narrower`), else by the row-end path `tail`."""
-        for w in sorted(narrow):
-            tail = [ir.If(self.full(w), [ir.Comment(f"rows of a multiple of {w}: {w}-wide "
-                                                    f"vector {what}")] + narrow[w], tail)]
-        return [ir.If(self.full(), [ir.Comment(f"{self.vw}-wide vector {what}")] + vec, tail)]
-
     def slot_pos(self, k: ir.Expr) -> ir.Expr:
-        """Row position of slot k of this thread's block: mf_base + k, or in an `interleaved`
-        kernel (chunk c of the row's lane t at (c * mf_w + t) * vw) mf_base + k / vw * mf_stride
-        + k % vw (mf_base = t * vw, mf_stride = mf_w * vw)."""
+        """Row position of slot k of this thread's block: mf_base + k; in a `strided` kernel
+        mf_first + k * mf_step (`placement`); in an `interleaved` one (chunk c of the row's lane
+        t at (c * mf_w + t) * vw) mf_base + k / vw * mf_stride + k % vw (mf_base = t * vw,
+        mf_stride = mf_w * vw)."""
+        if self.strided:
+            return ir.Var("mf_first") + k * ir.Var("mf_step")
         if not self.interleaved:
             return ir.Var("mf_base") + k
         vw = ir.Lit(self.vw, "uint")
         return ir.Var("mf_base") + k / vw * ir.Var("mf_stride") + k % vw
 
-    def chunk_step(self, w: int) -> ir.Expr:
-        """How far apart along the row a thread's w-wide vector chunks start (see `slot_pos`)."""
-        return ir.Cast(IDX, ir.Var("mf_stride")) if self.interleaved else ir.Lit(w, IDX)
+    def placement(self, first: ir.Expr, span: ir.Expr) -> list[ir.Stmt]:
+        """Where a `strided` kernel's thread holds its slots (after mf_base and mf_vec_ok):
+        contiguously from mf_base in rows that are a multiple of the vector width; in the
+        others, which move element by element, slot k at first + k * span, the row's threads
+        side by side in each slot, so that a simdgroup's access is one contiguous span instead
+        of touching a 32-byte sector a thread (H100, f16 softmax: 4096x4097 175 -> 36 µs, rows
+        of 4098 64 µs in 4-byte vectors, 8192x101 6.5 -> 3.9 µs). mf_last: the last slot's
+        position."""
+        if not self.strided:
+            return []
+        ok, one = ir.Var("mf_vec_ok"), ir.Lit(1, "uint")
+        return [ir.Decl("mf_first", "uint", ir.Select(ok, ir.Var("mf_base"), first)),
+                ir.Decl("mf_step", "uint", ir.Select(ok, one, span)),
+                ir.Decl("mf_last", "uint", self.slot_pos(ir.Lit(self.reads - 1, "uint")))]
+
+    def chunk_step(self) -> ir.Expr:
+        """How far apart along the row a thread's vector chunks start (see `slot_pos`)."""
+        return ir.Cast(IDX, ir.Var("mf_stride")) if self.interleaved else ir.Lit(self.vw, IDX)
 
     def row_gathers(self) -> bool:
         """Whether the graph gathers along the row (their register and shuffle paths assume each
@@ -523,26 +515,21 @@ class _Builder(reduce.Builder):
         """A value of type `frm` as a register slot of type `rt`."""
         return e if rt == frm else ir.Cast(rt, e)
 
-    def lane(self, v: ir.Expr, i: ir.Expr, w: int = 0) -> ir.Expr:
-        """Element i of a loaded vector, w wide (the variant's width unless given; an mf_pack8
-        through its helper)."""
-        return ir.Call("mf_lane8", (v, i)) if (w or self.vw) == 8 else ir.Lane(v, i)
+    def lane(self, v: ir.Expr, i: ir.Expr) -> ir.Expr:
+        """Element i of a loaded vector (an mf_pack8 through its helper)."""
+        return ir.Call("mf_lane8", (v, i)) if self.vw == 8 else ir.Lane(v, i)
 
     def holding(self, tail: list[ir.Stmt]) -> list[ir.Stmt]:
         """A lane's row-end path (each element checked), run only where the lane holds part of
         the row: a lane wholly past its end skips it instead of stepping through its checks
         (D = 96 at 8 a lane leaves 4 of a row's 16 lanes empty; on the H100 f16 log_softmax
         8192x96 went from 0.75x to 0.97-0.99x torch eager, softmax 0.9x to 1.11-1.15x)."""
-        return [ir.If(ir.Var("mf_base") < self.size(self.axis), tail)]
+        first = ir.Var("mf_first" if self.strided else "mf_base")
+        return [ir.If(first < self.size(self.axis), tail)]
 
-    def full(self, w: int = 0) -> ir.Expr:
-        """Whether the thread's block lies in the row and may move in w-wide vectors (the
-        variant's width unless given)."""
+    def full(self) -> ir.Expr:
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
-        ok: ir.Expr = ir.Var("mf_vec_ok")
-        if w:
-            ok = (self.size(self.axis) % ir.Lit(w, IDX)).eq(ir.Lit(0, IDX))
-        return ok.and_(end <= self.size(self.axis))
+        return ir.Var("mf_vec_ok").and_(end <= self.size(self.axis))
 
     def element_lowering(self, frontier: list[Node], prefix: str = "mf_v") -> ElementLowering:
         """Lowering of this thread's element mf_k (at row position mf_pos): tensors from its
@@ -695,7 +682,9 @@ class _Builder(reduce.Builder):
         if self.v.name in WHOLE:                    # rows of whole blocks
             return row_stmts, tensors, fetch, whole
         end = ir.Var("mf_base") + ir.Lit(self.reads, "uint")
-        loop: list[ir.Stmt] = [ir.If(end <= self.size(self.axis), whole, self.holding([
+        inside = (ir.Var("mf_last") < self.size(self.axis) if self.strided
+                  else end <= self.size(self.axis))
+        loop: list[ir.Stmt] = [ir.If(inside, whole, self.holding([
             ir.Comment("the row's end: each element checked"), each(body, True)]))]
         return row_stmts, tensors, fetch, loop
 
@@ -725,27 +714,20 @@ class _Builder(reduce.Builder):
         reads, vw = self.reads, self.vw
         base = ir.Var("mf_base")
         vec: list[ir.Stmt] = []
-        narrow: dict[int, list[ir.Stmt]] = {w: [] for w in self.narrower()}
         sca: list[ir.Stmt] = []
         for k in outs:
             o = self.graph.outputs[k]
             st = self.out_stype(k)
             arr = ir.Var(f"mf_reg_{self.out_names[k]}")
             rb = self.row_base(self.out_names[k], o.axes)
-
-            def chunks(w: int, k: int = k, st: str = st, arr: ir.Var = arr,
-                       rb: ir.Expr = rb) -> ir.For:
-                """Store the thread's register slots in w-wide chunks."""
-                start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * self.chunk_step(w)
-                first = ir.Var("mf_c") * ir.Lit(w, "uint")
-                lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(w))
-                return ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // w, "uint"), [
-                    ir.Store(self.out_names[k], start,
-                             ir.Call("mf_pack8_of" if w == 8 else ir.vector_type(st, w), lanes),
-                             w, st)], unroll=True)
-            vec.append(chunks(vw))
-            for w in narrow:
-                narrow[w].append(chunks(w))
+            start = rb + ir.Cast(IDX, base) + ir.Var("mf_c") * self.chunk_step()
+            first = ir.Var("mf_c") * ir.Lit(vw, "uint")
+            lanes = tuple(ir.Lane(arr, first + ir.Lit(j, "uint")) for j in range(vw))
+            vec.append(ir.For("mf_c", "uint", ir.Lit(0, "uint"), ir.Lit(reads // vw, "uint"), [
+                ir.Store(self.out_names[k], start,
+                         ir.Call("mf_pack8_of" if vw == 8 else ir.vector_type(st, vw), lanes),
+                         vw, st)],
+                unroll=True))
             pos = self.slot_pos(ir.Var("mf_k"))
             sca.append(ir.If(pos < self.size(self.axis), [
                 ir.Store(self.out_names[k], rb + ir.Cast(IDX, pos),
@@ -755,9 +737,10 @@ class _Builder(reduce.Builder):
         if self.v.name in WHOLE:                    # rows of whole blocks
             return [ir.Comment(f"store the row's outputs, {vw}-wide")] + vec
         if vw > 1:
-            tail = [ir.Comment("row tail or unaligned rows: scalar, guarded")] + scalar
-            return [ir.Comment("store the row's outputs")] + self.widest(vec, narrow, "stores",
-                                                                          self.holding(tail))
+            return [ir.Comment("store the row's outputs"),
+                    ir.If(self.full(), [ir.Comment(f"{vw}-wide vector stores")] + vec,
+                          self.holding([ir.Comment("row tail or unaligned rows: scalar, "
+                                                   "guarded")] + scalar))]
         return [ir.Comment("store the row's outputs")] + scalar
 
     # -- combining across the row ---------------------------------------------------------
@@ -809,6 +792,9 @@ class _Builder(reduce.Builder):
         # side in each (one contiguous span a vector access; see the module docstring)
         self.interleaved = (v.name == "simd_exact" and self.reads > self.vw
                             and not self.row_gathers())
+        # rows that are not a multiple of the vector width: a thread's slots strided by the
+        # row's threads (`placement`), so that each access of a simdgroup is one contiguous span
+        self.strided = self.vw > 1 and v.name not in WHOLE and not self.row_gathers()
         if self.vw == 8:
             self.helpers.add("mf_pack8_of")
         # the looped variant adds thousands of elements per thread: compensated sums
@@ -934,6 +920,8 @@ class _Builder(reduce.Builder):
         if looped:
             thread = ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")
             body += [ir.Decl("mf_base", "uint", thread * ir.Lit(reads, "uint"))]
+            body += self.placement(ir.Var("mf_j") * ir.Var("mf_tpg") * ir.Lit(reads, "uint") +
+                                   ir.Var("mf_t"), ir.Var("mf_tpg"))
             if new:
                 body += self.load_block(new, declare=True)
             body += regs
@@ -1013,13 +1001,19 @@ class _Builder(reduce.Builder):
                      ir.Decl("mf_stride", "uint", ir.Var("mf_w") * vw)]
         elif variant != "looped":
             head.append(ir.Decl("mf_base", "uint", ir.Var("mf_t") * ir.Lit(reads, "uint")))
-        else:
+        if variant == "looped":
             span = ir.Var("mf_tpg") * ir.Lit(reads, "uint")
             length = ir.Cast("uint", self.size(self.axis))
             head.append(ir.Decl("mf_chunks", "uint", (length + (span - ir.Lit(1, "uint"))) / span))
         if self.vw > 1 and variant not in WHOLE:     # the others take rows of whole blocks
             whole = (self.size(self.axis) % ir.Lit(self.vw, IDX)).eq(ir.Lit(0, IDX))
             head.append(ir.Decl("mf_vec_ok", "bool", whole))
+        if self.strided and variant != "looped":     # looped: per chunk (`section`)
+            head.append(ir.Comment("rows that are not a multiple of the vector width move "
+                                   "element by element: a thread's slots strided by the row's "
+                                   "threads there, a simdgroup's accesses contiguous"))
+            head += self.placement(ir.Var("mf_t"), ir.Var("mf_w" if variant in LANES
+                                                          else "mf_tpg"))
         return tuple(threads), head
 
     @staticmethod

@@ -154,10 +154,8 @@ def test_qk_norm_rope_reads_each_row_once_in_the_simd_variant(dtype):
                                   for v in ("simd", "simd_exact", "group", "looped"))
     full = 16 // dtype.itemsize
     for t in ("x", "w"):
-        # the register load (vector paths: 16 bytes, then narrower for rows that are not a
-        # multiple of the width; scalar tail): nothing else reads the tensor
-        widths = [full >> i for i in range(3) if full >> i >= 2]
-        assert [ld.width for ld in _loads(simd, t)] == widths + [1], t
+        # the register load (vector path, scalar tail): nothing else reads the tensor
+        assert [ld.width for ld in _loads(simd, t)] == [full, 1], t
         assert [ld.width for ld in _loads(exact, t)] == [full], t       # whole vectors only
         # a threadgroup-held or streamed row: the partner is a (cached) guarded load, in
         # both element loops (all elements in the row; the row's end)

@@ -147,19 +147,25 @@ def test_rms_norm_every_variant_batched_and_strided(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
-def test_rows_not_a_multiple_of_the_vector_width_move_in_narrower_vectors(dtype):
-    """Rows a multiple of 4 or 2 but not of the 16-byte width (8 f16, 4 f32) take the narrower
-    vector paths of the simd, group and looped kernels; odd rows the scalar one."""
+def test_rows_not_a_multiple_of_the_vector_width_spread_each_threads_elements(dtype):
+    """Rows that are not a multiple of the 16-byte width (8 f16, 4 f32) move element by
+    element in the simd, group and looped kernels, a thread's elements strided by the row's
+    threads: each element still at its own mf.index, stored where it was read."""
     long = 16388 if dtype.itemsize == 2 else 8194             # past the group kernel's rows
     for d, want in ((100, "simd"), (102, "simd"), (99, "simd"), (4100, "group"),
-                    (4098, "group"), (4097, "group"), (long, "looped"), (long + 2, "looped")):
-        x, w = torch.randn(3, d).to(dtype), torch.randn(d).to(dtype)
+                    (4098, "group"), (4097, "group"), (long, "looped"), (long + 1, "looped")):
+        g = torch.Generator().manual_seed(d)              # argmax below: no near-ties
+        x, w = torch.randn(3, d, generator=g).to(dtype), torch.randn(d, generator=g).to(dtype)
         assert variant(softmax, x)[0] == want
         close(softmax(x), torch.softmax(x.double(), dim=-1), dtype)
         close(rms_norm(x, w), F.rms_norm(x.double(), (d,), w.double(), eps=1e-6), dtype)
+        x = x / 8                                      # x * position stays finite in f16
+        y, i = ramp(x)
+        yd = x.double() * torch.arange(1, d + 1, dtype=torch.float64)
+        close(y, yd - yd.amax(-1, keepdim=True), dtype, scale=d / 100)
+        assert torch.equal(i, yd.argmax(-1))
     src = softmax.source(torch.randn(2, 8).to(dtype))
-    for n in ((4, 2) if dtype.itemsize == 2 else (2,)):
-        assert f"rows of a multiple of {n}: {n}-wide vector loads" in src
+    assert "x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)]" in src
 
 
 def test_rms_norm_f16_reads_each_input_once():

@@ -39,6 +39,10 @@ kernel void mf_add_rms_norm_simd(
     const uint mf_t = mf_tid & (mf_w - 1u);
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_w;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
@@ -63,31 +67,17 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
-            }
-        }
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_r[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? r[mf_row_r + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out0[8];
     float mf_carry1[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -98,10 +88,10 @@ kernel void mf_add_rms_norm_simd(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
@@ -119,16 +109,11 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -154,23 +139,15 @@ kernel void mf_add_rms_norm_simd(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out1[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
@@ -178,10 +155,10 @@ kernel void mf_add_rms_norm_simd(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
@@ -196,16 +173,11 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out1[mf_row_mf_out1 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out1[mf_k];
             }
         }
     }
@@ -365,6 +337,10 @@ kernel void mf_add_rms_norm_group(
     const uint mf_nsg = (mf_tpg + 31u) / 32u;
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_r = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out0 = mf_index_t(mf_row) * mf_size_D;
@@ -389,31 +365,17 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
-            }
-        }
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_r[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? r[mf_row_r + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out0[8];
     float mf_carry1[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -424,10 +386,10 @@ kernel void mf_add_rms_norm_group(
             mf_carry1[mf_k] = mf_v1;
             mf_reg_mf_out0[mf_k] = T(mf_v1);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
@@ -445,16 +407,11 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out0[mf_c * 4u + 0u], mf_reg_mf_out0[mf_c * 4u + 1u], mf_reg_mf_out0[mf_c * 4u + 2u], mf_reg_mf_out0[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out0[mf_row_mf_out0 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out0[mf_k];
             }
         }
     }
@@ -482,23 +439,15 @@ kernel void mf_add_rms_norm_group(
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out1[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
@@ -506,10 +455,10 @@ kernel void mf_add_rms_norm_group(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
                 const float mf_w = float(mf_reg_w[mf_k]);
@@ -524,16 +473,11 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out1[mf_row_mf_out1 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out1[mf_k];
             }
         }
     }
@@ -591,6 +535,9 @@ kernel void mf_add_rms_norm_looped(
     float mf_cmp1 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of r, x into registers
         T mf_reg_r[4];
         T mf_reg_x[4];
@@ -610,29 +557,15 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_r[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? r[mf_row_r + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
@@ -641,10 +574,10 @@ kernel void mf_add_rms_norm_looped(
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
@@ -673,6 +606,9 @@ kernel void mf_add_rms_norm_looped(
     const float mf_r4 = precise::rsqrt(mf_r3);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of w, r, x into registers
         T mf_reg_w[4];
         T mf_reg_r[4];
@@ -700,38 +636,18 @@ kernel void mf_add_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_r_v = *reinterpret_cast<device const vec<T, 2>*>(r + mf_row_r + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_r[mf_c * 2u + mf_l] = mf_r_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
-                mf_reg_r[mf_k] = mf_base + mf_k < mf_size_D ? r[mf_row_r + mf_index_t(mf_base + mf_k)] : T(0.0f);
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+                mf_reg_r[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? r[mf_row_r + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         T mf_reg_mf_out0[4];
         T mf_reg_mf_out1[4];
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
@@ -743,10 +659,10 @@ kernel void mf_add_rms_norm_looped(
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
@@ -770,22 +686,14 @@ kernel void mf_add_rms_norm_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out1[mf_c * 4u + 0u], mf_reg_mf_out1[mf_c * 4u + 1u], mf_reg_mf_out1[mf_c * 4u + 2u], mf_reg_mf_out1[mf_c * 4u + 3u]);
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector stores
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out0 + mf_row_mf_out0 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out0[mf_c * 2u + 0u], mf_reg_mf_out0[mf_c * 2u + 1u]);
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out1 + mf_row_mf_out1 + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out1[mf_c * 2u + 0u], mf_reg_mf_out1[mf_c * 2u + 1u]);
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                if (mf_base + mf_k < mf_size_D) {
-                    mf_out0[mf_row_mf_out0 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out0[mf_k];
+                if (mf_first + mf_k * mf_step < mf_size_D) {
+                    mf_out0[mf_row_mf_out0 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out0[mf_k];
                 }
-                if (mf_base + mf_k < mf_size_D) {
-                    mf_out1[mf_row_mf_out1 + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out1[mf_k];
+                if (mf_first + mf_k * mf_step < mf_size_D) {
+                    mf_out1[mf_row_mf_out1 + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out1[mf_k];
                 }
             }
         }

@@ -73,6 +73,10 @@ kernel void mf_logsumexp_simd(
     const uint mf_t = mf_tid & (mf_w - 1u);
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_w;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row);
     // phase 1: max over D
@@ -88,39 +92,23 @@ kernel void mf_logsumexp_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
@@ -140,7 +128,7 @@ kernel void mf_logsumexp_simd(
     const float mf_r3 = mf_r2 ? 0.0f : mf_acc1;
     float mf_acc2 = 0.0f;
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -148,10 +136,10 @@ kernel void mf_logsumexp_simd(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r3;
@@ -292,6 +280,10 @@ kernel void mf_logsumexp_group(
     const uint mf_nsg = (mf_tpg + 31u) / 32u;
     const uint mf_base = mf_t * 16u;
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+    const uint mf_last = mf_first + 15u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row);
     // phase 1: max over D
@@ -306,39 +298,23 @@ kernel void mf_logsumexp_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
-    if (mf_base + 16u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = mf_maximum(mf_acc1, mf_x);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
@@ -360,7 +336,7 @@ kernel void mf_logsumexp_group(
     const float mf_r3 = mf_r2 ? 0.0f : mf_acc1;
     float mf_acc2 = 0.0f;
     // each of this thread's 16 elements
-    if (mf_base + 16u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -368,10 +344,10 @@ kernel void mf_logsumexp_group(
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_r3;
@@ -438,6 +414,9 @@ kernel void mf_logsumexp_looped(
     float mf_acc1 = -INFINITY;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of x into registers
         T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
@@ -449,31 +428,23 @@ kernel void mf_logsumexp_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = mf_maximum(mf_acc1, mf_x);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc1 = mf_maximum(mf_acc1, mf_x);
@@ -498,6 +469,9 @@ kernel void mf_logsumexp_looped(
     float mf_cmp2 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of x into registers
         T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
@@ -509,22 +483,14 @@ kernel void mf_logsumexp_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
@@ -532,10 +498,10 @@ kernel void mf_logsumexp_looped(
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_r3;

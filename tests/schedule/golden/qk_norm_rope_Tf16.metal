@@ -111,22 +111,6 @@ kernel void mf_qk_norm_rope_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_E % 4u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -177,22 +161,6 @@ kernel void mf_qk_norm_rope_simd(
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
-            }
-        }
-    } else if (mf_size_E % 4u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
@@ -326,16 +294,6 @@ kernel void mf_qk_norm_rope_simd(
         {
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
-        }
-    } else if (mf_size_E % 4u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector stores
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
@@ -600,22 +558,6 @@ kernel void mf_qk_norm_rope_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_E % 4u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
@@ -667,22 +609,6 @@ kernel void mf_qk_norm_rope_group(
             const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 8u);
             for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
-            }
-        }
-    } else if (mf_size_E % 4u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
@@ -806,16 +732,6 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else if (mf_size_E % 4u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 4: 4-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 16u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
     } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
@@ -897,14 +813,6 @@ kernel void mf_qk_norm_rope_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -970,20 +878,6 @@ kernel void mf_qk_norm_rope_looped(
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
@@ -1108,11 +1002,6 @@ kernel void mf_qk_norm_rope_looped(
             {
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-            }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector stores
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
             }
         } else if (mf_base < mf_size_E) {
             // row tail or unaligned rows: scalar, guarded

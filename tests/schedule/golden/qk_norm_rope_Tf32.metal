@@ -91,14 +91,6 @@ kernel void mf_qk_norm_rope_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -148,14 +140,6 @@ kernel void mf_qk_norm_rope_simd(
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
@@ -286,11 +270,6 @@ kernel void mf_qk_norm_rope_simd(
         // 4-wide vector stores
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
         }
     } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
@@ -551,14 +530,6 @@ kernel void mf_qk_norm_rope_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
     } else {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -610,14 +581,6 @@ kernel void mf_qk_norm_rope_group(
             const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
             for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                 mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
             }
         }
     } else {
@@ -739,11 +702,6 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_E % 2u == 0u && mf_base + 8u <= mf_size_E) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
     } else if (mf_base < mf_size_E) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
@@ -825,14 +783,6 @@ kernel void mf_qk_norm_rope_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
         } else {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -898,20 +848,6 @@ kernel void mf_qk_norm_rope_looped(
                 const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
                 for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
                 }
             }
         } else {
@@ -1034,11 +970,6 @@ kernel void mf_qk_norm_rope_looped(
             {
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-            }
-        } else if (mf_size_E % 2u == 0u && mf_base + 4u <= mf_size_E) {
-            // rows of a multiple of 2: 2-wide vector stores
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
             }
         } else if (mf_base < mf_size_E) {
             // row tail or unaligned rows: scalar, guarded

@@ -56,6 +56,10 @@ kernel void mf_rms_norm_simd(
     const uint mf_t = mf_tid & (mf_w - 1u);
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_w;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
@@ -72,40 +76,24 @@ kernel void mf_rms_norm_simd(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
@@ -136,31 +124,15 @@ kernel void mf_rms_norm_simd(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -169,10 +141,10 @@ kernel void mf_rms_norm_simd(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
@@ -189,21 +161,11 @@ kernel void mf_rms_norm_simd(
             const uint mf_c = 0u;
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector stores
-        for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
             }
         }
     }
@@ -339,6 +301,10 @@ kernel void mf_rms_norm_group(
     const uint mf_nsg = (mf_tpg + 31u) / 32u;
     const uint mf_base = mf_t * 16u;
     const bool mf_vec_ok = mf_size_D % 8u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+    const uint mf_last = mf_first + 15u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
@@ -354,40 +320,24 @@ kernel void mf_rms_norm_group(
                 mf_reg_x[mf_c * 8u + mf_l] = mf_lane8(mf_x_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 16 elements
-    if (mf_base + 16u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             const float mf_v1 = mf_x * mf_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
@@ -419,31 +369,15 @@ kernel void mf_rms_norm_group(
                 mf_reg_w[mf_c * 8u + mf_l] = mf_lane8(mf_w_v, mf_l);
             }
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 4> mf_w_v = *reinterpret_cast<device const vec<T, 4>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 4u);
-            for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                mf_reg_w[mf_c * 4u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     T mf_reg_mf_out[16];
     // each of this thread's 16 elements
-    if (mf_base + 16u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -452,10 +386,10 @@ kernel void mf_rms_norm_group(
             const float mf_v2 = mf_v1 * mf_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_r4;
@@ -471,21 +405,11 @@ kernel void mf_rms_norm_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 8u) = mf_pack8_of(mf_reg_mf_out[mf_c * 8u + 0u], mf_reg_mf_out[mf_c * 8u + 1u], mf_reg_mf_out[mf_c * 8u + 2u], mf_reg_mf_out[mf_c * 8u + 3u], mf_reg_mf_out[mf_c * 8u + 4u], mf_reg_mf_out[mf_c * 8u + 5u], mf_reg_mf_out[mf_c * 8u + 6u], mf_reg_mf_out[mf_c * 8u + 7u]);
         }
-    } else if (mf_size_D % 4u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 4: 4-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
-        }
-    } else if (mf_size_D % 2u == 0u && mf_base + 16u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 8u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
             }
         }
     }
@@ -537,6 +461,9 @@ kernel void mf_rms_norm_looped(
     float mf_cmp1 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of x into registers
         T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
@@ -548,32 +475,24 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x * mf_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_x;
@@ -600,6 +519,9 @@ kernel void mf_rms_norm_looped(
     const float mf_r4 = precise::rsqrt(mf_r3);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of w, x into registers
         T mf_reg_w[4];
         T mf_reg_x[4];
@@ -619,30 +541,16 @@ kernel void mf_rms_norm_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_w_v = *reinterpret_cast<device const vec<T, 2>*>(w + mf_row_w + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_w[mf_c * 2u + mf_l] = mf_w_v[mf_l];
-                }
-            }
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_w[mf_k] = mf_base + mf_k < mf_size_D ? w[mf_row_w + mf_index_t(mf_base + mf_k)] : T(0.0f);
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_w[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? w[mf_row_w + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
@@ -651,10 +559,10 @@ kernel void mf_rms_norm_looped(
                 const float mf_v2 = mf_v1 * mf_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x * mf_r4;
@@ -671,16 +579,11 @@ kernel void mf_rms_norm_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector stores
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                if (mf_base + mf_k < mf_size_D) {
-                    mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+                if (mf_first + mf_k * mf_step < mf_size_D) {
+                    mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
                 }
             }
         }

@@ -93,6 +93,10 @@ kernel void mf_softmax_simd(
     const uint mf_t = mf_tid & (mf_w - 1u);
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_w;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
     // phase 1: max over D
@@ -107,31 +111,23 @@ kernel void mf_softmax_simd(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
@@ -149,7 +145,7 @@ kernel void mf_softmax_simd(
     float mf_acc2 = 0.0f;
     float mf_keep2[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -158,10 +154,10 @@ kernel void mf_softmax_simd(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
@@ -182,16 +178,16 @@ kernel void mf_softmax_simd(
     const float mf_r1 = 1.0f / mf_acc2;
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_keep2[mf_k] * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v1);
@@ -204,16 +200,11 @@ kernel void mf_softmax_simd(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
             }
         }
     }
@@ -342,6 +333,10 @@ kernel void mf_softmax_group(
     const uint mf_nsg = (mf_tpg + 31u) / 32u;
     const uint mf_base = mf_t * 8u;
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
+    // rows that are not a multiple of the vector width move element by element: a thread's slots strided by the row's threads there, a simdgroup's accesses contiguous
+    const uint mf_first = mf_vec_ok ? mf_base : mf_t;
+    const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+    const uint mf_last = mf_first + 7u * mf_step;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
     // phase 1: max over D
@@ -356,31 +351,23 @@ kernel void mf_softmax_group(
                 mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
             }
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector loads
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-            for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-            }
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+            mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
         }
     }
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
             mf_acc1 = fmax(mf_acc1, mf_x);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 mf_acc1 = fmax(mf_acc1, mf_x);
@@ -400,7 +387,7 @@ kernel void mf_softmax_group(
     float mf_acc2 = 0.0f;
     float mf_keep2[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
@@ -409,10 +396,10 @@ kernel void mf_softmax_group(
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_x - mf_acc1;
@@ -435,16 +422,16 @@ kernel void mf_softmax_group(
     const float mf_r1 = 1.0f / mf_acc2;
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
-    if (mf_base + 8u <= mf_size_D) {
+    if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_keep2[mf_k] * mf_r1;
             mf_reg_mf_out[mf_k] = T(mf_v1);
         }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const uint mf_pos = mf_base + mf_k;
+            const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_keep2[mf_k] * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v1);
@@ -457,16 +444,11 @@ kernel void mf_softmax_group(
         for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
             *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
         }
-    } else if (mf_size_D % 2u == 0u && mf_base + 8u <= mf_size_D) {
-        // rows of a multiple of 2: 2-wide vector stores
-        for (uint mf_c = 0u; mf_c < 4u; ++mf_c) {
-            *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-        }
-    } else if (mf_base < mf_size_D) {
+    } else if (mf_first < mf_size_D) {
         // row tail or unaligned rows: scalar, guarded
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            if (mf_base + mf_k < mf_size_D) {
-                mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+            if (mf_first + mf_k * mf_step < mf_size_D) {
+                mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
             }
         }
     }
@@ -515,6 +497,9 @@ kernel void mf_softmax_looped(
     float mf_cmp2 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of x into registers
         T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
@@ -526,22 +511,14 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
@@ -550,10 +527,10 @@ kernel void mf_softmax_looped(
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
@@ -578,6 +555,9 @@ kernel void mf_softmax_looped(
     const float mf_r1 = 1.0f / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
         // load 4 elements per thread of x into registers
         T mf_reg_x[4];
         if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
@@ -589,23 +569,15 @@ kernel void mf_softmax_looped(
                     mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
                 }
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector loads
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                const vec<T, 2> mf_x_v = *reinterpret_cast<device const vec<T, 2>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 2u);
-                for (uint mf_l = 0u; mf_l < 2u; ++mf_l) {
-                    mf_reg_x[mf_c * 2u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_base + mf_k < mf_size_D ? x[mf_row_x + mf_index_t(mf_base + mf_k)] : T(0.0f);
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
             }
         }
         T mf_reg_mf_out[4];
         // each of this thread's 4 elements
-        if (mf_base + 4u <= mf_size_D) {
+        if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
@@ -614,10 +586,10 @@ kernel void mf_softmax_looped(
                 const float mf_v3 = mf_v2 * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v3);
             }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_base + mf_k;
+                const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
                     const float mf_v1 = mf_x - mf_acc1;
@@ -634,16 +606,11 @@ kernel void mf_softmax_looped(
                 const uint mf_c = 0u;
                 *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 4u) = vec<T, 4>(mf_reg_mf_out[mf_c * 4u + 0u], mf_reg_mf_out[mf_c * 4u + 1u], mf_reg_mf_out[mf_c * 4u + 2u], mf_reg_mf_out[mf_c * 4u + 3u]);
             }
-        } else if (mf_size_D % 2u == 0u && mf_base + 4u <= mf_size_D) {
-            // rows of a multiple of 2: 2-wide vector stores
-            for (uint mf_c = 0u; mf_c < 2u; ++mf_c) {
-                *reinterpret_cast<device vec<T, 2>*>(mf_out + mf_row_mf_out + mf_index_t(mf_base) + mf_c * 2u) = vec<T, 2>(mf_reg_mf_out[mf_c * 2u + 0u], mf_reg_mf_out[mf_c * 2u + 1u]);
-            }
-        } else if (mf_base < mf_size_D) {
+        } else if (mf_first < mf_size_D) {
             // row tail or unaligned rows: scalar, guarded
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                if (mf_base + mf_k < mf_size_D) {
-                    mf_out[mf_row_mf_out + mf_index_t(mf_base + mf_k)] = mf_reg_mf_out[mf_k];
+                if (mf_first + mf_k * mf_step < mf_size_D) {
+                    mf_out[mf_row_mf_out + mf_index_t(mf_first + mf_k * mf_step)] = mf_reg_mf_out[mf_k];
                 }
             }
         }
