@@ -158,10 +158,10 @@ class RowSchedule(Schedule):
         return "staged" if self.policy.stage_rows and self.stages(d) else "group"
 
     def exact(self, d: int) -> bool:
-        """Whether the simd_exact kernel takes rows of d elements: its lanes' blocks cover
-        them exactly (d = lanes x R: 128 at R = 8), so no lane checks the row's end."""
-        return "simd_exact" in self.variants and \
-            d == self.lanes_per_row(d) * self.policy.simd_reads_per_thread
+        """Whether the simd_exact kernel (always built) takes rows of d elements: its lanes'
+        blocks cover them exactly (d = lanes x R: 128 at R = 8), so no lane checks the row's
+        end."""
+        return d == self.lanes_per_row(d) * self.policy.simd_reads_per_thread
 
     def stages(self, d: int) -> bool:
         """Whether the staged kernel takes rows of d elements: it is built, and they are whole
