@@ -45,33 +45,40 @@ def sync(device: str) -> None:
 
 
 def timeit(fn, device: str, repeat: int, warmup: int = 3) -> float:
-    """Seconds per call. On CUDA: GPU time from CUDA events around replays of a CUDA graph of
-    10 calls (no host launch overhead in it, for ours and torch alike; median over `repeat`
-    replays). Elsewhere: the median wall time of single synchronised calls."""
+    """Seconds per call. `fn` is one callable or a list of them called in turn (the same call
+    on different copies of its inputs: see `cold_copies`). On CUDA: GPU time from CUDA events
+    around replays of a CUDA graph of at least 10 calls (no host launch overhead in it, for ours
+    and torch alike; median over `repeat` replays). Elsewhere: the median wall time of single
+    synchronised calls."""
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     for _ in range(warmup):
-        fn()
+        for f in fns:
+            f()
     sync(device)
     if device == "cuda":
-        return _cuda_graph_time(fn, repeat)
+        return _cuda_graph_time(fns, repeat)
     times = []
-    for _ in range(repeat):
+    for i in range(repeat * len(fns)):
         t0 = time.perf_counter()
-        fn()
+        fns[i % len(fns)]()
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def _cuda_graph_time(fn, repeat: int, inner: int = 10) -> float:
+def _cuda_graph_time(fns, repeat: int, inner: int = 10) -> float:
+    rounds = -(-inner // len(fns))
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        fn()                                   # allocations of the side stream, before capture
+        for f in fns:
+            f()                                # allocations of the side stream, before capture
     torch.cuda.current_stream().wait_stream(s)
     with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
+        for _ in range(rounds):
+            for f in fns:
+                f()
     g.replay()
     torch.cuda.synchronize()
     times = []
@@ -81,17 +88,29 @@ def _cuda_graph_time(fn, repeat: int, inner: int = 10) -> float:
         g.replay()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / inner)
+        times.append(a.elapsed_time(b) / 1e3 / (rounds * len(fns)))
     return statistics.median(times)
 
 
-def copy_time(nbytes: int, device: str, repeat: int) -> float:
+def cold_copies(nbytes: int, device: str) -> int:
+    """How many copies of a call's `nbytes` of inputs, called in turn, keep each call from
+    finding its inputs in the GPU's last-level cache: together at least twice its size (CUDA:
+    the device's L2; elsewhere 128 MB, above the system-level cache of Apple's largest chips),
+    at most 64."""
+    cache = (torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda"
+             else 128 << 20)
+    return min(64, max(2, -(-2 * cache // max(1, nbytes)) + 1))
+
+
+def copy_time(nbytes: int, device: str, repeat: int, cold: bool = False) -> float:
     """Seconds for `copy_` to move `nbytes` (read nbytes/2, write nbytes/2, as float32): the
-    ceiling a kernel moving that many bytes can approach."""
+    ceiling a kernel moving that many bytes can approach. cold: each call on another pair of
+    buffers (`cold_copies`), so that none starts in the cache."""
     half = max(1, nbytes // 8)
-    src = torch.empty(half, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return timeit(lambda: dst.copy_(src), device, repeat)
+    pairs = [(torch.empty(half, dtype=torch.float32, device=device),
+              torch.empty(half, dtype=torch.float32, device=device))
+             for _ in range(cold_copies(nbytes, device) if cold else 1)]
+    return timeit([lambda s=s, d=d: d.copy_(s) for s, d in pairs], device, repeat)
 
 
 def plan(kernel, args):

@@ -15,12 +15,19 @@ are GPU times of CUDA-graph replays (common.timeit). On the simulator the times 
 smoke test of the script.
 
 --sweep times our kernel under every combination of the qmv schedule's launch levers
-(schedule/quant.py): rows_per_group (--rows), k_splits (--splits), threads_per_group
+(schedule/quant.py): rows_per_group (--rows), k_splits (--splits; every call split that many
+ways, split_grid 0), threads_per_group
 (--threads) and vector_width (--vector-width); combinations the policy refuses (threads per
 group not a multiple of 32 x k_splits) are listed as skipped. Each row: µs, GB/s, % of the copy_
 ceiling and F.linear time / ours; F.linear and copy_ are timed once per shape. Every setting's
 result is checked against F.linear on the dequantized weight first. The best setting of each
 shape is printed last; --csv also writes the rows to a file.
+
+--cold calls each kernel (ours, F.linear, dequantize-then-matmul, copy_) on one of several
+copies of its inputs in turn, together more than twice the GPU's last-level cache, so that no
+call finds its weights in the cache: what decode sees, where each layer's weights are read once
+per token. Without it every call reads the same weights, which stay in the H100's 50 MB L2
+whenever they fit (all four default shapes).
 """
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another installed one
 
-from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
+from common import DTYPES, cold_copies, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
 from metalforge import quant  # noqa: E402
 from metalforge.schedule.policy import LaunchError  # noqa: E402
 from dequantize import dequantize  # noqa: E402
@@ -65,6 +72,11 @@ def _check(y, args, k: int, dtype) -> None:
     torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * k ** 0.5)
 
 
+def _copies(args, tensors, device: str) -> int:
+    """How many copies of these inputs --cold calls in turn (1 without it)."""
+    return cold_copies(sum(t.nbytes for t in tensors), device) if args.cold else 1
+
+
 def dequantize_table(args, device: str, repeat: int) -> None:
     """examples/dequantize.py (an elementwise kernel unpacking words) against the same
     arithmetic in plain torch (metalforge.quant.dequantize)."""
@@ -89,11 +101,13 @@ def dequantize_table(args, device: str, repeat: int) -> None:
 
 def sweep(args, device: str, repeat: int) -> None:
     """One row per launch setting and shape: the levers of the qmv schedule."""
-    settings = [dict(rows_per_group=r, k_splits=s, threads_per_group=t, vector_width=v)
+    settings = [dict(rows_per_group=r, k_splits=s, split_grid=0, threads_per_group=t,
+                     vector_width=v)
                 for r, s, t, v in itertools.product(args.rows, args.splits, args.threads,
                                                     args.vector_width)]
     print(f"device {device}, M = {args.m}, 4-bit, group size 64; sweep of {len(settings)} "
-          f"launch settings (rows_per_group x k_splits x threads_per_group x vector_width)")
+          f"launch settings (rows_per_group x k_splits x threads_per_group x vector_width)"
+          f"{'; cold (inputs not in the cache)' if args.cold else ''}")
     head = (f"{'dtype':>5} {'N x K':>11} {'rows':>4} {'split':>5} {'tpg':>4} {'vw':>2} "
             f"{'bytes':>10} {'ours us':>8} {'GB/s':>6} {'%copy':>6} {'linear/ours':>11}")
     print(head)
@@ -102,7 +116,10 @@ def sweep(args, device: str, repeat: int) -> None:
         dtype = DTYPES[dname]
         for spec in args.shapes:
             n, k, w, x, kargs = _inputs(spec, args.m, dtype, device)
-            linear = timeit(lambda: F.linear(x, w), device, repeat)
+            ws = [w] + [w.clone() for _ in range(_copies(args, [w], device) - 1)]
+            qs = [kargs] + [(*(t.clone() for t in kargs[:3]), x)
+                            for _ in range(_copies(args, kargs[:3], device) - 1)]
+            linear = timeit([lambda w=w: F.linear(x, w) for w in ws], device, repeat)
             copy = None
             for st in settings:
                 tag = (f"{dname:>5} {f'{n}x{k}':>11} {st['rows_per_group']:>4} "
@@ -118,8 +135,8 @@ def sweep(args, device: str, repeat: int) -> None:
                 sched, sizes = plan(kernel, kargs)
                 nbytes = sched.traffic(sizes).total
                 if copy is None:
-                    copy = copy_time(nbytes, device, repeat)
-                ours = timeit(lambda: kernel(*kargs), device, repeat)
+                    copy = copy_time(nbytes, device, repeat, cold=args.cold)
+                ours = timeit([lambda q=q: kernel(*q) for q in qs], device, repeat)
                 rec = dict(dtype=dname, n=n, k=k, **st, bytes=nbytes, ours_us=ours * 1e6,
                            gbs=nbytes / ours / 1e9, pct_copy=100 * copy / ours,
                            linear_over_ours=linear / ours, linear_us=linear * 1e6,
@@ -161,6 +178,8 @@ def main(argv=None) -> None:
     ap.add_argument("--vector-width", nargs="+", type=int, default=[4],
                     help="--sweep: vector_width values (packed words per load, 1, 2 or 4)")
     ap.add_argument("--csv", help="--sweep: also write the rows to this CSV file")
+    ap.add_argument("--cold", action="store_true",
+                    help="each call on another copy of its inputs (none found in the cache)")
     ap.add_argument("--dequantize", action="store_true",
                     help="time examples/dequantize.py against torch instead")
     args = ap.parse_args(argv)
@@ -176,10 +195,11 @@ def main(argv=None) -> None:
         return
     launch = parse_launch(args.launch)
     kernel = q4_matvec.with_launch(**launch) if launch else q4_matvec
-    print(f"device {device}, M = {args.m}, 4-bit, group size 64, launch {launch or 'default'}")
-    print(f"{'dtype':>5} {'N x K':>11} {'bytes':>10} {'ours us':>8} {'linear us':>9} "
-          f"{'deq+mm us':>9} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'linear/ours':>11} "
-          f"{'deq+mm/ours':>11}")
+    print(f"device {device}, M = {args.m}, 4-bit, group size 64, launch {launch or 'default'}"
+          f"{', cold (inputs not in the cache)' if args.cold else ''}")
+    print(f"{'dtype':>5} {'N x K':>11} {'kernel':>9} {'bytes':>10} {'ours us':>8} "
+          f"{'linear us':>9} {'deq+mm us':>9} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} "
+          f"{'linear/ours':>11} {'deq+mm/ours':>11}")
     for dname in args.dtype:
         dtype = DTYPES[dname]
         for spec in args.shapes:
@@ -187,11 +207,16 @@ def main(argv=None) -> None:
             _check(kernel(wq, s, b, x), (wq, s, b, x), k, dtype)
             sched, sizes = plan(kernel, (wq, s, b, x))
             nbytes = sched.traffic(sizes).total
-            ours = timeit(lambda: kernel(wq, s, b, x), device, repeat)
-            linear = timeit(lambda: F.linear(x, w), device, repeat)
-            deq = timeit(lambda: F.linear(x, quant.dequantize(wq, s, b, 64, 4)), device, repeat)
-            copy = copy_time(nbytes, device, repeat)
-            print(f"{dname:>5} {f'{n}x{k}':>11} {nbytes:>10} {ours * 1e6:>8.1f} "
+            ws = [w] + [w.clone() for _ in range(_copies(args, [w], device) - 1)]
+            qs = [(wq, s, b)] + [(wq.clone(), s.clone(), b.clone())
+                                 for _ in range(_copies(args, [wq, s, b], device) - 1)]
+            ours = timeit([lambda q=q: kernel(*q, x) for q in qs], device, repeat)
+            linear = timeit([lambda w=w: F.linear(x, w) for w in ws], device, repeat)
+            deq = timeit([lambda q=q: F.linear(x, quant.dequantize(*q, 64, 4)) for q in qs],
+                         device, repeat)
+            copy = copy_time(nbytes, device, repeat, cold=args.cold)
+            variant = sched.variant(sizes)
+            print(f"{dname:>5} {f'{n}x{k}':>11} {variant:>9} {nbytes:>10} {ours * 1e6:>8.1f} "
                   f"{linear * 1e6:>9.1f} {deq * 1e6:>9.1f} {copy * 1e6:>8.1f} "
                   f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
                   f"{linear / ours:>10.2f}x {deq / ours:>10.2f}x")

@@ -82,6 +82,7 @@ class QuantSchedule(Schedule):
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (qmvx, qmm)
     m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
+    splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -89,23 +90,43 @@ class QuantSchedule(Schedule):
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
-        of them per simdgroup) from x_rows on, else qmv."""
+        of them per simdgroup) from x_rows on, else qmv_split where K is longer than one
+        stretch of 32 chunks and the grid of qmv's simdgroups is at most split_grid, else
+        qmv."""
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
-        return "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
+        if "qmvx" in self.variants and m >= self.x_rows:
+            return "qmvx"
+        if "qmv_split" in self.variants and sizes[self.axis] > SIMD_WIDTH * self.chunk \
+                and self.simdgroups(sizes, 1) <= self.policy.split_grid:
+            return "qmv_split"
+        return "qmv"
+
+    def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
+        """qmv's simdgroups (one per block of rows at each position of the other output axes;
+        x_rows rows of x at once)."""
+        blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
+        for a in self.outer[:-1]:
+            blocks *= -(-sizes[a] // x_rows) if a == self.m_axis else sizes[a]
+        return blocks
 
     def selecting(self, host_name: str) -> dict[str, int]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
-        last block of x's rows that is partly past M."""
+        last block of x's rows that is partly past M; qmv_split with K two stretches of chunks
+        long, qmv with one (rows of weights as few as testing draws)."""
+        name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
+        stretch = SIMD_WIDTH * self.chunk
+        pins = {"qmv_split": {self.axis: 2 * stretch},
+                "qmv": {self.axis: stretch} if "qmv_split" in self.variants else {}}
         if self.m_axis is None:
-            return {}
+            return pins.get(name or "", {})
         top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
         pick = {"qmm": self.policy.qmm_min_rows,
                 "qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
-        name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
-        return {} if name is None else {self.m_axis: pick[name]}
+        pick["qmv_split"] = pick["qmv"]
+        return {} if name is None else {**pins.get(name, {}), self.m_axis: pick[name]}
 
     @property
     def thresholds(self) -> list[int]:
@@ -113,7 +134,7 @@ class QuantSchedule(Schedule):
         simdgroup, and across the block's k_splits simdgroups (testing draws sizes at each,
         and one on either side)."""
         out = [self.chunk, SIMD_WIDTH * self.chunk]
-        if self.policy.k_splits > 1:
+        if max(self.splits.values(), default=1) > 1:
             out.append(self.policy.k_splits * SIMD_WIDTH * self.chunk)
         return out
 
@@ -127,11 +148,9 @@ class QuantSchedule(Schedule):
             for a in self.outer[:-1]:
                 tiles *= -(-sizes[a] // qmm.TILE_M) if a == self.m_axis else sizes[a]
             return tiles * qmm.THREADS, qmm.THREADS
-        rows, S = self.policy.rows_per_group, self.policy.k_splits
-        blocks = -(-sizes[self.rows_axis] // rows)
-        for a in self.outer[:-1]:
-            blocks *= -(-sizes[a] // self.x_rows) if (
-                a == self.m_axis and self.variant(sizes) == "qmvx") else sizes[a]
+        v = self.variant(sizes)
+        S = self.splits.get(v, 1)
+        blocks = self.simdgroups(sizes, self.x_rows if v == "qmvx" else 1)
         threads = blocks * S * SIMD_WIDTH
         group = max(S * SIMD_WIDTH, min(self.policy.threads_per_group, threads))
         if S > 1:
@@ -192,6 +211,7 @@ class _Builder(reduce.Builder):
         while self.chunk % self.vw:
             self.vw //= 2
         self.mb = 1                                    # rows of x per simdgroup (per kernel)
+        self.splits = 1                                # simdgroups per block (per kernel)
 
     def _packed_inputs(self) -> dict[str, int]:
         """{tensor: bits} of the words unpacked in the reduction; each must be a tensor
@@ -428,9 +448,12 @@ class _Builder(reduce.Builder):
         return xs, arrays, loads, [self.rows_loop(row)]
 
     # -- the kernel ---------------------------------------------------------------------
-    @property
-    def splits(self) -> int:
-        return self.policy.k_splits
+    def splits_of(self, variant: str) -> int:
+        """Simdgroups per block of rows in kernel `variant`: k_splits in qmv_split, and in qmv
+        too where split_grid is 0 (every call splits)."""
+        always = self.policy.split_grid == 0
+        return self.policy.k_splits if variant == "qmv_split" or (
+            variant == "qmv" and always) else 1
 
     @property
     def x_rows(self) -> int:
@@ -647,7 +670,7 @@ class _Builder(reduce.Builder):
                        f"memory (weights dequantized once per tile); fp32 accumulation")
             return make_kernel(self.graph, self.index64, qmm.THREAD_INPUTS,
                                qmm.body(self, v, w, x), summary, "qmm")
-        S = self.splits
+        self.splits = S = self.splits_of(v.name)
         self.mb = self.x_rows if v.name == "qmvx" else 1
         threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
@@ -668,7 +691,7 @@ class _Builder(reduce.Builder):
                    f"{self.chunk} values per lane per chunk ({self.words} words), shared values "
                    f"in registers; fp32 accumulation")
         kernel = make_kernel(self.graph, self.index64, tuple(threads), body, summary, v.name)
-        self.mb = 1
+        self.mb, self.splits = 1, 1
         return kernel
 
     def position(self, axis: str) -> ir.Expr:
@@ -682,9 +705,11 @@ class _Builder(reduce.Builder):
 
     def build(self) -> QuantSchedule:
         tiled = qmm.factors(self) is not None
-        blocked = bool(self.prefix) and self.x_rows > 1 and self.splits == 1 and \
-            bool(self.shared)
-        names = ("qmv",) + (("qmvx",) if blocked else ()) + (("qmm",) if tiled else ())
+        split = self.policy.k_splits > 1
+        blocked = bool(self.prefix) and self.x_rows > 1 and bool(self.shared) and (
+            not split or self.policy.split_grid > 0)
+        names = ("qmv",) + (("qmv_split",) if split and self.policy.split_grid > 0 else ()) \
+            + (("qmvx",) if blocked else ()) + (("qmm",) if tiled else ())
         kernels, _, tg = self.variants(names)
         policy = replace(self.policy, uses_simd=True, vector_width=self.words,
                          threadgroup_bytes=tg)
@@ -694,4 +719,5 @@ class _Builder(reduce.Builder):
                              self.index64, axis=self.axis, rows_axis=self.rows_axis,
                              outer=self.outer, chunk=self.chunk, variants=kernels,
                              m_axis=self.prefix[-1] if tiled or blocked else None,
-                             x_rows=self.x_rows)
+                             x_rows=self.x_rows,
+                             splits={n: self.splits_of(n) for n in names if n != "qmm"})

@@ -355,8 +355,11 @@ def test_rows_of_x_blocked(x_rows, m, n, k):
     # x_rows x rows_per_group sums at most MAX_QUANT_ROWS: with the table's 4 weight rows, 8
     # rows of x become 4
     blocked = min(x_rows, MAX_QUANT_ROWS // POLICIES["quant"].rows_per_group)
-    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= blocked else "_qmv")
-    assert _host(kern, wq, s, b, x[:blocked - 1]).endswith("_qmv")
+    # fewer rows of x: qmv, split along K where K passes one stretch of 32 chunks (1024 values)
+    # and the grid is as small as these N make it
+    single = "_qmv_split" if k > 1024 else "_qmv"
+    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= blocked else single)
+    assert _host(kern, wq, s, b, x[:blocked - 1]).endswith(single)
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
@@ -391,7 +394,7 @@ def test_tiled_kernel(m, n, k):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert _host(Q8, wq, s, b, x).endswith("_qmm")
     assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx")
-    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv")
+    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv_split" if k > 1024 else "_qmv")
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
     one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
