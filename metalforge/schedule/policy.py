@@ -45,8 +45,9 @@ class LaunchPolicy:
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     split_grid: int = 0                # quantized matvec: the k_splits kernel (qmv_split) runs
-                                       # where qmv's grid has at most this many simdgroups
-                                       # (0: qmv itself splits, every call)
+                                       # where qmv's grid has fewer than split_grid simdgroups
+                                       # per stretch of K (32 chunks) each walks (0: qmv itself
+                                       # splits, every call)
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
@@ -142,23 +143,25 @@ POLICIES: dict[str, LaunchPolicy] = {
     # the default: faster than one row of x at every M from 2, and a lane holds 64 values of x
     # (2 rows x 32, with 16-byte word loads) where x_rows 4 holds 128: Apple GPUs spill registers
     # long before NVIDIA's, and MLX's own qmv keeps 16 per lane; raise it where measured
-    # Grids of few simdgroups split K (qmv_split: k_splits simdgroups a block of rows, their
-    # sums merged through threadgroup memory): more loads in flight where the blocks cannot
-    # fill the GPU. H100, 2026-11-27, f16, M = 1, rows 4, 128 threads, k_splits 1 / 2 / 4 / 8
-    # (best of 128 / 256 threads for 8), us, weights in L2 (bench/quant.py --sweep) and not
-    # (--cold): 1024x4096 5.1 / 4.3 / 3.9 / 4.0 and 6.7 / 5.5 / 4.5 / 4.5; 4096x4096 6.3 / 6.5 /
-    # 6.7 / 8.1 and 8.5 / 8.1 / 8.1 / 9.4; 4096x11008 12.6 / 12.4 / 12.1 / 13.7 and 19.0 / 15.8 /
-    # 15.1 / 16.7; 4096x14336 15.7 / 14.7 / 14.4 / 16.0 and 22.5 / 18.8 / 17.9 / 19.2; 8192x8192
-    # 16.8 / 16.6 / 17.3 / 19.8 and 20.2 / 19.2 / 20.1 / 21.8; 8192x28672 58.8 / 54.6 / 54.2 /
-    # 56.0 and 58.1 / 54.4 / 54.3 / 55.9; 28672x8192 52.4 / 54.4 / 55.2 / 64.6 and 52.7 / 54.2 /
-    # 55.5 / 64.7; 1024x14336 12.2 / 8.5 / 7.1 / 6.6 and 18.5 / 12.4 / 9.2 / 7.8; 11008x4096 and
-    # 14336x4096 cold 15.0 / 15.7 / 16.4 and 17.1 / 18.3 / 20.0 (bench/README.md). 4 splits
-    # where qmv has at most 2048 simdgroups (16 a core) is the best or within 5% of it in
-    # every case but 4096x4096 in L2 (6.7 against 6.3; 8.1 against 8.5 cold): BACKEND_POLICIES
-    # (cuda). The Metal table splits grids of at most 512 (untimed on Apple GPUs: a grid that fills
-    # fewer than 16 simdgroups a core of the 38-core M2 Max; MLX's qmv does not split)
+    # Grids of few simdgroups for their chains of loads split K (qmv_split: k_splits
+    # simdgroups a block of rows, sums merged through threadgroup memory): where qmv's grid has
+    # fewer than split_grid simdgroups per stretch of K (1024 4-bit values) each would walk.
+    # H100, 2026-11-27, f16, M = 1, rows 4, 128 threads, k_splits 1 / 2 / 4 / 8 (8: best of 128
+    # and 256 threads), us, weights in L2 (bench/quant.py --sweep) and not (--cold), with qmv's
+    # grid G and stretches: 1024x4096 (G 256, 4) 5.1 / 4.3 / 3.9 / 4.0 and 6.7 / 5.5 / 4.5 /
+    # 4.5; 4096x4096 (1024, 4) 6.3 / 6.5 / 6.7 / 8.1 and 8.5 / 8.1 / 8.1 / 9.4; 4096x11008
+    # (1024, 11) 12.6 / 12.4 / 12.1 / 13.7 and 19.0 / 15.8 / 15.1 / 16.7; 4096x14336 (1024, 14)
+    # 15.7 / 14.7 / 14.4 / 16.0 and 22.5 / 18.8 / 17.9 / 19.2; 8192x8192 (2048, 8) 16.8 / 16.6 /
+    # 17.3 / 19.8 and 20.2 / 19.2 / 20.1 / 21.8; 8192x28672 (2048, 28) 58.8 / 54.6 / 54.2 / 56.0
+    # and 58.1 / 54.4 / 54.3 / 55.9; 28672x8192 (7168, 8) 52.4 / 54.4 / 55.2 / 64.6 and 52.7 /
+    # 54.2 / 55.5 / 64.7; 1024x14336 (256, 14) 12.2 / 8.5 / 7.1 / 6.6 and 18.5 / 12.4 / 9.2 /
+    # 7.8; cold 11008x4096 (2752, 4) 15.0 / 15.7 / 16.4, 14336x4096 (3584, 4) 17.1 / 18.3 / 20.0
+    # (bench/README.md). 4 splits where G < 256 x stretches (BACKEND_POLICIES, cuda) is the best
+    # or within 5% of it in each of these cases. The Metal table takes 64 (untimed on Apple
+    # GPUs: the H100's 256 scaled by 38 cores of an M2 Max against its 132; MLX's qmv does not
+    # split)
     "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
-                          k_splits=4, split_grid=512, x_rows=2, uses_simd=True),
+                          k_splits=4, split_grid=64, x_rows=2, uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
@@ -207,11 +210,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 # core either way) 54.8 -> 58.7, add_rms_norm 4096x8192 (two groups of 512 -> three) 97.9 ->
 # 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
 # no Mac has timed it.
-# cuda, quant: K split 4 ways where qmv's grid has at most 2048 simdgroups (16 a core of the
-# H100's 132), measured with the table above.
+# cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
+# K (measured with the table's, above).
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 2048}},
+             "quant": {"split_grid": 256}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),

@@ -91,15 +91,16 @@ class QuantSchedule(Schedule):
     def variant(self, sizes: Mapping[str, int]) -> str:
         """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
         of them per simdgroup) from x_rows on, else qmv_split where K is longer than one
-        stretch of 32 chunks and the grid of qmv's simdgroups is at most split_grid, else
-        qmv."""
+        stretch of 32 chunks and qmv's grid has fewer than split_grid simdgroups per stretch
+        each would walk (few simdgroups for their chains of loads), else qmv."""
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         if "qmvx" in self.variants and m >= self.x_rows:
             return "qmvx"
-        if "qmv_split" in self.variants and sizes[self.axis] > SIMD_WIDTH * self.chunk \
-                and self.simdgroups(sizes, 1) <= self.policy.split_grid:
+        stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
+        if "qmv_split" in self.variants and stretches > 1 \
+                and self.simdgroups(sizes, 1) < self.policy.split_grid * stretches:
             return "qmv_split"
         return "qmv"
 
