@@ -4,9 +4,11 @@ Recognised when a reduction's argument unpacks words (`mf.unpack`), as in
 
     y[m, n] = sum_k (unpack(wq)[n, k] * scales[n, k // GS] + biases[n, k // GS]) * x[m, k]
 
-One kernel, `qmv`. The output's innermost axis (N, the weight rows) is split into blocks of
-R = `rows_per_group` rows; S = `k_splits` simdgroups (of one threadgroup) own one block at one
-position of the other output axes (M), simdgroup s of them taking slice s of K. The 32 lanes of
+The matvec kernels `qmv` (one row of x) and `qmv_split` (the same with K split, for grids of
+few rows: `QuantSchedule.variant`). The output's innermost axis (N, the weight rows) is split
+into blocks of R = `rows_per_group` rows; S simdgroups (of one threadgroup; 1 in qmv, `k_splits`
+in qmv_split) own one block at one position of the other output axes (M), simdgroup s of them
+taking slice s of K. The 32 lanes of
 slice s walk K in chunks of C = vector_width words × values per word (16 bytes of words: 32
 4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 1: l, l + 32, ...):
 
@@ -34,9 +36,11 @@ at M = 1 the kernel streams the packed weights once, which is what decode needs.
 re-reads them (from cache) once per row of x.
 
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
-fewer simdgroups), k_splits (more simdgroups per row: more loads in flight when rows are short,
-one barrier and S partials per row more), vector_width (words per load), threads_per_group
-(a multiple of 32 S; only groups simdgroups).
+fewer simdgroups), k_splits (qmv_split's simdgroups per block: more loads in flight when rows
+are few, one barrier and S partials per row more), split_grid (where qmv_split runs instead of
+qmv), vector_width (words per load), threads_per_group (a multiple of 32 S; only groups
+simdgroups). The kernels for several rows of x (`qmvx`, `qmm`) are described where they are
+built (`affine_chunk`, schedule/qmm.py).
 """
 from __future__ import annotations
 
@@ -140,8 +144,8 @@ class QuantSchedule(Schedule):
         return out
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        """qmm: one group of 256 threads per tile. qmv: k_splits simdgroups per block of
-        rows_per_group rows. With k_splits > 1 the grid
+        """qmm: one group of 256 threads per tile. qmv, qmvx: a simdgroup per block of
+        rows_per_group rows; qmv_split: k_splits of them. With k_splits > 1 the grid
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
         if self.variant(sizes) == "qmm":
