@@ -170,9 +170,10 @@ LEVERS = [(rows, splits) for rows in (1, 2, 4, 8) for splits in (1, 2, 4, 8)]
 
 
 def _levers(rows, splits, **more):
-    # k_splits simdgroups share a threadgroup: 8 of them need 256 threads (the table has 128)
+    # k_splits simdgroups share a threadgroup: 8 of them need 256 threads (the table has 128);
+    # split_grid 0: every call splits (qmv itself), whatever the sizes
     return dict(rows_per_group=rows, k_splits=splits, threads_per_group=max(128, 32 * splits),
-                **more)
+                split_grid=0, **more)
 
 
 def _reference(wq, s, b, x, gs, bits=4):
@@ -253,16 +254,51 @@ def test_q4_levers_narrow_word_loads(vw, rows, splits):
 def test_other_widths_with_levers(kernel, bits, gs):
     _, (wq, s, b) = _quantized(7, 2048 + 32, torch.float32, gs=gs, bits=bits)
     x = torch.randn(2, 2048 + 32)
-    got = kernel.with_launch(rows_per_group=4, k_splits=4)(wq, s, b, x)
+    got = kernel.with_launch(rows_per_group=4, k_splits=4, split_grid=0)(wq, s, b, x)
     torch.testing.assert_close(got, _reference(wq, s, b, x, gs, bits), rtol=1e-4, atol=1e-3)
 
 
 def test_levers_with_64_bit_indexing():
     _, (wq, s, b) = _quantized(10, 1088, torch.float32)
     x = torch.randn(2, 1088)
-    got = q4_matvec.with_launch(rows_per_group=4, k_splits=2, index64=True)(wq, s, b, x)
+    got = q4_matvec.with_launch(rows_per_group=4, k_splits=2, split_grid=0,
+                                index64=True)(wq, s, b, x)
     torch.testing.assert_close(got, _reference(wq, s, b, x, 64), rtol=1e-4, atol=1e-3)
     assert "_idx64" in q4_matvec.with_launch(index64=True, k_splits=2).source(wq, s, b, x)
+
+
+@pytest.mark.parametrize("split_grid,expect", [
+    (64, {(1024, 4096): "qmv", (1024, 14336): "qmv_split", (4096, 11008): "qmv",
+          (45, 1024): "qmv", (45, 1088): "qmv_split"}),
+    (256, {(1024, 4096): "qmv_split", (4096, 4096): "qmv", (4096, 11008): "qmv_split",
+           (11008, 4096): "qmv", (8192, 8192): "qmv", (8192, 28672): "qmv_split",
+           (28672, 8192): "qmv"})])
+def test_split_kernel_runs_where_the_grid_is_small_for_k(split_grid, expect):
+    """qmv_split where K is longer than one stretch of 32 chunks (1024 values) and qmv would
+    have fewer than split_grid simdgroups (N / 4 rows) per stretch: the Metal table's 64 and
+    the cuda backend's 256 (the sizes bench/README.md timed)."""
+    from metalforge import runtime
+    view = q4_matvec.with_launch(split_grid=split_grid)
+    g = view.graph(T="f16")
+    for (n, k), want in expect.items():
+        sizes = {"M": 1, "N": n, "K": k, "K/8": k // 8, "K/64": k // 64}
+        s = runtime.schedule_of(g, sizes=sizes, launch=view.launch)
+        assert s.host_name(sizes).rsplit("_GS_64_", 1)[1] == want, (n, k)
+        threads, group = s.launch(sizes)
+        assert threads == -(-n // 4) * 32 * (4 if want == "qmv_split" else 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("n,k", [(45, 4160), (7, 1088), (64, 2048)])
+def test_split_kernel_as_f_linear(dtype, n, k):
+    """The default launch's qmv_split (few rows, K past one stretch): N not a multiple of the
+    rows, K past the last whole stretch of a slice; as F.linear on the dequantized weight."""
+    _, (wq, s, b) = _quantized(n, k, dtype, seed=n + k)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(dtype)
+    assert _host(q4_matvec, wq, s, b, x).endswith("_qmv_split")
+    tol = 1e-4 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(q4_matvec(wq, s, b, x).float(), _reference(wq, s, b, x, 64),
+                               rtol=tol, atol=tol * k ** 0.5)
 
 
 def test_check_covers_the_k_split():
