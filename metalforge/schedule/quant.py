@@ -83,7 +83,7 @@ class QuantSchedule(Schedule):
     outer: tuple[str, ...] = ()          # every output axis but K
 
     chunk: int = 32                      # values per lane per chunk
-    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (qmvx, qmm)
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (qmv_split, ...)
     m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
     splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
