@@ -94,23 +94,24 @@ class QuantSchedule(Schedule):
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
-        of them per simdgroup) from x_rows on, else qmv_split where K is longer than one
-        stretch of 32 chunks and qmv's grid has fewer than split_grid simdgroups per stretch
-        each would walk (few simdgroups for their chains of loads), else qmv."""
+        of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
+        kernel where K is longer than one stretch of 32 chunks and its grid has fewer than
+        split_grid simdgroups per stretch each would walk (few simdgroups for their chains of
+        loads)."""
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
-        if "qmvx" in self.variants and m >= self.x_rows:
-            return "qmvx"
+        name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
         stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
-        if "qmv_split" in self.variants and stretches > 1 \
-                and self.simdgroups(sizes, 1) < self.policy.split_grid * stretches:
-            return "qmv_split"
-        return "qmv"
+        grid = self.simdgroups(sizes, self.x_rows if name == "qmvx" else 1)
+        if f"{name}_split" in self.variants and stretches > 1 \
+                and grid < self.policy.split_grid * stretches:
+            return f"{name}_split"
+        return name
 
     def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
-        """qmv's simdgroups (one per block of rows at each position of the other output axes;
-        x_rows rows of x at once)."""
+        """Unsplit simdgroups: one per block of weight rows at each position of the other
+        output axes, x_rows rows of x at once."""
         blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
         for a in self.outer[:-1]:
             blocks *= -(-sizes[a] // x_rows) if a == self.m_axis else sizes[a]
@@ -118,20 +119,22 @@ class QuantSchedule(Schedule):
 
     def selecting(self, host_name: str) -> dict[str, int]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
-        last block of x's rows that is partly past M; qmv_split with K two stretches of chunks
-        long, qmv with one (rows of weights as few as testing draws)."""
+        last block of x's rows that is partly past M; the _split kernels with K two stretches
+        of chunks long, the others with one (rows of weights as few as testing draws)."""
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
+        if name is None:
+            return {}
         stretch = SIMD_WIDTH * self.chunk
-        pins = {"qmv_split": {self.axis: 2 * stretch},
-                "qmv": {self.axis: stretch} if "qmv_split" in self.variants else {}}
+        base = name.removesuffix("_split")
+        pins = ({self.axis: 2 * stretch} if name != base else
+                {self.axis: stretch} if f"{name}_split" in self.variants else {})
         if self.m_axis is None:
-            return pins.get(name or "", {})
+            return pins
         top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
         pick = {"qmm": self.policy.qmm_min_rows,
                 "qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
-        pick["qmv_split"] = pick["qmv"]
-        return {} if name is None else {**pins.get(name, {}), self.m_axis: pick[name]}
+        return {**pins, self.m_axis: pick[base]}
 
     @property
     def thresholds(self) -> list[int]:
@@ -155,7 +158,7 @@ class QuantSchedule(Schedule):
             return tiles * qmm.THREADS, qmm.THREADS
         v = self.variant(sizes)
         S = self.splits.get(v, 1)
-        blocks = self.simdgroups(sizes, self.x_rows if v == "qmvx" else 1)
+        blocks = self.simdgroups(sizes, self.x_rows if v.startswith("qmvx") else 1)
         threads = blocks * S * SIMD_WIDTH
         group = max(S * SIMD_WIDTH, min(self.policy.threads_per_group, threads))
         if S > 1:
@@ -457,7 +460,7 @@ class _Builder(reduce.Builder):
         """Simdgroups per block of rows in kernel `variant`: k_splits in qmv_split, and in qmv
         too where split_grid is 0 (every call splits)."""
         always = self.policy.split_grid == 0
-        return self.policy.k_splits if variant == "qmv_split" or (
+        return self.policy.k_splits if variant.endswith("_split") or (
             variant == "qmv" and always) else 1
 
     @property
@@ -546,23 +549,25 @@ class _Builder(reduce.Builder):
                     ir.Decl("mf_split", "uint", sg % ir.Lit(S, "uint"))]
         out += [ir.Decl("mf_blocks", IDX, blocks),
                 ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
+        tasks = self.span(self.prefix)               # blocks of rows of x (and other axes)
         if self.mb > 1:
             m = self.size(self.prefix[-1])
             mb = ir.Lit(self.mb, IDX)
             out += [ir.Comment(f"and a block of {self.mb} rows of '{self.prefix[-1]}' (of x): "
                                f"rows mf_m0, ..., mf_m0 + {self.mb - 1}"),
-                    ir.Decl("mf_mblocks", IDX, (m + ir.Lit(self.mb - 1, IDX)) / mb),
-                    ir.If(ir.Var("mf_outer") >= (self.span(self.prefix[:-1])
-                                                 * ir.Var("mf_mblocks") if self.prefix[:-1]
-                                                 else ir.Var("mf_mblocks")), [ir.Return()]),
-                    ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
-                    ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * mb)]
-        elif S == 1:
-            out.append(ir.If(ir.Var("mf_outer") >= self.span(self.prefix), [ir.Return()]))
+                    ir.Decl("mf_mblocks", IDX, (m + ir.Lit(self.mb - 1, IDX)) / mb)]
+            tasks = (self.span(self.prefix[:-1]) * ir.Var("mf_mblocks") if self.prefix[:-1]
+                     else ir.Var("mf_mblocks"))
+        if S == 1:
+            out.append(ir.If(ir.Var("mf_outer") >= tasks, [ir.Return()]))
         else:
             out += [ir.Comment("the grid is padded to whole threadgroups: simdgroups past the "
                                "end skip the work but stay for the barrier"),
-                    ir.Decl("mf_live", "bool", ir.Var("mf_outer") < self.span(self.prefix))]
+                    ir.Decl("mf_live", "bool", ir.Var("mf_outer") < tasks)]
+        if self.mb > 1:
+            out += [ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
+                    ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks")
+                            * ir.Lit(self.mb, IDX))]
         out += [
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
             ir.Decl("mf_vec_ok", "bool", self.aligned()),
@@ -640,30 +645,32 @@ class _Builder(reduce.Builder):
         # rows past N (clamped to N - 1 in rows_loop) are not stored
         real: ir.Expr = ir.Lit(True, "bool") if rows == 1 else \
             ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r")) < self.size(self.rows_axis)
+        keep = lane0 if rows == 1 else real.and_(lane0)
+        if self.mb > 1:              # rows of x past M (clamped to M - 1) are not stored
+            keep = keep.and_(ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i"))
+                             < self.size(self.prefix[-1]))
         if S == 1:
-            keep = lane0 if rows == 1 else real.and_(lane0)
-            if self.mb > 1:          # rows of x past M (clamped to M - 1) are not stored
-                keep = keep.and_(ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i"))
-                                 < self.size(self.prefix[-1]))
             return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
                     self.rows_loop(self.x_rows_loop(reduce.simd_combine(red)
                                                     + [ir.If(keep, stmts + stores)]))]
-        lane, sg = ir.Var("mf_lane"), ir.Var("mf_sg")
-        r = ir.Var("mf_r")
-        slot = sg * ir.Lit(rows, "uint") + r
-        first = (sg - ir.Var("mf_split") + lane) * ir.Lit(rows, "uint") + r
-        put, merge = reduce.through_threadgroup(v, [red], SIMD_WIDTH * rows, slot, first,
-                                                lane < ir.Lit(S, "uint"))
-        keep = ir.Var("mf_live").and_(ir.Var("mf_split").eq(ir.Lit(0, "uint"))).and_(lane0)
-        if rows > 1:
-            keep = real.and_(keep)
+        # partial (simdgroup g, weight row r, row i of x) at slot (g * rows + r) * mb + i
+        lane, sg, mb = ir.Var("mf_lane"), ir.Var("mf_sg"), ir.Lit(self.mb, "uint")
+        at = ir.Var("mf_r") * mb + (ir.Var("mf_i") if self.mb > 1 else ir.Lit(0, "uint"))
+        per_sg = ir.Lit(rows * self.mb, "uint")
+        put, merge = reduce.through_threadgroup(
+            v, [red], SIMD_WIDTH * rows * self.mb, sg * per_sg + at,
+            (sg - ir.Var("mf_split") + lane) * per_sg + at, lane < ir.Lit(S, "uint"))
+        keep = ir.Var("mf_live").and_(ir.Var("mf_split").eq(ir.Lit(0, "uint"))).and_(keep)
+        def each(body: list[ir.Stmt]) -> list[ir.Stmt]:
+            return [self.each_x_row(body)] if self.mb > 1 else body
         return [ir.Comment("each row: sum across the simdgroup"),
-                self.rows_loop(reduce.simd_combine(red)),
+                self.rows_loop(each(reduce.simd_combine(red))),
                 ir.Comment(f"across the block's {S} simdgroups: one partial per simdgroup and "
-                           "row through threadgroup memory, then a second simd reduction"),
-                ir.If(lane0, [self.rows_loop(put)]), ir.Barrier(),
+                           f"row{' (of weights and of x)' if self.mb > 1 else ''} through "
+                           "threadgroup memory, then a second simd reduction"),
+                ir.If(lane0, [self.rows_loop(each(put))]), ir.Barrier(),
                 ir.Comment("the first simdgroup's lane 0 stores each row"),
-                self.rows_loop(merge + [ir.If(keep, stmts + stores)])]
+                self.rows_loop(self.x_rows_loop(merge + [ir.If(keep, stmts + stores)]))]
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
         if v.name == "qmm":
@@ -676,7 +683,7 @@ class _Builder(reduce.Builder):
             return make_kernel(self.graph, self.index64, qmm.THREAD_INPUTS,
                                qmm.body(self, v, w, x), summary, "qmm")
         self.splits = S = self.splits_of(v.name)
-        self.mb = self.x_rows if v.name == "qmvx" else 1
+        self.mb = self.x_rows if v.name.startswith("qmvx") else 1
         threads = [ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                    ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
         if S > 1:
@@ -713,8 +720,10 @@ class _Builder(reduce.Builder):
         split = self.policy.k_splits > 1
         blocked = bool(self.prefix) and self.x_rows > 1 and bool(self.shared) and (
             not split or self.policy.split_grid > 0)
-        names = ("qmv",) + (("qmv_split",) if split and self.policy.split_grid > 0 else ()) \
-            + (("qmvx",) if blocked else ()) + (("qmm",) if tiled else ())
+        chosen = split and self.policy.split_grid > 0       # qmv_split beside qmv
+        names = ("qmv",) + (("qmv_split",) if chosen else ()) \
+            + (("qmvx",) + (("qmvx_split",) if chosen else ()) if blocked else ()) \
+            + (("qmm",) if tiled else ())
         kernels, _, tg = self.variants(names)
         policy = replace(self.policy, uses_simd=True, vector_width=self.words,
                          threadgroup_bytes=tg)

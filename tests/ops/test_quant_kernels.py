@@ -311,7 +311,7 @@ def test_check_covers_the_k_split():
 def test_k_split_kernel_text():
     _, (wq, s, b) = _quantized(8, 256, torch.float32)
     x = torch.randn(1, 256)
-    src = q4_matvec.with_launch(rows_per_group=4, k_splits=4).source(wq, s, b, x)
+    src = q4_matvec.with_launch(rows_per_group=4, k_splits=4, split_grid=0).source(wq, s, b, x)
     src = src[:src.index("kernel void mf_q4_matvec_qmm")]   # the matvec kernel
     assert "threadgroup float mf_tg1[128];" in src          # 32 simdgroups x 4 rows
     assert src.count("threadgroup_barrier") == 1
@@ -320,6 +320,12 @@ def test_k_split_kernel_text():
     assert src.index("mf_wq_w[mf_r] = ") < src.index("mf_wq_w[mf_r][mf_j / 8u]")
     plain = q4_matvec.source(wq, s, b, x)
     assert "threadgroup" not in plain.split("kernel void")[1].split("template [[")[0]
+    # the table's split kernels: qmv_split, and qmvx_split with a partial per row of x too
+    kernels = {k.split("(")[0]: k for k in plain.split("kernel void mf_q4_matvec_")[1:]}
+    assert "threadgroup float mf_tg1[128];" in kernels["qmv_split"]
+    assert "threadgroup float mf_tg1[256];" in kernels["qmvx_split"]   # x 2 rows of x
+    assert [k for k in kernels if "threadgroup_barrier" in kernels[k]] == [
+        "qmv_split", "qmvx_split", "qmm"]                       # (qmm stages its tiles)
 
 
 def test_lever_errors():
@@ -391,11 +397,11 @@ def test_rows_of_x_blocked(x_rows, m, n, k):
     # x_rows x rows_per_group sums at most MAX_QUANT_ROWS: with the table's 4 weight rows, 8
     # rows of x become 4
     blocked = min(x_rows, MAX_QUANT_ROWS // POLICIES["quant"].rows_per_group)
-    # fewer rows of x: qmv, split along K where K passes one stretch of 32 chunks (1024 values)
-    # and the grid is as small as these N make it
-    single = "_qmv_split" if k > 1024 else "_qmv"
-    assert _host(kern, wq, s, b, x).endswith("_qmvx" if m >= blocked else single)
-    assert _host(kern, wq, s, b, x[:blocked - 1]).endswith(single)
+    # each split along K where K passes one stretch of 32 chunks (1024 values): the grids
+    # are as small as these N make them
+    split = "_split" if k > 1024 else ""
+    assert _host(kern, wq, s, b, x).endswith(("_qmvx" if m >= blocked else "_qmv") + split)
+    assert _host(kern, wq, s, b, x[:blocked - 1]).endswith("_qmv" + split)
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
 
@@ -429,8 +435,9 @@ def test_tiled_kernel(m, n, k):
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert _host(Q8, wq, s, b, x).endswith("_qmm")
-    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx")
-    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv_split" if k > 1024 else "_qmv")
+    split = "_split" if k > 1024 else ""                         # K past one stretch
+    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx" + split)
+    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv" + split)
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
     one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
