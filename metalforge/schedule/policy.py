@@ -159,7 +159,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (bench/README.md). 4 splits where G < 256 x stretches (BACKEND_POLICIES, cuda) is the best
     # or within 5% of it in each of these cases. The Metal table takes 64 (untimed on Apple
     # GPUs: the H100's 256 scaled by 38 cores of an M2 Max against its 132; MLX's qmv does not
-    # split)
+    # split). qmvx_split (rows of x in blocks of x_rows, K split) where qmvx's grid has at
+    # most split_grid simdgroups: H100, f16, us, qmvx -> split, M = 2: 1024x4096 (grid 256)
+    # 6.4 -> 5.4, 1024x14336 (256) 15.0 -> 9.2, 4096x11008 (1024) 17.5 -> 22.1, 4096x14336
+    # (1024) 23.1 -> 26.2; M = 4: 1024x4096 (512) 6.3 -> 8.6, 1024x14336 (512) 15.0 -> 16.8;
+    # M = 8: 1024x14336 (1024) 20.7 -> 25.0 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
                           k_splits=4, split_grid=64, x_rows=2, uses_simd=True),
     # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows

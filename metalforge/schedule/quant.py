@@ -95,19 +95,22 @@ class QuantSchedule(Schedule):
     def variant(self, sizes: Mapping[str, int]) -> str:
         """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
         of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
-        kernel where K is longer than one stretch of 32 chunks and its grid has fewer than
-        split_grid simdgroups per stretch each would walk (few simdgroups for their chains of
-        loads)."""
+        kernel where K is longer than one stretch of 32 chunks and the grid is small: qmv's
+        with fewer than split_grid simdgroups per stretch each would walk (few simdgroups for
+        their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
+        x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
+        every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
         stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
-        grid = self.simdgroups(sizes, self.x_rows if name == "qmvx" else 1)
-        if f"{name}_split" in self.variants and stretches > 1 \
-                and grid < self.policy.split_grid * stretches:
-            return f"{name}_split"
-        return name
+        if name == "qmvx":
+            small = self.simdgroups(sizes, self.x_rows) <= self.policy.split_grid
+        else:
+            small = self.simdgroups(sizes, 1) < self.policy.split_grid * stretches
+        return f"{name}_split" if f"{name}_split" in self.variants and stretches > 1 \
+            and small else name
 
     def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
         """Unsplit simdgroups: one per block of weight rows at each position of the other

@@ -268,24 +268,28 @@ def test_levers_with_64_bit_indexing():
 
 
 @pytest.mark.parametrize("split_grid,expect", [
-    (64, {(1024, 4096): "qmv", (1024, 14336): "qmv_split", (4096, 11008): "qmv",
-          (45, 1024): "qmv", (45, 1088): "qmv_split"}),
-    (256, {(1024, 4096): "qmv_split", (4096, 4096): "qmv", (4096, 11008): "qmv_split",
-           (11008, 4096): "qmv", (8192, 8192): "qmv", (8192, 28672): "qmv_split",
-           (28672, 8192): "qmv"})])
+    (64, {(1, 1024, 4096): "qmv", (1, 1024, 14336): "qmv_split", (1, 4096, 11008): "qmv",
+          (1, 45, 1024): "qmv", (1, 45, 1088): "qmv_split", (2, 256, 4096): "qmvx_split",
+          (2, 260, 4096): "qmvx"}),
+    (256, {(1, 1024, 4096): "qmv_split", (1, 4096, 4096): "qmv", (1, 4096, 11008): "qmv_split",
+           (1, 11008, 4096): "qmv", (1, 8192, 8192): "qmv", (1, 8192, 28672): "qmv_split",
+           (1, 28672, 8192): "qmv", (2, 1024, 4096): "qmvx_split", (2, 1024, 14336): "qmvx_split",
+           (2, 4096, 11008): "qmvx", (4, 1024, 4096): "qmvx", (2, 1024, 1024): "qmvx"})])
 def test_split_kernel_runs_where_the_grid_is_small_for_k(split_grid, expect):
-    """qmv_split where K is longer than one stretch of 32 chunks (1024 values) and qmv would
-    have fewer than split_grid simdgroups (N / 4 rows) per stretch: the Metal table's 64 and
-    the cuda backend's 256 (the sizes bench/README.md timed)."""
+    """The _split kernels where K is longer than one stretch of 32 chunks (1024 values): qmv's
+    where it would have fewer than split_grid simdgroups (N / 4 rows) per stretch, qmvx's where
+    it would have at most split_grid (N / 4 x M / 2); the Metal table's 64 and the cuda
+    backend's 256 (at the sizes bench/README.md timed)."""
     from metalforge import runtime
     view = q4_matvec.with_launch(split_grid=split_grid)
     g = view.graph(T="f16")
-    for (n, k), want in expect.items():
-        sizes = {"M": 1, "N": n, "K": k, "K/8": k // 8, "K/64": k // 64}
+    for (m, n, k), want in expect.items():
+        sizes = {"M": m, "N": n, "K": k, "K/8": k // 8, "K/64": k // 64}
         s = runtime.schedule_of(g, sizes=sizes, launch=view.launch)
-        assert s.host_name(sizes).rsplit("_GS_64_", 1)[1] == want, (n, k)
+        assert s.host_name(sizes).rsplit("_GS_64_", 1)[1] == want, (m, n, k)
         threads, group = s.launch(sizes)
-        assert threads == -(-n // 4) * 32 * (4 if want == "qmv_split" else 1)
+        simdgroups = -(-n // 4) * (-(-m // 2) if "qmvx" in want else m)
+        assert threads == simdgroups * 32 * (4 if want.endswith("_split") else 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -397,10 +401,12 @@ def test_rows_of_x_blocked(x_rows, m, n, k):
     # x_rows x rows_per_group sums at most MAX_QUANT_ROWS: with the table's 4 weight rows, 8
     # rows of x become 4
     blocked = min(x_rows, MAX_QUANT_ROWS // POLICIES["quant"].rows_per_group)
-    # each split along K where K passes one stretch of 32 chunks (1024 values): the grids
-    # are as small as these N make them
+    # each split along K where K passes one stretch of 32 chunks (1024 values) and the grid is
+    # small: qmv's are at these N; qmvx's where it has at most split_grid (64) simdgroups
     split = "_split" if k > 1024 else ""
-    assert _host(kern, wq, s, b, x).endswith(("_qmvx" if m >= blocked else "_qmv") + split)
+    split_x = split if -(-n // 4) * -(-m // blocked) <= 64 else ""
+    assert _host(kern, wq, s, b, x).endswith("_qmvx" + split_x if m >= blocked else
+                                             "_qmv" + split)
     assert _host(kern, wq, s, b, x[:blocked - 1]).endswith("_qmv" + split)
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
@@ -436,7 +442,8 @@ def test_tiled_kernel(m, n, k):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     assert _host(Q8, wq, s, b, x).endswith("_qmm")
     split = "_split" if k > 1024 else ""                         # K past one stretch
-    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx" + split)
+    split_x = split if -(-n // 4) * 4 <= 64 else ""             # qmvx's grid: 7 rows of x
+    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx" + split_x)
     assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv" + split)
     want = _reference(wq, s, b, x, 64)
     torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
