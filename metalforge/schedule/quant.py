@@ -5,12 +5,13 @@ Recognised when a reduction's argument unpacks words (`mf.unpack`), as in
     y[m, n] = sum_k (unpack(wq)[n, k] * scales[n, k // GS] + biases[n, k // GS]) * x[m, k]
 
 The matvec kernels `qmv` (one row of x) and `qmv_split` (the same with K split, for grids of
-few rows: `QuantSchedule.variant`). The output's innermost axis (N, the weight rows) is split
-into blocks of R = `rows_per_group` rows; S simdgroups (of one threadgroup; 1 in qmv, `k_splits`
-in qmv_split) own one block at one position of the other output axes (M), simdgroup s of them
-taking slice s of K. The 32 lanes of
-slice s walk K in chunks of C = vector_width words × values per word (16 bytes of words: 32
-4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 1: l, l + 32, ...):
+few rows: `QuantSchedule.variant`; `qmvx` and `qmvx_split` take a few rows of x). The output's
+innermost axis (N, the weight rows) is split into blocks of R = `rows_per_group` rows; S
+simdgroups (of one threadgroup; 1 in qmv, `k_splits` in the _split kernels) own one block at
+one position of the other output axes (M), simdgroup s of them taking slice s of K. The 32
+lanes of slice s walk K in chunks of C = vector_width words × values per word (16 bytes of
+words: 32 4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 1: l, l + 32,
+...):
 
 - every load of a chunk is issued before any of its values is used: each row's chunk of
   packed words (one vector load per row) and, in the affine form below, the row's per-group
@@ -37,8 +38,8 @@ re-reads them (from cache) once per row of x.
 
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
 fewer simdgroups), k_splits (qmv_split's simdgroups per block: more loads in flight when rows
-are few, one barrier and S partials per row more), split_grid (where qmv_split runs instead of
-qmv), vector_width (words per load), threads_per_group (a multiple of 32 S; only groups
+are few, one barrier and S partials per row more), split_grid (where the _split kernels run
+instead), vector_width (words per load), threads_per_group (a multiple of 32 S; only groups
 simdgroups). The kernels for several rows of x (`qmvx`, `qmm`) are described where they are
 built (`affine_chunk`, schedule/qmm.py).
 """
@@ -151,7 +152,7 @@ class QuantSchedule(Schedule):
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         """qmm: one group of 256 threads per tile. qmv, qmvx: a simdgroup per block of
-        rows_per_group rows; qmv_split: k_splits of them. With k_splits > 1 the grid
+        rows_per_group rows; the _split kernels: k_splits of them. With k_splits > 1 the grid
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
         if self.variant(sizes) == "qmm":
@@ -460,8 +461,8 @@ class _Builder(reduce.Builder):
 
     # -- the kernel ---------------------------------------------------------------------
     def splits_of(self, variant: str) -> int:
-        """Simdgroups per block of rows in kernel `variant`: k_splits in qmv_split, and in qmv
-        too where split_grid is 0 (every call splits)."""
+        """Simdgroups per block of rows in kernel `variant`: k_splits in the _split kernels, and
+        in qmv too where split_grid is 0 (every call splits)."""
         always = self.policy.split_grid == 0
         return self.policy.k_splits if variant.endswith("_split") or (
             variant == "qmv" and always) else 1
@@ -552,7 +553,7 @@ class _Builder(reduce.Builder):
                     ir.Decl("mf_split", "uint", sg % ir.Lit(S, "uint"))]
         out += [ir.Decl("mf_blocks", IDX, blocks),
                 ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
-        tasks = self.span(self.prefix)               # blocks of rows of x (and other axes)
+        tasks = self.span(self.prefix)     # positions of the other output axes (qmvx: blocks)
         if self.mb > 1:
             m = self.size(self.prefix[-1])
             mb = ir.Lit(self.mb, IDX)
@@ -723,9 +724,9 @@ class _Builder(reduce.Builder):
         split = self.policy.k_splits > 1
         blocked = bool(self.prefix) and self.x_rows > 1 and bool(self.shared) and (
             not split or self.policy.split_grid > 0)
-        chosen = split and self.policy.split_grid > 0       # qmv_split beside qmv
-        names = ("qmv",) + (("qmv_split",) if chosen else ()) \
-            + (("qmvx",) + (("qmvx_split",) if chosen else ()) if blocked else ()) \
+        beside = split and self.policy.split_grid > 0       # the _split kernels, by size
+        names = ("qmv",) + (("qmv_split",) if beside else ()) \
+            + (("qmvx",) + (("qmvx_split",) if beside else ()) if blocked else ()) \
             + (("qmm",) if tiled else ())
         kernels, _, tg = self.variants(names)
         policy = replace(self.policy, uses_simd=True, vector_width=self.words,
