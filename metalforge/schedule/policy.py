@@ -146,8 +146,8 @@ POLICIES: dict[str, LaunchPolicy] = {
     # Grids of few simdgroups for their chains of loads split K (qmv_split: k_splits
     # simdgroups a block of rows, sums merged through threadgroup memory): where qmv's grid has
     # fewer than split_grid simdgroups per stretch of K (1024 4-bit values) each would walk.
-    # H100, 2026-11-27, f16, M = 1, rows 4, 128 threads, k_splits 1 / 2 / 4 / 8 (8: best of 128
-    # and 256 threads), us, weights in L2 (bench/quant.py --sweep) and not (--cold), with qmv's
+    # H100, 2026-11-27, f16, M = 1, rows 4, k_splits 1 / 2 / 4 / 8 (best of 128 and 256
+    # threads), us, weights in L2 (bench/quant.py --sweep) and not (--cold), with qmv's
     # grid G and stretches: 1024x4096 (G 256, 4) 5.1 / 4.3 / 3.9 / 4.0 and 6.7 / 5.5 / 4.5 /
     # 4.5; 4096x4096 (1024, 4) 6.3 / 6.5 / 6.7 / 8.1 and 8.5 / 8.1 / 8.1 / 9.4; 4096x11008
     # (1024, 11) 12.6 / 12.4 / 12.1 / 13.7 and 19.0 / 15.8 / 15.1 / 16.7; 4096x14336 (1024, 14)
