@@ -72,9 +72,11 @@ def _check(y, args, k: int, dtype) -> None:
     torch.testing.assert_close(y, ref, rtol=3e-2, atol=3e-2 * k ** 0.5)
 
 
-def _copies(args, tensors, device: str) -> int:
-    """How many copies of these inputs --cold calls in turn (1 without it)."""
-    return cold_copies(sum(t.nbytes for t in tensors), device) if args.cold else 1
+def _turns(args, tensors: tuple, device: str) -> list[tuple]:
+    """The copies of `tensors` that the timed calls take in turn: with --cold enough of them
+    that no call finds its inputs in the cache (`cold_copies`), else just `tensors`."""
+    n = cold_copies(sum(t.nbytes for t in tensors), device) if args.cold else 1
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(n - 1)]
 
 
 def dequantize_table(args, device: str, repeat: int) -> None:
@@ -116,10 +118,9 @@ def sweep(args, device: str, repeat: int) -> None:
         dtype = DTYPES[dname]
         for spec in args.shapes:
             n, k, w, x, kargs = _inputs(spec, args.m, dtype, device)
-            ws = [w] + [w.clone() for _ in range(_copies(args, [w], device) - 1)]
-            qs = [kargs] + [(*(t.clone() for t in kargs[:3]), x)
-                            for _ in range(_copies(args, kargs[:3], device) - 1)]
-            linear = timeit([lambda w=w: F.linear(x, w) for w in ws], device, repeat)
+            ws = _turns(args, (w,), device)
+            qs = _turns(args, kargs[:3], device)
+            linear = timeit([lambda w=w: F.linear(x, *w) for w in ws], device, repeat)
             copy = None
             for st in settings:
                 tag = (f"{dname:>5} {f'{n}x{k}':>11} {st['rows_per_group']:>4} "
@@ -136,7 +137,7 @@ def sweep(args, device: str, repeat: int) -> None:
                 nbytes = sched.traffic(sizes).total
                 if copy is None:
                     copy = copy_time(nbytes, device, repeat, cold=args.cold)
-                ours = timeit([lambda q=q: kernel(*q) for q in qs], device, repeat)
+                ours = timeit([lambda q=q: kernel(*q, x) for q in qs], device, repeat)
                 rec = dict(dtype=dname, n=n, k=k, **st, bytes=nbytes, ours_us=ours * 1e6,
                            gbs=nbytes / ours / 1e9, pct_copy=100 * copy / ours,
                            linear_over_ours=linear / ours, linear_us=linear * 1e6,
@@ -207,11 +208,10 @@ def main(argv=None) -> None:
             _check(kernel(wq, s, b, x), (wq, s, b, x), k, dtype)
             sched, sizes = plan(kernel, (wq, s, b, x))
             nbytes = sched.traffic(sizes).total
-            ws = [w] + [w.clone() for _ in range(_copies(args, [w], device) - 1)]
-            qs = [(wq, s, b)] + [(wq.clone(), s.clone(), b.clone())
-                                 for _ in range(_copies(args, [wq, s, b], device) - 1)]
+            ws = _turns(args, (w,), device)
+            qs = _turns(args, (wq, s, b), device)
             ours = timeit([lambda q=q: kernel(*q, x) for q in qs], device, repeat)
-            linear = timeit([lambda w=w: F.linear(x, w) for w in ws], device, repeat)
+            linear = timeit([lambda w=w: F.linear(x, *w) for w in ws], device, repeat)
             deq = timeit([lambda q=q: F.linear(x, quant.dequantize(*q, 64, 4)) for q in qs],
                          device, repeat)
             copy = copy_time(nbytes, device, repeat, cold=args.cold)
