@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import DTYPES, parse_launch, pick_device, print_table, table_parser, sync  # noqa: E402
 from metalforge import runtime  # noqa: E402
-from metalforge.runtime.launcher import Compiled, specialisation  # noqa: E402
+from metalforge.runtime.launcher import Compiled, check_call  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
 from gelu import gelu  # noqa: E402
 from silu import silu  # noqa: E402
@@ -61,8 +61,9 @@ def main(argv=None) -> int:
     x = torch.randn(256, dtype=dtype, device=device)
     for _ in range(3):
         silu(x)
-    lib = specialisation(silu.graph(x), None).library(False, backend)
-    host = lib.schedule.kernel.host_name
+    call = check_call(silu.graph(x), {"x": x}, None, None)  # the library the call takes
+    lib = call.spec.library(call.index64, call.backend)
+    host = silu.launches(x)[0][0]                 # at 256 elements the small kernel, if any
     compiled = lib.kernel(host)
     real, inner = compiled.kernel, []
 

@@ -81,9 +81,13 @@ class Schedule:
             n *= sizes[a]
         return n
 
+    def width(self, sizes: Mapping[str, int]) -> int:
+        """Elements per vector access of the kernel a call with these sizes launches."""
+        return self.policy.vector_width
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         """(threads, group_size) for compile_shader's dispatchThreads model."""
-        ept = self.policy.elements_per_thread
+        ept = self.width(sizes) * self.policy.vectors_per_thread
         threads = -(-self.numel(sizes) // ept)
         return threads, max(1, min(self.policy.threads_per_group, threads))
 
@@ -92,7 +96,7 @@ class Schedule:
         return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
-        whole = self.lane_gathers and sizes[self.grid_axes[-1]] % self.policy.vector_width == 0
+        whole = self.lane_gathers and sizes[self.grid_axes[-1]] % self.width(sizes) == 0
         return self.moved(sizes, {}, self.gathered_bytes(sizes, self.lane_gathers if whole else ()))
 
     def moved(self, sizes: Mapping[str, int], passes: Mapping[str, int], gathered: int

@@ -5,7 +5,9 @@ the most axes, in its storage order), in chunks of `vector_width`. A chunk that 
 the grid is read and written with vector loads/stores for every tensor whose elements at those
 positions are contiguous (same axes as the grid; or a suffix of them, when that suffix's span is
 a multiple of the vector width); other tensors (broadcast ones) are read one element per lane at
-their own offset. The last, partial chunk takes a guarded scalar path.
+their own offset. The last, partial chunk takes a guarded scalar path. The vector width is the
+policy's, at most 16 bytes of the widest tensor read or written as vectors; where that gives 8
+(2-byte data), a second kernel (`small`) at 4 runs on grids of fewer than `small_grid` elements.
 
 Broadcast inputs are indexed by their own axes: an offset is `i` (same axes as the grid),
 `i % span` (a suffix), `i / span` (a prefix), or built from the element's position along each
@@ -14,7 +16,7 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Mapping, Optional, Protocol
 
 from .. import ir
@@ -68,12 +70,58 @@ def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
-    return _Builder(graph, policy, index64).build()
+    """The kernel at the table's width and, where that is 8 and `small_grid` is set, a second
+    one (`small`) at 4 elements a thread for grids of fewer than small_grid elements."""
+    wide = _Builder(graph, policy, index64).build()
+    if wide.policy.vector_width <= SMALL_WIDTH or policy.small_grid == 0:
+        return wide
+    small = _Builder(graph, replace(policy, vector_width=SMALL_WIDTH), index64, "small").build()
+    assert small.kernel.params == wide.kernel.params, "the two widths bind the same arguments"
+    return ElementwiseSchedule(**{f.name: getattr(wide, f.name) for f in fields(wide)},
+                               small=small.kernel)
+
+
+# Elements a thread of the `small` kernel covers: a grid too small to fill the GPU is bounded by
+# each thread's chain of work, not by bandwidth. H100, 2026-11-27, f16, us, 8 elements a thread
+# -> 4 (threads_per_group 64-256 alike): rope 32x32x1x128 (131 K elements) 6.7-7.0 -> 4.8-5.3,
+# silu 32x4096 2.6-2.7 -> 2.3-2.5, 128x4096 2.9-3.0 -> 2.6; 8 faster from 2 M elements on
+# (embedding 512 x 4096: 6.2-6.3 -> 6.1-6.5, rope 1x8x8192x64 36.2 -> 38.2, bench/README.md)
+SMALL_WIDTH = 4
+
+
+@dataclass
+class ElementwiseSchedule(Schedule):
+    """An elementwise schedule with the `small` kernel beside the wide one: calls over fewer
+    than policy.small_grid elements launch it."""
+    small: Optional[ir.LoweredKernel] = None
+
+    def _is_small(self, sizes: Mapping[str, int]) -> bool:
+        return self.numel(sizes) < self.policy.small_grid
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        assert self.small is not None
+        return (self.kernel, self.small)
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        assert self.small is not None
+        return (self.small if self._is_small(sizes) else self.kernel).host_name
+
+    def width(self, sizes: Mapping[str, int]) -> int:
+        return SMALL_WIDTH if self._is_small(sizes) else self.policy.vector_width
+
+    def selecting(self, host_name: str) -> dict[str, int]:
+        """Sizes that make a call launch kernel `host_name` (testing's coverage): the wide
+        kernel with the innermost axis small_grid long."""
+        return {self.grid_axes[-1]: self.policy.small_grid} \
+            if host_name == self.kernel.host_name else {}
 
 
 class _Builder:
-    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool,
+                 variant: Optional[str] = None):
         self.graph, self.policy, self.index64 = graph, policy, index64
+        self.variant = variant
         outs = graph.outputs
         self.grid = max(outs, key=lambda o: len(o.axes)).axes
         for o in outs:
@@ -101,9 +149,13 @@ class _Builder:
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
-        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`)
-        vw = access_width(policy.vector_width, {t.dtype.itemsize for t in self.inputs} |
-                          {o.dtype.itemsize for o in outs})
+        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`);
+        # tensors read element by element (broadcast, or packed words read once per word)
+        # do not bound it
+        wide = {t.dtype.itemsize for t in self.inputs
+                if self._vectorisable(t.axes) and t.name in self.loaded} | {
+                    o.dtype.itemsize for o in outs if o.axes == self.grid}
+        vw = access_width(policy.vector_width, wide)
         self.policy = replace(policy, vector_width=vw)
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)
                        and t.name in self.loaded]
@@ -444,7 +496,7 @@ class _Builder:
                    f"indexing")
         kernel = make_kernel(self.graph, self.index64,
                              (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
-                             body, summary, params=self._params(),
+                             body, summary, variant=self.variant, params=self._params(),
                              helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
                         tuple(t.name for t in self.vec_in), self.index64,

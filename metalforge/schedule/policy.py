@@ -48,6 +48,9 @@ class LaunchPolicy:
                                        # where qmv's grid has fewer than split_grid simdgroups
                                        # per stretch of K (32 chunks) each walks (0: qmv itself
                                        # splits, every call)
+    small_grid: int = 0                # elementwise: grids of fewer elements take a second
+                                       # kernel (`small`) at 4 elements a thread where
+                                       # vector_width gives 8 (0: never)
     uses_simd: bool = False            # simd collectives in the kernel → groups of 32
     threadgroup_bytes: int = 0         # static threadgroup memory the kernel declares
     index64: Optional[bool] = None     # None: 64-bit indexing only where sizes need it
@@ -87,8 +90,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # elementwise: vector_width is an upper bound, each access moves at most 16 bytes (8 f16,
     # 4 f32; `access_width`): on the H100 silu f16 went from 90 % of copy_ with 8-byte
     # accesses to 97-100 % with 16-byte ones (bench/README.md, 2026-11-23)
+    # small_grid: untimed on Apple GPUs; the H100's 2^21 (BACKEND_POLICIES) scaled by core
+    # count, an M-series Max's 40 against 132
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=8,
-                                vectors_per_thread=1),
+                                vectors_per_thread=1, small_grid=1 << 19),
     # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → the fewest lanes
     # of a simdgroup holding the row, rows_per_group simdgroups per group; up to looped_limit →
     # one group per row, reads_per_thread values per thread in registers (both counted for
@@ -216,12 +221,15 @@ POLICIES: dict[str, LaunchPolicy] = {
 # no Mac has timed it.
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above).
+# cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
+# elementwise.SMALL_WIDTH).
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 256}},
+             "quant": {"split_grid": 256}, "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
-    "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "index64"),
+    "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
+                    "index64"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
             "index64"),
@@ -283,10 +291,11 @@ def _validate_common(p: LaunchPolicy) -> None:
     _need(p, isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
           and p.key_splits >= 0,
           f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
-    _need(p, isinstance(p.split_grid, int) and not isinstance(p.split_grid, bool)
-          and p.split_grid >= 0,
-          f"split_grid must be an int >= 0 (0: every call splits K k_splits ways), got "
-          f"{p.split_grid!r}")
+    for name, zero in (("split_grid", "every call splits K k_splits ways"),
+                       ("small_grid", "never the small kernel")):
+        v = getattr(p, name)
+        _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+              f"{name} must be an int >= 0 (0: {zero}), got {v!r}")
     _need(p, p.k_splits & (p.k_splits - 1) == 0
           and p.k_splits * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
           f"k_splits must be a power of two up to {MAX_THREADS_PER_GROUP // SIMD_WIDTH} (one "

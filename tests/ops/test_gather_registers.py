@@ -174,7 +174,8 @@ def test_interleaved_rope_reads_the_partner_from_the_loaded_vector(dtype):
     x = torch.randn(1, 2, 3, 64, dtype=dtype)
     body = _schedule(rope_interleaved, x, torch.zeros(1, 3, dtype=torch.int32)).kernel.body
     vector_path = next(st for st in body if isinstance(st, ir.If)).then
-    assert [ld.width for ld in _loads(vector_path, "x")] == [4]
+    # one 16-byte load (the int32 positions, read once per chunk, do not narrow it)
+    assert [ld.width for ld in _loads(vector_path, "x")] == [16 // x.element_size()]
     # the scalar tail keeps its element load and the guarded partner load
     assert len(_loads(body, "x")) == 3
     # rotate-half: the partner is half a row away, in another thread: a guarded load

@@ -22,6 +22,7 @@ from metalforge.autotuner import CandidateMismatch, median_time
 from metalforge.tuning import CacheWarning, TuneCache, grid
 
 autotune_mod = importlib.import_module("metalforge.autotuner")
+SMALL_GRID = 1 << 19                # the elementwise table's (every full config names it)
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.py"))
 
 
@@ -144,7 +145,8 @@ def test_a_wrong_candidate_is_reported_with_its_config(tune_file):
     msg = str(e.value)
     assert "kernel 'axpb'" in msg and "1 launch configuration(s)" in msg
     assert "metalforge bug" in msg
-    assert "threads_per_group=256, vector_width=2, vectors_per_thread=1: output 0:" in msg
+    assert ("threads_per_group=256, vector_width=2, vectors_per_thread=1, "
+            f"small_grid={SMALL_GRID}: output 0:") in msg
     assert "vector_width=4" not in msg
 
 
@@ -169,8 +171,10 @@ def test_explicit_candidates_pinned_options_and_no_repeats(tune_file):
                                             {"threads_per_group": 256, "vector_width": 8}],
                     progress=False)
     assert [t.launch for t in r.trials] == [
-        {"threads_per_group": 256, "vector_width": 8, "vectors_per_thread": 1},
-        {"threads_per_group": 256, "vector_width": 1, "vectors_per_thread": 1}]
+        {"threads_per_group": 256, "vector_width": 8, "vectors_per_thread": 1,
+         "small_grid": SMALL_GRID},
+        {"threads_per_group": 256, "vector_width": 1, "vectors_per_thread": 1,
+         "small_grid": SMALL_GRID}]
     pinned = mf.kernel(axpb.fn, name="axpb_scalar", launch={"vector_width": 1})
     r = mf.autotune(pinned, x, w, progress=False)
     assert {t.launch["vector_width"] for t in r.trials} == {1}
@@ -212,7 +216,8 @@ def test_winner_is_cached_and_used_automatically(tune_file, monkeypatch):
                     candidates=[{"threads_per_group": 128},
                                 {"threads_per_group": 512, "vectors_per_thread": 2},
                                 {"threads_per_group": 64}])
-    best = {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2}
+    best = {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2,
+            "small_grid": SMALL_GRID}
     assert r.timed and r.best == best and r.speedup == pytest.approx(2.5)
     assert r.saved_to == tune_file
     key = cache_mod.key_for(axpb.graph(x, w), "sim", {"R": 3, "D": 1000})
@@ -249,7 +254,8 @@ def test_same_kernel_and_dispatch_is_timed_once(tune_file, monkeypatch):
                     candidates=[{"threads_per_group": 512, "vectors_per_thread": 2},
                                 {"threads_per_group": 256, "vectors_per_thread": 2}])
     assert [t.seconds for t in r.trials] == [3e-3, 2e-3, 2e-3]
-    assert r.best == {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2}
+    assert r.best == {"threads_per_group": 512, "vector_width": 8, "vectors_per_thread": 2,
+                      "small_grid": SMALL_GRID}
 
 
 def test_candidates_the_pipeline_refuses_are_skipped(tune_file, monkeypatch):
@@ -302,7 +308,8 @@ def test_corrupt_cache_file_warns_and_is_replaced(tune_file, monkeypatch):
     mf.autotune(axpb, x, w, candidates=[{"threads_per_group": 64}], progress=False)
     data = json.loads(tune_file.read_text())
     assert [e["launch"] for e in data["entries"].values()] == [
-        {"threads_per_group": 64, "vector_width": 8, "vectors_per_thread": 1}]
+        {"threads_per_group": 64, "vector_width": 8, "vectors_per_thread": 1,
+         "small_grid": SMALL_GRID}]
 
 
 @pytest.mark.parametrize("content, match", [

@@ -360,7 +360,8 @@ def test_the_mlx_call_itself(monkeypatch):
     x = mx.zeros((4, 100), dtype=mx.float16)
     h, s = EXAMPLES["add_silu"](x, x)
     (c,) = calls
-    assert c["grid"] == (50, 1, 1) and c["threadgroup"][1:] == (1, 1)   # 400 halves, 8 a thread
+    # 400 halves: fewer than small_grid, the small kernel's 4 a thread
+    assert c["grid"] == (100, 1, 1) and c["threadgroup"][1:] == (1, 1)
     assert c["template"] == [("T", mx.float16), ("mf_index_t", mx.uint32)]
     assert [a.shape for a in c["inputs"]] == [(4, 100), (4, 100), ()]
     first = c["names"][0]

@@ -153,9 +153,16 @@ def test_reduction_over_two_axes_is_a_clear_error():
 
 def test_policy_overrides_and_validation():
     g = bias_scale()
-    s = schedule.plan(g, {"vectors_per_thread": 2, "threads_per_group": 128})
+    s = schedule.plan(g, {"vectors_per_thread": 2, "threads_per_group": 128, "small_grid": 0})
     assert s.policy.elements_per_thread == 16          # 2 x 8 halves (16-byte vectors)
     assert s.launch({"R": 3, "D": 100}) == (19, 19)
+    # grids of fewer than small_grid elements take the small kernel: 4 halves a vector
+    s = schedule.plan(g, {"vectors_per_thread": 2, "threads_per_group": 128, "small_grid": 301})
+    assert s.launch({"R": 3, "D": 100}) == (38, 38)
+    assert s.host_name({"R": 3, "D": 100}).endswith("_small")
+    assert s.launch({"R": 3, "D": 101}) == (19, 19)
+    with pytest.raises(LaunchError, match=r"small_grid must be an int >= 0 \(0: never"):
+        schedule.plan(g, {"small_grid": -1})
     s = schedule.plan(g, {"vectors_per_thread": 2, "vector_width": 4})
     assert s.policy.elements_per_thread == 8
     assert s.launch({"R": 3, "D": 100}) == (38, 38)
