@@ -88,8 +88,7 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     """Python for `w`'s replay, and the names it reads: allocate the outputs, then, when the
     call launches, take each input (made contiguous, or copied to an aligned start, as the
     checked call needed), convert the scalars, launch the kernel(s), check a gather's report."""
-    env: dict[str, Any] = {"_empty": torch.empty, "_zeros": torch.zeros, "_int32": torch.int32,
-                           "_float32": torch.float32}
+    env: dict[str, Any] = {"_empty": torch.empty, "_float32": torch.float32}
     lines = ["def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
@@ -121,7 +120,8 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
             args[i] = f"_conv{i}(values[{pos}])"
         device = "o0.device" if w.allocate else "None"
         if w.errors is not None:
-            lines.append(f"    err = _zeros(4, dtype=_int32, device={device})")
+            env["_report"] = launcher.report_buffer
+            lines.append(f"    err = _report({device})")
             args[w.errors.arg] = "err"
         if w.scratch is not None:
             i, n = w.scratch

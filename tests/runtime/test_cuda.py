@@ -488,3 +488,41 @@ def test_autotune_times_candidates_on_cuda():
     assert r.timed and len(ok) == 2 and all(t.seconds and t.seconds > 0 for t in ok)
     assert r.best == min(ok, key=lambda t: t.seconds).launch
     assert r.device == torch.cuda.get_device_name()
+
+
+def test_gather_in_a_cuda_graph_has_no_report_fill(monkeypatch):
+    """Captured in a CUDA graph, a gather's error report is not zeroed (nothing reads it there:
+    no fill kernel in every replay); replays gather right; eager calls still zero and read it,
+    so an id out of range raises, before and after the capture, and the warm path does too."""
+    embed = _example("embedding")["embed"]
+    table = torch.randn(1000, 256, dtype=torch.float16, device="cuda")
+    ids = torch.randint(0, 1000, (64,), dtype=torch.int32, device="cuda")
+    want = torch.nn.functional.embedding(ids, table)
+    torch.testing.assert_close(embed(table, ids), want)        # warm: the replayed call path
+    zeros = torch.zeros
+
+    def no_fill_while_capturing(*args, **kwargs):
+        assert not torch.cuda.is_current_stream_capturing(), "a fill kernel in the graph"
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", no_fill_while_capturing)
+    g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        embed(table, ids)
+        with torch.cuda.graph(g, stream=s):
+            out = embed(table, ids)
+    torch.cuda.current_stream().wait_stream(s)
+    ids.copy_(torch.randint(0, 1000, (64,), dtype=torch.int32, device="cuda"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    ran = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(ran) == 1, ran                                   # the gather kernel alone
+    torch.testing.assert_close(out, torch.nn.functional.embedding(ids, table))
+    bad = ids.clone()
+    bad[5] = 1000
+    for _ in range(2):                                          # checked, then warm
+        with pytest.raises(IndexError, match="index 1000 is out of range"):
+            embed(table, bad)
+    torch.testing.assert_close(embed(table, ids), torch.nn.functional.embedding(ids, table))
