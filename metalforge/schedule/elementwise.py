@@ -152,11 +152,15 @@ class _Builder:
         # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`);
         # tensors read element by element (broadcast, or packed words read once per word)
         # do not bound it
+        self.row_gathers = [n for n in take_sites(graph) if self._row_gather(n)]
         wide = {t.dtype.itemsize for t in self.inputs
                 if self._vectorisable(t.axes) and t.name in self.loaded} | {
-                    o.dtype.itemsize for o in outs if o.axes == self.grid}
+                    o.dtype.itemsize for o in outs if o.axes == self.grid} | {
+                    graph.tensor(n.attr[0]).dtype.itemsize for n in self.row_gathers}
         vw = access_width(policy.vector_width, wide)
         self.policy = replace(policy, vector_width=vw)
+        if vw == 1:
+            self.row_gathers = []
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)
                        and t.name in self.loaded]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]
@@ -199,6 +203,17 @@ class _Builder:
         """A derived axis read by integer division of a grid axis (K/8 of K: element k // 8)."""
         spec = self.graph.axis_spec(axis)
         return broadcasts_over(spec) and spec.base in self.grid
+
+    def _row_gather(self, n: Node) -> bool:
+        """Whether gather `n` reads whole rows: along an outer axis of a tensor whose innermost
+        axis is the grid's, by an index that does not move along it (an embedding's ids, a
+        paged cache's block table), the tensor's other axes the grid's. A chunk of the vector
+        path then gathers `vector_width` consecutive elements of one row: one vector load."""
+        name, axis = n.attr
+        t, inner = self.graph.tensor(name), self.grid[-1]
+        return (len(self.grid) > 1 and t.axes[-1] == inner and axis != inner
+                and inner not in n.args[0].axes
+                and all(a == axis or a in self.grid for a in t.axes))
 
     def _vectorisable(self, axes: tuple[str, ...]) -> bool:
         n = len(axes)
@@ -297,13 +312,16 @@ class _Builder:
         return ir.Call("mf_lane8", (v, k)) if self.policy.vector_width == 8 else ir.Lane(v, k)
 
     # -- one element -------------------------------------------------------------------
-    def element(self, vector: bool) -> tuple[list[ir.Decl], list[ir.Stmt]]:
-        """(the chunk's position declarations, statements computing and storing element `mf_i`
-        (lane `mf_k` of the vector path, whose positions come from the chunk's))."""
+    def element(self, vector: bool
+                ) -> tuple[list[ir.Decl], list[ir.Stmt], list[ir.Stmt]]:
+        """(the chunk's position declarations, its gathered rows (`row_gathers`), statements
+        computing and storing element `mf_i` (lane `mf_k` of the vector path, whose positions
+        come from the chunk's))."""
         i, k = ir.Var("mf_i"), ir.Var("mf_k")
         need: dict[str, ir.Decl] = {}
         chunk: dict[str, ir.Decl] = {}
         vec_names = {t.name for t in self.vec_in}
+        per_chunk = [False]                     # lowering a row gather's index, once a chunk
 
         def position(a: str) -> ir.Expr:
             return self.chunk_position(a, chunk, need) if vector else self.position(a, i, need)
@@ -313,7 +331,8 @@ class _Builder:
             if vector and t.name in vec_names:
                 raw: ir.Expr = self.lane(ir.Var(f"mf_{t.name}_v"), k)
             else:
-                raw = ir.Load(self.names[t.name], self.offset(t.axes, i, position))
+                at_ = ir.Var("mf_start") if per_chunk[0] else i
+                raw = ir.Load(self.names[t.name], self.offset(t.axes, at_, position))
             return ir.Cast(compute_type(t.dtype), raw)
 
         def take(n: Node, pos: ir.Expr) -> ir.Expr:
@@ -328,6 +347,11 @@ class _Builder:
         shift = (lambda n: self.chunk_shift(n, chunk, need)) if vector else None
         low = ElementLowering(self.graph, load, position, self.size,
                               lambda s: self.names[s], shift=shift, take=take)
+        gathered: list[ir.Stmt] = []
+        if vector:
+            per_chunk[0] = True
+            gathered = self.row_gather_loads(low, position, chunk)
+            per_chunk[0] = False
         body = self.held_takes(low) if vector else []
         body += low.lower([o.node for o in self.graph.outputs])
         self.helpers |= low.helpers
@@ -353,7 +377,31 @@ class _Builder:
             out += [ir.Comment("position along each axis")] + pos
         out += [ir.Comment("compute (f16/bf16 in f32)")] + body
         out += [ir.Comment("store")] + stores
-        return list(chunk.values()), out
+        return list(chunk.values()), gathered, out
+
+    def row_gather_loads(self, low: ElementLowering, position: Callable[[str], ir.Expr],
+                         chunk: dict[str, ir.Decl]) -> list[ir.Stmt]:
+        """Vector path: each row gather's index computed and checked once for the chunk, and
+        the chunk's `vector_width` elements of the gathered row read with one vector load (the
+        row holds whole chunks, so the load is aligned); sets each lane's value in `low`."""
+        vw, inner = self.policy.vector_width, self.grid[-1]
+        out: list[ir.Stmt] = []
+        for n in self.row_gathers:
+            name, axis = n.attr
+            t = self.graph.tensor(name)
+            stmts, pos = low.gather_position(n)
+            off: ir.Expr = ir.Lit(0, IDX)
+            for j, a in enumerate(t.axes):
+                p = pos if a == axis else self.chunk_start(chunk) if a == inner else position(a)
+                off = p if j == 0 else off * self.size(a) + p
+            var = f"mf_{name}_row{take_sites(self.graph).index(n)}"
+            out += [ir.Comment(f"'{name}' gathered along '{axis}': the chunk's {vw} elements "
+                               f"of one row, one vector load"), *stmts,
+                    ir.Decl(var, ir.vector_type(self.in_stype(t), vw),
+                            ir.Load(self.names[name], off, vw, self.in_stype(t)))]
+            low.values[n] = ir.Cast(compute_type(t.dtype), self.lane(ir.Var(var),
+                                                                     ir.Var("mf_k")))
+        return out
 
     def held_takes(self, low: ElementLowering) -> list[ir.Stmt]:
         """Vector path: gathers along the innermost axis whose element is in the vector this
@@ -390,7 +438,7 @@ class _Builder:
         """The guarded path: the chunk's elements one at a time, each checked against the
         element count (the tail, and every chunk when vector_width is 1)."""
         vw = self.policy.vector_width
-        _, element = self.element(vector=False)
+        _, _, element = self.element(vector=False)
         in_range = ir.Var("mf_i") < ir.Var("mf_numel")
         if vw == 1:
             return [ir.Decl("mf_i", IDX, ir.Var("mf_start")), ir.If(in_range, element)]
@@ -420,10 +468,11 @@ class _Builder:
             else:
                 loads.append(ir.Decl(f"{self.out_names[kk]}_v",
                                      f"vec<{self.out_stype(kk)}, {vw}>", None, const=False))
-        chunk, lane_el = self.element(vector=True)
+        chunk, gathered, lane_el = self.element(vector=True)
         if chunk:
             loads.append(ir.Comment("the chunk's position (it lies in one row)"))
             loads += chunk
+        loads += gathered
         uses_i = ir.mentions(lane_el, "mf_i")
         lanes = ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"),
                        ([self.i_decl()] if uses_i else []) + lane_el, unroll=True)
@@ -437,7 +486,7 @@ class _Builder:
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
         # lanes finding their positions, or gathered elements, from the chunk's: it must
         # lie in one row
-        in_row = bool(chunk) or bool(self.lane_takes)
+        in_row = bool(chunk) or bool(self.lane_takes) or bool(self.row_gathers)
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
                                           rows=in_row and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
@@ -499,7 +548,9 @@ class _Builder:
                              body, summary, variant=self.variant, params=self._params(),
                              helpers=tuple(sorted(self.helpers)))
         return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
-                        tuple(t.name for t in self.vec_in), self.index64,
+                        tuple(dict.fromkeys([*(t.name for t in self.vec_in),
+                                             *(n.attr[0] for n in self.row_gathers)])),
+                        self.index64,
                         lane_gathers=self.lane_takes)
 
     def _params(self) -> tuple[ir.Argument, ...]:

@@ -20,6 +20,8 @@ from metalforge.graph import take_sites
 from metalforge.schedule import gather
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from embedding import embed  # noqa: E402
+from paged_kv_gather import paged_gather  # noqa: E402
 from rope import (qk_norm_rope, rope, rope_interleaved, torch_rope,  # noqa: E402
                   torch_rope_interleaved)
 
@@ -318,3 +320,53 @@ def test_traffic_counts_only_gathers_that_load():
         x, w, p = _qk_args(e)
         gathered = partners * (x.nbytes + w.nbytes)      # x's and w's partners, once each
         assert read(qk_norm_rope, x, w, p) == x.nbytes + w.nbytes + p.nbytes + gathered
+
+
+# -- row gathers: an outer-axis gather by an index that does not move along the row -------------
+
+
+@mf.kernel                                  # a lookup plus a contiguous input, by a computed index
+def embed_shifted(table: "T[V, D]", ids: "i32[N]", pos: "T[N, D]", shift: int):
+    row = (ids + shift * mf.index("N")) % mf.size("V")
+    return mf.take(table, axis="V", index=row) + pos
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_gathers_read_each_chunk_of_a_row_with_one_vector_load(dtype):
+    """The vector path reads a chunk's elements of the gathered row with one 16-byte load and
+    checks the index once a chunk (no per-element id load or check); the table is a vector
+    input, so the runtime hands the kernel an aligned one."""
+    width = 16 // torch.empty(0, dtype=dtype).element_size()
+    table, ids = torch.randn(50, 64, dtype=dtype), torch.zeros(7, dtype=torch.int32)
+    s = _schedule(embed, table, ids)
+    vector_path = next(st for st in s.kernel.body if isinstance(st, ir.If)).then
+    assert [ld.width for ld in _loads(vector_path, "table")] == [width]
+    assert len(_loads(vector_path, "ids")) == 1
+    assert "table" in s.vector_inputs
+    cache = torch.randn(9, 4, 2, 16, dtype=dtype)
+    s = _schedule(paged_gather, cache, torch.zeros(2, 3, dtype=torch.int32))
+    vector_path = next(st for st in s.kernel.body if isinstance(st, ir.If)).then
+    assert [ld.width for ld in _loads(vector_path, "cache")] == [width]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("v,d,n", [(50, 64, 7), (13, 24, 5), (40, 37, 3), (5, 8, 1)])
+def test_row_gathers_match_torch(dtype, v, d, n):
+    """Whole chunks (d a multiple of the width), rows of partial chunks (the scalar path), a
+    computed index and a contiguous input beside the gather; a table view whose start is not
+    aligned for vector loads; an id out of range in the middle of a chunk's row raises."""
+    g = torch.Generator().manual_seed(v * d + n)
+    table = torch.randn(v, d, generator=g).to(dtype)
+    ids = torch.randint(0, v, (n,), generator=g, dtype=torch.int32)
+    pos = torch.randn(n, d, generator=g).to(dtype)
+    torch.testing.assert_close(embed(table, ids), table[ids.long()])
+    rows = (ids.long() + 3 * torch.arange(n)) % v
+    want = (table[rows].float() + pos.float()).to(dtype)
+    torch.testing.assert_close(embed_shifted(table, ids, pos, 3), want, rtol=0, atol=0)
+    flat = torch.randn(v * d + 1, generator=g).to(dtype)
+    view = flat[1:].view(v, d)                      # starts 1 element past an aligned address
+    torch.testing.assert_close(embed(view, ids), view[ids.long()])
+    bad = ids.clone()
+    bad[n // 2] = v
+    with pytest.raises(mf.GatherIndexError, match=rf"index {v} is out of range"):
+        embed(table, bad)

@@ -44,26 +44,24 @@ kernel void mf_embed_scaled(
         T mf_out_v[8];
         // the chunk's position (it lies in one row)
         const mf_index_t mf_pos0_D = mf_start % mf_size_D;
+        // 'table' gathered along 'V': the chunk's 8 elements of one row, one vector load
+        const int mf_ids = int(ids[mf_start / mf_size_D]);
+        const long mf_take1 = long(mf_ids);
+        const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_V);
+        if (!mf_take1_ok) {
+            // index out of range: report it (gather 0, from 'table')
+            mf_err[0u] = 1;
+            mf_err[1u] = 0;
+            mf_err[2u] = int(mf_take1);
+            mf_err[3u] = int(mf_take1 >> 32);
+        }
+        const mf_pack8<T> mf_table_row0 = *reinterpret_cast<device const mf_pack8<T>*>(table + (mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_D + mf_pos0_D);
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
-            // position along each axis
-            const mf_index_t mf_pos_D = mf_pos0_D + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const int mf_ids = int(ids[mf_i / mf_size_D]);
-            const long mf_take1 = long(mf_ids);
-            const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_V);
-            if (!mf_take1_ok) {
-                // index out of range: report it (gather 0, from 'table')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take1);
-                mf_err[3u] = int(mf_take1 >> 32);
-            }
-            const float mf_v2 = float(table[(mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_D + mf_pos_D]);
-            const float mf_v3 = mf_v2 * scale;
+            const float mf_v2 = float(mf_lane8(mf_table_row0, mf_k)) * scale;
             // store
-            mf_out_v[mf_k] = T(mf_v3);
+            mf_out_v[mf_k] = T(mf_v2);
         }
         // store: 8-wide vectors
         *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_start) = mf_pack8_of(mf_out_v[0u], mf_out_v[1u], mf_out_v[2u], mf_out_v[3u], mf_out_v[4u], mf_out_v[5u], mf_out_v[6u], mf_out_v[7u]);
@@ -130,26 +128,24 @@ kernel void mf_embed_scaled_small(
         vec<T, 4> mf_out_v;
         // the chunk's position (it lies in one row)
         const mf_index_t mf_pos0_D = mf_start % mf_size_D;
+        // 'table' gathered along 'V': the chunk's 4 elements of one row, one vector load
+        const int mf_ids = int(ids[mf_start / mf_size_D]);
+        const long mf_take1 = long(mf_ids);
+        const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_V);
+        if (!mf_take1_ok) {
+            // index out of range: report it (gather 0, from 'table')
+            mf_err[0u] = 1;
+            mf_err[1u] = 0;
+            mf_err[2u] = int(mf_take1);
+            mf_err[3u] = int(mf_take1 >> 32);
+        }
+        const vec<T, 4> mf_table_row0 = *reinterpret_cast<device const vec<T, 4>*>(table + (mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_D + mf_pos0_D);
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
-            // position along each axis
-            const mf_index_t mf_pos_D = mf_pos0_D + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const int mf_ids = int(ids[mf_i / mf_size_D]);
-            const long mf_take1 = long(mf_ids);
-            const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_V);
-            if (!mf_take1_ok) {
-                // index out of range: report it (gather 0, from 'table')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take1);
-                mf_err[3u] = int(mf_take1 >> 32);
-            }
-            const float mf_v2 = float(table[(mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_D + mf_pos_D]);
-            const float mf_v3 = mf_v2 * scale;
+            const float mf_v2 = float(mf_table_row0[mf_k]) * scale;
             // store
-            mf_out_v[mf_k] = T(mf_v3);
+            mf_out_v[mf_k] = T(mf_v2);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;

@@ -50,25 +50,23 @@ kernel void mf_paged_gather(
         const mf_index_t mf_pos_BS = mf_start / mf_span_G_E % mf_size_BS;
         const mf_index_t mf_pos_G = mf_start / mf_size_E % mf_size_G;
         const mf_index_t mf_pos0_E = mf_start % mf_size_E;
+        // 'cache' gathered along 'NB': the chunk's 8 elements of one row, one vector load
+        const int mf_block_table = int(block_table[mf_start / mf_span_BS_G_E]);
+        const long mf_take1 = long(mf_block_table);
+        const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_NB);
+        if (!mf_take1_ok) {
+            // index out of range: report it (gather 0, from 'cache')
+            mf_err[0u] = 1;
+            mf_err[1u] = 0;
+            mf_err[2u] = int(mf_take1);
+            mf_err[3u] = int(mf_take1 >> 32);
+        }
+        const mf_pack8<T> mf_cache_row0 = *reinterpret_cast<device const mf_pack8<T>*>(cache + (((mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_BS + mf_pos_BS) * mf_size_G + mf_pos_G) * mf_size_E + mf_pos0_E);
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
-            // position along each axis
-            const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const int mf_block_table = int(block_table[mf_i / mf_span_BS_G_E]);
-            const long mf_take1 = long(mf_block_table);
-            const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_NB);
-            if (!mf_take1_ok) {
-                // index out of range: report it (gather 0, from 'cache')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take1);
-                mf_err[3u] = int(mf_take1 >> 32);
-            }
-            const float mf_v2 = float(cache[(((mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_BS + mf_pos_BS) * mf_size_G + mf_pos_G) * mf_size_E + mf_pos_E]);
             // store
-            mf_out_v[mf_k] = T(mf_v2);
+            mf_out_v[mf_k] = T(float(mf_lane8(mf_cache_row0, mf_k)));
         }
         // store: 8-wide vectors
         *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_start) = mf_pack8_of(mf_out_v[0u], mf_out_v[1u], mf_out_v[2u], mf_out_v[3u], mf_out_v[4u], mf_out_v[5u], mf_out_v[6u], mf_out_v[7u]);
@@ -143,25 +141,23 @@ kernel void mf_paged_gather_small(
         const mf_index_t mf_pos_BS = mf_start / mf_span_G_E % mf_size_BS;
         const mf_index_t mf_pos_G = mf_start / mf_size_E % mf_size_G;
         const mf_index_t mf_pos0_E = mf_start % mf_size_E;
+        // 'cache' gathered along 'NB': the chunk's 4 elements of one row, one vector load
+        const int mf_block_table = int(block_table[mf_start / mf_span_BS_G_E]);
+        const long mf_take1 = long(mf_block_table);
+        const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_NB);
+        if (!mf_take1_ok) {
+            // index out of range: report it (gather 0, from 'cache')
+            mf_err[0u] = 1;
+            mf_err[1u] = 0;
+            mf_err[2u] = int(mf_take1);
+            mf_err[3u] = int(mf_take1 >> 32);
+        }
+        const vec<T, 4> mf_cache_row0 = *reinterpret_cast<device const vec<T, 4>*>(cache + (((mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_BS + mf_pos_BS) * mf_size_G + mf_pos_G) * mf_size_E + mf_pos0_E);
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-            const mf_index_t mf_i = mf_start + mf_k;
-            // position along each axis
-            const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const int mf_block_table = int(block_table[mf_i / mf_span_BS_G_E]);
-            const long mf_take1 = long(mf_block_table);
-            const bool mf_take1_ok = mf_take1 >= 0 && mf_take1 < long(mf_size_NB);
-            if (!mf_take1_ok) {
-                // index out of range: report it (gather 0, from 'cache')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take1);
-                mf_err[3u] = int(mf_take1 >> 32);
-            }
-            const float mf_v2 = float(cache[(((mf_take1_ok ? mf_index_t(mf_take1) : 0u) * mf_size_BS + mf_pos_BS) * mf_size_G + mf_pos_G) * mf_size_E + mf_pos_E]);
             // store
-            mf_out_v[mf_k] = T(mf_v2);
+            mf_out_v[mf_k] = T(float(mf_cache_row0[mf_k]));
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
