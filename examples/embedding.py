@@ -22,6 +22,12 @@ def embed_scaled(table: "T[V, D]", ids: "i32[*B]", scale: float = 1.0) -> "T[*B,
     return mf.take(table, axis="V", index=ids) * scale
 
 
+# check(): row lengths of whole 16-byte chunks (8, 32, 64: each chunk of the gathered row is one
+# vector load) and not (1, 7, 33: the element-by-element path)
+_D = [1, 7, 8, 32, 33, 64]
+CHECK = {"embed": {"dims": {"D": _D}}, "embed_scaled": {"dims": {"D": _D}}}
+
+
 if __name__ == "__main__":
     device = "mps" if torch.backends.mps.is_available() else "cpu"
     table = torch.randn(1000, 256, dtype=torch.bfloat16, device=device)

@@ -19,6 +19,11 @@ def paged_gather(cache: "T[NB, BS, G, E]", block_table: "i32[B, P]") -> "T[B, P,
     return mf.take(cache, axis="NB", index=block_table)
 
 
+# check(): head dims of whole 16-byte chunks (8, 64: each chunk of a gathered row is one vector
+# load) and not (3, 12: the element-by-element path)
+CHECK = {"paged_gather": {"dims": {"E": [3, 8, 12, 64]}}}
+
+
 if __name__ == "__main__":
     device = "mps" if torch.backends.mps.is_available() else "cpu"
     nb, bs, g, e = 64, 16, 2, 64
