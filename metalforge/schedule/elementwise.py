@@ -84,8 +84,8 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
 # Elements a thread of the `small` kernel covers: a grid too small to fill the GPU is bounded by
 # each thread's chain of work, not by bandwidth. H100, 2026-11-27, f16, us, 8 elements a thread
 # -> 4 (threads_per_group 64-256 alike): rope 32x32x1x128 (131 K elements) 6.7-7.0 -> 4.8-5.3,
-# silu 32x4096 2.6-2.7 -> 2.3-2.5, 128x4096 2.9-3.0 -> 2.6; 8 faster from 2 M elements on
-# (embedding 512 x 4096: 6.2-6.3 -> 6.1-6.5, rope 1x8x8192x64 36.2 -> 38.2, bench/README.md)
+# silu 32x4096 2.6-2.7 -> 2.3-2.5; the two cross at about 2 M elements, 8 faster from 4 M on
+# (every elementwise example at 1-16 M elements, bench/README.md)
 SMALL_WIDTH = 4
 
 
@@ -149,9 +149,9 @@ class _Builder:
         # template parameters: dtype variables, then the index type
         self.tvars = dict(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
-        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`);
-        # tensors read element by element (broadcast, or packed words read once per word)
-        # do not bound it
+        # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`) of
+        # the tensors read or written as vectors (rows gathered whole among them); those read
+        # element by element (broadcast, or packed words read once per word) do not bound it
         self.row_gathers = [n for n in take_sites(graph) if self._row_gather(n)]
         wide = {t.dtype.itemsize for t in self.inputs
                 if self._vectorisable(t.axes) and t.name in self.loaded} | {
