@@ -16,8 +16,9 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
-from typing import Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from .. import ir
 from ..dtypes import DType
@@ -110,11 +111,27 @@ class ElementwiseSchedule(Schedule):
     def width(self, sizes: Mapping[str, int]) -> int:
         return SMALL_WIDTH if self._is_small(sizes) else self.policy.vector_width
 
-    def selecting(self, host_name: str) -> dict[str, int]:
+    def selecting(self, host_name: str) -> list[dict[str, Any]]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): the wide
-        kernel with the innermost axis small_grid long."""
-        return {self.grid_axes[-1]: self.policy.small_grid} \
-            if host_name == self.kernel.host_name else {}
+        kernel over at least small_grid elements, its innermost axis 8 long (whole chunks: the
+        vector path) and 9 (a partial chunk: the element-by-element path), the outermost
+        axis making up the count (a batch dim's leading shape as a tuple)."""
+        if host_name != self.kernel.host_name:
+            return []
+        n, outer, inner = self.policy.small_grid, self.grid_axes[0], self.grid_axes[-1]
+        # a length the innermost axis can take: a multiple of what its derived axes divide by
+        # (K of K/8 and K/GS: 64), so the partial chunk only where that is 1
+        step = math.lcm(1, *(d.div // math.gcd(d.mul, d.div) for t in self.graph.tensors
+                             for d in t.dims if d.derived and d.base == inner))
+        if outer == inner:
+            return [{inner: n}] + ([{inner: n + 1}] if step == 1 else [])
+        batch = {d.name for t in self.graph.tensors for d in t.dims if d.batch}
+        whole = math.lcm(self.policy.vector_width, step)
+        out = []
+        for row in [whole] + ([whole + 1] if step == 1 else []):
+            rows = -(-n // row)
+            out.append({outer: (rows,) if outer in batch else rows, inner: row})
+        return out
 
 
 class _Builder:

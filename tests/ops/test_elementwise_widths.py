@@ -77,3 +77,12 @@ def test_check_covers_both_kernels():
     hosts = {i.host_name: i for i in report.instantiations}
     assert {"silu_f16", "silu_f16_small"} <= set(hosts), report.coverage()
     assert hosts["silu_f16"].launches and hosts["silu_f16_small"].launches, report.coverage()
+
+
+def test_check_reaches_the_wide_kernel_under_the_table():
+    """Under the table's small_grid (2^19) check's own examples are small: it reaches the wide
+    kernel through `selecting`, with rows of whole chunks and of a partial one."""
+    report = check(silu, max_examples=3, dtypes={"T": "f16"})
+    wide = next(i for i in report.instantiations if i.host_name == "silu_f16")
+    assert wide.launches and any("D=8" in s for s in wide.sizes) and \
+        any("D=9" in s for s in wide.sizes), report.coverage()
