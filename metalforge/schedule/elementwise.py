@@ -113,9 +113,10 @@ class ElementwiseSchedule(Schedule):
 
     def selecting(self, host_name: str) -> list[dict[str, Any]]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): the wide
-        kernel over at least small_grid elements, its innermost axis 8 long (whole chunks: the
-        vector path) and 9 (a partial chunk: the element-by-element path), the outermost
-        axis making up the count (a batch dim's leading shape as a tuple)."""
+        kernel over at least small_grid elements, its innermost axis one whole chunk long (8,
+        or what its derived axes need: 64 for K/GS) and, where it may be, one more (a partial
+        chunk: the element-by-element path), the outermost axis making up the count (a batch
+        dim's leading shape as a tuple)."""
         if host_name != self.kernel.host_name:
             return []
         n, outer, inner = self.policy.small_grid, self.grid_axes[0], self.grid_axes[-1]
