@@ -123,8 +123,9 @@ def plan(kernel, args):
 
 
 def launched_variant(schedule, kernel, args) -> str:
-    """The row variant the call `kernel(*args)` launches: the host's pick for the row length,
-    or looped where the group kernel's pipeline cannot take the threads the row needs."""
+    """The variant the call `kernel(*args)` launches (of a schedule with `variants`: a row
+    reduction's, where the group kernel's pipeline may not take the threads the row needs; the
+    quantized matvec's)."""
     host = kernel.launches(*args)[0][0]
     return next(v for v, k in schedule.variants.items() if k.host_name == host)
 

@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another installed one
 
-from common import DTYPES, cold_copies, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
+from common import (DTYPES, cold_copies, copy_time, launched_variant, parse_launch,  # noqa: E402
+                    pick_device, plan, timeit)
 from metalforge import quant  # noqa: E402
 from metalforge.schedule.policy import LaunchError  # noqa: E402
 from dequantize import dequantize  # noqa: E402
@@ -215,7 +216,7 @@ def main(argv=None) -> None:
             deq = timeit([lambda q=q: F.linear(x, quant.dequantize(*q, 64, 4)) for q in qs],
                          device, repeat)
             copy = copy_time(nbytes, device, repeat, cold=args.cold)
-            variant = sched.variant(sizes)
+            variant = launched_variant(sched, kernel, (wq, s, b, x))
             print(f"{dname:>5} {f'{n}x{k}':>11} {variant:>9} {nbytes:>10} {ours * 1e6:>8.1f} "
                   f"{linear * 1e6:>9.1f} {deq * 1e6:>9.1f} {copy * 1e6:>8.1f} "
                   f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
