@@ -70,24 +70,32 @@ def qk_norm_rope(x: "T[B, H, S, E]", w: "T[E]", pos: "i32[B, S]", eps: float = 1
     return (y * mf.cos(theta) + mf.where(i < half, -partner, partner) * mf.sin(theta)).to("T")
 
 
-# what check() may draw: RoPE pairs elements of a head, so E is even (and at least rot_dims);
-# positions stay small where the kernel computes the angles: cos(pos * f) at pos ~ 30000 turns a
-# 1-ulp difference of the GPU's pow into ~4e-3 of the output, far over f32's tolerance (torch's
-# own fp32 RoPE has the same error against a float64 one)
+# what check() may draw: RoPE pairs elements of a head, so E is even where every element
+# rotates (rope_partial: at least rot_dims, the rest pass through); positions stay small where
+# the kernel computes the angles: cos(pos * f) at pos ~ 30000 turns a 1-ulp difference of the
+# GPU's pow into ~4e-3 of the output, far over f32's tolerance (torch's own fp32 RoPE has the
+# same error against a float64 one)
 # Head dims: whole vectors of 8 (64, 128) and not (6, 34: the rows end in a partial chunk, so
-# the kernels' element-by-element path runs too); qk_norm_rope's rows span its three
+# the kernels' element-by-element path runs too; rope_partial also 33: with 34 an f32 tensor
+# holds a whole number of 4-wide chunks whenever B*H*S is even, check once drew no other, and
+# the guard of the last partial chunk never ran); qk_norm_rope's rows span its three
 # row-length variants (one simdgroup, one threadgroup, looped: 8194 for f32, 16386 for 2-byte
 # types), with a memory budget that keeps those to a few rows (the simulator runs every thread);
 # 520 gives the one-threadgroup kernel three simdgroups (at 256 it has one), so its exchange of
 # partial sums through threadgroup memory runs.
 # base: a RoPE base (1e2 to 1e5); a base near 0 makes the angles pos * base^(-2j/E) huge, where
 # one ulp of the GPU's pow moves sin/cos by O(1) (found by the CUDA run of check)
+# x (the rotations only): linear in x, so all-zero and tiny heads (|x| near the smallest normal,
+# under the absolute tolerance) show nothing of cos/sin; with them drawn, check ran rope's vector
+# path only on such heads and missed `x * cos` turned into `x / cos` there (a mutant; the same in
+# rope_interleaved). qk_norm_rope keeps them: its norm's sum of squares is defined on them.
 _SMALL = {"pos": (0, 16), "base": (100.0, 100000.0)}
+_ROTATE = {**_SMALL, "x": ["normal", "shifted", "mixed", "large", "special"]}
 _E = [2, 6, 8, 34, 64, 128]
-CHECK = {"rope": {"dims": {"E": _E}, "values": _SMALL},
-         "rope_interleaved": {"dims": {"E": _E}, "values": _SMALL},
+CHECK = {"rope": {"dims": {"E": _E}, "values": _ROTATE},
+         "rope_interleaved": {"dims": {"E": _E}, "values": _ROTATE},
          "rope_cached": {"dims": {"E": _E}},
-         "rope_partial": {"dims": {"E": [32, 34, 64, 128]}, "values": _SMALL},
+         "rope_partial": {"dims": {"E": [32, 33, 34, 64, 128]}, "values": _ROTATE},
          "qk_norm_rope": {"dims": {"E": _E + [256, 520, 8194, 16386]}, "values": _SMALL,
                           "memory_budget": 1 << 17}}
 
