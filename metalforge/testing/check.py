@@ -36,7 +36,8 @@ from .profiles import Profile, profile as _profile
 from ..tolerance import ACCUMULATION, Tolerance, compare, lowest_precision, magnitude, \
     reduction_length, tolerance
 from .. import runtime, sim
-from ..errors import BindingError, LaunchError, TraceError, UnsupportedConstruct
+from ..errors import BindingError, GatherIndexError, LaunchError, TraceError, \
+    UnsupportedConstruct
 from ..reference import evaluate
 from ..runtime import schedule_of
 from ..runtime.backends import current_backend
@@ -139,6 +140,8 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
         report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims, max_examples=n,
                                           record=insts, **common)
         report.examples += _cover(kernel, variant, insts, dims, **common)
+        report.examples += _check_index_bounds(kernel, variant, dims=dims, max_examples=n,
+                                                **common)
         _mark_alternatives(kernel, variant, insts, backend)
         report.instantiations += insts.values()
     _fail_unlaunched(kernel, report)
@@ -599,6 +602,57 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
 
     run_one()
     return ran[0]
+
+
+def _check_index_bounds(kernel, variant: Variant, *, dims, max_examples: int, per_param,
+                        global_families, backend, layouts: bool, budget: int,
+                        prof: Profile) -> int:
+    """A gather's index tensor one past its axis (the size itself) and, where its type is
+    signed, -1, at its first and last element, in examples drawn as the others are: the kernel
+    and its reference must both raise GatherIndexError naming the value (bad input never gives
+    a wrong answer; the other examples draw indices in range). Returns the kernel calls."""
+    indices = index_tensors(variant.graph)
+    if not indices:
+        return 0
+    device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
+    ctx = runtime.backend(backend) if backend else contextlib.nullcontext()
+    calls = [0]
+
+    @settings(prof.settings, max_examples=max_examples)
+    @given(st.data())
+    def bad_index(data):
+        ex = _draw_example(data.draw, variant, variant.graph.params, dims=dims,
+                           per_param=per_param, global_families=global_families,
+                           layouts=layouts, budget=budget, device=device,
+                           admit=lambda sizes: _admit(kernel, variant, sizes, prof))
+        for name, axis in indices.items():
+            t, size = ex.args[name], ex.sizes.sizes[axis]
+            if t.numel() == 0:
+                continue
+            info = torch.iinfo(t.dtype)
+            bad = [v for v in (size, -1) if info.min <= v <= info.max]
+            for value, at in itertools.product(bad, sorted({0, t.numel() - 1})):
+                args = dict(ex.args, **{name: t.contiguous().clone()})
+                args[name].view(-1)[at] = value
+                for who, fn in (("the kernel", kernel), ("the reference", kernel.reference)):
+                    calls[0] += who == "the kernel"
+                    try:
+                        with ctx:
+                            fn(**args)
+                    except GatherIndexError as e:
+                        if f"index {value} " in str(e):
+                            continue
+                        problem = f"{who} raised GatherIndexError not naming {value}: {e}"
+                    except Exception as e:                       # noqa: BLE001 - reported
+                        problem = f"{who} raised {type(e).__name__}: {e}"
+                    else:
+                        problem = f"{who} raised nothing"
+                    raise AssertionError(_report(
+                        kernel, variant, ex, backend, f"'{name}' with element {at} set to "
+                        f"{value} (outside '{axis}', size {size}): {problem}"))
+
+    bad_index()
+    return calls[0]
 
 
 def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) -> None:

@@ -12,7 +12,7 @@ import metalforge as mf
 from metalforge.testing import check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from embedding import embed, embed_scaled  # noqa: E402
+from embedding import CHECK as EMBED_CHECK, embed, embed_scaled  # noqa: E402
 from paged_kv_gather import paged_gather  # noqa: E402
 from rope import (angles, qk_norm_rope, rope, rope_cached, rope_interleaved,  # noqa: E402
                   rope_partial, torch_rope, torch_rope_interleaved, torch_rope_partial)
@@ -93,6 +93,20 @@ def test_check_draws_valid_indices_and_covers_gathers():
     for k, dims in ((embed, None), (paged_gather, None), (rope, {"E": [2, 8, 64]})):
         report = check(k, max_examples=3, dims=dims, dtypes={"T": ["f32"]})
         assert all(i.launches for i in report.instantiations), report.coverage()
+
+
+def test_check_sets_indices_one_past_the_axis_and_needs_the_error():
+    # the generated range check made one too lenient (`< V` -> `<= V`): every in-range example
+    # still passes, so only check's out-of-range examples (an index of V, and -1) can show it
+    from metalforge.testing.mutate import applied, f32_source, mutants
+    src, _ = f32_source(embed)
+    lenient = [m for m in mutants(src) if "mf_take1 <= long(mf_size_V)" in m.after]
+    assert lenient
+    for m in lenient:
+        with applied(m), pytest.raises(AssertionError, match=r"set to \d+ \(outside 'V', size"):
+            check(embed, dtypes={"T": ["f32"]}, **EMBED_CHECK["embed"])
+    report = check(embed, dtypes={"T": ["f32"]}, **EMBED_CHECK["embed"])   # unchanged: passes
+    assert report.examples > 0
 
 
 def test_traffic_counts_gathered_rows():
