@@ -571,17 +571,27 @@ def _as_tuple(r) -> tuple:
     return tuple(r) if isinstance(r, (tuple, list)) else (r,)
 
 
+def _device(backend) -> str:
+    """Where a check's inputs live: the GPU a backend runs on, else the CPU (the simulator)."""
+    return {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
+
+
+def _backend_ctx(backend):
+    """The `with` block a check's calls run in: the backend asked for, else the tensors'."""
+    return runtime.backend(backend) if backend else contextlib.nullcontext()
+
+
 def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
                    prof: Profile, record=None) -> int:
-    device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
+    device = _device(backend)
     if device != "cpu":     # the thread budget is the simulator's (it runs every thread): on
         # cuda the wide elementwise kernel's pinned examples take 2^18 threads and a few more
         prof = replace(prof, launch_budget=1 << 62)
     ran = [0]
 
     def backend_ctx():
-        return runtime.backend(backend) if backend else contextlib.nullcontext()
+        return _backend_ctx(backend)
 
     @settings(prof.settings, max_examples=max_examples)
     @given(st.data())
@@ -614,8 +624,7 @@ def _check_index_bounds(kernel, variant: Variant, *, dims, max_examples: int, pe
     indices = index_tensors(variant.graph)
     if not indices:
         return 0
-    device = {"mps": "mps", "cuda": "cuda"}.get(backend, "cpu")
-    ctx = runtime.backend(backend) if backend else contextlib.nullcontext()
+    device, ctx = _device(backend), _backend_ctx(backend)
     calls = [0]
 
     @settings(prof.settings, max_examples=max_examples)
