@@ -9,7 +9,8 @@ rewrite.py (the textual pass), compiler.py (compilation and cache) and include/m
 """
 from .compiler import CompilerNotFound
 from .library import (Kernel, KernelError, Library, LibraryFunction, compile_shader,
-                      race_detection, thread_order, whole_groups)
+                      race_detection, thread_order, threadgroup_fill, whole_groups)
 
 __all__ = ["CompilerNotFound", "Kernel", "KernelError", "Library", "LibraryFunction",
-           "compile_shader", "race_detection", "thread_order", "whole_groups"]
+           "compile_shader", "race_detection", "thread_order", "threadgroup_fill",
+           "whole_groups"]

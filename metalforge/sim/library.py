@@ -51,6 +51,16 @@ _GUARD_MAX = 1 << 30
 _EXITED_LEAVE_BARRIERS = 1    # launch flag, kExitedLeaveBarriers in include/mf_sim/engine.cpp
 _REVERSE_ORDER = 2            # launch flag, kReverseOrder: a group's fibers run last first
 _RACE_CHECK = 4               # launch flag, kRaceCheck: check threadgroup memory for races
+_FILL_SHIFT = 3               # launch flags 8, 16: kFillShift, the first group's fill
+# What every threadgroup array holds when its group starts (on Metal: whatever an earlier group
+# left): every byte 0xFF ("nan": NaN in float types, -1 in signed integers), or every 16-bit
+# unit 0x7BFF ("high": 65504 as half, 2.7e36 as float and bfloat) or 0xFBFF ("low": the same,
+# negative), the groups (linearised) taking them in turn from the first group's. A read before
+# any thread wrote shows as a NaN in a sum, a large value in a max or a min.
+# `threadgroup_fill` sets the first group's for a block (testing.check draws it per example).
+TG_FILLS = ("nan", "high", "low")
+TG_FILL: contextvars.ContextVar[str] = contextvars.ContextVar("metalforge_sim_threadgroup_fill",
+                                                              default="nan")
 # The order the fibers of a threadgroup run in between barriers and collectives: "forward"
 # (thread order) or "reverse". Both are orders a GPU may take; a kernel missing a barrier shows
 # in one of them. `thread_order` sets it for a block (testing.check draws it per example).
@@ -96,6 +106,25 @@ def race_detection(on: bool = True) -> Iterator[None]:
         yield
     finally:
         RACE_DETECTION.reset(token)
+
+
+@contextlib.contextmanager
+def threadgroup_fill(fill: str) -> Iterator[None]:
+    """Start the threadgroup arrays of the first group of each of the simulator's launches in
+    this block as `fill`: "nan" (the default; every byte 0xFF), "high" (65504 in half, 2.7e36
+    in float and bfloat) or "low" (the same, negative); group g (linearised) takes the fill g
+    places further in that cycle. A kernel reading threadgroup memory before any thread of its
+    group wrote it gets NaNs and outsized values, not the zeros or another group's values it
+    might find on a GPU.
+
+    Example: ``with sim.threadgroup_fill("high"): lib.k(x, y, threads=64, group_size=64)``."""
+    if fill not in TG_FILLS:
+        raise ValueError(f"threadgroup fill must be one of {', '.join(TG_FILLS)}, got {fill!r}")
+    token = TG_FILL.set(fill)
+    try:
+        yield
+    finally:
+        TG_FILL.reset(token)
 
 
 @contextlib.contextmanager
@@ -480,6 +509,7 @@ class LibraryFunction:
                 flags |= _REVERSE_ORDER
             if RACE_DETECTION.get():
                 flags |= _RACE_CHECK
+            flags |= TG_FILLS.index(TG_FILL.get()) << _FILL_SHIFT
             _load_engine().mf_rt_launch(self._entry, ptr_table, (ctypes.c_uint32 * 3)(*grid),
                                         (ctypes.c_uint32 * 3)(*group), workers, flags,
                                         ctypes.byref(res))

@@ -79,8 +79,13 @@ WRONG_IDENTITY = Fault(
     "wrong_reduction_identity", "a max reduction starts from 0 instead of -inf",
     ((r"\bfloat (mf_acc\d+) = -INFINITY;", r"float \1 = 0.0f;"),))
 
+PARTIAL_PAST_END = Fault(
+    "partial_past_end", "the combine across simdgroups reads one partial past those written "
+    "(threadgroup memory no thread wrote)",
+    ((r"\bmf_lane < mf_nsg \?", "mf_lane <= mf_nsg ?"),))
+
 CATALOGUE = (OFF_BY_ONE_GUARD, DROPPED_UPCAST, BROADCAST_WRONG_AXIS, MISSING_BARRIER,
-             WRONG_IDENTITY)
+             WRONG_IDENTITY, PARTIAL_PAST_END)
 
 
 @dataclass

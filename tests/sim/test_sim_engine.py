@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from metalforge import sim
 from metalforge.sim import compile_shader
 
 SRC = r"""
@@ -299,6 +300,65 @@ def test_threadgroup_arrays_and_pointers(lib):
     torch.testing.assert_close(out, x.view(6, 128).sum(1), rtol=1e-5, atol=1e-4)
     # 128*4 + 4*4 + 6*4 bytes, rounded up to 16
     assert k.static_thread_group_memory_length == 560
+
+
+HALF_WRITTEN = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void half_written(device float* out [[buffer(0)]], device int* iout [[buffer(1)]],
+                         uint lid [[thread_position_in_threadgroup]],
+                         uint g [[threadgroup_position_in_grid]]) {
+  threadgroup float buf[64];
+  threadgroup int ibuf[64];
+  if (lid < 32) {
+    buf[lid] = float(g);
+    ibuf[lid] = int(g);
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[g * 64 + lid] = buf[lid];
+  iout[g * 64 + lid] = ibuf[lid];
+}
+"""
+
+
+FILLS = {"nan": (-1, float("nan")), "high": (0x7BFF7BFF, 65504.0),
+         "low": (-0x04000401, -65504.0)}       # int32 bits, the value as half
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("first", ["nan", "high", "low"])
+def test_threadgroup_memory_read_before_written_holds_the_groups_fill(order, first):
+    """On Metal a threadgroup array holds whatever an earlier group left (zeros in the first
+    group of a fresh process, say); the simulator fills it at every group start, so a read
+    before any thread wrote gives the fill in every group, the first included, not a plausible
+    zero or another group's value. The groups take NaN (0xFF bytes), 0x7BFF and 0xFBFF in every
+    16-bit unit (+-2.66e36 as float, +-65504 as half) in turn, from the first group's."""
+    lib = compile_shader(HALF_WRITTEN)
+    out, iout = torch.zeros(5 * 64), torch.zeros(5 * 64, dtype=torch.int32)
+    with sim.thread_order(order), sim.threadgroup_fill(first):
+        lib.half_written(out, iout, threads=5 * 64, group_size=64)
+    out, iout = out.view(5, 64), iout.view(5, 64)
+    groups = torch.arange(5).view(5, 1).expand(5, 32)
+    assert torch.equal(out[:, :32], groups.float()) and torch.equal(iout[:, :32], groups.int())
+    names = list(FILLS)
+    for g in range(5):
+        fill = names[(names.index(first) + g) % 3]
+        assert (iout[g, 32:] == FILLS[fill][0]).all(), (g, fill)
+        assert torch.equal(out[g, 32:].view(torch.int32), iout[g, 32:])      # the same bytes
+    half = torch.zeros(2 * 64, dtype=torch.half)
+    with sim.threadgroup_fill(first):
+        compile_shader(HALF_WRITTEN.replace("float", "half")).half_written(
+            half, torch.zeros(2 * 64, dtype=torch.int32), threads=2 * 64, group_size=64)
+    for g in range(2):
+        want = FILLS[names[(names.index(first) + g) % 3]][1]
+        torch.testing.assert_close(half[g * 64 + 32:(g + 1) * 64],
+                                   torch.full((32,), want, dtype=torch.half), equal_nan=True)
+
+
+def test_threadgroup_fill_names_its_choices():
+    with pytest.raises(ValueError, match="one of nan, high, low, got 'zero'"):
+        with sim.threadgroup_fill("zero"):
+            pass
 
 
 REVERSE_IN_TG = r"""

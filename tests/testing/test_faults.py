@@ -1,6 +1,7 @@
 """Planted faults: `check` must catch real bugs in generated MSL, with a readable report:
 an off-by-one bound guard, a dropped fp32 upcast, a broadcast indexed by the wrong axis, a
-missing threadgroup barrier and a wrong reduction identity.
+missing threadgroup barrier, a wrong reduction identity and a read of threadgroup memory no
+thread wrote.
 
 Each fault is a textual edit of the generated MSL made through the runtime's test seam
 (metalforge.testing.faults.planted). The kernels run on the simulator.
@@ -13,8 +14,8 @@ import torch
 import metalforge as mf
 from metalforge.testing import check
 from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, MISSING_BARRIER,
-                                       OFF_BY_ONE_GUARD, WRONG_IDENTITY, Fault,
-                                       FaultNotPlanted, planted)
+                                       OFF_BY_ONE_GUARD, PARTIAL_PAST_END, WRONG_IDENTITY,
+                                       Fault, FaultNotPlanted, planted)
 
 
 @mf.kernel
@@ -91,6 +92,17 @@ def test_wrong_reduction_identity_is_caught():
     m = re.search(r"got (\S+), expected (\S+),", report)
     assert m and float(m.group(1)) == 0.0 and float(m.group(2)) < 0, report
     assert "= 0.0f;" in report
+
+
+def test_a_partial_read_past_those_written_is_caught():
+    # slot nsg of the partials' threadgroup array is never written: on a GPU it holds what an
+    # earlier group left; the simulator's fill wins the max (NaN, which mf.max propagates as
+    # torch.amax does, or 2.7e36)
+    report = caught(PARTIAL_PAST_END, fault_rowmax, dtypes={"T": "f32"}, dims={"D": (257, 2000)})
+    m = re.search(r"got (\S+), expected", report)
+    assert m and not abs(float(m.group(1))) < 1e36, report
+    assert "simulator: threadgroup memory starts as" in report
+    assert "mf_lane <= mf_nsg ?" in report
 
 
 def test_the_same_kernels_pass_without_faults():

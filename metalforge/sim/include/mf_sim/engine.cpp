@@ -90,6 +90,8 @@ constexpr int kMaxWorkers = 16;
 constexpr int kExitedLeaveBarriers = 1;  // launch flag (mirrored in metalforge/sim/library.py)
 constexpr int kReverseOrder = 2;         // launch flag: a group's runnable fibers run last first
 constexpr int kRaceCheck = 4;            // launch flag: check threadgroup memory for races (race.h)
+constexpr int kFillShift = 3;            // launch flags 8 and 16: what threadgroup memory holds
+                                         // when the first group starts (tg_fill below)
 
 enum State : int { RUN = 0, DONE = 1, WAIT_TG = 2, WAIT_SG = 3, WAIT_COLL = 4 };
 
@@ -146,6 +148,12 @@ struct Worker {
   int fault_write = -1;
   Fiber* fault_fiber = nullptr;
   mf_race::Detector* race = nullptr;  // set for launches with kRaceCheck
+  // Threadgroup arrays this worker's groups have declared (their storage is the worker's, one
+  // copy per OS thread) and the group that last filled each (tg_fill): every group finds its
+  // arrays filled, whatever earlier groups left there (mf_rt_tg_note).
+  uint64_t group_serial = 0;
+  int fill = 0;             // the current group's fill (tg_fill)
+  std::vector<std::pair<uintptr_t, uint64_t>> tg_filled;
 };
 
 thread_local Worker* tl_worker = nullptr;
@@ -499,6 +507,9 @@ bool run_group(Worker* w, const uint32_t gp[3]) {
   Launch* L = w->launch;
   set_positions(L, w, gp);
   unsigned n = w->n;
+  ++w->group_serial;
+  const uint64_t linear = gp[0] + (uint64_t)L->ngroups[0] * (gp[1] + L->ngroups[1] * gp[2]);
+  w->fill = (int)((linear + ((L->flags >> kFillShift) & 3)) % 3);   // tg_fill's kinds
   if (w->race) w->race->start_group(n);
   for (unsigned i = 0; i < n; ++i) {
     Fiber* f = &w->fibers[i];
@@ -817,11 +828,38 @@ inline void race_access(const void* p, size_t n, bool write, const void* pc) {
 
 }  // namespace
 
+// What a threadgroup array holds when its group starts.  On Metal: whatever an earlier group (or
+// kernel) left there.  Here, so that what a kernel reads before any thread wrote it shows, one
+// of three fills: every byte 0xFF (0: a NaN in every float type, -1 in signed integers), or
+// every 16-bit unit 0x7BFF (1: 65504 as half, 2.7e36 as float and bfloat, large positive
+// integers) or 0xFBFF (2: the same, negative).  A NaN passes unnoticed through fmax/simd_max
+// and comparisons, a large positive value through a min, a large negative one through a max:
+// so the groups take the three in turn (group g, linearised, the fill g places after the
+// launch's first, its flags), and a stray read changes a max, a min or a sum in some group.
+static void tg_fill(void* base, size_t bytes, int kind) {
+  if (kind == 0) {
+    memset(base, 0xFF, bytes);
+    return;
+  }
+  unsigned char* p = (unsigned char*)base;
+  const unsigned char high = kind == 1 ? 0x7B : 0xFB;   // little-endian: 0xFF, then the sign
+  for (size_t i = 0; i < bytes; ++i) p[i] = (i & 1) ? high : 0xFF;
+}
+
 extern "C" void mf_rt_tg_note(void* base, size_t bytes, unsigned granule, unsigned elem,
                               const unsigned* dims, unsigned ndims, const char* name,
                               const char* file, unsigned line) {
   Worker* w = tl_worker;
-  if (!w || !w->race || !w->current) return;
+  if (!w || !w->current) return;
+  // the first thread of the group to pass the declaration fills the array (none wrote it yet)
+  size_t i = 0;
+  while (i < w->tg_filled.size() && w->tg_filled[i].first != (uintptr_t)base) ++i;
+  if (i == w->tg_filled.size()) w->tg_filled.emplace_back((uintptr_t)base, 0);
+  if (w->tg_filled[i].second != w->group_serial) {
+    tg_fill(base, bytes, w->fill);
+    w->tg_filled[i].second = w->group_serial;
+  }
+  if (!w->race) return;
   w->race->note((uintptr_t)base, bytes, granule, elem, dims, ndims, name, file, line);
   widen_tg_hull((uintptr_t)base, (uintptr_t)base + bytes);
 }
