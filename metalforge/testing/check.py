@@ -586,9 +586,10 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
                    max_examples: int, backend, layouts: bool, budget: int,
                    prof: Profile, record=None) -> int:
     device = _device(backend)
-    if device != "cpu":     # the thread budget is the simulator's (it runs every thread): on
-        # cuda the wide elementwise kernel's pinned examples take 2^18 threads and a few more
-        prof = replace(prof, launch_budget=1 << 62)
+    if device != "cpu":     # the thread and work budgets are the simulator's (it runs every
+        # thread): on cuda the wide elementwise kernel's pinned examples take 2^18 threads and
+        # a few more
+        prof = replace(prof, launch_budget=1 << 62, work_budget=1 << 62)
     ran = [0]
 
     def backend_ctx():
@@ -682,8 +683,11 @@ def _seeded(test, prof: Profile, kernel, variant: Variant, purpose: str):
 
 def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) -> None:
     """Reject (hypothesis) sizes the schedule refuses before launch (a documented limit, such
-    as attention's E over 256) or whose launches run more than the profile's thread budget
-    (the simulator runs every thread; `_check_variant` lifts it on a GPU)."""
+    as attention's E over 256), or whose launches run more than the profile's thread budget or
+    whose axis sizes multiply to more than its work budget (the simulator runs every thread and
+    every iteration; `_check_variant` lifts both on a GPU)."""
+    if _iterations(sizes) > prof.work_budget:
+        reject()
     try:
         s = schedule_of(variant.graph, sizes=sizes, launch=getattr(kernel, "launch", None))
         steps = s.steps(sizes)
@@ -693,6 +697,16 @@ def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) ->
         return                                                   # reports it
     if sum(step.threads for step in steps) > prof.launch_budget:
         reject()
+
+
+def _iterations(sizes: Mapping[str, Any]) -> int:
+    """The product of the axis sizes (a batch of axes as a tuple counts each; a derived axis
+    such as 'K/8' repeats its base's iterations and is left out)."""
+    n = 1
+    for name, size in sizes.items():
+        if "/" not in name:
+            n *= math.prod(size) if isinstance(size, tuple) else size
+    return n
 
 
 _FILLS = {"nan": "NaN (bytes 0xFF)", "high": "2.7e36 (65504 in half)",

@@ -34,6 +34,11 @@ class Profile:
     boundary_examples: int = 1    # examples per boundary size and index width (see check)
     launch_budget: int = 1 << 18  # threads one example's launches may run (the simulator runs
                                   # each: attention launches a 256-thread group per 2 rows)
+    work_budget: int = 1 << 23    # the product of one example's axis sizes (the iterations of
+                                  # the reference's loop nest; attention's B G R S L E): the
+                                  # simulator runs each thread's loops too, ~0.3 us an
+                                  # attention iteration on a 2-core box (2^23: ~3 s, as 2^18
+                                  # threads take)
 
 
 PROFILES = {
@@ -47,7 +52,7 @@ PROFILES = {
         "metalforge-thorough",
         settings(max_examples=150, deadline=None, database=None, derandomize=False,
                  suppress_health_check=_HEALTH, print_blob=True, report_multiple_bugs=False),
-        memory_budget=64 << 20, max_variants=None, launch_budget=1 << 22),
+        memory_budget=64 << 20, max_variants=None, launch_budget=1 << 22, work_budget=1 << 29),
 }
 
 for _p in PROFILES.values():          # also usable as plain hypothesis profiles
