@@ -25,7 +25,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import ContextManager, Iterator
 
 import torch
 
@@ -82,34 +82,33 @@ WHOLE_GROUPS: contextvars.ContextVar[bool] = contextvars.ContextVar("metalforge_
 
 
 @contextlib.contextmanager
-def whole_groups(on: bool = True) -> Iterator[None]:
-    """Run the simulator's launches in this block on grids rounded up to whole threadgroups.
-
-    Example: ``with sim.whole_groups(): lib.k(y, threads=40, group_size=32)`` runs 64 threads."""
-    token = WHOLE_GROUPS.set(bool(on))
+def _setting(var: contextvars.ContextVar, value) -> Iterator[None]:
+    """`var` set to `value` for a block (the launch models and race detection below)."""
+    token = var.set(value)
     try:
         yield
     finally:
-        WHOLE_GROUPS.reset(token)
+        var.reset(token)
 
 
-@contextlib.contextmanager
-def race_detection(on: bool = True) -> Iterator[None]:
+def whole_groups(on: bool = True) -> ContextManager[None]:
+    """Run the simulator's launches in this block on grids rounded up to whole threadgroups.
+
+    Example: ``with sim.whole_groups(): lib.k(y, threads=40, group_size=32)`` runs 64 threads."""
+    return _setting(WHOLE_GROUPS, bool(on))
+
+
+def race_detection(on: bool = True) -> ContextManager[None]:
     """Check (the default) or do not check the simulator's launches in this block for
     threadgroup-memory races: two threads of a group touching one element of a threadgroup
     array, at least one writing, with no barrier between them, fail the launch with a
     KernelError naming the array, the element, both threads and the hazard.
 
     Example: ``with sim.race_detection(False): lib.k(x, threads=64, group_size=64)``."""
-    token = RACE_DETECTION.set(bool(on))
-    try:
-        yield
-    finally:
-        RACE_DETECTION.reset(token)
+    return _setting(RACE_DETECTION, bool(on))
 
 
-@contextlib.contextmanager
-def threadgroup_fill(fill: str) -> Iterator[None]:
+def threadgroup_fill(fill: str) -> ContextManager[None]:
     """Start the threadgroup arrays of the first group of each of the simulator's launches in
     this block as `fill`: "nan" (the default; every byte 0xFF), "high" (65504 in half, 2.7e36
     in float and bfloat) or "low" (the same, negative); group g (linearised) takes the fill g
@@ -120,25 +119,16 @@ def threadgroup_fill(fill: str) -> Iterator[None]:
     Example: ``with sim.threadgroup_fill("high"): lib.k(x, y, threads=64, group_size=64)``."""
     if fill not in TG_FILLS:
         raise ValueError(f"threadgroup fill must be one of {', '.join(TG_FILLS)}, got {fill!r}")
-    token = TG_FILL.set(fill)
-    try:
-        yield
-    finally:
-        TG_FILL.reset(token)
+    return _setting(TG_FILL, fill)
 
 
-@contextlib.contextmanager
-def thread_order(order: str) -> Iterator[None]:
+def thread_order(order: str) -> ContextManager[None]:
     """Run the simulator's launches in this block with their threads in `order`.
 
     Example: ``with sim.thread_order("reverse"): lib.k(x, y, threads=64, group_size=64)``."""
     if order not in ("forward", "reverse"):
         raise ValueError(f"thread order must be 'forward' or 'reverse', got {order!r}")
-    token = THREAD_ORDER.set(order)
-    try:
-        yield
-    finally:
-        THREAD_ORDER.reset(token)
+    return _setting(THREAD_ORDER, order)
 
 
 class _Result(ctypes.Structure):
