@@ -68,7 +68,8 @@ THREAD_ORDER: contextvars.ContextVar[str] = contextvars.ContextVar("metalforge_s
                                                                    default="forward")
 
 
-# Whether launches check threadgroup memory for races (include/mf_sim/race.h): on by default;
+# Whether launches check threadgroup memory for races and for reads of what no thread wrote
+# (include/mf_sim/race.h): on by default;
 # `race_detection(False)` turns it off for a block.
 RACE_DETECTION: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "metalforge_sim_race_detection", default=True)
@@ -102,7 +103,8 @@ def race_detection(on: bool = True) -> ContextManager[None]:
     """Check (the default) or do not check the simulator's launches in this block for
     threadgroup-memory races: two threads of a group touching one element of a threadgroup
     array, at least one writing, with no barrier between them, fail the launch with a
-    KernelError naming the array, the element, both threads and the hazard.
+    KernelError naming the array, the element, both threads and the hazard; so does a read of
+    an element no thread of the group has written since it started.
 
     Example: ``with sim.race_detection(False): lib.k(x, threads=64, group_size=64)``."""
     return _setting(RACE_DETECTION, bool(on))

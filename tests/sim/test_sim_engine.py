@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from metalforge import sim
-from metalforge.sim import compile_shader
+from metalforge.sim import KernelError, compile_shader
 
 SRC = r"""
 #include <metal_stdlib>
@@ -332,10 +332,11 @@ def test_threadgroup_memory_read_before_written_holds_the_groups_fill(order, fir
     group of a fresh process, say); the simulator fills it at every group start, so a read
     before any thread wrote gives the fill in every group, the first included, not a plausible
     zero or another group's value. The groups take NaN (0xFF bytes), 0x7BFF and 0xFBFF in every
-    16-bit unit (+-2.66e36 as float, +-65504 as half) in turn, from the first group's."""
+    16-bit unit (+-2.66e36 as float, +-65504 as half) in turn, from the first group's. (With
+    the race detector on, as by default, such a read fails the launch: the next test.)"""
     lib = compile_shader(HALF_WRITTEN)
     out, iout = torch.zeros(5 * 64), torch.zeros(5 * 64, dtype=torch.int32)
-    with sim.thread_order(order), sim.threadgroup_fill(first):
+    with sim.thread_order(order), sim.threadgroup_fill(first), sim.race_detection(False):
         lib.half_written(out, iout, threads=5 * 64, group_size=64)
     out, iout = out.view(5, 64), iout.view(5, 64)
     groups = torch.arange(5).view(5, 1).expand(5, 32)
@@ -346,13 +347,44 @@ def test_threadgroup_memory_read_before_written_holds_the_groups_fill(order, fir
         assert (iout[g, 32:] == FILLS[fill][0]).all(), (g, fill)
         assert torch.equal(out[g, 32:].view(torch.int32), iout[g, 32:])      # the same bytes
     half = torch.zeros(2 * 64, dtype=torch.half)
-    with sim.threadgroup_fill(first):
+    with sim.threadgroup_fill(first), sim.race_detection(False):
         compile_shader(HALF_WRITTEN.replace("float", "half")).half_written(
             half, torch.zeros(2 * 64, dtype=torch.int32), threads=2 * 64, group_size=64)
     for g in range(2):
         want = FILLS[names[(names.index(first) + g) % 3]][1]
         torch.testing.assert_close(half[g * 64 + 32:(g + 1) * 64],
                                    torch.full((32,), want, dtype=torch.half), equal_nan=True)
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_a_read_of_threadgroup_memory_no_thread_wrote_fails_the_launch(order):
+    """Whatever the fill would make of it: the read of buf[32] (lanes 32-63 read slots only
+    lanes 0-31 write) is named with the thread, the array and the group; the same kernel reading
+    only what was written runs, in the second group too (what the first group wrote does not
+    count as written for the second), and so does a slot written by an atomic."""
+    lib = compile_shader(HALF_WRITTEN)
+    out, iout = torch.zeros(2 * 64), torch.zeros(2 * 64, dtype=torch.int32)
+    with sim.thread_order(order), \
+            pytest.raises(KernelError, match=r"read of threadgroup memory no thread wrote: "
+                          r"thread (3[2-9]|[4-5]\d|6[0-3]) \(simdgroup 1, .*reads buf\[\d+\].*"
+                          r"'buf' declared at program_source:7, in threadgroup \(0,0,0\)"):
+        lib.half_written(out, iout, threads=2 * 64, group_size=64)
+    guarded = HALF_WRITTEN.replace("out[g * 64 + lid] = buf[lid];",
+                                   "out[g * 64 + lid] = lid < 32 ? buf[lid] : 0.0f;").replace(
+        "iout[g * 64 + lid] = ibuf[lid];", "iout[g * 64 + lid] = lid < 32 ? ibuf[lid] : 0;")
+    with sim.thread_order(order):
+        compile_shader(guarded).half_written(out, iout, threads=2 * 64, group_size=64)
+    assert torch.equal(out.view(2, 64)[:, :32], torch.arange(2).view(2, 1).expand(2, 32).float())
+    first_group_only = guarded.replace("if (lid < 32) {", "if (lid < 32 && g == 0) {")
+    with pytest.raises(KernelError, match=r"reads buf\[\d+\].*in threadgroup \(1,0,0\)"):
+        compile_shader(first_group_only).half_written(out, iout, threads=2 * 64, group_size=64)
+    atomic = guarded.replace("threadgroup int ibuf[64];", "threadgroup atomic_int ibuf[64];") \
+        .replace("ibuf[lid] = int(g);",
+                 "atomic_store_explicit(&ibuf[lid], int(g), memory_order_relaxed);") \
+        .replace("lid < 32 ? ibuf[lid] : 0",
+                 "lid < 32 ? *reinterpret_cast<threadgroup int*>(&ibuf[lid]) : 0")  # plain
+    compile_shader(atomic).half_written(out, iout, threads=2 * 64, group_size=64)
+    assert torch.equal(iout.view(2, 64)[:, :32], torch.arange(2).view(2, 1).expand(2, 32).int())
 
 
 def test_threadgroup_fill_names_its_choices():

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import metalforge as mf
+from metalforge import sim
 from metalforge.testing import check
 from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, MISSING_BARRIER,
                                        OFF_BY_ONE_GUARD, PARTIAL_PAST_END, WRONG_IDENTITY,
@@ -96,9 +97,16 @@ def test_wrong_reduction_identity_is_caught():
 
 def test_a_partial_read_past_those_written_is_caught():
     # slot nsg of the partials' threadgroup array is never written: on a GPU it holds what an
-    # earlier group left; the simulator's fill wins the max (NaN, which mf.max propagates as
-    # torch.amax does, or 2.7e36)
+    # earlier group left. The simulator fails the read itself, in the simplest example ...
     report = caught(PARTIAL_PAST_END, fault_rowmax, dtypes={"T": "f32"}, dims={"D": (257, 2000)})
+    assert re.search(r"read of threadgroup memory no thread wrote: thread \d+ \(simdgroup 0, "
+                     r"lane \d+\) reads mf_tg1\[\d+\]", report), report
+    assert "mf_lane <= mf_nsg ?" in report
+    # ... and with its checks off, the fill wins the max (NaN, which mf.max propagates as
+    # torch.amax does, or 2.7e36)
+    with sim.race_detection(False):
+        report = caught(PARTIAL_PAST_END, fault_rowmax, dtypes={"T": "f32"},
+                        dims={"D": (257, 2000)})
     m = re.search(r"got (\S+), expected", report)
     assert m and not abs(float(m.group(1))) < 1e36, report
     assert "simulator: threadgroup memory starts as" in report

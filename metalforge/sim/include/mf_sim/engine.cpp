@@ -441,15 +441,18 @@ void set_positions(Launch* L, Worker* w, const uint32_t gp[3]) {
       }
 }
 
+bool uninit_reported(Worker* w);
+
 // Resolve what can be resolved once no fiber can run.  Returns 1 when some
-// fiber became runnable, 0 when the group finished, -1 on divergence.
+// fiber became runnable, 0 when the group finished, -1 on divergence or a read of threadgroup
+// memory no thread wrote.
 int resolve_blocked(Worker* w) {
   unsigned n = w->n;
   Fiber* fs = w->fibers;
   bool all_done = true;
   for (unsigned i = 0; i < n; ++i)
     if (fs[i].state != DONE) { all_done = false; break; }
-  if (all_done) return 0;
+  if (all_done) return uninit_reported(w) ? -1 : 0;
   const bool skip_done = w->launch->flags & kExitedLeaveBarriers;
 
   bool progress = false;
@@ -497,6 +500,7 @@ int resolve_blocked(Worker* w) {
     if (!(fs[i].state == WAIT_TG && same_site(fs[i], fs[first])) &&
         !(skip_done && fs[i].state == DONE))
       return fail(w, 1, divergence_report(w, 0, n, "threadgroup_barrier divergence")), -1;
+  if (uninit_reported(w)) return -1;
   for (unsigned i = 0; i < n; ++i)
     if (fs[i].state != DONE) fs[i].state = RUN;
   if (w->race) w->race->barrier();
@@ -792,6 +796,17 @@ std::string race_message(Worker* w, const mf_race::Race& r) {
   static const char* second_verb[] = {"reads", "writes", "writes"};
   const uint32_t* g = w->fibers[0].pos.threadgroup_position_in_grid;
   std::string m;
+  if (r.kind == mf_race::UNINIT) {
+    appendf(m, "read of threadgroup memory no thread wrote: %s reads %s%s, threadgroup array "
+            "'%s' declared at %s:%u, in threadgroup (%u,%u,%u), and no thread of the threadgroup "
+            "has written it since the group started. Threadgroup memory starts undefined on a "
+            "GPU (what an earlier threadgroup left there): write every element before it is "
+            "read, or guard the read. Thread ids are thread_index_in_threadgroup",
+            thread_name(r.second_tid).c_str(), element_name(*r.array, r.cell).c_str(),
+            where(r.second_pc).c_str(), r.array->name, basename_of(r.array->file),
+            r.array->line, g[0], g[1], g[2]);
+    return m;
+  }
   appendf(m, "threadgroup memory race (%s) on %s, threadgroup array '%s' declared at %s:%u, "
           "in threadgroup (%u,%u,%u): ", kinds[r.kind],
           element_name(*r.array, r.cell).c_str(), r.array->name, basename_of(r.array->file),
@@ -805,6 +820,25 @@ std::string race_message(Worker* w, const mf_race::Race& r) {
   if (f1 == f2 && !f1.empty()) m += "; both accesses are" + f1;
   m += ". Thread ids are thread_index_in_threadgroup";
   return m;
+}
+
+// Fails the launch with the held read of threadgroup memory no thread wrote, if any (race.h):
+// called at every threadgroup barrier and at the group's end.
+bool uninit_reported(Worker* w) {
+  if (!w->race || !w->race->uninit_read) return false;
+  fail(w, 4, race_message(w, w->race->uninit));
+  return true;
+}
+
+// The hook behind every atomic that writes threadgroup memory (the UNINIT check's writes).
+inline void atomic_written(const volatile void* p, size_t n) {
+  const uintptr_t a = (uintptr_t)p;
+  if (__builtin_expect(a >= g_tg_hi.load(std::memory_order_relaxed) ||
+                       a + n <= g_tg_lo.load(std::memory_order_relaxed), 1))
+    return;
+  Worker* w = tl_worker;
+  if (!w || !w->race || !w->current || !w->race->covers(a, n)) return;
+  w->race->atomic_written(a, n);
 }
 
 // The hook behind every instrumented load and store of a kernel.
@@ -915,36 +949,47 @@ extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC
     return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                             \
   }                                                                                           \
   extern "C" void __tsan_atomic##B##_store(volatile T* a, T v, int) {                         \
+    atomic_written(a, sizeof(T));                                                             \
     __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_exchange(volatile T* a, T v, int) {                         \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                      \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_add(volatile T* a, T v, int) {                        \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                       \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_sub(volatile T* a, T v, int) {                        \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                       \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_and(volatile T* a, T v, int) {                        \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                       \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_or(volatile T* a, T v, int) {                         \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                        \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_xor(volatile T* a, T v, int) {                        \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                       \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_fetch_nand(volatile T* a, T v, int) {                       \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                      \
   }                                                                                           \
   extern "C" int __tsan_atomic##B##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
   }                                                                                           \
   extern "C" int __tsan_atomic##B##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) { \
+    atomic_written(a, sizeof(T));                                                             \
     return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
   }                                                                                           \
   extern "C" T __tsan_atomic##B##_compare_exchange_val(volatile T* a, T c, T v, int, int) {   \
+    atomic_written(a, sizeof(T));                                                             \
     __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);        \
     return c;                                                                                 \
   }

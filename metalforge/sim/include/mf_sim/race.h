@@ -40,6 +40,15 @@
 // barriers; lanes that diverge (an `if` on the lane id) are not ordered by the collectives the
 // others meet meanwhile.
 //
+// Reads of what no thread wrote: a read of a granule that no thread of the threadgroup has
+// written since the group started (kind UNINIT) fails the launch too.  Threadgroup memory starts
+// undefined on a GPU (whatever the group before left there); the engine fills it with NaN or
+// large values (tg_fill), which shows such a read only when the value reaches an output, in a
+// sum, or a max or min that the fill moves.  The first such read is held (`uninit`) until the
+// next threadgroup barrier or the group's end, where the engine reports it: a thread that reads
+// what another thread writes later with no barrier between them (in the simulator's order) is a
+// race, reported as one at that write.  Atomic writes count as writes (atomic_written).
+//
 // Shadow state per granule: the last write (thread, epoch, simd clock) and the reads of the
 // current epoch (the first reader, a reader in another simdgroup if any, the lanes of the first
 // reader's simdgroup that read, and the two latest clocks).  Exact for accesses ordered by
@@ -63,10 +72,11 @@ constexpr unsigned kMaxSimd = kMaxThreads / kLanes;
 constexpr uint16_t kNone = 0xFFFF;
 constexpr unsigned kMaxDims = 4;
 
-enum Kind { RAW = 0, WAR = 1, WAW = 2 };
+enum Kind { RAW = 0, WAR = 1, WAW = 2, UNINIT = 3 };
 
 struct Cell {
   uint32_t w_epoch = 0, w_clk = 0;       // last write: epoch and the writer's simd clock
+  uint32_t w_group = 0;                  // the group (Detector::group) of the last write
   uint32_t r_epoch = 0;                  // reads below are of this epoch (others are stale)
   uint32_t r_mask = 0;                   // lanes of simdgroup r_sg that read
   uint32_t r_max = 0, r_other_max = 0;   // latest read clock (by r_max_tid), latest by others
@@ -118,6 +128,9 @@ class Detector {
   std::vector<Array> arrays;
   uintptr_t lo = 0, hi = 0;               // hull of the arrays
   uint32_t epoch = 1;                     // moves on at every group start and barrier
+  uint32_t group = 1;                     // moves on at every group start
+  bool uninit_read = false;               // a read of a granule no thread wrote, held in
+  Race uninit{};                          // `uninit` until the next barrier or the group's end
   unsigned nthreads = 0;
   Clocks* clocks = nullptr;
 
@@ -129,6 +142,8 @@ class Detector {
   void start_group(unsigned n) {
     nthreads = n;
     ++epoch;
+    ++group;
+    uninit_read = false;
   }
   void barrier() { ++epoch; }
 
@@ -153,6 +168,18 @@ class Detector {
   }
 
   bool covers(uintptr_t p, size_t n) const { return p < hi && p + n > lo; }
+
+  // An atomic write of [p, p + n): not checked for races (atomics do not race), but what it
+  // wrote is written for the UNINIT check.
+  void atomic_written(uintptr_t p, size_t n) {
+    for (Array& arr : arrays) {
+      if (p >= arr.end || p + n <= arr.base) continue;
+      const uintptr_t from = p > arr.base ? p : arr.base;
+      const uintptr_t to = p + n < arr.end ? p + n : arr.end;
+      for (size_t c = (from - arr.base) / arr.granule; c <= (to - 1 - arr.base) / arr.granule; ++c)
+        arr.cells[c].w_group = group;
+    }
+  }
 
   // A simd event: the lanes in `mask` (of simdgroup `sg`, which has `lanes` lanes) meet.
   void simd_event(unsigned sg, uint32_t mask, unsigned lanes) {
@@ -226,6 +253,10 @@ class Detector {
     Cell& s = arr.cells[c];
     const unsigned u = a.tid, sg = u / kLanes, lane = u % kLanes;
     const uint32_t k = now(u);
+    if (!a.write && s.w_group != group && !uninit_read) {
+      uninit_read = true;
+      uninit = Race{UNINIT, &arr, c, u, u, a.pc, a.pc};
+    }
     if (s.w_epoch == epoch && !ordered(s.w_tid, s.w_clk, u))
       return report(a.write ? WAW : RAW, arr, c, s.w_tid, s.w_pc, a, out);
     if (!a.write) {
@@ -276,6 +307,7 @@ class Detector {
       }
     }
     s.w_epoch = epoch;
+    s.w_group = group;
     s.w_tid = (uint16_t)u;
     s.w_clk = k;
     s.w_pc = a.pc;
