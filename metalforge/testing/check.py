@@ -206,7 +206,8 @@ def boundary_sizes(schedule) -> list[int]:
     """Sizes at each threshold of a schedule: 1, 31, 32, 33 (a simdgroup, and a multiple of
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
     simd-row limit 32 * simd_reads_per_thread, the group-row limit) as t, t + 1 and t + vector
-    width; for row reductions also each row length where the lanes per row double (R 2^k and
+    width (at least t + 3: t + 1 is one more than a multiple of every power-of-two step, such
+    as the column kernel's 8 slices, and would leave their tails untried); for row reductions also each row length where the lanes per row double (R 2^k and
     R 2^k + 1, R = simd_reads_per_thread) and the staged kernel's shortest row."""
     p = schedule.policy
     out = {1, 31, 32, 33}
@@ -214,9 +215,9 @@ def boundary_sizes(schedule) -> list[int]:
         for t in schedule.thresholds:
             out |= {t - 1, t, t + 1}
     elif schedule.family != "elementwise":
-        vw = max(1, p.vector_width)
+        past = max(3, p.vector_width)
         for t in (32 * p.simd_reads_per_thread, getattr(schedule, "group_limit", p.looped_limit)):
-            out |= {t, t + 1, t + vw}
+            out |= {t, t + 1, t + past}
     if hasattr(schedule, "lanes_per_row"):              # rows sharing a simdgroup: each
         for k in range(5):                              # lanes-per-row step, t and t + 1
             t = p.simd_reads_per_thread << k
@@ -279,9 +280,12 @@ def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, pr
 
 
 def _pinned_examples(runner, variant: Variant, dims, insts, prof: Profile, common) -> int:
-    """The profile's boundary examples at sizes `dims` pins (a smaller memory budget)."""
+    """The profile's boundary examples at sizes `dims` pins (a smaller memory budget; no dim
+    drawn empty: they are there to run the kernel those sizes select, and with a profile's two
+    examples a size, an empty one would leave hypothesis' simplest example alone)."""
     return _check_variant(runner, variant, dims=dims, max_examples=prof.boundary_examples,
-                          record=insts, prof=prof, **{**common, "budget": common["budget"] // 8})
+                          record=insts, prof=prof, empty=False,
+                          **{**common, "budget": common["budget"] // 8})
 
 
 def _one_per_kernel(s, axis: str, pins: list) -> list:
@@ -489,7 +493,7 @@ def index_tensors(graph: Graph) -> dict[str, str]:
 
 
 def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_families,
-                  layouts: bool, budget: int, device,
+                  layouts: bool, budget: int, device, empty: bool = True,
                   admit: Callable[[Mapping[str, int]], None] = lambda sizes: None) -> _Drawn:
     graph = variant.graph
     plan = S.dim_plan(params)
@@ -499,8 +503,8 @@ def _draw_example(draw, variant: Variant, params, *, dims, per_param, global_fam
     reduced |= frozenset(indices.values())
     itemsize = max([t.dtype.itemsize for t in graph.tensors] + [4])
     max_elements = max(1, budget // ((plan.tensors + len(graph.outputs)) * itemsize))
-    sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced),
-                 label="sizes")
+    sizes = draw(S.sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced,
+                         empty=empty), label="sizes")
     admit(sizes.sizes)                           # may reject the example before its values
     limits = _graph_limits(graph)
     nonfinite = limits["nonfinite"] and draw(st.booleans(), label="inf/NaN inputs")
@@ -584,7 +588,7 @@ def _backend_ctx(backend):
 
 def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families,
                    max_examples: int, backend, layouts: bool, budget: int,
-                   prof: Profile, record=None) -> int:
+                   prof: Profile, record=None, empty: bool = True) -> int:
     device = _device(backend)
     if device != "cpu":     # the thread and work budgets are the simulator's (it runs every
         # thread): on cuda the wide elementwise kernel's pinned examples take 2^18 threads and
@@ -600,7 +604,7 @@ def _check_variant(kernel, variant: Variant, *, dims, per_param, global_families
     def run_one(data):
         ex = _draw_example(data.draw, variant, variant.graph.params, dims=dims,
                            per_param=per_param, global_families=global_families,
-                           layouts=layouts, budget=budget, device=device,
+                           layouts=layouts, budget=budget, device=device, empty=empty,
                            admit=lambda sizes: _admit(kernel, variant, sizes, prof))
         model = _launch_model(data.draw, ex) if device == "cpu" else contextlib.nullcontext()
         ran[0] += 1
