@@ -113,7 +113,9 @@ def _round_up(n: int, multiple: int) -> int:
 def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
           max_elements: int = 1 << 18, reduced: frozenset[str] = frozenset(),
           empty: bool = True) -> Sizes:
-    """Sizes for every dim of ``plan``; the product of all sizes stays within ``max_elements``.
+    """Sizes for every dim of ``plan``; the product of all sizes stays within ``max_elements``
+    (unless the sizes ``pinned`` gives exceed it alone: they are drawn first, and the free dims
+    share what of the budget they leave).
 
     Plain dims are drawn from small sizes, edge sizes (powers of two ± 1, 31/32/33, ...) and, if
     the budget allows, a few large ones, rounded up to the multiple derived dims need. In one
@@ -133,36 +135,40 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
                              f"{', '.join(known)})")
     out: dict[str, int] = {}
     budget = max(1, max_elements)
-    product = 1
     names = list(plan.plain)
     can_empty = [n for n in names if n not in reduced and n not in pinned]
     zero = None
     if empty and can_empty and draw(st.integers(0, 7)) == 7:
         zero = draw(st.sampled_from(can_empty))
-    for i, name in enumerate(names):
-        multiple = plan.plain[name]
-        rest = math.prod(plan.plain[n] for n in names[i + 1:])   # the least the others need
-        cap = max(multiple, budget // (product * rest))
+    batch: dict[str, tuple[int, ...]] = {}
+    for name in plan.batch:                 # pinned sizes first: the free ones share what of
+        if name in pinned:                  # the budget they leave
+            batch[name] = tuple(draw(_batch_choices(pinned[name], name)))
+    for name in names:
         if name in pinned:
-            size = draw(_size_choices(pinned[name], name))
-        else:
-            size = 0 if name == zero else _free_size(draw, cap, multiple)
-        if size % multiple:
-            raise ValueError(f"dims['{name}'] = {size} must be a multiple of {multiple} (a "
-                             f"derived dim divides it)")
-        out[name] = size
-        product *= max(size, 1)
+            out[name] = draw(_size_choices(pinned[name], name))
+    product = math.prod(max(v, 1) for v in out.values()) * \
+        math.prod(max(math.prod(lead), 1) for lead in batch.values())
+    free = [n for n in names if n not in pinned]
+    for i, name in enumerate(free):
+        multiple = plan.plain[name]
+        rest = math.prod(plan.plain[n] for n in free[i + 1:])    # the least the others need
+        cap = max(multiple, budget // (product * rest))
+        out[name] = 0 if name == zero else _free_size(draw, cap, multiple)
+        product *= max(out[name], 1)
+    for name in names:
+        if out[name] % plan.plain[name]:
+            raise ValueError(f"dims['{name}'] = {out[name]} must be a multiple of "
+                             f"{plan.plain[name]} (a derived dim divides it)")
+    out = {n: out[n] for n in names}
     for name, spec in plan.derived.items():
         out[name] = (out[spec.base] * spec.mul) // spec.div + spec.add
-    batch: dict[str, tuple[int, ...]] = {}
     for name in plan.batch:
-        if name in pinned:
-            lead = tuple(draw(_batch_choices(pinned[name], name)))
-        else:
-            lead = _free_batch(draw, max(1, budget // product))
-        batch[name] = lead
-        out[name] = math.prod(lead)
-        product *= max(out[name], 1)
+        if name not in pinned:
+            batch[name] = _free_batch(draw, max(1, budget // product))
+            product *= max(math.prod(batch[name]), 1)
+        out[name] = math.prod(batch[name])
+    batch = {n: batch[n] for n in plan.batch}
     return Sizes(out, batch)
 
 

@@ -77,6 +77,18 @@ def test_pinned_dims_are_respected(data):
     assert drawn.sizes["K"] in (16, 64) and drawn.batch["B"] in ((2, 3), ())
 
 
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.data())
+def test_free_dims_leave_room_for_dims_pinned_after_them(data):
+    # R and D are drawn before K is pinned: they take what of the budget the pin leaves (the
+    # wide elementwise kernel's pinned element count had met free dims drawn as if K were 8:
+    # a 34 GB example on a GPU, where check lifts the simulator's thread budget)
+    plan = dim_plan(PARAMS)
+    drawn = data.draw(sizes(plan, pinned={"K": [1 << 12, 1 << 13], "B": ()},
+                            max_elements=1 << 16))
+    assert math.prod(max(drawn.sizes[a], 1) for a in ("R", "D", "K")) <= 1 << 16
+
+
 def one(strategy):
     """One value drawn from ``strategy`` (the simplest one hypothesis finds)."""
     return find(strategy, lambda _: True, settings=settings(database=None))
