@@ -207,8 +207,11 @@ def boundary_sizes(schedule) -> list[int]:
     the vector width or not) and, for reductions, each size threshold of the launch policy (the
     simd-row limit 32 * simd_reads_per_thread, the group-row limit) as t, t + 1 and t + vector
     width (at least t + 3: t + 1 is one more than a multiple of every power-of-two step, such
-    as the column kernel's 8 slices, and would leave their tails untried); for row reductions also each row length where the lanes per row double (R 2^k and
-    R 2^k + 1, R = simd_reads_per_thread) and the staged kernel's shortest row."""
+    as the column kernel's 8 slices, and would leave their tails untried); for row reductions
+    also each row length where the lanes per row double (R 2^k, R 2^k + 1, R =
+    simd_reads_per_thread, and R 2^k + vector width: whole vectors with the last lane short,
+    the simd kernel's vector loads, which no other boundary size reaches) and the staged
+    kernel's shortest row."""
     p = schedule.policy
     out = {1, 31, 32, 33}
     if hasattr(schedule, "thresholds"):                 # a family that knows its own
@@ -219,9 +222,9 @@ def boundary_sizes(schedule) -> list[int]:
         for t in (32 * p.simd_reads_per_thread, getattr(schedule, "group_limit", p.looped_limit)):
             out |= {t, t + 1, t + past}
     if hasattr(schedule, "lanes_per_row"):              # rows sharing a simdgroup: each
-        for k in range(5):                              # lanes-per-row step, t and t + 1
-            t = p.simd_reads_per_thread << k
-            out |= {t, t + 1}
+        for k in range(5):                              # lanes-per-row step: t, t + 1 and
+            t = p.simd_reads_per_thread << k            # t + vector width
+            out |= {t, t + 1, t + p.vector_width}
         out |= set(schedule.staged_rows)                # the staged kernel's shortest row
     return sorted(out)
 

@@ -113,6 +113,19 @@ def _whole_k_steps(m: "Mutant", kernel: Any) -> bool:
             and "if (mf_k < mf_size_K) {" in m.before)
 
 
+def _array_grown(m: "Mutant", kernel: Any) -> bool:
+    """A one-dimensional array declaration's extent made one larger (`float a[4];` ->
+    `float a[5];`; an inner extent of a 2-D array would move the rows a flat view reads)."""
+    return m.operator == "integer_constant" and bool(
+        re.fullmatch(r"\s*(?:threadgroup )?[\w<>, ]+ \w+\[\d+\];\s*", m.before))
+
+
+def _report_flag(m: "Mutant", kernel: Any) -> bool:
+    """The flag a gather writes to its error report, 1 made 2 (the host tests it for nonzero)."""
+    return m.operator == "integer_constant" and m.before.strip() == "mf_err[0u] = 1;" \
+        and m.after.strip() == "mf_err[0u] = 2;"
+
+
 # Example kernels whose sizes make a code path unreachable: dequantize's output has K/8 words per
 # row, so N x K is a multiple of the 8-element vector; q4_matvec's group size 64 makes K a
 # multiple of the tiled kernel's 32-value step.
@@ -138,6 +151,13 @@ EQUIVALENT: tuple[Rule, ...] = (
     Rule("unreachable tail", _tail_of_whole_vectors,
          "the element-by-element tail of a kernel whose element count is always a multiple of "
          "its vector width: it never runs"),
+    Rule("array grown", _array_grown,
+         "a private or threadgroup array declared one element longer: every access stays where "
+         "it was, and the extra element is never read (the simulator fails a read past the "
+         "array's old end only when it is past the new one too)"),
+    Rule("report flag", _report_flag,
+         "the flag of a gather's error report set to 2 instead of 1: the launcher raises "
+         "GatherIndexError for any nonzero flag (runtime/launcher.py, IndexErrors.check)"),
     Rule("whole K steps", _whole_k_steps,
          "the tiled kernel's K guard where the group size makes K a multiple of its step: the "
          "guard is always true"),

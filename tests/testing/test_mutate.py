@@ -2,6 +2,8 @@
 
 These tests prove the mutator, the runner and the equivalence rules; the 95% gate over the
 example kernels is test_mutation_gate.py."""
+import re
+
 import pytest
 
 import metalforge as mf
@@ -54,7 +56,14 @@ def test_equivalence_rules_are_narrow():
     from metalforge.testing.mutate import equivalence
     src = source_of(mut_rowmax, T="f32")
     ms = mutants(src)
-    edge = [m for m in ms if equivalence(m, mut_rowmax) is not None]
-    assert edge and all(equivalence(m, mut_rowmax).name == "vector edge" for m in edge)
-    assert all("u <= " in m.before and "u < " in m.after for m in edge)
-    assert not any(equivalence(m, mut_rowmax) for m in ms if m.operator != "relational")
+    argued = {m: equivalence(m, mut_rowmax) for m in ms}
+    edge = [m for m, r in argued.items() if r is not None and r.name == "vector edge"]
+    grown = [m for m, r in argued.items() if r is not None and r.name == "array grown"]
+    assert edge and all("u <= " in m.before and "u < " in m.after for m in edge)
+    assert grown and all(re.fullmatch(r"\s*(threadgroup )?\w+ \w+\[\d+\];", m.before)
+                         for m in grown)
+    assert all(int(re.search(r"\[(\d+)\]", m.after)[1]) ==
+               int(re.search(r"\[(\d+)\]", m.before)[1]) + 1 for m in grown)
+    assert all(r is None for m, r in argued.items() if m not in edge and m not in grown)
+    # array indices and loop bounds are not declarations
+    assert any(m.operator == "integer_constant" and argued[m] is None for m in ms)
