@@ -62,9 +62,9 @@ def test_broadcast_indexed_by_the_wrong_axis_is_caught():
     assert "out of tolerance; worst at index" in report
     assert "atol=" in report and "rtol=" in report
     assert "bias[mf_i / mf_size_D]" in report
-    # shrunk: the smallest shape that shows it broadcasts along D with R >= 1
+    # shrunk towards the strategies' simplest sizes (3 in every dim): a small shape
     m = re.search(r"sizes: R=(\d+), D=(\d+)", report)
-    assert m and int(m.group(1)) * int(m.group(2)) <= 8, report
+    assert m and int(m.group(1)) * int(m.group(2)) <= 9, report
 
 
 @mf.kernel
