@@ -830,31 +830,30 @@ bool uninit_reported(Worker* w) {
   return true;
 }
 
-// The hook behind every atomic that writes threadgroup memory (the UNINIT check's writes).
-inline void atomic_written(const volatile void* p, size_t n) {
-  const uintptr_t a = (uintptr_t)p;
+// The worker whose race detector covers [p, p + n) of threadgroup memory, if any (most
+// accesses are to device memory: one compare against the hull of every worker's arrays).
+inline Worker* tg_checked(uintptr_t a, size_t n) {
   if (__builtin_expect(a >= g_tg_hi.load(std::memory_order_relaxed) ||
                        a + n <= g_tg_lo.load(std::memory_order_relaxed), 1))
-    return;
+    return nullptr;
   Worker* w = tl_worker;
-  if (!w || !w->race || !w->current || !w->race->covers(a, n)) return;
-  w->race->atomic_written(a, n);
+  if (!w || !w->race || !w->current || !w->race->covers(a, n)) return nullptr;
+  return w;
+}
+
+// The hook behind every atomic that writes threadgroup memory (the UNINIT check's writes).
+inline void atomic_written(const volatile void* p, size_t n) {
+  if (Worker* w = tg_checked((uintptr_t)p, n)) w->race->atomic_written((uintptr_t)p, n);
 }
 
 // The hook behind every instrumented load and store of a kernel.
 inline void race_access(const void* p, size_t n, bool write, const void* pc) {
-  const uintptr_t a = (uintptr_t)p;
-  if (__builtin_expect(a >= g_tg_hi.load(std::memory_order_relaxed) ||
-                       a + n <= g_tg_lo.load(std::memory_order_relaxed), 1))
-    return;
-  Worker* w = tl_worker;
-  if (!w || !w->race || !w->current) return;
-  mf_race::Detector* d = w->race;
-  if (!d->covers(a, n)) return;
+  Worker* w = tg_checked((uintptr_t)p, n);
+  if (!w) return;
   Fiber* f = w->current;
   const unsigned tid = (unsigned)(f - w->fibers);
   mf_race::Race r;
-  if (d->access(a, n, mf_race::Access{tid, write, pc}, &r)) return;
+  if (w->race->access((uintptr_t)p, n, mf_race::Access{tid, write, pc}, &r)) return;
   fail(w, 4, race_message(w, r));
   f->state = DONE;           // never resumed: the launch has failed
   switch_to_scheduler(f);

@@ -172,13 +172,10 @@ class Detector {
   // An atomic write of [p, p + n): not checked for races (atomics do not race), but what it
   // wrote is written for the UNINIT check.
   void atomic_written(uintptr_t p, size_t n) {
-    for (Array& arr : arrays) {
-      if (p >= arr.end || p + n <= arr.base) continue;
-      const uintptr_t from = p > arr.base ? p : arr.base;
-      const uintptr_t to = p + n < arr.end ? p + n : arr.end;
-      for (size_t c = (from - arr.base) / arr.granule; c <= (to - 1 - arr.base) / arr.granule; ++c)
-        arr.cells[c].w_group = group;
-    }
+    each_cell(p, n, [&](Array& arr, size_t c) {
+      arr.cells[c].w_group = group;
+      return true;
+    });
   }
 
   // A simd event: the lanes in `mask` (of simdgroup `sg`, which has `lanes` lanes) meet.
@@ -206,17 +203,23 @@ class Detector {
   // Check and record an access of [p, p + n) by thread `a.tid`; false (and `*out` filled) on
   // the first race found.
   bool access(uintptr_t p, size_t n, const Access& a, Race* out) {
+    return each_cell(p, n, [&](Array& arr, size_t c) { return cell_access(arr, c, a, out); });
+  }
+
+ private:
+  // f(array, cell) for every shadow cell that [p, p + n) touches, until f returns false.
+  template <typename F>
+  bool each_cell(uintptr_t p, size_t n, F f) {
     for (Array& arr : arrays) {
       if (p >= arr.end || p + n <= arr.base) continue;
       const uintptr_t from = p > arr.base ? p : arr.base;
       const uintptr_t to = p + n < arr.end ? p + n : arr.end;
       for (size_t c = (from - arr.base) / arr.granule; c <= (to - 1 - arr.base) / arr.granule; ++c)
-        if (!cell_access(arr, c, a, out)) return false;
+        if (!f(arr, c)) return false;
     }
     return true;
   }
 
- private:
   void sg_fresh(unsigned sg) {
     if (clocks->sg_epoch[sg] != epoch) {
       clocks->sg_epoch[sg] = epoch;
