@@ -707,14 +707,10 @@ def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) ->
         reject()
 
 
-def _iterations(sizes: Mapping[str, Any]) -> int:
-    """The product of the axis sizes (a batch of axes as a tuple counts each; a derived axis
-    such as 'K/8' repeats its base's iterations and is left out)."""
-    n = 1
-    for name, size in sizes.items():
-        if "/" not in name:
-            n *= math.prod(size) if isinstance(size, tuple) else size
-    return n
+def _iterations(sizes: Mapping[str, int]) -> int:
+    """The product of the axis sizes (a batch axis counts as the product of its leading shape; a
+    derived axis such as 'K/8' repeats its base's iterations and is left out)."""
+    return math.prod(size for name, size in sizes.items() if "/" not in name)
 
 
 _FILLS = {"nan": "NaN (bytes 0xFF)", "high": "2.7e36 (65504 in half)",

@@ -150,6 +150,9 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
     for name in names:
         if name in pinned:
             out[name] = draw(_size_choices(pinned[name], name))
+            if out[name] % plan.plain[name]:
+                raise ValueError(f"dims['{name}'] = {out[name]} must be a multiple of "
+                                 f"{plan.plain[name]} (a derived dim divides it)")
     product = math.prod(max(v, 1) for v in out.values()) * \
         math.prod(max(math.prod(lead), 1) for lead in batch.values())
     free = [n for n in names if n not in pinned]
@@ -159,10 +162,6 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
         cap = max(multiple, budget // (product * rest))
         out[name] = 0 if name == zero else _free_size(draw, cap, multiple)
         product *= max(out[name], 1)
-    for name in names:
-        if out[name] % plan.plain[name]:
-            raise ValueError(f"dims['{name}'] = {out[name]} must be a multiple of "
-                             f"{plan.plain[name]} (a derived dim divides it)")
     out = {n: out[n] for n in names}
     for name, spec in plan.derived.items():
         out[name] = (out[spec.base] * spec.mul) // spec.div + spec.add
