@@ -458,33 +458,50 @@ class AttentionSchedule(Schedule):
             return self.wide.host_name
         return self.kernel.host_name
 
-    def selecting(self, host_name: str) -> dict[str, int]:
-        """Sizes that make a call launch kernel `host_name` (testing's coverage): with stage_kv,
-        E = narrow_e for the narrow kernel and E just past the E of the kernel below for the
-        others (narrow_e + 1, mid_e + 1), each over keys that take three tiles (two key blocks
-        for few rows), so that an example runs their tile loop, barriers and merge, not one
-        key."""
+    def selecting(self, host_name: str) -> list[dict[str, int]]:
+        """Sizes that make a call launch kernel `host_name` (testing's coverage). The decode
+        kernels (stage_kv): E = narrow_e for the narrow kernel and E just past the E of the
+        kernel below for the others (narrow_e + 1, mid_e + 1); the prefill kernel: E = 33 (four
+        whole 8-element blocks and one of a single element) with MATRIX_ROWS + 1 positions along
+        the innermost tile axis a tensor names. Each kernel gets two examples (`_two_ways`)."""
         if self.prefill is not None and host_name == self.prefill.host_name:
-            return self._selecting_prefill()
+            axis = self._innermost(self.tile_axes)
+            if axis is None:
+                return []
+            return self._two_ways({axis: MATRIX_ROWS + 1}, 33, NARROW_TILE_KEYS)
         if self.narrow is None:
-            return {}
+            return []
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
         if self.wide is not None:
             pick[self.wide.host_name] = self.mid_e + 1
         if host_name not in pick:
-            return {}
-        kt = NARROW_TILE_KEYS if host_name == self.narrow.host_name else TILE_KEYS
-        return {self.e_axis: pick[host_name], self.l_axis: 2 * kt + 1}
+            return []
+        tile = self._innermost(self.tile_axes)
+        rows = {} if tile is None else {tile: self.qt + 1}      # a tile and a partial one
+        narrow = host_name == self.narrow.host_name
+        return self._two_ways(rows, pick[host_name], NARROW_TILE_KEYS if narrow else TILE_KEYS)
 
-    def _selecting_prefill(self) -> dict[str, int]:
-        """The prefill kernel's sizes: MATRIX_ROWS + 1 positions along the innermost tile axis a
-        tensor names (a whole tile and one row of the next, whatever the other axes), E = 33
-        (four whole 8-element blocks and one of a single element), keys over three tiles."""
+    def _two_ways(self, rows: dict[str, int], e: int, kt: int) -> list[dict[str, int]]:
+        """Two examples, both with two heads (the innermost own axis a tensor names at 2): E of
+        the other alignment than `e` (whole 8-element vectors or not: the vector copy path and
+        the element path) over keys of one block and at least two tiles of `kt`; and E = `e`
+        with `rows` over exactly two key blocks. So the kernel's tile loop, barriers, both copy
+        paths, outputs and partial states all run, with groups that differ in head, tile and
+        block: with one head a wrong head offset reads and writes the right place; with one
+        tile, or tiles and blocks in step, a wrong map from group to (head, tile, block) can
+        still cover every triple. (Two blocks, not more keys: the work budget counts every
+        axis, a paged cache's rows included.)"""
+        own = self._innermost(self.own_axes)
+        heads = {} if own is None else {own: 2}
+        other = e - 1 if e % 8 == 0 else -(-e // 8) * 8
+        block = self._per_block()
+        return [{**heads, self.e_axis: other, self.l_axis: min(2 * kt + 1, 2 * block - 1)},
+                {**rows, **heads, self.e_axis: e, self.l_axis: 2 * block}]
+
+    def _innermost(self, axes: tuple[str, ...]) -> Optional[str]:
+        """The innermost of `axes` that a tensor names (a grouped dim's R, S, a head axis)."""
         named = {d.name for t in self.graph.tensors for d in t.dims}
-        axis = next((a for a in reversed(self.tile_axes) if a in named), None)
-        if axis is None:
-            return {}
-        return {axis: MATRIX_ROWS + 1, self.e_axis: 33, self.l_axis: 2 * NARROW_TILE_KEYS + 1}
+        return next((a for a in reversed(axes) if a in named), None)
 
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:

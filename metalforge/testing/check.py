@@ -262,8 +262,8 @@ def _cover(kernel, variant: Variant, insts, dims, *, prof: Profile, **common) ->
 def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, prof: Profile,
                     **common) -> int:
     """Examples for each kernel that sizes of another axis select (`schedule.selecting`: the
-    quantized schedule's tiled kernel, by rows of x; attention's decode kernels, by E, over
-    keys that span several tiles; the wide elementwise kernel, by the element count, with
+    quantized schedule's tiled kernel, by rows of x; attention's kernels, by E, heads, query
+    rows and keys, two ways each; the wide elementwise kernel, by the element count, with
     whole and partial chunks), unless a launch already had those sizes. `selecting` gives
     one set of pins or a list of them."""
     ran = 0
@@ -694,7 +694,7 @@ def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) ->
     as attention's E over 256), or whose launches run more than the profile's thread budget or
     whose axis sizes multiply to more than its work budget (the simulator runs every thread and
     every iteration; `_check_variant` lifts both on a GPU)."""
-    if _iterations(sizes) > prof.work_budget:
+    if _iterations(variant.graph, sizes) > prof.work_budget:
         reject()
     try:
         s = schedule_of(variant.graph, sizes=sizes, launch=getattr(kernel, "launch", None))
@@ -707,10 +707,13 @@ def _admit(kernel, variant: Variant, sizes: Mapping[str, int], prof: Profile) ->
         reject()
 
 
-def _iterations(sizes: Mapping[str, int]) -> int:
-    """The product of the axis sizes (a batch axis counts as the product of its leading shape; a
-    derived axis such as 'K/8' repeats its base's iterations and is left out)."""
-    return math.prod(size for name, size in sizes.items() if "/" not in name)
+def _iterations(graph: Graph, sizes: Mapping[str, int]) -> int:
+    """The product of the sizes of the axes the kernel iterates over: those of the graph's
+    values (a batch axis counts as the product of its leading shape). A derived axis such as
+    'K/8' repeats its base's iterations, and a gather's source axis (a paged cache's rows) is
+    only indexed: both are left out."""
+    axes = {a for n in topo_order([o.node for o in graph.outputs]) for a in n.axes}
+    return math.prod(size for name, size in sizes.items() if name in axes and "/" not in name)
 
 
 _FILLS = {"nan": "NaN (bytes 0xFF)", "high": "2.7e36 (65504 in half)",

@@ -84,8 +84,23 @@ PARTIAL_PAST_END = Fault(
     "(threadgroup memory no thread wrote)",
     ((r"\bmf_lane < mf_nsg \?", "mf_lane <= mf_nsg ?"),))
 
+# Attention (metalforge/schedule/attention.py): a decode or prefill group finds its tile of query
+# rows and its key block from its index, and a split call's partial states sit at the row's
+# position (head and query) times the blocks, plus the block.
+
+TILE_OF_GROUP = Fault(
+    "tile_of_group", "a group's tile of query rows is taken from its index times the key "
+    "blocks instead of divided by them",
+    ((r"mf_tile = uint\(mf_index_t\(mf_group / mf_splits\)",
+      "mf_tile = uint(mf_index_t(mf_group * mf_splits)"),))
+
+PARTIAL_HEAD_OFFSET = Fault(
+    "partial_head_offset", "a split call's partial states are placed by the head's position "
+    "subtracted from the batch's offset instead of added to it",
+    ((r"(mf_partial = \(+mf_pos_B \* mf_size_H) \+ mf_pos_H", r"\1 - mf_pos_H"),))
+
 CATALOGUE = (OFF_BY_ONE_GUARD, DROPPED_UPCAST, BROADCAST_WRONG_AXIS, MISSING_BARRIER,
-             WRONG_IDENTITY, PARTIAL_PAST_END)
+             WRONG_IDENTITY, PARTIAL_PAST_END, TILE_OF_GROUP, PARTIAL_HEAD_OFFSET)
 
 
 @dataclass

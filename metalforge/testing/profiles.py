@@ -34,8 +34,8 @@ class Profile:
     boundary_examples: int = 1    # examples per boundary size and index width (see check)
     launch_budget: int = 1 << 18  # threads one example's launches may run (the simulator runs
                                   # each: attention launches a 256-thread group per 2 rows)
-    work_budget: int = 1 << 23    # the product of one example's axis sizes (the iterations of
-                                  # the reference's loop nest; attention's B G R S L E): the
+    work_budget: int = 1 << 23    # the product of the sizes of the axes an example iterates
+                                  # (the reference's loop nest; attention's B G R S L E): the
                                   # simulator runs each thread's loops too, ~0.3 us an
                                   # attention iteration on a 2-core box (2^23: ~3 s, as 2^18
                                   # threads take)

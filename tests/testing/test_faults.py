@@ -1,7 +1,7 @@
 """Planted faults: `check` must catch real bugs in generated MSL, with a readable report:
 an off-by-one bound guard, a dropped fp32 upcast, a broadcast indexed by the wrong axis, a
-missing threadgroup barrier, a wrong reduction identity and a read of threadgroup memory no
-thread wrote.
+missing threadgroup barrier, a wrong reduction identity, a read of threadgroup memory no
+thread wrote, and attention's group-to-tile map and partial-state offsets.
 
 Each fault is a textual edit of the generated MSL made through the runtime's test seam
 (metalforge.testing.faults.planted). The kernels run on the simulator.
@@ -15,8 +15,9 @@ import metalforge as mf
 from metalforge import sim
 from metalforge.testing import check
 from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, MISSING_BARRIER,
-                                       OFF_BY_ONE_GUARD, PARTIAL_PAST_END, WRONG_IDENTITY,
-                                       Fault, FaultNotPlanted, planted)
+                                       OFF_BY_ONE_GUARD, PARTIAL_HEAD_OFFSET, PARTIAL_PAST_END,
+                                       TILE_OF_GROUP, WRONG_IDENTITY, Fault, FaultNotPlanted,
+                                       planted)
 
 
 @mf.kernel
@@ -113,11 +114,29 @@ def test_a_partial_read_past_those_written_is_caught():
     assert "mf_lane <= mf_nsg ?" in report
 
 
+@mf.kernel
+def fault_attention(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]", scale: float):
+    s = mf.sum(q * k, axis="E") * scale
+    s = mf.where(mf.index("L") <= mf.index("S") + mf.size("L") - mf.size("S"), s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@pytest.mark.parametrize("fault", [TILE_OF_GROUP, PARTIAL_HEAD_OFFSET], ids=lambda f: f.name)
+def test_attention_group_and_partial_offsets_are_caught(fault):
+    # both show only in a call that splits its keys into blocks with several heads and tiles of
+    # query rows (with one tile, or one head, the wrong place is the right one): check's
+    # examples for each attention kernel include such a call
+    report = caught(fault, fault_attention, dtypes={"T": "f32"})
+    m = re.search(r"sizes: B=(\d+), H=(\d+), S=(\d+), E=\d+, L=(\d+)", report)
+    assert m and int(m.group(2)) > 1 and int(m.group(4)) >= 128, report
+
+
 def test_the_same_kernels_pass_without_faults():
     check(fault_bias_scale, dtypes={"T": ["f32", "f16"]}, max_examples=4)
     check(fault_hypot, dtypes={"T": "f16"}, values={"x": "large"}, max_examples=4)
     check(fault_rowsum, dtypes={"T": "f32"}, dims={"D": [129, 1000]}, max_examples=4)
     check(fault_rowmax, dtypes={"T": "f32"}, values={"x": "shifted"}, max_examples=4)
+    check(fault_attention, dtypes={"T": "f32"}, max_examples=4)
 
 
 def test_a_fault_whose_pattern_is_absent_fails_loudly():

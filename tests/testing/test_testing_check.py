@@ -346,3 +346,18 @@ def test_pinned_dims_make_the_other_instantiations_unreachable_not_failures():
     assert got["chk_softmax_f32_simd"].launches and got["chk_softmax_f32_idx64_simd"].launches
     assert not got["chk_softmax_f32_looped"].launches
     assert got["chk_softmax_f32_looped"].unreachable == "dims= pins 'D' to [31, 33]"
+
+
+@mf.kernel
+def gather_rows(table: "T[N, D]", ids: "i32[M]") -> "T[M, D]":
+    return mf.take(table, axis="N", index=ids) * 2
+
+
+def test_the_work_budget_counts_the_axes_a_kernel_iterates():
+    # a gather's source axis (a cache's rows) is only indexed: it does not multiply the work
+    # that check's budget bounds
+    import sys
+    work = sys.modules["metalforge.testing.check"]._iterations
+    graph = gather_rows.graph(T="f32")
+    assert work(graph, {"N": 1000, "D": 8, "M": 3}) == 24
+    assert work(chk_softmax.graph(T="f32"), {"R": 5, "D": 7}) == 35
