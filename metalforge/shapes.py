@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
@@ -38,6 +38,19 @@ def solve_base(spec: AxisSpec, size: int) -> int | None:
     if num % spec.mul or num < 0:
         return None
     return num // spec.mul
+
+
+def base_multiple(spec: AxisSpec) -> int:
+    """What every size of a derived dim's base must be a multiple of for the dim to bind (K/64:
+    64; N*2/4: 2)."""
+    return spec.div // math.gcd(spec.mul, spec.div)
+
+
+def size_multiple(tensors: Iterable[TensorParam], axis: str) -> int:
+    """What every size of `axis` is a multiple of once shapes bind (`bind_shapes` refuses
+    the rest): the least common multiple over the derived dims based on it, 1 if none."""
+    return math.lcm(1, *(base_multiple(d) for t in tensors for d in t.dims
+                         if d.derived and d.base == axis))
 
 
 def _describe(spec: AxisSpec) -> str:

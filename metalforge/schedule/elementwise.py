@@ -25,6 +25,7 @@ from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
 from ..graph import (Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over,
                      take_sites)
+from ..shapes import size_multiple
 from . import gather
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, convert, compute_type, ident
@@ -122,8 +123,7 @@ class ElementwiseSchedule(Schedule):
         n, outer, inner = self.policy.small_grid, self.grid_axes[0], self.grid_axes[-1]
         # a length the innermost axis can take: a multiple of what its derived axes divide by
         # (K of K/8 and K/GS: 64), so the partial chunk only where that is 1
-        step = math.lcm(1, *(d.div // math.gcd(d.mul, d.div) for t in self.graph.tensors
-                             for d in t.dims if d.derived and d.base == inner))
+        step = size_multiple(self.graph.tensors, inner)
         if outer == inner:
             return [{inner: n}] + ([{inner: n + 1}] if step == 1 else [])
         batch = {d.name for t in self.graph.tensors for d in t.dims if d.batch}

@@ -12,8 +12,9 @@ rows. It walks K in steps of TILE_K values; each step
 
 - stages W's tile into threadgroup memory as fp32 (dequantized once per tile: lanes of a
   simdgroup take TILE_K consecutive values of one weight row, so their words are consecutive
-  too), and X's tile likewise; values past K, rows past M are zero, rows past N repeat row N - 1
-  (read in bounds, never stored);
+  too), and X's tile likewise; values past K (none where K's derived dims make it a multiple
+  of TILE_K) and rows past M are zero, rows past N repeat row N - 1 (read in bounds, never
+  stored);
 - after a barrier, each simdgroup multiplies its two 8x8 blocks of the output tile as Metal
   simdgroup matrices (schedule/fragments.py): X's 8 rows of the block row times W^T's 8
   columns, 8 values of k a product (W is staged k-major, rows of TILE_N + 1 floats, so W^T's
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .. import ir
 from ..graph import Node, Op, strip_casts, topo_order
+from ..shapes import size_multiple
 from . import reduce
 from .base import IDX
 from .fragments import FRAG, frag, lane_place, mat_load, mma, u, unrolled, zero
@@ -100,22 +102,23 @@ def header(b: "_Builder") -> list[ir.Stmt]:
 
 
 def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
-          live: ir.Expr) -> ir.Stmt:
+          live: Optional[ir.Expr]) -> ir.Stmt:
     """Each thread's STAGE_TRIPS values of one tile: row mf_row = simdgroup + 8 j of the
     tile, value mf_lane of the step; `node` lowered at (row_decl's row, k), 0 where not
-    `live`, stored as fp32 at `target` (of mf_row and mf_lane)."""
+    `live` (None: everywhere live), stored as fp32 at `target` (of mf_row and mf_lane)."""
     k = ir.Var("mf_k")
     el = b.lowering(False, k)
     body = el.lower([node])
     b.helpers |= el.helpers
     value = ir.Var("mf_staged")
+    compute = body + [ir.Assign(value, as_float(el.value(node), node))]
     store = ir.Assign(target, value)
     return ir.For("mf_j", "uint", u(0), u(STAGE_TRIPS), [
         ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
         *row_decl,
         ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
         ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
-        ir.If(live, body + [ir.Assign(value, as_float(el.value(node), node))]),
+        *([ir.If(live, compute)] if live is not None else compute),
         store], unroll=True)
 
 
@@ -123,7 +126,9 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
     """One step of TILE_K values along K: stage both tiles, then every thread's sums."""
     n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
     last = b.size(n_axis) - _i(1)
-    in_k = ir.Var("mf_k") < K
+    # every step inside K where its derived dims make it a multiple of the step (K/GS, GS 64)
+    in_k = None if size_multiple(b.graph.tensors, b.axis) % TILE_K == 0 else ir.Var("mf_k") < K
+    in_m = ir.Var("mf_m") < b.size(m_axis)
     row, lane = ir.Var("mf_row"), ir.Var("mf_lane")
     stage_w = stage(b, w, ir.Lane(ir.Var("mf_ws"), lane * u(W_STRIDE) + row), [
         ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")),
@@ -131,7 +136,7 @@ def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
     x4 = ir.Lane(ir.Var("mf_xs"), row * u(X_VECTORS) + lane / u(4))
     stage_x = stage(b, x, ir.Lane(x4, lane % u(4)), [
         ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
-        in_k.and_(ir.Var("mf_m") < b.size(m_axis)))
+        in_m if in_k is None else in_k.and_(in_m))
     kb, j = ir.Var("mf_kb"), ir.Var("mf_j")
     acc = frag("mf_acc", j)
     return [

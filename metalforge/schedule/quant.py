@@ -25,7 +25,9 @@ words: 32 4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 
   value times 2^at. qmv keeps one sum per place at (4 for 4-bit values) for every row and
   scales each by 2^-at once per chunk (`mf_place_weight`); qmvx, whose every value serves
   several rows of x, multiplies by an x pre-scaled by 2^-at instead, as MLX's qdot does;
-- a chunk that runs past K is done element by element, every load guarded.
+- a chunk that runs past K is done element by element, every load guarded; where K's derived
+  dims make it a multiple of the chunk (K/GS, GS 64 > 32 values) no chunk does, and the
+  kernel has no such path.
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
 in the chunk loop) and are never stored. Then each row's accumulator is reduced across the
@@ -52,6 +54,7 @@ from typing import Mapping, NamedTuple, Optional
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
+from ..shapes import size_multiple
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident
@@ -222,6 +225,9 @@ class _Builder(reduce.Builder):
         self.vw = access_width(8, {t.dtype.itemsize for t in self.shared} or {4})
         while self.chunk % self.vw:
             self.vw //= 2
+        # K a multiple of the chunk whatever the call (its derived dims: K/GS with GS 64): every
+        # chunk is whole and aligned, and the kernel has no element-by-element path
+        self.whole_chunks = size_multiple(graph.tensors, self.axis) % self.chunk == 0
         self.mb = 1                                    # rows of x per simdgroup (per kernel)
         self.splits = 1                                # simdgroups per block (per kernel)
 
@@ -574,7 +580,7 @@ class _Builder(reduce.Builder):
                             * ir.Lit(self.mb, IDX))]
         out += [
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
-            ir.Decl("mf_vec_ok", "bool", self.aligned()),
+            *([] if self.whole_chunks else [ir.Decl("mf_vec_ok", "bool", self.aligned())]),
             ir.ArrayDecl("mf_acc", "float", rows * self.mb),
             ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * self.mb, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
@@ -612,21 +618,26 @@ class _Builder(reduce.Builder):
 
     def chunk_loop(self) -> ir.Stmt:
         """Lane l's chunks along K (of slice s: chunks 32 s + l, then every 32 S-th): whole
-        ones fast, the rest guarded."""
+        ones fast, the rest guarded (none where K is always a multiple of the chunk)."""
         C, K, S = self.chunk, self.size(self.axis), self.splits
-        kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
-        tail = [self.rows_loop(self.x_rows_loop([
-            ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
-                   [ir.If(kj < K, self.element(False))], unroll=True)]))]
         first: ir.Expr = ir.Var("mf_lane")
         if S > 1:
             first = ir.Var("mf_split") * SIMD + first
-        loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, [
-            ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
-                  [ir.Comment("a whole chunk: registers, unguarded")] + self.whole_chunk(),
-                  [ir.Comment("the row's end (or unaligned rows): element by element, "
-                              "guarded")] + tail)],
-            step=ir.Lit(S * SIMD_WIDTH * C, IDX))
+        if self.whole_chunks:
+            body = [ir.Comment(f"'{self.axis}' is a multiple of {C} (its derived dims): every "
+                               "chunk is whole, in registers, unguarded")] + self.whole_chunk()
+        else:
+            kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
+            tail = [self.rows_loop(self.x_rows_loop([
+                ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
+                       [ir.If(kj < K, self.element(False))], unroll=True)]))]
+            body = [ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + ir.Lit(C, IDX) <= K),
+                          [ir.Comment("a whole chunk: registers, unguarded")]
+                          + self.whole_chunk(),
+                          [ir.Comment("the row's end (or unaligned rows): element by element, "
+                                      "guarded")] + tail)]
+        loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, body,
+                               step=ir.Lit(S * SIMD_WIDTH * C, IDX))
         return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
 
     def store_rows(self, v: reduce.Variant) -> list[ir.Stmt]:

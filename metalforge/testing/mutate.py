@@ -107,12 +107,6 @@ def _tail_one_further(m: "Mutant", kernel: Any) -> bool:
             and bool(re.search(r"for \(uint mf_k = 0u; mf_k <= \d+u;", m.after)))
 
 
-def _whole_k_steps(m: "Mutant", kernel: Any) -> bool:
-    """The tiled quantized kernel's guard on K when K is always a whole number of its steps."""
-    return (kernel.name in WHOLE_K_STEPS and m.operator == "relational"
-            and "if (mf_k < mf_size_K) {" in m.before)
-
-
 def _array_grown(m: "Mutant", kernel: Any) -> bool:
     """A one-dimensional array declaration's extent made one larger (`float a[4];` ->
     `float a[5];`; an inner extent of a 2-D array would move the rows a flat view reads)."""
@@ -127,10 +121,8 @@ def _report_flag(m: "Mutant", kernel: Any) -> bool:
 
 
 # Example kernels whose sizes make a code path unreachable: dequantize's output has K/8 words per
-# row, so N x K is a multiple of the 8-element vector; q4_matvec's group size 64 makes K a
-# multiple of the tiled kernel's 32-value step.
+# row, so N x K is a multiple of the 8-element vector.
 WHOLE_VECTORS = frozenset({"dequantize"})
-WHOLE_K_STEPS = frozenset({"q4_matvec"})
 
 EQUIVALENT: tuple[Rule, ...] = (
     Rule("vector edge", _vector_edge,
@@ -158,9 +150,6 @@ EQUIVALENT: tuple[Rule, ...] = (
     Rule("report flag", _report_flag,
          "the flag of a gather's error report set to 2 instead of 1: the launcher raises "
          "GatherIndexError for any nonzero flag (runtime/launcher.py, IndexErrors.check)"),
-    Rule("whole K steps", _whole_k_steps,
-         "the tiled kernel's K guard where the group size makes K a multiple of its step: the "
-         "guard is always true"),
 )
 
 

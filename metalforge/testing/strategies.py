@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ..dtypes import DType
 from ..graph import AxisSpec, ConstParam, Param, ScalarParam, TensorParam
+from ..shapes import base_multiple
 
 # --------------------------------------------------------------------------- sizes
 
@@ -77,8 +78,7 @@ def dim_plan(params: Iterable[Param]) -> DimPlan:
                     batch.append(d.name)
             elif d.derived:
                 derived[d.name] = d
-                need = d.div // math.gcd(d.mul, d.div)
-                plain[d.base] = math.lcm(plain.get(d.base, 1), need)
+                plain[d.base] = math.lcm(plain.get(d.base, 1), base_multiple(d))
             else:
                 plain.setdefault(d.name, 1)
     return DimPlan(plain, derived, tuple(batch), n)
