@@ -27,7 +27,7 @@ words: 32 4-bit values), lane l taking chunks 32 s + l, then every 32 S-th (S = 
   several rows of x, multiplies by an x pre-scaled by 2^-at instead, as MLX's qdot does;
 - a chunk that runs past K is done element by element, every load guarded; where K's derived
   dims make it a multiple of the chunk (K/GS, GS 64 > 32 values) no chunk does, and the
-  kernel has no such path.
+  kernels that do not split K have no such path (`only_whole`).
 
 Rows past N in the last block (N not a multiple of R) repeat row N - 1 (in bounds, no branch
 in the chunk loop) and are never stored. Then each row's accumulator is reduced across the
@@ -226,8 +226,8 @@ class _Builder(reduce.Builder):
         while self.chunk % self.vw:
             self.vw //= 2
         # K a multiple of the chunk whatever the call (its derived dims: K/GS with GS 64): every
-        # chunk is whole and aligned, and the kernel has no element-by-element path
-        self.whole_chunks = size_multiple(graph.tensors, self.axis) % self.chunk == 0
+        # chunk is whole and aligned
+        self.whole_k = size_multiple(graph.tensors, self.axis) % self.chunk == 0
         self.mb = 1                                    # rows of x per simdgroup (per kernel)
         self.splits = 1                                # simdgroups per block (per kernel)
 
@@ -580,7 +580,7 @@ class _Builder(reduce.Builder):
                             * ir.Lit(self.mb, IDX))]
         out += [
             ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * ir.Lit(rows, IDX)),
-            *([] if self.whole_chunks else [ir.Decl("mf_vec_ok", "bool", self.aligned())]),
+            *([] if self.only_whole() else [ir.Decl("mf_vec_ok", "bool", self.aligned())]),
             ir.ArrayDecl("mf_acc", "float", rows * self.mb),
             ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * self.mb, "uint"), [
                 ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
@@ -616,6 +616,14 @@ class _Builder(reduce.Builder):
         out += [ir.Comment("each row: unpack its words from registers, add to its sum")]
         return out + rows_body
 
+    def only_whole(self) -> bool:
+        """Whether the kernel has no element-by-element path: K is always a multiple of the
+        chunk, and the kernel does not split K. The split kernels keep the (never taken)
+        branch: without it NVRTC gave qmv_split 72 registers instead of 64 and it ran 8-13%
+        slower at 4096x11008 and 4096x14336 (H100, 2026-11-28), where qmv and qmvx ran as fast
+        or faster (qmvx at M = 4: 119 registers instead of 166, 7-13% faster)."""
+        return self.whole_k and self.splits == 1
+
     def chunk_loop(self) -> ir.Stmt:
         """Lane l's chunks along K (of slice s: chunks 32 s + l, then every 32 S-th): whole
         ones fast, the rest guarded (none where K is always a multiple of the chunk)."""
@@ -623,7 +631,7 @@ class _Builder(reduce.Builder):
         first: ir.Expr = ir.Var("mf_lane")
         if S > 1:
             first = ir.Var("mf_split") * SIMD + first
-        if self.whole_chunks:
+        if self.only_whole():
             body = [ir.Comment(f"'{self.axis}' is a multiple of {C} (its derived dims): every "
                                "chunk is whole, in registers, unguarded")] + self.whole_chunk()
         else:

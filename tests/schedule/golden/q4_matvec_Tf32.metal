@@ -161,6 +161,7 @@ kernel void mf_q4_matvec_qmv_split(
     // the grid is padded to whole threadgroups: simdgroups past the end skip the work but stay for the barrier
     const bool mf_live = mf_outer < mf_size_M;
     const mf_index_t mf_n0 = mf_task % mf_blocks * 4u;
+    const bool mf_vec_ok = true && mf_size_K_div8 % 4u == 0u && mf_size_K % 4u == 0u;
     float mf_acc[4];
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         mf_acc[mf_r] = 0.0f;
@@ -169,49 +170,70 @@ kernel void mf_q4_matvec_qmv_split(
     // lane l of slice s takes chunks 32 s + l, then every 128th, of 32 values along 'K'
     if (mf_live) {
         for (mf_index_t mf_k0 = mf_index_t((mf_split * 32u + mf_lane) * 32u); mf_k0 < mf_size_K; mf_k0 += 4096u) {
-            // 'K' is a multiple of 32 (its derived dims): every chunk is whole, in registers, unguarded
-            // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words (one 16-byte load), its group's scale and bias
-            vec<uint, 4> mf_wq_w[4];
-            float mf_row_scale[4];
-            float mf_row_bias[4];
-            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
-                mf_wq_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-                const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                mf_row_scale[mf_r] = mf_scales;
-                mf_row_bias[mf_r] = mf_biases;
-            }
-            // values every row shares: 32 per lane, in registers
-            float mf_x_reg[32];
-            for (uint mf_v = 0u; mf_v < 8u; ++mf_v) {
-                const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_pos_M * mf_size_K + mf_k0 + mf_index_t(mf_v * 4u));
-                for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_x_reg[mf_v * 4u + mf_l] = float(mf_x_v[mf_l]);
+            if (mf_vec_ok && mf_k0 + 32u <= mf_size_K) {
+                // a whole chunk: registers, unguarded
+                // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words (one 16-byte load), its group's scale and bias
+                vec<uint, 4> mf_wq_w[4];
+                float mf_row_scale[4];
+                float mf_row_bias[4];
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+                    mf_wq_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
+                    const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                    const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                    mf_row_scale[mf_r] = mf_scales;
+                    mf_row_bias[mf_r] = mf_biases;
                 }
-            }
-            // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
-            float mf_xe[32];
-            float mf_xsum = 0.0f;
-            for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const float mf_x = mf_x_reg[mf_j];
-                mf_xe[mf_j] = mf_x;
-                mf_xsum = mf_xsum + mf_x;
-            }
-            // each row: unpack its words from registers, add to its sum
-            float mf_qx[16];
-            for (uint mf_p = 0u; mf_p < 16u; ++mf_p) {
-                mf_qx[mf_p] = 0.0f;
-            }
-            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                // values every row shares: 32 per lane, in registers
+                float mf_x_reg[32];
+                for (uint mf_v = 0u; mf_v < 8u; ++mf_v) {
+                    const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_pos_M * mf_size_K + mf_k0 + mf_index_t(mf_v * 4u));
+                    for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
+                        mf_x_reg[mf_v * 4u + mf_l] = float(mf_x_v[mf_l]);
+                    }
+                }
+                // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
+                float mf_xe[32];
+                float mf_xsum = 0.0f;
                 for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                    const uint mf_half = mf_j % 8u / 4u * 16u;
-                    const uint mf_at = mf_j % 4u * 4u;
-                    mf_qx[mf_r * 4u + mf_j % 4u] = fma(float((mf_wq_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at)), mf_xe[mf_j], mf_qx[mf_r * 4u + mf_j % 4u]);
+                    const float mf_x = mf_x_reg[mf_j];
+                    mf_xe[mf_j] = mf_x;
+                    mf_xsum = mf_xsum + mf_x;
                 }
-            }
-            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                mf_acc[mf_r] = fma(mf_row_scale[mf_r], fma(mf_qx[mf_r * 4u + 3u], mf_place_weight(12u), fma(mf_qx[mf_r * 4u + 2u], mf_place_weight(8u), fma(mf_qx[mf_r * 4u + 1u], mf_place_weight(4u), mf_qx[mf_r * 4u]))), fma(mf_row_bias[mf_r], mf_xsum, mf_acc[mf_r]));
+                // each row: unpack its words from registers, add to its sum
+                float mf_qx[16];
+                for (uint mf_p = 0u; mf_p < 16u; ++mf_p) {
+                    mf_qx[mf_p] = 0.0f;
+                }
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                        const uint mf_half = mf_j % 8u / 4u * 16u;
+                        const uint mf_at = mf_j % 4u * 4u;
+                        mf_qx[mf_r * 4u + mf_j % 4u] = fma(float((mf_wq_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at)), mf_xe[mf_j], mf_qx[mf_r * 4u + mf_j % 4u]);
+                    }
+                }
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    mf_acc[mf_r] = fma(mf_row_scale[mf_r], fma(mf_qx[mf_r * 4u + 3u], mf_place_weight(12u), fma(mf_qx[mf_r * 4u + 2u], mf_place_weight(8u), fma(mf_qx[mf_r * 4u + 1u], mf_place_weight(4u), mf_qx[mf_r * 4u]))), fma(mf_row_bias[mf_r], mf_xsum, mf_acc[mf_r]));
+                }
+            } else {
+                // the row's end (or unaligned rows): element by element, guarded
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                        if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
+                            const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
+                            const int mf_e1 = int((mf_wq >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
+                            const float mf_e2 = float(mf_e1);
+                            const float mf_scales = float(scales[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                            const float mf_e3 = mf_e2 * mf_scales;
+                            const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                            const float mf_e4 = mf_e3 + mf_biases;
+                            const float mf_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                            const float mf_e5 = mf_e4 * mf_x;
+                            mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
+                        }
+                    }
+                }
             }
         }
     }
@@ -406,6 +428,7 @@ kernel void mf_q4_matvec_qmvx_split(
     const mf_index_t mf_xblock = mf_outer / mf_mblocks;
     const mf_index_t mf_m0 = mf_outer % mf_mblocks * 2u;
     const mf_index_t mf_n0 = mf_task % mf_blocks * 4u;
+    const bool mf_vec_ok = true && mf_size_K_div8 % 4u == 0u && mf_size_K % 4u == 0u;
     float mf_acc[8];
     for (uint mf_r = 0u; mf_r < 8u; ++mf_r) {
         mf_acc[mf_r] = 0.0f;
@@ -413,60 +436,84 @@ kernel void mf_q4_matvec_qmvx_split(
     // lane l of slice s takes chunks 32 s + l, then every 128th, of 32 values along 'K'
     if (mf_live) {
         for (mf_index_t mf_k0 = mf_index_t((mf_split * 32u + mf_lane) * 32u); mf_k0 < mf_size_K; mf_k0 += 4096u) {
-            // 'K' is a multiple of 32 (its derived dims): every chunk is whole, in registers, unguarded
-            // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words (one 16-byte load), its group's scale and bias
-            vec<uint, 4> mf_wq_w[4];
-            float mf_row_scale[4];
-            float mf_row_bias[4];
-            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
-                mf_wq_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-                const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                mf_row_scale[mf_r] = mf_scales;
-                mf_row_bias[mf_r] = mf_biases;
-            }
-            // values every row shares: 32 per lane, in registers
-            float mf_x_reg[64];
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-                for (uint mf_v = 0u; mf_v < 8u; ++mf_v) {
-                    const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_m * mf_size_K + mf_k0 + mf_index_t(mf_v * 4u));
-                    for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                        mf_x_reg[mf_i * 32u + (mf_v * 4u + mf_l)] = float(mf_x_v[mf_l]);
+            if (mf_vec_ok && mf_k0 + 32u <= mf_size_K) {
+                // a whole chunk: registers, unguarded
+                // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words (one 16-byte load), its group's scale and bias
+                vec<uint, 4> mf_wq_w[4];
+                float mf_row_scale[4];
+                float mf_row_bias[4];
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+                    mf_wq_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wq + mf_n * mf_size_K_div8 + mf_k0 / 8u);
+                    const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                    const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
+                    mf_row_scale[mf_r] = mf_scales;
+                    mf_row_bias[mf_r] = mf_biases;
+                }
+                // values every row shares: 32 per lane, in registers
+                float mf_x_reg[64];
+                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                    const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
+                    for (uint mf_v = 0u; mf_v < 8u; ++mf_v) {
+                        const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_m * mf_size_K + mf_k0 + mf_index_t(mf_v * 4u));
+                        for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
+                            mf_x_reg[mf_i * 32u + (mf_v * 4u + mf_l)] = float(mf_x_v[mf_l]);
+                        }
                     }
                 }
-            }
-            // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
-            float mf_xe[64];
-            float mf_xsum[2];
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_xsum[mf_i] = 0.0f;
-            }
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                    const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
-                    mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
-                    mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
-                }
-            }
-            // each row: unpack its words from registers, add to its sum
-            for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                float mf_qx[2];
+                // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
+                float mf_xe[64];
+                float mf_xsum[2];
                 for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    mf_qx[mf_i] = 0.0f;
+                    mf_xsum[mf_i] = 0.0f;
                 }
-                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                    const uint mf_half = mf_j % 8u / 4u * 16u;
-                    const uint mf_at = mf_j % 4u * 4u;
-                    const float mf_q = float((mf_wq_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
+                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                    const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
+                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                        const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
+                        mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
+                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
+                    }
+                }
+                // each row: unpack its words from registers, add to its sum
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    float mf_qx[2];
                     for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        mf_qx[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx[mf_i]);
+                        mf_qx[mf_i] = 0.0f;
+                    }
+                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                        const uint mf_half = mf_j % 8u / 4u * 16u;
+                        const uint mf_at = mf_j % 4u * 4u;
+                        const float mf_q = float((mf_wq_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
+                        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                            mf_qx[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx[mf_i]);
+                        }
+                    }
+                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                        mf_acc[mf_r * 2u + mf_i] = fma(mf_row_scale[mf_r], mf_qx[mf_i], fma(mf_row_bias[mf_r], mf_xsum[mf_i], mf_acc[mf_r * 2u + mf_i]));
                     }
                 }
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    mf_acc[mf_r * 2u + mf_i] = fma(mf_row_scale[mf_r], mf_qx[mf_i], fma(mf_row_bias[mf_r], mf_xsum[mf_i], mf_acc[mf_r * 2u + mf_i]));
+            } else {
+                // the row's end (or unaligned rows): element by element, guarded
+                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
+                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                        const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
+                        for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                            if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
+                                const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
+                                const int mf_e1 = int((mf_wq >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
+                                const float mf_e2 = float(mf_e1);
+                                const float mf_scales = float(scales[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                                const float mf_e3 = mf_e2 * mf_scales;
+                                const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                                const float mf_e4 = mf_e3 + mf_biases;
+                                const float mf_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                                const float mf_e5 = mf_e4 * mf_x;
+                                mf_acc[mf_r * 2u + mf_i] = mf_acc[mf_r * 2u + mf_i] + mf_e5;
+                            }
+                        }
+                    }
                 }
             }
         }
