@@ -489,8 +489,7 @@ class AttentionSchedule(Schedule):
         paths, outputs and partial states all run, with groups that differ in head, tile and
         block: with one head a wrong head offset reads and writes the right place; with one
         tile, or tiles and blocks in step, a wrong map from group to (head, tile, block) can
-        still cover every triple. (Two blocks, not more keys: the work budget counts every
-        axis, a paged cache's rows included.)"""
+        still cover every triple. (Exactly two blocks: the fewest keys that split.)"""
         own = self._innermost(self.own_axes)
         heads = {} if own is None else {own: 2}
         other = e - 1 if e % 8 == 0 else -(-e // 8) * 8
