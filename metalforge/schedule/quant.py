@@ -325,13 +325,15 @@ class _Builder(reduce.Builder):
         return ir.For("mf_i", "uint", ir.Lit(0, "uint"), ir.Lit(self.mb, "uint"), body,
                       unroll=True)
 
-    def x_rows_loop(self, body: list[ir.Stmt]) -> list[ir.Stmt]:
-        """`body` for each row mf_i of x of the simdgroup's block, as row mf_m (rows past M
-        repeat row M - 1: read in bounds, never stored); just `body` without x blocking."""
+    def x_rows_loop(self, body: list[ir.Stmt], clamp: bool = True) -> list[ir.Stmt]:
+        """`body` for each row mf_i of x of the simdgroup's block, as row mf_m (with `clamp`,
+        rows past M repeat row M - 1: read in bounds, never stored); just `body` without x
+        blocking."""
         if self.mb == 1:
             return body
-        m = ir.Call("min", (ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i")),
-                            self.size(self.prefix[-1]) - ir.Lit(1, IDX)))
+        m: ir.Expr = ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i"))
+        if clamp:
+            m = ir.Call("min", (m, self.size(self.prefix[-1]) - ir.Lit(1, IDX)))
         return [self.each_x_row([ir.Decl("mf_m", IDX, m)] + body)]
 
     def word(self, name: str) -> ir.Expr:
@@ -479,14 +481,15 @@ class _Builder(reduce.Builder):
         would pass MAX_QUANT_ROWS (registers)."""
         return max(1, min(self.policy.x_rows, MAX_QUANT_ROWS // self.policy.rows_per_group))
 
-    def rows_loop(self, body: list[ir.Stmt]) -> ir.Stmt:
-        """Each row mf_r of the block, as row mf_n. Rows past N (the last block of a size N
-        that is not a multiple of rows_per_group) repeat row N - 1: they read in bounds and
-        take the same branches, and their results are never stored."""
+    def rows_loop(self, body: list[ir.Stmt], clamp: bool = True) -> ir.Stmt:
+        """Each row mf_r of the block, as row mf_n. With `clamp`, rows past N (the last block
+        of a size N that is not a multiple of rows_per_group) repeat row N - 1: they read in
+        bounds and take the same branches, and their results are never stored (the stores'
+        loop tests mf_n < N instead)."""
         rows = self.policy.rows_per_group
         n = ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r"))
         last = self.size(self.rows_axis) - ir.Lit(1, IDX)
-        decl: list[ir.Stmt] = [ir.Decl("mf_n", IDX, n if rows == 1 else
+        decl: list[ir.Stmt] = [ir.Decl("mf_n", IDX, n if rows == 1 or not clamp else
                                        ir.Call("min", (n, last)))]
         return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"),
                       (decl if ir.mentions(body, "mf_n") else []) + body, unroll=True)
@@ -665,17 +668,17 @@ class _Builder(reduce.Builder):
                 off = p if i == 0 else off * self.size(a) + p
             stores.append(ir.Store(self.out_names[k], off, self.out_value(k, row_vals)))
         lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
-        # rows past N (clamped to N - 1 in rows_loop) are not stored
+        # rows past N (clamped to N - 1 where they load) are not stored
         real: ir.Expr = ir.Lit(True, "bool") if rows == 1 else \
-            ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_r")) < self.size(self.rows_axis)
+            ir.Var("mf_n") < self.size(self.rows_axis)
         keep = lane0 if rows == 1 else real.and_(lane0)
-        if self.mb > 1:              # rows of x past M (clamped to M - 1) are not stored
-            keep = keep.and_(ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_i"))
-                             < self.size(self.prefix[-1]))
+        if self.mb > 1:              # rows of x past M (clamped where they load) are not stored
+            keep = keep.and_(ir.Var("mf_m") < self.size(self.prefix[-1]))
         if S == 1:
             return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
                     self.rows_loop(self.x_rows_loop(reduce.simd_combine(red)
-                                                    + [ir.If(keep, stmts + stores)]))]
+                                                    + [ir.If(keep, stmts + stores)],
+                                                    clamp=False), clamp=False)]
         # partial (simdgroup g, weight row r, row i of x) at slot (g * rows + r) * mb + i
         lane, sg, mb = ir.Var("mf_lane"), ir.Var("mf_sg"), ir.Lit(self.mb, "uint")
         at = ir.Var("mf_r") * mb + (ir.Var("mf_i") if self.mb > 1 else ir.Lit(0, "uint"))
@@ -693,7 +696,8 @@ class _Builder(reduce.Builder):
                            "threadgroup memory, then a second simd reduction"),
                 ir.If(lane0, [self.rows_loop(each(put))]), ir.Barrier(),
                 ir.Comment("the first simdgroup's lane 0 stores each row"),
-                self.rows_loop(self.x_rows_loop(merge + [ir.If(keep, stmts + stores)]))]
+                self.rows_loop(self.x_rows_loop(merge + [ir.If(keep, stmts + stores)],
+                                                clamp=False), clamp=False)]
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
         if v.name == "qmm":

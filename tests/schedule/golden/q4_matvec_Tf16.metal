@@ -129,9 +129,9 @@ kernel void mf_q4_matvec_qmv(
     }
     // each row: sum across the simdgroup, lane 0 stores
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
-        if (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_lane == 0u) {
+        if (mf_n < mf_size_N && mf_lane == 0u) {
             mf_out[mf_pos_M * mf_size_N + mf_n] = T(mf_acc[mf_r]);
         }
     }
@@ -269,10 +269,10 @@ kernel void mf_q4_matvec_qmv_split(
     threadgroup_barrier(mem_flags::mem_threadgroup);
     // the first simdgroup's lane 0 stores each row
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         mf_acc[mf_r] = mf_lane < 4u ? mf_tg1[(mf_sg - mf_split + mf_lane) * 4u + (mf_r * 1u + 0u)] : 0.0f;
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
-        if (mf_live && mf_split == 0u && (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_lane == 0u)) {
+        if (mf_live && mf_split == 0u && (mf_n < mf_size_N && mf_lane == 0u)) {
             mf_out[mf_pos_M * mf_size_N + mf_n] = T(mf_acc[mf_r]);
         }
     }
@@ -389,11 +389,11 @@ kernel void mf_q4_matvec_qmvx(
     }
     // each row: sum across the simdgroup, lane 0 stores
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
+            const mf_index_t mf_m = mf_m0 + mf_index_t(mf_i);
             mf_acc[mf_r * 2u + mf_i] = simd_sum(mf_acc[mf_r * 2u + mf_i]);
-            if (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_lane == 0u && mf_m0 + mf_index_t(mf_i) < mf_size_M) {
+            if (mf_n < mf_size_N && mf_lane == 0u && mf_m < mf_size_M) {
                 mf_out[mf_m * mf_size_N + mf_n] = T(mf_acc[mf_r * 2u + mf_i]);
             }
         }
@@ -554,12 +554,12 @@ kernel void mf_q4_matvec_qmvx_split(
     threadgroup_barrier(mem_flags::mem_threadgroup);
     // the first simdgroup's lane 0 stores each row
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_N - 1u);
+        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
+            const mf_index_t mf_m = mf_m0 + mf_index_t(mf_i);
             mf_acc[mf_r * 2u + mf_i] = mf_lane < 4u ? mf_tg1[(mf_sg - mf_split + mf_lane) * 8u + (mf_r * 2u + mf_i)] : 0.0f;
             mf_acc[mf_r * 2u + mf_i] = simd_sum(mf_acc[mf_r * 2u + mf_i]);
-            if (mf_live && mf_split == 0u && (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_lane == 0u && mf_m0 + mf_index_t(mf_i) < mf_size_M)) {
+            if (mf_live && mf_split == 0u && (mf_n < mf_size_N && mf_lane == 0u && mf_m < mf_size_M)) {
                 mf_out[mf_m * mf_size_N + mf_n] = T(mf_acc[mf_r * 2u + mf_i]);
             }
         }
