@@ -111,15 +111,16 @@ def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
     body = el.lower([node])
     b.helpers |= el.helpers
     value = ir.Var("mf_staged")
-    compute = body + [ir.Assign(value, as_float(el.value(node), node))]
-    store = ir.Assign(target, value)
+    staged = as_float(el.value(node), node)
+    compute = body + [ir.Decl(value.name, "float", staged)] if live is None else [
+        ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
+        ir.If(live, body + [ir.Assign(value, staged)])]
     return ir.For("mf_j", "uint", u(0), u(STAGE_TRIPS), [
         ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
         *row_decl,
         ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
-        ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
-        *([ir.If(live, compute)] if live is not None else compute),
-        store], unroll=True)
+        *compute,
+        ir.Assign(target, value)], unroll=True)
 
 
 def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:

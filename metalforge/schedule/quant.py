@@ -124,24 +124,24 @@ class QuantSchedule(Schedule):
             blocks *= -(-sizes[a] // x_rows) if a == self.m_axis else sizes[a]
         return blocks
 
-    def selecting(self, host_name: str) -> dict[str, int]:
+    def selecting(self, host_name: str) -> list[dict[str, int]]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
         last block of x's rows that is partly past M; the _split kernels with K two stretches
         of chunks long, the others with one (rows of weights as few as testing draws)."""
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
-            return {}
+            return []
         stretch = SIMD_WIDTH * self.chunk
         base = name.removesuffix("_split")
         pins = ({self.axis: 2 * stretch} if name != base else
                 {self.axis: stretch} if f"{name}_split" in self.variants else {})
         if self.m_axis is None:
-            return pins
+            return [pins] if pins else []
         top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
         pick = {"qmm": self.policy.qmm_min_rows,
                 "qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
-        return {**pins, self.m_axis: pick[base]}
+        return [{**pins, self.m_axis: pick[base]}]
 
     @property
     def thresholds(self) -> list[int]:

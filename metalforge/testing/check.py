@@ -264,18 +264,16 @@ def _cover_selected(runner, variant: Variant, insts, dims, s, idx64: bool, *, pr
     """Examples for each kernel that sizes of another axis select (`schedule.selecting`: the
     quantized schedule's tiled kernel, by rows of x; attention's kernels, by E, heads, query
     rows and keys, two ways each; the wide elementwise kernel, by the element count, with
-    whole and partial chunks), unless a launch already had those sizes. `selecting` gives
-    one set of pins or a list of them."""
+    whole and partial chunks), unless a launch already had those sizes. `selecting` gives a
+    list of sets of pins."""
     ran = 0
     plain = S.dim_plan(variant.graph.params).plain
     for (w, host), inst in insts.items():
-        chosen = s.selecting(host) if hasattr(s, "selecting") else {}
-        for pins in chosen if isinstance(chosen, list) else [chosen]:
+        for pins in s.selecting(host) if hasattr(s, "selecting") else []:
             pins = {a: S._round_up(n, plain.get(a, 1)) if isinstance(n, int) else n  # whole
                     for a, n in pins.items()}        # multiples; a batch dim's shape as it is
             want = {f"{a}={n}" for a, n in pins.items()}
-            if w != idx64 or not pins or any(want <= set(seen.split(","))
-                                             for seen in inst.sizes) \
+            if w != idx64 or any(want <= set(seen.split(",")) for seen in inst.sizes) \
                     or any(a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
                 continue
             ran += _pinned_examples(runner, variant, {**dims, **pins}, insts, prof, common)

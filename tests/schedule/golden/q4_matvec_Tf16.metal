@@ -627,7 +627,6 @@ kernel void mf_q4_matvec_qmm(
             const uint mf_row = mf_sg + 8u * mf_j;
             const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_row), mf_size_N - 1u);
             const mf_index_t mf_k = mf_k0 + mf_index_t(mf_lane);
-            float mf_staged = 0.0f;
             const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + mf_k / 8u]);
             const int mf_e1 = int((mf_wq >> uint(mf_k % 8u) * 4u) & 15u);
             const float mf_e2 = float(half(float(mf_e1)));
@@ -635,7 +634,7 @@ kernel void mf_q4_matvec_qmm(
             const float mf_e3 = mf_e2 * mf_scales;
             const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_k / 64u]);
             const float mf_e4 = mf_e3 + mf_biases;
-            mf_staged = mf_e4;
+            const float mf_staged = mf_e4;
             mf_ws[mf_lane * 33u + mf_row] = mf_staged;
         }
         // the tile of 'M' rows: 32 x 32 values
