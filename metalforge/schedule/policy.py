@@ -65,6 +65,9 @@ class LaunchPolicy:
     matrix_rows: int = 32              # attention: query rows sharing keys from which a call
                                        # runs the simdgroup_matrix prefill kernel (0: never)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
+    qmm_matrix: bool = True            # quantized, tiled kernel: products as simdgroup
+                                       # matrices (Apple's matrix hardware); False: FMAs on
+                                       # per-thread register tiles
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
@@ -139,7 +142,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
-    # 1992 / 5344 vs 1140 / 2935 (bench/README.md)
+    # 1992 / 5344 vs 1140 / 2935 (bench/README.md). Re-measured 2026-11-28 with the cuda
+    # backend's register tiles (qmm_matrix=False) and tiles loaded a step ahead: M = 32 76 / 193
+    # vs 75 / 194, 64 147 / 381 vs 118 / 350, 512 1129 / 2996 vs 919 / 2423; 64 stays
     # From x_rows rows of x the qmvx kernel takes x_rows of them per simdgroup (each packed value
     # unpacked once for all): H100, 2026-11-25, f16, 4096x4096 / 11008x4096, us, x_rows 1 / 2 /
     # 4 / 8: M = 2 10.8 / 9.4 / 12.4 / 24.5 (4096^2); M = 8 34.9 / 29.6 / 26.9 / 24.6 (4096^2),
@@ -220,12 +225,15 @@ POLICIES: dict[str, LaunchPolicy] = {
 # 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
 # no Mac has timed it.
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
-# K (measured with the table's, above).
+# K (measured with the table's, above); the tiled kernel sums in register tiles, not
+# simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
+# M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 256}, "elementwise": {"small_grid": 1 << 21}},
+             "quant": {"split_grid": 256, "qmm_matrix": False},
+             "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
@@ -235,7 +243,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "index64"),
     "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
-              "qmm_min_rows", "x_rows", "index64"),
+              "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }
@@ -304,6 +312,8 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"index64 must be None, True or False, got {p.index64!r}")
     _need(p, isinstance(p.lane_scores, bool),
           f"lane_scores must be True or False, got {p.lane_scores!r}")
+    _need(p, isinstance(p.qmm_matrix, bool),
+          f"qmm_matrix must be True or False, got {p.qmm_matrix!r}")
     _need(p, p.stage_kv is None or isinstance(p.stage_kv, bool),
           f"stage_kv must be None (the schedule's choice), True or False, got {p.stage_kv!r}")
     _need(p, p.stage_rows is None or isinstance(p.stage_rows, bool),

@@ -8,22 +8,32 @@ a factor X over M and K without N (x, or any expression of the tensors the rows 
     y[..., m, n] = sum_k W[n, k] * X[..., m, k]
 
 One threadgroup of 256 threads (8 simdgroups) per tile of TILE_M rows of x by TILE_N weight
-rows. It walks K in steps of TILE_K values; each step
+rows. Each thread loads its STAGE_TRIPS values of W's tile (dequantized to fp32 once per tile:
+lanes of a simdgroup take TILE_K consecutive values of one weight row, so their words are
+consecutive too) and of X's tile into registers a step ahead: values past K (none where K's
+derived dims make it a multiple of TILE_K) and rows past M are zero, rows past N repeat row
+N - 1 (read in bounds, never stored). It walks K in steps of TILE_K values; each step
 
-- stages W's tile into threadgroup memory as fp32 (dequantized once per tile: lanes of a
-  simdgroup take TILE_K consecutive values of one weight row, so their words are consecutive
-  too), and X's tile likewise; values past K (none where K's derived dims make it a multiple
-  of TILE_K) and rows past M are zero, rows past N repeat row N - 1 (read in bounds, never
-  stored);
-- after a barrier, each simdgroup multiplies its two 8x8 blocks of the output tile as Metal
-  simdgroup matrices (schedule/fragments.py): X's 8 rows of the block row times W^T's 8
-  columns, 8 values of k a product (W is staged k-major, rows of TILE_N + 1 floats, so W^T's
+- stores the registers into the tiles in threadgroup memory;
+- after a barrier, loads the next step's values into the registers (their loads in flight
+  while the products run; after the last step, the last step's values again where every step
+  is whole, so every read stays in bounds), then each simdgroup multiplies its two 8x8 blocks
+  of the output tile as Metal simdgroup matrices (schedule/fragments.py): X's 8 rows of the
+  block row times W^T's 8 columns, 8 values of k a product (W is staged k-major, rows of TILE_N + 1 floats, so W^T's
   blocks load as they are stored; X rows of TILE_K floats), fp32 throughout;
 - a barrier before the next step overwrites the tiles.
 
 Each weight row is unpacked once per TILE_M rows of x instead of once per row. Each lane then
 computes and stores the outputs of its two elements of each of its blocks (the epilogue may use
 the sum like any row value).
+
+With the launch option `qmm_matrix` off (the cuda backend's default: it has no float 8x8
+product in hardware, and moving each product's operands by shuffles took 80% of the kernel's
+time on the H100), the products are plain FMAs on register tiles instead: both tiles are staged
+k-major (rows of TILE_N + 4 floats, read as float4s), each thread sums a MICRO x MICRO block of
+outputs over one of K_SLICES slices of the step's k (two float4 reads for 16 FMAs a value of
+k), and after the last step the slices' sums meet in threadgroup memory, where each thread adds
+up and stores MICRO outputs of one row.
 """
 from __future__ import annotations
 
@@ -48,6 +58,14 @@ W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no
 X_VECTORS = TILE_K // 4                         # float4s per staged row of x
 BLOCKS = TILE_M * TILE_N // (FRAG * FRAG) // SIMDGROUPS   # 8x8 output blocks a simdgroup (2)
 BLOCK_COLS = TILE_N // FRAG                     # 8x8 blocks across a tile row (4)
+# register tiles (qmm_matrix off)
+MICRO = 4                                       # a thread's outputs: MICRO rows x MICRO columns
+TILE_THREADS = TILE_M * TILE_N // (MICRO * MICRO)         # threads covering the tile once (64)
+K_SLICES = THREADS // TILE_THREADS              # slices of the step's k (4)
+SLICE_K = TILE_K // K_SLICES                    # values of k a slice takes per step (8)
+ROW_VECTORS = (TILE_N + MICRO) // 4             # float4s per staged k-major row of either
+                                                # tile (TILE_M = TILE_N; 9: 36 floats)
+MICRO_COLS = TILE_N // MICRO                    # register tiles across a tile row (8)
 
 
 def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
@@ -72,9 +90,9 @@ def _i(v: int) -> ir.Lit:
     return ir.Lit(v, IDX)
 
 
-def header(b: "_Builder") -> list[ir.Stmt]:
+def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
     """The threadgroup's tile (first weight row n0, first row of x m0, the batch position of
-    the other output axes) and zeroed sums."""
+    the other output axes), the thread's place in it and its zeroed sums."""
     n_axis, m_axis = b.rows_axis, b.prefix[-1]
     n_tiles = (b.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
     m_tiles = (b.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
@@ -91,6 +109,19 @@ def header(b: "_Builder") -> list[ir.Stmt]:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
                         * b.size(m_axis))]
+    if not matrix:
+        t = ir.Var("mf_t")
+        return out + [
+            ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
+            ir.Comment(f"the thread's {MICRO} x {MICRO} sums: rows {MICRO} mf_tm + r of the "
+                       f"tile of '{m_axis}', weight rows {MICRO} mf_tn + c, over slice mf_ks "
+                       f"of each step's values of '{b.axis}'"),
+            ir.Decl("mf_ks", "uint", t / u(TILE_THREADS)),
+            ir.Decl("mf_tm", "uint", t % u(TILE_THREADS) / u(MICRO_COLS)),
+            ir.Decl("mf_tn", "uint", t % u(MICRO_COLS)),
+            ir.ArrayDecl("mf_acc", "float4", MICRO),
+            unrolled("mf_r", MICRO, [ir.Assign(frag("mf_acc", ir.Var("mf_r")),
+                                               ir.Call("float4", (ir.Lit(0.0, "float"),)))])]
     first = ir.Var("mf_sg") * u(BLOCKS)
     return out + lane_place(ir.Var("mf_lane")) + [
         ir.Comment(f"the simdgroup's {BLOCKS} blocks of 8x8 outputs: block row mf_bm, block "
@@ -101,66 +132,115 @@ def header(b: "_Builder") -> list[ir.Stmt]:
         unrolled("mf_j", BLOCKS, [ir.Assign(frag("mf_acc", ir.Var("mf_j")), zero())])]
 
 
-def stage(b: "_Builder", node: Node, target: ir.Expr, row_decl: list[ir.Stmt],
+def stage(b: "_Builder", node: Node, into: str, row_decl: list[ir.Stmt], start: ir.Expr,
           live: Optional[ir.Expr]) -> ir.Stmt:
-    """Each thread's STAGE_TRIPS values of one tile: row mf_row = simdgroup + 8 j of the
-    tile, value mf_lane of the step; `node` lowered at (row_decl's row, k), 0 where not
-    `live` (None: everywhere live), stored as fp32 at `target` (of mf_row and mf_lane)."""
+    """Each thread's STAGE_TRIPS values of one tile, into registers `into`[j]: row mf_row =
+    simdgroup + 8 j of the tile, value mf_lane of the step starting at `start` along K;
+    `node` lowered at (row_decl's row, k), 0 where not `live` (None: everywhere live), as fp32."""
     k = ir.Var("mf_k")
     el = b.lowering(False, k)
     body = el.lower([node])
     b.helpers |= el.helpers
-    value = ir.Var("mf_staged")
+    target = frag(into, ir.Var("mf_j"))
     staged = as_float(el.value(node), node)
-    compute = body + [ir.Decl(value.name, "float", staged)] if live is None else [
-        ir.Decl(value.name, "float", ir.Lit(0.0, "float"), const=False),
-        ir.If(live, body + [ir.Assign(value, staged)])]
-    return ir.For("mf_j", "uint", u(0), u(STAGE_TRIPS), [
+    compute = body + [ir.Assign(target, staged)] if live is None else [
+        ir.Assign(target, ir.Lit(0.0, "float")), ir.If(live, body + [ir.Assign(target, staged)])]
+    return unrolled("mf_j", STAGE_TRIPS, [
         ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
         *row_decl,
-        ir.Decl("mf_k", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_lane"))),
-        *compute,
-        ir.Assign(target, value)], unroll=True)
+        ir.Decl("mf_k", IDX, start + ir.Cast(IDX, ir.Var("mf_lane"))),
+        *compute])
 
 
-def step(b: "_Builder", w: Node, x: Node) -> list[ir.Stmt]:
-    """One step of TILE_K values along K: stage both tiles, then every thread's sums."""
+def whole_steps(b: "_Builder") -> bool:
+    """Every step inside K: its derived dims make it a multiple of the step (K/GS, GS 64)."""
+    return size_multiple(b.graph.tensors, b.axis) % TILE_K == 0
+
+
+def put(target: ir.Expr, values: str) -> ir.Stmt:
+    """Registers `values`[j] into their tile at `target` (of mf_row = simdgroup + 8 j and
+    mf_lane)."""
+    return unrolled("mf_j", STAGE_TRIPS, [
+        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
+        ir.Assign(target, frag(values, ir.Var("mf_j")))])
+
+
+def staging(b: "_Builder", w: Node, x: Node, start: ir.Expr) -> list[ir.Stmt]:
+    """Both tiles' values of the step starting at `start`, into registers mf_wn and mf_xn."""
     n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
-    last = b.size(n_axis) - _i(1)
-    # every step inside K where its derived dims make it a multiple of the step (K/GS, GS 64)
-    in_k = None if size_multiple(b.graph.tensors, b.axis) % TILE_K == 0 else ir.Var("mf_k") < K
+    in_k = None if whole_steps(b) else ir.Var("mf_k") < K
     in_m = ir.Var("mf_m") < b.size(m_axis)
-    row, lane = ir.Var("mf_row"), ir.Var("mf_lane")
-    stage_w = stage(b, w, ir.Lane(ir.Var("mf_ws"), lane * u(W_STRIDE) + row), [
-        ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")),
-                                             last)))], in_k)
-    x4 = ir.Lane(ir.Var("mf_xs"), row * u(X_VECTORS) + lane / u(4))
-    stage_x = stage(b, x, ir.Lane(x4, lane % u(4)), [
-        ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, ir.Var("mf_row")))],
-        in_m if in_k is None else in_k.and_(in_m))
+    last = b.size(n_axis) - _i(1)
+    return [
+        ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
+        stage(b, w, "mf_wn", [ir.Decl("mf_n", IDX, ir.Call("min", (
+            ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")), last)))], start, in_k),
+        ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
+        stage(b, x, "mf_xn", [ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(
+            IDX, ir.Var("mf_row")))], start, in_m if in_k is None else in_k.and_(in_m))]
+
+
+def matrix_products() -> list[ir.Stmt]:
+    """Each simdgroup's blocks += X's 8 rows x W^T's 8 columns, TILE_K / 8 products a block."""
     kb, j = ir.Var("mf_kb"), ir.Var("mf_j")
     acc = frag("mf_acc", j)
     return [
-        ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
-        stage_w,
-        ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
-        stage_x,
-        ir.Barrier(),
         ir.Comment("each block += X's 8 rows x W^T's 8 columns, 8 values of k a product"),
         unrolled("mf_kb", TILE_K // FRAG, [
             ir.Decl("mf_a", "float2", mat_load("mf_xsf", TILE_K, kb * u(FRAG),
                                                ir.Var("mf_bm") * u(FRAG))),
             unrolled("mf_j", BLOCKS, [ir.Assign(acc, mma(ir.Var("mf_a"), mat_load(
-                "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * u(FRAG), kb * u(FRAG)), acc))])]),
+                "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * u(FRAG), kb * u(FRAG)), acc))])])]
+
+
+def register_products() -> list[ir.Stmt]:
+    """Each thread's MICRO x MICRO sums += its rows of X times its weight rows, for each
+    value of k of its slice: a float4 of each tile (k-major) and MICRO^2 FMAs."""
+    kt, r, c = ir.Var("mf_kt"), ir.Var("mf_r"), ir.Var("mf_c")
+    acc = frag("mf_acc", r, c)
+    return [
+        ir.Comment(f"the thread's sums += x[row] * w[weight row] over its slice's {SLICE_K} "
+                   "values of k"),
+        unrolled("mf_kk", SLICE_K, [
+            ir.Decl("mf_kt", "uint", ir.Var("mf_ks") * u(SLICE_K) + ir.Var("mf_kk")),
+            ir.Decl("mf_x4", "float4", frag("mf_xs", kt * u(ROW_VECTORS) + ir.Var("mf_tm"))),
+            ir.Decl("mf_w4", "float4", frag("mf_ws", kt * u(ROW_VECTORS) + ir.Var("mf_tn"))),
+            unrolled("mf_r", MICRO, [unrolled("mf_c", MICRO, [ir.Assign(acc, ir.Call(
+                "fma", (frag("mf_x4", r), frag("mf_w4", c), acc)))])])])]
+
+
+def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
+    """One step of TILE_K values along K: the tiles from registers into threadgroup memory,
+    the next step's values loaded into registers, then every thread's sums."""
+    row, lane, K = ir.Var("mf_row"), ir.Var("mf_lane"), b.size(b.axis)
+    if matrix:           # W k-major (W^T's blocks load as stored), X row-major
+        w_at = ir.Lane(ir.Var("mf_ws"), lane * u(W_STRIDE) + row)
+        x_at = ir.Lane(ir.Lane(ir.Var("mf_xs"), row * u(X_VECTORS) + lane / u(4)), lane % u(4))
+    else:                # both k-major, rows of float4s
+        w_at, x_at = (ir.Lane(ir.Lane(ir.Var(a), lane * u(ROW_VECTORS) + row / u(4)),
+                              row % u(4)) for a in ("mf_ws", "mf_xs"))
+    # after the last step: its values again where every step is whole (in bounds, unused),
+    # else the values past K, which the staging zeroes
+    nxt: ir.Expr = ir.Var("mf_k0") + _i(TILE_K)
+    if whole_steps(b):
+        nxt = ir.Call("min", (nxt, K - _i(TILE_K)))
+    return [
+        ir.Comment("this step's tiles, from registers"),
+        put(w_at, "mf_wn"), put(x_at, "mf_xn"),
+        ir.Barrier(),
+        ir.Comment("the next step's values, loaded while this step's products run"),
+        ir.Decl("mf_k1", IDX, nxt),
+        *staging(b, w, x, ir.Var("mf_k1")),
+        *(matrix_products() if matrix else register_products()),
         ir.Barrier()]
 
 
-def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
-    """The lane's two elements of each of the simdgroup's blocks: the outputs at (row mf_m,
-    weight row mf_n), where both exist."""
+def store(b: "_Builder", v: reduce.Variant, acc: ir.Expr, row: ir.Expr, col: ir.Expr,
+          loops: list[tuple[str, int]]) -> list[ir.Stmt]:
+    """The thread's outputs: sum `acc` at (row mf_m = m0 + row, weight row mf_n = n0 + col),
+    where both exist, inside `loops` (unrolled, outermost first; acc and col use them)."""
     n_axis, m_axis = b.rows_axis, b.prefix[-1]
-    j, i = ir.Var("mf_j"), ir.Var("mf_i")
-    red = reduce.Reduction(b.red, "sum", b.axis, 1, acc_at=frag("mf_acc", j, i))
+    red = reduce.Reduction(b.red, "sum", b.axis, 1, acc_at=acc)
     rv = v.row_values
     rv.values[b.red] = red.acc_ref
     stmts = rv.lower([o.node for o in b.graph.outputs])
@@ -171,27 +251,68 @@ def store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
             p = b.at(a, _i(0), False)
             off = p if n == 0 else off * b.size(a) + p
         stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
+    real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
+    body: list[ir.Stmt] = [ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, col)),
+                           ir.If(real, stmts + stores)]
+    for var, n in reversed(loops):
+        body = [unrolled(var, n, body)]
+    return [ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)), *body]
+
+
+def matrix_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
+    """The lane's two elements of each of the simdgroup's blocks."""
+    j, i = ir.Var("mf_j"), ir.Var("mf_i")
     row = ir.Var("mf_bm") * u(FRAG) + ir.Var("mf_mr")
     col = (ir.Var("mf_bn") + j) * u(FRAG) + ir.Var("mf_mc") + i
-    real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
     return [ir.Comment("the lane's elements of its blocks: the outputs, where the row and "
                        "weight row exist"),
-            ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)),
-            unrolled("mf_j", BLOCKS, [unrolled("mf_i", 2, [
-                ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, col)),
-                ir.If(real, stmts + stores)])])]
+            *store(b, v, frag("mf_acc", j, i), row, col, [("mf_j", BLOCKS), ("mf_i", 2)])]
+
+
+def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
+    """The slices' sums meet in threadgroup memory (mf_part: [slice][row][weight rows / 4]);
+    thread t adds up MICRO outputs of row t / MICRO_COLS and stores them."""
+    t, r = ir.Var("mf_t"), ir.Var("mf_r")
+    part = ir.Var("mf_part")
+    at = (ir.Var("mf_ks") * u(TILE_M) + ir.Var("mf_tm") * u(MICRO) + r) * u(MICRO_COLS) \
+        + ir.Var("mf_tn")
+    total = frag("mf_part", t)
+    for s in range(1, K_SLICES):
+        total = total + frag("mf_part", t + u(s * THREADS))
+    return [
+        ir.Comment(f"the {K_SLICES} slices' sums through threadgroup memory"),
+        unrolled("mf_r", MICRO, [ir.Assign(ir.Lane(part, at), frag("mf_acc", r))]),
+        ir.Barrier(),
+        ir.Comment(f"thread t: row t / {MICRO_COLS} of the tile, weight rows {MICRO} (t % "
+                   f"{MICRO_COLS}) + i, summed over the slices: the outputs, where the row and "
+                   "weight row exist"),
+        ir.Decl("mf_sum", "float4", total),
+        *store(b, v, frag("mf_sum", ir.Var("mf_i")), t / u(MICRO_COLS),
+               t % u(MICRO_COLS) * u(MICRO) + ir.Var("mf_i"), [("mf_i", MICRO)])]
 
 
 def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
     """The kernel's statements (the builder's M position is mf_m while they are lowered)."""
-    b.helpers |= {"mf_mma", "mf_mat_load"}
-    v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
-                    ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")]
-    head = header(b) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
-        "reinterpret_cast<threadgroup float*>", (ir.Var("mf_xs"),)), const=False)]
-    loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x), step=_i(TILE_K))
-    finish = store(b, v)
-    return list(v.tg_arrays) + head + v.pre + [
+    matrix = b.policy.qmm_matrix
+    if matrix:
+        b.helpers |= {"mf_mma", "mf_mat_load"}
+        v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
+                        ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")]
+        head = header(b, True) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
+            "reinterpret_cast<threadgroup float*>", (ir.Var("mf_xs"),)), const=False)]
+    else:
+        v.tg_arrays += [ir.ArrayDecl(a, "float4", TILE_K * ROW_VECTORS, "threadgroup")
+                        for a in ("mf_ws", "mf_xs")]
+        v.tg_arrays.append(ir.ArrayDecl("mf_part", "float4", K_SLICES * THREADS,
+                                        "threadgroup"))
+        head = header(b, False)
+    loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x, matrix), step=_i(TILE_K))
+    finish = matrix_store(b, v) if matrix else register_store(b, v)
+    first = [ir.Comment(f"each thread's {STAGE_TRIPS} values of each tile, a step ahead"),
+             ir.ArrayDecl("mf_wn", "float", STAGE_TRIPS), ir.ArrayDecl("mf_xn", "float",
+                                                                      STAGE_TRIPS),
+             *staging(b, w, x, _i(0))]
+    return list(v.tg_arrays) + head + v.pre + first + [
         ir.Comment(f"along '{b.axis}' in steps of {TILE_K} values"), loop, *finish]
 
 

@@ -706,7 +706,11 @@ class _Builder(reduce.Builder):
                        f"unpacked from {self.bits}-bit words times rows of "
                        f"'{self.prefix[-1]}'; tiles of {qmm.TILE_M} x {qmm.TILE_N} outputs, "
                        f"{qmm.TILE_K} values of '{self.axis}' per step staged in threadgroup "
-                       f"memory (weights dequantized once per tile); fp32 accumulation")
+                       f"memory (weights dequantized once per tile), "
+                       + ("products as 8x8 simdgroup matrices" if self.policy.qmm_matrix else
+                          f"each thread {qmm.MICRO} x {qmm.MICRO} sums in registers over a "
+                          f"slice of each step")
+                       + "; fp32 accumulation")
             return make_kernel(self.graph, self.index64, qmm.THREAD_INPUTS,
                                qmm.body(self, v, w, x), summary, "qmm")
         self.splits = S = self.splits_of(v.name)

@@ -433,45 +433,55 @@ def test_rows_of_x_blocked_with_a_batch_axis_and_an_epilogue(b, m):
 
 
 Q8 = q4_matvec.with_launch(qmm_min_rows=8)
+# the tiled kernel's two ways to multiply its tiles: simdgroup matrices (the table's) and
+# per-thread register tiles (the cuda backend's)
+PRODUCTS = pytest.mark.parametrize("matrix", [True, False], ids=["matrix", "registers"])
 
 
+@PRODUCTS
 @pytest.mark.parametrize("m,n,k", [(8, 32, 64), (33, 45, 1088), (70, 7, 128), (200, 70, 4160)])
-def test_tiled_kernel(m, n, k):
+def test_tiled_kernel(m, n, k, matrix):
     """M >= qmm_min_rows: the tiled kernel; tiles past M and N, K past the last step."""
     _, (wq, s, b) = _quantized(n, k, torch.float32, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
-    assert _host(Q8, wq, s, b, x).endswith("_qmm")
+    kern = Q8.with_launch(qmm_matrix=matrix)
+    assert _host(kern, wq, s, b, x).endswith("_qmm")
     split = "_split" if k > 1024 else ""                         # K past one stretch
     split_x = split if -(-n // 4) * 4 <= 64 else ""             # qmvx's grid: 7 rows of x
-    assert _host(Q8, wq, s, b, x[:7]).endswith("_qmvx" + split_x)
-    assert _host(Q8, wq, s, b, x[:1]).endswith("_qmv" + split)
+    assert _host(kern, wq, s, b, x[:7]).endswith("_qmvx" + split_x)
+    assert _host(kern, wq, s, b, x[:1]).endswith("_qmv" + split)
     want = _reference(wq, s, b, x, 64)
-    torch.testing.assert_close(Q8(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
-    one = q4_matvec.with_launch(qmm_min_rows=1)                 # the tiled kernel at M = 1
+    torch.testing.assert_close(kern(wq, s, b, x), want, rtol=1e-4, atol=1e-4 * k ** 0.5)
+    one = kern.with_launch(qmm_min_rows=1)                      # the tiled kernel at M = 1
     torch.testing.assert_close(one(wq, s, b, x[:1]), want[:1], rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
+@PRODUCTS
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tiled_kernel_half(dtype):
+def test_tiled_kernel_half(dtype, matrix):
     _, (wq, s, b) = _quantized(40, 320, dtype, seed=5)
     x = torch.randn(12, 320, generator=torch.Generator().manual_seed(2)).to(dtype)
-    assert _host(Q8, wq, s, b, x).endswith("_qmm")
-    got = Q8(wq, s, b, x)
+    kern = Q8.with_launch(qmm_matrix=matrix)
+    assert _host(kern, wq, s, b, x).endswith("_qmm")
+    got = kern(wq, s, b, x)
     rtol, atol = _TOL[dtype]
     torch.testing.assert_close(got, q4_matvec.reference(wq, s, b, x), rtol=rtol, atol=atol * 8)
 
 
-def test_tiled_kernel_batch_axis_epilogue_and_steps_past_k():
-    # K = 40, GS = 8: the last step of 32 values is 8 long; B = 2 batches of M = 9 rows
+@PRODUCTS
+def test_tiled_kernel_batch_axis_epilogue_and_steps_past_k(matrix):
+    # K = 40, GS = 8: the last step of 32 values is 8 long (and the step after it, loaded
+    # ahead, is past K); B = 2 batches of M = 9 rows
     n, k = 33, 40
     codes = torch.randint(0, 16, (n, k), generator=torch.Generator().manual_seed(0))
     wq = quant.pack(codes, bits=4)
     s, b = torch.rand(n, k // 8) + 0.5, torch.randn(n, k // 8)
     x, bias = torch.randn(2, 9, k), torch.randn(n)
     w_hat = codes.float() * s.repeat_interleave(8, 1) + b.repeat_interleave(8, 1)
-    assert _host(q4_batched, wq, s, b, x, bias).endswith("_qmm")
+    kern = q4_batched.with_launch(qmm_matrix=matrix)
+    assert _host(kern, wq, s, b, x, bias).endswith("_qmm")
     want = torch.nn.functional.silu(x @ w_hat.T + bias)
-    torch.testing.assert_close(q4_batched(wq, s, b, x, bias), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(kern(wq, s, b, x, bias), want, rtol=1e-4, atol=1e-4)
 
 
 def test_tiled_kernel_only_for_a_product():
@@ -491,16 +501,39 @@ def test_tiled_kernel_text():
     qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
     assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float4 mf_xs[256];" in qmm
     assert qmm.count("threadgroup_barrier") == 2
+    # each step's values are loaded into registers a step ahead, before its products run
+    step = qmm[qmm.index("for (mf_index_t mf_k0"):]
+    assert step.index("mf_wn[mf_j] = ") < step.index("mf_mma(")
+    assert "const mf_index_t mf_k1 = min(mf_k0 + 32u, mf_size_K - 32u);" in step
     # weights staged k-major in rows of 33 floats (no bank conflicts): W^T's 8x8 blocks load as
     # stored; each simdgroup's two output blocks as simdgroup_matrix products, 8 values of k
-    assert "mf_ws[mf_lane * 33u + mf_row] = mf_staged;" in qmm
+    assert "mf_ws[mf_lane * 33u + mf_row] = mf_wn[mf_j];" in qmm
     assert "const float2 mf_a = mf_mat_load(mf_xsf, 32u, mf_kb * 8u, mf_bm * 8u);" in qmm
     assert ("mf_acc[mf_j] = mf_mma(mf_a, mf_mat_load(mf_ws, 33u, (mf_bn + mf_j) * 8u, "
             "mf_kb * 8u), mf_acc[mf_j]);") in qmm
+    # register tiles: both tiles k-major in rows of 9 float4s, 4 x 4 sums a thread over a
+    # quarter of each step's k, the quarters' sums added in threadgroup memory at the end
+    regs = Q8.with_launch(qmm_matrix=False).source(wq, s, b, torch.randn(8, 256))
+    regs = regs[regs.index("kernel void mf_q4_matvec_qmm"):]
+    assert "mf_mma" not in regs and regs.count("threadgroup_barrier") == 3
+    assert "threadgroup float4 mf_ws[288];" in regs and "threadgroup float4 mf_part[1024];" in regs
+    assert "mf_ws[mf_lane * 9u + mf_row / 4u][mf_row % 4u] = mf_wn[mf_j];" in regs
+    assert "const float4 mf_w4 = mf_ws[mf_kt * 9u + mf_tn];" in regs
+    assert "mf_acc[mf_r][mf_c] = fma(mf_x4[mf_r], mf_w4[mf_c], mf_acc[mf_r][mf_c]);" in regs
+    assert ("const float4 mf_sum = mf_part[mf_t] + mf_part[mf_t + 256u] + mf_part[mf_t + 512u] "
+            "+ mf_part[mf_t + 768u];") in regs
 
 
-def test_check_covers_the_tiled_kernel():
-    report = check(q4_batched, max_examples=3, dtypes={"T": "f32"})
+def test_the_cuda_backend_multiplies_tiles_in_registers():
+    from metalforge.schedule.policy import backend_launch
+    assert backend_launch("cuda", "quant")["qmm_matrix"] is False
+    with pytest.raises(mf.LaunchError, match="qmm_matrix must be True or False, got 1"):
+        q4_matvec.with_launch(qmm_matrix=1)
+
+
+@PRODUCTS
+def test_check_covers_the_tiled_kernel(matrix):
+    report = check(q4_batched.with_launch(qmm_matrix=matrix), max_examples=3, dtypes={"T": "f32"})
     assert all(i.launches for i in report.instantiations), report.coverage()
     assert any(i.host_name.endswith("_idx64_qmm") for i in report.instantiations)
 
