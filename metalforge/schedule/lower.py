@@ -248,6 +248,9 @@ class ElementLowering:
         x = self.values[src]
         dst = n.dtype
         if dst.compute == F32 and dst != F32:
+            if src.op == Op.UNPACK and src.attr <= 8:
+                # unpacked values, 0 .. 2^bits - 1, are exact in half and bfloat alike
+                return convert(x, src.dtype, F32)
             # round through the narrow storage type so the value is what torch would hold
             return ir.Cast("float", ir.Cast(dst.msl, convert(x, src.dtype, F32)))
         if dst.kind == "bool" and src.dtype.kind != "bool":

@@ -8,32 +8,33 @@ a factor X over M and K without N (x, or any expression of the tensors the rows 
     y[..., m, n] = sum_k W[n, k] * X[..., m, k]
 
 One threadgroup of 256 threads (8 simdgroups) per tile of TILE_M rows of x by TILE_N weight
-rows. Each thread loads its STAGE_TRIPS values of W's tile (dequantized to fp32 once per tile:
-lanes of a simdgroup take TILE_K consecutive values of one weight row, so their words are
-consecutive too) and of X's tile into registers a step ahead: values past K (none where K's
-derived dims make it a multiple of TILE_K) and rows past M are zero, rows past N repeat row
-N - 1 (read in bounds, never stored). It walks K in steps of TILE_K values; each step
+rows, walking K in steps of TILE_K values. Each thread stages a run of RUN consecutive values
+of one row of each tile (a 4-bit word's: its word, scale and bias read once for the run),
+W dequantized to fp32, and holds them in registers a step ahead: values past K (none where
+K's derived dims make it a multiple of TILE_K) and rows past M are zero, rows past N repeat
+row N - 1 (read in bounds, never stored). Each step
 
 - stores the registers into the tiles in threadgroup memory;
 - after a barrier, loads the next step's values into the registers (their loads in flight
   while the products run; after the last step, the last step's values again where every step
-  is whole, so every read stays in bounds), then each simdgroup multiplies its two 8x8 blocks
-  of the output tile as Metal simdgroup matrices (schedule/fragments.py): X's 8 rows of the
-  block row times W^T's 8 columns, 8 values of k a product (W is staged k-major, rows of TILE_N + 1 floats, so W^T's
-  blocks load as they are stored; X rows of TILE_K floats), fp32 throughout;
+  is whole, so every read stays in bounds), then multiplies the tiles;
 - a barrier before the next step overwrites the tiles.
 
-Each weight row is unpacked once per TILE_M rows of x instead of once per row. Each lane then
-computes and stores the outputs of its two elements of each of its blocks (the epilogue may use
-the sum like any row value).
+The products (launch option `qmm_matrix`):
+- on (the table's: Apple's matrix hardware): each simdgroup multiplies its two 8x8 blocks of
+  the output tile as Metal simdgroup matrices (schedule/fragments.py): X's 8 rows of the block
+  row times W^T's 8 columns, 8 values of k a product (W staged k-major, rows of TILE_N + 1
+  floats, so W^T's blocks load as they are stored; X rows of TILE_K floats), fp32 throughout;
+  each lane stores the outputs of its two elements of each of its blocks;
+- off (the cuda backend's: it has no float 8x8 product in hardware, and moving each product's
+  operands by shuffles took 80% of the kernel's time on the H100): plain FMAs on register
+  tiles. Both tiles are staged k-major (rows of TILE_N + 4 floats, read as float4s), each
+  thread sums a MICRO x MICRO block of outputs over one of K_SLICES slices of the step's k
+  (two float4 reads for 16 FMAs a value of k), and after the last step the slices' sums meet
+  in threadgroup memory, where each thread adds up and stores MICRO outputs of one row.
 
-With the launch option `qmm_matrix` off (the cuda backend's default: it has no float 8x8
-product in hardware, and moving each product's operands by shuffles took 80% of the kernel's
-time on the H100), the products are plain FMAs on register tiles instead: both tiles are staged
-k-major (rows of TILE_N + 4 floats, read as float4s), each thread sums a MICRO x MICRO block of
-outputs over one of K_SLICES slices of the step's k (two float4 reads for 16 FMAs a value of
-k), and after the last step the slices' sums meet in threadgroup memory, where each thread adds
-up and stores MICRO outputs of one row.
+Each weight row is unpacked once per TILE_M rows of x instead of once per row; the epilogue
+may use the sum like any row value.
 """
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ from .lower import as_float
 if TYPE_CHECKING:
     from .quant import _Builder
 
-TILE_M, TILE_N, TILE_K = 32, 32, 32
+TILE_M, TILE_N, TILE_K = 32, 32, 64
 THREADS = 256                                   # 8 simdgroups
 SIMDGROUPS = THREADS // 32
-STAGE_TRIPS = TILE_N * TILE_K // THREADS        # tile values each thread stages (4)
+RUN = 8                                         # consecutive values of K a thread stages of
+RUNS = TILE_K // RUN                            # each tile row (one 4-bit word's); runs a row
 W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no bank conflicts
 X_VECTORS = TILE_K // 4                         # float4s per staged row of x
 BLOCKS = TILE_M * TILE_N // (FRAG * FRAG) // SIMDGROUPS   # 8x8 output blocks a simdgroup (2)
@@ -62,10 +64,13 @@ BLOCK_COLS = TILE_N // FRAG                     # 8x8 blocks across a tile row (
 MICRO = 4                                       # a thread's outputs: MICRO rows x MICRO columns
 TILE_THREADS = TILE_M * TILE_N // (MICRO * MICRO)         # threads covering the tile once (64)
 K_SLICES = THREADS // TILE_THREADS              # slices of the step's k (4)
-SLICE_K = TILE_K // K_SLICES                    # values of k a slice takes per step (8)
+SLICE_K = TILE_K // K_SLICES                    # values of k a slice takes per step (16)
 ROW_VECTORS = (TILE_N + MICRO) // 4             # float4s per staged k-major row of either
-                                                # tile (TILE_M = TILE_N; 9: 36 floats)
+                                                # tile (TILE_M = TILE_N; 9: 36 floats), and
+                                                # one more after every RUN rows (no conflicts)
+TILE_VECTORS = TILE_K * ROW_VECTORS + RUNS      # float4s of one staged tile (584)
 MICRO_COLS = TILE_N // MICRO                    # register tiles across a tile row (8)
+assert THREADS == TILE_N * RUNS == TILE_M * RUNS and K_SLICES * THREADS <= 2 * TILE_VECTORS
 
 
 def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
@@ -109,10 +114,14 @@ def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
                         * b.size(m_axis))]
+    t = ir.Var("mf_t")
+    out += [ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
+            ir.Comment(f"the thread's share of each tile: row mf_srow, values {RUN} mf_q.. "
+                       f"{RUN} mf_q + {RUN - 1} of each step"),
+            ir.Decl("mf_srow", "uint", t / u(RUNS)),
+            ir.Decl("mf_q", "uint", t % u(RUNS))]
     if not matrix:
-        t = ir.Var("mf_t")
         return out + [
-            ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
             ir.Comment(f"the thread's {MICRO} x {MICRO} sums: rows {MICRO} mf_tm + r of the "
                        f"tile of '{m_axis}', weight rows {MICRO} mf_tn + c, over slice mf_ks "
                        f"of each step's values of '{b.axis}'"),
@@ -132,24 +141,24 @@ def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
         unrolled("mf_j", BLOCKS, [ir.Assign(frag("mf_acc", ir.Var("mf_j")), zero())])]
 
 
-def stage(b: "_Builder", node: Node, into: str, row_decl: list[ir.Stmt], start: ir.Expr,
-          live: Optional[ir.Expr]) -> ir.Stmt:
-    """Each thread's STAGE_TRIPS values of one tile, into registers `into`[j]: row mf_row =
-    simdgroup + 8 j of the tile, value mf_lane of the step starting at `start` along K;
-    `node` lowered at (row_decl's row, k), 0 where not `live` (None: everywhere live), as fp32."""
-    k = ir.Var("mf_k")
-    el = b.lowering(False, k)
+def stage(b: "_Builder", node: Node, into: str, row: ir.Stmt, start: Optional[ir.Expr],
+          live: Optional[ir.Expr]) -> list[ir.Stmt]:
+    """The thread's RUN values of one tile, into registers `into`[j]: of its row (`row`
+    declares mf_n or mf_m) at k = start (None: 0) + RUN mf_q + j, whose word, scale and bias
+    the lowering reads once for the run; `node` as fp32, 0 where not `live` (None:
+    everywhere)."""
+    first = ir.Var("mf_kq")
+    el = b.lowering(False, ir.Var("mf_k"), (first, RUN))
     body = el.lower([node])
     b.helpers |= el.helpers
     target = frag(into, ir.Var("mf_j"))
     staged = as_float(el.value(node), node)
     compute = body + [ir.Assign(target, staged)] if live is None else [
         ir.Assign(target, ir.Lit(0.0, "float")), ir.If(live, body + [ir.Assign(target, staged)])]
-    return unrolled("mf_j", STAGE_TRIPS, [
-        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
-        *row_decl,
-        ir.Decl("mf_k", IDX, start + ir.Cast(IDX, ir.Var("mf_lane"))),
-        *compute])
+    kq: ir.Expr = ir.Cast(IDX, ir.Var("mf_q") * u(RUN))
+    return [row, ir.Decl("mf_kq", IDX, kq if start is None else start + kq),
+            unrolled("mf_j", RUN, [ir.Decl("mf_k", IDX, first + ir.Cast(IDX, ir.Var("mf_j"))),
+                                   *compute])]
 
 
 def whole_steps(b: "_Builder") -> bool:
@@ -158,26 +167,24 @@ def whole_steps(b: "_Builder") -> bool:
 
 
 def put(target: ir.Expr, values: str) -> ir.Stmt:
-    """Registers `values`[j] into their tile at `target` (of mf_row = simdgroup + 8 j and
-    mf_lane)."""
-    return unrolled("mf_j", STAGE_TRIPS, [
-        ir.Decl("mf_row", "uint", ir.Var("mf_sg") + u(SIMDGROUPS) * ir.Var("mf_j")),
-        ir.Assign(target, frag(values, ir.Var("mf_j")))])
+    """Registers `values`[j] into their tile at `target` (of mf_srow, mf_q and mf_j)."""
+    return unrolled("mf_j", RUN, [ir.Assign(target, frag(values, ir.Var("mf_j")))])
 
 
-def staging(b: "_Builder", w: Node, x: Node, start: ir.Expr) -> list[ir.Stmt]:
-    """Both tiles' values of the step starting at `start`, into registers mf_wn and mf_xn."""
+def staging(b: "_Builder", w: Node, x: Node, start: Optional[ir.Expr]) -> list[ir.Stmt]:
+    """Both tiles' values of the step starting at `start` (None: 0), into registers mf_wn and
+    mf_xn."""
     n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
     in_k = None if whole_steps(b) else ir.Var("mf_k") < K
     in_m = ir.Var("mf_m") < b.size(m_axis)
-    last = b.size(n_axis) - _i(1)
+    srow = ir.Cast(IDX, ir.Var("mf_srow"))
+    n = ir.Call("min", (ir.Var("mf_n0") + srow, b.size(n_axis) - _i(1)))
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
-        stage(b, w, "mf_wn", [ir.Decl("mf_n", IDX, ir.Call("min", (
-            ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_row")), last)))], start, in_k),
+        ir.Block(stage(b, w, "mf_wn", ir.Decl("mf_n", IDX, n), start, in_k)),
         ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
-        stage(b, x, "mf_xn", [ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(
-            IDX, ir.Var("mf_row")))], start, in_m if in_k is None else in_k.and_(in_m))]
+        ir.Block(stage(b, x, "mf_xn", ir.Decl("mf_m", IDX, ir.Var("mf_m0") + srow), start,
+                       in_m if in_k is None else in_k.and_(in_m)))]
 
 
 def matrix_products() -> list[ir.Stmt]:
@@ -193,6 +200,13 @@ def matrix_products() -> list[ir.Stmt]:
                 "mf_ws", W_STRIDE, (ir.Var("mf_bn") + j) * u(FRAG), kb * u(FRAG)), acc))])])]
 
 
+def kmajor(k: ir.Expr, col4: ir.Expr, run: Optional[ir.Expr] = None) -> ir.Expr:
+    """The float4 of a k-major staged tile (register tiles) at row k (of run k / RUN, if
+    known), columns 4 col4..: rows of ROW_VECTORS, one float4 more after each RUN rows, so
+    that the runs a simdgroup stores at once fall in different banks."""
+    return k * u(ROW_VECTORS) + (k / u(RUN) if run is None else run) + col4
+
+
 def register_products() -> list[ir.Stmt]:
     """Each thread's MICRO x MICRO sums += its rows of X times its weight rows, for each
     value of k of its slice: a float4 of each tile (k-major) and MICRO^2 FMAs."""
@@ -203,8 +217,9 @@ def register_products() -> list[ir.Stmt]:
                    "values of k"),
         unrolled("mf_kk", SLICE_K, [
             ir.Decl("mf_kt", "uint", ir.Var("mf_ks") * u(SLICE_K) + ir.Var("mf_kk")),
-            ir.Decl("mf_x4", "float4", frag("mf_xs", kt * u(ROW_VECTORS) + ir.Var("mf_tm"))),
-            ir.Decl("mf_w4", "float4", frag("mf_ws", kt * u(ROW_VECTORS) + ir.Var("mf_tn"))),
+            ir.Decl("mf_x4", "float4", frag("mf_tiles", u(TILE_VECTORS) + kmajor(
+                kt, ir.Var("mf_tm")))),
+            ir.Decl("mf_w4", "float4", frag("mf_tiles", kmajor(kt, ir.Var("mf_tn")))),
             unrolled("mf_r", MICRO, [unrolled("mf_c", MICRO, [ir.Assign(acc, ir.Call(
                 "fma", (frag("mf_x4", r), frag("mf_w4", c), acc)))])])])]
 
@@ -212,13 +227,17 @@ def register_products() -> list[ir.Stmt]:
 def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
     """One step of TILE_K values along K: the tiles from registers into threadgroup memory,
     the next step's values loaded into registers, then every thread's sums."""
-    row, lane, K = ir.Var("mf_row"), ir.Var("mf_lane"), b.size(b.axis)
+    srow, K = ir.Var("mf_srow"), b.size(b.axis)
+    k = ir.Var("mf_q") * u(RUN) + ir.Var("mf_j")          # the value's place in the step
     if matrix:           # W k-major (W^T's blocks load as stored), X row-major
-        w_at = ir.Lane(ir.Var("mf_ws"), lane * u(W_STRIDE) + row)
-        x_at = ir.Lane(ir.Lane(ir.Var("mf_xs"), row * u(X_VECTORS) + lane / u(4)), lane % u(4))
+        w_at = ir.Lane(ir.Var("mf_ws"), k * u(W_STRIDE) + srow)
+        j = ir.Var("mf_j")                              # (RUN: whole float4s)
+        x_at = ir.Lane(ir.Lane(ir.Var("mf_xs"), srow * u(X_VECTORS) + ir.Var("mf_q")
+                               * u(RUN // 4) + j / u(4)), j % u(4))
     else:                # both k-major, rows of float4s
-        w_at, x_at = (ir.Lane(ir.Lane(ir.Var(a), lane * u(ROW_VECTORS) + row / u(4)),
-                              row % u(4)) for a in ("mf_ws", "mf_xs"))
+        at = kmajor(k, srow / u(4), ir.Var("mf_q"))
+        w_at = ir.Lane(ir.Lane(ir.Var("mf_tiles"), at), srow % u(4))
+        x_at = ir.Lane(ir.Lane(ir.Var("mf_tiles"), u(TILE_VECTORS) + at), srow % u(4))
     # after the last step: its values again where every step is whole (in bounds, unused),
     # else the values past K, which the staging zeroes
     nxt: ir.Expr = ir.Var("mf_k0") + _i(TILE_K)
@@ -248,7 +267,7 @@ def store(b: "_Builder", v: reduce.Variant, acc: ir.Expr, row: ir.Expr, col: ir.
     for k, o in enumerate(b.graph.outputs):
         off: ir.Expr = _i(0)
         for n, a in enumerate(o.axes):
-            p = b.at(a, _i(0), False)
+            p = b.at(a, _i(0))
             off = p if n == 0 else off * b.size(a) + p
         stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
     real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
@@ -273,14 +292,15 @@ def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
     """The slices' sums meet in threadgroup memory (mf_part: [slice][row][weight rows / 4]);
     thread t adds up MICRO outputs of row t / MICRO_COLS and stores them."""
     t, r = ir.Var("mf_t"), ir.Var("mf_r")
-    part = ir.Var("mf_part")
+    part = ir.Var("mf_tiles")
     at = (ir.Var("mf_ks") * u(TILE_M) + ir.Var("mf_tm") * u(MICRO) + r) * u(MICRO_COLS) \
         + ir.Var("mf_tn")
-    total = frag("mf_part", t)
+    total = frag("mf_tiles", t)
     for s in range(1, K_SLICES):
-        total = total + frag("mf_part", t + u(s * THREADS))
+        total = total + frag("mf_tiles", t + u(s * THREADS))
     return [
-        ir.Comment(f"the {K_SLICES} slices' sums through threadgroup memory"),
+        ir.Comment(f"the {K_SLICES} slices' sums through threadgroup memory (the tiles' "
+                   "place: the last step is done)"),
         unrolled("mf_r", MICRO, [ir.Assign(ir.Lane(part, at), frag("mf_acc", r))]),
         ir.Barrier(),
         ir.Comment(f"thread t: row t / {MICRO_COLS} of the tile, weight rows {MICRO} (t % "
@@ -301,17 +321,14 @@ def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
         head = header(b, True) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
             "reinterpret_cast<threadgroup float*>", (ir.Var("mf_xs"),)), const=False)]
     else:
-        v.tg_arrays += [ir.ArrayDecl(a, "float4", TILE_K * ROW_VECTORS, "threadgroup")
-                        for a in ("mf_ws", "mf_xs")]
-        v.tg_arrays.append(ir.ArrayDecl("mf_part", "float4", K_SLICES * THREADS,
+        v.tg_arrays.append(ir.ArrayDecl("mf_tiles", "float4", 2 * TILE_VECTORS,
                                         "threadgroup"))
         head = header(b, False)
     loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x, matrix), step=_i(TILE_K))
     finish = matrix_store(b, v) if matrix else register_store(b, v)
-    first = [ir.Comment(f"each thread's {STAGE_TRIPS} values of each tile, a step ahead"),
-             ir.ArrayDecl("mf_wn", "float", STAGE_TRIPS), ir.ArrayDecl("mf_xn", "float",
-                                                                      STAGE_TRIPS),
-             *staging(b, w, x, _i(0))]
+    first = [ir.Comment(f"each thread's {RUN} values of each tile, a step ahead"),
+             ir.ArrayDecl("mf_wn", "float", RUN), ir.ArrayDecl("mf_xn", "float", RUN),
+             *staging(b, w, x, None)]
     return list(v.tg_arrays) + head + v.pre + first + [
         ir.Comment(f"along '{b.axis}' in steps of {TILE_K} values"), loop, *finish]
 

@@ -262,8 +262,11 @@ class _Builder(reduce.Builder):
             prefix, flat = self.prefix[:-1], "mf_xblock"
         return self.position_in(flat, prefix, axis, name, self.v)
 
-    def at(self, axis: str, k: ir.Expr, chunk_start: bool) -> ir.Expr:
-        """The position along `axis` of element k (K), of row mf_n (N), or the simdgroup's."""
+    def at(self, axis: str, k: ir.Expr, run: Optional[tuple[ir.Expr, int]] = None) -> ir.Expr:
+        """The position along `axis` of element k (K), of row mf_n (N), or the simdgroup's.
+        `run` = (first, n): k is element mf_j of n consecutive values from `first`, a multiple
+        of n (a chunk, or a word's values), so that a group or word holding them all is
+        found from `first` alone."""
         if axis == self.axis:
             return k
         if axis == self.rows_axis:
@@ -274,24 +277,29 @@ class _Builder(reduce.Builder):
             return self.prefix_position(axis)
         spec = self.graph.axis_spec(axis)              # K/GS: element k reads k / GS
         d = ir.Lit(spec.div, IDX)
-        if chunk_start and spec.div % self.chunk == 0:
-            return ir.Var("mf_k0") / d                 # the whole chunk is in one group
-        if chunk_start and self.chunk % spec.div == 0:
-            return ir.Var("mf_k0") / d + ir.Cast(IDX, ir.Var("mf_j") / ir.Lit(spec.div, "uint"))
+        if run is not None and spec.div % run[1] == 0:
+            return run[0] / d                          # the whole run is in one group
+        if run is not None and run[1] % spec.div == 0:
+            return run[0] / d + ir.Cast(IDX, ir.Var("mf_j") / ir.Lit(spec.div, "uint"))
         return k / d
 
-    def offset(self, t: TensorParam, k: ir.Expr, chunk_start: bool) -> ir.Expr:
+    def offset(self, t: TensorParam, k: ir.Expr,
+               run: Optional[tuple[ir.Expr, int]] = None) -> ir.Expr:
         e: ir.Expr = ir.Lit(0, IDX)
         for i, a in enumerate(t.axes):
-            p = self.at(a, k, chunk_start)
+            p = self.at(a, k, run)
             e = p if i == 0 else e * self.size(a) + p
         return e
 
-    def lowering(self, fast: bool, k: Optional[ir.Expr] = None) -> ElementLowering:
+    def lowering(self, fast: bool, k: Optional[ir.Expr] = None,
+                 run: Optional[tuple[ir.Expr, int]] = None) -> ElementLowering:
         """Element values of the chunk's element mf_j: from registers on the fast path (shared
-        values, words), from global loads on the tail path (or of element `k`)."""
+        values, words), from global loads on the tail path (or of element `k`; with `run`,
+        element mf_j of a run of values, see `at`)."""
+        if fast:
+            run = (ir.Var("mf_k0"), self.chunk)
         if k is None:
-            k = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
+            k = (ir.Var("mf_k0") if run is None else run[0]) + ir.Cast(IDX, ir.Var("mf_j"))
 
         def load(n: Node) -> ir.Expr:
             t = self.graph.tensor(n.attr)
@@ -300,14 +308,19 @@ class _Builder(reduce.Builder):
                 return ir.Lane(ir.Var(f"mf_{t.name}_reg"), self.x_slot(ir.Var("mf_j")))
             if fast and t.name in self.packed:
                 return self.word(t.name)
-            return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, fast)))
+            return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, run)))
 
         def shift(n: Node) -> ir.Expr:
-            slot = ir.Var("mf_j") % ir.Lit(self.per_word, "uint") if fast else \
-                ir.Cast("uint", k % ir.Lit(self.per_word, IDX))
+            per = self.per_word
+            if run is not None and run[1] % per == 0:        # runs of whole words
+                slot: ir.Expr = ir.Var("mf_j") % ir.Lit(per, "uint")
+            elif run is not None and per % run[1] == 0:      # runs inside one word
+                slot = ir.Cast("uint", run[0] % ir.Lit(per, IDX)) + ir.Var("mf_j")
+            else:
+                slot = ir.Cast("uint", k % ir.Lit(per, IDX))
             return slot * ir.Lit(self.bits, "uint")
 
-        return ElementLowering(self.graph, load, lambda a: self.at(a, k, fast), self.size,
+        return ElementLowering(self.graph, load, lambda a: self.at(a, k, run), self.size,
                                lambda s: self.names[s], prefix="mf_e", shift=shift)
 
     def x_slot(self, j: ir.Expr) -> ir.Expr:
@@ -501,7 +514,7 @@ class _Builder(reduce.Builder):
         for t in self.shared:
             ct, st = compute_type(t.dtype), self.in_stype(t)
             reg = ir.Var(f"mf_{t.name}_reg")
-            start = (self.offset(t, ir.Var("mf_k0"), False)
+            start = (self.offset(t, ir.Var("mf_k0"))
                      + ir.Cast(IDX, ir.Var("mf_v") * ir.Lit(vw, "uint")))
             vec = ir.Var(f"mf_{t.name}_v")
             lane = (lambda i: ir.Call("mf_lane8", (vec, i))) if vw == 8 else \
@@ -527,7 +540,7 @@ class _Builder(reduce.Builder):
         wtype = ir.vector_type("uint", self.words) if self.words > 1 else "uint"
         for name in self.packed:
             t = self.graph.tensor(name)
-            base = self.offset(t, ir.Var("mf_k0"), False)       # the chunk's first word
+            base = self.offset(t, ir.Var("mf_k0"))       # the chunk's first word
             arrays.append(ir.ArrayDecl(f"mf_{name}_w", wtype, self.policy.rows_per_group))
             loads.append(ir.Assign(ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r")),
                                    ir.Load(self.names[name], base, self.words, "uint")))
@@ -664,7 +677,7 @@ class _Builder(reduce.Builder):
         for k, o in enumerate(outs):
             off: ir.Expr = ir.Lit(0, IDX)
             for i, a in enumerate(o.axes):
-                p = self.at(a, ir.Lit(0, IDX), False)
+                p = self.at(a, ir.Lit(0, IDX))
                 off = p if i == 0 else off * self.size(a) + p
             stores.append(ir.Store(self.out_names[k], off, self.out_value(k, row_vals)))
         lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
@@ -739,12 +752,12 @@ class _Builder(reduce.Builder):
 
     def position(self, axis: str) -> ir.Expr:
         """Positions for the epilogue's row values (inside the rows loop)."""
-        return self.at(axis, ir.Lit(0, IDX), False)
+        return self.at(axis, ir.Lit(0, IDX))
 
     def outer_load(self, n: Node) -> ir.Expr:
         t = self.graph.tensor(n.attr)
         return ir.Cast(compute_type(t.dtype),
-                       ir.Load(self.names[t.name], self.offset(t, ir.Lit(0, IDX), False)))
+                       ir.Load(self.names[t.name], self.offset(t, ir.Lit(0, IDX))))
 
     def build(self) -> QuantSchedule:
         tiled = qmm.factors(self) is not None

@@ -499,29 +499,35 @@ def test_tiled_kernel_text():
     _, (wq, s, b) = _quantized(8, 256, torch.float32)
     src = Q8.source(wq, s, b, torch.randn(8, 256))
     qmm = src[src.index("kernel void mf_q4_matvec_qmm"):]
-    assert "threadgroup float mf_ws[1056];" in qmm and "threadgroup float4 mf_xs[256];" in qmm
+    assert "threadgroup float mf_ws[2112];" in qmm and "threadgroup float4 mf_xs[512];" in qmm
     assert qmm.count("threadgroup_barrier") == 2
-    # each step's values are loaded into registers a step ahead, before its products run
+    # each thread stages a run of 8 values of a row (one word, its scale and bias read once),
+    # loaded into registers a step ahead, before the step's products run
+    assert "const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + mf_kq / 8u]);" in qmm
+    assert "scales[mf_n * mf_size_K_div64 + mf_kq / 64u]" in qmm
     step = qmm[qmm.index("for (mf_index_t mf_k0"):]
     assert step.index("mf_wn[mf_j] = ") < step.index("mf_mma(")
-    assert "const mf_index_t mf_k1 = min(mf_k0 + 32u, mf_size_K - 32u);" in step
+    assert "const mf_index_t mf_k1 = min(mf_k0 + 64u, mf_size_K - 64u);" in step
     # weights staged k-major in rows of 33 floats (no bank conflicts): W^T's 8x8 blocks load as
     # stored; each simdgroup's two output blocks as simdgroup_matrix products, 8 values of k
-    assert "mf_ws[mf_lane * 33u + mf_row] = mf_wn[mf_j];" in qmm
-    assert "const float2 mf_a = mf_mat_load(mf_xsf, 32u, mf_kb * 8u, mf_bm * 8u);" in qmm
+    assert "mf_ws[(mf_q * 8u + mf_j) * 33u + mf_srow] = mf_wn[mf_j];" in qmm
+    assert "mf_xs[mf_srow * 16u + mf_q * 2u + mf_j / 4u][mf_j % 4u] = mf_xn[mf_j];" in qmm
+    assert "const float2 mf_a = mf_mat_load(mf_xsf, 64u, mf_kb * 8u, mf_bm * 8u);" in qmm
     assert ("mf_acc[mf_j] = mf_mma(mf_a, mf_mat_load(mf_ws, 33u, (mf_bn + mf_j) * 8u, "
             "mf_kb * 8u), mf_acc[mf_j]);") in qmm
-    # register tiles: both tiles k-major in rows of 9 float4s, 4 x 4 sums a thread over a
-    # quarter of each step's k, the quarters' sums added in threadgroup memory at the end
+    # register tiles: both tiles k-major in rows of 9 float4s (one more after each 8 rows), 4 x
+    # 4 sums a thread over a quarter of each step's k, the quarters' sums added in the tiles'
+    # threadgroup memory at the end
     regs = Q8.with_launch(qmm_matrix=False).source(wq, s, b, torch.randn(8, 256))
     regs = regs[regs.index("kernel void mf_q4_matvec_qmm"):]
     assert "mf_mma" not in regs and regs.count("threadgroup_barrier") == 3
-    assert "threadgroup float4 mf_ws[288];" in regs and "threadgroup float4 mf_part[1024];" in regs
-    assert "mf_ws[mf_lane * 9u + mf_row / 4u][mf_row % 4u] = mf_wn[mf_j];" in regs
-    assert "const float4 mf_w4 = mf_ws[mf_kt * 9u + mf_tn];" in regs
+    assert "threadgroup float4 mf_tiles[1168];" in regs
+    assert ("mf_tiles[(mf_q * 8u + mf_j) * 9u + mf_q + mf_srow / 4u][mf_srow % 4u] = "
+            "mf_wn[mf_j];") in regs
+    assert "const float4 mf_w4 = mf_tiles[mf_kt * 9u + mf_kt / 8u + mf_tn];" in regs
     assert "mf_acc[mf_r][mf_c] = fma(mf_x4[mf_r], mf_w4[mf_c], mf_acc[mf_r][mf_c]);" in regs
-    assert ("const float4 mf_sum = mf_part[mf_t] + mf_part[mf_t + 256u] + mf_part[mf_t + 512u] "
-            "+ mf_part[mf_t + 768u];") in regs
+    assert ("const float4 mf_sum = mf_tiles[mf_t] + mf_tiles[mf_t + 256u] + "
+            "mf_tiles[mf_t + 512u] + mf_tiles[mf_t + 768u];") in regs
 
 
 def test_the_cuda_backend_multiplies_tiles_in_registers():

@@ -52,7 +52,7 @@ kernel void mf_dequantize(
             // compute (f16/bf16 in f32)
             const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
             const int mf_v1 = int((mf_wq >> mf_k % 8u * 4u) & 15u);
-            const float mf_v2 = float(half(float(mf_v1)));
+            const float mf_v2 = float(mf_v1);
             const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
             const float mf_v3 = mf_v2 * mf_scales;
             const float mf_biases = float(biases[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
@@ -75,7 +75,7 @@ kernel void mf_dequantize(
                 // compute (f16/bf16 in f32)
                 const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
                 const int mf_v1 = int((mf_wq >> uint(mf_pos_K % 8u) * 4u) & 15u);
-                const float mf_v2 = float(half(float(mf_v1)));
+                const float mf_v2 = float(mf_v1);
                 const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
                 const float mf_v3 = mf_v2 * mf_scales;
                 const float mf_biases = float(biases[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
@@ -131,7 +131,7 @@ kernel void mf_dequantize_small(
             // compute (f16/bf16 in f32)
             const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
             const int mf_v1 = int((mf_wq >> (uint(mf_pos0_K % 8u) + mf_k) * 4u) & 15u);
-            const float mf_v2 = float(half(float(mf_v1)));
+            const float mf_v2 = float(mf_v1);
             const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
             const float mf_v3 = mf_v2 * mf_scales;
             const float mf_biases = float(biases[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
@@ -154,7 +154,7 @@ kernel void mf_dequantize_small(
                 // compute (f16/bf16 in f32)
                 const uint mf_wq = uint(wq[mf_pos_N * mf_size_K_div8 + mf_pos_K_div8]);
                 const int mf_v1 = int((mf_wq >> uint(mf_pos_K % 8u) * 4u) & 15u);
-                const float mf_v2 = float(half(float(mf_v1)));
+                const float mf_v2 = float(mf_v1);
                 const float mf_scales = float(scales[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
                 const float mf_v3 = mf_v2 * mf_scales;
                 const float mf_biases = float(biases[mf_pos_N * mf_size_K_div64 + mf_pos_K_div64]);
