@@ -289,10 +289,10 @@ def matrix_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
 
 
 def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
-    """The slices' sums meet in threadgroup memory (mf_part: [slice][row][weight rows / 4]);
-    thread t adds up MICRO outputs of row t / MICRO_COLS and stores them."""
+    """The slices' sums meet in threadgroup memory (where the tiles were, as float4s
+    [slice][row][weight rows / 4]); thread t adds up MICRO outputs of row t / MICRO_COLS and
+    stores them."""
     t, r = ir.Var("mf_t"), ir.Var("mf_r")
-    part = ir.Var("mf_tiles")
     at = (ir.Var("mf_ks") * u(TILE_M) + ir.Var("mf_tm") * u(MICRO) + r) * u(MICRO_COLS) \
         + ir.Var("mf_tn")
     total = frag("mf_tiles", t)
@@ -301,7 +301,7 @@ def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
     return [
         ir.Comment(f"the {K_SLICES} slices' sums through threadgroup memory (the tiles' "
                    "place: the last step is done)"),
-        unrolled("mf_r", MICRO, [ir.Assign(ir.Lane(part, at), frag("mf_acc", r))]),
+        unrolled("mf_r", MICRO, [ir.Assign(frag("mf_tiles", at), frag("mf_acc", r))]),
         ir.Barrier(),
         ir.Comment(f"thread t: row t / {MICRO_COLS} of the tile, weight rows {MICRO} (t % "
                    f"{MICRO_COLS}) + i, summed over the slices: the outputs, where the row and "

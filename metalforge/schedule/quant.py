@@ -127,10 +127,18 @@ class QuantSchedule(Schedule):
     def selecting(self, host_name: str) -> list[dict[str, int]]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
         last block of x's rows that is partly past M; the _split kernels with K two stretches
-        of chunks long, the others with one (rows of weights as few as testing draws)."""
+        of chunks long, the others with one (rows of weights as few as testing draws); qmm
+        with a tile of rows of x and of weight rows plus one each (rows past M and N) over two
+        steps along K (the tiles rewritten, a step loaded ahead) and two groups or more."""
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
             return []
+        if name == "qmm":
+            mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
+            assert self.m_axis is not None
+            return [{self.axis: -(-2 * qmm.TILE_K // mult) * mult,
+                     self.rows_axis: qmm.TILE_N + 1,
+                     self.m_axis: m + 1 if m % qmm.TILE_M == 0 else m}]
         stretch = SIMD_WIDTH * self.chunk
         base = name.removesuffix("_split")
         pins = ({self.axis: 2 * stretch} if name != base else
@@ -138,8 +146,7 @@ class QuantSchedule(Schedule):
         if self.m_axis is None:
             return [pins] if pins else []
         top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
-        pick = {"qmm": self.policy.qmm_min_rows,
-                "qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
+        pick = {"qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
         return [{**pins, self.m_axis: pick[base]}]
 

@@ -537,6 +537,19 @@ def test_the_cuda_backend_multiplies_tiles_in_registers():
         q4_matvec.with_launch(qmm_matrix=1)
 
 
+def test_check_runs_the_tiled_kernel_past_m_and_n_over_two_steps():
+    """The tiled kernel's selected example: a partial tile of rows of x and of weight rows,
+    two steps along K (the tiles rewritten after a barrier, a step loaded ahead) and two
+    groups a row (a survivor of bench/mutation.py: wq[mf_n / K8 ...] at one group, N = 1)."""
+    from metalforge import runtime
+    s = runtime.schedule_of(q4_matvec.graph(T="f32"), sizes={"M": 1, "N": 8, "K": 128,
+                                                              "K/8": 16, "K/64": 2})
+    assert s.selecting(s.variants["qmm"].host_name) == [{"K": 128, "N": 33, "M": 65}]
+    report = check(q4_matvec.with_launch(qmm_matrix=False), max_examples=2,
+                   dtypes={"T": "f32"})
+    assert "N=33,K/8=16,K/64=2,M=65,K=128" in report.coverage()
+
+
 @PRODUCTS
 def test_check_covers_the_tiled_kernel(matrix):
     report = check(q4_batched.with_launch(qmm_matrix=matrix), max_examples=3, dtypes={"T": "f32"})
