@@ -19,6 +19,9 @@ SWEEP: dict[str, tuple[int, ...]] = {
     # attention: the simdgroup_matrix prefill kernel or not (Apple GPUs multiply float 8x8
     # matrices in hardware, the cuda backend emulates them: 2x slower there, bench/README.md)
     "matrix_rows": (0, 32),
+    # quantized tiled kernel: simdgroup_matrix products or register tiles (the cuda backend's:
+    # 2.6-3x faster there, bench/README.md); untimed on Apple GPUs
+    "qmm_matrix": (True, False),
 }
 
 

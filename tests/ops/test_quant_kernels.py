@@ -353,6 +353,7 @@ def test_autotune_grid_sweeps_the_levers():
     cands = sweep.grid("quant")
     assert {c["k_splits"] for c in cands} == {1, 2, 4, 8}
     assert {c["rows_per_group"] for c in cands} == {1, 2, 4, 8}
+    assert {c["qmm_matrix"] for c in cands} == {True, False}
     for c in cands:
         p = resolve("quant", c)
         assert p.threads_per_group % (32 * p.k_splits) == 0
