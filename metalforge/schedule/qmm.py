@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Optional
 
 from .. import ir
 from ..graph import Node, Op, strip_casts, topo_order
-from ..shapes import size_multiple
 from . import reduce
 from .base import IDX
 from .fragments import FRAG, frag, lane_place, mat_load, mma, u, unrolled, zero
@@ -163,7 +162,7 @@ def stage(b: "_Builder", node: Node, into: str, row: ir.Stmt, start: Optional[ir
 
 def whole_steps(b: "_Builder") -> bool:
     """Every step inside K: its derived dims make it a multiple of the step (K/GS, GS 64)."""
-    return size_multiple(b.graph.tensors, b.axis) % TILE_K == 0
+    return b.k_multiple % TILE_K == 0
 
 
 def put(target: ir.Expr, values: str) -> ir.Stmt:
@@ -227,15 +226,14 @@ def register_products() -> list[ir.Stmt]:
 def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
     """One step of TILE_K values along K: the tiles from registers into threadgroup memory,
     the next step's values loaded into registers, then every thread's sums."""
-    srow, K = ir.Var("mf_srow"), b.size(b.axis)
-    k = ir.Var("mf_q") * u(RUN) + ir.Var("mf_j")          # the value's place in the step
-    if matrix:           # W k-major (W^T's blocks load as stored), X row-major
+    srow, q, j, K = ir.Var("mf_srow"), ir.Var("mf_q"), ir.Var("mf_j"), b.size(b.axis)
+    k = q * u(RUN) + j                                   # the value's place in the step
+    if matrix:           # W k-major (W^T's blocks load as stored), X row-major (RUN: float4s)
         w_at = ir.Lane(ir.Var("mf_ws"), k * u(W_STRIDE) + srow)
-        j = ir.Var("mf_j")                              # (RUN: whole float4s)
-        x_at = ir.Lane(ir.Lane(ir.Var("mf_xs"), srow * u(X_VECTORS) + ir.Var("mf_q")
-                               * u(RUN // 4) + j / u(4)), j % u(4))
+        x_at = ir.Lane(ir.Lane(ir.Var("mf_xs"), srow * u(X_VECTORS) + q * u(RUN // 4)
+                               + j / u(4)), j % u(4))
     else:                # both k-major, rows of float4s
-        at = kmajor(k, srow / u(4), ir.Var("mf_q"))
+        at = kmajor(k, srow / u(4), q)
         w_at = ir.Lane(ir.Lane(ir.Var("mf_tiles"), at), srow % u(4))
         x_at = ir.Lane(ir.Lane(ir.Var("mf_tiles"), u(TILE_VECTORS) + at), srow % u(4))
     # after the last step: its values again where every step is whole (in bounds, unused),

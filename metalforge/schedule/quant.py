@@ -232,9 +232,10 @@ class _Builder(reduce.Builder):
         self.vw = access_width(8, {t.dtype.itemsize for t in self.shared} or {4})
         while self.chunk % self.vw:
             self.vw //= 2
-        # K a multiple of the chunk whatever the call (its derived dims: K/GS with GS 64): every
-        # chunk is whole and aligned
-        self.whole_k = size_multiple(graph.tensors, self.axis) % self.chunk == 0
+        # what K is a multiple of whatever the call (its derived dims: K/GS with GS 64); of the
+        # chunk: every chunk is whole and aligned
+        self.k_multiple = size_multiple(graph.tensors, self.axis)
+        self.whole_k = self.k_multiple % self.chunk == 0
         self.mb = 1                                    # rows of x per simdgroup (per kernel)
         self.splits = 1                                # simdgroups per block (per kernel)
 
