@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import ContextManager, Iterator
 
+import numpy as np
 import torch
 
 from ..errors import MetalforgeError
@@ -286,21 +287,29 @@ def _check(kname: str, i: int, p: SignatureParam, b: _Bound) -> None:
 
 class _Staging:
     """The guarded copies of a launch's arguments: one region per tensor storage (covering
-    every bound view of it through the storage's end) and one per bytes argument."""
+    every bound view of it through the storage's end) and one per bytes argument.
+
+    After the launch only what the kernel changed goes back: a storage bound to a writable
+    parameter keeps a snapshot of what was staged, and the bytes that differ from it are
+    written to the storage, no others. A storage bound only to `const` parameters is never
+    written back. So a launch leaves every other byte of a storage as it finds it then,
+    including bytes another thread wrote while the kernel ran."""
 
     def __init__(self):
         self.regions: list[_Region] = []
-        self.storages: dict[int, tuple[int, int]] = {}   # storage ptr -> (region, low offset)
+        # storage ptr -> (region, low offset, snapshot of the staged bytes or None: read-only)
+        self.storages: dict[int, tuple[int, int, np.ndarray | None]] = {}
 
     def stage(self, bound: list[_Bound], bufs: dict[int, SignatureParam]):
         """Copy the arguments into regions; the table of buffer pointers, by buffer index."""
         lo_of = self._low_offsets(bound)
+        written = self._written_storages(bound, bufs)
         ptr_table = (ctypes.c_void_p * max(1, len(bound)))()
         for i, b in enumerate(bound):
             if b.kind == "none":
                 ptr_table[bufs[i].buffer_index] = None
                 continue
-            ri, ptr = (self._stage_tensor(b.tensor, lo_of) if b.kind == "tensor" else
+            ri, ptr = (self._stage_tensor(b.tensor, lo_of, written) if b.kind == "tensor" else
                        self._stage_bytes(b.data))
             self.regions[ri].names.append(f"'{bufs[i].name}' (argument {i})")
             ptr_table[bufs[i].buffer_index] = ptr
@@ -317,16 +326,24 @@ class _Staging:
                 lo_of[key] = min(lo_of.get(key, off), off)
         return lo_of
 
-    def _stage_tensor(self, t: torch.Tensor, lo_of: dict[int, int]) -> tuple[int, int]:
+    @staticmethod
+    def _written_storages(bound: list[_Bound], bufs: dict[int, SignatureParam]) -> set[int]:
+        """The storage pointers bound to at least one parameter the kernel may write."""
+        return {b.tensor.untyped_storage().data_ptr() for i, b in enumerate(bound)
+                if b.kind == "tensor" and not _read_only(bufs[i])}
+
+    def _stage_tensor(self, t: torch.Tensor, lo_of: dict[int, int],
+                      written: set[int]) -> tuple[int, int]:
         st = t.untyped_storage()
         key = st.data_ptr()
         if key not in self.storages:
             lo = lo_of[key]
             r = _Region(st.nbytes() - lo, [], _FLOAT_CANARY.get(t.dtype, _CANARY))
-            ctypes.memmove(r.data, key + lo, st.nbytes() - lo)
+            ctypes.memmove(r.data, key + lo, r.nbytes)
+            snapshot = _view(r.data, r.nbytes).copy() if key in written else None
             self.regions.append(r)
-            self.storages[key] = (len(self.regions) - 1, lo)
-        ri, lo = self.storages[key]
+            self.storages[key] = (len(self.regions) - 1, lo, snapshot)
+        ri, lo, _ = self.storages[key]
         off = t.storage_offset() * t.element_size()
         return ri, self.regions[ri].data + (off - lo)
 
@@ -337,12 +354,32 @@ class _Staging:
         return len(self.regions) - 1, r.data
 
     def copy_back(self) -> None:
-        for key, (ri, lo) in self.storages.items():
-            ctypes.memmove(key + lo, self.regions[ri].data, self.regions[ri].nbytes)
+        """Write the bytes the kernel changed back to their storages (and no others)."""
+        for key, (ri, lo, snapshot) in self.storages.items():
+            if snapshot is None:
+                continue
+            got = _view(self.regions[ri].data, self.regions[ri].nbytes)
+            changed = got != snapshot
+            if changed.any():
+                np.copyto(_view(key + lo, len(snapshot)), got, where=changed)
 
     def free(self) -> None:
         for r in self.regions:
             r.free()
+
+
+def _read_only(p: SignatureParam) -> bool:
+    """Whether the kernel cannot write through buffer parameter `p`: `constant`, or `const`
+    on what it points to (`const device float*`, `device const T&`; not `device T* const`)."""
+    pointee = p.type_text.replace("&", "*").split("*")[0].split()
+    return p.address_space == "constant" or "const" in pointee
+
+
+def _view(addr: int, nbytes: int) -> np.ndarray:
+    """The `nbytes` bytes at `addr` as a writable numpy array (no copy)."""
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
 
 
 class LibraryFunction:
