@@ -51,6 +51,26 @@ ALL = {d.name: d for d in (F32, F16, BF16, I64, I32, U32, I16, U16, I8, U8, BOOL
 BY_TORCH = {d.torch: d for d in ALL.values()}
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def check_int64(v: int, where: str) -> int:
+    """`v` if it fits the 64-bit signed integer an int scalar or Const is in the kernel (and in
+    torch's arithmetic), else a BindingError naming `where` and the range."""
+    if INT64_MIN <= v <= INT64_MAX:
+        return v
+    raise BindingError(f"{where}: {v} does not fit a 64-bit signed integer (the range of an "
+                       f"int scalar or mf.Const[int] is {INT64_MIN} .. {INT64_MAX})")
+
+
+def check_float(v: float | int, where: str) -> float:
+    """`v` as a Python float, or a BindingError naming `where` for an int too large for one."""
+    try:
+        return float(v)
+    except OverflowError:
+        raise BindingError(f"{where}: {v} is too large for a float scalar") from None
+
+
 def from_torch(dt: torch.dtype) -> DType:
     try:
         return BY_TORCH[dt]

@@ -16,7 +16,7 @@ import torch
 from .. import autodiff, dtypes, runtime
 from ..runtime import fastpath, launcher, mlx
 from ..torch_ops import call_differentiable, register
-from ..dtypes import BOOL, DType, F32, I64
+from ..dtypes import BOOL, DType, F32, I64, check_float, check_int64
 from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
                       kernel_at)
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
@@ -279,7 +279,8 @@ class Kernel:
         if not ok:
             raise BindingError(f"{where}: expected a Python {pytype.__name__}, got "
                                f"{type(v).__name__} {v!r}")
-        return pytype(v)
+        return (check_int64(v, where) if pytype is int else
+                check_float(v, where) if pytype is float else v)
 
     @staticmethod
     def _check_const(pytype: type, v: Any, where: str) -> Any:
@@ -288,7 +289,7 @@ class Kernel:
         if not ok:
             raise BindingError(f"{where}: mf.Const[{pytype.__name__}] needs a Python "
                                f"{pytype.__name__}, got {type(v).__name__} {v!r}")
-        return v
+        return v if pytype is bool else check_int64(v, where)
 
     # -- binding ------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: Mapping[str, Any], *, partial: bool = False,

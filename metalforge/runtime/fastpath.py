@@ -26,6 +26,7 @@ import torch
 
 from .. import runtime
 from ..bounded import Bounded
+from ..dtypes import check_float, check_int64
 from ..graph import Graph
 from ..tuning.cache import default_cache
 from . import backends, launcher
@@ -188,8 +189,7 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
             view = tuple(arg.shape)
             outputs.append((i, name, None if view == tuple(call.outputs[name].shape) else view))
         elif kind == "scalar":
-            scalars.append((i, position[name],
-                            float if graph.param(name).dtype.is_float else int))
+            scalars.append((i, position[name], _converter(graph, name)))
         elif kind == "scratch":                     # fresh per call, like the outputs
             scratch = (i, arg.numel())
         else:                                       # numel, sizes, launch values: fixed
@@ -197,6 +197,14 @@ def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> War
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
                 tuning, (kernels, host, kernels[host]), launch.errors, scratch, launch.then)
+
+
+def _converter(graph: Graph, name: str) -> Callable[[Any], Any]:
+    """What a replay passes for runtime scalar `name`: a float, or an int checked to fit the
+    kernel's 64-bit integer (the full path's check, repeated because values are not in keys)."""
+    where = f"{launcher.kernel_at(graph.name, graph.loc)}, argument '{name}'"
+    return (lambda v: check_float(v, where)) if graph.param(name).dtype.is_float else \
+        (lambda v: check_int64(v, where))
 
 
 def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple]]:
