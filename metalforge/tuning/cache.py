@@ -41,8 +41,9 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from ..cache import CacheWarning, configured_root, locked, root, temp_name
+from ..errors import LaunchError
 from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam
-from ..schedule.policy import TUNABLE, LaunchError, backend_launch, resolve
+from ..schedule.policy import TUNABLE, backend_launch, resolve
 from .launch import merge
 
 VERSION = 1
@@ -165,7 +166,7 @@ class TuneCache:
         self.path = Path(path)
         self._entries: Optional[dict[str, dict]] = None
         self._rejected: set[str] = set()
-        self._checked: dict[tuple, tuple[dict, Optional[str]]] = {}   # see launch_for
+        self._checked: dict[tuple[str, Any], tuple[dict[str, Any], Optional[str]]] = {}
 
     def __repr__(self) -> str:
         return f"<metalforge TuneCache {self.path}>"
