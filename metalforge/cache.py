@@ -4,9 +4,12 @@ What sits in the cache is mostly code that metalforge executes (compiled shared 
 precompiled header), so a cache never makes a correct program fail or load something it did not
 write itself:
 
-- The folder is ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge``, created user-only
-  (0700). If it cannot be created or written, or belongs to another user, metalforge uses a
-  private temporary folder for the rest of the process and says so once (`CacheWarning`).
+- The folder is ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge``, made absolute when it
+  is first used (a later ``os.chdir`` does not move it; compilers run in other folders) and
+  created user-only (0700). If it cannot be created or written, belongs to another user, or
+  there is no home folder to put it in (``HOME`` unset and no passwd entry), metalforge uses a
+  private temporary folder for the rest of the process and says so once (`CacheWarning`); that
+  folder is removed when the process exits.
 - An entry is one file plus a record ``<file>.sum`` (its size and SHA-256), written after the
   file was built to a temporary name unique to the writer (process, thread, random suffix) and
   moved into place with ``os.replace``. Builders of one key take a per-key lock in the process
@@ -18,10 +21,12 @@ write itself:
 """
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 import warnings
@@ -36,14 +41,27 @@ class CacheWarning(UserWarning):
     """A cache folder or entry could not be used (metalforge worked around it)."""
 
 
-def configured_root() -> Path:
-    """The folder the user asked for: $METALFORGE_CACHE_DIR, else ~/.cache/metalforge."""
-    base = os.environ.get(ENV)
-    return Path(base) if base else Path.home() / ".cache" / "metalforge"
+def configured_root() -> Path | None:
+    """The folder the user asked for: $METALFORGE_CACHE_DIR, else ~/.cache/metalforge, made
+    absolute at its first use; None when neither is there (no $METALFORGE_CACHE_DIR, and no
+    home folder: HOME unset and no passwd entry)."""
+    text = os.environ.get(ENV)
+    if not text:
+        try:
+            text = str(Path.home() / ".cache" / "metalforge")
+        except RuntimeError:               # "Could not determine home directory."
+            return None
+    got = _absolute.get(text)
+    if got is None:
+        got = _absolute.setdefault(text, Path(os.path.abspath(text)))
+    return got
 
 
-_roots: dict[Path, Path] = {}
+_absolute: dict[str, Path] = {}                  # configured text -> its absolute folder
+_roots: dict[Path | None, Path] = {}
 _roots_lock = threading.Lock()
+NO_HOME = ("cannot be placed: $METALFORGE_CACHE_DIR is unset and there is no home folder "
+           "(HOME is unset and this user has no passwd entry)")
 
 
 def _unusable(d: Path) -> str | None:
@@ -64,6 +82,19 @@ def _unusable(d: Path) -> str | None:
     return None
 
 
+def _private_folder() -> Path:
+    """A new private temporary folder, removed when this process exits (not by a forked child,
+    which inherits the exit hook but not the folder)."""
+    d = Path(tempfile.mkdtemp(prefix="metalforge-cache-"))
+    atexit.register(_remove, d, os.getpid())
+    return d
+
+
+def _remove(d: Path, pid: int) -> None:
+    if os.getpid() == pid:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def root() -> Path:
     """The usable cache folder (the configured one, else a private temporary one)."""
     want = configured_root()
@@ -73,15 +104,16 @@ def root() -> Path:
     with _roots_lock:
         got = _roots.get(want)
         if got is None:
-            why = _unusable(want)
-            if why is None:
+            why = NO_HOME if want is None else _unusable(want)
+            if why is None and want is not None:
                 got = want
             else:
-                got = Path(tempfile.mkdtemp(prefix="metalforge-cache-"))
-                warnings.warn(f"metalforge: the cache folder {want} {why}; using the private "
-                              f"temporary folder {got} for this process instead (set "
-                              f"${ENV} to a writable folder to keep compiled kernels between "
-                              f"runs)", CacheWarning, stacklevel=3)
+                got = _private_folder()
+                what = "the cache folder" if want is None else f"the cache folder {want}"
+                warnings.warn(f"metalforge: {what} {why}; using the private temporary "
+                              f"folder {got} for this process instead (set ${ENV} to a "
+                              f"writable folder to keep compiled kernels between runs)",
+                              CacheWarning, stacklevel=3)
             _roots[want] = got
     return got
 

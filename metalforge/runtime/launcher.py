@@ -405,7 +405,8 @@ def layered(graph: Graph, backend: str, launch: Optional[Mapping[str, Any]],
     changes in it (BACKEND_POLICIES), the autotune cache's options for these sizes (when
     given), then the explicit options, later layers winning key by key."""
     spec = specialisation(graph, launch)
-    tuned = tuned_launch(graph, backend, sizes, spec.family) if sizes is not None else None
+    tuned = tuned_launch(graph, backend, sizes, spec.family, launch) if sizes is not None \
+        else None
     under = merge(backend_launch(backend, spec.family), tuned)
     return specialisation(graph, merge(under, launch)) if under else spec
 

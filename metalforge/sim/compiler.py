@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from dataclasses import asdict
@@ -199,17 +200,24 @@ def _pch() -> list[str]:
 
 
 def _stub_dir() -> Path:
-    """Empty stand-ins for every <metal_*> header, used while preprocessing user text."""
+    """Empty stand-ins for every <metal_*> header, used while preprocessing user text. Checked
+    on every compile (a cache cleaned with `find -type f -empty -delete` loses them all): a
+    stand-in that is missing or not an empty regular file is written again."""
     d = cache_dir() / f"stubs-{shim_hash()}"
-    if not d.exists():
-        tmp = Path(tempfile.mkdtemp(dir=cache_dir()))
-        for p in INCLUDE_DIR.iterdir():
-            if p.is_file() and not p.name.startswith("."):
-                (tmp / p.name).write_text("")
+    d.mkdir(mode=0o700, exist_ok=True)
+    for p in INCLUDE_DIR.iterdir():
+        if not p.is_file() or p.name.startswith("."):
+            continue
+        stub = d / p.name
         try:
-            os.replace(tmp, d)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
+            st = os.lstat(stub)
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                continue
+        except FileNotFoundError:
+            pass
+        tmp = cache.temp_name(stub)
+        tmp.write_text("")
+        os.replace(tmp, stub)
     return d
 
 

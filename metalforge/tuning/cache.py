@@ -19,6 +19,12 @@ next autotune rewrites it. A write holds a lock (`fcntl.flock` on `autotune.json
 per-file lock between threads) while it merges with what is on disk, writes a temporary file
 unique to the writer and moves it into place with `os.replace`, so concurrent tuners (threads or
 processes) lose no entries and a reader never sees a half-written file.
+
+Damage never fails a call: a file that is not UTF-8 JSON of this version is ignored (as above),
+and an entry that is not a `{"launch": {...}}` object, names options the kernel does not take,
+or holds values the launch checks refuse (`schedule.policy.resolve`, which checks explicit
+options too) is ignored with one warning naming the file, the entry and why; the call runs the
+default launch.
 """
 from __future__ import annotations
 
@@ -34,16 +40,20 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from ..cache import CacheWarning, configured_root, locked, temp_name
+from ..cache import CacheWarning, configured_root, locked, root, temp_name
+from ..errors import LaunchError
 from ..graph import ConstParam, Graph, Node, ScalarParam, TensorParam
-from ..schedule.policy import TUNABLE
+from ..schedule.policy import TUNABLE, backend_launch, resolve
+from .launch import merge
 
 VERSION = 1
 FILE_NAME = "autotune.json"
 
 
 def cache_path() -> Path:
-    return configured_root() / FILE_NAME
+    """autotune.json in the configured cache folder (the private temporary one, see
+    `metalforge.cache.root`, when there is no folder to configure: no home)."""
+    return (configured_root() or root()) / FILE_NAME
 
 
 # --------------------------------------------------------------------------- keys
@@ -156,6 +166,7 @@ class TuneCache:
         self.path = Path(path)
         self._entries: Optional[dict[str, dict]] = None
         self._rejected: set[str] = set()
+        self._checked: dict[tuple[str, Any], tuple[dict[str, Any], Optional[str]]] = {}
 
     def __repr__(self) -> str:
         return f"<metalforge TuneCache {self.path}>"
@@ -168,22 +179,29 @@ class TuneCache:
 
     def _read(self) -> dict[str, dict]:
         try:
-            text = self.path.read_text()
+            raw = self.path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except OSError as e:
             return self._unusable(f"cannot be read ({e})")
         try:
-            data = json.loads(text)
-        except ValueError as e:
+            data = json.loads(raw)                 # bytes: bad UTF-8 is a ValueError here too
+        except (ValueError, RecursionError) as e:
             return self._unusable(f"is not valid JSON ({e})")
         if not isinstance(data, dict) or not isinstance(data.get("entries"), dict):
             return self._unusable("does not hold an object with an \"entries\" object")
         if data.get("version") != VERSION:
             return self._unusable(f"has version {data.get('version')!r}; this metalforge "
                                   f"reads version {VERSION}")
-        return {k: v for k, v in data["entries"].items()
+        good = {k: v for k, v in data["entries"].items()
                 if isinstance(v, dict) and isinstance(v.get("launch"), dict)}
+        bad = [k for k in data["entries"] if k not in good]
+        if bad:
+            warnings.warn(f"metalforge: ignoring {len(bad)} entr{'y' if len(bad) == 1 else 'ies'} "
+                          f"of the autotune cache {self.path} that are not "
+                          f"{{\"launch\": {{...}}}} objects: {', '.join(map(repr, bad[:3]))}"
+                          f"{', ...' if len(bad) > 3 else ''}", CacheWarning, stacklevel=4)
+        return good
 
     def _unusable(self, why: str) -> dict:
         warnings.warn(f"metalforge: the autotune cache {self.path} {why}; ignoring it (kernels "
@@ -194,21 +212,37 @@ class TuneCache:
     def get(self, key: TuneKey | str) -> Optional[dict]:
         return self.entries.get(key.text if isinstance(key, TuneKey) else key)
 
-    def launch_for(self, key: TuneKey, allowed: tuple[str, ...]) -> Optional[dict[str, Any]]:
-        """The cached launch options for `key`, if any and if they still apply."""
+    def launch_for(self, key: TuneKey, allowed: tuple[str, ...], family: Optional[str] = None,
+                   under: Optional[Mapping[str, Any]] = None,
+                   over: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
+        """The cached launch options for `key`, if any and if they still apply: every option one
+        the kernel takes (`allowed`) and, given its `family`, values the launch checks accept
+        between the backend's options `under` and the call's explicit options `over`. An entry
+        that fails is ignored with one warning."""
         e = self.get(key)
         if e is None:
             return None
         launch = e["launch"]
         bad = [k for k in launch if k not in allowed]
         if bad:
-            if key.text not in self._rejected:
-                self._rejected.add(key.text)
-                warnings.warn(f"metalforge: ignoring the autotune cache entry '{key.text}' in "
-                              f"{self.path}: option(s) {', '.join(bad)} do not apply to this "
-                              f"kernel any more; re-run mf.autotune", CacheWarning, stacklevel=4)
+            self._reject(key, f"option(s) {', '.join(bad)} do not apply to this kernel any more")
             return None
+        if family is not None:          # checked once per (entry, explicit options)
+            seen = (key.text, None if not over else tuple(sorted(over.items())))
+            done = self._checked.get(seen)
+            if done is None or done[0] is not launch:      # a write replaces the entry
+                done = self._checked[seen] = (launch, _refused(family, under, launch, over))
+            why = done[1]
+            if why is not None:
+                self._reject(key, why)
+                return None
         return dict(launch)
+
+    def _reject(self, key: TuneKey, why: str) -> None:
+        if key.text not in self._rejected:
+            self._rejected.add(key.text)
+            warnings.warn(f"metalforge: ignoring the autotune cache entry '{key.text}' in "
+                          f"{self.path}: {why}; re-run mf.autotune", CacheWarning, stacklevel=5)
 
     def put(self, key: TuneKey, entry: Mapping[str, Any]) -> None:
         """Store one entry (merged with the file's current content) and write the file."""
@@ -240,6 +274,25 @@ class TuneCache:
         self._entries = merged
 
 
+def _refused(family: str, under: Optional[Mapping[str, Any]], tuned: Mapping[str, Any],
+             over: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """Why the launch checks (`resolve`, as for explicit options) refuse the tuned options
+    between the backend's `under` and the explicit `over`; None when they take them, and when
+    they refuse `over` without the tuned options too (that error is the caller's to see)."""
+    try:
+        resolve(family, merge(under, tuned, over))
+        return None
+    except (LaunchError, TypeError, ValueError) as e:
+        why = f"its values are refused: {e}"
+    if not over:
+        return why
+    try:
+        resolve(family, merge(under, over))
+    except (LaunchError, TypeError, ValueError):
+        return None
+    return f"{why} (under the explicit launch options {dict(over)})"
+
+
 _CACHES: dict[Any, TuneCache] = {}
 
 
@@ -269,10 +322,12 @@ def default_cache() -> TuneCache:
     return c
 
 
-def tuned_launch(graph: Graph, backend: str, sizes: Mapping[str, int],
-                 family: str) -> Optional[dict[str, Any]]:
-    """What the launcher uses under explicit overrides: the tuned options for this call."""
+def tuned_launch(graph: Graph, backend: str, sizes: Mapping[str, int], family: str,
+                 launch: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
+    """What the launcher uses under the explicit options `launch`: the tuned options for this
+    call, when the launch checks accept them there (else None, with a warning)."""
     cache = default_cache()
     if not cache.entries:
         return None
-    return cache.launch_for(key_for(graph, backend, sizes), TUNABLE.get(family, ()))
+    return cache.launch_for(key_for(graph, backend, sizes), TUNABLE.get(family, ()), family,
+                            backend_launch(backend, family), launch)
