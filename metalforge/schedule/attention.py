@@ -75,6 +75,7 @@ from .attention_matrix import prefill_kernel
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
+from .names import template_vars
 from .online import NEG_INF
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
@@ -537,7 +538,7 @@ class _Builder(reduce.Builder):
                     " is a reduction the attention schedule does not fuse (it takes the score "
                     "contractions, one softmax and the contraction with the values)")
         self.inputs, self.scalars = used_params(graph, nodes)
-        self.tvars = dict(graph.dtype_vars)
+        self.tvars = template_vars(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [form.key, form.e, *self.rows]
         for t in self.inputs:                    # gathered (N) and derived (L/BS) dims too

@@ -39,6 +39,7 @@ from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, output_stype, used_params
 from .lower import ElementLowering, convert, compute_type, ident
+from .names import template_vars, type_name
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -467,14 +468,15 @@ class Builder:
                     f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
                     f"{list(widest)}: every output of a {unit} reduction must cover the same "
                     f"{unit}s {list(self.outer)}")
-        self.tvars = dict(graph.dtype_vars)
+        self.tvars = template_vars(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [axis] + list(self.outer)
         self.helpers: set[str] = set()
 
     # -- types and names ---------------------------------------------------------------
     def in_stype(self, t: TensorParam) -> str:
-        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
+        var = type_name(t.dtype_var) if t.dtype_var else None
+        return var if var and var in self.tvars else t.dtype.msl
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)
