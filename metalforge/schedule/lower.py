@@ -119,6 +119,7 @@ class ElementLowering:
         self.prefix = prefix
         self.helpers: set[str] = set()
         self.values: dict[Node, ir.Expr] = {}
+        self._positions: dict[tuple[object, DType], Node] = {}   # the INDEX node of each axis
         self._count = 0
 
     # -- walking ------------------------------------------------------------------------
@@ -127,6 +128,12 @@ class ElementLowering:
         for n in topo_order(roots, seen=self.values):
             if n in self.values:
                 continue
+            if n.op == Op.INDEX:        # mf.index("L") read twice: one mf_index_L
+                same = self._positions.get((n.attr, n.dtype))
+                if same is not None:
+                    self.values[n] = self.values[same]
+                    continue
+                self._positions[(n.attr, n.dtype)] = n
             e = self._expr(n)
             out += self.pending
             self.pending = []
