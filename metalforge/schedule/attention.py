@@ -67,7 +67,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import ir
-from ..errors import LaunchError, UnsupportedConstruct, at
+from ..errors import LaunchError, ShapeError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from ..reference import evaluate_expressions
 from . import online, reduce
@@ -437,7 +437,7 @@ class AttentionSchedule(Schedule):
                               f"{sizes[self.e_axis]} elements does not fit the "
                               f"{TILE_BYTES}-byte tile; call it without stage_kv")
         if sizes[self.l_axis] == 0:
-            raise ValueError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
+            raise ShapeError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
                              "value (torch raises too)")
         n = max([self._rows(sizes) * sizes[self.e_axis], self.scratch_floats(sizes)] + [
             math.prod(sizes[a] for a in t.axes) for t in self.graph.tensors])

@@ -33,7 +33,7 @@ from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import ir
 from ..dtypes import DType
-from ..errors import LaunchError, UnsupportedConstruct, at
+from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
 from ..graph import Graph, Node, Op, TensorParam, topo_order
 from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
@@ -215,10 +215,7 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
     """torch refuses max/min/argmax/argmin over an empty axis; so do we (before launching)."""
     for r in reds:
         if r.kind in _EXTREME and sizes.get(r.axis, 1) == 0:
-            raise ValueError(
-                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){at(r.node.loc)} over "
-                f"an empty axis ({r.axis} = 0) has no value (torch raises too); sum, prod and "
-                f"mean of an empty axis give 0, 1 and NaN")
+            raise empty_extreme(graph.name, r.kind, r.axis, r.node.loc)
 
 
 # --------------------------------------------------------------------------- IR pieces
