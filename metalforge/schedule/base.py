@@ -7,7 +7,7 @@ from typing import Iterable, Mapping, Optional
 
 from .. import ir
 from ..graph import Graph, Op, take_sites
-from .names import IDX as IDX, template_vars
+from .names import IDX as IDX, kernel_name, template_vars
 from .policy import LaunchPolicy
 
 
@@ -33,7 +33,7 @@ def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...]
     suffix = f"_{variant}" if variant else ""
     tvars = template_vars(graph.dtype_vars)
     return ir.LoweredKernel(
-        name=f"mf_{graph.name}{suffix}", op=graph.name, template=(*tvars.keys(), IDX),
+        name=kernel_name(graph.name, suffix), op=graph.name, template=(*tvars.keys(), IDX),
         instances=(ir.Instance(host_name(graph, index64) + suffix,
                                (*(d.msl for d in graph.dtype_vars.values()),
                                 "ulong" if index64 else "uint")),),

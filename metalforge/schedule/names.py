@@ -12,6 +12,7 @@ spelled as written, so the generated code stays readable.
 - `value_name`: the value a kernel loads from a tensor (`x` → `mf_x`; `v1`, `out`, `start`,
   `size_D`, ... would be metalforge's own variables: `mf_in_v1`)
 - `tensor_var`: a variable of a tensor's (`mf_x_v`, its loaded vector)
+- `kernel_name`: a kernel template (`mf_silu`; `mf_kernel_erf`, not the helper `mf_erf`)
 - `index_name`: the position along an axis (`mf_index_L`; for `t`, which would be the index
   type, `mf_index_ax_t`)
 """
@@ -108,6 +109,20 @@ def tensor_var(name: str, suffix: str) -> str:
     if name == "out" or _SCHEDULE_PATTERN.match(name):
         return f"mf_in_{name}_{suffix}"
     return f"mf_{name}_{suffix}"
+
+
+# the helper functions of codegen/helpers.metal, after their mf_ (a kernel's template must not
+# share a name with one; tests/dsl/test_reserved_names.py checks the list against the file)
+HELPER_WORDS = frozenset("""
+erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd_min
+simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
+online_merge simd_online pack8_of place_weight mma mat_load""".split())
+
+
+def kernel_name(op: str, suffix: str = "") -> str:
+    """A kernel template's name, `mf_<op>[_<variant>]` (`mf_kernel_erf` where a helper has the
+    name)."""
+    return f"mf_kernel_{op}{suffix}" if f"{op}{suffix}" in HELPER_WORDS else f"mf_{op}{suffix}"
 
 
 def index_name(ident: str) -> str:

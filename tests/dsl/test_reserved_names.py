@@ -114,3 +114,21 @@ def test_ordinary_names_are_spelled_as_written():
     d = _kernel('def f(default: "T[N]"):\n    return default * 2\n', "kw")
     src = d.source(torch.randn(8))
     assert "mf_p_default" in src and " default " not in src
+
+
+def test_helper_words_are_the_helpers():
+    from metalforge.codegen.msl import HELPERS
+    from metalforge.schedule.names import HELPER_WORDS
+    assert HELPER_WORDS == {h.removeprefix("mf_") for h in HELPERS}
+
+
+@pytest.mark.parametrize("name", ["erf", "maximum", "floordiv", "default"])
+def test_kernel_named_like_a_helper(name):
+    """A kernel named after a helper it calls: its template is not the helper's name."""
+    k = _kernel('def f(x: "T[R, D]", y: "T[R, D]"):\n'
+                '    return mf.erf(mf.maximum(x, y)) + (x // 0.5)\n', name)
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(3, 40, generator=g), torch.randn(3, 40, generator=g)
+    _same(k, x, y)
+    src = k.source(x, y)
+    assert (f"kernel void mf_{name}(" in src) == (name == "default"), src
