@@ -47,6 +47,14 @@ class ShapeError(MetalforgeError, ValueError):
     """A tensor argument's shape does not fit its annotation (or other arguments)."""
 
 
+def empty_extreme(kernel: str, kind: str, axis: str, loc: Optional[Loc]) -> ShapeError:
+    """mf.max/min/argmax/argmin over an axis of size 0: the same error from the kernel's
+    host-side checks and from `.reference` (torch refuses them too)."""
+    return ShapeError(f"kernel '{kernel}': mf.{kind}(..., axis={axis!r}){at(loc)} over an empty "
+                      f"axis ({axis} = 0) has no value (torch raises too); sum, prod and mean "
+                      f"of an empty axis give 0, 1 and NaN")
+
+
 class DeviceError(MetalforgeError, ValueError):
     """Tensor arguments on a device metalforge cannot run on, or on different devices."""
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 
 from .dtypes import BOOL, DType
-from .errors import GatherIndexError
+from .errors import GatherIndexError, empty_extreme
 from .graph import Graph, Node, Op, Output, topo_order
 from .shapes import bind_shapes, flat_shape, output_shape
 
@@ -228,7 +228,13 @@ class _Evaluator:
         """Reduction `n` of its argument's value `x` (or a slice of it along another axis),
         adjusted where an `adjust` is given."""
         kind, axis = n.attr
-        r = self.wrap(_REDUCE[kind](x, dim=n.args[0].axes.index(axis)).to(ct), n.dtype)
+        dim = n.args[0].axes.index(axis)
+        if kind in ("max", "min", "argmax", "argmin") and x.shape[dim] == 0:
+            # no value, as in the kernel: refused where an output element could read it
+            if any(math.prod(output_shape(self.binding, o)) for o in self.graph.outputs):
+                raise empty_extreme(self.graph.name, kind, axis, n.loc)
+            return torch.zeros(x.shape[:dim] + x.shape[dim + 1:], dtype=ct, device=x.device)
+        r = self.wrap(_REDUCE[kind](x, dim=dim).to(ct), n.dtype)
         return self.adjust(n, x, r) if self.adjust is not None else r
 
     def fused_sum(self, n: Node, ct: torch.dtype) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from .. import autodiff, dtypes, runtime
 from ..runtime import fastpath, launcher, mlx
+from ..runtime.layout import check_dense
 from ..torch_ops import call_differentiable, register
 from ..dtypes import BOOL, DType, F32, I64, check_float, check_int64
 from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
@@ -350,6 +351,8 @@ class Kernel:
         if not isinstance(v, torch.Tensor) and not is_mlx:
             raise BindingError(f"{where}: expected a torch.Tensor (annotated "
                                f"\"{p.annotation}\"), got {type(v).__name__}")
+        if not is_mlx:
+            check_dense(where, p.name, v)
         try:
             dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
         except TypeError as e:

@@ -527,6 +527,25 @@ class Sym:
                                 "whole named-axis arrays; use mf.index(\"AXIS\") with mf.where "
                                 "for masks, or a reduction")
 
+    def __matmul__(self, other):
+        raise self._matmul_error(self, other)
+
+    def __rmatmul__(self, other):
+        raise self._matmul_error(other, self)
+
+    def _matmul_error(self, a: Any, b: Any) -> TraceError:
+        """`a @ b`: axes are named, not positional, so which axis a matrix product contracts
+        is not said by `@`; the message spells the product with the axis the operands share."""
+        shared = [x for x in getattr(a, "axes", ()) if x in getattr(b, "axes", ())]
+        axis = shared[0] if len(shared) == 1 else "K"
+        which = (f"'{axis}', the axis both operands have" if len(shared) == 1 else
+                 f"the operands share {', '.join(repr(x) for x in shared)}: name the one to "
+                 "contract" if shared else "the operands share no axis to contract")
+        return self._trace.error(
+            "'@' (matrix product) is not supported on traced values: axes are named, not "
+            f"positional, so '@' cannot say which one it contracts; write "
+            f"mf.sum(a * b, axis=\"{axis}\") ({which})")
+
     def __setitem__(self, key, value):
         raise self._trace.error("assigning into a traced value (x[...] = v) is not supported; "
                                 "build a new value with mf.where")

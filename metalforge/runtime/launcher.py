@@ -37,6 +37,7 @@ from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from .backends import DEVICE_OF, current_backend, kernel_object
+from .layout import check_dense
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
 
@@ -327,6 +328,7 @@ def check_tensors(spec: "Specialisation", values: Mapping[str, Any]) -> dict[str
         if not isinstance(t, torch.Tensor):
             raise BindingError(f"{spec.where}: argument '{p.name}' (annotated \"{p.annotation}\") "
                                f"must be a torch.Tensor, got {type(t).__name__}")
+        check_dense(f"{spec.where}, argument '{p.name}'", p.name, t)
         if t.dtype != p.dtype.torch:
             raise BindingError(f"{spec.where}: argument '{p.name}' has dtype {t.dtype}, but this "
                                f"specialisation was built for {p.dtype.torch}")

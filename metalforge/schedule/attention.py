@@ -67,7 +67,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import torch
 
 from .. import ir
-from ..errors import LaunchError, UnsupportedConstruct, at
+from ..errors import LaunchError, ShapeError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
 from ..reference import evaluate_expressions
 from . import online, reduce
@@ -75,6 +75,7 @@ from .attention_matrix import prefill_kernel
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
+from .names import template_vars
 from .online import NEG_INF
 from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
 
@@ -436,7 +437,7 @@ class AttentionSchedule(Schedule):
                               f"{sizes[self.e_axis]} elements does not fit the "
                               f"{TILE_BYTES}-byte tile; call it without stage_kv")
         if sizes[self.l_axis] == 0:
-            raise ValueError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
+            raise ShapeError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
                              "value (torch raises too)")
         n = max([self._rows(sizes) * sizes[self.e_axis], self.scratch_floats(sizes)] + [
             math.prod(sizes[a] for a in t.axes) for t in self.graph.tensors])
@@ -537,7 +538,7 @@ class _Builder(reduce.Builder):
                     " is a reduction the attention schedule does not fuse (it takes the score "
                     "contractions, one softmax and the contraction with the values)")
         self.inputs, self.scalars = used_params(graph, nodes)
-        self.tvars = dict(graph.dtype_vars)
+        self.tvars = template_vars(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [form.key, form.e, *self.rows]
         for t in self.inputs:                    # gathered (N) and derived (L/BS) dims too

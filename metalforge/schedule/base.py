@@ -7,9 +7,8 @@ from typing import Iterable, Mapping, Optional
 
 from .. import ir
 from ..graph import Graph, Op, take_sites
+from .names import IDX as IDX, kernel_name, template_vars
 from .policy import LaunchPolicy
-
-IDX = "mf_index_t"               # the index type: a template parameter, uint or ulong
 
 
 def host_name(graph: Graph, index64: bool) -> str:
@@ -32,11 +31,11 @@ def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...]
     the index type, with its one instantiation for this graph (host name `host_name(...)`,
     plus `_<variant>`)."""
     suffix = f"_{variant}" if variant else ""
-    tvars = graph.dtype_vars
+    tvars = template_vars(graph.dtype_vars)
     return ir.LoweredKernel(
-        name=f"mf_{graph.name}{suffix}", op=graph.name, template=(*tvars.keys(), IDX),
+        name=kernel_name(graph.name, suffix), op=graph.name, template=(*tvars.keys(), IDX),
         instances=(ir.Instance(host_name(graph, index64) + suffix,
-                               (*(d.msl for d in tvars.values()),
+                               (*(d.msl for d in graph.dtype_vars.values()),
                                 "ulong" if index64 else "uint")),),
         params=params, threads=threads, body=body, helpers=helpers, summary=summary,
         max_threads=max_threads)

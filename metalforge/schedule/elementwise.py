@@ -29,25 +29,12 @@ from ..shapes import size_multiple
 from . import gather
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, convert, compute_type, ident
+from .names import param_name, template_vars, tensor_var, type_name
 from .policy import LaunchPolicy, access_width
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
                  "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
-# names the generated code uses that a user's parameter must not shadow
-RESERVED = {"kernel", "device", "constant", "thread", "threadgroup", "half", "bfloat", "float",
-            "int", "uint", "long", "ulong", "short", "ushort", "char", "uchar", "bool", "vec",
-            "metal", "precise", "fast", "abs", "min", "max", "floor", "ceil", "exp", "exp2", "log",
-            "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "pow", "fmod", "select", "true",
-            "false", "T", IDX, "auto", "const", "static", "template", "typename", "using",
-            "namespace", "return", "if", "else", "for", "while", "break", "void", "signed",
-            "unsigned", "struct", "class", "union", "enum", "this", "new", "delete"}
-
-
-def param_name(name: str) -> str:
-    return f"mf_p_{name}" if name in RESERVED or name.startswith("mf_") else name
-
-
 def used_params(graph: Graph, nodes: list[Node]) -> tuple[list[TensorParam], list[ScalarParam]]:
     """(the tensors the kernel loads, the scalars it reads), in parameter order."""
     used = {n.attr for n in nodes if n.op == Op.LOAD}
@@ -65,8 +52,8 @@ def output_stype(graph: Graph, tvars: Mapping[str, DType], k: int) -> str:
 
 def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
     """({parameter: its name in MSL}, the outputs' names: mf_out, or mf_out0, mf_out1, ...)."""
-    names = {t.name: param_name(t.name) for t in graph.tensors}
-    names.update({s.name: param_name(s.name) for s in graph.scalars})
+    names = {t.name: param_name(t.name, graph.dtype_vars) for t in graph.tensors}
+    names.update({s.name: param_name(s.name, graph.dtype_vars) for s in graph.scalars})
     single = len(graph.outputs) == 1
     return names, ["mf_out" if single else f"mf_out{k}" for k in range(len(graph.outputs))]
 
@@ -165,7 +152,7 @@ class _Builder:
                     f"mf.index({n.attr!r}){at(n.loc)}"
                     f": '{n.attr}' is not an axis of the output {list(self.grid)}")
         # template parameters: dtype variables, then the index type
-        self.tvars = dict(graph.dtype_vars)
+        self.tvars = template_vars(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         # vector_width is an upper bound: an access moves at most 16 bytes (`access_width`) of
         # the tensors read or written as vectors (rows gathered whole among them); those read
@@ -191,7 +178,7 @@ class _Builder:
     # -- naming and types --------------------------------------------------------------
     def stype(self, dtype: DType, var: str | None = None) -> str:
         """Storage type spelling: the template parameter where a dtype variable binds it."""
-        return var if var and var in self.tvars else dtype.msl
+        return type_name(var) if var and type_name(var) in self.tvars else dtype.msl
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)
@@ -347,7 +334,7 @@ class _Builder:
         def load(n: Node) -> ir.Expr:
             t = self.graph.tensor(n.attr)
             if vector and t.name in vec_names:
-                raw: ir.Expr = self.lane(ir.Var(f"mf_{t.name}_v"), k)
+                raw: ir.Expr = self.lane(ir.Var(tensor_var(t.name, "v")), k)
             else:
                 at_ = ir.Var("mf_start") if per_chunk[0] else i
                 raw = ir.Load(self.names[t.name], self.offset(t.axes, at_, position))
@@ -412,7 +399,7 @@ class _Builder:
             for j, a in enumerate(t.axes):
                 p = pos if a == axis else self.chunk_start(chunk) if a == inner else position(a)
                 off = p if j == 0 else off * self.size(a) + p
-            var = f"mf_{name}_row{take_sites(self.graph).index(n)}"
+            var = tensor_var(name, f"row{take_sites(self.graph).index(n)}")
             out += [ir.Comment(f"'{name}' gathered along '{axis}': the chunk's {vw} elements "
                                f"of one row, one vector load"), *stmts,
                     ir.Decl(var, ir.vector_type(self.in_stype(t), vw),
@@ -438,11 +425,11 @@ class _Builder:
                 continue
             t = self.graph.tensor(name)
             k: ir.Expr = ir.Var("mf_k")
-            var = f"mf_{name}_xor{c}"
+            var = tensor_var(name, f"xor{c}")
             out += [ir.Comment(f"'{name}' at index {inner} ^ {c}: lane k ^ {c} of the vector "
                                f"already loaded"),
                     ir.Decl(var, compute_type(t.dtype), ir.Cast(compute_type(t.dtype), self.lane(
-                        ir.Var(f"mf_{name}_v"), k ^ ir.Lit(c, "uint") if c else k)))]
+                        ir.Var(tensor_var(name, "v")), k ^ ir.Lit(c, "uint") if c else k)))]
             low.values[n] = ir.Var(var)
             self.lane_takes += (take_sites(self.graph).index(n),)
         return out
@@ -478,7 +465,7 @@ class _Builder:
                                            f"inputs")]
         for t in self.vec_in:
             off = self.offset(t.axes, start, lambda a: self.position(a, start, {}))
-            loads.append(ir.Decl(f"mf_{t.name}_v", ir.vector_type(self.in_stype(t), vw),
+            loads.append(ir.Decl(tensor_var(t.name, "v"), ir.vector_type(self.in_stype(t), vw),
                                  ir.Load(self.names[t.name], off, vw, self.in_stype(t))))
         for kk in self.vec_out:
             if vw == 8:          # 8 lanes: an array, packed into one 16-byte store below

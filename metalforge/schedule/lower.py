@@ -21,6 +21,7 @@ from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, take_sites, topo_order
 from .base import IDX
+from .names import index_name, value_name
 
 # math functions that have a precise:: form in MSL (the fast forms lose accuracy)
 _PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
@@ -30,13 +31,6 @@ _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|",
           "shl": "<<", "shr": ">>"}
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 _UNSIGNED = {"int": "uint", "long": "ulong"}       # signed types whose overflow is undefined
-
-
-# suffixes of the variables schedules declare (mf_k, mf_row, ...): a value loaded from a tensor
-# argument of that name gets another one
-_SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "t", "v", "sg",
-                             "qx", "xe", "tid", "lane", "row", "base", "group", "lid", "tpg",
-                             "nsg", "score", "corr", "acc", "task", "outer", "blocks"})
 
 
 def wrap_int(op: str, args: tuple[ir.Expr, ...], dt: DType) -> ir.Expr:
@@ -125,6 +119,7 @@ class ElementLowering:
         self.prefix = prefix
         self.helpers: set[str] = set()
         self.values: dict[Node, ir.Expr] = {}
+        self._positions: dict[tuple[object, DType], Node] = {}   # the INDEX node of each axis
         self._count = 0
 
     # -- walking ------------------------------------------------------------------------
@@ -133,6 +128,12 @@ class ElementLowering:
         for n in topo_order(roots, seen=self.values):
             if n in self.values:
                 continue
+            if n.op == Op.INDEX:        # mf.index("L") read twice: one mf_index_L
+                same = self._positions.get((n.attr, n.dtype))
+                if same is not None:
+                    self.values[n] = self.values[same]
+                    continue
+                self._positions[(n.attr, n.dtype)] = n
             e = self._expr(n)
             out += self.pending
             self.pending = []
@@ -149,9 +150,9 @@ class ElementLowering:
 
     def _name(self, n: Node) -> str:
         if n.op == Op.LOAD:         # a tensor named like a schedule's own variable: mf_in_k
-            return f"mf_in_{n.attr}" if n.attr in _SCHEDULE_NAMES else f"mf_{n.attr}"
+            return value_name(n.attr)
         if n.op == Op.INDEX:
-            return f"mf_index_{_ident(n.attr)}"
+            return index_name(_ident(n.attr))
         self._count += 1
         return f"{self.prefix}{self._count}"
 

@@ -58,6 +58,7 @@ from ..shapes import size_multiple
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident
+from .names import tensor_var
 from .policy import MAX_QUANT_ROWS, LaunchPolicy, SIMD_WIDTH, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
@@ -313,7 +314,7 @@ class _Builder(reduce.Builder):
             t = self.graph.tensor(n.attr)
             ct = compute_type(t.dtype)
             if fast and t in self.shared:
-                return ir.Lane(ir.Var(f"mf_{t.name}_reg"), self.x_slot(ir.Var("mf_j")))
+                return ir.Lane(ir.Var(tensor_var(t.name, "reg")), self.x_slot(ir.Var("mf_j")))
             if fast and t.name in self.packed:
                 return self.word(t.name)
             return ir.Cast(ct, ir.Load(self.names[t.name], self.offset(t, k, run)))
@@ -359,7 +360,7 @@ class _Builder(reduce.Builder):
 
     def word(self, name: str) -> ir.Expr:
         """The packed word holding element mf_j of the chunk, in row mf_r's registers."""
-        word = ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r"))
+        word = ir.Lane(ir.Var(tensor_var(name, "w")), ir.Var("mf_r"))
         return word if self.words == 1 else \
             ir.Lane(word, ir.Var("mf_j") / ir.Lit(self.per_word, "uint"))
 
@@ -521,10 +522,10 @@ class _Builder(reduce.Builder):
         vw, C = self.vw, self.chunk
         for t in self.shared:
             ct, st = compute_type(t.dtype), self.in_stype(t)
-            reg = ir.Var(f"mf_{t.name}_reg")
+            reg = ir.Var(tensor_var(t.name, "reg"))
             start = (self.offset(t, ir.Var("mf_k0"))
                      + ir.Cast(IDX, ir.Var("mf_v") * ir.Lit(vw, "uint")))
-            vec = ir.Var(f"mf_{t.name}_v")
+            vec = ir.Var(tensor_var(t.name, "v"))
             lane = (lambda i: ir.Call("mf_lane8", (vec, i))) if vw == 8 else \
                 (lambda i: ir.Lane(vec, i))
             if vw == 8:
@@ -549,8 +550,8 @@ class _Builder(reduce.Builder):
         for name in self.packed:
             t = self.graph.tensor(name)
             base = self.offset(t, ir.Var("mf_k0"))       # the chunk's first word
-            arrays.append(ir.ArrayDecl(f"mf_{name}_w", wtype, self.policy.rows_per_group))
-            loads.append(ir.Assign(ir.Lane(ir.Var(f"mf_{name}_w"), ir.Var("mf_r")),
+            arrays.append(ir.ArrayDecl(tensor_var(name, "w"), wtype, self.policy.rows_per_group))
+            loads.append(ir.Assign(ir.Lane(ir.Var(tensor_var(name, "w")), ir.Var("mf_r")),
                                    ir.Load(self.names[name], base, self.words, "uint")))
         return arrays, loads
 

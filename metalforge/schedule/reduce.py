@@ -33,12 +33,13 @@ from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import ir
 from ..dtypes import DType
-from ..errors import LaunchError, UnsupportedConstruct, at
+from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
 from ..graph import Graph, Node, Op, TensorParam, topo_order
 from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
 from .base import IDX
 from .elementwise import kernel_params, msl_names, output_stype, used_params
 from .lower import ElementLowering, convert, compute_type, ident
+from .names import template_vars, type_name
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")
@@ -214,10 +215,7 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
     """torch refuses max/min/argmax/argmin over an empty axis; so do we (before launching)."""
     for r in reds:
         if r.kind in _EXTREME and sizes.get(r.axis, 1) == 0:
-            raise ValueError(
-                f"kernel '{graph.name}': mf.{r.kind}(..., axis={r.axis!r}){at(r.node.loc)} over "
-                f"an empty axis ({r.axis} = 0) has no value (torch raises too); sum, prod and "
-                f"mean of an empty axis give 0, 1 and NaN")
+            raise empty_extreme(graph.name, r.kind, r.axis, r.node.loc)
 
 
 # --------------------------------------------------------------------------- IR pieces
@@ -467,14 +465,15 @@ class Builder:
                     f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
                     f"{list(widest)}: every output of a {unit} reduction must cover the same "
                     f"{unit}s {list(self.outer)}")
-        self.tvars = dict(graph.dtype_vars)
+        self.tvars = template_vars(graph.dtype_vars)
         self.names, self.out_names = msl_names(graph)
         self.sizes_used: list[str] = [axis] + list(self.outer)
         self.helpers: set[str] = set()
 
     # -- types and names ---------------------------------------------------------------
     def in_stype(self, t: TensorParam) -> str:
-        return t.dtype_var if t.dtype_var and t.dtype_var in self.tvars else t.dtype.msl
+        var = type_name(t.dtype_var) if t.dtype_var else None
+        return var if var and var in self.tvars else t.dtype.msl
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)

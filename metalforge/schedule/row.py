@@ -69,6 +69,7 @@ from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, take_sites, topo_order
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
+from .names import tensor_var
 from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, MAX_THREADGROUP_BYTES,
                      SIMD_WIDTH, access_width)
 from . import gather, reduce
@@ -340,7 +341,8 @@ class _Builder(reduce.Builder):
 
     # -- register blocks -----------------------------------------------------------------
     def reg(self, name: str) -> str:
-        return f"mf_reg_{name}"
+        """A tensor's register block (after its MSL name: never an output's, mf_reg_mf_out)."""
+        return f"mf_reg_{self.names[name]}"
 
     def reg_type(self, t: TensorParam) -> str:
         """The type of a tensor's register block: the tensor's own for floats (a half or bfloat
@@ -422,7 +424,7 @@ class _Builder(reduce.Builder):
             ct, st, rt = compute_type(t.dtype), self.in_stype(t), self.reg_type(t)
             rb = self.row_base(name, t.axes)
             held = self.staged.get(name, reads)            # slots only in registers
-            arr, got = ir.Var(self.reg(name)), ir.Var(f"mf_{name}_v")
+            arr, got = ir.Var(self.reg(name)), ir.Var(tensor_var(name, "v"))
             if declare:
                 out.append(ir.ArrayDecl(arr.name, rt, reads))
             start = rb + ir.Cast(IDX, base) + c * self.chunk_step()

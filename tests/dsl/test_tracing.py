@@ -310,6 +310,21 @@ def int_neg_pow(a: "i32[N]"):
     return a ** -2  # ERR-negpow
 
 
+@mf.kernel
+def matmul(a: "T[M, K]", b: "T[K, N]"):
+    return a @ b  # ERR-matmul
+
+
+@mf.kernel
+def matmul_no_shared(a: "T[M, K]", b: "T[N]"):
+    return a @ b  # ERR-matmul-none
+
+
+@mf.kernel
+def matmul_reflected(a: "T[M, K]"):
+    return torch.ones(3) @ a  # ERR-matmul-r
+
+
 @pytest.mark.parametrize("kern, args, marker, words", [
     (data_if, (f32(3),), "# ERR-if", ["control flow", "mf.where", "if x > 0"]),
     (data_while, (f32(3),), "# ERR-while", ["control flow", "while eps > 1.0"]),
@@ -335,6 +350,11 @@ def int_neg_pow(a: "i32[N]"):
     (bool_sub, (torch.zeros(3, dtype=torch.bool),) * 2, "# ERR-boolsub",
      ["subtracting with a bool"]),
     (int_neg_pow, (torch.zeros(3, dtype=torch.int32),), "# ERR-negpow", ["negative integer"]),
+    (matmul, (f32(3, 4), f32(4, 5)), "# ERR-matmul",
+     ["'@' (matrix product)", 'mf.sum(a * b, axis="K")', "'K', the axis both"]),
+    (matmul_no_shared, (f32(3, 4), f32(5)), "# ERR-matmul-none",
+     ["'@'", "share no axis", "mf.sum(a * b"]),
+    (matmul_reflected, (f32(3, 4),), "# ERR-matmul-r", ["'@'", "mf.sum(a * b"]),
 ])
 def test_trace_errors_name_file_and_line(kern, args, marker, words):
     msg = expect_error(kern, args, marker, words)

@@ -484,3 +484,30 @@ def test_matrix_prefill_window_softcap_and_padding():
     assert padded_attention.launches(q, k, v, valid)[0][0].endswith("_prefill")
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])
     torch.testing.assert_close(padded_attention(q, k, v, valid), want, **TOL[torch.float32])
+
+
+@mf.kernel
+def window_softcap_gqa(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]",
+                       scale: float, window: int, cap: float):
+    """A sliding window reading mf.index("L") twice in one expression, and the soft cap."""
+    s = mf.sum(q * k, axis="E") * scale
+    s = cap * mf.tanh(s / cap)
+    pos = mf.index("S") + mf.size("L") - mf.size("S")
+    s = mf.where((mf.index("L") <= pos) & (pos - mf.index("L") < window), s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@pytest.mark.parametrize("launch,s,suffix", [
+    ({}, 1, "decode"), ({}, 3, "decode"), ({"stage_kv": False}, 3, "decode"),
+    ({"key_splits": 3}, 1, "decode"), ({"stage_kv": False}, 40, "decode"), ({}, 40, "prefill"),
+    ({"key_splits": 3}, 40, "prefill")])
+def test_mask_reading_an_index_twice(launch, s, suffix):
+    """mf.index("L") read twice by a mask (issue #48: was a redeclared mf_index_L in every
+    attention kernel): decode (a few query rows, GQA) and prefill, against the reference."""
+    g = torch.Generator().manual_seed(7 * s)
+    q = torch.randn(1, 4, s, 40, generator=g)
+    k, v = (torch.randn(1, 2, 90, 40, generator=g) for _ in range(2))
+    kernel = window_softcap_gqa.with_launch(**launch)
+    args = (q, k, v, 40 ** -0.5, 20, 15.0)
+    assert suffix in kernel.launches(*args)[0][0]
+    torch.testing.assert_close(kernel(*args), kernel.reference(*args), **TOL[torch.float32])
