@@ -316,7 +316,7 @@ class _Builder(reduce.Builder):
     def outer_load(self, n: Node) -> ir.Expr:
         t = self.graph.tensor(n.attr)
         return ir.Cast(compute_type(t.dtype), ir.Load(self.names[t.name],
-                                                self.row_base(t.name, t.axes)))
+                                                self.row_base(self.names[t.name], t.axes)))
 
     def el_position(self, axis: str) -> ir.Expr:
         return ir.Var("mf_pos") if axis == self.axis else self.position(axis)
@@ -422,7 +422,7 @@ class _Builder(reduce.Builder):
         for name in tensors:
             t = self.graph.tensor(name)
             ct, st, rt = compute_type(t.dtype), self.in_stype(t), self.reg_type(t)
-            rb = self.row_base(name, t.axes)
+            rb = self.row_base(self.names[name], t.axes)
             held = self.staged.get(name, reads)            # slots only in registers
             arr, got = ir.Var(self.reg(name)), ir.Var(tensor_var(name, "v"))
             if declare:

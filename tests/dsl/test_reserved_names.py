@@ -23,6 +23,11 @@ TYPE_NAMES = ["vec", "device", "thread", "kernel", "sizeof", "default", "constan
 AXIS_NAMES = ["default", "register", "kernel", "vec", "thread", "t", "sizeof", "mf_x"]
 
 
+def _chunks(names: list[str], n: int) -> list[tuple[str, ...]]:
+    """`names` in groups of `n`: one kernel names several parameters (compiles are the cost)."""
+    return [tuple(names[i:i + n]) for i in range(0, len(names), n)]
+
+
 def _kernel(src: str, name: str) -> mf.Kernel:
     ns: dict = {"mf": mf}
     exec(compile(src, f"<{name}>", "exec"), ns)
@@ -33,32 +38,37 @@ def _same(kernel: mf.Kernel, *args) -> None:
     torch.testing.assert_close(kernel(*args), kernel.reference(*args), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", PARAM_NAMES)
-def test_parameter_names_elementwise(name):
-    k = _kernel(f'def f({name}: "T[N]", y: "T[N]", a: float):\n'
-                f'    return {name} * y + a\n', "ew")
+@pytest.mark.parametrize("names", _chunks(PARAM_NAMES, 7), ids="-".join)
+def test_parameter_names_elementwise(names):
+    """Every name but the last a tensor, the last a runtime scalar."""
+    *tensors, scalar = names
+    params = ", ".join([f'{n}: "T[N]"' for n in tensors] + [f"{scalar}: float"])
+    k = _kernel(f"def f({params}):\n    return ({' + '.join(tensors)}) * {scalar}\n", "ew")
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(37, generator=g), torch.randn(37, generator=g)    # vectors and a tail
-    _same(k, x, y, 0.5)
+    args = [torch.randn(37, generator=g) for _ in tensors]        # vectors and a tail
+    _same(k, *args, 0.5)
 
 
-@pytest.mark.parametrize("name", PARAM_NAMES)
-def test_parameter_names_row_reduction(name):
-    """The tensor and the runtime scalar of an rms norm, each named `name`."""
-    k = _kernel(f'def f({name}: "T[R, D]", w: "T[D]"):\n'
-                f'    return {name} * mf.rsqrt(mf.mean({name} * {name}, axis="D") + 1e-5) * w\n',
-                "row")
+@pytest.mark.parametrize("names", _chunks(PARAM_NAMES, 7), ids="-".join)
+def test_parameter_names_row_reduction(names):
+    """An rms norm of the first name, scaled by the middle ones (weights over D), the last a
+    runtime scalar."""
+    x, *weights, scalar = names
+    params = ", ".join([f'{x}: "T[R, D]"'] + [f'{n}: "T[D]"' for n in weights] +
+                       [f"{scalar}: float"])
+    scale = " * ".join(weights) if weights else "1.0"
+    k = _kernel(f"def f({params}):\n"
+                f'    y = {x} * mf.rsqrt(mf.mean({x} * {x}, axis="D") + 1e-5) * {scale}\n'
+                f'    return y - mf.max({x}, axis="D") * {scalar}\n', "row")
     g = torch.Generator().manual_seed(1)
-    x, w = torch.randn(5, 300, generator=g), torch.randn(300, generator=g)
-    _same(k, x, w)
-    s = _kernel(f'def f(x: "T[R, D]", {name}: float):\n'
-                f'    return x - mf.max(x, axis="D") * {name}\n', "row_scalar")
-    _same(s, x, 0.25)
+    args = [torch.randn(5, 300, generator=g)] + [torch.randn(300, generator=g) for _ in weights]
+    _same(k, *args, 0.25)
 
 
-@pytest.mark.parametrize("name", TYPE_NAMES)
-def test_dtype_variable_names(name):
-    k = _kernel(f'def f(x: "{name}[R, D]", w: "{name}[D]"):\n'
+@pytest.mark.parametrize("names", _chunks(TYPE_NAMES, 2), ids="-".join)
+def test_dtype_variable_names(names):
+    a, b = names
+    k = _kernel(f'def f(x: "{a}[R, D]", w: "{b}[D]"):\n'
                 f'    return mf.softmax(x * w, axis="D"), x + w\n', "tv")
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(3, 70, generator=g).half(), torch.randn(70, generator=g).half()
@@ -67,17 +77,18 @@ def test_dtype_variable_names(name):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("name", AXIS_NAMES)
-def test_axis_names(name):
-    """An axis named `name`, its position (`mf.index`) and size (`mf.size`) read in a row
-    reduction and in an elementwise kernel."""
-    k = _kernel(f'def f(x: "T[R, {name}]"):\n'
-                f'    y = x + mf.index("{name}") * 0.5 - mf.size("{name}")\n'
-                f'    return y - mf.max(y, axis="{name}")\n', "ax")
+@pytest.mark.parametrize("names", _chunks(AXIS_NAMES, 2), ids="-".join)
+def test_axis_names(names):
+    """Two axes named `names`, their positions (`mf.index`) and sizes (`mf.size`) read in a
+    row reduction and in an elementwise kernel."""
+    r, d = names
+    k = _kernel(f'def f(x: "T[{r}, {d}]"):\n'
+                f'    y = x + mf.index("{d}") * 0.5 - mf.size("{d}") + mf.index("{r}")\n'
+                f'    return y - mf.max(y, axis="{d}")\n', "ax")
     x = torch.randn(4, 45, generator=torch.Generator().manual_seed(3))
     _same(k, x)
-    e = _kernel(f'def f(x: "T[R, {name}]"):\n'
-                f'    return x * mf.index("{name}") + mf.index("R")\n', "ax_ew")
+    e = _kernel(f'def f(x: "T[{r}, {d}]"):\n'
+                f'    return x * mf.index("{d}") + mf.index("{r}") * mf.size("{r}")\n', "ax_ew")
     _same(e, x)
 
 
@@ -101,9 +112,14 @@ def test_attention_names(names, s):
 
 @pytest.mark.parametrize("name", ["default", "register", "out", "mf_out"])
 def test_column_reduction_names(name):
-    k = _kernel(f'def f({name}: "T[R, D]"):\n'
-                f'    return mf.sum({name}, axis="R")\n', "col")
-    _same(k, torch.randn(33, 21, generator=torch.Generator().manual_seed(5)))
+    """A tensor named `name` beside one named `x`, reduced over a column and kept."""
+    k = _kernel(f'def f(x: "T[R, D]", {name}: "T[R, D]"):\n'
+                f'    y = x * {name}\n'
+                f'    return mf.sum(y, axis="R"), y - mf.max(y, axis="R")\n', "col")
+    g = torch.Generator().manual_seed(5)
+    x, y = torch.randn(33, 21, generator=g), torch.randn(33, 21, generator=g)
+    for a, b in zip(k(x, y), k.reference(x, y)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_ordinary_names_are_spelled_as_written():

@@ -37,19 +37,27 @@ def test_one_module_per_example_file_one_test_per_kernel(generated):
         assert "dims={" in text and "max_examples=" in text            # editable hints
 
 
-def test_generated_tests_pass(generated):
-    ran = 0
-    for path in sorted(generated.glob("test_*.py")):
-        module = load_module(path)
-        for name, fn in vars(module).items():
-            if name.startswith("test_") and callable(fn):
-                fn()
-                ran += 1
-    assert ran >= 5
+def _generated_tests():
+    """(example file stem, kernel name) of every test gen-tests writes for examples/: one
+    pytest case each, so that they are timed (and spread over workers) one by one."""
+    return [pytest.param(src.stem, name, id=f"{src.stem}.{name}")
+            for src in sorted(EXAMPLES.glob("*.py"))
+            for name, _ in kernels_of(load_module(src))]
 
 
-def test_existing_files_are_not_overwritten_without_force(generated, capsys):
+@pytest.mark.parametrize("stem, name", _generated_tests())
+def test_generated_tests_pass(generated, stem, name):
+    module = load_module(generated / f"test_{stem}.py")
+    getattr(module, f"test_{name}")()
+
+
+def test_every_example_kernel_has_a_generated_test():
+    assert len(_generated_tests()) >= 5
+
+
+def test_existing_files_are_not_overwritten_without_force(tmp_path, capsys):
     target = EXAMPLES / "silu.py"
+    generated = tmp_path
     edited = generated / "test_silu.py"
     edited.write_text("# my edits\n")
     with pytest.raises(GenError, match="would overwrite .*test_silu.py.*--force"):
