@@ -9,6 +9,8 @@ keyed on it stays valid. Reads of a published key take no lock. The locks are re
 build that asks for its own key again recurses as it would without them, instead of hanging.
 
 It is a plain dict otherwise (reading, iterating, clearing and, in tests, setting entries).
+Values are never None (None reads as "not built yet"). A build that raises publishes nothing:
+the next caller of that key (one waiting, or a later one) builds again.
 """
 from __future__ import annotations
 
