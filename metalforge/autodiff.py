@@ -36,6 +36,7 @@ from . import runtime
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import Graph, Node, Op, Output, ScalarParam, TensorParam, topo_order
+from .once import OnceMap
 from .shapes import bind_shapes, output_shape
 
 
@@ -522,17 +523,14 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
 
 # --------------------------------------------------------------------------- running
 
-_cache: dict[tuple, Backward] = {}
+_cache: OnceMap[tuple, Backward] = OnceMap()
 
 
 def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
-    """`derive`, cached per (forward graph, wrt): the backward graphs keep their identity, so
-    their compiled kernels are reused."""
+    """`derive`, cached per (forward graph, wrt), once (threads asking meanwhile wait): the
+    backward graphs keep their identity, so their compiled kernels are reused."""
     key = (id(graph), None if wrt is None else tuple(wrt))
-    bw = _cache.get(key)
-    if bw is None or bw.graph is not graph:
-        bw = _cache[key] = derive(graph, wrt)
-    return bw
+    return _cache.get_or_build(key, lambda: derive(graph, wrt), lambda bw: bw.graph is graph)
 
 
 def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,

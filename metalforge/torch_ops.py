@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -246,6 +247,7 @@ class KernelOp:
 
 
 _registered: dict[str, KernelOp] = {}       # operator name -> its KernelOp (explicit cache)
+_register_lock = threading.Lock()           # one registration at a time (check, then define)
 
 
 def _definition(kernel) -> tuple:
@@ -253,18 +255,26 @@ def _definition(kernel) -> tuple:
 
 
 def register(kernel, name: str) -> KernelOp:
-    """`kernel.as_op(name)`: register (once) and return the operator."""
+    """`kernel.as_op(name)`: register (once, whichever threads ask) and return the operator."""
     m = _NAME.match(name) if isinstance(name, str) else None
     if m is None:
         raise OpError(f"{kernel.where}: as_op({name!r}): an operator name is "
                       "'namespace::name', e.g. 'mylib::rms_norm' (identifiers only)")
-    done = _registered.get(name)
-    if done is not None:
-        if _definition(done.kernel) == _definition(kernel):
-            done.kernel = kernel        # the same definition executed again (module re-run)
-            return done
-        raise OpError(f"{kernel.where}: as_op({name!r}): that name is already registered for "
-                      f"{done.kernel.where}; choose another name")
+    with _register_lock:
+        done = _registered.get(name)
+        if done is not None:
+            if _definition(done.kernel) == _definition(kernel):
+                done.kernel = kernel        # the same definition executed again (module re-run)
+                return done
+            raise OpError(f"{kernel.where}: as_op({name!r}): that name is already registered "
+                          f"for {done.kernel.where}; choose another name")
+        _check_free(kernel, name)
+        op = _registered[name] = KernelOp(kernel, name)
+    return op
+
+
+def _check_free(kernel, name: str) -> None:
+    """Refuse a name PyTorch already has an operator for (or its backward's name)."""
     for n in (name, f"{name}_backward"):
         ns, op = n.split("::")
         try:
@@ -273,8 +283,6 @@ def register(kernel, name: str) -> KernelOp:
             continue
         raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch already has an operator "
                       f"'{n}'; choose another name")
-    op = _registered[name] = KernelOp(kernel, name)
-    return op
 
 
 # --------------------------------------------------------------------------- direct calls

@@ -30,6 +30,7 @@ import torch
 
 from ..bounded import Bounded
 from ..errors import MetalforgeError
+from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
 from .translate import Entry, SOURCE_NAME, translate, two_groups
 
@@ -135,7 +136,7 @@ class _Module:
             f = ctypes.c_void_p()
             _check(_libcuda().cuModuleGetFunction(ctypes.byref(f), self.module,
                                                   symbol.encode()), f"loading {symbol}")
-            self.funcs[symbol] = f
+            f = self.funcs.setdefault(symbol, f)      # the same handle, whichever thread got it
         return f
 
     def groups_per_core(self, symbol: str, threads: int) -> int:
@@ -161,35 +162,31 @@ class PlanCache(Bounded[Plan]):
 
 
 class Library:
-    """A compiled MSL source; `lib.<host_name>` is a LibraryFunction."""
+    """A compiled MSL source; `lib.<host_name>` is a LibraryFunction (one per name, and one
+    module per device and grid kind, each made once: threads asking meanwhile wait)."""
 
     def __init__(self, source: str):
         tr = translate(source)
         self.text = tr.text
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries
-        self._modules: dict[tuple[int, bool], _Module] = {}
-        self._kernels: dict[str, LibraryFunction] = {}
+        self._modules: OnceMap[tuple[int, bool], _Module] = OnceMap()
+        self._kernels: OnceMap[str, LibraryFunction] = OnceMap()
 
     def module(self, device: int, one_d: bool = True) -> _Module:
         """The unit compiled for a device: for 1-D dispatches (every metalforge launch), or,
         compiled on first need, for any grid."""
-        m = self._modules.get((device, one_d))
-        if m is None:
-            m = self._modules[device, one_d] = _Module(self.text, self._order, device, one_d)
-        return m
+        return self._modules.get_or_build(
+            (device, one_d), lambda: _Module(self.text, self._order, device, one_d))
 
     def __getattr__(self, name: str) -> LibraryFunction:
         if name.startswith("_"):
             raise AttributeError(name)
-        k = self._kernels.get(name)
-        if k is None:
-            e = self._entries.get(name)
-            if e is None:
-                raise AttributeError(f"no kernel named '{name}' in this library (kernels: "
-                                     f"{', '.join(self._entries)})")
-            k = self._kernels[name] = LibraryFunction(self, e)
-        return k
+        e = self._entries.get(name)
+        if e is None:
+            raise AttributeError(f"no kernel named '{name}' in this library (kernels: "
+                                 f"{', '.join(self._entries)})")
+        return self._kernels.get_or_build(name, lambda: LibraryFunction(self, e))
 
     def __dir__(self):
         return list(self._entries)
@@ -218,8 +215,8 @@ class LibraryFunction:
         if got is None:
             with torch.cuda.device(device):
                 m = self._module(one_d)
-                got = self._on[device, one_d] = (m.function(self._entry.symbol),
-                                                 self._max_threads(m))
+                got = self._on.setdefault((device, one_d), (m.function(self._entry.symbol),
+                                                            self._max_threads(m)))
         return got
 
     def _max_threads(self, m: _Module) -> int:

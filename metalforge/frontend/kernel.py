@@ -21,6 +21,7 @@ from ..dtypes import BOOL, DType, F32, I64, check_float, check_int64
 from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
                       kernel_at)
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
+from ..once import OnceMap
 from ..reference import evaluate
 from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dims
@@ -144,7 +145,7 @@ class Kernel:
             n for a in self._annotations.values() for d in a.dims for n in d.names
             if n not in self._const_names))
         self._return = self._declare_return()
-        self._graphs: dict[tuple, Graph] = {}
+        self._graphs: OnceMap[tuple, Graph] = OnceMap()     # one trace per key, shared by views
         if launch:
             self.launch = check_options(launch, f"{self.where}, launch=")
         self._declare_call()
@@ -405,10 +406,7 @@ class Kernel:
 
     # -- specialisation -----------------------------------------------------------------
     def _graph(self, key, dvars: Mapping[str, DType], consts: Mapping[str, Any]) -> Graph:
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._graphs[key] = self._trace(dict(dvars), dict(consts))
-        return g
+        return self._graphs.get_or_build(key, lambda: self._trace(dict(dvars), dict(consts)))
 
     def _trace(self, dvars: dict[str, DType], consts: dict[str, Any]) -> Graph:
         params: list[Param] = []
@@ -629,9 +627,9 @@ class Kernel:
         "host_names" of all its kernels), "backend", "family" and the "launches" (launch
         policies) it was built for."""
         if not compiled:
-            return [{**dict(dv), **dict(cv)} for dv, cv in self._graphs]
+            return [{**dict(dv), **dict(cv)} for dv, cv in list(self._graphs)]
         out = []
-        for (dv, cv), g in self._graphs.items():
+        for (dv, cv), g in list(self._graphs.items()):     # other threads may trace meanwhile
             for c in runtime.compiled(g):
                 out.append({**dict(dv), **dict(cv), **c})
         return out

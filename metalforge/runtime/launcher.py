@@ -32,6 +32,7 @@ from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError, GatherIndexError, at, kernel_at
 from ..graph import Graph, take_sites
+from ..once import OnceMap
 from ..schedule.policy import TUNABLE, LaunchError, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
@@ -90,18 +91,15 @@ def compile(schedule: sched_mod.Schedule, source: str, backend: str,
 @dataclass
 class Library:
     """One schedule rendered and compiled for one backend: its kernels, compiled on first use
-    (a reduction's library holds one kernel per row-length variant)."""
+    (a reduction's library holds one kernel per row-length variant), once each."""
     schedule: sched_mod.Schedule
     backend: str
     source: str
-    kernels: dict[str, Compiled] = field(default_factory=dict)      # host name → compiled
+    kernels: OnceMap[str, Compiled] = field(default_factory=OnceMap)   # host name → compiled
 
     def kernel(self, host_name: str) -> Compiled:
-        got = self.kernels.get(host_name)
-        if got is None:
-            got = self.kernels[host_name] = compile(self.schedule, self.source, self.backend,
-                                                    host_name)
-        return got
+        return self.kernels.get_or_build(
+            host_name, lambda: compile(self.schedule, self.source, self.backend, host_name))
 
 
 @dataclass
@@ -357,14 +355,14 @@ def common_device(where: str, tensors: Mapping[str, torch.Tensor]) -> torch.devi
 @dataclass
 class Specialisation:
     """The cache of one (graph, launch overrides): a schedule per index width and a compiled
-    `Library` per (index width, backend)."""
+    `Library` per (index width, backend), each made once (threads asking meanwhile wait)."""
     graph: Graph
     launch: Optional[Mapping[str, Any]]
     family: str
     grid: tuple[str, ...]                 # the output axes the threads cover
     where: str
-    _schedules: dict[bool, sched_mod.Schedule] = field(default_factory=dict)
-    _libraries: dict[tuple[bool, str], Library] = field(default_factory=dict)
+    _schedules: OnceMap[bool, sched_mod.Schedule] = field(default_factory=OnceMap)
+    _libraries: OnceMap[tuple[bool, str], Library] = field(default_factory=OnceMap)
 
     @classmethod
     def of(cls, graph: Graph, launch: Optional[Mapping[str, Any]]) -> "Specialisation":
@@ -373,32 +371,29 @@ class Specialisation:
                    kernel_at(graph.name, graph.loc))
 
     def schedule(self, index64: bool) -> sched_mod.Schedule:
-        s = self._schedules.get(index64)
-        if s is None:
-            s = self._schedules[index64] = plan(self.graph, self.launch, index64)
-        return s
+        return self._schedules.get_or_build(index64,
+                                            lambda: plan(self.graph, self.launch, index64))
 
     def library(self, index64: bool, backend: str) -> Library:
         rewrite = MSL_REWRITE.get()                      # test seam, see MSL_REWRITE
-        lib = self._libraries.get((index64, backend)) if rewrite is None else None
-        if lib is None:
+        if rewrite is not None:
             s = self.schedule(index64)
-            src = render(s)
-            if rewrite is not None:
-                return Library(s, backend, rewrite(src))
-            lib = self._libraries[(index64, backend)] = Library(s, backend, src)
-        return lib
+            return Library(s, backend, rewrite(render(s)))
+        return self._libraries.get_or_build((index64, backend),
+                                            lambda: self._library(index64, backend))
+
+    def _library(self, index64: bool, backend: str) -> Library:
+        s = self.schedule(index64)
+        return Library(s, backend, render(s))
 
 
-_specs: dict[tuple, Specialisation] = {}
+_specs: OnceMap[tuple, Specialisation] = OnceMap()
 
 
 def specialisation(graph: Graph, launch: Optional[Mapping[str, Any]]) -> Specialisation:
     key = (id(graph), None if not launch else tuple(sorted(launch.items())))
-    s = _specs.get(key)
-    if s is None or s.graph is not graph:
-        s = _specs[key] = Specialisation.of(graph, launch)
-    return s
+    return _specs.get_or_build(key, lambda: Specialisation.of(graph, launch),
+                               lambda s: s.graph is graph)
 
 
 def layered(graph: Graph, backend: str, launch: Optional[Mapping[str, Any]],
@@ -422,7 +417,7 @@ def compiled(graph: Graph) -> list[dict]:
     for spec in list(_specs.values()):
         if spec.graph is not graph:
             continue
-        for lib in spec._libraries.values():
+        for lib in list(spec._libraries.values()):     # other threads may add meanwhile
             if not lib.kernels:
                 continue
             s = lib.schedule

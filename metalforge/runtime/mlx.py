@@ -45,6 +45,7 @@ from ..errors import (BackendUnavailable, BindingError, LaunchError, Unsupported
                       kernel_at)
 from ..graph import Graph
 from ..ir import LoweredKernel
+from ..once import OnceMap
 from ..shapes import bind_shapes, output_shape
 from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
@@ -231,23 +232,25 @@ class Call:
     kwargs: dict
 
 
-_built: dict[tuple[int, str], tuple[Any, MetalKernel, Any]] = {}   # (schedule, host) → ...
+# (schedule, host) → (schedule, translation, kernel object)
+_built: OnceMap[tuple[int, str], tuple[Any, MetalKernel, Any]] = OnceMap()
 
 
 def built(schedule: sched_mod.Schedule, host: str) -> tuple[MetalKernel, Any]:
     """The translation and the `mx.fast.metal_kernel` object of one kernel of a schedule
-    (cached per schedule and host name: one MLX kernel object per specialisation)."""
-    key = (id(schedule), host)
-    got = _built.get(key)
-    if got is None or got[0] is not schedule:
-        k = next(kk for kk in schedule.kernels if any(i.host_name == host
-                                                       for i in kk.instances))
-        mk = translate(k, host)
-        obj = mx().fast.metal_kernel(name=mk.name, input_names=list(mk.input_names),
-                                     output_names=list(mk.output_names), source=mk.source,
-                                     header=mk.header, ensure_row_contiguous=True)
-        got = _built[key] = (schedule, mk, obj)
+    (made once per schedule and host name: one MLX kernel object per specialisation)."""
+    got = _built.get_or_build((id(schedule), host), lambda: _build(schedule, host),
+                              lambda got: got[0] is schedule)
     return got[1], got[2]
+
+
+def _build(schedule: sched_mod.Schedule, host: str) -> tuple[Any, MetalKernel, Any]:
+    k = next(kk for kk in schedule.kernels if any(i.host_name == host for i in kk.instances))
+    mk = translate(k, host)
+    obj = mx().fast.metal_kernel(name=mk.name, input_names=list(mk.input_names),
+                                 output_names=list(mk.output_names), source=mk.source,
+                                 header=mk.header, ensure_row_contiguous=True)
+    return schedule, mk, obj
 
 
 def prepare(graph: Graph, values: Mapping[str, Any],
@@ -366,22 +369,24 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
 
 # --------------------------------------------------------------------------- the simulator
 
-_sources: dict[tuple, str] = {}
-_capture_lock = threading.Lock()
+_sources: OnceMap[tuple, str] = OnceMap()
+_capture_lock = threading.Lock()        # one capture at a time: it redirects the process's stdout
 
 
 def captured_source(call: Call) -> str:
     """The complete Metal source MLX builds for this call (signature, body, instantiation),
-    captured from `mx.export_function` tracing with `verbose=True`, which MLX prints to the
-    process's stdout (file descriptor 1, redirected here for the duration)."""
-    core = mx()
+    captured once per kernel and kind of inputs (see `_capture`)."""
     key = (call.kernel, tuple((str(a.dtype), a.ndim == 0, a.size < CONSTANT_LIMIT)
                                for a in call.inputs),
            tuple(str(d) for d in call.kwargs["output_dtypes"]),
            tuple((n, str(t)) for n, t in call.kwargs["template"]))
-    src = _sources.get(key)
-    if src is not None:
-        return src
+    return _sources.get_or_build(key, lambda: _capture(call))
+
+
+def _capture(call: Call) -> str:
+    """The source, from `mx.export_function` tracing with `verbose=True`, which MLX prints to
+    the process's stdout (file descriptor 1, redirected here for the duration)."""
+    core = mx()
 
     def traced(*arrays):
         return call.obj(inputs=list(arrays), verbose=True, **call.kwargs)
@@ -402,11 +407,10 @@ def captured_source(call: Call) -> str:
     if m is None:
         raise RuntimeError("MLX did not print the kernel source it builds (mx.export_function "
                            f"with verbose=True); got: {text[:500]!r}")
-    src = _sources[key] = m.group(1)
-    return src
+    return m.group(1)
 
 
-_libs: dict[str, Any] = {}
+_libs: OnceMap[str, Any] = OnceMap()
 
 
 def to_torch(a) -> torch.Tensor:
@@ -434,9 +438,7 @@ def simulate(call: Call) -> list:
     it (inputs, then outputs, by buffer index), with MLX's grid and (clamped) threadgroup.
     Returns the outputs as MLX arrays, in the graph's output order."""
     src = captured_source(call)
-    lib = _libs.get(src)
-    if lib is None:
-        lib = _libs[src] = compile_shader(SIM_UTILS + src)
+    lib = _libs.get_or_build(src, lambda: compile_shader(SIM_UTILS + src))
     host = re.findall(r"\[\[kernel\]\] void (\w+)\(", src)[0]
     args = [to_torch(a) for a in call.inputs]
     outs = [torch.empty(shape, dtype=_torch_dtype(dt))

@@ -642,8 +642,8 @@ class Library:
             raise RuntimeError(f"Failed to create function state object for: {name}")
         if name not in self._kernels:
             path, kernels = build(self._source, kernels=[name])
-            self._kernels[name] = LibraryFunction(_Dll(path), 0, kernels[0], self._fc,
-                                                  self._exited)
+            self._kernels.setdefault(name, LibraryFunction(_Dll(path), 0, kernels[0], self._fc,
+                                                           self._exited))   # first one wins
         return self._kernels[name]
 
     def __dir__(self):

@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import subprocess
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,7 @@ def device_name(backend: str) -> str:
             name = torch.cuda.get_device_name()
         else:
             name = f"metalforge-{backend}"
-        _DEVICE[backend] = name
+        name = _DEVICE.setdefault(backend, name)      # another thread's, if it was first
     return name
 
 
@@ -160,13 +161,15 @@ def key_for(graph: Graph, backend: str, sizes: Mapping[str, int]) -> TuneKey:
 # --------------------------------------------------------------------------- the file
 
 class TuneCache:
-    """The entries of one cache file, loaded on first use."""
+    """The entries of one cache file, loaded on first use (once: threads wait for it). Every
+    change publishes a new entries dict (the warm path checks for one by identity)."""
 
     def __init__(self, path: os.PathLike | str):
         self.path = Path(path)
         self._entries: Optional[dict[str, dict]] = None
         self._rejected: set[str] = set()
         self._checked: dict[tuple[str, Any], tuple[dict[str, Any], Optional[str]]] = {}
+        self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return f"<metalforge TuneCache {self.path}>"
@@ -174,7 +177,9 @@ class TuneCache:
     @property
     def entries(self) -> dict[str, dict]:
         if self._entries is None:
-            self._entries = self._read()
+            with self._lock:
+                if self._entries is None:
+                    self._entries = self._read()
         return self._entries
 
     def _read(self) -> dict[str, dict]:
@@ -251,7 +256,8 @@ class TuneCache:
         except OSError as e:
             warnings.warn(f"metalforge: cannot write the autotune cache {self.path} ({e}); the "
                           f"result is kept for this process only", CacheWarning, stacklevel=3)
-            self.entries[key.text] = dict(entry)
+            with self._lock:
+                self._entries = {**self.entries, key.text: dict(entry)}
 
     def _write(self, key: TuneKey, entry: Mapping[str, Any]) -> None:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -317,8 +323,8 @@ def default_cache() -> TuneCache:
     read once per process; this runs on every kernel call, so it is kept cheap)."""
     env = _CACHE_DIR()
     c = _CACHES.get(env)
-    if c is None:
-        c = _CACHES[env] = TuneCache(cache_path())
+    if c is None:                                    # one object per value, the first made
+        c = _CACHES.setdefault(env, TuneCache(cache_path()))
     return c
 
 

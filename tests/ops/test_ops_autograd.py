@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import metalforge as mf
 from metalforge import autodiff, schedule
 from metalforge.graph import ScalarParam, TensorParam
+from metalforge.once import OnceMap
 from metalforge.torch_ops import NotDifferentiable, OpError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,7 +308,7 @@ def test_check_compares_gradients_and_catches_a_wrong_one(monkeypatch):
             return [(i, b.scale(c, 1.01)) for i, c in out]
         return out
     monkeypatch.setattr(autodiff, "_contributions", off_by_one_percent)
-    monkeypatch.setattr(autodiff, "_cache", {})
+    monkeypatch.setattr(autodiff, "_cache", OnceMap())
     with pytest.raises(AssertionError, match="gradient with respect to 'x'"):
         check(silu, dtypes={"T": ["f32"]}, max_examples=5, grad=True)
     check(silu, dtypes={"T": ["f32"]}, max_examples=3)       # off by default; outputs are right
