@@ -33,6 +33,7 @@ from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError, GatherIndexError, at, kernel_at
 from ..graph import Graph, take_sites
 from ..once import OnceMap
+from ..reference import evaluate
 from ..schedule.policy import TUNABLE, LaunchError, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
 from ..tuning.cache import graph_text, tuned_launch
@@ -280,7 +281,25 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
     call = check_call(graph, values, backend, launch)
     if call.numel:                              # empty outputs: no launch
         dispatch(bind(call))
+    else:
+        outputs_beside_an_empty_grid(call)
     return call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
+
+
+def outputs_beside_an_empty_grid(call: Call) -> bool:
+    """Fill the outputs of a call whose grid is empty but whose other outputs are not (`x * w,
+    w * 2` with no rows of x: no thread runs, yet the second output has D elements; a sum over
+    an empty axis beside the softmax over it): they are computed eagerly from the same graph
+    (the torch reference of those outputs alone; one that needs a max over the empty axis
+    raises there). Whether it computed any."""
+    graph = call.spec.graph
+    filled = [(o, out) for o, out in zip(graph.outputs, call.outputs) if out.numel()]
+    if not filled:
+        return False
+    got = evaluate(replace(graph, outputs=tuple(o for o, _ in filled)), call.values)
+    for (_, out), value in zip(filled, got if isinstance(got, tuple) else (got,)):
+        out.copy_(value)
+    return True
 
 
 def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
