@@ -28,12 +28,13 @@ grid and threadgroup. This is how the MLX path is tested on Linux.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 import torch
@@ -46,6 +47,7 @@ from ..errors import (BackendUnavailable, BindingError, LaunchError, Unsupported
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..once import OnceMap
+from ..reference import evaluate
 from ..shapes import bind_shapes, output_shape
 from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
@@ -355,7 +357,7 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
                                  "metalforge's simulator, call it inside `with mf.backend('sim'):`")
     call, shapes = prepare(graph, values, launch)
     if call is None:
-        outs = [core.zeros(shape, dtype=dt) for shape, dt in shapes]
+        outs = _beside_an_empty_grid(graph, values, shapes)
     elif be == "mlx":
         got = call.obj(inputs=call.inputs, **call.kwargs)
         outs = [None] * len(shapes)
@@ -411,6 +413,21 @@ def _capture(call: Call) -> str:
 
 
 _libs: OnceMap[str, Any] = OnceMap()
+
+
+def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any], shapes: list) -> list:
+    """The outputs of a call whose grid is empty: empty ones as such, the others (`w * 2`
+    beside `x * w` with no rows of x) evaluated eagerly, as `launcher.outputs_beside_an_empty_grid`
+    does for torch tensors."""
+    core = mx()
+    outs = [core.zeros(shape, dtype=dt) for shape, dt in shapes]
+    filled = [i for i, (shape, _) in enumerate(shapes) if math.prod(shape)]
+    if filled:
+        sub = replace(graph, outputs=tuple(graph.outputs[i] for i in filled))
+        got = evaluate(sub, {k: to_torch(v) if is_array(v) else v for k, v in values.items()})
+        for i, t in zip(filled, got if isinstance(got, tuple) else (got,)):
+            outs[i] = to_mlx(t.cpu())
+    return outs
 
 
 def to_torch(a) -> torch.Tensor:

@@ -50,3 +50,13 @@ def test_an_extreme_over_an_empty_axis_still_raises():
 def test_all_outputs_empty_is_no_launch_and_no_error():
     sm, mean, total = softmax_and_mean(torch.randn(0, 4))
     assert sm.shape == (0, 4) and mean.shape == (0,) and total.shape == (0,)
+
+
+def test_mlx_arrays_beside_an_empty_grid():
+    mx = pytest.importorskip("mlx.core")
+    from metalforge.runtime.mlx import to_torch
+    w = torch.randn(5)
+    with mf.backend("sim"):
+        big, small = scaled_pair(mx.zeros((0, 5)), mx.array(w.numpy()))
+    assert tuple(big.shape) == (0, 5)
+    torch.testing.assert_close(to_torch(small), w * 2 + 1)
