@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .. import cache
 from ..errors import MetalforgeError
+from .frontcheck import errors as front_errors
 from .parse import ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
 from .spaces import cast_errors as address_space_cast_errors
@@ -118,7 +119,8 @@ def _cxx_cmd() -> list[str]:
 # compiler.py imports (directly or through these) in this list; tests/sim/test_sim_cache_key.py
 # checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
 # editing them leaves the cache valid.
-KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py")
+KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py",
+               "frontcheck.py", "frontast.py")
 SIM_DIR = Path(__file__).resolve().parent
 
 
@@ -297,7 +299,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
-        cast_errors = address_space_cast_errors(pre)
+        cast_errors = address_space_cast_errors(pre) or front_errors(pre, parsed)
         if cast_errors:
             raise _syntax_error("\n".join(cast_errors), source)
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
