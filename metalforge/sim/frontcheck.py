@@ -64,9 +64,9 @@ _AFTER_SHIM = """\
 #define constant __constant
 #define threadgroup __local
 #define thread __private
-#define kernel __attribute__((annotate("mf_kernel")))
+#define kernel __kernel __attribute__((annotate("mf_kernel")))
 """
-_KERNEL_ATTR = '__attribute__((annotate("mf_kernel")))'
+_KERNEL_ATTR = '__kernel __attribute__((annotate("mf_kernel")))'
 _ARGS = ["-x", "clcpp", "-cl-std=clc++2021", "-cl-no-stdinc",
          "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64,+__cl_clang_variadic_functions,"
          "+__cl_clang_function_pointers",
@@ -289,11 +289,11 @@ def _reported(diag) -> str | None:
 
 
 def _crosses_spaces(msg: str) -> bool:
-    """Whether the first two types quoted in `msg` are pointers or references (or names of
+    """Whether the first two types quoted in `msg` are pointers, references or arrays (or names of
     spaces) in different named address spaces: the error is about spaces, not a conversion of
     values that the model gets wrong (class types across spaces)."""
     quoted = re.findall(r"'([^']*)'", msg)[:2]
-    if not all(q in _SPACES or "*" in q or "&" in q for q in quoted):
+    if not all(q in _SPACES or any(c in q for c in "*&[") for q in quoted):
         return False                    # a value conversion: not about spaces
     spaces = [{s for s in _SPACES if re.search(rf"\b{s}\b", q)} for q in quoted]
     return len(spaces) == 2 and all(spaces) and spaces[0] != spaces[1]

@@ -1,0 +1,235 @@
+"""The simulator rejects what Apple's Metal compiler rejects and C++ accepts (issue #50): each
+rule has an invalid program, rejected with Metal's message at its line, and a corrected twin,
+which compiles and runs (all twins share one library, so one build)."""
+import pytest
+import torch
+
+from metalforge.sim import compile_shader, frontcheck
+
+pytestmark = pytest.mark.skipif(not frontcheck.available(), reason="libclang is not installed")
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+# name -> (invalid kernel text, message fragment, line of the error within the text)
+BAD = {
+    "tg_to_device": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  device float* p = buf;
+  out[i] = p[0];
+}""", "cannot initialize a variable of type 'device float *' with an lvalue of type "
+      "'threadgroup float[4]'", 4),
+    "device_to_tg": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup float* p = out;
+  out[i] = p[0];
+}""", "cannot initialize a variable of type 'threadgroup float *' with an lvalue of type "
+      "'device float *'", 3),
+    "device_to_constant": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  constant float* p = out;
+  out[i] = p[0];
+}""", "'constant float *' with an lvalue of type 'device float *'", 3),
+    "constant_to_device_const": ("""
+kernel void k(constant float* c [[buffer(0)]], device float* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  device const float* p = c;
+  out[i] = p[i];
+}""", "'const device float *' with an lvalue of type 'constant float *'", 4),
+    "device_to_thread_param": ("""
+void twice(thread float* p) { p[0] *= 2.0f; }
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  twice(out + i);
+}""", "cannot pass pointer to address space 'device' as a pointer to address space 'thread'", 4),
+    "assign_tg_to_device": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  device float* p = out;
+  p = buf;
+  out[i] = p[0];
+}""", "assigning to 'device float *' from incompatible type 'threadgroup float[4]'", 5),
+    "c_style_cast": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  device float* p = (device float*)buf;
+  out[i] = p[0];
+}""", "C-style cast from 'threadgroup float *' to 'device float *' converts between "
+      "mismatching address spaces", 4),
+    "reinterpret_cast": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  device int* p = reinterpret_cast<device int*>(buf);
+  out[i] = p[0];
+}""", "reinterpret_cast from 'threadgroup float *' to 'device int *' is not allowed", 4),
+    "unqualified_kernel_param": ("""
+kernel void k(float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = 1.0f;
+}""", "pointer parameter 'out' has no address space", 2),
+    "unqualified_local": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float x = 1.0f;
+  float* p = &x;
+  out[i] = *p;
+}""", "pointer type must have explicit address space qualifier ('p'", 4),
+    "unqualified_helper_ref": ("""
+float twice(const float& x) { return 2.0f * x; }
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = twice(out[i]);
+}""", "reference type must have explicit address space qualifier ('x'", 2),
+    "mutable_global": ("""
+float scale = 2.0f;
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = scale;
+}""", "program scope variable must reside in constant address space", 2),
+    "thread_global": ("""
+thread float scale = 2.0f;
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = scale;
+}""", "program scope variable must reside in constant address space", 2),
+    "threadgroup_global": ("""
+threadgroup float shared_buf[32];
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = shared_buf[0];
+}""", "program scope variable must reside in constant address space", 2),
+    "constexpr_table": ("""
+constexpr float TABLE[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = TABLE[i % 4];
+}""", "program scope variable must reside in constant address space ('TABLE' is indexed", 4),
+    "double": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  double x = out[i];
+  out[i] = float(x * 2.0);
+}""", "'double' is not supported in Metal", 3),
+    "long_double_cast": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = float((long double)out[i]);
+}""", "'long double' is not supported in Metal", 3),
+    "new": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  thread float* p = new float(1.0f);
+  out[i] = *p;
+}""", "'new' and 'delete' are not supported in Metal", 3),
+    "throw": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  if (out[i] < 0.0f) throw 1;
+}""", "Metal does not support exceptions", 3),
+    "virtual": ("""
+struct Op { virtual float apply(float x) const { return x; } };
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  Op op;
+  out[i] = op.apply(out[i]);
+}""", "virtual functions are not supported in Metal", 2),
+    "goto": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  if (i % 2) goto done;
+  out[i] = 0.0f;
+done:
+  return;
+}""", "'goto' is not supported in Metal", 3),
+    "thread_local": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  thread_local float t = 1.0f;
+  out[i] = t;
+}""", "thread_local storage is not supported in Metal", 3),
+    "kernel_returns_value": ("""
+kernel float k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = 1.0f;
+  return 0.0f;
+}""", "kernel function 'k' must return void", 2),
+    "position_on_float": ("""
+kernel void k(device float* out [[buffer(0)]], float i [[thread_position_in_grid]]) {
+  out[uint(i)] = 1.0f;
+}""", "type 'float' is not valid for attribute 'thread_position_in_grid'", 2),
+    "simd_lane_vector": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+              uint2 lane [[thread_index_in_simdgroup]]) {
+  out[i] = float(lane.x);
+}""", "type 'uint2' is not valid for attribute 'thread_index_in_simdgroup'", 2),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_invalid_metal_is_rejected(name):
+    text, message, line = BAD[name]
+    with pytest.raises(SyntaxError) as e:
+        compile_shader(HEAD + text)
+    assert message in str(e.value), str(e.value)
+    assert e.value.lineno == line + 2, str(e.value)       # HEAD has two lines
+
+
+# The corrected twins, in the order of BAD; each kernel writes out[i] = i + 1 (see `expected`).
+GOOD = HEAD + r"""
+void twice(thread float* p) { p[0] *= 2.0f; }
+float twice_ref(const thread float& x) { return 2.0f * x; }
+constant float scale = 2.0f;
+constant float TABLE[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+constexpr constant int FOUR = 4;
+struct Op { float apply(float x) const { return x; } };
+
+kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1)]],
+                   uint i [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
+                   ushort tid [[thread_position_in_threadgroup]]) {
+  threadgroup float buf[4];
+  threadgroup float* t = buf;                          // tg_to_device, device_to_tg
+  constant float* cp = c;                              // device_to_constant
+  device const float* dp = out;                        // constant_to_device_const
+  device float* p = out;
+  p = out + i;                                         // assign_tg_to_device
+  device float* q = (device float*)dp;                 // c_style_cast (same space)
+  device int* r = reinterpret_cast<device int*>(q);    // reinterpret_cast (same space)
+  if (tid == 0) { t[0] = 0.0f; }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float x = float(i) + 1.0f + t[0] + cp[0] - c[0];
+  thread float* xp = &x;                               // unqualified_local
+  twice(xp);                                           // device_to_thread_param
+  float y = twice_ref(x) / 4.0f;                       // unqualified_helper_ref
+  float z = y * scale / 2.0f * TABLE[i % FOUR] / TABLE[i % FOUR];   // globals, table
+  float w = float(Op().apply(z));                      // no virtual
+  if (i % 2) { w = w + 0.0f; }                         // no goto
+  (void)r; (void)lane;
+  p[0] = w;
+}
+"""
+
+
+def test_corrected_twins_compile_and_run():
+    lib = compile_shader(GOOD)
+    out = torch.zeros(64)
+    c = torch.tensor([0.5])
+    lib.spaces(out, c)
+    torch.testing.assert_close(out, torch.arange(64, dtype=torch.float32) + 1)
+
+
+def test_the_message_uses_metal_spellings():
+    src = HEAD + """
+kernel void k(device half* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup half buf[4];
+  threadgroup half* t = buf;
+  device half* p = t;
+  out[i] = p[0];
+}"""
+    with pytest.raises(SyntaxError) as e:
+        compile_shader(src)
+    msg = str(e.value)
+    assert "'device half *' with an lvalue of type 'threadgroup half *'" in msg, msg
+    assert "__global" not in msg and "mf_half" not in msg
+
+
+def test_valid_overloads_and_templates_pass_the_check():
+    """Templates instantiated with [[host_name]], half/bfloat, vectors and simd functions."""
+    src = HEAD + """
+template <typename T>
+kernel void scale(device T* x [[buffer(0)]], constant float& s [[buffer(1)]],
+                  uint i [[thread_position_in_grid]]) {
+  vec<T, 2> v = vec<T, 2>(x[i], T(1));
+  x[i] = T(float(v.x) * s + simd_sum(0.0f));
+}
+template [[host_name("scale_h")]] kernel void scale<half>(device half*, constant float&, uint);
+template [[host_name("scale_b")]] kernel void scale<bfloat>(device bfloat*, constant float&,
+                                                            uint);
+"""
+    lib = compile_shader(src)
+    x = torch.ones(8, dtype=torch.float16)
+    lib.scale_h(x, 3.0)
+    torch.testing.assert_close(x, torch.full((8,), 3.0, dtype=torch.float16))
