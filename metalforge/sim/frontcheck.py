@@ -16,7 +16,7 @@ so only a chosen set of clang's diagnostics is reported (`_REPORTED`), and none 
 has no such space before MSL 4.1).  Every other clang error is ignored: the C++ build that
 follows reports real C++ errors, and the rest are artifacts of the model (class copies across
 spaces, string literals in ``__constant``).  The rules clang does not check as Metal does are
-checked on its AST here (`_ast_errors`) and on the parsed kernel signatures (`_kernel_errors`).
+checked on its AST (frontast.py) and on the parsed kernel signatures (`_kernel_errors`).
 docs/reference/simulator.md lists what is checked and what is not.
 
 The check runs only when a library is built (never on a cache hit).  Without libclang it is
@@ -227,8 +227,14 @@ def errors(pre: str, parsed: ParsedSource) -> list[str]:
     if os.environ.get("METALFORGE_SIM_FRONTCHECK", "1") == "0" or not available():
         return []
     from . import compiler as cc
-    return check(pre, parsed, tuple(cc._cxx_cmd()), (cc.torch_include(),),
-                 pch_folder=cc.cache_dir(), key=cc.shim_hash())
+    try:
+        return check(pre, parsed, tuple(cc._cxx_cmd()), (cc.torch_include(),),
+                     pch_folder=cc.cache_dir(), key=cc.shim_hash())
+    except (_cindex().TranslationUnitLoadError, OSError) as e:
+        # the checker failed, not the source: build without the check, saying so once
+        _warn_once(f"metalforge.sim: libclang could not run the Metal front-end check "
+                   f"({type(e).__name__}: {e}).")
+        return []
 
 
 def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),

@@ -233,3 +233,13 @@ template [[host_name("scale_b")]] kernel void scale<bfloat>(device bfloat*, cons
     x = torch.ones(8, dtype=torch.float16)
     lib.scale_h(x, 3.0)
     torch.testing.assert_close(x, torch.full((8,), 3.0, dtype=torch.float16))
+
+
+def test_without_libclang_the_check_is_skipped_saying_what_to_install(monkeypatch):
+    def missing():
+        raise frontcheck.FrontCheckUnavailable("... Install it with `pip install 'libclang>=18'`.")
+    monkeypatch.setattr(frontcheck, "_cindex", missing)
+    frontcheck._warn_once.cache_clear()
+    with pytest.warns(RuntimeWarning, match="pip install 'libclang>=18'"):
+        assert not frontcheck.available()
+    assert frontcheck.errors("kernel void k() {}", None) == []
