@@ -44,6 +44,7 @@ CHECK_NAME = "metalforge_frontcheck.cpp"
 _BEFORE_SHIM = """\
 #pragma OPENCL EXTENSION __cl_clang_variadic_functions : enable
 #pragma OPENCL EXTENSION __cl_clang_function_pointers : enable
+#define MF_SIM_BF16_FROM_FLOAT explicit
 #define half mf_half
 #define global mf_global
 #define local mf_local
@@ -64,9 +65,10 @@ _AFTER_SHIM = """\
 #define constant __constant
 #define threadgroup __local
 #define thread __private
-#define kernel __kernel __attribute__((annotate("mf_kernel")))
+#define kernel __attribute__((annotate("mf_kernel")))
+template <class T> T& mf_tg();
 """
-_KERNEL_ATTR = '__kernel __attribute__((annotate("mf_kernel")))'
+_KERNEL_ATTR = '__attribute__((annotate("mf_kernel")))'
 _ARGS = ["-x", "clcpp", "-cl-std=clc++2021", "-cl-no-stdinc",
          "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64,+__cl_clang_variadic_functions,"
          "+__cl_clang_function_pointers",
@@ -149,19 +151,42 @@ def prelude_text() -> str:
     return _BEFORE_SHIM + f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n' + _AFTER_SHIM
 
 
-def check_text(pre: str) -> str:
+def check_text(pre: str, parsed: ParsedSource | None = None) -> str:
     """The text libclang parses (after the prelude) for preprocessed source `pre`: Metal
-    attributes blanked, ``[[kernel]]`` made the ``kernel`` mark; every line keeps its number."""
-    chars = list(pre)
-    for t in reversed(tokenize(pre)):
+    attributes blanked, ``[[kernel]]`` made the ``kernel`` mark, kernel-scope ``threadgroup``
+    arrays made references (`_tg_reference`); every line keeps its number."""
+    edits = []
+    for t in tokenize(pre):
         if t.kind != "attr":
             continue
         name = re.match(r"\s*(\w*)", t.text[2:-2]).group(1)
         if t.text[2:-2].strip() == "kernel":
-            chars[t.start:t.end] = list(_KERNEL_ATTR)
+            edits.append((t.start, t.end, _KERNEL_ATTR))
         elif name not in STANDARD_ATTRS:
-            chars[t.start:t.end] = [c if c == "\n" else " " for c in t.text]
-    return "".join(chars)
+            edits.append((t.start, t.end, "".join(c if c == "\n" else " " for c in t.text)))
+    for d in (parsed.tg_decls if parsed else []):
+        new = _tg_reference(pre[d.start:d.stmt_end], d.names)
+        if d.stmt_end and new:
+            edits.append((d.start, d.stmt_end, new))
+    out = pre
+    for a, b, new in sorted(edits, reverse=True):
+        if not any(a < b2 and a2 < b for a2, b2, _ in edits if (a2, b2) != (a, b)):
+            out = out[:a] + new + out[b:]
+    return out
+
+
+def _tg_reference(stmt: str, names: list[str]) -> str | None:
+    """``threadgroup T name[N];`` as ``threadgroup T (&name)[N] = mf_tg<...>();`` (same line
+    count): clang accepts a ``__local`` variable only in an OpenCL kernel, which cannot be a
+    template, while a reference to one is fine anywhere and has the same type."""
+    if len(names) != 1:
+        return None
+    m = re.match(rf"threadgroup\s+(.+?)\s*\b{names[0]}\b\s*((?:\[[^;]*\])?)\s*;$", stmt, re.S)
+    if not m:
+        return None
+    type_, dims = " ".join(m.group(1).split()), " ".join(m.group(2).split())
+    return (f"threadgroup {type_} (&{names[0]}){dims} = mf_tg<threadgroup {type_}{dims}>();"
+            + "\n" * stmt.count("\n"))
 
 
 def _args(cxx: tuple[str, ...]) -> list[str]:
@@ -186,6 +211,27 @@ def _pch(ci, args: list[str], folder: Path, key: str) -> Path:
                                      options=ci.TranslationUnit.PARSE_INCOMPLETE)
         tu.save(str(tmp))
     return cache.entry(folder / f"frontcheck-{h}.pch", build)
+
+
+def _parse(ci, text: str, args: list[str], pch_folder: Path | None, key: str):
+    """(translation unit, lines before `text` in it): `text` parsed after the precompiled
+    prelude, or after the prelude's text when there is no folder for the PCH or the PCH does
+    not load (a shim header touched since it was built); such a PCH is removed, so the next
+    build makes a new one."""
+    if pch_folder is not None:
+        pch = _pch(ci, args, pch_folder, key)
+        try:
+            tu = ci.Index.create().parse(CHECK_NAME, args=args + ["-include-pch", str(pch)],
+                                         unsaved_files=[(CHECK_NAME, text)])
+            if not any(d.severity >= 4 for d in tu.diagnostics):
+                return tu, 0
+        except ci.TranslationUnitLoadError:
+            pass
+        for p in (pch, pch.with_name(pch.name + ".sum")):
+            p.unlink(missing_ok=True)
+    head = prelude_text()
+    tu = ci.Index.create().parse(CHECK_NAME, args=args, unsaved_files=[(CHECK_NAME, head + text)])
+    return tu, head.count("\n")
 
 
 def _is_users(file: str, skip: tuple[str, ...]) -> bool:
@@ -244,15 +290,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
     source `pre` (with its parsed kernels) and the simulator's C++ build would not.
     `skip_files`: line-marker file prefixes that are not checked (torch's headers); with
     `pch_folder`, the prelude is precompiled there (else parsed each time)."""
-    ci = _cindex()
-    args = _args(cxx)
-    text, head = check_text(pre), 0
-    if pch_folder is not None:
-        args += ["-include-pch", str(_pch(ci, args, pch_folder, key))]
-    else:
-        head = prelude_text().count("\n")
-        text = prelude_text() + text
-    tu = ci.Index.create().parse(CHECK_NAME, args=args, unsaved_files=[(CHECK_NAME, text)])
+    tu, head = _parse(_cindex(), check_text(pre, parsed), _args(cxx), pch_folder, key)
     where = _Where(pre, head)
     skip = (str(INCLUDE_DIR),) + tuple(skip_files)
     found: dict[tuple[str, int, int, str], None] = {}
@@ -281,8 +319,9 @@ def _reported(diag) -> str | None:
     if diag.severity < 3:
         return None
     msg = diag.spelling
-    if "__generic" in msg:
-        return None
+    bf16 = _float_to_bfloat(msg, [n.spelling for n in diag.children])
+    if bf16 or "__generic" in msg:
+        return bf16
     if msg.startswith("no matching function for call to"):
         notes = [n.spelling for n in diag.children]
         spaces = [n for n in notes if "__generic" not in n and _crosses_spaces(n)]
@@ -291,6 +330,19 @@ def _reported(diag) -> str | None:
         return "'new' and 'delete' are not supported in Metal (no dynamic allocation)"
     if _REPORTED.match(msg) and _crosses_spaces(msg):
         return metal_spelling(msg)
+    return None
+
+
+def _float_to_bfloat(msg: str, notes: list[str]) -> str | None:
+    """Metal's message for an implicit float -> bfloat conversion (the check's prelude makes
+    bfloat's constructor from float explicit, so clang reports each one), else None."""
+    for text in [msg] + notes:
+        quoted = [re.sub(r"\b(const|__\w+)\s*", "", q).strip()
+                  for q in re.findall(r"'([^']*)'", text)]
+        if re.search(r"no (viable|known) conversion|cannot initialize", text) and \
+                len(quoted) >= 2 and quoted[0] == "float" and quoted[1] == "bfloat":
+            return ("implicit conversion from 'float' to 'bfloat' is not allowed in Metal "
+                    "(write bfloat(x) or static_cast<bfloat>(x))")
     return None
 
 

@@ -137,6 +137,19 @@ kernel float k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid
   out[i] = 1.0f;
   return 0.0f;
 }""", "kernel function 'k' must return void", 2),
+    "float_to_bfloat": ("""
+kernel void k(device bfloat* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = 0.5f * float(i);
+}""", "implicit conversion from 'float' to 'bfloat' is not allowed in Metal", 3),
+    "template_kernel": ("""
+template <typename T>
+kernel void k(device T* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  threadgroup T buf[4];
+  device T* p = buf;
+  out[i] = p[0];
+}
+template [[host_name("k_f")]] kernel void k<float>(device float*, uint);""",
+        "'device float *' with an lvalue of type 'threadgroup float[4]'", 5),
     "position_on_float": ("""
 kernel void k(device float* out [[buffer(0)]], float i [[thread_position_in_grid]]) {
   out[uint(i)] = 1.0f;
@@ -188,7 +201,8 @@ kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1
   float w = float(Op().apply(z));                      // no virtual
   if (i % 2) { w = w + 0.0f; }                         // no goto
   (void)r; (void)lane;
-  p[0] = w;
+  bfloat b = bfloat(w);                                // float_to_bfloat: explicit
+  p[0] = float(b) + (w - float(b));
 }
 """
 
