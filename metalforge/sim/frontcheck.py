@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .frontast import ast_errors
-from .parse import STANDARD_ATTRS, LineMap, ParsedSource, Signature, tokenize
+from .frontoverloads import renames
+from .parse import STANDARD_ATTRS, LineMap, ParseError, ParsedSource, Signature, parse, tokenize
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 CHECK_NAME = "metalforge_frontcheck.cpp"
@@ -155,6 +156,11 @@ def check_text(pre: str, parsed: ParsedSource | None = None) -> str:
     """The text libclang parses (after the prelude) for preprocessed source `pre`: Metal
     attributes blanked, ``[[kernel]]`` made the ``kernel`` mark, kernel-scope ``threadgroup``
     arrays made references (`_tg_reference`); every line keeps its number."""
+    return _apply(pre, check_edits(pre, parsed))
+
+
+def check_edits(pre: str, parsed: ParsedSource | None = None) -> list[tuple[int, int, str]]:
+    """The edits (start, end, new text) of `pre` that make `check_text`, in order."""
     edits = []
     for t in tokenize(pre):
         if t.kind != "attr":
@@ -168,11 +174,39 @@ def check_text(pre: str, parsed: ParsedSource | None = None) -> str:
         new = _tg_reference(pre[d.start:d.stmt_end], d.names)
         if d.stmt_end and new:
             edits.append((d.start, d.stmt_end, new))
-    out = pre
-    for a, b, new in sorted(edits, reverse=True):
-        if not any(a < b2 and a2 < b for a2, b2, _ in edits if (a2, b2) != (a, b)):
-            out = out[:a] + new + out[b:]
+    return _disjoint(edits)
+
+
+def _disjoint(edits: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """`edits` in order, without those that overlap an earlier one."""
+    out: list[tuple[int, int, str]] = []
+    for e in sorted(edits):
+        if not out or e[0] >= out[-1][1]:
+            out.append(e)
     return out
+
+
+def pre_offset(text: str, edits: list[tuple[int, int, str]], line: int, column: int) -> int:
+    """The offset in `pre` of clang's (line, byte column) in `text` = `_apply(pre, edits)`;
+    -1 inside an edit or outside the text."""
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+    if not 0 < line <= len(starts):
+        return -1
+    row = text[starts[line - 1]:].encode()[:column - 1].decode(errors="ignore")
+    off, shift = starts[line - 1] + len(row), 0
+    for a, b, new in edits:
+        if off < a + shift:
+            break
+        if off < a + shift + len(new):
+            return -1
+        shift += len(new) - (b - a)
+    return off - shift
+
+
+def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
+    for a, b, new in reversed(edits):
+        text = text[:a] + new + text[b:]
+    return text
 
 
 def _tg_reference(stmt: str, names: list[str]) -> str | None:
@@ -267,30 +301,48 @@ class _Where:
 
 
 # ------------------------------------------------------------------------------ the check
-def errors(pre: str, parsed: ParsedSource) -> list[str]:
-    """The hook of the simulator's build (compiler.py): `check` with its settings, or [] when
-    libclang is missing (warned once) or $METALFORGE_SIM_FRONTCHECK is 0."""
+def front_check(pre: str, parsed: ParsedSource) -> FrontResult:
+    """The hook of the simulator's build (compiler.py): `check` with its settings, the source
+    re-parsed when overloads were renamed; nothing found when libclang is missing (warned
+    once) or $METALFORGE_SIM_FRONTCHECK is 0."""
     if os.environ.get("METALFORGE_SIM_FRONTCHECK", "1") == "0" or not available():
-        return []
+        return FrontResult([], pre, parsed)
     from . import compiler as cc
     try:
-        return check(pre, parsed, tuple(cc._cxx_cmd()), (cc.torch_include(),),
-                     pch_folder=cc.cache_dir(), key=cc.shim_hash())
+        r = check(pre, parsed, tuple(cc._cxx_cmd()), (cc.torch_include(),),
+                  pch_folder=cc.cache_dir(), key=cc.shim_hash())
     except (_cindex().TranslationUnitLoadError, OSError) as e:
         # the checker failed, not the source: build without the check, saying so once
         _warn_once(f"metalforge.sim: libclang could not run the Metal front-end check "
                    f"({type(e).__name__}: {e}).")
-        return []
+        return FrontResult([], pre, parsed)
+    try:
+        r.parsed = parsed if r.pre == pre else parse(r.pre)
+    except ParseError:                  # never expected: the renames keep the text's shape
+        r.pre, r.parsed = pre, parsed
+    return r
+
+
+@dataclass
+class FrontResult:
+    """What the check found: Metal's errors, and the source for the build (`pre` with the
+    address-space overloads renamed, see frontoverloads.py) with its parse."""
+    errors: list[str]
+    pre: str
+    parsed: ParsedSource | None
 
 
 def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
           skip_files: tuple[str, ...] = (), pch_folder: Path | None = None,
-          key: str = "") -> list[str]:
+          key: str = "") -> FrontResult:
     """Errors (``file:line:col: error: message``) Metal's compiler would give for preprocessed
-    source `pre` (with its parsed kernels) and the simulator's C++ build would not.
-    `skip_files`: line-marker file prefixes that are not checked (torch's headers); with
-    `pch_folder`, the prelude is precompiled there (else parsed each time)."""
-    tu, head = _parse(_cindex(), check_text(pre, parsed), _args(cxx), pch_folder, key)
+    source `pre` (with its parsed kernels) and the simulator's C++ build would not, and `pre`
+    with its address-space overloads made distinct.  `skip_files`: line-marker file prefixes
+    that are not checked (torch's headers); with `pch_folder`, the prelude is precompiled there
+    (else parsed each time)."""
+    edits = check_edits(pre, parsed)
+    text = _apply(pre, edits)
+    tu, head = _parse(_cindex(), text, _args(cxx), pch_folder, key)
     where = _Where(pre, head)
     skip = (str(INCLUDE_DIR),) + tuple(skip_files)
     found: dict[tuple[str, int, int, str], None] = {}
@@ -302,8 +354,27 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
         _add(found, where, skip, loc, msg)
     for file, line, msg in _kernel_errors(parsed.kernels):
         found.setdefault((file, line, 0, msg))
-    return [f"{f}:{ln}:{c}: error: {m}" if c else f"{f}:{ln}: error: {m}"
-            for f, ln, c, m in sorted(found)]
+    errors = [f"{f}:{ln}:{c}: error: {m}" if c else f"{f}:{ln}: error: {m}"
+              for f, ln, c, m in sorted(found)]
+    return FrontResult(errors, _renamed(pre, text, edits, tu, head), None)
+
+
+def _renamed(pre: str, text: str, edits: list, tu, head: int) -> str:
+    """`pre` with the address-space overloads renamed (frontoverloads.py); a group that
+    cannot be renamed is warned about."""
+    found, collapsed = renames(tu, CHECK_NAME)
+    for name in collapsed:
+        _warn_once(f"metalforge.sim: the helper '{name}' is overloaded on address spaces only "
+                   f"and called with arguments that depend on a template parameter; the "
+                   f"simulator keeps one of its definitions for every call (Metal picks by "
+                   f"address space).")
+    out = []
+    for r in found:
+        off = pre_offset(text, edits, r.line - head, r.column)
+        if off < 0 or pre[off:off + len(r.old)] != r.old:
+            return pre
+        out.append((off, off + len(r.old), r.new))
+    return _apply(pre, sorted(set(out)))
 
 
 def _add(found: dict, where: _Where, skip: tuple[str, ...], loc, msg: str) -> None:

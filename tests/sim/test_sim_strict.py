@@ -256,4 +256,32 @@ def test_without_libclang_the_check_is_skipped_saying_what_to_install(monkeypatc
     frontcheck._warn_once.cache_clear()
     with pytest.warns(RuntimeWarning, match="pip install 'libclang>=18'"):
         assert not frontcheck.available()
-    assert frontcheck.errors("kernel void k() {}", None) == []
+    r = frontcheck.front_check("kernel void k() {}", None)
+    assert r.errors == [] and r.pre == "kernel void k() {}"
+
+
+OVERLOADS = HEAD + """
+float get(device float* p) { return 1.0f; }
+float get(threadgroup float* p) { return 2.0f; }
+float get(thread float* p) { return 3.0f; }
+float pick(constant float* p) { return 10.0f * p[0]; }
+float pick(device const float* p) { return 100.0f * p[0]; }
+namespace ns { float get(device float* p) { return 4.0f; } }
+kernel void k(device float* out [[buffer(0)]], constant float* c [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  threadgroup float buf[4];
+  float x = 0.0f;
+  device const float* d = out;
+  out[i] = get(out) + 10.0f * get(buf) + 100.0f * get(&x) + 1000.0f * ns::get(out)
+           + pick(c) + pick(d) * 0.0f;
+}
+"""
+
+
+def test_overloads_on_address_spaces_run_the_overload_metal_picks():
+    """get(device)/get(threadgroup)/get(thread) and pick(constant)/pick(device const) are one
+    C++ function each in the build; the check renames them apart as clang resolves them."""
+    lib = compile_shader(OVERLOADS)
+    out = torch.zeros(4)
+    lib.k(out, torch.tensor([2.0]))
+    torch.testing.assert_close(out, torch.full((4,), 1.0 + 20.0 + 300.0 + 4000.0 + 20.0))
