@@ -35,7 +35,7 @@ from pathlib import Path
 
 from .frontast import ast_errors
 from .frontoverloads import renames
-from .parse import STANDARD_ATTRS, LineMap, ParseError, ParsedSource, Signature, parse, tokenize
+from .parse import STANDARD_ATTRS, LineMap, _attr_list, ParseError, ParsedSource, Signature, parse, tokenize
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 CHECK_NAME = "metalforge_frontcheck.cpp"
@@ -161,15 +161,17 @@ def check_text(pre: str, parsed: ParsedSource | None = None) -> str:
 
 def check_edits(pre: str, parsed: ParsedSource | None = None) -> list[tuple[int, int, str]]:
     """The edits (start, end, new text) of `pre` that make `check_text`, in order."""
-    edits = []
+    edits, before = [], ""
     for t in tokenize(pre):
         if t.kind != "attr":
+            before = t.text
             continue
-        name = re.match(r"\s*(\w*)", t.text[2:-2]).group(1)
-        if t.text[2:-2].strip() == "kernel":
+        names = dict(_attr_list(t.text))
+        if "kernel" in names and before != "template":   # not in an explicit instantiation
             edits.append((t.start, t.end, _KERNEL_ATTR))
-        elif name not in STANDARD_ATTRS:
-            edits.append((t.start, t.end, "".join(c if c == "\n" else " " for c in t.text)))
+        elif not STANDARD_ATTRS.intersection(names):
+            text = pre[t.start:t.end]
+            edits.append((t.start, t.end, "".join(c if c == "\n" else " " for c in text)))
     for d in (parsed.tg_decls if parsed else []):
         new = _tg_reference(pre[d.start:d.stmt_end], d.names)
         if d.stmt_end and new:

@@ -285,3 +285,20 @@ def test_overloads_on_address_spaces_run_the_overload_metal_picks():
     out = torch.zeros(4)
     lib.k(out, torch.tensor([2.0]))
     torch.testing.assert_close(out, torch.full((4,), 1.0 + 20.0 + 300.0 + 4000.0 + 20.0))
+
+
+def test_kernel_attribute_lists():
+    """``[[kernel, max_total_threads_per_threadgroup(N)]]``: a kernel, with its thread limit."""
+    src = HEAD + """
+[[kernel, max_total_threads_per_threadgroup(64)]]
+void fill(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = float(i);
+}
+"""
+    lib = compile_shader(src)
+    assert lib.fill.max_threads_per_threadgroup == 64
+    out = torch.zeros(100)
+    lib.fill(out, group_size=64)
+    torch.testing.assert_close(out, torch.arange(100, dtype=torch.float32))
+    with pytest.raises(Exception, match="64"):
+        lib.fill(out, group_size=128)
