@@ -9,8 +9,12 @@ qualifiers with conversion and overload rules, against the full shim headers:
 
     device -> __global    constant -> __constant    threadgroup -> __local    thread -> __private
 
-Apple's Metal front end descends from clang's OpenCL support, so its address-space diagnostics
-are the same ones with Metal's names; `check` maps the spellings back.  OpenCL is not Metal,
+Apple's Metal compiler is clang-based and its address-space errors read like clang's with
+Metal's names, so `check` maps the spellings back (``__local float *`` -> ``threadgroup float
+*``).  For clang, a kernel-scope ``threadgroup`` array becomes a reference to one (an OpenCL
+``__local`` variable must sit in an OpenCL kernel, which cannot be a template), and bfloat's
+constructor from float is ``explicit`` (MSL converts float to bfloat only explicitly); renames
+of helpers overloaded on address spaces only come from frontoverloads.py.  OpenCL is not Metal,
 so only a chosen set of clang's diagnostics is reported (`_REPORTED`), and none that mentions
 ``__generic`` (OpenCL's catch-all space: what an unqualified pointer or ``this`` is there; Metal
 has no such space before MSL 4.1).  Every other clang error is ignored: the C++ build that
