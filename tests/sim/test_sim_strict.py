@@ -1,10 +1,13 @@
 """The simulator rejects what Apple's Metal compiler rejects and C++ accepts (issue #50): each
 rule has an invalid program, rejected with Metal's message at its line, and a corrected twin,
 which compiles and runs (all twins share one library, so one build)."""
+from pathlib import Path
+
 import pytest
 import torch
 
-from metalforge.sim import compile_shader, frontcheck
+from metalforge.sim import compile_shader, compiler, frontcheck
+from metalforge.sim.parse import parse
 
 pytestmark = pytest.mark.skipif(not frontcheck.available(), reason="libclang is not installed")
 
@@ -302,3 +305,28 @@ void fill(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
     torch.testing.assert_close(out, torch.arange(100, dtype=torch.float32))
     with pytest.raises(Exception, match="64"):
         lib.fill(out, group_size=128)
+
+
+GOLDEN = sorted((Path(__file__).resolve().parents[1] / "schedule" / "golden").glob("*.metal"))
+
+
+def _preprocessed(source: str, tmp: Path) -> str:
+    """`source` preprocessed as the simulator's build does (compiler.py, step 1)."""
+    (tmp / compiler.SOURCE_NAME).write_text(source)
+    r = compiler._run(compiler._cxx_cmd() + [
+        "-E", "-x", "c++", "-std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=320",
+        "-I", str(compiler._stub_dir()), "-I", compiler.torch_include(), compiler.SOURCE_NAME],
+        cwd=str(tmp))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_every_golden_kernel_passes_the_check(tmp_path):
+    """The kernels metalforge generates (tests/schedule/golden) are valid Metal: no error, and
+    nothing renamed."""
+    assert GOLDEN
+    for path in GOLDEN:
+        pre = _preprocessed(path.read_text(), tmp_path)
+        result = frontcheck.front_check(pre, parse(pre))
+        assert result.errors == [], (path.name, result.errors)
+        assert result.pre == pre, path.name
