@@ -330,3 +330,25 @@ def test_every_golden_kernel_passes_the_check(tmp_path):
         result = frontcheck.front_check(pre, parse(pre))
         assert result.errors == [], (path.name, result.errors)
         assert result.pre == pre, path.name
+
+
+def test_every_swizzle_without_repeats_reads_and_writes():
+    src = HEAD + """
+kernel void sw(device float4* v [[buffer(0)]], device float3* u [[buffer(1)]],
+               uint i [[thread_position_in_grid]]) {
+  float4 a = v[i];
+  a.wx = float2(10.0f, 20.0f);              // w = 10, x = 20
+  a.zyw = a.wzx;                            // (z, y, w) = (10, 3, 20)
+  float3 b = u[i];
+  b.bgr = b.rgb + float3(0.0f, 0.0f, 1.0f); // reversed, r + 1 into b
+  v[i] = a.argb;                            // (w, x, y, z)
+  u[i] = b;
+}
+"""
+    lib = compile_shader(src)
+    v = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    u = torch.tensor([[1.0, 2.0, 3.0, 0.0]])
+    lib.sw(v, u, threads=1)
+    # a = (20, 2, 3, 10) -> zyw = wzx = (10, 3, 20) -> a = (20, 3, 10, 20); argb = (20, 20, 3, 10)
+    assert v.tolist() == [[20.0, 20.0, 3.0, 10.0]]
+    assert u.tolist() == [[4.0, 2.0, 1.0, 0.0]]
