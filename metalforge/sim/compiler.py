@@ -7,7 +7,8 @@ Pipeline for one source (only on a cache miss):
    kernels are expanded; ``<metal_*>`` headers resolve to empty stand-ins here (the real shim
    comes in through the precompiled header in step 3);
 2. parse kernel signatures (parse.py), reject explicit casts between address spaces
-   (spaces.py) and apply the textual rewrites (rewrite.py);
+   (spaces.py) and what Metal's front end rejects (frontcheck.py, which also renames helper
+   overloads on address spaces apart) and apply the textual rewrites (rewrite.py);
 3. compile the rewritten text plus generated trampolines (trampoline.py) against the
    precompiled ``<metal_stdlib>`` shim into ``<key>.so``; the parsed signatures go to
    ``<key>.json`` next to it.
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from .. import cache
 from ..errors import MetalforgeError
+from .frontcheck import front_check
 from .parse import ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
 from .spaces import cast_errors as address_space_cast_errors
@@ -119,7 +121,8 @@ def _cxx_cmd() -> list[str]:
 # compiler.py imports (directly or through these) in this list; tests/sim/test_sim_cache_key.py
 # checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
 # editing them leaves the cache valid.
-KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py")
+KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py",
+               "frontcheck.py", "frontast.py", "frontoverloads.py")
 SIM_DIR = Path(__file__).resolve().parent
 
 
@@ -305,9 +308,11 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
             parsed = parse(pre)
         except ParseError as e:
             raise _syntax_error(str(e), source) from None
-        cast_errors = address_space_cast_errors(pre)
+        front = front_check(pre, parsed)
+        cast_errors = address_space_cast_errors(pre) or front.errors
         if cast_errors:
             raise _syntax_error("\n".join(cast_errors), source)
+        pre, parsed = front.pre, front.parsed
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
             raise _TooManyKernels(parsed.kernels)
         if kernels is not None:

@@ -735,7 +735,7 @@ class _Walker:
             k = close + 1
         decl = head[k:]
         is_kernel = any(t.kind == "id" and t.text == "kernel" for t in decl) or \
-            any(t.kind == "attr" and _attr_name(t.text)[0] == "kernel" for t in decl)
+            any(t.kind == "attr" and "kernel" in dict(_attr_list(t.text)) for t in decl)
         # function name: identifier before the parameter list's '('
         popen = next((j for j, t in enumerate(decl) if t.text == "("), None)
         if popen is None or popen == 0:
@@ -907,8 +907,7 @@ class _Walker:
     def _instantiation(self, head: list[Token], ns: list[str]) -> None:
         attrs = [t for t in head if t.kind == "attr"]
         host = None
-        for a in attrs:
-            an, arg = _attr_name(a.text)
+        for an, arg in (x for a in attrs for x in _attr_list(a.text)):
             if an == "host_name":
                 host = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', arg))
         if host is None:
@@ -1074,8 +1073,7 @@ def _take_concrete_types(params: list[SignatureParam], concrete: list[SignatureP
 def _max_total_threads(fd: _FuncDef, names: dict[str, str], where: str) -> int:
     """[[max_total_threads_per_threadgroup(N)]] (at most 1024), else 1024."""
     mtt = 1024
-    for a in fd.attrs:
-        an, arg = _attr_name(a)
+    for an, arg in (x for a in fd.attrs for x in _attr_list(a)):  # [[kernel, max_total...(N)]]
         if an == "max_total_threads_per_threadgroup":
             v = eval_int(arg, names)
             if v is None:

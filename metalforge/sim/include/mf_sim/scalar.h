@@ -88,11 +88,19 @@ template <class H> struct f16_arith<H, double> { using type = float; };
 // `static_cast<uint>(h)`, `if (h)`). Keeping the implicit path to float alone makes
 // `cond ? h : 0` a half, as in MSL. Known limit: `cond ? h : 1.0f` is ambiguous in C++ (each
 // side converts to the other); write `cond ? float(h) : 1.0f`.
+// MSL converts float to bfloat only explicitly; the simulator's C++ build keeps the
+// implicit constructor, and the simulator's front-end check (metalforge/sim/frontcheck.py)
+// defines MF_SIM_BF16_FROM_FLOAT as `explicit` to find the implicit conversions.
+#ifndef MF_SIM_BF16_FROM_FLOAT
+#define MF_SIM_BF16_FROM_FLOAT
+#endif
+#define MF_SIM_FROM_FLOAT_half
+#define MF_SIM_FROM_FLOAT_bfloat MF_SIM_BF16_FROM_FLOAT
 #define MF_SIM_F16_CLASS(NAME, TO_BITS, FROM_BITS, OTHER)                                        \
   struct NAME {                                                                                  \
     uint16_t mf_bits;                                                                            \
     NAME() = default;                                                                            \
-    constexpr NAME(float f) : mf_bits(metal::detail::TO_BITS(f)) {}                             \
+    constexpr MF_SIM_FROM_FLOAT_##NAME NAME(float f) : mf_bits(metal::detail::TO_BITS(f)) {}    \
     template <class T, std::enable_if_t<metal::detail::is_plain_arith_v<T> &&                    \
                                             !std::is_same<T, float>::value, int> = 0>            \
     constexpr NAME(T v) : mf_bits(metal::detail::TO_BITS(static_cast<float>(v))) {}            \
