@@ -2,14 +2,23 @@
 
 Threads run along the output's columns (every axis but the reduced one, the contiguous one
 fastest), so neighbouring threads read neighbouring addresses; each thread loops over the
-reduced axis. Two kernels in one library, chosen per call from the reduced length:
+reduced axis. Kernels of one library, chosen per call from the sizes:
 
 - ``column`` (reduced axis <= looped_limit): one thread per column, groups of threads_per_group
   columns, no threadgroup memory.
-- ``split`` (taller): a group holds 32 columns x rows_per_group slices; slice s takes positions
-  s, s + S, s + 2S, ... of the reduced axis; the partials meet in threadgroup memory and every
-  slice merges them in slice order (so argmax keeps the first index). One launch, no atomics and
-  no second pass; the price is parallelism limited to ceil(columns / 32) groups.
+- ``split`` (longer): a group holds 32 columns x rows_per_group slices; slice s takes positions
+  s, s + S, s + 2S, ... of its stretch of the reduced axis, reads_per_thread positions at once
+  (whole steps unrolled, so that many loads are in flight; the stretch's last rows one at a
+  time, guarded); the partials meet in threadgroup memory and every slice merges them in slice
+  order (so argmax keeps the first index).
+- ``combine`` (built for *chunked* graphs: one phase, every output one value per column): where
+  the column blocks alone would leave the GPU idle (fewer than fill_groups groups), the split
+  kernel's grid also splits the reduced axis into chunks of at least chunk_rows positions
+  (`ColumnSchedule.chunk_rows`, a launch parameter): group g takes column block g % blocks
+  and chunk g / blocks, and writes its fp32 partials (and argmax indices, as their bits) to
+  the scratch buffer; a second launch, one thread per column, merges the chunks' partials in
+  chunk order (deterministic; argmax keeps the first index) and stores the outputs. With one
+  chunk the split kernel stores the outputs itself.
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
@@ -18,11 +27,11 @@ that keep the reduced axis (softmax over a column).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .. import ir
 from ..graph import Graph, Node
-from .base import IDX, make_kernel
+from .base import IDX, Step, make_kernel
 from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
 from .policy import LaunchPolicy, SIMD_WIDTH
@@ -30,14 +39,24 @@ from .row import RowSchedule
 from . import reduce
 
 VARIANTS = ("column", "split")
+CHUNK_ROWS = "chunk_rows"                 # the launch parameter: rows per chunk
 
 
 @dataclass
 class ColumnSchedule(RowSchedule):
     """Same interface as RowSchedule: `rows` are the column axes, `axis` the reduced one."""
 
+    partials: int = 0                     # chunked graphs: fp32 values per column and chunk
+
     def variant(self, sizes: Mapping[str, int]) -> str:
         return "split" if sizes[self.axis] > self.policy.looped_limit else "column"
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """Reduced lengths where the kernel or its chunking changes (`check`'s boundaries):
+        the split kernel's first, one chunk's worth and a partial second chunk."""
+        p = self.policy
+        return (p.looped_limit, p.chunk_rows, 2 * p.chunk_rows + 3)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         reduce.check_sizes(self.graph, self.reductions, sizes)
@@ -50,22 +69,81 @@ class ColumnSchedule(RowSchedule):
         kernel: ir.LoweredKernel = self.variants[self.variant(sizes)]
         return kernel.host_name
 
+    def chunk_rows(self, sizes: Mapping[str, int]) -> int:
+        """Positions of the reduced axis per chunk (the whole axis: one chunk): chunks enough
+        that blocks x chunks reach fill_groups, each at least chunk_rows long, a whole number
+        of the group's unrolled steps (rows_per_group x reads_per_thread)."""
+        r, p = sizes[self.axis], self.policy
+        if not self.partials or self.variant(sizes) != "split" or not p.fill_groups:
+            return max(1, r)
+        blocks = -(-self._rows(sizes) // SIMD_WIDTH)
+        want = min(-(-p.fill_groups // max(1, blocks)), -(-r // p.chunk_rows))
+        if want <= 1:
+            return r
+        step = p.rows_per_group * p.reads_per_thread
+        return -(-(-(-r // want)) // step) * step
+
+    def chunks(self, sizes: Mapping[str, int]) -> int:
+        return -(-max(1, sizes[self.axis]) // self.chunk_rows(sizes))
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         cols = self._rows(sizes)
         p = self.policy
         if self.variant(sizes) == "column":
             return cols, max(1, min(p.threads_per_group, cols))
-        groups = -(-cols // SIMD_WIDTH)
+        groups = -(-cols // SIMD_WIDTH) * self.chunks(sizes)
         return groups * p.threads_per_group, p.threads_per_group
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        first = (Step(self.host_name(sizes), *self.launch(sizes)),)
+        if self.chunks(sizes) == 1:
+            return first
+        cols = self._rows(sizes)
+        group = max(1, min(self.policy.threads_per_group, cols))
+        return first + (Step(self.variants["combine"].host_name, cols, group),)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        chunks = self.chunks(sizes)
+        return 0 if chunks == 1 else self.partials * chunks * self._rows(sizes)
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == CHUNK_ROWS:
+            return self.chunk_rows(sizes)
+        raise KeyError(name)
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
     return _Builder(graph, policy, index64).build()
 
 
+def _bits(e: ir.Expr, frm: str, to: str) -> ir.Expr:
+    """A 4-byte value of type `frm` as type `to`, bit for bit (partials in fp32 scratch)."""
+    return e if frm == to else ir.Call(f"as_type<{to}>", (e,))
+
+
 class _Builder(reduce.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
         super().__init__(graph, policy, index64, graph.reductions()[0].attr[1], "col", "column")
+        reds = reduce.phases(graph, online=True)
+        # one phase, every output one value per column: the split kernel may chunk the axis
+        self.chunked = max(r.phase for r in reds) == 0 and \
+            all(self.axis not in o.axes for o in graph.outputs)
+        self.slots = self.partial_slots(reds) if self.chunked else []
+
+    @staticmethod
+    def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
+        """(variable, MSL type) of each value a chunk leaves in scratch, per column: every
+        accumulator, argmax/argmin's index, an online max's running sum."""
+        out: list[tuple[str, str]] = []
+        for r in reds:
+            if r.online_max is not None:
+                continue
+            out.append((r.acc, r.acc_type))
+            if r.has_index:
+                out.append((r.idx, "uint"))
+            if r.online_sum is not None:
+                out.append((r.online_sum.acc, "float"))
+        return out
 
     def bases(self, name: str, axes: tuple[str, ...]) -> tuple[ir.Expr, ir.Expr]:
         """(offset of this column's element at position 0 of the reduced axis, stride of the
@@ -109,6 +187,8 @@ class _Builder(reduce.Builder):
         return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        if v.name == "combine":
+            return self.combine_kernel(v)
         graph = self.graph
         split = v.name == "split"
         slices = self.policy.rows_per_group if split else 1
@@ -133,26 +213,25 @@ class _Builder(reduce.Builder):
                 v.main += self.combine_slices(v, rs, slices)
             for r in rs:
                 v.row_values.values[r.node] = reduce.result(r)
+        start = len(v.main)
         self.epilogue(v, slices)
+        if split and self.chunked:
+            v.main[start:] = self.chunk_exit(v.main[start:])
         threads, head = self.header(v.name, slices)
         summary = (f"{graph.name} ({v.name}): reduces '{self.axis}' (not innermost) for each "
                    f"column of [{', '.join(self.outer)}] in {nph} phase(s); " +
                    (f"32 columns x {slices} slices per threadgroup, partials merged in threadgroup "
-                    f"memory" if split else "one thread per column, looping over the axis") +
+                    f"memory" + ("; several chunks of the axis: partials to scratch"
+                                 if self.chunked else "")
+                    if split else "one thread per column, looping over the axis") +
                    "; fp32 accumulation, compensated sums")
         body = list(v.tg_arrays) + head + v.pre + v.main
         return make_kernel(graph, self.index64, threads, body, summary, v.name)
 
-    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
-             outs: list[int],
-             slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-        """(column values computed before it, the loop over this thread's positions of the
-        reduced axis): element values, folded into `rs`, outputs `outs` stored."""
-        graph, split = self.graph, v.name == "split"
-        tensors, frontier = self.cone(roots)
-        for t in tensors:
-            v.passes[t] = v.passes.get(t, 0) + 1
-        pre = v.row_values.lower(frontier)
+    def element_body(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+                     outs: list[int], frontier: list[Node]) -> list[ir.Stmt]:
+        """Element mf_k's values, folded into `rs`, outputs `outs` stored."""
+        graph = self.graph
         el = ElementLowering(graph, self.col_load, self.el_position, self.size,
                              lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
@@ -164,16 +243,43 @@ class _Builder(reduce.Builder):
             body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
                                                             graph.outputs[k].axes),
                                  self.out_value(k, el)))
-        k_expr: ir.Expr = ir.Var("mf_i")
-        if split:
-            k_expr = ir.Var("mf_i") * ir.Lit(slices, "uint") + ir.Var("mf_slice")
-        inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k_expr)]
-        if split:
-            inner.append(ir.If(ir.Cast(IDX, ir.Var("mf_k")) < self.size(self.axis), body))
-        else:
-            inner += body
-        stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
-        return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
+        return body
+
+    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+             outs: list[int],
+             slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(column values computed before it, the loop over this thread's positions of the
+        reduced axis): element values, folded into `rs`, outputs `outs` stored."""
+        tensors, frontier = self.cone(roots)
+        for t in tensors:
+            v.passes[t] = v.passes.get(t, 0) + 1
+        pre = v.row_values.lower(frontier)
+        if v.name != "split":
+            inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_i"))]
+            inner += self.element_body(v, roots, rs, outs, frontier)
+            return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"),
+                                ir.Cast("uint", self.size(self.axis)), inner)]
+        # split: whole steps of slices x reads rows unrolled (reads loads in flight a thread),
+        # then the stretch's last rows one at a time, guarded
+        reads = self.policy.reads_per_thread
+        i, u, k0 = ir.Var("mf_i"), ir.Var("mf_u"), ir.Var("mf_k0")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        pos = (i * r_lit + u) * s_lit + ir.Var("mf_slice")
+        whole = ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit,
+                       [ir.Decl("mf_k", "uint", k0 + pos)] +
+                       self.element_body(v, roots, rs, outs, frontier), unroll=True)
+        k = k0 + i * s_lit + ir.Var("mf_slice")
+        tail = [ir.Decl("mf_k", "uint", k),
+                ir.If(ir.Var("mf_k") < ir.Var("mf_k1"),
+                      self.element_body(v, roots, rs, outs, frontier))]
+        n = ir.Var("mf_k1") - k0
+        steps = (n + ir.Lit(slices - 1, "uint")) / s_lit
+        return pre, [
+            ir.Comment(f"whole steps: {reads} rows a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"),
+                   [whole]),
+            ir.Comment("the stretch's last rows, one at a time"),
+            ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit, steps, tail)]
 
     def combine_slices(self, v: reduce.Variant, rs: list[reduce.Reduction],
                        slices: int) -> list[ir.Stmt]:
@@ -190,9 +296,22 @@ class _Builder(reduce.Builder):
                 v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", tpg, "threadgroup"))
                 stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), ir.Var("mf_lid")),
                                         ir.Var(r.idx)))
+        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+        resets, merges = self.merges(
+            rs, lambda name: ir.Lane(ir.Var(name.replace("mf_acc", "mf_tg")
+                                            .replace("mf_arg", "mf_tgi")), slot))
+        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
+                           f"memory, in slice order"),
+                *stores, ir.Barrier(), *resets,
+                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
+
+    @staticmethod
+    def merges(rs: list[reduce.Reduction], other: Callable[[str], ir.Expr]
+               ) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(accumulators reset to their identity, merges of another partial into them): the
+        other partial's accumulator named `n` read as `other(n)`."""
         resets: list[ir.Stmt] = []
         merges: list[ir.Stmt] = []
-        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
         for r in rs:
             if r.online_max is not None:
                 continue
@@ -201,16 +320,68 @@ class _Builder(reduce.Builder):
                 resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(reduce.SENTINEL, "uint")))
             if r.online_sum is not None:
                 resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
-                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                    ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
+                merges += reduce.merge(r, other(r.acc), other(r.online_sum.acc))
             else:
-                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                    ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
-                                    if r.has_index else None)
-        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
-                           f"memory, in slice order"),
-                *stores, ir.Barrier(), *resets,
-                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
+                merges += reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
+        return resets, merges
+
+    def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
+        """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
+        then chunk, then column (neighbouring columns side by side)."""
+        ncols = self.span(self.outer)
+        row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
+        return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
+
+    def chunk_exit(self, epilogue: list[ir.Stmt]) -> list[ir.Stmt]:
+        """The split kernel of a chunked graph: one chunk stores the outputs (`epilogue`);
+        several store their partials to scratch for the combine kernel."""
+        chunks = ir.Var("mf_chunks")
+        stores: list[ir.Stmt] = [
+            ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks),
+                     _bits(ir.Var(name), typ, "float"))
+            for q, (name, typ) in enumerate(self.slots)]
+        return [ir.If(chunks.eq(ir.Lit(1, "uint")), epilogue, [
+            ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
+            ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
+
+    def combine_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        """One thread per column: the chunks' partials merged in chunk order (float sums
+        compensated: a thousand chunks are a long sequential sum), then the column's
+        outputs."""
+        reds = reduce.phases(self.graph, online=True, compensated=True)
+        self.helpers |= reduce.helpers_of(reds, simd=False)
+        chunks = ir.Var("mf_chunks")
+        own = {name: i for i, (name, _) in enumerate(self.slots)}
+        loads = [ir.Decl(f"mf_p{q}", typ, _bits(ir.Load("mf_scratch", self.scratch_at(
+            q, ir.Var("mf_c"), chunks)), "float", typ)) for q, (_, typ) in enumerate(self.slots)]
+        merges: list[ir.Stmt] = []
+        for r in reds:
+            if r.compensated and r.online_max is None:
+                merges += reduce.update(r, ir.Var(f"mf_p{own[r.acc]}"), ir.Var("mf_c"))
+            else:
+                merges += self.merges([r], lambda name: ir.Var(f"mf_p{own[name]}"))[1]
+        decls: list[ir.Stmt] = []
+        for r in reds:
+            decls += reduce.declare(r)
+        v.main += [ir.Comment("merge the chunks' partials, in chunk order"), *decls,
+                   self.chunk_count(),
+                   ir.For("mf_c", "uint", ir.Lit(0, "uint"), chunks, loads + merges),
+                   *reduce.finish(reds)]
+        for r in reds:
+            v.row_values.values[r.node] = reduce.result(r)
+        self.epilogue(v, 1)
+        threads, head = self.header("column", 1)
+        summary = (f"{self.graph.name} (combine): merges the fp32 partials the split kernel's "
+                   f"chunks of '{self.axis}' left in scratch, one thread per column, in chunk "
+                   f"order, then stores the outputs")
+        return make_kernel(self.graph, self.index64, threads, head + v.pre + v.main, summary,
+                           v.name)
+
+    def chunk_count(self) -> ir.Decl:
+        """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""
+        r = ir.Cast("uint", self.size(self.axis))
+        return ir.Decl("mf_chunks", "uint", (r - ir.Lit(1, "uint")) / ir.Var("mf_chunk_rows")
+                       + ir.Lit(1, "uint"))
 
     def epilogue(self, v: reduce.Variant, slices: int) -> None:
         """Outputs along the column in one more loop; one value per column stored once."""
@@ -245,22 +416,52 @@ class _Builder(reduce.Builder):
                      ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])])
         threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+        r = ir.Cast("uint", self.size(self.axis))
         head: list[ir.Stmt] = [
             ir.Comment(f"32 columns x {slices} slices of the reduced axis per threadgroup"),
             ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
-            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint"))]
+        if self.chunked:
+            blocks = (ir.Cast("uint", ncols) + ir.Lit(SIMD_WIDTH - 1, "uint")) / \
+                ir.Lit(SIMD_WIDTH, "uint")
+            k0 = ir.Var("mf_chunk") * ir.Var("mf_chunk_rows")
+            head += [
+                ir.Comment("the group's block of 32 columns and chunk of the reduced axis "
+                           "(rows mf_k0 to mf_k1)"),
+                self.chunk_count(),
+                ir.Decl("mf_blocks", "uint", blocks),
+                ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_blocks")),
+                ir.Decl("mf_chunk", "uint", ir.Var("mf_group") / ir.Var("mf_blocks")),
+                ir.Decl("mf_k0", "uint", k0),
+                ir.Decl("mf_k1", "uint", ir.Var("mf_k0") + ir.Call("min", (
+                    r - ir.Var("mf_k0"), ir.Var("mf_chunk_rows"))))]
+        else:
+            head += [ir.Comment("the group's block of 32 columns, the whole reduced axis"),
+                     ir.Decl("mf_block", "uint", ir.Var("mf_group")),
+                     ir.Decl("mf_k0", "uint", ir.Lit(0, "uint")),
+                     ir.Decl("mf_k1", "uint", r)]
+        head += [
             ir.Decl("mf_col", "uint",
-                    ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
+                    ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
             ir.Comment("threads past the last column still take part in the barriers"),
-            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
-            ir.Decl("mf_steps", "uint", (ir.Cast("uint", self.size(self.axis)) +
-                                         ir.Lit(slices - 1, "uint")) / ir.Lit(slices, "uint"))]
+            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
         return threads, head
 
     def build(self) -> ColumnSchedule:
-        kernels, passes, tgb = self.variants(VARIANTS, "; lower rows_per_group")
+        names = VARIANTS + (("combine",) if self.chunked else ())
+        kernels, passes, tgb = self.variants(names, "; lower rows_per_group")
+        if self.chunked:
+            params = kernels["column"].params
+            extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",),
+                                 True),
+                     ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
+                                 ("launch", CHUNK_ROWS), cast="int32"))
+            for k in kernels.values():
+                k.params = params + extra
+        passes.pop("combine", None)
         policy = replace(self.policy, threadgroup_bytes=tgb)
         return ColumnSchedule("column", self.graph, policy, kernels["column"],
                               tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,
                               rows=self.outer, variants=kernels,
-                              reductions=reduce.phases(self.graph, online=False), passes=passes)
+                              reductions=reduce.phases(self.graph, online=False), passes=passes,
+                              partials=len(self.slots))
