@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from .. import ir
-from ..graph import Graph, Node
+from ..graph import Graph, Node, Op
 from .base import IDX, Step, make_kernel
 from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
@@ -47,9 +47,29 @@ class ColumnSchedule(RowSchedule):
     """Same interface as RowSchedule: `rows` are the column axes, `axis` the reduced one."""
 
     partials: int = 0                     # chunked graphs: fp32 values per column and chunk
+    wide: int = 1                         # columns a thread of the `wide` kernel takes
+    inner: str = ""                       # the columns' innermost axis (wide: a multiple of it)
 
     def variant(self, sizes: Mapping[str, int]) -> str:
-        return "split" if sizes[self.axis] > self.policy.looped_limit else "column"
+        if sizes[self.axis] <= self.policy.looped_limit:
+            return "column"
+        return "wide" if "wide" in self.variants and sizes[self.inner] % self.wide == 0 \
+            else "split"
+
+    def columns_per_thread(self, sizes: Mapping[str, int]) -> int:
+        return self.wide if self.variant(sizes) == "wide" else 1
+
+    def selecting(self, host: str) -> list[dict[str, int]]:
+        """Sizes that run the split and wide kernels (`check`): the columns' innermost axis
+        a multiple of the wide kernel's columns or not, one chunk or several."""
+        if "wide" not in self.variants:
+            return []
+        long = {self.axis: 2 * self.policy.chunk_rows + 3}
+        if host == self.variants["wide"].host_name:
+            return [{**long, self.inner: 8 * self.wide}]
+        if host == self.variants["split"].host_name:
+            return [{**long, self.inner: 8 * self.wide + 1}]
+        return []
 
     @property
     def thresholds(self) -> tuple[int, ...]:
@@ -74,9 +94,9 @@ class ColumnSchedule(RowSchedule):
         that blocks x chunks reach fill_groups, each at least chunk_rows long, a whole number
         of the group's unrolled steps (rows_per_group x reads_per_thread)."""
         r, p = sizes[self.axis], self.policy
-        if not self.partials or self.variant(sizes) != "split" or not p.fill_groups:
+        if not self.partials or self.variant(sizes) == "column" or not p.fill_groups:
             return max(1, r)
-        blocks = -(-self._rows(sizes) // SIMD_WIDTH)
+        blocks = -(-self._rows(sizes) // (SIMD_WIDTH * self.columns_per_thread(sizes)))
         want = min(-(-p.fill_groups // max(1, blocks)), -(-r // p.chunk_rows))
         if want <= 1:
             return r
@@ -91,7 +111,7 @@ class ColumnSchedule(RowSchedule):
         p = self.policy
         if self.variant(sizes) == "column":
             return cols, max(1, min(p.threads_per_group, cols))
-        groups = -(-cols // SIMD_WIDTH) * self.chunks(sizes)
+        groups = -(-cols // (SIMD_WIDTH * self.columns_per_thread(sizes))) * self.chunks(sizes)
         return groups * p.threads_per_group, p.threads_per_group
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
@@ -129,6 +149,23 @@ class _Builder(reduce.Builder):
         self.chunked = max(r.phase for r in reds) == 0 and \
             all(self.axis not in o.axes for o in graph.outputs)
         self.slots = self.partial_slots(reds) if self.chunked else []
+        self.inner = self.outer[-1] if self.outer else ""
+        self.wide = self.wide_columns(graph, policy)
+
+    def wide_columns(self, graph: Graph, policy: LaunchPolicy) -> int:
+        """Columns a thread of the `wide` kernel takes (vector_width; 1: no wide kernel): for
+        chunked graphs without gathers or index expressions whose every loaded tensor has the
+        reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
+        columns are one aligned vector of each), as has every output."""
+        c = policy.vector_width
+        if c == 1 or not self.chunked or not self.inner:
+            return 1
+        if any(n.op in (Op.TAKE, Op.INDEX) for n in self.nodes):
+            return 1
+        for t in self.inputs:
+            if self.axis not in t.axes or (self.inner in t.axes and t.axes[-1] != self.inner):
+                return 1
+        return c if all(o.axes[-1] == self.inner for o in graph.outputs) else 1
 
     @staticmethod
     def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
@@ -189,6 +226,8 @@ class _Builder(reduce.Builder):
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
         if v.name == "combine":
             return self.combine_kernel(v)
+        if v.name == "wide":
+            return self.wide_kernel(v)
         graph = self.graph
         split = v.name == "split"
         slices = self.policy.rows_per_group if split else 1
@@ -265,9 +304,7 @@ class _Builder(reduce.Builder):
         i, u, k0 = ir.Var("mf_i"), ir.Var("mf_u"), ir.Var("mf_k0")
         s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
         pos = (i * r_lit + u) * s_lit + ir.Var("mf_slice")
-        whole = ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit,
-                       [ir.Decl("mf_k", "uint", k0 + pos)] +
-                       self.element_body(v, roots, rs, outs, frontier), unroll=True)
+        whole: list[ir.Stmt] = self.whole_step(v, roots, rs, outs, frontier, k0 + pos)
         k = k0 + i * s_lit + ir.Var("mf_slice")
         tail = [ir.Decl("mf_k", "uint", k),
                 ir.If(ir.Var("mf_k") < ir.Var("mf_k1"),
@@ -277,9 +314,167 @@ class _Builder(reduce.Builder):
         return pre, [
             ir.Comment(f"whole steps: {reads} rows a thread at once"),
             ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"),
-                   [whole]),
+                   whole),
             ir.Comment("the stretch's last rows, one at a time"),
             ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit, steps, tail)]
+
+    def whole_step(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+                   outs: list[int], frontier: list[Node], k: ir.Expr) -> list[ir.Stmt]:
+        """One whole step of the split loop: reads_per_thread elements (mf_u), position `k`.
+        Folding into reductions, every element's value is computed first (its loads issued
+        together, into register arrays mf_e<i>[reads]), then folded in order: the folds'
+        dependency chain does not hold back the next loads."""
+        reads = self.policy.reads_per_thread
+        each = [r for r in rs if r.online_max is None]
+        u = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), [], unroll=True)
+        if not each or outs:
+            u.body = [ir.Decl("mf_k", "uint", k)] + \
+                self.element_body(v, roots, rs, outs, frontier)
+            return [u]
+        el = ElementLowering(self.graph, self.col_load, self.el_position, self.size,
+                             lambda s: self.names[s], prefix="mf_v")
+        for n in frontier:
+            el.values[n] = v.row_values.value(n)
+        u.body = [ir.Decl("mf_k", "uint", k)] + el.lower(roots) + [
+            ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.acc_value(el, r))
+            for r in each]
+        self.helpers |= el.helpers
+        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
+            else []
+        for r in each:
+            fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")),
+                                  ir.Var("mf_k"))
+        return [ir.Comment(f"{reads} elements' values first (their loads together), then "
+                           f"their folds"),
+                *[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for r in each],
+                u, ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
+                          unroll=True)]
+
+    # -- the wide kernel: several adjacent columns a thread ---------------------------------
+    @staticmethod
+    def copies(reds: list[reduce.Reduction], j: int) -> list[reduce.Reduction]:
+        """The reductions of a thread's column j (accumulators numbered apart: mf_acc<i>)."""
+        out = [replace(r, i=r.i + j * len(reds)) for r in reds]
+        twin = {id(r): o for r, o in zip(reds, out)}
+        for r, o in zip(reds, out):
+            o.online_sum = twin[id(r.online_sum)] if r.online_sum is not None else None
+            o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
+        return out
+
+    def wide_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        """The split kernel of chunked graphs, `wide` adjacent columns a thread: each row's
+        elements of them one vector load per tensor, each column its own accumulators."""
+        c, slices = self.wide, self.policy.rows_per_group
+        reds = reduce.phases(self.graph, online=True, compensated=True)
+        self.helpers |= reduce.helpers_of(reds, simd=False)
+        per = tuple(self.copies(reds, j) for j in range(c))
+        roots = [r.arg for r in reds if r.online_max is None]
+        tensors, frontier = self.cone(roots)
+        for t in tensors:
+            v.passes[t] = 1
+        v.main.append(ir.Comment(f"phase 1, each of the thread's {c} columns: " + ", ".join(
+            f"{r.kind} over {r.axis}" for r in reds if r.online_max is None)))
+        v.main += v.row_values.lower(frontier)
+        for rs in per:
+            for r in rs:
+                v.main += reduce.declare(r)
+        reads, i, k0 = self.policy.reads_per_thread, ir.Var("mf_i"), ir.Var("mf_k0")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        n = ir.Var("mf_k1") - k0
+        whole = self.wide_rows(v, roots, per, frontier,
+                               k0 + (i * r_lit + ir.Var("mf_u")) * s_lit + ir.Var("mf_slice"),
+                               reads)
+        k = k0 + i * s_lit + ir.Var("mf_slice")
+        tail = [ir.If(k < ir.Var("mf_k1"), self.wide_rows(v, roots, per, frontier, k, 1))]
+        v.main.append(ir.If(ir.Var("mf_live"), [
+            ir.Comment(f"whole steps: {reads} rows a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"), whole),
+            ir.Comment("the stretch's last rows, one at a time"),
+            ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit,
+                   (n + ir.Lit(slices - 1, "uint")) / s_lit, tail)]))
+        flat = [r for rs in per for r in rs]
+        v.main += reduce.finish(flat)
+        v.main += self.combine_slices(v, flat, slices)
+        v.main += self.chunk_exit(self.wide_outputs(per), per)
+        threads, head = self.header(v.name, slices)
+        summary = (f"{self.graph.name} (wide): reduces '{self.axis}' (not innermost) for each "
+                   f"column of [{', '.join(self.outer)}]; 32 threads x {c} adjacent columns "
+                   f"(one vector load a row) x {slices} slices per threadgroup, partials merged "
+                   f"in threadgroup memory, several chunks of the axis: partials to scratch; "
+                   f"fp32 accumulation, compensated sums")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(self.graph, self.index64, threads, body, summary, v.name)
+
+    def wide_rows(self, v: reduce.Variant, roots: list[Node],
+                  per: tuple[list[reduce.Reduction], ...], frontier: list[Node], k: ir.Expr,
+                  reads: int) -> list[ir.Stmt]:
+        """`reads` rows (mf_u) at position `k`: each tensor's vector of the thread's columns
+        loaded, every column's element values computed (into register arrays mf_e<i>), then
+        folded in order."""
+        c = self.wide
+        tensors, _ = self.cone(roots)
+        u = ir.Var("mf_u")
+        each = [[r for r in rs if r.online_max is None] for rs in per]
+        loads: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)]
+        for name in tensors:
+            t = self.graph.tensor(name)
+            if self.inner in t.axes:
+                st = self.in_stype(t)
+                loads.append(ir.Decl(f"mf_w_{name}", ir.vector_type(st, c), ir.Load(
+                    self.names[name], self.at(name, t.axes), c, st)))
+        for j in range(c):
+            el = self.column_lowering(j, "mf_v")
+            for nd in frontier:
+                el.values[nd] = v.row_values.value(nd)
+            body = el.lower(roots)
+            self.helpers |= el.helpers
+            body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.acc_value(el, r))
+                     for r in each[j]]
+            loads.append(ir.Block([ir.Comment(f"column {j}")] + body))
+        index = any(r.has_index for r in each[0])
+        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if index else []
+        for rs in each:
+            for r in rs:
+                fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), u), ir.Var("mf_k"))
+        return [*[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for rs in each for r in rs],
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), loads,
+                       unroll=True),
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
+                       unroll=True)]
+
+    def column_lowering(self, j: int, prefix: str) -> ElementLowering:
+        """Lowering of values of the thread's column j (wide kernel): a tensor with the
+        columns' innermost axis read from lane j of its loaded vector mf_w_<t>."""
+        def load(n: Node) -> ir.Expr:
+            t = self.graph.tensor(n.attr)
+            if self.axis in t.axes and self.inner in t.axes:
+                return ir.Cast(compute_type(t.dtype),
+                               ir.Lane(ir.Var(f"mf_w_{t.name}"), ir.Lit(j, "uint")))
+            return self.col_load(n)
+
+        def position(axis: str) -> ir.Expr:
+            return self.el_position(axis)
+        return ElementLowering(self.graph, load, position, self.size,
+                               lambda s: self.names[s], prefix=prefix)
+
+    def wide_outputs(self, per: tuple[list[reduce.Reduction], ...]) -> list[ir.Stmt]:
+        """The outputs of each of the thread's columns (slice 0 stores them)."""
+        graph = self.graph
+        out: list[ir.Stmt] = [ir.Comment("epilogue: the columns' results")]
+        for j, rs in enumerate(per):
+            el = self.column_lowering(j, f"mf_r{j}_")
+            for r in rs:
+                el.values[r.node] = reduce.result(r)
+            body = el.lower([o.node for o in graph.outputs])
+            self.helpers |= el.helpers
+            stores: list[ir.Stmt] = [
+                ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes) +
+                         ir.Lit(j, IDX) if j else self.at(self.out_names[k], o.axes),
+                         self.out_value(k, el))
+                for k, o in enumerate(graph.outputs)]
+            out.append(ir.Block(body + [ir.If(ir.Var("mf_live").and_(
+                ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
+        return out
 
     def combine_slices(self, v: reduce.Variant, rs: list[reduce.Reduction],
                        slices: int) -> list[ir.Stmt]:
@@ -332,14 +527,20 @@ class _Builder(reduce.Builder):
         row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
         return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
 
-    def chunk_exit(self, epilogue: list[ir.Stmt]) -> list[ir.Stmt]:
+    def chunk_exit(self, epilogue: list[ir.Stmt],
+                   columns: tuple[list[reduce.Reduction], ...] = ()) -> list[ir.Stmt]:
         """The split kernel of a chunked graph: one chunk stores the outputs (`epilogue`);
-        several store their partials to scratch for the combine kernel."""
+        several store their partials to scratch for the combine kernel (the wide kernel:
+        column j's from the reductions `columns[j]`)."""
         chunks = ir.Var("mf_chunks")
-        stores: list[ir.Stmt] = [
-            ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks),
-                     _bits(ir.Var(name), typ, "float"))
-            for q, (name, typ) in enumerate(self.slots)]
+        stores: list[ir.Stmt] = []
+        for j, rs in enumerate(columns) if columns else [(0, [])]:
+            slots = self.partial_slots(rs) if columns else self.slots
+            stores += [ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
+                                ir.Lit(j, IDX) if j else
+                                self.scratch_at(q, ir.Var("mf_chunk"), chunks),
+                                _bits(ir.Var(name), typ, "float"))
+                       for q, (name, typ) in enumerate(slots)]
         return [ir.If(chunks.eq(ir.Lit(1, "uint")), epilogue, [
             ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
             ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
@@ -410,7 +611,7 @@ class _Builder(reduce.Builder):
     def header(self, variant: str, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing the thread on its column and slice)."""
         ncols = self.span(self.outer)
-        if variant != "split":
+        if variant not in ("split", "wide"):
             return ((ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),),
                     [ir.Comment("one thread per column"),
                      ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])])
@@ -418,16 +619,18 @@ class _Builder(reduce.Builder):
                    ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
         r = ir.Cast("uint", self.size(self.axis))
         head: list[ir.Stmt] = [
-            ir.Comment(f"32 columns x {slices} slices of the reduced axis per threadgroup"),
+            ir.Comment(f"32 x {self.wide if variant == 'wide' else 1} columns x {slices} "
+                       f"slices of the reduced axis per threadgroup"),
             ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
             ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint"))]
+        c = self.wide if variant == "wide" else 1
         if self.chunked:
-            blocks = (ir.Cast("uint", ncols) + ir.Lit(SIMD_WIDTH - 1, "uint")) / \
-                ir.Lit(SIMD_WIDTH, "uint")
+            blocks = (ir.Cast("uint", ncols) + ir.Lit(SIMD_WIDTH * c - 1, "uint")) / \
+                ir.Lit(SIMD_WIDTH * c, "uint")
             k0 = ir.Var("mf_chunk") * ir.Var("mf_chunk_rows")
             head += [
-                ir.Comment("the group's block of 32 columns and chunk of the reduced axis "
-                           "(rows mf_k0 to mf_k1)"),
+                ir.Comment(f"the group's block of {SIMD_WIDTH * c} columns and chunk of the "
+                           f"reduced axis (rows mf_k0 to mf_k1)"),
                 self.chunk_count(),
                 ir.Decl("mf_blocks", "uint", blocks),
                 ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_blocks")),
@@ -440,15 +643,19 @@ class _Builder(reduce.Builder):
                      ir.Decl("mf_block", "uint", ir.Var("mf_group")),
                      ir.Decl("mf_k0", "uint", ir.Lit(0, "uint")),
                      ir.Decl("mf_k1", "uint", r)]
+        col: ir.Expr = ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+        if c > 1:
+            head.append(ir.Comment(f"each thread {c} adjacent columns, from mf_col"))
+            col = col * ir.Lit(c, "uint")
         head += [
-            ir.Decl("mf_col", "uint",
-                    ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
+            ir.Decl("mf_col", "uint", col),
             ir.Comment("threads past the last column still take part in the barriers"),
             ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
         return threads, head
 
     def build(self) -> ColumnSchedule:
-        names = VARIANTS + (("combine",) if self.chunked else ())
+        names = VARIANTS + (("combine",) if self.chunked else ()) + \
+            (("wide",) if self.wide > 1 else ())
         kernels, passes, tgb = self.variants(names, "; lower rows_per_group")
         if self.chunked:
             params = kernels["column"].params
@@ -460,8 +667,11 @@ class _Builder(reduce.Builder):
                 k.params = params + extra
         passes.pop("combine", None)
         policy = replace(self.policy, threadgroup_bytes=tgb)
+        vector = tuple(t.name for t in self.inputs if self.inner in t.axes) \
+            if self.wide > 1 else ()
         return ColumnSchedule("column", self.graph, policy, kernels["column"],
-                              tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,
+                              tuple(self.outer) + (self.axis,), vector, self.index64,
+                              axis=self.axis,
                               rows=self.outer, variants=kernels,
                               reductions=reduce.phases(self.graph, online=False), passes=passes,
-                              partials=len(self.slots))
+                              partials=len(self.slots), wide=self.wide, inner=self.inner)

@@ -213,13 +213,15 @@ POLICIES: dict[str, LaunchPolicy] = {
                               uses_simd=True),
     # columns (schedule/column.py): one thread per column up to looped_limit positions of the
     # reduced axis; longer, groups of 32 columns x rows_per_group slices, each thread
-    # reads_per_thread rows at once (loads in flight); where fewer than fill_groups column
+    # reads_per_thread rows at once (loads in flight), vector_width adjacent columns (one
+    # vector load a row: the wide kernel, where the graph and sizes allow); where fewer than
+    # fill_groups column
     # blocks, the reduced axis is also split into chunks of at least chunk_rows positions
     # (fp32 partials through scratch, merged by a second launch). fill_groups: about one wave
     # of 256-thread groups on an H200 (132 SMs x 8 groups of 256 threads); the old kernel (a
     # group per block of 32 columns over the whole axis: 4 groups at D = 128) took a flat
     # ~100 us at 4096x128..4096x4096 (bench/README.md, 2026-11-28)
-    "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
+    "column": LaunchPolicy("column", threads_per_group=256, vector_width=4, rows_per_group=8,
                            reads_per_thread=4, looped_limit=16, fill_groups=1024,
                            chunk_rows=64),
 }
@@ -255,8 +257,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
             "index64"),
-    "column": ("threads_per_group", "rows_per_group", "reads_per_thread", "looped_limit",
-               "fill_groups", "chunk_rows", "index64"),
+    "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
+               "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
@@ -411,6 +413,9 @@ def _validate_column(p: LaunchPolicy) -> None:
           p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
           f"threads_per_group={p.threads_per_group} must equal 32 columns x rows_per_group="
           f"{p.rows_per_group}")
+    _need(p, p.vector_width <= 4,
+          f"vector_width={p.vector_width}: adjacent columns a thread of the wide kernel takes "
+          f"(one vector load of each row), at most 4")
     _need(p, p.reads_per_thread <= MAX_READS_PER_THREAD,
           f"reads_per_thread={p.reads_per_thread}: rows a thread loads at once, at most "
           f"{MAX_READS_PER_THREAD}")
