@@ -34,7 +34,7 @@ from ..graph import Graph, Node, Op
 from .base import IDX, Step, make_kernel
 from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
-from .policy import LaunchPolicy, SIMD_WIDTH
+from .policy import COLUMN_LOAD_BYTES, LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce
 
@@ -153,11 +153,14 @@ class _Builder(reduce.Builder):
         self.wide = self.wide_columns(graph, policy)
 
     def wide_columns(self, graph: Graph, policy: LaunchPolicy) -> int:
-        """Columns a thread of the `wide` kernel takes (vector_width; 1: no wide kernel): for
+        """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
+        of the widest tensor; 1: no wide kernel): for
         chunked graphs without gathers or index expressions whose every loaded tensor has the
         reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
         columns are one aligned vector of each), as has every output."""
-        c = policy.vector_width
+        widest = max((t.dtype.itemsize for t in self.inputs if self.inner in t.axes),
+                     default=4)
+        c = min(policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
         if c == 1 or not self.chunked or not self.inner:
             return 1
         if any(n.op in (Op.TAKE, Op.INDEX) for n in self.nodes):

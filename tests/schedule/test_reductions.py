@@ -588,11 +588,11 @@ def test_argmax_argmin_first_index_ties_and_nan(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_column_sum_short_tall_and_strided(dtype):
     seen = set()
-    for r, d in ((1, 1), (5, 33), (1000, 33), (300, 70)):
+    for r, d in ((1, 1), (5, 33), (1000, 33), (300, 70), (300, 64)):
         x = torch.randn(d, r, dtype=dtype).t()                  # non-contiguous
         close(column_sum(x), x.double().sum(0), dtype, scale=max(1, r / 10))
         seen.add(variant(column_sum, x)[0])
-    assert seen == {"column", "split"}
+    assert seen == {"column", "split", "wide"}        # wide: D a multiple of its columns
 
 
 def test_column_softmax_and_argmax():
