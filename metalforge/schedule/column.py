@@ -309,9 +309,9 @@ class _Builder(reduce.Builder):
         pos = (i * r_lit + u) * s_lit + ir.Var("mf_slice")
         whole: list[ir.Stmt] = self.whole_step(v, roots, rs, outs, frontier, k0 + pos)
         k = k0 + i * s_lit + ir.Var("mf_slice")
-        tail = [ir.Decl("mf_k", "uint", k),
-                ir.If(ir.Var("mf_k") < ir.Var("mf_k1"),
-                      self.element_body(v, roots, rs, outs, frontier))]
+        tail: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k),
+                               ir.If(ir.Var("mf_k") < ir.Var("mf_k1"),
+                                     self.element_body(v, roots, rs, outs, frontier))]
         n = ir.Var("mf_k1") - k0
         steps = (n + ir.Lit(slices - 1, "uint")) / s_lit
         return pre, [
@@ -388,7 +388,8 @@ class _Builder(reduce.Builder):
                                k0 + (i * r_lit + ir.Var("mf_u")) * s_lit + ir.Var("mf_slice"),
                                reads)
         k = k0 + i * s_lit + ir.Var("mf_slice")
-        tail = [ir.If(k < ir.Var("mf_k1"), self.wide_rows(v, roots, per, frontier, k, 1))]
+        tail: list[ir.Stmt] = [ir.If(k < ir.Var("mf_k1"),
+                                     self.wide_rows(v, roots, per, frontier, k, 1))]
         v.main.append(ir.If(ir.Var("mf_live"), [
             ir.Comment(f"whole steps: {reads} rows a thread at once"),
             ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"), whole),
