@@ -455,10 +455,8 @@ class _Builder(reduce.Builder):
                 return ir.Cast(compute_type(t.dtype),
                                ir.Lane(ir.Var(f"mf_w_{t.name}"), ir.Lit(j, "uint")))
             return self.col_load(n)
-
-        def position(axis: str) -> ir.Expr:
-            return self.el_position(axis)
-        return ElementLowering(self.graph, load, position, self.size,
+        # no index expressions in a wide graph (`wide_columns`): positions are column-free
+        return ElementLowering(self.graph, load, self.el_position, self.size,
                                lambda s: self.names[s], prefix=prefix)
 
     def wide_outputs(self, per: tuple[list[reduce.Reduction], ...]) -> list[ir.Stmt]:
@@ -486,19 +484,20 @@ class _Builder(reduce.Builder):
         every slice in slice order (so argmax keeps the first index)."""
         tpg = self.policy.threads_per_group
         stores: list[ir.Stmt] = []
+        tg: dict[str, str] = {}                   # accumulator -> its threadgroup array
         for r in rs:
-            v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+            tg[r.acc] = f"mf_tg{r.i}"
+            v.tg_arrays.append(ir.ArrayDecl(tg[r.acc], r.acc_type if r.online_max is None
                                             else "float", tpg, "threadgroup"))
-            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), ir.Var("mf_lid")),
+            stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.acc]), ir.Var("mf_lid")),
                                     ir.Var(r.acc)))
             if r.has_index:
-                v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", tpg, "threadgroup"))
-                stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), ir.Var("mf_lid")),
+                tg[r.idx] = f"mf_tgi{r.i}"
+                v.tg_arrays.append(ir.ArrayDecl(tg[r.idx], "uint", tpg, "threadgroup"))
+                stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.idx]), ir.Var("mf_lid")),
                                         ir.Var(r.idx)))
         slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
-        resets, merges = self.merges(
-            rs, lambda name: ir.Lane(ir.Var(name.replace("mf_acc", "mf_tg")
-                                            .replace("mf_arg", "mf_tgi")), slot))
+        resets, merges = self.merges(rs, lambda name: ir.Lane(ir.Var(tg[name]), slot))
         return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
                            f"memory, in slice order"),
                 *stores, ir.Barrier(), *resets,
