@@ -19,6 +19,15 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   the scratch buffer; a second launch, one thread per column, merges the chunks' partials in
   chunk order (deterministic; argmax keeps the first index) and stores the outputs. With one
   chunk the split kernel stores the outputs itself.
+- ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
+  innermost axis innermost, no gathers or index expressions; taken where that axis is a
+  multiple of its columns): the split kernel with `wide` adjacent columns a thread
+  (vector_width, at most COLUMN_LOAD_BYTES of the widest tensor: 2 f32 or 4 f16), each row's
+  elements of them one vector load per tensor, each column its own accumulators, threadgroup
+  slots and scratch partials (the combine kernel is the same).
+
+Split and wide steps compute the values of their reads_per_thread rows first (into register
+arrays), then fold them in row order, so the loads are not held back by the folds' chain.
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
