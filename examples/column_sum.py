@@ -3,8 +3,10 @@
     python examples/column_sum.py
 
 Threads run along the contiguous axis D and loop over R; tall inputs split R across 8 slices of a
-threadgroup whose partials meet in threadgroup memory. Prints the generated Metal library, runs
-it on a short and a tall input and checks both against the reference and torch.
+threadgroup whose partials meet in threadgroup memory, and, where the columns are too few to
+fill the GPU, into chunks whose fp32 partials a second kernel merges in order. Prints the
+generated Metal library, runs it on a short and a tall input and checks both against the
+reference and torch.
 """
 import torch
 

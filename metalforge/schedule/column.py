@@ -2,14 +2,32 @@
 
 Threads run along the output's columns (every axis but the reduced one, the contiguous one
 fastest), so neighbouring threads read neighbouring addresses; each thread loops over the
-reduced axis. Two kernels in one library, chosen per call from the reduced length:
+reduced axis. Kernels of one library, chosen per call from the sizes:
 
 - ``column`` (reduced axis <= looped_limit): one thread per column, groups of threads_per_group
   columns, no threadgroup memory.
-- ``split`` (taller): a group holds 32 columns x rows_per_group slices; slice s takes positions
-  s, s + S, s + 2S, ... of the reduced axis; the partials meet in threadgroup memory and every
-  slice merges them in slice order (so argmax keeps the first index). One launch, no atomics and
-  no second pass; the price is parallelism limited to ceil(columns / 32) groups.
+- ``split`` (longer): a group holds 32 columns x rows_per_group slices; slice s takes positions
+  s, s + S, s + 2S, ... of its stretch of the reduced axis, reads_per_thread positions at once
+  (whole steps unrolled, so that many loads are in flight; the stretch's last rows one at a
+  time, guarded); the partials meet in threadgroup memory and every slice merges them in slice
+  order (so argmax keeps the first index).
+- ``combine`` (built for *chunked* graphs: one phase, every output one value per column): where
+  the column blocks alone would leave the GPU idle (fewer than fill_groups groups), the split
+  kernel's grid also splits the reduced axis into chunks of at least chunk_rows positions
+  (`ColumnSchedule.chunk_rows`, a launch parameter): group g takes column block g % blocks
+  and chunk g / blocks, and writes its fp32 partials (and argmax indices, as their bits) to
+  the scratch buffer; a second launch, one thread per column, merges the chunks' partials in
+  chunk order (deterministic; argmax keeps the first index) and stores the outputs. With one
+  chunk the split kernel stores the outputs itself.
+- ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
+  innermost axis innermost, no gathers or index expressions; taken where that axis is a
+  multiple of its columns): the split kernel with `wide` adjacent columns a thread
+  (vector_width, at most COLUMN_LOAD_BYTES of the widest tensor: 2 f32 or 4 f16), each row's
+  elements of them one vector load per tensor, each column its own accumulators, threadgroup
+  slots and scratch partials (the combine kernel is the same).
+
+Split and wide steps compute the values of their reads_per_thread rows first (into register
+arrays), then fold them in row order, so the loads are not held back by the folds' chain.
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
@@ -18,26 +36,56 @@ that keep the reduced axis (softmax over a column).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 from .. import ir
-from ..graph import Graph, Node
-from .base import IDX, make_kernel
+from ..graph import Graph, Node, Op
+from .base import IDX, Step, make_kernel
 from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
-from .policy import LaunchPolicy, SIMD_WIDTH
+from .policy import COLUMN_LOAD_BYTES, LaunchPolicy, SIMD_WIDTH
 from .row import RowSchedule
 from . import reduce
 
 VARIANTS = ("column", "split")
+CHUNK_ROWS = "chunk_rows"                 # the launch parameter: rows per chunk
 
 
 @dataclass
 class ColumnSchedule(RowSchedule):
     """Same interface as RowSchedule: `rows` are the column axes, `axis` the reduced one."""
 
+    partials: int = 0                     # chunked graphs: fp32 values per column and chunk
+    wide: int = 1                         # columns a thread of the `wide` kernel takes
+    inner: str = ""                       # the columns' innermost axis (wide: a multiple of it)
+
     def variant(self, sizes: Mapping[str, int]) -> str:
-        return "split" if sizes[self.axis] > self.policy.looped_limit else "column"
+        if sizes[self.axis] <= self.policy.looped_limit:
+            return "column"
+        return "wide" if "wide" in self.variants and sizes[self.inner] % self.wide == 0 \
+            else "split"
+
+    def columns_per_thread(self, sizes: Mapping[str, int]) -> int:
+        return self.wide if self.variant(sizes) == "wide" else 1
+
+    def selecting(self, host: str) -> list[dict[str, int]]:
+        """Sizes that run the split and wide kernels (`check`): the columns' innermost axis
+        a multiple of the wide kernel's columns or not, one chunk or several."""
+        if "wide" not in self.variants:
+            return []
+        long = {self.axis: 2 * self.policy.chunk_rows + 3}
+        if host == self.variants["wide"].host_name:
+            return [{**long, self.inner: 8 * self.wide}]
+        if host == self.variants["split"].host_name:
+            return [{**long, self.inner: 8 * self.wide + 1}]
+        return []
+
+    @property
+    def thresholds(self) -> tuple[int, ...]:
+        """Reduced lengths where the kernel or its chunking changes (`check`'s boundaries):
+        the split kernel's first, one chunk's worth and a partial second chunk."""
+        p = self.policy
+        return (p.looped_limit, p.chunk_rows, 2 * p.chunk_rows + 3)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         reduce.check_sizes(self.graph, self.reductions, sizes)
@@ -50,22 +98,101 @@ class ColumnSchedule(RowSchedule):
         kernel: ir.LoweredKernel = self.variants[self.variant(sizes)]
         return kernel.host_name
 
+    def chunk_rows(self, sizes: Mapping[str, int]) -> int:
+        """Positions of the reduced axis per chunk (the whole axis: one chunk): chunks enough
+        that blocks x chunks reach fill_groups, each at least chunk_rows long, a whole number
+        of the group's unrolled steps (rows_per_group x reads_per_thread)."""
+        r, p = sizes[self.axis], self.policy
+        if not self.partials or self.variant(sizes) == "column" or not p.fill_groups:
+            return max(1, r)
+        blocks = -(-self._rows(sizes) // (SIMD_WIDTH * self.columns_per_thread(sizes)))
+        want = min(-(-p.fill_groups // max(1, blocks)), -(-r // p.chunk_rows))
+        if want <= 1:
+            return r
+        step = p.rows_per_group * p.reads_per_thread
+        return -(-(-(-r // want)) // step) * step
+
+    def chunks(self, sizes: Mapping[str, int]) -> int:
+        return -(-max(1, sizes[self.axis]) // self.chunk_rows(sizes))
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         cols = self._rows(sizes)
         p = self.policy
         if self.variant(sizes) == "column":
             return cols, max(1, min(p.threads_per_group, cols))
-        groups = -(-cols // SIMD_WIDTH)
+        groups = -(-cols // (SIMD_WIDTH * self.columns_per_thread(sizes))) * self.chunks(sizes)
         return groups * p.threads_per_group, p.threads_per_group
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        first = (Step(self.host_name(sizes), *self.launch(sizes)),)
+        if self.chunks(sizes) == 1:
+            return first
+        cols = self._rows(sizes)
+        group = max(1, min(self.policy.threads_per_group, cols))
+        return first + (Step(self.variants["combine"].host_name, cols, group),)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        chunks = self.chunks(sizes)
+        return 0 if chunks == 1 else self.partials * chunks * self._rows(sizes)
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == CHUNK_ROWS:
+            return self.chunk_rows(sizes)
+        raise KeyError(name)
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
     return _Builder(graph, policy, index64).build()
 
 
+def _bits(e: ir.Expr, frm: str, to: str) -> ir.Expr:
+    """A 4-byte value of type `frm` as type `to`, bit for bit (partials in fp32 scratch)."""
+    return e if frm == to else ir.Call(f"as_type<{to}>", (e,))
+
+
 class _Builder(reduce.Builder):
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
         super().__init__(graph, policy, index64, graph.reductions()[0].attr[1], "col", "column")
+        reds = reduce.phases(graph, online=True)
+        # one phase, every output one value per column: the split kernel may chunk the axis
+        self.chunked = max(r.phase for r in reds) == 0 and \
+            all(self.axis not in o.axes for o in graph.outputs)
+        self.slots = self.partial_slots(reds) if self.chunked else []
+        self.inner = self.outer[-1] if self.outer else ""
+        self.wide = self.wide_columns(graph, policy)
+
+    def wide_columns(self, graph: Graph, policy: LaunchPolicy) -> int:
+        """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
+        of the widest tensor; 1: no wide kernel): for
+        chunked graphs without gathers or index expressions whose every loaded tensor has the
+        reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
+        columns are one aligned vector of each), as has every output."""
+        widest = max((t.dtype.itemsize for t in self.inputs if self.inner in t.axes),
+                     default=4)
+        c = min(policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
+        if c == 1 or not self.chunked or not self.inner:
+            return 1
+        if any(n.op in (Op.TAKE, Op.INDEX) for n in self.nodes):
+            return 1
+        for t in self.inputs:
+            if self.axis not in t.axes or (self.inner in t.axes and t.axes[-1] != self.inner):
+                return 1
+        return c if all(o.axes[-1] == self.inner for o in graph.outputs) else 1
+
+    @staticmethod
+    def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
+        """(variable, MSL type) of each value a chunk leaves in scratch, per column: every
+        accumulator, argmax/argmin's index, an online max's running sum."""
+        out: list[tuple[str, str]] = []
+        for r in reds:
+            if r.online_max is not None:
+                continue
+            out.append((r.acc, r.acc_type))
+            if r.has_index:
+                out.append((r.idx, "uint"))
+            if r.online_sum is not None:
+                out.append((r.online_sum.acc, "float"))
+        return out
 
     def bases(self, name: str, axes: tuple[str, ...]) -> tuple[ir.Expr, ir.Expr]:
         """(offset of this column's element at position 0 of the reduced axis, stride of the
@@ -109,6 +236,10 @@ class _Builder(reduce.Builder):
         return ir.Var("mf_k") if axis == self.axis else self.position(axis)
 
     def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        if v.name == "combine":
+            return self.combine_kernel(v)
+        if v.name == "wide":
+            return self.wide_kernel(v)
         graph = self.graph
         split = v.name == "split"
         slices = self.policy.rows_per_group if split else 1
@@ -133,26 +264,25 @@ class _Builder(reduce.Builder):
                 v.main += self.combine_slices(v, rs, slices)
             for r in rs:
                 v.row_values.values[r.node] = reduce.result(r)
+        start = len(v.main)
         self.epilogue(v, slices)
+        if split and self.chunked:
+            v.main[start:] = self.chunk_exit(v.main[start:])
         threads, head = self.header(v.name, slices)
         summary = (f"{graph.name} ({v.name}): reduces '{self.axis}' (not innermost) for each "
                    f"column of [{', '.join(self.outer)}] in {nph} phase(s); " +
                    (f"32 columns x {slices} slices per threadgroup, partials merged in threadgroup "
-                    f"memory" if split else "one thread per column, looping over the axis") +
+                    f"memory" + ("; several chunks of the axis: partials to scratch"
+                                 if self.chunked else "")
+                    if split else "one thread per column, looping over the axis") +
                    "; fp32 accumulation, compensated sums")
         body = list(v.tg_arrays) + head + v.pre + v.main
         return make_kernel(graph, self.index64, threads, body, summary, v.name)
 
-    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
-             outs: list[int],
-             slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-        """(column values computed before it, the loop over this thread's positions of the
-        reduced axis): element values, folded into `rs`, outputs `outs` stored."""
-        graph, split = self.graph, v.name == "split"
-        tensors, frontier = self.cone(roots)
-        for t in tensors:
-            v.passes[t] = v.passes.get(t, 0) + 1
-        pre = v.row_values.lower(frontier)
+    def element_body(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+                     outs: list[int], frontier: list[Node]) -> list[ir.Stmt]:
+        """Element mf_k's values, folded into `rs`, outputs `outs` stored."""
+        graph = self.graph
         el = ElementLowering(graph, self.col_load, self.el_position, self.size,
                              lambda s: self.names[s], prefix="mf_v")
         for n in frontier:
@@ -164,16 +294,198 @@ class _Builder(reduce.Builder):
             body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
                                                             graph.outputs[k].axes),
                                  self.out_value(k, el)))
-        k_expr: ir.Expr = ir.Var("mf_i")
-        if split:
-            k_expr = ir.Var("mf_i") * ir.Lit(slices, "uint") + ir.Var("mf_slice")
-        inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k_expr)]
-        if split:
-            inner.append(ir.If(ir.Cast(IDX, ir.Var("mf_k")) < self.size(self.axis), body))
-        else:
-            inner += body
-        stop = ir.Var("mf_steps") if split else ir.Cast("uint", self.size(self.axis))
-        return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"), stop, inner)]
+        return body
+
+    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+             outs: list[int],
+             slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(column values computed before it, the loop over this thread's positions of the
+        reduced axis): element values, folded into `rs`, outputs `outs` stored."""
+        tensors, frontier = self.cone(roots)
+        for t in tensors:
+            v.passes[t] = v.passes.get(t, 0) + 1
+        pre = v.row_values.lower(frontier)
+        if v.name != "split":
+            inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_i"))]
+            inner += self.element_body(v, roots, rs, outs, frontier)
+            return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"),
+                                ir.Cast("uint", self.size(self.axis)), inner)]
+        # split: whole steps of slices x reads rows unrolled (reads loads in flight a thread),
+        # then the stretch's last rows one at a time, guarded
+        reads = self.policy.reads_per_thread
+        i, u, k0 = ir.Var("mf_i"), ir.Var("mf_u"), ir.Var("mf_k0")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        pos = (i * r_lit + u) * s_lit + ir.Var("mf_slice")
+        whole: list[ir.Stmt] = self.whole_step(v, roots, rs, outs, frontier, k0 + pos)
+        k = k0 + i * s_lit + ir.Var("mf_slice")
+        tail: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k),
+                               ir.If(ir.Var("mf_k") < ir.Var("mf_k1"),
+                                     self.element_body(v, roots, rs, outs, frontier))]
+        n = ir.Var("mf_k1") - k0
+        steps = (n + ir.Lit(slices - 1, "uint")) / s_lit
+        return pre, [
+            ir.Comment(f"whole steps: {reads} rows a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"),
+                   whole),
+            ir.Comment("the stretch's last rows, one at a time"),
+            ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit, steps, tail)]
+
+    def whole_step(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+                   outs: list[int], frontier: list[Node], k: ir.Expr) -> list[ir.Stmt]:
+        """One whole step of the split loop: reads_per_thread elements (mf_u), position `k`.
+        Folding into reductions, every element's value is computed first (its loads issued
+        together, into register arrays mf_e<i>[reads]), then folded in order: the folds'
+        dependency chain does not hold back the next loads."""
+        reads = self.policy.reads_per_thread
+        each = [r for r in rs if r.online_max is None]
+        u = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), [], unroll=True)
+        if not each or outs:
+            u.body = [ir.Decl("mf_k", "uint", k)] + \
+                self.element_body(v, roots, rs, outs, frontier)
+            return [u]
+        el = ElementLowering(self.graph, self.col_load, self.el_position, self.size,
+                             lambda s: self.names[s], prefix="mf_v")
+        for n in frontier:
+            el.values[n] = v.row_values.value(n)
+        u.body = [ir.Decl("mf_k", "uint", k)] + el.lower(roots) + [
+            ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.acc_value(el, r))
+            for r in each]
+        self.helpers |= el.helpers
+        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
+            else []
+        for r in each:
+            fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")),
+                                  ir.Var("mf_k"))
+        return [ir.Comment(f"{reads} elements' values first (their loads together), then "
+                           f"their folds"),
+                *[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for r in each],
+                u, ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
+                          unroll=True)]
+
+    # -- the wide kernel: several adjacent columns a thread ---------------------------------
+    @staticmethod
+    def copies(reds: list[reduce.Reduction], j: int) -> list[reduce.Reduction]:
+        """The reductions of a thread's column j (accumulators numbered apart: mf_acc<i>)."""
+        out = [replace(r, i=r.i + j * len(reds)) for r in reds]
+        twin = {id(r): o for r, o in zip(reds, out)}
+        for r, o in zip(reds, out):
+            o.online_sum = twin[id(r.online_sum)] if r.online_sum is not None else None
+            o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
+        return out
+
+    def wide_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        """The split kernel of chunked graphs, `wide` adjacent columns a thread: each row's
+        elements of them one vector load per tensor, each column its own accumulators."""
+        c, slices = self.wide, self.policy.rows_per_group
+        reds = reduce.phases(self.graph, online=True, compensated=True)
+        self.helpers |= reduce.helpers_of(reds, simd=False)
+        per = tuple(self.copies(reds, j) for j in range(c))
+        roots = [r.arg for r in reds if r.online_max is None]
+        tensors, frontier = self.cone(roots)
+        for t in tensors:
+            v.passes[t] = 1
+        v.main.append(ir.Comment(f"phase 1, each of the thread's {c} columns: " + ", ".join(
+            f"{r.kind} over {r.axis}" for r in reds if r.online_max is None)))
+        v.main += v.row_values.lower(frontier)
+        for rs in per:
+            for r in rs:
+                v.main += reduce.declare(r)
+        reads, i, k0 = self.policy.reads_per_thread, ir.Var("mf_i"), ir.Var("mf_k0")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        n = ir.Var("mf_k1") - k0
+        whole = self.wide_rows(v, roots, per, frontier,
+                               k0 + (i * r_lit + ir.Var("mf_u")) * s_lit + ir.Var("mf_slice"),
+                               reads)
+        k = k0 + i * s_lit + ir.Var("mf_slice")
+        tail: list[ir.Stmt] = [ir.If(k < ir.Var("mf_k1"),
+                                     self.wide_rows(v, roots, per, frontier, k, 1))]
+        v.main.append(ir.If(ir.Var("mf_live"), [
+            ir.Comment(f"whole steps: {reads} rows a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), n / ir.Lit(slices * reads, "uint"), whole),
+            ir.Comment("the stretch's last rows, one at a time"),
+            ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit,
+                   (n + ir.Lit(slices - 1, "uint")) / s_lit, tail)]))
+        flat = [r for rs in per for r in rs]
+        v.main += reduce.finish(flat)
+        v.main += self.combine_slices(v, flat, slices)
+        v.main += self.chunk_exit(self.wide_outputs(per), per)
+        threads, head = self.header(v.name, slices)
+        summary = (f"{self.graph.name} (wide): reduces '{self.axis}' (not innermost) for each "
+                   f"column of [{', '.join(self.outer)}]; 32 threads x {c} adjacent columns "
+                   f"(one vector load a row) x {slices} slices per threadgroup, partials merged "
+                   f"in threadgroup memory, several chunks of the axis: partials to scratch; "
+                   f"fp32 accumulation, compensated sums")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(self.graph, self.index64, threads, body, summary, v.name)
+
+    def wide_rows(self, v: reduce.Variant, roots: list[Node],
+                  per: tuple[list[reduce.Reduction], ...], frontier: list[Node], k: ir.Expr,
+                  reads: int) -> list[ir.Stmt]:
+        """`reads` rows (mf_u) at position `k`: each tensor's vector of the thread's columns
+        loaded, every column's element values computed (into register arrays mf_e<i>), then
+        folded in order."""
+        c = self.wide
+        tensors, _ = self.cone(roots)
+        u = ir.Var("mf_u")
+        each = [[r for r in rs if r.online_max is None] for rs in per]
+        loads: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)]
+        for name in tensors:
+            t = self.graph.tensor(name)
+            if self.inner in t.axes:
+                st = self.in_stype(t)
+                loads.append(ir.Decl(f"mf_w_{name}", ir.vector_type(st, c), ir.Load(
+                    self.names[name], self.at(name, t.axes), c, st)))
+        for j in range(c):
+            el = self.column_lowering(j, "mf_v")
+            for nd in frontier:
+                el.values[nd] = v.row_values.value(nd)
+            body = el.lower(roots)
+            self.helpers |= el.helpers
+            body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.acc_value(el, r))
+                     for r in each[j]]
+            loads.append(ir.Block([ir.Comment(f"column {j}")] + body))
+        index = any(r.has_index for r in each[0])
+        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if index else []
+        for rs in each:
+            for r in rs:
+                fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), u), ir.Var("mf_k"))
+        return [*[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for rs in each for r in rs],
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), loads,
+                       unroll=True),
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
+                       unroll=True)]
+
+    def column_lowering(self, j: int, prefix: str) -> ElementLowering:
+        """Lowering of values of the thread's column j (wide kernel): a tensor with the
+        columns' innermost axis read from lane j of its loaded vector mf_w_<t>."""
+        def load(n: Node) -> ir.Expr:
+            t = self.graph.tensor(n.attr)
+            if self.axis in t.axes and self.inner in t.axes:
+                return ir.Cast(compute_type(t.dtype),
+                               ir.Lane(ir.Var(f"mf_w_{t.name}"), ir.Lit(j, "uint")))
+            return self.col_load(n)
+        # no index expressions in a wide graph (`wide_columns`): positions are column-free
+        return ElementLowering(self.graph, load, self.el_position, self.size,
+                               lambda s: self.names[s], prefix=prefix)
+
+    def wide_outputs(self, per: tuple[list[reduce.Reduction], ...]) -> list[ir.Stmt]:
+        """The outputs of each of the thread's columns (slice 0 stores them)."""
+        graph = self.graph
+        out: list[ir.Stmt] = [ir.Comment("epilogue: the columns' results")]
+        for j, rs in enumerate(per):
+            el = self.column_lowering(j, f"mf_r{j}_")
+            for r in rs:
+                el.values[r.node] = reduce.result(r)
+            body = el.lower([o.node for o in graph.outputs])
+            self.helpers |= el.helpers
+            stores: list[ir.Stmt] = [
+                ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes) +
+                         ir.Lit(j, IDX) if j else self.at(self.out_names[k], o.axes),
+                         self.out_value(k, el))
+                for k, o in enumerate(graph.outputs)]
+            out.append(ir.Block(body + [ir.If(ir.Var("mf_live").and_(
+                ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
+        return out
 
     def combine_slices(self, v: reduce.Variant, rs: list[reduce.Reduction],
                        slices: int) -> list[ir.Stmt]:
@@ -181,18 +493,32 @@ class _Builder(reduce.Builder):
         every slice in slice order (so argmax keeps the first index)."""
         tpg = self.policy.threads_per_group
         stores: list[ir.Stmt] = []
+        tg: dict[str, str] = {}                   # accumulator -> its threadgroup array
         for r in rs:
-            v.tg_arrays.append(ir.ArrayDecl(f"mf_tg{r.i}", r.acc_type if r.online_max is None
+            tg[r.acc] = f"mf_tg{r.i}"
+            v.tg_arrays.append(ir.ArrayDecl(tg[r.acc], r.acc_type if r.online_max is None
                                             else "float", tpg, "threadgroup"))
-            stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tg{r.i}"), ir.Var("mf_lid")),
+            stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.acc]), ir.Var("mf_lid")),
                                     ir.Var(r.acc)))
             if r.has_index:
-                v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", tpg, "threadgroup"))
-                stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), ir.Var("mf_lid")),
+                tg[r.idx] = f"mf_tgi{r.i}"
+                v.tg_arrays.append(ir.ArrayDecl(tg[r.idx], "uint", tpg, "threadgroup"))
+                stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.idx]), ir.Var("mf_lid")),
                                         ir.Var(r.idx)))
+        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+        resets, merges = self.merges(rs, lambda name: ir.Lane(ir.Var(tg[name]), slot))
+        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
+                           f"memory, in slice order"),
+                *stores, ir.Barrier(), *resets,
+                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
+
+    @staticmethod
+    def merges(rs: list[reduce.Reduction], other: Callable[[str], ir.Expr]
+               ) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+        """(accumulators reset to their identity, merges of another partial into them): the
+        other partial's accumulator named `n` read as `other(n)`."""
         resets: list[ir.Stmt] = []
         merges: list[ir.Stmt] = []
-        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
         for r in rs:
             if r.online_max is not None:
                 continue
@@ -201,16 +527,74 @@ class _Builder(reduce.Builder):
                 resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(reduce.SENTINEL, "uint")))
             if r.online_sum is not None:
                 resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
-                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                    ir.Lane(ir.Var(f"mf_tg{r.online_sum.i}"), slot))
+                merges += reduce.merge(r, other(r.acc), other(r.online_sum.acc))
             else:
-                merges += reduce.merge(r, ir.Lane(ir.Var(f"mf_tg{r.i}"), slot),
-                                    ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot)
-                                    if r.has_index else None)
-        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
-                           f"memory, in slice order"),
-                *stores, ir.Barrier(), *resets,
-                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
+                merges += reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
+        return resets, merges
+
+    def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
+        """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
+        then chunk, then column (neighbouring columns side by side)."""
+        ncols = self.span(self.outer)
+        row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
+        return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
+
+    def chunk_exit(self, epilogue: list[ir.Stmt],
+                   columns: tuple[list[reduce.Reduction], ...] = ()) -> list[ir.Stmt]:
+        """The split kernel of a chunked graph: one chunk stores the outputs (`epilogue`);
+        several store their partials to scratch for the combine kernel (the wide kernel:
+        column j's from the reductions `columns[j]`)."""
+        chunks = ir.Var("mf_chunks")
+        stores: list[ir.Stmt] = []
+        for j, rs in enumerate(columns) if columns else [(0, [])]:
+            slots = self.partial_slots(rs) if columns else self.slots
+            stores += [ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
+                                ir.Lit(j, IDX) if j else
+                                self.scratch_at(q, ir.Var("mf_chunk"), chunks),
+                                _bits(ir.Var(name), typ, "float"))
+                       for q, (name, typ) in enumerate(slots)]
+        return [ir.If(chunks.eq(ir.Lit(1, "uint")), epilogue, [
+            ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
+            ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
+
+    def combine_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+        """One thread per column: the chunks' partials merged in chunk order (float sums
+        compensated: a thousand chunks are a long sequential sum), then the column's
+        outputs."""
+        reds = reduce.phases(self.graph, online=True, compensated=True)
+        self.helpers |= reduce.helpers_of(reds, simd=False)
+        chunks = ir.Var("mf_chunks")
+        own = {name: i for i, (name, _) in enumerate(self.slots)}
+        loads = [ir.Decl(f"mf_p{q}", typ, _bits(ir.Load("mf_scratch", self.scratch_at(
+            q, ir.Var("mf_c"), chunks)), "float", typ)) for q, (_, typ) in enumerate(self.slots)]
+        merges: list[ir.Stmt] = []
+        for r in reds:
+            if r.compensated and r.online_max is None:
+                merges += reduce.update(r, ir.Var(f"mf_p{own[r.acc]}"), ir.Var("mf_c"))
+            else:
+                merges += self.merges([r], lambda name: ir.Var(f"mf_p{own[name]}"))[1]
+        decls: list[ir.Stmt] = []
+        for r in reds:
+            decls += reduce.declare(r)
+        v.main += [ir.Comment("merge the chunks' partials, in chunk order"), *decls,
+                   self.chunk_count(),
+                   ir.For("mf_c", "uint", ir.Lit(0, "uint"), chunks, loads + merges),
+                   *reduce.finish(reds)]
+        for r in reds:
+            v.row_values.values[r.node] = reduce.result(r)
+        self.epilogue(v, 1)
+        threads, head = self.header("column", 1)
+        summary = (f"{self.graph.name} (combine): merges the fp32 partials the split kernel's "
+                   f"chunks of '{self.axis}' left in scratch, one thread per column, in chunk "
+                   f"order, then stores the outputs")
+        return make_kernel(self.graph, self.index64, threads, head + v.pre + v.main, summary,
+                           v.name)
+
+    def chunk_count(self) -> ir.Decl:
+        """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""
+        r = ir.Cast("uint", self.size(self.axis))
+        return ir.Decl("mf_chunks", "uint", (r - ir.Lit(1, "uint")) / ir.Var("mf_chunk_rows")
+                       + ir.Lit(1, "uint"))
 
     def epilogue(self, v: reduce.Variant, slices: int) -> None:
         """Outputs along the column in one more loop; one value per column stored once."""
@@ -239,28 +623,67 @@ class _Builder(reduce.Builder):
     def header(self, variant: str, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing the thread on its column and slice)."""
         ncols = self.span(self.outer)
-        if variant != "split":
+        if variant not in ("split", "wide"):
             return ((ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),),
                     [ir.Comment("one thread per column"),
                      ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])])
         threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+        r = ir.Cast("uint", self.size(self.axis))
         head: list[ir.Stmt] = [
-            ir.Comment(f"32 columns x {slices} slices of the reduced axis per threadgroup"),
+            ir.Comment(f"32 x {self.wide if variant == 'wide' else 1} columns x {slices} "
+                       f"slices of the reduced axis per threadgroup"),
             ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
-            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
-            ir.Decl("mf_col", "uint",
-                    ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")),
+            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint"))]
+        c = self.wide if variant == "wide" else 1
+        if self.chunked:
+            blocks = (ir.Cast("uint", ncols) + ir.Lit(SIMD_WIDTH * c - 1, "uint")) / \
+                ir.Lit(SIMD_WIDTH * c, "uint")
+            k0 = ir.Var("mf_chunk") * ir.Var("mf_chunk_rows")
+            head += [
+                ir.Comment(f"the group's block of {SIMD_WIDTH * c} columns and chunk of the "
+                           f"reduced axis (rows mf_k0 to mf_k1)"),
+                self.chunk_count(),
+                ir.Decl("mf_blocks", "uint", blocks),
+                ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_blocks")),
+                ir.Decl("mf_chunk", "uint", ir.Var("mf_group") / ir.Var("mf_blocks")),
+                ir.Decl("mf_k0", "uint", k0),
+                ir.Decl("mf_k1", "uint", ir.Var("mf_k0") + ir.Call("min", (
+                    r - ir.Var("mf_k0"), ir.Var("mf_chunk_rows"))))]
+        else:
+            head += [ir.Comment("the group's block of 32 columns, the whole reduced axis"),
+                     ir.Decl("mf_block", "uint", ir.Var("mf_group")),
+                     ir.Decl("mf_k0", "uint", ir.Lit(0, "uint")),
+                     ir.Decl("mf_k1", "uint", r)]
+        col: ir.Expr = ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+        if c > 1:
+            head.append(ir.Comment(f"each thread {c} adjacent columns, from mf_col"))
+            col = col * ir.Lit(c, "uint")
+        head += [
+            ir.Decl("mf_col", "uint", col),
             ir.Comment("threads past the last column still take part in the barriers"),
-            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
-            ir.Decl("mf_steps", "uint", (ir.Cast("uint", self.size(self.axis)) +
-                                         ir.Lit(slices - 1, "uint")) / ir.Lit(slices, "uint"))]
+            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
         return threads, head
 
     def build(self) -> ColumnSchedule:
-        kernels, passes, tgb = self.variants(VARIANTS, "; lower rows_per_group")
+        names = VARIANTS + (("combine",) if self.chunked else ()) + \
+            (("wide",) if self.wide > 1 else ())
+        kernels, passes, tgb = self.variants(names, "; lower rows_per_group")
+        if self.chunked:
+            params = kernels["column"].params
+            extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",),
+                                 True),
+                     ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
+                                 ("launch", CHUNK_ROWS), cast="int32"))
+            for k in kernels.values():
+                k.params = params + extra
+        passes.pop("combine", None)
         policy = replace(self.policy, threadgroup_bytes=tgb)
+        vector = tuple(t.name for t in self.inputs if self.inner in t.axes) \
+            if self.wide > 1 else ()
         return ColumnSchedule("column", self.graph, policy, kernels["column"],
-                              tuple(self.outer) + (self.axis,), (), self.index64, axis=self.axis,
+                              tuple(self.outer) + (self.axis,), vector, self.index64,
+                              axis=self.axis,
                               rows=self.outer, variants=kernels,
-                              reductions=reduce.phases(self.graph, online=False), passes=passes)
+                              reductions=reduce.phases(self.graph, online=False), passes=passes,
+                              partials=len(self.slots), wide=self.wide, inner=self.inner)

@@ -21,6 +21,11 @@ MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vecto
 # 1024-thread group already has only 64 registers per thread (65536 / 1024): layer_norm f16 with
 # 16 reads per thread exceeded that and could not launch 1024 threads (bench/README.md, levers).
 MAX_READS_PER_THREAD = 16
+# Bytes a thread of the wide column kernel loads a row (vector_width adjacent columns at most):
+# H200, 2026-11-28, column_sum, us, 4 f32 columns (16 bytes) -> 2 (8 bytes): 4096x4096 25.1 ->
+# 21.0, 2048x16384 41.1 -> 34.9; f16, 2 columns (4 bytes) -> 4 (8 bytes): 2048x16384 24.6 ->
+# 23.9, 64x65536 5.0 -> 4.9 (bench/README.md)
+COLUMN_LOAD_BYTES = 8
 # Weight rows one quantized-matvec simdgroup holds at once: each keeps its packed words, scale,
 # bias and accumulator in registers for the chunk.
 MAX_QUANT_ROWS = 16
@@ -68,6 +73,11 @@ class LaunchPolicy:
     qmm_matrix: bool = True            # quantized, tiled kernel: products as simdgroup
                                        # matrices (Apple's matrix hardware); False: FMAs on
                                        # per-thread register tiles
+    fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
+                                       # aims at, splitting the reduced axis into chunks where
+                                       # the column blocks alone are fewer (0: never chunks)
+    chunk_rows: int = 64               # column reductions: fewest positions of the reduced
+                                       # axis per chunk
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
@@ -206,8 +216,21 @@ POLICIES: dict[str, LaunchPolicy] = {
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True),
-    "column": LaunchPolicy("column", threads_per_group=256, vector_width=1, rows_per_group=8,
-                           looped_limit=256),
+    # columns (schedule/column.py): one thread per column up to looped_limit positions of the
+    # reduced axis; longer, groups of 32 columns x rows_per_group slices, each thread
+    # reads_per_thread rows at once (loads in flight), up to vector_width adjacent columns (one
+    # vector load of COLUMN_LOAD_BYTES a row: the wide kernel, where the graph and sizes
+    # allow); where fewer than fill_groups column blocks, the reduced axis is also split into
+    # chunks of at least chunk_rows positions
+    # (fp32 partials through scratch, merged by a second launch). fill_groups: about one wave
+    # of 256-thread groups on an H200 (132 SMs x 8 groups of 256 threads); the old kernel (a
+    # group per block of 32 columns over the whole axis: 4 groups at D = 128) took a flat
+    # ~100 us at 4096x128..4096x4096. chunk_rows 64 -> 128 (f16, wide, us): 4096x128 8.2 ->
+    # 6.9, 4096x1024 10.8 -> 8.1 (fewer, longer chunks); reads_per_thread 8 within 5%
+    # (bench/README.md, 2026-11-28)
+    "column": LaunchPolicy("column", threads_per_group=256, vector_width=4, rows_per_group=8,
+                           reads_per_thread=4, looped_limit=16, fill_groups=1024,
+                           chunk_rows=128),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
 # the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and
@@ -241,7 +264,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
             "index64"),
-    "column": ("threads_per_group", "rows_per_group", "looped_limit", "index64"),
+    "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
+               "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
@@ -396,6 +420,18 @@ def _validate_column(p: LaunchPolicy) -> None:
           p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
           f"threads_per_group={p.threads_per_group} must equal 32 columns x rows_per_group="
           f"{p.rows_per_group}")
+    _need(p, p.vector_width <= 4,
+          f"vector_width={p.vector_width}: adjacent columns a thread of the wide kernel takes "
+          f"(one vector load of each row), at most 4")
+    _need(p, p.reads_per_thread <= MAX_READS_PER_THREAD,
+          f"reads_per_thread={p.reads_per_thread}: rows a thread loads at once, at most "
+          f"{MAX_READS_PER_THREAD}")
+    _need(p, isinstance(p.fill_groups, int) and not isinstance(p.fill_groups, bool)
+          and p.fill_groups >= 0,
+          f"fill_groups must be an int >= 0 (0: never split the reduced axis into chunks), "
+          f"got {p.fill_groups!r}")
+    _need(p, isinstance(p.chunk_rows, int) and not isinstance(p.chunk_rows, bool)
+          and p.chunk_rows >= 1, f"chunk_rows must be a positive int, got {p.chunk_rows!r}")
 
 
 _FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,

@@ -199,8 +199,12 @@ def test_reduction_policies_refused_before_launch(monkeypatch):
     with pytest.raises(LaunchError, match=r"kernel 'column_sum' .*threads_per_group=128 must "
                                           r"equal 32 columns x rows_per_group=8"):
         column_sum.with_launch(threads_per_group=128)(x)
-    with pytest.raises(LaunchError, match=r"'vector_width' do not apply to a column kernel"):
-        column_sum.with_launch(vector_width=2)(x)
+    with pytest.raises(LaunchError, match=r"'simd_reads_per_thread' do not apply to a column "
+                                          r"kernel"):
+        column_sum.with_launch(simd_reads_per_thread=2)(x)
+    with pytest.raises(LaunchError, match=r"vector_width=8: adjacent columns a thread of the "
+                                          r"wide kernel takes .* at most 4"):
+        column_sum.with_launch(vector_width=8)(x)
     assert kl.calls == 0
     got = column_sum.with_launch(threads_per_group=128, rows_per_group=4)(x)
     torch.testing.assert_close(got, x.sum(0), rtol=1e-5, atol=1e-5)

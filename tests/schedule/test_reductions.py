@@ -588,11 +588,11 @@ def test_argmax_argmin_first_index_ties_and_nan(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_column_sum_short_tall_and_strided(dtype):
     seen = set()
-    for r, d in ((1, 1), (5, 33), (1000, 33), (300, 70)):
+    for r, d in ((1, 1), (5, 33), (1000, 33), (300, 70), (300, 64)):
         x = torch.randn(d, r, dtype=dtype).t()                  # non-contiguous
         close(column_sum(x), x.double().sum(0), dtype, scale=max(1, r / 10))
         seen.add(variant(column_sum, x)[0])
-    assert seen == {"column", "split"}
+    assert seen == {"column", "split", "wide"}        # wide: D a multiple of its columns
 
 
 def test_column_softmax_and_argmax():
@@ -617,7 +617,7 @@ def test_long_sums_stay_accurate_like_torch():
     sum is accurate: every row equal, so rounding errors all have the same sign."""
     vals = torch.tensor([1.0085, 0.1, -3.3, 7.77])
     x = vals.expand(262145, 4).contiguous()
-    assert variant(column_sum, x)[0] == "split"
+    assert variant(column_sum, x)[0] == "wide"             # 4 columns a thread, chunked
     want = x.double().sum(0)
     close(column_sum(x), want, torch.float32)
     assert torch.allclose(column_sum(x).double(), torch.sum(x, 0).double(), rtol=2e-6, atol=0)
@@ -639,6 +639,82 @@ def test_column_reduction_of_a_middle_axis():
         x = torch.randn(3, r, 10)
         s = torch.randn(3, 10)
         close(middle_mean(x, s), x.double().mean(1) * s.double(), torch.float32)
+
+
+# --------------------------------------------------------------------------- column chunks
+# chunk_rows=16 splits the reduced axis at small sizes: chunks of whole steps of the group
+# (8 slices x 4 rows = 32 rows), so 33 rows are a chunk of 32 and one of 1
+
+@mf.kernel(launch={"chunk_rows": 16})
+def column_stats(x: "T[R, D]"):
+    m = mf.max(x, axis="R")                           # with sum(exp(x - m)): an online pair
+    return (mf.sum(x, axis="R"), m, mf.min(x, axis="R"), mf.prod(x, axis="R"),
+            mf.mean(x, axis="R"), m + mf.log(mf.sum(mf.exp(x - m), axis="R")))
+
+
+@mf.kernel(launch={"chunk_rows": 16})
+def column_arg_chunks(x: "T[R, D]"):
+    return mf.argmax(x, axis="R"), mf.argmin(x, axis="R")
+
+
+def chunking(kernel, x):
+    """(variant, chunks, launches) of the call kernel(x)."""
+    v, s, sizes = variant(kernel, x)
+    return v, s.chunks(sizes), len(s.steps(sizes))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_column_chunks_at_their_boundaries(dtype):
+    """Against the reference: reduced length 1 and the column kernel's last; one chunk (the
+    split/wide kernel stores the outputs); a partial last chunk of one row; many chunks;
+    columns a multiple of the wide kernel's (2 f32, 4 f16) or not (split, one column a
+    thread); a column block with one live column."""
+    seen = set()
+    for r, d in ((1, 8), (16, 3), (17, 8), (32, 6), (33, 8), (33, 7), (200, 12), (259, 33),
+                 (70, 1)):
+        x = (torch.rand(r, d) + 0.5).to(dtype)
+        got, want = column_stats(x), column_stats.reference(x)
+        for g, w in zip(got, want):
+            close(g, w.double(), dtype, scale=max(1, r / 10))
+        v, chunks, launches = chunking(column_stats, x)
+        assert launches == (2 if chunks > 1 else 1)
+        seen.add((v, chunks > 1))
+        assert torch.equal(got[1], x.amax(0)) and torch.equal(got[2], x.amin(0))
+    assert {("column", False), ("split", True), ("wide", True), ("wide", False)} <= seen, seen
+
+
+@pytest.mark.parametrize("d", (7, 8), ids=("split", "wide"))
+def test_column_argmax_ties_and_nans_across_chunks(d):
+    """The first index wins across chunk boundaries (rows 31 | 32 | 64 | 96 start chunks):
+    ties, a NaN in a later chunk than another, the extreme only in the partial last chunk."""
+    r = 100
+    t = torch.zeros(r, d)
+    t[[31, 32, 99], 1] = 1.0                          # max tied across chunks 0 and 1
+    t[[96, 64], 1] = -1.0                             # min tied across chunks 2 and 3
+    t[[70, 40], 2] = NAN                              # first NaN wins both
+    t[99, 3] = 5.0                                    # only in the last (partial) chunk
+    t[98, 3] = -INF
+    t[:, 4] = -INF                                    # all -inf: index 0
+    amax, amin = column_arg_chunks(t)
+    v, chunks, _ = chunking(column_arg_chunks, t)
+    assert (v, chunks) == ({7: "split", 8: "wide"}[d], 4)
+    assert torch.equal(amax, t.argmax(0)) and torch.equal(amin, t.argmin(0))
+    ref_max, ref_min = column_arg_chunks.reference(t)
+    assert torch.equal(amax, ref_max) and torch.equal(amin, ref_min)
+    assert (amax[1], amin[1], amax[2], amin[2], amax[3], amin[3]) == (31, 64, 40, 40, 99, 98)
+
+
+def test_column_wide_needs_whole_vectors_and_plain_tensors():
+    """The wide kernel takes columns a multiple of its vector and tensors whose columns are
+    contiguous; a per-column input without the reduced axis keeps the split kernel (chunked);
+    an unaligned start is copied before the vector loads."""
+    x = torch.randn(300, 10)
+    assert chunking(column_sum, x)[0] == "wide"
+    assert chunking(column_sum, torch.randn(300, 9))[0] == "split"
+    v, s, _ = variant(middle_mean, torch.randn(3, 300, 8), torch.randn(3, 8))
+    assert v == "split" and "wide" not in s.variants and "combine" in s.variants
+    y = torch.randn(300 * 10 + 1)[1:].view(300, 10)   # storage offset 1
+    close(column_sum(y), y.double().sum(0), torch.float32, scale=30)
 
 
 # --------------------------------------------------------------------------- edges and errors
