@@ -465,13 +465,17 @@ class LibraryFunction:
         return self._bind_scalar(i, a, cast)
 
     def _bind_none(self, i: int, a, p: SignatureParam, absent: bool) -> _Bound:
-        if not absent or a is not None:
+        """Nothing bound: None where no parameter uses the index, and anything (ignored, as
+        Metal ignores it: MLX's sdpa_vector binds such buffers) for a parameter whose
+        [[function_constant(...)]] is false."""
+        if p.role == "unused" and a is not None or not absent and p.role != "unused":
             raise TypeError(
                 f"kernel '{self._sig.host_name}' argument {i} {_describe_param(p)}: pass None "
-                f"exactly for buffer indices no parameter uses and for parameters whose "
-                f"[[function_constant(...)]] is false; "
+                f"exactly for buffer indices no parameter uses (and a value for a parameter "
+                f"whose [[function_constant(...)]] is true); "
                 + ("no parameter uses it" if p.role == "unused" else
-                   f"{p.function_constant or 'it has none'}{' is false' if absent else ''}"))
+                   f"{p.function_constant} is true" if p.function_constant else
+                   "the kernel uses this parameter"))
         return _Bound("none", "", 0, "None")
 
     def _bind_tensor(self, i: int, a: torch.Tensor) -> _Bound:

@@ -328,6 +328,13 @@ def test_metal_only_cpp_address_space_overloads_and_conditional_buffers(with_bia
     torch.testing.assert_close(y, torch.full((4,), 0.0) + expected)
     with pytest.raises(TypeError, match="pass None exactly"):
         lib.msl_style(y, bias, bias if with_bias else None)
+    if not with_bias:               # a buffer bound where use_bias is false is ignored (Metal)
+        y.zero_()
+        lib.msl_style(y, None, bias)
+        torch.testing.assert_close(y, torch.full((4,), 0.0) + expected)
+    else:
+        with pytest.raises(TypeError, match="use_bias is true"):
+            lib.msl_style(y, None, None)
 
 
 # ------------------------------------------------------------------------- steel-style fragments
