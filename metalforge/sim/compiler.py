@@ -37,6 +37,7 @@ from ..errors import MetalforgeError
 from .frontcheck import front_check
 from .parse import ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
+from .swizzle import rewrite_repeated_swizzles
 from .spaces import cast_errors as address_space_cast_errors
 from .trampoline import cpu_trampolines, entry_symbol
 
@@ -122,7 +123,7 @@ def _cxx_cmd() -> list[str]:
 # checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
 # editing them leaves the cache valid.
 KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py",
-               "frontcheck.py", "frontast.py", "frontoverloads.py")
+               "frontcheck.py", "frontast.py", "frontoverloads.py", "swizzle.py")
 SIM_DIR = Path(__file__).resolve().parent
 
 
@@ -249,6 +250,16 @@ def _syntax_error(msg: str, source: str) -> SyntaxError:
     return err
 
 
+def _located(text: str, offset: int, msg: str) -> str:
+    """`msg` prefixed with the user's file:line of `offset` in the rewritten text, in g++'s
+    form so that _syntax_error finds the line (the last `# N "file"` marker before it counts)."""
+    line, name, start = 1, SOURCE_NAME, 0
+    for m in re.finditer(r'^#\s*(?:line\s+)?(\d+)\s+"([^"]*)"[^\n]*\n', text[:offset], re.M):
+        line, name, start = int(m.group(1)), m.group(2), m.end()
+    line += text.count("\n", start, offset)
+    return f"{Path(name).name}:{line}: error: {msg}"
+
+
 def _kernel_from_json(d: dict) -> Signature:
     d = dict(d)
     d["params"] = [SignatureParam(**p) for p in d["params"]]
@@ -318,7 +329,9 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         if kernels is not None:
             by_name = {k.host_name: k for k in parsed.kernels}
             parsed.kernels = [by_name[n] for n in kernels]
-        text = rewrite(pre, parsed)
+        text, swz_errors = rewrite_repeated_swizzles(rewrite(pre, parsed))
+        if swz_errors:
+            raise _syntax_error("\n".join(_located(text, o, m) for o, m in swz_errors), source)
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 

@@ -110,6 +110,10 @@ struct swizzle {
     return mf_e[idx[i]];
   }
   MF_INLINE constexpr operator vec_type() const { return vec_type(mf_e[I]...); }
+  template <int... J> MF_INLINE constexpr const vec<T, int(sizeof...(J))> mf_swz() const {
+    static_assert(((J < int(sizeof...(I))) && ...), "swizzle component out of range");
+    return vec_type(*this).template mf_swz<J...>();
+  }
 
   template <class B>
   MF_INLINE swizzle& operator=(const B& b) {
@@ -160,6 +164,11 @@ struct swizzle {
   MF_INLINE constexpr T& operator[](int i) { return mf_e[MF_CHECKED(i, N)]; }                                \
   MF_INLINE constexpr const T& operator[](int i) const { return mf_e[MF_CHECKED(i, N)]; }                    \
   MF_INLINE constexpr T mf_get(int i) const { return mf_e[MF_CHECKED(i, N)]; }                               \
+  /* v.xxyy, read only: the rewrite in swizzle.py calls this (const: a write does not compile) */ \
+  template <int... J_> MF_INLINE constexpr const vec<T, int(sizeof...(J_))> mf_swz() const {      \
+    static_assert(((J_ < N) && ...), "swizzle component out of range for this vector");        \
+    return vec<T, int(sizeof...(J_))>(mf_e[J_]...);                                              \
+  }                                                                                              \
   template <class B_> MF_INLINE vec& operator+=(const B_& b) { return *this = *this + b; }       \
   template <class B_> MF_INLINE vec& operator-=(const B_& b) { return *this = *this - b; }       \
   template <class B_> MF_INLINE vec& operator*=(const B_& b) { return *this = *this * b; }       \

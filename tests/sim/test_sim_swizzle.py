@@ -1,0 +1,44 @@
+"""Swizzles with a repeated component (issue #50): values, not assignment targets, as in Metal."""
+import pytest
+import torch
+
+from metalforge.sim import compile_shader
+
+HEAD = """#include <metal_stdlib>
+using namespace metal;
+kernel void k(device float4* o [[buffer(0)]], device const float4* a [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+"""
+
+
+def test_repeated_swizzle_reads():
+    """.xxyy on names, a[i], parentheses, proxies and 2-vectors, xyzw and rgba, match torch."""
+    lib = compile_shader(HEAD + """
+  float4 v = a[i];
+  float2 w = v.zw;
+  o[i] = v.xxyy + a[i].wwzz * float4(w.yyx, 1.0f) + float4(v.rrg, (v).aaa.x)
+       + float4(w.xx.yy, v.yy);
+}
+""")
+    a = torch.randn(8, 4)
+    o = torch.zeros(8, 4)
+    lib.k(o, a, threads=8)
+    w = a[:, 2:]
+    ref = (a[:, [0, 0, 1, 1]] + a[:, [3, 3, 2, 2]] * torch.cat([w[:, [1, 1, 0]], torch.ones(8, 1)], 1)
+           + torch.cat([a[:, [0, 0, 1]], a[:, 3:4]], 1) + torch.cat([w[:, [0, 0]], a[:, [1, 1]]], 1))
+    torch.testing.assert_close(o, ref)
+
+
+@pytest.mark.parametrize("stmt", ["v.xx = float2(1.0f);", "v.xx += 1.0f;", "v.rrg++;",
+                                  "++v.zz;"])
+def test_repeated_swizzle_write_rejected(stmt):
+    """Metal: "a swizzle with a repeated component is not assignable"; reported at its line."""
+    with pytest.raises(SyntaxError, match="repeated component is not assignable") as e:
+        compile_shader(HEAD + "  float4 v = a[i];\n  " + stmt + "\n  o[i] = v;\n}\n")
+    assert e.value.lineno == 6
+
+
+def test_repeated_swizzle_write_through_parentheses_rejected():
+    """A write the token check cannot see still fails: the value returned is const."""
+    with pytest.raises(SyntaxError):
+        compile_shader(HEAD + "  float4 v = a[i];\n  (v.yy) = float2(1.0f);\n  o[i] = v;\n}\n")
