@@ -77,3 +77,43 @@ def test_unpack_matches_the_spec_rules():
             [(x & 0x3ff) / 1023, (x >> 10 & 0x3ff) / 1023, (x >> 20 & 0x3ff) / 1023, (x >> 30) / 3] + \
             [float(np.float16(b / 255)) for b in b8]
         np.testing.assert_allclose(got[i], np.array(want, dtype=np.float32), rtol=1e-6, atol=1e-7)
+
+
+def _to_srgb(c):
+    c = np.nan_to_num(c.astype(np.float32), nan=0.0)
+    c = np.clip(c, 0.0, 1.0)
+    return np.where(c < 0.0031308, 12.92 * c, 1.055 * np.power(c, 1 / 2.4) - 0.055)
+
+
+def test_srgb_and_565_match_the_spec_rules():
+    """sRGB (curve on r, g, b; alpha linear) and 5/6/5 packs and unpacks against numpy."""
+    lib = compile_shader("""#include <metal_stdlib>
+using namespace metal;
+kernel void k(device const float4* a [[buffer(0)]], device uint* srgb [[buffer(1)]],
+              device ushort* p565 [[buffer(2)]], device float4* us [[buffer(3)]],
+              device float4* u5 [[buffer(4)]], uint i [[thread_position_in_grid]]) {
+  srgb[i] = pack_float_to_srgb_unorm4x8(a[i]);
+  p565[i] = pack_float_to_unorm565(a[i].xyz);
+  us[i] = unpack_unorm4x8_srgb_to_float(srgb[i]);
+  u5[i] = float4(unpack_unorm565_to_float(p565[i]), float(unpack_unorm565_to_half(p565[i]).y));
+}
+""")
+    a = torch.rand(64, 4) * 1.4 - 0.2
+    a[0, 0] = 0.002
+    srgb = torch.zeros(64, dtype=torch.int32)
+    p565 = torch.zeros(64, dtype=torch.int16)
+    us, u5 = torch.zeros(64, 4), torch.zeros(64, 4)
+    lib.k(a, srgb, p565, us, u5, threads=64)
+    x = a.numpy()
+    rgb = np.concatenate([_to_srgb(x[:, :3]), x[:, 3:]], 1)
+    want = _join([_unorm(rgb[:, j], 255.0) for j in range(4)], 8)
+    np.testing.assert_array_equal(srgb.numpy().astype(np.uint32), want.astype(np.uint32))
+    w565 = (_unorm(x[:, 0], 31.0) | _unorm(x[:, 1], 63.0) << 5 | _unorm(x[:, 2], 31.0) << 11)
+    np.testing.assert_array_equal(p565.numpy().astype(np.uint16), w565.astype(np.uint16))
+    b = w565.astype(np.int64)
+    fl = np.stack([(b & 31) / 31.0, (b >> 5 & 63) / 63.0, (b >> 11 & 31) / 31.0], 1)
+    np.testing.assert_allclose(u5.numpy()[:, :3], fl, rtol=1e-6)
+    c = np.stack([(want.astype(np.int64) >> (8 * j)) & 255 for j in range(4)], 1) / 255.0
+    lin = np.where(c <= 0.04045, c / 12.92, np.power((c + 0.055) / 1.055, 2.4))
+    lin[:, 3] = c[:, 3]
+    np.testing.assert_allclose(us.numpy(), lin, rtol=1e-5, atol=1e-7)
