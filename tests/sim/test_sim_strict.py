@@ -307,6 +307,23 @@ void fill(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
         lib.fill(out, group_size=128)
 
 
+def test_template_kernel_thread_limit():
+    """A template kernel's ``max_total_threads_per_threadgroup`` reaches its ``host_name``
+    instantiations, in the list and the separate-attribute spellings (issue #50)."""
+    lib = compile_shader(HEAD + """
+template <typename T>
+[[kernel, max_total_threads_per_threadgroup(128)]]
+void a(device T* o [[buffer(0)]], uint i [[thread_position_in_grid]]) { o[i] = T(i); }
+template [[host_name("a_f")]] [[kernel]] void a<float>(device float*, uint);
+template <typename T>
+[[max_total_threads_per_threadgroup(128)]] kernel
+void b(device T* o [[buffer(0)]], uint i [[thread_position_in_grid]]) { o[i] = T(i); }
+template [[host_name("b_f")]] kernel void b<float>(device float*, uint);
+""")
+    assert lib.a_f.max_threads_per_threadgroup == 128
+    assert lib.b_f.max_threads_per_threadgroup == 128
+
+
 GOLDEN = sorted((Path(__file__).resolve().parents[1] / "schedule" / "golden").glob("*.metal"))
 
 
