@@ -8,7 +8,8 @@ every vector and swizzle proxy, include/mf_sim/vec.h) which returns a ``const`` 
 write through it does not compile.  A write that the tokens show directly (``v.xx = ...``,
 ``v.xx += ...``, ``v.xx++``, ``++v.xx``) is reported here with Metal's wording.  The rewrite
 works on tokens (no strings, comments or numbers are touched) and keeps every newline, so line
-numbers in messages stay the user's.
+numbers in messages stay the user's.  A name that the source also uses on its own (a struct
+field ``xx``, declared as ``float xx;``) is left alone: ``s.xx`` is then that field.
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def rewrite_repeated_swizzles(text: str) -> tuple[str, list[tuple[int, str]]]:
     if not _has_candidate(text):
         return text, []
     toks = tokenize(text)
+    # a name declared in the source (a struct field `xx`, a variable `rr`) is not a swizzle
+    declared = {t.text for k, t in enumerate(toks)
+                if t.kind == "id" and not (k and toks[k - 1].text in (".", "->"))}
     edits: list[tuple[int, int, str]] = []
     errors: list[tuple[int, str]] = []
     for k in range(1, len(toks)):
@@ -51,7 +55,7 @@ def rewrite_repeated_swizzles(text: str) -> tuple[str, list[tuple[int, str]]]:
         if t.kind != "id" or dot.kind != "punct" or dot.text not in (".", "->"):
             continue
         idx = _indices(t.text)
-        if idx is None:
+        if idx is None or t.text in declared:
             continue
         after = toks[k + 1].text if k + 1 < len(toks) else ""
         before = toks[k - 3].text if k >= 3 else ""

@@ -42,3 +42,19 @@ def test_repeated_swizzle_write_through_parentheses_rejected():
     """A write the token check cannot see still fails: the value returned is const."""
     with pytest.raises(SyntaxError):
         compile_shader(HEAD + "  float4 v = a[i];\n  (v.yy) = float2(1.0f);\n  o[i] = v;\n}\n")
+
+
+def test_struct_field_named_like_a_swizzle():
+    """A struct field called ``xx`` stays a field (the rewrite skips names the source declares)."""
+    lib = compile_shader(HEAD.replace("kernel void k", "struct P { float xx; float4 v; };\n"
+                                      "kernel void k") + """
+  P p;
+  p.xx = 2.0f;
+  p.v = a[i];
+  o[i] = p.v.zzww * p.xx;
+}
+""")
+    a = torch.randn(4, 4)
+    o = torch.zeros(4, 4)
+    lib.k(o, a, threads=4)
+    torch.testing.assert_close(o, a[:, [2, 2, 3, 3]] * 2)
