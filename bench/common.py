@@ -34,7 +34,13 @@ def table_parser(description: str, sizes_help: str) -> argparse.ArgumentParser:
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--ops", nargs="*", default=None, help="only these ops")
     ap.add_argument("--launch", nargs="*", default=None, help="launch overrides, key=value")
+    add_compile_flag(ap)
     return ap
+
+
+def add_compile_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="skip the torch.compile column (skipped anyway on the simulator)")
 
 
 def sync(device: str) -> None:
@@ -92,6 +98,34 @@ def _cuda_graph_time(fns, repeat: int, inner: int = 10) -> float:
     return statistics.median(times)
 
 
+def compile_time(fn, device: str, repeat: int, enabled: bool = True) -> float | None:
+    """Seconds per call of `torch.compile(fn, dynamic=False)`, compiled for this call's shapes
+    and dtype (dynamo's caches reset first: each row's closure is its own graph), warmed up,
+    then timed as `timeit` times eager. None where skipped (`enabled` false, the simulator)
+    or where compiling fails."""
+    if not enabled or device == "cpu":
+        return None
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, dynamic=False)
+    try:
+        for _ in range(3):
+            compiled()
+        return timeit(compiled, device, repeat)
+    except Exception as e:  # noqa: BLE001 - a failed compile is a '-' in the table, not a stop
+        print(f"  (torch.compile failed: {type(e).__name__}: {str(e)[:120]})", flush=True)
+        return None
+
+
+def us(t: float | None, width: int) -> str:
+    """A time in microseconds, or '-' where there is none."""
+    return f"{t * 1e6:>{width}.1f}" if t is not None else f"{'-':>{width}}"
+
+
+def ratio(theirs: float | None, ours: float, width: int) -> str:
+    """theirs / ours as 'N.NNx' (> 1: ours is faster), or '-'."""
+    return f"{theirs / ours:>{width - 1}.2f}x" if theirs is not None else f"{'-':>{width}}"
+
+
 def cold_copies(nbytes: int, device: str) -> int:
     """How many copies of a call's `nbytes` of inputs, called in turn, keep each call from
     finding its inputs in the GPU's last-level cache: together at least twice its size (CUDA:
@@ -145,23 +179,25 @@ def parse_launch(items) -> dict:
 
 
 HEADER = (f"{'op':<13} {'dtype':>5} {'shape':>11} {'variant':>8} {'bytes':>11} {'ours us':>9} "
-          f"{'torch us':>9} {'copy us':>8} {'ours GB/s':>9} {'copy GB/s':>9} {'%copy':>6} "
-          f"{'torch/ours':>10}")
+          f"{'torch us':>9} {'compile us':>10} {'copy us':>8} {'ours GB/s':>9} {'copy GB/s':>9} "
+          f"{'%copy':>6} {'vs eager':>9} {'vs compile':>10}")
 
 
-def row(name, dtype, spec, variant, nbytes, ours, theirs, copy) -> str:
+def row(name, dtype, spec, variant, nbytes, ours, theirs, comp, copy) -> str:
     gbs = lambda s: nbytes / s / 1e9  # noqa: E731
     return (f"{name:<13} {dtype:>5} {spec:>11} {variant:>8} {nbytes:>11} {ours * 1e6:>9.1f} "
-            f"{theirs * 1e6:>9.1f} {copy * 1e6:>8.1f} {gbs(ours):>9.0f} {gbs(copy):>9.0f} "
-            f"{100 * copy / ours:>5.0f}% {theirs / ours:>9.2f}x")
+            f"{theirs * 1e6:>9.1f} {us(comp, 10)} {copy * 1e6:>8.1f} {gbs(ours):>9.0f} "
+            f"{gbs(copy):>9.0f} {100 * copy / ours:>5.0f}% {ratio(theirs, ours, 9)} "
+            f"{ratio(comp, ours, 10)}")
 
 
 def print_table(cases, sizes, dtypes, ops, device: str, repeat: int, launch: dict,
-                with_variant: bool) -> None:
+                with_variant: bool, compile_: bool = True) -> None:
     """One row per (size "ROWSxCOLS", dtype name, op) of `cases(rows, cols, dtype, device)`
     (each case: name, kernel, args, torch eager callable; only `ops` when given): ours, torch,
-    the copy_ ceiling, GB/s from the schedule's byte count; with_variant names the row-length
-    variant the host picks."""
+    torch.compile of the same callable (`compile_time`; '-' where skipped), the copy_ ceiling,
+    GB/s from the schedule's byte count; with_variant names the row-length variant the host
+    picks."""
     print(HEADER)
     for spec in sizes:
         rows, cols = (int(v) for v in spec.lower().split("x"))
@@ -176,6 +212,7 @@ def print_table(cases, sizes, dtypes, ops, device: str, repeat: int, launch: dic
                 traffic = s.traffic(sz, variant) if with_variant else s.traffic(sz)
                 ours = timeit(lambda: k(*kargs), device, repeat)
                 theirs = timeit(eager, device, repeat)
+                comp = compile_time(eager, device, repeat, compile_)
                 copy = copy_time(traffic.total, device, repeat)
-                print(row(name, dname, spec, variant, traffic.total, ours, theirs, copy),
+                print(row(name, dname, spec, variant, traffic.total, ours, theirs, comp, copy),
                       flush=True)

@@ -1,10 +1,11 @@
-"""Elementwise kernels: ours vs torch eager on the same device, bytes moved, achieved GB/s.
+"""Elementwise kernels: ours vs torch eager and torch.compile, bytes moved, achieved GB/s.
 
     python bench/elementwise.py                 # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/elementwise.py --device cuda --dtype f16 f32 --sizes 16384x4096
     python bench/elementwise.py --dtype f32 --sizes 4096x4096
 
 Bytes are the schedule's own count (each input element read once, each output written once).
+torch.compile: the eager callable compiled once per shape and dtype (common.compile_time).
 On the simulator the times are only a smoke test of the script: it runs Metal code on CPU fibers.
 The last section measures the wrapper's warm-call overhead: a full `kernel(x)` call minus the bare
 compiled-kernel call with the same arguments (which, on the simulator, is the simulator's own
@@ -54,7 +55,8 @@ def main(argv=None) -> int:
     backend = runtime.current_backend([torch.empty(0, device=device)])
     print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
           f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
-    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=False)
+    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=False,
+                compile_=a.compile)
 
     # warm-call overhead of the wrapper: each full call minus the time spent inside the
     # compiled-kernel call it makes (on the simulator: the simulator's own launch time)

@@ -1,4 +1,4 @@
-"""Reductions: ours vs torch eager on the same device, bytes moved, achieved GB/s.
+"""Row and column reductions: ours vs torch eager and torch.compile, bytes moved, GB/s.
 
     python bench/reductions.py              # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/reductions.py --device cuda --dtype f16 f32 --sizes 16384x4096 2048x16384
@@ -7,10 +7,11 @@
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
 comparable with the device's copy bandwidth: the copy columns time `copy_` moving the same number
-of bytes (the ceiling), %copy is ours against it, torch/ours > 1 means ours is faster. On CUDA
-both sides are timed as GPU time of CUDA-graph replays (see common.timeit). The variant column
-says which kernel ran. On the simulator the times are only a smoke test of the script (Metal
-code on CPU fibers).
+of bytes (the ceiling), %copy is ours against it, vs eager / vs compile > 1 means ours is faster
+than torch eager / torch.compile (compiled once per shape and dtype before timing; skipped on the
+simulator and with --no-compile). On CUDA all are timed as GPU time of CUDA-graph replays (see
+common.timeit). The variant column says which kernel ran. On the simulator the times are only a
+smoke test of the script (Metal code on CPU fibers).
 """
 from __future__ import annotations
 
@@ -33,6 +34,23 @@ from logsumexp import logsumexp  # noqa: E402
 from rms_norm import rms_norm  # noqa: E402
 from row_argmax import row_argmax  # noqa: E402
 from softmax import softmax  # noqa: E402
+import metalforge as mf  # noqa: E402
+
+
+@mf.kernel
+def column_max(x: "T[R, D]"):  # noqa: F821
+    return mf.max(x, axis="R")
+
+
+@mf.kernel
+def column_mean(x: "T[R, D]"):  # noqa: F821
+    return mf.mean(x, axis="R")
+
+
+@mf.kernel
+def column_argmax(x: "T[R, D]"):  # noqa: F821
+    return mf.argmax(x, axis="R")
+
 
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):
@@ -50,6 +68,9 @@ def cases(rows: int, cols: int, dtype, device):
     yield "add_rms_norm", add_rms_norm, (x, r, w), add_norm
     yield "row_argmax", row_argmax, (x,), lambda: torch.argmax(x, dim=-1)
     yield "column_sum", column_sum, (x,), lambda: x.sum(dim=0)
+    yield "column_mean", column_mean, (x,), lambda: x.mean(dim=0)
+    yield "column_max", column_max, (x,), lambda: x.amax(dim=0)
+    yield "column_argmax", column_argmax, (x,), lambda: torch.argmax(x, dim=0)
 
 
 def main(argv=None) -> int:
@@ -65,7 +86,8 @@ def main(argv=None) -> int:
     backend = runtime.current_backend([torch.empty(0, device=device)])
     print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
           f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
-    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=True)
+    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=True,
+                compile_=a.compile)
     return 0
 
 

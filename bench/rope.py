@@ -1,4 +1,4 @@
-"""RoPE: ours vs torch eager on the same device, bytes moved, achieved GB/s.
+"""RoPE: ours vs torch eager and torch.compile on the same device, bytes moved, achieved GB/s.
 
     python bench/rope.py                    # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/rope.py --device cuda --dtype f16 bf16
@@ -12,7 +12,8 @@ and RoPE in one row kernel: for E <= 128 the partner comes from simd shuffles) a
 F.rms_norm then the eager rotate-half. Bytes are our schedule's count (x read once more for a
 partner element that is loaded, from cache: `rope`, `rope_cached`, and `qk_norm_rope` over
 E > 128); GB/s over them, %copy against `copy_` moving as many. On CUDA all are GPU times of
-CUDA-graph replays (common.timeit). On the simulator only a smoke test of the script.
+CUDA-graph replays (common.timeit); torch.compile of each eager function (compiled once per
+shape and dtype) beside eager. On the simulator only a smoke test of the script.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, copy_time, pick_device, plan, timeit  # noqa: E402
+from common import (DTYPES, add_compile_flag, compile_time, copy_time, pick_device, plan,  # noqa: E402
+                    ratio, timeit, us)
 
 _spec = importlib.util.spec_from_file_location(      # examples/rope.py (this file is rope.py)
     "mf_example_rope", Path(__file__).resolve().parent.parent / "examples" / "rope.py")
@@ -55,12 +57,14 @@ def main(argv=None) -> None:
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
     ap.add_argument("--kernels", nargs="+", default=KERNELS, choices=KERNELS)
     ap.add_argument("--repeat", type=int, default=50)
+    add_compile_flag(ap)
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
     print(f"device {device}")
     print(f"{'dtype':>5} {'B x H x S x E':>15} {'kernel':>16} {'bytes':>10} {'ours us':>8} "
-          f"{'torch us':>8} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'torch/ours':>10}")
+          f"{'torch us':>8} {'compile us':>10} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} "
+          f"{'vs eager':>9} {'vs compile':>10}")
     for dname in args.dtype:
         dtype = DTYPES[dname]
         for spec in args.shapes:
@@ -90,14 +94,15 @@ def main(argv=None) -> None:
                 tol = 6e-2 if dtype == torch.bfloat16 else 2e-2
                 torch.testing.assert_close(y, want, rtol=tol, atol=tol)
                 theirs = timeit(eager[name], device, repeat)
+                comp = compile_time(eager[name], device, repeat, args.compile)
                 sched, sizes = plan(k, kargs)
                 nbytes = sched.traffic(sizes).total
                 ours = timeit(lambda: k(*kargs), device, repeat)
                 copy = copy_time(nbytes, device, repeat)
                 print(f"{dname:>5} {f'{b}x{h}x{s}x{e}':>15} {name:>16} {nbytes:>10} "
-                      f"{ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} {copy * 1e6:>8.1f} "
-                      f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
-                      f"{theirs / ours:>9.2f}x")
+                      f"{ours * 1e6:>8.1f} {theirs * 1e6:>8.1f} {us(comp, 10)} "
+                      f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
+                      f"{ratio(theirs, ours, 9)} {ratio(comp, ours, 10)}")
 
 
 if __name__ == "__main__":
