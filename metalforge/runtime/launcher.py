@@ -289,17 +289,21 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
 def outputs_beside_an_empty_grid(call: Call) -> bool:
     """Fill the outputs of a call whose grid is empty but whose other outputs are not (`x * w,
     w * 2` with no rows of x: no thread runs, yet the second output has D elements; a sum over
-    an empty axis beside the softmax over it): they are computed eagerly from the same graph
-    (the torch reference of those outputs alone; one that needs a max over the empty axis
-    raises there). Whether it computed any."""
-    graph = call.spec.graph
-    filled = [(o, out) for o, out in zip(graph.outputs, call.outputs) if out.numel()]
-    if not filled:
-        return False
-    got = evaluate(replace(graph, outputs=tuple(o for o, _ in filled)), call.values)
-    for (_, out), value in zip(filled, got if isinstance(got, tuple) else (got,)):
-        out.copy_(value)
-    return True
+    an empty axis beside the softmax over it), from `eager_outputs`. Whether it filled any."""
+    filled = [i for i, out in enumerate(call.outputs) if out.numel()]
+    for i, value in zip(filled, eager_outputs(call.spec.graph, call.values, filled)):
+        call.outputs[i].copy_(value)
+    return bool(filled)
+
+
+def eager_outputs(graph: Graph, values: Mapping[str, Any],
+                  which: list[int]) -> list[torch.Tensor]:
+    """Outputs `which` of `graph` (indices), computed eagerly: the torch reference of those
+    outputs alone, so one that needs a max over an empty axis raises and the others do not."""
+    if not which:
+        return []
+    got = evaluate(replace(graph, outputs=tuple(graph.outputs[i] for i in which)), values)
+    return list(got) if isinstance(got, tuple) else [got]
 
 
 def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,

@@ -34,7 +34,7 @@ import re
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import torch
@@ -47,11 +47,10 @@ from ..errors import (BackendUnavailable, BindingError, LaunchError, Unsupported
 from ..graph import Graph
 from ..ir import LoweredKernel
 from ..once import OnceMap
-from ..reference import evaluate
 from ..shapes import bind_shapes, output_shape
 from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
-from .launcher import DeviceError, specialisation
+from .launcher import DeviceError, eager_outputs, specialisation
 
 # Metal thread attributes MLX recognises in a body, with the type it declares them as.
 ATTRIBUTES: dict[str, str] = {
@@ -424,16 +423,15 @@ _libs: OnceMap[str, Any] = OnceMap()
 
 def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any], shapes: list) -> list:
     """The outputs of a call whose grid is empty: empty ones as such, the others (`w * 2`
-    beside `x * w` with no rows of x) evaluated eagerly, as `launcher.outputs_beside_an_empty_grid`
-    does for torch tensors."""
+    beside `x * w` with no rows of x) from `launcher.eager_outputs`."""
     core = mx()
     outs = [core.zeros(shape, dtype=dt) for shape, dt in shapes]
     filled = [i for i, (shape, _) in enumerate(shapes) if math.prod(shape)]
-    if filled:
-        sub = replace(graph, outputs=tuple(graph.outputs[i] for i in filled))
-        got = evaluate(sub, {k: to_torch(v) if is_array(v) else v for k, v in values.items()})
-        for i, t in zip(filled, got if isinstance(got, tuple) else (got,)):
-            outs[i] = to_mlx(t.cpu())
+    if not filled:
+        return outs
+    tensors = {k: to_torch(v) if is_array(v) else v for k, v in values.items()}
+    for i, t in zip(filled, eager_outputs(graph, tensors, filled)):
+        outs[i] = to_mlx(t.cpu())
     return outs
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from .. import cache
 from ..errors import MetalforgeError
 from .frontcheck import front_check
-from .parse import ParseError, Signature, SignatureParam, parse
+from .parse import LineMap, ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
 from .swizzle import rewrite_repeated_swizzles
 from .spaces import cast_errors as address_space_cast_errors
@@ -250,14 +250,15 @@ def _syntax_error(msg: str, source: str) -> SyntaxError:
     return err
 
 
-def _located(text: str, offset: int, msg: str) -> str:
-    """`msg` prefixed with the user's file:line of `offset` in the rewritten text, in g++'s
-    form so that _syntax_error finds the line (the last `# N "file"` marker before it counts)."""
-    line, name, start = 1, SOURCE_NAME, 0
-    for m in re.finditer(r'^#\s*(?:line\s+)?(\d+)\s+"([^"]*)"[^\n]*\n', text[:offset], re.M):
-        line, name, start = int(m.group(1)), m.group(2), m.end()
-    line += text.count("\n", start, offset)
-    return f"{Path(name).name}:{line}: error: {msg}"
+def _located(text: str, errors: list[tuple[int, str]]) -> str:
+    """Each (offset in the rewritten text, message) as g++ would print it, at the user's
+    file:line (the text's line markers), so that _syntax_error finds the line."""
+    lines = LineMap(text)
+    out = []
+    for offset, msg in errors:
+        name, line = lines.locate(offset)
+        out.append(f"{Path(name or SOURCE_NAME).name}:{line}: error: {msg}")
+    return "\n".join(out)
 
 
 def _kernel_from_json(d: dict) -> Signature:
@@ -331,7 +332,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
             parsed.kernels = [by_name[n] for n in kernels]
         text, swz_errors = rewrite_repeated_swizzles(rewrite(pre, parsed))
         if swz_errors:
-            raise _syntax_error("\n".join(_located(text, o, m) for o, m in swz_errors), source)
+            raise _syntax_error(_located(text, swz_errors), source)
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
