@@ -312,19 +312,15 @@ def validate(p: LaunchPolicy) -> None:
 def _validate_common(p: LaunchPolicy) -> None:
     for name in ("threads_per_group", "vector_width", "vectors_per_thread", "rows_per_group",
                  *_READS, "looped_limit", "keys_per_step", "k_splits", "qmm_min_rows",
-                 "x_rows"):
+                 "x_rows", "chunk_rows"):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 1,
               f"{name} must be a positive int, got {v!r}")
-    _need(p, isinstance(p.matrix_rows, int) and not isinstance(p.matrix_rows, bool)
-          and p.matrix_rows >= 0,
-          f"matrix_rows must be an int >= 0 (0: never the matrix prefill), got "
-          f"{p.matrix_rows!r}")
-    _need(p, isinstance(p.key_splits, int) and not isinstance(p.key_splits, bool)
-          and p.key_splits >= 0,
-          f"key_splits must be an int >= 0 (0: chosen per call), got {p.key_splits!r}")
-    for name, zero in (("split_grid", "every call splits K k_splits ways"),
-                       ("small_grid", "never the small kernel")):
+    for name, zero in (("matrix_rows", "never the matrix prefill"),
+                       ("key_splits", "chosen per call"),
+                       ("split_grid", "every call splits K k_splits ways"),
+                       ("small_grid", "never the small kernel"),
+                       ("fill_groups", "never split the reduced axis into chunks")):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 0,
               f"{name} must be an int >= 0 (0: {zero}), got {v!r}")
@@ -426,12 +422,6 @@ def _validate_column(p: LaunchPolicy) -> None:
     _need(p, p.reads_per_thread <= MAX_READS_PER_THREAD,
           f"reads_per_thread={p.reads_per_thread}: rows a thread loads at once, at most "
           f"{MAX_READS_PER_THREAD}")
-    _need(p, isinstance(p.fill_groups, int) and not isinstance(p.fill_groups, bool)
-          and p.fill_groups >= 0,
-          f"fill_groups must be an int >= 0 (0: never split the reduced axis into chunks), "
-          f"got {p.fill_groups!r}")
-    _need(p, isinstance(p.chunk_rows, int) and not isinstance(p.chunk_rows, bool)
-          and p.chunk_rows >= 1, f"chunk_rows must be a positive int, got {p.chunk_rows!r}")
 
 
 _FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,
