@@ -468,12 +468,13 @@ class LibraryFunction:
         """Nothing bound: None where no parameter uses the index, and anything (ignored, as
         Metal ignores it: MLX's sdpa_vector binds such buffers) for a parameter whose
         [[function_constant(...)]] is false."""
-        if p.role == "unused" and a is not None or not absent and p.role != "unused":
+        unused = p.role == "unused"
+        if (a is not None) if unused else not absent:       # (a present parameter got None)
             raise TypeError(
                 f"kernel '{self._sig.host_name}' argument {i} {_describe_param(p)}: pass None "
                 f"exactly for buffer indices no parameter uses (and a value for a parameter "
                 f"whose [[function_constant(...)]] is true); "
-                + ("no parameter uses it" if p.role == "unused" else
+                + ("no parameter uses it" if unused else
                    f"{p.function_constant} is true" if p.function_constant else
                    "the kernel uses this parameter"))
         return _Bound("none", "", 0, "None")
