@@ -77,7 +77,8 @@ from .elementwise import kernel_params, msl_names, used_params
 from .lower import ElementLowering, compute_type, ident
 from .names import template_vars
 from .online import NEG_INF
-from .policy import SIMD_WIDTH, LaunchPolicy, access_width, validate
+from .hardware import SIMD_WIDTH
+from .policy import LaunchPolicy, access_width, validate
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 MACC = ir.Lane(ir.Var("mf_macc"), ir.Var("mf_j"))     # a merged accumulator at the lane's slot

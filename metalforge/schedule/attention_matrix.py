@@ -23,10 +23,10 @@ from .. import ir
 from ..graph import Node, Op, strip_casts
 from . import online
 from .base import IDX, make_kernel
-from .fragments import FRAG, UINT, frag, lane_place, mma, u, unrolled, zero
+from .fragments import UINT, frag, lane_place, mma, u, unrolled, zero
 from .lower import as_float
 from .online import NEG_INF
-from .policy import SIMD_WIDTH
+from .hardware import FRAG, SIMD_WIDTH
 
 if TYPE_CHECKING:
     from .attention import _Builder

@@ -43,7 +43,8 @@ from ..graph import Graph, Node, Op
 from .base import IDX, Step, make_kernel
 from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
-from .policy import COLUMN_LOAD_BYTES, LaunchPolicy, SIMD_WIDTH
+from .hardware import SIMD_WIDTH
+from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
 from .row import RowSchedule
 from . import reduce
 

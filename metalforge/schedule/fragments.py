@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from .. import ir
 
-FRAG = 8                     # a simdgroup_matrix's side (Metal has no other)
 UINT = "uint"
 
 

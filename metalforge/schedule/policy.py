@@ -11,10 +11,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Optional
 
 from ..errors import LaunchError
+from .hardware import MAX_THREADGROUP_BYTES, MAX_THREADS_PER_GROUP, SIMD_WIDTH
 
-MAX_THREADS_PER_GROUP = 1024          # Metal's limit on Apple GPUs
-MAX_THREADGROUP_BYTES = 32 * 1024     # static threadgroup memory a kernel may declare
-SIMD_WIDTH = 32
 MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vectors of 4-byte types
 # Elements a row-reduction thread holds per input in registers (fp32 each). Bounded for Metal:
 # Apple GPUs keep fewer registers per thread than NVIDIA before spilling, and on the H100 a

@@ -44,7 +44,8 @@ from .. import ir
 from ..graph import Node, Op, strip_casts, topo_order
 from . import reduce
 from .base import IDX
-from .fragments import FRAG, frag, lane_place, mat_load, mma, u, unrolled, zero
+from .fragments import frag, lane_place, mat_load, mma, u, unrolled, zero
+from .hardware import FRAG
 from .lower import as_float
 
 if TYPE_CHECKING:

@@ -59,7 +59,8 @@ from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident
 from .names import tensor_var
-from .policy import MAX_QUANT_ROWS, LaunchPolicy, SIMD_WIDTH, access_width
+from .hardware import SIMD_WIDTH
+from .policy import MAX_QUANT_ROWS, LaunchPolicy, access_width
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 

@@ -35,7 +35,8 @@ from .. import ir
 from ..dtypes import DType
 from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
 from ..graph import Graph, Node, Op, TensorParam, topo_order
-from .policy import LaunchPolicy, MAX_THREADGROUP_BYTES
+from .hardware import MAX_THREADGROUP_BYTES
+from .policy import LaunchPolicy
 from .base import IDX
 from .elementwise import kernel_params, msl_names, output_stype, used_params
 from .lower import ElementLowering, convert, compute_type, ident

@@ -70,8 +70,8 @@ from ..graph import Graph, Node, Op, TensorParam, take_sites, topo_order
 from .base import IDX, Schedule, Step, Traffic, make_kernel
 from .lower import ElementLowering, compute_type
 from .names import tensor_var
-from .policy import (LaunchPolicy, MAX_READS_PER_THREAD, MAX_THREADGROUP_BYTES,
-                     SIMD_WIDTH, access_width)
+from .hardware import MAX_THREADGROUP_BYTES, SIMD_WIDTH
+from .policy import LaunchPolicy, MAX_READS_PER_THREAD, access_width
 from . import gather, reduce
 
 VARIANTS = ("simd", "simd_exact", "group", "staged", "looped")
