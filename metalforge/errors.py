@@ -3,8 +3,9 @@
 Each derives from `MetalforgeError` (catch every metalforge error with it) and from the builtin
 class that says what kind of mistake it is, so `except ValueError` / `except TypeError` keep
 working. Messages name the kernel, the user's file:line, the argument or buffer, and what would
-be right. (The simulator's `KernelError`, `CompilerNotFound` and `ParseError`, and the test
-generator's `GenError`, derive from `MetalforgeError` too.)
+be right. (`KernelError` is a kernel's fault at run time on the simulator or the cuda backend;
+the simulator's `CompilerNotFound`, metalforge.msl's `ParseError` and the test generator's
+`GenError` derive from `MetalforgeError` too.)
 """
 from __future__ import annotations
 
@@ -89,3 +90,10 @@ class QuantizationError(MetalforgeError, ValueError):
 class CandidateMismatch(MetalforgeError, AssertionError):
     """Launch configurations that gave a result different from the reference (a metalforge
     bug: please report it with the message)."""
+
+
+class KernelError(MetalforgeError, RuntimeError):
+    """A kernel failed when launched or run: the simulator caught a fault (out-of-bounds access,
+    barrier divergence, threadgroup-memory race, crash), or the CUDA driver refused to load or
+    launch a translated kernel. Importable as ``metalforge.sim.KernelError`` and
+    ``metalforge.cuda.KernelError`` too."""

@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable, Optional, Sequence
 
 import torch
 
-from ..sim.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
+from ..msl.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
 from .translate import Arg, Entry
 
 MAX_GRID = (2 ** 31 - 1, 65535, 65535)
@@ -331,7 +331,7 @@ def list_tensor(a: Sequence[Any], dtype: torch.dtype, device: int) -> torch.Tens
     return torch.tensor(list(a), dtype=dtype, device=f"cuda:{device}")
 
 
-class _Where:
+class _ArgName:
     """'kernel 'k' argument i 'name' (type)', formatted only when an error message needs it."""
     __slots__ = ("kernel", "i", "spec")
 
@@ -370,7 +370,7 @@ def call_device(entry: Entry, args: Sequence[Any], current_device: Callable[[], 
     return device.index if device is not None else current_device()
 
 
-def pointer_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
+def pointer_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _ArgName,
                    casts: dict[int, torch.dtype]
                    ) -> tuple[Callable[[Any], Any], Optional[torch.dtype]]:
     """(getter, dtype a list is copied to the device as, or None) of a pointer parameter."""
@@ -395,7 +395,7 @@ def pointer_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
     return _pointer, list_dtype
 
 
-def value_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _Where,
+def value_getter(a: Any, i: int, ty: Optional[tuple[str, int]], where: _ArgName,
                  casts: dict[int, torch.dtype]) -> Callable[[Any], Any]:
     """The getter of a value parameter (`constant T&` or by value), after its checks."""
     if ty is None:
@@ -472,7 +472,7 @@ def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
     getters, lists, shapes = [], [], []
     first_numel = None
     for i, (a, spec, ty) in enumerate(zip(args, entry.args, types)):
-        where = _Where(entry.host_name, i, spec)
+        where = _ArgName(entry.host_name, i, spec)
         if isinstance(a, torch.Tensor) and first_numel is None:
             first_numel = a.numel()
         if spec.by_pointer:

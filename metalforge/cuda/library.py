@@ -1,4 +1,4 @@
-"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on
+"""CudaLibrary and CudaFunction (kernel) objects: torch.mps.compile_shader's call model on
 CUDA tensors.
 
 `compile_shader(source)` translates the MSL text (translate.py) at once (a SyntaxError for text
@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..bounded import Bounded
-from ..errors import MetalforgeError
+from ..errors import KernelError
 from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
 from .translate import Entry, SOURCE_NAME, translate, two_groups
@@ -41,10 +41,6 @@ _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 PLANS_PER_KERNEL = 64
-
-
-class KernelError(MetalforgeError, RuntimeError):
-    """A CUDA kernel could not be launched (driver error)."""
 
 
 _lib = None
@@ -161,8 +157,8 @@ class PlanCache(Bounded[Plan]):
         super().__init__(size)
 
 
-class Library:
-    """A compiled MSL source; `lib.<host_name>` is a LibraryFunction (one per name, and one
+class CudaLibrary:
+    """A compiled MSL source; `lib.<host_name>` is a CudaFunction (one per name, and one
     module per device and grid kind, each made once: threads asking meanwhile wait)."""
 
     def __init__(self, source: str):
@@ -171,7 +167,7 @@ class Library:
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries
         self._modules: OnceMap[tuple[int, bool], _Module] = OnceMap()
-        self._kernels: OnceMap[str, LibraryFunction] = OnceMap()
+        self._kernels: OnceMap[str, CudaFunction] = OnceMap()
 
     def module(self, device: int, one_d: bool = True) -> _Module:
         """The unit compiled for a device: for 1-D dispatches (every metalforge launch), or,
@@ -179,23 +175,23 @@ class Library:
         return self._modules.get_or_build(
             (device, one_d), lambda: _Module(self.text, self._order, device, one_d))
 
-    def __getattr__(self, name: str) -> LibraryFunction:
+    def __getattr__(self, name: str) -> CudaFunction:
         if name.startswith("_"):
             raise AttributeError(name)
         e = self._entries.get(name)
         if e is None:
             raise AttributeError(f"no kernel named '{name}' in this library (kernels: "
                                  f"{', '.join(self._entries)})")
-        return self._kernels.get_or_build(name, lambda: LibraryFunction(self, e))
+        return self._kernels.get_or_build(name, lambda: CudaFunction(self, e))
 
     def __dir__(self):
         return list(self._entries)
 
 
-class LibraryFunction:
-    """One kernel of a Library (what ``lib.<name>`` returns)."""
+class CudaFunction:
+    """One kernel of a CudaLibrary (what ``lib.<name>`` returns)."""
 
-    def __init__(self, lib: Library, entry: Entry):
+    def __init__(self, lib: CudaLibrary, entry: Entry):
         self._lib = lib
         self._entry = entry
         self._plans = PlanCache()
@@ -257,9 +253,7 @@ class LibraryFunction:
             self._plans.put(key, plan)
         plan.launch(args)
 
-Kernel = LibraryFunction   # the earlier name, kept for code that imports it (as metalforge.sim)
 
-
-def compile_shader(source: str) -> Library:
+def compile_shader(source: str) -> CudaLibrary:
     """Translate an MSL source for CUDA (compiled per device on first use)."""
-    return Library(source)
+    return CudaLibrary(source)

@@ -1,6 +1,6 @@
 """MSL text → CUDA C++ for NVRTC, and the __global__ entry points.
 
-The kernels' signatures come from the simulator's parser (`metalforge.sim.parse.parse`, used
+The kernels' signatures come from metalforge.msl's parser (`metalforge.msl.parse.parse`, used
 read-only through its result's attributes). The text itself changes only where C++ needs it;
 line numbers never change (removed text becomes spaces), so NVRTC's messages point at the
 user's lines:
@@ -27,8 +27,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..sim.parse import ParseError, parse
-from ..sim.rewrite import blanked, single_const
+from ..msl.blanks import blanked, single_const
+from ..msl.parse import parse
+from ..msl.tokens import ParseError
 
 SOURCE_NAME = "program_source"
 _ATTR = re.compile(r"\[\[.*?\]\]", re.S)

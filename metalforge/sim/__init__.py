@@ -7,10 +7,10 @@ README.md ("Testing Metal kernels on Linux") and the module docstrings of librar
 rewrite.py (the textual pass), compiler.py (compilation and cache) and include/mf_sim/engine.cpp
 (execution model).
 """
-from .compiler import CompilerNotFound
-from .library import (Kernel, KernelError, Library, LibraryFunction, compile_shader,
-                      race_detection, thread_order, threadgroup_fill, whole_groups)
+from ..errors import KernelError
+from .library import (Library, LibraryFunction, compile_shader, race_detection, thread_order,
+                      threadgroup_fill, whole_groups)
+from .toolchain import CompilerNotFound
 
-__all__ = ["CompilerNotFound", "Kernel", "KernelError", "Library", "LibraryFunction",
-           "compile_shader", "race_detection", "thread_order", "threadgroup_fill",
-           "whole_groups"]
+__all__ = ["CompilerNotFound", "KernelError", "Library", "LibraryFunction", "compile_shader",
+           "race_detection", "thread_order", "threadgroup_fill", "whole_groups"]

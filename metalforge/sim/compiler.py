@@ -6,15 +6,16 @@ Pipeline for one source (only on a cache miss):
    <c10/metal/...>`` is inlined as torch.mps.compile_shader does and macros that generate
    kernels are expanded; ``<metal_*>`` headers resolve to empty stand-ins here (the real shim
    comes in through the precompiled header in step 3);
-2. parse kernel signatures (parse.py), reject explicit casts between address spaces
-   (spaces.py) and what Metal's front end rejects (frontcheck.py, which also renames helper
-   overloads on address spaces apart) and apply the textual rewrites (rewrite.py);
+2. parse kernel signatures (metalforge/msl/parse.py), reject explicit casts between address
+   spaces (spaces.py) and what Metal's front end rejects (frontcheck.py, which also renames
+   helper overloads on address spaces apart) and apply the textual rewrites (rewrite.py);
 3. compile the rewritten text plus generated trampolines (trampoline.py) against the
    precompiled ``<metal_stdlib>`` shim into ``<key>.so``; the parsed signatures go to
    ``<key>.json`` next to it.
 
 The key hashes the source, the shim headers' contents, the modules that produce the C++ text
-(`KEY_MODULES`), torch's version, the compiler's identity and the flags, so a second run of the same source (any process) only loads the two files.
+(toolchain.py's `KEY_MODULES`), torch's version, the compiler's identity and the flags, so a
+second run of the same source (any process) only loads the two files.
 Cache folder: ``$METALFORGE_CACHE_DIR``, else ``~/.cache/metalforge`` (subfolder ``sim``). Every
 file there (engine, precompiled header, libraries) is a checked entry of metalforge/cache.py:
 written atomically under a lock, its size and hash checked before use, rebuilt when bad.
@@ -25,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import tempfile
@@ -33,15 +33,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import cache
-from ..errors import MetalforgeError
+from ..msl.parse import parse
+from ..msl.signature import Signature, SignatureParam
+from ..msl.tokens import LineMap, ParseError
 from .frontcheck import front_check
-from .parse import LineMap, ParseError, Signature, SignatureParam, parse
 from .rewrite import rewrite
 from .swizzle import rewrite_repeated_swizzles
 from .spaces import cast_errors as address_space_cast_errors
+from .toolchain import (INCLUDE_DIR, cache_dir, compiler, cxx_cmd, shim_hash,
+                        torch_include)
 from .trampoline import cpu_trampolines, entry_symbol
 
-INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 SOURCE_NAME = "program_source"
 # -O1 compiles in about half the time of -O2 and runs the simulator's kernels at a similar speed
 # (the engine, not kernel code, dominates); see the sim section of README.md for the numbers.
@@ -68,98 +70,10 @@ CLANG_FLAGS = ["-fsanitize=array-bounds", "-fsanitize-trap=array-bounds"]
 # is linked).  Function entry/exit hooks are not needed.
 GCC_FLAGS += ["-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0"]
 CLANG_FLAGS += ["-fsanitize=thread", "-fno-sanitize-thread-func-entry-exit"]
-FORMAT_VERSION = "1"
-
-
-class CompilerNotFound(MetalforgeError, RuntimeError):
-    pass
-
-
-def cache_dir() -> Path:
-    return cache.subdir("sim")
-
-
-_cxx_cache: dict[str, tuple[str, str, bool]] = {}
-
-
-def compiler() -> tuple[str, str, bool]:
-    """(path, identity, is_clang) of $CXX, else c++."""
-    name = os.environ.get("CXX") or "c++"
-    if name in _cxx_cache:
-        return _cxx_cache[name]
-    parts = name.split()
-    path = shutil.which(parts[0])
-    if path is None:
-        raise CompilerNotFound(
-            f"metalforge.sim needs a C++17 compiler to run Metal kernels on the CPU, and "
-            f"'{parts[0]}' was not found ({'$CXX' if os.environ.get('CXX') else 'c++, since $CXX is unset'}). "
-            f"Install one (e.g. `apt-get install g++` or `apt-get install clang`) or set $CXX.")
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    ident = f"{real}:{st.st_size}:{int(st.st_mtime)}"
-    is_clang = "clang" in os.path.basename(real) or "clang" in parts[0]
-    if not is_clang and "g++" not in real and "gcc" not in real:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-        is_clang = "clang" in out.lower()
-    _cxx_cache[name] = (path, ident, is_clang)
-    return _cxx_cache[name]
 
 
 def _flags(is_clang: bool) -> list[str]:
     return COMMON_FLAGS + (CLANG_FLAGS if is_clang else GCC_FLAGS)
-
-
-def _cxx_cmd() -> list[str]:
-    name = os.environ.get("CXX") or "c++"
-    parts = name.split()
-    return [compiler()[0]] + parts[1:]
-
-
-# The modules whose text shapes what is compiled: the pipeline and flags (compiler.py), the
-# signatures that become trampolines and the .json next to each library (parse.py), the textual
-# pass (rewrite.py), the address-space cast check (spaces.py: it decides what compiles) and the
-# generated entry points (trampoline.py).  Keep every module that
-# compiler.py imports (directly or through these) in this list; tests/sim/test_sim_cache_key.py
-# checks that.  The binding and call model (library.py, callmodel.py) only use a library, so
-# editing them leaves the cache valid.
-KEY_MODULES = ("compiler.py", "parse.py", "rewrite.py", "spaces.py", "trampoline.py",
-               "frontcheck.py", "frontast.py", "frontoverloads.py", "swizzle.py")
-SIM_DIR = Path(__file__).resolve().parent
-
-
-def compute_shim_hash(include_dir: Path = INCLUDE_DIR, sim_dir: Path = SIM_DIR,
-                      modules: tuple[str, ...] = KEY_MODULES) -> str:
-    """Hash of everything besides the source, compiler and flags that a compiled library depends
-    on: every file under the shim's include folder (names and contents, engine.cpp included),
-    the `modules` of `sim_dir` (names and contents) and torch's version (its c10/metal headers
-    are inlined)."""
-    import torch
-    h = hashlib.sha256(FORMAT_VERSION.encode())
-    for p in sorted(include_dir.rglob("*")):
-        if p.is_file():
-            h.update(str(p.relative_to(include_dir)).encode() + b"\0")
-            h.update(hashlib.sha256(p.read_bytes()).digest())
-    for name in modules:
-        h.update(name.encode() + b"\0")
-        h.update(hashlib.sha256((sim_dir / name).read_bytes()).digest())
-    h.update(torch.__version__.encode())
-    return h.hexdigest()[:16]
-
-
-_shim_hash: str | None = None
-
-
-def shim_hash() -> str:
-    """`compute_shim_hash()` of this installation, computed once per process."""
-    global _shim_hash
-    if _shim_hash is None:
-        _shim_hash = compute_shim_hash()
-    return _shim_hash
-
-
-def torch_include() -> str:
-    import torch
-    return str(Path(torch.__file__).resolve().parent / "include")
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
@@ -173,7 +87,7 @@ def engine_library() -> Path:
     target = cache_dir() / f"engine-{key}.so"
 
     def build(tmp: Path) -> None:
-        r = _run(_cxx_cmd() + ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w",
+        r = _run(cxx_cmd() + ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w",
                                str(INCLUDE_DIR / "mf_sim" / "engine.cpp"), "-o", str(tmp)])
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: building the engine failed:\n{r.stderr}")
@@ -192,7 +106,7 @@ def _pch() -> list[str]:
     cache.write_text(header, f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
 
     def build(tmp: Path) -> None:
-        r = _run(_cxx_cmd() + _flags(is_clang) + [OPT_LEVEL, "-x", "c++-header", str(header),
+        r = _run(cxx_cmd() + _flags(is_clang) + [OPT_LEVEL, "-x", "c++-header", str(header),
                                              "-o", str(tmp)])
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
@@ -310,7 +224,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
     with tempfile.TemporaryDirectory(prefix="mfsim-") as tmp:
         src = Path(tmp) / SOURCE_NAME
         src.write_text(source)
-        r = _run(_cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
+        r = _run(cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
                                "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
                                "-I", torch_include(), SOURCE_NAME], cwd=tmp)
         if r.returncode != 0:
@@ -336,18 +250,17 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
-        r = _run(_cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-c"] + pch_flags +
+        r = _run(cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-c"] + pch_flags +
                  ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
                   "-o", "tu.o"], cwd=tmp)
         if r.returncode != 0:
             raise _syntax_error(_clean_message(r.stderr, tmp), source)
         # linked without the sanitizer flags, so that no sanitizer runtime comes in
-        r = _run(_cxx_cmd() + ["-shared", "-pthread", "tu.o", "-o", str(out)], cwd=tmp)
+        r = _run(cxx_cmd() + ["-shared", "-pthread", "tu.o", "-o", str(out)], cwd=tmp)
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: linking the kernel library failed:\n"
                                f"{_clean_message(r.stderr, tmp)}")
     return parsed.kernels
 
 
-__all__ = ["build", "engine_library", "cache_dir", "compiler", "CompilerNotFound",
-           "entry_symbol"]
+__all__ = ["build", "engine_library", "entry_symbol"]

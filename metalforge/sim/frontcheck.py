@@ -39,9 +39,11 @@ from pathlib import Path
 
 from .frontast import ast_errors
 from .frontoverloads import renames
-from .parse import STANDARD_ATTRS, LineMap, _attr_list, ParseError, ParsedSource, Signature, parse, tokenize
+from .toolchain import INCLUDE_DIR, cache_dir, cxx_cmd, shim_hash, torch_include
+from ..msl.parse import parse
+from ..msl.signature import STANDARD_ATTRS, ParsedSource, Signature
+from ..msl.tokens import LineMap, ParseError, attr_list, tokenize
 
-INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 CHECK_NAME = "metalforge_frontcheck.cpp"
 
 # Before the shim: OpenCL keywords that are identifiers in Metal are renamed (consistently, in
@@ -170,7 +172,7 @@ def check_edits(pre: str, parsed: ParsedSource | None = None) -> list[tuple[int,
         if t.kind != "attr":
             before = t.text
             continue
-        names = dict(_attr_list(t.text))
+        names = dict(attr_list(t.text))
         if "kernel" in names and before != "template":   # not in an explicit instantiation
             edits.append((t.start, t.end, _KERNEL_ATTR))
         elif not STANDARD_ATTRS.intersection(names):
@@ -290,7 +292,7 @@ def metal_spelling(msg: str) -> str:
 
 
 @dataclass
-class _Where:
+class _CheckedLines:
     """Maps a line of the checked text to the user's (file, line)."""
     pre: str
     head_lines: int
@@ -313,10 +315,9 @@ def front_check(pre: str, parsed: ParsedSource) -> FrontResult:
     once) or $METALFORGE_SIM_FRONTCHECK is 0."""
     if os.environ.get("METALFORGE_SIM_FRONTCHECK", "1") == "0" or not available():
         return FrontResult([], pre, parsed)
-    from . import compiler as cc
     try:
-        r = check(pre, parsed, tuple(cc._cxx_cmd()), (cc.torch_include(),),
-                  pch_folder=cc.cache_dir(), key=cc.shim_hash())
+        r = check(pre, parsed, tuple(cxx_cmd()), (torch_include(),),
+                  pch_folder=cache_dir(), key=shim_hash())
     except (_cindex().TranslationUnitLoadError, OSError) as e:
         # the checker failed, not the source: build without the check, saying so once
         _warn_once(f"metalforge.sim: libclang could not run the Metal front-end check "
@@ -349,7 +350,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
     edits = check_edits(pre, parsed)
     text = _apply(pre, edits)
     tu, head = _parse(_cindex(), text, _args(cxx), pch_folder, key)
-    where = _Where(pre, head)
+    where = _CheckedLines(pre, head)
     skip = (str(INCLUDE_DIR),) + tuple(skip_files)
     found: dict[tuple[str, int, int, str], None] = {}
     for d in tu.diagnostics:
@@ -383,7 +384,7 @@ def _renamed(pre: str, text: str, edits: list, tu, head: int) -> str:
     return _apply(pre, sorted(set(out)))
 
 
-def _add(found: dict, where: _Where, skip: tuple[str, ...], loc, msg: str) -> None:
+def _add(found: dict, where: _CheckedLines, skip: tuple[str, ...], loc, msg: str) -> None:
     if loc.file is None or os.path.basename(loc.file.name) != CHECK_NAME:
         return
     at = where.locate(loc.line)

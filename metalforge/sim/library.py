@@ -30,10 +30,11 @@ from typing import ContextManager, Iterator
 import numpy as np
 import torch
 
-from ..errors import MetalforgeError
-from .callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
+from ..errors import KernelError
+from ..msl.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
+from ..msl.scalars import is_float_scalar, scalar_of
+from ..msl.signature import Signature, SignatureParam
 from .compiler import build, engine_library
-from .parse import SignatureParam, Signature, is_float_scalar, scalar_of
 from .trampoline import entry_symbol
 
 MAX_THREADS = 1024
@@ -166,11 +167,6 @@ def _load_engine():
         if _engine.mf_rt_result_size() != ctypes.sizeof(_Result):
             raise RuntimeError("metalforge.sim: engine and Python disagree on the result layout")
         return _engine
-
-
-class KernelError(MetalforgeError, RuntimeError):
-    """A simulated kernel failed at run time (fault, out-of-bounds access, barrier divergence,
-    threadgroup-memory race)."""
 
 
 # ---------------------------------------------------------------------------- staging
@@ -607,8 +603,6 @@ def function_constant_preamble(values: dict[int, bool | int | float]) -> str:
                      f"static constexpr auto value = {_fc_literal(values[k])}; }};")
     return f"namespace mf {{ {' '.join(specs)} }}\n#line 1\n"
 
-
-Kernel = LibraryFunction   # the earlier name, kept for code that imports it
 
 # Sources with more host-visible kernels than this (MLX's binary.metal has thousands) are
 # compiled lazily: each kernel on first lookup, as its own small library, so time and memory

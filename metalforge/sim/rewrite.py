@@ -28,43 +28,15 @@ replaced by spaces, so compiler messages point at the user's lines.  The rewrite
 """
 from __future__ import annotations
 
-import re
-
-from .parse import ParsedSource
+from ..msl.blanks import blanked, single_const
+from ..msl.signature import ParsedSource
 
 TG_REPLACEMENT = "static thread_local"
-# `const` and `constant` in one run of declaration specifiers, possibly with others between them
-# (MLX: `static constant constexpr const`).
-_CONST_CONSTANT = re.compile(r"\bconst((?:\s+(?:constexpr|static|inline|volatile))*\s+)constant\b"
-                             r"|\bconstant((?:\s+(?:constexpr|static|inline|volatile))*\s+)const\b")
-
-
-def _drop_doubled_const(m: re.Match) -> str:
-    if m.group(1) is not None:                       # "const constant" -> "const         "
-        return "const" + m.group(1) + " " * len("constant")
-    return " " * len("constant") + m.group(2) + "const"
 
 
 def tg_notes(names: list[str]) -> str:
     """The statements that register threadgroup arrays `names` with the race detector."""
     return "".join(f' ::mf::tg_note({n}, "{n}", __FILE__, __LINE__);' for n in names)
-
-
-def blanked(text: str, parsed: ParsedSource) -> str:
-    """`text` with the parsed attributes and instantiations blanked: spaces, every newline
-    kept, so every line keeps its number (the simulator's and the cuda backend's rewrites)."""
-    chars = list(text)
-    for a, b in parsed.blank_spans:
-        for k in range(a, min(b, len(chars))):
-            if chars[k] != "\n":
-                chars[k] = " "
-    return "".join(chars)
-
-
-def single_const(text: str) -> str:
-    """`const` and `constant` in one declaration (both spelled `const` by the shims' `#define
-    constant const`) left as one `const`, columns kept."""
-    return _CONST_CONSTANT.sub(_drop_doubled_const, text)
 
 
 def rewrite(text: str, parsed: ParsedSource) -> str:

@@ -21,7 +21,7 @@ docs/reference/simulator.md ("Address spaces").
 """
 from __future__ import annotations
 
-from .parse import LineMap, Token, tokenize
+from ..msl.tokens import LineMap, Token, tokenize
 
 SPACES = ("device", "constant", "threadgroup", "thread")
 _CASTS = ("const_cast", "static_cast", "reinterpret_cast")

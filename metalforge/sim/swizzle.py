@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from .parse import tokenize
+from ..msl.tokens import tokenize
 
 _SETS = ("xyzw", "rgba")
 _ASSIGN = frozenset({"=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", "++",

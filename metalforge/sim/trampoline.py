@@ -9,7 +9,7 @@ CUDA target would emit a ``__global__`` wrapper from the same `Signature` data.
 """
 from __future__ import annotations
 
-from .parse import Signature
+from ..msl.signature import Signature
 
 
 def function_pointer(k: Signature) -> tuple[str, str]:

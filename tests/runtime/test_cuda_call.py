@@ -324,7 +324,7 @@ def fake(monkeypatch):
     threads a group), with device 0 current."""
     f = FakeDriver()
     monkeypatch.setattr(library, "driver", f.driver)
-    monkeypatch.setattr(library.LibraryFunction, "_compiled",
+    monkeypatch.setattr(library.CudaFunction, "_compiled",
                         lambda self, dev, one_d: compiled(dev, one_d))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     return f

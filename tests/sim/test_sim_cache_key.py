@@ -5,17 +5,18 @@ import re
 import shutil
 from pathlib import Path
 
-from metalforge.sim import compiler
+from metalforge.sim import toolchain
 
 
 def _copy_tree(tmp_path: Path) -> tuple[Path, Path]:
     inc = tmp_path / "include"
-    sim = tmp_path / "sim"
-    shutil.copytree(compiler.INCLUDE_DIR, inc)
-    sim.mkdir()
-    for p in compiler.SIM_DIR.glob("*.py"):
-        shutil.copy(p, sim / p.name)
-    return inc, sim
+    pkg = tmp_path / "metalforge"
+    shutil.copytree(toolchain.INCLUDE_DIR, inc)
+    for sub in ("sim", "msl"):
+        (pkg / sub).mkdir(parents=True)
+        for p in (toolchain.PACKAGE_DIR / sub).glob("*.py"):
+            shutil.copy(p, pkg / sub / p.name)
+    return inc, pkg
 
 
 def _append(p: Path, text: str) -> None:
@@ -23,43 +24,56 @@ def _append(p: Path, text: str) -> None:
 
 
 def test_key_ignores_binding_modules_and_follows_headers_and_codegen(tmp_path):
-    inc, sim = _copy_tree(tmp_path)
-    base = compiler.compute_shim_hash(inc, sim)
-    assert base == compiler.compute_shim_hash(compiler.INCLUDE_DIR, compiler.SIM_DIR)
-    assert compiler.shim_hash() == base
+    inc, pkg = _copy_tree(tmp_path)
+    base = toolchain.compute_shim_hash(inc, pkg)
+    assert base == toolchain.compute_shim_hash(toolchain.INCLUDE_DIR, toolchain.PACKAGE_DIR)
+    assert toolchain.shim_hash() == base
 
     # modules that only bind and call a compiled library: the key stays
-    for name in ("library.py", "callmodel.py", "__init__.py"):
-        _append(sim / name, "\n# an edit that changes nothing compiled\n")
-    (sim / "new_helper.py").write_text("X = 1\n")
-    assert compiler.compute_shim_hash(inc, sim) == base
+    for name in ("sim/library.py", "msl/callmodel.py", "sim/__init__.py", "msl/__init__.py"):
+        _append(pkg / name, "\n# an edit that changes nothing compiled\n")
+    (pkg / "sim" / "new_helper.py").write_text("X = 1\n")
+    assert toolchain.compute_shim_hash(inc, pkg) == base
 
     # a shim header, the engine, a new header, or a module that produces the C++ text: it moves
     keys = {base}
     for edit in (lambda: _append(inc / "mf_sim" / "math.h", "\n// edit\n"),
                  lambda: _append(inc / "mf_sim" / "engine.cpp", "\n// edit\n"),
                  lambda: (inc / "mf_sim" / "extra.h").write_text("// new\n"),
-                 lambda: _append(sim / "rewrite.py", "\n# edit\n"),
-                 lambda: _append(sim / "trampoline.py", "\n# edit\n"),
-                 lambda: _append(sim / "parse.py", "\n# edit\n"),
-                 lambda: _append(sim / "spaces.py", "\n# edit\n"),
-                 lambda: _append(sim / "compiler.py", "\n# edit\n")):
+                 lambda: _append(pkg / "sim" / "rewrite.py", "\n# edit\n"),
+                 lambda: _append(pkg / "sim" / "trampoline.py", "\n# edit\n"),
+                 lambda: _append(pkg / "msl" / "parse.py", "\n# edit\n"),
+                 lambda: _append(pkg / "msl" / "walker.py", "\n# edit\n"),
+                 lambda: _append(pkg / "sim" / "spaces.py", "\n# edit\n"),
+                 lambda: _append(pkg / "sim" / "compiler.py", "\n# edit\n")):
         edit()
-        k = compiler.compute_shim_hash(inc, sim)
+        k = toolchain.compute_shim_hash(inc, pkg)
         assert k not in keys
         keys.add(k)
 
 
+def _imported(name: str) -> list[str]:
+    """The sim/ and msl/ modules (paths under metalforge/) that module `name` imports."""
+    folder = name.split("/")[0]
+    text = (toolchain.PACKAGE_DIR / name).read_text()
+    out = []
+    for dots, mod in re.findall(r"^\s*from (\.+)([\w.]*) import", text, flags=re.M):
+        parts = ([folder] if len(dots) == 1 else []) + mod.split(".")
+        if parts[0] in ("sim", "msl") and len(parts) == 2:
+            out.append("/".join(parts) + ".py")
+    return out
+
+
 def test_key_modules_cover_everything_the_compiler_imports():
-    """Every sim module that compiler.py imports, directly or through another, is in the key."""
+    """Every sim/ or msl/ module that compiler.py imports, directly or through another, is in
+    the key."""
     seen: set[str] = set()
-    todo = ["compiler.py"]
+    todo = ["sim/compiler.py"]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        text = (compiler.SIM_DIR / name).read_text()
-        for mod in re.findall(r"^\s*from \.(\w+) import", text, flags=re.M):
-            todo.append(mod + ".py")
-    assert seen <= set(compiler.KEY_MODULES), seen - set(compiler.KEY_MODULES)
+        todo += _imported(name)
+    assert "msl/walker.py" in seen and "sim/toolchain.py" in seen
+    assert seen <= set(toolchain.KEY_MODULES), seen - set(toolchain.KEY_MODULES)

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from metalforge.sim import compile_shader
-from metalforge.sim.parse import ParseError, parse
+from metalforge.msl.parse import parse
+from metalforge.msl.tokens import ParseError
 
 
 # ------------------------------------------------------------------------- parser

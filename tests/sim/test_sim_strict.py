@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from metalforge.sim import compile_shader, compiler, frontcheck
-from metalforge.sim.parse import parse
+from metalforge.msl.parse import parse
 
 pytestmark = pytest.mark.skipif(not frontcheck.available(), reason="libclang is not installed")
 
@@ -330,7 +330,7 @@ GOLDEN = sorted((Path(__file__).resolve().parents[1] / "schedule" / "golden").gl
 def _preprocessed(source: str, tmp: Path) -> str:
     """`source` preprocessed as the simulator's build does (compiler.py, step 1)."""
     (tmp / compiler.SOURCE_NAME).write_text(source)
-    r = compiler._run(compiler._cxx_cmd() + [
+    r = compiler._run(compiler.cxx_cmd() + [
         "-E", "-x", "c++", "-std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=320",
         "-I", str(compiler._stub_dir()), "-I", compiler.torch_include(), compiler.SOURCE_NAME],
         cwd=str(tmp))

@@ -1,7 +1,7 @@
-"""torch.mps.compile_shader's call model, shared by every backend that implements it (the
-simulator here, metalforge.cuda): the `arg_casts` names, the Metal scalar a tensor dtype or a
-cast binds as, and the checks on `threads`/`group_size` and `arg_casts` (with torch's messages), the grid and
-the threadgroup a dispatch takes.
+"""torch.mps.compile_shader's call model, shared by every backend that implements it
+(metalforge.sim, metalforge.cuda): the `arg_casts` names, the Metal scalar a tensor dtype or a
+cast binds as, and the checks on `threads`/`group_size` and `arg_casts` (with torch's
+messages), the grid and the threadgroup a dispatch takes.
 """
 from __future__ import annotations
 
