@@ -247,7 +247,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         text, swz_errors = rewrite_repeated_swizzles(rewrite(pre, parsed))
         if swz_errors:
             raise _syntax_error(_located(text, swz_errors), source)
-        tu = text + f'\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
+        tu = text + '\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
         r = _run(cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-c"] + pch_flags +

@@ -2,7 +2,7 @@
 
 Metal picks between ``float get(device float*)`` and ``float get(threadgroup float*)`` by the
 argument's address space; in the C++ build both are ``float get(float*)`` (and ``constant`` vs
-``device const`` both ``get(const float*)``), so they would be one function: parse.py keeps one
+``device const`` both ``get(const float*)``), so they would be one function: the parser keeps one
 definition and every call runs it.  clang in the front-end check (frontcheck.py) resolves each
 call as Metal does, so `renames` gives each such overload its own name, ``get__mf_as1``, ... at
 its declarations and at every call clang resolved to it.

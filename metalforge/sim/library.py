@@ -1,4 +1,5 @@
-"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on CPU tensors.
+"""Library and LibraryFunction (kernel) objects: torch.mps.compile_shader's call model on CPU
+tensors.
 
 Binding rules (as torch.mps.compile_shader): positional argument i binds buffer i; a tensor binds
 its storage from its storage offset on; a 0-dim tensor binds its one value; Python float ->

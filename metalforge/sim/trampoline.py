@@ -39,10 +39,11 @@ def cpu_trampolines(kernels: list[Signature]) -> str:
             else:
                 args.append(f"::mf::arg_cast<{t}>(mf_b[{p.buffer_index}])")
         out.append(f"// {k.host_name}")
-        out.append(f'extern "C" void {entry_symbol(i)}(void* const* mf_b, const ::mf::Pos* mf_p) {{')
+        out.append(f'extern "C" void {entry_symbol(i)}'
+                   f'(void* const* mf_b, const ::mf::Pos* mf_p) {{')
         out.append(f"  using mf_F = {ftype};")
         out.append(f"  constexpr mf_F mf_fn = {fexpr};")
-        out.append(f"  (void)mf_b; (void)mf_p;")
+        out.append("  (void)mf_b; (void)mf_p;")
         out.append("  mf_fn(" + ", ".join(args) + ");")
         out.append("}")
     return "\n".join(out) + "\n"

@@ -105,7 +105,9 @@ static float tree_sum(threadgroup float* buf, uint tid, uint n) {
   }
   return buf[0];
 }
-inline void stage(threadgroup float* dst, device const float* src, uint tid) { dst[tid] = src[tid]; }
+inline void stage(threadgroup float* dst, device const float* src, uint tid) {
+  dst[tid] = src[tid];
+}
 
 [[kernel]] void block_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
                           uint tid [[thread_position_in_threadgroup]],
@@ -131,7 +133,8 @@ kernel void scale_t(device const T* x [[buffer(0)]], device T* y [[buffer(1)]],
   y[i] = T(float(x[i]) * K);
 }
 template [[host_name("scale_float_2")]] kernel void scale_t<float, 2>(
-    device const float* x [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]);
+    device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+    uint i [[thread_position_in_grid]]);
 template [[host_name("scale_half_3")]] [[kernel]] decltype(scale_t<half, 3>) scale_t<half, 3>;
 
 template <typename T>

@@ -26,7 +26,8 @@ kernel void read_far(device const float* x, device float* out, uint i [[thread_p
 }
 
 template <typename T>
-kernel void read_one_past(device const T* x, device float* out, uint i [[thread_position_in_grid]]) {
+kernel void read_one_past(device const T* x, device float* out,
+                          uint i [[thread_position_in_grid]]) {
   out[i] = float(x[i + 1]);
 }
 template [[host_name("read_one_past_f32")]] kernel void read_one_past<float>(

@@ -34,8 +34,10 @@ kernel void mixed(device const T* x [[buffer(0)]], device T* out [[buffer(1)]],
   out[7 * n + i] = mix(v, 1, T(0.25f));
   out[8 * n + i] = exp2(v) + log2(fabs(v) + T(1)) + rsqrt(fabs(v) + T(1)) + sign(v) + fract(v);
 }
-template [[host_name("mixed_half")]] kernel void mixed<half>(device const half*, device half*, uint);
-template [[host_name("mixed_bfloat")]] kernel void mixed<bfloat>(device const bfloat*, device bfloat*, uint);
+template [[host_name("mixed_half")]] kernel void mixed<half>(
+    device const half*, device half*, uint);
+template [[host_name("mixed_bfloat")]] kernel void mixed<bfloat>(
+    device const bfloat*, device bfloat*, uint);
 """
 
 

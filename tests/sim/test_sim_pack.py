@@ -46,7 +46,8 @@ def _join(parts, bits):
 
 
 def test_pack_matches_the_spec_rules():
-    v = torch.tensor([[0.0, 1.0, -1.0, 0.5], [0.2, -0.3, 2.0, -7.0], [float("nan"), 0.998, 1e-3, 1 / 255],
+    v = torch.tensor([[0.0, 1.0, -1.0, 0.5], [0.2, -0.3, 2.0, -7.0],
+                      [float("nan"), 0.998, 1e-3, 1 / 255],
                       [0.5 / 255, 1.5 / 255, -0.5 / 127, 0.75]], dtype=torch.float32)
     out = torch.zeros(6 * len(v), dtype=torch.int32)
     compile_shader(SRC).pack(v, out, threads=len(v))
@@ -74,7 +75,8 @@ def test_unpack_matches_the_spec_rules():
         s8 = [max((b - 256 if b > 127 else b) / 127, -1.0) for b in b8]
         s16 = [max((b - 65536 if b > 32767 else b) / 32767, -1.0) for b in b16]
         want = [b / 255 for b in b8] + s8 + [b / 65535 for b in b16] + s16 + \
-            [(x & 0x3ff) / 1023, (x >> 10 & 0x3ff) / 1023, (x >> 20 & 0x3ff) / 1023, (x >> 30) / 3] + \
+            [(x & 0x3ff) / 1023, (x >> 10 & 0x3ff) / 1023, (x >> 20 & 0x3ff) / 1023,
+             (x >> 30) / 3] + \
             [float(np.float16(b / 255)) for b in b8]
         np.testing.assert_allclose(got[i], np.array(want, dtype=np.float32), rtol=1e-6, atol=1e-7)
 

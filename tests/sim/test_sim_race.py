@@ -176,8 +176,9 @@ def test_a_collective_orders_only_the_lanes_at_it():
     want = torch.cat([x[lane ^ 1] + x[lane ^ 2], x[16:].sum().expand(16)])
     torch.testing.assert_close(y, want)
     for order in ("forward", "reverse"):
-        with pytest.raises(KernelError, match=r"race \(read after write\) on buf\[(1[6-9]|2\d|3[01])\]"
-                                              r".* reads it after thread (1[6-9]|2\d|3[01]) "):
+        with pytest.raises(KernelError,
+                           match=r"race \(read after write\) on buf\[(1[6-9]|2\d|3[01])\]"
+                                 r".* reads it after thread (1[6-9]|2\d|3[01]) "):
             with thread_order(order):
                 compile_shader(DIVERGENT % "t + 16").divergent(x, y, threads=32, group_size=32)
 

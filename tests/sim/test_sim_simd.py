@@ -68,7 +68,8 @@ kernel void collectives(device const float* x [[buffer(0)]], device float* out [
 
 // lanes in different branches take part in different collectives
 kernel void branches(device const float* x, device float* out,
-                     uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+                     uint gid [[thread_position_in_grid]],
+                     uint lane [[thread_index_in_simdgroup]]) {
   float v = x[gid];
   float r;
   if (lane < 10) {
@@ -146,36 +147,36 @@ def _model(x: torch.Tensor, n: int, g: int):
     for g0 in range(0, n, g):
         actual = min(g, n - g0)
         for s0 in range(0, actual, 32):
-            lanes = [g0 + s0 + l if s0 + l < actual else None for l in range(32)]
-            act = [lanes[l] is not None and l % 5 != 4 for l in range(32)]
+            lanes = [g0 + s0 + ln if s0 + ln < actual else None for ln in range(32)]
+            act = [lanes[ln] is not None and ln % 5 != 4 for ln in range(32)]
 
-            def val(l):
-                return xs[lanes[l]] if 0 <= l < 32 and act[l] else 0.0
+            def val(ln):
+                return xs[lanes[ln]] if 0 <= ln < 32 and act[ln] else 0.0
 
-            alist = [l for l in range(32) if act[l]]
-            vals = [xs[lanes[l]] for l in alist]
-            for l in alist:
-                gid = lanes[l]
+            alist = [ln for ln in range(32) if act[ln]]
+            vals = [xs[lanes[ln]] for ln in alist]
+            for ln in alist:
+                gid = lanes[ln]
                 v = xs[gid]
                 o = out[gid]
                 o[0] = sum(vals)
                 o[1] = math.prod(vals)
                 o[2] = max(vals)
                 o[3] = min(vals)
-                before = [xs[lanes[k]] for k in alist if k < l]
+                before = [xs[lanes[k]] for k in alist if k < ln]
                 o[4] = sum(before) + v
                 o[5] = sum(before)
                 o[6] = math.prod(before) * v
                 o[7] = math.prod(before)
                 o[8] = val(3)
                 o[9] = vals[0]
-                o[10] = val((l * 7) % 32)
-                o[11] = val(l ^ 5)
-                o[12] = val(l - 2) if l >= 2 else v
-                o[13] = val(l + 3) if l + 3 < 32 else v
+                o[10] = val((ln * 7) % 32)
+                o[11] = val(ln ^ 5)
+                o[12] = val(ln - 2) if ln >= 2 else v
+                o[13] = val(ln + 3) if ln + 3 < 32 else v
 
                 def fill(delta, m, down):
-                    base, own = l - l % m, l % m
+                    base, own = ln - ln % m, ln % m
                     s = own + delta if down else own - delta
                     if 0 <= s < m:
                         return val(base + s)
@@ -187,10 +188,10 @@ def _model(x: torch.Tensor, n: int, g: int):
                 o[17] = fill(2, 8, True)
                 o[18] = sum(vals)
                 o[19] = 2 * sum(vals)
-                o[20] = (val(l + 1) + 3 if act[l + 1] else 0.0) if l + 1 < 32 else v + 3
-                q = [k for k in range(l - l % 4, l - l % 4 + 4) if act[k]]
+                o[20] = (val(ln + 1) + 3 if act[ln + 1] else 0.0) if ln + 1 < 32 else v + 3
+                q = [k for k in range(ln - ln % 4, ln - ln % 4 + 4) if act[k]]
                 o[21] = sum(xs[lanes[k]] for k in q)
-                o[22] = val(l - l % 4 + 1)
+                o[22] = val(ln - ln % 4 + 1)
                 ivs = [((lanes[k] * 2654435761) % 2**32) >> 7 for k in alist]
                 u = uout[gid]
                 u[0] = u[1] = u[2] = ivs[0]
@@ -202,7 +203,7 @@ def _model(x: torch.Tensor, n: int, g: int):
                 u[3] = ballot & 0xFFFFFFFF
                 u[4] = 1
                 u[5] = int(any(w > 1.08 for w in vals))
-                u[6] = int(l == alist[0])
+                u[6] = int(ln == alist[0])
                 u[7] = int(all(xs[lanes[k]] > 1.0 for k in alist))
                 u[8] = u[7]
                 u[9] = int(ballot != 0)

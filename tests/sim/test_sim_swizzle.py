@@ -24,8 +24,10 @@ def test_repeated_swizzle_reads():
     o = torch.zeros(8, 4)
     lib.k(o, a, threads=8)
     w = a[:, 2:]
-    ref = (a[:, [0, 0, 1, 1]] + a[:, [3, 3, 2, 2]] * torch.cat([w[:, [1, 1, 0]], torch.ones(8, 1)], 1)
-           + torch.cat([a[:, [0, 0, 1]], a[:, 3:4]], 1) + torch.cat([w[:, [0, 0]], a[:, [1, 1]]], 1))
+    ref = (a[:, [0, 0, 1, 1]]
+           + a[:, [3, 3, 2, 2]] * torch.cat([w[:, [1, 1, 0]], torch.ones(8, 1)], 1)
+           + torch.cat([a[:, [0, 0, 1]], a[:, 3:4]], 1)
+           + torch.cat([w[:, [0, 0]], a[:, [1, 1]]], 1))
     torch.testing.assert_close(o, ref)
 
 

@@ -81,7 +81,8 @@ static void h2f(const char* out) {
 template <class T> static void run_math(const float* x, const float* y, size_t n, FILE* f) {
   std::vector<float> r(n);
 #define U(fn) for (size_t i = 0; i < n; ++i) r[i] = float(fn(T(x[i]))); dump(f, r.data(), 4 * n);
-#define B(fn) for (size_t i = 0; i < n; ++i) r[i] = float(fn(T(x[i]), T(y[i]))); dump(f, r.data(), 4 * n);
+#define B(fn) for (size_t i = 0; i < n; ++i) r[i] = float(fn(T(x[i]), T(y[i]))); \
+              dump(f, r.data(), 4 * n);
   UNARY(U)
   BINARY(B)
   // ternary: fma, clamp, mix; vectors: the float4 forms must equal the scalar ones
@@ -168,7 +169,8 @@ static void misc() {
   P("select", "%g,%g,%g,%g", sel.x, sel.y, sel.z, sel.w);
   P("select_s", "%g", select(1.0f, 2.0f, true));
   P("sizes", "%d,%d,%d,%d,%d,%d,%d", int(sizeof(float3)), int(alignof(float3)), int(sizeof(half3)),
-    int(sizeof(packed_float3)), int(alignof(packed_float4)), int(sizeof(bool4)), int(sizeof(long3)));
+    int(sizeof(packed_float3)), int(alignof(packed_float4)), int(sizeof(bool4)),
+    int(sizeof(long3)));
   packed_half4 ph = packed_half4(half4(1.0f, 2.0f, 3.0f, 4.0f));
   half4 hv = ph;
   hv = hv + ph;
@@ -194,7 +196,8 @@ static void misc() {
     as_type<int2>(-3L).y);
   P("as_type_f", "%.9g", as_type<float>(0x40490fdbu));
   // traits
-  P("traits", "%d%d%d%d%d%d%d%d%d%d", int(is_floating_point_v<half>), int(is_floating_point_v<bfloat4>),
+  P("traits", "%d%d%d%d%d%d%d%d%d%d", int(is_floating_point_v<half>),
+    int(is_floating_point_v<bfloat4>),
     int(is_integral_v<uint3>), int(is_signed_v<half>), int(is_unsigned_v<ushort>),
     int(is_scalar_v<float>), int(is_scalar_v<float2>), int(is_vector_v<int4>),
     int(is_same_v<make_unsigned_t<int>, uint>), int(vec_elements<float3>::value));
@@ -203,7 +206,8 @@ static void misc() {
     int(is_same_v<remove_cv_t<const volatile int>, int>));
   // integer functions
   P("clz", "%d,%d,%d,%d", int(clz(uint(1))), int(clz(uchar(1))), int(clz(0u)), int(clz(ulong(1))));
-  P("ctz", "%d,%d,%d", int(ctz(uint(8))), int(ctz(ushort(0))), int(ctz(static_cast<ulong>(1ul << 40))));
+  P("ctz", "%d,%d,%d", int(ctz(uint(8))), int(ctz(ushort(0))),
+    int(ctz(static_cast<ulong>(1ul << 40))));
   P("popcount", "%d,%d", int(popcount(0xffu)), int(popcount(-1)));
   P("reverse_bits", "%08x,%02x", reverse_bits(1u), uint(reverse_bits(uchar(1))));
   P("sat", "%d,%d,%u,%u", int(addsat(char(100), char(100))), int(subsat(char(-100), char(100))),
@@ -229,7 +233,8 @@ static void misc() {
   P("fract", "%.9g,%.9g", fract(-0.25f), fract(-1e-10f));
   // numeric_limits (compared to torch.finfo / iinfo)
   P("lim_f", "%.9g,%.9g,%.9g,%.9g,%.9g", numeric_limits<float>::max(), numeric_limits<float>::min(),
-    numeric_limits<float>::lowest(), numeric_limits<float>::epsilon(), numeric_limits<float>::denorm_min());
+    numeric_limits<float>::lowest(), numeric_limits<float>::epsilon(),
+    numeric_limits<float>::denorm_min());
   P("lim_h", "%.9g,%.9g,%.9g,%.9g,%.9g", float(numeric_limits<half>::max()),
     float(numeric_limits<half>::min()), float(numeric_limits<half>::lowest()),
     float(numeric_limits<half>::epsilon()), float(numeric_limits<half>::denorm_min()));
@@ -237,8 +242,10 @@ static void misc() {
     float(numeric_limits<bfloat>::min()), float(numeric_limits<bfloat>::lowest()),
     float(numeric_limits<bfloat>::epsilon()), float(numeric_limits<bfloat>::denorm_min()));
   P("lim_special", "%d%d%d", int(isinf(numeric_limits<half>::infinity())),
-    int(isnan(numeric_limits<bfloat>::quiet_NaN())), int(isnan(numeric_limits<float>::quiet_NaN())));
-  P("lim_i", "%d,%d,%u,%ld,%ld,%lu,%d,%d,%u", numeric_limits<char>::min(), numeric_limits<short>::max(),
+    int(isnan(numeric_limits<bfloat>::quiet_NaN())),
+    int(isnan(numeric_limits<float>::quiet_NaN())));
+  P("lim_i", "%d,%d,%u,%ld,%ld,%lu,%d,%d,%u", numeric_limits<char>::min(),
+    numeric_limits<short>::max(),
     uint(numeric_limits<ushort>::max()), numeric_limits<long>::min(), numeric_limits<long>::max(),
     numeric_limits<ulong>::max(), numeric_limits<int>::lowest(), numeric_limits<int>::max(),
     numeric_limits<uint>::max());
@@ -322,7 +329,8 @@ def _torch_ref(name, x, y):
         "fmin": torch.fmin, "fmax": torch.fmax, "min": torch.fmin, "max": torch.fmax,
         "copysign": torch.copysign,
         "step": lambda e, v: torch.where(v < e, torch.zeros_like(v), torch.ones_like(v)),
-        "fma": lambda a, b: a * b + a, "clamp": lambda a, b: torch.clamp(torch.nan_to_num(a, nan=-1.0), -1.0, 1.0),
+        "fma": lambda a, b: a * b + a,
+        "clamp": lambda a, b: torch.clamp(torch.nan_to_num(a, nan=-1.0), -1.0, 1.0),
         "mix": lambda a, b: a + (b - a) * 0.25,
         "add": torch.add, "mul": torch.mul, "div": torch.div, "sub": torch.sub,
     }
@@ -448,7 +456,8 @@ def test_math_functions_match_torch_at_f32_f16_bf16(probe):
             bad = (~ok).nonzero().flatten()
             if len(bad):
                 i = int(bad[0])
-                failures.append(f"{dt} {name}({float(x[i])!r}, {float(y[i])!r}) = {float(got[i])!r}, "
+                failures.append(f"{dt} {name}({float(x[i])!r}, {float(y[i])!r}) = "
+                                f"{float(got[i])!r}, "
                                 f"torch {float(want[i])!r} ({len(bad)} mismatches)")
     assert not failures, "\n".join(failures)
 
@@ -532,7 +541,8 @@ def test_integer_relational_and_common_functions(probe):
     assert m["signbit"] == "10"
     assert m["nanprop"] == "1,2,1"  # fmax/min return the non-NaN operand, as IEEE maxNum
     sn, cs = (np.float32(v) for v in m["sincos"].split(","))
-    assert sn == np.float32(torch.sin(torch.tensor(0.5))) and cs == np.float32(torch.cos(torch.tensor(0.5)))
+    assert sn == np.float32(torch.sin(torch.tensor(0.5)))
+    assert cs == np.float32(torch.cos(torch.tensor(0.5)))
     assert float(m["smoothstep"]) == pytest.approx(0.15625)
     assert m["sign"] == "-1,1,-0,0"
     fr = [np.float32(v) for v in m["fract"].split(",")]

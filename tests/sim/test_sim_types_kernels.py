@@ -76,7 +76,8 @@ kernel void packed_swizzle(device const packed_float3* p [[buffer(0)]],
 
 // Histogram with atomics from every group; float sum through atomic_float.
 kernel void histogram(device const uint* x [[buffer(0)]], device atomic_uint* bins [[buffer(1)]],
-                      device atomic_float* total [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+                      device atomic_float* total [[buffer(2)]],
+                      uint i [[thread_position_in_grid]]) {
   atomic_fetch_add_explicit(&bins[x[i] % 8], 1u, memory_order_relaxed);
   atomic_fetch_add_explicit(total, 0.25f, memory_order_relaxed);
 }
