@@ -13,8 +13,6 @@ inlined, line markers kept) and finds:
 
 - each parameter's role: a buffer (``[[buffer(n)]]`` or the implicit index), a thread-position
   attribute, or something the simulator cannot bind (textures, samplers, ``[[threadgroup(n)]]``).
-- each parameter's role: a buffer (``[[buffer(n)]]`` or the implicit index), a thread-position
-  attribute, or something the simulator cannot bind (textures, samplers, ``[[threadgroup(n)]]``).
 
 It reads real-world top-level C++ (``static_assert`` and brace initialisers inside parentheses,
 ``constexpr`` functions, nested templates, default template arguments, ``<`` comparisons in

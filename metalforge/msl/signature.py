@@ -66,7 +66,6 @@ class Signature:
     threadgroup_bytes: int | None  # static threadgroup memory, None when not computable
 
 
-
 @dataclass
 class TgDecl:
     start: int                 # offset of the `threadgroup` keyword
@@ -97,13 +96,13 @@ class ParsedSource:
     function_constants: list[FunctionConstant] = field(default_factory=list)
 
 
-
 def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> SignatureParam:
     attrs = [t for t in ptoks if t.kind == "attr"]
     body = [t for t in ptoks if t.kind != "attr"]
     name, type_toks = _param_name(body)
-    p = SignatureParam(index=index, text=" ".join(t.text for t in body), name=name or f"arg{index}",
-              type_text=_type_text([t.text for t in type_toks]), role="buffer")
+    p = SignatureParam(index=index, text=" ".join(t.text for t in body),
+                       name=name or f"arg{index}",
+                       type_text=_type_text([t.text for t in type_toks]), role="buffer")
     _describe_type(p, [t.text for t in type_toks])
     for an, arg in (x for a in attrs for x in attr_list(a.text)):
         _apply_param_attr(p, an, arg, where)
