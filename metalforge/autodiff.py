@@ -32,7 +32,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from . import runtime
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import Graph, Node, Op, Output, ScalarParam, TensorParam, topo_order
@@ -533,12 +532,12 @@ def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward
     return _cache.get_or_build(key, lambda: derive(graph, wrt), lambda bw: bw.graph is graph)
 
 
-def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,
-                 launch=None, evaluate=None) -> dict[str, torch.Tensor]:
+def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
+                 run: Callable[[Graph, Mapping[str, Any]], Any]) -> dict[str, torch.Tensor]:
     """The gradients {input: tensor} for `wrt` given the forward values (tensors and runtime
     scalars by name) and the output gradients `dys` (one per forward output; None or an
     integer output's entry is ignored). Inputs with no path to a float output get zeros.
-    evaluate(graph, values) replaces the runtime (e.g. `reference.evaluate`)."""
+    run(graph, values) runs each backward kernel (the runtime, or `reference.evaluate`)."""
     env: dict[str, Any] = dict(values)
     for name, dy, o in zip(bw.dy, dys, bw.graph.outputs):
         if name is None:
@@ -559,10 +558,7 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys, *, backend=None,
     results: list[tuple] = []
     for k in bw.kernels:
         kv = {p.name: env[p.name] for p in k.params if p.name in env}
-        if evaluate is not None:
-            r = evaluate(k, kv)
-        else:
-            r = runtime.run(k, kv, backend=backend, launch=launch)
+        r = run(k, kv)
         r = r if isinstance(r, tuple) else (r,)
         results.append(r)
         for o_name, (ki, oi) in bw.buffers.items():
@@ -583,9 +579,10 @@ def _out_shape(graph: Graph, o: Output, values: Mapping[str, Any]):
     return output_shape(bind_shapes(graph, tensors), o)
 
 
-def source(bw: Backward, values: Optional[Mapping[str, Any]] = None, *,
-           sizes: Optional[Mapping[str, int]] = None, launch=None) -> str:
-    """The MSL of every backward kernel, in launch order, each under a header comment."""
+def source(bw: Backward, show: Callable[[Graph, Optional[Mapping[str, Any]]], str],
+           values: Optional[Mapping[str, Any]] = None) -> str:
+    """The MSL of every backward kernel (`show(graph, values or None)`), in launch order, each
+    under a header comment."""
     parts = []
     for i, k in enumerate(bw.kernels):
         mine = sorted((v[1], n) for n, v in {**bw.grads, **bw.buffers}.items() if v[0] == i)
@@ -598,5 +595,5 @@ def source(bw: Backward, values: Optional[Mapping[str, Any]] = None, *,
             if len(kv) != len([p for p in k.params if isinstance(p, (TensorParam,
                                                                     ScalarParam))]):
                 kv = None
-        parts.append(head + "\n" + runtime.source(k, kv, sizes=sizes, launch=launch))
+        parts.append(head + "\n" + show(k, kv))
     return "\n\n".join(parts)

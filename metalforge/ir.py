@@ -255,6 +255,14 @@ Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, R
 # --------------------------------------------------------------------------- kernel
 
 
+# What the runtime can pass for a kernel argument (`Argument.binds[0]`), as `dump` names it;
+# `runtime.binding` turns each into a typed source.
+BIND_KINDS: dict[str, str] = {
+    "input": "input", "output": "output", "scalar": "scalar", "size": "size of",
+    "numel": "element count", "error": "index-error report", "scratch": "partial results",
+    "launch": "launch value"}
+
+
 @dataclass(frozen=True)
 class Argument:
     """One kernel argument, bound positionally at buffer `index`.
@@ -540,9 +548,7 @@ class IRPrinter(Printer):
 
     @staticmethod
     def param(p: Argument) -> str:
-        what = {"input": "input", "output": "output", "scalar": "scalar", "size": "size of",
-                "numel": "element count", "error": "index-error report",
-                "scratch": "partial results", "launch": "launch value"}[str(p.binds[0])]
+        what = BIND_KINDS[str(p.binds[0])]
         src = " ".join(str(b) for b in p.binds[1:])
         acc = ("buffer rw" if p.writable else "buffer ro") if p.kind == "buffer" else "scalar"
         arg_cast = f", arg_cast {p.cast}" if p.cast else ""

@@ -22,7 +22,7 @@ import torch
 from .dtypes import BOOL, DType
 from .errors import GatherIndexError, empty_extreme
 from .graph import Graph, Node, Op, Output, topo_order
-from .shapes import bind_shapes, flat_shape, output_shape
+from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY = {
     "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
@@ -77,7 +77,7 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     far the outputs move when a sum is off by its allowed rounding error)."""
     ev = _Evaluator(graph, values, adjust)
     ev.fused = {x for x in _summed_products(graph)
-                if math.prod(ev.sizes[a] for a in x.axes) > FUSED_ELEMENTS}
+                if numel(x.axes, ev.sizes) > FUSED_ELEMENTS}
     for n in graph.nodes():
         if n not in ev.fused:
             ev.val[n] = ev.fp32(ev.node(n), n.dtype)
@@ -245,7 +245,7 @@ class _Evaluator:
         other = [i for i in range(len(x.axes)) if i != dim]
         along = max(other, key=lambda i: self.sizes[x.axes[i]])
         size = self.sizes[x.axes[along]]
-        step = max(1, FUSED_ELEMENTS * size // math.prod(self.sizes[a] for a in x.axes))
+        step = max(1, FUSED_ELEMENTS * size // numel(x.axes, self.sizes))
         args = self.common([self.align(a, x.axes) for a in x.args])
         parts = []
         for s0 in range(0, size, step):

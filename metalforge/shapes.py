@@ -182,7 +182,7 @@ def _bind_group(where: str, names: tuple[str, ...], p: TensorParam, size: int,
             f"\"{p.annotation}\") has size {size}, but {', '.join(repr(n) for n in free)} are "
             f"not bound by any other argument; all axes of a grouped dim but one need a size "
             f"from another argument (e.g. G from k's \"T[B, G, L, E]\")")
-    known = math.prod(sizes[n] for n in names if n not in free)
+    known = numel((n for n in names if n not in free), sizes)
     bound = "; ".join(f"'{n}' = {sizes[n]} from argument '{seen_by[n]}'"
                       for n in names if n not in free)
     if free and known == 0 == size:     # empty either way: the free axis is empty too
@@ -198,6 +198,12 @@ def _bind_group(where: str, names: tuple[str, ...], p: TensorParam, size: int,
         raise ShapeError(
             f"{where}: the grouped dim {group} of argument '{p.name}' (annotated "
             f"\"{p.annotation}\") has size {size}, but its axes give {known} ({bound})")
+
+
+def numel(axes: Iterable[str], sizes: Mapping[str, int]) -> int:
+    """The product of the sizes of `axes` (1 for none): the elements a grid over them covers.
+    The one place the package multiplies axis sizes."""
+    return math.prod(sizes[a] for a in axes)
 
 
 def flat_shape(binding: ShapeBinding, param: TensorParam) -> tuple[int, ...]:

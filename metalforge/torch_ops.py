@@ -12,8 +12,9 @@
 - autograd: the backward is a second operator (``mylib::rms_norm_backward``) that runs the
   kernels `metalforge.autodiff` derives from the graph; it saves the op's inputs only.
 
-Calling a kernel directly on tensors that require grad goes through `call_differentiable`
-(a `torch.autograd.Function` over the same backward kernels). A kernel that has no derivative
+Calling a kernel directly on tensors that require grad goes through
+`runtime.autograd.call_differentiable` (a `torch.autograd.Function` over the same backward
+kernels). A kernel that has no derivative
 (integer outputs, `mf.prod`) raises `NotDifferentiable` when it is called, not at backward.
 """
 from __future__ import annotations
@@ -25,13 +26,14 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from . import autodiff, runtime
+from . import autodiff
 from .errors import BindingError
 from .autodiff import NotDifferentiable
 from .graph import ConstParam, Graph, TensorParam
+from .runtime.autograd import run_backward
 from .shapes import bind_shapes, lay_out, output_shape
 
-__all__ = ["KernelOp", "register", "call_differentiable", "NotDifferentiable", "OpError"]
+__all__ = ["KernelOp", "register", "NotDifferentiable", "OpError"]
 
 _NAME = re.compile(r"^([A-Za-z_]\w*)::([A-Za-z_]\w*)$")
 
@@ -237,8 +239,8 @@ class KernelOp:
         floats = iter(dys)
         full = [next(floats) if o.dtype.is_float else None for o in g.outputs]
         with torch.no_grad():
-            grads = autodiff.run_backward(bw, self._values(fwd), full,
-                                          backend=self.kernel.backend, launch=self.kernel.launch)
+            grads = run_backward(bw, self._values(fwd), full, self.kernel.backend,
+                                 self.kernel.launch)
         return [grads[self.names[i]] for i in wrt]
 
     def _backward_fake(self, *args):
@@ -283,47 +285,3 @@ def _check_free(kernel, name: str) -> None:
             continue
         raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch already has an operator "
                       f"'{n}'; choose another name")
-
-
-# --------------------------------------------------------------------------- direct calls
-
-class _KernelFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, kernel, graph, values, names, *tensors):
-        vals = dict(values)
-        vals.update(zip(names, tensors))
-        out = runtime.run(graph, vals, backend=kernel.backend, launch=kernel.launch)
-        outs = out if isinstance(out, tuple) else (out,)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
-        ctx.save_for_backward(*tensors)
-        ctx.meta = (kernel, graph, values, names)
-        return out
-
-    @staticmethod
-    def backward(ctx, *dys):
-        kernel, graph, values, names = ctx.meta
-        if torch.is_grad_enabled():         # create_graph=True: the result must be differentiable
-            raise NotDifferentiable(f"{kernel.where}: double backward (create_graph=True) "
-                                    "through a metalforge kernel is not supported; its "
-                                    "backward kernels have no derivative")
-        tensors = ctx.saved_tensors
-        wrt = tuple(n for n, t, need in zip(names, tensors, ctx.needs_input_grad[4:])
-                    if need and t.dtype.is_floating_point)
-        vals = dict(values)
-        vals.update(zip(names, tensors))
-        grads = autodiff.run_backward(autodiff.backward_of(graph, wrt), vals, dys,
-                                      backend=kernel.backend, launch=kernel.launch)
-        return (None, None, None, None, *[grads.get(n) for n in names])
-
-
-def call_differentiable(kernel, graph: Graph, values: Mapping[str, Any]):
-    """Run `graph` so that autograd can differentiate its outputs with respect to the input
-    tensors that require grad (the backward kernels of `metalforge.autodiff`)."""
-    names = tuple(t.name for t in graph.tensors)
-    wrt = tuple(n for n in names if values[n].requires_grad)
-    try:
-        autodiff.backward_of(graph, wrt)            # no derivative: fail now, not at backward
-    except NotDifferentiable as e:
-        raise NotDifferentiable(f"{e} (argument(s) {', '.join(wrt)} require grad)") from None
-    scalars = {k: v for k, v in values.items() if k not in names}
-    return _KernelFunction.apply(kernel, graph, scalars, names, *[values[n] for n in names])

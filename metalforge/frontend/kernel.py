@@ -9,26 +9,24 @@ import inspect
 import re
 import textwrap
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, cast
 
 import torch
 
-from .. import autodiff, dtypes, runtime
-from ..runtime import fastpath, launcher, mlx
-from ..runtime.layout import check_dense
-from ..torch_ops import call_differentiable, register
+from .. import dtypes, runtime
 from ..dtypes import BOOL, DType, F32, I64, check_float, check_int64
 from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
                       kernel_at)
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..once import OnceMap
-from ..reference import evaluate
+from ..torch_ops import register
 from ..tuning.launch import check_options
 from .annotations import Annotation, parse_annotation, resolve_dims
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
-_NO_DEFAULT = inspect.Parameter.empty
+# a specialisation: ((dtype variable, dtype name), ...), ((Const, value), ...))
+Key = tuple[tuple[tuple[str, str], ...], tuple[tuple[str, Any], ...]]
 _CONST_TEXT = re.compile(r"^(?:[A-Za-z_]\w*\.)*Const\[\s*(int|bool)\s*\]$")
 
 
@@ -53,7 +51,7 @@ class Const:
             return x
     """
 
-    def __class_getitem__(cls, pytype):
+    def __class_getitem__(cls, pytype: Any) -> _ConstType:
         if pytype not in (int, bool):
             raise TraceError(f"mf.Const[{getattr(pytype, '__name__', pytype)}]: only "
                              "mf.Const[int] and mf.Const[bool] exist")
@@ -73,7 +71,7 @@ def _unquote(ann: str) -> str:
 
 # --------------------------------------------------------------------------- source locations
 
-def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
+def _locate(fn: Callable[..., Any]) -> tuple[str, int, dict[str, int]]:
     """(file, def line, {parameter: line of its annotation}) of a function."""
     file = inspect.getsourcefile(fn) or fn.__code__.co_filename
     line = fn.__code__.co_firstlineno
@@ -100,7 +98,7 @@ def _locate(fn: Callable) -> tuple[str, int, dict[str, int]]:
 _NAME = re.compile(r"(?=.{1,64}$)[A-Za-z](?:_?[A-Za-z0-9])*")
 
 
-def _check_name(name: Optional[str], fn: Callable, loc: tuple[str, int]) -> str:
+def _check_name(name: Optional[str], fn: Callable[..., Any], loc: tuple[str, int]) -> str:
     """The kernel's name, which generated MSL uses in function names, host names and comments:
     a plain ASCII identifier, else a ValueError."""
     got = fn.__name__ if name is None else name
@@ -128,7 +126,7 @@ class Kernel:
         torch.testing.assert_close(y, silu.reference(x))
     """
 
-    def __init__(self, fn: Callable, *, name: Optional[str] = None,
+    def __init__(self, fn: Callable[..., Any], *, name: Optional[str] = None,
                  backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
         self.fn = fn
         self.backend = backend
@@ -145,7 +143,7 @@ class Kernel:
             n for a in self._annotations.values() for d in a.dims for n in d.names
             if n not in self._const_names))
         self._return = self._declare_return()
-        self._graphs: OnceMap[tuple, Graph] = OnceMap()     # one trace per key, shared by views
+        self._graphs: OnceMap[Key, Graph] = OnceMap()     # one trace per key, shared by views
         if launch:
             self.launch = check_options(launch, f"{self.where}, launch=")
         self._declare_call()
@@ -194,7 +192,7 @@ class Kernel:
         m = _CONST_TEXT.match(text) if text else None
         if isinstance(ann, _ConstType) or m:
             pytype = ann.pytype if isinstance(ann, _ConstType) else \
-                {"int": int, "bool": bool}[m.group(1)]
+                {"int": int, "bool": bool}[m.group(1) if m else ""]
             if has_default:
                 self._check_const(pytype, p.default, where + " (default)")
             return ConstParam(p.name, pytype, p.default if has_default else None, has_default)
@@ -206,7 +204,7 @@ class Kernel:
             raise AnnotationError(f"{where}: tensor parameters cannot have defaults")
         a = parse_annotation(text, where)
         self._annotations[p.name] = a
-        return TensorParam(p.name, a.dtype, a.dtype_var, (), text)
+        return TensorParam(p.name, cast(DType, a.dtype), a.dtype_var, (), text)  # None: a variable
 
     def _resolve_dims(self, params: list[Param]) -> tuple[Param, ...]:
         """The tensor parameters with their dims resolved, each int Const standing in as its
@@ -229,7 +227,7 @@ class Kernel:
             if isinstance(p, TensorParam):
                 for d in p.dims:
                     for nm in ([d.base] if d.derived else [d.name]):
-                        (batch_names if d.batch else plain_names).setdefault(nm, p.name)
+                        (batch_names if d.batch else plain_names).setdefault(str(nm), p.name)
         for nm, pn in batch_names.items():
             if nm in plain_names:
                 raise AnnotationError(
@@ -238,22 +236,11 @@ class Kernel:
                     "name for one of them")
 
     def _declare_call(self) -> None:
-        """What the warm-call key reads: each parameter's kind; its name, default and whether
-        it may be passed by keyword; and, per number of positional arguments, the defaults that
-        complete them (None where a parameter without default would be missing)."""
-        sig = list(self.signature.parameters.values())
-        self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
-                                  for p in sig)
-        self._key_of = fastpath.key_function(tuple(
+        """The way calls enter the runtime (`runtime.CallPath`): each parameter's kind, for
+        the warm-call key."""
+        self._calls = runtime.CallPath(self.signature, tuple(
             "tensor" if isinstance(q, TensorParam) else "scalar" if isinstance(q, ScalarParam)
-            else "const" for q in self.params))
-        self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
-        self._completions = tuple(
-            tuple(p.default for p in sig[n:])
-            if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
-            for n in range(self._max_positional + 1))
-        self._warm = fastpath.WarmCache()
-        self._warm_launch = self.launch
+            else "const" for q in self.params), self.backend, self.launch)
 
     def _declare_return(self) -> Optional[tuple[Annotation, ...]]:
         ann = self.signature.return_annotation
@@ -294,8 +281,9 @@ class Kernel:
         return v if pytype is bool else check_int64(v, where)
 
     # -- binding ------------------------------------------------------------------------
-    def _bind(self, args: tuple, kwargs: Mapping[str, Any], *, partial: bool = False,
-              dtype_hints: Optional[Mapping[str, Any]] = None):
+    def _bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, partial: bool = False,
+              dtype_hints: Optional[Mapping[str, Any]] = None
+              ) -> tuple[Key, dict[str, Any], dict[str, DType], dict[str, Any]]:
         """-> (specialisation key, values for the runtime, dtype_vars, consts)."""
         try:
             ba = (self.signature.bind_partial if partial else self.signature.bind)(
@@ -322,7 +310,7 @@ class Kernel:
                 continue
             v = got[p.name]
             if isinstance(p, TensorParam):
-                kinds.setdefault(mlx.is_array(v), p.name)
+                kinds.setdefault(runtime.is_array(v), p.name)
                 self._bind_dtype(p, v, where, dvars, dvar_from)
                 values[p.name] = v
             elif isinstance(p, ScalarParam):
@@ -348,14 +336,14 @@ class Kernel:
                     dvar_from: dict[str, str]) -> None:
         """Check tensor argument `v` (torch or MLX) against `p`'s dtype, binding its dtype
         variable on first sight (`dvar_from` says where each variable was bound)."""
-        is_mlx = mlx.is_array(v)                   # an mlx.core.array: MLX backend
+        is_mlx = runtime.is_array(v)                   # an mlx.core.array: MLX backend
         if not isinstance(v, torch.Tensor) and not is_mlx:
             raise BindingError(f"{where}: expected a torch.Tensor (annotated "
                                f"\"{p.annotation}\"), got {type(v).__name__}")
         if not is_mlx:
-            check_dense(where, p.name, v)
+            runtime.check_dense(where, p.name, v)
         try:
-            dt = mlx.dtype_of(v) if is_mlx else dtypes.from_torch(v.dtype)
+            dt = runtime.array_dtype(v) if is_mlx else dtypes.from_torch(v.dtype)
         except TypeError as e:
             raise BindingError(f"{where}: {e}") from None
         if p.dtype_var is None:
@@ -383,7 +371,8 @@ class Kernel:
         raise BindingError(f"{self.where}: dtype variable {var}={v!r} is not a dtype (use one "
                            f"of {' '.join(dtypes.ALL)} or a torch dtype)")
 
-    def _split_bindings(self, kwargs: Mapping[str, Any]):
+    def _split_bindings(self, kwargs: Mapping[str, Any]
+                        ) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
         """kwargs of source()/ir()/graph(): parameters, dtype variables and dim sizes."""
         params, hints, sizes = {}, {}, {}
         for k, v in kwargs.items():
@@ -405,7 +394,7 @@ class Kernel:
         return params, hints, sizes
 
     # -- specialisation -----------------------------------------------------------------
-    def _graph(self, key, dvars: Mapping[str, DType], consts: Mapping[str, Any]) -> Graph:
+    def _graph(self, key: Key, dvars: Mapping[str, DType], consts: Mapping[str, Any]) -> Graph:
         return self._graphs.get_or_build(key, lambda: self._trace(dict(dvars), dict(consts)))
 
     def _trace(self, dvars: dict[str, DType], consts: dict[str, Any]) -> Graph:
@@ -417,7 +406,7 @@ class Kernel:
                 dims = resolve_dims(a.dims, consts, a.text, self._pwhere(p.name))
                 for d in dims:
                     axis_specs.setdefault(d.name, d)
-                p = replace(p, dtype=p.dtype or dvars[p.dtype_var], dims=dims)
+                p = replace(p, dtype=p.dtype or dvars[str(p.dtype_var)], dims=dims)
             params.append(p)
         trace = Trace(self.name, self.loc, axis_specs, dvars)
         call_args, call_kwargs = [], {}
@@ -440,7 +429,8 @@ class Kernel:
         return Graph(self.name, tuple(params), outputs, consts=dict(consts),
                      dtype_vars=dict(dvars), loc=self.loc)
 
-    def _outputs(self, result, trace: Trace, params, consts, dvars) -> tuple[Output, ...]:
+    def _outputs(self, result: Any, trace: Trace, params: list[Param], consts: dict[str, Any],
+                 dvars: dict[str, DType]) -> tuple[Output, ...]:
         ret_loc = (self.loc[0], self._lines.get("return", self.loc[1]))
         if result is None:
             raise trace.error("the kernel returns nothing; return the output value(s)",
@@ -470,8 +460,10 @@ class Kernel:
             outs.append(Output(n, axes, n.dtype))
         return tuple(outs)
 
-    def _declared_axes(self, a: Annotation, n: Node, what, trace, consts, dvars, loc):
-        dt = a.dtype or dvars.get(a.dtype_var)
+    def _declared_axes(self, a: Annotation, n: Node, what: str, trace: Trace,
+                       consts: dict[str, Any], dvars: dict[str, DType],
+                       loc: tuple[str, int]) -> tuple[str, ...]:
+        dt = a.dtype or dvars.get(str(a.dtype_var))
         if a.dtype_var and a.dtype_var not in dvars:
             raise trace.error(f"the return annotation \"{a.text}\" uses dtype variable "
                               f"{a.dtype_var}, which no argument binds", loc)
@@ -485,7 +477,8 @@ class Kernel:
                               f"\"{a.text}\" lists {list(axes)}", loc)
         return axes
 
-    def _infer_axes(self, n: Node, what, tensors, trace) -> tuple[str, ...]:
+    def _infer_axes(self, n: Node, what: str, tensors: list[TensorParam],
+                    trace: Trace) -> tuple[str, ...]:
         """The first argument (in declaration order) whose annotation holds all the output's
         axes gives their order; without one the order is ambiguous."""
         if len(n.axes) <= 1:
@@ -498,81 +491,32 @@ class Kernel:
                           f"annotation such as -> \"T[{', '.join(n.axes)}]\"", self.loc)
 
     # -- public API ---------------------------------------------------------------------
-    def graph(self, *args, **kwargs) -> Graph:
+    def graph(self, *args: Any, **kwargs: Any) -> Graph:
         """The traced Graph for the specialisation these arguments (or bindings) select."""
         params, hints, _ = self._split_bindings(kwargs)
         key, _, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
         return self._graph(key, dvars, consts)
 
-    def __call__(self, *args, **kwargs):
-        warm = self._warm
-        if self._warm_launch is not self.launch:     # `launch` reassigned: other closures
-            warm = self._warm = fastpath.WarmCache()
-            self._warm_launch = self.launch
-        hit = self._warm_key(args, kwargs) if fastpath.MSL_REWRITE.get() is None else None
-        if hit is not None:
-            w = warm.get(hit[0])
-            if w is not None and w.current():
-                return w.replay(hit[1])
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        calls = self._calls
+        if calls.launch is not self.launch:     # `launch` reassigned: other closures
+            calls = self._calls = calls.relaunched(self.launch)
+        return calls(self._bound, args, kwargs)
+
+    def _bound(self, args: tuple[Any, ...],
+               kwargs: Mapping[str, Any]) -> tuple[Graph, dict[str, Any]]:
+        """(the traced graph, values for the runtime) of a call, every argument checked."""
         key, values, dvars, consts = self._bind(args, kwargs)
-        g = self._graph(key, dvars, consts)
-        if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
-                                           for v in values.values()):
-            return call_differentiable(self, g, values)    # autograd through derived kernels
-        if hit is None:
-            return runtime.run(g, values, backend=self.backend, launch=self.launch)
-        out, w = fastpath.run(g, values, self.backend, self.launch)
-        if w is not None:
-            warm.put(hit[0], w)
-        return out
+        return self._graph(key, dvars, consts), values
 
-    def _warm_key(self, args: tuple, kwargs: Mapping[str, Any]):
-        """(key, argument values in parameter order) for the warm-call fast path, or None
-        when this call must take the full path: arguments it cannot map without
-        `inspect.Signature.bind` (whose errors the full path reports), a non-Tensor (or Tensor
-        subclass) where a tensor goes, a tensor that requires grad while grad mode is on.
-
-        The key (`fastpath.key_function`) holds everything a checked call's launch depends on:
-        the kernel's backend and the `with mf.backend(...)` override; each tensor's dtype,
-        shape, strides and device; each runtime scalar's Python type; each Const's type and
-        value. The launch overrides are the cache's (one per `launch`), the autotune entry is
-        checked by `Warm.current`."""
-        values: Optional[Sequence[Any]] = None
-        if not kwargs and len(args) <= self._max_positional:
-            tail = self._completions[len(args)]
-            if tail is not None:
-                values = args + tail if tail else args
-        else:
-            values = self._warm_values(args, kwargs)
-        if values is None:
-            return None
-        key = self._key_of(values, self.backend)
-        return None if key is None else (key, values)
-
-    def _warm_values(self, args: tuple, kwargs: Mapping[str, Any]) -> Optional[list]:
-        """Every argument in parameter order (defaults filled in), or None for anything
-        unusual (too many, unknown, duplicated or missing arguments)."""
-        if len(args) > self._max_positional:
-            return None
-        values = list(args)
-        used = 0
-        for name, default, by_keyword in self._call_params[len(args):]:
-            if by_keyword and name in kwargs:
-                values.append(kwargs[name])
-                used += 1
-            elif default is not _NO_DEFAULT:
-                values.append(default)
-            else:
-                return None
-        return values if used == len(kwargs) else None
-
-    def _introspect(self, show: Callable[..., str], args, kwargs) -> str:
+    def _introspect(self, show: Callable[..., str], args: tuple[Any, ...],
+                    kwargs: Mapping[str, Any]) -> str:
         params, hints, sizes = self._split_bindings(kwargs)
         key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
         g = self._graph(key, dvars, consts)
         return show(g, values, sizes=sizes or None, launch=self.launch)
 
-    def launches(self, *args, **kwargs) -> tuple[tuple[str, int, int], ...]:
+    def launches(self, *args: Any, **kwargs: Any) -> tuple[tuple[str, int, int], ...]:
         """What calling the kernel with these arguments would launch, without running it: one
         (host name, threads, threadgroup size) per kernel launch, in order (a row reduction's
         variant for this row length, attention's decode and merge kernels when its keys are
@@ -582,44 +526,35 @@ class Kernel:
             >>> rms_norm.launches(torch.randn(8, 4096), torch.randn(4096))
             (('rms_norm_f32_group', 4096, 512),)
         """
-        key, values, dvars, consts = self._bind(args, kwargs)
-        call = launcher.check_call(self._graph(key, dvars, consts), values, self.backend,
-                                   self.launch)
-        return launcher.bind(call).plan if call.numel else ()
+        return runtime.launches(*self._bound(args, kwargs), self.backend, self.launch)
 
-    def source(self, *args, **bindings) -> str:
+    def source(self, *args: Any, **bindings: Any) -> str:
         """The MSL of the specialisation that these example arguments select. Without tensors,
         bindings give dtype variables (T="f16", default f32), Consts and dim sizes (D=4096)."""
         return self._introspect(runtime.source, args, bindings)
 
-    def ir(self, *args, **bindings) -> str:
+    def ir(self, *args: Any, **bindings: Any) -> str:
         """A readable dump of the lowered kernel IR (same arguments as `source`)."""
         return self._introspect(runtime.ir, args, bindings)
 
-    def as_op(self, name: str):
+    def as_op(self, name: str) -> Any:
         """Register this kernel as the PyTorch operator `name` ("mylib::rms_norm"), usable
         under torch.compile / torch.export and differentiable; returns the operator (call it
         like the kernel; `.op` is the torch.library op). See metalforge.torch_ops."""
         return register(self, name)
 
-    def backward_source(self, *args, **bindings) -> str:
+    def backward_source(self, *args: Any, **bindings: Any) -> str:
         """The MSL of the backward kernels (derived by metalforge.autodiff) of the
         specialisation these arguments select, in launch order; same arguments as `source`."""
         params, hints, sizes = self._split_bindings(bindings)
         key, values, dvars, consts = self._bind(args, params, partial=True, dtype_hints=hints)
-        bw = autodiff.backward_of(self._graph(key, dvars, consts))
-        return autodiff.source(bw, values, sizes=sizes or None, launch=self.launch)
+        return runtime.backward_source(self._graph(key, dvars, consts), values,
+                                       sizes=sizes or None, launch=self.launch)
 
-    def reference(self, *args, **kwargs):
+    def reference(self, *args: Any, **kwargs: Any) -> Any:
         """Evaluate the kernel with torch eager ops (float64 math) on these arguments (MLX
         arrays are evaluated on copies as CPU tensors and the results returned as MLX arrays)."""
-        key, values, dvars, consts = self._bind(args, kwargs)
-        g = self._graph(key, dvars, consts)
-        if not any(mlx.is_array(v) for v in values.values()):
-            return evaluate(g, values)
-        out = evaluate(g, {n: mlx.to_torch(v) if mlx.is_array(v) else v   # MLX in, MLX out
-                           for n, v in values.items()})
-        return tuple(map(mlx.to_mlx, out)) if isinstance(out, tuple) else mlx.to_mlx(out)
+        return runtime.reference(*self._bound(args, kwargs))
 
     def variants(self, compiled: bool = False) -> list[dict[str, Any]]:
         """The specialisations traced so far: dtype variables and Const values of each.
@@ -646,8 +581,9 @@ class Kernel:
         return view
 
 
-def kernel(fn: Optional[Callable] = None, *, name: Optional[str] = None,
-           backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
+def kernel(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None,
+           backend: Optional[str] = None,
+           launch: Optional[Mapping[str, Any]] = None) -> Any:
     """Turn an annotated Python function into a metalforge kernel: `@mf.kernel` or
     `@mf.kernel(name=..., backend="sim"|"mps"|"cuda"|"mlx", launch={...})`.
 

@@ -19,7 +19,7 @@ MLX arrays → "mlx").
 """
 from __future__ import annotations
 
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any, Iterable, Optional
 
 import torch
@@ -35,7 +35,7 @@ _override: ContextVar[Optional[str]] = ContextVar("metalforge_backend", default=
 
 
 def check_name(name: Any) -> str:
-    if name not in BACKENDS:
+    if not isinstance(name, str) or name not in BACKENDS:
         raise DeviceError(f"unknown metalforge backend {name!r}; choose one of: "
                           f"{', '.join(BACKENDS)}")
     return name
@@ -52,13 +52,13 @@ class backend:
 
     def __init__(self, name: str) -> None:
         self.name = check_name(name)
-        self._tokens: list = []
+        self._tokens: list[Token[Optional[str]]] = []
 
     def __enter__(self) -> "backend":
         self._tokens.append(_override.set(self.name))
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         _override.reset(self._tokens.pop())
 
     def __repr__(self) -> str:
@@ -83,7 +83,7 @@ _libraries: dict[tuple[str, str], Any] = {}      # (backend, source) → compile
 _kernels: dict[tuple[str, str, str], Any] = {}   # (backend, source, host name) → kernel object
 
 
-def _compile(backend_name: str, source: str):
+def _compile(backend_name: str, source: str) -> Any:
     if backend_name == "mps":
         if not torch.backends.mps.is_available():
             raise BackendUnavailable(
@@ -99,7 +99,7 @@ def _compile(backend_name: str, source: str):
     return sim_compile_shader(source)
 
 
-def kernel_object(backend_name: str, source: str, host_name: str):
+def kernel_object(backend_name: str, source: str, host_name: str) -> Any:
     """The compiled kernel (cached: one library per source, one kernel object per name).
 
     Thread-safe: one compile per source; other threads calling it meanwhile wait for it."""

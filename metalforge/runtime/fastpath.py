@@ -20,22 +20,20 @@ threads may call one kernel at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .. import runtime
 from ..bounded import Bounded
-from ..dtypes import check_float, check_int64
-from ..graph import Graph
 from ..tuning.cache import default_cache
 from . import backends, launcher
-from .launcher import MSL_REWRITE, Call, Launch
+from .binding import Binder
+from .launcher import MSL_REWRITE, CheckedCall, Launch
 
 # read on every call: the `with mf.backend(...)` override (part of every key) and the test seam
 # that plants faults in the MSL (while set, every call takes the full path: fresh libraries)
 BACKEND_OVERRIDE = backends._override
-__all__ = ["BACKEND_OVERRIDE", "MSL_REWRITE", "Warm", "WarmCache", "record", "run"]
+__all__ = ["BACKEND_OVERRIDE", "MSL_REWRITE", "Warm", "WarmCache", "record"]
 
 
 @dataclass(frozen=True)
@@ -46,19 +44,11 @@ class Warm:
     threads: int
     group_size: int
     arg_casts: Optional[dict[int, str]]
-    template: tuple                   # the kernel's arguments: sizes and numel, None elsewhere
-    # filled in per call: (argument index, position, make contiguous, vector width or 0,
-    # shape to view it as or None) / (argument index, output index, shape to view it as or
-    # None) / (argument index, position, float or int)
-    inputs: tuple[tuple[int, int, bool, int, Optional[tuple[int, ...]]], ...]
-    outputs: tuple[tuple[int, int, Optional[tuple[int, ...]]], ...]
-    scalars: tuple[tuple[int, int, type], ...]
+    binder: Optional[Binder]          # the call's binding plan, resolved (None: no launch)
     allocate: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]   # the outputs
-    launches: bool                    # False for empty outputs
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
-    compiled: tuple[dict, str, Any]   # (the library's kernels, host name, the Compiled checked)
+    compiled: tuple[Any, str, Any]    # (the library's kernels, host name, the Compiled checked)
     errors: Optional[launcher.IndexErrors] = None   # gathers: a zeroed report buffer per call
-    scratch: Optional[tuple[int, int]] = None   # (argument index, fp32 elements) per call
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[[Sequence[Any]], Any] = field(init=False, repr=False, compare=False)
@@ -76,7 +66,7 @@ class Warm:
     def __post_init__(self) -> None:
         object.__setattr__(self, "replay", _compile(self))
 
-    def __call__(self, values: Sequence[Any]):
+    def __call__(self, values: Sequence[Any]) -> Any:
         return self.replay(values)
 
     @property
@@ -87,47 +77,18 @@ class Warm:
 
 def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     """Python for `w`'s replay, and the names it reads: allocate the outputs, then, when the
-    call launches, take each input (made contiguous, or copied to an aligned start, as the
-    checked call needed), convert the scalars, launch the kernel(s), check a gather's report."""
-    env: dict[str, Any] = {"_empty": torch.empty, "_float32": torch.float32}
+    call launches, bind its arguments (the binder's own lines: `binding.Binder.code`), launch
+    the kernel(s), check a gather's report."""
+    env: dict[str, Any] = {"_empty": torch.empty}
     lines = ["def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
         lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
     outs = ", ".join(f"o{o}" for o in range(len(w.allocate)))
     result = "o0" if len(w.allocate) == 1 else f"({outs},)"
-    if w.launches:
-        args = [f"_c{i}" for i in range(len(w.template))]
-        for i, v in enumerate(w.template):
-            env[f"_c{i}"] = v
-        for i, pos, contiguous, vector, flat in w.inputs:
-            lines.append(f"    a{i} = values[{pos}]")
-            if contiguous:
-                lines.append(f"    a{i} = a{i}.contiguous()")
-            elif vector:                       # vector loads need an aligned start
-                lines.append(f"    if a{i}.storage_offset() % {vector}:")
-                lines.append(f"        a{i} = a{i}.clone()")
-            if flat is not None:
-                env[f"_flat{i}"] = flat
-                lines.append(f"    a{i} = a{i}.view(_flat{i})")
-            args[i] = f"a{i}"
-        for i, o, view in w.outputs:
-            args[i] = f"o{o}"
-            if view is not None:
-                env[f"_view{i}"] = view
-                args[i] = f"o{o}.view(_view{i})"
-        for i, pos, convert in w.scalars:
-            env[f"_conv{i}"] = convert
-            args[i] = f"_conv{i}(values[{pos}])"
-        device = "o0.device" if w.allocate else "None"
-        if w.errors is not None:
-            env["_report"] = launcher.report_buffer
-            lines.append(f"    err = _report({device})")
-            args[w.errors.arg] = "err"
-        if w.scratch is not None:
-            i, n = w.scratch
-            lines.append(f"    scratch = _empty({n}, dtype=_float32, device={device})")
-            args[i] = "scratch"
+    if w.binder is not None:
+        bind, args = w.binder.code(env, "o0.device" if w.allocate else "None")
+        lines += bind
         env.update(_kernel=w.kernel, _casts=w.arg_casts)
         call = ", ".join(args)
         if w.then:
@@ -149,10 +110,11 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
 def _compile(w: Warm) -> Callable[[Sequence[Any]], Any]:
     text, env = _replay_source(w)
     exec(compile(text, "<metalforge warm call>", "exec"), env)     # noqa: S102
-    return env["replay"]
+    fn: Callable[[Sequence[Any]], Any] = env["replay"]
+    return fn
 
 
-_NONE: tuple[dict, str, Any] = ({}, "", None)       # no launch, no kernel to check
+_NONE: tuple[Any, str, Any] = ({}, "", None)       # no launch, no kernel to check
 
 
 def tuning_state() -> tuple[Any, Any]:
@@ -162,52 +124,20 @@ def tuning_state() -> tuple[Any, Any]:
     return c, c.entries
 
 
-def record(call: Call, launch: Optional[Launch], tuning: tuple[Any, Any]) -> Warm:
+def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any]) -> Warm:
     """The closure replaying `call` (checked, with `launch` bound from it; None when its
     outputs are empty) for later calls with the same key."""
-    graph = call.spec.graph
-    position = {p.name: i for i, p in enumerate(graph.params)}
     allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
     if launch is None:
-        return Warm(None, 0, 0, None, (), (), (), (), allocate, False, tuning, _NONE)
-    s = call.spec.schedule(call.index64)
+        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE)
     kernels = call.spec.library(call.index64, call.backend).kernels
     host = launch.host_name
-    template: list[Any] = []
-    inputs, outputs, scalars = [], [], []
-    scratch = None
-    for i, (p, arg) in enumerate(zip(s.kernel.params, launch.args)):
-        kind, name = p.binds[0], p.binds[1] if len(p.binds) > 1 else None
-        template.append(None)
-        if kind == "input":
-            t = call.tensors[name]
-            vector = s.policy.vector_width if name in s.vector_inputs else 0
-            flat = tuple(arg.shape)
-            inputs.append((i, position[name], not t.is_contiguous(), vector,
-                           None if flat == tuple(t.shape) else flat))
-        elif kind == "output":                      # a 0-dim output binds as 1 element
-            view = tuple(arg.shape)
-            outputs.append((i, name, None if view == tuple(call.outputs[name].shape) else view))
-        elif kind == "scalar":
-            scalars.append((i, position[name], _converter(graph, name)))
-        elif kind == "scratch":                     # fresh per call, like the outputs
-            scratch = (i, arg.numel())
-        else:                                       # numel, sizes, launch values: fixed
-            template[i] = arg
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
-                tuple(template), tuple(inputs), tuple(outputs), tuple(scalars), allocate, True,
-                tuning, (kernels, host, kernels[host]), launch.errors, scratch, launch.then)
+                launch.binder, allocate, tuning, (kernels, host, kernels[host]), launch.errors,
+                launch.then)
 
 
-def _converter(graph: Graph, name: str) -> Callable[[Any], Any]:
-    """What a replay passes for runtime scalar `name`: a float, or an int checked to fit the
-    kernel's 64-bit integer (the full path's check, repeated because values are not in keys)."""
-    where = f"{launcher.kernel_at(graph.name, graph.loc)}, argument '{name}'"
-    return (lambda v: check_float(v, where)) if graph.param(name).dtype.is_float else \
-        (lambda v: check_int64(v, where))
-
-
-def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple]]:
+def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:
     """The warm-call key of a kernel whose parameters are of these kinds ("tensor", "scalar",
     "const"), as straight-line Python: key(values in parameter order, backend) is None when
     the call must take the full path (a non-Tensor or Tensor subclass where a tensor goes, a
@@ -238,7 +168,8 @@ def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optiona
     env: dict[str, Any] = {"_Tensor": torch.Tensor, "_grad_enabled": torch.is_grad_enabled,
                            "_override": BACKEND_OVERRIDE.get}
     exec(compile("\n".join(lines) + "\n", "<metalforge warm key>", "exec"), env)  # noqa: S102
-    return env["key"]
+    key: Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]] = env["key"]
+    return key
 
 
 class WarmCache(Bounded[Warm]):
@@ -246,23 +177,3 @@ class WarmCache(Bounded[Warm]):
 
     def __init__(self, size: int = 256) -> None:
         super().__init__(size)
-
-
-def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-        launch: Optional[Mapping[str, Any]]):
-    """`runtime.run` for torch tensors, also returning the closure that replays this call:
-    (result, Warm), or (result, None) for a call the fast path does not replay (the mlx
-    backend, which `runtime.run` refuses torch tensors for)."""
-    if backend is not None:
-        backends.check_name(backend)
-    if (backend or backends.current_backend()) == "mlx":
-        return runtime.run(graph, values, backend=backend, launch=launch), None
-    tuning = tuning_state()
-    call = launcher.check_call(graph, values, backend, launch)
-    bound = launcher.bind(call) if call.numel else None
-    result = call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
-    if bound is not None:
-        launcher.dispatch(bound)
-    elif launcher.outputs_beside_an_empty_grid(call):
-        return result, None                     # not replayed: no kernel computed them
-    return result, record(call, bound, tuning)

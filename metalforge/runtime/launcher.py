@@ -11,9 +11,9 @@
     bind(call)                            positional arguments and dispatch size of one call
     dispatch(launch)                      run it
 
-`run` strings them together for one call after `check_call` (argument checks, shapes, the
+`runs.run` strings them together for one call after `check_call` (argument checks, shapes, the
 autotuned launch, freshly allocated outputs). `Specialisation` only caches: per (graph, launch
-overrides) the schedule of each index width and, per (index width, backend), the `Library`
+overrides) the schedule of each index width and, per (index width, backend), the `KernelSet`
 holding the rendered source and its compiled kernels. `METALFORGE_DUMP=dir` writes each
 freshly planned schedule's graph, IR and MSL there.
 """
@@ -30,15 +30,17 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
-from ..errors import BindingError, DeviceError, GatherIndexError, at, kernel_at
+from ..errors import BindingError, DeviceError, GatherIndexError, LaunchError, at, kernel_at
 from ..graph import Graph, take_sites
 from ..once import OnceMap
 from ..reference import evaluate
-from ..schedule.policy import TUNABLE, LaunchError, backend_launch, validate_for_kernel
-from ..shapes import ShapeBinding, bind_shapes, flat_shape, output_shape
+from ..schedule.base import Step
+from ..schedule.policy import TUNABLE, backend_launch, validate_for_kernel
+from ..shapes import ShapeBinding, bind_shapes, numel, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from .backends import DEVICE_OF, current_backend, kernel_object
+from .binding import Binder, BindingPlan, bound
 from .layout import check_dense
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
@@ -90,7 +92,7 @@ def compile(schedule: sched_mod.Schedule, source: str, backend: str,
 
 
 @dataclass
-class Library:
+class KernelSet:
     """One schedule rendered and compiled for one backend: its kernels, compiled on first use
     (a reduction's library holds one kernel per row-length variant), once each."""
     schedule: sched_mod.Schedule
@@ -104,7 +106,7 @@ class Library:
 
 
 @dataclass
-class Call:
+class CheckedCall:
     """One call, checked: everything `bind` needs besides the compiled kernel."""
     spec: "Specialisation"
     backend: str
@@ -127,7 +129,7 @@ class Launch:
     """A bound launch in compile_shader's call model: argument i binds buffer i; threads and
     group_size as dispatchThreads; arg_casts."""
     kernel: Any
-    args: tuple
+    args: tuple[Any, ...]
     threads: int
     group_size: int
     arg_casts: Optional[dict[int, str]]
@@ -135,6 +137,7 @@ class Launch:
     then: tuple[tuple[Any, int, int], ...] = ()   # later launches (kernel, threads, group)
     host_name: str = ""                         # the first launch's kernel
     plan: tuple[tuple[str, int, int], ...] = ()   # every launch: (host name, threads, group)
+    binder: Optional[Binder] = None               # how `args` were bound (fastpath replays it)
 
 
 @dataclass(frozen=True)
@@ -147,8 +150,7 @@ class IndexErrors:
     where: str                                  # the kernel, as messages name it
 
     @staticmethod
-    def of(graph: Graph, params, sizes: Mapping[str, int]) -> Optional["IndexErrors"]:
-        arg = next((p.index for p in params if p.binds == ("error",)), None)
+    def of(graph: Graph, arg: Optional[int], sizes: Mapping[str, int]) -> Optional[IndexErrors]:
         if arg is None:
             return None
         sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
@@ -170,16 +172,6 @@ class IndexErrors:
                 f"(the kernel read nothing there)")
 
 
-def report_buffer(device: Optional[torch.device]) -> torch.Tensor:
-    """A gather kernel's error report for one call: zeroed, except while a CUDA graph is being
-    captured, when nothing reads it (`IndexErrors.check`) and a zeroing fill would only add a
-    kernel to every replay (1.3 µs of an H100's graph, more than a small gather itself)."""
-    if device is not None and device.type == "cuda" and \
-            torch.cuda.is_current_stream_capturing():
-        return torch.empty(4, dtype=torch.int32, device=device)
-    return torch.zeros(4, dtype=torch.int32, device=device)
-
-
 def _groups_per_core(c: Compiled, group: int) -> int:
     """Threadgroups of `group` threads the backend says can share one core (cuda: from the
     compiled kernel's registers and threadgroup memory); 0 where it cannot say. An
@@ -191,76 +183,51 @@ def _groups_per_core(c: Compiled, group: int) -> int:
     return int(f(group)) if f is not None else 0
 
 
-def bind(call: Call) -> Launch:
-    """Stage 4: this call's positional arguments (in the kernel's parameter order) and its
-    dispatch (every launch of the call: most schedules make one), with the launch-time checks."""
+def bind(call: CheckedCall) -> Launch:
+    """Stage 4: this call's positional arguments (in the kernel's parameter order, by the
+    specialisation's binding plan) and its dispatch (every launch of the call: most schedules
+    make one), with the launch-time checks."""
     spec, sizes = call.spec, call.binding.sizes
     s = spec.schedule(call.index64)
     steps = s.steps(sizes)                      # may refuse these sizes, before compiling
     lib = spec.library(call.index64, call.backend)
-    args = tuple(_argument(p.binds, call, s) for p in s.kernel.params)
-    launches = []
-    for step in steps:
-        compiled = lib.kernel(step.host_name)
-        if step.group > compiled.max_threads:       # a register-bound pipeline: another kernel
-            step = s.within(step, sizes, compiled.max_threads)
-            compiled = lib.kernel(step.host_name)
-        for alt in s.alternatives(step, sizes):     # where twice the groups share a core
-            other = lib.kernel(alt.host_name)
-            now = _groups_per_core(compiled, step.group)
-            if alt.group <= other.max_threads and now and \
-                    _groups_per_core(other, alt.group) >= 2 * now:
-                step, compiled = alt, other
-        if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
-            raise LaunchError(f"{spec.where}: a threadgroup of {step.group} threads, but this "
-                              f"pipeline allows 1 to {compiled.max_threads} (launch policy "
-                              f"{s.policy})")
-        if step.threads > MAX_THREADS:
-            raise LaunchError(f"{spec.where}: {call.numel} output elements need {step.threads} "
-                              f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
-                              f"launch={{'vectors_per_thread': ...}}")
-        launches.append((compiled.kernel, step.threads, step.group, step.host_name))
-    casts = {p.index: p.cast for p in s.kernel.params if p.cast}
+    plan = spec.binding(call.index64)
+    values = [call.values.get(p.name) for p in spec.graph.params]
+    binder = plan.binder(s, values, call.binding, spec.graph, call.numel)
+    args = bound(binder, len(call.outputs))(values, *call.outputs)
+    launches = [_launch(call, s, lib, step) for step in steps]
     (kernel, threads, group, host), *then = launches
-    return Launch(kernel, args, threads, group, casts or None,
-                  IndexErrors.of(spec.graph, s.kernel.params, sizes),
-                  tuple(t[:3] for t in then), host, tuple((h, n, g) for _, n, g, h in launches))
+    return Launch(kernel, args, threads, group, plan.arg_casts,
+                  IndexErrors.of(spec.graph, plan.report, sizes),
+                  tuple(t[:3] for t in then), host, tuple((h, n, g) for _, n, g, h in launches),
+                  binder)
 
 
-def _argument(binds: tuple, call: Call, s: sched_mod.Schedule) -> Any:
-    """What the runtime passes for one kernel parameter (see `ir.Argument.binds`)."""
-    kind = binds[0]
-    if kind == "input":
-        p = call.spec.graph.param(binds[1])
-        t = call.tensors[binds[1]].contiguous()
-        if binds[1] in s.vector_inputs and t.storage_offset() % s.policy.vector_width:
-            t = t.clone()                       # vector loads need an aligned start
-        if p.dims and p.dims[0].batch:
-            t = t.reshape(flat_shape(call.binding, p))
-        return _as_buffer(t)
-    if kind == "output":
-        return _as_buffer(call.outputs[binds[1]])
-    if kind == "scalar":
-        p = call.spec.graph.param(binds[1])
-        v = call.values[binds[1]]
-        return float(v) if p.dtype.is_float else int(v)
-    if kind == "numel":
-        return call.numel
-    if kind == "error":                         # a gather's report (IndexErrors)
-        return report_buffer(call.outputs[0].device)
-    if kind == "scratch":                       # partial results between launches
-        n = max(1, s.scratch_floats(call.binding.sizes))
-        return torch.empty(n, dtype=torch.float32, device=call.outputs[0].device)
-    if kind == "launch":
-        return s.launch_value(str(binds[1]), call.binding.sizes)
-    return call.binding.sizes[binds[1]]         # ("size", axis)
-
-
-def _as_buffer(t: torch.Tensor) -> torch.Tensor:
-    """A 0-dim tensor (an output whose axes are all zero `*B` dims) as a 1-element view:
-    compile_shader binds a 0-dim CPU tensor by value (setBytes), so a kernel's writes to it
-    would be lost."""
-    return t.reshape(1) if t.dim() == 0 else t
+def _launch(call: CheckedCall, s: sched_mod.Schedule, lib: KernelSet,
+            step: Step) -> tuple[Any, int, int, str]:
+    """One launch of a call: (kernel object, threads, group, host name), the kernel the
+    pipeline allows (another where its limit is lower, an alternative where twice the groups
+    share a core), checked."""
+    sizes = call.binding.sizes
+    compiled = lib.kernel(step.host_name)
+    if step.group > compiled.max_threads:       # a register-bound pipeline: another kernel
+        step = s.within(step, sizes, compiled.max_threads)
+        compiled = lib.kernel(step.host_name)
+    for alt in s.alternatives(step, sizes):     # where twice the groups share a core
+        other = lib.kernel(alt.host_name)
+        now = _groups_per_core(compiled, step.group)
+        if alt.group <= other.max_threads and now and \
+                _groups_per_core(other, alt.group) >= 2 * now:
+            step, compiled = alt, other
+    if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
+        raise LaunchError(f"{call.spec.where}: a threadgroup of {step.group} threads, but this "
+                          f"pipeline allows 1 to {compiled.max_threads} (launch policy "
+                          f"{s.policy})")
+    if step.threads > MAX_THREADS:
+        raise LaunchError(f"{call.spec.where}: {call.numel} output elements need {step.threads} "
+                          f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
+                          f"launch={{'vectors_per_thread': ...}}")
+    return compiled.kernel, step.threads, step.group, step.host_name
 
 
 def dispatch(launch: Launch) -> None:
@@ -275,18 +242,7 @@ def dispatch(launch: Launch) -> None:
 
 # --------------------------------------------------------------------------- a call
 
-def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-        launch: Optional[Mapping[str, Any]] = None):
-    """Check, bind and dispatch one call. Returns the output, or a tuple of them."""
-    call = check_call(graph, values, backend, launch)
-    if call.numel:                              # empty outputs: no launch
-        dispatch(bind(call))
-    else:
-        outputs_beside_an_empty_grid(call)
-    return call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
-
-
-def outputs_beside_an_empty_grid(call: Call) -> bool:
+def outputs_beside_an_empty_grid(call: CheckedCall) -> bool:
     """Fill the outputs of a call whose grid is empty but whose other outputs are not (`x * w,
     w * 2` with no rows of x: no thread runs, yet the second output has D elements; a sum over
     an empty axis beside the softmax over it), from `eager_outputs`. Whether it filled any."""
@@ -315,7 +271,7 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
 
 
 def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-               launch: Optional[Mapping[str, Any]]) -> Call:
+               launch: Optional[Mapping[str, Any]]) -> CheckedCall:
     """Every host-side check of a call, then its specialisation (the backend's changes to the
     table and the autotuned launch merged under explicit overrides), shapes and freshly
     allocated outputs."""
@@ -329,14 +285,18 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
         raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{other}'")
-    binding = bind_shapes(graph, tensors)
+    binding, count = shaped(spec, tensors)
     spec = layered(graph, be, launch, binding.sizes)
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
-    numel = 1
-    for a in spec.grid:
-        numel *= binding.sizes[a]
-    return Call(spec, be, values, tensors, binding, outs, numel)
+    return CheckedCall(spec, be, values, tensors, binding, outs, count)
+
+
+def shaped(spec: Specialisation, tensors: Mapping[str, Any]) -> tuple[ShapeBinding, int]:
+    """The shape checks of a call (torch tensors or MLX arrays: only `.shape` is read): its
+    axis sizes, and the number of output elements the grid covers."""
+    binding = bind_shapes(spec.graph, tensors)
+    return binding, numel(spec.grid, binding.sizes)
 
 
 def check_tensors(spec: "Specialisation", values: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -378,14 +338,15 @@ def common_device(where: str, tensors: Mapping[str, torch.Tensor]) -> torch.devi
 @dataclass
 class Specialisation:
     """The cache of one (graph, launch overrides): a schedule per index width and a compiled
-    `Library` per (index width, backend), each made once (threads asking meanwhile wait)."""
+    `KernelSet` per (index width, backend), each made once (threads asking meanwhile wait)."""
     graph: Graph
     launch: Optional[Mapping[str, Any]]
     family: str
     grid: tuple[str, ...]                 # the output axes the threads cover
     where: str
     _schedules: OnceMap[bool, sched_mod.Schedule] = field(default_factory=OnceMap)
-    _libraries: OnceMap[tuple[bool, str], Library] = field(default_factory=OnceMap)
+    _libraries: OnceMap[tuple[bool, str], KernelSet] = field(default_factory=OnceMap)
+    _plans: OnceMap[bool, BindingPlan] = field(default_factory=OnceMap)
 
     @classmethod
     def of(cls, graph: Graph, launch: Optional[Mapping[str, Any]]) -> "Specialisation":
@@ -397,20 +358,26 @@ class Specialisation:
         return self._schedules.get_or_build(index64,
                                             lambda: plan(self.graph, self.launch, index64))
 
-    def library(self, index64: bool, backend: str) -> Library:
+    def binding(self, index64: bool) -> BindingPlan:
+        """Where each argument of this index width's kernels comes from (built once)."""
+        return self._plans.get_or_build(
+            index64, lambda: BindingPlan.of(self.graph, self.schedule(index64)))
+
+    def library(self, index64: bool, backend: str) -> KernelSet:
         rewrite = MSL_REWRITE.get()                      # test seam, see MSL_REWRITE
         if rewrite is not None:
             s = self.schedule(index64)
-            return Library(s, backend, rewrite(render(s)))
+            return KernelSet(s, backend, rewrite(render(s)))
         return self._libraries.get_or_build((index64, backend),
                                             lambda: self._library(index64, backend))
 
-    def _library(self, index64: bool, backend: str) -> Library:
+    def _library(self, index64: bool, backend: str) -> KernelSet:
         s = self.schedule(index64)
-        return Library(s, backend, render(s))
+        return KernelSet(s, backend, render(s))
 
 
-_specs: OnceMap[tuple, Specialisation] = OnceMap()
+_specs: OnceMap[tuple[int, Optional[tuple[tuple[str, Any], ...]]], Specialisation] = \
+    OnceMap()
 
 
 def specialisation(graph: Graph, launch: Optional[Mapping[str, Any]]) -> Specialisation:
@@ -431,12 +398,12 @@ def layered(graph: Graph, backend: str, launch: Optional[Mapping[str, Any]],
     return specialisation(graph, merge(under, launch)) if under else spec
 
 
-def compiled(graph: Graph) -> list[dict]:
+def compiled(graph: Graph) -> list[dict[str, Any]]:
     """The libraries compiled for this graph so far, one per (backend, generated source): the
     host name of its kernel (and of every kernel in it: reductions hold one per row-length
     variant), backend, family, and the launch policies it has been built for (launch options
     that do not change the generated code, like threads per group, share one library)."""
-    out: dict[tuple, dict] = {}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
     for spec in list(_specs.values()):
         if spec.graph is not graph:
             continue

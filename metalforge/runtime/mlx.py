@@ -28,29 +28,31 @@ grid and threadgroup. This is how the MLX path is tested on Linux.
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import (BackendUnavailable, BindingError, LaunchError, UnsupportedOnBackend,
-                      kernel_at)
-from ..graph import Graph
+from ..errors import (BackendUnavailable, BindingError, DeviceError, LaunchError,
+                      UnsupportedOnBackend, kernel_at)
+from ..graph import Graph, Output
 from ..ir import LoweredKernel
 from ..once import OnceMap
-from ..shapes import bind_shapes, output_shape
+from ..shapes import numel as shapes_numel
+from ..shapes import output_shape
 from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
-from .launcher import DeviceError, eager_outputs, specialisation
+from .binding import (BindingPlan, InputSource, LaunchSource, ScalarSource, SizeSource,
+                      Source)
+from .launcher import eager_outputs, shaped, specialisation
 
 # Metal thread attributes MLX recognises in a body, with the type it declares them as.
 ATTRIBUTES: dict[str, str] = {
@@ -96,7 +98,7 @@ def is_array(v: Any) -> bool:
     return t.__name__ == "array" and t.__module__ == "mlx.core"
 
 
-def mx():
+def mx() -> Any:
     """`mlx.core`, or an ImportError that says how to get it."""
     try:
         import mlx.core as core
@@ -116,7 +118,7 @@ def dtype_of(a: Any) -> dtypes.DType:
                            f"{', '.join(_FROM_MLX)})") from None
 
 
-def mlx_dtype(msl_type: str):
+def mlx_dtype(msl_type: str) -> Any:
     return getattr(mx(), _MSL_TO_MLX[msl_type][0])
 
 
@@ -126,8 +128,8 @@ def mlx_dtype(msl_type: str):
 class MetalKernel:
     """Everything `mx.fast.metal_kernel` and its call take for one metalforge kernel instance.
 
-    inputs: per MLX input, what it carries (the IR's binds: ("input", name), ("scalar", name),
-    ("size", axis), ("numel",), ("launch", name)) and its MSL type (element type for arrays);
+    inputs: per MLX input, the kernel argument it carries (its index: the binding plan says
+    what goes there) and its MSL type (element type for arrays);
     outputs: the output index of each MLX output (None: the scratch buffer, dropped).
     template: (parameter, MSL type) pairs, passed as MLX dtypes."""
     name: str
@@ -136,12 +138,12 @@ class MetalKernel:
     header: str
     source: str
     template: tuple[tuple[str, str], ...]
-    inputs: tuple[tuple[tuple, str], ...]
+    inputs: tuple[tuple[int, str], ...]
     outputs: tuple[Optional[int], ...]
     attributes: tuple[str, ...]
 
 
-def scan(source: str, input_names) -> tuple[list[str], list[str]]:
+def scan(source: str, input_names: Iterable[str]) -> tuple[list[str], list[str]]:
     """What MLX adds to the signature for this body: (attribute names, `<input>_shape|_strides|
     _ndim` parameter names), by its substring rules."""
     attrs = [a for a in ATTRIBUTES if a in source]
@@ -161,7 +163,7 @@ def _split(msl: str, k: LoweredKernel) -> tuple[str, list[str]]:
     return "\n".join(lines[:head_end]).rstrip("\n") + "\n\n", lines[open_ + 1:close]
 
 
-def _fresh(taken: set[str], reserved: list[str]):
+def _fresh(taken: set[str], reserved: list[str]) -> Iterator[str]:
     i = 0
     while True:
         i += 1
@@ -212,8 +214,8 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
         name=host_name, input_names=tuple(name_of[p.name] for p in ins),
         output_names=tuple(name_of[p.name] for p in outs), header=header, source=source,
         template=tuple((t, types[t]) for t in k.template),
-        inputs=tuple((p.binds, types.get(p.type, p.type)) for p in ins),
-        outputs=tuple(p.binds[1] if p.binds[0] == "output" else None for p in outs),
+        inputs=tuple((p.index, types.get(p.type, p.type)) for p in ins),
+        outputs=tuple(int(p.binds[1]) if p.binds[0] == "output" else None for p in outs),
         attributes=tuple(dict.fromkeys(th.attribute for th in k.threads)))
     attrs, shapes = scan(mk.source, mk.input_names)
     if set(attrs) != set(mk.attributes) or shapes:
@@ -225,12 +227,12 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
 # --------------------------------------------------------------------------- a call
 
 @dataclass
-class Call:
+class MLXLaunch:
     """One launch: the kernel, its MLX inputs and the keyword arguments of the call."""
     kernel: MetalKernel
     obj: Any                  # the mx.fast.metal_kernel object
-    inputs: list
-    kwargs: dict
+    inputs: list[Any]
+    kwargs: dict[str, Any]
 
 
 # (schedule, host) → (schedule, translation, kernel object)
@@ -255,36 +257,37 @@ def _build(schedule: sched_mod.Schedule, host: str) -> tuple[Any, MetalKernel, A
 
 
 def prepare(graph: Graph, values: Mapping[str, Any],
-            launch: Optional[Mapping[str, Any]] = None) -> tuple[Optional[Call], list]:
-    """The launch a call with these MLX arrays makes: (Call or None when the outputs are
+            launch: Optional[Mapping[str, Any]] = None) -> tuple[Optional[MLXLaunch], list[Any]]:
+    """The launch a call with these MLX arrays makes: (MLXLaunch or None when the outputs are
     empty, the output shapes and dtypes)."""
     core = mx()
     where = kernel_at(graph.name, graph.loc)
     spec = specialisation(graph, _one_launch(graph, launch, where))
     arrays = _check_arrays(graph, values, where)
-    binding = bind_shapes(graph, arrays)          # reads only .shape, which MLX arrays have
+    binding, numel = shaped(spec, arrays)         # the torch path's shape checks
     sizes = binding.sizes
     shapes = [(output_shape(binding, o), getattr(core, _TO_MLX[o.dtype.name]))
               for o in graph.outputs]
-    numel = 1
-    for a in spec.grid:
-        numel *= sizes[a]
     if not numel:
         return None, shapes
-    s = spec.schedule(sched_mod.needs_index64(sizes, numel))
+    index64 = sched_mod.needs_index64(sizes, numel)
+    s = spec.schedule(index64)
     mk, obj = built(s, s.host_name(sizes))
     threads, group = s.launch(sizes)
     if threads > MAX_GRID:
         raise LaunchError(f"{where}: {numel} output elements need {threads} threads, over the "
                           f"{MAX_GRID} an MLX grid holds; raise launch={{'vectors_per_thread': "
                           f"...}}")
-    inputs = [_input(binds, typ, arrays, values, s, sizes, numel) for binds, typ in mk.inputs]
+    plan = spec.binding(index64)
+    fixed = plan.fixed(s, sizes, numel)
+    positional = [values.get(p.name) for p in graph.params]
+    inputs = [_input(plan, plan.sources[i], typ, positional, fixed) for i, typ in mk.inputs]
     kwargs = dict(template=[(n, mlx_dtype(t)) for n, t in mk.template],
                   output_shapes=[(1,) if i is None else shapes[i][0] for i in mk.outputs],
                   output_dtypes=[core.float32 if i is None else shapes[i][1]
                                  for i in mk.outputs],
                   grid=(threads, 1, 1), threadgroup=(group, 1, 1))
-    return Call(mk, obj, inputs, kwargs), shapes
+    return MLXLaunch(mk, obj, inputs, kwargs), shapes
 
 
 def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
@@ -322,31 +325,24 @@ def _check_arrays(graph: Graph, values: Mapping[str, Any], where: str) -> dict[s
     return arrays
 
 
-def _input(binds: tuple, typ: str, arrays: Mapping[str, Any], values: Mapping[str, Any],
-           s: sched_mod.Schedule, sizes: Mapping[str, int], numel: int) -> Any:
+def _input(plan: BindingPlan, a: Source, typ: str, values: Sequence[Any],
+           fixed: Mapping[int, int]) -> Any:
     """The MLX input bound to one kernel input (see `MetalKernel.inputs`): a tensor argument,
     or a runtime scalar, the element count, a launch value or an axis size as a 0-d array."""
     core = mx()
-    kind = binds[0]
-    if kind == "input":
-        arr = arrays[binds[1]]
+    if isinstance(a, InputSource):
+        arr = values[a.position]
         if arr.size < CONSTANT_LIMIT:
             # MLX would pass it in the constant address space, where the body's
             # `device` vector loads cannot point: pad it to a device buffer
             arr = core.concatenate([arr.reshape(-1), core.zeros(
                 (CONSTANT_LIMIT - arr.size,), dtype=arr.dtype)])
         return arr
-    if kind == "scalar":
-        return core.array(values[binds[1]], dtype=mlx_dtype(typ))
-    if kind == "numel":
-        return core.array(numel, dtype=mlx_dtype(typ))
-    if kind == "launch":
-        return core.array(s.launch_value(binds[1], sizes), dtype=mlx_dtype(typ))
-    return core.array(sizes[binds[1]], dtype=mlx_dtype(typ))      # ("size", axis)
+    return core.array(plan.by_value(a, values, fixed), dtype=mlx_dtype(typ))
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-        launch: Optional[Mapping[str, Any]] = None):
+        launch: Optional[Mapping[str, Any]] = None) -> Any:
     """Run one specialisation on MLX arrays: on "mlx" (Metal through mx.fast.metal_kernel), or
     on "sim" (the source MLX builds for it, in the simulator). Returns MLX arrays."""
     be = backend or current_backend(a for a in values.values() if is_array(a))
@@ -377,11 +373,11 @@ def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
 
 # --------------------------------------------------------------------------- the simulator
 
-_sources: OnceMap[tuple, str] = OnceMap()
+_sources: OnceMap[tuple[Any, ...], str] = OnceMap()
 _capture_lock = threading.Lock()        # one capture at a time: it redirects the process's stdout
 
 
-def captured_source(call: Call) -> str:
+def captured_source(call: MLXLaunch) -> str:
     """The complete Metal source MLX builds for this call (signature, body, instantiation),
     captured once per kernel and kind of inputs (see `_capture`)."""
     key = (call.kernel, tuple((str(a.dtype), a.ndim == 0, a.size < CONSTANT_LIMIT)
@@ -391,12 +387,12 @@ def captured_source(call: Call) -> str:
     return _sources.get_or_build(key, lambda: _capture(call))
 
 
-def _capture(call: Call) -> str:
+def _capture(call: MLXLaunch) -> str:
     """The source, from `mx.export_function` tracing with `verbose=True`, which MLX prints to
     the process's stdout (file descriptor 1, redirected here for the duration)."""
     core = mx()
 
-    def traced(*arrays):
+    def traced(*arrays: Any) -> Any:
         return call.obj(inputs=list(arrays), verbose=True, **call.kwargs)
 
     with _capture_lock, tempfile.TemporaryDirectory() as tmp, \
@@ -421,12 +417,13 @@ def _capture(call: Call) -> str:
 _libs: OnceMap[str, Any] = OnceMap()
 
 
-def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any], shapes: list) -> list:
+def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any],
+                          shapes: list[Any]) -> list[Any]:
     """The outputs of a call whose grid is empty: empty ones as such, the others (`w * 2`
     beside `x * w` with no rows of x) from `launcher.eager_outputs`."""
     core = mx()
     outs = [core.zeros(shape, dtype=dt) for shape, dt in shapes]
-    filled = [i for i, (shape, _) in enumerate(shapes) if math.prod(shape)]
+    filled = [i for i, (shape, _) in enumerate(shapes) if 0 not in shape]
     if not filled:
         return outs
     tensors = {k: to_torch(v) if is_array(v) else v for k, v in values.items()}
@@ -435,7 +432,7 @@ def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any], shapes: list)
     return outs
 
 
-def to_torch(a) -> torch.Tensor:
+def to_torch(a: Any) -> torch.Tensor:
     """An MLX array as a CPU torch tensor (a copy), bf16 included."""
     import numpy as np
     core = mx()
@@ -447,7 +444,7 @@ def to_torch(a) -> torch.Tensor:
     return torch.from_numpy(arr)
 
 
-def to_mlx(t: torch.Tensor):
+def to_mlx(t: torch.Tensor) -> Any:
     """A CPU torch tensor as an MLX array (a copy), bf16 included."""
     core = mx()
     if t.dtype == torch.bfloat16:
@@ -455,7 +452,7 @@ def to_mlx(t: torch.Tensor):
     return core.array(t.numpy())
 
 
-def simulate(call: Call) -> list:
+def simulate(call: MLXLaunch) -> list[Any]:
     """Run the source MLX builds for this call in metalforge's simulator, bound as MLX binds
     it (inputs, then outputs, by buffer index), with MLX's grid and (clamped) threadgroup.
     Returns the outputs as MLX arrays, in the graph's output order."""
@@ -475,8 +472,9 @@ def simulate(call: Call) -> list:
     return result
 
 
-def _torch_dtype(mlx_dt) -> torch.dtype:
-    return getattr(torch, str(mlx_dt).rsplit(".", 1)[-1])    # the same names: float16, ...
+def _torch_dtype(mlx_dt: Any) -> torch.dtype:
+    dt: torch.dtype = getattr(torch, str(mlx_dt).rsplit(".", 1)[-1])   # the same names
+    return dt
 
 
 # --------------------------------------------------------------------------- show
@@ -488,33 +486,32 @@ def show(graph: Graph, sizes: Optional[Mapping[str, int]] = None,
     follow. With all sizes known, the grid and threadgroup are numbers."""
     spec = specialisation(graph, launch)
     sizes = dict(sizes or {})
-    numel = None
-    if all(a in sizes for a in spec.grid):
-        numel = 1
-        for a in spec.grid:
-            numel *= sizes[a]
-    s = spec.schedule(numel is not None and sched_mod.needs_index64(sizes, numel))
+    numel = shapes_numel(spec.grid, sizes) if all(a in sizes for a in spec.grid) else None
+    index64 = numel is not None and sched_mod.needs_index64(sizes, numel)
+    s = spec.schedule(index64)
+    plan = spec.binding(index64)
     out = []
     for k in s.kernels:
         for inst in k.instances:
             mk = translate(k, inst.host_name)
-            out.append(_show_one(graph, mk, s, sizes, numel))
+            out.append(_show_one(graph, mk, s, plan, sizes, numel))
     if len(out) > 1:
         out.insert(0, f"# {graph.name}: {len(out)} MLX kernels; each call launches the one its "
                       "sizes select (row length)")
     return "\n\n".join(out) + "\n"
 
 
-def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
-    def arg(binds, typ):
-        kind = binds[0]
-        if kind == "input":
-            return binds[1]
-        what = {"scalar": binds[-1], "numel": "numel", "size": f"size_{binds[-1]}"}[kind]
-        if kind == "size" and binds[1] in sizes:
-            what = str(sizes[binds[1]])
-        elif kind == "numel" and numel is not None:
-            what = str(numel)
+def _show_one(graph: Graph, mk: MetalKernel, s: sched_mod.Schedule, plan: BindingPlan,
+              sizes: Mapping[str, int], numel: Optional[int]) -> str:
+    fixed = plan.fixed(s, sizes, numel)
+
+    def arg(i: int, typ: str) -> str:
+        a = plan.sources[i]
+        if isinstance(a, InputSource):
+            return a.name
+        what = str(fixed[i]) if i in fixed else \
+            f"size_{a.axis}" if isinstance(a, SizeSource) else \
+            a.name if isinstance(a, (ScalarSource, LaunchSource)) else "numel"
         return f"mx.array({what}, dtype=mx.{_MSL_TO_MLX[typ][0]})"
 
     try:
@@ -525,11 +522,11 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
     tg = f"({group}, 1, 1)" if group else "(threads_per_group, 1, 1)"
     batch = {d.name for t in graph.tensors for d in t.dims if d.batch}
 
-    def shape(o) -> str:
+    def shape(o: Output) -> str:
         axes = [("*" if a in batch else "") + a for a in o.axes]
         return "(" + ", ".join(axes) + ("," if len(axes) == 1 else "") + ")"
 
-    outs = [graph.outputs[i] for i in mk.outputs]
+    outs = [graph.outputs[i] for i in mk.outputs if i is not None]
     template = [f"({n!r}, mx.{_MSL_TO_MLX[t][0]})" for n, t in mk.template]
     lines = [f"# ---- MLX kernel {mk.name} ({s.family})",
              f"header_{mk.name} = r'''" + mk.header.rstrip("\n"), "'''",
@@ -541,7 +538,7 @@ def _show_one(graph: Graph, mk: MetalKernel, s, sizes, numel) -> str:
              f"    header=header_{mk.name}, source=source_{mk.name},",
              "    ensure_row_contiguous=True)",
              f"outputs = {mk.name}(",
-             f"    inputs=[{', '.join(arg(b, t) for b, t in mk.inputs)}],",
+             f"    inputs=[{', '.join(arg(i, t) for i, t in mk.inputs)}],",
              f"    template=[{', '.join(template)}],",
              f"    output_shapes=[{', '.join(shape(o) for o in outs)}],",
              f"    output_dtypes=[{', '.join('mx.' + _TO_MLX[o.dtype.name] for o in outs)}],",

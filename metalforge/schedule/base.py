@@ -7,6 +7,7 @@ from typing import Iterable, Mapping, Optional
 
 from .. import ir
 from ..graph import Graph, Op, take_sites
+from ..shapes import numel
 from .names import IDX as IDX, kernel_name, template_vars
 from .policy import LaunchPolicy
 
@@ -75,10 +76,7 @@ class Schedule:
     lane_gathers: tuple[int, ...] = ()
 
     def numel(self, sizes: Mapping[str, int]) -> int:
-        n = 1
-        for a in self.grid_axes:
-            n *= sizes[a]
-        return n
+        return numel(self.grid_axes, sizes)
 
     def width(self, sizes: Mapping[str, int]) -> int:
         """Elements per vector access of the kernel a call with these sizes launches."""
@@ -102,16 +100,11 @@ class Schedule:
               ) -> Traffic:
         """Each loaded input read once (`passes[name]` times where given), `gathered` bytes
         more read by gathers, each output written once."""
-        def numel(axes: Iterable[str]) -> int:
-            n = 1
-            for a in axes:
-                n *= sizes[a]
-            return n
         loaded = {n.attr for n in self.graph.nodes() if n.op == Op.LOAD}
-        read = sum(numel(t.axes) * t.dtype.itemsize * passes.get(t.name, 1)
+        read = sum(numel(t.axes, sizes) * t.dtype.itemsize * passes.get(t.name, 1)
                    for t in self.graph.tensors
                    if ("input", t.name) in self._binds and t.name in loaded)
-        written = sum(numel(o.axes) * o.dtype.itemsize for o in self.graph.outputs)
+        written = sum(numel(o.axes, sizes) * o.dtype.itemsize for o in self.graph.outputs)
         return Traffic(read + gathered, written)
 
     def gathered_bytes(self, sizes: Mapping[str, int], held: Iterable[int] = ()) -> int:

@@ -47,14 +47,13 @@ built (`affine_chunk`, schedule/qmm.py).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Mapping, NamedTuple, Optional
 
 from .. import ir
 from ..errors import LaunchError, UnsupportedConstruct, at
 from ..graph import Graph, Node, Op, TensorParam, strip_casts, topo_order
-from ..shapes import size_multiple
+from ..shapes import numel, size_multiple
 from . import qmm, reduce
 from .base import IDX, Schedule, Traffic, make_kernel
 from .lower import ElementLowering, as_float, compute_type, ident
@@ -184,7 +183,7 @@ class QuantSchedule(Schedule):
     def host_name(self, sizes: Mapping[str, int]) -> str:
         # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
         axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
-        n: int = max(math.prod([sizes[a] for a in ax]) for ax in axes)
+        n: int = max(numel(ax, sizes) for ax in axes)
         if not self.index64 and max(n, sizes[self.axis]) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
                               f"indexing; call it with launch={{'index64': True}}")

@@ -72,7 +72,7 @@ def test_warm_calls_replay_one_closure():
     x = torch.randn(5, 40)
     for _ in range(3):
         close(silu(x), F.silu(x))
-    assert len(silu._warm) == 1
+    assert len(silu._calls.warm) == 1
 
 
 def test_dtype_shape_stride_and_offset_changes_get_their_own_closure():
@@ -249,7 +249,7 @@ def test_replay_is_straight_line_python():
     rms = mf.kernel(k_rms)
     x, w = torch.randn(6, 48), torch.randn(48)
     rms(x, w)
-    (warm,) = rms._warm._entries.values()
+    (warm,) = rms._calls.warm._entries.values()
     src = warm.source
     assert src.startswith("def replay(values):") and "for " not in src
     assert "_empty(_shape0" in src and "_kernel(" in src
@@ -260,13 +260,13 @@ def test_requires_grad_takes_the_full_path(monkeypatch):
     silu = mf.kernel(k_silu)
     x = torch.randn(4, 16, requires_grad=True)
     close(silu(x), F.silu(x.detach()))
-    assert len(silu._warm) == 0
+    assert len(silu._calls.warm) == 0
     with torch.no_grad():
         close(silu(x), F.silu(x.detach()))
-    assert len(silu._warm) == 1
+    assert len(silu._calls.warm) == 1
     used = []
-    (key, warm), = silu._warm._entries.items()
-    silu._warm._entries[key] = type("Spy", (), {"replay": lambda self, values: used.append(1),
+    (key, warm), = silu._calls.warm._entries.items()
+    silu._calls.warm._entries[key] = type("Spy", (), {"replay": lambda self, values: used.append(1),
                                                 "current": warm.current})()
     y = silu(x)                                  # grad mode on again: autograd's path
     assert not used and y.requires_grad
@@ -301,11 +301,11 @@ def test_threads_calling_at_once():
 
 def test_the_cache_is_bounded():
     silu = mf.kernel(k_silu)
-    silu._warm.size = 3
+    silu._calls.warm.size = 3
     for n in range(1, 7):
         x = torch.randn(n, 4)
         close(silu(x), F.silu(x))
-    assert len(silu._warm) == 3
+    assert len(silu._calls.warm) == 3
 
 
 def test_mlx_backend_on_torch_tensors_keeps_its_error():

@@ -64,10 +64,10 @@ def test_a_large_input_selects_64_bit_indexing_however_small_the_output():
     """Attention's K/V or a gather's table can pass 2^31 elements while the output is small:
     the call indexes with 64 bits by itself (an expanded tensor: no memory behind it)."""
     big = torch.zeros(1).expand(2 ** 16, 2 ** 15)
-    call = launcher.Call(spec=None, backend="sim", values={}, tensors={"k": big},
+    call = launcher.CheckedCall(spec=None, backend="sim", values={}, tensors={"k": big},
                 binding=SimpleNamespace(sizes={"A": 2 ** 16, "B": 2 ** 15}), outputs=[],
                 numel=1)
     assert call.index64
-    small = launcher.Call(spec=None, backend="sim", values={}, tensors={"k": big[:2]},
+    small = launcher.CheckedCall(spec=None, backend="sim", values={}, tensors={"k": big[:2]},
                  binding=SimpleNamespace(sizes={"A": 2, "B": 2 ** 15}), outputs=[], numel=1)
     assert not small.index64

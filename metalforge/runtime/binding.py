@@ -1,0 +1,282 @@
+"""The binding plan: where each argument of a launch comes from, and the one binder.
+
+A schedule's kernels share one parameter list; each `ir.Argument.binds` names what the runtime
+passes there. `BindingPlan.of` turns that list, once per specialisation and index width, into
+typed sources (an input tensor, an output, a runtime scalar, an axis size, the grid's element
+count, a launch value, the scratch buffer, a gather's report), in argument order. Every runner
+reads the plan: the launcher (torch tensors), the warm fast path, the MLX backend.
+
+For torch tensors a checked call resolves the plan into a `Binder` (what varies per call is
+data: which inputs need a copy, the shape a batch-flattened input is viewed as, the sizes),
+and the binder is compiled to straight-line Python (`Binder.code`). The full path calls that
+function (`bound`); the warm path's replay inlines the same lines: the fast binder is the only
+binder.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+import torch
+
+from ..dtypes import check_float, check_int64
+from ..errors import kernel_at
+from ..graph import Graph, ScalarParam, TensorParam
+from ..ir import BIND_KINDS, Argument
+from ..schedule import Schedule
+from ..shapes import ShapeBinding, flat_shape, output_shape
+
+
+# --------------------------------------------------------------------------- the sources
+
+@dataclass(frozen=True)
+class InputSource:
+    """A tensor argument: parameter `name`, at `position` among the graph's parameters; read
+    with vector loads of `vector` elements (0: scalar loads); `batch`: its leading batch dims
+    are flattened into one."""
+    index: int
+    name: str
+    position: int
+    vector: int
+    batch: bool
+
+
+@dataclass(frozen=True)
+class OutputSource:
+    """Output `output` of the graph (a 0-dim output binds as one element)."""
+    index: int
+    output: int
+
+
+@dataclass(frozen=True)
+class ScalarSource:
+    """Runtime scalar `name`, at `position` among the graph's parameters, passed as a float or
+    as an int checked to fit 64 bits (`where` names it in that error)."""
+    index: int
+    name: str
+    position: int
+    is_float: bool
+    where: str
+
+
+@dataclass(frozen=True)
+class SizeSource:
+    """The size of axis `axis`."""
+    index: int
+    axis: str
+
+
+@dataclass(frozen=True)
+class NumelSource:
+    """The number of output elements the grid covers."""
+    index: int
+
+
+@dataclass(frozen=True)
+class LaunchSource:
+    """A per-call launch parameter (`Schedule.launch_value(name, sizes)`)."""
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ScratchSource:
+    """A fresh fp32 buffer for partial results passed between a call's launches."""
+    index: int
+
+
+@dataclass(frozen=True)
+class ReportSource:
+    """A gather kernel's 4-int error report, zeroed per call (`launcher.IndexErrors`)."""
+    index: int
+
+
+Source = Union[InputSource, OutputSource, ScalarSource, SizeSource, NumelSource, LaunchSource,
+               ScratchSource, ReportSource]
+FIXED = (SizeSource, NumelSource, LaunchSource)     # the same for every call of given sizes
+
+
+def _source(p: Argument, graph: Graph, s: Schedule) -> Source:
+    """The typed source of one kernel argument (its `binds`, one of `ir.BIND_KINDS`)."""
+    kind, rest = p.binds[0], p.binds[1:]
+    if kind not in BIND_KINDS:
+        raise ValueError(f"argument {p.name}: unknown binding {p.binds!r}")
+    position = {q.name: i for i, q in enumerate(graph.params)}
+    if kind == "input":
+        name = str(rest[0])
+        dims = _tensor(graph, name).dims
+        return InputSource(p.index, name, position[name],
+                           s.policy.vector_width if name in s.vector_inputs else 0,
+                           bool(dims and dims[0].batch))
+    if kind == "output":
+        return OutputSource(p.index, int(rest[0]))
+    if kind == "scalar":
+        name = str(rest[0])
+        scalar = graph.param(name)
+        assert isinstance(scalar, ScalarParam)
+        return ScalarSource(p.index, name, position[name], scalar.dtype.is_float,
+                            f"{kernel_at(graph.name, graph.loc)}, argument '{name}'")
+    if kind == "size":
+        return SizeSource(p.index, str(rest[0]))
+    if kind == "launch":
+        return LaunchSource(p.index, str(rest[0]))
+    if kind == "numel":
+        return NumelSource(p.index)
+    return ScratchSource(p.index) if kind == "scratch" else ReportSource(p.index)
+
+
+def _tensor(graph: Graph, name: str) -> TensorParam:
+    p = graph.param(name)
+    assert isinstance(p, TensorParam)
+    return p
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    """Every argument's source, in argument order, and the `arg_casts` of the kernels."""
+    sources: tuple[Source, ...]
+    casts: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def of(cls, graph: Graph, s: Schedule) -> BindingPlan:
+        params = sorted(s.kernel.params, key=lambda p: p.index)
+        assert [p.index for p in params] == list(range(len(params)))
+        return cls(tuple(_source(p, graph, s) for p in params),
+                   tuple((p.index, p.cast) for p in params if p.cast))
+
+    @property
+    def arg_casts(self) -> Optional[dict[int, str]]:
+        return dict(self.casts) or None
+
+    @property
+    def report(self) -> Optional[int]:
+        """The argument index of a gather's error report, if the kernel has one."""
+        return next((a.index for a in self.sources if isinstance(a, ReportSource)), None)
+
+    def fixed(self, s: Schedule, sizes: Mapping[str, int],
+              numel: Optional[int]) -> dict[int, int]:
+        """The values of the sizes, the element count and the launch values, by argument index
+        (those that `sizes` and `numel` determine: all of them for a call)."""
+        out: dict[int, int] = {}
+        for a in self.sources:
+            if isinstance(a, SizeSource) and a.axis in sizes:
+                out[a.index] = sizes[a.axis]
+            elif isinstance(a, NumelSource) and numel is not None:
+                out[a.index] = numel
+            elif isinstance(a, LaunchSource) and numel is not None:
+                out[a.index] = s.launch_value(a.name, sizes)
+        return out
+
+    def by_value(self, a: Source, values: Sequence[Any], fixed: Mapping[int, int]) -> Any:
+        """A runtime scalar's value (from `values`, in parameter order) or a fixed value."""
+        return values[a.position] if isinstance(a, ScalarSource) else fixed[a.index]
+
+    def binder(self, s: Schedule, values: Sequence[Any], binding: ShapeBinding,
+               graph: Graph, numel: int) -> Binder:
+        """This plan resolved for one checked torch call (`values` in parameter order)."""
+        fixed = self.fixed(s, binding.sizes, numel)
+        inputs, outputs = [], []
+        scratch = None
+        for a in self.sources:
+            if isinstance(a, InputSource):
+                t = values[a.position]
+                flat = flat_shape(binding, _tensor(graph, a.name)) if a.batch else None
+                inputs.append((a.index, a.position, not t.is_contiguous(), a.vector,
+                               None if flat is None or flat == tuple(t.shape) else flat))
+            elif isinstance(a, OutputSource):
+                out = output_shape(binding, graph.outputs[a.output])
+                outputs.append((a.index, a.output, not out))
+            elif isinstance(a, ScratchSource):
+                scratch = (a.index, max(1, s.scratch_floats(binding.sizes)))
+        return Binder(len(self.sources), tuple(sorted(fixed.items())), tuple(inputs),
+                      tuple(outputs),
+                      tuple(a for a in self.sources if isinstance(a, ScalarSource)),
+                      scratch, self.report)
+
+
+# --------------------------------------------------------------------------- the binder
+
+def report_buffer(device: Optional[torch.device]) -> torch.Tensor:
+    """A gather kernel's error report for one call: zeroed, except while a CUDA graph is being
+    captured, when nothing reads it (`IndexErrors.check`) and a zeroing fill would only add a
+    kernel to every replay (1.3 µs of an H100's graph, more than a small gather itself)."""
+    if device is not None and device.type == "cuda" and \
+            torch.cuda.is_current_stream_capturing():
+        return torch.empty(4, dtype=torch.int32, device=device)
+    return torch.zeros(4, dtype=torch.int32, device=device)
+
+
+def converter(a: ScalarSource) -> Callable[[Any], Any]:
+    """What a call passes for a runtime scalar: a float, or an int checked to fit the kernel's
+    64-bit integer (checked on every call because values are not in warm keys)."""
+    where = a.where
+    return (lambda v: check_float(v, where)) if a.is_float else \
+        (lambda v: check_int64(v, where))
+
+
+@dataclass(frozen=True)
+class Binder:
+    """A binding plan resolved for one kind of call: per input (argument index, position,
+    make contiguous, vector width or 0, shape to view it as or None), per output (argument
+    index, output index, 0-dim: bind as one element), the scalars, the fixed values
+    (argument index, value), the scratch buffer (argument index, fp32 elements) and the
+    report's argument index."""
+    count: int
+    fixed: tuple[tuple[int, int], ...]
+    inputs: tuple[tuple[int, int, bool, int, Optional[tuple[int, ...]]], ...]
+    outputs: tuple[tuple[int, int, bool], ...]
+    scalars: tuple[ScalarSource, ...]
+    scratch: Optional[tuple[int, int]]
+    report: Optional[int]
+
+    def code(self, env: dict[str, Any], device: str) -> tuple[list[str], list[str]]:
+        """(lines, argument expressions) binding a call's arguments from `values` (parameter
+        order) and the outputs `o0`, `o1`, ...: each input made contiguous, or copied to an
+        aligned start, and viewed flat as the call needs; the scalars converted; a fresh
+        report and scratch buffer on `device` (an expression). Names it reads go in `env`."""
+        lines: list[str] = []
+        args = [""] * self.count
+        for i, v in self.fixed:
+            env[f"_c{i}"] = v
+            args[i] = f"_c{i}"
+        for i, pos, contiguous, vector, flat in self.inputs:
+            lines.append(f"    a{i} = values[{pos}]")
+            if contiguous:
+                lines.append(f"    a{i} = a{i}.contiguous()")
+            elif vector:                       # vector loads need an aligned start
+                lines.append(f"    if a{i}.storage_offset() % {vector}:")
+                lines.append(f"        a{i} = a{i}.clone()")
+            if flat is not None:
+                env[f"_flat{i}"] = flat
+                lines.append(f"    a{i} = a{i}.view(_flat{i})")
+            args[i] = f"a{i}"
+        for i, o, zero_dim in self.outputs:     # a 0-dim output binds as one element
+            args[i] = f"o{o}.view(1)" if zero_dim else f"o{o}"
+        for a in self.scalars:
+            env[f"_conv{a.index}"] = converter(a)
+            args[a.index] = f"_conv{a.index}(values[{a.position}])"
+        if self.report is not None:
+            env["_report"] = report_buffer
+            lines.append(f"    err = _report({device})")
+            args[self.report] = "err"
+        if self.scratch is not None:
+            i, n = self.scratch
+            env["_empty"], env["_float32"] = torch.empty, torch.float32
+            lines.append(f"    scratch = _empty({n}, dtype=_float32, device={device})")
+            args[i] = "scratch"
+        return lines, args
+
+
+@lru_cache(maxsize=1024)
+def bound(binder: Binder, outputs: int) -> Callable[..., tuple[Any, ...]]:
+    """The binder as a function of (values in parameter order, *outputs) returning the
+    arguments (compiled once per binder: the full path's calls reuse it)."""
+    env: dict[str, Any] = {}
+    names = "".join(f", o{o}" for o in range(outputs))
+    lines, args = binder.code(env, "o0.device" if outputs else "None")
+    text = "\n".join([f"def bind(values{names}):", *lines,
+                      f"    return ({''.join(a + ', ' for a in args)})"]) + "\n"
+    exec(compile(text, "<metalforge binder>", "exec"), env)     # noqa: S102
+    fn: Callable[..., tuple[Any, ...]] = env["bind"]
+    return fn

@@ -1,0 +1,118 @@
+"""The call path: how a kernel's call enters the runtime, the one way.
+
+`CallPath` (one per kernel object and launch overrides) maps a call's arguments to parameter
+order without `inspect.Signature.bind` and keys it (`fastpath.key_function`); a key whose
+closure is current replays it. Otherwise the kernel binds and traces the call (its `bind`
+argument: the frontend's checks) and `call` runs it: beside the path, autograd
+(`autograd.call_differentiable`) for tensors that require grad; then `runs.run_recorded`,
+whose closure is kept for the key.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from ..graph import Graph
+from .autograd import call_differentiable
+from .fastpath import MSL_REWRITE, WarmCache, key_function
+from .runs import run, run_recorded
+
+_NO_DEFAULT = inspect.Parameter.empty
+Bind = Callable[[tuple[Any, ...], Mapping[str, Any]], tuple[Graph, Mapping[str, Any]]]
+
+
+class CallPath:
+    """One kernel's calls under one `launch`: the warm closures by key, and the way in.
+
+    signature: the kernel function's; kinds: each parameter's kind ("tensor", "scalar",
+    "const"), in order."""
+
+    def __init__(self, signature: inspect.Signature, kinds: Sequence[str],
+                 backend: Optional[str], launch: Optional[Mapping[str, Any]]) -> None:
+        sig = list(signature.parameters.values())
+        self.signature, self.kinds = signature, tuple(kinds)
+        self.backend, self.launch = backend, launch
+        self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
+                                  for p in sig)
+        self._key_of = key_function(self.kinds)
+        self._max_positional = sum(p.kind is not p.KEYWORD_ONLY for p in sig)
+        self._completions = tuple(
+            tuple(p.default for p in sig[n:])
+            if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
+            for n in range(self._max_positional + 1))
+        self.warm = WarmCache()
+
+    def relaunched(self, launch: Optional[Mapping[str, Any]]) -> CallPath:
+        """The path of the same kernel under other launch overrides (its own closures)."""
+        return CallPath(self.signature, self.kinds, self.backend, launch)
+
+    def __call__(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
+        if hit is not None:
+            w = self.warm.get(hit[0])
+            if w is not None and w.current():
+                return w.replay(hit[1])
+        graph, values = bind(args, kwargs)
+        return call(graph, values, self.backend, self.launch,
+                    None if hit is None else (self.warm, hit[0]))
+
+    def _warm_key(self, args: tuple[Any, ...],
+                  kwargs: Mapping[str, Any]) -> Optional[tuple[Any, Sequence[Any]]]:
+        """(key, argument values in parameter order) for the warm-call fast path, or None
+        when this call must take the full path: arguments it cannot map without
+        `inspect.Signature.bind` (whose errors the full path reports), a non-Tensor (or Tensor
+        subclass) where a tensor goes, a tensor that requires grad while grad mode is on.
+
+        The key (`fastpath.key_function`) holds everything a checked call's launch depends on:
+        the kernel's backend and the `with mf.backend(...)` override; each tensor's dtype,
+        shape, strides and device; each runtime scalar's Python type; each Const's type and
+        value. The launch overrides are this path's, the autotune entry is checked by
+        `Warm.current`."""
+        values: Optional[Sequence[Any]] = None
+        if not kwargs and len(args) <= self._max_positional:
+            tail = self._completions[len(args)]
+            if tail is not None:
+                values = args + tail if tail else args
+        else:
+            values = self._warm_values(args, kwargs)
+        if values is None:
+            return None
+        key = self._key_of(values, self.backend)
+        return None if key is None else (key, values)
+
+    def _warm_values(self, args: tuple[Any, ...],
+                     kwargs: Mapping[str, Any]) -> Optional[list[Any]]:
+        """Every argument in parameter order (defaults filled in), or None for anything
+        unusual (too many, unknown, duplicated or missing arguments)."""
+        if len(args) > self._max_positional:
+            return None
+        values = list(args)
+        used = 0
+        for name, default, by_keyword in self._call_params[len(args):]:
+            if by_keyword and name in kwargs:
+                values.append(kwargs[name])
+                used += 1
+            elif default is not _NO_DEFAULT:
+                values.append(default)
+            else:
+                return None
+        return values if used == len(kwargs) else None
+
+
+def call(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
+         launch: Optional[Mapping[str, Any]] = None,
+         warm: Optional[tuple[WarmCache, Any]] = None) -> Any:
+    """Run one checked call of a kernel: through autograd when a tensor requires grad (and
+    grad mode is on), else `runs.run`; with `warm` (cache, key), the call's closure is kept
+    under the key."""
+    if torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad
+                                       for v in values.values()):
+        return call_differentiable(graph, values, backend, launch)
+    if warm is None:
+        return run(graph, values, backend, launch)
+    out, w = run_recorded(graph, values, backend, launch)
+    if w is not None:
+        warm[0].put(warm[1], w)
+    return out
