@@ -15,6 +15,10 @@ both index widths (64-bit through ``launch={"index64": True}``, so small tensors
 kernels), a fixed number of examples each. The report lists every instantiation with its launch
 count and sizes; one that no example launched fails the check, unless no size allowed by
 ``dims=`` selects it (then the report says so).
+
+Where the parts live: the variants in `testing.variants`, the instantiations and boundary sizes
+in `testing.coverage`, the drawing of an example in `testing.strategies`, and the slack a
+schedule that reorders float sums is allowed (`Schedule.reordering`) in `testing.slack`.
 """
 from __future__ import annotations
 
