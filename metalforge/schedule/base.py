@@ -178,7 +178,7 @@ class Schedule:
         return {p.binds for p in self.kernel.params}
 
     def reordering(self) -> Optional[Reordering]:
-        """The float sums the kernels accumulate in their own order and what follows from it
-        (`schedule.reordering`): testing's slack; None where every element is computed as the
-        reference computes it."""
+        """The float sums the kernels accumulate in their own order, and what follows from it
+        (`metalforge.schedule.reordering`; testing's slack reads it); None where every element
+        is computed as the reference computes it."""
         return reordering(self, skipped_keys(self))

@@ -217,25 +217,30 @@ def _check_index_bounds(kernel, variant: CheckVariant, *, dims, max_examples: in
                 args[name].view(-1)[at] = value
                 for who, fn in (("the kernel", kernel), ("the reference", kernel.reference)):
                     calls[0] += who == "the kernel"
-                    try:
-                        with ctx:
-                            got = _as_tuple(fn(**args))
-                    except GatherIndexError as e:
-                        if f"index {value} " in str(e):
-                            continue
-                        problem = f"{who} raised GatherIndexError not naming {value}: {e}"
-                    except Exception as e:                       # noqa: BLE001 - reported
-                        problem = f"{who} raised {type(e).__name__}: {e}"
-                    else:
-                        if not any(o.numel() for o in got):      # nothing gathered: no index
-                            continue                             # read, none to refuse
-                        problem = f"{who} raised nothing"
-                    raise AssertionError(_report(
-                        kernel, variant, ex, backend, f"'{name}' with element {at} set to "
-                        f"{value} (outside '{axis}', size {size}): {problem}"))
+                    problem = _unrefused(who, fn, args, value, ctx)
+                    if problem is not None:
+                        raise AssertionError(_report(
+                            kernel, variant, ex, backend, f"'{name}' with element {at} set to "
+                            f"{value} (outside '{axis}', size {size}): {problem}"))
 
     _seeded(bad_index, prof, kernel, variant, "indices out of range")()
     return calls[0]
+
+
+def _unrefused(who: str, fn, args: Mapping[str, Any], value: int, ctx) -> Optional[str]:
+    """None when `fn` (the kernel or its reference) refuses `args` with a GatherIndexError
+    naming the bad index `value`, or returns only empty outputs (nothing gathered: no index
+    read, none to refuse); else what it did instead."""
+    try:
+        with ctx:
+            got = _as_tuple(fn(**args))
+    except GatherIndexError as e:
+        if f"index {value} " in str(e):
+            return None
+        return f"{who} raised GatherIndexError not naming {value}: {e}"
+    except Exception as e:                                       # noqa: BLE001 - reported
+        return f"{who} raised {type(e).__name__}: {e}"
+    return None if not any(o.numel() for o in got) else f"{who} raised nothing"
 
 
 def _seeded(test, prof: Profile, kernel, variant: CheckVariant, purpose: str):
