@@ -44,7 +44,7 @@ from .coverage import Instantiation
 from .gradients import gradient_problem
 from .profiles import Profile, profile as _profile
 from .slack import allowance
-from .strategies import Drawn, index_tensors
+from .strategies import Drawn, Inputs, index_tensors
 from .variants import CheckVariant, spread, split_values, variants
 
 
@@ -105,32 +105,42 @@ def check(kernel, *, dims: Optional[Mapping[str, Any]] = None,
                     [v.describe() for v in compiled if v not in chosen], refused)
     n = max_examples if max_examples is not None else prof.settings.max_examples
     budget = memory_budget if memory_budget is not None else prof.memory_budget
-    common = dict(per_param=per_param, global_families=global_families, backend=backend,
-                  layouts=layouts, budget=budget, prof=prof)
+    run = _Run(backend, prof, Inputs(per_param, global_families, layouts, budget,
+                                     _device(backend)))
     for variant in chosen:
         insts = coverage.instantiations(kernel, variant, backend)
-        report.examples += _check_variant(kernel, replace(variant, grad=grad), dims=dims,
-                                          max_examples=n, record=insts, **common)
+        report.examples += _check_variant(kernel, replace(variant, grad=grad), run, dims=dims,
+                                          max_examples=n, record=insts)
         report.examples += coverage.cover(kernel, variant, insts, dims, backend,
-                                          _pinned_examples(insts, common))
-        report.examples += _check_index_bounds(kernel, variant, dims=dims, max_examples=n,
-                                               **common)
+                                          _pinned_examples(insts, run))
+        report.examples += _check_index_bounds(kernel, variant, run, dims=dims, max_examples=n)
         coverage.mark_alternatives(kernel, variant, insts, backend)
         report.instantiations += insts.values()
     coverage.fail_unlaunched(kernel, report.instantiations)
     return report
 
 
-def _pinned_examples(insts, common) -> coverage.Pinned:
+@dataclass(frozen=True)
+class _Run:
+    """How a check runs its examples: on `backend` (None: the tensors' own), under the
+    hypothesis profile `prof`, with arguments drawn as `inputs` says."""
+    backend: Optional[str]
+    prof: Profile
+    inputs: Inputs
+
+
+def _pinned_examples(insts, run: _Run) -> coverage.Pinned:
     """What runs the profile's boundary examples at the sizes `dims` pins: a quarter of the
     memory budget (several rows of 8196 f32 in CI: one row hides a wrong row offset) and no dim
     drawn empty (they are there to run the kernel those sizes select, and with a profile's two
     examples a size, an empty one would leave hypothesis' simplest example alone)."""
-    def run(runner, variant: CheckVariant, dims: Mapping[str, Any]) -> int:
-        return _check_variant(runner, variant, dims=dims,
-                              max_examples=common["prof"].boundary_examples, record=insts,
-                              empty=False, **{**common, "budget": common["budget"] // 4})
-    return run
+    inputs = replace(run.inputs, budget=run.inputs.budget // 4, empty=False)
+    pinned = replace(run, inputs=inputs)
+
+    def examples(runner, variant: CheckVariant, dims: Mapping[str, Any]) -> int:
+        return _check_variant(runner, variant, pinned, dims=dims,
+                              max_examples=run.prof.boundary_examples, record=insts)
+    return examples
 
 
 # --------------------------------------------------------------------------- one variant
@@ -150,10 +160,11 @@ def _backend_ctx(backend):
     return runtime.backend(backend) if backend else contextlib.nullcontext()
 
 
-def _check_variant(kernel, variant: CheckVariant, *, dims, per_param, global_families,
-                   max_examples: int, backend, layouts: bool, budget: int,
-                   prof: Profile, record=None, empty: bool = True) -> int:
-    device = _device(backend)
+def _check_variant(kernel, variant: CheckVariant, run: _Run, *, dims, max_examples: int,
+                   record=None) -> int:
+    """Runs `max_examples` drawn examples of one variant (recording their launches in
+    `record`); returns how many ran."""
+    backend, prof, device = run.backend, run.prof, run.inputs.device
     if device != "cpu":     # the thread and work budgets are the simulator's (it runs every
         # thread): on cuda the wide elementwise kernel's pinned examples take 2^18 threads and
         # a few more
@@ -166,9 +177,7 @@ def _check_variant(kernel, variant: CheckVariant, *, dims, per_param, global_fam
     @settings(prof.settings, max_examples=max_examples)
     @given(st.data())
     def run_one(data):
-        ex = strategies.example(data.draw, variant.graph, variant.consts, dims=dims,
-                                per_param=per_param, global_families=global_families,
-                                layouts=layouts, budget=budget, device=device, empty=empty,
+        ex = strategies.example(data.draw, variant.graph, variant.consts, dims, run.inputs,
                                 admit=lambda sizes: _admit(kernel, variant, sizes, prof))
         model = _launch_model(data.draw, ex) if device == "cpu" else contextlib.nullcontext()
         ran[0] += 1
@@ -184,9 +193,8 @@ def _check_variant(kernel, variant: CheckVariant, *, dims, per_param, global_fam
     return ran[0]
 
 
-def _check_index_bounds(kernel, variant: CheckVariant, *, dims, max_examples: int, per_param,
-                        global_families, backend, layouts: bool, budget: int,
-                        prof: Profile) -> int:
+def _check_index_bounds(kernel, variant: CheckVariant, run: _Run, *, dims,
+                        max_examples: int) -> int:
     """A gather's index tensor one past its axis (the size itself) and, where its type is
     signed, -1, at its first and last element, in examples drawn as the others are: the kernel
     and its reference must both raise GatherIndexError naming the value (bad input never gives
@@ -196,15 +204,14 @@ def _check_index_bounds(kernel, variant: CheckVariant, *, dims, max_examples: in
     indices = index_tensors(variant.graph)
     if not indices:
         return 0
-    device, ctx = _device(backend), _backend_ctx(backend)
+    backend, prof, ctx = run.backend, run.prof, _backend_ctx(run.backend)
     calls = [0]
 
     @settings(prof.settings, max_examples=max_examples)
     @given(st.data())
     def bad_index(data):
-        ex = strategies.example(data.draw, variant.graph, variant.consts, dims=dims,
-                                per_param=per_param, global_families=global_families,
-                                layouts=layouts, budget=budget, device=device,
+        ex = strategies.example(data.draw, variant.graph, variant.consts, dims,
+                                run.inputs,
                                 admit=lambda sizes: _admit(kernel, variant, sizes, prof))
         for name, axis in indices.items():
             t, size = ex.args[name], ex.sizes.sizes[axis]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from hypothesis import strategies as st
@@ -289,22 +289,35 @@ def index_tensors(graph: Graph) -> dict[str, str]:
     return out
 
 
-def example(draw, graph: Graph, consts: Mapping[str, Any], *, dims, per_param,
-            global_families, layouts: bool, budget: int, device, empty: bool = True,
-            admit: Callable[[Mapping[str, int]], None] = lambda sizes: None) -> Drawn:
+@dataclass(frozen=True)
+class Inputs:
+    """What `example` draws arguments from: `check`'s values= per parameter (``per_param``)
+    and for every float tensor (``global_families``), whether to draw memory layouts, the bytes
+    one example's inputs and outputs may take, the device the tensors live on, and whether a
+    dim may be drawn empty."""
+    per_param: Mapping[str, Any]
+    global_families: Optional[Sequence[str]]
+    layouts: bool
+    budget: int
+    device: str
+    empty: bool = True
+
+
+def example(draw, graph: Graph, consts: Mapping[str, Any], dims: Mapping[str, Any],
+            inputs: Inputs, admit: Callable[[Mapping[str, int]], None] = lambda sizes: None
+            ) -> Drawn:
     """The arguments of one call of ``graph`` (its Consts' values ``consts``): sizes within
-    ``budget`` bytes of inputs and outputs (``dims`` pins some; ``admit`` may reject them
-    before any value is drawn), then each tensor, scalar and Const (``per_param``: what
-    `check`'s values= asks of each, ``global_families``: of every float tensor)."""
+    the budget of ``inputs`` (``dims`` pins some; ``admit`` may reject them before any value is
+    drawn), then each tensor, scalar and Const."""
     plan = dim_plan(graph.params)
     reduced = frozenset(n.attr[1] for n in graph.reductions())
     reduced |= frozenset(plan.derived[a].base for a in reduced if a in plan.derived)
     indices = index_tensors(graph)               # gathered axes: never empty, valid indices
     reduced |= frozenset(indices.values())
     itemsize = max([t.dtype.itemsize for t in graph.tensors] + [4])
-    max_elements = max(1, budget // ((plan.tensors + len(graph.outputs)) * itemsize))
+    max_elements = max(1, inputs.budget // ((plan.tensors + len(graph.outputs)) * itemsize))
     drawn = draw(sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced,
-                       empty=empty), label="sizes")
+                       empty=inputs.empty), label="sizes")
     admit(drawn.sizes)                           # may reject the example before its values
     limits = _graph_limits(graph)
     nonfinite = limits["nonfinite"] and draw(st.booleans(), label="inf/NaN inputs")
@@ -312,14 +325,14 @@ def example(draw, graph: Graph, consts: Mapping[str, Any], *, dims, per_param,
     lines = [f"sizes: {drawn.describe()}"]
     for p in graph.params:
         if isinstance(p, TensorParam):
-            spec = per_param.get(p.name)
+            spec = inputs.per_param.get(p.name)
             if p.name in indices and spec is None:
                 spec = (0, drawn.sizes[indices[p.name]] - 1)    # in range along the axis
             args[p.name], line = tensor(draw, graph.param(p.name).dtype, p, drawn, spec,
-                                        global_families, nonfinite, limits, layouts, device)
+                                        inputs, nonfinite, limits)
             lines.append(line)
         elif isinstance(p, ScalarParam):
-            v = draw(scalar(p, per_param.get(p.name)), label=p.name)
+            v = draw(scalar(p, inputs.per_param.get(p.name)), label=p.name)
             args[p.name] = v
             lines.append(f"{p.name} = {v!r} ({p.pytype.__name__}, runtime scalar)")
         elif isinstance(p, ConstParam):
@@ -346,20 +359,21 @@ def value_families(dtype: DType, name: str, spec, global_families, nonfinite: bo
     return tuple(want)
 
 
-def tensor(draw, dtype: DType, p: TensorParam, drawn: Sizes, spec, global_families,
-           nonfinite: bool, limits, layouts: bool, device) -> tuple[torch.Tensor, str]:
-    """One tensor argument and its line of the example's description."""
+def tensor(draw, dtype: DType, p: TensorParam, drawn: Sizes, spec, inputs: Inputs,
+           nonfinite: bool, limits) -> tuple[torch.Tensor, str]:
+    """One tensor argument (``spec``: what values= asks of it) and its line of the example's
+    description."""
     shape = drawn.shape(p)
     rng = spec if isinstance(spec, tuple) and len(spec) == 2 else None
-    fams = ("range",) if rng else value_families(dtype, p.name, spec, global_families,
+    fams = ("range",) if rng else value_families(dtype, p.name, spec, inputs.global_families,
                                                  nonfinite, limits)
     family = draw(st.sampled_from(_weighted(fams)), label=f"{p.name} family")
     seed = draw(st.integers(0, 2 ** 16), label=f"{p.name} seed")
     vals = make_values(dtype, shape, family, seed, value_range=rng,
                        zeros=limits["zeros"], negative=limits["negative"])
     layout = draw(st.sampled_from(layouts_for(shape)), label=f"{p.name} layout") \
-        if layouts else "contiguous"
-    t = materialise(vals, layout, device=device)
+        if inputs.layouts else "contiguous"
+    t = materialise(vals, layout, device=inputs.device)
     what = f"range {rng}" if rng else f"family '{family}'"
     return t, (f"{p.name}: {dtype.name}{list(shape)} (annotation \"{p.annotation}\"), values "
                f"{what} seed {seed}, layout {describe_layout(t, layout)}")
