@@ -20,14 +20,14 @@ compared tightly, large ones are not failed for cancellation both sides suffer.
 
 Ill-conditioned outputs: a sum's rounding error can be amplified by what follows it (LayerNorm
 of a constant row: x - mean(x) is pure rounding, multiplied by rsqrt(var + eps), ~316 for
-eps = 1e-5), and any fp32 evaluation, torch's included, is then that far off. `check` measures
-this per element (`check.reduction_slack`: how far the reference's outputs move when every float
-sum is off by ACCUMULATION * sqrt(n) * sum(|terms|), either way, and, where a later reduction
-compares a sum's elements (attention's scores), with a sign of its own per element) and passes
-it to `compare` as
-``slack``, added to the allowed difference; where the reference is NaN or ±inf and such a moved
-reference is not, or the other way round (the residue times an infinite weight, or 0/0 with
-eps = 0), the kernel may give what the moved one gives (``alternatives``).
+eps = 1e-5), and any fp32 evaluation, torch's included, is then that far off. `check`
+measures this per element (`testing.slack.reduction_slack`: how far the reference's outputs
+move when every float sum is off by ACCUMULATION * sqrt(n) * sum(|terms|), either way, and,
+where a later reduction compares a sum's elements (attention's scores), with a sign of its own
+per element) and passes it to `compare` as ``slack``, added to the allowed difference; where
+the reference is NaN or ±inf and such a moved reference is not, or the other way round (the
+residue times an infinite weight, or 0/0 with eps = 0), the kernel may give what the moved
+one gives (``alternatives``).
 
 Integer and bool outputs must be equal. Shapes and dtypes must be equal.
 """

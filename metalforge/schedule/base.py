@@ -10,6 +10,7 @@ from ..graph import Graph, Op, take_sites
 from ..shapes import numel
 from .names import IDX as IDX, kernel_name, template_vars
 from .policy import LaunchPolicy
+from .reordering import Reordering, reordering, skipped_keys
 
 
 def host_name(graph: Graph, index64: bool) -> str:
@@ -168,3 +169,9 @@ class Schedule:
     @property
     def _binds(self) -> set[tuple[str | int, ...]]:
         return {p.binds for p in self.kernel.params}
+
+    def reordering(self) -> Optional[Reordering]:
+        """The float sums the kernels accumulate in their own order, and what follows from it
+        (`metalforge.schedule.reordering`; testing's slack reads it); None where every element
+        is computed as the reference computes it."""
+        return reordering(self, skipped_keys(self))

@@ -4,9 +4,14 @@
     check(my_kernel)                      # hypothesis: sizes, dtypes, values, layouts, scalars
     check(my_kernel, dims={"D": 4096}, dtypes={"T": ["f16"]}, max_examples=50)
 
-Modules: `check` (the check and its failure report), `strategies` (hypothesis strategies from a
-kernel's params), `tolerance` (the tolerance policy), `profiles` (the CI / thorough hypothesis
-profiles), `gen` (`metalforge gen-tests`), `faults` (planted-fault test seam), `plugin` (pytest).
+Modules: `check` (the check: running each example and comparing, the failure report),
+`variants` (the dtype/Const variants compiled), `coverage` (every kernel instantiation, boundary
+sizes, launches counted), `strategies` (hypothesis strategies: sizes, value families, layouts,
+scalars, whole examples), `tensors` (values from a family and seed, memory layouts), `slack`
+(what a schedule's reordered sums allow, `Schedule.reordering`), `gradients` (check's grad=),
+`tolerance` (the tolerance policy), `profiles` (the CI / thorough hypothesis profiles), `gen`
+(`metalforge gen-tests`), `faults` (planted-fault test seam), `mutate` (mutation testing),
+`plugin` (pytest).
 Without hypothesis installed, `metalforge gen-tests` still works; `check` says what to install.
 """
 from __future__ import annotations

@@ -101,7 +101,8 @@ def render(source: Path, out_dir: Path, module: ModuleType) -> str:
         "commit.",
         "Each test draws sizes, dtypes, values (normal, large, tiny, zeros, inf/NaN) and memory",
         "layouts with hypothesis, runs the kernel and compares it with its reference",
-        "(metalforge.testing.check). Longer runs: METALFORGE_HYPOTHESIS_PROFILE=metalforge-thorough.",
+        "(metalforge.testing.check). Longer runs: "
+        "METALFORGE_HYPOTHESIS_PROFILE=metalforge-thorough.",
         '"""',
         "from pathlib import Path",
         "",

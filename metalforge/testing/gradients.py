@@ -17,7 +17,7 @@ from .. import autodiff
 from ..dtypes import from_torch
 from ..graph import Graph, TensorParam
 from ..shapes import bind_shapes
-from . import strategies as S
+from .tensors import make_values
 from .tolerance import compare, lowest_precision, magnitude, reduction_length, tolerance
 
 
@@ -40,7 +40,7 @@ def gradient_problem(kernel, graph: Graph, args: Mapping[str, Any], seed: int,
     for p in graph.params:
         v = args[p.name]
         if isinstance(p, TensorParam) and p.dtype.is_float:
-            inputs[p.name] = S.make_values(p.dtype, tuple(v.shape), "normal",
+            inputs[p.name] = make_values(p.dtype, tuple(v.shape), "normal",
                                            int(torch.randint(0, 2 ** 16, (1,), generator=gen)))
             inputs[p.name] = inputs[p.name].to(v.device).requires_grad_()
             wrt.append(p.name)
@@ -49,7 +49,7 @@ def gradient_problem(kernel, graph: Graph, args: Mapping[str, Any], seed: int,
     try:
         with backend_ctx():
             got_out = _tuple(kernel(**inputs))
-        dys = [S.make_values(from_torch(o.dtype), tuple(o.shape), "normal",
+        dys = [make_values(from_torch(o.dtype), tuple(o.shape), "normal",
                              int(torch.randint(0, 2 ** 16, (1,), generator=gen))).to(o.device)
                if o.dtype.is_floating_point else None for o in got_out]
         got = _grads(got_out, dys, [inputs[n] for n in wrt])

@@ -40,7 +40,8 @@ from ..frontend.kernel import Kernel
 from ..graph import TensorParam
 from ..runtime.launcher import MSL_REWRITE, render, specialisation
 from ..sim import compile_shader
-from .check import check, index_tensors
+from .check import check
+from .strategies import index_tensors
 
 # (operator name, regex, replacement function of the match)
 _SWAP = {"<": "<=", "<=": "<", ">": ">=", ">=": ">", "+": "-", "-": "+", "*": "/", "/": "*"}

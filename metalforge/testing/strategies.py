@@ -1,23 +1,27 @@
-"""Hypothesis strategies for a kernel's inputs: dim sizes, values, layouts, scalars, Consts.
+"""Hypothesis strategies for a kernel's inputs: dim sizes, value families, layouts, scalars,
+and one whole example of a traced graph (`example`), which `check` draws.
 
-Everything here works from a kernel's declared parameters (`metalforge.graph` params), so it is
-usable on plain torch without any kernel. Tensor *data* is not drawn element by element: a draw
-picks a value family and a seed, and `make_values` builds the tensor from them with torch's
-generator. That keeps examples fast, shrinkable (family, seed, sizes shrink) and reproducible
-from the report alone.
+Sizes and scalars work from a kernel's declared parameters (`metalforge.graph` params), so they
+are usable on plain torch without any kernel. Tensor *data* is not drawn element by element: a
+draw picks a value family and a seed, and `tensors.make_values` builds the tensor from them with
+torch's generator. That keeps examples fast, shrinkable (family, seed, sizes shrink) and
+reproducible from the report alone.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import torch
 from hypothesis import strategies as st
 
 from ..dtypes import DType
-from ..graph import AxisSpec, ConstParam, Param, ScalarParam, TensorParam
+from ..graph import AxisSpec, ConstParam, Graph, Op, Param, ScalarParam, TensorParam, \
+    take_sites, topo_order
 from ..shapes import base_multiple
+from .tensors import MODERATE_FAMILIES, describe_layout, families, layouts_for, make_values, \
+    materialise
 
 # --------------------------------------------------------------------------- sizes
 
@@ -108,7 +112,8 @@ def _batch_choices(pin: Any, name: str) -> st.SearchStrategy[tuple[int, ...]]:
                     f"tuple of ints, or a list of such tuples, got {pin!r}")
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """The least multiple of `multiple` that is at least `n` (and at least `multiple`)."""
     return max(multiple, -(-n // multiple) * multiple)
 
 
@@ -182,7 +187,7 @@ def _free_size(draw, cap: int, multiple: int) -> int:
         kinds.append("large")
     pool = {"small": SMALL_SIZES, "edge": EDGE_SIZES, "large": LARGE_SIZES}[
         draw(st.sampled_from(kinds))]
-    size = _round_up(draw(st.sampled_from([s for s in pool if s <= cap] or [1])), multiple)
+    size = round_up(draw(st.sampled_from([s for s in pool if s <= cap] or [1])), multiple)
     return max(multiple, cap // multiple * multiple) if size > cap else size
 
 
@@ -197,182 +202,7 @@ def _free_batch(draw, cap: int) -> tuple[int, ...]:
     return lead
 
 
-# --------------------------------------------------------------------------- values
-
-FLOAT_FAMILIES = ("normal", "shifted", "mixed", "large", "tiny", "zeros", "special")
-INT_FAMILIES = ("small", "wide", "zeros")
-BOOL_FAMILIES = ("random", "true", "false")
-NONFINITE_FAMILIES = ("special",)
-# An example either has no ±inf/NaN input, or has some and pairs them only with moderate values:
-# inf times a value that underflowed in f32 but not in float64 (0 * inf = NaN vs ±inf) is a
-# precision artefact, not a kernel bug, and must not fail a check.
-MODERATE_FAMILIES = ("normal", "zeros", "special")
-
-
-def families(dtype: DType, *, nonfinite: bool = True, large: bool = True,
-             zeros: bool = True) -> tuple[str, ...]:
-    """The value families drawn for ``dtype`` (``nonfinite``: ±inf/NaN where the op is defined on
-    them; ``large``: magnitudes that overflow conversions; ``zeros``: divisors may be 0)."""
-    if dtype.kind == "bool":
-        return BOOL_FAMILIES
-    if dtype.is_int:
-        extra = ("bits",) if dtype.kind == "uint" else ()     # packed words: every bit set
-        return tuple(f for f in INT_FAMILIES + extra if (zeros or f != "zeros"))
-    return tuple(f for f in FLOAT_FAMILIES
-                 if (nonfinite or f not in NONFINITE_FAMILIES) and (large or f != "large"))
-
-
-def _large_range(dtype: DType) -> tuple[float, float]:
-    if dtype.name == "f16":
-        return 1e2, 6e4
-    return 1e2, 1e12
-
-
-def make_values(dtype: DType, shape: Sequence[int], family: str, seed: int, *,
-                value_range: Optional[tuple[float, float]] = None, zeros: bool = True,
-                negative: bool = True) -> torch.Tensor:
-    """A CPU tensor of ``dtype``/``shape`` whose values come from ``family`` (or, when given,
-    uniform in ``value_range``), deterministic in ``seed``.
-
-    Float families: normal (N(0,1)), shifted (N(0,1) + c, |c| in 2..100 with a random sign: one
-    sign throughout, a mean far from 0 — what naive variances and wrong max/min identities get
-    wrong), mixed (each element normal, large, tiny or zero), large
-    (|x| log-uniform in 1e2..6e4 for f16, 1e2..1e12 otherwise), tiny (|x| log-uniform from the
-    dtype's smallest normal up 2**12 times), zeros (±0), special (normal with ±inf and NaN
-    sprinkled in). Int families: small (-3..3, 0..6 unsigned), wide (± 2**(bits/2 - 1), so
-    products do not overflow), zeros, and for unsigned types bits (uniform over every value:
-    packed words with all their fields). Bool: random, true, false. ``zeros=False`` keeps int values
-    away from 0 (divisors); ``negative=False`` keeps them >= 0 (shift amounts).
-    """
-    g = torch.Generator().manual_seed(int(seed))
-    shape = tuple(int(s) for s in shape)
-    n = math.prod(shape)
-    if value_range is not None:
-        lo, hi = value_range
-        if dtype.is_float:
-            v = torch.rand(n, generator=g, dtype=torch.float64) * (hi - lo) + lo
-        else:
-            v = torch.randint(int(lo), int(hi) + 1, (n,), generator=g, dtype=torch.int64)
-        return v.to(dtype.torch).reshape(shape)
-    if dtype.kind == "bool":
-        if family == "true":
-            return torch.ones(shape, dtype=torch.bool)
-        if family == "false":
-            return torch.zeros(shape, dtype=torch.bool)
-        return (torch.rand(n, generator=g) < 0.5).reshape(shape)
-    if dtype.is_int:
-        bits = dtype.itemsize * 8
-        unsigned = dtype.kind == "uint" or not negative
-        if family == "zeros":
-            v = torch.zeros(n, dtype=torch.int64)
-        elif family == "bits":
-            v = torch.randint(0, 2 ** bits, (n,), generator=g, dtype=torch.int64)
-        else:
-            hi = 6 if family == "small" else 2 ** (bits // 2 - 1)
-            lo = 0 if unsigned else -hi if family == "wide" else -3
-            if family == "small" and not unsigned:
-                hi = 3
-            v = torch.randint(lo, hi + 1, (n,), generator=g, dtype=torch.int64)
-        if not zeros:
-            v = torch.where(v == 0, torch.ones_like(v), v)
-        return v.to(dtype.torch).reshape(shape)
-    # floats: build in float64, round once to the storage dtype
-    sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
-
-    def loguniform(lo: float, hi: float) -> torch.Tensor:
-        u = torch.rand(n, generator=g, dtype=torch.float64)
-        return torch.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
-
-    tiny = float(torch.finfo(dtype.torch).tiny)
-    if family == "normal":
-        v = torch.randn(n, generator=g, dtype=torch.float64)
-    elif family == "shifted":
-        c = (2 + 98 * torch.rand(1, generator=g, dtype=torch.float64)) * \
-            (1 if torch.rand(1, generator=g).item() < 0.5 else -1)
-        v = torch.randn(n, generator=g, dtype=torch.float64) + c
-    elif family == "large":
-        v = sign * loguniform(*_large_range(dtype))
-    elif family == "tiny":
-        v = sign * loguniform(tiny, tiny * 2 ** 12)
-    elif family == "zeros":
-        v = sign * 0.0
-    elif family == "mixed":
-        pick = torch.randint(0, 4, (n,), generator=g)
-        normal = torch.randn(n, generator=g, dtype=torch.float64)
-        v = torch.stack([normal, sign * loguniform(*_large_range(dtype)),
-                         sign * loguniform(tiny, tiny * 2 ** 12), sign * 0.0])
-        v = v.gather(0, pick.unsqueeze(0)).squeeze(0)
-    elif family == "special":
-        v = torch.randn(n, generator=g, dtype=torch.float64)
-        pick = torch.randint(0, 10, (n,), generator=g)
-        v = torch.where(pick == 0, math.nan, v)
-        v = torch.where(pick == 1, math.inf, v)
-        v = torch.where(pick == 2, -math.inf, v)
-    else:
-        raise ValueError(f"unknown value family '{family}' for {dtype.name} (families: "
-                         f"{', '.join(families(dtype))})")
-    return v.to(dtype.torch).reshape(shape)
-
-
-# --------------------------------------------------------------------------- layouts
-
-LAYOUTS = ("contiguous", "transposed", "strided", "offset", "expanded")
-OFFSET = 3            # elements of storage offset for the "offset" layout (breaks 16-byte alignment)
-
-
-def layouts_for(shape: Sequence[int]) -> tuple[str, ...]:
-    """The layouts that make sense for a tensor of ``shape``."""
-    if math.prod(shape) == 0 or len(shape) == 0:
-        return ("contiguous",)
-    out = ["contiguous", "strided", "offset"]
-    if len(shape) >= 2:
-        out.insert(1, "transposed")
-    if any(s > 1 for s in shape):
-        out.append("expanded")
-    return tuple(out)
-
-
-def _poison(dtype: torch.dtype) -> Any:
-    if dtype.is_floating_point:
-        return math.nan
-    if dtype == torch.bool:
-        return True
-    return torch.iinfo(dtype).max
-
-
-def materialise(values: torch.Tensor, layout: str, *, device: str | torch.device = "cpu"
-                ) -> torch.Tensor:
-    """``values`` laid out in memory as ``layout`` (same logical values except "expanded", which
-    repeats the first slice along the first dim longer than 1). Storage around and between the
-    elements is filled with NaN / max-int so a kernel reading the wrong element shows it.
-    """
-    shape = tuple(values.shape)
-    v = values.to(device)
-    if layout == "contiguous" or math.prod(shape) == 0:
-        return v.contiguous()
-    if layout == "transposed":
-        return v.transpose(-1, -2).contiguous().transpose(-1, -2)
-    if layout == "strided":
-        base = torch.full(shape[:-1] + (2 * shape[-1],), _poison(v.dtype), dtype=v.dtype,
-                          device=v.device)
-        base[..., ::2] = v
-        return base[..., ::2]
-    if layout == "offset":
-        flat = torch.full((v.numel() + OFFSET,), _poison(v.dtype), dtype=v.dtype,
-                          device=v.device)
-        flat[OFFSET:] = v.reshape(-1)
-        return flat[OFFSET:].view(shape)
-    if layout == "expanded":
-        dim = next(i for i, s in enumerate(shape) if s > 1)
-        return v.narrow(dim, 0, 1).expand(shape)
-    raise ValueError(f"unknown layout '{layout}' (layouts: {', '.join(LAYOUTS)})")
-
-
-def describe_layout(t: torch.Tensor, layout: str) -> str:
-    return f"{layout} (strides {tuple(t.stride())}, storage offset {t.storage_offset()})"
-
-
-# --------------------------------------------------------------------------- scalars, Consts
+# --------------------------------------------------------------------------- scalars
 
 
 def scalar(param: ScalarParam, pin: Any = None) -> st.SearchStrategy:
@@ -394,21 +224,6 @@ def scalar(param: ScalarParam, pin: Any = None) -> st.SearchStrategy:
                      st.floats(-4.0, 4.0, width=32))
 
 
-def const_values(param: ConstParam, pin: Any = None) -> list:
-    """The variants compiled for a Const: both bools; an int Const's default (else 1, 2, 4);
-    ``pin``: one value or a list."""
-    if pin is not None:
-        vals = list(pin) if isinstance(pin, (list, tuple)) else [pin]
-        for v in vals:
-            if not isinstance(v, param.pytype) or (param.pytype is int and isinstance(v, bool)):
-                raise TypeError(f"values['{param.name}']: Const[{param.pytype.__name__}] "
-                                f"values must be {param.pytype.__name__}, got {v!r}")
-        return vals
-    if param.pytype is bool:
-        return [param.default, not param.default] if param.has_default else [False, True]
-    return [param.default] if param.has_default else [1, 2, 4]
-
-
 def _pinned(pin: Any, name: str, pytype: type) -> st.SearchStrategy:
     if isinstance(pin, st.SearchStrategy):
         return pin
@@ -428,3 +243,143 @@ def _pinned(pin: Any, name: str, pytype: type) -> st.SearchStrategy:
 def _f32(v: float) -> float:
     """``v`` rounded to float32 (the width runtime float scalars are bound with)."""
     return float(torch.tensor(float(v), dtype=torch.float32))
+
+
+# --------------------------------------------------------------------------- one example
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One example: the arguments and how each was made (for the report)."""
+    args: dict[str, Any]
+    lines: list[str]
+    sizes: Sizes
+
+
+def _graph_limits(graph: Graph) -> dict[str, bool]:
+    """Which value families the ops of ``graph`` are defined on. A sum of unpacked words (the
+    quantized schedule) assumes finite inputs: its per-group algebra s * sum(q x) + b * sum(x)
+    turns an infinite bias or activation into ±inf where the element-by-element sum gives NaN
+    (docs/reference/quantization.md)."""
+    float_to_int = int_div = shifts = int_pow = False
+    quantized = any(n.op == Op.UNPACK for r in graph.reductions() for n in topo_order([r]))
+    for n in graph.nodes():
+        if n.op == Op.CAST and n.args and n.args[0].dtype.is_float and not n.dtype.is_float:
+            float_to_int = True
+        if n.op == Op.BINARY and n.attr in ("floordiv", "mod") and not n.dtype.is_float:
+            int_div = True
+        if n.op == Op.BINARY and n.attr in ("shl", "shr"):
+            shifts = True
+        if n.op == Op.BINARY and n.attr == "pow" and not n.dtype.is_float:
+            int_pow = True
+    return {"nonfinite": not (float_to_int or quantized), "large": not float_to_int,
+            "zeros": not int_div, "negative": not (shifts or int_pow)}
+
+
+def index_tensors(graph: Graph) -> dict[str, str]:
+    """{integer tensor: the axis it indexes} for gathers whose index is a tensor argument (as
+    loaded, or converted): check draws their values in range (a separate test draws bad ones)."""
+    out: dict[str, str] = {}
+    for n in take_sites(graph):
+        idx = n.args[0]
+        while idx.op == Op.CAST and not idx.dtype.is_float:
+            idx = idx.args[0]
+        if idx.op == Op.LOAD:
+            out[idx.attr] = n.attr[1]
+    return out
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What `example` draws arguments from: `check`'s values= per parameter (``per_param``)
+    and for every float tensor (``global_families``), whether to draw memory layouts, the bytes
+    one example's inputs and outputs may take, the device the tensors live on, and whether a
+    dim may be drawn empty."""
+    per_param: Mapping[str, Any]
+    global_families: Optional[Sequence[str]]
+    layouts: bool
+    budget: int
+    device: str
+    empty: bool = True
+
+
+def example(draw, graph: Graph, consts: Mapping[str, Any], dims: Mapping[str, Any],
+            inputs: Inputs, admit: Callable[[Mapping[str, int]], None] = lambda sizes: None
+            ) -> Drawn:
+    """The arguments of one call of ``graph`` (its Consts' values ``consts``): sizes within
+    the budget of ``inputs`` (``dims`` pins some; ``admit`` may reject them before any value is
+    drawn), then each tensor, scalar and Const."""
+    plan = dim_plan(graph.params)
+    reduced = frozenset(n.attr[1] for n in graph.reductions())
+    reduced |= frozenset(plan.derived[a].base for a in reduced if a in plan.derived)
+    indices = index_tensors(graph)               # gathered axes: never empty, valid indices
+    reduced |= frozenset(indices.values())
+    itemsize = max([t.dtype.itemsize for t in graph.tensors] + [4])
+    max_elements = max(1, inputs.budget // ((plan.tensors + len(graph.outputs)) * itemsize))
+    drawn = draw(sizes(plan, pinned=dims, max_elements=max_elements, reduced=reduced,
+                       empty=inputs.empty), label="sizes")
+    admit(drawn.sizes)                           # may reject the example before its values
+    limits = _graph_limits(graph)
+    nonfinite = limits["nonfinite"] and draw(st.booleans(), label="inf/NaN inputs")
+    args: dict[str, Any] = {}
+    lines = [f"sizes: {drawn.describe()}"]
+    for p in graph.params:
+        if isinstance(p, TensorParam):
+            spec = inputs.per_param.get(p.name)
+            if p.name in indices and spec is None:
+                spec = (0, drawn.sizes[indices[p.name]] - 1)    # in range along the axis
+            args[p.name], line = tensor(draw, graph.param(p.name).dtype, p, drawn, spec,
+                                        inputs, nonfinite, limits)
+            lines.append(line)
+        elif isinstance(p, ScalarParam):
+            v = draw(scalar(p, inputs.per_param.get(p.name)), label=p.name)
+            args[p.name] = v
+            lines.append(f"{p.name} = {v!r} ({p.pytype.__name__}, runtime scalar)")
+        elif isinstance(p, ConstParam):
+            args[p.name] = consts[p.name]
+    return Drawn(args, lines, drawn)
+
+
+def value_families(dtype: DType, name: str, spec, global_families, nonfinite: bool, limits
+                   ) -> tuple[str, ...]:
+    """The value families tensor `name` may take (what `values=` asks, else all allowed)."""
+    allowed = families(dtype, nonfinite=nonfinite, large=limits["large"],
+                       zeros=limits["zeros"])
+    if nonfinite and dtype.is_float:
+        allowed = tuple(f for f in allowed if f in MODERATE_FAMILIES)
+    want = spec if spec is not None else (global_families if dtype.is_float else None)
+    if isinstance(want, str):
+        want = [want]
+    if want is None:
+        return allowed
+    bad = [f for f in want if f not in families(dtype)]
+    if bad:
+        raise ValueError(f"values['{name}']: unknown family {', '.join(bad)} for {dtype.name} "
+                         f"(families: {', '.join(families(dtype))})")
+    return tuple(want)
+
+
+def tensor(draw, dtype: DType, p: TensorParam, drawn: Sizes, spec, inputs: Inputs,
+           nonfinite: bool, limits) -> tuple[torch.Tensor, str]:
+    """One tensor argument (``spec``: what values= asks of it) and its line of the example's
+    description."""
+    shape = drawn.shape(p)
+    rng = spec if isinstance(spec, tuple) and len(spec) == 2 else None
+    fams = ("range",) if rng else value_families(dtype, p.name, spec, inputs.global_families,
+                                                 nonfinite, limits)
+    family = draw(st.sampled_from(_weighted(fams)), label=f"{p.name} family")
+    seed = draw(st.integers(0, 2 ** 16), label=f"{p.name} seed")
+    vals = make_values(dtype, shape, family, seed, value_range=rng,
+                       zeros=limits["zeros"], negative=limits["negative"])
+    layout = draw(st.sampled_from(layouts_for(shape)), label=f"{p.name} layout") \
+        if inputs.layouts else "contiguous"
+    t = materialise(vals, layout, device=inputs.device)
+    what = f"range {rng}" if rng else f"family '{family}'"
+    return t, (f"{p.name}: {dtype.name}{list(shape)} (annotation \"{p.annotation}\"), values "
+               f"{what} seed {seed}, layout {describe_layout(t, layout)}")
+
+
+def _weighted(fams: tuple[str, ...]) -> tuple[str, ...]:
+    """The families to draw from, all-zero tensors a third as often as each other family (a
+    zero input hides most of what the kernel computes from it)."""
+    return tuple(f for f in fams for _ in range(1 if f == "zeros" or len(fams) == 1 else 3))

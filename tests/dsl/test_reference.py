@@ -236,7 +236,7 @@ def test_summed_products_evaluated_in_slices(dt, monkeypatch):
     same moved references testing derives (each slice's sum adjusted as the whole's was)."""
     from attention import attention                         # examples/attention.py
     from metalforge import reference
-    from metalforge.testing.check import moved_references
+    from metalforge.testing.slack import moved_references
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 6, 7, 24, generator=g).to(dt)
     k, v = (torch.randn(2, 3, 11, 24, generator=g).to(dt) for _ in range(2))
@@ -268,8 +268,8 @@ def test_moved_references_move_near_tied_scores_apart():
     from attention import attention                         # examples/attention.py
     from metalforge import reference
     from metalforge.dtypes import F32
-    from metalforge.testing.check import _slack, moved_references
-    from metalforge.testing.strategies import make_values
+    from metalforge.testing.slack import moved_references, slack
+    from metalforge.testing.tensors import make_values
     from metalforge.tolerance import compare, magnitude, tolerance
     q = make_values(F32, (1, 7, 6, 2), "shifted", 0)
     k = make_values(F32, (1, 7, 5, 2), "shifted", 0)
@@ -279,7 +279,7 @@ def test_moved_references_move_near_tied_scores_apart():
     want = reference.evaluate(graph, values)
     moved = moved_references(graph, values)
     assert len(moved) == 2 + 6
-    uniform, mixed = _slack((want,), moved[:2])[0], _slack((want,), moved)[0]
+    uniform, mixed = slack((want,), moved[:2])[0], slack((want,), moved)[0]
     assert uniform[0, 0, 5].max() < 1e-5 and mixed[0, 0, 5].min() > 2e-3
     got = want.clone()
     got[0, 0, 5, 0] = 0.026540705934166908

@@ -122,13 +122,6 @@ def test_bad_options_name_what_was_wrong():
 
 
 @mf.kernel
-def chk_layer_norm(x: "T[*B, D]", w: "T[D]", eps: float = 1e-5):
-    mu = mf.mean(x, axis="D")
-    var = mf.mean((x - mu) * (x - mu), axis="D")
-    return (x - mu) * mf.rsqrt(var + eps) * w
-
-
-@mf.kernel
 def chk_softmax(x: "T[R, D]"):
     e = mf.exp(x - mf.max(x, axis="D"))
     return e / mf.sum(e, axis="D")
@@ -207,7 +200,7 @@ def test_ill_conditioned_outputs_get_their_sensitivity_to_reduction_rounding():
     multiplied by rsqrt(eps) ~ 316. torch's own fp32 evaluation of the same expression is off
     by as much as the kernel; the slack (how far the reference moves when its sums are off by
     the allowed accumulation error) lets both pass, and stays tiny for ordinary rows."""
-    from metalforge.testing.check import moved_references, reduction_slack
+    from metalforge.testing.slack import moved_references, reduction_slack
     from metalforge.testing.tolerance import compare, tolerance
 
     torch.manual_seed(0)
@@ -266,7 +259,7 @@ def test_keys_the_mask_hides_may_be_left_out():
     """The attention kernels never read the keys a causal mask hides from every row of a
     tile: an inf planted in such a key's values gives the reference's rows NaN (zero weight
     times inf) and the kernel's a finite value. check accepts either, and nothing else."""
-    from metalforge.testing.check import unread_keys_reference
+    from metalforge.testing.slack import unread_keys_reference
     from metalforge.testing.tolerance import compare, tolerance
 
     torch.manual_seed(0)
@@ -333,9 +326,8 @@ def test_coverage_counts_the_kernel_the_launcher_picks(monkeypatch):
 
 
 def test_an_instantiation_never_launched_fails_the_check(monkeypatch):
-    import sys
-    check_mod = sys.modules["metalforge.testing.check"]
-    monkeypatch.setattr(check_mod, "_cover", lambda *a, **k: 0)     # random examples only
+    from metalforge.testing import coverage
+    monkeypatch.setattr(coverage, "cover", lambda *a, **k: 0)     # random examples only
     with pytest.raises(AssertionError, match=r"(?s)never launched.*chk_softmax_\w*idx64"):
         check(chk_softmax, dtypes={"T": "f32"}, max_examples=2)
 

@@ -7,10 +7,10 @@ from hypothesis import find, given, settings, strategies as st
 
 from metalforge import dtypes
 from metalforge.graph import AxisSpec, ConstParam, ScalarParam, TensorParam
-from metalforge.shapes import ShapeBinding, bind_shapes
-from metalforge.testing.strategies import (EDGE_SIZES, LAYOUTS, const_values, dim_plan,
-                                           families, layouts_for, make_values, materialise,
-                                           scalar, sizes)
+from metalforge.shapes import bind_shapes
+from metalforge.testing.strategies import EDGE_SIZES, dim_plan, scalar, sizes
+from metalforge.testing.tensors import LAYOUTS, families, layouts_for, make_values, materialise
+from metalforge.testing.variants import const_values
 
 
 def tparam(name, *dims, dtype=dtypes.F32):
