@@ -29,7 +29,7 @@ import torch
 
 from .. import dtypes
 from ..dtypes import BOOL, DType, F32, I32, I64, U32
-from ..graph import AxisSpec, Node, Op, broadcasts_over
+from ..graph import AxisSpec, BinaryOp, Node, Op, ReduceOp, UnaryOp, broadcasts_over
 from ..errors import TraceError
 
 UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bit word
@@ -47,14 +47,16 @@ except ImportError:     # numpy is a dependency, but tracing does not need it
 
 MATH_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                   "sigmoid", "erf", "abs", "floor", "ceil")
-_FLOAT_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
-                    "sigmoid", "erf")
-_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-_BITWISE = ("and", "or", "xor", "shl", "shr")
-_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "mod": "%",
-           "floordiv": "//", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
-           "ge": ">=", "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
-           "maximum": "mf.maximum", "minimum": "mf.minimum"}
+_FLOAT_FUNCTIONS = frozenset(UnaryOp(f) for f in MATH_FUNCTIONS) - {
+    UnaryOp.ABS, UnaryOp.FLOOR, UnaryOp.CEIL}
+_COMPARE = (BinaryOp.EQ, BinaryOp.NE, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE)
+_BITWISE = (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR, BinaryOp.SHL, BinaryOp.SHR)
+_SYMBOL = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "/",
+           BinaryOp.POW: "**", BinaryOp.MOD: "%", BinaryOp.FLOORDIV: "//", BinaryOp.EQ: "==",
+           BinaryOp.NE: "!=", BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">",
+           BinaryOp.GE: ">=", BinaryOp.AND: "&", BinaryOp.OR: "|", BinaryOp.XOR: "^",
+           BinaryOp.SHL: "<<", BinaryOp.SHR: ">>", BinaryOp.MAXIMUM: "mf.maximum",
+           BinaryOp.MINIMUM: "mf.minimum"}
 
 
 def current(what: str) -> "Trace":
@@ -284,21 +286,21 @@ class Trace:
         return self.node(Op.CAST, (n,), dt, n.axes, weak=True)
 
     # -- operations ---------------------------------------------------------------------
-    def binary(self, op: str, a: Any, b: Any) -> "Sym":
+    def binary(self, op: BinaryOp, a: Any, b: Any) -> "Sym":
         x, y = self.as_node(a), self.as_node(b)
         axes = self.axes_of(x, y)
-        common = self.promote_or_fail((x, y), _SYMBOL.get(op, op))
-        sym = _SYMBOL.get(op, op)
-        if op == "sub" and BOOL in (x.dtype, y.dtype):
+        sym = _SYMBOL.get(op, op.value)
+        common = self.promote_or_fail((x, y), sym)
+        if op == BinaryOp.SUB and BOOL in (x.dtype, y.dtype):
             raise self.error("subtracting with a bool operand is not supported (torch refuses "
                              "it too); use ^ or ~ on masks, or .to(...) a number dtype first")
         if op in _BITWISE:
             if common.is_float:
                 raise self.error(f"'{sym}' needs integer or bool operands, got {x.dtype} and "
                                  f"{y.dtype}")
-            if op in ("shl", "shr") and common is BOOL:
+            if op in (BinaryOp.SHL, BinaryOp.SHR) and common is BOOL:
                 raise self.error(f"'{sym}' on bools is not supported (torch refuses it too)")
-        if op == "div" and not common.is_float:
+        if op == BinaryOp.DIV and not common.is_float:
             common = F32                    # true division of integers gives the default float
         out = BOOL if op in _COMPARE else common
         x, y = self.cast(x, common), self.cast(y, common)
@@ -308,27 +310,27 @@ class Trace:
         return self.sym(self.node(Op.BINARY, (x, y), out, axes, attr=op,
                                   weak=x.weak and y.weak))
 
-    def unary(self, op: str, a: Any) -> "Sym":
+    def unary(self, op: UnaryOp, a: Any) -> "Sym":
         x = self.as_node(a)
         if op in _FLOAT_FUNCTIONS:
             if not x.dtype.is_float:
                 x = self.cast(x, F32)   # torch: math functions of integers give f32
             return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
-        if op == "neg" and x.dtype is BOOL:
+        if op == UnaryOp.NEG and x.dtype is BOOL:
             raise self.error("negating a bool is not supported (torch refuses it too); "
                              "use ~ for logical not")
-        if op == "abs" and x.dtype is BOOL:
+        if op == UnaryOp.ABS and x.dtype is BOOL:
             raise self.error("abs of a bool is not supported (torch refuses it too)")
-        if op in ("floor", "ceil"):
+        if op in (UnaryOp.FLOOR, UnaryOp.CEIL):
             if x.dtype is BOOL:
                 raise self.error(f"{op} of a bool is not supported (torch refuses it too)")
             if not x.dtype.is_float:
                 return self.sym(x)     # torch: floor/ceil of an integer is the integer
-        if op == "invert":
+        if op == UnaryOp.INVERT:
             if x.dtype.is_float:
                 raise self.error(f"'~' needs an integer or bool operand, got {x.dtype}")
             if x.dtype is BOOL:
-                op = "not"
+                op = UnaryOp.NOT
         return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
 
     def pow(self, a: Any, b: Any) -> "Sym":
@@ -341,14 +343,16 @@ class Trace:
             xs = self.sym(self.cast(x, dt)) if x.dtype is not dt else a
             if b == 1:
                 return xs
-            sq = self.binary("mul", xs, xs)
-            return {2: sq, 3: self.binary("mul", sq, xs), 4: self.binary("mul", sq, sq)}[int(b)]
+            sq = self.binary(BinaryOp.MUL, xs, xs)
+            if b == 2:
+                return sq
+            return self.binary(BinaryOp.MUL, sq, xs if b == 3 else sq)
         x, y = self.as_node(a), self.as_node(b)
         common = self.promote_or_fail((x, y), "**")
         if not common.is_float and y.op == Op.CONST and y.attr < 0:
             raise self.error("integers to negative integer powers are not allowed (as in "
                              "torch); convert to a float dtype first")
-        return self.binary("pow", a, b)
+        return self.binary(BinaryOp.POW, a, b)
 
     def where(self, cond: Any, a: Any, b: Any) -> "Sym":
         c = self.as_node(cond, "the condition")
@@ -386,7 +390,7 @@ class Trace:
                          f" a dtype variable of the kernel ({', '.join(self.dtype_vars) or 'none'})"
                          ", mf.f16 and friends, or a torch dtype")
 
-    def reduce(self, kind: str, a: Any, axis: Any, fn: str) -> "Sym":
+    def reduce(self, kind: ReduceOp, a: Any, axis: Any, fn: str) -> "Sym":
         if not isinstance(a, Sym):
             raise self.error(f"{fn}: expected a kernel value to reduce, got {a!r}")
         x = a._node
@@ -394,13 +398,13 @@ class Trace:
         if axis not in x.axes:
             raise self.error(f"{fn}: the value has axes {list(x.axes)}, not '{axis}'; a "
                              "reduction removes an axis the value has")
-        if kind in ("sum", "prod"):
+        if kind in (ReduceOp.SUM, ReduceOp.PROD):
             out = x.dtype if x.dtype.is_float else I64   # torch sums integers in int64
-        elif kind in ("argmax", "argmin"):
+        elif kind in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             out = I64
         else:
             out = x.dtype
-        if kind in ("sum", "prod"):
+        if kind in (ReduceOp.SUM, ReduceOp.PROD):
             x = self.cast(x, out)
         axes = tuple(ax for ax in x.axes if ax != axis)
         return self.sym(self.node(Op.REDUCE, (x,), out, axes, attr=(kind, axis)))
@@ -450,17 +454,17 @@ class Sym:
     def __repr__(self) -> str:
         return f"<metalforge value {self._node.dtype}[{', '.join(self._node.axes)}]>"
 
-    __add__, __radd__ = _binop("add")
-    __sub__, __rsub__ = _binop("sub")
-    __mul__, __rmul__ = _binop("mul")
-    __truediv__, __rtruediv__ = _binop("div")
-    __floordiv__, __rfloordiv__ = _binop("floordiv")
-    __mod__, __rmod__ = _binop("mod")
-    __and__, __rand__ = _binop("and")
-    __or__, __ror__ = _binop("or")
-    __xor__, __rxor__ = _binop("xor")
-    __lshift__, __rlshift__ = _binop("shl")
-    __rshift__, __rrshift__ = _binop("shr")
+    __add__, __radd__ = _binop(BinaryOp.ADD)
+    __sub__, __rsub__ = _binop(BinaryOp.SUB)
+    __mul__, __rmul__ = _binop(BinaryOp.MUL)
+    __truediv__, __rtruediv__ = _binop(BinaryOp.DIV)
+    __floordiv__, __rfloordiv__ = _binop(BinaryOp.FLOORDIV)
+    __mod__, __rmod__ = _binop(BinaryOp.MOD)
+    __and__, __rand__ = _binop(BinaryOp.AND)
+    __or__, __ror__ = _binop(BinaryOp.OR)
+    __xor__, __rxor__ = _binop(BinaryOp.XOR)
+    __lshift__, __rlshift__ = _binop(BinaryOp.SHL)
+    __rshift__, __rrshift__ = _binop(BinaryOp.SHR)
 
     def __pow__(self, other):
         return self._trace.pow(self, other)
@@ -469,36 +473,36 @@ class Sym:
         return self._trace.pow(other, self)
 
     def __eq__(self, other):  # type: ignore[override]
-        return self._trace.binary("eq", self, other)
+        return self._trace.binary(BinaryOp.EQ, self, other)
 
     def __ne__(self, other):  # type: ignore[override]
-        return self._trace.binary("ne", self, other)
+        return self._trace.binary(BinaryOp.NE, self, other)
 
     def __lt__(self, other):
-        return self._trace.binary("lt", self, other)
+        return self._trace.binary(BinaryOp.LT, self, other)
 
     def __le__(self, other):
-        return self._trace.binary("le", self, other)
+        return self._trace.binary(BinaryOp.LE, self, other)
 
     def __gt__(self, other):
-        return self._trace.binary("gt", self, other)
+        return self._trace.binary(BinaryOp.GT, self, other)
 
     def __ge__(self, other):
-        return self._trace.binary("ge", self, other)
+        return self._trace.binary(BinaryOp.GE, self, other)
 
     __hash__ = object.__hash__
 
     def __neg__(self):
-        return self._trace.unary("neg", self)
+        return self._trace.unary(UnaryOp.NEG, self)
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return self._trace.unary("abs", self)
+        return self._trace.unary(UnaryOp.ABS, self)
 
     def __invert__(self):
-        return self._trace.unary("invert", self)
+        return self._trace.unary(UnaryOp.INVERT, self)
 
     def to(self, dtype) -> "Sym":
         return self._trace.to(self, dtype)
