@@ -156,7 +156,7 @@ def size(axis: str) -> Sym:
 Axes = Union[str, Sequence[str]]       # one axis name, or several (a tuple or a list)
 
 
-def _axes(tr: Trace, axis: Axes, fn: str) -> tuple[str, ...]:
+def _axes(tr: Trace, axis: Any, fn: str) -> tuple[str, ...]:
     if isinstance(axis, (tuple, list)):
         if not axis:
             raise tr.error(f"mf.{fn}: axis=() names no axis")
@@ -272,7 +272,7 @@ def log_softmax(x: Any, axis: str) -> Sym:
 
     Example: ``mf.log_softmax(logits, axis="V")``."""
     _float_only(x, "log_softmax")
-    s = x - max(x, axis)
+    s: Sym = x - max(x, axis)
     return s - log(sum(exp(s), axis))
 
 
@@ -285,5 +285,5 @@ def logsumexp(x: Any, axis: str) -> Sym:
     if isinstance(x, Sym) and not x.dtype.is_float:
         x = x.to("f32")
     m = max(x, axis)
-    m = where(abs(m) == inf, 0.0, m)
+    m = m._trace.where(abs(m) == inf, 0.0, m)
     return log(sum(exp(x - m), axis)) + m
