@@ -56,10 +56,13 @@ class Pattern:
 
 @dataclass(frozen=True)
 class Match:
-    """The family of a graph and the form its pattern found (what `plan` hands the builder)."""
-    family: str
-    form: Any
+    """The pattern a graph matched and the form it found (what `plan` hands the builder)."""
     pattern: Pattern
+    form: Any
+
+    @property
+    def family(self) -> str:
+        return self.pattern.family
 
     def build(self, graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
         return self.pattern.build(graph, policy, index64, self.form)
@@ -123,7 +126,7 @@ def _recognise(graph: Graph) -> Match:
         if p.when(facts):
             form = p.find(graph, facts)
             if form is not None:
-                return Match(p.family, form, p)
+                return Match(p, form)
     raise AssertionError(f"kernel '{graph.name}': no schedule family pattern matched")
 
 
