@@ -86,7 +86,18 @@ Param = TensorParam | ScalarParam | ConstParam
 
 # --------------------------------------------------------------------------- nodes
 
-class Op(str, Enum):
+class _Name(str, Enum):
+    """A `str` enum that equals, hashes, prints and formats as its lower-case name ("load"),
+    so code and data that still spell it as a string keep working."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class Op(_Name):
     """What a graph node computes; its `attr` says which one:
 
         LOAD    attr = tensor parameter name                  args = ()
@@ -94,11 +105,11 @@ class Op(str, Enum):
         CONST   attr = Python value (int/float/bool)          args = ()
         INDEX   attr = axis name  (position along the axis, i64)
         SIZE    attr = axis name  (size of the axis, i64)
-        UNARY   attr = one of UNARY                           args = (x,)
-        BINARY  attr = one of BINARY                          args = (a, b)
+        UNARY   attr = a `UnaryOp`                            args = (x,)
+        BINARY  attr = a `BinaryOp`                           args = (a, b)
         WHERE   attr = None                                   args = (cond, a, b)
         CAST    attr = None (target is node.dtype)            args = (x,)
-        REDUCE  attr = (kind, axis), kind in REDUCE           args = (x,)
+        REDUCE  attr = (kind, axis), kind a `ReduceOp`        args = (x,)
         UNPACK  attr = bits (values per u32 word: 32 // bits)  args = (words,)
                 words: a u32 value whose innermost axis is "K/(32/bits)"; the node is over
                 "K": element k is bits [(k % (32/bits)) * bits, ...) of word k / (32/bits)
@@ -107,9 +118,7 @@ class Op(str, Enum):
                 the tensor's element at position `index` along `axis` (its other axes at
                 this element's positions): a gather. The node's axes are the tensor's without
                 `axis`, plus the index's. An index outside [0, size) is an error the kernel
-                reports (`take_sites` numbers the TAKE nodes for its report)
-
-    A `str` enum: an op equals, prints and formats as its lower-case name ("load")."""
+                reports (`take_sites` numbers the TAKE nodes for its report)"""
     LOAD = "load"
     SCALAR = "scalar"
     CONST = "const"
@@ -123,18 +132,69 @@ class Op(str, Enum):
     UNPACK = "unpack"
     TAKE = "take"
 
-    def __str__(self) -> str:
-        return self.value
 
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+class _Kind(_Name):
+    """A sub-op (a node's attr, or a reduction's kind): its repr is its name's too, so the
+    text of a graph (`tuning.cache.graph_text`, the key of tuned launches) reads as it did
+    when sub-ops were strings."""
+
+    def __repr__(self) -> str:
+        return str.__repr__(self)
 
 
-UNARY = ("neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
-         "sigmoid", "erf", "abs", "floor", "ceil", "invert", "not")
-BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "mod", "floordiv",
-          "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor", "shl", "shr")
-REDUCE = ("sum", "max", "min", "prod", "argmax", "argmin")   # mean = sum / size
+class UnaryOp(_Kind):
+    """The function of a UNARY node (`mf.exp`, `-x`, `~x`, `not`...)."""
+    NEG = "neg"
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    SIN = "sin"
+    COS = "cos"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    ERF = "erf"
+    ABS = "abs"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    INVERT = "invert"
+    NOT = "not"
+
+
+class BinaryOp(_Kind):
+    """The operator of a BINARY node (arithmetic, comparisons, bitwise and logical ops)."""
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    MAXIMUM = "maximum"
+    MINIMUM = "minimum"
+    MOD = "mod"
+    FLOORDIV = "floordiv"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    SHL = "shl"
+    SHR = "shr"
+
+
+class ReduceOp(_Kind):
+    """The kind of a REDUCE node (mean = sum / size)."""
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    PROD = "prod"
+    ARGMAX = "argmax"
+    ARGMIN = "argmin"
 
 
 @dataclass(eq=False)

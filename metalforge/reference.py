@@ -21,28 +21,32 @@ import torch
 
 from .dtypes import BOOL, DType
 from .errors import GatherIndexError, empty_extreme
-from .graph import Graph, Node, Op, Output, topo_order
+from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, UnaryOp, topo_order
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
-_UNARY = {
-    "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log,
-    "log2": torch.log2, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "sin": torch.sin,
-    "cos": torch.cos, "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
-    "abs": torch.abs, "floor": torch.floor, "ceil": torch.ceil,
-    "invert": torch.bitwise_not, "not": torch.logical_not,
+_UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
+    UnaryOp.NEG: torch.neg, UnaryOp.EXP: torch.exp, UnaryOp.EXP2: torch.exp2,
+    UnaryOp.LOG: torch.log, UnaryOp.LOG2: torch.log2, UnaryOp.SQRT: torch.sqrt,
+    UnaryOp.RSQRT: torch.rsqrt, UnaryOp.SIN: torch.sin, UnaryOp.COS: torch.cos,
+    UnaryOp.TANH: torch.tanh, UnaryOp.SIGMOID: torch.sigmoid, UnaryOp.ERF: torch.erf,
+    UnaryOp.ABS: torch.abs, UnaryOp.FLOOR: torch.floor, UnaryOp.CEIL: torch.ceil,
+    UnaryOp.INVERT: torch.bitwise_not, UnaryOp.NOT: torch.logical_not,
 }
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum, "mod": torch.remainder,
-    "floordiv": lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
-    "ge": torch.ge, "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
-    "shl": torch.bitwise_left_shift, "shr": torch.bitwise_right_shift,
+_BINARY: dict[BinaryOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    BinaryOp.ADD: torch.add, BinaryOp.SUB: torch.sub, BinaryOp.MUL: torch.mul,
+    BinaryOp.DIV: torch.div, BinaryOp.POW: torch.pow, BinaryOp.MAXIMUM: torch.maximum,
+    BinaryOp.MINIMUM: torch.minimum, BinaryOp.MOD: torch.remainder,
+    BinaryOp.FLOORDIV: lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    BinaryOp.EQ: torch.eq, BinaryOp.NE: torch.ne, BinaryOp.LT: torch.lt, BinaryOp.LE: torch.le,
+    BinaryOp.GT: torch.gt, BinaryOp.GE: torch.ge, BinaryOp.AND: torch.bitwise_and,
+    BinaryOp.OR: torch.bitwise_or, BinaryOp.XOR: torch.bitwise_xor,
+    BinaryOp.SHL: torch.bitwise_left_shift, BinaryOp.SHR: torch.bitwise_right_shift,
 }
-_REDUCE = {
-    "sum": torch.sum, "prod": torch.prod, "max": torch.amax, "min": torch.amin,
-    "argmax": torch.argmax, "argmin": torch.argmin,
+_REDUCE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
+    ReduceOp.SUM: torch.sum, ReduceOp.PROD: torch.prod, ReduceOp.MAX: torch.amax,
+    ReduceOp.MIN: torch.amin, ReduceOp.ARGMAX: torch.argmax, ReduceOp.ARGMIN: torch.argmin,
 }
+_EXTREMES = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)   # none of 0 values
 
 
 def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
@@ -99,8 +103,8 @@ def _summed_products(graph: Graph) -> list[Node]:
         for a in n.args:
             uses[a] = uses.get(a, 0) + 1
     outputs = {o.node for o in graph.outputs}
-    return [r.args[0] for r in graph.nodes() if r.op == Op.REDUCE and r.attr[0] == "sum"
-            and r.dtype.is_float and r.args[0].op == Op.BINARY and r.args[0].attr == "mul"
+    return [r.args[0] for r in graph.nodes() if r.op == Op.REDUCE and r.attr[0] == ReduceOp.SUM
+            and r.dtype.is_float and r.args[0].op == Op.BINARY and r.args[0].attr == BinaryOp.MUL
             and r.args[0].dtype.is_float and uses[r.args[0]] == 1 and r.args[0] not in outputs]
 
 
@@ -229,7 +233,7 @@ class _Evaluator:
         adjusted where an `adjust` is given."""
         kind, axis = n.attr
         dim = n.args[0].axes.index(axis)
-        if kind in ("max", "min", "argmax", "argmin") and x.shape[dim] == 0:
+        if kind in _EXTREMES and x.shape[dim] == 0:
             # no value, as in the kernel: refused where an output element could read it
             if any(math.prod(output_shape(self.binding, o)) for o in self.graph.outputs):
                 raise empty_extreme(self.graph.name, kind, axis, n.loc)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from importlib import resources
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 import lark
 
@@ -35,6 +35,28 @@ _DTYPE_LOOKALIKE = re.compile(
     r"uchar|ushort|bool_|boolean)$")
 
 
+Tree = lark.Tree[lark.Token]
+Linear = tuple[Optional[str], Fraction, Fraction]     # (base, coef, off): coef * base + off
+
+
+def _tree(c: Union[lark.Token, Tree]) -> Tree:
+    """A child the grammar makes a subtree."""
+    assert isinstance(c, lark.Tree), c
+    return c
+
+
+def _token(c: Union[lark.Token, Tree]) -> lark.Token:
+    """A child the grammar makes a token."""
+    assert isinstance(c, lark.Token), c
+    return c
+
+
+def _start(tok: lark.Token) -> int:
+    """Where a token starts in the annotation (the parser records every position)."""
+    assert tok.start_pos is not None
+    return tok.start_pos
+
+
 @lru_cache(maxsize=1)
 def grammar_text() -> str:
     return resources.files(__package__).joinpath("metalforge.lark").read_text()
@@ -52,7 +74,7 @@ class Dim:
     kind: str                      # "plain" | "derived" | "batch" | "group"
     name: str                      # plain/batch: the name; derived/group: the text as written
     pos: int                       # offset of the dim in the annotation text
-    expr: Optional[lark.Tree] = None       # derived: the expression
+    expr: Optional[Tree] = None            # derived: the expression
     names: tuple[str, ...] = ()            # group: the member names; derived: names used
 
 
@@ -84,10 +106,11 @@ def _fail(text: str, pos: int, msg: str, context: str) -> AnnotationError:
 def _syntax_error(text: str, e: lark.exceptions.UnexpectedInput, context: str) -> AnnotationError:
     if isinstance(e, lark.exceptions.UnexpectedToken):
         tok = e.token
-        pos = len(text) if tok.type == "$END" else tok.start_pos
+        pos = len(text) if tok.type == "$END" else _start(tok)
         got = "end of the annotation" if tok.type == "$END" else f"'{tok}'"
         expected = sorted(_READABLE.get(t, t) for t in e.expected)
     elif isinstance(e, lark.exceptions.UnexpectedCharacters):
+        assert e.pos_in_stream is not None, "the lexer says where it stopped"
         pos = e.pos_in_stream
         got = f"'{text[pos]}'"
         expected = sorted(_READABLE.get(t, t) for t in (e.allowed or ()))
@@ -100,9 +123,9 @@ def _syntax_error(text: str, e: lark.exceptions.UnexpectedInput, context: str) -
                  "\"f16[N]\", \"u32[N, K/8]\" or \"T[*B, D]\"", context)
 
 
-def _names(tree: lark.Tree) -> list[lark.Token]:
+def _names(tree: Tree) -> list[lark.Token]:
     if tree.data == "name":
-        return [tree.children[0]]
+        return [_token(tree.children[0])]
     if tree.data == "int":
         return []
     return [n for c in tree.children if isinstance(c, lark.Tree) for n in _names(c)]
@@ -116,10 +139,11 @@ def parse_annotation(text: str, context: str = "") -> Annotation:
     except lark.exceptions.UnexpectedInput as e:
         raise _syntax_error(text, e, context) from None
     dtype_tok, *dim_trees = tree.children
-    dtype, dtype_var = _dtype(text, dtype_tok, context)
+    dtype, dtype_var = _dtype(text, _token(dtype_tok), context)
     dims: list[Dim] = []
     seen: dict[str, int] = {}
-    for i, t in enumerate(dim_trees):
+    for i, c in enumerate(dim_trees):
+        t = _tree(c)
         dim = _dim(text, t, i, context)
         for n, tok_pos in _dim_name_positions(dim, t):   # derived dims may repeat their base
             if n in seen:
@@ -136,14 +160,14 @@ def _dtype(text: str, tok: lark.Token,
     if dname in dtypes.ANNOTATION_DTYPES:
         return dtypes.ANNOTATION_DTYPES[dname], None
     if _DTYPE_LOOKALIKE.match(dname):
-        raise _fail(text, tok.start_pos,
+        raise _fail(text, _start(tok),
                     f"'{dname}' is not a metalforge dtype (dtypes: "
                     f"{' '.join(dtypes.ANNOTATION_DTYPES)}; any other name, like T, is a "
                     "dtype variable)", context)
     return None, dname
 
 
-def _dim(text: str, t: lark.Tree, i: int, context: str) -> Dim:
+def _dim(text: str, t: Tree, i: int, context: str) -> Dim:
     """The i-th dim of an annotation: a batch "*B", a group "(G R)", a name, or derived."""
     start = t.meta.start_pos
     src = text[start:t.meta.end_pos]
@@ -166,20 +190,20 @@ def _dim(text: str, t: lark.Tree, i: int, context: str) -> Dim:
                names=tuple(dict.fromkeys(map(str, names))))
 
 
-def _dim_name_positions(dim: Dim, tree: lark.Tree) -> list[tuple[str, int]]:
+def _dim_name_positions(dim: Dim, tree: Tree) -> list[tuple[str, int]]:
     if dim.kind == "derived":
         return []
     toks = [c for c in tree.children if isinstance(c, lark.Token)]
-    return [(str(tok), tok.start_pos) for tok in toks]
+    return [(str(tok), _start(tok)) for tok in toks]
 
 
 # --------------------------------------------------------------------------- derived dims
 
-def _linear(tree: lark.Tree, consts: Mapping[str, int], text: str, context: str):
+def _linear(tree: Tree, consts: Mapping[str, int], text: str, context: str) -> Linear:
     """Evaluate a derived-dim expression as coef * base + off. Returns (base, coef, off)."""
-    def ev(t: lark.Tree):
+    def ev(t: Tree) -> Linear:
         if t.data == "int":
-            return None, Fraction(0), Fraction(int(t.children[0]))
+            return None, Fraction(0), Fraction(int(_token(t.children[0])))
         if t.data == "name":
             n = str(t.children[0])
             if n in consts:
@@ -189,7 +213,7 @@ def _linear(tree: lark.Tree, consts: Mapping[str, int], text: str, context: str)
                                 f"mf.Const[int], got {v!r}", context)
                 return None, Fraction(0), Fraction(v)
             return n, Fraction(1), Fraction(0)
-        (ba, ca, oa), (bb, cb, ob) = ev(t.children[0]), ev(t.children[1])
+        (ba, ca, oa), (bb, cb, ob) = ev(_tree(t.children[0])), ev(_tree(t.children[1]))
         if ba and bb and ba != bb:
             raise _fail(text, t.meta.start_pos, f"a derived dim is computed from one base dim "
                         f"and integers, but this one uses '{ba}' and '{bb}' (names other than "
@@ -206,10 +230,10 @@ def _linear(tree: lark.Tree, consts: Mapping[str, int], text: str, context: str)
             return base, ca * ob + cb * oa, oa * ob
         # div
         if cb:
-            raise _fail(text, t.children[1].meta.start_pos, "a derived dim can only divide "
+            raise _fail(text, _tree(t.children[1]).meta.start_pos, "a derived dim can only divide "
                         "by an integer", context)
         if ob == 0:
-            raise _fail(text, t.children[1].meta.start_pos, "division by zero", context)
+            raise _fail(text, _tree(t.children[1]).meta.start_pos, "division by zero", context)
         return base, ca / ob, oa / ob
     return ev(tree)
 
@@ -241,6 +265,7 @@ def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "
     if dim.kind == "group":
         raise _fail(text, dim.pos, f"the grouped dim '{dim.name}' stands for several axes; "
                     "resolve it with resolve_dims", context)
+    assert dim.expr is not None, "a derived dim keeps its expression"
     base, coef, off = _linear(dim.expr, consts, text, context)
     if base is None or coef <= 0:
         raise _fail(text, dim.pos, f"the derived dim '{dim.name}' must grow with its base dim "

@@ -7,8 +7,9 @@ nodes), so every schedule and the reference see only primitives.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, Union
 
+from ..graph import BinaryOp, ReduceOp, UnaryOp
 from .tracer import Sym, Trace, current
 
 inf = math.inf
@@ -21,11 +22,11 @@ def _trace(args: Sequence[Any], fn: str) -> Trace:
     return current(f"mf.{fn}")
 
 
-def _unary(op: str):
-    def f(x):
+def _unary(op: UnaryOp) -> Callable[[Any], Sym]:
+    def f(x: Any) -> Sym:
         return _trace((x,), op).unary(op, x)
-    f.__name__ = f.__qualname__ = op
-    keeps = op in ("abs", "floor", "ceil")
+    f.__name__ = f.__qualname__ = op.value
+    keeps = op in (UnaryOp.ABS, UnaryOp.FLOOR, UnaryOp.CEIL)
     what = f"Elementwise {op}, as torch.{op}" + (
         " (keeps the dtype)." if keeps else "; integer inputs give f32 results as in torch.")
     f.__doc__ = (f"{what}\n\n    x: a tensor value or a Python number.\n\n"
@@ -34,23 +35,23 @@ def _unary(op: str):
     return f
 
 
-exp = _unary("exp")
-exp2 = _unary("exp2")
-log = _unary("log")
-log2 = _unary("log2")
-sqrt = _unary("sqrt")
-rsqrt = _unary("rsqrt")
-sin = _unary("sin")
-cos = _unary("cos")
-tanh = _unary("tanh")
-sigmoid = _unary("sigmoid")
-erf = _unary("erf")
-abs = _unary("abs")     # noqa: A001  (the DSL name)
-floor = _unary("floor")
-ceil = _unary("ceil")
+exp = _unary(UnaryOp.EXP)
+exp2 = _unary(UnaryOp.EXP2)
+log = _unary(UnaryOp.LOG)
+log2 = _unary(UnaryOp.LOG2)
+sqrt = _unary(UnaryOp.SQRT)
+rsqrt = _unary(UnaryOp.RSQRT)
+sin = _unary(UnaryOp.SIN)
+cos = _unary(UnaryOp.COS)
+tanh = _unary(UnaryOp.TANH)
+sigmoid = _unary(UnaryOp.SIGMOID)
+erf = _unary(UnaryOp.ERF)
+abs = _unary(UnaryOp.ABS)     # noqa: A001  (the DSL name)
+floor = _unary(UnaryOp.FLOOR)
+ceil = _unary(UnaryOp.CEIL)
 
 
-def where(cond, a, b):
+def where(cond: Any, a: Any, b: Any) -> Any:
     """Elementwise select, as torch.where: a where cond is true, else b.
 
     cond: a bool value (a Python bool picks a branch while tracing); a, b: values or numbers,
@@ -66,32 +67,32 @@ def where(cond, a, b):
     return _trace((cond, a, b), "where").where(cond, a, b)
 
 
-def maximum(a, b):
+def maximum(a: Any, b: Any) -> Sym:
     """Elementwise maximum; NaN propagates (torch.maximum). a, b: values or numbers.
 
     Example: ``mf.maximum(x, 0.0)`` (a ReLU)."""
-    return _trace((a, b), "maximum").binary("maximum", a, b)
+    return _trace((a, b), "maximum").binary(BinaryOp.MAXIMUM, a, b)
 
 
-def minimum(a, b):
+def minimum(a: Any, b: Any) -> Sym:
     """Elementwise minimum; NaN propagates (torch.minimum). a, b: values or numbers.
 
     Example: ``mf.minimum(x, y)``."""
-    return _trace((a, b), "minimum").binary("minimum", a, b)
+    return _trace((a, b), "minimum").binary(BinaryOp.MINIMUM, a, b)
 
 
-def clamp(x, min=None, max=None):  # noqa: A002  (torch's keyword names)
+def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002  (torch's keyword names)
     """torch.clamp: minimum(maximum(x, min), max); either bound may be left out.
 
     Example: ``mf.clamp(x, min=-1.0, max=1.0)``."""
     tr = _trace((x, min, max), "clamp")
     if min is None and max is None:
         raise tr.error("mf.clamp needs min=, max= or both")
-    y = x if min is None else tr.binary("maximum", x, min)
-    return y if max is None else tr.binary("minimum", y, max)
+    y = x if min is None else tr.binary(BinaryOp.MAXIMUM, x, min)
+    return y if max is None else tr.binary(BinaryOp.MINIMUM, y, max)
 
 
-def take(x, axis: str, index):
+def take(x: Any, axis: str, index: Any) -> Sym:
     """Gather: `x` read at position `index` along `axis` (torch.gather / x[..., index, ...]).
 
     x:     a tensor argument of the kernel.
@@ -111,7 +112,7 @@ def take(x, axis: str, index):
     return _trace((x, index), "take").take(x, axis, index)
 
 
-def unpack(w, bits: int):
+def unpack(w: Any, bits: int) -> Sym:
     """The `bits`-bit unsigned integers packed in the u32 words `w`, as i32 values in
     [0, 2**bits): MLX's affine quantization layout (`mx.quantize`, `metalforge.quant`), value k
     at bits [(k % (32/bits)) * bits, ...) of word k / (32/bits), lowest bits first.
@@ -130,7 +131,7 @@ def unpack(w, bits: int):
     return _trace((w,), "unpack").unpack(w, bits)
 
 
-def index(axis: str):
+def index(axis: str) -> Sym:
     """The position along `axis` (i64), broadcast over the other axes: for masks and positions.
 
     axis: the name of a dim of the kernel's annotations.
@@ -143,7 +144,7 @@ def index(axis: str):
     return current("mf.index").index(axis)
 
 
-def size(axis: str):
+def size(axis: str) -> Sym:
     """The size of `axis` (i64, weak like a Python int: `x / mf.size("D")` keeps x's dtype).
 
     Example: ``mf.sum(x, axis="D") / mf.size("D")`` (what mf.mean computes)."""
@@ -152,7 +153,10 @@ def size(axis: str):
 
 # --------------------------------------------------------------------------- reductions
 
-def _axes(tr: Trace, axis, fn: str) -> tuple[str, ...]:
+Axes = Union[str, Sequence[str]]       # one axis name, or several (a tuple or a list)
+
+
+def _axes(tr: Trace, axis: Any, fn: str) -> tuple[str, ...]:
     if isinstance(axis, (tuple, list)):
         if not axis:
             raise tr.error(f"mf.{fn}: axis=() names no axis")
@@ -160,59 +164,61 @@ def _axes(tr: Trace, axis, fn: str) -> tuple[str, ...]:
     return (axis,)
 
 
-def _reduce_many(kind: str, x, axis, fn: str):
+def _reduce_many(kind: ReduceOp, x: Any, axis: Axes, fn: str) -> Sym:
     tr = _trace((x,), fn)
-    for ax in _axes(tr, axis, fn):
-        x = tr.reduce(kind, x, ax, f"mf.{fn}")
-    return x
+    axes = _axes(tr, axis, fn)
+    out = tr.reduce(kind, x, axes[0], f"mf.{fn}")
+    for ax in axes[1:]:
+        out = tr.reduce(kind, out, ax, f"mf.{fn}")
+    return out
 
 
-def sum(x, axis):  # noqa: A001
+def sum(x: Any, axis: Axes) -> Sym:  # noqa: A001
     """Sum over `axis` (a name or a tuple of names), removing it; fp32 accumulation;
     integers sum in i64 as in torch.
 
     Example: ``mf.sum(x * x, axis="D")`` on ``x: "T[R, D]"`` is ``[R]``."""
-    return _reduce_many("sum", x, axis, "sum")
+    return _reduce_many(ReduceOp.SUM, x, axis, "sum")
 
 
-def prod(x, axis):
+def prod(x: Any, axis: Axes) -> Sym:
     """Product over `axis` (a name or a tuple of names); integers multiply in i64 as in torch.
 
     Example: ``mf.prod(x, axis="D")``."""
-    return _reduce_many("prod", x, axis, "prod")
+    return _reduce_many(ReduceOp.PROD, x, axis, "prod")
 
 
-def max(x, axis):  # noqa: A001
+def max(x: Any, axis: Axes) -> Sym:  # noqa: A001
     """Maximum over `axis` (a name or a tuple of names); NaN propagates (torch.amax).
 
     Example: ``x - mf.max(x, axis="D")``."""
-    return _reduce_many("max", x, axis, "max")
+    return _reduce_many(ReduceOp.MAX, x, axis, "max")
 
 
-def min(x, axis):  # noqa: A001
+def min(x: Any, axis: Axes) -> Sym:  # noqa: A001
     """Minimum over `axis` (a name or a tuple of names); NaN propagates (torch.amin).
 
     Example: ``mf.min(x, axis="D")``."""
-    return _reduce_many("min", x, axis, "min")
+    return _reduce_many(ReduceOp.MIN, x, axis, "min")
 
 
-def argmax(x, axis: str):
+def argmax(x: Any, axis: str) -> Sym:
     """Index (i64) of the first maximum along `axis`; a NaN counts as the maximum
     (torch.argmax).
 
     Example: ``mf.argmax(logits, axis="V")``."""
-    return _trace((x,), "argmax").reduce("argmax", x, axis, "mf.argmax")
+    return _trace((x,), "argmax").reduce(ReduceOp.ARGMAX, x, axis, "mf.argmax")
 
 
-def argmin(x, axis: str):
+def argmin(x: Any, axis: str) -> Sym:
     """Index (i64) of the first minimum along `axis`; a NaN counts as the minimum
     (torch.argmin).
 
     Example: ``mf.argmin(dist, axis="K")``."""
-    return _trace((x,), "argmin").reduce("argmin", x, axis, "mf.argmin")
+    return _trace((x,), "argmin").reduce(ReduceOp.ARGMIN, x, axis, "mf.argmin")
 
 
-def mean(x, axis):
+def mean(x: Any, axis: Axes) -> Sym:
     """Mean over `axis` (a name or a tuple of names): sum(x, axis) / size(axis).
     Floating-point values only (torch.mean refuses integers).
 
@@ -226,14 +232,14 @@ def mean(x, axis):
         raise tr.error(f"mf.mean needs a floating-point value, got {x.dtype} (torch.mean "
                        "refuses integers too); use mf.mean(x.to(mf.f32), ...)")
     axes = _axes(tr, axis, "mean")
-    total = _reduce_many("sum", x, axes, "mean")
+    total = _reduce_many(ReduceOp.SUM, x, axes, "mean")
     n = tr.size(axes[0])
     for ax in axes[1:]:
         n = n * tr.size(ax)
     return total / n
 
 
-def _float_only(x, fn: str) -> None:
+def _float_only(x: Any, fn: str) -> None:
     """torch.softmax / log_softmax refuse integer and bool tensors ("not implemented for
     'Byte'"); so do we, at the user's line (in integers, x - max(x) would wrap, too)."""
     if isinstance(x, Sym) and not x.dtype.is_float:
@@ -242,7 +248,7 @@ def _float_only(x, fn: str) -> None:
             f"and bool tensors too); convert first, e.g. mf.{fn}(x.to(mf.f32), ...)")
 
 
-def softmax(x, axis: str):
+def softmax(x: Any, axis: str) -> Sym:
     """Softmax over `axis`: exp(x - max) / sum(exp(x - max)); a row of all -inf gives
     NaN, as torch does.
 
@@ -260,17 +266,17 @@ def softmax(x, axis: str):
     return e * (1.0 / sum(e, axis))
 
 
-def log_softmax(x, axis: str):
+def log_softmax(x: Any, axis: str) -> Sym:
     """Log-softmax over `axis`: (x - max) - log(sum(exp(x - max))), as torch.log_softmax.
     Floating-point values only, as in torch.
 
     Example: ``mf.log_softmax(logits, axis="V")``."""
     _float_only(x, "log_softmax")
-    s = x - max(x, axis)
+    s: Sym = x - max(x, axis)
     return s - log(sum(exp(s), axis))
 
 
-def logsumexp(x, axis: str):
+def logsumexp(x: Any, axis: str) -> Sym:
     """log(sum(exp(x))) over `axis`, computed stably like torch.logsumexp: an infinite max is
     replaced by 0 before shifting, so all -inf gives -inf and +inf gives +inf. Integer and
     bool values are converted to f32 first, as torch converts them to its default float dtype.
@@ -279,5 +285,5 @@ def logsumexp(x, axis: str):
     if isinstance(x, Sym) and not x.dtype.is_float:
         x = x.to("f32")
     m = max(x, axis)
-    m = where(abs(m) == inf, 0.0, m)
+    m = m._trace.where(abs(m) == inf, 0.0, m)
     return log(sum(exp(x - m), axis)) + m

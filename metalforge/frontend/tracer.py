@@ -23,13 +23,14 @@ import numbers
 import os
 import re
 import sys
-from typing import Any, Iterable, Optional
+from types import FrameType, ModuleType
+from typing import Any, Callable, Iterable, NoReturn, Optional
 
 import torch
 
 from .. import dtypes
 from ..dtypes import BOOL, DType, F32, I32, I64, U32
-from ..graph import AxisSpec, Node, Op, broadcasts_over
+from ..graph import AxisSpec, BinaryOp, Node, Op, ReduceOp, UnaryOp, broadcasts_over
 from ..errors import TraceError
 
 UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bit word
@@ -37,24 +38,35 @@ UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bi
 _CURRENT: contextvars.ContextVar[Optional["Trace"]] = contextvars.ContextVar(
     "metalforge_trace", default=None)
 
+
+
+def _module_dir(m: ModuleType) -> str:
+    assert m.__file__ is not None
+    return os.path.dirname(os.path.abspath(m.__file__))
+
+
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) for m in (torch,)) + (_PKG_DIR,)
+_SKIP_DIRS: tuple[str, ...] = (_module_dir(torch), _PKG_DIR)
+_BOOLS: tuple[type, ...] = (bool,)          # what a Python bool operand may be
 try:
     import numpy as _np
-    _SKIP_DIRS += (os.path.dirname(os.path.abspath(_np.__file__)),)
+    _SKIP_DIRS += (_module_dir(_np),)
+    _BOOLS += (_np.bool_,)
 except ImportError:     # numpy is a dependency, but tracing does not need it
-    _np = None
+    pass
 
 MATH_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
                   "sigmoid", "erf", "abs", "floor", "ceil")
-_FLOAT_FUNCTIONS = ("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
-                    "sigmoid", "erf")
-_COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-_BITWISE = ("and", "or", "xor", "shl", "shr")
-_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**", "mod": "%",
-           "floordiv": "//", "eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">",
-           "ge": ">=", "and": "&", "or": "|", "xor": "^", "shl": "<<", "shr": ">>",
-           "maximum": "mf.maximum", "minimum": "mf.minimum"}
+_FLOAT_FUNCTIONS = frozenset(UnaryOp(f) for f in MATH_FUNCTIONS) - {
+    UnaryOp.ABS, UnaryOp.FLOOR, UnaryOp.CEIL}
+_COMPARE = (BinaryOp.EQ, BinaryOp.NE, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE)
+_BITWISE = (BinaryOp.AND, BinaryOp.OR, BinaryOp.XOR, BinaryOp.SHL, BinaryOp.SHR)
+_SYMBOL = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "/",
+           BinaryOp.POW: "**", BinaryOp.MOD: "%", BinaryOp.FLOORDIV: "//", BinaryOp.EQ: "==",
+           BinaryOp.NE: "!=", BinaryOp.LT: "<", BinaryOp.LE: "<=", BinaryOp.GT: ">",
+           BinaryOp.GE: ">=", BinaryOp.AND: "&", BinaryOp.OR: "|", BinaryOp.XOR: "^",
+           BinaryOp.SHL: "<<", BinaryOp.SHR: ">>", BinaryOp.MAXIMUM: "mf.maximum",
+           BinaryOp.MINIMUM: "mf.minimum"}
 
 
 def current(what: str) -> "Trace":
@@ -68,7 +80,7 @@ def current(what: str) -> "Trace":
 def user_frame_loc() -> tuple[str, int]:
     """(file, line) of the innermost frame that is the user's code (not metalforge, torch,
     numpy or the standard library)."""
-    f = sys._getframe(1)
+    f: Optional[FrameType] = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
         if not (fn.startswith(_SKIP_DIRS) or fn.startswith("<frozen")):
@@ -120,7 +132,9 @@ def result_type(nodes: Iterable[Node]) -> DType:
             dim = promote(dim, n.dtype)
         else:
             zero = promote(zero, n.dtype)
-    return _combine(dim, _combine(zero, weak))
+    out = _combine(dim, _combine(zero, weak))
+    assert out is not None, "the result type of no operand"
+    return out
 
 
 # --------------------------------------------------------------------------- the trace
@@ -139,7 +153,7 @@ class Trace:
         self._token = _CURRENT.set(self)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         _CURRENT.reset(self._token)
 
     # -- errors -------------------------------------------------------------------------
@@ -161,8 +175,8 @@ class Trace:
         if isinstance(v, Sym):
             if v._trace is not self:
                 raise self.error("a value from another kernel's trace was used here")
-            return v._node
-        if isinstance(v, (bool, getattr(_np, "bool_", bool))):
+            return v.node
+        if isinstance(v, _BOOLS):
             return self.node(Op.CONST, (), BOOL, (), attr=bool(v), weak=True)
         if isinstance(v, numbers.Integral):
             return self.node(Op.CONST, (), I64, (), attr=int(v), weak=True)
@@ -284,21 +298,21 @@ class Trace:
         return self.node(Op.CAST, (n,), dt, n.axes, weak=True)
 
     # -- operations ---------------------------------------------------------------------
-    def binary(self, op: str, a: Any, b: Any) -> "Sym":
+    def binary(self, op: BinaryOp, a: Any, b: Any) -> "Sym":
         x, y = self.as_node(a), self.as_node(b)
         axes = self.axes_of(x, y)
-        common = self.promote_or_fail((x, y), _SYMBOL.get(op, op))
-        sym = _SYMBOL.get(op, op)
-        if op == "sub" and BOOL in (x.dtype, y.dtype):
+        sym = _SYMBOL.get(op, op.value)
+        common = self.promote_or_fail((x, y), sym)
+        if op == BinaryOp.SUB and BOOL in (x.dtype, y.dtype):
             raise self.error("subtracting with a bool operand is not supported (torch refuses "
                              "it too); use ^ or ~ on masks, or .to(...) a number dtype first")
         if op in _BITWISE:
             if common.is_float:
                 raise self.error(f"'{sym}' needs integer or bool operands, got {x.dtype} and "
                                  f"{y.dtype}")
-            if op in ("shl", "shr") and common is BOOL:
+            if op in (BinaryOp.SHL, BinaryOp.SHR) and common is BOOL:
                 raise self.error(f"'{sym}' on bools is not supported (torch refuses it too)")
-        if op == "div" and not common.is_float:
+        if op == BinaryOp.DIV and not common.is_float:
             common = F32                    # true division of integers gives the default float
         out = BOOL if op in _COMPARE else common
         x, y = self.cast(x, common), self.cast(y, common)
@@ -308,47 +322,49 @@ class Trace:
         return self.sym(self.node(Op.BINARY, (x, y), out, axes, attr=op,
                                   weak=x.weak and y.weak))
 
-    def unary(self, op: str, a: Any) -> "Sym":
+    def unary(self, op: UnaryOp, a: Any) -> "Sym":
         x = self.as_node(a)
         if op in _FLOAT_FUNCTIONS:
             if not x.dtype.is_float:
                 x = self.cast(x, F32)   # torch: math functions of integers give f32
             return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
-        if op == "neg" and x.dtype is BOOL:
+        if op == UnaryOp.NEG and x.dtype is BOOL:
             raise self.error("negating a bool is not supported (torch refuses it too); "
                              "use ~ for logical not")
-        if op == "abs" and x.dtype is BOOL:
+        if op == UnaryOp.ABS and x.dtype is BOOL:
             raise self.error("abs of a bool is not supported (torch refuses it too)")
-        if op in ("floor", "ceil"):
+        if op in (UnaryOp.FLOOR, UnaryOp.CEIL):
             if x.dtype is BOOL:
                 raise self.error(f"{op} of a bool is not supported (torch refuses it too)")
             if not x.dtype.is_float:
                 return self.sym(x)     # torch: floor/ceil of an integer is the integer
-        if op == "invert":
+        if op == UnaryOp.INVERT:
             if x.dtype.is_float:
                 raise self.error(f"'~' needs an integer or bool operand, got {x.dtype}")
             if x.dtype is BOOL:
-                op = "not"
+                op = UnaryOp.NOT
         return self.sym(self.node(Op.UNARY, (x,), x.dtype, x.axes, attr=op, weak=x.weak))
 
     def pow(self, a: Any, b: Any) -> "Sym":
         """x ** n for a Python int 2 <= n <= 4 becomes multiplications (exact, like torch's
         own special cases); n == 1 is x in the promoted dtype; anything else is a pow node."""
-        if isinstance(b, numbers.Integral) and not isinstance(b, bool) and 1 <= b <= 4 \
+        if isinstance(b, numbers.Integral) and not isinstance(b, bool) and 1 <= int(b) <= 4 \
                 and isinstance(a, Sym):
             x = self.as_node(a)
             dt = self.promote_or_fail((x, self.as_node(b)), "**")
             xs = self.sym(self.cast(x, dt)) if x.dtype is not dt else a
             if b == 1:
                 return xs
-            sq = self.binary("mul", xs, xs)
-            return {2: sq, 3: self.binary("mul", sq, xs), 4: self.binary("mul", sq, sq)}[int(b)]
+            sq = self.binary(BinaryOp.MUL, xs, xs)
+            if b == 2:
+                return sq
+            return self.binary(BinaryOp.MUL, sq, xs if b == 3 else sq)
         x, y = self.as_node(a), self.as_node(b)
         common = self.promote_or_fail((x, y), "**")
         if not common.is_float and y.op == Op.CONST and y.attr < 0:
             raise self.error("integers to negative integer powers are not allowed (as in "
                              "torch); convert to a float dtype first")
-        return self.binary("pow", a, b)
+        return self.binary(BinaryOp.POW, a, b)
 
     def where(self, cond: Any, a: Any, b: Any) -> "Sym":
         c = self.as_node(cond, "the condition")
@@ -386,7 +402,7 @@ class Trace:
                          f" a dtype variable of the kernel ({', '.join(self.dtype_vars) or 'none'})"
                          ", mf.f16 and friends, or a torch dtype")
 
-    def reduce(self, kind: str, a: Any, axis: Any, fn: str) -> "Sym":
+    def reduce(self, kind: ReduceOp, a: Any, axis: Any, fn: str) -> "Sym":
         if not isinstance(a, Sym):
             raise self.error(f"{fn}: expected a kernel value to reduce, got {a!r}")
         x = a._node
@@ -394,13 +410,13 @@ class Trace:
         if axis not in x.axes:
             raise self.error(f"{fn}: the value has axes {list(x.axes)}, not '{axis}'; a "
                              "reduction removes an axis the value has")
-        if kind in ("sum", "prod"):
+        if kind in (ReduceOp.SUM, ReduceOp.PROD):
             out = x.dtype if x.dtype.is_float else I64   # torch sums integers in int64
-        elif kind in ("argmax", "argmin"):
+        elif kind in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             out = I64
         else:
             out = x.dtype
-        if kind in ("sum", "prod"):
+        if kind in (ReduceOp.SUM, ReduceOp.PROD):
             x = self.cast(x, out)
         axes = tuple(ax for ax in x.axes if ax != axis)
         return self.sym(self.node(Op.REDUCE, (x,), out, axes, attr=(kind, axis)))
@@ -416,11 +432,15 @@ class Trace:
 
 # --------------------------------------------------------------------------- the symbol
 
-def _binop(op: str):
-    def f(self, other):
+Operator = Callable[["Sym", Any], "Sym"]
+
+
+def _binop(op: BinaryOp) -> tuple[Operator, Operator]:
+    """The operator `op` and its reflected form, as methods of Sym."""
+    def f(self: Sym, other: Any) -> Sym:
         return self._trace.binary(op, self, other)
 
-    def r(self, other):
+    def r(self: Sym, other: Any) -> Sym:
         return self._trace.binary(op, other, self)
     return f, r
 
@@ -429,6 +449,8 @@ class Sym:
     """A traced value: a graph node plus the trace it belongs to. Named axes, torch dtype
     promotion; Python control flow on it is an error (use mf.where)."""
     __slots__ = ("_node", "_trace")
+    _node: Node
+    _trace: Trace
     __array_priority__ = 1000       # numpy: let our reflected operators win
 
     def __init__(self, node: Node, trace: Trace):
@@ -450,87 +472,87 @@ class Sym:
     def __repr__(self) -> str:
         return f"<metalforge value {self._node.dtype}[{', '.join(self._node.axes)}]>"
 
-    __add__, __radd__ = _binop("add")
-    __sub__, __rsub__ = _binop("sub")
-    __mul__, __rmul__ = _binop("mul")
-    __truediv__, __rtruediv__ = _binop("div")
-    __floordiv__, __rfloordiv__ = _binop("floordiv")
-    __mod__, __rmod__ = _binop("mod")
-    __and__, __rand__ = _binop("and")
-    __or__, __ror__ = _binop("or")
-    __xor__, __rxor__ = _binop("xor")
-    __lshift__, __rlshift__ = _binop("shl")
-    __rshift__, __rrshift__ = _binop("shr")
+    __add__, __radd__ = _binop(BinaryOp.ADD)
+    __sub__, __rsub__ = _binop(BinaryOp.SUB)
+    __mul__, __rmul__ = _binop(BinaryOp.MUL)
+    __truediv__, __rtruediv__ = _binop(BinaryOp.DIV)
+    __floordiv__, __rfloordiv__ = _binop(BinaryOp.FLOORDIV)
+    __mod__, __rmod__ = _binop(BinaryOp.MOD)
+    __and__, __rand__ = _binop(BinaryOp.AND)
+    __or__, __ror__ = _binop(BinaryOp.OR)
+    __xor__, __rxor__ = _binop(BinaryOp.XOR)
+    __lshift__, __rlshift__ = _binop(BinaryOp.SHL)
+    __rshift__, __rrshift__ = _binop(BinaryOp.SHR)
 
-    def __pow__(self, other):
+    def __pow__(self, other: Any) -> "Sym":
         return self._trace.pow(self, other)
 
-    def __rpow__(self, other):
+    def __rpow__(self, other: Any) -> "Sym":
         return self._trace.pow(other, self)
 
-    def __eq__(self, other):  # type: ignore[override]
-        return self._trace.binary("eq", self, other)
+    def __eq__(self, other: Any) -> "Sym":  # type: ignore[override]
+        return self._trace.binary(BinaryOp.EQ, self, other)
 
-    def __ne__(self, other):  # type: ignore[override]
-        return self._trace.binary("ne", self, other)
+    def __ne__(self, other: Any) -> "Sym":  # type: ignore[override]
+        return self._trace.binary(BinaryOp.NE, self, other)
 
-    def __lt__(self, other):
-        return self._trace.binary("lt", self, other)
+    def __lt__(self, other: Any) -> "Sym":
+        return self._trace.binary(BinaryOp.LT, self, other)
 
-    def __le__(self, other):
-        return self._trace.binary("le", self, other)
+    def __le__(self, other: Any) -> "Sym":
+        return self._trace.binary(BinaryOp.LE, self, other)
 
-    def __gt__(self, other):
-        return self._trace.binary("gt", self, other)
+    def __gt__(self, other: Any) -> "Sym":
+        return self._trace.binary(BinaryOp.GT, self, other)
 
-    def __ge__(self, other):
-        return self._trace.binary("ge", self, other)
+    def __ge__(self, other: Any) -> "Sym":
+        return self._trace.binary(BinaryOp.GE, self, other)
 
     __hash__ = object.__hash__
 
-    def __neg__(self):
-        return self._trace.unary("neg", self)
+    def __neg__(self) -> "Sym":
+        return self._trace.unary(UnaryOp.NEG, self)
 
-    def __pos__(self):
+    def __pos__(self) -> "Sym":
         return self
 
-    def __abs__(self):
-        return self._trace.unary("abs", self)
+    def __abs__(self) -> "Sym":
+        return self._trace.unary(UnaryOp.ABS, self)
 
-    def __invert__(self):
-        return self._trace.unary("invert", self)
+    def __invert__(self) -> "Sym":
+        return self._trace.unary(UnaryOp.INVERT, self)
 
-    def to(self, dtype) -> "Sym":
+    def to(self, dtype: Any) -> "Sym":
         return self._trace.to(self, dtype)
 
     # -- what cannot be traced ----------------------------------------------------------
-    def __bool__(self):
+    def __bool__(self) -> NoReturn:
         raise self._trace.error(
             "Python control flow (if, while, and/or/not, bool(), chained comparisons, the "
             "builtins max/min) cannot depend on a traced value: its value is only known when "
             "the kernel runs. Use mf.where(cond, a, b), mf.maximum/mf.minimum, or make the "
             "deciding argument an mf.Const")
 
-    def __len__(self):
+    def __len__(self) -> NoReturn:
         raise self._trace.error("len() of a traced value is not known while tracing; use "
                                 "mf.size(\"AXIS\") for the size of an axis")
 
-    def __iter__(self):
+    def __iter__(self) -> NoReturn:
         raise self._trace.error("a traced value cannot be iterated over (loops run at trace "
                                 "time); use a reduction like mf.sum(x, axis=\"D\")")
 
-    def __contains__(self, item):
+    def __contains__(self, item: Any) -> NoReturn:
         raise self._trace.error("'in' on a traced value is not supported")
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> NoReturn:
         raise self._trace.error("indexing a traced value (x[...]) is not supported: values are "
                                 "whole named-axis arrays; use mf.index(\"AXIS\") with mf.where "
                                 "for masks, or a reduction")
 
-    def __matmul__(self, other):
+    def __matmul__(self, other: Any) -> NoReturn:
         raise self._matmul_error(self, other)
 
-    def __rmatmul__(self, other):
+    def __rmatmul__(self, other: Any) -> NoReturn:
         raise self._matmul_error(other, self)
 
     def _matmul_error(self, a: Any, b: Any) -> TraceError:
@@ -546,11 +568,11 @@ class Sym:
             f"positional, so '@' cannot say which one it contracts; write "
             f"mf.sum(a * b, axis=\"{axis}\") ({which})")
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: Any, value: Any) -> NoReturn:
         raise self._trace.error("assigning into a traced value (x[...] = v) is not supported; "
                                 "build a new value with mf.where")
 
-    def _no_python_number(self, *_):
+    def _no_python_number(self, *_: Any) -> NoReturn:
         file, line = user_frame_loc()
         called = re.findall(r"\bmath\.(\w+)\s*\(", linecache.getline(file, line))
         hint = (f"use mf.{called[0]}(x) instead of math.{called[0]}(x)"
@@ -563,10 +585,10 @@ class Sym:
     __float__ = __int__ = __index__ = __complex__ = _no_python_number
     __round__ = __trunc__ = __floor__ = __ceil__ = _no_python_number
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
         raise self._trace.error(f"cannot set attribute '{name}' on a traced value")
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__"):
             raise AttributeError(name)
         trace = object.__getattribute__(self, "_trace")
@@ -577,7 +599,8 @@ class Sym:
         raise trace.error(f"a traced value has no attribute '{name}'{hint}")
 
     @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> NoReturn:
         tr = next((a._trace for a in list(args) + list((kwargs or {}).values())
                    if isinstance(a, Sym)), None) or current("torch functions")
         name = getattr(func, "__name__", str(func))
@@ -586,12 +609,12 @@ class Sym:
             else "the matching mf function"
         raise tr.error(f"torch.{name} cannot be called on a traced value; use {alt}")
 
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> NoReturn:
         name = getattr(ufunc, "__name__", str(ufunc))
         raise self._trace.error(f"numpy.{name} cannot be called on a traced value; use "
                                 f"mf.{name} (or the matching mf function)")
 
-    def __array_function__(self, func, types, args, kwargs):
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> NoReturn:
         name = getattr(func, "__name__", str(func))
         raise self._trace.error(f"numpy.{name} cannot be called on a traced value; use the "
                                 "matching mf function")

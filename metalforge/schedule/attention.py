@@ -165,8 +165,9 @@ def is_attention(graph: Graph) -> bool:
     return match(graph) is not None
 
 
-def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "AttentionSchedule":
-    return _Builder(graph, policy, index64).build()
+def build(graph: Graph, policy: LaunchPolicy, index64: bool,
+          form: Optional[Form] = None) -> "AttentionSchedule":
+    return _Builder(graph, policy, index64, form).build()
 
 
 # Key blocks per tile of query rows, when launch={'key_splits': n} does not pin them: enough
@@ -513,8 +514,9 @@ class AttentionSchedule(Schedule):
 
 
 class _Builder(reduce.Builder):
-    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
-        form = match(graph)
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool,
+                 form: Optional[Form] = None):
+        form = match(graph) if form is None else form
         if form is None:
             raise UnsupportedConstruct(f"kernel '{graph.name}': not an attention graph")
         self.form = form

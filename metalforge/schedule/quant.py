@@ -64,10 +64,14 @@ from .policy import MAX_QUANT_ROWS, LaunchPolicy, access_width
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 
 
+def match(graph: Graph) -> Optional[Node]:
+    """The reduction whose argument unpacks packed words, or None when there is none."""
+    return next((r for r in graph.reductions()
+                 if any(n.op == Op.UNPACK for n in topo_order([r.args[0]]))), None)
+
+
 def is_quant(graph: Graph) -> bool:
-    """A reduction whose argument unpacks packed words."""
-    reds = graph.reductions()
-    return bool(reds) and any(n.op == Op.UNPACK for n in topo_order([r.args[0] for r in reds]))
+    return match(graph) is not None
 
 
 class _Affine(NamedTuple):
@@ -77,7 +81,8 @@ class _Affine(NamedTuple):
     x: Node                              # the shared factor
 
 
-def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> "QuantSchedule":
+def build(graph: Graph, policy: LaunchPolicy, index64: bool,
+          form: Optional[Node] = None) -> "QuantSchedule":
     return _Builder(graph, policy, index64).build()
 
 
