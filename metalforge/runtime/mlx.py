@@ -295,13 +295,14 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
     """The launch options under MLX, which launches one kernel per call: attention keeps one
     block of keys per query row (key_splits 1), a column reduction one chunk of the reduced
     axis (fill_groups 0: no partials to merge in a second launch)."""
-    if sched_mod.family(graph) == "column":
+    family = sched_mod.family(graph)
+    if family == "column":
         if (launch or {}).get("fill_groups", 0):
             raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "
                               f"column reduction keeps the reduced axis in one chunk; got "
                               f"launch={dict(launch or {})}")
         return {**(launch or {}), "fill_groups": 0}
-    if sched_mod.family(graph) != "attention":
+    if family != "attention":
         return launch
     if (launch or {}).get("key_splits", 1) != 1:
         raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so "
