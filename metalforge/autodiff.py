@@ -34,7 +34,8 @@ import torch
 
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
-from .graph import Graph, Node, Op, Output, ScalarParam, TensorParam, topo_order
+from .graph import (BinaryOp, Graph, Node, Op, Output, ReduceOp, ScalarParam, TensorParam,
+                    UnaryOp, topo_order)
 from .once import OnceMap
 from .shapes import bind_shapes, output_shape
 
@@ -69,31 +70,31 @@ class _Nodes:
     def f32(self, n: Node) -> Node:
         return n if n.dtype is F32 else Node(Op.CAST, (n,), F32, n.axes)
 
-    def bin(self, op: str, a: Node, b: Node) -> Node:
+    def bin(self, op: BinaryOp, a: Node, b: Node) -> Node:
         a, b = self.f32(a), self.f32(b)
         return Node(Op.BINARY, (a, b), F32, self.axes(a, b), attr=op, weak=a.weak and b.weak)
 
     def add(self, a: Node, b: Node) -> Node:
-        return self.bin("add", a, b)
+        return self.bin(BinaryOp.ADD, a, b)
 
     def mul(self, a: Node, b: Node) -> Node:
-        return self.bin("mul", a, b)
+        return self.bin(BinaryOp.MUL, a, b)
 
     def div(self, a: Node, b: Node) -> Node:
-        return self.bin("div", a, b)
+        return self.bin(BinaryOp.DIV, a, b)
 
     def scale(self, a: Node, c: float) -> Node:
         return self.mul(a, self.const(c))
 
     def neg(self, a: Node) -> Node:
         a = self.f32(a)
-        return Node(Op.UNARY, (a,), F32, a.axes, attr="neg")
+        return Node(Op.UNARY, (a,), F32, a.axes, attr=UnaryOp.NEG)
 
-    def unary(self, op: str, a: Node) -> Node:
+    def unary(self, op: UnaryOp, a: Node) -> Node:
         a = self.f32(a)
         return Node(Op.UNARY, (a,), F32, a.axes, attr=op)
 
-    def cmp(self, op: str, a: Node, b: Node) -> Node:
+    def cmp(self, op: BinaryOp, a: Node, b: Node) -> Node:
         return Node(Op.BINARY, (a, b), BOOL, self.axes(a, b), attr=op)
 
     def where(self, c: Node, a: Node, b: Node) -> Node:
@@ -105,7 +106,7 @@ class _Nodes:
 
     def sum(self, a: Node, axis: str) -> Node:
         return Node(Op.REDUCE, (self.f32(a),), F32, tuple(x for x in a.axes if x != axis),
-                    attr=("sum", axis))
+                    attr=(ReduceOp.SUM, axis))
 
     def expand(self, a: Node, axes: tuple[str, ...]) -> Node:
         """`a` broadcast to `axes` (a value with axes (R,) written as [R, D] needs the D axis:
@@ -113,7 +114,7 @@ class _Nodes:
         for ax in axes:
             if ax not in a.axes:
                 idx = Node(Op.INDEX, (), I64, (ax,), attr=ax)
-                ok = self.cmp("ge", idx, Node(Op.CONST, (), I64, (), attr=0, weak=True))
+                ok = self.cmp(BinaryOp.GE, idx, Node(Op.CONST, (), I64, (), attr=0, weak=True))
                 a = self.zero_unless(ok, a)
         return a
 
@@ -151,64 +152,66 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
 def _unary_grad(b: _Nodes, n: Node, g: Node) -> Optional[Node]:
     """d(f(a))/da * g for the unary function n = f(a); None where it is zero (floor, ceil)."""
     a = n.args[0]
-    rules: dict[str, Callable[[], Optional[Node]]] = {
-        "neg": lambda: b.neg(g),
-        "exp": lambda: b.mul(g, n),
-        "exp2": lambda: b.mul(g, b.scale(n, math.log(2.0))),
-        "log": lambda: b.div(g, a),
-        "log2": lambda: b.div(g, b.scale(a, math.log(2.0))),
-        "sqrt": lambda: b.div(b.scale(g, 0.5), n),
-        "rsqrt": lambda: b.mul(b.scale(g, -0.5), b.mul(n, b.mul(n, n))),
-        "sin": lambda: b.mul(g, b.unary("cos", a)),
-        "cos": lambda: b.neg(b.mul(g, b.unary("sin", a))),
-        "tanh": lambda: b.mul(g, b.bin("sub", b.const(1.0), b.mul(n, n))),
-        "sigmoid": lambda: b.mul(g, b.mul(n, b.bin("sub", b.const(1.0), n))),
-        "erf": lambda: b.mul(g, b.scale(b.unary("exp", b.neg(b.mul(a, a))),
+    rules: dict[UnaryOp, Callable[[], Optional[Node]]] = {
+        UnaryOp.NEG: lambda: b.neg(g),
+        UnaryOp.EXP: lambda: b.mul(g, n),
+        UnaryOp.EXP2: lambda: b.mul(g, b.scale(n, math.log(2.0))),
+        UnaryOp.LOG: lambda: b.div(g, a),
+        UnaryOp.LOG2: lambda: b.div(g, b.scale(a, math.log(2.0))),
+        UnaryOp.SQRT: lambda: b.div(b.scale(g, 0.5), n),
+        UnaryOp.RSQRT: lambda: b.mul(b.scale(g, -0.5), b.mul(n, b.mul(n, n))),
+        UnaryOp.SIN: lambda: b.mul(g, b.unary(UnaryOp.COS, a)),
+        UnaryOp.COS: lambda: b.neg(b.mul(g, b.unary(UnaryOp.SIN, a))),
+        UnaryOp.TANH: lambda: b.mul(g, b.bin(BinaryOp.SUB, b.const(1.0), b.mul(n, n))),
+        UnaryOp.SIGMOID: lambda: b.mul(g, b.mul(n, b.bin(BinaryOp.SUB, b.const(1.0), n))),
+        UnaryOp.ERF: lambda: b.mul(g, b.scale(b.unary(UnaryOp.EXP, b.neg(b.mul(a, a))),
                                         2.0 / math.sqrt(math.pi))),
-        "abs": lambda: b.where(b.cmp("gt", a, b.const(0.0)), g,
-                               b.zero_unless(b.cmp("lt", a, b.const(0.0)), b.neg(g))),
-        "floor": lambda: None, "ceil": lambda: None,
+        UnaryOp.ABS: lambda: b.where(b.cmp(BinaryOp.GT, a, b.const(0.0)), g,
+                               b.zero_unless(b.cmp(BinaryOp.LT, a, b.const(0.0)), b.neg(g))),
+        UnaryOp.FLOOR: lambda: None, UnaryOp.CEIL: lambda: None,
     }
     return rules[n.attr]() if n.attr in rules else None
 
 
 def _binary_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     f, (x, y) = n.attr, n.args
-    if f == "add":
+    if f == BinaryOp.ADD:
         return [(0, g), (1, g)]
-    if f == "sub":
+    if f == BinaryOp.SUB:
         return [(0, g), (1, b.neg(g))]
-    if f == "mul":
+    if f == BinaryOp.MUL:
         return [(0, b.mul(g, y)), (1, b.mul(g, x))]
-    if f == "div":
+    if f == BinaryOp.DIV:
         return [(0, b.div(g, y)), (1, b.neg(b.div(b.mul(g, n), y)))]
-    if f == "pow":
+    if f == BinaryOp.POW:
         if y.op == Op.CONST:
             e = float(y.attr)
-            return [(0, b.mul(g, b.scale(b.bin("pow", x, b.const(e - 1.0)), e)))] if e else []
+            if not e:
+                return []
+            return [(0, b.mul(g, b.scale(b.bin(BinaryOp.POW, x, b.const(e - 1.0)), e)))]
         ey = b.f32(y)
-        p = b.bin("pow", x, b.bin("sub", ey, b.const(1.0)))
-        return [(0, b.mul(g, b.mul(ey, p))), (1, b.mul(b.mul(g, n), b.unary("log", x)))]
-    if f in ("maximum", "minimum"):
-        wins = b.cmp("gt" if f == "maximum" else "lt", x, y)
-        tie = b.cmp("eq", x, y)
+        p = b.bin(BinaryOp.POW, x, b.bin(BinaryOp.SUB, ey, b.const(1.0)))
+        return [(0, b.mul(g, b.mul(ey, p))), (1, b.mul(b.mul(g, n), b.unary(UnaryOp.LOG, x)))]
+    if f in (BinaryOp.MAXIMUM, BinaryOp.MINIMUM):
+        wins = b.cmp(BinaryOp.GT if f == BinaryOp.MAXIMUM else BinaryOp.LT, x, y)
+        tie = b.cmp(BinaryOp.EQ, x, y)
         half = b.scale(g, 0.5)
         return [(0, b.where(wins, g, b.zero_unless(tie, half))),
                 (1, b.where(wins, b.const(0.0), b.where(tie, half, g)))]
-    if f == "mod":          # torch.remainder: d/da = 1, d/db = -floor(a / b)
-        return [(0, g), (1, b.neg(b.mul(g, b.unary("floor", b.div(x, y)))))]
+    if f == BinaryOp.MOD:          # torch.remainder: d/da = 1, d/db = -floor(a / b)
+        return [(0, g), (1, b.neg(b.mul(g, b.unary(UnaryOp.FLOOR, b.div(x, y)))))]
     return []                               # floordiv: zero; comparisons, bit ops: none
 
 
 def _reduce_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     (kind, axis), a = n.attr, n.args[0]
-    if kind == "sum":
+    if kind == ReduceOp.SUM:
         return [(0, g)]
-    if kind in ("max", "min"):              # ties share the gradient (torch.amax)
-        hit = b.cmp("eq", a, n)
+    if kind in (ReduceOp.MAX, ReduceOp.MIN):              # ties share the gradient (torch.amax)
+        hit = b.cmp(BinaryOp.EQ, a, n)
         count = b.sum(b.where(hit, b.const(1.0), b.const(0.0)), axis)
         return [(0, b.zero_unless(hit, b.div(g, count)))]
-    if kind == "prod":
+    if kind == ReduceOp.PROD:
         raise NotDifferentiable(f"mf.prod(..., axis={axis!r}){_at(n)} has no derivative "
                                 "in metalforge (its gradient at zeros needs the product of "
                                 "the other elements)")
