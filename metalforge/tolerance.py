@@ -40,13 +40,14 @@ from typing import Iterable, Optional
 import torch
 
 from .dtypes import ALL, DType
+from .graph import ReduceOp
 
 BASE = {"f32": 1e-5, "f16": 1e-3, "bf16": 1e-2}
 TINY = {"f32": torch.finfo(torch.float32).tiny, "f16": torch.finfo(torch.float16).tiny,
         "bf16": torch.finfo(torch.bfloat16).tiny}
 ACCUMULATION = 4 * torch.finfo(torch.float32).eps     # per sqrt(element) of a summed reduction
 _PRECISION_ORDER = ("bf16", "f16", "f32")              # lowest precision first
-ACCUMULATING = ("sum", "prod")                         # mean is traced as sum / size
+ACCUMULATING = (ReduceOp.SUM, ReduceOp.PROD)        # mean is traced as sum / size
 
 
 @dataclass(frozen=True)

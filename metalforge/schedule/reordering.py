@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from ..graph import Graph, Node, topo_order
+from ..graph import Graph, Node, ReduceOp, topo_order
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Scheduled(Protocol):
 
 def float_sums(graph: Graph) -> tuple[Node, ...]:
     """The graph's sums of float values."""
-    return tuple(n for n in graph.reductions() if n.attr[0] == "sum" and n.dtype.is_float)
+    return tuple(n for n in graph.reductions() if n.attr[0] == ReduceOp.SUM and n.dtype.is_float)
 
 
 def combined_again(graph: Graph, sums: tuple[Node, ...]) -> frozenset[Node]:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from ..graph import Graph, ScalarParam
+from ..graph import Graph, ReduceOp, ScalarParam
 from ..reference import evaluate
 from ..runtime import schedule_of
 from ..schedule.base import Schedule
@@ -86,7 +86,7 @@ def unread_keys_reference(graph: Graph, values: Mapping[str, Any],
     visible_keys = getattr(s, "visible_keys")
 
     def adjust(n, x, r):
-        if n.attr[0] != "sum" or n.attr[1] != axis or not n.dtype.is_float:
+        if n.attr[0] != ReduceOp.SUM or n.attr[1] != axis or not n.dtype.is_float:
             return r
         axes = n.args[0].axes
         seen = visible_keys(sizes, scalars, axes)

@@ -17,7 +17,7 @@ import torch
 from hypothesis import strategies as st
 
 from ..dtypes import DType
-from ..graph import AxisSpec, ConstParam, Graph, Op, Param, ScalarParam, TensorParam, \
+from ..graph import AxisSpec, BinaryOp, ConstParam, Graph, Op, Param, ScalarParam, TensorParam, \
     take_sites, topo_order
 from ..shapes import base_multiple
 from .tensors import MODERATE_FAMILIES, describe_layout, families, layouts_for, make_values, \
@@ -266,12 +266,12 @@ def _graph_limits(graph: Graph) -> dict[str, bool]:
     for n in graph.nodes():
         if n.op == Op.CAST and n.args and n.args[0].dtype.is_float and not n.dtype.is_float:
             float_to_int = True
-        if n.op == Op.BINARY and n.attr in ("floordiv", "mod") and not n.dtype.is_float:
-            int_div = True
-        if n.op == Op.BINARY and n.attr in ("shl", "shr"):
-            shifts = True
-        if n.op == Op.BINARY and n.attr == "pow" and not n.dtype.is_float:
-            int_pow = True
+        if n.op != Op.BINARY:
+            continue
+        integer = not n.dtype.is_float
+        int_div |= integer and n.attr in (BinaryOp.FLOORDIV, BinaryOp.MOD)
+        shifts |= n.attr in (BinaryOp.SHL, BinaryOp.SHR)
+        int_pow |= integer and n.attr == BinaryOp.POW
     return {"nonfinite": not (float_to_int or quantized), "large": not float_to_int,
             "zeros": not int_div, "negative": not (shifts or int_pow)}
 
