@@ -38,69 +38,32 @@ may use the sum like any row value.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from .. import ir
-from ..graph import Node, Op, strip_casts, topo_order
-from . import reduce
-from .base import IDX
-from .fragments import frag, lane_place, mat_load, mma, u, unrolled, zero
-from .hardware import FRAG
-from .lower import as_float
-
-if TYPE_CHECKING:
-    from .quant import _Builder
-
-TILE_M, TILE_N, TILE_K = 32, 32, 64
-THREADS = 256                                   # 8 simdgroups
-SIMDGROUPS = THREADS // 32
-RUN = 8                                         # consecutive values of K a thread stages of
-RUNS = TILE_K // RUN                            # each tile row (one 4-bit word's); runs a row
-W_STRIDE = TILE_N + 1                           # padded k-major weight rows: no bank conflicts
-X_VECTORS = TILE_K // 4                         # float4s per staged row of x
-BLOCKS = TILE_M * TILE_N // (FRAG * FRAG) // SIMDGROUPS   # 8x8 output blocks a simdgroup (2)
-BLOCK_COLS = TILE_N // FRAG                     # 8x8 blocks across a tile row (4)
-# register tiles (qmm_matrix off)
-MICRO = 4                                       # a thread's outputs: MICRO rows x MICRO columns
-TILE_THREADS = TILE_M * TILE_N // (MICRO * MICRO)         # threads covering the tile once (64)
-K_SLICES = THREADS // TILE_THREADS              # slices of the step's k (4)
-SLICE_K = TILE_K // K_SLICES                    # values of k a slice takes per step (16)
-ROW_VECTORS = (TILE_N + MICRO) // 4             # float4s per staged k-major row of either
-                                                # tile (TILE_M = TILE_N; 9: 36 floats), and
-                                                # one more after every RUN rows (no conflicts)
-TILE_VECTORS = TILE_K * ROW_VECTORS + RUNS      # float4s of one staged tile (584)
-MICRO_COLS = TILE_N // MICRO                    # register tiles across a tile row (8)
-assert THREADS == TILE_N * RUNS == TILE_M * RUNS and K_SLICES * THREADS <= 2 * TILE_VECTORS
-
-
-def factors(b: "_Builder") -> Optional[tuple[Node, Node]]:
-    """(W, X) when the reduction's argument is W * X with W over the weight rows and no other
-    output axis, X over the tile's M axis and not the weight rows; None otherwise."""
-    if not b.prefix:
-        return None
-    arg = strip_casts(b.red.args[0])
-    if arg.op != Op.BINARY or arg.attr != "mul":
-        return None
-    m_axis = b.prefix[-1]
-    for w, x in (arg.args, arg.args[::-1]):
-        if (b.rows_axis in w.axes and not any(a in w.axes for a in b.prefix)
-                and m_axis in x.axes and b.rows_axis not in x.axes
-                and not any(n.op in (Op.UNPACK, Op.REDUCE, Op.TAKE) for n in topo_order([x]))
-                and not any(n.op in (Op.REDUCE, Op.TAKE) for n in topo_order([w]))):
-            return w, x
-    return None
-
+from ... import ir
+from ...graph import Node
+from ..base import IDX, make_kernel
+from ..fragments import frag, lane_place, mat_load, mma, u, unrolled, zero
+from ..hardware import FRAG
+from ..lower import as_float
+from .blocks import epilogue
+from .context import QuantState
+from .form import factors
+from .params import (BLOCK_COLS, BLOCKS, K_SLICES, MICRO, MICRO_COLS, ROW_VECTORS, RUN, RUNS,
+                     SLICE_K, THREADS, TILE_K, TILE_M, TILE_N, TILE_THREADS, TILE_VECTORS,
+                     W_STRIDE, X_VECTORS)
+from .positions import lowering
 
 def _i(v: int) -> ir.Lit:
     return ir.Lit(v, IDX)
 
 
-def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
+def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
     """The threadgroup's tile (first weight row n0, first row of x m0, the batch position of
     the other output axes), the thread's place in it and its zeroed sums."""
-    n_axis, m_axis = b.rows_axis, b.prefix[-1]
-    n_tiles = (b.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
-    m_tiles = (b.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
+    n_axis, m_axis = st.ctx.rows_axis, st.ctx.prefix[-1]
+    n_tiles = (st.ctx.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
+    m_tiles = (st.ctx.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
     tile = ir.Var("mf_tile")
     out: list[ir.Stmt] = [
         ir.Comment(f"one threadgroup per tile of {TILE_M} rows of '{m_axis}' x {TILE_N} rows "
@@ -110,10 +73,10 @@ def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
         ir.Decl("mf_m_tiles", IDX, m_tiles),
         ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * _i(TILE_N)),
         ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * _i(TILE_M))]
-    if len(b.prefix) > 1:
+    if len(st.ctx.prefix) > 1:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
-                        * b.size(m_axis))]
+                        * st.ctx.size(m_axis))]
     t = ir.Var("mf_t")
     out += [ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
             ir.Comment(f"the thread's share of each tile: row mf_srow, values {RUN} mf_q.. "
@@ -124,7 +87,7 @@ def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
         return out + [
             ir.Comment(f"the thread's {MICRO} x {MICRO} sums: rows {MICRO} mf_tm + r of the "
                        f"tile of '{m_axis}', weight rows {MICRO} mf_tn + c, over slice mf_ks "
-                       f"of each step's values of '{b.axis}'"),
+                       f"of each step's values of '{st.ctx.axis}'"),
             ir.Decl("mf_ks", "uint", t / u(TILE_THREADS)),
             ir.Decl("mf_tm", "uint", t % u(TILE_THREADS) / u(MICRO_COLS)),
             ir.Decl("mf_tn", "uint", t % u(MICRO_COLS)),
@@ -141,16 +104,16 @@ def header(b: "_Builder", matrix: bool) -> list[ir.Stmt]:
         unrolled("mf_j", BLOCKS, [ir.Assign(frag("mf_acc", ir.Var("mf_j")), zero())])]
 
 
-def stage(b: "_Builder", node: Node, into: str, row: ir.Stmt, start: Optional[ir.Expr],
+def stage(st: QuantState, node: Node, into: str, row: ir.Stmt, start: Optional[ir.Expr],
           live: Optional[ir.Expr]) -> list[ir.Stmt]:
     """The thread's RUN values of one tile, into registers `into`[j]: of its row (`row`
     declares mf_n or mf_m) at k = start (None: 0) + RUN mf_q + j, whose word, scale and bias
     the lowering reads once for the run; `node` as fp32, 0 where not `live` (None:
     everywhere)."""
     first = ir.Var("mf_kq")
-    el = b.lowering(False, ir.Var("mf_k"), (first, RUN))
+    el = lowering(st, False, ir.Var("mf_k"), (first, RUN))
     body = el.lower([node])
-    b.helpers |= el.helpers
+    st.ctx.uses.helpers.update(el.helpers)
     target = frag(into, ir.Var("mf_j"))
     staged = as_float(el.value(node), node)
     compute = body + [ir.Assign(target, staged)] if live is None else [
@@ -161,9 +124,9 @@ def stage(b: "_Builder", node: Node, into: str, row: ir.Stmt, start: Optional[ir
                                    *compute])]
 
 
-def whole_steps(b: "_Builder") -> bool:
+def whole_steps(st: QuantState) -> bool:
     """Every step inside K: its derived dims make it a multiple of the step (K/GS, GS 64)."""
-    return b.k_multiple % TILE_K == 0
+    return st.ctx.k_multiple % TILE_K == 0
 
 
 def put(target: ir.Expr, values: str) -> ir.Stmt:
@@ -171,19 +134,19 @@ def put(target: ir.Expr, values: str) -> ir.Stmt:
     return unrolled("mf_j", RUN, [ir.Assign(target, frag(values, ir.Var("mf_j")))])
 
 
-def staging(b: "_Builder", w: Node, x: Node, start: Optional[ir.Expr]) -> list[ir.Stmt]:
+def staging(st: QuantState, w: Node, x: Node, start: Optional[ir.Expr]) -> list[ir.Stmt]:
     """Both tiles' values of the step starting at `start` (None: 0), into registers mf_wn and
     mf_xn."""
-    n_axis, m_axis, K = b.rows_axis, b.prefix[-1], b.size(b.axis)
-    in_k = None if whole_steps(b) else ir.Var("mf_k") < K
-    in_m = ir.Var("mf_m") < b.size(m_axis)
+    n_axis, m_axis, K = st.ctx.rows_axis, st.ctx.prefix[-1], st.ctx.size(st.ctx.axis)
+    in_k = None if whole_steps(st) else ir.Var("mf_k") < K
+    in_m = ir.Var("mf_m") < st.ctx.size(m_axis)
     srow = ir.Cast(IDX, ir.Var("mf_srow"))
-    n = ir.Call("min", (ir.Var("mf_n0") + srow, b.size(n_axis) - _i(1)))
+    n = ir.Call("min", (ir.Var("mf_n0") + srow, st.ctx.size(n_axis) - _i(1)))
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
-        ir.Block(stage(b, w, "mf_wn", ir.Decl("mf_n", IDX, n), start, in_k)),
+        ir.Block(stage(st, w, "mf_wn", ir.Decl("mf_n", IDX, n), start, in_k)),
         ir.Comment(f"the tile of '{m_axis}' rows: {TILE_M} x {TILE_K} values"),
-        ir.Block(stage(b, x, "mf_xn", ir.Decl("mf_m", IDX, ir.Var("mf_m0") + srow), start,
+        ir.Block(stage(st, x, "mf_xn", ir.Decl("mf_m", IDX, ir.Var("mf_m0") + srow), start,
                        in_m if in_k is None else in_k.and_(in_m)))]
 
 
@@ -224,10 +187,10 @@ def register_products() -> list[ir.Stmt]:
                 "fma", (frag("mf_x4", r), frag("mf_w4", c), acc)))])])])]
 
 
-def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
+def step(st: QuantState, w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
     """One step of TILE_K values along K: the tiles from registers into threadgroup memory,
     the next step's values loaded into registers, then every thread's sums."""
-    srow, q, j, K = ir.Var("mf_srow"), ir.Var("mf_q"), ir.Var("mf_j"), b.size(b.axis)
+    srow, q, j, K = ir.Var("mf_srow"), ir.Var("mf_q"), ir.Var("mf_j"), st.ctx.size(st.ctx.axis)
     k = q * u(RUN) + j                                   # the value's place in the step
     if matrix:           # W k-major (W^T's blocks load as stored), X row-major (RUN: float4s)
         w_at = ir.Lane(ir.Var("mf_ws"), k * u(W_STRIDE) + srow)
@@ -240,7 +203,7 @@ def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
     # after the last step: its values again where every step is whole (in bounds, unused),
     # else the values past K, which the staging zeroes
     nxt: ir.Expr = ir.Var("mf_k0") + _i(TILE_K)
-    if whole_steps(b):
+    if whole_steps(st):
         nxt = ir.Call("min", (nxt, K - _i(TILE_K)))
     return [
         ir.Comment("this step's tiles, from registers"),
@@ -248,51 +211,42 @@ def step(b: "_Builder", w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
         ir.Barrier(),
         ir.Comment("the next step's values, loaded while this step's products run"),
         ir.Decl("mf_k1", IDX, nxt),
-        *staging(b, w, x, ir.Var("mf_k1")),
+        *staging(st, w, x, ir.Var("mf_k1")),
         *(matrix_products() if matrix else register_products()),
         ir.Barrier()]
 
 
-def store(b: "_Builder", v: reduce.Variant, acc: ir.Expr, row: ir.Expr, col: ir.Expr,
+def store(st: QuantState, total: ir.Expr, row: ir.Expr, col: ir.Expr,
           loops: list[tuple[str, int]]) -> list[ir.Stmt]:
-    """The thread's outputs: sum `acc` at (row mf_m = m0 + row, weight row mf_n = n0 + col),
-    where both exist, inside `loops` (unrolled, outermost first; acc and col use them)."""
-    n_axis, m_axis = b.rows_axis, b.prefix[-1]
-    red = reduce.Reduction(b.red, "sum", b.axis, 1, acc_at=acc)
-    rv = v.row_values
-    rv.values[b.red] = red.acc_ref
-    stmts = rv.lower([o.node for o in b.graph.outputs])
-    stores: list[ir.Stmt] = []
-    for k, o in enumerate(b.graph.outputs):
-        off: ir.Expr = _i(0)
-        for n, a in enumerate(o.axes):
-            p = b.at(a, _i(0))
-            off = p if n == 0 else off * b.size(a) + p
-        stores.append(ir.Store(b.out_names[k], off, b.out_value(k, rv)))
-    real = (ir.Var("mf_m") < b.size(m_axis)).and_(ir.Var("mf_n") < b.size(n_axis))
+    """The thread's outputs: sum `total` at (row mf_m = m0 + row, weight row mf_n = n0 + col),
+    where both exist, inside `loops` (unrolled, outermost first; total and col use them)."""
+    ctx = st.ctx
+    _, outputs = epilogue(st, total)
+    real = (ir.Var("mf_m") < ctx.size(ctx.prefix[-1])).and_(
+        ir.Var("mf_n") < ctx.size(ctx.rows_axis))
     body: list[ir.Stmt] = [ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, col)),
-                           ir.If(real, stmts + stores)]
+                           ir.If(real, outputs)]
     for var, n in reversed(loops):
         body = [unrolled(var, n, body)]
     return [ir.Decl("mf_m", IDX, ir.Var("mf_m0") + ir.Cast(IDX, row)), *body]
 
 
-def matrix_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
+def matrix_store(st: QuantState) -> list[ir.Stmt]:
     """The lane's two elements of each of the simdgroup's blocks."""
     j, i = ir.Var("mf_j"), ir.Var("mf_i")
     row = ir.Var("mf_bm") * u(FRAG) + ir.Var("mf_mr")
     col = (ir.Var("mf_bn") + j) * u(FRAG) + ir.Var("mf_mc") + i
     return [ir.Comment("the lane's elements of its blocks: the outputs, where the row and "
                        "weight row exist"),
-            *store(b, v, frag("mf_acc", j, i), row, col, [("mf_j", BLOCKS), ("mf_i", 2)])]
+            *store(st, frag("mf_acc", j, i), row, col, [("mf_j", BLOCKS), ("mf_i", 2)])]
 
 
-def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
+def register_store(st: QuantState) -> list[ir.Stmt]:
     """The slices' sums meet in threadgroup memory (where the tiles were, as float4s
     [slice][row][weight rows / 4]); thread t adds up MICRO outputs of row t / MICRO_COLS and
     stores them."""
     t, r = ir.Var("mf_t"), ir.Var("mf_r")
-    at = (ir.Var("mf_ks") * u(TILE_M) + ir.Var("mf_tm") * u(MICRO) + r) * u(MICRO_COLS) \
+    slot = (ir.Var("mf_ks") * u(TILE_M) + ir.Var("mf_tm") * u(MICRO) + r) * u(MICRO_COLS) \
         + ir.Var("mf_tn")
     total = frag("mf_tiles", t)
     for s in range(1, K_SLICES):
@@ -300,38 +254,56 @@ def register_store(b: "_Builder", v: reduce.Variant) -> list[ir.Stmt]:
     return [
         ir.Comment(f"the {K_SLICES} slices' sums through threadgroup memory (the tiles' "
                    "place: the last step is done)"),
-        unrolled("mf_r", MICRO, [ir.Assign(frag("mf_tiles", at), frag("mf_acc", r))]),
+        unrolled("mf_r", MICRO, [ir.Assign(frag("mf_tiles", slot), frag("mf_acc", r))]),
         ir.Barrier(),
         ir.Comment(f"thread t: row t / {MICRO_COLS} of the tile, weight rows {MICRO} (t % "
                    f"{MICRO_COLS}) + i, summed over the slices: the outputs, where the row and "
                    "weight row exist"),
         ir.Decl("mf_sum", "float4", total),
-        *store(b, v, frag("mf_sum", ir.Var("mf_i")), t / u(MICRO_COLS),
+        *store(st, frag("mf_sum", ir.Var("mf_i")), t / u(MICRO_COLS),
                t % u(MICRO_COLS) * u(MICRO) + ir.Var("mf_i"), [("mf_i", MICRO)])]
 
 
-def body(b: "_Builder", v: reduce.Variant, w: Node, x: Node) -> list[ir.Stmt]:
-    """The kernel's statements (the builder's M position is mf_m while they are lowered)."""
-    matrix = b.policy.qmm_matrix
+def body(st: QuantState, w: Node, x: Node) -> list[ir.Stmt]:
+    """The kernel's statements (the kernel's M position is mf_m while they are lowered)."""
+    ctx, v = st.ctx, st.v
+    matrix = ctx.policy.qmm_matrix
     if matrix:
-        b.helpers |= {"mf_mma", "mf_mat_load"}
-        v.tg_arrays += [ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
-                        ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")]
-        head = header(b, True) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
+        ctx.uses.helpers.update({"mf_mma", "mf_mat_load"})
+        v.tg_arrays.extend([ir.ArrayDecl("mf_ws", "float", TILE_K * W_STRIDE, "threadgroup"),
+                            ir.ArrayDecl("mf_xs", "float4", TILE_M * X_VECTORS, "threadgroup")])
+        head = header(st, True) + [ir.Decl("mf_xsf", "threadgroup float*", ir.Call(
             "reinterpret_cast<threadgroup float*>", (ir.Var("mf_xs"),)), const=False)]
     else:
         v.tg_arrays.append(ir.ArrayDecl("mf_tiles", "float4", 2 * TILE_VECTORS,
                                         "threadgroup"))
-        head = header(b, False)
-    loop = ir.For("mf_k0", IDX, _i(0), b.size(b.axis), step(b, w, x, matrix), step=_i(TILE_K))
-    finish = matrix_store(b, v) if matrix else register_store(b, v)
+        head = header(st, False)
+    loop = ir.For("mf_k0", IDX, _i(0), ctx.size(ctx.axis), step(st, w, x, matrix),
+                  step=_i(TILE_K))
+    finish = matrix_store(st) if matrix else register_store(st)
     first = [ir.Comment(f"each thread's {RUN} values of each tile, a step ahead"),
              ir.ArrayDecl("mf_wn", "float", RUN), ir.ArrayDecl("mf_xn", "float", RUN),
-             *staging(b, w, x, None)]
+             *staging(st, w, x, None)]
     return list(v.tg_arrays) + head + v.pre + first + [
-        ir.Comment(f"along '{b.axis}' in steps of {TILE_K} values"), loop, *finish]
+        ir.Comment(f"along '{ctx.axis}' in steps of {TILE_K} values"), loop, *finish]
 
 
 THREAD_INPUTS = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                  ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"),
                  ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"))
+
+
+def kernel(st: QuantState) -> ir.LoweredKernel:
+    """The tiled kernel, for graphs of `form.factors`'s form."""
+    ctx = st.ctx
+    w, x = factors(ctx) or (ctx.red, ctx.red)
+    summary = (f"{ctx.graph.name} (qmm): y = sum over '{ctx.axis}' of values "
+               f"unpacked from {ctx.bits}-bit words times rows of "
+               f"'{ctx.prefix[-1]}'; tiles of {TILE_M} x {TILE_N} outputs, "
+               f"{TILE_K} values of '{ctx.axis}' per step staged in threadgroup "
+               f"memory (weights dequantized once per tile), "
+               + ("products as 8x8 simdgroup matrices" if ctx.policy.qmm_matrix else
+                  f"each thread {MICRO} x {MICRO} sums in registers over a "
+                  f"slice of each step")
+               + "; fp32 accumulation")
+    return make_kernel(ctx.graph, ctx.index64, THREAD_INPUTS, body(st, w, x), summary, "qmm")

@@ -1,0 +1,91 @@
+"""The quantized family's schedule from a graph: which kernels it has (by the launch policy and
+the graph's form), each built from a fresh `QuantState`, sharing one parameter list and helper
+set."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional, cast
+
+from ... import ir
+from ...errors import LaunchError
+from ...graph import Graph, Node
+from .. import reduce
+from ..elementwise import ParamSource, kernel_params
+from ..hardware import MAX_THREADGROUP_BYTES
+from ..lower import ElementLowering
+from ..policy import LaunchPolicy
+from . import matvec, tiled
+from .context import QuantContext, QuantState, context
+from .form import factors
+from .positions import outer_load, row_position
+from .schedule import QuantSchedule
+
+
+def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
+    """The kernels of the schedule: qmv; qmv_split beside it where K is split by size; qmvx
+    (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X."""
+    policy = ctx.policy
+    split = policy.k_splits > 1
+    blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (
+        not split or policy.split_grid > 0)
+    beside = split and policy.split_grid > 0            # the _split kernels, by size
+    return ("qmv",) + (("qmv_split",) if beside else ()) \
+        + (("qmvx",) + (("qmvx_split",) if beside else ()) if blocked else ()) \
+        + (("qmm",) if factors(ctx) is not None else ())
+
+
+def state(ctx: QuantContext, name: str) -> QuantState:
+    """A fresh state for kernel `name`: its rows of x, simdgroups per block and variant record
+    (whose row values read the kernel's positions)."""
+    mb = ctx.x_rows if name.startswith("qmvx") else 1
+    splits = 1 if name == "qmm" else ctx.splits_of(name)
+
+    def position(axis: str) -> ir.Expr:
+        return row_position(st, axis)
+
+    def load(n: Node) -> ir.Expr:
+        return outer_load(st, n)
+
+    rows = ElementLowering(ctx.graph, load, position, ctx.size, lambda s: ctx.names[s],
+                           prefix="mf_r")
+    st = QuantState(ctx, reduce.Variant(name, rows), mb, splits)
+    return st
+
+
+def kernels(ctx: QuantContext, names: tuple[str, ...]) -> tuple[dict[str, ir.LoweredKernel], int]:
+    """({name: kernel}, the most threadgroup bytes any needs): every kernel with the one
+    parameter list and helper set they share."""
+    built: dict[str, ir.LoweredKernel] = {}
+    tg = 0
+    for name in names:
+        st = state(ctx, name)
+        built[name] = (tiled.kernel if name == "qmm" else matvec.kernel)(st)
+        ctx.uses.helpers.update(st.v.row_values.helpers)       # per-row values' helpers too
+        tg = max(tg, st.v.tg_bytes)
+    if tg > MAX_THREADGROUP_BYTES:
+        raise LaunchError(f"kernel '{ctx.graph.name}': its reductions need {tg} bytes of "
+                          f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte limit")
+    # kernel_params only reads the context; ParamSource declares its members as settable
+    # variables, which a frozen dataclass's fields are not (to mypy)
+    params = kernel_params(cast(ParamSource, ctx))
+    helpers = tuple(sorted(ctx.uses.helpers))
+    return {n: replace(k, params=params, helpers=helpers) for n, k in built.items()}, tg
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool,
+          form: Optional[Node] = None) -> QuantSchedule:
+    """The quantized schedule of `graph` (`form`: its quantized sum, as `form.match` found it;
+    the checks of `context` hold for any)."""
+    ctx = context(graph, policy, index64)
+    names = kernel_names(ctx)
+    built, tg = kernels(ctx, names)
+    tiled_ = "qmm" in built
+    blocked = "qmvx" in built
+    out = replace(policy, uses_simd=True, vector_width=ctx.words, threadgroup_bytes=tg)
+    return QuantSchedule("quant", graph, out, built["qmv"], (*ctx.outer, ctx.axis),
+                         tuple(ctx.packed) + tuple(t.name for t in ctx.shared), index64,
+                         axis=ctx.axis, rows_axis=ctx.rows_axis, outer=ctx.outer,
+                         chunk=ctx.chunk, variants=built,
+                         m_axis=ctx.prefix[-1] if tiled_ or blocked else None,
+                         x_rows=ctx.x_rows,
+                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"})

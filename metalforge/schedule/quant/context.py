@@ -1,0 +1,217 @@
+"""What a quantized kernel's blocks read: the per-call context (`QuantContext`: the graph's
+reduction, axes, packed and shared tensors, chunk sizes; fixed once the graph and launch policy
+are) and the per-kernel state (`QuantState`: which kernel, its rows of x and simdgroups per
+block, its `reduce.Variant`).
+
+The one thing the kernels of a call add to as they are built is `Uses`: the axis sizes they
+read (in order of first use: the shared parameter list) and the helper functions they call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from ... import ir
+from ...dtypes import DType
+from ...errors import UnsupportedConstruct, at
+from ...graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
+from ...shapes import size_multiple
+from .. import reduce
+from ..base import IDX
+from ..elementwise import msl_names, output_stype, used_params
+from ..lower import ident
+from ..names import template_vars, type_name
+from ..policy import MAX_QUANT_ROWS, LaunchPolicy, access_width
+
+
+@dataclass
+class Uses:
+    """What the kernels of one call use, collected while they are built: axis sizes (in order
+    of first use; the parameter list binds them in this order) and helper functions."""
+    sizes: list[str]
+    helpers: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class QuantContext:
+    """The quantized sum of one graph under one launch policy: y[prefix..., n] = sum over
+    `axis` (K) of the reduction's argument, with `rows_axis` (N, the output's innermost axis)
+    in blocks of weight rows and `prefix` the other output axes (the last one: the rows of x)."""
+    graph: Graph
+    policy: LaunchPolicy
+    index64: bool
+    red: Node                                 # the one mf.sum
+    axis: str                                 # K
+    outer: tuple[str, ...]                    # every output axis but K
+    inputs: list[TensorParam]
+    scalars: list[ScalarParam]
+    tvars: dict[str, DType]
+    names: dict[str, str]                     # parameter -> its name in MSL
+    out_names: list[str]
+    packed: dict[str, int]                    # {packed tensor: bits}
+    bits: int
+    words: int                                # words per lane per chunk
+    shared: list[TensorParam]                 # tensors over K the block's rows share (x)
+    vw: int                                   # elements per vector load of a shared tensor
+    k_multiple: int                           # what K is a multiple of whatever the call
+    uses: Uses
+
+    @property
+    def rows_axis(self) -> str:
+        return self.outer[-1]
+
+    @property
+    def prefix(self) -> tuple[str, ...]:
+        return self.outer[:-1]
+
+    @property
+    def per_word(self) -> int:
+        return 32 // self.bits
+
+    @property
+    def chunk(self) -> int:
+        """Values per lane per chunk."""
+        return self.words * self.per_word
+
+    @property
+    def whole_k(self) -> bool:
+        """K is a multiple of the chunk (its derived dims): every chunk is whole and aligned."""
+        return self.k_multiple % self.chunk == 0
+
+    @property
+    def sizes_used(self) -> list[str]:
+        return self.uses.sizes
+
+    @property
+    def x_rows(self) -> int:
+        """Rows of x per simdgroup in qmvx: x_rows, fewer where rows_per_group x x_rows sums
+        would pass MAX_QUANT_ROWS (registers)."""
+        return max(1, min(self.policy.x_rows, MAX_QUANT_ROWS // self.policy.rows_per_group))
+
+    def splits_of(self, variant: str) -> int:
+        """Simdgroups per block of rows in kernel `variant`: k_splits in the _split kernels, and
+        in qmv too where split_grid is 0 (every call splits)."""
+        always = self.policy.split_grid == 0
+        return self.policy.k_splits if variant.endswith("_split") or (
+            variant == "qmv" and always) else 1
+
+    def size(self, axis: str) -> ir.Expr:
+        if axis not in self.uses.sizes:
+            self.uses.sizes.append(axis)
+        return ir.Var(f"mf_size_{ident(axis)}")
+
+    def span(self, axes: Iterable[str]) -> ir.Expr:
+        e: ir.Expr = ir.Lit(1, IDX)
+        for k, a in enumerate(axes):
+            e = self.size(a) if k == 0 else e * self.size(a)
+        return e
+
+    def in_stype(self, t: TensorParam) -> str:
+        var = type_name(t.dtype_var) if t.dtype_var else None
+        return var if var and var in self.tvars else t.dtype.msl
+
+    def out_stype(self, k: int) -> str:
+        return output_stype(self.graph, self.tvars, k)
+
+
+@dataclass(frozen=True)
+class QuantState:
+    """One kernel being built: its variant record (`v.name`: qmv, qmv_split, qmvx, qmvx_split
+    or qmm), its rows of x per simdgroup (`mb`) and simdgroups per block (`splits`)."""
+    ctx: QuantContext
+    v: reduce.Variant
+    mb: int = 1
+    splits: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.v.name
+
+
+def _the_sum(graph: Graph) -> Node:
+    """The graph's one reduction, a sum; an error naming any other."""
+    reds = graph.reductions()
+    first = reds[0]
+    if len(reds) != 1 or first.attr[0] != "sum":
+        bad = next((n for n in reds if n.attr[0] != "sum"), reds[-1])
+        raise UnsupportedConstruct(
+            f"kernel '{graph.name}': mf.{bad.attr[0]}(..., axis={bad.attr[1]!r})"
+            f"{at(bad.loc)}: a kernel that unpacks words (mf.unpack) may reduce them with "
+            f"one mf.sum; split other reductions into their own kernel")
+    return first
+
+
+def _check_axes(graph: Graph, axis: str, outer: tuple[str, ...], widest: tuple[str, ...],
+                inputs: list[TensorParam], nodes: list[Node]) -> None:
+    """Every input axis is kept by the outputs, reduced, gathered or derived from K; every
+    output covers the same rows."""
+    allowed = set(outer) | {axis}
+    taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
+    for t in inputs:
+        extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
+                 and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
+        if extra:
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                f"output keeps and no reduction removes")
+    for o in graph.outputs:
+        if set(o.axes) - {axis} != set(outer):
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
+                f"{list(widest)}: every output of a row reduction must cover the same "
+                f"rows {list(outer)}")
+
+
+def _packed_inputs(red: Node, rows_axis: str) -> dict[str, int]:
+    """{tensor: bits} of the words unpacked in the reduction; each must be a tensor argument
+    with one word row per output row."""
+    out: dict[str, int] = {}
+    for n in topo_order([red.args[0]]):
+        if n.op != Op.UNPACK:
+            continue
+        w = n.args[0]
+        if w.op != Op.LOAD:
+            raise UnsupportedConstruct(
+                f"mf.unpack{at(n.loc)}: the quantized matvec schedule unpacks words read "
+                "straight from a tensor argument; unpack the argument itself")
+        if rows_axis not in w.axes:
+            raise UnsupportedConstruct(
+                f"mf.unpack{at(n.loc)}: the packed tensor '{w.attr}' must have the output's "
+                f"innermost axis '{rows_axis}' (one row of words per output row)")
+        out[w.attr] = n.attr
+    return out
+
+
+def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
+    """The context of `graph`'s quantized sum, or an error naming what the family does not
+    handle."""
+    red = _the_sum(graph)
+    axis = red.attr[1]
+    widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
+    outer = tuple(a for a in widest if a != axis)
+    nodes = list(graph.nodes())
+    inputs, scalars = used_params(graph, nodes)
+    _check_axes(graph, axis, outer, widest, inputs, nodes)
+    tvars = template_vars(graph.dtype_vars)
+    names, out_names = msl_names(graph)
+    if not outer:
+        raise UnsupportedConstruct(f"kernel '{graph.name}': the quantized matvec schedule "
+                                   "needs an output axis besides the reduced one")
+    packed = _packed_inputs(red, outer[-1])
+    bits = set(packed.values())
+    if len(bits) != 1:
+        raise UnsupportedConstruct(f"kernel '{graph.name}': unpacks words of different "
+                                   f"widths ({sorted(bits)} bits) in one kernel")
+    width = bits.pop()
+    words = policy.vector_width
+    chunk = words * (32 // width)
+    cone = [n for n in topo_order([red.args[0]]) if n.op == Op.LOAD]
+    shared = [t for t in inputs if any(n.attr == t.name for n in cone)
+              and t.name not in packed and outer[-1] not in t.axes
+              and t.axes and t.axes[-1] == axis]
+    vw = access_width(8, {t.dtype.itemsize for t in shared} or {4})
+    while chunk % vw:
+        vw //= 2
+    return QuantContext(graph, policy, index64, red, axis, outer, inputs, scalars, tvars, names,
+                        out_names, packed, width, words, shared, vw,
+                        size_multiple(graph.tensors, axis), Uses([axis, *outer]))

@@ -1,0 +1,134 @@
+"""The quantized family's host side: which kernel a call launches (`variant`: by the rows of
+x and the length of K), its grid, the sizes that select each kernel (testing's coverage), the
+thresholds of K where a kernel's path changes, and the bytes a call moves."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from ... import ir
+from ...errors import LaunchError
+from ...shapes import numel, size_multiple
+from ..base import Schedule, Traffic
+from ..hardware import SIMD_WIDTH
+from .params import THREADS, TILE_K, TILE_M, TILE_N
+
+
+@dataclass
+class QuantSchedule(Schedule):
+    axis: str = "K"
+    rows_axis: str = "N"                 # the output's innermost axis: blocks of rows
+    outer: tuple[str, ...] = ()          # every output axis but K
+
+    chunk: int = 32                      # values per lane per chunk
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)   # qmv (qmv_split, ...)
+    m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
+    x_rows: int = 1                      # rows of x per simdgroup in qmvx
+    splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return tuple(self.variants.values())
+
+    def variant(self, sizes: Mapping[str, int]) -> str:
+        """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
+        of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
+        kernel where K is longer than one stretch of 32 chunks and the grid is small: qmv's
+        with fewer than split_grid simdgroups per stretch each would walk (few simdgroups for
+        their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
+        x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
+        every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
+        m = 1 if self.m_axis is None else sizes[self.m_axis]
+        if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
+            return "qmm"
+        name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
+        stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
+        if name == "qmvx":
+            small = self.simdgroups(sizes, self.x_rows) <= self.policy.split_grid
+        else:
+            small = self.simdgroups(sizes, 1) < self.policy.split_grid * stretches
+        return f"{name}_split" if f"{name}_split" in self.variants and stretches > 1 \
+            and small else name
+
+    def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
+        """Unsplit simdgroups: one per block of weight rows at each position of the other
+        output axes, x_rows rows of x at once."""
+        blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
+        for a in self.outer[:-1]:
+            blocks *= -(-sizes[a] // x_rows) if a == self.m_axis else sizes[a]
+        return blocks
+
+    def selecting(self, host_name: str) -> list[dict[str, int]]:
+        """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
+        last block of x's rows that is partly past M; the _split kernels with K two stretches
+        of chunks long, the others with one (rows of weights as few as testing draws); qmm
+        with a tile of rows of x and of weight rows plus one each (rows past M and N) over two
+        steps along K (the tiles rewritten, a step loaded ahead) and two groups or more."""
+        name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
+        if name is None:
+            return []
+        if name == "qmm":
+            mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
+            assert self.m_axis is not None
+            return [{self.axis: -(-2 * TILE_K // mult) * mult,
+                     self.rows_axis: TILE_N + 1,
+                     self.m_axis: m + 1 if m % TILE_M == 0 else m}]
+        stretch = SIMD_WIDTH * self.chunk
+        base = name.removesuffix("_split")
+        pins = ({self.axis: 2 * stretch} if name != base else
+                {self.axis: stretch} if f"{name}_split" in self.variants else {})
+        if self.m_axis is None:
+            return [pins] if pins else []
+        top = self.policy.qmm_min_rows - 1 if "qmm" in self.variants else 1 << 30
+        pick = {"qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
+                "qmv": 1 if "qmvx" in self.variants else max(1, top)}
+        return [{**pins, self.m_axis: pick[base]}]
+
+    @property
+    def thresholds(self) -> list[int]:
+        """Sizes of K where the kernel's path changes: one chunk per lane across the
+        simdgroup, and across the block's k_splits simdgroups (testing draws sizes at each,
+        and one on either side)."""
+        out = [self.chunk, SIMD_WIDTH * self.chunk]
+        if max(self.splits.values(), default=1) > 1:
+            out.append(self.policy.k_splits * SIMD_WIDTH * self.chunk)
+        return out
+
+    def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        """qmm: one group of 256 threads per tile. qmv, qmvx: a simdgroup per block of
+        rows_per_group rows; the _split kernels: k_splits of them. With k_splits > 1 the grid
+        is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
+        the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
+        if self.variant(sizes) == "qmm":
+            tiles = -(-sizes[self.rows_axis] // TILE_N)
+            for a in self.outer[:-1]:
+                tiles *= -(-sizes[a] // TILE_M) if a == self.m_axis else sizes[a]
+            return tiles * THREADS, THREADS
+        v = self.variant(sizes)
+        S = self.splits.get(v, 1)
+        blocks = self.simdgroups(sizes, self.x_rows if v.startswith("qmvx") else 1)
+        threads = blocks * S * SIMD_WIDTH
+        group = max(S * SIMD_WIDTH, min(self.policy.threads_per_group, threads))
+        if S > 1:
+            threads = -(-threads // group) * group
+        return threads, group
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
+        axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
+        n: int = max(numel(ax, sizes) for ax in axes)
+        if not self.index64 and max(n, sizes[self.axis]) >= 2 ** 31:
+            raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
+                              f"indexing; call it with launch={{'index64': True}}")
+        return self.variants[self.variant(sizes)].host_name
+
+    def max_group_size(self, host_name: str) -> int:
+        if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
+            return THREADS
+        return self.policy.threads_per_group
+
+    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        """Each input read once (x once per block of rows: from cache after the first), each
+        output written once: the bytes the decode kernel must move."""
+        return super().traffic(sizes)
+
