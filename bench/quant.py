@@ -15,7 +15,7 @@ are GPU times of CUDA-graph replays (common.timeit). On the simulator the times 
 smoke test of the script.
 
 --sweep times our kernel under every combination of the qmv schedule's launch levers
-(schedule/quant.py): rows_per_group (--rows), k_splits (--splits; every call split that many
+(schedule/quant/): rows_per_group (--rows), k_splits (--splits; every call split that many
 ways, split_grid 0), threads_per_group
 (--threads) and vector_width (--vector-width); combinations the policy refuses (threads per
 group not a multiple of 32 x k_splits) are listed as skipped. Each row: µs, GB/s, % of the copy_
