@@ -50,9 +50,10 @@ from .blocks import epilogue
 from .context import QuantState
 from .form import factors
 from .params import (BLOCK_COLS, BLOCKS, K_SLICES, MICRO, MICRO_COLS, ROW_VECTORS, RUN, RUNS,
-                     SLICE_K, THREADS, TILE_K, TILE_M, TILE_N, TILE_THREADS, TILE_VECTORS,
+                     SIMD, SLICE_K, THREADS, TILE_K, TILE_M, TILE_N, TILE_THREADS, TILE_VECTORS,
                      W_STRIDE, X_VECTORS)
 from .positions import lowering
+
 
 def _i(v: int) -> ir.Lit:
     return ir.Lit(v, IDX)
@@ -61,9 +62,10 @@ def _i(v: int) -> ir.Lit:
 def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
     """The threadgroup's tile (first weight row n0, first row of x m0, the batch position of
     the other output axes), the thread's place in it and its zeroed sums."""
-    n_axis, m_axis = st.ctx.rows_axis, st.ctx.prefix[-1]
-    n_tiles = (st.ctx.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
-    m_tiles = (st.ctx.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
+    ctx = st.ctx
+    n_axis, m_axis = ctx.rows_axis, ctx.prefix[-1]
+    n_tiles = (ctx.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
+    m_tiles = (ctx.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
     tile = ir.Var("mf_tile")
     out: list[ir.Stmt] = [
         ir.Comment(f"one threadgroup per tile of {TILE_M} rows of '{m_axis}' x {TILE_N} rows "
@@ -73,12 +75,12 @@ def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
         ir.Decl("mf_m_tiles", IDX, m_tiles),
         ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * _i(TILE_N)),
         ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * _i(TILE_M))]
-    if len(st.ctx.prefix) > 1:
+    if len(ctx.prefix) > 1:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
-                        * st.ctx.size(m_axis))]
+                        * ctx.size(m_axis))]
     t = ir.Var("mf_t")
-    out += [ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
+    out += [ir.Decl("mf_t", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane")),
             ir.Comment(f"the thread's share of each tile: row mf_srow, values {RUN} mf_q.. "
                        f"{RUN} mf_q + {RUN - 1} of each step"),
             ir.Decl("mf_srow", "uint", t / u(RUNS)),
@@ -87,7 +89,7 @@ def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
         return out + [
             ir.Comment(f"the thread's {MICRO} x {MICRO} sums: rows {MICRO} mf_tm + r of the "
                        f"tile of '{m_axis}', weight rows {MICRO} mf_tn + c, over slice mf_ks "
-                       f"of each step's values of '{st.ctx.axis}'"),
+                       f"of each step's values of '{ctx.axis}'"),
             ir.Decl("mf_ks", "uint", t / u(TILE_THREADS)),
             ir.Decl("mf_tm", "uint", t % u(TILE_THREADS) / u(MICRO_COLS)),
             ir.Decl("mf_tn", "uint", t % u(MICRO_COLS)),
@@ -110,10 +112,11 @@ def stage(st: QuantState, node: Node, into: str, row: ir.Stmt, start: Optional[i
     declares mf_n or mf_m) at k = start (None: 0) + RUN mf_q + j, whose word, scale and bias
     the lowering reads once for the run; `node` as fp32, 0 where not `live` (None:
     everywhere)."""
+    ctx = st.ctx
     first = ir.Var("mf_kq")
     el = lowering(st, False, ir.Var("mf_k"), (first, RUN))
     body = el.lower([node])
-    st.ctx.uses.helpers.update(el.helpers)
+    ctx.uses.helpers.update(el.helpers)
     target = frag(into, ir.Var("mf_j"))
     staged = as_float(el.value(node), node)
     compute = body + [ir.Assign(target, staged)] if live is None else [
@@ -126,7 +129,8 @@ def stage(st: QuantState, node: Node, into: str, row: ir.Stmt, start: Optional[i
 
 def whole_steps(st: QuantState) -> bool:
     """Every step inside K: its derived dims make it a multiple of the step (K/GS, GS 64)."""
-    return st.ctx.k_multiple % TILE_K == 0
+    ctx = st.ctx
+    return ctx.k_multiple % TILE_K == 0
 
 
 def put(target: ir.Expr, values: str) -> ir.Stmt:
@@ -137,11 +141,12 @@ def put(target: ir.Expr, values: str) -> ir.Stmt:
 def staging(st: QuantState, w: Node, x: Node, start: Optional[ir.Expr]) -> list[ir.Stmt]:
     """Both tiles' values of the step starting at `start` (None: 0), into registers mf_wn and
     mf_xn."""
-    n_axis, m_axis, K = st.ctx.rows_axis, st.ctx.prefix[-1], st.ctx.size(st.ctx.axis)
+    ctx = st.ctx
+    n_axis, m_axis, K = ctx.rows_axis, ctx.prefix[-1], ctx.size(ctx.axis)
     in_k = None if whole_steps(st) else ir.Var("mf_k") < K
-    in_m = ir.Var("mf_m") < st.ctx.size(m_axis)
+    in_m = ir.Var("mf_m") < ctx.size(m_axis)
     srow = ir.Cast(IDX, ir.Var("mf_srow"))
-    n = ir.Call("min", (ir.Var("mf_n0") + srow, st.ctx.size(n_axis) - _i(1)))
+    n = ir.Call("min", (ir.Var("mf_n0") + srow, ctx.size(n_axis) - _i(1)))
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
         ir.Block(stage(st, w, "mf_wn", ir.Decl("mf_n", IDX, n), start, in_k)),
@@ -190,7 +195,8 @@ def register_products() -> list[ir.Stmt]:
 def step(st: QuantState, w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
     """One step of TILE_K values along K: the tiles from registers into threadgroup memory,
     the next step's values loaded into registers, then every thread's sums."""
-    srow, q, j, K = ir.Var("mf_srow"), ir.Var("mf_q"), ir.Var("mf_j"), st.ctx.size(st.ctx.axis)
+    ctx = st.ctx
+    srow, q, j, K = ir.Var("mf_srow"), ir.Var("mf_q"), ir.Var("mf_j"), ctx.size(ctx.axis)
     k = q * u(RUN) + j                                   # the value's place in the step
     if matrix:           # W k-major (W^T's blocks load as stored), X row-major (RUN: float4s)
         w_at = ir.Lane(ir.Var("mf_ws"), k * u(W_STRIDE) + srow)
