@@ -129,8 +129,7 @@ def stage(st: QuantState, node: Node, into: str, row: ir.Stmt, start: Optional[i
 
 def whole_steps(st: QuantState) -> bool:
     """Every step inside K: its derived dims make it a multiple of the step (K/GS, GS 64)."""
-    ctx = st.ctx
-    return ctx.k_multiple % TILE_K == 0
+    return st.ctx.k_multiple % TILE_K == 0
 
 
 def put(target: ir.Expr, values: str) -> ir.Stmt:
