@@ -128,7 +128,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # column reductions (schedule/column.py): one thread per output column, looping over the
     # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
     # (groups of threads_per_group = 32 columns x rows_per_group slices)
-    # quantized matvec (schedule/quant.py): one simdgroup per rows_per_group weight rows, each
+    # quantized matvec (schedule/quant/): one simdgroup per rows_per_group weight rows, each
     # lane reading vector_width packed words (16 bytes) per chunk, every row's words loaded
     # before any is unpacked; k_splits simdgroups (of one threadgroup) may share a block of
     # rows, each taking every k_splits-th stretch of 32 chunks of K, their sums merged through
@@ -139,7 +139,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # 0.05x of no split, 4 and 8 slower everywhere (bench/README.md). Re-swept 2026-11-26 with
     # values masked in place (rows 1 / 2 / 4 x k_splits 1 / 2 / 4 x 128 / 256 threads): 2 rows,
     # no split, 256 threads within 0.8 us of the best setting of every shape (49-70% of copy_)
-    # 2026-11-27, with qmv's per-place sums (schedule/quant.py), rows 2 / 4 x 64 / 128 / 256
+    # 2026-11-27, with qmv's per-place sums (schedule/quant/affine.py), rows 2 / 4 x 64 / 128 / 256
     # threads, f16 (bf16 alike), us: 2 rows 7.1 / 13.4 / 13.3 / 15.9 at best, 4 rows and 128
     # threads 6.5 / 12.3 / 12.8 / 14.3 (46 / 73 / 70 / 83% of copy_, 1.69-2.95x F.linear), the
     # best or within 0.4 us of it everywhere; M = 2 / 8 (qmvx) 9.5 -> 8.3 / 29.3 -> 23.7 at
@@ -147,7 +147,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # lane; ours holds 32 values of x, 16 sums (4 rows x 4 places), 16 words, 8 scales and
     # biases: about 80 registers, untimed on Apple GPUs, which spill earlier (rows_per_group
     # 2 halves the sums and words)
-    # From qmm_min_rows rows of x the tiled kernel (schedule/qmm.py) runs instead: H100,
+    # From qmm_min_rows rows of x the tiled kernel (schedule/quant/tiled.py) runs instead: H100,
     # 2026-11-24, f16, 4096x4096 / 11008x4096, us, matvec vs tiled: M = 8 35 / 89 vs 156 / 239;
     # 32 129 / 339 vs 159 / 251; 64 253 / 673 vs 203 / 485; 128 503 / 1353 vs 318 / 816; 512
     # 1992 / 5344 vs 1140 / 2935 (bench/README.md). Re-measured 2026-11-28 with the cuda
