@@ -45,7 +45,7 @@ from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
 from .hardware import SIMD_WIDTH
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
-from .row import RowSchedule
+from .rows import RowSchedule
 from . import reduce
 
 VARIANTS = ("column", "split")
