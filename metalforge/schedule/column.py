@@ -676,8 +676,7 @@ class _Builder(reduce.Builder):
                                  True),
                      ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
                                  ("launch", CHUNK_ROWS), cast="int32"))
-            for k in kernels.values():
-                k.params = params + extra
+            kernels = {n: replace(k, params=params + extra) for n, k in kernels.items()}
         passes.pop("combine", None)
         policy = replace(self.policy, threadgroup_bytes=tgb)
         vector = tuple(t.name for t in self.inputs if self.inner in t.axes) \

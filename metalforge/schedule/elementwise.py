@@ -563,14 +563,27 @@ class _Builder:
 
 
 class ParamSource(Protocol):
-    """What `kernel_params` reads off a schedule builder."""
-    graph: Graph
-    inputs: list[TensorParam]
-    names: dict[str, str]
-    out_names: list[str]
-    scalars: list[ScalarParam]
-    sizes_used: list[str]
-    index64: bool
+    """What `kernel_params` reads off a schedule builder or context."""
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def inputs(self) -> list[TensorParam]: ...
+
+    @property
+    def names(self) -> dict[str, str]: ...
+
+    @property
+    def out_names(self) -> list[str]: ...
+
+    @property
+    def scalars(self) -> list[ScalarParam]: ...
+
+    @property
+    def sizes_used(self) -> list[str]: ...
+
+    @property
+    def index64(self) -> bool: ...
 
     def in_stype(self, t: TensorParam) -> str: ...
 
