@@ -61,9 +61,9 @@ access of a simdgroup is one contiguous span (`placement`, `slot_pos`).
 """
 from __future__ import annotations
 
-from .builder import build
+from .kernels import KERNELS, build
 from .plan import (HELD, LANES, READS, UINT_LIMIT, VARIANTS, WHOLE, RowSchedule, group_limit,
                    group_threads, is_row, reads_for, vector_width_for)
 
-__all__ = ["HELD", "LANES", "READS", "UINT_LIMIT", "VARIANTS", "WHOLE", "RowSchedule", "build",
-           "group_limit", "group_threads", "is_row", "reads_for", "vector_width_for"]
+__all__ = ["HELD", "KERNELS", "LANES", "READS", "UINT_LIMIT", "VARIANTS", "WHOLE", "RowSchedule",
+           "build", "group_limit", "group_threads", "is_row", "reads_for", "vector_width_for"]
