@@ -28,8 +28,8 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import ir
 from ..dtypes import DType
@@ -594,6 +594,11 @@ def reduction_context(graph: Graph, policy: LaunchPolicy, index64: bool, axis: s
     return ReductionContext(graph, policy, index64, axis, tag, outer, allowed, tuple(nodes),
                             inputs, scalars, template_vars(graph.dtype_vars), names, out_names,
                             [axis] + list(outer), set())
+
+
+def context_fields(ctx: ReductionContext) -> dict[str, Any]:
+    """The fields of a reduction context, for a family's context that extends it."""
+    return {f.name: getattr(ctx, f.name) for f in fields(ctx)}
 
 
 def variant_parts(ctx: ReductionContext, name: str,

@@ -5,7 +5,7 @@ and a `Section` per pass over the row (which inputs it has just loaded, which ga
 from its own registers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Iterable, Mapping
 
 from ... import ir
@@ -83,7 +83,7 @@ def row_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowContext
     axis = red.axis
     itemsizes = frozenset({t.dtype.itemsize for t in red.inputs if axis in t.axes} |
                           {o.dtype.itemsize for o in graph.outputs if axis in o.axes} or {4})
-    ctx = RowContext(**{f.name: getattr(red, f.name) for f in fields(red)},
+    ctx = RowContext(**reduce.context_fields(red),
                      itemsizes=itemsizes, loaded_gathers={v: set() for v in VARIANTS})
     phases = reduce.phases(graph, online=False)
     ctx = replace(ctx, kept=kept_values(ctx, phases), early=early_outputs(ctx, phases))
