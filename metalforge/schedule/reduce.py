@@ -266,7 +266,7 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
         return [ir.Assign(acc, ir.Call(_extreme(r), (acc, v)))]
     # argmax / argmin: first index of the extreme; the first NaN wins
     idx = ir.Var(r.idx)
-    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
+    better: ir.Expr = v > acc if k == "argmax" else v < acc
     if r.is_float:
         better = better.or_((v.ne(v)).and_(acc.eq(acc)))
     cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
@@ -339,7 +339,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     assert other_idx is not None, f"{k} merges with the other thread's index"
     idx = ir.Var(r.idx)
     o_nan = other_acc.ne(other_acc) if r.is_float else None
-    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
+    better: ir.Expr = other_acc > acc if k == "argmax" else other_acc < acc
     same = (other_acc.eq(acc)).and_(other_idx < idx)
     better = better.or_(same)
     if o_nan is not None:

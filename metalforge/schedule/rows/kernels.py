@@ -126,7 +126,7 @@ def lanes_header(k: RowKernel) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt
                    f"threads per threadgroup: set at launch)"),
         ir.Decl("mf_wlog", "uint", lit(32) - ir.Call("clz", (ir.Call("max", (lanes, one)) - one,))),
         ir.Decl("mf_w", "uint", one << shift),
-        ir.Decl("mf_row", "uint", ir.Binary(">>", ir.Var("mf_tid"), shift)),
+        ir.Decl("mf_row", "uint", ir.Var("mf_tid") >> shift),
         ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= ctx.span(ctx.outer), [ir.Return()]),
         ir.Decl("mf_t", "uint", ir.Var("mf_tid") & (ir.Var("mf_w") - one))]
 
