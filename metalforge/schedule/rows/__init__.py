@@ -58,6 +58,13 @@ skips the row-end paths (`holding`). Rows that are not a multiple of the vector 
 element by element, and there (in the simd, group and looped kernels, unless the row is
 gathered from) slot k of thread t sits at t + k * threads instead of t * R + k, so that each
 access of a simdgroup is one contiguous span (`placement`, `slot_pos`).
+
+Modules: `plan` (variants, sizes, thresholds; `RowSchedule`, the host side), `context` (the
+frozen per-call `RowContext`: what is kept in registers, stored early, staged; a fresh
+`RowKernel` per variant, a `Section` per pass), `loads` (register blocks, wide loads and stores
+with guarded tails, threadgroup staging), `gathers` (mf.take in rows: own slots, shuffles,
+loads), `combine` (across the row's lanes or simdgroups), `phases` (a pass over the row, the
+epilogue) and `kernels` (one function per variant, `build`).
 """
 from __future__ import annotations
 
