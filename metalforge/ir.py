@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, Sequence, Union, cast
 
 # --------------------------------------------------------------------------- expressions
 
@@ -299,7 +299,7 @@ class Instance:
     types: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoweredKernel:
     name: str                           # template function name: "mf_silu"
     op: str                             # the user's op name
@@ -307,12 +307,15 @@ class LoweredKernel:
     instances: tuple["Instance", ...]   # one kernel per binding of the template parameters
     params: tuple[Argument, ...]
     threads: tuple[ThreadInput, ...]
-    body: list[Stmt]
+    body: tuple[Stmt, ...]
     helpers: tuple[str, ...] = ()       # helper functions the body calls ("mf_erf", ...)
     summary: str = ""                   # one line: what the kernel does and how it is laid out
     # the threadgroup size it is always launched with, declared to the compiler as
     # [[max_total_threads_per_threadgroup(N)]] (0: not declared); see cuda/translate.py
     max_threads: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "body", tuple(self.body))    # a list given: frozen as well
 
     @property
     def host_name(self) -> str:
@@ -327,7 +330,7 @@ class LoweredKernel:
 
 # --------------------------------------------------------------------------- passes
 
-def mentions(stmts: list[Stmt], name: str) -> bool:
+def mentions(stmts: Sequence[Stmt], name: str) -> bool:
     """Whether any of these statements reads the variable `name`."""
     def walk(x: object) -> bool:
         if isinstance(x, Var):
@@ -340,7 +343,7 @@ def mentions(stmts: list[Stmt], name: str) -> bool:
     return walk(stmts)
 
 
-def _breaks(body: list[Stmt]) -> bool:
+def _breaks(body: Sequence[Stmt]) -> bool:
     """Whether a `break` in these statements would leave the loop around them."""
     for s in body:
         if isinstance(s, Break):
@@ -359,7 +362,7 @@ def _single_trip(s: For) -> bool:
             and s.stop.value - s.start.value == 1 and s.step is None and not _breaks(s.body))
 
 
-def inline_single_trip(body: list[Stmt]) -> list[Stmt]:
+def inline_single_trip(body: Sequence[Stmt]) -> list[Stmt]:
     """Every loop that runs exactly once becomes a `Block` of its body, the loop variable
     declared as a constant where the body reads it (straight-line code for the compiler and
     the reader)."""
@@ -440,7 +443,7 @@ class Printer:
         return f"{e.buffer}[{self.expr(e.index)} : +{e.width}]"
 
     # -- statements ----------------------------------------------------------------------
-    def body(self, stmts: list[Stmt], ind: str, out: list[str]) -> None:
+    def body(self, stmts: Sequence[Stmt], ind: str, out: list[str]) -> None:
         for s in stmts:
             if isinstance(s, If):
                 out.append(ind + self.if_head(s))

@@ -1,6 +1,6 @@
 """Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
 
-Families: elementwise maps (`elementwise`), reductions over the innermost axis (`row`) and over
+Families: elementwise maps (`elementwise`), reductions over the innermost axis (`rows`) and over
 another axis (`column`; both build on `reduce`), quantized matvecs (`quant`, its tiled kernel
 in `qmm`) and online-softmax attention (`attention`, its simdgroup_matrix prefill in
 `attention_matrix`). Each is a pattern of `families.PATTERNS` (the ordered table that

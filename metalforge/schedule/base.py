@@ -39,7 +39,7 @@ def make_kernel(graph: Graph, index64: bool, threads: tuple[ir.ThreadInput, ...]
         instances=(ir.Instance(host_name(graph, index64) + suffix,
                                (*(d.msl for d in graph.dtype_vars.values()),
                                 "ulong" if index64 else "uint")),),
-        params=params, threads=threads, body=body, helpers=helpers, summary=summary,
+        params=params, threads=threads, body=tuple(body), helpers=helpers, summary=summary,
         max_threads=max_threads)
 
 

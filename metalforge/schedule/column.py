@@ -45,7 +45,7 @@ from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
 from .hardware import SIMD_WIDTH
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
-from .row import RowSchedule
+from .rows import RowSchedule
 from . import reduce
 
 VARIANTS = ("column", "split")
@@ -142,89 +142,109 @@ class ColumnSchedule(RowSchedule):
         raise KeyError(name)
 
 
-def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
-    return _Builder(graph, policy, index64).build()
-
-
 def _bits(e: ir.Expr, frm: str, to: str) -> ir.Expr:
     """A 4-byte value of type `frm` as type `to`, bit for bit (partials in fp32 scratch)."""
     return e if frm == to else ir.Call(f"as_type<{to}>", (e,))
 
 
-class _Builder(reduce.Builder):
-    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool):
-        super().__init__(graph, policy, index64, graph.reductions()[0].attr[1], "col", "column")
-        reds = reduce.phases(graph, online=True)
-        # one phase, every output one value per column: the split kernel may chunk the axis
-        self.chunked = max(r.phase for r in reds) == 0 and \
-            all(self.axis not in o.axes for o in graph.outputs)
-        self.slots = self.partial_slots(reds) if self.chunked else []
-        self.inner = self.outer[-1] if self.outer else ""
-        self.wide = self.wide_columns(graph, policy)
+@dataclass(frozen=True, eq=False)
+class ColumnContext(reduce.ReductionContext):
+    """The reduction context of one column schedule, with what holds for all its kernels."""
+    # one phase, every output one value per column: the split kernel may chunk the axis
+    chunked: bool = False
+    slots: tuple[tuple[str, str], ...] = ()   # chunked: `partial_slots` of its reductions
+    inner: str = ""                           # the columns' innermost axis
+    wide: int = 1                             # `wide_columns`
 
-    def wide_columns(self, graph: Graph, policy: LaunchPolicy) -> int:
-        """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
-        of the widest tensor; 1: no wide kernel): for
-        chunked graphs without gathers or index expressions whose every loaded tensor has the
-        reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
-        columns are one aligned vector of each), as has every output."""
-        widest = max((t.dtype.itemsize for t in self.inputs if self.inner in t.axes),
-                     default=4)
-        c = min(policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
-        if c == 1 or not self.chunked or not self.inner:
-            return 1
-        if any(n.op in (Op.TAKE, Op.INDEX) for n in self.nodes):
-            return 1
-        for t in self.inputs:
-            if self.axis not in t.axes or (self.inner in t.axes and t.axes[-1] != self.inner):
-                return 1
-        return c if all(o.axes[-1] == self.inner for o in graph.outputs) else 1
 
-    @staticmethod
-    def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
-        """(variable, MSL type) of each value a chunk leaves in scratch, per column: every
-        accumulator, argmax/argmin's index, an online max's running sum."""
-        out: list[tuple[str, str]] = []
-        for r in reds:
-            if r.online_max is not None:
-                continue
-            out.append((r.acc, r.acc_type))
-            if r.has_index:
-                out.append((r.idx, "uint"))
-            if r.online_sum is not None:
-                out.append((r.online_sum.acc, "float"))
-        return out
+def column_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnContext:
+    """The context of the column schedule of `graph` (the axis its first reduction reduces)."""
+    red = reduce.reduction_context(graph, policy, index64, graph.reductions()[0].attr[1], "col",
+                                   "column")
+    reds = reduce.phases(graph, online=True)
+    chunked = max(r.phase for r in reds) == 0 and \
+        all(red.axis not in o.axes for o in graph.outputs)
+    ctx = ColumnContext(**reduce.context_fields(red), chunked=chunked,
+                        slots=tuple(partial_slots(reds)) if chunked else (),
+                        inner=red.outer[-1] if red.outer else "")
+    return replace(ctx, wide=wide_columns(ctx))
+
+
+def wide_columns(ctx: ColumnContext) -> int:
+    """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
+    of the widest tensor; 1: no wide kernel): for
+    chunked graphs without gathers or index expressions whose every loaded tensor has the
+    reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
+    columns are one aligned vector of each), as has every output."""
+    widest = max((t.dtype.itemsize for t in ctx.inputs if ctx.inner in t.axes), default=4)
+    c = min(ctx.policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
+    if c == 1 or not ctx.chunked or not ctx.inner:
+        return 1
+    if any(n.op in (Op.TAKE, Op.INDEX) for n in ctx.nodes):
+        return 1
+    for t in ctx.inputs:
+        if ctx.axis not in t.axes or (ctx.inner in t.axes and t.axes[-1] != ctx.inner):
+            return 1
+    return c if all(o.axes[-1] == ctx.inner for o in ctx.graph.outputs) else 1
+
+
+def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
+    """(variable, MSL type) of each value a chunk leaves in scratch, per column: every
+    accumulator, argmax/argmin's index, an online max's running sum."""
+    out: list[tuple[str, str]] = []
+    for r in reds:
+        if r.online_max is not None:
+            continue
+        out.append((r.acc, r.acc_type))
+        if r.has_index:
+            out.append((r.idx, "uint"))
+        if r.online_sum is not None:
+            out.append((r.online_sum.acc, "float"))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class ColumnKernel:
+    """One column kernel being built: the call's context and the variant's fresh collector
+    (`parts`), which `bases` and the loads declare their per-column offsets in."""
+    ctx: ColumnContext
+    parts: reduce.VariantParts
+
+    def position(self, axis: str) -> ir.Expr:
+        """The thread's position along one of the column axes."""
+        return self.ctx.position(axis, self.parts)
 
     def bases(self, name: str, axes: tuple[str, ...]) -> tuple[ir.Expr, ir.Expr]:
         """(offset of this column's element at position 0 of the reduced axis, stride of the
         reduced axis) in a tensor/output with these axes."""
         b, st = f"mf_col_{name}", f"mf_stride_{name}"
-        if b not in self.v.pre_names:
+        if b not in self.parts.pre_names:
             e = None
             for a in axes:
-                pos = None if a == self.axis else self.position(a)
+                pos = None if a == self.ctx.axis else self.position(a)
                 if e is not None:
-                    e = e * self.size(a)
+                    e = e * self.ctx.size(a)
                 if pos is not None:
                     e = pos if e is None else e + pos
-            self.v.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
-            self.v.pre_names.add(b)
-            if self.axis in axes:
-                after = axes[axes.index(self.axis) + 1:]
-                self.v.pre.append(ir.Decl(st, IDX, self.span(after) if after else ir.Lit(1, IDX)))
+            self.parts.pre.append(ir.Decl(b, IDX, e if e is not None else ir.Lit(0, IDX)))
+            self.parts.pre_names.add(b)
+            if self.ctx.axis in axes:
+                after = axes[axes.index(self.ctx.axis) + 1:]
+                self.parts.pre.append(ir.Decl(st, IDX, self.ctx.span(after) if after
+                                              else ir.Lit(1, IDX)))
         return ir.Var(b), ir.Var(st)
 
     def at(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
         b, st = self.bases(name, axes)
-        if self.axis not in axes:
+        if self.ctx.axis not in axes:
             return b
         return b + ir.Cast(IDX, ir.Var("mf_k")) * st
 
     def col_load(self, n: Node) -> ir.Expr:
-        t = self.graph.tensor(n.attr)
+        t = self.ctx.graph.tensor(n.attr)
         v: ir.Expr = ir.Cast(compute_type(t.dtype),
-                             ir.Load(self.names[t.name], self.at(t.name, t.axes)))
-        if self.v.name == "split":       # threads past the last column read nothing
+                             ir.Load(self.ctx.names[t.name], self.at(t.name, t.axes)))
+        if self.parts.name == "split":       # threads past the last column read nothing
             zero = ir.Lit(0.0 if t.dtype.is_float else (False if t.dtype.kind == "bool" else 0),
                           compute_type(t.dtype))
             v = ir.Select(ir.Var("mf_live"), v, zero)
@@ -234,20 +254,20 @@ class _Builder(reduce.Builder):
         return self.col_load(n)
 
     def el_position(self, axis: str) -> ir.Expr:
-        return ir.Var("mf_k") if axis == self.axis else self.position(axis)
+        return ir.Var("mf_k") if axis == self.ctx.axis else self.position(axis)
 
-    def kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+    def kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         if v.name == "combine":
             return self.combine_kernel(v)
         if v.name == "wide":
             return self.wide_kernel(v)
-        graph = self.graph
+        graph = self.ctx.graph
         split = v.name == "split"
-        slices = self.policy.rows_per_group if split else 1
+        slices = self.ctx.policy.rows_per_group if split else 1
         # each thread adds a long stretch of the column in sequence: compensated sums
         reds = reduce.phases(graph, online=True, compensated=True)
         nph = 1 + max(r.phase for r in reds)
-        self.helpers |= reduce.helpers_of(reds, simd=False)
+        self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
         for p in range(nph):
             rs = [r for r in reds if r.phase == p]
             roots = [r.arg for r in rs if r.online_max is None]
@@ -267,42 +287,42 @@ class _Builder(reduce.Builder):
                 v.row_values.values[r.node] = reduce.result(r)
         start = len(v.main)
         self.epilogue(v, slices)
-        if split and self.chunked:
+        if split and self.ctx.chunked:
             v.main[start:] = self.chunk_exit(v.main[start:])
         threads, head = self.header(v.name, slices)
-        summary = (f"{graph.name} ({v.name}): reduces '{self.axis}' (not innermost) for each "
-                   f"column of [{', '.join(self.outer)}] in {nph} phase(s); " +
+        summary = (f"{graph.name} ({v.name}): reduces '{self.ctx.axis}' (not innermost) for each "
+                   f"column of [{', '.join(self.ctx.outer)}] in {nph} phase(s); " +
                    (f"32 columns x {slices} slices per threadgroup, partials merged in threadgroup "
                     f"memory" + ("; several chunks of the axis: partials to scratch"
-                                 if self.chunked else "")
+                                 if self.ctx.chunked else "")
                     if split else "one thread per column, looping over the axis") +
                    "; fp32 accumulation, compensated sums")
         body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(graph, self.index64, threads, body, summary, v.name)
+        return make_kernel(graph, self.ctx.index64, threads, body, summary, v.name)
 
-    def element_body(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+    def element_body(self, v: reduce.VariantParts, roots: list[Node], rs: list[reduce.Reduction],
                      outs: list[int], frontier: list[Node]) -> list[ir.Stmt]:
         """Element mf_k's values, folded into `rs`, outputs `outs` stored."""
-        graph = self.graph
-        el = ElementLowering(graph, self.col_load, self.el_position, self.size,
-                             lambda s: self.names[s], prefix="mf_v")
+        graph = self.ctx.graph
+        el = ElementLowering(graph, self.col_load, self.el_position, self.ctx.size,
+                             lambda s: self.ctx.names[s], prefix="mf_v")
         for n in frontier:
             el.values[n] = v.row_values.value(n)
         body = el.lower(roots)
-        self.helpers |= el.helpers
-        body += self.fold(el, rs, ir.Var("mf_k"))
+        self.ctx.helpers.update(el.helpers)
+        body += self.ctx.fold(el, rs, ir.Var("mf_k"))
         for k in outs:
-            body.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
+            body.append(ir.Store(self.ctx.out_names[k], self.at(self.ctx.out_names[k],
                                                             graph.outputs[k].axes),
-                                 self.out_value(k, el)))
+                                 self.ctx.out_value(k, el)))
         return body
 
-    def loop(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+    def loop(self, v: reduce.VariantParts, roots: list[Node], rs: list[reduce.Reduction],
              outs: list[int],
              slices: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
         """(column values computed before it, the loop over this thread's positions of the
         reduced axis): element values, folded into `rs`, outputs `outs` stored."""
-        tensors, frontier = self.cone(roots)
+        tensors, frontier = self.ctx.cone(roots)
         for t in tensors:
             v.passes[t] = v.passes.get(t, 0) + 1
         pre = v.row_values.lower(frontier)
@@ -310,10 +330,10 @@ class _Builder(reduce.Builder):
             inner: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_i"))]
             inner += self.element_body(v, roots, rs, outs, frontier)
             return pre, [ir.For("mf_i", "uint", ir.Lit(0, "uint"),
-                                ir.Cast("uint", self.size(self.axis)), inner)]
+                                ir.Cast("uint", self.ctx.size(self.ctx.axis)), inner)]
         # split: whole steps of slices x reads rows unrolled (reads loads in flight a thread),
         # then the stretch's last rows one at a time, guarded
-        reads = self.policy.reads_per_thread
+        reads = self.ctx.policy.reads_per_thread
         i, u, k0 = ir.Var("mf_i"), ir.Var("mf_u"), ir.Var("mf_k0")
         s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
         pos = (i * r_lit + u) * s_lit + ir.Var("mf_slice")
@@ -331,27 +351,27 @@ class _Builder(reduce.Builder):
             ir.Comment("the stretch's last rows, one at a time"),
             ir.For("mf_i", "uint", n / ir.Lit(slices * reads, "uint") * r_lit, steps, tail)]
 
-    def whole_step(self, v: reduce.Variant, roots: list[Node], rs: list[reduce.Reduction],
+    def whole_step(self, v: reduce.VariantParts, roots: list[Node], rs: list[reduce.Reduction],
                    outs: list[int], frontier: list[Node], k: ir.Expr) -> list[ir.Stmt]:
         """One whole step of the split loop: reads_per_thread elements (mf_u), position `k`.
         Folding into reductions, every element's value is computed first (its loads issued
         together, into register arrays mf_e<i>[reads]), then folded in order: the folds'
         dependency chain does not hold back the next loads."""
-        reads = self.policy.reads_per_thread
+        reads = self.ctx.policy.reads_per_thread
         each = [r for r in rs if r.online_max is None]
         u = ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), [], unroll=True)
         if not each or outs:
             u.body = [ir.Decl("mf_k", "uint", k)] + \
                 self.element_body(v, roots, rs, outs, frontier)
             return [u]
-        el = ElementLowering(self.graph, self.col_load, self.el_position, self.size,
-                             lambda s: self.names[s], prefix="mf_v")
+        el = ElementLowering(self.ctx.graph, self.col_load, self.el_position, self.ctx.size,
+                             lambda s: self.ctx.names[s], prefix="mf_v")
         for n in frontier:
             el.values[n] = v.row_values.value(n)
         u.body = [ir.Decl("mf_k", "uint", k)] + el.lower(roots) + [
-            ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.acc_value(el, r))
+            ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.ctx.acc_value(el, r))
             for r in each]
-        self.helpers |= el.helpers
+        self.ctx.helpers.update(el.helpers)
         fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
             else []
         for r in each:
@@ -374,15 +394,15 @@ class _Builder(reduce.Builder):
             o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
         return out
 
-    def wide_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+    def wide_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         """The split kernel of chunked graphs, `wide` adjacent columns a thread: each row's
         elements of them one vector load per tensor, each column its own accumulators."""
-        c, slices = self.wide, self.policy.rows_per_group
-        reds = reduce.phases(self.graph, online=True, compensated=True)
-        self.helpers |= reduce.helpers_of(reds, simd=False)
+        c, slices = self.ctx.wide, self.ctx.policy.rows_per_group
+        reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
+        self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
         per = tuple(self.copies(reds, j) for j in range(c))
         roots = [r.arg for r in reds if r.online_max is None]
-        tensors, frontier = self.cone(roots)
+        tensors, frontier = self.ctx.cone(roots)
         for t in tensors:
             v.passes[t] = 1
         v.main.append(ir.Comment(f"phase 1, each of the thread's {c} columns: " + ", ".join(
@@ -391,7 +411,7 @@ class _Builder(reduce.Builder):
         for rs in per:
             for r in rs:
                 v.main += reduce.declare(r)
-        reads, i, k0 = self.policy.reads_per_thread, ir.Var("mf_i"), ir.Var("mf_k0")
+        reads, i, k0 = self.ctx.policy.reads_per_thread, ir.Var("mf_i"), ir.Var("mf_k0")
         s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
         n = ir.Var("mf_k1") - k0
         whole = self.wide_rows(v, roots, per, frontier,
@@ -411,38 +431,39 @@ class _Builder(reduce.Builder):
         v.main += self.combine_slices(v, flat, slices)
         v.main += self.chunk_exit(self.wide_outputs(per), per)
         threads, head = self.header(v.name, slices)
-        summary = (f"{self.graph.name} (wide): reduces '{self.axis}' (not innermost) for each "
-                   f"column of [{', '.join(self.outer)}]; 32 threads x {c} adjacent columns "
+        summary = (f"{self.ctx.graph.name} (wide): reduces '{self.ctx.axis}' (not innermost) "
+                   f"for each "
+                   f"column of [{', '.join(self.ctx.outer)}]; 32 threads x {c} adjacent columns "
                    f"(one vector load a row) x {slices} slices per threadgroup, partials merged "
                    f"in threadgroup memory, several chunks of the axis: partials to scratch; "
                    f"fp32 accumulation, compensated sums")
         body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(self.graph, self.index64, threads, body, summary, v.name)
+        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
 
-    def wide_rows(self, v: reduce.Variant, roots: list[Node],
+    def wide_rows(self, v: reduce.VariantParts, roots: list[Node],
                   per: tuple[list[reduce.Reduction], ...], frontier: list[Node], k: ir.Expr,
                   reads: int) -> list[ir.Stmt]:
         """`reads` rows (mf_u) at position `k`: each tensor's vector of the thread's columns
         loaded, every column's element values computed (into register arrays mf_e<i>), then
         folded in order."""
-        c = self.wide
-        tensors, _ = self.cone(roots)
+        c = self.ctx.wide
+        tensors, _ = self.ctx.cone(roots)
         u = ir.Var("mf_u")
         each = [[r for r in rs if r.online_max is None] for rs in per]
         loads: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)]
         for name in tensors:
-            t = self.graph.tensor(name)
-            if self.inner in t.axes:
-                st = self.in_stype(t)
+            t = self.ctx.graph.tensor(name)
+            if self.ctx.inner in t.axes:
+                st = self.ctx.in_stype(t)
                 loads.append(ir.Decl(f"mf_w_{name}", ir.vector_type(st, c), ir.Load(
-                    self.names[name], self.at(name, t.axes), c, st)))
+                    self.ctx.names[name], self.at(name, t.axes), c, st)))
         for j in range(c):
             el = self.column_lowering(j, "mf_v")
             for nd in frontier:
                 el.values[nd] = v.row_values.value(nd)
             body = el.lower(roots)
-            self.helpers |= el.helpers
-            body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.acc_value(el, r))
+            self.ctx.helpers.update(el.helpers)
+            body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.ctx.acc_value(el, r))
                      for r in each[j]]
             loads.append(ir.Block([ir.Comment(f"column {j}")] + body))
         index = any(r.has_index for r in each[0])
@@ -460,39 +481,39 @@ class _Builder(reduce.Builder):
         """Lowering of values of the thread's column j (wide kernel): a tensor with the
         columns' innermost axis read from lane j of its loaded vector mf_w_<t>."""
         def load(n: Node) -> ir.Expr:
-            t = self.graph.tensor(n.attr)
-            if self.axis in t.axes and self.inner in t.axes:
+            t = self.ctx.graph.tensor(n.attr)
+            if self.ctx.axis in t.axes and self.ctx.inner in t.axes:
                 return ir.Cast(compute_type(t.dtype),
                                ir.Lane(ir.Var(f"mf_w_{t.name}"), ir.Lit(j, "uint")))
             return self.col_load(n)
         # no index expressions in a wide graph (`wide_columns`): positions are column-free
-        return ElementLowering(self.graph, load, self.el_position, self.size,
-                               lambda s: self.names[s], prefix=prefix)
+        return ElementLowering(self.ctx.graph, load, self.el_position, self.ctx.size,
+                               lambda s: self.ctx.names[s], prefix=prefix)
 
     def wide_outputs(self, per: tuple[list[reduce.Reduction], ...]) -> list[ir.Stmt]:
         """The outputs of each of the thread's columns (slice 0 stores them)."""
-        graph = self.graph
+        graph = self.ctx.graph
         out: list[ir.Stmt] = [ir.Comment("epilogue: the columns' results")]
         for j, rs in enumerate(per):
             el = self.column_lowering(j, f"mf_r{j}_")
             for r in rs:
                 el.values[r.node] = reduce.result(r)
             body = el.lower([o.node for o in graph.outputs])
-            self.helpers |= el.helpers
+            self.ctx.helpers.update(el.helpers)
             stores: list[ir.Stmt] = [
-                ir.Store(self.out_names[k], self.at(self.out_names[k], o.axes) +
-                         ir.Lit(j, IDX) if j else self.at(self.out_names[k], o.axes),
-                         self.out_value(k, el))
+                ir.Store(self.ctx.out_names[k], self.at(self.ctx.out_names[k], o.axes) +
+                         ir.Lit(j, IDX) if j else self.at(self.ctx.out_names[k], o.axes),
+                         self.ctx.out_value(k, el))
                 for k, o in enumerate(graph.outputs)]
             out.append(ir.Block(body + [ir.If(ir.Var("mf_live").and_(
                 ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
         return out
 
-    def combine_slices(self, v: reduce.Variant, rs: list[reduce.Reduction],
+    def combine_slices(self, v: reduce.VariantParts, rs: list[reduce.Reduction],
                        slices: int) -> list[ir.Stmt]:
         """The split variant: every slice's partials through threadgroup memory, merged by
         every slice in slice order (so argmax keeps the first index)."""
-        tpg = self.policy.threads_per_group
+        tpg = self.ctx.policy.threads_per_group
         stores: list[ir.Stmt] = []
         tg: dict[str, str] = {}                   # accumulator -> its threadgroup array
         for r in rs:
@@ -536,7 +557,7 @@ class _Builder(reduce.Builder):
     def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
         """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
         then chunk, then column (neighbouring columns side by side)."""
-        ncols = self.span(self.outer)
+        ncols = self.ctx.span(self.ctx.outer)
         row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
         return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
 
@@ -548,7 +569,7 @@ class _Builder(reduce.Builder):
         chunks = ir.Var("mf_chunks")
         stores: list[ir.Stmt] = []
         for j, rs in enumerate(columns) if columns else [(0, [])]:
-            slots = self.partial_slots(rs) if columns else self.slots
+            slots = partial_slots(rs) if columns else self.ctx.slots
             stores += [ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
                                 ir.Lit(j, IDX) if j else
                                 self.scratch_at(q, ir.Var("mf_chunk"), chunks),
@@ -558,16 +579,17 @@ class _Builder(reduce.Builder):
             ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
             ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
 
-    def combine_kernel(self, v: reduce.Variant) -> ir.LoweredKernel:
+    def combine_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         """One thread per column: the chunks' partials merged in chunk order (float sums
         compensated: a thousand chunks are a long sequential sum), then the column's
         outputs."""
-        reds = reduce.phases(self.graph, online=True, compensated=True)
-        self.helpers |= reduce.helpers_of(reds, simd=False)
+        reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
+        self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
         chunks = ir.Var("mf_chunks")
-        own = {name: i for i, (name, _) in enumerate(self.slots)}
+        own = {name: i for i, (name, _) in enumerate(self.ctx.slots)}
         loads = [ir.Decl(f"mf_p{q}", typ, _bits(ir.Load("mf_scratch", self.scratch_at(
-            q, ir.Var("mf_c"), chunks)), "float", typ)) for q, (_, typ) in enumerate(self.slots)]
+            q, ir.Var("mf_c"), chunks)), "float", typ))
+            for q, (_, typ) in enumerate(self.ctx.slots)]
         merges: list[ir.Stmt] = []
         for r in reds:
             if r.compensated and r.online_max is None:
@@ -585,23 +607,23 @@ class _Builder(reduce.Builder):
             v.row_values.values[r.node] = reduce.result(r)
         self.epilogue(v, 1)
         threads, head = self.header("column", 1)
-        summary = (f"{self.graph.name} (combine): merges the fp32 partials the split kernel's "
-                   f"chunks of '{self.axis}' left in scratch, one thread per column, in chunk "
+        summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
+                   f"chunks of '{self.ctx.axis}' left in scratch, one thread per column, in chunk "
                    f"order, then stores the outputs")
-        return make_kernel(self.graph, self.index64, threads, head + v.pre + v.main, summary,
-                           v.name)
+        return make_kernel(self.ctx.graph, self.ctx.index64, threads, head + v.pre + v.main,
+                           summary, v.name)
 
     def chunk_count(self) -> ir.Decl:
         """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""
-        r = ir.Cast("uint", self.size(self.axis))
+        r = ir.Cast("uint", self.ctx.size(self.ctx.axis))
         return ir.Decl("mf_chunks", "uint", (r - ir.Lit(1, "uint")) / ir.Var("mf_chunk_rows")
                        + ir.Lit(1, "uint"))
 
-    def epilogue(self, v: reduce.Variant, slices: int) -> None:
+    def epilogue(self, v: reduce.VariantParts, slices: int) -> None:
         """Outputs along the column in one more loop; one value per column stored once."""
-        graph, split = self.graph, v.name == "split"
+        graph, split = self.ctx.graph, v.name == "split"
         live = ir.Var("mf_live")
-        el_outs = [k for k, o in enumerate(graph.outputs) if self.axis in o.axes]
+        el_outs = [k for k, o in enumerate(graph.outputs) if self.ctx.axis in o.axes]
         col_outs = [k for k in range(len(graph.outputs)) if k not in el_outs]
         if el_outs:
             v.main.append(ir.Comment("epilogue: compute and store the outputs along the column"))
@@ -611,9 +633,9 @@ class _Builder(reduce.Builder):
             stmts = v.row_values.lower([graph.outputs[k].node for k in col_outs])
             stores: list[ir.Stmt] = []
             for k in col_outs:
-                stores.append(ir.Store(self.out_names[k], self.at(self.out_names[k],
+                stores.append(ir.Store(self.ctx.out_names[k], self.at(self.ctx.out_names[k],
                                                                   graph.outputs[k].axes),
-                                       self.out_value(k, v.row_values)))
+                                       self.ctx.out_value(k, v.row_values)))
             v.main.append(ir.Comment("epilogue: the column's results"))
             v.main += stmts
             if split:
@@ -623,21 +645,21 @@ class _Builder(reduce.Builder):
 
     def header(self, variant: str, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing the thread on its column and slice)."""
-        ncols = self.span(self.outer)
+        ncols = self.ctx.span(self.ctx.outer)
         if variant not in ("split", "wide"):
             return ((ir.ThreadInput("mf_col", "uint", "thread_position_in_grid"),),
                     [ir.Comment("one thread per column"),
                      ir.If(ir.Cast(IDX, ir.Var("mf_col")) >= ncols, [ir.Return()])])
         threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
                    ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
-        r = ir.Cast("uint", self.size(self.axis))
+        r = ir.Cast("uint", self.ctx.size(self.ctx.axis))
         head: list[ir.Stmt] = [
-            ir.Comment(f"32 x {self.wide if variant == 'wide' else 1} columns x {slices} "
+            ir.Comment(f"32 x {self.ctx.wide if variant == 'wide' else 1} columns x {slices} "
                        f"slices of the reduced axis per threadgroup"),
             ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
             ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint"))]
-        c = self.wide if variant == "wide" else 1
-        if self.chunked:
+        c = self.ctx.wide if variant == "wide" else 1
+        if self.ctx.chunked:
             blocks = (ir.Cast("uint", ncols) + ir.Lit(SIMD_WIDTH * c - 1, "uint")) / \
                 ir.Lit(SIMD_WIDTH * c, "uint")
             k0 = ir.Var("mf_chunk") * ir.Var("mf_chunk_rows")
@@ -666,25 +688,28 @@ class _Builder(reduce.Builder):
             ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
         return threads, head
 
-    def build(self) -> ColumnSchedule:
-        names = VARIANTS + (("combine",) if self.chunked else ()) + \
-            (("wide",) if self.wide > 1 else ())
-        kernels, passes, tgb = self.variants(names, "; lower rows_per_group")
-        if self.chunked:
-            params = kernels["column"].params
-            extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",),
-                                 True),
-                     ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
-                                 ("launch", CHUNK_ROWS), cast="int32"))
-            for k in kernels.values():
-                k.params = params + extra
-        passes.pop("combine", None)
-        policy = replace(self.policy, threadgroup_bytes=tgb)
-        vector = tuple(t.name for t in self.inputs if self.inner in t.axes) \
-            if self.wide > 1 else ()
-        return ColumnSchedule("column", self.graph, policy, kernels["column"],
-                              tuple(self.outer) + (self.axis,), vector, self.index64,
-                              axis=self.axis,
-                              rows=self.outer, variants=kernels,
-                              reductions=reduce.phases(self.graph, online=False), passes=passes,
-                              partials=len(self.slots), wide=self.wide, inner=self.inner)
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
+    """The column schedule of `graph`: the column and split kernels, the combine kernel for
+    chunked graphs, the wide one where it applies; one parameter list and helper set."""
+    ctx = column_context(graph, policy, index64)
+
+    def kernel(name: str) -> tuple[ir.LoweredKernel, reduce.VariantParts]:
+        parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
+        return ColumnKernel(ctx, parts).kernel(parts), parts
+    names = VARIANTS + (("combine",) if ctx.chunked else ()) + \
+        (("wide",) if ctx.wide > 1 else ())
+    kernels, passes, tgb = reduce.build_variants(ctx, names, kernel, "; lower rows_per_group")
+    if ctx.chunked:
+        params = kernels["column"].params
+        extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",), True),
+                 ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
+                             ("launch", CHUNK_ROWS), cast="int32"))
+        kernels = {n: replace(k, params=params + extra) for n, k in kernels.items()}
+    passes.pop("combine", None)
+    vector = tuple(t.name for t in ctx.inputs if ctx.inner in t.axes) if ctx.wide > 1 else ()
+    return ColumnSchedule("column", graph, replace(policy, threadgroup_bytes=tgb),
+                          kernels["column"], tuple(ctx.outer) + (ctx.axis,), vector, index64,
+                          axis=ctx.axis, rows=ctx.outer, variants=kernels,
+                          reductions=reduce.phases(graph, online=False), passes=passes,
+                          partials=len(ctx.slots), wide=ctx.wide, inner=ctx.inner)

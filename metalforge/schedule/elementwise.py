@@ -17,7 +17,7 @@ parameter: 32-bit (`uint`) when every size fits below 2^31, else 64-bit (`ulong`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 from .. import ir
@@ -61,10 +61,11 @@ def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> Schedule:
     """The kernel at the table's width and, where that is 8 and `small_grid` is set, a second
     one (`small`) at 4 elements a thread for grids of fewer than small_grid elements."""
-    wide = _Builder(graph, policy, index64).build()
+    wide = ElementwiseKernel(graph, policy, index64).build()
     if wide.policy.vector_width <= SMALL_WIDTH or policy.small_grid == 0:
         return wide
-    small = _Builder(graph, replace(policy, vector_width=SMALL_WIDTH), index64, "small").build()
+    small = ElementwiseKernel(graph, replace(policy, vector_width=SMALL_WIDTH), index64,
+                              "small").build()
     assert small.kernel.params == wide.kernel.params, "the two widths bind the same arguments"
     return ElementwiseSchedule(**{f.name: getattr(wide, f.name) for f in fields(wide)},
                                small=small.kernel)
@@ -122,7 +123,22 @@ class ElementwiseSchedule(Schedule):
         return out
 
 
-class _Builder:
+@dataclass
+class KernelUses:
+    """What an elementwise kernel collects while it is built: the axis sizes it reads (its
+    size parameters), the multi-axis spans it declares once up front, its helper functions,
+    the gathers its vector path reads from lanes already loaded."""
+    sizes: list[str] = field(default_factory=list)
+    spans: dict[tuple[str, ...], str] = field(default_factory=dict)
+    span_decls: list[ir.Stmt] = field(default_factory=list)
+    helpers: set[str] = field(default_factory=set)
+    lane_takes: list[int] = field(default_factory=list)
+
+
+class ElementwiseKernel:
+    """One elementwise kernel (`variant`: None, or "small") being built: what the graph and
+    the policy fix (checked and computed once, here) and what it collects (`uses`)."""
+
     def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool,
                  variant: Optional[str] = None):
         self.graph, self.policy, self.index64 = graph, policy, index64
@@ -169,11 +185,12 @@ class _Builder:
         self.vec_in = [t for t in self.inputs if vw > 1 and self._vectorisable(t.axes)
                        and t.name in self.loaded]
         self.vec_out = [k for k, o in enumerate(outs) if vw > 1 and o.axes == self.grid]
-        self.sizes_used: list[str] = []
-        self.spans: dict[tuple[str, ...], str] = {}
-        self.span_decls: list[ir.Stmt] = []
-        self.helpers: set[str] = set()
-        self.lane_takes: tuple[int, ...] = ()   # gathers the vector path reads from lanes
+        self.uses = KernelUses()
+
+    @property
+    def sizes_used(self) -> list[str]:
+        """The axis sizes the kernel reads, in parameter order."""
+        return self.uses.sizes
 
     # -- naming and types --------------------------------------------------------------
     def stype(self, dtype: DType, var: str | None = None) -> str:
@@ -187,22 +204,23 @@ class _Builder:
         return self.stype(t.dtype, t.dtype_var)
 
     def size(self, axis: str) -> ir.Expr:
-        if axis not in self.sizes_used:
-            self.sizes_used.append(axis)
+        if axis not in self.uses.sizes:
+            self.uses.sizes.append(axis)
         return ir.Var(f"mf_size_{ident(axis)}")
 
     def span(self, axes: tuple[str, ...]) -> ir.Expr:
         """Product of the sizes of `axes` (declared once at the top of the kernel)."""
         if len(axes) == 1:
             return self.size(axes[0])
-        if axes not in self.spans:
+        spans = self.uses.spans
+        if axes not in spans:
             name = "mf_span_" + "_".join(ident(a) for a in axes)
             e: ir.Expr = self.size(axes[0])
             for a in axes[1:]:
                 e = e * self.size(a)
-            self.spans[axes] = name
-            self.span_decls.append(ir.Decl(name, IDX, e))
-        return ir.Var(self.spans[axes])
+            spans[axes] = name
+            self.uses.span_decls.append(ir.Decl(name, IDX, e))
+        return ir.Var(spans[axes])
 
     def _on_grid(self, axis: str) -> bool:
         """A derived axis read by integer division of a grid axis (K/8 of K: element k // 8)."""
@@ -359,7 +377,7 @@ class _Builder:
             per_chunk[0] = False
         body = self.held_takes(low) if vector else []
         body += low.lower([o.node for o in self.graph.outputs])
-        self.helpers |= low.helpers
+        self.uses.helpers.update(low.helpers)
         stores: list[ir.Stmt] = []
         for kk, o in enumerate(self.graph.outputs):
             v = ir.Cast(self.out_stype(kk), self._to_out(low.value(o.node), o.node.dtype, o.dtype))
@@ -431,7 +449,7 @@ class _Builder:
                     ir.Decl(var, compute_type(t.dtype), ir.Cast(compute_type(t.dtype), self.lane(
                         ir.Var(tensor_var(name, "v")), k ^ ir.Lit(c, "uint") if c else k)))]
             low.values[n] = ir.Var(var)
-            self.lane_takes += (take_sites(self.graph).index(n),)
+            self.uses.lane_takes.append(take_sites(self.graph).index(n))
         return out
 
     @staticmethod
@@ -459,7 +477,7 @@ class _Builder:
         inputs, the lanes computed, vector stores; `scalar` where the chunk is the tail."""
         vw = self.policy.vector_width
         if vw == 8:
-            self.helpers.add("mf_pack8_of")
+            self.uses.helpers.add("mf_pack8_of")
         start = ir.Var("mf_start")
         loads: list[ir.Stmt] = [ir.Comment(f"load: {vw}-wide vectors from the contiguous "
                                            f"inputs")]
@@ -487,11 +505,11 @@ class _Builder:
             if vw == 8:
                 val = ir.Call("mf_pack8_of", tuple(ir.Lane(val, ir.Lit(j, "uint"))
                                                    for j in range(8)))
-                self.helpers.add("mf_pack8_of")
+                self.uses.helpers.add("mf_pack8_of")
             vstores.append(ir.Store(self.out_names[kk], start, val, vw, self.out_stype(kk)))
         # lanes finding their positions, or gathered elements, from the chunk's: it must
         # lie in one row
-        in_row = bool(chunk) or bool(self.lane_takes) or bool(self.row_gathers)
+        in_row = bool(chunk) or bool(self.uses.lane_takes) or bool(self.row_gathers)
         pre, cond = self.vector_condition(start + ir.Lit(vw, IDX) <= ir.Var("mf_numel"),
                                           rows=in_row and len(self.grid) > 1)
         return pre, [ir.If(cond, loads + [ir.Comment("compute each lane"), lanes] + vstores,
@@ -528,8 +546,8 @@ class _Builder:
         body: list[ir.Stmt] = [ir.Comment(f"each thread covers {ept} consecutive output "
                                           f"elements")]
         body.append(ir.Decl("mf_start" if vpt == 1 else "mf_base", IDX, base))
-        if self.span_decls:
-            body += [ir.Comment("sizes of multi-axis spans")] + self.span_decls
+        if self.uses.span_decls:
+            body += [ir.Comment("sizes of multi-axis spans")] + self.uses.span_decls
         body += pre
         if vpt == 1:
             return body + chunk
@@ -551,26 +569,39 @@ class _Builder:
         kernel = make_kernel(self.graph, self.index64,
                              (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),),
                              body, summary, variant=self.variant, params=self._params(),
-                             helpers=tuple(sorted(self.helpers)))
+                             helpers=tuple(sorted(self.uses.helpers)))
         return Schedule("elementwise", self.graph, p, kernel, tuple(self.grid),
                         tuple(dict.fromkeys([*(t.name for t in self.vec_in),
                                              *(n.attr[0] for n in self.row_gathers)])),
                         self.index64,
-                        lane_gathers=self.lane_takes)
+                        lane_gathers=tuple(self.uses.lane_takes))
 
     def _params(self) -> tuple[ir.Argument, ...]:
         return kernel_params(self, numel=True, what=" (tensors, outputs, scalars and sizes)")
 
 
 class ParamSource(Protocol):
-    """What `kernel_params` reads off a schedule builder."""
-    graph: Graph
-    inputs: list[TensorParam]
-    names: dict[str, str]
-    out_names: list[str]
-    scalars: list[ScalarParam]
-    sizes_used: list[str]
-    index64: bool
+    """What `kernel_params` reads off a schedule builder or context."""
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def inputs(self) -> list[TensorParam]: ...
+
+    @property
+    def names(self) -> dict[str, str]: ...
+
+    @property
+    def out_names(self) -> list[str]: ...
+
+    @property
+    def scalars(self) -> list[ScalarParam]: ...
+
+    @property
+    def sizes_used(self) -> list[str]: ...
+
+    @property
+    def index64(self) -> bool: ...
 
     def in_stype(self, t: TensorParam) -> str: ...
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, row
+from . import attention, column, elementwise, quant, rows
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -87,11 +87,11 @@ def _reduced_axis(graph: Graph, facts: Facts) -> str:
 
 def _row(graph: Graph, facts: Facts) -> Optional[str]:
     axis = _reduced_axis(graph, facts)
-    return axis if row.is_row(graph, axis) else None
+    return axis if rows.is_row(graph, axis) else None
 
 
 def _build_row(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) -> Schedule:
-    return row.build(graph, policy, index64)
+    return rows.build(graph, policy, index64)
 
 
 def _build_column(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) -> Schedule:

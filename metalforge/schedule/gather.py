@@ -15,7 +15,7 @@ that axis without a second global read when it can tell where the gathered eleme
   `where(i < half, i + half, i - half)`).
 
 Everything else stays a guarded global load. These are pure questions about the graph; the
-schedules (`row.py`, `elementwise.py`) decide what their layout makes of them.
+schedules (`rows/`, `elementwise.py`) decide what their layout makes of them.
 """
 from __future__ import annotations
 

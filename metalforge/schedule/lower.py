@@ -14,6 +14,7 @@ more and min // -1 follow torch through helpers (`mf_shl`, `mf_shr`, `mf_floordi
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Optional
 
 from .. import ir
@@ -120,7 +121,7 @@ class ElementLowering:
         self.helpers: set[str] = set()
         self.values: dict[Node, ir.Expr] = {}
         self._positions: dict[tuple[object, DType], Node] = {}   # the INDEX node of each axis
-        self._count = 0
+        self._ids = itertools.count(1)          # numbers of mf_v<k> values, mf_take<k> checks
 
     # -- walking ------------------------------------------------------------------------
     def lower(self, roots: list[Node]) -> list[ir.Stmt]:
@@ -129,14 +130,12 @@ class ElementLowering:
             if n in self.values:
                 continue
             if n.op == Op.INDEX:        # mf.index("L") read twice: one mf_index_L
-                same = self._positions.get((n.attr, n.dtype))
-                if same is not None:
-                    self.values[n] = self.values[same]
+                first = self._positions.setdefault((n.attr, n.dtype), n)
+                if first is not n:
+                    self.values[n] = self.values[first]
                     continue
-                self._positions[(n.attr, n.dtype)] = n
             e = self._expr(n)
-            out += self.pending
-            self.pending = []
+            out += self._drain()
             if isinstance(e, (ir.Lit, ir.Var)) or n.op in (Op.SCALAR, Op.CONST, Op.SIZE):
                 self.values[n] = e
                 continue
@@ -148,13 +147,18 @@ class ElementLowering:
     def value(self, n: Node) -> ir.Expr:
         return self.values[n]
 
+    def _drain(self) -> list[ir.Stmt]:
+        """The pending statements (a gather's index check), handed over once."""
+        out = list(self.pending)
+        self.pending.clear()
+        return out
+
     def _name(self, n: Node) -> str:
         if n.op == Op.LOAD:         # a tensor named like a schedule's own variable: mf_in_k
             return value_name(n.attr)
         if n.op == Op.INDEX:
             return index_name(_ident(n.attr))
-        self._count += 1
-        return f"{self.prefix}{self._count}"
+        return f"{self.prefix}{next(self._ids)}"
 
     # -- one node -----------------------------------------------------------------------
     def _arg(self, n: Node, i: int, dt: DType) -> ir.Expr:
@@ -212,21 +216,19 @@ class ElementLowering:
         (a thread computing indices for positions past the end of its row)."""
         out = self.lower([n.args[0]])
         pos = self._checked(n, report_if)
-        out += self.pending
-        self.pending = []
-        return out, pos
+        return out + self._drain(), pos
 
     def _checked(self, n: Node, report_if: Optional[ir.Expr] = None) -> ir.Expr:
         """The index of gather `n`, checked: out of range, the error is recorded in mf_err
         (where `report_if` holds, if given) and position 0 read instead."""
         name, axis = n.attr
-        self._count += 1
-        i, ok = f"mf_take{self._count}", f"mf_take{self._count}_ok"
+        count = next(self._ids)
+        i, ok = f"mf_take{count}", f"mf_take{count}_ok"
         site = take_sites(self.graph).index(n)
         idx = ir.Var(i)
         zero = ir.Lit(0, "long")
         bad = ir.Unary("!", ir.Var(ok))
-        self.pending += [
+        self.pending.extend([
             ir.Decl(i, "long", ir.Cast("long", self.values[n.args[0]])),
             ir.Decl(ok, "bool", (idx >= zero).and_(idx < ir.Cast("long", self.size(axis)))),
             ir.If(bad if report_if is None else bad.and_(report_if), [
@@ -234,7 +236,7 @@ class ElementLowering:
                 ir.Store("mf_err", ir.Lit(0, "uint"), ir.Lit(1, "int")),
                 ir.Store("mf_err", ir.Lit(1, "uint"), ir.Lit(site, "int")),
                 ir.Store("mf_err", ir.Lit(2, "uint"), ir.Cast("int", idx)),
-                ir.Store("mf_err", ir.Lit(3, "uint"), ir.Cast("int", idx >> ir.Lit(32, "long")))])]
+                ir.Store("mf_err", ir.Lit(3, "uint"), ir.Cast("int", idx >> ir.Lit(32, "long")))])])
         return ir.Select(ir.Var(ok), ir.Cast(IDX, idx), ir.Lit(0, IDX))
 
     def _shift(self, n: Node) -> ir.Expr:

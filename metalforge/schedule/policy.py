@@ -105,7 +105,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # count, an M-series Max's 40 against 132
     "elementwise": LaunchPolicy("elementwise", threads_per_group=256, vector_width=8,
                                 vectors_per_thread=1, small_grid=1 << 19),
-    # row reductions (schedule/row.py): rows up to 32*simd_reads_per_thread → the fewest lanes
+    # row reductions (schedule/rows/): rows up to 32*simd_reads_per_thread → the fewest lanes
     # of a simdgroup holding the row, rows_per_group simdgroups per group; up to looped_limit →
     # one group per row, reads_per_thread values per thread in registers (both counted for
     # 4-byte types: 2-byte types hold the same 32 bytes, 16 values, rows up to 2 x

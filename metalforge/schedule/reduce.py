@@ -28,13 +28,13 @@ argmax/argmin return the first NaN's index, otherwise the first index of the ext
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional, Protocol, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 from .. import ir
 from ..dtypes import DType
 from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
-from ..graph import Graph, Node, Op, TensorParam, topo_order
+from ..graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
 from .hardware import MAX_THREADGROUP_BYTES
 from .policy import LaunchPolicy
 from .base import IDX
@@ -266,7 +266,7 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
         return [ir.Assign(acc, ir.Call(_extreme(r), (acc, v)))]
     # argmax / argmin: first index of the extreme; the first NaN wins
     idx = ir.Var(r.idx)
-    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", v, acc)
+    better: ir.Expr = v > acc if k == "argmax" else v < acc
     if r.is_float:
         better = better.or_((v.ne(v)).and_(acc.eq(acc)))
     cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
@@ -339,7 +339,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     assert other_idx is not None, f"{k} merges with the other thread's index"
     idx = ir.Var(r.idx)
     o_nan = other_acc.ne(other_acc) if r.is_float else None
-    better: ir.Expr = ir.Binary(">" if k == "argmax" else "<", other_acc, acc)
+    better: ir.Expr = other_acc > acc if k == "argmax" else other_acc < acc
     same = (other_acc.eq(acc)).and_(other_idx < idx)
     better = better.or_(same)
     if o_nan is not None:
@@ -351,7 +351,7 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
     return [ir.If(cond, [ir.Assign(acc, other_acc), ir.Assign(idx, other_idx)])]
 
 
-def through_threadgroup(v: "Variant", reds: list[Reduction], slots: int, slot: ir.Expr,
+def through_threadgroup(v: "VariantParts", reds: list[Reduction], slots: int, slot: ir.Expr,
                         read: ir.Expr, have: ir.Expr) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
     """Combine simdgroup results across the simdgroups of a threadgroup, through one
     threadgroup array of `slots` partials per reduction (added to `v.tg_arrays`; argmax/argmin
@@ -411,14 +411,15 @@ def result(r: Reduction) -> ir.Expr:
 # --------------------------------------------------------------------------- builders
 
 class Preamble(Protocol):
-    """Where per-thread positions are declared once, up front (a Variant, attention's builder)."""
+    """Where per-thread positions are declared once, up front (a VariantParts, attention's
+    builder)."""
     pre: list[ir.Stmt]
     pre_names: set[str]
 
 
 @dataclass
-class Variant:
-    """What one kernel variant collects while it is built (`Builder.variants` makes a fresh one
+class VariantParts:
+    """What one kernel variant collects while it is built (`build_variants` makes a fresh one
     for each): the preamble of per-row/column values, threadgroup arrays, how often each input
     is read, the main statements, and the lowering of row (column) values."""
     name: str
@@ -436,40 +437,26 @@ class Variant:
         return sum((16 if a.type == "float4" else 4) * a.length for a in self.tg_arrays)
 
 
-class Builder:
-    """What the row and column schedule builders share: the checks on the graph, names and
-    types of parameters, sizes used, positions of the thread's row/column (`outer` axes:
-    every output axis but the reduced `axis`), the element cone of a phase, the parameters.
-    `tag` names the thread's unit in generated code (mf_row, mf_rowpos_<axis>); `unit` in
-    messages."""
+# the old name, which attention.py and quant.py/qmm.py still annotate with (remove with them)
+Variant = VariantParts
 
-    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool, axis: str,
-                 tag: str, unit: str):
-        self.graph, self.policy, self.index64 = graph, policy, index64
-        self.axis, self.tag = axis, tag
-        widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
-        self.outer = tuple(a for a in widest if a != axis)
-        self.allowed = set(self.outer) | {axis}
-        self.nodes = nodes = list(graph.nodes())
-        self.inputs, self.scalars = used_params(graph, nodes)
-        taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
-        for t in self.inputs:
-            extra = [a for a in t.axes if a not in self.allowed and (t.name, a) not in taken
-                     and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
-            if extra:
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
-                    f"output keeps and no reduction removes")
-        for o in graph.outputs:
-            if set(o.axes) - {axis} != set(self.outer):
-                raise UnsupportedConstruct(
-                    f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
-                    f"{list(widest)}: every output of a {unit} reduction must cover the same "
-                    f"{unit}s {list(self.outer)}")
-        self.tvars = template_vars(graph.dtype_vars)
-        self.names, self.out_names = msl_names(graph)
-        self.sizes_used: list[str] = [axis] + list(self.outer)
-        self.helpers: set[str] = set()
+
+class ReductionTerms:
+    """What the reduction schedules share on top of their per-call fields (a frozen
+    `ReductionContext`, or the `Builder` attention and quant subclass): names and types of
+    parameters, axis sizes (recording the ones used), positions along the outer axes, the
+    element cone of a phase, folds into accumulators. `sizes_used` and `helpers` accumulate
+    what the library's kernels use (one parameter list, one helper set)."""
+    graph: Graph
+    index64: bool
+    axis: str
+    inputs: list[TensorParam]
+    scalars: list[ScalarParam]
+    tvars: Mapping[str, DType]
+    names: dict[str, str]
+    out_names: list[str]
+    sizes_used: list[str]
+    helpers: set[str]
 
     # -- types and names ---------------------------------------------------------------
     def in_stype(self, t: TensorParam) -> str:
@@ -487,17 +474,12 @@ class Builder:
     def elem(self, n: Node) -> bool:
         return self.axis in n.axes
 
-    # -- the thread's row/column (declared in the preamble `pre` on first use) ----------
+    # -- the thread's row/column (declared in a preamble on first use) -------------------
     def span(self, axes: Iterable[str]) -> ir.Expr:
         e: ir.Expr = ir.Lit(1, IDX)
         for k, a in enumerate(axes):
             e = self.size(a) if k == 0 else e * self.size(a)
         return e
-
-    def position(self, axis: str) -> ir.Expr:
-        """The thread's position along one of the outer axes."""
-        return self.position_in(f"mf_{self.tag}", self.outer, axis,
-                                f"mf_{self.tag}pos_{ident(axis)}", self.v)
 
     def position_in(self, flat: str, axes: Sequence[str], axis: str, name: str,
                     into: Preamble) -> ir.Var:
@@ -556,35 +538,144 @@ class Builder:
         o = self.graph.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
+
+@dataclass(frozen=True, eq=False)
+class ReductionContext(ReductionTerms):
+    """What is fixed for one build of a row or column schedule: the graph (checked), its
+    parameters and names, the reduced `axis` and the `outer` ones (every output axis but
+    `axis`: the thread's row or column). `tag` names the thread's unit in generated code
+    (mf_row, mf_rowpos_<axis>). `sizes_used` and `helpers` accumulate over the build."""
+    graph: Graph
+    policy: LaunchPolicy
+    index64: bool
+    axis: str
+    tag: str
+    outer: tuple[str, ...]
+    allowed: frozenset[str]
+    nodes: tuple[Node, ...]
+    inputs: list[TensorParam]
+    scalars: list[ScalarParam]
+    tvars: Mapping[str, DType]
+    names: dict[str, str]
+    out_names: list[str]
+    sizes_used: list[str]
+    helpers: set[str]
+
+    def position(self, axis: str, into: Preamble) -> ir.Expr:
+        """The thread's position along one of the outer axes (declared in `into`)."""
+        return self.position_in(f"mf_{self.tag}", self.outer, axis,
+                                f"mf_{self.tag}pos_{ident(axis)}", into)
+
+
+def reduction_context(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str, tag: str,
+                      unit: str) -> ReductionContext:
+    """The context of a row (`unit` "row") or column reduction over `axis`, after checking
+    that every input's axes are kept or reduced and every output covers the same units."""
+    widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
+    outer = tuple(a for a in widest if a != axis)
+    allowed = frozenset(outer) | {axis}
+    nodes = list(graph.nodes())
+    inputs, scalars = used_params(graph, nodes)
+    taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
+    for t in inputs:
+        extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
+                 and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
+        if extra:
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
+                f"output keeps and no reduction removes")
+    for o in graph.outputs:
+        if set(o.axes) - {axis} != set(outer):
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
+                f"{list(widest)}: every output of a {unit} reduction must cover the same "
+                f"{unit}s {list(outer)}")
+    names, out_names = msl_names(graph)
+    return ReductionContext(graph, policy, index64, axis, tag, outer, allowed, tuple(nodes),
+                            inputs, scalars, template_vars(graph.dtype_vars), names, out_names,
+                            [axis] + list(outer), set())
+
+
+def context_fields(ctx: ReductionContext) -> dict[str, Any]:
+    """The fields of a reduction context, for a family's context that extends it."""
+    return {f.name: getattr(ctx, f.name) for f in fields(ctx)}
+
+
+def variant_parts(ctx: ReductionContext, name: str,
+                  outer_load: Callable[[VariantParts, Node], ir.Expr]) -> VariantParts:
+    """A fresh collector for variant `name`: its row values read inputs with `outer_load` and
+    declare positions in its own preamble."""
+    parts: VariantParts
+
+    def position(axis: str) -> ir.Expr:
+        return ctx.position(axis, parts)
+    parts = VariantParts(name, ElementLowering(ctx.graph, lambda n: outer_load(parts, n),
+                                               position, ctx.size, lambda s: ctx.names[s],
+                                               prefix="mf_r"))
+    return parts
+
+
+def build_variants(ctx: ReductionTerms, names: tuple[str, ...],
+                   kernel: Callable[[str], tuple[ir.LoweredKernel, VariantParts]],
+                   advice: str = ""
+                   ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:
+    """Build the kernel of every variant (`kernel(name)`: the kernel and the fresh
+    `VariantParts` it filled); they share one parameter list and helper set. Returns
+    ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
+    kernels: dict[str, ir.LoweredKernel] = {}
+    passes: dict[str, dict[str, int]] = {}
+    tg = 0
+    for name in names:
+        kernels[name], parts = kernel(name)
+        ctx.helpers.update(parts.row_values.helpers)           # per-row values' helpers too
+        passes[name] = parts.passes
+        tg = max(tg, parts.tg_bytes)
+    if tg > MAX_THREADGROUP_BYTES:
+        raise LaunchError(f"kernel '{ctx.graph.name}': its reductions need {tg} bytes of "
+                          f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
+                          f"limit{advice}")
+    params = kernel_params(ctx)
+    helpers = tuple(sorted(ctx.helpers))
+    return ({name: replace(k, params=params, helpers=helpers) for name, k in kernels.items()},
+            passes, tg)
+
+
+class Builder(ReductionTerms):
+    """The mutable builder attention.py and quant.py still subclass (the row and column
+    schedules build from a frozen `ReductionContext` instead): the context's fields as its
+    own, and the variant being built as `self.v` (set by `variants`)."""
+
+    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool, axis: str,
+                 tag: str, unit: str):
+        c = reduction_context(graph, policy, index64, axis, tag, unit)
+        self.graph, self.policy, self.index64 = graph, policy, index64
+        self.axis, self.tag = axis, tag
+        self.outer, self.allowed, self.nodes = c.outer, set(c.allowed), list(c.nodes)
+        self.inputs, self.scalars = c.inputs, c.scalars
+        self.tvars = c.tvars
+        self.names, self.out_names = c.names, c.out_names
+        self.sizes_used: list[str] = c.sizes_used
+        self.helpers: set[str] = c.helpers
+
+    def position(self, axis: str) -> ir.Expr:
+        """The thread's position along one of the outer axes."""
+        return self.position_in(f"mf_{self.tag}", self.outer, axis,
+                                f"mf_{self.tag}pos_{ident(axis)}", self.v)
+
     def outer_load(self, n: Node) -> ir.Expr:
         """A load of input `n` at the thread's row (column), for values without the axis."""
         raise NotImplementedError
 
-    def kernel(self, v: Variant) -> ir.LoweredKernel:
+    def kernel(self, v: VariantParts) -> ir.LoweredKernel:
         raise NotImplementedError
 
     def variants(self, names: tuple[str, ...], advice: str = ""
                  ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:
-        """Build the kernel of every variant (the subclass's `kernel`, each with a fresh
-        `Variant` as `self.v`); they share one parameter list and helper set. Returns
-        ({name: kernel}, {name: input passes}, the most threadgroup bytes any needs)."""
-        kernels: dict[str, ir.LoweredKernel] = {}
-        passes: dict[str, dict[str, int]] = {}
-        tg = 0
-        for name in names:
-            self.v = Variant(name, ElementLowering(self.graph, self.outer_load, self.position,
-                                                   self.size, lambda s: self.names[s],
-                                                   prefix="mf_r"))
-            kernels[name] = self.kernel(self.v)
-            self.helpers |= self.v.row_values.helpers           # per-row values' helpers too
-            passes[name] = self.v.passes
-            tg = max(tg, self.v.tg_bytes)
-        if tg > MAX_THREADGROUP_BYTES:
-            raise LaunchError(f"kernel '{self.graph.name}': its reductions need {tg} bytes of "
-                              f"threadgroup memory, over the {MAX_THREADGROUP_BYTES}-byte "
-                              f"limit{advice}")
-        params = kernel_params(self)
-        helpers = tuple(sorted(self.helpers))
-        for k in kernels.values():
-            k.params, k.helpers = params, helpers
-        return kernels, passes, tg
+        """`build_variants` with the subclass's `kernel`, each with a fresh `VariantParts` as
+        `self.v`."""
+        def kernel(name: str) -> tuple[ir.LoweredKernel, VariantParts]:
+            self.v = VariantParts(name, ElementLowering(
+                self.graph, self.outer_load, self.position, self.size, lambda s: self.names[s],
+                prefix="mf_r"))
+            return self.kernel(self.v), self.v
+        return build_variants(self, names, kernel, advice)

@@ -67,7 +67,7 @@ BROADCAST_WRONG_AXIS = Fault(
     ((r"\b(\w+)\[mf_i % (mf_size_\w+)\]", r"\1[mf_i / \2]"),
      (r"\((\w+) \+ mf_start % (mf_size_\w+)\)", r"(\1 + mf_start / \2)")))
 
-# Reductions (metalforge/schedule/row.py): partials cross simdgroups through threadgroup memory
+# Reductions (metalforge/schedule/rows/): partials cross simdgroups through threadgroup memory
 # after `threadgroup_barrier(mem_flags::mem_threadgroup);`; a max starts from `-INFINITY`.
 
 MISSING_BARRIER = Fault(
