@@ -35,7 +35,6 @@ def _key_free_int(n: Node, key: str) -> bool:
         _key_free_int(a, key) for a in n.args)
 
 
-
 def key_bounds(form: Form, rows: tuple[str, ...]) -> list[tuple[str, Node, int]]:
     """The keys a query row can see, from the scores' mask: when the scores' last step is
     `where(c, s, -inf)`, each conjunct of c comparing index(L) with an integer expression

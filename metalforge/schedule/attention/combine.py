@@ -34,6 +34,7 @@ def merge_streams(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                 "simd_shuffle_xor", (acc, off)) * ir.Var("mf_c2"))]),
             ir.Assign(m, mx)])], step=off)]
 
+
 def merge_lanes(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Lane scores: the simdgroup's state. m is the same in every lane; d is summed over
     the lanes, acc over the key streams (lanes mf_w apart hold the same E elements)."""
@@ -48,7 +49,9 @@ def merge_lanes(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
             ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [slots(ctx, ks, [ir.Assign(
                 acc, acc + ir.Call("simd_shuffle_xor", (acc, off)))])], step=off)])]
 
-def merge_states(ctx: CallContext, ks: KernelState, count: ir.Expr, m_of: Callable[[ir.Expr], ir.Expr],
+
+def merge_states(ctx: CallContext, ks: KernelState, count: ir.Expr, m_of: Callable[[ir.Expr],
+                 ir.Expr],
                  d_of: Callable[[ir.Expr], ir.Expr],
                  acc_of: Callable[[ir.Expr, ir.Expr], ir.Expr]) -> list[ir.Stmt]:
     """(mf_mm, mf_md, mf_macc) = the merge of `count` states s (m_of(s), d_of(s),
@@ -71,11 +74,13 @@ def merge_states(ctx: CallContext, ks: KernelState, count: ir.Expr, m_of: Callab
             ir.Assign(ir.Var("mf_md"), ir.Var("mf_md") + d_of(s) * c),
             lanes(ctx, ks, [ir.Assign(acc, acc + acc_of(s, e) * c)])])]
 
+
 def shared_states(nsg: int, emax: int) -> list[ir.Stmt]:
     """Threadgroup memory for nsg simdgroups' online-softmax states (m, d, acc[emax])."""
     return [ir.ArrayDecl("mf_tg_m", "float", nsg, "threadgroup"),
             ir.ArrayDecl("mf_tg_d", "float", nsg, "threadgroup"),
             ir.ArrayDecl("mf_tg_acc", "float", nsg * emax, "threadgroup")]
+
 
 def put_state(ctx: CallContext, ks: KernelState, emax: int, m: ir.Expr, d: ir.Expr,
               acc: Callable[[ir.Expr], ir.Expr]) -> ir.Stmt:
@@ -91,12 +96,14 @@ def put_state(ctx: CallContext, ks: KernelState, emax: int, m: ir.Expr, d: ir.Ex
         slots(ctx, ks, [ir.Assign(ir.Lane(ir.Var("mf_tg_acc"), ir.Var("mf_sg")
                                       * ir.Lit(emax, "uint") + e), acc(j))])])
 
+
 def merge_shared(ctx: CallContext, ks: KernelState, nsg: int, emax: int) -> list[ir.Stmt]:
     """(mf_mm, mf_md, mf_macc) = the merge of the nsg states in `shared_states`."""
     return merge_states(ctx, ks,
         ir.Lit(nsg, "uint"),
         lambda s: ir.Lane(ir.Var("mf_tg_m"), s), lambda s: ir.Lane(ir.Var("mf_tg_d"), s),
         lambda s, e: ir.Lane(ir.Var("mf_tg_acc"), s * ir.Lit(emax, "uint") + e))
+
 
 def share(ctx: CallContext, ks: KernelState, nsg: int, emax: int) -> list[ir.Stmt]:
     """Row by row: the simdgroups' states through threadgroup memory, merged by

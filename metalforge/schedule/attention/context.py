@@ -220,8 +220,8 @@ def position_in(ctx: CallContext, ks: KernelState, flat: str, axes: Sequence[str
     return ir.Var(name)
 
 
-
-def flat_position(ctx: CallContext, ks: KernelState, axis: str, axes: tuple[str, ...], var: str) -> ir.Expr:
+def flat_position(ctx: CallContext, ks: KernelState, axis: str, axes: tuple[str, ...],
+                  var: str) -> ir.Expr:
     """`axis`'s position in the flat index `var` over `axes` (declared once, up front)."""
     return position_in(ctx, ks, var, axes, axis, f"mf_pos_{ident(axis)}")
 
@@ -255,7 +255,8 @@ def tile_position(ctx: CallContext, ks: KernelState, axis: str, t: ir.Expr) -> i
     return e % ctx.size(axis) if k > 0 else e
 
 
-def offset(ctx: CallContext, ks: KernelState, axes: Sequence[str], moved: Mapping[str, ir.Expr] = {}) -> ir.Expr:
+def offset(ctx: CallContext, ks: KernelState, axes: Sequence[str], moved: Mapping[str,
+           ir.Expr] = {}) -> ir.Expr:
     """The element's index in a tensor over `axes` (at the positions in `moved` along
     those axes: a gather's row)."""
     e: ir.Expr = ir.Lit(0, IDX)

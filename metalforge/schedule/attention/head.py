@@ -47,6 +47,7 @@ def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "") -> l
                  ir.Lit(0, IDX)))]
     return head
 
+
 def tile(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Which rows of the tile exist (the first mf_nlive: the rows past the tile axes' end
     do not) and their positions along the tile axes."""
@@ -65,6 +66,7 @@ def tile(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                               tile_position(ctx, ks, a, ir.Var("mf_t"))))
     return out + [ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"), body,
                          unroll=True)]
+
 
 def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """The threadgroup's block of keys [mf_l0, mf_l1): the keys its rows can see (all of

@@ -15,6 +15,7 @@ def slots(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
     return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(ks.epl, "uint"), body,
                   unroll=True)
 
+
 def slot_e(ctx: CallContext, ks: KernelState) -> ir.Expr:
     """The E element of the lane's slot mf_j: mf_sub * reads_per_thread + j (a lane holds
     reads_per_thread consecutive elements of a key spread over mf_w lanes); in the
@@ -28,10 +29,12 @@ def slot_e(ctx: CallContext, ks: KernelState) -> ir.Expr:
                 + j % run)
     return ir.Var("mf_sub") * ir.Lit(ks.epl, "uint") + j
 
+
 def vlane(ctx: CallContext, ks: KernelState) -> ir.Expr:
     """The lane's place among the value lanes of its key stream (stage_kv)."""
     lane = ir.Var("mf_lane")
     return lane if ks.vlanes == SIMD_WIDTH else lane % ir.Lit(ks.vlanes, "uint")
+
 
 def lanes(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
     """`body` for each of the lane's E elements mf_e = slot_e() inside E."""
@@ -40,11 +43,13 @@ def lanes(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
         ir.Decl("mf_e", "uint", e),
         ir.If(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e), body)])
 
+
 def each_row(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
     """`body` for each row mf_t < rows_per_group of the tile that exists (unrolled; the
     rows that exist are the first mf_nlive, the same in every thread of the group)."""
     t = ir.Var("mf_t")
     return every_row(ctx, ks, [ir.If(t < ir.Var("mf_nlive"), body)])
+
 
 def every_row(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
     """`body` for every row mf_t < rows_per_group of the tile, those past its end too:
@@ -52,6 +57,7 @@ def every_row(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt
     reads nothing they lack (registers, the staged tiles and rows)."""
     return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"), body,
                   unroll=True)
+
 
 def rows_reading(ctx: CallContext, ks: KernelState, roots: Sequence[Node],
                  known: set[Node]) -> Callable[[list[ir.Stmt]], ir.Stmt]:
@@ -62,12 +68,15 @@ def rows_reading(ctx: CallContext, ks: KernelState, roots: Sequence[Node],
         return lambda body: every_row(ctx, ks, body)
     return lambda body: each_row(ctx, ks, body)
 
+
 def each_key(ctx: CallContext, ks: KernelState, body: list[ir.Stmt]) -> ir.Stmt:
     """`body` for each key mf_u < keys_per_step of the lane's key stream (unrolled)."""
     return ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(ctx.kps, "uint"), body,
                   unroll=True)
 
-def keys(ctx: CallContext, ks: KernelState, body: list[ir.Stmt], past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
+
+def keys(ctx: CallContext, ks: KernelState, body: list[ir.Stmt],
+         past: Sequence[ir.Stmt] = ()) -> ir.Stmt:
     """`body` for each key mf_l = mf_base + u * kp + grp of the step inside the block's
     keys (the simdgroup's kp key streams interleave; with lane scores, inside the 32 keys
     the simdgroup scored, mf_lend); `past` for keys past the end."""

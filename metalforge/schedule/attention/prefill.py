@@ -254,4 +254,5 @@ def fragment_write(ctx: CallContext, ks: KernelState, dmax: int) -> list[ir.Stmt
     return [
         ir.Comment("the row's sum over its four lanes"),
         *[ir.Assign(md, md + ir.Call("simd_shuffle_xor", (md, u(off)))) for off in (1, 8)],
-        write_row(ctx, ks, frag("mf_of", d, i), each, ir.Var("mf_live").and_(ir.Var("mf_mc").eq(u(0))))]
+        write_row(ctx, ks, frag("mf_of", d, i), each,
+                  ir.Var("mf_live").and_(ir.Var("mf_mc").eq(u(0))))]

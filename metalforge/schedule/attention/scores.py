@@ -43,6 +43,7 @@ def dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[Node, i
         dot_of[r] = dot
     return out, dot_of
 
+
 def lane_dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[Node, ir.Expr]]:
     """Lane scores: each lane's own key mf_l = mf_step + lane, its whole contraction with
     every row of the tile (q from threadgroup memory), chunk by chunk of vw elements."""
@@ -79,6 +80,7 @@ def lane_dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[No
                chunk + [each])]))
     return out, dot_of
 
+
 def score(ctx: CallContext, ks: KernelState,
           dot_of: Mapping[Node, ir.Expr]) -> tuple[list[ir.Stmt], ir.Expr]:
     """The scores' elementwise work (scale, masks, caps) on the contractions `dot_of`: its
@@ -91,6 +93,7 @@ def score(ctx: CallContext, ks: KernelState,
     body = low.lower([f.scores])
     ks.out.helpers |= low.helpers | {"mf_maximum"}
     return body, as_float(low.value(f.scores), f.scores)
+
 
 def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile

@@ -25,6 +25,7 @@ def empty_states(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                                               + ir.Var("mf_j")), ir.Lit(0.0, "float"))])],
                    unroll=True)]
 
+
 def softmax_step(ctx: CallContext, ks: KernelState,
                  dot_of: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
     """The scores' elementwise work, then per row one online-softmax update for the step:
@@ -52,6 +53,7 @@ def softmax_step(ctx: CallContext, ks: KernelState,
             each_key(ctx, ks, [ir.Assign(p, online.weight(sc, m_new)), ir.Assign(d, d + p)]),
             ir.Assign(m, m_new),
             slots(ctx, ks, [ir.Assign(acc, acc * corr)])])]
+
 
 def lane_softmax(ctx: CallContext, ks: KernelState,
                  dot_of: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
@@ -83,6 +85,7 @@ def lane_softmax(ctx: CallContext, ks: KernelState,
             ir.Assign(d, d * corr + ps),
             ir.Assign(m, m_new),
             slots(ctx, ks, [ir.Assign(acc, acc * corr)])])]
+
 
 def tile_softmax(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Simdgroup mf_sg's row: one online-softmax update for the tile, a key a lane (two in

@@ -109,6 +109,7 @@ def stage_kv_body(ctx: CallContext, ks: KernelState,
     return setup + [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile "
                                "at a time (scores never stored)"), loop] + sum_rows(ctx, ks)
 
+
 def sum_rows(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """After the keys: each row's accumulators summed over the simdgroups (with key
     streams, over the streams first, by shuffles) through threadgroup memory (the K tile's,

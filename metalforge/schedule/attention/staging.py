@@ -70,6 +70,7 @@ def stage(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], list[ir.Stm
                                  "registers (0 past E)"))
     return out, []
 
+
 def stage_shared(ctx: CallContext, ks: KernelState,
                  nodes: list[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
     """Threadgroup staging of the same values for lane scores: every lane reads all of a
@@ -130,11 +131,13 @@ def stage_shared(ctx: CallContext, ks: KernelState,
     # stage_kv: the first tile's barrier orders the stores before any read of them
     return (out if ctx.policy.stage_kv else out + [ir.Barrier()]), q_stores
 
+
 def key_value(ctx: CallContext, ks: KernelState, low: ElementLowering) -> None:
     """Let `low` read the staged q and k/v registers instead of loading them."""
     low.values.update(ks.staged)
     slot = ir.Var("mf_u") * ir.Lit(ks.epl, "uint") + ir.Var("mf_j")
     low.values.update({n: ir.Lane(ir.Var(arr), slot) for n, arr in ctx.kv.items()})
+
 
 def elements(ctx: CallContext, ks: KernelState, n: Node, body: list[ir.Stmt]) -> ir.Stmt:
     """`body` over the lane's E slots: all of them when `n` reads nothing along E but the
@@ -144,6 +147,7 @@ def elements(ctx: CallContext, ks: KernelState, n: Node, body: list[ir.Stmt]) ->
            and ctx.form.e in m.axes and m not in ks.staged and m not in ctx.kv]
     return lanes(ctx, ks, body) if own else slots(ctx, ks, body)
 
+
 def zero_padded(ctx: CallContext, ks: KernelState, n: Node) -> bool:
     """Whether `n` is 0 past E without a guard: a product of staged registers."""
     if n in ks.staged or n in ctx.kv:
@@ -152,6 +156,7 @@ def zero_padded(ctx: CallContext, ks: KernelState, n: Node) -> bool:
         return zero_padded(ctx, ks, n.args[0])
     return n.op == Op.BINARY and n.attr == "mul" and all(zero_padded(ctx, ks, a)
                                                          for a in n.args)
+
 
 def load_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Each key's E elements of k and v for this lane: `vw`-wide vector loads when E is a
@@ -190,7 +195,9 @@ def load_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                                                               zero)])])]
     return out
 
-def vector_load(ctx: CallContext, ks: KernelState, t: TensorParam, offset: ir.Expr, arr: str) -> list[ir.Stmt]:
+
+def vector_load(ctx: CallContext, ks: KernelState, t: TensorParam, offset: ir.Expr,
+                arr: str) -> list[ir.Stmt]:
     """The lane's reads_per_thread elements of one key as reads_per_thread / vw vector
     loads (the lane's chunk is inside E or wholly past it: E is a multiple of vw)."""
     ct, st, vw = compute_type(t.dtype), ctx.in_stype(t), ctx.vw
@@ -214,7 +221,9 @@ def vector_load(ctx: CallContext, ks: KernelState, t: TensorParam, offset: ir.Ex
                 ir.Assign(ir.Lane(ir.Var(arr), slot), zero)], unroll=True)])],
         unroll=True)]
 
-def own_key_chunks(ctx: CallContext, ks: KernelState, nodes: Sequence[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+
+def own_key_chunks(ctx: CallContext, ks: KernelState,
+                   nodes: Sequence[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
     """For lane scores: (once per key, per chunk) statements putting chunk mf_c (vw
     consecutive E elements from mf_c * vw) of the lane's own key mf_l of each of `nodes`
     into `mf_kc<i>[x]`: a vector load when E is a multiple of vw, else guarded scalar

@@ -43,6 +43,7 @@ def tile_arrays(ctx: CallContext, ks: KernelState, runs: bool = True) -> list[ir
                  ir.Decl("mf_run_ok", "bool", run_ok)]
     return head + out
 
+
 def tile_reads(ctx: CallContext, ks: KernelState) -> dict[Node, ir.Expr]:
     """Each K/V read as its staged tile's element of key mf_u and E element mf_e, in its
     compute type."""
@@ -50,7 +51,9 @@ def tile_reads(ctx: CallContext, ks: KernelState) -> dict[Node, ir.Expr]:
         ir.Var(arr), ir.Var("mf_u") * ir.Var(f"{arr}_stride") + ir.Var("mf_e")))
         for n, arr in ctx.kv.items()}
 
-def key_row(ctx: CallContext, ks: KernelState, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str, ir.Expr]]:
+
+def key_row(ctx: CallContext, ks: KernelState, n: Node, arr: str) -> tuple[list[ir.Stmt], dict[str,
+            ir.Expr]]:
     """For a gathered K/V read (a paged cache): the statements finding and checking key
     mf_l's row, and that row as the position along the gathered axis."""
     if n.op != Op.TAKE:
@@ -59,6 +62,7 @@ def key_row(ctx: CallContext, ks: KernelState, n: Node, arr: str) -> tuple[list[
     find, pos = low.gather_position(n)
     ks.out.helpers |= low.helpers
     return find + [ir.Decl(f"mf_{arr}_row", IDX, pos)], {n.attr[1]: ir.Var(f"mf_{arr}_row")}
+
 
 def fill_tiles(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Every thread of the group copies its share of the tile's mf_tn keys of each K/V
@@ -111,6 +115,7 @@ def fill_tiles(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
         ir.Decl("mf_dc", "uint", group % chunks),
         copies,
         ir.Barrier()]
+
 
 def batched_copies(ctx: CallContext, ks: KernelState, n: int) -> list[ir.Stmt]:
     """A full tile whose copies keep their chunk (mf_dc = 0): the thread's n copies (keys

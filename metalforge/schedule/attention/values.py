@@ -29,6 +29,7 @@ def accumulate(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
             keys(ctx, ks, [each_row(ctx, ks, [elements(ctx, ks, f.values, body + [
                 ir.Assign(acc, acc + p * as_float(vals.value(f.values), f.values))])])])]
 
+
 def lane_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """Lane scores: the step's 32 keys' values, kp * keys_per_step at a time in the usual
     layout (a key's E elements over mf_w lanes, kp key streams), each key's weight p
@@ -48,6 +49,7 @@ def lane_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
         each_key(ctx, ks, [each_row(ctx, ks, [ir.Assign(p, ir.Call(
             "simd_shuffle", (ir.Lane(ir.Var("mf_ps"), t), src)))])]),
         *accumulate(ctx, ks)], step=per)]
+
 
 def tile_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """This simdgroup's accumulators (every row) rescaled by the rows' factors, then

@@ -24,6 +24,7 @@ def epilogue(ctx: CallContext, ks: KernelState, acc: ir.Expr = MACC,
         body.append(ir.Store(ctx.out_names[k], offset(ctx, ks, o.axes), ctx.out_value(k, low)))
     return each(body) if each is not None else lanes(ctx, ks, body)
 
+
 def write_row(ctx: CallContext, ks: KernelState, acc: ir.Expr = MACC,
               each: Optional[Callable[[list[ir.Stmt]], ir.Stmt]] = None,
               first: Optional[ir.Expr] = None) -> ir.Stmt:
