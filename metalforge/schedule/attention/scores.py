@@ -95,26 +95,13 @@ def score(ctx: CallContext, ks: KernelState,
     return body, as_float(low.value(f.scores), f.scores)
 
 
-def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
-    """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile
-    (each key's row read and converted once for all of them), into threadgroup memory:
-    lane mf_key's part mf_part of the contraction over E from the staged tile, chunk by
-    chunk of vw elements (32 / mf_ks lanes share a key, taking every mf_parts-th chunk,
-    their parts summed by shuffles), then per row the score's elementwise work
-    (Builder.score: scale, masks, caps); -inf past the tile's keys. The key's first lane
-    stores `mf_tg_s[t * kt_max + key]`.
-
-    Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk
-    as one vw-element (16-byte) vector read of its padded row, each row's q chunk as float4
-    reads of its staged row (the same address in every lane: a broadcast), no guards.
-    Otherwise the chunk's elements one by one, 0 past E."""
-    f, vw = ctx.form, ctx.vw
-    nodes = [n for n in ctx.kv if any(n in topo_order([r.args[0]]) for r in f.contractions)]
-    c, x, key, t = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key"), ir.Var("mf_t")
+def _key_chunk(ctx: CallContext, nodes: list[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    """K's chunk mf_c of key mf_key into registers mf_kv<i>c[x]: (one vector read of the
+    staged row, guarded element reads)."""
+    vw = ctx.vw
+    c, x, key = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key")
     e_of_x = ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x)
-    inside = ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(f.e)
-
-    # K's chunk into registers mf_kv<i>c[x]: one vector read / guarded element reads
+    inside = ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e)
     k_vec: list[ir.Stmt] = []
     k_elems: list[ir.Stmt] = []
     for n in nodes:
@@ -137,8 +124,15 @@ def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                   ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
                       ir.Assign(reg, ir.Cast(ct, elem))], unroll=True)]
 
-    # row mf_t's q (each staged value every key multiplies), qw floats per read (float4
-    # for vw = 4 or 8), each read used at once (x = y * qw + z)
+    return k_vec, k_elems
+
+
+def _q_chunk(ctx: CallContext, ks: KernelState) -> tuple[int, list[ir.Stmt], dict[Node, ir.Expr]]:
+    """Row mf_t's q (each staged value every key multiplies), qw floats per read (float4
+    for vw = 4 or 8), each read used at once (x = y * qw + z): (qw, the reads, the values
+    as registers)."""
+    vw = ctx.vw
+    c, t = ir.Var("mf_c"), ir.Var("mf_t")
     qw = 4 if vw % 4 == 0 else 2 if vw % 2 == 0 else 1
     y, z = ir.Var("mf_y"), ir.Var("mf_z")
     q_reads: list[ir.Stmt] = []
@@ -152,8 +146,19 @@ def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                                else "float", read))
         q_regs[n] = ir.Lane(ir.Var(f"mf_qv{i}"), z) if qw > 1 else ir.Var(f"mf_qv{i}")
 
-    # the contractions' parts of the chunk per row: with q from registers (vector path,
-    # every element inside E) or from the staged row (element path, guarded)
+    return qw, q_reads, q_regs
+
+
+def _chunk_dots(ctx: CallContext, ks: KernelState, nodes: list[Node],
+                q_regs: Mapping[Node, ir.Expr]) -> tuple[list[ir.Stmt], list[ir.Stmt],
+                                                         list[ir.Stmt], list[ir.Stmt],
+                                                         dict[Node, ir.Expr]]:
+    """The contractions' parts of the chunk per row: with q from registers (vector path,
+    every element inside E) or from the staged row (element path, guarded). Returns (the
+    dots' declarations, their butterfly, the vector path's adds, the element path's, the
+    dot of each contraction)."""
+    f = ctx.form
+    x, t = ir.Var("mf_x"), ir.Var("mf_t")
     dot_of: dict[Node, ir.Expr] = {}
     decls: list[ir.Stmt] = []
     butterfly: list[ir.Stmt] = []
@@ -174,6 +179,32 @@ def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
         butterfly.append(ir.Assign(dot, dot + ir.Call("simd_shuffle_xor",
                                                       (dot, ir.Var("mf_off")))))
         dot_of[r] = dot
+    return decls, butterfly, adds_vec, adds_elem, dot_of
+
+
+def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """The scores of this simdgroup's mf_ks keys of the tile against every row of the tile
+    (each key's row read and converted once for all of them), into threadgroup memory:
+    lane mf_key's part mf_part of the contraction over E from the staged tile, chunk by
+    chunk of vw elements (32 / mf_ks lanes share a key, taking every mf_parts-th chunk,
+    their parts summed by shuffles), then per row the score's elementwise work
+    (Builder.score: scale, masks, caps); -inf past the tile's keys. The key's first lane
+    stores `mf_tg_s[t * kt_max + key]`.
+
+    Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk
+    as one vw-element (16-byte) vector read of its padded row, each row's q chunk as float4
+    reads of its staged row (the same address in every lane: a broadcast), no guards.
+    Otherwise the chunk's elements one by one, 0 past E."""
+    f, vw = ctx.form, ctx.vw
+    nodes = [n for n in ctx.kv if any(n in topo_order([r.args[0]]) for r in f.contractions)]
+    c, x, key, t = ir.Var("mf_c"), ir.Var("mf_x"), ir.Var("mf_key"), ir.Var("mf_t")
+    e_of_x = ir.Decl("mf_e", "uint", c * ir.Lit(vw, "uint") + x)
+    inside = ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(f.e)
+
+    k_vec, k_elems = _key_chunk(ctx, nodes)
+    qw, q_reads, q_regs = _q_chunk(ctx, ks)
+    y, z = ir.Var("mf_y"), ir.Var("mf_z")
+    decls, butterfly, adds_vec, adds_elem, dot_of = _chunk_dots(ctx, ks, nodes, q_regs)
     each_elem = ir.For("mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(vw, "uint"), [
         e_of_x, ir.If(inside, adds_elem)], unroll=True)
 

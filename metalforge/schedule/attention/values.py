@@ -51,30 +51,12 @@ def lane_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
         *accumulate(ctx, ks)], step=per)]
 
 
-def tile_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
-    """This simdgroup's accumulators (every row) rescaled by the rows' factors, then
-    acc[t] += p[t] v for its mf_ks keys of the tile one after another, the lanes over E
-    reading v from the staged tile once for all rows (the narrow kernel: in key streams of
-    NARROW_LANES lanes). Each key's weights of all rows are one read (float4s when the
-    rows are a multiple of 4). Per stretch of vlanes x run elements, the lane's run
-    consecutive ones as one vec<T, run> read when E is a multiple of run (mf_run_ok: the
-    lane's run is wholly inside E or past it, decided once per stretch, not per key), else
-    one by one (guarded)."""
-    f, run, qt = ctx.form, ctx.run, ks.qt
-    u, x, t = ir.Var("mf_u"), ir.Var("mf_x"), ir.Var("mf_t")
-    acc = ir.Lane(ir.Var("mf_racc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
+def _key_weights(ks: KernelState) -> list[ir.Stmt]:
+    """Key mf_u's weights of all rows into registers mf_pk[t]: float4 reads when the rows
+    are a multiple of 4."""
+    qt = ks.qt
+    u, t = ir.Var("mf_u"), ir.Var("mf_t")
     pk = ir.Lane(ir.Var("mf_pk"), t)
-    vnodes = [n for n in ctx.kv if n in topo_order([f.values])]
-
-    def add(reads: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
-        vals = lowering(ctx, ks, "mf_w")
-        vals.values.update(ks.staged)
-        vals.values.update(reads)
-        body = vals.lower([f.values])
-        ks.out.helpers |= vals.helpers
-        return body + [ir.Assign(acc, acc + pk * as_float(vals.value(f.values), f.values))]
-
-    streams = SIMD_WIDTH // ks.vlanes
     if qt % 4 == 0:
         y, z = ir.Var("mf_y"), ir.Var("mf_z")
         weights: list[ir.Stmt] = [ir.For("mf_y", "uint", ir.Lit(0, "uint"),
@@ -90,6 +72,55 @@ def tile_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
             ir.Assign(pk, ir.Lane(ir.Var("mf_tg_pf"), u * ir.Lit(qt, "uint") + t))],
             unroll=True)]
     weights.insert(0, ir.ArrayDecl("mf_pk", "float", qt))
+    return weights
+
+
+def _run_reads(ctx: CallContext, vnodes: list[Node]
+               ) -> tuple[list[ir.Stmt], dict[Node, ir.Expr]]:
+    """Key mf_u's run of `run` elements from mf_e0 of each staged V read as one vector read,
+    converted once for all the rows: (the reads, the values as registers)."""
+    run, u, x, e0 = ctx.run, ir.Var("mf_u"), ir.Var("mf_x"), ir.Var("mf_e0")
+    reads: list[ir.Stmt] = []
+    for n in vnodes:
+        arr = ctx.kv[n]
+        st = ctx.in_stype(ctx.tensor_of(n))
+        reads.append(ir.Decl(f"{arr}v", ir.vector_type(st, run), ir.Load(
+            arr, u * ir.Var(f"{arr}_stride") + e0, run, st, space="threadgroup")))
+        # converted once for all the rows
+        ct = compute_type(ctx.tensor_of(n).dtype)
+        reads += [ir.ArrayDecl(f"{arr}f", ct, run), ir.For(
+            "mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [ir.Assign(
+                ir.Lane(ir.Var(f"{arr}f"), x),
+                ir.Cast(ct, ir.Lane(ir.Var(f"{arr}v"), x)))], unroll=True)]
+    regs: dict[Node, ir.Expr] = {n: ir.Lane(ir.Var(f"{ctx.kv[n]}f"), x) for n in vnodes}
+    return reads, regs
+
+
+def tile_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """This simdgroup's accumulators (every row) rescaled by the rows' factors, then
+    acc[t] += p[t] v for its mf_ks keys of the tile one after another, the lanes over E
+    reading v from the staged tile once for all rows (the narrow kernel: in key streams of
+    NARROW_LANES lanes). Each key's weights of all rows are one read (float4s when the
+    rows are a multiple of 4). Per stretch of vlanes x run elements, the lane's run
+    consecutive ones as one vec<T, run> read when E is a multiple of run (mf_run_ok: the
+    lane's run is wholly inside E or past it, decided once per stretch, not per key), else
+    one by one (guarded)."""
+    f, run = ctx.form, ctx.run
+    u, x, t = ir.Var("mf_u"), ir.Var("mf_x"), ir.Var("mf_t")
+    acc = ir.Lane(ir.Var("mf_racc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
+    pk = ir.Lane(ir.Var("mf_pk"), t)
+    vnodes = [n for n in ctx.kv if n in topo_order([f.values])]
+
+    def add(reads: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
+        vals = lowering(ctx, ks, "mf_w")
+        vals.values.update(ks.staged)
+        vals.values.update(reads)
+        body = vals.lower([f.values])
+        ks.out.helpers |= vals.helpers
+        return body + [ir.Assign(acc, acc + pk * as_float(vals.value(f.values), f.values))]
+
+    streams = SIMD_WIDTH // ks.vlanes
+    weights = _key_weights(ks)
 
     def each_key(body: list[ir.Stmt]) -> ir.Stmt:
         """body for the simdgroup's keys of the tile: every one, or (narrow) every
@@ -108,19 +139,7 @@ def tile_values(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     # elements (plus PAD_BYTES), the lane's run at a multiple of run
     if run in (2, 4) and ctx.vw % run == 0:
         e0 = ir.Var("mf_e0")
-        reads: list[ir.Stmt] = []
-        for n in vnodes:
-            arr = ctx.kv[n]
-            st = ctx.in_stype(ctx.tensor_of(n))
-            reads.append(ir.Decl(f"{arr}v", ir.vector_type(st, run), ir.Load(
-                arr, u * ir.Var(f"{arr}_stride") + e0, run, st, space="threadgroup")))
-            # converted once for all the rows
-            ct = compute_type(ctx.tensor_of(n).dtype)
-            reads += [ir.ArrayDecl(f"{arr}f", ct, run), ir.For(
-                "mf_x", "uint", ir.Lit(0, "uint"), ir.Lit(run, "uint"), [ir.Assign(
-                    ir.Lane(ir.Var(f"{arr}f"), x),
-                    ir.Cast(ct, ir.Lane(ir.Var(f"{arr}v"), x)))], unroll=True)]
-        regs = {n: ir.Lane(ir.Var(f"{ctx.kv[n]}f"), x) for n in vnodes}
+        reads, regs = _run_reads(ctx, vnodes)
         # rows past the tile's end have weight 0 (tile_softmax): unguarded when the
         # values read nothing but the tile and the staged rows
         rows = rows_reading(ctx, ks, [f.values], set(vnodes) | set(ks.staged))
