@@ -55,7 +55,7 @@ rows share their keys), and `merge` when a call splits the keys into blocks.
   across the simdgroups (`sum_rows`) and simdgroup t writes row t. Where E is not a multiple
   of the vector width the tiles are read element by element (guarded). Rows that would not
   fit a tile's bytes (E > 128 in f16) make tiles of fewer keys. Three kernels by E (narrow,
-  decode, wide: `stage_kv_kernel`), each with accumulators for its E only. The block's state
+  decode, wide: `staged.kernel`), each with accumulators for its E only. The block's state
   goes out as above.
 
 The package: `match` (recognition), `params` (tile sizes, thresholds), `context` (the frozen

@@ -1,4 +1,5 @@
-"""TODO combine"""
+"""Merging online-softmax states: across a simdgroup's key streams and lanes (shuffles) and
+across the simdgroups of a threadgroup (through threadgroup memory), then writing the row."""
 from __future__ import annotations
 
 from typing import Callable

@@ -1,4 +1,6 @@
-"""TODO decode"""
+"""The decode kernel without stage_kv (`decode`): a threadgroup per tile of query rows and
+block of keys, its simdgroups taking turns over steps of keys, with key streams (`_stream_scan`)
+or lane scores (`_lane_scan`), the states merged at the end."""
 from __future__ import annotations
 
 

@@ -1,4 +1,6 @@
-"""TODO head"""
+"""The threadgroup's place: which tile of query rows and block of keys it takes (`group_head`),
+which rows of the tile exist and their positions (`tile`), and the keys its rows can see
+(`block_keys`, from the mask's bounds)."""
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
-"""TODO loops"""
+"""The loops every attention kernel is written with: a lane's E slots (`slots`, `lanes`), a
+tile's rows (`each_row`, `every_row`), a step's keys (`each_key`, `keys`)."""
 from __future__ import annotations
 
 from typing import Callable, Sequence

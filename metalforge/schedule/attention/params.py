@@ -57,7 +57,7 @@ BATCHED_COPIES = 4
 # 30.0 us; prefill S = L = 1024, E = 64: 1225 -> 986 us (bench/README.md); a separate kernel
 # because the same loop with a per-call number of streams cost E = 128 2-8%.
 NARROW_LANES = 16
-# The simdgroup_matrix prefill kernel (attention_matrix.py): query rows per threadgroup, 8 a
+# The simdgroup_matrix prefill kernel (prefill.py): query rows per threadgroup, 8 a
 # simdgroup
 MATRIX_ROWS = 32
 MATRIX_GROUP = SIMD_WIDTH * MATRIX_ROWS // 8

@@ -164,7 +164,7 @@ def tile_element(ctx: CallContext, ks: KernelState, side: Node, key: ir.Expr, e:
 def fragment_scores(ctx: CallContext, ks: KernelState, k: Node, dmax: int) -> list[ir.Stmt]:
     """The tile's scores of the simdgroup's 8 rows, 8 keys (block kb) at a time: S = sum
     over E blocks of Q x K^T (K^T from the staged tile), then per element the score's
-    elementwise work (Builder.score: scale, masks, caps); -inf past the tile's keys and for
+    elementwise work (`score`: scale, masks, caps); -inf past the tile's keys and for
     rows past the tile axes' end."""
     kb, d, i = ir.Var("mf_kb"), ir.Var("mf_d"), ir.Var("mf_i")
     kf, sdot = frag("mf_kf", i), ir.Var("mf_sdot")

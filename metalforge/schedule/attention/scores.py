@@ -1,4 +1,5 @@
-"""TODO scores"""
+"""Scores: the contractions over E of each (key, row) (`dots` for key streams, `lane_dots` for
+lane scores, `tile_scores` from staged tiles) and their elementwise work (`score`)."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -188,7 +189,7 @@ def tile_scores(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     lane mf_key's part mf_part of the contraction over E from the staged tile, chunk by
     chunk of vw elements (32 / mf_ks lanes share a key, taking every mf_parts-th chunk,
     their parts summed by shuffles), then per row the score's elementwise work
-    (Builder.score: scale, masks, caps); -inf past the tile's keys. The key's first lane
+    (`score`: scale, masks, caps); -inf past the tile's keys. The key's first lane
     stores `mf_tg_s[t * kt_max + key]`.
 
     Per chunk, when E is a multiple of vw (mf_vec_ok: every chunk whole): the key's chunk

@@ -1,4 +1,5 @@
-"""TODO softmax"""
+"""The online-softmax updates: empty states, one update per step of keys (`softmax_step`), per
+simdgroup of lane scores (`lane_softmax`) and per staged tile (`tile_softmax`)."""
 from __future__ import annotations
 
 from typing import Mapping

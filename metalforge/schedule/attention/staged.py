@@ -1,4 +1,6 @@
-"""TODO staged"""
+"""The stage_kv decode kernels (`decode`, `decode_narrow`, `decode_wide` by E): a simdgroup per
+query row of the tile, K/V tiles staged in threadgroup memory, the simdgroups splitting each
+tile's keys; then the rows' accumulators summed across the simdgroups (`sum_rows`)."""
 from __future__ import annotations
 
 

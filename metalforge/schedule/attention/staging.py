@@ -1,4 +1,6 @@
-"""TODO staging"""
+"""Staging: each query row's q in registers or threadgroup memory (`stage`, `stage_shared`;
+`with_staged` is where a kernel's state finds them) and a lane's K/V elements of a step's keys
+loaded into registers (`load_keys`, `own_key_chunks`)."""
 from __future__ import annotations
 
 from dataclasses import replace

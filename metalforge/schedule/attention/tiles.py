@@ -1,4 +1,5 @@
-"""TODO tiles"""
+"""stage_kv's K/V tiles in threadgroup memory: their arrays (`tile_arrays`), the group's copies
+into them (`fill_tiles`, `batched_copies`) and reads of a tile's element (`tile_reads`)."""
 from __future__ import annotations
 
 

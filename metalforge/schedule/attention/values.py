@@ -1,4 +1,5 @@
-"""TODO values"""
+"""The values: acc += p v for a step's keys (`accumulate`), for lane scores (`lane_values`,
+each key's weight from the lane that scored it) and for a staged tile (`tile_values`)."""
 from __future__ import annotations
 
 from typing import Mapping, Optional

@@ -1,4 +1,5 @@
-"""TODO write"""
+"""The outputs: acc / d through the work after the sum (`epilogue`), or a key block's state in
+the scratch buffer for the merge kernel (`write_row`)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
