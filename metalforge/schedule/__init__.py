@@ -3,7 +3,7 @@
 Families: elementwise maps (`elementwise`), reductions over the innermost axis (`rows`) and over
 another axis (`column`; both build on `reduce`), quantized matvecs (`quant`, its tiled kernel
 in `qmm`) and online-softmax attention (`attention`, its simdgroup_matrix prefill in
-`attention_matrix`). Each is a pattern of `families.PATTERNS` (the ordered table that
+`attention/prefill.py`). Each is a pattern of `families.PATTERNS` (the ordered table that
 recognises a graph's family, once per graph, and hands its form to the builder) and an entry of
 `policy.POLICIES`, and produces a `Schedule` (`base`), whose kernels come from
 `base.make_kernel`. A new family is one more module and one more entry in each.

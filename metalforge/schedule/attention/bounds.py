@@ -1,0 +1,64 @@
+"""The keys a query row can see, read from the scores' mask: bounds on index(L) that let the
+kernels skip masked keys and the schedule count only the keys it reads."""
+from __future__ import annotations
+
+from ...graph import Node, Op, strip_casts, topo_order
+from .match import Form
+
+_BOUND = {"lt": ("hi", 0), "le": ("hi", 1), "gt": ("lo", 1), "ge": ("lo", 0)}
+_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
+_INT_ARITH = ("add", "sub", "mul", "floordiv", "maximum", "minimum")
+
+
+def _conjuncts(n: Node) -> list[Node]:
+    n = strip_casts(n)
+    if n.op == Op.BINARY and n.attr == "and":
+        return _conjuncts(n.args[0]) + _conjuncts(n.args[1])
+    return [n]
+
+
+def _is_index(n: Node, axis: str) -> bool:
+    return n.op == Op.INDEX and n.attr == axis
+
+
+def _key_free_int(n: Node, key: str) -> bool:
+    """An integer expression of indices other than `key`, sizes, integer scalars and
+    constants (the same for every key of a row)."""
+    n = strip_casts(n)
+    if not n.dtype.is_int:
+        return False
+    if n.op in (Op.SIZE, Op.SCALAR) or (n.op == Op.INDEX and n.attr != key):
+        return True
+    if n.op == Op.CONST:
+        return isinstance(n.attr, int) and not isinstance(n.attr, bool)
+    return n.op == Op.BINARY and n.attr in _INT_ARITH and all(
+        _key_free_int(a, key) for a in n.args)
+
+
+def key_bounds(form: Form, rows: tuple[str, ...]) -> list[tuple[str, Node, int]]:
+    """The keys a query row can see, from the scores' mask: when the scores' last step is
+    `where(c, s, -inf)`, each conjunct of c comparing index(L) with an integer expression
+    f of the other indices, sizes and integer scalars is a bound, ('lo', f, a): keys
+    >= f + a, or ('hi', f, a): keys < f + a (causal: hi = pos + 1; a sliding window also
+    lo = pos - window + 1). Keys outside them are masked whatever their values."""
+    sc = strip_casts(form.scores)
+    if sc.op != Op.WHERE:
+        return []
+    cond, _, other = sc.args
+    other = strip_casts(other)
+    if other.op != Op.CONST or other.attr != float("-inf"):
+        return []
+    key = form.key
+    out: list[tuple[str, Node, int]] = []
+    for c in _conjuncts(cond):
+        if c.op != Op.BINARY or c.attr not in _BOUND or not all(
+                a.dtype.is_int for a in c.args):     # compared as integers, not floats
+            continue
+        x, y = (strip_casts(a) for a in c.args)
+        op = c.attr
+        if _is_index(y, key) and _key_free_int(x, key):     # f op L  ==  L op' f
+            x, y, op = y, x, _MIRROR[op]
+        if _is_index(x, key) and _key_free_int(y, key) and all(
+                m.attr in rows for m in topo_order([y]) if m.op == Op.INDEX):
+            out.append((_BOUND[op][0], y, _BOUND[op][1]))
+    return out

@@ -1,0 +1,85 @@
+"""The attention schedule of a graph: its fixed context, then each kernel from its module (the
+decode kernels, the prefill kernel, the merge kernel), and the host-side schedule around them."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from ... import ir
+from ...errors import UnsupportedConstruct
+from ...graph import Graph
+from ..hardware import SIMD_WIDTH
+from ..policy import LaunchPolicy, validate
+from . import decode, merge, prefill, staged
+from .bounds import key_bounds
+from .context import CallContext, context
+from .match import Form, match
+from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS
+from .schedule import AttentionSchedule
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool,
+          form: Optional[Form] = None) -> AttentionSchedule:
+    """The attention schedule of `graph` (`form`: its match, when already found)."""
+    form = match(graph) if form is None else form
+    if form is None:
+        raise UnsupportedConstruct(f"kernel '{graph.name}': not an attention graph")
+    ctx = context(graph, policy, index64, form)
+    stage_kv = bool(ctx.policy.stage_kv)
+    epl = ctx.policy.reads_per_thread
+    carry = _Carry({"mf_maximum"})
+    if stage_kv:
+        first = carry(staged.kernel(ctx, "decode"))
+        narrow: Optional[ir.LoweredKernel] = carry(staged.kernel(ctx, "narrow"))
+        wide = carry(staged.kernel(ctx, "wide")) if epl > ctx.run else None
+        tg_bytes = threadgroup_bytes(wide or narrow or first)
+    else:
+        first = carry(decode.kernel(ctx))
+        narrow = wide = None
+        tg_bytes = threadgroup_bytes(first)
+    matrix = prefill.kernel(ctx, MATRIX_ROWS, NARROW_TILE_KEYS) \
+        if ctx.policy.matrix_rows else None
+    if matrix is not None:
+        matrix = carry(matrix, also={"mf_mma"})
+        tg_bytes = max(tg_bytes, threadgroup_bytes(matrix))
+    merged = carry(merge.kernel(ctx))
+    return _schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged)
+
+
+class _Carry:
+    """Each kernel also declares the helpers of the kernels built before it (as the one
+    builder that made them all did: their MSL keeps those helpers)."""
+
+    def __init__(self, start: set[str]):
+        self.helpers = set(start)
+
+    def __call__(self, kernel: ir.LoweredKernel, also: frozenset[str] | set[str] = frozenset()
+                 ) -> ir.LoweredKernel:
+        self.helpers.update(set(kernel.helpers) - set(also))
+        return replace(kernel, helpers=tuple(sorted(self.helpers | set(kernel.helpers))))
+
+
+def threadgroup_bytes(kernel: ir.LoweredKernel) -> int:
+    """The threadgroup memory a kernel declares (at its top: 4-byte floats, 16-byte float4s)."""
+    return sum((16 if s.type == "float4" else 4) * s.length for s in kernel.body
+               if isinstance(s, ir.ArrayDecl) and s.space == "threadgroup")
+
+
+def _schedule(ctx: CallContext, tg_bytes: int, first: ir.LoweredKernel,
+              narrow: Optional[ir.LoweredKernel], wide: Optional[ir.LoweredKernel],
+              matrix: Optional[ir.LoweredKernel], merged: ir.LoweredKernel
+              ) -> AttentionSchedule:
+    vector = tuple(dict.fromkeys(ctx.tensor_of(n).name for n in ctx.kv)) if ctx.vw > 1 else ()
+    policy = replace(ctx.policy, uses_simd=True, threadgroup_bytes=tg_bytes,
+                     vector_width=ctx.vw)
+    validate(policy)
+    run = ctx.run
+    return AttentionSchedule(
+        "attention", ctx.graph, policy, first, (*ctx.rows, ctx.form.e), vector, ctx.index64,
+        l_axis=ctx.form.key, e_axis=ctx.form.e, rows=ctx.rows,
+        max_e=SIMD_WIDTH * ctx.policy.reads_per_thread, merge=merged, narrow=narrow,
+        narrow_e=NARROW_LANES * run, wide=wide, mid_e=SIMD_WIDTH * run, prefill=matrix,
+        prefill_e=SIMD_WIDTH * run, own_axes=ctx.own_axes, tile_axes=ctx.tile_axes, qt=ctx.qt,
+        tile_items=tuple(ctx.tensor_of(n).dtype.itemsize for n in ctx.kv)
+        if ctx.policy.stage_kv else (), tile_vw=ctx.vw,
+        bounds=tuple(key_bounds(ctx.form, ctx.rows)), kv_reads=tuple(ctx.kv))
