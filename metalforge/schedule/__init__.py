@@ -1,17 +1,20 @@
 """Graph → schedule: recognise the kernel's family, pick its launch policy, lower it to IR.
 
-Families: elementwise maps (`elementwise`), reductions over the innermost axis (`rows`) and over
-another axis (`column`; both build on `reduce`), quantized matvecs (`quant`, its tiled kernel
-in `qmm`) and online-softmax attention (`attention`, its simdgroup_matrix prefill in
-`attention/prefill.py`). Each is a pattern of `families.PATTERNS` (the ordered table that
-recognises a graph's family, once per graph, and hands its form to the builder) and an entry of
-`policy.POLICIES`, and produces a `Schedule` (`base`), whose kernels come from
-`base.make_kernel`. A new family is one more module and one more entry in each.
+Families, each a package (or module) of named blocks with one module per kernel: elementwise
+maps (`elementwise`), reductions over the innermost axis (`rows/`) and over another axis
+(`column`; both build on `reduce`), quantized matvecs (`quant/`: matvec and tiled kernels) and
+online-softmax attention (`attention/`: decode, staged, prefill and merge kernels). Each is a
+pattern of `families.PATTERNS` (the ordered table that recognises a graph's family, once per
+graph, and hands its form to the builder) and an entry of `policy.POLICIES`, and produces a
+`Schedule` (`base`), whose kernels come from `base.make_kernel`. A new family is one more
+package and one more entry in each.
 
 Building blocks the families share: `lower` (element values as IR, packed-word unpacking),
 `gather` (mf.take), `reduce` (reduction state, simd → threadgroup → simd combines, positions
 of the thread's unit), `online` (online-softmax factors and merges), `fragments` (8x8
-simdgroup_matrix fragments), `policy` (launch tables and their checks).
+simdgroup_matrix fragments), `policy` (launch tables and their checks), `hardware` (the GPU's
+facts as frozen data), `reordering` (which float sums a schedule reorders, for the checker's
+slack).
 """
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # M = 8: 1024x14336 (1024) 20.7 -> 25.0 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
                           k_splits=4, split_grid=64, x_rows=2, uses_simd=True),
-    # attention (schedule/attention.py): a threadgroup per tile of rows_per_group query rows
+    # attention (schedule/attention/): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
     # keys. lane_scores: each lane scores a key of its own over all of E (q in threadgroup

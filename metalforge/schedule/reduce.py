@@ -437,16 +437,12 @@ class VariantParts:
         return sum((16 if a.type == "float4" else 4) * a.length for a in self.tg_arrays)
 
 
-# the old name, which attention.py and quant.py/qmm.py still annotate with (remove with them)
-Variant = VariantParts
-
-
 class ReductionTerms:
     """What the reduction schedules share on top of their per-call fields (a frozen
-    `ReductionContext`, or the `Builder` attention and quant subclass): names and types of
-    parameters, axis sizes (recording the ones used), positions along the outer axes, the
-    element cone of a phase, folds into accumulators. `sizes_used` and `helpers` accumulate
-    what the library's kernels use (one parameter list, one helper set)."""
+    `ReductionContext`): names and types of parameters, axis sizes (recording the ones used),
+    positions along the outer axes, the element cone of a phase, folds into accumulators.
+    `sizes_used` and `helpers` accumulate what the library's kernels use (one parameter list,
+    one helper set)."""
     graph: Graph
     index64: bool
     axis: str
@@ -639,43 +635,3 @@ def build_variants(ctx: ReductionTerms, names: tuple[str, ...],
     return ({name: replace(k, params=params, helpers=helpers) for name, k in kernels.items()},
             passes, tg)
 
-
-class Builder(ReductionTerms):
-    """The mutable builder attention.py and quant.py still subclass (the row and column
-    schedules build from a frozen `ReductionContext` instead): the context's fields as its
-    own, and the variant being built as `self.v` (set by `variants`)."""
-
-    def __init__(self, graph: Graph, policy: LaunchPolicy, index64: bool, axis: str,
-                 tag: str, unit: str):
-        c = reduction_context(graph, policy, index64, axis, tag, unit)
-        self.graph, self.policy, self.index64 = graph, policy, index64
-        self.axis, self.tag = axis, tag
-        self.outer, self.allowed, self.nodes = c.outer, set(c.allowed), list(c.nodes)
-        self.inputs, self.scalars = c.inputs, c.scalars
-        self.tvars = c.tvars
-        self.names, self.out_names = c.names, c.out_names
-        self.sizes_used: list[str] = c.sizes_used
-        self.helpers: set[str] = c.helpers
-
-    def position(self, axis: str) -> ir.Expr:
-        """The thread's position along one of the outer axes."""
-        return self.position_in(f"mf_{self.tag}", self.outer, axis,
-                                f"mf_{self.tag}pos_{ident(axis)}", self.v)
-
-    def outer_load(self, n: Node) -> ir.Expr:
-        """A load of input `n` at the thread's row (column), for values without the axis."""
-        raise NotImplementedError
-
-    def kernel(self, v: VariantParts) -> ir.LoweredKernel:
-        raise NotImplementedError
-
-    def variants(self, names: tuple[str, ...], advice: str = ""
-                 ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:
-        """`build_variants` with the subclass's `kernel`, each with a fresh `VariantParts` as
-        `self.v`."""
-        def kernel(name: str) -> tuple[ir.LoweredKernel, VariantParts]:
-            self.v = VariantParts(name, ElementLowering(
-                self.graph, self.outer_load, self.position, self.size, lambda s: self.names[s],
-                prefix="mf_r"))
-            return self.kernel(self.v), self.v
-        return build_variants(self, names, kernel, advice)

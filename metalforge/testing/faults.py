@@ -84,7 +84,7 @@ PARTIAL_PAST_END = Fault(
     "(threadgroup memory no thread wrote)",
     ((r"\bmf_lane < mf_nsg \?", "mf_lane <= mf_nsg ?"),))
 
-# Attention (metalforge/schedule/attention.py): a decode or prefill group finds its tile of query
+# Attention (metalforge/schedule/attention/): a decode or prefill group finds its tile of query
 # rows and its key block from its index, and a split call's partial states sit at the row's
 # position (head and query) times the blocks, plus the block.
 

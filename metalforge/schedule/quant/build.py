@@ -48,7 +48,7 @@ def state(ctx: QuantContext, name: str) -> QuantState:
 
     rows = ElementLowering(ctx.graph, load, position, ctx.size, lambda s: ctx.names[s],
                            prefix="mf_r")
-    st = QuantState(ctx, reduce.Variant(name, rows), mb, splits)
+    st = QuantState(ctx, reduce.VariantParts(name, rows), mb, splits)
     return st
 
 

@@ -1,7 +1,7 @@
 """What a quantized kernel's blocks read: the per-call context (`QuantContext`: the graph's
 reduction, axes, packed and shared tensors, chunk sizes; fixed once the graph and launch policy
 are) and the per-kernel state (`QuantState`: which kernel, its rows of x and simdgroups per
-block, its `reduce.Variant`).
+block, its `reduce.VariantParts`).
 
 The one thing the kernels of a call add to as they are built is `Uses`: the axis sizes they
 read (in order of first use: the shared parameter list) and the helper functions they call.
@@ -119,7 +119,7 @@ class QuantState:
     """One kernel being built: its variant record (`v.name`: qmv, qmv_split, qmvx, qmvx_split
     or qmm), its rows of x per simdgroup (`mb`) and simdgroups per block (`splits`)."""
     ctx: QuantContext
-    v: reduce.Variant
+    v: reduce.VariantParts
     mb: int = 1
     splits: int = 1
 
