@@ -30,14 +30,14 @@ import re
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import DTYPES, timeit  # noqa: E402
+from reductions import cases  # noqa: E402
+
 from metalforge.runtime import launcher  # noqa: E402
 from metalforge.schedule.policy import LaunchError  # noqa: E402
-from reductions import cases  # noqa: E402
 
 R8 = dict(reads_per_thread=8, looped_limit=8192)
 R16 = dict(reads_per_thread=16, looped_limit=16384)

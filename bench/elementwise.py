@@ -24,13 +24,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, parse_launch, pick_device, print_table, table_parser, sync  # noqa: E402
-from metalforge import runtime  # noqa: E402
-from metalforge.runtime.launcher import Compiled, check_call  # noqa: E402
 from bias_scale import bias_scale  # noqa: E402
+from common import DTYPES, parse_launch, pick_device, print_table, sync, table_parser  # noqa: E402
 from gelu import gelu  # noqa: E402
 from silu import silu  # noqa: E402
 from swiglu import swiglu  # noqa: E402
+
+from metalforge import runtime  # noqa: E402
+from metalforge.runtime.launcher import Compiled, check_call  # noqa: E402
+
 
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):

@@ -146,9 +146,10 @@ def qmv(mode: str, repeat: int) -> None:
 
 
 def short(mode: str, repeat: int) -> None:
-    import metalforge as mf
     from log_softmax import log_softmax
     from silu import silu
+
+    import metalforge as mf
 
     @mf.kernel
     def plus_zero(x: "T[B, D]"):  # noqa: F821

@@ -35,14 +35,15 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, pick_device, sync  # noqa: E402
-from metalforge.runtime import backends, launcher  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
+from common import DTYPES, pick_device, sync  # noqa: E402
 from rms_norm import rms_norm  # noqa: E402
 from silu import silu  # noqa: E402
 from softmax import softmax  # noqa: E402
 from two_outputs import add_silu  # noqa: E402
+
+from metalforge.runtime import backends, launcher  # noqa: E402
 
 
 class NoLaunch:

@@ -45,12 +45,21 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another installed one
 
-from common import (DTYPES, cold_copies, copy_time, launched_variant, parse_launch,  # noqa: E402
-                    pick_device, plan, timeit)
-from metalforge import quant  # noqa: E402
-from metalforge.schedule.policy import LaunchError  # noqa: E402
+from common import (  # noqa: E402
+    DTYPES,
+    cold_copies,
+    copy_time,
+    launched_variant,
+    parse_launch,
+    pick_device,
+    plan,
+    timeit,
+)
 from dequantize import dequantize  # noqa: E402
 from q4_matvec import q4_matvec  # noqa: E402
+
+from metalforge import quant  # noqa: E402
+from metalforge.schedule.policy import LaunchError  # noqa: E402
 
 SHAPES = ["4096x4096", "11008x4096", "4096x11008", "14336x4096"]
 

@@ -24,17 +24,18 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import parse_launch, pick_device, print_table, table_parser  # noqa: E402
-from metalforge import runtime  # noqa: E402
 from add_rms_norm import add_rms_norm  # noqa: E402
 from column_sum import column_sum  # noqa: E402
+from common import parse_launch, pick_device, print_table, table_parser  # noqa: E402
 from layer_norm import layer_norm  # noqa: E402
 from log_softmax import log_softmax  # noqa: E402
 from logsumexp import logsumexp  # noqa: E402
 from rms_norm import rms_norm  # noqa: E402
 from row_argmax import row_argmax  # noqa: E402
 from softmax import softmax  # noqa: E402
+
 import metalforge as mf  # noqa: E402
+from metalforge import runtime  # noqa: E402
 
 
 @mf.kernel

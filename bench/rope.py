@@ -26,8 +26,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (DTYPES, add_compile_flag, compile_time, copy_time, pick_device, plan,  # noqa: E402
-                    ratio, timeit, us)
+from common import (  # noqa: E402
+    DTYPES,
+    add_compile_flag,
+    compile_time,
+    copy_time,
+    pick_device,
+    plan,
+    ratio,
+    timeit,
+    us,
+)
 
 _spec = importlib.util.spec_from_file_location(      # examples/rope.py (this file is rope.py)
     "mf_example_rope", Path(__file__).resolve().parent.parent / "examples" / "rope.py")

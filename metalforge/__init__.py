@@ -11,18 +11,68 @@ from __future__ import annotations
 from . import dtypes
 from ._version import __version__
 from .autotuner import autotune
-from .dtypes import BF16 as bf16, F16 as f16, F32 as f32, I8 as i8, I16 as i16, I32 as i32
-from .dtypes import I64 as i64, U8 as u8, U16 as u16, U32 as u32
-from .errors import (AnnotationError, BackendUnavailable, BindingError, CandidateMismatch,
-                     DeviceError, GatherIndexError, LaunchError, MetalforgeError,
-                     QuantizationError, ShapeError, TraceError, UnsupportedConstruct,
-                     UnsupportedOnBackend)
-from .frontend.kernel import Const, Kernel, kernel
+from .dtypes import BF16 as bf16
+from .dtypes import F16 as f16
+from .dtypes import F32 as f32
+from .dtypes import I8 as i8
+from .dtypes import I16 as i16
+from .dtypes import I32 as i32
+from .dtypes import I64 as i64
+from .dtypes import U8 as u8
+from .dtypes import U16 as u16
+from .dtypes import U32 as u32
+from .errors import (
+    AnnotationError,
+    BackendUnavailable,
+    BindingError,
+    CandidateMismatch,
+    DeviceError,
+    GatherIndexError,
+    LaunchError,
+    MetalforgeError,
+    QuantizationError,
+    ShapeError,
+    TraceError,
+    UnsupportedConstruct,
+    UnsupportedOnBackend,
+)
 from .frontend import tracer as _tracer
-from .frontend.ops import (abs, argmax, argmin, ceil, clamp, cos, erf, exp, exp2, floor, index,
-                           inf, log, log2, log_softmax, logsumexp, max, maximum, mean, min,
-                           minimum, prod, rsqrt, sigmoid, sin, size, softmax, sqrt, sum, tanh,
-                           take, unpack, where)
+from .frontend.kernel import Const, Kernel, kernel
+from .frontend.ops import (
+    abs,
+    argmax,
+    argmin,
+    ceil,
+    clamp,
+    cos,
+    erf,
+    exp,
+    exp2,
+    floor,
+    index,
+    inf,
+    log,
+    log2,
+    log_softmax,
+    logsumexp,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    prod,
+    rsqrt,
+    sigmoid,
+    sin,
+    size,
+    softmax,
+    sqrt,
+    sum,
+    take,
+    tanh,
+    unpack,
+    where,
+)
 from .runtime import backend
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",

@@ -34,8 +34,18 @@ import torch
 
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
-from .graph import (BinaryOp, Graph, Node, Op, Output, ReduceOp, ScalarParam, TensorParam,
-                    UnaryOp, topo_order)
+from .graph import (
+    BinaryOp,
+    Graph,
+    Node,
+    Op,
+    Output,
+    ReduceOp,
+    ScalarParam,
+    TensorParam,
+    UnaryOp,
+    topo_order,
+)
 from .once import OnceMap
 from .shapes import bind_shapes, output_shape
 

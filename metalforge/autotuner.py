@@ -29,8 +29,8 @@ import torch
 from ._version import __version__
 from .errors import BindingError, CandidateMismatch
 from .frontend.kernel import Kernel
-from .runtime.backends import current_backend
 from .runtime import run
+from .runtime.backends import current_backend
 from .runtime.launcher import dispatch, prepare
 from .schedule import family as family_of
 from .schedule.policy import TUNABLE, LaunchError, backend_launch, resolve

@@ -27,8 +27,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from . import autodiff
-from .errors import BindingError
 from .autodiff import NotDifferentiable
+from .errors import BindingError
 from .graph import ConstParam, Graph, TensorParam
 from .runtime.autograd import run_backward
 from .shapes import bind_shapes, lay_out, output_shape

@@ -32,7 +32,7 @@ from ..bounded import Bounded
 from ..errors import KernelError
 from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
-from .translate import Entry, SOURCE_NAME, translate, two_groups
+from .translate import SOURCE_NAME, Entry, translate, two_groups
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 NVRTC_OPTIONS = ["-default-device", "--std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=310"]

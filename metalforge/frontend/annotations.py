@@ -19,8 +19,8 @@ from typing import Mapping, Optional, Union
 import lark
 
 from .. import dtypes
-from ..graph import AxisSpec
 from ..errors import AnnotationError
+from ..graph import AxisSpec
 
 _READABLE = {
     "NAME": "a name", "INT": "an integer", "RSQB": "']'", "LSQB": "'['", "COMMA": "','",

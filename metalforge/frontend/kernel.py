@@ -14,9 +14,8 @@ from typing import Any, Callable, Mapping, Optional, cast
 import torch
 
 from .. import dtypes, runtime
-from ..dtypes import BOOL, DType, F32, I64, check_float, check_int64
-from ..errors import (AnnotationError, BindingError, TraceError, UnsupportedConstruct, at,
-                      kernel_at)
+from ..dtypes import BOOL, F32, I64, DType, check_float, check_int64
+from ..errors import AnnotationError, BindingError, TraceError, UnsupportedConstruct, at, kernel_at
 from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, ScalarParam, TensorParam
 from ..once import OnceMap
 from ..torch_ops import register

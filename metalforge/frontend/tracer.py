@@ -29,9 +29,9 @@ from typing import Any, Callable, Iterable, NoReturn, Optional
 import torch
 
 from .. import dtypes
-from ..dtypes import BOOL, DType, F32, I32, I64, U32
-from ..graph import AxisSpec, BinaryOp, Node, Op, ReduceOp, UnaryOp, broadcasts_over
+from ..dtypes import BOOL, F32, I32, I64, U32, DType
 from ..errors import TraceError
+from ..graph import AxisSpec, BinaryOp, Node, Op, ReduceOp, UnaryOp, broadcasts_over
 
 UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bit word
 

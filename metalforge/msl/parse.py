@@ -29,10 +29,18 @@ from __future__ import annotations
 import re
 
 from .scalars import eval_int, type_size
-from .signature import (FunctionConstant, ParsedSource, Signature, SignatureParam, TgDecl,
-                        assign_buffer_indices, parse_params)
+from .signature import (
+    FunctionConstant,
+    ParsedSource,
+    Signature,
+    SignatureParam,
+    TgDecl,
+    assign_buffer_indices,
+    parse_params,
+)
 from .tokens import LineMap, ParseError, attr_list, split_commas, tokenize
 from .walker import FuncDef, Walker
+
 
 def _subst(text: str, mapping: dict[str, str]) -> str:
     for k, v in mapping.items():

@@ -13,8 +13,19 @@ import re
 from dataclasses import dataclass
 
 from .signature import ADDRESS_SPACES, STANDARD_ATTRS, FunctionConstant, TgDecl
-from .tokens import (ParseError, Token, after_templates, attr_list, attr_name, match_angle,
-                     match_bracket, name_before, split_commas, tokenize, top_level)
+from .tokens import (
+    ParseError,
+    Token,
+    after_templates,
+    attr_list,
+    attr_name,
+    match_angle,
+    match_bracket,
+    name_before,
+    split_commas,
+    tokenize,
+    top_level,
+)
 
 # Address spaces that are the same ordinary memory on the CPU (`constant` is `const`, so it stays
 # a distinct overload).

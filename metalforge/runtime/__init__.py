@@ -16,11 +16,11 @@ each argument comes from, in `binding`; the warm-call replay, in `fastpath`.
 """
 from __future__ import annotations
 
+from ..errors import DeviceError
 from . import launcher, mlx
 from .autograd import backward_source
 from .backends import BACKENDS, backend, clear_caches, current_backend
 from .calls import CallPath, call
-from ..errors import DeviceError
 from .launcher import compiled
 from .layout import check_dense
 from .mlx import dtype_of as array_dtype

@@ -27,7 +27,6 @@ from ..ir import BIND_KINDS, Argument
 from ..schedule import Schedule
 from ..shapes import ShapeBinding, flat_shape, output_shape
 
-
 # --------------------------------------------------------------------------- the sources
 
 @dataclass(frozen=True)

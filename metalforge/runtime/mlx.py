@@ -41,8 +41,14 @@ import torch
 from .. import dtypes
 from .. import schedule as sched_mod
 from ..codegen import render_msl
-from ..errors import (BackendUnavailable, BindingError, DeviceError, LaunchError,
-                      UnsupportedOnBackend, kernel_at)
+from ..errors import (
+    BackendUnavailable,
+    BindingError,
+    DeviceError,
+    LaunchError,
+    UnsupportedOnBackend,
+    kernel_at,
+)
 from ..graph import Graph, Output
 from ..ir import LoweredKernel
 from ..once import OnceMap
@@ -50,8 +56,7 @@ from ..shapes import numel as shapes_numel
 from ..shapes import output_shape
 from ..sim import compile_shader
 from .backends import DEVICE_OF, current_backend
-from .binding import (BindingPlan, InputSource, LaunchSource, ScalarSource, SizeSource,
-                      Source)
+from .binding import BindingPlan, InputSource, LaunchSource, ScalarSource, SizeSource, Source
 from .launcher import eager_outputs, shaped, specialisation
 
 # Metal thread attributes MLX recognises in a body, with the type it declares them as.

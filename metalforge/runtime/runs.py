@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from ..errors import DeviceError
 from ..graph import Graph
 from ..reference import evaluate
 from . import launcher, mlx
 from .backends import check_name, current_backend
 from .fastpath import Warm, record, tuning_state
-from ..errors import DeviceError
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,

@@ -8,7 +8,8 @@ from typing import Iterable, Mapping, Optional
 from .. import ir
 from ..graph import Graph, Op, take_sites
 from ..shapes import numel
-from .names import IDX as IDX, kernel_name, template_vars
+from .names import IDX as IDX
+from .names import kernel_name, template_vars
 from .policy import LaunchPolicy
 from .reordering import Reordering, reordering, skipped_keys
 

@@ -39,14 +39,14 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 from .. import ir
-from ..graph import Graph, Node, Op
-from .base import IDX, Step, make_kernel
-from .lower import ElementLowering, compute_type
 from ..errors import LaunchError
+from ..graph import Graph, Node, Op
+from . import reduce
+from .base import IDX, Step, make_kernel
 from .hardware import SIMD_WIDTH
+from .lower import ElementLowering, compute_type
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
 from .rows import RowSchedule
-from . import reduce
 
 VARIANTS = ("column", "split")
 CHUNK_ROWS = "chunk_rows"                 # the launch parameter: rows per chunk

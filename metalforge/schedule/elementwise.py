@@ -23,12 +23,11 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 from .. import ir
 from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
-from ..graph import (Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over,
-                     take_sites)
+from ..graph import Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over, take_sites
 from ..shapes import size_multiple
 from . import gather
 from .base import IDX, Schedule, make_kernel
-from .lower import ElementLowering, convert, compute_type, ident
+from .lower import ElementLowering, compute_type, convert, ident
 from .names import param_name, template_vars, tensor_var, type_name
 from .policy import LaunchPolicy, access_width
 

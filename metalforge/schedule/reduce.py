@@ -35,12 +35,12 @@ from .. import ir
 from ..dtypes import DType
 from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
 from ..graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
-from .hardware import MAX_THREADGROUP_BYTES
-from .policy import LaunchPolicy
 from .base import IDX
 from .elementwise import kernel_params, msl_names, output_stype, used_params
-from .lower import ElementLowering, convert, compute_type, ident
+from .hardware import MAX_THREADGROUP_BYTES
+from .lower import ElementLowering, compute_type, convert, ident
 from .names import template_vars, type_name
+from .policy import LaunchPolicy
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
 _EXTREME = ("max", "min", "argmax", "argmin")

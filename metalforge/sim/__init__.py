@@ -9,8 +9,15 @@ rewrite.py (the textual pass), compiler.py (compilation and cache) and include/m
 """
 from ..errors import KernelError
 from ..msl.tokens import ParseError
-from .library import (Library, LibraryFunction, compile_shader, race_detection, thread_order,
-                      threadgroup_fill, whole_groups)
+from .library import (
+                      Library,
+                      LibraryFunction,
+                      compile_shader,
+                      race_detection,
+                      thread_order,
+                      threadgroup_fill,
+                      whole_groups,
+)
 from .toolchain import CompilerNotFound
 
 __all__ = ["CompilerNotFound", "KernelError", "Library", "LibraryFunction", "ParseError",

@@ -38,10 +38,9 @@ from ..msl.signature import Signature, SignatureParam
 from ..msl.tokens import LineMap, ParseError
 from .frontcheck import front_check
 from .rewrite import rewrite
-from .swizzle import rewrite_repeated_swizzles
 from .spaces import cast_errors as address_space_cast_errors
-from .toolchain import (INCLUDE_DIR, cache_dir, compiler, cxx_cmd, shim_hash,
-                        torch_include)
+from .swizzle import rewrite_repeated_swizzles
+from .toolchain import INCLUDE_DIR, cache_dir, compiler, cxx_cmd, shim_hash, torch_include
 from .trampoline import cpu_trampolines, entry_symbol
 
 SOURCE_NAME = "program_source"

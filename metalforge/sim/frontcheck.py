@@ -37,12 +37,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from .frontast import ast_errors
-from .frontoverloads import renames
-from .toolchain import INCLUDE_DIR, cache_dir, cxx_cmd, shim_hash, torch_include
 from ..msl.parse import parse
 from ..msl.signature import STANDARD_ATTRS, ParsedSource, Signature
 from ..msl.tokens import LineMap, ParseError, attr_list, tokenize
+from .frontast import ast_errors
+from .frontoverloads import renames
+from .toolchain import INCLUDE_DIR, cache_dir, cxx_cmd, shim_hash, torch_include
 
 CHECK_NAME = "metalforge_frontcheck.cpp"
 

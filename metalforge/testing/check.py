@@ -31,21 +31,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
-from hypothesis import given, reject, seed, settings, strategies as st
+from hypothesis import given, reject, seed, settings
+from hypothesis import strategies as st
 
 from .. import runtime, sim
 from ..errors import GatherIndexError, LaunchError
 from ..graph import Graph, topo_order
 from ..runtime import schedule_of
-from ..tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, \
-    tolerance
+from ..tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, tolerance
 from . import coverage, faults, strategies
 from .coverage import Instantiation
 from .gradients import gradient_problem
-from .profiles import Profile, profile as _profile
+from .profiles import Profile
+from .profiles import profile as _profile
 from .slack import allowance
 from .strategies import Drawn, Inputs, index_tensors
-from .variants import CheckVariant, spread, split_values, variants
+from .variants import CheckVariant, split_values, spread, variants
 
 
 @dataclass

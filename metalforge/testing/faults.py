@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..runtime.launcher import MSL_REWRITE     # the seam, with the runtime that compiles
+from ..runtime.launcher import MSL_REWRITE  # the seam, with the runtime that compiles
 
 
 class FaultNotPlanted(RuntimeError):

@@ -29,8 +29,8 @@ import multiprocessing
 import random
 import re
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from hypothesis.errors import FlakyFailure

@@ -17,11 +17,27 @@ import torch
 from hypothesis import strategies as st
 
 from ..dtypes import DType
-from ..graph import AxisSpec, BinaryOp, ConstParam, Graph, Op, Param, ScalarParam, TensorParam, \
-    take_sites, topo_order
+from ..graph import (
+    AxisSpec,
+    BinaryOp,
+    ConstParam,
+    Graph,
+    Op,
+    Param,
+    ScalarParam,
+    TensorParam,
+    take_sites,
+    topo_order,
+)
 from ..shapes import base_multiple
-from .tensors import MODERATE_FAMILIES, describe_layout, families, layouts_for, make_values, \
-    materialise
+from .tensors import (
+    MODERATE_FAMILIES,
+    describe_layout,
+    families,
+    layouts_for,
+    make_values,
+    materialise,
+)
 
 # --------------------------------------------------------------------------- sizes
 

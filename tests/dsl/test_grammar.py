@@ -8,8 +8,12 @@ import torch
 
 import metalforge as mf
 from metalforge import dtypes
-from metalforge.frontend.annotations import (grammar_text, parse_annotation, resolve_dim,
-                                             resolve_dims)
+from metalforge.frontend.annotations import (
+    grammar_text,
+    parse_annotation,
+    resolve_dim,
+    resolve_dims,
+)
 from metalforge.graph import AxisSpec
 
 HERE = os.path.abspath(__file__)

@@ -234,7 +234,8 @@ def test_summed_products_evaluated_in_slices(dt, monkeypatch):
     """A product that only feeds a sum (attention's q * k and p * v) is evaluated with the sum,
     a slice of the other axes at a time, past FUSED_ELEMENTS elements: the same outputs, and the
     same moved references testing derives (each slice's sum adjusted as the whole's was)."""
-    from attention import attention                         # examples/attention.py
+    from attention import attention  # examples/attention.py
+
     from metalforge import reference
     from metalforge.testing.slack import moved_references
     g = torch.Generator().manual_seed(2)
@@ -265,7 +266,8 @@ def test_moved_references_move_near_tied_scores_apart():
     up or all down move nothing (a uniform shift). The CUDA kernel gave 0.02654 where the
     reference gives 0.02450 (the example check() found): outside the plain tolerance, inside the
     slack of the references whose scores move by a sign per key."""
-    from attention import attention                         # examples/attention.py
+    from attention import attention  # examples/attention.py
+
     from metalforge import reference
     from metalforge.dtypes import F32
     from metalforge.testing.slack import moved_references, slack

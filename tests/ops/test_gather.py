@@ -12,10 +12,20 @@ import metalforge as mf
 from metalforge.testing import check
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from embedding import CHECK as EMBED_CHECK, embed, embed_scaled  # noqa: E402
+from embedding import CHECK as EMBED_CHECK  # noqa: E402
+from embedding import embed, embed_scaled
 from paged_kv_gather import paged_gather  # noqa: E402
-from rope import (angles, qk_norm_rope, rope, rope_cached, rope_interleaved,  # noqa: E402
-                  rope_partial, torch_rope, torch_rope_interleaved, torch_rope_partial)
+from rope import (  # noqa: E402
+    angles,
+    qk_norm_rope,
+    rope,
+    rope_cached,
+    rope_interleaved,
+    rope_partial,
+    torch_rope,
+    torch_rope_interleaved,
+    torch_rope_partial,
+)
 
 # the kernels compute angles pos * base^(-2j/E) in fp32 (as torch RoPE code does): at positions
 # up to 8192 the angle itself is off by up to 8192 * 2^-24 rad, the reference computes in f64

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metalforge as mf
 from metalforge import ir, runtime
@@ -22,8 +23,7 @@ from metalforge.schedule import gather
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from embedding import embed  # noqa: E402
 from paged_kv_gather import paged_gather  # noqa: E402
-from rope import (qk_norm_rope, rope, rope_interleaved, torch_rope,  # noqa: E402
-                  torch_rope_interleaved)
+from rope import qk_norm_rope, rope, rope_interleaved, torch_rope, torch_rope_interleaved  # noqa: E402
 
 SIMD_ROW = 32 * 4          # the longest row the simd variant holds (4 elements per lane)
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metalforge as mf
 from metalforge import autodiff, schedule

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 import metalforge as mf
+from metalforge.autotuner import CandidateMismatch, median_time
 from metalforge.graph import ConstParam, ScalarParam, TensorParam
 from metalforge.runtime import backends, launcher
 from metalforge.schedule import family
-from metalforge.testing.check import index_tensors
 from metalforge.schedule.policy import LaunchError
 from metalforge.testing import load_module
-from metalforge.tuning import cache as cache_mod
-from metalforge.autotuner import CandidateMismatch, median_time
+from metalforge.testing.check import index_tensors
 from metalforge.tuning import CacheWarning, TuneCache, grid
+from metalforge.tuning import cache as cache_mod
 
 autotune_mod = importlib.import_module("metalforge.autotuner")
 SMALL_GRID = 1 << 19                # the elementwise table's (every full config names it)

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metalforge as mf
 from metalforge.cli import main as cli_main

@@ -2,10 +2,12 @@
 printers parenthesise them as C would parse them."""
 import operator
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from metalforge import ir
-from metalforge.codegen.msl import expr as msl_expr, render
+from metalforge.codegen.msl import expr as msl_expr
+from metalforge.codegen.msl import render
 
 j, t, n = ir.Var("mf_j"), ir.Var("mf_t"), ir.Var("mf_n")
 R = ir.Lit(4, "uint")

@@ -2,7 +2,8 @@
 state of the reduction builders, the elementwise vector path (its condition, positions found
 once per chunk), the packed-word block."""
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metalforge as mf
 from metalforge import ir, quant, schedule

@@ -5,9 +5,9 @@ Python reference."""
 import pytest
 import torch
 
-from metalforge.sim import compile_shader
 from metalforge.msl.parse import parse
 from metalforge.msl.tokens import ParseError
+from metalforge.sim import compile_shader
 
 
 # ------------------------------------------------------------------------- parser

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from metalforge.sim import compile_shader, compiler, frontcheck
 from metalforge.msl.parse import parse
+from metalforge.sim import compile_shader, compiler, frontcheck
 
 pytestmark = pytest.mark.skipif(not frontcheck.available(), reason="libclang is not installed")
 

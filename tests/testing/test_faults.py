@@ -14,10 +14,19 @@ import torch
 import metalforge as mf
 from metalforge import sim
 from metalforge.testing import check
-from metalforge.testing.faults import (BROADCAST_WRONG_AXIS, DROPPED_UPCAST, MISSING_BARRIER,
-                                       OFF_BY_ONE_GUARD, PARTIAL_HEAD_OFFSET, PARTIAL_PAST_END,
-                                       TILE_OF_GROUP, WRONG_IDENTITY, Fault, FaultNotPlanted,
-                                       planted)
+from metalforge.testing.faults import (
+    BROADCAST_WRONG_AXIS,
+    DROPPED_UPCAST,
+    MISSING_BARRIER,
+    OFF_BY_ONE_GUARD,
+    PARTIAL_HEAD_OFFSET,
+    PARTIAL_PAST_END,
+    TILE_OF_GROUP,
+    WRONG_IDENTITY,
+    Fault,
+    FaultNotPlanted,
+    planted,
+)
 
 
 @mf.kernel

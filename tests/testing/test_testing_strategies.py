@@ -3,7 +3,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import find, given, settings, strategies as st
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
 
 from metalforge import dtypes
 from metalforge.graph import AxisSpec, ConstParam, ScalarParam, TensorParam

@@ -4,8 +4,7 @@ import math
 import pytest
 import torch
 
-from metalforge.testing.tolerance import (BASE, compare, lowest_precision, magnitude,
-                                          tolerance)
+from metalforge.testing.tolerance import BASE, compare, lowest_precision, magnitude, tolerance
 
 
 def test_base_tolerances_follow_the_design_table():

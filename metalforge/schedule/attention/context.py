@@ -13,7 +13,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ... import ir
 from ...dtypes import DType
-from ...errors import UnsupportedConstruct, at as where_at
+from ...errors import UnsupportedConstruct
+from ...errors import at as where_at
 from ...graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
 from ..base import IDX
 from ..elementwise import kernel_params, msl_names, output_stype, used_params

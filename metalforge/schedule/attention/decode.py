@@ -3,13 +3,12 @@ block of keys, its simdgroups taking turns over steps of keys, with key streams 
 or lane scores (`_lane_scan`), the states merged at the end."""
 from __future__ import annotations
 
-
 from ... import ir
 from ...graph import topo_order
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
-from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .combine import merge_lanes, merge_streams, share, shared_states
+from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .head import block_keys, group_head, tile
 from .scores import dots, lane_dots
 from .softmax import empty_states, lane_softmax, softmax_step

@@ -3,13 +3,11 @@ which rows of the tile exist and their positions (`tile`), and the keys its rows
 (`block_keys`, from the mask's bounds)."""
 from __future__ import annotations
 
-
 from ... import ir
 from ..base import IDX
 from ..lower import ident
-from .context import SIMD, CallContext, KernelState
 from .bounds import key_bounds
-from .context import lowering, tile_position
+from .context import SIMD, CallContext, KernelState, lowering, tile_position
 from .loops import each_row
 
 

@@ -16,9 +16,21 @@ from ...reference import evaluate_expressions
 from ...shapes import numel
 from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
-from .params import (MATRIX_GROUP, MATRIX_ROWS, MERGE_LANES, MERGE_SIMDGROUPS, MIN_KEYS,
-                     MIN_STAGED_KEYS, NARROW_TILE_KEYS, PAD_BYTES, TARGET_GROUPS,
-                     TARGET_GROUPS_STAGED, TILE_BYTES, TILE_KEYS, lanes_per_key)
+from .params import (
+    MATRIX_GROUP,
+    MATRIX_ROWS,
+    MERGE_LANES,
+    MERGE_SIMDGROUPS,
+    MIN_KEYS,
+    MIN_STAGED_KEYS,
+    NARROW_TILE_KEYS,
+    PAD_BYTES,
+    TARGET_GROUPS,
+    TARGET_GROUPS_STAGED,
+    TILE_BYTES,
+    TILE_KEYS,
+    lanes_per_key,
+)
 
 
 @dataclass

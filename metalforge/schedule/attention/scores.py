@@ -10,8 +10,7 @@ from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float, compute_type
 from ..online import NEG_INF
-from .context import SIMD, CallContext, KernelState
-from .context import lowering
+from .context import SIMD, CallContext, KernelState, lowering
 from .loops import each_key, each_row, every_row, keys, lanes, rows_reading
 from .staging import elements, key_value, own_key_chunks, zero_padded
 

@@ -6,8 +6,8 @@ from typing import Mapping
 
 from ... import ir
 from ...graph import Node
-from ..hardware import SIMD_WIDTH
 from .. import online
+from ..hardware import SIMD_WIDTH
 from ..online import NEG_INF
 from .context import CallContext, KernelState
 from .loops import each_key, each_row, keys, slots

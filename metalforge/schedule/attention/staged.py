@@ -3,15 +3,14 @@ query row of the tile, K/V tiles staged in threadgroup memory, the simdgroups sp
 tile's keys; then the rows' accumulators summed across the simdgroups (`sum_rows`)."""
 from __future__ import annotations
 
-
 from ... import ir
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
 from ..online import NEG_INF
-from .params import NARROW_LANES, NARROW_TILE_KEYS, TILE_BYTES, TILE_KEYS
 from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .head import block_keys, group_head, tile
 from .loops import each_row, slot_e, slots
+from .params import NARROW_LANES, NARROW_TILE_KEYS, TILE_BYTES, TILE_KEYS
 from .scores import tile_scores
 from .softmax import tile_softmax
 from .staging import stage, with_staged

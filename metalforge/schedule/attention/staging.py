@@ -11,8 +11,7 @@ from ...graph import Node, Op, TensorParam, topo_order
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering, as_float, compute_type
-from .context import SIMD, CallContext, KernelState
-from .context import lowering, offset
+from .context import SIMD, CallContext, KernelState, lowering, offset
 from .loops import each_row, keys, lanes, slots
 
 

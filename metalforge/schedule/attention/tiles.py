@@ -2,15 +2,13 @@
 into them (`fill_tiles`, `batched_copies`) and reads of a tile's element (`tile_reads`)."""
 from __future__ import annotations
 
-
 from ... import ir
 from ...graph import Node, Op
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import compute_type
+from .context import CallContext, KernelState, lowering, offset
 from .params import BATCHED_COPIES, PAD_BYTES, TILE_BYTES
-from .context import CallContext, KernelState
-from .context import lowering, offset
 
 
 def tile_arrays(ctx: CallContext, ks: KernelState, runs: bool = True) -> list[ir.Stmt]:

@@ -9,8 +9,7 @@ from ...graph import Node, topo_order
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float, compute_type
-from .context import SIMD, CallContext, KernelState
-from .context import lowering
+from .context import SIMD, CallContext, KernelState, lowering
 from .loops import each_key, each_row, every_row, keys, lanes, rows_reading, slots, vlane
 from .staging import elements, key_value, load_keys
 from .tiles import tile_reads

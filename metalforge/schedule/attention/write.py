@@ -7,8 +7,7 @@ from typing import Callable, Optional
 from ... import ir
 from ..base import IDX
 from ..lower import compute_type
-from .context import MACC, CallContext, KernelState
-from .context import lowering, offset
+from .context import MACC, CallContext, KernelState, lowering, offset
 from .loops import lanes
 
 

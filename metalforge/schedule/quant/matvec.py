@@ -7,12 +7,20 @@ from __future__ import annotations
 from ... import ir
 from .. import reduce
 from ..base import IDX, make_kernel
+from ..hardware import SIMD_WIDTH
 from .affine import affine_chunk
-from .blocks import (aligned, each_x_row, element, epilogue, load_shared, load_words,
-                     rows_loop, x_rows_loop)
+from .blocks import (
+    aligned,
+    each_x_row,
+    element,
+    epilogue,
+    load_shared,
+    load_words,
+    rows_loop,
+    x_rows_loop,
+)
 from .context import QuantState
 from .form import affine
-from ..hardware import SIMD_WIDTH
 from .params import SIMD
 from .positions import acc
 

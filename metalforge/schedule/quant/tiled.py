@@ -49,9 +49,26 @@ from ..lower import as_float
 from .blocks import epilogue
 from .context import QuantState
 from .form import factors
-from .params import (BLOCK_COLS, BLOCKS, K_SLICES, MICRO, MICRO_COLS, ROW_VECTORS, RUN, RUNS,
-                     SIMD, SLICE_K, THREADS, TILE_K, TILE_M, TILE_N, TILE_THREADS, TILE_VECTORS,
-                     W_STRIDE, X_VECTORS)
+from .params import (
+    BLOCK_COLS,
+    BLOCKS,
+    K_SLICES,
+    MICRO,
+    MICRO_COLS,
+    ROW_VECTORS,
+    RUN,
+    RUNS,
+    SIMD,
+    SLICE_K,
+    THREADS,
+    TILE_K,
+    TILE_M,
+    TILE_N,
+    TILE_THREADS,
+    TILE_VECTORS,
+    W_STRIDE,
+    X_VECTORS,
+)
 from .positions import lowering
 
 

@@ -69,8 +69,20 @@ epilogue) and `kernels` (one function per variant, `build`).
 from __future__ import annotations
 
 from .kernels import KERNELS, build
-from .plan import (HELD, LANES, READS, UINT_LIMIT, VARIANTS, WHOLE, RowSchedule, group_limit,
-                   group_threads, is_row, reads_for, vector_width_for)
+from .plan import (
+                   HELD,
+                   LANES,
+                   READS,
+                   UINT_LIMIT,
+                   VARIANTS,
+                   WHOLE,
+                   RowSchedule,
+                   group_limit,
+                   group_threads,
+                   is_row,
+                   reads_for,
+                   vector_width_for,
+)
 
 __all__ = ["HELD", "KERNELS", "LANES", "READS", "UINT_LIMIT", "VARIANTS", "WHOLE", "RowSchedule",
            "build", "group_limit", "group_threads", "is_row", "reads_for", "vector_width_for"]

@@ -3,8 +3,8 @@ row's lanes; the threadgroup kernels' simd → threadgroup → simd reduction.""
 from __future__ import annotations
 
 from ... import ir
-from ..hardware import SIMD_WIDTH
 from .. import reduce
+from ..hardware import SIMD_WIDTH
 from .plan import LANES
 
 

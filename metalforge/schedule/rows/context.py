@@ -11,11 +11,11 @@ from typing import AbstractSet, Iterable, Mapping
 from ... import ir
 from ...errors import UnsupportedConstruct, at
 from ...graph import Graph, Node, Op, topo_order
+from .. import reduce
 from ..base import IDX
 from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import compute_type
 from ..policy import LaunchPolicy
-from .. import reduce
 from .plan import VARIANTS, WHOLE, group_limit, group_threads, reads_for, vector_width_for
 
 

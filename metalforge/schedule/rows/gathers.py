@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from ... import ir
 from ...graph import Node, Op, take_sites
+from .. import gather as takes
 from ..base import IDX
 from ..lower import ElementLowering, compute_type
-from .. import gather as takes
 from .context import RowKernel, Section, el_position, element_nodes
 from .loads import each_slot, lit, reg_value, slot_pos
 from .plan import LANES

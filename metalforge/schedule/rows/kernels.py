@@ -8,10 +8,10 @@ from typing import Callable
 
 from ... import ir
 from ...graph import Graph, take_sites
+from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
-from .. import reduce
 from .context import RowContext, RowKernel, outer_load, row_context, row_kernel
 from .loads import lit, placement
 from .phases import epilogue, section

@@ -7,8 +7,8 @@ from typing import Callable
 
 from ... import ir
 from ...graph import Node, take_sites
-from ..lower import ElementLowering, compute_type
 from .. import reduce
+from ..lower import ElementLowering, compute_type
 from .combine import combine
 from .context import RowKernel, Section, element_nodes, row_base
 from .gathers import element_lowering, row_takes, shuffle_block

@@ -8,10 +8,10 @@ from typing import Mapping
 from ... import ir
 from ...errors import LaunchError
 from ...graph import Graph
+from .. import reduce
 from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
-from ..policy import LaunchPolicy, MAX_READS_PER_THREAD, access_width
-from .. import reduce
+from ..policy import MAX_READS_PER_THREAD, LaunchPolicy, access_width
 
 VARIANTS = ("simd", "simd_exact", "group", "staged", "looped")
 UINT_LIMIT = 2 ** 32
