@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..graph import Node, Op
+from ..graph import BinaryOp, Node, Op
 
 # the element values a lane-computable index may be built from (besides values without the axis)
 _POSITION_OPS = frozenset({Op.INDEX, Op.SIZE, Op.CONST, Op.SCALAR, Op.CAST, Op.UNARY, Op.BINARY,
@@ -38,7 +38,7 @@ def xor_mask(n: Node) -> Optional[int]:
     idx = n.args[0]
     if idx.op == Op.INDEX and idx.attr == axis:
         return 0
-    if not (idx.op == Op.BINARY and idx.attr == "xor"):
+    if not (idx.op == Op.BINARY and idx.attr == BinaryOp.XOR):
         return None
     for a, b in (idx.args, idx.args[::-1]):
         if (a.op == Op.INDEX and a.attr == axis and b.op == Op.CONST

@@ -20,17 +20,20 @@ from typing import Callable, Optional
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, take_sites, topo_order
+from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, take_sites, topo_order
 from .base import IDX
 from .names import index_name, value_name
 
 # math functions that have a precise:: form in MSL (the fast forms lose accuracy)
-_PRECISE_UNARY = {"exp": "exp", "exp2": "exp2", "log": "log", "log2": "log2", "sqrt": "sqrt",
-                  "rsqrt": "rsqrt", "sin": "sin", "cos": "cos", "tanh": "tanh"}
-_FLOAT_RESULT = set(_PRECISE_UNARY) | {"sigmoid", "erf"}
-_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|", "xor": "^",
-          "shl": "<<", "shr": ">>"}
-_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_PRECISE_UNARY = {f: f.value for f in (UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2,
+                                         UnaryOp.SQRT, UnaryOp.RSQRT, UnaryOp.SIN, UnaryOp.COS,
+                                         UnaryOp.TANH)}   # the MSL function of the same name
+_FLOAT_RESULT = set(_PRECISE_UNARY) | {UnaryOp.SIGMOID, UnaryOp.ERF}
+_ARITH = {BinaryOp.ADD: "+", BinaryOp.SUB: "-", BinaryOp.MUL: "*", BinaryOp.DIV: "/",
+          BinaryOp.AND: "&", BinaryOp.OR: "|", BinaryOp.XOR: "^", BinaryOp.SHL: "<<",
+          BinaryOp.SHR: ">>"}
+_COMPARE = {BinaryOp.EQ: "==", BinaryOp.NE: "!=", BinaryOp.LT: "<", BinaryOp.LE: "<=",
+            BinaryOp.GT: ">", BinaryOp.GE: ">="}
 _UNSIGNED = {"int": "uint", "long": "ulong"}       # signed types whose overflow is undefined
 
 
@@ -266,27 +269,27 @@ class ElementLowering:
         x = self._arg(n, 0, dt)
         if f in _PRECISE_UNARY:
             return ir.Call(_PRECISE_UNARY[f], (x,), precise=True)
-        if f == "sigmoid":
+        if f == UnaryOp.SIGMOID:
             one = lit(1.0, dt)
             return one / (one + ir.Call("exp", (ir.Unary("-", x),),
                                                                    precise=True))
-        if f == "erf":
+        if f == UnaryOp.ERF:
             self.helpers.add("mf_erf")
             return ir.Call("mf_erf", (x,))
-        if f == "neg":
+        if f == UnaryOp.NEG:
             return wrap_int("-", (x,), dt) if dt.is_int else ir.Unary("-", x)
-        if f == "abs":
+        if f == UnaryOp.ABS:
             if dt.kind in ("uint", "bool"):
                 return x
             # abs(min) is min, as in torch (and Metal's abs)
             if dt.itemsize < 4 and dt.is_int:
                 return ir.Cast(compute_type(dt), ir.Call("abs", (x,)))
             return ir.Call("abs", (x,))
-        if f in ("floor", "ceil"):
+        if f in (UnaryOp.FLOOR, UnaryOp.CEIL):
             return ir.Call(f, (x,)) if dt.is_float else x
-        if f == "invert":
+        if f == UnaryOp.INVERT:
             return ir.Unary("!", x) if dt.kind == "bool" else wrap_int("~", (x,), dt)
-        if f == "not":
+        if f == UnaryOp.NOT:
             return ir.Unary("!", self._arg(n, 0, BOOL))
         raise UnsupportedConstruct(f"unary function '{f}'{at(n.loc)} is not supported")
 
@@ -299,9 +302,9 @@ class ElementLowering:
             return ir.Binary(_COMPARE[f], self._arg(n, 0, common), self._arg(n, 1, common))
         x, y = self._arg(n, 0, dt), self._arg(n, 1, dt)
         if f in _ARITH:
-            if dt.kind == "bool" and f in ("add", "mul"):      # torch: bool + bool is logical
-                return ir.Binary("|" if f == "add" else "&", x, y)
-            if dt.is_int and f in ("shl", "shr"):
+            if dt.kind == "bool" and f in (BinaryOp.ADD, BinaryOp.MUL):   # bool + bool: logical
+                return ir.Binary("|" if f == BinaryOp.ADD else "&", x, y)
+            if dt.is_int and f in (BinaryOp.SHL, BinaryOp.SHR):
                 if isinstance(y, ir.Lit) and 0 <= int(y.value) < 8 * dt.itemsize:
                     return wrap_int(_ARITH[f], (x, y), dt)
                 # a shift by the width or more is undefined in MSL; torch gives 0 (or -1)
@@ -311,20 +314,20 @@ class ElementLowering:
                 return wrap_int(_ARITH[f], (x, y), dt)
             return ir.Binary(_ARITH[f], x, y)
         x, y = _typed(x, y)
-        if f in ("maximum", "minimum"):
+        if f in (BinaryOp.MAXIMUM, BinaryOp.MINIMUM):
             self.helpers.add(f"mf_{f}")
             return ir.Call(f"mf_{f}", (x, y))
-        if f == "pow":
+        if f == BinaryOp.POW:
             if dt.is_float:
                 self.helpers.add("mf_pow")
                 return ir.Call("mf_pow", (x, y))
             self.helpers.add("mf_ipow")
             return ir.Call("mf_ipow", (x, y))
-        if f == "mod":
+        if f == BinaryOp.MOD:
             h = "mf_fremainder" if dt.is_float else "mf_remainder"
             self.helpers.add(h)
             return ir.Call(h, (x, y))
-        if f == "floordiv":
+        if f == BinaryOp.FLOORDIV:
             if dt.is_float:
                 return ir.Call("floor", (x / y,))
             self.helpers.add("mf_floordiv")

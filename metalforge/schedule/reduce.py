@@ -34,7 +34,17 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequenc
 from .. import ir
 from ..dtypes import DType
 from ..errors import LaunchError, UnsupportedConstruct, at, empty_extreme
-from ..graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
+from ..graph import (
+    BinaryOp,
+    Graph,
+    Node,
+    Op,
+    ReduceOp,
+    ScalarParam,
+    TensorParam,
+    UnaryOp,
+    topo_order,
+)
 from .base import IDX
 from .elementwise import kernel_params, msl_names, output_stype, used_params
 from .hardware import MAX_THREADGROUP_BYTES
@@ -43,7 +53,7 @@ from .names import template_vars, type_name
 from .policy import LaunchPolicy
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
-_EXTREME = ("max", "min", "argmax", "argmin")
+_EXTREME = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)
 
 
 @dataclass
@@ -90,7 +100,7 @@ class Reduction:
 
     @property
     def has_index(self) -> bool:
-        return self.kind in ("argmax", "argmin")
+        return self.kind in (ReduceOp.ARGMAX, ReduceOp.ARGMIN)
 
     @property
     def acc(self) -> str:
@@ -116,11 +126,11 @@ def check_supported(graph: Graph, n: Node) -> None:
     """The value types the reduction schedules handle; a clear error otherwise."""
     kind, axis = n.attr
     dt = n.args[0].dtype
-    ok = dt.is_float if kind in ("sum", "prod") else \
+    ok = dt.is_float if kind in (ReduceOp.SUM, ReduceOp.PROD) else \
         (dt.is_float or (dt.is_int and dt.itemsize <= 4))
     if not ok:
         what = "integer sums and products (torch accumulates them in int64, which simdgroup " \
-               "collectives do not support)" if kind in ("sum", "prod") else \
+               "collectives do not support)" if kind in (ReduceOp.SUM, ReduceOp.PROD) else \
                f"{dt} values"
         raise UnsupportedConstruct(
             f"kernel '{graph.name}': mf.{kind}(..., axis={axis!r}){at(n.loc)}: {what} cannot be "
@@ -150,7 +160,7 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
     for mr, r in pairs:
         mr.nan_via_sum = nan_in_sum(graph, mr.node, r.node)
     for r in reds:
-        r.compensated = r.kind == "sum" and r.is_float and (compensated or
+        r.compensated = r.kind == ReduceOp.SUM and r.is_float and (compensated or
                                                             r.online_max is not None)
     avail: dict[Node, int] = {}
     for n in nodes:
@@ -173,17 +183,17 @@ def _exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
     of the max's own argument a: softmax's and logsumexp's two phases."""
     pairs = []
     for r in reds:
-        if r.kind != "sum" or not r.is_float:
+        if r.kind != ReduceOp.SUM or not r.is_float:
             continue
         e = _strip_cast(r.arg)
-        if not (e.op == Op.UNARY and e.attr == "exp"):
+        if not (e.op == Op.UNARY and e.attr == UnaryOp.EXP):
             continue
         d = _strip_cast(e.args[0])
-        if not (d.op == Op.BINARY and d.attr == "sub"):
+        if not (d.op == Op.BINARY and d.attr == BinaryOp.SUB):
             continue
         a, m = d.args[0], _strip_cast(d.args[1])
         mr = by_node.get(m)
-        if mr is not None and mr.kind == "max" and mr.axis == r.axis and mr.arg is a \
+        if mr is not None and mr.kind == ReduceOp.MAX and mr.axis == r.axis and mr.arg is a \
                 and mr.is_float:
             pairs.append((mr, r))
     return pairs
@@ -191,9 +201,12 @@ def _exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
 
 # elementwise ops whose result is NaN when an operand is (pow is not: pow(NaN, 0) = 1;
 # comparisons, where and integer casts are not either)
-_NAN_STRICT = {Op.UNARY: {"neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos",
-                          "tanh", "sigmoid", "erf", "abs", "floor", "ceil"},
-               Op.BINARY: {"add", "sub", "mul", "div", "maximum", "minimum"}}
+_NAN_STRICT: dict[Op, set[str]] = {
+    Op.UNARY: {UnaryOp.NEG, UnaryOp.EXP, UnaryOp.EXP2, UnaryOp.LOG, UnaryOp.LOG2, UnaryOp.SQRT,
+               UnaryOp.RSQRT, UnaryOp.SIN, UnaryOp.COS, UnaryOp.TANH, UnaryOp.SIGMOID, UnaryOp.ERF,
+               UnaryOp.ABS, UnaryOp.FLOOR, UnaryOp.CEIL},
+    Op.BINARY: {BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.MAXIMUM,
+                BinaryOp.MINIMUM}}
 
 
 def nan_in_sum(graph: Graph, mx: Node, s: Node) -> bool:
@@ -223,11 +236,11 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
 
 def identity(r: Reduction) -> ir.Expr:
     t = r.acc_type
-    if r.kind == "sum":
+    if r.kind == ReduceOp.SUM:
         return ir.Lit(0.0 if t == "float" else 0, t)
-    if r.kind == "prod":
+    if r.kind == ReduceOp.PROD:
         return ir.Lit(1.0 if t == "float" else 1, t)
-    big = r.kind in ("max", "argmax")
+    big = r.kind in (ReduceOp.MAX, ReduceOp.ARGMAX)
     if t == "float":
         return ir.Lit(float("-inf") if big else float("inf"), t)
     return ir.Var(f"numeric_limits<{t}>::{'lowest' if big else 'max'}()")
@@ -256,17 +269,17 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_add", (acc, ir.Var(r.online_sum.cmp), s, v)))]
-    if k == "sum" and r.compensated:
+    if k == ReduceOp.SUM and r.compensated:
         return [ir.Assign(acc, ir.Call("mf_sum_add", (ir.Var(r.cmp), acc, v)))]
-    if k == "sum":
+    if k == ReduceOp.SUM:
         return [ir.Assign(acc, acc + v)]
-    if k == "prod":
+    if k == ReduceOp.PROD:
         return [ir.Assign(acc, acc * v)]
-    if k in ("max", "min"):
+    if k in (ReduceOp.MAX, ReduceOp.MIN):
         return [ir.Assign(acc, ir.Call(_extreme(r), (acc, v)))]
     # argmax / argmin: first index of the extreme; the first NaN wins
     idx = ir.Var(r.idx)
-    better: ir.Expr = v > acc if k == "argmax" else v < acc
+    better: ir.Expr = v > acc if k == ReduceOp.ARGMAX else v < acc
     if r.is_float:
         better = better.or_((v.ne(v)).and_(acc.eq(acc)))
     cond = (idx.eq(ir.Lit(SENTINEL, "uint"))).or_(better)
@@ -310,11 +323,11 @@ def simd_combine(r: Reduction) -> list[ir.Stmt]:
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_simd_online", (acc, s)))]
-    if k == "sum":
+    if k == ReduceOp.SUM:
         return [ir.Assign(acc, ir.Call("simd_sum", (acc,)))]
-    if k == "prod":
+    if k == ReduceOp.PROD:
         return [ir.Assign(acc, ir.Call("simd_product", (acc,)))]
-    if k in ("max", "min"):
+    if k in (ReduceOp.MAX, ReduceOp.MIN):
         fn = f"mf_simd_{k}" if r.is_float and not r.nan_via_sum else f"simd_{k}"
         return [ir.Assign(acc, ir.Call(fn, (acc,)))]
     fn = f"mf_simd_{k}" if r.is_float else f"mf_simd_i{k}"
@@ -330,16 +343,16 @@ def merge(r: Reduction, other_acc: ir.Expr, other_idx: Optional[ir.Expr]) -> lis
         assert other_idx is not None, "an online max merges with the other thread's sum"
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_merge", (acc, s, other_acc, other_idx)))]
-    if k == "sum":
+    if k == ReduceOp.SUM:
         return [ir.Assign(acc, acc + other_acc)]
-    if k == "prod":
+    if k == ReduceOp.PROD:
         return [ir.Assign(acc, acc * other_acc)]
-    if k in ("max", "min"):
+    if k in (ReduceOp.MAX, ReduceOp.MIN):
         return [ir.Assign(acc, ir.Call(_extreme(r), (acc, other_acc)))]
     assert other_idx is not None, f"{k} merges with the other thread's index"
     idx = ir.Var(r.idx)
     o_nan = other_acc.ne(other_acc) if r.is_float else None
-    better: ir.Expr = other_acc > acc if k == "argmax" else other_acc < acc
+    better: ir.Expr = other_acc > acc if k == ReduceOp.ARGMAX else other_acc < acc
     same = (other_acc.eq(acc)).and_(other_idx < idx)
     better = better.or_(same)
     if o_nan is not None:
@@ -386,7 +399,7 @@ def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
             hs.add("mf_sum_add")
         if r.online_sum is not None:
             hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
-        elif r.kind in ("max", "min") and r.is_float:
+        elif r.kind in (ReduceOp.MAX, ReduceOp.MIN) and r.is_float:
             if not r.nan_via_sum:              # NaN-skipping fmax / simd_max need no helper
                 hs.add(f"mf_{r.kind}imum")
                 if simd:

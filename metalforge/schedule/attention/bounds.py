@@ -2,17 +2,20 @@
 kernels skip masked keys and the schedule count only the keys it reads."""
 from __future__ import annotations
 
-from ...graph import Node, Op, strip_casts, topo_order
+from ...graph import BinaryOp, Node, Op, strip_casts, topo_order
 from .match import Form
 
-_BOUND = {"lt": ("hi", 0), "le": ("hi", 1), "gt": ("lo", 1), "ge": ("lo", 0)}
-_MIRROR = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}
-_INT_ARITH = ("add", "sub", "mul", "floordiv", "maximum", "minimum")
+_BOUND = {BinaryOp.LT: ("hi", 0), BinaryOp.LE: ("hi", 1), BinaryOp.GT: ("lo", 1),
+          BinaryOp.GE: ("lo", 0)}
+_MIRROR = {BinaryOp.LT: BinaryOp.GT, BinaryOp.LE: BinaryOp.GE, BinaryOp.GT: BinaryOp.LT,
+           BinaryOp.GE: BinaryOp.LE}
+_INT_ARITH = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.FLOORDIV, BinaryOp.MAXIMUM,
+              BinaryOp.MINIMUM)
 
 
 def _conjuncts(n: Node) -> list[Node]:
     n = strip_casts(n)
-    if n.op == Op.BINARY and n.attr == "and":
+    if n.op == Op.BINARY and n.attr == BinaryOp.AND:
         return _conjuncts(n.args[0]) + _conjuncts(n.args[1])
     return [n]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ...graph import Graph, Node, Op, strip_casts, topo_order
+from ...graph import BinaryOp, Graph, Node, Op, ReduceOp, UnaryOp, strip_casts, topo_order
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ def _reductions_in(n: Node) -> list[Node]:
 def match(graph: Graph) -> Optional[Form]:
     """The attention form of `graph`, or None when it is not one."""
     outs = [r for o in graph.outputs for r in _reductions_in(o.node)
-            if r.attr[0] == "sum" and strip_casts(r.args[0]).op == Op.BINARY
-            and strip_casts(r.args[0]).attr == "mul"]
+            if r.attr[0] == ReduceOp.SUM and strip_casts(r.args[0]).op == Op.BINARY
+            and strip_casts(r.args[0]).attr == BinaryOp.MUL]
     for out in outs:
         l_axis = out.attr[1]
         prod = strip_casts(out.args[0])
@@ -41,7 +41,7 @@ def match(graph: Graph) -> Optional[Form]:
             contractions = tuple(r for r in _reductions_in(scores))
             axes = {r.attr[1] for r in contractions}
             if not contractions or len(axes) != 1 or l_axis in axes or any(
-                    r.attr[0] != "sum" or _reductions_in(r.args[0]) for r in contractions):
+                    r.attr[0] != ReduceOp.SUM or _reductions_in(r.args[0]) for r in contractions):
                 continue
             e_axis = axes.pop()
             if e_axis not in out.axes:
@@ -52,13 +52,13 @@ def match(graph: Graph) -> Optional[Form]:
 
 def _normalised(p: Node) -> Optional[tuple[Node, Node]]:
     """(e, d) when p is e / d or e * (1 / d), in either order (mf.softmax's own form)."""
-    if p.op == Op.BINARY and p.attr == "div":
+    if p.op == Op.BINARY and p.attr == BinaryOp.DIV:
         return strip_casts(p.args[0]), strip_casts(p.args[1])
-    if p.op != Op.BINARY or p.attr != "mul":
+    if p.op != Op.BINARY or p.attr != BinaryOp.MUL:
         return None
     for e, r in (p.args, p.args[::-1]):
         r = strip_casts(r)
-        if r.op == Op.BINARY and r.attr == "div":
+        if r.op == Op.BINARY and r.attr == BinaryOp.DIV:
             one = strip_casts(r.args[0])
             if one.op == Op.CONST and one.attr == 1:
                 return strip_casts(e), strip_casts(r.args[1])
@@ -72,15 +72,16 @@ def _softmax(p: Node, axis: str) -> Optional[tuple[Node, Node, Node]]:
     if pair is None:
         return None
     e, denom = pair
-    if denom.op != Op.REDUCE or denom.attr != ("sum", axis) or strip_casts(denom.args[0]) is not e:
+    if (denom.op != Op.REDUCE or denom.attr != (ReduceOp.SUM, axis)
+            or strip_casts(denom.args[0]) is not e):
         return None
-    if e.op != Op.UNARY or e.attr != "exp":
+    if e.op != Op.UNARY or e.attr != UnaryOp.EXP:
         return None
     diff = strip_casts(e.args[0])
-    if diff.op != Op.BINARY or diff.attr != "sub":
+    if diff.op != Op.BINARY or diff.attr != BinaryOp.SUB:
         return None
     s, mx = (strip_casts(a) for a in diff.args)
-    if mx.op != Op.REDUCE or mx.attr != ("max", axis) or strip_casts(mx.args[0]) is not s:
+    if mx.op != Op.REDUCE or mx.attr != (ReduceOp.MAX, axis) or strip_casts(mx.args[0]) is not s:
         return None
     return s, mx, denom
 

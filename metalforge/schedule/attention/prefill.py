@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ... import ir
-from ...graph import Node, Op, strip_casts
+from ...graph import BinaryOp, Node, Op, strip_casts
 from .. import online
 from ..base import IDX, make_kernel
 from ..fragments import UINT, frag, lane_place, mma, u, unrolled, zero
@@ -47,7 +47,7 @@ def matrix_operands(ctx: CallContext) -> Optional[tuple[Node, Node]]:
     if len(f.contractions) != 1:
         return None
     prod = strip_casts(f.contractions[0].args[0])
-    if prod.op != Op.BINARY or prod.attr != "mul":
+    if prod.op != Op.BINARY or prod.attr != BinaryOp.MUL:
         return None
     tiles = set(ctx.tile_axes)
     for q, k in (prod.args, prod.args[::-1]):

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from ... import ir
-from ...graph import Node, Op, TensorParam, topo_order
+from ...graph import BinaryOp, Node, Op, TensorParam, topo_order
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering, as_float, compute_type
@@ -155,7 +155,7 @@ def zero_padded(ctx: CallContext, ks: KernelState, n: Node) -> bool:
         return True
     if n.op == Op.CAST:
         return zero_padded(ctx, ks, n.args[0])
-    return n.op == Op.BINARY and n.attr == "mul" and all(zero_padded(ctx, ks, a)
+    return n.op == Op.BINARY and n.attr == BinaryOp.MUL and all(zero_padded(ctx, ks, a)
                                                          for a in n.args)
 
 

@@ -5,6 +5,7 @@ a row's sum."""
 from __future__ import annotations
 
 from ... import ir
+from ...graph import ReduceOp
 from .. import reduce
 from ..base import IDX
 from ..lower import compute_type, convert
@@ -115,7 +116,7 @@ def epilogue(st: QuantState, total: ir.Expr) -> tuple[reduce.Reduction, list[ir.
     """(the sum as a reduction whose running value is `total`; the statements that compute
     every output from it, at the row's position, and store them)."""
     ctx = st.ctx
-    red = reduce.Reduction(ctx.red, "sum", ctx.axis, 1, acc_at=total)
+    red = reduce.Reduction(ctx.red, ReduceOp.SUM, ctx.axis, 1, acc_at=total)
     rv = st.v.row_values
     rv.values[ctx.red] = red.acc_ref
     stmts = rv.lower([o.node for o in ctx.graph.outputs])

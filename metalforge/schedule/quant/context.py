@@ -14,7 +14,7 @@ from typing import Iterable
 from ... import ir
 from ...dtypes import DType
 from ...errors import UnsupportedConstruct, at
-from ...graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
+from ...graph import Graph, Node, Op, ReduceOp, ScalarParam, TensorParam, topo_order
 from ...shapes import size_multiple
 from .. import reduce
 from ..base import IDX
@@ -132,8 +132,8 @@ def _the_sum(graph: Graph) -> Node:
     """The graph's one reduction, a sum; an error naming any other."""
     reds = graph.reductions()
     first = reds[0]
-    if len(reds) != 1 or first.attr[0] != "sum":
-        bad = next((n for n in reds if n.attr[0] != "sum"), reds[-1])
+    if len(reds) != 1 or first.attr[0] != ReduceOp.SUM:
+        bad = next((n for n in reds if n.attr[0] != ReduceOp.SUM), reds[-1])
         raise UnsupportedConstruct(
             f"kernel '{graph.name}': mf.{bad.attr[0]}(..., axis={bad.attr[1]!r})"
             f"{at(bad.loc)}: a kernel that unpacks words (mf.unpack) may reduce them with "

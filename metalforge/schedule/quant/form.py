@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from ...graph import Graph, Node, Op, strip_casts, topo_order
+from ...graph import BinaryOp, Graph, Node, Op, strip_casts, topo_order
 from .context import QuantContext
 
 
@@ -44,9 +44,9 @@ def affine(ctx: QuantContext) -> Optional[Affine]:
     """The reduction's argument as (q * s + b) * x, with q the unpacked value, s and b
     per-group values of the row (over rows axis and K/GS, GS a multiple of the chunk, so
     constant over a chunk) and x a value the rows share; None for any other form."""
-    for qsb, x in _operands(ctx.red.args[0], "mul"):
-        for qs, b in _operands(qsb, "add"):
-            for q, s in _operands(qs, "mul"):
+    for qsb, x in _operands(ctx.red.args[0], BinaryOp.MUL):
+        for qs, b in _operands(qsb, BinaryOp.ADD):
+            for q, s in _operands(qs, BinaryOp.MUL):
                 q = strip_casts(q)
                 if (q.op == Op.UNPACK and _per_group(ctx, s) and _per_group(ctx, b)
                         and _shared(ctx, x) and q.args[0].op == Op.LOAD):
@@ -78,7 +78,7 @@ def factors(ctx: QuantContext) -> Optional[tuple[Node, Node]]:
     if not ctx.prefix:
         return None
     arg = strip_casts(ctx.red.args[0])
-    if arg.op != Op.BINARY or arg.attr != "mul":
+    if arg.op != Op.BINARY or arg.attr != BinaryOp.MUL:
         return None
     m_axis = ctx.prefix[-1]
     for w, x in (arg.args, arg.args[::-1]):
