@@ -430,6 +430,23 @@ class Preamble(Protocol):
     pre_names: set[str]
 
 
+def declare_position(flat: str, axes: Sequence[str], axis: str, name: str, into: Preamble,
+                     size: Callable[[str], ir.Expr],
+                     span: Callable[[Sequence[str]], ir.Expr]) -> ir.Var:
+    """`axis`'s position in `flat`, a row-major index over `axes`: `name`, declared once in
+    `into`'s preamble as (flat / span of the axes after it) % size(axis)."""
+    if name not in into.pre_names:
+        k = axes.index(axis)
+        e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
+        if axes[k + 1:]:
+            e = e / span(axes[k + 1:])
+        if k > 0:
+            e = e % size(axis)
+        into.pre.append(ir.Decl(name, IDX, e))
+        into.pre_names.add(name)
+    return ir.Var(name)
+
+
 @dataclass
 class VariantParts:
     """What one kernel variant collects while it is built (`build_variants` makes a fresh one
@@ -492,18 +509,7 @@ class ReductionTerms:
 
     def position_in(self, flat: str, axes: Sequence[str], axis: str, name: str,
                     into: Preamble) -> ir.Var:
-        """`axis`'s position in `flat`, a row-major index over `axes`: `name`, declared once
-        in `into`'s preamble as (flat / span of the axes after it) % size(axis)."""
-        if name not in into.pre_names:
-            k = axes.index(axis)
-            e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
-            if axes[k + 1:]:
-                e = e / self.span(axes[k + 1:])
-            if k > 0:
-                e = e % self.size(axis)
-            into.pre.append(ir.Decl(name, IDX, e))
-            into.pre_names.add(name)
-        return ir.Var(name)
+        return declare_position(flat, axes, axis, name, into, self.size, self.span)
 
     def cone(self, roots: list[Node], stop: Iterable[Node] = ()
              ) -> tuple[list[str], list[Node]]:
@@ -585,6 +591,18 @@ def reduction_context(graph: Graph, policy: LaunchPolicy, index64: bool, axis: s
     allowed = frozenset(outer) | {axis}
     nodes = list(graph.nodes())
     inputs, scalars = used_params(graph, nodes)
+    check_axes(graph, axis, outer, widest, inputs, nodes, unit)
+    names, out_names = msl_names(graph)
+    return ReductionContext(graph, policy, index64, axis, tag, outer, allowed, tuple(nodes),
+                            inputs, scalars, template_vars(graph.dtype_vars), names, out_names,
+                            [axis] + list(outer), set())
+
+
+def check_axes(graph: Graph, axis: str, outer: tuple[str, ...], widest: tuple[str, ...],
+               inputs: Sequence[TensorParam], nodes: Sequence[Node], unit: str) -> None:
+    """Every input axis is kept by the outputs, reduced, gathered or derived from the reduced
+    axis (K/GS); every output covers the same `unit`s (rows, columns)."""
+    allowed = set(outer) | {axis}
     taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
     for t in inputs:
         extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
@@ -599,10 +617,6 @@ def reduction_context(graph: Graph, policy: LaunchPolicy, index64: bool, axis: s
                 f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
                 f"{list(widest)}: every output of a {unit} reduction must cover the same "
                 f"{unit}s {list(outer)}")
-    names, out_names = msl_names(graph)
-    return ReductionContext(graph, policy, index64, axis, tag, outer, allowed, tuple(nodes),
-                            inputs, scalars, template_vars(graph.dtype_vars), names, out_names,
-                            [axis] + list(outer), set())
 
 
 def context_fields(ctx: ReductionContext) -> dict[str, Any]:

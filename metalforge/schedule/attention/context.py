@@ -22,6 +22,7 @@ from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering, compute_type, convert, ident
 from ..names import template_vars, type_name
 from ..policy import LaunchPolicy, access_width
+from ..reduce import declare_position
 from .match import Form
 from .params import TILE_KEYS, VALUE_RUN
 
@@ -206,19 +207,8 @@ def _key_tensors(graph: Graph, form: Form, tile_axes: tuple[str, ...]) -> dict[N
 
 def position_in(ctx: CallContext, ks: KernelState, flat: str, axes: Sequence[str], axis: str,
                 name: str) -> ir.Var:
-    """`axis`'s position in `flat`, a row-major index over `axes`: `name`, declared once in
-    the kernel's preamble as (flat / span of the axes after it) % size(axis)."""
-    out = ks.out
-    if name not in out.pre_names:
-        k = axes.index(axis)
-        e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
-        if axes[k + 1:]:
-            e = e / ctx.span(axes[k + 1:])
-        if k > 0:
-            e = e % ctx.size(axis)
-        out.pre.append(ir.Decl(name, IDX, e))
-        out.pre_names.add(name)
-    return ir.Var(name)
+    """`axis`'s position in `flat` (`reduce.declare_position`), in the kernel's preamble."""
+    return declare_position(flat, axes, axis, name, ks.out, ctx.size, ctx.span)
 
 
 def flat_position(ctx: CallContext, ks: KernelState, axis: str, axes: tuple[str, ...],

@@ -141,27 +141,6 @@ def _the_sum(graph: Graph) -> Node:
     return first
 
 
-def _check_axes(graph: Graph, axis: str, outer: tuple[str, ...], widest: tuple[str, ...],
-                inputs: list[TensorParam], nodes: list[Node]) -> None:
-    """Every input axis is kept by the outputs, reduced, gathered or derived from K; every
-    output covers the same rows."""
-    allowed = set(outer) | {axis}
-    taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
-    for t in inputs:
-        extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
-                 and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
-        if extra:
-            raise UnsupportedConstruct(
-                f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
-                f"output keeps and no reduction removes")
-    for o in graph.outputs:
-        if set(o.axes) - {axis} != set(outer):
-            raise UnsupportedConstruct(
-                f"kernel '{graph.name}': outputs over axes {list(o.axes)} and "
-                f"{list(widest)}: every output of a row reduction must cover the same "
-                f"rows {list(outer)}")
-
-
 def _packed_inputs(red: Node, rows_axis: str) -> dict[str, int]:
     """{tensor: bits} of the words unpacked in the reduction; each must be a tensor argument
     with one word row per output row."""
@@ -191,7 +170,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     outer = tuple(a for a in widest if a != axis)
     nodes = list(graph.nodes())
     inputs, scalars = used_params(graph, nodes)
-    _check_axes(graph, axis, outer, widest, inputs, nodes)
+    reduce.check_axes(graph, axis, outer, widest, inputs, nodes, "row")
     tvars = template_vars(graph.dtype_vars)
     names, out_names = msl_names(graph)
     if not outer:

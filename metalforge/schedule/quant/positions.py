@@ -11,6 +11,7 @@ from ...graph import Node, TensorParam
 from ..base import IDX
 from ..lower import ElementLowering, compute_type, ident
 from ..names import tensor_var
+from ..reduce import declare_position
 from .context import QuantContext, QuantState
 
 Run = tuple[ir.Expr, int]
@@ -19,19 +20,8 @@ Run = tuple[ir.Expr, int]
 
 def position_in(ctx: QuantContext, into: QuantState, flat: str, axes: Sequence[str],
                 axis: str, name: str) -> ir.Var:
-    """`axis`'s position in `flat`, a row-major index over `axes`: `name`, declared once in
-    the kernel's preamble as (flat / span of the axes after it) % size(axis)."""
-    v = into.v
-    if name not in v.pre_names:
-        k = axes.index(axis)
-        e: ir.Expr = ir.Cast(IDX, ir.Var(flat))
-        if axes[k + 1:]:
-            e = e / ctx.span(axes[k + 1:])
-        if k > 0:
-            e = e % ctx.size(axis)
-        v.pre.append(ir.Decl(name, IDX, e))
-        v.pre_names.add(name)
-    return ir.Var(name)
+    """`axis`'s position in `flat` (`reduce.declare_position`), in the kernel's preamble."""
+    return declare_position(flat, axes, axis, name, into.v, ctx.size, ctx.span)
 
 
 def prefix_position(st: QuantState, axis: str) -> ir.Expr:
