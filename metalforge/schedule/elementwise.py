@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from .. import ir
 from ..dtypes import DType
@@ -47,6 +47,21 @@ def output_stype(graph: Graph, tvars: Mapping[str, DType], k: int) -> str:
     """Output k's storage type: the dtype variable that binds its dtype, else the dtype."""
     o = graph.outputs[k]
     return next((v for v, d in tvars.items() if d == o.dtype), o.dtype.msl)
+
+
+def input_stype(t: TensorParam, tvars: Mapping[str, DType]) -> str:
+    """An input's storage type: its dtype variable where the kernel is templated on it, else
+    its dtype."""
+    var = type_name(t.dtype_var) if t.dtype_var else None
+    return var if var and var in tvars else t.dtype.msl
+
+
+def product(size: Callable[[str], ir.Expr], axes: Iterable[str]) -> ir.Expr:
+    """The product of the sizes of `axes` as an expression (1 for none)."""
+    e: ir.Expr = ir.Lit(1, IDX)
+    for k, a in enumerate(axes):
+        e = size(a) if k == 0 else e * size(a)
+    return e
 
 
 def msl_names(graph: Graph) -> tuple[dict[str, str], list[str]]:

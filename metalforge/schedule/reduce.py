@@ -46,10 +46,10 @@ from ..graph import (
     topo_order,
 )
 from .base import IDX
-from .elementwise import kernel_params, msl_names, output_stype, used_params
+from .elementwise import input_stype, kernel_params, msl_names, output_stype, product, used_params
 from .hardware import MAX_THREADGROUP_BYTES
 from .lower import ElementLowering, compute_type, convert, ident
-from .names import template_vars, type_name
+from .names import template_vars
 from .policy import LaunchPolicy
 
 SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (uint)
@@ -486,8 +486,7 @@ class ReductionTerms:
 
     # -- types and names ---------------------------------------------------------------
     def in_stype(self, t: TensorParam) -> str:
-        var = type_name(t.dtype_var) if t.dtype_var else None
-        return var if var and var in self.tvars else t.dtype.msl
+        return input_stype(t, self.tvars)
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)
@@ -502,10 +501,7 @@ class ReductionTerms:
 
     # -- the thread's row/column (declared in a preamble on first use) -------------------
     def span(self, axes: Iterable[str]) -> ir.Expr:
-        e: ir.Expr = ir.Lit(1, IDX)
-        for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else e * self.size(a)
-        return e
+        return product(self.size, axes)
 
     def position_in(self, flat: str, axes: Sequence[str], axis: str, name: str,
                     into: Preamble) -> ir.Var:

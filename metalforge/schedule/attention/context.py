@@ -17,10 +17,10 @@ from ...errors import UnsupportedConstruct
 from ...errors import at as where_at
 from ...graph import Graph, Node, Op, ScalarParam, TensorParam, topo_order
 from ..base import IDX
-from ..elementwise import kernel_params, msl_names, output_stype, used_params
+from ..elementwise import input_stype, kernel_params, msl_names, output_stype, product, used_params
 from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering, compute_type, convert, ident
-from ..names import template_vars, type_name
+from ..names import template_vars
 from ..policy import LaunchPolicy, access_width
 from ..reduce import declare_position
 from .match import Form
@@ -61,8 +61,7 @@ class CallContext:
         return self.graph.tensor(n.attr[0] if n.op == Op.TAKE else n.attr)
 
     def in_stype(self, t: TensorParam) -> str:
-        var = type_name(t.dtype_var) if t.dtype_var else None
-        return var if var and var in self.tvars else t.dtype.msl
+        return input_stype(t, self.tvars)
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)
@@ -71,10 +70,7 @@ class CallContext:
         return ir.Var(f"mf_size_{ident(axis)}")
 
     def span(self, axes: Sequence[str]) -> ir.Expr:
-        e: ir.Expr = ir.Lit(1, IDX)
-        for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else e * self.size(a)
-        return e
+        return product(self.size, axes)
 
     def out_value(self, k: int, low: ElementLowering) -> ir.Expr:
         """Output k's value (lowered by `low`) converted to its storage type."""

@@ -17,10 +17,9 @@ from ...errors import UnsupportedConstruct, at
 from ...graph import Graph, Node, Op, ReduceOp, ScalarParam, TensorParam, topo_order
 from ...shapes import size_multiple
 from .. import reduce
-from ..base import IDX
-from ..elementwise import msl_names, output_stype, used_params
+from ..elementwise import input_stype, msl_names, output_stype, product, used_params
 from ..lower import ident
-from ..names import template_vars, type_name
+from ..names import template_vars
 from ..policy import MAX_QUANT_ROWS, LaunchPolicy, access_width
 
 
@@ -101,14 +100,10 @@ class QuantContext:
         return ir.Var(f"mf_size_{ident(axis)}")
 
     def span(self, axes: Iterable[str]) -> ir.Expr:
-        e: ir.Expr = ir.Lit(1, IDX)
-        for k, a in enumerate(axes):
-            e = self.size(a) if k == 0 else e * self.size(a)
-        return e
+        return product(self.size, axes)
 
     def in_stype(self, t: TensorParam) -> str:
-        var = type_name(t.dtype_var) if t.dtype_var else None
-        return var if var and var in self.tvars else t.dtype.msl
+        return input_stype(t, self.tvars)
 
     def out_stype(self, k: int) -> str:
         return output_stype(self.graph, self.tvars, k)
