@@ -467,15 +467,24 @@ class VariantParts:
         return sum((16 if a.type == "float4" else 4) * a.length for a in self.tg_arrays)
 
 
-class ReductionTerms:
-    """What the reduction schedules share on top of their per-call fields (a frozen
-    `ReductionContext`): names and types of parameters, axis sizes (recording the ones used),
-    positions along the outer axes, the element cone of a phase, folds into accumulators.
-    `sizes_used` and `helpers` accumulate what the library's kernels use (one parameter list,
-    one helper set)."""
+@dataclass(frozen=True, eq=False)
+class ReductionContext:
+    """What is fixed for one build of a row or column schedule: the graph (checked), its
+    parameters and names, the reduced `axis` and the `outer` ones (every output axis but
+    `axis`: the thread's row or column). `tag` names the thread's unit in generated code
+    (mf_row, mf_rowpos_<axis>). `sizes_used` and `helpers` accumulate what the library's
+    kernels use over the build (one parameter list, one helper set). The methods are the terms
+    the reduction schedules share: names and types of parameters, axis sizes (recording the
+    ones used), positions along the outer axes, the element cone of a phase, folds into
+    accumulators."""
     graph: Graph
+    policy: LaunchPolicy
     index64: bool
     axis: str
+    tag: str
+    outer: tuple[str, ...]
+    allowed: frozenset[str]
+    nodes: tuple[Node, ...]
     inputs: list[TensorParam]
     scalars: list[ScalarParam]
     tvars: Mapping[str, DType]
@@ -549,29 +558,6 @@ class ReductionTerms:
         o = self.graph.outputs[k]
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
-
-@dataclass(frozen=True, eq=False)
-class ReductionContext(ReductionTerms):
-    """What is fixed for one build of a row or column schedule: the graph (checked), its
-    parameters and names, the reduced `axis` and the `outer` ones (every output axis but
-    `axis`: the thread's row or column). `tag` names the thread's unit in generated code
-    (mf_row, mf_rowpos_<axis>). `sizes_used` and `helpers` accumulate over the build."""
-    graph: Graph
-    policy: LaunchPolicy
-    index64: bool
-    axis: str
-    tag: str
-    outer: tuple[str, ...]
-    allowed: frozenset[str]
-    nodes: tuple[Node, ...]
-    inputs: list[TensorParam]
-    scalars: list[ScalarParam]
-    tvars: Mapping[str, DType]
-    names: dict[str, str]
-    out_names: list[str]
-    sizes_used: list[str]
-    helpers: set[str]
-
     def position(self, axis: str, into: Preamble) -> ir.Expr:
         """The thread's position along one of the outer axes (declared in `into`)."""
         return self.position_in(f"mf_{self.tag}", self.outer, axis,
@@ -634,7 +620,7 @@ def variant_parts(ctx: ReductionContext, name: str,
     return parts
 
 
-def build_variants(ctx: ReductionTerms, names: tuple[str, ...],
+def build_variants(ctx: ReductionContext, names: tuple[str, ...],
                    kernel: Callable[[str], tuple[ir.LoweredKernel, VariantParts]],
                    advice: str = ""
                    ) -> tuple[dict[str, ir.LoweredKernel], dict[str, dict[str, int]], int]:

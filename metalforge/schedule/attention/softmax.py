@@ -27,6 +27,21 @@ def empty_states(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                    unroll=True)]
 
 
+def _row_state(ks: KernelState) -> tuple[ir.Lane, ir.Lane, ir.Var, ir.Var, ir.Lane]:
+    """Row mf_t's online-softmax state: its max m and sum d, the step's new max and the
+    correction of the old sums, and the row's accumulator at slot mf_j."""
+    t = ir.Var("mf_t")
+    m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
+    acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
+    return m, d, ir.Var("mf_m_new"), ir.Var("mf_corr"), acc
+
+
+def _no_scores(ks: KernelState, sc: ir.Expr) -> ir.Stmt:
+    """Every row's score -inf: a key past the end weighs nothing."""
+    return ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"),
+                  [ir.Assign(sc, NEG_INF)], unroll=True)
+
+
 def softmax_step(ctx: CallContext, ks: KernelState,
                  dot_of: Mapping[Node, ir.Expr]) -> list[ir.Stmt]:
     """The scores' elementwise work, then per row one online-softmax update for the step:
@@ -34,12 +49,8 @@ def softmax_step(ctx: CallContext, ks: KernelState,
     sc_at = ir.Var("mf_u") * ir.Lit(ks.qt, "uint") + ir.Var("mf_t")
     sc, p = ir.Lane(ir.Var("mf_sc"), sc_at), ir.Lane(ir.Var("mf_p"), sc_at)
     body, value = score(ctx, ks, dot_of)
-    t = ir.Var("mf_t")
-    m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
-    m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
-    acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
-    dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"),
-                  [ir.Assign(sc, NEG_INF)], unroll=True)
+    m, d, m_new, corr, acc = _row_state(ks)
+    dead = _no_scores(ks, sc)
     return [
         ir.ArrayDecl("mf_sc", "float", ctx.kps * ks.qt),
         keys(ctx, ks, [each_row(ctx, ks, body + [ir.Assign(sc, value)])], [dead]),
@@ -66,11 +77,8 @@ def lane_softmax(ctx: CallContext, ks: KernelState,
     sc, ps = ir.Lane(ir.Var("mf_sc"), t), ir.Lane(ir.Var("mf_ps"), t)
     body, value = score(ctx, ks, dot_of)
     ks.out.helpers.add("mf_simd_max")
-    m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
-    m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
-    acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
-    dead = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"),
-                  [ir.Assign(sc, NEG_INF)], unroll=True)
+    m, d, m_new, corr, acc = _row_state(ks)
+    dead = _no_scores(ks, sc)
     return [
         ir.ArrayDecl("mf_sc", "float", ks.qt),
         ir.If(ir.Var("mf_l") < ir.Var("mf_l1"), [each_row(ctx, ks,

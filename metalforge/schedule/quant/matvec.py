@@ -22,11 +22,7 @@ from .blocks import (
 from .context import QuantState
 from .form import affine
 from .params import SIMD
-from .positions import acc
-
-
-def _i(v: int) -> ir.Lit:
-    return ir.Lit(v, IDX)
+from .positions import acc, idx
 
 
 def only_whole(st: QuantState) -> bool:
@@ -57,7 +53,7 @@ def header(st: QuantState) -> list[ir.Stmt]:
     """The simdgroup's block of rows (and slice of K), the alignment test and zeroed
     accumulators."""
     ctx, rows, S, mb = st.ctx, st.ctx.policy.rows_per_group, st.splits, st.mb
-    blocks = (ctx.size(ctx.rows_axis) + _i(rows - 1)) / _i(rows)
+    blocks = (ctx.size(ctx.rows_axis) + idx(rows - 1)) / idx(rows)
     out = _task(st) + [ir.Decl("mf_blocks", IDX, blocks),
                        ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
     tasks = ctx.span(ctx.prefix)       # positions of the other output axes (qmvx: blocks)
@@ -65,7 +61,7 @@ def header(st: QuantState) -> list[ir.Stmt]:
         m = ctx.size(ctx.prefix[-1])
         out += [ir.Comment(f"and a block of {mb} rows of '{ctx.prefix[-1]}' (of x): "
                            f"rows mf_m0, ..., mf_m0 + {mb - 1}"),
-                ir.Decl("mf_mblocks", IDX, (m + _i(mb - 1)) / _i(mb))]
+                ir.Decl("mf_mblocks", IDX, (m + idx(mb - 1)) / idx(mb))]
         tasks = (ctx.span(ctx.prefix[:-1]) * ir.Var("mf_mblocks") if ctx.prefix[:-1]
                  else ir.Var("mf_mblocks"))
     if S == 1:
@@ -76,9 +72,9 @@ def header(st: QuantState) -> list[ir.Stmt]:
                 ir.Decl("mf_live", "bool", ir.Var("mf_outer") < tasks)]
     if mb > 1:
         out += [ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
-                ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * _i(mb))]
+                ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * idx(mb))]
     return out + [
-        ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * _i(rows)),
+        ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(rows)),
         *([] if only_whole(st) else [ir.Decl("mf_vec_ok", "bool", aligned(ctx))]),
         ir.ArrayDecl("mf_acc", "float", rows * mb),
         ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * mb, "uint"), [
@@ -134,12 +130,12 @@ def chunk_loop(st: QuantState) -> ir.Stmt:
         tail = [rows_loop(st, x_rows_loop(st, [
             ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
                    [ir.If(kj < K, element(st, False))], unroll=True)]))]
-        body = [ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + _i(C) <= K),
+        body = [ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + idx(C) <= K),
                       [ir.Comment("a whole chunk: registers, unguarded")] + whole_chunk(st),
                       [ir.Comment("the row's end (or unaligned rows): element by element, "
                                   "guarded")] + tail)]
     loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, body,
-                           step=_i(S * SIMD_WIDTH * C))
+                           step=idx(S * SIMD_WIDTH * C))
     return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
 
 

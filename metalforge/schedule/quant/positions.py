@@ -18,6 +18,11 @@ Run = tuple[ir.Expr, int]
 """(first, n): element mf_j of n consecutive values of K from `first`, a multiple of n."""
 
 
+def idx(v: int) -> ir.Lit:
+    """The literal v in the kernel's index type."""
+    return ir.Lit(v, IDX)
+
+
 def position_in(ctx: QuantContext, into: QuantState, flat: str, axes: Sequence[str],
                 axis: str, name: str) -> ir.Var:
     """`axis`'s position in `flat` (`reduce.declare_position`), in the kernel's preamble."""

@@ -69,11 +69,7 @@ from .params import (
     W_STRIDE,
     X_VECTORS,
 )
-from .positions import lowering
-
-
-def _i(v: int) -> ir.Lit:
-    return ir.Lit(v, IDX)
+from .positions import idx, lowering
 
 
 def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
@@ -81,8 +77,8 @@ def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
     the other output axes), the thread's place in it and its zeroed sums."""
     ctx = st.ctx
     n_axis, m_axis = ctx.rows_axis, ctx.prefix[-1]
-    n_tiles = (ctx.size(n_axis) + _i(TILE_N - 1)) / _i(TILE_N)
-    m_tiles = (ctx.size(m_axis) + _i(TILE_M - 1)) / _i(TILE_M)
+    n_tiles = (ctx.size(n_axis) + idx(TILE_N - 1)) / idx(TILE_N)
+    m_tiles = (ctx.size(m_axis) + idx(TILE_M - 1)) / idx(TILE_M)
     tile = ir.Var("mf_tile")
     out: list[ir.Stmt] = [
         ir.Comment(f"one threadgroup per tile of {TILE_M} rows of '{m_axis}' x {TILE_N} rows "
@@ -90,8 +86,8 @@ def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
         ir.Decl("mf_tile", IDX, ir.Cast(IDX, ir.Var("mf_group"))),
         ir.Decl("mf_n_tiles", IDX, n_tiles),
         ir.Decl("mf_m_tiles", IDX, m_tiles),
-        ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * _i(TILE_N)),
-        ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * _i(TILE_M))]
+        ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * idx(TILE_N)),
+        ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * idx(TILE_M))]
     if len(ctx.prefix) > 1:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
@@ -162,7 +158,7 @@ def staging(st: QuantState, w: Node, x: Node, start: Optional[ir.Expr]) -> list[
     in_k = None if whole_steps(st) else ir.Var("mf_k") < K
     in_m = ir.Var("mf_m") < ctx.size(m_axis)
     srow = ir.Cast(IDX, ir.Var("mf_srow"))
-    n = ir.Call("min", (ir.Var("mf_n0") + srow, ctx.size(n_axis) - _i(1)))
+    n = ir.Call("min", (ir.Var("mf_n0") + srow, ctx.size(n_axis) - idx(1)))
     return [
         ir.Comment(f"the weight tile: {TILE_N} rows x {TILE_K} values, dequantized to fp32"),
         ir.Block(stage(st, w, "mf_wn", ir.Decl("mf_n", IDX, n), start, in_k)),
@@ -224,9 +220,9 @@ def step(st: QuantState, w: Node, x: Node, matrix: bool) -> list[ir.Stmt]:
         x_at = ir.Lane(ir.Lane(ir.Var("mf_tiles"), u(TILE_VECTORS) + at), srow % u(4))
     # after the last step: its values again where every step is whole (in bounds, unused),
     # else the values past K, which the staging zeroes
-    nxt: ir.Expr = ir.Var("mf_k0") + _i(TILE_K)
+    nxt: ir.Expr = ir.Var("mf_k0") + idx(TILE_K)
     if whole_steps(st):
-        nxt = ir.Call("min", (nxt, K - _i(TILE_K)))
+        nxt = ir.Call("min", (nxt, K - idx(TILE_K)))
     return [
         ir.Comment("this step's tiles, from registers"),
         put(w_at, "mf_wn"), put(x_at, "mf_xn"),
@@ -300,8 +296,8 @@ def body(st: QuantState, w: Node, x: Node) -> list[ir.Stmt]:
         v.tg_arrays.append(ir.ArrayDecl("mf_tiles", "float4", 2 * TILE_VECTORS,
                                         "threadgroup"))
         head = header(st, False)
-    loop = ir.For("mf_k0", IDX, _i(0), ctx.size(ctx.axis), step(st, w, x, matrix),
-                  step=_i(TILE_K))
+    loop = ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), step(st, w, x, matrix),
+                  step=idx(TILE_K))
     finish = matrix_store(st) if matrix else register_store(st)
     first = [ir.Comment(f"each thread's {RUN} values of each tile, a step ahead"),
              ir.ArrayDecl("mf_wn", "float", RUN), ir.ArrayDecl("mf_xn", "float", RUN),
