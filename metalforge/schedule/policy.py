@@ -125,9 +125,6 @@ POLICIES: dict[str, LaunchPolicy] = {
     "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
                         reads_per_thread=8, simd_reads_per_thread=8, looped_reads_per_thread=4,
                         looped_limit=8192, uses_simd=True),
-    # column reductions (schedule/column.py): one thread per output column, looping over the
-    # reduced axis; when it is longer than looped_limit, rows_per_group threads split it
-    # (groups of threads_per_group = 32 columns x rows_per_group slices)
     # quantized matvec (schedule/quant/): one simdgroup per rows_per_group weight rows, each
     # lane reading vector_width packed words (16 bytes) per chunk, every row's words loaded
     # before any is unpacked; k_splits simdgroups (of one threadgroup) may share a block of
@@ -291,6 +288,10 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
 
 
 _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
+# options that are True or False, and what None means where it is allowed too (None: not)
+_SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
+    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None),
+    ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
 def _need(p: LaunchPolicy, ok: bool, msg: str) -> None:
@@ -326,17 +327,11 @@ def _validate_common(p: LaunchPolicy) -> None:
           and p.k_splits * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
           f"k_splits must be a power of two up to {MAX_THREADS_PER_GROUP // SIMD_WIDTH} (one "
           f"simdgroup per slice of K in a threadgroup), got {p.k_splits}")
-    _need(p, p.index64 is None or isinstance(p.index64, bool),
-          f"index64 must be None, True or False, got {p.index64!r}")
-    _need(p, isinstance(p.lane_scores, bool),
-          f"lane_scores must be True or False, got {p.lane_scores!r}")
-    _need(p, isinstance(p.qmm_matrix, bool),
-          f"qmm_matrix must be True or False, got {p.qmm_matrix!r}")
-    _need(p, p.stage_kv is None or isinstance(p.stage_kv, bool),
-          f"stage_kv must be None (the schedule's choice), True or False, got {p.stage_kv!r}")
-    _need(p, p.stage_rows is None or isinstance(p.stage_rows, bool),
-          f"stage_rows must be None (the backend's choice), True or False, got "
-          f"{p.stage_rows!r}")
+    for name, none in _SWITCHES:
+        v = getattr(p, name)
+        allowed = "True or False" if none is None else f"None{none}, True or False"
+        _need(p, isinstance(v, bool) or (none is not None and v is None),
+              f"{name} must be {allowed}, got {v!r}")
     _need(p, p.threads_per_group <= MAX_THREADS_PER_GROUP,
           f"threads_per_group={p.threads_per_group} exceeds Metal's limit of "
           f"{MAX_THREADS_PER_GROUP}")
@@ -348,7 +343,6 @@ def _validate_common(p: LaunchPolicy) -> None:
     _need(p, p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
           f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
           f"{MAX_THREADGROUP_BYTES}-byte limit")
-
 
 
 def _validate_row(p: LaunchPolicy) -> None:

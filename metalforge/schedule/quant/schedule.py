@@ -50,13 +50,17 @@ class QuantSchedule(Schedule):
         return f"{name}_split" if f"{name}_split" in self.variants and stretches > 1 \
             and small else name
 
-    def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
-        """Unsplit simdgroups: one per block of weight rows at each position of the other
-        output axes, x_rows rows of x at once."""
-        blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
+    def blocks(self, sizes: Mapping[str, int], rows: int, x_rows: int) -> int:
+        """Blocks of `rows` weight rows at each position of the other output axes, the rows of
+        x (m_axis) `x_rows` at once."""
+        blocks = -(-sizes[self.rows_axis] // rows)
         for a in self.outer[:-1]:
             blocks *= -(-sizes[a] // x_rows) if a == self.m_axis else sizes[a]
         return blocks
+
+    def simdgroups(self, sizes: Mapping[str, int], x_rows: int) -> int:
+        """Unsplit simdgroups: one per block of rows_per_group weight rows, x_rows rows of x."""
+        return self.blocks(sizes, self.policy.rows_per_group, x_rows)
 
     def selecting(self, host_name: str) -> list[dict[str, int]]:
         """Sizes that make a call launch kernel `host_name` (testing's coverage): qmvx with a
@@ -99,12 +103,9 @@ class QuantSchedule(Schedule):
         rows_per_group rows; the _split kernels: k_splits of them. With k_splits > 1 the grid
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
-        if self.variant(sizes) == "qmm":
-            tiles = -(-sizes[self.rows_axis] // TILE_N)
-            for a in self.outer[:-1]:
-                tiles *= -(-sizes[a] // TILE_M) if a == self.m_axis else sizes[a]
-            return tiles * THREADS, THREADS
         v = self.variant(sizes)
+        if v == "qmm":
+            return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
         S = self.splits.get(v, 1)
         blocks = self.simdgroups(sizes, self.x_rows if v.startswith("qmvx") else 1)
         threads = blocks * S * SIMD_WIDTH
