@@ -1,0 +1,167 @@
+"""A whole decode step (examples/llama_decode.py) against torch, stage by stage and in all.
+
+    python bench/decode.py --device cuda                      # Llama-3-8B's layer, f16
+    python bench/decode.py --device cuda --dtype bf16 --paged
+
+Ours: 4-bit weights (MLX's affine layout, group 64), every stage a metalforge kernel. torch:
+the same step with the dequantized f16/bf16 weights (F.rms_norm, F.linear, RoPE in torch ops,
+scaled_dot_product_attention with GQA, silu), eager and under torch.compile. Per stage: ours,
+torch eager, and ours' share of the stage's bytes at copy_'s rate; then the whole step as one
+callable (on CUDA: GPU time of CUDA-graph replays, common.timeit), its launch count, and the
+eager wall time of one step (host launch cost included, synchronised). The KV cache holds
+`--context` positions; the step attends position `pos` = context - 1 (every key).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DTYPES, compile_time, copy_time, pick_device, sync, timeit  # noqa: E402
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod                 # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ex = _example("llama_decode")
+
+
+def _nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
+
+
+def stage_calls(layer, x, cache, pos, ours, theirs, w):
+    """(name, our call, torch call, bytes ours moves) per stage, on the inputs the full steps
+    computed (so each stage is timed on real data)."""
+    s = layer.shape
+    E, hq, hkv = s.head_dim, s.heads, s.kv_heads
+    q = ours["rope"][:, :hq]
+    heads = ours["qkv"].view(1, hq + 2 * hkv, E)
+    kv = cache.k[:pos + 1].transpose(0, 1)[None], cache.v[:pos + 1].transpose(0, 1)[None]
+    a2 = ours["attention"].reshape(1, hq * E)
+    gu, m = ours["gate_up"], ours["swiglu"]
+    F = torch.nn.functional
+    if cache.table is None:
+        att = lambda: ex.attention(q, cache.k, cache.v, E ** -0.5, pos)  # noqa: E731
+    else:
+        att = lambda: ex.paged_attention(q, cache.k, cache.v, cache.table,  # noqa: E731
+                                         E ** -0.5, pos, BS=s.block)
+    kvbytes = 2 * (pos + 1) * hkv * E * x.element_size()
+    return [
+        ("rms_norm", lambda: ex.rms_norm(x, layer.w_attn),
+         lambda: F.rms_norm(x, (s.dim,), layer.w_attn, eps=1e-5), 3 * _nbytes(x)),
+        ("qkv", lambda: ex.q4_linear(*layer.qkv, ours["h"]),
+         lambda: F.linear(theirs["h"], w["qkv"]), _nbytes(*layer.qkv)),
+        ("rope", lambda: ex.rope(heads, pos, hq + hkv),
+         lambda: ex.torch_rope(heads[:, :hq + hkv], pos), 2 * _nbytes(heads)),
+        ("attention", att,
+         lambda: F.scaled_dot_product_attention(theirs["rope"][:, :hq, None], *kv,
+                                                scale=E ** -0.5, enable_gqa=True), kvbytes),
+        ("o_proj+add", lambda: ex.q4_linear_add(*layer.o, a2, x),
+         lambda: x + F.linear(a2, w["o"]), _nbytes(*layer.o)),
+        ("rms_norm", lambda: ex.rms_norm(ours["x2"], layer.w_mlp),
+         lambda: F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5), 3 * _nbytes(x)),
+        ("gate_up", lambda: ex.q4_linear(*layer.gate_up, ours["h2"]),
+         lambda: F.linear(theirs["h2"], w["gate_up"]), _nbytes(*layer.gate_up)),
+        ("swiglu", lambda: ex.swiglu(gu[:, :s.hidden], gu[:, s.hidden:]),
+         lambda: F.silu(gu[:, :s.hidden]) * gu[:, s.hidden:], 3 * _nbytes(m)),
+        ("down+add", lambda: ex.q4_linear_add(*layer.down, m, ours["x2"]),
+         lambda: ours["x2"] + F.linear(m, w["down"]), _nbytes(*layer.down)),
+    ]
+
+
+def launches(layer, x, cache, pos) -> int:
+    """metalforge launches of one step, counted from each kernel's `launches`."""
+    s = layer.shape
+    count = {"n": 0}
+    real = {}
+    for name in ("rms_norm", "q4_linear", "q4_linear_add", "rope", "attention",
+                 "paged_attention", "swiglu"):
+        k = getattr(ex, name)
+        real[name] = k
+
+        def counted(*a, _k=k, **kw):
+            count["n"] += len(_k.launches(*a, **kw))
+            return _k(*a, **kw)
+        setattr(ex, name, counted)
+    try:
+        ex.step(layer, x, cache, pos)
+    finally:
+        for name, k in real.items():
+            setattr(ex, name, k)
+    del s
+    return count["n"]
+
+
+def wall(fn, device: str, repeat: int) -> float:
+    """Median wall seconds of one synchronised eager call (host cost included)."""
+    fn()
+    sync(device)
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        ts.append(time.perf_counter() - t0)
+    return sorted(ts)[len(ts) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", choices=("f16", "bf16"), default="f16")
+    ap.add_argument("--paged", action="store_true")
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=None)
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    a = ap.parse_args()
+    device = pick_device(a.device)
+    dtype = DTYPES[a.dtype]
+    shape = ex.Shape(context=a.context) if device != "cpu" else ex.SMALL
+    repeat = a.repeat or (50 if device != "cpu" else 2)
+    pos = shape.context - 1
+    layer = ex.Layer.random(shape, dtype, device)
+    w = ex.torch_weights(layer)
+    x = torch.randn(1, shape.dim, dtype=dtype, device=device)
+    cache = ex.Cache.random(shape, dtype, device, a.paged)
+    ours = ex.step(layer, x, cache, pos)
+    theirs = ex.torch_step(layer, x, cache, pos, w)
+    print(f"decode step: D={shape.dim}, {shape.heads}/{shape.kv_heads} heads of "
+          f"{shape.head_dim}, F={shape.hidden}, cache {shape.context} positions "
+          f"({'paged' if a.paged else 'contiguous'}), {a.dtype}, 4-bit weights (ours) vs "
+          f"{a.dtype} weights (torch), on {device}")
+    print(f"{'stage':<12} {'ours us':>9} {'torch us':>9} {'vs torch':>9} {'bytes':>11} "
+          f"{'%copy':>6}")
+    for name, f_ours, f_torch, nbytes in stage_calls(layer, x, cache, pos, ours, theirs, w):
+        t_o, t_t = timeit(f_ours, device, repeat), timeit(f_torch, device, repeat)
+        c = copy_time(nbytes, device, repeat)
+        print(f"{name:<12} {t_o * 1e6:>9.1f} {t_t * 1e6:>9.1f} {t_t / t_o:>8.2f}x "
+              f"{nbytes:>11} {100 * c / t_o:>5.0f}%")
+    step_ours = lambda: ex.step(layer, x, cache, pos)                          # noqa: E731
+    step_torch = lambda: ex.torch_step(layer, x, cache, pos, w)               # noqa: E731
+    t_o, t_t = timeit(step_ours, device, repeat), timeit(step_torch, device, repeat)
+    t_c = compile_time(step_torch, device, repeat, a.compile)
+    comp = f"{t_c * 1e6:.1f} us ({t_c / t_o:.2f}x)" if t_c else "-"
+    print(f"whole step: ours {t_o * 1e6:.1f} us, torch {t_t * 1e6:.1f} us "
+          f"({t_t / t_o:.2f}x), torch.compile {comp}; "
+          f"{launches(layer, x, cache, pos)} metalforge launches + "
+          f"{'2 torch copies' if not a.paged else '2 index_copy_ and the row arithmetic'}")
+    w_o, w_t = wall(step_ours, device, repeat), wall(step_torch, device, repeat)
+    print(f"eager wall per step (synchronised): ours {w_o * 1e6:.0f} us, torch "
+          f"{w_t * 1e6:.0f} us ({w_t / w_o:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""One decode step of a Llama-style decoder layer, every stage a metalforge kernel.
+
+    python examples/llama_decode.py
+
+The layer (Llama-3-8B's shape at full size: D = 4096, 32 query heads over 8 key/value heads of
+E = 128, F = 14336; small here so the simulator runs it quickly) with 4-bit weights in MLX's
+affine layout (group 64) and an f16/bf16 KV cache, contiguous or paged. One step for one new
+token at position `pos`:
+
+    h   = rms_norm(x, w_attn)                      row kernel
+    qkv = q4_linear(W_qkv, h)                      quantized matvec (q, k and v weights stacked)
+    r   = rope(qkv as heads, pos)                  elementwise, q and k heads rotated, v kept
+          cache[pos] = k, v                        two torch copies (no in-place outputs yet)
+    a   = attention(q, k_cache, v_cache, pos)      decode attention, keys 0..pos only
+    x2  = x + q4_linear(W_o, a)                    quantized matvec, residual in its epilogue
+    h2  = rms_norm(x2, w_mlp)
+    gu  = q4_linear(W_gate_up, h2)                 gate and up weights stacked
+    m   = silu(gate) * up                          elementwise
+    y   = x2 + q4_linear(W_down, m)
+
+9 metalforge launches and 2 torch copies per step (the paged cache: the same kernels with the
+paged attention kernel of examples/paged_attention.py, and the cache row found on the device).
+Every stage is checked against torch (F.rms_norm, F.linear on the dequantized weights, RoPE,
+scaled_dot_product_attention, silu) stage by stage; bench/decode.py times the step on a GPU.
+Runs on Metal on a Mac, else on the simulator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+from metalforge import quant
+from metalforge.runtime import current_backend
+
+GROUP = 64
+
+
+@mf.kernel
+def rms_norm(x: "T[M, D]", w: "T[D]", eps: float = 1e-5):
+    return (x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w).to("T")
+
+
+@mf.kernel            # y = x W^T with W in 4 bits: (q * scale + bias) per group of GS
+def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
+              GS: mf.Const[int] = GROUP) -> "T[M, N]":
+    return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
+
+
+@mf.kernel            # the same with the residual added in the epilogue
+def q4_linear_add(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
+                  x: "T[M, K]", r: "T[M, N]", GS: mf.Const[int] = GROUP) -> "T[M, N]":
+    return r + mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
+
+
+@mf.kernel            # rotate-half RoPE on the first `rotated` heads (q's, then k's); v's kept
+def rope(x: "T[M, H, E]", pos: int, rotated: int, base: float = 500000.0):
+    i, half = mf.index("E"), mf.size("E") // 2
+    partner = mf.take(x, axis="E", index=mf.where(i < half, i + half, i - half))
+    theta = pos * base ** (-2.0 * (i % half) / mf.size("E"))
+    out = x * mf.cos(theta) + mf.where(i < half, -partner, partner) * mf.sin(theta)
+    return mf.where(mf.index("H") < rotated, out, x).to("T")
+
+
+@mf.kernel            # one query position against the cache's keys 0..pos (GQA)
+def attention(q: "T[B, (G R), E]", k: "T[L, G, E]", v: "T[L, G, E]", scale: float, pos: int):
+    s = mf.sum(q * k, axis="E") * scale
+    s = mf.where(mf.index("L") <= pos, s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@mf.kernel            # the same over a paged cache: rows found through the block table
+def paged_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: "T[N, G, E]",
+                    block_table: "i32[B, L/BS]", scale: float, pos: int,
+                    BS: mf.Const[int] = 16):
+    row = block_table * BS + mf.index("L") % BS
+    k = mf.take(k_cache, axis="N", index=row)
+    v = mf.take(v_cache, axis="N", index=row)
+    s = mf.sum(q * k, axis="E") * scale
+    s = mf.where(mf.index("L") <= pos, s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@mf.kernel
+def swiglu(gate: "T[M, F]", up: "T[M, F]"):
+    return (gate * mf.sigmoid(gate) * up).to("T")
+
+
+# --------------------------------------------------------------------------- the layer
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    hidden: int = 14336
+    context: int = 4096            # cache length (positions)
+    block: int = 16                # paged cache: positions per block
+
+
+@dataclass
+class Layer:
+    """Weights: f16/bf16 norms, 4-bit projections as (words, scales, biases) and their
+    dequantized values (what torch multiplies by)."""
+    shape: Shape
+    w_attn: torch.Tensor
+    w_mlp: torch.Tensor
+    qkv: tuple
+    o: tuple
+    gate_up: tuple
+    down: tuple
+
+    @staticmethod
+    def random(shape: Shape, dtype: torch.dtype, device: str, seed: int = 0) -> "Layer":
+        g = torch.Generator().manual_seed(seed)
+        s = shape
+
+        def linear(n: int, k: int) -> tuple:
+            w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype).to(device)
+            return quant.quantize(w, group_size=GROUP, bits=4)
+
+        def norm() -> torch.Tensor:
+            return (1 + 0.1 * torch.randn(s.dim, generator=g)).to(dtype).to(device)
+        q_rows = (s.heads + 2 * s.kv_heads) * s.head_dim
+        return Layer(s, norm(), norm(), linear(q_rows, s.dim), linear(s.dim, s.heads * s.head_dim),
+                     linear(2 * s.hidden, s.dim), linear(s.dim, s.hidden))
+
+
+def dequantized(w: tuple) -> torch.Tensor:
+    return quant.dequantize(*w, group_size=GROUP, bits=4)
+
+
+@dataclass
+class Cache:
+    """K/V for one sequence: contiguous [context, kv_heads, head_dim] rows, or paged (the same
+    rows in blocks of `block` positions, placed by `table`)."""
+    k: torch.Tensor
+    v: torch.Tensor
+    table: torch.Tensor | None = None           # [1, context / block] i32, paged only
+
+    @staticmethod
+    def random(shape: Shape, dtype: torch.dtype, device: str, paged: bool,
+               seed: int = 1) -> "Cache":
+        g = torch.Generator().manual_seed(seed)
+        rows = (shape.context, shape.kv_heads, shape.head_dim)
+        k, v = (torch.randn(rows, generator=g).to(dtype).to(device) for _ in range(2))
+        if not paged:
+            return Cache(k, v)
+        blocks = shape.context // shape.block
+        table = torch.randperm(blocks, generator=g).to(torch.int32).to(device)[None]
+        return Cache(k, v, table)
+
+    def row(self, pos: int, block: int):
+        """The cache row of position `pos` (paged: found on the device, no host read)."""
+        if self.table is None:
+            return pos
+        return self.table[0, pos // block].long() * block + pos % block
+
+    def write(self, pos: int, block: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        r = self.row(pos, block)
+        if self.table is None:
+            self.k[r].copy_(k)
+            self.v[r].copy_(v)
+        else:
+            self.k.index_copy_(0, r.reshape(1), k[None])
+            self.v.index_copy_(0, r.reshape(1), v[None])
+
+    def keys_in_order(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[context, kv_heads, head_dim] K and V in position order (torch's view)."""
+        if self.table is None:
+            return self.k, self.v
+        rows = (self.table[0].long()[:, None] * block
+                + torch.arange(block, device=self.k.device)).flatten()
+        return self.k[rows], self.v[rows]
+
+
+def step(layer: Layer, x: torch.Tensor, cache: Cache, pos: int) -> dict[str, torch.Tensor]:
+    """One decode step with metalforge kernels; every stage's result, by name."""
+    s = layer.shape
+    E, hq, hkv = s.head_dim, s.heads, s.kv_heads
+    out: dict[str, torch.Tensor] = {}
+    out["h"] = h = rms_norm(x, layer.w_attn)
+    out["qkv"] = qkv = q4_linear(*layer.qkv, h)
+    out["rope"] = r = rope(qkv.view(1, hq + 2 * hkv, E), pos, hq + hkv)
+    cache.write(pos, s.block, r[0, hq:hq + hkv], r[0, hq + hkv:])
+    q = r[:, :hq]
+    if cache.table is None:
+        a = attention(q, cache.k, cache.v, E ** -0.5, pos)
+    else:
+        a = paged_attention(q, cache.k, cache.v, cache.table, E ** -0.5, pos, BS=s.block)
+    out["attention"] = a
+    out["x2"] = x2 = q4_linear_add(*layer.o, a.reshape(1, hq * E), x)
+    out["h2"] = h2 = rms_norm(x2, layer.w_mlp)
+    out["gate_up"] = gu = q4_linear(*layer.gate_up, h2)
+    out["swiglu"] = m = swiglu(gu[:, :s.hidden], gu[:, s.hidden:])
+    out["y"] = q4_linear_add(*layer.down, m, x2)
+    return out
+
+
+# --------------------------------------------------------------------------- torch
+
+def torch_rope(x: torch.Tensor, pos: int, base: float = 500000.0) -> torch.Tensor:
+    """Rotate-half RoPE of [..., E] at one position, in float64."""
+    E = x.shape[-1]
+    inv = base ** (-torch.arange(0, E, 2, dtype=torch.float64, device=x.device) / E)
+    th = (pos * inv).repeat(2)
+    x1, x2 = x.double().chunk(2, dim=-1)
+    return (x.double() * th.cos() + torch.cat([-x2, x1], -1) * th.sin()).to(x.dtype)
+
+
+def torch_step(layer: Layer, x: torch.Tensor, cache: Cache, pos: int,
+               weights: dict | None = None) -> dict[str, torch.Tensor]:
+    """The same step in torch with the dequantized (f16/bf16) weights."""
+    s = layer.shape
+    E, hq, hkv = s.head_dim, s.heads, s.kv_heads
+    w = weights or torch_weights(layer)
+    out: dict[str, torch.Tensor] = {}
+    out["h"] = h = F.rms_norm(x, (s.dim,), layer.w_attn, eps=1e-5)
+    out["qkv"] = qkv = F.linear(h, w["qkv"])
+    heads = qkv.view(1, hq + 2 * hkv, E)
+    rot = torch_rope(heads[:, :hq + hkv], pos)
+    out["rope"] = r = torch.cat([rot, heads[:, hq + hkv:]], 1)
+    cache.write(pos, s.block, r[0, hq:hq + hkv], r[0, hq + hkv:])
+    k, v = cache.keys_in_order(s.block)
+    k, v = (t[:pos + 1].transpose(0, 1)[None] for t in (k, v))          # [1, G, pos+1, E]
+    a = F.scaled_dot_product_attention(r[:, :hq, None], k, v, scale=E ** -0.5, enable_gqa=True)
+    out["attention"] = a = a[:, :, 0]
+    out["x2"] = x2 = x + F.linear(a.reshape(1, hq * E), w["o"])
+    out["h2"] = h2 = F.rms_norm(x2, (s.dim,), layer.w_mlp, eps=1e-5)
+    out["gate_up"] = gu = F.linear(h2, w["gate_up"])
+    out["swiglu"] = m = F.silu(gu[:, :s.hidden]) * gu[:, s.hidden:]
+    out["y"] = x2 + F.linear(m, w["down"])
+    return out
+
+
+def torch_weights(layer: Layer) -> dict[str, torch.Tensor]:
+    return {n: dequantized(getattr(layer, n)) for n in ("qkv", "o", "gate_up", "down")}
+
+
+SMALL = Shape(dim=256, heads=4, kv_heads=2, head_dim=64, hidden=512, context=64, block=16)
+TOL = {torch.float16: dict(rtol=2e-2, atol=2e-2), torch.bfloat16: dict(rtol=5e-2, atol=6e-2)}
+
+
+def compare(shape: Shape, dtype: torch.dtype, device: str, paged: bool, pos: int) -> list[str]:
+    """Run both steps on the same inputs and caches; the stages checked, in order."""
+    layer = Layer.random(shape, dtype, device)
+    x = torch.randn(1, shape.dim, generator=torch.Generator().manual_seed(2)).to(dtype)
+    x = x.to(device)
+    ours_cache = Cache.random(shape, dtype, device, paged)
+    theirs_cache = Cache.random(shape, dtype, device, paged)
+    ours = step(layer, x, ours_cache, pos)
+    theirs = torch_step(layer, x, theirs_cache, pos)
+    for name in ours:
+        torch.testing.assert_close(ours[name].float(), theirs[name].float(), **TOL[dtype],
+                                   msg=lambda m, n=name: f"stage {n}: {m}")
+    torch.testing.assert_close(ours_cache.k, theirs_cache.k, **TOL[dtype])
+    return list(ours)
+
+
+if __name__ == "__main__":
+    device = "mps" if torch.backends.mps.is_available() else "cpu"
+    x = torch.randn(1, SMALL.dim, dtype=torch.float16, device=device)
+    print(q4_linear.source(*Layer.random(SMALL, torch.float16, device).qkv, x))
+    for dtype in (torch.float16, torch.bfloat16):
+        for paged in (False, True):
+            stages = compare(SMALL, dtype, device, paged, pos=37)
+    print(f"llama_decode: {len(stages)} stages ({', '.join(stages)}), f16 and bf16, contiguous "
+          f"and paged cache, on {current_backend([x])} match torch stage by stage")
