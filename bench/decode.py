@@ -54,30 +54,30 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
     gu, m = ours["gate_up"], ours["swiglu"]
     F = torch.nn.functional
     if cache.table is None:
-        att = lambda: ex.attention(q, cache.k, cache.v, E ** -0.5, pos)  # noqa: E731
+        att = lambda: ex.decode_attention(q, cache.k, cache.v, E ** -0.5, pos)  # noqa: E731
     else:
-        att = lambda: ex.paged_attention(q, cache.k, cache.v, cache.table,  # noqa: E731
+        att = lambda: ex.paged_decode_attention(q, cache.k, cache.v, cache.table,  # noqa: E731
                                          E ** -0.5, pos, BS=s.block)
     kvbytes = 2 * (pos + 1) * hkv * E * x.element_size()
     return [
-        ("rms_norm", lambda: ex.rms_norm(x, layer.w_attn),
+        ("rms_norm", lambda: ex.norm(x, layer.w_attn),
          lambda: F.rms_norm(x, (s.dim,), layer.w_attn, eps=1e-5), 3 * _nbytes(x)),
-        ("qkv", lambda: ex.q4_linear(*layer.qkv, ours["h"]),
+        ("qkv", lambda: ex.qlinear(*layer.qkv, ours["h"]),
          lambda: F.linear(theirs["h"], w["qkv"]), _nbytes(*layer.qkv)),
-        ("rope", lambda: ex.rope(heads, pos, hq + hkv),
+        ("rope", lambda: ex.rope_heads(heads, pos, hq + hkv),
          lambda: ex.torch_rope(heads[:, :hq + hkv], pos), 2 * _nbytes(heads)),
         ("attention", att,
          lambda: F.scaled_dot_product_attention(theirs["rope"][:, :hq, None], *kv,
                                                 scale=E ** -0.5, enable_gqa=True), kvbytes),
-        ("o_proj+add", lambda: ex.q4_linear_add(*layer.o, a2, x),
+        ("o_proj+add", lambda: ex.qlinear_add(*layer.o, a2, x),
          lambda: x + F.linear(a2, w["o"]), _nbytes(*layer.o)),
-        ("rms_norm", lambda: ex.rms_norm(ours["x2"], layer.w_mlp),
+        ("rms_norm", lambda: ex.norm(ours["x2"], layer.w_mlp),
          lambda: F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5), 3 * _nbytes(x)),
-        ("gate_up", lambda: ex.q4_linear(*layer.gate_up, ours["h2"]),
+        ("gate_up", lambda: ex.qlinear(*layer.gate_up, ours["h2"]),
          lambda: F.linear(theirs["h2"], w["gate_up"]), _nbytes(*layer.gate_up)),
-        ("swiglu", lambda: ex.swiglu(gu[:, :s.hidden], gu[:, s.hidden:]),
+        ("swiglu", lambda: ex.silu_mul(gu[:, :s.hidden], gu[:, s.hidden:]),
          lambda: F.silu(gu[:, :s.hidden]) * gu[:, s.hidden:], 3 * _nbytes(m)),
-        ("down+add", lambda: ex.q4_linear_add(*layer.down, m, ours["x2"]),
+        ("down+add", lambda: ex.qlinear_add(*layer.down, m, ours["x2"]),
          lambda: ours["x2"] + F.linear(m, w["down"]), _nbytes(*layer.down)),
     ]
 
@@ -87,7 +87,7 @@ def launches(layer, x, cache, pos) -> int:
     s = layer.shape
     count = {"n": 0}
     real = {}
-    for name in ("rms_norm", "q4_linear", "q4_linear_add", "rope", "attention",
+    for name in ("rms_norm", "qlinear", "qlinear_add", "rope", "attention",
                  "paged_attention", "swiglu"):
         k = getattr(ex, name)
         real[name] = k

@@ -7,24 +7,25 @@ E = 128, F = 14336; small here so the simulator runs it quickly) with 4-bit weig
 affine layout (group 64) and an f16/bf16 KV cache, contiguous or paged. One step for one new
 token at position `pos`:
 
-    h   = rms_norm(x, w_attn)                      row kernel
-    qkv = q4_linear(W_qkv, h)                      quantized matvec (q, k and v weights stacked)
-    r   = rope(qkv as heads, pos)                  elementwise, q and k heads rotated, v kept
-          cache[pos] = k, v                        two torch copies (no in-place outputs yet)
-    a   = attention(q, k_cache, v_cache, pos)      decode attention, keys 0..pos only
-    x2  = x + q4_linear(W_o, a)                    quantized matvec, residual in its epilogue
-    h2  = rms_norm(x2, w_mlp)
-    gu  = q4_linear(W_gate_up, h2)                 gate and up weights stacked
-    m   = silu(gate) * up                          elementwise
-    y   = x2 + q4_linear(W_down, m)
+    h   = norm(x, w_attn)                      RMSNorm: a row kernel
+    qkv = qlinear(W_qkv, h)                    quantized matvec (q, k and v weights stacked)
+    r   = rope_heads(qkv as heads, pos)        elementwise: q and k heads rotated, v kept
+          cache[pos] = k, v                    two torch copies
+    a   = decode_attention(q, k_cache, v_cache, pos)    keys 0..pos only
+    x2  = qlinear_add(W_o, a, x)               x + a W_o^T: the residual in the epilogue
+    h2  = norm(x2, w_mlp)
+    gu  = qlinear(W_gate_up, h2)               gate and up weights stacked
+    m   = silu_mul(gate, up)                   silu(gate) * up
+    y   = qlinear_add(W_down, m, x2)
 
-9 metalforge launches and 2 torch copies per step (the paged cache: the same kernels with the
-paged attention kernel of examples/paged_attention.py, and the cache row found on the device).
+9 metalforge kernels and 2 torch copies per step, 10 launches at full size (decode attention
+splits a long cache's keys over threadgroups, then merges); the paged cache: the same with the
+paged attention kernel (as in examples/paged_attention.py) and the cache row found on the
+device.
 Every stage is checked against torch (F.rms_norm, F.linear on the dequantized weights, RoPE,
 scaled_dot_product_attention, silu) stage by stage; bench/decode.py times the step on a GPU.
 Runs on Metal on a Mac, else on the simulator.
 """
-from __future__ import annotations
 
 from dataclasses import dataclass
 
@@ -39,24 +40,24 @@ GROUP = 64
 
 
 @mf.kernel
-def rms_norm(x: "T[M, D]", w: "T[D]", eps: float = 1e-5):
+def norm(x: "T[M, D]", w: "T[D]", eps: float = 1e-5):
     return (x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w).to("T")
 
 
 @mf.kernel            # y = x W^T with W in 4 bits: (q * scale + bias) per group of GS
-def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
+def qlinear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
               GS: mf.Const[int] = GROUP) -> "T[M, N]":
     return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
 
 
 @mf.kernel            # the same with the residual added in the epilogue
-def q4_linear_add(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
+def qlinear_add(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
                   x: "T[M, K]", r: "T[M, N]", GS: mf.Const[int] = GROUP) -> "T[M, N]":
     return r + mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
 
 
 @mf.kernel            # rotate-half RoPE on the first `rotated` heads (q's, then k's); v's kept
-def rope(x: "T[M, H, E]", pos: int, rotated: int, base: float = 500000.0):
+def rope_heads(x: "T[M, H, E]", pos: int, rotated: int, base: float = 500000.0):
     i, half = mf.index("E"), mf.size("E") // 2
     partner = mf.take(x, axis="E", index=mf.where(i < half, i + half, i - half))
     theta = pos * base ** (-2.0 * (i % half) / mf.size("E"))
@@ -65,14 +66,15 @@ def rope(x: "T[M, H, E]", pos: int, rotated: int, base: float = 500000.0):
 
 
 @mf.kernel            # one query position against the cache's keys 0..pos (GQA)
-def attention(q: "T[B, (G R), E]", k: "T[L, G, E]", v: "T[L, G, E]", scale: float, pos: int):
+def decode_attention(q: "T[B, (G R), E]", k: "T[L, G, E]", v: "T[L, G, E]", scale: float,
+                     pos: int):
     s = mf.sum(q * k, axis="E") * scale
     s = mf.where(mf.index("L") <= pos, s, -mf.inf)
     return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
 
 @mf.kernel            # the same over a paged cache: rows found through the block table
-def paged_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: "T[N, G, E]",
+def paged_decode_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: "T[N, G, E]",
                     block_table: "i32[B, L/BS]", scale: float, pos: int,
                     BS: mf.Const[int] = 16):
     row = block_table * BS + mf.index("L") % BS
@@ -84,7 +86,7 @@ def paged_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: "T[N, G
 
 
 @mf.kernel
-def swiglu(gate: "T[M, F]", up: "T[M, F]"):
+def silu_mul(gate: "T[M, F]", up: "T[M, F]"):
     return (gate * mf.sigmoid(gate) * up).to("T")
 
 
@@ -122,10 +124,10 @@ class Layer:
             w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype).to(device)
             return quant.quantize(w, group_size=GROUP, bits=4)
 
-        def norm() -> torch.Tensor:
+        def gain() -> torch.Tensor:
             return (1 + 0.1 * torch.randn(s.dim, generator=g)).to(dtype).to(device)
         q_rows = (s.heads + 2 * s.kv_heads) * s.head_dim
-        return Layer(s, norm(), norm(), linear(q_rows, s.dim), linear(s.dim, s.heads * s.head_dim),
+        return Layer(s, gain(), gain(), linear(q_rows, s.dim), linear(s.dim, s.heads * s.head_dim),
                      linear(2 * s.hidden, s.dim), linear(s.dim, s.hidden))
 
 
@@ -182,21 +184,21 @@ def step(layer: Layer, x: torch.Tensor, cache: Cache, pos: int) -> dict[str, tor
     s = layer.shape
     E, hq, hkv = s.head_dim, s.heads, s.kv_heads
     out: dict[str, torch.Tensor] = {}
-    out["h"] = h = rms_norm(x, layer.w_attn)
-    out["qkv"] = qkv = q4_linear(*layer.qkv, h)
-    out["rope"] = r = rope(qkv.view(1, hq + 2 * hkv, E), pos, hq + hkv)
+    out["h"] = h = norm(x, layer.w_attn)
+    out["qkv"] = qkv = qlinear(*layer.qkv, h)
+    out["rope"] = r = rope_heads(qkv.view(1, hq + 2 * hkv, E), pos, hq + hkv)
     cache.write(pos, s.block, r[0, hq:hq + hkv], r[0, hq + hkv:])
     q = r[:, :hq]
     if cache.table is None:
-        a = attention(q, cache.k, cache.v, E ** -0.5, pos)
+        a = decode_attention(q, cache.k, cache.v, E ** -0.5, pos)
     else:
-        a = paged_attention(q, cache.k, cache.v, cache.table, E ** -0.5, pos, BS=s.block)
+        a = paged_decode_attention(q, cache.k, cache.v, cache.table, E ** -0.5, pos, BS=s.block)
     out["attention"] = a
-    out["x2"] = x2 = q4_linear_add(*layer.o, a.reshape(1, hq * E), x)
-    out["h2"] = h2 = rms_norm(x2, layer.w_mlp)
-    out["gate_up"] = gu = q4_linear(*layer.gate_up, h2)
-    out["swiglu"] = m = swiglu(gu[:, :s.hidden], gu[:, s.hidden:])
-    out["y"] = q4_linear_add(*layer.down, m, x2)
+    out["x2"] = x2 = qlinear_add(*layer.o, a.reshape(1, hq * E), x)
+    out["h2"] = h2 = norm(x2, layer.w_mlp)
+    out["gate_up"] = gu = qlinear(*layer.gate_up, h2)
+    out["swiglu"] = m = silu_mul(gu[:, :s.hidden], gu[:, s.hidden:])
+    out["y"] = qlinear_add(*layer.down, m, x2)
     return out
 
 
@@ -263,7 +265,7 @@ def compare(shape: Shape, dtype: torch.dtype, device: str, paged: bool, pos: int
 if __name__ == "__main__":
     device = "mps" if torch.backends.mps.is_available() else "cpu"
     x = torch.randn(1, SMALL.dim, dtype=torch.float16, device=device)
-    print(q4_linear.source(*Layer.random(SMALL, torch.float16, device).qkv, x))
+    print(qlinear.source(*Layer.random(SMALL, torch.float16, device).qkv, x))
     for dtype in (torch.float16, torch.bfloat16):
         for paged in (False, True):
             stages = compare(SMALL, dtype, device, paged, pos=37)
