@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+import metalforge as mf
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import DTYPES, compile_time, copy_time, pick_device, sync, timeit  # noqa: E402
@@ -42,6 +44,10 @@ def _nbytes(*ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
 
+def swiglu(gu: torch.Tensor, hidden: int) -> torch.Tensor:
+    return torch.nn.functional.silu(gu[:, :hidden]) * gu[:, hidden:]
+
+
 def stage_calls(layer, x, cache, pos, ours, theirs, w):
     """(name, our call, torch call, bytes ours moves) per stage, on the inputs the full steps
     computed (so each stage is timed on real data)."""
@@ -51,13 +57,13 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
     heads = ours["qkv"].view(1, hq + 2 * hkv, E)
     kv = cache.k[:pos + 1].transpose(0, 1)[None], cache.v[:pos + 1].transpose(0, 1)[None]
     a2 = ours["attention"].reshape(1, hq * E)
-    gu, m = ours["gate_up"], ours["swiglu"]
+    m = ours["swiglu"]
     F = torch.nn.functional
     if cache.table is None:
         att = lambda: ex.decode_attention(q, cache.k, cache.v, E ** -0.5, pos)  # noqa: E731
     else:
         att = lambda: ex.paged_decode_attention(q, cache.k, cache.v, cache.table,  # noqa: E731
-                                         E ** -0.5, pos, BS=s.block)
+                                                E ** -0.5, pos, BS=s.block)
     kvbytes = 2 * (pos + 1) * hkv * E * x.element_size()
     return [
         ("rms_norm", lambda: ex.norm(x, layer.w_attn),
@@ -73,36 +79,33 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
          lambda: x + F.linear(a2, w["o"]), _nbytes(*layer.o)),
         ("rms_norm", lambda: ex.norm(ours["x2"], layer.w_mlp),
          lambda: F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5), 3 * _nbytes(x)),
-        ("gate_up", lambda: ex.qlinear(*layer.gate_up, ours["h2"]),
-         lambda: F.linear(theirs["h2"], w["gate_up"]), _nbytes(*layer.gate_up)),
-        ("swiglu", lambda: ex.silu_mul(gu[:, :s.hidden], gu[:, s.hidden:]),
-         lambda: F.silu(gu[:, :s.hidden]) * gu[:, s.hidden:], 3 * _nbytes(m)),
+        ("gate_up+silu", lambda: ex.gate_up(*layer.gate, *layer.up, ours["h2"]),
+         lambda: swiglu(F.linear(theirs["h2"], w["gate_up"]), s.hidden),
+         _nbytes(*layer.gate, *layer.up)),
         ("down+add", lambda: ex.qlinear_add(*layer.down, m, ours["x2"]),
          lambda: ours["x2"] + F.linear(m, w["down"]), _nbytes(*layer.down)),
     ]
 
 
 def launches(layer, x, cache, pos) -> int:
-    """metalforge launches of one step, counted from each kernel's `launches`."""
-    s = layer.shape
-    count = {"n": 0}
-    real = {}
-    for name in ("rms_norm", "qlinear", "qlinear_add", "rope", "attention",
-                 "paged_attention", "swiglu"):
-        k = getattr(ex, name)
-        real[name] = k
+    """metalforge launches of one step: each kernel of the example counts the launches a call
+    makes (`Kernel.launches`) while the step runs."""
+    count = [0]
+    kernels = {n: k for n, k in vars(ex).items() if isinstance(k, mf.Kernel)}
 
-        def counted(*a, _k=k, **kw):
-            count["n"] += len(_k.launches(*a, **kw))
-            return _k(*a, **kw)
-        setattr(ex, name, counted)
+    def counted(k):
+        def call(*a, **kw):
+            count[0] += len(k.launches(*a, **kw))
+            return k(*a, **kw)
+        return call
     try:
+        for n, k in kernels.items():
+            setattr(ex, n, counted(k))
         ex.step(layer, x, cache, pos)
     finally:
-        for name, k in real.items():
-            setattr(ex, name, k)
-    del s
-    return count["n"]
+        for n, k in kernels.items():
+            setattr(ex, n, k)
+    return count[0]
 
 
 def wall(fn, device: str, repeat: int) -> float:

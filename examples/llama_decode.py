@@ -14,11 +14,10 @@ token at position `pos`:
     a   = decode_attention(q, k_cache, v_cache, pos)    keys 0..pos only
     x2  = qlinear_add(W_o, a, x)               x + a W_o^T: the residual in the epilogue
     h2  = norm(x2, w_mlp)
-    gu  = qlinear(W_gate_up, h2)               gate and up weights stacked
-    m   = silu_mul(gate, up)                   silu(gate) * up
+    m   = gate_up(W_gate, W_up, h2)            silu(h2 W_gate^T) * (h2 W_up^T): two sums, one x
     y   = qlinear_add(W_down, m, x2)
 
-9 metalforge kernels and 2 torch copies per step, 10 launches at full size (decode attention
+8 metalforge kernels and 2 torch copies per step, 9 launches at full size (decode attention
 splits a long cache's keys over threadgroups, then merges); the paged cache: the same with the
 paged attention kernel (as in examples/paged_attention.py) and the cache row found on the
 device.
@@ -85,9 +84,13 @@ def paged_decode_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: 
     return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
 
-@mf.kernel
-def silu_mul(gate: "T[M, F]", up: "T[M, F]"):
-    return (gate * mf.sigmoid(gate) * up).to("T")
+@mf.kernel            # SwiGLU's two projections of one x, silu(gate) * up in the epilogue
+def gate_up(wg: "u32[F, K/8]", sg: "T[F, K/GS]", bg: "T[F, K/GS]",
+            wu: "u32[F, K/8]", su: "T[F, K/GS]", bu: "T[F, K/GS]", x: "T[M, K]",
+            GS: mf.Const[int] = GROUP) -> "T[M, F]":
+    g = mf.sum((mf.unpack(wg, bits=4) * sg + bg) * x, axis="K")
+    u = mf.sum((mf.unpack(wu, bits=4) * su + bu) * x, axis="K")
+    return (g * mf.sigmoid(g) * u).to("T")
 
 
 # --------------------------------------------------------------------------- the layer
@@ -112,7 +115,8 @@ class Layer:
     w_mlp: torch.Tensor
     qkv: tuple
     o: tuple
-    gate_up: tuple
+    gate: tuple
+    up: tuple
     down: tuple
 
     @staticmethod
@@ -128,7 +132,7 @@ class Layer:
             return (1 + 0.1 * torch.randn(s.dim, generator=g)).to(dtype).to(device)
         q_rows = (s.heads + 2 * s.kv_heads) * s.head_dim
         return Layer(s, gain(), gain(), linear(q_rows, s.dim), linear(s.dim, s.heads * s.head_dim),
-                     linear(2 * s.hidden, s.dim), linear(s.dim, s.hidden))
+                     linear(s.hidden, s.dim), linear(s.hidden, s.dim), linear(s.dim, s.hidden))
 
 
 def dequantized(w: tuple) -> torch.Tensor:
@@ -196,8 +200,7 @@ def step(layer: Layer, x: torch.Tensor, cache: Cache, pos: int) -> dict[str, tor
     out["attention"] = a
     out["x2"] = x2 = qlinear_add(*layer.o, a.reshape(1, hq * E), x)
     out["h2"] = h2 = norm(x2, layer.w_mlp)
-    out["gate_up"] = gu = qlinear(*layer.gate_up, h2)
-    out["swiglu"] = m = silu_mul(gu[:, :s.hidden], gu[:, s.hidden:])
+    out["swiglu"] = m = gate_up(*layer.gate, *layer.up, h2)
     out["y"] = qlinear_add(*layer.down, m, x2)
     return out
 
@@ -232,14 +235,17 @@ def torch_step(layer: Layer, x: torch.Tensor, cache: Cache, pos: int,
     out["attention"] = a = a[:, :, 0]
     out["x2"] = x2 = x + F.linear(a.reshape(1, hq * E), w["o"])
     out["h2"] = h2 = F.rms_norm(x2, (s.dim,), layer.w_mlp, eps=1e-5)
-    out["gate_up"] = gu = F.linear(h2, w["gate_up"])
+    gu = F.linear(h2, w["gate_up"])
     out["swiglu"] = m = F.silu(gu[:, :s.hidden]) * gu[:, s.hidden:]
     out["y"] = x2 + F.linear(m, w["down"])
     return out
 
 
 def torch_weights(layer: Layer) -> dict[str, torch.Tensor]:
-    return {n: dequantized(getattr(layer, n)) for n in ("qkv", "o", "gate_up", "down")}
+    """The dequantized weights, gate and up stacked (one F.linear for both)."""
+    w = {n: dequantized(getattr(layer, n)) for n in ("qkv", "o", "down")}
+    w["gate_up"] = torch.cat([dequantized(layer.gate), dequantized(layer.up)])
+    return w
 
 
 SMALL = Shape(dim=256, heads=4, kv_heads=2, head_dim=64, hidden=512, context=64, block=16)

@@ -569,3 +569,60 @@ def test_index_width_follows_the_largest_tensor():
     big = dict(sizes, M=2 ** 20, K=2 ** 11, **{"K/8": 2 ** 8, "K/64": 2 ** 5})   # x: 2^31
     with pytest.raises(mf.LaunchError, match="64-bit indexing"):
         s.host_name(big)
+
+
+# -- several sums sharing x: gate and up projections in one kernel --------------------------
+
+@mf.kernel
+def gate_up(wg: "u32[F, K/8]", sg: "T[F, K/GS]", bg: "T[F, K/GS]",
+            wu: "u32[F, K/8]", su: "T[F, K/GS]", bu: "T[F, K/GS]", x: "T[M, K]",
+            GS: mf.Const[int] = 64) -> "T[M, F]":
+    g = mf.sum((mf.unpack(wg, bits=4) * sg + bg) * x, axis="K")
+    u = mf.sum((mf.unpack(wu, bits=4) * su + bu) * x, axis="K")
+    return (g * mf.sigmoid(g) * u).to("T")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("m,n,k", [(1, 40, 512), (3, 33, 256), (1, 5, 4160)])
+def test_gate_up_in_one_kernel(dtype, m, n, k):
+    """Two sums over one x (the SwiGLU gate and up projections): x read and each weight
+    streamed once, silu(gate) * up in the epilogue; against F.silu and matmuls in float64."""
+    torch.manual_seed(m * n)
+    qg = quant.quantize(torch.randn(n, k).to(dtype), group_size=64, bits=4)
+    qu = quant.quantize(torch.randn(n, k).to(dtype), group_size=64, bits=4)
+    x = torch.randn(m, k).to(dtype)
+    g, u = (x.double() @ quant.dequantize(*q, group_size=64, bits=4).double().T
+            for q in (qg, qu))
+    want = torch.nn.functional.silu(g) * u
+    y = gate_up(*qg, *qu, x)
+    tol = 1e-2 if dtype == torch.float16 else 1e-4      # f32 sums of 4160 products
+    torch.testing.assert_close(y.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+    src = gate_up.source(*qg, *qu, x)
+    assert "mf_acc1" in src and "mf_row_scale1" in src      # a second set of accumulators
+
+
+def test_several_sums_cover_every_matvec_kernel():
+    """check() runs every matvec kernel of a two-sum graph (the split ones and qmvx
+    included); sums without the affine form take the element path."""
+    report = check(gate_up, dtypes={"T": ["f16"]}, max_examples=12)
+    names = {i.host_name.rsplit("_", 1)[-1] for i in report.instantiations}
+    assert {"qmv", "split", "qmvx"} <= names
+
+    @mf.kernel
+    def two_plain(wg: "u32[F, K/8]", sg: "T[F, K/GS]", wu: "u32[F, K/8]", x: "T[M, K]",
+                  GS: mf.Const[int] = 32) -> "T[M, F]":
+        g = mf.sum(mf.unpack(wg, bits=4) * sg * x, axis="K")
+        u = mf.sum((mf.unpack(wu, bits=4) - 8) * x, axis="K")
+        return g - 2 * u
+    check(two_plain, dtypes={"T": ["f32"]}, max_examples=8)
+
+
+def test_several_sums_refused_where_one_unpacks_nothing():
+    @mf.kernel
+    def norm_and_project(wq: "u32[N, K/8]", s: "T[N, K/GS]", b: "T[N, K/GS]", x: "T[M, K]",
+                         GS: mf.Const[int] = 64) -> "T[M, N]":
+        y = mf.sum((mf.unpack(wq, bits=4) * s + b) * x, axis="K")
+        return y * mf.rsqrt(mf.mean(x * x, axis="K"))
+    _, (wq, s, b) = _quantized(4, 128, torch.float32)
+    with pytest.raises(mf.UnsupportedConstruct, match="sums no unpacked words"):
+        norm_and_project(wq, s, b, torch.randn(1, 128))

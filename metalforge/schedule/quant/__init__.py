@@ -38,6 +38,10 @@ the sum like any row value). Weight bytes are read once per position of the othe
 at M = 1 the kernel streams the packed weights once, which is what decode needs. Larger M
 re-reads them (from cache) once per row of x.
 
+Several sums over K in one kernel, each of its own unpacked weights and all of one x (SwiGLU's
+gate and up projections), keep one set of accumulators (and affine registers) per sum; x's
+chunk and its sum are read and taken once for all; the tiled kernel is built for one sum only.
+
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
 fewer simdgroups), k_splits (qmv_split's simdgroups per block: more loads in flight when rows
 are few, one barrier and S partials per row more), split_grid (where the _split kernels run

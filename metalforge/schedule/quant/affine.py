@@ -18,7 +18,7 @@ from ..lower import as_float
 from .blocks import each_x_row, rows_loop, x_rows_loop
 from .context import QuantState
 from .form import Affine
-from .positions import acc, lowering, word, x_slot
+from .positions import acc, lowering, numbered, word, x_slot
 
 
 class AffineChunk(NamedTuple):
@@ -64,17 +64,18 @@ def x_values(st: QuantState, f: Affine) -> list[ir.Stmt]:
     return xs
 
 
-def scale_bias(st: QuantState, f: Affine) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-    """(each row's scale and bias registers, the row's loads into them)."""
+def scale_bias(st: QuantState, f: Affine, i: int) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    """(each row's scale and bias registers of sum i, the row's loads into them)."""
     rows = st.ctx.policy.rows_per_group
     low = lowering(st, True)
     loads = low.lower([f.s, f.b])
     st.ctx.uses.helpers.update(low.helpers)
     r = ir.Var("mf_r")
-    arrays: list[ir.Stmt] = [ir.ArrayDecl("mf_row_scale", "float", rows),
-                             ir.ArrayDecl("mf_row_bias", "float", rows)]
-    loads += [ir.Assign(ir.Lane(ir.Var("mf_row_scale"), r), as_float(low.value(f.s), f.s)),
-              ir.Assign(ir.Lane(ir.Var("mf_row_bias"), r), as_float(low.value(f.b), f.b))]
+    scale, bias = ir.Var(numbered("mf_row_scale", i)), ir.Var(numbered("mf_row_bias", i))
+    arrays: list[ir.Stmt] = [ir.ArrayDecl(scale.name, "float", rows),
+                             ir.ArrayDecl(bias.name, "float", rows)]
+    loads += [ir.Assign(ir.Lane(scale, r), as_float(low.value(f.s), f.s)),
+              ir.Assign(ir.Lane(bias, r), as_float(low.value(f.b), f.b))]
     return arrays, loads
 
 
@@ -93,14 +94,15 @@ def unpacked(st: QuantState, f: Affine) -> tuple[list[ir.Stmt], ir.Expr]:
     return at_bits, code
 
 
-def _finish(st: QuantState, qx: ir.Expr) -> ir.Stmt:
-    """The row's sum = s * qx + b * sum x."""
-    r, a = ir.Var("mf_r"), acc(st)
-    bx = ir.Call("fma", (ir.Lane(ir.Var("mf_row_bias"), r), _xsum(st), a))
-    return ir.Assign(a, ir.Call("fma", (ir.Lane(ir.Var("mf_row_scale"), r), qx, bx)))
+def _finish(st: QuantState, qx: ir.Expr, i: int) -> ir.Stmt:
+    """The row's sum i += s * qx + b * sum x."""
+    r, a = ir.Var("mf_r"), acc(st, i)
+    bx = ir.Call("fma", (ir.Lane(ir.Var(numbered("mf_row_bias", i)), r), _xsum(st), a))
+    return ir.Assign(a, ir.Call("fma", (ir.Lane(ir.Var(numbered("mf_row_scale", i)), r), qx,
+                                        bx)))
 
 
-def place_sums(st: QuantState, f: Affine) -> list[ir.Stmt]:
+def place_sums(st: QuantState, f: Affine, i: int) -> list[ir.Stmt]:
     """qmv: every row's sums first, one per place (independent chains), then each row's
     s * sum_p 2^-p sum_(j at p) q_j x_j + b * sum x. H100, 2026-11-27, 4 rows: 6.1-14.5 us this
     way, 8.3-18.6 with x pre-scaled or each row in turn (bench/README.md)."""
@@ -109,39 +111,47 @@ def place_sums(st: QuantState, f: Affine) -> list[ir.Stmt]:
     r, j, per_half = ir.Var("mf_r"), ir.Var("mf_j"), _uint(places)
     at_bits, code = unpacked(st, f)
     xe = ir.Lane(ir.Var("mf_xe"), x_slot(st, j))
-    sums = ir.Var("mf_qx")
+    sums = ir.Var(numbered("mf_qx", i))
     at_place = ir.Lane(sums, r * per_half + j % per_half)
     qx: ir.Expr = ir.Lane(sums, r * per_half)
     for p in range(1, places):
         qx = ir.Call("fma", (ir.Lane(sums, r * per_half + _uint(p)), ir.Call(
             "mf_place_weight", (_uint(p * ctx.bits),)), qx))
     return [
-        ir.ArrayDecl("mf_qx", "float", rows * places),
+        ir.ArrayDecl(sums.name, "float", rows * places),
         ir.For("mf_p", "uint", _uint(0), _uint(rows * places),
                [ir.Assign(ir.Lane(sums, ir.Var("mf_p")), ir.Lit(0.0, "float"))], unroll=True),
         rows_loop(st, [ir.For("mf_j", "uint", _uint(0), _uint(C), at_bits + [
             ir.Assign(at_place, ir.Call("fma", (code, xe, at_place)))], unroll=True)]),
-        rows_loop(st, [_finish(st, qx)])]
+        rows_loop(st, [_finish(st, qx, i)])]
 
 
-def x_row_sums(st: QuantState, f: Affine) -> list[ir.Stmt]:
+def x_row_sums(st: QuantState, f: Affine, i: int) -> list[ir.Stmt]:
     """qmvx: each value unpacked once, used for every row of x."""
     at_bits, code = unpacked(st, f)
     xe = ir.Lane(ir.Var("mf_xe"), x_slot(st, ir.Var("mf_j")))
-    qx = ir.Lane(ir.Var("mf_qx"), ir.Var("mf_i"))
-    row = [ir.ArrayDecl("mf_qx", "float", st.mb),
+    sums = numbered("mf_qx", i)
+    qx = ir.Lane(ir.Var(sums), ir.Var("mf_i"))
+    row = [ir.ArrayDecl(sums, "float", st.mb),
            each_x_row(st, [ir.Assign(qx, ir.Lit(0.0, "float"))]),
            ir.For("mf_j", "uint", _uint(0), _uint(st.ctx.chunk), at_bits + [
                ir.Decl("mf_q", "float", code),
                each_x_row(st, [ir.Assign(qx, ir.Call("fma", (ir.Var("mf_q"), xe, qx)))])],
                unroll=True),
-           each_x_row(st, [_finish(st, qx)])]
+           each_x_row(st, [_finish(st, qx, i)])]
     return [rows_loop(st, row)]
 
 
-def affine_chunk(st: QuantState, f: Affine) -> AffineChunk:
-    """The chunk's arithmetic in the affine form (see the module doc)."""
-    xs = x_values(st, f)
-    arrays, loads = scale_bias(st, f)
-    body = place_sums(st, f) if st.mb == 1 else x_row_sums(st, f)
+def affine_chunk(st: QuantState, forms: list[Affine]) -> AffineChunk:
+    """The chunk's arithmetic in the affine form (see the module doc), for each sum (of one
+    shared x: its values and their sum taken once)."""
+    xs = x_values(st, forms[0])
+    arrays: list[ir.Stmt] = []
+    loads: list[ir.Stmt] = []
+    body: list[ir.Stmt] = []
+    for i, f in enumerate(forms):
+        a, ld = scale_bias(st, f, i)
+        arrays += a
+        loads += ld
+        body += place_sums(st, f, i) if st.mb == 1 else x_row_sums(st, f, i)
     return AffineChunk(xs, arrays, loads, body)

@@ -4,6 +4,8 @@ loads), the plain per-element sum, and the epilogue that computes and stores the
 a row's sum."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ... import ir
 from ...graph import ReduceOp
 from .. import reduce
@@ -100,25 +102,32 @@ def aligned(ctx: QuantContext) -> ir.Expr:
 
 
 def element(st: QuantState, fast: bool) -> list[ir.Stmt]:
-    """Add element mf_j of the chunk to the row's accumulator."""
-    arg = st.ctx.red.args[0]
+    """Add element mf_j of the chunk to the row's accumulator of each sum."""
+    args = [r.args[0] for r in st.ctx.reds]
     el = lowering(st, fast)
-    body = el.lower([arg])
+    body = el.lower(args)
     st.ctx.uses.helpers.update(el.helpers)
-    v = el.value(arg)
-    if compute_type(arg.dtype) != "float":
-        v = ir.Cast("float", v)
-    a = acc(st)
-    return body + [ir.Assign(a, a + v)]
+    for i, arg in enumerate(args):
+        v = el.value(arg)
+        if compute_type(arg.dtype) != "float":
+            v = ir.Cast("float", v)
+        a = acc(st, i)
+        body.append(ir.Assign(a, a + v))
+    return body
 
 
-def epilogue(st: QuantState, total: ir.Expr) -> tuple[reduce.Reduction, list[ir.Stmt]]:
-    """(the sum as a reduction whose running value is `total`; the statements that compute
-    every output from it, at the row's position, and store them)."""
+def epilogue(st: QuantState, totals: Optional[list[ir.Expr]] = None
+             ) -> tuple[list[reduce.Reduction], list[ir.Stmt]]:
+    """(each sum as a reduction whose running value is in `totals` (by default its row's
+    accumulator); the statements that compute every output from them, at the row's position,
+    and store them)."""
     ctx = st.ctx
-    red = reduce.Reduction(ctx.red, ReduceOp.SUM, ctx.axis, 1, acc_at=total)
+    totals = totals or [acc(st, i) for i in range(len(ctx.reds))]
+    reds = [reduce.Reduction(n, ReduceOp.SUM, ctx.axis, i + 1, acc_at=t)
+            for i, (n, t) in enumerate(zip(ctx.reds, totals))]
     rv = st.v.row_values
-    rv.values[ctx.red] = red.acc_ref
+    for red in reds:
+        rv.values[red.node] = red.acc_ref
     stmts = rv.lower([o.node for o in ctx.graph.outputs])
     stores: list[ir.Stmt] = []
     for k, o in enumerate(ctx.graph.outputs):
@@ -128,4 +137,4 @@ def epilogue(st: QuantState, total: ir.Expr) -> tuple[reduce.Reduction, list[ir.
             off = p if i == 0 else off * ctx.size(a) + p
         value = ir.Cast(ctx.out_stype(k), convert(rv.value(o.node), o.node.dtype, o.dtype))
         stores.append(ir.Store(ctx.out_names[k], off, value))
-    return red, stmts + stores
+    return reds, stmts + stores

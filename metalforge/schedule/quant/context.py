@@ -39,7 +39,7 @@ class QuantContext:
     graph: Graph
     policy: LaunchPolicy
     index64: bool
-    red: Node                                 # the one mf.sum
+    reds: tuple[Node, ...]                    # the sums over K, each unpacking words
     axis: str                                 # K
     outer: tuple[str, ...]                    # every output axis but K
     inputs: list[TensorParam]
@@ -54,6 +54,11 @@ class QuantContext:
     vw: int                                   # elements per vector load of a shared tensor
     k_multiple: int                           # what K is a multiple of whatever the call
     uses: Uses
+
+    @property
+    def red(self) -> Node:
+        """The first sum (the only one in most kernels)."""
+        return self.reds[0]
 
     @property
     def rows_axis(self) -> str:
@@ -123,24 +128,30 @@ class QuantState:
         return self.v.name
 
 
-def _the_sum(graph: Graph) -> Node:
-    """The graph's one reduction, a sum; an error naming any other."""
+def _the_sums(graph: Graph) -> tuple[Node, ...]:
+    """The graph's reductions: sums over one axis, each of values unpacked from words (gate
+    and up projections sharing their x); an error naming any other."""
     reds = graph.reductions()
-    first = reds[0]
-    if len(reds) != 1 or first.attr[0] != ReduceOp.SUM:
-        bad = next((n for n in reds if n.attr[0] != ReduceOp.SUM), reds[-1])
-        raise UnsupportedConstruct(
-            f"kernel '{graph.name}': mf.{bad.attr[0]}(..., axis={bad.attr[1]!r})"
-            f"{at(bad.loc)}: a kernel that unpacks words (mf.unpack) may reduce them with "
-            f"one mf.sum; split other reductions into their own kernel")
-    return first
+    axis = reds[0].attr[1]
+    for n in reds:
+        if n.attr[0] != ReduceOp.SUM or n.attr[1] != axis:
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': mf.{n.attr[0]}(..., axis={n.attr[1]!r}){at(n.loc)}: a "
+                f"kernel that unpacks words (mf.unpack) reduces them with mf.sum over one axis "
+                f"('{axis}'); split other reductions into their own kernel")
+        if not any(m.op == Op.UNPACK for m in topo_order([n.args[0]])):
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': mf.sum(..., axis={axis!r}){at(n.loc)} sums no "
+                f"unpacked words, beside a sum that does: a kernel that unpacks words may "
+                f"have several sums only where each unpacks its own weights")
+    return tuple(reds)
 
 
-def _packed_inputs(red: Node, rows_axis: str) -> dict[str, int]:
-    """{tensor: bits} of the words unpacked in the reduction; each must be a tensor argument
+def _packed_inputs(reds: tuple[Node, ...], rows_axis: str) -> dict[str, int]:
+    """{tensor: bits} of the words unpacked in the reductions; each must be a tensor argument
     with one word row per output row."""
     out: dict[str, int] = {}
-    for n in topo_order([red.args[0]]):
+    for n in topo_order([r.args[0] for r in reds]):
         if n.op != Op.UNPACK:
             continue
         w = n.args[0]
@@ -159,8 +170,8 @@ def _packed_inputs(red: Node, rows_axis: str) -> dict[str, int]:
 def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     """The context of `graph`'s quantized sum, or an error naming what the family does not
     handle."""
-    red = _the_sum(graph)
-    axis = red.attr[1]
+    reds = _the_sums(graph)
+    axis = reds[0].attr[1]
     widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
     outer = tuple(a for a in widest if a != axis)
     nodes = list(graph.nodes())
@@ -171,7 +182,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     if not outer:
         raise UnsupportedConstruct(f"kernel '{graph.name}': the quantized matvec schedule "
                                    "needs an output axis besides the reduced one")
-    packed = _packed_inputs(red, outer[-1])
+    packed = _packed_inputs(reds, outer[-1])
     bits = set(packed.values())
     if len(bits) != 1:
         raise UnsupportedConstruct(f"kernel '{graph.name}': unpacks words of different "
@@ -179,13 +190,13 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     width = bits.pop()
     words = policy.vector_width
     chunk = words * (32 // width)
-    cone = [n for n in topo_order([red.args[0]]) if n.op == Op.LOAD]
+    cone = [n for n in topo_order([r.args[0] for r in reds]) if n.op == Op.LOAD]
     shared = [t for t in inputs if any(n.attr == t.name for n in cone)
               and t.name not in packed and outer[-1] not in t.axes
               and t.axes and t.axes[-1] == axis]
     vw = access_width(8, {t.dtype.itemsize for t in shared} or {4})
     while chunk % vw:
         vw //= 2
-    return QuantContext(graph, policy, index64, red, axis, outer, inputs, scalars, tvars, names,
+    return QuantContext(graph, policy, index64, reds, axis, outer, inputs, scalars, tvars, names,
                         out_names, packed, width, words, shared, vw,
                         size_multiple(graph.tensors, axis), Uses([axis, *outer]))

@@ -40,11 +40,12 @@ def _operands(n: Node, op: str) -> list[tuple[Node, Node]]:
     return [(a, b), (b, a)]
 
 
-def affine(ctx: QuantContext) -> Optional[Affine]:
-    """The reduction's argument as (q * s + b) * x, with q the unpacked value, s and b
-    per-group values of the row (over rows axis and K/GS, GS a multiple of the chunk, so
-    constant over a chunk) and x a value the rows share; None for any other form."""
-    for qsb, x in _operands(ctx.red.args[0], BinaryOp.MUL):
+def affine(ctx: QuantContext, red: Optional[Node] = None) -> Optional[Affine]:
+    """The argument of the reduction (`red`, else the first) as (q * s + b) * x, with q the
+    unpacked value, s and b per-group values of the row (over rows axis and K/GS, GS a
+    multiple of the chunk, so constant over a chunk) and x a value the rows share; None for
+    any other form."""
+    for qsb, x in _operands((red or ctx.red).args[0], BinaryOp.MUL):
         for qs, b in _operands(qsb, BinaryOp.ADD):
             for q, s in _operands(qs, BinaryOp.MUL):
                 q = strip_casts(q)
@@ -52,6 +53,16 @@ def affine(ctx: QuantContext) -> Optional[Affine]:
                         and _shared(ctx, x) and q.args[0].op == Op.LOAD):
                     return Affine(q, s, b, x)
     return None
+
+
+def affines(ctx: QuantContext) -> Optional[list[Affine]]:
+    """Every sum's affine form, where each has one and all share one x (the gate and up
+    projections of one input: x read, and its chunk sum taken, once for both); else None."""
+    forms = [affine(ctx, r) for r in ctx.reds]
+    if any(f is None for f in forms):
+        return None
+    found = [f for f in forms if f is not None]
+    return found if all(f.x is found[0].x for f in found) else None
 
 
 def _per_group(ctx: QuantContext, n: Node) -> bool:
@@ -75,7 +86,7 @@ def _shared(ctx: QuantContext, n: Node) -> bool:
 def factors(ctx: QuantContext) -> Optional[tuple[Node, Node]]:
     """(W, X) when the reduction's argument is W * X with W over the weight rows and no other
     output axis, X over the tile's M axis and not the weight rows; None otherwise."""
-    if not ctx.prefix:
+    if not ctx.prefix or len(ctx.reds) > 1:        # the tiled kernel has one sum
         return None
     arg = strip_casts(ctx.red.args[0])
     if arg.op != Op.BINARY or arg.attr != BinaryOp.MUL:

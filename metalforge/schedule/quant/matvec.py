@@ -20,9 +20,9 @@ from .blocks import (
     x_rows_loop,
 )
 from .context import QuantState
-from .form import affine
+from .form import affines
 from .params import SIMD
-from .positions import acc, idx
+from .positions import idx, numbered
 
 
 def only_whole(st: QuantState) -> bool:
@@ -76,10 +76,11 @@ def header(st: QuantState) -> list[ir.Stmt]:
     return out + [
         ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(rows)),
         *([] if only_whole(st) else [ir.Decl("mf_vec_ok", "bool", aligned(ctx))]),
-        ir.ArrayDecl("mf_acc", "float", rows * mb),
+        *(ir.ArrayDecl(numbered("mf_acc", i), "float", rows * mb)
+          for i in range(len(ctx.reds))),
         ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * mb, "uint"), [
-            ir.Assign(ir.Lane(ir.Var("mf_acc"), ir.Var("mf_r")), ir.Lit(0.0, "float"))],
-            unroll=True)]
+            ir.Assign(ir.Lane(ir.Var(numbered("mf_acc", i)), ir.Var("mf_r")),
+                      ir.Lit(0.0, "float")) for i in range(len(ctx.reds))], unroll=True)]
 
 
 def whole_chunk(st: QuantState) -> list[ir.Stmt]:
@@ -89,10 +90,12 @@ def whole_chunk(st: QuantState) -> list[ir.Stmt]:
     ctx = st.ctx
     C, rows = ctx.chunk, ctx.policy.rows_per_group
     arrays, row_loads = load_words(st)
-    form = affine(ctx)
+    forms = affines(ctx)
     what = f"{ctx.words} packed words (one {4 * ctx.words}-byte load)"
-    if form is not None:
-        chunk = affine_chunk(st, form)
+    if len(ctx.packed) > 1:
+        what = f"{ctx.words} packed words of each of {len(ctx.packed)} weights"
+    if forms is not None:
+        chunk = affine_chunk(st, forms)
         arrays += chunk.arrays
         row_loads += chunk.loads
         rows_body = chunk.body
@@ -107,7 +110,7 @@ def whole_chunk(st: QuantState) -> list[ir.Stmt]:
     out += arrays + [rows_loop(st, row_loads)]
     out += [ir.Comment(f"values every row shares: {C} per lane, in registers")]
     out += load_shared(st)
-    if form is not None:
+    if forms is not None:
         out += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
                            "s sum_k q x + b sum_k x (s, b: one per group)")] + chunk.xs
     out += [ir.Comment("each row: unpack its words from registers, add to its sum")]
@@ -139,12 +142,17 @@ def chunk_loop(st: QuantState) -> ir.Stmt:
     return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
 
 
+def combine(reds: list[reduce.Reduction]) -> list[ir.Stmt]:
+    """Each sum across the simdgroup."""
+    return [s for r in reds for s in reduce.simd_combine(r)]
+
+
 def store_rows(st: QuantState) -> list[ir.Stmt]:
     """Each row's sum across the simdgroup (and across the block's simdgroups, through
     threadgroup memory); one lane computes and stores the outputs."""
     ctx, S, mb = st.ctx, st.splits, st.mb
     rows = ctx.policy.rows_per_group
-    red, outputs = epilogue(st, acc(st))
+    reds, outputs = epilogue(st)
     lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
     # rows past N (clamped to N - 1 where they load) are not stored
     real: ir.Expr = ir.Lit(True, "bool") if rows == 1 else \
@@ -154,21 +162,21 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
         keep = keep.and_(ir.Var("mf_m") < ctx.size(ctx.prefix[-1]))
     if S == 1:
         return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
-                rows_loop(st, x_rows_loop(st, reduce.simd_combine(red)
-                                          + [ir.If(keep, outputs)], clamp=False), clamp=False)]
+                rows_loop(st, x_rows_loop(st, combine(reds) + [ir.If(keep, outputs)],
+                                          clamp=False), clamp=False)]
     # partial (simdgroup g, weight row r, row i of x) at slot (g * rows + r) * mb + i
     lane, sg, u_mb = ir.Var("mf_lane"), ir.Var("mf_sg"), ir.Lit(mb, "uint")
     slot = ir.Var("mf_r") * u_mb + (ir.Var("mf_i") if mb > 1 else ir.Lit(0, "uint"))
     per_sg = ir.Lit(rows * mb, "uint")
     put, merge = reduce.through_threadgroup(
-        st.v, [red], SIMD_WIDTH * rows * mb, sg * per_sg + slot,
+        st.v, reds, SIMD_WIDTH * rows * mb, sg * per_sg + slot,
         (sg - ir.Var("mf_split") + lane) * per_sg + slot, lane < ir.Lit(S, "uint"))
     keep = ir.Var("mf_live").and_(ir.Var("mf_split").eq(ir.Lit(0, "uint"))).and_(keep)
 
     def each(body: list[ir.Stmt]) -> list[ir.Stmt]:
         return [each_x_row(st, body)] if mb > 1 else body
     return [ir.Comment("each row: sum across the simdgroup"),
-            rows_loop(st, each(reduce.simd_combine(red))),
+            rows_loop(st, each(combine(reds))),
             ir.Comment(f"across the block's {S} simdgroups: one partial per simdgroup and "
                        f"row{' (of weights and of x)' if mb > 1 else ''} through "
                        "threadgroup memory, then a second simd reduction"),

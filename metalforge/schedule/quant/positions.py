@@ -90,10 +90,15 @@ def x_slot(st: QuantState, j: ir.Expr) -> ir.Expr:
     return j if st.mb == 1 else ir.Var("mf_i") * ir.Lit(st.ctx.chunk, "uint") + j
 
 
-def acc(st: QuantState) -> ir.Expr:
-    """The sum of weight row mf_r (and row mf_i of x)."""
+def numbered(name: str, i: int) -> str:
+    """The register array `name` of the kernel's i-th sum (the first keeps the plain name)."""
+    return name if i == 0 else f"{name}{i}"
+
+
+def acc(st: QuantState, i: int = 0) -> ir.Expr:
+    """Sum i's value for weight row mf_r (and row mf_i of x)."""
     r = ir.Var("mf_r")
-    return ir.Lane(ir.Var("mf_acc"), r if st.mb == 1 else
+    return ir.Lane(ir.Var(numbered("mf_acc", i)), r if st.mb == 1 else
                    r * ir.Lit(st.mb, "uint") + ir.Var("mf_i"))
 
 

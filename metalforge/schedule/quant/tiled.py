@@ -239,7 +239,7 @@ def store(st: QuantState, total: ir.Expr, row: ir.Expr, col: ir.Expr,
     """The thread's outputs: sum `total` at (row mf_m = m0 + row, weight row mf_n = n0 + col),
     where both exist, inside `loops` (unrolled, outermost first; total and col use them)."""
     ctx = st.ctx
-    _, outputs = epilogue(st, total)
+    _, outputs = epilogue(st, [total])
     real = (ir.Var("mf_m") < ctx.size(ctx.prefix[-1])).and_(
         ir.Var("mf_n") < ctx.size(ctx.rows_axis))
     body: list[ir.Stmt] = [ir.Decl("mf_n", IDX, ir.Var("mf_n0") + ir.Cast(IDX, col)),
