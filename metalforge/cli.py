@@ -1,6 +1,7 @@
 """The `metalforge` command line.
 
     metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir] [--backward] [--backend mlx]
+    metalforge doctor [FILE.py ...] [--bench] [--out report.json] [--device mps|sim|cuda]
 
 Each subcommand is a `_cmd_<name>(args) -> int` registered in `_SUBCOMMANDS` with its argument
 setup, so further subcommands (gen-tests, ...) slot in beside `show`.
@@ -96,6 +97,21 @@ _SUBCOMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 from .testing.gen import SUBCOMMAND as _GEN_TESTS  # noqa: E402
 
 _SUBCOMMANDS["gen-tests"] = _GEN_TESTS
+
+
+def _doctor() -> tuple[str, Callable, Callable]:
+    """`doctor`, imported when run (its suite defines kernels, which needs metalforge whole)."""
+    def setup(p: argparse.ArgumentParser) -> None:
+        from .doctor import setup as real
+        real(p)
+
+    def run(args) -> int:
+        from .doctor import main as real
+        return real(args)
+    return ("check every kernel family on this machine and write a report to send", setup, run)
+
+
+_SUBCOMMANDS["doctor"] = _doctor()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -99,20 +99,27 @@ def _compile(backend_name: str, source: str) -> Any:
     return sim_compile_shader(source)
 
 
+def library(backend_name: str, source: str) -> Any:
+    """The compiled library of `source` on a backend (cached; compile errors raise as the
+    backend's compiler raises them: compile_shader's SyntaxError or RuntimeError)."""
+    lib = _libraries.get((backend_name, source))
+    if lib is None:
+        with key_lock(f"{backend_name}\0{source}"):
+            lib = _libraries.get((backend_name, source))
+            if lib is None:
+                lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
+    return lib
+
+
 def kernel_object(backend_name: str, source: str, host_name: str) -> Any:
     """The compiled kernel (cached: one library per source, one kernel object per name).
 
-    Thread-safe: one compile per source; other threads calling it meanwhile wait for it."""
+    Thread-safe: one compile per source (`library`); other threads calling it meanwhile wait
+    for it."""
     key = (backend_name, source, host_name)
     k = _kernels.get(key)
     if k is None:
-        with key_lock(f"{backend_name}\0{source}"):
-            k = _kernels.get(key)
-            if k is None:
-                lib = _libraries.get((backend_name, source))
-                if lib is None:
-                    lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
-                k = _kernels[key] = getattr(lib, host_name)
+        k = _kernels.setdefault(key, getattr(library(backend_name, source), host_name))
     return k
 
 
