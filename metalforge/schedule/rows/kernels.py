@@ -12,6 +12,7 @@ from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
+from ..unit_gather import with_unit_gathers
 from .context import RowContext, RowKernel, outer_load, row_context, row_kernel
 from .loads import lit, placement
 from .phases import epilogue, section
@@ -54,7 +55,8 @@ KERNELS: dict[str, Callable[[RowContext], Built]] = {
 
 def parts(ctx: RowContext, name: str) -> reduce.VariantParts:
     """A fresh collector for variant `name`, its row values read at the thread's row."""
-    return reduce.variant_parts(ctx, name, lambda p, n: outer_load(ctx, p, n))
+    return with_unit_gathers(ctx, reduce.variant_parts(ctx, name,
+                                                      lambda p, n: outer_load(ctx, p, n)))
 
 
 def kernel(k: RowKernel) -> Built:
