@@ -22,7 +22,7 @@ from typing import Optional
 
 from .. import ir
 from ..errors import UnsupportedConstruct, at
-from ..graph import Node, Op, topo_order
+from ..graph import Graph, Node, Op, take_sites, topo_order
 from .base import IDX
 from .lower import ElementLowering, compute_type
 from .reduce import ReductionContext, VariantParts
@@ -72,3 +72,9 @@ def gathers_once(values: ElementLowering, roots: list[Node]) -> bool:
     `values` has not lowered): an epilogue then computes them in the one thread that stores
     the results, so the gathered element is read once per unit, not by every thread."""
     return any(n.op == Op.TAKE for n in topo_order(roots, seen=values.values))
+
+
+def unit_sites(graph: Graph, axis: str) -> frozenset[int]:
+    """The numbers (in `take_sites`) of the gathers that are row (column) values of a reduction
+    over `axis`: each a load of one element per row, which the schedule's byte count adds."""
+    return frozenset(j for j, n in enumerate(take_sites(graph)) if axis not in n.axes)

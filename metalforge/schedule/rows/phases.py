@@ -9,9 +9,9 @@ from ... import ir
 from ...graph import Node, take_sites
 from .. import reduce
 from ..lower import ElementLowering, compute_type
+from ..unit_gather import gathers_once
 from .combine import combine
 from .context import RowKernel, Section, element_nodes, row_base
-from ..unit_gather import gathers_once
 from .gathers import element_lowering, row_takes, shuffle_block
 from .loads import each_slot, holding, lit, load_block, placement, slot_pos, store_block
 from .plan import WHOLE
