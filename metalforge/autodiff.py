@@ -20,7 +20,8 @@ through the same schedule → IR → MSL pipeline as any kernel (`run_backward`)
 Differentiable: + - * / ** (int or float exponents), neg, exp, exp2, log, log2, sqrt, rsqrt,
 sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties split the gradient,
 as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
-and so softmax/log_softmax/logsumexp. No gradient flows through comparisons, integer or bool
+and so softmax/log_softmax/logsumexp, mf.take with an index per row (cross-entropy's target
+logit: a one-hot where, `_take_grad`). No gradient flows through comparisons, integer or bool
 values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod` has no derivative
 here (its gradient at zeros needs products of the other elements): `NotDifferentiable`.
 """
