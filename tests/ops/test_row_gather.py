@@ -129,6 +129,26 @@ def test_gathered_element_read_once_per_row():
     # the rows, the targets, one gathered element per row, the losses
     assert s.traffic(sizes).read == 3 * 100 * 4 + 3 * 4 + 3 * 4
     assert s.traffic(sizes).written == 3 * 4
+    assert s.passes["looped"] == {"logits": 1}     # long rows: one online pass, no softmax
+
+
+@mf.kernel
+def lse(x: "T[R, D]"):
+    return mf.logsumexp(x, axis="D")
+
+
+@pytest.mark.parametrize("d", [100, 20000])         # rows in registers; one online pass
+def test_logsumexp_special_values(d):
+    inf, nan = float("inf"), float("nan")
+    x = torch.randn(7, d, generator=torch.Generator().manual_seed(d))
+    x[0] = -inf
+    x[1, 5] = inf
+    x[2, 7] = nan
+    x[3, 3], x[3, 9] = inf, nan
+    x[4], x[4, d - 1] = -inf, 2.0
+    x[5, 1], x[5, d - 2] = inf, -inf
+    x[6] = inf
+    torch.testing.assert_close(lse(x), torch.logsumexp(x, -1), equal_nan=True)
 
 
 @pytest.mark.parametrize("n", [3, 5000])           # one thread per column; split columns
