@@ -7,7 +7,9 @@ Ours: one row kernel for the loss, `logsumexp(x) - take(x, V, t)` (the row read 
 max and sum over rows longer than a threadgroup holds, the target logit read once per row, no
 softmax written); for the backward either the hand-written row kernel `(softmax(x) - one_hot(t))
 * g` ("by hand": loss kernel + backward kernel) or metalforge's derived backward through
-`torch.autograd.grad` on our loss ("autograd": the same two kernels, derived). Torch:
+`torch.autograd.grad` on our loss ("autograd": the same two kernels, derived), or one kernel
+writing the loss and dx at once for a gradient known up front (the mean's 1/R: "fused", as
+fused-loss libraries do). Torch:
 `F.cross_entropy(x, t, reduction="none")` eager (its log_softmax is written out) and
 torch.compile of the same function; forward + backward with `torch.autograd.grad(loss, x, g)`.
 
@@ -57,6 +59,14 @@ def cross_entropy_backward(logits: "T[R, V]", target: "i32[R]",  # noqa: F821
     return ((mf.softmax(logits, axis="V") - one_hot) * grad).to("T")
 
 
+@mf.kernel
+def cross_entropy_fused(logits: "T[R, V]", target: "i32[R]", scale: float = 1.0):  # noqa: F821
+    lse = mf.logsumexp(logits, axis="V")
+    loss = lse - mf.take(logits, axis="V", index=target)
+    one_hot = mf.where(mf.index("V") == target, 1.0, 0.0)
+    return loss, ((mf.exp(logits - lse) - one_hot) * scale).to("T")
+
+
 def peak_bytes(fn, device: str) -> int | None:
     """Bytes allocated at the peak of one call of fn beyond those allocated before it (CUDA)."""
     if device != "cuda":
@@ -88,11 +98,14 @@ def cases(x, t, t64, g):
 
     def ours_autograd():
         return torch.autograd.grad(cross_entropy(xr, t), xr, g)
+    scale = float(g[0])
     fwd = [(cross_entropy, (x, t))]
     both = fwd + [(cross_entropy_backward, (x, t, g))]
+    fused = [(cross_entropy_fused, (x, t, scale))]
     return {"loss": (lambda: cross_entropy(x, t), torch_fwd, fwd),
             "loss+bwd hand": (ours_hand, torch_both, both),
-            "loss+bwd auto": (ours_autograd, torch_both, both)}
+            "loss+bwd auto": (ours_autograd, torch_both, both),
+            "loss+dx fused": (lambda: cross_entropy_fused(x, t, scale), torch_both, fused)}
 
 
 def check(x, t, t64, g) -> None:
@@ -103,6 +116,9 @@ def check(x, t, t64, g) -> None:
     xr = x.float().requires_grad_()
     (dx,) = torch.autograd.grad(F.cross_entropy(xr, t64, reduction="none"), xr, g.float())
     torch.testing.assert_close(cross_entropy_backward(x, t, g).float(), dx, **tol)
+    loss, dx_fused = cross_entropy_fused(x, t, float(g[0]))
+    torch.testing.assert_close(loss.float(), want, **tol)
+    torch.testing.assert_close(dx_fused.float(), dx, **tol)
 
 
 def main(argv=None) -> None:
@@ -128,27 +144,36 @@ def main(argv=None) -> None:
             x = torch.randn(r, v, device=device).mul_(4).to(dtype)
             t64 = torch.randint(0, v, (r,), device=device)
             t = t64.to(torch.int32)
-            g = torch.randn(r, device=device, dtype=dtype)
+            g = torch.full((r,), 1.0 / r, device=device, dtype=dtype)    # the mean's gradient
             check(x, t, t64, g)
-            for what, (ours_fn, torch_fn, kernels) in cases(x, t, t64, g).items():
-                nbytes = 0
-                for k, kargs in kernels:
-                    sched, sizes = plan(k, kargs)
-                    nbytes += sched.traffic(sizes).total
-                ours = timeit(ours_fn, device, repeat)
-                theirs = timeit(torch_fn, device, repeat)
-                comp = compile_time(torch_fn, device, repeat, args.compile)
-                comp_peak = None
-                if comp is not None:          # compile_time compiled it: measure that one
-                    comp_peak = peak_bytes(torch.compile(torch_fn, dynamic=False), device)
-                copy = copy_time(nbytes, device, repeat)
-                print(f"{dname:>5} {f'{r}x{v}':>12} {what:>14} {nbytes:>11} {ours * 1e6:>9.1f} "
-                      f"{theirs * 1e6:>9.1f} {us(comp, 10)} {copy * 1e6:>8.1f} "
-                      f"{nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
-                      f"{ratio(theirs, ours, 9)} {ratio(comp, ours, 10)} "
-                      f"{mib(peak_bytes(ours_fn, device))} {mib(peak_bytes(torch_fn, device)):>9} "
-                      f"{mib(comp_peak)}", flush=True)
+            for what, case in cases(x, t, t64, g).items():
+                try:
+                    print(measure(f"{dname:>5} {f'{r}x{v}':>12} {what:>14}", case, device,
+                                  repeat, args.compile), flush=True)
+                except Exception as e:  # noqa: BLE001 - one failed row, not the table
+                    print(f"{dname:>5} {f'{r}x{v}':>12} {what:>14}  failed: "
+                          f"{type(e).__name__}: {str(e)[:160]}", flush=True)
 
+
+def measure(label: str, case, device: str, repeat: int, compile_: bool) -> str:
+    """One row of the table: (ours, torch eager, kernels for the byte count) timed."""
+    ours_fn, torch_fn, kernels = case
+    nbytes = 0
+    for k, kargs in kernels:
+        sched, sizes = plan(k, kargs)
+        nbytes += sched.traffic(sizes).total
+    ours = timeit(ours_fn, device, repeat)
+    theirs = timeit(torch_fn, device, repeat)
+    comp = compile_time(torch_fn, device, repeat, compile_)
+    comp_peak = None
+    if comp is not None:                  # compile_time compiled it: measure that one
+        comp_peak = peak_bytes(torch.compile(torch_fn, dynamic=False), device)
+    copy = copy_time(nbytes, device, repeat)
+    return (f"{label} {nbytes:>11} {ours * 1e6:>9.1f} {theirs * 1e6:>9.1f} {us(comp, 10)} "
+            f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
+            f"{ratio(theirs, ours, 9)} {ratio(comp, ours, 10)} "
+            f"{mib(peak_bytes(ours_fn, device))} {mib(peak_bytes(torch_fn, device)):>9} "
+            f"{mib(comp_peak)}")
 
 if __name__ == "__main__":
     main()

@@ -36,6 +36,14 @@ def cross_entropy_backward(logits: "T[R, V]", target: "i32[R]", grad: "T[R]") ->
 
 
 @mf.kernel
+def cross_entropy_fused(logits: "T[R, V]", target: "i32[R]", scale: float = 1.0):
+    lse = mf.logsumexp(logits, axis="V")
+    loss = lse - mf.take(logits, axis="V", index=target)
+    one_hot = mf.where(mf.index("V") == target, 1.0, 0.0)
+    return loss, ((mf.exp(logits - lse) - one_hot) * scale).to("T")
+
+
+@mf.kernel
 def column_nll(x: "T[N, C]", target: "i32[C]") -> "T[C]":
     return mf.logsumexp(x, axis="N") - mf.take(x, axis="N", index=target)
 
@@ -82,6 +90,19 @@ def test_backward_by_hand_is_one_row_kernel(v):
     torch.testing.assert_close(cross_entropy_backward(x, t, g), xr.grad, rtol=1e-5, atol=1e-6)
     assert runtime.schedule_of(cross_entropy_backward.graph(x, t, g),
                                {"logits": x, "target": t, "grad": g}).family == "row"
+
+
+@pytest.mark.parametrize("v", [33, 17000])
+def test_loss_and_gradient_in_one_kernel(v):
+    x, t = inputs(4, v, torch.float32, v + 3)
+    xr = x.clone().requires_grad_()
+    want = F.cross_entropy(xr, t.long(), reduction="none")
+    want.backward(torch.full((4,), 0.25))
+    ce_op = cross_entropy_fused.as_op("mf_test_row_gather::cross_entropy_fused")
+    for fn in (cross_entropy_fused, ce_op):
+        loss, dx = fn(x, t, 0.25)
+        torch.testing.assert_close(loss, want.detach())
+        torch.testing.assert_close(dx, xr.grad, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("v", [33, 3000])
