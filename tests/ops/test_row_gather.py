@@ -172,6 +172,18 @@ def test_logsumexp_special_values(d):
     torch.testing.assert_close(lse(x), torch.logsumexp(x, -1), equal_nan=True)
 
 
+@mf.kernel
+def inverse_p(x: "T[R, V]", t: "i32[R]"):
+    return mf.sum(mf.exp(x - mf.take(x, axis="V", index=t)), axis="V")   # 1 / softmax(x)[t]
+
+
+@pytest.mark.parametrize("v", [33, 3000, 17000])   # the gathered value before the reduction
+def test_per_row_gather_inside_the_reduced_values(v):
+    x, t = inputs(3, v, torch.float32, v + 4)
+    want = torch.exp(x - x.gather(1, t.long()[:, None])).sum(-1)
+    torch.testing.assert_close(inverse_p(x, t), want, rtol=1e-5, atol=0)
+
+
 @pytest.mark.parametrize("n", [3, 5000])           # one thread per column; split columns
 def test_column_reduction_gathers_one_value_per_column(n):
     g = torch.Generator().manual_seed(n)
