@@ -38,9 +38,13 @@ def cross_entropy_fused(logits: "T[R, V]", target: "i32[R]", scale: float = 1.0)
     return loss, ((mf.exp(logits - lse) - one_hot) * scale).to("T")
 
 
-@mf.kernel
-def column_nll(x: "T[N, C]", target: "i32[C]") -> "T[C]":
+def column_nll_fn(x: "T[N, C]", target: "i32[C]") -> "T[C]":
     return mf.logsumexp(x, axis="N") - mf.take(x, axis="N", index=target)
+
+
+column_nll = mf.kernel(column_nll_fn, name="column_nll", launch={"fill_groups": 0})
+# the long axis split into chunks: partials to scratch, the combine kernel gathers
+column_nll_chunked = mf.kernel(column_nll_fn, name="column_nll", launch={"fill_groups": 64})
 
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=4e-3),
@@ -179,16 +183,19 @@ def test_per_row_gather_inside_the_reduced_values(v):
     torch.testing.assert_close(inverse_p(x, t), want, rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("n", [3, 5000])           # one thread per column; split columns
-def test_column_reduction_gathers_one_value_per_column(n):
+# one thread per column; the split kernel, one chunk or several (then the combine kernel)
+@pytest.mark.parametrize("n, k", [(3, column_nll), (5000, column_nll),
+                                  (5000, column_nll_chunked)])
+def test_column_reduction_gathers_one_value_per_column(n, k):
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, 37, generator=g)
     t = torch.randint(0, n, (37,), generator=g, dtype=torch.int32)
     want = torch.logsumexp(x, 0) - x.gather(0, t.long()[None])[0]
-    torch.testing.assert_close(column_nll(x, t), want)
+    torch.testing.assert_close(k(x, t), want)
+    assert len(k.launches(x, t)) == (2 if k is column_nll_chunked else 1)
     t[36] = n
     with pytest.raises(mf.GatherIndexError, match=f"along 'N' .*index {n} is out"):
-        column_nll(x, t)
+        k(x, t)
 
 
 def test_check_cross_entropy():
