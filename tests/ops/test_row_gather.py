@@ -199,5 +199,7 @@ def test_column_reduction_gathers_one_value_per_column(n, k):
 
 
 def test_check_cross_entropy():
-    report = check(cross_entropy_full, dtypes={"T": ["bf16"]}, max_examples=3)
+    # ignore_index -1: check's index -1 is then clamped by the kernel, which must not refuse it
+    report = check(cross_entropy_full, dtypes={"T": ["bf16"]}, max_examples=3,
+                   values={"ignore_index": [-100, -1]})
     assert any("looped" in i.host_name and i.launches for i in report.instantiations)
