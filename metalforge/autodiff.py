@@ -20,7 +20,8 @@ through the same schedule → IR → MSL pipeline as any kernel (`run_backward`)
 Differentiable: + - * / ** (int or float exponents), neg, exp, exp2, log, log2, sqrt, rsqrt,
 sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties split the gradient,
 as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
-and so softmax/log_softmax/logsumexp. No gradient flows through comparisons, integer or bool
+and so softmax/log_softmax/logsumexp, mf.take with an index per row (cross-entropy's target
+logit: a one-hot where, `_take_grad`). No gradient flows through comparisons, integer or bool
 values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod` has no derivative
 here (its gradient at zeros needs products of the other elements): `NotDifferentiable`.
 """
@@ -137,7 +138,8 @@ def _live(graph: Graph, wrt: set[str]) -> set[Node]:
     for n in graph.nodes():
         if not n.dtype.is_float:
             continue
-        if (n.op == Op.LOAD and n.attr in wrt) or any(a in live for a in n.args):
+        reads = (n.op == Op.LOAD and n.attr in wrt) or (n.op == Op.TAKE and n.attr[0] in wrt)
+        if reads or any(a in live for a in n.args):
             live.add(n)
     return live
 
@@ -233,11 +235,17 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> d
     live = _live(graph, wrt)
     grads: dict[Node, Node] = dict(dys)
     loads: dict[str, Node] = {}
+    gathered: dict[str, Node] = {}        # the gradients reaching a tensor through mf.take
     for n in reversed(list(graph.nodes())):
         if n.op == Op.LOAD and n.attr in wrt:
             loads[n.attr] = n
         g = grads.get(n)
         if g is None or n not in live or n.op == Op.LOAD:
+            continue
+        if n.op == Op.TAKE:
+            name = n.attr[0]
+            c = _take_grad(b, n, g)
+            gathered[name] = c if name not in gathered else b.add(gathered[name], c)
             continue
         for i, c in _contributions(b, n, g):
             a = n.args[i]
@@ -247,7 +255,28 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> d
                 c = b.sum(c, ax)
             prev = grads.get(a)
             grads[a] = c if prev is None else b.add(prev, c)
-    return {name: grads[ld] for name, ld in loads.items() if ld in grads}
+    out = {name: grads[ld] for name, ld in loads.items() if ld in grads}
+    for name, c in gathered.items():
+        out[name] = c if name not in out else b.add(out[name], c)
+    return out
+
+
+def _take_grad(b: _Nodes, n: Node, g: Node) -> Node:
+    """The gradient a gather `n` = mf.take(x, axis, i) sends to x, where i has only axes x
+    keeps (one index per row: cross-entropy's target logit): each element of x at position
+    i of its row along `axis` gets its row's g, the others 0, as a one-hot where
+    (d/dx[r, v] = (v == i[r]) * g[r]); no scatter, as each row's index selects within the
+    row's own elements. (`_check_wrt` refuses other gathers.)"""
+    axis = n.attr[1]
+    pos = Node(Op.INDEX, (), I64, (axis,), attr=axis)
+    return b.zero_unless(b.cmp(BinaryOp.EQ, pos, n.args[0]), g)
+
+
+def _one_hot_take(graph: Graph, n: Node) -> bool:
+    """Whether gather `n`'s gradient is a one-hot where (`_take_grad`): its index has only
+    axes its tensor keeps, so the gradient lands in the elements of the rows it reads."""
+    t = graph.tensor(n.attr[0])
+    return set(n.args[0].axes) <= set(t.axes) - {n.attr[1]}
 
 
 # --------------------------------------------------------------------------- splitting
@@ -381,10 +410,13 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
                                     "is a per-group sum, which metalforge does not derive yet; "
                                     "detach that input")
     for n in graph.nodes():
-        if n.op == Op.TAKE and n.attr[0] in wrt:
+        if n.op == Op.TAKE and n.attr[0] in wrt and not _one_hot_take(graph, n):
             raise NotDifferentiable(f"{where}: mf.take from '{n.attr[0]}'{_at(n)} has no "
-                                    "derivative in metalforge yet (its gradient is a "
-                                    "scatter-add into the tensor); detach that input")
+                                    "derivative in metalforge yet: its index has axes "
+                                    f"{list(n.args[0].axes)}, not only axes of "
+                                    f"'{n.attr[0]}' it keeps (one index per row, as "
+                                    "cross-entropy's target), so its gradient is a "
+                                    "scatter-add into the tensor; detach that input")
     if not any(o.dtype.is_float for o in graph.outputs):
         kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
         raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "

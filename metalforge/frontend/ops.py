@@ -103,6 +103,10 @@ def take(x: Any, axis: str, index: Any) -> Sym:
            [0, size of axis) raises IndexError after the launch (nothing is read out of
            bounds), naming the kernel, the tensor and the value.
 
+    With an index per row (``t: "i32[R]"`` into ``x: "T[R, V]"`` along V) the result is one
+    value per row, fused into a row reduction: cross-entropy's
+    ``mf.logsumexp(x, axis="V") - mf.take(x, axis="V", index=t)``.
+
     Example::
 
         @mf.kernel

@@ -47,6 +47,7 @@ from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
 from .rows import RowSchedule
+from .unit_gather import gathers_once, with_unit_gathers
 
 VARIANTS = ("column", "split")
 CHUNK_ROWS = "chunk_rows"                 # the launch parameter: rows per chunk
@@ -630,16 +631,22 @@ class ColumnKernel:
             pre, lp = self.loop(v, [graph.outputs[k].node for k in el_outs], [], el_outs, slices)
             v.main += pre + ([ir.If(live, lp)] if split else lp)
         if col_outs:
-            stmts = v.row_values.lower([graph.outputs[k].node for k in col_outs])
+            roots = [graph.outputs[k].node for k in col_outs]
+            once = split and gathers_once(v.row_values, roots)
+            stmts = v.row_values.lower(roots)
             stores: list[ir.Stmt] = []
             for k in col_outs:
                 stores.append(ir.Store(self.ctx.out_names[k], self.at(self.ctx.out_names[k],
                                                                   graph.outputs[k].axes),
                                        self.ctx.out_value(k, v.row_values)))
             v.main.append(ir.Comment("epilogue: the column's results"))
+            first = live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))
+            if once:                # the column's gathered elements read by its first slice
+                v.main.append(ir.If(first, stmts + stores))
+                return
             v.main += stmts
             if split:
-                v.main.append(ir.If(live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores))
+                v.main.append(ir.If(first, stores))
             else:
                 v.main += stores
 
@@ -696,6 +703,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
 
     def kernel(name: str) -> tuple[ir.LoweredKernel, reduce.VariantParts]:
         parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
+        with_unit_gathers(ctx, parts, ir.Var("mf_live") if name == "split" else None)
         return ColumnKernel(ctx, parts).kernel(parts), parts
     names = VARIANTS + (("combine",) if ctx.chunked else ()) + \
         (("wide",) if ctx.wide > 1 else ())

@@ -206,9 +206,11 @@ class ElementLowering:
         name, axis = n.attr
         if self.take is None:
             raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
-                                       "supported in elementwise kernels, in the elements of "
-                                       "row reductions and in attention (not in column or "
-                                       "quantized reductions, nor in a row's per-row values)")
+                                       "supported in elementwise kernels, in row reductions "
+                                       "(per element or one value per row), as one value per "
+                                       "column of a column reduction and in attention (not in "
+                                       "column reductions' element values, nor in quantized "
+                                       "reductions)")
         return self.take(n, self._checked(n))
 
     def gather_position(self, n: Node, report_if: Optional[ir.Expr] = None

@@ -66,6 +66,9 @@ class Reduction:
     online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
     online_max: Optional["Reduction"] = None   # a sum computed online with this max
     compensated: bool = False              # a float sum with a Neumaier compensation term
+    # the sum of an online pair whose shift is logsumexp's safe max, where(|max| == inf, 0, max)
+    # (`_safe_max`): its result is fixed where the max is infinite (`result`)
+    safe_shift: bool = False
     # a float max whose NaN the paired sum(exp(a - max)) carries to every output that uses the
     # max (`nan_in_sum`): it may skip NaN (fmax / simd_max: cheaper than NaN-propagating)
     nan_via_sum: bool = False
@@ -192,11 +195,29 @@ def _exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
         if not (d.op == Op.BINARY and d.attr == BinaryOp.SUB):
             continue
         a, m = d.args[0], _strip_cast(d.args[1])
-        mr = by_node.get(m)
+        safe = _safe_max(m)
+        mr = by_node.get(safe if safe is not None else m)
         if mr is not None and mr.kind == ReduceOp.MAX and mr.axis == r.axis and mr.arg is a \
                 and mr.is_float:
+            r.safe_shift = safe is not None
             pairs.append((mr, r))
     return pairs
+
+
+def _safe_max(n: Node) -> Optional[Node]:
+    """m when n is logsumexp's shift `where(abs(m) == inf, 0, m)` (mf.logsumexp), else None."""
+    if not (n.op == Op.WHERE and n.args[1].op == Op.CONST and n.args[1].attr == 0):
+        return None
+    c, m = n.args[0], _strip_cast(n.args[2])
+    if not (c.op == Op.BINARY and c.attr == BinaryOp.EQ):
+        return None
+    a, b = c.args
+    if b.op != Op.CONST and a.op == Op.CONST:
+        a, b = b, a
+    if b.op == Op.CONST and b.attr == float("inf") and a.op == Op.UNARY and \
+            a.attr == UnaryOp.ABS and _strip_cast(a.args[0]) is m:
+        return m
+    return None
 
 
 # elementwise ops whose result is NaN when an operand is (pow is not: pow(NaN, 0) = 1;
@@ -414,8 +435,15 @@ def result(r: Reduction) -> ir.Expr:
     if r.has_index:
         return ir.Cast(compute_type(r.node.dtype), ir.Var(r.idx))
     if r.online_max is not None:
+        m = ir.Var(r.online_max.acc)
+        if r.safe_shift:
+            # logsumexp's shift is 0 where the max is infinite: the two-pass sum of exp(a - 0)
+            # is 0 for a row of -inf, inf for one with +inf (NaN makes the max NaN online)
+            return ir.Select(m.eq(ir.Lit(float("-inf"), "float")), ir.Lit(0.0, "float"),
+                             ir.Select(m.eq(ir.Lit(float("inf"), "float")),
+                                       ir.Lit(float("inf"), "float"), ir.Var(r.acc)))
         # a max of -inf means every term was exp(-inf - -inf): the two-pass sum is NaN
-        return ir.Select(ir.Var(r.online_max.acc).eq(ir.Lit(float("-inf"), "float")),
+        return ir.Select(m.eq(ir.Lit(float("-inf"), "float")),
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
     want = compute_type(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))

@@ -223,9 +223,16 @@ def _check_index_bounds(kernel, variant: CheckVariant, run: _Run, *, dims,
             for value, at in itertools.product(bad, sorted({0, t.numel() - 1})):
                 args = dict(ex.args, **{name: t.contiguous().clone()})
                 args[name].view(-1)[at] = value
-                for who, fn in (("the kernel", kernel), ("the reference", kernel.reference)):
+                for who, fn in (("the reference", kernel.reference), ("the kernel", kernel)):
                     calls[0] += who == "the kernel"
                     problem = _unrefused(who, fn, args, value, ctx)
+                    if who == "the reference" and problem == f"{who} raised nothing":
+                        # the graph never gathers with it (`where(t == ignore, 0, t)` where
+                        # ignore_index was drawn as this value): the kernel must not refuse it
+                        calls[0] += 1
+                        problem = _refused_wrongly(kernel, args, ctx)
+                        if problem is None:
+                            break
                     if problem is not None:
                         raise AssertionError(_report(
                             kernel, variant, ex, backend, f"'{name}' with element {at} set to "
@@ -233,6 +240,18 @@ def _check_index_bounds(kernel, variant: CheckVariant, run: _Run, *, dims,
 
     _seeded(bad_index, prof, kernel, variant, "indices out of range")()
     return calls[0]
+
+
+def _refused_wrongly(kernel, args: Mapping[str, Any], ctx) -> Optional[str]:
+    """None when the kernel runs `args`, whose bad index its reference never gathers with,
+    without an error; else the error (the index is clamped before the gather)."""
+    try:
+        with ctx:
+            kernel(**args)
+    except Exception as e:                                       # noqa: BLE001 - reported
+        return (f"the kernel raised {type(e).__name__} where its reference gathers no bad "
+                f"index (a where replaces it): {e}")
+    return None
 
 
 def _unrefused(who: str, fn, args: Mapping[str, Any], value: int, ctx) -> Optional[str]:

@@ -294,12 +294,18 @@ def _graph_limits(graph: Graph) -> dict[str, bool]:
 
 def index_tensors(graph: Graph) -> dict[str, str]:
     """{integer tensor: the axis it indexes} for gathers whose index is a tensor argument (as
-    loaded, or converted): check draws their values in range (a separate test draws bad ones)."""
+    loaded, or converted, or clamped where some rows are ignored: `where(t == -100, 0, t)`):
+    check draws their values in range (a separate test draws bad ones)."""
     out: dict[str, str] = {}
     for n in take_sites(graph):
         idx = n.args[0]
-        while idx.op == Op.CAST and not idx.dtype.is_float:
-            idx = idx.args[0]
+        while True:
+            if idx.op == Op.CAST and not idx.dtype.is_float:
+                idx = idx.args[0]
+            elif idx.op == Op.WHERE and Op.CONST in (idx.args[1].op, idx.args[2].op):
+                idx = idx.args[2] if idx.args[1].op == Op.CONST else idx.args[1]
+            else:
+                break
         if idx.op == Op.LOAD:
             out[idx.attr] = n.attr[1]
     return out

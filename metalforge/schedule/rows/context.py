@@ -112,9 +112,9 @@ def row_kernel(ctx: RowContext, parts: reduce.VariantParts, *, interleave: bool 
 
 
 def row_gathers(ctx: reduce.ReductionContext) -> bool:
-    """Whether the graph gathers along the row (their register and shuffle paths assume each
-    lane's block is contiguous)."""
-    return any(n.op == Op.TAKE and n.attr[1] == ctx.axis for n in ctx.nodes)
+    """Whether the graph gathers elements along the row (their register and shuffle paths
+    assume each lane's block is contiguous; a gather of one value per row is a plain load)."""
+    return any(n.op == Op.TAKE and n.attr[1] == ctx.axis and ctx.elem(n) for n in ctx.nodes)
 
 
 # -- per-row offsets and positions ------------------------------------------------------------

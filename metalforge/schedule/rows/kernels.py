@@ -12,6 +12,7 @@ from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
+from ..unit_gather import unit_sites, with_unit_gathers
 from .context import RowContext, RowKernel, outer_load, row_context, row_kernel
 from .loads import lit, placement
 from .phases import epilogue, section
@@ -54,7 +55,8 @@ KERNELS: dict[str, Callable[[RowContext], Built]] = {
 
 def parts(ctx: RowContext, name: str) -> reduce.VariantParts:
     """A fresh collector for variant `name`, its row values read at the thread's row."""
-    return reduce.variant_parts(ctx, name, lambda p, n: outer_load(ctx, p, n))
+    return with_unit_gathers(ctx, reduce.variant_parts(ctx, name,
+                                                      lambda p, n: outer_load(ctx, p, n)))
 
 
 def kernel(k: RowKernel) -> Built:
@@ -195,6 +197,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
     # the widest access any variant makes: the alignment the launcher checks inputs for
     vw = max(vector_width_for(policy, name, set(ctx.itemsizes)) for name in VARIANTS)
     sites = range(len(take_sites(graph)))
+    per_row = unit_sites(graph, ctx.axis)
     return RowSchedule(
         "row", graph, replace(policy, threadgroup_bytes=tg, uses_simd=True, vector_width=vw),
         kernels[VARIANTS[0]], tuple(ctx.outer) + (ctx.axis,),
@@ -202,5 +205,6 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
         axis=ctx.axis, rows=ctx.outer, variants=kernels,
         reductions=reduce.phases(graph, online=False), passes=passes, itemsize=ctx.itemsize,
         # {variant: the gathers no section of it loads}: registers or shuffles serve them
-        held_gathers={v: tuple(j for j in sites if j not in ctx.loaded_gathers[v])
-                      for v in names})
+        # (a gather of one value per row is a load in every variant)
+        held_gathers={v: tuple(j for j in sites if j not in ctx.loaded_gathers[v]
+                               and j not in per_row) for v in names})

@@ -9,6 +9,7 @@ from ... import ir
 from ...graph import Node, take_sites
 from .. import reduce
 from ..lower import ElementLowering, compute_type
+from ..unit_gather import gathers_once
 from .combine import combine
 from .context import RowKernel, Section, element_nodes, row_base
 from .gathers import element_lowering, row_takes, shuffle_block
@@ -156,11 +157,19 @@ def epilogue(k: RowKernel, early: tuple[int, ...]) -> None:
         section(k, [graph.outputs[j].node for j in el_outs], [], el_outs,
                 "epilogue: compute and store the outputs along the row")
     if row_outs:
-        stmts = v.row_values.lower([graph.outputs[j].node for j in row_outs])
+        roots = [graph.outputs[j].node for j in row_outs]
+        once = gathers_once(v.row_values, roots)
+        stmts = v.row_values.lower(roots)
         stores: list[ir.Stmt] = []
         for j in row_outs:
             stores.append(ir.Store(ctx.out_names[j], row_base(
                 ctx, v, ctx.out_names[j], graph.outputs[j].axes),
                 ctx.out_value(j, v.row_values)))
+        first = ir.Var("mf_t").eq(lit(0))
+        if once:
+            v.main += [ir.Comment("epilogue: the row's results, computed and stored by its "
+                                  "first thread (it alone reads the row's gathered elements)"),
+                       ir.If(first, stmts + stores)]
+            return
         v.main += [ir.Comment("epilogue: the row's results, stored by its first thread")]
-        v.main += stmts + [ir.If(ir.Var("mf_t").eq(lit(0)), stores)]
+        v.main += stmts + [ir.If(first, stores)]

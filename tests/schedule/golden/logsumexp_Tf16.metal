@@ -1,16 +1,64 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// maximum/minimum propagating NaN, as torch does
-template <typename F>
-inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
+// online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
+// sum (and its compensation term c, see the compensated sum below) when the max grows; returns
+// the new sum. The terms are those of the two-pass sum(exp(x - max(x))): a -inf element adds
+// nothing while the max is -inf (if the max stays -inf the whole sum is NaN, fixed after the
+// combine), +inf and NaN give NaN, as in torch. Each term is added with Neumaier compensation:
+// the rounding error of s + e goes to c, which the caller adds to s at the end.
+inline float mf_online_add(thread float& m, thread float& c, float s, float x) {
+    float mf_e;
+    if (x > m || x != x) {
+        const float mf_scale = precise::exp(m - x);
+        s = s * mf_scale;
+        c = c * mf_scale;
+        mf_e = precise::exp(x - x);
+        m = x;
+    } else if (x == m && x == -INFINITY) {
+        return s;
+    } else {
+        mf_e = precise::exp(x - m);
     }
-    if (b != b) {
-        return b;
+    const float mf_t = s + mf_e;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(mf_e) ? (s - mf_t) + mf_e : (mf_e - mf_t) + s;
     }
-    return a > b ? a : b;
+    return mf_t;
+}
+
+// online softmax over a chunk of n elements x[0..n) (a thread's chunk, all in the row): the same
+// terms as n calls of mf_online_add, with one max test, one rescale and one compensated add per
+// chunk instead of per element. The chunk's max (NaN wins) rescales the running sum s and its
+// compensation c when it grows; the chunk's terms exp(x_i - m) are summed plainly (n is a few)
+// and that partial is added to s with Neumaier compensation. While the max is -inf nothing is
+// added; +inf and NaN give NaN, as in mf_online_add.
+inline float mf_online_add_chunk(thread float& m, thread float& c, float s, thread const float* x,
+                                 uint n) {
+    float mf_cm = x[0];
+    for (uint mf_i = 1u; mf_i < n; ++mf_i) {
+        if (x[mf_i] > mf_cm || x[mf_i] != x[mf_i]) {
+            mf_cm = x[mf_i];
+        }
+    }
+    if (mf_cm > m || mf_cm != mf_cm) {
+        const float mf_scale = precise::exp(m - mf_cm);
+        s = s * mf_scale;
+        c = c * mf_scale;
+        m = mf_cm;
+    }
+    if (m == -INFINITY) {
+        return s;
+    }
+    float mf_p = 0.0f;
+    for (uint mf_i = 0u; mf_i < n; ++mf_i) {
+        mf_p += precise::exp(x[mf_i] - m);
+    }
+    const float mf_t = s + mf_p;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(mf_p) ? (s - mf_t) + mf_p : (mf_p - mf_t) + s;
+    }
+    return mf_t;
 }
 
 // 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
@@ -32,23 +80,14 @@ inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
     return p;
 }
 
-// simdgroup max/min propagating NaN, as torch.amax/amin do (Metal's simd_max/min skip NaN)
-inline float mf_simd_max(float x) {
-    const bool mf_nan = simd_any(x != x);
-    const float mf_m = simd_max(x);
-    return mf_nan ? NAN : mf_m;
-}
-
-// compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
-// so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
-// the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
-// math may reassociate (s - t) + x to 0. An inf or NaN sum collects no error term.
-inline float mf_sum_add(thread float& c, float s, float x) {
-    const float mf_t = s + x;
-    if (isfinite(mf_t)) {
-        c += abs(s) >= abs(x) ? (s - mf_t) + x : (x - mf_t) + s;
-    }
-    return mf_t;
+// merge running (max, sum of exp(x - max)) pairs across a simdgroup; returns the sum, sets m
+inline float mf_simd_online(thread float& m, float s) {
+    const bool mf_nan = simd_any(m != m);
+    const float mf_top = simd_max(m);
+    const float mf_m = mf_nan ? NAN : mf_top;
+    s = simd_sum(s == 0.0f ? 0.0f : s * precise::exp(m - mf_m));
+    m = mf_m;
+    return s;
 }
 
 // logsumexp (simd): reduces 'D' over rows [R] in 2 phase(s); the fewest lanes of a simdgroup per row that hold it, 8 elements per lane in registers; 8-wide vector loads/stores where aligned; fp32 accumulation
@@ -103,7 +142,7 @@ kernel void mf_logsumexp_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
@@ -111,7 +150,7 @@ kernel void mf_logsumexp_simd(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+                mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
     }
@@ -119,7 +158,7 @@ kernel void mf_logsumexp_simd(
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
         if (mf_off < mf_w) {
             const float mf_o1 = simd_shuffle_xor(mf_acc1, mf_off);
-            mf_acc1 = mf_maximum(mf_acc1, mf_o1);
+            mf_acc1 = fmax(mf_acc1, mf_o1);
         }
     }
     // phase 2: sum over D
@@ -211,13 +250,13 @@ kernel void mf_logsumexp_simd_exact(
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
         const float mf_x = float(mf_reg_x[mf_k]);
-        mf_acc1 = mf_maximum(mf_acc1, mf_x);
+        mf_acc1 = fmax(mf_acc1, mf_x);
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
         if (mf_off < mf_w) {
             const float mf_o1 = simd_shuffle_xor(mf_acc1, mf_off);
-            mf_acc1 = mf_maximum(mf_acc1, mf_o1);
+            mf_acc1 = fmax(mf_acc1, mf_o1);
         }
     }
     // phase 2: sum over D
@@ -309,7 +348,7 @@ kernel void mf_logsumexp_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_maximum(mf_acc1, mf_x);
+            mf_acc1 = fmax(mf_acc1, mf_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
@@ -317,19 +356,19 @@ kernel void mf_logsumexp_group(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_maximum(mf_acc1, mf_x);
+                mf_acc1 = fmax(mf_acc1, mf_x);
             }
         }
     }
     // combine across the simdgroup
-    mf_acc1 = mf_simd_max(mf_acc1);
+    mf_acc1 = simd_max(mf_acc1);
     // across simdgroups: one partial per simdgroup through threadgroup memory, then a second simd reduction in every simdgroup
     if (mf_lane == 0u) {
         mf_tg1[mf_sg] = mf_acc1;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     mf_acc1 = mf_lane < mf_nsg ? mf_tg1[mf_lane] : -INFINITY;
-    mf_acc1 = mf_simd_max(mf_acc1);
+    mf_acc1 = simd_max(mf_acc1);
     // phase 2: sum over D
     const float mf_r1 = abs(mf_acc1);
     const bool mf_r2 = mf_r1 == INFINITY;
@@ -385,7 +424,7 @@ template [[host_name("logsumexp_f16_group")]] kernel void mf_logsumexp_group<hal
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
-// logsumexp (looped): reduces 'D' over rows [R] in 2 phase(s); one threadgroup per row (its size set at launch), streamed in chunks of 4 elements per thread per phase, compensated sums; 4-wide vector loads/stores where aligned; fp32 accumulation
+// logsumexp (looped): reduces 'D' over rows [R] in 1 phase(s); one threadgroup per row (its size set at launch), streamed in chunks of 4 elements per thread per phase, compensated sums; 4-wide vector loads/stores where aligned; fp32 accumulation
 // generated by metalforge
 
 template <typename T, typename mf_index_t>
@@ -410,61 +449,8 @@ kernel void mf_logsumexp_looped(
     const bool mf_vec_ok = mf_size_D % 4u == 0u;
     const mf_index_t mf_row_x = mf_index_t(mf_row) * mf_size_D;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row);
-    // phase 1: max over D
+    // phase 1: max and (online) sum of exp(x - max), (with the max above)
     float mf_acc1 = -INFINITY;
-    for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
-        const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
-        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
-        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
-        const uint mf_last = mf_first + 3u * mf_step;
-        // load 4 elements per thread of x into registers
-        T mf_reg_x[4];
-        if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
-            // 4-wide vector loads
-            {
-                const uint mf_c = 0u;
-                const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
-                for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
-                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
-                }
-            }
-        } else if (mf_first < mf_size_D) {
-            // row tail or unaligned rows: scalar, guarded
-            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
-            }
-        }
-        // each of this thread's 4 elements
-        if (mf_last < mf_size_D) {
-            // all of them in the row: no per-element check
-            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_maximum(mf_acc1, mf_x);
-            }
-        } else if (mf_first < mf_size_D) {
-            // the row's end: each element checked
-            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const uint mf_pos = mf_first + mf_k * mf_step;
-                if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    mf_acc1 = mf_maximum(mf_acc1, mf_x);
-                }
-            }
-        }
-    }
-    // combine across the simdgroup
-    mf_acc1 = mf_simd_max(mf_acc1);
-    // across simdgroups: one partial per simdgroup through threadgroup memory, then a second simd reduction in every simdgroup
-    if (mf_lane == 0u) {
-        mf_tg1[mf_sg] = mf_acc1;
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    mf_acc1 = mf_lane < mf_nsg ? mf_tg1[mf_lane] : -INFINITY;
-    mf_acc1 = mf_simd_max(mf_acc1);
-    // phase 2: sum over D
-    const float mf_r1 = abs(mf_acc1);
-    const bool mf_r2 = mf_r1 == INFINITY;
-    const float mf_r3 = mf_r2 ? 0.0f : mf_acc1;
     float mf_acc2 = 0.0f;
     float mf_cmp2 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
@@ -492,21 +478,20 @@ kernel void mf_logsumexp_looped(
         // each of this thread's 4 elements
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
+            float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r3;
-                const float mf_v2 = precise::exp(mf_v1);
-                mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
+                mf_on1[mf_k] = mf_x;
             }
+            // fold the chunk into the running max and sum at once
+            mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_r3;
-                    const float mf_v2 = precise::exp(mf_v1);
-                    mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v2);
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
                 }
             }
         }
@@ -514,17 +499,22 @@ kernel void mf_logsumexp_looped(
     // add the rounding errors the compensated sums collected
     mf_acc2 = mf_acc2 + mf_cmp2;
     // combine across the simdgroup
-    mf_acc2 = simd_sum(mf_acc2);
+    mf_acc2 = mf_simd_online(mf_acc1, mf_acc2);
     // across simdgroups: one partial per simdgroup through threadgroup memory, then a second simd reduction in every simdgroup
     if (mf_lane == 0u) {
+        mf_tg1[mf_sg] = mf_acc1;
         mf_tg2[mf_sg] = mf_acc2;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
+    mf_acc1 = mf_lane < mf_nsg ? mf_tg1[mf_lane] : -INFINITY;
     mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
-    mf_acc2 = simd_sum(mf_acc2);
+    mf_acc2 = mf_simd_online(mf_acc1, mf_acc2);
     // epilogue: the row's results, stored by its first thread
-    const float mf_r4 = precise::log(mf_acc2);
-    const float mf_r5 = mf_r4 + mf_r3;
+    const float mf_r1 = precise::log(mf_acc1 == -INFINITY ? 0.0f : (mf_acc1 == INFINITY ? INFINITY : mf_acc2));
+    const float mf_r2 = abs(mf_acc1);
+    const bool mf_r3 = mf_r2 == INFINITY;
+    const float mf_r4 = mf_r3 ? 0.0f : mf_acc1;
+    const float mf_r5 = mf_r1 + mf_r4;
     if (mf_t == 0u) {
         mf_out[mf_row_mf_out] = T(mf_r5);
     }

@@ -1,0 +1,179 @@
+"""Cross-entropy per row: ours vs torch eager and torch.compile, bytes, % of copy_, peak memory.
+
+    python bench/cross_entropy.py --device cuda                 # R = 4096, V = 32K and 128K
+    python bench/cross_entropy.py --device cuda --dtype bf16 --vocab 131072
+
+Ours: one row kernel for the loss, `logsumexp(x) - take(x, V, t)` (the row read once, online
+max and sum over rows longer than a threadgroup holds, the target logit read once per row, no
+softmax written); for the backward either the hand-written row kernel `(softmax(x) - one_hot(t))
+* g` ("by hand": loss kernel + backward kernel) or metalforge's derived backward through
+`torch.autograd.grad` on our loss ("autograd": the same two kernels, derived), or one kernel
+writing the loss and dx at once for a gradient known up front (the mean's 1/R: "fused", as
+fused-loss libraries do). Torch:
+`F.cross_entropy(x, t, reduction="none")` eager (its log_softmax is written out) and
+torch.compile of the same function; forward + backward with `torch.autograd.grad(loss, x, g)`.
+
+Bytes are our schedules' counts (loss: the logits once, the targets, one gathered logit per row,
+the losses; backward: the logits once per pass it makes, the targets and gradients, dx
+written); GB/s over them, %copy against `copy_` moving as many. Peak is the largest
+torch.cuda.max_memory_allocated over one call beyond what was allocated before it (the
+inputs): torch eager's forward holds the [R, V] log-softmax. On CUDA, times are GPU times of
+CUDA-graph replays (common.timeit; a gather kernel's index report is not read while a graph is
+captured). On the simulator (--device cpu) a smoke test of the script at small sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    DTYPES,
+    add_compile_flag,
+    compile_time,
+    copy_time,
+    pick_device,
+    plan,
+    ratio,
+    timeit,
+    us,
+)
+
+
+@mf.kernel
+def cross_entropy(logits: "T[R, V]", target: "i32[R]") -> "T[R]":  # noqa: F821
+    return mf.logsumexp(logits, axis="V") - mf.take(logits, axis="V", index=target)
+
+
+@mf.kernel
+def cross_entropy_backward(logits: "T[R, V]", target: "i32[R]",  # noqa: F821
+                           grad: "T[R]") -> "T[R, V]":  # noqa: F821
+    one_hot = mf.where(mf.index("V") == target, 1.0, 0.0)
+    return ((mf.softmax(logits, axis="V") - one_hot) * grad).to("T")
+
+
+@mf.kernel
+def cross_entropy_fused(logits: "T[R, V]", target: "i32[R]", scale: float = 1.0):  # noqa: F821
+    lse = mf.logsumexp(logits, axis="V")
+    loss = lse - mf.take(logits, axis="V", index=target)
+    one_hot = mf.where(mf.index("V") == target, 1.0, 0.0)
+    return loss, ((mf.exp(logits - lse) - one_hot) * scale).to("T")
+
+
+def peak_bytes(fn, device: str) -> int | None:
+    """Bytes allocated at the peak of one call of fn beyond those allocated before it (CUDA)."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def mib(b: int | None) -> str:
+    return f"{b / 2**20:>8.0f}" if b is not None else f"{'-':>8}"
+
+
+def cases(x, t, t64, g):
+    """{name: (ours, torch eager, [(kernel, args)] for the byte count)} of one shape."""
+    xr = x.detach().requires_grad_()
+
+    def torch_fwd():
+        return F.cross_entropy(x, t64, reduction="none")
+
+    def torch_both():
+        return torch.autograd.grad(F.cross_entropy(xr, t64, reduction="none"), xr, g)
+
+    def ours_hand():
+        return cross_entropy(x, t), cross_entropy_backward(x, t, g)
+
+    def ours_autograd():
+        return torch.autograd.grad(cross_entropy(xr, t), xr, g)
+    scale = float(g[0])
+    fwd = [(cross_entropy, (x, t))]
+    both = fwd + [(cross_entropy_backward, (x, t, g))]
+    fused = [(cross_entropy_fused, (x, t, scale))]
+    return {"loss": (lambda: cross_entropy(x, t), torch_fwd, fwd),
+            "loss+bwd hand": (ours_hand, torch_both, both),
+            "loss+bwd auto": (ours_autograd, torch_both, both),
+            "loss+dx fused": (lambda: cross_entropy_fused(x, t, scale), torch_both, fused)}
+
+
+def check(x, t, t64, g) -> None:
+    """Ours against torch in f32 before timing."""
+    tol = dict(rtol=2e-2, atol=2e-2)
+    want = F.cross_entropy(x.float(), t64, reduction="none")
+    torch.testing.assert_close(cross_entropy(x, t).float(), want, **tol)
+    xr = x.float().requires_grad_()
+    (dx,) = torch.autograd.grad(F.cross_entropy(xr, t64, reduction="none"), xr, g.float())
+    torch.testing.assert_close(cross_entropy_backward(x, t, g).float(), dx, **tol)
+    loss, dx_fused = cross_entropy_fused(x, t, float(g[0]))
+    torch.testing.assert_close(loss.float(), want, **tol)
+    torch.testing.assert_close(dx_fused.float(), dx, **tol)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", nargs="+", default=["f16", "bf16"], choices=list(DTYPES))
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--vocab", nargs="+", type=int, default=[32768, 131072])
+    ap.add_argument("--repeat", type=int, default=30)
+    add_compile_flag(ap)
+    args = ap.parse_args(argv)
+    device = pick_device(args.device)
+    repeat = args.repeat if device != "cpu" else 1
+    print(f"device {device}")
+    print(f"{'dtype':>5} {'R x V':>12} {'what':>14} {'bytes':>11} {'ours us':>9} {'torch us':>9} "
+          f"{'compile us':>10} {'copy us':>8} {'ours GB/s':>9} {'%copy':>6} {'vs eager':>9} "
+          f"{'vs compile':>10} {'ours MiB':>8} {'torch MiB':>9} {'comp MiB':>8}")
+    for dname in args.dtype:
+        dtype = DTYPES[dname]
+        for v in args.vocab:
+            r = args.rows if device != "cpu" else 4
+            v = v if device != "cpu" else min(v, 20000)
+            x = torch.randn(r, v, device=device).mul_(4).to(dtype)
+            t64 = torch.randint(0, v, (r,), device=device)
+            t = t64.to(torch.int32)
+            g = torch.full((r,), 1.0 / r, device=device, dtype=dtype)    # the mean's gradient
+            check(x, t, t64, g)
+            for what, case in cases(x, t, t64, g).items():
+                try:
+                    print(measure(f"{dname:>5} {f'{r}x{v}':>12} {what:>14}", case, device,
+                                  repeat, args.compile), flush=True)
+                except Exception as e:  # noqa: BLE001 - one failed row, not the table
+                    print(f"{dname:>5} {f'{r}x{v}':>12} {what:>14}  failed: "
+                          f"{type(e).__name__}: {str(e)[:160]}", flush=True)
+
+
+def measure(label: str, case, device: str, repeat: int, compile_: bool) -> str:
+    """One row of the table: (ours, torch eager, kernels for the byte count) timed."""
+    ours_fn, torch_fn, kernels = case
+    nbytes = 0
+    for k, kargs in kernels:
+        sched, sizes = plan(k, kargs)
+        nbytes += sched.traffic(sizes).total
+    ours = timeit(ours_fn, device, repeat)
+    theirs = timeit(torch_fn, device, repeat)
+    comp = compile_time(torch_fn, device, repeat, compile_)
+    comp_peak = None
+    if comp is not None:                  # compile_time compiled it: measure that one
+        comp_peak = peak_bytes(torch.compile(torch_fn, dynamic=False), device)
+    copy = copy_time(nbytes, device, repeat)
+    return (f"{label} {nbytes:>11} {ours * 1e6:>9.1f} {theirs * 1e6:>9.1f} {us(comp, 10)} "
+            f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
+            f"{ratio(theirs, ours, 9)} {ratio(comp, ours, 10)} "
+            f"{mib(peak_bytes(ours_fn, device))} {mib(peak_bytes(torch_fn, device)):>9} "
+            f"{mib(comp_peak)}")
+
+if __name__ == "__main__":
+    main()
