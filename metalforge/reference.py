@@ -222,7 +222,31 @@ class _Evaluator:
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
                          f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+        if n.op == Op.SCATTER:
+            return self.scatter(n, ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
+
+    def scatter(self, n: Node, ct: torch.dtype) -> torch.Tensor:
+        """mf.scatter_add: torch's index_add_ into zeros (float64 sums; int64 for integers,
+        wrapped to the output's width), the values' and index's axes flattened to rows of
+        (index axes) by columns of (the output's other axes)."""
+        axis = n.attr[0]
+        vals, idx = n.args
+        rows = idx.axes
+        cols = tuple(a for a in n.axes if a != axis)
+        shape = [self.sizes[a] for a in rows + cols]
+        v = self.align(vals, rows + cols).to(ct).expand(shape).reshape(numel(rows, self.sizes),
+                                                                     numel(cols, self.sizes))
+        i = self.align(idx, rows).to(torch.int64).expand(shape[:len(rows)]).reshape(-1)
+        size = self.sizes[axis]
+        bad = (i < 0) | (i >= size)
+        if bool(bad.any()):
+            raise GatherIndexError(f"kernel '{self.graph.name}': mf.scatter_add along "
+                                   f"'{axis}': index {int(i[bad][0])} is out of range for size "
+                                   f"{size}")
+        out = torch.zeros(size, v.shape[1], dtype=ct, device=v.device).index_add_(0, i, v)
+        out = out.reshape([size] + [self.sizes[a] for a in cols])
+        return self.wrap(out.permute([([axis] + list(cols)).index(a) for a in n.axes]), n.dtype)
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         x = n.args[0]

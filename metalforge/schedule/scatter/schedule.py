@@ -1,0 +1,96 @@
+"""The scatter schedule: its kernels (atomic: zero, add and, for f16/bf16, finish; or the one
+segmented kernel), the launches of a call, and what they move."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ... import ir
+from ...graph import Graph
+from ...shapes import numel
+from ..base import Schedule, Step, Traffic, make_kernel
+from ..policy import LaunchPolicy
+from .atomic import add_body, finish_body, zero_body
+from .context import ScatterContext
+from .form import ScatterForm
+from .segmented import segmented_body
+
+_THREAD = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),)
+
+
+@dataclass
+class ScatterSchedule(Schedule):
+    form: ScatterForm | None = None
+    all_kernels: tuple[ir.LoweredKernel, ...] = ()
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return self.all_kernels
+
+    def _form(self) -> ScatterForm:
+        assert self.form is not None
+        return self.form
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == "sources":
+            return numel(self._form().grid, sizes)
+        raise KeyError(name)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        return self.numel(sizes) if self._form().accumulator else 0
+
+    def _group(self, threads: int) -> int:
+        return max(1, min(self.policy.threads_per_group, threads))
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """Deterministic: the segmented kernel over the output. Atomic: zero the target, add
+        every source element (none to add: no launch), finish f16/bf16 outputs."""
+        out = self.numel(sizes)
+        by_name = {k.host_name: k for k in self.kernels}
+        if self._form().deterministic:
+            return (Step(self.kernel.host_name, out, self._group(out)),)
+        src = self.launch_value("sources", sizes)
+        steps = [Step(self.kernel.host_name, out, self._group(out))]
+        names = list(by_name)
+        if src:
+            steps.append(Step(names[1], src, self._group(src)))
+        if self._form().accumulator:
+            steps.append(Step(names[2], out, self._group(out)))
+        return tuple(steps)
+
+    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        """Each input read once, the output written once, plus what the mode adds: the f32
+        accumulator (written by zero, read and written by the adds' atomics, read by finish)
+        or the sorted keys and order (16 bytes an index, read once)."""
+        base = self.moved(sizes, {}, self.gathered_bytes(sizes))
+        f, out = self._form(), self.numel(sizes)
+        if f.accumulator:
+            return Traffic(base.read + 4 * out, base.written + 4 * out)
+        if f.deterministic:
+            return Traffic(base.read + 16 * numel(f.rows, sizes), base.written)
+        return Traffic(base.read, base.written + out * f.dtype.itemsize)   # the zeroing
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: ScatterForm) -> Schedule:
+    """The scatter kernels of `form`, one library sharing one parameter list."""
+    c = ScatterContext(graph, form, index64)
+    if form.deterministic:
+        bodies = [(None, segmented_body(c), "sums each output element's run of the index "
+                                            "sorted before the launch (deterministic)")]
+    else:
+        what = "f32 accumulator" if form.accumulator else "output"
+        bodies = [("zero", zero_body(c), f"zeroes the {what}, one element a thread"),
+                  (None, add_body(c), f"adds each source element at its index into the {what}, "
+                                      f"one a thread, relaxed atomics")]
+        if form.accumulator:
+            bodies.append(("finish", finish_body(c), "rounds the f32 accumulator to the "
+                                                     "output's type"))
+    params = c.params()
+    width = "64" if index64 else "32"
+    kernels = tuple(make_kernel(graph, index64, _THREAD, body,
+                                f"{graph.name}: scatter_add along '{form.axis}': {summary}, "
+                                f"{width}-bit indexing", variant=variant, params=params,
+                                helpers=tuple(sorted(c.helpers)))
+                    for variant, body, summary in bodies)
+    return ScatterSchedule("scatter", graph, policy, kernels[0], form.out_axes, (), index64,
+                           form=form, all_kernels=kernels)
