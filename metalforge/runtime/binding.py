@@ -281,11 +281,11 @@ class Binder:
             env["_report"] = report_buffer
             lines.append(f"    err = _report({device})")
             args[self.report] = "err"
-        for k, a in enumerate(self.sorts):
-            if all(b.position != a.position for b in self.sorts[:k]):
+        for k, srt in enumerate(self.sorts):
+            if all(b.position != srt.position for b in self.sorts[:k]):
                 env["_sort"] = sort_index
-                lines.append(f"    s{a.position} = _sort(values[{a.position}])")
-            args[a.index] = f"s{a.position}[{0 if a.part == 'keys' else 1}]"
+                lines.append(f"    s{srt.position} = _sort(values[{srt.position}])")
+            args[srt.index] = f"s{srt.position}[{0 if srt.part == 'keys' else 1}]"
         if self.scratch is not None:
             i, n = self.scratch
             env["_empty"], env["_float32"] = torch.empty, torch.float32

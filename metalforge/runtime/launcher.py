@@ -170,9 +170,10 @@ class IndexErrors:
         flag, site, lo, hi = (int(v) for v in buffer.cpu())
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
+            verb = "wrote" if self.sites[site].startswith("mf.scatter") else "read"
             raise GatherIndexError(
                 f"{self.where}: {self.sites[site]}: index {value} is out of range "
-                f"(the kernel read nothing there)")
+                f"(the kernel {verb} nothing there)")
 
 
 def _groups_per_core(c: Compiled, group: int) -> int:

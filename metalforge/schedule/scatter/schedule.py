@@ -3,7 +3,7 @@ segmented kernel), the launches of a call, and what they move."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 from ... import ir
 from ...graph import Graph
@@ -46,16 +46,15 @@ class ScatterSchedule(Schedule):
         """Deterministic: the segmented kernel over the output. Atomic: zero the target, add
         every source element (none to add: no launch), finish f16/bf16 outputs."""
         out = self.numel(sizes)
-        by_name = {k.host_name: k for k in self.kernels}
+        first = Step(self.kernel.host_name, out, self._group(out))
         if self._form().deterministic:
-            return (Step(self.kernel.host_name, out, self._group(out)),)
+            return (first,)
         src = self.launch_value("sources", sizes)
-        steps = [Step(self.kernel.host_name, out, self._group(out))]
-        names = list(by_name)
+        steps = [first]
         if src:
-            steps.append(Step(names[1], src, self._group(src)))
+            steps.append(Step(self.kernels[1].host_name, src, self._group(src)))
         if self._form().accumulator:
-            steps.append(Step(names[2], out, self._group(out)))
+            steps.append(Step(self.kernels[2].host_name, out, self._group(out)))
         return tuple(steps)
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
@@ -74,6 +73,7 @@ class ScatterSchedule(Schedule):
 def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: ScatterForm) -> Schedule:
     """The scatter kernels of `form`, one library sharing one parameter list."""
     c = ScatterContext(graph, form, index64)
+    bodies: list[tuple[Optional[str], list[ir.Stmt], str]]
     if form.deterministic:
         bodies = [(None, segmented_body(c), "sums each output element's run of the index "
                                             "sorted before the launch (deterministic)")]

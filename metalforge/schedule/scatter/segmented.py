@@ -31,7 +31,7 @@ def segmented_body(c: ScatterContext) -> list[ir.Stmt]:
     for k, a in enumerate(t.axes):
         count = c.size(a) if k == 0 else count * c.size(a)
     here = ir.Cast("long", pos[f.axis])
-    segment = [
+    segment: list[ir.Stmt] = [
         ir.Comment(f"this element's run of the sorted index: the keys equal to its position "
                    f"along '{f.axis}'"),
         ir.Decl("mf_lo", IDX, ir.Call("mf_lower_bound", (ir.Var("mf_keys"), nkeys, here))),
@@ -63,7 +63,7 @@ def segmented_body(c: ScatterContext) -> list[ir.Stmt]:
             *thread_element(), ir.If(ir.Var("mf_i") < ir.Var("mf_numel"), body)]
 
 
-def _range_check(c: ScatterContext, nkeys: ir.Expr) -> ir.Stmt:
+def _range_check(c: ScatterContext, nkeys: ir.Expr) -> ir.If:
     """Element 0 reports the smallest key below 0, or the largest at or past the size."""
     zero = ir.Lit(0, IDX)
     first = ir.Load("mf_keys", zero)
