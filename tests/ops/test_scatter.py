@@ -180,3 +180,28 @@ def test_generated_msl_uses_relaxed_atomics_and_the_cuda_shim_takes_it(tmp_path)
                            text=True)
         assert r.returncode == 0, r.stderr[:4000]
     assert re.search(r"atomicAdd", (INCLUDE_DIR / "metal_stdlib").read_text())
+
+
+@mf.kernel
+def expert_counts_det(topk: "i32[T, K]", router: "f32[T, X]"):
+    return mf.scatter_add(1, "X", topk, deterministic=True)
+
+
+def test_deterministic_counts_over_a_two_axis_index():
+    topk = _ids(3 * 40, 6, 7).view(40, 3)
+    counts = expert_counts_det(topk, torch.zeros(40, 6))
+    assert torch.equal(counts, torch.bincount(topk.reshape(-1).long(), minlength=6).int())
+
+
+def test_as_op_and_no_silent_gradient():
+    op = embedding_grad.as_op("mftest::scatter_embedding_grad")
+    grad, ids = torch.randn(20, 4), _ids(20, 5, 8)
+    torch.testing.assert_close(op(grad, ids, torch.empty(5, 4)).double(), _want(grad, ids, 5))
+    with pytest.raises(mf.MetalforgeError, match="scatter_add.*no derivative"):
+        embedding_grad(grad.requires_grad_(), ids, torch.empty(5, 4))
+
+
+def test_mlx_backend_refuses_scatter_kernels():
+    from metalforge.runtime import mlx
+    with pytest.raises(mf.UnsupportedOnBackend, match="scatter_add.*torch tensors"):
+        mlx._one_launch(embedding_grad.graph(T="f32"), None, "kernel 'embedding_grad'")
