@@ -15,6 +15,7 @@ sort's keys and order for the deterministic mode); %copy is copy_ moving as many
 CUDA the times are GPU times of CUDA-graph replays (common.timeit); on the simulator only a
 smoke test of the script at small sizes.
 """
+# ruff: noqa: F821  (the kernels' annotation strings name dims and dtypes, not Python names)
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import metalforge as mf  # noqa: E402
 from common import (  # noqa: E402
     DTYPES,
     add_compile_flag,
@@ -38,6 +38,8 @@ from common import (  # noqa: E402
     timeit,
     us,
 )
+
+import metalforge as mf  # noqa: E402
 
 SHAPES = ["32768x4096x32768", "8192x4096x32768", "32768x1024x131072"]
 
