@@ -104,6 +104,9 @@ def test_deterministic_mode_is_bit_identical_and_close_to_float64():
     assert torch.equal(first.view(torch.int32), again.view(torch.int32))
     want = _want(grad * 0.5, ids, v)
     torch.testing.assert_close(first.double(), want, rtol=1e-5, atol=1e-3)
+    other = ids.flip(0).contiguous()         # a warm call sorts its own index
+    torch.testing.assert_close(embedding_grad_det(grad, other, table, scale=0.5).double(),
+                               _want(grad * 0.5, other, v), rtol=1e-5, atol=1e-3)
     # the same sum as adding each run in index order in fp32, bit for bit
     for j in range(v):
         acc = torch.zeros(e)

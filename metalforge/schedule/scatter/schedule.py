@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from ... import ir
+from ...errors import LaunchError
 from ...graph import Graph
 from ...shapes import numel
 from ..base import Schedule, Step, Traffic, make_kernel
@@ -50,6 +51,11 @@ class ScatterSchedule(Schedule):
         if self._form().deterministic:
             return (first,)
         src = self.launch_value("sources", sizes)
+        if src >= 2 ** 31 and not self.index64:
+            raise LaunchError(
+                f"kernel '{self.graph.name}': {src} source elements (the values' and index's "
+                f"axes {list(self._form().grid)}) need 64-bit indexing, but no tensor is that "
+                f"large; pass launch={{'index64': True}}")
         steps = [first]
         if src:
             steps.append(Step(self.kernels[1].host_name, src, self._group(src)))
