@@ -33,7 +33,9 @@ class ScatterContext:
         self.graph, self.form, self.index64 = graph, form, index64
         self.names, out_names = msl_names(graph)
         self.out = out_names[0]
-        self.inputs, self.scalars = used_params(graph, topo_order([form.node]))
+        # deterministic mode reads the index through its sorted keys and order only
+        read = [form.values] if form.deterministic else [form.values, form.index]
+        self.inputs, self.scalars = used_params(graph, topo_order(read))
         self.sizes_used: list[str] = []
         self.helpers: set[str] = set()
         self.site = len(take_sites(graph))          # the scatter's number in error reports
