@@ -28,21 +28,40 @@ def thread_element() -> list[ir.Stmt]:
     return [ir.Decl("mf_i", IDX, ir.Cast(IDX, ir.Var("mf_tid")))]
 
 
+FILL = 4          # elements a thread of the zero and finish kernels writes (16 bytes of f32)
+
+
+def _chunked(what: str, whole: list[ir.Stmt], one: list[ir.Stmt]) -> list[ir.Stmt]:
+    """A thread's FILL consecutive elements from mf_start: `whole` when they all exist (a
+    vector access), else `one` for each that does (element mf_i)."""
+    start, numel = ir.Var("mf_start"), ir.Var("mf_numel")
+    return [ir.Comment(what),
+            ir.Decl("mf_start", IDX, ir.Cast(IDX, ir.Var("mf_tid")) * ir.Lit(FILL, IDX)),
+            ir.If(start + ir.Lit(FILL, IDX) <= numel, whole, [
+                ir.Comment("the tail: element by element"),
+                ir.For("mf_k", "uint", ir.Lit(0, "uint"), ir.Lit(FILL, "uint"), [
+                    ir.Decl("mf_i", IDX, start + ir.Var("mf_k")),
+                    ir.If(ir.Var("mf_i") < numel, one)], unroll=True)])]
+
+
 def zero_body(c: ScatterContext) -> list[ir.Stmt]:
     what = "f32 accumulator" if c.form.accumulator else "output"
     typ = "float" if c.form.accumulator else c.out_stype()
-    return [ir.Comment(f"zero: each thread zeroes one element of the {what}"),
-            *thread_element(),
-            ir.If(ir.Var("mf_i") < ir.Var("mf_numel"),
-                  [ir.Store(c.target, ir.Var("mf_i"), ir.Cast(typ, ir.Lit(0, "int")))])]
+    zero = ir.Cast(typ, ir.Lit(0, "int"))
+    return _chunked(f"zero: each thread zeroes {FILL} consecutive elements of the {what}",
+                    [ir.Store(c.target, ir.Var("mf_start"), ir.Cast(ir.vector_type(typ, FILL),
+                                                                     zero), FILL, typ)],
+                    [ir.Store(c.target, ir.Var("mf_i"), zero)])
 
 
 def finish_body(c: ScatterContext) -> list[ir.Stmt]:
-    return [ir.Comment("finish: each thread rounds one f32 sum to the output's type"),
-            *thread_element(),
-            ir.If(ir.Var("mf_i") < ir.Var("mf_numel"),
-                  [ir.Store(c.out, ir.Var("mf_i"),
-                            ir.Cast(c.out_stype(), ir.Load("mf_scratch", ir.Var("mf_i"))))])]
+    t = c.out_stype()
+    sums = ir.Load("mf_scratch", ir.Var("mf_start"), FILL, "float")
+    return _chunked(f"finish: each thread rounds {FILL} f32 sums to the output's type",
+                    [ir.Store(c.out, ir.Var("mf_start"),
+                              ir.Cast(ir.vector_type(t, FILL), sums), FILL, t)],
+                    [ir.Store(c.out, ir.Var("mf_i"),
+                              ir.Cast(t, ir.Load("mf_scratch", ir.Var("mf_i"))))])
 
 
 def add_body(c: ScatterContext) -> list[ir.Stmt]:

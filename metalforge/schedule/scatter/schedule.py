@@ -11,7 +11,7 @@ from ...graph import Graph
 from ...shapes import numel
 from ..base import Schedule, Step, Traffic, make_kernel
 from ..policy import LaunchPolicy
-from .atomic import add_body, finish_body, zero_body
+from .atomic import FILL, add_body, finish_body, zero_body
 from .context import ScatterContext
 from .form import ScatterForm
 from .segmented import segmented_body
@@ -47,9 +47,10 @@ class ScatterSchedule(Schedule):
         """Deterministic: the segmented kernel over the output. Atomic: zero the target, add
         every source element (none to add: no launch), finish f16/bf16 outputs."""
         out = self.numel(sizes)
-        first = Step(self.kernel.host_name, out, self._group(out))
         if self._form().deterministic:
-            return (first,)
+            return (Step(self.kernel.host_name, out, self._group(out)),)
+        fill = -(-out // FILL)                      # zero and finish: FILL elements a thread
+        first = Step(self.kernel.host_name, fill, self._group(fill))
         src = self.launch_value("sources", sizes)
         if src >= 2 ** 31 and not self.index64:
             raise LaunchError(
@@ -60,7 +61,7 @@ class ScatterSchedule(Schedule):
         if src:
             steps.append(Step(self.kernels[1].host_name, src, self._group(src)))
         if self._form().accumulator:
-            steps.append(Step(self.kernels[2].host_name, out, self._group(out)))
+            steps.append(Step(self.kernels[2].host_name, fill, self._group(fill)))
         return tuple(steps)
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
