@@ -210,3 +210,14 @@ def test_mlx_backend_refuses_scatter_kernels():
     from metalforge.runtime import mlx
     with pytest.raises(mf.UnsupportedOnBackend, match="scatter_add.*torch tensors"):
         mlx._one_launch(embedding_grad.graph(T="f32"), None, "kernel 'embedding_grad'")
+
+
+def test_checks_slack_covers_the_reordered_sums():
+    from metalforge.testing.slack import reduction_slack
+    grad, ids, table = torch.randn(50, 3), torch.zeros(50, dtype=torch.int32), torch.empty(2, 3)
+    values = {"grad": grad, "ids": ids, "table": table}
+    s = reduction_slack(embedding_grad.graph(grad, ids, table), values,
+                        (embedding_grad.reference(grad, ids, table),))
+    assert (s[0][0] > 0).all() and (s[0][1] == 0).all()       # 50 terms in row 0, none in 1
+    assert reduction_slack(histogram.graph(ids, torch.zeros(2)),
+                           {"x": ids, "edges": torch.zeros(2)}, ()) is None    # exact integers

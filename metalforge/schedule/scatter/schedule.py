@@ -11,6 +11,7 @@ from ...graph import Graph
 from ...shapes import numel
 from ..base import Schedule, Step, Traffic, make_kernel
 from ..policy import LaunchPolicy
+from ..reordering import Reordering
 from .atomic import FILL, add_body, finish_body, zero_body
 from .context import ScatterContext
 from .form import ScatterForm
@@ -63,6 +64,12 @@ class ScatterSchedule(Schedule):
         if self._form().accumulator:
             steps.append(Step(self.kernels[2].host_name, fill, self._group(fill)))
         return tuple(steps)
+
+    def reordering(self) -> Optional[Reordering]:
+        """A float scatter sums each output element's terms in an order of its own (the
+        atomics', or the sorted index's), not the reference's."""
+        f = self._form()
+        return Reordering((f.node,), frozenset()) if f.dtype.is_float else None
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
         """Each input read once, the output written once, plus what the mode adds: the f32
