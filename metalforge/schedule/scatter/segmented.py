@@ -7,8 +7,8 @@ order. One thread per output element finds its run by two binary searches (`mf_l
 of its position and of the next) and adds the run's values in that order, in a register:
 no atomics, no zeroing pass, the same bits on every run.
 
-Cost: the sort (a device sort of the index: for 32 K indices a few microseconds, with its
-int64 keys and order: 16 bytes an index), 2 log2(indices) key reads per output element
+Cost: the sort (one device sort of the index, torch's; its int64 keys and order: 16 bytes an
+index, written and read once), 2 log2(indices) key reads per output element
 (cached: the threads of one output row search the same keys), and the values read through
 the order (a gather of rows, contiguous along the output's other axes). Element 0 checks the
 smallest and largest keys against the axis and reports an index out of range.
