@@ -116,6 +116,15 @@ def test_deterministic_mode_is_bit_identical_and_close_to_float64():
         assert torch.equal(first[j], acc)
 
 
+def test_deterministic_f16_sums_in_f32_and_rounds_once():
+    grad, ids = torch.randn(200, 6).half(), _ids(200, 4, 9)
+    got = embedding_grad_det(grad, ids, torch.empty(4, 6, dtype=torch.float16))
+    want = torch.zeros(4, 6)
+    for row, j in zip(grad.float(), ids.tolist()):      # f32 adds in index order
+        want[j] = want[j] + row
+    assert got.dtype == torch.float16 and torch.equal(got, want.half())
+
+
 @pytest.mark.parametrize("kernel", [embedding_grad, embedding_grad_det])
 @pytest.mark.parametrize("bad", [-1, 4])
 def test_index_out_of_range_raises(kernel, bad):
