@@ -93,6 +93,16 @@ def gate_up(wg: "u32[F, K/8]", sg: "T[F, K/GS]", bg: "T[F, K/GS]",
     return (g * mf.sigmoid(g) * u).to("T")
 
 
+# check(): RoPE pairs the elements of a head, so E is even (2 up to 64, 34: a partial chunk);
+# small positions and a RoPE base (a pos of ~30000 turns one ulp of pow into ~4e-3 of the output);
+# block numbers 0-2 in a cache of at least 3 blocks of 16 rows, at least key 0 visible
+CHECK = {"rope_heads": {"dims": {"E": [2, 8, 34, 64]},
+                        "values": {"pos": (0, 16), "base": (100.0, 100000.0),
+                                   "x": ["normal", "shifted", "mixed", "large", "special"]}},
+         "paged_decode_attention": {"dims": {"N": (48, 80)},
+                                    "values": {"block_table": (0, 2), "pos": (0, 47)}}}
+
+
 # --------------------------------------------------------------------------- the layer
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from .frontend.ops import (
     minimum,
     prod,
     rsqrt,
+    scatter_add,
     sigmoid,
     sin,
     size,
@@ -78,7 +79,7 @@ from .runtime import backend
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
-        "log_softmax", "logsumexp", "take", "unpack")
+        "log_softmax", "logsumexp", "take", "unpack", "scatter_add")
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

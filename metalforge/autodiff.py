@@ -417,6 +417,11 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
                                     f"'{n.attr[0]}' it keeps (one index per row, as "
                                     "cross-entropy's target), so its gradient is a "
                                     "scatter-add into the tensor; detach that input")
+        if n.op == Op.SCATTER:
+            raise NotDifferentiable(f"{where}: mf.scatter_add{_at(n)} has no derivative in "
+                                    "metalforge yet (its gradient is a gather of the output's "
+                                    f"gradient, mf.take(dy, {n.attr[0]!r}, index)); detach the "
+                                    "inputs or write that gather as a kernel")
     if not any(o.dtype.is_float for o in graph.outputs):
         kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
         raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "

@@ -35,6 +35,7 @@ from .runtime.launcher import dispatch, prepare
 from .schedule import family as family_of
 from .schedule.policy import TUNABLE, LaunchError, backend_launch, resolve
 from .shapes import bind_shapes
+from .testing.slack import Allowance, allowance
 from .tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, tolerance
 from .tuning.cache import TuneKey, default_cache, device_name, key_for
 from .tuning.launch import NOT_TUNED, check_options, merge
@@ -186,7 +187,7 @@ def autotune(kernel, *args, candidates: Optional[Sequence[Mapping[str, Any]]] = 
     bar = _Progress(f"autotune {kernel.name}", len(tn.trials), progress)
     for i, t in enumerate(tn.trials):
         bar.step(i, t.describe())
-        _try(t, tn.graph, tn.values, tn.backend, tn.expected, tn.tol, tn.timer, tn.timed)
+        _try(t, tn, tn.timer, tn.timed)
     bar.step(len(tn.trials), "done")
     ok = _runnable(kernel, tn.trials, tn.key, tn.sizes, tn.tol, bar)
     result = _result(tn, ok, save)
@@ -209,6 +210,7 @@ class _Tuning:
     key: TuneKey
     tol: Tolerance
     timer: Optional[Callable[[Callable], float]]
+    allowed: Allowance                        # the slack of sums the schedules reorder
     timed: dict[tuple, float] = field(default_factory=dict)   # per (kernel, threads, group)
 
 
@@ -230,7 +232,7 @@ def _setup(kernel: Kernel, args: tuple, kwargs: dict, candidates, warmup: int,
     sizes = bind_shapes(graph, tensors).sizes
     return _Tuning(kernel, graph, values, backend, expected, pinned, trials, sizes,
                    key_for(graph, backend, sizes), _tolerance(graph, sizes, values),
-                   _timer(backend, warmup, repeats))
+                   _timer(backend, warmup, repeats), allowance(graph, values, expected))
 
 
 def _result(tn: _Tuning, ok: list[Trial], save: bool) -> TuneResult:
@@ -253,10 +255,12 @@ def _result(tn: _Tuning, ok: list[Trial], save: bool) -> TuneResult:
     return result
 
 
-def _try(t: Trial, graph, values, backend: str, expected: tuple, tol: Tolerance,
-         timer: Optional[Callable[[Callable], float]], timed: dict[tuple, float]) -> None:
-    """Run one candidate, compare it with the reference and, where timings mean something,
-    time its bare launch; the outcome goes into `t`."""
+def _try(t: Trial, tn: _Tuning, timer: Optional[Callable[[Callable], float]],
+         timed: dict[tuple, float]) -> None:
+    """Run one candidate, compare it with the reference (with the slack its reordered sums
+    allow, as `check` does) and, where timings mean something, time its bare launch; the
+    outcome goes into `t`."""
+    graph, values, backend = tn.graph, tn.values, tn.backend
     try:
         got = run(graph, values, backend, t.launch)
     except LaunchError as e:        # this pipeline cannot take it (e.g. its thread limit)
@@ -265,7 +269,7 @@ def _try(t: Trial, graph, values, backend: str, expected: tuple, tol: Tolerance,
     except Exception as e:          # noqa: BLE001 - a candidate that fails is reported
         t.status, t.detail = "wrong", f"raised {type(e).__name__}: {e}"
         return
-    t.detail = _mismatch(got, expected, tol)
+    t.detail = _mismatch(got, tn.expected, tn.tol, tn.allowed)
     if t.detail:
         t.status = "wrong"
         return
@@ -359,12 +363,14 @@ def _tolerance(graph, sizes, values) -> Tolerance:
                      scale=magnitude(values.values()))
 
 
-def _mismatch(got, expected: tuple, tol) -> str:
+def _mismatch(got, expected: tuple, tol, allowed: Allowance) -> str:
     got = got if isinstance(got, tuple) else (got,)
     if len(got) != len(expected):
         return f"returned {len(got)} outputs, the reference {len(expected)}"
     for i, (g, e) in enumerate(zip(got, expected)):
-        breach = compare(g.cpu(), e.cpu(), tol, output=i)
+        breach = compare(g.cpu(), e.cpu(), tol, output=i,
+                         slack=allowed.slack[i].cpu() if allowed.slack else None,
+                         alternatives=[m[i].cpu() for m in allowed.alternatives] or None)
         if breach is not None:
             return str(breach)
     return ""

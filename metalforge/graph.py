@@ -118,7 +118,13 @@ class Op(_Name):
                 the tensor's element at position `index` along `axis` (its other axes at
                 this element's positions): a gather. The node's axes are the tensor's without
                 `axis`, plus the index's. An index outside [0, size) is an error the kernel
-                reports (`take_sites` numbers the TAKE nodes for its report)"""
+                reports (`take_sites` numbers the TAKE nodes for its report)
+        SCATTER attr = (axis, deterministic)                  args = (values, index)
+                `mf.scatter_add`: a zeroed output over the values' and index's axes less the
+                index's, plus `axis` (an axis of a tensor parameter); element e of the values
+                is added at position index[e] along `axis`. A kernel's only output; an index
+                outside [0, size) is reported like a gather's (`scatter_sites`, numbered after
+                the TAKE nodes)"""
     LOAD = "load"
     SCALAR = "scalar"
     CONST = "const"
@@ -131,6 +137,7 @@ class Op(_Name):
     REDUCE = "reduce"
     UNPACK = "unpack"
     TAKE = "take"
+    SCATTER = "scatter"
 
 
 class _Kind(_Name):
@@ -286,6 +293,12 @@ def take_sites(graph: "Graph") -> list[Node]:
     """The graph's TAKE nodes in a fixed order: a kernel reports an index error by the number
     of its gather in this list."""
     return [n for n in graph.nodes() if n.op == Op.TAKE]
+
+
+def scatter_sites(graph: "Graph") -> list[Node]:
+    """The graph's SCATTER nodes in a fixed order: a kernel reports an index out of range by
+    len(take_sites(graph)) plus the number of its scatter in this list."""
+    return [n for n in graph.nodes() if n.op == Op.SCATTER]
 
 
 def broadcasts_over(spec: AxisSpec) -> bool:

@@ -250,7 +250,14 @@ class Block:
     body: list["Stmt"]
 
 
-Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, Return, Block]
+@dataclass
+class Eval:
+    """`call;`: a function called for its effect (a scatter's atomic add)."""
+    call: Call
+
+
+Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, Return, Block,
+             Eval]
 
 # --------------------------------------------------------------------------- kernel
 
@@ -260,7 +267,7 @@ Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, R
 BIND_KINDS: dict[str, str] = {
     "input": "input", "output": "output", "scalar": "scalar", "size": "size of",
     "numel": "element count", "error": "index-error report", "scratch": "partial results",
-    "launch": "launch value"}
+    "launch": "launch value", "sorted": "the index sorted on the device:"}
 
 
 @dataclass(frozen=True)
@@ -512,6 +519,8 @@ class IRPrinter(Printer):
             return f"barrier ({s.scope})"
         if isinstance(s, Return):
             return "return"
+        if isinstance(s, Eval):
+            return self.expr(s.call)
         raise TypeError(f"not an IR statement: {s!r}")
 
     def if_head(self, s: If) -> str:

@@ -78,7 +78,9 @@ def evaluate(graph: Graph, values: Mapping[str, Any],
     """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
     output tensor (or a tuple for several outputs) with batch dims re-expanded.
     adjust(node, input, result) may replace each reduction's result (testing uses it to see how
-    far the outputs move when a sum is off by its allowed rounding error)."""
+    far the outputs move when a sum is off by its allowed rounding error), and each float
+    scatter's (input: the sum of the magnitudes of the terms added into each output element
+    and their count, stacked along a new first dim)."""
     ev = _Evaluator(graph, values, adjust)
     ev.fused = {x for x in _summed_products(graph)
                 if numel(x.axes, ev.sizes) > FUSED_ELEMENTS}
@@ -222,7 +224,41 @@ class _Evaluator:
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
                          f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+        if n.op == Op.SCATTER:
+            return self.scatter(n, ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
+
+    def scatter(self, n: Node, ct: torch.dtype) -> torch.Tensor:
+        """mf.scatter_add: torch's index_add_ into zeros (float64 sums; int64 for integers,
+        wrapped to the output's width), the values' and index's axes flattened to rows of
+        (index axes) by columns of (the output's other axes)."""
+        axis = n.attr[0]
+        vals, idx = n.args
+        rows = idx.axes
+        cols = tuple(a for a in n.axes if a != axis)
+        shape = [self.sizes[a] for a in rows + cols]
+        v = self.align(vals, rows + cols).to(ct).expand(shape).reshape(numel(rows, self.sizes),
+                                                                     numel(cols, self.sizes))
+        i = self.align(idx, rows).to(torch.int64).expand(shape[:len(rows)]).reshape(-1)
+        size = self.sizes[axis]
+        bad = (i < 0) | (i >= size)
+        if bool(bad.any()):
+            raise GatherIndexError(f"kernel '{self.graph.name}': mf.scatter_add along "
+                                   f"'{axis}': index {int(i[bad][0])} is out of range for size "
+                                   f"{size}")
+        out = torch.zeros(size, v.shape[1], dtype=ct, device=v.device).index_add_(0, i, v)
+        order = [([axis] + list(cols)).index(a) for a in n.axes]
+        shape = [size] + [self.sizes[a] for a in cols]
+        r = self.wrap(out.reshape(shape).permute(order), n.dtype)
+        if self.adjust is None or not n.dtype.is_float:
+            return r
+        # what the allowed accumulation error of each output element's sum depends on: the
+        # sum of its terms' magnitudes and their count, stacked (testing.slack's bound)
+        terms = torch.nan_to_num(v.abs(), nan=0.0, posinf=0.0)
+        mags = torch.zeros_like(out).index_add_(0, i, terms)
+        count = torch.zeros_like(out).index_add_(0, i, torch.ones_like(v))
+        x = torch.stack([m.reshape(shape).permute(order) for m in (mags, count)])
+        return self.adjust(n, x, r)
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         x = n.args[0]

@@ -345,3 +345,35 @@ inline float2 mf_mat_load(const threadgroup float* p, uint stride, uint x, uint 
     simdgroup_load(mf_m, p, ulong(stride), ulong2(x, y));
     return mf_m.thread_elements();
 }
+
+// helper: mf_atomic_add
+// *p += v as one relaxed atomic read-modify-write on device memory (mf.scatter_add's adds):
+// Metal's atomic_float (MSL 3.0), atomic_int and atomic_uint; relaxed is the only memory order
+// Metal's atomic functions take
+inline void mf_atomic_add(device float* p, float v) {
+    atomic_fetch_add_explicit(reinterpret_cast<device atomic_float*>(p), v, memory_order_relaxed);
+}
+inline void mf_atomic_add(device int* p, int v) {
+    atomic_fetch_add_explicit(reinterpret_cast<device atomic_int*>(p), v, memory_order_relaxed);
+}
+inline void mf_atomic_add(device uint* p, uint v) {
+    atomic_fetch_add_explicit(reinterpret_cast<device atomic_uint*>(p), v, memory_order_relaxed);
+}
+
+// helper: mf_lower_bound
+// the first position of keys[0, n) (sorted ascending) whose key is not below v; n if none
+// (mf.scatter_add's deterministic mode: the bounds of an output element's segment)
+template <typename I>
+inline I mf_lower_bound(device const long* keys, I n, long v) {
+    I lo = 0;
+    I hi = n;
+    while (lo < hi) {
+        const I mid = lo + (hi - lo) / 2;
+        if (keys[mid] < v) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}

@@ -102,6 +102,8 @@ class MSLPrinter(ir.Printer):
             return f"{s.scope}_barrier(mem_flags::mem_threadgroup);"
         if isinstance(s, ir.Return):
             return "return;"
+        if isinstance(s, ir.Eval):
+            return f"{self.expr(s.call)};"
         raise TypeError(f"not an IR statement: {s!r}")
 
     def if_head(self, s: ir.If) -> str:

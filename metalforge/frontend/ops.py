@@ -10,6 +10,7 @@ import math
 from typing import Any, Callable, Sequence, Union
 
 from ..graph import BinaryOp, ReduceOp, UnaryOp
+from . import scatter as _scatter
 from .tracer import Sym, Trace, current
 
 inf = math.inf
@@ -291,3 +292,35 @@ def logsumexp(x: Any, axis: str) -> Sym:
     m = max(x, axis)
     m = m._trace.where(abs(m) == inf, 0.0, m)
     return log(sum(exp(x - m), axis)) + m
+
+
+# --------------------------------------------------------------------------- scatters
+
+def scatter_add(values: Any, axis: str, index: Any, *, deterministic: bool = False,
+                dtype: Any = None) -> Sym:
+    """Scatter-add: a zeroed output along `axis` where element e of `values` is added at
+    position `index[e]` (torch's index_add_ / scatter_add_). The kernel's output.
+
+    values: a value (a Python number counts: 1 makes a histogram).
+    axis:   the output's scattered axis: an axis of a tensor argument, whose size it takes
+            (V of an embedding table "T[V, D]", B of a bin-edges tensor "T[B]").
+    index:  an integer value; its axes are consumed (summed over), the values' other axes
+            stay and are matched by name, as gathers match them. An index outside
+            [0, size of axis) raises mf.GatherIndexError after the launch (nothing is written
+            out of bounds).
+    deterministic: False: atomic adds (f32, i32, u32 atomics; f16/bf16 through an f32
+            accumulator, cast at the end): fast, but float sums land in a run-dependent order.
+            True: the call sorts the index on the device (stable) and each output element sums
+            its segment in index order, no atomics: bit-identical across runs (the index must
+            be a tensor argument). Integer outputs are exact either way.
+    dtype:  the output dtype (f32, f16, bf16, i32, u32); default the values' (i32 for a
+            Python int, f32 for a Python float).
+
+    Example::
+
+        @mf.kernel
+        def embedding_grad(grad: "T[N, E]", ids: "i32[N]", table: "T[V, E]") -> "T[V, E]":
+            return mf.scatter_add(grad, "V", ids)      # table only gives V its size
+    """
+    return _scatter.scatter_add(_trace((values, index), "scatter_add"), values, axis, index,
+                                deterministic, dtype)

@@ -91,8 +91,19 @@ class ReportSource:
     index: int
 
 
+@dataclass(frozen=True)
+class SortedSource:
+    """An integer tensor argument sorted on the device before the launch (mf.scatter_add's
+    deterministic mode): `part` "keys" (its values, ascending, int64) or "order" (where each
+    was, int64; stable). The tensor is sorted once per call for both."""
+    index: int
+    name: str
+    position: int
+    part: str
+
+
 Source = Union[InputSource, OutputSource, ScalarSource, SizeSource, NumelSource, LaunchSource,
-               ScratchSource, ReportSource]
+               ScratchSource, ReportSource, SortedSource]
 FIXED = (SizeSource, NumelSource, LaunchSource)     # the same for every call of given sizes
 
 
@@ -122,6 +133,8 @@ def _source(p: Argument, graph: Graph, s: Schedule) -> Source:
         return LaunchSource(p.index, str(rest[0]))
     if kind == "numel":
         return NumelSource(p.index)
+    if kind == "sorted":
+        return SortedSource(p.index, str(rest[0]), position[str(rest[0])], str(rest[1]))
     return ScratchSource(p.index) if kind == "scratch" else ReportSource(p.index)
 
 
@@ -191,7 +204,8 @@ class BindingPlan:
         return Binder(len(self.sources), tuple(sorted(fixed.items())), tuple(inputs),
                       tuple(outputs),
                       tuple(a for a in self.sources if isinstance(a, ScalarSource)),
-                      scratch, self.report)
+                      scratch, self.report,
+                      tuple(a for a in self.sources if isinstance(a, SortedSource)))
 
 
 # --------------------------------------------------------------------------- the binder
@@ -204,6 +218,13 @@ def report_buffer(device: Optional[torch.device]) -> torch.Tensor:
             torch.cuda.is_current_stream_capturing():
         return torch.empty(4, dtype=torch.int32, device=device)
     return torch.zeros(4, dtype=torch.int32, device=device)
+
+
+def sort_index(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An index tensor flattened and sorted on its device, stably: (keys, order), both int64
+    (mf.scatter_add's deterministic mode)."""
+    keys, order = torch.sort(t.reshape(-1).to(torch.int64), stable=True)
+    return keys, order
 
 
 def converter(a: ScalarSource) -> Callable[[Any], Any]:
@@ -228,6 +249,7 @@ class Binder:
     scalars: tuple[ScalarSource, ...]
     scratch: Optional[tuple[int, int]]
     report: Optional[int]
+    sorts: tuple[SortedSource, ...] = ()
 
     def code(self, env: dict[str, Any], device: str) -> tuple[list[str], list[str]]:
         """(lines, argument expressions) binding a call's arguments from `values` (parameter
@@ -259,6 +281,11 @@ class Binder:
             env["_report"] = report_buffer
             lines.append(f"    err = _report({device})")
             args[self.report] = "err"
+        for k, srt in enumerate(self.sorts):
+            if all(b.position != srt.position for b in self.sorts[:k]):
+                env["_sort"] = sort_index
+                lines.append(f"    s{srt.position} = _sort(values[{srt.position}])")
+            args[srt.index] = f"s{srt.position}[{0 if srt.part == 'keys' else 1}]"
         if self.scratch is not None:
             i, n = self.scratch
             env["_empty"], env["_float32"] = torch.empty, torch.float32

@@ -31,7 +31,7 @@ from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError, GatherIndexError, LaunchError, at, kernel_at
-from ..graph import Graph, take_sites
+from ..graph import Graph, scatter_sites, take_sites
 from ..once import OnceMap
 from ..reference import evaluate
 from ..schedule.base import Step
@@ -156,6 +156,9 @@ class IndexErrors:
         sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
                       f"{sizes[n.attr[1]]}: valid indices 0 to {sizes[n.attr[1]] - 1})"
                       f"{at(n.loc)}" for n in take_sites(graph))
+        sites += tuple(f"mf.scatter_add along '{n.attr[0]}' (size {sizes[n.attr[0]]}: valid "
+                       f"indices 0 to {sizes[n.attr[0]] - 1}){at(n.loc)}"
+                       for n in scatter_sites(graph))
         return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
 
     def check(self, buffer: torch.Tensor) -> None:
@@ -167,9 +170,10 @@ class IndexErrors:
         flag, site, lo, hi = (int(v) for v in buffer.cpu())
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
+            verb = "wrote" if self.sites[site].startswith("mf.scatter") else "read"
             raise GatherIndexError(
                 f"{self.where}: {self.sites[site]}: index {value} is out of range "
-                f"(the kernel read nothing there)")
+                f"(the kernel {verb} nothing there)")
 
 
 def _groups_per_core(c: Compiled, group: int) -> int:

@@ -301,6 +301,13 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
     block of keys per query row (key_splits 1), a column reduction one chunk of the reduced
     axis (fill_groups 0: no partials to merge in a second launch)."""
     family = sched_mod.family(graph)
+    if family == "scatter":
+        raise UnsupportedOnBackend(
+            f"{where}: mf.scatter_add runs several launches a call (a zeroing pass before its "
+            f"atomic adds, an f32 accumulator's cast, or a device sort of the index in "
+            f"deterministic mode) and reports an index out of range through a buffer it "
+            f"writes; the mlx backend launches one kernel per call and binds no report "
+            f"buffer: call it with torch tensors (backends 'mps', 'cuda', 'sim')")
     if family == "column":
         if (launch or {}).get("fill_groups", 0):
             raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, rows
+from . import attention, column, elementwise, quant, rows, scatter
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -105,6 +105,8 @@ def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
 
 # In order: the first pattern whose `when` holds and whose `find` finds a form is the family.
 PATTERNS: tuple[Pattern, ...] = (
+    # an mf.scatter_add output: zeroed, added to at computed positions
+    Pattern("scatter", lambda f: True, lambda g, f: scatter.match(g), scatter.build),
     # a reduction whose argument unpacks packed words
     Pattern("quant", lambda f: bool(f.reductions), lambda g, f: quant.match(g), quant.build),
     # sum(softmax(s, L) * V, L) with s summed products over another axis E

@@ -248,6 +248,9 @@ POLICIES: dict[str, LaunchPolicy] = {
 # M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
+# scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
+POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
+
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False},
@@ -265,6 +268,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
+    "scatter": ("threads_per_group", "index64"),
 }
 
 

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from ..graph import Graph, ReduceOp, ScalarParam
+from ..graph import Graph, Op, ReduceOp, ScalarParam
 from ..reference import evaluate
 from ..runtime import schedule_of
 from ..schedule.base import Schedule
@@ -119,6 +119,8 @@ def moved_references(graph: Graph, values: Mapping[str, Any],
     sums, combined = reordered.sums, reordered.combined
 
     def bound(n, x):
+        if n.op == Op.SCATTER:              # x: (sum of |terms|, count) per output element
+            return ACCUMULATION * x[1].sqrt() * x[0]
         dim = n.args[0].axes.index(n.attr[1])
         terms = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0)
         return ACCUMULATION * math.sqrt(x.shape[dim]) * terms.sum(dim)

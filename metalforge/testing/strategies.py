@@ -26,6 +26,7 @@ from ..graph import (
     Param,
     ScalarParam,
     TensorParam,
+    scatter_sites,
     take_sites,
     topo_order,
 )
@@ -297,8 +298,9 @@ def index_tensors(graph: Graph) -> dict[str, str]:
     loaded, or converted, or clamped where some rows are ignored: `where(t == -100, 0, t)`):
     check draws their values in range (a separate test draws bad ones)."""
     out: dict[str, str] = {}
-    for n in take_sites(graph):
-        idx = n.args[0]
+    sites = [(n.args[0], n.attr[1]) for n in take_sites(graph)]
+    sites += [(n.args[1], n.attr[0]) for n in scatter_sites(graph)]    # mf.scatter_add's
+    for idx, axis in sites:
         while True:
             if idx.op == Op.CAST and not idx.dtype.is_float:
                 idx = idx.args[0]
@@ -307,7 +309,7 @@ def index_tensors(graph: Graph) -> dict[str, str]:
             else:
                 break
         if idx.op == Op.LOAD:
-            out[idx.attr] = n.attr[1]
+            out[idx.attr] = axis
     return out
 
 
