@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
-from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, take_sites, topo_order
+from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, literal_index, take_sites, topo_order
 from .base import IDX
 from .names import index_name, value_name
 
@@ -225,6 +225,9 @@ class ElementLowering:
         """The index of gather `n`, checked: out of range, the error is recorded in mf_err
         (where `report_if` holds, if given) and position 0 read instead."""
         name, axis = n.attr
+        known = literal_index(self.graph, n)
+        if known is not None:           # w[:, j]: a constant element of a literal dim
+            return ir.Lit(known, IDX)
         count = next(self._ids)
         i, ok = f"mf_take{count}", f"mf_take{count}_ok"
         site = take_sites(self.graph).index(n)
@@ -343,9 +346,10 @@ def _typed(*args: ir.Expr) -> tuple[ir.Expr, ...]:
 
 
 def _ident(axis: str) -> str:
-    """An axis name as part of an identifier: "K/8" → "K_div8"."""
+    """An axis name as part of an identifier: "K/8" → "K_div8", "w[1]" → "w_dim1"."""
     out = axis
-    for a, b in (("/", "_div"), ("*", "_mul"), ("+", "_add"), ("-", "_sub"), (" ", "")):
+    for a, b in (("/", "_div"), ("*", "_mul"), ("+", "_add"), ("-", "_sub"), (" ", ""),
+                 ("[", "_dim"), ("]", "")):
         out = out.replace(a, b)
     return out
 
