@@ -302,10 +302,6 @@ def _literal_or_derived(d: Dim, i: int, consts: Mapping[str, int], text: str, co
     assert d.expr is not None, "literal and derived dims keep their expression"
     base, _, off = _linear(d.expr, consts, text, context)
     if base is not None:
-        if d.kind == "literal":
-            raise _fail(text, d.pos, f"the literal dim '{d.name}' must be a whole number "
-                        f"(integers and mf.Const[int] names), but '{base}' is a dim",
-                        context)
         return resolve_dim(d, consts, text, context)
     if d.labeled:
         return _literal(d, off, d.name, text, context)
@@ -319,11 +315,12 @@ def _literal_or_derived(d: Dim, i: int, consts: Mapping[str, int], text: str, co
 def _literal(d: Dim, value: Optional[Fraction], name: str, text: str,
              context: str) -> AxisSpec:
     """The AxisSpec of a literal dim of size `value` (None: it depends on a dim)."""
-    if value is None or value.denominator != 1 or value < 1:
-        shown = "a dim" if value is None else str(value)
-        raise _fail(text, d.pos, f"the literal dim '{d.name}' is {shown}; a literal size must "
-                    "be a whole number of at least 1 (integers and mf.Const[int] names)",
-                    context)
+    if value is None:
+        raise _fail(text, d.pos, f"the literal dim '{d.name}' depends on a dim; a literal size "
+                    "is made of integers and mf.Const[int] names", context)
+    if value.denominator != 1 or value < 1:
+        raise _fail(text, d.pos, f"the literal dim '{d.name}' is {value}; a literal size must "
+                    "be a whole number of at least 1", context)
     return AxisSpec(name, size=int(value))
 
 

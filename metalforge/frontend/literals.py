@@ -59,15 +59,15 @@ def _picks(trace: "Trace", axes: tuple[str, ...], key: tuple[Any, ...]) -> list[
             continue
         if isinstance(k, bool) or not isinstance(k, numbers.Integral):
             raise trace.error(
-                f"index {k!r} at axis '{axis}' of a value with axes {shown}: a traced value is "
-                "indexed only by Python integers along literal dims (w[:, j] for "
+                f"indexing by {k!r} at axis '{axis}' of a value with axes {shown}: a traced "
+                "value is indexed only by Python integers along literal dims (w[:, j] for "
                 "\"T[C, 4]\"), with ':' elsewhere; a position computed in the kernel is "
                 "mf.take(x, axis, index)")
         size = trace.axis_specs[axis].size
         if size is None:
             raise trace.error(
-                f"index {int(k)} at axis '{axis}' of a value with axes {shown}: '{axis}' is "
-                "sized at the call, so only literal dims (\"T[C, 4]\") take a constant index; "
+                f"indexing by {int(k)} at axis '{axis}' of a value with axes {shown}: '{axis}' "
+                "is sized at the call, so only literal dims (\"T[C, 4]\") take a constant index; "
                 f"use mf.take(x, \"{axis}\", {int(k)}) for a checked gather")
         j = int(k) + size if int(k) < 0 else int(k)
         if not 0 <= j < size:
