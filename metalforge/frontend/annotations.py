@@ -253,7 +253,10 @@ def resolve_dims(dims: tuple[Dim, ...], consts: Mapping[str, int], text: str,
     its literal dims)."""
     out: list[AxisSpec] = []
     for i, d in enumerate(dims):
-        if d.kind in ("literal", "derived"):
+        v = consts.get(d.name) if d.kind == "plain" else None
+        if isinstance(v, int) and not isinstance(v, bool):   # "T[C, W]", W an mf.Const[int]
+            out.append(_literal(d, Fraction(v), d.name, text, context))
+        elif d.kind in ("literal", "derived"):
             out.append(_literal_or_derived(d, i, consts, text, context, param))
         elif d.kind == "group":
             clash = [n for n in d.names if n in consts]
