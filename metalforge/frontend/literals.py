@@ -103,7 +103,10 @@ def _select_one(trace: "Trace", n: Node, axis: str, j: int,
                     weak=n.weak, loc=n.loc)
     if n.op == Op.TAKE and axis not in trace.param_axes[n.attr[0]]:
         return Node(n.op, (go(n.args[0]),), n.dtype, axes, attr=n.attr, loc=n.loc)
-    what = (f"a gather from '{n.attr[0]}', which has the axis itself" if n.op == Op.TAKE
-            else f"a {n.op} value")
-    raise trace.error(f"cannot index axis '{axis}' of {what}; index the tensor before "
-                      "the operation (w[:, j] on the argument)", n.loc)
+    if n.op == Op.TAKE:
+        raise trace.error(f"cannot index axis '{axis}' of a read of '{n.attr[0]}' along "
+                          f"'{n.attr[1]}' (w[:, j] or mf.take): a constant index picks one "
+                          "literal dim of an argument per read; a second one of the same "
+                          "argument is not supported")
+    raise trace.error(f"cannot index axis '{axis}' of a {n.op} value, which brings the axis "
+                      "itself; index its operands instead", n.loc)

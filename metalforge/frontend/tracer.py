@@ -205,11 +205,11 @@ class Trace:
                         f"'{spec.base}/64') broadcasts against it, element k reading k // 64")
                 names.discard(a)
         axes = tuple(sorted(names, key=self.order.__getitem__))
-        anonymous = [a for a in axes if self.axis_specs[a].anonymous]
-        if len(anonymous) > 1:
+        anonymous = [a for a in axes if self.axis_specs[a].anonymous]    # "w[1]": w's own
+        if len({a.split("[")[0] for a in anonymous}) > 1:
             raise self.error(
-                f"cannot combine the unnamed literal dims '{anonymous[0]}' and '{anonymous[1]}' "
-                "in one elementwise operation: each is its own axis, so this would be an outer "
+                f"cannot combine the unnamed literal dims '{anonymous[0]}' and '{anonymous[-1]}' "
+                "of two arguments in one elementwise operation: each is its own axis, so this would be an outer "
                 "product; name them alike (\"T[C, K=4]\" in both annotations) to combine them "
                 "element by element, or differently (K=4, J=4) for an outer product")
         for a in axes:

@@ -204,12 +204,27 @@ class ElementLowering:
         """A gather: the index checked against the axis; out of range, the kernel records the
         error (flag, which gather, the value) in mf_err and reads position 0 instead."""
         name, axis = n.attr
+        known = literal_index(self.graph, n)
+        if self.take is None and known is not None:
+            return self._literal_load(n, known)
         if self.take is None:
             raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
                                        "supported in elementwise kernels, in the elements of "
                                        "row reductions and in attention (not in column or "
                                        "quantized reductions, nor in a row's per-row values)")
         return self.take(n, self._checked(n))
+
+    def _literal_load(self, n: Node, known: int) -> ir.Expr:
+        """`w[:, j]` where the schedule serves no gathers (a row's per-row values): the
+        tensor's element at position j of the literal axis, this element's elsewhere (the
+        tensor is dense: the offset is the row-major sum over its axes)."""
+        name, axis = n.attr
+        t = self.graph.tensor(name)
+        e: ir.Expr = ir.Lit(0, IDX)
+        for i, a in enumerate(t.axes):
+            p = ir.Lit(known, IDX) if a == axis else ir.Cast(IDX, self.position(a))
+            e = p if i == 0 else e * self.size(a) + p
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.scalar(name), e))
 
     def gather_position(self, n: Node, report_if: Optional[ir.Expr] = None
                         ) -> tuple[list[ir.Stmt], ir.Expr]:
