@@ -3,7 +3,8 @@
 `parse_annotation(text)` returns an `Annotation`: the dtype (a DSL dtype name or a dtype
 variable) and one `Dim` per storage dim. A literal dim ("T[C, 4]", "T[C, W]" with W an
 `mf.Const[int]`, "T[C, K=4]") has a fixed size: named ("K=4"), its axis is K; unnamed, its axis
-is named after the parameter and the dim's position, "w[1]", and is no other tensor's axis. Derived dims keep their expression until the kernel
+is named after the parameter and the dim's position, "w[1]", and is no other tensor's
+axis. Derived dims keep their expression until the kernel
 resolves it (`resolve_dim`) into a `graph.AxisSpec`, because an operand may name an
 `mf.Const[int]` parameter (``K/GS``) whose value is known only per specialisation.
 Every error is an `AnnotationError` whose message shows the annotation with a caret under the

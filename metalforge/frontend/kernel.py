@@ -20,8 +20,7 @@ from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, Scalar
 from ..once import OnceMap
 from ..torch_ops import register
 from ..tuning.launch import check_options
-from .annotations import (Annotation, parse_annotation, resolve_dims, unify_literals,
-                          with_literals)
+from .annotations import Annotation, parse_annotation, resolve_dims, unify_literals, with_literals
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}

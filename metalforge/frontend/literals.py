@@ -14,35 +14,44 @@ elementwise operations and reductions over other axes are rebuilt over the selec
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Optional, Protocol
 
-from ..dtypes import I64
-from ..graph import Node, Op
+from ..dtypes import I64, DType
+from ..errors import TraceError
+from ..graph import AxisSpec, Node, Op
 
-if TYPE_CHECKING:
-    from .tracer import Sym, Trace
+
+class Tracing(Protocol):
+    """What indexing needs of the trace (frontend.tracer.Trace; not imported: it imports us)."""
+    param_axes: dict[str, tuple[str, ...]]
+    axis_specs: dict[str, AxisSpec]
+
+    def error(self, msg: str, loc: Optional[tuple[str, int]] = None) -> TraceError: ...
+
+    def node(self, op: Op, args: tuple[Node, ...], dtype: DType, axes: tuple[str, ...],
+             attr: Any = None, weak: bool = False) -> Node: ...
 
 _ELEMENTWISE = frozenset({Op.UNARY, Op.BINARY, Op.WHERE, Op.CAST, Op.REDUCE})
 
 
-def getitem(trace: "Trace", value: "Sym", key: Any) -> "Sym":
-    """`value[key]`: each integer in `key` picks one element of a literal axis."""
-    node = value.node
+def getitem(trace: Tracing, node: Node, key: Any) -> Node:
+    """The node of `value[key]` (`node`: the value's): each integer in `key` picks one
+    element of a literal axis."""
     axes = _positional_axes(trace, node)
     picks = _picks(trace, axes, key if isinstance(key, tuple) else (key,))
     for axis, j in picks:
         node = select(trace, node, axis, j)
-    return trace.sym(node)
+    return node
 
 
-def _positional_axes(trace: "Trace", node: Node) -> tuple[str, ...]:
+def _positional_axes(trace: Tracing, node: Node) -> tuple[str, ...]:
     """The axes positions refer to: an argument's annotation order, a computed value's axes."""
     if node.op == Op.LOAD:
         return trace.param_axes[node.attr]
     return node.axes
 
 
-def _picks(trace: "Trace", axes: tuple[str, ...], key: tuple[Any, ...]) -> list[tuple[str, int]]:
+def _picks(trace: Tracing, axes: tuple[str, ...], key: tuple[Any, ...]) -> list[tuple[str, int]]:
     """(axis, position) for each integer of the key, checked against the literal sizes."""
     shown = f"[{', '.join(axes)}]"
     if sum(k is Ellipsis for k in key) > 1:
@@ -77,7 +86,7 @@ def _picks(trace: "Trace", axes: tuple[str, ...], key: tuple[Any, ...]) -> list[
     return picks
 
 
-def select(trace: "Trace", root: Node, axis: str, j: int) -> Node:
+def select(trace: Tracing, root: Node, axis: str, j: int) -> Node:
     """`root` at position j of `axis`, with that axis removed (rebuilt from the leaves)."""
     memo: dict[Node, Node] = {}
 
@@ -90,7 +99,7 @@ def select(trace: "Trace", root: Node, axis: str, j: int) -> Node:
     return go(root)
 
 
-def _select_one(trace: "Trace", n: Node, axis: str, j: int,
+def _select_one(trace: Tracing, n: Node, axis: str, j: int,
                 go: Callable[[Node], Node]) -> Node:
     axes = tuple(a for a in n.axes if a != axis)
     if n.op == Op.LOAD:

@@ -208,10 +208,11 @@ class Trace:
         anonymous = [a for a in axes if self.axis_specs[a].anonymous]    # "w[1]": w's own
         if len({a.split("[")[0] for a in anonymous}) > 1:
             raise self.error(
-                f"cannot combine the unnamed literal dims '{anonymous[0]}' and '{anonymous[-1]}' "
-                "of two arguments in one elementwise operation: each is its own axis, so this would be an outer "
-                "product; name them alike (\"T[C, K=4]\" in both annotations) to combine them "
-                "element by element, or differently (K=4, J=4) for an outer product")
+                f"cannot combine the unnamed literal dims '{anonymous[0]}' and "
+                f"'{anonymous[-1]}' of two arguments in one elementwise operation: each is its "
+                "own axis, so this would be an outer product; name them alike (\"T[C, K=4]\" "
+                "in both annotations) to combine them element by element, or differently "
+                "(K=4, J=4) for an outer product")
         for a in axes:
             spec = self.axis_specs[a]
             if spec.derived:
@@ -557,7 +558,7 @@ class Sym:
     def __getitem__(self, key: Any) -> "Sym":
         """`w[:, j]`: element j (a Python int) of a literal dim, that axis removed
         (see frontend/literals.py); any other index is a TraceError."""
-        return getitem(self._trace, self, key)
+        return self._trace.sym(getitem(self._trace, self._node, key))
 
     def __matmul__(self, other: Any) -> NoReturn:
         raise self._matmul_error(self, other)

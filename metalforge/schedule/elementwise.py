@@ -23,8 +23,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 from .. import ir
 from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
-from ..graph import (Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over, literal_size,
-                     take_sites)
+from ..graph import (
+    Graph,
+    Node,
+    Op,
+    ScalarParam,
+    TensorParam,
+    broadcasts_over,
+    literal_size,
+    take_sites,
+)
 from ..shapes import size_multiple
 from . import gather
 from .base import IDX, Schedule, make_kernel
