@@ -191,3 +191,19 @@ def test_u64_mixed_with_signed_ints_is_refused_as_torch_refuses():
         return a + b
     with pytest.raises(mf.TraceError, match="does not promote"):
         bad.graph(torch.zeros(2, dtype=torch.uint64), torch.zeros(2, dtype=torch.int64))
+
+
+@mf.kernel
+def affine_taps(x: "T[N, C]", w: "T[C, 3]", idx: "i64[N]"):
+    return x * w[:, 0] + w[:, 2] + idx
+
+
+def test_literal_taps_and_i64_tensors_on_the_mlx_backend():
+    mx = pytest.importorskip("mlx.core")
+    x, w = torch.randn(5, 6), torch.randn(6, 3)
+    idx = torch.tensor([0, 2**40, -3, 7, 2**62], dtype=torch.int64)
+    want = x * w[:, 0] + w[:, 2] + idx[:, None]
+    torch.testing.assert_close(affine_taps(x, w, idx), want)
+    with mf.backend("sim"):         # MLX's kernel source, run by the simulator off a Mac
+        got = affine_taps(*(mx.array(t.numpy()) for t in (x, w, idx)))
+    torch.testing.assert_close(torch.from_numpy(np.array(got)), want)
