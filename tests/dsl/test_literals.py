@@ -207,3 +207,10 @@ def test_literal_taps_and_i64_tensors_on_the_mlx_backend():
     with mf.backend("sim"):         # MLX's kernel source, run by the simulator off a Mac
         got = affine_taps(*(mx.array(t.numpy()) for t in (x, w, idx)))
     torch.testing.assert_close(torch.from_numpy(np.array(got)), want)
+
+
+def test_generated_checks_hold_literal_dims_at_their_size():
+    from metalforge.testing import check
+    check(causal_conv, dtypes={"T": ["f32"]}, max_examples=3)
+    report = check(named, dtypes={"T": ["f32"]}, max_examples=3)
+    assert "'K' is a literal dim of size 4" in report.coverage()   # one row variant fits K=4
