@@ -214,3 +214,15 @@ def test_generated_checks_hold_literal_dims_at_their_size():
     check(causal_conv, dtypes={"T": ["f32"]}, max_examples=3)
     report = check(named, dtypes={"T": ["f32"]}, max_examples=3)
     assert "'K' is a literal dim of size 4" in report.coverage()   # one row variant fits K=4
+
+
+def test_constant_indexing_is_differentiable():
+    op = affine_taps.as_op("mf_literals_test::affine_taps")
+    x, w = torch.randn(5, 6, requires_grad=True), torch.randn(6, 3, requires_grad=True)
+    idx = torch.arange(5, dtype=torch.int64)
+    g = torch.randn(5, 6)
+    op(x, w, idx).backward(g)
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    (x2 * w2[:, 0] + w2[:, 2] + idx[:, None]).backward(g)
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(w.grad, w2.grad)          # column 1 is never read: zero
