@@ -71,8 +71,10 @@ def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.Tensor,
-          axes: tuple[str, ...], sizes: Mapping[str, int], what: str) -> torch.Tensor:
-    """torch.gather along `axis` of `src` at `index` (broadcast to the node's `axes`)."""
+          axes: tuple[str, ...], sizes: Mapping[str, int], what: str,
+          unsigned: bool = False) -> torch.Tensor:
+    """torch.gather along `axis` of `src` at `index` (broadcast to the node's `axes`;
+    `unsigned`: a u64 index, held as its int64 pattern)."""
     rest = [a for a in axes if a in src_axes and a != axis]
     x = src.permute([src_axes.index(a) for a in rest] + [src_axes.index(axis)])
     x = x.reshape([sizes[a] if a in rest else 1 for a in axes] + [sizes[axis]])
@@ -81,6 +83,7 @@ def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.
     bad = (idx < 0) | (idx >= sizes[axis])
     if bool(bad.any()):
         v = int(idx[bad][0])
+        v += (1 << 64) if unsigned and v < 0 else 0
         raise GatherIndexError(f"{what}: index {v} is out of range for size {sizes[axis]}")
     return torch.gather(x.expand(shape + [sizes[axis]]), -1, idx.unsqueeze(-1)).squeeze(-1)
 
@@ -238,7 +241,8 @@ class _Evaluator:
             name, axis = n.attr
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
-                         f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+                         f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'",
+                         n.args[0].dtype is U64)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:

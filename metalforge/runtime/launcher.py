@@ -30,6 +30,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
+from ..dtypes import U64
 from ..errors import BindingError, DeviceError, GatherIndexError, LaunchError, at, kernel_at
 from ..graph import Graph, take_sites
 from ..once import OnceMap
@@ -148,6 +149,7 @@ class IndexErrors:
     arg: int
     sites: tuple[str, ...]
     where: str                                  # the kernel, as messages name it
+    unsigned: tuple[bool, ...] = ()             # per site: a u64 index (its 64 bits unsigned)
 
     @staticmethod
     def of(graph: Graph, arg: Optional[int], sizes: Mapping[str, int]) -> Optional[IndexErrors]:
@@ -156,7 +158,8 @@ class IndexErrors:
         sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
                       f"{sizes[n.attr[1]]}: valid indices 0 to {sizes[n.attr[1]] - 1})"
                       f"{at(n.loc)}" for n in take_sites(graph))
-        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
+        unsigned = tuple(n.args[0].dtype is U64 for n in take_sites(graph))
+        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc), unsigned)
 
     def check(self, buffer: torch.Tensor) -> None:
         """Raise IndexError if the kernel reported one. Reading the buffer waits for the GPU, so
@@ -167,6 +170,8 @@ class IndexErrors:
         flag, site, lo, hi = (int(v) for v in buffer.cpu())
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
+            if value < 0 and site < len(self.unsigned) and self.unsigned[site]:
+                value += 1 << 64
             raise GatherIndexError(
                 f"{self.where}: {self.sites[site]}: index {value} is out of range "
                 f"(the kernel read nothing there)")
