@@ -177,6 +177,7 @@ def test_64_bit_gather_indices_are_checked_on_all_64_bits(dt):
     x = torch.randn(10)
     idx = torch.tensor([0, 9, 3], dtype=dt)
     torch.testing.assert_close(gather64(x, idx), x[idx.to(torch.int64)] * 2.0)
+    assert "32-bit indexing" in gather64.source(x, idx)       # 64-bit values, 32-bit offsets
     bad = [2**32 + 1, 2**32, 2**64 - 1 if dt == torch.uint64 else -(2**32) + 1]
     for v in bad:
         with pytest.raises(mf.GatherIndexError, match=f"index {v} is out of range"):
