@@ -21,6 +21,7 @@ from .dtypes import I64 as i64
 from .dtypes import U8 as u8
 from .dtypes import U16 as u16
 from .dtypes import U32 as u32
+from .dtypes import U64 as u64
 from .errors import (
     AnnotationError,
     BackendUnavailable,
@@ -85,7 +86,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",
            "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "BackendUnavailable",
            "UnsupportedOnBackend", "GatherIndexError", "QuantizationError", "f32", "f16", "bf16",
-           "i64", "i32", "u32", "i16", "u16", "i8", "u8", *_OPS]
+           "i64", "i32", "u32", "i16", "u16", "i8", "u8", "u64", *_OPS]
 
 
 def __getattr__(name: str):

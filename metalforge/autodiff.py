@@ -45,6 +45,7 @@ from .graph import (
     ScalarParam,
     TensorParam,
     UnaryOp,
+    literal_index,
     topo_order,
 )
 from .once import OnceMap
@@ -144,6 +145,23 @@ def _live(graph: Graph, wrt: set[str]) -> set[Node]:
     return live
 
 
+def _picked(graph: Graph, n: Node) -> bool:
+    """Whether `n` reads a constant element of a literal dim (`w[:, j]`): a read of the
+    tensor, whose gradient goes to that element (no scatter needed)."""
+    return n.op == Op.TAKE and literal_index(graph, n) is not None
+
+
+def _picked_grad(b: _Nodes, graph: Graph, n: Node, g: Node) -> Node:
+    """The gradient `w[:, j]` with output gradient g sends to w: g at position j of the
+    literal axis, 0 elsewhere, summed over the axes w does not have."""
+    axis, j = n.attr[1], literal_index(graph, n)
+    idx = Node(Op.INDEX, (), I64, (axis,), attr=axis)
+    c = b.zero_unless(b.cmp(BinaryOp.EQ, idx, Node(Op.CONST, (), I64, (), attr=j, weak=True)), g)
+    for ax in [x for x in c.axes if x not in graph.tensor(n.attr[0]).axes]:
+        c = b.sum(c, ax)
+    return c
+
+
 def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     """(argument position, gradient contribution) of node n whose output gradient is g."""
     if n.op == Op.CAST:
@@ -236,11 +254,16 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> d
     grads: dict[Node, Node] = dict(dys)
     loads: dict[str, Node] = {}
     gathered: dict[str, Node] = {}        # the gradients reaching a tensor through mf.take
+    picked: dict[str, Node] = {}                    # gradients through w[:, j] reads
     for n in reversed(list(graph.nodes())):
         if n.op == Op.LOAD and n.attr in wrt:
             loads[n.attr] = n
         g = grads.get(n)
-        if g is None or n not in live or n.op == Op.LOAD:
+        if g is not None and n in live and _picked(graph, n):
+            c = _picked_grad(b, graph, n, g)
+            prev = picked.get(n.attr[0])
+            picked[n.attr[0]] = c if prev is None else b.add(prev, c)
+        if g is None or n not in live or n.op == Op.LOAD or _picked(graph, n):
             continue
         if n.op == Op.TAKE:
             name = n.attr[0]
@@ -257,6 +280,8 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> d
             grads[a] = c if prev is None else b.add(prev, c)
     out = {name: grads[ld] for name, ld in loads.items() if ld in grads}
     for name, c in gathered.items():
+        out[name] = c if name not in out else b.add(out[name], c)
+    for name, c in picked.items():
         out[name] = c if name not in out else b.add(out[name], c)
     return out
 
@@ -410,7 +435,8 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
                                     "is a per-group sum, which metalforge does not derive yet; "
                                     "detach that input")
     for n in graph.nodes():
-        if n.op == Op.TAKE and n.attr[0] in wrt and not _one_hot_take(graph, n):
+        if n.op == Op.TAKE and n.attr[0] in wrt and not _one_hot_take(graph, n) \
+                and not _picked(graph, n):
             raise NotDifferentiable(f"{where}: mf.take from '{n.attr[0]}'{_at(n)} has no "
                                     "derivative in metalforge yet: its index has axes "
                                     f"{list(n.args[0].axes)}, not only axes of "
@@ -556,6 +582,7 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
     for ki, k in enumerate(kernels):
         nodes = topo_order([t.node for t in k])
         used = {x.attr for x in nodes if x.op in (Op.LOAD, Op.SCALAR)}
+        used |= {x.attr[0] for x in nodes if x.op == Op.TAKE}     # gathered (w[:, j]) too
         params = [p for p in graph.params
                   if p.name in used or not isinstance(p, (TensorParam, ScalarParam))]
         params += [p for name, p in extra.items() if name in used]

@@ -37,6 +37,7 @@ F32 = DType("f32", torch.float32, "float", 4, "float")
 F16 = DType("f16", torch.float16, "half", 2, "float")
 BF16 = DType("bf16", torch.bfloat16, "bfloat", 2, "float")
 I64 = DType("i64", torch.int64, "long", 8, "int")
+U64 = DType("u64", torch.uint64, "ulong", 8, "uint")
 I32 = DType("i32", torch.int32, "int", 4, "int")
 U32 = DType("u32", torch.uint32, "uint", 4, "uint")
 I16 = DType("i16", torch.int16, "short", 2, "int")
@@ -45,9 +46,10 @@ I8 = DType("i8", torch.int8, "char", 1, "int")
 U8 = DType("u8", torch.uint8, "uchar", 1, "uint")
 BOOL = DType("bool", torch.bool, "bool", 1, "bool")
 
-# Names accepted in annotations. i64 exists internally (index/argmax results).
-ANNOTATION_DTYPES = {d.name: d for d in (F32, F16, BF16, I32, U32, I16, U16, I8, U8, BOOL)}
-ALL = {d.name: d for d in (F32, F16, BF16, I64, I32, U32, I16, U16, I8, U8, BOOL)}
+# Names accepted in annotations: every dtype (i64 is also what mf.index, integer sums and
+# argmax give; i64/u64 tensors hold indices and positions in torch's default integer dtype).
+ALL = {d.name: d for d in (F32, F16, BF16, I64, U64, I32, U32, I16, U16, I8, U8, BOOL)}
+ANNOTATION_DTYPES = dict(ALL)
 BY_TORCH = {d.torch: d for d in ALL.values()}
 
 

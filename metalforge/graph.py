@@ -33,10 +33,17 @@ class AxisSpec:
     add: int = 0
     batch: bool = False         # "*B": any number of leading dims, flattened into one axis
     joined: bool = False        # "(G R)": R shares G's storage dim (G outer, R inner)
+    size: Optional[int] = None  # a literal dim ("T[C, 4]", "T[C, K=4]"): its fixed size
 
     @property
     def derived(self) -> bool:
         return self.base is not None
+
+    @property
+    def anonymous(self) -> bool:
+        """A literal dim the user did not name ("4" in "T[C, 4]"): its axis is named after the
+        parameter and dim, "w[1]", and is no other tensor's axis."""
+        return self.size is not None and "[" in self.name
 
 
 @dataclass(frozen=True)
@@ -291,8 +298,27 @@ class Graph:
 
 def take_sites(graph: "Graph") -> list[Node]:
     """The graph's TAKE nodes in a fixed order: a kernel reports an index error by the number
-    of its gather in this list."""
-    return [n for n in graph.nodes() if n.op == Op.TAKE]
+    of its gather in this list. A constant element of a literal dim (`w[:, j]`) is no site: its
+    index is known in range (`literal_index`)."""
+    return [n for n in graph.nodes() if n.op == Op.TAKE and literal_index(graph, n) is None]
+
+
+def literal_size(graph: "Graph", axis: str) -> Optional[int]:
+    """The fixed size of a literal axis ("T[C, 4]"), None for an axis sized at the call."""
+    try:
+        return graph.axis_spec(axis).size
+    except KeyError:
+        return None
+
+
+def literal_index(graph: "Graph", n: Node) -> Optional[int]:
+    """For a TAKE node that reads a constant position of a literal axis (`w[:, j]`, j in
+    range: checked while tracing), that position; None for any other gather."""
+    idx = n.args[0]
+    size = literal_size(graph, n.attr[1])
+    if size is None or idx.op != Op.CONST or isinstance(idx.attr, bool):
+        return None
+    return idx.attr if isinstance(idx.attr, int) and 0 <= idx.attr < size else None
 
 
 def scatter_sites(graph: "Graph") -> list[Node]:

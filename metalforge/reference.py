@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .dtypes import BOOL, DType
+from . import unsigned
+from .dtypes import BOOL, U64, DType
 from .errors import GatherIndexError, empty_extreme
 from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, UnaryOp, topo_order
 from .shapes import bind_shapes, flat_shape, numel, output_shape
@@ -47,6 +48,17 @@ _REDUCE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
     ReduceOp.MIN: torch.amin, ReduceOp.ARGMAX: torch.argmax, ReduceOp.ARGMIN: torch.argmin,
 }
 _EXTREMES = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)   # none of 0 values
+_REDUCE_VALUE = (ReduceOp.MAX, ReduceOp.MIN)
+# u64 operations whose result depends on the sign of the int64 pattern (metalforge.unsigned)
+_U64_BINARY: dict[BinaryOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    **{op: (lambda f: lambda a, b: unsigned.compare(f, a, b))(_BINARY[op])
+       for op in (BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE)},
+    BinaryOp.MAXIMUM: lambda a, b: unsigned.extreme(torch.maximum, a, b),
+    BinaryOp.MINIMUM: lambda a, b: unsigned.extreme(torch.minimum, a, b),
+    BinaryOp.SHR: unsigned.shift_right,
+    BinaryOp.FLOORDIV: lambda a, b: unsigned.divmod_(a, b)[0],
+    BinaryOp.MOD: lambda a, b: unsigned.divmod_(a, b)[1],
+}
 
 
 def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
@@ -59,8 +71,10 @@ def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.Tensor,
-          axes: tuple[str, ...], sizes: Mapping[str, int], what: str) -> torch.Tensor:
-    """torch.gather along `axis` of `src` at `index` (broadcast to the node's `axes`)."""
+          axes: tuple[str, ...], sizes: Mapping[str, int], what: str,
+          unsigned: bool = False) -> torch.Tensor:
+    """torch.gather along `axis` of `src` at `index` (broadcast to the node's `axes`;
+    `unsigned`: a u64 index, held as its int64 pattern)."""
     rest = [a for a in axes if a in src_axes and a != axis]
     x = src.permute([src_axes.index(a) for a in rest] + [src_axes.index(axis)])
     x = x.reshape([sizes[a] if a in rest else 1 for a in axes] + [sizes[axis]])
@@ -69,6 +83,7 @@ def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.
     bad = (idx < 0) | (idx >= sizes[axis])
     if bool(bad.any()):
         v = int(idx[bad][0])
+        v += (1 << 64) if unsigned and v < 0 else 0
         raise GatherIndexError(f"{what}: index {v} is out of range for size {sizes[axis]}")
     return torch.gather(x.expand(shape + [sizes[axis]]), -1, idx.unsqueeze(-1)).squeeze(-1)
 
@@ -206,9 +221,14 @@ class _Evaluator:
         if n.op == Op.SIZE:
             return torch.tensor(sizes[n.attr], dtype=torch.int64, device=dev)
         if n.op == Op.CAST:
+            if n.args[0].dtype is U64 and n.dtype.is_float:     # the value, not the pattern
+                return unsigned.to_float(args[0], ct).to(n.dtype.torch).to(ct)
             return args[0].to(n.dtype.torch).to(ct)
         if n.op == Op.UNARY:
             return self.wrap(_UNARY[n.attr](args[0].to(ct)), n.dtype)
+        if n.op == Op.BINARY and n.attr in _U64_BINARY and n.args[0].dtype is U64:
+            a, b = self.common([self.align(x, n.axes) for x in n.args])
+            return _U64_BINARY[n.attr](a, b)
         if n.op == Op.BINARY:
             a, b = self.common([self.align(x, n.axes) for x in n.args])
             return self.wrap(_BINARY[n.attr](a, b).to(ct), n.dtype)
@@ -223,7 +243,8 @@ class _Evaluator:
             name, axis = n.attr
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
-                         f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+                         f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'",
+                         n.args[0].dtype is U64)
         if n.op == Op.SCATTER:
             return self.scatter(n, ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
@@ -274,7 +295,10 @@ class _Evaluator:
             if any(math.prod(output_shape(self.binding, o)) for o in self.graph.outputs):
                 raise empty_extreme(self.graph.name, kind, axis, n.loc)
             return torch.zeros(x.shape[:dim] + x.shape[dim + 1:], dtype=ct, device=x.device)
-        r = self.wrap(_REDUCE[kind](x, dim=dim).to(ct), n.dtype)
+        if kind in _EXTREMES and n.args[0].dtype is U64:       # ordered as unsigned values
+            r = unsigned.reduce_extreme(_REDUCE[kind], x, dim, kind not in _REDUCE_VALUE)
+        else:
+            r = self.wrap(_REDUCE[kind](x, dim=dim).to(ct), n.dtype)
         return self.adjust(n, x, r) if self.adjust is not None else r
 
     def fused_sum(self, n: Node, ct: torch.dtype) -> torch.Tensor:

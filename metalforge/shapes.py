@@ -87,6 +87,7 @@ class _Binder:
     derived: list[tuple[AxisSpec, str, int]] = field(default_factory=list)   # (spec, arg, size)
     grouped: list[tuple[tuple[str, ...], TensorParam, int]] = field(
         default_factory=list)                                       # (axes, argument, size)
+    shape: tuple[int, ...] = ()                                     # the tensor being read
 
     def fix(self, axis: str, size: int, arg: str, ann: str) -> None:
         """Bind `axis` to `size`, or check it against the size another argument gave it."""
@@ -105,6 +106,7 @@ class _Binder:
         fixed = p.storage[1:] if has_batch else p.storage
         self.check_rank(p, shape, len(fixed), has_batch)
         lead = shape[:len(shape) - len(fixed)]
+        self.shape = shape
         if has_batch:
             self.bind_batch(p, lead)
         for axes, size in zip(fixed, shape[len(lead):]):
@@ -136,6 +138,13 @@ class _Binder:
             self.grouped.append((tuple(a.name for a in axes), p, size))
             return
         spec = axes[0]
+        if spec.size is not None and size != spec.size:
+            dim = len(self.shape) - len(p.storage) + p.storage.index(axes)
+            what = "" if spec.anonymous else f" '{spec.name}'"
+            raise ShapeError(
+                f"{self.where}: argument '{p.name}' is annotated \"{p.annotation}\": its dim "
+                f"{dim} is the literal{what} {spec.size}, but the tensor has shape "
+                f"{self.shape} (size {size} there)")
         self.fix(spec.name, size, p.name, p.annotation)
         if spec.derived:
             self.derived.append((spec, p.name, size))

@@ -1,7 +1,10 @@
 """Parse tensor annotations ("T[R, D]", "u32[N, K/8]", "T[*B, D]") with the lark grammar.
 
 `parse_annotation(text)` returns an `Annotation`: the dtype (a DSL dtype name or a dtype
-variable) and one `Dim` per storage dim. Derived dims keep their expression until the kernel
+variable) and one `Dim` per storage dim. A literal dim ("T[C, 4]", "T[C, W]" with W an
+`mf.Const[int]`, "T[C, K=4]") has a fixed size: named ("K=4"), its axis is K; unnamed, its axis
+is named after the parameter and the dim's position, "w[1]", and is no other tensor's
+axis. Derived dims keep their expression until the kernel
 resolves it (`resolve_dim`) into a `graph.AxisSpec`, because an operand may name an
 `mf.Const[int]` parameter (``K/GS``) whose value is known only per specialisation.
 Every error is an `AnnotationError` whose message shows the annotation with a caret under the
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from importlib import resources
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 import lark
 
@@ -25,7 +28,7 @@ from ..graph import AxisSpec
 _READABLE = {
     "NAME": "a name", "INT": "an integer", "RSQB": "']'", "LSQB": "'['", "COMMA": "','",
     "STAR": "'*'", "LPAR": "'('", "RPAR": "')'", "PLUS": "'+'", "MINUS": "'-'",
-    "SLASH": "'/'", "$END": "the end", "<END-OF-FILE>": "the end",
+    "SLASH": "'/'", "EQUAL": "'='", "$END": "the end", "<END-OF-FILE>": "the end",
 }
 
 # Names that look like dtypes but are not metalforge dtypes: refuse them rather than silently
@@ -71,11 +74,12 @@ def _parser() -> lark.Lark:
 @dataclass(frozen=True)
 class Dim:
     """One storage dim of an annotation, as written."""
-    kind: str                      # "plain" | "derived" | "batch" | "group"
-    name: str                      # plain/batch: the name; derived/group: the text as written
+    kind: str                      # "plain" | "derived" | "batch" | "group" | "literal"
+    name: str                      # plain/batch/named literal: the name; else the text written
     pos: int                       # offset of the dim in the annotation text
     expr: Optional[Tree] = None            # derived: the expression
     names: tuple[str, ...] = ()            # group: the member names; derived: names used
+    labeled: bool = False                  # literal: named by the user ("K=4")
 
 
 @dataclass(frozen=True)
@@ -181,16 +185,19 @@ def _dim(text: str, t: Tree, i: int, context: str) -> Dim:
                    names=tuple(map(str, t.children)))
     if t.data == "name":
         return Dim("plain", str(t.children[0]), start, names=(str(t.children[0]),))
+    if t.data == "named":
+        label, expr = str(t.children[0]), _tree(t.children[1])
+        return Dim("literal", label, start, expr=expr, labeled=True,
+                   names=(label, *dict.fromkeys(map(str, _names(expr)))))
     names = _names(t)
-    if not names:
-        raise _fail(text, start, f"the dim '{src}' has no name; fixed sizes are not "
-                    "supported: name the dim (e.g. N) and the size comes from the "
-                    "tensors", context)
-    return Dim("derived", re.sub(r"\s+", "", src), start, expr=t,
+    kind = "derived" if names else "literal"    # a dim of integers alone: a fixed size
+    return Dim(kind, re.sub(r"\s+", "", src), start, expr=t,
                names=tuple(dict.fromkeys(map(str, names))))
 
 
 def _dim_name_positions(dim: Dim, tree: Tree) -> list[tuple[str, int]]:
+    if dim.kind == "literal":
+        return [(dim.name, dim.pos)] if dim.labeled else []
     if dim.kind == "derived":
         return []
     toks = [c for c in tree.children if isinstance(c, lark.Token)]
@@ -239,13 +246,20 @@ def _linear(tree: Tree, consts: Mapping[str, int], text: str, context: str) -> L
 
 
 def resolve_dims(dims: tuple[Dim, ...], consts: Mapping[str, int], text: str,
-                 context: str = "") -> tuple[AxisSpec, ...]:
+                 context: str = "", param: str = "") -> tuple[AxisSpec, ...]:
     """The graph's AxisSpecs for an annotation's dims: one per dim, except a grouped dim
     "(G R)", which is one storage dim seen as the axes G (outer) and R (inner): R is `joined`
-    to G (the same storage dim, R varying fastest)."""
+    to G (the same storage dim, R varying fastest). An unnamed literal dim is the axis
+    "<param>[<position>]" (`param`: the parameter; "" in a return annotation, which must name
+    its literal dims)."""
     out: list[AxisSpec] = []
-    for d in dims:
-        if d.kind == "group":
+    for i, d in enumerate(dims):
+        v = consts.get(d.name) if d.kind == "plain" else None
+        if isinstance(v, int) and not isinstance(v, bool):   # "T[C, W]", W an mf.Const[int]
+            out.append(_literal(d, Fraction(v), d.name, text, context))
+        elif d.kind in ("literal", "derived"):
+            out.append(_literal_or_derived(d, i, consts, text, context, param))
+        elif d.kind == "group":
             clash = [n for n in d.names if n in consts]
             if clash:
                 raise _fail(text, d.pos, f"'{clash[0]}' in the grouped dim '{d.name}' is an "
@@ -267,7 +281,9 @@ def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "
                     "resolve it with resolve_dims", context)
     assert dim.expr is not None, "a derived dim keeps its expression"
     base, coef, off = _linear(dim.expr, consts, text, context)
-    if base is None or coef <= 0:
+    if dim.kind == "literal" or base is None:
+        return _literal(dim, off if base is None else None, dim.name, text, context)
+    if coef <= 0:
         raise _fail(text, dim.pos, f"the derived dim '{dim.name}' must grow with its base dim "
                     "(e.g. K/8, N*2+1)", context)
     if off.denominator != 1:
@@ -279,3 +295,59 @@ def resolve_dim(dim: Dim, consts: Mapping[str, int], text: str, context: str = "
     name = base + (f"*{mul}" if mul != 1 else "") + (f"/{div}" if div != 1 else "")
     name += f"+{add}" if add > 0 else (f"{add}" if add < 0 else "")
     return AxisSpec(name, base=base, mul=mul, div=div, add=add)
+
+
+# --------------------------------------------------------------------------- literal dims
+
+def _literal_or_derived(d: Dim, i: int, consts: Mapping[str, int], text: str, context: str,
+                        param: str) -> AxisSpec:
+    """A literal or derived dim at position `i`: an unnamed literal (integers and Consts
+    only) is the axis "<param>[<i>]"."""
+    assert d.expr is not None, "literal and derived dims keep their expression"
+    base, _, off = _linear(d.expr, consts, text, context)
+    if base is not None:
+        return resolve_dim(d, consts, text, context)
+    if d.labeled:
+        return _literal(d, off, d.name, text, context)
+    if not param:
+        raise _fail(text, d.pos, f"the literal dim '{d.name}' has no name; in a return "
+                    f"annotation name it as the parameter does (e.g. K={d.name} in both)",
+                    context)
+    return _literal(d, off, f"{param}[{i}]", text, context)
+
+
+def _literal(d: Dim, value: Optional[Fraction], name: str, text: str,
+             context: str) -> AxisSpec:
+    """The AxisSpec of a literal dim of size `value` (None: it depends on a dim)."""
+    if value is None:
+        raise _fail(text, d.pos, f"the literal dim '{d.name}' depends on a dim; a literal size "
+                    "is made of integers and mf.Const[int] names", context)
+    if value.denominator != 1 or value < 1:
+        raise _fail(text, d.pos, f"the literal dim '{d.name}' is {value}; a literal size must "
+                    "be a whole number of at least 1", context)
+    return AxisSpec(name, size=int(value))
+
+
+def unify_literals(params: list[tuple[str, tuple[AxisSpec, ...]]],
+                   where: Callable[[str], str]) -> dict[str, int]:
+    """The fixed size of each named literal axis over every parameter's dims ("K=4" in one
+    annotation makes K a literal in every annotation that says K); two different sizes for one
+    name are an AnnotationError (`where(param)` names the parameter)."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for pname, dims in params:
+        for d in dims:
+            if d.size is None or d.anonymous:
+                continue
+            if d.name in sizes and sizes[d.name][0] != d.size:
+                size, other = sizes[d.name]
+                raise AnnotationError(f"{where(pname)}: dim '{d.name}' is the literal {d.size} "
+                                      f"here but {size} in parameter '{other}'; a named "
+                                      "literal dim has one size")
+            sizes.setdefault(d.name, (d.size, pname))
+    return {n: v for n, (v, _) in sizes.items()}
+
+
+def with_literals(dims: tuple[AxisSpec, ...], sizes: Mapping[str, int]) -> tuple[AxisSpec, ...]:
+    """`dims` with every axis that `sizes` names made that literal size."""
+    return tuple(AxisSpec(d.name, size=sizes[d.name]) if d.name in sizes and not d.derived
+                 and not d.batch and not d.joined else d for d in dims)

@@ -20,7 +20,7 @@ from ..graph import AxisSpec, ConstParam, Graph, Node, Op, Output, Param, Scalar
 from ..once import OnceMap
 from ..torch_ops import register
 from ..tuning.launch import check_options
-from .annotations import Annotation, parse_annotation, resolve_dims
+from .annotations import Annotation, parse_annotation, resolve_dims, unify_literals, with_literals
 from .tracer import Sym, Trace
 
 SCALAR_DTYPES = {float: F32, int: I64, bool: BOOL}
@@ -214,9 +214,18 @@ class Kernel:
         for p in params:
             if isinstance(p, TensorParam):
                 a = self._annotations[p.name]
-                p = replace(p, dims=resolve_dims(a.dims, dummy, a.text, self._pwhere(p.name)))
+                p = replace(p, dims=resolve_dims(a.dims, dummy, a.text, self._pwhere(p.name),
+                                                 p.name))
             out.append(p)
-        return tuple(out)
+        return tuple(self._literal_params(out))
+
+    def _literal_params(self, params: list[Param]) -> list[Param]:
+        """The tensor parameters with each named literal dim ("K=4") fixed in every annotation
+        that names it (see `annotations.unify_literals`)."""
+        sizes = unify_literals([(p.name, p.dims) for p in params if isinstance(p, TensorParam)],
+                               self._pwhere)
+        return [replace(p, dims=with_literals(p.dims, sizes)) if isinstance(p, TensorParam)
+                and sizes else p for p in params]
 
     def _check_batch_names(self, params: tuple[Param, ...]) -> None:
         """A name is either a batch of leading dims ('*B') or a single dim, not both."""
@@ -402,12 +411,15 @@ class Kernel:
         for p in self.params:
             if isinstance(p, TensorParam):
                 a = self._annotations[p.name]
-                dims = resolve_dims(a.dims, consts, a.text, self._pwhere(p.name))
-                for d in dims:
-                    axis_specs.setdefault(d.name, d)
+                dims = resolve_dims(a.dims, consts, a.text, self._pwhere(p.name), p.name)
                 p = replace(p, dtype=p.dtype or dvars[str(p.dtype_var)], dims=dims)
             params.append(p)
-        trace = Trace(self.name, self.loc, axis_specs, dvars)
+        params = self._literal_params(params)
+        for p in params:
+            for d in p.dims if isinstance(p, TensorParam) else ():
+                axis_specs.setdefault(d.name, d)
+        trace = Trace(self.name, self.loc, axis_specs, dvars,
+                      {p.name: p.axes for p in params if isinstance(p, TensorParam)})
         call_args, call_kwargs = [], {}
         for p, sp in zip(params, self.signature.parameters.values()):
             if isinstance(p, TensorParam):

@@ -32,6 +32,7 @@ from .. import dtypes
 from ..dtypes import BOOL, F32, I32, I64, U32, DType
 from ..errors import TraceError
 from ..graph import AxisSpec, BinaryOp, Node, Op, ReduceOp, UnaryOp, broadcasts_over
+from .literals import getitem
 
 UNPACK_BITS = (1, 2, 4, 8, 16)      # widths that pack whole values into a 32-bit word
 
@@ -141,8 +142,10 @@ def result_type(nodes: Iterable[Node]) -> DType:
 
 class Trace:
     def __init__(self, kernel_name: str, kernel_loc: tuple[str, int],
-                 axis_specs: dict[str, AxisSpec], dtype_vars: dict[str, DType]):
+                 axis_specs: dict[str, AxisSpec], dtype_vars: dict[str, DType],
+                 param_axes: Optional[dict[str, tuple[str, ...]]] = None):
         self.kernel_name = kernel_name
+        self.param_axes = dict(param_axes or {})     # tensor argument -> annotation's axes
         self.kernel_loc = kernel_loc
         self.axis_specs = dict(axis_specs)               # canonical order = insertion order
         self.order = {a: i for i, a in enumerate(self.axis_specs)}
@@ -202,6 +205,14 @@ class Trace:
                         f"'{spec.base}/64') broadcasts against it, element k reading k // 64")
                 names.discard(a)
         axes = tuple(sorted(names, key=self.order.__getitem__))
+        anonymous = [a for a in axes if self.axis_specs[a].anonymous]    # "w[1]": w's own
+        if len({a.split("[")[0] for a in anonymous}) > 1:
+            raise self.error(
+                f"cannot combine the unnamed literal dims '{anonymous[0]}' and "
+                f"'{anonymous[-1]}' of two arguments in one elementwise operation: each is its "
+                "own axis, so this would be an outer product; name them alike (\"T[C, K=4]\" "
+                "in both annotations) to combine them element by element, or differently "
+                "(K=4, J=4) for an outer product")
         for a in axes:
             spec = self.axis_specs[a]
             if spec.derived:
@@ -544,10 +555,10 @@ class Sym:
     def __contains__(self, item: Any) -> NoReturn:
         raise self._trace.error("'in' on a traced value is not supported")
 
-    def __getitem__(self, key: Any) -> NoReturn:
-        raise self._trace.error("indexing a traced value (x[...]) is not supported: values are "
-                                "whole named-axis arrays; use mf.index(\"AXIS\") with mf.where "
-                                "for masks, or a reduction")
+    def __getitem__(self, key: Any) -> "Sym":
+        """`w[:, j]`: element j (a Python int) of a literal dim, that axis removed
+        (see frontend/literals.py); any other index is a TraceError."""
+        return self._trace.sym(getitem(self._trace, self._node, key))
 
     def __matmul__(self, other: Any) -> NoReturn:
         raise self._matmul_error(self, other)

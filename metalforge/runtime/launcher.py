@@ -30,6 +30,7 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
+from ..dtypes import U64
 from ..errors import BindingError, DeviceError, GatherIndexError, LaunchError, at, kernel_at
 from ..graph import Graph, scatter_sites, take_sites
 from ..once import OnceMap
@@ -148,6 +149,7 @@ class IndexErrors:
     arg: int
     sites: tuple[str, ...]
     where: str                                  # the kernel, as messages name it
+    unsigned: tuple[bool, ...] = ()             # per site: a u64 index (its 64 bits unsigned)
 
     @staticmethod
     def of(graph: Graph, arg: Optional[int], sizes: Mapping[str, int]) -> Optional[IndexErrors]:
@@ -159,7 +161,9 @@ class IndexErrors:
         sites += tuple(f"mf.scatter_add along '{n.attr[0]}' (size {sizes[n.attr[0]]}: valid "
                        f"indices 0 to {sizes[n.attr[0]] - 1}){at(n.loc)}"
                        for n in scatter_sites(graph))
-        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc))
+        unsigned = tuple(n.args[0].dtype is U64 for n in take_sites(graph)) + \
+            tuple(n.args[1].dtype is U64 for n in scatter_sites(graph))
+        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc), unsigned)
 
     def check(self, buffer: torch.Tensor) -> None:
         """Raise IndexError if the kernel reported one. Reading the buffer waits for the GPU, so
@@ -171,6 +175,8 @@ class IndexErrors:
         if flag:
             value = (hi << 32) | (lo & 0xFFFFFFFF)
             verb = "wrote" if self.sites[site].startswith("mf.scatter") else "read"
+            if value < 0 and site < len(self.unsigned) and self.unsigned[site]:
+                value += 1 << 64
             raise GatherIndexError(
                 f"{self.where}: {self.sites[site]}: index {value} is out of range "
                 f"(the kernel {verb} nothing there)")

@@ -86,8 +86,9 @@ _MSL_TO_MLX = {"float": ("float32", "float"), "half": ("float16", "float16_t"),
 # MLX dtype name -> metalforge dtype (the ones a kernel argument may have)
 _FROM_MLX = {"float32": dtypes.F32, "float16": dtypes.F16, "bfloat16": dtypes.BF16,
              "int32": dtypes.I32, "uint32": dtypes.U32, "int16": dtypes.I16,
-             "uint16": dtypes.U16, "int8": dtypes.I8, "uint8": dtypes.U8, "bool": dtypes.BOOL}
-_TO_MLX = {d.name: name for name, d in _FROM_MLX.items()} | {"i64": "int64", "bool": "bool_"}
+             "uint16": dtypes.U16, "int8": dtypes.I8, "uint8": dtypes.U8, "bool": dtypes.BOOL,
+             "int64": dtypes.I64, "uint64": dtypes.U64}
+_TO_MLX = {d.name: name for name, d in _FROM_MLX.items()} | {"bool": "bool_"}
 
 # What MLX prepends to every kernel it compiles (`metal::utils()`) declares the type names its
 # signatures use; the simulator gets the two of them that are not MSL's own.

@@ -23,7 +23,16 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 from .. import ir
 from ..dtypes import DType
 from ..errors import UnsupportedConstruct, at
-from ..graph import Graph, Node, Op, ScalarParam, TensorParam, broadcasts_over, take_sites
+from ..graph import (
+    Graph,
+    Node,
+    Op,
+    ScalarParam,
+    TensorParam,
+    broadcasts_over,
+    literal_size,
+    take_sites,
+)
 from ..shapes import size_multiple
 from . import gather
 from .base import IDX, Schedule, make_kernel
@@ -218,6 +227,9 @@ class ElementwiseKernel:
         return self.stype(t.dtype, t.dtype_var)
 
     def size(self, axis: str) -> ir.Expr:
+        fixed = literal_size(self.graph, axis)     # a literal dim: a constant of the kernel
+        if fixed is not None:
+            return ir.Lit(fixed, IDX)
         if axis not in self.uses.sizes:
             self.uses.sizes.append(axis)
         return ir.Var(f"mf_size_{ident(axis)}")

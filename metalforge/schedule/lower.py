@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
-from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, take_sites, topo_order
+from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, literal_index, take_sites, topo_order
 from .base import IDX
 from .names import index_name, value_name
 
@@ -204,6 +204,9 @@ class ElementLowering:
         """A gather: the index checked against the axis; out of range, the kernel records the
         error (flag, which gather, the value) in mf_err and reads position 0 instead."""
         name, axis = n.attr
+        known = literal_index(self.graph, n)
+        if self.take is None and known is not None:
+            return self._literal_load(n, known)
         if self.take is None:
             raise UnsupportedConstruct(f"mf.take(..., axis={axis!r}){at(n.loc)}: gathers are "
                                        "supported in elementwise kernels, in row reductions "
@@ -212,6 +215,18 @@ class ElementLowering:
                                        "column reductions' element values, nor in quantized "
                                        "reductions)")
         return self.take(n, self._checked(n))
+
+    def _literal_load(self, n: Node, known: int) -> ir.Expr:
+        """`w[:, j]` where the schedule serves no gathers (a row's per-row values): the
+        tensor's element at position j of the literal axis, this element's elsewhere (the
+        tensor is dense: the offset is the row-major sum over its axes)."""
+        name, axis = n.attr
+        t = self.graph.tensor(name)
+        e: ir.Expr = ir.Lit(0, IDX)
+        for i, a in enumerate(t.axes):
+            p = ir.Lit(known, IDX) if a == axis else ir.Cast(IDX, self.position(a))
+            e = p if i == 0 else e * self.size(a) + p
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.scalar(name), e))
 
     def gather_position(self, n: Node, report_if: Optional[ir.Expr] = None
                         ) -> tuple[list[ir.Stmt], ir.Expr]:
@@ -227,6 +242,9 @@ class ElementLowering:
         """The index of gather `n`, checked: out of range, the error is recorded in mf_err
         (where `report_if` holds, if given) and position 0 read instead."""
         name, axis = n.attr
+        known = literal_index(self.graph, n)
+        if known is not None:           # w[:, j]: a constant element of a literal dim
+            return ir.Lit(known, IDX)
         count = next(self._ids)
         i, ok = f"mf_take{count}", f"mf_take{count}_ok"
         site = take_sites(self.graph).index(n)
@@ -345,9 +363,10 @@ def _typed(*args: ir.Expr) -> tuple[ir.Expr, ...]:
 
 
 def _ident(axis: str) -> str:
-    """An axis name as part of an identifier: "K/8" → "K_div8"."""
+    """An axis name as part of an identifier: "K/8" → "K_div8", "w[1]" → "w_dim1"."""
     out = axis
-    for a, b in (("/", "_div"), ("*", "_mul"), ("+", "_add"), ("-", "_sub"), (" ", "")):
+    for a, b in (("/", "_div"), ("*", "_mul"), ("+", "_add"), ("-", "_sub"), (" ", ""),
+                 ("[", "_dim"), ("]", "")):
         out = out.replace(a, b)
     return out
 

@@ -43,6 +43,7 @@ from ..graph import (
     ScalarParam,
     TensorParam,
     UnaryOp,
+    literal_size,
     topo_order,
 )
 from .base import IDX
@@ -529,6 +530,9 @@ class ReductionContext:
         return output_stype(self.graph, self.tvars, k)
 
     def size(self, axis: str) -> ir.Expr:
+        fixed = literal_size(self.graph, axis)     # a literal dim: a constant of the kernel
+        if fixed is not None:
+            return ir.Lit(fixed, IDX)
         if axis not in self.sizes_used:
             self.sizes_used.append(axis)
         return ir.Var(f"mf_size_{ident(axis)}")

@@ -120,7 +120,8 @@ def cover(kernel, variant: CheckVariant, insts, dims, backend: Optional[str], pi
     """Boundary examples at both index widths (`pinned` runs them); marks what no allowed size
     can select."""
     ran = 0
-    plain = dim_plan(variant.graph.params).plain
+    plan = dim_plan(variant.graph.params)
+    plain = plan.plain
     for idx64 in sorted({k[0] for k in insts}):
         runner = kernel.with_launch(index64=True) if idx64 else kernel
         s = _spec(runner, variant, backend).schedule(idx64)
@@ -140,10 +141,13 @@ def cover(kernel, variant: CheckVariant, insts, dims, backend: Optional[str], pi
             at = dict(dims) if b is None else {**dims, axis: b}
             ran += pinned(runner, variant, at)
         ran += _cover_selected(runner, variant, insts, dims, s, idx64, pinned)
-        if axis in dims:
+        fixed = (f"dims= pins '{axis}' to {dims[axis]!r}" if axis in dims else
+                 f"'{axis}' is a literal dim of size {plan.literal[axis]}"
+                 if axis in plan.literal else None)
+        if fixed:
             for (w, host), inst in insts.items():
                 if w == idx64 and not inst.launches:
-                    inst.unreachable = f"dims= pins '{axis}' to {dims[axis]!r}"
+                    inst.unreachable = fixed
     return ran
 
 

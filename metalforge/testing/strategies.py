@@ -82,19 +82,23 @@ class DimPlan:
     derived: dict[str, AxisSpec]          # derived axis name -> spec
     batch: tuple[str, ...]
     tensors: int                          # tensor parameters (for the memory estimate)
+    literal: dict[str, int] = field(default_factory=dict)   # literal dim -> its fixed size
 
 
 def dim_plan(params: Iterable[Param]) -> DimPlan:
     plain: dict[str, int] = {}
     derived: dict[str, AxisSpec] = {}
     batch: list[str] = []
+    literal: dict[str, int] = {}
     n = 0
     for p in params:
         if not isinstance(p, TensorParam):
             continue
         n += 1
         for d in p.dims:
-            if d.batch:
+            if d.size is not None:          # "T[C, 4]": not drawn
+                literal[d.name] = d.size
+            elif d.batch:
                 if d.name not in batch:
                     batch.append(d.name)
             elif d.derived:
@@ -102,7 +106,9 @@ def dim_plan(params: Iterable[Param]) -> DimPlan:
                 plain[d.base] = math.lcm(plain.get(d.base, 1), base_multiple(d))
             else:
                 plain.setdefault(d.name, 1)
-    return DimPlan(plain, derived, tuple(batch), n)
+    for name in literal:
+        plain.pop(name, None)               # "K=4" here, plain "K" in another annotation
+    return DimPlan(plain, derived, tuple(batch), n, literal)
 
 
 def _size_choices(pin: Any, name: str) -> st.SearchStrategy[int]:
@@ -154,6 +160,9 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
             spec = plan.derived[name]
             raise ValueError(f"dims: '{name}' is derived from '{spec.base}'; pin '{spec.base}' "
                              f"instead")
+        if name in plan.literal:
+            raise ValueError(f"dims: '{name}' is a literal dim: its size is "
+                             f"{plan.literal[name]}, fixed by the annotation")
         if name not in plan.plain and name not in plan.batch:
             known = sorted(plan.plain) + [f"*{b}" for b in plan.batch]
             raise ValueError(f"dims: the kernel has no dim '{name}' (its dims: "
@@ -184,7 +193,7 @@ def sizes(draw, plan: DimPlan, *, pinned: Optional[Mapping[str, Any]] = None,
         cap = max(multiple, budget // (product * rest))
         out[name] = 0 if name == zero else _free_size(draw, cap, multiple)
         product *= max(out[name], 1)
-    out = {n: out[n] for n in names}
+    out = {n: out[n] for n in names} | plan.literal
     for name, spec in plan.derived.items():
         out[name] = (out[spec.base] * spec.mul) // spec.div + spec.add
     for name in plan.batch:

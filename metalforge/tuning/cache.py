@@ -108,7 +108,7 @@ def graph_text(graph: Graph) -> str:
     for p in graph.params:
         if isinstance(p, TensorParam):
             dims = ",".join(f"{'^' if d.joined else ''}{d.name}{'*' if d.batch else ''}"
-                            for d in p.dims)
+                            f"{'' if d.size is None else f'={d.size}'}" for d in p.dims)
             lines.append(f"tensor {p.name} {p.dtype.name} [{dims}]")
         elif isinstance(p, ScalarParam):
             lines.append(f"scalar {p.name} {p.dtype.name}")

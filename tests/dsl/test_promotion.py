@@ -79,7 +79,7 @@ def test_weak_python_scalars(ta):
         if want is not None:        # torch has a CPU kernel for this dtype
             assert out.dtype.torch == want, (ta, out)
             compared += 1
-    assert compared >= (1 if ta in ("u16", "u32") else 8)
+    assert compared >= (1 if ta in ("u16", "u32", "u64") else 8)
 
 
 @pytest.mark.parametrize("ta", NAMES)
@@ -222,3 +222,22 @@ def test_comparisons_round_float_scalars_to_the_half_dtype(dt):
     x = torch.tensor([0.1, 0.0999755859375, 0.10009765625, 0.09997558]).to(dt)
     eq, lt, ge = k.reference(x, 0.1)
     assert torch.equal(eq, x == 0.1) and torch.equal(lt, x < 0.1) and torch.equal(ge, x >= 0.1)
+
+
+def test_64_bit_integer_tensors_promote_as_torch():
+    @mf.kernel
+    def mix(a: "i64[N]", b: "i32[N]", h: "f16[N]", u: "u64[N]"):
+        return a + b, a * 2.5, a + h, u + 1, u * h, a // b, u >> 2
+    args = (sample("i64"), sample("i32"), sample("f16"), sample("u64"))
+    got = [o.dtype.torch for o in mix.graph(*args).outputs]
+    a, b, h, u = args
+    want = [torch.result_type(a, b), torch.result_type(a, 2.5), torch.result_type(a, h),
+            torch.result_type(u, 1), torch.result_type(u, h), torch.int64, torch.uint64]
+    assert got == want == [torch.int64, torch.float32, torch.float16, torch.uint64,
+                           torch.float16, torch.int64, torch.uint64]
+
+    @mf.kernel
+    def signed_unsigned(u: "u64[N]", b: "i32[N]"):
+        return u + b
+    with pytest.raises(mf.TraceError, match="does not promote"):
+        signed_unsigned.graph(sample("u64"), sample("i32"))

@@ -53,6 +53,8 @@ def _inputs(kernel, seed=0, dtype=torch.float32, requires_grad=False):
                 shape += [2, 3]
             elif d.derived:
                 shape.append(sizes[d.base] * d.mul // d.div + d.add)
+            elif d.size is not None:          # a literal dim: its fixed size
+                shape.append(d.size)
             elif d.joined:                    # "(G R)": one dim of G * R
                 shape[-1] *= sizes.setdefault(d.name, 2)
             else:

@@ -63,6 +63,8 @@ def inputs(kernel, sizes, dtype="f32", seed=0):
                     shape += [2, 3]
                 elif d.derived:
                     shape.append(sizes[d.base] * d.mul // d.div + d.add)
+                elif d.size is not None:    # a literal dim: its fixed size
+                    shape.append(d.size)
                 else:
                     shape.append(math.prod(sizes[a.name] for a in axes))
             if p.dtype is None or p.dtype.is_float:
@@ -92,7 +94,7 @@ def check_against_reference(kernel, args, dtype, **kw):
 
 
 SIZES = {"D": 100, "R": 37, "S": 7, "L": 9, "F": 33, "N": 5, "K": 128, "M": 3, "B": 2, "H": 3,
-         "E": 64, "V": 11, "NB": 6, "BS": 4, "G": 2, "P": 3}
+         "E": 64, "V": 11, "NB": 6, "BS": 4, "G": 2, "P": 3, "C": 5}
 GATHERS = {n for n, k in EXAMPLES.items() if take_sites(k.graph(T="f32"))}
 
 

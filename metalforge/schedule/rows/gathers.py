@@ -58,8 +58,8 @@ def row_takes(k: RowKernel, roots: list[Node], held: set[str]
     shuffled: list[Node] = []
     sites = take_sites(ctx.graph)
     loaded = ctx.loaded_gathers[k.name]
-    for n in sorted((n for n in element_nodes(ctx, roots) if n.op == Op.TAKE),
-                    key=sites.index):
+    for n in sorted((n for n in element_nodes(ctx, roots) if n.op == Op.TAKE and n in sites),
+                    key=sites.index):       # (w[:, j] of a literal dim is no site: a load)
         name, axis = n.attr
         if n in k.stored:             # kept in registers by an earlier phase
             continue
