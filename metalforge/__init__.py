@@ -73,12 +73,14 @@ from .frontend.ops import (
     unpack,
     where,
 )
+from .frontend.ops import cummax, cummin, cumprod, cumsum, logcumsumexp  # scans
 from .runtime import backend
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp", "take", "unpack")
+_OPS += ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

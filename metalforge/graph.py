@@ -118,7 +118,10 @@ class Op(_Name):
                 the tensor's element at position `index` along `axis` (its other axes at
                 this element's positions): a gather. The node's axes are the tensor's without
                 `axis`, plus the index's. An index outside [0, size) is an error the kernel
-                reports (`take_sites` numbers the TAKE nodes for its report)"""
+                reports (`take_sites` numbers the TAKE nodes for its report)
+        SCAN    attr = (kind, axis), kind a `ScanOp`          args = (x,)
+                the inclusive scan of x along `axis` (torch.cumsum and friends): the node
+                keeps x's axes; element i combines x's elements 0..i along `axis`"""
     LOAD = "load"
     SCALAR = "scalar"
     CONST = "const"
@@ -131,6 +134,7 @@ class Op(_Name):
     REDUCE = "reduce"
     UNPACK = "unpack"
     TAKE = "take"
+    SCAN = "scan"
 
 
 class _Kind(_Name):
@@ -195,6 +199,15 @@ class ReduceOp(_Kind):
     PROD = "prod"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
+
+
+class ScanOp(_Kind):
+    """The kind of a SCAN node: the DSL function (and torch's) of the same name."""
+    CUMSUM = "cumsum"
+    CUMPROD = "cumprod"
+    CUMMAX = "cummax"
+    CUMMIN = "cummin"
+    LOGCUMSUMEXP = "logcumsumexp"
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ import torch
 from .dtypes import BOOL, DType
 from .errors import GatherIndexError, empty_extreme
 from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, UnaryOp, topo_order
+from .graph import ScanOp
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -45,6 +46,10 @@ _BINARY: dict[BinaryOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = 
 _REDUCE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
     ReduceOp.SUM: torch.sum, ReduceOp.PROD: torch.prod, ReduceOp.MAX: torch.amax,
     ReduceOp.MIN: torch.amin, ReduceOp.ARGMAX: torch.argmax, ReduceOp.ARGMIN: torch.argmin,
+}
+_SCAN: dict[ScanOp, Callable[..., Any]] = {
+    ScanOp.CUMSUM: torch.cumsum, ScanOp.CUMPROD: torch.cumprod, ScanOp.CUMMAX: torch.cummax,
+    ScanOp.CUMMIN: torch.cummin, ScanOp.LOGCUMSUMEXP: torch.logcumsumexp,
 }
 _EXTREMES = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)   # none of 0 values
 
@@ -222,7 +227,18 @@ class _Evaluator:
             return _take(self.tensor(name).to(ct), self.graph.tensor(name).axes, axis,
                          self.align(n.args[0], n.axes), n.axes, sizes,
                          f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'")
+        if n.op == Op.SCAN:
+            return self.scan(n, args[0], ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
+
+    def scan(self, n: Node, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+        """A scan along its axis with torch's own function (float64 for floats, rounded to
+        fp32 once; cummax/cummin keep their values, not their indices)."""
+        kind, axis = n.attr
+        dim = n.args[0].axes.index(axis)
+        r = _SCAN[kind](x.to(ct), dim=dim)
+        return self.wrap((r.values if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) else r).to(ct),
+                         n.dtype)
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         x = n.args[0]
