@@ -19,6 +19,7 @@ from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
 from . import attention, column, elementwise, quant, rows
+from . import scan
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -98,6 +99,10 @@ def _build_column(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) 
     return column.build(graph, policy, index64)
 
 
+def _build_scan(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) -> Schedule:
+    return scan.build(graph, policy, index64)
+
+
 def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
                        outputs: object) -> Schedule:
     return elementwise.build(graph, policy, index64)
@@ -105,6 +110,9 @@ def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
 
 # In order: the first pattern whose `when` holds and whose `find` finds a form is the family.
 PATTERNS: tuple[Pattern, ...] = (
+    # scans along one axis (mf.cumsum...), with elementwise work around them; a scan with a
+    # reduction is refused here, clearly (scan.match)
+    Pattern("scan", lambda f: True, lambda g, f: scan.match(g), _build_scan),
     # a reduction whose argument unpacks packed words
     Pattern("quant", lambda f: bool(f.reductions), lambda g, f: quant.match(g), quant.build),
     # sum(softmax(s, L) * V, L) with s summed products over another axis E

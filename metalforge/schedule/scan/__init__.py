@@ -1,0 +1,40 @@
+"""The scan schedule: inclusive scans along one axis (mf.cumsum, cumprod, cummax, cummin,
+logcumsumexp), with the elementwise work before and after them fused in.
+
+Two kernels; the graph's layout picks one (`context.is_inner`):
+
+- ``row`` (the scan axis innermost, contiguous, in every tensor and output that has it): one
+  threadgroup per row, of ceil(D / R) threads in whole simdgroups up to threads_per_group
+  (set at launch from the row's length: `ScanSchedule.group_threads`). The row streams in
+  chunks of threads x R elements; for each chunk: (1) each thread loads its R contiguous
+  elements (vector loads where the row is a multiple of the vector width and the block lies
+  wholly in the row; guarded scalar loads at the row's end: the rows schedule's `load_block`);
+  (2) computes the scanned values and scans them serially in registers (mf_scan{i}, the
+  thread's total mf_run{i}); (3) the simdgroup's exclusive prefix of the threads' totals
+  (simd_prefix_exclusive_sum for sums; a shuffle-up ladder with the scan's combine for the
+  others); (4) the threadgroup carry: each simdgroup's total through threadgroup memory, a
+  barrier, each thread combining those before its simdgroup, and the chunk's total; (5) each
+  element combined with the running carry of the earlier chunks and the prefixes before its
+  thread, the outputs computed from it and stored. Work-efficient at any length: every element
+  is read once, combined a constant number of times, written once.
+- ``column`` (the scan axis outer somewhere): one thread per column of the other axes (the
+  contiguous one fastest, so neighbouring threads read neighbouring addresses), scanning
+  serially along the axis, each element read and written once.
+
+Not built yet: a split of few very long rows over several threadgroups (block totals, a scan
+of the totals, an apply pass; never decoupled look-back, since Metal promises no forward
+progress between threadgroups): a row runs in one threadgroup, so 64 rows of 65536 keep 64
+threadgroups busy.
+
+f16/bf16 values scan in fp32 (`Scan.acc_type`), integers (cummax/cummin only) in int/uint.
+Modules: `context` (the checks, the `Scan`s, the contexts), `blocks` (combines, identities,
+the simdgroup prefix and the threadgroup carry), `kernels` (the row and column kernels),
+`plan` (`ScanSchedule`, the host side), `build`.
+"""
+from __future__ import annotations
+
+from .build import build
+from .context import Scan, match, scans_of
+from .plan import ScanSchedule
+
+__all__ = ["Scan", "ScanSchedule", "build", "match", "scans_of"]

@@ -1,0 +1,185 @@
+"""The two scan kernels: `row` (the scan axis innermost: one threadgroup per row, streamed in
+chunks, a serial scan in registers, a simdgroup prefix and a threadgroup carry) and `column`
+(the scan axis outer: one thread per column of the other axes, scanning serially along the
+axis, neighbouring threads on neighbouring addresses)."""
+from __future__ import annotations
+
+from ... import ir
+from ...graph import Node
+from .. import reduce
+from ..base import IDX, make_kernel
+from ..column import ColumnContext, ColumnKernel
+from ..lower import ElementLowering
+from ..rows.context import RowContext, RowKernel, Section, outer_load
+from ..rows.gathers import element_lowering
+from ..rows.kernels import group_header
+from ..rows.loads import each_slot, load_block, store_block
+from .blocks import (
+    acc_value,
+    combine,
+    helpers,
+    identity,
+    lit,
+    result,
+    simd_exclusive,
+    tg_arrays,
+    threadgroup_carry,
+)
+from .context import Scan, reads, vector_width
+
+Built = tuple[ir.LoweredKernel, reduce.VariantParts]
+
+
+def title(scans: list[Scan]) -> str:
+    return ", ".join(f"{s.kind} over {s.node.attr[1]}" for s in scans)
+
+
+def cones(ctx: reduce.ReductionContext, scans: list[Scan]) -> tuple[list[str], list[Node]]:
+    """(the tensors along the axis the scans' arguments and the outputs read, the per-row
+    values they use), the outputs' read through the scans' results."""
+    roots = [s.arg for s in scans] + [o.node for o in ctx.graph.outputs]
+    return ctx.cone(roots, {s.node for s in scans})
+
+
+# -- the row kernel -------------------------------------------------------------------------
+
+def row(ctx: RowContext, scans: list[Scan]) -> Built:
+    """One threadgroup per row, chunks of threads x R elements in turn, a running carry."""
+    parts = reduce.variant_parts(ctx, "scan", lambda p, n: outer_load(ctx, p, n))
+    k = RowKernel(ctx, parts, reads(ctx), vector_width(ctx), staged={}, interleaved=False,
+                  strided=False, keep={})
+    tensors, frontier = cones(ctx, scans)
+    for t in tensors:
+        parts.passes[t] = 1
+    for s in scans:
+        ctx.helpers.update(helpers(s))
+    rowvals = parts.row_values.lower(frontier)
+    chunk: list[ir.Stmt] = [
+        ir.Comment("phase 1: this thread's R elements of the chunk into registers"),
+        ir.Decl("mf_base", "uint", (ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")) *
+                lit(k.reads))]
+    if tensors:
+        chunk += load_block(k, tensors, declare=True)
+    chunk += serial_scan(k, scans, frontier)
+    chunk.append(ir.Comment("phase 3: the simdgroup's prefix of the threads' totals"))
+    for s in scans:
+        chunk += simd_exclusive(s)
+    chunk.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
+                            "before this one, and of the whole chunk"))
+    chunk += threadgroup_carry(scans)
+    for s in scans:
+        carry = ir.Var(s.name("carry"))
+        chunk += [ir.Decl(s.name("pre"), s.acc_type, combine(s, combine(
+                      s, carry, ir.Var(s.name("before"))), ir.Var(s.name("excl")))),
+                  ir.Assign(carry, combine(s, carry, ir.Var(s.name("chunk"))))]
+    chunk += apply(k, scans, frontier)
+    threads, head = group_header()
+    length = ir.Cast("uint", ctx.size(ctx.axis))
+    span = ir.Var("mf_tpg") * lit(k.reads)
+    head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
+    if k.vw > 1:
+        whole = (ctx.size(ctx.axis) % ir.Lit(k.vw, IDX)).eq(ir.Lit(0, IDX))
+        head.append(ir.Decl("mf_vec_ok", "bool", whole))
+    carries: list[ir.Stmt] = [ir.Comment("the running value of the chunks before")]
+    carries += [ir.Decl(s.name("carry"), s.acc_type, identity(s), const=False) for s in scans]
+    body = list(tg_arrays(scans)) + head + parts.pre + rowvals + carries + [
+        ir.For("mf_j", "uint", lit(0), ir.Var("mf_chunks"), chunk)]
+    summary = (f"{ctx.graph.name} (row): {title(scans)} along each row of "
+               f"[{', '.join(ctx.outer)}], one threadgroup per row in chunks of threads x "
+               f"{k.reads} elements: a serial scan in registers, a simdgroup prefix, a "
+               f"threadgroup carry; {k.vw}-wide loads/stores where aligned; fp32 accumulation")
+    return make_kernel(ctx.graph, ctx.index64, threads, body, summary, "row"), parts
+
+
+def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir.Stmt]:
+    """`body` for each slot where the thread's block lies wholly in the row (no checks),
+    else `checked` (which checks mf_pos itself)."""
+    pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+    inside = ir.Var("mf_base") + lit(k.reads) <= k.ctx.size(k.ctx.axis)
+    return [ir.If(inside, [each_slot(k, (pos if ir.mentions(body, "mf_pos") else []) + body)], [
+        ir.Comment("the row's end: each element checked"), each_slot(k, pos + checked)])]
+
+
+def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt]:
+    """Phase 2: each element's scanned value, combined in order into the thread's running
+    value mf_run{i}, which each slot of mf_scan{i} records (positions past the row's end
+    leave it as it is)."""
+    el = element_lowering(k, Section(), frontier)
+    values = el.lower([s.arg for s in scans])
+    k.ctx.helpers.update(el.helpers)
+    out: list[ir.Stmt] = [ir.Comment("phase 2: the serial (inclusive) scan of the thread's "
+                                     "elements, in registers")]
+    folds: list[ir.Stmt] = []
+    records: list[ir.Stmt] = []
+    for s in scans:
+        run = ir.Var(s.name("run"))
+        out += [ir.ArrayDecl(s.name("scan"), s.acc_type, k.reads),
+                ir.Decl(run.name, s.acc_type, identity(s), const=False)]
+        folds.append(ir.Assign(run, combine(s, run, acc_value(s, el.value(s.arg)))))
+        records.append(ir.Assign(ir.Lane(ir.Var(s.name("scan")), ir.Var("mf_k")), run))
+    guard = ir.Var("mf_pos") < k.ctx.size(k.ctx.axis)
+    return out + in_row(k, values + folds + records,
+                        [ir.If(guard, values + folds)] + records)
+
+
+def apply(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt]:
+    """Phase 5: each slot's scanned value with the thread's prefix before it, the outputs'
+    values from it (the epilogue), stored."""
+    ctx = k.ctx
+    el = element_lowering(k, Section(), frontier, prefix="mf_o")
+    fix: list[ir.Stmt] = []
+    for s in scans:
+        at = ir.Lane(ir.Var(s.name("scan")), ir.Var("mf_k"))
+        fix.append(ir.Assign(at, combine(s, ir.Var(s.name("pre")), at)))
+        el.values[s.node] = result(s, at)
+    outs = list(range(len(ctx.graph.outputs)))
+    values = el.lower([ctx.graph.outputs[j].node for j in outs])
+    ctx.helpers.update(el.helpers)
+    regs = [ir.Assign(ir.Lane(ir.Var(f"mf_reg_{ctx.out_names[j]}"), ir.Var("mf_k")),
+                      ctx.out_value(j, el)) for j in outs]
+    decls: list[ir.Stmt] = [ir.ArrayDecl(f"mf_reg_{ctx.out_names[j]}", ctx.out_stype(j),
+                                         k.reads) for j in outs]
+    guard = ir.Var("mf_pos") < ctx.size(ctx.axis)
+    return [ir.Comment("phase 5: the prefix before this thread applied; the outputs")] + \
+        decls + in_row(k, fix + values + regs, [ir.If(guard, fix + values + regs)]) + \
+        store_block(k, outs)
+
+
+# -- the column kernel ------------------------------------------------------------------------
+
+def column(ctx: ColumnContext, scans: list[Scan]) -> Built:
+    """One thread per column, scanning serially along the axis."""
+    parts = reduce.variant_parts(ctx, "scan", lambda p, n: ColumnKernel(ctx, p).col_load(n))
+    ck = ColumnKernel(ctx, parts)
+    tensors, frontier = cones(ctx, scans)
+    for t in tensors:
+        parts.passes[t] = 1
+    for s in scans:
+        ctx.helpers.update(helpers(s))
+    colvals = parts.row_values.lower(frontier)
+    el = ElementLowering(ctx.graph, ck.col_load, ck.el_position, ctx.size,
+                         lambda n: ctx.names[n], prefix="mf_v")
+    for n in frontier:
+        el.values[n] = parts.row_values.value(n)
+    body = el.lower([s.arg for s in scans])
+    carries: list[ir.Stmt] = [ir.Comment("the running value of each scan")]
+    for s in scans:
+        run = ir.Var(s.name("run"))
+        carries.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
+        body.append(ir.Assign(run, combine(s, run, acc_value(s, el.value(s.arg)))))
+        el.values[s.node] = result(s, run)
+    graph = ctx.graph
+    body += el.lower([o.node for o in graph.outputs])
+    ctx.helpers.update(el.helpers)
+    for j, o in enumerate(graph.outputs):
+        name = ctx.out_names[j]
+        body.append(ir.Store(name, ck.at(name, o.axes), ctx.out_value(j, el)))
+    threads, head = ck.header("column", 1)
+    loop = ir.For("mf_k", "uint", lit(0), ir.Cast("uint", ctx.size(ctx.axis)), body)
+    main = parts.pre + colvals + carries + [
+        ir.Comment(f"along '{ctx.axis}': each element's value, combined into the running "
+                   f"value, the outputs stored"), loop]
+    summary = (f"{graph.name} (column): {title(scans)} (not innermost) for each column of "
+               f"[{', '.join(ctx.outer)}], one thread per column scanning serially; fp32 "
+               f"accumulation")
+    return make_kernel(graph, ctx.index64, threads, head + main, summary, "column"), parts
