@@ -90,8 +90,10 @@ def simd_exclusive(s: Scan) -> list[ir.Stmt]:
             ir.Decl(up.name, s.acc_type, ir.Call("simd_shuffle_up", (ir.Var(incl), step))),
             ir.If(lane >= step, [ir.Assign(ir.Var(incl), combine(s, up, ir.Var(incl)))])],
             unroll=True),
-        ir.Decl(excl, s.acc_type, ir.Select(lane.eq(lit(0)), identity(s), ir.Call(
-            "simd_shuffle_up", (ir.Var(incl), lit(1))))),
+        ir.Comment("every lane shuffles (a collective), lane 0 then takes the identity"),
+        ir.Decl(s.name("prev"), s.acc_type, ir.Call("simd_shuffle_up", (ir.Var(incl), lit(1)))),
+        ir.Decl(excl, s.acc_type, ir.Select(lane.eq(lit(0)), identity(s),
+                                            ir.Var(s.name("prev")))),
         ir.Decl(s.name("simd"), s.acc_type, ir.Call("simd_shuffle", (ir.Var(incl), last)))]
 
 

@@ -53,9 +53,11 @@ def row(ctx: RowContext, scans: list[Scan]) -> Built:
         parts.passes[t] = 1
     for s in scans:
         ctx.helpers.update(helpers(s))
+    if k.vw == 8:                             # 16-byte accesses of 2-byte types
+        ctx.helpers.add("mf_pack8_of")
     rowvals = parts.row_values.lower(frontier)
     chunk: list[ir.Stmt] = [
-        ir.Comment("phase 1: this thread's R elements of the chunk into registers"),
+        ir.Comment(f"phase 1: this thread's {k.reads} elements of the chunk into registers"),
         ir.Decl("mf_base", "uint", (ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")) *
                 lit(k.reads))]
     if tensors:
