@@ -268,7 +268,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
-    "scan": ("threads_per_group", "vector_width", "reads_per_thread", "index64"),
+    "scan": ("threads_per_group", "reads_per_thread", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }
