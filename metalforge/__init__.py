@@ -45,6 +45,10 @@ from .frontend.ops import (
     ceil,
     clamp,
     cos,
+    cummax,
+    cummin,
+    cumprod,
+    cumsum,
     erf,
     exp,
     exp2,
@@ -54,6 +58,7 @@ from .frontend.ops import (
     log,
     log2,
     log_softmax,
+    logcumsumexp,
     logsumexp,
     max,
     maximum,
@@ -73,7 +78,6 @@ from .frontend.ops import (
     unpack,
     where,
 )
-from .frontend.ops import cummax, cummin, cumprod, cumsum, logcumsumexp  # scans
 from .runtime import backend
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",

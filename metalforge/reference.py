@@ -21,8 +21,7 @@ import torch
 
 from .dtypes import BOOL, DType
 from .errors import GatherIndexError, empty_extreme
-from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, UnaryOp, topo_order
-from .graph import ScanOp
+from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, ScanOp, UnaryOp, topo_order
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {

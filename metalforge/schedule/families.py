@@ -18,8 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, rows
-from . import scan
+from . import attention, column, elementwise, quant, rows, scan
 from .base import Schedule
 from .policy import LaunchPolicy
 

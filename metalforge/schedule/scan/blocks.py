@@ -115,8 +115,8 @@ def threadgroup_carry(scans: list[Scan]) -> list[ir.Stmt]:
         loop += [ir.Decl(got, s.acc_type, ir.Lane(tg, sl)),
                  ir.If(sl < sg, [ir.Assign(before, combine(s, before, ir.Var(got)))]),
                  ir.Assign(chunk, combine(s, chunk, ir.Var(got)))]
-    return [ir.If(ir.Var("mf_lane").eq(lit(0)), writes), ir.Barrier()] + decls + [
-        ir.For("mf_s", U, lit(0), nsg, loop), ir.Barrier()]
+    out: list[ir.Stmt] = [ir.If(ir.Var("mf_lane").eq(lit(0)), writes), ir.Barrier()]
+    return out + decls + [ir.For("mf_s", U, lit(0), nsg, loop), ir.Barrier()]
 
 
 def tg_arrays(scans: list[Scan]) -> list[ir.ArrayDecl]:

@@ -137,7 +137,7 @@ def apply(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt
     outs = list(range(len(ctx.graph.outputs)))
     values = el.lower([ctx.graph.outputs[j].node for j in outs])
     ctx.helpers.update(el.helpers)
-    regs = [ir.Assign(ir.Lane(ir.Var(f"mf_reg_{ctx.out_names[j]}"), ir.Var("mf_k")),
+    regs: list[ir.Stmt] = [ir.Assign(ir.Lane(ir.Var(f"mf_reg_{ctx.out_names[j]}"), ir.Var("mf_k")),
                       ctx.out_value(j, el)) for j in outs]
     decls: list[ir.Stmt] = [ir.ArrayDecl(f"mf_reg_{ctx.out_names[j]}", ctx.out_stype(j),
                                          k.reads) for j in outs]
