@@ -187,3 +187,22 @@ def test_cuda_translation_compiles_against_the_shim(tmp_path):
                             f"-I{INCLUDE_DIR}", "-x", "c++", str(f)], capture_output=True,
                            text=True)
         assert r.returncode == 0, r.stderr[:4000]
+
+
+def test_mlx_runs_the_same_source():
+    """The source the MLX backend builds (mx.fast.metal_kernel's body), run by the simulator
+    on MLX arrays as tests/runtime/test_mlx.py does: long rows over several chunks, and the
+    column kernel."""
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    from metalforge.runtime import mlx as mfx
+    mx.random.seed(0)
+    for k, x in ((scans_row.with_launch(ONE_SIMDGROUP), mx.random.normal((3, 700)) + 4.0),
+                 (scans_col, mx.random.normal((70, 3)) + 4.0)):
+        with mf.backend("sim"):
+            got = k(x)
+        want = torch_scans(torch.from_numpy(np.array(x)), 0 if k is scans_col else 1)
+        for g, w in zip(got, want):
+            assert mfx.is_array(g)
+            torch.testing.assert_close(torch.from_numpy(np.array(g)), w, rtol=1e-4, atol=1e-4)
