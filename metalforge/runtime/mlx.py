@@ -301,6 +301,12 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
     block of keys per query row (key_splits 1), a column reduction one chunk of the reduced
     axis (fill_groups 0: no partials to merge in a second launch)."""
     family = sched_mod.family(graph)
+    if family == "scan":                # one threadgroup a row: no totals launch first
+        if (launch or {}).get("fill_groups", 0):
+            raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "
+                              f"scan keeps each row in one threadgroup; got "
+                              f"launch={dict(launch or {})}")
+        return {**(launch or {}), "fill_groups": 0}
     if family == "column":
         if (launch or {}).get("fill_groups", 0):
             raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "

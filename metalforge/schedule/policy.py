@@ -228,9 +228,11 @@ POLICIES: dict[str, LaunchPolicy] = {
                            chunk_rows=128),
     # scans (schedule/scan/): the row kernel's threadgroup holds a chunk of
     # threads_per_group x reads_per_thread elements of a row (fewer threads for shorter rows,
-    # chosen per call); vector_width an upper bound (16 bytes at most). Untuned.
+    # chosen per call); vector_width an upper bound (16 bytes at most); rows of several chunks
+    # split into segments (a totals launch first) where the rows alone make fewer than
+    # fill_groups threadgroups (0: never). Untuned.
     "scan": LaunchPolicy("scan", threads_per_group=1024, vector_width=8, reads_per_thread=8,
-                         uses_simd=True),
+                         uses_simd=True, fill_groups=256),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
 # the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and
@@ -268,7 +270,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
-    "scan": ("threads_per_group", "reads_per_thread", "index64"),
+    "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }

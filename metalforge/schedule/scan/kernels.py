@@ -14,6 +14,7 @@ from ..rows.context import RowContext, RowKernel, Section, outer_load
 from ..rows.gathers import element_lowering
 from ..rows.kernels import group_header
 from ..rows.loads import each_slot, load_block, store_block
+from . import segments
 from .blocks import (
     acc_value,
     combine,
@@ -34,21 +35,26 @@ def title(scans: list[Scan]) -> str:
     return ", ".join(f"{s.kind} over {s.node.attr[1]}" for s in scans)
 
 
-def cones(ctx: reduce.ReductionContext, scans: list[Scan]) -> tuple[list[str], list[Node]]:
-    """(the tensors along the axis the scans' arguments and the outputs read, the per-row
+def cones(ctx: reduce.ReductionContext, scans: list[Scan], outputs: bool = True
+          ) -> tuple[list[str], list[Node]]:
+    """(the tensors along the axis the scans' arguments and the `outputs` read, the per-row
     values they use), the outputs' read through the scans' results."""
-    roots = [s.arg for s in scans] + [o.node for o in ctx.graph.outputs]
+    roots = [s.arg for s in scans] + ([o.node for o in ctx.graph.outputs] if outputs else [])
     return ctx.cone(roots, {s.node for s in scans})
 
 
 # -- the row kernel -------------------------------------------------------------------------
 
-def row(ctx: RowContext, scans: list[Scan]) -> Built:
-    """One threadgroup per row, chunks of threads x R elements in turn, a running carry."""
-    parts = reduce.variant_parts(ctx, "scan", lambda p, n: outer_load(ctx, p, n))
+def row(ctx: RowContext, scans: list[Scan], totals: bool = False, split: bool = False
+        ) -> Built:
+    """One threadgroup per row (per segment of a row where `split`), chunks of threads x R
+    elements in turn, a running carry; `totals`: only each segment's total, to scratch (the
+    first launch of a split call)."""
+    name = "totals" if totals else "row"
+    parts = reduce.variant_parts(ctx, name, lambda p, n: outer_load(ctx, p, n))
     k = RowKernel(ctx, parts, reads(ctx), vector_width(ctx), staged={}, interleaved=False,
                   strided=False, keep={})
-    tensors, frontier = cones(ctx, scans)
+    tensors, frontier = cones(ctx, scans, outputs=not totals)
     for t in tensors:
         parts.passes[t] = 1
     for s in scans:
@@ -62,35 +68,60 @@ def row(ctx: RowContext, scans: list[Scan]) -> Built:
                 lit(k.reads))]
     if tensors:
         chunk += load_block(k, tensors, declare=True)
-    chunk += serial_scan(k, scans, frontier)
-    chunk.append(ir.Comment("phase 3: the simdgroup's prefix of the threads' totals"))
-    for s in scans:
-        chunk += simd_exclusive(s)
-    chunk.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
-                            "before this one, and of the whole chunk"))
-    chunk += threadgroup_carry(scans)
-    for s in scans:
-        carry = ir.Var(s.name("carry"))
-        chunk += [ir.Decl(s.name("pre"), s.acc_type, combine(s, combine(
-                      s, carry, ir.Var(s.name("before"))), ir.Var(s.name("excl")))),
-                  ir.Assign(carry, combine(s, carry, ir.Var(s.name("chunk"))))]
-    chunk += apply(k, scans, frontier)
-    threads, head = group_header()
-    length = ir.Cast("uint", ctx.size(ctx.axis))
-    span = ir.Var("mf_tpg") * lit(k.reads)
-    head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
+    chunk += serial_scan(k, scans, frontier, record=not totals)
+    chunk += across(scans, totals)
+    if not totals:
+        chunk += apply(k, scans, frontier)
+    threads, head = segments.header(ctx) if split else group_header()
+    if not split:
+        length = ir.Cast("uint", ctx.size(ctx.axis))
+        span = ir.Var("mf_tpg") * lit(k.reads)
+        head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
     if k.vw > 1:
         whole = (ctx.size(ctx.axis) % ir.Lit(k.vw, IDX)).eq(ir.Lit(0, IDX))
         head.append(ir.Decl("mf_vec_ok", "bool", whole))
     carries: list[ir.Stmt] = [ir.Comment("the running value of the chunks before")]
     carries += [ir.Decl(s.name("carry"), s.acc_type, identity(s), const=False) for s in scans]
+    if split and not totals:
+        carries += segments.carry_in(ctx, scans)
+    first, stop = (ir.Var("mf_j0"), ir.Var("mf_j1")) if split else (lit(0), ir.Var("mf_chunks"))
     body = list(tg_arrays(scans)) + head + parts.pre + rowvals + carries + [
-        ir.For("mf_j", "uint", lit(0), ir.Var("mf_chunks"), chunk)]
-    summary = (f"{ctx.graph.name} (row): {title(scans)} along each row of "
-               f"[{', '.join(ctx.outer)}], one threadgroup per row in chunks of threads x "
-               f"{k.reads} elements: a serial scan in registers, a simdgroup prefix, a "
-               f"threadgroup carry; {k.vw}-wide loads/stores where aligned; fp32 accumulation")
-    return make_kernel(ctx.graph, ctx.index64, threads, body, summary, "row"), parts
+        ir.For("mf_j", "uint", first, stop, chunk)]
+    if totals:
+        body += segments.store_totals(ctx, scans)
+    return make_kernel(ctx.graph, ctx.index64, threads, body, summary(k, scans, totals, split),
+                       name), parts
+
+
+def across(scans: list[Scan], totals: bool) -> list[ir.Stmt]:
+    """Phases 3 and 4: the simdgroup's prefix of the threads' totals, the threadgroup carry,
+    each thread's prefix before it (mf_pre{i}; not in the totals kernel) and the running
+    carry past the chunk."""
+    out: list[ir.Stmt] = [ir.Comment("phase 3: the simdgroup's prefix of the threads' totals")]
+    for s in scans:
+        out += simd_exclusive(s)
+    out.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
+                          "before this one, and of the whole chunk"))
+    out += threadgroup_carry(scans)
+    for s in scans:
+        carry = ir.Var(s.name("carry"))
+        if not totals:
+            out.append(ir.Decl(s.name("pre"), s.acc_type, combine(s, combine(
+                s, carry, ir.Var(s.name("before"))), ir.Var(s.name("excl")))))
+        out.append(ir.Assign(carry, combine(s, carry, ir.Var(s.name("chunk")))))
+    return out
+
+
+def summary(k: RowKernel, scans: list[Scan], totals: bool, split: bool) -> str:
+    ctx = k.ctx
+    unit = "per segment of a row (mf_segs a row)" if split else "per row"
+    what = ("each segment's total to scratch (a split call's first launch)" if totals else
+            "a serial scan in registers, a simdgroup prefix, a threadgroup carry" +
+            (", the earlier segments' totals from scratch" if split else ""))
+    return (f"{ctx.graph.name} ({'totals' if totals else 'row'}): {title(scans)} along each "
+            f"row of [{', '.join(ctx.outer)}], one threadgroup {unit} in chunks of threads x "
+            f"{k.reads} elements: {what}; {k.vw}-wide loads/stores where aligned; fp32 "
+            f"accumulation")
 
 
 def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir.Stmt]:
@@ -102,10 +133,11 @@ def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir
         ir.Comment("the row's end: each element checked"), each_slot(k, pos + checked)])]
 
 
-def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt]:
+def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node], record: bool = True
+                ) -> list[ir.Stmt]:
     """Phase 2: each element's scanned value, combined in order into the thread's running
-    value mf_run{i}, which each slot of mf_scan{i} records (positions past the row's end
-    leave it as it is)."""
+    value mf_run{i}, which each slot of mf_scan{i} records where `record` (positions past the
+    row's end leave it as it is; the totals kernel keeps only the running value)."""
     el = element_lowering(k, Section(), frontier)
     values = el.lower([s.arg for s in scans])
     k.ctx.helpers.update(el.helpers)
@@ -115,10 +147,11 @@ def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[i
     records: list[ir.Stmt] = []
     for s in scans:
         run = ir.Var(s.name("run"))
-        out += [ir.ArrayDecl(s.name("scan"), s.acc_type, k.reads),
-                ir.Decl(run.name, s.acc_type, identity(s), const=False)]
+        if record:
+            out.append(ir.ArrayDecl(s.name("scan"), s.acc_type, k.reads))
+            records.append(ir.Assign(ir.Lane(ir.Var(s.name("scan")), ir.Var("mf_k")), run))
+        out.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
         folds.append(ir.Assign(run, combine(s, run, acc_value(s, el.value(s.arg)))))
-        records.append(ir.Assign(ir.Lane(ir.Var(s.name("scan")), ir.Var("mf_k")), run))
     guard = ir.Var("mf_pos") < k.ctx.size(k.ctx.axis)
     return out + in_row(k, values + folds + records,
                         [ir.If(guard, values + folds)] + records)

@@ -1,14 +1,16 @@
 """The scan schedule's host side: `ScanSchedule`, which sizes each call's launch (the row
-kernel's threadgroup from the row's length; the column kernel's threads from the columns) and
-checks the sizes its index types take."""
+kernel's threadgroup from the row's length, and the segments of few long rows; the column
+kernel's threads from the columns) and checks the sizes its index types take."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
+from ... import ir
 from ...errors import LaunchError
-from ..base import Schedule
+from ..base import Schedule, Step
 from ..hardware import SIMD_WIDTH
+from .segments import SEGMENTS
 
 UINT_LIMIT = 2 ** 32
 
@@ -19,6 +21,12 @@ class ScanSchedule(Schedule):
     rows: tuple[str, ...] = ()          # the other axes: the row kernel's rows, the columns
     inner: bool = True                  # the row kernel (axis innermost), else the column one
     reads: int = 8                      # the row kernel's elements per thread and chunk
+    variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
+    scans: int = 1                      # scans in the graph (fp32 totals per segment)
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return tuple(self.variants.values()) or (self.kernel,)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
         n = 1
@@ -32,10 +40,23 @@ class ScanSchedule(Schedule):
         t = -(-max(d, 1) // self.reads)
         return min(self.policy.threads_per_group, -(-t // SIMD_WIDTH) * SIMD_WIDTH)
 
+    def segments(self, sizes: Mapping[str, int]) -> int:
+        """Segments per row (1: one threadgroup a row): where the split kernels are built and
+        the rows make fewer than fill_groups threadgroups, enough segments to reach it, each
+        at least one chunk."""
+        if "totals" not in self.variants:
+            return 1
+        d = sizes[self.axis]
+        chunks = -(-d // (self.group_threads(d) * self.reads))
+        rows = self._rows(sizes)
+        if chunks < 2 or rows == 0 or rows >= self.policy.fill_groups:
+            return 1
+        return min(chunks, -(-self.policy.fill_groups // rows))
+
     @property
     def thresholds(self) -> tuple[int, ...]:
         """Row lengths where the row kernel's behaviour changes: the longest row one chunk
-        holds (`check` tries t - 1, t, t + 1 there)."""
+        holds (`check` tries t - 1, t, t + 1 there: one chunk, or two, and split)."""
         return (self.policy.threads_per_group * self.reads,) if self.inner else ()
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
@@ -52,5 +73,21 @@ class ScanSchedule(Schedule):
         rows = self._rows(sizes)
         if self.inner:
             t = self.group_threads(sizes[self.axis])
-            return rows * t, t
+            return rows * self.segments(sizes) * t, t
         return rows, max(1, min(self.policy.threads_per_group, rows))
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """The row kernel; split calls launch the totals kernel first (same grid)."""
+        last = Step(self.host_name(sizes), *self.launch(sizes))
+        if self.segments(sizes) == 1:
+            return (last,)
+        return (Step(self.variants["totals"].host_name, last.threads, last.group), last)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        segs = self.segments(sizes)
+        return 0 if segs == 1 else self.scans * self._rows(sizes) * segs
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == SEGMENTS:
+            return self.segments(sizes)
+        raise KeyError(name)
