@@ -21,15 +21,19 @@ Two kernels; the graph's layout picks one (`context.is_inner`):
   contiguous one fastest, so neighbouring threads read neighbouring addresses), scanning
   serially along the axis, each element read and written once.
 
-Not built yet: a split of few very long rows over several threadgroups (block totals, a scan
-of the totals, an apply pass; never decoupled look-back, since Metal promises no forward
-progress between threadgroups): a row runs in one threadgroup, so 64 rows of 65536 keep 64
-threadgroups busy.
+Few long rows (fewer than fill_groups threadgroups, rows of at least two chunks) split into
+segments of whole chunks, one threadgroup each (`segments`): a first launch, the ``totals``
+kernel, leaves each segment's total in the scratch buffer; the row kernel then starts each
+segment's carry at the combine of the totals before it in its row. Never decoupled
+look-back: Metal promises no forward progress between threadgroups, so no segment waits for
+another. Every element is read twice then, once a row otherwise. Float scans only (the
+totals are fp32); the MLX backend, one launch per call, keeps each row in one threadgroup.
 
 f16/bf16 values scan in fp32 (`Scan.acc_type`), integers (cummax/cummin only) in int/uint.
 Modules: `context` (the checks, the `Scan`s, the contexts), `blocks` (combines, identities,
-the simdgroup prefix and the threadgroup carry), `kernels` (the row and column kernels),
-`plan` (`ScanSchedule`, the host side), `build`.
+the simdgroup prefix and the threadgroup carry), `segments` (the split: the thread's
+segment, the carry in, the totals to scratch), `kernels` (the row, totals and column
+kernels), `plan` (`ScanSchedule`, the host side), `build`.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
         rctx = row_context(graph, policy, index64, axis)
         split = policy.fill_groups > 0 and all(s.is_float for s in scans)
         names = ("row", "totals") if split else ("row",)
-        kernels, _, tg = reduce.build_variants(
+        kernels, passes, tg = reduce.build_variants(
             rctx, names, lambda name: row(rctx, scans, totals=name == "totals", split=split))
         if split:
             extra = extra_params(len(kernels["row"].params))
@@ -43,7 +43,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
                                                    vector_width=vw),
                             kernels["row"], tuple(rctx.outer) + (axis,), vector, index64,
                             axis=axis, rows=rctx.outer, inner=True, reads=r, variants=kernels,
-                            scans=len(scans))
+                            scans=len(scans), passes=passes)
     cctx = column_context(graph, policy, index64, axis)
     kernels, _, _ = reduce.build_variants(cctx, ("column",), lambda name: column(cctx, scans))
     return ScanSchedule("scan", graph, replace(policy, vector_width=1), kernels["column"],

@@ -8,7 +8,7 @@ from typing import Mapping
 
 from ... import ir
 from ...errors import LaunchError
-from ..base import Schedule, Step
+from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
 from .segments import SEGMENTS
 
@@ -23,6 +23,7 @@ class ScanSchedule(Schedule):
     reads: int = 8                      # the row kernel's elements per thread and chunk
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
     scans: int = 1                      # scans in the graph (fp32 totals per segment)
+    passes: dict[str, dict[str, int]] = field(default_factory=dict)  # kernel → {input: reads}
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -86,6 +87,15 @@ class ScanSchedule(Schedule):
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         segs = self.segments(sizes)
         return 0 if segs == 1 else self.scans * self._rows(sizes) * segs
+
+    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+        """Bytes a call moves: each input read once, and once more by the totals launch of a
+        split call (the inputs of the scans' arguments); each output written once."""
+        reads = dict(self.passes.get("row", {}))
+        if self.segments(sizes) > 1:
+            for t, n in self.passes["totals"].items():
+                reads[t] = reads.get(t, 0) + n
+        return self.moved(sizes, reads, 0)
 
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         if name == SEGMENTS:
