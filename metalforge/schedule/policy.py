@@ -228,11 +228,12 @@ POLICIES: dict[str, LaunchPolicy] = {
                            chunk_rows=128),
     # scans (schedule/scan/): the row kernel's threadgroup holds a chunk of
     # threads_per_group x reads_per_thread elements of a row (fewer threads for shorter rows,
-    # chosen per call); vector_width an upper bound (16 bytes at most); rows of several chunks
-    # split into segments (a totals launch first) where the rows alone make fewer than
-    # fill_groups threadgroups (0: never). Untuned.
+    # chosen per call); rows of one simdgroup's chunk (32 x reads_per_thread) one simdgroup
+    # each, rows_per_group a threadgroup; vector_width an upper bound (16 bytes at most); rows
+    # of several chunks split into segments (a totals launch first) where the rows alone make
+    # fewer than fill_groups threadgroups (0: never). Untuned.
     "scan": LaunchPolicy("scan", threads_per_group=1024, vector_width=8, reads_per_thread=8,
-                         uses_simd=True, fill_groups=256),
+                         rows_per_group=8, uses_simd=True, fill_groups=256),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
 # the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and

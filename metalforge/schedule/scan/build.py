@@ -31,9 +31,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
     if is_inner(graph, axis):
         rctx = row_context(graph, policy, index64, axis)
         split = policy.fill_groups > 0 and all(s.is_float for s in scans)
-        names = ("row", "totals") if split else ("row",)
+        names = ("row", "simd", "totals") if split else ("row", "simd")
         kernels, passes, tg = reduce.build_variants(
-            rctx, names, lambda name: row(rctx, scans, totals=name == "totals", split=split))
+            rctx, names, lambda name: row(rctx, scans, name, split=split and name != "simd"))
         if split:
             extra = extra_params(len(kernels["row"].params))
             kernels = {n: replace(k, params=k.params + extra) for n, k in kernels.items()}

@@ -9,6 +9,7 @@ from ...graph import Node
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..column import ColumnContext, ColumnKernel
+from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering
 from ..rows.context import RowContext, RowKernel, Section, outer_load
 from ..rows.gathers import element_lowering
@@ -45,12 +46,12 @@ def cones(ctx: reduce.ReductionContext, scans: list[Scan], outputs: bool = True
 
 # -- the row kernel -------------------------------------------------------------------------
 
-def row(ctx: RowContext, scans: list[Scan], totals: bool = False, split: bool = False
-        ) -> Built:
-    """One threadgroup per row (per segment of a row where `split`), chunks of threads x R
-    elements in turn, a running carry; `totals`: only each segment's total, to scratch (the
-    first launch of a split call)."""
-    name = "totals" if totals else "row"
+def row(ctx: RowContext, scans: list[Scan], name: str = "row", split: bool = False) -> Built:
+    """Kernel `name`: ``row``, one threadgroup per row (per segment of a row where `split`),
+    chunks of threads x R elements in turn, a running carry; ``totals``, only each segment's
+    total, to scratch (the first launch of a split call); ``simd``, one simdgroup per row
+    (rows of one chunk of 32 x R: several rows a threadgroup, no threadgroup memory)."""
+    totals, lanes = name == "totals", name == "simd"
     parts = reduce.variant_parts(ctx, name, lambda p, n: outer_load(ctx, p, n))
     k = RowKernel(ctx, parts, reads(ctx), vector_width(ctx), staged={}, interleaved=False,
                   strided=False, keep={})
@@ -62,66 +63,102 @@ def row(ctx: RowContext, scans: list[Scan], totals: bool = False, split: bool = 
     if k.vw == 8:                             # 16-byte accesses of 2-byte types
         ctx.helpers.add("mf_pack8_of")
     rowvals = parts.row_values.lower(frontier)
+    width = lit(SIMD_WIDTH) if lanes else ir.Var("mf_tpg")     # threads along the row
     chunk: list[ir.Stmt] = [
         ir.Comment(f"phase 1: this thread's {k.reads} elements of the chunk into registers"),
-        ir.Decl("mf_base", "uint", (ir.Var("mf_j") * ir.Var("mf_tpg") + ir.Var("mf_t")) *
-                lit(k.reads))]
+        ir.Decl("mf_base", "uint", (ir.Var("mf_j") * width + ir.Var("mf_t")) * lit(k.reads))]
     if tensors:
         chunk += load_block(k, tensors, declare=True)
     chunk += serial_scan(k, scans, frontier, record=not totals)
-    chunk += across(scans, totals)
+    chunk += across(scans, totals, lanes)
     if not totals:
         chunk += apply(k, scans, frontier)
-    threads, head = segments.header(ctx) if split else group_header()
-    if not split:
-        length = ir.Cast("uint", ctx.size(ctx.axis))
-        span = ir.Var("mf_tpg") * lit(k.reads)
-        head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
-    if k.vw > 1:
-        whole = (ctx.size(ctx.axis) % ir.Lit(k.vw, IDX)).eq(ir.Lit(0, IDX))
-        head.append(ir.Decl("mf_vec_ok", "bool", whole))
+    threads, head = place(ctx, k, name, split)
     carries: list[ir.Stmt] = [ir.Comment("the running value of the chunks before")]
     carries += [ir.Decl(s.name("carry"), s.acc_type, identity(s), const=False) for s in scans]
     if split and not totals:
         carries += segments.carry_in(ctx, scans)
     first, stop = (ir.Var("mf_j0"), ir.Var("mf_j1")) if split else (lit(0), ir.Var("mf_chunks"))
-    body = list(tg_arrays(scans)) + head + parts.pre + rowvals + carries + [
+    body = ([] if lanes else list(tg_arrays(scans))) + head + parts.pre + rowvals + carries + [
         ir.For("mf_j", "uint", first, stop, chunk)]
     if totals:
         body += segments.store_totals(ctx, scans)
-    return make_kernel(ctx.graph, ctx.index64, threads, body, summary(k, scans, totals, split),
+    return make_kernel(ctx.graph, ctx.index64, threads, body, summary(k, scans, name, split),
                        name), parts
 
 
-def across(scans: list[Scan], totals: bool) -> list[ir.Stmt]:
-    """Phases 3 and 4: the simdgroup's prefix of the threads' totals, the threadgroup carry,
-    each thread's prefix before it (mf_pre{i}; not in the totals kernel) and the running
-    carry past the chunk."""
+def place(ctx: RowContext, k: RowKernel, name: str, split: bool
+          ) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+    """(thread inputs, statements placing the thread): its row (and segment), its index
+    along the row, the row's chunks, whether vector accesses apply."""
+    if split:
+        threads, head = segments.header(ctx)
+    elif name == "simd":
+        threads, head = lanes_header(ctx)
+    else:
+        threads, head = group_header()
+    if not split:
+        width = lit(SIMD_WIDTH) if name == "simd" else ir.Var("mf_tpg")
+        span = width * lit(k.reads)
+        length = ir.Cast("uint", ctx.size(ctx.axis))
+        head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
+    if k.vw > 1:
+        whole = (ctx.size(ctx.axis) % ir.Lit(k.vw, IDX)).eq(ir.Lit(0, IDX))
+        head.append(ir.Decl("mf_vec_ok", "bool", whole))
+    return threads, head
+
+
+def lanes_header(ctx: RowContext) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+    """The simd kernel: one simdgroup per row, the threadgroup's simdgroups on consecutive
+    rows; a simdgroup past the last row leaves (no barrier waits for it)."""
+    threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+               ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
+               ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
+               ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
+    nsg = (ir.Var("mf_tpg") + lit(SIMD_WIDTH - 1)) / lit(SIMD_WIDTH)
+    return threads, [
+        ir.Comment("one simdgroup per row, the group's simdgroups on consecutive rows"),
+        ir.Decl("mf_row", "uint", ir.Var("mf_group") * nsg + ir.Var("mf_sg")),
+        ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= ctx.span(ctx.outer), [ir.Return()]),
+        ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
+
+
+def across(scans: list[Scan], totals: bool, lanes: bool) -> list[ir.Stmt]:
+    """Phases 3 and 4: the simdgroup's prefix of the threads' totals, the threadgroup carry
+    (not where one simdgroup holds the row: `lanes`), each thread's prefix before it
+    (mf_pre{i}; not in the totals kernel) and the running carry past the chunk."""
     out: list[ir.Stmt] = [ir.Comment("phase 3: the simdgroup's prefix of the threads' totals")]
     for s in scans:
         out += simd_exclusive(s)
-    out.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
-                          "before this one, and of the whole chunk"))
-    out += threadgroup_carry(scans)
+    if not lanes:
+        out.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
+                              "before this one, and of the whole chunk"))
+        out += threadgroup_carry(scans)
     for s in scans:
         carry = ir.Var(s.name("carry"))
+        chunk = ir.Var(s.name("simd" if lanes else "chunk"))
         if not totals:
-            out.append(ir.Decl(s.name("pre"), s.acc_type, combine(s, combine(
-                s, carry, ir.Var(s.name("before"))), ir.Var(s.name("excl")))))
-        out.append(ir.Assign(carry, combine(s, carry, ir.Var(s.name("chunk")))))
+            before = carry if lanes else combine(s, carry, ir.Var(s.name("before")))
+            out.append(ir.Decl(s.name("pre"), s.acc_type, combine(s, before,
+                                                                  ir.Var(s.name("excl")))))
+        out.append(ir.Assign(carry, combine(s, carry, chunk)))
     return out
 
 
-def summary(k: RowKernel, scans: list[Scan], totals: bool, split: bool) -> str:
+def summary(k: RowKernel, scans: list[Scan], name: str, split: bool) -> str:
     ctx = k.ctx
-    unit = "per segment of a row (mf_segs a row)" if split else "per row"
-    what = ("each segment's total to scratch (a split call's first launch)" if totals else
-            "a serial scan in registers, a simdgroup prefix, a threadgroup carry" +
-            (", the earlier segments' totals from scratch" if split else ""))
-    return (f"{ctx.graph.name} ({'totals' if totals else 'row'}): {title(scans)} along each "
-            f"row of [{', '.join(ctx.outer)}], one threadgroup {unit} in chunks of threads x "
-            f"{k.reads} elements: {what}; {k.vw}-wide loads/stores where aligned; fp32 "
-            f"accumulation")
+    unit = {"simd": "one simdgroup per row (several rows a threadgroup)",
+            "totals": "one threadgroup per segment of a row (mf_segs a row)",
+            "row": "one threadgroup per " + ("segment of a row (mf_segs a row)" if split
+                                             else "row")}[name]
+    what = ("each segment's total to scratch (a split call's first launch)"
+            if name == "totals" else
+            "a serial scan in registers, a simdgroup prefix" +
+            ("" if name == "simd" else ", a threadgroup carry") +
+            (", the earlier segments' totals from scratch" if split and name == "row" else ""))
+    return (f"{ctx.graph.name} ({name}): {title(scans)} along each row of "
+            f"[{', '.join(ctx.outer)}], {unit}, in chunks of threads x {k.reads} elements: "
+            f"{what}; {k.vw}-wide loads/stores where aligned; fp32 accumulation")
 
 
 def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir.Stmt]:

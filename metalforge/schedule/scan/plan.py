@@ -45,7 +45,7 @@ class ScanSchedule(Schedule):
         """Segments per row (1: one threadgroup a row): where the split kernels are built and
         the rows make fewer than fill_groups threadgroups, enough segments to reach it, each
         at least one chunk."""
-        if "totals" not in self.variants:
+        if "totals" not in self.variants or self.variant(sizes) != "row":
             return 1
         d = sizes[self.axis]
         chunks = -(-d // (self.group_threads(d) * self.reads))
@@ -57,8 +57,11 @@ class ScanSchedule(Schedule):
     @property
     def thresholds(self) -> tuple[int, ...]:
         """Row lengths where the row kernel's behaviour changes: the longest row one chunk
-        holds (`check` tries t - 1, t, t + 1 there: one chunk, or two, and split)."""
-        return (self.policy.threads_per_group * self.reads,) if self.inner else ()
+        holds (`check` tries t - 1, t, t + 1 there): one simdgroup's (the simd kernel), one
+        threadgroup's (more: several chunks, and a split of few rows)."""
+        if not self.inner:
+            return ()
+        return (SIMD_WIDTH * self.reads, self.policy.threads_per_group * self.reads)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
@@ -68,14 +71,26 @@ class ScanSchedule(Schedule):
         if not self.index64 and self.numel(sizes) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {self.numel(sizes)} elements need "
                               f"64-bit indexing; call it with launch={{'index64': True}}")
-        return self.kernel.host_name
+        return self.variants[self.variant(sizes)].host_name
+
+    def variant(self, sizes: Mapping[str, int]) -> str:
+        """The row kernels: ``simd`` for rows of one simdgroup's chunk (32 x R elements),
+        ``row`` for longer ones; ``column`` for the column kernel."""
+        if not self.inner:
+            return "column"
+        return "simd" if sizes[self.axis] <= SIMD_WIDTH * self.reads else "row"
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows = self._rows(sizes)
-        if self.inner:
-            t = self.group_threads(sizes[self.axis])
-            return rows * self.segments(sizes) * t, t
-        return rows, max(1, min(self.policy.threads_per_group, rows))
+        if not self.inner:
+            return rows, max(1, min(self.policy.threads_per_group, rows))
+        if self.variant(sizes) == "simd":
+            per = max(1, min(self.policy.rows_per_group,
+                             self.policy.threads_per_group // SIMD_WIDTH))
+            groups = -(-rows // per)
+            return groups * per * SIMD_WIDTH, min(per, max(1, rows)) * SIMD_WIDTH
+        t = self.group_threads(sizes[self.axis])
+        return rows * self.segments(sizes) * t, t
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """The row kernel; split calls launch the totals kernel first (same grid)."""
