@@ -1,7 +1,8 @@
 """The scan schedule: inclusive scans along one axis (mf.cumsum, cumprod, cummax, cummin,
 logcumsumexp), with the elementwise work before and after them fused in.
 
-Two kernels; the graph's layout picks one (`context.is_inner`):
+Kernels: the graph's layout picks the row kernels or the column one (`context.is_inner`),
+the row's length one of the row kernels (`ScanSchedule.variant`):
 
 - ``row`` (the scan axis innermost, contiguous, in every tensor and output that has it): one
   threadgroup per row, of ceil(D / R) threads in whole simdgroups up to threads_per_group
@@ -17,6 +18,9 @@ Two kernels; the graph's layout picks one (`context.is_inner`):
   element combined with the running carry of the earlier chunks and the prefixes before its
   thread, the outputs computed from it and stored. Work-efficient at any length: every element
   is read once, combined a constant number of times, written once.
+- ``simd`` (rows of at most one simdgroup's chunk, 32 x R elements: 16384 x 128): one
+  simdgroup per row, rows_per_group rows a threadgroup, phases (1)-(3) as above and no
+  threadgroup memory or barrier (the simdgroup's total is the chunk's).
 - ``column`` (the scan axis outer somewhere): one thread per column of the other axes (the
   contiguous one fastest, so neighbouring threads read neighbouring addresses), scanning
   serially along the axis, each element read and written once.
@@ -32,8 +36,8 @@ totals are fp32); the MLX backend, one launch per call, keeps each row in one th
 f16/bf16 values scan in fp32 (`Scan.acc_type`), integers (cummax/cummin only) in int/uint.
 Modules: `context` (the checks, the `Scan`s, the contexts), `blocks` (combines, identities,
 the simdgroup prefix and the threadgroup carry), `segments` (the split: the thread's
-segment, the carry in, the totals to scratch), `kernels` (the row, totals and column
-kernels), `plan` (`ScanSchedule`, the host side), `build`.
+segment, the carry in, the totals to scratch), `kernels` (the row, simd, totals and
+column kernels), `plan` (`ScanSchedule`, the host side), `build`.
 """
 from __future__ import annotations
 
