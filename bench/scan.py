@@ -9,9 +9,11 @@ is comparable with the device's copy bandwidth: the copy columns time `copy_` mo
 number of bytes (the ceiling), %copy is ours against it, vs eager / vs compile > 1 means ours is
 faster than torch eager / torch.compile (compiled once per shape and dtype before timing;
 skipped on the simulator and with --no-compile). On CUDA all are timed as GPU time of
-CUDA-graph replays (see common.timeit). `cumsum` is the row kernel (one threadgroup per row);
-`col_cumsum` scans the same matrix along its first axis (the column kernel: one thread per
-column). On the simulator the times are only a smoke test of the script.
+CUDA-graph replays (see common.timeit). The variant column names the kernel a call launches
+first: `row` (one threadgroup per row), `simd` (one simdgroup per short row), `totals` (few
+long rows split into segments: a totals launch, then the row kernel; bytes count both),
+`column` (`col_cumsum` scans the matrix along its first axis, one thread per column). On the
+simulator the times are only a smoke test of the script.
 """
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     backend = runtime.current_backend([torch.empty(0, device=device)])
     print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
           f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
-    print_table(cases, sizes, dtypes, a.ops, device, repeat, launch, with_variant=False,
+    print_table(cases, sizes, dtypes, a.ops, device, repeat, launch, with_variant=True,
                 compile_=a.compile)
     return 0
 

@@ -103,9 +103,10 @@ class ScanSchedule(Schedule):
         segs = self.segments(sizes)
         return 0 if segs == 1 else self.scans * self._rows(sizes) * segs
 
-    def traffic(self, sizes: Mapping[str, int]) -> Traffic:
+    def traffic(self, sizes: Mapping[str, int], variant: str = "") -> Traffic:
         """Bytes a call moves: each input read once, and once more by the totals launch of a
-        split call (the inputs of the scans' arguments); each output written once."""
+        split call (the inputs of the scans' arguments); each output written once (`variant`:
+        the kernel the call launches first, as the bench scripts name it; the sizes say)."""
         reads = dict(self.passes.get("row", {}))
         if self.segments(sizes) > 1:
             for t, n in self.passes["totals"].items():
