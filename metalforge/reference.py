@@ -232,10 +232,14 @@ class _Evaluator:
 
     def scan(self, n: Node, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
         """A scan along its axis with torch's own function (float64 for floats, rounded to
-        fp32 once; cummax/cummin keep their values, not their indices)."""
+        fp32 once; cumprod in fp32; cummax/cummin keep their values, not their indices)."""
         kind, axis = n.attr
         dim = n.args[0].axes.index(axis)
-        r = _SCAN[kind](x.to(ct), dim=dim)
+        if kind == ScanOp.CUMPROD and n.dtype.is_float:
+            # in fp32, as the kernel (and torch on f32) multiply: a running product overflows
+            # to inf (then inf * 0 is NaN) or underflows to 0 where float64's would not
+            x = x.to(torch.float32)
+        r = _SCAN[kind](x.to(x.dtype if x.dtype == torch.float32 else ct), dim=dim)
         return self.wrap((r.values if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) else r).to(ct),
                          n.dtype)
 
