@@ -86,9 +86,8 @@ class ScanSchedule(Schedule):
             return rows, max(1, min(self.policy.threads_per_group, rows))
         if self.variant(sizes) == "simd":
             per = max(1, min(self.policy.rows_per_group,
-                             self.policy.threads_per_group // SIMD_WIDTH))
-            groups = -(-rows // per)
-            return groups * per * SIMD_WIDTH, min(per, max(1, rows)) * SIMD_WIDTH
+                             self.policy.threads_per_group // SIMD_WIDTH, rows))
+            return -(-rows // per) * per * SIMD_WIDTH, per * SIMD_WIDTH
         t = self.group_threads(sizes[self.axis])
         return rows * self.segments(sizes) * t, t
 
