@@ -18,9 +18,11 @@ the row's length one of the row kernels (`ScanSchedule.variant`):
   element combined with the running carry of the earlier chunks and the prefixes before its
   thread, the outputs computed from it and stored. Work-efficient at any length: every element
   is read once, combined a constant number of times, written once.
-- ``simd`` (rows of at most one simdgroup's chunk, 32 x R elements: 16384 x 128): one
-  simdgroup per row, rows_per_group rows a threadgroup, phases (1)-(3) as above and no
-  threadgroup memory or barrier (the simdgroup's total is the chunk's).
+- ``simd`` (rows of at most one simdgroup's chunk, 32 x R elements: 16384 x 128): the
+  fewest lanes of a simdgroup that hold the row at R elements each (a power of two, W =
+  16 lanes for 128 elements, so 32 / W rows share a simdgroup; the kernel computes W from
+  the row's length as the host does), phases (1)-(3) as above with the ladder confined to
+  the row's lanes for every kind, no threadgroup memory or barrier.
 - ``column`` (the scan axis outer somewhere): one thread per column of the other axes (the
   contiguous one fastest, so neighbouring threads read neighbouring addresses), scanning
   serially along the axis, each element read and written once.

@@ -71,26 +71,31 @@ def result(s: Scan, v: ir.Expr) -> ir.Expr:
 
 # -- across the simdgroup and the threadgroup --------------------------------------------------
 
-def simd_exclusive(s: Scan) -> list[ir.Stmt]:
+def simd_exclusive(s: Scan, segmented: bool = False) -> list[ir.Stmt]:
     """mf_excl{i}: the combine of the thread totals mf_run{i} of the lanes below this one in
     its simdgroup (the identity for lane 0), and mf_simd{i}, the simdgroup's total (every
-    lane: lane 31's inclusive value)."""
+    lane: lane 31's inclusive value). `segmented`: the simdgroup holds 32 / mf_w rows of mf_w
+    lanes each (mf_t the lane's index in its row): the prefix and the total are the row's
+    (a ladder for every kind; simd_prefix_exclusive_sum spans the whole simdgroup)."""
     run, excl, incl = ir.Var(s.name("run")), s.name("excl"), s.name("incl")
-    last = lit(SIMD_WIDTH - 1)
-    if s.kind in SUMS:
+    last: ir.Expr = lit(SIMD_WIDTH - 1)
+    if s.kind in SUMS and not segmented:
         return [ir.Decl(excl, s.acc_type, ir.Call("simd_prefix_exclusive_sum", (run,))),
                 ir.Decl(s.name("simd"), s.acc_type, ir.Call("simd_shuffle", (
                     ir.Var(excl) + run, last)))]
-    lane, up = ir.Var("mf_lane"), ir.Var(s.name("up"))
+    lane, up = ir.Var("mf_t" if segmented else "mf_lane"), ir.Var(s.name("up"))
+    if segmented:
+        last = ir.Var("mf_lane") | (ir.Var("mf_w") - lit(1))
     step = lit(1) << ir.Var("mf_s")
     return [
-        ir.Comment("inclusive prefix over the lanes: a shuffle-up ladder of 1, 2, 4, 8, 16"),
+        ir.Comment("inclusive prefix over the " + ("row's lanes" if segmented else "lanes") +
+                   ": a shuffle-up ladder of 1, 2, 4, 8, 16"),
         ir.Decl(incl, s.acc_type, run, const=False),
         ir.For("mf_s", U, lit(0), lit(SIMD_WIDTH.bit_length() - 1), [
             ir.Decl(up.name, s.acc_type, ir.Call("simd_shuffle_up", (ir.Var(incl), step))),
             ir.If(lane >= step, [ir.Assign(ir.Var(incl), combine(s, up, ir.Var(incl)))])],
             unroll=True),
-        ir.Comment("every lane shuffles (a collective), lane 0 then takes the identity"),
+        ir.Comment("every lane shuffles (a collective), the first then takes the identity"),
         ir.Decl(s.name("prev"), s.acc_type, ir.Call("simd_shuffle_up", (ir.Var(incl), lit(1)))),
         ir.Decl(excl, s.acc_type, ir.Select(lane.eq(lit(0)), identity(s),
                                             ir.Var(s.name("prev")))),

@@ -9,7 +9,6 @@ from ...graph import Node
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..column import ColumnContext, ColumnKernel
-from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering
 from ..rows.context import RowContext, RowKernel, Section, outer_load
 from ..rows.gathers import element_lowering
@@ -63,7 +62,7 @@ def row(ctx: RowContext, scans: list[Scan], name: str = "row", split: bool = Fal
     if k.vw == 8:                             # 16-byte accesses of 2-byte types
         ctx.helpers.add("mf_pack8_of")
     rowvals = parts.row_values.lower(frontier)
-    width = lit(SIMD_WIDTH) if lanes else ir.Var("mf_tpg")     # threads along the row
+    width = ir.Var("mf_w" if lanes else "mf_tpg")     # threads along the row
     chunk: list[ir.Stmt] = [
         ir.Comment(f"phase 1: this thread's {k.reads} elements of the chunk into registers"),
         ir.Decl("mf_base", "uint", (ir.Var("mf_j") * width + ir.Var("mf_t")) * lit(k.reads))]
@@ -94,11 +93,11 @@ def place(ctx: RowContext, k: RowKernel, name: str, split: bool
     if split:
         threads, head = segments.header(ctx)
     elif name == "simd":
-        threads, head = lanes_header(ctx)
+        threads, head = lanes_header(ctx, k.reads)
     else:
         threads, head = group_header()
     if not split:
-        width = lit(SIMD_WIDTH) if name == "simd" else ir.Var("mf_tpg")
+        width = ir.Var("mf_w" if name == "simd" else "mf_tpg")
         span = width * lit(k.reads)
         length = ir.Cast("uint", ctx.size(ctx.axis))
         head += [ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span)]
@@ -108,19 +107,24 @@ def place(ctx: RowContext, k: RowKernel, name: str, split: bool
     return threads, head
 
 
-def lanes_header(ctx: RowContext) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
-    """The simd kernel: one simdgroup per row, the threadgroup's simdgroups on consecutive
-    rows; a simdgroup past the last row leaves (no barrier waits for it)."""
-    threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
-               ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
-               ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
+def lanes_header(ctx: RowContext, reads: int
+                 ) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+    """The simd kernel: mf_w = 1 << mf_wlog lanes per row, the fewest (a power of two up to
+    32) holding it at R elements each, computed from the row's length as the host does, so
+    32 / mf_w rows share a simdgroup; past the last row (a grid rounded up to whole groups),
+    a row's lanes leave together (no barrier waits for them)."""
+    threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-    nsg = (ir.Var("mf_tpg") + lit(SIMD_WIDTH - 1)) / lit(SIMD_WIDTH)
+    one, shift = lit(1), ir.Var("mf_wlog")
+    lanes = (ir.Cast("uint", ctx.size(ctx.axis)) + lit(reads - 1)) / lit(reads)
     return threads, [
-        ir.Comment("one simdgroup per row, the group's simdgroups on consecutive rows"),
-        ir.Decl("mf_row", "uint", ir.Var("mf_group") * nsg + ir.Var("mf_sg")),
+        ir.Comment(f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, "
+                   f"that hold it at {reads} elements each (32 / mf_w rows a simdgroup)"),
+        ir.Decl("mf_wlog", "uint", lit(32) - ir.Call("clz", (ir.Call("max", (lanes, one)) - one,))),
+        ir.Decl("mf_w", "uint", one << shift),
+        ir.Decl("mf_row", "uint", ir.Var("mf_tid") >> shift),
         ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= ctx.span(ctx.outer), [ir.Return()]),
-        ir.Decl("mf_t", "uint", ir.Var("mf_lane"))]
+        ir.Decl("mf_t", "uint", ir.Var("mf_tid") & (ir.Var("mf_w") - one))]
 
 
 def across(scans: list[Scan], totals: bool, lanes: bool) -> list[ir.Stmt]:
@@ -129,7 +133,7 @@ def across(scans: list[Scan], totals: bool, lanes: bool) -> list[ir.Stmt]:
     (mf_pre{i}; not in the totals kernel) and the running carry past the chunk."""
     out: list[ir.Stmt] = [ir.Comment("phase 3: the simdgroup's prefix of the threads' totals")]
     for s in scans:
-        out += simd_exclusive(s)
+        out += simd_exclusive(s, segmented=lanes)
     if not lanes:
         out.append(ir.Comment("phase 4: the threadgroup carry: the totals of the simdgroups "
                               "before this one, and of the whole chunk"))
@@ -147,7 +151,7 @@ def across(scans: list[Scan], totals: bool, lanes: bool) -> list[ir.Stmt]:
 
 def summary(k: RowKernel, scans: list[Scan], name: str, split: bool) -> str:
     ctx = k.ctx
-    unit = {"simd": "one simdgroup per row (several rows a threadgroup)",
+    unit = {"simd": "the fewest lanes of a simdgroup per row that hold it",
             "totals": "one threadgroup per segment of a row (mf_segs a row)",
             "row": "one threadgroup per " + ("segment of a row (mf_segs a row)" if split
                                              else "row")}[name]

@@ -41,6 +41,17 @@ class ScanSchedule(Schedule):
         t = -(-max(d, 1) // self.reads)
         return min(self.policy.threads_per_group, -(-t // SIMD_WIDTH) * SIMD_WIDTH)
 
+    def lanes_per_row(self, d: int) -> int:
+        """The simd kernel: the fewest lanes (a power of two, at most 32) holding a row of d
+        elements at R each; the kernel computes the same from d."""
+        n = max(1, -(-d // self.reads))
+        return 1 << (n - 1).bit_length()
+
+    @property
+    def staged_rows(self) -> tuple[int, ...]:
+        """No staged kernel (`check` asks schedules with `lanes_per_row` for its rows)."""
+        return ()
+
     def segments(self, sizes: Mapping[str, int]) -> int:
         """Segments per row (1: one threadgroup a row): where the split kernels are built and
         the rows make fewer than fill_groups threadgroups, enough segments to reach it, each
@@ -85,9 +96,9 @@ class ScanSchedule(Schedule):
         if not self.inner:
             return rows, max(1, min(self.policy.threads_per_group, rows))
         if self.variant(sizes) == "simd":
-            per = max(1, min(self.policy.rows_per_group,
-                             self.policy.threads_per_group // SIMD_WIDTH, rows))
-            return -(-rows // per) * per * SIMD_WIDTH, per * SIMD_WIDTH
+            w = self.lanes_per_row(sizes[self.axis])
+            group = min(self.policy.rows_per_group * SIMD_WIDTH, self.policy.threads_per_group)
+            return rows * w, max(1, min(group, rows * w))
         t = self.group_threads(sizes[self.axis])
         return rows * self.segments(sizes) * t, t
 
