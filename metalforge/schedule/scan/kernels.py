@@ -224,8 +224,10 @@ def apply(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt
 # -- the column kernel ------------------------------------------------------------------------
 
 def column(ctx: ColumnContext, scans: list[Scan]) -> Built:
-    """One thread per column, scanning serially along the axis."""
-    parts = reduce.variant_parts(ctx, "scan", lambda p, n: ColumnKernel(ctx, p).col_load(n))
+    """One thread per column, scanning serially along the axis, R positions at a time: the
+    scanned values of all R first (their loads in flight together), then combined in order
+    and the outputs stored."""
+    parts = reduce.variant_parts(ctx, "column", lambda p, n: ColumnKernel(ctx, p).col_load(n))
     ck = ColumnKernel(ctx, parts)
     tensors, frontier = cones(ctx, scans)
     for t in tensors:
@@ -233,29 +235,51 @@ def column(ctx: ColumnContext, scans: list[Scan]) -> Built:
     for s in scans:
         ctx.helpers.update(helpers(s))
     colvals = parts.row_values.lower(frontier)
-    el = ElementLowering(ctx.graph, ck.col_load, ck.el_position, ctx.size,
-                         lambda n: ctx.names[n], prefix="mf_v")
-    for n in frontier:
-        el.values[n] = parts.row_values.value(n)
-    body = el.lower([s.arg for s in scans])
+    r = ctx.policy.reads_per_thread
+    length = ir.Cast("uint", ctx.size(ctx.axis))
+    pos: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_k0") + ir.Var("mf_u"))]
+    el = column_lowering(ctx, ck, parts, frontier, "mf_v")
+    values = el.lower([s.arg for s in scans])
     carries: list[ir.Stmt] = [ir.Comment("the running value of each scan")]
+    held: list[ir.Stmt] = []
+    keep: list[ir.Stmt] = []
+    folds: list[ir.Stmt] = []
+    out = column_lowering(ctx, ck, parts, frontier, "mf_o")
     for s in scans:
-        run = ir.Var(s.name("run"))
+        run, val = ir.Var(s.name("run")), ir.Lane(ir.Var(s.name("val")), ir.Var("mf_u"))
         carries.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
-        body.append(ir.Assign(run, combine(s, run, acc_value(s, el.value(s.arg)))))
-        el.values[s.node] = result(s, run)
+        held.append(ir.ArrayDecl(s.name("val"), s.acc_type, r))
+        keep.append(ir.Assign(val, acc_value(s, el.value(s.arg))))
+        folds.append(ir.Assign(run, combine(s, run, val)))
+        out.values[s.node] = result(s, run)
     graph = ctx.graph
-    body += el.lower([o.node for o in graph.outputs])
-    ctx.helpers.update(el.helpers)
+    folds += out.lower([o.node for o in graph.outputs])
+    ctx.helpers.update(el.helpers | out.helpers)
     for j, o in enumerate(graph.outputs):
         name = ctx.out_names[j]
-        body.append(ir.Store(name, ck.at(name, o.axes), ctx.out_value(j, el)))
+        folds.append(ir.Store(name, ck.at(name, o.axes), ctx.out_value(j, out)))
+    inside = ir.Var("mf_k") < length
+    step = held + [
+        ir.Comment(f"the scanned values of {r} positions (their loads in flight together)"),
+        ir.For("mf_u", "uint", lit(0), lit(r), pos + [ir.If(inside, values + keep)],
+               unroll=True),
+        ir.Comment("combined in order into the running values; the outputs stored"),
+        ir.For("mf_u", "uint", lit(0), lit(r), pos + [ir.If(inside, folds)], unroll=True)]
     threads, head = ck.header("column", 1)
-    loop = ir.For("mf_k", "uint", lit(0), ir.Cast("uint", ctx.size(ctx.axis)), body)
+    loop = ir.For("mf_k0", "uint", lit(0), length, step, step=lit(r))
     main = parts.pre + colvals + carries + [
-        ir.Comment(f"along '{ctx.axis}': each element's value, combined into the running "
-                   f"value, the outputs stored"), loop]
+        ir.Comment(f"along '{ctx.axis}', {r} positions at a time"), loop]
     summary = (f"{graph.name} (column): {title(scans)} (not innermost) for each column of "
-               f"[{', '.join(ctx.outer)}], one thread per column scanning serially; fp32 "
-               f"accumulation")
+               f"[{', '.join(ctx.outer)}], one thread per column scanning serially, {r} "
+               f"positions' loads at a time; fp32 accumulation")
     return make_kernel(graph, ctx.index64, threads, head + main, summary, "column"), parts
+
+
+def column_lowering(ctx: ColumnContext, ck: ColumnKernel, parts: reduce.VariantParts,
+                    frontier: list[Node], prefix: str) -> ElementLowering:
+    """Element mf_k of this column: tensors loaded there, the column values as computed."""
+    el = ElementLowering(ctx.graph, ck.col_load, ck.el_position, ctx.size,
+                         lambda n: ctx.names[n], prefix=prefix)
+    for n in frontier:
+        el.values[n] = parts.row_values.value(n)
+    return el

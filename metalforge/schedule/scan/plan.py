@@ -12,7 +12,7 @@ from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
 from .segments import SEGMENTS
 
-UINT_LIMIT = 2 ** 32
+AXIS_LIMIT = 2 ** 31                 # positions along the scan axis: uint, with headroom
 
 
 @dataclass
@@ -76,9 +76,10 @@ class ScanSchedule(Schedule):
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
         d = sizes[self.axis]
-        if d >= UINT_LIMIT:
+        if d >= AXIS_LIMIT:
             raise LaunchError(f"kernel '{self.graph.name}': {d} elements along '{self.axis}' "
-                              f"are over the 2^32 a scan indexes")
+                              f"are over the 2^31 a scan indexes (its positions and chunk "
+                              f"starts are 32-bit)")
         if not self.index64 and self.numel(sizes) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {self.numel(sizes)} elements need "
                               f"64-bit indexing; call it with launch={{'index64': True}}")
