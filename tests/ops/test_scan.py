@@ -80,8 +80,11 @@ def test_row_scans_match_torch(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32])
 def test_column_scans_match_torch(dtype):
-    for n in (1, 33, 300):
-        x = values(5, n, dtype, n).t().contiguous()      # [L, B]: the scan axis outer
+    """One thread per column; 1100 positions of 3 columns split into 4 segments (a totals
+    launch first: the columns alone are too few threads)."""
+    for n, launches in ((1, 1), (33, 1), (300, 1), (1100, 2)):
+        x = values(3, n, dtype, n).t().contiguous()      # [L, B]: the scan axis outer
+        assert len(scans_col.launches(x)) == launches
         for got, want in zip(scans_col(x), torch_scans(x, 0)):
             torch.testing.assert_close(got, want, equal_nan=True, **TOL[dtype])
 

@@ -22,16 +22,17 @@ from .segments import extra_params
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
-    """The scan schedule of `graph` (checked): the row kernel where the scan axis is
-    innermost in every tensor and output that has it (and the totals kernel, where every scan
-    is of floats and fill_groups asks for splits), else the column kernel."""
+    """The scan schedule of `graph` (checked): the row kernels where the scan axis is
+    innermost in every tensor and output that has it, else the column kernel; with the
+    totals kernel of split calls where every scan is of floats and fill_groups asks for
+    splits."""
     axis = match(graph)
     assert axis is not None, f"kernel '{graph.name}' has no scan"
     scans = scans_of(graph)
     if is_inner(graph, axis):
         rctx = row_context(graph, policy, index64, axis)
         split = policy.fill_groups > 0 and all(s.is_float for s in scans)
-        names = ("row", "simd", "totals") if split else ("row", "simd")
+        names: tuple[str, ...] = ("row", "simd", "totals") if split else ("row", "simd")
         kernels, passes, tg = reduce.build_variants(
             rctx, names, lambda name: row(rctx, scans, name, split=split and name != "simd"))
         if split:
@@ -45,7 +46,14 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
                             axis=axis, rows=rctx.outer, inner=True, reads=r, variants=kernels,
                             scans=len(scans), passes=passes)
     cctx = column_context(graph, policy, index64, axis)
-    kernels, _, _ = reduce.build_variants(cctx, ("column",), lambda name: column(cctx, scans))
+    split = policy.fill_groups > 0 and all(s.is_float for s in scans)
+    cnames: tuple[str, ...] = ("column", "col_totals") if split else ("column",)
+    kernels, passes, _ = reduce.build_variants(
+        cctx, cnames, lambda name: column(cctx, scans, name, split))
+    if split:
+        extra = extra_params(len(kernels["column"].params))
+        kernels = {n: replace(k, params=k.params + extra) for n, k in kernels.items()}
     return ScanSchedule("scan", graph, replace(policy, vector_width=1), kernels["column"],
                         tuple(cctx.outer) + (axis,), (), index64, axis=axis, rows=cctx.outer,
-                        inner=False, reads=1, variants=kernels, scans=len(scans))
+                        inner=False, reads=1, variants=kernels, scans=len(scans),
+                        passes={"row": passes["column"], "totals": passes.get("col_totals", {})})

@@ -223,20 +223,24 @@ def apply(k: RowKernel, scans: list[Scan], frontier: list[Node]) -> list[ir.Stmt
 
 # -- the column kernel ------------------------------------------------------------------------
 
-def column(ctx: ColumnContext, scans: list[Scan]) -> Built:
-    """One thread per column, scanning serially along the axis, R positions at a time: the
-    scanned values of all R first (their loads in flight together), then combined in order
-    and the outputs stored."""
-    parts = reduce.variant_parts(ctx, "column", lambda p, n: ColumnKernel(ctx, p).col_load(n))
+def column(ctx: ColumnContext, scans: list[Scan], name: str = "column", split: bool = False
+           ) -> Built:
+    """One thread per column (per segment of a column's axis where `split`), scanning
+    serially along the axis, R positions at a time: the scanned values of all R first (their
+    loads in flight together), then combined in order and the outputs stored;
+    ``col_totals``: only each segment's totals, to scratch (a split call's first launch)."""
+    totals = name == "col_totals"
+    parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
     ck = ColumnKernel(ctx, parts)
-    tensors, frontier = cones(ctx, scans)
+    tensors, frontier = cones(ctx, scans, outputs=not totals)
     for t in tensors:
         parts.passes[t] = 1
     for s in scans:
         ctx.helpers.update(helpers(s))
     colvals = parts.row_values.lower(frontier)
     r = ctx.policy.reads_per_thread
-    length = ir.Cast("uint", ctx.size(ctx.axis))
+    first, end = (ir.Var("mf_k_first"), ir.Var("mf_k_end")) if split else \
+        (lit(0), ir.Cast("uint", ctx.size(ctx.axis)))
     pos: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_k0") + ir.Var("mf_u"))]
     el = column_lowering(ctx, ck, parts, frontier, "mf_v")
     values = el.lower([s.arg for s in scans])
@@ -246,33 +250,49 @@ def column(ctx: ColumnContext, scans: list[Scan]) -> Built:
     folds: list[ir.Stmt] = []
     out = column_lowering(ctx, ck, parts, frontier, "mf_o")
     for s in scans:
-        run, val = ir.Var(s.name("run")), ir.Lane(ir.Var(s.name("val")), ir.Var("mf_u"))
+        run, val = ir.Var(s.name("carry")), ir.Lane(ir.Var(s.name("val")), ir.Var("mf_u"))
         carries.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
         held.append(ir.ArrayDecl(s.name("val"), s.acc_type, r))
         keep.append(ir.Assign(val, acc_value(s, el.value(s.arg))))
         folds.append(ir.Assign(run, combine(s, run, val)))
         out.values[s.node] = result(s, run)
-    graph = ctx.graph
-    folds += out.lower([o.node for o in graph.outputs])
+    if split and not totals:
+        carries += segments.carry_in(ctx, scans, "mf_col")
+    if not totals:
+        folds += column_outputs(ctx, ck, out)
     ctx.helpers.update(el.helpers | out.helpers)
-    for j, o in enumerate(graph.outputs):
-        name = ctx.out_names[j]
-        folds.append(ir.Store(name, ck.at(name, o.axes), ctx.out_value(j, out)))
-    inside = ir.Var("mf_k") < length
+    inside = ir.Var("mf_k") < end
     step = held + [
         ir.Comment(f"the scanned values of {r} positions (their loads in flight together)"),
         ir.For("mf_u", "uint", lit(0), lit(r), pos + [ir.If(inside, values + keep)],
                unroll=True),
-        ir.Comment("combined in order into the running values; the outputs stored"),
+        ir.Comment("combined in order into the running values" +
+                   ("" if totals else "; the outputs stored")),
         ir.For("mf_u", "uint", lit(0), lit(r), pos + [ir.If(inside, folds)], unroll=True)]
-    threads, head = ck.header("column", 1)
-    loop = ir.For("mf_k0", "uint", lit(0), length, step, step=lit(r))
+    threads, head = segments.column_header(ctx) if split else ck.header("column", 1)
     main = parts.pre + colvals + carries + [
-        ir.Comment(f"along '{ctx.axis}', {r} positions at a time"), loop]
-    summary = (f"{graph.name} (column): {title(scans)} (not innermost) for each column of "
-               f"[{', '.join(ctx.outer)}], one thread per column scanning serially, {r} "
-               f"positions' loads at a time; fp32 accumulation")
-    return make_kernel(graph, ctx.index64, threads, head + main, summary, "column"), parts
+        ir.Comment(f"along '{ctx.axis}', {r} positions at a time"),
+        ir.For("mf_k0", "uint", first, end, step, step=lit(r))]
+    if totals:
+        main += segments.store_totals(ctx, scans, "mf_col")
+    what = ("each segment's totals to scratch (a split call's first launch)" if totals else
+            f"scanning serially, {r} positions' loads at a time")
+    summary = (f"{ctx.graph.name} ({name}): {title(scans)} (not innermost) for each column of "
+               f"[{', '.join(ctx.outer)}], one thread per column" +
+               (" and segment of the axis" if split else "") + f", {what}; fp32 accumulation")
+    return make_kernel(ctx.graph, ctx.index64, threads, head + main, summary, name), parts
+
+
+def column_outputs(ctx: ColumnContext, ck: ColumnKernel, out: ElementLowering
+                   ) -> list[ir.Stmt]:
+    """The outputs at position mf_k, computed (`out` holds the scans' running values) and
+    stored."""
+    graph = ctx.graph
+    stmts = out.lower([o.node for o in graph.outputs])
+    for j, o in enumerate(graph.outputs):
+        name = ctx.out_names[j]
+        stmts.append(ir.Store(name, ck.at(name, o.axes), ctx.out_value(j, out)))
+    return stmts
 
 
 def column_lowering(ctx: ColumnContext, ck: ColumnKernel, parts: reduce.VariantParts,

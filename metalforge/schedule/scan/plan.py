@@ -13,6 +13,10 @@ from ..hardware import SIMD_WIDTH
 from .segments import SEGMENTS
 
 AXIS_LIMIT = 2 ** 31                 # positions along the scan axis: uint, with headroom
+# The column kernels split the axis where the columns are fewer threads than this (fill_groups
+# > 0), into segments of at least MIN_SEGMENT positions. Untuned.
+COLUMN_FILL = 1 << 16
+MIN_SEGMENT = 256
 
 
 @dataclass
@@ -53,14 +57,19 @@ class ScanSchedule(Schedule):
         return ()
 
     def segments(self, sizes: Mapping[str, int]) -> int:
-        """Segments per row (1: one threadgroup a row): where the split kernels are built and
-        the rows make fewer than fill_groups threadgroups, enough segments to reach it, each
-        at least one chunk."""
-        if "totals" not in self.variants or self.variant(sizes) != "row":
+        """Segments per row (column) (1: one threadgroup a row, one thread a column): where
+        the split kernels are built and the rows make fewer than fill_groups threadgroups,
+        enough segments to reach it, each at least one chunk; where the columns are fewer
+        than COLUMN_FILL threads, enough to reach that, each at least MIN_SEGMENT
+        positions."""
+        if len(self.variants) < 2 or self.variant(sizes) == "simd":
             return 1
-        d = sizes[self.axis]
+        d, rows = sizes[self.axis], self._rows(sizes)
+        if not self.inner:
+            if rows == 0 or rows >= COLUMN_FILL or d < 2 * MIN_SEGMENT:
+                return 1
+            return min(d // MIN_SEGMENT, -(-COLUMN_FILL // rows))
         chunks = -(-d // (self.group_threads(d) * self.reads))
-        rows = self._rows(sizes)
         if chunks < 2 or rows == 0 or rows >= self.policy.fill_groups:
             return 1
         return min(chunks, -(-self.policy.fill_groups // rows))
@@ -95,7 +104,8 @@ class ScanSchedule(Schedule):
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         rows = self._rows(sizes)
         if not self.inner:
-            return rows, max(1, min(self.policy.threads_per_group, rows))
+            n = rows * self.segments(sizes)
+            return n, max(1, min(self.policy.threads_per_group, n))
         if self.variant(sizes) == "simd":
             w = self.lanes_per_row(sizes[self.axis])
             group = min(self.policy.rows_per_group * SIMD_WIDTH, self.policy.threads_per_group)
@@ -108,7 +118,8 @@ class ScanSchedule(Schedule):
         last = Step(self.host_name(sizes), *self.launch(sizes))
         if self.segments(sizes) == 1:
             return (last,)
-        return (Step(self.variants["totals"].host_name, last.threads, last.group), last)
+        first = self.variants["totals" if self.inner else "col_totals"]
+        return (Step(first.host_name, last.threads, last.group), last)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         segs = self.segments(sizes)
@@ -120,7 +131,7 @@ class ScanSchedule(Schedule):
         the kernel the call launches first, as the bench scripts name it; the sizes say)."""
         reads = dict(self.passes.get("row", {}))
         if self.segments(sizes) > 1:
-            for t, n in self.passes["totals"].items():
+            for t, n in self.passes.get("totals", {}).items():
                 reads[t] = reads.get(t, 0) + n
         return self.moved(sizes, reads, 0)
 
