@@ -116,10 +116,14 @@ def test_fused_prologue_and_epilogue():
 
 
 def test_integer_running_extremes_are_exact():
-    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (20, 77), dtype=torch.int32)   # 8 rows a group
-    hi, lo = int_extremes(x)
-    assert torch.equal(hi, torch.cummax(x, 1).values)
-    assert torch.equal(lo, torch.cummin(x, 1).values)
+    """Short rows (8 a group of the simd kernel, the last group partial) and rows of three
+    chunks (integer scans never split: their totals would pass through fp32 scratch)."""
+    for shape, k in (((20, 77), int_extremes), ((2, 600), int_extremes.with_launch(ONE_SIMDGROUP))):
+        x = torch.randint(-2 ** 31, 2 ** 31 - 1, shape, dtype=torch.int32)
+        assert len(k.launches(x)) == 1
+        hi, lo = k(x)
+        assert torch.equal(hi, torch.cummax(x, 1).values)
+        assert torch.equal(lo, torch.cummin(x, 1).values)
 
 
 def test_check_masked_cumsum():

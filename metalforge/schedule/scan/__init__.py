@@ -25,7 +25,9 @@ the row's length one of the row kernels (`ScanSchedule.variant`):
   the row's lanes for every kind, no threadgroup memory or barrier.
 - ``column`` (the scan axis outer somewhere): one thread per column of the other axes (the
   contiguous one fastest, so neighbouring threads read neighbouring addresses), scanning
-  serially along the axis, each element read and written once.
+  serially along the axis, R positions' loads at a time, each element read and written once;
+  where the columns are too few threads (`plan.COLUMN_FILL`) and the axis long, one thread
+  per column and segment of the axis, after a ``col_totals`` launch (as below).
 
 Few long rows (fewer than fill_groups threadgroups, rows of at least two chunks) split into
 segments of whole chunks, one threadgroup each (`segments`): a first launch, the ``totals``
@@ -38,8 +40,8 @@ totals are fp32); the MLX backend, one launch per call, keeps each row in one th
 f16/bf16 values scan in fp32 (`Scan.acc_type`), integers (cummax/cummin only) in int/uint.
 Modules: `context` (the checks, the `Scan`s, the contexts), `blocks` (combines, identities,
 the simdgroup prefix and the threadgroup carry), `segments` (the split: the thread's
-segment, the carry in, the totals to scratch), `kernels` (the row, simd, totals and
-column kernels), `plan` (`ScanSchedule`, the host side), `build`.
+segment, the carry in, the totals to scratch), `kernels` (the row, simd, totals,
+column and col_totals kernels), `plan` (`ScanSchedule`, the host side), `build`.
 """
 from __future__ import annotations
 

@@ -62,7 +62,8 @@ class ScanSchedule(Schedule):
         enough segments to reach it, each at least one chunk; where the columns are fewer
         than COLUMN_FILL threads, enough to reach that, each at least MIN_SEGMENT
         positions."""
-        if len(self.variants) < 2 or self.variant(sizes) == "simd":
+        first = "totals" if self.inner else "col_totals"
+        if first not in self.variants or self.variant(sizes) == "simd":
             return 1
         d, rows = sizes[self.axis], self._rows(sizes)
         if not self.inner:
@@ -76,11 +77,12 @@ class ScanSchedule(Schedule):
 
     @property
     def thresholds(self) -> tuple[int, ...]:
-        """Row lengths where the row kernel's behaviour changes: the longest row one chunk
-        holds (`check` tries t - 1, t, t + 1 there): one simdgroup's (the simd kernel), one
-        threadgroup's (more: several chunks, and a split of few rows)."""
+        """Lengths where the kernels' behaviour changes (`check` tries t - 1, t, t + 1 there):
+        the longest row one simdgroup's chunk holds (the simd kernel), one threadgroup's
+        (more: several chunks, and a split of few rows); the shortest column axis a split
+        takes."""
         if not self.inner:
-            return ()
+            return (2 * MIN_SEGMENT,)              # the column kernel's shortest split
         return (SIMD_WIDTH * self.reads, self.policy.threads_per_group * self.reads)
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
