@@ -46,6 +46,10 @@ from .frontend.ops import (
     ceil,
     clamp,
     cos,
+    cummax,
+    cummin,
+    cumprod,
+    cumsum,
     erf,
     exp,
     exp2,
@@ -55,6 +59,7 @@ from .frontend.ops import (
     log,
     log2,
     log_softmax,
+    logcumsumexp,
     logsumexp,
     max,
     maximum,
@@ -81,6 +86,7 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp", "take", "unpack", "scatter_add")
+_OPS += ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

@@ -176,6 +176,11 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
         return _binary_grad(b, n, g)
     if n.op == Op.REDUCE:
         return _reduce_grad(b, n, g)
+    if n.op == Op.SCAN:
+        raise NotDifferentiable(f"mf.{n.attr[0]}(..., {n.attr[1]!r}){_at(n)} has no derivative "
+                                "in metalforge yet: its backward is a scan in reverse order "
+                                "(cumsum's: a reversed cumsum of the gradient), future work "
+                                "of the backward-kernel issue (#53)")
     return []
 
 

@@ -131,7 +131,10 @@ class Op(_Name):
                 index's, plus `axis` (an axis of a tensor parameter); element e of the values
                 is added at position index[e] along `axis`. A kernel's only output; an index
                 outside [0, size) is reported like a gather's (`scatter_sites`, numbered after
-                the TAKE nodes)"""
+                the TAKE nodes)
+        SCAN    attr = (kind, axis), kind a `ScanOp`          args = (x,)
+                the inclusive scan of x along `axis` (torch.cumsum and friends): the node
+                keeps x's axes; element i combines x's elements 0..i along `axis`"""
     LOAD = "load"
     SCALAR = "scalar"
     CONST = "const"
@@ -145,6 +148,7 @@ class Op(_Name):
     UNPACK = "unpack"
     TAKE = "take"
     SCATTER = "scatter"
+    SCAN = "scan"
 
 
 class _Kind(_Name):
@@ -209,6 +213,15 @@ class ReduceOp(_Kind):
     PROD = "prod"
     ARGMAX = "argmax"
     ARGMIN = "argmin"
+
+
+class ScanOp(_Kind):
+    """The kind of a SCAN node: the DSL function (and torch's) of the same name."""
+    CUMSUM = "cumsum"
+    CUMPROD = "cumprod"
+    CUMMAX = "cummax"
+    CUMMIN = "cummin"
+    LOGCUMSUMEXP = "logcumsumexp"
 
 
 @dataclass(eq=False)

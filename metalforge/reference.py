@@ -22,7 +22,7 @@ import torch
 from . import unsigned
 from .dtypes import BOOL, U64, DType
 from .errors import GatherIndexError, empty_extreme
-from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, UnaryOp, topo_order
+from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, ScanOp, UnaryOp, topo_order
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -46,6 +46,10 @@ _BINARY: dict[BinaryOp, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = 
 _REDUCE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
     ReduceOp.SUM: torch.sum, ReduceOp.PROD: torch.prod, ReduceOp.MAX: torch.amax,
     ReduceOp.MIN: torch.amin, ReduceOp.ARGMAX: torch.argmax, ReduceOp.ARGMIN: torch.argmin,
+}
+_SCAN: dict[ScanOp, Callable[..., Any]] = {
+    ScanOp.CUMSUM: torch.cumsum, ScanOp.CUMPROD: torch.cumprod, ScanOp.CUMMAX: torch.cummax,
+    ScanOp.CUMMIN: torch.cummin, ScanOp.LOGCUMSUMEXP: torch.logcumsumexp,
 }
 _EXTREMES = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)   # none of 0 values
 _REDUCE_VALUE = (ReduceOp.MAX, ReduceOp.MIN)
@@ -247,6 +251,8 @@ class _Evaluator:
                          n.args[0].dtype is U64)
         if n.op == Op.SCATTER:
             return self.scatter(n, ct)
+        if n.op == Op.SCAN:
+            return self.scan(n, args[0], ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
     def scatter(self, n: Node, ct: torch.dtype) -> torch.Tensor:
@@ -280,6 +286,19 @@ class _Evaluator:
         count = torch.zeros_like(out).index_add_(0, i, torch.ones_like(v))
         x = torch.stack([m.reshape(shape).permute(order) for m in (mags, count)])
         return self.adjust(n, x, r)
+
+    def scan(self, n: Node, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
+        """A scan along its axis with torch's own function (float64 for floats, rounded to
+        fp32 once; cumprod in fp32; cummax/cummin keep their values, not their indices)."""
+        kind, axis = n.attr
+        dim = n.args[0].axes.index(axis)
+        if kind == ScanOp.CUMPROD and n.dtype.is_float:
+            # in fp32, as the kernel (and torch on f32) multiply: a running product overflows
+            # to inf (then inf * 0 is NaN) or underflows to 0 where float64's would not
+            x = x.to(torch.float32)
+        r = _SCAN[kind](x.to(x.dtype if x.dtype == torch.float32 else ct), dim=dim)
+        return self.wrap((r.values if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) else r).to(ct),
+                         n.dtype)
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         x = n.args[0]

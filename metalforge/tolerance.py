@@ -40,7 +40,7 @@ from typing import Iterable, Optional
 import torch
 
 from .dtypes import ALL, DType
-from .graph import ReduceOp
+from .graph import Op, ReduceOp, ScanOp
 
 BASE = {"f32": 1e-5, "f16": 1e-3, "bf16": 1e-2}
 TINY = {"f32": torch.finfo(torch.float32).tiny, "f16": torch.finfo(torch.float16).tiny,
@@ -48,6 +48,7 @@ TINY = {"f32": torch.finfo(torch.float32).tiny, "f16": torch.finfo(torch.float16
 ACCUMULATION = 4 * torch.finfo(torch.float32).eps     # per sqrt(element) of a summed reduction
 _PRECISION_ORDER = ("bf16", "f16", "f32")              # lowest precision first
 ACCUMULATING = (ReduceOp.SUM, ReduceOp.PROD)        # mean is traced as sum / size
+ACCUMULATING_SCANS = (ScanOp.CUMSUM, ScanOp.CUMPROD, ScanOp.LOGCUMSUMEXP)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,9 @@ def reduction_length(graph, sizes: dict[str, int]) -> int:
         kind, axis = node.attr
         if kind in ACCUMULATING:
             total += int(sizes.get(axis, 0))
+    for node in graph.nodes():          # scans that accumulate: as long as their axis
+        if node.op == Op.SCAN and node.attr[0] in ACCUMULATING_SCANS:
+            total += int(sizes.get(node.attr[1], 0))
     return total
 
 

@@ -377,3 +377,23 @@ inline I mf_lower_bound(device const long* keys, I n, long v) {
     }
     return lo;
 }
+
+// helper: mf_logaddexp
+// log(exp(a) + exp(b)) without overflow, as torch.logcumsumexp combines: the larger plus
+// log1p(exp(smaller - larger)); both -inf (or both +inf) give that infinity, a NaN gives NaN.
+// MSL has no log1p: log1p(t) = log(u) * t / (u - 1) with u = 1 + t (accurate to a few ulp;
+// t itself where u rounds to 1)
+inline float mf_logaddexp(float a, float b) {
+    if (a != a || b != b) {
+        return a + b;
+    }
+    const float mf_hi = max(a, b);
+    const float mf_lo = min(a, b);
+    if (mf_lo == mf_hi && isinf(mf_hi)) {
+        return mf_hi;
+    }
+    const float mf_t = precise::exp(mf_lo - mf_hi);
+    const float mf_u = 1.0f + mf_t;
+    const float mf_l = mf_u == 1.0f ? mf_t : precise::log(mf_u) * (mf_t / (mf_u - 1.0f));
+    return mf_hi + mf_l;
+}

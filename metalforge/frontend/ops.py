@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence, Union
 
-from ..graph import BinaryOp, ReduceOp, UnaryOp
+from ..dtypes import I64
+from ..graph import BinaryOp, Op, ReduceOp, ScanOp, UnaryOp
 from . import scatter as _scatter
 from .tracer import Sym, Trace, current
 
@@ -324,3 +325,72 @@ def scatter_add(values: Any, axis: str, index: Any, *, deterministic: bool = Fal
     """
     return _scatter.scatter_add(_trace((values, index), "scatter_add"), values, axis, index,
                                 deterministic, dtype)
+
+
+# -- scans: inclusive scans along one axis, keeping it --------------------------------------
+
+def _scan(kind: ScanOp, x: Any, axis: str) -> Sym:
+    """The SCAN node of `kind` over `axis` of x, with torch's result dtype: cumsum and cumprod
+    of integers and bools give i64 (as torch.cumsum does), the others keep x's dtype."""
+    fn = f"mf.{kind}"
+    tr = _trace((x,), str(kind))
+    if not isinstance(x, Sym):
+        raise tr.error(f"{fn}: expected a kernel value to scan, got {x!r}")
+    axis = tr.check_axis(axis, fn)
+    n = x._node
+    if axis not in n.axes:
+        raise tr.error(f"{fn}: the value has axes {list(n.axes)}, not '{axis}'; a scan runs "
+                       f"along an axis the value has")
+    if kind in (ScanOp.CUMSUM, ScanOp.CUMPROD) and not n.dtype.is_float:
+        n = tr.cast(n, I64)                   # torch.cumsum of an int or bool is int64
+    return tr.sym(tr.node(Op.SCAN, (n,), n.dtype, n.axes, attr=(kind, axis)))
+
+
+def cumsum(x: Any, axis: str) -> Sym:
+    """Inclusive cumulative sum along `axis`, keeping it (torch.cumsum): element i is
+    x[0] + ... + x[i]; fp32 accumulation for f16/bf16. Integers and bools give i64 in torch,
+    which scan kernels do not compute: write ``mf.cumsum(x.to(mf.f32), axis)``.
+
+    Example::
+
+        @mf.kernel
+        def masked_mean_so_far(x: "T[B, L]", m: "T[B, L]"):
+            return mf.cumsum(x * m, "L") / mf.cumsum(m, "L")"""
+    return _scan(ScanOp.CUMSUM, x, axis)
+
+
+def cumprod(x: Any, axis: str) -> Sym:
+    """Inclusive cumulative product along `axis`, keeping it (torch.cumprod); fp32
+    accumulation for f16/bf16; integers give i64 as in torch (use ``x.to(mf.f32)``).
+
+    Example: ``mf.cumprod(1.0 - p, "T")`` (survival probabilities)."""
+    return _scan(ScanOp.CUMPROD, x, axis)
+
+
+def cummax(x: Any, axis: str) -> Sym:
+    """Running maximum along `axis`, keeping it and x's dtype. torch.cummax returns
+    (values, indices); metalforge returns the values only. A NaN propagates to every later
+    element, as in torch.
+
+    Example: ``x - mf.cummax(x, "T")`` (drawdown)."""
+    return _scan(ScanOp.CUMMAX, x, axis)
+
+
+def cummin(x: Any, axis: str) -> Sym:
+    """Running minimum along `axis`, keeping it and x's dtype (the values of torch.cummin,
+    not its indices); a NaN propagates to every later element, as in torch.
+
+    Example: ``mf.cummin(loss, "step")``."""
+    return _scan(ScanOp.CUMMIN, x, axis)
+
+
+def logcumsumexp(x: Any, axis: str) -> Sym:
+    """log(cumsum(exp(x))) along `axis`, computed stably as torch.logcumsumexp (no overflow
+    for large x; all -inf so far gives -inf). Floating-point values only, as in torch.
+
+    Example: ``mf.exp(mf.logcumsumexp(x, "T") - y)``."""
+    if isinstance(x, Sym) and not x.dtype.is_float:
+        raise _trace((x,), "logcumsumexp").error(
+            f"mf.logcumsumexp needs a floating-point value, got {x.dtype} (torch.logcumsumexp "
+            f"refuses integers too); convert first: mf.logcumsumexp(x.to(mf.f32), ...)")
+    return _scan(ScanOp.LOGCUMSUMEXP, x, axis)

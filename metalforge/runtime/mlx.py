@@ -309,6 +309,12 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
             f"deterministic mode) and reports an index out of range through a buffer it "
             f"writes; the mlx backend launches one kernel per call and binds no report "
             f"buffer: call it with torch tensors (backends 'mps', 'cuda', 'sim')")
+    if family == "scan":                # one threadgroup a row: no totals launch first
+        if (launch or {}).get("fill_groups", 0):
+            raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "
+                              f"scan keeps each row in one threadgroup; got "
+                              f"launch={dict(launch or {})}")
+        return {**(launch or {}), "fill_groups": 0}
     if family == "column":
         if (launch or {}).get("fill_groups", 0):
             raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, rows, scatter
+from . import attention, column, elementwise, quant, rows, scan, scatter
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -98,6 +98,10 @@ def _build_column(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) 
     return column.build(graph, policy, index64)
 
 
+def _build_scan(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) -> Schedule:
+    return scan.build(graph, policy, index64)
+
+
 def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
                        outputs: object) -> Schedule:
     return elementwise.build(graph, policy, index64)
@@ -107,6 +111,9 @@ def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
 PATTERNS: tuple[Pattern, ...] = (
     # an mf.scatter_add output: zeroed, added to at computed positions
     Pattern("scatter", lambda f: True, lambda g, f: scatter.match(g), scatter.build),
+    # scans along one axis (mf.cumsum...), with elementwise work around them; a scan with a
+    # reduction is refused here, clearly (scan.match)
+    Pattern("scan", lambda f: True, lambda g, f: scan.match(g), _build_scan),
     # a reduction whose argument unpacks packed words
     Pattern("quant", lambda f: bool(f.reductions), lambda g, f: quant.match(g), quant.build),
     # sum(softmax(s, L) * V, L) with s summed products over another axis E

@@ -116,7 +116,8 @@ def tensor_var(name: str, suffix: str) -> str:
 HELPER_WORDS = frozenset("""
 erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd_min
 simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
-online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound""".split())
+online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
+logaddexp""".split())
 
 
 def kernel_name(op: str, suffix: str = "") -> str:

@@ -226,6 +226,14 @@ POLICIES: dict[str, LaunchPolicy] = {
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=4, rows_per_group=8,
                            reads_per_thread=4, looped_limit=16, fill_groups=1024,
                            chunk_rows=128),
+    # scans (schedule/scan/): the row kernel's threadgroup holds a chunk of
+    # threads_per_group x reads_per_thread elements of a row (fewer threads for shorter rows,
+    # chosen per call); rows of one simdgroup's chunk (32 x reads_per_thread) one simdgroup
+    # each, rows_per_group a threadgroup; vector_width an upper bound (16 bytes at most); rows
+    # of several chunks split into segments (a totals launch first) where the rows alone make
+    # fewer than fill_groups threadgroups (0: never). Untuned.
+    "scan": LaunchPolicy("scan", threads_per_group=1024, vector_width=8, reads_per_thread=8,
+                         rows_per_group=8, uses_simd=True, fill_groups=256),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
 # the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and
@@ -266,6 +274,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
+    "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
     "scatter": ("threads_per_group", "index64"),
@@ -420,8 +429,19 @@ def _validate_column(p: LaunchPolicy) -> None:
           f"{MAX_READS_PER_THREAD}")
 
 
+def _validate_scan(p: LaunchPolicy) -> None:
+    r = p.reads_per_thread
+    _need(p, r <= MAX_READS_PER_THREAD,
+          f"reads_per_thread={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
+          f"spill on Apple GPUs")
+    _need(p, r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
+          f"reads_per_thread={r} must be a multiple of vector_width={p.vector_width} (or a "
+          f"power of two below it)")
+
+
 _FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,
                   "quant": _validate_quant, "column": _validate_column}
+_FAMILY_CHECKS["scan"] = _validate_scan
 
 
 def validate_for_kernel(p: LaunchPolicy, kernel_name: str, max_threads: int,

@@ -25,6 +25,7 @@ from ..graph import (
     Op,
     Param,
     ScalarParam,
+    ScanOp,
     TensorParam,
     scatter_sites,
     take_sites,
@@ -298,8 +299,12 @@ def _graph_limits(graph: Graph) -> dict[str, bool]:
         int_div |= integer and n.attr in (BinaryOp.FLOORDIV, BinaryOp.MOD)
         shifts |= n.attr in (BinaryOp.SHL, BinaryOp.SHR)
         int_pow |= integer and n.attr == BinaryOp.POW
+    # a running product (mf.cumprod) overflows to inf where its blocks do, and inf * 0 is NaN:
+    # which elements then differ from the sequential product depends on the scan's order, so
+    # its examples keep to moderate magnitudes (as inf/NaN inputs do)
+    products = any(n.op == Op.SCAN and n.attr[0] == ScanOp.CUMPROD for n in graph.nodes())
     return {"nonfinite": not (float_to_int or quantized), "large": not float_to_int,
-            "zeros": not int_div, "negative": not (shifts or int_pow)}
+            "zeros": not int_div, "negative": not (shifts or int_pow), "moderate": products}
 
 
 def index_tensors(graph: Graph) -> dict[str, str]:
@@ -378,7 +383,7 @@ def value_families(dtype: DType, name: str, spec, global_families, nonfinite: bo
     """The value families tensor `name` may take (what `values=` asks, else all allowed)."""
     allowed = families(dtype, nonfinite=nonfinite, large=limits["large"],
                        zeros=limits["zeros"])
-    if nonfinite and dtype.is_float:
+    if (nonfinite or limits.get("moderate")) and dtype.is_float:
         allowed = tuple(f for f in allowed if f in MODERATE_FAMILIES)
     want = spec if spec is not None else (global_families if dtype.is_float else None)
     if isinstance(want, str):

@@ -39,18 +39,23 @@ def attend(q: "T[S, E]", k: "T[L, E]", v: "T[L, E]"):
 
 
 @mf.kernel
+def running_sum(x: "T[R, D]"):
+    return mf.cumsum(x, axis="D")
+
+
+@mf.kernel
 def two_axes(x: "T[R, D]"):
     return mf.sum(x, axis="D") + mf.sum(x, axis="R")
 
 
 @pytest.mark.parametrize("kernel, fam", [(scale, "elementwise"), (row_sum, "row"),
                                          (col_sum, "column"), (qmv, "quant"),
-                                         (attend, "attention")])
+                                         (attend, "attention"), (running_sum, "scan")])
 def test_each_family_is_recognised(kernel, fam):
     g = kernel.graph(T="f32")
     m = schedule.recognise(g)
     assert m.family == schedule.family(g) == fam
-    assert [p.family for p in schedule.PATTERNS] == ["scatter", "quant", "attention", "row",
+    assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant", "attention", "row",
                                                      "column", "elementwise"]
     assert schedule.plan(g).family == fam
 
