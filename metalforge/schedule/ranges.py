@@ -232,12 +232,18 @@ class Analysis:
     def __init__(self, sizes: Sizes) -> None:
         self.sizes = sizes
         self.memo: dict[tuple[int, Env], Range] = {}
+        self.keys: dict[int, object] = {}
+
+    def key(self, n: Node) -> object:
+        if id(n) not in self.keys:
+            self.keys[id(n)] = key(n)
+        return self.keys[id(n)]
 
     def range(self, n: Node, env: Env = ()) -> Range:
         k = (id(n), env)
         if k not in self.memo:
             r = self._node(n, env)
-            extra = [(lo, hi) for key_, lo, hi in env if key_ == key(n)]
+            extra = [(lo, hi) for key_, lo, hi in env if key_ == self.key(n)]
             if extra:
                 lows = [f for lo, _ in extra for f in lo]
                 highs = [f for _, hi in extra for f in hi]
@@ -260,13 +266,13 @@ class Analysis:
             return (Case((Form.of(0),), (Form.of(1),)),)
         if op == Op.CAST:
             return self.range(n.args[0], env) if _keeps_value(n.args[0], n) else TOP
-        if op == Op.WHERE:
+        if op == Op.WHERE and _signed(n) and _widens(n):
             cond, a, b = n.args
             return _cases((*self.range(a, self.narrow(cond, True, env)),
                            *self.range(b, self.narrow(cond, False, env))))
         if op == Op.UNARY and n.attr == UnaryOp.NEG and _signed(n, wide=True):
             return self._scaled(self.range(n.args[0], env), -1)
-        if op == Op.BINARY and _signed(n):
+        if op == Op.BINARY and _signed(n) and _widens(n):
             rule = _BINARY.get(n.attr)
             if rule is not None:
                 return rule(self, n, env)
@@ -421,9 +427,9 @@ class Analysis:
         rx, ry = self.range(x, env), self.range(y, env)
         add: list[tuple[object, tuple[Form, ...], tuple[Form, ...]]] = []
         if len(ry) == 1 and ry[0].uppers:
-            add.append((key(x), (), tuple(u + Form.of(d) for u in ry[0].uppers)))
+            add.append((self.key(x), (), tuple(u + Form.of(d) for u in ry[0].uppers)))
         if len(rx) == 1 and rx[0].lowers:
-            add.append((key(y), tuple(lo - Form.of(d) for lo in rx[0].lowers), ()))
+            add.append((self.key(y), tuple(lo - Form.of(d) for lo in rx[0].lowers), ()))
         return env + tuple(add)
 
 
@@ -437,6 +443,13 @@ def _keeps_value(src: Node, dst: Node) -> bool:
         return True
     return (s.kind == "int" and t.itemsize >= s.itemsize) or \
         (s.kind == "uint" and t.itemsize > s.itemsize)
+
+
+def _widens(n: Node) -> bool:
+    """Every value operand of `n` converts to n's dtype unchanged (a where's condition
+    aside)."""
+    args = n.args[1:] if n.op == Op.WHERE else n.args
+    return all(a.dtype == n.dtype or _keeps_value(a, n) for a in args)
 
 
 def _no_wrap(c: Case) -> Case:
