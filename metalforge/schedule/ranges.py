@@ -3,7 +3,7 @@
 An interval analysis over an index expression's graph, symbolic in the axis sizes (which are
 run-time values). A value's range is a list of *cases* (the value lies in at least one: the
 branches of a `where`), each a set of lower and a set of upper bounds (the value is at least
-every lower bound and at most every upper one); a bound is an affine `Form` over the sizes of
+every lower bound and at most every upper one); a bound is an affine form (`SizeForm`) over the sizes of
 the kernel's base axes with rational coefficients: `size(E) - 1`, `size(E)/2 + 3`. The
 annotations relate axes: a derived dim "E/2" has size exactly size(E)/2 (shapes only bind when
 the division is exact, so E is then a multiple of 2), "F*2" size 2*size(F), one name one size.
@@ -54,31 +54,31 @@ WRAP_LIMIT = 1 << 62       # bounds of 64-bit arithmetic stay below this: nothin
 # --------------------------------------------------------------------------- affine forms
 
 @dataclass(frozen=True)
-class Form:
+class SizeForm:
     """sum(coefficient * size(symbol)) + const: a bound, symbolic in the base axes' sizes."""
     terms: tuple[tuple[str, Fraction], ...] = ()      # sorted by symbol, no zero coefficients
     const: Fraction = Fraction(0)
 
     @staticmethod
-    def of(value: int | Fraction) -> "Form":
-        return Form((), Fraction(value))
+    def of(value: int | Fraction) -> "SizeForm":
+        return SizeForm((), Fraction(value))
 
     @staticmethod
-    def size(symbol: str) -> "Form":
-        return Form(((symbol, Fraction(1)),))
+    def size(symbol: str) -> "SizeForm":
+        return SizeForm(((symbol, Fraction(1)),))
 
-    def __add__(self, other: "Form") -> "Form":
+    def __add__(self, other: "SizeForm") -> "SizeForm":
         acc = dict(self.terms)
         for s, c in other.terms:
             acc[s] = acc.get(s, Fraction(0)) + c
-        return Form(tuple(sorted((s, c) for s, c in acc.items() if c)), self.const + other.const)
+        return SizeForm(tuple(sorted((s, c) for s, c in acc.items() if c)), self.const + other.const)
 
-    def scale(self, k: Fraction) -> "Form":
+    def scale(self, k: Fraction) -> "SizeForm":
         if not k:
-            return Form.of(0)
-        return Form(tuple((s, c * k) for s, c in self.terms), self.const * k)
+            return SizeForm.of(0)
+        return SizeForm(tuple((s, c * k) for s, c in self.terms), self.const * k)
 
-    def __sub__(self, other: "Form") -> "Form":
+    def __sub__(self, other: "SizeForm") -> "SizeForm":
         return self + other.scale(Fraction(-1))
 
     @property
@@ -100,21 +100,21 @@ class Form:
 @dataclass(frozen=True)
 class Case:
     """The value is >= every form in `lowers` and <= every form in `uppers`."""
-    lowers: tuple[Form, ...] = ()
-    uppers: tuple[Form, ...] = ()
+    lowers: tuple[SizeForm, ...] = ()
+    uppers: tuple[SizeForm, ...] = ()
 
     @staticmethod
-    def exact(f: Form) -> "Case":
+    def exact(f: SizeForm) -> "Case":
         return Case((f,), (f,))
 
     def both(self) -> bool:
         return bool(self.lowers and self.uppers)
 
-    def exact_form(self) -> Optional[Form]:
+    def exact_form(self) -> Optional[SizeForm]:
         """The form the value equals, when one is both a lower and an upper bound."""
         return next((f for f in self.lowers if f in self.uppers), None)
 
-    def with_bounds(self, lowers: Iterable[Form], uppers: Iterable[Form]) -> "Case":
+    def with_bounds(self, lowers: Iterable[SizeForm], uppers: Iterable[SizeForm]) -> "Case":
         return Case(_cap((*self.lowers, *lowers)), _cap((*self.uppers, *uppers)))
 
     def __str__(self) -> str:
@@ -126,10 +126,10 @@ class Case:
 Range = tuple[Case, ...]
 TOP: Range = (Case(),)
 # narrowing facts: (structural key of a value, extra lower bounds, extra upper bounds)
-Env = tuple[tuple[object, tuple[Form, ...], tuple[Form, ...]], ...]
+Env = tuple[tuple[object, tuple[SizeForm, ...], tuple[SizeForm, ...]], ...]
 
 
-def _cap(forms: Iterable[Form]) -> tuple[Form, ...]:
+def _cap(forms: Iterable[SizeForm]) -> tuple[SizeForm, ...]:
     return tuple(dict.fromkeys(forms))[:MAX_BOUNDS]
 
 
@@ -161,7 +161,7 @@ def key(n: Node) -> object:
 # --------------------------------------------------------------------------- sizes
 
 @dataclass(frozen=True)
-class Sizes:
+class SizeFacts:
     """What is known of the sizes: each axis' size as a form over base symbols, and each base
     symbol's least value (0, or more where a derived dim or a non-empty axis needs it)."""
     graph: Graph
@@ -173,11 +173,11 @@ class Sizes:
         except KeyError:
             return AxisSpec(axis)
 
-    def form(self, axis: str) -> Form:
+    def form(self, axis: str) -> SizeForm:
         s = self.spec(axis)
         if s.base is None:
-            return Form.size(axis)
-        return Form.size(s.base).scale(Fraction(s.mul, s.div)) + Form.of(s.add)
+            return SizeForm.size(axis)
+        return SizeForm.size(s.base).scale(Fraction(s.mul, s.div)) + SizeForm.of(s.add)
 
     def multiple(self, symbol: str) -> int:
         return size_multiple(self.graph.tensors, symbol)
@@ -204,7 +204,7 @@ class Sizes:
             out[s] = Fraction(math.ceil(max(lo, Fraction(0)) / m) * m)
         return out
 
-    def at_least(self, f: Form, bound: Fraction, strict: bool) -> bool:
+    def at_least(self, f: SizeForm, bound: Fraction, strict: bool) -> bool:
         """Whether f >= bound (f > bound where `strict`) for every admissible size: every
         coefficient >= 0 and the value at the least sizes past the bound."""
         if any(c < 0 for _, c in f.terms):
@@ -213,11 +213,11 @@ class Sizes:
                             Fraction(0))
         return low > bound if strict else low >= bound
 
-    def nonneg_int(self, f: Form) -> bool:
+    def nonneg_int(self, f: SizeForm) -> bool:
         """A lower bound f of an integer value proves the value >= 0 (f > -1 everywhere)."""
         return self.at_least(f, Fraction(-1), strict=True)
 
-    def exact_div(self, f: Form, k: int) -> bool:
+    def exact_div(self, f: SizeForm, k: int) -> bool:
         """Whether f / k is a whole number for every admissible size (each size a multiple
         of its symbol's `multiple`)."""
         return (f.const / k).denominator == 1 and all(
@@ -227,9 +227,9 @@ class Sizes:
 # --------------------------------------------------------------------------- the analysis
 
 class Analysis:
-    """The ranges of the values behind one gather's index (one `Sizes`)."""
+    """The ranges of the values behind one gather's index (one `SizeFacts`)."""
 
-    def __init__(self, sizes: Sizes) -> None:
+    def __init__(self, sizes: SizeFacts) -> None:
         self.sizes = sizes
         self.memo: dict[tuple[int, Env], Range] = {}
         self.keys: dict[int, object] = {}
@@ -255,15 +255,15 @@ class Analysis:
         op = n.op
         if op == Op.CONST:
             v = n.attr
-            return (Case.exact(Form.of(int(v))),) if isinstance(v, (int, bool)) else TOP
+            return (Case.exact(SizeForm.of(int(v))),) if isinstance(v, (int, bool)) else TOP
         if op == Op.INDEX and _signed(n):
-            return (Case((Form.of(0),), (self.sizes.form(n.attr) - Form.of(1),)),)
+            return (Case((SizeForm.of(0),), (self.sizes.form(n.attr) - SizeForm.of(1),)),)
         if op == Op.SIZE and _signed(n):
             return (Case.exact(self.sizes.form(n.attr)),)
         if op == Op.UNPACK:
-            return (Case((Form.of(0),), (Form.of((1 << n.attr) - 1),)),)
+            return (Case((SizeForm.of(0),), (SizeForm.of((1 << n.attr) - 1),)),)
         if n.dtype.kind == "bool" and op in (Op.BINARY, Op.UNARY):
-            return (Case((Form.of(0),), (Form.of(1),)),)
+            return (Case((SizeForm.of(0),), (SizeForm.of(1),)),)
         if op == Op.CAST:
             return self.range(n.args[0], env) if _keeps_value(n.args[0], n) else TOP
         if op == Op.WHERE and _signed(n) and _widens(n):
@@ -320,7 +320,7 @@ class Analysis:
                 return self._scaled(self.range(x, env), c)
         return TOP
 
-    def _divisor(self, d: Node, env: Env) -> Optional[Form]:
+    def _divisor(self, d: Node, env: Env) -> Optional[SizeForm]:
         """The divisor as a form provably >= 1, or None."""
         r = self.range(d, env)
         f = r[0].exact_form() if len(r) == 1 else None
@@ -336,13 +336,13 @@ class Analysis:
             return TOP
         kc = k.constant
         if kc is None:                      # by a size: 0 <= x // d <= x
-            return _cases(Case((Form.of(0),), c.uppers) for c in rx)
+            return _cases(Case((SizeForm.of(0),), c.uppers) for c in rx)
 
         def div(c: Case) -> Case:
             e = c.exact_form()
             if e is not None and self.sizes.exact_div(e, int(kc)):
                 return Case.exact(e.scale(1 / kc))
-            return Case(_cap((Form.of(0), *((f - Form.of(kc - 1)).scale(1 / kc)
+            return Case(_cap((SizeForm.of(0), *((f - SizeForm.of(kc - 1)).scale(1 / kc)
                                             for f in c.lowers))),
                         tuple(f.scale(1 / kc) for f in c.uppers))
         return _cases(div(c) for c in rx)
@@ -352,7 +352,7 @@ class Analysis:
         rx, k = self.range(x, env), self._divisor(d, env)
         if k is None or not self._nonneg(rx):
             return TOP
-        return _cases(Case((Form.of(0),), _cap((k - Form.of(1), *c.uppers))) for c in rx)
+        return _cases(Case((SizeForm.of(0),), _cap((k - SizeForm.of(1), *c.uppers))) for c in rx)
 
     def _shr(self, n: Node, env: Env) -> Range:
         s = _int_const(n.args[1])
@@ -360,7 +360,7 @@ class Analysis:
         if s is None or not 0 <= s < 63 or not self._nonneg(rx):
             return TOP
         k = Fraction(1 << s)
-        return _cases(Case(_cap((Form.of(0), *((f - Form.of(k - 1)).scale(1 / k)
+        return _cases(Case(_cap((SizeForm.of(0), *((f - SizeForm.of(k - 1)).scale(1 / k)
                                                for f in c.lowers))),
                            tuple(f.scale(1 / k) for f in c.uppers)) for c in rx)
 
@@ -373,18 +373,19 @@ class Analysis:
         rx = self.range(x, env)
         if n.attr == BinaryOp.AND:          # x & c is in [0, c], and <= x when x >= 0
             keep = self._nonneg(rx)
-            return _cases(Case((Form.of(0),), _cap((Form.of(c), *(c_.uppers if keep else ()))))
+            return _cases(Case((SizeForm.of(0),), _cap((SizeForm.of(c), *(c_.uppers if keep else ()))))
                           for c_ in rx)
         if not self._nonneg(rx):            # x ^ c <= x | c <= x + c
             return TOP
-        return _cases(Case((Form.of(0),), tuple(f + Form.of(c) for f in c_.uppers)) for c_ in rx)
+        return _cases(Case((SizeForm.of(0),), tuple(f + SizeForm.of(c) for f in c_.uppers))
+                      for c_ in rx)
 
     def _extreme(self, n: Node, env: Env) -> Range:
         """minimum: every upper bound of either is one of the result; a lower bound of one
         that provably sits below a lower bound of the other is one. maximum: the mirror."""
         low = n.attr == BinaryOp.MINIMUM
 
-        def join(mine: tuple[Form, ...], other: tuple[Form, ...]) -> list[Form]:
+        def join(mine: tuple[SizeForm, ...], other: tuple[SizeForm, ...]) -> list[SizeForm]:
             sign = 1 if low else -1
             return [f for f in mine if any(self.sizes.at_least((g - f).scale(Fraction(sign)),
                                                                Fraction(0), False)
@@ -425,11 +426,11 @@ class Analysis:
     def _le(self, x: Node, y: Node, d: int, env: Env) -> Env:
         """x <= y + d: x's upper bounds from y's, y's lower bounds from x's."""
         rx, ry = self.range(x, env), self.range(y, env)
-        add: list[tuple[object, tuple[Form, ...], tuple[Form, ...]]] = []
+        add: list[tuple[object, tuple[SizeForm, ...], tuple[SizeForm, ...]]] = []
         if len(ry) == 1 and ry[0].uppers:
-            add.append((self.key(x), (), tuple(u + Form.of(d) for u in ry[0].uppers)))
+            add.append((self.key(x), (), tuple(u + SizeForm.of(d) for u in ry[0].uppers)))
         if len(rx) == 1 and rx[0].lowers:
-            add.append((self.key(y), tuple(lo - Form.of(d) for lo in rx[0].lowers), ()))
+            add.append((self.key(y), tuple(lo - SizeForm.of(d) for lo in rx[0].lowers), ()))
         return env + tuple(add)
 
 
@@ -486,17 +487,17 @@ def _positions(n: Node) -> frozenset[str]:
 def index_range(graph: Graph, take: Node) -> Range:
     """The range of gather `take`'s index (a TAKE node of `graph`)."""
     idx = take.args[0]
-    return Analysis(Sizes(graph, _positions(idx))).range(idx)
+    return Analysis(SizeFacts(graph, _positions(idx))).range(idx)
 
 
 def in_range(graph: Graph, take: Node) -> bool:
     """Whether gather `take`'s index is provably in [0, size(axis) - 1] for every admissible
     size and value."""
     idx = take.args[0]
-    sizes = Sizes(graph, _positions(idx))
+    sizes = SizeFacts(graph, _positions(idx))
     if not idx.dtype.is_int:
         return False
-    last = sizes.form(take.attr[1]) - Form.of(1)
+    last = sizes.form(take.attr[1]) - SizeForm.of(1)
     r = Analysis(sizes).range(idx)
     return all(any(sizes.nonneg_int(lo) for lo in c.lowers)
                and any(sizes.nonneg_int(last - hi) for hi in c.uppers) for c in r)
