@@ -3,8 +3,8 @@
 An interval analysis over an index expression's graph, symbolic in the axis sizes (which are
 run-time values). A value's range is a list of *cases* (the value lies in at least one: the
 branches of a `where`), each a set of lower and a set of upper bounds (the value is at least
-every lower bound and at most every upper one); a bound is an affine form (`SizeForm`) over the sizes of
-the kernel's base axes with rational coefficients: `size(E) - 1`, `size(E)/2 + 3`. The
+every lower bound and at most every upper one); a bound is an affine form (`SizeForm`) over
+the sizes of the kernel's base axes with rational coefficients: `size(E) - 1`, `size(E)/2 + 3`. The
 annotations relate axes: a derived dim "E/2" has size exactly size(E)/2 (shapes only bind when
 the division is exact, so E is then a multiple of 2), "F*2" size 2*size(F), one name one size.
 
@@ -71,7 +71,8 @@ class SizeForm:
         acc = dict(self.terms)
         for s, c in other.terms:
             acc[s] = acc.get(s, Fraction(0)) + c
-        return SizeForm(tuple(sorted((s, c) for s, c in acc.items() if c)), self.const + other.const)
+        terms = tuple(sorted((s, c) for s, c in acc.items() if c))
+        return SizeForm(terms, self.const + other.const)
 
     def scale(self, k: Fraction) -> "SizeForm":
         if not k:
@@ -373,7 +374,8 @@ class Analysis:
         rx = self.range(x, env)
         if n.attr == BinaryOp.AND:          # x & c is in [0, c], and <= x when x >= 0
             keep = self._nonneg(rx)
-            return _cases(Case((SizeForm.of(0),), _cap((SizeForm.of(c), *(c_.uppers if keep else ()))))
+            return _cases(Case((SizeForm.of(0),),
+                               _cap((SizeForm.of(c), *(c_.uppers if keep else ()))))
                           for c_ in rx)
         if not self._nonneg(rx):            # x ^ c <= x | c <= x + c
             return TOP
