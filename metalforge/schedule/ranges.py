@@ -383,23 +383,16 @@ class Analysis:
                       for c_ in rx)
 
     def _extreme(self, n: Node, env: Env) -> Range:
-        """minimum: every upper bound of either is one of the result; a lower bound of one
-        that provably sits below a lower bound of the other is one. maximum: the mirror."""
+        """minimum(a, b) is a (in a's range, and under b's upper bounds too) or b (the
+        mirror): two cases per pair of cases. maximum: the same with lower bounds."""
         low = n.attr == BinaryOp.MINIMUM
+        ra, rb = (self.range(a, env) for a in n.args)
+        if 2 * len(ra) * len(rb) > MAX_CASES:
+            return TOP
 
-        def join(mine: tuple[SizeForm, ...], other: tuple[SizeForm, ...]) -> list[SizeForm]:
-            sign = 1 if low else -1
-            return [f for f in mine if any(self.sizes.at_least((g - f).scale(Fraction(sign)),
-                                                               Fraction(0), False)
-                                           for g in other)]
-
-        def pick(a: Case, b: Case) -> Case:
-            if low:
-                return Case(_cap(join(a.lowers, b.lowers) + join(b.lowers, a.lowers)),
-                            _cap((*a.uppers, *b.uppers)))
-            return Case(_cap((*a.lowers, *b.lowers)),
-                        _cap(join(a.uppers, b.uppers) + join(b.uppers, a.uppers)))
-        return self._pairs(n, env, pick)
+        def one(x: Case, other: Case) -> Case:
+            return x.with_bounds((), other.uppers) if low else x.with_bounds(other.lowers, ())
+        return _cases(c for ca in ra for cb in rb for c in (one(ca, cb), one(cb, ca)))
 
     # -- conditions -------------------------------------------------------------------
     def narrow(self, cond: Node, truth: bool, env: Env) -> Env:
