@@ -15,13 +15,19 @@ import metalforge as mf
 from metalforge import runtime
 from metalforge.graph import take_sites
 from metalforge.runtime import indexcheck
-from metalforge.schedule.ranges import in_range, proven_sites
+from metalforge.schedule.ranges import in_range
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from paged_attention import paged_attention, torch_paged_attention  # noqa: E402
 from paged_kv_gather import paged_gather  # noqa: E402
-from rope import qk_norm_rope, rope, rope_cached, rope_interleaved, rope_partial  # noqa: E402
-from rope import torch_rope  # noqa: E402
+from rope import (  # noqa: E402
+    qk_norm_rope,
+    rope,
+    rope_cached,
+    rope_interleaved,
+    rope_partial,
+    torch_rope,  # noqa: E402
+)
 
 X = torch.zeros(1, 8)
 
