@@ -29,8 +29,6 @@ from rope import (  # noqa: E402
     torch_rope,  # noqa: E402
 )
 
-X = torch.zeros(1, 8)
-
 
 def _proven(fn, *args) -> list[bool]:
     g = fn.graph(*args) if args else fn.graph(T="f32")
