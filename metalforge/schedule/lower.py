@@ -233,6 +233,8 @@ class ElementLowering:
         name, axis = n.attr
         site = take_sites(self.graph).index(n)
         if site in self.proven:     # in range by `ranges.in_range`: no check, no report
+            self.pending.append(ir.Comment(f"gather {site} from '{name}' along {axis}: index "
+                                           f"proven in range, read unchecked"))
             pos = ir.Cast(IDX, self.values[n.args[0]])
             return pos if report_if is None else ir.Select(report_if, pos, ir.Lit(0, IDX))
         count = next(self._ids)

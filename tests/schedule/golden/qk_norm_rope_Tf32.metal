@@ -162,7 +162,9 @@ kernel void mf_qk_norm_rope_simd(
         const long mf_i2 = long(ulong(mf_index_E) + ulong(mf_r2));
         const long mf_i3 = long(ulong(mf_index_E) - ulong(mf_r2));
         const long mf_i4 = mf_i1 ? mf_i2 : mf_i3;
+        // gather 0 from 'x' along E: index proven in range, read unchecked
         mf_from0[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
+        // gather 1 from 'w' along E: index proven in range, read unchecked
         mf_from1[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from0[mf_k] % 8u == mf_k);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from1[mf_k] % 8u == mf_k);
@@ -368,7 +370,9 @@ kernel void mf_qk_norm_rope_simd_exact(
         const long mf_i2 = long(ulong(mf_index_E) + ulong(mf_r2));
         const long mf_i3 = long(ulong(mf_index_E) - ulong(mf_r2));
         const long mf_i4 = mf_i1 ? mf_i2 : mf_i3;
+        // gather 0 from 'x' along E: index proven in range, read unchecked
         mf_from0[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
+        // gather 1 from 'w' along E: index proven in range, read unchecked
         mf_from1[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from0[mf_k] % 8u == mf_k);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from1[mf_k] % 8u == mf_k);
@@ -572,8 +576,10 @@ kernel void mf_qk_norm_rope_group(
             const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
             const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
             const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
+            // gather 0 from 'x' along E: index proven in range, read unchecked
             const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
             const float mf_v17 = mf_v16 * mf_r7;
+            // gather 1 from 'w' along E: index proven in range, read unchecked
             const float mf_v18 = float(w[mf_index_t(mf_v15)]);
             const float mf_v19 = mf_v17 * mf_v18;
             const float mf_v20 = -mf_v19;
@@ -606,8 +612,10 @@ kernel void mf_qk_norm_rope_group(
                 const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                 const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                 const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
+                // gather 0 from 'x' along E: index proven in range, read unchecked
                 const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
                 const float mf_v17 = mf_v16 * mf_r7;
+                // gather 1 from 'w' along E: index proven in range, read unchecked
                 const float mf_v18 = float(w[mf_index_t(mf_v15)]);
                 const float mf_v19 = mf_v17 * mf_v18;
                 const float mf_v20 = -mf_v19;
@@ -802,8 +810,10 @@ kernel void mf_qk_norm_rope_looped(
                 const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                 const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                 const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
+                // gather 0 from 'x' along E: index proven in range, read unchecked
                 const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
                 const float mf_v17 = mf_v16 * mf_r7;
+                // gather 1 from 'w' along E: index proven in range, read unchecked
                 const float mf_v18 = float(w[mf_index_t(mf_v15)]);
                 const float mf_v19 = mf_v17 * mf_v18;
                 const float mf_v20 = -mf_v19;
@@ -836,8 +846,10 @@ kernel void mf_qk_norm_rope_looped(
                     const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                     const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                     const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
+                    // gather 0 from 'x' along E: index proven in range, read unchecked
                     const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
                     const float mf_v17 = mf_v16 * mf_r7;
+                    // gather 1 from 'w' along E: index proven in range, read unchecked
                     const float mf_v18 = float(w[mf_index_t(mf_v15)]);
                     const float mf_v19 = mf_v17 * mf_v18;
                     const float mf_v20 = -mf_v19;

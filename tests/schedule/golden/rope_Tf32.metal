@@ -87,6 +87,7 @@ kernel void mf_rope(
             const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));
             const long mf_v15 = long(ulong(mf_index_E) - ulong(mf_v2));
             const long mf_v16 = mf_v13 ? mf_v14 : mf_v15;
+            // gather 0 from 'x' along E: index proven in range, read unchecked
             const float mf_v17 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v16)]);
             const float mf_v18 = -mf_v17;
             const float mf_v19 = mf_v12 ? mf_v18 : mf_v17;
@@ -128,6 +129,7 @@ kernel void mf_rope(
                 const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));
                 const long mf_v15 = long(ulong(mf_index_E) - ulong(mf_v2));
                 const long mf_v16 = mf_v13 ? mf_v14 : mf_v15;
+                // gather 0 from 'x' along E: index proven in range, read unchecked
                 const float mf_v17 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v16)]);
                 const float mf_v18 = -mf_v17;
                 const float mf_v19 = mf_v12 ? mf_v18 : mf_v17;

@@ -64,6 +64,7 @@ kernel void mf_rope_cached(
             const long mf_index_E = long(mf_pos_E);
             const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
+            // gather 0 from 'cos' along E/2: index proven in range, read unchecked
             const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
             const float mf_v4 = mf_x * mf_v3;
             const bool mf_v5 = mf_index_E < mf_v1;
@@ -71,10 +72,12 @@ kernel void mf_rope_cached(
             const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
             const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
             const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+            // gather 1 from 'x' along E: index proven in range, read unchecked
             const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
             const float mf_v11 = -mf_v10;
             const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
             const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+            // gather 2 from 'sin' along E/2: index proven in range, read unchecked
             const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
             const float mf_v15 = mf_v12 * mf_v14;
             const float mf_v16 = mf_v4 + mf_v15;
@@ -98,6 +101,7 @@ kernel void mf_rope_cached(
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
+                // gather 0 from 'cos' along E/2: index proven in range, read unchecked
                 const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
                 const float mf_v4 = mf_x * mf_v3;
                 const bool mf_v5 = mf_index_E < mf_v1;
@@ -105,10 +109,12 @@ kernel void mf_rope_cached(
                 const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
                 const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
                 const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+                // gather 1 from 'x' along E: index proven in range, read unchecked
                 const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
                 const float mf_v11 = -mf_v10;
                 const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
                 const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+                // gather 2 from 'sin' along E/2: index proven in range, read unchecked
                 const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
                 const float mf_v15 = mf_v12 * mf_v14;
                 const float mf_v16 = mf_v4 + mf_v15;
