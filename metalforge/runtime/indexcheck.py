@@ -168,7 +168,13 @@ def check_deferred() -> None:
 def synchronize(device: Optional[torch.device | str] = None) -> None:
     """Wait for the GPU (torch.cuda / torch.mps synchronize, where there is one), then report
     deferred index errors (`check_deferred`). `device`: the torch device to wait for (default:
-    the current CUDA device, else MPS)."""
+    the current CUDA device, else MPS).
+
+    Example::
+
+        out = paged_gather.with_launch(index_check="deferred")(cache, block_table)
+        mf.synchronize()      # the GPU is done; an out-of-range block index raises here
+    """
     dev = torch.device(device) if device is not None else None
     if (dev is None or dev.type == "cuda") and torch.cuda.is_available():
         torch.cuda.synchronize(dev)
