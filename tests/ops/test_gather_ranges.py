@@ -309,3 +309,28 @@ def test_deferred_check_inside_a_cuda_graph():
     table[2, 4] = 0
     g.replay()
     mf.synchronize()                                    # clean again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_proven_and_deferred_calls_copy_nothing_to_the_host():
+    """Profiled on CUDA: a proven RoPE call and a deferred paged gather neither copy to the
+    host nor read a scalar back; a checked paged gather does (so the test can fail)."""
+    x = torch.randn(1, 32, 1, 128, dtype=torch.float16, device="cuda")
+    pos = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    cache = torch.randn(64, 16, 2, 64, dtype=torch.float16, device="cuda")
+    table = torch.randint(0, 64, (3, 5), dtype=torch.int32, device="cuda")
+    deferred = paged_gather.with_launch(index_check="deferred")
+
+    def read_backs(fn) -> list[str]:
+        fn()                                        # compiled, warm
+        torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            fn()
+        torch.cuda.synchronize()
+        return [e.name for e in prof.events()
+                if "DtoH" in e.name or "_local_scalar_dense" in e.name]
+    assert read_backs(lambda: rope(x, pos)) == []
+    assert read_backs(lambda: deferred(cache, table)) == []
+    assert read_backs(lambda: paged_gather(cache, table))      # checked: reads its report
+    mf.synchronize()
