@@ -42,7 +42,7 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Callable, Iterable, Optional
 
-from ..graph import AxisSpec, BinaryOp, Graph, Node, Op, UnaryOp, strip_casts, take_sites
+from ..graph import AxisSpec, BinaryOp, Graph, Node, Op, UnaryOp, take_sites
 from ..shapes import size_multiple
 
 MAX_CASES = 8              # more cases than this: the value is unknown
@@ -145,7 +145,12 @@ def _signed(n: Node, wide: bool = False) -> bool:
 
 
 def _int_const(n: Node) -> Optional[int]:
-    m = strip_casts(n)
+    """The integer constant `n` holds, under casts that keep its value; else None."""
+    m = n
+    while m.op == Op.CAST:
+        if not _keeps_value(m.args[0], m):
+            return None
+        m = m.args[0]
     if m.op == Op.CONST and isinstance(m.attr, int) and not isinstance(m.attr, bool):
         return m.attr
     return None
@@ -271,7 +276,7 @@ class Analysis:
             cond, a, b = n.args
             return _cases((*self.range(a, self.narrow(cond, True, env)),
                            *self.range(b, self.narrow(cond, False, env))))
-        if op == Op.UNARY and n.attr == UnaryOp.NEG and _signed(n, wide=True):
+        if op == Op.UNARY and n.attr == UnaryOp.NEG and _signed(n, wide=True) and _widens(n):
             return self._scaled(self.range(n.args[0], env), -1)
         if op == Op.BINARY and _signed(n) and _widens(n):
             rule = _BINARY.get(n.attr)
@@ -466,7 +471,8 @@ _BINARY: dict[BinaryOp, Callable[[Analysis, Node, Env], Range]] = {
 # --------------------------------------------------------------------------- the sites
 
 def _positions(n: Node) -> frozenset[str]:
-    """The axes whose position the expression reads (mf.index)."""
+    """The axes whose position the expression reads (mf.index) at this element: not under a
+    reduction (a reduced axis may be empty)."""
     out, stack, seen = set(), [n], set()
     while stack:
         m = stack.pop()
@@ -475,7 +481,8 @@ def _positions(n: Node) -> frozenset[str]:
         seen.add(id(m))
         if m.op == Op.INDEX:
             out.add(m.attr)
-        stack.extend(m.args)
+        if m.op != Op.REDUCE:
+            stack.extend(m.args)
     return frozenset(out)
 
 

@@ -121,6 +121,17 @@ def test_division_by_a_size_that_may_be_zero_stays_unproven():
     assert _proven(guarded) == [False]          # f < 1 branch reads 0, which F = 0 lacks
 
 
+def test_positions_under_a_reduction_say_nothing_of_the_axis():
+    """mf.index("K") inside a sum over K does not make K non-empty: size(K) - 1 stays
+    unproven (it is -1 for K = 0)."""
+    @mf.kernel
+    def last(x: "T[R, K]", y: "T[R]"):
+        s = mf.sum(mf.index("K"), axis="K")
+        n = mf.size("K")
+        return y + mf.take(x, axis="K", index=mf.where(s > 0, n - 1, n - 1))
+    assert _proven(last) == [False]
+
+
 def test_derived_dims_relate_axes():
     """x: [R, F*2] gathered at 2 * mf.index("F") + 1 (pairs). A runtime scalar clamped to
     [0, size - 1] is in range only where the axis is not empty: along E, which no position of
