@@ -345,3 +345,21 @@ def test_proven_and_deferred_calls_copy_nothing_to_the_host():
     assert read_backs(lambda: deferred(cache, table)) == []
     assert read_backs(lambda: paged_gather(cache, table))      # checked: reads its report
     mf.synchronize()
+
+
+def test_a_kernel_checks_only_its_unproven_gathers():
+    """A reversal (proven, no check) beside ids from a tensor (checked, reported by its own
+    number and words); the result still matches torch."""
+    @mf.kernel
+    def mixed(x: "T[R, E]", ids: "i32[R, E]"):
+        i = mf.index("E")
+        return mf.take(x, axis="E", index=mf.size("E") - 1 - i) + mf.take(x, axis="E", index=ids)
+    src = mixed.source(T="f32")
+    assert src.count("index proven in range") and "report it (gather 1, from 'x')" in src
+    assert "report it (gather 0" not in src
+    x = torch.randn(3, 5)
+    ids = torch.randint(0, 5, (3, 5), dtype=torch.int32)
+    torch.testing.assert_close(mixed(x, ids), x.flip(1) + x.gather(1, ids.long()))
+    ids[2, 4] = 5
+    with pytest.raises(mf.GatherIndexError, match=r"along 'E' \(size 5.*index 5 "):
+        mixed(x, ids)
