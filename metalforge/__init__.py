@@ -81,6 +81,7 @@ from .frontend.ops import (
     where,
 )
 from .runtime import backend
+from .runtime.indexcheck import check_deferred, synchronize
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
@@ -93,6 +94,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
            "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "BackendUnavailable",
            "UnsupportedOnBackend", "GatherIndexError", "QuantizationError", "f32", "f16", "bf16",
            "i64", "i32", "u32", "i16", "u16", "i8", "u8", "u64", *_OPS]
+__all__ += ["check_deferred", "synchronize"]     # deferred gather index checks
 
 
 def __getattr__(name: str):

@@ -26,6 +26,7 @@ from ..graph import Graph, ScalarParam, TensorParam
 from ..ir import BIND_KINDS, Argument
 from ..schedule import Schedule
 from ..shapes import ShapeBinding, flat_shape, output_shape
+from .indexcheck import IndexErrors
 
 # --------------------------------------------------------------------------- the sources
 
@@ -87,7 +88,7 @@ class ScratchSource:
 
 @dataclass(frozen=True)
 class ReportSource:
-    """A gather kernel's 4-int error report, zeroed per call (`launcher.IndexErrors`)."""
+    """A gather kernel's 4-int error report (`indexcheck.IndexErrors`)."""
     index: int
 
 
@@ -205,20 +206,12 @@ class BindingPlan:
                       tuple(outputs),
                       tuple(a for a in self.sources if isinstance(a, ScalarSource)),
                       scratch, self.report,
-                      tuple(a for a in self.sources if isinstance(a, SortedSource)))
+                      errors=IndexErrors.of(graph, self.report, binding.sizes,
+                                            s.policy.index_check),
+                      sorts=tuple(a for a in self.sources if isinstance(a, SortedSource)))
 
 
 # --------------------------------------------------------------------------- the binder
-
-def report_buffer(device: Optional[torch.device]) -> torch.Tensor:
-    """A gather kernel's error report for one call: zeroed, except while a CUDA graph is being
-    captured, when nothing reads it (`IndexErrors.check`) and a zeroing fill would only add a
-    kernel to every replay (1.3 µs of an H100's graph, more than a small gather itself)."""
-    if device is not None and device.type == "cuda" and \
-            torch.cuda.is_current_stream_capturing():
-        return torch.empty(4, dtype=torch.int32, device=device)
-    return torch.zeros(4, dtype=torch.int32, device=device)
-
 
 def sort_index(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An index tensor flattened and sorted on its device, stably: (keys, order), both int64
@@ -241,7 +234,7 @@ class Binder:
     make contiguous, vector width or 0, shape to view it as or None), per output (argument
     index, output index, 0-dim: bind as one element), the scalars, the fixed values
     (argument index, value), the scratch buffer (argument index, fp32 elements) and the
-    report's argument index."""
+    report's argument index, and what the call does with the report (`errors`)."""
     count: int
     fixed: tuple[tuple[int, int], ...]
     inputs: tuple[tuple[int, int, bool, int, Optional[tuple[int, ...]]], ...]
@@ -249,13 +242,15 @@ class Binder:
     scalars: tuple[ScalarSource, ...]
     scratch: Optional[tuple[int, int]]
     report: Optional[int]
+    errors: Optional[IndexErrors] = None
     sorts: tuple[SortedSource, ...] = ()
 
     def code(self, env: dict[str, Any], device: str) -> tuple[list[str], list[str]]:
         """(lines, argument expressions) binding a call's arguments from `values` (parameter
         order) and the outputs `o0`, `o1`, ...: each input made contiguous, or copied to an
-        aligned start, and viewed flat as the call needs; the scalars converted; a fresh
-        report and scratch buffer on `device` (an expression). Names it reads go in `env`."""
+        aligned start, and viewed flat as the call needs; the scalars converted; the
+        report (`IndexErrors.buffer`: fresh, or a deferred check's persistent one) and a fresh
+        scratch buffer on `device` (an expression). Names it reads go in `env`."""
         lines: list[str] = []
         args = [""] * self.count
         for i, v in self.fixed:
@@ -278,7 +273,8 @@ class Binder:
             env[f"_conv{a.index}"] = converter(a)
             args[a.index] = f"_conv{a.index}(values[{a.position}])"
         if self.report is not None:
-            env["_report"] = report_buffer
+            assert self.errors is not None
+            env["_report"] = self.errors.buffer
             lines.append(f"    err = _report({device})")
             args[self.report] = "err"
         for k, srt in enumerate(self.sorts):

@@ -26,8 +26,9 @@ import torch
 
 from ..bounded import Bounded
 from ..tuning.cache import default_cache
-from . import backends, launcher
+from . import backends
 from .binding import Binder
+from .indexcheck import IndexErrors
 from .launcher import MSL_REWRITE, CheckedCall, Launch
 
 # read on every call: the `with mf.backend(...)` override (part of every key) and the test seam
@@ -48,7 +49,7 @@ class Warm:
     allocate: tuple[tuple[tuple[int, ...], torch.dtype, torch.device], ...]   # the outputs
     tuning: tuple[Any, Any]           # (autotune cache, its entries) this was built under
     compiled: tuple[Any, str, Any]    # (the library's kernels, host name, the Compiled checked)
-    errors: Optional[launcher.IndexErrors] = None   # gathers: a zeroed report buffer per call
+    errors: Optional[IndexErrors] = None   # unproven gathers: where they report (indexcheck)
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[[Sequence[Any]], Any] = field(init=False, repr=False, compare=False)
@@ -100,7 +101,7 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
             env[f"_then{k}"] = kernel
             lines.append(f"    _then{k}(*args, threads={threads}, group_size={group}, "
                          f"arg_casts=_casts)")
-        if w.errors is not None:
+        if w.errors is not None and not w.errors.deferred:     # deferred: nothing read
             env["_check"] = w.errors.check
             lines.append("    _check(err)")
     lines.append(f"    return {result}")

@@ -30,9 +30,8 @@ import torch
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..codegen import render_library, render_msl
-from ..dtypes import U64
-from ..errors import BindingError, DeviceError, GatherIndexError, LaunchError, at, kernel_at
-from ..graph import Graph, scatter_sites, take_sites
+from ..errors import BindingError, DeviceError, LaunchError, kernel_at
+from ..graph import Graph
 from ..once import OnceMap
 from ..reference import evaluate
 from ..schedule.base import Step
@@ -42,6 +41,7 @@ from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from .backends import DEVICE_OF, current_backend, kernel_object
 from .binding import Binder, BindingPlan, bound
+from .indexcheck import IndexErrors
 from .layout import check_dense
 
 MAX_THREADS = 2 ** 32 - 1        # dispatchThreads takes a 32-bit thread count per axis
@@ -141,47 +141,6 @@ class Launch:
     binder: Optional[Binder] = None               # how `args` were bound (fastpath replays it)
 
 
-@dataclass(frozen=True)
-class IndexErrors:
-    """A gather kernel's error report: argument `arg` is a 4-int buffer, zeroed before the
-    launch, that the kernel sets to (1, gather number, index low 32 bits, high 32 bits) when
-    an index is out of range; `sites` says which gather each number is."""
-    arg: int
-    sites: tuple[str, ...]
-    where: str                                  # the kernel, as messages name it
-    unsigned: tuple[bool, ...] = ()             # per site: a u64 index (its 64 bits unsigned)
-
-    @staticmethod
-    def of(graph: Graph, arg: Optional[int], sizes: Mapping[str, int]) -> Optional[IndexErrors]:
-        if arg is None:
-            return None
-        sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
-                      f"{sizes[n.attr[1]]}: valid indices 0 to {sizes[n.attr[1]] - 1})"
-                      f"{at(n.loc)}" for n in take_sites(graph))
-        sites += tuple(f"mf.scatter_add along '{n.attr[0]}' (size {sizes[n.attr[0]]}: valid "
-                       f"indices 0 to {sizes[n.attr[0]] - 1}){at(n.loc)}"
-                       for n in scatter_sites(graph))
-        unsigned = tuple(n.args[0].dtype is U64 for n in take_sites(graph)) + \
-            tuple(n.args[1].dtype is U64 for n in scatter_sites(graph))
-        return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc), unsigned)
-
-    def check(self, buffer: torch.Tensor) -> None:
-        """Raise IndexError if the kernel reported one. Reading the buffer waits for the GPU, so
-        a gather kernel's call synchronises; while a CUDA graph is being captured nothing can be
-        read, and the report is not checked (the kernel still reads nothing out of range)."""
-        if buffer.is_cuda and torch.cuda.is_current_stream_capturing():
-            return
-        flag, site, lo, hi = (int(v) for v in buffer.cpu())
-        if flag:
-            value = (hi << 32) | (lo & 0xFFFFFFFF)
-            verb = "wrote" if self.sites[site].startswith("mf.scatter") else "read"
-            if value < 0 and site < len(self.unsigned) and self.unsigned[site]:
-                value += 1 << 64
-            raise GatherIndexError(
-                f"{self.where}: {self.sites[site]}: index {value} is out of range "
-                f"(the kernel {verb} nothing there)")
-
-
 def _groups_per_core(c: Compiled, group: int) -> int:
     """Threadgroups of `group` threads the backend says can share one core (cuda: from the
     compiled kernel's registers and threadgroup memory); 0 where it cannot say. An
@@ -208,7 +167,7 @@ def bind(call: CheckedCall) -> Launch:
     launches = [_launch(call, s, lib, step) for step in steps]
     (kernel, threads, group, host), *then = launches
     return Launch(kernel, args, threads, group, plan.arg_casts,
-                  IndexErrors.of(spec.graph, plan.report, sizes),
+                  binder.errors,
                   tuple(t[:3] for t in then), host, tuple((h, n, g) for _, n, g, h in launches),
                   binder)
 

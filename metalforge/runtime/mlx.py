@@ -186,9 +186,11 @@ def translate(k: LoweredKernel, host_name: str) -> MetalKernel:
     header, body = _split(render_msl(k), k)
     params = sorted(k.params, key=lambda p: p.index)
     if any(p.binds == ("error",) for p in params):
-        raise UnsupportedOnBackend(f"kernel '{host_name}' gathers (mf.take) and reports index "
-                                   "errors through a buffer it writes; the mlx backend does not "
-                                   "bind that buffer yet: call it with torch tensors")
+        raise UnsupportedOnBackend(f"kernel '{host_name}' gathers (mf.take) at an index not "
+                                   "proven in range, and reports index errors through a buffer "
+                                   "it writes; the mlx backend does not bind that buffer yet: "
+                                   "call it with torch tensors (gathers proven in range run "
+                                   "on mlx)")
     # a ("scratch",) buffer is written, so MLX must see it as an output (dropped after the
     # call; with one key block per row, attention never touches it)
     ins = [p for p in params if p.binds[0] not in ("output", "scratch")]

@@ -34,7 +34,7 @@ from ..graph import (
     take_sites,
 )
 from ..shapes import size_multiple
-from . import gather
+from . import gather, ranges
 from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, compute_type, convert, ident
 from .names import param_name, template_vars, tensor_var, type_name
@@ -634,11 +634,14 @@ class ParamSource(Protocol):
     def out_stype(self, k: int) -> str: ...
 
 
-def kernel_params(b: ParamSource, numel: bool = False, what: str = "") -> tuple[ir.Argument, ...]:
+def kernel_params(b: ParamSource, numel: bool = False, what: str = "",
+                  proven: Optional[frozenset[int]] = None) -> tuple[ir.Argument, ...]:
     """The kernel's parameter list, in binding order: the inputs it reads, the outputs, the
     scalars it uses, [mf_numel,] the axis sizes it uses. `b` is a schedule builder (its graph
     `graph`, `inputs`, `names`, `in_stype`, `out_names`, `out_stype`, `scalars`, `sizes_used`,
-    `index64`); `what` goes after "kernel arguments" in the too-many-arguments error."""
+    `index64`); `what` goes after "kernel arguments" in the too-many-arguments error. A
+    gather's error report (mf_err) is there when some gather is not in `proven` (None: the
+    gathers `ranges.proven_sites` proves in range, which `ElementLowering` reads unchecked)."""
     ps: list[ir.Argument] = []
 
     def add(name: str, kind: str, typ: str, binds: tuple[str | int, ...], writable: bool = False,
@@ -652,7 +655,8 @@ def kernel_params(b: ParamSource, numel: bool = False, what: str = "") -> tuple[
     for s in b.scalars:
         add(b.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
             cast=_SCALAR_CASTS.get(s.dtype.name))
-    if take_sites(b.graph):
+    checked = set(range(len(take_sites(b.graph))))
+    if checked - (ranges.proven_sites(b.graph) if proven is None else proven):
         add("mf_err", "buffer", "int", ("error",), writable=True)
     icast = None if b.index64 else "int32"
     if numel:

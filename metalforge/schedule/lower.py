@@ -21,6 +21,7 @@ from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
 from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, literal_index, take_sites, topo_order
+from . import ranges
 from .base import IDX
 from .names import index_name, value_name
 
@@ -114,8 +115,11 @@ class ElementLowering:
                  position: Callable[[str], ir.Expr], size: Callable[[str], ir.Expr],
                  scalar: Callable[[str], str], prefix: str = "mf_v",
                  shift: Optional[Callable[[Node], ir.Expr]] = None,
-                 take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None):
+                 take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None,
+                 proven: Optional[frozenset[int]] = None):
         self.graph = graph
+        # the gathers (take_sites numbers) read without a check; None: those `ranges` proves
+        self.proven = ranges.proven_sites(graph) if proven is None else proven
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
         self.shift = shift or self._shift
         self.take = take
@@ -240,14 +244,21 @@ class ElementLowering:
 
     def _checked(self, n: Node, report_if: Optional[ir.Expr] = None) -> ir.Expr:
         """The index of gather `n`, checked: out of range, the error is recorded in mf_err
-        (where `report_if` holds, if given) and position 0 read instead."""
+        (where `report_if` holds, if given) and position 0 read instead. A gather in
+        `proven` is read as it is (where `report_if` holds: elsewhere, past the end of a row,
+        position 0, as its index is proven only for positions inside the row)."""
         name, axis = n.attr
         known = literal_index(self.graph, n)
         if known is not None:           # w[:, j]: a constant element of a literal dim
             return ir.Lit(known, IDX)
+        site = take_sites(self.graph).index(n)
+        if site in self.proven:     # in range by `ranges.in_range`: no check, no report
+            self.pending.append(ir.Comment(f"gather {site} from '{name}' along {axis}: index "
+                                           f"proven in range, read unchecked"))
+            pos = ir.Cast(IDX, self.values[n.args[0]])
+            return pos if report_if is None else ir.Select(report_if, pos, ir.Lit(0, IDX))
         count = next(self._ids)
         i, ok = f"mf_take{count}", f"mf_take{count}_ok"
-        site = take_sites(self.graph).index(n)
         idx = ir.Var(i)
         zero = ir.Lit(0, "long")
         bad = ir.Unary("!", ir.Var(ok))

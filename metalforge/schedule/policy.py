@@ -27,6 +27,8 @@ COLUMN_LOAD_BYTES = 8
 # Weight rows one quantized-matvec simdgroup holds at once: each keeps its packed words, scale,
 # bias and accumulator in registers for the chunk.
 MAX_QUANT_ROWS = 16
+# how a call learns of a gather index out of range, where no proof drops the check
+INDEX_CHECKS = ("checked", "deferred")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class LaunchPolicy:
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
+    index_check: str = "checked"       # gathers not proven in range: "checked" (each call
+                                       # reads the kernel's report and raises) or "deferred"
+                                       # (read at the next synchronisation point;
+                                       # runtime/indexcheck.py). The MSL is the same.
 
     @property
     def elements_per_thread(self) -> int:
@@ -266,17 +272,18 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
-                    "index64"),
+                    "index64", "index_check"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
-            "index64"),
+            "index64", "index_check"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
-               "looped_limit", "fill_groups", "chunk_rows", "index64"),
+               "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
-              "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
+              "qmm_min_rows", "qmm_matrix", "x_rows", "index64", "index_check"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
+                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64",
+                  "index_check"),
     "scatter": ("threads_per_group", "index64"),
 }
 
@@ -351,6 +358,9 @@ def _validate_common(p: LaunchPolicy) -> None:
     _need(p, not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
           f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
           f"kernel uses simdgroup collectives")
+    _need(p, p.index_check in INDEX_CHECKS,
+          f"index_check must be one of {', '.join(map(repr, INDEX_CHECKS))}, got "
+          f"{p.index_check!r}")
     _need(p, p.vector_width in (1, 2, 4, 8),
           f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
     _need(p, p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,

@@ -38,6 +38,7 @@ from .. import runtime, sim
 from ..errors import GatherIndexError, LaunchError
 from ..graph import Graph, topo_order
 from ..runtime import schedule_of
+from ..runtime.indexcheck import check_deferred
 from ..tolerance import Tolerance, compare, lowest_precision, magnitude, reduction_length, tolerance
 from . import coverage, faults, strategies
 from .coverage import Instantiation
@@ -261,6 +262,7 @@ def _unrefused(who: str, fn, args: Mapping[str, Any], value: int, ctx) -> Option
     try:
         with ctx:
             got = _as_tuple(fn(**args))
+            check_deferred()        # index_check="deferred": reported at this sync point
     except GatherIndexError as e:
         if f"index {value} " in str(e):
             return None

@@ -150,7 +150,7 @@ EQUIVALENT: tuple[Rule, ...] = (
          "array's old end only when it is past the new one too)"),
     Rule("report flag", _report_flag,
          "the flag of a gather's error report set to 2 instead of 1: the launcher raises "
-         "GatherIndexError for any nonzero flag (runtime/launcher.py, IndexErrors.check)"),
+         "GatherIndexError for any nonzero flag (runtime/indexcheck.py, IndexErrors.check)"),
 )
 
 

@@ -23,7 +23,8 @@ from typing import Any, Mapping, Optional
 from ..schedule import policy as _policy
 from ..schedule.policy import LaunchError, LaunchPolicy
 
-NOT_TUNED = ("index64",)      # chosen by size for correctness; never swept, never cached
+# chosen by size for correctness / by the user for error reporting; never swept, never cached
+NOT_TUNED = ("index64", "index_check")
 
 
 def known_options() -> tuple[str, ...]:

@@ -134,8 +134,12 @@ def _loads(stmts, buffer):
 
 
 def _gathered(stmts, buffer):
-    """The loads of `buffer` at a checked gather index (mf_take<n>)."""
-    return [ld for ld in _loads(stmts, buffer) if "mf_take" in repr(ld.index)]
+    """The loads of `buffer` at a gather index: a checked one (mf_take<n>), or one proven in
+    range (addressed from the element's positions: neither the element's own offset, a plain
+    variable, nor from the row's start mf_row_<buffer>)."""
+    return [ld for ld in _loads(stmts, buffer)
+            if "mf_take" in repr(ld.index) or not (type(ld.index).__name__ == "Var"
+                                                    or f"mf_row_{buffer}" in repr(ld.index))]
 
 
 def _schedule(kernel, *args, **consts):

@@ -23,6 +23,7 @@ from metalforge.frontend.errors import BindingError
 from metalforge.graph import ScalarParam, TensorParam, take_sites
 from metalforge.runtime import DeviceError
 from metalforge.runtime import mlx as mfx
+from metalforge.schedule.ranges import proven_sites
 
 mx = pytest.importorskip("mlx.core")
 
@@ -95,7 +96,10 @@ def check_against_reference(kernel, args, dtype, **kw):
 
 SIZES = {"D": 100, "R": 37, "S": 7, "L": 9, "F": 33, "N": 5, "K": 128, "M": 3, "B": 2, "H": 3,
          "E": 64, "V": 11, "NB": 6, "BS": 4, "G": 2, "P": 3, "C": 5}
-GATHERS = {n for n, k in EXAMPLES.items() if take_sites(k.graph(T="f32"))}
+# kernels with a gather whose index is not proven in range (they bind an error report); those
+# whose gathers are all proven (RoPE's partner) run on MLX like any other
+GATHERS = {n for n, k in EXAMPLES.items()
+           if len(take_sites(g := k.graph(T="f32"))) > len(proven_sites(g))}
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16"])

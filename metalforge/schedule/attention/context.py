@@ -160,7 +160,8 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ca
         scalars=tuple(scalars), tvars=template_vars(graph.dtype_vars), names=names,
         out_names=tuple(out_names), sizes_used=tuple(sizes_used))
     base = kernel_params(_ParamSource(graph, inputs, names, out_names, scalars, sizes_used,
-                                      index64, ctx.in_stype, ctx.out_stype))
+                                      index64, ctx.in_stype, ctx.out_stype),
+                          proven=frozenset())        # attention checks every gather
     extra = [ir.Argument("mf_scratch", len(base), "buffer", "float", ("scratch",), True),
              ir.Argument("mf_splits", len(base) + 1, "scalar", "uint",
                          ("launch", "key_splits"), cast="int32"),
@@ -269,4 +270,4 @@ def take(ctx: CallContext, ks: KernelState, n: Node, pos: ir.Expr) -> ir.Expr:
 def lowering(ctx: CallContext, ks: KernelState, prefix: str) -> ElementLowering:
     return ElementLowering(ctx.graph, lambda n: load(ctx, ks, n), lambda a: at(ctx, ks, a),
                            ctx.size, lambda s: ctx.names[s], prefix=prefix,
-                           take=lambda n, pos: take(ctx, ks, n, pos))
+                           take=lambda n, pos: take(ctx, ks, n, pos), proven=frozenset())

@@ -40,10 +40,9 @@ kernel void mf_causal_conv(
     device const T* x [[buffer(0)]],
     device const T* w [[buffer(1)]],
     device T* mf_out [[buffer(2)]],
-    device int* mf_err [[buffer(3)]],
-    constant mf_index_t& mf_numel [[buffer(4)]],
-    constant mf_index_t& mf_size_L [[buffer(5)]],
-    constant mf_index_t& mf_size_C [[buffer(6)]],
+    constant mf_index_t& mf_numel [[buffer(3)]],
+    constant mf_index_t& mf_size_L [[buffer(4)]],
+    constant mf_index_t& mf_size_C [[buffer(5)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 8 consecutive output elements
@@ -69,72 +68,40 @@ kernel void mf_causal_conv(
             const long mf_v2 = long(ulong(mf_index_L) - ulong(3));
             const bool mf_v3 = mf_v2 >= 0;
             const long mf_v4 = mf_maximum(mf_v2, long(0));
-            const long mf_take5 = long(mf_v4);
-            const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_L);
-            if (!mf_take5_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take5);
-                mf_err[3u] = int(mf_take5 >> 32);
-            }
-            const float mf_v6 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take5_ok ? mf_index_t(mf_take5) : 0u)]);
-            const float mf_v7 = mf_v3 ? mf_v6 : 0.0f;
-            const float mf_v8 = mf_v1 * mf_v7;
-            const float mf_v9 = 0.0f + mf_v8;
-            const float mf_v10 = float(w[mf_pos_C * 4u + 1u]);
-            const long mf_v11 = long(ulong(mf_index_L) - ulong(2));
-            const bool mf_v12 = mf_v11 >= 0;
-            const long mf_v13 = mf_maximum(mf_v11, long(0));
-            const long mf_take14 = long(mf_v13);
-            const bool mf_take14_ok = mf_take14 >= 0 && mf_take14 < long(mf_size_L);
-            if (!mf_take14_ok) {
-                // index out of range: report it (gather 1, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take14);
-                mf_err[3u] = int(mf_take14 >> 32);
-            }
-            const float mf_v15 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take14_ok ? mf_index_t(mf_take14) : 0u)]);
-            const float mf_v16 = mf_v12 ? mf_v15 : 0.0f;
-            const float mf_v17 = mf_v10 * mf_v16;
-            const float mf_v18 = mf_v9 + mf_v17;
-            const float mf_v19 = float(w[mf_pos_C * 4u + 2u]);
-            const long mf_v20 = long(ulong(mf_index_L) - ulong(1));
-            const bool mf_v21 = mf_v20 >= 0;
-            const long mf_v22 = mf_maximum(mf_v20, long(0));
-            const long mf_take23 = long(mf_v22);
-            const bool mf_take23_ok = mf_take23 >= 0 && mf_take23 < long(mf_size_L);
-            if (!mf_take23_ok) {
-                // index out of range: report it (gather 2, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 2;
-                mf_err[2u] = int(mf_take23);
-                mf_err[3u] = int(mf_take23 >> 32);
-            }
-            const float mf_v24 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take23_ok ? mf_index_t(mf_take23) : 0u)]);
-            const float mf_v25 = mf_v21 ? mf_v24 : 0.0f;
-            const float mf_v26 = mf_v19 * mf_v25;
-            const float mf_v27 = mf_v18 + mf_v26;
-            const float mf_v28 = float(w[mf_pos_C * 4u + 3u]);
-            const long mf_v29 = long(ulong(mf_index_L) - ulong(0));
-            const bool mf_v30 = mf_v29 >= 0;
-            const long mf_v31 = mf_maximum(mf_v29, long(0));
-            const long mf_take32 = long(mf_v31);
-            const bool mf_take32_ok = mf_take32 >= 0 && mf_take32 < long(mf_size_L);
-            if (!mf_take32_ok) {
-                // index out of range: report it (gather 3, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 3;
-                mf_err[2u] = int(mf_take32);
-                mf_err[3u] = int(mf_take32 >> 32);
-            }
-            const float mf_v33 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take32_ok ? mf_index_t(mf_take32) : 0u)]);
-            const float mf_v34 = mf_v30 ? mf_v33 : 0.0f;
-            const float mf_v35 = mf_v28 * mf_v34;
-            const float mf_v36 = mf_v27 + mf_v35;
+            // gather 0 from 'x' along L: index proven in range, read unchecked
+            const float mf_v5 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v4)]);
+            const float mf_v6 = mf_v3 ? mf_v5 : 0.0f;
+            const float mf_v7 = mf_v1 * mf_v6;
+            const float mf_v8 = 0.0f + mf_v7;
+            const float mf_v9 = float(w[mf_pos_C * 4u + 1u]);
+            const long mf_v10 = long(ulong(mf_index_L) - ulong(2));
+            const bool mf_v11 = mf_v10 >= 0;
+            const long mf_v12 = mf_maximum(mf_v10, long(0));
+            // gather 1 from 'x' along L: index proven in range, read unchecked
+            const float mf_v13 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v12)]);
+            const float mf_v14 = mf_v11 ? mf_v13 : 0.0f;
+            const float mf_v15 = mf_v9 * mf_v14;
+            const float mf_v16 = mf_v8 + mf_v15;
+            const float mf_v17 = float(w[mf_pos_C * 4u + 2u]);
+            const long mf_v18 = long(ulong(mf_index_L) - ulong(1));
+            const bool mf_v19 = mf_v18 >= 0;
+            const long mf_v20 = mf_maximum(mf_v18, long(0));
+            // gather 2 from 'x' along L: index proven in range, read unchecked
+            const float mf_v21 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v20)]);
+            const float mf_v22 = mf_v19 ? mf_v21 : 0.0f;
+            const float mf_v23 = mf_v17 * mf_v22;
+            const float mf_v24 = mf_v16 + mf_v23;
+            const float mf_v25 = float(w[mf_pos_C * 4u + 3u]);
+            const long mf_v26 = long(ulong(mf_index_L) - ulong(0));
+            const bool mf_v27 = mf_v26 >= 0;
+            const long mf_v28 = mf_maximum(mf_v26, long(0));
+            // gather 3 from 'x' along L: index proven in range, read unchecked
+            const float mf_v29 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v28)]);
+            const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
+            const float mf_v31 = mf_v25 * mf_v30;
+            const float mf_v32 = mf_v24 + mf_v31;
             // store
-            mf_out_v[mf_k] = T(mf_v36);
+            mf_out_v[mf_k] = T(mf_v32);
         }
         // store: 8-wide vectors
         *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_start) = mf_pack8_of(mf_out_v[0u], mf_out_v[1u], mf_out_v[2u], mf_out_v[3u], mf_out_v[4u], mf_out_v[5u], mf_out_v[6u], mf_out_v[7u]);
@@ -153,72 +120,40 @@ kernel void mf_causal_conv(
                 const long mf_v2 = long(ulong(mf_index_L) - ulong(3));
                 const bool mf_v3 = mf_v2 >= 0;
                 const long mf_v4 = mf_maximum(mf_v2, long(0));
-                const long mf_take5 = long(mf_v4);
-                const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_L);
-                if (!mf_take5_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take5);
-                    mf_err[3u] = int(mf_take5 >> 32);
-                }
-                const float mf_v6 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take5_ok ? mf_index_t(mf_take5) : 0u)]);
-                const float mf_v7 = mf_v3 ? mf_v6 : 0.0f;
-                const float mf_v8 = mf_v1 * mf_v7;
-                const float mf_v9 = 0.0f + mf_v8;
-                const float mf_v10 = float(w[mf_pos_C * 4u + 1u]);
-                const long mf_v11 = long(ulong(mf_index_L) - ulong(2));
-                const bool mf_v12 = mf_v11 >= 0;
-                const long mf_v13 = mf_maximum(mf_v11, long(0));
-                const long mf_take14 = long(mf_v13);
-                const bool mf_take14_ok = mf_take14 >= 0 && mf_take14 < long(mf_size_L);
-                if (!mf_take14_ok) {
-                    // index out of range: report it (gather 1, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take14);
-                    mf_err[3u] = int(mf_take14 >> 32);
-                }
-                const float mf_v15 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take14_ok ? mf_index_t(mf_take14) : 0u)]);
-                const float mf_v16 = mf_v12 ? mf_v15 : 0.0f;
-                const float mf_v17 = mf_v10 * mf_v16;
-                const float mf_v18 = mf_v9 + mf_v17;
-                const float mf_v19 = float(w[mf_pos_C * 4u + 2u]);
-                const long mf_v20 = long(ulong(mf_index_L) - ulong(1));
-                const bool mf_v21 = mf_v20 >= 0;
-                const long mf_v22 = mf_maximum(mf_v20, long(0));
-                const long mf_take23 = long(mf_v22);
-                const bool mf_take23_ok = mf_take23 >= 0 && mf_take23 < long(mf_size_L);
-                if (!mf_take23_ok) {
-                    // index out of range: report it (gather 2, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 2;
-                    mf_err[2u] = int(mf_take23);
-                    mf_err[3u] = int(mf_take23 >> 32);
-                }
-                const float mf_v24 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take23_ok ? mf_index_t(mf_take23) : 0u)]);
-                const float mf_v25 = mf_v21 ? mf_v24 : 0.0f;
-                const float mf_v26 = mf_v19 * mf_v25;
-                const float mf_v27 = mf_v18 + mf_v26;
-                const float mf_v28 = float(w[mf_pos_C * 4u + 3u]);
-                const long mf_v29 = long(ulong(mf_index_L) - ulong(0));
-                const bool mf_v30 = mf_v29 >= 0;
-                const long mf_v31 = mf_maximum(mf_v29, long(0));
-                const long mf_take32 = long(mf_v31);
-                const bool mf_take32_ok = mf_take32 >= 0 && mf_take32 < long(mf_size_L);
-                if (!mf_take32_ok) {
-                    // index out of range: report it (gather 3, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 3;
-                    mf_err[2u] = int(mf_take32);
-                    mf_err[3u] = int(mf_take32 >> 32);
-                }
-                const float mf_v33 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take32_ok ? mf_index_t(mf_take32) : 0u)]);
-                const float mf_v34 = mf_v30 ? mf_v33 : 0.0f;
-                const float mf_v35 = mf_v28 * mf_v34;
-                const float mf_v36 = mf_v27 + mf_v35;
+                // gather 0 from 'x' along L: index proven in range, read unchecked
+                const float mf_v5 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v4)]);
+                const float mf_v6 = mf_v3 ? mf_v5 : 0.0f;
+                const float mf_v7 = mf_v1 * mf_v6;
+                const float mf_v8 = 0.0f + mf_v7;
+                const float mf_v9 = float(w[mf_pos_C * 4u + 1u]);
+                const long mf_v10 = long(ulong(mf_index_L) - ulong(2));
+                const bool mf_v11 = mf_v10 >= 0;
+                const long mf_v12 = mf_maximum(mf_v10, long(0));
+                // gather 1 from 'x' along L: index proven in range, read unchecked
+                const float mf_v13 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v12)]);
+                const float mf_v14 = mf_v11 ? mf_v13 : 0.0f;
+                const float mf_v15 = mf_v9 * mf_v14;
+                const float mf_v16 = mf_v8 + mf_v15;
+                const float mf_v17 = float(w[mf_pos_C * 4u + 2u]);
+                const long mf_v18 = long(ulong(mf_index_L) - ulong(1));
+                const bool mf_v19 = mf_v18 >= 0;
+                const long mf_v20 = mf_maximum(mf_v18, long(0));
+                // gather 2 from 'x' along L: index proven in range, read unchecked
+                const float mf_v21 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v20)]);
+                const float mf_v22 = mf_v19 ? mf_v21 : 0.0f;
+                const float mf_v23 = mf_v17 * mf_v22;
+                const float mf_v24 = mf_v16 + mf_v23;
+                const float mf_v25 = float(w[mf_pos_C * 4u + 3u]);
+                const long mf_v26 = long(ulong(mf_index_L) - ulong(0));
+                const bool mf_v27 = mf_v26 >= 0;
+                const long mf_v28 = mf_maximum(mf_v26, long(0));
+                // gather 3 from 'x' along L: index proven in range, read unchecked
+                const float mf_v29 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v28)]);
+                const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
+                const float mf_v31 = mf_v25 * mf_v30;
+                const float mf_v32 = mf_v24 + mf_v31;
                 // store
-                mf_out[mf_i] = T(mf_v36);
+                mf_out[mf_i] = T(mf_v32);
             }
         }
     }
@@ -229,10 +164,9 @@ template [[host_name("causal_conv_f16")]] kernel void mf_causal_conv<half, uint>
     device const half* x [[buffer(0)]],
     device const half* w [[buffer(1)]],
     device half* mf_out [[buffer(2)]],
-    device int* mf_err [[buffer(3)]],
-    constant uint& mf_numel [[buffer(4)]],
-    constant uint& mf_size_L [[buffer(5)]],
-    constant uint& mf_size_C [[buffer(6)]],
+    constant uint& mf_numel [[buffer(3)]],
+    constant uint& mf_size_L [[buffer(4)]],
+    constant uint& mf_size_C [[buffer(5)]],
     uint mf_tid [[thread_position_in_grid]]);
 
 // causal_conv: elementwise over [B, C, L], 4 elements per thread (4-wide vector loads/stores where contiguous), 32-bit indexing
@@ -243,10 +177,9 @@ kernel void mf_causal_conv_small(
     device const T* x [[buffer(0)]],
     device const T* w [[buffer(1)]],
     device T* mf_out [[buffer(2)]],
-    device int* mf_err [[buffer(3)]],
-    constant mf_index_t& mf_numel [[buffer(4)]],
-    constant mf_index_t& mf_size_L [[buffer(5)]],
-    constant mf_index_t& mf_size_C [[buffer(6)]],
+    constant mf_index_t& mf_numel [[buffer(3)]],
+    constant mf_index_t& mf_size_L [[buffer(4)]],
+    constant mf_index_t& mf_size_C [[buffer(5)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 4 consecutive output elements
@@ -272,72 +205,40 @@ kernel void mf_causal_conv_small(
             const long mf_v2 = long(ulong(mf_index_L) - ulong(3));
             const bool mf_v3 = mf_v2 >= 0;
             const long mf_v4 = mf_maximum(mf_v2, long(0));
-            const long mf_take5 = long(mf_v4);
-            const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_L);
-            if (!mf_take5_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take5);
-                mf_err[3u] = int(mf_take5 >> 32);
-            }
-            const float mf_v6 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take5_ok ? mf_index_t(mf_take5) : 0u)]);
-            const float mf_v7 = mf_v3 ? mf_v6 : 0.0f;
-            const float mf_v8 = mf_v1 * mf_v7;
-            const float mf_v9 = 0.0f + mf_v8;
-            const float mf_v10 = float(w[mf_pos_C * 4u + 1u]);
-            const long mf_v11 = long(ulong(mf_index_L) - ulong(2));
-            const bool mf_v12 = mf_v11 >= 0;
-            const long mf_v13 = mf_maximum(mf_v11, long(0));
-            const long mf_take14 = long(mf_v13);
-            const bool mf_take14_ok = mf_take14 >= 0 && mf_take14 < long(mf_size_L);
-            if (!mf_take14_ok) {
-                // index out of range: report it (gather 1, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take14);
-                mf_err[3u] = int(mf_take14 >> 32);
-            }
-            const float mf_v15 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take14_ok ? mf_index_t(mf_take14) : 0u)]);
-            const float mf_v16 = mf_v12 ? mf_v15 : 0.0f;
-            const float mf_v17 = mf_v10 * mf_v16;
-            const float mf_v18 = mf_v9 + mf_v17;
-            const float mf_v19 = float(w[mf_pos_C * 4u + 2u]);
-            const long mf_v20 = long(ulong(mf_index_L) - ulong(1));
-            const bool mf_v21 = mf_v20 >= 0;
-            const long mf_v22 = mf_maximum(mf_v20, long(0));
-            const long mf_take23 = long(mf_v22);
-            const bool mf_take23_ok = mf_take23 >= 0 && mf_take23 < long(mf_size_L);
-            if (!mf_take23_ok) {
-                // index out of range: report it (gather 2, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 2;
-                mf_err[2u] = int(mf_take23);
-                mf_err[3u] = int(mf_take23 >> 32);
-            }
-            const float mf_v24 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take23_ok ? mf_index_t(mf_take23) : 0u)]);
-            const float mf_v25 = mf_v21 ? mf_v24 : 0.0f;
-            const float mf_v26 = mf_v19 * mf_v25;
-            const float mf_v27 = mf_v18 + mf_v26;
-            const float mf_v28 = float(w[mf_pos_C * 4u + 3u]);
-            const long mf_v29 = long(ulong(mf_index_L) - ulong(0));
-            const bool mf_v30 = mf_v29 >= 0;
-            const long mf_v31 = mf_maximum(mf_v29, long(0));
-            const long mf_take32 = long(mf_v31);
-            const bool mf_take32_ok = mf_take32 >= 0 && mf_take32 < long(mf_size_L);
-            if (!mf_take32_ok) {
-                // index out of range: report it (gather 3, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 3;
-                mf_err[2u] = int(mf_take32);
-                mf_err[3u] = int(mf_take32 >> 32);
-            }
-            const float mf_v33 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take32_ok ? mf_index_t(mf_take32) : 0u)]);
-            const float mf_v34 = mf_v30 ? mf_v33 : 0.0f;
-            const float mf_v35 = mf_v28 * mf_v34;
-            const float mf_v36 = mf_v27 + mf_v35;
+            // gather 0 from 'x' along L: index proven in range, read unchecked
+            const float mf_v5 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v4)]);
+            const float mf_v6 = mf_v3 ? mf_v5 : 0.0f;
+            const float mf_v7 = mf_v1 * mf_v6;
+            const float mf_v8 = 0.0f + mf_v7;
+            const float mf_v9 = float(w[mf_pos_C * 4u + 1u]);
+            const long mf_v10 = long(ulong(mf_index_L) - ulong(2));
+            const bool mf_v11 = mf_v10 >= 0;
+            const long mf_v12 = mf_maximum(mf_v10, long(0));
+            // gather 1 from 'x' along L: index proven in range, read unchecked
+            const float mf_v13 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v12)]);
+            const float mf_v14 = mf_v11 ? mf_v13 : 0.0f;
+            const float mf_v15 = mf_v9 * mf_v14;
+            const float mf_v16 = mf_v8 + mf_v15;
+            const float mf_v17 = float(w[mf_pos_C * 4u + 2u]);
+            const long mf_v18 = long(ulong(mf_index_L) - ulong(1));
+            const bool mf_v19 = mf_v18 >= 0;
+            const long mf_v20 = mf_maximum(mf_v18, long(0));
+            // gather 2 from 'x' along L: index proven in range, read unchecked
+            const float mf_v21 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v20)]);
+            const float mf_v22 = mf_v19 ? mf_v21 : 0.0f;
+            const float mf_v23 = mf_v17 * mf_v22;
+            const float mf_v24 = mf_v16 + mf_v23;
+            const float mf_v25 = float(w[mf_pos_C * 4u + 3u]);
+            const long mf_v26 = long(ulong(mf_index_L) - ulong(0));
+            const bool mf_v27 = mf_v26 >= 0;
+            const long mf_v28 = mf_maximum(mf_v26, long(0));
+            // gather 3 from 'x' along L: index proven in range, read unchecked
+            const float mf_v29 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v28)]);
+            const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
+            const float mf_v31 = mf_v25 * mf_v30;
+            const float mf_v32 = mf_v24 + mf_v31;
             // store
-            mf_out_v[mf_k] = T(mf_v36);
+            mf_out_v[mf_k] = T(mf_v32);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
@@ -356,72 +257,40 @@ kernel void mf_causal_conv_small(
                 const long mf_v2 = long(ulong(mf_index_L) - ulong(3));
                 const bool mf_v3 = mf_v2 >= 0;
                 const long mf_v4 = mf_maximum(mf_v2, long(0));
-                const long mf_take5 = long(mf_v4);
-                const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_L);
-                if (!mf_take5_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take5);
-                    mf_err[3u] = int(mf_take5 >> 32);
-                }
-                const float mf_v6 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take5_ok ? mf_index_t(mf_take5) : 0u)]);
-                const float mf_v7 = mf_v3 ? mf_v6 : 0.0f;
-                const float mf_v8 = mf_v1 * mf_v7;
-                const float mf_v9 = 0.0f + mf_v8;
-                const float mf_v10 = float(w[mf_pos_C * 4u + 1u]);
-                const long mf_v11 = long(ulong(mf_index_L) - ulong(2));
-                const bool mf_v12 = mf_v11 >= 0;
-                const long mf_v13 = mf_maximum(mf_v11, long(0));
-                const long mf_take14 = long(mf_v13);
-                const bool mf_take14_ok = mf_take14 >= 0 && mf_take14 < long(mf_size_L);
-                if (!mf_take14_ok) {
-                    // index out of range: report it (gather 1, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take14);
-                    mf_err[3u] = int(mf_take14 >> 32);
-                }
-                const float mf_v15 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take14_ok ? mf_index_t(mf_take14) : 0u)]);
-                const float mf_v16 = mf_v12 ? mf_v15 : 0.0f;
-                const float mf_v17 = mf_v10 * mf_v16;
-                const float mf_v18 = mf_v9 + mf_v17;
-                const float mf_v19 = float(w[mf_pos_C * 4u + 2u]);
-                const long mf_v20 = long(ulong(mf_index_L) - ulong(1));
-                const bool mf_v21 = mf_v20 >= 0;
-                const long mf_v22 = mf_maximum(mf_v20, long(0));
-                const long mf_take23 = long(mf_v22);
-                const bool mf_take23_ok = mf_take23 >= 0 && mf_take23 < long(mf_size_L);
-                if (!mf_take23_ok) {
-                    // index out of range: report it (gather 2, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 2;
-                    mf_err[2u] = int(mf_take23);
-                    mf_err[3u] = int(mf_take23 >> 32);
-                }
-                const float mf_v24 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take23_ok ? mf_index_t(mf_take23) : 0u)]);
-                const float mf_v25 = mf_v21 ? mf_v24 : 0.0f;
-                const float mf_v26 = mf_v19 * mf_v25;
-                const float mf_v27 = mf_v18 + mf_v26;
-                const float mf_v28 = float(w[mf_pos_C * 4u + 3u]);
-                const long mf_v29 = long(ulong(mf_index_L) - ulong(0));
-                const bool mf_v30 = mf_v29 >= 0;
-                const long mf_v31 = mf_maximum(mf_v29, long(0));
-                const long mf_take32 = long(mf_v31);
-                const bool mf_take32_ok = mf_take32 >= 0 && mf_take32 < long(mf_size_L);
-                if (!mf_take32_ok) {
-                    // index out of range: report it (gather 3, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 3;
-                    mf_err[2u] = int(mf_take32);
-                    mf_err[3u] = int(mf_take32 >> 32);
-                }
-                const float mf_v33 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + (mf_take32_ok ? mf_index_t(mf_take32) : 0u)]);
-                const float mf_v34 = mf_v30 ? mf_v33 : 0.0f;
-                const float mf_v35 = mf_v28 * mf_v34;
-                const float mf_v36 = mf_v27 + mf_v35;
+                // gather 0 from 'x' along L: index proven in range, read unchecked
+                const float mf_v5 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v4)]);
+                const float mf_v6 = mf_v3 ? mf_v5 : 0.0f;
+                const float mf_v7 = mf_v1 * mf_v6;
+                const float mf_v8 = 0.0f + mf_v7;
+                const float mf_v9 = float(w[mf_pos_C * 4u + 1u]);
+                const long mf_v10 = long(ulong(mf_index_L) - ulong(2));
+                const bool mf_v11 = mf_v10 >= 0;
+                const long mf_v12 = mf_maximum(mf_v10, long(0));
+                // gather 1 from 'x' along L: index proven in range, read unchecked
+                const float mf_v13 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v12)]);
+                const float mf_v14 = mf_v11 ? mf_v13 : 0.0f;
+                const float mf_v15 = mf_v9 * mf_v14;
+                const float mf_v16 = mf_v8 + mf_v15;
+                const float mf_v17 = float(w[mf_pos_C * 4u + 2u]);
+                const long mf_v18 = long(ulong(mf_index_L) - ulong(1));
+                const bool mf_v19 = mf_v18 >= 0;
+                const long mf_v20 = mf_maximum(mf_v18, long(0));
+                // gather 2 from 'x' along L: index proven in range, read unchecked
+                const float mf_v21 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v20)]);
+                const float mf_v22 = mf_v19 ? mf_v21 : 0.0f;
+                const float mf_v23 = mf_v17 * mf_v22;
+                const float mf_v24 = mf_v16 + mf_v23;
+                const float mf_v25 = float(w[mf_pos_C * 4u + 3u]);
+                const long mf_v26 = long(ulong(mf_index_L) - ulong(0));
+                const bool mf_v27 = mf_v26 >= 0;
+                const long mf_v28 = mf_maximum(mf_v26, long(0));
+                // gather 3 from 'x' along L: index proven in range, read unchecked
+                const float mf_v29 = float(x[(mf_pos_B * mf_size_C + mf_pos_C) * mf_size_L + mf_index_t(mf_v28)]);
+                const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
+                const float mf_v31 = mf_v25 * mf_v30;
+                const float mf_v32 = mf_v24 + mf_v31;
                 // store
-                mf_out[mf_i] = T(mf_v36);
+                mf_out[mf_i] = T(mf_v32);
             }
         }
     }
@@ -432,8 +301,7 @@ template [[host_name("causal_conv_f16_small")]] kernel void mf_causal_conv_small
     device const half* x [[buffer(0)]],
     device const half* w [[buffer(1)]],
     device half* mf_out [[buffer(2)]],
-    device int* mf_err [[buffer(3)]],
-    constant uint& mf_numel [[buffer(4)]],
-    constant uint& mf_size_L [[buffer(5)]],
-    constant uint& mf_size_C [[buffer(6)]],
+    constant uint& mf_numel [[buffer(3)]],
+    constant uint& mf_size_L [[buffer(4)]],
+    constant uint& mf_size_C [[buffer(5)]],
     uint mf_tid [[thread_position_in_grid]]);

@@ -55,11 +55,10 @@ kernel void mf_qk_norm_rope_simd(
     device T* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_B [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
-    constant mf_index_t& mf_size_S [[buffer(10)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_B [[buffer(7)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_size_S [[buffer(9)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
@@ -163,26 +162,10 @@ kernel void mf_qk_norm_rope_simd(
         const long mf_i2 = long(ulong(mf_index_E) + ulong(mf_r2));
         const long mf_i3 = long(ulong(mf_index_E) - ulong(mf_r2));
         const long mf_i4 = mf_i1 ? mf_i2 : mf_i3;
-        const long mf_take5 = long(mf_i4);
-        const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_E);
-        if (!mf_take5_ok && mf_pos < mf_size_E) {
-            // index out of range: report it (gather 0, from 'x')
-            mf_err[0u] = 1;
-            mf_err[1u] = 0;
-            mf_err[2u] = int(mf_take5);
-            mf_err[3u] = int(mf_take5 >> 32);
-        }
-        mf_from0[mf_k] = uint(mf_take5_ok ? mf_index_t(mf_take5) : 0u);
-        const long mf_take6 = long(mf_i4);
-        const bool mf_take6_ok = mf_take6 >= 0 && mf_take6 < long(mf_size_E);
-        if (!mf_take6_ok && mf_pos < mf_size_E) {
-            // index out of range: report it (gather 1, from 'w')
-            mf_err[0u] = 1;
-            mf_err[1u] = 1;
-            mf_err[2u] = int(mf_take6);
-            mf_err[3u] = int(mf_take6 >> 32);
-        }
-        mf_from1[mf_k] = uint(mf_take6_ok ? mf_index_t(mf_take6) : 0u);
+        // gather 0 from 'x' along E: index proven in range, read unchecked
+        mf_from0[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
+        // gather 1 from 'w' along E: index proven in range, read unchecked
+        mf_from1[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from0[mf_k] % 8u == mf_k);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from1[mf_k] % 8u == mf_k);
     }
@@ -289,11 +272,10 @@ template [[host_name("qk_norm_rope_f32_simd")]] kernel void mf_qk_norm_rope_simd
     device float* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_B [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
-    constant uint& mf_size_S [[buffer(10)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_B [[buffer(7)]],
+    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_size_S [[buffer(9)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
@@ -308,11 +290,10 @@ kernel void mf_qk_norm_rope_simd_exact(
     device T* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_B [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
-    constant mf_index_t& mf_size_S [[buffer(10)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_B [[buffer(7)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_size_S [[buffer(9)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
@@ -389,26 +370,10 @@ kernel void mf_qk_norm_rope_simd_exact(
         const long mf_i2 = long(ulong(mf_index_E) + ulong(mf_r2));
         const long mf_i3 = long(ulong(mf_index_E) - ulong(mf_r2));
         const long mf_i4 = mf_i1 ? mf_i2 : mf_i3;
-        const long mf_take5 = long(mf_i4);
-        const bool mf_take5_ok = mf_take5 >= 0 && mf_take5 < long(mf_size_E);
-        if (!mf_take5_ok && mf_pos < mf_size_E) {
-            // index out of range: report it (gather 0, from 'x')
-            mf_err[0u] = 1;
-            mf_err[1u] = 0;
-            mf_err[2u] = int(mf_take5);
-            mf_err[3u] = int(mf_take5 >> 32);
-        }
-        mf_from0[mf_k] = uint(mf_take5_ok ? mf_index_t(mf_take5) : 0u);
-        const long mf_take6 = long(mf_i4);
-        const bool mf_take6_ok = mf_take6 >= 0 && mf_take6 < long(mf_size_E);
-        if (!mf_take6_ok && mf_pos < mf_size_E) {
-            // index out of range: report it (gather 1, from 'w')
-            mf_err[0u] = 1;
-            mf_err[1u] = 1;
-            mf_err[2u] = int(mf_take6);
-            mf_err[3u] = int(mf_take6 >> 32);
-        }
-        mf_from1[mf_k] = uint(mf_take6_ok ? mf_index_t(mf_take6) : 0u);
+        // gather 0 from 'x' along E: index proven in range, read unchecked
+        mf_from0[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
+        // gather 1 from 'w' along E: index proven in range, read unchecked
+        mf_from1[mf_k] = uint(mf_pos < mf_size_E ? mf_index_t(mf_i4) : 0u);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from0[mf_k] % 8u == mf_k);
         mf_same_slot = mf_same_slot && (mf_pos >= mf_size_E || mf_from1[mf_k] % 8u == mf_k);
     }
@@ -474,11 +439,10 @@ template [[host_name("qk_norm_rope_f32_simd_exact")]] kernel void mf_qk_norm_rop
     device float* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_B [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
-    constant uint& mf_size_S [[buffer(10)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_B [[buffer(7)]],
+    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_size_S [[buffer(9)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
@@ -493,11 +457,10 @@ kernel void mf_qk_norm_rope_group(
     device T* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_B [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
-    constant mf_index_t& mf_size_S [[buffer(10)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_B [[buffer(7)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_size_S [[buffer(9)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lid [[thread_position_in_threadgroup]],
     uint mf_tpg [[threads_per_threadgroup]],
@@ -613,34 +576,18 @@ kernel void mf_qk_norm_rope_group(
             const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
             const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
             const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-            const long mf_take16 = long(mf_v15);
-            const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-            if (!mf_take16_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take16);
-                mf_err[3u] = int(mf_take16 >> 32);
-            }
-            const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-            const float mf_v18 = mf_v17 * mf_r7;
-            const long mf_take19 = long(mf_v15);
-            const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-            if (!mf_take19_ok) {
-                // index out of range: report it (gather 1, from 'w')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take19);
-                mf_err[3u] = int(mf_take19 >> 32);
-            }
-            const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-            const float mf_v21 = mf_v18 * mf_v20;
-            const float mf_v22 = -mf_v21;
-            const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-            const float mf_v24 = precise::sin(mf_v8);
-            const float mf_v25 = mf_v23 * mf_v24;
-            const float mf_v26 = mf_v10 + mf_v25;
-            mf_reg_mf_out[mf_k] = T(mf_v26);
+            // gather 0 from 'x' along E: index proven in range, read unchecked
+            const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
+            const float mf_v17 = mf_v16 * mf_r7;
+            // gather 1 from 'w' along E: index proven in range, read unchecked
+            const float mf_v18 = float(w[mf_index_t(mf_v15)]);
+            const float mf_v19 = mf_v17 * mf_v18;
+            const float mf_v20 = -mf_v19;
+            const float mf_v21 = mf_v11 ? mf_v20 : mf_v19;
+            const float mf_v22 = precise::sin(mf_v8);
+            const float mf_v23 = mf_v21 * mf_v22;
+            const float mf_v24 = mf_v10 + mf_v23;
+            mf_reg_mf_out[mf_k] = T(mf_v24);
         }
     } else if (mf_base < mf_size_E) {
         // the row's end: each element checked
@@ -665,34 +612,18 @@ kernel void mf_qk_norm_rope_group(
                 const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                 const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                 const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-                const long mf_take16 = long(mf_v15);
-                const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-                if (!mf_take16_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take16);
-                    mf_err[3u] = int(mf_take16 >> 32);
-                }
-                const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                const float mf_v18 = mf_v17 * mf_r7;
-                const long mf_take19 = long(mf_v15);
-                const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-                if (!mf_take19_ok) {
-                    // index out of range: report it (gather 1, from 'w')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take19);
-                    mf_err[3u] = int(mf_take19 >> 32);
-                }
-                const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-                const float mf_v21 = mf_v18 * mf_v20;
-                const float mf_v22 = -mf_v21;
-                const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-                const float mf_v24 = precise::sin(mf_v8);
-                const float mf_v25 = mf_v23 * mf_v24;
-                const float mf_v26 = mf_v10 + mf_v25;
-                mf_reg_mf_out[mf_k] = T(mf_v26);
+                // gather 0 from 'x' along E: index proven in range, read unchecked
+                const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
+                const float mf_v17 = mf_v16 * mf_r7;
+                // gather 1 from 'w' along E: index proven in range, read unchecked
+                const float mf_v18 = float(w[mf_index_t(mf_v15)]);
+                const float mf_v19 = mf_v17 * mf_v18;
+                const float mf_v20 = -mf_v19;
+                const float mf_v21 = mf_v11 ? mf_v20 : mf_v19;
+                const float mf_v22 = precise::sin(mf_v8);
+                const float mf_v23 = mf_v21 * mf_v22;
+                const float mf_v24 = mf_v10 + mf_v23;
+                mf_reg_mf_out[mf_k] = T(mf_v24);
             }
         }
     }
@@ -720,11 +651,10 @@ template [[host_name("qk_norm_rope_f32_group")]] kernel void mf_qk_norm_rope_gro
     device float* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_B [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
-    constant uint& mf_size_S [[buffer(10)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_B [[buffer(7)]],
+    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_size_S [[buffer(9)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lid [[thread_position_in_threadgroup]],
     uint mf_tpg [[threads_per_threadgroup]],
@@ -742,11 +672,10 @@ kernel void mf_qk_norm_rope_looped(
     device T* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_B [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
-    constant mf_index_t& mf_size_S [[buffer(10)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_B [[buffer(7)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_size_S [[buffer(9)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lid [[thread_position_in_threadgroup]],
     uint mf_tpg [[threads_per_threadgroup]],
@@ -881,34 +810,18 @@ kernel void mf_qk_norm_rope_looped(
                 const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                 const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                 const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-                const long mf_take16 = long(mf_v15);
-                const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-                if (!mf_take16_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take16);
-                    mf_err[3u] = int(mf_take16 >> 32);
-                }
-                const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                const float mf_v18 = mf_v17 * mf_r7;
-                const long mf_take19 = long(mf_v15);
-                const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-                if (!mf_take19_ok) {
-                    // index out of range: report it (gather 1, from 'w')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take19);
-                    mf_err[3u] = int(mf_take19 >> 32);
-                }
-                const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-                const float mf_v21 = mf_v18 * mf_v20;
-                const float mf_v22 = -mf_v21;
-                const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-                const float mf_v24 = precise::sin(mf_v8);
-                const float mf_v25 = mf_v23 * mf_v24;
-                const float mf_v26 = mf_v10 + mf_v25;
-                mf_reg_mf_out[mf_k] = T(mf_v26);
+                // gather 0 from 'x' along E: index proven in range, read unchecked
+                const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
+                const float mf_v17 = mf_v16 * mf_r7;
+                // gather 1 from 'w' along E: index proven in range, read unchecked
+                const float mf_v18 = float(w[mf_index_t(mf_v15)]);
+                const float mf_v19 = mf_v17 * mf_v18;
+                const float mf_v20 = -mf_v19;
+                const float mf_v21 = mf_v11 ? mf_v20 : mf_v19;
+                const float mf_v22 = precise::sin(mf_v8);
+                const float mf_v23 = mf_v21 * mf_v22;
+                const float mf_v24 = mf_v10 + mf_v23;
+                mf_reg_mf_out[mf_k] = T(mf_v24);
             }
         } else if (mf_base < mf_size_E) {
             // the row's end: each element checked
@@ -933,34 +846,18 @@ kernel void mf_qk_norm_rope_looped(
                     const long mf_v13 = long(ulong(mf_index_E) + ulong(mf_r2));
                     const long mf_v14 = long(ulong(mf_index_E) - ulong(mf_r2));
                     const long mf_v15 = mf_v12 ? mf_v13 : mf_v14;
-                    const long mf_take16 = long(mf_v15);
-                    const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E);
-                    if (!mf_take16_ok) {
-                        // index out of range: report it (gather 0, from 'x')
-                        mf_err[0u] = 1;
-                        mf_err[1u] = 0;
-                        mf_err[2u] = int(mf_take16);
-                        mf_err[3u] = int(mf_take16 >> 32);
-                    }
-                    const float mf_v17 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                    const float mf_v18 = mf_v17 * mf_r7;
-                    const long mf_take19 = long(mf_v15);
-                    const bool mf_take19_ok = mf_take19 >= 0 && mf_take19 < long(mf_size_E);
-                    if (!mf_take19_ok) {
-                        // index out of range: report it (gather 1, from 'w')
-                        mf_err[0u] = 1;
-                        mf_err[1u] = 1;
-                        mf_err[2u] = int(mf_take19);
-                        mf_err[3u] = int(mf_take19 >> 32);
-                    }
-                    const float mf_v20 = float(w[mf_take19_ok ? mf_index_t(mf_take19) : 0u]);
-                    const float mf_v21 = mf_v18 * mf_v20;
-                    const float mf_v22 = -mf_v21;
-                    const float mf_v23 = mf_v11 ? mf_v22 : mf_v21;
-                    const float mf_v24 = precise::sin(mf_v8);
-                    const float mf_v25 = mf_v23 * mf_v24;
-                    const float mf_v26 = mf_v10 + mf_v25;
-                    mf_reg_mf_out[mf_k] = T(mf_v26);
+                    // gather 0 from 'x' along E: index proven in range, read unchecked
+                    const float mf_v16 = float(x[((mf_index_t(mf_rowpos_B) * mf_size_H + mf_index_t(mf_rowpos_H)) * mf_size_S + mf_index_t(mf_rowpos_S)) * mf_size_E + mf_index_t(mf_v15)]);
+                    const float mf_v17 = mf_v16 * mf_r7;
+                    // gather 1 from 'w' along E: index proven in range, read unchecked
+                    const float mf_v18 = float(w[mf_index_t(mf_v15)]);
+                    const float mf_v19 = mf_v17 * mf_v18;
+                    const float mf_v20 = -mf_v19;
+                    const float mf_v21 = mf_v11 ? mf_v20 : mf_v19;
+                    const float mf_v22 = precise::sin(mf_v8);
+                    const float mf_v23 = mf_v21 * mf_v22;
+                    const float mf_v24 = mf_v10 + mf_v23;
+                    mf_reg_mf_out[mf_k] = T(mf_v24);
                 }
             }
         }
@@ -990,11 +887,10 @@ template [[host_name("qk_norm_rope_f32_looped")]] kernel void mf_qk_norm_rope_lo
     device float* mf_out [[buffer(3)]],
     constant float& eps [[buffer(4)]],
     constant float& base [[buffer(5)]],
-    device int* mf_err [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_B [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
-    constant uint& mf_size_S [[buffer(10)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_B [[buffer(7)]],
+    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_size_S [[buffer(9)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lid [[thread_position_in_threadgroup]],
     uint mf_tpg [[threads_per_threadgroup]],

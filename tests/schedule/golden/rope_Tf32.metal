@@ -41,11 +41,10 @@ kernel void mf_rope(
     device const int* pos [[buffer(1)]],
     device T* mf_out [[buffer(2)]],
     constant float& base [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant mf_index_t& mf_numel [[buffer(5)]],
-    constant mf_index_t& mf_size_H [[buffer(6)]],
-    constant mf_index_t& mf_size_S [[buffer(7)]],
-    constant mf_index_t& mf_size_E [[buffer(8)]],
+    constant mf_index_t& mf_numel [[buffer(4)]],
+    constant mf_index_t& mf_size_H [[buffer(5)]],
+    constant mf_index_t& mf_size_S [[buffer(6)]],
+    constant mf_index_t& mf_size_E [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 4 consecutive output elements
@@ -88,23 +87,15 @@ kernel void mf_rope(
             const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));
             const long mf_v15 = long(ulong(mf_index_E) - ulong(mf_v2));
             const long mf_v16 = mf_v13 ? mf_v14 : mf_v15;
-            const long mf_take17 = long(mf_v16);
-            const bool mf_take17_ok = mf_take17 >= 0 && mf_take17 < long(mf_size_E);
-            if (!mf_take17_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take17);
-                mf_err[3u] = int(mf_take17 >> 32);
-            }
-            const float mf_v18 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take17_ok ? mf_index_t(mf_take17) : 0u)]);
-            const float mf_v19 = -mf_v18;
-            const float mf_v20 = mf_v12 ? mf_v19 : mf_v18;
-            const float mf_v21 = precise::sin(mf_v9);
-            const float mf_v22 = mf_v20 * mf_v21;
-            const float mf_v23 = mf_v11 + mf_v22;
+            // gather 0 from 'x' along E: index proven in range, read unchecked
+            const float mf_v17 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v16)]);
+            const float mf_v18 = -mf_v17;
+            const float mf_v19 = mf_v12 ? mf_v18 : mf_v17;
+            const float mf_v20 = precise::sin(mf_v9);
+            const float mf_v21 = mf_v19 * mf_v20;
+            const float mf_v22 = mf_v11 + mf_v21;
             // store
-            mf_out_v[mf_k] = T(mf_v23);
+            mf_out_v[mf_k] = T(mf_v22);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
@@ -138,23 +129,15 @@ kernel void mf_rope(
                 const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));
                 const long mf_v15 = long(ulong(mf_index_E) - ulong(mf_v2));
                 const long mf_v16 = mf_v13 ? mf_v14 : mf_v15;
-                const long mf_take17 = long(mf_v16);
-                const bool mf_take17_ok = mf_take17 >= 0 && mf_take17 < long(mf_size_E);
-                if (!mf_take17_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take17);
-                    mf_err[3u] = int(mf_take17 >> 32);
-                }
-                const float mf_v18 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take17_ok ? mf_index_t(mf_take17) : 0u)]);
-                const float mf_v19 = -mf_v18;
-                const float mf_v20 = mf_v12 ? mf_v19 : mf_v18;
-                const float mf_v21 = precise::sin(mf_v9);
-                const float mf_v22 = mf_v20 * mf_v21;
-                const float mf_v23 = mf_v11 + mf_v22;
+                // gather 0 from 'x' along E: index proven in range, read unchecked
+                const float mf_v17 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v16)]);
+                const float mf_v18 = -mf_v17;
+                const float mf_v19 = mf_v12 ? mf_v18 : mf_v17;
+                const float mf_v20 = precise::sin(mf_v9);
+                const float mf_v21 = mf_v19 * mf_v20;
+                const float mf_v22 = mf_v11 + mf_v21;
                 // store
-                mf_out[mf_i] = T(mf_v23);
+                mf_out[mf_i] = T(mf_v22);
             }
         }
     }
@@ -166,9 +149,8 @@ template [[host_name("rope_f32")]] kernel void mf_rope<float, uint>(
     device const int* pos [[buffer(1)]],
     device float* mf_out [[buffer(2)]],
     constant float& base [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant uint& mf_numel [[buffer(5)]],
-    constant uint& mf_size_H [[buffer(6)]],
-    constant uint& mf_size_S [[buffer(7)]],
-    constant uint& mf_size_E [[buffer(8)]],
+    constant uint& mf_numel [[buffer(4)]],
+    constant uint& mf_size_H [[buffer(5)]],
+    constant uint& mf_size_S [[buffer(6)]],
+    constant uint& mf_size_E [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]]);

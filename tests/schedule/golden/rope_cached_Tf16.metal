@@ -51,12 +51,11 @@ kernel void mf_rope_cached(
     device const T* mf_p_cos [[buffer(1)]],
     device const T* mf_p_sin [[buffer(2)]],
     device T* mf_out [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant mf_index_t& mf_numel [[buffer(5)]],
-    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_numel [[buffer(4)]],
+    constant mf_index_t& mf_size_E [[buffer(5)]],
+    constant mf_index_t& mf_size_S [[buffer(6)]],
     constant mf_index_t& mf_size_E_div2 [[buffer(7)]],
-    constant mf_index_t& mf_size_S [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 8 consecutive output elements
@@ -84,49 +83,25 @@ kernel void mf_rope_cached(
             const long mf_index_E = long(mf_pos_E);
             const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
-            const long mf_take3 = long(mf_v2);
-            const bool mf_take3_ok = mf_take3 >= 0 && mf_take3 < long(mf_size_E_div2);
-            if (!mf_take3_ok) {
-                // index out of range: report it (gather 0, from 'cos')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take3);
-                mf_err[3u] = int(mf_take3 >> 32);
-            }
-            const float mf_v4 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + (mf_take3_ok ? mf_index_t(mf_take3) : 0u)]);
-            const float mf_v5 = mf_x * mf_v4;
+            // gather 0 from 'cos' along E/2: index proven in range, read unchecked
+            const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
+            const float mf_v4 = mf_x * mf_v3;
+            const bool mf_v5 = mf_index_E < mf_v1;
             const bool mf_v6 = mf_index_E < mf_v1;
-            const bool mf_v7 = mf_index_E < mf_v1;
-            const long mf_v8 = long(ulong(mf_index_E) + ulong(mf_v1));
-            const long mf_v9 = long(ulong(mf_index_E) - ulong(mf_v1));
-            const long mf_v10 = mf_v7 ? mf_v8 : mf_v9;
-            const long mf_take11 = long(mf_v10);
-            const bool mf_take11_ok = mf_take11 >= 0 && mf_take11 < long(mf_size_E);
-            if (!mf_take11_ok) {
-                // index out of range: report it (gather 1, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take11);
-                mf_err[3u] = int(mf_take11 >> 32);
-            }
-            const float mf_v12 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take11_ok ? mf_index_t(mf_take11) : 0u)]);
-            const float mf_v13 = -mf_v12;
-            const float mf_v14 = mf_v6 ? mf_v13 : mf_v12;
-            const long mf_v15 = mf_remainder(mf_index_E, mf_v1);
-            const long mf_take16 = long(mf_v15);
-            const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E_div2);
-            if (!mf_take16_ok) {
-                // index out of range: report it (gather 2, from 'sin')
-                mf_err[0u] = 1;
-                mf_err[1u] = 2;
-                mf_err[2u] = int(mf_take16);
-                mf_err[3u] = int(mf_take16 >> 32);
-            }
-            const float mf_v17 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-            const float mf_v18 = mf_v14 * mf_v17;
-            const float mf_v19 = mf_v5 + mf_v18;
+            const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
+            const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
+            const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+            // gather 1 from 'x' along E: index proven in range, read unchecked
+            const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
+            const float mf_v11 = -mf_v10;
+            const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
+            const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+            // gather 2 from 'sin' along E/2: index proven in range, read unchecked
+            const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
+            const float mf_v15 = mf_v12 * mf_v14;
+            const float mf_v16 = mf_v4 + mf_v15;
             // store
-            mf_out_v[mf_k] = T(mf_v19);
+            mf_out_v[mf_k] = T(mf_v16);
         }
         // store: 8-wide vectors
         *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_start) = mf_pack8_of(mf_out_v[0u], mf_out_v[1u], mf_out_v[2u], mf_out_v[3u], mf_out_v[4u], mf_out_v[5u], mf_out_v[6u], mf_out_v[7u]);
@@ -145,49 +120,25 @@ kernel void mf_rope_cached(
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
-                const long mf_take3 = long(mf_v2);
-                const bool mf_take3_ok = mf_take3 >= 0 && mf_take3 < long(mf_size_E_div2);
-                if (!mf_take3_ok) {
-                    // index out of range: report it (gather 0, from 'cos')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take3);
-                    mf_err[3u] = int(mf_take3 >> 32);
-                }
-                const float mf_v4 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + (mf_take3_ok ? mf_index_t(mf_take3) : 0u)]);
-                const float mf_v5 = mf_x * mf_v4;
+                // gather 0 from 'cos' along E/2: index proven in range, read unchecked
+                const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
+                const float mf_v4 = mf_x * mf_v3;
+                const bool mf_v5 = mf_index_E < mf_v1;
                 const bool mf_v6 = mf_index_E < mf_v1;
-                const bool mf_v7 = mf_index_E < mf_v1;
-                const long mf_v8 = long(ulong(mf_index_E) + ulong(mf_v1));
-                const long mf_v9 = long(ulong(mf_index_E) - ulong(mf_v1));
-                const long mf_v10 = mf_v7 ? mf_v8 : mf_v9;
-                const long mf_take11 = long(mf_v10);
-                const bool mf_take11_ok = mf_take11 >= 0 && mf_take11 < long(mf_size_E);
-                if (!mf_take11_ok) {
-                    // index out of range: report it (gather 1, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take11);
-                    mf_err[3u] = int(mf_take11 >> 32);
-                }
-                const float mf_v12 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take11_ok ? mf_index_t(mf_take11) : 0u)]);
-                const float mf_v13 = -mf_v12;
-                const float mf_v14 = mf_v6 ? mf_v13 : mf_v12;
-                const long mf_v15 = mf_remainder(mf_index_E, mf_v1);
-                const long mf_take16 = long(mf_v15);
-                const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E_div2);
-                if (!mf_take16_ok) {
-                    // index out of range: report it (gather 2, from 'sin')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 2;
-                    mf_err[2u] = int(mf_take16);
-                    mf_err[3u] = int(mf_take16 >> 32);
-                }
-                const float mf_v17 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                const float mf_v18 = mf_v14 * mf_v17;
-                const float mf_v19 = mf_v5 + mf_v18;
+                const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
+                const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
+                const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+                // gather 1 from 'x' along E: index proven in range, read unchecked
+                const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
+                const float mf_v11 = -mf_v10;
+                const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
+                const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+                // gather 2 from 'sin' along E/2: index proven in range, read unchecked
+                const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
+                const float mf_v15 = mf_v12 * mf_v14;
+                const float mf_v16 = mf_v4 + mf_v15;
                 // store
-                mf_out[mf_i] = T(mf_v19);
+                mf_out[mf_i] = T(mf_v16);
             }
         }
     }
@@ -199,12 +150,11 @@ template [[host_name("rope_cached_f16")]] kernel void mf_rope_cached<half, uint>
     device const half* mf_p_cos [[buffer(1)]],
     device const half* mf_p_sin [[buffer(2)]],
     device half* mf_out [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant uint& mf_numel [[buffer(5)]],
-    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_numel [[buffer(4)]],
+    constant uint& mf_size_E [[buffer(5)]],
+    constant uint& mf_size_S [[buffer(6)]],
     constant uint& mf_size_E_div2 [[buffer(7)]],
-    constant uint& mf_size_S [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
+    constant uint& mf_size_H [[buffer(8)]],
     uint mf_tid [[thread_position_in_grid]]);
 
 // rope_cached: elementwise over [B, H, S, E], 4 elements per thread (4-wide vector loads/stores where contiguous), 32-bit indexing
@@ -216,12 +166,11 @@ kernel void mf_rope_cached_small(
     device const T* mf_p_cos [[buffer(1)]],
     device const T* mf_p_sin [[buffer(2)]],
     device T* mf_out [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant mf_index_t& mf_numel [[buffer(5)]],
-    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_numel [[buffer(4)]],
+    constant mf_index_t& mf_size_E [[buffer(5)]],
+    constant mf_index_t& mf_size_S [[buffer(6)]],
     constant mf_index_t& mf_size_E_div2 [[buffer(7)]],
-    constant mf_index_t& mf_size_S [[buffer(8)]],
-    constant mf_index_t& mf_size_H [[buffer(9)]],
+    constant mf_index_t& mf_size_H [[buffer(8)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 4 consecutive output elements
@@ -249,49 +198,25 @@ kernel void mf_rope_cached_small(
             const long mf_index_E = long(mf_pos_E);
             const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
-            const long mf_take3 = long(mf_v2);
-            const bool mf_take3_ok = mf_take3 >= 0 && mf_take3 < long(mf_size_E_div2);
-            if (!mf_take3_ok) {
-                // index out of range: report it (gather 0, from 'cos')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take3);
-                mf_err[3u] = int(mf_take3 >> 32);
-            }
-            const float mf_v4 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + (mf_take3_ok ? mf_index_t(mf_take3) : 0u)]);
-            const float mf_v5 = mf_x * mf_v4;
+            // gather 0 from 'cos' along E/2: index proven in range, read unchecked
+            const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
+            const float mf_v4 = mf_x * mf_v3;
+            const bool mf_v5 = mf_index_E < mf_v1;
             const bool mf_v6 = mf_index_E < mf_v1;
-            const bool mf_v7 = mf_index_E < mf_v1;
-            const long mf_v8 = long(ulong(mf_index_E) + ulong(mf_v1));
-            const long mf_v9 = long(ulong(mf_index_E) - ulong(mf_v1));
-            const long mf_v10 = mf_v7 ? mf_v8 : mf_v9;
-            const long mf_take11 = long(mf_v10);
-            const bool mf_take11_ok = mf_take11 >= 0 && mf_take11 < long(mf_size_E);
-            if (!mf_take11_ok) {
-                // index out of range: report it (gather 1, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 1;
-                mf_err[2u] = int(mf_take11);
-                mf_err[3u] = int(mf_take11 >> 32);
-            }
-            const float mf_v12 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take11_ok ? mf_index_t(mf_take11) : 0u)]);
-            const float mf_v13 = -mf_v12;
-            const float mf_v14 = mf_v6 ? mf_v13 : mf_v12;
-            const long mf_v15 = mf_remainder(mf_index_E, mf_v1);
-            const long mf_take16 = long(mf_v15);
-            const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E_div2);
-            if (!mf_take16_ok) {
-                // index out of range: report it (gather 2, from 'sin')
-                mf_err[0u] = 1;
-                mf_err[1u] = 2;
-                mf_err[2u] = int(mf_take16);
-                mf_err[3u] = int(mf_take16 >> 32);
-            }
-            const float mf_v17 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-            const float mf_v18 = mf_v14 * mf_v17;
-            const float mf_v19 = mf_v5 + mf_v18;
+            const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
+            const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
+            const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+            // gather 1 from 'x' along E: index proven in range, read unchecked
+            const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
+            const float mf_v11 = -mf_v10;
+            const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
+            const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+            // gather 2 from 'sin' along E/2: index proven in range, read unchecked
+            const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
+            const float mf_v15 = mf_v12 * mf_v14;
+            const float mf_v16 = mf_v4 + mf_v15;
             // store
-            mf_out_v[mf_k] = T(mf_v19);
+            mf_out_v[mf_k] = T(mf_v16);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
@@ -310,49 +235,25 @@ kernel void mf_rope_cached_small(
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
-                const long mf_take3 = long(mf_v2);
-                const bool mf_take3_ok = mf_take3 >= 0 && mf_take3 < long(mf_size_E_div2);
-                if (!mf_take3_ok) {
-                    // index out of range: report it (gather 0, from 'cos')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take3);
-                    mf_err[3u] = int(mf_take3 >> 32);
-                }
-                const float mf_v4 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + (mf_take3_ok ? mf_index_t(mf_take3) : 0u)]);
-                const float mf_v5 = mf_x * mf_v4;
+                // gather 0 from 'cos' along E/2: index proven in range, read unchecked
+                const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
+                const float mf_v4 = mf_x * mf_v3;
+                const bool mf_v5 = mf_index_E < mf_v1;
                 const bool mf_v6 = mf_index_E < mf_v1;
-                const bool mf_v7 = mf_index_E < mf_v1;
-                const long mf_v8 = long(ulong(mf_index_E) + ulong(mf_v1));
-                const long mf_v9 = long(ulong(mf_index_E) - ulong(mf_v1));
-                const long mf_v10 = mf_v7 ? mf_v8 : mf_v9;
-                const long mf_take11 = long(mf_v10);
-                const bool mf_take11_ok = mf_take11 >= 0 && mf_take11 < long(mf_size_E);
-                if (!mf_take11_ok) {
-                    // index out of range: report it (gather 1, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 1;
-                    mf_err[2u] = int(mf_take11);
-                    mf_err[3u] = int(mf_take11 >> 32);
-                }
-                const float mf_v12 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + (mf_take11_ok ? mf_index_t(mf_take11) : 0u)]);
-                const float mf_v13 = -mf_v12;
-                const float mf_v14 = mf_v6 ? mf_v13 : mf_v12;
-                const long mf_v15 = mf_remainder(mf_index_E, mf_v1);
-                const long mf_take16 = long(mf_v15);
-                const bool mf_take16_ok = mf_take16 >= 0 && mf_take16 < long(mf_size_E_div2);
-                if (!mf_take16_ok) {
-                    // index out of range: report it (gather 2, from 'sin')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 2;
-                    mf_err[2u] = int(mf_take16);
-                    mf_err[3u] = int(mf_take16 >> 32);
-                }
-                const float mf_v17 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + (mf_take16_ok ? mf_index_t(mf_take16) : 0u)]);
-                const float mf_v18 = mf_v14 * mf_v17;
-                const float mf_v19 = mf_v5 + mf_v18;
+                const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
+                const long mf_v8 = long(ulong(mf_index_E) - ulong(mf_v1));
+                const long mf_v9 = mf_v6 ? mf_v7 : mf_v8;
+                // gather 1 from 'x' along E: index proven in range, read unchecked
+                const float mf_v10 = float(x[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_pos_S) * mf_size_E + mf_index_t(mf_v9)]);
+                const float mf_v11 = -mf_v10;
+                const float mf_v12 = mf_v5 ? mf_v11 : mf_v10;
+                const long mf_v13 = mf_remainder(mf_index_E, mf_v1);
+                // gather 2 from 'sin' along E/2: index proven in range, read unchecked
+                const float mf_v14 = float(mf_p_sin[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v13)]);
+                const float mf_v15 = mf_v12 * mf_v14;
+                const float mf_v16 = mf_v4 + mf_v15;
                 // store
-                mf_out[mf_i] = T(mf_v19);
+                mf_out[mf_i] = T(mf_v16);
             }
         }
     }
@@ -364,10 +265,9 @@ template [[host_name("rope_cached_f16_small")]] kernel void mf_rope_cached_small
     device const half* mf_p_cos [[buffer(1)]],
     device const half* mf_p_sin [[buffer(2)]],
     device half* mf_out [[buffer(3)]],
-    device int* mf_err [[buffer(4)]],
-    constant uint& mf_numel [[buffer(5)]],
-    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_numel [[buffer(4)]],
+    constant uint& mf_size_E [[buffer(5)]],
+    constant uint& mf_size_S [[buffer(6)]],
     constant uint& mf_size_E_div2 [[buffer(7)]],
-    constant uint& mf_size_S [[buffer(8)]],
-    constant uint& mf_size_H [[buffer(9)]],
+    constant uint& mf_size_H [[buffer(8)]],
     uint mf_tid [[thread_position_in_grid]]);

@@ -61,10 +61,9 @@ kernel void mf_rope_heads(
     constant long& pos [[buffer(2)]],
     constant long& rotated [[buffer(3)]],
     constant float& base [[buffer(4)]],
-    device int* mf_err [[buffer(5)]],
-    constant mf_index_t& mf_numel [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_numel [[buffer(5)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_H [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 8 consecutive output elements
@@ -106,25 +105,17 @@ kernel void mf_rope_heads(
             const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
             const long mf_v16 = long(ulong(mf_index_E) - ulong(mf_v3));
             const long mf_v17 = mf_v14 ? mf_v15 : mf_v16;
-            const long mf_take18 = long(mf_v17);
-            const bool mf_take18_ok = mf_take18 >= 0 && mf_take18 < long(mf_size_E);
-            if (!mf_take18_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take18);
-                mf_err[3u] = int(mf_take18 >> 32);
-            }
-            const float mf_v19 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + (mf_take18_ok ? mf_index_t(mf_take18) : 0u)]);
-            const float mf_v20 = -mf_v19;
-            const float mf_v21 = mf_v13 ? mf_v20 : mf_v19;
-            const float mf_v22 = precise::sin(mf_v10);
-            const float mf_v23 = mf_v21 * mf_v22;
-            const float mf_v24 = mf_v12 + mf_v23;
-            const float mf_v25 = mf_v1 ? mf_v24 : mf_x;
-            const float mf_v26 = float(half(mf_v25));
+            // gather 0 from 'x' along E: index proven in range, read unchecked
+            const float mf_v18 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + mf_index_t(mf_v17)]);
+            const float mf_v19 = -mf_v18;
+            const float mf_v20 = mf_v13 ? mf_v19 : mf_v18;
+            const float mf_v21 = precise::sin(mf_v10);
+            const float mf_v22 = mf_v20 * mf_v21;
+            const float mf_v23 = mf_v12 + mf_v22;
+            const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+            const float mf_v25 = float(half(mf_v24));
             // store
-            mf_out_v[mf_k] = T(mf_v26);
+            mf_out_v[mf_k] = T(mf_v25);
         }
         // store: 8-wide vectors
         *reinterpret_cast<device mf_pack8<T>*>(mf_out + mf_start) = mf_pack8_of(mf_out_v[0u], mf_out_v[1u], mf_out_v[2u], mf_out_v[3u], mf_out_v[4u], mf_out_v[5u], mf_out_v[6u], mf_out_v[7u]);
@@ -158,25 +149,17 @@ kernel void mf_rope_heads(
                 const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
                 const long mf_v16 = long(ulong(mf_index_E) - ulong(mf_v3));
                 const long mf_v17 = mf_v14 ? mf_v15 : mf_v16;
-                const long mf_take18 = long(mf_v17);
-                const bool mf_take18_ok = mf_take18 >= 0 && mf_take18 < long(mf_size_E);
-                if (!mf_take18_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take18);
-                    mf_err[3u] = int(mf_take18 >> 32);
-                }
-                const float mf_v19 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + (mf_take18_ok ? mf_index_t(mf_take18) : 0u)]);
-                const float mf_v20 = -mf_v19;
-                const float mf_v21 = mf_v13 ? mf_v20 : mf_v19;
-                const float mf_v22 = precise::sin(mf_v10);
-                const float mf_v23 = mf_v21 * mf_v22;
-                const float mf_v24 = mf_v12 + mf_v23;
-                const float mf_v25 = mf_v1 ? mf_v24 : mf_x;
-                const float mf_v26 = float(half(mf_v25));
+                // gather 0 from 'x' along E: index proven in range, read unchecked
+                const float mf_v18 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + mf_index_t(mf_v17)]);
+                const float mf_v19 = -mf_v18;
+                const float mf_v20 = mf_v13 ? mf_v19 : mf_v18;
+                const float mf_v21 = precise::sin(mf_v10);
+                const float mf_v22 = mf_v20 * mf_v21;
+                const float mf_v23 = mf_v12 + mf_v22;
+                const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+                const float mf_v25 = float(half(mf_v24));
                 // store
-                mf_out[mf_i] = T(mf_v26);
+                mf_out[mf_i] = T(mf_v25);
             }
         }
     }
@@ -189,10 +172,9 @@ template [[host_name("rope_heads_f16")]] kernel void mf_rope_heads<half, uint>(
     constant long& pos [[buffer(2)]],
     constant long& rotated [[buffer(3)]],
     constant float& base [[buffer(4)]],
-    device int* mf_err [[buffer(5)]],
-    constant uint& mf_numel [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_numel [[buffer(5)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_H [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]]);
 
 // rope_heads: elementwise over [M, H, E], 4 elements per thread (4-wide vector loads/stores where contiguous), 32-bit indexing
@@ -205,10 +187,9 @@ kernel void mf_rope_heads_small(
     constant long& pos [[buffer(2)]],
     constant long& rotated [[buffer(3)]],
     constant float& base [[buffer(4)]],
-    device int* mf_err [[buffer(5)]],
-    constant mf_index_t& mf_numel [[buffer(6)]],
-    constant mf_index_t& mf_size_E [[buffer(7)]],
-    constant mf_index_t& mf_size_H [[buffer(8)]],
+    constant mf_index_t& mf_numel [[buffer(5)]],
+    constant mf_index_t& mf_size_E [[buffer(6)]],
+    constant mf_index_t& mf_size_H [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]])
 {
     // each thread covers 4 consecutive output elements
@@ -250,25 +231,17 @@ kernel void mf_rope_heads_small(
             const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
             const long mf_v16 = long(ulong(mf_index_E) - ulong(mf_v3));
             const long mf_v17 = mf_v14 ? mf_v15 : mf_v16;
-            const long mf_take18 = long(mf_v17);
-            const bool mf_take18_ok = mf_take18 >= 0 && mf_take18 < long(mf_size_E);
-            if (!mf_take18_ok) {
-                // index out of range: report it (gather 0, from 'x')
-                mf_err[0u] = 1;
-                mf_err[1u] = 0;
-                mf_err[2u] = int(mf_take18);
-                mf_err[3u] = int(mf_take18 >> 32);
-            }
-            const float mf_v19 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + (mf_take18_ok ? mf_index_t(mf_take18) : 0u)]);
-            const float mf_v20 = -mf_v19;
-            const float mf_v21 = mf_v13 ? mf_v20 : mf_v19;
-            const float mf_v22 = precise::sin(mf_v10);
-            const float mf_v23 = mf_v21 * mf_v22;
-            const float mf_v24 = mf_v12 + mf_v23;
-            const float mf_v25 = mf_v1 ? mf_v24 : mf_x;
-            const float mf_v26 = float(half(mf_v25));
+            // gather 0 from 'x' along E: index proven in range, read unchecked
+            const float mf_v18 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + mf_index_t(mf_v17)]);
+            const float mf_v19 = -mf_v18;
+            const float mf_v20 = mf_v13 ? mf_v19 : mf_v18;
+            const float mf_v21 = precise::sin(mf_v10);
+            const float mf_v22 = mf_v20 * mf_v21;
+            const float mf_v23 = mf_v12 + mf_v22;
+            const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+            const float mf_v25 = float(half(mf_v24));
             // store
-            mf_out_v[mf_k] = T(mf_v26);
+            mf_out_v[mf_k] = T(mf_v25);
         }
         // store: 4-wide vectors
         *reinterpret_cast<device vec<T, 4>*>(mf_out + mf_start) = mf_out_v;
@@ -302,25 +275,17 @@ kernel void mf_rope_heads_small(
                 const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
                 const long mf_v16 = long(ulong(mf_index_E) - ulong(mf_v3));
                 const long mf_v17 = mf_v14 ? mf_v15 : mf_v16;
-                const long mf_take18 = long(mf_v17);
-                const bool mf_take18_ok = mf_take18 >= 0 && mf_take18 < long(mf_size_E);
-                if (!mf_take18_ok) {
-                    // index out of range: report it (gather 0, from 'x')
-                    mf_err[0u] = 1;
-                    mf_err[1u] = 0;
-                    mf_err[2u] = int(mf_take18);
-                    mf_err[3u] = int(mf_take18 >> 32);
-                }
-                const float mf_v19 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + (mf_take18_ok ? mf_index_t(mf_take18) : 0u)]);
-                const float mf_v20 = -mf_v19;
-                const float mf_v21 = mf_v13 ? mf_v20 : mf_v19;
-                const float mf_v22 = precise::sin(mf_v10);
-                const float mf_v23 = mf_v21 * mf_v22;
-                const float mf_v24 = mf_v12 + mf_v23;
-                const float mf_v25 = mf_v1 ? mf_v24 : mf_x;
-                const float mf_v26 = float(half(mf_v25));
+                // gather 0 from 'x' along E: index proven in range, read unchecked
+                const float mf_v18 = float(x[(mf_pos_M * mf_size_H + mf_pos_H) * mf_size_E + mf_index_t(mf_v17)]);
+                const float mf_v19 = -mf_v18;
+                const float mf_v20 = mf_v13 ? mf_v19 : mf_v18;
+                const float mf_v21 = precise::sin(mf_v10);
+                const float mf_v22 = mf_v20 * mf_v21;
+                const float mf_v23 = mf_v12 + mf_v22;
+                const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+                const float mf_v25 = float(half(mf_v24));
                 // store
-                mf_out[mf_i] = T(mf_v26);
+                mf_out[mf_i] = T(mf_v25);
             }
         }
     }
@@ -333,8 +298,7 @@ template [[host_name("rope_heads_f16_small")]] kernel void mf_rope_heads_small<h
     constant long& pos [[buffer(2)]],
     constant long& rotated [[buffer(3)]],
     constant float& base [[buffer(4)]],
-    device int* mf_err [[buffer(5)]],
-    constant uint& mf_numel [[buffer(6)]],
-    constant uint& mf_size_E [[buffer(7)]],
-    constant uint& mf_size_H [[buffer(8)]],
+    constant uint& mf_numel [[buffer(5)]],
+    constant uint& mf_size_E [[buffer(6)]],
+    constant uint& mf_size_H [[buffer(7)]],
     uint mf_tid [[thread_position_in_grid]]);
