@@ -72,7 +72,10 @@ def decode_attention(q: "T[B, (G R), E]", k: "T[L, G, E]", v: "T[L, G, E]", scal
     return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
 
-@mf.kernel            # the same over a paged cache: rows found through the block table
+# the block table is a tensor: its reads cannot be proven in range, so they are checked; with
+# the check deferred the step never waits for the GPU, and a bad block number is raised at the
+# next mf.check_deferred() / mf.synchronize() (the caller's sync point: sampling the token)
+@mf.kernel(launch={"index_check": "deferred"})
 def paged_decode_attention(q: "T[B, (G R), E]", k_cache: "T[N, G, E]", v_cache: "T[N, G, E]",
                     block_table: "i32[B, L/BS]", scale: float, pos: int,
                     BS: mf.Const[int] = 16):
@@ -270,6 +273,7 @@ def compare(shape: Shape, dtype: torch.dtype, device: str, paged: bool, pos: int
     ours_cache = Cache.random(shape, dtype, device, paged)
     theirs_cache = Cache.random(shape, dtype, device, paged)
     ours = step(layer, x, ours_cache, pos)
+    mf.check_deferred()                      # the paged step's block-table reads: all in range
     theirs = torch_step(layer, x, theirs_cache, pos)
     for name in ours:
         torch.testing.assert_close(ours[name].float(), theirs[name].float(), **TOL[dtype],
