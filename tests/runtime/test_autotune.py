@@ -64,6 +64,8 @@ def example_args(kernel, sizes=None) -> list:
         for d in p.dims:
             if d.batch:
                 shape += [2, 3]
+            elif d.size is not None:                  # a literal dim ("T[C, 4]")
+                shape.append(d.size)
             elif d.derived:
                 base = sizes.setdefault(d.base, group[d.base] * next(fresh))
                 shape.append(base * d.mul // d.div + d.add)
