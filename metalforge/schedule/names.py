@@ -67,7 +67,27 @@ _RESERVED_PREFIXES = ("simd_", "simdgroup_", "quad_", "threadgroup_", "atomic_",
 _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "t", "v", "sg",
                              "qx", "xe", "tid", "lane", "row", "base", "group", "lid", "tpg",
                              "nsg", "score", "corr", "acc", "task", "outer", "blocks", "out",
-                             "start", "numel", "err", "scratch", "splits", "index_t"})
+                             "start", "numel", "err", "scratch", "splits", "index_t",
+                             # every other mf_<name> a schedule declares (or a helper's name):
+                             # a tensor named so gets mf_in_<name> (tests/dsl/test_reserved_names)
+                             "a", "ae", "at", "atomic_add", "av", "block", "bm", "bn", "cc",
+                             "chunk", "chunk_rows", "chunks", "col", "count", "dc", "do",
+                             "dr", "dst", "dv", "erf", "first", "floordiv", "fremainder",
+                             "grp", "half", "hi", "ipow", "k_end", "k_first", "kb", "key",
+                             "keys", "kf", "khi", "kk", "klo", "kn", "kp", "kq", "ks", "kt",
+                             "lane8", "last", "lend", "live", "lo", "logaddexp",
+                             "lower_bound", "m_new", "m_tiles", "macc", "mat_load",
+                             "maximum", "mblocks", "mc", "md", "minimum", "mm", "mma", "mo",
+                             "mr", "ms", "mv", "mx", "n_tiles", "nkeys", "nlive", "o", "of",
+                             "off", "online_add", "online_add_chunk", "online_merge",
+                             "order", "own", "p", "pack8_of", "part", "partial", "parts",
+                             "per", "pk", "place_weight", "pos", "pow", "ps", "q", "qf",
+                             "qi", "qrow", "racc", "red", "remainder", "rhi", "rlo",
+                             "run_ok", "s", "same_slot", "sc", "sdot", "seg", "segs", "sf",
+                             "share", "slice", "split", "src", "srow", "step", "stride",
+                             "sub", "sum", "sum_add", "tile", "tiles", "tk", "tm", "tmax",
+                             "tn", "u", "vec", "vec_ok", "vf", "w", "wlog", "wn", "wp",
+                             "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z"})
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"

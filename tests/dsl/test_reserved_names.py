@@ -148,3 +148,28 @@ def test_kernel_named_like_a_helper(name):
     _same(k, x, y)
     src = k.source(x, y)
     assert (f"kernel void mf_{name}(" in src) == (name == "default"), src
+
+
+def test_every_schedule_variable_is_reserved():
+    """Every `mf_<name>` a schedule module spells out is reserved: a tensor or value named
+    `<name>` is renamed (mf_in_<name>), so it can neither clash with nor be shadowed by the
+    schedule's own variable (a tensor `w` beside the row kernels' lane width `mf_w` did not
+    compile; one shadowed in an inner scope would read the wrong value)."""
+    import re
+    from pathlib import Path
+
+    from metalforge.schedule import names
+    root = Path(names.__file__).parent
+    spelled = {m.group(1) for p in root.rglob("*.py")
+               for m in re.finditer(r'"mf_([a-z][a-z0-9_]*)"', p.read_text())}
+    loose = sorted(n for n in spelled if n not in names._SCHEDULE_NAMES
+                   and not names._SCHEDULE_PATTERN.match(n))
+    assert not loose, f"add to schedule/names.py's _SCHEDULE_NAMES: {loose}"
+
+
+def test_a_tensor_named_like_a_schedule_variable_compiles():
+    @mf.kernel
+    def k(x: "T[N, K]", w: "T[K]", b: "T[N, M]"):
+        return x * w + mf.sum(b, axis="M")
+    x, w, b = torch.randn(3, 5), torch.randn(5), torch.randn(3, 4)
+    torch.testing.assert_close(k(x, w, b), x * w + b.sum(1, keepdim=True))

@@ -101,9 +101,9 @@ kernel void mf_add_rms_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
             const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
+            const float mf_v1 = mf_in_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
             mf_carry1[mf_k] = mf_v1;
@@ -114,9 +114,9 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
                 mf_carry1[mf_k] = mf_v1;
@@ -174,8 +174,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -184,8 +184,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
@@ -275,9 +275,9 @@ kernel void mf_add_rms_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
+        const float mf_in_x = float(mf_reg_x[mf_k]);
         const float mf_in_r = float(mf_reg_r[mf_k]);
-        const float mf_v1 = mf_x + mf_in_r;
+        const float mf_v1 = mf_in_x + mf_in_r;
         const float mf_v2 = mf_v1 * mf_v1;
         mf_acc1 = mf_acc1 + mf_v2;
         mf_carry1[mf_k] = mf_v1;
@@ -315,8 +315,8 @@ kernel void mf_add_rms_norm_simd_exact(
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
         const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v2 = mf_v1 * mf_w;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v2 = mf_v1 * mf_in_w;
         mf_reg_mf_out1[mf_k] = T(mf_v2);
     }
     // store the row's outputs, 8-wide
@@ -406,9 +406,9 @@ kernel void mf_add_rms_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
             const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
+            const float mf_v1 = mf_in_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
             mf_carry1[mf_k] = mf_v1;
@@ -419,9 +419,9 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
                 mf_carry1[mf_k] = mf_v1;
@@ -479,8 +479,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -489,8 +489,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
@@ -596,9 +596,9 @@ kernel void mf_add_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
@@ -607,9 +607,9 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
-                    const float mf_v1 = mf_x + mf_in_r;
+                    const float mf_v1 = mf_in_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_v1;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
                 }
@@ -678,12 +678,12 @@ kernel void mf_add_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
             }
@@ -692,12 +692,12 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
-                    const float mf_v1 = mf_x + mf_in_r;
+                    const float mf_v1 = mf_in_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_r4;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v3 = mf_v2 * mf_in_w;
                     mf_reg_mf_out0[mf_k] = T(mf_v1);
                     mf_reg_mf_out1[mf_k] = T(mf_v3);
                 }

@@ -80,9 +80,9 @@ kernel void mf_add_rms_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
             const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
+            const float mf_v1 = mf_in_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
             mf_carry1[mf_k] = mf_v1;
@@ -93,9 +93,9 @@ kernel void mf_add_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
                 mf_carry1[mf_k] = mf_v1;
@@ -151,8 +151,8 @@ kernel void mf_add_rms_norm_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -161,8 +161,8 @@ kernel void mf_add_rms_norm_simd(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
@@ -250,9 +250,9 @@ kernel void mf_add_rms_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
+        const float mf_in_x = float(mf_reg_x[mf_k]);
         const float mf_in_r = float(mf_reg_r[mf_k]);
-        const float mf_v1 = mf_x + mf_in_r;
+        const float mf_v1 = mf_in_x + mf_in_r;
         const float mf_v2 = mf_v1 * mf_v1;
         mf_acc1 = mf_acc1 + mf_v2;
         mf_carry1[mf_k] = mf_v1;
@@ -288,8 +288,8 @@ kernel void mf_add_rms_norm_simd_exact(
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
         const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v2 = mf_v1 * mf_w;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v2 = mf_v1 * mf_in_w;
         mf_reg_mf_out1[mf_k] = T(mf_v2);
     }
     // store the row's outputs, 4-wide
@@ -378,9 +378,9 @@ kernel void mf_add_rms_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
             const float mf_in_r = float(mf_reg_r[mf_k]);
-            const float mf_v1 = mf_x + mf_in_r;
+            const float mf_v1 = mf_in_x + mf_in_r;
             const float mf_v2 = mf_v1 * mf_v1;
             mf_acc1 = mf_acc1 + mf_v2;
             mf_carry1[mf_k] = mf_v1;
@@ -391,9 +391,9 @@ kernel void mf_add_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_acc1 + mf_v2;
                 mf_carry1[mf_k] = mf_v1;
@@ -451,8 +451,8 @@ kernel void mf_add_rms_norm_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out1[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -461,8 +461,8 @@ kernel void mf_add_rms_norm_group(
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
                 const float mf_v1 = mf_carry1[mf_k] * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out1[mf_k] = T(mf_v2);
             }
         }
@@ -568,9 +568,9 @@ kernel void mf_add_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_v1;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
             }
@@ -579,9 +579,9 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
-                    const float mf_v1 = mf_x + mf_in_r;
+                    const float mf_v1 = mf_in_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_v1;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v2);
                 }
@@ -650,12 +650,12 @@ kernel void mf_add_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_r = float(mf_reg_r[mf_k]);
-                const float mf_v1 = mf_x + mf_in_r;
+                const float mf_v1 = mf_in_x + mf_in_r;
                 const float mf_v2 = mf_v1 * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 mf_reg_mf_out0[mf_k] = T(mf_v1);
                 mf_reg_mf_out1[mf_k] = T(mf_v3);
             }
@@ -664,12 +664,12 @@ kernel void mf_add_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_r = float(mf_reg_r[mf_k]);
-                    const float mf_v1 = mf_x + mf_in_r;
+                    const float mf_v1 = mf_in_x + mf_in_r;
                     const float mf_v2 = mf_v1 * mf_r4;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v3 = mf_v2 * mf_in_w;
                     mf_reg_mf_out0[mf_k] = T(mf_v1);
                     mf_reg_mf_out1[mf_k] = T(mf_v3);
                 }

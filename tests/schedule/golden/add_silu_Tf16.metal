@@ -43,9 +43,9 @@ kernel void mf_add_silu(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_lane8(mf_x_v, mf_k));
+            const float mf_in_x = float(mf_lane8(mf_x_v, mf_k));
             const float mf_residual = float(mf_lane8(mf_residual_v, mf_k));
-            const float mf_v1 = mf_x + mf_residual;
+            const float mf_v1 = mf_in_x + mf_residual;
             const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
             const float mf_v3 = mf_v1 * mf_v2;
             // store
@@ -61,9 +61,9 @@ kernel void mf_add_silu(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_residual = float(residual[mf_i]);
-                const float mf_v1 = mf_x + mf_residual;
+                const float mf_v1 = mf_in_x + mf_residual;
                 const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
                 const float mf_v3 = mf_v1 * mf_v2;
                 // store
@@ -106,9 +106,9 @@ kernel void mf_add_silu_small(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_x_v[mf_k]);
+            const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_residual = float(mf_residual_v[mf_k]);
-            const float mf_v1 = mf_x + mf_residual;
+            const float mf_v1 = mf_in_x + mf_residual;
             const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
             const float mf_v3 = mf_v1 * mf_v2;
             // store
@@ -124,9 +124,9 @@ kernel void mf_add_silu_small(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_residual = float(residual[mf_i]);
-                const float mf_v1 = mf_x + mf_residual;
+                const float mf_v1 = mf_in_x + mf_residual;
                 const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
                 const float mf_v3 = mf_v1 * mf_v2;
                 // store

@@ -45,9 +45,9 @@ kernel void mf_bias_scale(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_lane8(mf_x_v, mf_k));
+            const float mf_in_x = float(mf_lane8(mf_x_v, mf_k));
             const float mf_bias = float(mf_lane8(mf_bias_v, mf_k));
-            const float mf_v1 = mf_x + mf_bias;
+            const float mf_v1 = mf_in_x + mf_bias;
             const float mf_v2 = mf_v1 * scale;
             // store
             mf_out_v[mf_k] = T(mf_v2);
@@ -60,9 +60,9 @@ kernel void mf_bias_scale(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_bias = float(bias[mf_i % mf_size_D]);
-                const float mf_v1 = mf_x + mf_bias;
+                const float mf_v1 = mf_in_x + mf_bias;
                 const float mf_v2 = mf_v1 * scale;
                 // store
                 mf_out[mf_i] = T(mf_v2);
@@ -106,9 +106,9 @@ kernel void mf_bias_scale_small(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_x_v[mf_k]);
+            const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_bias = float(mf_bias_v[mf_k]);
-            const float mf_v1 = mf_x + mf_bias;
+            const float mf_v1 = mf_in_x + mf_bias;
             const float mf_v2 = mf_v1 * scale;
             // store
             mf_out_v[mf_k] = T(mf_v2);
@@ -121,9 +121,9 @@ kernel void mf_bias_scale_small(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_bias = float(bias[mf_i % mf_size_D]);
-                const float mf_v1 = mf_x + mf_bias;
+                const float mf_v1 = mf_in_x + mf_bias;
                 const float mf_v2 = mf_v1 * scale;
                 // store
                 mf_out[mf_i] = T(mf_v2);

@@ -39,8 +39,8 @@ kernel void mf_column_sum_column(
     float mf_cmp1 = 0.0f;
     for (uint mf_i = 0u; mf_i < uint(mf_size_R); ++mf_i) {
         const uint mf_k = mf_i;
-        const float mf_x = float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]);
-        mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+        const float mf_in_x = float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]);
+        mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
     }
     // add the rounding errors the compensated sums collected
     mf_acc1 = mf_acc1 + mf_cmp1;
@@ -100,8 +100,8 @@ kernel void mf_column_sum_split(
             float mf_e1[4];
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
                 const uint mf_k = mf_k0 + ((mf_i * 4u + mf_u) * 8u + mf_slice);
-                const float mf_x = mf_live ? float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]) : 0.0f;
-                mf_e1[mf_u] = mf_x;
+                const float mf_in_x = mf_live ? float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]) : 0.0f;
+                mf_e1[mf_u] = mf_in_x;
             }
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_e1[mf_u]);
@@ -111,8 +111,8 @@ kernel void mf_column_sum_split(
         for (uint mf_i = (mf_k1 - mf_k0) / 32u * 4u; mf_i < (mf_k1 - mf_k0 + 7u) / 8u; ++mf_i) {
             const uint mf_k = mf_k0 + mf_i * 8u + mf_slice;
             if (mf_k < mf_k1) {
-                const float mf_x = mf_live ? float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]) : 0.0f;
-                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                const float mf_in_x = mf_live ? float(x[mf_col_x + mf_index_t(mf_k) * mf_stride_x]) : 0.0f;
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
             }
         }
     }
@@ -249,23 +249,23 @@ kernel void mf_column_sum_wide(
                 const vec<T, 4> mf_w_x = *reinterpret_cast<device const vec<T, 4>*>(x + mf_col_x + mf_index_t(mf_k) * mf_stride_x);
                 {
                     // column 0
-                    const float mf_x = float(mf_w_x[0u]);
-                    mf_e1[mf_u] = mf_x;
+                    const float mf_in_x = float(mf_w_x[0u]);
+                    mf_e1[mf_u] = mf_in_x;
                 }
                 {
                     // column 1
-                    const float mf_x = float(mf_w_x[1u]);
-                    mf_e2[mf_u] = mf_x;
+                    const float mf_in_x = float(mf_w_x[1u]);
+                    mf_e2[mf_u] = mf_in_x;
                 }
                 {
                     // column 2
-                    const float mf_x = float(mf_w_x[2u]);
-                    mf_e3[mf_u] = mf_x;
+                    const float mf_in_x = float(mf_w_x[2u]);
+                    mf_e3[mf_u] = mf_in_x;
                 }
                 {
                     // column 3
-                    const float mf_x = float(mf_w_x[3u]);
-                    mf_e4[mf_u] = mf_x;
+                    const float mf_in_x = float(mf_w_x[3u]);
+                    mf_e4[mf_u] = mf_in_x;
                 }
             }
             for (uint mf_u = 0u; mf_u < 4u; ++mf_u) {
@@ -288,23 +288,23 @@ kernel void mf_column_sum_wide(
                     const vec<T, 4> mf_w_x = *reinterpret_cast<device const vec<T, 4>*>(x + mf_col_x + mf_index_t(mf_k) * mf_stride_x);
                     {
                         // column 0
-                        const float mf_x = float(mf_w_x[0u]);
-                        mf_e1[mf_u] = mf_x;
+                        const float mf_in_x = float(mf_w_x[0u]);
+                        mf_e1[mf_u] = mf_in_x;
                     }
                     {
                         // column 1
-                        const float mf_x = float(mf_w_x[1u]);
-                        mf_e2[mf_u] = mf_x;
+                        const float mf_in_x = float(mf_w_x[1u]);
+                        mf_e2[mf_u] = mf_in_x;
                     }
                     {
                         // column 2
-                        const float mf_x = float(mf_w_x[2u]);
-                        mf_e3[mf_u] = mf_x;
+                        const float mf_in_x = float(mf_w_x[2u]);
+                        mf_e3[mf_u] = mf_in_x;
                     }
                     {
                         // column 3
-                        const float mf_x = float(mf_w_x[3u]);
-                        mf_e4[mf_u] = mf_x;
+                        const float mf_in_x = float(mf_w_x[3u]);
+                        mf_e4[mf_u] = mf_in_x;
                     }
                 }
                 {

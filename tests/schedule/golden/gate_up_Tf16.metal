@@ -98,9 +98,9 @@ kernel void mf_gate_up_qmv(
         float mf_xe[32];
         float mf_xsum = 0.0f;
         for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-            const float mf_x = mf_x_reg[mf_j];
-            mf_xe[mf_j] = mf_x;
-            mf_xsum = mf_xsum + mf_x;
+            const float mf_in_x = mf_x_reg[mf_j];
+            mf_xe[mf_j] = mf_in_x;
+            mf_xsum = mf_xsum + mf_in_x;
         }
         // each row: unpack its words from registers, add to its sum
         float mf_qx[16];
@@ -241,9 +241,9 @@ kernel void mf_gate_up_qmv_split(
                 float mf_xe[32];
                 float mf_xsum = 0.0f;
                 for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                    const float mf_x = mf_x_reg[mf_j];
-                    mf_xe[mf_j] = mf_x;
-                    mf_xsum = mf_xsum + mf_x;
+                    const float mf_in_x = mf_x_reg[mf_j];
+                    mf_xe[mf_j] = mf_in_x;
+                    mf_xsum = mf_xsum + mf_in_x;
                 }
                 // each row: unpack its words from registers, add to its sum
                 float mf_qx[16];
@@ -287,8 +287,8 @@ kernel void mf_gate_up_qmv_split(
                             const float mf_e3 = mf_e2 * mf_in_sg;
                             const float mf_bg = float(bg[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                             const float mf_e4 = mf_e3 + mf_bg;
-                            const float mf_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                            const float mf_e5 = mf_e4 * mf_x;
+                            const float mf_in_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                            const float mf_e5 = mf_e4 * mf_in_x;
                             const uint mf_wu = uint(wu[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
                             const int mf_e6 = int((mf_wu >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
                             const float mf_e7 = float(mf_e6);
@@ -296,7 +296,7 @@ kernel void mf_gate_up_qmv_split(
                             const float mf_e8 = mf_e7 * mf_su;
                             const float mf_bu = float(bu[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                             const float mf_e9 = mf_e8 + mf_bu;
-                            const float mf_e10 = mf_e9 * mf_x;
+                            const float mf_e10 = mf_e9 * mf_in_x;
                             mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
                             mf_acc1[mf_r] = mf_acc1[mf_r] + mf_e10;
                         }
@@ -435,9 +435,9 @@ kernel void mf_gate_up_qmvx(
         for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
             const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
             for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
-                mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
-                mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
+                const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
+                mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
+                mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
             }
         }
         // each row: unpack its words from registers, add to its sum
@@ -599,9 +599,9 @@ kernel void mf_gate_up_qmvx_split(
                 for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                     const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
                     for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
-                        mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
-                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
+                        const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
+                        mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
+                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
                     }
                 }
                 // each row: unpack its words from registers, add to its sum
@@ -654,8 +654,8 @@ kernel void mf_gate_up_qmvx_split(
                                 const float mf_e3 = mf_e2 * mf_in_sg;
                                 const float mf_bg = float(bg[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                                 const float mf_e4 = mf_e3 + mf_bg;
-                                const float mf_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                                const float mf_e5 = mf_e4 * mf_x;
+                                const float mf_in_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                                const float mf_e5 = mf_e4 * mf_in_x;
                                 const uint mf_wu = uint(wu[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
                                 const int mf_e6 = int((mf_wu >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
                                 const float mf_e7 = float(mf_e6);
@@ -663,7 +663,7 @@ kernel void mf_gate_up_qmvx_split(
                                 const float mf_e8 = mf_e7 * mf_su;
                                 const float mf_bu = float(bu[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                                 const float mf_e9 = mf_e8 + mf_bu;
-                                const float mf_e10 = mf_e9 * mf_x;
+                                const float mf_e10 = mf_e9 * mf_in_x;
                                 mf_acc[mf_r * 2u + mf_i] = mf_acc[mf_r * 2u + mf_i] + mf_e5;
                                 mf_acc1[mf_r * 2u + mf_i] = mf_acc1[mf_r * 2u + mf_i] + mf_e10;
                             }

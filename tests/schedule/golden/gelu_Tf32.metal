@@ -20,12 +20,12 @@ kernel void mf_gelu(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_x_v[mf_k]);
-            const float mf_v1 = 0.5f * mf_x;
-            const float mf_v2 = mf_x * mf_x;
-            const float mf_v3 = mf_v2 * mf_x;
+            const float mf_in_x = float(mf_x_v[mf_k]);
+            const float mf_v1 = 0.5f * mf_in_x;
+            const float mf_v2 = mf_in_x * mf_in_x;
+            const float mf_v3 = mf_v2 * mf_in_x;
             const float mf_v4 = 0.044715f * mf_v3;
-            const float mf_v5 = mf_x + mf_v4;
+            const float mf_v5 = mf_in_x + mf_v4;
             const float mf_v6 = 0.7978845608028654f * mf_v5;
             const float mf_v7 = precise::tanh(mf_v6);
             const float mf_v8 = 1.0f + mf_v7;
@@ -41,12 +41,12 @@ kernel void mf_gelu(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
-                const float mf_v1 = 0.5f * mf_x;
-                const float mf_v2 = mf_x * mf_x;
-                const float mf_v3 = mf_v2 * mf_x;
+                const float mf_in_x = float(x[mf_i]);
+                const float mf_v1 = 0.5f * mf_in_x;
+                const float mf_v2 = mf_in_x * mf_in_x;
+                const float mf_v3 = mf_v2 * mf_in_x;
                 const float mf_v4 = 0.044715f * mf_v3;
-                const float mf_v5 = mf_x + mf_v4;
+                const float mf_v5 = mf_in_x + mf_v4;
                 const float mf_v6 = 0.7978845608028654f * mf_v5;
                 const float mf_v7 = precise::tanh(mf_v6);
                 const float mf_v8 = 1.0f + mf_v7;

@@ -88,16 +88,16 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_acc1 + mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = mf_acc1 + mf_in_x;
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_acc1 + mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_acc1 + mf_in_x;
             }
         }
     }
@@ -116,9 +116,9 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
-            const float mf_v2 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
+            const float mf_v2 = mf_in_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
         }
@@ -127,9 +127,9 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_acc2 + mf_v3;
             }
@@ -178,11 +178,11 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v3 = mf_v2 * mf_in_w;
             const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -192,11 +192,11 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -275,8 +275,8 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        mf_acc1 = mf_acc1 + mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        mf_acc1 = mf_acc1 + mf_in_x;
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
@@ -292,9 +292,9 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_r2;
-        const float mf_v2 = mf_x - mf_r2;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_r2;
+        const float mf_v2 = mf_in_x - mf_r2;
         const float mf_v3 = mf_v1 * mf_v2;
         mf_acc2 = mf_acc2 + mf_v3;
     }
@@ -332,11 +332,11 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_r2;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_r2;
         const float mf_v2 = mf_v1 * mf_r6;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v3 = mf_v2 * mf_w;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v3 = mf_v2 * mf_in_w;
         const float mf_b = float(mf_reg_b[mf_k]);
         const float mf_v4 = mf_v3 + mf_b;
         mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -416,16 +416,16 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_acc1 + mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = mf_acc1 + mf_in_x;
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_acc1 + mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_acc1 + mf_in_x;
             }
         }
     }
@@ -446,9 +446,9 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
-            const float mf_v2 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
+            const float mf_v2 = mf_in_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
         }
@@ -457,9 +457,9 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_acc2 + mf_v3;
             }
@@ -508,11 +508,11 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v3 = mf_v2 * mf_in_w;
             const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -522,11 +522,11 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -623,16 +623,16 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
             }
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
                 }
             }
         }
@@ -679,9 +679,9 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
             }
@@ -690,9 +690,9 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_r2;
-                    const float mf_v2 = mf_x - mf_r2;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_r2;
+                    const float mf_v2 = mf_in_x - mf_r2;
                     const float mf_v3 = mf_v1 * mf_v2;
                     mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
                 }
@@ -760,11 +760,11 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -774,11 +774,11 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_r2;
                     const float mf_v2 = mf_v1 * mf_r6;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v3 = mf_v2 * mf_in_w;
                     const float mf_b = float(mf_reg_b[mf_k]);
                     const float mf_v4 = mf_v3 + mf_b;
                     mf_reg_mf_out[mf_k] = T(mf_v4);

@@ -68,16 +68,16 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_acc1 + mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = mf_acc1 + mf_in_x;
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_acc1 + mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_acc1 + mf_in_x;
             }
         }
     }
@@ -96,9 +96,9 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
-            const float mf_v2 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
+            const float mf_v2 = mf_in_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
         }
@@ -107,9 +107,9 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_acc2 + mf_v3;
             }
@@ -156,11 +156,11 @@ kernel void mf_layer_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v3 = mf_v2 * mf_in_w;
             const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -170,11 +170,11 @@ kernel void mf_layer_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -252,8 +252,8 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        mf_acc1 = mf_acc1 + mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        mf_acc1 = mf_acc1 + mf_in_x;
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
@@ -269,9 +269,9 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_r2;
-        const float mf_v2 = mf_x - mf_r2;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_r2;
+        const float mf_v2 = mf_in_x - mf_r2;
         const float mf_v3 = mf_v1 * mf_v2;
         mf_acc2 = mf_acc2 + mf_v3;
     }
@@ -307,11 +307,11 @@ kernel void mf_layer_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_r2;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_r2;
         const float mf_v2 = mf_v1 * mf_r6;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v3 = mf_v2 * mf_w;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v3 = mf_v2 * mf_in_w;
         const float mf_b = float(mf_reg_b[mf_k]);
         const float mf_v4 = mf_v3 + mf_b;
         mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -390,16 +390,16 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = mf_acc1 + mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = mf_acc1 + mf_in_x;
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_acc1 + mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_acc1 + mf_in_x;
             }
         }
     }
@@ -420,9 +420,9 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
-            const float mf_v2 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
+            const float mf_v2 = mf_in_x - mf_r2;
             const float mf_v3 = mf_v1 * mf_v2;
             mf_acc2 = mf_acc2 + mf_v3;
         }
@@ -431,9 +431,9 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_acc2 + mf_v3;
             }
@@ -482,11 +482,11 @@ kernel void mf_layer_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r2;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r2;
             const float mf_v2 = mf_v1 * mf_r6;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v3 = mf_v2 * mf_w;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v3 = mf_v2 * mf_in_w;
             const float mf_b = float(mf_reg_b[mf_k]);
             const float mf_v4 = mf_v3 + mf_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -496,11 +496,11 @@ kernel void mf_layer_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -597,16 +597,16 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
             }
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_x);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
                 }
             }
         }
@@ -653,9 +653,9 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
-                const float mf_v2 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
                 mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
             }
@@ -664,9 +664,9 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_r2;
-                    const float mf_v2 = mf_x - mf_r2;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_r2;
+                    const float mf_v2 = mf_in_x - mf_r2;
                     const float mf_v3 = mf_v1 * mf_v2;
                     mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
                 }
@@ -734,11 +734,11 @@ kernel void mf_layer_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r2;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_v1 * mf_r6;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v3 = mf_v2 * mf_w;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v3 = mf_v2 * mf_in_w;
                 const float mf_b = float(mf_reg_b[mf_k]);
                 const float mf_v4 = mf_v3 + mf_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
@@ -748,11 +748,11 @@ kernel void mf_layer_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_r2;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_r2;
                     const float mf_v2 = mf_v1 * mf_r6;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v3 = mf_v2 * mf_w;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v3 = mf_v2 * mf_in_w;
                     const float mf_b = float(mf_reg_b[mf_k]);
                     const float mf_v4 = mf_v3 + mf_b;
                     mf_reg_mf_out[mf_k] = T(mf_v4);

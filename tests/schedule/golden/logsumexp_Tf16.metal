@@ -141,16 +141,16 @@ kernel void mf_logsumexp_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = fmax(mf_acc1, mf_x);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = fmax(mf_acc1, mf_in_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = fmax(mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = fmax(mf_acc1, mf_in_x);
             }
         }
     }
@@ -170,8 +170,8 @@ kernel void mf_logsumexp_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r3;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
@@ -180,8 +180,8 @@ kernel void mf_logsumexp_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r3;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
             }
@@ -249,8 +249,8 @@ kernel void mf_logsumexp_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        mf_acc1 = fmax(mf_acc1, mf_x);
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        mf_acc1 = fmax(mf_acc1, mf_in_x);
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
@@ -267,8 +267,8 @@ kernel void mf_logsumexp_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_r3;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_r3;
         const float mf_v2 = precise::exp(mf_v1);
         mf_acc2 = mf_acc2 + mf_v2;
     }
@@ -347,16 +347,16 @@ kernel void mf_logsumexp_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = fmax(mf_acc1, mf_x);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = fmax(mf_acc1, mf_in_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = fmax(mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = fmax(mf_acc1, mf_in_x);
             }
         }
     }
@@ -378,8 +378,8 @@ kernel void mf_logsumexp_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_r3;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_r3;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
         }
@@ -388,8 +388,8 @@ kernel void mf_logsumexp_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_r3;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r3;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
             }
@@ -480,8 +480,8 @@ kernel void mf_logsumexp_looped(
             // all of them in the row: no per-element check
             float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_on1[mf_k] = mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_on1[mf_k] = mf_in_x;
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
@@ -490,8 +490,8 @@ kernel void mf_logsumexp_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_in_x);
                 }
             }
         }

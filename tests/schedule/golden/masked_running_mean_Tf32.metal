@@ -88,9 +88,9 @@ kernel void mf_masked_running_mean_row(
         float mf_run2 = 0.0f;
         if (mf_base + 8u <= mf_size_L) {
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_m = float(mf_reg_m[mf_k]);
-                const float mf_v1 = mf_x * mf_in_m;
+                const float mf_v1 = mf_in_x * mf_in_m;
                 mf_run1 = mf_run1 + mf_v1;
                 mf_run2 = mf_run2 + mf_in_m;
                 mf_scan1[mf_k] = mf_run1;
@@ -101,9 +101,9 @@ kernel void mf_masked_running_mean_row(
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_L) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_m = float(mf_reg_m[mf_k]);
-                    const float mf_v1 = mf_x * mf_in_m;
+                    const float mf_v1 = mf_in_x * mf_in_m;
                     mf_run1 = mf_run1 + mf_v1;
                     mf_run2 = mf_run2 + mf_in_m;
                 }
@@ -263,9 +263,9 @@ kernel void mf_masked_running_mean_simd(
         float mf_run2 = 0.0f;
         if (mf_base + 8u <= mf_size_L) {
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_m = float(mf_reg_m[mf_k]);
-                const float mf_v1 = mf_x * mf_in_m;
+                const float mf_v1 = mf_in_x * mf_in_m;
                 mf_run1 = mf_run1 + mf_v1;
                 mf_run2 = mf_run2 + mf_in_m;
                 mf_scan1[mf_k] = mf_run1;
@@ -276,9 +276,9 @@ kernel void mf_masked_running_mean_simd(
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_L) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_m = float(mf_reg_m[mf_k]);
-                    const float mf_v1 = mf_x * mf_in_m;
+                    const float mf_v1 = mf_in_x * mf_in_m;
                     mf_run1 = mf_run1 + mf_v1;
                     mf_run2 = mf_run2 + mf_in_m;
                 }
@@ -434,9 +434,9 @@ kernel void mf_masked_running_mean_totals(
         float mf_run2 = 0.0f;
         if (mf_base + 8u <= mf_size_L) {
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_in_m = float(mf_reg_m[mf_k]);
-                const float mf_v1 = mf_x * mf_in_m;
+                const float mf_v1 = mf_in_x * mf_in_m;
                 mf_run1 = mf_run1 + mf_v1;
                 mf_run2 = mf_run2 + mf_in_m;
             }
@@ -445,9 +445,9 @@ kernel void mf_masked_running_mean_totals(
             for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_L) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
                     const float mf_in_m = float(mf_reg_m[mf_k]);
-                    const float mf_v1 = mf_x * mf_in_m;
+                    const float mf_v1 = mf_in_x * mf_in_m;
                     mf_run1 = mf_run1 + mf_v1;
                     mf_run2 = mf_run2 + mf_in_m;
                 }

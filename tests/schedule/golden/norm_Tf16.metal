@@ -86,8 +86,8 @@ kernel void mf_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_first < mf_size_D) {
@@ -95,8 +95,8 @@ kernel void mf_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -135,10 +135,10 @@ kernel void mf_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r4;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -146,10 +146,10 @@ kernel void mf_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         }
@@ -223,8 +223,8 @@ kernel void mf_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_in_x;
         mf_acc1 = mf_acc1 + mf_v1;
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
@@ -253,10 +253,10 @@ kernel void mf_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_r4;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v2 = mf_v1 * mf_w;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_r4;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v2 = mf_v1 * mf_in_w;
         mf_reg_mf_out[mf_k] = T(mf_v2);
     }
     // store the row's outputs, 8-wide
@@ -330,8 +330,8 @@ kernel void mf_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_first < mf_size_D) {
@@ -339,8 +339,8 @@ kernel void mf_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -380,10 +380,10 @@ kernel void mf_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r4;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -391,10 +391,10 @@ kernel void mf_norm_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         }
@@ -485,8 +485,8 @@ kernel void mf_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
         } else if (mf_first < mf_size_D) {
@@ -494,8 +494,8 @@ kernel void mf_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_x;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_in_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
             }
@@ -553,10 +553,10 @@ kernel void mf_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         } else if (mf_first < mf_size_D) {
@@ -564,10 +564,10 @@ kernel void mf_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_r4;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v2 = mf_v1 * mf_w;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_r4;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v2 = mf_v1 * mf_in_w;
                     mf_reg_mf_out[mf_k] = T(mf_v2);
                 }
             }

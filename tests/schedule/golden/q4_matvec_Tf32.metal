@@ -88,9 +88,9 @@ kernel void mf_q4_matvec_qmv(
         float mf_xe[32];
         float mf_xsum = 0.0f;
         for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-            const float mf_x = mf_x_reg[mf_j];
-            mf_xe[mf_j] = mf_x;
-            mf_xsum = mf_xsum + mf_x;
+            const float mf_in_x = mf_x_reg[mf_j];
+            mf_xe[mf_j] = mf_in_x;
+            mf_xsum = mf_xsum + mf_in_x;
         }
         // each row: unpack its words from registers, add to its sum
         float mf_qx[16];
@@ -196,9 +196,9 @@ kernel void mf_q4_matvec_qmv_split(
                 float mf_xe[32];
                 float mf_xsum = 0.0f;
                 for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                    const float mf_x = mf_x_reg[mf_j];
-                    mf_xe[mf_j] = mf_x;
-                    mf_xsum = mf_xsum + mf_x;
+                    const float mf_in_x = mf_x_reg[mf_j];
+                    mf_xe[mf_j] = mf_in_x;
+                    mf_xsum = mf_xsum + mf_in_x;
                 }
                 // each row: unpack its words from registers, add to its sum
                 float mf_qx[16];
@@ -228,8 +228,8 @@ kernel void mf_q4_matvec_qmv_split(
                             const float mf_e3 = mf_e2 * mf_scales;
                             const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                             const float mf_e4 = mf_e3 + mf_biases;
-                            const float mf_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                            const float mf_e5 = mf_e4 * mf_x;
+                            const float mf_in_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                            const float mf_e5 = mf_e4 * mf_in_x;
                             mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
                         }
                     }
@@ -344,9 +344,9 @@ kernel void mf_q4_matvec_qmvx(
         for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
             const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
             for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
-                mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
-                mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
+                const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
+                mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
+                mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
             }
         }
         // each row: unpack its words from registers, add to its sum
@@ -470,9 +470,9 @@ kernel void mf_q4_matvec_qmvx_split(
                 for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                     const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
                     for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        const float mf_x = mf_x_reg[mf_i * 32u + mf_j];
-                        mf_xe[mf_i * 32u + mf_j] = mf_x * mf_place_weight(mf_j % 4u * 4u);
-                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_x;
+                        const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
+                        mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
+                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
                     }
                 }
                 // each row: unpack its words from registers, add to its sum
@@ -508,8 +508,8 @@ kernel void mf_q4_matvec_qmvx_split(
                                 const float mf_e3 = mf_e2 * mf_scales;
                                 const float mf_biases = float(biases[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                                 const float mf_e4 = mf_e3 + mf_biases;
-                                const float mf_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                                const float mf_e5 = mf_e4 * mf_x;
+                                const float mf_in_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                                const float mf_e5 = mf_e4 * mf_in_x;
                                 mf_acc[mf_r * 2u + mf_i] = mf_acc[mf_r * 2u + mf_i] + mf_e5;
                             }
                         }
@@ -632,8 +632,8 @@ kernel void mf_q4_matvec_qmm(
             const mf_index_t mf_k = mf_kq + mf_index_t(mf_j);
             mf_xn[mf_j] = 0.0f;
             if (mf_m < mf_size_M) {
-                const float mf_x = float(x[mf_m * mf_size_K + mf_k]);
-                mf_xn[mf_j] = mf_x;
+                const float mf_in_x = float(x[mf_m * mf_size_K + mf_k]);
+                mf_xn[mf_j] = mf_in_x;
             }
         }
     }
@@ -673,8 +673,8 @@ kernel void mf_q4_matvec_qmm(
                 const mf_index_t mf_k = mf_kq + mf_index_t(mf_j);
                 mf_xn[mf_j] = 0.0f;
                 if (mf_m < mf_size_M) {
-                    const float mf_x = float(x[mf_m * mf_size_K + mf_k]);
-                    mf_xn[mf_j] = mf_x;
+                    const float mf_in_x = float(x[mf_m * mf_size_K + mf_k]);
+                    mf_xn[mf_j] = mf_in_x;
                 }
             }
         }

@@ -120,8 +120,8 @@ kernel void mf_qk_norm_rope_simd(
     if (mf_base + 8u <= mf_size_E) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_base < mf_size_E) {
@@ -129,8 +129,8 @@ kernel void mf_qk_norm_rope_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -145,8 +145,8 @@ kernel void mf_qk_norm_rope_simd(
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_E));
     const long mf_r2 = mf_floordiv(long(mf_size_E), long(2));
-    const int mf_pos = int(pos[mf_row_pos]);
-    const float mf_r3 = float(mf_pos);
+    const int mf_in_pos = int(pos[mf_row_pos]);
+    const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
     const float mf_r5 = mf_acc1 / mf_r4;
     const float mf_r6 = mf_r5 + eps;
@@ -216,10 +216,10 @@ kernel void mf_qk_norm_rope_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r7;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r7;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             const long mf_index_E = long(mf_pos);
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
             const float mf_v4 = float(mf_v3);
@@ -245,10 +245,10 @@ kernel void mf_qk_norm_rope_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r7;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
@@ -351,8 +351,8 @@ kernel void mf_qk_norm_rope_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_in_x;
         mf_acc1 = mf_acc1 + mf_v1;
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
@@ -365,8 +365,8 @@ kernel void mf_qk_norm_rope_simd_exact(
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_E));
     const long mf_r2 = mf_floordiv(long(mf_size_E), long(2));
-    const int mf_pos = int(pos[mf_row_pos]);
-    const float mf_r3 = float(mf_pos);
+    const int mf_in_pos = int(pos[mf_row_pos]);
+    const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
     const float mf_r5 = mf_acc1 / mf_r4;
     const float mf_r6 = mf_r5 + eps;
@@ -428,10 +428,10 @@ kernel void mf_qk_norm_rope_simd_exact(
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
         const uint mf_pos = mf_base + mf_k;
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_r7;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v2 = mf_v1 * mf_w;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_r7;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v2 = mf_v1 * mf_in_w;
         const long mf_index_E = long(mf_pos);
         const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
         const float mf_v4 = float(mf_v3);
@@ -531,8 +531,8 @@ kernel void mf_qk_norm_rope_group(
     if (mf_base + 16u <= mf_size_E) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_base < mf_size_E) {
@@ -540,8 +540,8 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -558,8 +558,8 @@ kernel void mf_qk_norm_rope_group(
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_E));
     const long mf_r2 = mf_floordiv(long(mf_size_E), long(2));
-    const int mf_pos = int(pos[mf_row_pos]);
-    const float mf_r3 = float(mf_pos);
+    const int mf_in_pos = int(pos[mf_row_pos]);
+    const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
     const float mf_r5 = mf_acc1 / mf_r4;
     const float mf_r6 = mf_r5 + eps;
@@ -586,10 +586,10 @@ kernel void mf_qk_norm_rope_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r7;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r7;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             const long mf_index_E = long(mf_pos);
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
             const float mf_v4 = float(mf_v3);
@@ -623,10 +623,10 @@ kernel void mf_qk_norm_rope_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_base + mf_k;
             if (mf_pos < mf_size_E) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r7;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
@@ -752,8 +752,8 @@ kernel void mf_qk_norm_rope_looped(
         if (mf_base + 4u <= mf_size_E) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
         } else if (mf_base < mf_size_E) {
@@ -761,8 +761,8 @@ kernel void mf_qk_norm_rope_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_E) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_x;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_in_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
             }
@@ -782,8 +782,8 @@ kernel void mf_qk_norm_rope_looped(
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_E));
     const long mf_r2 = mf_floordiv(long(mf_size_E), long(2));
-    const int mf_pos = int(pos[mf_row_pos]);
-    const float mf_r3 = float(mf_pos);
+    const int mf_in_pos = int(pos[mf_row_pos]);
+    const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
     const float mf_r5 = mf_acc1 / mf_r4;
     const float mf_r6 = mf_r5 + eps;
@@ -822,10 +822,10 @@ kernel void mf_qk_norm_rope_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r7;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r7;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 const long mf_index_E = long(mf_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
@@ -859,10 +859,10 @@ kernel void mf_qk_norm_rope_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_base + mf_k;
                 if (mf_pos < mf_size_E) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_r7;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v2 = mf_v1 * mf_w;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_r7;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v2 = mf_v1 * mf_in_w;
                     const long mf_index_E = long(mf_pos);
                     const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                     const float mf_v4 = float(mf_v3);

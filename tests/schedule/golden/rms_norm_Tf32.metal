@@ -66,8 +66,8 @@ kernel void mf_rms_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_first < mf_size_D) {
@@ -75,8 +75,8 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -114,10 +114,10 @@ kernel void mf_rms_norm_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r4;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -125,10 +125,10 @@ kernel void mf_rms_norm_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         }
@@ -201,8 +201,8 @@ kernel void mf_rms_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_in_x;
         mf_acc1 = mf_acc1 + mf_v1;
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
@@ -230,10 +230,10 @@ kernel void mf_rms_norm_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x * mf_r4;
-        const float mf_w = float(mf_reg_w[mf_k]);
-        const float mf_v2 = mf_v1 * mf_w;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x * mf_r4;
+        const float mf_in_w = float(mf_reg_w[mf_k]);
+        const float mf_v2 = mf_v1 * mf_in_w;
         mf_reg_mf_out[mf_k] = T(mf_v2);
     }
     // store the row's outputs, 4-wide
@@ -306,8 +306,8 @@ kernel void mf_rms_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_in_x;
             mf_acc1 = mf_acc1 + mf_v1;
         }
     } else if (mf_first < mf_size_D) {
@@ -315,8 +315,8 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_acc1 + mf_v1;
             }
         }
@@ -356,10 +356,10 @@ kernel void mf_rms_norm_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x * mf_r4;
-            const float mf_w = float(mf_reg_w[mf_k]);
-            const float mf_v2 = mf_v1 * mf_w;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x * mf_r4;
+            const float mf_in_w = float(mf_reg_w[mf_k]);
+            const float mf_v2 = mf_v1 * mf_in_w;
             mf_reg_mf_out[mf_k] = T(mf_v2);
         }
     } else if (mf_first < mf_size_D) {
@@ -367,10 +367,10 @@ kernel void mf_rms_norm_group(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         }
@@ -461,8 +461,8 @@ kernel void mf_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_in_x;
                 mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
             }
         } else if (mf_first < mf_size_D) {
@@ -470,8 +470,8 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_x;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_in_x;
                     mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
                 }
             }
@@ -529,10 +529,10 @@ kernel void mf_rms_norm_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x * mf_r4;
-                const float mf_w = float(mf_reg_w[mf_k]);
-                const float mf_v2 = mf_v1 * mf_w;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x * mf_r4;
+                const float mf_in_w = float(mf_reg_w[mf_k]);
+                const float mf_v2 = mf_v1 * mf_in_w;
                 mf_reg_mf_out[mf_k] = T(mf_v2);
             }
         } else if (mf_first < mf_size_D) {
@@ -540,10 +540,10 @@ kernel void mf_rms_norm_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x * mf_r4;
-                    const float mf_w = float(mf_reg_w[mf_k]);
-                    const float mf_v2 = mf_v1 * mf_w;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x * mf_r4;
+                    const float mf_in_w = float(mf_reg_w[mf_k]);
+                    const float mf_v2 = mf_v1 * mf_in_w;
                     mf_reg_mf_out[mf_k] = T(mf_v2);
                 }
             }

@@ -68,9 +68,9 @@ kernel void mf_rope(
             // position along each axis
             const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_x_v[mf_k]);
-            const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-            const float mf_v1 = float(mf_pos);
+            const float mf_in_x = float(mf_x_v[mf_k]);
+            const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+            const float mf_v1 = float(mf_in_pos);
             const long mf_index_E = long(mf_pos_E);
             const long mf_v2 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v3 = mf_remainder(mf_index_E, mf_v2);
@@ -81,7 +81,7 @@ kernel void mf_rope(
             const float mf_v8 = mf_pow(base, mf_v7);
             const float mf_v9 = mf_v1 * mf_v8;
             const float mf_v10 = precise::cos(mf_v9);
-            const float mf_v11 = mf_x * mf_v10;
+            const float mf_v11 = mf_in_x * mf_v10;
             const bool mf_v12 = mf_index_E < mf_v2;
             const bool mf_v13 = mf_index_E < mf_v2;
             const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));
@@ -110,9 +110,9 @@ kernel void mf_rope(
                 const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
                 const mf_index_t mf_pos_E = mf_i % mf_size_E;
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
-                const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-                const float mf_v1 = float(mf_pos);
+                const float mf_in_x = float(x[mf_i]);
+                const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+                const float mf_v1 = float(mf_in_pos);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v2 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v3 = mf_remainder(mf_index_E, mf_v2);
@@ -123,7 +123,7 @@ kernel void mf_rope(
                 const float mf_v8 = mf_pow(base, mf_v7);
                 const float mf_v9 = mf_v1 * mf_v8;
                 const float mf_v10 = precise::cos(mf_v9);
-                const float mf_v11 = mf_x * mf_v10;
+                const float mf_v11 = mf_in_x * mf_v10;
                 const bool mf_v12 = mf_index_E < mf_v2;
                 const bool mf_v13 = mf_index_E < mf_v2;
                 const long mf_v14 = long(ulong(mf_index_E) + ulong(mf_v2));

@@ -79,13 +79,13 @@ kernel void mf_rope_cached(
             // position along each axis
             const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_lane8(mf_x_v, mf_k));
+            const float mf_in_x = float(mf_lane8(mf_x_v, mf_k));
             const long mf_index_E = long(mf_pos_E);
             const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
             // gather 0 from 'cos' along E/2: index proven in range, read unchecked
             const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
-            const float mf_v4 = mf_x * mf_v3;
+            const float mf_v4 = mf_in_x * mf_v3;
             const bool mf_v5 = mf_index_E < mf_v1;
             const bool mf_v6 = mf_index_E < mf_v1;
             const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
@@ -116,13 +116,13 @@ kernel void mf_rope_cached(
                 const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
                 const mf_index_t mf_pos_E = mf_i % mf_size_E;
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
                 // gather 0 from 'cos' along E/2: index proven in range, read unchecked
                 const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
-                const float mf_v4 = mf_x * mf_v3;
+                const float mf_v4 = mf_in_x * mf_v3;
                 const bool mf_v5 = mf_index_E < mf_v1;
                 const bool mf_v6 = mf_index_E < mf_v1;
                 const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
@@ -194,13 +194,13 @@ kernel void mf_rope_cached_small(
             // position along each axis
             const mf_index_t mf_pos_E = mf_pos0_E + mf_index_t(mf_k);
             // compute (f16/bf16 in f32)
-            const float mf_x = float(mf_x_v[mf_k]);
+            const float mf_in_x = float(mf_x_v[mf_k]);
             const long mf_index_E = long(mf_pos_E);
             const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
             const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
             // gather 0 from 'cos' along E/2: index proven in range, read unchecked
             const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
-            const float mf_v4 = mf_x * mf_v3;
+            const float mf_v4 = mf_in_x * mf_v3;
             const bool mf_v5 = mf_index_E < mf_v1;
             const bool mf_v6 = mf_index_E < mf_v1;
             const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));
@@ -231,13 +231,13 @@ kernel void mf_rope_cached_small(
                 const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
                 const mf_index_t mf_pos_E = mf_i % mf_size_E;
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v1 = mf_floordiv(long(mf_size_E), long(2));
                 const long mf_v2 = mf_remainder(mf_index_E, mf_v1);
                 // gather 0 from 'cos' along E/2: index proven in range, read unchecked
                 const float mf_v3 = float(mf_p_cos[mf_pos_S * mf_size_E_div2 + mf_index_t(mf_v2)]);
-                const float mf_v4 = mf_x * mf_v3;
+                const float mf_v4 = mf_in_x * mf_v3;
                 const bool mf_v5 = mf_index_E < mf_v1;
                 const bool mf_v6 = mf_index_E < mf_v1;
                 const long mf_v7 = long(ulong(mf_index_E) + ulong(mf_v1));

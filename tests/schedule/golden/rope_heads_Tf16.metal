@@ -87,7 +87,7 @@ kernel void mf_rope_heads(
             // compute (f16/bf16 in f32)
             const long mf_index_H = long(mf_pos_H);
             const bool mf_v1 = mf_index_H < rotated;
-            const float mf_x = float(mf_lane8(mf_x_v, mf_k));
+            const float mf_in_x = float(mf_lane8(mf_x_v, mf_k));
             const float mf_v2 = float(pos);
             const long mf_index_E = long(mf_pos_E);
             const long mf_v3 = mf_floordiv(long(mf_size_E), long(2));
@@ -99,7 +99,7 @@ kernel void mf_rope_heads(
             const float mf_v9 = mf_pow(base, mf_v8);
             const float mf_v10 = mf_v2 * mf_v9;
             const float mf_v11 = precise::cos(mf_v10);
-            const float mf_v12 = mf_x * mf_v11;
+            const float mf_v12 = mf_in_x * mf_v11;
             const bool mf_v13 = mf_index_E < mf_v3;
             const bool mf_v14 = mf_index_E < mf_v3;
             const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
@@ -112,7 +112,7 @@ kernel void mf_rope_heads(
             const float mf_v21 = precise::sin(mf_v10);
             const float mf_v22 = mf_v20 * mf_v21;
             const float mf_v23 = mf_v12 + mf_v22;
-            const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+            const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
             const float mf_v25 = float(half(mf_v24));
             // store
             mf_out_v[mf_k] = T(mf_v25);
@@ -131,7 +131,7 @@ kernel void mf_rope_heads(
                 // compute (f16/bf16 in f32)
                 const long mf_index_H = long(mf_pos_H);
                 const bool mf_v1 = mf_index_H < rotated;
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_v2 = float(pos);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v3 = mf_floordiv(long(mf_size_E), long(2));
@@ -143,7 +143,7 @@ kernel void mf_rope_heads(
                 const float mf_v9 = mf_pow(base, mf_v8);
                 const float mf_v10 = mf_v2 * mf_v9;
                 const float mf_v11 = precise::cos(mf_v10);
-                const float mf_v12 = mf_x * mf_v11;
+                const float mf_v12 = mf_in_x * mf_v11;
                 const bool mf_v13 = mf_index_E < mf_v3;
                 const bool mf_v14 = mf_index_E < mf_v3;
                 const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
@@ -156,7 +156,7 @@ kernel void mf_rope_heads(
                 const float mf_v21 = precise::sin(mf_v10);
                 const float mf_v22 = mf_v20 * mf_v21;
                 const float mf_v23 = mf_v12 + mf_v22;
-                const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+                const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
                 const float mf_v25 = float(half(mf_v24));
                 // store
                 mf_out[mf_i] = T(mf_v25);
@@ -213,7 +213,7 @@ kernel void mf_rope_heads_small(
             // compute (f16/bf16 in f32)
             const long mf_index_H = long(mf_pos_H);
             const bool mf_v1 = mf_index_H < rotated;
-            const float mf_x = float(mf_x_v[mf_k]);
+            const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_v2 = float(pos);
             const long mf_index_E = long(mf_pos_E);
             const long mf_v3 = mf_floordiv(long(mf_size_E), long(2));
@@ -225,7 +225,7 @@ kernel void mf_rope_heads_small(
             const float mf_v9 = mf_pow(base, mf_v8);
             const float mf_v10 = mf_v2 * mf_v9;
             const float mf_v11 = precise::cos(mf_v10);
-            const float mf_v12 = mf_x * mf_v11;
+            const float mf_v12 = mf_in_x * mf_v11;
             const bool mf_v13 = mf_index_E < mf_v3;
             const bool mf_v14 = mf_index_E < mf_v3;
             const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
@@ -238,7 +238,7 @@ kernel void mf_rope_heads_small(
             const float mf_v21 = precise::sin(mf_v10);
             const float mf_v22 = mf_v20 * mf_v21;
             const float mf_v23 = mf_v12 + mf_v22;
-            const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+            const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
             const float mf_v25 = float(half(mf_v24));
             // store
             mf_out_v[mf_k] = T(mf_v25);
@@ -257,7 +257,7 @@ kernel void mf_rope_heads_small(
                 // compute (f16/bf16 in f32)
                 const long mf_index_H = long(mf_pos_H);
                 const bool mf_v1 = mf_index_H < rotated;
-                const float mf_x = float(x[mf_i]);
+                const float mf_in_x = float(x[mf_i]);
                 const float mf_v2 = float(pos);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v3 = mf_floordiv(long(mf_size_E), long(2));
@@ -269,7 +269,7 @@ kernel void mf_rope_heads_small(
                 const float mf_v9 = mf_pow(base, mf_v8);
                 const float mf_v10 = mf_v2 * mf_v9;
                 const float mf_v11 = precise::cos(mf_v10);
-                const float mf_v12 = mf_x * mf_v11;
+                const float mf_v12 = mf_in_x * mf_v11;
                 const bool mf_v13 = mf_index_E < mf_v3;
                 const bool mf_v14 = mf_index_E < mf_v3;
                 const long mf_v15 = long(ulong(mf_index_E) + ulong(mf_v3));
@@ -282,7 +282,7 @@ kernel void mf_rope_heads_small(
                 const float mf_v21 = precise::sin(mf_v10);
                 const float mf_v22 = mf_v20 * mf_v21;
                 const float mf_v23 = mf_v12 + mf_v22;
-                const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+                const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
                 const float mf_v25 = float(half(mf_v24));
                 // store
                 mf_out[mf_i] = T(mf_v25);

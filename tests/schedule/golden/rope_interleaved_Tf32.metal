@@ -70,9 +70,9 @@ kernel void mf_rope_interleaved(
             // compute (f16/bf16 in f32)
             // 'x' at index E ^ 1: lane k ^ 1 of the vector already loaded
             const float mf_x_xor1 = float(mf_x_v[mf_k ^ 1u]);
-            const float mf_x = float(mf_x_v[mf_k]);
-            const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-            const float mf_v1 = float(mf_pos);
+            const float mf_in_x = float(mf_x_v[mf_k]);
+            const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+            const float mf_v1 = float(mf_in_pos);
             const long mf_index_E = long(mf_pos_E);
             const long mf_v2 = mf_floordiv(mf_index_E, long(2));
             const float mf_v3 = float(mf_v2);
@@ -82,7 +82,7 @@ kernel void mf_rope_interleaved(
             const float mf_v7 = mf_pow(base, mf_v6);
             const float mf_v8 = mf_v1 * mf_v7;
             const float mf_v9 = precise::cos(mf_v8);
-            const float mf_v10 = mf_x * mf_v9;
+            const float mf_v10 = mf_in_x * mf_v9;
             const long mf_v11 = mf_remainder(mf_index_E, long(2));
             const bool mf_v12 = mf_v11 == 0;
             const float mf_v13 = -mf_x_xor1;
@@ -106,9 +106,9 @@ kernel void mf_rope_interleaved(
                 const mf_index_t mf_pos_S = mf_i / mf_size_E % mf_size_S;
                 const mf_index_t mf_pos_E = mf_i % mf_size_E;
                 // compute (f16/bf16 in f32)
-                const float mf_x = float(x[mf_i]);
-                const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-                const float mf_v1 = float(mf_pos);
+                const float mf_in_x = float(x[mf_i]);
+                const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+                const float mf_v1 = float(mf_in_pos);
                 const long mf_index_E = long(mf_pos_E);
                 const long mf_v2 = mf_floordiv(mf_index_E, long(2));
                 const float mf_v3 = float(mf_v2);
@@ -118,7 +118,7 @@ kernel void mf_rope_interleaved(
                 const float mf_v7 = mf_pow(base, mf_v6);
                 const float mf_v8 = mf_v1 * mf_v7;
                 const float mf_v9 = precise::cos(mf_v8);
-                const float mf_v10 = mf_x * mf_v9;
+                const float mf_v10 = mf_in_x * mf_v9;
                 const long mf_v11 = mf_remainder(mf_index_E, long(2));
                 const bool mf_v12 = mf_v11 == 0;
                 const long mf_v13 = mf_index_E ^ 1;

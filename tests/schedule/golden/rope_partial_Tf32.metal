@@ -60,9 +60,9 @@ kernel void mf_rope_partial(
             // compute (f16/bf16 in f32)
             const long mf_index_E = long(mf_pos_E);
             const bool mf_v1 = mf_index_E < 32;
-            const float mf_x = float(mf_x_v[mf_k]);
-            const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-            const float mf_v2 = float(mf_pos);
+            const float mf_in_x = float(mf_x_v[mf_k]);
+            const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+            const float mf_v2 = float(mf_in_pos);
             const long mf_v3 = mf_remainder(mf_index_E, long(16));
             const float mf_v4 = float(mf_v3);
             const float mf_v5 = -2.0f * mf_v4;
@@ -70,7 +70,7 @@ kernel void mf_rope_partial(
             const float mf_v7 = mf_pow(base, mf_v6);
             const float mf_v8 = mf_v2 * mf_v7;
             const float mf_v9 = precise::cos(mf_v8);
-            const float mf_v10 = mf_x * mf_v9;
+            const float mf_v10 = mf_in_x * mf_v9;
             const bool mf_v11 = mf_index_E < 16;
             const bool mf_v12 = mf_index_E < 16;
             const long mf_v13 = long(ulong(mf_index_E) + ulong(16));
@@ -92,7 +92,7 @@ kernel void mf_rope_partial(
             const float mf_v21 = precise::sin(mf_v8);
             const float mf_v22 = mf_v20 * mf_v21;
             const float mf_v23 = mf_v10 + mf_v22;
-            const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+            const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
             // store
             mf_out_v[mf_k] = T(mf_v24);
         }
@@ -111,9 +111,9 @@ kernel void mf_rope_partial(
                 // compute (f16/bf16 in f32)
                 const long mf_index_E = long(mf_pos_E);
                 const bool mf_v1 = mf_index_E < 32;
-                const float mf_x = float(x[mf_i]);
-                const int mf_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
-                const float mf_v2 = float(mf_pos);
+                const float mf_in_x = float(x[mf_i]);
+                const int mf_in_pos = int(pos[mf_pos_B * mf_size_S + mf_pos_S]);
+                const float mf_v2 = float(mf_in_pos);
                 const long mf_v3 = mf_remainder(mf_index_E, long(16));
                 const float mf_v4 = float(mf_v3);
                 const float mf_v5 = -2.0f * mf_v4;
@@ -121,7 +121,7 @@ kernel void mf_rope_partial(
                 const float mf_v7 = mf_pow(base, mf_v6);
                 const float mf_v8 = mf_v2 * mf_v7;
                 const float mf_v9 = precise::cos(mf_v8);
-                const float mf_v10 = mf_x * mf_v9;
+                const float mf_v10 = mf_in_x * mf_v9;
                 const bool mf_v11 = mf_index_E < 16;
                 const bool mf_v12 = mf_index_E < 16;
                 const long mf_v13 = long(ulong(mf_index_E) + ulong(16));
@@ -143,7 +143,7 @@ kernel void mf_rope_partial(
                 const float mf_v21 = precise::sin(mf_v8);
                 const float mf_v22 = mf_v20 * mf_v21;
                 const float mf_v23 = mf_v10 + mf_v22;
-                const float mf_v24 = mf_v1 ? mf_v23 : mf_x;
+                const float mf_v24 = mf_v1 ? mf_v23 : mf_in_x;
                 // store
                 mf_out[mf_i] = T(mf_v24);
             }

@@ -83,9 +83,9 @@ kernel void mf_row_argmax_simd(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
-            const float mf_x = float(mf_reg_x[mf_k]);
-            if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                mf_acc1 = mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                mf_acc1 = mf_in_x;
                 mf_arg1 = uint(mf_pos);
             }
         }
@@ -94,9 +94,9 @@ kernel void mf_row_argmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                    mf_acc1 = mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                    mf_acc1 = mf_in_x;
                     mf_arg1 = uint(mf_pos);
                 }
             }
@@ -168,9 +168,9 @@ kernel void mf_row_argmax_simd_exact(
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
         const uint mf_pos = mf_base + mf_k;
-        const float mf_x = float(mf_reg_x[mf_k]);
-        if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-            mf_acc1 = mf_x;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+            mf_acc1 = mf_in_x;
             mf_arg1 = uint(mf_pos);
         }
     }
@@ -253,9 +253,9 @@ kernel void mf_row_argmax_group(
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
-            const float mf_x = float(mf_reg_x[mf_k]);
-            if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                mf_acc1 = mf_x;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                mf_acc1 = mf_in_x;
                 mf_arg1 = uint(mf_pos);
             }
         }
@@ -264,9 +264,9 @@ kernel void mf_row_argmax_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                    mf_acc1 = mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                    mf_acc1 = mf_in_x;
                     mf_arg1 = uint(mf_pos);
                 }
             }
@@ -356,9 +356,9 @@ kernel void mf_row_argmax_looped(
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
-                const float mf_x = float(mf_reg_x[mf_k]);
-                if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                    mf_acc1 = mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                    mf_acc1 = mf_in_x;
                     mf_arg1 = uint(mf_pos);
                 }
             }
@@ -367,9 +367,9 @@ kernel void mf_row_argmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    if (mf_arg1 == 4294967295u || (mf_x > mf_acc1 || mf_x != mf_x && mf_acc1 == mf_acc1)) {
-                        mf_acc1 = mf_x;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    if (mf_arg1 == 4294967295u || (mf_in_x > mf_acc1 || mf_in_x != mf_in_x && mf_acc1 == mf_acc1)) {
+                        mf_acc1 = mf_in_x;
                         mf_arg1 = uint(mf_pos);
                     }
                 }

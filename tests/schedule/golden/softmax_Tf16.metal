@@ -141,16 +141,16 @@ kernel void mf_softmax_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = fmax(mf_acc1, mf_x);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = fmax(mf_acc1, mf_in_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = fmax(mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = fmax(mf_acc1, mf_in_x);
             }
         }
     }
@@ -168,8 +168,8 @@ kernel void mf_softmax_simd(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_acc1;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
@@ -179,8 +179,8 @@ kernel void mf_softmax_simd(
         for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
                 mf_keep2[mf_k] = mf_v2;
@@ -278,8 +278,8 @@ kernel void mf_softmax_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        mf_acc1 = fmax(mf_acc1, mf_x);
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        mf_acc1 = fmax(mf_acc1, mf_in_x);
     }
     // combine the row's lanes (xor butterfly; a fixed trip count, so the compiler unrolls it)
     for (uint mf_off = 1u; mf_off < 32u; mf_off += mf_off) {
@@ -294,8 +294,8 @@ kernel void mf_softmax_simd_exact(
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
     for (uint mf_k = 0u; mf_k < 8u; ++mf_k) {
-        const float mf_x = float(mf_reg_x[mf_k]);
-        const float mf_v1 = mf_x - mf_acc1;
+        const float mf_in_x = float(mf_reg_x[mf_k]);
+        const float mf_v1 = mf_in_x - mf_acc1;
         const float mf_v2 = precise::exp(mf_v1);
         mf_acc2 = mf_acc2 + mf_v2;
         mf_keep2[mf_k] = mf_v2;
@@ -383,16 +383,16 @@ kernel void mf_softmax_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            mf_acc1 = fmax(mf_acc1, mf_x);
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            mf_acc1 = fmax(mf_acc1, mf_in_x);
         }
     } else if (mf_first < mf_size_D) {
         // the row's end: each element checked
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = fmax(mf_acc1, mf_x);
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_acc1 = fmax(mf_acc1, mf_in_x);
             }
         }
     }
@@ -412,8 +412,8 @@ kernel void mf_softmax_group(
     if (mf_last < mf_size_D) {
         // all of them in the row: no per-element check
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
-            const float mf_x = float(mf_reg_x[mf_k]);
-            const float mf_v1 = mf_x - mf_acc1;
+            const float mf_in_x = float(mf_reg_x[mf_k]);
+            const float mf_v1 = mf_in_x - mf_acc1;
             const float mf_v2 = precise::exp(mf_v1);
             mf_acc2 = mf_acc2 + mf_v2;
             mf_keep2[mf_k] = mf_v2;
@@ -423,8 +423,8 @@ kernel void mf_softmax_group(
         for (uint mf_k = 0u; mf_k < 16u; ++mf_k) {
             const uint mf_pos = mf_first + mf_k * mf_step;
             if (mf_pos < mf_size_D) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 mf_acc2 = mf_acc2 + mf_v2;
                 mf_keep2[mf_k] = mf_v2;
@@ -544,8 +544,8 @@ kernel void mf_softmax_looped(
             // all of them in the row: no per-element check
             float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                mf_on1[mf_k] = mf_x;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                mf_on1[mf_k] = mf_in_x;
             }
             // fold the chunk into the running max and sum at once
             mf_acc2 = mf_online_add_chunk(mf_acc1, mf_cmp2, mf_acc2, mf_on1, 4u);
@@ -554,8 +554,8 @@ kernel void mf_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_x);
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    mf_acc2 = mf_online_add(mf_acc1, mf_cmp2, mf_acc2, mf_in_x);
                 }
             }
         }
@@ -602,8 +602,8 @@ kernel void mf_softmax_looped(
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
-                const float mf_x = float(mf_reg_x[mf_k]);
-                const float mf_v1 = mf_x - mf_acc1;
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_acc1;
                 const float mf_v2 = precise::exp(mf_v1);
                 const float mf_v3 = mf_v2 * mf_r1;
                 mf_reg_mf_out[mf_k] = T(mf_v3);
@@ -613,8 +613,8 @@ kernel void mf_softmax_looped(
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
-                    const float mf_x = float(mf_reg_x[mf_k]);
-                    const float mf_v1 = mf_x - mf_acc1;
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_acc1;
                     const float mf_v2 = precise::exp(mf_v1);
                     const float mf_v3 = mf_v2 * mf_r1;
                     mf_reg_mf_out[mf_k] = T(mf_v3);

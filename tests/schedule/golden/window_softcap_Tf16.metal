@@ -128,8 +128,8 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % 128u;
         mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_qr0[mf_n] = mf_q;
+            const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
+            mf_qr0[mf_n] = mf_in_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -573,8 +573,8 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % 128u;
         mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_qr0[mf_n] = mf_q;
+            const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
+            mf_qr0[mf_n] = mf_in_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -990,8 +990,8 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % 256u;
         mf_qr0[mf_n] = 0.0f;
         if (mf_t < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
-            mf_qr0[mf_n] = mf_q;
+            const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 4u + mf_t)) * mf_size_E + mf_index_t(mf_e)]);
+            mf_qr0[mf_n] = mf_in_q;
         }
     }
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -1394,8 +1394,8 @@ template <typename T, typename mf_index_t>
             const uint mf_e = mf_d * 8u + mf_mc + mf_i;
             mf_qf[mf_d][mf_i] = 0.0f;
             if (mf_live && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qf[mf_d][mf_i] = mf_q;
+                const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)]);
+                mf_qf[mf_d][mf_i] = mf_in_q;
             }
         }
     }
