@@ -17,6 +17,8 @@ import torch
 from ..graph import Graph
 from .autograd import call_differentiable
 from .fastpath import MSL_REWRITE, WarmCache, key_function
+from . import outputs
+from .mlx import is_array
 from .runs import run, run_recorded
 
 _NO_DEFAULT = inspect.Parameter.empty
@@ -30,10 +32,11 @@ class CallPath:
     "const"), in order."""
 
     def __init__(self, signature: inspect.Signature, kinds: Sequence[str],
-                 backend: Optional[str], launch: Optional[Mapping[str, Any]]) -> None:
+                 backend: Optional[str], launch: Optional[Mapping[str, Any]],
+                 inplace: outputs.Inplace = ()) -> None:
         sig = list(signature.parameters.values())
         self.signature, self.kinds = signature, tuple(kinds)
-        self.backend, self.launch = backend, launch
+        self.backend, self.launch, self.inplace = backend, launch, inplace
         self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
                                   for p in sig)
         self._key_of = key_function(self.kinds)
@@ -46,9 +49,11 @@ class CallPath:
 
     def relaunched(self, launch: Optional[Mapping[str, Any]]) -> CallPath:
         """The path of the same kernel under other launch overrides (its own closures)."""
-        return CallPath(self.signature, self.kinds, self.backend, launch)
+        return CallPath(self.signature, self.kinds, self.backend, launch, self.inplace)
 
     def __call__(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.inplace or "out" in kwargs:
+            return self._into(bind, args, kwargs)
         hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
         if hit is not None:
             w = self.warm.get(hit[0])
@@ -57,6 +62,18 @@ class CallPath:
         graph, values = bind(args, kwargs)
         return call(graph, values, self.backend, self.launch,
                     None if hit is None else (self.warm, hit[0]))
+
+    def _into(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """A call that writes its outputs into given tensors (`out=`, declared in-place
+        outputs): the full path, every check made (aliasing depends on the data pointers)."""
+        rest = dict(kwargs)
+        out = rest.pop("out", None)
+        graph, values = bind(args, rest)
+        outs = outputs.given(graph, values, out, self.inplace, is_array)
+        if outs is None:
+            return call(graph, values, self.backend, self.launch)
+        outputs.refuse_grad(graph, values, outs)
+        return run(graph, values, self.backend, self.launch, outs)
 
     def _warm_key(self, args: tuple[Any, ...],
                   kwargs: Mapping[str, Any]) -> Optional[tuple[Any, Sequence[Any]]]:

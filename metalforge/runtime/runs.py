@@ -12,25 +12,29 @@ from ..reference import evaluate
 from . import launcher, mlx
 from .backends import check_name, current_backend
 from .fastpath import Warm, record, tuning_state
+from .outputs import Outs
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
-        launch: Optional[Mapping[str, Any]] = None) -> Any:
-    """Run one specialisation. values: every tensor and runtime scalar by name.
+        launch: Optional[Mapping[str, Any]] = None, outs: Optional[Outs] = None) -> Any:
+    """Run one specialisation. values: every tensor and runtime scalar by name; outs: the
+    tensors to write the outputs into (`outputs.given`), None to allocate them.
     Returns the output tensor, or a tuple of them for several outputs."""
-    return _run(graph, values, backend, launch, False)[0]
+    return _run(graph, values, backend, launch, False, outs)[0]
 
 
 def run_recorded(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-                 launch: Optional[Mapping[str, Any]]) -> tuple[Any, Optional[Warm]]:
+                 launch: Optional[Mapping[str, Any]],
+                 outs: Optional[Outs] = None) -> tuple[Any, Optional[Warm]]:
     """`run`, also returning the closure that replays this call: (result, Warm), or
     (result, None) for a call the fast path does not replay (MLX arrays; outputs beside an
     empty grid, which no kernel computed)."""
-    return _run(graph, values, backend, launch, True)
+    return _run(graph, values, backend, launch, True, outs)
 
 
 def _run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-         launch: Optional[Mapping[str, Any]], recorded: bool) -> tuple[Any, Optional[Warm]]:
+         launch: Optional[Mapping[str, Any]], recorded: bool,
+         outs: Optional[Outs] = None) -> tuple[Any, Optional[Warm]]:
     if backend is not None:
         check_name(backend)
     if any(mlx.is_array(v) for v in values.values()):
@@ -40,7 +44,7 @@ def _run(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
                           "arguments, got torch tensors; convert them with mx.array(...) or "
                           "choose backend 'mps' or 'sim'")
     tuning = tuning_state() if recorded else None
-    call = launcher.check_call(graph, values, backend, launch)
+    call = launcher.check_call(graph, values, backend, launch, outs)
     bound = launcher.bind(call) if call.numel else None
     result = call.outputs[0] if len(call.outputs) == 1 else tuple(call.outputs)
     if bound is not None:
