@@ -39,8 +39,8 @@ from ..schedule.policy import TUNABLE, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, numel, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
-from .backends import DEVICE_OF, current_backend, kernel_object
 from . import outputs
+from .backends import DEVICE_OF, current_backend, kernel_object
 from .binding import Binder, BindingPlan, bound
 from .layout import check_dense
 

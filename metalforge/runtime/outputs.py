@@ -14,8 +14,7 @@ that input only at the position it writes, from the same thread (`element_for_el
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 
@@ -80,7 +79,7 @@ def given(graph: Graph, values: Mapping[str, Any], out: Any, inplace: Inplace,
         raise UnsupportedConstruct(
             f"{where}: out= on MLX arrays: mx arrays are immutable, so no kernel can write into "
             "one; drop out= and use the array the call returns")
-    outs: list[Optional[torch.Tensor]] = list(_split(where, out, n)) if out is not None \
+    outs: list[Optional[torch.Tensor]] = list(split(where, out, n)) if out is not None \
         else [None] * n
     for i, name in inplace:
         if i >= n:
@@ -94,7 +93,8 @@ def given(graph: Graph, values: Mapping[str, Any], out: Any, inplace: Inplace,
     return tuple(outs) if any(o is not None for o in outs) else None
 
 
-def _split(where: str, out: Any, n: int) -> Outs:
+def split(where: str, out: Any, n: int) -> Outs:
+    """`out=` as one entry per output (a tensor for a kernel of one output), checked."""
     if isinstance(out, torch.Tensor):
         if n != 1:
             raise BindingError(f"{where}: the kernel has {n} outputs; pass out=(t0, t1, ...) "
@@ -269,9 +269,11 @@ def element_for_element(graph: Graph, family: str, name: str, output: int) -> Op
 
 
 def check_aliasing(where: str, graph: Graph, family: str, outs: Outs,
-                   tensors: Mapping[str, torch.Tensor]) -> None:
-    """Refuse an out that overlaps another out, or an input the kernel reads, unless that
-    input is the out itself element for element and `element_for_element` allows it."""
+                   tensors: Mapping[str, torch.Tensor],
+                   read: Optional[Collection[str]] = None) -> None:
+    """Refuse an out that overlaps another out, or an input the kernel reads (`read`: their
+    names, default `reads(graph)`), unless that input is the out itself element for element
+    and `element_for_element` allows it."""
     n = len(graph.outputs)
     given = [(i, t) for i, t in enumerate(outs) if t is not None and t.numel()]
     for k, (i, t) in enumerate(given):
@@ -279,7 +281,7 @@ def check_aliasing(where: str, graph: Graph, family: str, outs: Outs,
             if overlaps(t, u):
                 raise AliasError(f"{where}: {name_of(i, n)} and {name_of(j, n)} overlap in "
                                  "memory; each output needs its own memory")
-    read = reads(graph)
+    read = reads(graph) if read is None else read
     for i, t in given:
         for name, src in tensors.items():
             if name not in read or not src.numel() or not overlaps(t, src):
@@ -299,13 +301,16 @@ def check_aliasing(where: str, graph: Graph, family: str, outs: Outs,
 _widths: OnceMap[int, tuple[Any, dict[int, int]]] = OnceMap()    # id(schedule) -> widths
 
 
+def widths(schedule: Any) -> dict[int, int]:
+    """`store_widths` of a schedule's kernels (computed once per schedule)."""
+    return _widths.get_or_build(id(schedule), lambda: (schedule, store_widths(schedule.kernels)),
+                                lambda got: got[0] is schedule)[1]
+
+
 def check_given(where: str, graph: Graph, family: str, outs: Outs,
                 tensors: Mapping[str, torch.Tensor], schedule: Optional[Any]) -> None:
     """The checks of given outs that need the schedule (`schedule`: the one the call launches,
     None when it launches nothing): the alignment its vector stores need, and aliasing."""
     if schedule is not None:
-        _, widths = _widths.get_or_build(
-            id(schedule), lambda: (schedule, store_widths(schedule.kernels)),
-            lambda got: got[0] is schedule)
-        check_alignment(where, graph, outs, widths)
+        check_alignment(where, graph, outs, widths(schedule))
     check_aliasing(where, graph, family, outs, tensors)
