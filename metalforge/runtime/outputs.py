@@ -244,13 +244,13 @@ def element_for_element(graph: Graph, family: str, name: str, output: int) -> Op
     ops by outputs over the same axes, in a schedule whose threads store exactly the elements
     they loaded (the elementwise family). Else why not, as words for the error."""
     p, o = graph.tensor(name), graph.outputs[output]
+    if any(n.op == Op.TAKE and n.attr[0] == name for n in graph.nodes()):
+        return f"the kernel gathers from '{name}' (mf.take): it reads other elements"
     if p.axes != o.axes or any(d.derived or d.joined for d in p.dims):
         return (f"'{name}' (axes [{', '.join(p.axes)}]) is not laid out like output {output} "
                 f"(axes [{', '.join(o.axes)}])")
     tainted: set[int] = set()
     for n in graph.nodes():
-        if n.op == Op.TAKE and n.attr[0] == name:
-            return f"the kernel gathers from '{name}' (mf.take): it reads other elements"
         if n.op == Op.LOAD and n.attr == name:
             tainted.add(id(n))
         elif any(id(a) in tainted for a in n.args):
