@@ -167,7 +167,8 @@ class KernelOp:
 
     def _define_out(self) -> Any:
         """`<name>_out`: the op with out= tensors last, ``(..., Tensor(a!) out) -> ()``
-        (custom ops take no keyword-only tensors)."""
+        (custom ops take no keyword-only tensors; no defaults, which cannot precede `out`:
+        the wrapper passes every argument)."""
         clash = [n for n in self.out_names if n in self.names]
         if clash:
             raise OpError(f"{self.kernel.where}: as_op({self.name!r}): parameter "
@@ -175,7 +176,8 @@ class KernelOp:
                           "out variant; rename it")
         outs = [f"Tensor({alias_letter(len(self.mutated) + k)}!) {n}"
                 for k, n in enumerate(self.out_names)]
-        self.out_schema = (f"({', '.join(schema_args(self.kernel, mutated=self.mutated))}, "
+        args = schema_args(self.kernel, with_defaults=False, mutated=self.mutated)
+        self.out_schema = (f"({', '.join(args)}, "
                            f"{', '.join(outs)}) -> ()")
         op = torch.library.custom_op(f"{self.name}_out", self._out_impl,
                                      mutates_args=self.mutated + tuple(self.out_names),

@@ -209,7 +209,7 @@ def byte_range(t: torch.Tensor) -> tuple[int, int, int]:
     span = 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride())) if t.numel() else 0
     low = start + sum((s - 1) * st for s, st in zip(t.shape, t.stride()) if st < 0)
     es = t.element_size()
-    return t.untyped_storage().data_ptr(), low * es, (low + span) * es
+    return t.untyped_storage().data_ptr(), int(low * es), int((low + span) * es)
 
 
 def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _example(stem):
-    spec = importlib.util.spec_from_file_location(f"mf_out_{stem}", ROOT / "examples" / f"{stem}.py")
+    path = ROOT / "examples" / f"{stem}.py"
+    spec = importlib.util.spec_from_file_location(f"mf_out_{stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
