@@ -81,7 +81,7 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     call launches, bind its arguments (the binder's own lines: `binding.Binder.code`), launch
     the kernel(s), check a gather's report."""
     env: dict[str, Any] = {"_empty": torch.empty}
-    lines = ["def replay(values, outs=None):"]
+    lines = ["def replay(values, outs):" if w.given else "def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
         if o in w.given:
             lines.append(f"    o{o} = outs[{o}]")
