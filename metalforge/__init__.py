@@ -74,6 +74,7 @@ from .frontend.ops import (
     where,
 )
 from .runtime import backend
+from .runtime.outputs import AliasError
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
@@ -85,6 +86,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
            "LaunchError", "UnsupportedConstruct", "CandidateMismatch", "BackendUnavailable",
            "UnsupportedOnBackend", "GatherIndexError", "QuantizationError", "f32", "f16", "bf16",
            "i64", "i32", "u32", "i16", "u16", "i8", "u8", *_OPS]
+__all__ += ["AliasError"]
 
 
 def __getattr__(name: str):
