@@ -45,9 +45,11 @@ class Into:
         n = len(self.graph.outputs)
         outs: list[Optional[torch.Tensor]] = \
             list(outputs.split(self.where, out, n)) if out is not None else [None] * n
+        labels = list(outputs.Outs(outs).labels)
         for i, pos in inplace:
             outs[i] = values[pos]
-        given = tuple(outs)
+            labels[i] = f"argument '{self.graph.params[pos].name}' (written in place)"
+        given = outputs.Outs(outs, labels)
         outputs.check_alignment(self.where, self.graph, given, self.widths)
         outputs.check_aliasing(self.where, self.graph, self.family, given,
                                {name: values[pos] for name, pos in self.read},

@@ -23,7 +23,22 @@ from ..errors import BindingError, DeviceError, ShapeError, UnsupportedConstruct
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
 
-Outs = tuple[Optional[torch.Tensor], ...]
+
+class Outs(tuple[Optional[torch.Tensor], ...]):
+    """The tensors a call writes its outputs into, one entry per output (None: allocated), and
+    how errors name each: "out", "out[1]", or the argument a declared in-place output is."""
+    labels: tuple[str, ...]
+
+    def __new__(cls, items: Sequence[Optional[torch.Tensor]],
+                labels: Sequence[str] = ()) -> Outs:
+        self = super().__new__(cls, items)
+        n = len(self)
+        self.labels = tuple(labels) or tuple("out" if n == 1 else f"out[{i}]" for i in range(n))
+        return self
+
+    def label(self, i: int) -> str:
+        return self.labels[i]
+
 # what `inplace=` declares: output index -> the tensor parameter it is written into
 Inplace = tuple[tuple[int, str], ...]
 ELEMENTWISE_OPS = (Op.UNARY, Op.BINARY, Op.WHERE, Op.CAST)
@@ -81,6 +96,7 @@ def given(graph: Graph, values: Mapping[str, Any], out: Any, inplace: Inplace,
             "one; drop out= and use the array the call returns")
     outs: list[Optional[torch.Tensor]] = list(split(where, out, n)) if out is not None \
         else [None] * n
+    labels = list(Outs(outs).labels)
     for i, name in inplace:
         if i >= n:
             raise BindingError(f"{where}: inplace= declares output {i} written into '{name}', "
@@ -90,10 +106,11 @@ def given(graph: Graph, values: Mapping[str, Any], out: Any, inplace: Inplace,
                                f"'{name}' (inplace=); pass None for it in out=")
         if not mlx:
             outs[i] = values[name]
-    return tuple(outs) if any(o is not None for o in outs) else None
+            labels[i] = f"argument '{name}' (written in place)"
+    return Outs(outs, labels) if any(o is not None for o in outs) else None
 
 
-def split(where: str, out: Any, n: int) -> Outs:
+def split(where: str, out: Any, n: int) -> tuple[Optional[torch.Tensor], ...]:
     """`out=` as one entry per output (a tensor for a kernel of one output), checked."""
     if isinstance(out, torch.Tensor):
         if n != 1:
@@ -122,7 +139,7 @@ def refuse_grad(graph: Graph, values: Mapping[str, Any], outs: Outs) -> None:
     if not torch.is_grad_enabled():
         return
     need = [n for n, v in values.items() if isinstance(v, torch.Tensor) and v.requires_grad]
-    need += [f"out[{i}]" for i, o in enumerate(outs) if o is not None and o.requires_grad]
+    need += [outs.label(i) for i, o in enumerate(outs) if o is not None and o.requires_grad]
     if need:
         raise BindingError(
             f"{_where(graph)}: a call with out= (or an in-place output) does not support "
@@ -132,21 +149,16 @@ def refuse_grad(graph: Graph, values: Mapping[str, Any], outs: Outs) -> None:
 
 # --------------------------------------------------------------------------- checking
 
-def name_of(i: int, n: int) -> str:
-    return "out" if n == 1 else f"out[{i}]"
-
-
 def place(where: str, graph: Graph, outs: Outs, shapes: Sequence[tuple[int, ...]],
           device: torch.device) -> list[torch.Tensor]:
     """The call's output tensors: each given one checked (dtype, shape, device, contiguity),
     the others allocated."""
     placed: list[torch.Tensor] = []
-    n = len(graph.outputs)
     for i, (o, t, shape) in enumerate(zip(graph.outputs, outs, shapes)):
         if t is None:
             placed.append(torch.empty(shape, dtype=o.dtype.torch, device=device))
             continue
-        what = f"{where}: {name_of(i, n)} (output {i}, axes [{', '.join(o.axes)}])"
+        what = f"{where}: {outs.label(i)} (output {i}, axes [{', '.join(o.axes)}])"
         if t.dtype != o.dtype.torch:
             raise BindingError(f"{what} has dtype {t.dtype}, but the output is "
                                f"{o.dtype.torch}; pass a {o.dtype.torch} tensor")
@@ -168,12 +180,11 @@ def place(where: str, graph: Graph, outs: Outs, shapes: Sequence[tuple[int, ...]
 def check_alignment(where: str, graph: Graph, outs: Outs, widths: Mapping[int, int]) -> None:
     """An out written with vector stores of `w` elements must start at a storage offset that is
     a multiple of `w` (Metal and CUDA vector stores need it aligned)."""
-    n = len(graph.outputs)
     for i, t in enumerate(outs):
         w = widths.get(i, 1)
         if t is not None and w > 1 and t.numel() and t.storage_offset() % w:
             raise BindingError(
-                f"{where}: {name_of(i, n)} starts at storage offset {t.storage_offset()}, but "
+                f"{where}: {outs.label(i)} starts at storage offset {t.storage_offset()}, but "
                 f"this kernel writes output {i} with vector stores of {w} elements, which "
                 f"need an offset that is a multiple of {w}; pass a view that starts at such "
                 "an offset, or call without out= and copy the result")
@@ -274,12 +285,11 @@ def check_aliasing(where: str, graph: Graph, family: str, outs: Outs,
     """Refuse an out that overlaps another out, or an input the kernel reads (`read`: their
     names, default `reads(graph)`), unless that input is the out itself element for element
     and `element_for_element` allows it."""
-    n = len(graph.outputs)
     given = [(i, t) for i, t in enumerate(outs) if t is not None and t.numel()]
     for k, (i, t) in enumerate(given):
         for j, u in given[k + 1:]:
             if overlaps(t, u):
-                raise AliasError(f"{where}: {name_of(i, n)} and {name_of(j, n)} overlap in "
+                raise AliasError(f"{where}: {outs.label(i)} and {outs.label(j)} overlap in "
                                  "memory; each output needs its own memory")
     read = reads(graph) if read is None else read
     for i, t in given:
@@ -287,10 +297,10 @@ def check_aliasing(where: str, graph: Graph, family: str, outs: Outs,
             if name not in read or not src.numel() or not overlaps(t, src):
                 continue
             why = element_for_element(graph, family, name, i) if same_elements(t, src) else \
-                f"'{name}' and {name_of(i, n)} overlap at different positions"
+                f"'{name}' and {outs.label(i)} overlap at different positions"
             if why is not None:
                 raise AliasError(
-                    f"{where}: {name_of(i, n)} overlaps input '{name}', which the kernel "
+                    f"{where}: {outs.label(i)} overlaps input '{name}', which the kernel "
                     f"reads: {why}, so some elements would be read after they were "
                     f"overwritten (wrong results). Pass an out that does not overlap "
                     f"'{name}', or pass {name}.clone()")

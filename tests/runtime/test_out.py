@@ -240,3 +240,18 @@ def test_declaration_errors():
     x = torch.randn(40)
     with pytest.raises(BindingError, match=r"declared written into argument 'acc'"):
         accumulate(x, x, out=torch.empty(40))
+
+
+def test_in_place_argument_is_named_in_errors_and_mlx_out_is_refused():
+    acc = torch.zeros(80)[::2]                           # not contiguous
+    with pytest.raises(BindingError, match=r"argument 'acc' \(written in place\) \(output 0"
+                                           r".*not contiguous"):
+        accumulate(acc, torch.randn(40))
+    # MLX arrays are immutable: out= is refused before anything runs (any array type will do)
+    from metalforge.runtime import outputs
+    g = silu.graph(torch.randn(2, 4))
+    with pytest.raises(mf.UnsupportedConstruct, match=r"mx arrays are immutable"):
+        outputs.given(g, {"x": object()}, torch.empty(2, 4), (), lambda v: True)
+    assert outputs.given(g, {"x": object()}, None, (), lambda v: True) is None
+    # a declared in-place output on MLX: a fresh array is returned (nothing to write into)
+    assert outputs.given(g, {"x": object()}, None, ((0, "x"),), lambda v: True) is None
