@@ -274,8 +274,8 @@ def element_for_element(graph: Graph, family: str, name: str, output: int) -> Op
             return (f"output {k} (axes [{', '.join(out.axes)}]) broadcasts '{name}', so "
                     "several threads read each of its elements")
     if family != "elementwise":
-        return (f"this is a {family} kernel, whose threads read elements of '{name}' that "
-                "other threads write")
+        return (f"this is a {family} kernel, and only elementwise kernels are known to read "
+                f"each element of '{name}' in the thread that writes it")
     return None
 
 

@@ -213,6 +213,7 @@ def test_declared_in_place_output_and_its_operator_under_compile():
     torch.testing.assert_close(got, 2 * (1 + 3 * x))
     with pytest.raises(BindingError, match="automatic differentiation"):
         op(torch.ones(40, requires_grad=True), x)
+    torch.library.opcheck(op.op, (torch.ones(40), x, 2.0))
 
 
 def test_operator_out_variant_under_compile():
@@ -226,6 +227,7 @@ def test_operator_out_variant_under_compile():
     got = torch.compile(f, fullgraph=True, backend="aot_eager")(x, out)
     torch.testing.assert_close(out, F.silu(x))
     torch.testing.assert_close(got, F.silu(x) + 1)
+    torch.library.opcheck(op.out_op, (x, torch.empty(3, 40)))
 
 
 def test_declaration_errors():
