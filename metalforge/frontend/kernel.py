@@ -180,10 +180,6 @@ class Kernel:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise AnnotationError(f"{where}: *args/**kwargs are not supported; declare "
                                   "each argument with an annotation")
-        if p.name == "out":
-            raise AnnotationError(f"{where}: 'out' is reserved for the tensor(s) a call "
-                                  "writes its outputs into (kernel(..., out=t)); rename the "
-                                  "parameter")
         ann = p.annotation
         has_default = p.default is not inspect.Parameter.empty
         if ann is inspect.Parameter.empty:

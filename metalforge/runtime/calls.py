@@ -39,6 +39,7 @@ class CallPath:
         sig = list(signature.parameters.values())
         self.signature, self.kinds = signature, tuple(kinds)
         self.backend, self.launch, self.inplace = backend, launch, inplace
+        self._out_keyword = "out" not in signature.parameters   # else out= is that parameter
         self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
                                   for p in sig)
         self._key_of = key_function(self.kinds)
@@ -57,7 +58,7 @@ class CallPath:
         return CallPath(self.signature, self.kinds, self.backend, launch, self.inplace)
 
     def __call__(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        if self.inplace or "out" in kwargs:
+        if self.inplace or ("out" in kwargs and self._out_keyword):
             return self._into(bind, args, kwargs)
         hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
         if hit is not None:
@@ -73,7 +74,7 @@ class CallPath:
         outputs). Warm, `into.Into` replays it (the key adds the outs' layouts; where they
         start and what they overlap is checked on every call); else the full path."""
         rest = dict(kwargs)
-        out = rest.pop("out", None)
+        out = rest.pop("out", None) if self._out_keyword else None
         hit = self._warm_key(args, rest) if MSL_REWRITE.get() is None else None
         okey = out_key(out) if hit is not None else None
         key = None if hit is None or okey is None else (hit[0], okey)

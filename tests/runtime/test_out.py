@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import metalforge as mf
 from metalforge import quant
-from metalforge.errors import AnnotationError, BindingError, DeviceError, ShapeError
+from metalforge.errors import BindingError, DeviceError, ShapeError
 from metalforge.runtime.outputs import AliasError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -235,10 +235,11 @@ def test_declaration_errors():
         return x
     with pytest.raises(BindingError, match=r"'cache', which is not a tensor parameter"):
         mf.kernel(inplace="cache")(ident)
-    with pytest.raises(AnnotationError, match=r"'out' is reserved"):
-        @mf.kernel
-        def k(out: "T[N]"):
-            return out * 2
+    @mf.kernel
+    def twice(out: "T[N]"):                          # a parameter named out: out= is it
+        return out * 2
+    x = torch.randn(40)
+    torch.testing.assert_close(twice(out=x), 2 * x)
     x = torch.randn(40)
     with pytest.raises(BindingError, match=r"declared written into argument 'acc'"):
         accumulate(x, x, out=torch.empty(40))
