@@ -114,13 +114,16 @@ def _check_name(name: Optional[str], fn: Callable[..., Any], loc: tuple[str, int
 class Kernel:
     """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns).
 
-    Call it to run; `.source(*args)` / `.ir(*args)` show the Metal source / lowered kernel of the
-    specialisation the arguments select; `.reference(*args)` evaluates the same description with
+    Call it to run (`out=t` / `out=(t0, t1)` writes the outputs into your tensors, views at an
+    offset included, and returns them; see `kernel(inplace=...)`); `.source(*args)` /
+    `.ir(*args)` show the Metal source / lowered kernel of the specialisation the arguments
+    select; `.reference(*args)` evaluates the same description with
     torch; `.variants()`, `.with_launch(...)`, `.as_op("ns::name")`, `.backward_source(...)`.
 
     Example::
 
         y = silu(x)                      # MPS → Metal, CPU → simulator, CUDA → NVRTC
+        silu(x, out=cache[pos])          # written into a row of a preallocated cache
         print(silu.source(x))
         torch.testing.assert_close(y, silu.reference(x))
     """
