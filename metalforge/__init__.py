@@ -82,6 +82,7 @@ from .frontend.ops import (
 )
 from .runtime import backend
 from .runtime.indexcheck import check_deferred, synchronize
+from .runtime.outputs import AliasError
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
@@ -95,6 +96,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
            "UnsupportedOnBackend", "GatherIndexError", "QuantizationError", "f32", "f16", "bf16",
            "i64", "i32", "u32", "i16", "u16", "i8", "u8", "u64", *_OPS]
 __all__ += ["check_deferred", "synchronize"]     # deferred gather index checks
+__all__ += ["AliasError"]
 
 
 def __getattr__(name: str):

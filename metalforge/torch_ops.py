@@ -10,7 +10,12 @@
   from promotion, the inputs' device; so `torch.compile(fullgraph=True)` traces through the op
   without a graph break and `torch.export` records it;
 - autograd: the backward is a second operator (``mylib::rms_norm_backward``) that runs the
-  kernels `metalforge.autodiff` derives from the graph; it saves the op's inputs only.
+  kernels `metalforge.autodiff` derives from the graph; it saves the op's inputs only;
+- mutation: an output the kernel declares written into an argument (`@mf.kernel(inplace=...)`)
+  marks that argument ``Tensor(a!)`` and is not returned by the op (the op's Python wrapper
+  returns the argument in its place, like the kernel); ``op(..., out=t)`` calls the out variant
+  ``mylib::rms_norm_out`` (``(..., Tensor(a!) out) -> ()``), so torch.compile's
+  functionalization sees every write. Neither is differentiable: refused when grad is needed.
 
 Calling a kernel directly on tensors that require grad goes through
 `runtime.autograd.call_differentiable` (a `torch.autograd.Function` over the same backward
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -48,12 +53,14 @@ def _default(v: Any) -> str:
     return repr(v) if not isinstance(v, float) else repr(float(v))
 
 
-def schema_args(kernel, with_defaults: bool = True) -> list[str]:
-    """The schema's argument list: one entry per kernel parameter."""
+def schema_args(kernel, with_defaults: bool = True, mutated: Sequence[str] = ()) -> list[str]:
+    """The schema's argument list: one entry per kernel parameter; a tensor in `mutated` (an
+    argument a declared in-place output is written into) is marked ``Tensor(a!)``."""
     out = []
     for p in kernel.params:
         if isinstance(p, TensorParam):
-            out.append(f"Tensor {p.name}")
+            mark = f"({alias_letter(mutated.index(p.name))}!)" if p.name in mutated else ""
+            out.append(f"Tensor{mark} {p.name}")
             continue
         ty = {float: "float", int: "int", bool: "bool"}[p.pytype]
         text = f"{ty} {p.name}"
@@ -61,6 +68,11 @@ def schema_args(kernel, with_defaults: bool = True) -> list[str]:
             text += f"={_default(p.default)}"
         out.append(text)
     return out
+
+
+def alias_letter(i: int) -> str:
+    """The alias set of the i-th mutated argument of a schema: a, b, ... z, a1, b1, ..."""
+    return "abcdefghijklmnopqrstuvwxyz"[i % 26] + (str(i // 26) if i >= 26 else "")
 
 
 def _check_schema_names(kernel) -> None:
@@ -129,11 +141,17 @@ class KernelOp:
         self._float_pos = [i for i in self._tensor_pos
                            if kernel.params[i].dtype is None or kernel.params[i].dtype.is_float]
         _check_schema_names(kernel)
-        self.schema = f"({', '.join(schema_args(kernel))}) -> {self._returns()}"
+        self.inplace = dict(kernel.inplace)         # output index -> the argument it writes
+        self.mutated = tuple(n for _, n in kernel.inplace)
+        self.count = self._count()
+        self.fresh = [i for i in range(self.count) if i not in self.inplace]   # op returns
+        self.schema = (f"({', '.join(schema_args(kernel, mutated=self.mutated))}) -> "
+                       f"{_returns(len(self.fresh))}")
         try:
-            self.op = torch.library.custom_op(name, self._impl, mutates_args=(),
+            self.op = torch.library.custom_op(name, self._impl, mutates_args=self.mutated,
                                               schema=self.schema)
             self.op.register_fake(self._fake)
+            self.out_op = self._define_out() if self.fresh else None
             bargs = schema_args(kernel, with_defaults=False)
             self.backward_schema = (f"({', '.join(bargs + ['Tensor[] grads', 'int[] wrt'])})"
                                     " -> Tensor[]")
@@ -144,23 +162,47 @@ class KernelOp:
             raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch refused the operator "
                           f"schema {self.schema}: {e}") from None
         self.backward_op.register_fake(self._backward_fake)
-        self.op.register_autograd(self._backward, setup_context=self._setup_context)
+        if not self.mutated:        # an op that writes into an argument is not differentiable
+            self.op.register_autograd(self._backward, setup_context=self._setup_context)
+
+    def _define_out(self) -> Any:
+        """`<name>_out`: the op with out= tensors last, ``(..., Tensor(a!) out) -> ()``
+        (custom ops take no keyword-only tensors; no defaults, which cannot precede `out`:
+        the wrapper passes every argument)."""
+        clash = [n for n in self.out_names if n in self.names]
+        if clash:
+            raise OpError(f"{self.kernel.where}: as_op({self.name!r}): parameter "
+                          f"'{clash[0]}' is the name of an out= argument of the operator's "
+                          "out variant; rename it")
+        outs = [f"Tensor({alias_letter(len(self.mutated) + k)}!) {n}"
+                for k, n in enumerate(self.out_names)]
+        args = schema_args(self.kernel, with_defaults=False, mutated=self.mutated)
+        self.out_schema = (f"({', '.join(args)}, "
+                           f"{', '.join(outs)}) -> ()")
+        op = torch.library.custom_op(f"{self.name}_out", self._out_impl,
+                                     mutates_args=self.mutated + tuple(self.out_names),
+                                     schema=self.out_schema)
+        op.register_fake(lambda *args: None)
+        return op
+
+    @property
+    def out_names(self) -> list[str]:
+        return ["out"] if len(self.fresh) == 1 else [f"out{i}" for i in self.fresh]
 
     def __repr__(self) -> str:
         return f"<metalforge op {self.name}{self.schema}>"
 
-    def _returns(self) -> str:
+    def _count(self) -> int:
         """The outputs, counted on one trace (dtype variables f32, Consts at their defaults or
         0/False): the number of outputs must not depend on a Const's value."""
         stand_in = {p.name: p.default if p.has_default else p.pytype()
                     for p in self.kernel.params if isinstance(p, ConstParam)}
         try:
-            n = len(self.kernel.graph(**stand_in).outputs)
+            return len(self.kernel.graph(**stand_in).outputs)
         except (TypeError, ValueError) as e:        # trace, binding and annotation errors
             raise OpError(f"{self.kernel.where}: as_op({self.name!r}): could not trace the "
                           f"kernel to count its outputs ({e}); give its mf.Const parameters "
                           "defaults") from None
-        return "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
 
     # -- argument handling -------------------------------------------------------------
     def args_of(self, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
@@ -173,8 +215,47 @@ class KernelOp:
         ba.apply_defaults()
         return tuple(ba.arguments[n] for n in self.names)
 
-    def __call__(self, *args, **kwargs):
-        return self.op(*self.args_of(args, kwargs))
+    def __call__(self, *args, out: Any = None, **kwargs):
+        a = self.args_of(args, kwargs)
+        if out is None and not self.mutated:
+            return self.op(*a)
+        self._refuse_grad(a, out)
+        if out is None:
+            got = self.op(*a)
+            fresh = list(got) if isinstance(got, tuple) else [] if got is None else [got]
+        else:
+            fresh = self._out_tensors(out)
+            self.out_op(*a, *fresh)
+        full: list[Any] = [None] * self.count
+        for i, t in zip(self.fresh, fresh):
+            full[i] = t
+        for i, n in self.inplace.items():
+            full[i] = a[self.names.index(n)]
+        return full[0] if self.count == 1 else tuple(full)
+
+    def _out_tensors(self, out: Any) -> list[torch.Tensor]:
+        """The out= tensors of the outputs the op returns (kernel-style: one tensor, or one
+        entry per output with None at the declared in-place ones)."""
+        items = (out,) if isinstance(out, torch.Tensor) else tuple(out) \
+            if isinstance(out, (tuple, list)) else None
+        if items is not None and len(items) == self.count and len(self.fresh) != self.count:
+            items = tuple(items[i] for i in self.fresh)
+        if items is None or len(items) != len(self.fresh) or \
+                not all(isinstance(t, torch.Tensor) for t in items):
+            raise BindingError(f"{self.kernel.where}: {self.name}(..., out=...) takes one "
+                               f"tensor per output the op returns ({len(self.fresh)}: outputs "
+                               f"{self.fresh}), got {out!r:.80}")
+        return list(items)
+
+    def _refuse_grad(self, args: Sequence[Any], out: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *outs)):
+            raise BindingError(f"{self.kernel.where}: {self.name} with out= (or an in-place "
+                               "output) does not support automatic differentiation, but an "
+                               "argument requires grad; call it under torch.no_grad() if no "
+                               "gradient is needed")
 
     def _graph(self, args: Sequence[Any]) -> Graph:
         return self.kernel.graph(**dict(zip(self.names, args)))
@@ -187,16 +268,27 @@ class KernelOp:
     def _impl(self, *args):
         with torch.no_grad():
             out = self.kernel(**dict(zip(self.names, args)))
-        # an op output must not alias an input (an identity kernel returns its input)
+        # an op output must not alias an input (an identity kernel returns its input); the
+        # outputs written into arguments are not returned
         outs = out if isinstance(out, tuple) else (out,)
         ins = [args[i] for i in self._tensor_pos]
-        outs = tuple(o.clone() if any(o is t for t in ins) else o for o in outs)
-        return outs if isinstance(out, tuple) else outs[0]
+        outs = tuple(o.clone() if any(o is t for t in ins) else o
+                     for i, o in enumerate(outs) if i in self.fresh)
+        return None if not outs else outs if len(outs) > 1 else outs[0]
+
+    def _out_impl(self, *args):
+        n = len(self.names)
+        full: list[Optional[torch.Tensor]] = [None] * self.count
+        for i, t in zip(self.fresh, args[n:]):
+            full[i] = t
+        with torch.no_grad():
+            self.kernel(**dict(zip(self.names, args[:n])), out=tuple(full))
 
     def _fake(self, *args):
         g = self._graph(args)
         outs = fake_outputs(g, {t.name: args[i] for i, t in zip(self._tensor_pos, g.tensors)})
-        return tuple(outs) if len(outs) > 1 else outs[0]
+        outs = [o for i, o in enumerate(outs) if i in self.fresh]
+        return None if not outs else tuple(outs) if len(outs) > 1 else outs[0]
 
     # -- autograd ----------------------------------------------------------------------
     def _wrt(self, args: Sequence[Any], flags: Sequence[bool]) -> list[int]:
@@ -248,6 +340,10 @@ class KernelOp:
         return [torch.empty_like(fwd[i]) for i in wrt]
 
 
+def _returns(n: int) -> str:
+    return "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+
+
 _registered: dict[str, KernelOp] = {}       # operator name -> its KernelOp (explicit cache)
 _register_lock = threading.Lock()           # one registration at a time (check, then define)
 
@@ -277,7 +373,7 @@ def register(kernel, name: str) -> KernelOp:
 
 def _check_free(kernel, name: str) -> None:
     """Refuse a name PyTorch already has an operator for (or its backward's name)."""
-    for n in (name, f"{name}_backward"):
+    for n in (name, f"{name}_backward", f"{name}_out"):
         ns, op = n.split("::")
         try:
             getattr(getattr(torch.ops, ns), op)

@@ -9,7 +9,7 @@ import inspect
 import re
 import textwrap
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Optional, cast
+from typing import Any, Callable, Mapping, Optional, Union, cast
 
 import torch
 
@@ -114,19 +114,23 @@ def _check_name(name: Optional[str], fn: Callable[..., Any], loc: tuple[str, int
 class Kernel:
     """A traced, lowered, runnable metalforge kernel (what `@mf.kernel` returns).
 
-    Call it to run; `.source(*args)` / `.ir(*args)` show the Metal source / lowered kernel of the
-    specialisation the arguments select; `.reference(*args)` evaluates the same description with
+    Call it to run (`out=t` / `out=(t0, t1)` writes the outputs into your tensors, views at an
+    offset included, and returns them; see `kernel(inplace=...)`); `.source(*args)` /
+    `.ir(*args)` show the Metal source / lowered kernel of the specialisation the arguments
+    select; `.reference(*args)` evaluates the same description with
     torch; `.variants()`, `.with_launch(...)`, `.as_op("ns::name")`, `.backward_source(...)`.
 
     Example::
 
         y = silu(x)                      # MPS → Metal, CPU → simulator, CUDA → NVRTC
+        silu(x, out=cache[pos])          # written into a row of a preallocated cache
         print(silu.source(x))
         torch.testing.assert_close(y, silu.reference(x))
     """
 
     def __init__(self, fn: Callable[..., Any], *, name: Optional[str] = None,
-                 backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None):
+                 backend: Optional[str] = None, launch: Optional[Mapping[str, Any]] = None,
+                 inplace: Union[None, str, Mapping[int, str]] = None):
         self.fn = fn
         self.backend = backend
         self.launch = None
@@ -145,6 +149,9 @@ class Kernel:
         self._graphs: OnceMap[Key, Graph] = OnceMap()     # one trace per key, shared by views
         if launch:
             self.launch = check_options(launch, f"{self.where}, launch=")
+        self.inplace = runtime.outputs.declare_inplace(
+            inplace, [p.name for p in self.params if isinstance(p, TensorParam)],
+            f"{self.where}, inplace=")
         self._declare_call()
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -248,7 +255,7 @@ class Kernel:
         the warm-call key."""
         self._calls = runtime.CallPath(self.signature, tuple(
             "tensor" if isinstance(q, TensorParam) else "scalar" if isinstance(q, ScalarParam)
-            else "const" for q in self.params), self.backend, self.launch)
+            else "const" for q in self.params), self.backend, self.launch, self.inplace)
 
     def _declare_return(self) -> Optional[tuple[Annotation, ...]]:
         ann = self.signature.return_annotation
@@ -594,7 +601,8 @@ class Kernel:
 
 def kernel(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = None,
            backend: Optional[str] = None,
-           launch: Optional[Mapping[str, Any]] = None) -> Any:
+           launch: Optional[Mapping[str, Any]] = None,
+           inplace: Union[None, str, Mapping[int, str]] = None) -> Any:
     """Turn an annotated Python function into a metalforge kernel: `@mf.kernel` or
     `@mf.kernel(name=..., backend="sim"|"mps"|"cuda"|"mlx", launch={...})`.
 
@@ -603,6 +611,9 @@ def kernel(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = Non
     name:    the kernel's name in generated MSL (default: the function's name).
     backend: force a backend instead of following the tensors' device.
     launch:  launch-policy overrides ({"threads_per_group": 128, ...}).
+    inplace: outputs written into arguments instead of fresh tensors: "cache" (the one output
+             is written into argument `cache`, which the call returns) or {output index:
+             argument name}. Any call may also pass `out=t` (`out=(t0, t1)`).
 
     Example::
 
@@ -611,7 +622,7 @@ def kernel(fn: Optional[Callable[..., Any]] = None, *, name: Optional[str] = Non
             return x * mf.sigmoid(x)
     """
     if fn is None:
-        return lambda f: Kernel(f, name=name, backend=backend, launch=launch)
+        return lambda f: Kernel(f, name=name, backend=backend, launch=launch, inplace=inplace)
     if not callable(fn):
         raise TraceError(f"@mf.kernel decorates a function, got {fn!r}")
-    return Kernel(fn, name=name, backend=backend, launch=launch)
+    return Kernel(fn, name=name, backend=backend, launch=launch, inplace=inplace)

@@ -10,6 +10,7 @@
     backward_source(graph, values, sizes, launch)   the MSL of the derived backward kernels
     backend("sim") / current_backend(tensors)      selection and override
     mlx                 the MLX backend: the same kernels through mx.fast.metal_kernel
+    outputs             out= and declared in-place outputs: checks, aliasing
 
 The stages themselves (plan → render → compile → bind → dispatch) are in `launcher`; where
 each argument comes from, in `binding`; the warm-call replay, in `fastpath`.
@@ -17,7 +18,7 @@ each argument comes from, in `binding`; the warm-call replay, in `fastpath`.
 from __future__ import annotations
 
 from ..errors import DeviceError
-from . import launcher, mlx
+from . import launcher, mlx, outputs
 from .autograd import backward_source
 from .backends import BACKENDS, backend, clear_caches, current_backend
 from .calls import CallPath, call
@@ -31,4 +32,4 @@ from .show import ir, launches, schedule_of, source
 __all__ = ["run", "call", "CallPath", "source", "ir", "schedule_of", "launches", "reference",
            "backward_source", "backend", "current_backend", "BACKENDS", "DeviceError",
            "clear_caches", "compiled", "check_dense", "is_array", "array_dtype", "launcher",
-           "mlx"]
+           "mlx", "outputs"]

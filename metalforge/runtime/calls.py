@@ -14,10 +14,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from ..bounded import Bounded
 from ..graph import Graph
+from . import outputs
 from .autograd import call_differentiable
 from .fastpath import MSL_REWRITE, WarmCache, key_function
-from .runs import run, run_recorded
+from .into import Into, out_key
+from .mlx import is_array
+from .runs import run, run_into, run_recorded
 
 _NO_DEFAULT = inspect.Parameter.empty
 Bind = Callable[[tuple[Any, ...], Mapping[str, Any]], tuple[Graph, Mapping[str, Any]]]
@@ -30,10 +34,12 @@ class CallPath:
     "const"), in order."""
 
     def __init__(self, signature: inspect.Signature, kinds: Sequence[str],
-                 backend: Optional[str], launch: Optional[Mapping[str, Any]]) -> None:
+                 backend: Optional[str], launch: Optional[Mapping[str, Any]],
+                 inplace: outputs.Inplace = ()) -> None:
         sig = list(signature.parameters.values())
         self.signature, self.kinds = signature, tuple(kinds)
-        self.backend, self.launch = backend, launch
+        self.backend, self.launch, self.inplace = backend, launch, inplace
+        self._out_keyword = "out" not in signature.parameters   # else out= is that parameter
         self._call_params = tuple((p.name, p.default, p.kind is not p.POSITIONAL_ONLY)
                                   for p in sig)
         self._key_of = key_function(self.kinds)
@@ -43,12 +49,17 @@ class CallPath:
             if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
             for n in range(self._max_positional + 1))
         self.warm = WarmCache()
+        self.warm_into: Bounded[Into] = Bounded(256)      # calls writing into given outs
+        position = {p.name: i for i, p in enumerate(sig)}
+        self._inplace_at = tuple((i, position[n]) for i, n in inplace)
 
     def relaunched(self, launch: Optional[Mapping[str, Any]]) -> CallPath:
         """The path of the same kernel under other launch overrides (its own closures)."""
-        return CallPath(self.signature, self.kinds, self.backend, launch)
+        return CallPath(self.signature, self.kinds, self.backend, launch, self.inplace)
 
     def __call__(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        if self.inplace or ("out" in kwargs and self._out_keyword):
+            return self._into(bind, args, kwargs)
         hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
         if hit is not None:
             w = self.warm.get(hit[0])
@@ -57,6 +68,29 @@ class CallPath:
         graph, values = bind(args, kwargs)
         return call(graph, values, self.backend, self.launch,
                     None if hit is None else (self.warm, hit[0]))
+
+    def _into(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """A call that writes its outputs into given tensors (`out=`, declared in-place
+        outputs). Warm, `into.Into` replays it (the key adds the outs' layouts; where they
+        start and what they overlap is checked on every call); else the full path."""
+        rest = dict(kwargs)
+        out = rest.pop("out", None) if self._out_keyword else None
+        hit = self._warm_key(args, rest) if MSL_REWRITE.get() is None else None
+        okey = out_key(out) if hit is not None else None
+        key = None if hit is None or okey is None else (hit[0], okey)
+        if key is not None and hit is not None:
+            w = self.warm_into.get(key)
+            if w is not None and w.current():
+                return w.replay(hit[1], out, self._inplace_at)
+        graph, values = bind(args, rest)
+        outs = outputs.given(graph, values, out, self.inplace, is_array)
+        if outs is None:
+            return call(graph, values, self.backend, self.launch)
+        outputs.refuse_grad(graph, values, outs)
+        result, w = run_into(graph, values, self.backend, self.launch, outs)
+        if w is not None and key is not None:
+            self.warm_into.put(key, w)
+        return result
 
     def _warm_key(self, args: tuple[Any, ...],
                   kwargs: Mapping[str, Any]) -> Optional[tuple[Any, Sequence[Any]]]:

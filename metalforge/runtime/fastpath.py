@@ -51,8 +51,9 @@ class Warm:
     compiled: tuple[Any, str, Any]    # (the library's kernels, host name, the Compiled checked)
     errors: Optional[IndexErrors] = None   # unproven gathers: where they report (indexcheck)
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
+    given: tuple[int, ...] = ()       # outputs the caller gives (`outputs`): replay(values, outs)
     # the call itself, compiled from the fields above (see `source`)
-    replay: Callable[[Sequence[Any]], Any] = field(init=False, repr=False, compare=False)
+    replay: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
     def current(self) -> bool:
         """Still what the full path would do: the autotune cache is the same object holding
@@ -81,8 +82,11 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     call launches, bind its arguments (the binder's own lines: `binding.Binder.code`), launch
     the kernel(s), check a gather's report."""
     env: dict[str, Any] = {"_empty": torch.empty}
-    lines = ["def replay(values):"]
+    lines = ["def replay(values, outs):" if w.given else "def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
+        if o in w.given:
+            lines.append(f"    o{o} = outs[{o}]")
+            continue
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
         lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
     outs = ", ".join(f"o{o}" for o in range(len(w.allocate)))
@@ -108,10 +112,10 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", env
 
 
-def _compile(w: Warm) -> Callable[[Sequence[Any]], Any]:
+def _compile(w: Warm) -> Callable[..., Any]:
     text, env = _replay_source(w)
     exec(compile(text, "<metalforge warm call>", "exec"), env)     # noqa: S102
-    fn: Callable[[Sequence[Any]], Any] = env["replay"]
+    fn: Callable[..., Any] = env["replay"]
     return fn
 
 
@@ -125,17 +129,19 @@ def tuning_state() -> tuple[Any, Any]:
     return c, c.entries
 
 
-def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any]) -> Warm:
+def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
+           given: tuple[int, ...] = ()) -> Warm:
     """The closure replaying `call` (checked, with `launch` bound from it; None when its
-    outputs are empty) for later calls with the same key."""
+    outputs are empty) for later calls with the same key; the outputs numbered in `given` are
+    the caller's (`replay(values, outs)`), the others allocated."""
     allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
     if launch is None:
-        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE)
+        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given)
     kernels = call.spec.library(call.index64, call.backend).kernels
     host = launch.host_name
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 launch.binder, allocate, tuning, (kernels, host, kernels[host]), launch.errors,
-                launch.then)
+                launch.then, given)
 
 
 def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:

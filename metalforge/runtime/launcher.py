@@ -39,6 +39,7 @@ from ..schedule.policy import TUNABLE, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, numel, output_shape
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
+from . import outputs
 from .backends import DEVICE_OF, current_backend, kernel_object
 from .binding import Binder, BindingPlan, bound
 from .indexcheck import IndexErrors
@@ -240,10 +241,11 @@ def prepare(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = No
 
 
 def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-               launch: Optional[Mapping[str, Any]]) -> CheckedCall:
+               launch: Optional[Mapping[str, Any]],
+               given: Optional[outputs.Outs] = None) -> CheckedCall:
     """Every host-side check of a call, then its specialisation (the backend's changes to the
     table and the autotuned launch merged under explicit overrides), shapes and freshly
-    allocated outputs."""
+    allocated outputs (or the caller's, `given`: `outputs`)."""
     spec = specialisation(graph, launch)
     tensors = check_tensors(spec, values)
     dev = common_device(spec.where, tensors)
@@ -256,6 +258,13 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
                           f"'{other}'")
     binding, count = shaped(spec, tensors)
     spec = layered(graph, be, launch, binding.sizes)
+    if given is not None:
+        outs = outputs.place(spec.where, graph, given, [output_shape(binding, o)
+                                                         for o in graph.outputs], dev)
+        call = CheckedCall(spec, be, values, tensors, binding, outs, count)
+        outputs.check_given(spec.where, graph, spec.family, given, tensors,
+                            spec.schedule(call.index64) if count else None)
+        return call
     outs = [torch.empty(output_shape(binding, o), dtype=o.dtype.torch, device=dev)
             for o in graph.outputs]
     return CheckedCall(spec, be, values, tensors, binding, outs, count)
