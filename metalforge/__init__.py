@@ -37,6 +37,7 @@ from .errors import (
     UnsupportedConstruct,
     UnsupportedOnBackend,
 )
+from .export import load_exported
 from .frontend import tracer as _tracer
 from .frontend.kernel import Const, Kernel, kernel
 from .frontend.ops import (
@@ -97,6 +98,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
            "i64", "i32", "u32", "i16", "u16", "i8", "u8", "u64", *_OPS]
 __all__ += ["check_deferred", "synchronize"]     # deferred gather index checks
 __all__ += ["AliasError"]
+__all__ += ["load_exported"]
 
 
 def __getattr__(name: str):

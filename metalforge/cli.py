@@ -2,6 +2,7 @@
 
     metalforge show FILE.py::NAME [--dtype f16] [--emit msl|ir] [--backward] [--backend mlx]
     metalforge doctor [FILE.py ...] [--bench] [--out report.json] [--device mps|sim|cuda]
+    metalforge export FILE.py::NAME [--dtype f16] [--const GS=64] --shape D=4096 ... -o out/
 
 Each subcommand is a `_cmd_<name>(args) -> int` registered in `_SUBCOMMANDS` with its argument
 setup, so further subcommands (gen-tests, ...) slot in beside `show`.
@@ -12,6 +13,7 @@ import argparse
 import importlib.util
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Optional
 
 from .dtypes import ANNOTATION_DTYPES
@@ -112,6 +114,42 @@ def _doctor() -> tuple[str, Callable, Callable]:
 
 
 _SUBCOMMANDS["doctor"] = _doctor()
+
+
+def _sizes(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for it in items:
+        name, _, value = it.partition("=")
+        if not name or not value.isdigit():
+            raise CLIError(f"--shape takes AXIS=SIZE (e.g. D=4096), got {it!r}")
+        out[name] = int(value)
+    return out
+
+
+def _cmd_export(args) -> int:
+    from .export import export
+    k = load_kernel(args.target)
+    binds: dict[str, object] = dict(dtype_bindings(k, args.dtype))
+    for c in args.const or ():
+        name, _, value = c.partition("=")
+        binds[name] = int(value) if value.lstrip("-").isdigit() else value == "True"
+    manifest = export(k, binds, _sizes(args.shape or []), Path(args.out))
+    print(f"exported {k.name} to {manifest.parent} (manifest {manifest.name})")
+    return 0
+
+
+def _setup_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="FILE.py::NAME", help="a kernel defined in a Python file")
+    p.add_argument("--dtype", choices=sorted(ANNOTATION_DTYPES),
+                   help="dtype bound to the kernel's dtype variables (default f32)")
+    p.add_argument("--const", nargs="*", metavar="NAME=VALUE", help="mf.Const values")
+    p.add_argument("--shape", nargs="*", metavar="AXIS=SIZE",
+                   help="every axis size (export once per shape set you will call with)")
+    p.add_argument("-o", "--out", required=True, help="the export folder (created; added to)")
+
+
+_SUBCOMMANDS["export"] = ("write a kernel's Metal source, build script and manifest for "
+                          "fixed sizes", _setup_export, _cmd_export)
 
 
 def parser() -> argparse.ArgumentParser:
