@@ -145,5 +145,11 @@ def load_exported(path: str | Path, backend: Optional[str] = None) -> Exported:
     """The kernels exported to `path` (`metalforge export`), callable without tracing: on MPS
     tensors through torch.mps.compile_shader on the exported source, or the built .metallib
     where torch has torch.mps.load_metallib; on CPU tensors through the simulator; on CUDA
-    tensors through the cuda backend (`backend` overrides the tensors' device)."""
+    tensors through the cuda backend (`backend` overrides the tensors' device).
+
+    Example (after `metalforge export k.py::rms_norm --dtype f16 --shape B=16 D=4096 -o out`)::
+
+        lib = mf.load_exported("out")
+        y = lib.rms_norm(x, w)          # x: f16 [16, 4096], w: f16 [4096]
+    """
     return Exported(Path(path), backend)
