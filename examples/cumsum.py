@@ -19,6 +19,11 @@ def masked_running_mean(x: "T[B, L]", m: "T[B, L]"):
     return mf.cumsum(x * m, "L") / mf.maximum(mf.cumsum(m, "L"), 1.0)
 
 
+# check(): m is a mask (weights in [0, 1]): with signed m the count cancels, and a quotient of
+# two cancelled running sums is not the example's op
+CHECK = {"masked_running_mean": {"values": {"m": (0.0, 1.0)}}}
+
+
 if __name__ == "__main__":
     device = "mps" if torch.backends.mps.is_available() else "cpu"
     print(masked_running_mean.source(torch.randn(4, 100, device=device),
