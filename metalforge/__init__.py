@@ -80,6 +80,7 @@ from .frontend.ops import (
     unpack,
     where,
 )
+from .frontend.ops import rand, randn
 from .runtime import backend
 from .runtime.indexcheck import check_deferred, synchronize
 
@@ -88,6 +89,7 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp", "take", "unpack", "scatter_add")
 _OPS += ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
+_OPS += ("rand", "randn")                        # counter-based random numbers (Philox)
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

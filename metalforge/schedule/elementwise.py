@@ -393,9 +393,14 @@ class ElementwiseKernel:
                 e = p if j == 0 else e * self.size(a) + p
             return ir.Cast(compute_type(t.dtype), ir.Load(self.names[name], e))
 
+        def linear(axes: tuple[str, ...]) -> Optional[ir.Expr]:
+            """A draw over the grid's axes in its order: the element's own index."""
+            at_ = ir.Var("mf_start") + ir.Cast(IDX, k) if vector else i
+            return ir.Cast("ulong", at_) if axes == self.grid else None
+
         shift = (lambda n: self.chunk_shift(n, chunk, need)) if vector else None
         low = ElementLowering(self.graph, load, position, self.size,
-                              lambda s: self.names[s], shift=shift, take=take)
+                              lambda s: self.names[s], shift=shift, take=take, linear=linear)
         gathered: list[ir.Stmt] = []
         if vector:
             per_chunk[0] = True
