@@ -67,6 +67,8 @@ from .frontend.ops import (
     min,
     minimum,
     prod,
+    rand,
+    randn,
     rsqrt,
     scatter_add,
     sigmoid,
@@ -80,7 +82,6 @@ from .frontend.ops import (
     unpack,
     where,
 )
-from .frontend.ops import rand, randn
 from .runtime import backend
 from .runtime.indexcheck import check_deferred, synchronize
 
