@@ -157,12 +157,21 @@ def test_statistics_and_streams():
     assert torch.equal(draws(x, 2024)[0], u)          # the same stream again
 
 
-def test_draws_inside_a_row_reduction():
-    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1))
-    r = want_rand(11, 0, x.numel()).view(5, 300)
-    y = x.double() * r + want_rand(11, 1, 300)
+def test_draws_inside_a_row_reduction_and_its_backward():
+    """Forward in the row kernel; the derived backward (d/dx = the draw, centred) draws the
+    same numbers again from the seed."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 300, generator=g, requires_grad=True)
+    dy = torch.randn(5, 300, generator=g)
+    xd = x.detach().double().requires_grad_()
+    y = xd * want_rand(11, 0, x.numel()).view(5, 300) + want_rand(11, 1, 300)
     want = y - y.mean(1, keepdim=True)
-    torch.testing.assert_close(noisy_centre(x, 11).double(), want, rtol=1e-5, atol=1e-5)
+    got = noisy_centre(x, 11)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    got.backward(dy)
+    want.backward(dy.double())
+    torch.testing.assert_close(x.grad.double(), xd.grad, rtol=1e-5, atol=1e-5)
+    assert "mf_philox(" in noisy_centre.backward_source(x, 11)
 
 
 def test_dropout_forward_and_backward_regenerate_the_mask():
