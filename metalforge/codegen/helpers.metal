@@ -418,26 +418,25 @@ inline uint4 mf_philox(uint4 ctr, uint2 key) {
 }
 
 // helper: mf_rand_bits
-// mf.rand: the 32 random bits of element i (its row-major position over the draw's axes) of
-// the stream (seed, offset): lane i % 4 of Philox block i / 4, the offset the counter's upper
-// half, the seed the key (metalforge/philox.py has the whole mapping)
-inline uint mf_rand_bits(ulong seed, ulong offset, ulong i) {
-    const ulong block = i >> 2;
+// mf.rand: the 32 random bits of an element of the stream (seed, offset): word `word` (the
+// element's linear position i % 4) of Philox block `block` (i / 4), the offset the counter's
+// upper half, the seed the key (metalforge/philox.py has the whole mapping). Lanes of a chunk
+// passing the same block share one Philox computation once inlined.
+inline uint mf_rand_bits(ulong seed, ulong offset, ulong block, uint word) {
     const uint4 w = mf_philox(uint4(uint(block), uint(block >> 32), uint(offset),
                                     uint(offset >> 32)), uint2(uint(seed), uint(seed >> 32)));
-    const uint lane = uint(i & 3ul);
-    return lane < 2u ? (lane == 0u ? w.x : w.y) : (lane == 2u ? w.z : w.w);
+    return word < 2u ? (word == 0u ? w.x : w.y) : (word == 2u ? w.z : w.w);
 }
 
 // helper: mf_randn
-// mf.randn: element i's standard normal, Box-Muller on lanes 2 (i % 2) and 2 (i % 2) + 1 of
-// Philox block i / 2: u1 = ((a >> 8) + 1) 2^-24 in (0, 1] (so log(u1) is finite),
-// u2 = (b >> 8) 2^-24 in [0, 1); sqrt(-2 log u1) cos(2 pi u2), |value| <= 5.77
-inline float mf_randn(ulong seed, ulong offset, ulong i) {
-    const ulong block = i >> 1;
+// mf.randn: an element's standard normal, Box-Muller on words 2 pair and 2 pair + 1 of Philox
+// block `block` (element i: block i / 2, pair i % 2): u1 = ((a >> 8) + 1) 2^-24 in (0, 1]
+// (so log(u1) is finite), u2 = (b >> 8) 2^-24 in [0, 1); sqrt(-2 log u1) cos(2 pi u2),
+// |value| <= 5.77
+inline float mf_randn(ulong seed, ulong offset, ulong block, uint pair) {
     const uint4 w = mf_philox(uint4(uint(block), uint(block >> 32), uint(offset),
                                     uint(offset >> 32)), uint2(uint(seed), uint(seed >> 32)));
-    const bool odd = (i & 1ul) != 0ul;
+    const bool odd = pair != 0u;
     const float u1 = float(((odd ? w.z : w.x) >> 8) + 1u) * 5.9604644775390625e-08f;
     const float u2 = float((odd ? w.w : w.y) >> 8) * 5.9604644775390625e-08f;
     return precise::sqrt(-2.0f * precise::log(u1)) * precise::cos(6.2831855f * u2);

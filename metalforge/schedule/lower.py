@@ -109,9 +109,10 @@ class ElementLowering:
                               that know the element's slot in the word pass a literal
     take(node, pos) -> Expr   for a TAKE node: its tensor's element at position `pos` (checked
                               to be in range) along the node's axis, this element's elsewhere
-    linear(axes) -> Expr      for a RANDOM node: the element's row-major position over `axes`
-                              as a ulong where the schedule has it at hand (the grid's own
-                              index), None to build it from positions and sizes (default)
+    linear(axes) -> DrawPosition   for a RANDOM node: the element's position over `axes`
+                              where the schedule has it at hand (the grid's own index, a
+                              vector chunk's start and lane: `schedule.random.DrawPosition`),
+                              None to build it from positions and sizes (default)
     """
 
     def __init__(self, graph: Graph, load: Callable[[Node], ir.Expr],
@@ -120,7 +121,8 @@ class ElementLowering:
                  shift: Optional[Callable[[Node], ir.Expr]] = None,
                  take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None,
                  proven: Optional[frozenset[int]] = None,
-                 linear: Optional[Callable[[tuple[str, ...]], Optional[ir.Expr]]] = None):
+                 linear: Optional[Callable[[tuple[str, ...]],
+                                         Optional[random.DrawPosition]]] = None):
         self.graph = graph
         self.linear = linear        # a schedule's own linear position over some axes, or None
         # the gathers (take_sites numbers) read without a check; None: those `ranges` proves

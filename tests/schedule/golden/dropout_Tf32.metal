@@ -22,15 +22,14 @@ inline uint4 mf_philox(uint4 ctr, uint2 key) {
     return ctr;
 }
 
-// mf.rand: the 32 random bits of element i (its row-major position over the draw's axes) of
-// the stream (seed, offset): lane i % 4 of Philox block i / 4, the offset the counter's upper
-// half, the seed the key (metalforge/philox.py has the whole mapping)
-inline uint mf_rand_bits(ulong seed, ulong offset, ulong i) {
-    const ulong block = i >> 2;
+// mf.rand: the 32 random bits of an element of the stream (seed, offset): word `word` (the
+// element's linear position i % 4) of Philox block `block` (i / 4), the offset the counter's
+// upper half, the seed the key (metalforge/philox.py has the whole mapping). Lanes of a chunk
+// passing the same block share one Philox computation once inlined.
+inline uint mf_rand_bits(ulong seed, ulong offset, ulong block, uint word) {
     const uint4 w = mf_philox(uint4(uint(block), uint(block >> 32), uint(offset),
                                     uint(offset >> 32)), uint2(uint(seed), uint(seed >> 32)));
-    const uint lane = uint(i & 3ul);
-    return lane < 2u ? (lane == 0u ? w.x : w.y) : (lane == 2u ? w.z : w.w);
+    return word < 2u ? (word == 0u ? w.x : w.y) : (word == 2u ? w.z : w.w);
 }
 
 template <typename T, typename mf_index_t>
@@ -52,7 +51,7 @@ kernel void mf_dropout(
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_v1 = float(mf_rand_bits(ulong(seed), ulong(offset), ulong(mf_start + mf_index_t(mf_k))) >> 8u) * 5.960464477539063e-08f;
+            const float mf_v1 = float(mf_rand_bits(ulong(seed), ulong(offset), (ulong(mf_start) >> 2u) + ulong(mf_k >> 2u), mf_k & 3u) >> 8u) * 5.960464477539063e-08f;
             const bool mf_v2 = mf_v1 >= p;
             const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_v3 = 1.0f - p;
@@ -69,7 +68,7 @@ kernel void mf_dropout(
             const mf_index_t mf_i = mf_start + mf_k;
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
-                const float mf_v1 = float(mf_rand_bits(ulong(seed), ulong(offset), ulong(mf_i)) >> 8u) * 5.960464477539063e-08f;
+                const float mf_v1 = float(mf_rand_bits(ulong(seed), ulong(offset), ulong(mf_i) >> 2u, uint(ulong(mf_i) & 3u)) >> 8u) * 5.960464477539063e-08f;
                 const bool mf_v2 = mf_v1 >= p;
                 const float mf_in_x = float(x[mf_i]);
                 const float mf_v3 = 1.0f - p;
