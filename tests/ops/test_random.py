@@ -104,6 +104,13 @@ def noisy_centre(x: "f32[R, D]", seed: int):
 
 
 @mf.kernel
+def column_noise(x: "f32[R, D]", seed: int):
+    """A draw in a column reduction: each column's thread draws its own column's numbers
+    (the kernel that takes two adjacent columns a thread is not used for it)."""
+    return mf.sum(x * mf.rand(seed, like=x), axis="R")
+
+
+@mf.kernel
 def dropout(x: "T[*B, D]", seed: int, p: float = 0.5, offset: int = 0):
     keep = mf.rand(seed, like=x, offset=offset) >= p
     return mf.where(keep, x / (1 - p), 0.0)
@@ -172,6 +179,12 @@ def test_draws_inside_a_row_reduction_and_its_backward():
     want.backward(dy.double())
     torch.testing.assert_close(x.grad.double(), xd.grad, rtol=1e-5, atol=1e-5)
     assert "mf_philox(" in noisy_centre.backward_source(x, 11)
+
+
+def test_draws_inside_a_column_reduction():
+    x = torch.randn(37, 70, generator=torch.Generator().manual_seed(3))
+    want = (x.double() * want_rand(4, 0, x.numel()).view(37, 70)).sum(0)
+    torch.testing.assert_close(column_noise(x, 4).double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_dropout_forward_and_backward_regenerate_the_mask():
