@@ -219,6 +219,9 @@ def test_seed_not_an_integer_at_the_call():
         dropout(x, 1.5)
     with pytest.raises(mf.BindingError, match=r"argument 'offset': expected a Python int"):
         dropout(x, 1, 0.5, 2.0)
+    with pytest.raises(mf.BindingError, match=r"argument 'seed': 18446744073709551616 does not "
+                                              r"fit a 64-bit signed integer"):
+        dropout(x, 2 ** 64)
 
 
 def test_float_seed_values_are_trace_errors():
