@@ -68,6 +68,8 @@ from .frontend.ops import (
     min,
     minimum,
     prod,
+    rand,
+    randn,
     rsqrt,
     scatter_add,
     sigmoid,
@@ -90,6 +92,7 @@ _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "t
         "size", "inf", "sum", "mean", "max", "min", "prod", "argmax", "argmin", "softmax",
         "log_softmax", "logsumexp", "take", "unpack", "scatter_add")
 _OPS += ("cumsum", "cumprod", "cummax", "cummin", "logcumsumexp")
+_OPS += ("rand", "randn")                        # counter-based random numbers (Philox)
 
 __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "MetalforgeError",
            "AnnotationError", "BindingError", "TraceError", "ShapeError", "DeviceError",

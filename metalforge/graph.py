@@ -134,7 +134,13 @@ class Op(_Name):
                 the TAKE nodes)
         SCAN    attr = (kind, axis), kind a `ScanOp`          args = (x,)
                 the inclusive scan of x along `axis` (torch.cumsum and friends): the node
-                keeps x's axes; element i combines x's elements 0..i along `axis`"""
+                keeps x's axes; element i combines x's elements 0..i along `axis`
+        RANDOM  attr = a `RandomOp` (the distribution)         args = (seed, offset)
+                `mf.rand` / `mf.randn`: one Philox-4x32-10 draw per element of the node's
+                axes (a leaf: no tensor read, no gradient); seed and offset are zero-dim
+                integer values (runtime ints); the counter is the element's row-major linear
+                position over the node's axes (canonical order) and the offset
+                (`metalforge.philox` says exactly how)"""
     LOAD = "load"
     SCALAR = "scalar"
     CONST = "const"
@@ -149,6 +155,7 @@ class Op(_Name):
     TAKE = "take"
     SCATTER = "scatter"
     SCAN = "scan"
+    RANDOM = "random"
 
 
 class _Kind(_Name):
@@ -222,6 +229,12 @@ class ScanOp(_Kind):
     CUMMAX = "cummax"
     CUMMIN = "cummin"
     LOGCUMSUMEXP = "logcumsumexp"
+
+
+class RandomOp(_Kind):
+    """The distribution of a RANDOM node: the DSL function of the same name."""
+    RAND = "rand"           # uniform in [0, 1)
+    RANDN = "randn"         # standard normal (Box-Muller)
 
 
 @dataclass(eq=False)

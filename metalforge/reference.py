@@ -19,10 +19,21 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from . import unsigned
+from . import philox, unsigned
 from .dtypes import BOOL, U64, DType
 from .errors import GatherIndexError, empty_extreme
-from .graph import BinaryOp, Graph, Node, Op, Output, ReduceOp, ScanOp, UnaryOp, topo_order
+from .graph import (
+    BinaryOp,
+    Graph,
+    Node,
+    Op,
+    Output,
+    RandomOp,
+    ReduceOp,
+    ScanOp,
+    UnaryOp,
+    topo_order,
+)
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -253,6 +264,8 @@ class _Evaluator:
             return self.scatter(n, ct)
         if n.op == Op.SCAN:
             return self.scan(n, args[0], ct)
+        if n.op == Op.RANDOM:
+            return self.random(n, int(args[0]), int(args[1]), ct)
         raise ValueError(f"reference: unknown graph op {n.op!r} in kernel '{self.graph.name}'")
 
     def scatter(self, n: Node, ct: torch.dtype) -> torch.Tensor:
@@ -299,6 +312,19 @@ class _Evaluator:
         r = _SCAN[kind](x.to(x.dtype if x.dtype == torch.float32 else ct), dim=dim)
         return self.wrap((r.values if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) else r).to(ct),
                          n.dtype)
+
+    def random(self, n: Node, seed: int, offset: int, ct: torch.dtype) -> torch.Tensor:
+        """mf.rand / mf.randn: Philox-4x32-10 in torch int64 arithmetic (`metalforge.philox`)
+        at each element's row-major linear position over the node's axes, rounded to its
+        dtype."""
+        shape = [self.sizes[a] for a in n.axes]
+        index = torch.arange(numel(n.axes, self.sizes), dtype=torch.int64,
+                             device=self.device).reshape(shape)
+        if n.attr == RandomOp.RAND:
+            v = philox.uniform(seed, offset, index, n.dtype)
+        else:
+            v = philox.normal(seed, offset, index)
+        return v.to(n.dtype.torch).to(ct)
 
     def reduce(self, n: Node, ct: torch.dtype) -> torch.Tensor:
         x = n.args[0]

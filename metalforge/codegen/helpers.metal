@@ -397,3 +397,47 @@ inline float mf_logaddexp(float a, float b) {
     const float mf_l = mf_u == 1.0f ? mf_t : precise::log(mf_u) * (mf_t / (mf_u - 1.0f));
     return mf_hi + mf_l;
 }
+
+// helper: mf_philox
+// Philox-4x32-10 (Salmon et al., SC'11; Random123's philox4x32, 10 rounds): the counter ctr
+// mixed under the key; ten rounds of two 32x32->64-bit multiplications (mulhi for the high
+// words), the key bumped by the Weyl constants before every round but the first.
+inline uint4 mf_philox(uint4 ctr, uint2 key) {
+    for (int r = 0; r < 10; ++r) {
+        if (r > 0) {
+            key.x += 0x9E3779B9u;
+            key.y += 0xBB67AE85u;
+        }
+        const uint hi0 = mulhi(0xD2511F53u, ctr.x);
+        const uint lo0 = 0xD2511F53u * ctr.x;
+        const uint hi1 = mulhi(0xCD9E8D57u, ctr.z);
+        const uint lo1 = 0xCD9E8D57u * ctr.z;
+        ctr = uint4(hi1 ^ ctr.y ^ key.x, lo1, hi0 ^ ctr.w ^ key.y, lo0);
+    }
+    return ctr;
+}
+
+// helper: mf_rand_bits
+// mf.rand: the 32 random bits of an element of the stream (seed, offset): word `word` (the
+// element's linear position i % 4) of Philox block `block` (i / 4), the offset the counter's
+// upper half, the seed the key (metalforge/philox.py has the whole mapping). Lanes of a chunk
+// passing the same block share one Philox computation once inlined.
+inline uint mf_rand_bits(ulong seed, ulong offset, ulong block, uint word) {
+    const uint4 w = mf_philox(uint4(uint(block), uint(block >> 32), uint(offset),
+                                    uint(offset >> 32)), uint2(uint(seed), uint(seed >> 32)));
+    return word < 2u ? (word == 0u ? w.x : w.y) : (word == 2u ? w.z : w.w);
+}
+
+// helper: mf_randn
+// mf.randn: an element's standard normal, Box-Muller on words 2 pair and 2 pair + 1 of Philox
+// block `block` (element i: block i / 2, pair i % 2): u1 = ((a >> 8) + 1) 2^-24 in (0, 1]
+// (so log(u1) is finite), u2 = (b >> 8) 2^-24 in [0, 1); sqrt(-2 log u1) cos(2 pi u2),
+// |value| <= 5.77
+inline float mf_randn(ulong seed, ulong offset, ulong block, uint pair) {
+    const uint4 w = mf_philox(uint4(uint(block), uint(block >> 32), uint(offset),
+                                    uint(offset >> 32)), uint2(uint(seed), uint(seed >> 32)));
+    const bool odd = pair != 0u;
+    const float u1 = float(((odd ? w.z : w.x) >> 8) + 1u) * 5.9604644775390625e-08f;
+    const float u2 = float((odd ? w.w : w.y) >> 8) * 5.9604644775390625e-08f;
+    return precise::sqrt(-2.0f * precise::log(u1)) * precise::cos(6.2831855f * u2);
+}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence, Union
 
-from ..dtypes import I64
-from ..graph import BinaryOp, Op, ReduceOp, ScanOp, UnaryOp
+from ..dtypes import F32, I64
+from ..graph import BinaryOp, Op, RandomOp, ReduceOp, ScanOp, UnaryOp
+from . import random as _random
 from . import scatter as _scatter
 from .tracer import Sym, Trace, current
 
@@ -394,3 +395,49 @@ def logcumsumexp(x: Any, axis: str) -> Sym:
             f"mf.logcumsumexp needs a floating-point value, got {x.dtype} (torch.logcumsumexp "
             f"refuses integers too); convert first: mf.logcumsumexp(x.to(mf.f32), ...)")
     return _scan(ScanOp.LOGCUMSUMEXP, x, axis)
+
+
+# -- random numbers: counter-based (Philox-4x32-10), one independent draw per element ---------
+
+def rand(seed: Any, *axes: str, like: Any = None, offset: Any = 0, dtype: Any = F32) -> Sym:
+    """Uniform random numbers in [0, 1), one per element of the draw's axes: Philox-4x32-10
+    keyed by `seed`, its counter the element's row-major position over those axes and
+    `offset` (docs/reference/dsl.md, "Random numbers", gives the exact mapping). The kernel,
+    its reference and every backend draw bit-identical numbers; nothing is stored, so a
+    backward kernel regenerates them from the seed.
+
+    seed:   an integer: a runtime `int` argument (64 bits: the Philox key's two words), a
+            Python int or an mf.Const[int]. Anything else is a TraceError at this line.
+    axes:   the axes the draw varies over, by name ("R", "D"), or ``like=x`` for x's axes.
+            Kept in the kernel's canonical order. A draw over fewer axes than the kernel's
+            output repeats along the others, as any value over fewer axes broadcasts.
+    offset: an integer like the seed (default 0) selecting another stream of the same seed:
+            pass a training step's number as a runtime int, no recompile.
+    dtype:  f32 (default, 24 random bits), f16 (11 bits) or bf16 (8 bits): every value is
+            exact in its dtype and below 1.
+
+    Example::
+
+        @mf.kernel
+        def dropout(x: "T[*B, D]", p: float, seed: int, step: int = 0):
+            keep = mf.rand(seed, like=x, offset=step) >= p
+            return mf.where(keep, x / (1 - p), 0.0)
+    """
+    tr = _trace((seed, offset, like), "rand")
+    return _random.random(tr, RandomOp.RAND, seed, axes, like, offset, dtype)
+
+
+def randn(seed: Any, *axes: str, like: Any = None, offset: Any = 0, dtype: Any = F32) -> Sym:
+    """Standard normal random numbers, one per element of the draw's axes: two Philox words
+    per element through Box-Muller, sqrt(-2 log u1) * cos(2 pi u2), in f32 (|value| <= 5.77).
+    The words and u1, u2 are bit-identical everywhere; log, cos and sqrt are each backend's
+    f32 functions (a few ulp apart). Arguments as `mf.rand`'s.
+
+    Example::
+
+        @mf.kernel
+        def noisy(x: "T[N, D]", sigma: float, seed: int):
+            return x + sigma * mf.randn(seed, "N", "D")
+    """
+    tr = _trace((seed, offset, like), "randn")
+    return _random.random(tr, RandomOp.RANDN, seed, axes, like, offset, dtype)

@@ -174,14 +174,15 @@ def column_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnC
 def wide_columns(ctx: ColumnContext) -> int:
     """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
     of the widest tensor; 1: no wide kernel): for
-    chunked graphs without gathers or index expressions whose every loaded tensor has the
-    reduced axis, and has the columns' innermost axis, if at all, innermost (so a thread's
-    columns are one aligned vector of each), as has every output."""
+    chunked graphs without gathers, index expressions or random draws (values that depend on
+    the column) whose every loaded tensor has the reduced axis, and has the columns' innermost
+    axis, if at all, innermost (so a thread's columns are one aligned vector of each), as has
+    every output."""
     widest = max((t.dtype.itemsize for t in ctx.inputs if ctx.inner in t.axes), default=4)
     c = min(ctx.policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
     if c == 1 or not ctx.chunked or not ctx.inner:
         return 1
-    if any(n.op in (Op.TAKE, Op.INDEX) for n in ctx.nodes):
+    if any(n.op in (Op.TAKE, Op.INDEX, Op.RANDOM) for n in ctx.nodes):
         return 1
     for t in ctx.inputs:
         if ctx.axis not in t.axes or (ctx.inner in t.axes and t.axes[-1] != ctx.inner):

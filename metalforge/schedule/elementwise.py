@@ -39,6 +39,7 @@ from .base import IDX, Schedule, make_kernel
 from .lower import ElementLowering, compute_type, convert, ident
 from .names import param_name, template_vars, tensor_var, type_name
 from .policy import LaunchPolicy, access_width
+from .random import DrawPosition
 
 MAX_BUFFERS = 31                 # Metal's buffer argument table: indices 0..30
 _SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
@@ -393,9 +394,20 @@ class ElementwiseKernel:
                 e = p if j == 0 else e * self.size(a) + p
             return ir.Cast(compute_type(t.dtype), ir.Load(self.names[name], e))
 
+        def linear(axes: tuple[str, ...]) -> Optional[DrawPosition]:
+            """A draw over the grid's axes in its order: the element's own index (in the
+            vector path lane k of the chunk at mf_start, a multiple of the vector width)."""
+            if axes != self.grid:
+                return None
+            if not vector:
+                return DrawPosition(ir.Cast("ulong", i))
+            start = ir.Var("mf_start")
+            return DrawPosition(ir.Cast("ulong", start + ir.Cast(IDX, k)), start, k,
+                                self.policy.vector_width)
+
         shift = (lambda n: self.chunk_shift(n, chunk, need)) if vector else None
         low = ElementLowering(self.graph, load, position, self.size,
-                              lambda s: self.names[s], shift=shift, take=take)
+                              lambda s: self.names[s], shift=shift, take=take, linear=linear)
         gathered: list[ir.Stmt] = []
         if vector:
             per_chunk[0] = True

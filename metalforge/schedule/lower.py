@@ -21,7 +21,7 @@ from .. import ir
 from ..dtypes import BOOL, F32, DType, promote
 from ..errors import UnsupportedConstruct, at
 from ..graph import BinaryOp, Graph, Node, Op, UnaryOp, literal_index, take_sites, topo_order
-from . import ranges
+from . import random, ranges
 from .base import IDX
 from .names import index_name, value_name
 
@@ -109,6 +109,10 @@ class ElementLowering:
                               that know the element's slot in the word pass a literal
     take(node, pos) -> Expr   for a TAKE node: its tensor's element at position `pos` (checked
                               to be in range) along the node's axis, this element's elsewhere
+    linear(axes) -> DrawPosition   for a RANDOM node: the element's position over `axes`
+                              where the schedule has it at hand (the grid's own index, a
+                              vector chunk's start and lane: `schedule.random.DrawPosition`),
+                              None to build it from positions and sizes (default)
     """
 
     def __init__(self, graph: Graph, load: Callable[[Node], ir.Expr],
@@ -116,8 +120,11 @@ class ElementLowering:
                  scalar: Callable[[str], str], prefix: str = "mf_v",
                  shift: Optional[Callable[[Node], ir.Expr]] = None,
                  take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None,
-                 proven: Optional[frozenset[int]] = None):
+                 proven: Optional[frozenset[int]] = None,
+                 linear: Optional[Callable[[tuple[str, ...]],
+                                         Optional[random.DrawPosition]]] = None):
         self.graph = graph
+        self.linear = linear        # a schedule's own linear position over some axes, or None
         # the gathers (take_sites numbers) read without a check; None: those `ranges` proves
         self.proven = ranges.proven_sites(graph) if proven is None else proven
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
@@ -198,11 +205,23 @@ class ElementLowering:
             return self._take(n)
         if op == Op.UNPACK:
             return unpack_value(self.values[n.args[0]], self.shift(n), n.attr)
+        if op == Op.RANDOM:
+            return self._random(n)
         if op == Op.REDUCE:
             kind, axis = n.attr
             raise UnsupportedConstruct(f"mf.{kind} over axis '{axis}'{at(n.loc)} is a reduction, "
                                        f"which this schedule cannot lower")
         raise UnsupportedConstruct(f"graph op '{op}'{at(n.loc)} is not supported")
+
+    def _random(self, n: Node) -> ir.Expr:
+        """mf.rand / mf.randn: Philox at this element's linear position over the draw's axes
+        (`schedule.random`); f16/bf16 draws round from f32, as any f16 value computes."""
+        at_ = self.linear(n.axes) if self.linear is not None else None
+        pos = at_ if at_ is not None else random.linear_position(n.axes, self.position,
+                                                                 self.size)
+        e, helpers = random.random_value(n, self.values[n.args[0]], self.values[n.args[1]], pos)
+        self.helpers.update(helpers)
+        return e
 
     def _take(self, n: Node) -> ir.Expr:
         """A gather: the index checked against the axis; out of range, the kernel records the

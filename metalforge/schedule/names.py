@@ -88,6 +88,7 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              "sub", "sum", "sum_add", "tile", "tiles", "tk", "tm", "tmax",
                              "tn", "u", "vec", "vec_ok", "vf", "w", "wlog", "wn", "wp",
                              "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z"})
+_SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"
@@ -138,6 +139,7 @@ erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd
 simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
 logaddexp""".split())
+HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
 
 
 def kernel_name(op: str, suffix: str = "") -> str:

@@ -338,7 +338,9 @@ template <class T> MF_INLINE constexpr T subsat_of(T x, T y) {
 }
 template <class T> MF_INLINE constexpr T mulhi_of(T x, T y) {
   if constexpr (sizeof(T) < 8) {
-    return T((int64_t(x) * int64_t(y)) >> bits_v<T>);
+    // in a 64-bit type of T's signedness: uint x uint fills all 64 bits (int64_t would overflow)
+    using W = typename std::conditional<std::is_signed<T>::value, int64_t, uint64_t>::type;
+    return T((W(x) * W(y)) >> bits_v<T>);
   } else if constexpr (std::is_signed<T>::value) {
     return T((__int128(x) * __int128(y)) >> 64);
   } else {
