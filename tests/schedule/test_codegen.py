@@ -60,13 +60,13 @@ def test_vector_phase_golden():
     want = """\
     if (mf_start + 4u <= mf_numel && mf_vec_ok) {
         // load: 4-wide vectors from the contiguous inputs
-        const vec<T, 4> mf_in_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_start);
+        const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_start);
         const vec<T, 4> mf_bias_v = *reinterpret_cast<device const vec<T, 4>*>(bias + mf_start % mf_size_D);
         vec<T, 4> mf_out_v;
         // compute each lane
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
-            const float mf_in_x = float(mf_in_x_v[mf_k]);
+            const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_bias = float(mf_bias_v[mf_k]);
             const float mf_v1 = mf_in_x + mf_bias;
             const float mf_v2 = mf_v1 * scale;
