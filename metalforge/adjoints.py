@@ -49,6 +49,10 @@ def scatter_refusal(graph: Graph, n: Node, deterministic: bool) -> Optional[str]
     name, axis = n.attr
     idx = n.args[0]
     shared = [a for a in idx.axes if a in graph.tensor(name).axes]
+    if shared == [axis]:
+        return (f"its index runs along the gathered axis '{axis}' itself, so its gradient, a "
+                f"scatter-add along '{axis}', would scatter from and to one axis; give the "
+                f"index an axis of its own (\"i32[E]\", the result over E)")
     if shared:
         return (f"its index has axes {list(idx.axes)}, of which {shared} are axes of "
                 f"'{name}' too (a batched gather): its gradient would be a scatter-add per "
@@ -81,30 +85,36 @@ def scan(kind: ScanOp, a: Node, axis: str, reverse: bool) -> Node:
 
 
 def scan_grad(b: Any, n: Node, g: Node) -> Node:
-    """The gradient scan `n` with output gradient g sends to its argument (b: autodiff's
-    node builder), or NotDifferentiable for the scans that have none here."""
-    from .autodiff import NotDifferentiable
+    """The gradient scan `n` (cumsum or logcumsumexp: `scan_refusal` names the others) with
+    output gradient g sends to its argument (b: autodiff's node builder)."""
     kind, axis = n.attr[:2]
     back = not scan_reversed(n)                   # the gradient runs the other way
     if kind == ScanOp.CUMSUM:
         return scan(ScanOp.CUMSUM, b.f32(g), axis, back)
-    if kind == ScanOp.LOGCUMSUMEXP:
-        x, y = b.f32(n.args[0]), b.f32(n)
-        log_g = b.unary(UnaryOp.LOG, b.unary(UnaryOp.ABS, g))
-        parts = []
-        for sign in (BinaryOp.GT, BinaryOp.LT):
-            lg = b.where(b.cmp(sign, b.f32(g), b.const(0.0)), log_g, b.const(LOWEST))
-            r = scan(ScanOp.LOGCUMSUMEXP, b.bin(BinaryOp.SUB, lg, y), axis, back)
-            parts.append(b.unary(UnaryOp.EXP, b.add(r, x)))
-        return b.bin(BinaryOp.SUB, parts[0], parts[1])
+    assert kind == ScanOp.LOGCUMSUMEXP, kind
+    x, y = b.f32(n.args[0]), b.f32(n)
+    log_g = b.unary(UnaryOp.LOG, b.unary(UnaryOp.ABS, g))
+    parts = []
+    for sign in (BinaryOp.GT, BinaryOp.LT):
+        lg = b.where(b.cmp(sign, b.f32(g), b.const(0.0)), log_g, b.const(LOWEST))
+        r = scan(ScanOp.LOGCUMSUMEXP, b.bin(BinaryOp.SUB, lg, y), axis, back)
+        parts.append(b.unary(UnaryOp.EXP, b.add(r, x)))
+    return b.bin(BinaryOp.SUB, parts[0], parts[1])
+
+
+def scan_refusal(n: Node) -> Optional[str]:
+    """Why scan `n` has no derivative here (None for cumsum and logcumsumexp)."""
+    kind, axis = n.attr[:2]
     why = {ScanOp.CUMPROD: "its gradient at zeros needs products that skip the first zero "
                            "(torch's cumprod_backward), which metalforge does not derive yet",
            ScanOp.CUMMAX: "its gradient goes to the position of the running maximum, an index "
                           "scan (torch.cummax's indices) that metalforge does not compute yet",
            ScanOp.CUMMIN: "its gradient goes to the position of the running minimum, an index "
                           "scan (torch.cummin's indices) that metalforge does not compute yet"}
-    raise NotDifferentiable(f"mf.{kind}(..., {axis!r}){at(n.loc)} has no derivative in "
-                            f"metalforge: {why[kind]}; detach its input")
+    if kind not in why:
+        return None
+    return (f"mf.{kind}(..., {axis!r}){at(n.loc)} has no derivative in metalforge: "
+            f"{why[kind]}; detach its input")
 
 
 # --------------------------------------------------------------------------- splitting

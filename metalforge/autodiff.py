@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from . import adjoints
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import (
@@ -48,7 +49,6 @@ from .graph import (
     literal_index,
     topo_order,
 )
-from . import adjoints
 from .once import OnceMap
 from .shapes import bind_shapes, output_shape
 
@@ -178,6 +178,9 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     if n.op == Op.REDUCE:
         return _reduce_grad(b, n, g)
     if n.op == Op.SCAN:                     # a scan the other way (`adjoints.scan_grad`)
+        why = adjoints.scan_refusal(n)
+        if why is not None:
+            raise NotDifferentiable(why)
         return [(0, adjoints.scan_grad(b, n, g))]
     if n.op == Op.SCATTER:                  # the gather of dy (`adjoints.take_of`)
         return [(0, adjoints.take_of(n, g))]
@@ -518,9 +521,10 @@ def _split_by_axis(graph: Graph, targets: list[_Target], b: _Nodes, taken: set[s
     done: list[_Target] = []
     while todo:
         t = todo.pop(0)
-        kept = adjoints.apart(graph, t.node)         # scans and scatters where the kernel takes none
+        kept = adjoints.apart(graph, t.node)     # what its kernel cannot compute: buffers
         if kept:
-            t.node = _rebuild([t.node], {r: _buffer(r, buffers, todo, b, taken) for r in kept})[0]
+            loads = {r: _buffer(r, buffers, todo, b, taken) for r in kept}
+            t.node = _rebuild([t.node], loads)[0]
         t.group = adjoints.group_key(t.node, t.name)
         axis, other = _reduce_axis(t.node)
         if t.group is not None:

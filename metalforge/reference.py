@@ -22,8 +22,18 @@ import torch
 from . import unsigned
 from .dtypes import BOOL, U64, DType
 from .errors import GatherIndexError, empty_extreme
-from .graph import (BinaryOp, Graph, Node, Op, Output, ReduceOp, ScanOp, UnaryOp, scan_reversed,
-                    topo_order)
+from .graph import (
+    BinaryOp,
+    Graph,
+    Node,
+    Op,
+    Output,
+    ReduceOp,
+    ScanOp,
+    UnaryOp,
+    scan_reversed,
+    topo_order,
+)
 from .shapes import bind_shapes, flat_shape, numel, output_shape
 
 _UNARY: dict[UnaryOp, Callable[[torch.Tensor], torch.Tensor]] = {
