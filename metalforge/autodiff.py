@@ -21,9 +21,12 @@ Differentiable: + - * / ** (int or float exponents), neg, exp, exp2, log, log2, 
 sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties split the gradient,
 as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
 and so softmax/log_softmax/logsumexp, mf.take with an index per row (cross-entropy's target
-logit: a one-hot where, `_take_grad`). No gradient flows through comparisons, integer or bool
-values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod` has no derivative
-here (its gradient at zeros needs products of the other elements): `NotDifferentiable`.
+logit: a one-hot where, `_take_grad`), other mf.take (a scatter-add kernel: embeddings),
+mf.scatter_add (a gather of dy), cumsum and logcumsumexp (reverse scans): `adjoints`, which
+also names the scans, scatters and gathers a backward kernel takes from an earlier one's
+buffer (`adjoints.apart`). No gradient flows through comparisons, integer or bool
+values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cumprod`,
+`cummax` and `cummin` have no derivative here: `NotDifferentiable`.
 """
 from __future__ import annotations
 
