@@ -13,7 +13,8 @@ and which of their nodes a backward kernel must take from an earlier kernel.
   (dx_i = sum_{j>=i} g_j); logcumsumexp's is torch's stable formula,
   exp(x_i + rlcse(log g+ - y)_i) - exp(x_i + rlcse(log g- - y)_i) with rlcse the reverse
   logcumsumexp and g+ / g- the positive / negative parts of g (no exp(-y) overflow).
-  cumprod, cummax and cummin have no derivative here (`NotDifferentiable` says why).
+  cumprod's is torch's, zeros included (`_cumprod_grad`); cummax and cummin have no
+  derivative here (`NotDifferentiable` says why).
 
 The schedules take one scatter as a kernel's only output, no reduction or scan inside a scan
 kernel, no scan of a scan, and no scan or scatter in a reduction kernel: `apart` names the
@@ -91,6 +92,8 @@ def scan_grad(b: Any, n: Node, g: Node) -> Node:
     back = not scan_reversed(n)                   # the gradient runs the other way
     if kind == ScanOp.CUMSUM:
         return scan(ScanOp.CUMSUM, b.f32(g), axis, back)
+    if kind == ScanOp.CUMPROD:
+        return _cumprod_grad(b, n, b.f32(g), axis, back)
     assert kind == ScanOp.LOGCUMSUMEXP, kind
     x, y = b.f32(n.args[0]), b.f32(n)
     log_g = b.unary(UnaryOp.LOG, b.unary(UnaryOp.ABS, g))
@@ -102,12 +105,28 @@ def scan_grad(b: Any, n: Node, g: Node) -> Node:
     return b.bin(BinaryOp.SUB, parts[0], parts[1])
 
 
+def _cumprod_grad(b: Any, n: Node, g: Node, axis: str, back: bool) -> Node:
+    """cumprod's gradient with torch's handling of zeros (cumprod_backward): with z the first
+    zero of the row (in the scan's direction), elements before it get
+    rcumsum(g * y)_i / x_i, the zero itself rcumsum(g * y')_z where y' is the cumprod of x
+    with that zero read as 1 (the products that skip it), elements after it 0. Four kernels:
+    the zeros so far, y, y' (each a scan of its own), then the two reverse cumsums."""
+    fwd = not back
+    x = b.f32(n.args[0])
+    is_zero = b.cmp(BinaryOp.EQ, x, b.const(0.0))
+    zeros = scan(ScanOp.CUMSUM, b.where(is_zero, b.const(1.0), b.const(0.0)), axis, fwd)
+    before = b.cmp(BinaryOp.EQ, zeros, b.const(0.0))
+    first = b.cmp(BinaryOp.AND, is_zero, b.cmp(BinaryOp.EQ, zeros, b.const(1.0)))
+    skipped = scan(ScanOp.CUMPROD, b.where(first, b.const(1.0), x), axis, fwd)
+    at_or_before = scan(ScanOp.CUMSUM, b.mul(g, b.f32(n)), axis, back)
+    at_zero = scan(ScanOp.CUMSUM, b.mul(g, skipped), axis, back)
+    return b.where(before, b.div(at_or_before, x), b.zero_unless(first, at_zero))
+
+
 def scan_refusal(n: Node) -> Optional[str]:
-    """Why scan `n` has no derivative here (None for cumsum and logcumsumexp)."""
+    """Why scan `n` has no derivative here (None for cumsum, cumprod and logcumsumexp)."""
     kind, axis = n.attr[:2]
-    why = {ScanOp.CUMPROD: "its gradient at zeros needs products that skip the first zero "
-                           "(torch's cumprod_backward), which metalforge does not derive yet",
-           ScanOp.CUMMAX: "its gradient goes to the position of the running maximum, an index "
+    why = {ScanOp.CUMMAX: "its gradient goes to the position of the running maximum, an index "
                           "scan (torch.cummax's indices) that metalforge does not compute yet",
            ScanOp.CUMMIN: "its gradient goes to the position of the running minimum, an index "
                           "scan (torch.cummin's indices) that metalforge does not compute yet"}
@@ -151,6 +170,7 @@ def apart(graph: Graph, root: Node) -> list[Node]:
     one value per column only: the embedding's d(scale) sums table[ids[n]] over n).
     Reductions over other axes are autodiff's `_reduce_axis`."""
     kind = kind_of(root)
+    main = _first_scan(root) if kind == "scan" else None
     out: list[Node] = []
     seen: set[tuple[int, Optional[str]]] = set()
     stack: list[tuple[Node, Optional[str]]] = [(a, None) for a in root.args] \
@@ -160,7 +180,8 @@ def apart(graph: Graph, root: Node) -> list[Node]:
         if (id(n), inside) in seen:
             continue
         seen.add((id(n), inside))
-        if _buffered(graph, kind, n, inside):
+        if _buffered(graph, kind, n, inside) or (main is not None and n.op == Op.SCAN and
+                                                 _way(n) != _way(main)):
             if n not in out:
                 out.append(n)
             continue
@@ -214,7 +235,14 @@ def group_key(root: Node, name: str) -> Optional[tuple]:
     return None
 
 
+def _way(n: Node) -> tuple[str, bool]:
+    return n.attr[1], scan_reversed(n)
+
+
 def _first_scan(root: Node) -> Node:
+    """The scan that sets a scan kernel's axis and direction: the first met from the root
+    (not through a reduction or scatter, which `apart` sets aside); `apart` sets aside the
+    scans along another axis or the other way."""
     stack, seen = [root], set()
     while stack:
         n = stack.pop()
@@ -223,5 +251,6 @@ def _first_scan(root: Node) -> Node:
         seen.add(id(n))
         if n.op == Op.SCAN:
             return n
-        stack.extend(n.args)
+        if n.op not in BARRIERS:
+            stack.extend(n.args)
     raise MetalforgeError("no scan")           # kind_of said there is one

@@ -22,11 +22,11 @@ sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties spli
 as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
 and so softmax/log_softmax/logsumexp, mf.take with an index per row (cross-entropy's target
 logit: a one-hot where, `_take_grad`), other mf.take (a scatter-add kernel: embeddings),
-mf.scatter_add (a gather of dy), cumsum and logcumsumexp (reverse scans): `adjoints`, which
+mf.scatter_add (a gather of dy), cumsum, logcumsumexp and cumprod (reverse scans): `adjoints`, which
 also names the scans, scatters and gathers a backward kernel takes from an earlier one's
 buffer (`adjoints.apart`). No gradient flows through comparisons, integer or bool
-values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cumprod`,
-`cummax` and `cummin` have no derivative here: `NotDifferentiable`.
+values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cummax` and
+`cummin` have no derivative here: `NotDifferentiable`.
 """
 from __future__ import annotations
 
@@ -565,9 +565,10 @@ def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target
     """Targets in kernels: one kernel per (reduced axis, kept axes); an elementwise target joins
     a row-reduction kernel over its axes; kernels ordered so buffers are written first."""
     groups: dict[tuple, list[_Target]] = {}
+    depth = _depths(targets)
     for t in targets:
-        if t.group is not None:
-            groups.setdefault(t.group, []).append(t)
+        if t.group is not None:         # a scan kernel never reads a buffer of its own group
+            groups.setdefault(t.group + (depth[t.name],), []).append(t)
         elif t.axis is not None:
             key = (t.axis, frozenset(t.node.axes) - {t.axis})
             groups.setdefault(key, []).append(t)
@@ -597,6 +598,21 @@ def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target
     for i in range(len(kernels)):
         visit(i)
     return ordered
+
+
+def _depths(targets: list[_Target]) -> dict[str, int]:
+    """Each target's depth: 0 for one that reads no buffer, else one more than the deepest
+    target whose buffer it reads (targets of one depth never read each other's)."""
+    by_name = {t.name: t for t in targets}
+    depth: dict[str, int] = {}
+
+    def of(name: str) -> int:
+        if name not in depth:
+            depth[name] = 1 + max((of(n) for n in by_name[name].needs), default=-1)
+        return depth[name]
+    for t in targets:
+        of(t.name)
+    return depth
 
 
 def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backward:
