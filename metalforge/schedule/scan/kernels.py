@@ -164,7 +164,9 @@ def summary(k: RowKernel, scans: list[Scan], name: str, split: bool) -> str:
             (", the earlier segments' totals from scratch" if split and name == "row" else ""))
     return (f"{ctx.graph.name} ({name}): {title(scans)} along each row of "
             f"[{', '.join(ctx.outer)}], {unit}, in chunks of threads x {k.reads} elements: "
-            f"{what}; {k.vw}-wide loads/stores where aligned; fp32 accumulation")
+            f"{what}; " + ("scalar loads/stores at the mirrored positions D - 1 - p"
+                          if k.mirrored else f"{k.vw}-wide loads/stores where aligned") +
+            "; fp32 accumulation")
 
 
 def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir.Stmt]:
