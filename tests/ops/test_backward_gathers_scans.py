@@ -109,6 +109,10 @@ def test_embedding_backward_kernel_and_deterministic_mode():
     assert torch.equal(runs[0], runs[1])
     want = torch.zeros(5, 8).index_add_(0, ids.long(), dy)
     torch.testing.assert_close(runs[0], want)
+    op = embed.as_op("mf_test::embed_grad")              # as an operator, and under compile
+    torch.testing.assert_close(torch.autograd.grad(op(table, ids), table, dy)[0], want)
+    twice = torch.compile(lambda t, i: op(t, i) * 2.0, backend="aot_eager")
+    torch.testing.assert_close(torch.autograd.grad(twice(table, ids), table, dy)[0], 2 * want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -200,3 +204,10 @@ def test_refusals_name_the_scan_and_the_batched_gather():
         autodiff.derive(running_max.graph(T="f32"))
     with pytest.raises(NotDifferentiable, match="batched gather"):
         autodiff.derive(batched.graph(T="f32"))
+
+    @mf.kernel
+    def shifted(table: "T[V, D]", ids: "i32[N]") -> "T[N, D]":
+        return mf.take(table, "V", ids + 1)
+    autodiff.derive(shifted.graph(T="f32"))                        # atomic: any index
+    with pytest.raises(NotDifferentiable, match="deterministic.*tensor argument"):
+        autodiff.derive(shifted.graph(T="f32"), deterministic=True)
