@@ -12,7 +12,9 @@ skipped on the simulator and with --no-compile). On CUDA all are timed as GPU ti
 CUDA-graph replays (see common.timeit). The variant column names the kernel a call launches
 first: `row` (one threadgroup per row), `simd` (one simdgroup per short row), `totals` (few
 long rows split into segments: a totals launch, then the row kernel; bytes count both),
-`column` (`col_cumsum` scans the matrix along its first axis, one thread per column). On the
+`column` (`col_cumsum` scans the matrix along its first axis, one thread per column).
+`rev_cumsum` / `rev_col_cumsum`: reverse scans (`reverse=True`, the backward of cumsum; the
+row kernel with scalar accesses at mirrored positions) against torch's flip/cumsum/flip. On the
 simulator the times are only a smoke test of the script.
 """
 from __future__ import annotations
@@ -52,6 +54,16 @@ def col_cumsum(x: "T[R, D]"):  # noqa: F821
     return mf.cumsum(x, "R")
 
 
+@mf.kernel
+def rev_cumsum(x: "T[R, D]"):  # noqa: F821
+    return mf.cumsum(x, "D", reverse=True)
+
+
+@mf.kernel
+def rev_col_cumsum(x: "T[R, D]"):  # noqa: F821
+    return mf.cumsum(x, "R", reverse=True)
+
+
 def cases(rows: int, cols: int, dtype, device):
     def t(*shape):
         return torch.randn(*shape, dtype=dtype, device=device)
@@ -63,6 +75,9 @@ def cases(rows: int, cols: int, dtype, device):
     yield ("masked_mean", masked_running_mean, (x, m),
            lambda: torch.cumsum(x * m, -1) / torch.cumsum(m, -1).clamp(min=1.0))
     yield "col_cumsum", col_cumsum, (x,), lambda: torch.cumsum(x, dim=0)
+    # reverse scans (cumsum's backward): ours at mirrored positions, torch through flips
+    yield "rev_cumsum", rev_cumsum, (x,), lambda: x.flip(-1).cumsum(-1).flip(-1)
+    yield "rev_col_cumsum", rev_col_cumsum, (x,), lambda: x.flip(0).cumsum(0).flip(0)
 
 
 def main(argv=None) -> int:

@@ -21,9 +21,12 @@ Differentiable: + - * / ** (int or float exponents), neg, exp, exp2, log, log2, 
 sin, cos, tanh, sigmoid, erf, abs, floor/ceil (zero), maximum/minimum (ties split the gradient,
 as torch), mod, where, float casts, sum/mean/max/min (ties share the gradient, as torch.amax)
 and so softmax/log_softmax/logsumexp, mf.take with an index per row (cross-entropy's target
-logit: a one-hot where, `_take_grad`). No gradient flows through comparisons, integer or bool
-values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod` has no derivative
-here (its gradient at zeros needs products of the other elements): `NotDifferentiable`.
+logit: a one-hot where, `_take_grad`), other mf.take (a scatter-add kernel: embeddings),
+mf.scatter_add (a gather of dy), cumsum, logcumsumexp and cumprod (reverse scans): `adjoints`, which
+also names the scans, scatters and gathers a backward kernel takes from an earlier one's
+buffer (`adjoints.apart`). No gradient flows through comparisons, integer or bool
+values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cummax` and
+`cummin` have no derivative here: `NotDifferentiable`.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
+from . import adjoints
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import (
@@ -176,11 +180,13 @@ def _contributions(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
         return _binary_grad(b, n, g)
     if n.op == Op.REDUCE:
         return _reduce_grad(b, n, g)
-    if n.op == Op.SCAN:
-        raise NotDifferentiable(f"mf.{n.attr[0]}(..., {n.attr[1]!r}){_at(n)} has no derivative "
-                                "in metalforge yet: its backward is a scan in reverse order "
-                                "(cumsum's: a reversed cumsum of the gradient), future work "
-                                "of the backward-kernel issue (#53)")
+    if n.op == Op.SCAN:                     # a scan the other way (`adjoints.scan_grad`)
+        why = adjoints.scan_refusal(n)
+        if why is not None:
+            raise NotDifferentiable(why)
+        return [(0, adjoints.scan_grad(b, n, g))]
+    if n.op == Op.SCATTER:                  # the gather of dy (`adjoints.take_of`)
+        return [(0, adjoints.take_of(n, g))]
     return []
 
 
@@ -253,8 +259,10 @@ def _reduce_grad(b: _Nodes, n: Node, g: Node) -> list[tuple[int, Node]]:
     return []                               # argmax, argmin: integer results
 
 
-def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> dict[str, Node]:
-    """{input name: gradient node} for the inputs in `wrt` that get any gradient."""
+def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes,
+             deterministic: bool = False) -> dict[str, Node]:
+    """{input name: gradient node} for the inputs in `wrt` that get any gradient (a gather's
+    a one-hot where, or a scatter-add, `deterministic` or atomic)."""
     live = _live(graph, wrt)
     grads: dict[Node, Node] = dict(dys)
     loads: dict[str, Node] = {}
@@ -272,7 +280,8 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes) -> d
             continue
         if n.op == Op.TAKE:
             name = n.attr[0]
-            c = _take_grad(b, n, g)
+            c = _take_grad(b, n, g) if _one_hot_take(graph, n) else \
+                adjoints.scatter_of(graph, n, g, deterministic)
             gathered[name] = c if name not in gathered else b.add(gathered[name], c)
             continue
         for i, c in _contributions(b, n, g):
@@ -366,6 +375,7 @@ class _Target:
     dtype: DType
     axis: Optional[str] = None
     needs: tuple[str, ...] = ()     # buffers of earlier kernels it reads
+    group: Optional[tuple] = None   # a scatter's or scan's kernel (`adjoints.group_key`)
 
 
 @dataclass(frozen=True)
@@ -403,22 +413,25 @@ def _fresh(name: str, taken: set[str]) -> str:
     return out
 
 
-def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
+def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
+           deterministic: bool = False) -> Backward:
     """The backward kernels of `graph` with respect to the float tensor inputs `wrt` (all of
-    them when None). Raises NotDifferentiable when no output is a float value, when a
+    them when None); gathers' gradients scatter `deterministic`ally (sorted, no atomics) or
+    with atomic adds. Raises NotDifferentiable when no output is a float value, when a
     requested input is not a float tensor, or through an op with no derivative."""
-    wrt = _check_wrt(graph, wrt)
+    wrt = _check_wrt(graph, wrt, deterministic)
     b = _Nodes(_axis_order(graph))
     taken = {p.name for p in graph.params}
     dy_names, dy_params, dys = _output_gradients(graph, b, taken)
-    grads = _adjoint(graph, set(wrt), dys, b)
+    grads = _adjoint(graph, set(wrt), dys, b, deterministic)
     targets = [_target(graph, name, grads[name], b) for name in wrt if name in grads]
-    done = _split_by_axis(targets, b, taken)
+    done = _split_by_axis(graph, targets, b, taken)
     kernels = _group(graph, done, b)
     return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
 
 
-def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
+def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
+               ) -> tuple[str, ...]:
     """The inputs to differentiate for: float tensors only, and some float output."""
     where = _where(graph)
     floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
@@ -440,19 +453,13 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]]) -> tuple[str, ...]:
                                     "is a per-group sum, which metalforge does not derive yet; "
                                     "detach that input")
     for n in graph.nodes():
+        why = None
         if n.op == Op.TAKE and n.attr[0] in wrt and not _one_hot_take(graph, n) \
                 and not _picked(graph, n):
+            why = adjoints.scatter_refusal(graph, n, deterministic)
+        if why is not None:
             raise NotDifferentiable(f"{where}: mf.take from '{n.attr[0]}'{_at(n)} has no "
-                                    "derivative in metalforge yet: its index has axes "
-                                    f"{list(n.args[0].axes)}, not only axes of "
-                                    f"'{n.attr[0]}' it keeps (one index per row, as "
-                                    "cross-entropy's target), so its gradient is a "
-                                    "scatter-add into the tensor; detach that input")
-        if n.op == Op.SCATTER:
-            raise NotDifferentiable(f"{where}: mf.scatter_add{_at(n)} has no derivative in "
-                                    "metalforge yet (its gradient is a gather of the output's "
-                                    f"gradient, mf.take(dy, {n.attr[0]!r}, index)); detach the "
-                                    "inputs or write that gather as a kernel")
+                                    f"derivative in metalforge: {why}; detach that input")
     if not any(o.dtype.is_float for o in graph.outputs):
         kinds = ", ".join(sorted({str(o.dtype) for o in graph.outputs}))
         raise NotDifferentiable(f"{where}: its outputs are {kinds} values (integer or bool, "
@@ -499,13 +506,17 @@ def _output_gradients(graph: Graph, b: _Nodes, taken: set[str]
 def _target(graph: Graph, name: str, grad: Node, b: _Nodes) -> _Target:
     """The gradient of input `name`, expanded to its axes and cast to its dtype."""
     p = graph.tensor(name)
+    if grad.op == Op.SCATTER and set(grad.axes) == set(p.axes):   # the scatter writes dx
+        g = Node(Op.SCATTER, grad.args, p.dtype, grad.axes, attr=grad.attr, loc=grad.loc)
+        return _Target(name, g, p.axes, p.dtype)
     g = b.expand(grad, b.axes(*[Node(Op.LOAD, (), p.dtype, p.axes)]))
     if p.dtype is not F32:
         g = Node(Op.CAST, (g,), p.dtype, g.axes)
     return _Target(name, g, p.axes, p.dtype)
 
 
-def _split_by_axis(targets: list[_Target], b: _Nodes, taken: set[str]) -> list[_Target]:
+def _split_by_axis(graph: Graph, targets: list[_Target], b: _Nodes, taken: set[str]
+                   ) -> list[_Target]:
     """Each target reduces one axis: a reduction over another axis it needs becomes a target
     of its own, written to a small f32 buffer that the first one loads."""
     buffers: dict[Node, tuple[str, Node]] = {}      # reduction node -> (buffer, its load)
@@ -513,11 +524,18 @@ def _split_by_axis(targets: list[_Target], b: _Nodes, taken: set[str]) -> list[_
     done: list[_Target] = []
     while todo:
         t = todo.pop(0)
+        kept = adjoints.apart(graph, t.node)     # what its kernel cannot compute: buffers
+        if kept:
+            loads = {r: _buffer(r, buffers, todo, b, taken) for r in kept}
+            t.node = _rebuild([t.node], loads)[0]
+        t.group = adjoints.group_key(t.node, t.name)
         axis, other = _reduce_axis(t.node)
+        if t.group is not None:
+            axis, other = None, []
         swap: dict[Node, Node] = {}
         for r in other:
             if r not in buffers:
-                bname = _fresh(f"{r.attr[0]}_{r.attr[1]}", taken)
+                bname = _fresh(adjoints.buffer_name(r), taken)
                 dt = F32 if r.dtype.is_float else r.dtype
                 buffers[r] = (bname, Node(Op.LOAD, (), dt, r.axes, attr=bname))
                 todo.append(_Target(bname, r if dt is r.dtype else b.f32(r),
@@ -526,21 +544,36 @@ def _split_by_axis(targets: list[_Target], b: _Nodes, taken: set[str]) -> list[_
         if swap:
             t.node = _rebuild([t.node], swap)[0]
         t.axis = axis
-        t.needs = tuple(buffers[r][0] for r in other)
+        t.needs = tuple(buffers[r][0] for r in other) + tuple(buffers[r][0] for r in kept)
         done.append(t)
     return done
+
+
+def _buffer(r: Node, buffers: dict, todo: list, b: _Nodes, taken: set[str]) -> Node:
+    """The load of the f32 buffer an earlier kernel writes node r to (a new target of
+    `_split_by_axis` the first time)."""
+    if r not in buffers:
+        bname = _fresh(adjoints.buffer_name(r), taken)
+        buffers[r] = (bname, Node(Op.LOAD, (), F32, r.axes, attr=bname))
+        node = r if r.dtype is F32 else b.f32(r)
+        todo.append(_Target(bname, node, tuple(r.axes), F32))
+    load: Node = buffers[r][1]
+    return load
 
 
 def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target]]:
     """Targets in kernels: one kernel per (reduced axis, kept axes); an elementwise target joins
     a row-reduction kernel over its axes; kernels ordered so buffers are written first."""
     groups: dict[tuple, list[_Target]] = {}
+    depth = _depths(targets)
     for t in targets:
-        if t.axis is not None:
+        if t.group is not None:         # a scan kernel never reads a buffer of its own group
+            groups.setdefault(t.group + (depth[t.name],), []).append(t)
+        elif t.axis is not None:
             key = (t.axis, frozenset(t.node.axes) - {t.axis})
             groups.setdefault(key, []).append(t)
     for t in targets:
-        if t.axis is None:
+        if t.axis is None and t.group is None:
             key = (t.axes[-1], frozenset(t.axes[:-1])) if t.axes else None
             if key not in groups:
                 key = (None, frozenset(t.axes))
@@ -565,6 +598,21 @@ def _group(graph: Graph, targets: list[_Target], b: _Nodes) -> list[list[_Target
     for i in range(len(kernels)):
         visit(i)
     return ordered
+
+
+def _depths(targets: list[_Target]) -> dict[str, int]:
+    """Each target's depth: 0 for one that reads no buffer, else one more than the deepest
+    target whose buffer it reads (targets of one depth never read each other's)."""
+    by_name = {t.name: t for t in targets}
+    depth: dict[str, int] = {}
+
+    def of(name: str) -> int:
+        if name not in depth:
+            depth[name] = 1 + max((of(n) for n in by_name[name].needs), default=-1)
+        return depth[name]
+    for t in targets:
+        of(t.name)
+    return depth
 
 
 def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backward:
@@ -607,11 +655,18 @@ def _assemble(graph: Graph, wrt, dy_names, dy_params, kernels, targets) -> Backw
 _cache: OnceMap[tuple, Backward] = OnceMap()
 
 
-def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None) -> Backward:
-    """`derive`, cached per (forward graph, wrt), once (threads asking meanwhile wait): the
-    backward graphs keep their identity, so their compiled kernels are reused."""
-    key = (id(graph), None if wrt is None else tuple(wrt))
-    return _cache.get_or_build(key, lambda: derive(graph, wrt), lambda bw: bw.graph is graph)
+def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
+                deterministic: Optional[bool] = None) -> Backward:
+    """`derive`, cached per (forward graph, wrt, deterministic), once (threads asking meanwhile
+    wait): the backward graphs keep their identity, so their compiled kernels are reused.
+    deterministic None: as torch.are_deterministic_algorithms_enabled() says at the call
+    (`torch.use_deterministic_algorithms(True)` makes gathers' gradients sorted scatters,
+    bit-identical across runs, as it makes torch's embedding backward)."""
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    key = (id(graph), None if wrt is None else tuple(wrt), deterministic)
+    return _cache.get_or_build(key, lambda: derive(graph, wrt, deterministic),
+                               lambda bw: bw.graph is graph)
 
 
 def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,

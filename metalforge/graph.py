@@ -134,7 +134,9 @@ class Op(_Name):
                 the TAKE nodes)
         SCAN    attr = (kind, axis), kind a `ScanOp`          args = (x,)
                 the inclusive scan of x along `axis` (torch.cumsum and friends): the node
-                keeps x's axes; element i combines x's elements 0..i along `axis`
+                keeps x's axes; element i combines x's elements 0..i along `axis`;
+                attr = (kind, axis, True): the reverse scan (`scan_reversed`), element i
+                combines elements i..n-1 (from the axis's end)
         RANDOM  attr = a `RandomOp` (the distribution)         args = (seed, offset)
                 `mf.rand` / `mf.randn`: one Philox-4x32-10 draw per element of the node's
                 axes (a leaf: no tensor read, no gradient); seed and offset are zero-dim
@@ -345,6 +347,12 @@ def literal_index(graph: "Graph", n: Node) -> Optional[int]:
     if size is None or idx.op != Op.CONST or isinstance(idx.attr, bool):
         return None
     return idx.attr if isinstance(idx.attr, int) and 0 <= idx.attr < size else None
+
+
+def scan_reversed(n: Node) -> bool:
+    """Whether SCAN node `n` runs from the end of its axis (`mf.cumsum(x, axis, reverse=True)`:
+    element i combines elements i..n-1)."""
+    return len(n.attr) > 2 and bool(n.attr[2])
 
 
 def scatter_sites(graph: "Graph") -> list[Node]:

@@ -32,6 +32,7 @@ from .graph import (
     ReduceOp,
     ScanOp,
     UnaryOp,
+    scan_reversed,
     topo_order,
 )
 from .shapes import bind_shapes, flat_shape, numel, output_shape
@@ -303,8 +304,11 @@ class _Evaluator:
     def scan(self, n: Node, x: torch.Tensor, ct: torch.dtype) -> torch.Tensor:
         """A scan along its axis with torch's own function (float64 for floats, rounded to
         fp32 once; cumprod in fp32; cummax/cummin keep their values, not their indices)."""
-        kind, axis = n.attr
+        kind, axis = n.attr[:2]
         dim = n.args[0].axes.index(axis)
+        if scan_reversed(n):                  # from the axis's end: flipped, scanned, flipped
+            return self.scan(Node(n.op, n.args, n.dtype, n.axes, attr=(kind, axis)),
+                             x.flip(dim), ct).flip(dim)
         if kind == ScanOp.CUMPROD and n.dtype.is_float:
             # in fp32, as the kernel (and torch on f32) multiply: a running product overflows
             # to inf (then inf * 0 is NaN) or underflows to 0 where float64's would not

@@ -330,7 +330,7 @@ def scatter_add(values: Any, axis: str, index: Any, *, deterministic: bool = Fal
 
 # -- scans: inclusive scans along one axis, keeping it --------------------------------------
 
-def _scan(kind: ScanOp, x: Any, axis: str) -> Sym:
+def _scan(kind: ScanOp, x: Any, axis: str, reverse: bool = False) -> Sym:
     """The SCAN node of `kind` over `axis` of x, with torch's result dtype: cumsum and cumprod
     of integers and bools give i64 (as torch.cumsum does), the others keep x's dtype."""
     fn = f"mf.{kind}"
@@ -344,48 +344,56 @@ def _scan(kind: ScanOp, x: Any, axis: str) -> Sym:
                        f"along an axis the value has")
     if kind in (ScanOp.CUMSUM, ScanOp.CUMPROD) and not n.dtype.is_float:
         n = tr.cast(n, I64)                   # torch.cumsum of an int or bool is int64
-    return tr.sym(tr.node(Op.SCAN, (n,), n.dtype, n.axes, attr=(kind, axis)))
+    if not isinstance(reverse, bool):
+        raise tr.error(f"{fn}: reverse= takes True or False (a trace-time choice), got "
+                       f"{reverse!r}")
+    attr = (kind, axis, True) if reverse else (kind, axis)
+    return tr.sym(tr.node(Op.SCAN, (n,), n.dtype, n.axes, attr=attr))
 
 
-def cumsum(x: Any, axis: str) -> Sym:
+def cumsum(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Inclusive cumulative sum along `axis`, keeping it (torch.cumsum): element i is
     x[0] + ... + x[i]; fp32 accumulation for f16/bf16. Integers and bools give i64 in torch,
     which scan kernels do not compute: write ``mf.cumsum(x.to(mf.f32), axis)``.
+
+    reverse=True (every scan takes it; torch has no such flag): the scan runs from the axis's
+    end, element i is x[i] + ... + x[n-1] (torch: ``x.flip(d).cumsum(d).flip(d)``), without
+    copying x: the kernel reads and writes mirrored positions. The backward of a scan is one.
 
     Example::
 
         @mf.kernel
         def masked_mean_so_far(x: "T[B, L]", m: "T[B, L]"):
             return mf.cumsum(x * m, "L") / mf.cumsum(m, "L")"""
-    return _scan(ScanOp.CUMSUM, x, axis)
+    return _scan(ScanOp.CUMSUM, x, axis, reverse)
 
 
-def cumprod(x: Any, axis: str) -> Sym:
+def cumprod(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Inclusive cumulative product along `axis`, keeping it (torch.cumprod); fp32
     accumulation for f16/bf16; integers give i64 as in torch (use ``x.to(mf.f32)``).
 
     Example: ``mf.cumprod(1.0 - p, "T")`` (survival probabilities)."""
-    return _scan(ScanOp.CUMPROD, x, axis)
+    return _scan(ScanOp.CUMPROD, x, axis, reverse)
 
 
-def cummax(x: Any, axis: str) -> Sym:
+def cummax(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Running maximum along `axis`, keeping it and x's dtype. torch.cummax returns
     (values, indices); metalforge returns the values only. A NaN propagates to every later
     element, as in torch.
 
     Example: ``x - mf.cummax(x, "T")`` (drawdown)."""
-    return _scan(ScanOp.CUMMAX, x, axis)
+    return _scan(ScanOp.CUMMAX, x, axis, reverse)
 
 
-def cummin(x: Any, axis: str) -> Sym:
+def cummin(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Running minimum along `axis`, keeping it and x's dtype (the values of torch.cummin,
     not its indices); a NaN propagates to every later element, as in torch.
 
     Example: ``mf.cummin(loss, "step")``."""
-    return _scan(ScanOp.CUMMIN, x, axis)
+    return _scan(ScanOp.CUMMIN, x, axis, reverse)
 
 
-def logcumsumexp(x: Any, axis: str) -> Sym:
+def logcumsumexp(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """log(cumsum(exp(x))) along `axis`, computed stably as torch.logcumsumexp (no overflow
     for large x; all -inf so far gives -inf). Floating-point values only, as in torch.
 
@@ -394,7 +402,7 @@ def logcumsumexp(x: Any, axis: str) -> Sym:
         raise _trace((x,), "logcumsumexp").error(
             f"mf.logcumsumexp needs a floating-point value, got {x.dtype} (torch.logcumsumexp "
             f"refuses integers too); convert first: mf.logcumsumexp(x.to(mf.f32), ...)")
-    return _scan(ScanOp.LOGCUMSUMEXP, x, axis)
+    return _scan(ScanOp.LOGCUMSUMEXP, x, axis, reverse)
 
 
 # -- random numbers: counter-based (Philox-4x32-10), one independent draw per element ---------

@@ -74,11 +74,12 @@ def _float_outputs(kernel, args):
 
 
 def _reference_grads(kernel, args, dys):
-    leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    leaves = [a.detach().clone().requires_grad_(a.requires_grad)
+              if isinstance(a, torch.Tensor) else a for a in args]
     out = kernel.reference(*leaves)
     outs = out if isinstance(out, tuple) else (out,)
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
-    wrt = [t for t in leaves if t.requires_grad]
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
     return torch.autograd.grad([o for o, _ in pairs], wrt, [d for _, d in pairs],
                                allow_unused=True)
 
@@ -110,12 +111,12 @@ def test_gradients_match_reference(name, kernel):
     gen = torch.Generator().manual_seed(2)
     dys = [torch.randn(o.shape, generator=gen) if o.dtype.is_floating_point else None
            for o in outs]
-    wrt = [a for a in args if a.requires_grad]
+    wrt = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     pairs = [(o, d) for o, d in zip(outs, dys) if d is not None]
     got = torch.autograd.grad([o for o, _ in pairs], wrt, [d for _, d in pairs],
                               allow_unused=True)
     want = _reference_grads(kernel, args, dys)
-    for a, g, w in zip([a for a in args if a.requires_grad], got, want):
+    for a, g, w in zip(wrt, got, want):
         w = torch.zeros_like(a) if w is None else w
         assert g is not None and g.shape == a.shape and g.dtype == a.dtype
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)

@@ -137,11 +137,13 @@ def test_as_op_runs_the_kernel():
     torch.testing.assert_close(op(x, m, n), torch.cumsum(x, 1) / 2, rtol=1e-5, atol=1e-5)
 
 
-def test_backward_is_refused_naming_the_reverse_scan():
+def test_backward_is_the_reverse_scan():
     x = torch.randn(2, 8, requires_grad=True)
     m, n = torch.ones(2, 8), torch.ones(2)
-    with pytest.raises(NotDifferentiable, match=r"mf.cumsum.*reversed cumsum.*#53"):
-        masked_cumsum.as_op("mf_test::masked_cumsum_grad")(x, m, n).sum().backward()
+    masked_cumsum.as_op("mf_test::masked_cumsum_grad")(x, m, n).sum().backward()
+    torch.testing.assert_close(x.grad, torch.arange(8, 0, -1.0).expand(2, 8))
+    with pytest.raises(NotDifferentiable, match=r"mf.cum(max|min|prod).*no derivative"):
+        scans_row(torch.randn(2, 8, requires_grad=True))
 
 
 # -- what a scan kernel refuses ------------------------------------------------------------

@@ -206,13 +206,16 @@ def test_deterministic_counts_over_a_two_axis_index():
     assert torch.equal(counts, torch.bincount(topk.reshape(-1).long(), minlength=6).int())
 
 
-def test_as_op_and_no_silent_gradient():
+def test_as_op_and_gradient_is_a_gather():
     op = embedding_grad.as_op("mftest::scatter_embedding_grad")
     grad, ids = torch.randn(20, 4), _ids(20, 5, 8)
     torch.testing.assert_close(op(grad, ids, torch.empty(5, 4)).double(), _want(grad, ids, 5),
                                rtol=1e-5, atol=1e-5)       # fp32 adds, in the atomics' order
-    with pytest.raises(mf.MetalforgeError, match="scatter_add.*no derivative"):
-        embedding_grad(grad.requires_grad_(), ids, torch.empty(5, 4))
+    # its gradient is the gather of the output gradient (autodiff, #53): dy[ids]
+    g = grad.clone().requires_grad_()
+    dy = torch.randn(5, 4)
+    got = torch.autograd.grad(embedding_grad(g, ids, torch.empty(5, 4)), g, dy)[0]
+    torch.testing.assert_close(got, dy[ids.long()])
 
 
 def test_mlx_backend_refuses_scatter_kernels():

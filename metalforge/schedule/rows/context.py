@@ -51,6 +51,7 @@ class RowKernel:
     strided: bool
     keep: Mapping[Node, str]
     stored: set[Node] = field(default_factory=set)
+    mirrored: bool = False      # slot positions from the row's end (a reverse scan's kernel)
 
     @property
     def name(self) -> str:

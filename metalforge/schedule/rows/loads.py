@@ -84,7 +84,11 @@ def slot_pos(k: RowKernel, slot_k: ir.Expr) -> ir.Expr:
     """Row position of slot k of this thread's block: mf_base + k; in a `strided` kernel
     mf_first + k * mf_step (`placement`); in an `interleaved` one (chunk c of the row's lane
     t at (c * mf_w + t) * vw) mf_base + k / vw * mf_stride + k % vw (mf_base = t * vw,
-    mf_stride = mf_w * vw)."""
+    mf_stride = mf_w * vw). A `mirrored` kernel (scalar accesses only) reads and writes
+    position D - 1 - (mf_base + k): a slot past the row's end wraps above D (uint), so its
+    guard `< D` still fails."""
+    if k.mirrored:
+        return ir.Cast("uint", k.ctx.size(k.ctx.axis)) - lit(1) - (ir.Var("mf_base") + slot_k)
     if k.strided:
         return ir.Var("mf_first") + slot_k * ir.Var("mf_step")
     if not k.interleaved:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...errors import UnsupportedConstruct, at
-from ...graph import Graph, Node, Op, ScanOp, topo_order
+from ...graph import Graph, Node, Op, ScanOp, scan_reversed, topo_order
 from .. import reduce
 from ..column import ColumnContext
 from ..lower import compute_type
@@ -81,6 +81,11 @@ def check(graph: Graph, scans: list[Scan]) -> None:
                 f"{where}: scans along several axes ({axis!r}, {s.node.attr[1]!r}), "
                 f"mf.{s.kind}(..., {s.node.attr[1]!r}){at(s.node.loc)}; one kernel scans one "
                 f"axis: split it into one kernel per axis")
+        if scan_reversed(s.node) != scan_reversed(scans[0].node):
+            raise UnsupportedConstruct(
+                f"{where}: scans in both directions along {axis!r} (mf.{s.kind}"
+                f"{at(s.node.loc)} and mf.{scans[0].kind}{at(scans[0].node.loc)}, one with "
+                f"reverse=True): one kernel scans one way; split it into one kernel each")
         inner = [n for n in topo_order(s.node.args) if n.op == Op.SCAN]
         if inner:
             raise UnsupportedConstruct(
@@ -157,7 +162,17 @@ def reads(ctx: RowContext) -> int:
     return ctx.policy.reads_per_thread
 
 
+def mirrored(graph: Graph) -> bool:
+    """Whether the graph's scans run from the axis's end (reverse=True; `check` makes them
+    all run one way): its kernels read and write position D - 1 - p where a forward scan's
+    read p, so the same scan code runs on the mirrored row, nothing copied."""
+    return any(s.node.op == Op.SCAN and scan_reversed(s.node) for s in scans_of(graph))
+
+
 def vector_width(ctx: RowContext) -> int:
     """Elements per vector access of the row kernel: at most 16 bytes of the widest row
-    tensor, the policy's vector_width and the thread's reads (`access_width`)."""
+    tensor, the policy's vector_width and the thread's reads (`access_width`); scalar
+    accesses in a reverse scan's (`mirrored`: its slots run down the row)."""
+    if mirrored(ctx.graph):
+        return 1
     return access_width(min(ctx.policy.vector_width, reads(ctx)), set(ctx.itemsizes))

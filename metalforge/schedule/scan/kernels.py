@@ -5,7 +5,7 @@ axis, neighbouring threads on neighbouring addresses)."""
 from __future__ import annotations
 
 from ... import ir
-from ...graph import Node
+from ...graph import Node, scan_reversed
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..column import ColumnContext, ColumnKernel
@@ -13,7 +13,7 @@ from ..lower import ElementLowering
 from ..rows.context import RowContext, RowKernel, Section, outer_load
 from ..rows.gathers import element_lowering
 from ..rows.kernels import group_header
-from ..rows.loads import each_slot, load_block, store_block
+from ..rows.loads import each_slot, load_block, slot_pos, store_block
 from . import segments
 from .blocks import (
     acc_value,
@@ -26,13 +26,15 @@ from .blocks import (
     tg_arrays,
     threadgroup_carry,
 )
-from .context import Scan, reads, vector_width
+from .context import Scan, mirrored, reads, vector_width
 
 Built = tuple[ir.LoweredKernel, reduce.VariantParts]
 
 
 def title(scans: list[Scan]) -> str:
-    return ", ".join(f"{s.kind} over {s.node.attr[1]}" for s in scans)
+    return ", ".join(f"{s.kind} over {s.node.attr[1]}" + (" (reverse: from the axis's end)"
+                                                           if scan_reversed(s.node) else "")
+                     for s in scans)
 
 
 def cones(ctx: reduce.ReductionContext, scans: list[Scan], outputs: bool = True
@@ -53,7 +55,7 @@ def row(ctx: RowContext, scans: list[Scan], name: str = "row", split: bool = Fal
     totals, lanes = name == "totals", name == "simd"
     parts = reduce.variant_parts(ctx, name, lambda p, n: outer_load(ctx, p, n))
     k = RowKernel(ctx, parts, reads(ctx), vector_width(ctx), staged={}, interleaved=False,
-                  strided=False, keep={})
+                  strided=False, keep={}, mirrored=mirrored(ctx.graph))
     tensors, frontier = cones(ctx, scans, outputs=not totals)
     for t in tensors:
         parts.passes[t] = 1
@@ -162,13 +164,15 @@ def summary(k: RowKernel, scans: list[Scan], name: str, split: bool) -> str:
             (", the earlier segments' totals from scratch" if split and name == "row" else ""))
     return (f"{ctx.graph.name} ({name}): {title(scans)} along each row of "
             f"[{', '.join(ctx.outer)}], {unit}, in chunks of threads x {k.reads} elements: "
-            f"{what}; {k.vw}-wide loads/stores where aligned; fp32 accumulation")
+            f"{what}; " + ("scalar loads/stores at the mirrored positions D - 1 - p"
+                          if k.mirrored else f"{k.vw}-wide loads/stores where aligned") +
+            "; fp32 accumulation")
 
 
 def in_row(k: RowKernel, body: list[ir.Stmt], checked: list[ir.Stmt]) -> list[ir.Stmt]:
     """`body` for each slot where the thread's block lies wholly in the row (no checks),
     else `checked` (which checks mf_pos itself)."""
-    pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", ir.Var("mf_base") + ir.Var("mf_k"))]
+    pos: list[ir.Stmt] = [ir.Decl("mf_pos", "uint", slot_pos(k, ir.Var("mf_k")))]
     inside = ir.Var("mf_base") + lit(k.reads) <= k.ctx.size(k.ctx.axis)
     return [ir.If(inside, [each_slot(k, (pos if ir.mentions(body, "mf_pos") else []) + body)], [
         ir.Comment("the row's end: each element checked"), each_slot(k, pos + checked)])]
@@ -230,8 +234,9 @@ def column(ctx: ColumnContext, scans: list[Scan], name: str = "column", split: b
     loads in flight together), then combined in order and the outputs stored;
     ``col_totals``: only each segment's totals, to scratch (a split call's first launch)."""
     totals = name == "col_totals"
-    parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
-    ck = ColumnKernel(ctx, parts)
+    kind = MirroredColumn if mirrored(ctx.graph) else ColumnKernel
+    parts = reduce.variant_parts(ctx, name, lambda p, n: kind(ctx, p).col_load(n))
+    ck = kind(ctx, parts)
     tensors, frontier = cones(ctx, scans, outputs=not totals)
     for t in tensors:
         parts.passes[t] = 1
@@ -303,3 +308,20 @@ def column_lowering(ctx: ColumnContext, ck: ColumnKernel, parts: reduce.VariantP
     for n in frontier:
         el.values[n] = parts.row_values.value(n)
     return el
+
+
+class MirroredColumn(ColumnKernel):
+    """The column kernel of a reverse scan: step k of the serial scan reads and writes
+    position D - 1 - k of the axis (and mf.index of the axis is that position)."""
+
+    def _mirror(self) -> ir.Expr:
+        return ir.Cast("uint", self.ctx.size(self.ctx.axis)) - lit(1) - ir.Var("mf_k")
+
+    def at(self, name: str, axes: tuple[str, ...]) -> ir.Expr:
+        b, st = self.bases(name, axes)
+        if self.ctx.axis not in axes:
+            return b
+        return b + ir.Cast(IDX, self._mirror()) * st
+
+    def el_position(self, axis: str) -> ir.Expr:
+        return self._mirror() if axis == self.ctx.axis else self.position(axis)
