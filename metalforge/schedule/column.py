@@ -40,7 +40,7 @@ from typing import Callable, Mapping
 
 from .. import ir
 from ..errors import LaunchError
-from ..graph import Graph, Node, Op
+from ..graph import Graph, Node, Op, ReduceOp
 from . import reduce
 from .base import IDX, Step, make_kernel
 from .hardware import SIMD_WIDTH
@@ -129,9 +129,9 @@ class ColumnSchedule(RowSchedule):
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
         if self.chunks(sizes) == 1:
             return first
-        cols = self._rows(sizes)
-        group = max(1, min(self.policy.threads_per_group, cols))
-        return first + (Step(self.variants["combine"].host_name, cols, group),)
+        tpg = self.policy.threads_per_group
+        blocks = -(-self._rows(sizes) // SIMD_WIDTH)
+        return first + (Step(self.variants["combine"].host_name, blocks * tpg, tpg),)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         chunks = self.chunks(sizes)
@@ -202,6 +202,61 @@ def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
         if r.online_sum is not None:
             out.append((r.online_sum.acc, "float"))
     return out
+
+
+def blocked(r: reduce.Reduction) -> bool:
+    """Whether a step's values of `r` are combined among themselves before one fold into the
+    accumulator: a compensated sum's (not an online pair's) and a float max / min's."""
+    if r.online_sum is not None or r.online_max is not None:
+        return False
+    if r.kind == ReduceOp.SUM:
+        return r.compensated
+    return r.kind in (ReduceOp.MAX, ReduceOp.MIN) and r.is_float
+
+
+def block_value(r: reduce.Reduction, e: ir.Var, b: ir.Var, reads: int) -> list[ir.Stmt]:
+    """mf_b<i>: the step's `reads` values of `r` (mf_e<i>[]) combined in row order. A sum's in
+    plain fp32; a max / min's with Metal's one-instruction, NaN-skipping fmax / fmin, a NaN
+    among them (mf_n<i>, the last one seen) put back after."""
+    u, first = ir.Var("mf_u"), ir.Lane(e, ir.Lit(0, "uint"))
+    if r.kind == ReduceOp.SUM:
+        return [ir.Decl(b.name, r.acc_type, first, const=False),
+                ir.For("mf_u", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"),
+                       [ir.Assign(b, b + ir.Lane(e, u))], unroll=True)]
+    n, v = ir.Var(f"mf_n{r.i}"), ir.Lane(e, u)
+    return [ir.Decl(b.name, r.acc_type, first, const=False),
+            ir.Decl(n.name, r.acc_type, first, const=False),
+            ir.For("mf_u", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"), [
+                ir.Assign(b, ir.Call(f"f{r.kind}", (b, v))),
+                ir.Assign(n, ir.Select(v.ne(v), v, n))], unroll=True),
+            ir.Assign(b, ir.Select(n.ne(n), n, b))]
+
+
+def step_folds(rs: list[reduce.Reduction], k: ir.Expr, reads: int) -> list[ir.Stmt]:
+    """Fold a step's `reads` element values (register arrays mf_e<i>[reads], rows in order,
+    the first at position `k`) into `rs`. A compensated sum adds the step's values in plain
+    fp32 first, in row order, then that block sum into its accumulator with one compensated
+    add (the rounding of a block of reads values is a few ulp of its magnitudes; the long
+    sum over the blocks stays compensated); a float max / min takes the block's extreme
+    first (`block_value`), then one NaN-propagating fold: per element, the compensation's
+    ten or so instructions (the NaN tests' six) made f16 column sums (maxima) ALU-bound on an
+    H200. Others fold each value in row order (argmax keeps the first index)."""
+    out: list[ir.Stmt] = []
+    for r in rs:
+        if not blocked(r) or reads == 1:
+            continue
+        e, b = ir.Var(f"mf_e{r.i}"), ir.Var(f"mf_b{r.i}")
+        out += [*block_value(r, e, b, reads), *reduce.update(r, b, k)]
+    each = [r for r in rs if not blocked(r) or reads == 1]
+    if not each:
+        return [ir.Comment(f"the step's {reads} values of each reduction combined first, then "
+                           f"folded once"), ir.Block(out)]
+    fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
+        else []
+    for r in each:
+        fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), ir.Var("mf_k"))
+    return out + [ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
+                         unroll=True)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -373,16 +428,10 @@ class ColumnKernel:
             ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.ctx.acc_value(el, r))
             for r in each]
         self.ctx.helpers.update(el.helpers)
-        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
-            else []
-        for r in each:
-            fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")),
-                                  ir.Var("mf_k"))
         return [ir.Comment(f"{reads} elements' values first (their loads together), then "
                            f"their folds"),
                 *[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for r in each],
-                u, ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
-                          unroll=True)]
+                u, *step_folds(each, k, reads)]
 
     # -- the wide kernel: several adjacent columns a thread ---------------------------------
     @staticmethod
@@ -467,16 +516,10 @@ class ColumnKernel:
             body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.ctx.acc_value(el, r))
                      for r in each[j]]
             loads.append(ir.Block([ir.Comment(f"column {j}")] + body))
-        index = any(r.has_index for r in each[0])
-        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if index else []
-        for rs in each:
-            for r in rs:
-                fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), u), ir.Var("mf_k"))
         return [*[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for rs in each for r in rs],
                 ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), loads,
                        unroll=True),
-                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
-                       unroll=True)]
+                *step_folds([r for rs in each for r in rs], k, reads)]
 
     def column_lowering(self, j: int, prefix: str) -> ElementLowering:
         """Lowering of values of the thread's column j (wide kernel): a tensor with the
@@ -581,38 +624,89 @@ class ColumnKernel:
             ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
 
     def combine_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
-        """One thread per column: the chunks' partials merged in chunk order (float sums
-        compensated: a thousand chunks are a long sequential sum), then the column's
-        outputs."""
+        """Threadgroups of 32 columns x S slices (S = rows_per_group): slice s merges the
+        partials of chunks s, s + S, s + 2S, ... in chunk order (float sums compensated),
+        reads_per_thread chunks' partials loaded at once; the slices' results meet in
+        threadgroup memory, merged in slice order (deterministic; argmax keeps the first
+        index); slice 0 stores the column's outputs."""
+        slices = self.ctx.policy.rows_per_group
         reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
         self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
-        chunks = ir.Var("mf_chunks")
-        own = {name: i for i, (name, _) in enumerate(self.ctx.slots)}
-        loads = [ir.Decl(f"mf_p{q}", typ, _bits(ir.Load("mf_scratch", self.scratch_at(
-            q, ir.Var("mf_c"), chunks)), "float", typ))
-            for q, (_, typ) in enumerate(self.ctx.slots)]
-        merges: list[ir.Stmt] = []
-        for r in reds:
-            if r.compensated and r.online_max is None:
-                merges += reduce.update(r, ir.Var(f"mf_p{own[r.acc]}"), ir.Var("mf_c"))
-            else:
-                merges += self.merges([r], lambda name: ir.Var(f"mf_p{own[name]}"))[1]
         decls: list[ir.Stmt] = []
         for r in reds:
             decls += reduce.declare(r)
-        v.main += [ir.Comment("merge the chunks' partials, in chunk order"), *decls,
-                   self.chunk_count(),
-                   ir.For("mf_c", "uint", ir.Lit(0, "uint"), chunks, loads + merges),
-                   *reduce.finish(reds)]
+        live = ir.Var("mf_live")
+        v.main += [ir.Comment(f"merge the chunks' partials: slice s takes chunks s, s + "
+                              f"{slices}, ... in chunk order"), *decls, self.chunk_count(),
+                   ir.If(live, self.chunk_merges(reds, slices)), *reduce.finish(reds)]
+        v.main += self.combine_slices(v, reds, slices)
+        v.main += [ir.Comment("slice 0 of each live column stores its outputs"),
+                   ir.If(ir.Unary("!", live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))),
+                         [ir.Return()])]
         for r in reds:
             v.row_values.values[r.node] = reduce.result(r)
         self.epilogue(v, 1)
-        threads, head = self.header("column", 1)
+        threads, head = self.combine_header(slices)
         summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
-                   f"chunks of '{self.ctx.axis}' left in scratch, one thread per column, in chunk "
-                   f"order, then stores the outputs")
-        return make_kernel(self.ctx.graph, self.ctx.index64, threads, head + v.pre + v.main,
-                           summary, v.name)
+                   f"chunks of '{self.ctx.axis}' left in scratch, 32 columns x {slices} slices "
+                   f"of the chunks per threadgroup, each slice in chunk order, the slices in "
+                   f"slice order, then stores the outputs")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
+
+    def chunk_merges(self, reds: list[reduce.Reduction], slices: int) -> list[ir.Stmt]:
+        """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
+        reads_per_thread chunks (their partials loaded first, into mf_p<q>[], then merged in
+        order), then the last chunks one at a time."""
+        reads = self.ctx.policy.reads_per_thread
+        chunks, i, u = ir.Var("mf_chunks"), ir.Var("mf_i"), ir.Var("mf_u")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        own = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
+
+        def step(c: ir.Expr, n: int) -> list[ir.Stmt]:
+            k = ir.Lit(0, "uint") if n == 1 else u
+            loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)] + [
+                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(ir.Load(
+                    "mf_scratch", self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
+                for q, (_, typ) in enumerate(self.ctx.slots)]
+            merges: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
+            for r in reds:
+                if r.compensated and r.online_max is None:
+                    merges += reduce.update(r, ir.Lane(ir.Var(f"mf_p{own[r.acc]}"), k),
+                                            ir.Var("mf_c"))
+                else:
+                    merges += self.merges([r], lambda name: ir.Lane(ir.Var(f"mf_p{own[name]}"),
+                                                                    k))[1]
+            arrays: list[ir.Stmt] = [ir.ArrayDecl(f"mf_p{q}", typ, n)
+                                     for q, (_, typ) in enumerate(self.ctx.slots)]
+            if n == 1:
+                return arrays + [ir.Block(loads), ir.Block(merges)]
+            return arrays + [
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, loads, unroll=True),
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, merges, unroll=True)]
+        c = i * s_lit + ir.Var("mf_slice")
+        return [
+            ir.Comment(f"whole steps: {reads} chunks a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), chunks / ir.Lit(slices * reads, "uint"),
+                   step((i * r_lit + u) * s_lit + ir.Var("mf_slice"), reads)),
+            ir.Comment("the last chunks, one at a time"),
+            ir.For("mf_i", "uint", chunks / ir.Lit(slices * reads, "uint") * r_lit,
+                   (chunks + ir.Lit(slices - 1, "uint")) / s_lit,
+                   [ir.If(c < chunks, step(c, 1))])]
+
+    def combine_header(self, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+        """(thread inputs, statements placing a combine thread on its column and slice)."""
+        ncols = self.ctx.span(self.ctx.outer)
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+        return threads, [
+            ir.Comment(f"32 columns x {slices} slices of the chunks per threadgroup"),
+            ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_col", "uint", ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") +
+                    ir.Var("mf_lane")),
+            ir.Comment("threads past the last column still take part in the barrier"),
+            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
 
     def chunk_count(self) -> ir.Decl:
         """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""

@@ -231,7 +231,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (bench/README.md, 2026-11-28)
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=4, rows_per_group=8,
                            reads_per_thread=4, looped_limit=16, fill_groups=1024,
-                           chunk_rows=128),
+                           chunk_rows=64),
     # scans (schedule/scan/): the row kernel's threadgroup holds a chunk of
     # threads_per_group x reads_per_thread elements of a row (fewer threads for shorter rows,
     # chosen per call); rows of one simdgroup's chunk (32 x reads_per_thread) one simdgroup
