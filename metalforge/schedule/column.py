@@ -40,9 +40,10 @@ from typing import Callable, Mapping
 
 from .. import ir
 from ..errors import LaunchError
-from ..graph import Graph, Node, Op, ReduceOp
+from ..graph import Graph, Node, Op
 from . import reduce
 from .base import IDX, Step, make_kernel
+from .column_folds import extreme, step_folds
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
@@ -202,61 +203,6 @@ def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
         if r.online_sum is not None:
             out.append((r.online_sum.acc, "float"))
     return out
-
-
-def blocked(r: reduce.Reduction) -> bool:
-    """Whether a step's values of `r` are combined among themselves before one fold into the
-    accumulator: a compensated sum's (not an online pair's) and a float max / min's."""
-    if r.online_sum is not None or r.online_max is not None:
-        return False
-    if r.kind == ReduceOp.SUM:
-        return r.compensated
-    return r.kind in (ReduceOp.MAX, ReduceOp.MIN) and r.is_float
-
-
-def block_value(r: reduce.Reduction, e: ir.Var, b: ir.Var, reads: int) -> list[ir.Stmt]:
-    """mf_b<i>: the step's `reads` values of `r` (mf_e<i>[]) combined in row order. A sum's in
-    plain fp32; a max / min's with Metal's one-instruction, NaN-skipping fmax / fmin, a NaN
-    among them (mf_n<i>, the last one seen) put back after."""
-    u, first = ir.Var("mf_u"), ir.Lane(e, ir.Lit(0, "uint"))
-    if r.kind == ReduceOp.SUM:
-        return [ir.Decl(b.name, r.acc_type, first, const=False),
-                ir.For("mf_u", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"),
-                       [ir.Assign(b, b + ir.Lane(e, u))], unroll=True)]
-    n, v = ir.Var(f"mf_n{r.i}"), ir.Lane(e, u)
-    return [ir.Decl(b.name, r.acc_type, first, const=False),
-            ir.Decl(n.name, r.acc_type, first, const=False),
-            ir.For("mf_u", "uint", ir.Lit(1, "uint"), ir.Lit(reads, "uint"), [
-                ir.Assign(b, ir.Call(f"f{r.kind}", (b, v))),
-                ir.Assign(n, ir.Select(v.ne(v), v, n))], unroll=True),
-            ir.Assign(b, ir.Select(n.ne(n), n, b))]
-
-
-def step_folds(rs: list[reduce.Reduction], k: ir.Expr, reads: int) -> list[ir.Stmt]:
-    """Fold a step's `reads` element values (register arrays mf_e<i>[reads], rows in order,
-    the first at position `k`) into `rs`. A compensated sum adds the step's values in plain
-    fp32 first, in row order, then that block sum into its accumulator with one compensated
-    add (the rounding of a block of reads values is a few ulp of its magnitudes; the long
-    sum over the blocks stays compensated); a float max / min takes the block's extreme
-    first (`block_value`), then one NaN-propagating fold: per element, the compensation's
-    ten or so instructions (the NaN tests' six) made f16 column sums (maxima) ALU-bound on an
-    H200. Others fold each value in row order (argmax keeps the first index)."""
-    out: list[ir.Stmt] = []
-    for r in rs:
-        if not blocked(r) or reads == 1:
-            continue
-        e, b = ir.Var(f"mf_e{r.i}"), ir.Var(f"mf_b{r.i}")
-        out += [*block_value(r, e, b, reads), *reduce.update(r, b, k)]
-    each = [r for r in rs if not blocked(r) or reads == 1]
-    if not each:
-        return [ir.Comment(f"the step's {reads} values of each reduction combined first, then "
-                           f"folded once"), ir.Block(out)]
-    fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
-        else []
-    for r in each:
-        fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), ir.Var("mf_k"))
-    return out + [ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
-                         unroll=True)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -595,7 +541,9 @@ class ColumnKernel:
                 resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
                 merges += reduce.merge(r, other(r.acc), other(r.online_sum.acc))
             else:
-                merges += reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
+                own = extreme(r, other(r.acc))
+                merges += own if own is not None else \
+                    reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
         return resets, merges
 
     def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
@@ -665,7 +613,8 @@ class ColumnKernel:
 
         def step(c: ir.Expr, n: int) -> list[ir.Stmt]:
             k = ir.Lit(0, "uint") if n == 1 else u
-            loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)] + [
+            loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
+            loads += [
                 ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(ir.Load(
                     "mf_scratch", self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
                 for q, (_, typ) in enumerate(self.ctx.slots)]
