@@ -16,9 +16,11 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   kernel's grid also splits the reduced axis into chunks of at least chunk_rows positions
   (`ColumnSchedule.chunk_rows`, a launch parameter): group g takes column block g % blocks
   and chunk g / blocks, and writes its fp32 partials (and argmax indices, as their bits) to
-  the scratch buffer; a second launch, one thread per column, merges the chunks' partials in
-  chunk order (deterministic; argmax keeps the first index) and stores the outputs. With one
-  chunk the split kernel stores the outputs itself.
+  the scratch buffer; a second launch merges them: threadgroups of 32 columns x
+  rows_per_group slices, slice s taking chunks s, s + S, ... in chunk order
+  (reads_per_thread chunks' partials loaded at once), the slices' results merged in slice
+  order through threadgroup memory (deterministic; argmax keeps the first index), slice 0
+  storing the outputs. With one chunk the split kernel stores the outputs itself.
 - ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
   innermost axis innermost, no gathers or index expressions; taken where that axis is a
   multiple of its columns): the split kernel with `wide` adjacent columns a thread
@@ -27,7 +29,9 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   slots and scratch partials (the combine kernel is the same).
 
 Split and wide steps compute the values of their reads_per_thread rows first (into register
-arrays), then fold them in row order, so the loads are not held back by the folds' chain.
+arrays), then fold them in row order, so the loads are not held back by the folds' chain; a
+compensated sum's or a float max / min's step values are combined among themselves first and
+folded once (`column_folds`).
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
