@@ -49,6 +49,11 @@ def column_mean(x: "T[R, D]"):  # noqa: F821
 
 
 @mf.kernel
+def column_min(x: "T[R, D]"):  # noqa: F821
+    return mf.min(x, axis="R")
+
+
+@mf.kernel
 def column_argmax(x: "T[R, D]"):  # noqa: F821
     return mf.argmax(x, axis="R")
 
@@ -71,6 +76,7 @@ def cases(rows: int, cols: int, dtype, device):
     yield "column_sum", column_sum, (x,), lambda: x.sum(dim=0)
     yield "column_mean", column_mean, (x,), lambda: x.mean(dim=0)
     yield "column_max", column_max, (x,), lambda: x.amax(dim=0)
+    yield "column_min", column_min, (x,), lambda: x.amin(dim=0)
     yield "column_argmax", column_argmax, (x,), lambda: torch.argmax(x, dim=0)
 
 
@@ -81,7 +87,8 @@ def main(argv=None) -> int:
     device = pick_device(a.device)
     sim = device == "cpu"
     sizes = a.sizes or (["16x1000", "2x8192"] if sim else
-                        ["4096x128", "4096x1024", "4096x4096", "1024x16384", "64x65536"])
+                        ["4096x128", "4096x1024", "4096x4096", "1024x16384", "64x65536",
+                          "2048x16384"])
     repeat = a.repeat or (2 if sim else 50)
     launch = parse_launch(a.launch)
     backend = runtime.current_backend([torch.empty(0, device=device)])

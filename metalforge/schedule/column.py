@@ -16,9 +16,11 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   kernel's grid also splits the reduced axis into chunks of at least chunk_rows positions
   (`ColumnSchedule.chunk_rows`, a launch parameter): group g takes column block g % blocks
   and chunk g / blocks, and writes its fp32 partials (and argmax indices, as their bits) to
-  the scratch buffer; a second launch, one thread per column, merges the chunks' partials in
-  chunk order (deterministic; argmax keeps the first index) and stores the outputs. With one
-  chunk the split kernel stores the outputs itself.
+  the scratch buffer; a second launch merges them: threadgroups of 32 columns x
+  rows_per_group slices, slice s taking chunks s, s + S, ... in chunk order
+  (reads_per_thread chunks' partials loaded at once), the slices' results merged in slice
+  order through threadgroup memory (deterministic; argmax keeps the first index), slice 0
+  storing the outputs. With one chunk the split kernel stores the outputs itself.
 - ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
   innermost axis innermost, no gathers or index expressions; taken where that axis is a
   multiple of its columns): the split kernel with `wide` adjacent columns a thread
@@ -27,7 +29,9 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   slots and scratch partials (the combine kernel is the same).
 
 Split and wide steps compute the values of their reads_per_thread rows first (into register
-arrays), then fold them in row order, so the loads are not held back by the folds' chain.
+arrays), then fold them in row order, so the loads are not held back by the folds' chain; a
+compensated sum's or a float max / min's step values are combined among themselves first and
+folded once (`column_folds`).
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
@@ -43,6 +47,7 @@ from ..errors import LaunchError
 from ..graph import Graph, Node, Op
 from . import reduce
 from .base import IDX, Step, make_kernel
+from .column_folds import extreme, step_folds
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
@@ -129,9 +134,9 @@ class ColumnSchedule(RowSchedule):
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
         if self.chunks(sizes) == 1:
             return first
-        cols = self._rows(sizes)
-        group = max(1, min(self.policy.threads_per_group, cols))
-        return first + (Step(self.variants["combine"].host_name, cols, group),)
+        tpg = self.policy.threads_per_group
+        blocks = -(-self._rows(sizes) // SIMD_WIDTH)
+        return first + (Step(self.variants["combine"].host_name, blocks * tpg, tpg),)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         chunks = self.chunks(sizes)
@@ -374,16 +379,10 @@ class ColumnKernel:
             ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")), self.ctx.acc_value(el, r))
             for r in each]
         self.ctx.helpers.update(el.helpers)
-        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if any(r.has_index for r in each) \
-            else []
-        for r in each:
-            fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), ir.Var("mf_u")),
-                                  ir.Var("mf_k"))
         return [ir.Comment(f"{reads} elements' values first (their loads together), then "
                            f"their folds"),
                 *[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for r in each],
-                u, ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
-                          unroll=True)]
+                u, *step_folds(each, k, reads)]
 
     # -- the wide kernel: several adjacent columns a thread ---------------------------------
     @staticmethod
@@ -468,16 +467,10 @@ class ColumnKernel:
             body += [ir.Assign(ir.Lane(ir.Var(f"mf_e{r.i}"), u), self.ctx.acc_value(el, r))
                      for r in each[j]]
             loads.append(ir.Block([ir.Comment(f"column {j}")] + body))
-        index = any(r.has_index for r in each[0])
-        fold: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)] if index else []
-        for rs in each:
-            for r in rs:
-                fold += reduce.update(r, ir.Lane(ir.Var(f"mf_e{r.i}"), u), ir.Var("mf_k"))
         return [*[ir.ArrayDecl(f"mf_e{r.i}", r.acc_type, reads) for rs in each for r in rs],
                 ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), loads,
                        unroll=True),
-                ir.For("mf_u", "uint", ir.Lit(0, "uint"), ir.Lit(reads, "uint"), fold,
-                       unroll=True)]
+                *step_folds([r for rs in each for r in rs], k, reads)]
 
     def column_lowering(self, j: int, prefix: str) -> ElementLowering:
         """Lowering of values of the thread's column j (wide kernel): a tensor with the
@@ -553,7 +546,9 @@ class ColumnKernel:
                 resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
                 merges += reduce.merge(r, other(r.acc), other(r.online_sum.acc))
             else:
-                merges += reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
+                own = extreme(r, other(r.acc))
+                merges += own if own is not None else \
+                    reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
         return resets, merges
 
     def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
@@ -582,38 +577,90 @@ class ColumnKernel:
             ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
 
     def combine_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
-        """One thread per column: the chunks' partials merged in chunk order (float sums
-        compensated: a thousand chunks are a long sequential sum), then the column's
-        outputs."""
+        """Threadgroups of 32 columns x S slices (S = rows_per_group): slice s merges the
+        partials of chunks s, s + S, s + 2S, ... in chunk order (float sums compensated),
+        reads_per_thread chunks' partials loaded at once; the slices' results meet in
+        threadgroup memory, merged in slice order (deterministic; argmax keeps the first
+        index); slice 0 stores the column's outputs."""
+        slices = self.ctx.policy.rows_per_group
         reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
         self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
-        chunks = ir.Var("mf_chunks")
-        own = {name: i for i, (name, _) in enumerate(self.ctx.slots)}
-        loads = [ir.Decl(f"mf_p{q}", typ, _bits(ir.Load("mf_scratch", self.scratch_at(
-            q, ir.Var("mf_c"), chunks)), "float", typ))
-            for q, (_, typ) in enumerate(self.ctx.slots)]
-        merges: list[ir.Stmt] = []
-        for r in reds:
-            if r.compensated and r.online_max is None:
-                merges += reduce.update(r, ir.Var(f"mf_p{own[r.acc]}"), ir.Var("mf_c"))
-            else:
-                merges += self.merges([r], lambda name: ir.Var(f"mf_p{own[name]}"))[1]
         decls: list[ir.Stmt] = []
         for r in reds:
             decls += reduce.declare(r)
-        v.main += [ir.Comment("merge the chunks' partials, in chunk order"), *decls,
-                   self.chunk_count(),
-                   ir.For("mf_c", "uint", ir.Lit(0, "uint"), chunks, loads + merges),
-                   *reduce.finish(reds)]
+        live = ir.Var("mf_live")
+        v.main += [ir.Comment(f"merge the chunks' partials: slice s takes chunks s, s + "
+                              f"{slices}, ... in chunk order"), *decls, self.chunk_count(),
+                   ir.If(live, self.chunk_merges(reds, slices)), *reduce.finish(reds)]
+        v.main += self.combine_slices(v, reds, slices)
+        v.main += [ir.Comment("slice 0 of each live column stores its outputs"),
+                   ir.If(ir.Unary("!", live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))),
+                         [ir.Return()])]
         for r in reds:
             v.row_values.values[r.node] = reduce.result(r)
         self.epilogue(v, 1)
-        threads, head = self.header("column", 1)
+        threads, head = self.combine_header(slices)
         summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
-                   f"chunks of '{self.ctx.axis}' left in scratch, one thread per column, in chunk "
-                   f"order, then stores the outputs")
-        return make_kernel(self.ctx.graph, self.ctx.index64, threads, head + v.pre + v.main,
-                           summary, v.name)
+                   f"chunks of '{self.ctx.axis}' left in scratch, 32 columns x {slices} slices "
+                   f"of the chunks per threadgroup, each slice in chunk order, the slices in "
+                   f"slice order, then stores the outputs")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
+
+    def chunk_merges(self, reds: list[reduce.Reduction], slices: int) -> list[ir.Stmt]:
+        """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
+        reads_per_thread chunks (their partials loaded first, into mf_p<q>[], then merged in
+        order), then the last chunks one at a time."""
+        reads = self.ctx.policy.reads_per_thread
+        chunks, i, u = ir.Var("mf_chunks"), ir.Var("mf_i"), ir.Var("mf_u")
+        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
+        own = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
+
+        def step(c: ir.Expr, n: int) -> list[ir.Stmt]:
+            k = ir.Lit(0, "uint") if n == 1 else u
+            loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
+            loads += [
+                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(ir.Load(
+                    "mf_scratch", self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
+                for q, (_, typ) in enumerate(self.ctx.slots)]
+            merges: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
+            for r in reds:
+                if r.compensated and r.online_max is None:
+                    merges += reduce.update(r, ir.Lane(ir.Var(f"mf_p{own[r.acc]}"), k),
+                                            ir.Var("mf_c"))
+                else:
+                    merges += self.merges([r], lambda name: ir.Lane(ir.Var(f"mf_p{own[name]}"),
+                                                                    k))[1]
+            arrays: list[ir.Stmt] = [ir.ArrayDecl(f"mf_p{q}", typ, n)
+                                     for q, (_, typ) in enumerate(self.ctx.slots)]
+            if n == 1:
+                return arrays + [ir.Block(loads), ir.Block(merges)]
+            return arrays + [
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, loads, unroll=True),
+                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, merges, unroll=True)]
+        c = i * s_lit + ir.Var("mf_slice")
+        return [
+            ir.Comment(f"whole steps: {reads} chunks a thread at once"),
+            ir.For("mf_i", "uint", ir.Lit(0, "uint"), chunks / ir.Lit(slices * reads, "uint"),
+                   step((i * r_lit + u) * s_lit + ir.Var("mf_slice"), reads)),
+            ir.Comment("the last chunks, one at a time"),
+            ir.For("mf_i", "uint", chunks / ir.Lit(slices * reads, "uint") * r_lit,
+                   (chunks + ir.Lit(slices - 1, "uint")) / s_lit,
+                   [ir.If(c < chunks, step(c, 1))])]
+
+    def combine_header(self, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+        """(thread inputs, statements placing a combine thread on its column and slice)."""
+        ncols = self.ctx.span(self.ctx.outer)
+        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
+                   ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
+        return threads, [
+            ir.Comment(f"32 columns x {slices} slices of the chunks per threadgroup"),
+            ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
+            ir.Decl("mf_col", "uint", ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") +
+                    ir.Var("mf_lane")),
+            ir.Comment("threads past the last column still take part in the barrier"),
+            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
 
     def chunk_count(self) -> ir.Decl:
         """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""

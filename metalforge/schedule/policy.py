@@ -228,10 +228,13 @@ POLICIES: dict[str, LaunchPolicy] = {
     # group per block of 32 columns over the whole axis: 4 groups at D = 128) took a flat
     # ~100 us at 4096x128..4096x4096. chunk_rows 64 -> 128 (f16, wide, us): 4096x128 8.2 ->
     # 6.9, 4096x1024 10.8 -> 8.1 (fewer, longer chunks); reads_per_thread 8 within 5%
-    # (bench/README.md, 2026-11-28)
+    # (bench/README.md, 2026-11-28). Back to 64 once the combine kernel merged the chunks in
+    # parallel (2026-11-29, H200, column_sum f16 us, chunk_rows 128 -> 64: 4096x128 4.5 ->
+    # 3.9, f32 4.2 -> 4.1, elsewhere within 0.2; fill_groups 256-2048 and reads_per_thread 2
+    # within noise where fill_groups >= 1024, 512 slower at 2048x16384: 23.6 -> 29.8)
     "column": LaunchPolicy("column", threads_per_group=256, vector_width=4, rows_per_group=8,
                            reads_per_thread=4, looped_limit=16, fill_groups=1024,
-                           chunk_rows=128),
+                           chunk_rows=64),
     # scans (schedule/scan/): the row kernel's threadgroup holds a chunk of
     # threads_per_group x reads_per_thread elements of a row (fewer threads for shorter rows,
     # chosen per call); rows of one simdgroup's chunk (32 x reads_per_thread) one simdgroup

@@ -704,6 +704,38 @@ def test_column_argmax_ties_and_nans_across_chunks(d):
     assert (amax[1], amin[1], amax[2], amin[2], amax[3], amin[3]) == (31, 64, 40, 40, 99, 98)
 
 
+@pytest.mark.parametrize("d", (7, 8), ids=("split", "wide"))
+def test_column_blocked_folds_and_many_chunks(d):
+    """41 chunks of 32 rows (the combine kernel's slices take whole steps of 4 chunks, then
+    single ones); a step's 4 values of a sum added before one compensated add, of a max / min
+    taken with fmax / fmin and a NaN put back: NaN at each row of a step and in the partial
+    last chunk, +inf and -inf in one step (max inf, min -inf, sum NaN as torch), large values
+    cancelling across chunks. Checked against torch directly; the same bits on a second call."""
+    r = 41 * 32 - 5
+    x = torch.randn(r, d, generator=torch.Generator().manual_seed(3))
+    for j, row in enumerate((0, 1, 2, 3)):            # NaN at each position of a step
+        x[row + 64 * j, 1 + j % 2] = NAN
+    x[r - 1, 3] = NAN                                 # in the partial last chunk
+    x[[200, 201], 4] = torch.tensor([INF, -INF])
+    x[[5, 900], 5] = torch.tensor([1e7, -1e7])        # cancel: the rest must survive
+    got = column_stats(x)
+    v, chunks, _ = chunking(column_stats, x)
+    assert (v, chunks) == ({7: "split", 8: "wide"}[d], 41)
+    nan = x.isnan().any(0)
+    assert torch.equal(got[1].isnan(), nan) and torch.equal(got[2].isnan(), nan)
+    assert torch.equal(got[1][~nan], x.amax(0)[~nan]) and got[1][4] == INF
+    assert torch.equal(got[2][~nan], x.amin(0)[~nan]) and got[2][4] == -INF
+    want = x.double().sum(0)
+    assert torch.equal(got[0].isnan(), want.isnan())
+    ok = ~want.isnan()
+    # within a few fp32 roundings of the step blocks' magnitudes (sum |x|), the cancelling
+    # column included; the long sum over blocks compensated
+    bound = 8 * 2.0 ** -24 * x.double().abs().nan_to_num(posinf=0).sum(0)
+    assert ((got[0][ok].double() - want[ok]).abs() <= bound[ok]).all()
+    again = column_stats(x)[0]                        # deterministic: the same bits
+    assert torch.equal(again.nan_to_num(), got[0].nan_to_num())
+
+
 def test_column_wide_needs_whole_vectors_and_plain_tensors():
     """The wide kernel takes columns a multiple of its vector and tensors whose columns are
     contiguous; a per-column input without the reduced axis keeps the split kernel (chunked);
