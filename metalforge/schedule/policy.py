@@ -241,7 +241,9 @@ POLICIES: dict[str, LaunchPolicy] = {
     # each, rows_per_group a threadgroup; vector_width an upper bound (16 bytes at most); rows
     # of several chunks split into segments (a totals launch first) where the rows alone make
     # fewer than fill_groups threadgroups (0: never). Untuned.
-    "scan": LaunchPolicy("scan", threads_per_group=1024, vector_width=8, reads_per_thread=8,
+    # scan: 512 threads a row's threadgroup: the f16 row kernel's CUDA pipeline (H200) takes
+    # at most 768, and its totals and row launches share one grid, so no launch may shrink
+    "scan": LaunchPolicy("scan", threads_per_group=512, vector_width=8, reads_per_thread=8,
                          rows_per_group=8, uses_simd=True, fill_groups=256),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
