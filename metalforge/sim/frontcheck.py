@@ -357,7 +357,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
         msg = _reported(d)
         if msg:
             _add(found, where, skip, d.location, msg)
-    for loc, msg in ast_errors(tu, CHECK_NAME):
+    for loc, msg in ast_errors(tu, CHECK_NAME, prelude_text() + text if head else text):
         _add(found, where, skip, loc, msg)
     for file, line, msg in _kernel_errors(parsed.kernels):
         found.setdefault((file, line, 0, msg))

@@ -162,6 +162,30 @@ kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]
               uint2 lane [[thread_index_in_simdgroup]]) {
   out[i] = float(lane.x);
 }""", "type 'uint2' is not valid for attribute 'thread_index_in_simdgroup'", 2),
+    "threadgroup_in_helper": ("""
+float first(float x, ushort tid) {
+  threadgroup float buf[4];
+  if (tid == 0) buf[0] = x;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  return buf[0];
+}
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+              ushort tid [[thread_position_in_threadgroup]]) {
+  out[i] = first(out[i], tid);
+}""", "non-kernel function variable cannot be declared in threadgroup address space ('buf' "
+      "is declared in 'first'", 3),
+    "static_local": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static float calls = 0.0f;
+  out[i] = calls;
+}""", "static local variable must reside in constant address space ('calls' is not "
+      "'constant')", 3),
+    "static_table_indexed": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static constexpr float HALVES[2] = {0.5f, 0.5f};
+  out[i] = HALVES[i % 2];
+}""", "static local variable must reside in constant address space ('HALVES' is indexed "
+      "at run time", 4),
 }
 
 
@@ -182,6 +206,7 @@ constant float scale = 2.0f;
 constant float TABLE[4] = {1.0f, 2.0f, 3.0f, 4.0f};
 constexpr constant int FOUR = 4;
 struct Op { float apply(float x) const { return x; } };
+float first(threadgroup float* buf) { return buf[0]; }  // threadgroup_in_helper: a pointer
 
 kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1)]],
                    uint i [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
@@ -196,7 +221,8 @@ kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1
   device int* r = reinterpret_cast<device int*>(q);    // reinterpret_cast (same space)
   if (tid == 0) { t[0] = 0.0f; }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  float x = float(i) + 1.0f + t[0] + cp[0] - c[0];
+  static constexpr constant float HALVES[2] = {0.5f, 0.5f};   // static_local, static_table
+  float x = float(i) + 1.0f + first(t) + cp[0] - c[0] + HALVES[i % 2] - 0.5f;
   thread float* xp = &x;                               // unqualified_local
   twice(xp);                                           // device_to_thread_param
   float y = twice_ref(x) / 4.0f;                       // unqualified_helper_ref
