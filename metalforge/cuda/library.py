@@ -3,8 +3,9 @@ CUDA tensors.
 
 `compile_shader(source)` translates the MSL text (translate.py) at once (a SyntaxError for text
 it cannot read), runs the simulator's Metal front-end check on it (`front_check`: a SyntaxError
-for what Apple's compiler rejects, once per source and machine) and compiles it with NVRTC, through `torch.cuda._compile_kernel`, on first use
-on each CUDA device: one module per (source, device), kept for the process. A kernel call
+for what Apple's compiler rejects, once per source and machine) and compiles it with NVRTC,
+through `torch.cuda._compile_kernel`, on first use on each CUDA device: one module per (source,
+device), kept for the process. A kernel call
 launches on torch's current stream of the tensors' device and does not synchronise.
 
 Binding (as torch.mps.compile_shader and metalforge.sim): positional argument i binds
