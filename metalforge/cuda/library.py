@@ -78,13 +78,15 @@ def _check(res: int, what: str) -> None:
                           f"{msg.value.decode() if msg.value else f'CUDA error {res}'}")
 
 
-def front_check(source: str) -> None:
+def front_check(source: str) -> str:
     """The simulator's Metal front-end check (metalforge/sim/metalcheck.py): MSL that Apple's
     compiler rejects (address spaces, program-scope variables, types and C++ Metal forbids,
     kernel signatures) is the simulator's SyntaxError here too, though NVRTC would compile it.
-    Checked once per source and machine (a marker in the cache), so warm calls pay nothing."""
+    Checked once per source and machine (a marker in the cache), so warm calls pay nothing.
+    Returns the source to compile: helpers overloaded only on address spaces renamed apart,
+    as the simulator builds them (one C++ function each otherwise)."""
     from ..sim.metalcheck import check_source
-    check_source(source, header="failed to compile Metal source for CUDA (Metal front-end "
+    return check_source(source, header="failed to compile Metal source for CUDA (Metal front-end "
                                 "check):")
 
 
@@ -174,8 +176,10 @@ class CudaLibrary:
     module per device and grid kind, each made once: threads asking meanwhile wait)."""
 
     def __init__(self, source: str):
-        tr = translate(source)
-        front_check(source)
+        tr = translate(source)             # its SyntaxError first: text it cannot read
+        checked = front_check(source)
+        if checked != source:              # address-space overloads renamed apart
+            tr = translate(checked)
         self.text = tr.text
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries

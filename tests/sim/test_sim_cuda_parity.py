@@ -134,3 +134,31 @@ kernel void k(device half4* v [[buffer(0)]], uint i [[thread_position_in_grid]])
     with pytest.raises(SyntaxError, match=r"repeated component is not assignable \('gg'\)") as e:
         translate(src)
     assert e.value.lineno == 6
+
+
+def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
+    """get(device)/get(threadgroup)/get(thread) and pick(constant)/pick(device const) would
+    be one CUDA function each (redefinitions); the cuda backend compiles them renamed apart
+    as clang resolved each call, and the unit passes the shim's host syntax check."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda.library import INCLUDE_DIR
+
+    from .test_sim_strict import OVERLOADS
+    lib = cuda_compile_shader(OVERLOADS)
+    body = lib.text.split('#line 1 "metalforge_cuda_entries"')[0]
+    for name in ("get__mf_as0(device", "get__mf_as1(threadgroup", "get__mf_as2(thread",
+                 "pick__mf_as0(constant", "pick__mf_as1(device const",
+                 "get__mf_as0(out) + 10.0f * get__mf_as1(buf) + 100.0f * get__mf_as2(&x)",
+                 "ns::get(out)", "pick__mf_as0(c) + pick__mf_as1(d)"):
+        assert name in body, (name, body)
+    assert body.count("\n") == OVERLOADS.count("\n") + 2          # lines kept
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "tu.cu").write_text(lib.text)
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
+                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[:4000]
