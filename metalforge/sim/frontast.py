@@ -108,6 +108,8 @@ class _Walk:
             self.double(c, c.type)
         elif kind == "ARRAY_SUBSCRIPT_EXPR" and in_func and self.tables:
             self.table_index(c)
+        elif kind == "CALL_EXPR" and in_func:
+            self.this_space(c)
         if kind in ("FUNCTION_DECL", "CXX_METHOD", "FUNCTION_TEMPLATE"):
             self.double(c, c.result_type)
 
@@ -137,6 +139,32 @@ class _Walk:
             text = self.source[e.start.offset:e.end.offset + 1].decode(errors="replace")
             return re.search(rf"\b{word}\b", text) is not None
         return any(t.spelling == word for t in c.get_tokens())
+
+    def this_space(self, c) -> None:
+        """A member function of the source called on an object in another address space than
+        the one it is marked for (unmarked: ``thread``; OpenCL would take any but
+        ``constant``)."""
+        m = c.referenced
+        if m is None or m.kind != self.K.CXX_METHOD or m.is_static_method() or \
+                not _in_file(m, self.file_name):
+            return
+        kids = list(c.get_children())
+        if not kids or kids[0].kind != self.K.MEMBER_REF_EXPR:
+            return                              # an operator, or no object written
+        obj = next(kids[0].get_children(), None)
+        while obj is not None and obj.kind == self.K.UNEXPOSED_EXPR:    # implicit casts
+            obj = next(obj.get_children(), None)
+        if obj is None:
+            return                              # implicit this
+        t = obj.type.get_pointee() if obj.type.kind == self.T.POINTER else obj.type
+        have = _space(t.spelling) or "__private"
+        marked = _space(m.type.spelling.rsplit(")", 1)[-1]) or "__generic"
+        if have != marked and not (marked == "__generic" and have == "__private"):
+            what = "not marked" if marked == "__generic" else "marked"
+            want = _METAL_SPACE[have] if marked == "__generic" else _METAL_SPACE[marked]
+            name = " ".join(w for w in t.spelling.split() if w not in _METAL_SPACE)
+            self.error(c, f"'this' argument to member function '{m.spelling}' has type "
+                          f"'{_METAL_SPACE[have]} {name}', but function is {what} {want}")
 
     def is_kernel(self, c) -> bool:
         return any(ch.kind == self.K.ANNOTATE_ATTR and ch.spelling == "mf_kernel"
@@ -188,6 +216,21 @@ class _Walk:
             rule = self.tables[base.referenced.get_usr()]
             self.error(c, f"{rule} ('{base.spelling}' is indexed at run time; declare it "
                           f"'constant')")
+
+
+_METAL_SPACE = {"__global": "device", "__constant": "constant", "__local": "threadgroup",
+                "__private": "thread", "__generic": "thread"}
+
+
+def _space(spelling: str) -> str | None:
+    """The named address space written last in a type's spelling, if any."""
+    found = re.findall(r"\b__(?:global|constant|local|private|generic)\b", spelling)
+    return found[-1] if found else None
+
+
+def _in_file(c, file_name: str) -> bool:
+    f = c.location.file
+    return f is not None and f.name.endswith(file_name)
 
 
 def _declares_threadgroup(w: _Walk, c, t, T) -> bool:

@@ -97,6 +97,8 @@ _REPORTED = re.compile(
     r"|binding reference of type .* changes address space"
     r"|.*(cannot bind to a value|drops '?__\w+'? qualifier)"
     r"|comparison of distinct pointer types)")
+_THIS = re.compile(r"^cannot initialize object parameter of type '([^']*__generic[^']*)' with "
+                   r"an expression of type '((?:const )?__(?:constant|global|local) [^']*)'")
 _NEW = re.compile(r"^'default (new|delete)' is not supported")
 
 
@@ -398,8 +400,15 @@ def _reported(diag) -> str | None:
         return None
     msg = diag.spelling
     bf16 = _float_to_bfloat(msg, [n.spelling for n in diag.children])
-    if bf16 or "__generic" in msg:
+    if bf16:
         return bf16
+    m = _THIS.match(msg)
+    if m:       # a member function not marked constant, called on a constant object
+        space = metal_spelling(m.group(2)).split()[0]
+        return (f"'this' argument has type '{metal_spelling(m.group(2))}', but the member "
+                f"function is not marked {space}")
+    if "__generic" in msg:
+        return None
     if msg.startswith("no matching function for call to"):
         notes = [n.spelling for n in diag.children]
         spaces = [n for n in notes if "__generic" not in n and _crosses_spaces(n)]

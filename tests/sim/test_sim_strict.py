@@ -186,6 +186,20 @@ kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]
   out[i] = HALVES[i % 2];
 }""", "static local variable must reside in constant address space ('HALVES' is indexed "
       "at run time", 4),
+    "this_device": ("""
+struct Acc { float v; float get() const { return v; } };
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = acc[i].get();
+}""", "'this' argument to member function 'get' has type 'device Acc', but function is not "
+      "marked device", 5),
+    "this_constant": ("""
+struct Acc { float v; float get() const { return v; } };
+kernel void k(device float* out [[buffer(0)]], constant Acc& acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = acc.get();
+}""", "'this' argument has type 'constant Acc', but the member function is not marked "
+      "constant", 5),
 }
 
 
@@ -314,6 +328,42 @@ def test_overloads_on_address_spaces_run_the_overload_metal_picks():
     out = torch.zeros(4)
     lib.k(out, torch.tensor([2.0]))
     torch.testing.assert_close(out, torch.full((4,), 1.0 + 20.0 + 300.0 + 4000.0 + 20.0))
+
+
+MEMBERS = HEAD + """
+struct Acc {
+  float v;
+  float get() const thread { return v; }                 // this_device's twin: one per space
+  float get() const device { return v + 1.0f; }
+  float get() const constant { return v + 2.0f; }
+  float get() const threadgroup { return v + 3.0f; }
+  float scaled(device float* p) const thread { return v * p[0]; }
+  float scaled(thread float* p) const thread { return 10.0f * v * p[0]; }
+};
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              constant Acc& c [[buffer(2)]], uint i [[thread_position_in_grid]],
+              ushort tid [[thread_position_in_threadgroup]]) {
+  threadgroup Acc t[1];
+  Acc a = acc[i];
+  if (tid == 0) t[0] = a;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float x = 1.0f;
+  out[i] = acc[i].get() + 10.0f * a.get() + 100.0f * c.get() + 1000.0f * t[0].get()
+           + a.scaled(out + i) + a.scaled(&x);
+}
+"""
+
+
+def test_members_overloaded_on_address_spaces_run_the_overload_metal_picks():
+    """Acc::get() marked thread/device/constant/threadgroup, and Acc::scaled on a device or
+    thread pointer, are one C++ function each in the build; the check renames them apart."""
+    lib = compile_shader(MEMBERS)
+    out = torch.full((2,), 0.5)
+    acc = torch.tensor([4.0, 4.0])                      # two Acc {v = 4}
+    lib.k(out, acc, torch.tensor([7.0]), threads=2, group_size=2)
+    # device 5, thread 4, constant 9, threadgroup 7, scaled: 4 * 0.5 and 10 * 4 * 1
+    want = 5.0 + 10 * 4.0 + 100 * 9.0 + 1000 * 7.0 + 2.0 + 40.0
+    torch.testing.assert_close(out, torch.full((2,), want))
 
 
 def test_kernel_attribute_lists():
