@@ -157,11 +157,12 @@ class _Walk:
         if obj is None:
             return                              # implicit this
         t = obj.type.get_pointee() if obj.type.kind == self.T.POINTER else obj.type
-        have = _space(t.spelling) or "__private"
-        marked = _space(m.type.spelling.rsplit(")", 1)[-1]) or "__generic"
-        if have != marked and not (marked == "__generic" and have == "__private"):
-            what = "not marked" if marked == "__generic" else "marked"
-            want = _METAL_SPACE[have] if marked == "__generic" else _METAL_SPACE[marked]
+        written = _space(m.type.spelling.rsplit(")", 1)[-1])      # the method's mark
+        have, marked = _thread(_space(t.spelling)), _thread(written)
+        if have != marked:
+            unmarked = written in (None, "__generic")
+            what = "not marked" if unmarked else "marked"
+            want = _METAL_SPACE[have] if unmarked else _METAL_SPACE[marked]
             name = " ".join(w for w in t.spelling.split() if w not in _METAL_SPACE)
             self.error(c, f"'this' argument to member function '{m.spelling}' has type "
                           f"'{_METAL_SPACE[have]} {name}', but function is {what} {want}")
@@ -220,6 +221,11 @@ class _Walk:
 
 _METAL_SPACE = {"__global": "device", "__constant": "constant", "__local": "threadgroup",
                 "__private": "thread", "__generic": "thread"}
+
+
+def _thread(space: str | None) -> str:
+    """OpenCL's generic space (an unmarked method's `this`), or none, is Metal's thread."""
+    return "__private" if space in (None, "__generic") else space
 
 
 def _space(spelling: str) -> str | None:

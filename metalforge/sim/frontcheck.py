@@ -97,8 +97,8 @@ _REPORTED = re.compile(
     r"|binding reference of type .* changes address space"
     r"|.*(cannot bind to a value|drops '?__\w+'? qualifier)"
     r"|comparison of distinct pointer types)")
-_THIS = re.compile(r"^cannot initialize object parameter of type '([^']*__generic[^']*)' with "
-                   r"an expression of type '((?:const )?__(?:constant|global|local) [^']*)'")
+_THIS = re.compile(r"^cannot initialize object parameter of type '[^']*?\b(__\w+)\b[^']*' "
+                   r"with an expression of type '((?:const )?(__\w+) [^']*)'")
 _NEW = re.compile(r"^'default (new|delete)' is not supported")
 
 
@@ -403,10 +403,13 @@ def _reported(diag) -> str | None:
     if bf16:
         return bf16
     m = _THIS.match(msg)
-    if m:       # a member function not marked constant, called on a constant object
-        space = metal_spelling(m.group(2)).split()[0]
-        return (f"'this' argument has type '{metal_spelling(m.group(2))}', but the member "
-                f"function is not marked {space}")
+    if m:       # a member function called on an object in a space it is not marked for
+        obj = metal_spelling(m.group(2))
+        if m.group(1) == "__generic":
+            return (f"'this' argument has type '{obj}', but the member function is not "
+                    f"marked {metal_spelling(m.group(3))}")
+        return (f"'this' argument has type '{obj}', but the member function is marked "
+                f"{metal_spelling(m.group(1))}")
     if "__generic" in msg:
         return None
     if msg.startswith("no matching function for call to"):

@@ -200,6 +200,13 @@ kernel void k(device float* out [[buffer(0)]], constant Acc& acc [[buffer(1)]],
   out[i] = acc.get();
 }""", "'this' argument has type 'constant Acc', but the member function is not marked "
       "constant", 5),
+    "this_thread": ("""
+struct Acc { float v; float get() const device { return v; } };
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Acc a = acc[i];
+  out[i] = a.get();
+}""", "'this' argument has type 'thread Acc', but the member function is marked device", 6),
 }
 
 
