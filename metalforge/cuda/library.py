@@ -2,8 +2,10 @@
 CUDA tensors.
 
 `compile_shader(source)` translates the MSL text (translate.py) at once (a SyntaxError for text
-it cannot read) and compiles it with NVRTC, through `torch.cuda._compile_kernel`, on first use
-on each CUDA device: one module per (source, device), kept for the process. A kernel call
+it cannot read), runs the simulator's Metal front-end check on it (`front_check`: a SyntaxError
+for what Apple's compiler rejects, once per source and machine) and compiles it with NVRTC,
+through `torch.cuda._compile_kernel`, on first use on each CUDA device: one module per (source,
+device), kept for the process. A kernel call
 launches on torch's current stream of the tensors' device and does not synchronise.
 
 Binding (as torch.mps.compile_shader and metalforge.sim): positional argument i binds
@@ -74,6 +76,18 @@ def _check(res: int, what: str) -> None:
         _libcuda().cuGetErrorString(res, ctypes.byref(msg))
         raise KernelError(f"metalforge.cuda: {what} failed: "
                           f"{msg.value.decode() if msg.value else f'CUDA error {res}'}")
+
+
+def front_check(source: str) -> str:
+    """The simulator's Metal front-end check (metalforge/sim/metalcheck.py): MSL that Apple's
+    compiler rejects (address spaces, program-scope variables, types and C++ Metal forbids,
+    kernel signatures) is the simulator's SyntaxError here too, though NVRTC would compile it.
+    Checked once per source and machine (a marker in the cache), so warm calls pay nothing.
+    Returns the source to compile: helpers overloaded only on address spaces renamed apart,
+    as the simulator builds them (one C++ function each otherwise)."""
+    from ..sim.metalcheck import check_source
+    return check_source(source, header="failed to compile Metal source for CUDA (Metal front-end "
+                                "check):")
 
 
 def _nvrtc_error(e: Exception) -> SyntaxError:
@@ -162,7 +176,10 @@ class CudaLibrary:
     module per device and grid kind, each made once: threads asking meanwhile wait)."""
 
     def __init__(self, source: str):
-        tr = translate(source)
+        tr = translate(source)             # its SyntaxError first: text it cannot read
+        checked = front_check(source)
+        if checked != source:              # address-space overloads renamed apart
+            tr = translate(checked)
         self.text = tr.text
         self._entries = {e.host_name: e for e in tr.entries}
         self._order = tr.entries

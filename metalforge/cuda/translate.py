@@ -10,6 +10,8 @@ user's lines:
    ``blank_spans``); the entry points instantiate the kernels instead.
 2. A kernel-scope ``threadgroup T name[N];`` declaration becomes ``__shared__ T name[N];``.
 3. ``constant`` next to ``const`` is blanked (``constant`` is the macro ``const``).
+4. Swizzles other than ``.x .y .z .w`` become member calls (swizzle.py), only in sources
+   that use one.
 
 Everything else is the shim header's job (include/metal_stdlib: types, math, collectives,
 barriers, address-space keywords as empty macros).
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from ..msl.blanks import blanked, single_const
 from ..msl.parse import parse
 from ..msl.tokens import ParseError
+from .swizzle import SwizzleError, rewrite_swizzles
 
 SOURCE_NAME = "program_source"
 _ATTR = re.compile(r"\[\[.*?\]\]", re.S)
@@ -151,7 +154,12 @@ def translate(source: str) -> Translation:
         raise err from None
     if not parsed.kernels:
         raise SyntaxError("metalforge.cuda: the Metal source defines no host-visible kernel")
-    body = rewrite(source, parsed)
+    try:
+        body = rewrite_swizzles(rewrite(source, parsed))
+    except SwizzleError as e:
+        err = SyntaxError(f"metalforge.cuda: {e}")
+        err.filename, err.lineno = SOURCE_NAME, source.count("\n", 0, e.offset) + 1
+        raise err from None
     tramp, entries = entry_points(parsed.kernels)
     text = f'#line 1 "{SOURCE_NAME}"\n{body}\n#line 1 "metalforge_cuda_entries"\n{tramp}'
     return Translation(text, entries)

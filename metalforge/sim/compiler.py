@@ -34,7 +34,7 @@ from pathlib import Path
 
 from .. import cache
 from ..msl.parse import parse
-from ..msl.signature import Signature, SignatureParam
+from ..msl.signature import ParsedSource, Signature, SignatureParam
 from ..msl.tokens import LineMap, ParseError
 from .frontcheck import front_check
 from .rewrite import rewrite
@@ -214,6 +214,35 @@ def build(source: str, kernels: list[str] | None = None,
     return so, [_kernel_from_json(k) for k in json.loads(meta.read_text())["kernels"]]
 
 
+def preprocess(source: str, tmp: str) -> str:
+    """`source` preprocessed alone in folder `tmp` (torch's c10/metal headers inlined, the
+    ``<metal_*>`` headers empty stand-ins); a SyntaxError when the preprocessor fails."""
+    src = Path(tmp) / SOURCE_NAME
+    src.write_text(source)
+    r = _run(cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
+                           "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
+                           "-I", torch_include(), SOURCE_NAME], cwd=tmp)
+    if r.returncode != 0:
+        raise _syntax_error(_clean_message(r.stderr, tmp), source)
+    return r.stdout
+
+
+def checked_source(source: str, pre: str) -> tuple[str, ParsedSource]:
+    """Preprocessed `pre` (of `source`) parsed and checked against Metal's front-end rules
+    (spaces.py's casts, frontcheck.py): a SyntaxError naming each broken rule, else the text
+    to build (address-space overloads renamed) and its parse."""
+    try:
+        parsed = parse(pre)
+    except ParseError as e:
+        raise _syntax_error(str(e), source) from None
+    front = front_check(pre, parsed)
+    cast_errors = address_space_cast_errors(pre) or front.errors
+    if cast_errors:
+        raise _syntax_error("\n".join(cast_errors), source)
+    assert front.parsed is not None
+    return front.pre, front.parsed
+
+
 def _compile(source: str, out: Path, kernels: list[str] | None,
              max_kernels: int | None) -> list[Signature]:
     """Compile `source` into the shared library `out` (only the `kernels` named, when given);
@@ -221,23 +250,7 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
     engine_library()
     pch_flags = _pch()
     with tempfile.TemporaryDirectory(prefix="mfsim-") as tmp:
-        src = Path(tmp) / SOURCE_NAME
-        src.write_text(source)
-        r = _run(cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
-                               "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
-                               "-I", torch_include(), SOURCE_NAME], cwd=tmp)
-        if r.returncode != 0:
-            raise _syntax_error(_clean_message(r.stderr, tmp), source)
-        pre = r.stdout
-        try:
-            parsed = parse(pre)
-        except ParseError as e:
-            raise _syntax_error(str(e), source) from None
-        front = front_check(pre, parsed)
-        cast_errors = address_space_cast_errors(pre) or front.errors
-        if cast_errors:
-            raise _syntax_error("\n".join(cast_errors), source)
-        pre, parsed = front.pre, front.parsed
+        pre, parsed = checked_source(source, preprocess(source, tmp))
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
             raise _TooManyKernels(parsed.kernels)
         if kernels is not None:

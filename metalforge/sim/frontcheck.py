@@ -97,6 +97,8 @@ _REPORTED = re.compile(
     r"|binding reference of type .* changes address space"
     r"|.*(cannot bind to a value|drops '?__\w+'? qualifier)"
     r"|comparison of distinct pointer types)")
+_THIS = re.compile(r"^cannot initialize object parameter of type '[^']*?\b(__\w+)\b[^']*' "
+                   r"with an expression of type '((?:const )?(__\w+) [^']*)'")
 _NEW = re.compile(r"^'default (new|delete)' is not supported")
 
 
@@ -357,7 +359,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
         msg = _reported(d)
         if msg:
             _add(found, where, skip, d.location, msg)
-    for loc, msg in ast_errors(tu, CHECK_NAME):
+    for loc, msg in ast_errors(tu, CHECK_NAME, prelude_text() + text if head else text):
         _add(found, where, skip, loc, msg)
     for file, line, msg in _kernel_errors(parsed.kernels):
         found.setdefault((file, line, 0, msg))
@@ -398,8 +400,18 @@ def _reported(diag) -> str | None:
         return None
     msg = diag.spelling
     bf16 = _float_to_bfloat(msg, [n.spelling for n in diag.children])
-    if bf16 or "__generic" in msg:
+    if bf16:
         return bf16
+    m = _THIS.match(msg)
+    if m:       # a member function called on an object in a space it is not marked for
+        obj = metal_spelling(m.group(2))
+        if m.group(1) == "__generic":
+            return (f"'this' argument has type '{obj}', but the member function is not "
+                    f"marked {metal_spelling(m.group(3))}")
+        return (f"'this' argument has type '{obj}', but the member function is marked "
+                f"{metal_spelling(m.group(1))}")
+    if "__generic" in msg:
+        return None
     if msg.startswith("no matching function for call to"):
         notes = [n.spelling for n in diag.children]
         spaces = [n for n in notes if "__generic" not in n and _crosses_spaces(n)]

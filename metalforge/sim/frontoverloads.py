@@ -7,7 +7,10 @@ definition and every call runs it.  clang in the front-end check (frontcheck.py)
 call as Metal does, so `renames` gives each such overload its own name, ``get__mf_as1``, ... at
 its declarations and at every call clang resolved to it.
 
-Only overloads at namespace scope of the user's text are renamed, and only when every use of
+Member functions overloaded on the address space of ``this`` (``float get() const thread`` and
+``float get() const device``) or of a parameter are renamed likewise (in classes that are not
+templates).  Only overloads at namespace scope of the user's text (and in its classes) are
+renamed, and only when every use of
 the name in the user's text is resolved: a call inside a template that depends on a template
 parameter is resolved per instantiation, which clang's AST does not show here; such a group is
 left as before (one definition kept), with a warning.
@@ -49,18 +52,27 @@ def _in_file(c, file_name: str) -> bool:
 
 
 def _functions(tu, file_name: str) -> list:
-    """The function declarations at namespace scope of the checked file."""
+    """The function declarations at namespace scope of the checked file, and the member
+    functions of its classes (not templates) there."""
     out, stack = [], [tu.cursor]
     while stack:
         cur = stack.pop()
         for c in cur.get_children():
             if not _in_file(c, file_name):
                 continue
-            if c.kind.name in ("NAMESPACE", "LINKAGE_SPEC"):
+            if c.kind.name in ("NAMESPACE", "LINKAGE_SPEC", "STRUCT_DECL", "CLASS_DECL"):
                 stack.append(c)
-            elif c.kind.name == "FUNCTION_DECL":
+            elif c.kind.name in ("FUNCTION_DECL", "CXX_METHOD"):
                 out.append(c)
     return out
+
+
+def _this_space(c) -> tuple[str, ...]:
+    """A member function's qualifiers as the C++ build sees them (``const device`` and
+    ``const thread`` are both ``const``); () for a function."""
+    if c.kind.name != "CXX_METHOD":
+        return ()
+    return _collapsed([c.type.spelling.rsplit(")", 1)[-1].strip()])
 
 
 def _groups(decls: list) -> dict[tuple[int, int], str]:
@@ -68,7 +80,7 @@ def _groups(decls: list) -> dict[tuple[int, int], str]:
     by_key: dict[tuple, dict[tuple[int, int], list]] = {}
     for c in decls:
         key = (c.semantic_parent.spelling, c.spelling,
-               _collapsed([a.type.spelling for a in c.get_arguments()]))
+               _collapsed([a.type.spelling for a in c.get_arguments()]) + _this_space(c))
         by_key.setdefault(key, {}).setdefault(_ident(c), []).append(c)
     names: dict[tuple[int, int], str] = {}
     for (_, name, _), overloads in by_key.items():
@@ -84,7 +96,8 @@ def _uses(tu, file_name: str, names: set[str]):
         if not _in_file(top, file_name):
             continue
         for c in top.walk_preorder():
-            if c.kind.name in ("DECL_REF_EXPR", "OVERLOADED_DECL_REF") and c.spelling in names:
+            if c.kind.name in ("DECL_REF_EXPR", "OVERLOADED_DECL_REF", "MEMBER_REF_EXPR") and \
+                    c.spelling in names:
                 yield c
 
 

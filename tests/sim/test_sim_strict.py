@@ -162,6 +162,51 @@ kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]
               uint2 lane [[thread_index_in_simdgroup]]) {
   out[i] = float(lane.x);
 }""", "type 'uint2' is not valid for attribute 'thread_index_in_simdgroup'", 2),
+    "threadgroup_in_helper": ("""
+float first(float x, ushort tid) {
+  threadgroup float buf[4];
+  if (tid == 0) buf[0] = x;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  return buf[0];
+}
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+              ushort tid [[thread_position_in_threadgroup]]) {
+  out[i] = first(out[i], tid);
+}""", "non-kernel function variable cannot be declared in threadgroup address space ('buf' "
+      "is declared in 'first'", 3),
+    "static_local": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static float calls = 0.0f;
+  out[i] = calls;
+}""", "static local variable must reside in constant address space ('calls' is not "
+      "'constant')", 3),
+    "static_table_indexed": ("""
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  static constexpr float HALVES[2] = {0.5f, 0.5f};
+  out[i] = HALVES[i % 2];
+}""", "static local variable must reside in constant address space ('HALVES' is indexed "
+      "at run time", 4),
+    "this_device": ("""
+struct Acc { float v; float get() const { return v; } };
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = acc[i].get();
+}""", "'this' argument to member function 'get' has type 'device Acc', but function is not "
+      "marked device", 5),
+    "this_constant": ("""
+struct Acc { float v; float get() const { return v; } };
+kernel void k(device float* out [[buffer(0)]], constant Acc& acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = acc.get();
+}""", "'this' argument has type 'constant Acc', but the member function is not marked "
+      "constant", 5),
+    "this_thread": ("""
+struct Acc { float v; float get() const device { return v; } };
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Acc a = acc[i];
+  out[i] = a.get();
+}""", "'this' argument has type 'thread Acc', but the member function is marked device", 6),
 }
 
 
@@ -182,6 +227,7 @@ constant float scale = 2.0f;
 constant float TABLE[4] = {1.0f, 2.0f, 3.0f, 4.0f};
 constexpr constant int FOUR = 4;
 struct Op { float apply(float x) const { return x; } };
+float first(threadgroup float* buf) { return buf[0]; }  // threadgroup_in_helper: a pointer
 
 kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1)]],
                    uint i [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
@@ -196,7 +242,8 @@ kernel void spaces(device float* out [[buffer(0)]], constant float* c [[buffer(1
   device int* r = reinterpret_cast<device int*>(q);    // reinterpret_cast (same space)
   if (tid == 0) { t[0] = 0.0f; }
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  float x = float(i) + 1.0f + t[0] + cp[0] - c[0];
+  static constexpr constant float HALVES[2] = {0.5f, 0.5f};   // static_local, static_table
+  float x = float(i) + 1.0f + first(t) + cp[0] - c[0] + HALVES[i % 2] - 0.5f;
   thread float* xp = &x;                               // unqualified_local
   twice(xp);                                           // device_to_thread_param
   float y = twice_ref(x) / 4.0f;                       // unqualified_helper_ref
@@ -288,6 +335,42 @@ def test_overloads_on_address_spaces_run_the_overload_metal_picks():
     out = torch.zeros(4)
     lib.k(out, torch.tensor([2.0]))
     torch.testing.assert_close(out, torch.full((4,), 1.0 + 20.0 + 300.0 + 4000.0 + 20.0))
+
+
+MEMBERS = HEAD + """
+struct Acc {
+  float v;
+  float get() const thread { return v; }                 // this_device's twin: one per space
+  float get() const device { return v + 1.0f; }
+  float get() const constant { return v + 2.0f; }
+  float get() const threadgroup { return v + 3.0f; }
+  float scaled(device float* p) const thread { return v * p[0]; }
+  float scaled(thread float* p) const thread { return 10.0f * v * p[0]; }
+};
+kernel void k(device float* out [[buffer(0)]], device Acc* acc [[buffer(1)]],
+              constant Acc& c [[buffer(2)]], uint i [[thread_position_in_grid]],
+              ushort tid [[thread_position_in_threadgroup]]) {
+  threadgroup Acc t[1];
+  Acc a = acc[i];
+  if (tid == 0) t[0] = a;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float x = 1.0f;
+  out[i] = acc[i].get() + 10.0f * a.get() + 100.0f * c.get() + 1000.0f * t[0].get()
+           + a.scaled(out + i) + a.scaled(&x);
+}
+"""
+
+
+def test_members_overloaded_on_address_spaces_run_the_overload_metal_picks():
+    """Acc::get() marked thread/device/constant/threadgroup, and Acc::scaled on a device or
+    thread pointer, are one C++ function each in the build; the check renames them apart."""
+    lib = compile_shader(MEMBERS)
+    out = torch.full((2,), 0.5)
+    acc = torch.tensor([4.0, 4.0])                      # two Acc {v = 4}
+    lib.k(out, acc, torch.tensor([7.0]), threads=2, group_size=2)
+    # device 5, thread 4, constant 9, threadgroup 7, scaled: 4 * 0.5 and 10 * 4 * 1
+    want = 5.0 + 10 * 4.0 + 100 * 9.0 + 1000 * 7.0 + 2.0 + 40.0
+    torch.testing.assert_close(out, torch.full((2,), want))
 
 
 def test_kernel_attribute_lists():

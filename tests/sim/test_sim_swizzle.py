@@ -60,3 +60,24 @@ def test_struct_field_named_like_a_swizzle():
     o = torch.zeros(4, 4)
     lib.k(o, a, threads=4)
     torch.testing.assert_close(o, a[:, [2, 2, 3, 3]] * 2)
+
+
+def test_repeated_swizzles_on_packed_vectors_read():
+    """``p.xxyy`` on a packed vector reads as on a vector; a write is Metal's error."""
+    src = """
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device packed_float3* p [[buffer(0)]], device float4* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  packed_float3 v = p[i];
+  out[i] = v.zzyx + p[i].rrgg;
+}
+"""
+    p = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    out = torch.zeros(2, 4)
+    compile_shader(src).k(p, out, threads=2)
+    want = torch.tensor([[3.0 + 1, 3 + 1, 2 + 2, 1 + 2], [6.0 + 4, 6 + 4, 5 + 5, 4 + 5]])
+    assert torch.equal(out, want)
+    with pytest.raises(SyntaxError, match=r"repeated component is not assignable \('xx'\)"):
+        compile_shader(src.replace("packed_float3 v = p[i];", "packed_float3 v = p[i];\n"
+                                   "  v.xx = float2(1.0f, 2.0f);"))

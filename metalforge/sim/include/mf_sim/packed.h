@@ -36,6 +36,10 @@ template <class T, int N> union packed_vec;
   MF_INLINE constexpr T& operator[](int i) { return mf_e[MF_CHECKED(i, N)]; }                                \
   MF_INLINE constexpr const T& operator[](int i) const { return mf_e[MF_CHECKED(i, N)]; }                    \
   MF_INLINE constexpr T mf_get(int i) const { return mf_e[MF_CHECKED(i, N)]; }                               \
+  /* p.xxyy, read only (the rewrite in swizzle.py calls this), as for vec */                     \
+  template <int... J_> MF_INLINE constexpr const vec<T, int(sizeof...(J_))> mf_swz() const {      \
+    return vec<T, N>(*this).template mf_swz<J_...>();                                            \
+  }                                                                                              \
   template <class B_> MF_INLINE packed_vec& operator+=(const B_& b) { return *this = *this + b; } \
   template <class B_> MF_INLINE packed_vec& operator-=(const B_& b) { return *this = *this - b; } \
   template <class B_> MF_INLINE packed_vec& operator*=(const B_& b) { return *this = *this * b; } \
