@@ -257,10 +257,15 @@ def call_key(args: Sequence[Any], threads: Any, group_size: Any, arg_casts: Any,
 @dataclass(frozen=True)
 class Driver:
     """The CUDA calls a plan makes: cuLaunchKernel (ctypes, no argtypes: pointers as c_void_p,
-    sizes as ints), the current stream's handle on a device, and the check of a result."""
+    sizes as ints), the current stream's handle on a device, the check of a result, and
+    making a device's context current in a thread that has none (`library.make_context_current`)."""
     launch: Callable[..., int]
     stream: Callable[[int], Any]
     check: Callable[[int, str], None]
+    make_current: Callable[[int], None] = lambda device: None
+
+
+INVALID_CONTEXT = 201                                 # CUDA_ERROR_INVALID_CONTEXT
 
 
 _pointer = operator.methodcaller("data_ptr")          # a tensor's data pointer
@@ -318,6 +323,10 @@ class Plan:
             d = self.driver
             res = d.launch(self.func, *self.blocks, *self.group, 0,
                            ctypes.c_void_p(d.stream(self.device)), buf.pointers, None)
+            if res == INVALID_CONTEXT:            # a thread with no current context yet
+                d.make_current(self.device)
+                res = d.launch(self.func, *self.blocks, *self.group, 0,
+                               ctypes.c_void_p(d.stream(self.device)), buf.pointers, None)
             if res:
                 d.check(res, f"launching kernel '{self.kernel}'")
         if len(self.free) < 4:

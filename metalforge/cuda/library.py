@@ -66,8 +66,24 @@ def driver() -> Driver:
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)     # torch >= 1.10
         _calls = Driver(_libcuda().cuLaunchKernel,
                         raw or (lambda device: torch.cuda.current_stream(device).cuda_stream),
-                        _check)
+                        _check, make_context_current)
     return _calls
+
+
+def make_context_current(device: int) -> None:
+    """Make `device`'s primary context (torch's) current in this thread where none is: a
+    thread that has made no CUDA runtime call yet (torch's autograd engine runs a backward in
+    its own device thread) has no current context, and the driver calls metalforge makes
+    (module loads, launches) fail there with CUDA_ERROR_INVALID_CONTEXT."""
+    lib = _libcuda()
+    ctx = ctypes.c_void_p()
+    _check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if ctx.value:
+        return
+    dev = ctypes.c_int()
+    _check(lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+    _check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+    _check(lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def _check(res: int, what: str) -> None:
@@ -128,6 +144,7 @@ class _Module:
 
     def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
         with torch.cuda.device(self.device):
+            make_context_current(self.device)
             try:
                 first = torch.cuda._compile_kernel(text, entries[0].symbol,
                                                    cuda_include_dirs=[str(INCLUDE_DIR)],
