@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, rows
+from . import attention, column, elementwise, multiaxis, quant, rows
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -98,6 +98,18 @@ def _build_column(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) 
     return column.build(graph, policy, index64)
 
 
+def _multiaxis(graph: Graph, facts: Facts) -> Optional[multiaxis.Form]:
+    """The form of a graph reducing several axes together (None: one axis per reduction)."""
+    if facts.lost is not None:
+        _reduced_axis(graph, facts)                 # the derived-axis error
+    return multiaxis.match(graph)
+
+
+def _build_multiaxis(graph: Graph, policy: LaunchPolicy, index64: bool,
+                     form: multiaxis.Form) -> Schedule:
+    return multiaxis.build(graph, policy, index64, form)
+
+
 def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
                        outputs: object) -> Schedule:
     return elementwise.build(graph, policy, index64)
@@ -110,6 +122,8 @@ PATTERNS: tuple[Pattern, ...] = (
     # sum(softmax(s, L) * V, L) with s summed products over another axis E
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),
+    # several axes reduced together (mf.sum(x, axis=("C", "H", "W"))): chains of reductions
+    Pattern("multiaxis", lambda f: len(f.axes) > 1, _multiaxis, _build_multiaxis),
     # one reduced axis, innermost in every tensor and output that has it
     Pattern("row", lambda f: bool(f.reductions), _row, _build_row),
     # one reduced axis, outer somewhere

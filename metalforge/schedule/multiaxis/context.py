@@ -1,0 +1,152 @@
+"""What every multiaxis kernel shares: the reduction context over the flattened axes, and how
+an element at flattened position mf_f of the thread's row is addressed in each tensor.
+
+A row is one element of the outer axes (`mf_row`, row-major over them); mf_f runs over the
+reduced axes flattened row-major in the form's order. A tensor whose axes end with the reduced
+axes in that order holds the row's elements as one contiguous run: its element is at
+`mf_base_<t> + mf_f`. Elsewhere (an axis of the run missing, as group norm's weight w[G, C]
+lacks H and W; the run split by an outer axis, as batch-norm statistics over (N, H, W) of
+x[N, C, H, W]) each reduced axis's position is mf_f's digit, (mf_f / span of the later reduced
+axes) % size, declared once per element (`mf_p_<axis>`), times the tensor's stride.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ... import ir
+from ...graph import Graph, Node
+from .. import reduce
+from ..base import IDX
+from ..elementwise import msl_names, used_params
+from ..lower import ElementLowering, compute_type, ident
+from ..names import template_vars
+from ..policy import LaunchPolicy
+from .form import Form
+
+
+@dataclass(frozen=True, eq=False)
+class MultiContext(reduce.ReductionContext):
+    """A reduction context whose `axis` is the flattened name of `reduced` ("(C H W)"):
+    element values are those with any reduced axis."""
+    reduced: tuple[str, ...] = ()
+
+    def elem(self, n: Node) -> bool:
+        return any(a in n.axes for a in self.reduced)
+
+    @property
+    def flat(self) -> ir.Expr:
+        """Elements of a row: the product of the reduced axes' sizes."""
+        return self.span(self.reduced)
+
+
+def multi_context(graph: Graph, form: Form, policy: LaunchPolicy, index64: bool
+                  ) -> MultiContext:
+    """The context of the (collapsed) graph's kernels."""
+    nodes = list(graph.nodes())
+    inputs, scalars = used_params(graph, nodes)
+    names, out_names = msl_names(graph)
+    return MultiContext(graph, policy, index64, form.flat, "row", form.outer,
+                        frozenset(form.outer) | frozenset(form.reduced), tuple(nodes), inputs,
+                        scalars, template_vars(graph.dtype_vars), names, out_names, [], set(),
+                        reduced=form.reduced)
+
+
+@dataclass(eq=False)
+class Walk:
+    """One kernel being built: its context, its fresh collector, and the reduced axes whose
+    digit of mf_f the current loop body reads (`digits`, declared at the body's top)."""
+    ctx: MultiContext
+    parts: reduce.VariantParts
+    digits: list[str] = field(default_factory=list)
+
+    # -- addresses ---------------------------------------------------------------------
+    def stride(self, axes: Sequence[str], axis: str) -> ir.Expr:
+        after = axes[list(axes).index(axis) + 1:]
+        return self.ctx.span(after) if after else ir.Lit(1, IDX)
+
+    def base(self, name: str, axes: Sequence[str]) -> ir.Var:
+        """mf_base_<name>: the offset of the row's element at reduced positions 0 (declared
+        once in the preamble)."""
+        var = f"mf_base_{name}"
+        if var not in self.parts.pre_names:
+            e: ir.Expr = ir.Lit(0, IDX)
+            for a in axes:
+                if a in self.ctx.outer:
+                    term = self.ctx.position(a, self.parts) * self.stride(axes, a)
+                    e = term if isinstance(e, ir.Lit) else e + term
+            self.parts.pre.append(ir.Decl(var, IDX, e))
+            self.parts.pre_names.add(var)
+        return ir.Var(var)
+
+    def run(self, axes: Sequence[str]) -> bool:
+        """Whether the tensor holds a row's elements as one contiguous run."""
+        k = len(self.ctx.reduced)
+        return tuple(axes[-k:]) == self.ctx.reduced if len(axes) >= k else False
+
+    def digit(self, axis: str) -> ir.Var:
+        """The element's position along reduced `axis` (mf_p_<axis>, declared at the top of
+        the loop body: `take_digits`)."""
+        if axis not in self.digits:
+            self.digits.append(axis)
+        return ir.Var(f"mf_p_{ident(axis)}")
+
+    def take_digits(self) -> list[ir.Stmt]:
+        """The declarations of the digits the body read, outer to inner; then forgotten."""
+        red = self.ctx.reduced
+        out: list[ir.Stmt] = []
+        for k, a in enumerate(red):
+            if a not in self.digits:
+                continue
+            e: ir.Expr = ir.Var("mf_f")
+            if red[k + 1:]:
+                e = e / self.ctx.span(red[k + 1:])
+            if k > 0:
+                e = e % self.ctx.size(a)
+            out.append(ir.Decl(f"mf_p_{ident(a)}", IDX, e))
+        self.digits.clear()
+        return out
+
+    def at(self, name: str, axes: Sequence[str]) -> ir.Expr:
+        """The offset of the element at mf_f of the row in a tensor/output with `axes`."""
+        b = self.base(name, axes)
+        if not any(a in self.ctx.reduced for a in axes):
+            return b
+        if self.run(axes):
+            return b + ir.Var("mf_f")
+        e: ir.Expr = b
+        for a in axes:
+            if a in self.ctx.reduced:
+                e = e + self.digit(a) * self.stride(axes, a)
+        return e
+
+    # -- values --------------------------------------------------------------------------
+    def row_load(self, n: Node) -> ir.Expr:
+        """A tensor value without the reduced axes, at the row."""
+        t = self.ctx.graph.tensor(n.attr)
+        return ir.Cast(compute_type(t.dtype), ir.Load(self.ctx.names[t.name],
+                                                      self.base(self.ctx.names[t.name], t.axes)))
+
+    def element_lowering(self) -> ElementLowering:
+        """Lowering of element values at mf_f, with the row values computed so far."""
+        def load(n: Node) -> ir.Expr:
+            t = self.ctx.graph.tensor(n.attr)
+            name = self.ctx.names[t.name]
+            return ir.Cast(compute_type(t.dtype), ir.Load(name, self.at(name, t.axes)))
+
+        def position(axis: str) -> ir.Expr:
+            if axis in self.ctx.reduced:
+                return self.digit(axis)
+            return self.ctx.position(axis, self.parts)
+        el = ElementLowering(self.ctx.graph, load, position, self.ctx.size,
+                             lambda s: self.ctx.names[s])
+        el.values.update(self.parts.row_values.values)
+        return el
+
+
+def walk_parts(ctx: MultiContext, name: str) -> Walk:
+    """A fresh `Walk` for kernel variant `name`."""
+    holder: list[Walk] = []
+    parts = reduce.variant_parts(ctx, name, lambda p, n: holder[0].row_load(n))
+    holder.append(Walk(ctx, parts))
+    return holder[0]
