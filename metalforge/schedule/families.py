@@ -2,7 +2,7 @@
 
 A `Pattern` names a family, says from the graph's `Facts` (its reductions and their axes,
 gathered in one walk) whether the family can apply, finds the family's form in the graph (the
-data its builder takes: attention's `Form`, the quantized sum, the reduced axis; None when the
+data its builder takes: attention's `AxesForm`, the quantized sum, the reduced axis; None when the
 graph is not of the family) and builds the schedule from that form. A pattern raises
 `UnsupportedConstruct` for a graph of its kind that no schedule handles (reductions over
 several axes). `recognise` tries `PATTERNS` in order and keeps the first `Match` for each
@@ -98,7 +98,7 @@ def _build_column(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) 
     return column.build(graph, policy, index64)
 
 
-def _multiaxis(graph: Graph, facts: Facts) -> Optional[multiaxis.Form]:
+def _multiaxis(graph: Graph, facts: Facts) -> Optional[multiaxis.AxesForm]:
     """The form of a graph reducing several axes together (None: one axis per reduction)."""
     if facts.lost is not None:
         _reduced_axis(graph, facts)                 # the derived-axis error
@@ -106,7 +106,7 @@ def _multiaxis(graph: Graph, facts: Facts) -> Optional[multiaxis.Form]:
 
 
 def _build_multiaxis(graph: Graph, policy: LaunchPolicy, index64: bool,
-                     form: multiaxis.Form) -> Schedule:
+                     form: multiaxis.AxesForm) -> Schedule:
     return multiaxis.build(graph, policy, index64, form)
 
 

@@ -18,7 +18,7 @@ merged in chunk order by one thread per row between the phases (``part<p>``, ``m
 """
 from __future__ import annotations
 
-from .form import Form, collapse, match
+from .form import AxesForm, collapse, match
 from .plan import MultiSchedule, build
 
-__all__ = ["Form", "MultiSchedule", "build", "collapse", "match"]
+__all__ = ["AxesForm", "MultiSchedule", "build", "collapse", "match"]

@@ -22,7 +22,7 @@ from ..elementwise import msl_names, used_params
 from ..lower import ElementLowering, compute_type, ident
 from ..names import template_vars
 from ..policy import LaunchPolicy
-from .form import Form
+from .form import AxesForm
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +40,7 @@ class MultiContext(reduce.ReductionContext):
         return self.span(self.reduced)
 
 
-def multi_context(graph: Graph, form: Form, policy: LaunchPolicy, index64: bool
+def multi_context(graph: Graph, form: AxesForm, policy: LaunchPolicy, index64: bool
                   ) -> MultiContext:
     """The context of the (collapsed) graph's kernels."""
     nodes = list(graph.nodes())

@@ -20,7 +20,7 @@ from ...graph import Graph, Node, Op
 
 
 @dataclass(frozen=True)
-class Form:
+class AxesForm:
     """What the multiaxis schedule of a graph is built from (no graph held: `collapse` makes
     the collapsed graph again)."""
     reduced: tuple[str, ...]      # the reduced axes, flattened in this order (outer to inner)
@@ -82,7 +82,7 @@ def _casts(n: Node, stop: Node) -> list[Node]:
     return out
 
 
-def match(graph: Graph) -> Optional[Form]:
+def match(graph: Graph) -> Optional[AxesForm]:
     """The form of a graph whose reductions are chains over one set of several axes; None for
     a graph of one-axis reductions; an error naming the construct for one this schedule
     cannot take (chains over different sets of axes, gathers, packed words)."""
@@ -93,10 +93,11 @@ def match(graph: Graph) -> Optional[Form]:
     if len(sets) > 1:
         (a, (_, ax)), (b, (_, bx)) = _two_sets(found)
         raise UnsupportedConstruct(
-            f"kernel '{graph.name}': reductions over different sets of axes: mf.{a.attr[0]} "
-            f"over {tuple(ax)}{at(a.loc)} and mf.{b.attr[0]} over {tuple(bx)}{at(b.loc)}; one "
-            f"kernel reduces one axis, or one set of axes together (axis=(...)): split it into "
-            f"one kernel per set")
+            f"kernel '{graph.name}': reductions over different sets of axes, "
+            f"mf.{a.attr[0]}(..., axis={_spelling(ax)}){at(a.loc)} and "
+            f"mf.{b.attr[0]}(..., axis={_spelling(bx)}){at(b.loc)}; one kernel reduces one "
+            f"axis, or several axes together (axis=(...)): split it into one kernel per set "
+            f"of axes")
     for n in graph.nodes():
         if n.op in (Op.TAKE, Op.UNPACK):
             raise UnsupportedConstruct(
@@ -106,7 +107,11 @@ def match(graph: Graph) -> Optional[Form]:
     widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
     outer = tuple(a for a in widest if a not in reduced)
     _check_axes(graph, reduced, outer)
-    return Form(reduced, outer)
+    return AxesForm(reduced, outer)
+
+
+def _spelling(axes: list[str]) -> str:
+    return repr(axes[0]) if len(axes) == 1 else repr(tuple(axes))
 
 
 def _two_sets(found: dict[Node, tuple[Node, list[str]]]
@@ -145,7 +150,7 @@ def _check_axes(graph: Graph, reduced: tuple[str, ...], outer: tuple[str, ...]) 
                 f"output keeps and no reduction removes")
 
 
-def collapse(graph: Graph, form: Form) -> Graph:
+def collapse(graph: Graph, form: AxesForm) -> Graph:
     """`graph` with each chain one REDUCE node over `form.flat`, reducing the chain's value
     (what the reduction blocks of `reduce` take: one node, one accumulator)."""
     found = chains(graph)

@@ -4,7 +4,7 @@ partials through, the bytes they move; and `build`, which builds every kernel of
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Mapping
+from typing import Mapping, Optional
 
 from ... import ir
 from ...errors import LaunchError, empty_extreme
@@ -15,7 +15,7 @@ from ..base import IDX, Schedule, Step, Traffic
 from ..policy import LaunchPolicy
 from . import kernels as K
 from .context import multi_context, walk_parts
-from .form import Form, collapse
+from .form import AxesForm, collapse
 
 CHUNK_LEN = "chunk_len"                   # the launch parameter: elements of a row per chunk
 _EXTREME = (ReduceOp.MAX, ReduceOp.MIN)
@@ -25,13 +25,14 @@ _EXTREME = (ReduceOp.MAX, ReduceOp.MIN)
 class MultiSchedule(Schedule):
     """Reductions over several axes together (`form.reduced`), one row per element of the
     outer axes."""
-    form: Form = Form((), ())
+    form: AxesForm = AxesForm((), ())
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
     phases: int = 1
     slots: int = 0                        # fp32 words of partials per row and chunk
     passes: dict[str, int] = field(default_factory=dict)
     element_outputs: bool = False
-    extremes: tuple[tuple[str, object], ...] = ()   # (kind, loc) of each max/min
+    # (kind, user file and line) of each max/min: refused over an empty row
+    extremes: tuple[tuple[str, Optional[tuple[str, int]]], ...] = ()
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -123,7 +124,7 @@ class MultiSchedule(Schedule):
         return (32, self.policy.threads_per_group)
 
 
-def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> MultiSchedule:
+def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: AxesForm) -> MultiSchedule:
     """Every kernel of the multiaxis library of `graph` (the chunked ones where fill_groups
     allows), one parameter list and helper set."""
     flat = collapse(graph, form)
@@ -159,5 +160,5 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Mult
     extremes = tuple((r.kind, r.node.loc) for r in reds if r.kind in _EXTREME)
     return MultiSchedule("multiaxis", graph, replace(policy, threadgroup_bytes=tg, uses_simd=True),
                          built["group"], form.outer + form.reduced, (), index64, form=form,
-                         variants=built, phases=nph, slots=len(K.partial_slots(reds)),
+                         variants=built, phases=nph, slots=len(K.slot_numbers(reds)),
                          passes=passes["group"], element_outputs=outs, extremes=extremes)
