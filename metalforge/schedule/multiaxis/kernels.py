@@ -112,12 +112,12 @@ def nsg() -> ir.Decl:
 
 
 def chunk_count(ctx: MultiContext) -> list[ir.Stmt]:
-    """mf_flat (elements of a row), mf_chunks of mf_chunk_len elements (at least one)."""
+    """mf_flat (elements of a row, never 0 where the row is split), mf_chunks of mf_chunk_len
+    elements."""
     one = ir.Lit(1, IDX)
     return [ir.Decl("mf_flat", IDX, ctx.flat),
-            ir.Decl("mf_chunks", IDX, ir.Call("max", (
-                (ir.Var("mf_flat") + ir.Var("mf_chunk_len") - one) / ir.Var("mf_chunk_len"),
-                one)))]
+            ir.Decl("mf_chunks", IDX, (ir.Var("mf_flat") + ir.Var("mf_chunk_len") - one) /
+                    ir.Var("mf_chunk_len"))]
 
 
 def chunk_header(ctx: MultiContext) -> list[ir.Stmt]:

@@ -119,9 +119,21 @@ class MultiSchedule(Schedule):
 
     @property
     def thresholds(self) -> tuple[int, ...]:
-        """Sizes of the innermost reduced axis where a row's walk changes: a simdgroup, a
-        threadgroup's threads."""
-        return (32, self.policy.threads_per_group)
+        """Sizes of the innermost reduced axis where a row's walk changes (`check`'s
+        boundaries): a simdgroup, a threadgroup's threads, a row of two chunks and a part."""
+        p = self.policy
+        return (32, p.threads_per_group, 2 * p.chunk_rows + 3)
+
+    def selecting(self, host: str) -> list[dict[str, int]]:
+        """Sizes that split rows into chunks (`check`): three rows of 2 x (2 chunk_rows + 3)
+        elements, for the part, merge and out kernels."""
+        if host == self.variants["group"].host_name or "part0" not in self.variants:
+            return []
+        red, outer = self.form.reduced, self.form.outer
+        pins = {**{a: 1 for a in outer + red}, red[0]: 2, red[-1]: 2 * self.policy.chunk_rows + 3}
+        if outer:
+            pins[outer[-1]] = 3
+        return [pins]
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: AxesForm) -> MultiSchedule:
