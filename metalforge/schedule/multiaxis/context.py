@@ -117,7 +117,8 @@ class Walk:
         e: ir.Expr = b
         for a in axes:
             if a in self.ctx.reduced:
-                e = e + self.digit(a) * self.stride(axes, a)
+                st = self.stride(axes, a)
+                e = e + (self.digit(a) if isinstance(st, ir.Lit) else self.digit(a) * st)
         return e
 
     # -- values --------------------------------------------------------------------------

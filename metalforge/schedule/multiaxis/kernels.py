@@ -57,7 +57,8 @@ def loop(w: Walk, roots: Sequence[Node], rs: list[reduce.Reduction], outs: Seque
         body.append(ir.Store(name, w.at(name, ctx.graph.outputs[k].axes), ctx.out_value(k, el)))
     ctx.helpers.update(el.helpers)
     body = w.take_digits() + body
-    start = k0 + ir.Cast(IDX, ir.Var("mf_lid"))
+    lid = ir.Cast(IDX, ir.Var("mf_lid"))
+    start = lid if isinstance(k0, ir.Lit) and k0.value == 0 else k0 + lid
     return before + [ir.For("mf_f", IDX, start, k1, body, step=ir.Cast(IDX, ir.Var("mf_tpg")))]
 
 
@@ -65,7 +66,8 @@ def phase(w: Walk, rs: list[reduce.Reduction], k0: ir.Expr, k1: ir.Expr) -> list
     """Phase `rs` over elements [k0, k1): accumulate, then combine across the group (every
     thread ends with the group's partials)."""
     roots = [r.arg for r in rs if r.online_max is None]
-    out: list[ir.Stmt] = [ir.Comment("phase: " + ", ".join(describe(r) for r in rs))]
+    out: list[ir.Stmt] = [ir.Comment(f"phase {rs[0].phase + 1}: " +
+                                     ", ".join(describe(r) for r in rs))]
     for r in rs:
         out += reduce.declare(r)
     out += loop(w, roots, rs, [], k0, k1)
