@@ -229,7 +229,7 @@ POLICIES: dict[str, LaunchPolicy] = {
     # several axes reduced together (schedule/multiaxis): a threadgroup of threads_per_group
     # walks a row's flattened elements; where the rows are fewer than fill_groups, the row is
     # split into chunks of at least chunk_rows elements (partials merged by later launches)
-    "multiaxis": LaunchPolicy("multiaxis", threads_per_group=512, vector_width=1,
+    "multiaxis": LaunchPolicy("multiaxis", threads_per_group=512, vector_width=4,
                               fill_groups=512, chunk_rows=8192, uses_simd=True),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
@@ -268,7 +268,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64"),
-    "multiaxis": ("threads_per_group", "fill_groups", "chunk_rows", "index64"),
+    "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64"),
 }

@@ -74,8 +74,10 @@ def run_group_norm(kernel, x, w, b, groups):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_group_norm_matches_torch(dtype):
     g = torch.Generator().manual_seed(0)
-    # odd sizes; one group per channel; one-sized spatial axes; rows of two elements
-    for n, c, h, wd, groups in ((2, 6, 5, 7, 3), (1, 4, 3, 1, 4), (3, 8, 1, 1, 2), (1, 3, 1, 2, 3)):
+    # odd sizes; one group per channel; one-sized spatial axes; rows of two elements; W a
+    # multiple of 4 (the vector walk)
+    for n, c, h, wd, groups in ((2, 6, 5, 7, 3), (1, 4, 3, 1, 4), (3, 8, 1, 1, 2),
+                                (1, 3, 1, 2, 3), (2, 6, 3, 8, 3)):
         x = (torch.randn(n, c, h, wd, generator=g) * 2 + 0.5).to(dtype)
         w, b = torch.randn(c, generator=g).to(dtype), torch.randn(c, generator=g).to(dtype)
         got = run_group_norm(group_norm, x, w, b, groups)
@@ -162,6 +164,6 @@ def test_refusals_name_the_construct():
 
 
 def test_check_group_norm():
-    report = check(group_norm, dtypes={"T": ["f16"]}, max_examples=4)
+    report = check(group_norm_whole, dtypes={"T": ["f16"]}, max_examples=4)
     assert report.examples > 0
     print(report.coverage())

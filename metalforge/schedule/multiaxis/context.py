@@ -12,10 +12,10 @@ axes) % size, declared once per element (`mf_p_<axis>`), times the tensor's stri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ... import ir
-from ...graph import Graph, Node
+from ...graph import Graph, Node, Op
 from .. import reduce
 from ..base import IDX
 from ..elementwise import msl_names, used_params
@@ -52,13 +52,66 @@ def multi_context(graph: Graph, form: AxesForm, policy: LaunchPolicy, index64: b
                         reduced=form.reduced)
 
 
+def vector_width(ctx: MultiContext) -> int:
+    """Elements a thread of the vector walk takes at once (policy.vector_width, at most 4; 1:
+    no vector walk): where every element tensor and output holds the row as one contiguous
+    run, or (inputs) lacks the innermost reduced axis, so that its element is the same for
+    the vector's elements wherever that axis is a multiple of the width (group norm's w[G, C]),
+    and no index expression reads a reduced axis."""
+    vw = min(ctx.policy.vector_width, 4)
+    red = ctx.reduced
+    if vw == 1 or any(n.op == Op.INDEX and n.attr in red for n in ctx.nodes):
+        return 1
+
+    def run(axes: Sequence[str]) -> bool:
+        return tuple(axes[-len(red):]) == red
+    for t in ctx.inputs:
+        if any(a in red for a in t.axes) and not run(t.axes) and red[-1] in t.axes:
+            return 1
+    for o in ctx.graph.outputs:
+        if any(a in red for a in o.axes) and not run(o.axes):
+            return 1
+    return vw
+
+
 @dataclass(eq=False)
 class Walk:
-    """One kernel being built: its context, its fresh collector, and the reduced axes whose
-    digit of mf_f the current loop body reads (`digits`, declared at the body's top)."""
+    """One kernel being built: its context, its fresh collector, the reduced axes whose
+    digit of mf_f the current loop body reads (`digits`, declared at the body's top), and the
+    elements the vector walk takes at once (`vector_width`; 1: none)."""
     ctx: MultiContext
     parts: reduce.VariantParts
     digits: list[str] = field(default_factory=list)
+    vector: int = 1
+
+    def vec_ok(self) -> list[ir.Stmt]:
+        """mf_vec_ok: whether this call takes the vector walk (the innermost reduced axis a
+        multiple of the width: every run, chunk and uniform element then lines up)."""
+        if self.vector == 1:
+            return []
+        inner = self.ctx.size(self.ctx.reduced[-1])
+        return [ir.Comment(f"{self.vector} elements a thread at once where the innermost reduced "
+                           f"axis is a multiple of {self.vector}"),
+                ir.Decl("mf_vec_ok", "bool", (inner % ir.Lit(self.vector, IDX)).eq(
+                    ir.Lit(0, IDX)))]
+
+    def vector_loads(self, tensors: Sequence[str], vw: int) -> list[ir.Stmt]:
+        """The vector walk's loads at mf_f: a vector of each tensor holding the row as a run
+        (mf_wide_<t>), one element of the others (mf_one_<t>)."""
+        out: list[ir.Stmt] = []
+        for name in tensors:
+            t = self.ctx.graph.tensor(name)
+            if not any(a in self.ctx.reduced for a in t.axes):
+                continue
+            msl, st = self.ctx.names[name], self.ctx.in_stype(t)
+            at = self.at(msl, t.axes)
+            if self.run(t.axes):
+                out.append(ir.Decl(f"mf_wide_{msl}", ir.vector_type(st, vw),
+                                   ir.Load(msl, at, vw, st)))
+            else:
+                out.append(ir.Decl(f"mf_one_{msl}", compute_type(t.dtype),
+                                   ir.Cast(compute_type(t.dtype), ir.Load(msl, at))))
+        return out
 
     # -- addresses ---------------------------------------------------------------------
     def stride(self, axes: Sequence[str], axis: str) -> ir.Expr:
@@ -128,12 +181,18 @@ class Walk:
         return ir.Cast(compute_type(t.dtype), ir.Load(self.ctx.names[t.name],
                                                       self.base(self.ctx.names[t.name], t.axes)))
 
-    def element_lowering(self) -> ElementLowering:
-        """Lowering of element values at mf_f, with the row values computed so far."""
+    def element_lowering(self, lane: Optional[int] = None) -> ElementLowering:
+        """Lowering of element values at mf_f (the vector walk: at mf_f + `lane`, from the
+        vector loads), with the row values computed so far."""
         def load(n: Node) -> ir.Expr:
             t = self.ctx.graph.tensor(n.attr)
             name = self.ctx.names[t.name]
-            return ir.Cast(compute_type(t.dtype), ir.Load(name, self.at(name, t.axes)))
+            if lane is None:
+                return ir.Cast(compute_type(t.dtype), ir.Load(name, self.at(name, t.axes)))
+            if self.run(t.axes):
+                return ir.Cast(compute_type(t.dtype),
+                               ir.Lane(ir.Var(f"mf_wide_{name}"), ir.Lit(lane, "uint")))
+            return ir.Var(f"mf_one_{name}")
 
         def position(axis: str) -> ir.Expr:
             if axis in self.ctx.reduced:
@@ -149,5 +208,5 @@ def walk_parts(ctx: MultiContext, name: str) -> Walk:
     """A fresh `Walk` for kernel variant `name`."""
     holder: list[Walk] = []
     parts = reduce.variant_parts(ctx, name, lambda p, n: holder[0].row_load(n))
-    holder.append(Walk(ctx, parts))
+    holder.append(Walk(ctx, parts, vector=vector_width(ctx)))
     return holder[0]

@@ -43,23 +43,55 @@ def loop(w: Walk, roots: Sequence[Node], rs: list[reduce.Reduction], outs: Seque
          k0: ir.Expr, k1: ir.Expr) -> list[ir.Stmt]:
     """The row values `roots` need (computed once), then the walk of elements [k0, k1) of
     the row: each thread's elements mf_f = k0 + its index, + the group's size, ...; `rs`
-    folded, outputs `outs` stored."""
+    folded, outputs `outs` stored. Where the schedule reads whole vectors (`Walk.vector`),
+    a second walk of mf_vector elements a thread at once, taken where mf_vec_ok."""
     ctx, v = w.ctx, w.parts
     tensors, frontier = ctx.cone(list(roots))
     before = v.row_values.lower(frontier)
     for t in tensors:
         v.passes[t] = v.passes.get(t, 0) + 1
-    el = w.element_lowering()
-    body = el.lower(list(roots))
-    body += ctx.fold(el, rs, ir.Var("mf_f"))
-    for k in outs:
-        name = ctx.out_names[k]
-        body.append(ir.Store(name, w.at(name, ctx.graph.outputs[k].axes), ctx.out_value(k, el)))
-    ctx.helpers.update(el.helpers)
+    scalar = walk(w, roots, rs, outs, k0, k1, tensors, 1)
+    if w.vector == 1:
+        return before + [scalar]
+    wide = walk(w, roots, rs, outs, k0, k1, tensors, w.vector)
+    return before + [ir.If(ir.Var("mf_vec_ok"), [wide], [scalar])]
+
+
+def walk(w: Walk, roots: Sequence[Node], rs: list[reduce.Reduction], outs: Sequence[int],
+         k0: ir.Expr, k1: ir.Expr, tensors: Sequence[str], vw: int) -> ir.For:
+    """One walk of [k0, k1), `vw` consecutive elements a thread at a time (one vector load of
+    each tensor holding the row as a run; one load of the others, whose position is the same
+    for the vector's elements: `Walk.vector`), folded and stored element by element."""
+    ctx = w.ctx
+    body: list[ir.Stmt] = []
+    if vw > 1:
+        body += w.vector_loads(tensors, vw)
+        body += [ir.Decl(f"mf_o{k}_{j}", ctx.out_stype(k), None, const=False)
+                 for k in outs for j in range(vw)]
+    for j in range(vw):
+        el = w.element_lowering(j if vw > 1 else None)
+        lane = el.lower(list(roots))
+        lane += ctx.fold(el, rs, ir.Var("mf_f") + ir.Lit(j, IDX) if j else ir.Var("mf_f"))
+        for k in outs:
+            name = ctx.out_names[k]
+            if vw > 1:          # the vector's element j, stored with the others below
+                lane.append(ir.Assign(ir.Var(f"mf_o{k}_{j}"), ctx.out_value(k, el)))
+            else:
+                lane.append(ir.Store(name, w.at(name, ctx.graph.outputs[k].axes),
+                                     ctx.out_value(k, el)))
+        ctx.helpers.update(el.helpers)
+        body += [ir.Block(lane)] if vw > 1 else lane
+    for k in outs if vw > 1 else ():
+        name, st = ctx.out_names[k], ctx.out_stype(k)
+        body.append(ir.Store(name, w.at(name, ctx.graph.outputs[k].axes), ir.Call(
+            ir.vector_type(st, vw), tuple(ir.Var(f"mf_o{k}_{j}") for j in range(vw))), vw, st))
     body = w.take_digits() + body
-    lid = ir.Cast(IDX, ir.Var("mf_lid"))
+    lid: ir.Expr = ir.Cast(IDX, ir.Var("mf_lid"))
+    step: ir.Expr = ir.Cast(IDX, ir.Var("mf_tpg"))
+    if vw > 1:
+        lid, step = lid * ir.Lit(vw, IDX), step * ir.Lit(vw, IDX)
     start = lid if isinstance(k0, ir.Lit) and k0.value == 0 else k0 + lid
-    return before + [ir.For("mf_f", IDX, start, k1, body, step=ir.Cast(IDX, ir.Var("mf_tpg")))]
+    return ir.For("mf_f", IDX, start, k1, body, step=step)
 
 
 def phase(w: Walk, rs: list[reduce.Reduction], k0: ir.Expr, k1: ir.Expr) -> list[ir.Stmt]:
@@ -134,6 +166,10 @@ def chunk_header(ctx: MultiContext) -> list[ir.Stmt]:
                                                    ir.Var("mf_chunk_len"))))]
 
 
+def chunk_header_of(w: Walk) -> list[ir.Stmt]:
+    return chunk_header(w.ctx) + w.vec_ok()
+
+
 # -- scratch -------------------------------------------------------------------------------------
 
 def slot_numbers(reds: list[reduce.Reduction]) -> dict[str, tuple[int, str]]:
@@ -173,7 +209,7 @@ def group_kernel(w: Walk, reds: list[reduce.Reduction]) -> ir.LoweredKernel:
     ctx, v = w.ctx, w.parts
     head: list[ir.Stmt] = [ir.Comment("one threadgroup per row"),
                            ir.Decl("mf_row", "uint", ir.Var("mf_group")), nsg(),
-                           ir.Decl("mf_flat", IDX, ctx.flat)]
+                           ir.Decl("mf_flat", IDX, ctx.flat), *w.vec_ok()]
     k0, k1 = ir.Lit(0, IDX), ir.Var("mf_flat")
     for p in range(nphases(reds)):
         rs = [r for r in reds if r.phase == p]
@@ -201,7 +237,7 @@ def part_kernel(w: Walk, reds: list[reduce.Reduction], p: int) -> ir.LoweredKern
                  bits(ir.Var(name), typ, "float")) for name, typ in partial_slots(rs)]
     v.main += [ir.Comment("the chunk's partials to scratch"),
                ir.If(ir.Var("mf_lid").eq(U0), stores)]
-    return finish_kernel(w, chunk_header(ctx), f"phase {p + 1} of {nphases(reds)}: the partials "
+    return finish_kernel(w, chunk_header_of(w), f"phase {p + 1} of {nphases(reds)}: the partials "
                                                f"of a chunk of a row, to scratch")
 
 
@@ -250,7 +286,7 @@ def out_kernel(w: Walk, reds: list[reduce.Reduction]) -> ir.LoweredKernel:
     v.main.append(ir.Comment("the chunk's element outputs"))
     v.main += loop(w, [ctx.graph.outputs[k].node for k in outs], [], outs,
                    ir.Var("mf_k0"), ir.Var("mf_k1"))
-    return finish_kernel(w, chunk_header(ctx), "the element outputs of a chunk of a row, from "
+    return finish_kernel(w, chunk_header_of(w), "the element outputs of a chunk of a row, from "
                                                "the results in scratch")
 
 

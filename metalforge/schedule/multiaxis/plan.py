@@ -14,7 +14,7 @@ from .. import reduce
 from ..base import IDX, Schedule, Step, Traffic
 from ..policy import LaunchPolicy
 from . import kernels as K
-from .context import multi_context, walk_parts
+from .context import multi_context, vector_width, walk_parts
 from .form import AxesForm, collapse
 
 CHUNK_LEN = "chunk_len"                   # the launch parameter: elements of a row per chunk
@@ -170,7 +170,12 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: AxesForm) -> 
                              ("launch", CHUNK_LEN), cast=icast))
         built = {n: replace(k, params=params + extra) for n, k in built.items()}
     extremes = tuple((r.kind, r.node.loc) for r in reds if r.kind in _EXTREME)
-    return MultiSchedule("multiaxis", graph, replace(policy, threadgroup_bytes=tg, uses_simd=True),
-                         built["group"], form.outer + form.reduced, (), index64, form=form,
+    vw = vector_width(ctx)
+    red = form.reduced
+    vector = tuple(t.name for t in ctx.inputs if tuple(t.axes[-len(red):]) == red) \
+        if vw > 1 else ()
+    return MultiSchedule("multiaxis", graph, replace(policy, threadgroup_bytes=tg, uses_simd=True,
+                                                     vector_width=vw),
+                         built["group"], form.outer + form.reduced, vector, index64, form=form,
                          variants=built, phases=nph, slots=len(K.slot_numbers(reds)),
                          passes=passes["group"], element_outputs=outs, extremes=extremes)
