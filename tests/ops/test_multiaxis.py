@@ -133,6 +133,14 @@ def test_every_kind_over_every_axis_and_nan():
     torch.testing.assert_close(s.float(), h.float().sum().half().float())
 
 
+def test_empty_axes_and_rows():
+    assert full_sum(torch.randn(0, 5)) == 0                          # an empty sum is 0
+    with pytest.raises(mf.ShapeError, match=r"mf.max.*over an empty axis \(B = 0\)"):
+        every_kind(torch.randn(3, 0, 2))
+    x = torch.randn(0, 2, 3, 4, 5)                                   # no rows: no launch
+    assert group_norm(x, torch.randn(2, 3), torch.randn(2, 3)).shape == x.shape
+
+
 def test_softmax_over_two_axes():
     x = torch.randn(2, 6, 9) * 4
     want = torch.softmax(x.flatten(1), dim=1).view_as(x)
