@@ -7,8 +7,7 @@ and torch.compile, bytes, % of copy_.
 Ours: the multiaxis schedule (schedule/multiaxis): group norm normalises x[N, G, C/G, H, W]
 over ("C", "H", "W") per group with per-channel weight and bias (F.group_norm); instance norm
 over ("H", "W") per channel (F.instance_norm, no affine); the full sum is `mf.sum(x,
-axis=None)` of an 8192 x 8192 tensor (x.sum(); a 1-D tensor's sum is a row reduction, one
-threadgroup, today). Rows (groups, channels) fewer than
+axis=None)` of an 8192 x 8192 tensor (x.sum()). Rows (groups, channels) fewer than
 fill_groups split into chunks merged in chunk order (part/merge/out launches: the `variant`
 column names the first kernel a call launches). Torch: F.group_norm / F.instance_norm /
 x.sum() eager, and torch.compile of the same function.

@@ -5,7 +5,7 @@ gathered in one walk) whether the family can apply, finds the family's form in t
 data its builder takes: attention's `AxesForm`, the quantized sum, the reduced axis; None when the
 graph is not of the family) and builds the schedule from that form. A pattern raises
 `UnsupportedConstruct` for a graph of its kind that no schedule handles (reductions over
-several axes). `recognise` tries `PATTERNS` in order and keeps the first `Match` for each
+different sets of axes). `recognise` tries `PATTERNS` in order and keeps the first `Match` for each
 graph object, so the runtime asking for a specialisation's family and `plan` building its
 schedules at each index width match the graph once.
 """
@@ -123,7 +123,8 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),
     # several axes reduced together (mf.sum(x, axis=("C", "H", "W"))): chains of reductions
-    Pattern("multiaxis", lambda f: len(f.axes) > 1, _multiaxis, _build_multiaxis),
+    # (and a full reduction of one axis: every output one value)
+    Pattern("multiaxis", lambda f: bool(f.reductions), _multiaxis, _build_multiaxis),
     # one reduced axis, innermost in every tensor and output that has it
     Pattern("row", lambda f: bool(f.reductions), _row, _build_row),
     # one reduced axis, outer somewhere

@@ -46,7 +46,7 @@ def full_sum(x: "T[R, D]"):
 
 @mf.kernel
 def softmax_hw(x: "T[N, H, W]"):
-    return mf.softmax(x, axis=("H", "W"))
+    return mf.softmax(x, axis=("H", "W")), mf.logsumexp(x, axis=("H", "W"))
 
 
 @mf.kernel
@@ -103,11 +103,20 @@ def test_long_rows_split_into_chunks_and_merge_the_same_every_run():
     torch.testing.assert_close(whole, first, rtol=1e-5, atol=1e-5)
 
 
+@mf.kernel
+def vector_max(x: "T[N]"):
+    return mf.max(x, axis="N")            # one axis, one value: split like a full reduction
+
+
 def test_full_sum_of_a_long_tensor_is_deterministic():
     x = torch.randn(700, 300) + 0.25                   # 210000 elements: 25 chunks
     got = full_sum(x)
     assert got.shape == () and torch.equal(got, full_sum(x))
     torch.testing.assert_close(got, x.double().sum().float(), rtol=1e-6, atol=1e-3)
+    v = torch.randn(30001)
+    v[20000] = 9.0
+    assert schedule.family(vector_max.graph(T="f32")) == "multiaxis"
+    assert vector_max(v) == 9.0 and vector_max(v[:20000]) == v[:20000].max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -141,10 +150,13 @@ def test_empty_axes_and_rows():
     assert group_norm(x, torch.randn(2, 3), torch.randn(2, 3)).shape == x.shape
 
 
-def test_softmax_over_two_axes():
-    x = torch.randn(2, 6, 9) * 4
-    want = torch.softmax(x.flatten(1), dim=1).view_as(x)
-    torch.testing.assert_close(softmax_hw(x), want, rtol=1e-5, atol=1e-6)
+def test_softmax_and_logsumexp_over_two_axes():
+    # small rows; one row of 16900 elements in two chunks (the online max and sum merged)
+    for x in (torch.randn(2, 6, 9) * 4, torch.randn(1, 130, 130) * 4):
+        p, lse = softmax_hw(x)
+        torch.testing.assert_close(p, torch.softmax(x.flatten(1), dim=1).view_as(x),
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lse, torch.logsumexp(x, dim=(1, 2)), rtol=1e-5, atol=1e-5)
 
 
 def test_statistics_over_axes_the_kept_one_splits():

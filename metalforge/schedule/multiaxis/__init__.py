@@ -1,5 +1,6 @@
 """The multiaxis schedule: reductions over several axes together in one kernel
-(`mf.sum(x, axis=("C", "H", "W"))`, group norm, instance norm, a full reduction).
+(`mf.sum(x, axis=("C", "H", "W"))`, group norm, instance norm, a full reduction; also a full
+reduction of one axis, `mf.sum(x, axis="N")` of x: "T[N]", which it splits across threadgroups).
 
 The frontend writes a reduction over several axes as a chain of one-axis reductions; `form`
 finds the chains (every chain of the kernel over one set of axes), orders the reduced axes for

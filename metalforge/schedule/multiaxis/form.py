@@ -83,12 +83,13 @@ def _casts(n: Node, stop: Node) -> list[Node]:
 
 
 def match(graph: Graph) -> Optional[AxesForm]:
-    """The form of a graph whose reductions are chains over one set of several axes; None for
-    a graph of one-axis reductions; an error naming the construct for one this schedule
+    """The form of a graph whose reductions are chains over one set of several axes, or a
+    full reduction of one axis (`_whole`); None for other graphs of one-axis reductions; an
+    error naming the construct for one this schedule
     cannot take (chains over different sets of axes, gathers, packed words)."""
     found = chains(graph)
     sets = {frozenset(axes) for _, axes in found.values()}
-    if all(len(s) == 1 for s in sets):
+    if all(len(s) == 1 for s in sets) and not _whole(graph, found, sets):
         return None
     if len(sets) > 1:
         (a, (_, ax)), (b, (_, bx)) = _two_sets(found)
@@ -108,6 +109,15 @@ def match(graph: Graph) -> Optional[AxesForm]:
     outer = tuple(a for a in widest if a not in reduced)
     _check_axes(graph, reduced, outer)
     return AxesForm(reduced, outer)
+
+
+def _whole(graph: Graph, found: dict[Node, tuple[Node, list[str]]],
+           sets: set[frozenset[str]]) -> bool:
+    """A full reduction of one axis (`mf.sum(x, axis=None)` of x: "T[N]"): every output one
+    value, no argmax/argmin. The row schedule would give the whole tensor one threadgroup; this
+    one splits it into chunks."""
+    return len(sets) == 1 and all(not o.axes for o in graph.outputs) and \
+        all(n.attr[0] in ("sum", "prod", "max", "min") for n in found)
 
 
 def _spelling(axes: list[str]) -> str:
