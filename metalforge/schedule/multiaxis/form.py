@@ -114,10 +114,12 @@ def match(graph: Graph) -> Optional[AxesForm]:
 def _whole(graph: Graph, found: dict[Node, tuple[Node, list[str]]],
            sets: set[frozenset[str]]) -> bool:
     """A full reduction of one axis (`mf.sum(x, axis=None)` of x: "T[N]"): every output one
-    value, no argmax/argmin. The row schedule would give the whole tensor one threadgroup; this
+    value, no argmax/argmin, no gathers or packed words (their families' own refusals and
+    schedules stand). The row schedule would give the whole tensor one threadgroup; this
     one splits it into chunks."""
     return len(sets) == 1 and all(not o.axes for o in graph.outputs) and \
-        all(n.attr[0] in ("sum", "prod", "max", "min") for n in found)
+        all(n.attr[0] in ("sum", "prod", "max", "min") for n in found) and \
+        not any(n.op in (Op.TAKE, Op.UNPACK) for n in graph.nodes())
 
 
 def _spelling(axes: list[str]) -> str:
