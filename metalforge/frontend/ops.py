@@ -7,7 +7,7 @@ nodes), so every schedule and the reference see only primitives.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from ..dtypes import F32, I64
 from ..graph import BinaryOp, Op, RandomOp, ReduceOp, ScanOp, UnaryOp
@@ -160,50 +160,69 @@ def size(axis: str) -> Sym:
 
 # --------------------------------------------------------------------------- reductions
 
-Axes = Union[str, Sequence[str]]       # one axis name, or several (a tuple or a list)
+Axes = Union[str, Sequence[str]]       # one axis name, or several (a tuple or a list);
+# axis=None: every axis of the value (a full reduction, a 0-d result)
 
 
-def _axes(tr: Trace, axis: Any, fn: str) -> tuple[str, ...]:
+def _axes(tr: Trace, axis: Any, fn: str, x: Any = None) -> tuple[str, ...]:
+    if axis is None:                    # every axis of the value: a full reduction
+        if not isinstance(x, Sym) or not x._node.axes:
+            raise tr.error(f"mf.{fn}: axis=None reduces every axis of the value, but it has "
+                           f"none (a scalar)")
+        return tuple(x._node.axes)
     if isinstance(axis, (tuple, list)):
         if not axis:
             raise tr.error(f"mf.{fn}: axis=() names no axis")
+        if len(set(axis)) != len(axis):
+            raise tr.error(f"mf.{fn}: axis={tuple(axis)!r} names an axis twice")
         return tuple(axis)
     return (axis,)
 
 
-def _reduce_many(kind: ReduceOp, x: Any, axis: Axes, fn: str) -> Sym:
+def _reduce_many(kind: ReduceOp, x: Any, axis: Optional[Axes], fn: str,
+                 keep_f32: bool = False) -> Sym:
+    """One reduction node per axis, each reducing the last's result. A float sum or product
+    over several axes adds in f32 throughout and rounds to x's dtype once at the end (as
+    torch's x.sum(dim=(...)) does; `keep_f32`: the f32 result, for mf.mean); the schedules
+    treat the chain as one reduction over the axes together (schedule/multiaxis)."""
     tr = _trace((x,), fn)
-    axes = _axes(tr, axis, fn)
-    out = tr.reduce(kind, x, axes[0], f"mf.{fn}")
+    axes = _axes(tr, axis, fn, x)
+    wide = len(axes) > 1 and kind in (ReduceOp.SUM, ReduceOp.PROD) and isinstance(x, Sym) \
+        and x.dtype.is_float and x.dtype.itemsize < 4
+    out = tr.reduce(kind, x.to("f32") if wide else x, axes[0], f"mf.{fn}")
     for ax in axes[1:]:
         out = tr.reduce(kind, out, ax, f"mf.{fn}")
-    return out
+    return out.to(x.dtype) if wide and not keep_f32 else out
 
 
-def sum(x: Any, axis: Axes) -> Sym:  # noqa: A001
-    """Sum over `axis` (a name or a tuple of names), removing it; fp32 accumulation;
-    integers sum in i64 as in torch.
+def sum(x: Any, axis: Optional[Axes]) -> Sym:  # noqa: A001
+    """Sum over `axis` (a name, a tuple of names, or None for every axis of x), removing it;
+    fp32 accumulation; integers sum in i64 as in torch.
 
-    Example: ``mf.sum(x * x, axis="D")`` on ``x: "T[R, D]"`` is ``[R]``."""
+    Example: ``mf.sum(x * x, axis="D")`` on ``x: "T[R, D]"`` is ``[R]``;
+    ``mf.sum(x, axis=("C", "H", "W"))`` on ``x: "T[N, G, C, H, W]"`` is ``[N, G]``."""
     return _reduce_many(ReduceOp.SUM, x, axis, "sum")
 
 
-def prod(x: Any, axis: Axes) -> Sym:
-    """Product over `axis` (a name or a tuple of names); integers multiply in i64 as in torch.
+def prod(x: Any, axis: Optional[Axes]) -> Sym:
+    """Product over `axis` (a name, a tuple of names, or None for every axis); integers
+    multiply in i64 as in torch.
 
     Example: ``mf.prod(x, axis="D")``."""
     return _reduce_many(ReduceOp.PROD, x, axis, "prod")
 
 
-def max(x: Any, axis: Axes) -> Sym:  # noqa: A001
-    """Maximum over `axis` (a name or a tuple of names); NaN propagates (torch.amax).
+def max(x: Any, axis: Optional[Axes]) -> Sym:  # noqa: A001
+    """Maximum over `axis` (a name, a tuple of names, or None for every axis); NaN propagates
+    (torch.amax).
 
     Example: ``x - mf.max(x, axis="D")``."""
     return _reduce_many(ReduceOp.MAX, x, axis, "max")
 
 
-def min(x: Any, axis: Axes) -> Sym:  # noqa: A001
-    """Minimum over `axis` (a name or a tuple of names); NaN propagates (torch.amin).
+def min(x: Any, axis: Optional[Axes]) -> Sym:  # noqa: A001
+    """Minimum over `axis` (a name, a tuple of names, or None for every axis); NaN propagates
+    (torch.amin).
 
     Example: ``mf.min(x, axis="D")``."""
     return _reduce_many(ReduceOp.MIN, x, axis, "min")
@@ -214,6 +233,7 @@ def argmax(x: Any, axis: str) -> Sym:
     (torch.argmax).
 
     Example: ``mf.argmax(logits, axis="V")``."""
+    _one_axis(x, axis, "argmax")
     return _trace((x,), "argmax").reduce(ReduceOp.ARGMAX, x, axis, "mf.argmax")
 
 
@@ -222,11 +242,23 @@ def argmin(x: Any, axis: str) -> Sym:
     (torch.argmin).
 
     Example: ``mf.argmin(dist, axis="K")``."""
+    _one_axis(x, axis, "argmin")
     return _trace((x,), "argmin").reduce(ReduceOp.ARGMIN, x, axis, "mf.argmin")
 
 
-def mean(x: Any, axis: Axes) -> Sym:
-    """Mean over `axis` (a name or a tuple of names): sum(x, axis) / size(axis).
+def _one_axis(x: Any, axis: Any, fn: str) -> None:
+    """argmax/argmin reduce one axis: the flat index over several (torch.argmax without dim)
+    is refused at the call, with what to write instead."""
+    if axis is None or isinstance(axis, (tuple, list)):
+        raise _trace((x,), fn).error(
+            f"mf.{fn}(..., axis={axis!r}): {fn} reduces one axis; the flat index over several "
+            f"axes (torch.{fn} without dim) is not supported. Annotate the axes as one dim "
+            f"(e.g. \"T[N, HW]\" for x.flatten(-2)) and reduce that")
+
+
+def mean(x: Any, axis: Optional[Axes]) -> Sym:
+    """Mean over `axis` (a name, a tuple of names, or None for every axis): sum(x, axis) /
+    size(axis) (over several axes: divided by the product of their sizes in f32, rounded once).
     Floating-point values only (torch.mean refuses integers).
 
     Example::
@@ -238,12 +270,13 @@ def mean(x: Any, axis: Axes) -> Sym:
     if isinstance(x, Sym) and not x.dtype.is_float:
         raise tr.error(f"mf.mean needs a floating-point value, got {x.dtype} (torch.mean "
                        "refuses integers too); use mf.mean(x.to(mf.f32), ...)")
-    axes = _axes(tr, axis, "mean")
-    total = _reduce_many(ReduceOp.SUM, x, axes, "mean")
+    axes = _axes(tr, axis, "mean", x)
+    total = _reduce_many(ReduceOp.SUM, x, axes, "mean", keep_f32=True)
     n = tr.size(axes[0])
     for ax in axes[1:]:
         n = n * tr.size(ax)
-    return total / n
+    out = total / n
+    return out.to(x.dtype) if out.dtype != x.dtype else out
 
 
 def _float_only(x: Any, fn: str) -> None:

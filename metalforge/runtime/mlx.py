@@ -302,7 +302,8 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
                 where: str) -> Optional[Mapping[str, Any]]:
     """The launch options under MLX, which launches one kernel per call: attention keeps one
     block of keys per query row (key_splits 1), a column reduction one chunk of the reduced
-    axis (fill_groups 0: no partials to merge in a second launch)."""
+    axis (fill_groups 0: no partials to merge in a second launch), a reduction over several
+    axes one threadgroup per row (the same)."""
     family = sched_mod.family(graph)
     if family == "scatter":
         raise UnsupportedOnBackend(
@@ -317,10 +318,10 @@ def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
                               f"scan keeps each row in one threadgroup; got "
                               f"launch={dict(launch or {})}")
         return {**(launch or {}), "fill_groups": 0}
-    if family == "column":
+    if family in ("column", "multiaxis"):
         if (launch or {}).get("fill_groups", 0):
             raise LaunchError(f"{where}: the mlx backend launches one kernel per call, so a "
-                              f"column reduction keeps the reduced axis in one chunk; got "
+                              f"{family} reduction keeps the reduced axis in one chunk; got "
                               f"launch={dict(launch or {})}")
         return {**(launch or {}), "fill_groups": 0}
     if family != "attention":

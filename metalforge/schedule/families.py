@@ -2,10 +2,10 @@
 
 A `Pattern` names a family, says from the graph's `Facts` (its reductions and their axes,
 gathered in one walk) whether the family can apply, finds the family's form in the graph (the
-data its builder takes: attention's `Form`, the quantized sum, the reduced axis; None when the
+data its builder takes: attention's `AxesForm`, the quantized sum, the reduced axis; None when the
 graph is not of the family) and builds the schedule from that form. A pattern raises
 `UnsupportedConstruct` for a graph of its kind that no schedule handles (reductions over
-several axes). `recognise` tries `PATTERNS` in order and keeps the first `Match` for each
+different sets of axes). `recognise` tries `PATTERNS` in order and keeps the first `Match` for each
 graph object, so the runtime asking for a specialisation's family and `plan` building its
 schedules at each index width match the graph once.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, quant, rows, scan, scatter
+from . import attention, column, elementwise, multiaxis, quant, rows, scan, scatter
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -102,6 +102,18 @@ def _build_scan(graph: Graph, policy: LaunchPolicy, index64: bool, axis: str) ->
     return scan.build(graph, policy, index64)
 
 
+def _multiaxis(graph: Graph, facts: Facts) -> Optional[multiaxis.AxesForm]:
+    """The form of a graph reducing several axes together (None: one axis per reduction)."""
+    if facts.lost is not None:
+        _reduced_axis(graph, facts)                 # the derived-axis error
+    return multiaxis.match(graph)
+
+
+def _build_multiaxis(graph: Graph, policy: LaunchPolicy, index64: bool,
+                     form: multiaxis.AxesForm) -> Schedule:
+    return multiaxis.build(graph, policy, index64, form)
+
+
 def _build_elementwise(graph: Graph, policy: LaunchPolicy, index64: bool,
                        outputs: object) -> Schedule:
     return elementwise.build(graph, policy, index64)
@@ -119,6 +131,9 @@ PATTERNS: tuple[Pattern, ...] = (
     # sum(softmax(s, L) * V, L) with s summed products over another axis E
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),
+    # several axes reduced together (mf.sum(x, axis=("C", "H", "W"))): chains of reductions
+    # (and a full reduction of one axis: every output one value)
+    Pattern("multiaxis", lambda f: bool(f.reductions), _multiaxis, _build_multiaxis),
     # one reduced axis, innermost in every tensor and output that has it
     Pattern("row", lambda f: bool(f.reductions), _row, _build_row),
     # one reduced axis, outer somewhere

@@ -87,7 +87,8 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              "share", "slice", "split", "src", "srow", "step", "stride",
                              "sub", "sum", "sum_add", "tile", "tiles", "tk", "tm", "tmax",
                              "tn", "u", "vec", "vec_ok", "vf", "w", "wlog", "wn", "wp",
-                             "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z"})
+                             "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z",
+                             "chunk_len", "f", "flat"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)

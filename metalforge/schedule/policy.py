@@ -245,6 +245,11 @@ POLICIES: dict[str, LaunchPolicy] = {
     # at most 768, and its totals and row launches share one grid, so no launch may shrink
     "scan": LaunchPolicy("scan", threads_per_group=512, vector_width=8, reads_per_thread=8,
                          rows_per_group=8, uses_simd=True, fill_groups=256),
+    # several axes reduced together (schedule/multiaxis): a threadgroup of threads_per_group
+    # walks a row's flattened elements; where the rows are fewer than fill_groups, the row is
+    # split into chunks of at least chunk_rows elements (partials merged by later launches)
+    "multiaxis": LaunchPolicy("multiaxis", threads_per_group=512, vector_width=4,
+                              fill_groups=512, chunk_rows=8192, uses_simd=True),
 }
 # Per backend, what differs from the table for a family. The table is the Metal design (mps,
 # the simulator and mlx run it as it is); a backend's entry sits under the autotune cache and
@@ -286,6 +291,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "x_rows", "index64", "index_check"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
+    "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
+                  "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64",
                   "index_check"),

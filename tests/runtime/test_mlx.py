@@ -95,7 +95,7 @@ def check_against_reference(kernel, args, dtype, **kw):
 
 
 SIZES = {"D": 100, "R": 37, "S": 7, "L": 9, "F": 33, "N": 5, "K": 128, "M": 3, "B": 2, "H": 3,
-         "E": 64, "V": 11, "NB": 6, "BS": 4, "G": 2, "P": 3, "C": 5}
+         "E": 64, "V": 11, "NB": 6, "BS": 4, "G": 2, "P": 3, "C": 3, "W": 5}
 # kernels with a gather whose index is not proven in range (they bind an error report); those
 # whose gathers are all proven (RoPE's partner) run on MLX like any other
 GATHERS = {n for n, k in EXAMPLES.items()

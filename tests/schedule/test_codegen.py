@@ -145,8 +145,9 @@ def test_reserved_names_are_renamed():
 def test_reduction_over_two_axes_is_a_clear_error():
     x = tensor("x", F32, ("R", "D"))
     r = Node("reduce", (load(x),), F32, ("R",), ("sum", "D"), loc=("user.py", 12))
-    r2 = Node("reduce", (r,), F32, (), ("sum", "R"), loc=("user.py", 13))
-    g = Graph("total", (x,), (Output(r2, (), F32),), dtype_vars={"T": F32})
+    r2 = Node("reduce", (load(x),), F32, ("D",), ("sum", "R"), loc=("user.py", 13))
+    both = Node("binary", (r, r2), F32, ("R", "D"), "add")      # two sets of axes: {D}, {R}
+    g = Graph("total", (x,), (Output(both, ("R", "D"), F32),), dtype_vars={"T": F32})
     with pytest.raises(UnsupportedConstruct, match=r"several axes.*mf\.sum.*'R'.*user\.py:13"):
         schedule.plan(g)
 

@@ -55,8 +55,9 @@ def test_each_family_is_recognised(kernel, fam):
     g = kernel.graph(T="f32")
     m = schedule.recognise(g)
     assert m.family == schedule.family(g) == fam
-    assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant", "attention", "row",
-                                                     "column", "elementwise"]
+    assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant", "attention",
+                                                     "multiaxis", "row", "column",
+                                                     "elementwise"]
     assert schedule.plan(g).family == fam
 
 
