@@ -57,6 +57,14 @@ SENTINEL = 0xFFFFFFFF                      # "no index yet" for argmax/argmin (u
 _EXTREME = (ReduceOp.MAX, ReduceOp.MIN, ReduceOp.ARGMAX, ReduceOp.ARGMIN)
 
 
+def accumulator_type(dt: DType) -> str:
+    """MSL type of a running value over `dt` values: fp32 for floats (f16/bf16 too), int or
+    uint for integers of up to 32 bits."""
+    if dt.is_float:
+        return "float"
+    return "uint" if dt.kind == "uint" else "int"
+
+
 @dataclass
 class Reduction:
     node: Node
@@ -93,10 +101,7 @@ class Reduction:
     @property
     def acc_type(self) -> str:
         """MSL type of the running value."""
-        dt = self.arg.dtype
-        if dt.is_float:
-            return "float"
-        return "uint" if dt.kind == "uint" else "int"
+        return accumulator_type(self.arg.dtype)
 
     @property
     def is_float(self) -> bool:

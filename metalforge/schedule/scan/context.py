@@ -34,12 +34,8 @@ class Scan:
 
     @property
     def acc_type(self) -> str:
-        """MSL type of the running value: fp32 for float values (f16/bf16 too), int or uint
-        for integers of up to 32 bits."""
-        dt = self.arg.dtype
-        if dt.is_float:
-            return "float"
-        return "uint" if dt.kind == "uint" else "int"
+        """MSL type of the running value (`reduce.accumulator_type`)."""
+        return reduce.accumulator_type(self.arg.dtype)
 
     @property
     def is_float(self) -> bool:
