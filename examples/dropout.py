@@ -32,4 +32,5 @@ if __name__ == "__main__":
     torch.testing.assert_close(y, torch.where(keep, x / 0.9, 0.0))
     torch.testing.assert_close(x.grad, torch.where(keep, dy / 0.9, 0.0))
     print(f"dropout: {tuple(y.shape)} on {current_backend([x])}, kept "
-          f"{keep.float().mean().item():.3f} (p = 0.1); the backward drew the same mask")
+          f"{keep.float().mean().item():.3f} (p = 0.1); forward and backward match torch "
+          "with the same mask")

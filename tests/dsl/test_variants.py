@@ -85,7 +85,7 @@ def test_const_values_are_literals_in_the_code():
         return x * k
 
     src = scale_by.source(torch.randn(8), k=7)
-    assert "mf_x * 7" in body(src) and "k" not in re.findall(r"\b\w+\b", body(src))
+    assert "mf_in_x * 7" in body(src) and "k" not in re.findall(r"\b\w+\b", body(src))
     torch.testing.assert_close(scale_by(torch.arange(6.0), k=-2), torch.arange(6.0) * -2)
     assert host_names(scale_by.source(torch.randn(8), k=-2)) == ["scale_by_f32_k_m2"]
 

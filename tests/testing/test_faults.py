@@ -64,7 +64,7 @@ def test_dropped_fp32_upcast_is_caught():
     assert m, report
     assert re.search(r"values family '(large|mixed)'", report)   # overflow needs large values
     assert float(m.group(1)) == float("inf") and abs(float(m.group(2))) > 256
-    assert "const T mf_v1 = mf_x * mf_x;" in report
+    assert "const T mf_v1 = mf_in_x * mf_in_x;" in report
 
 
 def test_broadcast_indexed_by_the_wrong_axis_is_caught():
