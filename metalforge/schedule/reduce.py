@@ -261,16 +261,22 @@ def check_sizes(graph: Graph, reds: list[Reduction], sizes: Mapping[str, int]) -
 
 # --------------------------------------------------------------------------- IR pieces
 
-def identity(r: Reduction) -> ir.Expr:
-    t = r.acc_type
-    if r.kind == ReduceOp.SUM:
+def identity_of(combine: str, t: str) -> ir.Expr:
+    """The identity of `combine` ("sum", "prod", "max" or "min") for running values of MSL
+    type `t`: 0, 1, -inf / lowest, +inf / max (reductions and scans)."""
+    if combine == "sum":
         return ir.Lit(0.0 if t == "float" else 0, t)
-    if r.kind == ReduceOp.PROD:
+    if combine == "prod":
         return ir.Lit(1.0 if t == "float" else 1, t)
-    big = r.kind in (ReduceOp.MAX, ReduceOp.ARGMAX)
+    big = combine == "max"
     if t == "float":
         return ir.Lit(float("-inf") if big else float("inf"), t)
     return ir.Var(f"numeric_limits<{t}>::{'lowest' if big else 'max'}()")
+
+
+def identity(r: Reduction) -> ir.Expr:
+    combine: dict[str, str] = {ReduceOp.ARGMAX: "max", ReduceOp.ARGMIN: "min"}
+    return identity_of(combine.get(r.kind, str(r.kind)), r.acc_type)
 
 
 def declare(r: Reduction) -> list[ir.Stmt]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ... import ir
 from ...graph import ScanOp
+from .. import reduce
 from ..hardware import SIMD_WIDTH
 from ..lower import compute_type
 from .context import SUMS, Scan
@@ -27,15 +28,9 @@ def lit(v: int) -> ir.Lit:
 
 def identity(s: Scan) -> ir.Expr:
     """The value that combines with x to x: 0, 1, -inf / lowest, +inf / max, -inf."""
-    t = s.acc_type
-    if s.kind == ScanOp.CUMSUM:
-        return ir.Lit(0.0 if t == "float" else 0, t)
-    if s.kind == ScanOp.CUMPROD:
-        return ir.Lit(1.0 if t == "float" else 1, t)
-    low = s.kind in (ScanOp.CUMMAX, ScanOp.LOGCUMSUMEXP)
-    if t == "float":
-        return ir.Lit(float("-inf") if low else float("inf"), t)
-    return ir.Var(f"numeric_limits<{t}>::{'lowest' if low else 'max'}()")
+    combine = {ScanOp.CUMSUM: "sum", ScanOp.CUMPROD: "prod", ScanOp.CUMMAX: "max",
+               ScanOp.LOGCUMSUMEXP: "max", ScanOp.CUMMIN: "min"}[s.kind]
+    return reduce.identity_of(combine, s.acc_type)
 
 
 def combine(s: Scan, a: ir.Expr, b: ir.Expr) -> ir.Expr:
