@@ -32,7 +32,9 @@ from ..runtime.binding import (
 )
 from ..runtime.indexcheck import IndexErrors
 from ..shapes import output_shape
+from . import rule as rule_mod
 from .manifest import SCHEMA, merge_into
+from .rule import all_sizes, base_axes, param_shape
 
 BUILD = """#!/bin/sh
 # Build {name}.metallib from the exported Metal source (macOS, Xcode command-line tools).
@@ -42,36 +44,6 @@ cd "$(dirname "$0")"
 xcrun -sdk macosx metal -c {name}.metal -o {name}.air
 xcrun -sdk macosx metallib {name}.air -o {name}.metallib
 """
-
-
-def base_axes(graph: Graph) -> list[str]:
-    """The axes whose sizes an export must be given (derived and literal dims follow)."""
-    out: list[str] = []
-    for t in graph.tensors:
-        for d in t.dims:
-            name = d.base if d.derived else d.name
-            if d.size is None and name is not None and name not in out:
-                out.append(name)
-    return out
-
-
-def param_shape(p: TensorParam, sizes: Mapping[str, int]) -> list[int]:
-    """The storage shape of tensor parameter `p` at `sizes` (a batch dim as one flattened
-    dim; a grouped dim "(G R)" as one dim of G x R)."""
-    shape: list[int] = []
-    for d in p.dims:
-        if d.size is not None:
-            n = d.size
-        elif d.derived:
-            assert d.base is not None
-            n = sizes[d.base] * d.mul // d.div + d.add
-        else:
-            n = sizes[d.name]
-        if d.joined and shape:
-            shape[-1] *= n
-        else:
-            shape.append(n)
-    return shape
 
 
 def _placeholder(p: ScalarParam) -> Any:
@@ -99,6 +71,21 @@ def _argument(a: Source, fixed: Mapping[int, int], s: Any, sizes: Mapping[str, i
     return {"index": a.index, "kind": "report"}
 
 
+def _rule(call: launcher.CheckedCall, schedule: Any, plan: Any, where: str,
+          base: Mapping[str, int]) -> dict[str, Any]:
+    """The entry's size rule (rule.py), with where each base size is read from."""
+    ctx = rule_mod.Context(call.spec.graph, schedule, plan, call.index64, call.spec.grid,
+                           call.binding.groups, where)
+    lib = call.spec.library(call.index64, "sim")
+    limits = {i.host_name: lib.kernel(i.host_name).max_threads
+              for k in schedule.kernels for i in k.instances}
+    got = rule_mod.rule(ctx, base, limits)
+    if "checks" in got:
+        read = rule_mod.size_sources(ctx, list(base))
+        got = {"sizes": read, **got} if isinstance(read, dict) else {"unavailable": read}
+    return got
+
+
 def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str, int]
                    ) -> tuple[dict[str, Any], str]:
     """(the manifest entry of the kernel at these dtype/Const bindings and sizes, its Metal
@@ -108,10 +95,11 @@ def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str,
     if missing:
         raise BindingError(f"kernel '{graph.name}': export needs every size: give "
                            + " ".join(f"--shape {a}=..." for a in missing))
+    full = all_sizes(graph, sizes)
     values: dict[str, Any] = {}
     for p in graph.params:
         if isinstance(p, TensorParam):
-            values[p.name] = torch.empty(param_shape(p, sizes), dtype=p.dtype.torch)
+            values[p.name] = torch.empty(param_shape(p, full), dtype=p.dtype.torch)
         elif isinstance(p, ScalarParam):
             values[p.name] = _placeholder(p)
     call = launcher.check_call(graph, values, "sim", kernel.launch)
@@ -120,11 +108,13 @@ def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str,
     fixed = plan.fixed(schedule, call.binding.sizes, call.numel)
     launches = launcher.bind(call).plan if call.numel else ()
     errors = IndexErrors.of(graph, plan.report, call.binding.sizes)
+    where = f"kernel '{graph.name}'" + (f" ({Path(graph.loc[0]).name}:{graph.loc[1]})"
+                                        if graph.loc else "")
     entry = {
         "kernel": graph.name, "bindings": {k: str(v) for k, v in bindings.items()},
         "sizes": dict(call.binding.sizes),
         "inputs": [{"name": p.name, "kind": "tensor", "dtype": p.dtype.name,
-                    "annotation": p.annotation, "shape": param_shape(p, sizes)}
+                    "annotation": p.annotation, "shape": param_shape(p, full)}
                    if isinstance(p, TensorParam) else
                    {"name": p.name, "kind": "scalar", "type": p.pytype.__name__,
                     **({"default": p.default} if p.has_default else {})}
@@ -135,8 +125,8 @@ def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str,
         "arg_casts": {str(i): c for i, c in plan.casts},
         "launches": [{"host_name": h, "threads": t, "group_size": g} for h, t, g in launches],
         "index_errors": list(errors.sites) if errors is not None else [],
-        "where": f"kernel '{graph.name}'" + (f" ({Path(graph.loc[0]).name}:{graph.loc[1]})"
-                                             if graph.loc else ""),
+        "where": where,
+        "rule": _rule(call, schedule, plan, where, {a: sizes[a] for a in base_axes(graph)}),
     }
     return entry, call.spec.library(call.index64, "sim").source
 

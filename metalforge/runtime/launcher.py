@@ -179,25 +179,39 @@ def _launch(call: CheckedCall, s: sched_mod.Schedule, lib: KernelSet,
     pipeline allows (another where its limit is lower, an alternative where twice the groups
     share a core), checked."""
     sizes = call.binding.sizes
+    step = fit(s, step, sizes, lambda host: lib.kernel(host).max_threads)
     compiled = lib.kernel(step.host_name)
-    if step.group > compiled.max_threads:       # a register-bound pipeline: another kernel
-        step = s.within(step, sizes, compiled.max_threads)
-        compiled = lib.kernel(step.host_name)
     for alt in s.alternatives(step, sizes):     # where twice the groups share a core
         other = lib.kernel(alt.host_name)
         now = _groups_per_core(compiled, step.group)
         if alt.group <= other.max_threads and now and \
                 _groups_per_core(other, alt.group) >= 2 * now:
             step, compiled = alt, other
-    if not 1 <= step.group <= compiled.max_threads:      # checked on every launch
-        raise LaunchError(f"{call.spec.where}: a threadgroup of {step.group} threads, but this "
-                          f"pipeline allows 1 to {compiled.max_threads} (launch policy "
-                          f"{s.policy})")
+    check_step(call.spec.where, step, compiled.max_threads, call.numel, s.policy)
+    return compiled.kernel, step.threads, step.group, step.host_name
+
+
+def fit(s: sched_mod.Schedule, step: Step, sizes: Mapping[str, Any],
+        max_threads: Callable[[str], Any]) -> Step:
+    """The launch to make for `step` on pipelines allowing `max_threads(host name)` threads
+    a group: `step`, or the schedule's other kernel where its group is over that limit (a
+    register-bound pipeline). Pure, so that an export can trace it with symbolic sizes."""
+    if step.group > max_threads(step.host_name):
+        return s.within(step, sizes, max_threads(step.host_name))
+    return step
+
+
+def check_step(where: str, step: Step, max_threads: int, count: int, policy: Any) -> None:
+    """The checks of every launch: a group the pipeline allows, a grid dispatchThreads takes
+    (`count`: the output elements, and `policy`, for the messages)."""
+    if not 1 <= step.group <= max_threads:
+        raise LaunchError(f"{where}: a threadgroup of {step.group} threads, but this "
+                          f"pipeline allows 1 to {max_threads} (launch policy "
+                          f"{policy})")
     if step.threads > MAX_THREADS:
-        raise LaunchError(f"{call.spec.where}: {call.numel} output elements need {step.threads} "
+        raise LaunchError(f"{where}: {count} output elements need {step.threads} "
                           f"threads, over the {MAX_THREADS} a dispatch can launch; raise "
                           f"launch={{'vectors_per_thread': ...}}")
-    return compiled.kernel, step.threads, step.group, step.host_name
 
 
 def dispatch(launch: Launch) -> None:

@@ -237,11 +237,11 @@ class AttentionSchedule(Schedule):
         if sizes[self.l_axis] == 0:
             raise ShapeError(f"{where}: softmax over an empty axis ({self.l_axis} = 0) has no "
                              "value (torch raises too)")
-        n = max([self._rows(sizes) * sizes[self.e_axis], self.scratch_floats(sizes)] + [
-            numel(t.axes, sizes) for t in self.graph.tensors])
-        if not self.index64 and n >= 2 ** 31:
-            raise LaunchError(f"{where}: {n} elements need 64-bit indexing; call it with "
-                              "launch={'index64': True}")
+        counts = [self._rows(sizes) * sizes[self.e_axis], self.scratch_floats(sizes)] + [
+            numel(t.axes, sizes) for t in self.graph.tensors]
+        if not self.index64 and any(n >= 2 ** 31 for n in counts):   # no max(): an export
+            raise LaunchError(f"{where}: {2 ** 31} elements or more need 64-bit indexing; "
+                              "call it with launch={'index64': True}")   # traces this rule
         # a safety net: the policies validate() admits keep a tile's keys >= its rows (16 rows
         # already need more threadgroup memory than Metal has)
         if self.policy.stage_kv and self.keys_per_tile(sizes) < self.qt:
