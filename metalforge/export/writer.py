@@ -32,6 +32,7 @@ from ..runtime.binding import (
 )
 from ..runtime.indexcheck import IndexErrors
 from ..shapes import output_shape
+from . import mlx
 from . import rule as rule_mod
 from .manifest import SCHEMA, merge_into
 from .rule import all_sizes, base_axes, param_shape
@@ -87,9 +88,9 @@ def _rule(call: launcher.CheckedCall, schedule: Any, plan: Any, where: str,
 
 
 def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str, int]
-                   ) -> tuple[dict[str, Any], str]:
+                   ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(the manifest entry of the kernel at these dtype/Const bindings and sizes, its Metal
-    source)."""
+    source, its kernels in mx.fast.metal_kernel's form: export/mlx.py)."""
     graph = kernel.graph(**bindings)
     missing = [a for a in base_axes(graph) if a not in sizes]
     if missing:
@@ -128,14 +129,14 @@ def specialisation(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str,
         "where": where,
         "rule": _rule(call, schedule, plan, where, {a: sizes[a] for a in base_axes(graph)}),
     }
-    return entry, call.spec.library(call.index64, "sim").source
+    return entry, call.spec.library(call.index64, "sim").source, mlx.forms(schedule)
 
 
 def export(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str, int],
            out: str | Path) -> Path:
     """Write (or add to) the export folder `out`: <kernel>-<n>.metal for this specialisation,
     its build script, and manifest.json; returns the manifest's path."""
-    entry, source = specialisation(kernel, bindings, sizes)
+    entry, source, forms = specialisation(kernel, bindings, sizes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     manifest = out / "manifest.json"
@@ -144,6 +145,7 @@ def export(kernel: Any, bindings: Mapping[str, Any], sizes: Mapping[str, int],
     name = merge_into(doc, entry)
     entry["source"] = f"{name}.metal"
     (out / entry["source"]).write_text(source)
+    entry["mlx"] = mlx.write(out, name, forms)
     script = out / f"build_{name}.sh"
     script.write_text(BUILD.format(name=name))
     script.chmod(0o755)

@@ -89,6 +89,7 @@ _FROM_MLX = {"float32": dtypes.F32, "float16": dtypes.F16, "bfloat16": dtypes.BF
              "uint16": dtypes.U16, "int8": dtypes.I8, "uint8": dtypes.U8, "bool": dtypes.BOOL,
              "int64": dtypes.I64, "uint64": dtypes.U64}
 _TO_MLX = {d.name: name for name, d in _FROM_MLX.items()} | {"bool": "bool_"}
+TO_MLX = _TO_MLX            # metalforge dtype name -> MLX dtype name (export/mlx.py)
 
 # What MLX prepends to every kernel it compiles (`metal::utils()`) declares the type names its
 # signatures use; the simulator gets the two of them that are not MSL's own.
@@ -352,16 +353,20 @@ def _input(plan: BindingPlan, a: Source, typ: str, values: Sequence[Any],
            fixed: Mapping[int, int]) -> Any:
     """The MLX input bound to one kernel input (see `MetalKernel.inputs`): a tensor argument,
     or a runtime scalar, the element count, a launch value or an axis size as a 0-d array."""
-    core = mx()
     if isinstance(a, InputSource):
-        arr = values[a.position]
-        if arr.size < CONSTANT_LIMIT:
-            # MLX would pass it in the constant address space, where the body's
-            # `device` vector loads cannot point: pad it to a device buffer
-            arr = core.concatenate([arr.reshape(-1), core.zeros(
-                (CONSTANT_LIMIT - arr.size,), dtype=arr.dtype)])
+        return device_input(values[a.position])
+    return mx().array(plan.by_value(a, values, fixed), dtype=mlx_dtype(typ))
+
+
+def device_input(arr: Any) -> Any:
+    """An input array as the kernel takes it: one of fewer than CONSTANT_LIMIT elements, which
+    MLX would pass in the constant address space where the body's `device` vector loads
+    cannot point, padded to a device buffer."""
+    if arr.size >= CONSTANT_LIMIT:
         return arr
-    return core.array(plan.by_value(a, values, fixed), dtype=mlx_dtype(typ))
+    core = mx()
+    return core.concatenate([arr.reshape(-1), core.zeros((CONSTANT_LIMIT - arr.size,),
+                                                         dtype=arr.dtype)])
 
 
 def run(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,
