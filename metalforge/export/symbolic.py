@@ -1,8 +1,8 @@
 """Symbolic sizes: the schedules' launch rules (Python code) run on `Sym` integers, so that an
 export can write them down as formulas of the sizes instead of stating them a second time.
 
-A `Sym` records `+ - * // % << >> & |`, unary minus, `min`/`max` (as Python's builtins run them:
-through comparisons) and `bit_length()`. A comparison is a `SymBool`; where the rule branches on
+A `Sym` records `+ - * // % << >> & |`, unary minus and `bit_length()` (Python's `min` and
+`max` run as comparisons, so as branches; `maximum` is one formula). A comparison is a `SymBool`; where the rule branches on
 one (`if`, `and`, `min`, `max`), `trace` runs the rule again for each outcome, so the result is
 a decision tree whose leaves are the rule's results on that path. Anything else a rule does with
 a size (`int()`, `range()`, a float, a dict key) raises `NotSymbolic`: the rule is then not
@@ -10,12 +10,13 @@ expressible this way, and the caller keeps its per-shape table instead of a wron
 
 Expressions are JSON-able: an int, a name (a size, or another symbol such as
 `max_threads(host)`), or `[op, arg, ...]` with op one of
-`+ - * // % << >> & | neg min max cdiv bit_length` (`//` and `%` floor, as Python's; `cdiv` is
+`+ - * // % << >> & | neg max cdiv bit_length` (`//` and `%` floor, as Python's; `cdiv` is
 ceil(a / b) for b > 0; `bit_length` of a non-negative value) and, in conditions, `<= == not`.
 `evaluate(expr, env)` computes one; `text(expr)` writes it for a reader.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
@@ -197,11 +198,26 @@ class Bounds:
     it took. A condition whose two sides are monotone in their symbols is decided where the
     sides' ranges over those intervals do not overlap (it then holds on the whole path)."""
 
-    def __init__(self, initial: Mapping[str, tuple[int, int]]) -> None:
+    def __init__(self, initial: Mapping[str, tuple[int, int]],
+                 memo: dict[Any, Any]) -> None:
+        self.initial = initial
         self.range = dict(initial)
+        self.memo = memo           # shared by the paths of one trace: (what, args) -> result
+
+    def _cached(self, key: Any, f: Callable[[], Any]) -> Any:
+        if key not in self.memo:
+            self.memo[key] = f()
+        return self.memo[key]
+
+    def _direction(self, e: Expr) -> Optional[int]:
+        """`_direction` over the initial ranges: monotone there, so on any narrower ones."""
+        return self._cached(("dir", e), lambda: _direction(e, self.initial))  # type: ignore
+
+    def _box(self, cond: Expr) -> tuple[Any, ...]:
+        return tuple(sorted((n, self.range[n]) for n in _symbols(cond)))
 
     def _span(self, e: Expr) -> Optional[tuple[int, int]]:
-        d = _direction(e, self.range)
+        d = self._direction(e)
         if d is None:
             return None
         lo = {k: v[0] for k, v in self.range.items()}
@@ -212,6 +228,10 @@ class Bounds:
     def implied(self, cond: Expr) -> Optional[bool]:
         if not isinstance(cond, tuple) or cond[0] not in ("<=", "=="):
             return None
+        return self._cached(("implied", cond, self._box(cond)),   # type: ignore[no-any-return]
+                            lambda: self._implied(cond))
+
+    def _implied(self, cond: tuple) -> Optional[bool]:  # type: ignore[type-arg]
         if cond[1] == cond[2]:
             return True
         x, y = self._span(cond[1]), self._span(cond[2])
@@ -228,33 +248,34 @@ class Bounds:
         names = _symbols(cond)
         if len(names) != 1 or not isinstance(cond, tuple) or cond[0] != "<=":
             return
-        name = names.pop()
+        (name,) = names
+        self.range[name] = self._cached(("learn", cond, v, self.range[name]),
+                                        lambda: self._narrowed(cond, v, name))
+
+    def _narrowed(self, cond: tuple, v: bool, name: str) -> tuple[int, int]:  # type: ignore[type-arg]
         lo, hi = self.range[name]
-        f = cond[1:]
-        if _direction(f[0], self.range) is None or _direction(f[1], self.range) is None:
-            return
+        if self._direction(cond[1]) is None or self._direction(cond[2]) is None:
+            return lo, hi
 
         def holds(n: int) -> bool:
             return evaluate(cond, {name: n}) == 1
         up = holds(hi) and not holds(lo)            # false below some point, true above
         if holds(lo) == holds(hi):
-            return
+            return lo, hi
         a, b = lo, hi                                # holds(a) != holds(b): find the switch
         while b - a > 1:
             m = (a + b) // 2
             a, b = (m, b) if holds(m) == holds(lo) else (a, m)
-        if v == up:
-            self.range[name] = (b, hi)
-        else:
-            self.range[name] = (lo, a)
+        return (b, hi) if v == up else (lo, a)
 
 
-def _symbols(e: Any) -> set[str]:
+@functools.lru_cache(maxsize=4096)
+def _symbols(e: Any) -> frozenset[str]:
     if isinstance(e, str):
-        return {e}
+        return frozenset((e,))
     if isinstance(e, tuple):
-        return set().union(*(_symbols(a) for a in e[1:]))
-    return set()
+        return frozenset().union(*(_symbols(a) for a in e[1:]))
+    return frozenset()
 
 
 def _direction(e: Expr, ranges: Mapping[str, tuple[int, int]]) -> Optional[int]:
@@ -324,11 +345,12 @@ def trace(rule: Callable[[], Any], refusals: tuple[type, ...],
     the symbolic world or has too many paths."""
     paths: list[tuple[list[tuple[Expr, bool]], Leaf]] = []
     todo: list[list[bool]] = [[]]
+    memo: dict[Any, Any] = {}
     while todo:
         if len(paths) >= most:
             raise NotSymbolic(f"more than {most} cases")
         forced = todo.pop()
-        path = _Path(forced, Bounds(ranges))
+        path = _Path(forced, Bounds(ranges, memo))
         _PATH.current = path
         try:
             leaf = Leaf(value=rule())
