@@ -40,8 +40,14 @@ def test_export_cli_and_load_run_as_the_traced_kernel(tmp_path):
         x, w = torch.randn(shape).half(), torch.randn(shape[1]).half()
         assert torch.equal(lib.rms_norm(x, w), k(x, w))
         assert torch.equal(lib.rms_norm(x, w, eps=0.1), k(x, w, eps=0.1))
-    with pytest.raises(mf.BindingError, match=r"shape \(4, 100\).*export these sizes"):
-        lib["rms_norm"][0](torch.randn(5, 100).half(), torch.randn(100).half())
+    x, w = torch.randn(5, 300).half(), torch.randn(300).half()   # other sizes: the rule
+    assert torch.equal(lib.rms_norm(x, w), k(x, w))
+    with pytest.raises(mf.BindingError, match=r"'w'.*must have shape \(300,\).*got \(301,\)"):
+        lib.rms_norm(x, torch.randn(301).half())
+    doc["specialisations"][0]["rule"] = {"unavailable": "no formula"}     # a per-shape entry
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(mf.BindingError, match=r"\(4, 100\).*no formula.*export these sizes"):
+        mf.load_exported(tmp_path)["rms_norm"][0](x, w)
 
 
 def test_split_keys_packed_words_reports_and_sorts(tmp_path):
@@ -53,6 +59,12 @@ def test_split_keys_packed_words_reports_and_sorts(tmp_path):
     assert len(entry.entry["launches"]) == 2 and any(a["kind"] == "scratch"
                                                      for a in entry.entry["arguments"])
     assert torch.equal(entry(q, k, v, 0.125), att(q, k, v, 0.125))
+    for e, length in ((64, 40), (64, 1000)):     # one launch, more key blocks: by the rule
+        q, k, v = (torch.randn(1, 8, 1, e), torch.randn(1, 2, length, e),
+                   torch.randn(1, 2, length, e))
+        assert torch.equal(entry(q, k, v, 0.125), att(q, k, v, 0.125))
+    assert [len(entry.layout({"q": q, "k": k[:, :, :n], "v": v[:, :, :n]}, "sim").launches)
+            for n in (40, 1000)] == [1, 2]
 
     qm = _example("q4_matvec").q4_matvec
     export(qm, {"T": "f16", "GS": 64}, {"N": 96, "K": 512, "M": 1}, tmp_path)
