@@ -31,7 +31,7 @@ def _library(folder: Path, entry: dict[str, Any], backend: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Layout:
+class CallLayout:
     """What one call binds and launches besides its arguments: the output shapes, the
     constant and scratch arguments by index, the launches (host name, threads, group)."""
     outputs: list[list[int]]
@@ -40,7 +40,7 @@ class Layout:
     launches: list[tuple[str, int, int]]
 
     @classmethod
-    def exported(cls, entry: dict[str, Any]) -> "Layout":
+    def exported(cls, entry: dict[str, Any]) -> "CallLayout":
         """The layout recorded for the exported sizes."""
         args = entry["arguments"]
         return cls([o["shape"] for o in entry["outputs"]],
@@ -123,7 +123,7 @@ class ExportedKernel:
             return MAX_THREADS_PER_GROUP
         return int(getattr(self.library(backend), host).max_threads_per_threadgroup)
 
-    def layout(self, values: dict[str, Any], backend: str) -> Layout:
+    def layout(self, values: dict[str, Any], backend: str) -> CallLayout:
         """What a call with these arguments launches: the exported layout at the exported
         shapes, else the manifest's rule at the sizes read off the arguments; every launch
         checked against its pipeline as the launcher checks it."""
@@ -131,7 +131,7 @@ class ExportedKernel:
                   if p["kind"] == "tensor")
         limits = "mlx" if mlx else backend          # whose pipelines' limits apply
         if self.exact(values):
-            got = Layout.exported(self.entry)
+            got = CallLayout.exported(self.entry)
         else:
             got = self._by_rule(values, limits)
         count = max((math.prod(o) for o in got.outputs), default=0)
@@ -140,7 +140,7 @@ class ExportedKernel:
                                 self.max_threads(limits, host), count, "exported")
         return got
 
-    def _by_rule(self, values: dict[str, Any], backend: str) -> Layout:
+    def _by_rule(self, values: dict[str, Any], backend: str) -> CallLayout:
         tensors = [p for p in self.entry["inputs"] if p["kind"] == "tensor"]
         shapes = {p["name"]: tuple(values[p["name"]].shape) for p in tensors}
         rule = self.entry.get("rule", {})
@@ -159,7 +159,7 @@ class ExportedKernel:
                                    f"\"{p['annotation']}\") must have shape {tuple(want)} at "
                                    f"the sizes {sizes} read off the arguments, got "
                                    f"{shapes[p['name']]}")
-        return Layout(got["outputs"], got["constants"], got["scratch"], got["launches"])
+        return CallLayout(got["outputs"], got["constants"], got["scratch"], got["launches"])
 
     def _sizes(self, sources: dict[str, list[Any]], shapes: dict[str, tuple[int, ...]]
                ) -> dict[str, int]:
@@ -190,7 +190,7 @@ class ExportedKernel:
                               f"source MLX builds, in the simulator), not '{backend}'")
         return backend
 
-    def run(self, values: dict[str, Any], backend: str, layout: Layout) -> Any:
+    def run(self, values: dict[str, Any], backend: str, layout: CallLayout) -> Any:
         """One call at this layout (MLX arrays through export/mlx.py)."""
         if any(is_array(values[p["name"]]) for p in self.entry["inputs"]
                if p["kind"] == "tensor"):
@@ -213,7 +213,7 @@ class ExportedKernel:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _bind(self, values: dict[str, Any], outs: list[torch.Tensor], device: torch.device,
-              layout: Layout) -> tuple[list[Any], Optional[torch.Tensor]]:
+              layout: CallLayout) -> tuple[list[Any], Optional[torch.Tensor]]:
         args: list[Any] = [None] * len(self.entry["arguments"])
         report, sorts = None, {}
         for a in self.entry["arguments"]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from ..errors import BackendUnavailable, UnsupportedOnBackend
 from ..runtime import mlx as mfx
 from ..schedule import Schedule
 
-if TYPE_CHECKING:
-    from .loader import ExportedKernel, Layout
+# `k` below: a loader.ExportedKernel, `layout` its loader.CallLayout (not imported: the loader
+# imports this module)
 
 
 def forms(schedule: Schedule) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def write(out: Path, stem: str, got: dict[str, Any]) -> dict[str, Any]:
     return {"source": f"{stem}.mlx.json"}
 
 
-def _kernel(k: "ExportedKernel", host: str) -> tuple[mfx.MetalKernel, Any]:
+def _kernel(k: Any, host: str) -> tuple[mfx.MetalKernel, Any]:
     """The translation and the metal_kernel object of `host` (made once per loaded entry)."""
     key = f"mlx:{host}"
     if key not in k._libs:
@@ -62,7 +62,7 @@ def _kernel(k: "ExportedKernel", host: str) -> tuple[mfx.MetalKernel, Any]:
     return got
 
 
-def launch(k: "ExportedKernel", values: dict[str, Any], layout: "Layout") -> mfx.MLXLaunch:
+def launch(k: Any, values: dict[str, Any], layout: Any) -> mfx.MLXLaunch:
     """The metal_kernel call of one exported call: kernel, inputs and keyword arguments."""
     core = mfx.mx()
     if len(layout.launches) != 1:
@@ -91,7 +91,7 @@ def launch(k: "ExportedKernel", values: dict[str, Any], layout: "Layout") -> mfx
     return mfx.MLXLaunch(mk, obj, inputs, kwargs)
 
 
-def _input(a: dict[str, Any], typ: str, values: dict[str, Any], layout: "Layout") -> Any:
+def _input(a: dict[str, Any], typ: str, values: dict[str, Any], layout: Any) -> Any:
     """The MLX input of argument `a`: its array (padded out of MLX's constant address space
     where small, as the MLX backend does), or a value as a 0-d array of its MSL type."""
     if a["kind"] == "input":
@@ -101,7 +101,7 @@ def _input(a: dict[str, Any], typ: str, values: dict[str, Any], layout: "Layout"
     return mfx.mx().array(value, dtype=mfx.mlx_dtype(typ))
 
 
-def mlx_run(k: "ExportedKernel", values: dict[str, Any], backend: str, layout: "Layout") -> Any:
+def mlx_run(k: Any, values: dict[str, Any], backend: str, layout: Any) -> Any:
     """Run an exported call on MLX arrays: backend "mlx" through metal_kernel (Metal), "sim"
     through the simulator running the source MLX generates. Returns MLX arrays."""
     call = launch(k, values, layout)

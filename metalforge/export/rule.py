@@ -2,15 +2,15 @@
 written down as formulas of the sizes by running the launcher's own code (`derive`) on symbolic
 sizes (symbolic.py).
 
-`derive` is the one description of everything in a manifest entry that depends on the sizes: the
-checks the shapes must pass (derived dims exact, 32-bit indexing enough, an empty grid only for
-one output), the tensor shapes, the constants (axis sizes, element count, launch values), the
-scratch buffer, and the launches: the schedule's `steps` (its variant choice, grid and
+`derive` is the one description of everything in a manifest entry that depends on the sizes:
+the checks the shapes must pass (derived dims exact, 32-bit indexing enough, an empty grid only
+for one output), the tensor shapes, the constants (axis sizes, element count, launch values),
+the scratch buffer, and the launches: the schedule's `steps` (its variant choice, grid and
 threadgroup), each `launcher.fit` to the pipeline's `max_threads(host)` (the loader then checks
-each with `launcher.check_step`, as a traced call is checked). The export runs it once with `Sym` sizes (the rule,
-`tree`), and checks the tree against `derive` on plain ints at the exported sizes and at sampled
-ones (`verify`); where that fails or the code is not symbolic, the entry has no rule and calls
-keep to the exported shapes.
+each with `launcher.check_step`, as a traced call is checked). The export runs it once with
+`SymInt` sizes (`tree`), and checks the result against `derive` on plain ints at the exported sizes
+and at sampled ones (`verify`); where that fails or the code is not symbolic, the entry has no
+rule and calls keep to the exported shapes.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from ..runtime.binding import BindingPlan, ScratchSource
 from ..schedule.hardware import MAX_THREADS_PER_GROUP
 from ..shapes import ShapeBinding, output_shape, size_multiple
 from . import symbolic as sym
-from .symbolic import Leaf, NotSymbolic, Sym
+from .symbolic import NotSymbolic, SymInt
 
 SIZE_LIMIT = 2 ** 64          # sizes are below it (the rule's conditions are traced under it)
 LIMITED_PATHS = 256           # paths traced with the pipelines' limits as symbols, at most
@@ -139,7 +139,7 @@ def tree(ctx: Context, limits: bool) -> sym.Tree:
     another kernel where a pipeline takes fewer threads); else every pipeline is taken to
     allow MAX_THREADS_PER_GROUP, as the exported per-shape launches are (the loader refuses a
     launch over the running pipeline's limit)."""
-    base = {a: Sym(a) for a in base_axes(ctx.graph)}
+    base = {a: SymInt(a) for a in base_axes(ctx.graph)}
     if ctx.schedule.alternative_hosts:
         raise NotSymbolic("the launcher picks among its kernels by the backend's occupancy "
                           "(alternatives), which is no formula of the sizes")
@@ -148,7 +148,7 @@ def tree(ctx: Context, limits: bool) -> sym.Tree:
                    for k in ctx.schedule.kernels for i in k.instances})
     if limits and type(ctx.schedule).within is not sched_mod.Schedule.within:
         def limit(host: str) -> Any:
-            return Sym(symbol(host))
+            return SymInt(symbol(host))
     else:       # no other kernel for a pipeline of fewer threads: its limit changes no launch
         def limit(host: str) -> Any:
             return MAX_THREADS_PER_GROUP
@@ -308,8 +308,8 @@ def size_sources(ctx: Context, axes: list[str]) -> dict[str, list[Any]] | str:
     is divided by]]}: a dim that is that axis alone, or a grouped dim "(G R)" once the other
     axes are known (the loader then checks every dim against the rule's shapes); or why some
     axis has none."""
-    sizes = all_sizes(ctx.graph, {a: Sym(a) for a in axes})
-    dims = [(p.name, i, _factors(n.e) if isinstance(n, Sym) else None)
+    sizes = all_sizes(ctx.graph, {a: SymInt(a) for a in axes})
+    dims = [(p.name, i, _factors(n.e) if isinstance(n, SymInt) else None)
             for p in ctx.tensors for i, n in enumerate(param_shape(p, sizes))]
     out: dict[str, list[Any]] = {}
     grew = True

@@ -1,9 +1,9 @@
-"""Symbolic sizes: the schedules' launch rules (Python code) run on `Sym` integers, so that an
+"""Symbolic sizes: the schedules' launch rules (Python code) run on `SymInt` integers, so that an
 export can write them down as formulas of the sizes instead of stating them a second time.
 
-A `Sym` records `+ - * // % << >> & |`, unary minus and `bit_length()` (Python's `min` and
-`max` run as comparisons, so as branches; `maximum` is one formula). A comparison is a `SymBool`; where the rule branches on
-one (`if`, `and`, `min`, `max`), `trace` runs the rule again for each outcome, so the result is
+A `SymInt` records `+ - * // % << >> & |`, unary minus and `bit_length()` (`maximum` is one
+formula). A comparison is a `SymBool`; where the rule branches on one (`if`, `and`, Python's
+`min` and `max`), `trace` runs the rule again for each outcome, so the result is
 a decision tree whose leaves are the rule's results on that path. Anything else a rule does with
 a size (`int()`, `range()`, a float, a dict key) raises `NotSymbolic`: the rule is then not
 expressible this way, and the caller keeps its per-shape table instead of a wrong formula.
@@ -59,7 +59,7 @@ def _neg(a: Expr) -> Expr:
 
 
 def _expr(v: Any) -> Expr:
-    if isinstance(v, Sym):
+    if isinstance(v, SymInt):
         return v.e
     if isinstance(v, bool) or not isinstance(v, int):
         raise NotSymbolic(f"a size combined with {type(v).__name__} {v!r}")
@@ -67,11 +67,11 @@ def _expr(v: Any) -> Expr:
 
 
 def wrap(e: Expr) -> Any:
-    """A Sym for an expression, or the int itself when it is a constant."""
-    return e if isinstance(e, int) else Sym(e)
+    """A SymInt for an expression, or the int itself when it is a constant."""
+    return e if isinstance(e, int) else SymInt(e)
 
 
-class Sym:
+class SymInt:
     """A symbolic non-negative integer (a size, or a formula of sizes)."""
     __slots__ = ("e",)
     __hash__ = None                 # type: ignore[assignment]   # no dict keys
@@ -105,7 +105,7 @@ class Sym:
     def __pos__(self) -> Any: return self
 
     def bit_length(self) -> Any:
-        return Sym(("bit_length", self.e))
+        return SymInt(("bit_length", self.e))
 
     def __le__(self, o: Any) -> "SymBool": return _cmp("<=", self, o)
     def __ge__(self, o: Any) -> "SymBool": return _cmp("<=", o, self)
@@ -339,7 +339,7 @@ Tree = Union[Leaf, tuple]           # ("if", cond, then_tree, else_tree)
 
 def trace(rule: Callable[[], Any], refusals: tuple[type, ...],
           ranges: Mapping[str, tuple[int, int]], most: int = MAX_PATHS) -> Tree:
-    """The decision tree of `rule()` (a function of Sym sizes): every path through its branches
+    """The decision tree of `rule()` (a function of SymInt sizes): every path through its branches
     on conditions of sizes, each ending in its result or in one of the `refusals` it raised;
     `ranges`: each symbol's least and greatest value. Raises NotSymbolic where the rule leaves
     the symbolic world or has too many paths."""
@@ -375,9 +375,9 @@ def _tree(paths: list[tuple[list[tuple[Expr, bool]], Leaf]], depth: int) -> Tree
 
 
 def maximum(a: Any, b: Any) -> Any:
-    """max(a, b) as one formula (no branch) where either is a Sym."""
-    if isinstance(a, Sym) or isinstance(b, Sym):
-        return Sym(("max", _expr(a), _expr(b)))
+    """max(a, b) as one formula (no branch) where either is a SymInt."""
+    if isinstance(a, SymInt) or isinstance(b, SymInt):
+        return SymInt(("max", _expr(a), _expr(b)))
     return max(a, b)
 
 
@@ -406,7 +406,7 @@ def refusals(t: Tree) -> Any:
 
 
 def value(e: Any) -> Expr:
-    """The expression of an int or a Sym."""
+    """The expression of an int or a SymInt."""
     return _expr(e)
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import BindingError
-from ..graph import Graph, ScalarParam, TensorParam
+from ..graph import ScalarParam, TensorParam
 from ..runtime import launcher
 from ..runtime.binding import (
     InputSource,

@@ -93,7 +93,7 @@ def test_symbolic_values_branch_and_refuse_what_has_no_formula():
         d = sizes["D"]
         lanes = max(1, -(-d // 8))
         return [1 << (lanes - 1).bit_length(), d % 3 + (d >> 2), sym.maximum(1, d - 5)]
-    sizes = {"D": sym.Sym("D")}
+    sizes = {"D": sym.SymInt("D")}
     tree = sym.trace(rule, (ValueError,), {"D": (0, 2 ** 64)})
     node = sym.project(tree, lambda v: [sym.to_json(sym.value(x)) for x in v])
     for d in list(range(0, 300)) + [4095, 4096, 4097]:
@@ -101,11 +101,11 @@ def test_symbolic_values_branch_and_refuse_what_has_no_formula():
         want = rule()
         leaf = rule_mod.pick(node, {"D": d})["value"]
         assert [sym.evaluate(e, {"D": d}) for e in leaf] == want
-    assert str(-(-sym.Sym("D") // 4)) == "ceil(D / 4)"
+    assert str(-(-sym.SymInt("D") // 4)) == "ceil(D / 4)"
     with pytest.raises(sym.NotSymbolic, match="used as a Python int"):
-        range(sym.Sym("D"))
+        range(sym.SymInt("D"))
     with pytest.raises(sym.NotSymbolic):
-        sym.Sym("D") / 2
+        sym.SymInt("D") / 2
 
 
 def test_a_rule_the_code_cannot_trace_is_unavailable(monkeypatch):
