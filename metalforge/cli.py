@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -133,8 +134,15 @@ def _cmd_export(args) -> int:
     for c in args.const or ():
         name, _, value = c.partition("=")
         binds[name] = int(value) if value.lstrip("-").isdigit() else value == "True"
-    manifest = export(k, binds, _sizes(args.shape or []), Path(args.out))
+    sizes = _sizes(args.shape or [])
+    manifest = export(k, binds, sizes, Path(args.out))
     print(f"exported {k.name} to {manifest.parent} (manifest {manifest.name})")
+    entry = next(e for e in json.loads(manifest.read_text())["specialisations"]
+                 if e["kernel"] == k.name and all(e["sizes"].get(a) == n
+                                                  for a, n in sizes.items()))
+    rule = entry.get("rule", {})
+    print("  runs at any sizes its rule admits (launches: the manifest's rule.text)"
+          if "checks" in rule else f"  runs at these sizes only: {rule.get('unavailable')}")
     return 0
 
 
@@ -144,12 +152,13 @@ def _setup_export(p: argparse.ArgumentParser) -> None:
                    help="dtype bound to the kernel's dtype variables (default f32)")
     p.add_argument("--const", nargs="*", metavar="NAME=VALUE", help="mf.Const values")
     p.add_argument("--shape", nargs="*", metavar="AXIS=SIZE",
-                   help="every axis size (export once per shape set you will call with)")
+                   help="every axis size (the manifest's rule gives other sizes where it can: "
+                        "export each shape set it does not cover)")
     p.add_argument("-o", "--out", required=True, help="the export folder (created; added to)")
 
 
-_SUBCOMMANDS["export"] = ("write a kernel's Metal source, build script and manifest for "
-                          "fixed sizes", _setup_export, _cmd_export)
+_SUBCOMMANDS["export"] = ("write a kernel's Metal source, build script and manifest (its "
+                          "size rule as formulas)", _setup_export, _cmd_export)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,11 +25,12 @@ def _example(name):
     return mod
 
 
-def test_export_cli_and_load_run_as_the_traced_kernel(tmp_path):
+def test_export_cli_and_load_run_as_the_traced_kernel(tmp_path, capsys):
     rms = EXAMPLES / "rms_norm.py"
     for shape in (["B=4", "D=100"], ["B=2", "D=4096"]):
         assert cli.main(["export", f"{rms}::rms_norm", "--dtype", "f16", "--shape", *shape,
                          "-o", str(tmp_path)]) == 0
+    assert "runs at any sizes its rule admits" in capsys.readouterr().out
     doc = json.loads((tmp_path / "manifest.json").read_text())
     assert doc["schema"] == mf.export.SCHEMA and len(doc["specialisations"]) == 2
     assert "/" not in doc["specialisations"][0]["where"]          # no paths of the machine
