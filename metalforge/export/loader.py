@@ -168,13 +168,17 @@ class ExportedKernel:
         while len(sizes) < len(sources):
             ready = [(a, s) for a, s in sources.items()
                      if a not in sizes and all(d in sizes for d in s[2])]
-            for axis, (name, dim, divisors) in ready:
+            for axis, (name, dim, divisors, *derived) in ready:
                 shape = shapes[name]
                 by = math.prod(sizes[d] for d in divisors)
                 if dim >= len(shape) or not by:
                     raise BindingError(f"{self.where}: cannot read size '{axis}' off argument "
                                        f"'{name}' of shape {shape}")
-                sizes[axis] = shape[dim] // by
+                if derived:                             # size = axis * mul // div + add
+                    mul, div, add = derived[0]
+                    sizes[axis] = (shape[dim] - add) * div // mul
+                else:
+                    sizes[axis] = shape[dim] // by
         return sizes
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

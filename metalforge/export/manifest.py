@@ -35,7 +35,9 @@ against it):
 
     "rule": {
       "sizes": {"B": ["x", 0, []], "D": ["x", 1, []]},  # base size <- tensor, dim, divided by
-                                                         # the product of these sizes
+                                                         # the product of these sizes; or
+                       # [tensor, dim, [], [mul, div, add]]: that dim is size * mul // div + add
+                       # (the size is (dim - add) * div // mul)
       "checks": TREE,          # leaves {"refuse": message} (a call the kernel refuses or that
                                # needs another export: 64-bit indexing, ...) or {} (none)
       "inputs": [[TREE, ...]], "outputs": [[TREE, ...]],  # per tensor, per dim: its size

@@ -146,10 +146,10 @@ def tree(ctx: Context, limits: bool) -> sym.Tree:
     ranges = {a: (0, SIZE_LIMIT) for a in base}
     ranges.update({symbol(i.host_name): (1, MAX_THREADS_PER_GROUP)
                    for k in ctx.schedule.kernels for i in k.instances})
-    if limits and type(ctx.schedule).within is not sched_mod.Schedule.within:
+    if limits:
         def limit(host: str) -> Any:
             return SymInt(symbol(host))
-    else:       # no other kernel for a pipeline of fewer threads: its limit changes no launch
+    else:
         def limit(host: str) -> Any:
             return MAX_THREADS_PER_GROUP
     return sym.trace(lambda: derive(ctx, base, limit), (MetalforgeError,), ranges,
@@ -279,10 +279,16 @@ def rule(ctx: Context, exported: Mapping[str, int], max_threads: Mapping[str, in
     """The manifest's "rule" of a specialisation (`to_json`, and "text": the launches for a
     reader) where the launch code traces to formulas that `verify` accepts, else
     {"unavailable": why}."""
+    # a schedule with no other kernel for a pipeline of fewer threads: its limit changes no
+    # launch (the loader's check_step refuses a group over it, as the launcher does)
+    limits = type(ctx.schedule).within is not sched_mod.Schedule.within
     try:
         try:
-            node = to_json(tree(ctx, True))
-        except NotSymbolic:                   # too many cases: each pipeline's limit fixed
+            node = to_json(tree(ctx, limits))
+        except NotSymbolic:
+            if not limits:
+                raise
+            # too many cases with the limits as symbols: every pipeline taken to allow 1024
             node = {**to_json(tree(ctx, False)), "max_threads": MAX_THREADS_PER_GROUP}
             max_threads = {h: MAX_THREADS_PER_GROUP for h in max_threads}
     except NotSymbolic as e:
@@ -306,8 +312,9 @@ def _factors(e: Any) -> Optional[list[str]]:
 def size_sources(ctx: Context, axes: list[str]) -> dict[str, list[Any]] | str:
     """Where a call's size of each base axis is read: {axis: [tensor argument, dim, [axes it
     is divided by]]}: a dim that is that axis alone, or a grouped dim "(G R)" once the other
-    axes are known (the loader then checks every dim against the rule's shapes); or why some
-    axis has none."""
+    axes are known; else [tensor, dim, [], [mul, div, add]]: a derived dim (size * mul // div
+    + add), the axis (size - add) * div // mul. The loader then checks every dim against the
+    rule's shapes. Or why some axis has none."""
     sizes = all_sizes(ctx.graph, {a: SymInt(a) for a in axes})
     dims = [(p.name, i, _factors(n.e) if isinstance(n, SymInt) else None)
             for p in ctx.tensors for i, n in enumerate(param_shape(p, sizes))]
@@ -322,6 +329,10 @@ def size_sources(ctx: Context, axes: list[str]) -> dict[str, list[Any]] | str:
                 rest.remove(unknown[0])
                 out[unknown[0]] = [name, i, rest]
                 grew = True
+    for p in ctx.tensors:                   # then a derived dim "K/8" gives K = 8 x its size
+        for i, d in enumerate(d for d in p.dims if not d.joined):
+            if d.derived and d.size is None and d.base in axes and d.base not in out:
+                out[d.base] = [p.name, i, [], [d.mul, d.div, d.add]]
     missing = [a for a in axes if a not in out]
     if missing:
         return (f"no dim of an argument gives {', '.join(map(repr, missing))}, so a call's "

@@ -72,6 +72,9 @@ def test_split_keys_packed_words_reports_and_sorts(tmp_path):
     wq, s, b = quant.quantize(torch.randn(96, 512).half(), group_size=64, bits=4)
     x = torch.randn(1, 512).half()
     assert torch.equal(mf.load_exported(tmp_path).q4_matvec(wq, s, b, x), qm(wq, s, b, x))
+    wq, s, b = quant.quantize(torch.randn(40, 1024).half(), group_size=64, bits=4)
+    x = torch.randn(3, 1024).half()                     # other sizes: by the rule
+    assert torch.equal(mf.load_exported(tmp_path).q4_matvec(wq, s, b, x), qm(wq, s, b, x))
 
     emb = _example("embedding").embed
     export(emb, {"T": "f32"}, {"V": 10, "D": 8, "N": 5}, tmp_path)

@@ -117,6 +117,16 @@ def test_a_rule_the_code_cannot_trace_is_unavailable(monkeypatch):
     assert "checks" not in got and "not a formula of the sizes" in got["unavailable"]
 
 
+def test_sizes_are_read_off_plain_grouped_and_derived_dims():
+    from metalforge.export.loader import ExportedKernel
+    k = ExportedKernel({"where": "kernel 'k'"}, Path("."))
+    sources = {"K": ["w", 1, [], [1, 8, 0]], "R": ["q", 1, ["G"]], "G": ["k", 0, []]}
+    assert k._sizes(sources, {"w": (5, 64), "q": (2, 12), "k": (3, 7)}) == \
+        {"K": 512, "G": 3, "R": 4}
+    with pytest.raises(mf.BindingError, match="cannot read size 'R' off argument 'q'"):
+        k._sizes(sources, {"w": (5, 64), "q": (2, 12), "k": (0, 7)})
+
+
 mx = pytest.importorskip("mlx.core")
 
 
