@@ -254,7 +254,8 @@ class Bounds:
 
     def _narrowed(self, cond: tuple, v: bool, name: str) -> tuple[int, int]:  # type: ignore[type-arg]
         lo, hi = self.range[name]
-        if self._direction(cond[1]) is None or self._direction(cond[2]) is None:
+        a, b = self._direction(cond[1]), self._direction(cond[2])
+        if a is None or b is None or _agree(a, -b) is None:   # lhs - rhs not monotone
             return lo, hi
 
         def holds(n: int) -> bool:

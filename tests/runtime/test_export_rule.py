@@ -92,7 +92,8 @@ def test_symbolic_values_branch_and_refuse_what_has_no_formula():
     def rule():
         d = sizes["D"]
         lanes = max(1, -(-d // 8))
-        return [1 << (lanes - 1).bit_length(), d % 3 + (d >> 2), sym.maximum(1, d - 5)]
+        band = 1 if d * 4 <= d + 300 else 2 if d <= 120 else 3 if 4096 < d * 2 else 4
+        return [1 << (lanes - 1).bit_length(), d % 3 + (d >> 2), sym.maximum(1, d - 5), band]
     sizes = {"D": sym.SymInt("D")}
     tree = sym.trace(rule, (ValueError,), {"D": (0, 2 ** 64)})
     node = sym.project(tree, lambda v: [sym.to_json(sym.value(x)) for x in v])
