@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -296,7 +297,20 @@ def rule(ctx: Context, exported: Mapping[str, int], max_threads: Mapping[str, in
     wrong = verify(ctx, node, exported, max_threads)
     if wrong is not None:
         return {"unavailable": f"the traced formulas do not reproduce the launch rule ({wrong})"}
-    return {**node, "text": lines(node["launches"])}
+    return {**_no_paths(node), "text": lines(node["launches"])}
+
+
+def _no_paths(node: Any) -> Any:
+    """The rule with each file path in its messages cut to the file's name (a manifest names
+    no directory of the machine it was made on)."""
+    if isinstance(node, dict):
+        return {k: _no_paths(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_no_paths(v) for v in node]
+    if isinstance(node, str):
+        return re.sub(r"(?<![\w)\]])(?:[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*([^\s/\\:'\"]+)", r"\1",
+                      node)
+    return node
 
 
 def _factors(e: Any) -> Optional[list[str]]:

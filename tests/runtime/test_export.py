@@ -34,6 +34,7 @@ def test_export_cli_and_load_run_as_the_traced_kernel(tmp_path, capsys):
     doc = json.loads((tmp_path / "manifest.json").read_text())
     assert doc["schema"] == mf.export.SCHEMA and len(doc["specialisations"]) == 2
     assert "/" not in doc["specialisations"][0]["where"]          # no paths of the machine
+    assert str(EXAMPLES) not in (tmp_path / "manifest.json").read_text()
     assert "xcrun -sdk macosx metallib" in (tmp_path / "build_rms_norm-0.sh").read_text()
     lib = mf.load_exported(tmp_path)
     k = _example("rms_norm").rms_norm

@@ -128,6 +128,13 @@ def test_sizes_are_read_off_plain_grouped_and_derived_dims():
         k._sizes(sources, {"w": (5, 64), "q": (2, 12), "k": (0, 7)})
 
 
+def test_messages_in_the_rule_name_no_directories():
+    got = rule_mod._no_paths({"refuse": "mf.argmax at /home/me/k.py:3 over an empty axis",
+                              "x": ["dim 'K/8'", "(C:\\u\\k.py:1)"]})
+    assert got == {"refuse": "mf.argmax at k.py:3 over an empty axis",
+                   "x": ["dim 'K/8'", "(k.py:1)"]}
+
+
 mx = pytest.importorskip("mlx.core")
 
 
