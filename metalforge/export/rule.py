@@ -300,6 +300,11 @@ def rule(ctx: Context, exported: Mapping[str, int], max_threads: Mapping[str, in
     return {**_no_paths(node), "text": lines(node["launches"])}
 
 
+# a file path not inside a word or formula ("K/8"): its directories, then its name (group 1)
+_PATH = re.compile(r"(?<![\w)\]])(?:[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*"
+                   r"([^\s/\\:'\"]+)")
+
+
 def _no_paths(node: Any) -> Any:
     """The rule with each file path in its messages cut to the file's name (a manifest names
     no directory of the machine it was made on)."""
@@ -308,8 +313,7 @@ def _no_paths(node: Any) -> Any:
     if isinstance(node, list):
         return [_no_paths(v) for v in node]
     if isinstance(node, str):
-        return re.sub(r"(?<![\w)\]])(?:[A-Za-z]:)?[/\\](?:[^\s/\\:'\"]+[/\\])*([^\s/\\:'\"]+)", r"\1",
-                      node)
+        return _PATH.sub(r"\1", node)
     return node
 
 
