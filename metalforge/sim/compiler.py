@@ -279,9 +279,9 @@ def preprocess(source: str, tmp: str, metal_version: int = DEFAULT_METAL_VERSION
     preprocessor fails (as it does for the MPP header below Metal 4)."""
     src = Path(tmp) / SOURCE_NAME
     src.write_text(source)
+    stubs = _stub_dir()
     r = _run(cxx_cmd() + ["-E", "-x", "c++", "-D__METAL__=1"] + _version_flags(metal_version) +
-             ["-I", str(stubs := _stub_dir()),
-                           "-I", torch_include(), SOURCE_NAME], cwd=tmp)
+             ["-I", str(stubs), "-I", torch_include(), SOURCE_NAME], cwd=tmp)
     if r.returncode != 0:
         raise _syntax_error(_clean_message(r.stderr.replace(str(stubs) + os.sep, ""), tmp),
                             source)
