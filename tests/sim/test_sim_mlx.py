@@ -513,3 +513,39 @@ def test_all_reduce_sum_matches_mlx(n):
                                   group_size=[32, 1, 1])
     torch.testing.assert_close(out, _torch(mx.sum(_mx(x)), torch.float32).reshape(1),
                                rtol=1e-5, atol=1e-4)
+
+
+# ------------------------------------------------------------- Metal 4 tensor ops (NAX kernels)
+@pytest.mark.parametrize("dtype,trans,M,N,K,family", [
+    (torch.float16, "nt", 70, 100, 300, 10),
+    (torch.bfloat16, "tn", 50, 72, 280, 10),
+    (torch.float16, "nt", 70, 100, 300, 9)])
+def test_steel_gemm_fused_nax_matches_mlx_on_m5_only(dtype, trans, M, N, K, family):
+    # MLX's M5 GEMM (steel/gemm/kernels/steel_gemm_fused_nax.metal: matmul2d over cooperative
+    # tensors filled with M5's layout hard-coded in BaseNAXFrag), compiled for Metal 4 at GPU
+    # family 10 it matches mlx[cpu]; at family 9 (another cooperative-tensor layout) it must
+    # not.  matmul.cpp's steel_matmul_nax: tile (64, 64, 256, 2, 2) (the smallest MLX builds),
+    # threadgroups (tiles_n, tiles_m, 1) of (32, wn, wm).
+    bm, bn, bk, wm, wn = 64, 64, 256, 2, 2
+    fc = {10: False, 100: False, 110: False,
+          200: M % bm == 0, 201: N % bn == 0, 202: K % bk == 0}
+    lib = compile_shader(inline_mlx(KDIR + "steel/gemm/kernels/steel_gemm_fused_nax.metal"),
+                         function_constants=fc, metal_version=400, gpu_family=family)
+    g = torch.Generator().manual_seed(11)
+    a = (torch.randn(K, M, generator=g) if trans[0] == "t" else
+         torch.randn(M, K, generator=g)).to(dtype)
+    b = (torch.randn(N, K, generator=g) if trans[1] == "t" else
+         torch.randn(K, N, generator=g)).to(dtype)
+    out = torch.zeros(M, N, dtype=dtype)
+    t = _TNAME[dtype]
+    kname = f"steel_gemm_fused_nax_{trans}_{t}_{t}_bm{bm}_bn{bn}_bk{bk}_wm{wm}_wn{wn}"
+    params = _gemm_params(M, N, K, a.shape[1], b.shape[1], N, bm, bn, bk, M * K, K * N, M * N)
+    tiles = [-(-N // bn), -(-M // bm), 1]
+    getattr(lib, kname)(a, b, None, out, params, None, None, None,
+                        threads=[tiles[0] * 32, tiles[1] * wn, wm], group_size=[32, wn, wm])
+    want = mx.matmul(_mx(a).T if trans[0] == "t" else _mx(a),
+                     _mx(b).T if trans[1] == "t" else _mx(b))
+    if family >= 10:
+        _close(out, _torch(want, dtype), dtype)
+    else:
+        assert (out.float() - _torch(want, dtype).float()).abs().max() > 1.0
