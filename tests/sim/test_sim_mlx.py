@@ -549,3 +549,32 @@ def test_steel_gemm_fused_nax_matches_mlx_on_m5_only(dtype, trans, M, N, K, fami
         _close(out, _torch(want, dtype), dtype)
     else:
         assert (out.float() - _torch(want, dtype).float()).abs().max() > 1.0
+
+
+@pytest.mark.parametrize("dtype,D,qL,kL,causal", [
+    (torch.float16, 64, 40, 70, True),
+    (torch.bfloat16, 128, 64, 64, False)])
+def test_steel_attention_nax_matches_mlx(dtype, D, qL, kL, causal):
+    # scaled_dot_product_attention.cpp sdpa_full_self_attention_nax: bq 64, bk 32, wm 4, wn 1
+    # (D < 256); function constants as the non-NAX kernel; threadgroups (NQ, H, B) of
+    # (32, wm, wn); Metal 4 at GPU family 10 (M5).
+    bq, bk = 64, 32
+    fc = {200: qL % bq == 0, 201: kL % bk == 0, 300: False, 301: causal, 302: False}
+    lib = compile_shader(inline_mlx(KDIR + "steel/attn/kernels/steel_attention_nax.metal"),
+                         function_constants=fc, metal_version=400, gpu_family=10)
+    B, H, Hkv = 1, 2, 1
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    o = torch.zeros_like(q)
+    scale = D ** -0.5
+    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
+    t = _TNAME[dtype]
+    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
+    NQ = -(-qL // bq)
+    getattr(lib, kname)(q, k, v, o, params, None, None, None,
+                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
+    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
+                                                mask="causal" if causal else None)
+    _close(o, _torch(want, dtype), dtype)
