@@ -578,3 +578,36 @@ def test_steel_attention_nax_matches_mlx(dtype, D, qL, kL, causal):
     want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
                                                 mask="causal" if causal else None)
     _close(o, _torch(want, dtype), dtype)
+
+
+def test_affine_qmm_t_nax_matches_mlx():
+    # quantized.cpp qmm_nax (transposed weight, K % 64 == 0): bm 64 (M > 32), bn = bk = 64,
+    # wm = wn = 2; grid (ceil(N / 64), ceil(M / 64), 1) threadgroups of (32, wn, wm); N % 64
+    # == 0 picks _alN_true (with N % 64 != 0, MLX's QuantizedBlockLoader::load_safe compares
+    # the row with the K extent and reads scales and biases past the end of their buffers,
+    # which the simulator reports); with B = 1 buffers 8-15 (batch shapes, strides) are unbound
+    # and unread (placeholders here).  Metal 4 at GPU family 10 (M5); M = 40: partial M tile.
+    import numpy as np
+    lib = compile_shader(inline_mlx(KDIR + "quantized_nax.metal"), metal_version=400,
+                         gpu_family=10)
+    M, N, K, gs, bits = 40, 128, 128, 64, 4
+    g = torch.Generator().manual_seed(13)
+    w = torch.randn(N, K, generator=g)
+    x = torch.randn(M, K, generator=g).half()
+    wq, scales, biases = mx.quantize(_mx(w).astype(mx.float16), group_size=gs, bits=bits)
+    wq_t = torch.from_numpy(np.array(wq).view(np.int32))
+    s_t, b_t = _torch(scales, torch.float16), _torch(biases, torch.float16)
+    y = torch.zeros(M, N).half()
+    kname = "affine_qmm_t_nax_float16_t_gs_64_b_4_bm64_bn64_bk64_wm2_wn2_alN_true_batch_0"
+    getattr(lib, kname)(wq_t, s_t, b_t, x, y, K, N, M, 0, [0], [0], 0, [0], [0], [0], [0],
+                        threads=[-(-N // 64) * 32, -(-M // 64) * 2, 2], group_size=[32, 2, 2],
+                        arg_casts={5: "int32", 6: "int32", 7: "int32", 8: "int32",
+                                   9: "int32", 11: "int32", 12: "int32"})
+    want = mx.quantized_matmul(_mx(x), wq, scales, biases, transpose=True, group_size=gs,
+                               bits=bits)
+    # mlx[cpu]'s own f16 quantized_matmul is up to ~0.1 off the product with the dequantized
+    # weight (outputs up to ~30): compare with it at that tolerance, and with that product
+    # (fp32) at f16 output rounding
+    torch.testing.assert_close(y.float(), _torch(want, torch.float32), rtol=2e-2, atol=0.15)
+    wd = _torch(mx.dequantize(wq, scales, biases, group_size=gs, bits=bits), torch.float32)
+    torch.testing.assert_close(y.float(), x.float() @ wd.T, rtol=4e-3, atol=4e-2)
