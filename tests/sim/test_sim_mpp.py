@@ -80,7 +80,7 @@ kernel void m5_layout(device half* A [[buffer(0)]], device half* B [[buffer(1)]]
   matmul2d<desc, execution_simdgroup> op;
   auto a = op.get_left_input_cooperative_tensor<half, half, float>();
   auto b = op.get_right_input_cooperative_tensor<half, half, float>();
-  auto c = op.get_destination_cooperative_tensor<decltype(a), decltype(b), float>();
+  auto c = op.get_destination_cooperative_tensor<decltype(op), decltype(a), decltype(b), float>();
   const short fm = ((lane >> 2) & 4) | ((lane >> 1) & 3), fn = (((lane >> 2) & 2) | (lane & 1)) * 4;
   for (short i = 0; i < 8; ++i) {
     const short r = fm + (i >> 2) * 8, col = fn + i % 4;

@@ -333,6 +333,12 @@ struct matmul2d {
     static_assert(mf_mpp::check_types<mf_mpp::elem_t<L>, mf_mpp::elem_t<R>, C>());
     return mf_mpp::coop<C, M, N, S, false>();
   }
+  // The form that names the op's type first: get_destination_cooperative_tensor<decltype(op),
+  // L, R, C>().
+  template <class Op, class L, class R, class C>
+  MF_D auto get_destination_cooperative_tensor() const {
+    return get_destination_cooperative_tensor<L, R, C>();
+  }
 
   template <class L, class R, class Dst>
   MF_D void run(L&& left, R&& right, Dst&& dest) const {

@@ -225,6 +225,12 @@ struct matmul2d {
     static_assert(::mf::mpp::check_types<::mf::mpp::elem_t<L>, ::mf::mpp::elem_t<R>, C>());
     return ::mf::mpp::coop<C, M, N, S>();
   }
+  // The form that names the op's type first: get_destination_cooperative_tensor<decltype(op),
+  // L, R, C>().
+  template <class Op, class L, class R, class C>
+  auto get_destination_cooperative_tensor() const {
+    return get_destination_cooperative_tensor<L, R, C>();
+  }
 
   template <class L, class R, class Dst>
   void run(L&& left, R&& right, Dst&& dest, MF_MPP_SITE_PARAMS) const {
