@@ -66,3 +66,13 @@ def test_metal3_source_with_mpp_is_refused(lib):
     from metalforge import cuda as mfcuda
     with pytest.raises(SyntaxError, match=r"MetalPerformancePrimitives needs Metal 4\.0"):
         mfcuda.compile_shader(SRC)
+
+
+@gpu
+def test_threadgroup_tensors_and_multidimensional_index_on_tensor_cores(lib):
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(16, 32, generator=g).half()
+    b = torch.randn(32, 32, generator=g).half()
+    c = torch.full((16, 32), float("nan"), device="cuda")
+    lib.staged(a.cuda(), b.cuda(), c, threads=32, group_size=32)
+    torch.testing.assert_close(c.cpu(), a.float() @ b.float() + 1, rtol=1e-4, atol=1e-3)

@@ -96,6 +96,31 @@ kernel void m5_layout(device half* A [[buffer(0)]], device half* B [[buffer(1)]]
   }
 }
 
+// Operands staged in threadgroup memory (threadgroup tensors with static extents and explicit
+// strides), a 16 x 32 x 32 product into a cooperative destination that is written out through
+// get_multidimensional_index, each element plus one (element-wise, layout-independent).
+kernel void staged(device half* A [[buffer(0)]], device half* B [[buffer(1)]],
+                   device float* C [[buffer(2)]], ushort lane [[thread_index_in_simdgroup]]) {
+  threadgroup half a_s[16 * 40];                  // 16 x 32, rows padded to 40
+  threadgroup half b_s[32 * 32];
+  for (int i = lane; i < 16 * 32; i += 32) a_s[(i / 32) * 40 + i % 32] = A[i];
+  for (int i = lane; i < 32 * 32; i += 32) b_s[i] = B[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  tensor<threadgroup half, extents<int32_t, 32, 16>, tensor_inline> ta(
+      a_s, extents<int32_t, 32, 16>(), array<int, 2>{1, 40});
+  tensor<threadgroup half, extents<int32_t, 32, 32>, tensor_inline> tb(
+      b_s, extents<int32_t, 32, 32>());
+  constexpr auto desc = matmul2d_descriptor(16, 32, 32);
+  matmul2d<desc, execution_simdgroup> op;
+  auto c = op.get_destination_cooperative_tensor<decltype(ta), decltype(tb), float>();
+  op.run(ta, tb, c);
+  for (int i = 0; i < c.get_capacity(); ++i) {
+    if (!c.is_valid_element(i)) continue;
+    auto idx = c.get_multidimensional_index(i);
+    C[idx[1] * 32 + idx[0]] = c[i] + 1.0f;
+  }
+}
+
 // Half the lanes reach the run: every lane of the executing simdgroup must.
 kernel void diverge(device half* A [[buffer(0)]], device float* C [[buffer(1)]],
                     ushort lane [[thread_index_in_simdgroup]]) {
@@ -157,6 +182,16 @@ def test_code_that_hard_codes_m5_layout_is_right_only_on_m5(lib):
         torch.testing.assert_close(c, want, rtol=1e-5, atol=1e-4)
     else:
         assert (c - want).abs().max() > 1.0
+
+
+def test_threadgroup_tensors_and_multidimensional_index(lib):
+    lib, _ = lib
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn(16, 32, generator=g).half()
+    b = torch.randn(32, 32, generator=g).half()
+    c = torch.full((16, 32), float("nan"))
+    lib.staged(a, b, c, threads=32, group_size=32)
+    torch.testing.assert_close(c, a.float() @ b.float() + 1, rtol=1e-5, atol=1e-4)
 
 
 def test_every_lane_must_reach_the_run(lib):
