@@ -37,7 +37,17 @@ from .call import Driver, Plan, call_key, plan_call
 from .translate import SOURCE_NAME, Entry, translate, two_groups
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
-NVRTC_OPTIONS = ["-default-device", "--std=c++17", "-D__METAL__=1", "-D__METAL_VERSION__=310"]
+NVRTC_OPTIONS = ["-default-device", "-D__METAL__=1"]
+# The Metal a source may assume (metalforge/target.py): below 400 it compiles as Metal 3.1
+# C++17; at 400 (Metal 4: <MetalPerformancePrimitives/MetalPerformancePrimitives.h>, whose
+# matmul2d runs on tensor cores here) as C++20, which matmul2d's descriptor argument needs.
+DEFAULT_METAL_VERSION = 310
+
+
+def version_options(metal_version: int) -> list[str]:
+    """NVRTC's language options for a source compiled for `metal_version`."""
+    std = "--std=c++20" if metal_version >= 400 else "--std=c++17"
+    return [std, f"-D__METAL_VERSION__={metal_version}"]
 SIMD_WIDTH = 32
 _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
@@ -94,7 +104,7 @@ def _check(res: int, what: str) -> None:
                           f"{msg.value.decode() if msg.value else f'CUDA error {res}'}")
 
 
-def front_check(source: str) -> str:
+def front_check(source: str, metal_version: int = DEFAULT_METAL_VERSION) -> str:
     """The simulator's Metal front-end check (metalforge/sim/metalcheck.py): MSL that Apple's
     compiler rejects (address spaces, program-scope variables, types and C++ Metal forbids,
     kernel signatures) is the simulator's SyntaxError here too, though NVRTC would compile it.
@@ -103,7 +113,7 @@ def front_check(source: str) -> str:
     as the simulator builds them (one C++ function each otherwise)."""
     from ..sim.metalcheck import check_source
     return check_source(source, header="failed to compile Metal source for CUDA (Metal front-end "
-                                "check):")
+                                "check):", metal_version=max(metal_version, 320))
 
 
 def _nvrtc_error(e: Exception) -> SyntaxError:
@@ -131,7 +141,9 @@ class _Module:
     (MF_ONE_D=1: the entry points' thread numbering without y and z, include/mf_cuda/entry.h);
     the other serves any grid."""
 
-    def __init__(self, text: str, entries: tuple[Entry, ...], device: int, one_d: bool = True):
+    def __init__(self, text: str, entries: tuple[Entry, ...], device: int, one_d: bool = True,
+                 metal_version: int = DEFAULT_METAL_VERSION):
+        self.metal_version = metal_version
         self.device = device
         self.one_d = one_d
         self._compile(text, entries, [])
@@ -148,7 +160,9 @@ class _Module:
             try:
                 first = torch.cuda._compile_kernel(text, entries[0].symbol,
                                                    cuda_include_dirs=[str(INCLUDE_DIR)],
-                                                   nvcc_options=list(NVRTC_OPTIONS) + defines
+                                                   nvcc_options=list(NVRTC_OPTIONS)
+                                                   + version_options(self.metal_version)
+                                                   + defines
                                                    + [f"-DMF_ONE_D={int(self.one_d)}"])
             except RuntimeError as e:
                 if "compilation failed" in str(e):
@@ -192,9 +206,10 @@ class CudaLibrary:
     """A compiled MSL source; `lib.<host_name>` is a CudaFunction (one per name, and one
     module per device and grid kind, each made once: threads asking meanwhile wait)."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, metal_version: int = DEFAULT_METAL_VERSION):
+        self.metal_version = metal_version
         tr = translate(source)             # its SyntaxError first: text it cannot read
-        checked = front_check(source)
+        checked = front_check(source, metal_version)
         if checked != source:              # address-space overloads renamed apart
             tr = translate(checked)
         self.text = tr.text
@@ -207,7 +222,8 @@ class CudaLibrary:
         """The unit compiled for a device: for 1-D dispatches (every metalforge launch), or,
         compiled on first need, for any grid."""
         return self._modules.get_or_build(
-            (device, one_d), lambda: _Module(self.text, self._order, device, one_d))
+            (device, one_d), lambda: _Module(self.text, self._order, device, one_d,
+                                             self.metal_version))
 
     def __getattr__(self, name: str) -> CudaFunction:
         if name.startswith("_"):
@@ -288,6 +304,8 @@ class CudaFunction:
         plan.launch(args)
 
 
-def compile_shader(source: str) -> CudaLibrary:
-    """Translate an MSL source for CUDA (compiled per device on first use)."""
-    return CudaLibrary(source)
+def compile_shader(source: str, *, metal_version: int = DEFAULT_METAL_VERSION) -> CudaLibrary:
+    """Translate an MSL source for CUDA (compiled per device on first use), for Metal
+    `metal_version` (``__METAL_VERSION__``; 400 for Metal 4 tensor ops, which run on tensor
+    cores)."""
+    return CudaLibrary(source, metal_version)

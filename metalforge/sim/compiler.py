@@ -29,7 +29,7 @@ import re
 import stat
 import subprocess
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import cache
@@ -47,9 +47,19 @@ SOURCE_NAME = "program_source"
 # -O1 compiles in about half the time of -O2 and runs the simulator's kernels at a similar speed
 # (the engine, not kernel code, dominates); see the sim section of README.md for the numbers.
 OPT_LEVEL = os.environ.get("METALFORGE_SIM_OPT", "-O1")
-COMMON_FLAGS = ["-std=c++17", "-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
-                "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1",
-                "-D__METAL_VERSION__=320"]
+COMMON_FLAGS = ["-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
+                "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1"]
+# What a compile may assume of the Metal it targets (see metalforge/target.py): the language
+# version (__METAL_VERSION__, 320 = Metal 3.2, 400 = Metal 4.0) and the Apple GPU family
+# (MF_SIM_GPU_FAMILY: 9 = M3/M4, 10 = M5), which fixes the cooperative-tensor element layout of
+# <MetalPerformancePrimitives/MetalPerformancePrimitives.h>.  Metal 4 sources compile as C++20:
+# MSL 4's `matmul2d<desc, ...>` takes a descriptor object as a template argument.
+DEFAULT_METAL_VERSION = 320
+DEFAULT_GPU_FAMILY = 9
+MPP_HEADER = "MetalPerformancePrimitives/MetalPerformancePrimitives.h"
+# The preprocessing stand-in for the MPP header leaves this line in the text; a source that has
+# it is compiled with the real header included first (after <metal_stdlib>).
+MPP_MARKER = "#pragma metalforge_sim_mpp"
 # GCC gives the static locals of template and inline functions (so every kernel-scope
 # `threadgroup` array of a templated kernel, which rewrite.py makes `static thread_local`)
 # STB_GNU_UNIQUE binding, and the dynamic linker merges such symbols across every loaded
@@ -71,8 +81,13 @@ GCC_FLAGS += ["-fsanitize=thread", "--param", "tsan-instrument-func-entry-exit=0
 CLANG_FLAGS += ["-fsanitize=thread", "-fno-sanitize-thread-func-entry-exit"]
 
 
-def _flags(is_clang: bool) -> list[str]:
-    return COMMON_FLAGS + (CLANG_FLAGS if is_clang else GCC_FLAGS)
+def _version_flags(metal_version: int) -> list[str]:
+    std = "-std=c++20" if metal_version >= 400 else "-std=c++17"
+    return [std, f"-D__METAL_VERSION__={metal_version}"]
+
+
+def _flags(is_clang: bool, metal_version: int = DEFAULT_METAL_VERSION) -> list[str]:
+    return COMMON_FLAGS + _version_flags(metal_version) + (CLANG_FLAGS if is_clang else GCC_FLAGS)
 
 
 def _run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess:
@@ -93,10 +108,12 @@ def engine_library() -> Path:
     return cache.entry(target, build)
 
 
-def _pch() -> list[str]:
-    """Flags that make the compile use a precompiled <metal_stdlib> (built on first use)."""
+def _pch(metal_version: int) -> list[str]:
+    """Flags that make the compile use a precompiled <metal_stdlib> (built on first use, one
+    per Metal version: the version is a macro and picks the C++ standard)."""
     path, ident, is_clang = compiler()
-    key = hashlib.sha256(f"{shim_hash()}|{ident}|{OPT_LEVEL}|{_flags(is_clang)}".encode()) \
+    flags = _flags(is_clang, metal_version)
+    key = hashlib.sha256(f"{shim_hash()}|{ident}|{OPT_LEVEL}|{flags}".encode()) \
         .hexdigest()[:16]
     d = cache_dir() / f"pch-{key}"
     header = d / "metal_stdlib"
@@ -105,7 +122,7 @@ def _pch() -> list[str]:
     cache.write_text(header, f'#include "{INCLUDE_DIR / "metal_stdlib"}"\n')
 
     def build(tmp: Path) -> None:
-        r = _run(cxx_cmd() + _flags(is_clang) + [OPT_LEVEL, "-x", "c++-header", str(header),
+        r = _run(cxx_cmd() + flags + [OPT_LEVEL, "-x", "c++-header", str(header),
                                              "-o", str(tmp)])
         if r.returncode != 0:
             raise RuntimeError(f"metalforge.sim: precompiling <metal_stdlib> failed:\n"
@@ -135,7 +152,24 @@ def _stub_dir() -> Path:
         tmp = cache.temp_name(stub)
         tmp.write_text("")
         os.replace(tmp, stub)
+    _mpp_stub(d)
     return d
+
+
+def _mpp_stub(d: Path) -> None:
+    """The MPP header's preprocessing stand-in in stub folder `d`: its Metal 4 check (a
+    #error below Metal 4.0, as Apple's header has) and the marker that brings in the real one."""
+    text = (INCLUDE_DIR / "MetalPerformancePrimitives" / "stub.h").read_text()
+    stub = d / MPP_HEADER
+    stub.parent.mkdir(mode=0o700, exist_ok=True)
+    try:
+        if stub.read_text() == text:
+            return
+    except OSError:
+        pass
+    tmp = cache.temp_name(stub)
+    tmp.write_text(text)
+    os.replace(tmp, stub)
 
 
 def _clean_message(msg: str, tmpdir: str) -> str:
@@ -188,15 +222,40 @@ class _TooManyKernels(Exception):
         self.kernels = kernels
 
 
+@dataclass(frozen=True)
+class MetalTarget:
+    """What the compiled source may assume: Metal language version and Apple GPU family."""
+    metal_version: int = DEFAULT_METAL_VERSION
+    gpu_family: int = DEFAULT_GPU_FAMILY
+
+    def __post_init__(self) -> None:
+        for name in ("metal_version", "gpu_family"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"metalforge.sim: {name} must be a positive int (e.g. "
+                                 f"metal_version=400 for Metal 4.0, gpu_family=10 for M5), "
+                                 f"got {v!r}")
+
+    def defines(self) -> list[str]:
+        """The macros of the kernel's compile besides the precompiled header's."""
+        return [f"-DMF_SIM_GPU_FAMILY={self.gpu_family}"]
+
+
 def build(source: str, kernels: list[str] | None = None,
-          max_kernels: int | None = None) -> tuple[Path | None, list[Signature]]:
+          max_kernels: int | None = None, *, metal_version: int = DEFAULT_METAL_VERSION,
+          gpu_family: int = DEFAULT_GPU_FAMILY) -> tuple[Path | None, list[Signature]]:
     """Compile `source` (or fetch it from the cache); return the library path and kernels.
 
     With `kernels` (host names), only those get entry points, so only they are instantiated.
     With `max_kernels`, a source with more kernels than that is not compiled: the result is
-    (None, its kernels), and the caller builds them one at a time (see library.py)."""
+    (None, its kernels), and the caller builds them one at a time (see library.py).
+    `metal_version` (``__METAL_VERSION__``: 320 = Metal 3.2, 400 = Metal 4.0) and `gpu_family`
+    (``MF_SIM_GPU_FAMILY``: 9 = M3/M4, 10 = M5) say which Metal the source is compiled for;
+    both are part of the cache key."""
+    target = MetalTarget(metal_version, gpu_family)
     path, ident, is_clang = compiler()
-    parts = [source, shim_hash(), ident, OPT_LEVEL, " ".join(_flags(is_clang))]
+    parts = [source, shim_hash(), ident, OPT_LEVEL,
+             " ".join(_flags(is_clang, metal_version) + target.defines())]
     if kernels is not None:
         parts.append("kernels:" + ",".join(kernels))
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
@@ -205,7 +264,7 @@ def build(source: str, kernels: list[str] | None = None,
     limit = max_kernels if kernels is None else None
 
     def make(tmp: list[Path]) -> None:
-        built = _compile(source, tmp[0], kernels, limit)
+        built = _compile(source, tmp[0], kernels, limit, target)
         tmp[1].write_text(json.dumps({"kernels": [asdict(k) for k in built]}))
     try:
         cache.entries([so, meta], make)
@@ -214,16 +273,18 @@ def build(source: str, kernels: list[str] | None = None,
     return so, [_kernel_from_json(k) for k in json.loads(meta.read_text())["kernels"]]
 
 
-def preprocess(source: str, tmp: str) -> str:
+def preprocess(source: str, tmp: str, metal_version: int = DEFAULT_METAL_VERSION) -> str:
     """`source` preprocessed alone in folder `tmp` (torch's c10/metal headers inlined, the
-    ``<metal_*>`` headers empty stand-ins); a SyntaxError when the preprocessor fails."""
+    ``<metal_*>`` headers empty stand-ins, the MPP header its stand-in); a SyntaxError when the
+    preprocessor fails (as it does for the MPP header below Metal 4)."""
     src = Path(tmp) / SOURCE_NAME
     src.write_text(source)
-    r = _run(cxx_cmd() + ["-E", "-x", "c++", "-std=c++17", "-D__METAL__=1",
-                           "-D__METAL_VERSION__=320", "-I", str(_stub_dir()),
-                           "-I", torch_include(), SOURCE_NAME], cwd=tmp)
+    stubs = _stub_dir()
+    r = _run(cxx_cmd() + ["-E", "-x", "c++", "-D__METAL__=1"] + _version_flags(metal_version) +
+             ["-I", str(stubs), "-I", torch_include(), SOURCE_NAME], cwd=tmp)
     if r.returncode != 0:
-        raise _syntax_error(_clean_message(r.stderr, tmp), source)
+        raise _syntax_error(_clean_message(r.stderr.replace(str(stubs) + os.sep, ""), tmp),
+                            source)
     return r.stdout
 
 
@@ -244,13 +305,15 @@ def checked_source(source: str, pre: str) -> tuple[str, ParsedSource]:
 
 
 def _compile(source: str, out: Path, kernels: list[str] | None,
-             max_kernels: int | None) -> list[Signature]:
+             max_kernels: int | None, target: MetalTarget) -> list[Signature]:
     """Compile `source` into the shared library `out` (only the `kernels` named, when given);
     return its kernels. Raises _TooManyKernels past `max_kernels`, before compiling."""
     engine_library()
-    pch_flags = _pch()
+    pch_flags = _pch(target.metal_version)
     with tempfile.TemporaryDirectory(prefix="mfsim-") as tmp:
-        pre, parsed = checked_source(source, preprocess(source, tmp))
+        pre, parsed = checked_source(source, preprocess(source, tmp, target.metal_version))
+        if MPP_MARKER in pre:
+            pch_flags = pch_flags + ["-include", str(INCLUDE_DIR / MPP_HEADER)]
         if max_kernels is not None and len(parsed.kernels) > max_kernels:
             raise _TooManyKernels(parsed.kernels)
         if kernels is not None:
@@ -262,7 +325,8 @@ def _compile(source: str, out: Path, kernels: list[str] | None,
         tu = text + '\n#line 1 "metalforge_sim_trampolines"\n' + cpu_trampolines(parsed.kernels)
         (Path(tmp) / "tu.cpp").write_text(tu)
 
-        r = _run(cxx_cmd() + _flags(compiler()[2]) + [OPT_LEVEL, "-c"] + pch_flags +
+        r = _run(cxx_cmd() + _flags(compiler()[2], target.metal_version) + target.defines() +
+                 [OPT_LEVEL, "-c"] + pch_flags +
                  ["-I", str(INCLUDE_DIR), "-I", torch_include(), "-x", "c++", "tu.cpp",
                   "-o", "tu.o"], cwd=tmp)
         if r.returncode != 0:

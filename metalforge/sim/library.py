@@ -35,7 +35,7 @@ from ..errors import KernelError
 from ..msl.callmodel import CAST_SCALAR, DTYPE_SCALAR, cast_dtypes, grid_of, group_of
 from ..msl.scalars import is_float_scalar, scalar_of
 from ..msl.signature import Signature, SignatureParam
-from .compiler import build, engine_library
+from .compiler import DEFAULT_GPU_FAMILY, DEFAULT_METAL_VERSION, build, engine_library
 from .trampoline import entry_symbol
 
 MAX_THREADS = 1024
@@ -622,11 +622,14 @@ class Library:
     """What `compile_shader` returns: one attribute per host-visible kernel."""
 
     def __init__(self, source: str, function_constants: dict | None = None,
-                 exited_leave_barriers: bool = False):
+                 exited_leave_barriers: bool = False, *,
+                 metal_version: int = DEFAULT_METAL_VERSION,
+                 gpu_family: int = DEFAULT_GPU_FAMILY):
         self._fc = dict(function_constants or {})
         self._exited = exited_leave_barriers
         self._source = function_constant_preamble(self._fc) + source
-        path, kernels = build(self._source, max_kernels=LAZY_KERNELS)
+        self._target = {"metal_version": metal_version, "gpu_family": gpu_family}
+        path, kernels = build(self._source, max_kernels=LAZY_KERNELS, **self._target)
         _load_engine()
         self._sigs = {k.host_name: (i, k) for i, k in enumerate(kernels)}
         self._kernels: dict[str, LibraryFunction] = {}
@@ -641,7 +644,7 @@ class Library:
         if name not in self._sigs:
             raise RuntimeError(f"Failed to create function state object for: {name}")
         if name not in self._kernels:
-            path, kernels = build(self._source, kernels=[name])
+            path, kernels = build(self._source, kernels=[name], **self._target)
             self._kernels.setdefault(name, LibraryFunction(_Dll(path), 0, kernels[0], self._fc,
                                                            self._exited))   # first one wins
         return self._kernels[name]
@@ -654,7 +657,9 @@ class Library:
 
 
 def compile_shader(source: str, *, function_constants: dict | None = None,
-                   exited_leave_barriers: bool = False) -> Library:
+                   exited_leave_barriers: bool = False,
+                   metal_version: int = DEFAULT_METAL_VERSION,
+                   gpu_family: int = DEFAULT_GPU_FAMILY) -> Library:
     """Compile MSL `source` for the CPU simulator (drop-in for torch.mps.compile_shader).
 
     ``function_constants`` (a simulator extension; torch.mps.compile_shader has no such
@@ -669,6 +674,12 @@ def compile_shader(source: str, *, function_constants: dict | None = None,
     resolves once every thread that has not returned waits at it (MLX's gemv relies on this:
     one lane per simdgroup meets a ``threadgroup_barrier`` after the others returned).
 
+    ``metal_version`` and ``gpu_family`` (simulator extensions) say which Metal the source is
+    compiled for: ``__METAL_VERSION__`` (320 = Metal 3.2, the default; 400 = Metal 4.0, needed
+    by ``<MetalPerformancePrimitives/MetalPerformancePrimitives.h>``) and the Apple GPU family
+    (9 = M3/M4, the default; 10 = M5), which fixes the element layout of Metal 4 cooperative
+    tensors.  Both are part of the compile cache's key.
+
     Example::
 
         lib = compile_shader('''
@@ -680,4 +691,5 @@ def compile_shader(source: str, *, function_constants: dict | None = None,
     """
     if not isinstance(source, str):
         raise TypeError("compile_shader expects the Metal source as a str")
-    return Library(source, function_constants, exited_leave_barriers)
+    return Library(source, function_constants, exited_leave_barriers,
+                   metal_version=metal_version, gpu_family=gpu_family)

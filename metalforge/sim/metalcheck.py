@@ -33,7 +33,7 @@ from .swizzle import rewrite_repeated_swizzles
 from .toolchain import CompilerNotFound, cache_dir, compiler, shim_hash
 
 
-def check_source(source: str, header: str = "") -> str:
+def check_source(source: str, header: str = "", metal_version: int = 320) -> str:
     """`source` as the cuda backend should compile it: a SyntaxError (the simulator's, its
     first line replaced by `header` when given) if it breaks one of Metal's front-end rules
     that the simulator checks, else `source` with its helpers overloaded only on address
@@ -48,11 +48,12 @@ def check_source(source: str, header: str = "") -> str:
         return source
     if not available():
         return source
-    key = hashlib.sha256(f"{source}\0{shim_hash()}\0{ident}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{source}\0{shim_hash()}\0{ident}\0{metal_version}".encode()) \
+        .hexdigest()[:24]
 
     def build(tmp) -> None:
         try:
-            renamed = _check(source)
+            renamed = _check(source, metal_version)
         except SyntaxError as e:
             if header:
                 e.msg = header + "\n" + e.msg.split("\n", 1)[-1]
@@ -62,9 +63,9 @@ def check_source(source: str, header: str = "") -> str:
     return cache.entry(cache_dir() / f"front-{key}.ok", build).read_text() or source
 
 
-def _check(source: str) -> str:
+def _check(source: str, metal_version: int) -> str:
     with tempfile.TemporaryDirectory(prefix="mfcheck-") as tmp:
-        pre = preprocess(source, tmp)
+        pre = preprocess(source, tmp, metal_version)
     renamed, parsed = checked_source(source, pre)
     text, errors = rewrite_repeated_swizzles(rewrite(renamed, parsed))
     if errors:

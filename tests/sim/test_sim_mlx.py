@@ -513,3 +513,101 @@ def test_all_reduce_sum_matches_mlx(n):
                                   group_size=[32, 1, 1])
     torch.testing.assert_close(out, _torch(mx.sum(_mx(x)), torch.float32).reshape(1),
                                rtol=1e-5, atol=1e-4)
+
+
+# ------------------------------------------------------------- Metal 4 tensor ops (NAX kernels)
+@pytest.mark.parametrize("dtype,trans,M,N,K,family", [
+    (torch.float16, "nt", 70, 100, 300, 10),
+    (torch.bfloat16, "tn", 50, 72, 280, 10),
+    (torch.float16, "nt", 70, 100, 300, 9)])
+def test_steel_gemm_fused_nax_matches_mlx_on_m5_only(dtype, trans, M, N, K, family):
+    # MLX's M5 GEMM (steel/gemm/kernels/steel_gemm_fused_nax.metal: matmul2d over cooperative
+    # tensors filled with M5's layout hard-coded in BaseNAXFrag), compiled for Metal 4 at GPU
+    # family 10 it matches mlx[cpu]; at family 9 (another cooperative-tensor layout) it must
+    # not.  matmul.cpp's steel_matmul_nax: tile (64, 64, 256, 2, 2) (the smallest MLX builds),
+    # threadgroups (tiles_n, tiles_m, 1) of (32, wn, wm).
+    bm, bn, bk, wm, wn = 64, 64, 256, 2, 2
+    fc = {10: False, 100: False, 110: False,
+          200: M % bm == 0, 201: N % bn == 0, 202: K % bk == 0}
+    lib = compile_shader(inline_mlx(KDIR + "steel/gemm/kernels/steel_gemm_fused_nax.metal"),
+                         function_constants=fc, metal_version=400, gpu_family=family)
+    g = torch.Generator().manual_seed(11)
+    a = (torch.randn(K, M, generator=g) if trans[0] == "t" else
+         torch.randn(M, K, generator=g)).to(dtype)
+    b = (torch.randn(N, K, generator=g) if trans[1] == "t" else
+         torch.randn(K, N, generator=g)).to(dtype)
+    out = torch.zeros(M, N, dtype=dtype)
+    t = _TNAME[dtype]
+    kname = f"steel_gemm_fused_nax_{trans}_{t}_{t}_bm{bm}_bn{bn}_bk{bk}_wm{wm}_wn{wn}"
+    params = _gemm_params(M, N, K, a.shape[1], b.shape[1], N, bm, bn, bk, M * K, K * N, M * N)
+    tiles = [-(-N // bn), -(-M // bm), 1]
+    getattr(lib, kname)(a, b, None, out, params, None, None, None,
+                        threads=[tiles[0] * 32, tiles[1] * wn, wm], group_size=[32, wn, wm])
+    want = mx.matmul(_mx(a).T if trans[0] == "t" else _mx(a),
+                     _mx(b).T if trans[1] == "t" else _mx(b))
+    if family >= 10:
+        _close(out, _torch(want, dtype), dtype)
+    else:
+        assert (out.float() - _torch(want, dtype).float()).abs().max() > 1.0
+
+
+@pytest.mark.parametrize("dtype,D,qL,kL,causal", [
+    (torch.float16, 64, 40, 70, True),
+    (torch.bfloat16, 128, 64, 64, False)])
+def test_steel_attention_nax_matches_mlx(dtype, D, qL, kL, causal):
+    # scaled_dot_product_attention.cpp sdpa_full_self_attention_nax: bq 64, bk 32, wm 4, wn 1
+    # (D < 256); function constants as the non-NAX kernel; threadgroups (NQ, H, B) of
+    # (32, wm, wn); Metal 4 at GPU family 10 (M5).
+    bq, bk = 64, 32
+    fc = {200: qL % bq == 0, 201: kL % bk == 0, 300: False, 301: causal, 302: False}
+    lib = compile_shader(inline_mlx(KDIR + "steel/attn/kernels/steel_attention_nax.metal"),
+                         function_constants=fc, metal_version=400, gpu_family=10)
+    B, H, Hkv = 1, 2, 1
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    o = torch.zeros_like(q)
+    scale = D ** -0.5
+    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
+    t = _TNAME[dtype]
+    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
+    NQ = -(-qL // bq)
+    getattr(lib, kname)(q, k, v, o, params, None, None, None,
+                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
+    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
+                                                mask="causal" if causal else None)
+    _close(o, _torch(want, dtype), dtype)
+
+
+def test_affine_qmm_t_nax_matches_mlx():
+    # quantized.cpp qmm_nax (transposed weight, K % 64 == 0): bm 64 (M > 32), bn = bk = 64,
+    # wm = wn = 2; grid (ceil(N / 64), ceil(M / 64), 1) threadgroups of (32, wn, wm); N % 64
+    # == 0 picks _alN_true (with N % 64 != 0, MLX's QuantizedBlockLoader::load_safe compares
+    # the row with the K extent and reads scales and biases past the end of their buffers,
+    # which the simulator reports); with B = 1 buffers 8-15 (batch shapes, strides) are unbound
+    # and unread (placeholders here).  Metal 4 at GPU family 10 (M5); M = 40: partial M tile.
+    import numpy as np
+    lib = compile_shader(inline_mlx(KDIR + "quantized_nax.metal"), metal_version=400,
+                         gpu_family=10)
+    M, N, K, gs, bits = 40, 128, 128, 64, 4
+    g = torch.Generator().manual_seed(13)
+    w = torch.randn(N, K, generator=g)
+    x = torch.randn(M, K, generator=g).half()
+    wq, scales, biases = mx.quantize(_mx(w).astype(mx.float16), group_size=gs, bits=bits)
+    wq_t = torch.from_numpy(np.array(wq).view(np.int32))
+    s_t, b_t = _torch(scales, torch.float16), _torch(biases, torch.float16)
+    y = torch.zeros(M, N).half()
+    kname = "affine_qmm_t_nax_float16_t_gs_64_b_4_bm64_bn64_bk64_wm2_wn2_alN_true_batch_0"
+    getattr(lib, kname)(wq_t, s_t, b_t, x, y, K, N, M, 0, [0], [0], 0, [0], [0], [0], [0],
+                        threads=[-(-N // 64) * 32, -(-M // 64) * 2, 2], group_size=[32, 2, 2],
+                        arg_casts={5: "int32", 6: "int32", 7: "int32", 8: "int32",
+                                   9: "int32", 11: "int32", 12: "int32"})
+    want = mx.quantized_matmul(_mx(x), wq, scales, biases, transpose=True, group_size=gs,
+                               bits=bits)
+    # mlx[cpu]'s own f16 quantized_matmul is up to ~0.1 off the product with the dequantized
+    # weight (outputs up to ~30): compare with it at that tolerance, and with that product
+    # (fp32) at f16 output rounding
+    torch.testing.assert_close(y.float(), _torch(want, torch.float32), rtol=2e-2, atol=0.15)
+    wd = _torch(mx.dequantize(wq, scales, biases, group_size=gs, bits=bits), torch.float32)
+    torch.testing.assert_close(y.float(), x.float() @ wd.T, rtol=4e-3, atol=4e-2)

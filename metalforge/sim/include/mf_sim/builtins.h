@@ -71,5 +71,14 @@ template <class T>
 MF_INLINE T __metal_frexp(T x, int* e) { return ::metal::frexp(x, *e); }
 template <class T>
 MF_INLINE T __metal_get_simdgroup_size(T) { return T(32); }
+// The calling thread's lane and simdgroup (MLX's NAX fragments read the lane this way).
+template <class T>
+MF_INLINE T __metal_get_thread_index_in_simdgroup(T) {
+  return T(mf_rt_position()->thread_index_in_simdgroup[0]);
+}
+template <class T>
+MF_INLINE T __metal_get_simdgroup_index_in_threadgroup(T) {
+  return T(mf_rt_position()->simdgroup_index_in_threadgroup[0]);
+}
 
 #endif  // MF_SIM_BUILTINS_H

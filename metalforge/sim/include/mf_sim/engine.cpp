@@ -715,6 +715,12 @@ extern "C" void mf_rt_barrier(int simd, const char* file, unsigned line, unsigne
   switch_to_scheduler(f);
 }
 
+extern "C" const mf::Pos* mf_rt_position() {
+  static const mf::Pos outside{};   // not inside a launch: thread 0 of everything
+  Worker* w = tl_worker;
+  return (w && w->current) ? &w->current->pos : &outside;
+}
+
 extern "C" void mf_rt_stray_lane(const char* what, long long lane, unsigned width,
                                  const char* file, unsigned line) {
   Worker* w = tl_worker;

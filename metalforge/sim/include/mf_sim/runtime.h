@@ -91,6 +91,10 @@ void mf_rt_barrier(int simd, const char* file, unsigned line, unsigned col);
 // Block the calling lane at a collective (see CollSlot).
 void mf_rt_collective(mf::CollSlot* slot, int quad, const char* what, const char* file,
                       unsigned line, unsigned col);
+// The calling thread's position record (what its kernel parameters were built from); all
+// zeros outside a launch.  For headers that need the thread's lane without a parameter
+// (__metal_get_thread_index_in_simdgroup, the cooperative tensors of MetalPerformancePrimitives).
+const mf::Pos* mf_rt_position();
 // Fail the launch: the calling lane's shuffle named source lane `lane` outside its `width`
 // lanes (Metal leaves the value undefined; never resumed).
 void mf_rt_stray_lane(const char* what, long long lane, unsigned width, const char* file,

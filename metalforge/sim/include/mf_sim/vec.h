@@ -300,6 +300,20 @@ struct alignas(4 * sizeof(T)) vec<T, 4> {
   MF_SIM_VEC_COMMON(4)
 };
 
+// Longer vectors: Metal's vec<T, N> is clang's ext_vector_type, which takes other lengths too;
+// MLX's NAX fragments (steel/gemm/nax.h) are vec<T, 8>.  Elements and operators only (no
+// .x ... or swizzle members); aligned to their size, as ext_vector_type is.
+template <class T>
+struct alignas(8 * sizeof(T)) vec<T, 8> {
+  T mf_e[8];
+  MF_SIM_VEC_COMMON(8)
+};
+template <class T>
+struct alignas(16 * sizeof(T)) vec<T, 16> {
+  T mf_e[16];
+  MF_SIM_VEC_COMMON(16)
+};
+
 #pragma GCC diagnostic pop
 #undef MF_SIM_VEC_COMMON
 

@@ -1,0 +1,440 @@
+// metalforge.cuda — <MetalPerformancePrimitives/MetalPerformancePrimitives.h>: Metal 4's
+// matmul2d over tensors and cooperative tensors, on tensor cores.  The same surface as the
+// simulator's (metalforge/sim/include/MetalPerformancePrimitives/), see docs/reference/
+// simulator.md; what differs is the hardware underneath and the cooperative-tensor layout.
+//
+// - half x half and bfloat x bfloat products run as mma.sync.aligned.m16n8k16.row.col.f32
+//   (exact products, float accumulation), one m16n8k16 step per 16 x 8 x 16 block; float
+//   operands multiply in float on the ALUs (exact fp32, no TF32), tensor operands only.
+// - Cooperative-tensor layout (CUDA's own "GPU family"): each 16 x 16 fragment of an operand
+//   holds 8 elements a lane in mma.sync's register order; with g = lane / 4, t = lane % 4,
+//   element e is at row g + 8 * ((e / 2) % 2), column 2t + e % 2 + 8 * (e / 4) of the
+//   fragment, where the rows are M for the left operand and the destination and N for the
+//   right one (so a right cooperative tensor is laid out on B transposed), the columns K or N.
+//   Fragments are numbered row-major and dealt to the executing warps as in the simulator.
+//   get_multidimensional_index reports positions in the stored tensor, as on Metal, so code
+//   that uses it (or load / store) is right everywhere; code that assumes M5's layout is not.
+// - A run is a warp-collective (mma.sync): every lane of the executing warp(s) reaches it.
+// - Cooperative-tensor operands with execution_simdgroups<N> (N > 1) and float cooperative
+//   operands are refused (static_assert).
+#pragma once
+
+#if __METAL_VERSION__ < 400
+#error "MetalPerformancePrimitives needs Metal 4.0 (macOS 26): this source is compiled for an older Metal (__METAL_VERSION__ < 400)"
+#endif
+#if __cplusplus < 202002L
+#error "metalforge.cuda: MetalPerformancePrimitives needs C++20 (matmul2d takes its descriptor as a template argument): compile with --std=c++20"
+#endif
+
+namespace metal {
+
+constexpr size_t dynamic_extent = size_t(-1);
+
+template <class I, size_t... E>
+struct extents {
+  typedef I index_type;
+  static constexpr size_t mf_rank = sizeof...(E);
+  static constexpr size_t mf_ndyn = (size_t(E == dynamic_extent) + ... + size_t(0));
+  I mf_e[mf_rank > 0 ? mf_rank : 1];
+  static constexpr size_t rank() { return mf_rank; }
+  static constexpr size_t static_extent(size_t r) {
+    constexpr size_t s[] = {E..., 0};
+    return s[r];
+  }
+  MF_D constexpr extents() : mf_e{I(E == dynamic_extent ? 0 : E)...} {}
+  template <class... J, class = typename enable_if<(sizeof...(J) > 0) &&
+                                                   (sizeof...(J) == mf_rank ||
+                                                    sizeof...(J) == mf_ndyn)>::type>
+  MF_D constexpr extents(J... v) : mf_e{} {
+    const I vals[] = {I(v)...};
+    size_t d = 0;
+    for (size_t r = 0; r < mf_rank; ++r) {
+      if (sizeof...(J) == mf_rank) mf_e[r] = vals[r];
+      else mf_e[r] = static_extent(r) == dynamic_extent ? vals[d++] : I(static_extent(r));
+    }
+  }
+  MF_D constexpr I extent(size_t r) const { return mf_e[r]; }
+};
+
+namespace mf_mpp_detail {
+template <size_t... S> struct seq {};
+template <size_t N, size_t... S> struct make_seq : make_seq<N - 1, N - 1, S...> {};
+template <size_t... S> struct make_seq<0, S...> { typedef seq<S...> type; };
+template <class I, class Seq> struct dext;
+template <class I, size_t... S> struct dext<I, seq<S...>> {
+  typedef extents<I, ((void)S, dynamic_extent)...> type;
+};
+}  // namespace mf_mpp_detail
+
+template <class I, size_t R>
+using dextents = typename mf_mpp_detail::dext<I, typename mf_mpp_detail::make_seq<R>::type>::type;
+
+struct tensor_inline {};
+struct tensor_handle {};
+struct tensor_offset {};
+
+// A view of device or threadgroup memory; dimension 0 innermost.  Like the simulator's, it
+// remembers how far its memory reaches (mf_lim): reads past it are zero, stores dropped.
+template <class T, class Ext, class Kind = tensor_handle, class... Tags>
+struct tensor {
+  static_assert(is_same<Kind, tensor_inline>::value,
+                "metalforge.cuda: only tensor_inline tensors are supported");
+  typedef T element_type;
+  typedef typename remove_cv<T>::type value_type;
+  typedef Ext extents_type;
+  typedef typename Ext::index_type index_type;
+  static constexpr size_t mf_rank = Ext::rank();
+  static constexpr bool mf_is_tensor = true;
+  T* mf_data;
+  Ext mf_ext;
+  index_type mf_stride[mf_rank];
+  index_type mf_lim[mf_rank];
+
+  MF_D tensor(T* p, Ext e) : mf_data(p), mf_ext(e) {
+    index_type s = 1;
+    for (size_t r = 0; r < mf_rank; ++r) {
+      mf_stride[r] = s;
+      s *= e.extent(r);
+      mf_lim[r] = e.extent(r);
+    }
+  }
+  template <class A>
+  MF_D tensor(T* p, Ext e, A strides) : mf_data(p), mf_ext(e) {
+    for (size_t r = 0; r < mf_rank; ++r) {
+      mf_stride[r] = index_type(strides[r]);
+      mf_lim[r] = e.extent(r);
+    }
+  }
+  MF_D index_type get_extent(size_t r) const { return mf_ext.extent(r); }
+  MF_D index_type get_stride(size_t r) const { return mf_stride[r]; }
+  MF_D T* get_data_pointer() const { return mf_data; }
+  MF_D value_type mf_get(long i0, long i1) const {
+    if (i0 < 0 || i1 < 0 || i0 >= long(mf_lim[0]) || i1 >= long(mf_lim[1])) return value_type(0);
+    return mf_data[i0 * long(mf_stride[0]) + i1 * long(mf_stride[1])];
+  }
+  template <class V>
+  MF_D void mf_set(long i0, long i1, V v) const {
+    if (i0 < 0 || i1 < 0 || i0 >= long(mf_lim[0]) || i1 >= long(mf_lim[1])) return;
+    mf_data[i0 * long(mf_stride[0]) + i1 * long(mf_stride[1])] = value_type(v);
+  }
+  template <class Out, class... O>
+  MF_D Out mf_slice(Out out, O... offs) const {
+    const long o[] = {long(offs)...};
+    long shift = 0;
+    for (size_t r = 0; r < mf_rank; ++r) {
+      shift += o[r] * long(mf_stride[r]);
+      out.mf_stride[r] = mf_stride[r];
+      const long rest = long(mf_lim[r]) - o[r];
+      const long want = long(out.mf_ext.extent(r));
+      out.mf_lim[r] = index_type(rest < 0 ? 0 : (rest < want ? rest : want));
+    }
+    out.mf_data = mf_data + shift;
+    return out;
+  }
+  template <class O0, class O1, class = typename enable_if<mf_rank == 2 && sizeof(O0) != 0>::type>
+  MF_D auto slice(O0 o0, O1 o1) const {
+    typedef tensor<T, dextents<index_type, 2>, tensor_inline> Out;
+    const long r0 = long(mf_ext.extent(0)) - long(o0), r1 = long(mf_ext.extent(1)) - long(o1);
+    return mf_slice(Out(mf_data, dextents<index_type, 2>(index_type(r0 < 0 ? 0 : r0),
+                                                         index_type(r1 < 0 ? 0 : r1))), o0, o1);
+  }
+  template <size_t E0, size_t E1, class O0, class O1>
+  MF_D auto slice(O0 o0, O1 o1) const {
+    typedef tensor<T, extents<index_type, E0, E1>, tensor_inline> Out;
+    return mf_slice(Out(mf_data, extents<index_type, E0, E1>()), o0, o1);
+  }
+};
+
+template <int N>
+struct execution_simdgroups {
+  static constexpr int mf_count = N;
+};
+typedef execution_simdgroups<1> execution_simdgroup;
+
+}  // namespace metal
+
+namespace mf_mpp {
+using ::metal::enable_if;
+using ::metal::is_same;
+
+template <class T> struct bare_t { typedef typename ::metal::remove_cv<
+    typename ::metal::remove_reference<T>::type>::type type; };
+template <class T> using bare = typename bare_t<T>::type;
+template <class...> struct voider { typedef void type; };
+
+template <class X, class = void> struct is_tensor { static constexpr bool value = false; };
+template <class X> struct is_tensor<X, typename voider<decltype(bare<X>::mf_is_tensor)>::type> {
+  static constexpr bool value = true;
+};
+template <class X, class = void> struct is_coop { static constexpr bool value = false; };
+template <class X> struct is_coop<X, typename voider<decltype(bare<X>::mf_is_coop)>::type> {
+  static constexpr bool value = true;
+};
+template <class X, class = void> struct elem_of { typedef bare<X> type; };
+template <class X> struct elem_of<X, typename voider<typename bare<X>::value_type>::type> {
+  typedef typename bare<X>::value_type type;
+};
+template <class X> using elem_t = typename elem_of<X>::type;
+
+template <class T> constexpr bool is_f16 = ::metal::is_f16<T>::value;
+template <class T> constexpr bool is_operand = is_f16<T> || is_same<T, float>::value;
+
+template <class A, class B, class C>
+constexpr bool check_types() {
+  static_assert(!((is_same<A, half>::value && is_same<B, bfloat>::value) ||
+                  (is_same<A, bfloat>::value && is_same<B, half>::value)),
+                "matmul2d: the left operand is half and the right bfloat (or the reverse): "
+                "both operands of a tensor op are one 16-bit float type; convert one of them");
+  static_assert(is_operand<A> && is_operand<B>, "matmul2d: operands are half, bfloat or float");
+  static_assert(is_operand<C>, "matmul2d: the destination is float, half or bfloat");
+  return true;
+}
+
+MF_D unsigned lane() { return ::metal::mf_simd::lane(); }
+MF_D unsigned warp() {
+  return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) >> 5;
+}
+// element e (0..7) of a 16 x 16 fragment in lane l: mma.sync's A / C register order
+MF_D void frag_coord(unsigned l, int e, int& row, int& col) {
+  row = int(l >> 2) + 8 * ((e >> 1) & 1);
+  col = 2 * int(l & 3u) + (e & 1) + 8 * (e >> 2);
+}
+
+struct Elem { int row, col; bool valid; };
+
+// A cooperative tensor over a Rows x Cols matrix (rows M or N, columns K or N), S warps;
+// Swap: the stored tensor's dimension 0 is the row (a transposed left, an untransposed right).
+template <class T, int Rows, int Cols, int S, bool Swap>
+struct coop {
+  static_assert(Rows % 16 == 0 && Cols % 16 == 0 && Rows > 0 && Cols > 0, "16 x 16 fragments");
+  static constexpr int kFragCols = Cols / 16;
+  static constexpr int kFrags = (Rows / 16) * kFragCols;
+  static constexpr int kSlots = (kFrags + S - 1) / S;
+  static constexpr int kCapacity = kSlots * 8;
+  static constexpr bool mf_is_coop = true;
+  typedef T value_type;
+  typedef T element_type;
+  T mf_e[kCapacity];
+
+  MF_D T& operator[](int i) { return mf_e[i]; }
+  MF_D const T& operator[](int i) const { return mf_e[i]; }
+  static constexpr unsigned short get_capacity() { return (unsigned short)kCapacity; }
+  MF_D Elem mf_at(int i) const {
+    const int f = (i / 8) * S + int(S == 1 ? 0u : warp() % unsigned(S));
+    Elem r{0, 0, f < kFrags};
+    frag_coord(lane(), i % 8, r.row, r.col);
+    r.row += (f / kFragCols) * 16;
+    r.col += (f % kFragCols) * 16;
+    return r;
+  }
+  MF_D bool is_valid_element(int i) const { return mf_at(i).valid; }
+  struct index2 {
+    int v[2];
+    MF_D int operator[](int d) const { return v[d]; }
+  };
+  MF_D index2 get_multidimensional_index(int i) const {
+    const Elem e = mf_at(i);
+    return Swap ? index2{{e.row, e.col}} : index2{{e.col, e.row}};
+  }
+  template <class Tn>
+  MF_D void load(const Tn& t) {
+    for (int i = 0; i < kCapacity; ++i) {
+      const Elem e = mf_at(i);
+      mf_e[i] = !e.valid ? T(0) : Swap ? T(t.mf_get(e.row, e.col)) : T(t.mf_get(e.col, e.row));
+    }
+  }
+  template <class Tn>
+  MF_D void store(const Tn& t) const {
+    for (int i = 0; i < kCapacity; ++i) {
+      const Elem e = mf_at(i);
+      if (!e.valid) continue;
+      if (Swap) t.mf_set(e.row, e.col, mf_e[i]);
+      else t.mf_set(e.col, e.row, mf_e[i]);
+    }
+  }
+};
+
+template <class T> MF_D unsigned pack(T lo, T hi) {
+  union { T t[2]; unsigned u; } c;
+  c.t[0] = lo;
+  c.t[1] = hi;
+  return c.u;
+}
+MF_D void mma(float* d, const unsigned* a, unsigned b0, unsigned b1, half) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+MF_D void mma(float* d, const unsigned* a, unsigned b0, unsigned b1, bfloat) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 16 x 16 destination fragment += (16 x 16 of A) * (16 x 16 of B^T): 8 elements a lane
+// each, in frag_coord order; two m16n8k16 steps (the two 8-column halves).
+template <class T>
+MF_D void frag_mma(float* acc, const T* a, const T* b) {
+  const unsigned ar[4] = {pack(a[0], a[1]), pack(a[2], a[3]), pack(a[4], a[5]), pack(a[6], a[7])};
+  for (int h = 0; h < 2; ++h) {
+    float d[4] = {acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]};
+    mma(d, ar, pack(b[2 * h], b[2 * h + 1]), pack(b[4 + 2 * h], b[5 + 2 * h]), T());
+    for (int j = 0; j < 4; ++j) acc[4 * h + j] = d[j];
+  }
+}
+
+}  // namespace mf_mpp
+
+namespace mpp {
+namespace tensor_ops {
+
+struct matmul2d_descriptor {
+  enum class mode { multiply, multiply_accumulate };
+  int m, n, k;
+  bool transpose_left, transpose_right, relaxed_precision;
+  mode matmul_mode;
+  constexpr matmul2d_descriptor(int m_, int n_, int k_ = int(::metal::dynamic_extent),
+                                bool transpose_left_ = false, bool transpose_right_ = false,
+                                bool relaxed_precision_ = false, mode mode_ = mode::multiply)
+      : m(m_), n(n_), k(k_), transpose_left(transpose_left_),
+        transpose_right(transpose_right_), relaxed_precision(relaxed_precision_),
+        matmul_mode(mode_) {}
+};
+
+template <matmul2d_descriptor D, class Exec>
+struct matmul2d {
+  static constexpr int S = Exec::mf_count;
+  static constexpr int M = D.m, N = D.n, K = D.k;
+  static constexpr bool TL = D.transpose_left, TR = D.transpose_right;
+  static constexpr bool Acc = D.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
+  static_assert(M > 0 && N > 0 && M % 16 == 0 && N % 16 == 0,
+                "matmul2d_descriptor: M and N must be multiples of 16 (an 8 x 8 descriptor "
+                "does not compile on Metal; use (16, 32, 16)-style tiles)");
+  static_assert(K == -1 || (K > 0 && K % 16 == 0),
+                "matmul2d_descriptor: K is a multiple of 16, or dynamic_extent");
+  typedef mf_mpp::coop<float, M, N, S, false> acc_t;
+
+  template <class A, class B, class C>
+  MF_D auto get_left_input_cooperative_tensor() const {
+    static_assert(mf_mpp::check_types<A, B, C>());
+    static_assert(K > 0, "matmul2d: a cooperative left operand needs a static K");
+    return mf_mpp::coop<A, M, (K > 0 ? K : 16), S, TL>();
+  }
+  template <class A, class B, class C>
+  MF_D auto get_right_input_cooperative_tensor() const {
+    static_assert(mf_mpp::check_types<A, B, C>());
+    static_assert(K > 0, "matmul2d: a cooperative right operand needs a static K");
+    return mf_mpp::coop<B, N, (K > 0 ? K : 16), S, !TR>();
+  }
+  template <class L, class R, class C>
+  MF_D auto get_destination_cooperative_tensor() const {
+    static_assert(mf_mpp::check_types<mf_mpp::elem_t<L>, mf_mpp::elem_t<R>, C>());
+    return mf_mpp::coop<C, M, N, S, false>();
+  }
+  // The form that names the op's type first: get_destination_cooperative_tensor<decltype(op),
+  // L, R, C>().
+  template <class Op, class L, class R, class C>
+  MF_D auto get_destination_cooperative_tensor() const {
+    return get_destination_cooperative_tensor<L, R, C>();
+  }
+
+  template <class L, class R, class Dst>
+  MF_D void run(L&& left, R&& right, Dst&& dest) const {
+    using namespace mf_mpp;
+    typedef elem_t<L> A;
+    typedef elem_t<R> B;
+    typedef elem_t<Dst> C;
+    static_assert(check_types<A, B, C>());
+    acc_t acc;
+    start(acc, dest);
+    if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
+      if constexpr (is_f16<A> && is_same<A, B>::value) tensor_mma(acc, left, right);
+      else scalar(acc, left, right);
+    } else {
+      static_assert(S == 1, "metalforge.cuda: cooperative-tensor operands need "
+                            "execution_simdgroup; give execution_simdgroups<N> tensors");
+      static_assert(is_f16<A> && is_same<A, B>::value,
+                    "metalforge.cuda: cooperative-tensor operands are half or bfloat");
+      auto a = get_left_input_cooperative_tensor<A, B, C>();
+      auto b = get_right_input_cooperative_tensor<A, B, C>();
+      if constexpr (is_coop<L>::value) a = left; else a.load(left);
+      if constexpr (is_coop<R>::value) b = right; else b.load(right);
+      __syncwarp(0xffffffffu);
+      for (int f = 0; f < acc_t::kFrags; ++f) {
+        const int fi = f / acc_t::kFragCols, fj = f % acc_t::kFragCols;
+        for (int kb = 0; kb < K / 16; ++kb)
+          frag_mma(&acc.mf_e[f * 8], &a.mf_e[(fi * (K / 16) + kb) * 8],
+                   &b.mf_e[(fj * (K / 16) + kb) * 8]);
+      }
+    }
+    finish(acc, dest);
+  }
+
+ private:
+  template <class Dst>
+  MF_D static void start(acc_t& acc, const Dst& dest) {
+    using namespace mf_mpp;
+    for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = 0.0f;
+    if constexpr (!Acc) return;
+    if constexpr (is_coop<Dst>::value) {
+      for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = float(dest.mf_e[i]);
+    } else {
+      acc.load(dest);
+    }
+  }
+  template <class Dst>
+  MF_D static void finish(const acc_t& acc, Dst& dest) {
+    using namespace mf_mpp;
+    if constexpr (is_coop<Dst>::value) {
+      for (int i = 0; i < acc_t::kCapacity; ++i)
+        dest.mf_e[i] = typename bare<Dst>::value_type(acc.mf_e[i]);
+    } else {
+      acc.store(dest);
+    }
+  }
+  // left value (m, k) and right value (k, n), zero outside the views
+  template <class L> MF_D static auto lv(const L& t, int m, int k) {
+    return TL ? t.mf_get(m, k) : t.mf_get(k, m);
+  }
+  template <class R> MF_D static auto rv(const R& t, int k, int n) {
+    return TR ? t.mf_get(k, n) : t.mf_get(n, k);
+  }
+  template <class L, class R>
+  MF_D static void tensor_mma(acc_t& acc, const L& left, const R& right) {
+    typedef mf_mpp::elem_t<L> A;
+    const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
+    const unsigned l = mf_mpp::lane();
+    for (int s = 0; s < acc_t::kSlots; ++s) {
+      const mf_mpp::Elem base = acc.mf_at(s * 8);
+      if (!base.valid) continue;                       // the same for the whole warp
+      const int m0 = base.row - int(l >> 2), n0 = base.col - 2 * int(l & 3u);
+      for (int k0 = 0; k0 < k_len; k0 += 16) {
+        A a[8], b[8];
+        for (int e = 0; e < 8; ++e) {
+          int r, c;
+          mf_mpp::frag_coord(l, e, r, c);
+          a[e] = A(lv(left, m0 + r, k0 + c));
+          b[e] = A(rv(right, k0 + c, n0 + r));
+        }
+        mf_mpp::frag_mma(&acc.mf_e[s * 8], a, b);
+      }
+    }
+  }
+  template <class L, class R>
+  MF_D static void scalar(acc_t& acc, const L& left, const R& right) {
+    const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
+    for (int i = 0; i < acc_t::kCapacity; ++i) {
+      const mf_mpp::Elem e = acc.mf_at(i);
+      if (!e.valid) continue;
+      float sum = acc.mf_e[i];
+      for (int k = 0; k < k_len; ++k)
+        sum += float(lv(left, e.row, k)) * float(rv(right, k, e.col));
+      acc.mf_e[i] = sum;
+    }
+  }
+};
+
+}  // namespace tensor_ops
+}  // namespace mpp
