@@ -284,8 +284,10 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes,
                 adjoints.scatter_of(graph, n, g, deterministic)
             gathered[name] = c if name not in gathered else b.add(gathered[name], c)
             continue
-        for i, c in _contributions(b, n, g):
-            a = n.args[i]
+        lse_x = adjoints.logsumexp_arg(n)   # one rule for the whole of mf.logsumexp
+        pairs = [(lse_x, adjoints.logsumexp_grad(b, n, lse_x, g))] if lse_x is not None \
+            else [(n.args[i], c) for i, c in _contributions(b, n, g)]
+        for a, c in pairs:
             if a not in live:
                 continue
             for ax in [x for x in c.axes if x not in a.axes]:   # broadcast in n: sum it out
