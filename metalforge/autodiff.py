@@ -31,7 +31,7 @@ values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -390,6 +390,8 @@ class Backward:
     grads: dict                         # input name -> (kernel index, output index); absent:
                                         # the gradient is zero (no path to any output)
     buffers: dict                       # intermediate buffer -> (kernel index, output index)
+    saved: tuple = ()                   # (buffer name, forward node): row values the forward
+                                        # writes (`forward_saving`) and the backward loads
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -416,7 +418,7 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
-           deterministic: bool = False) -> Backward:
+           deterministic: bool = False, saved: bool = False) -> Backward:
     """The backward kernels of `graph` with respect to the float tensor inputs `wrt` (all of
     them when None); gathers' gradients scatter `deterministic`ally (sorted, no atomics) or
     with atomic adds. Raises NotDifferentiable when no output is a float value, when a
@@ -426,10 +428,47 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     taken = {p.name for p in graph.params}
     dy_names, dy_params, dys = _output_gradients(graph, b, taken)
     grads = _adjoint(graph, set(wrt), dys, b, deterministic)
+    kept: tuple[tuple[str, Node], ...] = ()
+    if saved:                  # the forward's logsumexps loaded, not recomputed
+        grads, kept = _use_saved(graph, grads, taken, dy_params)
     targets = [_target(graph, name, grads[name], b) for name in wrt if name in grads]
     done = _split_by_axis(graph, targets, b, taken)
     kernels = _group(graph, done, b)
-    return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+    bw = _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+    return replace(bw, saved=kept) if kept else bw
+
+
+def _use_saved(graph: Graph, grads: dict[str, Node], taken: set[str],
+               params: list[TensorParam]) -> tuple[dict[str, Node], tuple[tuple[str, Node], ...]]:
+    """The gradients with every mf.logsumexp row value of the forward they use
+    (`adjoints.logsumexp_arg`) replaced by the load of an f32 buffer the forward writes
+    (`forward_saving`), its parameter added to `params`: (gradients, (buffer, node) pairs)."""
+    used = topo_order(list(grads.values()), seen=())
+    lses = [(n, x) for n in used for x in [adjoints.logsumexp_arg(n)] if x is not None]
+    kept = tuple((_fresh("lse_" + "_".join(a for a in x.axes if a not in n.axes), taken), n)
+                 for n, x in lses)
+    if not kept:
+        return grads, ()
+    swap = {n: Node(Op.LOAD, (), F32, n.axes, attr=name) for name, n in kept}
+    for name, n in kept:
+        dims = tuple(graph.axis_spec(a) for a in n.axes)
+        params.append(TensorParam(name, F32, None, dims, f"f32[{', '.join(n.axes)}]"))
+    names = list(grads)
+    new = _rebuild([grads[k] for k in names], swap)
+    return dict(zip(names, new)), kept
+
+
+def forward_saving(graph: Graph, bw: Backward) -> Graph:
+    """The forward graph that also writes the row values `bw` loads (`bw.saved`, in order,
+    f32, after the forward's own outputs), cached per (graph, backward)."""
+    return _saving.get_or_build((id(graph), id(bw)), lambda: Graph(
+        graph.name, graph.params,
+        graph.outputs + tuple(Output(n if n.dtype is F32 else Node(Op.CAST, (n,), F32, n.axes),
+                                     n.axes, F32) for _, n in bw.saved),
+        consts=dict(graph.consts), dtype_vars=dict(graph.dtype_vars), loc=graph.loc))
+
+
+_saving: OnceMap[tuple, Graph] = OnceMap()
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
@@ -658,16 +697,19 @@ _cache: OnceMap[tuple, Backward] = OnceMap()
 
 
 def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
-                deterministic: Optional[bool] = None) -> Backward:
+                deterministic: Optional[bool] = None, saved: bool = False) -> Backward:
     """`derive`, cached per (forward graph, wrt, deterministic), once (threads asking meanwhile
     wait): the backward graphs keep their identity, so their compiled kernels are reused.
     deterministic None: as torch.are_deterministic_algorithms_enabled() says at the call
     (`torch.use_deterministic_algorithms(True)` makes gathers' gradients sorted scatters,
-    bit-identical across runs, as it makes torch's embedding backward)."""
+    bit-identical across runs, as it makes torch's embedding backward). saved: the backward
+    loads the forward's logsumexps from buffers (`bw.saved`) that `forward_saving(graph, bw)`
+    writes, instead of recomputing them (`runtime.saving` picks whichever reads less)."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    key = (id(graph), None if wrt is None else tuple(wrt), deterministic)
-    return _cache.get_or_build(key, lambda: derive(graph, wrt, deterministic),
+    key = (id(graph), None if wrt is None else tuple(wrt), deterministic) + \
+        (("saved",) if saved else ())
+    return _cache.get_or_build(key, lambda: derive(graph, wrt, deterministic, saved),
                                lambda bw: bw.graph is graph)
 
 

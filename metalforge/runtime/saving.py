@@ -1,0 +1,63 @@
+"""Whether a differentiable call's forward saves its logsumexps for the backward.
+
+A backward that needs a row's logsumexp (cross-entropy's dx = (softmax(x) - one_hot) * g, that
+is g * exp(x - lse) - ...) can recompute it (the backward's row kernel: one online pass over
+the row for lse, then the pass that writes dx) or load it from an f32 buffer that the forward
+writes beside its outputs (`autodiff.forward_saving`: 4 bytes a row more written by the
+forward, read by the backward, which is then elementwise: one pass). Rows held in registers
+are read once either way, so recomputing moves less (it moves no extra bytes); rows longer
+than a threadgroup holds are read twice by the recomputing backward, so saving moves less.
+
+`choose` measures it: the bytes the schedules of both plans count (`Schedule.traffic`: the
+forward and every backward kernel at the call's sizes), cached per (graph, inputs, sizes,
+launch); the plan that moves fewer bytes wins, recomputing on a tie.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+import torch
+
+from .. import autodiff
+from ..graph import Graph
+from ..once import OnceMap
+from ..shapes import bind_shapes
+from .show import schedule_of
+
+_plans: OnceMap[tuple, tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
+
+
+def choose(graph: Graph, wrt: tuple[str, ...], values: Mapping[str, Any],
+           launch: Optional[Mapping[str, Any]]) -> Optional[autodiff.Backward]:
+    """The backward that loads the forward's saved logsumexps where that moves fewer bytes
+    than recomputing them at these sizes; None to recompute (or where nothing is saved)."""
+    if not wrt:
+        return None
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
+    key = (id(graph), wrt, deterministic, tuple(sorted(sizes.items())),
+           None if not launch else tuple(sorted(launch.items())))
+    return _plans.get_or_build(
+        key, lambda: (graph, _pick(graph, wrt, deterministic, sizes, launch)),
+        lambda p: p[0] is graph)[1]
+
+
+def _pick(graph: Graph, wrt: tuple[str, ...], deterministic: bool, sizes: Mapping[str, int],
+          launch: Optional[Mapping[str, Any]]) -> Optional[autodiff.Backward]:
+    saving = autodiff.backward_of(graph, wrt, deterministic, saved=True)
+    if not saving.saved:
+        return None
+    plain = autodiff.backward_of(graph, wrt, deterministic)
+    recompute = moved(graph, plain.kernels, sizes, launch)
+    save = moved(autodiff.forward_saving(graph, saving), saving.kernels, sizes, launch)
+    return saving if save < recompute else None
+
+
+def moved(forward: Graph, kernels: tuple[Graph, ...], sizes: Mapping[str, int],
+          launch: Optional[Mapping[str, Any]]) -> int:
+    """Bytes read and written by `forward` and the backward `kernels` at `sizes`."""
+    total = 0
+    for g in (forward, *kernels):
+        t = schedule_of(g, sizes=sizes, launch=launch).traffic(sizes)
+        total += t.read + t.written
+    return total
