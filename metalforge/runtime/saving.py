@@ -24,7 +24,7 @@ from ..once import OnceMap
 from ..shapes import bind_shapes
 from .show import schedule_of
 
-_plans: OnceMap[tuple, tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
+_plans: OnceMap[tuple[object, ...], tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
 
 
 def choose(graph: Graph, wrt: tuple[str, ...], values: Mapping[str, Any],
