@@ -171,6 +171,25 @@ def logsumexp_grad(b: Any, n: Node, x: Node, g: Node) -> Node:
     return b.mul(g, b.unary(UnaryOp.EXP, b.bin(BinaryOp.SUB, x, n)))
 
 
+def packed_refusal(graph: Graph, name: str) -> Optional[str]:
+    """Why float tensor `name` gets no gradient as part of a quantized weight (None where it
+    is not one): it is read per group (K/GS) along the axis that mf.unpack unpacks words
+    along (K/8 of the same K), i.e. the weight's scales or biases. The gradient of a
+    quantized matvec flows to x only (a column reduction over the weight rows,
+    `schedule.quant.transposed`); the packed words are integers and have none."""
+    packed = {graph.axis_spec(n.args[0].axes[-1]).base for n in graph.nodes()
+              if n.op == Op.UNPACK}
+    spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in packed), None)
+    if spec is None:
+        return None
+    return (f"argument '{name}' is read per group along '{spec.name}' of the axis "
+            f"'{spec.base}' that mf.unpack unpacks words along: a quantized weight's scales "
+            f"or biases, for which metalforge derives no gradient (quantized weights are "
+            f"fixed: the packed words are integers, their scales and biases set by the "
+            f"quantization); detach it and differentiate x only (or train the float weight "
+            f"and quantize it afterwards)")
+
+
 # --------------------------------------------------------------------------- splitting
 
 BARRIERS = (Op.REDUCE, Op.SCAN, Op.SCATTER)

@@ -485,6 +485,10 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool
         raise NotDifferentiable(f"{where}: it reduces several axes (attention: a softmax over "
                                 "one axis of contractions over another); metalforge derives no "
                                 "backward for that yet; detach the inputs")
+    for name in wrt:
+        why = adjoints.packed_refusal(graph, name)       # a quantized weight's scales, biases
+        if why is not None:
+            raise NotDifferentiable(f"{where}: {why}")
     bases = {a for n in graph.nodes() for a in n.axes}
     for name in wrt:
         spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in bases), None)
@@ -507,6 +511,20 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool
                                 "e.g. from mf.argmax or a comparison), which have no "
                                 "derivative; detach the inputs (x.detach()) to call it")
     return wrt
+
+
+def differentiable_inputs(graph: Graph) -> tuple[str, ...]:
+    """The float tensor inputs whose gradients metalforge derives, each on its own (x of a
+    quantized matvec, not its scales; `check(grad=True)` differentiates those)."""
+    out = []
+    for t in graph.tensors:
+        try:
+            if t.dtype.is_float:
+                _check_wrt(graph, (t.name,), torch.are_deterministic_algorithms_enabled())
+                out.append(t.name)
+        except NotDifferentiable:
+            pass
+    return tuple(out)
 
 
 def _axis_order(graph: Graph) -> dict[str, int]:

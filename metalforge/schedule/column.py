@@ -189,6 +189,9 @@ def wide_columns(ctx: ColumnContext) -> int:
         return 1
     if any(n.op in (Op.TAKE, Op.INDEX, Op.RANDOM) for n in ctx.nodes):
         return 1
+    if any(a not in ctx.outer and a != ctx.axis and ctx.graph.axis_spec(a).derived
+           for t in ctx.inputs for a in t.axes):
+        return 1        # words or groups along a column axis (K/8): read at k // d, per column
     for t in ctx.inputs:
         if ctx.axis not in t.axes or (ctx.inner in t.axes and t.axes[-1] != ctx.inner):
             return 1

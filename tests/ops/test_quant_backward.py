@@ -1,0 +1,70 @@
+"""The quantized matvec / matmul's gradient with respect to x: dx = dy @ W with W dequantized on
+the fly from the packed int4 words (MLX layout), a column reduction over the weight rows that
+reads the words once (`schedule.quant.transposed`), against torch on a weight unpacked here
+directly; the scales and biases have no gradient (a clear error)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge import autodiff, quant, runtime
+from metalforge.shapes import bind_shapes
+from metalforge.testing import check
+
+
+@mf.kernel
+def q4_matmul(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
+              GS: mf.Const[int] = 64) -> "T[M, N]":
+    w = mf.unpack(wq, bits=4) * scales + biases
+    return mf.sum(w * x, axis="K")
+
+
+def dequantized(wq, scales, biases, gs):
+    """The weight from the words, directly: nibble j of word w is value 8 w + j."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    codes = (wq.to(torch.int64)[..., None] >> shifts) & 15          # [N, K/8, 8]
+    codes = codes.reshape(wq.shape[0], -1).double()
+    per = lambda t: t.double().repeat_interleave(gs, dim=-1)        # noqa: E731
+    return codes * per(scales) + per(biases)
+
+
+# N 12: one thread per column of dx; N 300: the split kernel (slices of N, then chunks)
+@pytest.mark.parametrize("m, n, k, dtype", [(1, 12, 256, torch.float32),
+                                            (3, 300, 128, torch.float16)])
+def test_dx_matches_torch(m, n, k, dtype):
+    g = torch.Generator().manual_seed(n)
+    wq, scales, biases = quant.quantize(torch.randn(n, k, generator=g).to(dtype),
+                                        group_size=64, bits=4)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    dy = torch.randn(m, n, generator=g).to(dtype)
+    graph = q4_matmul.graph(wq, scales, biases, x)
+    bw = autodiff.backward_of(graph, ("x",))
+    # the backward kernel alone (test_check_grad runs the call path, forward included)
+    values = {"wq": wq, "scales": scales, "biases": biases, "x": x}
+    dx = autodiff.run_backward(bw, values, (dy,), runtime.run)["x"]
+    want = dy.double() @ dequantized(wq, scales, biases, 64)
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-2)
+    torch.testing.assert_close(dx.double(), want, **tol)
+    (kernel,) = bw.kernels
+    sizes = bind_shapes(graph, {"wq": wq, "scales": scales, "biases": biases, "x": x}).sizes
+    s = runtime.schedule_of(kernel, sizes=sizes)
+    assert s.family == "column"
+    per = dtype.itemsize
+    # the words, scales and biases once, dy once; dx written
+    assert s.traffic(sizes).read == n * k // 2 + 2 * n * (k // 64) * per + m * n * per
+    assert s.traffic(sizes).written == m * k * per
+
+
+def test_scales_and_biases_have_no_gradient():
+    wq, scales, biases = quant.quantize(torch.randn(8, 64), group_size=64, bits=4)
+    x = torch.randn(1, 64, requires_grad=True)
+    with pytest.raises(mf.MetalforgeError, match="argument 'scales' is read per group along "
+                       "'K/64'.*quantized weight's scales or biases.*detach it"):
+        q4_matmul(wq, scales.requires_grad_(), biases, x)
+
+
+def test_check_grad():
+    # x's gradient against torch.autograd on the reference; scales and biases not asked for
+    report = check(q4_matmul, dtypes={"T": ["f32"]}, max_examples=2, grad=True)
+    assert report.examples >= 2
