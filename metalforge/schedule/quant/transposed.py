@@ -18,7 +18,7 @@ def transposed(graph: Graph) -> Optional[str]:
     reds = graph.reductions()
     if not reds:
         return None
-    axis = reds[0].attr[1]
+    axis: str = reds[0].attr[1]
     if any(r.attr[1] != axis for r in reds):
         return None
     unpacks = [n for r in reds for n in topo_order([r.args[0]]) if n.op == Op.UNPACK]
