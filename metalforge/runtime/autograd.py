@@ -33,7 +33,8 @@ class _KernelFunction(torch.autograd.Function):
                 names: tuple[str, ...], *tensors: torch.Tensor) -> Any:
         vals = dict(values)
         vals.update(zip(names, tensors))
-        bw = saving.choose(graph, _wrt(names, tensors, ctx.needs_input_grad), vals, how[1])
+        bw = saving.choose(graph, _wrt(names, tensors, ctx.needs_input_grad), vals, how[1],
+                           how[0])
         out, kept = _forward(graph, vals, how, bw)
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])

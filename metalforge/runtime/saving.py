@@ -19,45 +19,65 @@ from typing import Any, Mapping, Optional
 import torch
 
 from .. import autodiff
+from .. import schedule as sched_mod
 from ..graph import Graph
 from ..once import OnceMap
-from ..shapes import bind_shapes
+from ..shapes import bind_shapes, numel
+from . import launcher
+from .backends import current_backend
 from .show import schedule_of
 
 _plans: OnceMap[tuple[object, ...], tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
 
 
 def choose(graph: Graph, wrt: tuple[str, ...], values: Mapping[str, Any],
-           launch: Optional[Mapping[str, Any]]) -> Optional[autodiff.Backward]:
+           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None
+           ) -> Optional[autodiff.Backward]:
     """The backward that loads the forward's saved logsumexps where that moves fewer bytes
-    than recomputing them at these sizes; None to recompute (or where nothing is saved)."""
+    than recomputing them at these sizes, with the launch options the call's backend (`backend`,
+    else that of the tensors) layers; None to recompute (or where nothing is saved)."""
     if not wrt:
         return None
     deterministic = torch.are_deterministic_algorithms_enabled()
-    sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
-    key = (id(graph), wrt, deterministic, tuple(sorted(sizes.items())),
+    tensors = {t.name: values[t.name] for t in graph.tensors}
+    sizes = bind_shapes(graph, tensors).sizes
+    backend = backend or current_backend(tensors.values())
+    key = (id(graph), wrt, deterministic, tuple(sorted(sizes.items())), backend,
            None if not launch else tuple(sorted(launch.items())))
     return _plans.get_or_build(
-        key, lambda: (graph, _pick(graph, wrt, deterministic, sizes, launch)),
+        key, lambda: (graph, _pick(graph, wrt, deterministic, sizes, launch, backend)),
         lambda p: p[0] is graph)[1]
 
 
 def _pick(graph: Graph, wrt: tuple[str, ...], deterministic: bool, sizes: Mapping[str, int],
-          launch: Optional[Mapping[str, Any]]) -> Optional[autodiff.Backward]:
+          launch: Optional[Mapping[str, Any]], backend: str) -> Optional[autodiff.Backward]:
     saving = autodiff.backward_of(graph, wrt, deterministic, saved=True)
     if not saving.saved:
         return None
     plain = autodiff.backward_of(graph, wrt, deterministic)
-    recompute = moved(graph, plain.kernels, sizes, launch)
-    save = moved(autodiff.forward_saving(graph, saving), saving.kernels, sizes, launch)
+    recompute = moved(graph, plain.kernels, sizes, launch, backend)
+    save = moved(autodiff.forward_saving(graph, saving), saving.kernels, sizes, launch, backend)
     return saving if save < recompute else None
 
 
 def moved(forward: Graph, kernels: tuple[Graph, ...], sizes: Mapping[str, int],
-          launch: Optional[Mapping[str, Any]]) -> int:
-    """Bytes read and written by `forward` and the backward `kernels` at `sizes`."""
+          launch: Optional[Mapping[str, Any]], backend: Optional[str] = None) -> int:
+    """Bytes read and written by `forward` and the backward `kernels` at `sizes` (with the
+    options `backend` layers, where given)."""
     total = 0
     for g in (forward, *kernels):
-        t = schedule_of(g, sizes=sizes, launch=launch).traffic(sizes)
+        t = _schedule(g, sizes, launch, backend).traffic(sizes)
         total += t.read + t.written
     return total
+
+
+def _schedule(graph: Graph, sizes: Mapping[str, int], launch: Optional[Mapping[str, Any]],
+              backend: Optional[str]) -> sched_mod.Schedule:
+    """The schedule a call at `sizes` on `backend` runs (`show.schedule_of` for sizes alone
+    where no backend is given)."""
+    if backend is None:
+        return schedule_of(graph, sizes=sizes, launch=launch)
+    spec = launcher.layered(graph, backend, launch, sizes)
+    wide = all(a in sizes for a in spec.grid) and \
+        sched_mod.needs_index64(sizes, numel(spec.grid, sizes))
+    return spec.schedule(wide)
