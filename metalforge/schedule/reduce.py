@@ -635,7 +635,9 @@ def check_axes(graph: Graph, axis: str, outer: tuple[str, ...], widest: tuple[st
     taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
     for t in inputs:
         extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
-                 and graph.axis_spec(a).base not in allowed]  # K/GS: read as k // GS
+                 and graph.axis_spec(a).base != axis        # K/GS: read as k // GS
+                 # a column of words unpacked along a kept K (quant.transposed): k // 8
+                 and not (unit == "column" and graph.axis_spec(a).base in outer)]
         if extra:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "
