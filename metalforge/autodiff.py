@@ -7,7 +7,10 @@ through the same schedule → IR → MSL pipeline as any kernel (`run_backward`)
 - The backward kernels read the forward *inputs* and the output gradients (``dy``) and
   recompute every forward value they need: nothing but the inputs is saved. A recomputed row
   reduction reads the row that the backward kernel holds in registers anyway, so it moves no
-  extra bytes (saving it would write and re-read one value per row).
+  extra bytes (saving it would write and re-read one value per row). The exception is
+  mf.logsumexp over rows longer than a threadgroup holds, where recomputing it reads the row
+  again: `derive(saved=True)` loads it from a buffer that `forward_saving`'s forward writes
+  (4 bytes a row), and `runtime.saving` picks that plan where it moves fewer bytes.
 - A gradient that reaches a tensor through broadcasting (``w["D"]`` in a ``[B, D]`` kernel) is
   summed over the broadcast axes.
 - A schedule reduces one axis per kernel, so the gradients are split into kernels by the axis
