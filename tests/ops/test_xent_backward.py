@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metalforge import autodiff, reference, runtime
 from metalforge.runtime import saving
@@ -86,6 +88,29 @@ def test_gradcheck_float64_on_the_reference(saved):
     # the reference rounds each value to fp32: Jacobians agree to fp32's precision
     assert torch.autograd.gradcheck(fn, (x0.requires_grad_(),), eps=1e-6, atol=1e-5,
                                     rtol=1e-4)
+
+
+@settings(max_examples=12, deadline=None)
+@given(rows=st.integers(2, 5), v=st.integers(1, 40), saved=st.booleans(),
+       smoothing=st.sampled_from([0.0, 0.1, 0.5]), z_loss=st.sampled_from([0.0, 1e-3, 0.5]),
+       seed=st.integers(0, 2 ** 16))
+def test_derived_graphs_match_torch_on_the_reference(rows, v, saved, smoothing, z_loss, seed):
+    # the derivation itself (no kernel compiled): both plans' backward graphs evaluated by the
+    # reference against torch.autograd on F.cross_entropy, ignored rows included
+    x, t, g = inputs(rows, v, seed)
+    t[seed % rows] = -100
+    vals = {"logits": x, "target": t, "smoothing": smoothing, "z_loss": z_loss,
+            "ignore_index": -100}
+    graph = cross_entropy_full.graph(x, t, smoothing, z_loss)
+    bw = autodiff.backward_of(graph, ("logits",), saved=saved)
+    assert bool(bw.saved) == saved
+    if saved:
+        vals["lse_V"] = reference.evaluate(autodiff.forward_saving(graph, bw), vals)[1]
+    got = autodiff.run_backward(bw, vals, (g,), reference.evaluate)["logits"]
+    xr = x.clone().requires_grad_()
+    torch_loss(xr, t, smoothing, z_loss).backward(g)
+    torch.testing.assert_close(got, xr.grad, rtol=1e-5, atol=1e-6)
+    assert not got[t == -100].any()
 
 
 def test_check_grad():
