@@ -15,7 +15,9 @@ of an online pass plus the pass writing dx: `metalforge.runtime.saving` picks by
 label_smoothing plus the z-loss), or one kernel writing the loss and dx at once for a gradient
 known up front (the mean's 1/R: "fused", as fused-loss libraries do). Torch:
 `F.cross_entropy(x, t, reduction="none")` eager (its log_softmax is written out) and
-torch.compile of the same function; forward + backward with `torch.autograd.grad(loss, x, g)`.
+torch.compile of the same function; forward + backward with `torch.autograd.grad(loss, x, g)`,
+for torch.compile through the compiled loss (AOTAutograd compiling its backward too, as in
+training).
 
 Bytes are our schedules' counts (loss: the logits once, the targets, one gathered logit per row,
 the losses; backward: the logits once per pass it makes, the targets and gradients, the saved
@@ -134,7 +136,8 @@ def derived_bytes(kernel, args, scalars=None) -> int:
 
 
 def cases(x, t, t64, g):
-    """{name: (ours, torch eager, bytes our kernels move)} of one shape."""
+    """{name: (ours, torch eager, bytes our kernels move, torch's loss of xr for the compiled
+    forward + backward or None: torch.compile of the eager function)} of one shape."""
     xr = x.detach().requires_grad_()
 
     def torch_fwd():
@@ -159,13 +162,43 @@ def cases(x, t, t64, g):
     both = fwd + [(cross_entropy_backward, (x, t, g))]
     fused = [(cross_entropy_fused, (x, t, scale))]
     full = {"smoothing": SMOOTHING, "z_loss": Z_LOSS, "ignore_index": -100}
-    return {"loss": (lambda: cross_entropy(x, t), torch_fwd, kernel_bytes(fwd)),
-            "loss+bwd hand": (ours_hand, torch_both, kernel_bytes(both)),
-            "loss+bwd auto": (ours_autograd, torch_both, derived_bytes(cross_entropy, (x, t))),
+    def plain(x):
+        return F.cross_entropy(x, t64, reduction="none")
+    return {"loss": (lambda: cross_entropy(x, t), torch_fwd, kernel_bytes(fwd), None),
+            "loss+bwd hand": (ours_hand, torch_both, kernel_bytes(both), (plain, xr, g)),
+            "loss+bwd auto": (ours_autograd, torch_both, derived_bytes(cross_entropy, (x, t)),
+                              (plain, xr, g)),
             "smooth+z auto": (ours_full, torch_full_both,
-                              derived_bytes(cross_entropy_full, (x, t), full)),
+                              derived_bytes(cross_entropy_full, (x, t), full),
+                              (lambda x: torch_full(x, t64), xr, g)),
             "loss+dx fused": (lambda: cross_entropy_fused(x, t, scale), torch_both,
-                              kernel_bytes(fused))}
+                              kernel_bytes(fused), (plain, xr, g))}
+
+
+def compiled_grad(loss_fn, xr, g):
+    """torch.compile of the loss (AOTAutograd compiles its backward too: the training path),
+    then torch.autograd.grad through it, as a call timed like the others."""
+    torch._dynamo.reset()
+    compiled = torch.compile(loss_fn, dynamic=False)
+    return lambda: torch.autograd.grad(compiled(xr), xr, g)
+
+
+def compiled_row(torch_fn, grad_case, device: str, repeat: int, enabled: bool):
+    """(seconds per call, peak bytes) of torch.compile: of torch_fn itself (forward rows), or
+    of the loss with its backward (`compiled_grad`); (None, None) where skipped or failed."""
+    if grad_case is None:
+        comp = compile_time(torch_fn, device, repeat, enabled)
+        if comp is None:
+            return None, None             # compile_time compiled it: measure that one
+        return comp, peak_bytes(torch.compile(torch_fn, dynamic=False), device)
+    if not enabled or device == "cpu":
+        return None, None
+    try:
+        fn = compiled_grad(*grad_case)
+        return timeit(fn, device, repeat), peak_bytes(fn, device)
+    except Exception as e:  # noqa: BLE001 - a failed compile is a '-' in the table
+        print(f"  (torch.compile failed: {type(e).__name__}: {str(e)[:120]})", flush=True)
+        return None, None
 
 
 def check(x, t, t64, g) -> None:
@@ -221,14 +254,11 @@ def main(argv=None) -> None:
 
 
 def measure(label: str, case, device: str, repeat: int, compile_: bool) -> str:
-    """One row of the table: (ours, torch eager, kernels for the byte count) timed."""
-    ours_fn, torch_fn, nbytes = case
+    """One row of the table: ours, torch eager and torch.compile timed (`cases`)."""
+    ours_fn, torch_fn, nbytes, grad_case = case
     ours = timeit(ours_fn, device, repeat)
     theirs = timeit(torch_fn, device, repeat)
-    comp = compile_time(torch_fn, device, repeat, compile_)
-    comp_peak = None
-    if comp is not None:                  # compile_time compiled it: measure that one
-        comp_peak = peak_bytes(torch.compile(torch_fn, dynamic=False), device)
+    comp, comp_peak = compiled_row(torch_fn, grad_case, device, repeat, compile_)
     copy = copy_time(nbytes, device, repeat)
     return (f"{label} {nbytes:>11} {ours * 1e6:>9.1f} {theirs * 1e6:>9.1f} {us(comp, 10)} "
             f"{copy * 1e6:>8.1f} {nbytes / ours / 1e9:>9.0f} {100 * copy / ours:>5.0f}% "
