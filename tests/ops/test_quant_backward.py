@@ -14,8 +14,8 @@ from metalforge.testing import check
 
 
 @mf.kernel
-def q4_matmul(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
-              GS: mf.Const[int] = 64) -> "T[M, N]":
+def q4_matmul(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[*B, M, K]",
+              GS: mf.Const[int] = 64) -> "T[*B, M, N]":
     w = mf.unpack(wq, bits=4) * scales + biases
     return mf.sum(w * x, axis="K")
 
@@ -29,16 +29,17 @@ def dequantized(wq, scales, biases, gs):
     return codes * per(scales) + per(biases)
 
 
-# N 12: one thread per column of dx; N 300: the split kernel (slices of N, then chunks)
-# (f32 only: one library of backward kernels for these tests and test_check_grad)
-@pytest.mark.parametrize("m, n, k, dtype", [(1, 12, 256, torch.float32),
-                                            (3, 300, 128, torch.float32)])
-def test_dx_matches_torch(m, n, k, dtype):
+# N 12: one thread per column of dx; N 300: the wide kernel (a thread per word, slices of N,
+# then chunks), x batched [2, 3, K] (f32 only: one library of backward kernels for these
+# tests and test_check_grad)
+@pytest.mark.parametrize("batch, m, n, k, dtype", [((), 1, 12, 256, torch.float32),
+                                                   ((2,), 3, 300, 128, torch.float32)])
+def test_dx_matches_torch(batch, m, n, k, dtype):
     g = torch.Generator().manual_seed(n)
     wq, scales, biases = quant.quantize(torch.randn(n, k, generator=g).to(dtype),
                                         group_size=64, bits=4)
-    x = torch.randn(m, k, generator=g).to(dtype)
-    dy = torch.randn(m, n, generator=g).to(dtype)
+    x = torch.randn(*batch, m, k, generator=g).to(dtype)
+    dy = torch.randn(*batch, m, n, generator=g).to(dtype)
     graph = q4_matmul.graph(wq, scales, biases, x)
     bw = autodiff.backward_of(graph, ("x",))
     # the backward kernel alone (test_check_grad runs the call path, forward included)
@@ -57,8 +58,9 @@ def test_dx_matches_torch(m, n, k, dtype):
         assert "wq: one element for the thread's 8 columns" in runtime.source(kernel, sizes=sizes)
     per = dtype.itemsize
     # the words, scales and biases once, dy once; dx written
-    assert s.traffic(sizes).read == n * k // 2 + 2 * n * (k // 64) * per + m * n * per
-    assert s.traffic(sizes).written == m * k * per
+    rows = m * (batch[0] if batch else 1)
+    assert s.traffic(sizes).read == n * k // 2 + 2 * n * (k // 64) * per + rows * n * per
+    assert s.traffic(sizes).written == rows * k * per
 
 
 def test_scales_and_biases_have_no_gradient():
