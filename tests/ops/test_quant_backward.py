@@ -4,6 +4,7 @@ reads the words once (`schedule.quant.transposed`), against torch on a weight un
 directly; the scales and biases have no gradient (a clear error)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -11,6 +12,11 @@ import metalforge as mf
 from metalforge import autodiff, quant, runtime
 from metalforge.shapes import bind_shapes
 from metalforge.testing import check
+
+try:
+    import mlx.core as mx
+except ImportError:                     # mlx[cpu] not installed: the direct unpack alone
+    mx = None
 
 
 @mf.kernel
@@ -45,7 +51,13 @@ def test_dx_matches_torch(batch, m, n, k, dtype):
     # the backward kernel alone (test_check_grad runs the call path, forward included)
     values = {"wq": wq, "scales": scales, "biases": biases, "x": x}
     dx = autodiff.run_backward(bw, values, (dy,), runtime.run)["x"]
-    want = dy.double() @ dequantized(wq, scales, biases, 64)
+    w = dequantized(wq, scales, biases, 64)
+    if mx is not None:                  # the direct unpack agrees with MLX's own
+        got = mx.dequantize(mx.array(wq.numpy()), mx.array(scales.numpy()),
+                            mx.array(biases.numpy()), group_size=64, bits=4)
+        torch.testing.assert_close(torch.from_numpy(np.array(got)).double(), w, rtol=1e-6,
+                                   atol=1e-6)              # MLX's f32 rounding
+    want = dy.double() @ w
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-3, atol=2e-2)
     torch.testing.assert_close(dx.double(), want, **tol)
     (kernel,) = bw.kernels
