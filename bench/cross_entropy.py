@@ -129,7 +129,7 @@ def derived_bytes(kernel, args, scalars=None) -> int:
     values = {p.name: a for p, a in zip(g.params, args)} | dict(scalars or {})
     sizes = bind_shapes(g, {p.name: values[p.name] for p in g.tensors}).sizes
     bw = saving.choose(g, ("logits",), values, kernel.launch)
-    fwd = g if bw is None else autodiff.forward_saving(g, bw)
+    fwd = g if bw is None else saving.forward_saving(g, bw)
     bw = bw or autodiff.backward_of(g, ("logits",))
     backend = kernel.backend or runtime.current_backend([args[0]])
     return saving.moved(fwd, bw.kernels, sizes, kernel.launch, backend)

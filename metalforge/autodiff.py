@@ -9,8 +9,9 @@ through the same schedule → IR → MSL pipeline as any kernel (`run_backward`)
   reduction reads the row that the backward kernel holds in registers anyway, so it moves no
   extra bytes (saving it would write and re-read one value per row). The exception is
   mf.logsumexp over rows longer than a threadgroup holds, where recomputing it reads the row
-  again: `derive(saved=True)` loads it from a buffer that `forward_saving`'s forward writes
-  (4 bytes a row), and `runtime.saving` picks that plan where it moves fewer bytes.
+  again: `derive(saved=True)` loads it from a buffer that the forward of
+  `runtime.saving.forward_saving` writes (4 bytes a row), and `runtime.saving` picks that plan
+  where it moves fewer bytes.
 - A gradient that reaches a tensor through broadcasting (``w["D"]`` in a ``[B, D]`` kernel) is
   summed over the broadcast axes.
 - A schedule reduces one axis per kernel, so the gradients are split into kernels by the axis
@@ -394,7 +395,8 @@ class Backward:
                                         # the gradient is zero (no path to any output)
     buffers: dict                       # intermediate buffer -> (kernel index, output index)
     saved: tuple = ()                   # (buffer name, forward node): row values the forward
-                                        # writes (`forward_saving`) and the backward loads
+                                        # writes (`runtime.saving.forward_saving`) and the
+                                        # backward loads
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -445,7 +447,8 @@ def _use_saved(graph: Graph, grads: dict[str, Node], taken: set[str],
                params: list[TensorParam]) -> tuple[dict[str, Node], tuple[tuple[str, Node], ...]]:
     """The gradients with every mf.logsumexp row value of the forward they use
     (`adjoints.logsumexp_arg`) replaced by the load of an f32 buffer the forward writes
-    (`forward_saving`), its parameter added to `params`: (gradients, (buffer, node) pairs)."""
+    (`runtime.saving.forward_saving`), its parameter added to `params`: (gradients, (buffer,
+    node) pairs)."""
     used = topo_order(list(grads.values()), seen=())
     lses = [(n, x) for n in used for x in [adjoints.logsumexp_arg(n)] if x is not None]
     kept = tuple((_fresh("lse_" + "_".join(a for a in x.axes if a not in n.axes), taken), n)
@@ -459,19 +462,6 @@ def _use_saved(graph: Graph, grads: dict[str, Node], taken: set[str],
     names = list(grads)
     new = _rebuild([grads[k] for k in names], swap)
     return dict(zip(names, new)), kept
-
-
-def forward_saving(graph: Graph, bw: Backward) -> Graph:
-    """The forward graph that also writes the row values `bw` loads (`bw.saved`, in order,
-    f32, after the forward's own outputs), cached per (graph, backward)."""
-    return _saving.get_or_build((id(graph), id(bw)), lambda: Graph(
-        graph.name, graph.params,
-        graph.outputs + tuple(Output(n if n.dtype is F32 else Node(Op.CAST, (n,), F32, n.axes),
-                                     n.axes, F32) for _, n in bw.saved),
-        consts=dict(graph.consts), dtype_vars=dict(graph.dtype_vars), loc=graph.loc))
-
-
-_saving: OnceMap[tuple, Graph] = OnceMap()
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
@@ -514,20 +504,6 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool
                                 "e.g. from mf.argmax or a comparison), which have no "
                                 "derivative; detach the inputs (x.detach()) to call it")
     return wrt
-
-
-def differentiable_inputs(graph: Graph) -> tuple[str, ...]:
-    """The float tensor inputs whose gradients metalforge derives, each on its own (x of a
-    quantized matvec, not its scales; `check(grad=True)` differentiates those)."""
-    out = []
-    for t in graph.tensors:
-        try:
-            if t.dtype.is_float:
-                _check_wrt(graph, (t.name,), torch.are_deterministic_algorithms_enabled())
-                out.append(t.name)
-        except NotDifferentiable:
-            pass
-    return tuple(out)
 
 
 def _axis_order(graph: Graph) -> dict[str, int]:
@@ -724,8 +700,9 @@ def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     deterministic None: as torch.are_deterministic_algorithms_enabled() says at the call
     (`torch.use_deterministic_algorithms(True)` makes gathers' gradients sorted scatters,
     bit-identical across runs, as it makes torch's embedding backward). saved: the backward
-    loads the forward's logsumexps from buffers (`bw.saved`) that `forward_saving(graph, bw)`
-    writes, instead of recomputing them (`runtime.saving` picks whichever reads less)."""
+    loads the forward's logsumexps from buffers (`bw.saved`) that
+    `runtime.saving.forward_saving` writes, instead of recomputing them (`runtime.saving`
+    picks whichever moves fewer bytes)."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     key = (id(graph), None if wrt is None else tuple(wrt), deterministic) + \

@@ -74,7 +74,7 @@ def _forward(graph: Graph, vals: Mapping[str, Any], how: How,
     (`saving.choose`: recomputing moves fewer bytes), the forward alone and nothing saved."""
     if bw is None:
         return run(graph, vals, backend=how[0], launch=how[1]), ()
-    full = run(autodiff.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
+    full = run(saving.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
     k = len(graph.outputs)
     return (full[0] if k == 1 else tuple(full[:k])), tuple(full[k:])
 

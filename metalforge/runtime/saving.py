@@ -20,7 +20,8 @@ import torch
 
 from .. import autodiff
 from .. import schedule as sched_mod
-from ..graph import Graph
+from ..dtypes import F32
+from ..graph import Graph, Node, Op, Output
 from ..once import OnceMap
 from ..shapes import bind_shapes, numel
 from . import launcher
@@ -56,7 +57,7 @@ def _pick(graph: Graph, wrt: tuple[str, ...], deterministic: bool, sizes: Mappin
         return None
     plain = autodiff.backward_of(graph, wrt, deterministic)
     recompute = moved(graph, plain.kernels, sizes, launch, backend)
-    save = moved(autodiff.forward_saving(graph, saving), saving.kernels, sizes, launch, backend)
+    save = moved(forward_saving(graph, saving), saving.kernels, sizes, launch, backend)
     return saving if save < recompute else None
 
 
@@ -81,3 +82,19 @@ def _schedule(graph: Graph, sizes: Mapping[str, int], launch: Optional[Mapping[s
     wide = all(a in sizes for a in spec.grid) and \
         sched_mod.needs_index64(sizes, numel(spec.grid, sizes))
     return spec.schedule(wide)
+
+
+def forward_saving(graph: Graph, bw: autodiff.Backward) -> Graph:
+    """The forward graph that also writes the row values `bw` loads (`bw.saved`, in order,
+    f32, after the forward's own outputs), cached per (graph, backward)."""
+    def build() -> tuple[Graph, autodiff.Backward, Graph]:
+        saves = tuple(Output(n if n.dtype is F32 else Node(Op.CAST, (n,), F32, n.axes),
+                             n.axes, F32) for _, n in bw.saved)
+        return graph, bw, Graph(graph.name, graph.params, graph.outputs + saves,
+                                consts=dict(graph.consts), dtype_vars=dict(graph.dtype_vars),
+                                loc=graph.loc)
+    return _saving.get_or_build((id(graph), id(bw)), build,
+                                lambda v: v[0] is graph and v[1] is bw)[2]
+
+
+_saving: OnceMap[tuple[int, int], tuple[Graph, autodiff.Backward, Graph]] = OnceMap()

@@ -77,7 +77,7 @@ def _derived(saved: bool):
             vals = {"logits": x, "target": t, "smoothing": 0.1, "z_loss": 1e-3,
                     "ignore_index": -100}
             if saved:
-                vals["lse_V"] = reference.evaluate(autodiff.forward_saving(graph, bw), vals)[1]
+                vals["lse_V"] = reference.evaluate(saving.forward_saving(graph, bw), vals)[1]
             return autodiff.run_backward(bw, vals, (dy,), reference.evaluate)["logits"]
     return x0, Loss.apply
 
@@ -105,7 +105,7 @@ def test_derived_graphs_match_torch_on_the_reference(rows, v, saved, smoothing, 
     bw = autodiff.backward_of(graph, ("logits",), saved=saved)
     assert bool(bw.saved) == saved
     if saved:
-        vals["lse_V"] = reference.evaluate(autodiff.forward_saving(graph, bw), vals)[1]
+        vals["lse_V"] = reference.evaluate(saving.forward_saving(graph, bw), vals)[1]
     got = autodiff.run_backward(bw, vals, (g,), reference.evaluate)["logits"]
     xr = x.clone().requires_grad_()
     torch_loss(xr, t, smoothing, z_loss).backward(g)
