@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 from .dtypes import F32
 from .errors import MetalforgeError, at
-from .graph import BinaryOp, Graph, Node, Op, ScanOp, UnaryOp, scan_reversed
+from .graph import BinaryOp, Graph, Node, Op, ReduceOp, ScanOp, UnaryOp, scan_reversed
 
 LOWEST = -3.4028234663852886e38         # f32's lowest finite value: log(0) of torch's formula
 
@@ -134,6 +134,60 @@ def scan_refusal(n: Node) -> Optional[str]:
         return None
     return (f"mf.{kind}(..., {axis!r}){at(n.loc)} has no derivative in metalforge: "
             f"{why[kind]}; detach its input")
+
+
+def logsumexp_arg(n: Node) -> Optional[Node]:
+    """x where node n is mf.logsumexp(x, axis) as traced, ``log(sum(exp(x - m))) + m`` with
+    the shift m = max(x) (or ``where(|max(x)| == inf, 0, max(x))``) over the same axis; else
+    None. Its gradient is then one rule (`logsumexp_grad`): the shift cancels exactly
+    (d/dm = 1 - sum(softmax) = 0), so none goes through the max, whose tie count and the
+    sum that cancels it would each be a reduction (a pass over a long row) of the backward."""
+    if n.op != Op.BINARY or n.attr != BinaryOp.ADD:
+        return None
+    for lg, m in (n.args, n.args[::-1]):
+        if not (lg.op == Op.UNARY and lg.attr == UnaryOp.LOG):
+            continue
+        s = lg.args[0]
+        if not (s.op == Op.REDUCE and s.attr[0] == ReduceOp.SUM):
+            continue
+        e = s.args[0]
+        if not (e.op == Op.UNARY and e.attr == UnaryOp.EXP):
+            continue
+        d = e.args[0]
+        if not (d.op == Op.BINARY and d.attr == BinaryOp.SUB and d.args[1] is m):
+            continue
+        x, mx = d.args[0], m
+        if mx.op == Op.WHERE:                     # the shift of an infinite max replaced by 0
+            mx = mx.args[2]
+        if mx.op == Op.REDUCE and mx.attr == (ReduceOp.MAX, s.attr[1]) and mx.args[0] is x:
+            return x
+    return None
+
+
+def logsumexp_grad(b: Any, n: Node, x: Node, g: Node) -> Node:
+    """The gradient lse = mf.logsumexp(x) (node n) with output gradient g sends to x:
+    g * exp(x - lse), the softmax times g, as torch's logsumexp_backward (no separate softmax:
+    the row kernel computes it from the row value lse where it writes dx)."""
+    return b.mul(g, b.unary(UnaryOp.EXP, b.bin(BinaryOp.SUB, x, n)))
+
+
+def packed_refusal(graph: Graph, name: str) -> Optional[str]:
+    """Why float tensor `name` gets no gradient as part of a quantized weight (None where it
+    is not one): it is read per group (K/GS) along the axis that mf.unpack unpacks words
+    along (K/8 of the same K), i.e. the weight's scales or biases. The gradient of a
+    quantized matvec flows to x only (a column reduction over the weight rows,
+    `schedule.quant.transposed`); the packed words are integers and have none."""
+    packed = {graph.axis_spec(n.args[0].axes[-1]).base for n in graph.nodes()
+              if n.op == Op.UNPACK}
+    spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in packed), None)
+    if spec is None:
+        return None
+    return (f"argument '{name}' is read per group along '{spec.name}' of the axis "
+            f"'{spec.base}' that mf.unpack unpacks words along: a quantized weight's scales "
+            f"or biases, for which metalforge derives no gradient (quantized weights are "
+            f"fixed: the packed words are integers, their scales and biases set by the "
+            f"quantization); detach it and differentiate x only (or train the float weight "
+            f"and quantize it afterwards)")
 
 
 # --------------------------------------------------------------------------- splitting

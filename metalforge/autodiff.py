@@ -7,7 +7,11 @@ through the same schedule → IR → MSL pipeline as any kernel (`run_backward`)
 - The backward kernels read the forward *inputs* and the output gradients (``dy``) and
   recompute every forward value they need: nothing but the inputs is saved. A recomputed row
   reduction reads the row that the backward kernel holds in registers anyway, so it moves no
-  extra bytes (saving it would write and re-read one value per row).
+  extra bytes (saving it would write and re-read one value per row). The exception is
+  mf.logsumexp over rows longer than a threadgroup holds, where recomputing it reads the row
+  again: `derive(saved=True)` loads it from a buffer that the forward of
+  `runtime.saving.forward_saving` writes (4 bytes a row), and `runtime.saving` picks that plan
+  where it moves fewer bytes.
 - A gradient that reaches a tensor through broadcasting (``w["D"]`` in a ``[B, D]`` kernel) is
   summed over the broadcast axes.
 - A schedule reduces one axis per kernel, so the gradients are split into kernels by the axis
@@ -31,7 +35,7 @@ values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -284,8 +288,10 @@ def _adjoint(graph: Graph, wrt: set[str], dys: dict[Node, Node], b: _Nodes,
                 adjoints.scatter_of(graph, n, g, deterministic)
             gathered[name] = c if name not in gathered else b.add(gathered[name], c)
             continue
-        for i, c in _contributions(b, n, g):
-            a = n.args[i]
+        lse_x = adjoints.logsumexp_arg(n)   # one rule for the whole of mf.logsumexp
+        pairs = [(lse_x, adjoints.logsumexp_grad(b, n, lse_x, g))] if lse_x is not None \
+            else [(n.args[i], c) for i, c in _contributions(b, n, g)]
+        for a, c in pairs:
             if a not in live:
                 continue
             for ax in [x for x in c.axes if x not in a.axes]:   # broadcast in n: sum it out
@@ -388,6 +394,9 @@ class Backward:
     grads: dict                         # input name -> (kernel index, output index); absent:
                                         # the gradient is zero (no path to any output)
     buffers: dict                       # intermediate buffer -> (kernel index, output index)
+    saved: tuple = ()                   # (buffer name, forward node): row values the forward
+                                        # writes (`runtime.saving.forward_saving`) and the
+                                        # backward loads
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -414,7 +423,7 @@ def _fresh(name: str, taken: set[str]) -> str:
 
 
 def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
-           deterministic: bool = False) -> Backward:
+           deterministic: bool = False, saved: bool = False) -> Backward:
     """The backward kernels of `graph` with respect to the float tensor inputs `wrt` (all of
     them when None); gathers' gradients scatter `deterministic`ally (sorted, no atomics) or
     with atomic adds. Raises NotDifferentiable when no output is a float value, when a
@@ -424,10 +433,35 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     taken = {p.name for p in graph.params}
     dy_names, dy_params, dys = _output_gradients(graph, b, taken)
     grads = _adjoint(graph, set(wrt), dys, b, deterministic)
+    kept: tuple[tuple[str, Node], ...] = ()
+    if saved:                  # the forward's logsumexps loaded, not recomputed
+        grads, kept = _use_saved(graph, grads, taken, dy_params)
     targets = [_target(graph, name, grads[name], b) for name in wrt if name in grads]
     done = _split_by_axis(graph, targets, b, taken)
     kernels = _group(graph, done, b)
-    return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+    bw = _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+    return replace(bw, saved=kept) if kept else bw
+
+
+def _use_saved(graph: Graph, grads: dict[str, Node], taken: set[str],
+               params: list[TensorParam]) -> tuple[dict[str, Node], tuple[tuple[str, Node], ...]]:
+    """The gradients with every mf.logsumexp row value of the forward they use
+    (`adjoints.logsumexp_arg`) replaced by the load of an f32 buffer the forward writes
+    (`runtime.saving.forward_saving`), its parameter added to `params`: (gradients, (buffer,
+    node) pairs)."""
+    used = topo_order(list(grads.values()), seen=())
+    lses = [(n, x) for n in used for x in [adjoints.logsumexp_arg(n)] if x is not None]
+    kept = tuple((_fresh("lse_" + "_".join(a for a in x.axes if a not in n.axes), taken), n)
+                 for n, x in lses)
+    if not kept:
+        return grads, ()
+    swap = {n: Node(Op.LOAD, (), F32, n.axes, attr=name) for name, n in kept}
+    for name, n in kept:
+        dims = tuple(graph.axis_spec(a) for a in n.axes)
+        params.append(TensorParam(name, F32, None, dims, f"f32[{', '.join(n.axes)}]"))
+    names = list(grads)
+    new = _rebuild([grads[k] for k in names], swap)
+    return dict(zip(names, new)), kept
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
@@ -444,6 +478,10 @@ def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool
         raise NotDifferentiable(f"{where}: it reduces several axes (attention: a softmax over "
                                 "one axis of contractions over another); metalforge derives no "
                                 "backward for that yet; detach the inputs")
+    for name in wrt:
+        why = adjoints.packed_refusal(graph, name)       # a quantized weight's scales, biases
+        if why is not None:
+            raise NotDifferentiable(f"{where}: {why}")
     bases = {a for n in graph.nodes() for a in n.axes}
     for name in wrt:
         spec = next((d for d in graph.tensor(name).dims if d.derived and d.base in bases), None)
@@ -656,16 +694,20 @@ _cache: OnceMap[tuple, Backward] = OnceMap()
 
 
 def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
-                deterministic: Optional[bool] = None) -> Backward:
+                deterministic: Optional[bool] = None, saved: bool = False) -> Backward:
     """`derive`, cached per (forward graph, wrt, deterministic), once (threads asking meanwhile
     wait): the backward graphs keep their identity, so their compiled kernels are reused.
     deterministic None: as torch.are_deterministic_algorithms_enabled() says at the call
     (`torch.use_deterministic_algorithms(True)` makes gathers' gradients sorted scatters,
-    bit-identical across runs, as it makes torch's embedding backward)."""
+    bit-identical across runs, as it makes torch's embedding backward). saved: the backward
+    loads the forward's logsumexps from buffers (`bw.saved`) that
+    `runtime.saving.forward_saving` writes, instead of recomputing them (`runtime.saving`
+    picks whichever moves fewer bytes)."""
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    key = (id(graph), None if wrt is None else tuple(wrt), deterministic)
-    return _cache.get_or_build(key, lambda: derive(graph, wrt, deterministic),
+    key = (id(graph), None if wrt is None else tuple(wrt), deterministic) + \
+        (("saved",) if saved else ())
+    return _cache.get_or_build(key, lambda: derive(graph, wrt, deterministic, saved),
                                lambda bw: bw.graph is graph)
 
 

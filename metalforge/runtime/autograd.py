@@ -12,6 +12,7 @@ from .. import autodiff
 from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
 from ..graph import Graph
+from . import saving
 from .runs import run
 from .show import source
 
@@ -32,27 +33,50 @@ class _KernelFunction(torch.autograd.Function):
                 names: tuple[str, ...], *tensors: torch.Tensor) -> Any:
         vals = dict(values)
         vals.update(zip(names, tensors))
-        out = run(graph, vals, backend=how[0], launch=how[1])
+        bw = saving.choose(graph, _wrt(names, tensors, ctx.needs_input_grad), vals, how[1],
+                           how[0])
+        out, kept = _forward(graph, vals, how, bw)
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
-        ctx.save_for_backward(*tensors)
-        ctx.meta = (how, graph, values, names)
+        ctx.save_for_backward(*tensors, *kept)
+        ctx.meta = (how, graph, values, names, bw)
         return out
 
     @staticmethod
     def backward(ctx: Any, *dys: Any) -> Any:
-        how, graph, values, names = ctx.meta
+        how, graph, values, names, bw = ctx.meta
         if torch.is_grad_enabled():         # create_graph=True: the result must be differentiable
             raise NotDifferentiable(f"{kernel_at(graph.name, graph.loc)}: double backward "
                                     "(create_graph=True) through a metalforge kernel is not "
                                     "supported; its backward kernels have no derivative")
-        tensors = ctx.saved_tensors
-        wrt = tuple(n for n, t, need in zip(names, tensors, ctx.needs_input_grad[4:])
-                    if need and t.dtype.is_floating_point)
+        tensors, kept = ctx.saved_tensors[:len(names)], ctx.saved_tensors[len(names):]
+        wrt = _wrt(names, tensors, ctx.needs_input_grad)
         vals = dict(values)
         vals.update(zip(names, tensors))
-        grads = run_backward(autodiff.backward_of(graph, wrt), vals, dys, *how)
+        if bw is None or bw.wrt != wrt:             # recompute what the backward needs
+            bw = autodiff.backward_of(graph, wrt)
+        vals.update((name, t) for (name, _), t in zip(bw.saved, kept))
+        grads = run_backward(bw, vals, dys, *how)
         return (None, None, None, None, *[grads.get(n) for n in names])
+
+
+def _wrt(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...],
+         needs: tuple[bool, ...]) -> tuple[str, ...]:
+    """The float inputs whose gradients autograd asks for (`needs`: the Function's
+    needs_input_grad, after its 4 non-tensor arguments)."""
+    return tuple(n for n, t, need in zip(names, tensors, needs[4:])
+                 if need and t.dtype.is_floating_point)
+
+
+def _forward(graph: Graph, vals: Mapping[str, Any], how: How,
+             bw: Optional[autodiff.Backward]) -> tuple[Any, tuple[torch.Tensor, ...]]:
+    """(the forward's outputs, the row values it saves for backward `bw`): with `bw` None
+    (`saving.choose`: recomputing moves fewer bytes), the forward alone and nothing saved."""
+    if bw is None:
+        return run(graph, vals, backend=how[0], launch=how[1]), ()
+    full = run(saving.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
+    k = len(graph.outputs)
+    return (full[0] if k == 1 else tuple(full[:k])), tuple(full[k:])
 
 
 def call_differentiable(graph: Graph, values: Mapping[str, Any], backend: Optional[str],

@@ -48,6 +48,7 @@ from ..graph import Graph, Node, Op
 from . import reduce
 from .base import IDX, Step, make_kernel
 from .column_folds import extreme, step_folds
+from .column_words import column_groups, grouped
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
 from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
@@ -185,9 +186,16 @@ def wide_columns(ctx: ColumnContext) -> int:
     every output."""
     widest = max((t.dtype.itemsize for t in ctx.inputs if ctx.inner in t.axes), default=4)
     c = min(ctx.policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
+    # words or groups along the innermost column axis (K/8, K/GS of a kept K: the transposed
+    # quantized sum) are one element for all the thread's columns: a word's values (up to 8)
+    groups = column_groups(ctx)
+    if groups:
+        c = min(8, *(d.div for d in groups))
     if c == 1 or not ctx.chunked or not ctx.inner:
         return 1
     if any(n.op in (Op.TAKE, Op.INDEX, Op.RANDOM) for n in ctx.nodes):
+        return 1
+    if any(d.base != ctx.inner or d.div % c for d in groups):
         return 1
     for t in ctx.inputs:
         if ctx.axis not in t.axes or (ctx.inner in t.axes and t.axes[-1] != ctx.inner):
@@ -454,10 +462,14 @@ class ColumnKernel:
         loads: list[ir.Stmt] = [ir.Decl("mf_k", "uint", k)]
         for name in tensors:
             t = self.ctx.graph.tensor(name)
+            st = self.ctx.in_stype(t)
             if self.ctx.inner in t.axes:
-                st = self.ctx.in_stype(t)
                 loads.append(ir.Decl(f"mf_w_{name}", ir.vector_type(st, c), ir.Load(
                     self.ctx.names[name], self.at(name, t.axes), c, st)))
+            elif grouped(self.ctx, self.ctx.inner, t):      # one word (group): all the columns
+                loads.append(ir.Comment(f"{name}: one element for the thread's {c} columns"))
+                loads.append(ir.Decl(f"mf_w_{name}", st, ir.Load(
+                    self.ctx.names[name], self.at(name, t.axes))))
         for j in range(c):
             el = self.column_lowering(j, "mf_v")
             for nd in frontier:
@@ -480,9 +492,14 @@ class ColumnKernel:
             if self.ctx.axis in t.axes and self.ctx.inner in t.axes:
                 return ir.Cast(compute_type(t.dtype),
                                ir.Lane(ir.Var(f"mf_w_{t.name}"), ir.Lit(j, "uint")))
+            if self.ctx.axis in t.axes and grouped(self.ctx, self.ctx.inner, t):
+                return ir.Cast(compute_type(t.dtype), ir.Var(f"mf_w_{t.name}"))
             return self.col_load(n)
-        # no index expressions in a wide graph (`wide_columns`): positions are column-free
-        return ElementLowering(self.ctx.graph, load, self.el_position, self.ctx.size,
+
+        def position(axis: str) -> ir.Expr:     # column j's (an unpacked value's slot)
+            p = self.el_position(axis)
+            return p + ir.Lit(j, IDX) if j and axis == self.ctx.inner else p
+        return ElementLowering(self.ctx.graph, load, position, self.ctx.size,
                                lambda s: self.ctx.names[s], prefix=prefix)
 
     def wide_outputs(self, per: tuple[list[reduce.Reduction], ...]) -> list[ir.Stmt]:

@@ -126,6 +126,10 @@ PATTERNS: tuple[Pattern, ...] = (
     # scans along one axis (mf.cumsum...), with elementwise work around them; a scan with a
     # reduction is refused here, clearly (scan.match)
     Pattern("scan", lambda f: True, lambda g, f: scan.match(g), _build_scan),
+    # a sum over the weight rows of words unpacked along a kept axis (the quantized matvec's
+    # gradient with respect to x): a column reduction (`quant.transposed`)
+    Pattern("column", lambda f: len(f.axes) == 1, lambda g, f: quant.transposed(g),
+            _build_column),
     # a reduction whose argument unpacks packed words
     Pattern("quant", lambda f: bool(f.reductions), lambda g, f: quant.match(g), quant.build),
     # sum(softmax(s, L) * V, L) with s summed products over another axis E

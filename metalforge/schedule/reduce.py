@@ -602,7 +602,11 @@ class ReductionContext:
         return ir.Cast(self.out_stype(k), convert(low.value(o.node), o.node.dtype, o.dtype))
 
     def position(self, axis: str, into: Preamble) -> ir.Expr:
-        """The thread's position along one of the outer axes (declared in `into`)."""
+        """The thread's position along one of the outer axes (declared in `into`); along an
+        axis derived from one (K/8 of K: a packed word, K/GS a group), that position // d."""
+        spec = self.graph.axis_spec(axis)
+        if axis not in self.outer and spec.derived and spec.base in self.outer:
+            return self.position(spec.base, into) / ir.Lit(spec.div, IDX)
         return self.position_in(f"mf_{self.tag}", self.outer, axis,
                                 f"mf_{self.tag}pos_{ident(axis)}", into)
 
@@ -631,7 +635,9 @@ def check_axes(graph: Graph, axis: str, outer: tuple[str, ...], widest: tuple[st
     taken = {n.attr for n in nodes if n.op == Op.TAKE}      # (tensor, gathered axis)
     for t in inputs:
         extra = [a for a in t.axes if a not in allowed and (t.name, a) not in taken
-                 and graph.axis_spec(a).base != axis]        # K/GS: read as k // GS
+                 and graph.axis_spec(a).base != axis        # K/GS: read as k // GS
+                 # a column of words unpacked along a kept K (quant.transposed): k // 8
+                 and not (unit == "column" and graph.axis_spec(a).base in outer)]
         if extra:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': input '{t.name}' has axis {extra[0]!r}, which no "

@@ -21,12 +21,28 @@ from .tensors import make_values
 from .tolerance import compare, lowest_precision, magnitude, reduction_length, tolerance
 
 
+def differentiable_inputs(graph: Graph) -> tuple[str, ...]:
+    """The float tensor inputs whose gradients metalforge derives, each on its own (x of a
+    quantized matvec, not its scales)."""
+    out = []
+    for t in graph.tensors:
+        try:
+            if t.dtype.is_float:
+                autodiff.backward_of(graph, (t.name,))
+                out.append(t.name)
+        except autodiff.NotDifferentiable:
+            pass
+    return tuple(out)
+
+
 def differentiable(graph: Graph) -> bool:
+    """Whether some float input has a derived gradient and all of them together do."""
+    wrt = differentiable_inputs(graph)
     try:
-        autodiff.backward_of(graph)
+        autodiff.backward_of(graph, wrt)
     except autodiff.NotDifferentiable:
         return False
-    return True
+    return bool(wrt)
 
 
 def gradient_problem(kernel, graph: Graph, args: Mapping[str, Any], seed: int,
@@ -37,9 +53,10 @@ def gradient_problem(kernel, graph: Graph, args: Mapping[str, Any], seed: int,
     gen = torch.Generator().manual_seed(seed)
     inputs: dict[str, Any] = {}
     wrt: list[str] = []
+    derived = differentiable_inputs(graph)     # not a quantized weight's scales
     for p in graph.params:
         v = args[p.name]
-        if isinstance(p, TensorParam) and p.dtype.is_float:
+        if isinstance(p, TensorParam) and p.name in derived:
             inputs[p.name] = make_values(p.dtype, tuple(v.shape), "normal",
                                            int(torch.randint(0, 2 ** 16, (1,), generator=gen)))
             inputs[p.name] = inputs[p.name].to(v.device).requires_grad_()
@@ -58,7 +75,7 @@ def gradient_problem(kernel, graph: Graph, args: Mapping[str, Any], seed: int,
     leaves = {n: (v.detach().clone().requires_grad_() if n in wrt else v)
               for n, v in inputs.items()}
     expected = _grads(_tuple(kernel.reference(**leaves)), dys, [leaves[n] for n in wrt])
-    graphs = [graph, *autodiff.backward_of(graph).kernels]
+    graphs = [graph, *autodiff.backward_of(graph, tuple(wrt)).kernels]
     lengths = bind_shapes(graph, {t.name: inputs[t.name] for t in graph.tensors}).sizes
     tol = tolerance(lowest_precision([t.dtype for t in graph.tensors] +
                                      [o.dtype for o in graph.outputs]),

@@ -62,6 +62,7 @@ from .build import build, kernel_names
 from .context import QuantContext, QuantState, context
 from .form import Affine, affine, factors, is_quant, match
 from .schedule import QuantSchedule
+from .transposed import transposed
 
 __all__ = ["match", "is_quant", "build", "kernel_names", "QuantSchedule", "QuantContext",
-           "QuantState", "context", "Affine", "affine", "factors"]
+           "QuantState", "context", "Affine", "affine", "factors", "transposed"]
