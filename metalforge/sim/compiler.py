@@ -36,7 +36,7 @@ from .. import cache
 from ..msl.parse import parse
 from ..msl.signature import ParsedSource, Signature, SignatureParam
 from ..msl.tokens import LineMap, ParseError
-from .frontcheck import front_check
+from .frontcheck import collision_errors, front_check
 from .rewrite import rewrite
 from .spaces import cast_errors as address_space_cast_errors
 from .swizzle import rewrite_repeated_swizzles
@@ -240,6 +240,9 @@ def checked_source(source: str, pre: str) -> tuple[str, ParsedSource]:
     if cast_errors:
         raise _syntax_error("\n".join(cast_errors), source)
     assert front.parsed is not None
+    collisions = collision_errors(front.pre, front.parsed)
+    if collisions:
+        raise _syntax_error(_located(front.pre, collisions), source)
     return front.pre, front.parsed
 
 

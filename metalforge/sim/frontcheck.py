@@ -332,6 +332,27 @@ def front_check(pre: str, parsed: ParsedSource) -> FrontResult:
     return r
 
 
+def collision_errors(pre: str, parsed: ParsedSource) -> list[tuple[int, str]]:
+    """(offset, message) for each definition the parse dropped because it coincides on the
+    CPU with an overload on another address space that does something else (what the check's
+    renames did not keep apart): running the kept one for every call would be wrong."""
+    if not parsed.space_collisions:
+        return []
+    ran = os.environ.get("METALFORGE_SIM_FRONTCHECK", "1") != "0" and available()
+    why = ("it renames functions and member functions apart, not operators, constructors or "
+           "class specialisations" if ran else
+           "the Metal front-end check, which renames such overloads apart, did not run: "
+           "it needs libclang (`pip install 'libclang>=18'`)")
+    out = []
+    for off in parsed.space_collisions:
+        head = " ".join(re.split(r"[{;]", pre[off:off + 400], maxsplit=1)[0].split())[:100]
+        out.append((off, f"'{head}' differs from another definition only in address spaces "
+                         f"and does something else; metalforge.sim compiles address spaces "
+                         f"away and cannot keep the two apart here ({why}), so it does not "
+                         f"run this source: give them distinct names"))
+    return out
+
+
 @dataclass
 class FrontResult:
     """What the check found: Metal's errors, and the source for the build (`pre` with the
