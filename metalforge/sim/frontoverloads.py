@@ -50,7 +50,7 @@ class Rename:
 
 
 @dataclass
-class Plan:
+class OverloadPlan:
     """What the first parse tells: the new name of each overload (by its declaration's
     position), the renames of declarations and of calls clang resolved, whether some call is
     left to the instantiations, and each new name's Metal signature (for messages)."""
@@ -171,11 +171,11 @@ def _uses(tu, file_name: str, names: set[str]):
                 yield c
 
 
-def plan(tu, file_name: str) -> Plan:
-    """The renames the first parse can tell (see `Plan`)."""
+def plan(tu, file_name: str) -> OverloadPlan:
+    """The renames the first parse can tell (see `OverloadPlan`)."""
     decls = _functions(tu, file_name)
     names, signatures = _groups(decls)
-    out = Plan(names=names, signatures=signatures)
+    out = OverloadPlan(names=names, signatures=signatures)
     if not names:
         return out
     old_names = {n.rsplit(SUFFIX, 1)[0] for n in names.values()}
@@ -246,7 +246,7 @@ def mark(new: str) -> str:
 
 
 @dataclass(frozen=True)
-class Call:
+class ResolvedCall:
     """One call clang made in the marked parse: where (line, column), to which overload, in
     which instantiation (Metal's spelling is left to the caller)."""
     line: int
@@ -255,7 +255,7 @@ class Call:
     instantiation: str
 
 
-def instantiated_calls(tu) -> tuple[list[Call], list[str]]:
+def instantiated_calls(tu) -> tuple[list[ResolvedCall], list[str]]:
     """The calls to marked overloads clang reports, and its other errors (spellings).  clang
     names an instantiation once, at the first diagnostic made in it: the later ones (without
     that note) belong to the same one."""
@@ -269,5 +269,5 @@ def instantiated_calls(tu) -> tuple[list[Call], list[str]]:
         if notes:
             quoted = re.findall(r"'([^']*)'", notes[0])
             inst = quoted[0] if quoted else ""
-        calls.append(Call(d.location.line, d.location.column, d.spelling[len(MARK):], inst))
+        calls.append(ResolvedCall(d.location.line, d.location.column, d.spelling[len(MARK):], inst))
     return calls, other
