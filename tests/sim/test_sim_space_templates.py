@@ -28,6 +28,8 @@ template <typename T> struct Acc {
   T at() const thread;
   T at() const device { return v + T(1); }
   T sum(device T* p) const thread { return at() + p[0] + this->at(); }
+  template <typename U> U as() const thread { return U(v); }
+  template <typename U> U as() const device { return U(v) + U(2); }
 };
 template <typename T> T Acc<T>::at() const thread { return v; }
 template <> half Acc<half>::at() const device { return v + half(5); }
@@ -49,7 +51,8 @@ kernel void k(device T* x [[buffer(0)]], device float* f [[buffer(1)]],
   float c = f[i] + 2.0f;
   Acc<T> a = acc[i];
   out[i] = three(f + i, fb + l, &c) + lds(x + i, tb + l) + 1e4f * float(acc[i].at())
-           + 1e5f * float(a.sum(x + i));
+           + 1e5f * float(a.sum(x + i))
+           + 1e6f * (acc[i].template as<float>() - a.template as<float>());
 }
 template [[host_name("k_f")]] kernel void k<float>(device float*, device float*,
     device Acc<float>*, device float*, uint, uint);
@@ -63,7 +66,8 @@ def test_overloads_called_from_templates_run_the_overload_metal_picks(dtype):
     """Free functions called with dependent arguments, function templates overloaded on
     spaces (with an explicit specialisation), class-template members overloaded on the
     space of `this` (defined in and out of the class, one explicitly specialised, called
-    through an object, `this->` and implicitly): each call runs the overload Metal picks."""
+    through an object, `this->` and implicitly) and member templates overloaded so: each
+    call runs the overload Metal picks."""
     lib = compile_shader(TEMPLATES)
     n = 5
     x = torch.arange(n, dtype=dtype)                    # small integers: exact in half
@@ -76,7 +80,7 @@ def test_overloads_called_from_templates_run_the_overload_metal_picks(dtype):
     three = fd + 10 * 2 * (fd + 1) + 100 * 3 * (fd + 2)
     tg_base, dev_bump = (200, 1) if dtype == torch.float32 else (300, 5)
     lds = xf + 1000 * (tg_base + xf + 1)
-    want = three + lds + 1e4 * (vf + dev_bump) + 1e5 * (vf + xf + vf)
+    want = three + lds + 1e4 * (vf + dev_bump) + 1e5 * (vf + xf + vf) + 1e6 * 2
     torch.testing.assert_close(out.double(), want, rtol=0, atol=0)
 
 
