@@ -14,9 +14,12 @@ none, so they pay nothing and their translation does not change):
   that writes the components back; repeated components are rejected (Metal: "not
   assignable"), as are mixed spellings (``.xg``: not a swizzle, left alone).
 
-A name declared as a field of a struct in the source (``struct P { float a; };``) is never
-rewritten: ``p.a`` is then that field.  Swizzles in ``#define`` bodies are rewritten too (the
-macro's text is what NVRTC expands).  Line numbers are kept (each rewrite stays on its line).
+A name declared as a field of a struct in the source (``struct P { float a; };``) is not
+rewritten (``p.a`` is that field) unless the front-end check, which knows the types, marked
+the access as a vector's swizzle (``c.mf_swz__a`` for ``c.a`` on a ``float4``; the check runs
+on every source the cuda backend compiles, when libclang is there).  Swizzles in ``#define``
+bodies are rewritten too (the macro's text is what NVRTC expands).  Line numbers are kept
+(each rewrite stays on its line).
 """
 from __future__ import annotations
 
@@ -27,8 +30,11 @@ from ..msl.tokens import Token, tokenize
 _SETS = ("xyzw", "rgba")
 _ASSIGN = frozenset({"=", "+=", "-=", "*=", "/=", "%=", "&=", "|=", "^=", "<<=", ">>=", "++",
                      "--"})
-_CANDIDATE = re.compile(r"(?:\.|->)\s*(?:[xyzw]{2,4}|[rgba]{1,4})\b")
+_CANDIDATE = re.compile(r"(?:\.|->)\s*(?:mf_swz__)?(?:[xyzw]{2,4}|[rgba]{1,4})\b")
 _CLASS_KEYS = ("struct", "class", "union")
+# a swizzle on a vector that the simulator's front-end check marked, its name being also a
+# struct field of the source (metalforge/sim/frontcheck.py's SWIZZLE_MARK): always rewritten
+MARK = "mf_swz__"
 
 
 class SwizzleError(ValueError):
@@ -120,9 +126,12 @@ def _edits(toks: list[Token], fields: set[str]) -> list[tuple[int, int, str]]:
     edits: list[tuple[int, int, str]] = []
     for k in range(1, len(toks)):
         t, dot = toks[k], toks[k - 1]
-        if t.kind != "id" or dot.text not in (".", "->") or t.text in fields:
+        if t.kind != "id" or dot.text not in (".", "->"):
             continue
-        idx = _indices(t.text)
+        name = t.text[len(MARK):] if t.text.startswith(MARK) else t.text
+        if name == t.text and name in fields:
+            continue
+        idx = _indices(name)
         if idx is None:
             continue
         code = "0x1" + "".join(map(str, idx))       # comma-free: safe in a macro argument
@@ -132,7 +141,7 @@ def _edits(toks: list[Token], fields: set[str]) -> list[tuple[int, int, str]]:
             edits.append((t.start, t.end, f"template mf_swzc<{code}>()"))
         elif len(set(idx)) < len(idx):
             raise SwizzleError(t.start, f"a swizzle with a repeated component is not "
-                                        f"assignable ('{t.text}')")
+                                        f"assignable ('{name}')")
         else:
             edits.append((t.start, t.end, f"template mf_swzc_w<{code}>()"))
     return edits

@@ -360,6 +360,9 @@ class FrontResult:
     errors: list[str]
     pre: str
     parsed: ParsedSource | None
+    # for the cuda backend when it differs from `pre`: also its vector swizzles named like a
+    # struct field of the source marked (`vector_swizzles`)
+    cuda_pre: str = ""
 
 
 def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
@@ -386,19 +389,53 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
         found.setdefault((file, line, 0, msg))
     errors = [f"{f}:{ln}:{c}: error: {m}" if c else f"{f}:{ln}: error: {m}"
               for f, ln, c, m in sorted(found)]
-    renamed, split = _renamed(pre, text, edits, (tu, head),
+    renames, split = _renamed(pre, text, edits, (tu, head),
                               lambda t: _parse(_cindex(), t, _args(cxx), pch_folder, key))
-    return FrontResult(errors + split, renamed, None)
+    swizzles = [(off, off + len(name), SWIZZLE_MARK + name) for line, col, name in
+                vector_swizzles(tu, CHECK_NAME)
+                for off in [pre_offset(text, edits, line - head, col)]
+                if off >= 0 and pre.startswith(name, off)]
+    return FrontResult(errors + split, _apply(pre, renames), None,
+                       _apply(pre, sorted(renames + swizzles)) if swizzles else "")
 
 
-def _renamed(pre: str, text: str, edits: list, parsed: tuple, reparse) -> tuple[str, list[str]]:
-    """`pre` with the address-space overloads renamed (frontoverloads.py), and the errors for
-    calls the build cannot make as Metal does.  `parsed`: (translation unit, lines before
-    `text` in it) of `text` = `_apply(pre, edits)`; `reparse(text)` parses another text so."""
+# the cuda backend's spelling of a vector swizzle whose name is also a field of a struct of the
+# source (metalforge/cuda/swizzle.py rewrites `v.mf_swz__a` as the swizzle `.a`)
+SWIZZLE_MARK = "mf_swz__"
+_SWIZZLE_NAME = re.compile(r"(?:[xyzw]{2,4}|[rgba]{1,4})$")
+
+
+def vector_swizzles(tu, file_name: str) -> list[tuple[int, int, str]]:
+    """(line, column, name) of each swizzle on a vector whose name is also a field of a
+    struct of the checked file (``struct P { float a; }`` and ``c.a`` on a ``float4``): the
+    cuda backend's token rewrite cannot tell the two apart, clang's types can."""
+    users = [c for c in tu.cursor.get_children()
+             if c.location.file is not None and c.location.file.name.endswith(file_name)]
+    fields = {c.spelling for top in users for c in top.walk_preorder()
+              if c.kind.name == "FIELD_DECL" and _SWIZZLE_NAME.match(c.spelling)}
+    if not fields:
+        return []
+    out = []
+    for top in users:
+        for c in top.walk_preorder():
+            ref = c.referenced if c.kind.name == "MEMBER_REF_EXPR" and \
+                c.spelling in fields else None
+            if ref is not None and ref.location.file is not None and \
+                    ref.location.file.name.startswith(str(INCLUDE_DIR)):
+                out.append((c.location.line, c.location.column, c.spelling))
+    return out
+
+
+def _renamed(pre: str, text: str, edits: list, parsed: tuple,
+             reparse) -> tuple[list[tuple[int, int, str]], list[str]]:
+    """The edits of `pre` that rename the address-space overloads (frontoverloads.py), and
+    the errors for calls the build cannot make as Metal does.  `parsed`: (translation unit,
+    lines before `text` in it) of `text` = `_apply(pre, edits)`; `reparse(text)` parses
+    another text so."""
     tu, head = parsed
     p = plan(tu, CHECK_NAME)
     if not p.names:
-        return pre, []
+        return [], []
     sites: dict[int, dict[str, list[str]]] = {}     # offset in pre -> new name -> instances
     errors: list[tuple[int, str]] = []
     decls = [(pre_offset(text, edits, r.line - head, r.column), r) for r in p.decls]
@@ -415,9 +452,9 @@ def _renamed(pre: str, text: str, edits: list, parsed: tuple, reparse) -> tuple[
     out = [f"{f}:{ln}: error: {m}" for off, m in sorted(set(errors))
            for f, ln in [where.locate(off)]]
     if out:
-        return pre, out
-    return _apply(pre, sorted((off, off + len(new.rsplit(SUFFIX, 1)[0]), new)
-                              for off, picks in sites.items() for new in picks)), []
+        return [], out
+    return sorted((off, off + len(new.rsplit(SUFFIX, 1)[0]), new)
+                  for off, picks in sites.items() for new in picks), []
 
 
 def _site(sites: dict, errors: list, pre: str, off: int, new: str, instance: str) -> None:

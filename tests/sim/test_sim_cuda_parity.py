@@ -195,3 +195,33 @@ def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
                         f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
                        text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[:4000]
+
+
+def test_cuda_rewrites_a_vector_swizzle_named_like_a_struct_field(tmp_path):
+    """`P` has fields `a` and `rg`: `p.a`/`p.rg` stay fields, while `c.a`/`c.rg` on a float4
+    (told apart by the front-end check's types) become the vector's swizzles; the unit
+    passes the host syntax check."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda import compile_shader as cuda_compile
+    from metalforge.cuda.library import INCLUDE_DIR
+    src = HEAD + """
+struct P { float a; float2 rg; };
+kernel void k(device float4* v [[buffer(0)]], device P* ps [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  float4 c = v[i];
+  ps[i].a = c.a + ps[i].rg.x;
+  ps[i].rg = c.rg;
+}"""
+    body = cuda_compile(src).text
+    assert "ps[i].a = c.w + ps[i].rg.x;" in body, body
+    assert "ps[i].rg = c.template mf_swzc<0x101>();" in body, body
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "tu.cu").write_text(body)
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
+                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[:4000]
