@@ -411,8 +411,7 @@ def vector_swizzles(tu, file_name: str) -> list[tuple[int, int, str]]:
     cuda backend's token rewrite cannot tell the two apart, clang's types can."""
     users = [c for c in tu.cursor.get_children()
              if c.location.file is not None and c.location.file.name.endswith(file_name)]
-    fields = {c.spelling for top in users for c in top.walk_preorder()
-              if c.kind.name == "FIELD_DECL" and _SWIZZLE_NAME.match(c.spelling)}
+    fields = _swizzle_fields(users)
     if not fields:
         return []
     out = []
@@ -423,6 +422,24 @@ def vector_swizzles(tu, file_name: str) -> list[tuple[int, int, str]]:
             if ref is not None and ref.location.file is not None and \
                     ref.location.file.name.startswith(str(INCLUDE_DIR)):
                 out.append((c.location.line, c.location.column, c.spelling))
+    return out
+
+
+_DECL_SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL",
+                "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
+
+
+def _swizzle_fields(tops: list) -> set[str]:
+    """Names of data members spelled like a swizzle (`a`, `rg`, `xy`), in the classes among
+    `tops` and the namespaces and classes in them (function bodies are not walked)."""
+    out: set[str] = set()
+    stack = [c for c in tops if c.kind.name in _DECL_SCOPES]
+    while stack:
+        for c in stack.pop().get_children():
+            if c.kind.name in _DECL_SCOPES:
+                stack.append(c)
+            elif c.kind.name == "FIELD_DECL" and _SWIZZLE_NAME.match(c.spelling):
+                out.add(c.spelling)
     return out
 
 
