@@ -117,13 +117,11 @@ def _renamable(c) -> bool:
 
 
 def _this_space(c) -> tuple[str, ...]:
-    """A member function's qualifiers as the C++ build sees them (``const device`` and
-    ``const thread`` are both ``const``); () for a function."""
-    if c.kind.name == "FUNCTION_TEMPLATE" and c.semantic_parent.kind.name in _SCOPES[2:]:
-        return _collapsed([c.type.spelling.rsplit(")", 1)[-1].strip()])
-    if c.kind.name != "CXX_METHOD":
-        return ()
-    return _collapsed([c.type.spelling.rsplit(")", 1)[-1].strip()])
+    """A member function's (or member template's) qualifiers as the C++ build sees them
+    (``const device`` and ``const thread`` are both ``const``); () for a function."""
+    member = c.kind.name == "CXX_METHOD" or \
+        c.kind.name == "FUNCTION_TEMPLATE" and c.semantic_parent.kind.name in _SCOPES[2:]
+    return _collapsed([c.type.spelling.rsplit(")", 1)[-1].strip()]) if member else ()
 
 
 def _key(c) -> tuple:
