@@ -392,7 +392,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
     renames, split = _renamed(pre, text, edits, (tu, head),
                               lambda t: _parse(_cindex(), t, _args(cxx), pch_folder, key))
     swizzles = [(off, off + len(name), SWIZZLE_MARK + name) for line, col, name in
-                vector_swizzles(tu, CHECK_NAME)
+                (vector_swizzles(tu, CHECK_NAME) if _SWIZZLE_USE.search(pre) else [])
                 for off in [pre_offset(text, edits, line - head, col)]
                 if off >= 0 and pre.startswith(name, off)]
     return FrontResult(errors + split, _apply(pre, renames), None,
@@ -403,6 +403,7 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
 # source (metalforge/cuda/swizzle.py rewrites `v.mf_swz__a` as the swizzle `.a`)
 SWIZZLE_MARK = "mf_swz__"
 _SWIZZLE_NAME = re.compile(r"(?:[xyzw]{2,4}|[rgba]{1,4})$")
+_SWIZZLE_USE = re.compile(r"(?:\.|->)\s*(?:[xyzw]{2,4}|[rgba]{1,4})\b")   # any, cheaply
 
 
 def vector_swizzles(tu, file_name: str) -> list[tuple[int, int, str]]:
