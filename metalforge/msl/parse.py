@@ -78,7 +78,7 @@ def _parse(text: str, lines: LineMap, where) -> ParsedSource:
         seen.add(k.host_name)
     _bind_function_constants(kernels, w.fcs, lines)
     return ParsedSource(kernels=kernels, blank_spans=w.blank, tg_decls=w.tg,
-                        function_constants=w.fcs)
+                        function_constants=w.fcs, space_collisions=w.collisions)
 
 
 class _Signatures:

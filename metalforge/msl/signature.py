@@ -94,6 +94,9 @@ class ParsedSource:
     blank_spans: list[tuple[int, int]] = field(default_factory=list)
     tg_decls: list[TgDecl] = field(default_factory=list)
     function_constants: list[FunctionConstant] = field(default_factory=list)
+    # offsets of definitions blanked because they coincide on the CPU with an overload on
+    # another address space that does something else (walker.Walker._drop_space_overloads)
+    space_collisions: list[int] = field(default_factory=list)
 
 
 def _parse_param(ptoks: list[Token], text: str, index: int, where: str) -> SignatureParam:

@@ -64,13 +64,21 @@ def _skip(text: str, i: int, line_start: bool) -> tuple[int, bool]:
     if c in " \t\r\f\v":
         return i + 1, line_start
     if c == "#" and line_start:
-        return _line_end(text, i), True
+        return _directive_end(text, i), True
     if text.startswith("//", i):
         return _line_end(text, i), False
     if text.startswith("/*", i):
         j = text.find("*/", i + 2)
         return (len(text) if j < 0 else j + 2), False
     return i, False
+
+
+def _directive_end(text: str, i: int) -> int:
+    """The end of the # line at text[i], past its backslash-continued lines."""
+    j = _line_end(text, i)
+    while j < len(text) and text[max(i, j - 2):j].rstrip("\r").endswith("\\"):
+        j = _line_end(text, j + 1)
+    return j
 
 
 def _line_end(text: str, i: int) -> int:

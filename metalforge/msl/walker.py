@@ -83,6 +83,7 @@ class Walker:
         self.consts: dict[str, str] = {}
         self.fcs: list[FunctionConstant] = []
         self.overloads: dict[str, list[tuple[str, int, int]]] = {}
+        self.collisions: list[int] = []     # see _drop_space_overloads
 
     def run(self) -> None:
         toks = self.toks
@@ -95,11 +96,23 @@ class Walker:
         self._drop_space_overloads(self.overloads)
 
     def _drop_space_overloads(self, groups: dict[str, list[tuple[str, int, int]]]) -> None:
+        """Of declarations that coincide on the CPU, keep the first ``thread`` (or unmarked)
+        one.  When their texts differ (beyond the space keywords) the kept one would run for
+        every call, so the offset of each other one goes to `collisions` (the front-end check
+        renames such overloads apart first; what is left here it could not rename)."""
         for group in groups.values():
             keep = next((m for m in group if m[0] in ("", "thread")), group[0])
             for m in group:
                 if m is not keep:
                     self.blank.append((self.toks[m[1]].start, self.toks[m[2]].end))
+                    if self._cpu_text(m) != self._cpu_text(keep):
+                        self.collisions.append(self.toks[m[1]].start)
+
+    def _cpu_text(self, m: tuple[str, int, int]) -> list[str]:
+        """The tokens of declaration `m` without attributes and address-space words (member
+        groups mix ``constant`` with the others: every qualifier of ``this`` is blanked)."""
+        return [t.text for t in self.toks[m[1]:m[2] + 1]
+                if t.kind != "attr" and (t.kind != "id" or t.text not in ADDRESS_SPACES)]
 
     def _scope(self, i: int, end: int, ns: list[str]) -> None:
         toks = self.toks
@@ -290,7 +303,10 @@ class Walker:
         if words[:3] == ["template", "<", ">"]:
             self.blank.append((head[0].start, head[2].end))
             head, words = head[3:], words[3:]
-        popen = next((j for j, t in enumerate(head) if t.text == "(" and j > 0 and
+        # the parameter list: the first '(' after the template heads (whose parentheses,
+        # `enable_if_t<sizeof(T) < 8>`, are not it)
+        k = after_templates(head)
+        popen = next((j for j, t in enumerate(head) if t.text == "(" and j > k and
                       (head[j - 1].kind == "id" or head[j - 1].text in (")", ">"))), None)
         if popen is None:
             return

@@ -36,7 +36,7 @@ from .. import cache
 from ..msl.parse import parse
 from ..msl.signature import ParsedSource, Signature, SignatureParam
 from ..msl.tokens import LineMap, ParseError
-from .frontcheck import front_check
+from .frontcheck import FrontResult, collision_errors, front_check
 from .rewrite import rewrite
 from .spaces import cast_errors as address_space_cast_errors
 from .swizzle import rewrite_repeated_swizzles
@@ -292,6 +292,13 @@ def checked_source(source: str, pre: str) -> tuple[str, ParsedSource]:
     """Preprocessed `pre` (of `source`) parsed and checked against Metal's front-end rules
     (spaces.py's casts, frontcheck.py): a SyntaxError naming each broken rule, else the text
     to build (address-space overloads renamed) and its parse."""
+    front = front_checked(source, pre)
+    assert front.parsed is not None
+    return front.pre, front.parsed
+
+
+def front_checked(source: str, pre: str) -> FrontResult:
+    """`checked_source`'s check, with all it found (the cuda backend's text too)."""
     try:
         parsed = parse(pre)
     except ParseError as e:
@@ -301,7 +308,10 @@ def checked_source(source: str, pre: str) -> tuple[str, ParsedSource]:
     if cast_errors:
         raise _syntax_error("\n".join(cast_errors), source)
     assert front.parsed is not None
-    return front.pre, front.parsed
+    collisions = collision_errors(front.pre, front.parsed)
+    if collisions:
+        raise _syntax_error(_located(front.pre, collisions), source)
+    return front
 
 
 def _compile(source: str, out: Path, kernels: list[str] | None,

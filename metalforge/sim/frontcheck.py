@@ -41,7 +41,7 @@ from ..msl.parse import parse
 from ..msl.signature import STANDARD_ATTRS, ParsedSource, Signature
 from ..msl.tokens import LineMap, ParseError, attr_list, tokenize
 from .frontast import ast_errors
-from .frontoverloads import renames
+from .frontoverloads import ENABLE, MARK, SUFFIX, instantiated_calls, mark, mark_offset, plan
 from .toolchain import INCLUDE_DIR, cache_dir, cxx_cmd, shim_hash, torch_include
 
 CHECK_NAME = "metalforge_frontcheck.cpp"
@@ -332,6 +332,27 @@ def front_check(pre: str, parsed: ParsedSource) -> FrontResult:
     return r
 
 
+def collision_errors(pre: str, parsed: ParsedSource) -> list[tuple[int, str]]:
+    """(offset, message) for each definition the parse dropped because it coincides on the
+    CPU with an overload on another address space that does something else (what the check's
+    renames did not keep apart): running the kept one for every call would be wrong."""
+    if not parsed.space_collisions:
+        return []
+    ran = os.environ.get("METALFORGE_SIM_FRONTCHECK", "1") != "0" and available()
+    why = ("it renames functions and member functions apart, not operators, constructors or "
+           "class specialisations" if ran else
+           "the Metal front-end check, which renames such overloads apart, did not run: "
+           "it needs libclang (`pip install 'libclang>=18'`)")
+    out = []
+    for off in parsed.space_collisions:
+        head = " ".join(re.split(r"[{;]", pre[off:off + 400], maxsplit=1)[0].split())[:100]
+        out.append((off, f"'{head}' differs from another definition only in address spaces "
+                         f"and does something else; metalforge.sim compiles address spaces "
+                         f"away and cannot keep the two apart here ({why}), so it does not "
+                         f"run this source: give them distinct names"))
+    return out
+
+
 @dataclass
 class FrontResult:
     """What the check found: Metal's errors, and the source for the build (`pre` with the
@@ -339,6 +360,9 @@ class FrontResult:
     errors: list[str]
     pre: str
     parsed: ParsedSource | None
+    # for the cuda backend when it differs from `pre`: also its vector swizzles named like a
+    # struct field of the source marked (`vector_swizzles`)
+    cuda_pre: str = ""
 
 
 def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
@@ -365,25 +389,139 @@ def check(pre: str, parsed: ParsedSource, cxx: tuple[str, ...] = ("c++",),
         found.setdefault((file, line, 0, msg))
     errors = [f"{f}:{ln}:{c}: error: {m}" if c else f"{f}:{ln}: error: {m}"
               for f, ln, c, m in sorted(found)]
-    return FrontResult(errors, _renamed(pre, text, edits, tu, head), None)
+    renames, split = _renamed(pre, text, edits, (tu, head),
+                              lambda t: _parse(_cindex(), t, _args(cxx), pch_folder, key))
+    swizzles = [(off, off + len(name), SWIZZLE_MARK + name) for line, col, name in
+                (vector_swizzles(tu, CHECK_NAME) if _SWIZZLE_USE.search(pre) else [])
+                for off in [pre_offset(text, edits, line - head, col)]
+                if off >= 0 and pre.startswith(name, off)]
+    return FrontResult(errors + split, _apply(pre, renames), None,
+                       _apply(pre, sorted(renames + swizzles)) if swizzles else "")
 
 
-def _renamed(pre: str, text: str, edits: list, tu, head: int) -> str:
-    """`pre` with the address-space overloads renamed (frontoverloads.py); a group that
-    cannot be renamed is warned about."""
-    found, collapsed = renames(tu, CHECK_NAME)
-    for name in collapsed:
-        _warn_once(f"metalforge.sim: the helper '{name}' is overloaded on address spaces only "
-                   f"and called with arguments that depend on a template parameter; the "
-                   f"simulator keeps one of its definitions for every call (Metal picks by "
-                   f"address space).")
+# the cuda backend's spelling of a vector swizzle whose name is also a field of a struct of the
+# source (metalforge/cuda/swizzle.py rewrites `v.mf_swz__a` as the swizzle `.a`)
+SWIZZLE_MARK = "mf_swz__"
+_SWIZZLE_NAME = re.compile(r"(?:[xyzw]{2,4}|[rgba]{1,4})$")
+_SWIZZLE_USE = re.compile(r"(?:\.|->)\s*(?:[xyzw]{2,4}|[rgba]{1,4})\b")   # any, cheaply
+
+
+def vector_swizzles(tu, file_name: str) -> list[tuple[int, int, str]]:
+    """(line, column, name) of each swizzle on a vector whose name is also a field of a
+    struct of the checked file (``struct P { float a; }`` and ``c.a`` on a ``float4``): the
+    cuda backend's token rewrite cannot tell the two apart, clang's types can."""
+    users = [c for c in tu.cursor.get_children()
+             if c.location.file is not None and c.location.file.name.endswith(file_name)]
+    fields = _swizzle_fields(users)
+    if not fields:
+        return []
     out = []
-    for r in found:
-        off = pre_offset(text, edits, r.line - head, r.column)
-        if off < 0 or pre[off:off + len(r.old)] != r.old:
-            return pre
-        out.append((off, off + len(r.old), r.new))
-    return _apply(pre, sorted(set(out)))
+    for top in users:
+        for c in top.walk_preorder():
+            ref = c.referenced if c.kind.name == "MEMBER_REF_EXPR" and \
+                c.spelling in fields else None
+            if ref is not None and ref.location.file is not None and \
+                    ref.location.file.name.startswith(str(INCLUDE_DIR)):
+                out.append((c.location.line, c.location.column, c.spelling))
+    return out
+
+
+_DECL_SCOPES = ("NAMESPACE", "LINKAGE_SPEC", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL",
+                "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
+
+
+def _swizzle_fields(tops: list) -> set[str]:
+    """Names of data members spelled like a swizzle (`a`, `rg`, `xy`), in the classes among
+    `tops` and the namespaces and classes in them (function bodies are not walked)."""
+    out: set[str] = set()
+    stack = [c for c in tops if c.kind.name in _DECL_SCOPES]
+    while stack:
+        for c in stack.pop().get_children():
+            if c.kind.name in _DECL_SCOPES:
+                stack.append(c)
+            elif c.kind.name == "FIELD_DECL" and _SWIZZLE_NAME.match(c.spelling):
+                out.add(c.spelling)
+    return out
+
+
+def _renamed(pre: str, text: str, edits: list, parsed: tuple,
+             reparse) -> tuple[list[tuple[int, int, str]], list[str]]:
+    """The edits of `pre` that rename the address-space overloads (frontoverloads.py), and
+    the errors for calls the build cannot make as Metal does.  `parsed`: (translation unit,
+    lines before `text` in it) of `text` = `_apply(pre, edits)`; `reparse(text)` parses
+    another text so."""
+    tu, head = parsed
+    p = plan(tu, CHECK_NAME)
+    if not p.names:
+        return [], []
+    sites: dict[int, dict[str, list[str]]] = {}     # offset in pre -> new name -> instances
+    errors: list[tuple[int, str]] = []
+    decls = [(pre_offset(text, edits, r.line - head, r.column), r) for r in p.decls]
+    for off, r in decls + [(pre_offset(text, edits, r.line - head, r.column), r)
+                           for r in p.uses]:
+        _site(sites, errors, pre, off, r.new, "")
+    if p.pending and not errors:
+        before = sorted(d.spelling for d in tu.diagnostics if d.severity >= 3)
+        _instantiated(pre, edits, decls, (p, before), sites, errors, reparse)
+    for off, picks in sites.items():
+        if len(picks) > 1:
+            errors.append((off, _split_message(picks, p.signatures)))
+    where = LineMap(pre)
+    out = [f"{f}:{ln}: error: {m}" for off, m in sorted(set(errors))
+           for f, ln in [where.locate(off)]]
+    if out:
+        return [], out
+    return sorted((off, off + len(new.rsplit(SUFFIX, 1)[0]), new)
+                  for off, picks in sites.items() for new in picks), []
+
+
+def _site(sites: dict, errors: list, pre: str, off: int, new: str, instance: str) -> None:
+    """Record that the name at `off` of `pre` is overload `new` (in `instance`)."""
+    old = new.rsplit(SUFFIX, 1)[0]
+    if off < 0 or pre[off:off + len(old)] != old:
+        errors.append((max(off, 0), f"metalforge.sim cannot place the overload '{old}' "
+                                    f"(overloaded on address spaces) here; it does not run "
+                                    f"this source (give the overloads distinct names)"))
+        return
+    sites.setdefault(off, {}).setdefault(new, []).append(metal_spelling(instance))
+
+
+def _instantiated(pre: str, edits: list, decls: list, known: tuple, sites: dict,
+                  errors: list, reparse) -> None:
+    """The calls clang resolves per template instantiation, from a parse with each overload
+    marked (frontoverloads.mark) after its declarations `decls` ((offset in pre, Rename)):
+    added to `sites`; an error when an overload cannot be marked or the marks change what
+    clang reports (`known`: the plan and the first parse's errors)."""
+    p, before = known
+    marks = [(at, at, mark(r.new)) for off, r in decls
+             for at in [mark_offset(pre, off + len(r.old))] if at >= 0]
+    all_edits = _disjoint(edits + marks + [(0, 0, ENABLE)])
+    marked = {e[2].split(MARK, 1)[1].split('"')[0] for e in all_edits if MARK in e[2]}
+    text2 = _apply(pre, all_edits)
+    tu2, head2 = reparse(text2)
+    calls, other = instantiated_calls(tu2)
+    if marked != set(p.names.values()) or sorted(other) != before:
+        names = ", ".join(sorted({n.rsplit(SUFFIX, 1)[0] for n in p.names.values()}))
+        errors.append((decls[0][0], f"metalforge.sim could not resolve the calls that template "
+                                    f"instantiations make to helpers overloaded on address "
+                                    f"spaces only ({names}); it does not run this source "
+                                    f"(give the overloads distinct names)"))
+        return
+    for c in calls:
+        _site(sites, errors, pre, pre_offset(text2, all_edits, c.line - head2, c.column),
+              c.new, c.instantiation)
+
+
+def _split_message(picks: dict[str, list[str]], sigs: dict[str, str]) -> str:
+    old = next(iter(picks)).rsplit(SUFFIX, 1)[0]
+    said = "; ".join(f"{metal_spelling(sigs.get(new, new))} in "
+                     + ", ".join(f"'{i}'" for i in sorted(set(ins)) if i)
+                     for new, ins in sorted(picks.items()))
+    return (f"the call to '{old}' picks a different overload (on address spaces) in "
+            f"different template instantiations: {said}. metalforge.sim cannot run this: its "
+            f"C++ build has no address spaces in types, so these instantiations are one "
+            f"function there. Call the overloads from code that does not depend on the "
+            f"template parameter, or give them distinct names")
 
 
 def _add(found: dict, where: _CheckedLines, skip: tuple[str, ...], loc, msg: str) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import cache
 from ..msl.tokens import LineMap, tokenize
-from .compiler import SOURCE_NAME, _located, _syntax_error, checked_source, preprocess
+from .compiler import SOURCE_NAME, _located, _syntax_error, front_checked, preprocess
 from .frontcheck import available
 from .rewrite import rewrite
 from .swizzle import rewrite_repeated_swizzles
@@ -66,11 +66,13 @@ def check_source(source: str, header: str = "", metal_version: int = 320) -> str
 def _check(source: str, metal_version: int) -> str:
     with tempfile.TemporaryDirectory(prefix="mfcheck-") as tmp:
         pre = preprocess(source, tmp, metal_version)
-    renamed, parsed = checked_source(source, pre)
-    text, errors = rewrite_repeated_swizzles(rewrite(renamed, parsed))
+    front = front_checked(source, pre)
+    assert front.parsed is not None
+    text, errors = rewrite_repeated_swizzles(rewrite(front.pre, front.parsed))
     if errors:
         raise _syntax_error(_located(text, errors), source)
-    return source if renamed == pre else renamed_source(source, pre, renamed)
+    cuda = front.cuda_pre or front.pre          # vector swizzles named like fields marked
+    return source if cuda == pre else renamed_source(source, pre, cuda)
 
 
 def renamed_source(source: str, pre: str, renamed: str) -> str:

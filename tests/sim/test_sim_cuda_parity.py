@@ -112,7 +112,7 @@ def test_cuda_shim_swizzles_match_the_simulator(tmp_path):
     if cxx is None:
         pytest.skip("no host C++ compiler")
     body = translate(SWIZZLES).text.split('#line 1 "metalforge_cuda_entries"')[0]
-    assert "mf_swz_w<3,0>()" in body and "mf_swz<0,0,1,1>()" in body and "ps[i].rg" in body
+    assert "mf_swzc_w<0x130>()" in body and "mf_swzc<0x10011>()" in body and "ps[i].rg" in body
     (tmp_path / "sw.cpp").write_text(body + '#line 1 "main"\n' + _SWIZZLE_MAIN)
     r = subprocess.run([cxx, "-std=c++17", "-w", "-DMF_CUDA_HOST_CHECK", f"-I{INCLUDE_DIR}",
                         "-x", "c++", "sw.cpp", "-o", "sw"], capture_output=True, text=True,
@@ -134,6 +134,39 @@ kernel void k(device half4* v [[buffer(0)]], uint i [[thread_position_in_grid]])
     with pytest.raises(SyntaxError, match=r"repeated component is not assignable \('gg'\)") as e:
         translate(src)
     assert e.value.lineno == 6
+
+
+def test_cuda_rewrites_swizzles_in_define_bodies(tmp_path):
+    """Swizzles in macro bodies (continuation lines included) and in a macro's argument
+    (where a comma would split it) are rewritten: the translation passes the host syntax
+    check."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda import translate
+    from metalforge.cuda.library import INCLUDE_DIR
+    src = HEAD + """
+#define REV(v) ((v).zyx + v.rrr)
+#define SET(v, c) v.wx = c; \\
+  v.bg = c
+kernel void k(device float4* v [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float4 a = v[i];
+  SET(a, REV(a).xy);
+  v[i] = a;
+}"""
+    body = translate(src).text
+    assert "#define REV(v) ((v).template mf_swzc<0x1210>() + v.template mf_swzc<0x1000>())" \
+        in body
+    assert "v.template mf_swzc_w<0x130>() = c;" in body
+    assert "v.template mf_swzc_w<0x121>() = c" in body and "SET(a, REV(a).template" in body
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "tu.cu").write_text(body)
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
+                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[:4000]
 
 
 def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
@@ -158,6 +191,36 @@ def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
     if cxx is None:
         pytest.skip("no host C++ compiler")
     (tmp_path / "tu.cu").write_text(lib.text)
+    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
+                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[:4000]
+
+
+def test_cuda_rewrites_a_vector_swizzle_named_like_a_struct_field(tmp_path):
+    """`P` has fields `a` and `rg`: `p.a`/`p.rg` stay fields, while `c.a`/`c.rg` on a float4
+    (told apart by the front-end check's types) become the vector's swizzles; the unit
+    passes the host syntax check."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda import compile_shader as cuda_compile
+    from metalforge.cuda.library import INCLUDE_DIR
+    src = HEAD + """
+struct P { float a; float2 rg; };
+kernel void k(device float4* v [[buffer(0)]], device P* ps [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  float4 c = v[i];
+  ps[i].a = c.a + ps[i].rg.x;
+  ps[i].rg = c.rg;
+}"""
+    body = cuda_compile(src).text
+    assert "ps[i].a = c.w + ps[i].rg.x;" in body, body
+    assert "ps[i].rg = c.template mf_swzc<0x101>();" in body, body
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (tmp_path / "tu.cu").write_text(body)
     r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
                         f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
                        text=True, cwd=tmp_path)
