@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from . import adjoints
+from . import adjoints, adjoints_attention
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import (
@@ -419,6 +419,8 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     them when None); gathers' gradients scatter `deterministic`ally (sorted, no atomics) or
     with atomic adds. Raises NotDifferentiable when no output is a float value, when a
     requested input is not a float tensor, or through an op with no derivative."""
+    if adjoints_attention.match(graph) is not None:    # FlashAttention-2 style kernels
+        return _attention(graph, wrt)
     wrt = _check_wrt(graph, wrt, deterministic)
     b = _Nodes(_axis_order(graph))
     taken = {p.name for p in graph.params}
@@ -428,6 +430,25 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     done = _split_by_axis(graph, targets, b, taken)
     kernels = _group(graph, done, b)
     return _assemble(graph, wrt, tuple(dy_names), dy_params, kernels, done)
+
+
+def _attention(graph: Graph, wrt: Optional[tuple[str, ...]]) -> Backward:
+    """The backward of an attention kernel (`adjoints_attention`: a kernel over query rows for
+    dq and the rows' lse and delta, one over keys for dk and dv)."""
+    floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
+    wrt = floats if wrt is None else tuple(wrt)
+    bad = [n for n in wrt if n not in floats]
+    why = adjoints_attention.refusal(graph, wrt) if not bad else \
+        f"argument '{bad[0]}' is not a floating-point tensor argument, so it has no gradient"
+    if why is not None:
+        raise NotDifferentiable(f"{_where(graph)}: {why}")
+    b = _Nodes(_axis_order(graph))
+    taken = {p.name for p in graph.params}
+    dy_names, dy_params, dys = _output_gradients(graph, b, taken)
+    names = (_fresh("lse", taken), _fresh("delta", taken))
+    kernels, grads, buffers = adjoints_attention.derive(
+        graph, wrt, b, _contributions, dys[graph.outputs[0].node], tuple(dy_params), names)
+    return Backward(graph, wrt, tuple(dy_names), kernels, grads, buffers)
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
