@@ -34,7 +34,6 @@ from .graph import (
     Node,
     Op,
     Output,
-    ReduceOp,
     TensorParam,
     UnaryOp,
     strip_casts,
@@ -135,27 +134,19 @@ class Nodes:
 
 
 def nodes(b, contributions: Contributions, pc: Pieces, dy: Node, lse: Node,
-          delta: Optional[Node]) -> Nodes:
-    """P, dP and dc given lse (a node over the rows) and delta (None: computed from P, dP)."""
+          delta: Node) -> Nodes:
+    """P, dP and dc given the rows' lse and delta (loads of the earlier kernels' buffers)."""
     f = pc.form
-    s = b.f32(f.scores)
-    p = b.unary(UnaryOp.EXP, b.bin(BinaryOp.SUB, s, lse))
+    p = b.unary(UnaryOp.EXP, b.bin(BinaryOp.SUB, b.f32(f.scores), lse))
     dp = b.sum(b.mul(dy, pc.v), f.e)
-    if delta is None:
-        delta = b.sum(b.mul(p, dp), f.key)
     ds = b.mul(p, b.bin(BinaryOp.SUB, dp, delta))
     return Nodes(p, dp, score_grad(b, contributions, f.scores, pc.c, ds), lse, delta)
 
 
-
-
-def logsumexp(b, s: Node, axis: str) -> Node:
-    """max_L s + log(sum_L exp(s - max_L s)): the per-row lse of the forward's softmax."""
-    s = b.f32(s)
-    m = Node(Op.REDUCE, (s,), F32, tuple(x for x in s.axes if x != axis),
-             attr=(ReduceOp.MAX, axis))
-    e = b.unary(UnaryOp.EXP, b.bin(BinaryOp.SUB, s, m))
-    return b.add(m, b.unary(UnaryOp.LOG, b.sum(e, axis)))
+def logsumexp(b, form: Form) -> Node:
+    """max_L s + log(sum_L exp(s - max_L s)) of the forward's own max and denominator: the
+    output the attention kernels write from their final state (`attention.lse`)."""
+    return b.add(b.f32(form.max), b.unary(UnaryOp.LOG, b.f32(form.denom)))
 
 
 def buffer_param(name: str, axes: tuple[str, ...], graph: Graph) -> TensorParam:
@@ -163,7 +154,7 @@ def buffer_param(name: str, axes: tuple[str, ...], graph: Graph) -> TensorParam:
     return TensorParam(name, F32, None, dims, f"f32[{', '.join(axes)}]")
 
 
-def output(node: Node, t: TensorParam, b) -> Output:
+def output(node: Node, t: TensorParam) -> Output:
     """The gradient node as the output written to tensor t's storage (axes, dtype)."""
     g = node if t.dtype is F32 else Node(Op.CAST, (node,), t.dtype, node.axes)
     return Output(g, t.axes, t.dtype)
@@ -195,43 +186,64 @@ def _roles(kind: str, pc: Pieces, dy: Node, nd: Nodes, outs: list[tuple[str, Out
     f = pc.form
     return Roles(kind, f.key, f.e, pc.rows, pc.tile,
                  tuple(a for a in pc.rows if a not in pc.tile), pc.c, pc.q, pc.k, pc.v,
-                 strip_casts(dy), nd.p, nd.dp, nd.dc, f.scores, nd.lse, nd.delta,
+                 strip_casts(dy), nd.p, nd.dp, nd.dc, nd.lse, nd.delta,
                  tuple(k for k, _ in outs))
 
 
+def _buffer(name: str, axes: tuple[str, ...], dtype) -> Node:
+    return Node(Op.LOAD, (), dtype, axes, attr=name)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """The backward graphs in launch order, {input: (kernel, output)}, {buffer: (kernel,
+    output)}."""
+    kernels: tuple[Graph, ...]
+    grads: dict[str, tuple[int, int]]
+    buffers: dict[str, tuple[int, int]]
+
+
 def derive(graph: Graph, wrt: tuple[str, ...], b, contributions: Contributions, dy: Node,
-           dy_params: tuple[TensorParam, ...], names: tuple[str, str]
-           ) -> tuple[tuple[Graph, ...], dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
-    """(the backward graphs, {input: (kernel, output)}, {buffer: (kernel, output)}) of an
-    attention graph (`refusal` None): kernel 1 over query rows writes the rows' lse and delta
-    (buffers `names`) and dq, kernel 2 over keys dk and dv."""
+           dy_params: tuple[TensorParam, ...], names: tuple[str, str, str]) -> Derived:
+    """The backward of an attention graph (`refusal` None), four kernels:
+    1. the forward again with the rows' logsumexp beside its output (the attention
+       family's own kernels: `attention.lse`), into buffers `names[0]` (O) and `names[1]`;
+    2. delta = rowsum(dO * O) (a row reduction), into buffer `names[2]`;
+    3. over query rows: dq (the `attention_grad` family, "dq"), where asked;
+    4. over keys: dk and dv ("dkdv"), where asked."""
     pc = pieces(graph)
-    f = pc.form
-    lse_name, delta_name = names
-    nd = nodes(b, contributions, pc, dy, logsumexp(b, f.scores, f.key), None)
-    lse_t, delta_t = (buffer_param(n, pc.rows, graph) for n in names)
-    first: list[tuple[str, Output]] = [("lse", Output(nd.lse, pc.rows, F32)),
-                                       ("delta", Output(nd.delta, pc.rows, F32))]
+    f, o = pc.form, graph.outputs[0]
+    o_name, lse_name, delta_name = names
+    fwd = Graph(f"{graph.name}_backward1", graph.params,
+                (o, Output(logsumexp(b, f), pc.rows, F32)), consts=dict(graph.consts),
+                dtype_vars=dict(graph.dtype_vars), loc=graph.loc)
+    var = next((v for v, d in graph.dtype_vars.items() if d is o.dtype), None)
+    o_param = TensorParam(o_name, o.dtype, var, tuple(graph.axis_spec(a) for a in o.axes),
+                          f"{var or o.dtype}[{', '.join(o.axes)}]")
+    saved = _buffer(o_name, o.axes, o.dtype)
+    delta_k = _kernel(graph, f"{graph.name}_backward2", (*dy_params, o_param), [
+        ("delta", Output(b.sum(b.mul(dy, saved), f.e), pc.rows, F32))])
+    lse_t, delta_t = (buffer_param(n, pc.rows, graph) for n in (lse_name, delta_name))
+    nd = nodes(b, contributions, pc, dy, _buffer(lse_name, pc.rows, F32),
+               _buffer(delta_name, pc.rows, F32))
+    extra = (*dy_params, lse_t, delta_t)
+    kernels = [fwd, delta_k]
     grads: dict[str, tuple[int, int]] = {}
     if pc.q.attr in wrt:
-        grads[pc.q.attr] = (0, 2)
-        first.append(("dq", output(b.sum(b.mul(nd.dc, pc.k), f.key),
-                                   graph.tensor(pc.q.attr), b)))
-    k1 = _kernel(graph, f"{graph.name}_backward1", dy_params, first)
-    register(k1, _roles("dq", pc, dy, nd, first))
-    kernels = [k1]
-    lse = Node(Op.LOAD, (), F32, pc.rows, attr=lse_name)
-    delta = Node(Op.LOAD, (), F32, pc.rows, attr=delta_name)
-    nd2 = nodes(b, contributions, pc, dy, lse, delta)
+        outs = [("dq", output(b.sum(b.mul(nd.dc, pc.k), f.key), graph.tensor(pc.q.attr)))]
+        grads[pc.q.attr] = (len(kernels), 0)
+        kernels.append(_kernel(graph, f"{graph.name}_backward3", extra, outs))
+        register(kernels[-1], _roles("dq", pc, dy, nd, outs))
     second: list[tuple[str, Output]] = []
-    for kind, t, g in (("dk", pc.k, b.mul(nd2.dc, pc.q)), ("dv", pc.v, b.mul(nd2.p, dy))):
+    for kind, t, g in (("dk", pc.k, b.mul(nd.dc, pc.q)), ("dv", pc.v, b.mul(nd.p, dy))):
         if t.attr in wrt:
             for ax in pc.tile:
                 g = b.sum(g, ax)
-            grads[t.attr] = (1, len(second))
-            second.append((kind, output(g, graph.tensor(t.attr), b)))
+            grads[t.attr] = (len(kernels), len(second))
+            second.append((kind, output(g, graph.tensor(t.attr))))
     if second:
-        k2 = _kernel(graph, f"{graph.name}_backward2", (*dy_params, lse_t, delta_t), second)
-        register(k2, _roles("dkdv", pc, dy, nd2, second))
-        kernels.append(k2)
-    return tuple(kernels), grads, {lse_name: (0, 0), delta_name: (0, 1)}
+        kernels.append(_kernel(graph, f"{graph.name}_backward{len(kernels) + 1}", extra,
+                               second))
+        register(kernels[-1], _roles("dkdv", pc, dy, nd, second))
+    return Derived(tuple(kernels), grads, {o_name: (0, 0), lse_name: (0, 1),
+                                           delta_name: (1, 0)})

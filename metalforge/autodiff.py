@@ -433,8 +433,9 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
 
 
 def _attention(graph: Graph, wrt: Optional[tuple[str, ...]]) -> Backward:
-    """The backward of an attention kernel (`adjoints_attention`: a kernel over query rows for
-    dq and the rows' lse and delta, one over keys for dk and dv)."""
+    """The backward of an attention kernel (`adjoints_attention`: the forward again with the
+    rows' logsumexp, delta = rowsum(dO * O), a kernel over query rows for dq, one over keys
+    for dk and dv)."""
     floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
     wrt = floats if wrt is None else tuple(wrt)
     bad = [n for n in wrt if n not in floats]
@@ -445,10 +446,10 @@ def _attention(graph: Graph, wrt: Optional[tuple[str, ...]]) -> Backward:
     b = _Nodes(_axis_order(graph))
     taken = {p.name for p in graph.params}
     dy_names, dy_params, dys = _output_gradients(graph, b, taken)
-    names = (_fresh("lse", taken), _fresh("delta", taken))
-    kernels, grads, buffers = adjoints_attention.derive(
-        graph, wrt, b, _contributions, dys[graph.outputs[0].node], tuple(dy_params), names)
-    return Backward(graph, wrt, tuple(dy_names), kernels, grads, buffers)
+    names = (_fresh("out", taken), _fresh("lse", taken), _fresh("delta", taken))
+    d = adjoints_attention.derive(graph, wrt, b, _contributions, dys[graph.outputs[0].node],
+                                  tuple(dy_params), names)
+    return Backward(graph, wrt, tuple(dy_names), d.kernels, d.grads, d.buffers)
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False

@@ -17,6 +17,7 @@ from examples.sliding_window_softcap import window_softcap
 from metalforge import autodiff, schedule
 from metalforge.autodiff import NotDifferentiable
 from metalforge.reference import evaluate
+from metalforge.runtime.runs import run
 from metalforge.testing import check
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
@@ -118,10 +119,30 @@ def test_backward_graphs_gradcheck_on_the_reference_path():
                                     eps=1e-3, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.parametrize("launch", [{"stage_kv": False, "key_splits": 1},
+                                    {"stage_kv": True, "key_splits": 3},
+                                    {"matrix_rows": 8, "key_splits": 1}])
+def test_forward_kernels_write_the_rows_logsumexp(launch):
+    """The forward with the rows' logsumexp beside its output (the backward's first kernel):
+    the decode kernel, the staged one with key blocks merged (merge kernel), the
+    simdgroup_matrix prefill kernel; the output itself as without it."""
+    fwd = autodiff.derive(attention.graph(T="f16", causal=True)).kernels[0]
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 9, 24, generator=g).half()
+    k, v = (torch.randn(1, 2, 70, 24, generator=g).half() for _ in range(2))
+    out, lse = run(fwd, {"q": q, "k": k, "v": v, "scale": 0.3}, launch=launch)
+    s = (q.double().view(1, 2, 2, 9, 24) @ k.double()[:, :, None].transpose(-1, -2)) * 0.3
+    s = s.masked_fill(~causal_mask(9, 70, "cpu"), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1).view(1, 4, 9),
+                               rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(out, attention(q, k, v, 0.3), rtol=2e-3, atol=2e-3)
+
+
 def test_kernels_and_check_grad():
     bw = autodiff.derive(attention.graph(T="f16", causal=True))
-    assert [schedule.family(k) for k in bw.kernels] == ["attention_grad"] * 2
-    assert set(bw.buffers) == {"lse", "delta"} and bw.reads == ("q", "k", "v")
+    assert [schedule.family(k) for k in bw.kernels] == ["attention", "row", "attention_grad",
+                                                        "attention_grad"]
+    assert set(bw.buffers) == {"out", "lse", "delta"} and bw.reads == ("q", "k", "v")
     src = attention.backward_source(torch.zeros(1, 2, 3, 8).half(),
                                     torch.zeros(1, 1, 4, 8).half(),
                                     torch.zeros(1, 1, 4, 8).half(), 0.5)

@@ -24,7 +24,6 @@ from ..elementwise import input_stype, kernel_params, msl_names, output_stype
 from ..hardware import SIMD_WIDTH
 from ..lower import ElementLowering, as_float, compute_type, convert, ident
 from ..names import template_vars
-from ..online import NEG_INF, rescale, weight
 from .roles import Roles
 
 EPL = 8                          # E elements a lane holds: E <= 256
@@ -159,9 +158,14 @@ def reg(name: str) -> ir.Expr:
 def registers(ctx: Ctx, what: Mapping[str, Node]) -> list[ir.Stmt]:
     """Arrays `name`[EPL] holding the lane's E elements of each read (0 past E)."""
     out: list[ir.Stmt] = [ir.ArrayDecl(name, "float", EPL) for name in what]
-    out.append(slots(ctx, [ir.Assign(reg(name), F0) for name in what], guard=False))
+    out.append(zeros(list(what)))
     out.append(slots(ctx, [ir.Assign(reg(name), as_f32(ctx, n)) for name, n in what.items()]))
     return out
+
+
+def zeros(names: Sequence[str]) -> ir.Stmt:
+    return ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(EPL, "uint"),
+                  [ir.Assign(reg(n), F0) for n in names], unroll=True)
 
 
 def dots(ctx: Ctx) -> list[ir.Stmt]:
@@ -224,64 +228,45 @@ def each(var: str, stop: ir.Expr, body: list[ir.Stmt]) -> ir.For:
     return ir.For(var, IDX, ir.Lit(0, IDX), stop, body)
 
 
-Build = Callable[[Ctx], ir.LoweredKernel]
+def row_stats(ctx: Ctx) -> list[ir.Stmt]:
+    """mf_lse and mf_delta: the row's values from the earlier kernels' buffers."""
+    r = ctx.roles
+    return [ir.Decl("mf_lse", "float", load(ctx, r.lse)),
+            ir.Decl("mf_delta", "float", load(ctx, r.delta))]
 
 
-def online_step(helpers: set[str]) -> list[ir.Stmt]:
-    """One key of pass 1: the online state (m, d) and t = sum P dP, rescaled alike."""
-    m, d, t, s = ir.Var("mf_m"), ir.Var("mf_d"), ir.Var("mf_t"), ir.Var("mf_s")
-    helpers.add("mf_maximum")
-    return [
-        ir.Decl("mf_m1", "float", ir.Call("mf_maximum", (m, s))),
-        ir.Decl("mf_r", "float", rescale(m, ir.Var("mf_m1"))),
-        ir.Decl("mf_w", "float", weight(s, ir.Var("mf_m1"))),
-        ir.Assign(d, d * ir.Var("mf_r") + ir.Var("mf_w")),
-        ir.Assign(t, t * ir.Var("mf_r") + ir.Var("mf_w") * ir.Var("mf_dp")),
-        ir.Assign(m, ir.Var("mf_m1"))]
+STATS = {"lse": ir.Var("mf_lse"), "delta": ir.Var("mf_delta")}
 
 
 def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = set()
-    key_regs = registers(ctx, {"mf_k": r.k, "mf_v": r.v})
-    s_body, (s,) = pair(ctx, "mf_s", {}, [r.scores], helpers)
-    lse, delta = ir.Var("mf_lse"), ir.Var("mf_delta")
-    g_body, (p, dc) = pair(ctx, "mf_g", {r.lse: lse, r.delta: delta}, [r.p, r.dc], helpers)
+    g_body, (dc,) = pair(ctx, "mf_g", {r.lse: STATS["lse"], r.delta: STATS["delta"]},
+                         [r.dc], helpers)
     body: list[ir.Stmt] = [
-        ir.Comment("the simdgroup's query row; its q and dO in registers"),
+        ir.Comment("the simdgroup's query row: its q and dO in registers, its lse and delta"),
         *simdgroup_row(ctx, r.rows), *positions(ctx, ir.Var("mf_row"), r.rows),
-        *registers(ctx, {"mf_q": r.q, "mf_do": r.dy}),
-        ir.Comment("pass 1: the row's softmax state over the keys (m, d) and t = sum P dP "
-                   "under the same max: lse = m + log d, delta = t / d = rowsum(dO * O)"),
-        ir.Decl("mf_m", "float", NEG_INF, const=False),
-        ir.Decl("mf_d", "float", F0, const=False), ir.Decl("mf_t", "float", F0, const=False),
-        each("mf_l", ctx.size(r.key), [*key_regs, *dots(ctx), *s_body,
-                                        ir.Decl("mf_s", "float", s), *online_step(helpers)]),
-        ir.Decl("mf_lse", "float", ir.Var("mf_m") + ir.Call("log", (ir.Var("mf_d"),),
-                                                             precise=True)),
-        ir.Decl("mf_delta", "float", ir.Var("mf_t") / ir.Var("mf_d")),
-        ir.Comment("pass 2: per key P = exp(s - lse), dc = f'(c) P (dP - delta); "
-                   "dq += dc k"),
+        *registers(ctx, {"mf_q": r.q, "mf_do": r.dy}), *row_stats(ctx),
+        ir.Comment("per key: P = exp(s - lse), dc = f'(c) P (dP - delta); dq += dc k"),
         ir.ArrayDecl("mf_dq", "float", EPL),
-        slots(ctx, [ir.Assign(reg("mf_dq"), F0)], guard=False),
+        zeros(["mf_dq"]),
         each("mf_l", ctx.size(r.key), [
-            *key_regs, *dots(ctx), *g_body, ir.Decl("mf_dc", "float", dc),
+            *registers(ctx, {"mf_k": r.k, "mf_v": r.v}), *dots(ctx), *g_body,
+            ir.Decl("mf_dc", "float", dc),
             slots(ctx, [ir.Assign(reg("mf_dq"), reg("mf_dq") + ir.Var("mf_dc")
                                   * reg("mf_k"))], guard=False)]),
-        ir.Comment("the row's dq; lse and delta (lane 0) for the dk/dv kernel"),
-        slots(ctx, store(ctx, "dq", reg("mf_dq"))),
-        ir.If(ir.Var("mf_lane").eq(ir.Lit(0, "uint")),
-              store(ctx, "lse", lse) + store(ctx, "delta", delta))]
-    del p
+        ir.Comment("the row's dq"),
+        slots(ctx, store(ctx, "dq", reg("mf_dq")))]
     summary = (f"{ctx.graph.name} (attention backward, dq): a simdgroup per query row; "
-               "lse and delta online over the keys, then dq = sum_L dc k")
+               "dq = sum_L dc k")
     return kernel_of(ctx, body, "dq", summary, helpers)
 
 
 def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = set()
-    g_body, (p, dc) = pair(ctx, "mf_g", {}, [r.p, r.dc], helpers)
+    g_body, (p, dc) = pair(ctx, "mf_g", {r.lse: STATS["lse"], r.delta: STATS["delta"]},
+                           [r.p, r.dc], helpers)
     keys = (*r.own, r.key)
     acc = [ir.Assign(reg("mf_dv"), reg("mf_dv") + ir.Var("mf_p") * reg("mf_do")),
            ir.Assign(reg("mf_dk"), reg("mf_dk") + ir.Var("mf_dc") * reg("mf_q"))]
@@ -291,12 +276,13 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
         ir.Decl("mf_l", IDX, ir.Var(f"mf_pos_{ident(r.key)}")),
         *registers(ctx, {"mf_k": r.k, "mf_v": r.v}),
         ir.ArrayDecl("mf_dk", "float", EPL), ir.ArrayDecl("mf_dv", "float", EPL),
-        slots(ctx, [ir.Assign(reg("mf_dk"), F0), ir.Assign(reg("mf_dv"), F0)], guard=False),
+        zeros(["mf_dk", "mf_dv"]),
         ir.Comment("every query row reading the key, in order (GQA: the kv head's query "
                    "heads too): P, dc from the row's lse and delta; dv += P dO, dk += dc q"),
         each("mf_tr", ctx.span(r.tile), [
             *positions(ctx, ir.Var("mf_tr"), r.tile),
-            *registers(ctx, {"mf_q": r.q, "mf_do": r.dy}), *dots(ctx), *g_body,
+            *registers(ctx, {"mf_q": r.q, "mf_do": r.dy}), *row_stats(ctx), *dots(ctx),
+            *g_body,
             ir.Decl("mf_p", "float", p), ir.Decl("mf_dc", "float", dc),
             slots(ctx, acc, guard=False)]),
         ir.Comment("the key's dk and dv"),

@@ -14,9 +14,8 @@ from ...once import OnceMap
 
 @dataclass(frozen=True)
 class Roles:
-    """kind "dq": over query rows (outputs lse, delta and, where asked, dq), the rows' lse and
-    delta computed in a first pass over the keys; kind "dkdv": over keys (outputs dk and/or
-    dv), lse and delta read from kernel 1's buffers."""
+    """kind "dq": over query rows (output dq); kind "dkdv": over keys (outputs dk and/or
+    dv); both read the rows' lse and delta from the earlier kernels' buffers."""
     kind: str
     key: str                    # L
     e: str                      # E
@@ -31,10 +30,9 @@ class Roles:
     p: Node                     # P = exp(s - lse) over rows + L
     dp: Node                    # dP = sum_E dO v (its value: a dot)
     dc: Node                    # dL/dc over rows + L
-    scores: Node                # s (for the first pass's online lse)
-    lse: Node                   # computed (dq) or loaded (dkdv)
+    lse: Node                   # the rows' lse and delta: loads of earlier kernels' buffers
     delta: Node
-    outputs: tuple[str, ...]    # per graph output: "lse", "delta", "dq", "dk" or "dv"
+    outputs: tuple[str, ...]    # per graph output: "dq", or "dk" and/or "dv"
 
 
 # graph id -> its roles, dropped when the graph is collected
