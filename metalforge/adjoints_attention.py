@@ -1,26 +1,26 @@
-"""The backward of an attention kernel (FlashAttention-2 style), as two backward graphs that
+"""The backward of an attention kernel (FlashAttention-2 style): the backward graphs
 `autodiff.derive` returns for a graph the attention schedule recognises
-(`schedule.attention.match`), each also registered with its roles
-(`schedule.attention_grad.Roles`) so that the `attention_grad` family schedules it:
+(`schedule.attention.match`).
 
     s = f(c),  c = sum_E q k           the scores (f: scale, masks, soft cap, biases)
-    P = exp(s - lse)                   lse = max_L s + log sum_L exp(s - max_L s)
-    dP = sum_E dO v                    dO: the output gradient
-    delta = sum_L P dP                 (= rowsum(dO * O): O never needed)
+    lse = max_L s + log sum_L exp(s - max_L s)
+    P = exp(s - lse),  dP = sum_E dO v,  delta = rowsum(dO * O) = sum_L P dP
     dc = f'(c) * P (dP - delta)        f' by autodiff's own rules (a masked score: 0)
     dq = sum_L dc k      dk = sum_{R,S} dc q      dv = sum_{R,S} P dO
 
-- kernel 1 (over query rows, `Roles.kind` "dq"): dq, and the rows' lse and delta
-  (two f32 values per row) for kernel 2;
-- kernel 2 (over keys, "dkdv"): dk and dv, summed over every query row that reads the key
-  (GQA's query heads R of a kv head, the positions S), in a fixed order: deterministic.
-
+Kernels, in launch order (`derive`):
+1. the forward again with the rows' logsumexp as a second output (the attention family's own
+   kernels write it from their final state: `schedule.attention.lse`);
+2. delta = rowsum(dO * O): a row reduction;
+3. over query rows, dq; 4. over keys, dk and dv, summed over every query row reading the key
+   (GQA's query heads R of a kv head, the positions S) in a fixed order: deterministic.
+3 and 4 are registered with their `Roles` so that the `attention_grad` family schedules them.
 No S x L matrix is stored: each kernel recomputes its scores pair by pair. The graphs are the
 math itself, so `reference.evaluate` runs them too (the float64 reference path).
 
-Refused (`why_not`): several score contractions, a contraction other than q * k, values or
-keys read through a gather (paged reads: their gradient is a scatter into the page pool),
-work after the sum with the values, gradients of tensors other than q, k and v.
+Refused (`why_not`, `refusal`): several score contractions, a contraction other than q * k,
+values or keys read through a gather (paged reads: their gradient is a scatter into the page
+pool), work after the sum with the values, gradients of tensors other than q, k and v.
 """
 from __future__ import annotations
 

@@ -27,6 +27,8 @@ also names the scans, scatters and gathers a backward kernel takes from an earli
 buffer (`adjoints.apart`). No gradient flows through comparisons, integer or bool
 values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cummax` and
 `cummin` have no derivative here: `NotDifferentiable`.
+Attention (a softmax over one axis of contractions over another) has backward kernels of its
+own, FlashAttention-2 style: `adjoints_attention` (`_attention`).
 """
 from __future__ import annotations
 

@@ -175,3 +175,14 @@ def test_refusals_name_what_is_missing():
     assert set(bw.grads) == {"q", "k", "v"}
     with pytest.raises(NotDifferentiable, match="work after the sum"):
         autodiff.derive(rescaled.graph(T="f32"))
+
+
+def test_as_op_and_under_compile():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 3, 8, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 1, 5, 8, generator=g, requires_grad=True) for _ in range(2))
+    want = torch.autograd.grad(attention(q, k, v, 0.3).sum(), (q, k, v))
+    op = attention.as_op("mf_test::attention_backward")
+    twice = torch.compile(lambda a, b, c: op(a, b, c, 0.3) * 2.0, backend="aot_eager")
+    for got, w in zip(torch.autograd.grad(twice(q, k, v).sum(), (q, k, v)), want):
+        torch.testing.assert_close(got, 2 * w)
