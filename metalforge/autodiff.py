@@ -390,6 +390,10 @@ class Backward:
     grads: dict                         # input name -> (kernel index, output index); absent:
                                         # the gradient is zero (no path to any output)
     buffers: dict                       # intermediate buffer -> (kernel index, output index)
+    # kernels[0] computes the forward's outputs (first) and buffers of the backward (after:
+    # attention's logsumexp): a call that needs gradients may run it as its forward and hand
+    # its results to `run_backward` (`saved`), which then does not run it again
+    forward: bool = False
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -451,7 +455,7 @@ def _attention(graph: Graph, wrt: Optional[tuple[str, ...]]) -> Backward:
     names = (_fresh("out", taken), _fresh("lse", taken), _fresh("delta", taken))
     d = adjoints_attention.derive(graph, wrt, b, _contributions, dys[graph.outputs[0].node],
                                   tuple(dy_params), names)
-    return Backward(graph, wrt, tuple(dy_names), d.kernels, d.grads, d.buffers)
+    return Backward(graph, wrt, tuple(dy_names), d.kernels, d.grads, d.buffers, forward=True)
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
@@ -694,11 +698,13 @@ def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
 
 
 def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
-                 run: Callable[[Graph, Mapping[str, Any]], Any]) -> dict[str, torch.Tensor]:
+                 run: Callable[[Graph, Mapping[str, Any]], Any],
+                 saved: Optional[tuple] = None) -> dict[str, torch.Tensor]:
     """The gradients {input: tensor} for `wrt` given the forward values (tensors and runtime
     scalars by name) and the output gradients `dys` (one per forward output; None or an
     integer output's entry is ignored). Inputs with no path to a float output get zeros.
-    run(graph, values) runs each backward kernel (the runtime, or `reference.evaluate`)."""
+    run(graph, values) runs each backward kernel (the runtime, or `reference.evaluate`).
+    saved: the results of kernels[0] where `bw.forward` and the forward call ran it."""
     env: dict[str, Any] = dict(values)
     for name, dy, o in zip(bw.dy, dys, bw.graph.outputs):
         if name is None:
@@ -717,9 +723,11 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
                     and v.dim() == len(p.dims) - 1:
                 env[p.name] = v.unsqueeze(0)
     results: list[tuple] = []
-    for k in bw.kernels:
-        kv = {p.name: env[p.name] for p in k.params if p.name in env}
-        r = run(k, kv)
+    for ki, k in enumerate(bw.kernels):
+        if ki == 0 and saved is not None and bw.forward:     # the forward call's results
+            r: Any = tuple(saved)
+        else:
+            r = run(k, {p.name: env[p.name] for p in k.params if p.name in env})
         r = r if isinstance(r, tuple) else (r,)
         results.append(r)
         for o_name, (ki, oi) in bw.buffers.items():

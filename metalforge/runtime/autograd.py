@@ -20,10 +20,16 @@ How = tuple[Optional[str], Optional[Mapping[str, Any]]]
 
 
 def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
-                 backend: Optional[str], launch: Optional[Mapping[str, Any]]
-                 ) -> dict[str, torch.Tensor]:
+                 backend: Optional[str], launch: Optional[Mapping[str, Any]],
+                 saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
     """`autodiff.run_backward` through the runtime, on `backend` under `launch`."""
-    return autodiff.run_backward(bw, values, dys, partial(run, backend=backend, launch=launch))
+    return autodiff.run_backward(bw, values, dys, partial(run, backend=backend, launch=launch),
+                                 saved)
+
+
+def _wrt(names: tuple[str, ...], tensors: Any, needs: Any) -> tuple[str, ...]:
+    return tuple(n for n, t, need in zip(names, tensors, needs)
+                 if need and t.dtype.is_floating_point)
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -32,10 +38,17 @@ class _KernelFunction(torch.autograd.Function):
                 names: tuple[str, ...], *tensors: torch.Tensor) -> Any:
         vals = dict(values)
         vals.update(zip(names, tensors))
-        out = run(graph, vals, backend=how[0], launch=how[1])
+        bw = autodiff.backward_of(graph, _wrt(names, tensors, ctx.needs_input_grad[4:]))
+        saved: tuple[torch.Tensor, ...] = ()
+        if bw.forward:          # the forward that also writes what the backward reads
+            saved = run(bw.kernels[0], vals, backend=how[0], launch=how[1])
+            n = len(graph.outputs)
+            out = saved[0] if n == 1 else saved[:n]
+        else:
+            out = run(graph, vals, backend=how[0], launch=how[1])
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
-        ctx.save_for_backward(*tensors)
+        ctx.save_for_backward(*tensors, *saved)
         ctx.meta = (how, graph, values, names)
         return out
 
@@ -46,12 +59,12 @@ class _KernelFunction(torch.autograd.Function):
             raise NotDifferentiable(f"{kernel_at(graph.name, graph.loc)}: double backward "
                                     "(create_graph=True) through a metalforge kernel is not "
                                     "supported; its backward kernels have no derivative")
-        tensors = ctx.saved_tensors
-        wrt = tuple(n for n, t, need in zip(names, tensors, ctx.needs_input_grad[4:])
-                    if need and t.dtype.is_floating_point)
+        tensors, saved = ctx.saved_tensors[:len(names)], ctx.saved_tensors[len(names):]
+        wrt = _wrt(names, tensors, ctx.needs_input_grad[4:])
         vals = dict(values)
         vals.update(zip(names, tensors))
-        grads = run_backward(autodiff.backward_of(graph, wrt), vals, dys, *how)
+        grads = run_backward(autodiff.backward_of(graph, wrt), vals, dys, how[0], how[1],
+                             saved or None)
         return (None, None, None, None, *[grads.get(n) for n in names])
 
 
