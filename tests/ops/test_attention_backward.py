@@ -11,9 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import metalforge as mf
-from examples.attention import attention, causal_mask
-from examples.padded_attention import padded_attention
-from examples.sliding_window_softcap import window_softcap
+from examples.attention import attention
 from metalforge import autodiff, schedule
 from metalforge.autodiff import NotDifferentiable
 from metalforge.reference import evaluate
@@ -23,13 +21,50 @@ from metalforge.testing import check
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
 
 
+@mf.kernel
+def masked(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", valid: "bool[B, L]",
+           scale: float, window: int, cap: float):
+    """GQA with a soft cap, a causal sliding window and a key-padding mask: every score term
+    the backward differentiates, in one kernel (one compile per dtype)."""
+    s = mf.sum(q * k, axis="E") * scale
+    s = cap * mf.tanh(s / cap)
+    pos = mf.index("S") + mf.size("L") - mf.size("S")
+    key = mf.index("L")
+    s = mf.where((key <= pos) & (key > pos - window) & valid, s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+def _mask(valid, n, length, window):
+    pos = torch.arange(n)[:, None] + length - n
+    key = torch.arange(length)[None, :]
+    return ((key <= pos) & (key > pos - window))[None, None] & valid[:, None, None, :]
+
+
+def _torch_masked(q, k, v, valid, scale, window, cap):
+    """torch's math in float64 (GQA: each kv head repeated for its R query heads)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    s = cap * torch.tanh((q @ k.transpose(-1, -2)) * scale / cap)
+    s = s.masked_fill(~_mask(valid, q.shape[2], k.shape[2], window), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _inputs(dtype, seed, b=2, g=2, r=2, n=5, length=37, e=40):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, g * r, n, e, generator=gen).to(dtype)
+    k, v = (torch.randn(b, g, length, e, generator=gen).to(dtype) for _ in range(2))
+    dy = torch.randn(b, g * r, n, e, generator=gen).to(dtype)
+    valid = torch.arange(length)[None, :] < torch.tensor([length, length - 3])[:b, None]
+    return q, k, v, valid, dy
+
+
 def _leaves(*xs):
     return [x.detach().double().requires_grad_() for x in xs]
 
 
-def _ours(kernel, inputs, extra, dy):
+def _ours(inputs, extra, dy):
     leaves = [x.detach().clone().requires_grad_() for x in inputs]
-    out = kernel(*leaves, *extra)
+    out = masked(*leaves, *extra)
     return torch.autograd.grad(out, leaves, dy)
 
 
@@ -39,52 +74,26 @@ def _close(got, want, dtype):
         torch.testing.assert_close(a.double(), b, **TOL[dtype], msg=lambda m: f"d{name}: {m}")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_causal_gqa_matches_sdpa_backward(dtype):
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 6, 5, 40, generator=g).to(dtype)    # 3 kv heads x 2 query heads
-    k, v = (torch.randn(2, 3, 7, 40, generator=g).to(dtype) for _ in range(2))
-    dy = torch.randn(2, 6, 5, 40, generator=g).to(dtype)
-    got = _ours(attention, (q, k, v), (0.2,), dy)
+def test_f16_gqa_window_padding_match_sdpa_backward():
+    """f16 against SDPA's backward (a cap of 1e4 leaves the scores as they are): GQA (dk, dv
+    summed over each kv head's 2 query heads), a window of 30 of 37 keys and 3 padded keys,
+    E = 40 (a partial last lane slot), 37 keys (a partial threadgroup of the dk/dv kernel)."""
+    q, k, v, valid, dy = _inputs(torch.float16, 0)
+    got = _ours((q, k, v), (valid, 0.15, 30, 1e4), dy)
     lq, lk, lv = _leaves(q, k, v)
-    ref = F.scaled_dot_product_attention(lq, lk, lv, scale=0.2, enable_gqa=True,
-                                         attn_mask=causal_mask(5, 7, "cpu"))
-    _close(got, torch.autograd.grad(ref, (lq, lk, lv), dy.double()), dtype)
-
-
-def test_padding_mask_matches_sdpa_backward():
-    g = torch.Generator().manual_seed(1)
-    q = torch.randn(3, 2, 4, 16, generator=g).half()
-    k, v = (torch.randn(3, 2, 9, 16, generator=g).half() for _ in range(2))
-    valid = torch.arange(9)[None, :] < torch.tensor([9, 3, 6])[:, None]
-    dy = torch.randn(3, 2, 4, 16, generator=g).half()
-    got = _ours(padded_attention, (q, k, v), (valid,), dy)
-    lq, lk, lv = _leaves(q, k, v)
-    ref = F.scaled_dot_product_attention(lq, lk, lv, attn_mask=valid[:, None, None, :])
+    ref = F.scaled_dot_product_attention(lq, lk, lv, scale=0.15, enable_gqa=True,
+                                         attn_mask=_mask(valid, 5, 37, 30))
     _close(got, torch.autograd.grad(ref, (lq, lk, lv), dy.double()), torch.float16)
 
 
-def _window_softcap(q, k, v, scale, window, cap):
-    s = (q @ k.transpose(-1, -2)) * scale
-    s = cap * torch.tanh(s / cap)
-    n, length = q.shape[-2], k.shape[-2]
-    pos = torch.arange(n)[:, None] + length - n
-    key = torch.arange(length)[None, :]
-    s = s.masked_fill(~((key <= pos) & (key > pos - window)), float("-inf"))
-    return torch.softmax(s, -1) @ v
-
-
-def test_window_and_soft_cap_backward():
-    """Masked scores get no gradient; the cap's derivative is 1 - tanh^2 (a small cap makes
-    it matter); 37 keys: a partial last group of the dk/dv kernel."""
-    g = torch.Generator().manual_seed(2)
-    q = torch.randn(1, 2, 6, 33, generator=g)
-    k, v = (torch.randn(1, 2, 37, 33, generator=g) for _ in range(2))
-    dy = torch.randn(1, 2, 6, 33, generator=g)
+def test_f32_soft_cap_and_masks_match_torch():
+    """f32 with a small cap (its derivative 1 - tanh^2 matters) and a window of 9 keys:
+    masked scores get no gradient; against torch's own autograd of its math in float64."""
+    q, k, v, valid, dy = _inputs(torch.float32, 1)
     extra = (0.5, 9, 2.0)
-    got = _ours(window_softcap, (q, k, v), extra, dy)
+    got = _ours((q, k, v), (valid, *extra), dy)
     leaves = _leaves(q, k, v)
-    want = torch.autograd.grad(_window_softcap(*leaves, *extra), leaves, dy.double())
+    want = torch.autograd.grad(_torch_masked(*leaves, valid, *extra), leaves, dy.double())
     _close(got, want, torch.float32)
 
 
@@ -126,29 +135,31 @@ def test_forward_kernels_write_the_rows_logsumexp(launch):
     """The forward with the rows' logsumexp beside its output (the backward's first kernel):
     the decode kernel, the staged one with key blocks merged (merge kernel), the
     simdgroup_matrix prefill kernel; the output itself as without it."""
-    fwd = autodiff.derive(attention.graph(T="f16", causal=True)).kernels[0]
-    g = torch.Generator().manual_seed(4)
-    q = torch.randn(1, 4, 9, 24, generator=g).half()
-    k, v = (torch.randn(1, 2, 70, 24, generator=g).half() for _ in range(2))
-    out, lse = run(fwd, {"q": q, "k": k, "v": v, "scale": 0.3}, launch=launch)
-    s = (q.double().view(1, 2, 2, 9, 24) @ k.double()[:, :, None].transpose(-1, -2)) * 0.3
-    s = s.masked_fill(~causal_mask(9, 70, "cpu"), float("-inf"))
-    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1).view(1, 4, 9),
-                               rtol=1e-3, atol=1e-3)
-    torch.testing.assert_close(out, attention(q, k, v, 0.3), rtol=2e-3, atol=2e-3)
+    fwd = autodiff.derive(masked.graph(T="f16")).kernels[0]
+    q, k, v, valid, _ = _inputs(torch.float16, 4, n=9, length=70, e=24)
+    extra = {"scale": 0.3, "window": 50, "cap": 1e4}
+    out, lse = run(fwd, {"q": q, "k": k, "v": v, "valid": valid, **extra}, launch=launch)
+    kk = k.double().repeat_interleave(2, 1)
+    s = (q.double() @ kk.transpose(-1, -2)) * 0.3
+    s = s.masked_fill(~_mask(valid, 9, 70, 50), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-3, atol=1e-3)
+    want = torch.softmax(s, -1) @ v.double().repeat_interleave(2, 1)
+    torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=2e-3)
 
 
 def test_kernels_and_check_grad():
-    bw = autodiff.derive(attention.graph(T="f16", causal=True))
+    bw = autodiff.derive(masked.graph(T="f32"))
     assert [schedule.family(k) for k in bw.kernels] == ["attention", "row", "attention_grad",
                                                         "attention_grad"]
-    assert set(bw.buffers) == {"out", "lse", "delta"} and bw.reads == ("q", "k", "v")
+    assert set(bw.buffers) == {"out", "lse", "delta"} and bw.reads == ("q", "k", "v", "valid")
     src = attention.backward_source(torch.zeros(1, 2, 3, 8).half(),
                                     torch.zeros(1, 1, 4, 8).half(),
                                     torch.zeros(1, 1, 4, 8).half(), 0.5)
-    assert "simd_sum" in src and "lse" in src
-    report = check(attention, dims={"B": 1, "G": 1, "R": 2, "S": (1, 3), "L": (3, 9),
-                                    "E": (1, 40)}, dtypes={"T": "f32"}, values={"causal": False},
+    assert "simd_sum" in src and "mf_lse" in src
+    report = check(masked, dims={"B": 1, "G": 1, "R": 2, "S": (1, 3), "L": (3, 9),
+                                 "E": (1, 40)}, dtypes={"T": "f32"},
+                   values={"window": (1, 9), "cap": (5.0, 30.0), "scale": (0.1, 0.5),
+                           "valid": ["true"]},
                    max_examples=2, max_variants=1, layouts=False, grad=True)
     assert report.examples >= 1           # a mismatch raises
 
@@ -178,11 +189,11 @@ def test_refusals_name_what_is_missing():
 
 
 def test_as_op_and_under_compile():
-    g = torch.Generator().manual_seed(5)
-    q = torch.randn(1, 2, 3, 8, generator=g, requires_grad=True)
-    k, v = (torch.randn(1, 1, 5, 8, generator=g, requires_grad=True) for _ in range(2))
-    want = torch.autograd.grad(attention(q, k, v, 0.3).sum(), (q, k, v))
-    op = attention.as_op("mf_test::attention_backward")
-    twice = torch.compile(lambda a, b, c: op(a, b, c, 0.3) * 2.0, backend="aot_eager")
+    q, k, v, valid, _ = _inputs(torch.float32, 5, b=1, n=3, length=5, e=8)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    extra = (valid, 0.3, 4, 5.0)
+    want = torch.autograd.grad(masked(q, k, v, *extra).sum(), (q, k, v))
+    op = masked.as_op("mf_test::attention_backward")
+    twice = torch.compile(lambda a, b, c: op(a, b, c, *extra) * 2.0, backend="aot_eager")
     for got, w in zip(torch.autograd.grad(twice(q, k, v).sum(), (q, k, v)), want):
         torch.testing.assert_close(got, 2 * w)
