@@ -89,12 +89,15 @@ def test_f16_gqa_window_padding_match_sdpa_backward():
 def test_f32_soft_cap_and_masks_match_torch():
     """f32 with a small cap (its derivative 1 - tanh^2 matters) and a window of 9 keys:
     masked scores get no gradient; against torch's own autograd of its math in float64."""
-    q, k, v, valid, dy = _inputs(torch.float32, 1)
     extra = (0.5, 9, 2.0)
-    got = _ours((q, k, v), (valid, *extra), dy)
-    leaves = _leaves(q, k, v)
-    want = torch.autograd.grad(_torch_masked(*leaves, valid, *extra), leaves, dy.double())
-    _close(got, want, torch.float32)
+    # E = 40: the simdgroup_matrix kernels; E = 136 (over their 128): the simd kernels
+    for e, length in ((40, 37), (136, 11)):
+        q, k, v, valid, dy = _inputs(torch.float32, 1, length=length, e=e)
+        got = _ours((q, k, v), (valid, *extra), dy)
+        leaves = _leaves(q, k, v)
+        want = torch.autograd.grad(_torch_masked(*leaves, valid, *extra), leaves,
+                                   dy.double())
+        _close(got, want, torch.float32)
 
 
 class _Reference(torch.autograd.Function):

@@ -201,10 +201,10 @@ def pair(ctx: Ctx, prefix: str, known: Mapping[Node, ir.Expr], roots: Sequence[N
 
 
 def kernel_of(ctx: Ctx, body: list[ir.Stmt], variant: str, summary: str,
-              helpers: set[str]) -> ir.LoweredKernel:
+              helpers: set[str], threads: int = NSG * SIMD_WIDTH) -> ir.LoweredKernel:
     return make_kernel(ctx.graph, ctx.index64, THREADS, body, summary, variant,
                        params=ctx.params, helpers=tuple(sorted(helpers)),
-                       max_threads=NSG * SIMD_WIDTH)
+                       max_threads=threads)
 
 
 def simdgroup_row(ctx: Ctx, axes: Sequence[str]) -> list[ir.Stmt]:

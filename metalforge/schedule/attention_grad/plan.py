@@ -1,15 +1,18 @@
-"""The host side of an attention backward kernel: a simdgroup per row of its grid (query rows
-for dq, keys of each kv head for dk/dv), NSG rows a threadgroup."""
+"""The host side of an attention backward kernel: for E up to MAT_E the simdgroup_matrix
+kernel (`matrix`: a simdgroup per block of 8 keys or query rows of a kv head), above it the
+simd kernel (`kernels`: a simdgroup per key or query row, NSG a threadgroup)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
+from ... import ir
 from ...graph import Graph
 from ...shapes import numel
 from ..base import Schedule
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
+from . import matrix
 from .kernels import MAX_E, NSG, context, dkdv_kernel, dq_kernel
 from .roles import Roles
 
@@ -17,12 +20,27 @@ from .roles import Roles
 @dataclass
 class AttentionGradSchedule(Schedule):
     e_axis: str = ""
+    matrix: Optional[ir.LoweredKernel] = None
+    own: tuple[str, ...] = ()              # the kv head's axes
+    blocked: tuple[str, ...] = ()          # the axes the matrix kernel takes 8 at a time
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return (self.kernel,) if self.matrix is None else (self.kernel, self.matrix)
+
+    def _uses_matrix(self, sizes: Mapping[str, int]) -> bool:
+        return self.matrix is not None and sizes[self.e_axis] <= matrix.MAT_E
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        if self._uses_matrix(sizes):
+            blocks = -(-numel(self.blocked, sizes) // matrix.FRAG)
+            return numel(self.own, sizes) * blocks * SIMD_WIDTH, SIMD_WIDTH
         groups = -(-numel(self.grid_axes, sizes) // NSG)
         return groups * NSG * SIMD_WIDTH, NSG * SIMD_WIDTH
 
     def max_group_size(self, host_name: str) -> int:
+        if self.matrix is not None and host_name == self.matrix.host_name:
+            return SIMD_WIDTH
         return NSG * SIMD_WIDTH
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
@@ -30,6 +48,9 @@ class AttentionGradSchedule(Schedule):
             raise ValueError(f"kernel '{self.graph.name}': the attention backward holds at "
                              f"most {MAX_E} elements of '{self.e_axis}' per row, got "
                              f"{sizes[self.e_axis]}")
+        if self._uses_matrix(sizes):
+            assert self.matrix is not None
+            return self.matrix.host_name
         return self.kernel.host_name
 
 
@@ -38,8 +59,11 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
     """The schedule of one attention backward graph (its `roles` registered when built)."""
     ctx = context(graph, roles, index64)
     if roles.kind == "dq":
-        kernel, grid = dq_kernel(ctx), roles.rows
+        kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
+        blocked = roles.tile
     else:
-        kernel, grid = dkdv_kernel(ctx), (*roles.own, roles.key)
+        kernel, mat, grid = dkdv_kernel(ctx), matrix.dkdv_kernel(ctx), (*roles.own, roles.key)
+        blocked = (roles.key,)
     return AttentionGradSchedule("attention_grad", graph, policy, kernel, tuple(grid), (),
-                                 index64, e_axis=roles.e)
+                                 index64, e_axis=roles.e, matrix=mat, own=roles.own,
+                                 blocked=blocked)

@@ -1,0 +1,230 @@
+"""The attention backward kernels on 8x8 simdgroup matrices (`fragments`: fp32 products), for
+E up to MAT_E: a threadgroup of one simdgroup per block of 8 keys (dk/dv) or 8 query rows
+(dq) of one kv head.
+
+    dkdv   K, V of the 8 keys staged once; per block of 8 query rows (every row reading the
+           keys, in order: deterministic): q and dO staged (and transposed), then
+           S^T = K Q^T and dP^T = V dO^T (E / 8 products each), per element P^T, dc^T
+           (`kernels.pair`: the score's work and its derivative, lse and delta of the row),
+           dV += P^T dO, dK += dc^T Q.
+    dq     q, dO of the 8 rows staged once; per block of 8 keys: K staged (and transposed),
+           V transposed, S = Q K^T, dP = dO V^T, per element dc, dQ += dc K.
+
+A pair past the keys or the rows gets P = dc = 0 (its staged rows are zeros). The products
+are `products` (a sum of E / 8 fragment products), one function to move onto a matrix block.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ... import ir
+from ...dtypes import F32
+from ...graph import Node
+from ..base import IDX
+from ..fragments import UINT, frag, lane_place, mat_load, mma, u, unrolled, zero
+from ..hardware import SIMD_WIDTH
+from ..lower import convert
+from .kernels import Ctx, kernel_of, load, offset, pair, positions
+
+SIMD = SIMD_WIDTH
+
+FRAG = 8
+MAT_E = 128                      # E a lane's fragments hold (16 blocks of 8)
+BLOCKS = MAT_E // FRAG
+
+
+def stage(ctx: Ctx, arr: str, node: Node, first: ir.Expr, count: ir.Expr,
+          place: Callable[[ir.Expr], list[ir.Stmt]], plain: bool = True,
+          transposed: bool = False) -> list[ir.Stmt]:
+    """Rows first .. first + 7 (those below `count`) of tensor read `node` into threadgroup
+    array `arr` ([8][MAT_E], where `plain`) and its transpose `arr`t ([MAT_E][8], where
+    `transposed`), zeros past the rows and past E; `place(index)` declares the row's
+    positions."""
+    i, r, e = ir.Var("mf_i"), ir.Var("mf_r"), ir.Var("mf_e")
+    idx = ir.Cast(IDX, r) + first
+    inside = (idx < count).and_(ir.Cast(IDX, e) < ctx.size(ctx.roles.e))
+    value = ir.Var("mf_x")
+    stores: list[ir.Stmt] = []
+    if plain:
+        stores.append(ir.Assign(ir.Lane(ir.Var(arr), r * u(MAT_E) + e), value))
+    if transposed:
+        stores.append(ir.Assign(ir.Lane(ir.Var(f"{arr}t"), e * u(FRAG) + r), value))
+    return [ir.For("mf_i", UINT, ir.Var("mf_lane"), u(FRAG * MAT_E), [
+        ir.Decl("mf_r", UINT, i / u(MAT_E)), ir.Decl("mf_e", UINT, i % u(MAT_E)),
+        ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
+        ir.If(inside, place(idx) + [ir.Assign(value, ir.Cast("float", load(ctx, node)))]),
+        *stores], step=u(32))]
+
+
+def key_place(idx: ir.Expr) -> list[ir.Stmt]:
+    return [ir.Decl("mf_l", IDX, idx)]
+
+
+def row_place(ctx: Ctx) -> Callable[[ir.Expr], list[ir.Stmt]]:
+    return lambda idx: positions(ctx, idx, ctx.roles.tile)
+
+
+def products(a: str, b: str, out: str) -> list[ir.Stmt]:
+    """out = A B^T over the E blocks (8 x 8, fp32): A from `a` ([8][MAT_E]: 8 rows of E),
+    B^T from `b` ([MAT_E][8]: a transposed staging), sum_d A[:, d] B^T[d, :]."""
+    d = ir.Var("mf_d")
+    return [ir.Decl(out, "float2", zero(), const=False), ir.For("mf_d", UINT, u(0), ir.Var(
+        "mf_eb"), [ir.Assign(ir.Var(out), mma(mat_load(a, MAT_E, d * u(FRAG), u(0)),
+                                               mat_load(b, FRAG, u(0), d * u(FRAG)),
+                                               ir.Var(out)))])]
+
+
+def accumulate(acc: str, a: ir.Expr, b: str) -> ir.Stmt:
+    """acc[d] += a B[:, d] for each E block d: `a` a fragment (8 x 8), B from `b` ([8][MAT_E])."""
+    d = ir.Var("mf_d")
+    return unrolled("mf_d", BLOCKS, [ir.If(d < ir.Var("mf_eb"), [ir.Assign(
+        frag(acc, d), mma(a, mat_load(b, MAT_E, d * u(FRAG), u(0)), frag(acc, d)))])])
+
+
+def arrays(names: Sequence[str]) -> list[ir.Stmt]:
+    return [ir.ArrayDecl(n, "float", FRAG * MAT_E, "threadgroup") for n in names]
+
+
+def fragments(names: Sequence[str]) -> list[ir.Stmt]:
+    out: list[ir.Stmt] = []
+    for n in names:
+        out += [ir.ArrayDecl(n, "float2", BLOCKS),
+                unrolled("mf_d", BLOCKS, [ir.Assign(frag(n, ir.Var("mf_d")), zero())])]
+    return out
+
+
+def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
+    """The group's kv head (own axes) and its block mf_blk of 8 of `count` rows or keys; the
+    number of E blocks mf_eb; the lane's place in a fragment."""
+    grp = ir.Cast(IDX, ir.Var("mf_group"))
+    r = ctx.roles
+    nblk = ir.Var("mf_nblk")
+    return [
+        ir.Comment("the group's kv head and block of 8; the lane's place in a fragment"),
+        ir.Decl("mf_nblk", IDX, (count + ir.Lit(FRAG - 1, IDX)) / ir.Lit(FRAG, IDX)),
+        ir.If(grp >= ctx.span(r.own) * nblk, [ir.Return()]),
+        *positions(ctx, grp / nblk, r.own),
+        ir.Decl("mf_b0", IDX, grp % nblk * ir.Lit(FRAG, IDX)),
+        ir.Decl("mf_eb", UINT, ir.Cast(UINT, (ctx.size(r.e) + ir.Lit(FRAG - 1, IDX))
+                                       / ir.Lit(FRAG, IDX))),
+        *lane_place(ir.Var("mf_lane"))]
+
+
+def element(ctx: Ctx, key: ir.Expr, row: ir.Expr, roots: Sequence[Node],
+            helpers: set[str]) -> tuple[list[ir.Stmt], list[ir.Expr]]:
+    """The fragments' element mf_k as the pair (key, tile row): the roots' values from the
+    dots mf_c, mf_dp (`kernels.pair`: the score's work, P, dc), 0 past the keys or rows."""
+    r = ctx.roles
+    body, values = pair(ctx, "mf_g", {r.lse: ir.Var("mf_lse"), r.delta: ir.Var("mf_delta")},
+                        roots, helpers)
+    inside = (key < ctx.size(r.key)).and_(row < ctx.span(r.tile))
+    names = [f"mf_w{i}" for i in range(len(roots))]
+    return [*(ir.Decl(n, "float", ir.Lit(0.0, "float"), const=False) for n in names),
+            ir.If(inside, [ir.Decl("mf_l", IDX, key), *positions(ctx, row, r.tile),
+                           ir.Decl("mf_lse", "float", load(ctx, r.lse)),
+                           ir.Decl("mf_delta", "float", load(ctx, r.delta)), *body,
+                           *(ir.Assign(ir.Var(n), v) for n, v in zip(names, values))])], \
+        [ir.Var(n) for n in names]
+
+
+def each_element(ctx: Ctx, key: ir.Expr, row: ir.Expr, roots: Sequence[Node],
+                 outs: Sequence[str], helpers: set[str]) -> ir.Stmt:
+    """Per element mf_k of the lane's two: mf_c, mf_dp from fragments mf_sf, mf_pf, the
+    roots into fragments `outs`."""
+    k = ir.Var("mf_k")
+    body, values = element(ctx, key, row, roots, helpers)
+    return unrolled("mf_k", 2, [
+        ir.Decl("mf_c", "float", frag("mf_sf", k)), ir.Decl("mf_dp", "float", frag("mf_pf", k)),
+        *body, *(ir.Assign(frag(o, k), v) for o, v in zip(outs, values))])
+
+
+def store_blocks(ctx: Ctx, kind: str, acc: str) -> list[ir.Stmt]:
+    """Output `kind` from fragments acc[d]: the lane's row's elements d * 8 + mf_mc (+ 1)."""
+    r = ctx.roles
+    if kind not in r.outputs:
+        return []
+    k = r.outputs.index(kind)
+    o = ctx.graph.outputs[k]
+    d, i = ir.Var("mf_d"), ir.Var("mf_i")
+    value = ir.Cast(ctx.out_stype(k), convert(frag(acc, d, i), F32, o.dtype))
+    return [unrolled("mf_d", BLOCKS, [unrolled("mf_i", 2, [
+        ir.Decl("mf_e", UINT, d * u(FRAG) + ir.Var("mf_mc") + i),
+        ir.If(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(r.e),
+              [ir.Store(ctx.out_names[k], offset(ctx, o.axes), value)])])])]
+
+
+def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
+    r = ctx.roles
+    helpers: set[str] = {"mf_mma", "mf_mat_load"}
+    k0, t0 = ir.Var("mf_b0"), ir.Var("mf_t0")
+    key = k0 + ir.Cast(IDX, ir.Var("mf_mr"))
+    row = t0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 8 query rows: q and dO staged, with their transposes"),
+        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx), transposed=True),
+        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx), transposed=True),
+        ir.Barrier(),
+        ir.Comment("S^T = K Q^T, dP^T = V dO^T; per element P and dc; dV += P^T dO, "
+                   "dK += dc^T Q"),
+        *products("mf_tk", "mf_tqt", "mf_sf"), *products("mf_tv", "mf_tdot", "mf_pf"),
+        ir.Decl("mf_qf", "float2", zero(), const=False),
+        ir.Decl("mf_cf", "float2", zero(), const=False),
+        each_element(ctx, key, row, [r.p, r.dc], ["mf_qf", "mf_cf"], helpers),
+        accumulate("mf_dvf", ir.Var("mf_qf"), "mf_tdo"),
+        accumulate("mf_dkf", ir.Var("mf_cf"), "mf_tq"),
+        ir.Barrier()]
+    body: list[ir.Stmt] = [
+        *arrays(["mf_tk", "mf_tv", "mf_tq", "mf_tqt", "mf_tdo", "mf_tdot"]),
+        *head(ctx, ctx.size(r.key)),
+        ir.Comment("the block's 8 keys of K and V staged once"),
+        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place),
+        *stage(ctx, "mf_tv", r.v, k0, ctx.size(r.key), key_place),
+        *fragments(["mf_dkf", "mf_dvf"]),
+        ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
+                   "8 at a time, in order"),
+        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile), step, step=ir.Lit(FRAG, IDX)),
+        ir.Comment("the lane's key's dk and dv"),
+        ir.Decl("mf_l", IDX, key),
+        ir.If(ir.Var("mf_l") < ctx.size(r.key), store_blocks(ctx, "dk", "mf_dkf")
+              + store_blocks(ctx, "dv", "mf_dvf"))]
+    summary = (f"{ctx.graph.name} (attention backward, dk dv, simdgroup matrices): a "
+               "simdgroup per 8 keys of a kv head; dk = sum dc q, dv = sum P dO over the "
+               "query rows reading them, as 8x8 fp32 products")
+    return kernel_of(ctx, body, "dkdv_matrix", summary, helpers, SIMD)
+
+
+def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
+    r = ctx.roles
+    helpers: set[str] = {"mf_mma", "mf_mat_load"}
+    t0, k0 = ir.Var("mf_b0"), ir.Var("mf_k0")
+    row = t0 + ir.Cast(IDX, ir.Var("mf_mr"))
+    key = k0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 8 keys: K staged with its transpose, V transposed"),
+        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place, transposed=True),
+        *stage(ctx, "mf_tv", r.v, k0, ctx.size(r.key), key_place, plain=False,
+               transposed=True),
+        ir.Barrier(),
+        ir.Comment("S = Q K^T, dP = dO V^T; per element dc; dQ += dc K"),
+        *products("mf_tq", "mf_tkt", "mf_sf"), *products("mf_tdo", "mf_tvt", "mf_pf"),
+        ir.Decl("mf_cf", "float2", zero(), const=False),
+        each_element(ctx, key, row, [r.dc], ["mf_cf"], helpers),
+        accumulate("mf_dqf", ir.Var("mf_cf"), "mf_tk"),
+        ir.Barrier()]
+    body: list[ir.Stmt] = [
+        *arrays(["mf_tq", "mf_tdo", "mf_tk", "mf_tkt"]),
+        ir.ArrayDecl("mf_tvt", "float", FRAG * MAT_E, "threadgroup"),
+        *head(ctx, ctx.span(r.tile)),
+        ir.Comment("the block's 8 query rows of q and dO staged once"),
+        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx)),
+        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx)),
+        *fragments(["mf_dqf"]),
+        ir.Comment("every key, 8 at a time"),
+        ir.For("mf_k0", IDX, ir.Lit(0, IDX), ctx.size(r.key), step, step=ir.Lit(FRAG, IDX)),
+        ir.Comment("the lane's row's dq"),
+        ir.If(row < ctx.span(r.tile), [*positions(ctx, row, r.tile),
+                                       *store_blocks(ctx, "dq", "mf_dqf")])]
+    summary = (f"{ctx.graph.name} (attention backward, dq, simdgroup matrices): a "
+               "simdgroup per 8 query rows of a kv head; dq = sum_L dc k as 8x8 fp32 "
+               "products")
+    return kernel_of(ctx, body, "dq_matrix", summary, helpers, SIMD)
