@@ -101,20 +101,29 @@ def test_f32_soft_cap_and_masks_match_torch():
 
 
 class _Reference(torch.autograd.Function):
-    """The forward graph and the derived backward graphs, both on the reference path."""
+    """The derived graphs on the reference path, as the runtime runs them: the forward with
+    the rows' logsumexp (`Backward.forward`), saved; then the backward's other kernels."""
     @staticmethod
     def forward(ctx, graph, scale, q, k, v):
+        values = {"q": q, "k": k, "v": v, "scale": scale}
+        ctx.saved = evaluate(autodiff.backward_of(graph).kernels[0], values)
         ctx.save_for_backward(q, k, v)
         ctx.meta = graph, scale
-        return evaluate(graph, {"q": q, "k": k, "v": v, "scale": scale})
+        return ctx.saved[0]
 
     @staticmethod
     def backward(ctx, dy):
         graph, scale = ctx.meta
         q, k, v = ctx.saved_tensors
         bw = autodiff.backward_of(graph)
+        ran = []
+
+        def run(kernel, values):
+            ran.append(kernel.name)
+            return evaluate(kernel, values)
         grads = autodiff.run_backward(bw, {"q": q, "k": k, "v": v, "scale": scale}, (dy,),
-                                      evaluate)
+                                      run, ctx.saved)
+        assert ran == [kernel.name for kernel in bw.kernels[1:]]       # the forward saved
         return None, None, grads["q"].double(), grads["k"].double(), grads["v"].double()
 
 
