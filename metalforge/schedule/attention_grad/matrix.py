@@ -38,22 +38,23 @@ def stage(ctx: Ctx, arr: str, node: Node, first: ir.Expr, count: ir.Expr,
           transposed: bool = False) -> list[ir.Stmt]:
     """Rows first .. first + 7 (those below `count`) of tensor read `node` into threadgroup
     array `arr` ([8][MAT_E], where `plain`) and its transpose `arr`t ([MAT_E][8], where
-    `transposed`), zeros past the rows and past E; `place(index)` declares the row's
-    positions."""
-    i, r, e = ir.Var("mf_i"), ir.Var("mf_r"), ir.Var("mf_e")
+    `transposed`), zeros past the rows and past E (up to the E blocks the products read):
+    row by row, `place(index)` declaring the row's positions once, the lanes along E."""
+    r, e = ir.Var("mf_r"), ir.Var("mf_e")
     idx = ir.Cast(IDX, r) + first
-    inside = (idx < count).and_(ir.Cast(IDX, e) < ctx.size(ctx.roles.e))
     value = ir.Var("mf_x")
     stores: list[ir.Stmt] = []
     if plain:
         stores.append(ir.Assign(ir.Lane(ir.Var(arr), r * u(MAT_E) + e), value))
     if transposed:
         stores.append(ir.Assign(ir.Lane(ir.Var(f"{arr}t"), e * u(FRAG) + r), value))
-    return [ir.For("mf_i", UINT, ir.Var("mf_lane"), u(FRAG * MAT_E), [
-        ir.Decl("mf_r", UINT, i / u(MAT_E)), ir.Decl("mf_e", UINT, i % u(MAT_E)),
-        ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
-        ir.If(inside, place(idx) + [ir.Assign(value, ir.Cast("float", load(ctx, node)))]),
-        *stores], step=u(32))]
+    inside = ir.Var("mf_row_ok").and_(ir.Cast(IDX, e) < ctx.size(ctx.roles.e))
+    return [ir.For("mf_r", UINT, u(0), u(FRAG), [
+        ir.Decl("mf_row_ok", "bool", idx < count), *place(idx),
+        ir.For("mf_e", UINT, ir.Var("mf_lane"), ir.Var("mf_eb") * u(FRAG), [
+            ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
+            ir.If(inside, [ir.Assign(value, ir.Cast("float", load(ctx, node)))]),
+            *stores], step=u(SIMD_WIDTH))])]
 
 
 def key_place(idx: ir.Expr) -> list[ir.Stmt]:
