@@ -187,7 +187,7 @@ def _roles(kind: str, pc: Pieces, dy: Node, nd: Nodes, outs: list[tuple[str, Out
     return Roles(kind, f.key, f.e, pc.rows, pc.tile,
                  tuple(a for a in pc.rows if a not in pc.tile), pc.c, pc.q, pc.k, pc.v,
                  strip_casts(dy), nd.p, nd.dp, nd.dc, nd.lse, nd.delta,
-                 tuple(k for k, _ in outs))
+                 tuple(k for k, _ in outs), f)
 
 
 def _buffer(name: str, axes: tuple[str, ...], dtype) -> Node:

@@ -24,6 +24,7 @@ from ..base import IDX
 from ..fragments import UINT, frag, lane_place, mat_load, mma, u, unrolled, zero
 from ..hardware import SIMD_WIDTH
 from ..lower import convert
+from .bounds import LONG, block_bounds, masked_by_index
 from .kernels import Ctx, kernel_of, load, offset, pair, positions
 
 SIMD = SIMD_WIDTH
@@ -154,6 +155,37 @@ def store_blocks(ctx: Ctx, kind: str, acc: str) -> list[ir.Stmt]:
               [ir.Store(ctx.out_names[k], offset(ctx, o.axes), value)])])])]
 
 
+def key_range(ctx: Ctx, t0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
+    """The loop over the key blocks the rows t0 .. t0 + 7 can see (all keys without an index
+    mask: `bounds`)."""
+    r = ctx.roles
+    loop = ir.For("mf_k0", IDX, ir.Var("mf_kbeg"), ir.Var("mf_kend"), step,
+                  step=ir.Lit(FRAG, IDX))
+    if r.form is None or not masked_by_index(r.form, r.rows):
+        return [ir.Comment("every key, 8 at a time"),
+                ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)), ir.Decl("mf_kend", IDX,
+                                                                 ctx.size(r.key)), loop]
+    zero = ir.Cast(LONG, ir.Lit(0, "int"))
+    return [*block_bounds(ctx, r.form, t0),
+            ir.Comment("the key blocks they see, 8 keys at a time"),
+            ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
+                    / ir.Lit(FRAG, IDX) * ir.Lit(FRAG, IDX)),
+            ir.Decl("mf_kend", IDX, ir.Cast(IDX, ir.Call("max", (ir.Call("min", (
+                ir.Var("mf_khi"), ir.Cast(LONG, ctx.size(r.key)))), zero)))), loop]
+
+
+def seen(ctx: Ctx, k0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
+    """`step` for the block of rows mf_t0 .. + 7 where some row sees one of the keys k0 ..
+    k0 + 7 (always without an index mask: `bounds`)."""
+    r = ctx.roles
+    if r.form is None or not masked_by_index(r.form, r.rows):
+        return step
+    k = ir.Cast(LONG, k0)
+    k8 = k + ir.Cast(LONG, ir.Lit(FRAG, "int"))
+    return [*block_bounds(ctx, r.form, ir.Var("mf_t0")),
+            ir.If((ir.Var("mf_khi") > k).and_(ir.Var("mf_klo") < k8), step)]
+
+
 def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = {"mf_mma", "mf_mat_load"}
@@ -183,7 +215,8 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
         *fragments(["mf_dkf", "mf_dvf"]),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "8 at a time, in order"),
-        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile), step, step=ir.Lit(FRAG, IDX)),
+        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile), seen(ctx, k0, step),
+               step=ir.Lit(FRAG, IDX)),
         ir.Comment("the lane's key's dk and dv"),
         ir.Decl("mf_l", IDX, key),
         ir.If(ir.Var("mf_l") < ctx.size(r.key), store_blocks(ctx, "dk", "mf_dkf")
@@ -220,8 +253,7 @@ def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
         *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx)),
         *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx)),
         *fragments(["mf_dqf"]),
-        ir.Comment("every key, 8 at a time"),
-        ir.For("mf_k0", IDX, ir.Lit(0, IDX), ctx.size(r.key), step, step=ir.Lit(FRAG, IDX)),
+        *key_range(ctx, t0, step),
         ir.Comment("the lane's row's dq"),
         ir.If(row < ctx.span(r.tile), [*positions(ctx, row, r.tile),
                                        *store_blocks(ctx, "dq", "mf_dqf")])]

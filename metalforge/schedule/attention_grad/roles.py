@@ -10,6 +10,7 @@ from typing import Optional
 
 from ...graph import Graph, Node
 from ...once import OnceMap
+from ..attention.match import Form
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Roles:
     lse: Node                   # the rows' lse and delta: loads of earlier kernels' buffers
     delta: Node
     outputs: tuple[str, ...]    # per graph output: "dq", or "dk" and/or "dv"
+    form: Optional[Form] = None   # the forward's attention form (its scores' index bounds)
 
 
 # graph id -> its roles, dropped when the graph is collected
