@@ -1,12 +1,13 @@
-"""The two attention backward kernels, a simdgroup per row (`Ctx`: what both read).
+"""The attention backward's shared pieces (`Ctx`: what its kernels read; positions, loads,
+the per-pair work `pair`) and its simd kernels, for E above the matrix kernels' (`matrix`):
+a simdgroup per row, NSG rows a threadgroup.
 
     dq    a simdgroup per query row: its q and dO in registers (lane mf_lane holds E
-          elements mf_lane, mf_lane + 32, ...); pass 1 over the keys: the online softmax
-          state (m, d) and t = sum P dP rescaled alike (`online`), so lse = m + log d and
-          delta = t / d; pass 2: per key, P, dP and dc (`pair`), dq += dc k.
+          elements mf_lane, mf_lane + 32, ...), its lse and delta; per key: P, dP and dc
+          (`pair`: the score's elementwise work and its derivative), dq += dc k.
     dkdv  a simdgroup per key (of each kv head): its k and v in registers; over every
           query row reading it (the tile axes: GQA's R, the positions S), in order: P, dP,
-          dc from the row's lse and delta (kernel 1's buffers), dv += P dO, dk += dc q.
+          dc from the row's lse and delta, dv += P dO, dk += dc q.
 
 Each (row, key) pair's two contractions over E (q k and dO v) are `dots`: a lane's part
 of each, then `simd_sum`. Deterministic: every sum in a fixed order, no atomics.
