@@ -32,15 +32,18 @@ SIMD = SIMD_WIDTH
 FRAG = 8
 MAT_E = 128                      # E a lane's fragments hold (16 blocks of 8)
 BLOCKS = MAT_E // FRAG
+KSG = 4                          # simdgroups (of 8 keys each) of a dk/dv threadgroup
 
 
 def stage(ctx: Ctx, arr: str, node: Node, first: ir.Expr, count: ir.Expr,
           place: Callable[[ir.Expr], list[ir.Stmt]], plain: bool = True,
-          transposed: bool = False) -> list[ir.Stmt]:
+          transposed: bool = False, rows: tuple[ir.Expr, ir.Expr] = (u(0), u(1))
+          ) -> list[ir.Stmt]:
     """Rows first .. first + 7 (those below `count`) of tensor read `node` into threadgroup
     array `arr` ([8][MAT_E], where `plain`) and its transpose `arr`t ([MAT_E][8], where
     `transposed`), zeros past the rows and past E (up to the E blocks the products read):
-    row by row, `place(index)` declaring the row's positions once, the lanes along E."""
+    row by row (`rows`: the first and the step: a simdgroup's share), `place(index)`
+    declaring the row's positions once, the lanes along E."""
     r, e = ir.Var("mf_r"), ir.Var("mf_e")
     idx = ir.Cast(IDX, r) + first
     value = ir.Var("mf_x")
@@ -50,12 +53,12 @@ def stage(ctx: Ctx, arr: str, node: Node, first: ir.Expr, count: ir.Expr,
     if transposed:
         stores.append(ir.Assign(ir.Lane(ir.Var(f"{arr}t"), e * u(FRAG) + r), value))
     inside = ir.Var("mf_row_ok").and_(ir.Cast(IDX, e) < ctx.size(ctx.roles.e))
-    return [ir.For("mf_r", UINT, u(0), u(FRAG), [
+    return [ir.For("mf_r", UINT, rows[0], u(FRAG), [
         ir.Decl("mf_row_ok", "bool", idx < count), *place(idx),
         ir.For("mf_e", UINT, ir.Var("mf_lane"), ir.Var("mf_eb") * u(FRAG), [
             ir.Decl("mf_x", "float", ir.Lit(0.0, "float"), const=False),
             ir.If(inside, [ir.Assign(value, ir.Cast("float", load(ctx, node)))]),
-            *stores], step=u(SIMD_WIDTH))])]
+            *stores], step=u(SIMD_WIDTH))], step=rows[1])]
 
 
 def key_place(idx: ir.Expr) -> list[ir.Stmt]:
@@ -74,6 +77,14 @@ def products(a: str, b: str, out: str) -> list[ir.Stmt]:
         "mf_eb"), [ir.Assign(ir.Var(out), mma(mat_load(a, MAT_E, d * u(FRAG), u(0)),
                                                mat_load(b, FRAG, u(0), d * u(FRAG)),
                                                ir.Var(out)))])]
+
+
+def products_from(frags: str, b: str, out: str) -> list[ir.Stmt]:
+    """`products` with A held in registers: fragments `frags`[d] (8 x 8 blocks along E)."""
+    d = ir.Var("mf_d")
+    return [ir.Decl(out, "float2", zero(), const=False), unrolled("mf_d", BLOCKS, [
+        ir.If(d < ir.Var("mf_eb"), [ir.Assign(ir.Var(out), mma(
+            frag(frags, d), mat_load(b, FRAG, u(0), d * u(FRAG)), ir.Var(out)))])])]
 
 
 def accumulate(acc: str, a: ir.Expr, b: str) -> ir.Stmt:
@@ -95,7 +106,7 @@ def fragments(names: Sequence[str]) -> list[ir.Stmt]:
     return out
 
 
-def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
+def head(ctx: Ctx, count: ir.Expr, per: int = FRAG) -> list[ir.Stmt]:
     """The group's kv head (own axes) and its block mf_blk of 8 of `count` rows or keys; the
     number of E blocks mf_eb; the lane's place in a fragment."""
     grp = ir.Cast(IDX, ir.Var("mf_group"))
@@ -103,10 +114,10 @@ def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
     nblk = ir.Var("mf_nblk")
     return [
         ir.Comment("the group's kv head and block of 8; the lane's place in a fragment"),
-        ir.Decl("mf_nblk", IDX, (count + ir.Lit(FRAG - 1, IDX)) / ir.Lit(FRAG, IDX)),
+        ir.Decl("mf_nblk", IDX, (count + ir.Lit(per - 1, IDX)) / ir.Lit(per, IDX)),
         ir.If(grp >= ctx.span(r.own) * nblk, [ir.Return()]),
         *positions(ctx, grp / nblk, r.own),
-        ir.Decl("mf_b0", IDX, grp % nblk * ir.Lit(FRAG, IDX)),
+        ir.Decl("mf_b0", IDX, grp % nblk * ir.Lit(per, IDX)),
         ir.Decl("mf_eb", UINT, ir.Cast(UINT, (ctx.size(r.e) + ir.Lit(FRAG - 1, IDX))
                                        / ir.Lit(FRAG, IDX))),
         *lane_place(ir.Var("mf_lane"))]
@@ -174,32 +185,61 @@ def key_range(ctx: Ctx, t0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
                 ir.Var("mf_khi"), ir.Cast(LONG, ctx.size(r.key)))), zero)))), loop]
 
 
-def seen(ctx: Ctx, k0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
-    """`step` for the block of rows mf_t0 .. + 7 where some row sees one of the keys k0 ..
-    k0 + 7 (always without an index mask: `bounds`)."""
+def seen(ctx: Ctx, k0: ir.Expr, step: list[ir.Stmt], keys: int) -> list[ir.Stmt]:
+    """`step` for the block of rows mf_t0 .. + 7 where some row sees one of the `keys` keys
+    from k0 (always without an index mask: `bounds`)."""
     r = ctx.roles
     if r.form is None or not masked_by_index(r.form, r.rows):
         return step
     k = ir.Cast(LONG, k0)
-    k8 = k + ir.Cast(LONG, ir.Lit(FRAG, "int"))
+    k8 = k + ir.Cast(LONG, ir.Lit(keys, "int"))
     return [*block_bounds(ctx, r.form, ir.Var("mf_t0")),
             ir.If((ir.Var("mf_khi") > k).and_(ir.Var("mf_klo") < k8), step)]
+
+
+def regions() -> list[ir.Stmt]:
+    """One threadgroup array of KSG x 8 x MAT_E floats: a simdgroup's 8 keys of K or V while
+    they are staged (region mf_sg), then q, q^T, dO and dO^T of a block of 8 rows."""
+    out: list[ir.Stmt] = [ir.ArrayDecl("mf_tall", "float", KSG * FRAG * MAT_E, "threadgroup")]
+    for i, name in enumerate(("mf_tq", "mf_tqt", "mf_tdo", "mf_tdot")):
+        out.append(ir.Decl(name, "threadgroup float*", ir.Var("mf_tall")
+                           + u(i * FRAG * MAT_E), const=False))
+    out.append(ir.Decl("mf_tks", "threadgroup float*", ir.Var("mf_tall")
+                       + ir.Var("mf_sg") * u(FRAG * MAT_E), const=False))
+    return out
+
+
+def key_fragments(ctx: Ctx, name: str, node: Node, k0: ir.Expr) -> list[ir.Stmt]:
+    """The simdgroup's 8 keys of `node` (K or V) as fragments `name`[d] in registers (the A
+    operands of its products), staged through its region."""
+    d = ir.Var("mf_d")
+    return [*stage(ctx, "mf_tks", node, k0, ctx.size(ctx.roles.key), key_place),
+            ir.Barrier(),
+            ir.ArrayDecl(name, "float2", BLOCKS),
+            unrolled("mf_d", BLOCKS, [ir.Assign(frag(name, d), zero()), ir.If(
+                d < ir.Var("mf_eb"), [ir.Assign(frag(name, d), mat_load(
+                    "mf_tks", MAT_E, d * u(FRAG), u(0)))])]),
+            ir.Barrier()]
 
 
 def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = {"mf_mma", "mf_mat_load"}
-    k0, t0 = ir.Var("mf_b0"), ir.Var("mf_t0")
+    k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
     key = k0 + ir.Cast(IDX, ir.Var("mf_mr"))
     row = t0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
+    share = (ir.Var("mf_sg"), u(KSG))
     step: list[ir.Stmt] = [
-        ir.Comment("the block's 8 query rows: q and dO staged, with their transposes"),
-        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx), transposed=True),
-        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx), transposed=True),
+        ir.Comment("the block's 8 query rows: q and dO staged, with their transposes, by the "
+                   "whole group"),
+        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx), transposed=True,
+               rows=share),
+        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx), transposed=True,
+               rows=share),
         ir.Barrier(),
         ir.Comment("S^T = K Q^T, dP^T = V dO^T; per element P and dc; dV += P^T dO, "
                    "dK += dc^T Q"),
-        *products("mf_tk", "mf_tqt", "mf_sf"), *products("mf_tv", "mf_tdot", "mf_pf"),
+        *products_from("mf_kf", "mf_tqt", "mf_sf"), *products_from("mf_vf", "mf_tdot", "mf_pf"),
         ir.Decl("mf_qf", "float2", zero(), const=False),
         ir.Decl("mf_cf", "float2", zero(), const=False),
         each_element(ctx, key, row, [r.p, r.dc], ["mf_qf", "mf_cf"], helpers),
@@ -207,24 +247,25 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
         accumulate("mf_dkf", ir.Var("mf_cf"), "mf_tq"),
         ir.Barrier()]
     body: list[ir.Stmt] = [
-        *arrays(["mf_tk", "mf_tv", "mf_tq", "mf_tqt", "mf_tdo", "mf_tdot"]),
-        *head(ctx, ctx.size(r.key)),
-        ir.Comment("the block's 8 keys of K and V staged once"),
-        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place),
-        *stage(ctx, "mf_tv", r.v, k0, ctx.size(r.key), key_place),
+        *regions(),
+        *head(ctx, ctx.size(r.key), FRAG * KSG),
+        ir.Decl("mf_k0", IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG))),
+        ir.Comment("the simdgroup's 8 keys of K and V, as fragments in registers"),
+        *key_fragments(ctx, "mf_kf", r.k, k0), *key_fragments(ctx, "mf_vf", r.v, k0),
         *fragments(["mf_dkf", "mf_dvf"]),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "8 at a time, in order"),
-        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile), seen(ctx, k0, step),
-               step=ir.Lit(FRAG, IDX)),
+        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
+               seen(ctx, ir.Var("mf_b0"), step, FRAG * KSG), step=ir.Lit(FRAG, IDX)),
         ir.Comment("the lane's key's dk and dv"),
         ir.Decl("mf_l", IDX, key),
         ir.If(ir.Var("mf_l") < ctx.size(r.key), store_blocks(ctx, "dk", "mf_dkf")
               + store_blocks(ctx, "dv", "mf_dvf"))]
     summary = (f"{ctx.graph.name} (attention backward, dk dv, simdgroup matrices): a "
-               "simdgroup per 8 keys of a kv head; dk = sum dc q, dv = sum P dO over the "
-               "query rows reading them, as 8x8 fp32 products")
-    return kernel_of(ctx, body, "dkdv_matrix", summary, helpers, SIMD)
+               f"threadgroup per {FRAG * KSG} keys of a kv head, 8 a simdgroup (K, V in "
+               "registers); dk = sum dc q, dv = sum P dO over the query rows reading them "
+               "(staged by the group, 8 at a time), as 8x8 fp32 products")
+    return kernel_of(ctx, body, "dkdv_matrix", summary, helpers, SIMD * KSG)
 
 
 def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:

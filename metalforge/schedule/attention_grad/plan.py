@@ -23,6 +23,7 @@ class AttentionGradSchedule(Schedule):
     matrix: Optional[ir.LoweredKernel] = None
     own: tuple[str, ...] = ()              # the kv head's axes
     blocked: tuple[str, ...] = ()          # the axes the matrix kernel takes 8 at a time
+    sgs: int = 1                           # ... in that many simdgroups a threadgroup
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -33,14 +34,15 @@ class AttentionGradSchedule(Schedule):
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         if self._uses_matrix(sizes):
-            blocks = -(-numel(self.blocked, sizes) // matrix.FRAG)
-            return numel(self.own, sizes) * blocks * SIMD_WIDTH, SIMD_WIDTH
+            blocks = -(-numel(self.blocked, sizes) // (matrix.FRAG * self.sgs))
+            return numel(self.own, sizes) * blocks * SIMD_WIDTH * self.sgs, \
+                SIMD_WIDTH * self.sgs
         groups = -(-numel(self.grid_axes, sizes) // NSG)
         return groups * NSG * SIMD_WIDTH, NSG * SIMD_WIDTH
 
     def max_group_size(self, host_name: str) -> int:
         if self.matrix is not None and host_name == self.matrix.host_name:
-            return SIMD_WIDTH
+            return SIMD_WIDTH * self.sgs
         return NSG * SIMD_WIDTH
 
     def host_name(self, sizes: Mapping[str, int]) -> str:
@@ -60,10 +62,10 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
     ctx = context(graph, roles, index64)
     if roles.kind == "dq":
         kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
-        blocked = roles.tile
+        blocked, sgs = roles.tile, 1
     else:
         kernel, mat, grid = dkdv_kernel(ctx), matrix.dkdv_kernel(ctx), (*roles.own, roles.key)
-        blocked = (roles.key,)
+        blocked, sgs = (roles.key,), matrix.KSG
     return AttentionGradSchedule("attention_grad", graph, policy, kernel, tuple(grid), (),
                                  index64, e_axis=roles.e, matrix=mat, own=roles.own,
-                                 blocked=blocked)
+                                 blocked=blocked, sgs=sgs)
