@@ -21,8 +21,8 @@ from .kernels import Ctx, lowering, positions
 LONG = "long"
 
 
-def block_bounds(ctx: Ctx, form: Form, t0: ir.Expr) -> list[ir.Stmt]:
-    """mf_klo, mf_khi (long) of the rows t0 .. t0 + 7 of the tile (those inside it)."""
+def block_bounds(ctx: Ctx, form: Form, t0: ir.Expr, count: int = 8) -> list[ir.Stmt]:
+    """mf_klo, mf_khi (long) of the `count` rows from t0 of the tile (those inside it)."""
     r = ctx.roles
     bounds = key_bounds(form, r.rows)
     low = lowering(ctx, "mf_b")
@@ -42,7 +42,7 @@ def block_bounds(ctx: Ctx, form: Form, t0: ir.Expr) -> list[ir.Stmt]:
         ir.Comment("the keys the block's rows can see (the scores' index mask)"),
         ir.Decl("mf_klo", LONG, ir.Cast(LONG, ctx.size(r.key)), const=False),
         ir.Decl("mf_khi", LONG, ir.Cast(LONG, ir.Lit(0, "int")), const=False),
-        ir.For("mf_r", UINT, u(0), u(8), [
+        ir.For("mf_r", UINT, u(0), u(count), [
             ir.If(t0 + ir.Cast(IDX, ir.Var("mf_r")) < ctx.span(r.tile), body)])]
 
 

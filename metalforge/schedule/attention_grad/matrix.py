@@ -1,17 +1,19 @@
 """The attention backward kernels on 8x8 simdgroup matrices (`fragments`: fp32 products), for
-E up to MAT_E: a threadgroup of one simdgroup per block of 8 keys (dk/dv) or 8 query rows
-(dq) of one kv head.
+E up to MAT_E: a threadgroup of KSG simdgroups per 8 x KSG keys (dk/dv) or query rows (dq) of
+one kv head, each simdgroup's own 8 rows of its A operands held as fragments in registers.
 
-    dkdv   K, V of the 8 keys staged once; per block of 8 query rows (every row reading the
-           keys, in order: deterministic): q and dO staged (and transposed), then
-           S^T = K Q^T and dP^T = V dO^T (E / 8 products each), per element P^T, dc^T
-           (`kernels.pair`: the score's work and its derivative, lse and delta of the row),
-           dV += P^T dO, dK += dc^T Q.
-    dq     q, dO of the 8 rows staged once; per block of 8 keys: K staged (and transposed),
-           V transposed, S = Q K^T, dP = dO V^T, per element dc, dQ += dc K.
+    dkdv   a simdgroup's K, V in registers; per block of 8 query rows (every row reading the
+           keys, in order: deterministic) q and dO staged by the group (and transposed),
+           then S^T = K Q^T and dP^T = V dO^T (E / 8 products each), per element P^T,
+           dc^T (`kernels.pair`: the score's work and its derivative, lse and delta of the
+           row), dV += P^T dO, dK += dc^T Q.
+    dq     a simdgroup's q, dO in registers; per block of 8 keys K staged by the group
+           (and transposed), V transposed, S = Q K^T, dP = dO V^T, per element dc,
+           dQ += dc K.
 
-A pair past the keys or the rows gets P = dc = 0 (its staged rows are zeros). The products
-are `products` (a sum of E / 8 fragment products), one function to move onto a matrix block.
+A pair past the keys or the rows gets P = dc = 0 (its staged rows are zeros); key blocks an
+index mask hides from a block's rows are skipped (`bounds`). The products are
+`products_from` and `accumulate`, small functions to move onto a matrix block.
 """
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ from ..lower import convert
 from .bounds import LONG, block_bounds, masked_by_index
 from .kernels import Ctx, kernel_of, load, offset, pair, positions
 
-SIMD = SIMD_WIDTH
 
 FRAG = 8
 MAT_E = 128                      # E a lane's fragments hold (16 blocks of 8)
@@ -69,18 +70,9 @@ def row_place(ctx: Ctx) -> Callable[[ir.Expr], list[ir.Stmt]]:
     return lambda idx: positions(ctx, idx, ctx.roles.tile)
 
 
-def products(a: str, b: str, out: str) -> list[ir.Stmt]:
-    """out = A B^T over the E blocks (8 x 8, fp32): A from `a` ([8][MAT_E]: 8 rows of E),
-    B^T from `b` ([MAT_E][8]: a transposed staging), sum_d A[:, d] B^T[d, :]."""
-    d = ir.Var("mf_d")
-    return [ir.Decl(out, "float2", zero(), const=False), ir.For("mf_d", UINT, u(0), ir.Var(
-        "mf_eb"), [ir.Assign(ir.Var(out), mma(mat_load(a, MAT_E, d * u(FRAG), u(0)),
-                                               mat_load(b, FRAG, u(0), d * u(FRAG)),
-                                               ir.Var(out)))])]
-
-
 def products_from(frags: str, b: str, out: str) -> list[ir.Stmt]:
-    """`products` with A held in registers: fragments `frags`[d] (8 x 8 blocks along E)."""
+    """out = A B^T over the E blocks (8 x 8, fp32): sum_d A[:, d] B^T[d, :], A held in
+    registers (fragments `frags`[d]), B^T from `b` ([MAT_E][8]: a transposed staging)."""
     d = ir.Var("mf_d")
     return [ir.Decl(out, "float2", zero(), const=False), unrolled("mf_d", BLOCKS, [
         ir.If(d < ir.Var("mf_eb"), [ir.Assign(ir.Var(out), mma(
@@ -92,10 +84,6 @@ def accumulate(acc: str, a: ir.Expr, b: str) -> ir.Stmt:
     d = ir.Var("mf_d")
     return unrolled("mf_d", BLOCKS, [ir.If(d < ir.Var("mf_eb"), [ir.Assign(
         frag(acc, d), mma(a, mat_load(b, MAT_E, d * u(FRAG), u(0)), frag(acc, d)))])])
-
-
-def arrays(names: Sequence[str]) -> list[ir.Stmt]:
-    return [ir.ArrayDecl(n, "float", FRAG * MAT_E, "threadgroup") for n in names]
 
 
 def fragments(names: Sequence[str]) -> list[ir.Stmt]:
@@ -166,9 +154,9 @@ def store_blocks(ctx: Ctx, kind: str, acc: str) -> list[ir.Stmt]:
               [ir.Store(ctx.out_names[k], offset(ctx, o.axes), value)])])])]
 
 
-def key_range(ctx: Ctx, t0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
-    """The loop over the key blocks the rows t0 .. t0 + 7 can see (all keys without an index
-    mask: `bounds`)."""
+def key_range(ctx: Ctx, t0: ir.Expr, step: list[ir.Stmt], rows: int) -> list[ir.Stmt]:
+    """The loop over the key blocks the `rows` rows from t0 can see (all keys without an
+    index mask: `bounds`)."""
     r = ctx.roles
     loop = ir.For("mf_k0", IDX, ir.Var("mf_kbeg"), ir.Var("mf_kend"), step,
                   step=ir.Lit(FRAG, IDX))
@@ -177,7 +165,7 @@ def key_range(ctx: Ctx, t0: ir.Expr, step: list[ir.Stmt]) -> list[ir.Stmt]:
                 ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)), ir.Decl("mf_kend", IDX,
                                                                  ctx.size(r.key)), loop]
     zero = ir.Cast(LONG, ir.Lit(0, "int"))
-    return [*block_bounds(ctx, r.form, t0),
+    return [*block_bounds(ctx, r.form, t0, rows),
             ir.Comment("the key blocks they see, 8 keys at a time"),
             ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
                     / ir.Lit(FRAG, IDX) * ir.Lit(FRAG, IDX)),
@@ -197,11 +185,13 @@ def seen(ctx: Ctx, k0: ir.Expr, step: list[ir.Stmt], keys: int) -> list[ir.Stmt]
             ir.If((ir.Var("mf_khi") > k).and_(ir.Var("mf_klo") < k8), step)]
 
 
-def regions() -> list[ir.Stmt]:
-    """One threadgroup array of KSG x 8 x MAT_E floats: a simdgroup's 8 keys of K or V while
-    they are staged (region mf_sg), then q, q^T, dO and dO^T of a block of 8 rows."""
+def regions(names: Sequence[str] = ("mf_tq", "mf_tqt", "mf_tdo", "mf_tdot")
+            ) -> list[ir.Stmt]:
+    """One threadgroup array of KSG x 8 x MAT_E floats: a simdgroup's own 8 rows (keys, or
+    query rows) of one tensor while they are staged (region mf_sg, `mf_tks`), then the
+    arrays `names` ([8][MAT_E] or its transpose each) of the blocks the group shares."""
     out: list[ir.Stmt] = [ir.ArrayDecl("mf_tall", "float", KSG * FRAG * MAT_E, "threadgroup")]
-    for i, name in enumerate(("mf_tq", "mf_tqt", "mf_tdo", "mf_tdot")):
+    for i, name in enumerate(names):
         out.append(ir.Decl(name, "threadgroup float*", ir.Var("mf_tall")
                            + u(i * FRAG * MAT_E), const=False))
     out.append(ir.Decl("mf_tks", "threadgroup float*", ir.Var("mf_tall")
@@ -209,11 +199,12 @@ def regions() -> list[ir.Stmt]:
     return out
 
 
-def key_fragments(ctx: Ctx, name: str, node: Node, k0: ir.Expr) -> list[ir.Stmt]:
-    """The simdgroup's 8 keys of `node` (K or V) as fragments `name`[d] in registers (the A
-    operands of its products), staged through its region."""
+def own_fragments(ctx: Ctx, name: str, node: Node, first: ir.Expr, count: ir.Expr,
+                  place: Callable[[ir.Expr], list[ir.Stmt]]) -> list[ir.Stmt]:
+    """The simdgroup's 8 rows from `first` of `node` as fragments `name`[d] in registers
+    (the A operands of its products), staged through its region."""
     d = ir.Var("mf_d")
-    return [*stage(ctx, "mf_tks", node, k0, ctx.size(ctx.roles.key), key_place),
+    return [*stage(ctx, "mf_tks", node, first, count, place),
             ir.Barrier(),
             ir.ArrayDecl(name, "float2", BLOCKS),
             unrolled("mf_d", BLOCKS, [ir.Assign(frag(name, d), zero()), ir.If(
@@ -251,7 +242,8 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
         *head(ctx, ctx.size(r.key), FRAG * KSG),
         ir.Decl("mf_k0", IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG))),
         ir.Comment("the simdgroup's 8 keys of K and V, as fragments in registers"),
-        *key_fragments(ctx, "mf_kf", r.k, k0), *key_fragments(ctx, "mf_vf", r.v, k0),
+        *own_fragments(ctx, "mf_kf", r.k, k0, ctx.size(r.key), key_place),
+        *own_fragments(ctx, "mf_vf", r.v, k0, ctx.size(r.key), key_place),
         *fragments(["mf_dkf", "mf_dvf"]),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "8 at a time, in order"),
@@ -265,40 +257,45 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
                f"threadgroup per {FRAG * KSG} keys of a kv head, 8 a simdgroup (K, V in "
                "registers); dk = sum dc q, dv = sum P dO over the query rows reading them "
                "(staged by the group, 8 at a time), as 8x8 fp32 products")
-    return kernel_of(ctx, body, "dkdv_matrix", summary, helpers, SIMD * KSG)
+    return kernel_of(ctx, body, "dkdv_matrix", summary, helpers, SIMD_WIDTH * KSG)
 
 
 def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = {"mf_mma", "mf_mat_load"}
-    t0, k0 = ir.Var("mf_b0"), ir.Var("mf_k0")
+    t0, k0 = ir.Var("mf_t0"), ir.Var("mf_k0")
     row = t0 + ir.Cast(IDX, ir.Var("mf_mr"))
     key = k0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
+    share = (ir.Var("mf_sg"), u(KSG))
     step: list[ir.Stmt] = [
-        ir.Comment("the block's 8 keys: K staged with its transpose, V transposed"),
-        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place, transposed=True),
+        ir.Comment("the block's 8 keys: K staged with its transpose, V transposed, by the "
+                   "whole group"),
+        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place, transposed=True,
+               rows=share),
         *stage(ctx, "mf_tv", r.v, k0, ctx.size(r.key), key_place, plain=False,
-               transposed=True),
+               transposed=True, rows=share),
         ir.Barrier(),
         ir.Comment("S = Q K^T, dP = dO V^T; per element dc; dQ += dc K"),
-        *products("mf_tq", "mf_tkt", "mf_sf"), *products("mf_tdo", "mf_tvt", "mf_pf"),
+        *products_from("mf_qf", "mf_tkt", "mf_sf"), *products_from("mf_dof", "mf_tvt",
+                                                                   "mf_pf"),
         ir.Decl("mf_cf", "float2", zero(), const=False),
         each_element(ctx, key, row, [r.dc], ["mf_cf"], helpers),
         accumulate("mf_dqf", ir.Var("mf_cf"), "mf_tk"),
         ir.Barrier()]
     body: list[ir.Stmt] = [
-        *arrays(["mf_tq", "mf_tdo", "mf_tk", "mf_tkt"]),
-        ir.ArrayDecl("mf_tvt", "float", FRAG * MAT_E, "threadgroup"),
-        *head(ctx, ctx.span(r.tile)),
-        ir.Comment("the block's 8 query rows of q and dO staged once"),
-        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx)),
-        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx)),
+        *regions(("mf_tk", "mf_tkt", "mf_tvt")),
+        *head(ctx, ctx.span(r.tile), FRAG * KSG),
+        ir.Decl("mf_t0", IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG))),
+        ir.Comment("the simdgroup's 8 query rows of q and dO, as fragments in registers"),
+        *own_fragments(ctx, "mf_qf", r.q, t0, ctx.span(r.tile), row_place(ctx)),
+        *own_fragments(ctx, "mf_dof", r.dy, t0, ctx.span(r.tile), row_place(ctx)),
         *fragments(["mf_dqf"]),
-        *key_range(ctx, t0, step),
+        *key_range(ctx, ir.Var("mf_b0"), step, FRAG * KSG),
         ir.Comment("the lane's row's dq"),
         ir.If(row < ctx.span(r.tile), [*positions(ctx, row, r.tile),
                                        *store_blocks(ctx, "dq", "mf_dqf")])]
     summary = (f"{ctx.graph.name} (attention backward, dq, simdgroup matrices): a "
-               "simdgroup per 8 query rows of a kv head; dq = sum_L dc k as 8x8 fp32 "
-               "products")
-    return kernel_of(ctx, body, "dq_matrix", summary, helpers, SIMD)
+               f"threadgroup per {FRAG * KSG} query rows of a kv head, 8 a simdgroup (q, dO "
+               "in registers); dq = sum_L dc k over the keys (staged by the group, 8 at a "
+               "time) as 8x8 fp32 products")
+    return kernel_of(ctx, body, "dq_matrix", summary, helpers, SIMD_WIDTH * KSG)

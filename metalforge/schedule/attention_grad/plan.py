@@ -62,7 +62,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
     ctx = context(graph, roles, index64)
     if roles.kind == "dq":
         kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
-        blocked, sgs = roles.tile, 1
+        blocked, sgs = roles.tile, matrix.KSG
     else:
         kernel, mat, grid = dkdv_kernel(ctx), matrix.dkdv_kernel(ctx), (*roles.own, roles.key)
         blocked, sgs = (roles.key,), matrix.KSG
