@@ -29,7 +29,6 @@ from ..lower import convert
 from .bounds import LONG, block_bounds, masked_by_index
 from .kernels import Ctx, kernel_of, load, offset, pair, positions
 
-
 FRAG = 8
 MAT_E = 128                      # E a lane's fragments hold (16 blocks of 8)
 BLOCKS = MAT_E // FRAG
