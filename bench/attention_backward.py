@@ -10,7 +10,8 @@ time is that of torch.autograd.grad(out, (q, k, v), dy) on an output computed on
 requires_grad (the backward alone: for ours its four kernels: the forward again with the
 rows' logsumexp, delta = rowsum(dO * O), dq, dk/dv). TFLOP/s counts the backward's 5
 products of S x L x E multiply-adds per head (10 S L E flops), half of them under a causal
-mask (both sides get the same credit); "ours/sdpa" is SDPA's time over ours (1.0: as fast).
+mask (both sides get the same credit); "ours/sdpa" is SDPA's time over ours (1.0: as fast);
+"rel err": the largest difference of our dq, dk, dv from SDPA's over its largest value.
 Peak memory: what the backward allocates beyond the inputs (CUDA only). On CUDA the times are
 CUDA-event times of `--repeat` calls after warm-up (autograd's host work included); on the
 simulator (--device cpu) this is a smoke test at small sizes.
@@ -107,9 +108,10 @@ def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repe
         sides["compile"] = torch.compile(lambda a, b, c: _math(a, b, c, scale, mask))
     runs = {n: _backward(f, (q, k, v), dy) for n, f in sides.items()}
     got, want = runs["ours"](), runs["sdpa"]()
-    for name, a, b in zip("qkv", got, want):
-        torch.testing.assert_close(a.float(), b.float(), rtol=5e-2, atol=5e-2,
-                                   msg=lambda m, n=name: f"d{n}: {m}")
+    err = max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+              for a, b in zip(got, want))          # the largest error against SDPA's, relative
+    if not err < 5e-2:
+        print(f"  WARNING: ours differs from SDPA's backward by {err:.3g} (relative to max)")
     times = {n: _time(r, device, repeat) for n, r in runs.items()}
     peaks = {n: _peak(r, device) for n, r in runs.items()}
     flops = 10 * heads * length * length * e * (0.5 if causal else 1.0)
@@ -117,7 +119,7 @@ def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repe
     tf = " ".join(f"{flops / times[n] / 1e12:>7.2f}" for n in runs)
     mem = " ".join(f"{peaks[n] / 2 ** 20:>7.0f}" for n in runs)
     print(f"{length:>6} {e:>4} {str(causal):>6} {cols} {tf} {mem} "
-          f"{times['sdpa'] / times['ours']:>9.3f}x")
+          f"{times['sdpa'] / times['ours']:>9.3f}x {err:>8.1e}")
 
 
 def main(argv=None) -> None:
@@ -141,7 +143,8 @@ def main(argv=None) -> None:
           "ms, TFLOP/s, peak MiB per side")
     print(f"{'S=L':>6} {'E':>4} {'causal':>6} " + " ".join(f"{n + ' ms':>9}" for n in names)
           + " " + " ".join(f"{n[:7]:>7}" for n in names) + " "
-          + " ".join(f"{n[:5] + ' MiB':>7}" for n in names) + f" {'ours/sdpa':>9}")
+          + " ".join(f"{n[:5] + ' MiB':>7}" for n in names) + f" {'ours/sdpa':>9} "
+          f"{'rel err':>8}")
     for length in lengths:
         case(device, DTYPES[args.dtype], length, heads, e, args.causal, repeat,
              args.compile and device != "cpu")

@@ -210,3 +210,26 @@ def test_as_op():
     op = masked.as_op("mf_test::attention_backward")
     for got, w in zip(torch.autograd.grad((op(q, k, v, *extra) * 2.0).sum(), (q, k, v)), want):
         torch.testing.assert_close(got, 2 * w)
+
+
+def test_backward_kernels_translate_to_cuda(tmp_path):
+    """The dq and dk/dv kernels' MSL through the CUDA backend's translation, and (with a host
+    C++ compiler) its syntax check against the CUDA shim."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda import translate
+    from metalforge.cuda.library import INCLUDE_DIR
+    from metalforge.runtime.show import source
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    for k in autodiff.derive(masked.graph(T="f16")).kernels[2:]:
+        tr = translate(source(k, None))
+        assert len(tr.entries) == 2                 # the simd and the matrix kernel
+        if cxx is None:
+            continue
+        f = tmp_path / f"{k.name}.cu"
+        f.write_text(tr.text)
+        r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DMF_CUDA_HOST_CHECK",
+                            f"-I{INCLUDE_DIR}", "-x", "c++", str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[:4000]
