@@ -55,7 +55,8 @@ def test_each_family_is_recognised(kernel, fam):
     g = kernel.graph(T="f32")
     m = schedule.recognise(g)
     assert m.family == schedule.family(g) == fam
-    assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant", "attention",
+    assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant",
+                                                     "attention_grad", "attention",
                                                      "multiaxis", "row", "column",
                                                      "elementwise"]
     assert schedule.plan(g).family == fam
