@@ -8,10 +8,11 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from .. import autodiff
+from .. import autodiff, schedule
 from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
 from ..graph import Graph
+from ..schedule.policy import TUNABLE
 from .runs import run
 from .show import source
 
@@ -22,9 +23,18 @@ How = tuple[Optional[str], Optional[Mapping[str, Any]]]
 def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
                  backend: Optional[str], launch: Optional[Mapping[str, Any]],
                  saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
-    """`autodiff.run_backward` through the runtime, on `backend` under `launch`."""
-    return autodiff.run_backward(bw, values, dys, partial(run, backend=backend, launch=launch),
-                                 saved)
+    """`autodiff.run_backward` through the runtime, on `backend` under `launch` (where the
+    backward's first kernel is the forward's own, `bw.forward`, the other kernels take the
+    options of `launch` their family has: the user tuned the forward)."""
+    if not (bw.forward and launch):
+        return autodiff.run_backward(bw, values, dys,
+                                     partial(run, backend=backend, launch=launch), saved)
+
+    def each(k: Graph, kv: Mapping[str, Any]) -> Any:
+        mine = launch if k is bw.kernels[0] else {
+            key: v for key, v in launch.items() if key in TUNABLE[schedule.family(k)]}
+        return run(k, kv, backend=backend, launch=mine)
+    return autodiff.run_backward(bw, values, dys, each, saved)
 
 
 def _wrt(names: tuple[str, ...], tensors: Any, needs: Any) -> tuple[str, ...]:

@@ -200,6 +200,18 @@ def test_refusals_name_what_is_missing():
         autodiff.derive(rescaled.graph(T="f32"))
 
 
+def test_launch_options_of_the_forward():
+    """Options for the forward's kernels (a split of the keys: the merge kernel) apply to
+    the forward with the rows' logsumexp; the other backward kernels take none of them."""
+    q, k, v, valid, dy = _inputs(torch.float16, 0)
+    extra = (valid, 0.15, 30, 1e4)
+    want = _ours((q, k, v), extra, dy)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = masked.with_launch(key_splits=2)(*leaves, *extra)
+    for a, b in zip(torch.autograd.grad(out, leaves, dy), want):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
 def test_as_op():
     """Through the operator (its schema returns the output only: the backward runs the
     forward with the rows' logsumexp again)."""
