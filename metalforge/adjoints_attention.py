@@ -81,15 +81,15 @@ def why_not(graph: Graph) -> Optional[str]:
     loads = [_load(a) for a in prod.args] if prod.op == Op.BINARY else []
     if prod.attr is not BinaryOp.MUL or len(loads) != 2 or None in loads:
         return "its score contraction is not sum(q * k) of two tensors"
-    if _load(form.values) is None:
+    v = _load(form.values)
+    if v is None:
         return "its values are not a tensor read (elementwise work on V)"
     k = [x for x in loads if x is not None and form.key in x.axes]
     if len(k) != 1:
         return "its score contraction does not multiply one key tensor by one query tensor"
-    if set(_load(form.values).axes) != set(k[0].axes):  # type: ignore[union-attr]
+    if set(v.axes) != set(k[0].axes):
         return "its keys and values are not over the same axes"
     return None
-
 
 
 def pieces(graph: Graph) -> Pieces:
