@@ -31,6 +31,8 @@ also names the scans, scatters and gathers a backward kernel takes from an earli
 buffer (`adjoints.apart`). No gradient flows through comparisons, integer or bool
 values, argmax/argmin, mf.index/mf.size, runtime scalars and Consts. `prod`, `cummax` and
 `cummin` have no derivative here: `NotDifferentiable`.
+Attention (a softmax over one axis of contractions over another) has backward kernels of its
+own, FlashAttention-2 style: `adjoints_attention` (`_attention`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from . import adjoints
+from . import adjoints, adjoints_attention
 from .dtypes import BOOL, F32, I64, DType
 from .errors import MetalforgeError, at, kernel_at
 from .graph import (
@@ -397,6 +399,10 @@ class Backward:
     saved: tuple = ()                   # (buffer name, forward node): row values the forward
                                         # writes (`runtime.saving.forward_saving`) and the
                                         # backward loads
+    # kernels[0] computes the forward's outputs (first) and buffers of the backward (after:
+    # attention's logsumexp): a call that needs gradients may run it as its forward and hand
+    # its results to `run_backward` (`saved`), which then does not run it again
+    forward: bool = False
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -428,6 +434,8 @@ def derive(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
     them when None); gathers' gradients scatter `deterministic`ally (sorted, no atomics) or
     with atomic adds. Raises NotDifferentiable when no output is a float value, when a
     requested input is not a float tensor, or through an op with no derivative."""
+    if adjoints_attention.match(graph) is not None:    # FlashAttention-2 style kernels
+        return _attention(graph, wrt)
     wrt = _check_wrt(graph, wrt, deterministic)
     b = _Nodes(_axis_order(graph))
     taken = {p.name for p in graph.params}
@@ -462,6 +470,26 @@ def _use_saved(graph: Graph, grads: dict[str, Node], taken: set[str],
     names = list(grads)
     new = _rebuild([grads[k] for k in names], swap)
     return dict(zip(names, new)), kept
+
+
+def _attention(graph: Graph, wrt: Optional[tuple[str, ...]]) -> Backward:
+    """The backward of an attention kernel (`adjoints_attention`: the forward again with the
+    rows' logsumexp, delta = rowsum(dO * O), a kernel over query rows for dq, one over keys
+    for dk and dv)."""
+    floats = tuple(t.name for t in graph.tensors if t.dtype.is_float)
+    wrt = floats if wrt is None else tuple(wrt)
+    bad = [n for n in wrt if n not in floats]
+    why = adjoints_attention.refusal(graph, wrt) if not bad else \
+        f"argument '{bad[0]}' is not a floating-point tensor argument, so it has no gradient"
+    if why is not None:
+        raise NotDifferentiable(f"{_where(graph)}: {why}")
+    b = _Nodes(_axis_order(graph))
+    taken = {p.name for p in graph.params}
+    dy_names, dy_params, dys = _output_gradients(graph, b, taken)
+    names = (_fresh("out", taken), _fresh("lse", taken), _fresh("delta", taken))
+    d = adjoints_attention.derive(graph, wrt, b, _contributions, dys[graph.outputs[0].node],
+                                  tuple(dy_params), names)
+    return Backward(graph, wrt, tuple(dy_names), d.kernels, d.grads, d.buffers, forward=True)
 
 
 def _check_wrt(graph: Graph, wrt: Optional[tuple[str, ...]], deterministic: bool = False
@@ -712,11 +740,13 @@ def backward_of(graph: Graph, wrt: Optional[tuple[str, ...]] = None,
 
 
 def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
-                 run: Callable[[Graph, Mapping[str, Any]], Any]) -> dict[str, torch.Tensor]:
+                 run: Callable[[Graph, Mapping[str, Any]], Any],
+                 saved: Optional[tuple] = None) -> dict[str, torch.Tensor]:
     """The gradients {input: tensor} for `wrt` given the forward values (tensors and runtime
     scalars by name) and the output gradients `dys` (one per forward output; None or an
     integer output's entry is ignored). Inputs with no path to a float output get zeros.
-    run(graph, values) runs each backward kernel (the runtime, or `reference.evaluate`)."""
+    run(graph, values) runs each backward kernel (the runtime, or `reference.evaluate`).
+    saved: the results of kernels[0] where `bw.forward` and the forward call ran it."""
     env: dict[str, Any] = dict(values)
     for name, dy, o in zip(bw.dy, dys, bw.graph.outputs):
         if name is None:
@@ -735,9 +765,11 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
                     and v.dim() == len(p.dims) - 1:
                 env[p.name] = v.unsqueeze(0)
     results: list[tuple] = []
-    for k in bw.kernels:
-        kv = {p.name: env[p.name] for p in k.params if p.name in env}
-        r = run(k, kv)
+    for ki, k in enumerate(bw.kernels):
+        if ki == 0 and saved is not None and bw.forward:     # the forward call's results
+            r: Any = tuple(saved)
+        else:
+            r = run(k, {p.name: env[p.name] for p in k.params if p.name in env})
         r = r if isinstance(r, tuple) else (r,)
         results.append(r)
         for o_name, (ki, oi) in bw.buffers.items():
@@ -756,23 +788,3 @@ def run_backward(bw: Backward, values: Mapping[str, Any], dys: Any,
 def _out_shape(graph: Graph, o: Output, values: Mapping[str, Any]):
     tensors = {t.name: values[t.name] for t in graph.tensors}
     return output_shape(bind_shapes(graph, tensors), o)
-
-
-def source(bw: Backward, show: Callable[[Graph, Optional[Mapping[str, Any]]], str],
-           values: Optional[Mapping[str, Any]] = None) -> str:
-    """The MSL of every backward kernel (`show(graph, values or None)`), in launch order, each
-    under a header comment."""
-    parts = []
-    for i, k in enumerate(bw.kernels):
-        mine = sorted((v[1], n) for n, v in {**bw.grads, **bw.buffers}.items() if v[0] == i)
-        outs = ", ".join(f"d{n}" if n in bw.grads else n for _, n in mine)
-        head = (f"// backward kernel {i + 1} of {len(bw.kernels)} of '{bw.graph.name}': "
-                f"writes {outs}; reads {', '.join(loaded(k))}")
-        kv = None
-        if values is not None:
-            kv = {p.name: values[p.name] for p in k.params if p.name in values}
-            if len(kv) != len([p for p in k.params if isinstance(p, (TensorParam,
-                                                                    ScalarParam))]):
-                kv = None
-        parts.append(head + "\n" + show(k, kv))
-    return "\n\n".join(parts)

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .. import autodiff
+from .. import autodiff, schedule
 from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
-from ..graph import Graph
+from ..graph import Graph, ScalarParam, TensorParam
+from ..schedule.policy import TUNABLE
 from . import saving
 from .runs import run
 from .show import source
@@ -21,10 +22,20 @@ How = tuple[Optional[str], Optional[Mapping[str, Any]]]
 
 
 def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
-                 backend: Optional[str], launch: Optional[Mapping[str, Any]]
-                 ) -> dict[str, torch.Tensor]:
-    """`autodiff.run_backward` through the runtime, on `backend` under `launch`."""
-    return autodiff.run_backward(bw, values, dys, partial(run, backend=backend, launch=launch))
+                 backend: Optional[str], launch: Optional[Mapping[str, Any]],
+                 saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
+    """`autodiff.run_backward` through the runtime, on `backend` under `launch` (where the
+    backward's first kernel is the forward's own, `bw.forward`, the other kernels take the
+    options of `launch` their family has: the user tuned the forward)."""
+    if not (bw.forward and launch):
+        return autodiff.run_backward(bw, values, dys,
+                                     partial(run, backend=backend, launch=launch), saved)
+
+    def each(k: Graph, kv: Mapping[str, Any]) -> Any:
+        mine = launch if k is bw.kernels[0] else {
+            key: v for key, v in launch.items() if key in TUNABLE[schedule.family(k)]}
+        return run(k, kv, backend=backend, launch=mine)
+    return autodiff.run_backward(bw, values, dys, each, saved)
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -33,8 +44,11 @@ class _KernelFunction(torch.autograd.Function):
                 names: tuple[str, ...], *tensors: torch.Tensor) -> Any:
         vals = dict(values)
         vals.update(zip(names, tensors))
-        bw = saving.choose(graph, _wrt(names, tensors, ctx.needs_input_grad), vals, how[1],
-                           how[0])
+        wrt = _wrt(names, tensors, ctx.needs_input_grad)
+        bw = saving.choose(graph, wrt, vals, how[1], how[0])
+        if bw is None and wrt:          # attention: its first backward kernel is the forward's
+            plain = autodiff.backward_of(graph, wrt)
+            bw = plain if plain.forward else None
         out, kept = _forward(graph, vals, how, bw)
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
@@ -54,9 +68,10 @@ class _KernelFunction(torch.autograd.Function):
         vals = dict(values)
         vals.update(zip(names, tensors))
         if bw is None or bw.wrt != wrt:             # recompute what the backward needs
-            bw = autodiff.backward_of(graph, wrt)
+            bw, kept = autodiff.backward_of(graph, wrt), ()
         vals.update((name, t) for (name, _), t in zip(bw.saved, kept))
-        grads = run_backward(bw, vals, dys, *how)
+        ran = kept if bw.forward and kept else None         # the forward kernel's results
+        grads = run_backward(bw, vals, dys, how[0], how[1], saved=ran)
         return (None, None, None, None, *[grads.get(n) for n in names])
 
 
@@ -70,12 +85,17 @@ def _wrt(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...],
 
 def _forward(graph: Graph, vals: Mapping[str, Any], how: How,
              bw: Optional[autodiff.Backward]) -> tuple[Any, tuple[torch.Tensor, ...]]:
-    """(the forward's outputs, the row values it saves for backward `bw`): with `bw` None
-    (`saving.choose`: recomputing moves fewer bytes), the forward alone and nothing saved."""
+    """(the forward's outputs, what it saves for backward `bw`): with `bw` None
+    (`saving.choose`: recomputing moves fewer bytes), the forward alone and nothing saved;
+    where the backward's first kernel is the forward's own (`bw.forward`: attention with its
+    rows' logsumexp), all that kernel's results."""
     if bw is None:
         return run(graph, vals, backend=how[0], launch=how[1]), ()
-    full = run(saving.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
     k = len(graph.outputs)
+    if bw.forward:
+        full = run(bw.kernels[0], vals, backend=how[0], launch=how[1])
+        return (full[0] if k == 1 else tuple(full[:k])), tuple(full)
+    full = run(saving.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
     return (full[0] if k == 1 else tuple(full[:k])), tuple(full[k:])
 
 
@@ -99,5 +119,25 @@ def backward_source(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
                     sizes: Optional[Mapping[str, int]] = None,
                     launch: Optional[Mapping[str, Any]] = None) -> str:
     """The MSL of the backward kernels of `graph`, in launch order."""
-    return autodiff.source(autodiff.backward_of(graph),
-                           lambda k, kv: source(k, kv, sizes=sizes, launch=launch), values)
+    return _sources(autodiff.backward_of(graph),
+                    lambda k, kv: source(k, kv, sizes=sizes, launch=launch), values)
+
+
+def _sources(bw: autodiff.Backward, show: Callable[[Graph, Optional[Mapping[str, Any]]], str],
+           values: Optional[Mapping[str, Any]] = None) -> str:
+    """The MSL of every backward kernel (`show(graph, values or None)`), in launch order, each
+    under a header comment."""
+    parts = []
+    for i, k in enumerate(bw.kernels):
+        mine = sorted((v[1], n) for n, v in {**bw.grads, **bw.buffers}.items() if v[0] == i)
+        outs = ", ".join(f"d{n}" if n in bw.grads else n for _, n in mine)
+        head = (f"// backward kernel {i + 1} of {len(bw.kernels)} of '{bw.graph.name}': "
+                f"writes {outs}; reads {', '.join(autodiff.loaded(k))}")
+        kv = None
+        if values is not None:
+            kv = {p.name: values[p.name] for p in k.params if p.name in values}
+            if len(kv) != len([p for p in k.params if isinstance(p, (TensorParam,
+                                                                    ScalarParam))]):
+                kv = None
+        parts.append(head + "\n" + show(k, kv))
+    return "\n\n".join(parts)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, multiaxis, quant, rows, scan, scatter
+from . import attention, attention_grad, column, elementwise, multiaxis, quant, rows, scan, scatter
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -132,6 +132,9 @@ PATTERNS: tuple[Pattern, ...] = (
             _build_column),
     # a reduction whose argument unpacks packed words
     Pattern("quant", lambda f: bool(f.reductions), lambda g, f: quant.match(g), quant.build),
+    # the backward graphs of an attention kernel (registered with their roles by autodiff)
+    Pattern("attention_grad", lambda f: len(f.axes) > 1,
+            lambda g, f: attention_grad.roles_of(g), attention_grad.build),
     # sum(softmax(s, L) * V, L) with s summed products over another axis E
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),

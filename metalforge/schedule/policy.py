@@ -298,6 +298,10 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "scatter": ("threads_per_group", "index64"),
 }
+# the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
+POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
+                                          uses_simd=True)
+TUNABLE["attention_grad"] = ("index64",)
 
 
 def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:

@@ -23,6 +23,7 @@ from ..lower import ElementLowering, compute_type, convert, ident
 from ..names import template_vars
 from ..policy import LaunchPolicy, access_width
 from ..reduce import declare_position
+from .lse import is_lse
 from .match import Form
 from .params import TILE_KEYS, VALUE_RUN
 
@@ -122,6 +123,8 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ca
                                    f"'{form.e}'")
     rows = tuple(a for a in widest if a != form.e)
     for o in graph.outputs:
+        if is_lse(form, o.node) and tuple(o.axes) == rows:     # the rows' logsumexp
+            continue
         if tuple(a for a in o.axes if a != form.e) != rows or form.e not in o.axes:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': every output of an attention kernel is over the "

@@ -10,6 +10,7 @@ from ..hardware import SIMD_WIDTH
 from ..online import NEG_INF
 from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .loops import slots
+from .lse import any_lse
 from .params import MERGE_LANES, MERGE_MIN_SHARE, MERGE_SIMDGROUPS, MERGE_STEP
 from .write import epilogue
 
@@ -33,7 +34,9 @@ def kernel(ctx: CallContext) -> ir.LoweredKernel:
     body: list[ir.Stmt] = [
         *_placement(ctx, ks),
         *ks.out.pre,
-        ir.Block(_block_sums(ctx, ks)),
+        # (the rows' logsumexp reads M after the sums: no block around them then)
+        *(_block_sums(ctx, ks) if any_lse(ctx.form, ctx.graph.outputs)
+          else [ir.Block(_block_sums(ctx, ks))]),
         ir.Barrier(),
         ir.Comment("each thread its elements of E: the simdgroups' sums added; outputs: "
                    "acc / d (all keys masked: 0 / 0 = NaN)"),

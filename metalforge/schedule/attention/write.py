@@ -9,6 +9,7 @@ from ..base import IDX
 from ..lower import compute_type
 from .context import MACC, CallContext, KernelState, lowering, offset
 from .loops import lanes
+from .lse import any_lse, is_lse
 
 
 def epilogue(ctx: CallContext, ks: KernelState, acc: ir.Expr = MACC,
@@ -18,10 +19,16 @@ def epilogue(ctx: CallContext, ks: KernelState, acc: ir.Expr = MACC,
     f = ctx.form
     low = lowering(ctx, ks, "mf_o")
     low.values[f.out] = ir.Cast(compute_type(f.out.dtype), acc / ir.Var("mf_md"))
+    if any_lse(f, ctx.graph.outputs):           # the rows' logsumexp: from the final state
+        low.values[f.max], low.values[f.denom] = ir.Var("mf_mm"), ir.Var("mf_md")
     body = low.lower([o.node for o in ctx.graph.outputs])
     ks.out.helpers |= low.helpers
     for k, o in enumerate(ctx.graph.outputs):
-        body.append(ir.Store(ctx.out_names[k], offset(ctx, ks, o.axes), ctx.out_value(k, low)))
+        store: ir.Stmt = ir.Store(ctx.out_names[k], offset(ctx, ks, o.axes),
+                                  ctx.out_value(k, low))
+        if is_lse(f, o.node):                   # one value per row: by E element 0's lane
+            store = ir.If(ir.Var("mf_e").eq(ir.Lit(0, "uint")), [store])
+        body.append(store)
     return each(body) if each is not None else lanes(ctx, ks, body)
 
 

@@ -1,0 +1,154 @@
+"""Attention backward: ours (the kernels metalforge derives for examples/attention.py:
+`metalforge.adjoints_attention`) vs the backward of torch's scaled_dot_product_attention, and of
+torch's math attention (eager and under torch.compile), same device.
+
+    python bench/attention_backward.py --device cuda
+    python bench/attention_backward.py --device cuda --lengths 1024 --heads 32 --no-causal
+
+f16, B = 1, 16 heads (R = 1), E = 128, S = L in {1024, 4096}, causal unless --no-causal. The
+time is that of torch.autograd.grad(out, (q, k, v), dy) on an output computed once with
+requires_grad (the backward alone: for ours its four kernels: the forward again with the
+rows' logsumexp, delta = rowsum(dO * O), dq, dk/dv). TFLOP/s counts the backward's 5
+products of S x L x E multiply-adds per head (10 S L E flops), half of them under a causal
+mask (both sides get the same credit); "ours/sdpa" is SDPA's time over ours (1.0: as fast);
+"rel err": the largest difference of our dq, dk, dv from SDPA's over its largest value.
+Peak memory: what the backward allocates beyond the inputs (CUDA only). On CUDA the times are
+CUDA-event times of `--repeat` calls after warm-up (autograd's host work included); on the
+simulator (--device cpu) this is a smoke test at small sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import DTYPES, pick_device, sync  # noqa: E402
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(
+        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_ex = _example("attention")
+attention, causal_mask = _ex.attention, _ex.causal_mask
+
+
+def _math(q, k, v, scale, mask):
+    s = (q @ k.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(s, -1).to(q.dtype)) @ v
+
+
+def _time(fn, device: str, repeat: int) -> float:
+    """Seconds per call: CUDA events around `repeat` calls (CUDA), else the median wall time."""
+    for _ in range(2):
+        fn()
+    sync(device)
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / 1e3 / repeat
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _peak(fn, device: str) -> int:
+    """Bytes the call allocates at its peak beyond what was allocated before (CUDA), else 0."""
+    if device != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def _backward(forward, inputs, dy):
+    """A closure timing the backward of forward(*inputs) alone (the graph kept)."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = forward(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
+
+
+def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repeat: int,
+         compiled: bool) -> None:
+    q, k, v, dy = (torch.randn(1, heads, length, e, dtype=dtype, device=device)
+                   for _ in range(4))
+    scale = e ** -0.5
+    mask = causal_mask(length, length, device) if causal else None
+    sides = {
+        "ours": lambda a, b, c: attention(a, b, c, scale, causal=causal),
+        "sdpa": lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=scale,
+                                                               is_causal=causal),
+        "eager": lambda a, b, c: _math(a, b, c, scale, mask)}
+    if compiled:
+        sides["compile"] = torch.compile(lambda a, b, c: _math(a, b, c, scale, mask))
+    runs = {n: _backward(f, (q, k, v), dy) for n, f in sides.items()}
+    got, want = runs["ours"](), runs["sdpa"]()
+    err = max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+              for a, b in zip(got, want))          # the largest error against SDPA's, relative
+    if not err < 5e-2:
+        print(f"  WARNING: ours differs from SDPA's backward by {err:.3g} (relative to max)")
+    times = {n: _time(r, device, repeat) for n, r in runs.items()}
+    peaks = {n: _peak(r, device) for n, r in runs.items()}
+    flops = 10 * heads * length * length * e * (0.5 if causal else 1.0)
+    cols = " ".join(f"{times[n] * 1e3:>9.2f}" for n in runs)
+    tf = " ".join(f"{flops / times[n] / 1e12:>7.2f}" for n in runs)
+    mem = " ".join(f"{peaks[n] / 2 ** 20:>7.0f}" for n in runs)
+    print(f"{length:>6} {e:>4} {str(causal):>6} {cols} {tf} {mem} "
+          f"{times['sdpa'] / times['ours']:>9.3f}x {err:>8.1e}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--e", type=int, default=128)
+    ap.add_argument("--no-causal", dest="causal", action="store_false")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    args = ap.parse_args(argv)
+    device = pick_device(args.device)
+    heads, e, lengths, repeat = args.heads, args.e, args.lengths, args.repeat
+    if device == "cpu":                         # the simulator: a smoke test
+        heads, e, lengths, repeat = 2, 32, [min(n, 48) for n in lengths[:1]], 1
+    names = ["ours", "sdpa", "eager"] + (["compile"] if args.compile and device != "cpu"
+                                         else [])
+    print(f"attention backward on {device}: B=1, {heads} heads, E={e}, {args.dtype}; "
+          "ms, TFLOP/s, peak MiB per side")
+    print(f"{'S=L':>6} {'E':>4} {'causal':>6} " + " ".join(f"{n + ' ms':>9}" for n in names)
+          + " " + " ".join(f"{n[:7]:>7}" for n in names) + " "
+          + " ".join(f"{n[:5] + ' MiB':>7}" for n in names) + f" {'ours/sdpa':>9} "
+          f"{'rel err':>8}")
+    for length in lengths:
+        case(device, DTYPES[args.dtype], length, heads, e, args.causal, repeat,
+             args.compile and device != "cpu")
+
+
+if __name__ == "__main__":
+    main()

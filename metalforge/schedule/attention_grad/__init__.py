@@ -1,0 +1,12 @@
+"""The attention backward family (FlashAttention-2 style): the kernels of the backward graphs
+`metalforge.adjoints_attention` derives from an attention kernel, recognised by the `Roles`
+registered with them (`roles`): the dq kernel over query rows and the dk/dv kernel over keys,
+on simdgroup matrices for E up to 128 (`matrix`, skipping the key blocks an index mask hides:
+`bounds`), simd kernels above (`kernels`, which also holds the pieces both share); `plan` is
+the host side."""
+from __future__ import annotations
+
+from .plan import AttentionGradSchedule, build
+from .roles import Roles, register, roles_of
+
+__all__ = ["AttentionGradSchedule", "Roles", "build", "register", "roles_of"]

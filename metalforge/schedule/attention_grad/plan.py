@@ -1,0 +1,71 @@
+"""The host side of an attention backward kernel: for E up to MAT_E the simdgroup_matrix
+kernel (`matrix`: a simdgroup per block of 8 keys or query rows of a kv head), above it the
+simd kernel (`kernels`: a simdgroup per key or query row, NSG a threadgroup)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from ... import ir
+from ...graph import Graph
+from ...shapes import numel
+from ..base import Schedule
+from ..hardware import SIMD_WIDTH
+from ..policy import LaunchPolicy
+from . import matrix
+from .kernels import MAX_E, NSG, context, dkdv_kernel, dq_kernel
+from .roles import Roles
+
+
+@dataclass
+class AttentionGradSchedule(Schedule):
+    e_axis: str = ""
+    matrix: Optional[ir.LoweredKernel] = None
+    own: tuple[str, ...] = ()              # the kv head's axes
+    blocked: tuple[str, ...] = ()          # the axes the matrix kernel takes 8 at a time
+    sgs: int = 1                           # ... in that many simdgroups a threadgroup
+
+    @property
+    def kernels(self) -> tuple[ir.LoweredKernel, ...]:
+        return (self.kernel,) if self.matrix is None else (self.kernel, self.matrix)
+
+    def _uses_matrix(self, sizes: Mapping[str, int]) -> bool:
+        return self.matrix is not None and sizes[self.e_axis] <= matrix.MAT_E
+
+    def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        if self._uses_matrix(sizes):
+            blocks = -(-numel(self.blocked, sizes) // (matrix.FRAG * self.sgs))
+            return numel(self.own, sizes) * blocks * SIMD_WIDTH * self.sgs, \
+                SIMD_WIDTH * self.sgs
+        groups = -(-numel(self.grid_axes, sizes) // NSG)
+        return groups * NSG * SIMD_WIDTH, NSG * SIMD_WIDTH
+
+    def max_group_size(self, host_name: str) -> int:
+        if self.matrix is not None and host_name == self.matrix.host_name:
+            return SIMD_WIDTH * self.sgs
+        return NSG * SIMD_WIDTH
+
+    def host_name(self, sizes: Mapping[str, int]) -> str:
+        if sizes[self.e_axis] > MAX_E:
+            raise ValueError(f"kernel '{self.graph.name}': the attention backward holds at "
+                             f"most {MAX_E} elements of '{self.e_axis}' per row, got "
+                             f"{sizes[self.e_axis]}")
+        if self._uses_matrix(sizes):
+            assert self.matrix is not None
+            return self.matrix.host_name
+        return self.kernel.host_name
+
+
+def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
+          ) -> AttentionGradSchedule:
+    """The schedule of one attention backward graph (its `roles` registered when built)."""
+    ctx = context(graph, roles, index64)
+    if roles.kind == "dq":
+        kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
+        blocked, sgs = roles.tile, matrix.KSG
+    else:
+        kernel, mat, grid = dkdv_kernel(ctx), matrix.dkdv_kernel(ctx), (*roles.own, roles.key)
+        blocked, sgs = (roles.key,), matrix.KSG
+    return AttentionGradSchedule("attention_grad", graph, policy, kernel, tuple(grid), (),
+                                 index64, e_axis=roles.e, matrix=mat, own=roles.own,
+                                 blocked=blocked, sgs=sgs)

@@ -1,0 +1,247 @@
+"""The attention backward (FlashAttention-2 style: `metalforge.adjoints_attention`, the
+`attention_grad` family): dq, dk, dv through the simulator against torch's own backward
+(scaled_dot_product_attention's, or torch's math in float64 for the soft cap), with GQA,
+causal / sliding-window / padding masks and a soft cap, at E and row counts that leave partial
+simdgroups and groups; the backward graphs on the reference path against finite differences
+(gradcheck in float64); check(grad=True); the variants it refuses."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+from examples.attention import attention
+from metalforge import autodiff, schedule
+from metalforge.autodiff import NotDifferentiable
+from metalforge.reference import evaluate
+from metalforge.runtime.runs import run
+from metalforge.testing import check
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float16: dict(rtol=2e-2, atol=2e-2)}
+
+
+@mf.kernel
+def masked(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", valid: "bool[B, L]",
+           scale: float, window: int, cap: float):
+    """GQA with a soft cap, a causal sliding window and a key-padding mask: every score term
+    the backward differentiates, in one kernel (one compile per dtype)."""
+    s = mf.sum(q * k, axis="E") * scale
+    s = cap * mf.tanh(s / cap)
+    pos = mf.index("S") + mf.size("L") - mf.size("S")
+    key = mf.index("L")
+    s = mf.where((key <= pos) & (key > pos - window) & valid, s, -mf.inf)
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+def _mask(valid, n, length, window):
+    pos = torch.arange(n)[:, None] + length - n
+    key = torch.arange(length)[None, :]
+    return ((key <= pos) & (key > pos - window))[None, None] & valid[:, None, None, :]
+
+
+def _torch_masked(q, k, v, valid, scale, window, cap):
+    """torch's math in float64 (GQA: each kv head repeated for its R query heads)."""
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    s = cap * torch.tanh((q @ k.transpose(-1, -2)) * scale / cap)
+    s = s.masked_fill(~_mask(valid, q.shape[2], k.shape[2], window), float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _inputs(dtype, seed, b=2, g=2, r=2, n=5, length=37, e=40):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, g * r, n, e, generator=gen).to(dtype)
+    k, v = (torch.randn(b, g, length, e, generator=gen).to(dtype) for _ in range(2))
+    dy = torch.randn(b, g * r, n, e, generator=gen).to(dtype)
+    valid = torch.arange(length)[None, :] < torch.tensor([length, length - 3])[:b, None]
+    return q, k, v, valid, dy
+
+
+def _leaves(*xs):
+    return [x.detach().double().requires_grad_() for x in xs]
+
+
+def _ours(inputs, extra, dy):
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    out = masked(*leaves, *extra)
+    return torch.autograd.grad(out, leaves, dy)
+
+
+def _close(got, want, dtype):
+    for name, a, b in zip("qkv", got, want):
+        assert a.dtype == dtype, name
+        torch.testing.assert_close(a.double(), b, **TOL[dtype], msg=lambda m: f"d{name}: {m}")
+
+
+def test_f16_gqa_window_padding_match_sdpa_backward():
+    """f16 against SDPA's backward (a cap of 1e4 leaves the scores as they are): GQA (dk, dv
+    summed over each kv head's 2 query heads), a window of 30 of 37 keys and 3 padded keys,
+    E = 40 (a partial last lane slot), 37 keys (a partial threadgroup of the dk/dv kernel)."""
+    q, k, v, valid, dy = _inputs(torch.float16, 0)
+    got = _ours((q, k, v), (valid, 0.15, 30, 1e4), dy)
+    lq, lk, lv = _leaves(q, k, v)
+    ref = F.scaled_dot_product_attention(lq, lk, lv, scale=0.15, enable_gqa=True,
+                                         attn_mask=_mask(valid, 5, 37, 30))
+    _close(got, torch.autograd.grad(ref, (lq, lk, lv), dy.double()), torch.float16)
+
+
+def test_f32_soft_cap_and_masks_match_torch():
+    """f32 with a small cap (its derivative 1 - tanh^2 matters) and a window of 9 keys:
+    masked scores get no gradient; against torch's own autograd of its math in float64."""
+    extra = (0.5, 9, 2.0)
+    # E = 40: the simdgroup_matrix kernels; E = 136 (over their 128): the simd kernels
+    for e, length in ((40, 37), (136, 11)):
+        q, k, v, valid, dy = _inputs(torch.float32, 1, length=length, e=e)
+        got = _ours((q, k, v), (valid, *extra), dy)
+        leaves = _leaves(q, k, v)
+        want = torch.autograd.grad(_torch_masked(*leaves, valid, *extra), leaves,
+                                   dy.double())
+        _close(got, want, torch.float32)
+
+
+class _Reference(torch.autograd.Function):
+    """The derived graphs on the reference path, as the runtime runs them: the forward with
+    the rows' logsumexp (`Backward.forward`), saved; then the backward's other kernels."""
+    @staticmethod
+    def forward(ctx, graph, scale, q, k, v):
+        values = {"q": q, "k": k, "v": v, "scale": scale}
+        ctx.saved = evaluate(autodiff.backward_of(graph).kernels[0], values)
+        ctx.save_for_backward(q, k, v)
+        ctx.meta = graph, scale
+        return ctx.saved[0]
+
+    @staticmethod
+    def backward(ctx, dy):
+        graph, scale = ctx.meta
+        q, k, v = ctx.saved_tensors
+        bw = autodiff.backward_of(graph)
+        ran = []
+
+        def run(kernel, values):
+            ran.append(kernel.name)
+            return evaluate(kernel, values)
+        grads = autodiff.run_backward(bw, {"q": q, "k": k, "v": v, "scale": scale}, (dy,),
+                                      run, ctx.saved)
+        assert ran == [kernel.name for kernel in bw.kernels[1:]]       # the forward saved
+        return None, None, grads["q"].double(), grads["k"].double(), grads["v"].double()
+
+
+def test_backward_graphs_gradcheck_on_the_reference_path():
+    """The backward graphs are the math (the reference evaluates them); finite differences
+    in float64 of the forward agree with them (the reference rounds each value to fp32, so
+    the steps and tolerances are those fp32 allows)."""
+    graph = attention.graph(T="f32", causal=True)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 1, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
+            for _ in range(2))
+    assert torch.autograd.gradcheck(lambda *x: _Reference.apply(graph, 0.7, *x), (q, k, v),
+                                    eps=1e-3, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("launch", [{"stage_kv": False, "key_splits": 1},
+                                    {"stage_kv": True, "key_splits": 3},
+                                    {"matrix_rows": 8, "key_splits": 1}])
+def test_forward_kernels_write_the_rows_logsumexp(launch):
+    """The forward with the rows' logsumexp beside its output (the backward's first kernel):
+    the decode kernel, the staged one with key blocks merged (merge kernel), the
+    simdgroup_matrix prefill kernel; the output itself as without it."""
+    fwd = autodiff.derive(masked.graph(T="f16")).kernels[0]
+    q, k, v, valid, _ = _inputs(torch.float16, 4, n=9, length=70, e=24)
+    extra = {"scale": 0.3, "window": 50, "cap": 1e4}
+    out, lse = run(fwd, {"q": q, "k": k, "v": v, "valid": valid, **extra}, launch=launch)
+    kk = k.double().repeat_interleave(2, 1)
+    s = (q.double() @ kk.transpose(-1, -2)) * 0.3
+    s = s.masked_fill(~_mask(valid, 9, 70, 50), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(s, -1), rtol=1e-3, atol=1e-3)
+    want = torch.softmax(s, -1) @ v.double().repeat_interleave(2, 1)
+    torch.testing.assert_close(out.double(), want, rtol=2e-3, atol=2e-3)
+
+
+def test_kernels_and_check_grad():
+    bw = autodiff.derive(masked.graph(T="f32"))
+    assert [schedule.family(k) for k in bw.kernels] == ["attention", "row", "attention_grad",
+                                                        "attention_grad"]
+    assert set(bw.buffers) == {"out", "lse", "delta"} and bw.reads == ("q", "k", "v", "valid")
+    src = attention.backward_source(torch.zeros(1, 2, 3, 8).half(),
+                                    torch.zeros(1, 1, 4, 8).half(),
+                                    torch.zeros(1, 1, 4, 8).half(), 0.5)
+    assert "simd_sum" in src and "mf_lse" in src
+    report = check(masked, dims={"B": 1, "G": 1, "R": 2, "S": (1, 3), "L": (3, 9),
+                                 "E": (1, 40)}, dtypes={"T": "f32"},
+                   values={"window": (1, 9), "cap": (5.0, 30.0), "scale": (0.1, 0.5),
+                           "valid": ["true"]},
+                   max_examples=2, max_variants=1, layouts=False, grad=True)
+    assert report.examples >= 1           # a mismatch raises
+
+
+@mf.kernel
+def biased(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]", bias: "T[S, L]"):
+    s = mf.sum(q * k, axis="E") + bias
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
+
+
+@mf.kernel
+def rescaled(q: "T[B, H, S, E]", k: "T[B, H, L, E]", v: "T[B, H, L, E]"):
+    s = mf.sum(q * k, axis="E")
+    return mf.sum(mf.softmax(s, axis="L") * v, axis="L") * 2.0
+
+
+def test_refusals_name_what_is_missing():
+    from examples.paged_attention import paged_attention
+    with pytest.raises(NotDifferentiable, match="paged K/V reads"):
+        autodiff.derive(paged_attention.graph(T="f16", BS=16))
+    with pytest.raises(NotDifferentiable, match="'bias'.*detach"):
+        autodiff.derive(biased.graph(T="f32"))
+    bw = autodiff.derive(biased.graph(T="f32"), ("q", "k", "v"))     # the bias detached
+    assert set(bw.grads) == {"q", "k", "v"}
+    with pytest.raises(NotDifferentiable, match="work after the sum"):
+        autodiff.derive(rescaled.graph(T="f32"))
+
+
+def test_launch_options_of_the_forward():
+    """Options for the forward's kernels (a split of the keys: the merge kernel) apply to
+    the forward with the rows' logsumexp; the other backward kernels take none of them."""
+    q, k, v, valid, dy = _inputs(torch.float16, 0)
+    extra = (valid, 0.15, 30, 1e4)
+    want = _ours((q, k, v), extra, dy)
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out = masked.with_launch(key_splits=2)(*leaves, *extra)
+    for a, b in zip(torch.autograd.grad(out, leaves, dy), want):
+        torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_as_op():
+    """Through the operator (its schema returns the output only: the backward runs the
+    forward with the rows' logsumexp again)."""
+    q, k, v, valid, _ = _inputs(torch.float32, 5, b=1, n=3, length=5, e=8)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    extra = (valid, 0.3, 4, 5.0)
+    want = torch.autograd.grad(masked(q, k, v, *extra).sum(), (q, k, v))
+    op = masked.as_op("mf_test::attention_backward")
+    for got, w in zip(torch.autograd.grad((op(q, k, v, *extra) * 2.0).sum(), (q, k, v)), want):
+        torch.testing.assert_close(got, 2 * w)
+
+
+def test_backward_kernels_translate_to_cuda(tmp_path):
+    """The dq and dk/dv kernels' MSL through the CUDA backend's translation, and (with a host
+    C++ compiler) its syntax check against the CUDA shim."""
+    import shutil
+    import subprocess
+
+    from metalforge.cuda import translate
+    from metalforge.cuda.library import INCLUDE_DIR
+    from metalforge.runtime.show import source
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    for k in autodiff.derive(masked.graph(T="f16")).kernels[2:]:
+        tr = translate(source(k, None))
+        assert len(tr.entries) == 2                 # the simd and the matrix kernel
+        if cxx is None:
+            continue
+        f = tmp_path / f"{k.name}.cu"
+        f.write_text(tr.text)
+        r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DMF_CUDA_HOST_CHECK",
+                            f"-I{INCLUDE_DIR}", "-x", "c++", str(f)],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[:4000]
