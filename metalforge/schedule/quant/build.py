@@ -14,16 +14,23 @@ from ..elementwise import ParamSource, kernel_params
 from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
-from . import matvec, tiled
+from . import gathers, matvec, staged, tiled
 from .context import QuantContext, QuantState, context
 from .form import factors
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
 
 
+BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: matvec.kernel
+
+
 def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     """The kernels of the schedule: qmv; qmv_split beside it where K is split by size; qmvx
-    (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X."""
+    (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X;
+    qmv_staged alone where the epilogue gathers the kernel's results (`gathers`)."""
+    if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
+        gathers.check(ctx)
+        return ("qmv_staged",)
     policy = ctx.policy
     split = policy.k_splits > 1
     blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (
@@ -59,7 +66,7 @@ def kernels(ctx: QuantContext, names: tuple[str, ...]) -> tuple[dict[str, ir.Low
     tg = 0
     for name in names:
         st = state(ctx, name)
-        built[name] = (tiled.kernel if name == "qmm" else matvec.kernel)(st)
+        built[name] = BUILDERS.get(name, matvec.kernel)(st)
         ctx.uses.helpers.update(st.v.row_values.helpers)       # per-row values' helpers too
         tg = max(tg, st.v.tg_bytes)
     if tg > MAX_THREADGROUP_BYTES:
@@ -82,7 +89,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     tiled_ = "qmm" in built
     blocked = "qmvx" in built
     out = replace(policy, uses_simd=True, vector_width=ctx.words, threadgroup_bytes=tg)
-    return QuantSchedule("quant", graph, out, built["qmv"], (*ctx.outer, ctx.axis),
+    return QuantSchedule("quant", graph, out, built[names[0]], (*ctx.outer, ctx.axis),
                          tuple(ctx.packed) + tuple(t.name for t in ctx.shared), index64,
                          axis=ctx.axis, rows_axis=ctx.rows_axis, outer=ctx.outer,
                          chunk=ctx.chunk, variants=built,

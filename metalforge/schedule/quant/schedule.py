@@ -11,7 +11,9 @@ from ...errors import LaunchError
 from ...shapes import numel, size_multiple
 from ..base import Schedule, Traffic
 from ..hardware import SIMD_WIDTH
+from .gathers import MAX_STAGED_ROWS
 from .params import THREADS, TILE_K, TILE_M, TILE_N
+from .staged import STAGED_THREADS
 
 
 @dataclass
@@ -38,6 +40,8 @@ class QuantSchedule(Schedule):
         their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
         x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
         every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
+        if "qmv_staged" in self.variants:
+            return "qmv_staged"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
@@ -104,6 +108,8 @@ class QuantSchedule(Schedule):
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
         v = self.variant(sizes)
+        if v == "qmv_staged":           # a threadgroup per position of the other output axes
+            return numel(self.outer[:-1], sizes) * STAGED_THREADS, STAGED_THREADS
         if v == "qmm":
             return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
         S = self.splits.get(v, 1)
@@ -118,6 +124,11 @@ class QuantSchedule(Schedule):
         # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
         axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
         n: int = max(numel(ax, sizes) for ax in axes)
+        if "qmv_staged" in self.variants and sizes[self.rows_axis] > MAX_STAGED_ROWS:
+            raise LaunchError(f"kernel '{self.graph.name}': its epilogue gathers its own rows, "
+                              f"so one threadgroup stages every row of '{self.rows_axis}'; "
+                              f"{sizes[self.rows_axis]} rows are over the {MAX_STAGED_ROWS} it "
+                              f"holds")
         if not self.index64 and max(n, sizes[self.axis]) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
                               f"indexing; call it with launch={{'index64': True}}")
@@ -126,6 +137,8 @@ class QuantSchedule(Schedule):
     def max_group_size(self, host_name: str) -> int:
         if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
             return THREADS
+        if "qmv_staged" in self.variants:
+            return STAGED_THREADS
         return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:
