@@ -31,6 +31,8 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
         gathers.check(ctx)
         return ("qmv_staged",)
+    if ctx.xsums:                   # sums of x alone: one row of x a simdgroup, K not split
+        return ("qmv",)
     policy = ctx.policy
     split = policy.k_splits > 1
     blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (

@@ -107,6 +107,8 @@ def partner(st: QuantState, stage: Callable[[int, ir.Expr], ir.Expr]
                                prefix=f"mf_partner{k}_", proven=outer.proven)
         for i, red in enumerate(ctx.reds):
             sub.values[red] = stage(i, row)
+        for red in ctx.xsums:                  # sums of x alone: one value for every row
+            sub.values[red] = outer.values[red]
         stmts: list[ir.Stmt] = [
             ir.Comment(f"the partner's value: row {n.attr} = the gathered index (proven in "
                        "range), its sums from the threadgroup's staged rows"),

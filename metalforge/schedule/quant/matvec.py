@@ -19,6 +19,7 @@ from .blocks import (
     rows_loop,
     x_rows_loop,
 )
+from . import xsums
 from .context import QuantState
 from .form import affines
 from .params import SIMD
@@ -80,7 +81,8 @@ def header(st: QuantState) -> list[ir.Stmt]:
           for i in range(len(ctx.reds))),
         ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows * mb, "uint"), [
             ir.Assign(ir.Lane(ir.Var(numbered("mf_acc", i)), ir.Var("mf_r")),
-                      ir.Lit(0.0, "float")) for i in range(len(ctx.reds))], unroll=True)]
+                      ir.Lit(0.0, "float")) for i in range(len(ctx.reds))], unroll=True),
+        *xsums.declare(st)]
 
 
 def whole_chunk(st: QuantState) -> list[ir.Stmt]:
@@ -110,6 +112,7 @@ def whole_chunk(st: QuantState) -> list[ir.Stmt]:
     out += arrays + [rows_loop(st, row_loads)]
     out += [ir.Comment(f"values every row shares: {C} per lane, in registers")]
     out += load_shared(st)
+    out += xsums.chunk_terms(st, True)
     if forms is not None:
         out += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
                            "s sum_k q x + b sum_k x (s, b: one per group)")] + chunk.xs
@@ -130,7 +133,7 @@ def chunk_loop(st: QuantState) -> ir.Stmt:
                            "chunk is whole, in registers, unguarded")] + whole_chunk(st)
     else:
         kj = ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_j"))
-        tail = [rows_loop(st, x_rows_loop(st, [
+        tail = xsums.chunk_terms(st, False) + [rows_loop(st, x_rows_loop(st, [
             ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(C, "uint"),
                    [ir.If(kj < K, element(st, False))], unroll=True)]))]
         body = [ir.If(ir.Var("mf_vec_ok").and_(ir.Var("mf_k0") + idx(C) <= K),
@@ -152,6 +155,7 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     threadgroup memory); one lane computes and stores the outputs."""
     ctx, S, mb = st.ctx, st.splits, st.mb
     rows = ctx.policy.rows_per_group
+    shared = xsums.combine(st)                     # (S = 1 and mb = 1 where there are any)
     reds, outputs = epilogue(st)
     lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
     # rows past N (clamped to N - 1 where they load) are not stored
@@ -161,7 +165,7 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     if mb > 1:                   # rows of x past M (clamped where they load) are not stored
         keep = keep.and_(ir.Var("mf_m") < ctx.size(ctx.prefix[-1]))
     if S == 1:
-        return [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
+        return shared + [ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
                 rows_loop(st, x_rows_loop(st, combine(reds) + [ir.If(keep, outputs)],
                                           clamp=False), clamp=False)]
     # partial (simdgroup g, weight row r, row i of x) at slot (g * rows + r) * mb + i

@@ -18,6 +18,7 @@ from ...graph import ReduceOp
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
+from . import xsums
 from .blocks import epilogue, rows_loop
 from .context import QuantState
 from .gathers import MAX_STAGED_ROWS, partner
@@ -45,14 +46,30 @@ def _block(st: QuantState) -> list[ir.Stmt]:
         *(ir.ArrayDecl(numbered("mf_acc", i), "float", rows) for i in range(n_sums)),
         ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"), [
             ir.Assign(_acc(i), ir.Lit(0.0, "float")) for i in range(n_sums)], unroll=True),
+        *xsums.declare(st),
         ir.Comment(f"lane l takes chunks l, l + 32, ... of {ctx.chunk} values along "
                    f"'{ctx.axis}'"),
         chunk_loop(st),
+        *_stage_xsums(st),
         ir.Comment("each row: sum across the simdgroup, lane 0 stages it (rows past the end "
                    "are not)"),
         rows_loop(st, combine(epilogue_reds(st))
                   + [ir.If(real.and_(ir.Var("mf_lane").eq(ir.Lit(0, "uint"))), put)],
                   clamp=False)]
+
+
+def _stage_xsums(st: QuantState) -> list[ir.Stmt]:
+    """The sums of x alone across the simdgroup; the first block's lane 0 stages them."""
+    n = len(st.ctx.xsums)
+    if not n:
+        return []
+    first = ir.Var("mf_blk").eq(idx(0)).and_(ir.Var("mf_lane").eq(ir.Lit(0, "uint")))
+    return [ir.Comment("the sums of x alone across the simdgroup; block 0's lane 0 stages "
+                       "them"),
+            *(ir.Assign(ir.Var(xsums.name(i)), ir.Call("simd_sum", (ir.Var(xsums.name(i)),)))
+              for i in range(n)),
+            ir.If(first, [ir.Assign(ir.Lane(ir.Var("mf_xstage"), ir.Lit(i, "uint")),
+                                    ir.Var(xsums.name(i))) for i in range(n)])]
 
 
 def _acc(i: int) -> ir.Expr:
@@ -85,6 +102,10 @@ def kernel(st: QuantState) -> ir.LoweredKernel:
     for i in range(len(ctx.reds)):
         v.tg_arrays.append(ir.ArrayDecl(numbered("mf_stage", i), "float", MAX_STAGED_ROWS,
                                         "threadgroup"))
+    if ctx.xsums:
+        v.tg_arrays.append(ir.ArrayDecl("mf_xstage", "float", len(ctx.xsums), "threadgroup"))
+    for i, n in enumerate(ctx.xsums):
+        v.row_values.values[n] = ir.Lane(ir.Var("mf_xstage"), ir.Lit(i, "uint"))
     v.row_values.take_value = partner(st, _stage)
     _, outputs = epilogue(st, [_stage(i, ir.Var("mf_n")) for i in range(len(ctx.reds))])
     groups = STAGED_THREADS // SIMD_WIDTH
