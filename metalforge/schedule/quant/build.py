@@ -20,7 +20,6 @@ from .form import factors
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
 
-
 BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: matvec.kernel
 
 

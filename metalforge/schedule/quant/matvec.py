@@ -8,6 +8,7 @@ from ... import ir
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
+from . import xsums
 from .affine import affine_chunk
 from .blocks import (
     aligned,
@@ -19,7 +20,6 @@ from .blocks import (
     rows_loop,
     x_rows_loop,
 )
-from . import xsums
 from .context import QuantState
 from .form import affines
 from .params import SIMD

@@ -19,10 +19,10 @@ from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
 from . import xsums
-from .blocks import epilogue, rows_loop
+from .blocks import aligned, epilogue, rows_loop
 from .context import QuantState
 from .gathers import MAX_STAGED_ROWS, partner
-from .matvec import aligned, chunk_loop, combine, only_whole
+from .matvec import chunk_loop, combine, only_whole
 from .positions import idx, numbered
 
 STAGED_THREADS = 512            # threads of a staged threadgroup: 16 simdgroups
@@ -40,7 +40,7 @@ def _block(st: QuantState) -> list[ir.Stmt]:
     rows = ctx.policy.rows_per_group
     n_sums = len(ctx.reds)
     real = ir.Var("mf_n") < ctx.size(ctx.rows_axis)
-    put = [ir.Assign(_stage(i, ir.Var("mf_n")), _acc(i)) for i in range(n_sums)]
+    put: list[ir.Stmt] = [ir.Assign(_stage(i, ir.Var("mf_n")), _acc(i)) for i in range(n_sums)]
     return [
         ir.Decl("mf_n0", IDX, ir.Var("mf_blk") * idx(rows)),
         *(ir.ArrayDecl(numbered("mf_acc", i), "float", rows) for i in range(n_sums)),
