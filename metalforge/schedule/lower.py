@@ -97,6 +97,15 @@ def convert(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
     return ir.Cast(compute_type(dst), e)
 
 
+def value_gather_refused(n: Node) -> UnsupportedConstruct:
+    """The error for a gather of a computed value (TAKE_VALUE) where no schedule serves it."""
+    return UnsupportedConstruct(
+        f"mf.take(..., axis={n.attr!r}){at(n.loc)} gathers a computed value, not a tensor "
+        f"argument: only a quantized matvec's epilogue gathers its own results (along the "
+        f"weight rows, index proven in range); elsewhere compute the value in one kernel and "
+        f"take from it, an argument, in the next")
+
+
 class ElementLowering:
     """Lowers the nodes behind some outputs into per-element statements.
 
@@ -248,11 +257,7 @@ class ElementLowering:
         """mf.take of a computed value, where the schedule serves it (a quantized matvec's
         staged epilogue: `schedule/quant/gathers.py`); refused elsewhere."""
         if self.take_value is None:
-            raise UnsupportedConstruct(
-                f"mf.take(..., axis={n.attr!r}){at(n.loc)} gathers a computed value, not a "
-                f"tensor argument: only a quantized matvec's epilogue gathers its own results "
-                f"(along the weight rows, index proven in range); elsewhere compute the value "
-                f"in one kernel and take from it, an argument, in the next")
+            raise value_gather_refused(n)
         stmts, value = self.take_value(n, ir.Cast(IDX, self.values[n.args[1]]))
         self.pending.extend(stmts)
         return value
