@@ -61,13 +61,15 @@ def test_rope_in_the_projection_reads_the_partner_row():
     y = y.view(M, H, E)
     want = y * th.cos() + torch.cat([-y[..., half:], y[..., :half]], -1) * th.sin()
     torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=4e-3)
-    src = q_rope.source(wq.view(H, E, -1), s.view(H, E, -1), b.view(H, E, -1), x, pos)
-    assert "qmv_staged" in src and "threadgroup float mf_stage[1024]" in src
-    assert "mf_err" not in src                  # the partner index is proven: no report
+    args = (wq.view(H, E, -1), s.view(H, E, -1), b.view(H, E, -1), x, pos)
+    # rows i and i + 17 in one simdgroup (9 blocks of 2 + 2 rows a head), the partner from its
+    # registers; no index report (the partner index is proven in range)
+    assert q_rope.launches(*args) == (("q_rope_f16_qmv_paired", M * H * 9 * 32, 128),)
+    assert "mf_err" not in q_rope.source(*args)
 
 
 def test_norm_in_the_projection_with_guarded_chunks():
-    H, E, K, M, pos = 2, 6, 104, 3, 3             # K = 104: three whole chunks and a part
+    H, E, K, M, pos = 2, 7, 104, 3, 3             # K = 104: three whole chunks and a part;
     wq, codes = _codes(H * E, K, 1)
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(M, K, generator=g).half(), (1 + 0.1 * torch.randn(K, generator=g)).half()
@@ -75,8 +77,12 @@ def test_norm_in_the_projection_with_guarded_chunks():
     y = (h @ (codes.double() - 8).T).view(M, H, E)
     half = E // 2
     th = pos * 10000.0 ** (-2.0 * (torch.arange(E, dtype=torch.float64) % half) / E)
-    want = y * th.cos() + torch.cat([-y[..., half:], y[..., :half]], -1) * th.sin()
+    i = torch.arange(E)                           # E odd: rows 3..6 pair with 0..3
+    partner = y[..., torch.where(i < half, i + half, i - half)]
+    want = y * th.cos() + torch.where(i < half, -partner, partner) * th.sin()
     got = norm_rope(wq.view(H, E, -1), x, w, pos)
+    # E = 7 is no 2 x half: one threadgroup a head, every row's sums in threadgroup memory
+    assert norm_rope.launches(wq.view(H, E, -1), x, w, pos)[0][0].endswith("qmv_staged")
     torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=2e-2)
     got = norm_linear(wq, x, w)
     torch.testing.assert_close(got.double(), (h @ (codes.double() - 8).T), rtol=2e-3, atol=2e-2)

@@ -14,7 +14,7 @@ from ..elementwise import ParamSource, kernel_params
 from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
-from . import gathers, matvec, staged, tiled
+from . import gathers, matvec, pairing, staged, tiled
 from .context import QuantContext, QuantState, context
 from .form import factors
 from .positions import outer_load, row_position
@@ -29,7 +29,7 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     qmv_staged alone where the epilogue gathers the kernel's results (`gathers`)."""
     if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
         gathers.check(ctx)
-        return ("qmv_staged",)
+        return ("qmv_paired", "qmv_staged") if ctx.period is not None else ("qmv_staged",)
     if ctx.xsums:                   # sums of x alone: one row of x a simdgroup, K not split
         return ("qmv",)
     policy = ctx.policy
@@ -85,6 +85,8 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     """The quantized schedule of `graph` (`form`: its quantized sum, as `form.match` found it;
     the checks of `context` hold for any)."""
     ctx = context(graph, policy, index64)
+    if gathers.value_gathers(graph):
+        ctx = replace(ctx, period=pairing.period(ctx))
     names = kernel_names(ctx)
     built, tg = kernels(ctx, names)
     tiled_ = "qmm" in built
@@ -96,4 +98,5 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
                          chunk=ctx.chunk, variants=built,
                          m_axis=ctx.prefix[-1] if tiled_ or blocked else None,
                          x_rows=ctx.x_rows,
-                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"})
+                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"},
+                         period=ctx.period)

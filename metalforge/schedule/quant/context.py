@@ -9,7 +9,7 @@ read (in order of first use: the shared parameter list) and the helper functions
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Optional
 
 from ... import ir
 from ...dtypes import DType
@@ -57,6 +57,8 @@ class QuantContext:
     # sums over K of the shared values alone (RMSNorm's sum of x * x beside the projection of
     # x: `xsums`), taken once per simdgroup from the chunk's registers
     xsums: tuple[Node, ...] = ()
+    # Q where the epilogue's gathers read row i + Q or i - Q (RoPE's half): `pairing`
+    period: Optional[Node] = None
 
     @property
     def red(self) -> Node:

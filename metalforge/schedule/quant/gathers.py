@@ -111,7 +111,7 @@ def partner(st: QuantState, stage: Callable[[int, ir.Expr], ir.Expr]
             sub.values[red] = outer.values[red]
         stmts: list[ir.Stmt] = [
             ir.Comment(f"the partner's value: row {n.attr} = the gathered index (proven in "
-                       "range), its sums from the threadgroup's staged rows"),
+                       "range), its sums from the rows this kernel holds"),
             ir.Decl(row.name, IDX, pos)]
         stmts += sub.lower([n.args[0]])
         ctx.uses.helpers.update(sub.helpers)

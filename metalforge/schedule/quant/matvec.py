@@ -8,7 +8,7 @@ from ... import ir
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
-from . import xsums
+from . import pairing, xsums
 from .affine import affine_chunk
 from .blocks import (
     aligned,
@@ -22,6 +22,7 @@ from .blocks import (
 )
 from .context import QuantState
 from .form import affines
+from .gathers import partner
 from .params import SIMD
 from .positions import idx, numbered
 
@@ -55,7 +56,14 @@ def header(st: QuantState) -> list[ir.Stmt]:
     accumulators."""
     ctx, rows, S, mb = st.ctx, st.ctx.policy.rows_per_group, st.splits, st.mb
     blocks = (ctx.size(ctx.rows_axis) + idx(rows - 1)) / idx(rows)
-    out = _task(st) + [ir.Decl("mf_blocks", IDX, blocks),
+    head: list[ir.Stmt] = []
+    if st.name == "qmv_paired":              # blocks of R/2 rows of each half of Q rows
+        rows = pairing.half(st)
+        head = [ir.Comment(f"rows paired at distance Q (the epilogue's gathers read row i + Q "
+                           f"or i - Q): a block is {rows} rows of the first Q and their "
+                           f"partners")] + pairing.q_value(st)
+        blocks = (ir.Var("mf_q") + idx(rows - 1)) / idx(rows)
+    out = head + _task(st) + [ir.Decl("mf_blocks", IDX, blocks),
                        ir.Decl("mf_outer", IDX, ir.Var("mf_task") / ir.Var("mf_blocks"))]
     tasks = ctx.span(ctx.prefix)       # positions of the other output axes (qmvx: blocks)
     if mb > 1:
@@ -74,8 +82,10 @@ def header(st: QuantState) -> list[ir.Stmt]:
     if mb > 1:
         out += [ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
                 ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * idx(mb))]
+    rows = ctx.policy.rows_per_group
+    first = pairing.half(st) if st.name == "qmv_paired" else rows
     return out + [
-        ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(rows)),
+        ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(first)),
         *([] if only_whole(st) else [ir.Decl("mf_vec_ok", "bool", aligned(ctx))]),
         *(ir.ArrayDecl(numbered("mf_acc", i), "float", rows * mb)
           for i in range(len(ctx.reds))),
@@ -156,6 +166,8 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     ctx, S, mb = st.ctx, st.splits, st.mb
     rows = ctx.policy.rows_per_group
     shared = xsums.combine(st)                     # (S = 1 and mb = 1 where there are any)
+    if st.name == "qmv_paired":
+        return shared + paired_rows(st)
     reds, outputs = epilogue(st)
     lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
     # rows past N (clamped to N - 1 where they load) are not stored
@@ -188,6 +200,19 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
             ir.Comment("the first simdgroup's lane 0 stores each row"),
             rows_loop(st, x_rows_loop(st, merge + [ir.If(keep, outputs)], clamp=False),
                       clamp=False)]
+
+
+def paired_rows(st: QuantState) -> list[ir.Stmt]:
+    """qmv_paired: every row's sums across the simdgroup first, then lane 0 computes and stores
+    each row's outputs, its partner's sums read from the simdgroup's registers."""
+    st.v.row_values.take_value = partner(st, lambda i, p: pairing.slot_value(st, i, p))
+    reds, outputs = epilogue(st)
+    keep = pairing.real(st).and_(ir.Var("mf_lane").eq(ir.Lit(0, "uint")))
+    return [ir.Comment("each row: sum across the simdgroup (every lane holds every row's)"),
+            rows_loop(st, combine(reds), clamp=False),
+            ir.Comment("lane 0 stores each row of the head (u < Q), its partner from the "
+                       "registers"),
+            rows_loop(st, [ir.If(keep, outputs)], clamp=False)]
 
 
 def _summary(st: QuantState) -> str:

@@ -8,9 +8,11 @@ from typing import Mapping, Optional
 
 from ... import ir
 from ...errors import LaunchError
+from ...graph import Node
 from ...shapes import numel, size_multiple
 from ..base import Schedule, Traffic
 from ..hardware import SIMD_WIDTH
+from . import pairing
 from .gathers import MAX_STAGED_ROWS
 from .params import THREADS, TILE_K, TILE_M, TILE_N
 from .staged import STAGED_THREADS
@@ -27,6 +29,7 @@ class QuantSchedule(Schedule):
     m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
     splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
+    period: Optional[Node] = None        # Q of the paired kernel (`pairing`)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -40,8 +43,9 @@ class QuantSchedule(Schedule):
         their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
         x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
         every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
-        if "qmv_staged" in self.variants:
-            return "qmv_staged"
+        if "qmv_staged" in self.variants:   # paired where the call's sizes pair every row
+            return "qmv_paired" if self.period is not None and pairing.fits(
+                self.graph, self.period, self.rows_axis, sizes) else "qmv_staged"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
@@ -110,6 +114,11 @@ class QuantSchedule(Schedule):
         v = self.variant(sizes)
         if v == "qmv_staged":           # a threadgroup per position of the other output axes
             return numel(self.outer[:-1], sizes) * STAGED_THREADS, STAGED_THREADS
+        if v == "qmv_paired":           # a simdgroup per R/2 rows of each half of a head
+            pairs = self.policy.rows_per_group // 2
+            threads = numel(self.outer[:-1], sizes) * -(-sizes[self.rows_axis] // (2 * pairs)) \
+                * SIMD_WIDTH
+            return threads, min(self.policy.threads_per_group, threads)
         if v == "qmm":
             return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
         S = self.splits.get(v, 1)
@@ -124,7 +133,7 @@ class QuantSchedule(Schedule):
         # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
         axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
         n: int = max(numel(ax, sizes) for ax in axes)
-        if "qmv_staged" in self.variants and sizes[self.rows_axis] > MAX_STAGED_ROWS:
+        if self.variant(sizes) == "qmv_staged" and sizes[self.rows_axis] > MAX_STAGED_ROWS:
             raise LaunchError(f"kernel '{self.graph.name}': its epilogue gathers its own rows, "
                               f"so one threadgroup stages every row of '{self.rows_axis}'; "
                               f"{sizes[self.rows_axis]} rows are over the {MAX_STAGED_ROWS} it "
@@ -137,7 +146,7 @@ class QuantSchedule(Schedule):
     def max_group_size(self, host_name: str) -> int:
         if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
             return THREADS
-        if "qmv_staged" in self.variants:
+        if "qmv_staged" in self.variants and host_name == self.variants["qmv_staged"].host_name:
             return STAGED_THREADS
         return self.policy.threads_per_group
 
