@@ -79,6 +79,9 @@ class QuantSchedule(Schedule):
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
             return []
+        if name in ("qmv_paired", "qmv_staged"):   # an even size pairs its rows, an odd not
+            rows = 2 * self.policy.rows_per_group + (2 if name == "qmv_paired" else -1)
+            return [{self.rows_axis: rows}]
         if name == "qmm":
             mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
             assert self.m_axis is not None
