@@ -117,9 +117,9 @@ def gate_up(wg: "u32[F, K/8]", sg: "T[F, K/GS]", bg: "T[F, K/GS]",
 
 
 # check(): heads of 2 up to 64 rows (34: a partial block of rows; 7, odd: the staged kernel,
-# its rows 3..6 pairing with 0..3); small positions and a RoPE base (a pos of ~30000 turns one ulp of pow into ~4e-3 of
-# the output); block numbers 0-2 in a cache of at least 3 blocks of 16 rows, at least key 0
-# visible
+# its rows 3..6 pairing with 0..3); small positions and a RoPE base (a pos of ~30000 turns one
+# ulp of pow into ~4e-3 of the output); block numbers 0-2 in a cache of at least 3 blocks of
+# 16 rows, at least key 0 visible
 _ROPE_CHECK = {"dims": {"E": [2, 7, 8, 34, 64]},
                "values": {"pos": (0, 16), "base": (100.0, 100000.0)}}
 CHECK = {"q_rope": _ROPE_CHECK, "kv_rope": _ROPE_CHECK,
