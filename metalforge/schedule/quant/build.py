@@ -14,7 +14,7 @@ from ..elementwise import ParamSource, kernel_params
 from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
-from . import gathers, matvec, pairing, staged, tiled
+from . import gathers, matvec, pairing, prologue, staged, tiled
 from .context import QuantContext, QuantState, context
 from .form import factors
 from .positions import outer_load, row_position
@@ -32,6 +32,8 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
         return ("qmv_paired", "qmv_staged") if ctx.period is not None else ("qmv_staged",)
     if ctx.xsums:                   # sums of x alone: one row of x a simdgroup, K not split
         return ("qmv",)
+    if prologue.wanted(ctx):        # x computed once per group, in threadgroup memory
+        return ("qmv_prologue",)
     policy = ctx.policy
     split = policy.k_splits > 1
     blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (

@@ -8,7 +8,7 @@ from ... import ir
 from .. import reduce
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
-from . import pairing, xsums
+from . import pairing, prologue, xsums
 from .affine import affine_chunk
 from .blocks import (
     aligned,
@@ -55,6 +55,8 @@ def header(st: QuantState) -> list[ir.Stmt]:
     """The simdgroup's block of rows (and slice of K), the alignment test and zeroed
     accumulators."""
     ctx, rows, S, mb = st.ctx, st.ctx.policy.rows_per_group, st.splits, st.mb
+    if st.name == "qmv_prologue":
+        return prologue.header(st) + _zeroed(st)
     blocks = (ctx.size(ctx.rows_axis) + idx(rows - 1)) / idx(rows)
     head: list[ir.Stmt] = []
     if st.name == "qmv_paired":              # blocks of R/2 rows of each half of Q rows
@@ -86,6 +88,13 @@ def header(st: QuantState) -> list[ir.Stmt]:
     first = pairing.half(st) if st.name == "qmv_paired" else rows
     return out + [
         ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(first)),
+        *_zeroed(st)]
+
+
+def _zeroed(st: QuantState) -> list[ir.Stmt]:
+    """The alignment test (where chunks may be guarded) and the zeroed accumulators."""
+    ctx, rows, mb = st.ctx, st.ctx.policy.rows_per_group, st.mb
+    return [
         *([] if only_whole(st) else [ir.Decl("mf_vec_ok", "bool", aligned(ctx))]),
         *(ir.ArrayDecl(numbered("mf_acc", i), "float", rows * mb)
           for i in range(len(ctx.reds))),
@@ -120,12 +129,14 @@ def whole_chunk(st: QuantState) -> list[ir.Stmt]:
     out: list[ir.Stmt] = [ir.Comment(f"loads of the block's {rows} row(s), all issued before "
                                      f"any is used: per row {what}")]
     out += arrays + [rows_loop(st, row_loads)]
-    out += [ir.Comment(f"values every row shares: {C} per lane, in registers")]
-    out += load_shared(st)
+    staged = st.name == "qmv_prologue"          # x from threadgroup memory
+    out += [] if staged else [ir.Comment(f"values every row shares: {C} per lane, in "
+                                         "registers")] + load_shared(st)
     out += xsums.chunk_terms(st, True)
     if forms is not None:
         out += [ir.Comment("x of each element and their sum: sum_k (q s + b) x = "
-                           "s sum_k q x + b sum_k x (s, b: one per group)")] + chunk.xs
+                           "s sum_k q x + b sum_k x (s, b: one per group)")]
+        out += prologue.staged_x(st) if staged else chunk.xs
     out += [ir.Comment("each row: unpack its words from registers, add to its sum")]
     return out + rows_body
 
@@ -150,6 +161,8 @@ def chunk_loop(st: QuantState) -> ir.Stmt:
                       [ir.Comment("a whole chunk: registers, unguarded")] + whole_chunk(st),
                       [ir.Comment("the row's end (or unaligned rows): element by element, "
                                   "guarded")] + tail)]
+    if st.name == "qmv_prologue":
+        return prologue.loop(st, body)
     loop: ir.Stmt = ir.For("mf_k0", IDX, ir.Cast(IDX, first * ir.Lit(C, "uint")), K, body,
                            step=idx(S * SIMD_WIDTH * C))
     return loop if S == 1 else ir.If(ir.Var("mf_live"), [loop])
@@ -168,6 +181,11 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     shared = xsums.combine(st)                     # (S = 1 and mb = 1 where there are any)
     if st.name == "qmv_paired":
         return shared + paired_rows(st)
+    if st.name == "qmv_prologue":               # simdgroups past the blocks store nothing
+        reds, outputs = epilogue(st)
+        return [ir.If(ir.Var("mf_live"), [
+            ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
+            rows_loop(st, combine(reds) + [ir.If(_keep(st), outputs)], clamp=False)])]
     reds, outputs = epilogue(st)
     lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
     # rows past N (clamped to N - 1 where they load) are not stored
@@ -202,6 +220,14 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
                       clamp=False)]
 
 
+def _keep(st: QuantState) -> ir.Expr:
+    """Lane 0 of a row inside N."""
+    lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
+    if st.ctx.policy.rows_per_group == 1:
+        return lane0
+    return (ir.Var("mf_n") < st.ctx.size(st.ctx.rows_axis)).and_(lane0)
+
+
 def paired_rows(st: QuantState) -> list[ir.Stmt]:
     """qmv_paired: every row's sums across the simdgroup first, then lane 0 computes and stores
     each row's outputs, its partner's sums read from the simdgroup's registers."""
@@ -234,6 +260,8 @@ def kernel(st: QuantState) -> ir.LoweredKernel:
                ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup")]
     if S > 1:
         threads.append(ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"))
+    if st.name == "qmv_prologue":
+        threads.append(ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
     head, loop, finish = header(st), chunk_loop(st), store_rows(st)
     lanes = "lane l takes chunks l, l + 32, ..." if S == 1 else \
         f"lane l of slice s takes chunks 32 s + l, then every {32 * S}th,"

@@ -43,6 +43,8 @@ class QuantSchedule(Schedule):
         their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
         x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
         every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
+        if "qmv_prologue" in self.variants:
+            return "qmv_prologue"
         if "qmv_staged" in self.variants:   # paired where the call's sizes pair every row
             return "qmv_paired" if self.period is not None and pairing.fits(
                 self.graph, self.period, self.rows_axis, sizes) else "qmv_staged"
@@ -117,6 +119,11 @@ class QuantSchedule(Schedule):
         v = self.variant(sizes)
         if v == "qmv_staged":           # a threadgroup per position of the other output axes
             return numel(self.outer[:-1], sizes) * STAGED_THREADS, STAGED_THREADS
+        if v == "qmv_prologue":         # each row of x's blocks padded to whole groups
+            g = max(1, self.policy.threads_per_group // SIMD_WIDTH)
+            blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
+            threads = numel(self.outer[:-1], sizes) * -(-blocks // g) * g * SIMD_WIDTH
+            return threads, g * SIMD_WIDTH
         if v == "qmv_paired":           # a simdgroup per R/2 rows of each half of a head
             pairs = self.policy.rows_per_group // 2
             threads = numel(self.outer[:-1], sizes) * -(-sizes[self.rows_axis] // (2 * pairs)) \
