@@ -49,6 +49,12 @@ def swiglu(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     return torch.nn.functional.silu(gu[:, :hidden]) * gu[:, hidden:]
 
 
+@mf.kernel            # SwiGLU fused into the down projection: x staged once per threadgroup
+def down_swiglu(wq: "u32[N, F/8]", s: "T[N, F/64]", b: "T[N, F/64]",  # noqa: F821, F722
+                g: "T[M, F]", u: "T[M, F]", r: "T[M, N]") -> "T[M, N]":  # noqa: F821, F722
+    return r + mf.sum((mf.unpack(wq, bits=4) * s + b) * (g * mf.sigmoid(g) * u), axis="F")
+
+
 def stage_calls(layer, x, cache, pos, ours, theirs, w):
     """(name, our call, torch call, bytes ours moves) per stage, on the inputs the full steps
     computed (so each stage is timed on real data). torch's q/k/v stage is its norm, one
@@ -68,6 +74,8 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
                                                 E ** -0.5, pos, BS=s.block)
     kvbytes = 2 * (pos + 1) * hkv * E * x.element_size()
     rows = cache.rows(pos, s.block)
+    h2 = F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5)
+    gu = F.linear(h2, w["gate_up"]).contiguous()
 
     def qkv_ours():
         ex.q_rope(*layer.heads("q"), x, layer.w_attn, pos)
@@ -92,6 +100,12 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
          _nbytes(*layer.gate, *layer.up)),
         ("down+add", lambda: ex.qlinear_add(*layer.down, m, ours["x2"]),
          lambda: ours["x2"] + F.linear(m, w["down"]), _nbytes(*layer.down)),
+        # not in the step: SwiGLU in the down projection's staged prologue (qmv_prologue)
+        # against torch's silu, product and projection
+        ("swiglu+down", lambda: down_swiglu(*layer.down, gu[:, :s.hidden], gu[:, s.hidden:],
+                                            ours["x2"]),
+         lambda: ours["x2"] + F.linear(swiglu(gu, s.hidden), w["down"]),
+         _nbytes(*layer.down)),
     ]
 
 

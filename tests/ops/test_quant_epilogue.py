@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import metalforge as mf
 from metalforge import quant
 from metalforge.errors import LaunchError, UnsupportedConstruct
+from metalforge.testing import check
 
 
 def rope(y, pos, base):
@@ -124,3 +125,25 @@ def test_a_head_over_the_staged_rows_is_refused_at_the_call():
     with pytest.raises(LaunchError, match="1025 rows are over the 1024"):
         q_rope(wq.view(1, 1025, -1), torch.ones(1, 1025, 1).half(), torch.zeros(1, 1025, 1).half(),
                torch.randn(1, 64).half(), 0)
+
+
+@mf.kernel            # silu(g) * u computed once per threadgroup for its simdgroups' rows
+def down_swiglu(wq: "u32[N, F/8]", s: "T[N, F/64]", b: "T[N, F/64]", g: "T[M, F]",
+                u: "T[M, F]", r: "T[M, N]") -> "T[M, N]":
+    return r + mf.sum((mf.unpack(wq, bits=4) * s + b) * (g * mf.sigmoid(g) * u), axis="F")
+
+
+def test_the_fused_activation_is_staged_once_per_group():
+    N, Fd, M = 37, 1088, 2           # a part-filled group of blocks; a stretch and 2 chunks
+    gen = torch.Generator().manual_seed(5)
+    wq, s, b = quant.quantize((torch.randn(N, Fd, generator=gen) / 32).half(), group_size=64,
+                              bits=4)
+    g, u, r = (torch.randn(*shape, generator=gen).half() for shape in ((M, Fd), (M, Fd), (M, N)))
+    got = down_swiglu(wq, s, b, g, u, r)
+    m = F.silu(g.double()) * u.double()
+    want = r.double() + m @ quant.dequantize(wq, s, b, group_size=64, bits=4).double().T
+    torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=4e-3)
+    # 10 blocks of 4 rows padded to 3 groups of 4 simdgroups, for each row of x
+    assert down_swiglu.launches(wq, s, b, g, u, r) == (("down_swiglu_f16_qmv_prologue",
+                                                        M * 12 * 32, 128),)
+    check(down_swiglu, dtypes={"T": ["f32"]}, max_examples=6)
