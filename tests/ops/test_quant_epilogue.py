@@ -87,7 +87,7 @@ def test_norm_in_the_projection_with_guarded_chunks():
     torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=2e-2)
     got = norm_linear(wq, x, w)
     torch.testing.assert_close(got.double(), (h @ (codes.double() - 8).T), rtol=2e-3, atol=2e-2)
-    assert "mf_xs0 = simd_sum(mf_xs0)" in norm_linear.source(wq, x, w)
+    assert "mf_xs_0 = simd_sum(mf_xs_0)" in norm_linear.source(wq, x, w)
 
 
 def _refused(kernel, *args) -> str:

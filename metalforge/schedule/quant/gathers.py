@@ -91,7 +91,7 @@ def partner(st: QuantState, stage: Callable[[int, ir.Expr], ir.Expr]
 
     def take(n: Node, pos: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
         k = next(count)
-        row = ir.Var(f"mf_partner{k}")
+        row = ir.Var(f"mf_partner_{k}")
 
         def position(axis: str) -> ir.Expr:
             return row if axis == ctx.rows_axis else row_position(st, axis)
@@ -104,7 +104,7 @@ def partner(st: QuantState, stage: Callable[[int, ir.Expr], ir.Expr]
             return ir.Cast(compute_type(t.dtype), ir.Load(ctx.names[t.name], off))
 
         sub = _PartnerLowering(ctx.graph, load, position, ctx.size, lambda s: ctx.names[s],
-                               prefix=f"mf_partner{k}_", proven=outer.proven)
+                               prefix=f"mf_partner_{k}_", proven=outer.proven)
         for i, red in enumerate(ctx.reds):
             sub.values[red] = stage(i, row)
         for red in ctx.xsums:                  # sums of x alone: one value for every row

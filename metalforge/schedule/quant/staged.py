@@ -5,7 +5,7 @@ One threadgroup per position of the other output axes (a head, at one row of x) 
 of the rows axis there. Its STAGED_THREADS / 32 simdgroups take the axis' blocks of
 rows_per_group rows in turn (simdgroup s: blocks s, s + 16, ...), each block summed as qmv sums
 one (the same chunk loop, loads and arithmetic), and lane 0 of the simdgroup writes each row's
-sums into threadgroup memory (`mf_stage<i>[row]`). After one barrier the threadgroup's threads
+sums into threadgroup memory (`mf_stage_<i>[row]`). After one barrier the threadgroup's threads
 compute the epilogue, thread t for rows t, t + STAGED_THREADS, ...: a row's sums and its
 partner's, whose index is proven in range, are read from threadgroup memory; no row is summed
 twice and no partner needs another threadgroup. The rows axis holds at most MAX_STAGED_ROWS
@@ -30,7 +30,7 @@ STAGED_THREADS = 512            # threads of a staged threadgroup: 16 simdgroups
 
 def _stage(i: int, row: ir.Expr) -> ir.Expr:
     """Sum i of row `row`, staged in threadgroup memory."""
-    return ir.Lane(ir.Var(numbered("mf_stage", i)), row)
+    return ir.Lane(ir.Var(f"mf_stage_{i}"), row)
 
 
 def _block(st: QuantState) -> list[ir.Stmt]:
@@ -100,7 +100,7 @@ def kernel(st: QuantState) -> ir.LoweredKernel:
     ctx, v = st.ctx, st.v
     n_rows = ctx.size(ctx.rows_axis)
     for i in range(len(ctx.reds)):
-        v.tg_arrays.append(ir.ArrayDecl(numbered("mf_stage", i), "float", MAX_STAGED_ROWS,
+        v.tg_arrays.append(ir.ArrayDecl(f"mf_stage_{i}", "float", MAX_STAGED_ROWS,
                                         "threadgroup"))
     if ctx.xsums:
         v.tg_arrays.append(ir.ArrayDecl("mf_xstage", "float", len(ctx.xsums), "threadgroup"))

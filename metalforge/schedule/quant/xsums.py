@@ -22,7 +22,7 @@ from .positions import lowering
 
 def name(i: int) -> str:
     """The lane's running value of xsum i."""
-    return f"mf_xs{i}"
+    return f"mf_xs_{i}"
 
 
 def declare(st: QuantState) -> list[ir.Stmt]:

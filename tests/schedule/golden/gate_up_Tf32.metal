@@ -45,7 +45,7 @@ kernel void mf_gate_up_qmv(
         mf_acc[mf_r] = 0.0f;
         mf_acc1[mf_r] = 0.0f;
     }
-    float mf_xs0 = 0.0f;
+    float mf_xs_0 = 0.0f;
     const mf_index_t mf_pos_M = mf_index_t(mf_outer);
     // lane l takes chunks l, l + 32, ... of 32 values along 'K'
     for (mf_index_t mf_k0 = mf_index_t(mf_lane * 32u); mf_k0 < mf_size_K; mf_k0 += 1024u) {
@@ -89,7 +89,7 @@ kernel void mf_gate_up_qmv(
         for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
             const float mf_in_x = mf_x_reg[mf_j];
             const float mf_e1 = mf_in_x * mf_in_x;
-            mf_xs0 = mf_xs0 + mf_e1;
+            mf_xs_0 = mf_xs_0 + mf_e1;
         }
         // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
         float mf_xe[32];
@@ -131,7 +131,7 @@ kernel void mf_gate_up_qmv(
             mf_acc1[mf_r] = fma(mf_row_scale1[mf_r], fma(mf_qx1[mf_r * 4u + 3u], mf_place_weight(12u), fma(mf_qx1[mf_r * 4u + 2u], mf_place_weight(8u), fma(mf_qx1[mf_r * 4u + 1u], mf_place_weight(4u), mf_qx1[mf_r * 4u]))), fma(mf_row_bias1[mf_r], mf_xsum, mf_acc1[mf_r]));
         }
     }
-    mf_xs0 = simd_sum(mf_xs0);
+    mf_xs_0 = simd_sum(mf_xs_0);
     // each row: sum across the simdgroup, lane 0 stores
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
@@ -139,7 +139,7 @@ kernel void mf_gate_up_qmv(
         mf_acc1[mf_r] = simd_sum(mf_acc1[mf_r]);
         if (mf_n < mf_size_F && mf_lane == 0u) {
             const float mf_r1 = float(long(mf_size_K));
-            const float mf_r2 = mf_xs0 / mf_r1;
+            const float mf_r2 = mf_xs_0 / mf_r1;
             const float mf_r3 = mf_r2 + eps;
             const float mf_r4 = precise::rsqrt(mf_r3);
             const float mf_r5 = mf_r4 * mf_acc[mf_r];

@@ -83,7 +83,7 @@ kernel void mf_kv_rope_qmv_paired(
         mf_acc[mf_r] = 0.0f;
         mf_acc1[mf_r] = 0.0f;
     }
-    float mf_xs0 = 0.0f;
+    float mf_xs_0 = 0.0f;
     const mf_index_t mf_pos_G = mf_index_t(mf_outer) % mf_size_G;
     const mf_index_t mf_pos_M = mf_index_t(mf_outer) / mf_size_G;
     // lane l takes chunks l, l + 32, ... of 32 values along 'K'
@@ -128,7 +128,7 @@ kernel void mf_kv_rope_qmv_paired(
         for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
             const float mf_in_x = mf_x_reg[mf_j];
             const float mf_e1 = mf_in_x * mf_in_x;
-            mf_xs0 = mf_xs0 + mf_e1;
+            mf_xs_0 = mf_xs_0 + mf_e1;
         }
         // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
         float mf_xe[32];
@@ -170,7 +170,7 @@ kernel void mf_kv_rope_qmv_paired(
             mf_acc1[mf_r] = fma(mf_row_scale1[mf_r], fma(mf_qx1[mf_r * 4u + 3u], mf_place_weight(12u), fma(mf_qx1[mf_r * 4u + 2u], mf_place_weight(8u), fma(mf_qx1[mf_r * 4u + 1u], mf_place_weight(4u), mf_qx1[mf_r * 4u]))), fma(mf_row_bias1[mf_r], mf_xsum, mf_acc1[mf_r]));
         }
     }
-    mf_xs0 = simd_sum(mf_xs0);
+    mf_xs_0 = simd_sum(mf_xs_0);
     // each row: sum across the simdgroup (every lane holds every row's)
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
@@ -181,7 +181,7 @@ kernel void mf_kv_rope_qmv_paired(
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r % 2u) + mf_index_t(mf_r / 2u) * mf_q;
         if (mf_n0 + mf_index_t(mf_r % 2u) < mf_q && mf_lane == 0u) {
             const float mf_r2 = float(long(mf_size_K));
-            const float mf_r3 = mf_xs0 / mf_r2;
+            const float mf_r3 = mf_xs_0 / mf_r2;
             const float mf_r4 = mf_r3 + eps;
             const float mf_r5 = precise::rsqrt(mf_r4);
             const float mf_r6 = mf_r5 * mf_acc[mf_r];
@@ -202,14 +202,14 @@ kernel void mf_kv_rope_qmv_paired(
             const long mf_r20 = long(ulong(mf_index_E) - ulong(mf_r1));
             const long mf_r21 = mf_r18 ? mf_r19 : mf_r20;
             // the partner's value: row E = the gathered index (proven in range), its sums from the rows this kernel holds
-            const mf_index_t mf_partner1 = mf_index_t(mf_r21);
-            const float mf_partner1_1 = float(long(mf_size_K));
-            const float mf_partner1_2 = mf_xs0 / mf_partner1_1;
-            const float mf_partner1_3 = mf_partner1_2 + eps;
-            const float mf_partner1_4 = precise::rsqrt(mf_partner1_3);
-            const float mf_partner1_5 = mf_partner1_4 * ((mf_partner1 >= mf_q ? 2u : 0u) + mf_r % 2u == 0u ? mf_acc[0u] : ((mf_partner1 >= mf_q ? 2u : 0u) + mf_r % 2u == 1u ? mf_acc[1u] : ((mf_partner1 >= mf_q ? 2u : 0u) + mf_r % 2u == 2u ? mf_acc[2u] : mf_acc[3u])));
-            const float mf_r22 = -mf_partner1_5;
-            const float mf_r23 = mf_r17 ? mf_r22 : mf_partner1_5;
+            const mf_index_t mf_partner_1 = mf_index_t(mf_r21);
+            const float mf_partner_1_1 = float(long(mf_size_K));
+            const float mf_partner_1_2 = mf_xs_0 / mf_partner_1_1;
+            const float mf_partner_1_3 = mf_partner_1_2 + eps;
+            const float mf_partner_1_4 = precise::rsqrt(mf_partner_1_3);
+            const float mf_partner_1_5 = mf_partner_1_4 * ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 0u ? mf_acc[0u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 1u ? mf_acc[1u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 2u ? mf_acc[2u] : mf_acc[3u])));
+            const float mf_r22 = -mf_partner_1_5;
+            const float mf_r23 = mf_r17 ? mf_r22 : mf_partner_1_5;
             const float mf_r24 = precise::sin(mf_r14);
             const float mf_r25 = mf_r23 * mf_r24;
             const float mf_r26 = mf_r16 + mf_r25;
@@ -273,8 +273,8 @@ template <typename T, typename mf_index_t>
     uint mf_lane [[thread_index_in_simdgroup]],
     uint mf_sg [[simdgroup_index_in_threadgroup]])
 {
-    threadgroup float mf_stage[1024];
-    threadgroup float mf_stage1[1024];
+    threadgroup float mf_stage_0[1024];
+    threadgroup float mf_stage_1[1024];
     threadgroup float mf_xstage[1];
     // one threadgroup per position of the other output axes, owning every row of 'E' there; its simdgroups take the blocks of 4 rows in turn
     const mf_index_t mf_outer = mf_index_t(mf_group);
@@ -289,7 +289,7 @@ template <typename T, typename mf_index_t>
             mf_acc[mf_r] = 0.0f;
             mf_acc1[mf_r] = 0.0f;
         }
-        float mf_xs0 = 0.0f;
+        float mf_xs_0 = 0.0f;
         // lane l takes chunks l, l + 32, ... of 32 values along 'K'
         for (mf_index_t mf_k0 = mf_index_t(mf_lane * 32u); mf_k0 < mf_size_K; mf_k0 += 1024u) {
             // 'K' is a multiple of 32 (its derived dims): every chunk is whole, in registers, unguarded
@@ -332,7 +332,7 @@ template <typename T, typename mf_index_t>
             for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
                 const float mf_in_x = mf_x_reg[mf_j];
                 const float mf_e1 = mf_in_x * mf_in_x;
-                mf_xs0 = mf_xs0 + mf_e1;
+                mf_xs_0 = mf_xs_0 + mf_e1;
             }
             // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
             float mf_xe[32];
@@ -375,9 +375,9 @@ template <typename T, typename mf_index_t>
             }
         }
         // the sums of x alone across the simdgroup; block 0's lane 0 stages them
-        mf_xs0 = simd_sum(mf_xs0);
+        mf_xs_0 = simd_sum(mf_xs_0);
         if (mf_blk == 0u && mf_lane == 0u) {
-            mf_xstage[0u] = mf_xs0;
+            mf_xstage[0u] = mf_xs_0;
         }
         // each row: sum across the simdgroup, lane 0 stages it (rows past the end are not)
         for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
@@ -385,8 +385,8 @@ template <typename T, typename mf_index_t>
             mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
             mf_acc1[mf_r] = simd_sum(mf_acc1[mf_r]);
             if (mf_n < mf_size_E && mf_lane == 0u) {
-                mf_stage[mf_n] = mf_acc[mf_r];
-                mf_stage1[mf_n] = mf_acc1[mf_r];
+                mf_stage_0[mf_n] = mf_acc[mf_r];
+                mf_stage_1[mf_n] = mf_acc1[mf_r];
             }
         }
     }
@@ -397,7 +397,7 @@ template <typename T, typename mf_index_t>
         const float mf_r2 = mf_xstage[0u] / mf_r1;
         const float mf_r3 = mf_r2 + eps;
         const float mf_r4 = precise::rsqrt(mf_r3);
-        const float mf_r5 = mf_r4 * mf_stage[mf_n];
+        const float mf_r5 = mf_r4 * mf_stage_0[mf_n];
         const float mf_r6 = float(pos);
         const long mf_index_E = long(mf_n);
         const long mf_r7 = mf_floordiv(long(mf_size_E), long(2));
@@ -416,18 +416,18 @@ template <typename T, typename mf_index_t>
         const long mf_r20 = long(ulong(mf_index_E) - ulong(mf_r7));
         const long mf_r21 = mf_r18 ? mf_r19 : mf_r20;
         // the partner's value: row E = the gathered index (proven in range), its sums from the rows this kernel holds
-        const mf_index_t mf_partner1 = mf_index_t(mf_r21);
-        const float mf_partner1_1 = float(long(mf_size_K));
-        const float mf_partner1_2 = mf_xstage[0u] / mf_partner1_1;
-        const float mf_partner1_3 = mf_partner1_2 + eps;
-        const float mf_partner1_4 = precise::rsqrt(mf_partner1_3);
-        const float mf_partner1_5 = mf_partner1_4 * mf_stage[mf_partner1];
-        const float mf_r22 = -mf_partner1_5;
-        const float mf_r23 = mf_r17 ? mf_r22 : mf_partner1_5;
+        const mf_index_t mf_partner_1 = mf_index_t(mf_r21);
+        const float mf_partner_1_1 = float(long(mf_size_K));
+        const float mf_partner_1_2 = mf_xstage[0u] / mf_partner_1_1;
+        const float mf_partner_1_3 = mf_partner_1_2 + eps;
+        const float mf_partner_1_4 = precise::rsqrt(mf_partner_1_3);
+        const float mf_partner_1_5 = mf_partner_1_4 * mf_stage_0[mf_partner_1];
+        const float mf_r22 = -mf_partner_1_5;
+        const float mf_r23 = mf_r17 ? mf_r22 : mf_partner_1_5;
         const float mf_r24 = precise::sin(mf_r14);
         const float mf_r25 = mf_r23 * mf_r24;
         const float mf_r26 = mf_r16 + mf_r25;
-        const float mf_r27 = mf_r4 * mf_stage1[mf_n];
+        const float mf_r27 = mf_r4 * mf_stage_1[mf_n];
         mf_out0[(mf_pos_M * mf_size_G + mf_pos_G) * mf_size_E + mf_n] = T(mf_r26);
         mf_out1[(mf_pos_M * mf_size_G + mf_pos_G) * mf_size_E + mf_n] = T(mf_r27);
     }
