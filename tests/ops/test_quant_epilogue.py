@@ -49,8 +49,9 @@ def _codes(n: int, k: int, seed: int) -> torch.Tensor:
     return words.to(torch.int64).to(torch.uint32), q
 
 
-def test_rope_in_the_projection_reads_the_partner_row():
-    H, E, K, M, pos = 3, 34, 256, 2, 5            # 34 rows: a part-filled block of 4
+@pytest.mark.parametrize("H, K, kernel", [(3, 256, "qmv_paired"), (1, 2048, "qmv_paired_split")])
+def test_rope_in_the_projection_reads_the_partner_row(H, K, kernel):
+    E, M, pos = 34, 2, 5           # 34 rows: a part-filled block; K = 2048: split, few blocks
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(H * E, K, generator=g) / 16).half()
     wq, s, b = quant.quantize(w, group_size=64, bits=4)
@@ -64,8 +65,12 @@ def test_rope_in_the_projection_reads_the_partner_row():
     torch.testing.assert_close(got.double(), want, rtol=2e-3, atol=4e-3)
     args = (wq.view(H, E, -1), s.view(H, E, -1), b.view(H, E, -1), x, pos)
     # rows i and i + 17 in one simdgroup (9 blocks of 2 + 2 rows a head), the partner from its
-    # registers; no index report (the partner index is proven in range)
-    assert q_rope.launches(*args) == (("q_rope_f16_qmv_paired", M * H * 9 * 32, 128),)
+    # registers (split: 4 simdgroups a block, partials merged first); no index report (the
+    # partner index is proven in range)
+    splits = 4 if kernel.endswith("split") else 1
+    threads = M * H * 9 * splits * 32                 # (split: whole groups of 128)
+    threads = -(-threads // 128) * 128 if splits > 1 else threads
+    assert q_rope.launches(*args) == ((f"q_rope_f16_{kernel}", threads, 128),)
     assert "mf_err" not in q_rope.source(*args)
 
 

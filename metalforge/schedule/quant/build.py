@@ -29,7 +29,10 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     qmv_staged alone where the epilogue gathers the kernel's results (`gathers`)."""
     if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
         gathers.check(ctx)
-        return ("qmv_paired", "qmv_staged") if ctx.period is not None else ("qmv_staged",)
+        if ctx.period is None:
+            return ("qmv_staged",)
+        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0 and not ctx.xsums
+        return ("qmv_paired",) + (("qmv_paired_split",) if beside else ()) + ("qmv_staged",)
     if ctx.xsums:                   # sums of x alone: one row of x a simdgroup, K not split
         return ("qmv",)
     if prologue.wanted(ctx):        # x computed once per group, in threadgroup memory

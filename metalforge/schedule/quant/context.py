@@ -104,7 +104,7 @@ class QuantContext:
         if self.xsums:                     # each simdgroup takes its xsums over all of K
             return 1
         return self.policy.k_splits if variant.endswith("_split") or (
-            variant == "qmv" and always) else 1
+            variant in ("qmv", "qmv_paired") and always) else 1
 
     def size(self, axis: str) -> ir.Expr:
         if axis not in self.uses.sizes:

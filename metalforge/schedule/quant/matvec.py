@@ -59,7 +59,7 @@ def header(st: QuantState) -> list[ir.Stmt]:
         return prologue.header(st) + _zeroed(st)
     blocks = (ctx.size(ctx.rows_axis) + idx(rows - 1)) / idx(rows)
     head: list[ir.Stmt] = []
-    if st.name == "qmv_paired":              # blocks of R/2 rows of each half of Q rows
+    if pairing.is_paired(st):                # blocks of R/2 rows of each half of Q rows
         rows = pairing.half(st)
         head = [ir.Comment(f"rows paired at distance Q (the epilogue's gathers read row i + Q "
                            f"or i - Q): a block is {rows} rows of the first Q and their "
@@ -85,7 +85,7 @@ def header(st: QuantState) -> list[ir.Stmt]:
         out += [ir.Decl("mf_xblock", IDX, ir.Var("mf_outer") / ir.Var("mf_mblocks")),
                 ir.Decl("mf_m0", IDX, ir.Var("mf_outer") % ir.Var("mf_mblocks") * idx(mb))]
     rows = ctx.policy.rows_per_group
-    first = pairing.half(st) if st.name == "qmv_paired" else rows
+    first = pairing.half(st) if pairing.is_paired(st) else rows
     return out + [
         ir.Decl("mf_n0", IDX, ir.Var("mf_task") % ir.Var("mf_blocks") * idx(first)),
         *_zeroed(st)]
@@ -179,14 +179,16 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     ctx, S, mb = st.ctx, st.splits, st.mb
     rows = ctx.policy.rows_per_group
     shared = xsums.combine(st)                     # (S = 1 and mb = 1 where there are any)
-    if st.name == "qmv_paired":
-        return shared + paired_rows(st)
+    paired = pairing.is_paired(st)
+    if paired:                                     # partners from the block's registers
+        st.v.row_values.take_value = partner(st, lambda i, p: pairing.slot_value(st, i, p))
+    reds, outputs = epilogue(st)
+    if paired and S == 1:
+        return shared + paired_rows(st, combine(reds), outputs)
     if st.name == "qmv_prologue":               # simdgroups past the blocks store nothing
-        reds, outputs = epilogue(st)
         return [ir.If(ir.Var("mf_live"), [
             ir.Comment("each row: sum across the simdgroup, lane 0 stores"),
             rows_loop(st, combine(reds) + [ir.If(_keep(st), outputs)], clamp=False)])]
-    reds, outputs = epilogue(st)
     lane0 = ir.Var("mf_lane").eq(ir.Lit(0, "uint"))
     # rows past N (clamped to N - 1 where they load) are not stored
     real: ir.Expr = ir.Lit(True, "bool") if rows == 1 else \
@@ -209,15 +211,19 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
 
     def each(body: list[ir.Stmt]) -> list[ir.Stmt]:
         return [each_x_row(st, body)] if mb > 1 else body
+    if paired:
+        last = paired_rows(st, merge, outputs, ir.Var("mf_live").and_(
+            ir.Var("mf_split").eq(ir.Lit(0, "uint"))))
+    else:
+        last = [ir.Comment("the first simdgroup's lane 0 stores each row"),
+                rows_loop(st, x_rows_loop(st, merge + [ir.If(keep, outputs)], clamp=False),
+                          clamp=False)]
     return [ir.Comment("each row: sum across the simdgroup"),
             rows_loop(st, each(combine(reds))),
             ir.Comment(f"across the block's {S} simdgroups: one partial per simdgroup and "
                        f"row{' (of weights and of x)' if mb > 1 else ''} through "
                        "threadgroup memory, then a second simd reduction"),
-            ir.If(lane0, [rows_loop(st, each(put))]), ir.Barrier(),
-            ir.Comment("the first simdgroup's lane 0 stores each row"),
-            rows_loop(st, x_rows_loop(st, merge + [ir.If(keep, outputs)], clamp=False),
-                      clamp=False)]
+            ir.If(lane0, [rows_loop(st, each(put))]), ir.Barrier(), *last]
 
 
 def _keep(st: QuantState) -> ir.Expr:
@@ -228,14 +234,16 @@ def _keep(st: QuantState) -> ir.Expr:
     return (ir.Var("mf_n") < st.ctx.size(st.ctx.rows_axis)).and_(lane0)
 
 
-def paired_rows(st: QuantState) -> list[ir.Stmt]:
-    """qmv_paired: every row's sums across the simdgroup first, then lane 0 computes and stores
-    each row's outputs, its partner's sums read from the simdgroup's registers."""
-    st.v.row_values.take_value = partner(st, lambda i, p: pairing.slot_value(st, i, p))
-    reds, outputs = epilogue(st)
+def paired_rows(st: QuantState, sums: list[ir.Stmt], outputs: list[ir.Stmt],
+                live: ir.Expr = ir.Lit(True, "bool")) -> list[ir.Stmt]:
+    """qmv_paired: every row's sums first (`sums`: across the simdgroup, or the block's
+    partials merged), then lane 0 computes and stores each row's outputs, its partner's sums
+    read from registers (every lane holds every row's). `live`: the simdgroups that store."""
     keep = pairing.real(st).and_(ir.Var("mf_lane").eq(ir.Lit(0, "uint")))
-    return [ir.Comment("each row: sum across the simdgroup (every lane holds every row's)"),
-            rows_loop(st, combine(reds), clamp=False),
+    if not (isinstance(live, ir.Lit) and live.value is True):
+        keep = live.and_(keep)
+    return [ir.Comment("each row's sums, every lane holding every row's"),
+            rows_loop(st, sums, clamp=False),
             ir.Comment("lane 0 stores each row of the head (u < Q), its partner from the "
                        "registers"),
             rows_loop(st, [ir.If(keep, outputs)], clamp=False)]

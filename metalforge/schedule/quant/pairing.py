@@ -103,6 +103,11 @@ def fits(graph: Graph, q: Node, rows_axis: str, sizes: Mapping[str, int]) -> boo
 
 # ---------------------------------------------------------------- the kernel's rows
 
+def is_paired(st: QuantState) -> bool:
+    """Whether the kernel is qmv_paired (or its _split kernel)."""
+    return st.name.startswith("qmv_paired")
+
+
 def q_value(st: QuantState) -> list[ir.Stmt]:
     """mf_q: Q, declared in the kernel's header."""
     assert st.ctx.period is not None

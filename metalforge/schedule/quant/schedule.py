@@ -45,13 +45,15 @@ class QuantSchedule(Schedule):
         every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
         if "qmv_prologue" in self.variants:
             return "qmv_prologue"
-        if "qmv_staged" in self.variants:   # paired where the call's sizes pair every row
-            return "qmv_paired" if self.period is not None and pairing.fits(
-                self.graph, self.period, self.rows_axis, sizes) else "qmv_staged"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
+        if "qmv_staged" in self.variants:   # paired where the call's sizes pair every row
+            if self.period is None or not pairing.fits(self.graph, self.period,
+                                                       self.rows_axis, sizes):
+                return "qmv_staged"
+            name = "qmv_paired"
         stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
         if name == "qmvx":
             small = self.simdgroups(sizes, self.x_rows) <= self.policy.split_grid
@@ -81,9 +83,12 @@ class QuantSchedule(Schedule):
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
             return []
-        if name in ("qmv_paired", "qmv_staged"):   # an even size pairs its rows, an odd not
-            rows = 2 * self.policy.rows_per_group + (2 if name == "qmv_paired" else -1)
-            return [{self.rows_axis: rows}]
+        if name == "qmv_staged":        # an odd size pairs no rows
+            return [{self.rows_axis: 2 * self.policy.rows_per_group - 1}]
+        if name.startswith("qmv_paired"):     # an even one does (K as qmv's, below)
+            stretch = SIMD_WIDTH * self.chunk
+            k = 2 * stretch if name.endswith("_split") else stretch
+            return [{self.rows_axis: 2 * self.policy.rows_per_group + 2, self.axis: k}]
         if name == "qmm":
             mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
             assert self.m_axis is not None
@@ -124,11 +129,6 @@ class QuantSchedule(Schedule):
             blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
             threads = numel(self.outer[:-1], sizes) * -(-blocks // g) * g * SIMD_WIDTH
             return threads, g * SIMD_WIDTH
-        if v == "qmv_paired":           # a simdgroup per R/2 rows of each half of a head
-            pairs = self.policy.rows_per_group // 2
-            threads = numel(self.outer[:-1], sizes) * -(-sizes[self.rows_axis] // (2 * pairs)) \
-                * SIMD_WIDTH
-            return threads, min(self.policy.threads_per_group, threads)
         if v == "qmm":
             return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
         S = self.splits.get(v, 1)

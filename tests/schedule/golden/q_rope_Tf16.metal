@@ -162,7 +162,7 @@ kernel void mf_q_rope_qmv_paired(
         }
     }
     mf_xs_0 = simd_sum(mf_xs_0);
-    // each row: sum across the simdgroup (every lane holds every row's)
+    // each row's sums, every lane holding every row's
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
     }
