@@ -93,6 +93,13 @@ def test_norm_in_the_projection_with_guarded_chunks():
     got = norm_linear(wq, x, w)
     torch.testing.assert_close(got.double(), (h @ (codes.double() - 8).T), rtol=2e-3, atol=2e-2)
     assert "mf_xs_0 = simd_sum(mf_xs_0)" in norm_linear.source(wq, x, w)
+    # K split over 4 simdgroups a block: the sum of x * x merged with the rows' partials
+    wq, codes = _codes(6, 2048, 6)
+    x, w = torch.randn(1, 2048, generator=g).half(), (1 + 0.1 * torch.randn(2048)).half()
+    h = F.rms_norm(x.double(), (2048,), w.double(), eps=1e-5)
+    assert norm_linear.launches(wq, x, w)[0][0].endswith("qmv_split")
+    torch.testing.assert_close(norm_linear(wq, x, w).double(), h @ (codes.double() - 8).T,
+                               rtol=2e-3, atol=2e-2)
 
 
 def _refused(kernel, *args) -> str:

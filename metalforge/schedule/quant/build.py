@@ -31,10 +31,11 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
         gathers.check(ctx)
         if ctx.period is None:
             return ("qmv_staged",)
-        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0 and not ctx.xsums
+        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0
         return ("qmv_paired",) + (("qmv_paired_split",) if beside else ()) + ("qmv_staged",)
-    if ctx.xsums:                   # sums of x alone: one row of x a simdgroup, K not split
-        return ("qmv",)
+    if ctx.xsums:                   # sums of x alone: one row of x a simdgroup
+        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0
+        return ("qmv",) + (("qmv_split",) if beside else ())
     if prologue.wanted(ctx):        # x computed once per group, in threadgroup memory
         return ("qmv_prologue",)
     policy = ctx.policy

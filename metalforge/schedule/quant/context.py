@@ -101,8 +101,6 @@ class QuantContext:
         """Simdgroups per block of rows in kernel `variant`: k_splits in the _split kernels, and
         in qmv too where split_grid is 0 (every call splits)."""
         always = self.policy.split_grid == 0
-        if self.xsums:                     # each simdgroup takes its xsums over all of K
-            return 1
         return self.policy.k_splits if variant.endswith("_split") or (
             variant in ("qmv", "qmv_paired") and always) else 1
 

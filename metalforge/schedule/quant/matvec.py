@@ -204,8 +204,9 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
     lane, sg, u_mb = ir.Var("mf_lane"), ir.Var("mf_sg"), ir.Lit(mb, "uint")
     slot = ir.Var("mf_r") * u_mb + (ir.Var("mf_i") if mb > 1 else ir.Lit(0, "uint"))
     per_sg = ir.Lit(rows * mb, "uint")
+    # the sums of x alone ride along: merged again with every row (the same total each time)
     put, merge = reduce.through_threadgroup(
-        st.v, reds, SIMD_WIDTH * rows * mb, sg * per_sg + slot,
+        st.v, reds + xsums.reductions(st), SIMD_WIDTH * rows * mb, sg * per_sg + slot,
         (sg - ir.Var("mf_split") + lane) * per_sg + slot, lane < ir.Lit(S, "uint"))
     keep = ir.Var("mf_live").and_(ir.Var("mf_split").eq(ir.Lit(0, "uint"))).and_(keep)
 
@@ -218,7 +219,7 @@ def store_rows(st: QuantState) -> list[ir.Stmt]:
         last = [ir.Comment("the first simdgroup's lane 0 stores each row"),
                 rows_loop(st, x_rows_loop(st, merge + [ir.If(keep, outputs)], clamp=False),
                           clamp=False)]
-    return [ir.Comment("each row: sum across the simdgroup"),
+    return shared + [ir.Comment("each row: sum across the simdgroup"),
             rows_loop(st, each(combine(reds))),
             ir.Comment(f"across the block's {S} simdgroups: one partial per simdgroup and "
                        f"row{' (of weights and of x)' if mb > 1 else ''} through "

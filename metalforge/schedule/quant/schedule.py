@@ -88,7 +88,7 @@ class QuantSchedule(Schedule):
         if name.startswith("qmv_paired"):     # an even one does (K as qmv's, below)
             stretch = SIMD_WIDTH * self.chunk
             k = 2 * stretch if name.endswith("_split") else stretch
-            return [{self.rows_axis: 2 * self.policy.rows_per_group + 2, self.axis: k}]
+            return [{self.rows_axis: 2 * self.policy.rows_per_group, self.axis: k}]
         if name == "qmm":
             mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
             assert self.m_axis is not None

@@ -8,12 +8,15 @@ fused into the projection of its input,
 reads x once and no normalised copy of x is written). Each lane adds the chunk's terms from
 the registers x is loaded into (`chunk_terms`; the guarded path from memory, once per chunk
 rather than per weight row), then the simdgroup sums them (`combine`): each simdgroup takes
-the whole sum, as it walks all of K. Kernels with xsums are qmv (or qmv_staged): one row of x
-per simdgroup, K not split (the kernels that block rows of x or split K are not built).
+the whole sum of its slice of K; a split block merges them with its rows' partials. Kernels
+with xsums are qmv and qmv_split (and the paired or staged kernels): one row of x per
+simdgroup (qmvx and qmm are not built).
 """
 from __future__ import annotations
 
 from ... import ir
+from ...graph import ReduceOp
+from .. import reduce
 from ..base import IDX
 from ..lower import as_float
 from .context import QuantState
@@ -49,6 +52,14 @@ def chunk_terms(st: QuantState, fast: bool) -> list[ir.Stmt]:
     return [ir.Comment("the sums of the shared values alone (xsums), this chunk's terms"),
             ir.For("mf_j", "uint", ir.Lit(0, "uint"), ir.Lit(ctx.chunk, "uint"), body,
                    unroll=True)]
+
+
+def reductions(st: QuantState) -> list[reduce.Reduction]:
+    """The xsums as reductions over their running values (numbered after the kernel's sums),
+    for the merge of a split block's partials."""
+    n = len(st.ctx.reds)
+    return [reduce.Reduction(node, ReduceOp.SUM, st.ctx.axis, n + 1 + i, acc_at=ir.Var(name(i)))
+            for i, node in enumerate(st.ctx.xsums)]
 
 
 def combine(st: QuantState) -> list[ir.Stmt]:
