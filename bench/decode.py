@@ -8,7 +8,8 @@ the same step with the dequantized f16/bf16 weights (F.rms_norm, F.linear, RoPE 
 scaled_dot_product_attention with GQA, silu), eager and under torch.compile. Per stage: ours,
 torch eager, and ours' share of the stage's bytes at copy_'s rate; then the whole step as one
 callable (on CUDA: GPU time of CUDA-graph replays, common.timeit), its launch count, and the
-eager wall time of one step (host launch cost included, synchronised). The KV cache holds
+eager wall time of one step (host launch cost included, synchronised). The step has no torch
+op: K and V are written into the cache row by their projection (`out=`). The KV cache holds
 `--context` positions; the step attends position `pos` = context - 1 (every key).
 """
 from __future__ import annotations
@@ -48,13 +49,20 @@ def swiglu(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     return torch.nn.functional.silu(gu[:, :hidden]) * gu[:, hidden:]
 
 
+@mf.kernel            # SwiGLU fused into the down projection: x staged once per threadgroup
+def down_swiglu(wq: "u32[N, F/8]", s: "T[N, F/64]", b: "T[N, F/64]",  # noqa: F821, F722
+                g: "T[M, F]", u: "T[M, F]", r: "T[M, N]") -> "T[M, N]":  # noqa: F821, F722
+    return r + mf.sum((mf.unpack(wq, bits=4) * s + b) * (g * mf.sigmoid(g) * u), axis="F")
+
+
 def stage_calls(layer, x, cache, pos, ours, theirs, w):
     """(name, our call, torch call, bytes ours moves) per stage, on the inputs the full steps
-    computed (so each stage is timed on real data)."""
+    computed (so each stage is timed on real data). torch's q/k/v stage is its norm, one
+    F.linear of the stacked weights, RoPE and the cache write; ours the two projection
+    kernels (norm and RoPE inside, K and V written into the cache row)."""
     s = layer.shape
     E, hq, hkv = s.head_dim, s.heads, s.kv_heads
-    q = ours["rope"][:, :hq]
-    heads = ours["qkv"].view(1, hq + 2 * hkv, E)
+    q = ours["q"]
     kv = cache.k[:pos + 1].transpose(0, 1)[None], cache.v[:pos + 1].transpose(0, 1)[None]
     a2 = ours["attention"].reshape(1, hq * E)
     m = ours["swiglu"]
@@ -65,25 +73,39 @@ def stage_calls(layer, x, cache, pos, ours, theirs, w):
         att = lambda: ex.paged_decode_attention(q, cache.k, cache.v, cache.table,  # noqa: E731
                                                 E ** -0.5, pos, BS=s.block)
     kvbytes = 2 * (pos + 1) * hkv * E * x.element_size()
+    rows = cache.rows(pos, s.block)
+    h2 = F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5)
+    gu = F.linear(h2, w["gate_up"]).contiguous()
+
+    def qkv_ours():
+        ex.q_rope(*layer.heads("q"), x, layer.w_attn, pos)
+        ex.kv_rope(*layer.heads("k"), *layer.heads("v"), x, layer.w_attn, pos, out=rows)
+
+    def qkv_torch():
+        h = F.rms_norm(x, (s.dim,), layer.w_attn, eps=1e-5)
+        heads = F.linear(h, w["qkv"]).view(1, hq + 2 * hkv, E)
+        ex.torch_rope(heads[:, :hq], pos)
+        cache.write(pos, s.block, ex.torch_rope(heads[:, hq:hq + hkv], pos),
+                    heads[:, hq + hkv:])
     return [
-        ("rms_norm", lambda: ex.norm(x, layer.w_attn),
-         lambda: F.rms_norm(x, (s.dim,), layer.w_attn, eps=1e-5), 3 * _nbytes(x)),
-        ("qkv", lambda: ex.qlinear(*layer.qkv, ours["h"]),
-         lambda: F.linear(theirs["h"], w["qkv"]), _nbytes(*layer.qkv)),
-        ("rope", lambda: ex.rope_heads(heads, pos, hq + hkv),
-         lambda: ex.torch_rope(heads[:, :hq + hkv], pos), 2 * _nbytes(heads)),
+        ("norm+qkv+rope", qkv_ours, qkv_torch, _nbytes(*layer.q, *layer.k, *layer.v)),
         ("attention", att,
-         lambda: F.scaled_dot_product_attention(theirs["rope"][:, :hq, None], *kv,
+         lambda: F.scaled_dot_product_attention(theirs["q"][:, :, None], *kv,
                                                 scale=E ** -0.5, enable_gqa=True), kvbytes),
         ("o_proj+add", lambda: ex.qlinear_add(*layer.o, a2, x),
          lambda: x + F.linear(a2, w["o"]), _nbytes(*layer.o)),
-        ("rms_norm", lambda: ex.norm(ours["x2"], layer.w_mlp),
-         lambda: F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5), 3 * _nbytes(x)),
-        ("gate_up+silu", lambda: ex.gate_up(*layer.gate, *layer.up, ours["h2"]),
-         lambda: swiglu(F.linear(theirs["h2"], w["gate_up"]), s.hidden),
+        ("norm+gate_up", lambda: ex.gate_up(*layer.gate, *layer.up, ours["x2"], layer.w_mlp),
+         lambda: swiglu(F.linear(F.rms_norm(theirs["x2"], (s.dim,), layer.w_mlp, eps=1e-5),
+                                 w["gate_up"]), s.hidden),
          _nbytes(*layer.gate, *layer.up)),
         ("down+add", lambda: ex.qlinear_add(*layer.down, m, ours["x2"]),
          lambda: ours["x2"] + F.linear(m, w["down"]), _nbytes(*layer.down)),
+        # not in the step: SwiGLU in the down projection's staged prologue (qmv_prologue)
+        # against torch's silu, product and projection
+        ("swiglu+down", lambda: down_swiglu(*layer.down, gu[:, :s.hidden], gu[:, s.hidden:],
+                                            ours["x2"]),
+         lambda: ours["x2"] + F.linear(swiglu(gu, s.hidden), w["down"]),
+         _nbytes(*layer.down)),
     ]
 
 
@@ -95,7 +117,8 @@ def launches(layer, x, cache, pos) -> int:
 
     def counted(k):
         def call(*a, **kw):
-            count[0] += len(k.launches(*a, **kw))
+            launch_kw = {n: v for n, v in kw.items() if n != "out"}    # where it writes: the same
+            count[0] += len(k.launches(*a, **launch_kw))
             return k(*a, **kw)
         return call
     try:
@@ -159,8 +182,7 @@ def main() -> None:
     comp = f"{t_c * 1e6:.1f} us ({t_c / t_o:.2f}x)" if t_c else "-"
     print(f"whole step: ours {t_o * 1e6:.1f} us, torch {t_t * 1e6:.1f} us "
           f"({t_t / t_o:.2f}x), torch.compile {comp}; "
-          f"{launches(layer, x, cache, pos)} metalforge launches + "
-          f"{'2 torch copies' if not a.paged else '2 index_copy_ and the row arithmetic'}")
+          f"{launches(layer, x, cache, pos)} metalforge launches, no torch op")
     w_o, w_t = wall(step_ours, device, repeat), wall(step_torch, device, repeat)
     print(f"eager wall per step (synchronised): ours {w_o * 1e6:.0f} us, torch "
           f"{w_t * 1e6:.0f} us ({w_t / w_o:.2f}x)")

@@ -126,6 +126,11 @@ class Op(_Name):
                 this element's positions): a gather. The node's axes are the tensor's without
                 `axis`, plus the index's. An index outside [0, size) is an error the kernel
                 reports (`take_sites` numbers the TAKE nodes for its report)
+        TAKE_VALUE  attr = axis                           args = (value, index)
+                `mf.take` of a computed value: `value`'s element at position `index` along
+                `axis` (its other axes at this element's positions). Axes as TAKE's. Only a
+                quantized matvec's epilogue lowers it, along its rows axis, with the index
+                proven in range (`schedule/quant/gathers.py`)
         SCATTER attr = (axis, deterministic)                  args = (values, index)
                 `mf.scatter_add`: a zeroed output over the values' and index's axes less the
                 index's, plus `axis` (an axis of a tensor parameter); element e of the values
@@ -155,6 +160,7 @@ class Op(_Name):
     REDUCE = "reduce"
     UNPACK = "unpack"
     TAKE = "take"
+    TAKE_VALUE = "take_value"
     SCATTER = "scatter"
     SCAN = "scan"
     RANDOM = "random"

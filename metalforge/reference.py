@@ -148,7 +148,7 @@ def evaluate_expressions(graph: Graph, nodes: list[Node], sizes: Mapping[str, in
     (schedules use it to count what index masks leave to read)."""
     ev = _Evaluator.at_sizes(graph, sizes, scalars)
     for n in topo_order(nodes):
-        if n.op in (Op.LOAD, Op.TAKE, Op.UNPACK, Op.REDUCE):
+        if n.op in (Op.LOAD, Op.TAKE, Op.TAKE_VALUE, Op.UNPACK, Op.REDUCE):
             raise ValueError(f"kernel '{graph.name}': {n.op} is not an expression of indices "
                              "and scalars")
         ev.val[n] = ev.fp32(ev.node(n), n.dtype)
@@ -261,6 +261,11 @@ class _Evaluator:
                          self.align(n.args[0], n.axes), n.axes, sizes,
                          f"kernel '{self.graph.name}': mf.take from '{name}' along '{axis}'",
                          n.args[0].dtype is U64)
+        if n.op == Op.TAKE_VALUE:
+            src, axis = n.args[0], n.attr
+            full = self.val[src].expand([sizes[a] for a in src.axes]).to(ct)
+            return _take(full, src.axes, axis, self.align(n.args[1], n.axes), n.axes, sizes,
+                         f"kernel '{self.graph.name}': mf.take of a value along '{axis}'")
         if n.op == Op.SCATTER:
             return self.scatter(n, ct)
         if n.op == Op.SCAN:

@@ -98,7 +98,9 @@ def clamp(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002  (torc
 def take(x: Any, axis: str, index: Any) -> Sym:
     """Gather: `x` read at position `index` along `axis` (torch.gather / x[..., index, ...]).
 
-    x:     a tensor argument of the kernel.
+    x:     a tensor argument of the kernel; or, in a quantized projection's epilogue, a value
+           computed from its sums, taken along its weight rows with an index proven in range
+           (RoPE's partner row inside the q/k projection; docs/reference/quantization.md).
     axis:  one of its axes; the result has x's other axes, each element at its own position,
            and the index's axes.
     index: an integer value: an index expression (mf.index, mf.size, integer arithmetic,

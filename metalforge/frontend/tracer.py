@@ -228,8 +228,7 @@ class Trace:
         """mf.take: x (a tensor argument) read at position `index` along `axis`."""
         src = self.as_node(x, "the tensor to take from")
         if src.op != Op.LOAD:
-            raise self.error("mf.take reads from a tensor argument of the kernel (a gather from "
-                             "memory); pass the argument itself, not a computed value")
+            return self.take_value(src, axis, index)
         axis = self.check_axis(axis, "mf.take")
         if axis not in src.axes:
             raise self.error(f"mf.take: '{src.attr}' has axes {list(src.axes)}, not '{axis}'")
@@ -243,6 +242,22 @@ class Trace:
         if idx.op == Op.CONST:
             idx = self.node(Op.CONST, (), I64, (), attr=idx.attr)
         return self.sym(self.node(Op.TAKE, (idx,), src.dtype, axes, attr=(src.attr, axis)))
+
+    def take_value(self, src: Node, axis: Any, index: Any) -> "Sym":
+        """mf.take of a computed value (a TAKE_VALUE node): `src` at position `index` along
+        `axis`; only a quantized matvec's epilogue lowers it (the partner of RoPE's rotation
+        from the same kernel's sums)."""
+        axis = self.check_axis(axis, "mf.take")
+        if axis not in src.axes:
+            raise self.error(f"mf.take: the value taken from has axes {list(src.axes)}, not "
+                             f"'{axis}'")
+        idx = self.as_node(index, "the index")
+        if idx.dtype.is_float or idx.dtype is BOOL:
+            raise self.error(f"mf.take: the index must be an integer value (an integer tensor, "
+                             f"mf.index, mf.size or integer arithmetic), got {idx.dtype}")
+        names = {a for a in src.axes if a != axis} | set(idx.axes)
+        axes = tuple(sorted(names, key=self.order.__getitem__))
+        return self.sym(self.node(Op.TAKE_VALUE, (src, idx), src.dtype, axes, attr=axis))
 
     def unpack(self, w: Any, bits: Any) -> "Sym":
         """mf.unpack: the `bits`-bit integers packed in the u32 words of `w` (MLX layout)."""

@@ -21,9 +21,10 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from ..errors import LaunchError, UnsupportedConstruct
-from ..graph import Graph
+from ..graph import Graph, Op
 from .base import Schedule, Traffic
 from .families import PATTERNS, Match, recognise
+from .lower import value_gather_refused
 from .policy import LaunchPolicy, resolve
 
 __all__ = ["Schedule", "Traffic", "LaunchPolicy", "LaunchError", "UnsupportedConstruct",
@@ -48,6 +49,9 @@ def plan(graph: Graph, launch: Optional[Mapping[str, Any]] = None, *,
     """The schedule of `graph` with `launch` overrides; index64 picks 64-bit indexing (a
     policy's explicit index64 wins)."""
     m = recognise(graph)
+    taken = next((n for n in graph.nodes() if n.op == Op.TAKE_VALUE), None)
+    if taken is not None and m.family != "quant":     # only its epilogue gathers its results
+        raise value_gather_refused(taken)
     policy = resolve(m.family, launch)
     if policy.index64 is not None:
         index64 = policy.index64

@@ -97,6 +97,15 @@ def convert(e: ir.Expr, src: DType, dst: DType) -> ir.Expr:
     return ir.Cast(compute_type(dst), e)
 
 
+def value_gather_refused(n: Node) -> UnsupportedConstruct:
+    """The error for a gather of a computed value (TAKE_VALUE) where no schedule serves it."""
+    return UnsupportedConstruct(
+        f"mf.take(..., axis={n.attr!r}){at(n.loc)} gathers a computed value, not a tensor "
+        f"argument: only a quantized matvec's epilogue gathers its own results (along the "
+        f"weight rows, index proven in range); elsewhere compute the value in one kernel and "
+        f"take from it, an argument, in the next")
+
+
 class ElementLowering:
     """Lowers the nodes behind some outputs into per-element statements.
 
@@ -122,7 +131,9 @@ class ElementLowering:
                  take: Optional[Callable[[Node, ir.Expr], ir.Expr]] = None,
                  proven: Optional[frozenset[int]] = None,
                  linear: Optional[Callable[[tuple[str, ...]],
-                                         Optional[random.DrawPosition]]] = None):
+                                         Optional[random.DrawPosition]]] = None,
+                 take_value: Optional[Callable[[Node, ir.Expr],
+                                               tuple[list[ir.Stmt], ir.Expr]]] = None):
         self.graph = graph
         self.linear = linear        # a schedule's own linear position over some axes, or None
         # the gathers (take_sites numbers) read without a check; None: those `ranges` proves
@@ -130,6 +141,7 @@ class ElementLowering:
         self.load, self.position, self.size, self.scalar = load, position, size, scalar
         self.shift = shift or self._shift
         self.take = take
+        self.take_value = take_value      # mf.take of a computed value: (statements, value)
         self.pending: list[ir.Stmt] = []          # statements a value needs before its Decl
         self.prefix = prefix
         self.helpers: set[str] = set()
@@ -203,6 +215,8 @@ class ElementLowering:
             return self._binary(n)
         if op == Op.TAKE:
             return self._take(n)
+        if op == Op.TAKE_VALUE:
+            return self._take_value(n)
         if op == Op.UNPACK:
             return unpack_value(self.values[n.args[0]], self.shift(n), n.attr)
         if op == Op.RANDOM:
@@ -238,6 +252,15 @@ class ElementLowering:
                                        "column reductions' element values, nor in quantized "
                                        "reductions)")
         return self.take(n, self._checked(n))
+
+    def _take_value(self, n: Node) -> ir.Expr:
+        """mf.take of a computed value, where the schedule serves it (a quantized matvec's
+        staged epilogue: `schedule/quant/gathers.py`); refused elsewhere."""
+        if self.take_value is None:
+            raise value_gather_refused(n)
+        stmts, value = self.take_value(n, ir.Cast(IDX, self.values[n.args[1]]))
+        self.pending.extend(stmts)
+        return value
 
     def _literal_load(self, n: Node, known: int) -> ir.Expr:
         """`w[:, j]` where the schedule serves no gathers (a row's per-row values): the

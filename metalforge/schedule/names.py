@@ -88,12 +88,14 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              "sub", "sum", "sum_add", "tile", "tiles", "tk", "tm", "tmax",
                              "tn", "u", "vec", "vec_ok", "vf", "w", "wlog", "wn", "wp",
                              "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z",
-                             "chunk_len", "f", "flat"})
+                             "chunk_len", "f", "flat",
+                             # the quantized matvec's staged rows, paired rows and prologue
+                             "blk", "padded", "poff", "xstage", "xstaged"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"
-                               r"reg|tg|row|col|stride|span|stage|simd|mf)_.*)$")
+                               r"reg|tg|row|col|stride|span|stage|simd|mf|xs|partner)_.*)$")
 
 
 def _plain(name: str) -> bool:

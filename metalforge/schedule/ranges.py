@@ -495,11 +495,16 @@ def index_range(graph: Graph, take: Node) -> Range:
 def in_range(graph: Graph, take: Node) -> bool:
     """Whether gather `take`'s index is provably in [0, size(axis) - 1] for every admissible
     size and value."""
-    idx = take.args[0]
+    return index_in_range(graph, take.args[0], take.attr[1])
+
+
+def index_in_range(graph: Graph, idx: Node, axis: str) -> bool:
+    """Whether the integer value `idx` is provably in [0, size(axis) - 1] for every
+    admissible size and value (a gather's index, from memory or of a computed value)."""
     sizes = SizeFacts(graph, _positions(idx))
     if not idx.dtype.is_int:
         return False
-    last = sizes.form(take.attr[1]) - SizeForm.of(1)
+    last = sizes.form(axis) - SizeForm.of(1)
     r = Analysis(sizes).range(idx)
     return all(any(sizes.nonneg_int(lo) for lo in c.lowers)
                and any(sizes.nonneg_int(last - hi) for hi in c.uppers) for c in r)

@@ -42,6 +42,15 @@ Several sums over K in one kernel, each of its own unpacked weights and all of o
 gate and up projections), keep one set of accumulators (and affine registers) per sum; x's
 chunk and its sum are read and taken once for all; the tiled kernel is built for one sum only.
 
+Sums over K of the shared values alone (`xsums`: an RMSNorm's mean of x * x beside the
+projection of x) are taken from the chunk's registers by each simdgroup (qmv only). Gathers of
+the kernel's own results in the epilogue (RoPE's partner row, `gathers`) run in `qmv_paired`
+(rows i and i + Q in one simdgroup, where the index is i, i + Q or i - Q: `pairing`) or
+`qmv_staged` (a threadgroup per position of the other output axes, every row's sums in
+threadgroup memory: `staged`). An x that applies a transcendental function (SwiGLU fused into
+the down projection) is computed once per threadgroup into threadgroup memory (`qmv_prologue`:
+`prologue`).
+
 Launch levers (policy "quant", all tunable): rows_per_group (x and its sum shared by more rows,
 fewer simdgroups), k_splits (qmv_split's simdgroups per block: more loads in flight when rows
 are few, one barrier and S partials per row more), split_grid (where the _split kernels run
@@ -53,8 +62,10 @@ Modules: `form` (what the family recognises: `match`, the affine form, the tiled
 factors), `params` (tile sizes and constants), `context` (the frozen per-call context and the
 per-kernel state), `positions` and `blocks` (positions, offsets, registers, loads, loops and
 the epilogue the kernels share), `affine` (scales and biases: the affine form's arithmetic),
-`matvec` (qmv, qmvx and their _split kernels), `tiled` (qmm), `build` (the kernels of a graph)
-and `schedule` (`QuantSchedule`: the host side).
+`matvec` (qmv, qmvx and their _split kernels, qmv_paired, qmv_prologue), `tiled` (qmm),
+`xsums` (sums of x alone), `gathers`, `pairing` and `staged` (the epilogue's gathers),
+`prologue` (a staged x), `build` (the kernels of a graph) and `schedule` (`QuantSchedule`: the
+host side).
 """
 from __future__ import annotations
 

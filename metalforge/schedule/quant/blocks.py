@@ -12,6 +12,7 @@ from .. import reduce
 from ..base import IDX
 from ..lower import compute_type, convert
 from ..names import tensor_var
+from . import pairing
 from .context import QuantContext, QuantState
 from .positions import acc, at, lowering, offset, x_slot
 
@@ -27,6 +28,8 @@ def rows_loop(st: QuantState, body: list[ir.Stmt], clamp: bool = True) -> ir.Stm
     last = ctx.size(ctx.rows_axis) - ir.Lit(1, IDX)
     decl: list[ir.Stmt] = [ir.Decl("mf_n", IDX, n if rows == 1 or not clamp else
                                    ir.Call("min", (n, last)))]
+    if pairing.is_paired(st):                 # rows u0 + r and their partners u0 + Q + r
+        decl = [ir.Decl("mf_n", IDX, pairing.row(st, clamp))]
     return ir.For("mf_r", "uint", ir.Lit(0, "uint"), ir.Lit(rows, "uint"),
                   (decl if ir.mentions(body, "mf_n") else []) + body, unroll=True)
 

@@ -14,16 +14,30 @@ from ..elementwise import ParamSource, kernel_params
 from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
-from . import matvec, tiled
+from . import gathers, matvec, pairing, prologue, staged, tiled
 from .context import QuantContext, QuantState, context
 from .form import factors
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
 
+BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: matvec.kernel
+
 
 def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     """The kernels of the schedule: qmv; qmv_split beside it where K is split by size; qmvx
-    (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X."""
+    (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X;
+    qmv_staged alone where the epilogue gathers the kernel's results (`gathers`)."""
+    if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
+        gathers.check(ctx)
+        if ctx.period is None:
+            return ("qmv_staged",)
+        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0
+        return ("qmv_paired",) + (("qmv_paired_split",) if beside else ()) + ("qmv_staged",)
+    if ctx.xsums:                   # sums of x alone: one row of x a simdgroup
+        beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0
+        return ("qmv",) + (("qmv_split",) if beside else ())
+    if prologue.wanted(ctx):        # x computed once per group, in threadgroup memory
+        return ("qmv_prologue",)
     policy = ctx.policy
     split = policy.k_splits > 1
     blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (
@@ -59,7 +73,7 @@ def kernels(ctx: QuantContext, names: tuple[str, ...]) -> tuple[dict[str, ir.Low
     tg = 0
     for name in names:
         st = state(ctx, name)
-        built[name] = (tiled.kernel if name == "qmm" else matvec.kernel)(st)
+        built[name] = BUILDERS.get(name, matvec.kernel)(st)
         ctx.uses.helpers.update(st.v.row_values.helpers)       # per-row values' helpers too
         tg = max(tg, st.v.tg_bytes)
     if tg > MAX_THREADGROUP_BYTES:
@@ -77,15 +91,18 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     """The quantized schedule of `graph` (`form`: its quantized sum, as `form.match` found it;
     the checks of `context` hold for any)."""
     ctx = context(graph, policy, index64)
+    if gathers.value_gathers(graph):
+        ctx = replace(ctx, period=pairing.period(ctx))
     names = kernel_names(ctx)
     built, tg = kernels(ctx, names)
     tiled_ = "qmm" in built
     blocked = "qmvx" in built
     out = replace(policy, uses_simd=True, vector_width=ctx.words, threadgroup_bytes=tg)
-    return QuantSchedule("quant", graph, out, built["qmv"], (*ctx.outer, ctx.axis),
+    return QuantSchedule("quant", graph, out, built[names[0]], (*ctx.outer, ctx.axis),
                          tuple(ctx.packed) + tuple(t.name for t in ctx.shared), index64,
                          axis=ctx.axis, rows_axis=ctx.rows_axis, outer=ctx.outer,
                          chunk=ctx.chunk, variants=built,
                          m_axis=ctx.prefix[-1] if tiled_ or blocked else None,
                          x_rows=ctx.x_rows,
-                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"})
+                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"},
+                         period=ctx.period)

@@ -9,7 +9,7 @@ read (in order of first use: the shared parameter list) and the helper functions
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Optional
 
 from ... import ir
 from ...dtypes import DType
@@ -54,6 +54,11 @@ class QuantContext:
     vw: int                                   # elements per vector load of a shared tensor
     k_multiple: int                           # what K is a multiple of whatever the call
     uses: Uses
+    # sums over K of the shared values alone (RMSNorm's sum of x * x beside the projection of
+    # x: `xsums`), taken once per simdgroup from the chunk's registers
+    xsums: tuple[Node, ...] = ()
+    # Q where the epilogue's gathers read row i + Q or i - Q (RoPE's half): `pairing`
+    period: Optional[Node] = None
 
     @property
     def red(self) -> Node:
@@ -97,7 +102,7 @@ class QuantContext:
         in qmv too where split_grid is 0 (every call splits)."""
         always = self.policy.split_grid == 0
         return self.policy.k_splits if variant.endswith("_split") or (
-            variant == "qmv" and always) else 1
+            variant in ("qmv", "qmv_paired") and always) else 1
 
     def size(self, axis: str) -> ir.Expr:
         if axis not in self.uses.sizes:
@@ -128,12 +133,30 @@ class QuantState:
         return self.v.name
 
 
-def _the_sums(graph: Graph) -> tuple[Node, ...]:
-    """The graph's reductions: sums over one axis, each of values unpacked from words (gate
-    and up projections sharing their x); an error naming any other."""
+def _unpacks(n: Node) -> bool:
+    return any(m.op == Op.UNPACK for m in topo_order([n.args[0]]))
+
+
+def _the_sums(graph: Graph) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """(the graph's sums of values unpacked from words (gate and up projections sharing their
+    x), its sums over the same axis of values without the weight rows' axis (`xsums`: an
+    RMSNorm's sum of x * x)); an error naming any other reduction."""
     reds = graph.reductions()
-    axis = reds[0].attr[1]
+    first = next(r for r in reds if _unpacks(r))
+    axis = first.attr[1]
+    rows = max(graph.outputs, key=lambda o: len(o.axes)).axes[-1:]
+    xsums = tuple(n for n in reds if n.attr[0] == ReduceOp.SUM and n.attr[1] == axis
+                  and not _unpacks(n) and not set(rows) & set(n.args[0].axes)
+                  and not any(m.op in (Op.REDUCE, Op.TAKE, Op.TAKE_VALUE, Op.RANDOM)
+                              for m in topo_order([n.args[0]])))
+    reds = [n for n in reds if n not in xsums]
     for n in reds:
+        inner = next((m for m in topo_order([n.args[0]]) if m.op == Op.REDUCE), None)
+        if inner is not None:
+            raise UnsupportedConstruct(
+                f"kernel '{graph.name}': mf.{inner.attr[0]}(...){at(inner.loc)} inside the "
+                f"argument of a sum that unpacks words: scale the sum's result instead (a norm "
+                f"of x: rsqrt(mean(x * x)) * sum(w * x), not sum(w * x * rsqrt(...)))")
         if n.attr[0] != ReduceOp.SUM or n.attr[1] != axis:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': mf.{n.attr[0]}(..., axis={n.attr[1]!r}){at(n.loc)}: a "
@@ -143,8 +166,9 @@ def _the_sums(graph: Graph) -> tuple[Node, ...]:
             raise UnsupportedConstruct(
                 f"kernel '{graph.name}': mf.sum(..., axis={axis!r}){at(n.loc)} sums no "
                 f"unpacked words, beside a sum that does: a kernel that unpacks words may "
-                f"have several sums only where each unpacks its own weights")
-    return tuple(reds)
+                f"have several sums only where each unpacks its own weights, or sums values "
+                f"without the weight rows' axis (as an RMSNorm's mean of x * x)")
+    return tuple(reds), xsums
 
 
 def _packed_inputs(reds: tuple[Node, ...], rows_axis: str) -> dict[str, int]:
@@ -170,7 +194,7 @@ def _packed_inputs(reds: tuple[Node, ...], rows_axis: str) -> dict[str, int]:
 def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     """The context of `graph`'s quantized sum, or an error naming what the family does not
     handle."""
-    reds = _the_sums(graph)
+    reds, xsums = _the_sums(graph)
     axis = reds[0].attr[1]
     widest = max(graph.outputs, key=lambda o: len(o.axes)).axes
     outer = tuple(a for a in widest if a != axis)
@@ -190,7 +214,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
     width = bits.pop()
     words = policy.vector_width
     chunk = words * (32 // width)
-    cone = [n for n in topo_order([r.args[0] for r in reds]) if n.op == Op.LOAD]
+    cone = [n for n in topo_order([r.args[0] for r in reds + xsums]) if n.op == Op.LOAD]
     shared = [t for t in inputs if any(n.attr == t.name for n in cone)
               and t.name not in packed and outer[-1] not in t.axes
               and t.axes and t.axes[-1] == axis]
@@ -199,4 +223,4 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool) -> QuantContext:
         vw //= 2
     return QuantContext(graph, policy, index64, reds, axis, outer, inputs, scalars, tvars, names,
                         out_names, packed, width, words, shared, vw,
-                        size_multiple(graph.tensors, axis), Uses([axis, *outer]))
+                        size_multiple(graph.tensors, axis), Uses([axis, *outer]), xsums)

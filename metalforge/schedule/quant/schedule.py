@@ -8,10 +8,14 @@ from typing import Mapping, Optional
 
 from ... import ir
 from ...errors import LaunchError
+from ...graph import Node
 from ...shapes import numel, size_multiple
 from ..base import Schedule, Traffic
 from ..hardware import SIMD_WIDTH
+from . import pairing
+from .gathers import MAX_STAGED_ROWS
 from .params import THREADS, TILE_K, TILE_M, TILE_N
+from .staged import STAGED_THREADS
 
 
 @dataclass
@@ -25,6 +29,7 @@ class QuantSchedule(Schedule):
     m_axis: Optional[str] = None         # the rows of x that qmvx and the tiled qmm block
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
     splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
+    period: Optional[Node] = None        # Q of the paired kernel (`pairing`)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -38,10 +43,17 @@ class QuantSchedule(Schedule):
         their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
         x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
         every grid of 512 simdgroups or more it was timed at, bench/README.md)."""
+        if "qmv_prologue" in self.variants:
+            return "qmv_prologue"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
+        if "qmv_staged" in self.variants:   # paired where the call's sizes pair every row
+            if self.period is None or not pairing.fits(self.graph, self.period,
+                                                       self.rows_axis, sizes):
+                return "qmv_staged"
+            name = "qmv_paired"
         stretches = -(-sizes[self.axis] // (SIMD_WIDTH * self.chunk))
         if name == "qmvx":
             small = self.simdgroups(sizes, self.x_rows) <= self.policy.split_grid
@@ -71,6 +83,12 @@ class QuantSchedule(Schedule):
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
             return []
+        if name == "qmv_staged":        # an odd size pairs no rows
+            return [{self.rows_axis: 2 * self.policy.rows_per_group - 1}]
+        if name.startswith("qmv_paired"):     # an even one does (K as qmv's, below)
+            stretch = SIMD_WIDTH * self.chunk
+            k = 2 * stretch if name.endswith("_split") else stretch
+            return [{self.rows_axis: 2 * self.policy.rows_per_group, self.axis: k}]
         if name == "qmm":
             mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
             assert self.m_axis is not None
@@ -104,6 +122,13 @@ class QuantSchedule(Schedule):
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
         v = self.variant(sizes)
+        if v == "qmv_staged":           # a threadgroup per position of the other output axes
+            return numel(self.outer[:-1], sizes) * STAGED_THREADS, STAGED_THREADS
+        if v == "qmv_prologue":         # each row of x's blocks padded to whole groups
+            g = max(1, self.policy.threads_per_group // SIMD_WIDTH)
+            blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
+            threads = numel(self.outer[:-1], sizes) * -(-blocks // g) * g * SIMD_WIDTH
+            return threads, g * SIMD_WIDTH
         if v == "qmm":
             return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
         S = self.splits.get(v, 1)
@@ -118,6 +143,11 @@ class QuantSchedule(Schedule):
         # offsets stay inside each tensor: the largest one (not M x N x K) sets the width
         axes = [t.axes for t in self.graph.tensors] + [o.axes for o in self.graph.outputs]
         n: int = max(numel(ax, sizes) for ax in axes)
+        if self.variant(sizes) == "qmv_staged" and sizes[self.rows_axis] > MAX_STAGED_ROWS:
+            raise LaunchError(f"kernel '{self.graph.name}': its epilogue gathers its own rows, "
+                              f"so one threadgroup stages every row of '{self.rows_axis}'; "
+                              f"{sizes[self.rows_axis]} rows are over the {MAX_STAGED_ROWS} it "
+                              f"holds")
         if not self.index64 and max(n, sizes[self.axis]) >= 2 ** 31:
             raise LaunchError(f"kernel '{self.graph.name}': {n} elements need 64-bit "
                               f"indexing; call it with launch={{'index64': True}}")
@@ -126,6 +156,8 @@ class QuantSchedule(Schedule):
     def max_group_size(self, host_name: str) -> int:
         if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
             return THREADS
+        if "qmv_staged" in self.variants and host_name == self.variants["qmv_staged"].host_name:
+            return STAGED_THREADS
         return self.policy.threads_per_group
 
     def traffic(self, sizes: Mapping[str, int]) -> Traffic:

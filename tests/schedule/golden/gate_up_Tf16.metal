@@ -39,12 +39,14 @@ kernel void mf_gate_up_qmv(
     device const T* su [[buffer(4)]],
     device const T* bu [[buffer(5)]],
     device const T* x [[buffer(6)]],
-    device T* mf_out [[buffer(7)]],
-    constant mf_index_t& mf_size_K [[buffer(8)]],
-    constant mf_index_t& mf_size_M [[buffer(9)]],
-    constant mf_index_t& mf_size_F [[buffer(10)]],
-    constant mf_index_t& mf_size_K_div8 [[buffer(11)]],
-    constant mf_index_t& mf_size_K_div64 [[buffer(12)]],
+    device const T* w [[buffer(7)]],
+    device T* mf_out [[buffer(8)]],
+    constant float& eps [[buffer(9)]],
+    constant mf_index_t& mf_size_K [[buffer(10)]],
+    constant mf_index_t& mf_size_M [[buffer(11)]],
+    constant mf_index_t& mf_size_F [[buffer(12)]],
+    constant mf_index_t& mf_size_K_div8 [[buffer(13)]],
+    constant mf_index_t& mf_size_K_div64 [[buffer(14)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
@@ -62,6 +64,7 @@ kernel void mf_gate_up_qmv(
         mf_acc[mf_r] = 0.0f;
         mf_acc1[mf_r] = 0.0f;
     }
+    float mf_xs_0 = 0.0f;
     const mf_index_t mf_pos_M = mf_index_t(mf_outer);
     // lane l takes chunks l, l + 32, ... of 32 values along 'K'
     for (mf_index_t mf_k0 = mf_index_t(mf_lane * 32u); mf_k0 < mf_size_K; mf_k0 += 1024u) {
@@ -94,13 +97,28 @@ kernel void mf_gate_up_qmv(
                 mf_x_reg[mf_v * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
             }
         }
+        float mf_w_reg[32];
+        for (uint mf_v = 0u; mf_v < 4u; ++mf_v) {
+            const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_k0 + mf_index_t(mf_v * 8u));
+            for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
+                mf_w_reg[mf_v * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+            }
+        }
+        // the sums of the shared values alone (xsums), this chunk's terms
+        for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+            const float mf_in_x = mf_x_reg[mf_j];
+            const float mf_e1 = mf_in_x * mf_in_x;
+            mf_xs_0 = mf_xs_0 + mf_e1;
+        }
         // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
         float mf_xe[32];
         float mf_xsum = 0.0f;
         for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
             const float mf_in_x = mf_x_reg[mf_j];
-            mf_xe[mf_j] = mf_in_x;
-            mf_xsum = mf_xsum + mf_in_x;
+            const float mf_in_w = mf_w_reg[mf_j];
+            const float mf_e1 = mf_in_x * mf_in_w;
+            mf_xe[mf_j] = mf_e1;
+            mf_xsum = mf_xsum + mf_e1;
         }
         // each row: unpack its words from registers, add to its sum
         float mf_qx[16];
@@ -132,16 +150,23 @@ kernel void mf_gate_up_qmv(
             mf_acc1[mf_r] = fma(mf_row_scale1[mf_r], fma(mf_qx1[mf_r * 4u + 3u], mf_place_weight(12u), fma(mf_qx1[mf_r * 4u + 2u], mf_place_weight(8u), fma(mf_qx1[mf_r * 4u + 1u], mf_place_weight(4u), mf_qx1[mf_r * 4u]))), fma(mf_row_bias1[mf_r], mf_xsum, mf_acc1[mf_r]));
         }
     }
+    mf_xs_0 = simd_sum(mf_xs_0);
     // each row: sum across the simdgroup, lane 0 stores
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
         mf_acc1[mf_r] = simd_sum(mf_acc1[mf_r]);
         if (mf_n < mf_size_F && mf_lane == 0u) {
-            const float mf_r1 = 1.0f / (1.0f + precise::exp(-mf_acc[mf_r]));
-            const float mf_r2 = mf_acc[mf_r] * mf_r1;
-            const float mf_r3 = mf_r2 * mf_acc1[mf_r];
-            mf_out[mf_pos_M * mf_size_F + mf_n] = T(mf_r3);
+            const float mf_r1 = float(long(mf_size_K));
+            const float mf_r2 = mf_xs_0 / mf_r1;
+            const float mf_r3 = mf_r2 + eps;
+            const float mf_r4 = precise::rsqrt(mf_r3);
+            const float mf_r5 = mf_r4 * mf_acc[mf_r];
+            const float mf_r6 = 1.0f / (1.0f + precise::exp(-mf_r5));
+            const float mf_r7 = mf_r5 * mf_r6;
+            const float mf_r8 = mf_r4 * mf_acc1[mf_r];
+            const float mf_r9 = mf_r7 * mf_r8;
+            mf_out[mf_pos_M * mf_size_F + mf_n] = T(mf_r9);
         }
     }
 }
@@ -155,12 +180,14 @@ template [[host_name("gate_up_f16_GS_64_qmv")]] kernel void mf_gate_up_qmv<half,
     device const half* su [[buffer(4)]],
     device const half* bu [[buffer(5)]],
     device const half* x [[buffer(6)]],
-    device half* mf_out [[buffer(7)]],
-    constant uint& mf_size_K [[buffer(8)]],
-    constant uint& mf_size_M [[buffer(9)]],
-    constant uint& mf_size_F [[buffer(10)]],
-    constant uint& mf_size_K_div8 [[buffer(11)]],
-    constant uint& mf_size_K_div64 [[buffer(12)]],
+    device const half* w [[buffer(7)]],
+    device half* mf_out [[buffer(8)]],
+    constant float& eps [[buffer(9)]],
+    constant uint& mf_size_K [[buffer(10)]],
+    constant uint& mf_size_M [[buffer(11)]],
+    constant uint& mf_size_F [[buffer(12)]],
+    constant uint& mf_size_K_div8 [[buffer(13)]],
+    constant uint& mf_size_K_div64 [[buffer(14)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
@@ -176,18 +203,21 @@ kernel void mf_gate_up_qmv_split(
     device const T* su [[buffer(4)]],
     device const T* bu [[buffer(5)]],
     device const T* x [[buffer(6)]],
-    device T* mf_out [[buffer(7)]],
-    constant mf_index_t& mf_size_K [[buffer(8)]],
-    constant mf_index_t& mf_size_M [[buffer(9)]],
-    constant mf_index_t& mf_size_F [[buffer(10)]],
-    constant mf_index_t& mf_size_K_div8 [[buffer(11)]],
-    constant mf_index_t& mf_size_K_div64 [[buffer(12)]],
+    device const T* w [[buffer(7)]],
+    device T* mf_out [[buffer(8)]],
+    constant float& eps [[buffer(9)]],
+    constant mf_index_t& mf_size_K [[buffer(10)]],
+    constant mf_index_t& mf_size_M [[buffer(11)]],
+    constant mf_index_t& mf_size_F [[buffer(12)]],
+    constant mf_index_t& mf_size_K_div8 [[buffer(13)]],
+    constant mf_index_t& mf_size_K_div64 [[buffer(14)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]],
     uint mf_sg [[simdgroup_index_in_threadgroup]])
 {
     threadgroup float mf_tg1[128];
     threadgroup float mf_tg2[128];
+    threadgroup float mf_tg3[128];
     // 4 simdgroups (of one threadgroup) per block of 4 rows of 'F'; simdgroup mf_split of them takes slice mf_split of 'K'
     const mf_index_t mf_task = mf_index_t(mf_tid / 32u / 4u);
     const uint mf_split = mf_tid / 32u % 4u;
@@ -203,6 +233,7 @@ kernel void mf_gate_up_qmv_split(
         mf_acc[mf_r] = 0.0f;
         mf_acc1[mf_r] = 0.0f;
     }
+    float mf_xs_0 = 0.0f;
     const mf_index_t mf_pos_M = mf_index_t(mf_outer);
     // lane l of slice s takes chunks 32 s + l, then every 128th, of 32 values along 'K'
     if (mf_live) {
@@ -237,13 +268,28 @@ kernel void mf_gate_up_qmv_split(
                         mf_x_reg[mf_v * 8u + mf_l] = float(mf_lane8(mf_x_v, mf_l));
                     }
                 }
+                float mf_w_reg[32];
+                for (uint mf_v = 0u; mf_v < 4u; ++mf_v) {
+                    const mf_pack8<T> mf_w_v = *reinterpret_cast<device const mf_pack8<T>*>(w + mf_k0 + mf_index_t(mf_v * 8u));
+                    for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
+                        mf_w_reg[mf_v * 8u + mf_l] = float(mf_lane8(mf_w_v, mf_l));
+                    }
+                }
+                // the sums of the shared values alone (xsums), this chunk's terms
+                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                    const float mf_in_x = mf_x_reg[mf_j];
+                    const float mf_e1 = mf_in_x * mf_in_x;
+                    mf_xs_0 = mf_xs_0 + mf_e1;
+                }
                 // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
                 float mf_xe[32];
                 float mf_xsum = 0.0f;
                 for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
                     const float mf_in_x = mf_x_reg[mf_j];
-                    mf_xe[mf_j] = mf_in_x;
-                    mf_xsum = mf_xsum + mf_in_x;
+                    const float mf_in_w = mf_w_reg[mf_j];
+                    const float mf_e1 = mf_in_x * mf_in_w;
+                    mf_xe[mf_j] = mf_e1;
+                    mf_xsum = mf_xsum + mf_e1;
                 }
                 // each row: unpack its words from registers, add to its sum
                 float mf_qx[16];
@@ -276,6 +322,14 @@ kernel void mf_gate_up_qmv_split(
                 }
             } else {
                 // the row's end (or unaligned rows): element by element, guarded
+                // the sums of the shared values alone (xsums), this chunk's terms
+                for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
+                    if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
+                        const float mf_in_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
+                        const float mf_e1 = mf_in_x * mf_in_x;
+                        mf_xs_0 = mf_xs_0 + mf_e1;
+                    }
+                }
                 for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
                     const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_F - 1u);
                     for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
@@ -288,23 +342,26 @@ kernel void mf_gate_up_qmv_split(
                             const float mf_bg = float(bg[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                             const float mf_e4 = mf_e3 + mf_bg;
                             const float mf_in_x = float(x[mf_pos_M * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                            const float mf_e5 = mf_e4 * mf_in_x;
+                            const float mf_in_w = float(w[mf_k0 + mf_index_t(mf_j)]);
+                            const float mf_e5 = mf_in_x * mf_in_w;
+                            const float mf_e6 = mf_e4 * mf_e5;
                             const uint mf_wu = uint(wu[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
-                            const int mf_e6 = int((mf_wu >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
-                            const float mf_e7 = float(mf_e6);
+                            const int mf_e7 = int((mf_wu >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
+                            const float mf_e8 = float(mf_e7);
                             const float mf_su = float(su[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                            const float mf_e8 = mf_e7 * mf_su;
+                            const float mf_e9 = mf_e8 * mf_su;
                             const float mf_bu = float(bu[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                            const float mf_e9 = mf_e8 + mf_bu;
-                            const float mf_e10 = mf_e9 * mf_in_x;
-                            mf_acc[mf_r] = mf_acc[mf_r] + mf_e5;
-                            mf_acc1[mf_r] = mf_acc1[mf_r] + mf_e10;
+                            const float mf_e10 = mf_e9 + mf_bu;
+                            const float mf_e11 = mf_e10 * mf_e5;
+                            mf_acc[mf_r] = mf_acc[mf_r] + mf_e6;
+                            mf_acc1[mf_r] = mf_acc1[mf_r] + mf_e11;
                         }
                     }
                 }
             }
         }
     }
+    mf_xs_0 = simd_sum(mf_xs_0);
     // each row: sum across the simdgroup
     for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
@@ -315,6 +372,7 @@ kernel void mf_gate_up_qmv_split(
         for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
             mf_tg1[mf_sg * 4u + (mf_r * 1u + 0u)] = mf_acc[mf_r];
             mf_tg2[mf_sg * 4u + (mf_r * 1u + 0u)] = mf_acc1[mf_r];
+            mf_tg3[mf_sg * 4u + (mf_r * 1u + 0u)] = mf_xs_0;
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -323,13 +381,21 @@ kernel void mf_gate_up_qmv_split(
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
         mf_acc[mf_r] = mf_lane < 4u ? mf_tg1[(mf_sg - mf_split + mf_lane) * 4u + (mf_r * 1u + 0u)] : 0.0f;
         mf_acc1[mf_r] = mf_lane < 4u ? mf_tg2[(mf_sg - mf_split + mf_lane) * 4u + (mf_r * 1u + 0u)] : 0.0f;
+        mf_xs_0 = mf_lane < 4u ? mf_tg3[(mf_sg - mf_split + mf_lane) * 4u + (mf_r * 1u + 0u)] : 0.0f;
         mf_acc[mf_r] = simd_sum(mf_acc[mf_r]);
         mf_acc1[mf_r] = simd_sum(mf_acc1[mf_r]);
+        mf_xs_0 = simd_sum(mf_xs_0);
         if (mf_live && mf_split == 0u && (mf_n < mf_size_F && mf_lane == 0u)) {
-            const float mf_r1 = 1.0f / (1.0f + precise::exp(-mf_acc[mf_r]));
-            const float mf_r2 = mf_acc[mf_r] * mf_r1;
-            const float mf_r3 = mf_r2 * mf_acc1[mf_r];
-            mf_out[mf_pos_M * mf_size_F + mf_n] = T(mf_r3);
+            const float mf_r1 = float(long(mf_size_K));
+            const float mf_r2 = mf_xs_0 / mf_r1;
+            const float mf_r3 = mf_r2 + eps;
+            const float mf_r4 = precise::rsqrt(mf_r3);
+            const float mf_r5 = mf_r4 * mf_acc[mf_r];
+            const float mf_r6 = 1.0f / (1.0f + precise::exp(-mf_r5));
+            const float mf_r7 = mf_r5 * mf_r6;
+            const float mf_r8 = mf_r4 * mf_acc1[mf_r];
+            const float mf_r9 = mf_r7 * mf_r8;
+            mf_out[mf_pos_M * mf_size_F + mf_n] = T(mf_r9);
         }
     }
 }
@@ -343,387 +409,14 @@ template [[host_name("gate_up_f16_GS_64_qmv_split")]] kernel void mf_gate_up_qmv
     device const half* su [[buffer(4)]],
     device const half* bu [[buffer(5)]],
     device const half* x [[buffer(6)]],
-    device half* mf_out [[buffer(7)]],
-    constant uint& mf_size_K [[buffer(8)]],
-    constant uint& mf_size_M [[buffer(9)]],
-    constant uint& mf_size_F [[buffer(10)]],
-    constant uint& mf_size_K_div8 [[buffer(11)]],
-    constant uint& mf_size_K_div64 [[buffer(12)]],
-    uint mf_tid [[thread_position_in_grid]],
-    uint mf_lane [[thread_index_in_simdgroup]],
-    uint mf_sg [[simdgroup_index_in_threadgroup]]);
-
-// gate_up (qmvx): y = sum over 'K' of values unpacked from 4-bit words; one simdgroup per 4 rows of 'F' and 2 rows of 'M' (each value unpacked once for them), 32 values per lane per chunk (4 words), shared values in registers; fp32 accumulation
-// generated by metalforge
-
-template <typename T, typename mf_index_t>
-kernel void mf_gate_up_qmvx(
-    device const uint* wg [[buffer(0)]],
-    device const T* sg [[buffer(1)]],
-    device const T* bg [[buffer(2)]],
-    device const uint* wu [[buffer(3)]],
-    device const T* su [[buffer(4)]],
-    device const T* bu [[buffer(5)]],
-    device const T* x [[buffer(6)]],
-    device T* mf_out [[buffer(7)]],
-    constant mf_index_t& mf_size_K [[buffer(8)]],
-    constant mf_index_t& mf_size_M [[buffer(9)]],
-    constant mf_index_t& mf_size_F [[buffer(10)]],
-    constant mf_index_t& mf_size_K_div8 [[buffer(11)]],
-    constant mf_index_t& mf_size_K_div64 [[buffer(12)]],
-    uint mf_tid [[thread_position_in_grid]],
-    uint mf_lane [[thread_index_in_simdgroup]])
-{
-    // one simdgroup per block of 4 rows of 'F'
-    const mf_index_t mf_task = mf_index_t(mf_tid / 32u);
-    const mf_index_t mf_blocks = (mf_size_F + 3u) / 4u;
-    const mf_index_t mf_outer = mf_task / mf_blocks;
-    // and a block of 2 rows of 'M' (of x): rows mf_m0, ..., mf_m0 + 1
-    const mf_index_t mf_mblocks = (mf_size_M + 1u) / 2u;
-    if (mf_outer >= mf_mblocks) {
-        return;
-    }
-    const mf_index_t mf_xblock = mf_outer / mf_mblocks;
-    const mf_index_t mf_m0 = mf_outer % mf_mblocks * 2u;
-    const mf_index_t mf_n0 = mf_task % mf_blocks * 4u;
-    float mf_acc[8];
-    float mf_acc1[8];
-    for (uint mf_r = 0u; mf_r < 8u; ++mf_r) {
-        mf_acc[mf_r] = 0.0f;
-        mf_acc1[mf_r] = 0.0f;
-    }
-    // lane l takes chunks l, l + 32, ... of 32 values along 'K'
-    for (mf_index_t mf_k0 = mf_index_t(mf_lane * 32u); mf_k0 < mf_size_K; mf_k0 += 1024u) {
-        // 'K' is a multiple of 32 (its derived dims): every chunk is whole, in registers, unguarded
-        // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words of each of 2 weights, its group's scale and bias
-        vec<uint, 4> mf_wg_w[4];
-        vec<uint, 4> mf_wu_w[4];
-        float mf_row_scale[4];
-        float mf_row_bias[4];
-        float mf_row_scale1[4];
-        float mf_row_bias1[4];
-        for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-            const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_F - 1u);
-            mf_wg_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wg + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-            mf_wu_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wu + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-            const float mf_in_sg = float(sg[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-            const float mf_bg = float(bg[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-            mf_row_scale[mf_r] = mf_in_sg;
-            mf_row_bias[mf_r] = mf_bg;
-            const float mf_su = float(su[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-            const float mf_bu = float(bu[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-            mf_row_scale1[mf_r] = mf_su;
-            mf_row_bias1[mf_r] = mf_bu;
-        }
-        // values every row shares: 32 per lane, in registers
-        float mf_x_reg[64];
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-            for (uint mf_v = 0u; mf_v < 4u; ++mf_v) {
-                const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_m * mf_size_K + mf_k0 + mf_index_t(mf_v * 8u));
-                for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                    mf_x_reg[mf_i * 32u + (mf_v * 8u + mf_l)] = float(mf_lane8(mf_x_v, mf_l));
-                }
-            }
-        }
-        // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
-        float mf_xe[64];
-        float mf_xsum[2];
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            mf_xsum[mf_i] = 0.0f;
-        }
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-            for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
-                mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
-                mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
-            }
-        }
-        // each row: unpack its words from registers, add to its sum
-        for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-            float mf_qx[2];
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_qx[mf_i] = 0.0f;
-            }
-            for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const uint mf_half = mf_j % 8u / 4u * 16u;
-                const uint mf_at = mf_j % 4u * 4u;
-                const float mf_q = float((mf_wg_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    mf_qx[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx[mf_i]);
-                }
-            }
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_acc[mf_r * 2u + mf_i] = fma(mf_row_scale[mf_r], mf_qx[mf_i], fma(mf_row_bias[mf_r], mf_xsum[mf_i], mf_acc[mf_r * 2u + mf_i]));
-            }
-        }
-        for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-            float mf_qx1[2];
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_qx1[mf_i] = 0.0f;
-            }
-            for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                const uint mf_half = mf_j % 8u / 4u * 16u;
-                const uint mf_at = mf_j % 4u * 4u;
-                const float mf_q = float((mf_wu_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    mf_qx1[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx1[mf_i]);
-                }
-            }
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_acc1[mf_r * 2u + mf_i] = fma(mf_row_scale1[mf_r], mf_qx1[mf_i], fma(mf_row_bias1[mf_r], mf_xsum[mf_i], mf_acc1[mf_r * 2u + mf_i]));
-            }
-        }
-    }
-    // each row: sum across the simdgroup, lane 0 stores
-    for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = mf_m0 + mf_index_t(mf_i);
-            mf_acc[mf_r * 2u + mf_i] = simd_sum(mf_acc[mf_r * 2u + mf_i]);
-            mf_acc1[mf_r * 2u + mf_i] = simd_sum(mf_acc1[mf_r * 2u + mf_i]);
-            if (mf_n < mf_size_F && mf_lane == 0u && mf_m < mf_size_M) {
-                const float mf_r1 = 1.0f / (1.0f + precise::exp(-mf_acc[mf_r * 2u + mf_i]));
-                const float mf_r2 = mf_acc[mf_r * 2u + mf_i] * mf_r1;
-                const float mf_r3 = mf_r2 * mf_acc1[mf_r * 2u + mf_i];
-                mf_out[mf_m * mf_size_F + mf_n] = T(mf_r3);
-            }
-        }
-    }
-}
-
-// one kernel per dtype set and index width
-template [[host_name("gate_up_f16_GS_64_qmvx")]] kernel void mf_gate_up_qmvx<half, uint>(
-    device const uint* wg [[buffer(0)]],
-    device const half* sg [[buffer(1)]],
-    device const half* bg [[buffer(2)]],
-    device const uint* wu [[buffer(3)]],
-    device const half* su [[buffer(4)]],
-    device const half* bu [[buffer(5)]],
-    device const half* x [[buffer(6)]],
-    device half* mf_out [[buffer(7)]],
-    constant uint& mf_size_K [[buffer(8)]],
-    constant uint& mf_size_M [[buffer(9)]],
-    constant uint& mf_size_F [[buffer(10)]],
-    constant uint& mf_size_K_div8 [[buffer(11)]],
-    constant uint& mf_size_K_div64 [[buffer(12)]],
-    uint mf_tid [[thread_position_in_grid]],
-    uint mf_lane [[thread_index_in_simdgroup]]);
-
-// gate_up (qmvx_split): y = sum over 'K' of values unpacked from 4-bit words; one simdgroup per 4 rows of 'F' and 2 rows of 'M' (each value unpacked once for them), 4 simdgroups per block each summing a slice of 'K' (merged through threadgroup memory), 32 values per lane per chunk (4 words), shared values in registers; fp32 accumulation
-// generated by metalforge
-
-template <typename T, typename mf_index_t>
-kernel void mf_gate_up_qmvx_split(
-    device const uint* wg [[buffer(0)]],
-    device const T* sg [[buffer(1)]],
-    device const T* bg [[buffer(2)]],
-    device const uint* wu [[buffer(3)]],
-    device const T* su [[buffer(4)]],
-    device const T* bu [[buffer(5)]],
-    device const T* x [[buffer(6)]],
-    device T* mf_out [[buffer(7)]],
-    constant mf_index_t& mf_size_K [[buffer(8)]],
-    constant mf_index_t& mf_size_M [[buffer(9)]],
-    constant mf_index_t& mf_size_F [[buffer(10)]],
-    constant mf_index_t& mf_size_K_div8 [[buffer(11)]],
-    constant mf_index_t& mf_size_K_div64 [[buffer(12)]],
-    uint mf_tid [[thread_position_in_grid]],
-    uint mf_lane [[thread_index_in_simdgroup]],
-    uint mf_sg [[simdgroup_index_in_threadgroup]])
-{
-    threadgroup float mf_tg1[256];
-    threadgroup float mf_tg2[256];
-    // 4 simdgroups (of one threadgroup) per block of 4 rows of 'F'; simdgroup mf_split of them takes slice mf_split of 'K'
-    const mf_index_t mf_task = mf_index_t(mf_tid / 32u / 4u);
-    const uint mf_split = mf_tid / 32u % 4u;
-    const mf_index_t mf_blocks = (mf_size_F + 3u) / 4u;
-    const mf_index_t mf_outer = mf_task / mf_blocks;
-    // and a block of 2 rows of 'M' (of x): rows mf_m0, ..., mf_m0 + 1
-    const mf_index_t mf_mblocks = (mf_size_M + 1u) / 2u;
-    // the grid is padded to whole threadgroups: simdgroups past the end skip the work but stay for the barrier
-    const bool mf_live = mf_outer < mf_mblocks;
-    const mf_index_t mf_xblock = mf_outer / mf_mblocks;
-    const mf_index_t mf_m0 = mf_outer % mf_mblocks * 2u;
-    const mf_index_t mf_n0 = mf_task % mf_blocks * 4u;
-    const bool mf_vec_ok = true && mf_size_K_div8 % 4u == 0u && mf_size_K_div8 % 4u == 0u && mf_size_K % 8u == 0u;
-    float mf_acc[8];
-    float mf_acc1[8];
-    for (uint mf_r = 0u; mf_r < 8u; ++mf_r) {
-        mf_acc[mf_r] = 0.0f;
-        mf_acc1[mf_r] = 0.0f;
-    }
-    // lane l of slice s takes chunks 32 s + l, then every 128th, of 32 values along 'K'
-    if (mf_live) {
-        for (mf_index_t mf_k0 = mf_index_t((mf_split * 32u + mf_lane) * 32u); mf_k0 < mf_size_K; mf_k0 += 4096u) {
-            if (mf_vec_ok && mf_k0 + 32u <= mf_size_K) {
-                // a whole chunk: registers, unguarded
-                // loads of the block's 4 row(s), all issued before any is used: per row 4 packed words of each of 2 weights, its group's scale and bias
-                vec<uint, 4> mf_wg_w[4];
-                vec<uint, 4> mf_wu_w[4];
-                float mf_row_scale[4];
-                float mf_row_bias[4];
-                float mf_row_scale1[4];
-                float mf_row_bias1[4];
-                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_F - 1u);
-                    mf_wg_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wg + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-                    mf_wu_w[mf_r] = *reinterpret_cast<device const vec<uint, 4>*>(wu + mf_n * mf_size_K_div8 + mf_k0 / 8u);
-                    const float mf_in_sg = float(sg[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    const float mf_bg = float(bg[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    mf_row_scale[mf_r] = mf_in_sg;
-                    mf_row_bias[mf_r] = mf_bg;
-                    const float mf_su = float(su[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    const float mf_bu = float(bu[mf_n * mf_size_K_div64 + mf_k0 / 64u]);
-                    mf_row_scale1[mf_r] = mf_su;
-                    mf_row_bias1[mf_r] = mf_bu;
-                }
-                // values every row shares: 32 per lane, in registers
-                float mf_x_reg[64];
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-                    for (uint mf_v = 0u; mf_v < 4u; ++mf_v) {
-                        const mf_pack8<T> mf_x_v = *reinterpret_cast<device const mf_pack8<T>*>(x + mf_m * mf_size_K + mf_k0 + mf_index_t(mf_v * 8u));
-                        for (uint mf_l = 0u; mf_l < 8u; ++mf_l) {
-                            mf_x_reg[mf_i * 32u + (mf_v * 8u + mf_l)] = float(mf_lane8(mf_x_v, mf_l));
-                        }
-                    }
-                }
-                // x of each element and their sum: sum_k (q s + b) x = s sum_k q x + b sum_k x (s, b: one per group)
-                float mf_xe[64];
-                float mf_xsum[2];
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    mf_xsum[mf_i] = 0.0f;
-                }
-                for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                    const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        const float mf_in_x = mf_x_reg[mf_i * 32u + mf_j];
-                        mf_xe[mf_i * 32u + mf_j] = mf_in_x * mf_place_weight(mf_j % 4u * 4u);
-                        mf_xsum[mf_i] = mf_xsum[mf_i] + mf_in_x;
-                    }
-                }
-                // each row: unpack its words from registers, add to its sum
-                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                    float mf_qx[2];
-                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        mf_qx[mf_i] = 0.0f;
-                    }
-                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        const uint mf_half = mf_j % 8u / 4u * 16u;
-                        const uint mf_at = mf_j % 4u * 4u;
-                        const float mf_q = float((mf_wg_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
-                        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                            mf_qx[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx[mf_i]);
-                        }
-                    }
-                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        mf_acc[mf_r * 2u + mf_i] = fma(mf_row_scale[mf_r], mf_qx[mf_i], fma(mf_row_bias[mf_r], mf_xsum[mf_i], mf_acc[mf_r * 2u + mf_i]));
-                    }
-                }
-                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                    float mf_qx1[2];
-                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        mf_qx1[mf_i] = 0.0f;
-                    }
-                    for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                        const uint mf_half = mf_j % 8u / 4u * 16u;
-                        const uint mf_at = mf_j % 4u * 4u;
-                        const float mf_q = float((mf_wu_w[mf_r][mf_j / 8u] >> mf_half) & (15u << mf_at));
-                        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                            mf_qx1[mf_i] = fma(mf_q, mf_xe[mf_i * 32u + mf_j], mf_qx1[mf_i]);
-                        }
-                    }
-                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        mf_acc1[mf_r * 2u + mf_i] = fma(mf_row_scale1[mf_r], mf_qx1[mf_i], fma(mf_row_bias1[mf_r], mf_xsum[mf_i], mf_acc1[mf_r * 2u + mf_i]));
-                    }
-                }
-            } else {
-                // the row's end (or unaligned rows): element by element, guarded
-                for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-                    const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_r), mf_size_F - 1u);
-                    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                        const mf_index_t mf_m = min(mf_m0 + mf_index_t(mf_i), mf_size_M - 1u);
-                        for (uint mf_j = 0u; mf_j < 32u; ++mf_j) {
-                            if (mf_k0 + mf_index_t(mf_j) < mf_size_K) {
-                                const uint mf_wg = uint(wg[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
-                                const int mf_e1 = int((mf_wg >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
-                                const float mf_e2 = float(mf_e1);
-                                const float mf_in_sg = float(sg[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                                const float mf_e3 = mf_e2 * mf_in_sg;
-                                const float mf_bg = float(bg[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                                const float mf_e4 = mf_e3 + mf_bg;
-                                const float mf_in_x = float(x[mf_m * mf_size_K + (mf_k0 + mf_index_t(mf_j))]);
-                                const float mf_e5 = mf_e4 * mf_in_x;
-                                const uint mf_wu = uint(wu[mf_n * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
-                                const int mf_e6 = int((mf_wu >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
-                                const float mf_e7 = float(mf_e6);
-                                const float mf_su = float(su[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                                const float mf_e8 = mf_e7 * mf_su;
-                                const float mf_bu = float(bu[mf_n * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                                const float mf_e9 = mf_e8 + mf_bu;
-                                const float mf_e10 = mf_e9 * mf_in_x;
-                                mf_acc[mf_r * 2u + mf_i] = mf_acc[mf_r * 2u + mf_i] + mf_e5;
-                                mf_acc1[mf_r * 2u + mf_i] = mf_acc1[mf_r * 2u + mf_i] + mf_e10;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    // each row: sum across the simdgroup
-    for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            mf_acc[mf_r * 2u + mf_i] = simd_sum(mf_acc[mf_r * 2u + mf_i]);
-            mf_acc1[mf_r * 2u + mf_i] = simd_sum(mf_acc1[mf_r * 2u + mf_i]);
-        }
-    }
-    // across the block's 4 simdgroups: one partial per simdgroup and row (of weights and of x) through threadgroup memory, then a second simd reduction
-    if (mf_lane == 0u) {
-        for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-                mf_tg1[mf_sg * 8u + (mf_r * 2u + mf_i)] = mf_acc[mf_r * 2u + mf_i];
-                mf_tg2[mf_sg * 8u + (mf_r * 2u + mf_i)] = mf_acc1[mf_r * 2u + mf_i];
-            }
-        }
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    // the first simdgroup's lane 0 stores each row
-    for (uint mf_r = 0u; mf_r < 4u; ++mf_r) {
-        const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r);
-        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
-            const mf_index_t mf_m = mf_m0 + mf_index_t(mf_i);
-            mf_acc[mf_r * 2u + mf_i] = mf_lane < 4u ? mf_tg1[(mf_sg - mf_split + mf_lane) * 8u + (mf_r * 2u + mf_i)] : 0.0f;
-            mf_acc1[mf_r * 2u + mf_i] = mf_lane < 4u ? mf_tg2[(mf_sg - mf_split + mf_lane) * 8u + (mf_r * 2u + mf_i)] : 0.0f;
-            mf_acc[mf_r * 2u + mf_i] = simd_sum(mf_acc[mf_r * 2u + mf_i]);
-            mf_acc1[mf_r * 2u + mf_i] = simd_sum(mf_acc1[mf_r * 2u + mf_i]);
-            if (mf_live && mf_split == 0u && (mf_n < mf_size_F && mf_lane == 0u && mf_m < mf_size_M)) {
-                const float mf_r1 = 1.0f / (1.0f + precise::exp(-mf_acc[mf_r * 2u + mf_i]));
-                const float mf_r2 = mf_acc[mf_r * 2u + mf_i] * mf_r1;
-                const float mf_r3 = mf_r2 * mf_acc1[mf_r * 2u + mf_i];
-                mf_out[mf_m * mf_size_F + mf_n] = T(mf_r3);
-            }
-        }
-    }
-}
-
-// one kernel per dtype set and index width
-template [[host_name("gate_up_f16_GS_64_qmvx_split")]] kernel void mf_gate_up_qmvx_split<half, uint>(
-    device const uint* wg [[buffer(0)]],
-    device const half* sg [[buffer(1)]],
-    device const half* bg [[buffer(2)]],
-    device const uint* wu [[buffer(3)]],
-    device const half* su [[buffer(4)]],
-    device const half* bu [[buffer(5)]],
-    device const half* x [[buffer(6)]],
-    device half* mf_out [[buffer(7)]],
-    constant uint& mf_size_K [[buffer(8)]],
-    constant uint& mf_size_M [[buffer(9)]],
-    constant uint& mf_size_F [[buffer(10)]],
-    constant uint& mf_size_K_div8 [[buffer(11)]],
-    constant uint& mf_size_K_div64 [[buffer(12)]],
+    device const half* w [[buffer(7)]],
+    device half* mf_out [[buffer(8)]],
+    constant float& eps [[buffer(9)]],
+    constant uint& mf_size_K [[buffer(10)]],
+    constant uint& mf_size_M [[buffer(11)]],
+    constant uint& mf_size_F [[buffer(12)]],
+    constant uint& mf_size_K_div8 [[buffer(13)]],
+    constant uint& mf_size_K_div64 [[buffer(14)]],
     uint mf_tid [[thread_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]],
     uint mf_sg [[simdgroup_index_in_threadgroup]]);
