@@ -24,6 +24,7 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
     sizes). Without sizes, the 32-bit-indexed variant."""
     spec = specialisation(graph, launch)
     bound: dict[str, int] = dict(sizes or {})
+    tensors: dict[str, torch.Tensor] = {}
     if values is not None:
         tensors = {t.name: values[t.name] for t in graph.tensors
                    if isinstance(values.get(t.name), torch.Tensor)}
@@ -33,6 +34,8 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
         if tensors:
             spec = launcher.layered(graph, current_backend(tensors.values()), launch,
                                     bound if whole else None)
+    if not tensors:          # the backend's layers without tensors (the target's, at least)
+        spec = launcher.layered(graph, current_backend(()), launch)
     index64 = False
     if all(a in bound for a in spec.grid):
         index64 = sched_mod.needs_index64(bound, numel(spec.grid, bound))

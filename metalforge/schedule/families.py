@@ -19,6 +19,7 @@ from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
 from . import attention, column, elementwise, multiaxis, quant, rows, scan, scatter
+from . import matmul
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -131,6 +132,10 @@ PATTERNS: tuple[Pattern, ...] = (
     # sum(softmax(s, L) * V, L) with s summed products over another axis E
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),
+    # a contraction: sum over K of a[..., M, K] * b[..., N, K], elementwise prologue and
+    # epilogue (the matrix block: tensor ops or simdgroup_matrix, by target)
+    Pattern("matmul", lambda f: len(f.reductions) == 1 and f.lost is None,
+            lambda g, f: matmul.match(g), matmul.build),
     # several axes reduced together (mf.sum(x, axis=("C", "H", "W"))): chains of reductions
     # (and a full reduction of one axis: every output one value)
     Pattern("multiaxis", lambda f: bool(f.reductions), _multiaxis, _build_multiaxis),
