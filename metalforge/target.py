@@ -6,14 +6,17 @@ A `Target` is frozen data. The named targets:
     apple7 .. apple9   Metal 3.2, simdgroup_matrix products (M1 .. M4)
     apple10            Metal 4.0, tensor operations (MetalPerformancePrimitives' matmul2d on
                        M5's neural accelerators)
+    apple9-metal4      an M3/M4 on macOS 26: Metal 4.0, tensor operations there but run on
+                       the ordinary ALUs (only when chosen: the default there is apple9's
+                       simdgroup_matrix, as MLX keeps its tensor-op kernels to M5)
     cuda               the cuda backend: Metal 4.0 tensor operations, which its shim runs on
                        tensor cores (mma.sync, f16/bf16 operands, fp32 accumulators)
 
 Precedence (first that says): the launch option `launch={"target": "apple10"}` > the innermost
 `with mf.target(...)` block (or the last `mf.target(...)` set outside one) > the environment
 variable METALFORGE_TARGET > the backend's default: "mps" asks the running macOS and GPU once
-(a tiny kernel including the tensor-ops header compiles: apple10, else apple9), "sim" and "mlx"
-apple9, "cuda" cuda.
+(apple10 on an M5 whose macOS compiles a tiny kernel including the tensor-ops header, else the
+chip's family: apple7 .. apple9), "sim" and "mlx" apple9, "cuda" cuda.
 
 Only the schedules whose code depends on it read the target (today: the contraction family,
 `mf.sum(a * b, axis="K")`); the backends compile its code at the target's Metal version.
@@ -52,6 +55,7 @@ TARGETS: dict[str, Target] = {
         Target("apple7", 320, 7, False),
         Target("apple8", 320, 8, False),
         Target("apple9", 320, 9, False),
+        Target("apple9-metal4", 400, 9, True),
         Target("apple10", 400, 10, True),
         Target("cuda", 400, 0, True),
     )}
@@ -59,7 +63,7 @@ SIM_DEFAULT = "apple9"          # the simulator's Metal unless chosen (contract:
 _chosen: ContextVar[Optional[str]] = ContextVar("metalforge_target", default=None)
 
 
-def get(name: Any, what: str = "target") -> Target:
+def get_target(name: Any, what: str = "target") -> Target:
     """The named target, or an error listing them."""
     if not isinstance(name, str) or name not in TARGETS:
         raise DeviceError(f"unknown metalforge {what} {name!r}; choose one of: "
@@ -79,7 +83,7 @@ class target:
     """
 
     def __init__(self, name: str) -> None:
-        self.target = get(name)
+        self.target = get_target(name)
         self._token: Optional[Token[Optional[str]]] = _chosen.set(self.target.name)
 
     def __enter__(self) -> "target":
@@ -109,20 +113,47 @@ kernel void mf_probe_tensor_ops(device float* out [[buffer(0)]],
 }
 """
 _probed: OnceMap[str, str] = OnceMap()
+# Apple GPU family by the chip's generation (M1: Apple7, M2: Apple8, M3 and M4: Apple9, M5:
+# Apple10)
+_FAMILY_OF_CHIP = {1: "apple7", 2: "apple8", 3: "apple9", 4: "apple9"}
 
 
-def probe_mps(compile_shader: Optional[Callable[[str], Any]] = None) -> str:
-    """The target the running Mac supports, asked once: apple10 where a kernel including
+def chip_generation() -> Optional[int]:
+    """The N of the Mac's "Apple MN ..." chip (sysctl machdep.cpu.brand_string), or None."""
+    import re
+    import subprocess
+    try:
+        brand = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                               capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"Apple M(\d+)", brand)
+    return int(m.group(1)) if m else None
+
+
+def pick_mps(generation: Optional[int], tensor_ops_compile: bool) -> str:
+    """The Mac's target: apple10 on an M5 or later whose macOS compiles the tensor-ops header,
+    else its family's simdgroup_matrix target (apple9 where the chip is not known)."""
+    if generation is not None and generation >= 5:
+        return "apple10" if tensor_ops_compile else "apple9"
+    return _FAMILY_OF_CHIP.get(generation or 0, "apple9")
+
+
+def probe_mps(compile_shader: Optional[Callable[[str], Any]] = None,
+              generation: Optional[Callable[[], Optional[int]]] = None) -> str:
+    """The target the running Mac supports, asked once: whether a kernel including
     MetalPerformancePrimitives compiles through torch.mps.compile_shader (a compile error is a
-    SyntaxError, other failures a RuntimeError), else apple9."""
+    SyntaxError, other failures a RuntimeError: `compile_shader` compiles when the library is
+    created, at the language version the macOS has), and the chip's generation (`pick_mps`)."""
     def ask() -> str:
         import torch
         compile_fn = compile_shader or torch.mps.compile_shader
         try:
             compile_fn(PROBE)
+            ok = True
         except (SyntaxError, RuntimeError):
-            return "apple9"
-        return "apple10"
+            ok = False
+        return pick_mps((generation or chip_generation)(), ok)
     return _probed.get_or_build("mps", ask)
 
 
@@ -135,7 +166,7 @@ def default_for(backend: str) -> Target:
     return TARGETS[SIM_DEFAULT]
 
 
-def current(backend: str) -> Target:
+def current_target(backend: str) -> Target:
     """The target of a call on `backend`: `mf.target(...)` > METALFORGE_TARGET > the
     backend's default (the launch option, above them all, is the launcher's)."""
     name = _chosen.get()
@@ -143,7 +174,7 @@ def current(backend: str) -> Target:
         return TARGETS[name]
     env = os.environ.get(ENV)
     if env:
-        return get(env, f"target in {ENV}")
+        return get_target(env, f"target in {ENV}")
     return default_for(backend)
 
 

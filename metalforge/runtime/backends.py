@@ -96,8 +96,13 @@ def _compile(backend_name: str, source: str, options: Options = ()) -> Any:
             raise BackendUnavailable(
                 "backend 'cuda' needs an NVIDIA GPU with torch's CUDA build; on "
                 "other machines use CPU tensors (the 'sim' backend)")
-        return cuda_compile_shader(source, **dict(options))
-    return sim_compile_shader(source, **dict(options))
+        return cuda_compile_shader(source, **_keywords(options))
+    return sim_compile_shader(source, **_keywords(options))
+
+
+def _keywords(options: Options) -> dict[str, Any]:
+    """A target's compile keywords (none for code that assumes nothing: the call as always)."""
+    return dict(options)
 
 
 def library(backend_name: str, source: str, options: Options = ()) -> Any:

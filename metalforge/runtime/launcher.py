@@ -29,7 +29,6 @@ import torch
 
 from .. import ir as ir_mod
 from .. import schedule as sched_mod
-from .. import target as targets
 from ..codegen import render_library, render_msl
 from ..errors import BindingError, DeviceError, LaunchError, kernel_at
 from ..graph import Graph
@@ -38,6 +37,7 @@ from ..reference import evaluate
 from ..schedule.base import Step
 from ..schedule.policy import TUNABLE, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, numel, output_shape
+from ..target import compile_options, current_target, get_target
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from . import outputs
@@ -98,8 +98,8 @@ def target_options(schedule: sched_mod.Schedule, backend: str) -> tuple[tuple[st
     """The compile keywords of the target a schedule's code was generated for (its policy's
     `target`; none where the family reads no target)."""
     name = schedule.policy.target
-    chosen = targets.get(name) if name else None
-    return tuple(sorted(targets.compile_options(chosen, backend).items()))
+    chosen = get_target(name) if name else None
+    return tuple(sorted(compile_options(chosen, backend).items()))
 
 
 def target_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
@@ -107,7 +107,7 @@ def target_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
     on `backend` (`metalforge.target.current`); None for the others."""
     if "target" not in TUNABLE.get(family, ()):
         return None
-    return {"target": targets.current(backend).name}
+    return {"target": current_target(backend).name}
 
 
 @dataclass

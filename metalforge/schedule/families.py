@@ -18,8 +18,7 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, column, elementwise, multiaxis, quant, rows, scan, scatter
-from . import matmul
+from . import attention, column, elementwise, matmul, multiaxis, quant, rows, scan, scatter
 from .base import Schedule
 from .policy import LaunchPolicy
 

@@ -10,7 +10,7 @@ from typing import Mapping
 from ... import ir
 from ...dtypes import DType
 from ...graph import Graph, Node, ScalarParam, TensorParam
-from ...target import get
+from ...target import get_target
 from ..elementwise import input_stype, msl_names, output_stype, used_params
 from ..lower import ElementLowering, compute_type, ident
 from ..matrix import Tile, choose
@@ -76,7 +76,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ma
     """The context of `graph`'s contraction under `policy` (its target and tile size)."""
     inputs, scalars = used_params(graph, list(graph.nodes()))
     names, out_names = msl_names(graph)
-    tile = choose(get(policy.target), form.a.dtype, form.b.dtype, policy.tile)
+    tile = choose(get_target(policy.target), form.a.dtype, form.b.dtype, policy.tile)
     return MatmulContext(graph, policy, index64, form, tile, inputs, scalars,
                          template_vars(graph.dtype_vars), names, out_names,
                          Uses([form.axis, form.rows, form.cols]))

@@ -43,10 +43,10 @@ def tile_place(ctx: MatmulContext) -> list[ir.Stmt]:
     if f.batch:
         out += [ir.Comment("the tile's position along the batch axes"),
                 ir.Decl("mf_batch", IDX, tile / (ir.Var("mf_col_tiles") * ir.Var("mf_row_tiles")))]
-        after: ir.Expr = idx(1)
-        for a in reversed(f.batch):
-            out.append(ir.Decl(f"mf_pos_{ident(a)}", IDX, ir.Var("mf_batch") / after % ctx.size(a)))
-            after = after * ctx.size(a)
+        flat: ir.Expr = ir.Var("mf_batch")
+        for a in reversed(f.batch):           # row-major: the last batch axis varies fastest
+            out.append(ir.Decl(f"mf_pos_{ident(a)}", IDX, flat % ctx.size(a)))
+            flat = flat / ctx.size(a)
     return out + [
         ir.Comment(f"the thread in the threadgroup; the simdgroup's block of {t.wm} x {t.wn} "
                    "outputs: rows mf_sm.., columns mf_sn.. of the tile"),

@@ -39,7 +39,8 @@ def _operand(t: Tile, name: str, array: str, rows: int, block_rows: int, row0: i
              s: int) -> ir.Stmt:
     """A threadgroup tensor over rows row0.. (block_rows of them) of slice s of a staged tile:
     extents (16 values of K, block_rows)."""
-    base = ir.Var(array) + (u(s * rows) + row0) * u(SLICE)
+    first = row0 if s == 0 else u(s * rows) + row0
+    base = ir.Var(array) + first * u(SLICE)
     return ir.Decl(name, "auto", ir.Call(_tensor(t), (base, ir.Call(
         EXTENTS, (_i(SLICE), _i(block_rows))))), const=False)
 
@@ -77,9 +78,10 @@ def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
 
 def products(t: Tile) -> list[ir.Stmt]:
     """acc += the step's slices (one op.run each)."""
-    return [ir.Comment(f"acc += A x B^T over the step's {t.bk} values of K")] + [
+    runs: list[ir.Stmt] = [
         ir.Eval(_method("mf_op", "run", ir.Var(f"mf_left{s}"), ir.Var(f"mf_right{s}"),
                         ir.Var("mf_acc"))) for s in range(t.bk // SLICE)]
+    return [ir.Comment(f"acc += A x B^T over the step's {t.bk} values of K"), *runs]
 
 
 def results(t: Tile, emit: Emit) -> list[ir.Stmt]:
