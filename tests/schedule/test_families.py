@@ -56,7 +56,7 @@ def test_each_family_is_recognised(kernel, fam):
     m = schedule.recognise(g)
     assert m.family == schedule.family(g) == fam
     assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "quant", "attention",
-                                                     "multiaxis", "row", "column",
+                                                     "matmul", "multiaxis", "row", "column",
                                                      "elementwise"]
     assert schedule.plan(g).family == fam
 

@@ -16,7 +16,7 @@ from ..lower import ElementLowering, compute_type, ident
 from ..matrix import Tile, choose
 from ..names import IDX, template_vars
 from ..policy import LaunchPolicy
-from .form import Form
+from .form import Form, held_dtype
 
 
 @dataclass
@@ -76,7 +76,8 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ma
     """The context of `graph`'s contraction under `policy` (its target and tile size)."""
     inputs, scalars = used_params(graph, list(graph.nodes()))
     names, out_names = msl_names(graph)
-    tile = choose(get_target(policy.target), form.a.dtype, form.b.dtype, policy.tile)
+    tile = choose(get_target(policy.target), held_dtype(form.a), held_dtype(form.b),
+                  policy.tile)
     return MatmulContext(graph, policy, index64, form, tile, inputs, scalars,
                          template_vars(graph.dtype_vars), names, out_names,
                          Uses([form.axis, form.rows, form.cols]))

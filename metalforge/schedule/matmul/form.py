@@ -8,13 +8,15 @@ others, broadcast where an operand lacks one):
 Each operand is an elementwise map of plain tensor reads (a cast, a scale, an activation: the
 prologue, computed as the operand tile is staged); whatever follows the sum is an elementwise
 map over the output's axes (bias, activation, scale, residual: the epilogue, computed per
-output element). Every output is over the output's axes. Anything else keeps its family.
+output element). An operand is held in its tensors' half or bfloat where its values are exactly
+that (a read, an explicit cast: `held_dtype`), else in fp32. Every output is over the output's axes. Anything else keeps its family.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
+from ...dtypes import DType
 from ...graph import BinaryOp, Graph, Node, Op, ReduceOp, strip_casts, topo_order
 
 # node kinds a prologue or epilogue may hold (elementwise maps of plain tensor reads)
@@ -65,6 +67,14 @@ def _epilogue_ok(graph: Graph, red: Node, out: tuple[str, ...]) -> bool:
     rest = [n for n in graph.nodes() if n is not red and n not in cone]
     k = red.attr[1]
     return all(k not in n.axes for n in rest) and _plain_reads(graph, rest)
+
+
+def held_dtype(n: Node) -> DType:
+    """The dtype an operand's values are exactly: a tensor read's or an explicit cast's own
+    (f16/bf16 operands go to the matrix hardware as they are), else its compute type (a
+    computed prologue, such as x * scale, is an fp32 value, as the reference computes it: the
+    fp32 path; cast it, `(x * s).to(mf.f16)`, to keep half operands)."""
+    return n.dtype if n.op in (Op.LOAD, Op.CAST) else n.dtype.compute
 
 
 def match(graph: Graph) -> Optional[Form]:

@@ -46,14 +46,13 @@ inline float mf_erf(float x) {
 template <typename T, typename mf_index_t>
 [[max_total_threads_per_threadgroup(128)]] kernel void mf_linear_gelu_mm(
     device const T* x [[buffer(0)]],
-    device const T* w [[buffer(1)]],
+    device const float* w [[buffer(1)]],
     device const T* bias [[buffer(2)]],
     device T* mf_out [[buffer(3)]],
-    constant float& scale [[buffer(4)]],
-    constant mf_index_t& mf_size_K [[buffer(5)]],
-    constant mf_index_t& mf_size_M [[buffer(6)]],
-    constant mf_index_t& mf_size_N [[buffer(7)]],
-    constant mf_index_t& mf_size_B [[buffer(8)]],
+    constant mf_index_t& mf_size_K [[buffer(4)]],
+    constant mf_index_t& mf_size_M [[buffer(5)]],
+    constant mf_index_t& mf_size_N [[buffer(6)]],
+    constant mf_index_t& mf_size_B [[buffer(7)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]],
     uint mf_sg [[simdgroup_index_in_threadgroup]])
@@ -97,8 +96,7 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_p = mf_m0 + mf_index_t(mf_r);
                 const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
                 const float mf_in_x = float(x[(mf_pos_B * mf_size_M + mf_p) * mf_size_K + mf_k]);
-                const float mf_a1 = mf_in_x * scale;
-                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_a1);
+                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_in_x);
             } else {
                 mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(0.0f);
             }
@@ -111,7 +109,8 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_p = mf_n0 + mf_index_t(mf_r);
                 const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
                 const float mf_in_w = float(w[mf_p * mf_size_K + mf_k]);
-                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_in_w);
+                const float mf_b1 = float(bfloat(mf_in_w));
+                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_b1);
             } else {
                 mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(0.0f);
             }
@@ -146,14 +145,13 @@ template <typename T, typename mf_index_t>
 // one kernel per dtype set and index width
 template [[host_name("linear_gelu_bf16_mm")]] kernel void mf_linear_gelu_mm<bfloat, uint>(
     device const bfloat* x [[buffer(0)]],
-    device const bfloat* w [[buffer(1)]],
+    device const float* w [[buffer(1)]],
     device const bfloat* bias [[buffer(2)]],
     device bfloat* mf_out [[buffer(3)]],
-    constant float& scale [[buffer(4)]],
-    constant uint& mf_size_K [[buffer(5)]],
-    constant uint& mf_size_M [[buffer(6)]],
-    constant uint& mf_size_N [[buffer(7)]],
-    constant uint& mf_size_B [[buffer(8)]],
+    constant uint& mf_size_K [[buffer(4)]],
+    constant uint& mf_size_M [[buffer(5)]],
+    constant uint& mf_size_N [[buffer(6)]],
+    constant uint& mf_size_B [[buffer(7)]],
     uint mf_group [[threadgroup_position_in_grid]],
     uint mf_lane [[thread_index_in_simdgroup]],
     uint mf_sg [[simdgroup_index_in_threadgroup]]);
