@@ -10,7 +10,7 @@ and `tile` (32 or 64 outputs a side).
 """
 from __future__ import annotations
 
-from .form import Form, match
+from .form import Contraction, match
 from .schedule import MatmulSchedule, build
 
-__all__ = ["Form", "match", "build", "MatmulSchedule"]
+__all__ = ["Contraction", "match", "build", "MatmulSchedule"]

@@ -4,7 +4,7 @@ parameter list binds them in this order) and the helpers it calls; and the eleme
 that read tensors at the kernel's positions."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 from ... import ir
@@ -16,14 +16,8 @@ from ..lower import ElementLowering, compute_type, ident
 from ..matrix import Tile, choose
 from ..names import IDX, template_vars
 from ..policy import LaunchPolicy
-from .form import Form, held_dtype
-
-
-@dataclass
-class Uses:
-    """What the kernel uses, collected while it is built: axis sizes and helpers."""
-    sizes: list[str]
-    helpers: set[str] = field(default_factory=set)
+from ..quant.context import Uses
+from .form import Contraction, held_dtype
 
 
 @dataclass(frozen=True)
@@ -31,7 +25,7 @@ class MatmulContext:
     graph: Graph
     policy: LaunchPolicy
     index64: bool
-    form: Form
+    form: Contraction
     tile: Tile
     inputs: list[TensorParam]
     scalars: list[ScalarParam]
@@ -72,7 +66,7 @@ class MatmulContext:
                                lambda s: self.names[s], prefix=prefix)
 
 
-def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> MatmulContext:
+def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Contraction) -> MatmulContext:
     """The context of `graph`'s contraction under `policy` (its target and tile size)."""
     inputs, scalars = used_params(graph, list(graph.nodes()))
     names, out_names = msl_names(graph)

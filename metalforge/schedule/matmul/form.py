@@ -9,7 +9,8 @@ Each operand is an elementwise map of plain tensor reads (a cast, a scale, an ac
 prologue, computed as the operand tile is staged); whatever follows the sum is an elementwise
 map over the output's axes (bias, activation, scale, residual: the epilogue, computed per
 output element). An operand is held in its tensors' half or bfloat where its values are exactly
-that (a read, an explicit cast: `held_dtype`), else in fp32. Every output is over the output's axes. Anything else keeps its family.
+that (a read, an explicit cast: `held_dtype`), else in fp32. Every output is over the output's
+axes. Anything else keeps its family.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ELEMENTWISE = frozenset({Op.LOAD, Op.SCALAR, Op.CONST, Op.INDEX, Op.SIZE, Op.UNA
 
 
 @dataclass(frozen=True)
-class Form:
+class Contraction:
     """The contraction of a graph: `red` = sum over `axis` of a * b; a over `rows`, b over
     `cols`, both maybe over some of `batch`; the output over (*batch, rows, cols)."""
     red: Node
@@ -77,7 +78,7 @@ def held_dtype(n: Node) -> DType:
     return n.dtype if n.op in (Op.LOAD, Op.CAST) else n.dtype.compute
 
 
-def match(graph: Graph) -> Optional[Form]:
+def match(graph: Graph) -> Optional[Contraction]:
     """The graph's contraction, or None when it is not of this family's form."""
     reds = graph.reductions()
     if len(reds) != 1 or reds[0].attr[0] != ReduceOp.SUM:
@@ -94,5 +95,5 @@ def match(graph: Graph) -> Optional[Form]:
         return None
     for a, b in (arg.args, arg.args[::-1]):
         if _operand(graph, a, k, rows, cols, batch) and _operand(graph, b, k, cols, rows, batch):
-            return Form(red, a, b, k, rows, cols, batch)
+            return Contraction(red, a, b, k, rows, cols, batch)
     return None

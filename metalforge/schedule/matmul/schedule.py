@@ -12,7 +12,7 @@ from ..elementwise import ParamSource, kernel_params
 from ..matrix import BK, Tile, helpers
 from ..policy import LaunchPolicy
 from .context import context
-from .form import Form
+from .form import Contraction
 from .kernel import kernel
 
 
@@ -41,7 +41,7 @@ class MatmulSchedule(Schedule):
         return self.tile.threads
 
 
-def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> MatmulSchedule:
+def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Contraction) -> MatmulSchedule:
     """The contraction schedule of `graph` (`form`: as `form.match` found it)."""
     ctx = context(graph, policy, index64, form)
     k = kernel(ctx)
