@@ -115,7 +115,9 @@ def library(backend_name: str, source: str, options: Options = ()) -> Any:
         with key_lock(f"{backend_name}\0{source}\0{options}"):
             lib = _libraries.get(key)
             if lib is None:
-                lib = _libraries[key] = _compile(backend_name, source, options)
+                # (code that assumes no target compiles as always: _compile(backend, source))
+                lib = _libraries[key] = _compile(backend_name, source, options) if options \
+                    else _compile(backend_name, source)
     return lib
 
 
