@@ -24,7 +24,7 @@ needs_mpp = pytest.mark.skipif(not MPP.exists(), reason="the simulator's MetalPe
                                "Primitives headers (branch mpp) are not here")
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 TOL = {"f16": 1e-2, "bf16": 4e-2, "f32": 1e-4}
-SMALL = {"M": (1, 130), "N": (1, 130)}
+SMALL = {"M": (1, 40), "N": (1, 40), "B": [(), (2,)]}
 
 
 def _inputs(dt: str):
@@ -68,8 +68,8 @@ def test_f32_and_computed_operands_keep_the_fp32_path_at_a_tensor_op_target():
 
 
 def test_check_covers_the_simdgroup_lowering():
-    """Boundary sizes of K (1, 31..33, 63..65: partial and whole steps), M and N up to two
-    tiles."""
+    """Boundary sizes of K (1, 31..33, 63..65: partial and whole steps), partial tiles of M
+    and N (the direct tests above cover several tiles: the simulator's time)."""
     with mf.target("apple9"):
         check(linear_gelu, dtypes={"T": ["f16"]}, max_examples=4, dims=SMALL)
 
