@@ -12,6 +12,7 @@ from ..graph import Graph
 from ..shapes import bind_shapes, numel
 from . import launcher
 from .backends import current_backend
+from ..tuning.launch import merge
 from .launcher import render, specialisation
 
 
@@ -34,8 +35,10 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
         if tensors:
             spec = launcher.layered(graph, current_backend(tensors.values()), launch,
                                     bound if whole else None)
-    if not tensors:          # the backend's layers without tensors (the target's, at least)
-        spec = launcher.layered(graph, current_backend(()), launch)
+    if not tensors:          # the target's layer without tensors (launcher.target_launch)
+        layer = launcher.target_launch(current_backend(()), spec.family)
+        if layer:
+            spec = specialisation(graph, merge(layer, launch))
     index64 = False
     if all(a in bound for a in spec.grid):
         index64 = sched_mod.needs_index64(bound, numel(spec.grid, bound))
