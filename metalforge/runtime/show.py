@@ -10,9 +10,9 @@ from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..graph import Graph
 from ..shapes import bind_shapes, numel
+from ..tuning.launch import merge
 from . import launcher
 from .backends import current_backend
-from ..tuning.launch import merge
 from .launcher import render, specialisation
 
 
