@@ -28,10 +28,11 @@ SMALL = {"M": (1, 40), "N": (1, 40), "B": [(), (2,)]}
 
 
 def _inputs(dt: str):
-    """Partial tiles everywhere: M = 70 (64 + 6), N = 66, K = 45 (32 + 13), 2 batches."""
+    """Partial tiles everywhere: M = 70 (64 + 6), N = 66, K = 72 (two whole steps, read as
+    vectors where the operand is a tensor, and 8), 2 batches."""
     g = torch.Generator().manual_seed(0)
     t = DTYPES[dt]
-    return (torch.randn(2, 70, 45, generator=g).to(t), torch.randn(66, 45, generator=g),
+    return (torch.randn(2, 70, 72, generator=g).to(t), torch.randn(66, 72, generator=g),
             torch.randn(66, generator=g).to(t))
 
 

@@ -78,9 +78,35 @@ def staging(ctx: MatmulContext, node: Node, array: str, axis: str, first: str,
     def live(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
         return (p < ctx.size(axis)).and_(k < ctx.size(f.axis))
     k_inner = _k_inner(ctx, node)
-    return [ir.Comment(f"{rows} rows of '{axis}' x {ctx.tile.bk} values of '{f.axis}', as "
-                       f"{ctx.tile.operand} (0 outside)"),
-            *matrix.stage(ctx.tile, array, rows, k_inner, value, live)]
+    scalar = matrix.stage(ctx.tile, array, rows, k_inner, value, live)
+    head = ir.Comment(f"{rows} rows of '{axis}' x {ctx.tile.bk} values of '{f.axis}', as "
+                      f"{ctx.tile.operand} (0 outside)")
+    if not vectored(ctx, node):
+        return [head, *scalar]
+    t, tensor = ctx.tile, ctx.graph.tensor(node.attr)
+    vat = {**batch_at(ctx), axis: p, f.axis: k}
+
+    def load(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
+        return ir.Load(ctx.names[tensor.name], ctx.offset(tensor.axes, vat), t.vec,
+                       ctx.in_stype(tensor))
+    if t.vec == 8:
+        ctx.uses.helpers.add("mf_pack8_of")
+    whole = (ir.Var("mf_k0") + idx(t.bk) <= ctx.size(f.axis)).and_(
+        (ctx.size(f.axis) % idx(t.vec)).eq(idx(0)))
+    return [head, ir.If(whole, [
+        ir.Comment(f"a whole step, K a multiple of {t.vec}: 16-byte loads of {t.vec} values"),
+        *matrix.stage_vectors(t, array, rows, load,
+                              ir.vector_type(ctx.in_stype(tensor), t.vec),
+                              p < ctx.size(axis))], scalar)]
+
+
+def vectored(ctx: MatmulContext, node: Node) -> bool:
+    """The operand is a tensor of the operand type, k-inner: its tile is read as 16-byte
+    vectors where the step is whole and K a multiple of the vector."""
+    if node.op != Op.LOAD:
+        return False
+    t = ctx.graph.tensor(node.attr)
+    return t.axes[-1] == ctx.form.axis and t.dtype.msl == ctx.tile.operand
 
 
 def _k_inner(ctx: MatmulContext, node: Node) -> bool:

@@ -13,7 +13,7 @@ from ..matrix import BK, Tile, helpers
 from ..policy import LaunchPolicy
 from .context import context
 from .form import Contraction
-from .kernel import kernel
+from .kernel import kernel, vectored
 
 
 @dataclass
@@ -49,8 +49,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Contraction) 
     k = replace(k, params=params, helpers=(*helpers(ctx.tile),
                                            *sorted(ctx.uses.helpers)))
     t = ctx.tile
+    vectors = tuple(n.attr for n in (form.a, form.b) if vectored(ctx, n))
     out = replace(policy, threads_per_group=t.threads, threadgroup_bytes=t.threadgroup_bytes,
-                  uses_simd=True)
-    return MatmulSchedule("matmul", graph, out, k, form.out_axes, (), index64,
+                  uses_simd=True, vector_width=t.vec if vectors else 1)
+    return MatmulSchedule("matmul", graph, out, k, form.out_axes, vectors, index64,
                           axis=form.axis, rows=form.rows, cols=form.cols, batch=form.batch,
                           tile=t)

@@ -6,6 +6,7 @@ and multiplied on the target's matrix hardware, with fp32 accumulation.
     accumulators(tile, row0, col0)                   # the simdgroup's zeroed fp32 outputs
     loop over K in steps of tile.bk:
         stage(tile, "mf_as", tile.bm, ...)           # A's rows, guarded: 0 outside
+                                                     # (stage_vectors: 16-byte loads)
         stage(tile, "mf_bs", tile.bn, ...)           # B's rows (C's columns)
         barrier; products(tile, row0, col0); barrier
     results(tile, emit)                              # emit(row, col, value) per element
@@ -35,10 +36,22 @@ from __future__ import annotations
 
 from ... import ir
 from . import mpp, simdgroup
-from .tile import BK, MPP, SIMDGROUP, SLICE, Tile, arrays, choose, operand_type, stage, staged
+from .tile import (
+    BK,
+    MPP,
+    SIMDGROUP,
+    SLICE,
+    Tile,
+    arrays,
+    choose,
+    operand_type,
+    stage,
+    stage_vectors,
+    staged,
+)
 
-__all__ = ["Tile", "choose", "operand_type", "arrays", "stage", "staged", "accumulators",
-           "products", "results", "helpers", "MPP", "SIMDGROUP", "BK", "SLICE"]
+__all__ = ["Tile", "choose", "operand_type", "arrays", "stage", "stage_vectors", "staged",
+           "accumulators", "products", "results", "helpers", "MPP", "SIMDGROUP", "BK", "SLICE"]
 
 
 def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:

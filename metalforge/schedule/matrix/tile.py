@@ -28,6 +28,8 @@ BK = 32                   # values of K a step
 MPP = "mpp"
 SIMDGROUP = "simdgroup_matrix"
 Value = Callable[[ir.Expr, ir.Expr], tuple[list[ir.Stmt], ir.Expr]]
+# a vector load of VEC consecutive values of K from row r, value k (a multiple of VEC)
+Vector = Callable[[ir.Expr, ir.Expr], ir.Expr]
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Tile:
     @property
     def operand_bytes(self) -> int:
         return 4 if self.operand == "float" else 2
+
+    @property
+    def vec(self) -> int:
+        """Values of K in one 16-byte vector load of an operand stored as the operand type."""
+        return 16 // self.operand_bytes
 
     @property
     def threadgroup_bytes(self) -> int:
@@ -126,3 +133,28 @@ def stage(t: Tile, array: str, rows: int, k_inner: bool, value: Value,
               stmts + [ir.Store(array, at, ir.Cast(t.operand, v), space="threadgroup")],
               [ir.Store(array, at, ir.Cast(t.operand, ir.Lit(0.0, "float")),
                         space="threadgroup")])])]
+
+
+def stage_vectors(t: Tile, array: str, rows: int, load: Vector, vtype: str,
+                  live: ir.Expr) -> list[ir.Stmt]:
+    """Every thread's share of one operand tile read as 16-byte vectors (an operand that is a
+    tensor of the operand type, k-inner, the step whole and aligned): vector mf_v of row mf_r
+    holds values mf_kk.. mf_kk + VEC - 1 (`load(mf_r, mf_kk)`), stored element by element where
+    `live` (the row exists), else zeros. `vtype`: the loaded vector's type."""
+    per_row = t.bk // t.vec
+    e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
+    rv, kv, j = ir.Var("mf_r"), ir.Var("mf_kk"), ir.Var("mf_j")
+    at = staged(rows, rv, kv + j)
+    lane = ir.Call("mf_lane8", (ir.Var("mf_vals"), j)) if t.vec == 8 else \
+        ir.Lane(ir.Var("mf_vals"), j)
+    zero = ir.Cast(t.operand, ir.Lit(0.0, "float"))
+    return [ir.For("mf_i", "uint", u(0), u(max(1, rows * per_row // t.threads)), [
+        ir.Decl("mf_r", "uint", e / u(per_row)),
+        ir.Decl("mf_kk", "uint", e % u(per_row) * u(t.vec)),
+        ir.If(live, [
+            ir.Decl("mf_vals", vtype, load(rv, kv)),
+            ir.For("mf_j", "uint", u(0), u(t.vec), [ir.Store(array, at, lane, space="threadgroup")],
+                   unroll=True)],
+              [ir.For("mf_j", "uint", u(0), u(t.vec), [ir.Store(array, at, zero,
+                                                                 space="threadgroup")],
+                      unroll=True)])])]

@@ -43,6 +43,25 @@ inline float mf_erf(float x) {
     return copysign(1.0f - mf_erfc, x);
 }
 
+// 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
+// 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,
+// mf_lane8 gives one element, mf_pack8_of builds one to store.
+template <typename T>
+struct alignas(16) mf_pack8 {
+    T v[8];
+};
+
+template <typename T>
+inline T mf_lane8(thread const mf_pack8<T>& p, uint i) {
+    return p.v[i];
+}
+
+template <typename T>
+inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
+    mf_pack8<T> p = {{a0, a1, a2, a3, a4, a5, a6, a7}};
+    return p;
+}
+
 template <typename T, typename mf_index_t>
 [[max_total_threads_per_threadgroup(128)]] kernel void mf_linear_gelu_mm(
     device const T* x [[buffer(0)]],
@@ -89,16 +108,34 @@ template <typename T, typename mf_index_t>
     // along 'K' in steps of 32 values: stage both tiles, multiply
     for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 32u) {
         // 64 rows of 'M' x 32 values of 'K', as bfloat (0 outside)
-        for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
-            const uint mf_r = (mf_i * 128u + mf_t) / 32u;
-            const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
-            if (mf_m0 + mf_index_t(mf_r) < mf_size_M && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
-                const mf_index_t mf_p = mf_m0 + mf_index_t(mf_r);
-                const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
-                const float mf_in_x = float(x[(mf_pos_B * mf_size_M + mf_p) * mf_size_K + mf_k]);
-                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_in_x);
-            } else {
-                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(0.0f);
+        if (mf_k0 + 32u <= mf_size_K && mf_size_K % 8u == 0u) {
+            // a whole step, K a multiple of 8: 16-byte loads of 8 values
+            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 4u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
+                if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
+                    const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(x + (mf_pos_B * mf_size_M + (mf_m0 + mf_index_t(mf_r))) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = bfloat(0.0f);
+                    }
+                }
+            }
+        } else {
+            for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 32u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
+                if (mf_m0 + mf_index_t(mf_r) < mf_size_M && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
+                    const mf_index_t mf_p = mf_m0 + mf_index_t(mf_r);
+                    const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
+                    const float mf_in_x = float(x[(mf_pos_B * mf_size_M + mf_p) * mf_size_K + mf_k]);
+                    mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_in_x);
+                } else {
+                    mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(0.0f);
+                }
             }
         }
         // 64 rows of 'N' x 32 values of 'K', as bfloat (0 outside)

@@ -44,29 +44,65 @@ template <typename T, typename mf_index_t>
     // along 'K' in steps of 32 values: stage both tiles, multiply
     for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 32u) {
         // 64 rows of 'M' x 32 values of 'K', as float (0 outside)
-        for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
-            const uint mf_r = (mf_i * 128u + mf_t) / 32u;
-            const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
-            if (mf_m0 + mf_index_t(mf_r) < mf_size_M && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
-                const mf_index_t mf_p = mf_m0 + mf_index_t(mf_r);
-                const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
-                const float mf_in_a = float(a[mf_p * mf_size_K + mf_k]);
-                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(mf_in_a);
-            } else {
-                mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(0.0f);
+        if (mf_k0 + 32u <= mf_size_K && mf_size_K % 4u == 0u) {
+            // a whole step, K a multiple of 4: 16-byte loads of 4 values
+            for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 8u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 8u * 4u;
+                if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
+                    const vec<T, 4> mf_vals = *reinterpret_cast<device const vec<T, 4>*>(a + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
+                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_vals[mf_j];
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = float(0.0f);
+                    }
+                }
+            }
+        } else {
+            for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 32u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
+                if (mf_m0 + mf_index_t(mf_r) < mf_size_M && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
+                    const mf_index_t mf_p = mf_m0 + mf_index_t(mf_r);
+                    const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
+                    const float mf_in_a = float(a[mf_p * mf_size_K + mf_k]);
+                    mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(mf_in_a);
+                } else {
+                    mf_as[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(0.0f);
+                }
             }
         }
         // 64 rows of 'N' x 32 values of 'K', as float (0 outside)
-        for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
-            const uint mf_r = (mf_i * 128u + mf_t) / 32u;
-            const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
-            if (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
-                const mf_index_t mf_p = mf_n0 + mf_index_t(mf_r);
-                const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
-                const float mf_b = float(b[mf_p * mf_size_K + mf_k]);
-                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(mf_b);
-            } else {
-                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(0.0f);
+        if (mf_k0 + 32u <= mf_size_K && mf_size_K % 4u == 0u) {
+            // a whole step, K a multiple of 4: 16-byte loads of 4 values
+            for (uint mf_i = 0u; mf_i < 4u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 8u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 8u * 4u;
+                if (mf_n0 + mf_index_t(mf_r) < mf_size_N) {
+                    const vec<T, 4> mf_vals = *reinterpret_cast<device const vec<T, 4>*>(b + (mf_n0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
+                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_vals[mf_j];
+                    }
+                } else {
+                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
+                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = float(0.0f);
+                    }
+                }
+            }
+        } else {
+            for (uint mf_i = 0u; mf_i < 16u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 32u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 32u;
+                if (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
+                    const mf_index_t mf_p = mf_n0 + mf_index_t(mf_r);
+                    const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
+                    const float mf_b = float(b[mf_p * mf_size_K + mf_k]);
+                    mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(mf_b);
+                } else {
+                    mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = float(0.0f);
+                }
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
