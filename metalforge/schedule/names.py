@@ -141,6 +141,7 @@ simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
 logaddexp""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
+HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 
 
 def kernel_name(op: str, suffix: str = "") -> str:
