@@ -139,21 +139,24 @@ def pick_mps(generation: Optional[int], tensor_ops_compile: bool) -> str:
     return _FAMILY_OF_CHIP.get(generation or 0, "apple9")
 
 
-def probe_mps(compile_shader: Optional[Callable[[str], Any]] = None,
-              generation: Optional[Callable[[], Optional[int]]] = None) -> str:
-    """The target the running Mac supports, asked once: whether a kernel including
-    MetalPerformancePrimitives compiles through torch.mps.compile_shader (a compile error is a
-    SyntaxError, other failures a RuntimeError: `compile_shader` compiles when the library is
-    created, at the language version the macOS has), and the chip's generation (`pick_mps`)."""
+def probe(compile_shader: Callable[[str], Any], generation: Optional[int]) -> str:
+    """The Mac's target from one compile of PROBE (`torch.mps.compile_shader`'s call model:
+    the library compiles when it is created; a compile error is a SyntaxError, other failures
+    a RuntimeError) and the chip's generation (`pick_mps`)."""
+    try:
+        compile_shader(PROBE)
+        ok = True
+    except (SyntaxError, RuntimeError):
+        ok = False
+    return pick_mps(generation, ok)
+
+
+def probe_mps() -> str:
+    """The target the running Mac supports, asked once (`probe` through
+    torch.mps.compile_shader, at the language version the macOS has)."""
     def ask() -> str:
         import torch
-        compile_fn = compile_shader or torch.mps.compile_shader
-        try:
-            compile_fn(PROBE)
-            ok = True
-        except (SyntaxError, RuntimeError):
-            ok = False
-        return pick_mps((generation or chip_generation)(), ok)
+        return probe(torch.mps.compile_shader, chip_generation())
     return _probed.get_or_build("mps", ask)
 
 

@@ -13,7 +13,14 @@ import torch.nn.functional as F
 import metalforge as mf
 import metalforge.sim
 from metalforge import schedule
-from metalforge.target import PROBE, compile_options, current_target, get_target, pick_mps
+from metalforge.target import (
+    PROBE,
+    compile_options,
+    current_target,
+    get_target,
+    pick_mps,
+    probe,
+)
 from metalforge.testing import check
 
 from .matmul_kernels import linear_gelu, matmul, scaled
@@ -144,3 +151,15 @@ def test_compile_options_and_the_mps_default():
     assert [pick_mps(5, True), pick_mps(5, False), pick_mps(4, True), pick_mps(1, False),
             pick_mps(None, True)] == ["apple10", "apple9", "apple9", "apple7", "apple9"]
     assert "#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>" in PROBE
+
+
+def test_the_mps_probe_follows_compile_shaders_call_model():
+    """A compile error is compile_shader's SyntaxError, other failures its RuntimeError."""
+    def fails(exc):
+        def compile_shader(source):
+            assert "matmul2d_descriptor" in source
+            raise exc("Failed to create metal library")
+        return compile_shader
+    assert probe(lambda source: object(), 5) == "apple10"
+    assert probe(fails(SyntaxError), 5) == probe(fails(RuntimeError), 6) == "apple9"
+    assert probe(lambda source: object(), 2) == "apple8"
