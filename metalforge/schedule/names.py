@@ -90,6 +90,9 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              "ws", "x", "xblock", "xn", "xs", "xsf", "xsum", "y", "z",
                              "chunk_len", "f", "flat"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
+# the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
+_SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
+                    "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"

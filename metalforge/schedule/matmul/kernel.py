@@ -120,8 +120,8 @@ def k_loop(ctx: MatmulContext) -> ir.Stmt:
     """Phase 2: along K in steps of BK."""
     f, t = ctx.form, ctx.tile
     row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
-    body = [*staging(ctx, f.a, "mf_as", f.rows, "mf_m0", t.bm, "mf_a"),
-            *staging(ctx, f.b, "mf_bs", f.cols, "mf_n0", t.bn, "mf_b"),
+    body = [*staging(ctx, f.a, "mf_as", f.rows, "mf_m0", t.bm, "mf_x"),
+            *staging(ctx, f.b, "mf_bs", f.cols, "mf_n0", t.bn, "mf_y"),
             ir.Barrier(), *matrix.products(t, row0, col0), ir.Barrier()]
     return ir.For("mf_k0", IDX, idx(0), ctx.size(f.axis), body, step=idx(t.bk))
 

@@ -140,8 +140,8 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_p = mf_n0 + mf_index_t(mf_r);
                 const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
                 const float mf_in_w = float(w[mf_p * mf_size_K + mf_k]);
-                const float mf_b1 = float(bfloat(mf_in_w));
-                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_b1);
+                const float mf_y1 = float(bfloat(mf_in_w));
+                mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(mf_y1);
             } else {
                 mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = bfloat(0.0f);
             }
