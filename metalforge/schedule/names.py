@@ -48,6 +48,12 @@ select isnan isinf isfinite signbit sign mix step fma mad dot cross length norma
 threadgroup_barrier simdgroup_barrier simdgroup_load simdgroup_store
 simdgroup_multiply_accumulate NAN INFINITY HUGE_VALF MAXFLOAT FLT_MAX FLT_MIN M_PI_F
 """
+# Metal 4 tensor operations (the contraction kernel at tensor-op targets)
+_METAL_WORDS += """
+mpp tensor_ops tensor tensor_inline tensor_handle tensor_offset dextents extents int32_t
+matmul2d matmul2d_descriptor execution_simdgroup execution_simdgroups
+make_filled_simdgroup_matrix ulong2
+"""
 
 _SCALARS = ("bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half",
             "float", "bfloat")
