@@ -3,6 +3,7 @@ torch.compile on the same device, TFLOP/s.
 
     python bench/matmul.py --device cuda                  # f16 4096^3, the H200 run
     python bench/matmul.py --device cuda --dtype f16 bf16 --sizes 4096x4096x4096 512x4096x4096
+    python bench/matmul.py --device cuda --tile 128       # 128 x 128 tiles (launch option)
     python bench/matmul.py --device cpu                   # the simulator: a smoke test
 
 Ops, each at M x N x K:
@@ -72,8 +73,9 @@ def run(args) -> None:
     sizes = args.sizes or (["4096x4096x4096"] if device != "cpu" else ["96x80x72"])
     backend = current_backend([torch.empty(0, device=device)])
     targets = args.targets or list(dict.fromkeys([current_target(backend).name, "apple9"]))
-    print(f"device {device} (backend {backend}); targets {', '.join(targets)}; "
-          f"{repeat} timed calls")
+    tile = {"tile": args.tile} if args.tile else {}
+    print(f"device {device} (backend {backend}); targets {', '.join(targets)}; tiles of "
+          f"{args.tile or 'the launch table'}; {repeat} timed calls")
     print(HEADER)
     for spec in sizes:
         m, n, k = (int(v) for v in spec.split("x"))
@@ -84,7 +86,7 @@ def run(args) -> None:
                 t_torch = timeit(theirs, device, repeat)
                 t_comp = compile_time(theirs, device, repeat, args.compile)
                 for target in targets:
-                    ours = kernel.with_launch(target=target)
+                    ours = kernel.with_launch(target=target, **tile)
                     got = ours(*kargs)
                     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
                     t = timeit(lambda: ours(*kargs), device, repeat)
@@ -101,6 +103,8 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="*", default=None, help="MxNxK (default: 4096x4096x4096)")
     ap.add_argument("--targets", nargs="*", default=None,
                     help="metalforge targets (default: the backend's own, and apple9)")
+    ap.add_argument("--tile", type=int, choices=(32, 64, 128), default=None,
+                    help="outputs a side of a threadgroup's tile (launch option tile)")
     ap.add_argument("--repeat", type=int, default=None)
     add_compile_flag(ap)
     run(ap.parse_args())

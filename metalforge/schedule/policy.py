@@ -91,7 +91,7 @@ class LaunchPolicy:
                                        # where the family reads none); set per call from the
                                        # current target unless a launch option names one
     tile: int = 64                     # contractions: output rows and columns of a
-                                       # threadgroup's tile (32 or 64)
+                                       # threadgroup's tile (32, 64 or 128)
 
     @property
     def elements_per_thread(self) -> int:
@@ -395,7 +395,7 @@ def _validate_common(p: LaunchPolicy) -> None:
 def _validate_matmul(p: LaunchPolicy) -> None:
     _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
           f"got {p.target!r}")
-    _need(p, p.tile in (32, 64), f"tile must be 32 or 64, got {p.tile!r}")
+    _need(p, p.tile in (32, 64, 128), f"tile must be 32, 64 or 128, got {p.tile!r}")
 
 
 def _validate_row(p: LaunchPolicy) -> None:

@@ -6,7 +6,7 @@ the target's matrix hardware (`schedule/matrix`: Metal 4 tensor ops or simdgroup
 Modules: `form` (what the family recognises: `match`), `context` (the per-call context: tile,
 parameters, element lowerings), `kernel` (the kernel's phases) and `schedule` (the host side,
 `build`). Launch options: `target` (metalforge/target.py; set per call from the current target)
-and `tile` (32 or 64 outputs a side).
+and `tile` (32, 64 or 128 outputs a side).
 """
 from __future__ import annotations
 
