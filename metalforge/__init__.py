@@ -86,6 +86,7 @@ from .frontend.ops import (
 from .runtime import backend
 from .runtime.indexcheck import check_deferred, synchronize
 from .runtime.outputs import AliasError
+from .target import target
 
 _OPS = ("where", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh",
         "sigmoid", "erf", "abs", "floor", "ceil", "maximum", "minimum", "clamp", "index",
@@ -102,6 +103,7 @@ __all__ = ["kernel", "Kernel", "Const", "backend", "autotune", "dtypes", "Metalf
 __all__ += ["check_deferred", "synchronize"]     # deferred gather index checks
 __all__ += ["AliasError"]
 __all__ += ["load_exported"]
+__all__ += ["target"]                             # which Metal generated code may assume
 
 
 def __getattr__(name: str):

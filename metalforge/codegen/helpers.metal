@@ -346,6 +346,14 @@ inline float2 mf_mat_load(const threadgroup float* p, uint stride, uint x, uint 
     return mf_m.thread_elements();
 }
 
+// helper: mf_mat_elements
+// the calling lane's two elements (thread_elements()) of an 8x8 float simdgroup matrix, by
+// value: row ((lane / 4) & 4) + (lane / 2) % 4, columns ((lane / 4) & 2) * 2 + (lane % 2) * 2
+// and the next (Apple's layout)
+inline float2 mf_mat_elements(simdgroup_float8x8 m) {
+    return m.thread_elements();
+}
+
 // helper: mf_atomic_add
 // *p += v as one relaxed atomic read-modify-write on device memory (mf.scatter_add's adds):
 // Metal's atomic_float (MSL 3.0), atomic_int and atomic_uint; relaxed is the only memory order
@@ -441,3 +449,9 @@ inline float mf_randn(ulong seed, ulong offset, ulong block, uint pair) {
     const float u2 = float((odd ? w.w : w.y) >> 8) * 5.9604644775390625e-08f;
     return precise::sqrt(-2.0f * precise::log(u1)) * precise::cos(6.2831855f * u2);
 }
+
+// helper: mf_tensor_ops
+// Metal 4 tensor operations (MetalPerformancePrimitives: matmul2d over tensors and
+// cooperative tensors; MSL 4.0, macOS 26)
+#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
+using namespace mpp::tensor_ops;

@@ -79,11 +79,12 @@ def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
 
 # --------------------------------------------------------------------------- compilation
 
-_libraries: dict[tuple[str, str], Any] = {}      # (backend, source) → compiled library
-_kernels: dict[tuple[str, str, str], Any] = {}   # (backend, source, host name) → kernel object
+Options = tuple[tuple[str, int], ...]   # compile keywords (a target's Metal version, family)
+_libraries: dict[tuple[str, str, Options], Any] = {}  # (backend, source, options) → library
+_kernels: dict[tuple[str, str, str, Options], Any] = {}   # (..., host name) → kernel object
 
 
-def _compile(backend_name: str, source: str) -> Any:
+def _compile(backend_name: str, source: str, options: Options = ()) -> Any:
     if backend_name == "mps":
         if not torch.backends.mps.is_available():
             raise BackendUnavailable(
@@ -95,31 +96,42 @@ def _compile(backend_name: str, source: str) -> Any:
             raise BackendUnavailable(
                 "backend 'cuda' needs an NVIDIA GPU with torch's CUDA build; on "
                 "other machines use CPU tensors (the 'sim' backend)")
-        return cuda_compile_shader(source)
-    return sim_compile_shader(source)
+        return cuda_compile_shader(source, **_keywords(options))
+    return sim_compile_shader(source, **_keywords(options))
 
 
-def library(backend_name: str, source: str) -> Any:
+def _keywords(options: Options) -> dict[str, Any]:
+    """A target's compile keywords (none for code that assumes nothing: the call as always)."""
+    return dict(options)
+
+
+def library(backend_name: str, source: str, options: Options = ()) -> Any:
     """The compiled library of `source` on a backend (cached; compile errors raise as the
-    backend's compiler raises them: compile_shader's SyntaxError or RuntimeError)."""
-    lib = _libraries.get((backend_name, source))
+    backend's compiler raises them: compile_shader's SyntaxError or RuntimeError). `options`:
+    the compile keywords of the code's target (`metalforge.target.compile_options`)."""
+    key = (backend_name, source, options)
+    lib = _libraries.get(key)
     if lib is None:
-        with key_lock(f"{backend_name}\0{source}"):
-            lib = _libraries.get((backend_name, source))
+        with key_lock(f"{backend_name}\0{source}\0{options}"):
+            lib = _libraries.get(key)
             if lib is None:
-                lib = _libraries[(backend_name, source)] = _compile(backend_name, source)
+                # (code that assumes no target compiles as always: _compile(backend, source))
+                lib = _libraries[key] = _compile(backend_name, source, options) if options \
+                    else _compile(backend_name, source)
     return lib
 
 
-def kernel_object(backend_name: str, source: str, host_name: str) -> Any:
-    """The compiled kernel (cached: one library per source, one kernel object per name).
+def kernel_object(backend_name: str, source: str, host_name: str,
+                  options: Options = ()) -> Any:
+    """The compiled kernel (cached: one library per source and options, one kernel object per
+    name).
 
     Thread-safe: one compile per source (`library`); other threads calling it meanwhile wait
     for it."""
-    key = (backend_name, source, host_name)
+    key = (backend_name, source, host_name, options)
     k = _kernels.get(key)
     if k is None:
-        k = _kernels.setdefault(key, getattr(library(backend_name, source), host_name))
+        k = _kernels.setdefault(key, getattr(library(backend_name, source, options), host_name))
     return k
 
 

@@ -37,6 +37,7 @@ from ..reference import evaluate
 from ..schedule.base import Step
 from ..schedule.policy import TUNABLE, backend_launch, validate_for_kernel
 from ..shapes import ShapeBinding, bind_shapes, numel, output_shape
+from ..target import compile_options, current_target, get_target
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from . import outputs
@@ -84,13 +85,29 @@ def compile(schedule: sched_mod.Schedule, source: str, backend: str,
             host_name: str) -> Compiled:
     """Stage 3: the kernel `host_name` of `source` on `backend` (libraries are cached by the
     backend), refused if its pipeline cannot take the schedule's launch policy."""
-    k = kernel_object(backend, source, host_name)
+    k = kernel_object(backend, source, host_name, target_options(schedule, backend))
     max_threads = int(k.max_threads_per_threadgroup)
     validate_for_kernel(replace(schedule.policy,
                                 threads_per_group=schedule.max_group_size(host_name)),
                         host_name, max_threads,
                         int(getattr(k, "static_thread_group_memory_length", 0)))
     return Compiled(k, max_threads)
+
+
+def target_options(schedule: sched_mod.Schedule, backend: str) -> tuple[tuple[str, int], ...]:
+    """The compile keywords of the target a schedule's code was generated for (its policy's
+    `target`; none where the family reads no target)."""
+    name = schedule.policy.target
+    chosen = get_target(name) if name else None
+    return tuple(sorted(compile_options(chosen, backend).items()))
+
+
+def target_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
+    """The target layer of a family that reads one (TUNABLE lists "target"): the current target
+    on `backend` (`metalforge.target.current`); None for the others."""
+    if "target" not in TUNABLE.get(family, ()):
+        return None
+    return {"target": current_target(backend).name}
 
 
 @dataclass
@@ -386,7 +403,8 @@ def layered(graph: Graph, backend: str, launch: Optional[Mapping[str, Any]],
     spec = specialisation(graph, launch)
     tuned = tuned_launch(graph, backend, sizes, spec.family, launch) if sizes is not None \
         else None
-    under = merge(backend_launch(backend, spec.family), tuned)
+    under = merge(merge(backend_launch(backend, spec.family), target_launch(backend, spec.family)),
+                  tuned)
     return specialisation(graph, merge(under, launch)) if under else spec
 
 

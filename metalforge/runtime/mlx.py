@@ -55,9 +55,10 @@ from ..once import OnceMap
 from ..shapes import numel as shapes_numel
 from ..shapes import output_shape
 from ..sim import compile_shader
+from ..tuning.launch import merge
 from .backends import DEVICE_OF, current_backend
 from .binding import BindingPlan, InputSource, LaunchSource, ScalarSource, SizeSource, Source
-from .launcher import eager_outputs, shaped, specialisation
+from .launcher import eager_outputs, shaped, specialisation, target_launch, target_options
 
 # Metal thread attributes MLX recognises in a body, with the type it declares them as.
 ATTRIBUTES: dict[str, str] = {
@@ -242,6 +243,7 @@ class MLXLaunch:
     obj: Any                  # the mx.fast.metal_kernel object
     inputs: list[Any]
     kwargs: dict[str, Any]
+    options: tuple[tuple[str, int], ...] = ()   # the simulator's compile keywords (target)
 
 
 # (schedule, host) → (schedule, translation, kernel object)
@@ -272,6 +274,9 @@ def prepare(graph: Graph, values: Mapping[str, Any],
     core = mx()
     where = kernel_at(graph.name, graph.loc)
     spec = specialisation(graph, _one_launch(graph, launch, where))
+    layer = target_launch("mlx", spec.family)             # the target (contractions)
+    if layer:
+        spec = specialisation(graph, merge(layer, _one_launch(graph, launch, where)))
     arrays = _check_arrays(graph, values, where)
     binding, numel = shaped(spec, arrays)         # the torch path's shape checks
     sizes = binding.sizes
@@ -296,7 +301,7 @@ def prepare(graph: Graph, values: Mapping[str, Any],
                   output_dtypes=[core.float32 if i is None else shapes[i][1]
                                  for i in mk.outputs],
                   grid=(threads, 1, 1), threadgroup=(group, 1, 1))
-    return MLXLaunch(mk, obj, inputs, kwargs), shapes
+    return MLXLaunch(mk, obj, inputs, kwargs, target_options(s, "sim")), shapes
 
 
 def _one_launch(graph: Graph, launch: Optional[Mapping[str, Any]],
@@ -442,7 +447,7 @@ def _capture(call: MLXLaunch) -> str:
     return m.group(1)
 
 
-_libs: OnceMap[str, Any] = OnceMap()
+_libs: OnceMap[tuple[str, tuple[tuple[str, int], ...]], Any] = OnceMap()
 
 
 def _beside_an_empty_grid(graph: Graph, values: Mapping[str, Any],
@@ -485,7 +490,8 @@ def simulate(call: MLXLaunch) -> list[Any]:
     it (inputs, then outputs, by buffer index), with MLX's grid and (clamped) threadgroup.
     Returns the outputs as MLX arrays, in the graph's output order."""
     src = captured_source(call)
-    lib = _libs.get_or_build(src, lambda: compile_shader(SIM_UTILS + src))
+    lib = _libs.get_or_build((src, call.options), lambda: compile_shader(
+        SIM_UTILS + src, **dict[str, Any](call.options)))
     host = re.findall(r"\[\[kernel\]\] void (\w+)\(", src)[0]
     args = [to_torch(a) for a in call.inputs]
     outs = [torch.empty(shape, dtype=_torch_dtype(dt))

@@ -10,6 +10,7 @@ from .. import ir as ir_mod
 from .. import schedule as sched_mod
 from ..graph import Graph
 from ..shapes import bind_shapes, numel
+from ..tuning.launch import merge
 from . import launcher
 from .backends import current_backend
 from .launcher import render, specialisation
@@ -24,6 +25,7 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
     sizes). Without sizes, the 32-bit-indexed variant."""
     spec = specialisation(graph, launch)
     bound: dict[str, int] = dict(sizes or {})
+    tensors: dict[str, torch.Tensor] = {}
     if values is not None:
         tensors = {t.name: values[t.name] for t in graph.tensors
                    if isinstance(values.get(t.name), torch.Tensor)}
@@ -33,6 +35,10 @@ def schedule_of(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
         if tensors:
             spec = launcher.layered(graph, current_backend(tensors.values()), launch,
                                     bound if whole else None)
+    if not tensors:          # the target's layer without tensors (launcher.target_launch)
+        layer = launcher.target_launch(current_backend(()), spec.family)
+        if layer:
+            spec = specialisation(graph, merge(layer, launch))
     index64 = False
     if all(a in bound for a in spec.grid):
         index64 = sched_mod.needs_index64(bound, numel(spec.grid, bound))

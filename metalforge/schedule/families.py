@@ -18,7 +18,18 @@ from typing import Any, Callable, Optional
 from ..errors import UnsupportedConstruct, at
 from ..graph import Graph, Node, Op
 from ..once import OnceMap
-from . import attention, attention_grad, column, elementwise, multiaxis, quant, rows, scan, scatter
+from . import (
+    attention,
+    attention_grad,
+    column,
+    elementwise,
+    matmul,
+    multiaxis,
+    quant,
+    rows,
+    scan,
+    scatter,
+)
 from .base import Schedule
 from .policy import LaunchPolicy
 
@@ -138,6 +149,10 @@ PATTERNS: tuple[Pattern, ...] = (
     # sum(softmax(s, L) * V, L) with s summed products over another axis E
     Pattern("attention", lambda f: len(f.axes) > 1, lambda g, f: attention.match(g),
             attention.build),
+    # a contraction: sum over K of a[..., M, K] * b[..., N, K], elementwise prologue and
+    # epilogue (the matrix block: tensor ops or simdgroup_matrix, by target)
+    Pattern("matmul", lambda f: len(f.reductions) == 1 and f.lost is None,
+            lambda g, f: matmul.match(g), matmul.build),
     # several axes reduced together (mf.sum(x, axis=("C", "H", "W"))): chains of reductions
     # (and a full reduction of one axis: every output one value)
     Pattern("multiaxis", lambda f: bool(f.reductions), _multiaxis, _build_multiaxis),

@@ -48,6 +48,12 @@ select isnan isinf isfinite signbit sign mix step fma mad dot cross length norma
 threadgroup_barrier simdgroup_barrier simdgroup_load simdgroup_store
 simdgroup_multiply_accumulate NAN INFINITY HUGE_VALF MAXFLOAT FLT_MAX FLT_MIN M_PI_F
 """
+# Metal 4 tensor operations (the contraction kernel at tensor-op targets)
+_METAL_WORDS += """
+mpp tensor_ops tensor tensor_inline tensor_handle tensor_offset dextents extents int32_t
+matmul2d matmul2d_descriptor execution_simdgroup execution_simdgroups
+make_filled_simdgroup_matrix ulong2
+"""
 
 _SCALARS = ("bool", "char", "uchar", "short", "ushort", "int", "uint", "long", "ulong", "half",
             "float", "bfloat")
@@ -92,6 +98,9 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              # the quantized matvec's staged rows, paired rows and prologue
                              "blk", "padded", "poff", "xstage", "xstaged"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
+# the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
+_SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
+                    "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"
@@ -143,6 +152,7 @@ simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
 logaddexp""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
+HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 
 
 def kernel_name(op: str, suffix: str = "") -> str:

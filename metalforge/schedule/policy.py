@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping, Optional
 
 from ..errors import LaunchError
+from ..target import TARGETS
 from .hardware import MAX_THREADGROUP_BYTES, MAX_THREADS_PER_GROUP, SIMD_WIDTH
 
 MAX_VECTOR_BYTES = 16                 # widest access: Metal's 4-component vectors of 4-byte types
@@ -85,6 +86,12 @@ class LaunchPolicy:
                                        # reads the kernel's report and raises) or "deferred"
                                        # (read at the next synchronisation point;
                                        # runtime/indexcheck.py). The MSL is the same.
+    target: str = ""                   # contractions: the target the code is generated for
+                                       # (metalforge/target.py: "apple9", "apple10", ...; ""
+                                       # where the family reads none); set per call from the
+                                       # current target unless a launch option names one
+    tile: int = 64                     # contractions: output rows and columns of a
+                                       # threadgroup's tile (32, 64 or 128)
 
     @property
     def elements_per_thread(self) -> int:
@@ -274,6 +281,10 @@ POLICIES: dict[str, LaunchPolicy] = {
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
 POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
+# contractions (schedule/matmul/): a threadgroup per tile x tile outputs, 4 simdgroups of
+# (tile / 2)^2 outputs each, 32 values of K a step (schedule/matrix/; untimed on Apple GPUs)
+POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=1,
+                                  uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
@@ -297,6 +308,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64",
                   "index_check"),
     "scatter": ("threads_per_group", "index64"),
+    "matmul": ("target", "tile", "index64"),
 }
 # the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
@@ -384,6 +396,12 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"{MAX_THREADGROUP_BYTES}-byte limit")
 
 
+def _validate_matmul(p: LaunchPolicy) -> None:
+    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
+          f"got {p.target!r}")
+    _need(p, p.tile in (32, 64, 128), f"tile must be 32, 64 or 128, got {p.tile!r}")
+
+
 def _validate_row(p: LaunchPolicy) -> None:
     for name in _READS:
         r = getattr(p, name)
@@ -466,7 +484,8 @@ def _validate_scan(p: LaunchPolicy) -> None:
 
 
 _FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,
-                  "quant": _validate_quant, "column": _validate_column}
+                  "quant": _validate_quant, "column": _validate_column,
+                  "matmul": _validate_matmul}
 _FAMILY_CHECKS["scan"] = _validate_scan
 
 

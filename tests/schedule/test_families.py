@@ -57,7 +57,7 @@ def test_each_family_is_recognised(kernel, fam):
     assert m.family == schedule.family(g) == fam
     # the column before the quant pattern: the quantized sum transposed (dx of a matvec)
     assert [p.family for p in schedule.PATTERNS] == ["scatter", "scan", "column", "quant",
-                                                     "attention_grad", "attention",
+                                                     "attention_grad", "attention", "matmul",
                                                      "multiaxis", "row", "column",
                                                      "elementwise"]
     assert schedule.plan(g).family == fam

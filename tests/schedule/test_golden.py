@@ -15,6 +15,8 @@ import pytest
 
 import metalforge as mf
 
+from . import matmul_kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("METALFORGE_UPDATE_GOLDEN") == "1"
@@ -34,6 +36,12 @@ KERNELS = _example_kernels()
 CASES = [(name, k, {"T": dt}) for name, k in KERNELS for dt in ("f32", "f16")]
 # 64-bit indexing
 CASES.append(("silu", dict(KERNELS)["silu"], {"T": "f32", "B": 1, "D": 2 ** 31}))
+# the contraction family (schedule/matmul) at each target (metalforge/target.py):
+# simdgroup_matrix (apple9), Metal 4 tensor ops (apple10; cuda, whose shim runs them on tensor
+# cores); f32 operands keep simdgroup_matrix at every target
+TARGET_CASES = [("matmul", "f16", "apple9"), ("matmul", "f16", "apple10"),
+                ("matmul", "f16", "cuda"), ("matmul", "f32", "apple10"),
+                ("linear_gelu", "bf16", "apple9")]
 
 
 def _case_id(name, bindings):
@@ -58,8 +66,23 @@ def test_golden(name, kernel, bindings):
     _compare(GOLDEN / f"{cid}.ir", kernel.ir(**bindings))
 
 
+def _target_id(name, dt, target):
+    return f"{name}_T{dt}_{target}"
+
+
+@pytest.mark.parametrize("name,dt,target", TARGET_CASES,
+                         ids=[_target_id(*c) for c in TARGET_CASES])
+def test_golden_target(name, dt, target):
+    kernel = getattr(matmul_kernels, name)
+    cid = _target_id(name, dt, target)
+    with mf.target(target):
+        _compare(GOLDEN / f"{cid}.metal", kernel.source(T=dt))
+        _compare(GOLDEN / f"{cid}.ir", kernel.ir(T=dt))
+
+
 def test_no_stale_golden_files():
     expected = {f"{_case_id(n, b)}{ext}" for n, _, b in CASES for ext in (".metal", ".ir")}
+    expected |= {f"{_target_id(*c)}{ext}" for c in TARGET_CASES for ext in (".metal", ".ir")}
     stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in expected)
     if UPDATE:
         for name in stale:
