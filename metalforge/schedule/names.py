@@ -101,6 +101,10 @@ _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random number
 # the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
 _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
                     "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
+# attention's backward kernels (schedule/attention_grad)
+_SCHEDULE_NAMES |= {"b", "cf", "delta", "dk", "dkf", "dof", "dp", "dq", "dqf", "dvf", "eb", "g",
+                    "kbeg", "kend", "lse", "nblk", "pf", "tall", "tdo", "tdot", "tks", "tkt", "tq",
+                    "tqt", "tr", "tv", "tvt"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"

@@ -203,8 +203,8 @@ kernel void mf_group_norm_group(
             const float mf_v2 = mf_v1 * mf_r10;
             const float mf_in_w = float(w[mf_base_w + mf_p_C]);
             const float mf_v3 = mf_v2 * mf_in_w;
-            const float mf_b = float(b[mf_base_b + mf_p_C]);
-            const float mf_v4 = mf_v3 + mf_b;
+            const float mf_in_b = float(b[mf_base_b + mf_p_C]);
+            const float mf_v4 = mf_v3 + mf_in_b;
             mf_out[mf_base_mf_out + mf_f] = T(mf_v4);
         }
     }
@@ -667,8 +667,8 @@ kernel void mf_group_norm_out(
             const float mf_v2 = mf_v1 * mf_r6;
             const float mf_in_w = float(w[mf_base_w + mf_p_C]);
             const float mf_v3 = mf_v2 * mf_in_w;
-            const float mf_b = float(b[mf_base_b + mf_p_C]);
-            const float mf_v4 = mf_v3 + mf_b;
+            const float mf_in_b = float(b[mf_base_b + mf_p_C]);
+            const float mf_v4 = mf_v3 + mf_in_b;
             mf_out[mf_base_mf_out + mf_f] = T(mf_v4);
         }
     }

@@ -161,8 +161,8 @@ kernel void mf_layer_norm_simd(
             const float mf_v2 = mf_v1 * mf_r6;
             const float mf_in_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_in_w;
-            const float mf_b = float(mf_reg_b[mf_k]);
-            const float mf_v4 = mf_v3 + mf_b;
+            const float mf_in_b = float(mf_reg_b[mf_k]);
+            const float mf_v4 = mf_v3 + mf_in_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
     } else if (mf_first < mf_size_D) {
@@ -175,8 +175,8 @@ kernel void mf_layer_norm_simd(
                 const float mf_v2 = mf_v1 * mf_r6;
                 const float mf_in_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_in_w;
-                const float mf_b = float(mf_reg_b[mf_k]);
-                const float mf_v4 = mf_v3 + mf_b;
+                const float mf_in_b = float(mf_reg_b[mf_k]);
+                const float mf_v4 = mf_v3 + mf_in_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
         }
@@ -312,8 +312,8 @@ kernel void mf_layer_norm_simd_exact(
         const float mf_v2 = mf_v1 * mf_r6;
         const float mf_in_w = float(mf_reg_w[mf_k]);
         const float mf_v3 = mf_v2 * mf_in_w;
-        const float mf_b = float(mf_reg_b[mf_k]);
-        const float mf_v4 = mf_v3 + mf_b;
+        const float mf_in_b = float(mf_reg_b[mf_k]);
+        const float mf_v4 = mf_v3 + mf_in_b;
         mf_reg_mf_out[mf_k] = T(mf_v4);
     }
     // store the row's outputs, 4-wide
@@ -487,8 +487,8 @@ kernel void mf_layer_norm_group(
             const float mf_v2 = mf_v1 * mf_r6;
             const float mf_in_w = float(mf_reg_w[mf_k]);
             const float mf_v3 = mf_v2 * mf_in_w;
-            const float mf_b = float(mf_reg_b[mf_k]);
-            const float mf_v4 = mf_v3 + mf_b;
+            const float mf_in_b = float(mf_reg_b[mf_k]);
+            const float mf_v4 = mf_v3 + mf_in_b;
             mf_reg_mf_out[mf_k] = T(mf_v4);
         }
     } else if (mf_first < mf_size_D) {
@@ -501,8 +501,8 @@ kernel void mf_layer_norm_group(
                 const float mf_v2 = mf_v1 * mf_r6;
                 const float mf_in_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_in_w;
-                const float mf_b = float(mf_reg_b[mf_k]);
-                const float mf_v4 = mf_v3 + mf_b;
+                const float mf_in_b = float(mf_reg_b[mf_k]);
+                const float mf_v4 = mf_v3 + mf_in_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
         }
@@ -739,8 +739,8 @@ kernel void mf_layer_norm_looped(
                 const float mf_v2 = mf_v1 * mf_r6;
                 const float mf_in_w = float(mf_reg_w[mf_k]);
                 const float mf_v3 = mf_v2 * mf_in_w;
-                const float mf_b = float(mf_reg_b[mf_k]);
-                const float mf_v4 = mf_v3 + mf_b;
+                const float mf_in_b = float(mf_reg_b[mf_k]);
+                const float mf_v4 = mf_v3 + mf_in_b;
                 mf_reg_mf_out[mf_k] = T(mf_v4);
             }
         } else if (mf_first < mf_size_D) {
@@ -753,8 +753,8 @@ kernel void mf_layer_norm_looped(
                     const float mf_v2 = mf_v1 * mf_r6;
                     const float mf_in_w = float(mf_reg_w[mf_k]);
                     const float mf_v3 = mf_v2 * mf_in_w;
-                    const float mf_b = float(mf_reg_b[mf_k]);
-                    const float mf_v4 = mf_v3 + mf_b;
+                    const float mf_in_b = float(mf_reg_b[mf_k]);
+                    const float mf_v4 = mf_v3 + mf_in_b;
                     mf_reg_mf_out[mf_k] = T(mf_v4);
                 }
             }

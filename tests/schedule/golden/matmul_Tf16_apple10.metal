@@ -122,8 +122,8 @@ template <typename T, typename mf_index_t>
                 if (mf_n0 + mf_index_t(mf_r) < mf_size_N && mf_k0 + mf_index_t(mf_kk) < mf_size_K) {
                     const mf_index_t mf_p = mf_n0 + mf_index_t(mf_r);
                     const mf_index_t mf_k = mf_k0 + mf_index_t(mf_kk);
-                    const float mf_b = float(b[mf_p * mf_size_K + mf_k]);
-                    mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = half(mf_b);
+                    const float mf_in_b = float(b[mf_p * mf_size_K + mf_k]);
+                    mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = half(mf_in_b);
                 } else {
                     mf_bs[(mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u] = half(0.0f);
                 }
