@@ -350,12 +350,12 @@ struct matmul2d {
     acc_t acc;
     start(acc, dest);
     if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
-      if constexpr (is_f16<A> && is_same<A, B>::value) tensor_mma(acc, left, right);
+      if constexpr (mf_mpp::is_f16<A> && is_same<A, B>::value) tensor_mma(acc, left, right);
       else scalar(acc, left, right);
     } else {
       static_assert(S == 1, "metalforge.cuda: cooperative-tensor operands need "
                             "execution_simdgroup; give execution_simdgroups<N> tensors");
-      static_assert(is_f16<A> && is_same<A, B>::value,
+      static_assert(mf_mpp::is_f16<A> && is_same<A, B>::value,
                     "metalforge.cuda: cooperative-tensor operands are half or bfloat");
       auto a = get_left_input_cooperative_tensor<A, B, C>();
       auto b = get_right_input_cooperative_tensor<A, B, C>();
