@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._functorch.config
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
