@@ -79,6 +79,10 @@ class LaunchPolicy:
                                        # the column blocks alone are fewer (0: never chunks)
     chunk_rows: int = 64               # column reductions: fewest positions of the reduced
                                        # axis per chunk
+    stage_prologue: bool = True        # quantized matvec of a computed x with exp / sigmoid /
+                                       # tanh... (a fused activation): x computed once per
+                                       # threadgroup into threadgroup memory (qmv_prologue);
+                                       # False: once per simdgroup (qmv)
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
@@ -276,7 +280,9 @@ POLICIES: dict[str, LaunchPolicy] = {
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
 # simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
-# M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md)
+# M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md); a computed x
+# (SwiGLU fused into the down projection) once per simdgroup, not staged: H200, 2026-11-29,
+# 4096 x 14336 4-bit f16, 63.5 us staged (qmv_prologue) vs 37.0 before it (bench/decode.py)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -288,7 +294,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 256, "qmm_matrix": False},
+             "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False},
              "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
@@ -300,7 +306,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
-              "qmm_min_rows", "qmm_matrix", "x_rows", "index64", "index_check"),
+              "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
+              "index_check"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),

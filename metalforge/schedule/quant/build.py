@@ -36,7 +36,7 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     if ctx.xsums:                   # sums of x alone: one row of x a simdgroup
         beside = ctx.policy.k_splits > 1 and ctx.policy.split_grid > 0
         return ("qmv",) + (("qmv_split",) if beside else ())
-    if prologue.wanted(ctx):        # x computed once per group, in threadgroup memory
+    if ctx.policy.stage_prologue and prologue.wanted(ctx):    # x once per group, staged
         return ("qmv_prologue",)
     policy = ctx.policy
     split = policy.k_splits > 1
