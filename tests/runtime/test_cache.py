@@ -65,7 +65,8 @@ def finish(p, threads=1):
 def entries(d):
     """Every cache entry file (not records, locks, temporaries or header stand-ins) under d."""
     return sorted(p for p in Path(d).rglob("*") if p.is_file() and not p.name.startswith(".")
-                  and p.suffix not in (".sum", ".lock") and "stubs-" not in p.parent.name)
+                  and p.suffix not in (".sum", ".lock")
+                  and not any(q.name.startswith("stubs-") for q in p.parents))
 
 
 # --------------------------------------------------------------------------- races

@@ -63,7 +63,7 @@ def launches(monkeypatch):
             return self.k(*args, **kw)
 
     monkeypatch.setattr(launcher, "kernel_object",
-                        lambda be, src, name: Recording(real(be, src, name), name))
+                        lambda be, src, name, *opts: Recording(real(be, src, name, *opts), name))
     return seen
 
 
