@@ -1,7 +1,7 @@
 """The mutation gate: `check` kills at least GATE of the single-site mutants of the example
 kernels' generated MSL that are not argued equivalent.
 
-GATE is 95%. Measured 2026-11-28: 53 of 53 killed here (3 argued equivalent); 68 of 72 in
+GATE is 95%. Measured 2026-11-28 at two mutants a kernel: 53 of 53 killed (3 argued equivalent); 68 of 72 in
 `bench/mutation.py --per-kernel 3 --seed 1` (the four survivors change nothing a caller sees)
 and 108 of 119 in `--per-kernel 6 --seed 2`. What makes mutants observable: the simulator's
 threadgroup-memory checks (include/mf_sim/race.h, on by default: two threads touching one
@@ -24,7 +24,7 @@ from pathlib import Path
 from metalforge.testing.mutate import example_kernels, gate_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-PER_KERNEL = 2
+PER_KERNEL = 1          # one a kernel (two took 100 s of CI's suite; 35 of 35 killed, 2026-11-29)
 SEED = 0
 GATE = 0.95
 
@@ -35,5 +35,5 @@ def test_check_kills_the_examples_mutants():
     killed = sum(len(r.killed) for r in reports)
     counted = killed + sum(len(r.survived) for r in reports)
     text = "\n".join(r.describe() for r in reports)
-    assert counted >= 50, text
+    assert counted >= 30, text
     assert killed >= GATE * counted, f"check killed {killed} of {counted} mutants\n{text}"
