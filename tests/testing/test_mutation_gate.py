@@ -1,7 +1,8 @@
 """The mutation gate: `check` kills at least GATE of the single-site mutants of the example
 kernels' generated MSL that are not argued equivalent.
 
-GATE is 95%. Measured 2026-11-28 at two mutants a kernel: 53 of 53 killed (3 argued equivalent); 68 of 72 in
+GATE is 95%. Measured 2026-11-28 at two mutants a kernel: 53 of 53 killed (3 argued
+equivalent); 68 of 72 in
 `bench/mutation.py --per-kernel 3 --seed 1` (the four survivors change nothing a caller sees)
 and 108 of 119 in `--per-kernel 6 --seed 2`. What makes mutants observable: the simulator's
 threadgroup-memory checks (include/mf_sim/race.h, on by default: two threads touching one
