@@ -15,11 +15,12 @@ of each, then `simd_sum`. Deterministic: every sum in a fixed order, no atomics.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ... import ir
 from ...dtypes import F32
 from ...graph import Graph, Node, Op, ScalarParam, TensorParam
+from ..attention.context import ParamSource
 from ..base import IDX, make_kernel
 from ..elementwise import input_stype, kernel_params, msl_names, output_stype
 from ..hardware import SIMD_WIDTH
@@ -64,24 +65,12 @@ class Ctx:
 
     @property
     def params(self) -> tuple[ir.Argument, ...]:
-        return kernel_params(_Source(self.graph, list(self.inputs), dict(self.names),
+        return kernel_params(ParamSource(self.graph, list(self.inputs), dict(self.names),
                                      list(self.out_names), list(self.scalars),
                                      list(self.sizes_used), self.index64, self.in_stype,
                                      self.out_stype), proven=frozenset())
 
 
-@dataclass
-class _Source:
-    """The builder-shaped view of the context that `kernel_params` reads."""
-    graph: Graph
-    inputs: list[TensorParam]
-    names: dict[str, str]
-    out_names: list[str]
-    scalars: list[ScalarParam]
-    sizes_used: list[str]
-    index64: bool
-    in_stype: Callable[[TensorParam], str]
-    out_stype: Callable[[int], str]
 
 
 def context(graph: Graph, roles: Roles, index64: bool) -> Ctx:
