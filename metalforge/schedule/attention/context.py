@@ -162,7 +162,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ca
         run=min(VALUE_RUN, epl), scratch_e=SIMD_WIDTH * epl, inputs=tuple(inputs),
         scalars=tuple(scalars), tvars=template_vars(graph.dtype_vars), names=names,
         out_names=tuple(out_names), sizes_used=tuple(sizes_used))
-    base = kernel_params(ParamSource(graph, inputs, names, out_names, scalars, sizes_used,
+    base = kernel_params(ParamView(graph, inputs, names, out_names, scalars, sizes_used,
                                       index64, ctx.in_stype, ctx.out_stype),
                           proven=frozenset())        # attention checks every gather
     extra = [ir.Argument("mf_scratch", len(base), "buffer", "float", ("scratch",), True),
@@ -177,7 +177,7 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ca
 
 
 @dataclass
-class ParamSource:
+class ParamView:
     """The builder-shaped view of the context that `kernel_params` reads."""
     graph: Graph
     inputs: list[TensorParam]

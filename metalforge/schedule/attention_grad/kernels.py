@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from ... import ir
 from ...dtypes import F32
 from ...graph import Graph, Node, Op, ScalarParam, TensorParam
-from ..attention.context import ParamSource
+from ..attention.context import ParamView
 from ..base import IDX, make_kernel
 from ..elementwise import input_stype, kernel_params, msl_names, output_stype
 from ..hardware import SIMD_WIDTH
@@ -65,7 +65,7 @@ class Ctx:
 
     @property
     def params(self) -> tuple[ir.Argument, ...]:
-        return kernel_params(ParamSource(self.graph, list(self.inputs), dict(self.names),
+        return kernel_params(ParamView(self.graph, list(self.inputs), dict(self.names),
                                      list(self.out_names), list(self.scalars),
                                      list(self.sizes_used), self.index64, self.in_stype,
                                      self.out_stype), proven=frozenset())
