@@ -106,7 +106,8 @@ LONGER = {"row": (700, 5000), "column": (300,)}
 SAMPLE = 3
 SAMPLED = ("sliding_window_softcap.window_softcap", "padded_attention.padded_attention",
            "llama_decode.decode_attention", "llama_decode.paged_decode_attention",
-           "llama_decode.q_rope", "llama_decode.kv_rope", "llama_decode.qlinear_add")
+           "llama_decode.q_rope", "llama_decode.kv_rope", "llama_decode.qlinear_add",
+           "llama_decode.gate_up")
 
 
 @pytest.mark.parametrize("kernel", example_kernels())
