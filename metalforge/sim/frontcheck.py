@@ -242,13 +242,17 @@ def _args(cxx: tuple[str, ...]) -> list[str]:
 
 def _pch(ci, args: list[str], folder: Path, key: str) -> Path:
     """The prelude precompiled by libclang (a cache entry of metalforge/cache.py), keyed by
-    `key` (the shim's hash), libclang's identity and `args`."""
+    `key` (the shim's hash), libclang's identity, `args` and the prelude's text, which names
+    the shim's folder: a PCH that a copy of the package elsewhere built (the same shim hash)
+    reads its headers from that folder, and once the folder is gone libclang loads it without
+    an error and with the shim's declarations missing, which silently weakened the checks."""
     from .. import cache
     lib = Path(ci.conf.lib._name)
-    ident = f"{key}|{lib}|{lib.stat().st_size}|{args}"
+    prelude = prelude_text()
+    ident = f"{key}|{lib}|{lib.stat().st_size}|{args}|{prelude}"
     h = hashlib.sha256(ident.encode()).hexdigest()[:16]
     header = folder / f"frontcheck-{h}.h"
-    cache.write_text(header, prelude_text())
+    cache.write_text(header, prelude)
 
     def build(tmp: Path) -> None:
         tu = ci.Index.create().parse(str(header), args=args,

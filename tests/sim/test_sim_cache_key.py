@@ -5,6 +5,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from metalforge.sim import toolchain
 
 
@@ -77,3 +79,22 @@ def test_key_modules_cover_everything_the_compiler_imports():
         todo += _imported(name)
     assert "msl/walker.py" in seen and "sim/toolchain.py" in seen
     assert seen <= set(toolchain.KEY_MODULES), seen - set(toolchain.KEY_MODULES)
+
+
+
+def test_front_check_pch_is_keyed_by_the_folder_its_prelude_includes(tmp_path, monkeypatch):
+    """Two copies of the package with the same shim hash (a worktree, a second venv) must not
+    share libclang's precompiled prelude: it names the shim folder it includes, and once that
+    folder is gone libclang loads the PCH without an error but without the shim's declarations
+    (the front-end check then let `float` -> `bfloat` through)."""
+    from metalforge import cache
+    from metalforge.sim import frontcheck
+    if not frontcheck.available():
+        pytest.skip("libclang is not installed: the simulator runs without the front-end check")
+    monkeypatch.setattr(cache, "entry", lambda path, build: path)       # nothing is built
+    ci, args = frontcheck._cindex(), ["-x", "cl"]
+    here = frontcheck._pch(ci, args, tmp_path, "k")
+    monkeypatch.setattr(frontcheck, "prelude_text",
+                        lambda: '#include "/elsewhere/metalforge/sim/include/metal_stdlib"\n')
+    there = frontcheck._pch(ci, args, tmp_path, "k")
+    assert here != there
