@@ -4,14 +4,12 @@ lowering run in the simulator against torch computed directly, and target select
 
 The Metal 4 tensor-op lowering needs the simulator's MetalPerformancePrimitives headers (the
 `mpp` branch); its tests skip where they are not there yet."""
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import metalforge as mf
-import metalforge.sim
 from metalforge import schedule
 from metalforge.target import (
     PROBE,
@@ -25,10 +23,6 @@ from metalforge.testing import check
 
 from .matmul_kernels import linear_gelu, matmul, scaled
 
-MPP = Path(metalforge.sim.__file__).parent / "include" / "MetalPerformancePrimitives" / \
-    "MetalPerformancePrimitives.h"
-needs_mpp = pytest.mark.skipif(not MPP.exists(), reason="the simulator's MetalPerformance"
-                               "Primitives headers (branch mpp) are not here")
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 TOL = {"f16": 1e-2, "bf16": 4e-2, "f32": 1e-4}
 SMALL = {"M": (1, 40), "N": (1, 40), "B": [(), (2,)]}
@@ -61,7 +55,6 @@ def get_mat(dt: str) -> str:
     return {"f16": "half", "bf16": "bfloat", "f32": "float"}[dt]
 
 
-@needs_mpp
 @pytest.mark.parametrize("dt,target", [("bf16", "apple10"), ("f16", "apple9-metal4")])
 def test_tensor_ops_lowering_matches_torch(dt, target):
     """matmul2d over threadgroup tensors, read back through get_multidimensional_index: right
@@ -82,7 +75,6 @@ def test_check_covers_the_simdgroup_lowering():
         check(linear_gelu, dtypes={"T": ["f16"]}, max_examples=4, dims=SMALL)
 
 
-@needs_mpp
 def test_check_covers_the_tensor_op_lowering():
     with mf.target("apple10"):
         check(linear_gelu, dtypes={"T": ["bf16"]}, max_examples=4, dims=SMALL)
