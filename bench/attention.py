@@ -20,7 +20,6 @@ simulator this is a smoke test only.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -29,19 +28,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, copy_time, parse_launch, pick_device, plan, timeit  # noqa: E402
+from common import DTYPES, copy_time, example, parse_launch, pick_device, plan, timeit  # noqa: E402
 
-
-def _example(name: str):
-    """examples/<name>.py as a module."""
-    spec = importlib.util.spec_from_file_location(
-        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_ex, _pex, _wex = (_example(n) for n in ("attention", "paged_attention",
+_ex, _pex, _wex = (example(n) for n in ("attention", "paged_attention",
                                           "sliding_window_softcap"))
 attention, causal_mask = _ex.attention, _ex.causal_mask
 paged_attention, torch_paged_attention = _pex.paged_attention, _pex.torch_paged_attention

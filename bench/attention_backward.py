@@ -19,7 +19,6 @@ simulator (--device cpu) this is a smoke test at small sizes.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -31,18 +30,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, pick_device, sync  # noqa: E402
+from common import DTYPES, example, pick_device, sync  # noqa: E402
 
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_ex = _example("attention")
+_ex = example("attention")
 attention, causal_mask = _ex.attention, _ex.causal_mask
 
 

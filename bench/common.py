@@ -43,6 +43,15 @@ def add_compile_flag(ap: argparse.ArgumentParser) -> None:
                     help="skip the torch.compile column (skipped anyway on the simulator)")
 
 
+def example(name: str):
+    """examples/<name>.py as a module (imported once, registered in sys.modules: its
+    dataclasses look their module up; its script part does not run)."""
+    from pathlib import Path
+
+    from metalforge.testing import load_module
+    return load_module(Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
+
+
 def sync(device: str) -> None:
     if device == "mps":
         torch.mps.synchronize()

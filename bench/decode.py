@@ -15,7 +15,6 @@ op: K and V are written into the cache row by their projection (`out=`). The KV 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -26,19 +25,9 @@ import metalforge as mf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, compile_time, copy_time, pick_device, sync, timeit  # noqa: E402
+from common import DTYPES, compile_time, copy_time, example, pick_device, sync, timeit  # noqa: E402
 
-
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(
-        f"mf_example_{name}", Path(__file__).resolve().parent.parent / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod                 # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ex = _example("llama_decode")
+ex = example("llama_decode")
 
 
 def _nbytes(*ts) -> int:

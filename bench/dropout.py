@@ -15,7 +15,6 @@ simulator the times are only a smoke test of the script.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import parse_launch, pick_device, print_table, table_parser  # noqa: E402
+from common import example, parse_launch, pick_device, print_table, table_parser  # noqa: E402
 
 import metalforge as mf  # noqa: E402
 from metalforge import runtime  # noqa: E402
@@ -32,17 +31,7 @@ from metalforge import runtime  # noqa: E402
 P, SEED, STEP = 0.1, 1234, 7
 
 
-def _example(name: str):
-    """examples/<name>.py as a module (this script shares its name: no sys.path import)."""
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"mf_example_{name}", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dropout = _example("dropout").dropout
+dropout = example("dropout").dropout
 
 
 @mf.kernel
