@@ -2,29 +2,20 @@
 the simulator's hand-written MPP kernels (tests/sim/test_sim_mpp.py) at full and partial
 tiles, f16 and bf16, against torch's fp32 matmul (skipped without a GPU), and a host syntax
 check of their translation against the shim (runs anywhere with g++)."""
-import shutil
-import subprocess
 
 import pytest
 import torch
 
-from metalforge.cuda.library import INCLUDE_DIR
 from metalforge.cuda.translate import translate
 from tests.sim.test_sim_mpp import SRC, _dims
+
+from ..cuda_host import assert_host_syntax
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def test_mpp_translation_passes_host_syntax_check(tmp_path):
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler for the syntax check")
-    f = tmp_path / "tu.cu"
-    f.write_text(translate(SRC).text)
-    r = subprocess.run([cxx, "-std=c++20", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
-                        "-D__METAL_VERSION__=400", f"-I{INCLUDE_DIR}", "-x", "c++", str(f)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[:4000]
+    assert_host_syntax(translate(SRC).text, tmp_path, metal_version=400)
 
 
 @pytest.fixture(scope="module")

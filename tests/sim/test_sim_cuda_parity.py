@@ -8,6 +8,7 @@ import pytest
 from metalforge.cuda import compile_shader as cuda_compile_shader
 from metalforge.sim import frontcheck, metalcheck
 
+from ..cuda_host import assert_host_syntax
 from .test_sim_strict import BAD, GOOD, HEAD
 
 pytestmark = pytest.mark.skipif(not frontcheck.available(), reason="libclang is not installed")
@@ -140,11 +141,8 @@ def test_cuda_rewrites_swizzles_in_define_bodies(tmp_path):
     """Swizzles in macro bodies (continuation lines included) and in a macro's argument
     (where a comma would split it) are rewritten: the translation passes the host syntax
     check."""
-    import shutil
-    import subprocess
 
     from metalforge.cuda import translate
-    from metalforge.cuda.library import INCLUDE_DIR
     src = HEAD + """
 #define REV(v) ((v).zyx + v.rrr)
 #define SET(v, c) v.wx = c; \\
@@ -159,24 +157,14 @@ kernel void k(device float4* v [[buffer(0)]], uint i [[thread_position_in_grid]]
         in body
     assert "v.template mf_swzc_w<0x130>() = c;" in body
     assert "v.template mf_swzc_w<0x121>() = c" in body and "SET(a, REV(a).template" in body
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "tu.cu").write_text(body)
-    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
-                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
-                       text=True, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[:4000]
+    assert_host_syntax(body, tmp_path)
 
 
 def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
     """get(device)/get(threadgroup)/get(thread) and pick(constant)/pick(device const) would
     be one CUDA function each (redefinitions); the cuda backend compiles them renamed apart
     as clang resolved each call, and the unit passes the shim's host syntax check."""
-    import shutil
-    import subprocess
 
-    from metalforge.cuda.library import INCLUDE_DIR
 
     from .test_sim_strict import OVERLOADS
     lib = cuda_compile_shader(OVERLOADS)
@@ -187,25 +175,15 @@ def test_cuda_renames_address_space_overloads_as_the_simulator(tmp_path):
                  "ns::get(out)", "pick__mf_as0(c) + pick__mf_as1(d)"):
         assert name in body, (name, body)
     assert body.count("\n") == OVERLOADS.count("\n") + 2          # lines kept
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "tu.cu").write_text(lib.text)
-    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
-                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
-                       text=True, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[:4000]
+    assert_host_syntax(lib.text, tmp_path)
 
 
 def test_cuda_rewrites_a_vector_swizzle_named_like_a_struct_field(tmp_path):
     """`P` has fields `a` and `rg`: `p.a`/`p.rg` stay fields, while `c.a`/`c.rg` on a float4
     (told apart by the front-end check's types) become the vector's swizzles; the unit
     passes the host syntax check."""
-    import shutil
-    import subprocess
 
     from metalforge.cuda import compile_shader as cuda_compile
-    from metalforge.cuda.library import INCLUDE_DIR
     src = HEAD + """
 struct P { float a; float2 rg; };
 kernel void k(device float4* v [[buffer(0)]], device P* ps [[buffer(1)]],
@@ -217,11 +195,4 @@ kernel void k(device float4* v [[buffer(0)]], device P* ps [[buffer(1)]],
     body = cuda_compile(src).text
     assert "ps[i].a = c.w + ps[i].rg.x;" in body, body
     assert "ps[i].rg = c.template mf_swzc<0x101>();" in body, body
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    (tmp_path / "tu.cu").write_text(body)
-    r = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-w", "-DMF_CUDA_HOST_CHECK",
-                        f"-I{INCLUDE_DIR}", "-x", "c++", "tu.cu"], capture_output=True,
-                       text=True, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[:4000]
+    assert_host_syntax(body, tmp_path)
