@@ -433,6 +433,25 @@ def test_rows_of_x_blocked_with_a_batch_axis_and_an_epilogue(b, m):
                                rtol=1e-4, atol=1e-3)
 
 
+
+@mf.kernel
+def q4_heads(wq: "u32[H, E, K/8]", s: "T[H, E, K/GS]", b: "T[H, E, K/GS]",  # noqa: F821, F722
+             x: "T[M, K]", GS: mf.Const[int] = 64) -> "T[M, H, E]":  # noqa: F821, F722
+    return mf.sum((mf.unpack(wq, bits=4) * s + b) * x, axis="K")
+
+
+def test_weights_per_head_with_several_rows_of_x():
+    """Weights with a head axis ([H, E, K/8], a q/k/v projection viewed per head) times
+    several rows of x: the innermost other output axis is the heads, not x's rows, so no
+    rows of x are blocked (qmvx would read the heads' weights as x's rows: it did not
+    compile); as a torch matmul on the dequantized weights."""
+    _, (wq, s, b) = _quantized(3 * 16, 128, torch.float32, seed=5)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
+    heads = tuple(t.view(3, 16, -1) for t in (wq, s, b))
+    assert _host(q4_heads, *heads, x).endswith("_qmv")
+    want = _reference(wq, s, b, x, 64).view(3, 3, 16)
+    torch.testing.assert_close(q4_heads(*heads, x), want, rtol=1e-4, atol=1e-3)
+
 Q8 = q4_matvec.with_launch(qmm_min_rows=8)
 # the tiled kernel's two ways to multiply its tiles: simdgroup matrices (the table's) and
 # per-thread register tiles (the cuda backend's)

@@ -40,12 +40,21 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
         return ("qmv_prologue",)
     policy = ctx.policy
     split = policy.k_splits > 1
-    blocked = bool(ctx.prefix) and ctx.x_rows > 1 and bool(ctx.shared) and (
-        not split or policy.split_grid > 0)
+    blocked = _x_rows_axis(ctx) and ctx.x_rows > 1 and (not split or policy.split_grid > 0)
     beside = split and policy.split_grid > 0            # the _split kernels, by size
     return ("qmv",) + (("qmv_split",) if beside else ()) \
         + (("qmvx",) + (("qmvx_split",) if beside else ()) if blocked else ()) \
         + (("qmm",) if factors(ctx) is not None else ())
+
+
+def _x_rows_axis(ctx: QuantContext) -> bool:
+    """Whether the innermost other output axis is x's rows, which qmvx blocks (each unpacked
+    value used for x_rows of them): an axis of x (a shared tensor), not of the weights (in
+    [M, H, E] = x[M, K] times weights [H, E, K] it is the heads, whose rows differ)."""
+    if not ctx.prefix or not ctx.shared:
+        return False
+    m = ctx.prefix[-1]
+    return not any(m in t.axes for t in ctx.inputs if t.name in ctx.packed)
 
 
 def state(ctx: QuantContext, name: str) -> QuantState:
