@@ -86,6 +86,9 @@ class LaunchPolicy:
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
+    paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
+                                       # (RoPE's partner: qmv_paired): rows_per_group of that
+                                       # kernel, half of them partners (0: rows_per_group)
     index_check: str = "checked"       # gathers not proven in range: "checked" (each call
                                        # reads the kernel's report and raises) or "deferred"
                                        # (read at the next synchronisation point;
@@ -283,6 +286,10 @@ POLICIES: dict[str, LaunchPolicy] = {
 # M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md); a computed x
 # (SwiGLU fused into the down projection) once per simdgroup, not staged: H200, 2026-11-29,
 # 4096 x 14336 4-bit f16, 63.5 us staged (qmv_prologue) vs 37.0 before it (bench/decode.py)
+# cuda, quant, the paired kernel (RoPE in a q/k projection's epilogue): 2 rows a simdgroup (a
+# row and its partner), twice the simdgroups of 4: H200, 2026-11-29, the decode step's q_rope
+# (4096 rows) / kv_rope (2 x 1024 rows, K split 4) at K = 4096, f16, us: 4 rows 11.0 / 8.4,
+# 2 rows 10.1 / 6.8, 8 rows 12.1 / 12.6 (bench/README.md)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -294,7 +301,8 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False},
+             "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
+                       "paired_rows": 2},
              "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
@@ -306,8 +314,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
-              "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
-              "index_check"),
+              "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "paired_rows",
+              "index64", "index_check"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -461,6 +469,9 @@ def _validate_quant(p: LaunchPolicy) -> None:
     _need(p, p.x_rows <= MAX_QUANT_ROWS,
           f"x_rows={p.x_rows}: a lane keeps each row of x's values in registers, at most "
           f"{MAX_QUANT_ROWS} rows")
+    _need(p, p.paired_rows % 2 == 0 and p.paired_rows <= MAX_QUANT_ROWS,
+          f"paired_rows={p.paired_rows}: rows of the paired kernel's simdgroup, half of them "
+          f"the others' partners: an even number up to {MAX_QUANT_ROWS} (0: rows_per_group)")
     _need(p, p.threads_per_group % (SIMD_WIDTH * p.k_splits) == 0,
           f"threads_per_group={p.threads_per_group} must be a multiple of 32 x k_splits="
           f"{p.k_splits} = {SIMD_WIDTH * p.k_splits}: the k_splits simdgroups of a block of "

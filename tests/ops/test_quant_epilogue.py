@@ -72,6 +72,14 @@ def test_rope_in_the_projection_reads_the_partner_row(H, K, kernel):
     threads = -(-threads // 128) * 128 if splits > 1 else threads
     assert q_rope.launches(*args) == ((f"q_rope_f16_{kernel}", threads, 128),)
     assert "mf_err" not in q_rope.source(*args)
+    # paired_rows 2 (the cuda backend's): a row and its partner a simdgroup, 17 blocks a head
+    two = q_rope.with_launch(paired_rows=2)
+    torch.testing.assert_close(two(*args).double(), want, rtol=2e-3, atol=4e-3)
+    threads = M * H * 17 * splits * 32
+    threads = -(-threads // 128) * 128 if splits > 1 else threads
+    assert two.launches(*args) == ((f"q_rope_f16_{kernel}", threads, 128),)
+    with pytest.raises(ValueError, match="paired_rows=3: .*an even number"):
+        q_rope.with_launch(paired_rows=3)(*args)
 
 
 def test_norm_in_the_projection_with_guarded_chunks():

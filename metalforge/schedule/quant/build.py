@@ -99,6 +99,8 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
           form: Optional[Node] = None) -> QuantSchedule:
     """The quantized schedule of `graph` (`form`: its quantized sum, as `form.match` found it;
     the checks of `context` hold for any)."""
+    if gathers.value_gathers(graph) and policy.paired_rows:
+        policy = replace(policy, rows_per_group=policy.paired_rows)
     ctx = context(graph, policy, index64)
     if gathers.value_gathers(graph):
         ctx = replace(ctx, period=pairing.period(ctx))
