@@ -37,10 +37,14 @@ def test_one_module_per_example_file_one_test_per_kernel(generated):
         assert "dims={" in text and "max_examples=" in text            # editable hints
 
 
-# generated tests not run here (CI time: 80 s of the suite): llama_decode's attention kernels
-# are the schedules of attention.py's and paged_attention.py's (whose generated tests run),
-# and the example's own run (tests/runtime/test_examples.py) checks them against torch
-SKIPPED = {("llama_decode", "decode_attention"), ("llama_decode", "paged_decode_attention")}
+# generated tests not run here (CI time: 80 s of the suite, and 60 s more for the window and
+# padding examples): llama_decode's, padded_attention's and sliding_window_softcap's attention
+# kernels are the schedules of attention.py's and paged_attention.py's (whose generated tests
+# run), with masks that tests/ops/test_attention.py checks against torch, and each example's
+# own run (tests/runtime/test_examples.py) checks them against torch too
+SKIPPED = {("llama_decode", "decode_attention"), ("llama_decode", "paged_decode_attention"),
+           ("padded_attention", "padded_attention"),
+           ("sliding_window_softcap", "window_softcap")}
 
 
 def _generated_tests():
