@@ -38,44 +38,50 @@ import metalforge as mf
 from metalforge.runtime import current_backend
 
 
+def op(name: str):
+    """`@op("rms_norm")` over `@mf.kernel`: register the kernel as the torch operator
+    train_block::rms_norm (`kernel.as_op`) and name the operator; call it like the kernel, its
+    kernel is `.kernel`. (The module then holds operators, not kernels: the tests that sweep
+    every kernel of examples/ leave these to the single-kernel examples they repeat.)"""
+    return lambda kernel: kernel.as_op(f"train_block::{name}")
+
+
+@op("embed")
 @mf.kernel
 def embed(table: "T[V, D]", ids: "i32[*B]") -> "T[*B, D]":
-    return mf.take(table, axis="V", index=ids)
+    return mf.take(table, axis="V", index=ids)           # backward: a scatter-add into dtable
 
 
+@op("rms_norm")
 @mf.kernel
 def rms_norm(x: "T[*B, D]", w: "T[D]", eps: float = 1e-5):
     return x * mf.rsqrt(mf.mean(x * x, axis="D") + eps) * w
 
 
+@op("linear")
 @mf.kernel
 def linear(x: "T[M, K]", w: "T[N, K]") -> "T[M, N]":
     return mf.sum(x * w, axis="K")                        # x @ w.T: the matmul family
 
 
+@op("attention")
 @mf.kernel                          # causal grouped-query attention: head h = g * R + r
 def attention(q: "T[B, (G R), S, E]", k: "T[B, G, L, E]", v: "T[B, G, L, E]", scale: float):
     s = mf.sum(q * k, axis="E") * scale                   # scores [B, G, R, S, L], never stored
-    s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)   # L = S here
+    s = mf.where(mf.index("L") <= mf.index("S"), s, -mf.inf)   # causal (L = S here)
     return mf.sum(mf.softmax(s, axis="L") * v, axis="L")
 
 
+@op("swiglu")
 @mf.kernel
 def swiglu(gate: "T[*B, F]", up: "T[*B, F]"):
     return gate * mf.sigmoid(gate) * up
 
 
+@op("cross_entropy")
 @mf.kernel
 def cross_entropy(logits: "T[R, V]", target: "i32[R]") -> "T[R]":
     return mf.logsumexp(logits, axis="V") - mf.take(logits, axis="V", index=target)
-
-
-embed_op = embed.as_op("train_block::embed")
-rms_norm_op = rms_norm.as_op("train_block::rms_norm")
-linear_op = linear.as_op("train_block::linear")
-attention_op = attention.as_op("train_block::attention")
-swiglu_op = swiglu.as_op("train_block::swiglu")
-cross_entropy_op = cross_entropy.as_op("train_block::cross_entropy")
 
 
 @dataclass(frozen=True)
@@ -117,11 +123,11 @@ class Block(torch.nn.Module):
         """x @ w.T over x's last axis."""
         if not self.mf_linear:
             return F.linear(x, w)
-        return linear_op(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
+        return linear(x.reshape(-1, x.shape[-1]), w).view(*x.shape[:-1], w.shape[0])
 
     def norm(self, x, w):
         if self.ours:
-            return rms_norm_op(x, w, eps=self.c.eps)
+            return rms_norm(x, w, eps=self.c.eps)
         return F.rms_norm(x, (x.shape[-1],), w, eps=self.c.eps)
 
     def attend(self, h):
@@ -133,7 +139,7 @@ class Block(torch.nn.Module):
         q, k, v = (heads(self.wq, self.c.heads), heads(self.wk, self.c.kv_heads),
                    heads(self.wv, self.c.kv_heads))
         if self.ours:
-            o = attention_op(q.contiguous(), k.contiguous(), v.contiguous(), e ** -0.5)
+            o = attention(q.contiguous(), k.contiguous(), v.contiguous(), e ** -0.5)
         else:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.proj(o.transpose(1, 2).reshape(b, s, -1), self.wo)
@@ -141,16 +147,16 @@ class Block(torch.nn.Module):
     def forward(self, ids, targets):
         """Mean next-token cross-entropy of the block on token ids [B, S]."""
         if self.ours:
-            h = embed_op(self.table, ids.int())
+            h = embed(self.table, ids.int())
         else:
             h = F.embedding(ids, self.table)
         a = h + self.attend(self.norm(h, self.norm1))
         n = self.norm(a, self.norm2)
         gate, up = self.proj(n, self.w_gate), self.proj(n, self.w_up)
-        m = a + self.proj(swiglu_op(gate, up) if self.ours else F.silu(gate) * up, self.w_down)
+        m = a + self.proj(swiglu(gate, up) if self.ours else F.silu(gate) * up, self.w_down)
         logits = self.proj(self.norm(m, self.norm_f), self.head).flatten(0, 1)
         if self.ours:
-            return cross_entropy_op(logits, targets.flatten().int()).mean()
+            return cross_entropy(logits, targets.flatten().int()).mean()
         return F.cross_entropy(logits, targets.flatten())
 
 
@@ -216,13 +222,14 @@ def main() -> None:
     a = p.parse_args()
     c = Config(vocab=a.vocab, dim=a.dim, hidden=2 * a.dim)
     losses = run(c, a.steps, a.batch, a.seq, a.device, a.linear, a.compile_backend)
-    x = torch.randn(a.batch, a.seq, c.dim, device=a.device)
-    print(rms_norm.backward_source(x, torch.ones(c.dim, device=a.device), c.eps))
+    q = torch.randn(a.batch, c.heads, a.seq, c.head_dim, device=a.device)
+    kv = torch.randn(a.batch, c.kv_heads, a.seq, c.head_dim, device=a.device)
+    print(attention.kernel.backward_source(q, kv, kv, c.head_dim ** -0.5))   # its 4 kernels
     print(table(losses))
     want = torch.tensor(losses["torch"])
     for name in ("eager", "compiled"):
         torch.testing.assert_close(torch.tensor(losses[name]), want, rtol=1e-4, atol=1e-5)
-    print(f"train_block: {a.steps} AdamW steps on {current_backend([x])}, eager and under "
+    print(f"train_block: {a.steps} AdamW steps on {current_backend([q])}, eager and under "
           f"torch.compile(fullgraph=True, backend={a.compile_backend!r}), match torch")
 
 
