@@ -205,6 +205,10 @@ def table(losses: dict[str, list[float]]) -> str:
     rows = ["step  torch        metalforge (eager)  metalforge (torch.compile)"]
     for i, (t, e, k) in enumerate(zip(losses["torch"], losses["eager"], losses["compiled"])):
         rows.append(f"{i:4d}  {t:11.6f}  {e:18.6f}  {k:26.6f}")
+    want = torch.tensor(losses["torch"], dtype=torch.float64)
+    worst = max(((torch.tensor(losses[n], dtype=torch.float64) - want).abs() / want.abs()).max()
+                for n in ("eager", "compiled"))
+    rows.append(f"largest relative difference from torch: {float(worst):.1e} (allowed: 1e-4)")
     return "\n".join(rows)
 
 
@@ -229,8 +233,9 @@ def main() -> None:
     want = torch.tensor(losses["torch"])
     for name in ("eager", "compiled"):
         torch.testing.assert_close(torch.tensor(losses[name]), want, rtol=1e-4, atol=1e-5)
-    print(f"train_block: {a.steps} AdamW steps on {current_backend([q])}, eager and under "
-          f"torch.compile(fullgraph=True, backend={a.compile_backend!r}), match torch")
+    print(f"train_block: {a.steps} AdamW steps on {current_backend([q])} ({a.linear} "
+          f"projections), eager and under torch.compile(fullgraph=True, "
+          f"backend={a.compile_backend!r}), match torch")
 
 
 if __name__ == "__main__":
