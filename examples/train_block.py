@@ -2,7 +2,7 @@
 eagerly; its losses match the same block written in torch, step for step.
 
     python examples/train_block.py                       # tiny sizes, the simulator here
-    python examples/train_block.py --device cuda --dim 256 --seq 256 --steps 5
+    python examples/train_block.py --device cuda --dim 512 --seq 512 --vocab 4096 --steps 5
 
 The model (Llama-style, one layer, no positional encoding):
 
@@ -23,10 +23,10 @@ scatter-add. The projections are metalforge's contraction family (`linear`, the 
 family: its backward is two matrix products, dx = dy W and dW = dy^T x) with `--linear mf`
 (the default), or torch's F.linear with `--linear torch`.
 
-The torch version has the same parameters (copied), the same data and the same AdamW; the
-table prints both losses per step. They agree to float32 rounding (rtol 1e-4): the kernels
-accumulate in fp32 in another order than torch. Runs on Metal on a Mac, on the cuda backend
-with `--device cuda`, else on the simulator.
+The torch version starts from the same parameters (the same seed), sees the same data and
+steps with the same AdamW; the table prints every step's losses. They agree to float32
+rounding (rtol 1e-4): the kernels accumulate in fp32 in another order than torch. Runs on Metal
+on a Mac, on the cuda backend with `--device cuda`, else on the simulator.
 """
 import argparse
 from dataclasses import dataclass
@@ -220,11 +220,13 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--linear", choices=("mf", "torch"), default="mf")
     p.add_argument("--compile-backend", default="aot_eager",
                    help="torch.compile's backend (inductor on a GPU)")
     a = p.parse_args()
-    c = Config(vocab=a.vocab, dim=a.dim, hidden=2 * a.dim)
+    c = Config(vocab=a.vocab, dim=a.dim, heads=a.heads, kv_heads=a.kv_heads, hidden=2 * a.dim)
     losses = run(c, a.steps, a.batch, a.seq, a.device, a.linear, a.compile_backend)
     q = torch.randn(a.batch, c.heads, a.seq, c.head_dim, device=a.device)
     kv = torch.randn(a.batch, c.kv_heads, a.seq, c.head_dim, device=a.device)
