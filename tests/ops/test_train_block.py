@@ -5,6 +5,7 @@ normalises its steps, so matching losses alone would let a gradient wrong by a f
 then the losses of a few AdamW steps, eagerly and under torch.compile(fullgraph=True)."""
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -39,26 +40,37 @@ def torch_loss(p: dict, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return (logits.logsumexp(-1) - logits.gather(1, targets.reshape(-1, 1))[:, 0]).mean()
 
 
-def test_every_gradient_matches_torch_eager_and_compiled():
+@pytest.fixture(scope="module")
+def ours():
+    """Our block and its compiled forward (compiled once for both tests)."""
     torch.manual_seed(1)
-    ours = ex.Block(C, ours=True)
+    block = ex.Block(C, ours=True)
+    return block, torch.compile(block, fullgraph=True, backend="aot_eager")
+
+
+def test_every_gradient_matches_torch_eager_and_compiled(ours):
+    block, compiled = ours
     ids, targets = ex.batches(C, 1, BATCH, SEQ, "cpu")[0]
-    params = {n: t.detach().clone().requires_grad_() for n, t in ours.named_parameters()}
+    params = {n: t.detach().clone().requires_grad_() for n, t in block.named_parameters()}
     want_loss = torch_loss(params, ids, targets)
     want = dict(zip(params, torch.autograd.grad(want_loss, list(params.values()))))
-    for fwd in (ours, torch.compile(ours, fullgraph=True, backend="aot_eager")):
-        ours.zero_grad()
+    for fwd in (block, compiled):
+        block.zero_grad()
         loss = fwd(ids, targets)
         loss.backward()
         torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-6)
-        for name, p in ours.named_parameters():
+        for name, p in block.named_parameters():
             torch.testing.assert_close(p.grad, want[name], rtol=1e-4, atol=1e-5,
                                        msg=lambda m, name=name: f"d{name}: {m}")
 
 
-def test_losses_match_torch_step_for_step():
-    losses = ex.run(C, 3, BATCH, SEQ, "cpu")
-    assert losses["torch"][-1] < losses["torch"][0]           # it learns the sequences
-    for name in ("eager", "compiled"):
-        torch.testing.assert_close(torch.tensor(losses[name]), torch.tensor(losses["torch"]),
-                                   rtol=1e-4, atol=1e-5)
+def test_compiled_losses_match_torch_step_for_step(ours):
+    """(the script, run by tests/runtime/test_examples.py, checks the eager losses too)"""
+    block, compiled = ours
+    theirs = ex.Block(C, ours=False)
+    theirs.load_state_dict(block.state_dict())
+    data = ex.batches(C, 3, BATCH, SEQ, "cpu")
+    want = ex.train(theirs, theirs, data)
+    assert want[-1] < want[0]                                 # it learns the sequences
+    torch.testing.assert_close(torch.tensor(ex.train(block, compiled, data)),
+                               torch.tensor(want), rtol=1e-4, atol=1e-5)
