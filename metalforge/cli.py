@@ -48,6 +48,8 @@ def load_kernel(target: str):
         raise CLIError(f"{path} defines no {name!r}" +
                        (f"; kernels there: {', '.join(found)}" if found else ""))
     k = getattr(module, name)
+    if not hasattr(k, "source") and hasattr(k, "kernel"):     # an operator (kernel.as_op)
+        k = k.kernel
     if not (hasattr(k, "source") and hasattr(k, "ir")):
         raise CLIError(f"{path}::{name} is a {type(k).__name__}, not a @metalforge.kernel")
     return k

@@ -333,11 +333,15 @@ class KernelOp:
         with torch.no_grad():
             grads = run_backward(bw, self._values(fwd), full, self.kernel.backend,
                                  self.kernel.launch)
-        return [grads[self.names[i]] for i in wrt]
+        return [grads[self.names[i]].contiguous() for i in wrt]     # as _backward_fake says
 
     def _backward_fake(self, *args):
+        """Contiguous gradients, as the kernels write them: not `empty_like` of a permuted
+        input (its strides), which let torch.compile trace a `.view` of the gradient that the
+        real, contiguous one cannot take (an input that is a transposed view: attention's
+        heads)."""
         fwd, _, wrt = self._split_backward_args(args)
-        return [torch.empty_like(fwd[i]) for i in wrt]
+        return [torch.empty_like(fwd[i], memory_format=torch.contiguous_format) for i in wrt]
 
 
 def _returns(n: int) -> str:

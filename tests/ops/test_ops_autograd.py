@@ -197,6 +197,21 @@ def test_compile_fullgraph_and_export_record_the_op():
     assert torch.ops.mf_test.rms_norm_compiled.default in targets
 
 
+def test_compiled_gradient_of_a_transposed_input_flows_back_through_a_view():
+    """The backward operator's fake gradients are contiguous, as the kernels write them: with
+    `empty_like` of a transposed input (attention's heads, [B, S, H, E] -> [B, H, S, E]) the
+    compiled backward took a `.view` of the real gradient ("view size is not compatible")."""
+    op = dict(KERNELS)["silu.silu"].as_op("mf_test::silu_transposed")
+    x = torch.randn(4, 6, requires_grad=True)
+    c = torch.arange(6.0)
+    f = torch.compile(lambda x: (op(x.view(2, 2, 6).transpose(0, 1)) * c).sum(),
+                      fullgraph=True, backend="aot_eager")
+    f(x).backward()
+    xr = x.detach().clone().requires_grad_()
+    (torch.nn.functional.silu(xr.view(2, 2, 6).transpose(0, 1)) * c).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_schema_has_scalars_consts_and_defaults():
     @mf.kernel
     def scaled(x: "T[R, D]", m: "bool[R, D]", s: float = 0.5, k: mf.Const[int] = 2,

@@ -23,6 +23,14 @@ def test_show_dtype_and_ir(capsys):
     assert "store mf_out[mf_start : +8] = mf_pack8_of(mf_out_v[0], mf_out_v[1]," in out
 
 
+def test_show_a_kernel_kept_as_an_operator(capsys):
+    """examples/train_block.py keeps its kernels as operators (`kernel.as_op`): show takes
+    the operator's kernel."""
+    assert main(["show", f"{EXAMPLES / 'train_block.py'}::swiglu", "--backward"]) == 0
+    out = capsys.readouterr().out
+    assert "// backward kernel 1 of 1 of 'swiglu': writes dgate, dup" in out
+
+
 def test_show_errors(capsys):
     assert main(["show", f"{EXAMPLES / 'silu.py'}::nope"]) == 2
     err = capsys.readouterr().err

@@ -30,13 +30,24 @@ def _module(path):
 
 
 def _kernels(path):
-    return [(n, k) for n, k in inspect.getmembers(_module(path)) if isinstance(k, mf.Kernel)]
+    return _module_kernels(_module(path))
+
+
+def _module_kernels(mod):
+    """The module's kernels, also those it keeps as operators only (`kernel.as_op`:
+    `.kernel`), each once."""
+    found: dict[int, tuple] = {}
+    for n, k in inspect.getmembers(mod):
+        k = getattr(k, "kernel", k)
+        if isinstance(k, mf.Kernel):
+            found.setdefault(id(k), (n, k))
+    return list(found.values())
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_checks_on_cuda(path):
     mod = _module(path)
-    kernels = [(n, k) for n, k in inspect.getmembers(mod) if isinstance(k, mf.Kernel)]
+    kernels = _module_kernels(mod)
     assert kernels
     for n, k in kernels:                # CHECK: an example's check() options per kernel
         report = check(k, backend="cuda", max_examples=25, **getattr(mod, "CHECK", {}).get(n, {}))
