@@ -89,6 +89,9 @@ class LaunchPolicy:
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
+    kv_prefetch: bool = False          # attention, key-stream decode (stage_kv and lane_scores
+                                       # off): each step's K/V loads issued before the previous
+                                       # step's arithmetic (registers double-buffered)
     index_check: str = "checked"       # gathers not proven in range: "checked" (each call
                                        # reads the kernel's report and raises) or "deferred"
                                        # (read at the next synchronisation point;
@@ -320,7 +323,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64",
+                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "kv_prefetch",
+                  "index64",
                   "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "index64"),
@@ -353,7 +357,7 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
 _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
-    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None),
+    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("kv_prefetch", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
@@ -451,6 +455,10 @@ def _validate_attention(p: LaunchPolicy) -> None:
           f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
           f"elements per key and per row in registers: a power of two up to "
           f"{MAX_READS_PER_THREAD}")
+    _need(p, not p.kv_prefetch or (p.stage_kv is False and not p.lane_scores),
+          f"kv_prefetch applies to the key-stream decode kernel only: pass stage_kv=False "
+          f"and lane_scores=False with it (got stage_kv={p.stage_kv}, lane_scores="
+          f"{p.lane_scores})")
     for name in ("rows_per_group", "keys_per_step"):
         n = getattr(p, name)
         _need(p, n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,
