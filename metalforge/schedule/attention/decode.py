@@ -3,12 +3,11 @@ block of keys, its simdgroups taking turns over steps of keys, with key streams 
 or lane scores (`_lane_scan`), the states merged at the end."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ... import ir
 from ...graph import topo_order
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
+from . import prefetch
 from .combine import merge_lanes, merge_streams, share, shared_states
 from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .head import block_keys, group_head, tile
@@ -81,37 +80,28 @@ def _stream_scan(ctx: CallContext, ks: KernelState,
 
 def _prefetched_scan(ctx: CallContext, ks: KernelState,
                      nsg: int) -> tuple[ir.Stmt, list[ir.Stmt]]:
-    """Key streams with kv_prefetch: `_stream_scan`'s steps, the K/V registers
-    double-buffered. The first step's loads go out before the loop; each step then issues
-    the next step's loads (into mf_kv<i>n; keys past the block's end read nothing and hold
-    0) before its own scores, softmax and values, and moves them into mf_kv<i> at its end,
-    so a lane always has a step of loads in flight while it computes."""
+    """Key streams with kv_prefetch: `_stream_scan`'s steps, the K/V loads one step ahead.
+    The first step's loads go out before the loop; each step issues the next step's loads
+    (raw vectors, `prefetch.issue`) before its own scores, softmax and values, and converts
+    them into the float registers at its end (`prefetch.take`), so a lane has a step of
+    loads in flight while it computes."""
     per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(ctx.kps, "uint"))
     stride = per_step * ir.Lit(nsg, IDX)
     kb = ir.Var("mf_kb")
-    cur = load_keys(ctx, ks)
-    nxt = load_keys(replace(ctx, kv={n: f"{a}n" for n, a in ctx.kv.items()}), ks)
 
     def at(base: ir.Expr, body: list[ir.Stmt]) -> ir.Stmt:
         """`body` (written against mf_base, as the step's blocks are) for the step at base."""
         return ir.Block([ir.Decl("mf_base", IDX, base), *body])
     scored, dot_of = dots(ctx, ks)
     work = scored + softmax_step(ctx, ks, dot_of) + accumulate(ctx, ks)
-    moves = [ir.For("mf_i", "uint", ir.Lit(0, "uint"), ir.Lit(d.length, "uint"), [
-        ir.Assign(ir.Lane(ir.Var(d.name), ir.Var("mf_i")),
-                  ir.Lane(ir.Var(f"{d.name}n"), ir.Var("mf_i")))], unroll=True)
-        for d in cur if isinstance(d, ir.ArrayDecl)]
     start = ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step
     loop = ir.For("mf_kb", IDX, start, ir.Var("mf_l1"), [
-        *[d for d in nxt if isinstance(d, ir.ArrayDecl)],
-        ir.Comment("the next step's keys and values, loaded while this step computes"),
-        at(kb + stride, [s for s in nxt if not isinstance(s, ir.ArrayDecl)]),
+        ir.Comment("the next step's loads, in flight while this step computes"),
+        at(kb + stride, prefetch.issue(ctx, ks)),
         at(kb, work),
-        ir.Comment("the next step's registers become this step's"),
-        *moves], step=stride)
+        at(kb + stride, prefetch.take(ctx, ks))], step=stride)
     emax = SIMD_WIDTH * ks.epl
-    head = [*[d for d in cur if isinstance(d, ir.ArrayDecl)],
-            ir.Comment("the first step's keys and values (K/V registers double-buffered: "
-                       "kv_prefetch)"),
-            at(start, [s for s in cur if not isinstance(s, ir.ArrayDecl)])]
+    head = [*prefetch.buffers(ctx, ks),
+            ir.Comment("the first step's K/V (registers a step ahead: kv_prefetch)"),
+            at(start, prefetch.issue(ctx, ks) + prefetch.take(ctx, ks))]
     return ir.Block(head + [loop]), merge_streams(ctx, ks) + share(ctx, ks, nsg, emax)
