@@ -89,9 +89,10 @@ class LaunchPolicy:
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
-    kv_prefetch: bool = False          # attention, key-stream decode (stage_kv and lane_scores
-                                       # off): each step's K/V loads issued before the previous
-                                       # step's arithmetic (registers double-buffered)
+    kv_prefetch: bool = False          # attention decode, stage_kv or key streams (stage_kv
+                                       # and lane_scores off): each tile's / step's K/V loads
+                                       # issued into registers before the arithmetic of the one
+                                       # before it
     index_check: str = "checked"       # gathers not proven in range: "checked" (each call
                                        # reads the kernel's report and raises) or "deferred"
                                        # (read at the next synchronisation point;
@@ -455,10 +456,10 @@ def _validate_attention(p: LaunchPolicy) -> None:
           f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
           f"elements per key and per row in registers: a power of two up to "
           f"{MAX_READS_PER_THREAD}")
-    _need(p, not p.kv_prefetch or (p.stage_kv is False and not p.lane_scores),
-          f"kv_prefetch applies to the key-stream decode kernel only: pass stage_kv=False "
-          f"and lane_scores=False with it (got stage_kv={p.stage_kv}, lane_scores="
-          f"{p.lane_scores})")
+    _need(p, not p.kv_prefetch or p.stage_kv is not False or not p.lane_scores,
+          "kv_prefetch applies to the stage_kv decode kernels and to the key-stream one "
+          "(stage_kv=False with lane_scores=False), not to lane scores: pass "
+          "lane_scores=False with stage_kv=False")
     for name in ("rows_per_group", "keys_per_step"):
         n = getattr(p, name)
         _need(p, n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,
