@@ -74,9 +74,9 @@ def pipelined_body(ctx: CallContext, ks: KernelState,
     kt, tk = ir.Cast(IDX, ir.Var("mf_kt")), ir.Var("mf_tk")
     first: list[ir.Stmt] = [tn, ir.If(ir.Var("mf_vec_ok"), _stores(ctx, ks), copies)]
     nxt = ir.Call("min", (ir.Var("mf_l1") - ir.Call("min", (tk + kt, ir.Var("mf_l1"))), kt))
-    ahead = [ir.Comment("the next tile's copies into registers: in flight while this tile "
-                        "computes"),
-             ir.If(ir.Var("mf_vec_ok"), _loads(ctx, ks, tk + kt, nxt))]
+    ahead: list[ir.Stmt] = [
+        ir.Comment("the next tile's copies into registers: in flight while this tile computes"),
+        ir.If(ir.Var("mf_vec_ok"), _loads(ctx, ks, tk + kt, nxt))]
     lead = [*_registers(ctx, ks),
             ir.Comment("the first tile's copies into registers"),
             ir.If(ir.Var("mf_vec_ok"), _loads(ctx, ks, ir.Var("mf_l0"), ir.Call("min", (
@@ -89,10 +89,10 @@ def _with_q(out: list[ir.Stmt], at: int, loop: ir.For, fill: list[ir.Stmt],
             q_stores: list[ir.Stmt], compute: list[ir.Stmt]) -> list[ir.Stmt]:
     """`out` with its tile loop (at `at`) made of `fill`, the first tile's q stores, the
     barrier and `compute`."""
-    q = [ir.Comment("the first tile: the rows' q (loaded before the loop) into threadgroup "
-                    "memory"), ir.If(ir.Var("mf_tk").eq(ir.Var("mf_l0")), q_stores)] \
-        if q_stores else []
-    body = [*fill, *q, ir.Barrier(), *compute]
+    q: list[ir.Stmt] = [
+        ir.Comment("the first tile: the rows' q (loaded before the loop) into threadgroup memory"),
+        ir.If(ir.Var("mf_tk").eq(ir.Var("mf_l0")), q_stores)] if q_stores else []
+    body: list[ir.Stmt] = [*fill, *q, ir.Barrier(), *compute]
     return out[:at] + [ir.For(loop.var, loop.type, loop.start, loop.stop, body,
                               loop.unroll, step=loop.step)] + out[at + 1:]
 
