@@ -24,39 +24,26 @@ STREAMS = {"kv_prefetch": True, "stage_kv": False, "lane_scores": False}
 F16 = dict(rtol=2e-3, atol=2e-3)
 
 
-def test_prefetched_decode_matches_sdpa():
-    """stage_kv, a tile ahead. One query per head: GQA 4 over 77 keys (tiles of 32: a
-    partial one), GQA 8 with E = 64 over 300 keys in 3 blocks (the narrow kernel), MHA with
-    E = 40 (not whole 16-byte vectors: copied element by element, not prefetched) in one
-    block."""
-    gen = torch.Generator().manual_seed(0)
-    for heads, kv, length, e, splits in ((8, 2, 77, 128, 0), (8, 1, 300, 64, 3),
-                                         (2, 2, 33, 40, 1)):
-        q = torch.randn(1, heads, 1, e, generator=gen).half()
-        k, v = (torch.randn(1, kv, length, e, generator=gen).half() for _ in range(2))
-        kernel = attention.with_launch(**TILES, key_splits=splits)
-        want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
-                                              scale=e ** -0.5, enable_gqa=True)
-        torch.testing.assert_close(kernel(q, k, v, e ** -0.5), want.half(), **F16)
-
-
-def test_prefetched_paged_decode_sees_keys_up_to_pos():
-    """stage_kv, a tile ahead: the decode step's paged attention (examples/llama_decode.py):
+@pytest.mark.parametrize("g,r,e,pos", [(2, 8, 128, (0, 17, 159)), (2, 1, 64, (100,)),
+                                       (1, 4, 40, (70,))])
+def test_prefetched_paged_decode_sees_keys_up_to_pos(g, r, e, pos):
+    """stage_kv, a tile ahead: the decode step's paged attention (examples/llama_decode.py),
     blocks of 16 cache rows in random order through the block table, keys 0..pos only (a
-    run-time scalar: one kernel for every pos), 8 query heads on each of 2 kv heads, E = 128,
-    two key blocks."""
+    run-time scalar: one kernel for every pos), two key blocks (a partial tile in each).
+    GQA 8 at E = 128; MHA at E = 64 (the narrow kernel); GQA 4 at E = 40 (not whole 16-byte
+    vectors: copied element by element, not prefetched)."""
     gen = torch.Generator().manual_seed(1)
-    g, r, e, blocks = 2, 8, 128, 12
+    blocks = 12
     q = torch.randn(1, g * r, e, generator=gen).half()
     k_cache, v_cache = (torch.randn(blocks * 16, g, e, generator=gen).half() for _ in range(2))
     table = torch.randperm(blocks, generator=gen)[:10].to(torch.int32)[None]
     kernel = paged_decode_attention.with_launch(**TILES, key_splits=2)
     rows = (table[0, :, None] * 16 + torch.arange(16)).reshape(-1)      # key l's cache row
-    for pos in (0, 17, 159):
-        k, v = (c[rows[:pos + 1]].double().permute(1, 0, 2) for c in (k_cache, v_cache))
+    for p in pos:
+        k, v = (c[rows[:p + 1]].double().permute(1, 0, 2) for c in (k_cache, v_cache))
         want = F.scaled_dot_product_attention(q.double().reshape(g, r, 1, e), k[:, None],
                                               v[:, None], scale=e ** -0.5)
-        got = kernel(q, k_cache, v_cache, table, e ** -0.5, pos)
+        got = kernel(q, k_cache, v_cache, table, e ** -0.5, p)
         torch.testing.assert_close(got, want.reshape(1, g * r, e).half(), **F16)
 
 
