@@ -41,9 +41,11 @@ def kernel(ctx: CallContext, variant: str = "decode") -> ir.LoweredKernel:
                f"memory from registers each thread loaded during the tile before, each "
                f"simdgroup scoring its share of a tile's keys against every row and adding "
                f"their p v for every row; online softmax in one pass, fp32 state")
+    # no declared group size: on cuda a declared one caps registers at 64 a thread (1024
+    # threads a core, translate._launch_bounds), where the next tile's copies in registers
+    # would spill; undeclared, the library drops its 32-register cap once it spills
     return make_kernel(ctx.graph, ctx.index64, THREADS, body, summary, name,
-                       params=ctx.params, helpers=tuple(sorted(ks.out.helpers)),
-                       max_threads=ks.group)
+                       params=ctx.params, helpers=tuple(sorted(ks.out.helpers)))
 
 
 def copies_per_thread(ctx: CallContext, ks: KernelState) -> int:
