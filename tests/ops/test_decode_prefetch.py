@@ -68,3 +68,17 @@ def test_kv_prefetch_picks_its_kernels_and_refuses_lane_scores():
     assert "loaded while the step before it computes" in streams.kernel.summary
     with pytest.raises(mf.LaunchError, match="kv_prefetch.*not to lane scores"):
         attention.with_launch(kv_prefetch=True, stage_kv=False)(q, kv, kv, 0.1)
+
+
+def test_prefetched_kernels_translate_for_cuda(tmp_path):
+    """The cuda backend's translation of both prefetching kernels (the paged decode step's
+    attention, f16) passes the shim's host syntax check."""
+    from metalforge.cuda.translate import translate
+
+    from ..cuda_host import assert_host_syntax
+    q, cache = torch.zeros(1, 8, 128).half(), torch.zeros(64, 2, 128).half()
+    table = torch.zeros(1, 4, dtype=torch.int32)
+    for i, launch in enumerate((TILES, STREAMS)):
+        src = paged_decode_attention.with_launch(**launch).source(q, cache, cache, table, 0.1, 5)
+        (tmp_path / str(i)).mkdir()
+        assert_host_syntax(translate(src).text, tmp_path / str(i))
