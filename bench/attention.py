@@ -3,6 +3,8 @@
     python bench/attention.py                       # MPS on a Mac, CUDA on NVIDIA, else the sim
     python bench/attention.py --device cuda --launch threads_per_group=512 key_splits=32
     python bench/attention.py --device cuda --launch stage_kv=0 --splits 0 32 64 128 --no-prefill
+    python bench/attention.py --device cuda --no-prefill --variants '' 'kv_prefetch=1' \
+        'kv_prefetch=1 stage_kv=0 lane_scores=0'     # decode launch options side by side
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
@@ -148,18 +150,28 @@ def main(argv=None) -> None:
     ap.add_argument("--splits", nargs="+", type=int,
                     help="decode and paged decode once per key_splits value (0: chosen per "
                          "call), on top of --launch")
+    ap.add_argument("--variants", nargs="+", metavar="'K=V ...'",
+                    help="decode rows once per variant, each a quoted list of launch options "
+                         "on top of --launch ('' for none): side by side in one run, e.g. '' "
+                         "'kv_prefetch=1' 'kv_prefetch=1 stage_kv=0 lane_scores=0'")
+    ap.add_argument("--no-window", action="store_true")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
     launch = parse_launch(args.launch)
     print(f"device {device}" + (f", launch {launch}" if launch else ""))
+    variants = [parse_launch(v.split()) for v in args.variants or [""]]
     for splits in [] if args.no_decode else args.splits or [None]:
-        each = launch if splits is None else {**launch, "key_splits": splits}
-        if splits is not None:
-            print(f"key_splits={splits}" + (" (chosen per call)" if splits == 0 else ""))
-        decode(device, DTYPES[args.dtype], args.lengths, repeat, each)
-        paged(device, DTYPES[args.dtype], args.lengths, repeat, each)
-        window(device, DTYPES[args.dtype], args.lengths, repeat, each)
+        for variant in variants:
+            each = {**launch, **variant}
+            each = each if splits is None else {**each, "key_splits": splits}
+            if splits is not None or len(variants) > 1:
+                print(f"launch {each or '(defaults)'}"
+                      + (" (key_splits chosen per call)" if splits == 0 else ""))
+            decode(device, DTYPES[args.dtype], args.lengths, repeat, each)
+            paged(device, DTYPES[args.dtype], args.lengths, repeat, each)
+            if not args.no_window:
+                window(device, DTYPES[args.dtype], args.lengths, repeat, each)
     if not args.no_prefill:
         prefill(device, DTYPES[args.dtype], PREFILL, repeat, launch)
 

@@ -25,7 +25,7 @@ import metalforge as mf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, compile_time, copy_time, example, pick_device, sync, timeit  # noqa: E402
+from common import DTYPES, compile_time, copy_time, example, parse_launch, pick_device, sync, timeit  # noqa: E402
 
 ex = example("llama_decode")
 
@@ -133,6 +133,15 @@ def wall(fn, device: str, repeat: int) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+def attention_launch(launch: dict) -> None:
+    """The example's decode attention kernels with `launch` on top of their own options
+    (the step calls them through the example module)."""
+    if launch:
+        print(f"attention launch {launch}")
+        for name in ("decode_attention", "paged_decode_attention"):
+            setattr(ex, name, getattr(ex, name).with_launch(**launch))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
@@ -141,7 +150,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--repeat", type=int, default=None)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--attention-launch", nargs="*", metavar="K=V",
+                    help="launch options of the step's attention kernel (contiguous and "
+                         "paged), e.g. kv_prefetch=1 key_splits=64")
     a = ap.parse_args()
+    attention_launch(parse_launch(a.attention_launch))
     device = pick_device(a.device)
     dtype = DTYPES[a.dtype]
     shape = ex.Shape(context=a.context) if device != "cpu" else ex.SMALL
