@@ -306,6 +306,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
 # contractions (schedule/matmul/): a threadgroup per tile x tile outputs, 4 simdgroups of
 # (tile / 2)^2 outputs each, 32 values of K a step (schedule/matrix/; untimed on Apple GPUs)
+# cuda, matmul: 128 x 128 tiles of 64 x 64 a simdgroup (the shim's ldmatrix path reads each
+# operand fragment once for 4 x 4 fragments of products), staged rows padded to 48 bytes (no
+# bank conflicts), the next step's tiles read into registers during the products, bands of 8
+# rows of tiles: chosen from the generated code and the shim, untimed (bench/matmul.py prints
+# the table's 64 x 64 unpadded kernel beside it)
 POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=1,
                                   uses_simd=True, target="apple9", tile=64)
 
@@ -313,7 +318,8 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2},
-             "elementwise": {"small_grid": 1 << 21}},
+             "elementwise": {"small_grid": 1 << 21},
+             "matmul": {"tile": 128, "stage_pad": 8, "prefetch": True, "tile_groups": 8}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
