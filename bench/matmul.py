@@ -4,8 +4,9 @@ torch.compile on the same device, TFLOP/s.
     python bench/matmul.py --device cuda                  # f16 4096^3, the H200 run
     python bench/matmul.py --device cuda --dtype f16 bf16 --sizes 4096x4096x4096 512x4096x4096
     python bench/matmul.py --device cuda --tile 128       # 128 x 128 tiles (launch option)
-    python bench/matmul.py --device cuda --configs "old:tile=64,stage_pad=0,prefetch=0,tile_groups=0" \
-        "new:" "k64:tile_simdgroups=8,tile=128"            # launch options side by side
+    python bench/matmul.py --device cuda --configs \
+        "old:tile=64,stage_pad=0,prefetch=0,tile_groups=0" "new:" "w8:tile_simdgroups=8"
+                                                          # launch options side by side
     python bench/matmul.py --device cpu                   # the simulator: a smoke test
 
 Ops, each at M x N x K:
@@ -16,10 +17,10 @@ Ops, each at M x N x K:
 Each of our rows runs one --configs entry ("name:option=value,..." launch options over the
 backend's table; default on cuda: "old", the 64 x 64 unpadded kernel of before, and "new", the
 backend's table: 128 x 128 tiles, padded staged rows, tiles read a step ahead, bands of 8 rows
-of tiles; schedule/policy.py). Our kernels run under each target given by --targets (the launch option `target`,
-metalforge/target.py): by default the backend's own (cuda: "cuda", Metal 4 tensor ops that the
-cuda shim runs on tensor cores with mma.sync; mps: what the Mac has) and "apple9" (8x8
-simdgroup_matrix products, the M1-M4 lowering), side by side. Every result is checked against
+of tiles; schedule/policy.py). Our kernels run under each target given by --targets (the
+launch option `target`, metalforge/target.py): by default the backend's own (cuda: "cuda",
+Metal 4 tensor ops that the cuda shim runs on tensor cores with mma.sync; mps: what the Mac
+has) and "apple9" (8x8 simdgroup_matrix products, the M1-M4 lowering), side by side. Every result is checked against
 torch first. TFLOP/s = 2 M N K / time. On CUDA all times are GPU times of CUDA-graph replays
 (common.timeit); on the simulator they only show the script runs.
 """

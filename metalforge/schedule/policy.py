@@ -439,7 +439,7 @@ def _validate_matmul(p: LaunchPolicy) -> None:
           f"tile={p.tile}")
     _need(p, p.k_step in (32, 64), f"k_step must be 32 or 64, got {p.k_step!r}")
     _need(p, p.stage_pad in (0, 8), f"stage_pad must be 0 or 8, got {p.stage_pad!r}")
-    _need(p, not p.prefetch or p.stage_pad,
+    _need(p, not p.prefetch or p.stage_pad > 0,
           "prefetch=True reads padded tiles a step ahead: give stage_pad=8 with it")
     _need(p, p.tile_groups >= 0, f"tile_groups must be 0 or more, got {p.tile_groups!r}")
 

@@ -12,7 +12,7 @@ Phases, each commented in the generated code:
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from ... import ir
 from ...graph import Node, Op, topo_order
@@ -68,7 +68,7 @@ def _tile_origin(ctx: MatmulContext, tile: ir.Expr) -> list[ir.Stmt]:
         ir.Comment(f"bands of {g} rows of tiles, walked column by column (L2 reuse)"),
         ir.Decl("mf_at_tile", IDX, tile % (cols * rows)),
         ir.Decl("mf_band", IDX, at / (cols * idx(g)) * idx(g)),
-        ir.Decl("mf_band_rows", IDX, ir.Call("min", (rows - band, idx(g)))),
+        ir.Decl("mf_band_rows", IDX, ir.Call("min", (rows - band, ir.Cast(IDX, idx(g))))),
         ir.Decl("mf_m0", IDX, (band + at % (cols * idx(g)) % ir.Var("mf_band_rows"))
                 * idx(t.bm)),
         ir.Decl("mf_n0", IDX, at % (cols * idx(g)) / ir.Var("mf_band_rows") * idx(t.bn))]
@@ -194,12 +194,13 @@ def _fetch(ctx: MatmulContext, k0: ir.Expr) -> list[ir.Stmt]:
         if prefetched(ctx, node):
             out += matrix.fetch_vectors(ctx.tile, rows, regs,
                                         _vector_load(ctx, node, axis, first, k0),
-                                        lambda r, a=axis, fr=first: _live(ctx, a, fr, r))
+                                        _row_live(ctx, axis, first))
     return out
 
 
-def _live(ctx: MatmulContext, axis: str, first: str, r: ir.Expr) -> ir.Expr:
-    return ir.Var(first) + ir.Cast(IDX, r) < ctx.size(axis)
+def _row_live(ctx: MatmulContext, axis: str, first: str) -> Callable[[ir.Expr], ir.Expr]:
+    """Whether row r of the tile from mf_<first> is a row of the operand."""
+    return lambda r: ir.Var(first) + ir.Cast(IDX, r) < ctx.size(axis)
 
 
 def prefetched_loop(ctx: MatmulContext) -> list[ir.Stmt]:
@@ -218,8 +219,7 @@ def prefetched_loop(ctx: MatmulContext) -> list[ir.Stmt]:
         body += [ir.Comment(f"{rows} rows of '{axis}' x {t.bk} values of '{f.axis}', as "
                             f"{t.operand}: from the registers loaded a step ahead (0 outside)"),
                  ir.If(whole(ctx, k0), matrix.put_vectors(
-                     t, array, rows, reg, _vtype(ctx, node),
-                     lambda r, a=axis, fr=first: _live(ctx, a, fr, r)),
+                     t, array, rows, reg, _vtype(ctx, node), _row_live(ctx, axis, first)),
                      _scalar_stage(ctx, node, array, axis, first, rows, prefix))]
     nxt = k0 + idx(t.bk)
     body += [ir.Barrier(),
