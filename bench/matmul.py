@@ -20,9 +20,9 @@ backend's table: 128 x 128 tiles, padded staged rows, tiles read a step ahead, b
 of tiles; schedule/policy.py). Our kernels run under each target given by --targets (the
 launch option `target`, metalforge/target.py): by default the backend's own (cuda: "cuda",
 Metal 4 tensor ops that the cuda shim runs on tensor cores with mma.sync; mps: what the Mac
-has) and "apple9" (8x8 simdgroup_matrix products, the M1-M4 lowering), side by side. Every result is checked against
-torch first. TFLOP/s = 2 M N K / time. On CUDA all times are GPU times of CUDA-graph replays
-(common.timeit); on the simulator they only show the script runs.
+has) and "apple9" (8x8 simdgroup_matrix products, the M1-M4 lowering), side by side. Every
+result is checked against torch first. TFLOP/s = 2 M N K / time. On CUDA all times are GPU
+times of CUDA-graph replays (common.timeit); on the simulator they only show the script runs.
 """
 
 import argparse
