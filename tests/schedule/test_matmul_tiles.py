@@ -76,3 +76,18 @@ def test_bad_tile_options_are_refused(opts, says):
     x = torch.ones(8, 8).half()
     with pytest.raises(LaunchError, match=says):
         linear.with_launch(target="apple10", **opts)(x, x, x[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("opts", [{}, dict(tile=64, stage_pad=0, prefetch=False, tile_groups=0),
+                                  dict(tile_simdgroups=8)])
+def test_the_cuda_backend_on_tensor_cores(dtype, opts):
+    """The cuda table's kernel (the shim's ldmatrix path over 48-byte rows), the unpadded one
+    and 8 simdgroups, at partial tiles and steps, against torch on the GPU."""
+    g = torch.Generator().manual_seed(2)
+    kernel = linear.with_launch(target="cuda", **opts)
+    for m, n, k in ((300, 200, 328), (33, 17, 41)):
+        x, w, b = (torch.randn(*s, generator=g).to(dtype).cuda() for s in ((m, k), (n, k), (n,)))
+        want = x.double() @ w.double().T + b.double()
+        torch.testing.assert_close(kernel(x, w, b).double(), want, rtol=2e-2, atol=5e-2)
