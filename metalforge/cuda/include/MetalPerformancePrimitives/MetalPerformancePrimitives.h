@@ -36,6 +36,15 @@
 #error "metalforge.cuda: MetalPerformancePrimitives needs C++20 (matmul2d takes its descriptor as a template argument): compile with --std=c++20"
 #endif
 
+// Every loop over a cooperative tensor's elements or fragments is unrolled (compile-time trip
+// counts): an element array indexed at run time would live in local memory, and with it the
+// destination the kernel keeps across K.
+#if defined(MF_CUDA_HOST_CHECK)
+#define MF_UNROLL
+#else
+#define MF_UNROLL _Pragma("unroll")
+#endif
+
 namespace metal {
 
 constexpr size_t dynamic_extent = size_t(-1);
@@ -248,14 +257,14 @@ struct coop {
   }
   template <class Tn>
   MF_D void load(const Tn& t) {
-    for (int i = 0; i < kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < kCapacity; ++i) {
       const Elem e = mf_at(i);
       mf_e[i] = !e.valid ? T(0) : Swap ? T(t.mf_get(e.row, e.col)) : T(t.mf_get(e.col, e.row));
     }
   }
   template <class Tn>
   MF_D void store(const Tn& t) const {
-    for (int i = 0; i < kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < kCapacity; ++i) {
       const Elem e = mf_at(i);
       if (!e.valid) continue;
       if (Swap) t.mf_set(e.row, e.col, mf_e[i]);
@@ -282,12 +291,6 @@ MF_D void mma(float* d, const unsigned* a, unsigned b0, unsigned b1, bfloat) {
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-#if defined(MF_CUDA_HOST_CHECK)
-#define MF_UNROLL
-#else
-#define MF_UNROLL _Pragma("unroll")
-#endif
 
 // whether p points into shared (threadgroup) memory
 MF_D bool is_shared(const void* p) {
@@ -319,10 +322,10 @@ MF_D void ldsm4(unsigned* r, unsigned addr) {
 template <class T>
 MF_D void frag_mma(float* acc, const T* a, const T* b) {
   const unsigned ar[4] = {pack(a[0], a[1]), pack(a[2], a[3]), pack(a[4], a[5]), pack(a[6], a[7])};
-  for (int h = 0; h < 2; ++h) {
+  MF_UNROLL for (int h = 0; h < 2; ++h) {
     float d[4] = {acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]};
     mma(d, ar, pack(b[2 * h], b[2 * h + 1]), pack(b[4 + 2 * h], b[5 + 2 * h]), T());
-    for (int j = 0; j < 4; ++j) acc[4 * h + j] = d[j];
+    MF_UNROLL for (int j = 0; j < 4; ++j) acc[4 * h + j] = d[j];
   }
 }
 
@@ -420,9 +423,9 @@ struct matmul2d {
       if constexpr (is_coop<L>::value) a = left; else a.load(left);
       if constexpr (is_coop<R>::value) b = right; else b.load(right);
       __syncwarp(0xffffffffu);
-      for (int f = 0; f < acc_t::kFrags; ++f) {
+      MF_UNROLL for (int f = 0; f < acc_t::kFrags; ++f) {
         const int fi = f / acc_t::kFragCols, fj = f % acc_t::kFragCols;
-        for (int kb = 0; kb < K / 16; ++kb)
+        MF_UNROLL for (int kb = 0; kb < K / 16; ++kb)
           frag_mma(&acc.mf_e[f * 8], &a.mf_e[(fi * (K / 16) + kb) * 8],
                    &b.mf_e[(fj * (K / 16) + kb) * 8]);
       }
@@ -434,10 +437,10 @@ struct matmul2d {
   template <class Dst>
   MF_D static void start(acc_t& acc, const Dst& dest) {
     using namespace mf_mpp;
-    for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = 0.0f;
+    MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = 0.0f;
     if constexpr (!Acc) return;
     if constexpr (is_coop<Dst>::value) {
-      for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = float(dest.mf_e[i]);
+      MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = float(dest.mf_e[i]);
     } else {
       acc.load(dest);
     }
@@ -446,7 +449,7 @@ struct matmul2d {
   MF_D static void finish(const acc_t& acc, Dst& dest) {
     using namespace mf_mpp;
     if constexpr (is_coop<Dst>::value) {
-      for (int i = 0; i < acc_t::kCapacity; ++i)
+      MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i)
         dest.mf_e[i] = typename bare<Dst>::value_type(acc.mf_e[i]);
     } else {
       acc.store(dest);
@@ -515,13 +518,13 @@ struct matmul2d {
     typedef mf_mpp::elem_t<L> A;
     const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
     const unsigned l = mf_mpp::lane();
-    for (int s = 0; s < acc_t::kSlots; ++s) {
+    MF_UNROLL for (int s = 0; s < acc_t::kSlots; ++s) {
       const mf_mpp::Elem base = acc.mf_at(s * 8);
       if (!base.valid) continue;                       // the same for the whole warp
       const int m0 = base.row - int(l >> 2), n0 = base.col - 2 * int(l & 3u);
       for (int k0 = 0; k0 < k_len; k0 += 16) {
         A a[8], b[8];
-        for (int e = 0; e < 8; ++e) {
+        MF_UNROLL for (int e = 0; e < 8; ++e) {
           int r, c;
           mf_mpp::frag_coord(l, e, r, c);
           a[e] = A(lv(left, m0 + r, k0 + c));
@@ -534,7 +537,7 @@ struct matmul2d {
   template <class L, class R>
   MF_D static void scalar(acc_t& acc, const L& left, const R& right) {
     const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
-    for (int i = 0; i < acc_t::kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) {
       const mf_mpp::Elem e = acc.mf_at(i);
       if (!e.valid) continue;
       float sum = acc.mf_e[i];
