@@ -536,7 +536,7 @@ class IRPrinter(Printer):
         return "else:"
 
     def for_head(self, s: For) -> str:
-        un = "  (unrolled)" if s.unroll else ""
+        un = "  (unrolled)" if s.unroll else "  (unroll hint)" if s.pragma_unroll else ""
         step = f" step {self.expr(s.step)}" if s.step is not None else ""
         return f"for {s.var}: {s.type} in [{self.expr(s.start)}, {self.expr(s.stop)}){step}:{un}"
 
