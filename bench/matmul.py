@@ -4,6 +4,9 @@ torch.compile on the same device, TFLOP/s.
     python bench/matmul.py --device cuda                  # f16 4096^3, the H200 run
     python bench/matmul.py --device cuda --dtype f16 bf16 --sizes 4096x4096x4096 512x4096x4096
     python bench/matmul.py --device cuda --tile 128       # 128 x 128 tiles (launch option)
+    python bench/matmul.py --device cuda --configs \
+        "old:tile=64,stage_pad=0,prefetch=0,tile_groups=0" "new:" "w8:tile_simdgroups=8"
+                                                          # launch options side by side
     python bench/matmul.py --device cpu                   # the simulator: a smoke test
 
 Ops, each at M x N x K:
@@ -11,12 +14,15 @@ Ops, each at M x N x K:
 - linear_gelu: y = gelu(mf.sum(x * w, axis="K") + bias)          vs  F.gelu(F.linear(x, w, bias))
                (exact erf GELU; one kernel: the bias and GELU are its epilogue)
 
-Our kernels run under each target given by --targets (the launch option `target`,
-metalforge/target.py): by default the backend's own (cuda: "cuda", Metal 4 tensor ops that the
-cuda shim runs on tensor cores with mma.sync; mps: what the Mac has) and "apple9" (8x8
-simdgroup_matrix products, the M1-M4 lowering), side by side. Every result is checked against
-torch first. TFLOP/s = 2 M N K / time. On CUDA all times are GPU times of CUDA-graph replays
-(common.timeit); on the simulator they only show the script runs.
+Each of our rows runs one --configs entry ("name:option=value,..." launch options over the
+backend's table; default on cuda: "old", the 64 x 64 unpadded kernel of before, and "new", the
+backend's table: 128 x 128 tiles, padded staged rows, tiles read a step ahead, bands of 8 rows
+of tiles; schedule/policy.py). Our kernels run under each target given by --targets (the
+launch option `target`, metalforge/target.py): by default the backend's own (cuda: "cuda",
+Metal 4 tensor ops that the cuda shim runs on tensor cores with mma.sync; mps: what the Mac
+has) and "apple9" (8x8 simdgroup_matrix products, the M1-M4 lowering), side by side. Every
+result is checked against torch first. TFLOP/s = 2 M N K / time. On CUDA all times are GPU
+times of CUDA-graph replays (common.timeit); on the simulator they only show the script runs.
 """
 
 import argparse
@@ -58,7 +64,22 @@ def cases(m: int, n: int, k: int, dtype: torch.dtype, device: str):
             ("linear_gelu", linear_gelu, (a, b, bias), lambda: F.gelu(F.linear(a, b, bias)))]
 
 
-HEADER = (f"{'op':<12} {'dtype':>5} {'MxNxK':>15} {'target':>8} {'ours us':>9} {'TFLOP/s':>8} "
+OLD = "old:tile=64,stage_pad=0,prefetch=0,tile_groups=0"
+TABLE = "the table"
+
+
+def parse_config(spec: str) -> tuple[str, dict]:
+    """"name:opt=v,opt=v" -> (name, launch options); values int, or bool for prefetch."""
+    name, _, rest = spec.partition(":")
+    opts: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, v = item.partition("=")
+        opts[key] = bool(int(v)) if key == "prefetch" else int(v)
+    return name or "-", opts
+
+
+HEADER = (f"{'op':<12} {'dtype':>5} {'MxNxK':>15} {'target':>8} {'config':>6} {'ours us':>9} "
+          f"{'TFLOP/s':>8} "
           f"{'torch us':>9} {'TFLOP/s':>8} {'compile us':>10} {'TFLOP/s':>8} {'vs eager':>9} "
           f"{'vs compile':>10}")
 
@@ -74,8 +95,10 @@ def run(args) -> None:
     backend = current_backend([torch.empty(0, device=device)])
     targets = args.targets or list(dict.fromkeys([current_target(backend).name, "apple9"]))
     tile = {"tile": args.tile} if args.tile else {}
+    configs = [parse_config(c) for c in (args.configs or [OLD, "new:"])]
     print(f"device {device} (backend {backend}); targets {', '.join(targets)}; tiles of "
-          f"{args.tile or 'the launch table'}; {repeat} timed calls")
+          f"{args.tile or 'the launch table'}; configs "
+          f"{'; '.join(f'{n}: {o or TABLE}' for n, o in configs)}; {repeat} timed calls")
     print(HEADER)
     for spec in sizes:
         m, n, k = (int(v) for v in spec.split("x"))
@@ -85,12 +108,12 @@ def run(args) -> None:
                 want = theirs()
                 t_torch = timeit(theirs, device, repeat)
                 t_comp = compile_time(theirs, device, repeat, args.compile)
-                for target in targets:
-                    ours = kernel.with_launch(target=target, **tile)
+                for target, (cname, opts) in ((t, c) for t in targets for c in configs):
+                    ours = kernel.with_launch(target=target, **{**opts, **tile})
                     got = ours(*kargs)
                     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
                     t = timeit(lambda: ours(*kargs), device, repeat)
-                    print(f"{name:<12} {dname:>5} {spec:>15} {target:>8} {us(t, 9)} "
+                    print(f"{name:<12} {dname:>5} {spec:>15} {target:>8} {cname:>6} {us(t, 9)} "
                           f"{tflops(flop, t, 8)} {us(t_torch, 9)} {tflops(flop, t_torch, 8)} "
                           f"{us(t_comp, 10)} {tflops(flop, t_comp, 8)} "
                           f"{ratio(t_torch, t, 9)} {ratio(t_comp, t, 10)}", flush=True)
@@ -105,6 +128,9 @@ def main() -> None:
                     help="metalforge targets (default: the backend's own, and apple9)")
     ap.add_argument("--tile", type=int, choices=(32, 64, 128), default=None,
                     help="outputs a side of a threadgroup's tile (launch option tile)")
+    ap.add_argument("--configs", nargs="*", default=None,
+                    help='launch options side by side, "name:opt=v,opt=v" each (default: '
+                         f'"{OLD}" and "new:", the backend\'s table)')
     ap.add_argument("--repeat", type=int, default=None)
     add_compile_flag(ap)
     run(ap.parse_args())

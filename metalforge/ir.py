@@ -205,7 +205,9 @@ class If:
 @dataclass
 class For:
     """for (type var = start; var < stop; var += step) body (step None: ++var). unroll: a
-    compile-time trip count."""
+    compile-time trip count. pragma_unroll: the compiler is asked to unroll it (MSL
+    `_Pragma("unroll")`: a trip count known only to the compiler, such as a cooperative
+    tensor's capacity, over an array that must stay in registers)."""
     var: str
     type: str
     start: Expr
@@ -213,6 +215,7 @@ class For:
     body: list["Stmt"]
     unroll: bool = False
     step: Optional[Expr] = None
+    pragma_unroll: bool = False
 
 
 @dataclass
@@ -533,7 +536,7 @@ class IRPrinter(Printer):
         return "else:"
 
     def for_head(self, s: For) -> str:
-        un = "  (unrolled)" if s.unroll else ""
+        un = "  (unrolled)" if s.unroll else "  (unroll hint)" if s.pragma_unroll else ""
         step = f" step {self.expr(s.step)}" if s.step is not None else ""
         return f"for {s.var}: {s.type} in [{self.expr(s.start)}, {self.expr(s.stop)}){step}:{un}"
 

@@ -117,8 +117,9 @@ class MSLPrinter(ir.Printer):
 
     def for_head(self, s: ir.For) -> str:
         step = f"++{s.var}" if s.step is None else f"{s.var} += {self.expr(s.step)}"
-        return (f"for ({s.type} {s.var} = {self.expr(s.start)}; {s.var} < {self.expr(s.stop)}; "
-                f"{step}) {{")
+        pragma = '_Pragma("unroll") ' if s.pragma_unroll else ""
+        return (f"{pragma}for ({s.type} {s.var} = {self.expr(s.start)}; {s.var} < "
+                f"{self.expr(s.stop)}; {step}) {{")
 
     def block_head(self) -> str:
         return "{"

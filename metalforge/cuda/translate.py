@@ -8,7 +8,9 @@ user's lines:
 1. Metal attributes (``[[buffer(0)]]``, ``[[thread_position_in_grid]]``, ``[[kernel]]``, ...)
    and the ``template [[host_name("...")]] ...;`` instantiations are blanked (the parser's
    ``blank_spans``); the entry points instantiate the kernels instead.
-2. A kernel-scope ``threadgroup T name[N];`` declaration becomes ``__shared__ T name[N];``.
+2. A kernel-scope ``threadgroup T name[N];`` declaration becomes ``__align__(16) __shared__
+   T name[N];`` (16-byte aligned, as Metal's threadgroup allocations: 16-byte vector accesses
+   and ldmatrix rows in it are aligned wherever their offsets are).
 3. ``constant`` next to ``const`` is blanked (``constant`` is the macro ``const``).
 4. Swizzles other than ``.x .y .z .w`` become member calls (swizzle.py), only in sources
    that use one.
@@ -67,7 +69,7 @@ def rewrite(text: str, parsed) -> str:
     out = blanked(text, parsed)
     for start, end in sorted({(d.start, d.end) for d in parsed.tg_decls}, reverse=True):
         if out[start:end] == "threadgroup":
-            out = out[:start] + "__shared__ " + out[end:]
+            out = out[:start] + "__align__(16) __shared__ " + out[end:]
     return single_const(out)
 
 

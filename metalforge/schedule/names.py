@@ -101,6 +101,9 @@ _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random number
 # the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
 _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
                     "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
+# ... its padded tiles read a step ahead, bands of tiles, steps of 64 values of K
+_SCHEDULE_NAMES |= {"pa", "pb", "at_tile", "band", "band_rows", "left2", "left3", "right2",
+                    "right3"}
 # attention's backward kernels (schedule/attention_grad)
 _SCHEDULE_NAMES |= {"b", "cf", "delta", "dk", "dkf", "dof", "dp", "dq", "dqf", "dvf", "eb", "g",
                     "kbeg", "kend", "lse", "nblk", "pf", "tall", "tdo", "tdot", "tks", "tkt", "tq",

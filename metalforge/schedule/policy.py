@@ -103,6 +103,16 @@ class LaunchPolicy:
                                        # current target unless a launch option names one
     tile: int = 64                     # contractions: output rows and columns of a
                                        # threadgroup's tile (32, 64 or 128)
+    tile_simdgroups: int = 4           # contractions: simdgroups of a tile (4: 2 x 2 blocks,
+                                       # 8: 2 x 4)
+    k_step: int = 32                   # contractions: values of K a step (32 or 64)
+    stage_pad: int = 0                 # contractions: values after each staged row of 16
+                                       # (0 or 8: 48-byte rows, no bank conflicts in fragment
+                                       # loads; 16-byte threadgroup stores); 2-byte operands
+    prefetch: bool = False             # contractions, padded tiles: tensor operands' tiles
+                                       # read into registers a step ahead of their products
+    tile_groups: int = 0               # contractions: tiles walked column by column in bands
+                                       # of this many rows of tiles (L2 reuse; 0: row-major)
 
     @property
     def elements_per_thread(self) -> int:
@@ -300,6 +310,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
 # contractions (schedule/matmul/): a threadgroup per tile x tile outputs, 4 simdgroups of
 # (tile / 2)^2 outputs each, 32 values of K a step (schedule/matrix/; untimed on Apple GPUs)
+# cuda, matmul: 128 x 128 tiles of 64 x 64 a simdgroup (the shim's ldmatrix path reads each
+# operand fragment once for 4 x 4 fragments of products), staged rows padded to 48 bytes (no
+# bank conflicts), the next step's tiles read into registers during the products, bands of 8
+# rows of tiles: chosen from the generated code and the shim, untimed (bench/matmul.py prints
+# the table's 64 x 64 unpadded kernel beside it)
 POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=1,
                                   uses_simd=True, target="apple9", tile=64)
 
@@ -307,7 +322,8 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2},
-             "elementwise": {"small_grid": 1 << 21}},
+             "elementwise": {"small_grid": 1 << 21},
+             "matmul": {"tile": 128, "stage_pad": 8, "prefetch": True, "tile_groups": 8}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
@@ -328,7 +344,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index64",
                   "index_check"),
     "scatter": ("threads_per_group", "index64"),
-    "matmul": ("target", "tile", "index64"),
+    "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
+               "tile_groups", "index64"),
 }
 # the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
@@ -420,6 +437,16 @@ def _validate_matmul(p: LaunchPolicy) -> None:
     _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
           f"got {p.target!r}")
     _need(p, p.tile in (32, 64, 128), f"tile must be 32, 64 or 128, got {p.tile!r}")
+    _need(p, p.tile_simdgroups in (4, 8),
+          f"tile_simdgroups must be 4 or 8, got {p.tile_simdgroups!r}")
+    _need(p, p.tile_simdgroups == 4 or p.tile >= 64,
+          f"tile_simdgroups=8 needs tile 64 or 128 (blocks of at least 16 columns), got "
+          f"tile={p.tile}")
+    _need(p, p.k_step in (32, 64), f"k_step must be 32 or 64, got {p.k_step!r}")
+    _need(p, p.stage_pad in (0, 8), f"stage_pad must be 0 or 8, got {p.stage_pad!r}")
+    _need(p, not p.prefetch or p.stage_pad > 0,
+          "prefetch=True reads padded tiles a step ahead: give stage_pad=8 with it")
+    _need(p, p.tile_groups >= 0, f"tile_groups must be 0 or more, got {p.tile_groups!r}")
 
 
 def _validate_row(p: LaunchPolicy) -> None:

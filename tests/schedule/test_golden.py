@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import metalforge as mf
+from metalforge.schedule.policy import backend_launch
 
 from . import matmul_kernels
 
@@ -80,9 +81,25 @@ def test_golden_target(name, dt, target):
         _compare(GOLDEN / f"{cid}.ir", kernel.ir(T=dt))
 
 
+# the cuda backend's table for contractions (schedule/policy.py): 128 x 128 tiles, padded
+# staged rows (strided tensors), tiles read a step ahead, bands of tiles
+TABLE_CASES = [("matmul", "f16", "cuda")]
+
+
+@pytest.mark.parametrize("name,dt,backend", TABLE_CASES,
+                         ids=[f"{_target_id(*c)}_table" for c in TABLE_CASES])
+def test_golden_backend_table(name, dt, backend):
+    kernel = getattr(matmul_kernels, name).with_launch(**backend_launch(backend, "matmul"))
+    cid = f"{_target_id(name, dt, backend)}_table"
+    with mf.target(backend):
+        _compare(GOLDEN / f"{cid}.metal", kernel.source(T=dt))
+        _compare(GOLDEN / f"{cid}.ir", kernel.ir(T=dt))
+
+
 def test_no_stale_golden_files():
     expected = {f"{_case_id(n, b)}{ext}" for n, _, b in CASES for ext in (".metal", ".ir")}
     expected |= {f"{_target_id(*c)}{ext}" for c in TARGET_CASES for ext in (".metal", ".ir")}
+    expected |= {f"{_target_id(*c)}_table{ext}" for c in TABLE_CASES for ext in (".metal", ".ir")}
     stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in expected)
     if UPDATE:
         for name in stale:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, cast
 
+from ...errors import LaunchError
 from ...graph import Graph
 from ...shapes import numel
 from ..base import Schedule
 from ..elementwise import ParamSource, kernel_params
+from ..hardware import MAX_THREADGROUP_BYTES
 from ..matrix import BK, Tile, helpers
 from ..policy import LaunchPolicy
 from .context import context
@@ -44,11 +46,17 @@ class MatmulSchedule(Schedule):
 def build(graph: Graph, policy: LaunchPolicy, index64: bool, form: Contraction) -> MatmulSchedule:
     """The contraction schedule of `graph` (`form`: as `form.match` found it)."""
     ctx = context(graph, policy, index64, form)
+    t = ctx.tile
+    if t.threadgroup_bytes > MAX_THREADGROUP_BYTES:
+        raise LaunchError(
+            f"the staged tiles need {t.threadgroup_bytes} bytes of "
+            f"threadgroup memory (tile={policy.tile}, k_step={policy.k_step}, stage_pad="
+            f"{t.pad}, {t.operand} operands), over the {MAX_THREADGROUP_BYTES}-byte limit: "
+            f"give a smaller tile or k_step=32")
     k = kernel(ctx)
     params = kernel_params(cast(ParamSource, ctx))
     k = replace(k, params=params, helpers=(*helpers(ctx.tile),
                                            *sorted(ctx.uses.helpers)))
-    t = ctx.tile
     vectors = tuple(n.attr for n in (form.a, form.b) if vectored(ctx, n))
     out = replace(policy, threads_per_group=t.threads, threadgroup_bytes=t.threadgroup_bytes,
                   uses_simd=True, vector_width=t.vec if vectors else 1)

@@ -42,16 +42,21 @@ from .tile import (
     SIMDGROUP,
     SLICE,
     Tile,
+    Vector,
     arrays,
     choose,
+    fetch_vectors,
     operand_type,
+    put_vectors,
     stage,
     stage_vectors,
     staged,
+    vectors,
 )
 
 __all__ = ["Tile", "choose", "operand_type", "arrays", "stage", "stage_vectors", "staged",
-           "accumulators", "products", "results", "helpers", "MPP", "SIMDGROUP", "BK", "SLICE"]
+           "accumulators", "products", "results", "helpers", "MPP", "SIMDGROUP", "BK", "SLICE",
+           "Vector", "fetch_vectors", "put_vectors", "vectors"]
 
 
 def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:

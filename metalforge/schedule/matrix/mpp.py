@@ -7,7 +7,9 @@ multiply_accumulate): its operands are threadgroup tensors over its rows of each
 slice of A and B (`tile.staged`: a slice of a block of rows is one packed row-major matrix, so
 the tensors need no strides), half or bfloat; B is k-inner, hence transpose_right. The
 destination is a cooperative tensor of fp32 (mf_acc) that stays in registers across K, zeroed
-element by element up to its `get_capacity()`.
+element by element up to its `get_capacity()`. Padded staged rows (`Tile.pad`) make the
+tensors strided (strides {1, 16 + pad}), and mark the loops over the capacity for unrolling
+(it is a compile-time constant; an accumulator indexed at run time would live in memory).
 
 The code assumes no element layout: the results are read through `is_valid_element(i)` and
 `get_multidimensional_index(i)` ([column, row] in the simdgroup's block), so the same kernel is
@@ -40,9 +42,12 @@ def _operand(t: Tile, name: str, array: str, rows: int, block_rows: int, row0: i
     """A threadgroup tensor over rows row0.. (block_rows of them) of slice s of a staged tile:
     extents (16 values of K, block_rows)."""
     first = row0 if s == 0 else u(s * rows) + row0
-    base = ir.Var(array) + first * u(SLICE)
-    return ir.Decl(name, "auto", ir.Call(_tensor(t), (base, ir.Call(
-        EXTENTS, (_i(SLICE), _i(block_rows))))), const=False)
+    base = ir.Var(array) + first * u(t.stride)
+    ext = ir.Call(EXTENTS, (_i(SLICE), _i(block_rows)))
+    if not t.pad:
+        return ir.Decl(name, "auto", ir.Call(_tensor(t), (base, ext)), const=False)
+    strides = ir.Call("array<int32_t, 2>", (ir.Var(f"{{1, {t.stride}}}"),))
+    return ir.Decl(name, "auto", ir.Call(_tensor(t), (base, ext, strides)), const=False)
 
 
 def _method(obj: str, name: str, *args: ir.Expr) -> ir.Call:
@@ -73,7 +78,8 @@ def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
             "mf_op.get_destination_cooperative_tensor<decltype(mf_left0), "
             "decltype(mf_right0), float>", ()), const=False),
         ir.For("mf_c", "int", _i(0), ir.Cast("int", _method("mf_acc", "get_capacity")),
-               [ir.Assign(ir.Lane(acc, ir.Var("mf_c")), ir.Lit(0.0, "float"))])]
+               [ir.Assign(ir.Lane(acc, ir.Var("mf_c")), ir.Lit(0.0, "float"))],
+               pragma_unroll=t.pad > 0)]
 
 
 def products(t: Tile) -> list[ir.Stmt]:
@@ -95,4 +101,4 @@ def results(t: Tile, emit: Emit) -> list[ir.Stmt]:
             ir.If(_method("mf_acc", "is_valid_element", c), [
                 ir.Decl("mf_at", "auto", _method("mf_acc", "get_multidimensional_index", c)),
                 *emit(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
-                      ir.Lane(ir.Var("mf_acc"), c))])])]
+                      ir.Lane(ir.Var("mf_acc"), c))])], pragma_unroll=t.pad > 0)]

@@ -41,12 +41,13 @@ def accumulators(t: Tile) -> list[ir.Stmt]:
 
 
 def _load(mat: ir.Expr, array: str, rows: int, k8: ir.Expr, row: ir.Expr,
-          transpose: bool) -> ir.Stmt:
+          transpose: bool, stride: int = SLICE) -> ir.Stmt:
     """simdgroup_load of the 8x8 block at value k8 (a multiple of 8) of K and row `row` of a
-    staged tile (stride 16 inside the slice of k8); transposed: the block's K^T."""
-    base = ir.Var(array) + k8 / u(SLICE) * u(rows * SLICE)
+    staged tile (its rows `stride` apart inside the slice of k8); transposed: the block's
+    K^T."""
+    base = ir.Var(array) + k8 / u(SLICE) * u(rows * stride)
     origin = ir.Call("ulong2", (k8 % u(SLICE), row))
-    return ir.Eval(ir.Call("simdgroup_load", (mat, base, ir.Lit(SLICE, "uint"), origin,
+    return ir.Eval(ir.Call("simdgroup_load", (mat, base, ir.Lit(stride, "uint"), origin,
                                               ir.Lit(transpose, "bool"))))
 
 
@@ -61,9 +62,9 @@ def products(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
         ir.For("mf_k8", "uint", u(0), u(t.bk), [
             ir.ArrayDecl("mf_fa", _mat(t), fm), ir.ArrayDecl("mf_fb", _mat(t), fn),
             unrolled("mf_fi", fm, [_load(ir.Lane(ir.Var("mf_fa"), i), "mf_as", t.bm, k8,
-                                         row0 + i * u(FRAG), False)]),
+                                         row0 + i * u(FRAG), False, t.stride)]),
             unrolled("mf_fj", fn, [_load(ir.Lane(ir.Var("mf_fb"), j), "mf_bs", t.bn, k8,
-                                         col0 + j * u(FRAG), True)]),
+                                         col0 + j * u(FRAG), True, t.stride)]),
             unrolled("mf_fi", fm, [unrolled("mf_fj", fn, [ir.Eval(ir.Call(
                 "simdgroup_multiply_accumulate",
                 (acc, ir.Lane(ir.Var("mf_fa"), i), ir.Lane(ir.Var("mf_fb"), j), acc)))])])],

@@ -8,10 +8,18 @@ axis="K")`, of attention's Q·K^T and of a linear layer's x·W^T), BK values of 
 simdgroups split C into a grid of `sg_rows` x `sg_cols` blocks of WM x WN outputs.
 
 Staged layout: an operand tile of `rows` rows x BK values is held in threadgroup memory as
-BK / 16 slices of rows x 16 values, each row-major: element (r, k) at
-((k / 16) * rows + r) * 16 + k % 16. A 16-wide slice of any block of rows is then one dense
-row-major matrix (what a Metal 4 tensor over threadgroup memory with packed extents reads, and
-what simdgroup_load reads at a row stride of 16).
+BK / 16 slices of rows x 16 values, each row-major with a row stride of 16 + `pad` values:
+element (r, k) at ((k / 16) * rows + r) * (16 + pad) + k % 16. A 16-wide slice of any block of
+rows is then one row-major matrix (what a Metal 4 tensor over threadgroup memory reads: packed
+extents where pad is 0, strides {1, 16 + pad} else; and what simdgroup_load reads at that row
+stride).
+
+Padded rows (`Tile.pad` = 8 values of a 2-byte operand: 48-byte rows) put the 8 rows that one
+phase of a fragment load reads (CUDA's ldmatrix; the cuda shim's matmul2d) in 8 distinct sets
+of banks, where 32-byte rows put rows r and r + 4 in the same banks (a 2-way conflict). Padded
+tiles are also staged with 16-byte threadgroup stores, 8 consecutive threads on 8 consecutive
+rows of the same 16 bytes of K (no bank conflict either), and can be loaded a step ahead
+(`fetch_vectors` into registers, `put_vectors` after the products of the step before).
 """
 from __future__ import annotations
 
@@ -45,6 +53,12 @@ class Tile:
     operand: str
     lowering: str
     bk: int = BK
+    pad: int = 0                # values after each staged row of 16 (the layout above)
+
+    @property
+    def stride(self) -> int:
+        """The staged rows' stride, in values."""
+        return SLICE + self.pad
 
     @property
     def wm(self) -> int:
@@ -73,14 +87,15 @@ class Tile:
 
     @property
     def threadgroup_bytes(self) -> int:
-        return (self.bm + self.bn) * self.bk * self.operand_bytes
+        return (self.bm + self.bn) * self.bk * self.stride // SLICE * self.operand_bytes
 
     def describe(self) -> str:
         how = ("Metal 4 tensor ops (matmul2d over threadgroup tensors, cooperative-tensor "
                "accumulators)" if self.lowering == MPP else "8x8 simdgroup_matrix products")
+        pad = f" (rows padded by {self.pad})" if self.pad else ""
         return (f"tiles of {self.bm} x {self.bn} outputs, {self.bk} values of K a step staged "
-                f"as {self.operand}, {self.simdgroups} simdgroups of {self.wm} x {self.wn}; "
-                f"{how}; fp32 accumulation")
+                f"as {self.operand}{pad}, {self.simdgroups} simdgroups of {self.wm} x "
+                f"{self.wn}; {how}; fp32 accumulation")
 
 
 def operand_type(a: DType, b: DType, target: Target) -> str:
@@ -93,24 +108,28 @@ def operand_type(a: DType, b: DType, target: Target) -> str:
     return "float"
 
 
-def choose(target: Target, a: DType, b: DType, tile: int) -> Tile:
+def choose(target: Target, a: DType, b: DType, tile: int, bk: int = BK, pad: int = 0,
+           simdgroups: int = 4) -> Tile:
     """The tile a target and operand dtypes give: Metal 4 tensor ops where the target has them
     and the operands are half or bfloat, simdgroup_matrix products elsewhere; `tile` x `tile`
-    outputs in 2 x 2 simdgroups."""
+    outputs in 2 x 2 simdgroups (8: 2 x 4), `bk` values of K a step, staged rows padded by
+    `pad` values (2-byte operands only: a float tile keeps 16)."""
     op = operand_type(a, b, target)
     lowering = MPP if target.tensor_ops and op != "float" else SIMDGROUP
-    return Tile(tile, tile, 2, 2, op, lowering)
+    cols = simdgroups // 2
+    return Tile(tile, tile, 2, cols, op, lowering, bk, pad if op != "float" else 0)
 
 
-def staged(rows: int, r: ir.Expr, k: ir.Expr) -> ir.Expr:
+def staged(rows: int, r: ir.Expr, k: ir.Expr, pad: int = 0) -> ir.Expr:
     """Element (r, k) of a staged operand tile of `rows` rows (the layout above)."""
-    return (k / u(SLICE) * u(rows) + r) * u(SLICE) + k % u(SLICE)
+    return (k / u(SLICE) * u(rows) + r) * u(SLICE + pad) + k % u(SLICE)
 
 
 def arrays(t: Tile) -> list[ir.Stmt]:
     """The staged tiles in threadgroup memory: mf_as (BM rows of A), mf_bs (BN rows of B)."""
-    return [ir.ArrayDecl("mf_as", t.operand, t.bm * t.bk, "threadgroup"),
-            ir.ArrayDecl("mf_bs", t.operand, t.bn * t.bk, "threadgroup")]
+    per_row = t.bk // SLICE * t.stride
+    return [ir.ArrayDecl("mf_as", t.operand, t.bm * per_row, "threadgroup"),
+            ir.ArrayDecl("mf_bs", t.operand, t.bn * per_row, "threadgroup")]
 
 
 def stage(t: Tile, array: str, rows: int, k_inner: bool, value: Value,
@@ -126,7 +145,7 @@ def stage(t: Tile, array: str, rows: int, k_inner: bool, value: Value,
         r, k = e % u(rows), e / u(rows)
     rv, kv = ir.Var("mf_r"), ir.Var("mf_kk")
     stmts, v = value(rv, kv)
-    at = staged(rows, rv, kv)
+    at = staged(rows, rv, kv, t.pad)
     return [ir.For("mf_i", "uint", u(0), u(rows * t.bk // t.threads), [
         ir.Decl("mf_r", "uint", r), ir.Decl("mf_kk", "uint", k),
         ir.If(live(rv, kv),
@@ -141,6 +160,10 @@ def stage_vectors(t: Tile, array: str, rows: int, load: Vector, vtype: str,
     tensor of the operand type, k-inner, the step whole and aligned): vector mf_v of row mf_r
     holds values mf_kk.. mf_kk + VEC - 1 (`load(mf_r, mf_kk)`), stored element by element where
     `live` (the row exists), else zeros. `vtype`: the loaded vector's type."""
+    if t.pad:
+        return [s for i in range(_vectors(t, rows)) for s in _put_vector(
+            t, array, rows, i, [ir.Decl("mf_vals", vtype, load(ir.Var("mf_r"),
+                                                                ir.Var("mf_kk")))], live)]
     per_row = t.bk // t.vec
     e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
     rv, kv, j = ir.Var("mf_r"), ir.Var("mf_kk"), ir.Var("mf_j")
@@ -158,3 +181,65 @@ def stage_vectors(t: Tile, array: str, rows: int, load: Vector, vtype: str,
               [ir.For("mf_j", "uint", u(0), u(t.vec), [ir.Store(array, at, zero,
                                                                  space="threadgroup")],
                       unroll=True)])])]
+
+
+# -- padded tiles: 16-byte stores, and loads a step ahead ----------------------------------------
+
+def _vectors(t: Tile, rows: int) -> int:
+    """16-byte vectors of a `rows`-row tile each thread moves (at least 1: the tile may be
+    smaller than the threadgroup's one vector each, some threads then fetch a row twice)."""
+    return max(1, rows * t.bk // t.vec // t.threads)
+
+
+def _vector_place(t: Tile, i: int) -> tuple[ir.Expr, ir.Expr]:
+    """(row, value of K) of the thread's vector i: 8 consecutive threads take 8 consecutive
+    rows at one 16-byte run of K (distinct banks when staged), a simdgroup 8 rows whole."""
+    per_row = t.bk // t.vec
+    e = u(i * t.threads) + ir.Var("mf_t")
+    return e / u(8 * per_row) * u(8) + e % u(8), e / u(8) % u(per_row) * u(t.vec)
+
+
+def _put_vector(t: Tile, array: str, rows: int, i: int, value: list[ir.Stmt],
+                live: ir.Expr) -> list[ir.Stmt]:
+    """The thread's vector i stored whole (one 16-byte store) at its place, zeros where not
+    `live` (over mf_r, mf_kk: the vector's row and first value of K, declared here);
+    `value` declares mf_vals (the vector)."""
+    r, k = _vector_place(t, i)
+    at = staged(rows, ir.Var("mf_r"), ir.Var("mf_kk"), t.pad)
+    pack = ir.vector_type(t.operand, t.vec)
+    return [ir.Block([
+        ir.Decl("mf_r", "uint", r), ir.Decl("mf_kk", "uint", k),
+        ir.If(live, [*value, ir.Store(array, at, ir.Var("mf_vals"), t.vec, t.operand,
+                                      "threadgroup")],
+              [ir.Store(array, at, ir.Call(pack, ()), t.vec, t.operand, "threadgroup")])])]
+
+
+def fetch_vectors(t: Tile, rows: int, regs: str, load: Vector,
+                  live: Callable[[ir.Expr], ir.Expr]) -> list[ir.Stmt]:
+    """Every thread's share of a padded operand tile read into registers `regs` (an array of
+    the loaded vectors the caller declares, `vectors(t, rows)` long): vector i at its place
+    (`_vector_place`) where `live(row)` (the caller guards the step: whole, K a multiple of
+    the vector); `put_vectors` stores them."""
+    out: list[ir.Stmt] = []
+    rv, kv = ir.Var("mf_r"), ir.Var("mf_kk")
+    for i in range(_vectors(t, rows)):
+        r, k = _vector_place(t, i)
+        out.append(ir.Block([ir.Decl("mf_r", "uint", r), ir.Decl("mf_kk", "uint", k), ir.If(
+            live(rv), [ir.Assign(ir.Lane(ir.Var(regs), ir.Lit(i, "uint")), load(rv, kv))])]))
+    return out
+
+
+def put_vectors(t: Tile, array: str, rows: int, regs: str, vtype: str,
+                live: Callable[[ir.Expr], ir.Expr]) -> list[ir.Stmt]:
+    """The registers of `fetch_vectors` stored into the staged tile (zeros where not
+    `live(row)`)."""
+    out: list[ir.Stmt] = []
+    for i in range(_vectors(t, rows)):
+        out += _put_vector(t, array, rows, i, [ir.Decl("mf_vals", vtype, ir.Lane(
+            ir.Var(regs), ir.Lit(i, "uint")))], live(ir.Var("mf_r")))
+    return out
+
+
+def vectors(t: Tile, rows: int) -> int:
+    """The length of `fetch_vectors`' register array for a `rows`-row tile."""
+    return _vectors(t, rows)

@@ -15,6 +15,16 @@
 //   get_multidimensional_index reports positions in the stored tensor, as on Metal, so code
 //   that uses it (or load / store) is right everywhere; code that assumes M5's layout is not.
 // - A run is a warp-collective (mma.sync): every lane of the executing warp(s) reaches it.
+// - Fast path (`ldsm_run`): a run by one warp (execution_simdgroup) on half/bfloat tensors in
+//   threadgroup memory, each with its K or its rows contiguous (stride 1), the other stride a
+//   multiple of 8 elements, 16-byte aligned, the whole M x K / N x K inside the views: each
+//   16 values of K, every 16 x 16 operand fragment is read once with ldmatrix (.x4; .trans
+//   where the rows are the contiguous dimension) and multiplied with every fragment of the
+//   other operand, into the destination's registers (a destination cooperative tensor of the
+//   op's own type is used in place). Bank conflicts are the staged layout's business: 8
+//   rows read by one ldmatrix phase hit distinct banks where the row stride in bytes is an
+//   odd multiple of 16 (metalforge pads its staged rows: schedule/matrix/tile.py). Anything
+//   else (partial views, device memory, float operands) takes the element-wise path.
 // - Cooperative-tensor operands with execution_simdgroups<N> (N > 1) and float cooperative
 //   operands are refused (static_assert).
 #pragma once
@@ -24,6 +34,15 @@
 #endif
 #if __cplusplus < 202002L
 #error "metalforge.cuda: MetalPerformancePrimitives needs C++20 (matmul2d takes its descriptor as a template argument): compile with --std=c++20"
+#endif
+
+// Every loop over a cooperative tensor's elements or fragments is unrolled (compile-time trip
+// counts): an element array indexed at run time would live in local memory, and with it the
+// destination the kernel keeps across K.
+#if defined(MF_CUDA_HOST_CHECK)
+#define MF_UNROLL
+#else
+#define MF_UNROLL _Pragma("unroll")
 #endif
 
 namespace metal {
@@ -238,14 +257,14 @@ struct coop {
   }
   template <class Tn>
   MF_D void load(const Tn& t) {
-    for (int i = 0; i < kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < kCapacity; ++i) {
       const Elem e = mf_at(i);
       mf_e[i] = !e.valid ? T(0) : Swap ? T(t.mf_get(e.row, e.col)) : T(t.mf_get(e.col, e.row));
     }
   }
   template <class Tn>
   MF_D void store(const Tn& t) const {
-    for (int i = 0; i < kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < kCapacity; ++i) {
       const Elem e = mf_at(i);
       if (!e.valid) continue;
       if (Swap) t.mf_set(e.row, e.col, mf_e[i]);
@@ -273,15 +292,40 @@ MF_D void mma(float* d, const unsigned* a, unsigned b0, unsigned b1, bfloat) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// whether p points into shared (threadgroup) memory
+MF_D bool is_shared(const void* p) {
+  unsigned r;
+  asm("{\n .reg .pred q;\n isspacep.shared q, %1;\n selp.u32 %0, 1, 0, q;\n}"
+      : "=r"(r) : "l"(p));
+  return r != 0u;
+}
+MF_D unsigned shared_address(const void* p) {
+  unsigned a;
+  asm("{\n .reg .u64 s;\n cvta.to.shared.u64 s, %1;\n cvt.u32.u64 %0, s;\n}"
+      : "=r"(a) : "l"(p));
+  return a;
+}
+// four 8 x 8 matrices of 16-bit values; lane l gives the address of row l % 8 of matrix l / 8.
+// Trans: the rows in memory are the matrices' columns.
+template <bool Trans>
+MF_D void ldsm4(unsigned* r, unsigned addr) {
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 // One 16 x 16 destination fragment += (16 x 16 of A) * (16 x 16 of B^T): 8 elements a lane
 // each, in frag_coord order; two m16n8k16 steps (the two 8-column halves).
 template <class T>
 MF_D void frag_mma(float* acc, const T* a, const T* b) {
   const unsigned ar[4] = {pack(a[0], a[1]), pack(a[2], a[3]), pack(a[4], a[5]), pack(a[6], a[7])};
-  for (int h = 0; h < 2; ++h) {
+  MF_UNROLL for (int h = 0; h < 2; ++h) {
     float d[4] = {acc[4 * h], acc[4 * h + 1], acc[4 * h + 2], acc[4 * h + 3]};
     mma(d, ar, pack(b[2 * h], b[2 * h + 1]), pack(b[4 + 2 * h], b[5 + 2 * h]), T());
-    for (int j = 0; j < 4; ++j) acc[4 * h + j] = d[j];
+    MF_UNROLL for (int j = 0; j < 4; ++j) acc[4 * h + j] = d[j];
   }
 }
 
@@ -347,6 +391,23 @@ struct matmul2d {
     typedef elem_t<R> B;
     typedef elem_t<Dst> C;
     static_assert(check_types<A, B, C>());
+    if constexpr (is_tensor<L>::value && is_tensor<R>::value && S == 1 &&
+                  mf_mpp::is_f16<A> && is_same<A, B>::value) {
+      if (ldsm_ok(left, right)) {
+        if constexpr (is_same<bare<Dst>, acc_t>::value) {
+          if constexpr (!Acc) {
+            MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) dest.mf_e[i] = 0.0f;
+          }
+          ldsm_run(dest.mf_e, left, right);
+        } else {
+          acc_t acc;
+          start(acc, dest);
+          ldsm_run(acc.mf_e, left, right);
+          finish(acc, dest);
+        }
+        return;
+      }
+    }
     acc_t acc;
     start(acc, dest);
     if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
@@ -362,9 +423,9 @@ struct matmul2d {
       if constexpr (is_coop<L>::value) a = left; else a.load(left);
       if constexpr (is_coop<R>::value) b = right; else b.load(right);
       __syncwarp(0xffffffffu);
-      for (int f = 0; f < acc_t::kFrags; ++f) {
+      MF_UNROLL for (int f = 0; f < acc_t::kFrags; ++f) {
         const int fi = f / acc_t::kFragCols, fj = f % acc_t::kFragCols;
-        for (int kb = 0; kb < K / 16; ++kb)
+        MF_UNROLL for (int kb = 0; kb < K / 16; ++kb)
           frag_mma(&acc.mf_e[f * 8], &a.mf_e[(fi * (K / 16) + kb) * 8],
                    &b.mf_e[(fj * (K / 16) + kb) * 8]);
       }
@@ -376,10 +437,10 @@ struct matmul2d {
   template <class Dst>
   MF_D static void start(acc_t& acc, const Dst& dest) {
     using namespace mf_mpp;
-    for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = 0.0f;
+    MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = 0.0f;
     if constexpr (!Acc) return;
     if constexpr (is_coop<Dst>::value) {
-      for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = float(dest.mf_e[i]);
+      MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) acc.mf_e[i] = float(dest.mf_e[i]);
     } else {
       acc.load(dest);
     }
@@ -388,7 +449,7 @@ struct matmul2d {
   MF_D static void finish(const acc_t& acc, Dst& dest) {
     using namespace mf_mpp;
     if constexpr (is_coop<Dst>::value) {
-      for (int i = 0; i < acc_t::kCapacity; ++i)
+      MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i)
         dest.mf_e[i] = typename bare<Dst>::value_type(acc.mf_e[i]);
     } else {
       acc.store(dest);
@@ -401,18 +462,69 @@ struct matmul2d {
   template <class R> MF_D static auto rv(const R& t, int k, int n) {
     return TR ? t.mf_get(k, n) : t.mf_get(n, k);
   }
+  // The stored tensor's dimensions: a left operand (k, m) (TL: (m, k)), a right one (k, n)
+  // (TR; else (n, k)). KIn: K is dimension 0, the contiguous one.
+  static constexpr bool LeftKIn = !TL, RightKIn = TR;
+  template <class T>
+  MF_D static bool ldsm_view(const T& t, bool k_in, int rows, int k_len) {
+    const int k_dim = k_in ? 0 : 1;
+    const long lead = long(t.mf_stride[1]);
+    return mf_mpp::is_shared(t.mf_data) && t.mf_stride[0] == 1 && lead % 8 == 0 &&
+           (reinterpret_cast<unsigned long long>(t.mf_data) & 15ull) == 0 &&
+           long(t.mf_lim[k_dim]) >= k_len && long(t.mf_lim[1 - k_dim]) >= rows;
+  }
+  template <class L, class R>
+  MF_D static bool ldsm_ok(const L& left, const R& right) {
+    const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
+    return k_len % 16 == 0 && ldsm_view(left, LeftKIn, M, k_len) &&
+           ldsm_view(right, RightKIn, N, k_len);
+  }
+  // The shared address lane l gives ldmatrix for the 16 x 16 fragment at rows r0 (M or N),
+  // values k0 of K: matrix j = l / 8 is rows r0 + 8 (j % 2), values k0 + 8 (j / 2) (the
+  // register order of mma.sync's A fragment, and of B's two 8-column halves).
+  template <class T>
+  MF_D static unsigned ldsm_address(const T& t, bool k_in, unsigned base, int r0, int k0) {
+    const unsigned l = mf_mpp::lane();
+    const int j = int(l >> 3), i = int(l & 7u);
+    const long lead = long(t.mf_stride[1]);
+    const long at = k_in ? long(r0 + 8 * (j & 1) + i) * lead + (k0 + 8 * (j >> 1))
+                         : long(k0 + 8 * (j >> 1) + i) * lead + (r0 + 8 * (j & 1));
+    return base + unsigned(at) * 2u;
+  }
+  // acc (the destination's registers, fragments row-major, frag_coord order) += left x right
+  template <class L, class R>
+  MF_D static void ldsm_run(float* acc, const L& left, const R& right) {
+    typedef mf_mpp::elem_t<L> A;
+    constexpr int FM = M / 16, FN = N / 16;
+    const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
+    const unsigned lb = mf_mpp::shared_address(left.mf_data);
+    const unsigned rb = mf_mpp::shared_address(right.mf_data);
+    for (int k0 = 0; k0 < k_len; k0 += 16) {
+      unsigned a[FM][4], b[FN][4];
+      MF_UNROLL for (int i = 0; i < FM; ++i)
+        mf_mpp::ldsm4<!LeftKIn>(a[i], ldsm_address(left, LeftKIn, lb, 16 * i, k0));
+      MF_UNROLL for (int j = 0; j < FN; ++j)
+        mf_mpp::ldsm4<!RightKIn>(b[j], ldsm_address(right, RightKIn, rb, 16 * j, k0));
+      MF_UNROLL for (int i = 0; i < FM; ++i) {
+        MF_UNROLL for (int j = 0; j < FN; ++j) {
+          MF_UNROLL for (int h = 0; h < 2; ++h)
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j][h], b[j][2 + h], A());
+        }
+      }
+    }
+  }
   template <class L, class R>
   MF_D static void tensor_mma(acc_t& acc, const L& left, const R& right) {
     typedef mf_mpp::elem_t<L> A;
     const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
     const unsigned l = mf_mpp::lane();
-    for (int s = 0; s < acc_t::kSlots; ++s) {
+    MF_UNROLL for (int s = 0; s < acc_t::kSlots; ++s) {
       const mf_mpp::Elem base = acc.mf_at(s * 8);
       if (!base.valid) continue;                       // the same for the whole warp
       const int m0 = base.row - int(l >> 2), n0 = base.col - 2 * int(l & 3u);
       for (int k0 = 0; k0 < k_len; k0 += 16) {
         A a[8], b[8];
-        for (int e = 0; e < 8; ++e) {
+        MF_UNROLL for (int e = 0; e < 8; ++e) {
           int r, c;
           mf_mpp::frag_coord(l, e, r, c);
           a[e] = A(lv(left, m0 + r, k0 + c));
@@ -425,7 +537,7 @@ struct matmul2d {
   template <class L, class R>
   MF_D static void scalar(acc_t& acc, const L& left, const R& right) {
     const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
-    for (int i = 0; i < acc_t::kCapacity; ++i) {
+    MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) {
       const mf_mpp::Elem e = acc.mf_at(i);
       if (!e.valid) continue;
       float sum = acc.mf_e[i];

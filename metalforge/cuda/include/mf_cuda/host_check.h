@@ -7,6 +7,7 @@
 #define __global__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 struct mf_dim3 { unsigned x, y, z; };
 extern const mf_dim3 threadIdx, blockIdx, blockDim, gridDim;
 struct __half { unsigned short x; };
