@@ -50,6 +50,7 @@ from .base import IDX, Step, make_kernel
 from .column_context import ColumnContext, column_context, partial_slots, wide_columns
 from .column_folds import step_folds
 from .column_merge import ChunkMerges
+from .column_ticket import TicketMerges, counter_argument
 from .column_words import grouped
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
@@ -71,6 +72,7 @@ class ColumnSchedule(RowSchedule):
     partials: int = 0                     # chunked graphs: fp32 values per column and chunk
     wide: int = 1                         # columns a thread of the `wide` kernel takes
     inner: str = ""                       # the columns' innermost axis (wide: a multiple of it)
+    ticket: bool = False                  # one_launch: the split kernel merges its chunks
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         if sizes[self.axis] <= self.policy.looped_limit:
@@ -138,7 +140,7 @@ class ColumnSchedule(RowSchedule):
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
-        if self.chunks(sizes) == 1:
+        if self.chunks(sizes) == 1 or self.ticket:
             return first
         tpg = self.policy.threads_per_group
         blocks = -(-self._rows(sizes) // SIMD_WIDTH)
@@ -148,6 +150,12 @@ class ColumnSchedule(RowSchedule):
         chunks = self.chunks(sizes)
         return 0 if chunks == 1 else self.partials * chunks * self._rows(sizes)
 
+    def counter_words(self, sizes: Mapping[str, int]) -> int:
+        """Words of the counter buffer a one-launch call binds: one per column block."""
+        if not self.ticket:
+            return 0
+        return -(-self._rows(sizes) // (SIMD_WIDTH * self.columns_per_thread(sizes)))
+
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         if name == CHUNK_ROWS:
             return self.chunk_rows(sizes)
@@ -156,7 +164,7 @@ class ColumnSchedule(RowSchedule):
 
 
 @dataclass(frozen=True, eq=False)
-class ColumnKernel(ChunkMerges):
+class ColumnKernel(TicketMerges):
     """One column kernel being built: the call's context and the variant's fresh collector
     (`parts`), which `bases` and the loads declare their per-column offsets in."""
     ctx: ColumnContext
@@ -201,6 +209,12 @@ class ColumnKernel(ChunkMerges):
                           compute_type(t.dtype))
             v = ir.Select(ir.Var("mf_live"), v, zero)
         return v
+
+    def merge_parts(self) -> tuple[ChunkMerges, reduce.VariantParts]:
+        parts = reduce.variant_parts(self.ctx, "combine",
+                                     lambda p, n: ColumnKernel(self.ctx, p).col_load(n))
+        with_unit_gathers(self.ctx, parts, None)
+        return ColumnKernel(self.ctx, parts), parts
 
     def outer_load(self, n: Node) -> ir.Expr:
         return self.col_load(n)
@@ -543,14 +557,17 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
         parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
         with_unit_gathers(ctx, parts, ir.Var("mf_live") if name == "split" else None)
         return ColumnKernel(ctx, parts).kernel(parts), parts
-    names = VARIANTS + (("combine",) if ctx.chunked else ()) + \
+    names = VARIANTS + (("combine",) if ctx.chunked and not ctx.ticket else ()) + \
         (("wide",) if ctx.wide > 1 else ())
     kernels, passes, tgb = reduce.build_variants(ctx, names, kernel, "; lower rows_per_group")
     if ctx.chunked:
         params = kernels["column"].params
-        extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",), True),
-                 ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
-                             ("launch", CHUNK_ROWS), cast="int32"))
+        extra: tuple[ir.Argument, ...] = (
+            ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",), True),
+            ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
+                        ("launch", CHUNK_ROWS), cast="int32"))
+        if ctx.ticket:
+            extra += (counter_argument(len(params) + 2),)
         kernels = {n: replace(k, params=params + extra) for n, k in kernels.items()}
     passes.pop("combine", None)
     vector = tuple(t.name for t in ctx.inputs if ctx.inner in t.axes) if ctx.wide > 1 else ()
@@ -558,4 +575,5 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
                           kernels["column"], tuple(ctx.outer) + (ctx.axis,), vector, index64,
                           axis=ctx.axis, rows=ctx.outer, variants=kernels,
                           reductions=reduce.phases(graph, online=False), passes=passes,
-                          partials=len(ctx.slots), wide=ctx.wide, inner=ctx.inner)
+                          partials=len(ctx.slots), wide=ctx.wide, inner=ctx.inner,
+                          ticket=ctx.ticket)

@@ -25,6 +25,8 @@ class ColumnContext(reduce.ReductionContext):
     slots: tuple[tuple[str, str], ...] = ()   # chunked: `partial_slots` of its reductions
     inner: str = ""                           # the columns' innermost axis
     wide: int = 1                             # `wide_columns`
+    # chunked, one_launch: the last group of a column block merges the chunks (column_ticket)
+    ticket: bool = False
 
 
 def column_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnContext:
@@ -36,7 +38,8 @@ def column_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnC
         all(red.axis not in o.axes for o in graph.outputs)
     ctx = ColumnContext(**reduce.context_fields(red), chunked=chunked,
                         slots=tuple(partial_slots(reds)) if chunked else (),
-                        inner=red.outer[-1] if red.outer else "")
+                        inner=red.outer[-1] if red.outer else "",
+                        ticket=chunked and policy.one_launch and policy.fill_groups > 0)
     return replace(ctx, wide=wide_columns(ctx))
 
 

@@ -18,8 +18,13 @@ class ChunkMerges:
     """The merging methods of `column.ColumnKernel` (a mixin: `ctx` and `epilogue` are the
     kernel's)."""
     ctx: ColumnContext
+    parts: reduce.VariantParts
 
     def epilogue(self, v: reduce.VariantParts, slices: int) -> None:
+        raise NotImplementedError
+
+    def merge_parts(self) -> tuple[ChunkMerges, reduce.VariantParts]:
+        """A fresh collector for merge code inside another kernel, and a kernel of it."""
         raise NotImplementedError
 
     def combine_slices(self, v: reduce.VariantParts, rs: list[reduce.Reduction],
@@ -69,6 +74,19 @@ class ChunkMerges:
                     reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
         return resets, merges
 
+    def scratch_load(self, at: ir.Expr) -> ir.Expr:
+        """A partial from scratch (one launch: through a coherent(device) pointer, the other
+        groups' stores)."""
+        if self.ctx.ticket:
+            return ir.Call("mf_coherent_load", (ir.Var("mf_scratch"), at))
+        return ir.Load("mf_scratch", at)
+
+    def scratch_store(self, at: ir.Expr, value: ir.Expr) -> ir.Stmt:
+        """A partial to scratch (one launch: through a coherent(device) pointer)."""
+        if self.ctx.ticket:
+            return ir.Eval(ir.Call("mf_coherent_store", (ir.Var("mf_scratch"), at, value)))
+        return ir.Store("mf_scratch", at, value)
+
     def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
         """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
         then chunk, then column (neighbouring columns side by side)."""
@@ -85,14 +103,20 @@ class ChunkMerges:
         stores: list[ir.Stmt] = []
         for j, rs in enumerate(columns) if columns else [(0, [])]:
             slots = partial_slots(rs) if columns else self.ctx.slots
-            stores += [ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
-                                ir.Lit(j, IDX) if j else
-                                self.scratch_at(q, ir.Var("mf_chunk"), chunks),
-                                _bits(ir.Var(name), typ, "float"))
+            stores += [self.scratch_store(self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
+                                          ir.Lit(j, IDX) if j else
+                                          self.scratch_at(q, ir.Var("mf_chunk"), chunks),
+                                          _bits(ir.Var(name), typ, "float"))
                        for q, (name, typ) in enumerate(slots)]
         return [ir.If(chunks.eq(ir.Lit(1, "uint")), epilogue, [
             ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
-            ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
+            ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores),
+            *self.chunks_merged()])]
+
+    def chunks_merged(self) -> list[ir.Stmt]:
+        """What the split kernel does after storing its chunk's partials: nothing (the combine
+        launch merges them; `column_ticket` overrides it)."""
+        return []
 
     def combine_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         """Threadgroups of 32 columns x S slices (S = rows_per_group): slice s merges the
@@ -100,6 +124,24 @@ class ChunkMerges:
         reads_per_thread chunks' partials loaded at once; the slices' results meet in
         threadgroup memory, merged in slice order (deterministic; argmax keeps the first
         index); slice 0 stores the column's outputs."""
+        slices = self.ctx.policy.rows_per_group
+        self.merge_chunks(v)
+        live = ir.Var("mf_live")
+        v.main += [ir.Comment("slice 0 of each live column stores its outputs"),
+                   ir.If(ir.Unary("!", live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))),
+                         [ir.Return()])]
+        self.epilogue(v, 1)
+        threads, head = self.combine_header(slices)
+        summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
+                   f"chunks of '{self.ctx.axis}' left in scratch, 32 columns x {slices} slices "
+                   f"of the chunks per threadgroup, each slice in chunk order, the slices in "
+                   f"slice order, then stores the outputs")
+        body = list(v.tg_arrays) + head + v.pre + v.main
+        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
+
+    def merge_chunks(self, v: reduce.VariantParts) -> None:
+        """The chunks' partials of column mf_col merged (every slice of it ends with the
+        column's results, the row values of the reductions' nodes)."""
         slices = self.ctx.policy.rows_per_group
         reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
         self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
@@ -111,19 +153,8 @@ class ChunkMerges:
                               f"{slices}, ... in chunk order"), *decls, self.chunk_count(),
                    ir.If(live, self.chunk_merges(reds, slices)), *reduce.finish(reds)]
         v.main += self.combine_slices(v, reds, slices)
-        v.main += [ir.Comment("slice 0 of each live column stores its outputs"),
-                   ir.If(ir.Unary("!", live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))),
-                         [ir.Return()])]
         for r in reds:
             v.row_values.values[r.node] = reduce.result(r)
-        self.epilogue(v, 1)
-        threads, head = self.combine_header(slices)
-        summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
-                   f"chunks of '{self.ctx.axis}' left in scratch, 32 columns x {slices} slices "
-                   f"of the chunks per threadgroup, each slice in chunk order, the slices in "
-                   f"slice order, then stores the outputs")
-        body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
 
     def chunk_merges(self, reds: list[reduce.Reduction], slices: int) -> list[ir.Stmt]:
         """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
@@ -138,8 +169,8 @@ class ChunkMerges:
             k = ir.Lit(0, "uint") if n == 1 else u
             loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
             loads += [
-                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(ir.Load(
-                    "mf_scratch", self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
+                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(self.scratch_load(
+                    self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
                 for q, (_, typ) in enumerate(self.ctx.slots)]
             merges: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
             for r in reds:

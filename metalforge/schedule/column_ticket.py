@@ -1,0 +1,94 @@
+"""The single-launch merge of a chunked column reduction (launch option ``one_launch``).
+
+The split (or wide) kernel's grid splits the reduced axis into chunks; with ``one_launch`` the
+last threadgroup of each column block to finish merges the block's chunks itself, in the same
+launch, instead of a second (combine) launch:
+
+1. slice 0 of every group stores its chunk's fp32 partials to scratch through a
+   ``coherent(device)`` pointer (`mf_coherent_store`: visible to other threadgroups, which a
+   plain device store is not guaranteed to be before Metal 3.2's coherent memory);
+2. every thread fences its device writes at device scope (`mf_device_fence`: an
+   ``atomic_thread_fence(mem_device, seq_cst, thread_scope_device)``), then a threadgroup
+   barrier, then one thread takes a ticket: a relaxed ``atomic_fetch_add`` of 1 on the block's
+   word of the counter buffer (`mf_ticket`), shared with the group through threadgroup memory;
+3. the group holding ticket chunks - 1 (the last to arrive: every other group of the block has
+   fenced its partials before taking its ticket) fences again (the acquire side), merges the
+   chunks exactly as the combine kernel does (slice s takes chunks s, s + S, ... in chunk
+   order, the slices merged in slice order: the same bits whichever group is last, and the
+   same as the two-launch merge), stores the outputs, and puts the block's word back to 0
+   (`mf_ticket_reset`), so the next launch on the stream finds it zeroed.
+
+The counter buffer (``("counter",)`` binding: one uint per column block) is made zeroed by the
+runtime once and kept (runtime/counters.py: per device and stream; why that is safe with CUDA
+graphs, concurrent calls and aborted launches is said there). Deterministic: a column's sum has
+the same bits on every run.
+"""
+from __future__ import annotations
+
+from .. import ir
+from .base import IDX
+from .column_merge import ChunkMerges
+from .hardware import SIMD_WIDTH
+
+COUNTER = "mf_counter"
+
+
+def counter_argument(index: int) -> ir.Argument:
+    """The counter buffer: a uint per column block, zero between launches."""
+    return ir.Argument(COUNTER, index, "buffer", "uint", ("counter",), True)
+
+
+class TicketMerges(ChunkMerges):
+    """`chunks_merged` for one launch (a mixin of `column.ColumnKernel`)."""
+
+    def chunks_merged(self) -> list[ir.Stmt]:
+        if not self.ctx.ticket:
+            return []
+        tk = ir.Lane(ir.Var("mf_tk"), ir.Lit(0, "uint"))
+        first = ir.Var("mf_lid").eq(ir.Lit(0, "uint"))
+        fence = ir.Eval(ir.Call("mf_device_fence", ()))
+        word = ir.Var(COUNTER) + ir.Var("mf_block")
+        self.ctx.helpers.update({"mf_ticket", "mf_device_fence", "mf_coherent"})
+        self.parts.tg_arrays.append(ir.ArrayDecl("mf_tk", "uint", 1, "threadgroup"))
+        return [
+            ir.Comment("one launch: this group's partials visible device-wide, then its ticket "
+                       "(groups of this column block that arrived before it)"),
+            fence, ir.Barrier(),
+            ir.If(first, [ir.Assign(tk, ir.Call("mf_ticket", (word,)))]),
+            ir.Barrier(),
+            ir.If(tk.eq(ir.Var("mf_chunks") - ir.Lit(1, "uint")), [
+                ir.Comment("the block's last group: every chunk's partials are stored; merge "
+                           "them as the combine kernel does, then zero the block's word"),
+                fence, *self.ticket_merge(),
+                ir.If(first, [ir.Eval(ir.Call("mf_ticket_reset", (word,)))])])]
+
+    def ticket_merge(self) -> list[ir.Stmt]:
+        """The merge of the block's chunks, 32 columns at a time (the wide kernel's block
+        holds `wide` such): each a scope with its own column, as the combine kernel places
+        it, and a barrier first (the threadgroup arrays are reused)."""
+        sib, parts = self.merge_parts()
+        sib.merge_chunks(parts)
+        start = len(parts.main)
+        sib.epilogue(parts, 1)
+        stores = parts.main[start:]
+        del parts.main[start:]
+        self.ctx.helpers.update(parts.row_values.helpers)
+        own = {a.name for a in self.parts.tg_arrays}
+        self.parts.tg_arrays.extend(a for a in parts.tg_arrays if a.name not in own)
+        c = self.ctx.wide if self.parts.name == "wide" else 1
+        ncols = self.ctx.span(self.ctx.outer)
+        out: list[ir.Stmt] = []
+        for j in range(c):
+            col = (ir.Var("mf_block") * ir.Lit(c, "uint") + ir.Lit(j, "uint")) * \
+                ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane") if c > 1 else \
+                ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+            live = ir.Var("mf_live")
+            out.append(ir.Block([
+                ir.Comment(f"columns {j * SIMD_WIDTH} to {(j + 1) * SIMD_WIDTH - 1} of the block")
+                if c > 1 else ir.Comment("the block's columns"),
+                ir.Barrier(),
+                ir.Decl("mf_col", "uint", col),
+                ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
+                *parts.pre, *parts.main,
+                ir.If(live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
+        return out
