@@ -139,9 +139,11 @@ class ChunkMerges:
         body = list(v.tg_arrays) + head + v.pre + v.main
         return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
 
-    def merge_chunks(self, v: reduce.VariantParts) -> None:
+    def merge_chunks(self, v: reduce.VariantParts, reads: int = 0) -> None:
         """The chunks' partials of column mf_col merged (every slice of it ends with the
-        column's results, the row values of the reductions' nodes)."""
+        column's results, the row values of the reductions' nodes); `reads` chunks' partials
+        loaded at once (0: reads_per_thread; the merges' order, so the bits, do not depend
+        on it)."""
         slices = self.ctx.policy.rows_per_group
         reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
         self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
@@ -151,16 +153,17 @@ class ChunkMerges:
         live = ir.Var("mf_live")
         v.main += [ir.Comment(f"merge the chunks' partials: slice s takes chunks s, s + "
                               f"{slices}, ... in chunk order"), *decls, self.chunk_count(),
-                   ir.If(live, self.chunk_merges(reds, slices)), *reduce.finish(reds)]
+                   ir.If(live, self.chunk_merges(reds, slices, reads)), *reduce.finish(reds)]
         v.main += self.combine_slices(v, reds, slices)
         for r in reds:
             v.row_values.values[r.node] = reduce.result(r)
 
-    def chunk_merges(self, reds: list[reduce.Reduction], slices: int) -> list[ir.Stmt]:
+    def chunk_merges(self, reds: list[reduce.Reduction], slices: int,
+                     reads: int = 0) -> list[ir.Stmt]:
         """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
         reads_per_thread chunks (their partials loaded first, into mf_p<q>[], then merged in
         order), then the last chunks one at a time."""
-        reads = self.ctx.policy.reads_per_thread
+        reads = reads or self.ctx.policy.reads_per_thread
         chunks, i, u = ir.Var("mf_chunks"), ir.Var("mf_i"), ir.Var("mf_u")
         s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
         own = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
