@@ -7,7 +7,8 @@ no launch is using it, and every launch needs only that:
 - the buffer is made zeroed (``torch.zeros``) once, outside any CUDA graph capture, and kept
   (one per device and stream, grown, again zeroed, where a call needs more words): no zeroing
   launch per call;
-- calls on one stream run one after another, and each leaves its words at 0 for the next, so
+- calls on one stream (MPS: its one queue; the simulator: one calling thread) run one after
+  another, and each leaves its words at 0 for the next, so
   every kernel and every call on that stream can share the one buffer; calls on another stream
   (which may run at the same time) get a buffer of their own;
 - a CUDA graph keeps the pointer it captured, and each replay leaves the words at 0 as an eager
@@ -39,10 +40,14 @@ def _capturing(device: Optional[torch.device]) -> bool:
 
 
 def _stream_key(device: Optional[torch.device]) -> tuple[str, int]:
+    """Launches with one key run one after another: a CUDA stream's; MPS's one queue; on the
+    simulator (CPU tensors) the calling thread's, whose calls return when the kernel is done."""
     if device is not None and device.type == "cuda":
         if _capturing(device):
             return str(device), GRAPHS
         return str(device), torch.cuda.current_stream(device).stream_id
+    if device is None or device.type == "cpu":
+        return str(device), threading.get_ident()
     return str(device), 0
 
 
@@ -52,6 +57,9 @@ class TicketCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._buffers: dict[tuple[str, int], torch.Tensor] = {}
+        # graph buffers replaced (grown, or dropped by `clear`): captured graphs still hold
+        # their pointers, so they stay allocated (a few KB each)
+        self._retired: list[torch.Tensor] = []
 
     def words(self, device: Optional[torch.device], n: int, where: str = "") -> torch.Tensor:
         """A buffer of at least `n` int32 words, all zero between launches, for calls on the
@@ -71,13 +79,17 @@ class TicketCounters:
                 graphs = self._buffers.get((key[0], GRAPHS))
                 if device is not None and device.type == "cuda" and \
                         (graphs is None or graphs.numel() < size):
+                    if graphs is not None:
+                        self._retired.append(graphs)
                     self._buffers[key[0], GRAPHS] = torch.zeros(size, dtype=torch.int32,
                                                                 device=device)
         return buf
 
     def clear(self) -> None:
-        """Forget every buffer (after an aborted launch; tests; `runtime.clear_caches`)."""
+        """Forget every buffer (after an aborted launch; tests; `runtime.clear_caches`): the
+        next calls make zeroed ones (graph buffers stay allocated for the graphs holding them)."""
         with self._lock:
+            self._retired += [b for k, b in self._buffers.items() if k[1] == GRAPHS]
             self._buffers.clear()
 
 
