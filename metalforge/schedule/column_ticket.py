@@ -9,8 +9,10 @@ launch, instead of a second (combine) launch:
    plain device store is not guaranteed to be before Metal 3.2's coherent memory);
 2. every thread fences its device writes at device scope (`mf_device_fence`: an
    ``atomic_thread_fence(mem_device, seq_cst, thread_scope_device)``), then a threadgroup
-   barrier, then one thread takes a ticket: a relaxed ``atomic_fetch_add`` of 1 on the block's
-   word of the counter buffer (`mf_ticket`), shared with the group through threadgroup memory;
+   barrier, then one thread takes a ticket between two more fences (release of what the group
+   stored, acquire of what earlier groups did): a relaxed ``atomic_fetch_add`` of 1 on the
+   block's word of the counter buffer (`mf_ticket`), shared with the group through threadgroup
+   memory and a barrier (CUDA's threadFenceReduction pattern, with fences on both sides);
 3. the group holding ticket chunks - 1 (the last to arrive: every other group of the block has
    fenced its partials before taking its ticket) fences again (the acquire side), merges the
    chunks exactly as the combine kernel does (slice s takes chunks s, s + S, ... in chunk
@@ -58,7 +60,9 @@ class TicketMerges(ChunkMerges):
             ir.Comment("one launch: this group's partials visible device-wide, then its ticket "
                        "(groups of this column block that arrived before it)"),
             fence, ir.Barrier(),
-            ir.If(first, [ir.Assign(tk, ir.Call("mf_ticket", (word,)))]),
+            ir.Comment("the ticket between two fences: the group's stores (seen by this thread "
+                       "at the barrier) released with it, the earlier groups' acquired"),
+            ir.If(first, [fence, ir.Assign(tk, ir.Call("mf_ticket", (word,))), fence]),
             ir.Barrier(),
             ir.If(tk.eq(ir.Var("mf_chunks") - ir.Lit(1, "uint")), [
                 ir.Comment("the block's last group: every chunk's partials are stored; merge "
