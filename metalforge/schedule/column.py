@@ -21,6 +21,9 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   (reads_per_thread chunks' partials loaded at once), the slices' results merged in slice
   order through threadgroup memory (deterministic; argmax keeps the first index), slice 0
   storing the outputs. With one chunk the split kernel stores the outputs itself.
+  With launch={"one_launch": True} there is no second launch: the last threadgroup of each
+  column block to finish (an atomic ticket) merges the chunks the same way, in the same
+  launch (`column_ticket`: the same bits).
 - ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
   innermost axis innermost, no gathers or index expressions; taken where that axis is a
   multiple of its columns): the split kernel with `wide` adjacent columns a thread
