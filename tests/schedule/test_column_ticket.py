@@ -22,8 +22,8 @@ NAN, INF = math.nan, math.inf
 
 def _stats(x):
     m = mf.max(x, axis="R")
-    return (mf.sum(x, axis="R"), m, mf.min(x, axis="R"), mf.mean(x, axis="R"),
-            mf.argmax(x, axis="R"), m + mf.log(mf.sum(mf.exp(x - m), axis="R")))
+    return (mf.sum(x, axis="R"), m, mf.argmax(x, axis="R"),
+            m + mf.log(mf.sum(mf.exp(x - m), axis="R")))          # with an online pair
 
 
 # chunk_rows 16: chunks of whole steps of the group (8 slices x 4 rows = 32 rows) at small sizes
@@ -50,15 +50,13 @@ def same(a, b):
 
 
 def against_torch(got, x):
-    s, mx, mn, mean, amax, lse = got
+    s, mx, amax, lse = got
     xd = x.double()
     nan = x.isnan().any(0)
-    assert torch.equal(mx.isnan(), nan) and torch.equal(mn.isnan(), nan)
-    assert torch.equal(mx[~nan], x.amax(0)[~nan]) and torch.equal(mn[~nan], x.amin(0)[~nan])
+    assert torch.equal(mx.isnan(), nan) and torch.equal(mx[~nan], x.amax(0)[~nan])
     assert torch.equal(amax, x.argmax(0))
     tol = dict(rtol=1e-5, atol=1e-5 * max(1, x.shape[0] / 10), equal_nan=True)
     torch.testing.assert_close(s, xd.sum(0).float(), **tol)
-    torch.testing.assert_close(mean, xd.mean(0).float(), **tol)
     m = xd.amax(0)                                   # the kernel's formula (inf - inf: NaN)
     torch.testing.assert_close(lse, (m + (xd - m).exp().sum(0).log()).float(), **tol)
 
@@ -91,7 +89,7 @@ def test_one_launch_merges_like_the_combine_launch(d):
                                            if chunks > 1 else words)
         assert plan(two, x)[2] == (2 if chunks > 1 else 1)
         against_torch(got, x)
-        assert int(got[4][1]) == r // 3
+        assert int(got[2][1]) == r // 3
         for a, b, c in zip(got, two(x), one(x)):
             same(a, b)
             same(a, c)
