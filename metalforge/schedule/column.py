@@ -52,7 +52,7 @@ from . import reduce
 from .base import IDX, Step, make_kernel
 from .column_context import ColumnContext, column_context, partial_slots, wide_columns
 from .column_folds import step_folds
-from .column_merge import ChunkMerges
+from .column_merge import ChunkMerges, copies
 from .column_ticket import TicketMerges, counter_argument
 from .column_words import grouped
 from .hardware import SIMD_WIDTH
@@ -349,13 +349,8 @@ class ColumnKernel(TicketMerges):
     # -- the wide kernel: several adjacent columns a thread ---------------------------------
     @staticmethod
     def copies(reds: list[reduce.Reduction], j: int) -> list[reduce.Reduction]:
-        """The reductions of a thread's column j (accumulators numbered apart: mf_acc<i>)."""
-        out = [replace(r, i=r.i + j * len(reds)) for r in reds]
-        twin = {id(r): o for r, o in zip(reds, out)}
-        for r, o in zip(reds, out):
-            o.online_sum = twin[id(r.online_sum)] if r.online_sum is not None else None
-            o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
-        return out
+        """The reductions of a thread's column j (`column_merge.copies`)."""
+        return copies(reds, j)
 
     def wide_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         """The split kernel of chunked graphs, `wide` adjacent columns a thread: each row's

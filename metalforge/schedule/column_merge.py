@@ -4,6 +4,7 @@ a threadgroup through threadgroup memory (`combine_slices`), each chunk's partia
 the single-launch merge (`column_ticket`)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from .. import ir
@@ -87,12 +88,14 @@ class ChunkMerges:
             return ir.Eval(ir.Call("mf_coherent_store", (ir.Var("mf_scratch"), at, value)))
         return ir.Store("mf_scratch", at, value)
 
-    def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
+    def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr,
+                   col: ir.Expr | None = None) -> ir.Expr:
         """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
         then chunk, then column (neighbouring columns side by side)."""
         ncols = self.ctx.span(self.ctx.outer)
         row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
-        return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
+        return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, col if col is not None
+                                                   else ir.Var("mf_col"))
 
     def chunk_exit(self, epilogue: list[ir.Stmt],
                    columns: tuple[list[reduce.Reduction], ...] = ()) -> list[ir.Stmt]:
@@ -158,32 +161,33 @@ class ChunkMerges:
         for r in reds:
             v.row_values.values[r.node] = reduce.result(r)
 
-    def chunk_merges(self, reds: list[reduce.Reduction], slices: int,
-                     reads: int = 0) -> list[ir.Stmt]:
+    def chunk_merges(self, reds: list[reduce.Reduction], slices: int, reads: int = 0,
+                     per: tuple[tuple[list[reduce.Reduction], ir.Expr], ...] = ()
+                     ) -> list[ir.Stmt]:
         """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
         reads_per_thread chunks (their partials loaded first, into mf_p<q>[], then merged in
-        order), then the last chunks one at a time."""
+        order), then the last chunks one at a time. `per`: several columns at once, each its
+        reductions (copies of `reds`) and its column (the partials of all loaded together)."""
         reads = reads or self.ctx.policy.reads_per_thread
         chunks, i, u = ir.Var("mf_chunks"), ir.Var("mf_i"), ir.Var("mf_u")
         s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
-        own = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
+        base = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
+        per = per or ((reds, ir.Var("mf_col")),)
+        owns = [own_slots(base, reds, rs) for rs, _ in per]
 
         def step(c: ir.Expr, n: int) -> list[ir.Stmt]:
-            k = ir.Lit(0, "uint") if n == 1 else u
             loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
-            loads += [
-                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(self.scratch_load(
-                    self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
-                for q, (_, typ) in enumerate(self.ctx.slots)]
             merges: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
-            for r in reds:
-                if r.compensated and r.online_max is None:
-                    merges += reduce.update(r, ir.Lane(ir.Var(f"mf_p{own[r.acc]}"), k),
-                                            ir.Var("mf_c"))
-                else:
-                    merges += self.merges([r], lambda name: ir.Lane(ir.Var(f"mf_p{own[name]}"),
-                                                                    k))[1]
-            arrays: list[ir.Stmt] = [ir.ArrayDecl(f"mf_p{q}", typ, n)
+            for j, ((rs, col), own) in enumerate(zip(per, owns)):
+                k: ir.Expr = ir.Lit(0, "uint") if n == 1 else u
+                if j:
+                    k = ir.Lit(j * n, "uint") + k
+                loads += [
+                    ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(self.scratch_load(
+                        self.scratch_at(q, ir.Var("mf_c"), chunks, col)), "float", typ))
+                    for q, (_, typ) in enumerate(self.ctx.slots)]
+                merges += self.slot_merges(rs, own, k)
+            arrays: list[ir.Stmt] = [ir.ArrayDecl(f"mf_p{q}", typ, n * len(per))
                                      for q, (_, typ) in enumerate(self.ctx.slots)]
             if n == 1:
                 return arrays + [ir.Block(loads), ir.Block(merges)]
@@ -199,6 +203,19 @@ class ChunkMerges:
             ir.For("mf_i", "uint", chunks / ir.Lit(slices * reads, "uint") * r_lit,
                    (chunks + ir.Lit(slices - 1, "uint")) / s_lit,
                    [ir.If(c < chunks, step(c, 1))])]
+
+    def slot_merges(self, rs: list[reduce.Reduction], own: dict[str, int],
+                    k: ir.Expr) -> list[ir.Stmt]:
+        """Merge one chunk's partials (lane k of mf_p<q>[], q = own[variable]) into `rs`, in
+        order (float sums compensated)."""
+        out: list[ir.Stmt] = []
+        for r in rs:
+            if r.compensated and r.online_max is None:
+                out += reduce.update(r, ir.Lane(ir.Var(f"mf_p{own[r.acc]}"), k),
+                                     ir.Var("mf_c"))
+            else:
+                out += self.merges([r], lambda name: ir.Lane(ir.Var(f"mf_p{own[name]}"), k))[1]
+        return out
 
     def combine_header(self, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
         """(thread inputs, statements placing a combine thread on its column and slice)."""
@@ -219,3 +236,27 @@ class ChunkMerges:
         r = ir.Cast("uint", self.ctx.size(self.ctx.axis))
         return ir.Decl("mf_chunks", "uint", (r - ir.Lit(1, "uint")) / ir.Var("mf_chunk_rows")
                        + ir.Lit(1, "uint"))
+
+
+def own_slots(base: dict[str, int], reds: list[reduce.Reduction],
+              copy: list[reduce.Reduction]) -> dict[str, int]:
+    """The scratch slot of each variable of `copy` (renamed copies of `reds`, whose
+    variables' slots are `base`)."""
+    out: dict[str, int] = {}
+    for r, c in zip(reds, copy):
+        for a, b in ((r.acc, c.acc), (r.idx, c.idx)):
+            if a in base:
+                out[b] = base[a]
+        if r.online_sum is not None and c.online_sum is not None and r.online_sum.acc in base:
+            out[c.online_sum.acc] = base[r.online_sum.acc]
+    return out
+
+
+def copies(reds: list[reduce.Reduction], j: int) -> list[reduce.Reduction]:
+    """The reductions of a thread's column j (accumulators numbered apart: mf_acc<i>)."""
+    out = [replace(r, i=r.i + j * len(reds)) for r in reds]
+    twin = {id(r): o for r, o in zip(reds, out)}
+    for r, o in zip(reds, out):
+        o.online_sum = twin[id(r.online_sum)] if r.online_sum is not None else None
+        o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
+    return out

@@ -28,15 +28,19 @@ the same bits on every run.
 from __future__ import annotations
 
 from .. import ir
+from . import reduce
 from .base import IDX
-from .column_merge import ChunkMerges
+from .column_merge import ChunkMerges, copies
 from .hardware import SIMD_WIDTH
 
 COUNTER = "mf_counter"
-# chunks' partials a thread of the last group loads at once: its merge is the launch's serial
-# tail (at 4096x128 f16, 64 chunks: 8 a slice, one round trip to L2 instead of two); the
-# merges stay in chunk order, so the bits are the combine kernel's
+# chunks' partials a thread of the last group loads at once (for all its columns: the wide
+# kernel's block holds several 32-column passes), at most MERGE_FLOATS values in registers: the
+# merge is the launch's serial tail (at 4096x128 f16, 64 chunks: 8 a slice for each of 4
+# columns, one round trip to L2 instead of eight); the merges stay in chunk order, so the
+# bits are the combine kernel's
 MERGE_READS = 8
+MERGE_FLOATS = 32
 
 
 def counter_argument(index: int) -> ir.Argument:
@@ -71,32 +75,58 @@ class TicketMerges(ChunkMerges):
                 ir.If(first, [ir.Eval(ir.Call("mf_ticket_reset", (word,)))])])]
 
     def ticket_merge(self) -> list[ir.Stmt]:
-        """The merge of the block's chunks, 32 columns at a time (the wide kernel's block
-        holds `wide` such): each a scope with its own column, as the combine kernel places
-        it, and a barrier first (the threadgroup arrays are reused)."""
+        """The merge of the block's chunks, as the combine kernel places 32 columns x S
+        slices (the wide kernel's block holds `wide` such): every thread loads and merges
+        the partials of its column in each of them together (one chain of loads, their
+        accumulators numbered apart), then each 32 columns' slices meet in threadgroup memory
+        in turn (a barrier first: the arrays are reused) and slice 0 stores their outputs."""
+        c = self.ctx.wide if self.parts.name == "wide" else 1
         sib, parts = self.merge_parts()
-        sib.merge_chunks(parts, MERGE_READS)
-        start = len(parts.main)
+        slices = self.ctx.policy.rows_per_group
+        reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
+        self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
+        per = [copies(reds, j) for j in range(c)]
+        ncols = self.ctx.span(self.ctx.outer)
+        head: list[ir.Stmt] = [ir.Comment(
+            f"the block's {c} x 32 columns' partials merged together: slice s takes chunks s, "
+            f"s + {slices}, ... in chunk order (a dead column reads column 0's, never stored)")]
+        cols: list[ir.Expr] = []
+        for j in range(c):
+            col = (ir.Var("mf_block") * ir.Lit(c, "uint") + ir.Lit(j, "uint")) * \
+                ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+            head += [ir.Decl(f"mf_colj{j}", "uint", col),
+                     ir.Decl(f"mf_livej{j}", "bool",
+                             ir.Cast(IDX, ir.Var(f"mf_colj{j}")) < ncols)]
+            cols.append(ir.Select(ir.Var(f"mf_livej{j}"), ir.Var(f"mf_colj{j}"),
+                                  ir.Lit(0, "uint")))
+        for rs in per:
+            for r in rs:
+                head += reduce.declare(r)
+        reads = max(2, min(MERGE_READS, MERGE_FLOATS // (c * max(1, len(self.ctx.slots)))))
+        head += sib.chunk_merges(reds, slices, reads,
+                                 tuple((rs, col) for rs, col in zip(per, cols)))
+        head += reduce.finish([r for rs in per for r in rs])
+        slots = sib.combine_slices(parts, reds, slices)
+        for r in reds:
+            parts.row_values.values[r.node] = reduce.result(r)
         sib.epilogue(parts, 1)
-        stores = parts.main[start:]
-        del parts.main[start:]
         self.ctx.helpers.update(parts.row_values.helpers)
         own = {a.name for a in self.parts.tg_arrays}
         self.parts.tg_arrays.extend(a for a in parts.tg_arrays if a.name not in own)
-        c = self.ctx.wide if self.parts.name == "wide" else 1
-        ncols = self.ctx.span(self.ctx.outer)
-        out: list[ir.Stmt] = []
+        out: list[ir.Stmt] = head
         for j in range(c):
-            col = (ir.Var("mf_block") * ir.Lit(c, "uint") + ir.Lit(j, "uint")) * \
-                ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane") if c > 1 else \
-                ir.Var("mf_block") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
-            live = ir.Var("mf_live")
+            take: list[ir.Stmt] = [
+                ir.Assign(ir.Var(a.name), ir.Var(b.name))
+                for r, cp in zip(reds, per[j])
+                for a, b in zip(reduce.declare(r), reduce.declare(cp))
+                if isinstance(a, ir.Decl) and isinstance(b, ir.Decl)] if j else []
             out.append(ir.Block([
-                ir.Comment(f"columns {j * SIMD_WIDTH} to {(j + 1) * SIMD_WIDTH - 1} of the block")
-                if c > 1 else ir.Comment("the block's columns"),
+                ir.Comment(f"columns {j * SIMD_WIDTH} to {(j + 1) * SIMD_WIDTH - 1} of the "
+                           f"block: the slices in slice order, then the outputs"),
                 ir.Barrier(),
-                ir.Decl("mf_col", "uint", col),
-                ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols),
-                *parts.pre, *parts.main,
-                ir.If(live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
+                ir.Decl("mf_col", "uint", ir.Var(f"mf_colj{j}")),
+                ir.Decl("mf_live", "bool", ir.Var(f"mf_livej{j}")),
+                *parts.pre, *take, *slots,
+                ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))),
+                      list(parts.main))]))
         return out
