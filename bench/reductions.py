@@ -3,6 +3,12 @@
     python bench/reductions.py              # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/reductions.py --device cuda --dtype f16 f32 --sizes 16384x4096 2048x16384
     python bench/reductions.py --device cuda --ops softmax --launch reads_per_thread=8
+    python bench/reductions.py --device cuda --ops column_sum --column-merge both
+
+--column-merge says how a column reduction whose reduced axis is split into chunks merges
+them: `combine` (default: a second launch), `one` (launch={"one_launch": True}: the last
+threadgroup of each column block merges them in the same launch; rows named NAME/1L) or
+`both` (each column op twice, side by side).
 
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
@@ -80,9 +86,27 @@ def cases(rows: int, cols: int, dtype, device):
     yield "column_argmax", column_argmax, (x,), lambda: torch.argmax(x, dim=0)
 
 
+def merged(cases, merge: str, ops):
+    """`cases` with each column op as `merge` asks (combine, one or both: see the module
+    doc), only `ops` (by the op's name, a /1L row with its op)."""
+    def each(rows, cols, dtype, device):
+        for name, k, args, eager in cases(rows, cols, dtype, device):
+            if ops and name not in ops:
+                continue
+            column = name.startswith("column_")
+            if not column or merge in ("combine", "both"):
+                yield name, k, args, eager
+            if column and merge in ("one", "both"):
+                yield f"{name}/1L", k.with_launch(one_launch=True), args, eager
+    return each
+
+
 def main(argv=None) -> int:
     ap = table_parser(__doc__.split("\n")[0],
                       "several on a GPU; 16x1000 and 2x8192 on the simulator")
+    ap.add_argument("--column-merge", choices=("combine", "one", "both"), default="combine",
+                    help="column reductions' chunks merged by a second launch, in one "
+                         "launch, or both side by side")
     a = ap.parse_args(argv)
     device = pick_device(a.device)
     sim = device == "cpu"
@@ -94,8 +118,8 @@ def main(argv=None) -> int:
     backend = runtime.current_backend([torch.empty(0, device=device)])
     print(f"device {device}, backend {backend}, launch {launch or 'default'}, median of "
           f"{repeat}" + ("  (simulator: times are a smoke test only)" if sim else ""))
-    print_table(cases, sizes, a.dtype, a.ops, device, repeat, launch, with_variant=True,
-                compile_=a.compile)
+    print_table(merged(cases, a.column_merge, a.ops), sizes, a.dtype, None, device, repeat,
+                launch, with_variant=True, compile_=a.compile)
     return 0
 
 

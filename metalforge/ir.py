@@ -270,7 +270,8 @@ Stmt = Union[Comment, Decl, Assign, Store, If, For, Break, ArrayDecl, Barrier, R
 BIND_KINDS: dict[str, str] = {
     "input": "input", "output": "output", "scalar": "scalar", "size": "size of",
     "numel": "element count", "error": "index-error report", "scratch": "partial results",
-    "launch": "launch value", "sorted": "the index sorted on the device:"}
+    "launch": "launch value", "sorted": "the index sorted on the device:",
+    "counter": "ticket counters"}
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,8 @@ class Argument:
     binds: what the runtime passes: ("input", name) | ("output", k) | ("scalar", name)
            | ("size", axis) | ("numel",) | ("error",) (a gather's 4-int report, zeroed)
            | ("scratch",) (fp32 partial results passed between a call's launches)
-           | ("launch", name) (a per-call launch parameter, `Schedule.launch_value`).
+           | ("launch", name) (a per-call launch parameter, `Schedule.launch_value`)
+           | ("counter",) (uint words zero between launches: runtime/counters.py).
     cast: the compile_shader `arg_casts` string that makes the bound width equal `type`
           (None: the default width — 4-byte float, 8-byte int — already matches).
     """

@@ -368,6 +368,40 @@ inline void mf_atomic_add(device uint* p, uint v) {
     atomic_fetch_add_explicit(reinterpret_cast<device atomic_uint*>(p), v, memory_order_relaxed);
 }
 
+// helper: mf_ticket
+// A threadgroup's arrival at a word of the counter buffer (zero between launches: the runtime
+// makes it zeroed, the last group to arrive puts it back): how many groups arrived before it.
+// Relaxed, the only order Metal's atomic functions take; the caller fences first
+// (mf_device_fence) so that what it stored is visible to the group that arrives last.
+inline uint mf_ticket(device uint* word) {
+    return atomic_fetch_add_explicit(reinterpret_cast<device atomic_uint*>(word), 1u,
+                                     memory_order_relaxed);
+}
+inline void mf_ticket_reset(device uint* word) {
+    atomic_store_explicit(reinterpret_cast<device atomic_uint*>(word), 0u, memory_order_relaxed);
+}
+
+// helper: mf_device_fence
+// Orders this thread's device-memory accesses at device scope (Metal 3.2): its stores before
+// the fence are visible to any thread of another threadgroup that fences after seeing a later
+// atomic of this thread (release before a ticket, acquire after it)
+inline void mf_device_fence() {
+    atomic_thread_fence(mem_flags::mem_device, memory_order_seq_cst, thread_scope_device);
+}
+
+// helper: mf_coherent
+// element i of a device float buffer read or written through a coherent(device) pointer
+// (Metal 3.2): other threadgroups' stores are seen once ordered by fences and atomics, where a
+// plain device access may be served by a cache not coherent across threadgroups
+template <typename I>
+inline float mf_coherent_load(device float* p, I i) {
+    return (reinterpret_cast<coherent(device) device float*>(p))[i];
+}
+template <typename I>
+inline void mf_coherent_store(device float* p, I i, float v) {
+    (reinterpret_cast<coherent(device) device float*>(p))[i] = v;
+}
+
 // helper: mf_lower_bound
 // the first position of keys[0, n) (sorted ascending) whose key is not below v; n if none
 // (mf.scatter_add's deterministic mode: the bounds of an output element's segment)

@@ -19,6 +19,7 @@ from ..errors import BindingError
 from ..graph import ScalarParam, TensorParam
 from ..runtime import launcher
 from ..runtime.binding import (
+    CounterSource,
     InputSource,
     LaunchSource,
     NumelSource,
@@ -68,6 +69,10 @@ def _argument(a: Source, fixed: Mapping[int, int], s: Any, sizes: Mapping[str, i
         return {"index": a.index, "kind": "scratch", "floats": max(1, s.scratch_floats(sizes))}
     if isinstance(a, SortedSource):
         return {"index": a.index, "kind": "sorted", "name": a.name, "part": a.part}
+    if isinstance(a, CounterSource):
+        raise BindingError("export: a one-launch column reduction binds ticket counters that "
+                           "must stay zeroed between launches, which the manifest cannot "
+                           "describe; export it with launch={'one_launch': False}")
     assert isinstance(a, ReportSource)
     return {"index": a.index, "kind": "report"}
 

@@ -28,6 +28,7 @@ from ..cache import key_lock
 from ..cuda import compile_shader as cuda_compile_shader
 from ..errors import BackendUnavailable, DeviceError
 from ..sim import compile_shader as sim_compile_shader
+from .counters import COUNTERS
 
 BACKENDS = ("mps", "sim", "cuda", "mlx")
 DEVICE_OF = {"mps": "mps", "sim": "cpu", "cuda": "cuda", "mlx": "mlx"}  # each backend's device
@@ -137,5 +138,6 @@ def kernel_object(backend_name: str, source: str, host_name: str,
 
 def clear_caches() -> None:
     """Forget compiled libraries (the simulator's on-disk cache is separate)."""
+    COUNTERS.clear()                  # one-launch ticket counters: zeroed ones made anew
     _libraries.clear()
     _kernels.clear()

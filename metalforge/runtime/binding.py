@@ -26,6 +26,7 @@ from ..graph import Graph, ScalarParam, TensorParam
 from ..ir import BIND_KINDS, Argument
 from ..schedule import Schedule
 from ..shapes import ShapeBinding, flat_shape, output_shape
+from .counters import COUNTERS
 from .indexcheck import IndexErrors
 
 # --------------------------------------------------------------------------- the sources
@@ -87,6 +88,12 @@ class ScratchSource:
 
 
 @dataclass(frozen=True)
+class CounterSource:
+    """The ticket counters of a one-launch kernel (runtime/counters.py): zero between launches."""
+    index: int
+
+
+@dataclass(frozen=True)
 class ReportSource:
     """A gather kernel's 4-int error report (`indexcheck.IndexErrors`)."""
     index: int
@@ -104,7 +111,7 @@ class SortedSource:
 
 
 Source = Union[InputSource, OutputSource, ScalarSource, SizeSource, NumelSource, LaunchSource,
-               ScratchSource, ReportSource, SortedSource]
+               ScratchSource, ReportSource, SortedSource, CounterSource]
 FIXED = (SizeSource, NumelSource, LaunchSource)     # the same for every call of given sizes
 
 
@@ -136,6 +143,8 @@ def _source(p: Argument, graph: Graph, s: Schedule) -> Source:
         return NumelSource(p.index)
     if kind == "sorted":
         return SortedSource(p.index, str(rest[0]), position[str(rest[0])], str(rest[1]))
+    if kind == "counter":
+        return CounterSource(p.index)
     return ScratchSource(p.index) if kind == "scratch" else ReportSource(p.index)
 
 
@@ -190,7 +199,8 @@ class BindingPlan:
         """This plan resolved for one checked torch call (`values` in parameter order)."""
         fixed = self.fixed(s, binding.sizes, numel)
         inputs, outputs = [], []
-        scratch = None
+        scratch: Optional[tuple[int, int]] = None
+        counter: Optional[tuple[int, int]] = None
         for a in self.sources:
             if isinstance(a, InputSource):
                 t = values[a.position]
@@ -202,13 +212,16 @@ class BindingPlan:
                 outputs.append((a.index, a.output, not out))
             elif isinstance(a, ScratchSource):
                 scratch = (a.index, max(1, s.scratch_floats(binding.sizes)))
+            elif isinstance(a, CounterSource):
+                counter = (a.index, max(1, s.counter_words(binding.sizes)))
         return Binder(len(self.sources), tuple(sorted(fixed.items())), tuple(inputs),
                       tuple(outputs),
                       tuple(a for a in self.sources if isinstance(a, ScalarSource)),
                       scratch, self.report,
                       errors=IndexErrors.of(graph, self.report, binding.sizes,
                                             s.policy.index_check),
-                      sorts=tuple(a for a in self.sources if isinstance(a, SortedSource)))
+                      sorts=tuple(a for a in self.sources if isinstance(a, SortedSource)),
+                      counter=counter, where=kernel_at(graph.name, graph.loc))
 
 
 # --------------------------------------------------------------------------- the binder
@@ -244,6 +257,8 @@ class Binder:
     report: Optional[int]
     errors: Optional[IndexErrors] = None
     sorts: tuple[SortedSource, ...] = ()
+    counter: Optional[tuple[int, int]] = None      # (argument index, words): ticket counters
+    where: str = ""
 
     def code(self, env: dict[str, Any], device: str) -> tuple[list[str], list[str]]:
         """(lines, argument expressions) binding a call's arguments from `values` (parameter
@@ -287,6 +302,11 @@ class Binder:
             env["_empty"], env["_float32"] = torch.empty, torch.float32
             lines.append(f"    scratch = _empty({n}, dtype=_float32, device={device})")
             args[i] = "scratch"
+        if self.counter is not None:
+            i, n = self.counter
+            env["_counters"], env["_where"] = COUNTERS.words, self.where
+            lines.append(f"    counter = _counters({device}, {n}, _where)")
+            args[i] = "counter"
         return lines, args
 
 

@@ -163,6 +163,10 @@ class Schedule:
         """fp32 elements of the ("scratch",) buffer the steps pass partial results through."""
         return 0
 
+    def counter_words(self, sizes: Mapping[str, int]) -> int:
+        """uint words of the ("counter",) buffer (zero between launches; runtime/counters.py)."""
+        return 0
+
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         """A ("launch", name) argument: a per-call launch parameter (attention's key_splits)."""
         raise KeyError(name)

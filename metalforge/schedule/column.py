@@ -21,6 +21,9 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
   (reads_per_thread chunks' partials loaded at once), the slices' results merged in slice
   order through threadgroup memory (deterministic; argmax keeps the first index), slice 0
   storing the outputs. With one chunk the split kernel stores the outputs itself.
+  With launch={"one_launch": True} there is no second launch: the last threadgroup of each
+  column block to finish (an atomic ticket) merges the chunks the same way, in the same
+  launch (`column_ticket`: the same bits).
 - ``wide`` (chunked graphs whose loaded tensors all have the reduced axis and keep the columns'
   innermost axis innermost, no gathers or index expressions; taken where that axis is a
   multiple of its columns): the split kernel with `wide` adjacent columns a thread
@@ -40,20 +43,26 @@ that keep the reduced axis (softmax over a column).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Mapping
 
 from .. import ir
 from ..errors import LaunchError
-from ..graph import Graph, Node, Op
+from ..graph import Graph, Node
 from . import reduce
 from .base import IDX, Step, make_kernel
-from .column_folds import extreme, step_folds
-from .column_words import column_groups, grouped
+from .column_context import ColumnContext, column_context, partial_slots, wide_columns
+from .column_folds import step_folds
+from .column_merge import ChunkMerges, copies
+from .column_ticket import TicketMerges, counter_argument
+from .column_words import grouped
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
-from .policy import COLUMN_LOAD_BYTES, LaunchPolicy
+from .policy import LaunchPolicy
 from .rows import RowSchedule
 from .unit_gather import gathers_once, with_unit_gathers
+
+__all__ = ["ColumnContext", "ColumnKernel", "ColumnSchedule", "build", "column_context",
+           "partial_slots", "wide_columns"]
 
 VARIANTS = ("column", "split")
 CHUNK_ROWS = "chunk_rows"                 # the launch parameter: rows per chunk
@@ -66,6 +75,7 @@ class ColumnSchedule(RowSchedule):
     partials: int = 0                     # chunked graphs: fp32 values per column and chunk
     wide: int = 1                         # columns a thread of the `wide` kernel takes
     inner: str = ""                       # the columns' innermost axis (wide: a multiple of it)
+    ticket: bool = False                  # one_launch: the split kernel merges its chunks
 
     def variant(self, sizes: Mapping[str, int]) -> str:
         if sizes[self.axis] <= self.policy.looped_limit:
@@ -133,7 +143,7 @@ class ColumnSchedule(RowSchedule):
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         first = (Step(self.host_name(sizes), *self.launch(sizes)),)
-        if self.chunks(sizes) == 1:
+        if self.chunks(sizes) == 1 or self.ticket:
             return first
         tpg = self.policy.threads_per_group
         blocks = -(-self._rows(sizes) // SIMD_WIDTH)
@@ -143,83 +153,21 @@ class ColumnSchedule(RowSchedule):
         chunks = self.chunks(sizes)
         return 0 if chunks == 1 else self.partials * chunks * self._rows(sizes)
 
+    def counter_words(self, sizes: Mapping[str, int]) -> int:
+        """Words of the counter buffer a one-launch call binds: one per column block."""
+        if not self.ticket:
+            return 0
+        return -(-self._rows(sizes) // (SIMD_WIDTH * self.columns_per_thread(sizes)))
+
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         if name == CHUNK_ROWS:
             return self.chunk_rows(sizes)
         raise KeyError(name)
 
 
-def _bits(e: ir.Expr, frm: str, to: str) -> ir.Expr:
-    """A 4-byte value of type `frm` as type `to`, bit for bit (partials in fp32 scratch)."""
-    return e if frm == to else ir.Call(f"as_type<{to}>", (e,))
-
 
 @dataclass(frozen=True, eq=False)
-class ColumnContext(reduce.ReductionContext):
-    """The reduction context of one column schedule, with what holds for all its kernels."""
-    # one phase, every output one value per column: the split kernel may chunk the axis
-    chunked: bool = False
-    slots: tuple[tuple[str, str], ...] = ()   # chunked: `partial_slots` of its reductions
-    inner: str = ""                           # the columns' innermost axis
-    wide: int = 1                             # `wide_columns`
-
-
-def column_context(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnContext:
-    """The context of the column schedule of `graph` (the axis its first reduction reduces)."""
-    red = reduce.reduction_context(graph, policy, index64, graph.reductions()[0].attr[1], "col",
-                                   "column")
-    reds = reduce.phases(graph, online=True)
-    chunked = max(r.phase for r in reds) == 0 and \
-        all(red.axis not in o.axes for o in graph.outputs)
-    ctx = ColumnContext(**reduce.context_fields(red), chunked=chunked,
-                        slots=tuple(partial_slots(reds)) if chunked else (),
-                        inner=red.outer[-1] if red.outer else "")
-    return replace(ctx, wide=wide_columns(ctx))
-
-
-def wide_columns(ctx: ColumnContext) -> int:
-    """Columns a thread of the `wide` kernel takes (vector_width, at most COLUMN_LOAD_BYTES
-    of the widest tensor; 1: no wide kernel): for
-    chunked graphs without gathers, index expressions or random draws (values that depend on
-    the column) whose every loaded tensor has the reduced axis, and has the columns' innermost
-    axis, if at all, innermost (so a thread's columns are one aligned vector of each), as has
-    every output."""
-    widest = max((t.dtype.itemsize for t in ctx.inputs if ctx.inner in t.axes), default=4)
-    c = min(ctx.policy.vector_width, max(1, COLUMN_LOAD_BYTES // widest))
-    # words or groups along the innermost column axis (K/8, K/GS of a kept K: the transposed
-    # quantized sum) are one element for all the thread's columns: a word's values (up to 8)
-    groups = column_groups(ctx)
-    if groups:
-        c = min(8, *(d.div for d in groups))
-    if c == 1 or not ctx.chunked or not ctx.inner:
-        return 1
-    if any(n.op in (Op.TAKE, Op.INDEX, Op.RANDOM) for n in ctx.nodes):
-        return 1
-    if any(d.base != ctx.inner or d.div % c for d in groups):
-        return 1
-    for t in ctx.inputs:
-        if ctx.axis not in t.axes or (ctx.inner in t.axes and t.axes[-1] != ctx.inner):
-            return 1
-    return c if all(o.axes[-1] == ctx.inner for o in ctx.graph.outputs) else 1
-
-
-def partial_slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
-    """(variable, MSL type) of each value a chunk leaves in scratch, per column: every
-    accumulator, argmax/argmin's index, an online max's running sum."""
-    out: list[tuple[str, str]] = []
-    for r in reds:
-        if r.online_max is not None:
-            continue
-        out.append((r.acc, r.acc_type))
-        if r.has_index:
-            out.append((r.idx, "uint"))
-        if r.online_sum is not None:
-            out.append((r.online_sum.acc, "float"))
-    return out
-
-
-@dataclass(frozen=True, eq=False)
-class ColumnKernel:
+class ColumnKernel(TicketMerges):
     """One column kernel being built: the call's context and the variant's fresh collector
     (`parts`), which `bases` and the loads declare their per-column offsets in."""
     ctx: ColumnContext
@@ -264,6 +212,12 @@ class ColumnKernel:
                           compute_type(t.dtype))
             v = ir.Select(ir.Var("mf_live"), v, zero)
         return v
+
+    def merge_parts(self) -> tuple[ChunkMerges, reduce.VariantParts]:
+        parts = reduce.variant_parts(self.ctx, "combine",
+                                     lambda p, n: ColumnKernel(self.ctx, p).col_load(n))
+        with_unit_gathers(self.ctx, parts, None)
+        return ColumnKernel(self.ctx, parts), parts
 
     def outer_load(self, n: Node) -> ir.Expr:
         return self.col_load(n)
@@ -395,13 +349,8 @@ class ColumnKernel:
     # -- the wide kernel: several adjacent columns a thread ---------------------------------
     @staticmethod
     def copies(reds: list[reduce.Reduction], j: int) -> list[reduce.Reduction]:
-        """The reductions of a thread's column j (accumulators numbered apart: mf_acc<i>)."""
-        out = [replace(r, i=r.i + j * len(reds)) for r in reds]
-        twin = {id(r): o for r, o in zip(reds, out)}
-        for r, o in zip(reds, out):
-            o.online_sum = twin[id(r.online_sum)] if r.online_sum is not None else None
-            o.online_max = twin[id(r.online_max)] if r.online_max is not None else None
-        return out
+        """The reductions of a thread's column j (`column_merge.copies`)."""
+        return copies(reds, j)
 
     def wide_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
         """The split kernel of chunked graphs, `wide` adjacent columns a thread: each row's
@@ -521,170 +470,6 @@ class ColumnKernel:
                 ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)]))
         return out
 
-    def combine_slices(self, v: reduce.VariantParts, rs: list[reduce.Reduction],
-                       slices: int) -> list[ir.Stmt]:
-        """The split variant: every slice's partials through threadgroup memory, merged by
-        every slice in slice order (so argmax keeps the first index)."""
-        tpg = self.ctx.policy.threads_per_group
-        stores: list[ir.Stmt] = []
-        tg: dict[str, str] = {}                   # accumulator -> its threadgroup array
-        for r in rs:
-            tg[r.acc] = f"mf_tg{r.i}"
-            v.tg_arrays.append(ir.ArrayDecl(tg[r.acc], r.acc_type if r.online_max is None
-                                            else "float", tpg, "threadgroup"))
-            stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.acc]), ir.Var("mf_lid")),
-                                    ir.Var(r.acc)))
-            if r.has_index:
-                tg[r.idx] = f"mf_tgi{r.i}"
-                v.tg_arrays.append(ir.ArrayDecl(tg[r.idx], "uint", tpg, "threadgroup"))
-                stores.append(ir.Assign(ir.Lane(ir.Var(tg[r.idx]), ir.Var("mf_lid")),
-                                        ir.Var(r.idx)))
-        slot = ir.Var("mf_s") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
-        resets, merges = self.merges(rs, lambda name: ir.Lane(ir.Var(tg[name]), slot))
-        return [ir.Comment(f"combine the {slices} slices of each column through threadgroup "
-                           f"memory, in slice order"),
-                *stores, ir.Barrier(), *resets,
-                ir.For("mf_s", "uint", ir.Lit(0, "uint"), ir.Lit(slices, "uint"), merges)]
-
-    @staticmethod
-    def merges(rs: list[reduce.Reduction], other: Callable[[str], ir.Expr]
-               ) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-        """(accumulators reset to their identity, merges of another partial into them): the
-        other partial's accumulator named `n` read as `other(n)`."""
-        resets: list[ir.Stmt] = []
-        merges: list[ir.Stmt] = []
-        for r in rs:
-            if r.online_max is not None:
-                continue
-            resets.append(ir.Assign(ir.Var(r.acc), reduce.identity(r)))
-            if r.has_index:
-                resets.append(ir.Assign(ir.Var(r.idx), ir.Lit(reduce.SENTINEL, "uint")))
-            if r.online_sum is not None:
-                resets.append(ir.Assign(ir.Var(r.online_sum.acc), ir.Lit(0.0, "float")))
-                merges += reduce.merge(r, other(r.acc), other(r.online_sum.acc))
-            else:
-                own = extreme(r, other(r.acc))
-                merges += own if own is not None else \
-                    reduce.merge(r, other(r.acc), other(r.idx) if r.has_index else None)
-        return resets, merges
-
-    def scratch_at(self, q: int, chunk: ir.Expr, chunks: ir.Expr) -> ir.Expr:
-        """Where partial value q of this column's chunk `chunk` sits in scratch: value-major,
-        then chunk, then column (neighbouring columns side by side)."""
-        ncols = self.ctx.span(self.ctx.outer)
-        row = chunk if q == 0 else ir.Lit(q, "uint") * chunks + chunk
-        return ir.Cast(IDX, row) * ncols + ir.Cast(IDX, ir.Var("mf_col"))
-
-    def chunk_exit(self, epilogue: list[ir.Stmt],
-                   columns: tuple[list[reduce.Reduction], ...] = ()) -> list[ir.Stmt]:
-        """The split kernel of a chunked graph: one chunk stores the outputs (`epilogue`);
-        several store their partials to scratch for the combine kernel (the wide kernel:
-        column j's from the reductions `columns[j]`)."""
-        chunks = ir.Var("mf_chunks")
-        stores: list[ir.Stmt] = []
-        for j, rs in enumerate(columns) if columns else [(0, [])]:
-            slots = partial_slots(rs) if columns else self.ctx.slots
-            stores += [ir.Store("mf_scratch", self.scratch_at(q, ir.Var("mf_chunk"), chunks) +
-                                ir.Lit(j, IDX) if j else
-                                self.scratch_at(q, ir.Var("mf_chunk"), chunks),
-                                _bits(ir.Var(name), typ, "float"))
-                       for q, (name, typ) in enumerate(slots)]
-        return [ir.If(chunks.eq(ir.Lit(1, "uint")), epilogue, [
-            ir.Comment("several chunks: this chunk's partials to scratch (slice 0)"),
-            ir.If(ir.Var("mf_live").and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint"))), stores)])]
-
-    def combine_kernel(self, v: reduce.VariantParts) -> ir.LoweredKernel:
-        """Threadgroups of 32 columns x S slices (S = rows_per_group): slice s merges the
-        partials of chunks s, s + S, s + 2S, ... in chunk order (float sums compensated),
-        reads_per_thread chunks' partials loaded at once; the slices' results meet in
-        threadgroup memory, merged in slice order (deterministic; argmax keeps the first
-        index); slice 0 stores the column's outputs."""
-        slices = self.ctx.policy.rows_per_group
-        reds = reduce.phases(self.ctx.graph, online=True, compensated=True)
-        self.ctx.helpers.update(reduce.helpers_of(reds, simd=False))
-        decls: list[ir.Stmt] = []
-        for r in reds:
-            decls += reduce.declare(r)
-        live = ir.Var("mf_live")
-        v.main += [ir.Comment(f"merge the chunks' partials: slice s takes chunks s, s + "
-                              f"{slices}, ... in chunk order"), *decls, self.chunk_count(),
-                   ir.If(live, self.chunk_merges(reds, slices)), *reduce.finish(reds)]
-        v.main += self.combine_slices(v, reds, slices)
-        v.main += [ir.Comment("slice 0 of each live column stores its outputs"),
-                   ir.If(ir.Unary("!", live.and_(ir.Var("mf_slice").eq(ir.Lit(0, "uint")))),
-                         [ir.Return()])]
-        for r in reds:
-            v.row_values.values[r.node] = reduce.result(r)
-        self.epilogue(v, 1)
-        threads, head = self.combine_header(slices)
-        summary = (f"{self.ctx.graph.name} (combine): merges the fp32 partials the split kernel's "
-                   f"chunks of '{self.ctx.axis}' left in scratch, 32 columns x {slices} slices "
-                   f"of the chunks per threadgroup, each slice in chunk order, the slices in "
-                   f"slice order, then stores the outputs")
-        body = list(v.tg_arrays) + head + v.pre + v.main
-        return make_kernel(self.ctx.graph, self.ctx.index64, threads, body, summary, v.name)
-
-    def chunk_merges(self, reds: list[reduce.Reduction], slices: int) -> list[ir.Stmt]:
-        """The combine kernel's loop over this slice's chunks (mf_c): whole steps of
-        reads_per_thread chunks (their partials loaded first, into mf_p<q>[], then merged in
-        order), then the last chunks one at a time."""
-        reads = self.ctx.policy.reads_per_thread
-        chunks, i, u = ir.Var("mf_chunks"), ir.Var("mf_i"), ir.Var("mf_u")
-        s_lit, r_lit = ir.Lit(slices, "uint"), ir.Lit(reads, "uint")
-        own = {name: q for q, (name, _) in enumerate(self.ctx.slots)}
-
-        def step(c: ir.Expr, n: int) -> list[ir.Stmt]:
-            k = ir.Lit(0, "uint") if n == 1 else u
-            loads: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
-            loads += [
-                ir.Assign(ir.Lane(ir.Var(f"mf_p{q}"), k), _bits(ir.Load(
-                    "mf_scratch", self.scratch_at(q, ir.Var("mf_c"), chunks)), "float", typ))
-                for q, (_, typ) in enumerate(self.ctx.slots)]
-            merges: list[ir.Stmt] = [ir.Decl("mf_c", "uint", c)]
-            for r in reds:
-                if r.compensated and r.online_max is None:
-                    merges += reduce.update(r, ir.Lane(ir.Var(f"mf_p{own[r.acc]}"), k),
-                                            ir.Var("mf_c"))
-                else:
-                    merges += self.merges([r], lambda name: ir.Lane(ir.Var(f"mf_p{own[name]}"),
-                                                                    k))[1]
-            arrays: list[ir.Stmt] = [ir.ArrayDecl(f"mf_p{q}", typ, n)
-                                     for q, (_, typ) in enumerate(self.ctx.slots)]
-            if n == 1:
-                return arrays + [ir.Block(loads), ir.Block(merges)]
-            return arrays + [
-                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, loads, unroll=True),
-                ir.For("mf_u", "uint", ir.Lit(0, "uint"), r_lit, merges, unroll=True)]
-        c = i * s_lit + ir.Var("mf_slice")
-        return [
-            ir.Comment(f"whole steps: {reads} chunks a thread at once"),
-            ir.For("mf_i", "uint", ir.Lit(0, "uint"), chunks / ir.Lit(slices * reads, "uint"),
-                   step((i * r_lit + u) * s_lit + ir.Var("mf_slice"), reads)),
-            ir.Comment("the last chunks, one at a time"),
-            ir.For("mf_i", "uint", chunks / ir.Lit(slices * reads, "uint") * r_lit,
-                   (chunks + ir.Lit(slices - 1, "uint")) / s_lit,
-                   [ir.If(c < chunks, step(c, 1))])]
-
-    def combine_header(self, slices: int) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
-        """(thread inputs, statements placing a combine thread on its column and slice)."""
-        ncols = self.ctx.span(self.ctx.outer)
-        threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
-                   ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"))
-        return threads, [
-            ir.Comment(f"32 columns x {slices} slices of the chunks per threadgroup"),
-            ir.Decl("mf_lane", "uint", ir.Var("mf_lid") % ir.Lit(SIMD_WIDTH, "uint")),
-            ir.Decl("mf_slice", "uint", ir.Var("mf_lid") / ir.Lit(SIMD_WIDTH, "uint")),
-            ir.Decl("mf_col", "uint", ir.Var("mf_group") * ir.Lit(SIMD_WIDTH, "uint") +
-                    ir.Var("mf_lane")),
-            ir.Comment("threads past the last column still take part in the barrier"),
-            ir.Decl("mf_live", "bool", ir.Cast(IDX, ir.Var("mf_col")) < ncols)]
-
-    def chunk_count(self) -> ir.Decl:
-        """mf_chunks: chunks of mf_chunk_rows positions covering the reduced axis (> 0)."""
-        r = ir.Cast("uint", self.ctx.size(self.ctx.axis))
-        return ir.Decl("mf_chunks", "uint", (r - ir.Lit(1, "uint")) / ir.Var("mf_chunk_rows")
-                       + ir.Lit(1, "uint"))
-
     def epilogue(self, v: reduce.VariantParts, slices: int) -> None:
         """Outputs along the column in one more loop; one value per column stored once."""
         graph, split = self.ctx.graph, v.name == "split"
@@ -770,14 +555,17 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
         parts = reduce.variant_parts(ctx, name, lambda p, n: ColumnKernel(ctx, p).col_load(n))
         with_unit_gathers(ctx, parts, ir.Var("mf_live") if name == "split" else None)
         return ColumnKernel(ctx, parts).kernel(parts), parts
-    names = VARIANTS + (("combine",) if ctx.chunked else ()) + \
+    names = VARIANTS + (("combine",) if ctx.chunked and not ctx.ticket else ()) + \
         (("wide",) if ctx.wide > 1 else ())
     kernels, passes, tgb = reduce.build_variants(ctx, names, kernel, "; lower rows_per_group")
     if ctx.chunked:
         params = kernels["column"].params
-        extra = (ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",), True),
-                 ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
-                             ("launch", CHUNK_ROWS), cast="int32"))
+        extra: tuple[ir.Argument, ...] = (
+            ir.Argument("mf_scratch", len(params), "buffer", "float", ("scratch",), True),
+            ir.Argument("mf_chunk_rows", len(params) + 1, "scalar", "uint",
+                        ("launch", CHUNK_ROWS), cast="int32"))
+        if ctx.ticket:
+            extra += (counter_argument(len(params) + 2),)
         kernels = {n: replace(k, params=params + extra) for n, k in kernels.items()}
     passes.pop("combine", None)
     vector = tuple(t.name for t in ctx.inputs if ctx.inner in t.axes) if ctx.wide > 1 else ()
@@ -785,4 +573,5 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ColumnSchedule:
                           kernels["column"], tuple(ctx.outer) + (ctx.axis,), vector, index64,
                           axis=ctx.axis, rows=ctx.outer, variants=kernels,
                           reductions=reduce.phases(graph, online=False), passes=passes,
-                          partials=len(ctx.slots), wide=ctx.wide, inner=ctx.inner)
+                          partials=len(ctx.slots), wide=ctx.wide, inner=ctx.inner,
+                          ticket=ctx.ticket)

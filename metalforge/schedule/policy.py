@@ -79,6 +79,11 @@ class LaunchPolicy:
                                        # the column blocks alone are fewer (0: never chunks)
     chunk_rows: int = 64               # column reductions: fewest positions of the reduced
                                        # axis per chunk
+    one_launch: bool = False           # column reductions of a chunked axis: the last
+                                       # threadgroup of each column block to finish (an atomic
+                                       # ticket in a zeroed counter the runtime keeps) merges the
+                                       # chunks' partials in the same launch; False: a second
+                                       # (combine) launch merges them (schedule/column_ticket.py)
     stage_prologue: bool = True        # quantized matvec of a computed x with exp / sigmoid /
                                        # tanh... (a fused activation): x computed once per
                                        # threadgroup into threadgroup memory (qmv_prologue);
@@ -332,7 +337,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
             "index64", "index_check"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
-               "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
+               "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check",
+               "one_launch"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "paired_rows",
               "index64", "index_check"),
@@ -376,6 +382,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("kv_prefetch", None),
+    ("one_launch", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

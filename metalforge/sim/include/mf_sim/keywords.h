@@ -19,6 +19,9 @@
 #define threadgroup_imageblock
 #define ray_data
 #define object_data
+// Metal 3.2's coherent(scope) qualifier of device memory: CPU memory is coherent already (what
+// orders other groups' accesses is the fences and atomics, real ones here)
+#define coherent(scope)
 
 // Metal's own spelling for an always-inlined helper function (used throughout MLX).
 #define METAL_FUNC MF_INLINE

@@ -151,6 +151,22 @@ inline void simdgroup_barrier(mem_flags = mem_flags::mem_none,
   mf_rt_barrier(1, file, line, col);
 }
 
+#ifdef MF_SIM_ATOMIC_H  // (kernels: <metal_stdlib> includes atomic.h first; not the engine)
+// Metal 3.2's memory scopes and atomic_thread_fence.  Threadgroups run on OS threads of one
+// process, so a fence is the C++ fence of the same order (the scope only narrows it on a GPU).
+enum thread_scope {
+  thread_scope_thread = 0,
+  thread_scope_simdgroup = 1,
+  thread_scope_threadgroup = 2,
+  thread_scope_device = 3,
+  thread_scope_system = 4,
+};
+inline void atomic_thread_fence(mem_flags, memory_order order,
+                                thread_scope = thread_scope_device) {
+  __atomic_thread_fence(int(order));
+}
+#endif
+
 }  // namespace metal
 
 #ifndef MF_SIM_ENGINE
