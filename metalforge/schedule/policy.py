@@ -225,9 +225,12 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (S = L = 1024, E = 128: 1801 vs 872 us); Apple GPUs multiply them in hardware. Untimed on
     # a Mac, so the table follows the Metal design; the cuda backend runs matrix_rows=0
     # (BACKEND_POLICIES below; bench/README.md)
+    # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
+    # ops where the target has them, else simdgroup_matrix; set per call from the current
+    # target, as the contractions')
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
-                              uses_simd=True),
+                              uses_simd=True, target="apple9"),
     # columns (schedule/column.py): one thread per column up to looped_limit positions of the
     # reduced axis; longer, groups of 32 columns x rows_per_group slices, each thread
     # reads_per_thread rows at once (loads in flight), up to vector_width adjacent columns (one
@@ -293,7 +296,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
                                   uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
+    "cuda": {"row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False},
              "elementwise": {"small_grid": 1 << 21}},
 }
@@ -312,8 +315,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "index64",
-                  "index_check"),
+                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
+                  "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "index64"),
 }
@@ -428,6 +431,8 @@ def _validate_row(p: LaunchPolicy) -> None:
 
 
 def _validate_attention(p: LaunchPolicy) -> None:
+    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
+          f"got {p.target!r}")
     _need(p, not p.stage_kv or p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
           f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
           f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
