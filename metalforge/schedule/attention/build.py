@@ -40,7 +40,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
         tg_bytes = threadgroup_bytes(first)
     matrix = _prefill(ctx) if ctx.policy.matrix_rows else None
     if matrix is not None:
-        matrix = carry(matrix, also={"mf_mma"})
+        matrix = carry(matrix, also={"mf_mma", "mf_mma16", "mf_strides", "mf_tensor_ops"})
         tg_bytes = max(tg_bytes, threadgroup_bytes(matrix))
     merged = carry(merge.kernel(ctx))
     return _schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged)

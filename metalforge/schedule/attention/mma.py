@@ -22,8 +22,9 @@ tile's rows, K and V past E and past the tile's keys (`zero_fill`, on partial ti
 
 Built (`operand`) when the scores' q side, K and V are the same half / bfloat (held as such:
 a tensor read or an explicit cast) and the scores' k side and the values are the staged K/V
-reads themselves (a cast of one at most): then the staged tiles are the operands. Other
-graphs (f32, a computed k side) keep `prefill.kernel`'s fp32 simdgroup_matrix products.
+reads themselves (a cast of one at most), copied in 16-byte chunks: then the staged tiles are
+the operands. Other graphs (f32, a computed k side, reads_per_thread < 8) keep
+`prefill.kernel`'s fp32 simdgroup_matrix products.
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def operand(ctx: CallContext, target: Target) -> Optional[str]:
         return None
     kt, vt = ctx.tensor_of(k_read).dtype, ctx.tensor_of(v_read).dtype
     if not held_dtype(strip_casts(q)) == kt == vt:
+        return None
+    # the tiles' rows must hold E rounded up to a 16-block: whole 16-byte chunks plus the
+    # padding do (8 elements a chunk); narrower chunks (reads_per_thread < 8) may not
+    if ctx.vw * kt.itemsize != 16:
         return None
     op = operand_type(kt, vt, target)
     return None if op == "float" else op
