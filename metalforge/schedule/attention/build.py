@@ -8,9 +8,9 @@ from typing import Optional
 from ... import ir
 from ...errors import UnsupportedConstruct
 from ...graph import Graph
+from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
-from ...target import get_target
 from . import decode, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context

@@ -44,8 +44,7 @@ from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
 from .head import block_keys, group_head, tile
 from .mma_phases import scores, softmax, values, write
-from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, \
-    TILE_KEYS
+from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, TILE_KEYS
 from .prefill import THREADS, matrix_operands
 from .tiles import fill_tiles, tile_arrays
 
