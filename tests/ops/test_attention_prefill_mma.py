@@ -3,7 +3,7 @@ products with the tensors' own half / bfloat values as operands and fp32 accumul
 by target: Metal 4 tensor ops (apple10; cuda) or simdgroup_matrix (apple9); f32 keeps the fp32
 simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
 against torch's math attention in float64, the cuda target's translation through the shim's
-host syntax check, and goldens per target. (`check` covers the kernel at the simulator's
+host syntax check (goldens per target: tests/schedule/test_golden.py). (`check` covers the kernel at the simulator's
 default target in tests/ops/test_attention.py; at apple10 it takes over a minute: not here.)"""
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import metalforge as mf
 from metalforge.cuda.translate import translate
 
 from ..cuda_host import assert_host_syntax
-from ..schedule.test_golden import GOLDEN, _compare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from attention import attention, causal_mask  # noqa: E402
@@ -112,17 +111,3 @@ def test_cuda_target_translation_passes_host_syntax_check(tmp_path):
         src = attention.source(T="f16")
     assert "mf_sacc_op.run(" in src and "mf_oacc_op.run(" in src
     assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
-
-
-GOLDENS = [("attention", "f16", "apple10"), ("attention", "bf16", "apple10"),
-           ("attention", "f16", "cuda"), ("attention", "bf16", "apple9")]
-
-
-@pytest.mark.parametrize("name,dt,target", GOLDENS, ids=["_".join(c) for c in GOLDENS])
-def test_prefill_golden_per_target(name, dt, target):
-    """The attention library (its prefill kernel on each lowering) byte for byte;
-    METALFORGE_UPDATE_GOLDEN=1 rewrites them (f16 at apple9 is attention_Tf16)."""
-    cid = f"{name}_T{dt}_{target}"
-    with mf.target(target):
-        _compare(GOLDEN / f"{cid}.metal", attention.source(T=dt))
-        _compare(GOLDEN / f"{cid}.ir", attention.ir(T=dt))

@@ -96,8 +96,8 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     ks = KernelState(Emitted(), qt=MATRIX_ROWS, group=SIMD_WIDTH * SIMDGROUPS,
                      epl=ctx.policy.reads_per_thread, kt_max=NARROW_TILE_KEYS)
     emax = SIMD_WIDTH * ctx.run
-    sblk = strided.Block("mf_sacc", lowering_, op, k_inner=True)
-    oblk = strided.Block("mf_oacc", lowering_, op, k_inner=False)
+    sblk = strided.Blocks("mf_sacc", lowering_, op, k_inner=True)
+    oblk = strided.Blocks("mf_oacc", lowering_, op, k_inner=False)
     ks.out.helpers |= strided.helpers(sblk) | {"mf_maximum"}
     head = group_head(ctx, ks, SIMDGROUPS, (
         "4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of "

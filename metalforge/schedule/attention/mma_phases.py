@@ -23,7 +23,7 @@ def _qrow(row: ir.Expr) -> ir.Stmt:
     return ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + row)
 
 
-def scores(ctx: CallContext, ks: KernelState, blk: strided.Block, k_arr: str) -> list[ir.Stmt]:
+def scores(ctx: CallContext, ks: KernelState, blk: strided.Blocks, k_arr: str) -> list[ir.Stmt]:
     """The simdgroup's key blocks of the tile (mf_sc, mf_sc + 2: up to 16 keys each) against
     its 16 rows: S = sum over E's 16-blocks of Q x K^T, then per element the score's work
     (`score`: scale, masks, caps), -inf past the tile's keys and the tile's rows, to
@@ -94,7 +94,7 @@ def softmax(ks: KernelState, op: str) -> list[ir.Stmt]:
             ir.Store("mf_tg_c", ir.Var("mf_srow"), corr, space="threadgroup")])]
 
 
-def values(blk: strided.Block, emax: int, v_arr: str) -> list[ir.Stmt]:
+def values(blk: strided.Blocks, emax: int, v_arr: str) -> list[ir.Stmt]:
     """The simdgroup's output blocks (E blocks mf_sc, mf_sc + 2, ...) rescaled by their rows'
     factors, then O += P x V over the tile's keys, 16 a product."""
     ks16 = ir.Var("mf_ks")
@@ -112,7 +112,7 @@ def values(blk: strided.Block, emax: int, v_arr: str) -> list[ir.Stmt]:
     return out + [ir.For("mf_ks", UINT, u(0), (ir.Var("mf_tn") + u(15)) / u(16), runs)]
 
 
-def write(ctx: CallContext, ks: KernelState, blk: strided.Block, emax: int) -> list[ir.Stmt]:
+def write(ctx: CallContext, ks: KernelState, blk: strided.Blocks, emax: int) -> list[ir.Stmt]:
     """After the keys: each row's max and sum (summed over its four threads) to threadgroup
     memory, then each output element the simdgroup holds: acc / d through the work after the
     sum (one block of keys), else the block's state for the merge kernel."""

@@ -4,7 +4,7 @@ values of K a product, where A's rows are C's rows (K contiguous) and B is eithe
 rows are C's columns, K contiguous: B transposed, Q·K^T's key tile) or k-outer (its rows are K,
 C's columns contiguous: P·V's value tile).
 
-    blk = Block("mf_o", lowering, "half", k_inner=False)
+    blk = Blocks("mf_oacc", lowering, "half", k_inner=False)
     declare(blk, 4)                                  # the op (mpp) and 4 zeroed blocks
     multiply(blk, 2, a_ptr, a_stride, b_ptr, b_stride)  # block 2 += A(16 x 16) B(16 x 16)
     each(blk, 2, lambda row, col, ref: [...])         # per element the lane holds
@@ -38,7 +38,7 @@ Body = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
 
 
 @dataclass(frozen=True)
-class Block:
+class Blocks:
     """Blocks `name`0, `name`1, ... of 16 x 16 fp32 outputs of one simdgroup: operands of MSL
     type `operand` ("half", "bfloat", "float"), products by `lowering`, B k-inner or not."""
     name: str
@@ -58,7 +58,7 @@ class Block:
         return ir.Var(f"{self.name}{i}")
 
 
-def helpers(b: Block) -> set[str]:
+def helpers(b: Blocks) -> set[str]:
     return {"mf_tensor_ops", "mf_strides"} if b.lowering == MPP else {"mf_mma16"}
 
 
@@ -66,7 +66,7 @@ def _i(v: int) -> ir.Lit:
     return ir.Lit(v, "int")
 
 
-def declare(b: Block, count: int) -> list[ir.Stmt]:
+def declare(b: Blocks, count: int) -> list[ir.Stmt]:
     """The op (mpp) and `count` zeroed blocks."""
     if b.lowering != MPP:
         out: list[ir.Stmt] = [ir.ArrayDecl(b.var(i).name, "float2", 4) for i in range(count)]
@@ -82,8 +82,8 @@ def declare(b: Block, count: int) -> list[ir.Stmt]:
     return out + [s for i in range(count) for s in clear(b, i)]
 
 
-def clear(b: Block, i: int) -> list[ir.Stmt]:
-    """Block i = 0."""
+def clear(b: Blocks, i: int) -> list[ir.Stmt]:
+    """Blocks i = 0."""
     if b.lowering != MPP:
         return [ir.For("mf_f", "uint", u(0), u(4), [
             ir.Assign(ir.Lane(b.var(i), ir.Var("mf_f")), zero())], unroll=True)]
@@ -93,14 +93,14 @@ def clear(b: Block, i: int) -> list[ir.Stmt]:
                                                          ir.Lit(0.0, "float"))])]
 
 
-def _operand(b: Block, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
+def _operand(b: Blocks, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
     return ir.Call(b.tensor, (ptr, ir.Call(EXTENTS, (_i(SIDE), _i(SIDE))),
                               ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
 
 
-def multiply(b: Block, i: int, a: ir.Expr, a_stride: ir.Expr, bm: ir.Expr,
+def multiply(b: Blocks, i: int, a: ir.Expr, a_stride: ir.Expr, bm: ir.Expr,
              b_stride: ir.Expr) -> list[ir.Stmt]:
-    """Block i += A(16 rows x 16 values of K at `a`) x B(16 values of K x 16 columns at
+    """Blocks i += A(16 rows x 16 values of K at `a`) x B(16 values of K x 16 columns at
     `bm`), every lane of the simdgroup together."""
     if b.lowering == MPP:
         return [ir.Eval(ir.Call(f"{b.op}.run", (_operand(b, a, a_stride),
@@ -109,7 +109,7 @@ def multiply(b: Block, i: int, a: ir.Expr, a_stride: ir.Expr, bm: ir.Expr,
     return [ir.Eval(ir.Call(fn, (b.var(i), a, a_stride, bm, b_stride)))]
 
 
-def each(b: Block, i: int, body: Body) -> list[ir.Stmt]:
+def each(b: Blocks, i: int, body: Body) -> list[ir.Stmt]:
     """`body(row, col, element)` for each element of block i the lane holds (row, col in the
     block; mpp: from get_multidimensional_index, [column, row]; simdgroup_matrix: the lane's
     place mf_mr, mf_mc, which the caller declares with `fragments.lane_place`)."""
