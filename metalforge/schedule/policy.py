@@ -223,8 +223,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # float 8x8 products, as MLX's steel attention). The H100 has no such product (the cuda
     # backend shuffles operands into place): there it is 2x slower than the scalar kernels
     # (S = L = 1024, E = 128: 1801 vs 872 us); Apple GPUs multiply them in hardware. Untimed on
-    # a Mac, so the table follows the Metal design; the cuda backend runs matrix_rows=0
-    # (BACKEND_POLICIES below; bench/README.md)
+    # a Mac, so the table follows the Metal design. With f16/bf16 operands the kernel is
+    # schedule/attention/mma.py on the target's matrix hardware (Metal 4 tensor ops: the
+    # cuda target's tensor cores); the fp32 one is left out on the cuda target
+    # (attention/build.py; bench/README.md)
     # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
     # ops where the target has them, else simdgroup_matrix; set per call from the current
     # target, as the contractions')
