@@ -3,8 +3,9 @@ products with the tensors' own half / bfloat values as operands and fp32 accumul
 by target: Metal 4 tensor ops (apple10; cuda) or simdgroup_matrix (apple9); f32 keeps the fp32
 simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
 against torch's math attention in float64, the cuda target's translation through the shim's
-host syntax check (goldens per target: tests/schedule/test_golden.py). (`check` covers the kernel at the simulator's
-default target in tests/ops/test_attention.py; at apple10 it takes over a minute: not here.)"""
+host syntax check (goldens per target: tests/schedule/test_golden.py). `check` covers the
+kernel at the simulator's default target in tests/ops/test_attention.py; at apple10 it takes
+over a minute on the CI box: not here."""
 from __future__ import annotations
 
 import sys

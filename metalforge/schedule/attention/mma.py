@@ -105,7 +105,9 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
         + tile(ctx, ks) + block_keys(ctx, ks)
     row = ks.with_row(ir.Var("mf_qrow"))
     body = _places(lowering_) + tile_arrays(ctx, row, runs=False) + _buffers(ctx, ks, op)
-    q, k = matrix_operands(ctx) or (f.values, f.values)
+    operands = matrix_operands(ctx)
+    assert operands is not None                      # `operand` found them
+    q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body += stage_q(ctx, row, op, q)
     body += [ir.Comment("the softmax threads' row (four a row): running max, partial sum"),
