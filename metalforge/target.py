@@ -19,7 +19,8 @@ variable METALFORGE_TARGET > the backend's default: "mps" asks the running macOS
 chip's family: apple7 .. apple9), "sim" and "mlx" apple9, "cuda" cuda.
 
 Only the schedules whose code depends on it read the target (today: the contraction family,
-`mf.sum(a * b, axis="K")`); the backends compile its code at the target's Metal version.
+`mf.sum(a * b, axis="K")`, and attention's prefill kernel on half / bfloat operands); the
+backends compile its code at the target's Metal version.
 """
 from __future__ import annotations
 

@@ -489,3 +489,37 @@ inline float mf_randn(ulong seed, ulong offset, ulong block, uint pair) {
 // cooperative tensors; MSL 4.0, macOS 26)
 #include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>
 using namespace mpp::tensor_ops;
+
+// helper: mf_mma16
+// acc += A x B over 16 values of K for one simdgroup's 16 x 16 block of outputs, as 8x8
+// simdgroup_matrix products with T operands (half, bfloat or float) and float accumulators:
+// A's 16 rows at `a` (`astride` elements a row, K contiguous); B at `b` (`bstride` elements a
+// row), KInner:
+// B's rows are the block's columns, K contiguous (loaded transposed), else its rows are K.
+// acc: the lane's elements (thread_elements()) of the block's four 8x8 fragments, row-major.
+// Every lane of the simdgroup calls it together
+template <typename T, bool KInner>
+inline void mf_mma16(thread float2* acc, const threadgroup T* a, uint astride,
+                     const threadgroup T* b, uint bstride) {
+    for (uint k = 0; k < 16; k += 8) {
+        simdgroup_matrix<T, 8, 8> fa[2], fb[2];
+        for (uint i = 0; i < 2; ++i) {
+            simdgroup_load(fa[i], a, ulong(astride), ulong2(k, i * 8), false);
+            if (KInner) simdgroup_load(fb[i], b, ulong(bstride), ulong2(k, i * 8), true);
+            else simdgroup_load(fb[i], b, ulong(bstride), ulong2(i * 8, k), false);
+        }
+        for (uint f = 0; f < 4; ++f) {
+            simdgroup_float8x8 c;
+            c.thread_elements() = acc[f];
+            simdgroup_multiply_accumulate(c, fa[f / 2], fb[f % 2], c);
+            acc[f] = c.thread_elements();
+        }
+    }
+}
+
+// helper: mf_strides
+// the strides of a row-major matrix of `stride` elements a row as a Metal 4 tensor takes them
+// (dimension 0 innermost): {1, stride}
+inline array<int32_t, 2> mf_strides(int32_t stride) {
+    return array<int32_t, 2>{1, stride};
+}

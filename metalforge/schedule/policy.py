@@ -245,11 +245,16 @@ POLICIES: dict[str, LaunchPolicy] = {
     # float 8x8 products, as MLX's steel attention). The H100 has no such product (the cuda
     # backend shuffles operands into place): there it is 2x slower than the scalar kernels
     # (S = L = 1024, E = 128: 1801 vs 872 us); Apple GPUs multiply them in hardware. Untimed on
-    # a Mac, so the table follows the Metal design; the cuda backend runs matrix_rows=0
-    # (BACKEND_POLICIES below; bench/README.md)
+    # a Mac, so the table follows the Metal design. With f16/bf16 operands the kernel is
+    # schedule/attention/mma.py on the target's matrix hardware (Metal 4 tensor ops: the
+    # cuda target's tensor cores); the fp32 one is left out on the cuda target
+    # (attention/build.py; bench/README.md)
+    # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
+    # ops where the target has them, else simdgroup_matrix; set per call from the current
+    # target, as the contractions')
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
-                              uses_simd=True),
+                              uses_simd=True, target="apple9"),
     # columns (schedule/column.py): one thread per column up to looped_limit positions of the
     # reduced axis; longer, groups of 32 columns x rows_per_group slices, each thread
     # reads_per_thread rows at once (loads in flight), up to vector_width adjacent columns (one
@@ -324,7 +329,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
                                   uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
+    "cuda": {"row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2},
              "elementwise": {"small_grid": 1 << 21},
@@ -347,8 +352,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "kv_prefetch",
-                  "index64",
-                  "index_check"),
+                  "target", "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),
@@ -475,6 +479,8 @@ def _validate_row(p: LaunchPolicy) -> None:
 
 
 def _validate_attention(p: LaunchPolicy) -> None:
+    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
+          f"got {p.target!r}")
     _need(p, not p.stage_kv or p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
           f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
           f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "

@@ -438,15 +438,15 @@ def test_matrix_prefill_is_chosen_by_rows_sharing_keys():
 
 
 def test_backend_policy_sits_under_explicit_launch(monkeypatch):
-    """What a backend changes in the table (BACKEND_POLICIES: cuda runs no simdgroup_matrix
-    prefill) applies to its calls only, under explicit launch options. Shown on the simulator
-    with an entry of its own."""
+    """What a backend changes in the table (BACKEND_POLICIES) applies to its calls only,
+    under explicit launch options. Shown on the simulator with an entry of its own (cuda has
+    none for attention: its prefill is chosen by target, schedule/attention/build.py)."""
     from metalforge.schedule import policy
 
     def host(kernel):
         q, k = torch.randn(1, 1, 32, 24), torch.randn(1, 1, 64, 24)
         return kernel.launches(q, k, k, 0.1)[0][0]
-    assert policy.backend_launch("cuda", "attention") == {"matrix_rows": 0}
+    assert policy.backend_launch("cuda", "attention") is None
     assert policy.backend_launch("sim", "attention") is None
     assert host(attention).endswith("_prefill")
     monkeypatch.setitem(policy.BACKEND_POLICIES, "sim", {"attention": {"matrix_rows": 0}})

@@ -96,10 +96,29 @@ def test_golden_backend_table(name, dt, backend):
         _compare(GOLDEN / f"{cid}.ir", kernel.ir(T=dt))
 
 
+# attention's prefill kernel (schedule/attention/mma.py) at each lowering: Metal 4 tensor ops
+# (apple10, cuda) with half and bfloat operands, simdgroup_matrix with bfloat (f16 at apple9:
+# attention_Tf16)
+ATTENTION_TARGET_CASES = [("attention", "f16", "apple10"), ("attention", "bf16", "apple10"),
+                          ("attention", "f16", "cuda"), ("attention", "bf16", "apple9")]
+
+
+@pytest.mark.parametrize("name,dt,target", ATTENTION_TARGET_CASES,
+                         ids=[_target_id(*c) for c in ATTENTION_TARGET_CASES])
+def test_golden_attention_target(name, dt, target):
+    kernel = dict(KERNELS)[name]
+    cid = _target_id(name, dt, target)
+    with mf.target(target):
+        _compare(GOLDEN / f"{cid}.metal", kernel.source(T=dt))
+        _compare(GOLDEN / f"{cid}.ir", kernel.ir(T=dt))
+
+
 def test_no_stale_golden_files():
     expected = {f"{_case_id(n, b)}{ext}" for n, _, b in CASES for ext in (".metal", ".ir")}
     expected |= {f"{_target_id(*c)}{ext}" for c in TARGET_CASES for ext in (".metal", ".ir")}
     expected |= {f"{_target_id(*c)}_table{ext}" for c in TABLE_CASES for ext in (".metal", ".ir")}
+    expected |= {f"{_target_id(*c)}{ext}" for c in ATTENTION_TARGET_CASES
+                 for ext in (".metal", ".ir")}
     stale = sorted(p.name for p in GOLDEN.iterdir() if p.name not in expected)
     if UPDATE:
         for name in stale:

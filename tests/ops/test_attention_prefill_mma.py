@@ -1,0 +1,114 @@
+"""Attention prefill on the matrix block (schedule/attention/mma.py): Q·K^T and P·V as 16 x 16
+products with the tensors' own half / bfloat values as operands and fp32 accumulation, lowered
+by target: Metal 4 tensor ops (apple10; cuda) or simdgroup_matrix (apple9); f32 keeps the fp32
+simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
+against torch's math attention in float64, the cuda target's translation through the shim's
+host syntax check (goldens per target: tests/schedule/test_golden.py). `check` covers the
+kernel at the simulator's default target in tests/ops/test_attention.py; at apple10 it takes
+over a minute on the CI box: not here."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import metalforge as mf
+from metalforge.cuda.translate import translate
+
+from ..cuda_host import assert_host_syntax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from attention import attention, causal_mask  # noqa: E402
+from sliding_window_softcap import torch_window_softcap, window_softcap  # noqa: E402
+
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+SHORT = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def _prefill_source(kernel, target: str, **bindings) -> str:
+    with mf.target(target):
+        src = kernel.source(**bindings)
+    return src[src.index("(prefill)"):]
+
+
+def _math_attention(q, k, v, scale, causal):
+    """torch's math attention in float64 (softmax's NaN where every key is masked)."""
+    heads, kv = q.shape[1], k.shape[1]
+    kk, vv = (t.double().repeat_interleave(heads // kv, dim=1) for t in (k, v))
+    sc = q.double() @ kk.transpose(-1, -2) * scale
+    if causal:
+        sc = sc.masked_fill(~causal_mask(q.shape[2], k.shape[2], "cpu"), float("-inf"))
+    return sc.softmax(-1) @ vv
+
+
+@pytest.mark.parametrize("dtype,target,lowered", [
+    (torch.float16, "apple9", "mf_mma16<half, true>"),
+    (torch.bfloat16, "apple9", "mf_mma16<bfloat, true>"),
+    (torch.float16, "apple10", "tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>"),
+    (torch.bfloat16, "apple10", "tensor<threadgroup bfloat, dextents<int32_t, 2>, "
+                                "tensor_inline>"),
+    (torch.float16, "cuda", "tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>"),
+    (torch.float32, "apple10", "mf_mma(")])
+def test_prefill_lowering_by_target(dtype, target, lowered):
+    """The prefill kernel's products on the target's matrix hardware with the tensors' own
+    operand type: simdgroup_matrix (apple9: mf_mma16, K^T loaded transposed, V not), Metal 4
+    tensor ops (apple10, cuda: matmul2d over threadgroup tensors, V k-outer); f32 keeps the
+    fp32 simdgroup_matrix products everywhere (no TF32)."""
+    src = _prefill_source(attention, target, T=SHORT[dtype])
+    assert lowered in src
+    if lowered.startswith("tensor"):
+        assert "matmul2d_descriptor(16, 16, 16, false, true" in src        # Q·K^T
+        assert "matmul2d_descriptor(16, 16, 16, false, false" in src       # P·V
+    else:
+        assert "matmul2d" not in src
+
+
+def test_tensor_ops_prefill_matches_math_attention():
+    """Metal 4 tensor ops in the simulator (apple10): GQA, 40 query positions (a whole tile
+    of 32 rows and a partial one per head pair), 70 keys (tiles of 64 and 6), E = 33 (two
+    whole 16-blocks and one of a single element); causal with S < L (bottom-right), one key
+    block and two merged. (simdgroup_matrix, apple9: tests/ops/test_attention.py's
+    test_matrix_prefill_matches_sdpa, the simulator's default target.)"""
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 4, 40, 33, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 70, 33, generator=g).to(dtype) for _ in range(2))
+    want = _math_attention(q, k, v, 0.3, True).to(dtype)
+    with mf.target("apple10"):
+        for splits in (1, 2):
+            kernel = attention.with_launch(key_splits=splits)
+            hosts = [h for h, _, _ in kernel.launches(q, k, v, 0.3)]
+            assert hosts[0].endswith("_prefill") and len(hosts) == splits, hosts
+            torch.testing.assert_close(kernel(q, k, v, 0.3), want, **TOL[dtype])
+
+
+def test_tensor_ops_prefill_window_softcap_and_rows_without_keys():
+    """bf16 operands on Metal 4 tensor ops with the score's elementwise work on the block's
+    elements (a sliding window with a soft cap; 40 rows, 90 keys, E = 40: partial blocks
+    everywhere), and rows that see no key (S > L: NaN, as softmax; f16)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 40, 40, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 90, 40, generator=g).bfloat16() for _ in range(2))
+    with mf.target("apple10"):
+        args = (q, k, v, 40 ** -0.5, 20, 15.0)
+        assert window_softcap.launches(*args)[0][0].endswith("_prefill")
+        torch.testing.assert_close(window_softcap(*args), torch_window_softcap(*args),
+                                   **TOL[torch.bfloat16])
+        q2 = torch.randn(1, 1, 50, 16, generator=g).half()
+        k2, v2 = (torch.randn(1, 1, 20, 16, generator=g).half() for _ in range(2))
+        got = attention(q2, k2, v2, 0.25)
+    torch.testing.assert_close(got, _math_attention(q2, k2, v2, 0.25, True).half(),
+                               equal_nan=True, **TOL[torch.float16])
+    assert got[0, 0, :30].isnan().all() and not got[0, 0, 30:].isnan().any()
+
+
+def test_cuda_target_translation_passes_host_syntax_check(tmp_path):
+    """The cuda target's prefill (Metal 4 tensor ops, the shim's mma.sync) translates and
+    compiles against the cuda shim (C++20, Metal 4.0)."""
+    with mf.target("cuda"):
+        src = attention.source(T="f16")
+    assert "mf_sacc_op.run(" in src and "mf_oacc_op.run(" in src
+    assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
