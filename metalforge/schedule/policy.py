@@ -74,6 +74,11 @@ class LaunchPolicy:
     qmm_matrix: bool = True            # quantized, tiled kernel: products as simdgroup
                                        # matrices (Apple's matrix hardware); False: FMAs on
                                        # per-thread register tiles
+    qmm_tile_m: int = 64               # quantized, tiled kernel on the matrix block (half or
+    qmm_tile_n: int = 32               # bfloat x): rows of x and weight rows of a tile (32,
+                                       # 64 or 128 each; schedule/quant/blocked.py)
+    qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
+                                       # picks its products) for half or bfloat x too
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
                                        # aims at, splitting the reduced axis into chunks where
                                        # the column blocks alone are fewer (0: never chunks)
@@ -197,7 +202,8 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (1024) 23.1 -> 26.2; M = 4: 1024x4096 (512) 6.3 -> 8.6, 1024x14336 (512) 15.0 -> 16.8;
     # M = 8: 1024x14336 (1024) 20.7 -> 25.0 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
-                          k_splits=4, split_grid=64, x_rows=2, uses_simd=True),
+                          k_splits=4, split_grid=64, x_rows=2, uses_simd=True,
+                          target="apple9"),
     # attention (schedule/attention/): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
@@ -307,7 +313,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
-              "index_check"),
+              "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -345,7 +351,7 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
 _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
-    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None),
+    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("qmm_fp32", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
@@ -453,6 +459,11 @@ def _validate_attention(p: LaunchPolicy) -> None:
 
 
 def _validate_quant(p: LaunchPolicy) -> None:
+    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
+          f"got {p.target!r}")
+    for name in ("qmm_tile_m", "qmm_tile_n"):
+        _need(p, getattr(p, name) in (32, 64, 128),
+              f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
     _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
           "packed words at once, at most 4 (16 bytes)")
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,
