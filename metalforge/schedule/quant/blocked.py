@@ -138,34 +138,37 @@ def stage_x(st: QuantState, x: Node, t: Tile) -> list[ir.Stmt]:
 
 def stage_w(st: QuantState, w: Node, t: Tile) -> list[ir.Stmt]:
     """B: the weight tile, bn weight rows x BK values: thread mf_t + 128 i dequantizes the
-    run of RUN values mf_q of row mf_wr in fp32 and stores each rounded once to the operand
-    type."""
+    run of RUN values mf_q of row mf_wr in fp32 into registers (the run's word, scale and bias
+    loads alike in every value: one each once unrolled, no store between them), then stores
+    each rounded once to the operand type."""
     ctx = st.ctx
     K, N = ctx.size(ctx.axis), ctx.size(ctx.rows_axis)
-    runs = t.bk // RUN
+    runs, whole = t.bk // RUN, ctx.k_multiple % t.bk == 0
     el = lowering(st, False, ir.Var("mf_k"), (ir.Var("mf_kq"), RUN))
     body = el.lower([w])
     ctx.uses.helpers.update(el.helpers)
-    slot = matrix.staged(t.bn, ir.Var("mf_wr"), ir.Var("mf_q") * u(RUN) + ir.Var("mf_j"))
-    put = ir.Store("mf_bs", slot, ir.Cast(t.operand, as_float(el.value(w), w)),
-                   space="threadgroup")
-    zero = ir.Store("mf_bs", slot, ir.Cast(t.operand, ir.Lit(0.0, "float")),
-                    space="threadgroup")
-    value = body + [put] if ctx.k_multiple % t.bk == 0 else \
-        [ir.If(ir.Var("mf_k") < K, body + [put], [zero])]
+    j = ir.Var("mf_j")
+    value = ir.Lane(ir.Var("mf_wv"), j)
+    put = [ir.Assign(value, as_float(el.value(w), w))]
+    slot = matrix.staged(t.bn, ir.Var("mf_wr"), ir.Var("mf_q") * u(RUN) + j)
     e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
     return [
         ir.Comment(f"B: {t.bn} weight rows x {t.bk} values, dequantized in fp32 a run of "
                    f"{RUN} at a time, each rounded once to {t.operand}"
-                   + ("" if ctx.k_multiple % t.bk == 0 else " (0 past K)")),
+                   + ("" if whole else " (0 past K)")),
         ir.For("mf_i", "uint", u(0), u(t.bn * runs // t.threads), [
             ir.Decl("mf_wr", "uint", e / u(runs)),
             ir.Decl("mf_q", "uint", e % u(runs)),
             ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_wr")),
                                                  N - idx(1)))),
             ir.Decl("mf_kq", IDX, _k(ir.Var("mf_q") * u(RUN))),
-            unrolled("mf_j", RUN, [ir.Decl("mf_k", IDX, ir.Var("mf_kq")
-                                           + ir.Cast(IDX, ir.Var("mf_j"))), *value])])]
+            ir.ArrayDecl("mf_wv", "float", RUN),
+            unrolled("mf_j", RUN, [
+                ir.Decl("mf_k", IDX, ir.Var("mf_kq") + ir.Cast(IDX, j)),
+                *(body + put if whole else [ir.Assign(value, ir.Lit(0.0, "float")),
+                                            ir.If(ir.Var("mf_k") < K, body + put)])]),
+            unrolled("mf_j", RUN, [ir.Store("mf_bs", slot, ir.Cast(t.operand, value),
+                                            space="threadgroup")])])]
 
 
 def body(st: QuantState, w: Node, x: Node, t: Tile) -> list[ir.Stmt]:
