@@ -1,0 +1,95 @@
+"""The tiled quantized matmul on the matrix block (schedule/quant/blocked.py): half or bfloat x
+as A, the weight tile dequantized in fp32 and rounded once to x's type as B, products by the
+target's lowering (simdgroup_matrix at apple9, Metal 4 tensor ops at apple10), fp32 sums;
+against torch computed directly on the rounded weight (what F.linear on the f16 weight does).
+tests/ops/test_quant_kernels.py (test_tiled_kernel_half) runs f16 / bf16 x apple9 / apple10 at
+partial tiles of M and N over several tiles."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import metalforge as mf
+from metalforge import quant
+from metalforge.testing import check
+
+
+
+@mf.kernel(launch={"qmm_min_rows": 8})
+def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
+              GS: mf.Const[int] = 64) -> "T[M, N]":
+    return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
+
+
+@mf.kernel(launch={"qmm_min_rows": 8, "qmm_tile_m": 32, "qmm_tile_n": 64})
+def q4_two(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
+           x: "T[B, M, K]", bias: "T[N]", res: "T[B, M, N]", GS: mf.Const[int] = 8):
+    """A batch axis, GS 8, an epilogue (bias, SiLU, a residual) and two outputs."""
+    y = mf.sum(x * (mf.unpack(wq, bits=4) * scales + biases), axis="K") + bias
+    return y * mf.sigmoid(y) + res, y
+
+
+def _weights(n: int, k: int, gs: int, dt: torch.dtype, seed: int):
+    """Packed random codes, scales and biases in dt, and the weight they give rounded to dt
+    (fp32 arithmetic, as the kernel dequantizes), computed directly."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g)
+    s = (torch.rand(n, k // gs, generator=g) * 0.1 + 0.02).to(dt)
+    b = (torch.randn(n, k // gs, generator=g) * 0.1).to(dt)
+    w = codes.float() * s.float().repeat_interleave(gs, 1) + b.float().repeat_interleave(gs, 1)
+    return quant.pack(codes, bits=4), s, b, w.to(dt)
+
+
+def _host(kernel, *args):
+    return kernel.launches(*args)[0]
+
+
+def test_epilogue_two_outputs_batch_and_a_step_past_k():
+    """K = 40: a whole step, then one of 8 values (x read element by element, the weights 0
+    past K); tiles of 32 rows x 64 weight rows (launch options), 2 x 2 tiles a batch."""
+    wq, s, b, w = _weights(70, 40, 8, torch.float16, seed=3)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 33, 40, generator=g).half()
+    bias, res = torch.randn(70, generator=g).half(), torch.randn(2, 33, 70, generator=g).half()
+    with mf.target("apple10"):
+        assert _host(q4_two, wq, s, b, x, bias, res)[1:] == (2 * 2 * 2 * 128, 128)
+        out, y = q4_two(wq, s, b, x, bias, res)
+    want = x.double() @ w.double().T + bias.double()
+    torch.testing.assert_close(y.double(), want, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out.double(), F.silu(want) + res.double(), rtol=1e-2, atol=2e-2)
+
+
+def test_check_covers_the_tensor_op_lowering():
+    """check's sizes include the tiled kernel's selected example (a partial tile of each,
+    two steps along K) at the tensor-op target."""
+    with mf.target("apple10"):
+        report = check(q4_linear, max_examples=2, dtypes={"T": "bf16"})
+    assert "N=33" in report.coverage() and "_qmm" in report.coverage()
+
+
+def test_kernel_text_by_target_and_options():
+    src9 = q4_linear.source(T="f16")
+    qmm = src9[src9.index("kernel void mf_q4_linear_qmm"):]
+    assert "simdgroup_matrix<half, 8, 8>" in qmm and "threadgroup half mf_bs[1024];" in qmm
+    assert "mf_bs[((mf_q * 8u + mf_j) / 16u * 32u + mf_wr) * 16u + (mf_q * 8u + mf_j) % 16u]" \
+        " = half(mf_wv[mf_j]);" in qmm                         # rounded once, when stored
+    with mf.target("apple10"):
+        src10 = q4_linear.source(T="bf16")
+        assert "matmul2d<mf_desc, execution_simdgroup>" in src10
+        assert "tensor<threadgroup bfloat," in src10
+        # f32 x, and the qmm_fp32 option, keep the fp32 kernel (schedule/quant/tiled.py)
+        for src in (q4_linear.source(T="f32"), q4_linear.with_launch(qmm_fp32=True).source(
+                T="f16")):
+            assert "matmul2d" not in src and "threadgroup float mf_ws[2112];" in src
+    wide = q4_linear.with_launch(qmm_tile_m=128, qmm_tile_n=128).source(T="f16")
+    assert "threadgroup half mf_as[4096];" in wide and "simdgroup_float8x8 mf_acc[64];" in wide
+
+
+def test_tile_option_errors():
+    with pytest.raises(mf.LaunchError, match="qmm_tile_m must be 32, 64 or 128, got 48"):
+        q4_linear.with_launch(qmm_tile_m=48).source(T="f16")
+    with pytest.raises(mf.LaunchError, match="qmm_fp32 must be True or False, got 1"):
+        q4_linear.with_launch(qmm_fp32=1)
+    with pytest.raises(mf.LaunchError, match="target must be one of"):
+        q4_linear.with_launch(target="m5").source(T="f16")
