@@ -15,7 +15,6 @@ from metalforge import quant
 from metalforge.testing import check
 
 
-
 @mf.kernel(launch={"qmm_min_rows": 8})
 def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: "T[M, K]",
               GS: mf.Const[int] = 64) -> "T[M, N]":

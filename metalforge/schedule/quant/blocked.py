@@ -149,7 +149,7 @@ def stage_w(st: QuantState, w: Node, t: Tile) -> list[ir.Stmt]:
     ctx.uses.helpers.update(el.helpers)
     j = ir.Var("mf_j")
     value = ir.Lane(ir.Var("mf_wv"), j)
-    put = [ir.Assign(value, as_float(el.value(w), w))]
+    put: list[ir.Stmt] = [ir.Assign(value, as_float(el.value(w), w))]
     slot = matrix.staged(t.bn, ir.Var("mf_wr"), ir.Var("mf_q") * u(RUN) + j)
     e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
     return [
