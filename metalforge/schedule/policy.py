@@ -77,6 +77,8 @@ class LaunchPolicy:
     qmm_tile_m: int = 64               # quantized, tiled kernel on the matrix block (half or
     qmm_tile_n: int = 32               # bfloat x): rows of x and weight rows of a tile (32,
                                        # 64 or 128 each; schedule/quant/blocked.py)
+    qmm_splits: int = 1                # quantized, tiled kernel on the matrix block: teams of
+                                       # 4 simdgroups in a threadgroup splitting K (1, 2 or 4)
     qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
                                        # picks its products) for half or bfloat x too
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
@@ -313,7 +315,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
-              "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32"),
+              "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32", "qmm_splits"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -464,6 +466,7 @@ def _validate_quant(p: LaunchPolicy) -> None:
     for name in ("qmm_tile_m", "qmm_tile_n"):
         _need(p, getattr(p, name) in (32, 64, 128),
               f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
+    _need(p, p.qmm_splits in (1, 2, 4), f"qmm_splits must be 1, 2 or 4, got {p.qmm_splits!r}")
     _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
           "packed words at once, at most 4 (16 bytes)")
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,

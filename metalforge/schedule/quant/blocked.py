@@ -24,7 +24,7 @@ hardware multiplies (as MLX's and llama.cpp's quantized GEMMs do); the sum stays
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ... import ir
@@ -32,14 +32,14 @@ from ...dtypes import DType
 from ...graph import Node, Op
 from ...target import SIM_DEFAULT, get_target
 from .. import matrix
-from ..base import IDX, make_kernel
+from ..base import IDX
 from ..fragments import u, unrolled
 from ..lower import as_float
 from ..matrix import Tile
 from .context import QuantContext, QuantState
 from .form import factors
 from .positions import idx, lowering, prefix_position
-from .tiled import THREAD_INPUTS, origin, store
+from .tiled import origin
 
 RUN = 8                     # consecutive values of K a thread dequantizes at once (a word's)
 
@@ -50,8 +50,25 @@ def held(n: Node) -> DType:
     return n.dtype if n.op in (Op.LOAD, Op.CAST) else n.dtype.compute
 
 
-def tile_of(ctx: QuantContext) -> Optional[Tile]:
-    """The matrix block's tile of the call's tiled kernel, or None where the fp32 kernel
+@dataclass(frozen=True)
+class Plan:
+    """The tiled kernel on the matrix block: its tile (of one team of 4 simdgroups) and its
+    teams, each taking every `teams`-th step of K (`teams`)."""
+    tile: Tile
+    teams: int
+
+    @property
+    def threads(self) -> int:
+        return self.tile.threads * self.teams
+
+    @property
+    def k0(self) -> ir.Var:
+        """The first value of K of the team's step."""
+        return ir.Var("mf_k0" if self.teams == 1 else "mf_kt")
+
+
+def plan_of(ctx: QuantContext) -> Optional[Plan]:
+    """The matrix block's plan for the call's tiled kernel, or None where the fp32 kernel
     runs (x of f32 or computed values, or `qmm_fp32`)."""
     found = factors(ctx)
     if found is None or ctx.policy.qmm_fp32:
@@ -61,66 +78,76 @@ def tile_of(ctx: QuantContext) -> Optional[Tile]:
     t = matrix.choose(get_target(p.target or SIM_DEFAULT), dt, dt, 64)
     if t.operand == "float":
         return None
-    return replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n)
+    return Plan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n), p.qmm_splits)
 
 
-def place(st: QuantState, t: Tile) -> list[ir.Stmt]:
-    """The tile (`tiled.origin`), the thread in it and its simdgroup's block."""
-    return origin(st, t.bm, t.bn) + [
-        ir.Comment(f"the thread in the threadgroup; the simdgroup's block of {t.wm} x {t.wn} "
+def place(st: QuantState, pl: Plan) -> list[ir.Stmt]:
+    """The tile (`tiled.origin`), the thread in its team and its simdgroup's block."""
+    t = pl.tile
+    sg: ir.Expr = ir.Var("mf_sg")
+    team: list[ir.Stmt] = []
+    if pl.teams > 1:
+        team = [ir.Comment(f"the simdgroup's team (of {pl.teams}: each takes every "
+                           f"{pl.teams}th step of K) and its place in it"),
+                ir.Decl("mf_team", "uint", sg / u(t.simdgroups)),
+                ir.Decl("mf_tsg", "uint", sg % u(t.simdgroups))]
+        sg = ir.Var("mf_tsg")
+    return origin(st, t.bm, t.bn) + team + [
+        ir.Comment(f"the thread in its team; the simdgroup's block of {t.wm} x {t.wn} "
                    "outputs: rows mf_sm.. of x's tile, weight rows mf_sn.."),
-        ir.Decl("mf_t", "uint", ir.Var("mf_sg") * u(32) + ir.Var("mf_lane")),
-        ir.Decl("mf_sm", "uint", ir.Var("mf_sg") / u(t.sg_cols) * u(t.wm)),
-        ir.Decl("mf_sn", "uint", ir.Var("mf_sg") % u(t.sg_cols) * u(t.wn))]
+        ir.Decl("mf_t", "uint", sg * u(32) + ir.Var("mf_lane")),
+        ir.Decl("mf_sm", "uint", sg / u(t.sg_cols) * u(t.wm)),
+        ir.Decl("mf_sn", "uint", sg % u(t.sg_cols) * u(t.wn))]
 
 
-def _k(kk: ir.Expr) -> ir.Expr:
-    return ir.Var("mf_k0") + ir.Cast(IDX, kk)
+def _k(pl: Plan, kk: ir.Expr) -> ir.Expr:
+    return pl.k0 + ir.Cast(IDX, kk)
 
 
 def _m(r: ir.Expr) -> ir.Expr:
     return ir.Var("mf_m0") + ir.Cast(IDX, r)
 
 
-def vector_offset(st: QuantState, x: Node, t: Tile) -> Optional[ir.Expr]:
-    """The offset of x's row mf_m0 + mf_r, value mf_k0 + mf_kk where x's tile can be read as
+def vector_offset(st: QuantState, x: Node, pl: Plan) -> Optional[ir.Expr]:
+    """The offset of x's row mf_m0 + mf_r, value k0 + mf_kk where x's tile can be read as
     16-byte vectors (a k-inner tensor of the operand type over the other output axes and K),
     else None."""
     ctx = st.ctx
     if x.op != Op.LOAD:
         return None
     tensor = ctx.graph.tensor(x.attr)
-    if tensor.axes[-1] != ctx.axis or tensor.dtype.msl != t.operand \
+    if tensor.axes[-1] != ctx.axis or tensor.dtype.msl != pl.tile.operand \
             or not all(a in ctx.prefix or a == ctx.axis for a in tensor.axes):
         return None
     m_axis = ctx.prefix[-1]
     e: ir.Expr = idx(0)
     for i, a in enumerate(tensor.axes):
-        p = _k(ir.Var("mf_kk")) if a == ctx.axis else _m(ir.Var("mf_r")) if a == m_axis \
+        p = _k(pl, ir.Var("mf_kk")) if a == ctx.axis else _m(ir.Var("mf_r")) if a == m_axis \
             else prefix_position(st, a)
         e = p if i == 0 else e * ctx.size(a) + p
     return e
 
 
-def stage_x(st: QuantState, x: Node, t: Tile) -> list[ir.Stmt]:
+def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
     """A: x's tile, bm rows x BK values in the operand type, 0 past M or K."""
-    ctx = st.ctx
+    ctx, t = st.ctx, pl.tile
     M, K = ctx.size(ctx.prefix[-1]), ctx.size(ctx.axis)
 
     def value(r: ir.Expr, kk: ir.Expr) -> tuple[list[ir.Stmt], ir.Expr]:
         el = lowering(st, False, ir.Var("mf_k"))
         stmts = el.lower([x])
         ctx.uses.helpers.update(el.helpers)
-        return [ir.Decl("mf_m", IDX, _m(r)), ir.Decl("mf_k", IDX, _k(kk)), *stmts], el.value(x)
+        return [ir.Decl("mf_m", IDX, _m(r)), ir.Decl("mf_k", IDX, _k(pl, kk)),
+                *stmts], el.value(x)
 
     def live(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
-        return (_m(r) < M).and_(_k(kk) < K)
+        return (_m(r) < M).and_(_k(pl, kk) < K)
     tensor = ctx.graph.tensor(x.attr) if x.op == Op.LOAD else None
     k_inner = tensor is None or tensor.axes[-1] == ctx.axis
     scalar = matrix.stage(t, "mf_as", t.bm, k_inner, value, live)
     head = ir.Comment(f"A: {t.bm} rows of x x {t.bk} values of '{ctx.axis}', as {t.operand} "
                       "(0 past the rows or K)")
-    at = vector_offset(st, x, t)
+    at = vector_offset(st, x, pl)
     if at is None or tensor is None:
         return [head, *scalar]
     if t.vec == 8:
@@ -129,78 +156,57 @@ def stage_x(st: QuantState, x: Node, t: Tile) -> list[ir.Stmt]:
 
     def load(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
         return ir.Load(ctx.names[tensor.name], at, t.vec, stype)
-    whole = (ir.Var("mf_k0") + idx(t.bk) <= K).and_((K % idx(t.vec)).eq(idx(0)))
+    whole = (pl.k0 + idx(t.bk) <= K).and_((K % idx(t.vec)).eq(idx(0)))
     return [head, ir.If(whole, [
         ir.Comment(f"a whole step, K a multiple of {t.vec}: 16-byte loads of {t.vec} values"),
         *matrix.stage_vectors(t, "mf_as", t.bm, load, ir.vector_type(stype, t.vec),
                               _m(ir.Var("mf_r")) < M)], scalar)]
 
 
-def stage_w(st: QuantState, w: Node, t: Tile) -> list[ir.Stmt]:
-    """B: the weight tile, bn weight rows x BK values: thread mf_t + 128 i dequantizes the
-    run of RUN values mf_q of row mf_wr in fp32 into registers (the run's word, scale and bias
-    loads alike in every value: one each once unrolled, no store between them), then stores
-    each rounded once to the operand type."""
+def dequantized(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
+    """The run's RUN values of W in fp32 into registers mf_wv, 0 past K: no test where every
+    team's step is inside K (K's derived dims make it a multiple of the teams' steps), one
+    per run where runs are whole (K a multiple of RUN), else one per value."""
     ctx = st.ctx
-    K, N = ctx.size(ctx.axis), ctx.size(ctx.rows_axis)
-    runs, whole = t.bk // RUN, ctx.k_multiple % t.bk == 0
+    K = ctx.size(ctx.axis)
     el = lowering(st, False, ir.Var("mf_k"), (ir.Var("mf_kq"), RUN))
     body = el.lower([w])
     ctx.uses.helpers.update(el.helpers)
     j = ir.Var("mf_j")
     value = ir.Lane(ir.Var("mf_wv"), j)
     put: list[ir.Stmt] = [ir.Assign(value, as_float(el.value(w), w))]
+    at = ir.Decl("mf_k", IDX, ir.Var("mf_kq") + ir.Cast(IDX, j))
+    zeros = unrolled("mf_j", RUN, [ir.Assign(value, ir.Lit(0.0, "float"))])
+    if ctx.k_multiple % (pl.tile.bk * pl.teams) == 0:
+        return [unrolled("mf_j", RUN, [at, *body, *put])]
+    if ctx.k_multiple % RUN == 0:
+        return [ir.If(ir.Var("mf_kq") < K, [unrolled("mf_j", RUN, [at, *body, *put])],
+                      [zeros])]
+    return [unrolled("mf_j", RUN, [at, ir.Assign(value, ir.Lit(0.0, "float")),
+                                   ir.If(ir.Var("mf_k") < K, body + put)])]
+
+
+def stage_w(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
+    """B: the weight tile, bn weight rows x BK values: thread mf_t + 128 i dequantizes the
+    run of RUN values mf_q of row mf_wr in fp32 into registers (the run's word, scale and bias
+    loads alike in every value: one each once unrolled, no store between them), then stores
+    each rounded once to the operand type."""
+    ctx, t = st.ctx, pl.tile
+    N = ctx.size(ctx.rows_axis)
+    runs = t.bk // RUN
+    j = ir.Var("mf_j")
     slot = matrix.staged(t.bn, ir.Var("mf_wr"), ir.Var("mf_q") * u(RUN) + j)
     e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
     return [
         ir.Comment(f"B: {t.bn} weight rows x {t.bk} values, dequantized in fp32 a run of "
-                   f"{RUN} at a time, each rounded once to {t.operand}"
-                   + ("" if whole else " (0 past K)")),
+                   f"{RUN} at a time (0 past K), each rounded once to {t.operand}"),
         ir.For("mf_i", "uint", u(0), u(t.bn * runs // t.threads), [
             ir.Decl("mf_wr", "uint", e / u(runs)),
             ir.Decl("mf_q", "uint", e % u(runs)),
             ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_wr")),
                                                  N - idx(1)))),
-            ir.Decl("mf_kq", IDX, _k(ir.Var("mf_q") * u(RUN))),
+            ir.Decl("mf_kq", IDX, _k(pl, ir.Var("mf_q") * u(RUN))),
             ir.ArrayDecl("mf_wv", "float", RUN),
-            unrolled("mf_j", RUN, [
-                ir.Decl("mf_k", IDX, ir.Var("mf_kq") + ir.Cast(IDX, j)),
-                *(body + put if whole else [ir.Assign(value, ir.Lit(0.0, "float")),
-                                            ir.If(ir.Var("mf_k") < K, body + put)])]),
-            unrolled("mf_j", RUN, [ir.Store("mf_bs", slot, ir.Cast(t.operand, value),
-                                            space="threadgroup")])])]
-
-
-def body(st: QuantState, w: Node, x: Node, t: Tile) -> list[ir.Stmt]:
-    """The kernel's statements (its row of x is mf_m, its weight row mf_n)."""
-    ctx, v = st.ctx, st.v
-    ctx.uses.helpers.update(matrix.helpers(t))
-    v.tg_arrays.extend(a for a in matrix.arrays(t) if isinstance(a, ir.ArrayDecl))
-    row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
-    step = [*stage_x(st, x, t), *stage_w(st, w, t), ir.Barrier(),
-            *matrix.products(t, row0, col0), ir.Barrier()]
-    loop = ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), step, step=idx(t.bk))
-
-    def emit(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
-        return store(st, value, row0 + r, col0 + c, [])
-    finish = matrix.results(t, emit)
-    head = place(st, t)
-    return [ir.Comment("the staged operand tiles"), *v.tg_arrays, *head, *v.pre,
-            *matrix.accumulators(t, row0, col0),
-            ir.Comment(f"along '{ctx.axis}' in steps of {t.bk} values: stage both tiles, "
-                       "multiply"), loop,
-            ir.Comment("the outputs, where the row of x and the weight row exist"), *finish]
-
-
-def kernel(st: QuantState, t: Tile) -> ir.LoweredKernel:
-    """The tiled kernel on the matrix block, for graphs of `form.factors`'s form."""
-    ctx = st.ctx
-    found = factors(ctx)
-    assert found is not None
-    w, x = found
-    summary = (f"{ctx.graph.name} (qmm): y = sum over '{ctx.axis}' of values unpacked from "
-               f"{ctx.bits}-bit words times rows of '{ctx.prefix[-1]}'; target "
-               f"{ctx.policy.target}: {t.describe()}; weights dequantized in fp32 once per "
-               f"tile, rounded to {t.operand}")
-    return make_kernel(ctx.graph, ctx.index64, THREAD_INPUTS, body(st, w, x, t), summary,
-                       "qmm", max_threads=t.threads)
+            *dequantized(st, w, pl),
+            unrolled("mf_j", RUN, [ir.Store("mf_bs", slot, ir.Cast(
+                t.operand, ir.Lane(ir.Var("mf_wv"), j)), space="threadgroup")])])]

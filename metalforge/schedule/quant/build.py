@@ -15,13 +15,13 @@ from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
 from . import gathers, matvec, pairing, prologue, staged, tiled
-from .blocked import kernel as block_kernel
-from .blocked import tile_of
+from .blocked import plan_of
 from .context import QuantContext, QuantState, context
 from .form import factors
 from .params import THREADS, TILE_K, TILE_M, TILE_N
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
+from .teams import kernel as block_kernel
 
 BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: matvec.kernel
 
@@ -29,14 +29,16 @@ BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: ma
 def qmm(st: QuantState) -> ir.LoweredKernel:
     """The tiled kernel: on the matrix block where x is half or bfloat (`blocked`), else the
     fp32 kernel (`tiled`)."""
-    t = tile_of(st.ctx)
-    return tiled.kernel(st) if t is None else block_kernel(st, t)
+    pl = plan_of(st.ctx)
+    return tiled.kernel(st) if pl is None else block_kernel(st, pl)
 
 
 def qmm_geometry(ctx: QuantContext) -> tuple[int, int, int, int]:
     """The tiled kernel's rows of x, weight rows and values of K a step, and its threads."""
-    t = tile_of(ctx)
-    return (TILE_M, TILE_N, TILE_K, THREADS) if t is None else (t.bm, t.bn, t.bk, t.threads)
+    pl = plan_of(ctx)
+    if pl is None:
+        return TILE_M, TILE_N, TILE_K, THREADS
+    return pl.tile.bm, pl.tile.bn, pl.tile.bk * pl.teams, pl.threads
 
 
 def kernel_names(ctx: QuantContext) -> tuple[str, ...]:

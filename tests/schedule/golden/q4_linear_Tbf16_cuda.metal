@@ -609,7 +609,7 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_m_tiles = (mf_size_M + 63u) / 64u;
     const mf_index_t mf_n0 = mf_tile % mf_n_tiles * 32u;
     const mf_index_t mf_m0 = mf_tile / mf_n_tiles % mf_m_tiles * 64u;
-    // the thread in the threadgroup; the simdgroup's block of 32 x 16 outputs: rows mf_sm.. of x's tile, weight rows mf_sn..
+    // the thread in its team; the simdgroup's block of 32 x 16 outputs: rows mf_sm.. of x's tile, weight rows mf_sn..
     const uint mf_t = mf_sg * 32u + mf_lane;
     const uint mf_sm = mf_sg / 2u * 32u;
     const uint mf_sn = mf_sg % 2u * 16u;
@@ -659,7 +659,7 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // B: 32 weight rows x 32 values, dequantized in fp32 a run of 8 at a time, each rounded once to bfloat
+        // B: 32 weight rows x 32 values, dequantized in fp32 a run of 8 at a time (0 past K), each rounded once to bfloat
         {
             const uint mf_i = 0u;
             const uint mf_wr = (mf_i * 128u + mf_t) / 4u;

@@ -1,0 +1,144 @@
+"""The tiled kernel on the matrix block (`blocked`), assembled: its threadgroup memory, its
+loop along K and its outputs, with the threadgroup's simdgroups in `qmm_splits` teams.
+
+A team is the 4 simdgroups (128 threads) of one tile (`matrix.Tile`); with T teams a
+threadgroup holds T of them on the same tile, team s taking steps s, s + T, s + 2T, ... of K
+(each its own staged tiles, in one threadgroup array: `mf_as`, `mf_bs` point at the team's
+part), so that a grid of few tiles (M = 64 rows of x: one tile of rows) still has T times the
+simdgroups, each walking a T-th of K. Every team runs the same number of steps (a step past
+K stages zeros: the barriers stay uniform). After the last step each simdgroup of teams 1..T-1
+parks its sums in threadgroup memory (where the staged tiles were: the last step ended with a
+barrier), a barrier, and team 0 adds them to its own, element by element at the element's
+place in the tile (the same place whatever the lowering's element layout), and stores the
+outputs through the epilogue. One team (the default) is the plain kernel.
+"""
+from __future__ import annotations
+
+from ... import ir
+from ...errors import LaunchError
+from ...graph import Node
+from .. import matrix
+from ..base import IDX, make_kernel
+from ..fragments import u
+from ..hardware import MAX_THREADGROUP_BYTES
+from .blocked import Plan, place, stage_w, stage_x
+from .context import QuantState
+from .form import factors
+from .positions import idx
+from .tiled import THREAD_INPUTS, store
+
+SHARED = "mf_shared"
+PARKED = "mf_parked"
+
+
+def shared_bytes(pl: Plan) -> int:
+    """Threadgroup bytes: the teams' staged tiles, or the parked sums of teams 1.. if more."""
+    t = pl.tile
+    staged = pl.teams * (t.bm + t.bn) * t.bk * t.operand_bytes
+    return staged if pl.teams == 1 else max(staged, (pl.teams - 1) * t.bm * t.bn * 4)
+
+
+def check(pl: Plan) -> None:
+    """A LaunchError where the plan's threadgroup memory is over Metal's limit."""
+    need = shared_bytes(pl)
+    if need > MAX_THREADGROUP_BYTES:
+        t = pl.tile
+        raise LaunchError(
+            f"quant launch policy: qmm_tile_m={t.bm} x qmm_tile_n={t.bn} with qmm_splits="
+            f"{pl.teams} needs {need} bytes of threadgroup memory (each team's staged tiles, "
+            f"then the sums of teams 1.. parked for team 0), over the "
+            f"{MAX_THREADGROUP_BYTES}-byte limit; take smaller tiles or fewer splits")
+
+
+def arrays(st: QuantState, pl: Plan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+    """(the threadgroup arrays, declared first; the team's pointers mf_as, mf_bs into them,
+    declared once the team is known)."""
+    t = pl.tile
+    if pl.teams == 1:
+        decls = [a for a in matrix.arrays(t) if isinstance(a, ir.ArrayDecl)]
+        st.v.tg_arrays.extend(decls)
+        return list(decls), []
+    per_team = (t.bm + t.bn) * t.bk
+    decl = ir.ArrayDecl(SHARED, t.operand, shared_bytes(pl) // t.operand_bytes, "threadgroup")
+    st.v.tg_arrays.append(decl)
+    ptr = f"threadgroup {t.operand}*"
+    return [ir.Comment(f"the {pl.teams} teams' staged tiles (A then B), later the sums of "
+                       "teams 1.. (as floats: mf_parked)"), decl], [
+        ir.Comment("the team's staged tiles"),
+        ir.Decl("mf_as", ptr, ir.Var(SHARED) + ir.Var("mf_team") * u(per_team), const=False),
+        ir.Decl("mf_bs", ptr, ir.Var("mf_as") + u(t.bm * t.bk), const=False),
+        ir.Decl(PARKED, "threadgroup float*", ir.Call("reinterpret_cast<threadgroup float*>",
+                                                      (ir.Var(SHARED),)), const=False)]
+
+
+def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> ir.Stmt:
+    """Along K: each team's step (from k0), staged, then its products."""
+    ctx, t = st.ctx, pl.tile
+    row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
+    first: list[ir.Stmt] = [] if pl.teams == 1 else [
+        ir.Decl("mf_kt", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_team") * u(t.bk)))]
+    body = [*first, *stage_x(st, x, pl), *stage_w(st, w, pl), ir.Barrier(),
+            *matrix.products(t, row0, col0), ir.Barrier()]
+    return ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), body,
+                  step=idx(t.bk * pl.teams))
+
+
+def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
+    """Each accumulator element: the output (where its row and weight row exist), with
+    T > 1 teams the sum of the teams' elements at its place."""
+    t = pl.tile
+    row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
+
+    def final(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+        return store(st, value, row0 + r, col0 + c, [])
+    if pl.teams == 1:
+        return matrix.results(t, final)
+
+    def at(team: ir.Expr, r: ir.Expr, c: ir.Expr) -> ir.Expr:
+        return (team * u(t.bm) + row0 + r) * u(t.bn) + col0 + c
+
+    def park(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+        return [ir.Store(PARKED, at(ir.Var("mf_team") - u(1), r, c), value,
+                         space="threadgroup")]
+
+    def total(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+        for s in range(pl.teams - 1):
+            value = value + ir.Lane(ir.Var(PARKED), at(u(s), r, c))
+        return final(r, c, value)
+    return [ir.Comment("teams 1..: their sums, parked at their place in the tile"),
+            ir.If(ir.Var("mf_team").ne(u(0)), matrix.results(t, park)),
+            ir.Barrier(),
+            ir.Comment("team 0: its sums plus the others', the outputs"),
+            ir.If(ir.Var("mf_team").eq(u(0)), matrix.results(t, total))]
+
+
+def body(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
+    """The kernel's statements (its row of x is mf_m, its weight row mf_n)."""
+    ctx = st.ctx
+    ctx.uses.helpers.update(matrix.helpers(pl.tile))
+    decls, pointers = arrays(st, pl)
+    head = place(st, pl)
+    k_loop = loop(st, w, x, pl)
+    finish = outputs(st, pl)
+    return [ir.Comment("the staged operand tiles"), *decls, *head, *pointers, *st.v.pre,
+            *matrix.accumulators(pl.tile, ir.Var("mf_sm"), ir.Var("mf_sn")),
+            ir.Comment(f"along '{ctx.axis}' in steps of {pl.tile.bk} values"
+                       + (f", every {pl.teams}th a team's" if pl.teams > 1 else "")
+                       + ": stage both tiles, multiply"), k_loop,
+            ir.Comment("the outputs, where the row of x and the weight row exist"), *finish]
+
+
+def kernel(st: QuantState, pl: Plan) -> ir.LoweredKernel:
+    """The tiled kernel on the matrix block, for graphs of `form.factors`'s form."""
+    ctx = st.ctx
+    found = factors(ctx)
+    assert found is not None
+    check(pl)
+    w, x = found
+    teams = f", {pl.teams} teams of them splitting K" if pl.teams > 1 else ""
+    summary = (f"{ctx.graph.name} (qmm): y = sum over '{ctx.axis}' of values unpacked from "
+               f"{ctx.bits}-bit words times rows of '{ctx.prefix[-1]}'; target "
+               f"{ctx.policy.target}: {pl.tile.describe()}{teams}; weights dequantized in "
+               f"fp32 once per tile, rounded to {pl.tile.operand}")
+    return make_kernel(ctx.graph, ctx.index64, THREAD_INPUTS, body(st, w, x, pl), summary,
+                       "qmm", max_threads=pl.threads)
