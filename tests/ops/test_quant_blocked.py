@@ -21,10 +21,11 @@ def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: 
     return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
 
 
-@mf.kernel(launch={"qmm_min_rows": 8, "qmm_tile_m": 32, "qmm_tile_n": 64})
+@mf.kernel(launch={"qmm_min_rows": 8, "qmm_tile_m": 32, "qmm_tile_n": 64, "qmm_splits": 2})
 def q4_two(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
            x: "T[B, M, K]", bias: "T[N]", res: "T[B, M, N]", GS: mf.Const[int] = 8):
-    """A batch axis, GS 8, an epilogue (bias, SiLU, a residual) and two outputs."""
+    """A batch axis, GS 8, an epilogue (bias, SiLU, a residual) and two outputs; two teams
+    splitting K."""
     y = mf.sum(x * (mf.unpack(wq, bits=4) * scales + biases), axis="K") + bias
     return y * mf.sigmoid(y) + res, y
 
@@ -45,14 +46,15 @@ def _host(kernel, *args):
 
 
 def test_epilogue_two_outputs_batch_and_a_step_past_k():
-    """K = 40: a whole step, then one of 8 values (x read element by element, the weights 0
-    past K); tiles of 32 rows x 64 weight rows (launch options), 2 x 2 tiles a batch."""
+    """K = 40: a whole step (team 0's), then one of 8 values (team 1's: x read element by
+    element, the weights 0 past K); tiles of 32 rows x 64 weight rows (launch options), 2 x 2
+    tiles a batch, 2 teams of 128 threads a tile."""
     wq, s, b, w = _weights(70, 40, 8, torch.float16, seed=3)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 33, 40, generator=g).half()
     bias, res = torch.randn(70, generator=g).half(), torch.randn(2, 33, 70, generator=g).half()
     with mf.target("apple10"):
-        assert _host(q4_two, wq, s, b, x, bias, res)[1:] == (2 * 2 * 2 * 128, 128)
+        assert _host(q4_two, wq, s, b, x, bias, res)[1:] == (2 * 2 * 2 * 256, 256)
         out, y = q4_two(wq, s, b, x, bias, res)
     want = x.double() @ w.double().T + bias.double()
     torch.testing.assert_close(y.double(), want, rtol=1e-2, atol=1e-2)
@@ -61,9 +63,10 @@ def test_epilogue_two_outputs_batch_and_a_step_past_k():
 
 def test_check_covers_the_tensor_op_lowering():
     """check's sizes include the tiled kernel's selected example (a partial tile of each,
-    two steps along K) at the tensor-op target."""
+    two steps of each of 4 teams along K) at the tensor-op target."""
     with mf.target("apple10"):
-        report = check(q4_linear, max_examples=2, dtypes={"T": "bf16"})
+        report = check(q4_linear.with_launch(qmm_splits=4), max_examples=2,
+                       dtypes={"T": "bf16"})
     assert "N=33" in report.coverage() and "_qmm" in report.coverage()
 
 
@@ -83,6 +86,14 @@ def test_kernel_text_by_target_and_options():
             assert "matmul2d" not in src and "threadgroup float mf_ws[2112];" in src
     wide = q4_linear.with_launch(qmm_tile_m=128, qmm_tile_n=128).source(T="f16")
     assert "threadgroup half mf_as[4096];" in wide and "simdgroup_float8x8 mf_acc[64];" in wide
+    # 4 teams: each its own staged tiles in one array, every 4th step of K; the tile's sums
+    # added in turn into floats parked where the tiles were
+    teams = q4_linear.with_launch(qmm_splits=4).source(T="f16")
+    teams = teams[teams.index("kernel void mf_q4_linear_qmm"):]
+    assert "threadgroup half mf_shared[12288];" in teams
+    assert "threadgroup half* mf_as = mf_shared + mf_team * 3072u;" in teams
+    assert "for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 128u) {" in teams
+    assert teams.count("threadgroup_barrier") == 2 + 3
 
 
 def test_tile_option_errors():
@@ -90,6 +101,11 @@ def test_tile_option_errors():
         q4_linear.with_launch(qmm_tile_m=48).source(T="f16")
     with pytest.raises(mf.LaunchError, match="qmm_fp32 must be True or False, got 1"):
         q4_linear.with_launch(qmm_fp32=1)
+    with pytest.raises(mf.LaunchError, match=r"qmm_tile_m=128 x qmm_tile_n=128 with "
+                       r"qmm_splits=2 needs 65536 bytes of threadgroup memory"):
+        q4_linear.with_launch(qmm_tile_m=128, qmm_tile_n=128, qmm_splits=2).source(T="f16")
+    with pytest.raises(mf.LaunchError, match="qmm_splits must be 1, 2 or 4, got 3"):
+        q4_linear.with_launch(qmm_splits=3).source(T="f16")
     with pytest.raises(mf.LaunchError, match="target must be one of"):
         q4_linear.with_launch(target="m5").source(T="f16")
 

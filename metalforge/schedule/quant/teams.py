@@ -7,12 +7,15 @@ threadgroup holds T of them on the same tile, team s taking steps s, s + T, s + 
 part), so that a grid of few tiles (M = 64 rows of x: one tile of rows) still has T times the
 simdgroups, each walking a T-th of K. Every team runs the same number of steps (a step past
 K stages zeros: the barriers stay uniform). After the last step each simdgroup of teams 1..T-1
-parks its sums in threadgroup memory (where the staged tiles were: the last step ended with a
-barrier), a barrier, and team 0 adds them to its own, element by element at the element's
-place in the tile (the same place whatever the lowering's element layout), and stores the
-outputs through the epilogue. One team (the default) is the plain kernel.
+adds its sums into one tile of floats in threadgroup memory (where the staged tiles were: the
+last step ended with a barrier), team T-1 first, one team at a time with a barrier after each,
+element by element at the element's place in the tile (the same place whatever the lowering's
+element layout); team 0 adds the parked sums to its own and stores the outputs through the
+epilogue. One team (the default) is the plain kernel.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 from ... import ir
 from ...errors import LaunchError
@@ -28,14 +31,16 @@ from .positions import idx
 from .tiled import THREAD_INPUTS, store
 
 SHARED = "mf_shared"
+Emit = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
 PARKED = "mf_parked"
 
 
 def shared_bytes(pl: Plan) -> int:
-    """Threadgroup bytes: the teams' staged tiles, or the parked sums of teams 1.. if more."""
+    """Threadgroup bytes: the teams' staged tiles, or the tile's sums parked as floats (with
+    teams) if more."""
     t = pl.tile
     staged = pl.teams * (t.bm + t.bn) * t.bk * t.operand_bytes
-    return staged if pl.teams == 1 else max(staged, (pl.teams - 1) * t.bm * t.bn * 4)
+    return staged if pl.teams == 1 else max(staged, t.bm * t.bn * 4)
 
 
 def check(pl: Plan) -> None:
@@ -46,7 +51,7 @@ def check(pl: Plan) -> None:
         raise LaunchError(
             f"quant launch policy: qmm_tile_m={t.bm} x qmm_tile_n={t.bn} with qmm_splits="
             f"{pl.teams} needs {need} bytes of threadgroup memory (each team's staged tiles, "
-            f"then the sums of teams 1.. parked for team 0), over the "
+            f"then the tile's sums parked as floats), over the "
             f"{MAX_THREADGROUP_BYTES}-byte limit; take smaller tiles or fewer splits")
 
 
@@ -62,8 +67,8 @@ def arrays(st: QuantState, pl: Plan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
     decl = ir.ArrayDecl(SHARED, t.operand, shared_bytes(pl) // t.operand_bytes, "threadgroup")
     st.v.tg_arrays.append(decl)
     ptr = f"threadgroup {t.operand}*"
-    return [ir.Comment(f"the {pl.teams} teams' staged tiles (A then B), later the sums of "
-                       "teams 1.. (as floats: mf_parked)"), decl], [
+    return [ir.Comment(f"the {pl.teams} teams' staged tiles (A then B), later the tile's "
+                       "sums parked as floats (mf_parked)"), decl], [
         ir.Comment("the team's staged tiles"),
         ir.Decl("mf_as", ptr, ir.Var(SHARED) + ir.Var("mf_team") * u(per_team), const=False),
         ir.Decl("mf_bs", ptr, ir.Var("mf_as") + u(t.bm * t.bk), const=False),
@@ -84,8 +89,9 @@ def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> ir.Stmt:
 
 
 def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
-    """Each accumulator element: the output (where its row and weight row exist), with
-    T > 1 teams the sum of the teams' elements at its place."""
+    """Each accumulator element: the output (where its row and weight row exist); with T > 1
+    teams, teams T-1 .. 1 in turn add theirs into the parked sums (the first to come writes
+    them), a barrier after each, and team 0 adds the parked sum to its own."""
     t = pl.tile
     row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
 
@@ -94,22 +100,25 @@ def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
     if pl.teams == 1:
         return matrix.results(t, final)
 
-    def at(team: ir.Expr, r: ir.Expr, c: ir.Expr) -> ir.Expr:
-        return (team * u(t.bm) + row0 + r) * u(t.bn) + col0 + c
+    def at(r: ir.Expr, c: ir.Expr) -> ir.Expr:
+        return (row0 + r) * u(t.bn) + col0 + c
 
-    def park(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
-        return [ir.Store(PARKED, at(ir.Var("mf_team") - u(1), r, c), value,
-                         space="threadgroup")]
+    def park(first: bool) -> Emit:
+        def emit(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
+            parked = ir.Lane(ir.Var(PARKED), at(r, c))
+            return [ir.Store(PARKED, at(r, c), value if first else parked + value,
+                             space="threadgroup")]
+        return emit
 
     def total(r: ir.Expr, c: ir.Expr, value: ir.Expr) -> list[ir.Stmt]:
-        for s in range(pl.teams - 1):
-            value = value + ir.Lane(ir.Var(PARKED), at(u(s), r, c))
-        return final(r, c, value)
-    return [ir.Comment("teams 1..: their sums, parked at their place in the tile"),
-            ir.If(ir.Var("mf_team").ne(u(0)), matrix.results(t, park)),
-            ir.Barrier(),
-            ir.Comment("team 0: its sums plus the others', the outputs"),
-            ir.If(ir.Var("mf_team").eq(u(0)), matrix.results(t, total))]
+        return final(r, c, value + ir.Lane(ir.Var(PARKED), at(r, c)))
+    out: list[ir.Stmt] = [ir.Comment(f"teams {pl.teams - 1} .. 1 in turn: their sums added "
+                                     "into the parked ones, at their place in the tile")]
+    for s_ in range(pl.teams - 1, 0, -1):
+        out += [ir.If(ir.Var("mf_team").eq(u(s_)), matrix.results(t, park(s_ == pl.teams - 1))),
+                ir.Barrier()]
+    return out + [ir.Comment("team 0: its sums plus the parked ones, the outputs"),
+                  ir.If(ir.Var("mf_team").eq(u(0)), matrix.results(t, total))]
 
 
 def body(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
