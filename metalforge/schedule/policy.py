@@ -75,7 +75,7 @@ class LaunchPolicy:
                                        # matrices (Apple's matrix hardware); False: FMAs on
                                        # per-thread register tiles
     qmm_tile_m: int = 64               # quantized, tiled kernel on the matrix block (half or
-    qmm_tile_n: int = 32               # bfloat x): rows of x and weight rows of a tile (32,
+    qmm_tile_n: int = 64               # bfloat x): rows of x and weight rows of a tile (32,
                                        # 64 or 128 each; schedule/quant/blocked.py)
     qmm_splits: int = 1                # quantized, tiled kernel on the matrix block: teams of
                                        # 4 simdgroups in a threadgroup splitting K (1, 2 or 4)
@@ -291,6 +291,12 @@ POLICIES: dict[str, LaunchPolicy] = {
 # M = 64 / 512, 4096x4096, us: 332 / 2401 -> 118 / 919 (bench/README.md); a computed x
 # (SwiGLU fused into the down projection) once per simdgroup, not staged: H200, 2026-11-29,
 # 4096 x 14336 4-bit f16, 63.5 us staged (qmv_prologue) vs 37.0 before it (bench/decode.py)
+# The tiled kernel on the matrix block (half / bfloat x: schedule/quant/blocked.py, teams.py):
+# tiles of 64 rows of x x 64 weight rows (each row of x read N / 64 times, each weight M / 64
+# times, from L2), one team in the Metal table; the cuda backend splits K over 4 teams (M = 64:
+# one tile of rows of x, 64 tiles at N = 4096 for 132 SMs: 16 simdgroups each instead of 4).
+# Untimed (no GPU in the session that wrote it): bench/quant.py --matmul prints the rows to
+# choose from (tiles x splits x lowering)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -302,7 +308,8 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
-             "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False},
+             "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
+                       "qmm_splits": 4},
              "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {

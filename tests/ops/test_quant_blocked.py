@@ -67,14 +67,14 @@ def test_check_covers_the_tensor_op_lowering():
     with mf.target("apple10"):
         report = check(q4_linear.with_launch(qmm_splits=4), max_examples=2,
                        dtypes={"T": "bf16"})
-    assert "N=33" in report.coverage() and "_qmm" in report.coverage()
+    assert "N=65" in report.coverage() and "_qmm" in report.coverage()
 
 
 def test_kernel_text_by_target_and_options():
     src9 = q4_linear.source(T="f16")
     qmm = src9[src9.index("kernel void mf_q4_linear_qmm"):]
-    assert "simdgroup_matrix<half, 8, 8>" in qmm and "threadgroup half mf_bs[1024];" in qmm
-    assert "mf_bs[((mf_q * 8u + mf_j) / 16u * 32u + mf_wr) * 16u + (mf_q * 8u + mf_j) % 16u]" \
+    assert "simdgroup_matrix<half, 8, 8>" in qmm and "threadgroup half mf_bs[2048];" in qmm
+    assert "mf_bs[((mf_q * 8u + mf_j) / 16u * 64u + mf_wr) * 16u + (mf_q * 8u + mf_j) % 16u]" \
         " = half(mf_wv[mf_j]);" in qmm                         # rounded once, when stored
     with mf.target("apple10"):
         src10 = q4_linear.source(T="bf16")
@@ -90,8 +90,8 @@ def test_kernel_text_by_target_and_options():
     # added in turn into floats parked where the tiles were
     teams = q4_linear.with_launch(qmm_splits=4).source(T="f16")
     teams = teams[teams.index("kernel void mf_q4_linear_qmm"):]
-    assert "threadgroup half mf_shared[12288];" in teams
-    assert "threadgroup half* mf_as = mf_shared + mf_team * 3072u;" in teams
+    assert "threadgroup half mf_shared[16384];" in teams
+    assert "threadgroup half* mf_as = mf_shared + mf_team * 4096u;" in teams
     assert "for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 128u) {" in teams
     assert teams.count("threadgroup_barrier") == 2 + 3
 
