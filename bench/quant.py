@@ -6,7 +6,7 @@
     python bench/quant.py --sweep           # one row per launch setting (the qmv levers)
     python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
     python bench/quant.py --matmul --device cuda     # the tiled kernel (qmm), M = 64 .. 512
-    python bench/quant.py --matmul --device cuda --tiles 64x32 64x64 128x64 --ms 64 512
+    python bench/quant.py --matmul --device cuda --tiles 64x32 64x64 --qmm-splits 1 2 4
 
 For each weight shape N x K (4-bit, group size 64, MLX layout): our q4_matvec
 (examples/q4_matvec.py); torch F.linear with the f16/bf16 weight (what the 4-bit weight
@@ -31,9 +31,11 @@ per lowering: target `cuda` (Metal 4 tensor ops; the cuda backend runs them on t
 `apple9` (8x8 simdgroup_matrix products with half operands, which the cuda shim emulates) and
 `fp32` (the fp32 kernel of schedule/quant/tiled.py, launch option qmm_fp32: the table's before
 the matrix block; register tiles on the cuda backend), each tile of --tiles (rows of x x weight
-rows: launch options qmm_tile_m, qmm_tile_n); against F.linear on the f16 weight (what the 4-bit
-weight replaces) and torch.compile of it. TFLOP/s counts 2 M N K. On the simulator (--device
-cpu) the shapes and M shrink and `cuda` runs as apple10 (a smoke test of the script).
+rows: launch options qmm_tile_m, qmm_tile_n) and teams of --qmm-splits (qmm_splits: teams of 4
+simdgroups in a threadgroup, each taking every T-th step of K); against F.linear on the f16
+weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s counts 2 M N K. On
+the simulator (--device cpu) the shapes and M shrink and `cuda` runs as apple10 (a smoke test
+of the script).
 
 --cold calls each kernel (ours, F.linear, dequantize-then-matmul, copy_) on one of several
 copies of its inputs in turn, together more than twice the GPU's last-level cache, so that no
@@ -191,28 +193,38 @@ LOWERINGS = {"cuda": {"target": "cuda"}, "apple9": {"target": "apple9"},
 
 
 def _matmul_kernels(args, device: str) -> list[tuple[str, str, object]]:
-    """(lowering, tile, kernel) for each lowering of --lowerings and tile of --tiles (the
-    fp32 kernel has one tile: its own)."""
+    """(lowering, tile, kernel) for each lowering of --lowerings, tile of --tiles and teams of
+    --qmm-splits (the fp32 kernel has one tile: its own); settings the policy refuses (tiles
+    and teams over the threadgroup memory) are listed as skipped."""
     out = []
     for name in args.lowerings:
         opts = dict(LOWERINGS[name])
         if device == "cpu" and opts.get("target") == "cuda":
             opts["target"] = "apple10"           # the simulator has no cuda target
-        for tile in (args.tiles if name != "fp32" else ["32x32"]):
-            tm, tn = (int(v) for v in tile.split("x"))
-            tiles = {} if name == "fp32" else {"qmm_tile_m": tm, "qmm_tile_n": tn}
+        settings = [("32x32", {})] if name == "fp32" else [
+            (f"{tile}/{t}", {"qmm_tile_m": int(tile.split("x")[0]),
+                             "qmm_tile_n": int(tile.split("x")[1]), "qmm_splits": t})
+            for tile in args.tiles for t in args.qmm_splits]
+        for tag, tiles in settings:
             launch = {**parse_launch(args.launch), **opts, **tiles}
-            out.append((name, tile, q4_matvec.with_launch(**launch)))
+            kernel = q4_matvec.with_launch(**launch)
+            try:
+                kernel.source(T="f16")
+            except LaunchError as e:
+                print(f"  {name} {tag} skipped: {str(e).split('policy: ')[-1][:100]}")
+                continue
+            out.append((name, tag, kernel))
     return out
 
 
 def matmul_table(args, device: str, repeat: int) -> None:
-    """The tiled kernel (qmm) per lowering and tile against F.linear and torch.compile."""
+    """The tiled kernel (qmm) per lowering, tile and teams against F.linear and
+    torch.compile."""
     ms = [min(m, 70) for m in args.ms] if device == "cpu" else args.ms
     kernels = _matmul_kernels(args, device)
     print(f"device {device}, tiled kernel (qmm), 4-bit, group size 64, launch "
-          f"{parse_launch(args.launch) or 'default'}")
-    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>7} {'ours us':>8} "
+          f"{parse_launch(args.launch) or 'default'}; tile: rows of x x weight rows / teams")
+    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>9} {'ours us':>8} "
           f"{'linear us':>9} {'compile us':>10} {'TFLOP/s':>7} {'linear/ours':>11} "
           f"{'compile/ours':>12}")
     for dname in args.dtype:
@@ -225,7 +237,7 @@ def matmul_table(args, device: str, repeat: int) -> None:
                 _check(kernel(*kargs), kargs, k, dtype)
                 assert launched_variant(plan(kernel, kargs)[0], kernel, kargs) == "qmm"
                 ours = timeit(lambda kernel=kernel: kernel(*kargs), device, repeat)
-                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>7} "
+                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>9} "
                       f"{ours * 1e6:>8.1f} {linear * 1e6:>9.1f} {us(comp, 10)} "
                       f"{2 * m * n * k / ours / 1e12:>7.1f} {ratio(linear, ours, 11)} "
                       f"{ratio(comp, ours, 12)}", flush=True)
@@ -258,8 +270,10 @@ def main(argv=None) -> None:
                     help="time the tiled kernel (qmm) at M = --ms, one row per lowering x tile")
     ap.add_argument("--ms", nargs="+", type=int, default=[64, 128, 256, 512],
                     help="--matmul: rows of x")
-    ap.add_argument("--tiles", nargs="+", default=["64x32", "64x64", "128x64"],
+    ap.add_argument("--tiles", nargs="+", default=["64x32", "64x64", "128x128"],
                     help="--matmul: tiles, rows of x x weight rows (each 32, 64 or 128)")
+    ap.add_argument("--qmm-splits", nargs="+", type=int, default=[1, 4],
+                    help="--matmul: teams of 4 simdgroups splitting K (1, 2 or 4)")
     ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
                     help="--matmul: cuda (tensor ops), apple9 (simdgroup_matrix), fp32 (the "
                          "fp32 kernel)")
