@@ -31,7 +31,8 @@ per lowering: target `cuda` (Metal 4 tensor ops; the cuda backend runs them on t
 `apple9` (8x8 simdgroup_matrix products with half operands, which the cuda shim emulates) and
 `fp32` (the fp32 kernel of schedule/quant/tiled.py, launch option qmm_fp32: the table's before
 the matrix block; register tiles on the cuda backend), each tile of --tiles (rows of x x weight
-rows: launch options qmm_tile_m, qmm_tile_n) and teams of --qmm-splits (qmm_splits: teams of 4
+rows: launch options qmm_tile_m, qmm_tile_n), step of --tile-k (qmm_tile_k) and teams of
+--qmm-splits (qmm_splits: teams of 4
 simdgroups in a threadgroup, each taking every T-th step of K); against F.linear on the f16
 weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s counts 2 M N K. On
 the simulator (--device cpu) the shapes and M shrink and `cuda` runs as apple10 (a smoke test
@@ -202,9 +203,10 @@ def _matmul_kernels(args, device: str) -> list[tuple[str, str, object]]:
         if device == "cpu" and opts.get("target") == "cuda":
             opts["target"] = "apple10"           # the simulator has no cuda target
         settings = [("32x32", {})] if name == "fp32" else [
-            (f"{tile}/{t}", {"qmm_tile_m": int(tile.split("x")[0]),
-                             "qmm_tile_n": int(tile.split("x")[1]), "qmm_splits": t})
-            for tile in args.tiles for t in args.qmm_splits]
+            (f"{tile}x{bk}/{t}", {"qmm_tile_m": int(tile.split("x")[0]),
+                                  "qmm_tile_n": int(tile.split("x")[1]), "qmm_tile_k": bk,
+                                  "qmm_splits": t})
+            for tile in args.tiles for bk in args.tile_k for t in args.qmm_splits]
         for tag, tiles in settings:
             launch = {**parse_launch(args.launch), **opts, **tiles}
             kernel = q4_matvec.with_launch(**launch)
@@ -223,8 +225,9 @@ def matmul_table(args, device: str, repeat: int) -> None:
     ms = [min(m, 70) for m in args.ms] if device == "cpu" else args.ms
     kernels = _matmul_kernels(args, device)
     print(f"device {device}, tiled kernel (qmm), 4-bit, group size 64, launch "
-          f"{parse_launch(args.launch) or 'default'}; tile: rows of x x weight rows / teams")
-    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>9} {'ours us':>8} "
+          f"{parse_launch(args.launch) or 'default'}; tile: rows of x x weight rows x K a step "
+          f"/ teams")
+    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>12} {'ours us':>8} "
           f"{'linear us':>9} {'compile us':>10} {'TFLOP/s':>7} {'linear/ours':>11} "
           f"{'compile/ours':>12}")
     for dname in args.dtype:
@@ -237,7 +240,7 @@ def matmul_table(args, device: str, repeat: int) -> None:
                 _check(kernel(*kargs), kargs, k, dtype)
                 assert launched_variant(plan(kernel, kargs)[0], kernel, kargs) == "qmm"
                 ours = timeit(lambda kernel=kernel: kernel(*kargs), device, repeat)
-                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>9} "
+                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>12} "
                       f"{ours * 1e6:>8.1f} {linear * 1e6:>9.1f} {us(comp, 10)} "
                       f"{2 * m * n * k / ours / 1e12:>7.1f} {ratio(linear, ours, 11)} "
                       f"{ratio(comp, ours, 12)}", flush=True)
@@ -272,6 +275,8 @@ def main(argv=None) -> None:
                     help="--matmul: rows of x")
     ap.add_argument("--tiles", nargs="+", default=["64x32", "64x64", "128x128"],
                     help="--matmul: tiles, rows of x x weight rows (each 32, 64 or 128)")
+    ap.add_argument("--tile-k", nargs="+", type=int, default=[32],
+                    help="--matmul: values of K a step (qmm_tile_k: 32, 64 or 128)")
     ap.add_argument("--qmm-splits", nargs="+", type=int, default=[1, 4],
                     help="--matmul: teams of 4 simdgroups splitting K (1, 2 or 4)")
     ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),

@@ -77,6 +77,7 @@ class LaunchPolicy:
     qmm_tile_m: int = 64               # quantized, tiled kernel on the matrix block (half or
     qmm_tile_n: int = 64               # bfloat x): rows of x and weight rows of a tile (32,
                                        # 64 or 128 each; schedule/quant/blocked.py)
+    qmm_tile_k: int = 32               # ... and values of K a step (32, 64 or 128)
     qmm_splits: int = 1                # quantized, tiled kernel on the matrix block: teams of
                                        # 4 simdgroups in a threadgroup splitting K (1, 2 or 4)
     qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
@@ -322,7 +323,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
-              "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32", "qmm_splits"),
+              "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32", "qmm_splits",
+              "qmm_tile_k"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -470,7 +472,7 @@ def _validate_attention(p: LaunchPolicy) -> None:
 def _validate_quant(p: LaunchPolicy) -> None:
     _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
           f"got {p.target!r}")
-    for name in ("qmm_tile_m", "qmm_tile_n"):
+    for name in ("qmm_tile_m", "qmm_tile_n", "qmm_tile_k"):
         _need(p, getattr(p, name) in (32, 64, 128),
               f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
     _need(p, p.qmm_splits in (1, 2, 4), f"qmm_splits must be 1, 2 or 4, got {p.qmm_splits!r}")

@@ -21,7 +21,8 @@ def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]", x: 
     return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K")
 
 
-@mf.kernel(launch={"qmm_min_rows": 8, "qmm_tile_m": 32, "qmm_tile_n": 64, "qmm_splits": 2})
+@mf.kernel(launch={"qmm_min_rows": 8, "qmm_tile_m": 32, "qmm_tile_n": 64, "qmm_tile_k": 64,
+                   "qmm_splits": 2})
 def q4_two(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",
            x: "T[B, M, K]", bias: "T[N]", res: "T[B, M, N]", GS: mf.Const[int] = 8):
     """A batch axis, GS 8, an epilogue (bias, SiLU, a residual) and two outputs; two teams
@@ -46,9 +47,9 @@ def _host(kernel, *args):
 
 
 def test_epilogue_two_outputs_batch_and_a_step_past_k():
-    """K = 40: a whole step (team 0's), then one of 8 values (team 1's: x read element by
-    element, the weights 0 past K); tiles of 32 rows x 64 weight rows (launch options), 2 x 2
-    tiles a batch, 2 teams of 128 threads a tile."""
+    """K = 40 in steps of 64: team 0's step partly past K (x read element by element, the
+    weights 0 past K), team 1's wholly; tiles of 32 rows x 64 weight rows (launch options),
+    2 x 2 tiles a batch, 2 teams of 128 threads a tile."""
     wq, s, b, w = _weights(70, 40, 8, torch.float16, seed=3)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 33, 40, generator=g).half()
@@ -101,8 +102,8 @@ def test_tile_option_errors():
         q4_linear.with_launch(qmm_tile_m=48).source(T="f16")
     with pytest.raises(mf.LaunchError, match="qmm_fp32 must be True or False, got 1"):
         q4_linear.with_launch(qmm_fp32=1)
-    with pytest.raises(mf.LaunchError, match=r"qmm_tile_m=128 x qmm_tile_n=128 with "
-                       r"qmm_splits=2 needs 65536 bytes of threadgroup memory"):
+    with pytest.raises(mf.LaunchError, match=r"qmm_tile_m=128 x qmm_tile_n=128 x qmm_tile_k=32 "
+                       r"with qmm_splits=2 needs 65536 bytes of threadgroup memory"):
         q4_linear.with_launch(qmm_tile_m=128, qmm_tile_n=128, qmm_splits=2).source(T="f16")
     with pytest.raises(mf.LaunchError, match="qmm_splits must be 1, 2 or 4, got 3"):
         q4_linear.with_launch(qmm_splits=3).source(T="f16")
@@ -118,7 +119,7 @@ def test_cuda_translation_passes_host_syntax_check(tmp_path):
     from ..cuda_host import assert_host_syntax
     with mf.target("cuda"):
         src = q4_two.source(T="bf16")
-    assert "matmul2d_descriptor(16, 32, 16," in src
+    assert "matmul2d_descriptor(16, 32, 16," in src and "mf_op.run(mf_left3," in src
     assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
 
 

@@ -78,7 +78,7 @@ def plan_of(ctx: QuantContext) -> Optional[Plan]:
     t = matrix.choose(get_target(p.target or SIM_DEFAULT), dt, dt, 64)
     if t.operand == "float":
         return None
-    return Plan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n), p.qmm_splits)
+    return Plan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n, bk=p.qmm_tile_k), p.qmm_splits)
 
 
 def place(st: QuantState, pl: Plan) -> list[ir.Stmt]:

@@ -49,9 +49,9 @@ def check(pl: Plan) -> None:
     if need > MAX_THREADGROUP_BYTES:
         t = pl.tile
         raise LaunchError(
-            f"quant launch policy: qmm_tile_m={t.bm} x qmm_tile_n={t.bn} with qmm_splits="
-            f"{pl.teams} needs {need} bytes of threadgroup memory (each team's staged tiles, "
-            f"then the tile's sums parked as floats), over the "
+            f"quant launch policy: qmm_tile_m={t.bm} x qmm_tile_n={t.bn} x qmm_tile_k={t.bk} "
+            f"with qmm_splits={pl.teams} needs {need} bytes of threadgroup memory (each team's "
+            f"staged tiles, then the tile's sums parked as floats), over the "
             f"{MAX_THREADGROUP_BYTES}-byte limit; take smaller tiles or fewer splits")
 
 
