@@ -100,18 +100,20 @@ def place(st: QuantState, pl: Plan) -> list[ir.Stmt]:
         ir.Decl("mf_sn", "uint", sg % u(t.sg_cols) * u(t.wn))]
 
 
-def _k(pl: Plan, kk: ir.Expr) -> ir.Expr:
-    return pl.k0 + ir.Cast(IDX, kk)
+def _k(base: ir.Expr, kk: ir.Expr) -> ir.Expr:
+    """Value kk of the step from `base`."""
+    return base + ir.Cast(IDX, kk)
 
 
 def _m(r: ir.Expr) -> ir.Expr:
     return ir.Var("mf_m0") + ir.Cast(IDX, r)
 
 
-def vector_offset(st: QuantState, x: Node, pl: Plan) -> Optional[ir.Expr]:
-    """The offset of x's row mf_m0 + mf_r, value k0 + mf_kk where x's tile can be read as
-    16-byte vectors (a k-inner tensor of the operand type over the other output axes and K),
-    else None."""
+def vector_offset(st: QuantState, x: Node, pl: Plan,
+                  base: Optional[ir.Expr] = None) -> Optional[ir.Expr]:
+    """The offset of x's row mf_m0 + mf_r, value base (the team's k0) + mf_kk where x's tile
+    can be read as 16-byte vectors (a k-inner tensor of the operand type over the other output
+    axes and K), else None."""
     ctx = st.ctx
     if x.op != Op.LOAD:
         return None
@@ -122,14 +124,15 @@ def vector_offset(st: QuantState, x: Node, pl: Plan) -> Optional[ir.Expr]:
     m_axis = ctx.prefix[-1]
     e: ir.Expr = idx(0)
     for i, a in enumerate(tensor.axes):
-        p = _k(pl, ir.Var("mf_kk")) if a == ctx.axis else _m(ir.Var("mf_r")) if a == m_axis \
+        k = _k(base or pl.k0, ir.Var("mf_kk"))
+        p = k if a == ctx.axis else _m(ir.Var("mf_r")) if a == m_axis \
             else prefix_position(st, a)
         e = p if i == 0 else e * ctx.size(a) + p
     return e
 
 
-def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
-    """A: x's tile, bm rows x BK values in the operand type, 0 past M or K."""
+def scalar_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
+    """A, x's tile element by element (any x; the step may be partial), 0 past M or K."""
     ctx, t = st.ctx, pl.tile
     M, K = ctx.size(ctx.prefix[-1]), ctx.size(ctx.axis)
 
@@ -137,53 +140,69 @@ def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
         el = lowering(st, False, ir.Var("mf_k"))
         stmts = el.lower([x])
         ctx.uses.helpers.update(el.helpers)
-        return [ir.Decl("mf_m", IDX, _m(r)), ir.Decl("mf_k", IDX, _k(pl, kk)),
+        return [ir.Decl("mf_m", IDX, _m(r)), ir.Decl("mf_k", IDX, _k(pl.k0, kk)),
                 *stmts], el.value(x)
 
     def live(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
-        return (_m(r) < M).and_(_k(pl, kk) < K)
+        return (_m(r) < M).and_(_k(pl.k0, kk) < K)
     tensor = ctx.graph.tensor(x.attr) if x.op == Op.LOAD else None
     k_inner = tensor is None or tensor.axes[-1] == ctx.axis
-    scalar = matrix.stage(t, "mf_as", t.bm, k_inner, value, live)
+    return matrix.stage(t, "mf_as", t.bm, k_inner, value, live)
+
+
+def whole_x(st: QuantState, pl: Plan, base: ir.Expr) -> ir.Expr:
+    """The step from `base` is whole and K a multiple of the vector: x read as vectors."""
+    K, t = st.ctx.size(st.ctx.axis), pl.tile
+    return (base + idx(t.bk) <= K).and_((K % idx(t.vec)).eq(idx(0)))
+
+
+def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
+    """A: x's tile, bm rows x BK values in the operand type, 0 past M or K."""
+    ctx, t = st.ctx, pl.tile
+    M = ctx.size(ctx.prefix[-1])
     head = ir.Comment(f"A: {t.bm} rows of x x {t.bk} values of '{ctx.axis}', as {t.operand} "
                       "(0 past the rows or K)")
     at = vector_offset(st, x, pl)
-    if at is None or tensor is None:
-        return [head, *scalar]
+    if at is None:
+        return [head, *scalar_x(st, x, pl)]
+    tensor = ctx.graph.tensor(x.attr)
     if t.vec == 8:
         ctx.uses.helpers.add("mf_pack8_of")
     stype = ctx.in_stype(tensor)
 
     def load(r: ir.Expr, kk: ir.Expr) -> ir.Expr:
         return ir.Load(ctx.names[tensor.name], at, t.vec, stype)
-    whole = (pl.k0 + idx(t.bk) <= K).and_((K % idx(t.vec)).eq(idx(0)))
-    return [head, ir.If(whole, [
+    return [head, ir.If(whole_x(st, pl, pl.k0), [
         ir.Comment(f"a whole step, K a multiple of {t.vec}: 16-byte loads of {t.vec} values"),
         *matrix.stage_vectors(t, "mf_as", t.bm, load, ir.vector_type(stype, t.vec),
-                              _m(ir.Var("mf_r")) < M)], scalar)]
+                              _m(ir.Var("mf_r")) < M)], scalar_x(st, x, pl))]
+
+
+def guarded(st: QuantState, pl: Plan, body: list[ir.Stmt], zero: list[ir.Stmt],
+            always: bool = False) -> list[ir.Stmt]:
+    """`body` for each value mf_j of the run from mf_kq (mf_k declared), `zero` for those past
+    K: no test where every team's step is inside K (K's derived dims make it a multiple of the
+    teams' steps; `always`: test anyway), one per run where runs are whole (K a multiple of
+    RUN), else one per value."""
+    ctx = st.ctx
+    K = ctx.size(ctx.axis)
+    at = ir.Decl("mf_k", IDX, ir.Var("mf_kq") + ir.Cast(IDX, ir.Var("mf_j")))
+    if ctx.k_multiple % (pl.tile.bk * pl.teams) == 0 and not always:
+        return [unrolled("mf_j", RUN, [at, *body])]
+    if ctx.k_multiple % RUN == 0:
+        return [ir.If(ir.Var("mf_kq") < K, [unrolled("mf_j", RUN, [at, *body])],
+                      [unrolled("mf_j", RUN, zero)] if zero else [])]
+    return [unrolled("mf_j", RUN, [at, *zero, ir.If(ir.Var("mf_k") < K, body)])]
 
 
 def dequantized(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
-    """The run's RUN values of W in fp32 into registers mf_wv, 0 past K: no test where every
-    team's step is inside K (K's derived dims make it a multiple of the teams' steps), one
-    per run where runs are whole (K a multiple of RUN), else one per value."""
-    ctx = st.ctx
-    K = ctx.size(ctx.axis)
+    """The run's RUN values of W in fp32 into registers mf_wv, 0 past K (`guarded`)."""
     el = lowering(st, False, ir.Var("mf_k"), (ir.Var("mf_kq"), RUN))
     body = el.lower([w])
-    ctx.uses.helpers.update(el.helpers)
-    j = ir.Var("mf_j")
-    value = ir.Lane(ir.Var("mf_wv"), j)
-    put: list[ir.Stmt] = [ir.Assign(value, as_float(el.value(w), w))]
-    at = ir.Decl("mf_k", IDX, ir.Var("mf_kq") + ir.Cast(IDX, j))
-    zeros = unrolled("mf_j", RUN, [ir.Assign(value, ir.Lit(0.0, "float"))])
-    if ctx.k_multiple % (pl.tile.bk * pl.teams) == 0:
-        return [unrolled("mf_j", RUN, [at, *body, *put])]
-    if ctx.k_multiple % RUN == 0:
-        return [ir.If(ir.Var("mf_kq") < K, [unrolled("mf_j", RUN, [at, *body, *put])],
-                      [zeros])]
-    return [unrolled("mf_j", RUN, [at, ir.Assign(value, ir.Lit(0.0, "float")),
-                                   ir.If(ir.Var("mf_k") < K, body + put)])]
+    st.ctx.uses.helpers.update(el.helpers)
+    value = ir.Lane(ir.Var("mf_wv"), ir.Var("mf_j"))
+    return guarded(st, pl, [*body, ir.Assign(value, as_float(el.value(w), w))],
+                   [ir.Assign(value, ir.Lit(0.0, "float"))])
 
 
 def stage_w(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
@@ -205,7 +224,7 @@ def stage_w(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
             ir.Decl("mf_q", "uint", e % u(runs)),
             ir.Decl("mf_n", IDX, ir.Call("min", (ir.Var("mf_n0") + ir.Cast(IDX, ir.Var("mf_wr")),
                                                  N - idx(1)))),
-            ir.Decl("mf_kq", IDX, _k(pl, ir.Var("mf_q") * u(RUN))),
+            ir.Decl("mf_kq", IDX, _k(pl.k0, ir.Var("mf_q") * u(RUN))),
             ir.ArrayDecl("mf_wv", "float", RUN),
             *dequantized(st, w, pl),
             unrolled("mf_j", RUN, [ir.Store("mf_bs", slot, ir.Cast(
