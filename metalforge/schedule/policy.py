@@ -80,6 +80,8 @@ class LaunchPolicy:
     qmm_tile_k: int = 32               # ... and values of K a step (32, 64 or 128)
     qmm_splits: int = 1                # quantized, tiled kernel on the matrix block: teams of
                                        # 4 simdgroups in a threadgroup splitting K (1, 2 or 4)
+    qmm_prefetch: bool = True          # quantized, tiled kernel on the matrix block: the next
+                                       # step's loads in registers while the products run
     qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
                                        # picks its products) for half or bfloat x too
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
@@ -324,7 +326,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "index64",
               "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32", "qmm_splits",
-              "qmm_tile_k"),
+              "qmm_tile_k", "qmm_prefetch"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -363,6 +365,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("qmm_fp32", None),
+    ("qmm_prefetch", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

@@ -54,12 +54,14 @@ def test_epilogue_two_outputs_batch_and_a_step_past_k():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 33, 40, generator=g).half()
     bias, res = torch.randn(70, generator=g).half(), torch.randn(2, 33, 70, generator=g).half()
-    with mf.target("apple10"):
-        assert _host(q4_two, wq, s, b, x, bias, res)[1:] == (2 * 2 * 2 * 256, 256)
-        out, y = q4_two(wq, s, b, x, bias, res)
     want = x.double() @ w.double().T + bias.double()
-    torch.testing.assert_close(y.double(), want, rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(out.double(), F.silu(want) + res.double(), rtol=1e-2, atol=2e-2)
+    for kern in (q4_two, q4_two.with_launch(qmm_prefetch=False)):     # loads a step ahead, not
+        with mf.target("apple10"):
+            assert _host(kern, wq, s, b, x, bias, res)[1:] == (2 * 2 * 2 * 256, 256)
+            out, y = kern(wq, s, b, x, bias, res)
+        torch.testing.assert_close(y.double(), want, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(out.double(), F.silu(want) + res.double(), rtol=1e-2,
+                                   atol=2e-2)
 
 
 def test_check_covers_the_tensor_op_lowering():
@@ -77,6 +79,13 @@ def test_kernel_text_by_target_and_options():
     assert "simdgroup_matrix<half, 8, 8>" in qmm and "threadgroup half mf_bs[2048];" in qmm
     assert "mf_bs[((mf_q * 8u + mf_j) / 16u * 64u + mf_wr) * 16u + (mf_q * 8u + mf_j) % 16u]" \
         " = half(mf_wv[mf_j]);" in qmm                         # rounded once, when stored
+    # the next step's loads in registers while the products run: one word, scale and bias a
+    # run (2 runs a thread), x's 16-byte vectors; with qmm_prefetch=False loaded when staged
+    loop = qmm[qmm.index("for (mf_index_t mf_k0"):]
+    assert "uint mf_pf0[2];" in qmm and "mf_pf0[mf_i] = uint(wq[" in loop
+    assert loop.index("threadgroup_barrier") < loop.index("mf_xv[mf_i] = *reinterpret_cast") \
+        < loop.index("simdgroup_multiply_accumulate")
+    assert "mf_pf0" not in q4_linear.with_launch(qmm_prefetch=False).source(T="f16")
     with mf.target("apple10"):
         src10 = q4_linear.source(T="bf16")
         assert "matmul2d<mf_desc, execution_simdgroup>" in src10

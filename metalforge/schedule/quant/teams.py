@@ -24,6 +24,7 @@ from .. import matrix
 from ..base import IDX, make_kernel
 from ..fragments import u
 from ..hardware import MAX_THREADGROUP_BYTES
+from . import prefetch
 from .blocked import Plan, place, stage_w, stage_x
 from .context import QuantState
 from .form import factors
@@ -76,16 +77,28 @@ def arrays(st: QuantState, pl: Plan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
                                                       (ir.Var(SHARED),)), const=False)]
 
 
-def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> ir.Stmt:
-    """Along K: each team's step (from k0), staged, then its products."""
+def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
+    """Along K: each team's step (from k0), staged, then its products; with `qmm_prefetch`
+    the next step's loads issued before the products (`prefetch`), the first step's before
+    the loop."""
     ctx, t = st.ctx, pl.tile
     row0, col0 = ir.Var("mf_sm"), ir.Var("mf_sn")
     first: list[ir.Stmt] = [] if pl.teams == 1 else [
-        ir.Decl("mf_kt", IDX, ir.Var("mf_k0") + ir.Cast(IDX, ir.Var("mf_team") * u(t.bk)))]
-    body = [*first, *stage_x(st, x, pl), *stage_w(st, w, pl), ir.Barrier(),
-            *matrix.products(t, row0, col0), ir.Barrier()]
-    return ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), body,
-                  step=idx(t.bk * pl.teams))
+        ir.Decl("mf_kt", IDX, prefetch.team_base(pl, ir.Var("mf_k0")))]
+    products = [*matrix.products(t, row0, col0), ir.Barrier()]
+    stride = idx(t.bk * pl.teams)
+    if not ctx.policy.qmm_prefetch:
+        body = [*first, *stage_x(st, x, pl), *stage_w(st, w, pl), ir.Barrier(), *products]
+        return [ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), body, step=stride)]
+    w_body, value, loads = prefetch.w_lowering(st, w)
+    body = [*first, *prefetch.put_x(st, x, pl), *prefetch.put_w(st, pl, w_body, value),
+            ir.Barrier(), ir.Comment("the next step's loads, in flight while the products run"),
+            *prefetch.next_step(st, pl), *prefetch.fetch(st, x, pl, loads, ir.Var("mf_kn"),
+                                                           False), *products]
+    return [*prefetch.registers(st, x, pl, loads),
+            ir.Comment("the first step's loads"),
+            *prefetch.fetch(st, x, pl, loads, prefetch.team_base(pl, idx(0)), True),
+            ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), body, step=stride)]
 
 
 def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
@@ -133,7 +146,7 @@ def body(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
             *matrix.accumulators(pl.tile, ir.Var("mf_sm"), ir.Var("mf_sn")),
             ir.Comment(f"along '{ctx.axis}' in steps of {pl.tile.bk} values"
                        + (f", every {pl.teams}th a team's" if pl.teams > 1 else "")
-                       + ": stage both tiles, multiply"), k_loop,
+                       + ": stage both tiles, multiply"), *k_loop,
             ir.Comment("the outputs, where the row of x and the weight row exist"), *finish]
 
 

@@ -622,17 +622,44 @@ template <typename T, typename mf_index_t>
         mf_acc[mf_f] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
     // along 'K' in steps of 32 values: stage both tiles, multiply
+    // the registers holding the next step's loads
+    uint mf_pf0[2];
+    float mf_pf1[2];
+    float mf_pf2[2];
+    mf_pack8<T> mf_xv[2];
+    // the first step's loads
+    for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+        const uint mf_wr = (mf_i * 128u + mf_t) / 4u;
+        const uint mf_q = (mf_i * 128u + mf_t) % 4u;
+        const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_wr), mf_size_N - 1u);
+        const mf_index_t mf_kq = 0u + mf_index_t(mf_q * 8u);
+        if (mf_kq < mf_size_K) {
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                const mf_index_t mf_k = mf_kq + mf_index_t(mf_j);
+                mf_pf0[mf_i] = uint(wq[mf_n * mf_size_K_div8 + mf_kq / 8u]);
+                mf_pf1[mf_i] = float(scales[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+                mf_pf2[mf_i] = float(biases[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+            }
+        }
+    }
+    if (0u + 32u <= mf_size_K && mf_size_K % 8u == 0u) {
+        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+            const uint mf_r = (mf_i * 128u + mf_t) / 4u;
+            const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
+            if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
+                mf_xv[mf_i] = *reinterpret_cast<device const mf_pack8<T>*>(x + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (0u + mf_index_t(mf_kk)));
+            }
+        }
+    }
     for (mf_index_t mf_k0 = 0u; mf_k0 < mf_size_K; mf_k0 += 32u) {
-        // A: 64 rows of x x 32 values of 'K', as bfloat (0 past the rows or K)
+        // A from the registers: 64 rows of x x 32 values (0 past the rows), or element by element where the step is partial
         if (mf_k0 + 32u <= mf_size_K && mf_size_K % 8u == 0u) {
-            // a whole step, K a multiple of 8: 16-byte loads of 8 values
             for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                 const uint mf_r = (mf_i * 128u + mf_t) / 4u;
                 const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
                 if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
-                    const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(x + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
                     for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
+                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_xv[mf_i], mf_j);
                     }
                 } else {
                     for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
@@ -654,7 +681,7 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // B: 64 weight rows x 32 values, dequantized in fp32 a run of 8 at a time (0 past K), each rounded once to bfloat
+        // B from the registers: 64 weight rows x 32 values dequantized in fp32, each rounded once to bfloat
         for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
             const uint mf_wr = (mf_i * 128u + mf_t) / 4u;
             const uint mf_q = (mf_i * 128u + mf_t) % 4u;
@@ -663,12 +690,12 @@ template <typename T, typename mf_index_t>
             float mf_wv[8];
             for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
                 const mf_index_t mf_k = mf_kq + mf_index_t(mf_j);
-                const uint mf_wq = uint(wq[mf_n * mf_size_K_div8 + mf_kq / 8u]);
+                const uint mf_wq = mf_pf0[mf_i];
                 const int mf_e1 = int((mf_wq >> mf_j % 8u * 4u) & 15u);
                 const float mf_e2 = float(mf_e1);
-                const float mf_scales = float(scales[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+                const float mf_scales = mf_pf1[mf_i];
                 const float mf_e3 = mf_e2 * mf_scales;
-                const float mf_biases = float(biases[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+                const float mf_biases = mf_pf2[mf_i];
                 const float mf_e4 = mf_e3 + mf_biases;
                 mf_wv[mf_j] = mf_e4;
             }
@@ -677,6 +704,29 @@ template <typename T, typename mf_index_t>
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
+        // the next step's loads, in flight while the products run
+        const mf_index_t mf_kn = min(mf_k0 + 32u, mf_size_K - 32u);
+        for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+            const uint mf_wr = (mf_i * 128u + mf_t) / 4u;
+            const uint mf_q = (mf_i * 128u + mf_t) % 4u;
+            const mf_index_t mf_n = min(mf_n0 + mf_index_t(mf_wr), mf_size_N - 1u);
+            const mf_index_t mf_kq = mf_kn + mf_index_t(mf_q * 8u);
+            for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
+                const mf_index_t mf_k = mf_kq + mf_index_t(mf_j);
+                mf_pf0[mf_i] = uint(wq[mf_n * mf_size_K_div8 + mf_kq / 8u]);
+                mf_pf1[mf_i] = float(scales[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+                mf_pf2[mf_i] = float(biases[mf_n * mf_size_K_div64 + mf_kq / 64u]);
+            }
+        }
+        if (mf_kn + 32u <= mf_size_K && mf_size_K % 8u == 0u) {
+            for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
+                const uint mf_r = (mf_i * 128u + mf_t) / 4u;
+                const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
+                if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
+                    mf_xv[mf_i] = *reinterpret_cast<device const mf_pack8<T>*>(x + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_kn + mf_index_t(mf_kk)));
+                }
+            }
+        }
         // acc += A's 4 fragments x B^T's 4 fragments, 8 values of K a product
         for (uint mf_k8 = 0u; mf_k8 < 32u; mf_k8 += 8u) {
             simdgroup_matrix<bfloat, 8, 8> mf_fa[4];
