@@ -32,11 +32,11 @@ per lowering: target `cuda` (Metal 4 tensor ops; the cuda backend runs them on t
 `fp32` (the fp32 kernel of schedule/quant/tiled.py, launch option qmm_fp32: the table's before
 the matrix block; register tiles on the cuda backend), each tile of --tiles (rows of x x weight
 rows: launch options qmm_tile_m, qmm_tile_n), step of --tile-k (qmm_tile_k) and teams of
---qmm-splits (qmm_splits: teams of 4
-simdgroups in a threadgroup, each taking every T-th step of K); against F.linear on the f16
-weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s counts 2 M N K. On
-the simulator (--device cpu) the shapes and M shrink and `cuda` runs as apple10 (a smoke test
-of the script).
+--qmm-splits (qmm_splits: teams of 4 simdgroups in a threadgroup, each taking every T-th step
+of K); --no-prefetch adds each without its loads a step ahead (qmm_prefetch off). Against
+F.linear on the f16 weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s
+counts 2 M N K. On the simulator (--device cpu) the shapes and M shrink and `cuda` runs as
+apple10 (a smoke test of the script).
 
 --cold calls each kernel (ours, F.linear, dequantize-then-matmul, copy_) on one of several
 copies of its inputs in turn, together more than twice the GPU's last-level cache, so that no
@@ -207,6 +207,9 @@ def _matmul_kernels(args, device: str) -> list[tuple[str, str, object]]:
                                   "qmm_tile_n": int(tile.split("x")[1]), "qmm_tile_k": bk,
                                   "qmm_splits": t})
             for tile in args.tiles for bk in args.tile_k for t in args.qmm_splits]
+        if name != "fp32" and args.no_prefetch:     # the old staging beside each setting
+            settings += [(f"{tag}-np", {**opts, "qmm_prefetch": False})
+                         for tag, opts in list(settings)]
         for tag, tiles in settings:
             launch = {**parse_launch(args.launch), **opts, **tiles}
             kernel = q4_matvec.with_launch(**launch)
@@ -282,6 +285,9 @@ def main(argv=None) -> None:
     ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
                     help="--matmul: cuda (tensor ops), apple9 (simdgroup_matrix), fp32 (the "
                          "fp32 kernel)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="--matmul: also each setting without loads a step ahead (qmm_prefetch "
+                         "off: rows tagged -np)")
     ap.add_argument("--no-compile", action="store_true",
                     help="--matmul: skip the torch.compile column")
     args = ap.parse_args(argv)
