@@ -51,7 +51,7 @@ def held(n: Node) -> DType:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BlockPlan:
     """The tiled kernel on the matrix block: its tile (of one team of 4 simdgroups) and its
     teams, each taking every `teams`-th step of K (`teams`)."""
     tile: Tile
@@ -67,7 +67,7 @@ class Plan:
         return ir.Var("mf_k0" if self.teams == 1 else "mf_kt")
 
 
-def plan_of(ctx: QuantContext) -> Optional[Plan]:
+def plan_of(ctx: QuantContext) -> Optional[BlockPlan]:
     """The matrix block's plan for the call's tiled kernel, or None where the fp32 kernel
     runs (x of f32 or computed values, or `qmm_fp32`)."""
     found = factors(ctx)
@@ -78,10 +78,10 @@ def plan_of(ctx: QuantContext) -> Optional[Plan]:
     t = matrix.choose(get_target(p.target or SIM_DEFAULT), dt, dt, 64)
     if t.operand == "float":
         return None
-    return Plan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n, bk=p.qmm_tile_k), p.qmm_splits)
+    return BlockPlan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n, bk=p.qmm_tile_k), p.qmm_splits)
 
 
-def place(st: QuantState, pl: Plan) -> list[ir.Stmt]:
+def place(st: QuantState, pl: BlockPlan) -> list[ir.Stmt]:
     """The tile (`tiled.origin`), the thread in its team and its simdgroup's block."""
     t = pl.tile
     sg: ir.Expr = ir.Var("mf_sg")
@@ -109,7 +109,7 @@ def _m(r: ir.Expr) -> ir.Expr:
     return ir.Var("mf_m0") + ir.Cast(IDX, r)
 
 
-def vector_offset(st: QuantState, x: Node, pl: Plan,
+def vector_offset(st: QuantState, x: Node, pl: BlockPlan,
                   base: Optional[ir.Expr] = None) -> Optional[ir.Expr]:
     """The offset of x's row mf_m0 + mf_r, value base (the team's k0) + mf_kk where x's tile
     can be read as 16-byte vectors (a k-inner tensor of the operand type over the other output
@@ -131,7 +131,7 @@ def vector_offset(st: QuantState, x: Node, pl: Plan,
     return e
 
 
-def scalar_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
+def scalar_x(st: QuantState, x: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """A, x's tile element by element (any x; the step may be partial), 0 past M or K."""
     ctx, t = st.ctx, pl.tile
     M, K = ctx.size(ctx.prefix[-1]), ctx.size(ctx.axis)
@@ -150,13 +150,13 @@ def scalar_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
     return matrix.stage(t, "mf_as", t.bm, k_inner, value, live)
 
 
-def whole_x(st: QuantState, pl: Plan, base: ir.Expr) -> ir.Expr:
+def whole_x(st: QuantState, pl: BlockPlan, base: ir.Expr) -> ir.Expr:
     """The step from `base` is whole and K a multiple of the vector: x read as vectors."""
     K, t = st.ctx.size(st.ctx.axis), pl.tile
     return (base + idx(t.bk) <= K).and_((K % idx(t.vec)).eq(idx(0)))
 
 
-def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
+def stage_x(st: QuantState, x: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """A: x's tile, bm rows x BK values in the operand type, 0 past M or K."""
     ctx, t = st.ctx, pl.tile
     M = ctx.size(ctx.prefix[-1])
@@ -178,7 +178,7 @@ def stage_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
                               _m(ir.Var("mf_r")) < M)], scalar_x(st, x, pl))]
 
 
-def guarded(st: QuantState, pl: Plan, body: list[ir.Stmt], zero: list[ir.Stmt],
+def guarded(st: QuantState, pl: BlockPlan, body: list[ir.Stmt], zero: list[ir.Stmt],
             always: bool = False) -> list[ir.Stmt]:
     """`body` for each value mf_j of the run from mf_kq (mf_k declared), `zero` for those past
     K: no test where every team's step is inside K (K's derived dims make it a multiple of the
@@ -195,7 +195,7 @@ def guarded(st: QuantState, pl: Plan, body: list[ir.Stmt], zero: list[ir.Stmt],
     return [unrolled("mf_j", RUN, [at, *zero, ir.If(ir.Var("mf_k") < K, body)])]
 
 
-def dequantized(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
+def dequantized(st: QuantState, w: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """The run's RUN values of W in fp32 into registers mf_wv, 0 past K (`guarded`)."""
     el = lowering(st, False, ir.Var("mf_k"), (ir.Var("mf_kq"), RUN))
     body = el.lower([w])
@@ -205,7 +205,7 @@ def dequantized(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
                    [ir.Assign(value, ir.Lit(0.0, "float"))])
 
 
-def stage_w(st: QuantState, w: Node, pl: Plan) -> list[ir.Stmt]:
+def stage_w(st: QuantState, w: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """B: the weight tile, bn weight rows x BK values: thread mf_t + 128 i dequantizes the
     run of RUN values mf_q of row mf_wr in fp32 into registers (the run's word, scale and bias
     loads alike in every value: one each once unrolled, no store between them), then stores

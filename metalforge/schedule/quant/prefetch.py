@@ -26,24 +26,24 @@ from .. import matrix
 from ..base import IDX
 from ..fragments import u, unrolled
 from ..lower import as_float, compute_type
-from .blocked import RUN, Plan, _k, _m, guarded, scalar_x, vector_offset, whole_x
+from .blocked import RUN, BlockPlan, _k, _m, guarded, scalar_x, vector_offset, whole_x
 from .context import QuantState
 from .positions import idx, lowering
 
 Loads = list[tuple[str, str, ir.Expr]]          # (register array, its type, the load)
 
 
-def w_runs(pl: Plan) -> int:
+def w_runs(pl: BlockPlan) -> int:
     """Runs of RUN values of the weight tile a thread takes each step."""
     return pl.tile.bn * (pl.tile.bk // RUN) // pl.tile.threads
 
 
-def x_vectors(pl: Plan) -> int:
+def x_vectors(pl: BlockPlan) -> int:
     """16-byte vectors of x's tile a thread takes each step."""
     return max(1, pl.tile.bm * (pl.tile.bk // pl.tile.vec) // pl.tile.threads)
 
 
-def run_place(st: QuantState, pl: Plan, base: ir.Expr) -> list[ir.Stmt]:
+def run_place(st: QuantState, pl: BlockPlan, base: ir.Expr) -> list[ir.Stmt]:
     """Run mf_i of the thread: row mf_wr of the weight tile (weight row mf_n, N - 1 past N),
     values RUN mf_q.. of the step from `base` (mf_kq)."""
     t, runs = pl.tile, pl.tile.bk // RUN
@@ -86,7 +86,7 @@ def w_lowering(st: QuantState, w: Node) -> tuple[list[ir.Stmt], ir.Expr, Loads]:
     return body, as_float(el.value(w), w), loads
 
 
-def fetch(st: QuantState, x: Node, pl: Plan, loads: Loads, base: ir.Expr,
+def fetch(st: QuantState, x: Node, pl: BlockPlan, loads: Loads, base: ir.Expr,
           always: bool) -> list[ir.Stmt]:
     """The loads of the team's step from `base` into registers: the weight's for each value of
     each run, x's vectors where the step is whole (`always`: test K even where every step is
@@ -109,7 +109,7 @@ def fetch(st: QuantState, x: Node, pl: Plan, loads: Loads, base: ir.Expr,
               [ir.Assign(ir.Lane(ir.Var("mf_xv"), ir.Var("mf_i")), vec)])])])]
 
 
-def put_w(st: QuantState, pl: Plan, body: list[ir.Stmt], value: ir.Expr) -> list[ir.Stmt]:
+def put_w(st: QuantState, pl: BlockPlan, body: list[ir.Stmt], value: ir.Expr) -> list[ir.Stmt]:
     """B from the registers: each run's values dequantized in fp32 (0 past K), rounded once to
     the operand type and stored."""
     t = pl.tile
@@ -125,7 +125,7 @@ def put_w(st: QuantState, pl: Plan, body: list[ir.Stmt], value: ir.Expr) -> list
                                                 space="threadgroup")])])]
 
 
-def put_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
+def put_x(st: QuantState, x: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """A from the registers where the step is whole (0 past M), else element by element."""
     ctx, t = st.ctx, pl.tile
     if vector_offset(st, x, pl) is None:
@@ -150,7 +150,7 @@ def put_x(st: QuantState, x: Node, pl: Plan) -> list[ir.Stmt]:
                   scalar_x(st, x, pl))]
 
 
-def registers(st: QuantState, x: Node, pl: Plan, loads: Loads) -> list[ir.Stmt]:
+def registers(st: QuantState, x: Node, pl: BlockPlan, loads: Loads) -> list[ir.Stmt]:
     """The registers a step ahead: the weight's loads, x's vectors."""
     ctx, t = st.ctx, pl.tile
     out: list[ir.Stmt] = [ir.Comment("the registers holding the next step's loads")]
@@ -165,18 +165,18 @@ def registers(st: QuantState, x: Node, pl: Plan, loads: Loads) -> list[ir.Stmt]:
     return out
 
 
-def whole_steps(st: QuantState, pl: Plan) -> bool:
+def whole_steps(st: QuantState, pl: BlockPlan) -> bool:
     """Every team's step is inside K (K's derived dims make it a multiple of the teams')."""
     return st.ctx.k_multiple % (pl.tile.bk * pl.teams) == 0
 
 
-def team_base(pl: Plan, start: ir.Expr) -> ir.Expr:
+def team_base(pl: BlockPlan, start: ir.Expr) -> ir.Expr:
     """The team's step of the threadgroup's steps from `start`."""
     return start if pl.teams == 1 else \
         start + ir.Cast(IDX, ir.Var("mf_team") * u(pl.tile.bk))
 
 
-def next_step(st: QuantState, pl: Plan) -> list[ir.Stmt]:
+def next_step(st: QuantState, pl: BlockPlan) -> list[ir.Stmt]:
     """mf_kn: the team's next step (after the last, the last again where every step is
     inside K: its loads stay in bounds)."""
     K = st.ctx.size(st.ctx.axis)

@@ -25,7 +25,7 @@ from ..base import IDX, make_kernel
 from ..fragments import u
 from ..hardware import MAX_THREADGROUP_BYTES
 from . import prefetch
-from .blocked import Plan, place, stage_w, stage_x
+from .blocked import BlockPlan, place, stage_w, stage_x
 from .context import QuantState
 from .form import factors
 from .positions import idx
@@ -36,7 +36,7 @@ Emit = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
 PARKED = "mf_parked"
 
 
-def shared_bytes(pl: Plan) -> int:
+def shared_bytes(pl: BlockPlan) -> int:
     """Threadgroup bytes: the teams' staged tiles, or the tile's sums parked as floats (with
     teams) if more."""
     t = pl.tile
@@ -44,7 +44,7 @@ def shared_bytes(pl: Plan) -> int:
     return staged if pl.teams == 1 else max(staged, t.bm * t.bn * 4)
 
 
-def check(pl: Plan) -> None:
+def check(pl: BlockPlan) -> None:
     """A LaunchError where the plan's threadgroup memory is over Metal's limit."""
     need = shared_bytes(pl)
     if need > MAX_THREADGROUP_BYTES:
@@ -56,7 +56,7 @@ def check(pl: Plan) -> None:
             f"{MAX_THREADGROUP_BYTES}-byte limit; take smaller tiles or fewer splits")
 
 
-def arrays(st: QuantState, pl: Plan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
+def arrays(st: QuantState, pl: BlockPlan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
     """(the threadgroup arrays, declared first; the team's pointers mf_as, mf_bs into them,
     declared once the team is known)."""
     t = pl.tile
@@ -77,7 +77,7 @@ def arrays(st: QuantState, pl: Plan) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
                                                       (ir.Var(SHARED),)), const=False)]
 
 
-def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
+def loop(st: QuantState, w: Node, x: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """Along K: each team's step (from k0), staged, then its products; with `qmm_prefetch`
     the next step's loads issued before the products (`prefetch`), the first step's before
     the loop."""
@@ -101,7 +101,7 @@ def loop(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
             ir.For("mf_k0", IDX, idx(0), ctx.size(ctx.axis), body, step=stride)]
 
 
-def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
+def outputs(st: QuantState, pl: BlockPlan) -> list[ir.Stmt]:
     """Each accumulator element: the output (where its row and weight row exist); with T > 1
     teams, teams T-1 .. 1 in turn add theirs into the parked sums (the first to come writes
     them), a barrier after each, and team 0 adds the parked sum to its own."""
@@ -134,7 +134,7 @@ def outputs(st: QuantState, pl: Plan) -> list[ir.Stmt]:
                   ir.If(ir.Var("mf_team").eq(u(0)), matrix.results(t, total))]
 
 
-def body(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
+def body(st: QuantState, w: Node, x: Node, pl: BlockPlan) -> list[ir.Stmt]:
     """The kernel's statements (its row of x is mf_m, its weight row mf_n)."""
     ctx = st.ctx
     ctx.uses.helpers.update(matrix.helpers(pl.tile))
@@ -150,7 +150,7 @@ def body(st: QuantState, w: Node, x: Node, pl: Plan) -> list[ir.Stmt]:
             ir.Comment("the outputs, where the row of x and the weight row exist"), *finish]
 
 
-def kernel(st: QuantState, pl: Plan) -> ir.LoweredKernel:
+def kernel(st: QuantState, pl: BlockPlan) -> ir.LoweredKernel:
     """The tiled kernel on the matrix block, for graphs of `form.factors`'s form."""
     ctx = st.ctx
     found = factors(ctx)
