@@ -5,6 +5,8 @@
     python bench/quant.py --dequantize [--dtype f16 bf16] [--shapes ...]
     python bench/quant.py --sweep           # one row per launch setting (the qmv levers)
     python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
+    python bench/quant.py --matmul --device cuda     # the tiled kernel (qmm), M = 64 .. 512
+    python bench/quant.py --matmul --device cuda --tiles 64x32 64x64 --qmm-splits 1 2 4
 
 For each weight shape N x K (4-bit, group size 64, MLX layout): our q4_matvec
 (examples/q4_matvec.py); torch F.linear with the f16/bf16 weight (what the 4-bit weight
@@ -22,6 +24,19 @@ group not a multiple of 32 x k_splits) are listed as skipped. Each row: µs, GB/
 ceiling and F.linear time / ours; F.linear and copy_ are timed once per shape. Every setting's
 result is checked against F.linear on the dequantized weight first. The best setting of each
 shape is printed last; --csv also writes the rows to a file.
+
+--matmul times the tiled kernel (qmm: many rows of x, schedule/quant/blocked.py) at M = 64,
+128, 256, 512 (--ms) on N x K = 4096x4096 and 14336x4096 (--shapes), f16 (--dtype), one row
+per lowering: target `cuda` (Metal 4 tensor ops; the cuda backend runs them on tensor cores),
+`apple9` (8x8 simdgroup_matrix products with half operands, which the cuda shim emulates) and
+`fp32` (the fp32 kernel of schedule/quant/tiled.py, launch option qmm_fp32: the table's before
+the matrix block; register tiles on the cuda backend), each tile of --tiles (rows of x x weight
+rows: launch options qmm_tile_m, qmm_tile_n), step of --tile-k (qmm_tile_k) and teams of
+--qmm-splits (qmm_splits: teams of 4 simdgroups in a threadgroup, each taking every T-th step
+of K); --no-prefetch adds each without its loads a step ahead (qmm_prefetch off). Against
+F.linear on the f16 weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s
+counts 2 M N K. On the simulator (--device cpu) the shapes and M shrink and `cuda` runs as
+apple10 (a smoke test of the script).
 
 --cold calls each kernel (ours, F.linear, dequantize-then-matmul, copy_) on one of several
 copies of its inputs in turn, together more than twice the GPU's last-level cache, so that no
@@ -48,12 +63,15 @@ sys.path.insert(0, str(ROOT))          # this checkout's metalforge, not another
 from common import (  # noqa: E402
     DTYPES,
     cold_copies,
+    compile_time,
     copy_time,
     launched_variant,
     parse_launch,
     pick_device,
     plan,
+    ratio,
     timeit,
+    us,
 )
 from dequantize import dequantize  # noqa: E402
 from q4_matvec import q4_matvec  # noqa: E402
@@ -170,6 +188,67 @@ def sweep(args, device: str, repeat: int) -> None:
         print(f"wrote {len(table)} rows to {args.csv}")
 
 
+MATMUL_SHAPES = ["4096x4096", "14336x4096"]
+LOWERINGS = {"cuda": {"target": "cuda"}, "apple9": {"target": "apple9"},
+             "fp32": {"qmm_fp32": True}}
+
+
+def _matmul_kernels(args, device: str) -> list[tuple[str, str, object]]:
+    """(lowering, tile, kernel) for each lowering of --lowerings, tile of --tiles and teams of
+    --qmm-splits (the fp32 kernel has one tile: its own); settings the policy refuses (tiles
+    and teams over the threadgroup memory) are listed as skipped."""
+    out = []
+    for name in args.lowerings:
+        opts = dict(LOWERINGS[name])
+        if device == "cpu" and opts.get("target") == "cuda":
+            opts["target"] = "apple10"           # the simulator has no cuda target
+        settings = [("32x32", {})] if name == "fp32" else [
+            (f"{tile}x{bk}/{t}", {"qmm_tile_m": int(tile.split("x")[0]),
+                                  "qmm_tile_n": int(tile.split("x")[1]), "qmm_tile_k": bk,
+                                  "qmm_splits": t})
+            for tile in args.tiles for bk in args.tile_k for t in args.qmm_splits]
+        if name != "fp32" and args.no_prefetch:     # the old staging beside each setting
+            settings += [(f"{tag}-np", {**opts, "qmm_prefetch": False})
+                         for tag, opts in list(settings)]
+        for tag, tiles in settings:
+            launch = {**parse_launch(args.launch), **opts, **tiles}
+            kernel = q4_matvec.with_launch(**launch)
+            try:
+                kernel.source(T="f16")
+            except LaunchError as e:
+                print(f"  {name} {tag} skipped: {str(e).split('policy: ')[-1][:100]}")
+                continue
+            out.append((name, tag, kernel))
+    return out
+
+
+def matmul_table(args, device: str, repeat: int) -> None:
+    """The tiled kernel (qmm) per lowering, tile and teams against F.linear and
+    torch.compile."""
+    ms = [min(m, 70) for m in args.ms] if device == "cpu" else args.ms
+    kernels = _matmul_kernels(args, device)
+    print(f"device {device}, tiled kernel (qmm), 4-bit, group size 64, launch "
+          f"{parse_launch(args.launch) or 'default'}; tile: rows of x x weight rows x K a step "
+          f"/ teams")
+    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>12} {'ours us':>8} "
+          f"{'linear us':>9} {'compile us':>10} {'TFLOP/s':>7} {'linear/ours':>11} "
+          f"{'compile/ours':>12}")
+    for dname in args.dtype:
+        dtype = DTYPES[dname]
+        for spec, m in itertools.product(args.shapes, ms):
+            n, k, w, x, kargs = _inputs(spec, m, dtype, device)
+            linear = timeit(lambda: F.linear(x, w), device, repeat)
+            comp = compile_time(lambda: F.linear(x, w), device, repeat, not args.no_compile)
+            for name, tile, kernel in kernels:
+                _check(kernel(*kargs), kargs, k, dtype)
+                assert launched_variant(plan(kernel, kargs)[0], kernel, kargs) == "qmm"
+                ours = timeit(lambda kernel=kernel: kernel(*kargs), device, repeat)
+                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>12} "
+                      f"{ours * 1e6:>8.1f} {linear * 1e6:>9.1f} {us(comp, 10)} "
+                      f"{2 * m * n * k / ours / 1e12:>7.1f} {ratio(linear, ours, 11)} "
+                      f"{ratio(comp, ours, 12)}", flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device")
@@ -193,11 +272,36 @@ def main(argv=None) -> None:
                     help="each call on another copy of its inputs (none found in the cache)")
     ap.add_argument("--dequantize", action="store_true",
                     help="time examples/dequantize.py against torch instead")
+    ap.add_argument("--matmul", action="store_true",
+                    help="time the tiled kernel (qmm) at M = --ms, one row per lowering x tile")
+    ap.add_argument("--ms", nargs="+", type=int, default=[64, 128, 256, 512],
+                    help="--matmul: rows of x")
+    ap.add_argument("--tiles", nargs="+", default=["64x32", "64x64", "128x128"],
+                    help="--matmul: tiles, rows of x x weight rows (each 32, 64 or 128)")
+    ap.add_argument("--tile-k", nargs="+", type=int, default=[32],
+                    help="--matmul: values of K a step (qmm_tile_k: 32, 64 or 128)")
+    ap.add_argument("--qmm-splits", nargs="+", type=int, default=[1, 4],
+                    help="--matmul: teams of 4 simdgroups splitting K (1, 2 or 4)")
+    ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
+                    help="--matmul: cuda (tensor ops), apple9 (simdgroup_matrix), fp32 (the "
+                         "fp32 kernel)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="--matmul: also each setting without loads a step ahead (qmm_prefetch "
+                         "off: rows tagged -np)")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="--matmul: skip the torch.compile column")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     repeat = args.repeat if device != "cpu" else 1
     if args.dequantize:
         dequantize_table(args, device, repeat)
+        return
+    if args.matmul:
+        if args.shapes == SHAPES:
+            args.shapes = MATMUL_SHAPES
+        if args.dtype == ["f16", "bf16"]:
+            args.dtype = ["f16"]
+        matmul_table(args, device, repeat)
         return
     if args.sweep:
         if args.launch:

@@ -74,6 +74,16 @@ class LaunchPolicy:
     qmm_matrix: bool = True            # quantized, tiled kernel: products as simdgroup
                                        # matrices (Apple's matrix hardware); False: FMAs on
                                        # per-thread register tiles
+    qmm_tile_m: int = 64               # quantized, tiled kernel on the matrix block (half or
+    qmm_tile_n: int = 64               # bfloat x): rows of x and weight rows of a tile (32,
+                                       # 64 or 128 each; schedule/quant/blocked.py)
+    qmm_tile_k: int = 32               # ... and values of K a step (32, 64 or 128)
+    qmm_splits: int = 1                # quantized, tiled kernel on the matrix block: teams of
+                                       # 4 simdgroups in a threadgroup splitting K (1, 2 or 4)
+    qmm_prefetch: bool = True          # quantized, tiled kernel on the matrix block: the next
+                                       # step's loads in registers while the products run
+    qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
+                                       # picks its products) for half or bfloat x too
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
                                        # aims at, splitting the reduced axis into chunks where
                                        # the column blocks alone are fewer (0: never chunks)
@@ -219,7 +229,8 @@ POLICIES: dict[str, LaunchPolicy] = {
     # (1024) 23.1 -> 26.2; M = 4: 1024x4096 (512) 6.3 -> 8.6, 1024x14336 (512) 15.0 -> 16.8;
     # M = 8: 1024x14336 (1024) 20.7 -> 25.0 (bench/README.md)
     "quant": LaunchPolicy("quant", threads_per_group=128, vector_width=4, rows_per_group=4,
-                          k_splits=4, split_grid=64, x_rows=2, uses_simd=True),
+                          k_splits=4, split_grid=64, x_rows=2, uses_simd=True,
+                          target="apple9"),
     # attention (schedule/attention/): a threadgroup per tile of rows_per_group query rows
     # that read the same keys (GQA's query heads of one kv head, prefill's query positions)
     # and block of keys; its threads_per_group / 32 simdgroups take turns over the block's
@@ -314,6 +325,12 @@ POLICIES: dict[str, LaunchPolicy] = {
 # row and its partner), twice the simdgroups of 4: H200, 2026-11-29, the decode step's q_rope
 # (4096 rows) / kv_rope (2 x 1024 rows, K split 4) at K = 4096, f16, us: 4 rows 11.0 / 8.4,
 # 2 rows 10.1 / 6.8, 8 rows 12.1 / 12.6 (bench/README.md)
+# The tiled kernel on the matrix block (half / bfloat x: schedule/quant/blocked.py, teams.py):
+# tiles of 64 rows of x x 64 weight rows (each row of x read N / 64 times, each weight M / 64
+# times, from L2), one team in the Metal table; the cuda backend splits K over 4 teams (M = 64:
+# one tile of rows of x, 64 tiles at N = 4096 for 132 SMs: 16 simdgroups each instead of 4).
+# Untimed (no GPU in the session that wrote it): bench/quant.py --matmul prints the rows to
+# choose from (tiles x splits x lowering)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -331,7 +348,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"row": {"stage_rows": None},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
-                       "paired_rows": 2},
+                       "paired_rows": 2, "qmm_splits": 4},
              "elementwise": {"small_grid": 1 << 21},
              "matmul": {"tile": 128, "stage_pad": 8, "prefetch": True, "tile_groups": 8}},
 }
@@ -346,7 +363,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                "one_launch"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "paired_rows",
-              "index64", "index_check"),
+              "index64", "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32",
+              "qmm_splits", "qmm_tile_k", "qmm_prefetch"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -386,7 +404,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("kv_prefetch", None),
-    ("one_launch", None),
+    ("one_launch", None), ("qmm_fp32", None), ("qmm_prefetch", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
@@ -510,6 +528,12 @@ def _validate_attention(p: LaunchPolicy) -> None:
 
 
 def _validate_quant(p: LaunchPolicy) -> None:
+    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
+          f"got {p.target!r}")
+    for name in ("qmm_tile_m", "qmm_tile_n", "qmm_tile_k"):
+        _need(p, getattr(p, name) in (32, 64, 128),
+              f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
+    _need(p, p.qmm_splits in (1, 2, 4), f"qmm_splits must be 1, 2 or 4, got {p.qmm_splits!r}")
     _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
           "packed words at once, at most 4 (16 bytes)")
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,

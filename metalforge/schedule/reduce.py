@@ -503,8 +503,10 @@ class VariantParts:
 
     @property
     def tg_bytes(self) -> int:
-        """4-byte scalars, or float4s (16 bytes)."""
-        return sum((16 if a.type == "float4" else 4) * a.length for a in self.tg_arrays)
+        """4-byte scalars, float4s (16 bytes), or half / bfloat (2: the tiled quantized
+        kernel's staged tiles)."""
+        size = {"float4": 16, "half": 2, "bfloat": 2}
+        return sum(size.get(a.type, 4) * a.length for a in self.tg_arrays)
 
 
 @dataclass(frozen=True, eq=False)

@@ -476,16 +476,25 @@ def test_tiled_kernel(m, n, k, matrix):
     torch.testing.assert_close(one(wq, s, b, x[:1]), want[:1], rtol=1e-4, atol=1e-4 * k ** 0.5)
 
 
-@PRODUCTS
+@pytest.mark.parametrize("target", ["apple9", "apple10"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_tiled_kernel_half(dtype, matrix):
-    _, (wq, s, b) = _quantized(40, 320, dtype, seed=5)
-    x = torch.randn(12, 320, generator=torch.Generator().manual_seed(2)).to(dtype)
-    kern = Q8.with_launch(qmm_matrix=matrix)
-    assert _host(kern, wq, s, b, x).endswith("_qmm")
-    got = kern(wq, s, b, x)
-    rtol, atol = _TOL[dtype]
-    torch.testing.assert_close(got, q4_matvec.reference(wq, s, b, x), rtol=rtol, atol=atol * 8)
+def test_tiled_kernel_half(dtype, target):
+    """Half or bfloat x: the tiled kernel on the matrix block (schedule/quant/blocked.py), by
+    the target simdgroup_matrix (apple9) or Metal 4 tensor ops (apple10): M = 70 (a tile of 64
+    rows of x and 6), N = 40 (32 weight rows and 8), K = 320 (10 steps); as torch's matmul of x
+    and the weight dequantized in fp32 and rounded to x's type (what the kernel multiplies),
+    computed directly, in double."""
+    w, (wq, s, b) = _quantized(40, 320, dtype, seed=5)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(70, 320, generator=g).to(dtype)
+    with mf.target(target):
+        assert _host(Q8, wq, s, b, x).endswith("_qmm")
+        got = Q8(wq, s, b, x)
+    codes = torch.stack([(wq.long() >> (4 * i)) & 15 for i in range(8)], -1).reshape(40, 320)
+    w_hat = (codes.float() * s.float().repeat_interleave(64, 1)
+             + b.float().repeat_interleave(64, 1)).to(dtype)
+    tol = {torch.float16: 1e-2, torch.bfloat16: 6e-2}[dtype]
+    torch.testing.assert_close(got.double(), x.double() @ w_hat.double().T, rtol=tol, atol=tol)
 
 
 @PRODUCTS

@@ -19,3 +19,11 @@ def linear_gelu(x: "T[*B, M, K]", w: "f32[N, K]", bias: "T[N]") -> "T[*B, M, N]"
 def scaled(x: "T[M, K]", w: "T[N, K]", scale: float) -> "T[M, N]":
     """A computed prologue: x * scale is an fp32 value (as the reference computes it)."""
     return mf.sum((x * scale) * w, axis="K")
+
+
+@mf.kernel
+def q4_linear(wq: "u32[N, K/8]", scales: "T[N, K/GS]", biases: "T[N, K/GS]",  # noqa: F821
+              x: "T[M, K]", bias: "T[N]", GS: mf.Const[int] = 64) -> "T[M, N]":  # noqa: F821
+    """The tiled quantized matmul (schedule/quant/blocked.py: the weight tile dequantized and
+    rounded to T as the matrix block's B) with a bias in the epilogue."""
+    return mf.sum((mf.unpack(wq, bits=4) * scales + biases) * x, axis="K") + bias

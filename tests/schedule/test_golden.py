@@ -42,7 +42,10 @@ CASES.append(("silu", dict(KERNELS)["silu"], {"T": "f32", "B": 1, "D": 2 ** 31})
 # cores); f32 operands keep simdgroup_matrix at every target
 TARGET_CASES = [("matmul", "f16", "apple9"), ("matmul", "f16", "apple10"),
                 ("matmul", "f16", "cuda"), ("matmul", "f32", "apple10"),
-                ("linear_gelu", "bf16", "apple9")]
+                ("linear_gelu", "bf16", "apple9"),
+                # the tiled quantized matmul on the matrix block (schedule/quant/blocked.py)
+                ("q4_linear", "f16", "apple10"), ("q4_linear", "bf16", "cuda"),
+                ("q4_linear", "bf16", "apple9")]
 
 
 def _case_id(name, bindings):

@@ -15,12 +15,30 @@ from ..hardware import MAX_THREADGROUP_BYTES
 from ..lower import ElementLowering
 from ..policy import LaunchPolicy
 from . import gathers, matvec, pairing, prologue, staged, tiled
+from .blocked import plan_of
 from .context import QuantContext, QuantState, context
 from .form import factors
+from .params import THREADS, TILE_K, TILE_M, TILE_N
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
+from .teams import kernel as block_kernel
 
 BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: matvec.kernel
+
+
+def qmm(st: QuantState) -> ir.LoweredKernel:
+    """The tiled kernel: on the matrix block where x is half or bfloat (`blocked`), else the
+    fp32 kernel (`tiled`)."""
+    pl = plan_of(st.ctx)
+    return tiled.kernel(st) if pl is None else block_kernel(st, pl)
+
+
+def qmm_geometry(ctx: QuantContext) -> tuple[int, int, int, int]:
+    """The tiled kernel's rows of x, weight rows and values of K a step, and its threads."""
+    pl = plan_of(ctx)
+    if pl is None:
+        return TILE_M, TILE_N, TILE_K, THREADS
+    return pl.tile.bm, pl.tile.bn, pl.tile.bk * pl.teams, pl.threads
 
 
 def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
@@ -82,7 +100,7 @@ def kernels(ctx: QuantContext, names: tuple[str, ...]) -> tuple[dict[str, ir.Low
     tg = 0
     for name in names:
         st = state(ctx, name)
-        built[name] = BUILDERS.get(name, matvec.kernel)(st)
+        built[name] = (qmm if name == "qmm" else BUILDERS.get(name, matvec.kernel))(st)
         ctx.uses.helpers.update(st.v.row_values.helpers)       # per-row values' helpers too
         tg = max(tg, st.v.tg_bytes)
     if tg > MAX_THREADGROUP_BYTES:
@@ -116,4 +134,6 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
                          m_axis=ctx.prefix[-1] if tiled_ or blocked else None,
                          x_rows=ctx.x_rows,
                          splits={n: ctx.splits_of(n) for n in names if n != "qmm"},
-                         period=ctx.period)
+                         period=ctx.period,
+                         qmm_tile=qmm_geometry(ctx) if tiled_ else (TILE_M, TILE_N, TILE_K,
+                                                                     THREADS))

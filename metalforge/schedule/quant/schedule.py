@@ -30,6 +30,8 @@ class QuantSchedule(Schedule):
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
     splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
     period: Optional[Node] = None        # Q of the paired kernel (`pairing`)
+    # the tiled kernel's rows of x, weight rows, values of K a step and threads (`build`)
+    qmm_tile: tuple[int, int, int, int] = (TILE_M, TILE_N, TILE_K, THREADS)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -91,10 +93,11 @@ class QuantSchedule(Schedule):
             return [{self.rows_axis: 2 * self.policy.rows_per_group, self.axis: k}]
         if name == "qmm":
             mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
+            tm, tn, tk, _ = self.qmm_tile
             assert self.m_axis is not None
-            return [{self.axis: -(-2 * TILE_K // mult) * mult,
-                     self.rows_axis: TILE_N + 1,
-                     self.m_axis: m + 1 if m % TILE_M == 0 else m}]
+            return [{self.axis: -(-2 * tk // mult) * mult,
+                     self.rows_axis: tn + 1,
+                     self.m_axis: m + 1 if m % tm == 0 else m}]
         stretch = SIMD_WIDTH * self.chunk
         base = name.removesuffix("_split")
         pins = ({self.axis: 2 * stretch} if name != base else
@@ -130,7 +133,8 @@ class QuantSchedule(Schedule):
             threads = numel(self.outer[:-1], sizes) * -(-blocks // g) * g * SIMD_WIDTH
             return threads, g * SIMD_WIDTH
         if v == "qmm":
-            return self.blocks(sizes, TILE_N, TILE_M) * THREADS, THREADS
+            tm, tn, _, threads = self.qmm_tile
+            return self.blocks(sizes, tn, tm) * threads, threads
         S = self.splits.get(v, 1)
         blocks = self.simdgroups(sizes, self.x_rows if v.startswith("qmvx") else 1)
         threads = blocks * S * SIMD_WIDTH
@@ -155,7 +159,7 @@ class QuantSchedule(Schedule):
 
     def max_group_size(self, host_name: str) -> int:
         if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
-            return THREADS
+            return self.qmm_tile[3]
         if "qmv_staged" in self.variants and host_name == self.variants["qmv_staged"].host_name:
             return STAGED_THREADS
         return self.policy.threads_per_group

@@ -72,26 +72,34 @@ from .params import (
 from .positions import idx, lowering
 
 
-def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
-    """The threadgroup's tile (first weight row n0, first row of x m0, the batch position of
-    the other output axes), the thread's place in it and its zeroed sums."""
+def origin(st: QuantState, tile_m: int, tile_n: int) -> list[ir.Stmt]:
+    """The threadgroup's tile of `tile_m` rows of x by `tile_n` weight rows: its first weight
+    row mf_n0, first row of x mf_m0 and the batch position of the other output axes."""
     ctx = st.ctx
     n_axis, m_axis = ctx.rows_axis, ctx.prefix[-1]
-    n_tiles = (ctx.size(n_axis) + idx(TILE_N - 1)) / idx(TILE_N)
-    m_tiles = (ctx.size(m_axis) + idx(TILE_M - 1)) / idx(TILE_M)
+    n_tiles = (ctx.size(n_axis) + idx(tile_n - 1)) / idx(tile_n)
+    m_tiles = (ctx.size(m_axis) + idx(tile_m - 1)) / idx(tile_m)
     tile = ir.Var("mf_tile")
     out: list[ir.Stmt] = [
-        ir.Comment(f"one threadgroup per tile of {TILE_M} rows of '{m_axis}' x {TILE_N} rows "
+        ir.Comment(f"one threadgroup per tile of {tile_m} rows of '{m_axis}' x {tile_n} rows "
                    f"of '{n_axis}'"),
         ir.Decl("mf_tile", IDX, ir.Cast(IDX, ir.Var("mf_group"))),
         ir.Decl("mf_n_tiles", IDX, n_tiles),
         ir.Decl("mf_m_tiles", IDX, m_tiles),
-        ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * idx(TILE_N)),
-        ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * idx(TILE_M))]
+        ir.Decl("mf_n0", IDX, tile % ir.Var("mf_n_tiles") * idx(tile_n)),
+        ir.Decl("mf_m0", IDX, tile / ir.Var("mf_n_tiles") % ir.Var("mf_m_tiles") * idx(tile_m))]
     if len(ctx.prefix) > 1:
         out += [ir.Comment("the flat position of the tile's batch along the other output axes"),
                 ir.Decl("mf_outer", IDX, tile / (ir.Var("mf_n_tiles") * ir.Var("mf_m_tiles"))
                         * ctx.size(m_axis))]
+    return out
+
+
+def header(st: QuantState, matrix: bool) -> list[ir.Stmt]:
+    """The threadgroup's tile (`origin`), the thread's place in it and its zeroed sums."""
+    ctx = st.ctx
+    m_axis = ctx.prefix[-1]
+    out = origin(st, TILE_M, TILE_N)
     t = ir.Var("mf_t")
     out += [ir.Decl("mf_t", "uint", ir.Var("mf_sg") * SIMD + ir.Var("mf_lane")),
             ir.Comment(f"the thread's share of each tile: row mf_srow, values {RUN} mf_q.. "
