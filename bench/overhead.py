@@ -53,6 +53,9 @@ class NoLaunch:
         self._kernel = kernel
 
     def __getattr__(self, name):
+        if name == "planned":           # the backend's planned launch (cuda): stubbed too
+            getattr(self._kernel, name)
+            return lambda *args, **kw: (lambda *args: None)
         return getattr(self._kernel, name)
 
     def __call__(self, *args, threads, group_size, arg_casts=None):
@@ -63,8 +66,8 @@ def stub_launches() -> None:
     real = backends.kernel_object
     made: dict[int, NoLaunch] = {}
 
-    def kernel_object(backend_name, source, host_name):
-        k = real(backend_name, source, host_name)
+    def kernel_object(backend_name, source, host_name, options=()):
+        k = real(backend_name, source, host_name, options)
         return made.setdefault(id(k), NoLaunch(k))
 
     launcher.kernel_object = kernel_object

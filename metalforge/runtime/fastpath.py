@@ -52,6 +52,9 @@ class Warm:
     errors: Optional[IndexErrors] = None   # unproven gathers: where they report (indexcheck)
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
     given: tuple[int, ...] = ()       # outputs the caller gives (`outputs`): replay(values, outs)
+    # per launch (the first, then `then`'s), the backend's planned launch of this call where
+    # it has one (`planned`: cuda), called with the arguments alone; None: the kernel's call
+    runs: tuple[Optional[Callable[..., None]], ...] = ()
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
@@ -99,12 +102,19 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
         if w.then:
             lines.append(f"    args = ({call},)")
             call = "*args"
-        lines.append(f"    _kernel({call}, threads={w.threads}, group_size={w.group_size}, "
-                     f"arg_casts=_casts)")
-        for k, (kernel, threads, group) in enumerate(w.then):
-            env[f"_then{k}"] = kernel
-            lines.append(f"    _then{k}(*args, threads={threads}, group_size={group}, "
-                         f"arg_casts=_casts)")
+        runs = w.runs or (None,) * (1 + len(w.then))
+        launches = [("_kernel", w.kernel, w.threads, w.group_size)] + [
+            (f"_then{k}", kernel, threads, group)
+            for k, (kernel, threads, group) in enumerate(w.then)]
+        for k, ((name, kernel, threads, group), run) in enumerate(zip(launches, runs)):
+            env[name] = kernel
+            if run is not None:                 # the backend's plan of this launch
+                env[f"_run{k}"] = run
+                lines.append(f"    _run{k}({call})")
+            else:
+                lines.append(f"    {name}({call}, threads={threads}, group_size={group}, "
+                             f"arg_casts=_casts)")
+            call = "*args"
         if w.errors is not None and not w.errors.deferred:     # deferred: nothing read
             env["_check"] = w.errors.check
             lines.append("    _check(err)")
@@ -139,9 +149,25 @@ def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
         return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given)
     kernels = call.spec.library(call.index64, call.backend).kernels
     host = launch.host_name
+    runs = tuple(planned(kernel, launch.args, threads, group, launch.arg_casts)
+                 for kernel, threads, group in
+                 [(launch.kernel, launch.threads, launch.group_size), *launch.then])
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 launch.binder, allocate, tuning, (kernels, host, kernels[host]), launch.errors,
-                launch.then, given)
+                launch.then, given, runs)
+
+
+def planned(kernel: Any, args: tuple[Any, ...], threads: int, group: int,
+            casts: Optional[dict[int, str]]) -> Optional[Callable[..., None]]:
+    """The backend's launch of a kernel call with these arguments, as a function of the next
+    call's arguments alone (`CudaFunction.planned`: the checks and plan lookup its own call
+    makes, done once), or None where the backend has none. A replay passes the same kinds of
+    arguments as `args` (tensors of the dtypes and devices the warm key holds, outputs made
+    alike, scalars of the key's types), so the plan made for `args` is the one each call's
+    own lookup would find."""
+    plan = getattr(kernel, "planned", None)
+    return None if plan is None else plan(*args, threads=threads, group_size=group,
+                                          arg_casts=casts)
 
 
 def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:

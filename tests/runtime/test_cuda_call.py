@@ -46,7 +46,8 @@ class FakeDriver:
     """cuLaunchKernel that records each launch: function, blocks, group, stream and the bytes
     of each slot of the parameter buffer (read through the kernelParams array it is given)."""
 
-    def __init__(self, sizes=None, pause=0.0):
+    def __init__(self, sizes=None, pause=0.0, ex=False):
+        self.ex = ex                        # also cuLaunchKernelEx (the plans use it)
         self.launches = []
         self.pause = pause
         self.lock = threading.Lock()
@@ -65,8 +66,16 @@ class FakeDriver:
                                       thread=threading.current_thread().name))
         return 0
 
+    def launch_ex(self, config, func, params, extra):
+        """cuLaunchKernelEx: the launch configuration read back from the buffer's start."""
+        raw = ctypes.string_at(ctypes.addressof(config), C.CONFIG_SIZE)
+        *dims, shared, stream, attrs = struct.unpack(C.CONFIG, raw)
+        assert raw[40:48] == bytes(8) and attrs == 0           # attrs NULL, numAttrs 0
+        return self.launch(func, *dims, shared, ctypes.c_void_p(stream), params, extra)
+
     def driver(self):
-        return C.Driver(self.launch, lambda device: 0x5000 + device, self.check)
+        return C.Driver(self.launch, lambda device: 0x5000 + device, self.check,
+                        launch_ex=self.launch_ex if self.ex else None)
 
     @staticmethod
     def check(res, what):
@@ -318,11 +327,12 @@ kernel void axpy(device float* y [[buffer(0)]], device const float* x [[buffer(1
 }"""
 
 
-@pytest.fixture
-def fake(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["cuLaunchKernel", "cuLaunchKernelEx"])
+def fake(monkeypatch, request):
     """A fake driver behind every metalforge.cuda kernel (compiled: a made-up handle, 1024
-    threads a group), with device 0 current."""
-    f = FakeDriver()
+    threads a group), with device 0 current; the plans launch through cuLaunchKernel, or
+    through cuLaunchKernelEx where the driver has it."""
+    f = FakeDriver(ex=request.param)
     monkeypatch.setattr(library, "driver", f.driver)
     monkeypatch.setattr(library.CudaFunction, "_compiled",
                         lambda self, dev, one_d: compiled(dev, one_d))
