@@ -55,6 +55,10 @@ class Warm:
     # per launch (the first, then `then`'s), the backend's planned launch of this call where
     # it has one (`planned`: cuda), called with the arguments alone; None: the kernel's call
     runs: tuple[Optional[Callable[..., None]], ...] = ()
+    # per output, the position of an input argument it is allocated like (`torch.empty_like`:
+    # the same shape, dtype, device and strides, the contiguous ones, which the key holds), or
+    # None: `torch.empty` (empty_like parses one argument where empty parses three)
+    like: tuple[Optional[int], ...] = ()
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
@@ -84,11 +88,14 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     """Python for `w`'s replay, and the names it reads: allocate the outputs, then, when the
     call launches, bind its arguments (the binder's own lines: `binding.Binder.code`), launch
     the kernel(s), check a gather's report."""
-    env: dict[str, Any] = {"_empty": torch.empty}
+    env: dict[str, Any] = {"_empty": torch.empty, "_empty_like": torch.empty_like}
     lines = ["def replay(values, outs):" if w.given else "def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
         if o in w.given:
             lines.append(f"    o{o} = outs[{o}]")
+            continue
+        if w.like and w.like[o] is not None:
+            lines.append(f"    o{o} = _empty_like(values[{w.like[o]}])")
             continue
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
         lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
@@ -145,8 +152,9 @@ def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
     outputs are empty) for later calls with the same key; the outputs numbered in `given` are
     the caller's (`replay(values, outs)`), the others allocated."""
     allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
+    like = allocated_like(call)
     if launch is None:
-        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given)
+        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given, like=like)
     kernels = call.spec.library(call.index64, call.backend).kernels
     host = launch.host_name
     runs = tuple(planned(kernel, launch.args, threads, group, launch.arg_casts)
@@ -154,7 +162,19 @@ def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
                  [(launch.kernel, launch.threads, launch.group_size), *launch.then])
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 launch.binder, allocate, tuning, (kernels, host, kernels[host]), launch.errors,
-                launch.then, given, runs)
+                launch.then, given, runs, like)
+
+
+def allocated_like(call: CheckedCall) -> tuple[Optional[int], ...]:
+    """Per output of `call`, the position of a tensor argument (a torch.Tensor itself) with its
+    shape, dtype, device and strides (its fresh, contiguous ones), or None. A later call with
+    the same warm key has that argument alike, so `empty_like` of it makes the same output."""
+    tensors = [(i, call.values.get(p.name)) for i, p in enumerate(call.spec.graph.params)]
+    inputs = [(i, t) for i, t in tensors if type(t) is torch.Tensor]
+    return tuple(next((i for i, t in inputs
+                       if t.shape == o.shape and t.dtype == o.dtype and t.device == o.device
+                       and t.stride() == o.stride()), None)
+                 for o in call.outputs)
 
 
 def planned(kernel: Any, args: tuple[Any, ...], threads: int, group: int,
