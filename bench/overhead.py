@@ -20,8 +20,8 @@ the planned launch with cuLaunchKernelEx, the same with cuLaunchKernel, the kern
 keyword call as before the planned launch). Each number is µs per call, median over the
 rounds, as CPU time of the process (the loop only) and as wall time (the loop plus the
 synchronisation that ends it, so a GPU slower than the host shows up there). With no
-synchronisation inside the loop the launches queue up; keep `--size` small enough that the GPU keeps pace (the default does on
-an H100), else the wall time is the GPU's.
+synchronisation inside the loop the launches queue up; keep `--size` small enough that the GPU
+keeps pace (the default does on an H100), else the wall time is the GPU's.
 """
 from __future__ import annotations
 
