@@ -81,6 +81,7 @@ def test_the_warm_replay_launches_through_the_planned_launch(planned):
         got = k(x, w, eps, scale)
         want = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w * scale
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert got.stride() == (40, 1)     # fresh and contiguous (like x only where x is)
     (kernel,) = [p for p in planned.values() if p.runs]
     assert kernel.runs == 3            # two keys (contiguous x, transposed x), 2 + 1 replays
     with pytest.raises(mf.BindingError, match="'eps'"):
