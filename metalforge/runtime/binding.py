@@ -271,12 +271,12 @@ class Binder:
             args[i] = f"o{o}.view(1)" if zero_dim else f"o{o}"
         for a in self.scalars:              # `converter`'s checks, inline (it raises)
             env[f"_conv{a.index}"] = converter(a)
-            s, v = f"v{a.index}", f"values[{a.position}]"
-            lines += (["    try:", f"        {s} = float({v})", "    except OverflowError:",
-                       f"        {s} = _conv{a.index}({v})"] if a.is_float else
-                      [f"    {s} = {v}", f"    if not {INT64_MIN} <= {s} <= {INT64_MAX}:",
-                       f"        _conv{a.index}({s})"])
-            args[a.index] = s
+            name, given = f"v{a.index}", f"values[{a.position}]"
+            lines += (["    try:", f"        {name} = float({given})", "    except OverflowError:",
+                       f"        {name} = _conv{a.index}({given})"] if a.is_float else
+                      [f"    {name} = {given}", f"    if not {INT64_MIN} <= {name} <= {INT64_MAX}:",
+                       f"        _conv{a.index}({name})"])
+            args[a.index] = name
         if self.report is not None:
             assert self.errors is not None
             env["_report"] = self.errors.buffer

@@ -55,10 +55,11 @@ class Warm:
     # per launch (the first, then `then`'s), the backend's planned launch of this call where
     # it has one (`planned`: cuda), called with the arguments alone; None: the kernel's call
     runs: tuple[Optional[Callable[..., None]], ...] = ()
-    # per output, the position of an input argument it is allocated like (`torch.empty_like`:
-    # the same shape, dtype, device and strides, the contiguous ones, which the key holds), or
-    # None: `torch.empty` (empty_like parses one argument where empty parses three)
-    like: tuple[Optional[int], ...] = ()
+    # per output, (position of a tensor argument, same shape): allocated `torch.empty_like` of
+    # it (the same shape, dtype, device and strides, the contiguous ones: the key holds them)
+    # or its `new_empty` (the same dtype and device); None: `torch.empty` (which parses three
+    # arguments where those parse one or two)
+    like: tuple[Optional[tuple[int, bool]], ...] = ()
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
@@ -94,10 +95,12 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
         if o in w.given:
             lines.append(f"    o{o} = outs[{o}]")
             continue
-        if w.like and w.like[o] is not None:
-            lines.append(f"    o{o} = _empty_like(values[{w.like[o]}])")
-            continue
+        like = w.like[o] if w.like else None
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
+        if like is not None:
+            lines.append(f"    o{o} = _empty_like(values[{like[0]}])" if like[1] else
+                         f"    o{o} = values[{like[0]}].new_empty(_shape{o})")
+            continue
         lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
     outs = ", ".join(f"o{o}" for o in range(len(w.allocate)))
     result = "o0" if len(w.allocate) == 1 else f"({outs},)"
@@ -165,16 +168,19 @@ def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
                 launch.then, given, runs, like)
 
 
-def allocated_like(call: CheckedCall) -> tuple[Optional[int], ...]:
-    """Per output of `call`, the position of a tensor argument (a torch.Tensor itself) with its
-    shape, dtype, device and strides (its fresh, contiguous ones), or None. A later call with
-    the same warm key has that argument alike, so `empty_like` of it makes the same output."""
+def allocated_like(call: CheckedCall) -> tuple[Optional[tuple[int, bool]], ...]:
+    """Per output of `call`: (position, True) of a tensor argument (a torch.Tensor itself) with
+    its shape, dtype, device and strides (its fresh, contiguous ones), else (position, False)
+    of one with its dtype and device, else None. A later call with the same warm key has that
+    argument alike, so `empty_like` / `new_empty` of it makes the same output."""
     tensors = [(i, call.values.get(p.name)) for i, p in enumerate(call.spec.graph.params)]
     inputs = [(i, t) for i, t in tensors if type(t) is torch.Tensor]
-    return tuple(next((i for i, t in inputs
-                       if t.shape == o.shape and t.dtype == o.dtype and t.device == o.device
-                       and t.stride() == o.stride()), None)
-                 for o in call.outputs)
+
+    def like(o: torch.Tensor) -> Optional[tuple[int, bool]]:
+        alike = [(i, t) for i, t in inputs if t.dtype == o.dtype and t.device == o.device]
+        same = [i for i, t in alike if t.shape == o.shape and t.stride() == o.stride()]
+        return (same[0], True) if same else (alike[0][0], False) if alike else None
+    return tuple(like(o) for o in call.outputs)
 
 
 def planned(kernel: Any, args: tuple[Any, ...], threads: int, group: int,
