@@ -14,12 +14,14 @@ kernel, so on CPU it is dominated by the arithmetic) and on 1-element tensors (t
 floor), plus `torch.empty_like` (one output allocation).
 
 `--real` launches for real (nothing stubbed): the whole host cost of a warm call, the backend's
-launch included (for `cuda`: metalforge.cuda's plan, the stream lookup and cuLaunchKernel), next
-to torch eager on the same tensors. Each number is µs per call, median over the rounds, as CPU
-time of the process (the loop only) and as wall time (the loop plus the synchronisation that
-ends it, so a GPU slower than the host shows up there). With no synchronisation inside the loop
-the launches queue up; keep `--size` small enough that the GPU keeps pace (the default does on
-an H100), else the wall time is the GPU's.
+launch included (for `cuda`: metalforge.cuda's plan, the stream lookup and cuLaunchKernelEx),
+next to torch eager on the same tensors; on cuda in three variants side by side (`VARIANTS`:
+the planned launch with cuLaunchKernelEx, the same with cuLaunchKernel, the kernel object's
+keyword call as before the planned launch). Each number is µs per call, median over the
+rounds, as CPU time of the process (the loop only) and as wall time (the loop plus the
+synchronisation that ends it, so a GPU slower than the host shows up there). With no
+synchronisation inside the loop the launches queue up; keep `--size` small enough that the GPU
+keeps pace (the default does on an H100), else the wall time is the GPU's.
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ from silu import silu  # noqa: E402
 from softmax import softmax  # noqa: E402
 from two_outputs import add_silu  # noqa: E402
 
-from metalforge.runtime import backends, launcher  # noqa: E402
+from metalforge.runtime import backends, fastpath, launcher  # noqa: E402
+
+_PLANNED = fastpath.planned
 
 
 class NoLaunch:
@@ -53,6 +57,9 @@ class NoLaunch:
         self._kernel = kernel
 
     def __getattr__(self, name):
+        if name == "planned":           # the backend's planned launch (cuda): stubbed too
+            getattr(self._kernel, name)
+            return lambda *args, **kw: (lambda *args: None)
         return getattr(self._kernel, name)
 
     def __call__(self, *args, threads, group_size, arg_casts=None):
@@ -63,8 +70,8 @@ def stub_launches() -> None:
     real = backends.kernel_object
     made: dict[int, NoLaunch] = {}
 
-    def kernel_object(backend_name, source, host_name):
-        k = real(backend_name, source, host_name)
+    def kernel_object(backend_name, source, host_name, options=()):
+        k = real(backend_name, source, host_name, options)
         return made.setdefault(id(k), NoLaunch(k))
 
     launcher.kernel_object = kernel_object
@@ -95,16 +102,52 @@ def per_call(fn, calls: int, rounds: int, device: str) -> float:
     return per_call_real(fn, calls, rounds, device)[0]
 
 
+# How a warm call reaches the GPU, each selectable so that one run times them side by side:
+#   planned    the replay calls the cuda plan's compiled launch directly, cuLaunchKernelEx
+#   classic    the same through cuLaunchKernel (METALFORGE_CUDA_LAUNCH=classic)
+#   unplanned  the replay calls the kernel object (its call key and plan lookup on every
+#              call, then the plan's launch: the warm path before the planned launch)
+VARIANTS = ("planned", "classic", "unplanned")
+
+
+def use_variant(name: str, kernels) -> None:
+    """Switch the warm path to variant `name`: forget every kernel's warm closures and every
+    cuda kernel's plans (made under the previous variant) and the cuda driver's choice of
+    launch call."""
+    import os
+
+    from metalforge.cuda import library
+    from metalforge.runtime import fastpath
+    if name == "classic":
+        os.environ["METALFORGE_CUDA_LAUNCH"] = "classic"
+    else:
+        os.environ.pop("METALFORGE_CUDA_LAUNCH", None)
+    library._calls = None
+    fastpath.planned = _PLANNED if name != "unplanned" else (lambda *args: None)
+    for k in list(backends._kernels.values()):
+        if hasattr(k, "_plans"):
+            k._plans._entries.clear()
+    for kernel in kernels:
+        kernel._calls.warm._entries.clear()
+
+
 def real(a, device: str, rows: int, cols: int) -> None:
+    variants = VARIANTS if device == "cuda" else ("planned",)
     print(f"warm-call host cost, real launches (device {device}, {a.dtype} {rows}x{cols}, "
-          f"median of {a.rounds} x {a.calls} calls; CPU = process time of the loop, wall = "
-          f"loop + final sync)")
-    print(f"{'family':12} {'kernel':22} {'ours CPU':>9} {'ours wall':>10} {'torch CPU':>10} "
-          f"{'torch wall':>11}")
-    for family, name, ours, eager, _ in cases(rows, cols, DTYPES[a.dtype], device):
-        (oc, ow), (tc, tw) = (per_call_real(ours, a.calls, a.rounds, device),
-                              per_call_real(eager, a.calls, a.rounds, device))
-        print(f"{family:12} {name:22} {oc:9.2f} {ow:10.2f} {tc:10.2f} {tw:11.2f}")
+          f"median of {a.rounds} x {a.calls} calls; µs per call, CPU = process time of the "
+          f"loop, wall = loop + final sync)")
+    head = "".join(f" {v + ' CPU':>14} {v + ' wall':>15}" for v in variants)
+    print(f"{'family':12} {'kernel':22}{head} {'torch CPU':>10} {'torch wall':>11}")
+    all_cases = list(cases(rows, cols, DTYPES[a.dtype], device))
+    kernels = [silu, add_silu, rms_norm, add_rms_norm, softmax, column_sum]
+    ours: dict[str, list[tuple[float, float]]] = {}
+    for v in variants:
+        use_variant(v, kernels)
+        ours[v] = [per_call_real(fn, a.calls, a.rounds, device) for _, _, fn, _, _ in all_cases]
+    for k, (family, name, _, eager, _) in enumerate(all_cases):
+        tc, tw = per_call_real(eager, a.calls, a.rounds, device)
+        cols_ = "".join(f" {ours[v][k][0]:14.2f} {ours[v][k][1]:15.2f}" for v in variants)
+        print(f"{family:12} {name:22}{cols_} {tc:10.2f} {tw:11.2f}")
 
 
 def cases(rows: int, cols: int, dtype, device):

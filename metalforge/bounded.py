@@ -17,6 +17,7 @@ class Bounded(Generic[V]):
         self.size = size
         self._entries: dict[Hashable, V] = {}
         self._lock = threading.Lock()
+        self.find = self._entries.get        # `get` of a key known not to be None (faster)
 
     def get(self, key: Optional[Hashable]) -> Optional[V]:
         return None if key is None else self._entries.get(key)

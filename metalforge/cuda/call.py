@@ -175,13 +175,22 @@ def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
     return Layout(tuple(slots), total, struct.Struct("".join(fmt)))
 
 
+# cuLaunchKernelEx's CUlaunchConfig (grid, block, shared bytes, stream, attrs, numAttrs: 56
+# bytes), padded to 64 so that the parameters after it keep their 16-byte alignment
+CONFIG = "<7I4xQ8xI4x8x"
+CONFIG_SIZE = struct.calcsize(CONFIG)
+STREAM_AT = 32                                        # CUlaunchConfig.hStream
+
+
 class Params:
-    """One parameter buffer and its kernelParams array (a pointer to each slot)."""
+    """One parameter buffer and its kernelParams array (a pointer to each slot); with `head`,
+    the buffer starts with that many bytes (cuLaunchKernelEx's CUlaunchConfig) before the
+    parameters."""
     __slots__ = ("data", "pointers")
 
-    def __init__(self, lay: Layout):
-        self.data = ctypes.create_string_buffer(lay.size)
-        base = ctypes.addressof(self.data)
+    def __init__(self, lay: Layout, head: int = 0):
+        self.data = ctypes.create_string_buffer(head + lay.size)
+        base = ctypes.addressof(self.data) + head
         self.pointers = (ctypes.c_void_p * len(lay.slots))(*[base + o for o in lay.offsets])
 
 
@@ -263,6 +272,9 @@ class Driver:
     stream: Callable[[int], Any]
     check: Callable[[int, str], None]
     make_current: Callable[[int], None] = lambda device: None
+    # cuLaunchKernelEx (config, function, kernelParams, extra), where the driver has it: four
+    # arguments for ctypes to convert instead of eleven (None: cuLaunchKernel)
+    launch_ex: Optional[Callable[..., int]] = None
 
 
 INVALID_CONTEXT = 201                                 # CUDA_ERROR_INVALID_CONTEXT
@@ -301,19 +313,30 @@ class Plan:
     driver: Driver
     free: list[Params] = field(default_factory=list, compare=False, repr=False)  # idle
 
+    # the launch as straight-line Python (`run_source`): run(*args), one argument a parameter
+    run: Callable[..., None] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run", self._generic if self.lists else _compile_run(self))
+
     def values(self, args: Sequence[Any]) -> list[Any]:
         """The value of every parameter's slot, from its argument (then come the grid's)."""
         return [g(a) for g, a in zip(self.getters, args)]
 
     def launch(self, args: Sequence[Any]) -> None:
         """Launch with these arguments (of this plan's key): their values packed into an idle
-        parameter buffer (one taken off `free`, or a new one), then cuLaunchKernel on the
-        current stream; the buffer goes back to `free` (which keeps at most 4)."""
-        if self.lists:                            # kept alive until the launch is queued
-            args = list(args)
-            for i, dt in self.lists:
-                args[i] = list_tensor(args[i], dt, self.device)
-        vals = self.values(args)
+        parameter buffer (one taken off `free`, or a new one), then cuLaunchKernel (or
+        cuLaunchKernelEx, with the launch configuration at the buffer's start) on the current
+        stream; the buffer goes back to `free` (which keeps at most 4)."""
+        self.run(*args)
+
+    def _generic(self, *args: Any) -> None:
+        """`launch` of a plan with lists bound to pointers: each copied to a device tensor
+        first (kept alive until the launch is queued), then cuLaunchKernel."""
+        args_ = list(args)
+        for i, dt in self.lists:
+            args_[i] = list_tensor(args_[i], dt, self.device)
+        vals = self.values(args_)
         try:
             buf = self.free.pop()
         except IndexError:
@@ -323,14 +346,72 @@ class Plan:
             d = self.driver
             res = d.launch(self.func, *self.blocks, *self.group, 0,
                            ctypes.c_void_p(d.stream(self.device)), buf.pointers, None)
-            if res == INVALID_CONTEXT:            # a thread with no current context yet
-                d.make_current(self.device)
-                res = d.launch(self.func, *self.blocks, *self.group, 0,
-                               ctypes.c_void_p(d.stream(self.device)), buf.pointers, None)
             if res:
-                d.check(res, f"launching kernel '{self.kernel}'")
+                relaunch(self, False, res, buf)
         if len(self.free) < 4:
             self.free.append(buf)
+
+
+def relaunch(p: Plan, ex: bool, res: int, buf: Params) -> None:
+    """After a launch that returned `res` (not 0): a thread with no current context yet gets
+    the device's and launches again; any other error (or a second failure) raises."""
+    d = p.driver
+    if res == INVALID_CONTEXT:
+        d.make_current(p.device)
+        stream = d.stream(p.device)
+        if ex:
+            assert d.launch_ex is not None
+            struct.pack_into("<Q", buf.data, STREAM_AT, stream)
+            res = d.launch_ex(buf.data, p.func, buf.pointers, None)
+        else:
+            res = d.launch(p.func, *p.blocks, *p.group, 0, ctypes.c_void_p(stream),
+                           buf.pointers, None)
+    if res:
+        d.check(res, f"launching kernel '{p.kernel}'")
+
+
+def run_source(p: Plan) -> tuple[str, dict[str, Any]]:
+    """A plan's launch as straight-line Python, and the names it reads: take an idle
+    parameter buffer, pack the arguments' values (a tensor's data pointer, a scalar through
+    its getter) and the grid with one `pack_into` (with cuLaunchKernelEx, after the launch
+    configuration and the current stream), launch, give the buffer back."""
+    d = p.driver
+    ex = d.launch_ex is not None and p.launches
+    head = CONFIG_SIZE if ex else 0
+    packer = struct.Struct(CONFIG + p.layout.packer.format[1:]) if ex else p.layout.packer
+    env: dict[str, Any] = {
+        "_pop": p.free.pop, "_push": p.free.append, "_free": p.free, "_func": p.func,
+        "_new": lambda: Params(p.layout, head), "_pack": packer.pack_into,
+        "_stream": d.stream, "_vp": ctypes.c_void_p, "_launch": d.launch_ex if ex else d.launch,
+        "_relaunch": lambda res, buf: relaunch(p, ex, res, buf)}
+    values = []
+    for i, g in enumerate(p.getters):
+        if g is _pointer:
+            values.append(f"a{i}.data_ptr()")
+        else:
+            env[f"_g{i}"] = g
+            values.append(f"_g{i}(a{i})")
+    config = [*map(str, (*p.blocks, *p.group)), "0", f"_stream({p.device})", "0"] if ex else []
+    lines = [f"def run({', '.join(f'a{i}' for i in range(len(p.getters)))}):",
+             "    try:", "        buf = _pop()", "    except IndexError:", "        buf = _new()",
+             f"    _pack(buf.data, 0, {', '.join(config + values + [str(g) for g in p.grid])})"]
+    if ex:
+        lines.append("    res = _launch(buf.data, _func, buf.pointers, None)")
+    elif p.launches:
+        dims = ", ".join(map(str, (*p.blocks, *p.group)))
+        lines.append(f"    res = _launch(_func, {dims}, 0, _vp(_stream({p.device})), "
+                     f"buf.pointers, None)")
+    if p.launches:
+        lines += ["    if res:", "        _relaunch(res, buf)"]
+    lines += ["    if len(_free) < 4:", "        _push(buf)"]
+    return "\n".join(lines) + "\n", env
+
+
+def _compile_run(p: Plan) -> Callable[..., None]:
+    text, env = run_source(p)
+    exec(compile(text, f"<metalforge.cuda launch of '{p.kernel}'>", "exec"), env)  # noqa: S102
+    run: Callable[..., None] = env["run"]
+    return run
 
 
 def list_tensor(a: Sequence[Any], dtype: torch.dtype, device: int) -> torch.Tensor:

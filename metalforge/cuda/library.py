@@ -24,6 +24,7 @@ plan: their argument values packed into a parameter buffer and one cuLaunchKerne
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 from pathlib import Path
 from typing import Optional
@@ -70,13 +71,18 @@ def _libcuda():
 def driver() -> Driver:
     """What a plan calls (made once): cuLaunchKernel as ctypes loads it (no argtypes: the
     plan passes handles as c_void_p, sizes as ints; ctypes converts those fastest), torch's
-    current stream on a device as an int, and `_check`."""
+    current stream on a device as an int, `_check`, and cuLaunchKernelEx where the driver has
+    it (CUDA 12: four arguments for ctypes instead of eleven, the launch configuration packed
+    into the parameter buffer with the arguments) unless METALFORGE_CUDA_LAUNCH=classic."""
     global _calls
     if _calls is None:
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)     # torch >= 1.10
-        _calls = Driver(_libcuda().cuLaunchKernel,
+        lib = _libcuda()
+        ex = None if os.environ.get("METALFORGE_CUDA_LAUNCH") == "classic" else \
+            getattr(lib, "cuLaunchKernelEx", None)
+        _calls = Driver(lib.cuLaunchKernel,
                         raw or (lambda device: torch.cuda.current_stream(device).cuda_stream),
-                        _check, make_context_current)
+                        _check, make_context_current, ex)
     return _calls
 
 
@@ -294,6 +300,9 @@ class CudaFunction:
     def __call__(self, *args, threads=None, group_size=None, arg_casts=None):
         """Bind `args` by buffer index and launch on the current stream of their device: the
         plan of the first call with this call's key (call.py), checked then, replayed now."""
+        self._plan(args, threads, group_size, arg_casts).run(*args)
+
+    def _plan(self, args: tuple, threads, group_size, arg_casts) -> Plan:
         key = call_key(args, threads, group_size, arg_casts, torch.cuda.current_device)
         plan = self._plans.get(key)
         if plan is None:
@@ -301,7 +310,15 @@ class CudaFunction:
                              compiled=self._compiled, current_device=torch.cuda.current_device,
                              driver=driver())
             self._plans.put(key, plan)
-        plan.launch(args)
+        return plan
+
+    def planned(self, *args, threads=None, group_size=None, arg_casts=None):
+        """The launch a call with these arguments makes, checked as that call is, without
+        launching: a function of the next call's arguments (positional, one per parameter)
+        that launches them. It serves only calls with this call's key (`call.call_key`: the
+        arguments' kinds, `threads`, `group_size`, `arg_casts`), where it skips the key and
+        the plan lookup (metalforge's warm path, whose own key implies this one)."""
+        return self._plan(args, threads, group_size, arg_casts).run
 
 
 def compile_shader(source: str, *, metal_version: int = DEFAULT_METAL_VERSION) -> CudaLibrary:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import torch
 
-from ..dtypes import check_float, check_int64
+from ..dtypes import INT64_MAX, INT64_MIN, check_float, check_int64
 from ..errors import kernel_at
 from ..graph import Graph, ScalarParam, TensorParam
 from ..ir import BIND_KINDS, Argument
@@ -284,9 +284,14 @@ class Binder:
             args[i] = f"a{i}"
         for i, o, zero_dim in self.outputs:     # a 0-dim output binds as one element
             args[i] = f"o{o}.view(1)" if zero_dim else f"o{o}"
-        for a in self.scalars:
+        for a in self.scalars:              # `converter`'s checks, inline (it raises)
             env[f"_conv{a.index}"] = converter(a)
-            args[a.index] = f"_conv{a.index}(values[{a.position}])"
+            name, given = f"v{a.index}", f"values[{a.position}]"
+            lines += (["    try:", f"        {name} = float({given})", "    except OverflowError:",
+                       f"        {name} = _conv{a.index}({given})"] if a.is_float else
+                      [f"    {name} = {given}", f"    if not {INT64_MIN} <= {name} <= {INT64_MAX}:",
+                       f"        _conv{a.index}({name})"])
+            args[a.index] = name
         if self.report is not None:
             assert self.errors is not None
             env["_report"] = self.errors.buffer

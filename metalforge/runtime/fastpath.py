@@ -52,6 +52,14 @@ class Warm:
     errors: Optional[IndexErrors] = None   # unproven gathers: where they report (indexcheck)
     then: tuple[tuple[Any, int, int], ...] = ()     # later launches (kernel, threads, group)
     given: tuple[int, ...] = ()       # outputs the caller gives (`outputs`): replay(values, outs)
+    # per launch (the first, then `then`'s), the backend's planned launch of this call where
+    # it has one (`planned`: cuda), called with the arguments alone; None: the kernel's call
+    runs: tuple[Optional[Callable[..., None]], ...] = ()
+    # per output, (position of a tensor argument, same shape): allocated `torch.empty_like` of
+    # it (the same shape, dtype, device and strides, the contiguous ones: the key holds them)
+    # or its `new_empty` (the same dtype and device); None: `torch.empty` (which parses three
+    # arguments where those parse one or two)
+    like: tuple[Optional[tuple[int, bool]], ...] = ()
     # the call itself, compiled from the fields above (see `source`)
     replay: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
@@ -81,13 +89,18 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
     """Python for `w`'s replay, and the names it reads: allocate the outputs, then, when the
     call launches, bind its arguments (the binder's own lines: `binding.Binder.code`), launch
     the kernel(s), check a gather's report."""
-    env: dict[str, Any] = {"_empty": torch.empty}
+    env: dict[str, Any] = {"_empty": torch.empty, "_empty_like": torch.empty_like}
     lines = ["def replay(values, outs):" if w.given else "def replay(values):"]
     for o, (shape, dtype, device) in enumerate(w.allocate):
         if o in w.given:
             lines.append(f"    o{o} = outs[{o}]")
             continue
+        like = w.like[o] if w.like else None
         env.update({f"_shape{o}": shape, f"_dtype{o}": dtype, f"_device{o}": device})
+        if like is not None:
+            lines.append(f"    o{o} = _empty_like(values[{like[0]}])" if like[1] else
+                         f"    o{o} = values[{like[0]}].new_empty(_shape{o})")
+            continue
         lines.append(f"    o{o} = _empty(_shape{o}, dtype=_dtype{o}, device=_device{o})")
     outs = ", ".join(f"o{o}" for o in range(len(w.allocate)))
     result = "o0" if len(w.allocate) == 1 else f"({outs},)"
@@ -99,12 +112,19 @@ def _replay_source(w: Warm) -> tuple[str, dict[str, Any]]:
         if w.then:
             lines.append(f"    args = ({call},)")
             call = "*args"
-        lines.append(f"    _kernel({call}, threads={w.threads}, group_size={w.group_size}, "
-                     f"arg_casts=_casts)")
-        for k, (kernel, threads, group) in enumerate(w.then):
-            env[f"_then{k}"] = kernel
-            lines.append(f"    _then{k}(*args, threads={threads}, group_size={group}, "
-                         f"arg_casts=_casts)")
+        runs = w.runs or (None,) * (1 + len(w.then))
+        launches = [("_kernel", w.kernel, w.threads, w.group_size)] + [
+            (f"_then{k}", kernel, threads, group)
+            for k, (kernel, threads, group) in enumerate(w.then)]
+        for k, ((name, kernel, threads, group), run) in enumerate(zip(launches, runs)):
+            env[name] = kernel
+            if run is not None:                 # the backend's plan of this launch
+                env[f"_run{k}"] = run
+                lines.append(f"    _run{k}({call})")
+            else:
+                lines.append(f"    {name}({call}, threads={threads}, group_size={group}, "
+                             f"arg_casts=_casts)")
+            call = "*args"
         if w.errors is not None and not w.errors.deferred:     # deferred: nothing read
             env["_check"] = w.errors.check
             lines.append("    _check(err)")
@@ -135,13 +155,45 @@ def record(call: CheckedCall, launch: Optional[Launch], tuning: tuple[Any, Any],
     outputs are empty) for later calls with the same key; the outputs numbered in `given` are
     the caller's (`replay(values, outs)`), the others allocated."""
     allocate = tuple((tuple(o.shape), o.dtype, o.device) for o in call.outputs)
+    like = allocated_like(call)
     if launch is None:
-        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given)
+        return Warm(None, 0, 0, None, None, allocate, tuning, _NONE, given=given, like=like)
     kernels = call.spec.library(call.index64, call.backend).kernels
     host = launch.host_name
+    runs = tuple(planned(kernel, launch.args, threads, group, launch.arg_casts)
+                 for kernel, threads, group in
+                 [(launch.kernel, launch.threads, launch.group_size), *launch.then])
     return Warm(launch.kernel, launch.threads, launch.group_size, launch.arg_casts,
                 launch.binder, allocate, tuning, (kernels, host, kernels[host]), launch.errors,
-                launch.then, given)
+                launch.then, given, runs, like)
+
+
+def allocated_like(call: CheckedCall) -> tuple[Optional[tuple[int, bool]], ...]:
+    """Per output of `call`: (position, True) of a tensor argument (a torch.Tensor itself) with
+    its shape, dtype, device and strides (its fresh, contiguous ones), else (position, False)
+    of one with its dtype and device, else None. A later call with the same warm key has that
+    argument alike, so `empty_like` / `new_empty` of it makes the same output."""
+    tensors = [(i, call.values.get(p.name)) for i, p in enumerate(call.spec.graph.params)]
+    inputs = [(i, t) for i, t in tensors if type(t) is torch.Tensor]
+
+    def like(o: torch.Tensor) -> Optional[tuple[int, bool]]:
+        alike = [(i, t) for i, t in inputs if t.dtype == o.dtype and t.device == o.device]
+        same = [i for i, t in alike if t.shape == o.shape and t.stride() == o.stride()]
+        return (same[0], True) if same else (alike[0][0], False) if alike else None
+    return tuple(like(o) for o in call.outputs)
+
+
+def planned(kernel: Any, args: tuple[Any, ...], threads: int, group: int,
+            casts: Optional[dict[int, str]]) -> Optional[Callable[..., None]]:
+    """The backend's launch of a kernel call with these arguments, as a function of the next
+    call's arguments alone (`CudaFunction.planned`: the checks and plan lookup its own call
+    makes, done once), or None where the backend has none. A replay passes the same kinds of
+    arguments as `args` (tensors of the dtypes and devices the warm key holds, outputs made
+    alike, scalars of the key's types), so the plan made for `args` is the one each call's
+    own lookup would find."""
+    plan = getattr(kernel, "planned", None)
+    return None if plan is None else plan(*args, threads=threads, group_size=group,
+                                          arg_casts=casts)
 
 
 def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:

@@ -76,23 +76,58 @@ class IndexErrors:
                 f"{verb} nothing there){when}")
 
     def buffer(self, device: Optional[torch.device]) -> torch.Tensor:
-        """The report a call binds: a fresh zeroed one (checked), else the persistent one."""
+        """The report a call binds: a zeroed one of its own (checked: `CLEAN`), else the
+        persistent one."""
         if self.deferred or _capturing(device):
             return DEFERRED.bind(self, device)
-        if device is not None and device.type == "cuda":
+        if device is not None and device.type == "cuda" and not DEFERRED.has(self, device):
             DEFERRED.bind(self, device, arm=False)     # ready before any graph capture
-        return torch.zeros(4, dtype=torch.int32, device=device)
+        return CLEAN.take(device)
 
     def check(self, buffer: torch.Tensor) -> None:
         """After a checked launch: raise GatherIndexError if the kernel reported one, else
-        report any deferred error (the call waited for the GPU anyway). Deferred calls, and
-        calls while a CUDA graph is being captured, read nothing."""
+        give the report back still zeroed (`CLEAN`) and report any deferred error (the call
+        waited for the GPU anyway). Deferred calls, and calls while a CUDA graph is being
+        captured, read nothing."""
         if self.deferred or _capturing(buffer.device):
             return
-        report = tuple(int(v) for v in buffer.cpu())
+        report = tuple(buffer.tolist())            # one copy to the host: waits for the kernel
         if report[0]:
             raise GatherIndexError(self.message(report))
+        if not any(report):                        # else not zeroed: dropped
+            CLEAN.give(buffer)
         DEFERRED.check()
+
+
+class CleanReports:
+    """Zeroed reports for checked calls, by device, so that a call does not zero one (a fill
+    kernel) each time: a kernel writes its report only for an index out of range, so a report
+    read back as zeros (after the kernel, `IndexErrors.check`) is still zeroed and goes back
+    here; one that held an error is dropped. `list.pop` and `list.append` are atomic, so a
+    report belongs to one call at a time; at most `keep` a device are kept."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._free: dict[Optional[torch.device], list[torch.Tensor]] = {}
+
+    def take(self, device: Optional[torch.device]) -> torch.Tensor:
+        try:
+            return self._free[device].pop()
+        except (KeyError, IndexError):
+            return torch.zeros(4, dtype=torch.int32, device=device)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        free = self._free.get(buffer.device)
+        if free is None:
+            free = self._free.setdefault(buffer.device, [])
+        if len(free) < self.keep:
+            free.append(buffer)
+
+    def clear(self) -> None:
+        self._free.clear()
+
+
+CLEAN = CleanReports()
 
 
 class DeferredReports:
@@ -124,6 +159,11 @@ class DeferredReports:
                 self._armed[key] = self._armed.get(key, False) or capturing
         return buf
 
+    def has(self, errors: IndexErrors, device: torch.device) -> bool:
+        """Whether the persistent report of `errors` on `device` exists (read without the
+        lock: reports are only added, or all dropped by `clear`)."""
+        return (errors, str(device)) in self._reports
+
     def pending(self) -> int:
         """How many reports will be read at the next synchronisation point."""
         with self._lock:
@@ -137,7 +177,7 @@ class DeferredReports:
             armed = list(self._armed.items())
         for key, captured in armed:
             buf = self._reports[key]
-            report = tuple(int(v) for v in buf.cpu())
+            report = tuple(buf.tolist())
             with self._lock:
                 if report[0]:
                     buf.zero_()
@@ -153,6 +193,7 @@ class DeferredReports:
         with self._lock:
             self._reports.clear()
             self._armed.clear()
+        CLEAN.clear()
 
 
 DEFERRED = DeferredReports()

@@ -46,7 +46,10 @@ class FakeDriver:
     """cuLaunchKernel that records each launch: function, blocks, group, stream and the bytes
     of each slot of the parameter buffer (read through the kernelParams array it is given)."""
 
-    def __init__(self, sizes=None, pause=0.0):
+    def __init__(self, sizes=None, pause=0.0, ex=False):
+        self.ex = ex                        # also cuLaunchKernelEx (the plans use it)
+        self.results = []                   # what the next launches return (then 0)
+        self.made_current = []              # devices whose context a launch made current
         self.launches = []
         self.pause = pause
         self.lock = threading.Lock()
@@ -63,10 +66,18 @@ class FakeDriver:
             self.launches.append(dict(func=func.value, blocks=(bx, by, bz), group=(gx, gy, gz),
                                       stream=stream.value, raw=raw, offsets=offsets,
                                       thread=threading.current_thread().name))
-        return 0
+            return self.results.pop(0) if self.results else 0
+
+    def launch_ex(self, config, func, params, extra):
+        """cuLaunchKernelEx: the launch configuration read back from the buffer's start."""
+        raw = ctypes.string_at(ctypes.addressof(config), C.CONFIG_SIZE)
+        *dims, shared, stream, attrs = struct.unpack(C.CONFIG, raw)
+        assert raw[40:48] == bytes(8) and attrs == 0           # attrs NULL, numAttrs 0
+        return self.launch(func, *dims, shared, ctypes.c_void_p(stream), params, extra)
 
     def driver(self):
-        return C.Driver(self.launch, lambda device: 0x5000 + device, self.check)
+        return C.Driver(self.launch, lambda device: 0x5000 + device, self.check,
+                        self.made_current.append, self.launch_ex if self.ex else None)
 
     @staticmethod
     def check(res, what):
@@ -318,11 +329,12 @@ kernel void axpy(device float* y [[buffer(0)]], device const float* x [[buffer(1
 }"""
 
 
-@pytest.fixture
-def fake(monkeypatch):
+@pytest.fixture(params=[False, True], ids=["cuLaunchKernel", "cuLaunchKernelEx"])
+def fake(monkeypatch, request):
     """A fake driver behind every metalforge.cuda kernel (compiled: a made-up handle, 1024
-    threads a group), with device 0 current."""
-    f = FakeDriver()
+    threads a group), with device 0 current; the plans launch through cuLaunchKernel, or
+    through cuLaunchKernelEx where the driver has it."""
+    f = FakeDriver(ex=request.param)
     monkeypatch.setattr(library, "driver", f.driver)
     monkeypatch.setattr(library.CudaFunction, "_compiled",
                         lambda self, dev, one_d: compiled(dev, one_d))
@@ -505,3 +517,21 @@ def test_a_kernel_keeps_at_most_its_plan_cache_size(fake):
       arg_casts=GOOD["arg_casts"])                        # the newest is still there
     assert len(k._plans) == library.PLANS_PER_KERNEL
     assert fake.launches[-1]["blocks"] == (library.PLANS_PER_KERNEL + 10, 1, 1)
+
+
+def test_a_thread_without_a_context_gets_one_and_launches_again(fake):
+    """CUDA_ERROR_INVALID_CONTEXT (a thread that made no CUDA call yet): the device's context
+    is made current and the same buffer launched again; another error raises, naming the
+    kernel."""
+    k = axpy()
+    fake.results = [C.INVALID_CONTEXT]
+    k(*good_args(a=3.0), **GOOD)
+    assert fake.made_current == [0]
+    first, again = fake.launches
+    assert first["raw"] == again["raw"] and again["stream"] == 0x5000
+    assert fake.slot(again, 2, 4) == struct.pack("<f", 3.0)
+    fake.results = [700]
+    with pytest.raises(AssertionError, match="launching kernel 'axpy': 700"):
+        k(*good_args(), **GOOD)
+    k(*good_args(a=4.0), **GOOD)                          # and the next call launches
+    assert fake.slot(fake.launches[-1], 2, 4) == struct.pack("<f", 4.0)
