@@ -48,6 +48,10 @@ class LaunchPolicy:
                                        # first inputs kept in threadgroup memory, not registers
                                        # (the `staged` kernel); None: per call, where the backend
                                        # says twice the threadgroups then share a core (cuda)
+    keep_narrow: bool = False          # row reductions: a reduction's argument computed by
+                                       # plain arithmetic from 2-byte inputs (softmax(x / t)'s
+                                       # x / t) kept in fp32 registers for the later phases;
+                                       # False: recomputed there from the inputs' registers
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     split_grid: int = 0                # quantized matvec: the k_splits kernel (qmv_split) runs
@@ -310,7 +314,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                     "index64", "index_check"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
-            "index64", "index_check"),
+            "index64", "index_check", "keep_narrow"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
@@ -353,7 +357,7 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
 _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
-    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None),
+    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("keep_narrow", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

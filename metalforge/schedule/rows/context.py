@@ -10,7 +10,7 @@ from typing import AbstractSet, Iterable, Mapping
 
 from ... import ir
 from ...errors import UnsupportedConstruct, at
-from ...graph import Graph, Node, Op, topo_order
+from ...graph import BinaryOp, Graph, Node, Op, UnaryOp, topo_order
 from .. import reduce
 from ..base import IDX
 from ..hardware import MAX_THREADGROUP_BYTES
@@ -185,9 +185,41 @@ def kept_values(ctx: reduce.ReductionContext, reds: list[reduce.Reduction]) -> d
         a = r.arg
         if not ctx.elem(a) or a.op == Op.LOAD or a in keep:
             continue
+        if not ctx.policy.keep_narrow and narrow_arithmetic(ctx, a, set(keep)):
+            continue
         if any(n is not a and a in element_nodes(ctx, [n]) for n in later):
             keep[a] = f"mf_keep{r.i}"
     return keep | carried(ctx, reds, keep)
+
+
+# the element operations a later phase recomputes rather than hold their fp32 result
+_PLAIN_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS})
+_PLAIN_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV,
+                           BinaryOp.MAXIMUM, BinaryOp.MINIMUM})
+
+
+def narrow_arithmetic(ctx: reduce.ReductionContext, a: Node, stop: AbstractSet[Node]) -> bool:
+    """Whether `a` is plain arithmetic (+ - * /, min, max, neg, abs, casts) on inputs of
+    2-byte types and on values without the row's axis (softmax(x / t)'s x / t): held from the
+    phase that computes it, its fp32 block takes twice the registers of the inputs it is
+    computed from, which the register variants hold anyway; a later phase recomputes it
+    from them instead (launch option keep_narrow=False, the default). On the cuda backend
+    the kept block of f16 x / t spilled at 32 registers a thread, so the row of 16384 ran
+    one group of 1024 threads a core where softmax(x) runs two (40% of copy_ at 2048x16384,
+    issue #54)."""
+    narrow = False
+    for n in element_nodes(ctx, [a], stop):
+        if n in stop:
+            return False                 # built on a value held already: keep as before
+        if n.op == Op.LOAD:
+            if ctx.graph.tensor(n.attr).dtype.itemsize >= 4:
+                return False
+            narrow = True
+        elif n.op == Op.UNARY and n.attr not in _PLAIN_UNARY or \
+                n.op == Op.BINARY and n.attr not in _PLAIN_BINARY or \
+                n.op not in (Op.LOAD, Op.UNARY, Op.BINARY, Op.CAST, Op.SCALAR, Op.CONST):
+            return False
+    return narrow
 
 
 def carried(ctx: reduce.ReductionContext, reds: list[reduce.Reduction], keep: dict[Node, str]
