@@ -284,6 +284,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 # core either way) 54.8 -> 58.7, add_rms_norm 4096x8192 (two groups of 512 -> three) 97.9 ->
 # 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
 # no Mac has timed it.
+# cuda, rows: few long rows split over threadgroups (rows/split.py) where the looped kernel
+# would run fewer than 256 of them (two groups of 1024 threads on each of an H100's or H200's
+# 132 cores): 64 rows of 65536 ran in 64 threadgroups, f16 softmax 0.85x and log_softmax
+# 0.63x torch eager (H200, 2026-11-28, bench/README.md); untimed split (fill_groups=0: as
+# before). The Metal table keeps it off (untimed on Apple GPUs).
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
 # simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
@@ -304,7 +309,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
                                   uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None},
+    "cuda": {"attention": {"matrix_rows": 0}, "row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2},
              "elementwise": {"small_grid": 1 << 21}},
@@ -314,7 +319,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                     "index64", "index_check"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
-            "index64", "index_check", "keep_narrow"),
+            "index64", "index_check", "keep_narrow", "fill_groups"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check"),
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
