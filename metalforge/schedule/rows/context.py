@@ -199,27 +199,26 @@ _PLAIN_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DI
 
 
 def narrow_arithmetic(ctx: reduce.ReductionContext, a: Node, stop: AbstractSet[Node]) -> bool:
-    """Whether `a` is plain arithmetic (+ - * /, min, max, neg, abs, casts) on inputs of
-    2-byte types and on values without the row's axis (softmax(x / t)'s x / t): held from the
-    phase that computes it, its fp32 block takes twice the registers of the inputs it is
-    computed from, which the register variants hold anyway; a later phase recomputes it
-    from them instead (launch option keep_narrow=False, the default). On the cuda backend
-    the kept block of f16 x / t spilled at 32 registers a thread, so the row of 16384 ran
-    one group of 1024 threads a core where softmax(x) runs two (40% of copy_ at 2048x16384,
-    issue #54)."""
-    narrow = False
+    """Whether `a` is plain arithmetic (+ - * /, min, max, neg, abs, casts) on inputs and on
+    values without the row's axis whose element blocks hold fewer bytes together than its own
+    fp32 block (softmax(x / t)'s x / t on 2-byte x; not h = x + r on two): the register
+    variants hold the inputs anyway, and a later phase recomputes `a` from them instead of
+    holding it (launch option keep_narrow=False, the default). On the cuda backend the kept
+    block of f16 x / t spilled at 32 registers a thread (48 without the cap), so the row of
+    16384 ran one group of 1024 threads a core where softmax(x) runs two (40% of copy_ at
+    2048x16384, issue #54)."""
+    loaded: set[str] = set()
     for n in element_nodes(ctx, [a], stop):
         if n in stop:
             return False                 # built on a value held already: keep as before
         if n.op == Op.LOAD:
-            if ctx.graph.tensor(n.attr).dtype.itemsize >= 4:
-                return False
-            narrow = True
+            loaded.add(n.attr)
         elif n.op == Op.UNARY and n.attr not in _PLAIN_UNARY or \
                 n.op == Op.BINARY and n.attr not in _PLAIN_BINARY or \
-                n.op not in (Op.LOAD, Op.UNARY, Op.BINARY, Op.CAST, Op.SCALAR, Op.CONST):
+                n.op not in (Op.UNARY, Op.BINARY, Op.CAST, Op.SCALAR, Op.CONST):
             return False
-    return narrow
+    held = sum(ctx.graph.tensor(t).dtype.itemsize for t in loaded)
+    return 0 < held < 4
 
 
 def carried(ctx: reduce.ReductionContext, reds: list[reduce.Reduction], keep: dict[Node, str]

@@ -3,7 +3,7 @@ which picks a variant per call (see the package docstring)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from ... import ir
 from ...errors import LaunchError
@@ -208,6 +208,16 @@ class RowSchedule(Schedule):
         chunks = -(-sizes[self.axis] // chunk)
         want = min(-(-p.fill_groups // max(1, self._rows(sizes))), chunks)
         return 1 if want <= 1 else -(-chunks // -(-chunks // want))
+
+    def selecting(self, host: str) -> list[dict[str, Any]]:
+        """Sizes that run the looped kernel where few rows would split (`check`): rows enough
+        to fill the groups (a batch axis by its leading shape), the shortest looped row."""
+        if not self.slots or host != self.variants["looped"].host_name:
+            return []
+        axis = self.rows[0]
+        batch = any(d.batch for t in self.graph.tensors for d in t.dims if d.name == axis)
+        n = self.policy.fill_groups
+        return [{axis: (n,) if batch else n, self.axis: self.group_limit + 1}]
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
         """One launch, or for split rows two: the slices' partials, then their merge and the

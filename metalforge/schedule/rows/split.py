@@ -37,9 +37,11 @@ def one_pass(ctx: RowContext) -> list[reduce.Reduction]:
 
 
 def splittable(ctx: RowContext) -> bool:
-    """Whether the split kernels are built: one pass over the row folds every reduction, and
-    no gather reads along the row."""
-    return max(r.phase for r in one_pass(ctx)) == 0 and not row_gathers(ctx)
+    """Whether the split kernels are built: rows along some axis (a single row would always
+    split: the looped kernel then never runs), one pass over the row folds every reduction,
+    and no gather reads along the row."""
+    return bool(ctx.outer) and max(r.phase for r in one_pass(ctx)) == 0 and \
+        not row_gathers(ctx)
 
 
 def slots(reds: list[reduce.Reduction]) -> list[tuple[str, str]]:
