@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import metalforge as mf
 from metalforge import runtime
@@ -85,12 +86,20 @@ def test_split_rows_slices_scratch_and_traffic():
     assert s.slices({"R": 2, "D": 2048}) == 1            # not the looped kernel's rows
 
 
-def test_two_pass_reductions_are_not_split():
-    x = torch.randn(2, 9000)
+def test_two_phase_rows_split_one_launch_per_phase():
+    """layer_norm's mean, then the variance around it: a launch per phase (the second merges
+    the first's partials), then the finish; against torch."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 9000, generator=g) * 3 + 100.0       # a mean far from 0
     k = layer_norm.with_launch(**SPLIT)
+    assert hosts(k, x) == ["layer_norm_f32_split", "layer_norm_f32_split_2",
+                           "layer_norm_f32_finish"]
+    xd = x.double()
+    torch.testing.assert_close(k(x), F.layer_norm(xd, (9000,), eps=1e-5).float(),
+                               rtol=1e-4, atol=1e-4)
     s = runtime.schedule_of(layer_norm.graph(x), {"x": x}, launch=k.launch)
-    assert [st.host_name for st in s.steps({"R": 2, "D": 9000})] == ["layer_norm_f32_looped"]
-    assert "_split" not in k.source(x)
+    sizes = {"R": 2, "D": 9000}
+    assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
 
 
 def test_fill_groups_is_checked():

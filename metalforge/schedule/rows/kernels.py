@@ -17,7 +17,7 @@ from .context import RowContext, RowKernel, row_context, row_kernel
 from .phases import epilogue, section
 from .place import group_header, header, parts
 from .plan import SLICES, SPLIT, VARIANTS, RowSchedule, vector_width_for
-from .split import SCRATCH, one_pass, slots, splittable
+from .split import SCRATCH, one_pass
 
 Built = tuple[ir.LoweredKernel, reduce.VariantParts]
 __all__ = ["KERNELS", "build", "group_header"]     # group_header: the scan kernels' too
@@ -53,7 +53,8 @@ def looped(ctx: RowContext) -> Built:
 
 KERNELS: dict[str, Callable[[RowContext], Built]] = {
     "simd": simd, "simd_exact": simd_exact, "group": group, "staged": staged, "looped": looped,
-    "split": split.split, "finish": split.finish}
+    "split": split.pass_kernel(0), "split_2": split.pass_kernel(1),
+    "split_3": split.pass_kernel(2), "finish": split.finish}
 
 
 def kernel(k: RowKernel) -> Built:
@@ -127,19 +128,18 @@ def summary(k: RowKernel, reds: list[reduce.Reduction]) -> str:
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
     """The row schedule of `graph`: every variant's kernel (the staged one where its split
     stages something; the split and finish kernels where fill_groups asks for them and the
-    graph is `splittable`), one parameter list and helper set."""
+    graph allows them, `split.passes`), one parameter list and helper set."""
     ctx = row_context(graph, policy, index64)
     names = tuple(v for v in VARIANTS if v != "staged" or ctx.stage_plan)
-    sliced = bool(policy.fill_groups) and splittable(ctx)
+    sliced = split.passes(ctx) if policy.fill_groups else ()
     if sliced:
         ctx.loaded_gathers.update({v: set() for v in SPLIT})
-        names += SPLIT
+        names += sliced
     kernels, passes, tg = reduce.build_variants(ctx, names, lambda name: KERNELS[name](ctx))
     if sliced:
         kernels = with_scratch(kernels)
-        done = passes.pop("finish")         # the split variant's count: both launches
-        passes["split"] = {t: passes["split"].get(t, 0) + done.get(t, 0)
-                           for t in {**passes["split"], **done}}
+        done = [passes.pop(v) for v in sliced]    # the split variant's count: every launch
+        passes["split"] = {t: sum(d.get(t, 0) for d in done) for d in done for t in d}
     # the widest access any variant makes: the alignment the launcher checks inputs for
     vw = max(vector_width_for(policy, name, set(ctx.itemsizes)) for name in VARIANTS)
     sites = range(len(take_sites(graph)))
@@ -154,7 +154,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
         # (a gather of one value per row is a load in every variant)
         held_gathers={v: tuple(j for j in sites if j not in ctx.loaded_gathers[v]
                                and j not in per_row) for v in names},
-        slots=len(slots(one_pass(ctx))) if sliced else 0)
+        slots=sum(n for _, n in split.layout(one_pass(ctx)).values()) if sliced else 0)
 
 
 def with_scratch(kernels: dict[str, ir.LoweredKernel]) -> dict[str, ir.LoweredKernel]:

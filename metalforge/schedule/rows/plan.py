@@ -18,13 +18,16 @@ UINT_LIMIT = 2 ** 32
 READS = {"simd": "simd_reads_per_thread", "simd_exact": "simd_reads_per_thread",
          "group": "reads_per_thread", "staged": "reads_per_thread",
          "looped": "looped_reads_per_thread", "split": "looped_reads_per_thread",
+         "split_2": "looped_reads_per_thread", "split_3": "looped_reads_per_thread",
          "finish": "looped_reads_per_thread"}
 LANES = ("simd", "simd_exact")     # the variants whose rows share a simdgroup
 HELD = ("group", "staged")         # the variants holding a row of a threadgroup in registers
 WHOLE = ("simd_exact", "staged")   # the variants taking only rows of whole blocks
 # few long rows (`RowSchedule.slices`): each row's chunks split over several threadgroups,
-# their partial results through scratch (`split`), merged by each of them again (`finish`)
-SPLIT = ("split", "finish")
+# their partial results through scratch (`split`, one launch per phase of the reductions, at
+# most three), merged by each of them again (the later phases, `finish`)
+SPLIT_PASSES = ("split", "split_2", "split_3")
+SPLIT = SPLIT_PASSES + ("finish",)
 STREAMED = ("looped",) + SPLIT     # the kernels streaming the row in chunks per phase
 SLICES = "row_slices"              # the launch value: threadgroups a row is split over
 
@@ -220,15 +223,16 @@ class RowSchedule(Schedule):
         return [{axis: (n,) if batch else n, self.axis: self.group_limit + 1}]
 
     def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
-        """One launch, or for split rows two: the slices' partials, then their merge and the
-        outputs (`slices`)."""
+        """One launch, or for split rows one per phase (the slices' partials) and one more
+        (their merge and the outputs; `slices`)."""
         n = self.slices(sizes)
         if n == 1:
             return super().steps(sizes)
         self.host_name(sizes)                  # its checks
         tpg = self.policy.threads_per_group
         threads = self._rows(sizes) * n * tpg
-        return tuple(Step(self.variants[v].host_name, threads, tpg) for v in SPLIT)
+        return tuple(Step(self.variants[v].host_name, threads, tpg) for v in SPLIT
+                     if v in self.variants)
 
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         n = self.slices(sizes)
