@@ -102,6 +102,26 @@ def test_two_phase_rows_split_one_launch_per_phase():
     assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
 
 
+@mf.kernel
+def batched(x: "T[*B, D]"):
+    return mf.softmax(x, axis="D")
+
+
+def test_check_pins_rows_enough_for_the_looped_kernel():
+    """With split kernels built, few rows never reach the looped kernel: `check` runs it at
+    fill_groups rows (a batch axis by its leading shape) and the shortest looped row."""
+    x = torch.randn(2, 100)
+    for kernel, rows in ((stats, 8), (batched, (8,))):
+        args = (x, x[0]) if kernel is stats else (x,)
+        k = kernel.with_launch(**SPLIT)
+        g = kernel.graph(*args)
+        s = runtime.schedule_of(g, {p.name: a for p, a in zip(g.params, args)},
+                                launch=k.launch)
+        axis = s.rows[0]
+        assert s.selecting(s.variants["looped"].host_name) == [{axis: rows, "D": 2049}]
+        assert s.selecting(s.variants["split"].host_name) == []
+
+
 def test_fill_groups_is_checked():
     x = torch.randn(2, 100)
     with pytest.raises(LaunchError, match="fill_groups"):
