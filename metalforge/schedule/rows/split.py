@@ -1,7 +1,8 @@
 """Few long rows split over several threadgroups (`RowSchedule.slices`): 64 rows of 65536 run
 the looped kernel in 64 threadgroups, half of an H200's 132 cores idle. Where the rows are
 fewer than the policy's fill_groups, each row's chunks (threads_per_group x R elements) are
-split into mf_slices slices of whole chunks, one threadgroup each, in two launches:
+split into mf_slices slices of whole chunks, one threadgroup each, in a launch per phase and
+one more:
 
 - ``split`` (and ``split_2``, ``split_3`` for the later phases of layer_norm-like graphs: the
   mean, then the variance around it): the slice's pass over its chunks (the looped kernel's
