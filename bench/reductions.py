@@ -4,11 +4,17 @@
     python bench/reductions.py --device cuda --dtype f16 f32 --sizes 16384x4096 2048x16384
     python bench/reductions.py --device cuda --ops softmax --launch reads_per_thread=8
     python bench/reductions.py --device cuda --ops column_sum --column-merge both
+    python bench/reductions.py --device cuda --ops softmax_t --launch keep_narrow=1   # as before
+    python bench/reductions.py --device cuda --sizes 64x65536 --launch fill_groups=0  # unsplit
 
 --column-merge says how a column reduction whose reduced axis is split into chunks merges
 them: `combine` (default: a second launch), `one` (launch={"one_launch": True}: the last
 threadgroup of each column block merges them in the same launch; rows named NAME/1L) or
 `both` (each column op twice, side by side).
+
+Row ops: rms_norm, layer_norm, softmax, softmax_t (a temperature: softmax(x / t)),
+softmax_scale (softmax(x * s)), log_softmax, logsumexp, add_rms_norm (two outputs),
+row_argmax; column ops: column_sum, column_mean, column_max, column_min, column_argmax.
 
 Bytes are the schedule's own count for the variant each size launches (register variants read
 each input once; the looped variant once per pass; each output is written once), so GB/s is
@@ -45,6 +51,16 @@ from metalforge import runtime  # noqa: E402
 
 
 @mf.kernel
+def softmax_t(x: "T[R, D]", t: float = 1.0):  # noqa: F821
+    return mf.softmax(x / t, axis="D")
+
+
+@mf.kernel
+def softmax_scale(x: "T[R, D]", s: float = 1.0):  # noqa: F821
+    return mf.softmax(x * s, axis="D")
+
+
+@mf.kernel
 def column_max(x: "T[R, D]"):  # noqa: F821
     return mf.max(x, axis="R")
 
@@ -71,6 +87,8 @@ def cases(rows: int, cols: int, dtype, device):
     yield "rms_norm", rms_norm, (x, w), lambda: F.rms_norm(x, (cols,), w, eps=1e-6)
     yield "layer_norm", layer_norm, (x, w, b), lambda: F.layer_norm(x, (cols,), w, b)
     yield "softmax", softmax, (x,), lambda: torch.softmax(x, dim=-1)
+    yield "softmax_t", softmax_t, (x, 0.7), lambda: torch.softmax(x / 0.7, dim=-1)
+    yield "softmax_scale", softmax_scale, (x, 0.125), lambda: torch.softmax(x * 0.125, dim=-1)
     yield "log_softmax", log_softmax, (x,), lambda: torch.log_softmax(x, dim=-1)
     yield "logsumexp", logsumexp, (x,), lambda: torch.logsumexp(x, dim=-1)
 

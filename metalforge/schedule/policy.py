@@ -48,6 +48,10 @@ class LaunchPolicy:
                                        # first inputs kept in threadgroup memory, not registers
                                        # (the `staged` kernel); None: per call, where the backend
                                        # says twice the threadgroups then share a core (cuda)
+    keep_narrow: bool = False          # row reductions: a reduction's argument computed by
+                                       # plain arithmetic from 2-byte inputs (softmax(x / t)'s
+                                       # x / t) kept in fp32 registers for the later phases;
+                                       # False: recomputed there from the inputs' registers
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     split_grid: int = 0                # quantized matvec: the k_splits kernel (qmv_split) runs
@@ -315,6 +319,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 # core either way) 54.8 -> 58.7, add_rms_norm 4096x8192 (two groups of 512 -> three) 97.9 ->
 # 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
 # no Mac has timed it.
+# cuda, rows: few long rows split over threadgroups (rows/split.py) where the looped kernel
+# would run fewer than 256 of them (two groups of 1024 threads on each of an H100's or H200's
+# 132 cores): 64 rows of 65536 ran in 64 threadgroups, f16 softmax 0.85x and log_softmax
+# 0.63x torch eager (H200, 2026-11-28, bench/README.md); untimed split (fill_groups=0: as
+# before). The Metal table keeps it off (untimed on Apple GPUs).
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
 # simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
@@ -329,35 +338,35 @@ POLICIES: dict[str, LaunchPolicy] = {
 # tiles of 64 rows of x x 64 weight rows (each row of x read N / 64 times, each weight M / 64
 # times, from L2), one team in the Metal table; the cuda backend splits K over 4 teams (M = 64:
 # one tile of rows of x, 64 tiles at N = 4096 for 132 SMs: 16 simdgroups each instead of 4).
-# Untimed (no GPU in the session that wrote it): bench/quant.py --matmul prints the rows to
-# choose from (tiles x splits x lowering)
+# cuda: 64 x 32 tiles, 4 teams. H200, 2026-11-29, f16 4-bit 4096x4096, us (bench/quant.py
+# --matmul), M = 64 / 128 / 256: 64x32 1 team 126 / 156 / 247, 4 teams 83 / 134 / 262; 64x64
+# 1 team 229 / 226 / 264, 4 teams 133 / 135 / 238; 128x128 1 team 1214 / 1267 / 1265; the
+# fp32 kernel (qmm_fp32) 110 / 219 / 428; F.linear on the f16 weight 8.4 / 14.4 / 14.8
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
 POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
 # contractions (schedule/matmul/): a threadgroup per tile x tile outputs, 4 simdgroups of
 # (tile / 2)^2 outputs each, 32 values of K a step (schedule/matrix/; untimed on Apple GPUs)
-# cuda, matmul: 128 x 128 tiles of 64 x 64 a simdgroup (the shim's ldmatrix path reads each
-# operand fragment once for 4 x 4 fragments of products), staged rows padded to 48 bytes (no
-# bank conflicts), the next step's tiles read into registers during the products, bands of 8
-# rows of tiles: chosen from the generated code and the shim, untimed (bench/matmul.py prints
-# the table's 64 x 64 unpadded kernel beside it)
+# cuda, matmul: the table's 64 x 64 unpadded tiles. H200, 2026-11-29, f16 4096^3, TFLOP/s
+# (bench/matmul.py --configs): tile 64 61.4; tile 128 with staged rows padded to 48 bytes, the
+# next step read ahead and bands of 8 rows of tiles 11.7; the same without the read-ahead
+# 18.5; tile 128 with 8 simdgroups 33.8; tile 64 padded, read ahead 19.7 (bench/README.md)
 POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=1,
                                   uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"row": {"stage_rows": None},
+    "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
-                       "paired_rows": 2, "qmm_splits": 4},
-             "elementwise": {"small_grid": 1 << 21},
-             "matmul": {"tile": 128, "stage_pad": 8, "prefetch": True, "tile_groups": 8}},
+                       "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32},
+             "elementwise": {"small_grid": 1 << 21}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
                     "index64", "index_check"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
-            "index64", "index_check"),
+            "index64", "index_check", "keep_narrow", "fill_groups"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check",
                "one_launch"),
@@ -404,7 +413,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("kv_prefetch", None),
-    ("one_launch", None), ("qmm_fp32", None), ("qmm_prefetch", None),
+    ("one_launch", None), ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

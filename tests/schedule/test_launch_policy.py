@@ -224,4 +224,5 @@ def test_backend_policies_are_valid_options_of_their_families():
             assert policy.backend_launch(backend, family) == options
     assert policy.backend_launch("sim", "row") is None
     assert policy.backend_launch("cuda", "column") is None
-    assert policy.backend_launch("cuda", "row") == {"stage_rows": None}   # per call
+    assert policy.backend_launch("cuda", "row") == {"stage_rows": None,    # per call
+                                                    "fill_groups": 256}   # few rows split

@@ -11,7 +11,6 @@ import torch
 import metalforge as mf
 from metalforge.cuda.translate import translate
 from metalforge.errors import LaunchError
-from metalforge.schedule.policy import backend_launch
 from metalforge.testing import check
 
 from ..cuda_host import assert_host_syntax
@@ -52,12 +51,11 @@ def test_check_covers_padded_prefetched_tiles_of_simdgroup_matrices():
           max_examples=2, dims={"M": (1, 40), "N": (1, 40)})
 
 
-def test_the_cuda_tables_kernel_and_its_shim_translation(tmp_path):
-    """The cuda backend's table: strided threadgroup tensors over 48-byte rows, 16-byte
-    threadgroup stores, registers read a step ahead, capacity loops marked for unrolling;
-    the translation passes the shim's host syntax check."""
-    opts = backend_launch("cuda", "matmul")
-    assert opts is not None and opts["stage_pad"] == 8 and opts["prefetch"]
+def test_the_padded_read_ahead_kernel_and_its_shim_translation(tmp_path):
+    """tile 128, stage_pad 8, prefetch, tile_groups 8: strided threadgroup tensors over 48-byte
+    rows, 16-byte threadgroup stores, registers read a step ahead, capacity loops marked for
+    unrolling; the translation passes the shim's host syntax check."""
+    opts = dict(tile=128, stage_pad=8, prefetch=True, tile_groups=8)
     src = linear.with_launch(target="cuda", **opts).source(T="f16")
     for part in ("array<int32_t, 2>({1, 24})", "*reinterpret_cast<threadgroup mf_pack8<half>*>",
                  "mf_pack8<T> mf_pa[4];", '_Pragma("unroll") for (int mf_c', "mf_band_rows",

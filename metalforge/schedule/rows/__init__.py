@@ -37,6 +37,12 @@ row length D (`RowSchedule.variant`), so sizes never recompile:
   once per phase; a max followed by sum(exp(a - max)) is fused into one online pass, a
   thread's chunk folded at once where it lies wholly in the row (`mf_online_add_chunk`).
 
+- ``split`` / ``split_2`` / ``split_3`` and ``finish`` (few long rows, where fill_groups asks:
+  `RowSchedule.slices`, module `split`): the looped kernel's rows cut into slices of whole
+  chunks, one threadgroup each, a launch per phase writing each slice's partial results to
+  scratch (after merging the earlier phases'), then one merging them all, in slice order, in
+  every threadgroup of the row and storing its slice's outputs.
+
 R is the variant's reads per thread (`reads_for`: the group variant's `reads_per_thread` counts
 4-byte elements, narrower types hold as many bytes, so f16 rows get twice as many elements per
 thread, up to MAX_READS_PER_THREAD); a vector access moves up to
@@ -64,7 +70,8 @@ frozen per-call `RowContext`: what is kept in registers, stored early, staged; a
 `RowKernel` per variant, a `Section` per pass), `loads` (register blocks, wide loads and stores
 with guarded tails, threadgroup staging), `gathers` (mf.take in rows: own slots, shuffles,
 loads), `combine` (across the row's lanes or simdgroups), `phases` (a pass over the row, the
-epilogue) and `kernels` (one function per variant, `build`).
+epilogue), `place` (where a kernel's thread is), `split` (the split rows' kernels) and
+`kernels` (one function per variant, `build`).
 """
 from __future__ import annotations
 

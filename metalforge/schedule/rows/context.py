@@ -10,7 +10,7 @@ from typing import AbstractSet, Iterable, Mapping
 
 from ... import ir
 from ...errors import UnsupportedConstruct, at
-from ...graph import Graph, Node, Op, topo_order
+from ...graph import BinaryOp, Graph, Node, Op, UnaryOp, topo_order
 from .. import reduce
 from ..base import IDX
 from ..hardware import MAX_THREADGROUP_BYTES
@@ -185,9 +185,40 @@ def kept_values(ctx: reduce.ReductionContext, reds: list[reduce.Reduction]) -> d
         a = r.arg
         if not ctx.elem(a) or a.op == Op.LOAD or a in keep:
             continue
+        if not ctx.policy.keep_narrow and narrow_arithmetic(ctx, a, set(keep)):
+            continue
         if any(n is not a and a in element_nodes(ctx, [n]) for n in later):
             keep[a] = f"mf_keep{r.i}"
     return keep | carried(ctx, reds, keep)
+
+
+# the element operations a later phase recomputes rather than hold their fp32 result
+_PLAIN_UNARY = frozenset({UnaryOp.NEG, UnaryOp.ABS})
+_PLAIN_BINARY = frozenset({BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV,
+                           BinaryOp.MAXIMUM, BinaryOp.MINIMUM})
+
+
+def narrow_arithmetic(ctx: reduce.ReductionContext, a: Node, stop: AbstractSet[Node]) -> bool:
+    """Whether `a` is plain arithmetic (+ - * /, min, max, neg, abs, casts) on inputs and on
+    values without the row's axis whose element blocks hold fewer bytes together than its own
+    fp32 block (softmax(x / t)'s x / t on 2-byte x; not h = x + r on two): the register
+    variants hold the inputs anyway, and a later phase recomputes `a` from them instead of
+    holding it (launch option keep_narrow=False, the default). On the cuda backend the kept
+    block of f16 x / t spilled at 32 registers a thread (48 without the cap), so the row of
+    16384 ran one group of 1024 threads a core where softmax(x) runs two (40% of copy_ at
+    2048x16384, issue #54)."""
+    loaded: set[str] = set()
+    for n in element_nodes(ctx, [a], stop):
+        if n in stop:
+            return False                 # built on a value held already: keep as before
+        if n.op == Op.LOAD:
+            loaded.add(n.attr)
+        elif n.op == Op.UNARY and n.attr not in _PLAIN_UNARY or \
+                n.op == Op.BINARY and n.attr not in _PLAIN_BINARY or \
+                n.op not in (Op.UNARY, Op.BINARY, Op.CAST, Op.SCALAR, Op.CONST):
+            return False
+    held = sum(ctx.graph.tensor(t).dtype.itemsize for t in loaded)
+    return 0 < held < 4
 
 
 def carried(ctx: reduce.ReductionContext, reds: list[reduce.Reduction], keep: dict[Node, str]

@@ -9,16 +9,18 @@ from typing import Callable
 from ... import ir
 from ...graph import Graph, take_sites
 from .. import reduce
-from ..base import IDX, make_kernel
-from ..hardware import SIMD_WIDTH
+from ..base import make_kernel
 from ..policy import LaunchPolicy
-from ..unit_gather import unit_sites, with_unit_gathers
-from .context import RowContext, RowKernel, outer_load, row_context, row_kernel
-from .loads import lit, placement
+from ..unit_gather import unit_sites
+from . import split
+from .context import RowContext, RowKernel, row_context, row_kernel
 from .phases import epilogue, section
-from .plan import LANES, VARIANTS, WHOLE, RowSchedule, vector_width_for
+from .place import group_header, header, parts
+from .plan import SLICES, SPLIT, VARIANTS, RowSchedule, vector_width_for
+from .split import SCRATCH, one_pass
 
 Built = tuple[ir.LoweredKernel, reduce.VariantParts]
+__all__ = ["KERNELS", "build", "group_header"]     # group_header: the scan kernels' too
 
 
 def simd(ctx: RowContext) -> Built:
@@ -50,13 +52,9 @@ def looped(ctx: RowContext) -> Built:
 
 
 KERNELS: dict[str, Callable[[RowContext], Built]] = {
-    "simd": simd, "simd_exact": simd_exact, "group": group, "staged": staged, "looped": looped}
-
-
-def parts(ctx: RowContext, name: str) -> reduce.VariantParts:
-    """A fresh collector for variant `name`, its row values read at the thread's row."""
-    return with_unit_gathers(ctx, reduce.variant_parts(ctx, name,
-                                                      lambda p, n: outer_load(ctx, p, n)))
+    "simd": simd, "simd_exact": simd_exact, "group": group, "staged": staged, "looped": looped,
+    "split": split.pass_kernel(0), "split_2": split.pass_kernel(1),
+    "split_3": split.pass_kernel(2), "finish": split.finish}
 
 
 def kernel(k: RowKernel) -> Built:
@@ -84,67 +82,6 @@ def kernel(k: RowKernel) -> Built:
     threads, head = header(k)
     body = list(v.tg_arrays) + head + v.pre + v.main
     return make_kernel(graph, ctx.index64, threads, body, summary(k, reds), v.name), v
-
-
-# -- the thread's place ---------------------------------------------------------------------------
-
-def header(k: RowKernel) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
-    """(thread inputs, statements placing the thread): its row, its index in the row,
-    where its elements start, the chunk count (looped) and whether vector loads apply."""
-    ctx, name, reads = k.ctx, k.name, k.reads
-    threads, head = lanes_header(k) if name in LANES else group_header()
-    t = ir.Var("mf_t")
-    if k.interleaved:
-        head += [ir.Decl("mf_base", "uint", t * lit(k.vw)),
-                 ir.Decl("mf_stride", "uint", ir.Var("mf_w") * lit(k.vw))]
-    elif name != "looped":
-        head.append(ir.Decl("mf_base", "uint", t * lit(reads)))
-    if name == "looped":
-        span = ir.Var("mf_tpg") * lit(reads)
-        length = ir.Cast("uint", ctx.size(ctx.axis))
-        head.append(ir.Decl("mf_chunks", "uint", (length + (span - lit(1))) / span))
-    if k.vw > 1 and name not in WHOLE:     # the others take rows of whole blocks
-        whole = (ctx.size(ctx.axis) % ir.Lit(k.vw, IDX)).eq(ir.Lit(0, IDX))
-        head.append(ir.Decl("mf_vec_ok", "bool", whole))
-    if k.strided and name != "looped":     # looped: per chunk (`section`)
-        head.append(ir.Comment("rows that are not a multiple of the vector width move "
-                               "element by element: a thread's slots strided by the row's "
-                               "threads there, a simdgroup's accesses contiguous"))
-        head += placement(k, t, ir.Var("mf_w" if name in LANES else "mf_tpg"))
-    return threads, head
-
-
-def lanes_header(k: RowKernel) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
-    """The simd kernels: mf_w lanes a row (computed from the row's length), its row and its
-    lane in the row; past the last row, return."""
-    ctx, reads = k.ctx, k.reads
-    threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
-               ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-    one, shift, per_lane = lit(1), ir.Var("mf_wlog"), lit(reads)
-    lanes = (ir.Cast("uint", ctx.size(ctx.axis)) + (per_lane - one)) / per_lane
-    return threads, [
-        ir.Comment(f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, "
-                   f"that hold it at {reads} elements each (32 / mf_w rows per simdgroup; "
-                   f"threads per threadgroup: set at launch)"),
-        ir.Decl("mf_wlog", "uint", lit(32) - ir.Call("clz", (ir.Call("max", (lanes, one)) - one,))),
-        ir.Decl("mf_w", "uint", one << shift),
-        ir.Decl("mf_row", "uint", ir.Var("mf_tid") >> shift),
-        ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= ctx.span(ctx.outer), [ir.Return()]),
-        ir.Decl("mf_t", "uint", ir.Var("mf_tid") & (ir.Var("mf_w") - one))]
-
-
-def group_header() -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
-    """The threadgroup kernels: one threadgroup per row, its simdgroup count."""
-    threads = (ir.ThreadInput("mf_group", "uint", "threadgroup_position_in_grid"),
-               ir.ThreadInput("mf_lid", "uint", "thread_position_in_threadgroup"),
-               ir.ThreadInput("mf_tpg", "uint", "threads_per_threadgroup"),
-               ir.ThreadInput("mf_sg", "uint", "simdgroup_index_in_threadgroup"),
-               ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-    return threads, [
-        ir.Comment("one threadgroup per row"),
-        ir.Decl("mf_row", "uint", ir.Var("mf_group")),
-        ir.Decl("mf_t", "uint", ir.Var("mf_lid")),
-        ir.Decl("mf_nsg", "uint", (ir.Var("mf_tpg") + lit(SIMD_WIDTH - 1)) / lit(SIMD_WIDTH))]
 
 
 # -- text ---------------------------------------------------------------------------------------
@@ -190,10 +127,19 @@ def summary(k: RowKernel, reds: list[reduce.Reduction]) -> str:
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
     """The row schedule of `graph`: every variant's kernel (the staged one where its split
-    stages something), one parameter list and helper set."""
+    stages something; the split and finish kernels where fill_groups asks for them and the
+    graph allows them, `split.passes`), one parameter list and helper set."""
     ctx = row_context(graph, policy, index64)
     names = tuple(v for v in VARIANTS if v != "staged" or ctx.stage_plan)
+    sliced = split.passes(ctx) if policy.fill_groups else ()
+    if sliced:
+        ctx.loaded_gathers.update({v: set() for v in SPLIT})
+        names += sliced
     kernels, passes, tg = reduce.build_variants(ctx, names, lambda name: KERNELS[name](ctx))
+    if sliced:
+        kernels = with_scratch(kernels)
+        done = [passes.pop(v) for v in sliced]    # the split variant's count: every launch
+        passes["split"] = {t: sum(d.get(t, 0) for d in done) for d in done for t in d}
     # the widest access any variant makes: the alignment the launcher checks inputs for
     vw = max(vector_width_for(policy, name, set(ctx.itemsizes)) for name in VARIANTS)
     sites = range(len(take_sites(graph)))
@@ -207,4 +153,15 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> RowSchedule:
         # {variant: the gathers no section of it loads}: registers or shuffles serve them
         # (a gather of one value per row is a load in every variant)
         held_gathers={v: tuple(j for j in sites if j not in ctx.loaded_gathers[v]
-                               and j not in per_row) for v in names})
+                               and j not in per_row) for v in names},
+        slots=sum(n for _, n in split.layout(one_pass(ctx)).values()) if sliced else 0)
+
+
+def with_scratch(kernels: dict[str, ir.LoweredKernel]) -> dict[str, ir.LoweredKernel]:
+    """Every kernel of the library with the split kernels' two parameters after the others:
+    the scratch buffer and the slices per row (a launch value)."""
+    params = kernels[VARIANTS[0]].params
+    extra = (ir.Argument(SCRATCH, len(params), "buffer", "float", ("scratch",), True),
+             ir.Argument("mf_slices", len(params) + 1, "scalar", "uint", ("launch", SLICES),
+                         cast="int32"))
+    return {n: replace(k, params=params + extra) for n, k in kernels.items()}

@@ -14,7 +14,7 @@ from .combine import combine
 from .context import RowKernel, Section, element_nodes, row_base
 from .gathers import element_lowering, row_takes, shuffle_block
 from .loads import each_slot, holding, lit, load_block, placement, slot_pos, store_block
-from .plan import WHOLE
+from .plan import SPLIT, STREAMED, WHOLE
 
 Each = Callable[[list[ir.Stmt], bool], ir.Stmt]
 
@@ -30,7 +30,7 @@ def element_loop(k: RowKernel, roots: list[Node], reds: list[reduce.Reduction],
     tensors, frontier = ctx.cone(roots, k.stored)
     fresh = frozenset(tensors) - parts.loaded     # read from the registers just loaded
     row_stmts = parts.row_values.lower(frontier)
-    held = set(tensors) | (set() if k.name == "looped" else parts.loaded)
+    held = set(tensors) | (set() if k.name in STREAMED else parts.loaded)
     own, shuffled = row_takes(k, roots, held)
     sec = Section(fresh, own)
     fetch = shuffle_block(k, sec, shuffled, frontier) if shuffled else []
@@ -104,7 +104,7 @@ def section(k: RowKernel, roots: list[Node], rs: list[reduce.Reduction], outs: l
     element values, fold the reductions `rs` and store the outputs `outs`; then combine `rs`
     across the row."""
     ctx, v = k.ctx, k.parts
-    reads, looped = k.reads, k.name == "looped"
+    reads, looped = k.reads, k.name in STREAMED
     reach = element_nodes(ctx, roots, k.stored)
     kept = [n for n in k.keep if n in reach and n not in k.stored]
     row_stmts, tensors, fetch, loop = element_loop(k, roots, rs, outs, kept)
@@ -134,7 +134,9 @@ def section(k: RowKernel, roots: list[Node], rs: list[reduce.Reduction], outs: l
     if outs:
         body += store_block(k, outs)
     if looped:
-        v.main.append(ir.For("mf_j", "uint", lit(0), ir.Var("mf_chunks"), body))
+        first, end = ((ir.Var("mf_j0"), ir.Var("mf_j1")) if k.name in SPLIT    # its slice
+                      else (lit(0), ir.Var("mf_chunks")))
+        v.main.append(ir.For("mf_j", "uint", first, end, body))
     else:
         v.main.extend(body)
     k.stored.update(kept)
@@ -145,9 +147,9 @@ def section(k: RowKernel, roots: list[Node], rs: list[reduce.Reduction], outs: l
             v.row_values.values[r.node] = reduce.result(r)
 
 
-def epilogue(k: RowKernel, early: tuple[int, ...]) -> None:
+def epilogue(k: RowKernel, early: tuple[int, ...], first: ir.Expr | None = None) -> None:
     """The outputs the first phase did not store (`early`): those along the row in one more
-    section; one value per row stored by the row's first thread."""
+    section; one value per row stored by the row's first thread (where `first`, if given)."""
     ctx, v = k.ctx, k.parts
     graph = ctx.graph
     along = [j for j, o in enumerate(graph.outputs) if ctx.elem(o.node) or ctx.axis in o.axes]
@@ -165,7 +167,7 @@ def epilogue(k: RowKernel, early: tuple[int, ...]) -> None:
             stores.append(ir.Store(ctx.out_names[j], row_base(
                 ctx, v, ctx.out_names[j], graph.outputs[j].axes),
                 ctx.out_value(j, v.row_values)))
-        first = ir.Var("mf_t").eq(lit(0))
+        first = first if first is not None else ir.Var("mf_t").eq(lit(0))
         if once:
             v.main += [ir.Comment("epilogue: the row's results, computed and stored by its "
                                   "first thread (it alone reads the row's gathered elements)"),

@@ -3,7 +3,7 @@ which picks a variant per call (see the package docstring)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from ... import ir
 from ...errors import LaunchError
@@ -17,10 +17,19 @@ VARIANTS = ("simd", "simd_exact", "group", "staged", "looped")
 UINT_LIMIT = 2 ** 32
 READS = {"simd": "simd_reads_per_thread", "simd_exact": "simd_reads_per_thread",
          "group": "reads_per_thread", "staged": "reads_per_thread",
-         "looped": "looped_reads_per_thread"}
+         "looped": "looped_reads_per_thread", "split": "looped_reads_per_thread",
+         "split_2": "looped_reads_per_thread", "split_3": "looped_reads_per_thread",
+         "finish": "looped_reads_per_thread"}
 LANES = ("simd", "simd_exact")     # the variants whose rows share a simdgroup
 HELD = ("group", "staged")         # the variants holding a row of a threadgroup in registers
 WHOLE = ("simd_exact", "staged")   # the variants taking only rows of whole blocks
+# few long rows (`RowSchedule.slices`): each row's chunks split over several threadgroups,
+# their partial results through scratch (`split`, one launch per phase of the reductions, at
+# most three), merged by each of them again (the later phases, `finish`)
+SPLIT_PASSES = ("split", "split_2", "split_3")
+SPLIT = SPLIT_PASSES + ("finish",)
+STREAMED = ("looped",) + SPLIT     # the kernels streaming the row in chunks per phase
+SLICES = "row_slices"              # the launch value: threadgroups a row is split over
 
 
 def reads_for(p: LaunchPolicy, variant: str, itemsize: int) -> int:
@@ -73,6 +82,7 @@ class RowSchedule(Schedule):
     # variant → the gathers (numbers in take_sites) it serves from registers or shuffles
     held_gathers: dict[str, tuple[int, ...]] = field(default_factory=dict)
     itemsize: int = 4                                  # bytes of the widest row tensor
+    slots: int = 0                     # fp32 partials per slice of a split row (0: no split)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -188,6 +198,50 @@ class RowSchedule(Schedule):
         if v in HELD:
             return self._group_threads(SIMD_WIDTH * p.simd_reads_per_thread + 1)
         return p.threads_per_group
+
+    def slices(self, sizes: Mapping[str, int]) -> int:
+        """Threadgroups each row is split over (1: none): where the looped kernel would run
+        fewer than fill_groups threadgroups (64 rows of 65536 on a GPU of 132 cores), enough
+        slices of whole chunks (threads_per_group x R elements) to reach it, each slice at
+        least one chunk."""
+        p = self.policy
+        if not self.slots or not p.fill_groups or self.variant(sizes) != "looped":
+            return 1
+        chunk = p.threads_per_group * reads_for(p, "looped", self.itemsize)
+        chunks = -(-sizes[self.axis] // chunk)
+        want = min(-(-p.fill_groups // max(1, self._rows(sizes))), chunks)
+        return 1 if want <= 1 else -(-chunks // -(-chunks // want))
+
+    def selecting(self, host: str) -> list[dict[str, Any]]:
+        """Sizes that run the looped kernel where few rows would split (`check`): rows enough
+        to fill the groups (a batch axis by its leading shape), the shortest looped row."""
+        if not self.slots or host != self.variants["looped"].host_name:
+            return []
+        axis = self.rows[0]
+        batch = any(d.batch for t in self.graph.tensors for d in t.dims if d.name == axis)
+        n = self.policy.fill_groups
+        return [{axis: (n,) if batch else n, self.axis: self.group_limit + 1}]
+
+    def steps(self, sizes: Mapping[str, int]) -> tuple[Step, ...]:
+        """One launch, or for split rows one per phase (the slices' partials) and one more
+        (their merge and the outputs; `slices`)."""
+        n = self.slices(sizes)
+        if n == 1:
+            return super().steps(sizes)
+        self.host_name(sizes)                  # its checks
+        tpg = self.policy.threads_per_group
+        threads = self._rows(sizes) * n * tpg
+        return tuple(Step(self.variants[v].host_name, threads, tpg) for v in SPLIT
+                     if v in self.variants)
+
+    def scratch_floats(self, sizes: Mapping[str, int]) -> int:
+        n = self.slices(sizes)
+        return 0 if n == 1 else self._rows(sizes) * n * self.slots
+
+    def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
+        if name == SLICES:
+            return self.slices(sizes)
+        raise KeyError(name)
 
     def traffic(self, sizes: Mapping[str, int], variant: str = "") -> Traffic:
         """Bytes this call moves: each output written once; each input read once in the
