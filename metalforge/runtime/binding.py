@@ -211,7 +211,7 @@ class BindingPlan:
                 out = output_shape(binding, graph.outputs[a.output])
                 outputs.append((a.index, a.output, not out))
             elif isinstance(a, ScratchSource):
-                scratch = (a.index, max(1, s.scratch_floats(binding.sizes)))
+                scratch = (a.index, s.scratch_floats(binding.sizes))   # 0: unused here
             elif isinstance(a, CounterSource):
                 counter = (a.index, max(1, s.counter_words(binding.sizes)))
         return Binder(len(self.sources), tuple(sorted(fixed.items())), tuple(inputs),
@@ -302,7 +302,11 @@ class Binder:
                 env["_sort"] = sort_index
                 lines.append(f"    s{srt.position} = _sort(values[{srt.position}])")
             args[srt.index] = f"s{srt.position}[{0 if srt.part == 'keys' else 1}]"
-        if self.scratch is not None:
+        if self.scratch is not None and self.scratch[1] == 0:   # not read at these sizes
+            env["_unused"] = unused_scratch
+            lines.append(f"    scratch = _unused({device})")
+            args[self.scratch[0]] = "scratch"
+        elif self.scratch is not None:
             i, n = self.scratch
             env["_empty"], env["_float32"] = torch.empty, torch.float32
             lines.append(f"    scratch = _empty({n}, dtype=_float32, device={device})")
@@ -313,6 +317,13 @@ class Binder:
             lines.append(f"    counter = _counters({device}, {n}, _where)")
             args[i] = "counter"
         return lines, args
+
+
+@lru_cache(maxsize=64)
+def unused_scratch(device: Any) -> torch.Tensor:
+    """One fp32 element per device, bound where a kernel's scratch argument is not read at the
+    call's sizes (a row kernel whose rows are not split): no allocation per call."""
+    return torch.empty(1, dtype=torch.float32, device=device)
 
 
 @lru_cache(maxsize=1024)
