@@ -3,8 +3,8 @@
     python bench/attention.py                       # MPS on a Mac, CUDA on NVIDIA, else the sim
     python bench/attention.py --device cuda --launch threads_per_group=512 key_splits=32
     python bench/attention.py --device cuda --launch stage_kv=0 --splits 0 32 64 128 --no-prefill
-    python bench/attention.py --device cuda --no-prefill --variants '' 'kv_prefetch=1' \
-        'kv_prefetch=1 stage_kv=0 lane_scores=0'     # decode launch options side by side
+    python bench/attention.py --device cuda --no-prefill --variants '' 'key_splits=128' \
+        'stage_kv=0 lane_scores=0'                   # decode launch options side by side
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`
@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     ap.add_argument("--variants", nargs="+", metavar="'K=V ...'",
                     help="decode rows once per variant, each a quoted list of launch options "
                          "on top of --launch ('' for none): side by side in one run, e.g. '' "
-                         "'kv_prefetch=1' 'kv_prefetch=1 stage_kv=0 lane_scores=0'")
+                         "'key_splits=128' 'stage_kv=0 lane_scores=0'")
     ap.add_argument("--no-window", action="store_true")
     args = ap.parse_args(argv)
     device = pick_device(args.device)

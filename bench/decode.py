@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--attention-launch", nargs="*", metavar="K=V",
                     help="launch options of the step's attention kernel (contiguous and "
-                         "paged), e.g. kv_prefetch=1 key_splits=64")
+                         "paged), e.g. key_splits=64")
     a = ap.parse_args()
     attention_launch(parse_launch(a.attention_launch))
     device = pick_device(a.device)

@@ -108,10 +108,6 @@ class LaunchPolicy:
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
-    kv_prefetch: bool = False          # attention decode, stage_kv or key streams (stage_kv
-                                       # and lane_scores off): each tile's / step's K/V loads
-                                       # issued into registers before the arithmetic of the one
-                                       # before it
     index_check: str = "checked"       # gathers not proven in range: "checked" (each call
                                        # reads the kernel's report and raises) or "deferred"
                                        # (read at the next synchronisation point;
@@ -378,8 +374,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
-                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "kv_prefetch",
-                  "target", "index64", "index_check"),
+                  "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
+                  "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),
@@ -412,8 +408,8 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
 _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread")
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
-    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("kv_prefetch", None),
-    ("one_launch", None), ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None),
+    ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("one_launch", None),
+    ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
@@ -523,10 +519,6 @@ def _validate_attention(p: LaunchPolicy) -> None:
           f"reads_per_thread={p.reads_per_thread}: a lane holds that many consecutive E "
           f"elements per key and per row in registers: a power of two up to "
           f"{MAX_READS_PER_THREAD}")
-    _need(p, not p.kv_prefetch or p.stage_kv is not False or not p.lane_scores,
-          "kv_prefetch applies to the stage_kv decode kernels and to the key-stream one "
-          "(stage_kv=False with lane_scores=False), not to lane scores: pass "
-          "lane_scores=False with stage_kv=False")
     for name in ("rows_per_group", "keys_per_step"):
         n = getattr(p, name)
         _need(p, n * p.reads_per_thread <= 8 * MAX_READS_PER_THREAD,

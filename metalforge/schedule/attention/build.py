@@ -11,7 +11,7 @@ from ...graph import Graph
 from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
-from . import decode, merge, mma, pipelined, prefill, staged
+from . import decode, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context
 from .match import Form, match
@@ -30,10 +30,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     epl = ctx.policy.reads_per_thread
     carry = _Carry({"mf_maximum"})
     if stage_kv:
-        tiles = pipelined if ctx.policy.kv_prefetch else staged   # kv_prefetch: a tile ahead
-        first = carry(tiles.kernel(ctx, "decode"))
-        narrow: Optional[ir.LoweredKernel] = carry(tiles.kernel(ctx, "narrow"))
-        wide = carry(tiles.kernel(ctx, "wide")) if epl > ctx.run else None
+        first = carry(staged.kernel(ctx, "decode"))
+        narrow: Optional[ir.LoweredKernel] = carry(staged.kernel(ctx, "narrow"))
+        wide = carry(staged.kernel(ctx, "wide")) if epl > ctx.run else None
         tg_bytes = threadgroup_bytes(wide or narrow or first)
     else:
         first = carry(decode.kernel(ctx))

@@ -7,7 +7,6 @@ from ... import ir
 from ...graph import topo_order
 from ..base import IDX, make_kernel
 from ..hardware import SIMD_WIDTH
-from . import prefetch
 from .combine import merge_lanes, merge_streams, share, shared_states
 from .context import SIMD, THREADS, CallContext, Emitted, KernelState
 from .head import block_keys, group_head, tile
@@ -34,8 +33,7 @@ def kernel(ctx: CallContext) -> ir.LoweredKernel:
         streamed=frozenset(n for n in ctx.kv if n in values or not ctx.policy.lane_scores)))
     head = group_head(ctx, ks, nsg) + tile(ctx, ks) + block_keys(ctx, ks)
     staged, _ = stage(ctx, ks)
-    loop, tail = _lane_scan(ctx, ks, nsg) if ctx.policy.lane_scores else \
-        _prefetched_scan(ctx, ks, nsg) if ctx.policy.kv_prefetch else _stream_scan(ctx, ks, nsg)
+    loop, tail = _lane_scan(ctx, ks, nsg) if ctx.policy.lane_scores else _stream_scan(ctx, ks, nsg)
     scan: list[ir.Stmt] = [ir.Comment(f"one pass over the block's keys along '{f.key}' "
                                       f"(scores never stored)"), loop]
     body = head + ks.out.pre + staged + empty_states(ctx, ks) + scan + tail
@@ -44,8 +42,6 @@ def kernel(ctx: CallContext) -> ir.LoweredKernel:
                f"{ks.qt} query rows sharing their keys and block of keys, {nsg} "
                f"simdgroups over the keys"
                + (", each lane scoring keys of its own" if ctx.policy.lane_scores else "")
-               + (", each step's K/V loaded while the step before it computes"
-                  if ctx.policy.kv_prefetch else "")
                + ", online softmax in one pass, fp32 state")
     return make_kernel(ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + body, summary,
                        "decode", params=ctx.params, helpers=tuple(sorted(ks.out.helpers)))
@@ -77,31 +73,3 @@ def _stream_scan(ctx: CallContext, ks: KernelState,
     emax = SIMD_WIDTH * ks.epl
     return loop, merge_streams(ctx, ks) + share(ctx, ks, nsg, emax)
 
-
-def _prefetched_scan(ctx: CallContext, ks: KernelState,
-                     nsg: int) -> tuple[ir.Stmt, list[ir.Stmt]]:
-    """Key streams with kv_prefetch: `_stream_scan`'s steps, the K/V loads one step ahead.
-    The first step's loads go out before the loop; each step issues the next step's loads
-    (raw vectors, `prefetch.issue`) before its own scores, softmax and values, and converts
-    them into the float registers at its end (`prefetch.take`), so a lane has a step of
-    loads in flight while it computes."""
-    per_step = ir.Cast(IDX, ir.Var("mf_kp") * ir.Lit(ctx.kps, "uint"))
-    stride = per_step * ir.Lit(nsg, IDX)
-    kb = ir.Var("mf_kb")
-
-    def at(base: ir.Expr, body: list[ir.Stmt]) -> ir.Stmt:
-        """`body` (written against mf_base, as the step's blocks are) for the step at base."""
-        return ir.Block([ir.Decl("mf_base", IDX, base), *body])
-    scored, dot_of = dots(ctx, ks)
-    work = scored + softmax_step(ctx, ks, dot_of) + accumulate(ctx, ks)
-    start = ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step
-    loop = ir.For("mf_kb", IDX, start, ir.Var("mf_l1"), [
-        ir.Comment("the next step's loads, in flight while this step computes"),
-        at(kb + stride, prefetch.issue(ctx, ks)),
-        at(kb, work),
-        at(kb + stride, prefetch.take(ctx, ks))], step=stride)
-    emax = SIMD_WIDTH * ks.epl
-    head = [*prefetch.buffers(ctx, ks),
-            ir.Comment("the first step's K/V (registers a step ahead: kv_prefetch)"),
-            at(start, prefetch.issue(ctx, ks) + prefetch.take(ctx, ks))]
-    return ir.Block(head + [loop]), merge_streams(ctx, ks) + share(ctx, ks, nsg, emax)

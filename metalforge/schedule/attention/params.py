@@ -17,11 +17,6 @@ from ..hardware import SIMD_WIDTH
 # 44.7 / 127.6).
 TARGET_GROUPS = 512
 TARGET_GROUPS_STAGED = 1024
-# kv_prefetch with stage_kv (pipelined.py): each thread also holds the next tile's copies (32
-# registers more at E = 128, uncapped on cuda), so about 5 groups of 128 share an H200 core
-# where 8 did: 1024 groups would take two waves; 512 (4 a core) take one, and with the loads
-# a tile ahead each still has a tile in flight. Untimed (bench/attention.py --variants).
-TARGET_GROUPS_PIPELINED = 512
 MIN_KEYS = 32
 MIN_STAGED_KEYS = 64
 # The merge kernel: key blocks a stream of lanes loads before it adds any of them, and the

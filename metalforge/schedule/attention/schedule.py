@@ -26,7 +26,6 @@ from .params import (
     NARROW_TILE_KEYS,
     PAD_BYTES,
     TARGET_GROUPS,
-    TARGET_GROUPS_PIPELINED,
     TARGET_GROUPS_STAGED,
     TILE_BYTES,
     TILE_KEYS,
@@ -124,8 +123,6 @@ class AttentionSchedule(Schedule):
         if self.policy.key_splits:
             return max(1, min(self.policy.key_splits, length))
         target = TARGET_GROUPS_STAGED if self.policy.stage_kv else TARGET_GROUPS
-        if self.policy.stage_kv and self.policy.kv_prefetch:
-            target = TARGET_GROUPS_PIPELINED
         want = -(-target // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
 
