@@ -104,6 +104,13 @@ _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "
 # ... its padded tiles read a step ahead, bands of tiles, steps of 64 values of K
 _SCHEDULE_NAMES |= {"pa", "pb", "at_tile", "band", "band_rows", "left2", "left3", "right2",
                     "right3"}
+# attention prefill on 16x16 blocks (schedule/attention/mma*.py, schedule/matrix/strided.py)
+_SCHEDULE_NAMES |= {"dot", "es", "ew", "mma16", "oacc", "ov", "pe", "pn", "pr", "probe", "pt",
+                    "pv", "qs", "qt", "row0", "sacc", "shared", "slices", "spart", "st",
+                    "strides", "sv", "tsg", "wr", "wv", "xv", "zc", "zr"}
+# the tiled quantized kernel's teams (schedule/quant/teams.py) and one-launch column merges
+_SCHEDULE_NAMES |= {"parked", "team", "coherent", "coherent_load", "coherent_store", "counter",
+                    "device_fence", "ticket", "ticket_reset"}
 # attention's backward kernels (schedule/attention_grad)
 _SCHEDULE_NAMES |= {"b", "cf", "delta", "dk", "dkf", "dof", "dp", "dq", "dqf", "dvf", "eb", "g",
                     "kbeg", "kend", "lse", "nblk", "pf", "tall", "tdo", "tdot", "tks", "tkt", "tq",
@@ -160,6 +167,8 @@ online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bou
 logaddexp""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
 HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
+HELPER_WORDS |= {"mma16", "strides"}                       # strided 16x16 blocks (prefill)
+HELPER_WORDS |= {"coherent", "device_fence", "ticket"}      # one-launch column merges
 
 
 def kernel_name(op: str, suffix: str = "") -> str:

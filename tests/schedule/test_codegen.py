@@ -233,7 +233,9 @@ kernel void all_helpers(device float* f [[buffer(0)]], device int* n [[buffer(1)
     metal4 = "// helper: mf_tensor_ops\n" + HELPERS["mf_tensor_ops"] + "\n"
     assert metal4 in text
     text = text.replace(metal4, "")
-    assert all(f"mf_{name[3:]}(" in text for name in HELPERS if name != "mf_tensor_ops")
+    # each helper defines a function of its name (mf_coherent: mf_coherent_load / _store)
+    assert all(f"mf_{name[3:]}(" in text or f"mf_{name[3:]}_load(" in text
+               for name in HELPERS if name != "mf_tensor_ops")
     lib = sim.compile_shader(text + kernel)
     f, n = torch.zeros(32 * 4), torch.zeros(32 * 4, dtype=torch.int32)
     lib.all_helpers(f, n, threads=32, group_size=32)
