@@ -104,9 +104,9 @@ kernel void mf_kv_rope_qmv_paired(
             const float mf_bk = float(bk[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
             mf_row_scale[mf_r] = mf_sk;
             mf_row_bias[mf_r] = mf_bk;
-            const float mf_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
+            const float mf_in_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
             const float mf_bv = float(bv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
-            mf_row_scale1[mf_r] = mf_sv;
+            mf_row_scale1[mf_r] = mf_in_sv;
             mf_row_bias1[mf_r] = mf_bv;
         }
         // values every row shares: 32 per lane, in registers
@@ -316,9 +316,9 @@ kernel void mf_kv_rope_qmv_paired_split(
                     const float mf_bk = float(bk[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
                     mf_row_scale[mf_r] = mf_sk;
                     mf_row_bias[mf_r] = mf_bk;
-                    const float mf_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
+                    const float mf_in_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
                     const float mf_bv = float(bv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
-                    mf_row_scale1[mf_r] = mf_sv;
+                    mf_row_scale1[mf_r] = mf_in_sv;
                     mf_row_bias1[mf_r] = mf_bv;
                 }
                 // values every row shares: 32 per lane, in registers
@@ -406,11 +406,11 @@ kernel void mf_kv_rope_qmv_paired_split(
                             const float mf_in_w = float(w[mf_k0 + mf_index_t(mf_j)]);
                             const float mf_e5 = mf_in_x * mf_in_w;
                             const float mf_e6 = mf_e4 * mf_e5;
-                            const uint mf_wv = uint(wv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
-                            const int mf_e7 = int((mf_wv >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
+                            const uint mf_in_wv = uint(wv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div8 + (mf_k0 + mf_index_t(mf_j)) / 8u]);
+                            const int mf_e7 = int((mf_in_wv >> uint((mf_k0 + mf_index_t(mf_j)) % 8u) * 4u) & 15u);
                             const float mf_e8 = float(mf_e7);
-                            const float mf_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
-                            const float mf_e9 = mf_e8 * mf_sv;
+                            const float mf_in_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
+                            const float mf_e9 = mf_e8 * mf_in_sv;
                             const float mf_bv = float(bv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + (mf_k0 + mf_index_t(mf_j)) / 64u]);
                             const float mf_e10 = mf_e9 + mf_bv;
                             const float mf_e11 = mf_e10 * mf_e5;
@@ -579,9 +579,9 @@ template <typename T, typename mf_index_t>
                 const float mf_bk = float(bk[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
                 mf_row_scale[mf_r] = mf_sk;
                 mf_row_bias[mf_r] = mf_bk;
-                const float mf_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
+                const float mf_in_sv = float(sv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
                 const float mf_bv = float(bv[(mf_pos_G * mf_size_E + mf_n) * mf_size_K_div64 + mf_k0 / 64u]);
-                mf_row_scale1[mf_r] = mf_sv;
+                mf_row_scale1[mf_r] = mf_in_sv;
                 mf_row_bias1[mf_r] = mf_bv;
             }
             // values every row shares: 32 per lane, in registers
