@@ -13,8 +13,8 @@ and which of their nodes a backward kernel must take from an earlier kernel.
   (dx_i = sum_{j>=i} g_j); logcumsumexp's is torch's stable formula,
   exp(x_i + rlcse(log g+ - y)_i) - exp(x_i + rlcse(log g- - y)_i) with rlcse the reverse
   logcumsumexp and g+ / g- the positive / negative parts of g (no exp(-y) overflow).
-  cumprod's is torch's, zeros included (`_cumprod_grad`); cummax and cummin have no
-  derivative here (`NotDifferentiable` says why).
+  cumprod's is torch's, zeros included (`_cumprod_grad`); cummax's and cummin's goes to
+  the running maximum's (minimum's) position, torch's cummax indices (`running_grad`).
 
 The schedules take one scatter as a kernel's only output, no reduction or scan inside a scan
 kernel, no scan of a scan, and no scan or scatter in a reduction kernel: `apart` names the
@@ -86,7 +86,7 @@ def scan(kind: ScanOp, a: Node, axis: str, reverse: bool) -> Node:
 
 
 def scan_grad(b: Any, n: Node, g: Node) -> Node:
-    """The gradient scan `n` (cumsum or logcumsumexp: `scan_refusal` names the others) with
+    """The gradient scan `n` (any float scan: `running_grad` for cummax and cummin) with
     output gradient g sends to its argument (b: autodiff's node builder)."""
     kind, axis = n.attr[:2]
     back = not scan_reversed(n)                   # the gradient runs the other way
@@ -94,6 +94,8 @@ def scan_grad(b: Any, n: Node, g: Node) -> Node:
         return scan(ScanOp.CUMSUM, b.f32(g), axis, back)
     if kind == ScanOp.CUMPROD:
         return _cumprod_grad(b, n, b.f32(g), axis, back)
+    if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN):
+        return running_grad(b, n, b.f32(g), axis, back)
     assert kind == ScanOp.LOGCUMSUMEXP, kind
     x, y = b.f32(n.args[0]), b.f32(n)
     log_g = b.unary(UnaryOp.LOG, b.unary(UnaryOp.ABS, g))
@@ -123,17 +125,30 @@ def _cumprod_grad(b: Any, n: Node, g: Node, axis: str, back: bool) -> Node:
     return b.where(before, b.div(at_or_before, x), b.zero_unless(first, at_zero))
 
 
+def running_grad(b: Any, n: Node, g: Node, axis: str, back: bool) -> Node:
+    """cummax's (cummin's) gradient, torch's exactly: dx_j sums g_i over the i whose running
+    index (torch.cummax's indices) is j. torch moves the index to element j where x_j is NaN
+    or x_j >= (<=) the running value before it (ties: the latest), i.e. where x_j equals the
+    scan's output y_j or is NaN: the "takers". The index runs up the scan, so the i sending
+    to taker j are j and those after it up to the next taker: a segment. One segmented
+    cumsum the other way (`graph.ScanOp.SEGSUM`, restarting after each taker: every element
+    of a segment sums g from itself to the segment's end) gives each taker its segment's sum
+    exactly (no difference of two cumsums, which cancels); the others get 0.
+    Chosen over the alternative, an index scan then a scatter-add along the same axis: the
+    scatter family scatters across an axis the index does not have, not within a row, and
+    its atomics would make the sums' order vary; the segmented scan is one more combine in
+    the scan kernels (a (flags, sum) pair per element), its sums in scan order."""
+    x = b.f32(n.args[0])
+    taker = b.cmp(BinaryOp.OR, b.cmp(BinaryOp.EQ, x, b.f32(n)), b.cmp(BinaryOp.NE, x, x))
+    seg = Node(Op.SCAN, (g, taker), F32, b.axes(g, taker),
+               attr=(ScanOp.SEGSUM, axis, True) if back else (ScanOp.SEGSUM, axis))
+    return b.zero_unless(taker, seg)
+
+
 def scan_refusal(n: Node) -> Optional[str]:
-    """Why scan `n` has no derivative here (None for cumsum, cumprod and logcumsumexp)."""
-    kind, axis = n.attr[:2]
-    why = {ScanOp.CUMMAX: "its gradient goes to the position of the running maximum, an index "
-                          "scan (torch.cummax's indices) that metalforge does not compute yet",
-           ScanOp.CUMMIN: "its gradient goes to the position of the running minimum, an index "
-                          "scan (torch.cummin's indices) that metalforge does not compute yet"}
-    if kind not in why:
-        return None
-    return (f"mf.{kind}(..., {axis!r}){at(n.loc)} has no derivative in metalforge: "
-            f"{why[kind]}; detach its input")
+    """Why scan `n` has no derivative here: None for every float scan (an integer one has no
+    gradient to send; autodiff does not ask)."""
+    return None
 
 
 def logsumexp_arg(n: Node) -> Optional[Node]:

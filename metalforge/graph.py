@@ -237,6 +237,11 @@ class ScanOp(_Kind):
     CUMMAX = "cummax"
     CUMMIN = "cummin"
     LOGCUMSUMEXP = "logcumsumexp"
+    # internal (no DSL function: cummax/cummin's gradient, `adjoints.running_grad`): args =
+    # (x, end), end a bool; the cumsum of x that restarts after each element where `end` is
+    # true: element i sums x from the element after the latest end strictly before i (in scan
+    # order) through i, in order (a segmented scan, exact: no difference of two cumsums)
+    SEGSUM = "segsum"
 
 
 class RandomOp(_Kind):

@@ -268,6 +268,8 @@ class _Evaluator:
                          f"kernel '{self.graph.name}': mf.take of a value along '{axis}'")
         if n.op == Op.SCATTER:
             return self.scatter(n, ct)
+        if n.op == Op.SCAN and n.attr[0] == ScanOp.SEGSUM:
+            return self.segsum(n, ct)
         if n.op == Op.SCAN:
             return self.scan(n, args[0], ct)
         if n.op == Op.RANDOM:
@@ -321,6 +323,34 @@ class _Evaluator:
         r = _SCAN[kind](x.to(x.dtype if x.dtype == torch.float32 else ct), dim=dim)
         return self.wrap((r.values if kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) else r).to(ct),
                          n.dtype)
+
+    def segsum(self, n: Node, ct: torch.dtype) -> torch.Tensor:
+        """The segmented cumsum (cummax/cummin's gradient, `graph.ScanOp.SEGSUM`), element i
+        summed in float64 from i itself away from the scan's start (torch's cummax backward,
+        a scatter_add, sums a segment from the running maximum's position on, in the
+        forward scan's order, from 0: the same sums); a forward scan runs flipped."""
+        axis = n.attr[1]
+        dim = n.axes.index(axis)
+        shape = [self.sizes[a] for a in n.axes]
+        x = self.align(n.args[0], n.axes).to(torch.float64).expand(shape).movedim(dim, -1)
+        end = self.align(n.args[1], n.axes).to(torch.bool).expand(shape).movedim(dim, -1)
+        if not scan_reversed(n):
+            x, end = x.flip(-1), end.flip(-1)
+        d = shape[dim]
+        pos = torch.arange(d, device=x.device)
+        # stop[i]: the first end after i (d if none); element i sums x[i .. stop[i] - 1]
+        ends = torch.where(end, pos, torch.full_like(pos, d))
+        first = ends.flip(-1).cummin(-1).values.flip(-1)
+        stop = torch.cat([first[..., 1:], torch.full_like(first[..., :1], d)], -1)
+        out, t = x.clone(), 1
+        padded = torch.cat([x, torch.zeros_like(x)], -1)
+        while bool((pos + t < stop).any()):
+            more = pos + t < stop
+            out = torch.where(more, out + padded[..., t:t + d], out)
+            t += 1
+        if not scan_reversed(n):
+            out = out.flip(-1)
+        return self.wrap(out.movedim(-1, dim).to(ct), n.dtype)
 
     def random(self, n: Node, seed: int, offset: int, ct: torch.dtype) -> torch.Tensor:
         """mf.rand / mf.randn: Philox-4x32-10 in torch int64 arithmetic (`metalforge.philox`)

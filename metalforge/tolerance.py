@@ -48,7 +48,7 @@ TINY = {"f32": torch.finfo(torch.float32).tiny, "f16": torch.finfo(torch.float16
 ACCUMULATION = 4 * torch.finfo(torch.float32).eps     # per sqrt(element) of a summed reduction
 _PRECISION_ORDER = ("bf16", "f16", "f32")              # lowest precision first
 ACCUMULATING = (ReduceOp.SUM, ReduceOp.PROD)        # mean is traced as sum / size
-ACCUMULATING_SCANS = (ScanOp.CUMSUM, ScanOp.CUMPROD, ScanOp.LOGCUMSUMEXP)
+ACCUMULATING_SCANS = (ScanOp.CUMSUM, ScanOp.CUMPROD, ScanOp.LOGCUMSUMEXP, ScanOp.SEGSUM)
 
 
 @dataclass(frozen=True)
