@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .dtypes import F32
-from .errors import MetalforgeError, at
+from .errors import MetalforgeError
 from .graph import BinaryOp, Graph, Node, Op, ReduceOp, ScanOp, UnaryOp, scan_reversed
 
 LOWEST = -3.4028234663852886e38         # f32's lowest finite value: log(0) of torch's formula

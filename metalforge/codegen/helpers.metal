@@ -523,3 +523,19 @@ inline void mf_mma16(thread float2* acc, const threadgroup T* a, uint astride,
 inline array<int32_t, 2> mf_strides(int32_t stride) {
     return array<int32_t, 2>{1, stride};
 }
+
+// helper: mf_segsum
+// The combine of the segmented cumsum (cummax's gradient): a (the earlier elements) then b
+// (the later ones), each a pair (flags, sum) over a run of elements: flags bit 0 says the
+// run's last element ends a segment, bit 1 that an element before its last does; sum, the
+// elements after the run's last end before its last element, through the last. The later
+// run's sum continues the earlier one's unless a segment ends between them (the earlier
+// run's last element) or inside the later run. Associative; (0, 0) its left identity (every
+// scan combines its running value on the left).
+inline float2 mf_segsum(float2 a, float2 b) {
+    const bool mf_inside = b[0] >= 2.0f;
+    const bool mf_after = (uint(a[0]) & 1u) != 0u;
+    const float mf_sum = (mf_inside || mf_after) ? b[1] : a[1] + b[1];
+    const uint mf_any = (mf_inside || a[0] != 0.0f) ? 2u : 0u;
+    return float2(float((uint(b[0]) & 1u) | mf_any), mf_sum);
+}

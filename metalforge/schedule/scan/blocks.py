@@ -6,9 +6,11 @@ others), and the threadgroup carry across simdgroups.
 Combines: cumsum adds, cumprod multiplies, cummax/cummin take the NaN-propagating maximum
 and minimum of floats (`mf_maximum`, `mf_minimum`: a NaN stays in every later element, as in
 torch; Metal's max/min of integers), logcumsumexp takes `mf_logaddexp` (log(exp(a) + exp(b))
-without overflow; -inf is its identity). Every combine is associative, so a thread's serial
-scan, the simdgroup ladder and the threadgroup carry give the same elements as a serial scan
-up to float rounding."""
+without overflow; -inf is its identity); the segmented cumsum of cummax's gradient
+(`ScanOp.SEGSUM`) runs on float2 pairs (flags, sum), combined by `mf_segsum` (restarting
+the sum after an element whose `end` argument is true), its result the pair's sum. Every
+combine is associative, so a thread's serial scan, the simdgroup ladder and the threadgroup
+carry give the same elements as a serial scan up to float rounding."""
 from __future__ import annotations
 
 from ... import ir
@@ -27,7 +29,10 @@ def lit(v: int) -> ir.Lit:
 
 
 def identity(s: Scan) -> ir.Expr:
-    """The value that combines with x to x: 0, 1, -inf / lowest, +inf / max, -inf."""
+    """The value that combines with x to x: 0, 1, -inf / lowest, +inf / max, -inf; the pair
+    (0, 0) (no end, sum 0) of a segmented cumsum."""
+    if s.kind == ScanOp.SEGSUM:
+        return ir.Call("float2", (ir.Lit(0.0, "float"), ir.Lit(0.0, "float")))
     combine = {ScanOp.CUMSUM: "sum", ScanOp.CUMPROD: "prod", ScanOp.CUMMAX: "max",
                ScanOp.LOGCUMSUMEXP: "max", ScanOp.CUMMIN: "min"}[s.kind]
     return reduce.identity_of(combine, s.acc_type)
@@ -41,6 +46,8 @@ def combine(s: Scan, a: ir.Expr, b: ir.Expr) -> ir.Expr:
         return a * b
     if s.kind == ScanOp.LOGCUMSUMEXP:
         return ir.Call("mf_logaddexp", (a, b))
+    if s.kind == ScanOp.SEGSUM:
+        return ir.Call("mf_segsum", (a, b))
     fn = "max" if s.kind == ScanOp.CUMMAX else "min"
     return ir.Call(f"mf_{fn}imum" if s.is_float else fn, (a, b))
 
@@ -49,18 +56,27 @@ def helpers(s: Scan) -> set[str]:
     """The helper functions a scan's combine calls."""
     if s.kind == ScanOp.LOGCUMSUMEXP:
         return {"mf_logaddexp"}
+    if s.kind == ScanOp.SEGSUM:
+        return {"mf_segsum"}
     if s.kind in (ScanOp.CUMMAX, ScanOp.CUMMIN) and s.is_float:
         return {"mf_maximum" if s.kind == ScanOp.CUMMAX else "mf_minimum"}
     return set()
 
 
-def acc_value(s: Scan, v: ir.Expr) -> ir.Expr:
-    """An element value (its compute type) as the scan's running type."""
+def acc_value(s: Scan, v: ir.Expr, end: ir.Expr = ir.Lit(False, "bool")) -> ir.Expr:
+    """An element value (its compute type) as the scan's running type; a segmented cumsum's
+    the pair (1 where the element ends a segment (`end`, its second argument) else 0, v)."""
+    if s.kind == ScanOp.SEGSUM:
+        return ir.Call("float2", (ir.Select(end, ir.Lit(1.0, "float"), ir.Lit(0.0, "float")),
+                                  ir.Cast("float", v)))
     return v if s.acc_type == compute_type(s.arg.dtype) else ir.Cast(s.acc_type, v)
 
 
 def result(s: Scan, v: ir.Expr) -> ir.Expr:
-    """A running value as the scan node's compute type (what its users read)."""
+    """A running value as the scan node's compute type (what its users read): a segmented
+    cumsum's, the pair's sum."""
+    if s.kind == ScanOp.SEGSUM:
+        return ir.Lane(v, ir.Lit(1, "uint"))
     return v if s.acc_type == s.value_type else ir.Cast(s.value_type, v)
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...graph import Graph
+from ...graph import Graph, ScanOp
 from .. import reduce
 from ..policy import LaunchPolicy
 from .context import (
+    Scan,
     column_context,
     is_inner,
     match,
@@ -31,7 +32,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
     scans = scans_of(graph)
     if is_inner(graph, axis):
         rctx = row_context(graph, policy, index64, axis)
-        split = policy.fill_groups > 0 and all(s.is_float for s in scans)
+        split = policy.fill_groups > 0 and splits(scans)
         names: tuple[str, ...] = ("row", "simd", "totals") if split else ("row", "simd")
         kernels, passes, tg = reduce.build_variants(
             rctx, names, lambda name: row(rctx, scans, name, split=split and name != "simd"))
@@ -46,7 +47,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
                             axis=axis, rows=rctx.outer, inner=True, reads=r, variants=kernels,
                             scans=len(scans), passes=passes)
     cctx = column_context(graph, policy, index64, axis)
-    split = policy.fill_groups > 0 and all(s.is_float for s in scans)
+    split = policy.fill_groups > 0 and splits(scans)
     cnames: tuple[str, ...] = ("column", "col_totals") if split else ("column",)
     kernels, passes, _ = reduce.build_variants(
         cctx, cnames, lambda name: column(cctx, scans, name, split))
@@ -57,3 +58,10 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
                         tuple(cctx.outer) + (axis,), (), index64, axis=axis, rows=cctx.outer,
                         inner=False, reads=1, variants=kernels, scans=len(scans),
                         passes={"row": passes["column"], "totals": passes.get("col_totals", {})})
+
+
+def splits(scans: list[Scan]) -> bool:
+    """Whether a call may split rows (columns) over several launches: float scans whose
+    segment totals are one float each (a segmented cumsum's pair is not: its kernels keep
+    each row in one threadgroup, each column in one thread)."""
+    return all(s.is_float and s.kind != ScanOp.SEGSUM for s in scans)

@@ -34,7 +34,10 @@ class Scan:
 
     @property
     def acc_type(self) -> str:
-        """MSL type of the running value (`reduce.accumulator_type`)."""
+        """MSL type of the running value (`reduce.accumulator_type`; a segmented cumsum's
+        float2 pair, `blocks.combine`)."""
+        if self.kind == ScanOp.SEGSUM:
+            return "float2"
         return reduce.accumulator_type(self.arg.dtype)
 
     @property
@@ -45,6 +48,11 @@ class Scan:
     def value_type(self) -> str:
         """The compute type of the scan's result (what element lowerings read)."""
         return compute_type(self.node.dtype)
+
+    @property
+    def args(self) -> tuple[Node, ...]:
+        """The nodes each element reads: the argument (and a segmented cumsum's `end`)."""
+        return self.node.args
 
     def name(self, what: str) -> str:
         return f"mf_{what}{self.i}"

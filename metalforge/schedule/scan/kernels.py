@@ -41,7 +41,8 @@ def cones(ctx: reduce.ReductionContext, scans: list[Scan], outputs: bool = True
           ) -> tuple[list[str], list[Node]]:
     """(the tensors along the axis the scans' arguments and the `outputs` read, the per-row
     values they use), the outputs' read through the scans' results."""
-    roots = [s.arg for s in scans] + ([o.node for o in ctx.graph.outputs] if outputs else [])
+    roots = [a for s in scans for a in s.args] + \
+        ([o.node for o in ctx.graph.outputs] if outputs else [])
     return ctx.cone(roots, {s.node for s in scans})
 
 
@@ -184,7 +185,7 @@ def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node], record: b
     value mf_run{i}, which each slot of mf_scan{i} records where `record` (positions past the
     row's end leave it as it is; the totals kernel keeps only the running value)."""
     el = element_lowering(k, Section(), frontier)
-    values = el.lower([s.arg for s in scans])
+    values = el.lower([a for s in scans for a in s.args])
     k.ctx.helpers.update(el.helpers)
     out: list[ir.Stmt] = [ir.Comment("phase 2: the serial (inclusive) scan of the thread's "
                                      "elements, in registers")]
@@ -196,7 +197,7 @@ def serial_scan(k: RowKernel, scans: list[Scan], frontier: list[Node], record: b
             out.append(ir.ArrayDecl(s.name("scan"), s.acc_type, k.reads))
             records.append(ir.Assign(ir.Lane(ir.Var(s.name("scan")), ir.Var("mf_k")), run))
         out.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
-        folds.append(ir.Assign(run, combine(s, run, acc_value(s, el.value(s.arg)))))
+        folds.append(ir.Assign(run, combine(s, run, acc_value(s, *[el.value(a) for a in s.args]))))
     guard = ir.Var("mf_pos") < k.ctx.size(k.ctx.axis)
     return out + in_row(k, values + folds + records,
                         [ir.If(guard, values + folds)] + records)
@@ -248,7 +249,7 @@ def column(ctx: ColumnContext, scans: list[Scan], name: str = "column", split: b
         (lit(0), ir.Cast("uint", ctx.size(ctx.axis)))
     pos: list[ir.Stmt] = [ir.Decl("mf_k", "uint", ir.Var("mf_k0") + ir.Var("mf_u"))]
     el = column_lowering(ctx, ck, parts, frontier, "mf_v")
-    values = el.lower([s.arg for s in scans])
+    values = el.lower([a for s in scans for a in s.args])
     carries: list[ir.Stmt] = [ir.Comment("the running value of each scan")]
     held: list[ir.Stmt] = []
     keep: list[ir.Stmt] = []
@@ -258,7 +259,7 @@ def column(ctx: ColumnContext, scans: list[Scan], name: str = "column", split: b
         run, val = ir.Var(s.name("carry")), ir.Lane(ir.Var(s.name("val")), ir.Var("mf_u"))
         carries.append(ir.Decl(run.name, s.acc_type, identity(s), const=False))
         held.append(ir.ArrayDecl(s.name("val"), s.acc_type, r))
-        keep.append(ir.Assign(val, acc_value(s, el.value(s.arg))))
+        keep.append(ir.Assign(val, acc_value(s, *[el.value(a) for a in s.args])))
         folds.append(ir.Assign(run, combine(s, run, val)))
         out.values[s.node] = result(s, run)
     if split and not totals:
