@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import metalforge as mf
-from metalforge.autodiff import NotDifferentiable
 from metalforge.cuda import translate
 from metalforge.cuda.library import INCLUDE_DIR
 from metalforge.schedule import family
@@ -142,8 +141,16 @@ def test_backward_is_the_reverse_scan():
     m, n = torch.ones(2, 8), torch.ones(2)
     masked_cumsum.as_op("mf_test::masked_cumsum_grad")(x, m, n).sum().backward()
     torch.testing.assert_close(x.grad, torch.arange(8, 0, -1.0).expand(2, 8))
-    with pytest.raises(NotDifferentiable, match=r"mf.cum(max|min|prod).*no derivative"):
-        scans_row(torch.randn(2, 8, requires_grad=True))
+    # every scan differentiable, in one backward: cummax's and cummin's gradients (segmented
+    # cumsums) beside the reverse cumsums, one kernel
+    x = (1 + 0.05 * torch.randn(2, 300)).requires_grad_()       # cumprod stays finite
+    dys = [torch.randn(2, 300) for _ in range(5)]
+    got = torch.autograd.grad(scans_row(x), x, dys)[0]
+    xd = x.detach().double().requires_grad_()
+    want = torch.autograd.grad((xd.cumsum(1), xd.cumprod(1), xd.cummax(1).values,
+                                xd.cummin(1).values, xd.logcumsumexp(1)), xd,
+                               [d.double() for d in dys])[0]
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-3)
 
 
 # -- what a scan kernel refuses ------------------------------------------------------------
