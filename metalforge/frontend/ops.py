@@ -414,7 +414,8 @@ def cumprod(x: Any, axis: str, *, reverse: bool = False) -> Sym:
 def cummax(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Running maximum along `axis`, keeping it and x's dtype. torch.cummax returns
     (values, indices); metalforge returns the values only. A NaN propagates to every later
-    element, as in torch.
+    element, as in torch. Differentiable as torch's: the gradient goes to the running
+    maximum's position (ties: the latest element).
 
     Example: ``x - mf.cummax(x, "T")`` (drawdown)."""
     return _scan(ScanOp.CUMMAX, x, axis, reverse)
@@ -422,7 +423,8 @@ def cummax(x: Any, axis: str, *, reverse: bool = False) -> Sym:
 
 def cummin(x: Any, axis: str, *, reverse: bool = False) -> Sym:
     """Running minimum along `axis`, keeping it and x's dtype (the values of torch.cummin,
-    not its indices); a NaN propagates to every later element, as in torch.
+    not its indices); a NaN propagates to every later element, as in torch. Differentiable
+    as torch's: the gradient goes to the running minimum's position (ties: the latest).
 
     Example: ``mf.cummin(loss, "step")``."""
     return _scan(ScanOp.CUMMIN, x, axis, reverse)
