@@ -169,6 +169,7 @@ HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.rand
 HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 HELPER_WORDS |= {"mma16", "strides"}                       # strided 16x16 blocks (prefill)
 HELPER_WORDS |= {"coherent", "device_fence", "ticket"}      # one-launch column merges
+HELPER_WORDS |= {"segsum"}                                  # cummax's gradient (schedule/scan)
 
 
 def kernel_name(op: str, suffix: str = "") -> str:
