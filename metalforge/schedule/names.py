@@ -98,6 +98,7 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              # the quantized matvec's staged rows, paired rows and prologue
                              "blk", "padded", "poff", "xstage", "xstaged"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
+_SCHEDULE_NAMES |= {"segsum"}                               # cummax's gradient's helper
 # the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
 _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
                     "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
