@@ -6,6 +6,8 @@ in float64 and under gradcheck, check(grad=True), the operator, the cuda transla
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import metalforge as mf
 from metalforge import autodiff
@@ -85,6 +87,25 @@ def test_reference_path_is_torch_bit_for_bit():
         assert torch.equal(got, _torch_grad(_cummax2, x, dy).float())
         got = _reference_grad(running_min_back, x.T.contiguous(), dy.T.contiguous())
         assert torch.equal(got, _torch_grad(_cummin_back, x.T, dy.T).float())
+
+
+VALUES = [0.0, -0.0, 1.0, -1.0, 2.5, float("nan"), float("inf"), float("-inf")]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 300), st.lists(st.sampled_from(VALUES), min_size=1, max_size=300),
+       st.integers(0, 2 ** 16))
+def test_ties_nans_and_infinities_any_length(n, pool, seed):
+    """Values from a few (ties everywhere, NaNs, infinities, signed zeros) at any length: the
+    reference is torch bit for bit, the kernel (cummax, rows of any length) close to it."""
+    x = torch.tensor([pool[i % len(pool)] for i in range(n)]).reshape(1, n)
+    x = x[:, torch.randperm(n, generator=torch.Generator().manual_seed(seed))]
+    dy = torch.randn(1, n, generator=torch.Generator().manual_seed(seed))
+    want = _torch_grad(_cummax2, x, dy)
+    assert torch.equal(_reference_grad(running_max, x, dy), want.float())
+    xa = x.clone().requires_grad_()
+    got = torch.autograd.grad(running_max(xa), xa, dy)[0]
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * n ** 0.5)
 
 
 class _Reference(torch.autograd.Function):
