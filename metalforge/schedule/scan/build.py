@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...graph import Graph, ScanOp
+from ...graph import Graph
 from .. import reduce
 from ..policy import LaunchPolicy
 from .context import (
@@ -45,7 +45,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
                                                    vector_width=vw),
                             kernels["row"], tuple(rctx.outer) + (axis,), vector, index64,
                             axis=axis, rows=rctx.outer, inner=True, reads=r, variants=kernels,
-                            scans=len(scans), passes=passes)
+                            scans=sum(s.floats for s in scans), passes=passes)
     cctx = column_context(graph, policy, index64, axis)
     split = policy.fill_groups > 0 and splits(scans)
     cnames: tuple[str, ...] = ("column", "col_totals") if split else ("column",)
@@ -56,12 +56,11 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool) -> ScanSchedule:
         kernels = {n: replace(k, params=k.params + extra) for n, k in kernels.items()}
     return ScanSchedule("scan", graph, replace(policy, vector_width=1), kernels["column"],
                         tuple(cctx.outer) + (axis,), (), index64, axis=axis, rows=cctx.outer,
-                        inner=False, reads=1, variants=kernels, scans=len(scans),
+                        inner=False, reads=1, variants=kernels, scans=sum(s.floats for s in scans),
                         passes={"row": passes["column"], "totals": passes.get("col_totals", {})})
 
 
 def splits(scans: list[Scan]) -> bool:
-    """Whether a call may split rows (columns) over several launches: float scans whose
-    segment totals are one float each (a segmented cumsum's pair is not: its kernels keep
-    each row in one threadgroup, each column in one thread)."""
-    return all(s.is_float and s.kind != ScanOp.SEGSUM for s in scans)
+    """Whether a call may split rows (columns) over several launches: float scans (their
+    segments' totals fp32 in scratch; a segmented cumsum's pair, two floats)."""
+    return all(s.is_float for s in scans)

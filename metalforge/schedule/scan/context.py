@@ -27,6 +27,12 @@ class Scan:
     node: Node
     kind: ScanOp
     i: int
+    slot: int = 0          # its first float of a segment's totals in scratch (`floats` of them)
+
+    @property
+    def floats(self) -> int:
+        """Floats of a segment's total in scratch: a segmented cumsum's pair takes two."""
+        return 2 if self.kind == ScanOp.SEGSUM else 1
 
     @property
     def arg(self) -> Node:
@@ -59,9 +65,11 @@ class Scan:
 
 
 def scans_of(graph: Graph) -> list[Scan]:
-    """The graph's scans, numbered in dependency order."""
-    return [Scan(n, n.attr[0], i + 1) for i, n in
-            enumerate(n for n in graph.nodes() if n.op == Op.SCAN)]
+    """The graph's scans, numbered in dependency order, their totals' scratch slots in turn."""
+    out: list[Scan] = []
+    for i, n in enumerate(n for n in graph.nodes() if n.op == Op.SCAN):
+        out.append(Scan(n, n.attr[0], i + 1, out[-1].slot + out[-1].floats if out else 0))
+    return out
 
 
 def match(graph: Graph) -> Optional[str]:

@@ -26,7 +26,7 @@ class ScanSchedule(Schedule):
     inner: bool = True                  # the row kernel (axis innermost), else the column one
     reads: int = 8                      # the row kernel's elements per thread and chunk
     variants: dict[str, ir.LoweredKernel] = field(default_factory=dict)
-    scans: int = 1                      # scans in the graph (fp32 totals per segment)
+    scans: int = 1                      # fp32 totals per segment (a float2 scan's: two)
     passes: dict[str, dict[str, int]] = field(default_factory=dict)  # kernel → {input: reads}
 
     @property

@@ -11,7 +11,7 @@ The column kernels split a long axis the same way where the columns alone are to
 (`column_header`: thread i on column i % C, segment i / C; the `col_totals` kernel first).
 
 Scratch: the total of scan q, row (column) r, segment s at (q * rows + r) * S + s (fp32: float
-scans only split)."""
+scans only split; q counts floats: a segmented cumsum's (flags, sum) pair takes q and q + 1)."""
 from __future__ import annotations
 
 from ... import ir
@@ -76,13 +76,13 @@ def column_header(ctx: reduce.ReductionContext
         ir.Decl("mf_k_end", "uint", ir.Call("min", (ir.Var("mf_k_first") + per, length)))]
 
 
-def scratch_at(ctx: reduce.ReductionContext, s: Scan, seg: ir.Expr, unit: str = "mf_row"
-               ) -> ir.Expr:
-    """Where scan s's total of segment `seg` of this row (`unit` mf_col: column) sits in
-    scratch."""
+def scratch_at(ctx: reduce.ReductionContext, s: Scan, seg: ir.Expr, unit: str = "mf_row",
+               part: int = 0) -> ir.Expr:
+    """Where float `part` of scan s's total of segment `seg` of this row (`unit` mf_col:
+    column) sits in scratch."""
     r: ir.Expr = ir.Cast(IDX, ir.Var(unit))
-    if s.i > 1:
-        r = ir.Lit(s.i - 1, IDX) * ctx.span(ctx.outer) + r
+    if s.slot + part > 0:
+        r = ir.Lit(s.slot + part, IDX) * ctx.span(ctx.outer) + r
     return r * ir.Cast(IDX, ir.Var("mf_segs")) + ir.Cast(IDX, seg)
 
 
@@ -92,8 +92,9 @@ def carry_in(ctx: reduce.ReductionContext, scans: list[Scan], unit: str = "mf_ro
     it in its row (column), in order (none for the first segment)."""
     sl = ir.Var("mf_s")
     body: list[ir.Stmt] = [
-        ir.Assign(ir.Var(s.name("carry")), combine(s, ir.Var(s.name("carry")), ir.Load(
-            "mf_scratch", scratch_at(ctx, s, sl, unit)))) for s in scans]
+        ir.Assign(ir.Var(s.name("carry")), combine(s, ir.Var(s.name("carry")), total(
+            s, [ir.Load("mf_scratch", scratch_at(ctx, s, sl, unit, p))
+                for p in range(s.floats)]))) for s in scans]
     return [ir.Comment("the segments before this one: their totals from the first launch"),
             ir.For("mf_s", "uint", lit(0), ir.Var("mf_seg"), body)]
 
@@ -103,9 +104,16 @@ def store_totals(ctx: reduce.ReductionContext, scans: list[Scan], unit: str = "m
     """The totals kernels' end: the segment's totals to scratch (each scan's `value` after
     its last element), by the group's first thread for a row, every thread for a column."""
     stores: list[ir.Stmt] = [
-        ir.Store("mf_scratch", scratch_at(ctx, s, ir.Var("mf_seg"), unit),
-                 ir.Var(s.name(value))) for s in scans]
+        ir.Store("mf_scratch", scratch_at(ctx, s, ir.Var("mf_seg"), unit, p),
+                 ir.Var(s.name(value)) if s.floats == 1 else
+                 ir.Lane(ir.Var(s.name(value)), lit(p)))
+        for s in scans for p in range(s.floats)]
     if unit != "mf_row":
         return [ir.Comment("the segment's totals, for the segments after it")] + stores
     return [ir.Comment("the segment's totals, for the segments after it"),
             ir.If(ir.Var("mf_t").eq(lit(0)), stores)]
+
+
+def total(s: Scan, floats: list[ir.Expr]) -> ir.Expr:
+    """A segment's total from its floats in scratch (a segmented cumsum's: the pair)."""
+    return floats[0] if s.floats == 1 else ir.Call("float2", tuple(floats))
