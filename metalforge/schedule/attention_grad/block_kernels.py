@@ -11,9 +11,9 @@ from ..base import IDX
 from ..fragments import u
 from ..matrix import strided
 from .blocks import (ACC, SGS, SIDE, accumulate, elements, how, key_blocks, key_place,
-                     lowering_of, operand, positions, products, row_place, rows_seen, stage,
-                     start, store_acc)
-from .kernels import Ctx, kernel_of
+                     lowering_of, operand, products, row_place, rows_seen, stage, start,
+                     store_acc)
+from .kernels import Ctx, kernel_of, positions
 
 
 def _blocks(op: str, lowering_: str) -> tuple[strided.Blocks, strided.Blocks]:

@@ -32,7 +32,7 @@ from ..lower import as_float
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from .bounds import LONG, block_bounds, masked_by_index
-from .kernels import Ctx, kernel_of, load, lowering, positions, preset, store
+from .kernels import Ctx, load, lowering, positions, preset, store
 from .matrix import MAT_E
 
 SIDE = strided.SIDE
@@ -103,9 +103,10 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
     idx = first + ir.Cast(IDX, ir.Var("mf_sr"))
     at = ir.Var("mf_sr") * ir.Var("mf_rs") + ir.Var("mf_e")
     inside = (idx < count).and_(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.roles.e))
-    zero = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")), space="threadgroup")
+    zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
+                                    space="threadgroup")
             for a, _ in arrs]
-    fill = [ir.Store(a, at, ir.Cast(op, load(ctx, n)), space="threadgroup") for a, n in arrs]
+    fill: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, load(ctx, n)), space="threadgroup") for a, n in arrs]
     return ir.For("mf_si", UINT, ir.Var("mf_tid"), u(rows) * ir.Var("mf_ew"), [
         ir.Decl("mf_sr", UINT, i / ir.Var("mf_ew")),
         ir.Decl("mf_e", UINT, i % ir.Var("mf_ew")),

@@ -12,9 +12,9 @@ from typing import Mapping, Optional
 from ... import ir
 from ...graph import Graph
 from ...shapes import numel
+from ...target import get_target
 from ..base import Schedule
 from ..hardware import SIMD_WIDTH
-from ...target import get_target
 from ..policy import LaunchPolicy
 from . import block_kernels, blocks, matrix
 from .kernels import MAX_E, NSG, context, dkdv_kernel, dq_kernel
