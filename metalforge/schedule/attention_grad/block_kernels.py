@@ -10,9 +10,24 @@ from ...target import Target
 from ..base import IDX
 from ..fragments import u
 from ..matrix import strided
-from .blocks import (ACC, SGS, SIDE, accumulate, elements, how, key_blocks, key_place,
-                     lowering_of, operand, products, row_place, rows_seen, stage, start,
-                     store_acc)
+from .blocks import (
+    ACC,
+    SGS,
+    SIDE,
+    accumulate,
+    elements,
+    how,
+    key_blocks,
+    key_place,
+    lowering_of,
+    operand,
+    products,
+    row_place,
+    rows_seen,
+    stage,
+    start,
+    store_acc,
+)
 from .kernels import Ctx, kernel_of, positions
 
 

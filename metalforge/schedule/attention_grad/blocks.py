@@ -106,7 +106,8 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
     zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
                                     space="threadgroup")
             for a, _ in arrs]
-    fill: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, load(ctx, n)), space="threadgroup") for a, n in arrs]
+    fill: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, load(ctx, n)), space="threadgroup")
+                           for a, n in arrs]
     return ir.For("mf_si", UINT, ir.Var("mf_tid"), u(rows) * ir.Var("mf_ew"), [
         ir.Decl("mf_sr", UINT, i / ir.Var("mf_ew")),
         ir.Decl("mf_e", UINT, i % ir.Var("mf_ew")),
