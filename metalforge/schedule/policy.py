@@ -378,7 +378,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
-                  "index64", "index_check"),
+                  "index64", "index_check",
+                  "grad_fp32"),      # read by its backward's kernels (attention_grad) only
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),

@@ -90,9 +90,9 @@ def test_f16_gqa_window_padding_match_sdpa_backward():
     _close(got, torch.autograd.grad(ref, (lq, lk, lv), dy.double()), torch.float16)
 
 
+# (apple10, bf16) left out for CI time: its kernels are (apple10, f16)'s with bfloat types
 @pytest.mark.parametrize("target,dtype", [("apple9", torch.float16), ("apple9", torch.bfloat16),
-                                          ("apple10", torch.float16),
-                                          ("apple10", torch.bfloat16)])
+                                          ("apple10", torch.float16)])
 def test_block_kernels_by_target_match_torch(target, dtype):
     """The 16x16 block kernels (half / bfloat operands, P and dS cast to them; simdgroup_matrix
     at apple9, tensor ops at apple10) at partial tiles: 2 x 19 query rows a kv head (GQA),
