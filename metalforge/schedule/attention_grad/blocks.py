@@ -63,11 +63,13 @@ def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequenc
             ) -> list[ir.Stmt]:
     """Threadgroup arrays of `op`: `shared` of 16 rows (the block every simdgroup reads),
     `own` of SGS x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
-    (16 x PS a simdgroup each); mf_rs (a staged row: E to whole 16-blocks plus PAD), mf_eb."""
+    (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
+    thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
     out: list[ir.Stmt] = [ir.Comment(f"threadgroup operands as {op}; scratch for P and dS")]
     out += [ir.ArrayDecl(n, op, SIDE * ROW, "threadgroup") for n in shared]
     out += [ir.ArrayDecl(n, op, SGS * SIDE * ROW, "threadgroup") for n in own]
     out += [ir.ArrayDecl(n, op, SGS * SIDE * PS, "threadgroup") for n in scratch]
+    out += [ir.ArrayDecl(n, "float", SGS * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
     return out + [
         ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + ir.Var("mf_lane")),
         ir.Decl("mf_sp", UINT, ir.Var("mf_sg") * u(SIDE * PS))]
@@ -75,7 +77,7 @@ def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequenc
 
 def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
     """The group's kv head (own axes) and first row or key mf_b0 of its 16 x SGS of `count`;
-    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, the staged row mf_rs."""
+    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, a staged row mf_rs (mf_ew plus PAD)."""
     grp = ir.Cast(IDX, ir.Var("mf_group"))
     per = ir.Lit(SIDE * SGS, IDX)
     nblk = ir.Var("mf_nblk")
@@ -95,23 +97,30 @@ Place = Callable[[ir.Expr], list[ir.Stmt]]
 
 
 def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: int,
-          count: ir.Expr, place: Place) -> ir.Stmt:
+          count: ir.Expr, place: Place, stats: bool = False) -> ir.Stmt:
     """Rows first .. first + rows - 1 of the tensor reads into their arrays as `op`, E up to
-    mf_ew (0 past E and past `count`), by the whole group; `place(index)` declares a row's
-    positions."""
-    i = ir.Var("mf_si")
-    idx = first + ir.Cast(IDX, ir.Var("mf_sr"))
-    at = ir.Var("mf_sr") * ir.Var("mf_rs") + ir.Var("mf_e")
-    inside = (idx < count).and_(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.roles.e))
+    mf_ew (0 past E and past `count`): a simdgroup a row (its positions once, `place(index)`),
+    the lanes along E; with `stats`, the query row's lse and delta to mf_tl, mf_td."""
+    e = ir.Var("mf_e")
+    at = ir.Var("mf_sr") * ir.Var("mf_rs") + e
     zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
-                                    space="threadgroup")
-            for a, _ in arrs]
+                                    space="threadgroup") for a, _ in arrs]
     fill: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, load(ctx, n)), space="threadgroup")
                            for a, n in arrs]
-    return ir.For("mf_si", UINT, ir.Var("mf_tid"), u(rows) * ir.Var("mf_ew"), [
-        ir.Decl("mf_sr", UINT, i / ir.Var("mf_ew")),
-        ir.Decl("mf_e", UINT, i % ir.Var("mf_ew")),
-        ir.If(inside, [*place(idx), *fill], zero)], step=u(SIMD_WIDTH * SGS))
+    lanes = ir.Var("mf_lane"), ir.Var("mf_ew")
+    inside = ir.Cast(IDX, e) < ctx.size(ctx.roles.e)
+    live: list[ir.Stmt] = [*place(ir.Var("mf_si")), ir.For("mf_e", UINT, lanes[0], lanes[1], [
+        ir.If(inside, fill, zero)], step=u(SIMD_WIDTH))]
+    if stats:
+        r = ctx.roles
+        live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
+            ir.Store("mf_tl", ir.Var("mf_sr"), load(ctx, r.lse), space="threadgroup"),
+            ir.Store("mf_td", ir.Var("mf_sr"), load(ctx, r.delta), space="threadgroup")]))
+    return ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
+        ir.Decl("mf_si", IDX, first + ir.Cast(IDX, ir.Var("mf_sr"))),
+        ir.If(ir.Var("mf_si") < count, live, [
+            ir.For("mf_e", UINT, lanes[0], lanes[1], zero, step=u(SIMD_WIDTH))])],
+        step=u(SGS))
 
 
 def key_place(idx: ir.Expr) -> list[ir.Stmt]:
@@ -151,12 +160,14 @@ def grads(ctx: Ctx, roots: Sequence[Node], helpers: set[str]) -> tuple[list[ir.S
     return body, [as_float(low.value(n), n) for n in roots]
 
 
-def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Callable[[ir.Expr, ir.Expr], ir.Expr],
-             row: Callable[[ir.Expr, ir.Expr], ir.Expr], outs: Sequence[tuple[Node, str]],
-             helpers: set[str]) -> list[ir.Stmt]:
+Where = Callable[[ir.Expr, ir.Expr], ir.Expr]
+
+
+def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Where, row: Where, stat: Where,
+             outs: Sequence[tuple[Node, str]], helpers: set[str]) -> list[ir.Stmt]:
     """Per element (i, j) of blocks 0 (scores' dot) and 1 (dP's dot) the lane holds: the
-    pair (key(i, j), row(i, j)); each root of `outs` to its scratch at [i][j] as `op` (0 past
-    the keys or the rows)."""
+    pair (key(i, j), row(i, j)), the row's lse and delta at mf_tl, mf_td[stat(i, j)]; each
+    root of `outs` to its scratch at [i][j] as `op` (0 past the keys or the rows)."""
     r = ctx.roles
     body, values = grads(ctx, [n for n, _ in outs], helpers)
     names = [f"mf_w{i}" for i in range(len(outs))]
@@ -169,8 +180,9 @@ def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Callable[[ir.Expr, ir.
                 *(ir.Decl(n, "float", ir.Lit(0.0, "float"), const=False) for n in names),
                 ir.Decl("mf_l", IDX, key(i, j)), ir.Decl("mf_tr", IDX, row(i, j)),
                 ir.If(inside, [*positions(ctx, ir.Var("mf_tr"), r.tile),
-                               ir.Decl("mf_lse", "float", load(ctx, r.lse)),
-                               ir.Decl("mf_delta", "float", load(ctx, r.delta)), *body,
+                               ir.Decl("mf_lse", "float", ir.Lane(ir.Var("mf_tl"), stat(i, j))),
+                               ir.Decl("mf_delta", "float", ir.Lane(ir.Var("mf_td"),
+                                                                    stat(i, j))), *body,
                                *(ir.Assign(ir.Var(n), v) for n, v in zip(names, values))]),
                 *(ir.Store(arr, at, ir.Cast(op, ir.Var(n)), space="threadgroup")
                   for n, (_, arr) in zip(names, outs))]
