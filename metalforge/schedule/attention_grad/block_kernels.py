@@ -49,7 +49,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     r = ctx.roles
     low = lowering_of(target)
     sblk, gblk = _blocks(op, low)
-    helpers: set[str] = strided.helpers(sblk)
+    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 query rows: q and dO staged by the group"),
@@ -102,7 +102,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     r = ctx.roles
     low = lowering_of(target)
     sblk, gblk = _blocks(op, low)
-    helpers: set[str] = strided.helpers(sblk)
+    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 keys: K and V staged by the group"),

@@ -32,7 +32,7 @@ from ..lower import as_float
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from .bounds import LONG, block_bounds, masked_by_index
-from .kernels import Ctx, load, lowering, positions, preset, store
+from .kernels import Ctx, load, lowering, offset, positions, preset, store
 from .matrix import MAT_E
 
 SIDE = strided.SIDE
@@ -41,6 +41,7 @@ PAD = 8                          # elements past each staged row (bank spread)
 ROW = MAT_E + PAD                # a staged row's capacity
 PS = SIDE + PAD                  # a scratch row (P^T, dS) of 16 values
 ACC = MAT_E // SIDE              # output blocks of 16 E elements
+VW = 8                           # elements a vector copy (16 bytes of half / bfloat)
 
 
 def operand(ctx: Ctx, target: Target) -> Optional[str]:
@@ -90,7 +91,8 @@ def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
         ir.Decl("mf_b0", IDX, grp % nblk * per),
         ir.Decl("mf_eb", UINT, ir.Cast(UINT, (e + ir.Lit(SIDE - 1, IDX)) / ir.Lit(SIDE, IDX))),
         ir.Decl("mf_ew", UINT, ir.Var("mf_eb") * u(SIDE)),
-        ir.Decl("mf_rs", UINT, ir.Var("mf_ew") + u(PAD))]
+        ir.Decl("mf_rs", UINT, ir.Var("mf_ew") + u(PAD)),
+        ir.Decl("mf_vec_ok", "bool", (e % ir.Lit(VW, IDX)).eq(ir.Lit(0, IDX)))]
 
 
 Place = Callable[[ir.Expr], list[ir.Stmt]]
@@ -109,8 +111,11 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
                            for a, n in arrs]
     lanes = ir.Var("mf_lane"), ir.Var("mf_ew")
     inside = ir.Cast(IDX, e) < ctx.size(ctx.roles.e)
-    live: list[ir.Stmt] = [*place(ir.Var("mf_si")), ir.For("mf_e", UINT, lanes[0], lanes[1], [
-        ir.If(inside, fill, zero)], step=u(SIMD_WIDTH))]
+    copy: ir.Stmt = ir.For("mf_e", UINT, lanes[0], lanes[1], [ir.If(inside, fill, zero)],
+                           step=u(SIMD_WIDTH))
+    if all(ctx.graph.tensor(n.attr).axes[-1] == ctx.roles.e for _, n in arrs):
+        copy = ir.If(ir.Var("mf_vec_ok"), [_chunks(ctx, arrs, at, inside, zero)], [copy])
+    live: list[ir.Stmt] = [*place(ir.Var("mf_si")), copy]
     if stats:
         r = ctx.roles
         live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
@@ -121,6 +126,25 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
         ir.If(ir.Var("mf_si") < count, live, [
             ir.For("mf_e", UINT, lanes[0], lanes[1], zero, step=u(SIMD_WIDTH))])],
         step=u(SGS))
+
+
+def _chunks(ctx: Ctx, arrs: Sequence[tuple[str, Node]], at: ir.Expr, inside: ir.Expr,
+            zero: list[ir.Stmt]) -> ir.Stmt:
+    """The row's copy in chunks of VW elements (16 bytes) a lane, E a multiple of VW (each
+    chunk inside E or past it whole; the ones past it zeros)."""
+    fill: list[ir.Stmt] = []
+    for a, n in arrs:
+        t = ctx.graph.tensor(n.attr)
+        st = ctx.in_stype(t)
+        fill.append(ir.Store(a, at, ir.Load(ctx.names[t.name], offset(ctx, t.axes), VW, st),
+                             VW, st, space="threadgroup"))
+    e0 = ir.Var("mf_lane") * u(VW)
+    zeros = ir.For("mf_x", UINT, u(0), u(VW), [
+        ir.Block([ir.Decl("mf_e", UINT, ir.Var("mf_e0") + ir.Var("mf_x")), *zero])],
+        unroll=True)
+    return ir.For("mf_e0", UINT, e0, ir.Var("mf_ew"), [
+        ir.Decl("mf_e", UINT, ir.Var("mf_e0")),
+        ir.If(inside, fill, [zeros])], step=u(SIMD_WIDTH * VW))
 
 
 def key_place(idx: ir.Expr) -> list[ir.Stmt]:
