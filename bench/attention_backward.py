@@ -4,6 +4,12 @@ torch's math attention (eager and under torch.compile), same device.
 
     python bench/attention_backward.py --device cuda
     python bench/attention_backward.py --device cuda --lengths 1024 --heads 32 --no-causal
+    python bench/attention_backward.py --device cuda --lowerings tensor fp32
+
+A row per lowering of our backward (`--lowerings`, default all): "tensor" (the device's own
+target: on cuda the 16x16 blocks on tensor ops with f16 operands), "apple9" (the same blocks on
+simdgroup_matrix products, half operands), "fp32" (launch option grad_fp32: the fp32 8x8
+simdgroup_matrix kernels); SDPA, eager and torch.compile timed once per length.
 
 f16, B = 1, 16 heads (R = 1), E = 128, S = L in {1024, 4096}, causal unless --no-causal. The
 time is that of torch.autograd.grad(out, (q, k, v), dy) on an output computed once with
@@ -84,14 +90,21 @@ def _backward(forward, inputs, dy):
     return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
 
 
+# the backward's lowerings (a row each): launch options of the call
+LOWERINGS = {
+    "tensor": {},                                   # the device's target: tensor ops on cuda
+    "apple9": {"target": "apple9"},                 # 16x16 blocks on simdgroup_matrix (half)
+    "fp32": {"grad_fp32": True},                    # the old fp32 8x8 simdgroup_matrix kernels
+}
+
+
 def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repeat: int,
-         compiled: bool) -> None:
+         compiled: bool, lowerings: list[str]) -> None:
     q, k, v, dy = (torch.randn(1, heads, length, e, dtype=dtype, device=device)
                    for _ in range(4))
     scale = e ** -0.5
     mask = causal_mask(length, length, device) if causal else None
     sides = {
-        "ours": lambda a, b, c: attention(a, b, c, scale, causal=causal),
         "sdpa": lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=scale,
                                                                is_causal=causal),
         "eager": lambda a, b, c: _math(a, b, c, scale, mask)}
@@ -101,19 +114,26 @@ def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repe
         torch._functorch.config.donated_buffer = False
         sides["compile"] = torch.compile(lambda a, b, c: _math(a, b, c, scale, mask))
     runs = {n: _backward(f, (q, k, v), dy) for n, f in sides.items()}
-    got, want = runs["ours"](), runs["sdpa"]()
-    err = max(float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
-              for a, b in zip(got, want))          # the largest error against SDPA's, relative
-    if not err < 5e-2:
-        print(f"  WARNING: ours differs from SDPA's backward by {err:.3g} (relative to max)")
+    want = runs["sdpa"]()
     times = {n: _time(r, device, repeat) for n, r in runs.items()}
     peaks = {n: _peak(r, device) for n, r in runs.items()}
     flops = 10 * heads * length * length * e * (0.5 if causal else 1.0)
-    cols = " ".join(f"{times[n] * 1e3:>9.2f}" for n in runs)
-    tf = " ".join(f"{flops / times[n] / 1e12:>7.2f}" for n in runs)
-    mem = " ".join(f"{peaks[n] / 2 ** 20:>7.0f}" for n in runs)
-    print(f"{length:>6} {e:>4} {str(causal):>6} {cols} {tf} {mem} "
-          f"{times['sdpa'] / times['ours']:>9.3f}x {err:>8.1e}")
+    for low in lowerings:
+        kernel = attention.with_launch(**LOWERINGS[low]) if LOWERINGS[low] else attention
+        ours = _backward(lambda a, b, c: kernel(a, b, c, scale, causal=causal), (q, k, v), dy)
+        got = ours()
+        err = max(float((a.float() - b.float()).abs().max()
+                        / b.float().abs().max().clamp_min(1e-6))
+                  for a, b in zip(got, want))      # the largest error against SDPA's, relative
+        if not err < 5e-2:
+            print(f"  WARNING: ours ({low}) differs from SDPA's backward by {err:.3g}")
+        t = {"ours": _time(ours, device, repeat), **times}
+        p = {"ours": _peak(ours, device), **peaks}
+        cols = " ".join(f"{t[n] * 1e3:>9.2f}" for n in t)
+        tf = " ".join(f"{flops / t[n] / 1e12:>7.2f}" for n in t)
+        mem = " ".join(f"{p[n] / 2 ** 20:>7.0f}" for n in t)
+        print(f"{length:>6} {e:>4} {str(causal):>6} {low:>7} {cols} {tf} {mem} "
+              f"{t['sdpa'] / t['ours']:>9.3f}x {err:>8.1e}")
 
 
 def main(argv=None) -> None:
@@ -126,6 +146,8 @@ def main(argv=None) -> None:
     ap.add_argument("--no-causal", dest="causal", action="store_false")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
+                    help="our backward's lowerings, a row each (default: all)")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     heads, e, lengths, repeat = args.heads, args.e, args.lengths, args.repeat
@@ -135,13 +157,14 @@ def main(argv=None) -> None:
                                          else [])
     print(f"attention backward on {device}: B=1, {heads} heads, E={e}, {args.dtype}; "
           "ms, TFLOP/s, peak MiB per side")
-    print(f"{'S=L':>6} {'E':>4} {'causal':>6} " + " ".join(f"{n + ' ms':>9}" for n in names)
+    print(f"{'S=L':>6} {'E':>4} {'causal':>6} {'ours':>7} "
+          + " ".join(f"{n + ' ms':>9}" for n in names)
           + " " + " ".join(f"{n[:7]:>7}" for n in names) + " "
           + " ".join(f"{n[:5] + ' MiB':>7}" for n in names) + f" {'ours/sdpa':>9} "
           f"{'rel err':>8}")
     for length in lengths:
         case(device, DTYPES[args.dtype], length, heads, e, args.causal, repeat,
-             args.compile and device != "cpu")
+             args.compile and device != "cpu", args.lowerings)
 
 
 if __name__ == "__main__":

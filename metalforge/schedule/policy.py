@@ -105,6 +105,9 @@ class LaunchPolicy:
     x_rows: int = 2                    # quantized matvec: rows of x one simdgroup takes at once
                                        # (weights unpacked once for them) from x_rows rows on;
                                        # x_rows x rows_per_group sums at most MAX_QUANT_ROWS
+    grad_fp32: bool = False            # attention backward: the fp32 8x8 simdgroup_matrix
+                                       # kernels even for half / bfloat inputs (False: 16x16
+                                       # blocks on the inputs' own type, schedule/attention_grad)
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
@@ -375,7 +378,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
-                  "index64", "index_check"),
+                  "index64", "index_check",
+                  "grad_fp32"),      # read by its backward's kernels (attention_grad) only
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),
@@ -383,7 +387,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
 # the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
                                           uses_simd=True)
-TUNABLE["attention_grad"] = ("index64",)
+TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32")
 
 
 def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:

@@ -1,6 +1,9 @@
-"""The host side of an attention backward kernel: for E up to MAT_E the simdgroup_matrix
-kernel (`matrix`: a simdgroup per block of 8 keys or query rows of a kv head), above it the
-simd kernel (`kernels`: a simdgroup per key or query row, NSG a threadgroup)."""
+"""The host side of an attention backward kernel: for E up to MAT_E the 16x16 block kernel
+where the inputs are half / bfloat the target multiplies (`block_kernels`: 16 keys or query rows
+a simdgroup, SGS a threadgroup; launch options `target`, and `grad_fp32` to keep the fp32
+kernel), else the fp32 simdgroup_matrix kernel (`matrix`: a simdgroup per block of 8 keys or
+query rows of a kv head); above MAT_E the simd kernel (`kernels`: a simdgroup per key or query
+row, NSG a threadgroup)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,10 +12,11 @@ from typing import Mapping, Optional
 from ... import ir
 from ...graph import Graph
 from ...shapes import numel
+from ...target import get_target
 from ..base import Schedule
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
-from . import matrix
+from . import block_kernels, blocks, matrix
 from .kernels import MAX_E, NSG, context, dkdv_kernel, dq_kernel
 from .roles import Roles
 
@@ -24,23 +28,33 @@ class AttentionGradSchedule(Schedule):
     own: tuple[str, ...] = ()              # the kv head's axes
     blocked: tuple[str, ...] = ()          # the axes the matrix kernel takes 8 at a time
     sgs: int = 1                           # ... in that many simdgroups a threadgroup
+    block: Optional[ir.LoweredKernel] = None   # the 16x16 block kernel (half / bfloat)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
-        return (self.kernel,) if self.matrix is None else (self.kernel, self.matrix)
+        return (self.kernel,) + tuple(k for k in (self.matrix, self.block) if k is not None)
 
     def _uses_matrix(self, sizes: Mapping[str, int]) -> bool:
         return self.matrix is not None and sizes[self.e_axis] <= matrix.MAT_E
 
+    def _uses_block(self, sizes: Mapping[str, int]) -> bool:
+        return self.block is not None and sizes[self.e_axis] <= matrix.MAT_E
+
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
+        if self._uses_block(sizes):
+            n = -(-numel(self.blocked, sizes) // (blocks.SIDE * blocks.SGS))
+            return numel(self.own, sizes) * n * SIMD_WIDTH * blocks.SGS, \
+                SIMD_WIDTH * blocks.SGS
         if self._uses_matrix(sizes):
-            blocks = -(-numel(self.blocked, sizes) // (matrix.FRAG * self.sgs))
-            return numel(self.own, sizes) * blocks * SIMD_WIDTH * self.sgs, \
+            n = -(-numel(self.blocked, sizes) // (matrix.FRAG * self.sgs))
+            return numel(self.own, sizes) * n * SIMD_WIDTH * self.sgs, \
                 SIMD_WIDTH * self.sgs
         groups = -(-numel(self.grid_axes, sizes) // NSG)
         return groups * NSG * SIMD_WIDTH, NSG * SIMD_WIDTH
 
     def max_group_size(self, host_name: str) -> int:
+        if self.block is not None and host_name == self.block.host_name:
+            return SIMD_WIDTH * blocks.SGS
         if self.matrix is not None and host_name == self.matrix.host_name:
             return SIMD_WIDTH * self.sgs
         return NSG * SIMD_WIDTH
@@ -50,6 +64,9 @@ class AttentionGradSchedule(Schedule):
             raise ValueError(f"kernel '{self.graph.name}': the attention backward holds at "
                              f"most {MAX_E} elements of '{self.e_axis}' per row, got "
                              f"{sizes[self.e_axis]}")
+        if self._uses_block(sizes):
+            assert self.block is not None
+            return self.block.host_name
         if self._uses_matrix(sizes):
             assert self.matrix is not None
             return self.matrix.host_name
@@ -60,6 +77,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
           ) -> AttentionGradSchedule:
     """The schedule of one attention backward graph (its `roles` registered when built)."""
     ctx = context(graph, roles, index64)
+    target = get_target(policy.target or "apple9")
+    kinds = {"dq": block_kernels.dq_kernel, "dkdv": block_kernels.dkdv_kernel}
+    block = None if policy.grad_fp32 else kinds[roles.kind](ctx, target)
     if roles.kind == "dq":
         kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
         blocked, sgs = roles.tile, matrix.KSG
@@ -68,4 +88,4 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
         blocked, sgs = (roles.key,), matrix.KSG
     return AttentionGradSchedule("attention_grad", graph, policy, kernel, tuple(grid), (),
                                  index64, e_axis=roles.e, matrix=mat, own=roles.own,
-                                 blocked=blocked, sgs=sgs)
+                                 blocked=blocked, sgs=sgs, block=block)

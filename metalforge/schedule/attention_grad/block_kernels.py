@@ -1,0 +1,141 @@
+"""The two attention backward kernels on 16 x 16 matrix blocks (the pieces: `blocks`): dk/dv
+over the keys of a kv head, dq over its query rows; None where `blocks.operand` says they do
+not apply (the caller keeps the fp32 kernels)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ... import ir
+from ...target import Target
+from ..base import IDX
+from ..fragments import u
+from ..matrix import strided
+from .blocks import (
+    ACC,
+    SGS,
+    SIDE,
+    accumulate,
+    elements,
+    how,
+    key_blocks,
+    key_place,
+    lowering_of,
+    operand,
+    products,
+    row_place,
+    rows_seen,
+    stage,
+    start,
+    store_acc,
+)
+from .kernels import Ctx, kernel_of, positions
+
+
+def _blocks(op: str, lowering_: str) -> tuple[strided.Blocks, strided.Blocks]:
+    """The scores' and dP's blocks (B k-inner) and the gradients' (B k-outer)."""
+    return (strided.Blocks("mf_sacc", lowering_, op, k_inner=True),
+            strided.Blocks("mf_gacc", lowering_, op, k_inner=False))
+
+
+def _first(name: str) -> ir.Expr:
+    """A simdgroup's first row of 16: `name` + 16 sg."""
+    return ir.Var(name) + ir.Cast(IDX, ir.Var("mf_sg") * u(SIDE))
+
+
+def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    op = operand(ctx, target)
+    if op is None:
+        return None
+    r = ctx.roles
+    low = lowering_of(target)
+    sblk, gblk = _blocks(op, low)
+    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
+    k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 16 query rows: q and dO staged by the group"),
+        stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], t0, SIDE, ctx.span(r.tile),
+              row_place(ctx), stats=True),
+        ir.Barrier(),
+        ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows); per element P^T and "
+                   f"dS^T as {op}"),
+        products(sblk, [("mf_tk", "mf_tq"), ("mf_tv", "mf_tdo")], own, u(0)),
+        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
+                  lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
+                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
+        ir.Comment("dV += P^T dO, dK += dS^T Q (16 keys x E)"),
+        *accumulate(gblk, 0, "mf_tp", "mf_tdo", u(0)),
+        *accumulate(gblk, ACC, "mf_tc", "mf_tq", u(0)),
+        ir.Comment("every simdgroup is done with the rows before they are restaged"),
+        ir.Barrier()]
+
+    def key_at(i: ir.Expr) -> list[ir.Stmt]:
+        return [ir.Decl("mf_l", IDX, k0 + ir.Cast(IDX, i))]
+    body: list[ir.Stmt] = [
+        *start(ctx, low, op, (("mf_tq", "mf_tdo"), ("mf_tk", "mf_tv"), ("mf_tp", "mf_tc")),
+               ctx.size(r.key)),
+        ir.Decl("mf_k0", IDX, _first("mf_b0")),
+        ir.Comment("the group's keys of K and V, staged once"),
+        stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], ir.Var("mf_b0"), SIDE * SGS,
+              ctx.size(r.key), key_place),
+        ir.Comment("the simdgroup's blocks: S^T and dP^T; dV (0 ..) and dK (.. 2 x E / 16)"),
+        *strided.declare(sblk, 2), *strided.declare(gblk, 2 * ACC),
+        ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
+                   "16 at a time, in order"),
+        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
+               rows_seen(ctx, ir.Var("mf_b0"), SIDE * SGS, step), step=ir.Lit(SIDE, IDX)),
+        ir.Comment("the simdgroup's keys' dk and dv"),
+        *store_acc(ctx, gblk, ACC, "dk", key_at, lambda i: k0 + ir.Cast(IDX, i)
+                   < ctx.size(r.key)),
+        *store_acc(ctx, gblk, 0, "dv", key_at, lambda i: k0 + ir.Cast(IDX, i)
+                   < ctx.size(r.key))]
+    summary = (f"{ctx.graph.name} (attention backward, dk dv, 16x16 blocks): a threadgroup "
+               f"per {SIDE * SGS} keys of a kv head, 16 a simdgroup; per 16 query rows "
+               f"reading them S^T = K Q^T, dP^T = V dO^T, P and dS as {op}, dV += P^T dO, "
+               f"dK += dS^T Q, on {how(low)} with {op} operands and fp32 accumulation")
+    return kernel_of(ctx, body, "dkdv_block", summary, helpers, 32 * SGS)
+
+
+def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    op = operand(ctx, target)
+    if op is None:
+        return None
+    r = ctx.roles
+    low = lowering_of(target)
+    sblk, gblk = _blocks(op, low)
+    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
+    k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 16 keys: K and V staged by the group"),
+        stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], k0, SIDE, ctx.size(r.key),
+              key_place),
+        ir.Barrier(),
+        ir.Comment(f"S = Q K^T and dP = dO V^T (16 rows x 16 keys); per element dS as {op}"),
+        products(sblk, [("mf_tq", "mf_tk"), ("mf_tdo", "mf_tv")], own, u(0)),
+        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
+                  lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
+                  helpers),
+        ir.Comment("dQ += dS K (16 rows x E)"),
+        *accumulate(gblk, 0, "mf_tc", "mf_tk", u(0)),
+        ir.Comment("every simdgroup is done with the keys before they are restaged"),
+        ir.Barrier()]
+
+    def row_at(i: ir.Expr) -> list[ir.Stmt]:
+        return positions(ctx, t0 + ir.Cast(IDX, i), r.tile)
+    body: list[ir.Stmt] = [
+        *start(ctx, low, op, (("mf_tk", "mf_tv"), ("mf_tq", "mf_tdo"), ("mf_tc",)),
+               ctx.span(r.tile)),
+        ir.Decl("mf_t0", IDX, _first("mf_b0")),
+        ir.Comment("the group's query rows of q and dO, staged once"),
+        stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], ir.Var("mf_b0"), SIDE * SGS,
+              ctx.span(r.tile), row_place(ctx), stats=True),
+        ir.Comment("the simdgroup's blocks: S and dP; dQ"),
+        *strided.declare(sblk, 2), *strided.declare(gblk, ACC),
+        *key_blocks(ctx, step),
+        ir.Comment("the simdgroup's rows' dq"),
+        *store_acc(ctx, gblk, 0, "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
+                   < ctx.span(r.tile))]
+    summary = (f"{ctx.graph.name} (attention backward, dq, 16x16 blocks): a threadgroup per "
+               f"{SIDE * SGS} query rows of a kv head, 16 a simdgroup; per 16 keys S = Q K^T, "
+               f"dP = dO V^T, dS as {op}, dQ += dS K, on {how(low)} with {op} operands and "
+               "fp32 accumulation")
+    return kernel_of(ctx, body, "dq_block", summary, helpers, 32 * SGS)
