@@ -100,15 +100,17 @@ def example_kernels():
 # reduced-axis lengths that reach each variant of a family's schedule (short rows held by one
 # simdgroup, rows in registers, looped rows; columns split over several threads)
 LONGER = {"row": (700, 5000), "column": (300,)}
-# Examples whose family another example sweeps in full (attention.attention, paged_attention,
-# q4_matvec): every SAMPLE-th candidate of the grid, from a different offset each, so that
-# together they still reach every candidate (CI time: these sweeps took 300 s of the suite;
-# at every third candidate still 160 s)
+# Examples of the attention and quantized families: every SAMPLE-th candidate of the grid, from
+# a different offset each (the tuple's index), so that each family's examples together still
+# reach every candidate: attention's first four, the quantized four (CI time: these sweeps took
+# 300 s of the suite; at every third candidate, beside full sweeps of attention.attention,
+# paged_attention and q4_matvec, still 330 s)
 SAMPLE = 4
 SAMPLED = ("sliding_window_softcap.window_softcap", "padded_attention.padded_attention",
            "llama_decode.decode_attention", "llama_decode.paged_decode_attention",
            "llama_decode.q_rope", "llama_decode.kv_rope", "llama_decode.qlinear_add",
-           "llama_decode.gate_up")
+           "llama_decode.gate_up", "attention.attention", "paged_attention.paged_attention",
+           "q4_matvec.q4_matvec")
 
 
 @pytest.mark.parametrize("kernel", example_kernels())
