@@ -321,8 +321,10 @@ POLICIES: dict[str, LaunchPolicy] = {
 # cuda, rows: few long rows split over threadgroups (rows/split.py) where the looped kernel
 # would run fewer than 256 of them (two groups of 1024 threads on each of an H100's or H200's
 # 132 cores): 64 rows of 65536 ran in 64 threadgroups, f16 softmax 0.85x and log_softmax
-# 0.63x torch eager (H200, 2026-11-28, bench/README.md); untimed split (fill_groups=0: as
-# before). The Metal table keeps it off (untimed on Apple GPUs).
+# 0.63x torch eager (H200, 2026-11-28, bench/README.md); split (H200, 2026-11-29), us, f16 /
+# f32: softmax 18.2 -> 16.0 / 19.0 -> 15.9, log_softmax 16.2 -> 15.1 / 17.3 -> 15.8,
+# layer_norm 21.5 -> 21.2 / 21.9 -> 18.9 (fill_groups=0: as before). The Metal table keeps it
+# off (untimed on Apple GPUs).
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
 # simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
