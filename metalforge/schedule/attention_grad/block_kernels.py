@@ -42,14 +42,24 @@ def _first(name: str) -> ir.Expr:
     return ir.Var(name) + ir.Cast(IDX, ir.Var("mf_sg") * u(SIDE))
 
 
-def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+def _setup(ctx: Ctx, target: Target) -> Optional[
+        tuple[str, str, strided.Blocks, strided.Blocks, set[str]]]:
+    """(operand type, lowering, the S / dP blocks, the gradients' blocks, helpers) of a block
+    kernel; None where the inputs take the fp32 kernels."""
     op = operand(ctx, target)
     if op is None:
         return None
-    r = ctx.roles
     low = lowering_of(target)
     sblk, gblk = _blocks(op, low)
-    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
+    return op, low, sblk, gblk, strided.helpers(sblk) | {"mf_pack8_of"}
+
+
+def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    setup = _setup(ctx, target)
+    if setup is None:
+        return None
+    op, low, sblk, gblk, helpers = setup
+    r = ctx.roles
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 query rows: q and dO staged by the group"),
@@ -96,13 +106,11 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
 
 
 def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
-    op = operand(ctx, target)
-    if op is None:
+    setup = _setup(ctx, target)
+    if setup is None:
         return None
+    op, low, sblk, gblk, helpers = setup
     r = ctx.roles
-    low = lowering_of(target)
-    sblk, gblk = _blocks(op, low)
-    helpers: set[str] = strided.helpers(sblk) | {"mf_pack8_of"}
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 keys: K and V staged by the group"),
