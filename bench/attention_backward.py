@@ -25,9 +25,7 @@ simulator (--device cpu) this is a smoke test at small sizes.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,7 +34,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, example, pick_device, sync  # noqa: E402
+from common import DTYPES, example, pick_device, sync, timeit  # noqa: E402
 
 _ex = example("attention")
 attention, causal_mask = _ex.attention, _ex.causal_mask
@@ -50,25 +48,20 @@ def _math(q, k, v, scale, mask):
 
 
 def _time(fn, device: str, repeat: int) -> float:
-    """Seconds per call: CUDA events around `repeat` calls (CUDA), else the median wall time."""
+    """Seconds per call: CUDA events around `repeat` calls (CUDA: a backward is not captured
+    in a CUDA graph here), else common.timeit's median of synchronised calls."""
+    if device != "cuda":
+        return timeit(fn, device, repeat, warmup=2)
     for _ in range(2):
         fn()
     sync(device)
-    if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(repeat):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3 / repeat
-    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for _ in range(repeat):
-        t0 = time.perf_counter()
         fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeat
 
 
 def _peak(fn, device: str) -> int:
