@@ -361,6 +361,27 @@ def test_steel_gemm_fused_matches_mlx(dtype, trans, M, N, K, bm, bn, bk, wm, wn)
     _close(out, _torch(want, dtype), dtype)
 
 
+def _run_steel_attention(lib, dtype, qL, kL, D, causal, bq, bk, heads, seed):
+    """One call of MLX's steel attention kernel (bq x bk tiles, wm 4, wn 1: threadgroups (NQ,
+    H, B) of (32, 4, 1), buffers 0-4), B = 1, heads = (H, Hkv), against mlx's own SDPA."""
+    (H, Hkv), B = heads, 1
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
+    o = torch.zeros_like(q)
+    scale = D ** -0.5
+    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
+    t = _TNAME[dtype]
+    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
+    NQ = -(-qL // bq)
+    getattr(lib, kname)(q, k, v, o, params, None, None, None,
+                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
+    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
+                                                mask="causal" if causal else None)
+    _close(o, _torch(want, dtype), dtype)
+
+
 def _attn_params(B, H, D, qL, kL, gqa, scale, bq, bk, q, k, v, o) -> torch.Tensor:
     """steel/attn/params.h AttnParams, as scaled_dot_product_attention.cpp fills it."""
     import struct
@@ -384,22 +405,7 @@ def test_steel_attention_matches_mlx(dtype, D, qL, kL, causal):
     fc = {200: qL % bq == 0, 201: kL % bk == 0, 300: False, 301: causal, 302: False}
     lib = compile_shader(inline_mlx(KDIR + "steel/attn/kernels/steel_attention.metal"),
                          function_constants=fc)
-    B, H, Hkv = 1, 4, 2
-    g = torch.Generator().manual_seed(11)
-    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
-    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
-    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
-    o = torch.zeros_like(q)
-    scale = D ** -0.5
-    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
-    t = _TNAME[dtype]
-    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
-    NQ = -(-qL // bq)
-    getattr(lib, kname)(q, k, v, o, params, None, None, None,
-                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
-    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
-                                                mask="causal" if causal else None)
-    _close(o, _torch(want, dtype), dtype)
+    _run_steel_attention(lib, dtype, qL, kL, D, causal, bq, bk, heads=(4, 2), seed=11)
 
 
 @pytest.mark.parametrize("dtype,axis", [(torch.float32, 100), (torch.bfloat16, 5000)])
@@ -562,22 +568,7 @@ def test_steel_attention_nax_matches_mlx(dtype, D, qL, kL, causal):
     fc = {200: qL % bq == 0, 201: kL % bk == 0, 300: False, 301: causal, 302: False}
     lib = compile_shader(inline_mlx(KDIR + "steel/attn/kernels/steel_attention_nax.metal"),
                          function_constants=fc, metal_version=400, gpu_family=10)
-    B, H, Hkv = 1, 2, 1
-    g = torch.Generator().manual_seed(12)
-    q = torch.randn(B, H, qL, D, generator=g).to(dtype)
-    k = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
-    v = torch.randn(B, Hkv, kL, D, generator=g).to(dtype)
-    o = torch.zeros_like(q)
-    scale = D ** -0.5
-    params = _attn_params(B, H, D, qL, kL, H // Hkv, scale, bq, bk, q, k, v, o)
-    t = _TNAME[dtype]
-    kname = f"steel_attention_{t}_bq{bq}_bk{bk}_bd{D}_wm4_wn1_mask{t}"
-    NQ = -(-qL // bq)
-    getattr(lib, kname)(q, k, v, o, params, None, None, None,
-                        threads=[NQ * 32, H * 4, B], group_size=[32, 4, 1])
-    want = mx.fast.scaled_dot_product_attention(_mx(q), _mx(k), _mx(v), scale=scale,
-                                                mask="causal" if causal else None)
-    _close(o, _torch(want, dtype), dtype)
+    _run_steel_attention(lib, dtype, qL, kL, D, causal, bq, bk, heads=(2, 1), seed=12)
 
 
 def test_affine_qmm_t_nax_matches_mlx():
