@@ -35,7 +35,7 @@ from ..bounded import Bounded
 from ..errors import KernelError
 from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
-from .translate import SOURCE_NAME, Entry, translate, two_groups
+from .translate import SOURCE_NAME, Entry, cap, cap_registers, launch_bounds, translate
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 NVRTC_OPTIONS = ["-default-device", "-D__METAL__=1"]
@@ -53,6 +53,7 @@ SIMD_WIDTH = 32
 _CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0
 _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
+_CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 PLANS_PER_KERNEL = 64
 
 
@@ -141,11 +142,11 @@ def _nvrtc_error(e: Exception) -> SyntaxError:
 class _Module:
     """The compiled translation unit on one device: function handles by entry symbol.
 
-    Kernels without a declared thread limit are compiled capped at 32 registers
-    (`translate.two_groups`); where the cap makes one spill (local memory), the unit is
-    compiled again with that kernel uncapped. `one_d`: the unit for 1-D dispatches only
-    (MF_ONE_D=1: the entry points' thread numbering without y and z, include/mf_cuda/entry.h);
-    the other serves any grid."""
+    Kernels are compiled under a register cap (`translate.launch_bounds`: 32 registers
+    without a declared thread limit, 64 with one below 1024); where the cap makes one spill
+    (local memory), the unit is compiled again with that kernel uncapped (`_uncap`). `one_d`:
+    the unit for 1-D dispatches only (MF_ONE_D=1: the entry points' thread numbering without
+    y and z, include/mf_cuda/entry.h); the other serves any grid."""
 
     def __init__(self, text: str, entries: tuple[Entry, ...], device: int, one_d: bool = True,
                  metal_version: int = DEFAULT_METAL_VERSION):
@@ -153,12 +154,33 @@ class _Module:
         self.device = device
         self.one_d = one_d
         self._compile(text, entries, [])
-        self.uncapped = frozenset(
-            e.symbol for e in entries
-            if e.two_groups and self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES))
-        if self.uncapped:
-            _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
-            self._compile(text, entries, [f"-D{two_groups(s)}=" for s in sorted(self.uncapped)])
+        self.uncapped = self._uncap(text, entries)
+
+    def _uncap(self, text: str, entries: tuple[Entry, ...]) -> frozenset[str]:
+        """Compile again with the kernels uncapped whose cap made them spill (at the cap's
+        registers, with local memory), keeping those where uncapping removed local memory
+        (a kernel's own run-time indexed arrays live there whatever its registers)."""
+        def spilled(e: Entry) -> int:
+            return self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+
+        capped = {e.symbol: spilled(e) for e in entries if spilled(e) and self.attribute(
+            e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS) >= cap_registers(e.max_total_threads)}
+        free = [e for e in entries if e.symbol in capped]
+        while free:
+            self._recompile(text, entries, free)
+            kept = [e for e in free if spilled(e) < capped[e.symbol]]
+            if len(kept) == len(free):
+                return frozenset(e.symbol for e in free)
+            free = kept
+            if not free:        # none gained: back to every kernel capped
+                self._recompile(text, entries, [])
+        return frozenset()
+
+    def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry]) -> None:
+        _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
+        self._compile(text, entries, [
+            f"-D{cap(e.symbol)}={launch_bounds(e.max_total_threads, capped=False)}"
+            for e in free])
 
     def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
         with torch.cuda.device(self.device):

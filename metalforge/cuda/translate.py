@@ -55,8 +55,7 @@ class Entry:
     host_name: str
     symbol: str
     args: tuple[Arg, ...]
-    max_total_threads: int
-    two_groups: bool = False       # compiled under two_groups(symbol) (<= 32 registers)
+    max_total_threads: int         # compiled under cap(symbol): launch_bounds of it
 
 
 @dataclass(frozen=True)
@@ -88,23 +87,36 @@ def _function(k) -> tuple[str, str]:
     return f"decltype(&{fn})", fn
 
 
-def _launch_bounds(threads: int) -> str:
-    """A kernel declaring [[max_total_threads_per_threadgroup(N)]] (N < 1024) gets
+def launch_bounds(threads: int, capped: bool = True) -> str:
+    """The register cap of a kernel of at most `threads` threads a group.
+
+    A kernel declaring [[max_total_threads_per_threadgroup(N)]] (N < 1024) gets
     __launch_bounds__(N, 1024 / N): at least 1024 of its threads resident per multiprocessor,
     so at most 64 registers a thread. Without it NVRTC may take more registers than a schedule
     sized its grid for: the staged attention decode took 72 (7 groups of 128 per H100 core, its
-    1024 groups in two waves: 177 us at L = 65536, 131 us capped). Kernels without a limit
-    below 1024 get `two_groups` instead."""
-    return f" __launch_bounds__({threads}, {1024 // threads})"
+    1024 groups in two waves: 177 us at L = 65536, 131 us capped). A kernel without a limit
+    below 1024 gets __launch_bounds__(1024, 2), at most 32 registers, so that two groups of
+    1024 fit a core where one would with 33. H100, 2026-11-26: f32 layer_norm (40 registers
+    uncapped, 32 without a spill) 4096x8192 137.5 -> 108.6 us, 2048x16384 147.2 -> 110.7; f16
+    rms_norm (44) capped spills 48 bytes a thread and ran up to 18% slower.
+
+    `capped=False`: what the library compiles a kernel under where the cap makes it spill
+    (local memory): only the group size. H200, 2026-11-29: the 128 x 128 matrix tile spilled
+    1192 bytes a thread under 64 registers (8.7 TFLOP/s), uncapped it takes 168 (73.5)."""
+    if threads >= 1024:
+        return "__launch_bounds__(1024, 2)" if capped else ""
+    return f"__launch_bounds__({threads}, {1024 // threads})" if capped else \
+        f"__launch_bounds__({threads})"
 
 
-def two_groups(symbol: str) -> str:
-    """The macro a kernel without a declared limit is compiled under: by default
-    __launch_bounds__(1024, 2), at most 32 registers a thread, so that two groups of 1024 fit
-    a core where one would with 33; the library defines it empty for a kernel the cap makes
-    spill (library.py). H100, 2026-11-26: f32 layer_norm (40 registers uncapped, 32 without a
-    spill) 4096x8192 137.5 -> 108.6 us, 2048x16384 147.2 -> 110.7; f16 rms_norm (44) capped
-    spills 48 bytes a thread and ran up to 18% slower, so it keeps its registers."""
+def cap_registers(threads: int) -> int:
+    """The registers a thread gets under `launch_bounds(threads)`."""
+    return 32 if threads >= 1024 else 64
+
+
+def cap(symbol: str) -> str:
+    """The macro a kernel is compiled under: `launch_bounds(N)` by default; the library
+    defines it as `launch_bounds(N, capped=False)` for a kernel the cap makes spill."""
     return f"MF_BOUNDS_{symbol}"
 
 
@@ -126,15 +138,12 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
                 args[p.index] = (f"::mf_cuda::pos_cast<::mf_cuda::param_t<{fty}, {p.index}>>"
                                  f"(mf_p.{p.attr}())")
         sym = f"mf_entry_{i}"
-        capped = k.max_total_threads >= 1024
-        bounds = f" {two_groups(sym)}" if capped else _launch_bounds(k.max_total_threads)
-        out += [f"// {k.host_name}"]
-        if capped:
-            out += [f"#ifndef {two_groups(sym)}",
-                    f"#define {two_groups(sym)} __launch_bounds__(1024, 2)",
-                    "#endif"]
+        out += [f"// {k.host_name}",
+                f"#ifndef {cap(sym)}",
+                f"#define {cap(sym)} {launch_bounds(k.max_total_threads)}",
+                "#endif"]
         out += [f"using {fty} = {ftype};",
-                f'extern "C" __global__ void{bounds} {sym}(' +
+                f'extern "C" __global__ void {cap(sym)} {sym}(' +
                 ", ".join(decls + ["unsigned mf_gx", "unsigned mf_gy", "unsigned mf_gz"]) + ") {",
                 "  ::mf_cuda::Pos mf_p;",
                 "  if (!mf_p.init<MF_ONE_D>(mf_gx, mf_gy, mf_gz)) return;",
@@ -142,7 +151,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
                 "}"]
         entries.append(Entry(k.host_name, sym, tuple(
             Arg(p.buffer_index, p.name, p.type_text, p.elem_type, _by_pointer(p))
-            for p in buffers), k.max_total_threads, capped))
+            for p in buffers), k.max_total_threads))
     return "\n".join(out) + "\n", tuple(entries)
 
 

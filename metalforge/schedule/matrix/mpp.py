@@ -79,7 +79,7 @@ def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
             "decltype(mf_right0), float>", ()), const=False),
         ir.For("mf_c", "int", _i(0), ir.Cast("int", _method("mf_acc", "get_capacity")),
                [ir.Assign(ir.Lane(acc, ir.Var("mf_c")), ir.Lit(0.0, "float"))],
-               pragma_unroll=t.pad > 0)]
+               pragma_unroll=True)]
 
 
 def products(t: Tile) -> list[ir.Stmt]:
@@ -101,4 +101,4 @@ def results(t: Tile, emit: Emit) -> list[ir.Stmt]:
             ir.If(_method("mf_acc", "is_valid_element", c), [
                 ir.Decl("mf_at", "auto", _method("mf_acc", "get_multidimensional_index", c)),
                 *emit(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
-                      ir.Lane(ir.Var("mf_acc"), c))])], pragma_unroll=t.pad > 0)]
+                      ir.Lane(ir.Var("mf_acc"), c))])], pragma_unroll=True)]

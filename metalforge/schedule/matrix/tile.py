@@ -158,29 +158,25 @@ def stage_vectors(t: Tile, array: str, rows: int, load: Vector, vtype: str,
                   live: ir.Expr) -> list[ir.Stmt]:
     """Every thread's share of one operand tile read as 16-byte vectors (an operand that is a
     tensor of the operand type, k-inner, the step whole and aligned): vector mf_v of row mf_r
-    holds values mf_kk.. mf_kk + VEC - 1 (`load(mf_r, mf_kk)`), stored element by element where
-    `live` (the row exists), else zeros. `vtype`: the loaded vector's type."""
+    holds values mf_kk.. mf_kk + VEC - 1 (`load(mf_r, mf_kk)`), stored whole (one 16-byte
+    threadgroup store: VEC divides a slice's 16 values, so they stay adjacent) where `live`
+    (the row exists), else zeros. `vtype`: the loaded vector's type."""
     if t.pad:
         return [s for i in range(_vectors(t, rows)) for s in _put_vector(
             t, array, rows, i, [ir.Decl("mf_vals", vtype, load(ir.Var("mf_r"),
                                                                 ir.Var("mf_kk")))], live)]
     per_row = t.bk // t.vec
     e = ir.Var("mf_i") * u(t.threads) + ir.Var("mf_t")
-    rv, kv, j = ir.Var("mf_r"), ir.Var("mf_kk"), ir.Var("mf_j")
-    at = staged(rows, rv, kv + j)
-    lane = ir.Call("mf_lane8", (ir.Var("mf_vals"), j)) if t.vec == 8 else \
-        ir.Lane(ir.Var("mf_vals"), j)
-    zero = ir.Cast(t.operand, ir.Lit(0.0, "float"))
+    rv, kv = ir.Var("mf_r"), ir.Var("mf_kk")
+    at = staged(rows, rv, kv)
     return [ir.For("mf_i", "uint", u(0), u(max(1, rows * per_row // t.threads)), [
         ir.Decl("mf_r", "uint", e / u(per_row)),
         ir.Decl("mf_kk", "uint", e % u(per_row) * u(t.vec)),
         ir.If(live, [
             ir.Decl("mf_vals", vtype, load(rv, kv)),
-            ir.For("mf_j", "uint", u(0), u(t.vec), [ir.Store(array, at, lane, space="threadgroup")],
-                   unroll=True)],
-              [ir.For("mf_j", "uint", u(0), u(t.vec), [ir.Store(array, at, zero,
-                                                                 space="threadgroup")],
-                      unroll=True)])])]
+            ir.Store(array, at, ir.Var("mf_vals"), t.vec, t.operand, "threadgroup")],
+              [ir.Store(array, at, ir.Call(ir.vector_type(t.operand, t.vec), ()), t.vec,
+                        t.operand, "threadgroup")])])]
 
 
 # -- padded tiles: 16-byte stores, and loads a step ahead ----------------------------------------

@@ -70,13 +70,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
                 if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
                     const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(a + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = half(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_pack8<half>();
                 }
             }
         } else {
@@ -101,13 +97,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
                 if (mf_n0 + mf_index_t(mf_r) < mf_size_N) {
                     const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(b + (mf_n0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = half(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_pack8<half>();
                 }
             }
         } else {

@@ -62,7 +62,7 @@ template <typename T, typename mf_index_t>
     auto mf_right1 = tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_bs + (64u + mf_sn) * 16u, dextents<int32_t, 2>(16, 32));
     // the fp32 destination, in registers across K (a cooperative tensor)
     auto mf_acc = mf_op.get_destination_cooperative_tensor<decltype(mf_left0), decltype(mf_right0), float>();
-    for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
         mf_acc[mf_c] = 0.0f;
     }
     // along 'K' in steps of 32 values: stage both tiles, multiply
@@ -75,13 +75,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
                 if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
                     const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(a + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = half(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_pack8<half>();
                 }
             }
         } else {
@@ -106,13 +102,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 4u * 8u;
                 if (mf_n0 + mf_index_t(mf_r) < mf_size_N) {
                     const mf_pack8<T> mf_vals = *reinterpret_cast<device const mf_pack8<T>*>(b + (mf_n0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_lane8(mf_vals, mf_j);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 8u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = half(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup mf_pack8<half>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_pack8<half>();
                 }
             }
         } else {
@@ -136,7 +128,7 @@ template <typename T, typename mf_index_t>
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     // each element the lane holds: its place in the block, then its output
-    for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
         if (mf_acc.is_valid_element(mf_c)) {
             const auto mf_at = mf_acc.get_multidimensional_index(mf_c);
             const mf_index_t mf_m = mf_m0 + mf_index_t(mf_sm + uint(mf_at[1]));

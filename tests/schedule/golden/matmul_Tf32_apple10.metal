@@ -51,13 +51,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 8u * 4u;
                 if (mf_m0 + mf_index_t(mf_r) < mf_size_M) {
                     const vec<T, 4> mf_vals = *reinterpret_cast<device const vec<T, 4>*>(a + (mf_m0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_vals[mf_j];
-                    }
+                    *reinterpret_cast<threadgroup vec<float, 4>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                        mf_as[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = float(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup vec<float, 4>*>(mf_as + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = vec<float, 4>();
                 }
             }
         } else {
@@ -82,13 +78,9 @@ template <typename T, typename mf_index_t>
                 const uint mf_kk = (mf_i * 128u + mf_t) % 8u * 4u;
                 if (mf_n0 + mf_index_t(mf_r) < mf_size_N) {
                     const vec<T, 4> mf_vals = *reinterpret_cast<device const vec<T, 4>*>(b + (mf_n0 + mf_index_t(mf_r)) * mf_size_K + (mf_k0 + mf_index_t(mf_kk)));
-                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = mf_vals[mf_j];
-                    }
+                    *reinterpret_cast<threadgroup vec<float, 4>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = mf_vals;
                 } else {
-                    for (uint mf_j = 0u; mf_j < 4u; ++mf_j) {
-                        mf_bs[((mf_kk + mf_j) / 16u * 64u + mf_r) * 16u + (mf_kk + mf_j) % 16u] = float(0.0f);
-                    }
+                    *reinterpret_cast<threadgroup vec<float, 4>*>(mf_bs + (mf_kk / 16u * 64u + mf_r) * 16u + mf_kk % 16u) = vec<float, 4>();
                 }
             }
         } else {

@@ -623,7 +623,7 @@ template <typename T, typename mf_index_t>
     auto mf_right1 = tensor<threadgroup bfloat, dextents<int32_t, 2>, tensor_inline>(mf_bs + (64u + mf_sn) * 16u, dextents<int32_t, 2>(16, 32));
     // the fp32 destination, in registers across K (a cooperative tensor)
     auto mf_acc = mf_op.get_destination_cooperative_tensor<decltype(mf_left0), decltype(mf_right0), float>();
-    for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
         mf_acc[mf_c] = 0.0f;
     }
     // along 'K' in steps of 32 values: stage both tiles, multiply
@@ -739,7 +739,7 @@ template <typename T, typename mf_index_t>
     }
     // the outputs, where the row of x and the weight row exist
     // each element the lane holds: its place in the block, then its output
-    for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_acc.get_capacity()); ++mf_c) {
         if (mf_acc.is_valid_element(mf_c)) {
             const auto mf_at = mf_acc.get_multidimensional_index(mf_c);
             const mf_index_t mf_m = mf_m0 + mf_index_t(mf_sm + uint(mf_at[1]));
