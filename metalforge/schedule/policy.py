@@ -349,10 +349,11 @@ POLICIES: dict[str, LaunchPolicy] = {
 POLICIES["scatter"] = LaunchPolicy("scatter", threads_per_group=256, vector_width=1)
 # contractions (schedule/matmul/): a threadgroup per tile x tile outputs, 4 simdgroups of
 # (tile / 2)^2 outputs each, 32 values of K a step (schedule/matrix/; untimed on Apple GPUs)
-# cuda, matmul: the table's 64 x 64 unpadded tiles. H200, 2026-11-29, f16 4096^3, TFLOP/s
-# (bench/matmul.py --configs): tile 64 61.4; tile 128 with staged rows padded to 48 bytes, the
-# next step read ahead and bands of 8 rows of tiles 11.7; the same without the read-ahead
-# 18.5; tile 128 with 8 simdgroups 33.8; tile 64 padded, read ahead 19.7 (bench/README.md)
+# cuda, matmul: 128 x 128 tiles (4 simdgroups of 64 x 64; the cuda library compiles the
+# kernel without its 64-register cap, under which it spilled). H200, 2026-11-29, f16 4096^3,
+# TFLOP/s (bench/matmul.py --configs), after whole 16-byte staging stores: tile 64 99.4, tile
+# 128 125.9, tile 128 on 8 simdgroups 67.4, k_step 64 91.9, padded rows 70.0; linear + bias +
+# GELU 44.6 at tile 64, 38.3 at 128 (its unrolled epilogue); before the stores: tile 64 61.4
 POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=1,
                                   uses_simd=True, target="apple9", tile=64)
 
@@ -360,7 +361,7 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32},
-             "elementwise": {"small_grid": 1 << 21}},
+             "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
