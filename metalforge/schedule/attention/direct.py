@@ -156,6 +156,8 @@ def gather_scores(ks: KernelState, n: int, lanes: int) -> list[ir.Stmt]:
     hold them (pair i: lane i * lanes / n of the stream, or with n > lanes lane i / (n /
     lanes), its own slot i % (n / lanes))."""
     i = ir.Var("mf_i")
+    src: ir.Expr
+    slot: ir.Expr
     if n >= lanes:
         src, slot = i / ir.Lit(n // lanes, "uint"), i % ir.Lit(n // lanes, "uint")
     else:
