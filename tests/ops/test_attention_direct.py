@@ -19,6 +19,9 @@ import torch.nn.functional as F
 
 import metalforge as mf
 from metalforge import runtime
+from metalforge.cuda.translate import translate
+
+from ..cuda_host import assert_host_syntax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from attention import attention, causal_mask  # noqa: E402
@@ -111,3 +114,12 @@ def test_direct_is_off_by_default_and_refuses_stage_kv():
     assert policy.stage_kv is False and policy.lane_scores is False
     with pytest.raises(mf.LaunchError, match="decode_direct.*stage_kv"):
         attention.with_launch(decode_direct=True, stage_kv=True)(q, kv, kv, 0.1)
+
+
+def test_cuda_translation_passes_host_syntax_check(tmp_path):
+    """The direct kernels (indexed and xor shuffles, 16-byte loads) translate and compile
+    against the cuda shim."""
+    with mf.target("cuda"):
+        src = attention.with_launch(decode_direct=True, matrix_rows=0).source(T="f16")
+    assert "_direct_narrow" in src and "_direct_wide" in src
+    assert_host_syntax(translate(src).text, tmp_path)
