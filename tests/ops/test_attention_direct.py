@@ -44,9 +44,10 @@ def _sdpa(q, k, v, scale, s, length):
     # 32-lane kernels; R = 8 (two tiles), 4, 1, 3 (a partial tile); L = 1, L not a
     # multiple of a step, several key blocks. Partial dots a step (keys_per_step x 4 rows)
     # against lanes a key: 8 (as many, fewer); the window test below takes 16 (more, as
-    # many), the masks' 4 (fewer). (bf16: the f16 code with another type; by hand.)
+    # many), the masks' 4 (fewer); f32 runs there
     (torch.float16, 2, [(16, 2, 1, 77, 128, 0), (8, 2, 1, 300, 64, 3), (3, 3, 1, 1, 128, 0),
                         (6, 2, 2, 129, 200, 2), (4, 1, 1, 300, 128, 0)]),
+    (torch.bfloat16, 1, [(8, 2, 1, 70, 128, 2), (4, 4, 1, 33, 48, 0)]),
 ])
 def test_direct_matches_sdpa(dtype, kps, cases):
     for heads, kvh, s, length, e, splits in cases:
