@@ -18,8 +18,9 @@ keys_per_step keys: their K and V loads are all issued first (loads in flight), 
   dot products of its own (key, row) pairs;
 - the scores' elementwise work (scale, masks, soft caps) once per pair, in the lane that
   holds it; then every lane of the stream gathers the step's N scores (N indexed shuffles);
-- per row one online-softmax update, acc += p v (each lane its reads_per_thread E elements
-  of every row).
+- per row one online-softmax update, its rescale of d and acc skipped where the row's max did
+  not move (its factor would be exactly 1: long contexts mostly skip it), then acc += p v
+  (each lane its reads_per_thread E elements of every row).
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def kernel(ctx: CallContext, lanes: int) -> ir.LoweredKernel:
             f"{kps} keys a stream per step)")
     head = group_head(ctx, ks, nsg, what, lanes=lanes) + tile(ctx, ks) + block_keys(ctx, ks)
     staged, _ = stage(ctx, ks)
-    step = load_keys(ctx, ks) + reduced_scores(ctx, ks, lanes) + update_rows(ctx, ks) \
+    step = load_keys(ctx, ks) + reduced_scores(ctx, ks, lanes) + update_rows(ctx, ks, True) \
         + accumulate(ctx, ks)
     per_step = ir.Lit(kp * kps, IDX)
     loop = ir.For("mf_base", IDX, ir.Var("mf_l0") + ir.Cast(IDX, ir.Var("mf_sg")) * per_step,
