@@ -5,9 +5,6 @@
     python bench/attention.py --device cuda --launch stage_kv=0 --splits 0 32 64 128 --no-prefill
     python bench/attention.py --device cuda --no-prefill --variants '' 'key_splits=128' \
         'stage_kv=0 lane_scores=0'                   # decode launch options side by side
-    python bench/attention.py --device cuda --no-prefill --lengths 4096 16384 65536 \
-        --variants '' 'decode_direct=1' 'decode_direct=1 keys_per_step=4' \
-        'decode_direct=1 keys_per_step=1'            # the direct decode kernels (direct.py)
 
 Decode: B=1, 32 query heads over 8 key/value heads (GQA), one query, E=128, L in {4096, 16384,
 65536}, f16: the K/V bytes (read once) over the time, as GB/s and as a share of what `copy_`

@@ -72,9 +72,6 @@ class LaunchPolicy:
                                        # memory by the whole group, one simdgroup per query row
                                        # (None: the schedule's choice, on where
                                        # threads_per_group = 32 x rows_per_group)
-    decode_direct: bool = False        # attention: the `direct` decode kernels (keys streamed
-                                       # from device memory straight into each simdgroup's
-                                       # registers, no staging, no barrier in the key loop)
     matrix_rows: int = 32              # attention: query rows sharing keys from which a call
                                        # runs the simdgroup_matrix prefill kernel (0: never)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
@@ -266,13 +263,6 @@ POLICIES: dict[str, LaunchPolicy] = {
     # schedule/attention/mma.py on the target's matrix hardware (Metal 4 tensor ops: the
     # cuda target's tensor cores); the fp32 one is left out on the cuda target
     # (attention/build.py; bench/README.md)
-    # decode_direct (off by default everywhere until timed): the decode kernels of
-    # attention/direct.py, no threadgroup staging and no barrier in the key loop: each
-    # simdgroup streams its own keys from device memory into registers (a key's row over 8 /
-    # 16 / 32 lanes by E, reads_per_thread elements each, 16-byte loads), keys_per_step keys a
-    # key stream at once (their loads issued before any use), the partial dot products of a
-    # step's keys and rows reduced in one reduce-scatter butterfly; threads_per_group /
-    # rows_per_group / key_splits as for the unstaged kernel. Untimed (bench/README.md)
     # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
     # ops where the target has them, else simdgroup_matrix; set per call from the current
     # target, as the contractions')
@@ -391,7 +381,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
-                  "index64", "index_check", "decode_direct",
+                  "index64", "index_check",
                   "grad_fp32"),      # read by its backward's kernels (attention_grad) only
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
@@ -427,8 +417,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("one_launch", None),
     ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None),
-    ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"),
-    ("decode_direct", None))
+    ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 
 def _need(p: LaunchPolicy, ok: bool, msg: str) -> None:
@@ -526,10 +515,6 @@ def _validate_attention(p: LaunchPolicy) -> None:
           f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
           f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
           f"{SIMD_WIDTH * p.rows_per_group}")
-    _need(p, not (p.decode_direct and p.stage_kv),
-          "decode_direct streams the keys into each simdgroup's registers, stage_kv stages "
-          "them in threadgroup memory: set one of them (stage_kv=None or False with "
-          "decode_direct=True)")
     nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
     tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
     _need(p, tg <= MAX_THREADGROUP_BYTES,

@@ -61,13 +61,7 @@ rows share their keys), and `merge` when a call splits the keys into blocks.
 The package: `match` (recognition), `params` (tile sizes, thresholds), `context` (the frozen
 call context, the per-kernel state), the blocks (`loops`, `head`, `staging`, `tiles`, `scores`,
 `softmax`, `values`, `combine`, `write`), one module per kernel (`decode`, `staged`: the
-stage_kv decode kernels, `direct`: the decode_direct ones, `prefill`, `merge`), `build` and
-the host side `schedule`.
-
-- With `decode_direct` (off by default): the `direct` decode kernels (8 / 16 / 32 lanes a key,
-  by E): each simdgroup streams its own keys from device memory into registers, no staging
-  and no barrier in the key loop; a step's partial dots go through one reduce-scatter
-  butterfly, each lane scores its own (key, row) pairs and the key stream gathers them.
+stage_kv decode kernels, `prefill`, `merge`), `build` and the host side `schedule`.
 """
 from __future__ import annotations
 

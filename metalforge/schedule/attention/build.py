@@ -11,7 +11,7 @@ from ...graph import Graph
 from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
-from . import decode, direct, merge, mma, prefill, staged
+from . import decode, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context
 from .match import Form, match
@@ -29,16 +29,9 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     stage_kv = bool(ctx.policy.stage_kv)
     epl = ctx.policy.reads_per_thread
     carry = _Carry({"mf_maximum"})
-    narrow: Optional[ir.LoweredKernel]
-    wide: Optional[ir.LoweredKernel]
-    if ctx.policy.decode_direct:       # direct.py: by E, 8 / 16 / 32 lanes a key
-        narrow = carry(direct.kernel(ctx, direct.LANES[0]))
-        first = carry(direct.kernel(ctx, direct.LANES[1]))
-        wide = carry(direct.kernel(ctx, direct.LANES[2]))
-        tg_bytes = threadgroup_bytes(wide)
-    elif stage_kv:
+    if stage_kv:
         first = carry(staged.kernel(ctx, "decode"))
-        narrow = carry(staged.kernel(ctx, "narrow"))
+        narrow: Optional[ir.LoweredKernel] = carry(staged.kernel(ctx, "narrow"))
         wide = carry(staged.kernel(ctx, "wide")) if epl > ctx.run else None
         tg_bytes = threadgroup_bytes(wide or narrow or first)
     else:
@@ -95,17 +88,12 @@ def _schedule(ctx: CallContext, tg_bytes: int, first: ir.LoweredKernel,
                      vector_width=ctx.vw)
     validate(policy)
     run = ctx.run
-    # the kernels' E limits: stage_kv's by run, the direct ones' by lanes per key
-    narrow_e, mid_e = (NARROW_LANES * run, SIMD_WIDTH * run) if not ctx.policy.decode_direct \
-        else (direct.LANES[0] * ctx.policy.reads_per_thread,
-              direct.LANES[1] * ctx.policy.reads_per_thread)
     return AttentionSchedule(
         "attention", ctx.graph, policy, first, (*ctx.rows, ctx.form.e), vector, ctx.index64,
         l_axis=ctx.form.key, e_axis=ctx.form.e, rows=ctx.rows,
         max_e=SIMD_WIDTH * ctx.policy.reads_per_thread, merge=merged, narrow=narrow,
-        narrow_e=narrow_e, wide=wide, mid_e=mid_e, prefill=matrix,
+        narrow_e=NARROW_LANES * run, wide=wide, mid_e=SIMD_WIDTH * run, prefill=matrix,
         prefill_e=SIMD_WIDTH * run, own_axes=ctx.own_axes, tile_axes=ctx.tile_axes, qt=ctx.qt,
         tile_items=tuple(ctx.tensor_of(n).dtype.itemsize for n in ctx.kv)
         if ctx.policy.stage_kv else (), tile_vw=ctx.vw,
-        bounds=tuple(key_bounds(ctx.form, ctx.rows)), kv_reads=tuple(ctx.kv),
-        direct=bool(ctx.policy.decode_direct))
+        bounds=tuple(key_bounds(ctx.form, ctx.rows)), kv_reads=tuple(ctx.kv))

@@ -12,21 +12,19 @@ from .loops import each_row, lanes, slots
 from .write import write_row
 
 
-def merge_streams(ctx: CallContext, ks: KernelState, lanes: int = 0) -> list[ir.Stmt]:
-    """Merge the simdgroup's kp key streams (lanes mf_w apart, or `lanes` in a kernel of
-    that many a key, hold the same E elements of different keys) by an xor butterfly;
-    afterwards every stream holds the merge."""
+def merge_streams(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """Merge the simdgroup's kp key streams (lanes mf_w apart hold the same E elements of
+    different keys) by an xor butterfly; afterwards every stream holds the merge."""
     t, off = ir.Var("mf_t"), ir.Var("mf_off")
     m, d = ir.Lane(ir.Var("mf_m"), t), ir.Lane(ir.Var("mf_d"), t)
     acc = ir.Lane(ir.Var("mf_acc"), t * ir.Lit(ks.epl, "uint") + ir.Var("mf_j"))
     mo, mx = ir.Var("mf_mo"), ir.Var("mf_mx")
-    start = ir.Lit(lanes, "uint") if lanes else ir.Var("mf_w")
 
     def weight(ms: ir.Expr) -> ir.Expr:
         return online.share(ms, mx)
     return [
         ir.Comment("merge the simdgroup's key streams"),
-        ir.For("mf_off", "uint", start, SIMD, [each_row(ctx, ks, [
+        ir.For("mf_off", "uint", ir.Var("mf_w"), SIMD, [each_row(ctx, ks, [
             ir.Decl("mf_mo", "float", ir.Call("simd_shuffle_xor", (m, off))),
             ir.Decl("mf_do", "float", ir.Call("simd_shuffle_xor", (d, off))),
             ir.Decl("mf_mx", "float", ir.Call("mf_maximum", (m, mo))),

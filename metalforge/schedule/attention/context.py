@@ -150,8 +150,6 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> Ca
     kv = _key_tensors(graph, form, tile_axes)
     itemsizes = {graph.tensor(n.attr[0] if n.op == Op.TAKE else n.attr).dtype.itemsize
                  for n in kv}
-    if policy.decode_direct:                 # direct.py: neither staging nor lane scores
-        policy = replace(policy, stage_kv=False, lane_scores=False)
     if policy.stage_kv is None:              # the schedule's choice (policy.py)
         policy = replace(policy, stage_kv=(
             policy.threads_per_group == SIMD_WIDTH * policy.rows_per_group))

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 from ... import ir
 from ..base import IDX
-from ..hardware import SIMD_WIDTH
 from ..lower import ident
 from .bounds import key_bounds
 from .context import SIMD, CallContext, KernelState, lowering, tile_position
 from .loops import each_row
 
 
-def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "",
-               lanes: int = 0) -> list[ir.Stmt]:
+def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "") -> list[ir.Stmt]:
     """Which tile of query rows (mf_own, mf_tile) and block of keys [mf_l0, mf_l1) the
     threadgroup takes (`what` it does with them: the comment), and the lane's place: E
     chunk mf_sub of key stream mf_grp (not with stage_kv, whose lanes place themselves per
@@ -41,12 +39,7 @@ def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "",
         ir.Decl("mf_own", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
                                                           / ir.Var("mf_splits")) / tiles)),
         ir.If(ir.Cast(IDX, ir.Var("mf_own")) >= ctx.span(ctx.own_axes), [ir.Return()])]
-    if lanes:                           # a kernel of `lanes` lanes per key (direct.py)
-        w = ir.Lit(lanes, "uint")
-        head += [ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % w),
-                 ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / w),
-                 ir.Decl("mf_kp", "uint", ir.Lit(SIMD_WIDTH // lanes, "uint"))]
-    elif not ctx.policy.stage_kv:
+    if not ctx.policy.stage_kv:
         head += [ir.Decl("mf_sub", "uint", ir.Var("mf_lane") % ir.Var("mf_w")),
                  ir.Decl("mf_grp", "uint", ir.Var("mf_lane") / ir.Var("mf_w")),
                  ir.Decl("mf_kp", "uint", SIMD / ir.Var("mf_w"))]

@@ -57,12 +57,6 @@ BATCHED_COPIES = 4
 # 30.0 us; prefill S = L = 1024, E = 64: 1225 -> 986 us (bench/README.md); a separate kernel
 # because the same loop with a per-call number of streams cost E = 128 2-8%.
 NARROW_LANES = 16
-# decode_direct (direct.py): the fewest lanes a key (the narrow kernel's: E = 64 in f16 is 8
-# lanes x one 16-byte load) and the threadgroups (tiles x key blocks) a call aims at. Its
-# groups hold no K/V in threadgroup memory (about 4 KB for the simdgroups' merge) but ~130-180
-# registers a thread (keys_per_step 2-4): untimed, as TARGET_GROUPS_STAGED; sweep key_splits
-DIRECT_LANES = 8
-DIRECT_TARGET_GROUPS = 1024
 # The simdgroup_matrix prefill kernel (prefill.py): query rows per threadgroup, 8 a
 # simdgroup
 MATRIX_ROWS = 32

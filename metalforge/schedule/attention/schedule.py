@@ -17,8 +17,6 @@ from ...shapes import numel
 from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
 from .params import (
-    DIRECT_LANES,
-    DIRECT_TARGET_GROUPS,
     MATRIX_GROUP,
     MATRIX_ROWS,
     MERGE_LANES,
@@ -55,7 +53,6 @@ class AttentionSchedule(Schedule):
     tile_vw: int = 1                   # ... and the elements of a chunk of their rows
     bounds: tuple[tuple[str, Node, int], ...] = ()   # the mask's bounds on the keys (key_bounds)
     kv_reads: tuple[Node, ...] = ()    # the reads along keys and E (k, v), loads or gathers
-    direct: bool = False               # decode_direct: the decode kernels are direct.py's
 
     @property
     def axis(self) -> str:
@@ -118,18 +115,14 @@ class AttentionSchedule(Schedule):
         return kt
 
     def lanes(self, sizes: Mapping[str, int]) -> int:
-        """Lanes a key's E elements spread over (mf_w): the fewest holding reads_per_thread
-        each; the direct kernels' fixed count (8, 16 or 32: the one the call runs)."""
-        w = lanes_per_key(sizes[self.e_axis], self.policy.reads_per_thread)
-        return max(w, DIRECT_LANES) if self.direct else w
+        return lanes_per_key(sizes[self.e_axis], self.policy.reads_per_thread)
 
     def splits(self, sizes: Mapping[str, int]) -> int:
         """Key blocks per tile for a call with these sizes."""
         length = sizes[self.l_axis]
         if self.policy.key_splits:
             return max(1, min(self.policy.key_splits, length))
-        target = TARGET_GROUPS_STAGED if self.policy.stage_kv else \
-            DIRECT_TARGET_GROUPS if self.direct else TARGET_GROUPS
+        target = TARGET_GROUPS_STAGED if self.policy.stage_kv else TARGET_GROUPS
         want = -(-target // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
 

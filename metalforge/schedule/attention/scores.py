@@ -18,26 +18,11 @@ from .staging import elements, key_value, own_key_chunks, zero_padded
 def dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[Node, ir.Expr]]:
     """The step's score contractions: each lane's part over its E elements for every
     (key, row), then summed over the key's mf_w lanes (xor butterfly)."""
+    f = ctx.form
     out: list[ir.Stmt] = [ir.Comment("scores: each lane's part of every contraction, then "
                                      "summed across the key's lanes")]
-    dot_of: dict[Node, ir.Expr] = {}
-    off = ir.Var("mf_off")
-    for r, (dot, part) in partial_dots(ctx, ks).items():
-        out += part + [ir.For("mf_off", "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), [
-                    each_key(ctx, ks, [each_row(ctx, ks, [ir.Assign(dot, dot + ir.Call(
-                        "simd_shuffle_xor", (dot, off)))])])], step=off)]
-        dot_of[r] = dot
-    return out, dot_of
-
-
-def partial_dots(ctx: CallContext, ks: KernelState
-                 ) -> dict[Node, tuple[ir.Lane, list[ir.Stmt]]]:
-    """Per score contraction: its array mf_dot<i>[u * qt + t] of the lane's parts over
-    its E elements for every (key u, row t) of the step (0 for keys past the end and rows
-    past the tile's), and the statements computing them."""
-    f = ctx.form
     dot_at = ir.Var("mf_u") * ir.Lit(ks.qt, "uint") + ir.Var("mf_t")
-    out: dict[Node, tuple[ir.Lane, list[ir.Stmt]]] = {}
+    dot_of: dict[Node, ir.Expr] = {}
     for i, r in enumerate(f.contractions):
         part = lowering(ctx, ks, f"mf_c{i}_")
         key_value(ctx, ks, part)
@@ -49,9 +34,14 @@ def partial_dots(ctx: CallContext, ks: KernelState
         ks.out.helpers |= part.helpers
         rows = ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"),
                       [ir.Assign(dot, ir.Lit(0.0, "float"))], unroll=True)
-        out[r] = (dot, [ir.ArrayDecl(f"mf_dot{i}", "float", ctx.kps * ks.qt),
-                        each_key(ctx, ks, [rows]), keys(ctx, ks, [each_row(ctx, ks, [each])])])
-    return out
+        off = ir.Var("mf_off")
+        out += [ir.ArrayDecl(f"mf_dot{i}", "float", ctx.kps * ks.qt),
+                each_key(ctx, ks, [rows]), keys(ctx, ks, [each_row(ctx, ks, [each])]),
+                ir.For("mf_off", "uint", ir.Lit(1, "uint"), ir.Var("mf_w"), [
+                    each_key(ctx, ks, [each_row(ctx, ks, [ir.Assign(dot, dot + ir.Call(
+                        "simd_shuffle_xor", (dot, off)))])])], step=off)]
+        dot_of[r] = dot
+    return out, dot_of
 
 
 def lane_dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[Node, ir.Expr]]:

@@ -47,38 +47,13 @@ def softmax_step(ctx: CallContext, ks: KernelState,
     """The scores' elementwise work, then per row one online-softmax update for the step:
     its max, what was summed under the old max rescaled, the step's weights p added."""
     sc_at = ir.Var("mf_u") * ir.Lit(ks.qt, "uint") + ir.Var("mf_t")
-    sc = ir.Lane(ir.Var("mf_sc"), sc_at)
+    sc, p = ir.Lane(ir.Var("mf_sc"), sc_at), ir.Lane(ir.Var("mf_p"), sc_at)
     body, value = score(ctx, ks, dot_of)
+    m, d, m_new, corr, acc = _row_state(ks)
     dead = _no_scores(ks, sc)
     return [
         ir.ArrayDecl("mf_sc", "float", ctx.kps * ks.qt),
         keys(ctx, ks, [each_row(ctx, ks, body + [ir.Assign(sc, value)])], [dead]),
-        *update_rows(ctx, ks)]
-
-
-def update_rows(ctx: CallContext, ks: KernelState, lazy: bool = False) -> list[ir.Stmt]:
-    """Per row one online-softmax update by the step's scores mf_sc[u * qt + t]: the
-    step's max, the old sums rescaled, the weights mf_p[u * qt + t] added. `lazy`: the
-    rescale only where the max moved (else its factor is exactly 1: the same sums)."""
-    sc_at = ir.Var("mf_u") * ir.Lit(ks.qt, "uint") + ir.Var("mf_t")
-    sc, p = ir.Lane(ir.Var("mf_sc"), sc_at), ir.Lane(ir.Var("mf_p"), sc_at)
-    m, d, m_new, corr, acc = _row_state(ks)
-    if lazy:
-        return [
-            ir.Comment("online softmax, per row: the step's max; where it moved (or is NaN) "
-                       "the old sums rescaled; the step's weights p added"),
-            ir.ArrayDecl("mf_p", "float", ctx.kps * ks.qt),
-            each_row(ctx, ks, [
-                ir.Decl("mf_m_new", "float", m, const=False),
-                each_key(ctx, ks, [ir.Assign(m_new, ir.Call("mf_maximum", (m_new, sc)))]),
-                ir.If(m_new.ne(m), [
-                    ir.Decl("mf_corr", "float", online.rescale(m, m_new)),
-                    ir.Assign(d, d * corr),
-                    slots(ctx, ks, [ir.Assign(acc, acc * corr)]),
-                    ir.Assign(m, m_new)]),
-                each_key(ctx, ks, [ir.Assign(p, online.weight(sc, m_new)),
-                                   ir.Assign(d, d + p)])])]
-    return [
         ir.Comment("online softmax, per row: the step's max, the old sums rescaled, the "
                    "step's weights p added"),
         ir.ArrayDecl("mf_p", "float", ctx.kps * ks.qt),
