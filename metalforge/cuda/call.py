@@ -142,6 +142,7 @@ class Layout:
     slots: tuple[Slot, ...]
     size: int
     packer: struct.Struct   # every slot's value, in order, with the padding between them
+    params: struct.Struct   # the parameters' slots alone (`packer` up to the grid)
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -164,7 +165,10 @@ def slot_shape(arg: Arg, ty: Optional[tuple[str, int]]) -> Optional[tuple[int, s
 def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
     """The buffer of parameters of these (size, struct code), then the three grid dims."""
     slots, fmt, offset = [], ["<"], 0
-    for size, code in list(shapes) + [(4, "I")] * 3:
+    params = ""
+    for k, (size, code) in enumerate(list(shapes) + [(4, "I")] * 3):
+        if k == len(shapes):
+            params = "".join(fmt)
         start = -(-offset // size) * size            # aligned to its size
         if start > offset:
             fmt.append(f"{start - offset}x")
@@ -172,7 +176,7 @@ def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
         slots.append(Slot(start, size, code))
         offset = start + size
     total = -(-offset // POINTER_SIZE) * POINTER_SIZE
-    return Layout(tuple(slots), total, struct.Struct("".join(fmt)))
+    return Layout(tuple(slots), total, struct.Struct("".join(fmt)), struct.Struct(params))
 
 
 # cuLaunchKernelEx's CUlaunchConfig (grid, block, shared bytes, stream, attrs, numAttrs: 56
@@ -422,13 +426,14 @@ def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "
     (`Bound`)."""
     d = p.driver
     ex = d.launch_ex is not None and p.launches
-    # with cuLaunchKernelEx the configuration's dimensions are packed once, into each new
-    # buffer; a call packs from the stream on (the attributes after it: NULL, none)
-    packer = struct.Struct(CONFIG_TAIL + p.layout.packer.format[1:]) if ex else p.layout.packer
+    # the grid (and with cuLaunchKernelEx the configuration's dimensions) is packed once, into
+    # each new buffer; a call packs the parameters (from the stream on: the attributes after
+    # it NULL, none)
+    packer = struct.Struct(CONFIG_TAIL + p.layout.params.format[1:]) if ex else p.layout.params
     t = tag
     env.update({
         f"_pop{t}": p.free.pop, f"_push{t}": p.free.append, f"_free{t}": p.free,
-        f"_func{t}": p.func, f"_new{t}": lambda: configured(p) if ex else Params(p.layout),
+        f"_func{t}": p.func, f"_new{t}": lambda: configured(p, ex),
         f"_pack{t}": packer.pack_into, f"_stream{t}": d.stream, "_vp": ctypes.c_void_p,
         f"_launch{t}": d.launch_ex if ex else d.launch,
         f"_relaunch{t}": lambda res, buf: relaunch(p, ex, res, buf)})
@@ -448,8 +453,7 @@ def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "
     at, config = (STREAM_AT, [f"_stream{t}({p.device})"]) if ex else (0, [])
     lines = ["    try:", f"        buf = _pop{t}()", "    except IndexError:",
              f"        buf = _new{t}()",
-             f"    _pack{t}(buf.data, {at}, "
-             f"{', '.join(config + values + [str(g) for g in p.grid])})"]
+             f"    _pack{t}(buf.data, {at}, {', '.join(config + values)})"]
     if ex:
         lines.append(f"    res = _launch{t}(buf.data, _func{t}, buf.pointers, None)")
     elif p.launches:
@@ -462,11 +466,15 @@ def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "
     return lines
 
 
-def configured(p: Plan) -> Params:
-    """A new parameter buffer of `p` for cuLaunchKernelEx, its launch configuration's
-    dimensions and shared bytes written (the same on every launch of the plan)."""
-    buf = Params(p.layout, CONFIG_SIZE)
-    struct.pack_into(CONFIG_DIMS, buf.data, 0, *p.blocks, *p.group, 0)
+def configured(p: Plan, ex: bool) -> Params:
+    """A new parameter buffer of `p` (for cuLaunchKernelEx: after the launch configuration)
+    with what is the same on every launch of the plan written: the Metal grid after the
+    parameters, and with `ex` the configuration's dimensions and shared bytes."""
+    head = CONFIG_SIZE if ex else 0
+    buf = Params(p.layout, head)
+    if ex:
+        struct.pack_into(CONFIG_DIMS, buf.data, 0, *p.blocks, *p.group, 0)
+    struct.pack_into("<3I", buf.data, head + p.layout.slots[-3].offset, *p.grid)
     return buf
 
 

@@ -215,6 +215,9 @@ def test_the_replay_inlines_the_plans_launch_and_never_uses_a_stale_one(inlined)
         assert launch["func"] == id(kernel._entry) and launch["stream"] == 0x5000
         assert launch["group"] == (group, 1, 1)
         assert launch["blocks"] == (-(-threads // group), 1, 1)
+        params = launch["params"]                  # the Metal grid after the parameters
+        assert [struct.unpack("<I", ctypes.string_at(params[len(params) - 3 + d], 4))[0]
+                for d in range(3)] == [threads, 1, 1]
         xp, wp, op, e = _slots(launch, C.layout([(8, "Q")] * 3 + [(4, "f")]), 4)
         xp, wp, op = (struct.unpack("<Q", p)[0] for p in (xp, wp, op))
         assert wp == w.data_ptr() and op == out.data_ptr() != x.data_ptr()
