@@ -184,8 +184,8 @@ def _launch_lines(w: Warm, binder: Binder, env: dict[str, Any]) -> list[str]:
             env[f"_run{k}"] = getattr(run, "run", run)
             lines.append(f"    _run{k}({call})")
         else:
-            lines.append(f"    {kname}({call}, threads={threads}, group_size={group}, "
-                         f"arg_casts=_casts)")
+            casts = ", arg_casts=_casts" if w.arg_casts is not None else ""   # default None
+            lines.append(f"    {kname}({call}, threads={threads}, group_size={group}{casts})")
         call = "*args"
     if w.errors is not None and not w.errors.deferred:     # deferred: nothing read
         env["_check"] = w.errors.check
