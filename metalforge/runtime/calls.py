@@ -2,7 +2,9 @@
 
 `CallPath` (one per kernel object and launch overrides) maps a call's arguments to parameter
 order without `inspect.Signature.bind` and keys it (`fastpath.key_function`); a key whose
-closure is current replays it. Otherwise the kernel binds and traces the call (its `bind`
+closure is current replays it. A call by position (trailing defaults left out or not) goes
+through `fast` alone (`fastpath.fast_function`: key, lookup, currency and replay in generated
+code), which `Kernel.__call__` tries first. Otherwise the kernel binds and traces the call (its `bind`
 argument: the frontend's checks) and `call` runs it: beside the path, autograd
 (`autograd.call_differentiable`) for tensors that require grad; then `runs.run_recorded`,
 whose closure is kept for the key.

@@ -14,6 +14,11 @@ What is not in the key is checked on every call: `Warm.current` (the autotune ca
 was built under; the compiled kernel whose pipeline limits its group size was checked against)
 and, by the caller, the `MSL_REWRITE` test seam (while set, every call takes the full path).
 
+A call by position takes all of it in two generated functions (`fast_function`, kept as
+`CallPath.fast`: the seam, the key, the lookup; then the closure's `hit`: `current`'s checks
+inline and the replay). Where the backend's launch is a plan that gives its code (cuda:
+`Plan.lines`), the replay holds that code itself, its arguments bound by data pointer.
+
 Closures are immutable and `WarmCache` only adds or drops whole entries under a lock, so
 threads may call one kernel at once.
 """
