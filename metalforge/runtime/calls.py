@@ -4,8 +4,8 @@
 order without `inspect.Signature.bind` and keys it (`fastpath.key_function`); a key whose
 closure is current replays it. A call by position (trailing defaults left out or not) goes
 through `fast` alone (`fastpath.fast_function`: key, lookup, currency and replay in generated
-code), which `Kernel.__call__` tries first. Otherwise the kernel binds and traces the call (its `bind`
-argument: the frontend's checks) and `call` runs it: beside the path, autograd
+code), which `Kernel.__call__` tries first. Otherwise the kernel binds and traces the call
+(its `bind` argument: the frontend's checks) and `call` runs it: beside the path, autograd
 (`autograd.call_differentiable`) for tensors that require grad; then `runs.run_recorded`,
 whose closure is kept for the key.
 """
