@@ -418,10 +418,10 @@ def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "
                  bound: Optional[Bound] = None) -> list[str]:
     """The lines of a plan's launch (four-space indented), with the arguments given as Python
     expressions (`args`, one a parameter), for a caller to put in its own function (the warm
-    call's replay inlines them: no call into `run`): take an idle parameter buffer, pack the
-    arguments' values (a tensor's data pointer, a scalar through its getter) and the grid with
-    one `pack_into` (with cuLaunchKernelEx, after the launch configuration and the current
-    stream), launch, give the buffer back. The names they read go in `env`, suffixed with
+    call's replay inlines them: no call into `run`): take an idle parameter buffer (a new
+    one has the grid and launch configuration written: `configured`), pack the arguments'
+    values (a tensor's data pointer, a scalar through its getter) with one `pack_into` (with
+    cuLaunchKernelEx, after the current stream), launch, give the buffer back. The names they read go in `env`, suffixed with
     `tag` (several plans in one function); `bound`: what the caller knows of the arguments
     (`Bound`)."""
     d = p.driver
