@@ -421,9 +421,9 @@ def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "
     call's replay inlines them: no call into `run`): take an idle parameter buffer (a new
     one has the grid and launch configuration written: `configured`), pack the arguments'
     values (a tensor's data pointer, a scalar through its getter) with one `pack_into` (with
-    cuLaunchKernelEx, after the current stream), launch, give the buffer back. The names they read go in `env`, suffixed with
-    `tag` (several plans in one function); `bound`: what the caller knows of the arguments
-    (`Bound`)."""
+    cuLaunchKernelEx, after the current stream), launch, give the buffer back. The names
+    they read go in `env`, suffixed with `tag` (several plans in one function); `bound`: what
+    the caller knows of the arguments (`Bound`)."""
     d = p.driver
     ex = d.launch_ex is not None and p.launches
     # the grid (and with cuLaunchKernelEx the configuration's dimensions) is packed once, into
