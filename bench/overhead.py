@@ -15,9 +15,10 @@ floor), plus `torch.empty_like` (one output allocation).
 
 `--real` launches for real (nothing stubbed): the whole host cost of a warm call, the backend's
 launch included (for `cuda`: metalforge.cuda's plan, the stream lookup and cuLaunchKernelEx),
-next to torch eager on the same tensors; on cuda in three variants side by side (`VARIANTS`:
-the planned launch with cuLaunchKernelEx, the same with cuLaunchKernel, the kernel object's
-keyword call as before the planned launch). Each number is µs per call, median over the
+next to torch eager on the same tensors; on cuda in four variants side by side (`VARIANTS`:
+the plan's launch inlined in the replay with cuLaunchKernelEx, the plan's launch called, the
+inlined one with cuLaunchKernel, the kernel object's keyword call as before the planned
+launch). Each number is µs per call, median over the
 rounds, as CPU time of the process (the loop only) and as wall time (the loop plus the
 synchronisation that ends it, so a GPU slower than the host shows up there). With no
 synchronisation inside the loop the launches queue up; keep `--size` small enough that the GPU
@@ -60,6 +61,8 @@ class NoLaunch:
         if name == "planned":           # the backend's planned launch (cuda): stubbed too
             getattr(self._kernel, name)
             return lambda *args, **kw: (lambda *args: None)
+        if name == "launch_plan":       # its plan, inlined by the replay: not offered
+            return lambda *args, **kw: None
         return getattr(self._kernel, name)
 
     def __call__(self, *args, threads, group_size, arg_casts=None):
@@ -73,6 +76,55 @@ def stub_launches() -> None:
     def kernel_object(backend_name, source, host_name, options=()):
         k = real(backend_name, source, host_name, options)
         return made.setdefault(id(k), NoLaunch(k))
+
+    launcher.kernel_object = kernel_object
+
+
+class PlanOnNoDriver:
+    """A compiled kernel object whose warm launches go through a real `metalforge.cuda` plan
+    (made from the kernel's MSL; its packing, buffers and generated launch code) on a driver
+    that does nothing: the cuda path's Python on any machine (`--driver-stub`; ctypes' own
+    conversion of the four launch arguments, about 0.2 µs, is not in it)."""
+
+    def __init__(self, kernel, source: str, host: str):
+        from metalforge.cuda import call as C
+        from metalforge.cuda.translate import translate
+        self._kernel, self._host, self._c = kernel, host, C
+        (self._entry,) = [e for e in translate(source).entries if e.host_name == host]
+        self._driver = C.Driver(lambda *a: 0, lambda device: 0, None, lambda d: None,
+                                lambda *a: 0)
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def __call__(self, *args, threads, group_size, arg_casts=None):
+        return None
+
+    def planned(self, *args, **kw):
+        return self.launch_plan(*args, **kw).run
+
+    def launch_plan(self, *args, threads, group_size, arg_casts=None):
+        import ctypes
+        C = self._c
+        casts = C.cast_dtypes(arg_casts, len(args))
+        getters, shapes = [], []
+        for i, (a, spec) in enumerate(zip(args, self._entry.args)):
+            ty = C.scalar_type(spec.elem_type)
+            getters.append(C._pointer if spec.by_pointer else
+                           C.value_getter(a, i, ty, C._ArgName(self._host, i, spec), casts))
+            shapes.append(C.slot_shape(spec, ty))
+        blocks = (-(-threads // group_size), 1, 1)
+        return C.Plan(self._host, 0, ctypes.c_void_p(1), tuple(getters), (), C.layout(shapes),
+                      (threads, 1, 1), blocks, (group_size, 1, 1), True, self._driver)
+
+
+def stub_driver() -> None:
+    real = backends.kernel_object
+    made: dict[int, PlanOnNoDriver] = {}
+
+    def kernel_object(backend_name, source, host_name, options=()):
+        k = real(backend_name, source, host_name, options)
+        return made.setdefault(id(k), PlanOnNoDriver(k, source, host_name))
 
     launcher.kernel_object = kernel_object
 
@@ -103,11 +155,20 @@ def per_call(fn, calls: int, rounds: int, device: str) -> float:
 
 
 # How a warm call reaches the GPU, each selectable so that one run times them side by side:
-#   planned    the replay calls the cuda plan's compiled launch directly, cuLaunchKernelEx
-#   classic    the same through cuLaunchKernel (METALFORGE_CUDA_LAUNCH=classic)
+#   inline     the replay holds the cuda plan's launch code itself (`Plan.lines`: no call
+#              into the plan, pointers taken once, constants converted once), cuLaunchKernelEx
+#   run        the replay calls the plan's compiled launch (`Plan.run`, one more call, every
+#              argument converted by the plan: the warm path before the inlined launch)
+#   classic    `inline` through cuLaunchKernel (METALFORGE_CUDA_LAUNCH=classic)
 #   unplanned  the replay calls the kernel object (its call key and plan lookup on every
 #              call, then the plan's launch: the warm path before the planned launch)
-VARIANTS = ("planned", "classic", "unplanned")
+VARIANTS = ("inline", "run", "classic", "unplanned")
+
+
+def _as_run(*args):
+    """`fastpath.planned` for the `run` variant: the plan's launch as a function."""
+    plan = _PLANNED(*args)
+    return getattr(plan, "run", plan)
 
 
 def use_variant(name: str, kernels) -> None:
@@ -123,16 +184,16 @@ def use_variant(name: str, kernels) -> None:
     else:
         os.environ.pop("METALFORGE_CUDA_LAUNCH", None)
     library._calls = None
-    fastpath.planned = _PLANNED if name != "unplanned" else (lambda *args: None)
+    fastpath.planned = {"unplanned": lambda *args: None, "run": _as_run}.get(name, _PLANNED)
     for k in list(backends._kernels.values()):
         if hasattr(k, "_plans"):
             k._plans._entries.clear()
     for kernel in kernels:
-        kernel._calls.warm._entries.clear()
+        kernel._calls.warm.clear()
 
 
 def real(a, device: str, rows: int, cols: int) -> None:
-    variants = VARIANTS if device == "cuda" else ("planned",)
+    variants = VARIANTS if device == "cuda" else ("inline",)
     print(f"warm-call host cost, real launches (device {device}, {a.dtype} {rows}x{cols}, "
           f"median of {a.rounds} x {a.calls} calls; µs per call, CPU = process time of the "
           f"loop, wall = loop + final sync)")
@@ -148,6 +209,24 @@ def real(a, device: str, rows: int, cols: int) -> None:
         tc, tw = per_call_real(eager, a.calls, a.rounds, device)
         cols_ = "".join(f" {ours[v][k][0]:14.2f} {ours[v][k][1]:15.2f}" for v in variants)
         print(f"{family:12} {name:22}{cols_} {tc:10.2f} {tw:11.2f}")
+
+
+def driver_stub(a, device: str, rows: int, cols: int) -> None:
+    stub_driver()
+    variants = ("inline", "run")
+    print(f"warm-call host cost through a cuda plan on a no-op driver (device {device}, "
+          f"{a.dtype} {rows}x{cols}, median of {a.rounds} x {a.calls} calls; CPU µs per call)")
+    print(f"{'family':12} {'kernel':22}" + "".join(f" {v:>8}" for v in variants)
+          + f" {'torch 1-elem':>13}")
+    all_cases = list(cases(rows, cols, DTYPES[a.dtype], device))
+    kernels = [silu, add_silu, rms_norm, add_rms_norm, softmax, column_sum]
+    ours = {}
+    for v in variants:
+        use_variant(v, kernels)
+        ours[v] = [per_call(fn, a.calls, a.rounds, device) for _, _, fn, _, _ in all_cases]
+    for k, (family, name, _, _, eager1) in enumerate(all_cases):
+        print(f"{family:12} {name:22}" + "".join(f" {ours[v][k]:8.2f}" for v in variants)
+              + f" {per_call(eager1, a.calls, a.rounds, device):13.2f}")
 
 
 def cases(rows: int, cols: int, dtype, device):
@@ -178,11 +257,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--real", action="store_true",
                     help="real launches (no stub): CPU and wall µs per call, next to torch eager")
+    ap.add_argument("--driver-stub", action="store_true",
+                    help="launch through a metalforge.cuda plan on a driver that does nothing "
+                         "(the cuda path's Python, on any device), the plan's launch inlined "
+                         "in the replay and called, side by side")
     a = ap.parse_args()
     device = pick_device(a.device)
     rows, cols = (int(v) for v in a.size.split("x"))
     if a.real:
         real(a, device, rows, cols)
+        return
+    if a.driver_stub:
+        driver_stub(a, device, rows, cols)
         return
     stub_launches()
     print(f"warm-call overhead, launch stubbed (device {device}, {a.dtype} {rows}x{cols}, "

@@ -142,6 +142,7 @@ class Layout:
     slots: tuple[Slot, ...]
     size: int
     packer: struct.Struct   # every slot's value, in order, with the padding between them
+    params: struct.Struct   # the parameters' slots alone (`packer` up to the grid)
 
     @property
     def offsets(self) -> tuple[int, ...]:
@@ -164,7 +165,10 @@ def slot_shape(arg: Arg, ty: Optional[tuple[str, int]]) -> Optional[tuple[int, s
 def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
     """The buffer of parameters of these (size, struct code), then the three grid dims."""
     slots, fmt, offset = [], ["<"], 0
-    for size, code in list(shapes) + [(4, "I")] * 3:
+    params = ""
+    for k, (size, code) in enumerate(list(shapes) + [(4, "I")] * 3):
+        if k == len(shapes):
+            params = "".join(fmt)
         start = -(-offset // size) * size            # aligned to its size
         if start > offset:
             fmt.append(f"{start - offset}x")
@@ -172,7 +176,7 @@ def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
         slots.append(Slot(start, size, code))
         offset = start + size
     total = -(-offset // POINTER_SIZE) * POINTER_SIZE
-    return Layout(tuple(slots), total, struct.Struct("".join(fmt)))
+    return Layout(tuple(slots), total, struct.Struct("".join(fmt)), struct.Struct(params))
 
 
 # cuLaunchKernelEx's CUlaunchConfig (grid, block, shared bytes, stream, attrs, numAttrs: 56
@@ -180,6 +184,10 @@ def layout(shapes: Sequence[tuple[int, str]]) -> Layout:
 CONFIG = "<7I4xQ8xI4x8x"
 CONFIG_SIZE = struct.calcsize(CONFIG)
 STREAM_AT = 32                                        # CUlaunchConfig.hStream
+CONFIG_DIMS = "<7I"                                   # its grid, block and shared bytes
+CONFIG_TAIL = "<Q24x"                                 # from hStream on (attrs NULL, none)
+assert struct.calcsize(CONFIG_DIMS) <= STREAM_AT and \
+    STREAM_AT + struct.calcsize(CONFIG_TAIL) == CONFIG_SIZE
 
 
 class Params:
@@ -323,6 +331,22 @@ class Plan:
         """The value of every parameter's slot, from its argument (then come the grid's)."""
         return [g(a) for g, a in zip(self.getters, args)]
 
+    @property
+    def inlined(self) -> bool:
+        """Whether `lines` gives this launch's lines (not for a plan copying lists to the
+        device first: `run` it)."""
+        return not self.lists
+
+    def lines(self, args: Sequence[str], env: dict[str, Any], tag: str,
+              known: Optional[dict[int, Any]] = None, pointers: Optional[dict[int, str]] = None,
+              floats: frozenset[int] = frozenset()) -> Optional[list[str]]:
+        """This launch as lines of Python for the caller's own function (`launch_lines`, what
+        the caller knows of the arguments as `Bound`'s fields), or None where it has none
+        (`inlined`)."""
+        if not self.inlined:
+            return None
+        return launch_lines(self, args, env, tag, Bound(known or {}, pointers or {}, floats))
+
     def launch(self, args: Sequence[Any]) -> None:
         """Launch with these arguments (of this plan's key): their values packed into an idle
         parameter buffer (one taken off `free`, or a new one), then cuLaunchKernel (or
@@ -371,40 +395,87 @@ def relaunch(p: Plan, ex: bool, res: int, buf: Params) -> None:
 
 
 def run_source(p: Plan) -> tuple[str, dict[str, Any]]:
-    """A plan's launch as straight-line Python, and the names it reads: take an idle
-    parameter buffer, pack the arguments' values (a tensor's data pointer, a scalar through
-    its getter) and the grid with one `pack_into` (with cuLaunchKernelEx, after the launch
-    configuration and the current stream), launch, give the buffer back."""
+    """A plan's launch as straight-line Python, and the names it reads: `run(a0, a1, ...)`,
+    one argument a parameter, whose body is `launch_lines`."""
+    env: dict[str, Any] = {}
+    args = [f"a{i}" for i in range(len(p.getters))]
+    lines = [f"def run({', '.join(args)}):", *launch_lines(p, args, env)]
+    return "\n".join(lines) + "\n", env
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What the caller of `launch_lines` knows of the arguments, by argument index: `known`,
+    values that are the same on every call (converted once, not on every call); `pointers`,
+    expressions of tensors' data pointers it has already taken; `floats`, arguments that are
+    Python floats already (a float parameter's conversion, `float`, is skipped)."""
+    known: dict[int, Any] = field(default_factory=dict)
+    pointers: dict[int, str] = field(default_factory=dict)
+    floats: frozenset[int] = frozenset()
+
+
+def launch_lines(p: Plan, args: Sequence[str], env: dict[str, Any], tag: str = "",
+                 bound: Optional[Bound] = None) -> list[str]:
+    """The lines of a plan's launch (four-space indented), with the arguments given as Python
+    expressions (`args`, one a parameter), for a caller to put in its own function (the warm
+    call's replay inlines them: no call into `run`): take an idle parameter buffer (a new
+    one has the grid and launch configuration written: `configured`), pack the arguments'
+    values (a tensor's data pointer, a scalar through its getter) with one `pack_into` (with
+    cuLaunchKernelEx, after the current stream), launch, give the buffer back. The names
+    they read go in `env`, suffixed with `tag` (several plans in one function); `bound`: what
+    the caller knows of the arguments (`Bound`)."""
     d = p.driver
     ex = d.launch_ex is not None and p.launches
-    head = CONFIG_SIZE if ex else 0
-    packer = struct.Struct(CONFIG + p.layout.packer.format[1:]) if ex else p.layout.packer
-    env: dict[str, Any] = {
-        "_pop": p.free.pop, "_push": p.free.append, "_free": p.free, "_func": p.func,
-        "_new": lambda: Params(p.layout, head), "_pack": packer.pack_into,
-        "_stream": d.stream, "_vp": ctypes.c_void_p, "_launch": d.launch_ex if ex else d.launch,
-        "_relaunch": lambda res, buf: relaunch(p, ex, res, buf)}
+    # the grid (and with cuLaunchKernelEx the configuration's dimensions) is packed once, into
+    # each new buffer; a call packs the parameters (from the stream on: the attributes after
+    # it NULL, none)
+    packer = struct.Struct(CONFIG_TAIL + p.layout.params.format[1:]) if ex else p.layout.params
+    t = tag
+    env.update({
+        f"_pop{t}": p.free.pop, f"_push{t}": p.free.append, f"_free{t}": p.free,
+        f"_func{t}": p.func, f"_new{t}": lambda: configured(p, ex),
+        f"_pack{t}": packer.pack_into, f"_stream{t}": d.stream, "_vp": ctypes.c_void_p,
+        f"_launch{t}": d.launch_ex if ex else d.launch,
+        f"_relaunch{t}": lambda res, buf: relaunch(p, ex, res, buf)})
+    b = bound or Bound()
     values = []
-    for i, g in enumerate(p.getters):
+    for i, (g, a) in enumerate(zip(p.getters, args)):
         if g is _pointer:
-            values.append(f"a{i}.data_ptr()")
+            values.append(b.pointers.get(i, f"{a}.data_ptr()"))
+        elif i in b.known:
+            env[f"_k{t}_{i}"] = g(b.known[i])
+            values.append(f"_k{t}_{i}")
+        elif g is float and i in b.floats:
+            values.append(a)
         else:
-            env[f"_g{i}"] = g
-            values.append(f"_g{i}(a{i})")
-    config = [*map(str, (*p.blocks, *p.group)), "0", f"_stream({p.device})", "0"] if ex else []
-    lines = [f"def run({', '.join(f'a{i}' for i in range(len(p.getters)))}):",
-             "    try:", "        buf = _pop()", "    except IndexError:", "        buf = _new()",
-             f"    _pack(buf.data, 0, {', '.join(config + values + [str(g) for g in p.grid])})"]
+            env[f"_g{t}_{i}"] = g
+            values.append(f"_g{t}_{i}({a})")
+    at, config = (STREAM_AT, [f"_stream{t}({p.device})"]) if ex else (0, [])
+    lines = ["    try:", f"        buf = _pop{t}()", "    except IndexError:",
+             f"        buf = _new{t}()",
+             f"    _pack{t}(buf.data, {at}, {', '.join(config + values)})"]
     if ex:
-        lines.append("    res = _launch(buf.data, _func, buf.pointers, None)")
+        lines.append(f"    res = _launch{t}(buf.data, _func{t}, buf.pointers, None)")
     elif p.launches:
         dims = ", ".join(map(str, (*p.blocks, *p.group)))
-        lines.append(f"    res = _launch(_func, {dims}, 0, _vp(_stream({p.device})), "
+        lines.append(f"    res = _launch{t}(_func{t}, {dims}, 0, _vp(_stream{t}({p.device})), "
                      f"buf.pointers, None)")
     if p.launches:
-        lines += ["    if res:", "        _relaunch(res, buf)"]
-    lines += ["    if len(_free) < 4:", "        _push(buf)"]
-    return "\n".join(lines) + "\n", env
+        lines += ["    if res:", f"        _relaunch{t}(res, buf)"]
+    lines += [f"    if len(_free{t}) < 4:", f"        _push{t}(buf)"]
+    return lines
+
+
+def configured(p: Plan, ex: bool) -> Params:
+    """A new parameter buffer of `p` (for cuLaunchKernelEx: after the launch configuration)
+    with what is the same on every launch of the plan written: the Metal grid after the
+    parameters, and with `ex` the configuration's dimensions and shared bytes."""
+    head = CONFIG_SIZE if ex else 0
+    buf = Params(p.layout, head)
+    if ex:
+        struct.pack_into(CONFIG_DIMS, buf.data, 0, *p.blocks, *p.group, 0)
+    struct.pack_into("<3I", buf.data, head + p.layout.slots[-3].offset, *p.grid)
+    return buf
 
 
 def _compile_run(p: Plan) -> Callable[..., None]:

@@ -342,6 +342,12 @@ class CudaFunction:
         the plan lookup (metalforge's warm path, whose own key implies this one)."""
         return self._plan(args, threads, group_size, arg_casts).run
 
+    def launch_plan(self, *args, threads=None, group_size=None, arg_casts=None) -> Plan:
+        """The `Plan` a call with these arguments launches through (checked as that call is,
+        without launching): what `planned` runs, with the lines of its launch
+        (`Plan.lines`) for metalforge's warm call to inline. Same contract as `planned`."""
+        return self._plan(args, threads, group_size, arg_casts)
+
 
 def compile_shader(source: str, *, metal_version: int = DEFAULT_METAL_VERSION) -> CudaLibrary:
     """Translate an MSL source for CUDA (compiled per device on first use), for Metal

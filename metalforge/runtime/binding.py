@@ -266,12 +266,30 @@ class Binder:
         aligned start, and viewed flat as the call needs; the scalars converted; the
         report (`IndexErrors.buffer`: fresh, or a deferred check's persistent one) and a fresh
         scratch buffer on `device` (an expression). Names it reads go in `env`."""
+        return self._code(env, device, None)[:2]
+
+    def pointer_code(self, env: dict[str, Any], device: str, itemsize: Sequence[int]
+                     ) -> tuple[list[str], list[str], dict[int, str]]:
+        """`code` for a launch that reads only the tensors' data pointers (a cuda plan
+        inlined in the replay): also {argument index: expression of its data pointer} of the
+        inputs and outputs, each input's taken once (`p<i>`) and its aligned start checked on
+        the pointer itself (`itemsize`: bytes per element of the argument at each position),
+        no views (a view has its tensor's data pointer)."""
+        return self._code(env, device, itemsize)
+
+    def _code(self, env: dict[str, Any], device: str, itemsize: Optional[Sequence[int]]
+              ) -> tuple[list[str], list[str], dict[int, str]]:
         lines: list[str] = []
         args = [""] * self.count
+        ptrs: dict[int, str] = {}
         for i, v in self.fixed:
             env[f"_c{i}"] = v
             args[i] = f"_c{i}"
         for i, pos, contiguous, vector, flat in self.inputs:
+            if itemsize is not None:
+                lines += _pointer_lines(i, pos, contiguous, vector * itemsize[pos])
+                args[i], ptrs[i] = f"a{i}", f"p{i}"
+                continue
             lines.append(f"    a{i} = values[{pos}]")
             if contiguous:
                 lines.append(f"    a{i} = a{i}.contiguous()")
@@ -284,6 +302,8 @@ class Binder:
             args[i] = f"a{i}"
         for i, o, zero_dim in self.outputs:     # a 0-dim output binds as one element
             args[i] = f"o{o}.view(1)" if zero_dim else f"o{o}"
+            if itemsize is not None:
+                args[i], ptrs[i] = f"o{o}", f"o{o}.data_ptr()"
         for a in self.scalars:              # `converter`'s checks, inline (it raises)
             env[f"_conv{a.index}"] = converter(a)
             name, given = f"v{a.index}", f"values[{a.position}]"
@@ -316,7 +336,22 @@ class Binder:
             env["_counters"], env["_where"] = COUNTERS.words, self.where
             lines.append(f"    counter = _counters({device}, {n}, _where)")
             args[i] = "counter"
-        return lines, args
+        return lines, args, ptrs
+
+
+def _pointer_lines(i: int, pos: int, contiguous: bool, align: int) -> list[str]:
+    """An input bound by its data pointer `p<i>`: made contiguous, or copied where its start
+    is not `align`-byte aligned (vector loads; 0: none needed). The pointer itself is checked:
+    a start aligned in its storage (what `storage_offset` says) of a storage that is not (a
+    foreign buffer) is copied too."""
+    lines = [f"    a{i} = values[{pos}]"]
+    if contiguous:
+        return lines + [f"    a{i} = a{i}.contiguous()", f"    p{i} = a{i}.data_ptr()"]
+    lines.append(f"    p{i} = a{i}.data_ptr()")
+    if align:
+        lines += [f"    if p{i} % {align}:", f"        a{i} = a{i}.clone()",
+                  f"        p{i} = a{i}.data_ptr()"]
+    return lines
 
 
 @lru_cache(maxsize=64)

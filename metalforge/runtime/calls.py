@@ -2,8 +2,10 @@
 
 `CallPath` (one per kernel object and launch overrides) maps a call's arguments to parameter
 order without `inspect.Signature.bind` and keys it (`fastpath.key_function`); a key whose
-closure is current replays it. Otherwise the kernel binds and traces the call (its `bind`
-argument: the frontend's checks) and `call` runs it: beside the path, autograd
+closure is current replays it. A call by position (trailing defaults left out or not) goes
+through `fast` alone (`fastpath.fast_function`: key, lookup, currency and replay in generated
+code), which `Kernel.__call__` tries first. Otherwise the kernel binds and traces the call
+(its `bind` argument: the frontend's checks) and `call` runs it: beside the path, autograd
 (`autograd.call_differentiable`) for tensors that require grad; then `runs.run_recorded`,
 whose closure is kept for the key.
 """
@@ -18,7 +20,7 @@ from ..bounded import Bounded
 from ..graph import Graph
 from . import outputs
 from .autograd import call_differentiable
-from .fastpath import MSL_REWRITE, WarmCache, key_function
+from .fastpath import MISS, MSL_REWRITE, WarmCache, fast_function, key_function
 from .into import Into, out_key
 from .mlx import is_array
 from .runs import run, run_into, run_recorded
@@ -49,11 +51,15 @@ class CallPath:
             if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
             for n in range(self._max_positional + 1))
         self.warm = WarmCache()
-        self._find = self.warm.find
         # calls with every parameter given by position take the shortest way to a replay
         # (the others: `_warm_key`); a kernel with in-place outputs never (`_into`)
         plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig)
         self._arity = len(sig) if plain and not inplace else -1
+        # such a call's whole warm path, key to replay, in one function (MISS: not served)
+        self.fast: Callable[[tuple[Any, ...]], Any] = (
+            fast_function(self.kinds, backend, self.warm.hits.get,
+                          {n: t for n, t in enumerate(self._completions)
+                           if t and n < len(sig)}) if self._arity >= 0 else _never)
         self.warm_into: Bounded[Into] = Bounded(256)      # calls writing into given outs
         position = {p.name: i for i, p in enumerate(sig)}
         self._inplace_at = tuple((i, position[n]) for i, n in inplace)
@@ -63,11 +69,10 @@ class CallPath:
         return CallPath(self.signature, self.kinds, self.backend, launch, self.inplace)
 
     def __call__(self, bind: Bind, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
-        if not kwargs and len(args) == self._arity and MSL_REWRITE.get() is None:
-            key = self._key_of(args, self.backend)      # every argument given by position
-            w = self._find(key) if key is not None else None
-            if w is not None and w.current():
-                return w.replay(args)
+        if not kwargs:                                  # every argument given by position
+            out = self.fast(args)
+            if out is not MISS:
+                return out
         if self.inplace or ("out" in kwargs and self._out_keyword):
             return self._into(bind, args, kwargs)
         hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
@@ -143,6 +148,12 @@ class CallPath:
             else:
                 return None
         return values if used == len(kwargs) else None
+
+
+def _never(args: tuple[Any, ...]) -> Any:
+    """The fast path of a kernel whose calls never take it (keyword-only parameters, in-place
+    outputs)."""
+    return MISS
 
 
 def call(graph: Graph, values: Mapping[str, Any], backend: Optional[str] = None,

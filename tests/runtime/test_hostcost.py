@@ -4,6 +4,8 @@ kernel, which checks that each replayed call is the kind of call it was planned 
 checked gather calls reuse a zeroed report instead of zeroing one per call."""
 from __future__ import annotations
 
+import ctypes
+import struct
 import sys
 from pathlib import Path
 
@@ -11,7 +13,11 @@ import pytest
 import torch
 
 import metalforge as mf
+from metalforge.cuda import call as C
+from metalforge.cuda.translate import translate
+from metalforge.once import OnceMap
 from metalforge.runtime import backends, launcher
+from metalforge.runtime.fastpath import MISS
 from metalforge.runtime.indexcheck import CLEAN
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -100,3 +106,127 @@ def test_checked_gathers_reuse_a_zeroed_report_and_drop_a_written_one():
     torch.testing.assert_close(paged_gather(cache, good), cache[good.long()])
     (fresh,) = CLEAN._free[cache.device]
     assert fresh is not report and not fresh.any()
+
+
+# --------------------------------------------------------------------------- the inlined plan
+
+class Recorder:
+    """cuLaunchKernelEx / cuLaunchKernel of a fake driver: each launch's function, blocks,
+    group, stream and parameter buffer (its slots read back through kernelParams)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch_ex(self, config, func, params, extra):
+        raw = ctypes.string_at(ctypes.addressof(config), C.CONFIG_SIZE)
+        *dims, shared, stream, attrs = struct.unpack(C.CONFIG, raw)
+        assert shared == 0 and attrs == 0 and raw[40:48] == bytes(8) and extra is None
+        return self.launch(func, *dims, 0, ctypes.c_void_p(stream), params, None)
+
+    def launch(self, func, bx, by, bz, gx, gy, gz, shared, stream, params, extra):
+        self.launches.append(dict(func=func.value, blocks=(bx, by, bz), group=(gx, gy, gz),
+                                  stream=stream.value, params=params))
+        return 0
+
+
+class CudaLike:
+    """A simulator kernel whose warm launches go through a real `metalforge.cuda` plan (made
+    from the kernel's MSL as `plan_call` makes it, CPU tensors standing in for CUDA ones) on
+    a recording driver: what the replay inlines is the plan's own launch code."""
+
+    def __init__(self, kernel, source, host, driver):
+        self._kernel, self._host, self._driver = kernel, host, driver
+        (self._entry,) = [e for e in translate(source).entries if e.host_name == host]
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+    def __call__(self, *args, **kw):
+        return self._kernel(*args, **kw)
+
+    def launch_plan(self, *args, threads, group_size, arg_casts=None):
+        casts = C.cast_dtypes(arg_casts, len(args))
+        getters, shapes = [], []
+        for i, (a, spec) in enumerate(zip(args, self._entry.args)):
+            ty = C.scalar_type(spec.elem_type)
+            getters.append(C._pointer if spec.by_pointer else
+                           C.value_getter(a, i, ty, C._ArgName(self._host, i, spec), casts))
+            shapes.append(C.slot_shape(spec, ty))
+        grid = [threads, 1, 1]
+        group = [group_size, 1, 1]
+        blocks = [-(-threads // group_size), 1, 1]
+        return C.Plan(self._host, 0, ctypes.c_void_p(id(self._entry)), tuple(getters), (),
+                      C.layout(shapes), tuple(grid), tuple(blocks), tuple(group), True,
+                      self._driver)
+
+
+@pytest.fixture(params=[True, False], ids=["cuLaunchKernelEx", "cuLaunchKernel"])
+def inlined(monkeypatch, request):
+    rec = Recorder()
+    driver = C.Driver(rec.launch, lambda device: 0x5000 + device, None, lambda d: None,
+                      rec.launch_ex if request.param else None)
+    made: dict[int, CudaLike] = {}
+    real = backends.kernel_object
+
+    def kernel_object(backend_name, source, host_name, options=()):
+        k = real(backend_name, source, host_name, options)
+        return made.setdefault(id(k), CudaLike(k, source, host_name, driver))
+    monkeypatch.setattr(launcher, "kernel_object", kernel_object)
+    monkeypatch.setattr(launcher, "_specs", OnceMap())     # libraries made anew, through it
+    return rec, made
+
+
+def _slots(launch, plan_layout, n):
+    """The first `n` parameter slots of a recorded launch, as ints / bytes."""
+    params = launch["params"]
+    return [ctypes.string_at(params[k], plan_layout.slots[k].size) for k in range(n)]
+
+
+def test_the_replay_inlines_the_plans_launch_and_never_uses_a_stale_one(inlined):
+    """Warm calls launch through the cuda plan's code inlined in the replay: each launch
+    packs this call's pointers (a fresh output; an input whose start is not 16-byte aligned
+    copied first) and scalars, and the plan of this call's key: a call of another shape or
+    strides gets its own closure and plan (its grid, its kernel), never the previous one's."""
+    rec, made = inlined
+    k = rms_norm
+    k._calls.warm.clear()                          # closures made through the fixture
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(6 * 40 + 1, generator=gen)
+    w = torch.randn(40, generator=gen)
+    cases = [(torch.randn(6, 40, generator=gen), 1e-6), (torch.randn(6, 40, generator=gen), 0.5),
+             (base[1:].view(6, 40), 0.25),            # same key, misaligned start
+             (torch.randn(3, 40, generator=gen), 1e-6), (torch.randn(3, 40, generator=gen), 2.0),
+             (torch.randn(40, 6, generator=gen).t(), 1e-6),
+             (torch.randn(40, 6, generator=gen).t(), 0.5)]
+    seen = set()
+    for x, eps in cases:
+        before = len(rec.launches)
+        out = k(x, w, eps)
+        key = (tuple(x.shape), x.stride())
+        if key not in seen:                        # the full path: the simulator computes it
+            seen.add(key)
+            want = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+            assert len(rec.launches) == before
+            continue
+        (launch,) = rec.launches[before:]          # a replay: one launch through the plan
+        (host, threads, group), = k.launches(x, w, eps)
+        (kernel,) = [m for m in made.values() if m._host == host]
+        assert launch["func"] == id(kernel._entry) and launch["stream"] == 0x5000
+        assert launch["group"] == (group, 1, 1)
+        assert launch["blocks"] == (-(-threads // group), 1, 1)
+        params = launch["params"]                  # the Metal grid after the parameters
+        assert [struct.unpack("<I", ctypes.string_at(params[len(params) - 3 + d], 4))[0]
+                for d in range(3)] == [threads, 1, 1]
+        xp, wp, op, e = _slots(launch, C.layout([(8, "Q")] * 3 + [(4, "f")]), 4)
+        xp, wp, op = (struct.unpack("<Q", p)[0] for p in (xp, wp, op))
+        assert wp == w.data_ptr() and op == out.data_ptr() != x.data_ptr()
+        assert out.shape == x.shape and out.is_contiguous()
+        assert xp % 16 == 0
+        assert (xp == x.data_ptr()) == (x.storage_offset() == 0 and x.is_contiguous())
+        assert e == struct.pack("<f", eps)
+    assert len(rec.launches) == 4
+    x = cases[0][0]                                # eps left to its default: the fast path
+    assert k._calls.fast((x, w)) is not MISS and len(rec.launches) == 5
+    assert struct.unpack("<f", _slots(rec.launches[-1], C.layout([(8, "Q")] * 3 + [(4, "f")]),
+                                      4)[3]) == struct.unpack("<f", struct.pack("<f", 1e-6))
