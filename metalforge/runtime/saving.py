@@ -32,14 +32,16 @@ _plans: OnceMap[tuple[object, ...], tuple[Graph, Optional[autodiff.Backward]]] =
 
 
 def choose(graph: Graph, wrt: tuple[str, ...], values: Mapping[str, Any],
-           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None
-           ) -> Optional[autodiff.Backward]:
+           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None,
+           deterministic: Optional[bool] = None) -> Optional[autodiff.Backward]:
     """The backward that loads the forward's saved logsumexps where that moves fewer bytes
     than recomputing them at these sizes, with the launch options the call's backend (`backend`,
-    else that of the tensors) layers; None to recompute (or where nothing is saved)."""
+    else that of the tensors) layers; None to recompute (or where nothing is saved).
+    deterministic: the gathers' gradients sorted (None: as torch says at the call)."""
     if not wrt:
         return None
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = {t.name: values[t.name] for t in graph.tensors}
     sizes = bind_shapes(graph, tensors).sizes
     backend = backend or current_backend(tensors.values())
