@@ -267,8 +267,9 @@ class KernelOp:
         return list(items)
 
     def _grad_wrt(self, args: Sequence[Any]) -> list[int]:
-        """The float arguments that require grad, where grad mode is on."""
-        if not torch.is_grad_enabled():
+        """The float arguments that require grad, where grad mode is on (torch.export, which
+        records a forward graph, records the op itself: nothing to save for)."""
+        if not torch.is_grad_enabled() or torch.compiler.is_exporting():
             return []
         return [i for i in self._float_pos if isinstance(args[i], torch.Tensor)
                 and args[i].requires_grad and args[i].dtype.is_floating_point]

@@ -2,10 +2,10 @@
 op's forward for a call that needs gradients (`<name>_saving`) is the direct path's (attention
 with its rows' logsumexp; cross-entropy's forward that saves the row's logsumexp where
 `saving.choose` picks it) and the backward op runs only the backward kernels; eagerly and under
-torch.compile(fullgraph=True). Gradients against the direct path and torch in float64. Each
-backward kernel takes only the launch options its family accepts (`grad_fp32` reaches the
-attention-grad kernels, not the forward's). The kernels and sizes are those
-test_attention_backward and test_xent_backward compile (the simulator's cache)."""
+torch.compile(fullgraph=True); torch.export records the op itself. Gradients against the
+direct path and torch in float64. Each backward kernel takes only the launch options its family
+accepts (`grad_fp32` reaches the attention-grad kernels, not the forward's). Cross-entropy's
+kernels and sizes are those test_xent_backward compiles (the simulator's cache)."""
 from __future__ import annotations
 
 import pytest
@@ -82,7 +82,7 @@ def test_cross_entropy_op_saves_what_the_direct_path_saves(launched, v, saves):
     graph = cross_entropy_full.graph(leaf, t, *args)
     bw = saving.choose(graph, ("logits",), {"logits": leaf, "target": t}, None, "sim")
     assert (bw is not None) == saves and len(want_kernels) == 2
-    op = cross_entropy_full.as_op(f"mf_test::xent_saving_{v}")
+    op = cross_entropy_full.as_op(f"mf_test::xent_op_{v}")
     compiled = torch.compile(lambda a: op(a, t, *args), fullgraph=True, backend="aot_eager")
     for fn in (lambda a: op(a, t, *args), compiled):
         launched.clear()
@@ -92,6 +92,13 @@ def test_cross_entropy_op_saves_what_the_direct_path_saves(launched, v, saves):
         torch.testing.assert_close(got.double(), want64, rtol=1e-4, atol=1e-5)
     if saves:
         assert launched[0][0] == graph.name and len(launched) == 2   # the forward that saves
+
+        class Loss(torch.nn.Module):
+            def forward(self, a):
+                return op(a, t, *args)
+        ep = torch.export.export(Loss(), (leaf,))      # a forward graph: the op, not _saving
+        targets = {n.target for n in ep.graph.nodes if n.op == "call_function"}
+        assert targets == {torch.ops.mf_test.xent_op_17000.default}
 
 
 def test_each_kernel_takes_only_its_familys_launch_options(launched):
