@@ -8,12 +8,12 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .. import autodiff, schedule
+from .. import autodiff
 from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
 from ..graph import Graph, ScalarParam, TensorParam
-from ..schedule.policy import FOR_BACKWARD, TUNABLE
 from . import saving
+from .grad_launch import forward_options, options_for
 from .runs import run
 from .show import source
 
@@ -34,26 +34,6 @@ def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
         return run(k, kv, backend=backend, launch=mine)
     return autodiff.run_backward(bw, values, dys, each if launch else
                                  partial(run, backend=backend, launch=launch), saved)
-
-
-def options_for(k: Graph, launch: Optional[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
-    """The options of a forward's `launch` that backward kernel `k`'s family takes (None when
-    none: a row kernel of the backward takes no `key_splits` of an attention forward)."""
-    if not launch:
-        return launch
-    allowed = TUNABLE[schedule.family(k)]
-    return {key: v for key, v in launch.items() if key in allowed} or None
-
-
-def forward_options(k: Graph, launch: Optional[Mapping[str, Any]]
-                    ) -> Optional[Mapping[str, Any]]:
-    """`launch` without the options meant for the backward's kernels only
-    (`policy.FOR_BACKWARD`: `grad_fp32` of attention) for forward kernel `k`; any other option
-    reaches it, so that a wrong one is refused as on a call without grad."""
-    if not launch:
-        return launch
-    skip = FOR_BACKWARD.get(schedule.family(k), ())
-    return {key: v for key, v in launch.items() if key not in skip} or None
 
 
 class _KernelFunction(torch.autograd.Function):

@@ -26,6 +26,7 @@ from ..once import OnceMap
 from ..shapes import bind_shapes, numel
 from . import launcher
 from .backends import current_backend
+from .grad_launch import forward_options, options_for
 from .show import schedule_of
 
 _plans: OnceMap[tuple[object, ...], tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
@@ -65,11 +66,12 @@ def _pick(graph: Graph, wrt: tuple[str, ...], deterministic: bool, sizes: Mappin
 
 def moved(forward: Graph, kernels: tuple[Graph, ...], sizes: Mapping[str, int],
           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None) -> int:
-    """Bytes read and written by `forward` and the backward `kernels` at `sizes` (with the
-    options `backend` layers, where given)."""
+    """Bytes read and written by `forward` and the backward `kernels` at `sizes` (each with the
+    options of `launch` its family takes, and those `backend` layers, where given)."""
     total = 0
     for g in (forward, *kernels):
-        t = _schedule(g, sizes, launch, backend).traffic(sizes)
+        mine = forward_options(g, launch) if g is forward else options_for(g, launch)
+        t = _schedule(g, sizes, mine, backend).traffic(sizes)
         total += t.read + t.written
     return total
 

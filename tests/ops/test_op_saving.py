@@ -16,6 +16,7 @@ import metalforge.runtime.autograd as ag
 from examples.rms_norm import rms_norm
 from metalforge import autodiff
 from metalforge.runtime import saving
+from metalforge.runtime.grad_launch import options_for
 
 from .test_attention_backward import _inputs, _torch_masked, masked
 from .test_row_gather import cross_entropy_full
@@ -104,7 +105,8 @@ def test_cross_entropy_op_saves_what_the_direct_path_saves(launched, v, saves):
 def test_each_kernel_takes_only_its_familys_launch_options(launched):
     """grad_fp32, given on the attention forward's launch, reaches its attention-grad
     kernels only (f32 inputs: the same fp32 kernels, nothing compiled anew); a call without
-    grad takes it too. A row option of rms_norm's forward does not reach its column kernel."""
+    grad takes it too. A row option of rms_norm's forward does not reach its column kernel, nor
+    cross-entropy's elementwise backward (in `saving.choose`'s measure either)."""
     q, k, v, valid, _ = _inputs(torch.float32, 5, b=1, n=3, length=5, e=8)
     extra = (valid, 0.3, 4, 5.0)
     fp32 = masked.with_launch(grad_fp32=True)
@@ -119,5 +121,9 @@ def test_each_kernel_takes_only_its_familys_launch_options(launched):
         torch.testing.assert_close(a, b)
     graph = rms_norm.graph(T="f32")
     kernels = autodiff.backward_of(graph).kernels
-    opts = [ag.options_for(k, {"keep_narrow": True, "index64": False}) for k in kernels]
+    opts = [options_for(k, {"keep_narrow": True, "index64": False}) for k in kernels]
     assert {"keep_narrow": True, "index64": False} in opts and {"index64": False} in opts
+    x, t = torch.randn(4, 17000), torch.zeros(4, dtype=torch.int32)   # the bytes measured
+    graph = cross_entropy_full.graph(x, t)                           # under a row option
+    assert saving.choose(graph, ("logits",), {"logits": x, "target": t}, {"keep_narrow": True},
+                         "sim") is not None
