@@ -13,9 +13,9 @@
   kernels `metalforge.autodiff` derives from the graph. Called with an argument that requires
   grad, the wrapper runs ``mylib::rms_norm_saving`` instead of the op (``(..., int[] wrt) ->
   (Tensor..., Tensor[] saved)``): the forward the direct call runs, which also hands the
-  backward what it would recompute (attention's rows' logsumexp, a norm's statistics where
-  that moves fewer bytes: `metalforge.op_saving`); ``torch.ops.mylib.rms_norm`` called
-  directly saves its inputs only;
+  backward what it would recompute (attention's rows' logsumexp; cross-entropy's or a
+  softmax's where saving moves fewer bytes: `metalforge.op_saving`); ``torch.ops.mylib.rms_norm``
+  called directly saves its inputs only;
 - mutation: an output the kernel declares written into an argument (`@mf.kernel(inplace=...)`)
   marks that argument ``Tensor(a!)`` and is not returned by the op (the op's Python wrapper
   returns the argument in its place, like the kernel); ``op(..., out=t)`` calls the out variant

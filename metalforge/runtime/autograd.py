@@ -3,7 +3,6 @@
 `metalforge.autodiff` derives (also through `runs.run`); `backward_source` shows them."""
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -32,8 +31,7 @@ def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
         first = bw.forward and k is bw.kernels[0]
         mine = forward_options(k, launch) if first else options_for(k, launch)
         return run(k, kv, backend=backend, launch=mine)
-    return autodiff.run_backward(bw, values, dys, each if launch else
-                                 partial(run, backend=backend, launch=launch), saved)
+    return autodiff.run_backward(bw, values, dys, each, saved)
 
 
 class _KernelFunction(torch.autograd.Function):
