@@ -10,7 +10,12 @@
   from promotion, the inputs' device; so `torch.compile(fullgraph=True)` traces through the op
   without a graph break and `torch.export` records it;
 - autograd: the backward is a second operator (``mylib::rms_norm_backward``) that runs the
-  kernels `metalforge.autodiff` derives from the graph; it saves the op's inputs only;
+  kernels `metalforge.autodiff` derives from the graph. Called with an argument that requires
+  grad, the wrapper runs ``mylib::rms_norm_saving`` instead of the op (``(..., int[] wrt) ->
+  (Tensor..., Tensor[] saved)``): the forward the direct call runs, which also hands the
+  backward what it would recompute (attention's rows' logsumexp; cross-entropy's or a
+  softmax's where saving moves fewer bytes: `metalforge.op_saving`); ``torch.ops.mylib.rms_norm``
+  called directly saves its inputs only;
 - mutation: an output the kernel declares written into an argument (`@mf.kernel(inplace=...)`)
   marks that argument ``Tensor(a!)`` and is not returned by the op (the op's Python wrapper
   returns the argument in its place, like the kernel); ``op(..., out=t)`` calls the out variant
@@ -31,11 +36,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from . import autodiff
+from . import autodiff, op_saving
 from .autodiff import NotDifferentiable
 from .errors import BindingError
 from .graph import ConstParam, Graph, TensorParam
-from .runtime.autograd import run_backward
 from .shapes import bind_shapes, lay_out, output_shape
 
 __all__ = ["KernelOp", "register", "NotDifferentiable", "OpError"]
@@ -153,17 +157,28 @@ class KernelOp:
             self.op.register_fake(self._fake)
             self.out_op = self._define_out() if self.fresh else None
             bargs = schema_args(kernel, with_defaults=False)
-            self.backward_schema = (f"({', '.join(bargs + ['Tensor[] grads', 'int[] wrt'])})"
-                                    " -> Tensor[]")
+            self.backward_schema = (f"({', '.join(bargs + _BACKWARD_ARGS)}) -> Tensor[]")
             self.backward_op = torch.library.custom_op(f"{name}_backward", self._backward_impl,
                                                        mutates_args=(),
                                                        schema=self.backward_schema)
+            self.saving_op = None if self.mutated else self._define_saving(bargs)
         except (RuntimeError, ValueError) as e:
             raise OpError(f"{kernel.where}: as_op({name!r}): PyTorch refused the operator "
                           f"schema {self.schema}: {e}") from None
         self.backward_op.register_fake(self._backward_fake)
-        if not self.mutated:        # an op that writes into an argument is not differentiable
+        if self.saving_op is not None:    # an op writing into an argument is not differentiable
             self.op.register_autograd(self._backward, setup_context=self._setup_context)
+            self.saving_op.register_fake(self._saving_fake)
+            self.saving_op.register_autograd(self._saving_backward,
+                                             setup_context=self._saving_setup)
+
+    def _define_saving(self, args: list[str]) -> Any:
+        """`<name>_saving`: the op's forward for a call that needs gradients, returning the op's
+        outputs and what the backward reads (`op_saving`)."""
+        self.saving_schema = (f"({', '.join(args + ['int[] wrt'])}) -> "
+                              f"({', '.join(['Tensor'] * len(self.fresh) + ['Tensor[]'])})")
+        return torch.library.custom_op(f"{self.name}_saving", self._saving_impl,
+                                       mutates_args=(), schema=self.saving_schema)
 
     def _define_out(self) -> Any:
         """`<name>_out`: the op with out= tensors last, ``(..., Tensor(a!) out) -> ()``
@@ -218,7 +233,11 @@ class KernelOp:
     def __call__(self, *args, out: Any = None, **kwargs):
         a = self.args_of(args, kwargs)
         if out is None and not self.mutated:
-            return self.op(*a)
+            wrt = self._grad_wrt(a)
+            if not wrt:
+                return self.op(*a)
+            got = self.saving_op(*a, wrt)       # the forward that saves for the backward
+            return got[0] if len(got) == 2 else tuple(got[:-1])
         self._refuse_grad(a, out)
         if out is None:
             got = self.op(*a)
@@ -246,6 +265,14 @@ class KernelOp:
                                f"tensor per output the op returns ({len(self.fresh)}: outputs "
                                f"{self.fresh}), got {out!r:.80}")
         return list(items)
+
+    def _grad_wrt(self, args: Sequence[Any]) -> list[int]:
+        """The float arguments that require grad, where grad mode is on (torch.export, which
+        records a forward graph, records the op itself: nothing to save for)."""
+        if not torch.is_grad_enabled() or torch.compiler.is_exporting():
+            return []
+        return [i for i in self._float_pos if isinstance(args[i], torch.Tensor)
+                and args[i].requires_grad and args[i].dtype.is_floating_point]
 
     def _refuse_grad(self, args: Sequence[Any], out: Any) -> None:
         if not torch.is_grad_enabled():
@@ -290,6 +317,49 @@ class KernelOp:
         outs = [o for i, o in enumerate(outs) if i in self.fresh]
         return None if not outs else tuple(outs) if len(outs) > 1 else outs[0]
 
+    def _tensors(self, g: Graph, args: Sequence[Any]) -> dict[str, Any]:
+        return {t.name: args[i] for i, t in zip(self._tensor_pos, g.tensors)}
+
+    def _how(self) -> tuple:
+        return self.kernel.backend, self.kernel.launch
+
+    # -- the forward that saves (`op_saving`) -----------------------------------------------
+    def _saving_impl(self, *args):
+        fwd, wrt = args[:-1], tuple(self.names[i] for i in args[-1])
+        g = self._graph(fwd)
+        with torch.no_grad():
+            s, out, saved = op_saving.forward(g, self._values(fwd), self._how(), wrt)
+        if saved is None:           # recomputed: buffers of the right shapes, never read
+            saved = fake_outputs(s.graph, self._tensors(g, fwd))[len(g.outputs):]
+        outs = out if isinstance(out, tuple) else (out,)
+        ins = [fwd[i] for i in self._tensor_pos]
+        outs = tuple(o.clone() if any(o is t for t in ins) else o for o in outs)
+        return (*outs, list(saved))
+
+    def _saving_fake(self, *args):
+        fwd, wrt = args[:-1], tuple(self.names[i] for i in args[-1])
+        g = self._graph(fwd)
+        s = op_saving.saves(g, wrt)
+        full = fake_outputs(s.graph, self._tensors(g, fwd))
+        return (*full[:len(g.outputs)], full[len(g.outputs):])
+
+    def _saving_setup(self, ctx, inputs, output) -> None:
+        fwd, wrt = inputs[:-1], inputs[-1]
+        outs, saved = output[:-1], list(output[-1])
+        ctx.mark_non_differentiable(*saved)
+        kind = op_saving.saves(self._graph(fwd), tuple(self.names[i] for i in wrt)).kind
+        kept = list(outs) if kind == "forward" else []      # attention's O: its backward reads it
+        ctx.save_for_backward(*[fwd[i] for i in self._tensor_pos], *kept, *saved)
+        ctx.others = [None if i in self._tensor_pos else a for i, a in enumerate(fwd)]
+        ctx.outs = [(o.shape, o.dtype, o.device) for o in outs]
+        ctx.saved_for = list(wrt)
+
+    def _saving_backward(self, ctx, *grads):
+        n = len(self._tensor_pos)
+        got = self._backward_from(ctx, grads[:-1], ctx.saved_tensors[:n], ctx.saved_for,
+                                  list(ctx.saved_tensors[n:]))
+        return (*got, None)
+
     # -- autograd ----------------------------------------------------------------------
     def _wrt(self, args: Sequence[Any], flags: Sequence[bool]) -> list[int]:
         return [i for i in self._float_pos if flags[i] and isinstance(args[i], torch.Tensor)
@@ -306,15 +376,21 @@ class KernelOp:
         ctx.outs = [(o.shape, o.dtype, o.device) for o in outs]
 
     def _backward(self, ctx, *grads):
+        return self._backward_from(ctx, grads, ctx.saved_tensors, [], [])
+
+    def _backward_from(self, ctx, grads: Sequence[Any], tensors: Sequence[torch.Tensor],
+                       saved_for: list[int], saved: list[torch.Tensor]) -> tuple:
+        """The gradients of the op's arguments (None where not asked) through the backward op,
+        given the output gradients and what the forward saved."""
         args = list(ctx.others)
-        for i, t in zip(self._tensor_pos, ctx.saved_tensors):
+        for i, t in zip(self._tensor_pos, tensors):
             args[i] = t
         wrt = self._wrt(args, ctx.needs_input_grad)
         if not wrt:
             return tuple(None for _ in args)
         dys = [g if g is not None else torch.zeros(shape, dtype=dt, device=dev)
                for g, (shape, dt, dev) in zip(grads, ctx.outs) if dt.is_floating_point]
-        got = self.backward_op(*args, dys, wrt)
+        got = self.backward_op(*args, dys, wrt, saved_for, saved)
         out: list = [None] * len(args)
         for i, g in zip(wrt, got):
             out[i] = g
@@ -326,13 +402,14 @@ class KernelOp:
 
     def _backward_impl(self, *args):
         fwd, dys, wrt = self._split_backward_args(args)
+        saved_for, saved = args[-2], tuple(args[-1])
         g = self._graph(fwd)
-        bw = autodiff.backward_of(g, tuple(self.names[i] for i in wrt))
         floats = iter(dys)
         full = [next(floats) if o.dtype.is_float else None for o in g.outputs]
+        names = tuple(self.names[i] for i in wrt)
         with torch.no_grad():
-            grads = run_backward(bw, self._values(fwd), full, self.kernel.backend,
-                                 self.kernel.launch)
+            grads = op_saving.backward(g, self._values(fwd), self._how(), names,
+                                       tuple(self.names[i] for i in saved_for), saved, full)
         return [grads[self.names[i]].contiguous() for i in wrt]     # as _backward_fake says
 
     def _backward_fake(self, *args):
@@ -342,6 +419,11 @@ class KernelOp:
         heads)."""
         fwd, _, wrt = self._split_backward_args(args)
         return [torch.empty_like(fwd[i], memory_format=torch.contiguous_format) for i in wrt]
+
+
+# the backward op's arguments after the op's: output gradients, the arguments whose gradients
+# are asked, those the forward saved for (empty: the op itself ran, nothing saved), what it saved
+_BACKWARD_ARGS = ['Tensor[] grads', 'int[] wrt', 'int[] saved_for', 'Tensor[] saved']
 
 
 def _returns(n: int) -> str:
@@ -377,7 +459,7 @@ def register(kernel, name: str) -> KernelOp:
 
 def _check_free(kernel, name: str) -> None:
     """Refuse a name PyTorch already has an operator for (or its backward's name)."""
-    for n in (name, f"{name}_backward", f"{name}_out"):
+    for n in (name, f"{name}_backward", f"{name}_out", f"{name}_saving"):
         ns, op = n.split("::")
         try:
             getattr(getattr(torch.ops, ns), op)

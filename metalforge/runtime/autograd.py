@@ -3,17 +3,16 @@
 `metalforge.autodiff` derives (also through `runs.run`); `backward_source` shows them."""
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from .. import autodiff, schedule
+from .. import autodiff
 from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
 from ..graph import Graph, ScalarParam, TensorParam
-from ..schedule.policy import TUNABLE
 from . import saving
+from .grad_launch import forward_options, options_for
 from .runs import run
 from .show import source
 
@@ -24,16 +23,13 @@ How = tuple[Optional[str], Optional[Mapping[str, Any]]]
 def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
                  backend: Optional[str], launch: Optional[Mapping[str, Any]],
                  saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
-    """`autodiff.run_backward` through the runtime, on `backend` under `launch` (where the
-    backward's first kernel is the forward's own, `bw.forward`, the other kernels take the
-    options of `launch` their family has: the user tuned the forward)."""
-    if not (bw.forward and launch):
-        return autodiff.run_backward(bw, values, dys,
-                                     partial(run, backend=backend, launch=launch), saved)
-
+    """`autodiff.run_backward` through the runtime, on `backend` under `launch` (the forward's:
+    the user tuned the forward). Each kernel takes the options of `launch` its family takes
+    (`options_for`); where the backward's first kernel is the forward's own (`bw.forward`), that
+    one takes the forward's options (`forward_options`)."""
     def each(k: Graph, kv: Mapping[str, Any]) -> Any:
-        mine = launch if k is bw.kernels[0] else {
-            key: v for key, v in launch.items() if key in TUNABLE[schedule.family(k)]}
+        first = bw.forward and k is bw.kernels[0]
+        mine = forward_options(k, launch) if first else options_for(k, launch)
         return run(k, kv, backend=backend, launch=mine)
     return autodiff.run_backward(bw, values, dys, each, saved)
 
@@ -45,11 +41,7 @@ class _KernelFunction(torch.autograd.Function):
         vals = dict(values)
         vals.update(zip(names, tensors))
         wrt = _wrt(names, tensors, ctx.needs_input_grad)
-        bw = saving.choose(graph, wrt, vals, how[1], how[0])
-        if bw is None and wrt:          # attention: its first backward kernel is the forward's
-            plain = autodiff.backward_of(graph, wrt)
-            bw = plain if plain.forward else None
-        out, kept = _forward(graph, vals, how, bw)
+        out, kept, bw = forward_for_grad(graph, vals, how, wrt)
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
         ctx.save_for_backward(*tensors, *kept)
@@ -67,10 +59,7 @@ class _KernelFunction(torch.autograd.Function):
         wrt = _wrt(names, tensors, ctx.needs_input_grad)
         vals = dict(values)
         vals.update(zip(names, tensors))
-        if bw is None or bw.wrt != wrt:             # recompute what the backward needs
-            bw, kept = autodiff.backward_of(graph, wrt), ()
-        vals.update((name, t) for (name, _), t in zip(bw.saved, kept))
-        ran = kept if bw.forward and kept else None         # the forward kernel's results
+        bw, ran = resume(graph, wrt, bw, tuple(kept), vals)
         grads = run_backward(bw, vals, dys, how[0], how[1], saved=ran)
         return (None, None, None, None, *[grads.get(n) for n in names])
 
@@ -83,19 +72,50 @@ def _wrt(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...],
                  if need and t.dtype.is_floating_point)
 
 
-def _forward(graph: Graph, vals: Mapping[str, Any], how: How,
+def forward_for_grad(graph: Graph, vals: Mapping[str, Any], how: How, wrt: tuple[str, ...]
+                     ) -> tuple[Any, tuple[torch.Tensor, ...], Optional[autodiff.Backward]]:
+    """(the forward's outputs, what it saves, the backward that reads it) of a call whose
+    gradients with respect to `wrt` will be asked for: the forward that also writes its rows'
+    logsumexps where `saving.choose` finds that moves fewer bytes; where the backward's first
+    kernel is the forward's own (attention with its rows' logsumexp), that kernel; else the
+    forward alone, nothing saved (backward None)."""
+    bw = saving.choose(graph, wrt, vals, how[1], how[0])
+    if bw is None and wrt:
+        plain = autodiff.backward_of(graph, wrt)
+        bw = plain if plain.forward else None
+    out, kept = forward_saved(graph, vals, how, bw)
+    return out, kept, bw
+
+
+def resume(graph: Graph, wrt: tuple[str, ...], bw: Optional[autodiff.Backward],
+           kept: tuple[torch.Tensor, ...], vals: dict[str, Any]
+           ) -> tuple[autodiff.Backward, Optional[tuple[torch.Tensor, ...]]]:
+    """(the backward for `wrt`, the results of its first kernel the forward ran: `run_backward`'s
+    saved) given what the forward saved (`kept`) for backward `bw` (`forward_for_grad`); the
+    saved row buffers join `vals`. Attention's forward results serve any `wrt`; buffers saved
+    for other gradients than those asked are not used (recomputed)."""
+    if bw is not None and bw.forward and kept:
+        return (bw if bw.wrt == wrt else autodiff.backward_of(graph, wrt)), kept
+    if bw is None or bw.wrt != wrt or len(kept) != len(bw.saved):
+        return autodiff.backward_of(graph, wrt), None
+    vals.update((name, t) for (name, _), t in zip(bw.saved, kept))
+    return bw, None
+
+
+def forward_saved(graph: Graph, vals: Mapping[str, Any], how: How,
              bw: Optional[autodiff.Backward]) -> tuple[Any, tuple[torch.Tensor, ...]]:
     """(the forward's outputs, what it saves for backward `bw`): with `bw` None
     (`saving.choose`: recomputing moves fewer bytes), the forward alone and nothing saved;
     where the backward's first kernel is the forward's own (`bw.forward`: attention with its
     rows' logsumexp), all that kernel's results."""
-    if bw is None:
-        return run(graph, vals, backend=how[0], launch=how[1]), ()
     k = len(graph.outputs)
+    g = graph if bw is None else bw.kernels[0] if bw.forward else \
+        saving.forward_saving(graph, bw)
+    full = run(g, vals, backend=how[0], launch=forward_options(g, how[1]))
+    if bw is None:
+        return full, ()
     if bw.forward:
-        full = run(bw.kernels[0], vals, backend=how[0], launch=how[1])
         return (full[0] if k == 1 else tuple(full[:k])), tuple(full)
-    full = run(saving.forward_saving(graph, bw), vals, backend=how[0], launch=how[1])
     return (full[0] if k == 1 else tuple(full[:k])), tuple(full[k:])
 
 

@@ -26,20 +26,23 @@ from ..once import OnceMap
 from ..shapes import bind_shapes, numel
 from . import launcher
 from .backends import current_backend
+from .grad_launch import forward_options, options_for
 from .show import schedule_of
 
 _plans: OnceMap[tuple[object, ...], tuple[Graph, Optional[autodiff.Backward]]] = OnceMap()
 
 
 def choose(graph: Graph, wrt: tuple[str, ...], values: Mapping[str, Any],
-           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None
-           ) -> Optional[autodiff.Backward]:
+           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None,
+           deterministic: Optional[bool] = None) -> Optional[autodiff.Backward]:
     """The backward that loads the forward's saved logsumexps where that moves fewer bytes
     than recomputing them at these sizes, with the launch options the call's backend (`backend`,
-    else that of the tensors) layers; None to recompute (or where nothing is saved)."""
+    else that of the tensors) layers; None to recompute (or where nothing is saved).
+    deterministic: the gathers' gradients sorted (None: as torch says at the call)."""
     if not wrt:
         return None
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
     tensors = {t.name: values[t.name] for t in graph.tensors}
     sizes = bind_shapes(graph, tensors).sizes
     backend = backend or current_backend(tensors.values())
@@ -63,11 +66,12 @@ def _pick(graph: Graph, wrt: tuple[str, ...], deterministic: bool, sizes: Mappin
 
 def moved(forward: Graph, kernels: tuple[Graph, ...], sizes: Mapping[str, int],
           launch: Optional[Mapping[str, Any]], backend: Optional[str] = None) -> int:
-    """Bytes read and written by `forward` and the backward `kernels` at `sizes` (with the
-    options `backend` layers, where given)."""
+    """Bytes read and written by `forward` and the backward `kernels` at `sizes` (each with the
+    options of `launch` its family takes, and those `backend` layers, where given)."""
     total = 0
     for g in (forward, *kernels):
-        t = _schedule(g, sizes, launch, backend).traffic(sizes)
+        mine = forward_options(g, launch) if g is forward else options_for(g, launch)
+        t = _schedule(g, sizes, mine, backend).traffic(sizes)
         total += t.read + t.written
     return total
 

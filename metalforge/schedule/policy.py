@@ -381,8 +381,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
-                  "index64", "index_check",
-                  "grad_fp32"),      # read by its backward's kernels (attention_grad) only
+                  "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),
@@ -391,6 +390,10 @@ TUNABLE: dict[str, tuple[str, ...]] = {
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
                                           uses_simd=True)
 TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32")
+# options a family's kernels do not read but the kernels of its backward do, given on the
+# forward's launch (`attention.with_launch(grad_fp32=True)`): `resolve` accepts and ignores
+# them; runtime/autograd.py hands them to the backward kernels whose family takes them
+FOR_BACKWARD: dict[str, tuple[str, ...]] = {"attention": ("grad_fp32",)}
 
 
 def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
@@ -403,11 +406,12 @@ def resolve(family: str, launch: Optional[Mapping[str, Any]] = None) -> LaunchPo
     base = POLICIES[family]
     if launch:
         allowed = TUNABLE[family]
-        bad = sorted(k for k in launch if k not in allowed)
+        bad = sorted(k for k in launch if k not in allowed and
+                     k not in FOR_BACKWARD.get(family, ()))
         if bad:
             raise LaunchError(f"launch option(s) {', '.join(map(repr, bad))} do not apply to a "
                               f"{family} kernel; it takes: {', '.join(allowed)}")
-        base = replace(base, **dict(launch))
+        base = replace(base, **{k: v for k, v in launch.items() if k in allowed})
     validate(base)
     return base
 

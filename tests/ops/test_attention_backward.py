@@ -243,18 +243,6 @@ def test_launch_options_of_the_forward():
         torch.testing.assert_close(a, b, rtol=2e-3, atol=2e-3)
 
 
-def test_as_op():
-    """Through the operator (its schema returns the output only: the backward runs the
-    forward with the rows' logsumexp again)."""
-    q, k, v, valid, _ = _inputs(torch.float32, 5, b=1, n=3, length=5, e=8)
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    extra = (valid, 0.3, 4, 5.0)
-    want = torch.autograd.grad(masked(q, k, v, *extra).sum(), (q, k, v))
-    op = masked.as_op("mf_test::attention_backward")
-    for got, w in zip(torch.autograd.grad((op(q, k, v, *extra) * 2.0).sum(), (q, k, v)), want):
-        torch.testing.assert_close(got, 2 * w)
-
-
 @pytest.mark.parametrize("target,version", [("apple9", 0), ("cuda", 400)])
 def test_backward_kernels_translate_to_cuda(tmp_path, target, version):
     """The dq and dk/dv kernels' MSL (the simd, the fp32 matrix and the 16x16 block kernel:
