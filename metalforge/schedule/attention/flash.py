@@ -91,7 +91,7 @@ def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKe
            else "8x8 simdgroup_matrix products")
     return make_kernel(
         ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + head + ks.out.pre + body,
-        f"{ctx.graph.name} (prefill, FlashAttention-2 structure): softmax over "
+        f"{ctx.graph.name} (prefill): FlashAttention-2's structure; softmax over "
         f"'{ctx.form.key}' of scores contracting '{ctx.form.e}' (up to {emax}), times the "
         f"values, summed over '{ctx.form.key}'; a threadgroup per {rows} query rows sharing "
         f"their keys and block of keys, {nsg} simdgroups each owning 16 rows over every key "
