@@ -7,7 +7,7 @@ scaled_dot_product_attention and torch.compile of it, same device.
     python bench/prefill.py --device cpu            # the simulator: a smoke test, tiny sizes
 
 B = 1, 32 heads (R = 1), S = L, causal, f16 by default; S = L in {1024, 4096}, E in {64, 128}.
-One row per lowering of our prefill kernel (schedule/attention/mma.py), chosen by target:
+One row per lowering of our prefill kernel (schedule/attention/flash.py), chosen by target:
 `cuda` (Metal 4 tensor ops: the cuda shim's matmul2d on tensor cores, mma.sync m16n8k16 with
 f16 operands and fp32 accumulation), `apple9` (the same kernel on 8x8 simdgroup_matrix
 products with half operands, which the cuda shim emulates with shuffles; what an M1-M4 runs),
@@ -17,8 +17,9 @@ tensor ops). `--rows` (launch prefill_rows, one row each): 32 = the split-tile k
 (schedule/attention/mma.py: 4 simdgroups share 32 rows, S and P through threadgroup memory,
 four barriers a tile), 64 / 128 = the FlashAttention-2 structure (schedule/attention/flash.py:
 each simdgroup owns 16 rows over whole K/V tiles, two barriers a tile); 128 rows hold E up to
-64 (at E = 128 those calls run the decode kernels: the `kernel` column says which ran). TFLOP/s counts the 4·S·L·E multiply-adds per head that a causal kernel needs half
-of (both sides get the same credit). On CUDA all times are GPU times of CUDA-graph replays
+64 (at E = 128 those calls run the decode kernels: the `kernel` column says which ran).
+TFLOP/s counts the 4·S·L·E multiply-adds per head that a causal kernel needs half of (both
+sides get the same credit). On CUDA all times are GPU times of CUDA-graph replays
 (common.timeit); torch.compile's column compiles SDPA for the call's shapes.
 """
 from __future__ import annotations
@@ -80,7 +81,8 @@ def case(device: str, dtype, length: int, e: int, targets, repeat: int, launch: 
         torch.testing.assert_close(kernel(q, k, v, scale), want, rtol=2e-2, atol=2e-2)
         ours = timeit(lambda: kernel(q, k, v, scale), device, repeat)
         tf = lambda t: f"{flops / t / 1e12:>8.1f}" if t else f"{'-':>8}"  # noqa: E731
-        print(f"{length:>5} {e:>4} {target:>8} {rows or '-':>4} {LOWERING[target]:>11} {host:>8} "
+        print(f"{length:>5} {e:>4} {target:>8} {rows or '-':>4} {LOWERING[target]:>11} "
+              f"{host:>8} "
               f"{ours * 1e6:>9.1f} {theirs * 1e6:>9.1f} {us(comp, 10)} {tf(ours)} {tf(theirs)} "
               f"{tf(comp)} {theirs / ours:>8.3f}x {ratio(comp, ours, 10)}", flush=True)
 
@@ -107,9 +109,9 @@ def main(argv=None) -> None:
         targets = list(dict.fromkeys("apple10" if t == "cuda" else t for t in targets))
     print(f"device {device}, prefill B=1, 32 heads, S = L, causal, {args.dtype}"
           + (f", launch {launch}" if launch else ""))
-    print(f"{'S=L':>5} {'E':>4} {'target':>8} {'rows':>4} {'lowering':>11} {'kernel':>8} {'ours us':>9} "
-          f"{'sdpa us':>9} {'compile us':>10} {'ours TF':>8} {'sdpa TF':>8} {'comp TF':>8} "
-          f"{'vs sdpa':>9} {'vs compile':>10}")
+    print(f"{'S=L':>5} {'E':>4} {'target':>8} {'rows':>4} {'lowering':>11} {'kernel':>8} "
+          f"{'ours us':>9} {'sdpa us':>9} {'compile us':>10} {'ours TF':>8} {'sdpa TF':>8} "
+          f"{'comp TF':>8} {'vs sdpa':>9} {'vs compile':>10}")
     for length, e in cases:
         case(device, DTYPES[args.dtype], length, e, targets, repeat, launch,
              not args.no_compile, args.rows)

@@ -32,7 +32,15 @@ from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState
-from .flash_budget import FLASH_TILE_KEYS, ROW_BLOCK, keys_per_tile, most_bytes, slice_floats
+from .flash_budget import (
+    FLASH_BYTES,
+    FLASH_TILE_KEYS,
+    ROW_BLOCK,
+    SCORE_PAD,
+    STATS,
+    keys_per_tile,
+    most_bytes,
+)
 from .flash_phases import scores, softmax, values, write
 from .head import block_keys, group_head, tile
 from .mma import operand, stage_q, zero_fill
@@ -118,8 +126,9 @@ def _places(lowering_: str) -> list[ir.Stmt]:
 def _layout(ctx: CallContext, op: str, rows: int) -> list[ir.Stmt]:
     """The one threadgroup array's parts (`flash_budget`): K and V tiles (mf_kv<i>, mf_kt
     rows of mf_qs values), q (mf_qt, `rows` rows), then the simdgroup's slice: scores mf_st
-    (fp32, mf_kt a row; P over them, mf_pt, 2 x mf_kt a row) and its rows' stats mf_sx
-    (factor, max, sum: 16 each). mf_ew: E rounded up to whole 16-blocks."""
+    (fp32, mf_ss a row: mf_kt, padded by mf_spad where that fits; P over them, mf_pt,
+    2 x mf_ss a row) and its rows' stats mf_sx (factor, max, sum: 16 each). mf_ew: E
+    rounded up to whole 16-blocks."""
     e = ctx.size(ctx.form.e)
     qs, kt = ir.Var("mf_qs"), ir.Var("mf_kt")
     out: list[ir.Stmt] = [
@@ -136,17 +145,24 @@ def _layout(ctx: CallContext, op: str, rows: int) -> list[ir.Stmt]:
                         const=False),
                 ir.Decl(f"{arr}_stride", UINT, qs)]
     last = list(ctx.kv.values())[-1]
-    sx = u(ROW_BLOCK) * kt
+    ss = ir.Var("mf_ss")
+    padded = ((u(2) * kt + u(rows)) * qs * u(2) + u(rows // ROW_BLOCK * 4) * (
+        u(ROW_BLOCK) * (kt + u(SCORE_PAD)) + u(STATS)))
     return out + [
+        ir.Comment(f"score rows padded by {SCORE_PAD} floats where that fits "
+                   f"{FLASH_BYTES} bytes (flash_budget.score_pad)"),
+        ir.Decl("mf_spad", UINT, ir.Select(padded <= u(FLASH_BYTES), u(SCORE_PAD), u(0))),
+        ir.Decl("mf_ss", UINT, kt + ir.Var("mf_spad")),
         ir.Decl("mf_qt", f"threadgroup {op}*", ir.Call(
             f"reinterpret_cast<threadgroup {op}*>", (ir.Var(last) + kt * qs,)), const=False),
         ir.Decl("mf_st", "threadgroup float*", ir.Call(
             "reinterpret_cast<threadgroup float*>", (ir.Var("mf_qt") + u(rows) * qs,))
-            + ir.Var("mf_sg") * (sx + u(slice_floats(0))), const=False),
+            + ir.Var("mf_sg") * (u(ROW_BLOCK) * ss + u(STATS)), const=False),
         ir.Decl("mf_pt", f"threadgroup {op}*", ir.Call(
             f"reinterpret_cast<threadgroup {op}*>", (ir.Var("mf_st"),)), const=False),
-        ir.Decl("mf_ps", UINT, u(2) * kt),
-        ir.Decl("mf_sx", "threadgroup float*", ir.Var("mf_st") + sx, const=False),
+        ir.Decl("mf_ps", UINT, u(2) * ss),
+        ir.Decl("mf_sx", "threadgroup float*", ir.Var("mf_st") + u(ROW_BLOCK) * ss,
+                const=False),
         ir.Decl("mf_ew", UINT, ir.Cast(UINT, (e + ir.Lit(15, IDX)) / ir.Lit(16, IDX)
                                        * ir.Lit(16, IDX))),
         ir.Decl("mf_eb", UINT, ir.Var("mf_ew") / u(16))]

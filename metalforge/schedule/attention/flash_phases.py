@@ -35,7 +35,7 @@ def _sync(why: str) -> list[ir.Stmt]:
 def scores(ctx: CallContext, ks: KernelState, blk: strided.Blocks, k_arr: str) -> list[ir.Stmt]:
     """Every 16-key block of the tile against the simdgroup's 16 rows: S = sum over E's
     16-blocks of Q x K^T, then per element the score's work (`score`), -inf past the tile's
-    keys and the tile's rows, to mf_st[row * mf_kt + key]."""
+    keys and the tile's rows, to mf_st[row * mf_ss + key]."""
     es = ir.Var("mf_es")
     body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
     out: list[ir.Stmt] = [ir.Comment(
@@ -51,7 +51,7 @@ def scores(ctx: CallContext, ks: KernelState, blk: strided.Blocks, k_arr: str) -
                     ir.Decl("mf_sv", "float", NEG_INF, const=False),
                     ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
                         ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sc, value)]),
-                    ir.Store("mf_st", row * ir.Var("mf_kt") + ir.Var("mf_u"), sc,
+                    ir.Store("mf_st", row * ir.Var("mf_ss") + ir.Var("mf_u"), sc,
                              space="threadgroup")]
         k_at = ir.Var(k_arr) + u(i * SIDE) * ir.Var(f"{k_arr}_stride") + es * u(SIDE)
         q_at = ir.Var("mf_qt") + ir.Var("mf_row0") * ir.Var("mf_qs") + es * u(SIDE)
@@ -83,15 +83,17 @@ def softmax(op: str) -> list[ir.Stmt]:
         ir.Decl("mf_tmax", "float", NEG_INF, const=False),
         ir.For("mf_x", UINT, u(0), u(per), [
             ir.Assign(sv, ir.Select(key < ir.Var("mf_tn"), ir.Lane(
-                ir.Var("mf_st"), ir.Var("mf_srow") * ir.Var("mf_kt") + key), NEG_INF)),
+                ir.Var("mf_st"), ir.Var("mf_srow") * ir.Var("mf_ss") + key), NEG_INF)),
             ir.Assign(tmax, ir.Call("mf_maximum", (tmax, sv)))], unroll=True),
         ir.Assign(tmax, ir.Call("mf_maximum", (tmax, ir.Call("simd_shuffle_xor",
                                                               (tmax, u(1)))))),
         ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, tmax))),
         ir.Decl("mf_corr", "float", online.rescale(mm, m_new)),
         ir.Assign(md, md * corr),
-        ir.For("mf_x", UINT, u(0), u(per), [
-            ir.Assign(sv, online.weight(sv, m_new)), ir.Assign(md, md + sv)], unroll=True),
+        ir.Comment("the weights of the tile's keys (x past mf_kt / 2: none, the same branch "
+                   "for every lane)"),
+        ir.For("mf_x", UINT, u(0), u(per), [ir.If(x * u(2) < ir.Var("mf_kt"), [
+            ir.Assign(sv, online.weight(sv, m_new)), ir.Assign(md, md + sv)])], unroll=True),
         ir.Assign(mm, m_new),
         *_sync("the row's two lanes have read its scores before P overwrites them"),
         ir.For("mf_x", UINT, u(0), u(per), [ir.If(key < whole, [

@@ -1349,7 +1349,7 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
-    threadgroup float4 mf_tg_fa[1968];
+    threadgroup float4 mf_tg_fa[2032];
     // threadgroup: query rows mf_tile * 64 + t (t < 64) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups of 16 rows each, every one over the whole tile; the group stages tiles of mf_kt keys of K and V and the rows' q in threadgroup memory
     const uint mf_block = mf_group % mf_splits;
     const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 63u) / 64u));
@@ -1401,11 +1401,14 @@ template <typename T, typename mf_index_t>
     const uint mf_kv0_stride = mf_qs;
     threadgroup T* mf_kv1 = reinterpret_cast<threadgroup T*>(mf_tg_fa) + 1u * mf_kt * mf_qs;
     const uint mf_kv1_stride = mf_qs;
+    // score rows padded by 4 floats where that fits 32768 bytes (flash_budget.score_pad)
+    const uint mf_spad = (2u * mf_kt + 64u) * mf_qs * 2u + 16u * (16u * (mf_kt + 4u) + 48u) <= 32768u ? 4u : 0u;
+    const uint mf_ss = mf_kt + mf_spad;
     threadgroup half* mf_qt = reinterpret_cast<threadgroup half*>(mf_kv1 + mf_kt * mf_qs);
-    threadgroup float* mf_st = reinterpret_cast<threadgroup float*>(mf_qt + 64u * mf_qs) + mf_sg * (16u * mf_kt + 48u);
+    threadgroup float* mf_st = reinterpret_cast<threadgroup float*>(mf_qt + 64u * mf_qs) + mf_sg * (16u * mf_ss + 48u);
     threadgroup half* mf_pt = reinterpret_cast<threadgroup half*>(mf_st);
-    const uint mf_ps = 2u * mf_kt;
-    threadgroup float* mf_sx = mf_st + 16u * mf_kt;
+    const uint mf_ps = 2u * mf_ss;
+    threadgroup float* mf_sx = mf_st + 16u * mf_ss;
     const uint mf_ew = uint((mf_size_E + 15u) / 16u * 16u);
     const uint mf_eb = mf_ew / 16u;
     // the tile's q rows as half operands (0 past E and past the tile's rows), two adjacent elements a thread
@@ -1557,7 +1560,7 @@ template <typename T, typename mf_index_t>
                         const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
                         mf_sv = mf_s11;
                     }
-                    mf_st[(mf_f / 2u * 8u + mf_mr) * mf_kt + mf_u] = mf_sv;
+                    mf_st[(mf_f / 2u * 8u + mf_mr) * mf_ss + mf_u] = mf_sv;
                 }
             }
         }
@@ -1591,7 +1594,7 @@ template <typename T, typename mf_index_t>
                         const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
                         mf_sv = mf_s11;
                     }
-                    mf_st[(mf_f / 2u * 8u + mf_mr) * mf_kt + mf_u] = mf_sv;
+                    mf_st[(mf_f / 2u * 8u + mf_mr) * mf_ss + mf_u] = mf_sv;
                 }
             }
         }
@@ -1601,16 +1604,19 @@ template <typename T, typename mf_index_t>
         float mf_pv[16];
         float mf_tmax = -INFINITY;
         for (uint mf_x = 0u; mf_x < 16u; ++mf_x) {
-            mf_pv[mf_x] = mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u < mf_tn ? mf_st[mf_srow * mf_kt + (mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u)] : -INFINITY;
+            mf_pv[mf_x] = mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u < mf_tn ? mf_st[mf_srow * mf_ss + (mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u)] : -INFINITY;
             mf_tmax = mf_maximum(mf_tmax, mf_pv[mf_x]);
         }
         mf_tmax = mf_maximum(mf_tmax, simd_shuffle_xor(mf_tmax, 1u));
         const float mf_m_new = mf_maximum(mf_mm, mf_tmax);
         const float mf_corr = mf_m_new != -INFINITY ? precise::exp(mf_mm - mf_m_new) : 1.0f;
         mf_md = mf_md * mf_corr;
+        // the weights of the tile's keys (x past mf_kt / 2: none, the same branch for every lane)
         for (uint mf_x = 0u; mf_x < 16u; ++mf_x) {
-            mf_pv[mf_x] = mf_m_new != -INFINITY ? precise::exp(mf_pv[mf_x] - mf_m_new) : 0.0f;
-            mf_md = mf_md + mf_pv[mf_x];
+            if (mf_x * 2u < mf_kt) {
+                mf_pv[mf_x] = mf_m_new != -INFINITY ? precise::exp(mf_pv[mf_x] - mf_m_new) : 0.0f;
+                mf_md = mf_md + mf_pv[mf_x];
+            }
         }
         mf_mm = mf_m_new;
         // the row's two lanes have read its scores before P overwrites them
