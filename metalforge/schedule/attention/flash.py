@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ... import ir
-from ...graph import strip_casts
+from ...graph import Op, strip_casts
 from ...target import Target
 from ..base import IDX, make_kernel
 from ..fragments import UINT, lane_place, u
@@ -45,7 +45,12 @@ from .flash_phases import scores, softmax, values, write
 from .head import block_keys, group_head, tile
 from .mma import operand, stage_q, zero_fill
 from .prefill import THREADS, matrix_operands
-from .tiles import fill_tiles
+from .tiles import batched_copies, fill_tiles
+
+# a full tile's 16-byte copies per thread and K/V read at 64 rows (128 threads): 16 keys x
+# E = 128 and 32 keys x E = 64 both make 256, two a thread, issued as one batch (all loads,
+# then the stores: `tiles.batched_copies`), not a loop of load-then-store
+BATCH = 2
 
 
 def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKernel]:
@@ -81,9 +86,7 @@ def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKe
                         "E elements"), *strided.declare(oblk, emax // 16),
              ir.Comment("its scores of a tile: blocks of 16 rows x 16 keys"),
              *strided.declare(sblk, FLASH_TILE_KEYS // 16)]
-    fill = fill_tiles(ctx, row)
-    assert isinstance(fill[-1], ir.Barrier)
-    fill[-1:-1] = zero_fill(ctx, ks.group)
+    fill = _fill(ctx, row)
     step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
         ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Var("mf_kt"))))))]
     step += fill + scores(ctx, row, sblk, k_arr) + softmax(op)
@@ -107,6 +110,23 @@ def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKe
         f"in threadgroup memory; 16 x 16 blocks on {how} with {op} operands and fp32 "
         f"accumulation; one pass", "prefill", params=ctx.params,
         helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
+
+
+def _fill(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """`tiles.fill_tiles`' staging of the tile (then, on a partial tile, `mma.zero_fill`),
+    with a full tile of BATCH copies a thread (E a multiple of 8 and innermost in K and V,
+    not gathered) batched."""
+    fill = fill_tiles(ctx, ks)
+    assert isinstance(fill[-1], ir.Barrier)
+    at = len(fill) - 2                               # the copies, before the barrier
+    plain = all(ctx.tensor_of(n).axes[-1] == ctx.form.e and n.op != Op.TAKE for n in ctx.kv)
+    copies = fill[at]
+    if plain and ctx.vw == 8 and isinstance(copies, ir.For) and copies.var == "mf_i":
+        full = ir.Var("mf_vec_ok").and_(ir.Var("mf_dc").eq(u(0))).and_(
+            (ir.Var("mf_tn") * ir.Var("mf_chunks")).eq(u(BATCH * ks.group)))
+        fill[at] = ir.If(full, batched_copies(ctx, ks, BATCH), [copies])
+    fill[-1:-1] = zero_fill(ctx, ks.group)
+    return fill
 
 
 def _places(lowering_: str) -> list[ir.Stmt]:

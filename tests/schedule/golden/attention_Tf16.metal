@@ -1456,41 +1456,68 @@ template <typename T, typename mf_index_t>
         uint mf_cc = mf_tid % mf_chunks;
         const uint mf_dr = 128u / mf_chunks;
         const uint mf_dc = 128u % mf_chunks;
-        for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
-            const uint mf_e0 = mf_cc * 8u;
-            const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
-            if (mf_vec_ok) {
-                const uint mf_e = mf_e0;
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-            } else {
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
+        if (mf_vec_ok && mf_dc == 0u && mf_tn * mf_chunks == 256u) {
+            // a full tile: this thread's 2 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
+            const uint mf_e = mf_cc * 8u;
+            mf_pack8<T> mf_kv0_cp[2];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
-            mf_r = mf_r + mf_dr;
-            mf_cc = mf_cc + mf_dc;
-            if (mf_cc >= mf_chunks) {
-                mf_cc = mf_cc - mf_chunks;
-                mf_r = mf_r + 1u;
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
+            mf_pack8<T> mf_kv1_cp[2];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
+        } else {
+            for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
+                const uint mf_e0 = mf_cc * 8u;
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
+                if (mf_vec_ok) {
+                    const uint mf_e = mf_e0;
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                } else {
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                }
+                // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
+                mf_r = mf_r + mf_dr;
+                mf_cc = mf_cc + mf_dc;
+                if (mf_cc >= mf_chunks) {
+                    mf_cc = mf_cc - mf_chunks;
+                    mf_r = mf_r + 1u;
+                }
             }
         }
         // a partial tile: K and V past the copied keys and past E (up to whole 16-blocks) are 0
