@@ -270,6 +270,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
     # ops where the target has them, else simdgroup_matrix; set per call from the current
     # target, as the contractions')
+    # prefill_rows: the half / bfloat prefill kernel's query rows a threadgroup: 64 (4
+    # simdgroups) or 128 (8; E up to 64), FlashAttention-2's structure (schedule/attention/
+    # flash.py: each simdgroup owns 16 rows over whole K/V tiles, two barriers a tile); 32:
+    # the split-tile kernel (mma.py). 64 by design, untimed: bench/prefill.py --rows 32 64 128
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True, target="apple9"),
