@@ -48,8 +48,9 @@ from .prefill import THREADS, matrix_operands
 from .tiles import batched_copies, fill_tiles
 
 # a full tile's 16-byte copies per thread and K/V read at 64 rows (128 threads): 16 keys x
-# E = 128 and 32 keys x E = 64 both make 256, two a thread, issued as one batch (all loads,
-# then the stores: `tiles.batched_copies`), not a loop of load-then-store
+# E = 128 and 32 keys x E = 64 both make 256, two a thread, issued as one batch (all loads
+# of K and V, then the stores: `tiles.batched_copies` reordered), not a loop of
+# load-then-store
 BATCH = 2
 
 
@@ -115,7 +116,8 @@ def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKe
 def _fill(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """`tiles.fill_tiles`' staging of the tile (then, on a partial tile, `mma.zero_fill`),
     with a full tile of BATCH copies a thread (E a multiple of 8 and innermost in K and V,
-    not gathered) batched."""
+    not gathered) batched: every load of K and V before any store (one wait on memory a
+    tile, not one a read)."""
     fill = fill_tiles(ctx, ks)
     assert isinstance(fill[-1], ir.Barrier)
     at = len(fill) - 2                               # the copies, before the barrier
@@ -124,7 +126,10 @@ def _fill(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     if plain and ctx.vw == 8 and isinstance(copies, ir.For) and copies.var == "mf_i":
         full = ir.Var("mf_vec_ok").and_(ir.Var("mf_dc").eq(u(0))).and_(
             (ir.Var("mf_tn") * ir.Var("mf_chunks")).eq(u(BATCH * ks.group)))
-        fill[at] = ir.If(full, batched_copies(ctx, ks, BATCH), [copies])
+        batch = batched_copies(ctx, ks, BATCH)     # per read: its loads, then its stores
+        loads = [b for b in batch if not isinstance(b, ir.Store)]
+        stores = [b for b in batch if isinstance(b, ir.Store)]
+        fill[at] = ir.If(full, loads + [ir.Comment("... then every store")] + stores, [copies])
     fill[-1:-1] = zero_fill(ctx, ks.group)
     return fill
 

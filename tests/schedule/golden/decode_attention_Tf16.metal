@@ -1443,8 +1443,6 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
                 mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + (mf_l * mf_size_G + mf_pos_G) * mf_size_E + mf_index_t(mf_e));
             }
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             mf_pack8<T> mf_kv1_cp[2];
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
@@ -1454,6 +1452,9 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
                 mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + (mf_l * mf_size_G + mf_pos_G) * mf_size_E + mf_index_t(mf_e));
             }
+            // ... then every store
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
         } else {

@@ -1489,8 +1489,6 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
                 mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
-            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             mf_pack8<T> mf_kv1_cp[2];
             {
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
@@ -1500,6 +1498,9 @@ template <typename T, typename mf_index_t>
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
                 mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
+            // ... then every store
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
         } else {
