@@ -39,6 +39,7 @@ from .flash_budget import (
     SCORE_PAD,
     STATS,
     keys_per_tile,
+    max_e,
     most_bytes,
 )
 from .flash_phases import scores, softmax, values, write
@@ -58,10 +59,12 @@ def kernel(ctx: CallContext, target: Target, rows: int) -> Optional[ir.LoweredKe
     """The kernel for `rows` query rows a threadgroup, or None where `mma.operand` says the
     matrix block does not apply (or no E fits a tile)."""
     op = operand(ctx, target)
-    emax = SIMD_WIDTH * ctx.run
-    size = most_bytes(rows, emax)
+    size = most_bytes(rows, SIMD_WIDTH * ctx.run)
     if op is None or not size:
         return None
+    # the E this kernel runs (128 rows: up to 64, the host sends the rest to the decode
+    # kernels), in whole 16-blocks: the output blocks each simdgroup holds
+    emax = -(-max_e(rows, SIMD_WIDTH * ctx.run) // 16) * 16
     lowering_ = MPP if target.tensor_ops else SIMDGROUP
     nsg = rows // ROW_BLOCK
     ks = KernelState(Emitted(), qt=rows, group=SIMD_WIDTH * nsg,

@@ -76,23 +76,24 @@ def softmax(op: str) -> list[ir.Stmt]:
     mm, md, tmax = ir.Var("mf_mm"), ir.Var("mf_md"), ir.Var("mf_tmax")
     m_new, corr = ir.Var("mf_m_new"), ir.Var("mf_corr")
     whole = (ir.Var("mf_tn") + u(15)) / u(16) * u(16)
+    in_tile = x * u(2) < ir.Var("mf_kt")
     return [
         ir.Comment("online softmax, two lanes a row: the tile's max, the old sums' factor, "
                    "the weights p (P, as the operand type, over the row's scores)"),
         ir.ArrayDecl("mf_pv", "float", per),
         ir.Decl("mf_tmax", "float", NEG_INF, const=False),
-        ir.For("mf_x", UINT, u(0), u(per), [
+        ir.Comment("x past mf_kt / 2 holds no key of the tile (key < mf_kt exactly when x < "
+                   "mf_kt / 2): skipped, the same branch for every lane"),
+        ir.For("mf_x", UINT, u(0), u(per), [ir.If(in_tile, [
             ir.Assign(sv, ir.Select(key < ir.Var("mf_tn"), ir.Lane(
                 ir.Var("mf_st"), ir.Var("mf_srow") * ir.Var("mf_ss") + key), NEG_INF)),
-            ir.Assign(tmax, ir.Call("mf_maximum", (tmax, sv)))], unroll=True),
+            ir.Assign(tmax, ir.Call("mf_maximum", (tmax, sv)))])], unroll=True),
         ir.Assign(tmax, ir.Call("mf_maximum", (tmax, ir.Call("simd_shuffle_xor",
                                                               (tmax, u(1)))))),
         ir.Decl("mf_m_new", "float", ir.Call("mf_maximum", (mm, tmax))),
         ir.Decl("mf_corr", "float", online.rescale(mm, m_new)),
         ir.Assign(md, md * corr),
-        ir.Comment("the weights of the tile's keys (x past mf_kt / 2: none, the same branch "
-                   "for every lane)"),
-        ir.For("mf_x", UINT, u(0), u(per), [ir.If(x * u(2) < ir.Var("mf_kt"), [
+        ir.For("mf_x", UINT, u(0), u(per), [ir.If(in_tile, [
             ir.Assign(sv, online.weight(sv, m_new)), ir.Assign(md, md + sv)])], unroll=True),
         ir.Assign(mm, m_new),
         *_sync("the row's two lanes have read its scores before P overwrites them"),

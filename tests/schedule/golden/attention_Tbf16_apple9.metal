@@ -1598,15 +1598,17 @@ template <typename T, typename mf_index_t>
         // online softmax, two lanes a row: the tile's max, the old sums' factor, the weights p (P, as the operand type, over the row's scores)
         float mf_pv[16];
         float mf_tmax = -INFINITY;
+        // x past mf_kt / 2 holds no key of the tile (key < mf_kt exactly when x < mf_kt / 2): skipped, the same branch for every lane
         for (uint mf_x = 0u; mf_x < 16u; ++mf_x) {
-            mf_pv[mf_x] = mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u < mf_tn ? mf_st[mf_srow * mf_ss + (mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u)] : -INFINITY;
-            mf_tmax = mf_maximum(mf_tmax, mf_pv[mf_x]);
+            if (mf_x * 2u < mf_kt) {
+                mf_pv[mf_x] = mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u < mf_tn ? mf_st[mf_srow * mf_ss + (mf_x / 2u * 4u + mf_x % 2u + mf_spart * 2u)] : -INFINITY;
+                mf_tmax = mf_maximum(mf_tmax, mf_pv[mf_x]);
+            }
         }
         mf_tmax = mf_maximum(mf_tmax, simd_shuffle_xor(mf_tmax, 1u));
         const float mf_m_new = mf_maximum(mf_mm, mf_tmax);
         const float mf_corr = mf_m_new != -INFINITY ? precise::exp(mf_mm - mf_m_new) : 1.0f;
         mf_md = mf_md * mf_corr;
-        // the weights of the tile's keys (x past mf_kt / 2: none, the same branch for every lane)
         for (uint mf_x = 0u; mf_x < 16u; ++mf_x) {
             if (mf_x * 2u < mf_kt) {
                 mf_pv[mf_x] = mf_m_new != -INFINITY ? precise::exp(mf_pv[mf_x] - mf_m_new) : 0.0f;
