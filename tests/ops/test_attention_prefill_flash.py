@@ -62,6 +62,19 @@ def test_flash_prefill_128_rows_matches_math_attention():
                                        equal_nan=True)
 
 
+def test_split_tile_kernel_stays_selectable():
+    """prefill_rows=32 runs the split-tile kernel (schedule/attention/mma.py) as before: 40
+    rows (a whole tile and a partial one), 70 keys, E = 24."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 40, 24, generator=g).half()
+    k, v = (torch.randn(1, 1, 70, 24, generator=g).half() for _ in range(2))
+    kernel = attention.with_launch(prefill_rows=32)
+    with mf.target("apple9"):
+        assert kernel.launches(q, k, v, 0.3)[0][0].endswith("_prefill")
+        torch.testing.assert_close(kernel(q, k, v, 0.3), _math_attention(q, k, v, 0.3).half(),
+                                   rtol=2e-3, atol=2e-3)
+
+
 def test_rows_option_selects_the_kernel():
     """prefill_rows=32 keeps the split-tile kernel; 64 and 128 build the FlashAttention-2
     one (a simdgroup per 16 rows); 128 rows at E > 64 run the decode kernels (the tile does
