@@ -88,14 +88,32 @@ def _function(k) -> tuple[str, str]:
     return f"decltype(&{fn})", fn
 
 
-def _launch_bounds(threads: int) -> str:
+# An H100 / H200 multiprocessor's shared memory, and what CUDA reserves of it per block
+SHARED_PER_CORE = 233472
+SHARED_PER_GROUP = 1024
+
+
+def resident_groups(threads: int, tg_bytes: int | None) -> int:
+    """The groups a multiprocessor must hold at once (__launch_bounds__'s second argument) of
+    a kernel declaring [[max_total_threads_per_threadgroup(threads)]] (< 1024): 1024 / threads,
+    so at most 64 registers a thread; but 1 where its threadgroup memory (`tg_bytes`) already
+    allows fewer groups than that, whose registers then cost no residency that threadgroup
+    memory leaves: the 16x16 attention backward's dk/dv kernel (64 threads, 29 KB: 7 groups)
+    spilled 1.5 KB a thread at 64 registers and 0.6 KB at 7 groups' 128; it takes 192."""
+    want = 1024 // threads
+    if tg_bytes and SHARED_PER_CORE // (tg_bytes + SHARED_PER_GROUP) < want:
+        return 1
+    return want
+
+
+def _launch_bounds(threads: int, tg_bytes: int | None = None) -> str:
     """A kernel declaring [[max_total_threads_per_threadgroup(N)]] (N < 1024) gets
-    __launch_bounds__(N, 1024 / N): at least 1024 of its threads resident per multiprocessor,
-    so at most 64 registers a thread. Without it NVRTC may take more registers than a schedule
-    sized its grid for: the staged attention decode took 72 (7 groups of 128 per H100 core, its
-    1024 groups in two waves: 177 us at L = 65536, 131 us capped). Kernels without a limit
+    __launch_bounds__(N, `resident_groups`): at least 1024 of its threads resident per
+    multiprocessor where its threadgroup memory allows, so at most 64 registers a thread.
+    Without it NVRTC may take more registers than a schedule sized its grid for: the staged
+    attention decode took 72 (7 groups of 128 per H100 core, its 1024 groups in two waves: 177 us at L = 65536, 131 us capped). Kernels without a limit
     below 1024 get `two_groups` instead."""
-    return f" __launch_bounds__({threads}, {1024 // threads})"
+    return f" __launch_bounds__({threads}, {resident_groups(threads, tg_bytes)})"
 
 
 def two_groups(symbol: str) -> str:
@@ -127,7 +145,8 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
                                  f"(mf_p.{p.attr}())")
         sym = f"mf_entry_{i}"
         capped = k.max_total_threads >= 1024
-        bounds = f" {two_groups(sym)}" if capped else _launch_bounds(k.max_total_threads)
+        bounds = f" {two_groups(sym)}" if capped else _launch_bounds(
+            k.max_total_threads, k.threadgroup_bytes)
         out += [f"// {k.host_name}"]
         if capped:
             out += [f"#ifndef {two_groups(sym)}",

@@ -12,6 +12,8 @@ import torch
 import metalforge as mf
 from metalforge.cuda import translate
 from metalforge.cuda.library import INCLUDE_DIR
+from metalforge.cuda.translate import resident_groups
+from metalforge.msl.parse import parse
 from metalforge.runtime import DeviceError
 
 GOLDEN = sorted((Path(__file__).resolve().parents[1] / "schedule" / "golden").glob("*.metal"))
@@ -30,10 +32,13 @@ def test_golden_translates(path, tmp_path):
     entries = re.findall(r'extern "C" __global__ void(?: __launch_bounds__\((\d+), (\d+)\)'
                          r'| (MF_BOUNDS_mf_entry_\d+)) (mf_entry_\d+)', tr.text)
     assert len(entries) == len(hosts)
-    # a declared group size caps registers: 1024 threads of the kernel resident per core
+    # a declared group size caps registers: 1024 threads of the kernel resident per core,
+    # unless its threadgroup memory allows fewer groups (then 1: the registers it needs)
     declared = [int(n) for n in re.findall(r"max_total_threads_per_threadgroup\((\d+)\)", src)]
-    assert sorted(int(n) * int(b) for n, b, _, _ in entries if n) == sorted(
-        n * (1024 // n) for n in declared if n < 1024)
+    assert sorted(int(n) for n, _, _, _ in entries if n) == sorted(n for n in declared
+                                                                  if n < 1024)
+    for (n, b, _, _), k in zip(entries, parse(src).kernels):
+        assert not n or int(b) == resident_groups(int(n), k.threadgroup_bytes)
     # the others: two groups of 1024 a core (32 registers) unless the library drops the cap
     for _, _, macro, sym in entries:
         if macro:
@@ -63,6 +68,14 @@ def test_golden_translates(path, tmp_path):
     r = subprocess.run([cxx, *std, "-fsyntax-only", "-DMF_CUDA_HOST_CHECK",
                         f"-I{INCLUDE_DIR}", "-x", "c++", str(f)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[:4000]
+
+
+def test_resident_groups_follow_threadgroup_memory():
+    """__launch_bounds__' groups: 1024 threads a core where threadgroup memory allows them,
+    else 1 (the registers are then the kernel's: no cap that only makes it spill)."""
+    assert resident_groups(128, 16384) == 8 and resident_groups(256, 31616) == 4
+    assert resident_groups(64, None) == 16 and resident_groups(64, 0) == 16
+    assert resident_groups(64, 29440) == 1 and resident_groups(128, 31616) == 1
 
 
 def test_threadgroup_and_positions_translate():
