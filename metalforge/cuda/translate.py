@@ -111,8 +111,9 @@ def _launch_bounds(threads: int, tg_bytes: int | None = None) -> str:
     __launch_bounds__(N, `resident_groups`): at least 1024 of its threads resident per
     multiprocessor where its threadgroup memory allows, so at most 64 registers a thread.
     Without it NVRTC may take more registers than a schedule sized its grid for: the staged
-    attention decode took 72 (7 groups of 128 per H100 core, its 1024 groups in two waves: 177 us at L = 65536, 131 us capped). Kernels without a limit
-    below 1024 get `two_groups` instead."""
+    attention decode took 72 (7 groups of 128 per H100 core, its 1024 groups in two waves:
+    177 us at L = 65536, 131 us capped). Kernels without a limit below 1024 get `two_groups`
+    instead."""
     return f" __launch_bounds__({threads}, {resident_groups(threads, tg_bytes)})"
 
 

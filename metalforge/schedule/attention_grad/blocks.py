@@ -31,7 +31,7 @@ from ..hardware import SIMD_WIDTH
 from ..lower import as_float
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
-from .bounds import LONG, block_bounds, masked_by_index
+from .bounds import LONG, lane_bounds, masked_by_index
 from .kernels import Ctx, load, lowering, offset, positions, preset, store
 from .matrix import MAT_E
 
@@ -261,7 +261,7 @@ def rows_seen(ctx: Ctx, k0: ir.Expr, keys: int, step: list[ir.Stmt]) -> list[ir.
     if r.form is None or not masked_by_index(r.form, r.rows):
         return step
     k = ir.Cast(LONG, k0)
-    return [*block_bounds(ctx, r.form, ir.Var("mf_t0"), SIDE),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_t0"), SIDE),
             ir.If((ir.Var("mf_khi") > k).and_(
                 ir.Var("mf_klo") < k + ir.Cast(LONG, ir.Lit(keys, "int"))), step)]
 
@@ -276,7 +276,7 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
                 ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)),
                 ir.Decl("mf_kend", IDX, ctx.size(r.key)), loop]
     zero = ir.Cast(LONG, ir.Lit(0, "int"))
-    return [*block_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * SGS),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * SGS),
             ir.Comment("the key blocks they see, 16 keys at a time"),
             ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
                     / ir.Lit(SIDE, IDX) * ir.Lit(SIDE, IDX)),
