@@ -93,20 +93,39 @@ SHARED_PER_CORE = 233472
 SHARED_PER_GROUP = 1024
 
 
-def resident_groups(threads: int, tg_bytes: int | None) -> int:
+_RESIDENT = re.compile(r"\.get_(?:left|right)_input_cooperative_tensor<")
+
+
+def resident_operands(source: str, parsed) -> frozenset[int]:
+    """The definition lines of the kernels that keep matmul2d input operands in registers
+    (get_left / get_right_input_cooperative_tensor: FlashAttention-style operands held across
+    a loop, schedule/attention_grad/wide.py): their registers are their design, not a cost
+    to cap (`resident_groups`)."""
+    lines = sorted({k.line for k in parsed.kernels})
+    text = source.splitlines()
+    out = set()
+    for i, first in enumerate(lines):
+        last = lines[i + 1] - 1 if i + 1 < len(lines) else len(text)
+        if _RESIDENT.search("\n".join(text[first - 1:last])):
+            out.add(first)
+    return frozenset(out)
+
+
+def resident_groups(threads: int, tg_bytes: int | None, resident: bool = False) -> int:
     """The groups a multiprocessor must hold at once (__launch_bounds__'s second argument) of
     a kernel declaring [[max_total_threads_per_threadgroup(threads)]] (< 1024): 1024 / threads,
     so at most 64 registers a thread; but 1 where its threadgroup memory (`tg_bytes`) already
     allows fewer groups than that, whose registers then cost no residency that threadgroup
     memory leaves: the 16x16 attention backward's dk/dv kernel (64 threads, 29 KB: 7 groups)
-    spilled 1.5 KB a thread at 64 registers and 0.6 KB at 7 groups' 128; it takes 192."""
+    spilled 1.5 KB a thread at 64 registers and 0.6 KB at 7 groups' 128; it takes 192.
+    Also 1 for a kernel holding `resident_operands` (`resident`)."""
     want = 1024 // threads
-    if tg_bytes and SHARED_PER_CORE // (tg_bytes + SHARED_PER_GROUP) < want:
+    if resident or (tg_bytes and SHARED_PER_CORE // (tg_bytes + SHARED_PER_GROUP) < want):
         return 1
     return want
 
 
-def _launch_bounds(threads: int, tg_bytes: int | None = None) -> str:
+def _launch_bounds(threads: int, tg_bytes: int | None = None, resident: bool = False) -> str:
     """A kernel declaring [[max_total_threads_per_threadgroup(N)]] (N < 1024) gets
     __launch_bounds__(N, `resident_groups`): at least 1024 of its threads resident per
     multiprocessor where its threadgroup memory allows, so at most 64 registers a thread.
@@ -114,7 +133,7 @@ def _launch_bounds(threads: int, tg_bytes: int | None = None) -> str:
     attention decode took 72 (7 groups of 128 per H100 core, its 1024 groups in two waves:
     177 us at L = 65536, 131 us capped). Kernels without a limit below 1024 get `two_groups`
     instead."""
-    return f" __launch_bounds__({threads}, {resident_groups(threads, tg_bytes)})"
+    return f" __launch_bounds__({threads}, {resident_groups(threads, tg_bytes, resident)})"
 
 
 def two_groups(symbol: str) -> str:
@@ -127,7 +146,8 @@ def two_groups(symbol: str) -> str:
     return f"MF_BOUNDS_{symbol}"
 
 
-def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
+def entry_points(kernels, resident: frozenset[int] = frozenset()
+                 ) -> tuple[str, tuple[Entry, ...]]:
     out = ["", "// ---- metalforge.cuda: entry points (one per host-visible kernel) ----"]
     entries = []
     for i, k in enumerate(kernels):
@@ -147,7 +167,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
         sym = f"mf_entry_{i}"
         capped = k.max_total_threads >= 1024
         bounds = f" {two_groups(sym)}" if capped else _launch_bounds(
-            k.max_total_threads, k.threadgroup_bytes)
+            k.max_total_threads, k.threadgroup_bytes, k.line in resident)
         out += [f"// {k.host_name}"]
         if capped:
             out += [f"#ifndef {two_groups(sym)}",
@@ -182,6 +202,6 @@ def translate(source: str) -> Translation:
         err = SyntaxError(f"metalforge.cuda: {e}")
         err.filename, err.lineno = SOURCE_NAME, source.count("\n", 0, e.offset) + 1
         raise err from None
-    tramp, entries = entry_points(parsed.kernels)
+    tramp, entries = entry_points(parsed.kernels, resident_operands(source, parsed))
     text = f'#line 1 "{SOURCE_NAME}"\n{body}\n#line 1 "metalforge_cuda_entries"\n{tramp}'
     return Translation(text, entries)

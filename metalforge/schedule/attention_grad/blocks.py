@@ -60,38 +60,39 @@ def lowering_of(target: Target) -> str:
     return MPP if target.tensor_ops else SIMDGROUP
 
 
-def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str]
-            ) -> list[ir.Stmt]:
+def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str],
+            sgs: int = SGS) -> list[ir.Stmt]:
     """Threadgroup arrays of `op`: `shared` of 16 rows (the block every simdgroup reads),
-    `own` of SGS x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
+    `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
     (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
     thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
     out: list[ir.Stmt] = [ir.Comment(f"threadgroup operands as {op}; scratch for P and dS")]
     out += [ir.ArrayDecl(n, op, SIDE * ROW, "threadgroup") for n in shared]
-    out += [ir.ArrayDecl(n, op, SGS * SIDE * ROW, "threadgroup") for n in own]
-    out += [ir.ArrayDecl(n, op, SGS * SIDE * PS, "threadgroup") for n in scratch]
-    out += [ir.ArrayDecl(n, "float", SGS * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
+    out += [ir.ArrayDecl(n, op, sgs * SIDE * ROW, "threadgroup") for n in own]
+    out += [ir.ArrayDecl(n, op, sgs * SIDE * PS, "threadgroup") for n in scratch]
+    out += [ir.ArrayDecl(n, "float", sgs * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
     return out + [
         ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + ir.Var("mf_lane")),
         ir.Decl("mf_sp", UINT, ir.Var("mf_sg") * u(SIDE * PS))]
 
 
-def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
-    """The group's kv head (own axes) and first row or key mf_b0 of its 16 x SGS of `count`;
-    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, a staged row mf_rs (mf_ew plus PAD)."""
+def head(ctx: Ctx, count: ir.Expr, sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
+    """The group's kv head (own axes) and first row or key mf_b0 of its 16 x sgs of `count`;
+    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, a staged row mf_rs (mf_ew plus PAD; `whole`: ROW,
+    for products that read MAT_E values of a row)."""
     grp = ir.Cast(IDX, ir.Var("mf_group"))
-    per = ir.Lit(SIDE * SGS, IDX)
+    per = ir.Lit(SIDE * sgs, IDX)
     nblk = ir.Var("mf_nblk")
     e = ctx.size(ctx.roles.e)
     return [
-        ir.Comment(f"the group's kv head and its {SIDE * SGS} rows or keys; E in 16-blocks"),
+        ir.Comment(f"the group's kv head and its {SIDE * sgs} rows or keys; E in 16-blocks"),
         ir.Decl("mf_nblk", IDX, (count + per - ir.Lit(1, IDX)) / per),
         ir.If(grp >= ctx.span(ctx.roles.own) * nblk, [ir.Return()]),
         *positions(ctx, grp / nblk, ctx.roles.own),
         ir.Decl("mf_b0", IDX, grp % nblk * per),
         ir.Decl("mf_eb", UINT, ir.Cast(UINT, (e + ir.Lit(SIDE - 1, IDX)) / ir.Lit(SIDE, IDX))),
         ir.Decl("mf_ew", UINT, ir.Var("mf_eb") * u(SIDE)),
-        ir.Decl("mf_rs", UINT, ir.Var("mf_ew") + u(PAD)),
+        ir.Decl("mf_rs", UINT, u(ROW) if whole else ir.Var("mf_ew") + u(PAD)),
         ir.Decl("mf_vec_ok", "bool", (e % ir.Lit(VW, IDX)).eq(ir.Lit(0, IDX)))]
 
 
@@ -99,10 +100,12 @@ Place = Callable[[ir.Expr], list[ir.Stmt]]
 
 
 def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: int,
-          count: ir.Expr, place: Place, stats: bool = False) -> ir.Stmt:
+          count: ir.Expr, place: Place, stats: bool = False, sgs: int = SGS,
+          stat_at: Optional[ir.Expr] = None) -> ir.Stmt:
     """Rows first .. first + rows - 1 of the tensor reads into their arrays as `op`, E up to
     mf_ew (0 past E and past `count`): a simdgroup a row (its positions once, `place(index)`),
-    the lanes along E; with `stats`, the query row's lse and delta to mf_tl, mf_td."""
+    the lanes along E (`sgs` simdgroups); with `stats`, the query row's lse and delta to
+    mf_tl, mf_td at stat_at + its row of the `rows`."""
     e = ir.Var("mf_e")
     at = ir.Var("mf_sr") * ir.Var("mf_rs") + e
     zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
@@ -118,14 +121,15 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
     live: list[ir.Stmt] = [*place(ir.Var("mf_si")), copy]
     if stats:
         r = ctx.roles
+        at_row = ir.Var("mf_sr") if stat_at is None else stat_at + ir.Var("mf_sr")
         live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
-            ir.Store("mf_tl", ir.Var("mf_sr"), load(ctx, r.lse), space="threadgroup"),
-            ir.Store("mf_td", ir.Var("mf_sr"), load(ctx, r.delta), space="threadgroup")]))
+            ir.Store("mf_tl", at_row, load(ctx, r.lse), space="threadgroup"),
+            ir.Store("mf_td", at_row, load(ctx, r.delta), space="threadgroup")]))
     return ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
         ir.Decl("mf_si", IDX, first + ir.Cast(IDX, ir.Var("mf_sr"))),
         ir.If(ir.Var("mf_si") < count, live, [
             ir.For("mf_e", UINT, lanes[0], lanes[1], zero, step=u(SIMD_WIDTH))])],
-        step=u(SGS))
+        step=u(sgs))
 
 
 def _chunks(ctx: Ctx, arrs: Sequence[tuple[str, Node]], at: ir.Expr, inside: ir.Expr,
@@ -266,8 +270,8 @@ def rows_seen(ctx: Ctx, k0: ir.Expr, keys: int, step: list[ir.Stmt]) -> list[ir.
                 ir.Var("mf_klo") < k + ir.Cast(LONG, ir.Lit(keys, "int"))), step)]
 
 
-def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
-    """The loop over the 16-key blocks the group's rows (from mf_b0) can see."""
+def key_blocks(ctx: Ctx, step: list[ir.Stmt], sgs: int = SGS) -> list[ir.Stmt]:
+    """The loop over the 16-key blocks the group's 16 x sgs rows (from mf_b0) can see."""
     r = ctx.roles
     loop = ir.For("mf_k0", IDX, ir.Var("mf_kbeg"), ir.Var("mf_kend"), step,
                   step=ir.Lit(SIDE, IDX))
@@ -276,7 +280,7 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
                 ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)),
                 ir.Decl("mf_kend", IDX, ctx.size(r.key)), loop]
     zero = ir.Cast(LONG, ir.Lit(0, "int"))
-    return [*lane_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * SGS),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * sgs),
             ir.Comment("the key blocks they see, 16 keys at a time"),
             ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
                     / ir.Lit(SIDE, IDX) * ir.Lit(SIDE, IDX)),
@@ -285,10 +289,11 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
 
 
 def start(ctx: Ctx, lowering_: str, op: str, arrays: tuple[Sequence[str], Sequence[str],
-                                                         Sequence[str]], count: ir.Expr
-          ) -> list[ir.Stmt]:
-    """The buffers (`arrays`: shared, own, scratch), the group's head, the lane's place."""
-    body = [*buffers(op, *arrays), *head(ctx, count)]
+                                                         Sequence[str]], count: ir.Expr,
+          sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
+    """The buffers (`arrays`: shared, own, scratch), the group's head (`whole`: rows of
+    ROW), the lane's place."""
+    body = [*buffers(op, *arrays, sgs=sgs), *head(ctx, count, sgs, whole)]
     return body + (lane_place(ir.Var("mf_lane")) if lowering_ == SIMDGROUP else [])
 
 

@@ -1,0 +1,83 @@
+"""Left operands resident in a simdgroup's registers: 16 rows x K (static) of half / bfloat held
+as matmul2d's left input cooperative tensors across a loop, each product a whole
+C(16 x 16) += A(16 x K) B^T with B k-inner in threadgroup memory (its rows are C's columns, K
+contiguous, row stride given), fp32 destinations (the `strided.Blocks` naming, so that
+`strided.each` / `strided.clear` read them). Metal 4 tensor ops only (tile.MPP).
+
+    res = Resident("mf_sres", "half", 128)
+    declare_op(res)                           # matmul2d(16, 16, 128), B transposed
+    declare(res, "mf_kc")                     # a left input cooperative tensor
+    load(res, "mf_kc", ptr, stride)           # its 16 rows x K from threadgroup memory
+    destinations(res, "mf_kc", blk, 2)        # blk's blocks 0, 1 (zeroed)
+    multiply(res, "mf_kc", blk, 0, b_ptr, b_stride)
+
+The rows are read whole (16 x K from `ptr` and `b_ptr`): the caller zero-fills what lies past
+its data. The layout of the cooperative tensor is the target's (load / run only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ... import ir
+from .strided import EXTENTS, SIDE, Blocks, clear
+
+
+@dataclass(frozen=True)
+class Resident:
+    """The op `name`_op of left operands of MSL type `operand`, K = `k` (a multiple of 16)."""
+    name: str
+    operand: str
+    k: int
+
+    @property
+    def op(self) -> str:
+        return f"{self.name}_op"
+
+    @property
+    def tensor(self) -> str:
+        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+
+
+def _i(v: int) -> ir.Lit:
+    return ir.Lit(v, "int")
+
+
+def _view(res: Resident, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
+    """16 rows x K at `ptr`, K contiguous (dimension 0), `stride` between rows."""
+    return ir.Call(res.tensor, (ptr, ir.Call(EXTENTS, (_i(res.k), _i(SIDE))),
+                                ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+
+
+def declare_op(res: Resident) -> list[ir.Stmt]:
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(SIDE), _i(SIDE), _i(res.k), ir.Lit(False, "bool"), ir.Lit(True, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    return [ir.Decl(f"{res.op}_desc", "constexpr auto", desc, const=False),
+            ir.Decl(res.op, f"matmul2d<{res.op}_desc, execution_simdgroup>", None, const=False)]
+
+
+def declare(res: Resident, var: str) -> ir.Stmt:
+    t = res.operand
+    return ir.Decl(var, "auto", ir.Call(
+        f"{res.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
+
+
+def load(res: Resident, var: str, ptr: ir.Expr, stride: ir.Expr) -> ir.Stmt:
+    """The cooperative tensor `var` = the 16 rows x K at `ptr` (every lane together)."""
+    return ir.Eval(ir.Call(f"{var}.load", (_view(res, ptr, stride),)))
+
+
+def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.Stmt]:
+    """`blk`'s blocks 0 .. count - 1 as this op's destinations (zeroed)."""
+    dest = ir.Call(f"{res.op}.get_destination_cooperative_tensor<decltype({var}), "
+                   f"{res.tensor}, float>", ())
+    out: list[ir.Stmt] = [ir.Decl(blk.var(i).name, "auto", dest, const=False)
+                          for i in range(count)]
+    return out + [s for i in range(count) for s in clear(blk, i)]
+
+
+def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride: ir.Expr
+             ) -> ir.Stmt:
+    """Block i += `var` (16 x K) x B^T (B: 16 rows x K at `b`, K contiguous)."""
+    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res, b, b_stride),
+                                             blk.var(i))))
