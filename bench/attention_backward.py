@@ -5,9 +5,12 @@ torch's math attention (eager and under torch.compile), same device.
     python bench/attention_backward.py --device cuda
     python bench/attention_backward.py --device cuda --lengths 1024 --heads 32 --no-causal
     python bench/attention_backward.py --device cuda --lowerings tensor fp32
+    python bench/attention_backward.py --device cuda --lowerings tensor wide --cuda-bounds old
 
 A row per lowering of our backward (`--lowerings`, default all): "tensor" (the device's own
-target: on cuda the 16x16 blocks on tensor ops with f16 operands), "apple9" (the same blocks on
+target: on cuda the 16x16 blocks on tensor ops with f16 operands, 2 simdgroups a threadgroup),
+"wide" (launch option grad_simdgroups=4: 4 simdgroups a threadgroup, each simdgroup's own 16
+keys or query rows in registers; tensor-op targets, else as "tensor"), "apple9" (the same blocks on
 simdgroup_matrix products, half operands), "fp32" (launch option grad_fp32: the fp32 8x8
 simdgroup_matrix kernels); SDPA, eager and torch.compile timed once per length.
 
@@ -25,6 +28,7 @@ simulator (--device cpu) this is a smoke test at small sizes.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
@@ -86,6 +90,8 @@ def _backward(forward, inputs, dy):
 # the backward's lowerings (a row each): launch options of the call
 LOWERINGS = {
     "tensor": {},                                   # the device's target: tensor ops on cuda
+    "wide": {"grad_simdgroups": 4},                 # the same, 4 simdgroups a threadgroup with
+                                                    # their own rows in registers (tensor ops)
     "apple9": {"target": "apple9"},                 # 16x16 blocks on simdgroup_matrix (half)
     "fp32": {"grad_fp32": True},                    # the old fp32 8x8 simdgroup_matrix kernels
 }
@@ -129,6 +135,13 @@ def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repe
               f"{t['sdpa'] / t['ours']:>9.3f}x {err:>8.1e}")
 
 
+def _old_bounds() -> None:
+    """The cuda translation's register caps as they were (__launch_bounds__(N, 1024 / N) for
+    every kernel declaring N threads): this process compiles everything under them."""
+    translate = importlib.import_module("metalforge.cuda.translate")
+    translate.resident_groups = lambda threads, tg_bytes, resident=False: 1024 // threads
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
@@ -141,7 +154,13 @@ def main(argv=None) -> None:
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
                     help="our backward's lowerings, a row each (default: all)")
+    ap.add_argument("--cuda-bounds", choices=("new", "old"), default="new",
+                    help="cuda: the register caps the translation gives (new: none where "
+                         "threadgroup memory or resident operands bound residency; old: 1024 "
+                         "threads a core for every kernel declaring its group size)")
     args = ap.parse_args(argv)
+    if args.cuda_bounds == "old":
+        _old_bounds()
     device = pick_device(args.device)
     heads, e, lengths, repeat = args.heads, args.e, args.lengths, args.repeat
     if device == "cpu":                         # the simulator: a smoke test
