@@ -31,6 +31,7 @@ from ..hardware import SIMD_WIDTH
 from ..lower import as_float
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
+from . import staging
 from .bounds import LONG, lane_bounds, masked_by_index
 from .kernels import Ctx, load, lowering, offset, positions, preset, store
 from .matrix import MAT_E
@@ -104,8 +105,10 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
           stat_at: Optional[ir.Expr] = None) -> ir.Stmt:
     """Rows first .. first + rows - 1 of the tensor reads into their arrays as `op`, E up to
     mf_ew (0 past E and past `count`): a simdgroup a row (its positions once, `place(index)`),
-    the lanes along E (`sgs` simdgroups); with `stats`, the query row's lse and delta to
-    mf_tl, mf_td at stat_at + its row of the `rows`."""
+    the lanes along E (`sgs` simdgroups); where E is a multiple of 8, innermost, and the rows
+    whole pairs for every simdgroup, `staging.two_phase` (every load before any store); with
+    `stats`, the query row's lse and delta to mf_tl, mf_td at stat_at + its row of the
+    `rows`."""
     e = ir.Var("mf_e")
     at = ir.Var("mf_sr") * ir.Var("mf_rs") + e
     zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
@@ -116,7 +119,8 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
     inside = ir.Cast(IDX, e) < ctx.size(ctx.roles.e)
     copy: ir.Stmt = ir.For("mf_e", UINT, lanes[0], lanes[1], [ir.If(inside, fill, zero)],
                            step=u(SIMD_WIDTH))
-    if all(ctx.graph.tensor(n.attr).axes[-1] == ctx.roles.e for _, n in arrs):
+    vec = all(ctx.graph.tensor(n.attr).axes[-1] == ctx.roles.e for _, n in arrs)
+    if vec and not staging.applies(rows, sgs):
         copy = ir.If(ir.Var("mf_vec_ok"), [_chunks(ctx, arrs, at, inside, zero)], [copy])
     live: list[ir.Stmt] = [*place(ir.Var("mf_si")), copy]
     if stats:
@@ -125,11 +129,15 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
         live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
             ir.Store("mf_tl", at_row, load(ctx, r.lse), space="threadgroup"),
             ir.Store("mf_td", at_row, load(ctx, r.delta), space="threadgroup")]))
-    return ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
+    loop = ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
         ir.Decl("mf_si", IDX, first + ir.Cast(IDX, ir.Var("mf_sr"))),
         ir.If(ir.Var("mf_si") < count, live, [
             ir.For("mf_e", UINT, lanes[0], lanes[1], zero, step=u(SIMD_WIDTH))])],
         step=u(sgs))
+    if vec and staging.applies(rows, sgs):
+        return ir.If(ir.Var("mf_vec_ok"), [ir.Block(staging.two_phase(
+            ctx, arrs, first, rows, count, place, stats, sgs, stat_at))], [loop])
+    return loop
 
 
 def _chunks(ctx: Ctx, arrs: Sequence[tuple[str, Node]], at: ir.Expr, inside: ir.Expr,
