@@ -28,7 +28,7 @@ from ...target import Target
 from ..base import IDX
 from ..fragments import UINT, lane_place, u
 from ..hardware import SIMD_WIDTH
-from ..lower import as_float
+from ..lower import as_float, ident
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from . import staging
@@ -62,7 +62,7 @@ def lowering_of(target: Target) -> str:
 
 
 def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str],
-            sgs: int = SGS) -> list[ir.Stmt]:
+            sgs: int = SGS, pos: Sequence[str] = ()) -> list[ir.Stmt]:
     """Threadgroup arrays of `op`: `shared` of 16 rows (the block every simdgroup reads),
     `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
     (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
@@ -72,6 +72,7 @@ def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequenc
     out += [ir.ArrayDecl(n, op, sgs * SIDE * ROW, "threadgroup") for n in own]
     out += [ir.ArrayDecl(n, op, sgs * SIDE * PS, "threadgroup") for n in scratch]
     out += [ir.ArrayDecl(n, "float", sgs * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
+    out += [ir.ArrayDecl(n, IDX, sgs * SIDE, "threadgroup") for n in pos]
     return out + [
         ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + ir.Var("mf_lane")),
         ir.Decl("mf_sp", UINT, ir.Var("mf_sg") * u(SIDE * PS))]
@@ -98,6 +99,31 @@ def head(ctx: Ctx, count: ir.Expr, sgs: int = SGS, whole: bool = False) -> list[
 
 
 Place = Callable[[ir.Expr], list[ir.Stmt]]
+
+
+def staged_positions(ctx: Ctx) -> list[str]:
+    """Threadgroup arrays of the staged query rows' positions (mf_tpos_<axis>, a row's at its
+    lse's place) where the rows span several axes (GQA's (R, S)): the element-wise work
+    reads them instead of dividing its row's flat index per element."""
+    tile = ctx.roles.tile
+    return [f"mf_tpos_{ident(a)}" for a in tile] if len(tile) > 1 else []
+
+
+def store_positions(ctx: Ctx, at_row: ir.Expr) -> list[ir.Stmt]:
+    """The row's positions (mf_pos_<axis>, declared) to the staged arrays at `at_row`."""
+    names = staged_positions(ctx)
+    return [ir.Store(n, at_row, ir.Var(f"mf_pos_{ident(a)}"), space="threadgroup")
+            for n, a in zip(names, ctx.roles.tile if names else ())]
+
+
+def row_positions(ctx: Ctx, stat: ir.Expr) -> list[ir.Stmt]:
+    """mf_pos_<axis> of the staged row at `stat` (its lse's place), read back; a single axis
+    is the row index mf_tr itself."""
+    names = staged_positions(ctx)
+    if not names:
+        return positions(ctx, ir.Var("mf_tr"), ctx.roles.tile)
+    return [ir.Decl(f"mf_pos_{ident(a)}", IDX, ir.Lane(ir.Var(n), stat))
+            for n, a in zip(names, ctx.roles.tile)]
 
 
 def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: int,
@@ -128,7 +154,8 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
         at_row = ir.Var("mf_sr") if stat_at is None else stat_at + ir.Var("mf_sr")
         live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
             ir.Store("mf_tl", at_row, load(ctx, r.lse), space="threadgroup"),
-            ir.Store("mf_td", at_row, load(ctx, r.delta), space="threadgroup")]))
+            ir.Store("mf_td", at_row, load(ctx, r.delta), space="threadgroup"),
+            *store_positions(ctx, at_row)]))
     loop = ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
         ir.Decl("mf_si", IDX, first + ir.Cast(IDX, ir.Var("mf_sr"))),
         ir.If(ir.Var("mf_si") < count, live, [
@@ -136,7 +163,8 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
         step=u(sgs))
     if vec and staging.applies(rows, sgs):
         return ir.If(ir.Var("mf_vec_ok"), [ir.Block(staging.two_phase(
-            ctx, arrs, first, rows, count, place, stats, sgs, stat_at))], [loop])
+            ctx, arrs, first, rows, count, place, stats, sgs, stat_at, store_positions))],
+            [loop])
     return loop
 
 
@@ -215,7 +243,7 @@ def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Where, row: Where, sta
         return [ir.Decl("mf_sd", "float", ref), ir.Decl("mf_pd", "float", other),
                 *(ir.Decl(n, "float", ir.Lit(0.0, "float"), const=False) for n in names),
                 ir.Decl("mf_l", IDX, key(i, j)), ir.Decl("mf_tr", IDX, row(i, j)),
-                ir.If(inside, [*positions(ctx, ir.Var("mf_tr"), r.tile),
+                ir.If(inside, [*row_positions(ctx, stat(i, j)),
                                ir.Decl("mf_lse", "float", ir.Lane(ir.Var("mf_tl"), stat(i, j))),
                                ir.Decl("mf_delta", "float", ir.Lane(ir.Var("mf_td"),
                                                                     stat(i, j))), *body,
@@ -301,7 +329,8 @@ def start(ctx: Ctx, lowering_: str, op: str, arrays: tuple[Sequence[str], Sequen
           sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
     """The buffers (`arrays`: shared, own, scratch), the group's head (`whole`: rows of
     ROW), the lane's place."""
-    body = [*buffers(op, *arrays, sgs=sgs), *head(ctx, count, sgs, whole)]
+    body = [*buffers(op, *arrays, sgs=sgs, pos=staged_positions(ctx)),
+            *head(ctx, count, sgs, whole)]
     return body + (lane_place(ir.Var("mf_lane")) if lowering_ == SIMDGROUP else [])
 
 

@@ -18,7 +18,7 @@ from ... import ir
 from ...graph import Node
 from ..base import IDX
 from ..fragments import UINT, u
-from .kernels import Ctx, load, offset
+from .kernels import Ctx, load, offset, positions
 
 VW = 8                           # elements a chunk (16 bytes of half / bfloat)
 HALF = 16                        # lanes a row
@@ -32,11 +32,20 @@ def _zero_pack(st: str) -> ir.Expr:
     return ir.Call("mf_pack8_of", tuple(ir.Cast(st, ir.Lit(0, "int")) for _ in range(VW)))
 
 
+def _positions(ctx: Ctx, flat: ir.Expr, at_row: ir.Expr,
+               store: Callable[[Ctx, ir.Expr], list[ir.Stmt]]) -> list[ir.Stmt]:
+    """The row's positions (computed again here, after the loads) to the staged arrays."""
+    got = store(ctx, at_row)
+    return [ir.Block([*positions(ctx, flat, ctx.roles.tile), *got])] if got else []
+
+
 def two_phase(ctx: Ctx, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: int,
               count: ir.Expr, place: Callable[[ir.Expr], list[ir.Stmt]], stats: bool,
-              sgs: int, stat_at: Optional[ir.Expr]) -> list[ir.Stmt]:
+              sgs: int, stat_at: Optional[ir.Expr],
+              store: Callable[[Ctx, ir.Expr], list[ir.Stmt]]) -> list[ir.Stmt]:
     """Rows first .. first + rows - 1 of the tensors into their arrays (`blocks.stage`'s
-    contract, its vector path)."""
+    contract, its vector path; `store(ctx, at_row)`: the row's positions to the staged
+    arrays, `blocks.store_positions`)."""
     r = ctx.roles
     e = ir.Var("mf_e")
     types = [ctx.in_stype(ctx.graph.tensor(n.attr)) for _, n in arrs]
@@ -71,6 +80,7 @@ def two_phase(ctx: Ctx, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: 
             stores.append(ir.If((ir.Var("mf_lane") % u(HALF)).eq(u(0)).and_(
                 ir.Var(f"mf_live{i}")), [
                     ir.Store("mf_tl", at_row, ir.Var(sl), space="threadgroup"),
-                    ir.Store("mf_td", at_row, ir.Var(sd), space="threadgroup")]))
+                    ir.Store("mf_td", at_row, ir.Var(sd), space="threadgroup"),
+                    *_positions(ctx, first + ir.Cast(IDX, row), at_row, store)]))
         out.append(ir.If(ir.Var(f"mf_live{i}"), [ir.Block(live)]))
     return [*out, *stores]

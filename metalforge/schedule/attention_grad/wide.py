@@ -42,6 +42,7 @@ from .blocks import (
     row_place,
     rows_seen,
     stage,
+    staged_positions,
     start,
     store_acc,
 )
@@ -58,18 +59,19 @@ def applies(ctx: Ctx, target: Target) -> Optional[str]:
     return op if op is not None and target.tensor_ops else None
 
 
-def budget(op: str, scratches: int) -> str:
+def budget(ctx: Ctx, op: str, scratches: int) -> str:
     """The generated comment's accounting: threadgroup memory (`scratches` scratch arrays a
     simdgroup), staged bytes, barriers."""
     size = 2                                       # half / bfloat
     shared = 2 * SIDE * ROW * size
     scratch = scratches * WIDE * SIDE * PS * size
     stats = 2 * WIDE * SIDE * 4
-    return (f"threadgroup memory {shared + scratch + stats} bytes of 32768 ({shared} the "
+    pos = len(staged_positions(ctx)) * WIDE * SIDE * (8 if ctx.index64 else 4)
+    return (f"threadgroup memory {shared + scratch + stats + pos} bytes of 32768 ({shared} the "
             f"step's two staged 16-row tiles as {op}, {scratch} the {WIDE} simdgroups' P / dS "
-            f"scratch, {stats} lse and delta); per step {2 * SIDE * MAT_E * size} bytes staged "
-            f"for {WIDE} simdgroups, two threadgroup barriers; the own operands "
-            f"(2 x 16 x {MAT_E} {op}) in registers")
+            f"scratch, {stats + pos} the query rows' lse, delta and positions); per step "
+            f"{2 * SIDE * MAT_E * size} bytes staged for {WIDE} simdgroups, two threadgroup "
+            f"barriers; the own operands (2 x 16 x {MAT_E} {op}) in registers")
 
 
 def _zero(arrs: tuple[str, ...], op: str) -> list[ir.Stmt]:
@@ -145,7 +147,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     keys = stage(ctx, op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
                  SIDE, ctx.size(r.key), key_place, sgs=WIDE)
     body: list[ir.Stmt] = [
-        ir.Comment(budget(op, 2)),
+        ir.Comment(budget(ctx, op, 2)),
         *start(ctx, MPP, op, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
                WIDE, whole=True),
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
@@ -199,7 +201,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
                  SIDE, ctx.span(r.tile), row_place(ctx), stats=True, sgs=WIDE,
                  stat_at=ir.Var("mf_gi") * u(SIDE))
     body: list[ir.Stmt] = [
-        ir.Comment(budget(op, 1)),
+        ir.Comment(budget(ctx, op, 1)),
         *start(ctx, MPP, op, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), WIDE,
                whole=True),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
