@@ -291,10 +291,11 @@ def test_backward_kernels_translate_to_cuda(tmp_path, target, version):
         assert len(tr.entries) == 3
         (tmp_path / k.name).mkdir()
         assert_host_syntax(tr.text, tmp_path / k.name, metal_version=version)
-        # grad_simdgroups=4: the wide kernels at cuda, the 2-simdgroup ones at apple9
+        # grad_simdgroups=4: the wide kernels at cuda, the 2-simdgroup ones at apple9 (the
+        # host syntax check of one of them: they share their constructs)
         src = source(k, None, launch={"target": target, "grad_simdgroups": 4})
         assert ("_wide" in src) == (target == "cuda") and ("_block" in src) != ("_wide" in src)
-        if target == "cuda":
+        if target == "cuda" and "dkdv_wide" in src:
             wide = translate(src)
             assert "__launch_bounds__(128, 1)" in wide.text
             (tmp_path / f"{k.name}_wide").mkdir()
