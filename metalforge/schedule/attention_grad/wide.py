@@ -18,7 +18,7 @@ simdgroup done with them). Tensor ops only (apple10, cuda): apple9's simdgroup_m
 and the other cases keep `block_kernels` (plan.py routes them)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from ... import ir
 from ...target import Target
@@ -29,12 +29,10 @@ from ..matrix import resident, strided
 from ..matrix.tile import MPP
 from .block_kernels import _blocks, _first
 from .blocks import (
-    ACC,
     PAD,
     PS,
     ROW,
     SIDE,
-    accumulate,
     elements,
     key_blocks,
     key_place,
@@ -44,9 +42,8 @@ from .blocks import (
     stage,
     staged_positions,
     start,
-    store_acc,
 )
-from .kernels import Ctx, kernel_of, positions
+from .kernels import Ctx, kernel_of, positions, store
 from .matrix import MAT_E
 
 WIDE = 4                       # simdgroups a threadgroup (16 keys or query rows each)
@@ -108,6 +105,28 @@ def _products(res: resident.Resident, blk: strided.Blocks, tiles: tuple[str, str
                        for i, (o, t) in enumerate(zip(OWN, tiles)))])
 
 
+def _accumulate(rows: resident.Rows, terms: tuple[tuple[str, str, str], ...]
+                ) -> list[ir.Stmt]:
+    """dest += the simdgroup's scratch (16 x 16) x the shared tile's 16 rows (MAT_E each:
+    zero past E) for each (dest, scratch, tile) of `terms`."""
+    return [resident.multiply_rows(rows, d, ir.Var(a) + ir.Var("mf_sp"), u(PS), ir.Var(b),
+                                   ir.Var("mf_rs")) for d, a, b in terms]
+
+
+def _store(ctx: Ctx, dest: str, kind: str, where: Callable[[ir.Expr], list[ir.Stmt]],
+           live: Callable[[ir.Expr], ir.Expr]) -> list[ir.Stmt]:
+    """Output `kind` from `dest`: element (i, j) is E element j of the simdgroup's row or
+    key i (`where(i)` declares its positions, `live(i)` inside)."""
+    if kind not in ctx.roles.outputs:
+        return []
+
+    def put(i: ir.Expr, j: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+        return [ir.Decl("mf_e", UINT, j), ir.If(
+            live(i).and_(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.roles.e)),
+            [*where(i), *store(ctx, kind, ref)])]
+    return resident.each_row(dest, put)
+
+
 def _group_first() -> ir.Expr:
     """Round mf_gi's first row or key: mf_b0 + 16 mf_gi."""
     return ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_gi") * u(SIDE))
@@ -117,8 +136,9 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     op = applies(ctx, target)
     if op is None:
         return None
-    sblk, gblk = _blocks(op, MPP)
+    sblk, _ = _blocks(op, MPP)
     res = resident.Resident("mf_sres", op, MAT_E)
+    racc = resident.Rows("mf_racc", op, MAT_E)
     helpers = strided.helpers(sblk) | {"mf_pack8_of"}
     r = ctx.roles
     k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
@@ -134,9 +154,8 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
                   lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
                   [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
-        ir.Comment("dV += P^T dO, dK += dS^T Q (16 keys x E)"),
-        *accumulate(gblk, 0, "mf_tp", "mf_tdo", u(0)),
-        *accumulate(gblk, ACC, "mf_tc", "mf_tq", u(0)),
+        ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
+        *_accumulate(racc, (("mf_dv", "mf_tp", "mf_tdo"), ("mf_dk", "mf_tc", "mf_tq"))),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
     def live(i: ir.Expr) -> ir.Expr:
@@ -153,15 +172,15 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
         *_zero(("mf_tq", "mf_tdo"), op), *resident.declare_op(res),
         *_own(ctx, res, (keys,), ("mf_tq", "mf_tdo")),
-        ir.Comment("the simdgroup's blocks: S^T and dP^T; dV (0 ..) and dK (.. 2 x E / 16)"),
-        *resident.destinations(res, OWN[0], sblk, 2), *strided.declare(gblk, 2 * ACC),
+        ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
+        *resident.destinations(res, OWN[0], sblk, 2),
+        *resident.declare_rows(racc, ("mf_dv", "mf_dk")),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "16 at a time, in order"),
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
                rows_seen(ctx, ir.Var("mf_b0"), SIDE * WIDE, step), step=ir.Lit(SIDE, IDX)),
         ir.Comment("the simdgroup's keys' dk and dv"),
-        *store_acc(ctx, gblk, ACC, "dk", key_at, live),
-        *store_acc(ctx, gblk, 0, "dv", key_at, live)]
+        *_store(ctx, "mf_dk", "dk", key_at, live), *_store(ctx, "mf_dv", "dv", key_at, live)]
     summary = (f"{ctx.graph.name} (attention backward, dk dv, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} keys of a kv head, 16 a simdgroup with their K "
                "and V in registers; per 16 query rows reading them S^T = K Q^T, dP^T = V dO^T, "
@@ -174,8 +193,9 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     op = applies(ctx, target)
     if op is None:
         return None
-    sblk, gblk = _blocks(op, MPP)
+    sblk, _ = _blocks(op, MPP)
     res = resident.Resident("mf_sres", op, MAT_E)
+    racc = resident.Rows("mf_racc", op, MAT_E)
     helpers = strided.helpers(sblk) | {"mf_pack8_of"}
     r = ctx.roles
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
@@ -190,8 +210,8 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
                   lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
                   helpers),
-        ir.Comment("dQ += dS K (16 rows x E)"),
-        *accumulate(gblk, 0, "mf_tc", "mf_tk", u(0)),
+        ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
+        *_accumulate(racc, (("mf_dq", "mf_tc", "mf_tk"),)),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
@@ -207,12 +227,12 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
         *_zero(("mf_tk", "mf_tv"), op), *resident.declare_op(res),
         *_own(ctx, res, (rows,), ("mf_tk", "mf_tv")),
-        ir.Comment("the simdgroup's blocks: S and dP; dQ"),
-        *resident.destinations(res, OWN[0], sblk, 2), *strided.declare(gblk, ACC),
+        ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
+        *resident.destinations(res, OWN[0], sblk, 2), *resident.declare_rows(racc, ("mf_dq",)),
         *key_blocks(ctx, step, WIDE),
         ir.Comment("the simdgroup's rows' dq"),
-        *store_acc(ctx, gblk, 0, "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
-                   < ctx.span(r.tile))]
+        *_store(ctx, "mf_dq", "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
+                < ctx.span(r.tile))]
     summary = (f"{ctx.graph.name} (attention backward, dq, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} query rows of a kv head, 16 a simdgroup with "
                f"their q and dO in registers; per 16 keys S = Q K^T, dP = dO V^T, dS as {op}, "

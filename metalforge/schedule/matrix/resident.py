@@ -17,6 +17,7 @@ its data. The layout of the cooperative tensor is the target's (load / run only)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ... import ir
 from .strided import EXTENTS, SIDE, Blocks, clear
@@ -81,3 +82,62 @@ def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride:
     """Block i += `var` (16 x K) x B^T (B: 16 rows x K at `b`, K contiguous)."""
     return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res, b, b_stride),
                                              blk.var(i))))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A simdgroup's 16 x n fp32 destinations, each ONE cooperative tensor (`name`_op:
+    matmul2d(16, n, 16)), of C += A (16 x 16 in threadgroup memory, K contiguous) x B (16
+    rows of K, n values each, contiguous): one run where 16 x 16 blocks take n / 16, the A
+    fragment read once."""
+    name: str
+    operand: str
+    n: int
+
+    @property
+    def op(self) -> str:
+        return f"{self.name}_op"
+
+    @property
+    def tensor(self) -> str:
+        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+
+
+def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
+    """The op and the destinations `dests` (zeroed)."""
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(SIDE), _i(rows.n), _i(SIDE), ir.Lit(False, "bool"), ir.Lit(False, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    dest = ir.Call(f"{rows.op}.get_destination_cooperative_tensor<{rows.tensor}, "
+                   f"{rows.tensor}, float>", ())
+    c = ir.Var("mf_c")
+    out: list[ir.Stmt] = [
+        ir.Decl(f"{rows.op}_desc", "constexpr auto", desc, const=False),
+        ir.Decl(rows.op, f"matmul2d<{rows.op}_desc, execution_simdgroup>", None, const=False)]
+    for d in dests:
+        out += [ir.Decl(d, "auto", dest, const=False),
+                ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{d}.get_capacity", ())),
+                       [ir.Assign(ir.Lane(ir.Var(d), c), ir.Lit(0.0, "float"))])]
+    return out
+
+
+def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Expr,
+                  b_stride: ir.Expr) -> ir.Stmt:
+    """`dest` += A (16 x 16 at `a`) x B (16 rows x n at `b`)."""
+    def view(ptr: ir.Expr, cols: int, stride: ir.Expr) -> ir.Expr:
+        return ir.Call(rows.tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(SIDE))),
+                                     ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+    return ir.Eval(ir.Call(f"{rows.op}.run", (view(a, SIDE, a_stride),
+                                              view(b, rows.n, b_stride), ir.Var(dest))))
+
+
+def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
+             ) -> list[ir.Stmt]:
+    """`body(row, col, element)` for each element of `dest` the lane holds (row 0 .. 15, col
+    0 .. n - 1, from get_multidimensional_index)."""
+    c, at = ir.Var("mf_c"), ir.Var("mf_at")
+    return [ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{dest}.get_capacity", ())), [
+        ir.If(ir.Call(f"{dest}.is_valid_element", (c,)), [
+            ir.Decl("mf_at", "auto", ir.Call(f"{dest}.get_multidimensional_index", (c,))),
+            *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
+                  ir.Lane(ir.Var(dest), c))])])]
