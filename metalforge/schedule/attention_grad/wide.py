@@ -18,7 +18,7 @@ simdgroup done with them). Tensor ops only (apple10, cuda): apple9's simdgroup_m
 and the other cases keep `block_kernels` (plan.py routes them)."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from ... import ir
 from ...target import Target
@@ -27,6 +27,7 @@ from ..fragments import UINT, u
 from ..hardware import SIMD_WIDTH
 from ..matrix import resident, strided
 from ..matrix.tile import MPP
+from . import rowacc
 from .block_kernels import _blocks, _first
 from .blocks import (
     PAD,
@@ -43,7 +44,7 @@ from .blocks import (
     staged_positions,
     start,
 )
-from .kernels import Ctx, kernel_of, positions, store
+from .kernels import Ctx, kernel_of, positions
 from .matrix import MAT_E
 
 WIDE = 4                       # simdgroups a threadgroup (16 keys or query rows each)
@@ -71,17 +72,6 @@ def budget(ctx: Ctx, op: str, scratches: int) -> str:
             f"barriers; the own operands (2 x 16 x {MAT_E} {op}) in registers")
 
 
-def _zero(arrs: tuple[str, ...], op: str) -> list[ir.Stmt]:
-    """The shared tiles zeroed whole (a product reads MAT_E values of a row; staging writes
-    only up to E's last 16-block), then a barrier."""
-    tid = ir.Var("mf_tid")
-    return [ir.Comment(f"the tiles zeroed once: products read {MAT_E} values of each row"),
-            ir.For("mf_z", UINT, tid, u(SIDE * ROW), [
-                ir.Store(a, ir.Var("mf_z"), ir.Cast(op, ir.Lit(0.0, "float")),
-                         space="threadgroup") for a in arrs], step=u(SIMD_WIDTH * WIDE)),
-            ir.Barrier()]
-
-
 def _own(ctx: Ctx, res: resident.Resident, sources: tuple[ir.Stmt, ...],
          tiles: tuple[str, str]) -> list[ir.Stmt]:
     """Each simdgroup's 16 rows of two tensors into its resident operands: a round per
@@ -105,28 +95,6 @@ def _products(res: resident.Resident, blk: strided.Blocks, tiles: tuple[str, str
                        for i, (o, t) in enumerate(zip(OWN, tiles)))])
 
 
-def _accumulate(rows: resident.Rows, terms: tuple[tuple[str, str, str], ...]
-                ) -> list[ir.Stmt]:
-    """dest += the simdgroup's scratch (16 x 16) x the shared tile's 16 rows (MAT_E each:
-    zero past E) for each (dest, scratch, tile) of `terms`."""
-    return [resident.multiply_rows(rows, d, ir.Var(a) + ir.Var("mf_sp"), u(PS), ir.Var(b),
-                                   ir.Var("mf_rs")) for d, a, b in terms]
-
-
-def _store(ctx: Ctx, dest: str, kind: str, where: Callable[[ir.Expr], list[ir.Stmt]],
-           live: Callable[[ir.Expr], ir.Expr]) -> list[ir.Stmt]:
-    """Output `kind` from `dest`: element (i, j) is E element j of the simdgroup's row or
-    key i (`where(i)` declares its positions, `live(i)` inside)."""
-    if kind not in ctx.roles.outputs:
-        return []
-
-    def put(i: ir.Expr, j: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
-        return [ir.Decl("mf_e", UINT, j), ir.If(
-            live(i).and_(ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.roles.e)),
-            [*where(i), *store(ctx, kind, ref)])]
-    return resident.each_row(dest, put)
-
-
 def _group_first() -> ir.Expr:
     """Round mf_gi's first row or key: mf_b0 + 16 mf_gi."""
     return ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_gi") * u(SIDE))
@@ -138,7 +106,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         return None
     sblk, _ = _blocks(op, MPP)
     res = resident.Resident("mf_sres", op, MAT_E)
-    racc = resident.Rows("mf_racc", op, MAT_E)
+    racc = rowacc.rows(op)
     helpers = strided.helpers(sblk) | {"mf_pack8_of"}
     r = ctx.roles
     k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
@@ -155,7 +123,8 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
                   lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
                   [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
         ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
-        *_accumulate(racc, (("mf_dv", "mf_tp", "mf_tdo"), ("mf_dk", "mf_tc", "mf_tq"))),
+        *rowacc.accumulate(racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
+                                  ("mf_dk", "mf_tc", ir.Var("mf_tq")))),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
     def live(i: ir.Expr) -> ir.Expr:
@@ -170,7 +139,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         *start(ctx, MPP, op, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
                WIDE, whole=True),
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
-        *_zero(("mf_tq", "mf_tdo"), op), *resident.declare_op(res),
+        *rowacc.zero((("mf_tq", SIDE), ("mf_tdo", SIDE)), op, WIDE), *resident.declare_op(res),
         *_own(ctx, res, (keys,), ("mf_tq", "mf_tdo")),
         ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
         *resident.destinations(res, OWN[0], sblk, 2),
@@ -180,7 +149,8 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
                rows_seen(ctx, ir.Var("mf_b0"), SIDE * WIDE, step), step=ir.Lit(SIDE, IDX)),
         ir.Comment("the simdgroup's keys' dk and dv"),
-        *_store(ctx, "mf_dk", "dk", key_at, live), *_store(ctx, "mf_dv", "dv", key_at, live)]
+        *rowacc.put(ctx, "mf_dk", "dk", key_at, live),
+        *rowacc.put(ctx, "mf_dv", "dv", key_at, live)]
     summary = (f"{ctx.graph.name} (attention backward, dk dv, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} keys of a kv head, 16 a simdgroup with their K "
                "and V in registers; per 16 query rows reading them S^T = K Q^T, dP^T = V dO^T, "
@@ -195,7 +165,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         return None
     sblk, _ = _blocks(op, MPP)
     res = resident.Resident("mf_sres", op, MAT_E)
-    racc = resident.Rows("mf_racc", op, MAT_E)
+    racc = rowacc.rows(op)
     helpers = strided.helpers(sblk) | {"mf_pack8_of"}
     r = ctx.roles
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
@@ -211,7 +181,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
                   lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
                   helpers),
         ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
-        *_accumulate(racc, (("mf_dq", "mf_tc", "mf_tk"),)),
+        *rowacc.accumulate(racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
@@ -225,13 +195,13 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         *start(ctx, MPP, op, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), WIDE,
                whole=True),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
-        *_zero(("mf_tk", "mf_tv"), op), *resident.declare_op(res),
+        *rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE)), op, WIDE), *resident.declare_op(res),
         *_own(ctx, res, (rows,), ("mf_tk", "mf_tv")),
         ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
         *resident.destinations(res, OWN[0], sblk, 2), *resident.declare_rows(racc, ("mf_dq",)),
         *key_blocks(ctx, step, WIDE),
         ir.Comment("the simdgroup's rows' dq"),
-        *_store(ctx, "mf_dq", "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
+        *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
                 < ctx.span(r.tile))]
     summary = (f"{ctx.graph.name} (attention backward, dq, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} query rows of a kv head, 16 a simdgroup with "
