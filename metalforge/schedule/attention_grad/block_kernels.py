@@ -31,6 +31,7 @@ from .blocks import (
     store_acc,
 )
 from .kernels import Ctx, kernel_of, positions
+from .matrix import MAT_E
 
 
 def _blocks(op: str, lowering_: str) -> tuple[strided.Blocks, strided.Blocks]:
@@ -54,6 +55,30 @@ def _setup(ctx: Ctx, target: Target) -> Optional[
     low = lowering_of(target)
     sblk, gblk = _blocks(op, low)
     return op, low, sblk, gblk, strided.helpers(sblk) | {"mf_pack8_of"}
+
+
+def _res(op: str) -> resident.Resident:
+    return resident.Resident("mf_sres", op, MAT_E)
+
+
+def _scores(mpp: bool, op: str, sblk: strided.Blocks) -> list[ir.Stmt]:
+    """The S and dP blocks: of the whole-E op (`_products`) at tensor-op targets."""
+    if not mpp:
+        return strided.declare(sblk, 2)
+    return [*resident.declare_op(_res(op)), *resident.tensor_destinations(_res(op), sblk, 2)]
+
+
+def _products(mpp: bool, op: str, sblk: strided.Blocks, pairs: list[tuple[str, str]],
+              own: ir.Expr) -> ir.Stmt:
+    """Blocks 0, 1 = A B^T of each (A: the simdgroup's 16 rows, B: the shared tile's) of
+    `pairs`: at tensor-op targets one run over MAT_E each (rows ROW apart, zero past E), else
+    a product per 16 values of E (`blocks.products`)."""
+    if not mpp:
+        return products(sblk, pairs, own, u(0))
+    rs = ir.Var("mf_rs")
+    return ir.Block([*strided.clear(sblk, 0), *strided.clear(sblk, 1), *(
+        resident.multiply_tensors(_res(op), sblk, i, ir.Var(a) + own * rs, rs, ir.Var(b), rs)
+        for i, (a, b) in enumerate(pairs))])
 
 
 def _put(ctx: Ctx, mpp: bool, gblk: strided.Blocks, outs: tuple[tuple[str, int, str], ...],
@@ -83,7 +108,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         ir.Barrier(),
         ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows); per element P^T and "
                    f"dS^T as {op}"),
-        products(sblk, [("mf_tk", "mf_tq"), ("mf_tv", "mf_tdo")], own, u(0)),
+        _products(mpp, op, sblk, [("mf_tk", "mf_tq"), ("mf_tv", "mf_tdo")], own),
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
                   lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
                   [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
@@ -107,7 +132,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], ir.Var("mf_b0"), SIDE * SGS,
               ctx.size(r.key), key_place),
         ir.Comment("the simdgroup's blocks: S^T and dP^T; dV (0 ..) and dK (.. 2 x E / 16)"),
-        *strided.declare(sblk, 2),
+        *_scores(mpp, op, sblk),
         *(resident.declare_rows(racc, ("mf_dv", "mf_dk")) if mpp else
           strided.declare(gblk, 2 * ACC)),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
@@ -138,7 +163,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
               key_place),
         ir.Barrier(),
         ir.Comment(f"S = Q K^T and dP = dO V^T (16 rows x 16 keys); per element dS as {op}"),
-        products(sblk, [("mf_tq", "mf_tk"), ("mf_tdo", "mf_tv")], own, u(0)),
+        _products(mpp, op, sblk, [("mf_tq", "mf_tk"), ("mf_tdo", "mf_tv")], own),
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
                   lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
                   helpers),
@@ -154,12 +179,13 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         *start(ctx, low, op, (("mf_tk", "mf_tv"), ("mf_tq", "mf_tdo"), ("mf_tc",)),
                ctx.span(r.tile), whole=mpp),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
-        *(rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE)), op, SGS) if mpp else []),
+        *(rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE), ("mf_tq", SIDE * SGS),
+                       ("mf_tdo", SIDE * SGS)), op, SGS) if mpp else []),
         ir.Comment("the group's query rows of q and dO, staged once"),
         stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], ir.Var("mf_b0"), SIDE * SGS,
               ctx.span(r.tile), row_place(ctx), stats=True),
         ir.Comment("the simdgroup's blocks: S and dP; dQ"),
-        *strided.declare(sblk, 2),
+        *_scores(mpp, op, sblk),
         *(resident.declare_rows(racc, ("mf_dq",)) if mpp else strided.declare(gblk, ACC)),
         *key_blocks(ctx, step),
         ir.Comment("the simdgroup's rows' dq"),

@@ -141,3 +141,21 @@ def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt
             ir.Decl("mf_at", "auto", ir.Call(f"{dest}.get_multidimensional_index", (c,))),
             *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
                   ir.Lane(ir.Var(dest), c))])])]
+
+
+def tensor_destinations(res: Resident, blk: Blocks, count: int) -> list[ir.Stmt]:
+    """`blk`'s blocks 0 .. count - 1 as destinations of this op with both operands in
+    threadgroup memory (`multiply_tensors`), zeroed."""
+    dest = ir.Call(f"{res.op}.get_destination_cooperative_tensor<{res.tensor}, {res.tensor}, "
+                   "float>", ())
+    out: list[ir.Stmt] = [ir.Decl(blk.var(i).name, "auto", dest, const=False)
+                          for i in range(count)]
+    return out + [s for i in range(count) for s in clear(blk, i)]
+
+
+def multiply_tensors(res: Resident, blk: Blocks, i: int, a: ir.Expr, a_stride: ir.Expr,
+                     b: ir.Expr, b_stride: ir.Expr) -> ir.Stmt:
+    """Block i += A (16 rows x K at `a`) x B^T (16 rows x K at `b`), both in threadgroup
+    memory, K contiguous: one run over the whole K."""
+    return ir.Eval(ir.Call(f"{res.op}.run", (_view(res, a, a_stride), _view(res, b, b_stride),
+                                             blk.var(i))))
