@@ -13,7 +13,11 @@ A threadgroup of SGS simdgroups, 16 keys (dk/dv) or 16 query rows (dq) each, of 
            S = Q K^T, dP = dO V^T, per element dS to the scratch, dQ += dS K.
 
 Staged operands are zero past their rows and past E (up to whole 16-blocks), so products read
-whole blocks; an element past the keys or the rows gets P = dS = 0. Key blocks an index mask
+whole blocks; an element past the keys or the rows gets P = dS = 0. At tensor-op targets
+(`block_kernels`) the rows are ROW apart and zero up to MAT_E, and each product is one run over
+the whole E: S and dP one matmul2d(16, 16, MAT_E) each, every gradient ONE 16 x MAT_E
+accumulator (`rowacc`); the staged query rows' lse, delta and positions sit in threadgroup
+arrays the element-wise work reads (`row_positions`). Key blocks an index mask
 hides are skipped (`bounds`). Built (`operand`) when q, k, v and dO are one half / bfloat type
 the target multiplies; f32 inputs, E over MAT_E and the `grad_fp32` launch option keep the
 fp32 kernels (`matrix`, `kernels`).
