@@ -123,11 +123,12 @@ def test_wide_kernels_match_torch():
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
         out = masked.with_launch(grad_simdgroups=4)(*leaves, *extra)
         got = torch.autograd.grad(out, leaves, dy)
-    src = _dq_source(torch.float16, "apple10", grad_simdgroups=4)
-    assert "dq_wide" in src and "get_left_input_cooperative_tensor" in src
     from metalforge.msl.parse import parse
-    (tg,) = [k.threadgroup_bytes for k in parse(src).kernels if k.host_name.endswith("_wide")]
-    assert f"threadgroup memory {tg} bytes of 32768" in src     # the comment's accounting
+    for simdgroups, variant in ((4, "_wide"), (2, "_block")):   # the comment's accounting
+        src = _dq_source(torch.float16, "apple10", grad_simdgroups=simdgroups)
+        assert (variant == "_wide") == ("get_left_input_cooperative_tensor" in src)
+        (tg,) = [k.threadgroup_bytes for k in parse(src).kernels if k.host_name.endswith(variant)]
+        assert f"threadgroup memory {tg} bytes of 32768" in src
     leaves = _leaves(q, k, v)
     want = torch.autograd.grad(_torch_masked(*leaves, *extra), leaves, dy.double())
     _close(got, want, torch.float16)

@@ -16,6 +16,7 @@ from .blocks import (
     ACC,
     SGS,
     SIDE,
+    accounting,
     accumulate,
     elements,
     how,
@@ -123,6 +124,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     def key_at(i: ir.Expr) -> list[ir.Stmt]:
         return [ir.Decl("mf_l", IDX, k0 + ir.Cast(IDX, i))]
     body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, SGS, 2, 2, False)),
         *start(ctx, low, op, (("mf_tq", "mf_tdo"), ("mf_tk", "mf_tv"), ("mf_tp", "mf_tc")),
                ctx.size(r.key), whole=mpp),
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
@@ -176,6 +178,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     def row_at(i: ir.Expr) -> list[ir.Stmt]:
         return positions(ctx, t0 + ir.Cast(IDX, i), r.tile)
     body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, SGS, 2, 1, False)),
         *start(ctx, low, op, (("mf_tk", "mf_tv"), ("mf_tq", "mf_tdo"), ("mf_tc",)),
                ctx.span(r.tile), whole=mpp),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),

@@ -105,6 +105,24 @@ def head(ctx: Ctx, count: ir.Expr, sgs: int = SGS, whole: bool = False) -> list[
 Place = Callable[[ir.Expr], list[ir.Stmt]]
 
 
+def accounting(ctx: Ctx, op: str, sgs: int, own: int, scratches: int, resident: bool) -> str:
+    """The generated comment's accounting of a block kernel: threadgroup memory (the step's
+    two shared 16-row tiles, `own` staged arrays of sgs x 16 rows, `scratches` scratch arrays
+    a simdgroup, the rows' lse, delta and positions), staged bytes and barriers a step."""
+    size = 2                                       # half / bfloat
+    shared = 2 * SIDE * ROW * size
+    owned = own * sgs * SIDE * ROW * size
+    scratch = scratches * sgs * SIDE * PS * size
+    stats = (2 * 4 + len(staged_positions(ctx)) * (8 if ctx.index64 else 4)) * sgs * SIDE
+    where = (f"the own operands (2 x 16 x {MAT_E} {op}) in registers" if resident else
+             f"{owned} the group's own rows")
+    return (f"threadgroup memory {shared + owned + scratch + stats} bytes of 32768 ({shared} "
+            f"the step's two staged 16-row tiles as {op}, {scratch} the {sgs} simdgroups' P / "
+            f"dS scratch, {stats} the query rows' lse, delta and positions; {where}); per "
+            f"step {2 * SIDE * MAT_E * size} bytes staged (at E = {MAT_E}) for {sgs} "
+            "simdgroups, two threadgroup barriers")
+
+
 def staged_positions(ctx: Ctx) -> list[str]:
     """Threadgroup arrays of the staged query rows' positions (mf_tpos_<axis>, a row's at its
     lse's place) where the rows span several axes (GQA's (R, S)): the element-wise work

@@ -31,9 +31,8 @@ from . import rowacc
 from .block_kernels import _blocks, _first
 from .blocks import (
     PAD,
-    PS,
-    ROW,
     SIDE,
+    accounting,
     elements,
     key_blocks,
     key_place,
@@ -41,7 +40,6 @@ from .blocks import (
     row_place,
     rows_seen,
     stage,
-    staged_positions,
     start,
 )
 from .kernels import Ctx, kernel_of, positions
@@ -55,21 +53,6 @@ def applies(ctx: Ctx, target: Target) -> Optional[str]:
     """The operand type where the wide kernels apply (the block kernels do, on tensor ops)."""
     op = operand(ctx, target)
     return op if op is not None and target.tensor_ops else None
-
-
-def budget(ctx: Ctx, op: str, scratches: int) -> str:
-    """The generated comment's accounting: threadgroup memory (`scratches` scratch arrays a
-    simdgroup), staged bytes, barriers."""
-    size = 2                                       # half / bfloat
-    shared = 2 * SIDE * ROW * size
-    scratch = scratches * WIDE * SIDE * PS * size
-    stats = 2 * WIDE * SIDE * 4
-    pos = len(staged_positions(ctx)) * WIDE * SIDE * (8 if ctx.index64 else 4)
-    return (f"threadgroup memory {shared + scratch + stats + pos} bytes of 32768 ({shared} the "
-            f"step's two staged 16-row tiles as {op}, {scratch} the {WIDE} simdgroups' P / dS "
-            f"scratch, {stats + pos} the query rows' lse, delta and positions); per step "
-            f"{2 * SIDE * MAT_E * size} bytes staged for {WIDE} simdgroups, two threadgroup "
-            f"barriers; the own operands (2 x 16 x {MAT_E} {op}) in registers")
 
 
 def _own(ctx: Ctx, res: resident.Resident, sources: tuple[ir.Stmt, ...],
@@ -135,7 +118,7 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     keys = stage(ctx, op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
                  SIDE, ctx.size(r.key), key_place, sgs=WIDE)
     body: list[ir.Stmt] = [
-        ir.Comment(budget(ctx, op, 2)),
+        ir.Comment(accounting(ctx, op, WIDE, 0, 2, True)),
         *start(ctx, MPP, op, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
                WIDE, whole=True),
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
@@ -191,7 +174,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
                  SIDE, ctx.span(r.tile), row_place(ctx), stats=True, sgs=WIDE,
                  stat_at=ir.Var("mf_gi") * u(SIDE))
     body: list[ir.Stmt] = [
-        ir.Comment(budget(ctx, op, 1)),
+        ir.Comment(accounting(ctx, op, WIDE, 0, 1, True)),
         *start(ctx, MPP, op, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), WIDE,
                whole=True),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
@@ -210,4 +193,4 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     return kernel_of(ctx, body, "dq_wide", summary, helpers, SIMD_WIDTH * WIDE)
 
 
-__all__ = ["WIDE", "PAD", "applies", "budget", "dkdv_kernel", "dq_kernel"]
+__all__ = ["WIDE", "PAD", "applies", "dkdv_kernel", "dq_kernel"]
