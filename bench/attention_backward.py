@@ -5,9 +5,12 @@ torch's math attention (eager and under torch.compile), same device.
     python bench/attention_backward.py --device cuda
     python bench/attention_backward.py --device cuda --lengths 1024 --heads 32 --no-causal
     python bench/attention_backward.py --device cuda --lowerings tensor fp32
+    python bench/attention_backward.py --device cuda --lowerings tensor wide
 
 A row per lowering of our backward (`--lowerings`, default all): "tensor" (the device's own
-target: on cuda the 16x16 blocks on tensor ops with f16 operands), "apple9" (the same blocks on
+target: on cuda the 16x16 blocks on tensor ops with f16 operands, 2 simdgroups a threadgroup),
+"wide" (launch option grad_simdgroups=4: 4 simdgroups a threadgroup, each simdgroup's own 16
+keys or query rows in registers; tensor-op targets, else as "tensor"), "apple9" (the same blocks on
 simdgroup_matrix products, half operands), "fp32" (launch option grad_fp32: the fp32 8x8
 simdgroup_matrix kernels); SDPA, eager and torch.compile timed once per length.
 
@@ -86,6 +89,8 @@ def _backward(forward, inputs, dy):
 # the backward's lowerings (a row each): launch options of the call
 LOWERINGS = {
     "tensor": {},                                   # the device's target: tensor ops on cuda
+    "wide": {"grad_simdgroups": 4},                 # the same, 4 simdgroups a threadgroup with
+                                                    # their own rows in registers (tensor ops)
     "apple9": {"target": "apple9"},                 # 16x16 blocks on simdgroup_matrix (half)
     "fp32": {"grad_fp32": True},                    # the old fp32 8x8 simdgroup_matrix kernels
 }

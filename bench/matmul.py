@@ -15,8 +15,8 @@ Ops, each at M x N x K:
                (exact erf GELU; one kernel: the bias and GELU are its epilogue)
 
 Each of our rows runs one --configs entry ("name:option=value,..." launch options over the
-backend's table; default: "old", the 64 x 64 unpadded kernel, and "new", the table:
-on cuda 128 x 128 tiles; schedule/policy.py). Our kernels run under each target given by --targets (the
+backend's table; default: "old", the 64 x 64 unpadded kernel, and "new", the table: on cuda
+128 x 128 tiles; schedule/policy.py). Our kernels run under each target given by --targets (the
 launch option `target`, metalforge/target.py): by default the backend's own (cuda: "cuda",
 Metal 4 tensor ops that the cuda shim runs on tensor cores with mma.sync; mps: what the Mac
 has) and "apple9" (8x8 simdgroup_matrix products, the M1-M4 lowering), side by side. Every

@@ -112,6 +112,10 @@ class LaunchPolicy:
     grad_fp32: bool = False            # attention backward: the fp32 8x8 simdgroup_matrix
                                        # kernels even for half / bfloat inputs (False: 16x16
                                        # blocks on the inputs' own type, schedule/attention_grad)
+    grad_simdgroups: int = 2           # attention backward's 16x16 block kernels: simdgroups a
+                                       # threadgroup: 2 (K, V or q, dO staged) or 4 (each
+                                       # simdgroup's own rows in registers: attention_grad/wide,
+                                       # tensor-op targets; elsewhere 2)
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
@@ -398,11 +402,11 @@ TUNABLE: dict[str, tuple[str, ...]] = {
 # the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
                                           uses_simd=True)
-TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32")
+TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32", "grad_simdgroups")
 # options a family's kernels do not read but the kernels of its backward do, given on the
 # forward's launch (`attention.with_launch(grad_fp32=True)`): `resolve` accepts and ignores
 # them; runtime/autograd.py hands them to the backward kernels whose family takes them
-FOR_BACKWARD: dict[str, tuple[str, ...]] = {"attention": ("grad_fp32",)}
+FOR_BACKWARD: dict[str, tuple[str, ...]] = {"attention": ("grad_fp32", "grad_simdgroups")}
 
 
 def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:
@@ -485,6 +489,8 @@ def _validate_common(p: LaunchPolicy) -> None:
     _need(p, p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
           f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
           f"{MAX_THREADGROUP_BYTES}-byte limit")
+    _need(p, p.grad_simdgroups in (2, 4),
+          f"grad_simdgroups must be 2 or 4, got {p.grad_simdgroups!r}")
 
 
 def _validate_matmul(p: LaunchPolicy) -> None:

@@ -111,10 +111,33 @@ def test_block_kernels_by_target_match_torch(target, dtype, e):
     _close(got, want, dtype)
 
 
-def _dq_source(dtype, target: str) -> str:
+def test_wide_kernels_match_torch():
+    """grad_simdgroups=4 (tensor ops, apple10): 4 simdgroups a threadgroup, each with its own 16
+    keys (dk/dv) or query rows (dq) in registers, at partial tiles: 2 x 37 query rows a kv
+    head (GQA), 80 keys (a partial second group of 64), E = 40 (rows zeroed past E up to the
+    products' 128), soft cap, window and padding, against torch's autograd in float64; the
+    MSL accounts for its threadgroup memory."""
+    q, k, v, valid, dy = _inputs(torch.float16, 3, n=37, length=80, e=40)
+    extra = (valid, 0.15, 30, 5.0)
+    with mf.target("apple10"):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = masked.with_launch(grad_simdgroups=4)(*leaves, *extra)
+        got = torch.autograd.grad(out, leaves, dy)
+    from metalforge.msl.parse import parse
+    for simdgroups, variant in ((4, "_wide"), (2, "_block")):   # the comment's accounting
+        src = _dq_source(torch.float16, "apple10", grad_simdgroups=simdgroups)
+        assert (variant == "_wide") == ("get_left_input_cooperative_tensor" in src)
+        (tg,) = [k.threadgroup_bytes for k in parse(src).kernels if k.host_name.endswith(variant)]
+        assert f"threadgroup memory {tg} bytes of 32768" in src
+    leaves = _leaves(q, k, v)
+    want = torch.autograd.grad(_torch_masked(*leaves, *extra), leaves, dy.double())
+    _close(got, want, torch.float16)
+
+
+def _dq_source(dtype, target: str, **launch) -> str:
     from metalforge.runtime.show import source
     dq = autodiff.derive(masked.graph(T=SHORT[dtype])).kernels[2]
-    return source(dq, None, launch={"target": target})
+    return source(dq, None, launch={"target": target, **launch})
 
 
 def test_f32_soft_cap_and_masks_match_torch():
@@ -257,3 +280,12 @@ def test_backward_kernels_translate_to_cuda(tmp_path, target, version):
         assert len(tr.entries) == 3
         (tmp_path / k.name).mkdir()
         assert_host_syntax(tr.text, tmp_path / k.name, metal_version=version)
+        # grad_simdgroups=4: the wide kernels at cuda, the 2-simdgroup ones at apple9 (the
+        # host syntax check of one of them: they share their constructs)
+        src = source(k, None, launch={"target": target, "grad_simdgroups": 4})
+        assert ("_wide" in src) == (target == "cuda") and ("_block" in src) != ("_wide" in src)
+        if target == "cuda" and "dkdv_wide" in src:
+            wide = translate(src)
+            assert "__launch_bounds__(128, 1)" in wide.text
+            (tmp_path / f"{k.name}_wide").mkdir()
+            assert_host_syntax(wide.text, tmp_path / f"{k.name}_wide", metal_version=version)

@@ -3,17 +3,20 @@ over the keys of a kv head, dq over its query rows; None where `blocks.operand` 
 not apply (the caller keeps the fp32 kernels)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from ... import ir
 from ...target import Target
 from ..base import IDX
 from ..fragments import u
-from ..matrix import strided
+from ..matrix import resident, strided
+from ..matrix.tile import MPP
+from . import rowacc
 from .blocks import (
     ACC,
     SGS,
     SIDE,
+    accounting,
     accumulate,
     elements,
     how,
@@ -29,6 +32,7 @@ from .blocks import (
     store_acc,
 )
 from .kernels import Ctx, kernel_of, positions
+from .matrix import MAT_E
 
 
 def _blocks(op: str, lowering_: str) -> tuple[strided.Blocks, strided.Blocks]:
@@ -54,11 +58,48 @@ def _setup(ctx: Ctx, target: Target) -> Optional[
     return op, low, sblk, gblk, strided.helpers(sblk) | {"mf_pack8_of"}
 
 
+def _res(op: str) -> resident.Resident:
+    return resident.Resident("mf_sres", op, MAT_E)
+
+
+def _scores(mpp: bool, op: str, sblk: strided.Blocks) -> list[ir.Stmt]:
+    """The S and dP blocks: of the whole-E op (`_products`) at tensor-op targets."""
+    if not mpp:
+        return strided.declare(sblk, 2)
+    return [*resident.declare_op(_res(op)), *resident.tensor_destinations(_res(op), sblk, 2)]
+
+
+def _products(mpp: bool, op: str, sblk: strided.Blocks, pairs: list[tuple[str, str]],
+              own: ir.Expr) -> ir.Stmt:
+    """Blocks 0, 1 = A B^T of each (A: the simdgroup's 16 rows, B: the shared tile's) of
+    `pairs`: at tensor-op targets one run over MAT_E each (rows ROW apart, zero past E), else
+    a product per 16 values of E (`blocks.products`)."""
+    if not mpp:
+        return products(sblk, pairs, own, u(0))
+    rs = ir.Var("mf_rs")
+    return ir.Block([*strided.clear(sblk, 0), *strided.clear(sblk, 1), *(
+        resident.multiply_tensors(_res(op), sblk, i, ir.Var(a) + own * rs, rs, ir.Var(b), rs)
+        for i, (a, b) in enumerate(pairs))])
+
+
+def _put(ctx: Ctx, mpp: bool, gblk: strided.Blocks, outs: tuple[tuple[str, int, str], ...],
+         where: Callable[[ir.Expr], list[ir.Stmt]], live: Callable[[ir.Expr], ir.Expr]
+         ) -> list[ir.Stmt]:
+    """The gradients (dest, first block, kind) of `outs` stored: from the row accumulators
+    (`rowacc`, tensor ops) or the 16x16 blocks from `first` (simdgroup_matrix)."""
+    out: list[ir.Stmt] = []
+    for dest, first, kind in outs:
+        out += (rowacc.put(ctx, dest, kind, where, live) if mpp else
+                store_acc(ctx, gblk, first, kind, where, live))
+    return out
+
+
 def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     setup = _setup(ctx, target)
     if setup is None:
         return None
     op, low, sblk, gblk, helpers = setup
+    mpp, racc = low == MPP, rowacc.rows(op)
     r = ctx.roles
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
@@ -68,36 +109,41 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
         ir.Barrier(),
         ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows); per element P^T and "
                    f"dS^T as {op}"),
-        products(sblk, [("mf_tk", "mf_tq"), ("mf_tv", "mf_tdo")], own, u(0)),
+        _products(mpp, op, sblk, [("mf_tk", "mf_tq"), ("mf_tv", "mf_tdo")], own),
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
                   lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
                   [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
         ir.Comment("dV += P^T dO, dK += dS^T Q (16 keys x E)"),
-        *accumulate(gblk, 0, "mf_tp", "mf_tdo", u(0)),
-        *accumulate(gblk, ACC, "mf_tc", "mf_tq", u(0)),
+        *(rowacc.accumulate(racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
+                                   ("mf_dk", "mf_tc", ir.Var("mf_tq")))) if mpp else
+          [*accumulate(gblk, 0, "mf_tp", "mf_tdo", u(0)),
+           *accumulate(gblk, ACC, "mf_tc", "mf_tq", u(0))]),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
 
     def key_at(i: ir.Expr) -> list[ir.Stmt]:
         return [ir.Decl("mf_l", IDX, k0 + ir.Cast(IDX, i))]
     body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, SGS, 2, 2, False)),
         *start(ctx, low, op, (("mf_tq", "mf_tdo"), ("mf_tk", "mf_tv"), ("mf_tp", "mf_tc")),
-               ctx.size(r.key)),
+               ctx.size(r.key), whole=mpp),
         ir.Decl("mf_k0", IDX, _first("mf_b0")),
+        *(rowacc.zero((("mf_tq", SIDE), ("mf_tdo", SIDE), ("mf_tk", SIDE * SGS),
+                       ("mf_tv", SIDE * SGS)), op, SGS) if mpp else []),
         ir.Comment("the group's keys of K and V, staged once"),
         stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], ir.Var("mf_b0"), SIDE * SGS,
               ctx.size(r.key), key_place),
         ir.Comment("the simdgroup's blocks: S^T and dP^T; dV (0 ..) and dK (.. 2 x E / 16)"),
-        *strided.declare(sblk, 2), *strided.declare(gblk, 2 * ACC),
+        *_scores(mpp, op, sblk),
+        *(resident.declare_rows(racc, ("mf_dv", "mf_dk")) if mpp else
+          strided.declare(gblk, 2 * ACC)),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "16 at a time, in order"),
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
                rows_seen(ctx, ir.Var("mf_b0"), SIDE * SGS, step), step=ir.Lit(SIDE, IDX)),
         ir.Comment("the simdgroup's keys' dk and dv"),
-        *store_acc(ctx, gblk, ACC, "dk", key_at, lambda i: k0 + ir.Cast(IDX, i)
-                   < ctx.size(r.key)),
-        *store_acc(ctx, gblk, 0, "dv", key_at, lambda i: k0 + ir.Cast(IDX, i)
-                   < ctx.size(r.key))]
+        *_put(ctx, mpp, gblk, (("mf_dk", ACC, "dk"), ("mf_dv", 0, "dv")), key_at,
+              lambda i: k0 + ir.Cast(IDX, i) < ctx.size(r.key))]
     summary = (f"{ctx.graph.name} (attention backward, dk dv, 16x16 blocks): a threadgroup "
                f"per {SIDE * SGS} keys of a kv head, 16 a simdgroup; per 16 query rows "
                f"reading them S^T = K Q^T, dP^T = V dO^T, P and dS as {op}, dV += P^T dO, "
@@ -110,6 +156,7 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     if setup is None:
         return None
     op, low, sblk, gblk, helpers = setup
+    mpp, racc = low == MPP, rowacc.rows(op)
     r = ctx.roles
     k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
@@ -118,30 +165,35 @@ def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
               key_place),
         ir.Barrier(),
         ir.Comment(f"S = Q K^T and dP = dO V^T (16 rows x 16 keys); per element dS as {op}"),
-        products(sblk, [("mf_tq", "mf_tk"), ("mf_tdo", "mf_tv")], own, u(0)),
+        _products(mpp, op, sblk, [("mf_tq", "mf_tk"), ("mf_tdo", "mf_tv")], own),
         *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
                   lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
                   helpers),
         ir.Comment("dQ += dS K (16 rows x E)"),
-        *accumulate(gblk, 0, "mf_tc", "mf_tk", u(0)),
+        *(rowacc.accumulate(racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)) if mpp else
+          accumulate(gblk, 0, "mf_tc", "mf_tk", u(0))),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
     def row_at(i: ir.Expr) -> list[ir.Stmt]:
         return positions(ctx, t0 + ir.Cast(IDX, i), r.tile)
     body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, SGS, 2, 1, False)),
         *start(ctx, low, op, (("mf_tk", "mf_tv"), ("mf_tq", "mf_tdo"), ("mf_tc",)),
-               ctx.span(r.tile)),
+               ctx.span(r.tile), whole=mpp),
         ir.Decl("mf_t0", IDX, _first("mf_b0")),
+        *(rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE), ("mf_tq", SIDE * SGS),
+                       ("mf_tdo", SIDE * SGS)), op, SGS) if mpp else []),
         ir.Comment("the group's query rows of q and dO, staged once"),
         stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], ir.Var("mf_b0"), SIDE * SGS,
               ctx.span(r.tile), row_place(ctx), stats=True),
         ir.Comment("the simdgroup's blocks: S and dP; dQ"),
-        *strided.declare(sblk, 2), *strided.declare(gblk, ACC),
+        *_scores(mpp, op, sblk),
+        *(resident.declare_rows(racc, ("mf_dq",)) if mpp else strided.declare(gblk, ACC)),
         *key_blocks(ctx, step),
         ir.Comment("the simdgroup's rows' dq"),
-        *store_acc(ctx, gblk, 0, "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
-                   < ctx.span(r.tile))]
+        *_put(ctx, mpp, gblk, (("mf_dq", 0, "dq"),), row_at,
+              lambda i: t0 + ir.Cast(IDX, i) < ctx.span(r.tile))]
     summary = (f"{ctx.graph.name} (attention backward, dq, 16x16 blocks): a threadgroup per "
                f"{SIDE * SGS} query rows of a kv head, 16 a simdgroup; per 16 keys S = Q K^T, "
                f"dP = dO V^T, dS as {op}, dQ += dS K, on {how(low)} with {op} operands and "

@@ -13,7 +13,11 @@ A threadgroup of SGS simdgroups, 16 keys (dk/dv) or 16 query rows (dq) each, of 
            S = Q K^T, dP = dO V^T, per element dS to the scratch, dQ += dS K.
 
 Staged operands are zero past their rows and past E (up to whole 16-blocks), so products read
-whole blocks; an element past the keys or the rows gets P = dS = 0. Key blocks an index mask
+whole blocks; an element past the keys or the rows gets P = dS = 0. At tensor-op targets
+(`block_kernels`) the rows are ROW apart and zero up to MAT_E, and each product is one run over
+the whole E: S and dP one matmul2d(16, 16, MAT_E) each, every gradient ONE 16 x MAT_E
+accumulator (`rowacc`); the staged query rows' lse, delta and positions sit in threadgroup
+arrays the element-wise work reads (`row_positions`). Key blocks an index mask
 hides are skipped (`bounds`). Built (`operand`) when q, k, v and dO are one half / bfloat type
 the target multiplies; f32 inputs, E over MAT_E and the `grad_fp32` launch option keep the
 fp32 kernels (`matrix`, `kernels`).
@@ -28,10 +32,11 @@ from ...target import Target
 from ..base import IDX
 from ..fragments import UINT, lane_place, u
 from ..hardware import SIMD_WIDTH
-from ..lower import as_float
+from ..lower import as_float, ident
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
-from .bounds import LONG, block_bounds, masked_by_index
+from . import staging
+from .bounds import LONG, lane_bounds, masked_by_index
 from .kernels import Ctx, load, lowering, offset, positions, preset, store
 from .matrix import MAT_E
 
@@ -60,49 +65,98 @@ def lowering_of(target: Target) -> str:
     return MPP if target.tensor_ops else SIMDGROUP
 
 
-def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str]
-            ) -> list[ir.Stmt]:
+def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str],
+            sgs: int = SGS, pos: Sequence[str] = ()) -> list[ir.Stmt]:
     """Threadgroup arrays of `op`: `shared` of 16 rows (the block every simdgroup reads),
-    `own` of SGS x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
+    `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
     (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
     thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
     out: list[ir.Stmt] = [ir.Comment(f"threadgroup operands as {op}; scratch for P and dS")]
     out += [ir.ArrayDecl(n, op, SIDE * ROW, "threadgroup") for n in shared]
-    out += [ir.ArrayDecl(n, op, SGS * SIDE * ROW, "threadgroup") for n in own]
-    out += [ir.ArrayDecl(n, op, SGS * SIDE * PS, "threadgroup") for n in scratch]
-    out += [ir.ArrayDecl(n, "float", SGS * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
+    out += [ir.ArrayDecl(n, op, sgs * SIDE * ROW, "threadgroup") for n in own]
+    out += [ir.ArrayDecl(n, op, sgs * SIDE * PS, "threadgroup") for n in scratch]
+    out += [ir.ArrayDecl(n, "float", sgs * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
+    out += [ir.ArrayDecl(n, IDX, sgs * SIDE, "threadgroup") for n in pos]
     return out + [
         ir.Decl("mf_tid", UINT, ir.Var("mf_sg") * u(SIMD_WIDTH) + ir.Var("mf_lane")),
         ir.Decl("mf_sp", UINT, ir.Var("mf_sg") * u(SIDE * PS))]
 
 
-def head(ctx: Ctx, count: ir.Expr) -> list[ir.Stmt]:
-    """The group's kv head (own axes) and first row or key mf_b0 of its 16 x SGS of `count`;
-    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, a staged row mf_rs (mf_ew plus PAD)."""
+def head(ctx: Ctx, count: ir.Expr, sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
+    """The group's kv head (own axes) and first row or key mf_b0 of its 16 x sgs of `count`;
+    E's 16-blocks mf_eb, mf_ew = 16 mf_eb, a staged row mf_rs (mf_ew plus PAD; `whole`: ROW,
+    for products that read MAT_E values of a row)."""
     grp = ir.Cast(IDX, ir.Var("mf_group"))
-    per = ir.Lit(SIDE * SGS, IDX)
+    per = ir.Lit(SIDE * sgs, IDX)
     nblk = ir.Var("mf_nblk")
     e = ctx.size(ctx.roles.e)
     return [
-        ir.Comment(f"the group's kv head and its {SIDE * SGS} rows or keys; E in 16-blocks"),
+        ir.Comment(f"the group's kv head and its {SIDE * sgs} rows or keys; E in 16-blocks"),
         ir.Decl("mf_nblk", IDX, (count + per - ir.Lit(1, IDX)) / per),
         ir.If(grp >= ctx.span(ctx.roles.own) * nblk, [ir.Return()]),
         *positions(ctx, grp / nblk, ctx.roles.own),
         ir.Decl("mf_b0", IDX, grp % nblk * per),
         ir.Decl("mf_eb", UINT, ir.Cast(UINT, (e + ir.Lit(SIDE - 1, IDX)) / ir.Lit(SIDE, IDX))),
         ir.Decl("mf_ew", UINT, ir.Var("mf_eb") * u(SIDE)),
-        ir.Decl("mf_rs", UINT, ir.Var("mf_ew") + u(PAD)),
+        ir.Decl("mf_rs", UINT, u(ROW) if whole else ir.Var("mf_ew") + u(PAD)),
         ir.Decl("mf_vec_ok", "bool", (e % ir.Lit(VW, IDX)).eq(ir.Lit(0, IDX)))]
 
 
 Place = Callable[[ir.Expr], list[ir.Stmt]]
 
 
+def accounting(ctx: Ctx, op: str, sgs: int, own: int, scratches: int, resident: bool) -> str:
+    """The generated comment's accounting of a block kernel: threadgroup memory (the step's
+    two shared 16-row tiles, `own` staged arrays of sgs x 16 rows, `scratches` scratch arrays
+    a simdgroup, the rows' lse, delta and positions), staged bytes and barriers a step."""
+    size = 2                                       # half / bfloat
+    shared = 2 * SIDE * ROW * size
+    owned = own * sgs * SIDE * ROW * size
+    scratch = scratches * sgs * SIDE * PS * size
+    stats = (2 * 4 + len(staged_positions(ctx)) * (8 if ctx.index64 else 4)) * sgs * SIDE
+    where = (f"the own operands (2 x 16 x {MAT_E} {op}) in registers" if resident else
+             f"{owned} the group's own rows")
+    return (f"threadgroup memory {shared + owned + scratch + stats} bytes of 32768 ({shared} "
+            f"the step's two staged 16-row tiles as {op}, {scratch} the {sgs} simdgroups' P / "
+            f"dS scratch, {stats} the query rows' lse, delta and positions; {where}); per "
+            f"step {2 * SIDE * MAT_E * size} bytes staged (at E = {MAT_E}) for {sgs} "
+            "simdgroups, two threadgroup barriers")
+
+
+def staged_positions(ctx: Ctx) -> list[str]:
+    """Threadgroup arrays of the staged query rows' positions (mf_tpos_<axis>, a row's at its
+    lse's place) where the rows span several axes (GQA's (R, S)): the element-wise work
+    reads them instead of dividing its row's flat index per element."""
+    tile = ctx.roles.tile
+    return [f"mf_tpos_{ident(a)}" for a in tile] if len(tile) > 1 else []
+
+
+def store_positions(ctx: Ctx, at_row: ir.Expr) -> list[ir.Stmt]:
+    """The row's positions (mf_pos_<axis>, declared) to the staged arrays at `at_row`."""
+    names = staged_positions(ctx)
+    return [ir.Store(n, at_row, ir.Var(f"mf_pos_{ident(a)}"), space="threadgroup")
+            for n, a in zip(names, ctx.roles.tile if names else ())]
+
+
+def row_positions(ctx: Ctx, stat: ir.Expr) -> list[ir.Stmt]:
+    """mf_pos_<axis> of the staged row at `stat` (its lse's place), read back; a single axis
+    is the row index mf_tr itself."""
+    names = staged_positions(ctx)
+    if not names:
+        return positions(ctx, ir.Var("mf_tr"), ctx.roles.tile)
+    return [ir.Decl(f"mf_pos_{ident(a)}", IDX, ir.Lane(ir.Var(n), stat))
+            for n, a in zip(names, ctx.roles.tile)]
+
+
 def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, rows: int,
-          count: ir.Expr, place: Place, stats: bool = False) -> ir.Stmt:
+          count: ir.Expr, place: Place, stats: bool = False, sgs: int = SGS,
+          stat_at: Optional[ir.Expr] = None) -> ir.Stmt:
     """Rows first .. first + rows - 1 of the tensor reads into their arrays as `op`, E up to
     mf_ew (0 past E and past `count`): a simdgroup a row (its positions once, `place(index)`),
-    the lanes along E; with `stats`, the query row's lse and delta to mf_tl, mf_td."""
+    the lanes along E (`sgs` simdgroups); where E is a multiple of 8, innermost, and the rows
+    whole pairs for every simdgroup, `staging.two_phase` (every load before any store); with
+    `stats`, the query row's lse and delta to mf_tl, mf_td at stat_at + its row of the
+    `rows`."""
     e = ir.Var("mf_e")
     at = ir.Var("mf_sr") * ir.Var("mf_rs") + e
     zero: list[ir.Stmt] = [ir.Store(a, at, ir.Cast(op, ir.Lit(0.0, "float")),
@@ -113,19 +167,27 @@ def stage(ctx: Ctx, op: str, arrs: Sequence[tuple[str, Node]], first: ir.Expr, r
     inside = ir.Cast(IDX, e) < ctx.size(ctx.roles.e)
     copy: ir.Stmt = ir.For("mf_e", UINT, lanes[0], lanes[1], [ir.If(inside, fill, zero)],
                            step=u(SIMD_WIDTH))
-    if all(ctx.graph.tensor(n.attr).axes[-1] == ctx.roles.e for _, n in arrs):
+    vec = all(ctx.graph.tensor(n.attr).axes[-1] == ctx.roles.e for _, n in arrs)
+    if vec and not staging.applies(rows, sgs):
         copy = ir.If(ir.Var("mf_vec_ok"), [_chunks(ctx, arrs, at, inside, zero)], [copy])
     live: list[ir.Stmt] = [*place(ir.Var("mf_si")), copy]
     if stats:
         r = ctx.roles
+        at_row = ir.Var("mf_sr") if stat_at is None else stat_at + ir.Var("mf_sr")
         live.append(ir.If(ir.Var("mf_lane").eq(u(0)), [
-            ir.Store("mf_tl", ir.Var("mf_sr"), load(ctx, r.lse), space="threadgroup"),
-            ir.Store("mf_td", ir.Var("mf_sr"), load(ctx, r.delta), space="threadgroup")]))
-    return ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
+            ir.Store("mf_tl", at_row, load(ctx, r.lse), space="threadgroup"),
+            ir.Store("mf_td", at_row, load(ctx, r.delta), space="threadgroup"),
+            *store_positions(ctx, at_row)]))
+    loop = ir.For("mf_sr", UINT, ir.Var("mf_sg"), u(rows), [
         ir.Decl("mf_si", IDX, first + ir.Cast(IDX, ir.Var("mf_sr"))),
         ir.If(ir.Var("mf_si") < count, live, [
             ir.For("mf_e", UINT, lanes[0], lanes[1], zero, step=u(SIMD_WIDTH))])],
-        step=u(SGS))
+        step=u(sgs))
+    if vec and staging.applies(rows, sgs):
+        return ir.If(ir.Var("mf_vec_ok"), [ir.Block(staging.two_phase(
+            ctx, arrs, first, rows, count, place, stats, sgs, stat_at, store_positions))],
+            [loop])
+    return loop
 
 
 def _chunks(ctx: Ctx, arrs: Sequence[tuple[str, Node]], at: ir.Expr, inside: ir.Expr,
@@ -203,7 +265,7 @@ def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Where, row: Where, sta
         return [ir.Decl("mf_sd", "float", ref), ir.Decl("mf_pd", "float", other),
                 *(ir.Decl(n, "float", ir.Lit(0.0, "float"), const=False) for n in names),
                 ir.Decl("mf_l", IDX, key(i, j)), ir.Decl("mf_tr", IDX, row(i, j)),
-                ir.If(inside, [*positions(ctx, ir.Var("mf_tr"), r.tile),
+                ir.If(inside, [*row_positions(ctx, stat(i, j)),
                                ir.Decl("mf_lse", "float", ir.Lane(ir.Var("mf_tl"), stat(i, j))),
                                ir.Decl("mf_delta", "float", ir.Lane(ir.Var("mf_td"),
                                                                     stat(i, j))), *body,
@@ -261,13 +323,13 @@ def rows_seen(ctx: Ctx, k0: ir.Expr, keys: int, step: list[ir.Stmt]) -> list[ir.
     if r.form is None or not masked_by_index(r.form, r.rows):
         return step
     k = ir.Cast(LONG, k0)
-    return [*block_bounds(ctx, r.form, ir.Var("mf_t0"), SIDE),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_t0"), SIDE),
             ir.If((ir.Var("mf_khi") > k).and_(
                 ir.Var("mf_klo") < k + ir.Cast(LONG, ir.Lit(keys, "int"))), step)]
 
 
-def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
-    """The loop over the 16-key blocks the group's rows (from mf_b0) can see."""
+def key_blocks(ctx: Ctx, step: list[ir.Stmt], sgs: int = SGS) -> list[ir.Stmt]:
+    """The loop over the 16-key blocks the group's 16 x sgs rows (from mf_b0) can see."""
     r = ctx.roles
     loop = ir.For("mf_k0", IDX, ir.Var("mf_kbeg"), ir.Var("mf_kend"), step,
                   step=ir.Lit(SIDE, IDX))
@@ -276,7 +338,7 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
                 ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)),
                 ir.Decl("mf_kend", IDX, ctx.size(r.key)), loop]
     zero = ir.Cast(LONG, ir.Lit(0, "int"))
-    return [*block_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * SGS),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * sgs),
             ir.Comment("the key blocks they see, 16 keys at a time"),
             ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
                     / ir.Lit(SIDE, IDX) * ir.Lit(SIDE, IDX)),
@@ -285,10 +347,12 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt]) -> list[ir.Stmt]:
 
 
 def start(ctx: Ctx, lowering_: str, op: str, arrays: tuple[Sequence[str], Sequence[str],
-                                                         Sequence[str]], count: ir.Expr
-          ) -> list[ir.Stmt]:
-    """The buffers (`arrays`: shared, own, scratch), the group's head, the lane's place."""
-    body = [*buffers(op, *arrays), *head(ctx, count)]
+                                                         Sequence[str]], count: ir.Expr,
+          sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
+    """The buffers (`arrays`: shared, own, scratch), the group's head (`whole`: rows of
+    ROW), the lane's place."""
+    body = [*buffers(op, *arrays, sgs=sgs, pos=staged_positions(ctx)),
+            *head(ctx, count, sgs, whole)]
     return body + (lane_place(ir.Var("mf_lane")) if lowering_ == SIMDGROUP else [])
 
 

@@ -1,9 +1,10 @@
 """The host side of an attention backward kernel: for E up to MAT_E the 16x16 block kernel
 where the inputs are half / bfloat the target multiplies (`block_kernels`: 16 keys or query rows
-a simdgroup, SGS a threadgroup; launch options `target`, and `grad_fp32` to keep the fp32
-kernel), else the fp32 simdgroup_matrix kernel (`matrix`: a simdgroup per block of 8 keys or
-query rows of a kv head); above MAT_E the simd kernel (`kernels`: a simdgroup per key or query
-row, NSG a threadgroup)."""
+a simdgroup, SGS a threadgroup; or `wide`'s, 4 simdgroups with their own rows in registers,
+launch option grad_simdgroups = 4 at tensor-op targets; launch options `target`, and
+`grad_fp32` to keep the fp32 kernel), else the fp32 simdgroup_matrix kernel (`matrix`: a
+simdgroup per block of 8 keys or query rows of a kv head); above MAT_E the simd kernel
+(`kernels`: a simdgroup per key or query row, NSG a threadgroup)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +13,12 @@ from typing import Mapping, Optional
 from ... import ir
 from ...graph import Graph
 from ...shapes import numel
-from ...target import get_target
+from ...target import Target, get_target
 from ..base import Schedule
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy
-from . import block_kernels, blocks, matrix
-from .kernels import MAX_E, NSG, context, dkdv_kernel, dq_kernel
+from . import block_kernels, blocks, matrix, wide
+from .kernels import MAX_E, NSG, Ctx, context, dkdv_kernel, dq_kernel
 from .roles import Roles
 
 
@@ -29,6 +30,7 @@ class AttentionGradSchedule(Schedule):
     blocked: tuple[str, ...] = ()          # the axes the matrix kernel takes 8 at a time
     sgs: int = 1                           # ... in that many simdgroups a threadgroup
     block: Optional[ir.LoweredKernel] = None   # the 16x16 block kernel (half / bfloat)
+    block_sgs: int = blocks.SGS            # ... in that many simdgroups a threadgroup
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
@@ -42,9 +44,9 @@ class AttentionGradSchedule(Schedule):
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
         if self._uses_block(sizes):
-            n = -(-numel(self.blocked, sizes) // (blocks.SIDE * blocks.SGS))
-            return numel(self.own, sizes) * n * SIMD_WIDTH * blocks.SGS, \
-                SIMD_WIDTH * blocks.SGS
+            n = -(-numel(self.blocked, sizes) // (blocks.SIDE * self.block_sgs))
+            return numel(self.own, sizes) * n * SIMD_WIDTH * self.block_sgs, \
+                SIMD_WIDTH * self.block_sgs
         if self._uses_matrix(sizes):
             n = -(-numel(self.blocked, sizes) // (matrix.FRAG * self.sgs))
             return numel(self.own, sizes) * n * SIMD_WIDTH * self.sgs, \
@@ -54,7 +56,7 @@ class AttentionGradSchedule(Schedule):
 
     def max_group_size(self, host_name: str) -> int:
         if self.block is not None and host_name == self.block.host_name:
-            return SIMD_WIDTH * blocks.SGS
+            return SIMD_WIDTH * self.block_sgs
         if self.matrix is not None and host_name == self.matrix.host_name:
             return SIMD_WIDTH * self.sgs
         return NSG * SIMD_WIDTH
@@ -77,9 +79,7 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
           ) -> AttentionGradSchedule:
     """The schedule of one attention backward graph (its `roles` registered when built)."""
     ctx = context(graph, roles, index64)
-    target = get_target(policy.target or "apple9")
-    kinds = {"dq": block_kernels.dq_kernel, "dkdv": block_kernels.dkdv_kernel}
-    block = None if policy.grad_fp32 else kinds[roles.kind](ctx, target)
+    block, block_sgs = _block(ctx, policy, roles.kind, get_target(policy.target or "apple9"))
     if roles.kind == "dq":
         kernel, mat, grid = dq_kernel(ctx), matrix.dq_kernel(ctx), roles.rows
         blocked, sgs = roles.tile, matrix.KSG
@@ -88,4 +88,20 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool, roles: Roles
         blocked, sgs = (roles.key,), matrix.KSG
     return AttentionGradSchedule("attention_grad", graph, policy, kernel, tuple(grid), (),
                                  index64, e_axis=roles.e, matrix=mat, own=roles.own,
-                                 blocked=blocked, sgs=sgs, block=block)
+                                 blocked=blocked, sgs=sgs, block=block, block_sgs=block_sgs)
+
+
+def _block(ctx: Ctx, policy: LaunchPolicy, kind: str, target: Target
+           ) -> tuple[Optional[ir.LoweredKernel], int]:
+    """The 16x16 block kernel of `kind` and its simdgroups a threadgroup: the wide one
+    (`wide`, grad_simdgroups = 4) where it applies, else `block_kernels`' (None: grad_fp32,
+    or inputs the blocks do not take)."""
+    if policy.grad_fp32:
+        return None, blocks.SGS
+    if policy.grad_simdgroups == wide.WIDE:
+        kinds = {"dq": wide.dq_kernel, "dkdv": wide.dkdv_kernel}
+        got = kinds[kind](ctx, target)
+        if got is not None:
+            return got, wide.WIDE
+    two = {"dq": block_kernels.dq_kernel, "dkdv": block_kernels.dkdv_kernel}
+    return two[kind](ctx, target), blocks.SGS

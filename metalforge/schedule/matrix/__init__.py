@@ -27,11 +27,12 @@ the thread inputs mf_t (thread in the threadgroup), mf_lane and mf_sg (its simdg
 caller declares mf_t and the simdgroup's place (row0, col0 in the tile).
 
 Other users: attention prefill's Q·K^T is this block with A = the query tile and B = the key
-tile (both k-inner over E), its results fed to the online softmax through `emit` (P·V needs
-a k-outer B: a `transpose_right=False` variant of the same staged layout); the tiled quantized
-matmul stages its dequantized weight tile as B through `stage`'s callback (half operands
-instead of today's fp32) and keeps its epilogue.
-"""
+tile (both k-inner over E), its results fed to the online softmax through `emit` (P·V needs a
+k-outer B: a `transpose_right=False` variant of the same staged layout); the tiled quantized
+matmul stages its dequantized weight tile as B through `stage`'s callback (half operands instead
+of today's fp32) and keeps its epilogue. `strided` multiplies operands already in threadgroup
+memory at a row stride; `resident` keeps left operands in a simdgroup's registers as matmul2d's
+left input cooperative tensors across a loop (the attention backward's wide kernels)."""
 from __future__ import annotations
 
 from ... import ir

@@ -25,6 +25,10 @@
 //   rows read by one ldmatrix phase hit distinct banks where the row stride in bytes is an
 //   odd multiple of 16 (metalforge pads its staged rows: schedule/matrix/tile.py). Anything
 //   else (partial views, device memory, float operands) takes the element-wise path.
+// - Fast path (`coop_ldsm_run`): a run by one warp whose left operand is a half/bfloat
+//   cooperative tensor (registers kept across runs: mma.sync's A fragments as they are, in
+//   frag_coord order) and whose right one is a threadgroup tensor as above (ldmatrix), into a
+//   destination cooperative tensor of the op's own type.
 // - Cooperative-tensor operands with execution_simdgroups<N> (N > 1) and float cooperative
 //   operands are refused (static_assert).
 #pragma once
@@ -408,6 +412,17 @@ struct matmul2d {
         return;
       }
     }
+    if constexpr (is_coop<L>::value && is_tensor<R>::value && S == 1 && K > 0 &&
+                  mf_mpp::is_f16<A> && is_same<A, B>::value &&
+                  is_same<bare<Dst>, acc_t>::value) {
+      if (ldsm_view(right, RightKIn, N, K)) {
+        if constexpr (!Acc) {
+          MF_UNROLL for (int i = 0; i < acc_t::kCapacity; ++i) dest.mf_e[i] = 0.0f;
+        }
+        coop_ldsm_run(dest.mf_e, left, right);
+        return;
+      }
+    }
     acc_t acc;
     start(acc, dest);
     if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
@@ -509,6 +524,29 @@ struct matmul2d {
         MF_UNROLL for (int j = 0; j < FN; ++j) {
           MF_UNROLL for (int h = 0; h < 2; ++h)
             mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j][h], b[j][2 + h], A());
+        }
+      }
+    }
+  }
+  // acc += left (a cooperative tensor: its fragments' registers are mma.sync's A operands
+  // as they are) x right (threadgroup memory, read with ldmatrix as in ldsm_run)
+  template <class L, class R>
+  MF_D static void coop_ldsm_run(float* acc, const L& left, const R& right) {
+    typedef mf_mpp::elem_t<L> A;
+    constexpr int FM = M / 16, FN = N / 16, KB = K / 16;
+    static_assert(!TL, "metalforge.cuda: a cooperative left operand of a transposed left");
+    const unsigned rb = mf_mpp::shared_address(right.mf_data);
+    MF_UNROLL for (int kb = 0; kb < KB; ++kb) {
+      unsigned b[FN][4];
+      MF_UNROLL for (int j = 0; j < FN; ++j)
+        mf_mpp::ldsm4<!RightKIn>(b[j], ldsm_address(right, RightKIn, rb, 16 * j, 16 * kb));
+      MF_UNROLL for (int i = 0; i < FM; ++i) {
+        const A* a = &left.mf_e[(i * KB + kb) * 8];
+        const unsigned ar[4] = {mf_mpp::pack(a[0], a[1]), mf_mpp::pack(a[2], a[3]),
+                                mf_mpp::pack(a[4], a[5]), mf_mpp::pack(a[6], a[7])};
+        MF_UNROLL for (int j = 0; j < FN; ++j) {
+          MF_UNROLL for (int h = 0; h < 2; ++h)
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], ar, b[j][h], b[j][2 + h], A());
         }
       }
     }

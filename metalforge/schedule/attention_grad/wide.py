@@ -1,0 +1,196 @@
+"""The attention backward's 16x16 block kernels with WIDE simdgroups a threadgroup (launch
+option grad_simdgroups = 4; FlashAttention-2's backward within Metal's 32 KB of threadgroup
+memory): each simdgroup keeps its own 16 keys of K and V (dk/dv) or its own 16 query rows of q
+and dO (dq) in registers, as matmul2d's left input cooperative tensors (`matrix.resident`,
+K = MAT_E), loaded once; threadgroup memory holds only what every simdgroup reads (the step's
+16 query rows of q and dO, or 16 keys of K and V) and each simdgroup's scratch of P^T / dS^T.
+
+    dkdv   64 keys of a kv head a threadgroup; per block of 16 query rows (every row reading
+           them, in order: deterministic, GQA summed without atomics) q, dO, lse and delta
+           staged once for the 4 simdgroups; per simdgroup S^T = K Q^T, dP^T = V dO^T (one
+           16 x 16 x MAT_E product each, K from registers), per element P^T and dS^T to its
+           own scratch (simdgroup barrier), dV += P^T dO, dK += dS^T Q.
+    dq     64 query rows a threadgroup; per block of 16 keys K and V staged once; per
+           simdgroup S = Q K^T, dP = dO V^T, dS to its scratch, dQ += dS K.
+
+A step costs two threadgroup barriers however many simdgroups (staged rows complete; every
+simdgroup done with them). Tensor ops only (apple10, cuda): apple9's simdgroup_matrix lowering
+and the other cases keep `block_kernels` (plan.py routes them)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from ... import ir
+from ...target import Target
+from ..base import IDX
+from ..fragments import UINT, u
+from ..hardware import SIMD_WIDTH
+from ..matrix import resident, strided
+from ..matrix.tile import MPP
+from . import rowacc
+from .block_kernels import _blocks, _first
+from .blocks import (
+    PAD,
+    SIDE,
+    accounting,
+    elements,
+    key_blocks,
+    key_place,
+    operand,
+    row_place,
+    rows_seen,
+    stage,
+    start,
+)
+from .kernels import Ctx, kernel_of, positions
+from .matrix import MAT_E
+
+WIDE = 4                       # simdgroups a threadgroup (16 keys or query rows each)
+OWN = ("mf_oc0", "mf_oc1")     # the simdgroup's resident left operands
+
+
+def applies(ctx: Ctx, target: Target) -> Optional[str]:
+    """The operand type where the wide kernels apply (the block kernels do, on tensor ops)."""
+    op = operand(ctx, target)
+    return op if op is not None and target.tensor_ops else None
+
+
+def _own(ctx: Ctx, res: resident.Resident, sources: tuple[ir.Stmt, ...],
+         tiles: tuple[str, str]) -> list[ir.Stmt]:
+    """Each simdgroup's 16 rows of two tensors into its resident operands: a round per
+    simdgroup, the group staging them (`sources[g]`: its stage) in the tiles."""
+    rs = ir.Var("mf_rs")
+    take = [resident.load(res, o, ir.Var(t), rs) for o, t in zip(OWN, tiles)]
+    return [ir.Comment("each simdgroup's own 16 rows into its registers, a round each "
+                       "(the group stages them in the shared tiles)"),
+            *(resident.declare(res, o) for o in OWN),
+            ir.For("mf_g", UINT, u(0), u(WIDE), [
+                ir.Decl("mf_gi", UINT, ir.Var("mf_g")), *sources, ir.Barrier(),
+                ir.If(ir.Var("mf_sg").eq(ir.Var("mf_g")), take), ir.Barrier()])]
+
+
+def _products(res: resident.Resident, blk: strided.Blocks, tiles: tuple[str, str]
+              ) -> ir.Stmt:
+    """Blocks 0, 1 = own operand 0, 1 x the shared tile's 16 rows^T."""
+    rs = ir.Var("mf_rs")
+    return ir.Block([*strided.clear(blk, 0), *strided.clear(blk, 1),
+                     *(resident.multiply(res, o, blk, i, ir.Var(t), rs)
+                       for i, (o, t) in enumerate(zip(OWN, tiles)))])
+
+
+def _group_first() -> ir.Expr:
+    """Round mf_gi's first row or key: mf_b0 + 16 mf_gi."""
+    return ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_gi") * u(SIDE))
+
+
+def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    op = applies(ctx, target)
+    if op is None:
+        return None
+    sblk, _ = _blocks(op, MPP)
+    res = resident.Resident("mf_sres", op, MAT_E)
+    racc = rowacc.rows(op)
+    helpers = strided.helpers(sblk) | {"mf_pack8_of"}
+    r = ctx.roles
+    k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 16 query rows: q, dO, lse, delta staged once for every "
+                   "simdgroup"),
+        stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], t0, SIDE, ctx.span(r.tile),
+              row_place(ctx), stats=True, sgs=WIDE),
+        ir.Barrier(),
+        ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows, K and V from "
+                   f"registers); per element P^T and dS^T as {op} to the simdgroup's scratch"),
+        _products(res, sblk, ("mf_tq", "mf_tdo")),
+        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
+                  lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
+                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
+        ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
+        *rowacc.accumulate(racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
+                                  ("mf_dk", "mf_tc", ir.Var("mf_tq")))),
+        ir.Comment("every simdgroup is done with the rows before they are restaged"),
+        ir.Barrier()]
+    def live(i: ir.Expr) -> ir.Expr:
+        return k0 + ir.Cast(IDX, i) < ctx.size(r.key)
+
+    def key_at(i: ir.Expr) -> list[ir.Stmt]:
+        return [ir.Decl("mf_l", IDX, k0 + ir.Cast(IDX, i))]
+    keys = stage(ctx, op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
+                 SIDE, ctx.size(r.key), key_place, sgs=WIDE)
+    body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, WIDE, 0, 2, True)),
+        *start(ctx, MPP, op, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
+               WIDE, whole=True),
+        ir.Decl("mf_k0", IDX, _first("mf_b0")),
+        *rowacc.zero((("mf_tq", SIDE), ("mf_tdo", SIDE)), op, WIDE), *resident.declare_op(res),
+        *_own(ctx, res, (keys,), ("mf_tq", "mf_tdo")),
+        ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
+        *resident.destinations(res, OWN[0], sblk, 2),
+        *resident.declare_rows(racc, ("mf_dv", "mf_dk")),
+        ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
+                   "16 at a time, in order"),
+        ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
+               rows_seen(ctx, ir.Var("mf_b0"), SIDE * WIDE, step), step=ir.Lit(SIDE, IDX)),
+        ir.Comment("the simdgroup's keys' dk and dv"),
+        *rowacc.put(ctx, "mf_dk", "dk", key_at, live),
+        *rowacc.put(ctx, "mf_dv", "dv", key_at, live)]
+    summary = (f"{ctx.graph.name} (attention backward, dk dv, wide: {WIDE} simdgroups): a "
+               f"threadgroup per {SIDE * WIDE} keys of a kv head, 16 a simdgroup with their K "
+               "and V in registers; per 16 query rows reading them S^T = K Q^T, dP^T = V dO^T, "
+               f"P and dS as {op}, dV += P^T dO, dK += dS^T Q, on Metal 4 tensor ops with {op} "
+               "operands and fp32 accumulation")
+    return kernel_of(ctx, body, "dkdv_wide", summary, helpers, SIMD_WIDTH * WIDE)
+
+
+def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    op = applies(ctx, target)
+    if op is None:
+        return None
+    sblk, _ = _blocks(op, MPP)
+    res = resident.Resident("mf_sres", op, MAT_E)
+    racc = rowacc.rows(op)
+    helpers = strided.helpers(sblk) | {"mf_pack8_of"}
+    r = ctx.roles
+    k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
+    step: list[ir.Stmt] = [
+        ir.Comment("the block's 16 keys: K and V staged once for every simdgroup"),
+        stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], k0, SIDE, ctx.size(r.key),
+              key_place, sgs=WIDE),
+        ir.Barrier(),
+        ir.Comment("S = Q K^T and dP = dO V^T (16 rows x 16 keys, q and dO from registers); "
+                   f"per element dS as {op} to the simdgroup's scratch"),
+        _products(res, sblk, ("mf_tk", "mf_tv")),
+        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
+                  lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
+                  helpers),
+        ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
+        *rowacc.accumulate(racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)),
+        ir.Comment("every simdgroup is done with the keys before they are restaged"),
+        ir.Barrier()]
+
+    def row_at(i: ir.Expr) -> list[ir.Stmt]:
+        return positions(ctx, t0 + ir.Cast(IDX, i), r.tile)
+    rows = stage(ctx, op, [("mf_tk", r.q), ("mf_tv", r.dy)], _group_first(),
+                 SIDE, ctx.span(r.tile), row_place(ctx), stats=True, sgs=WIDE,
+                 stat_at=ir.Var("mf_gi") * u(SIDE))
+    body: list[ir.Stmt] = [
+        ir.Comment(accounting(ctx, op, WIDE, 0, 1, True)),
+        *start(ctx, MPP, op, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), WIDE,
+               whole=True),
+        ir.Decl("mf_t0", IDX, _first("mf_b0")),
+        *rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE)), op, WIDE), *resident.declare_op(res),
+        *_own(ctx, res, (rows,), ("mf_tk", "mf_tv")),
+        ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
+        *resident.destinations(res, OWN[0], sblk, 2), *resident.declare_rows(racc, ("mf_dq",)),
+        *key_blocks(ctx, step, WIDE),
+        ir.Comment("the simdgroup's rows' dq"),
+        *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
+                < ctx.span(r.tile))]
+    summary = (f"{ctx.graph.name} (attention backward, dq, wide: {WIDE} simdgroups): a "
+               f"threadgroup per {SIDE * WIDE} query rows of a kv head, 16 a simdgroup with "
+               f"their q and dO in registers; per 16 keys S = Q K^T, dP = dO V^T, dS as {op}, "
+               f"dQ += dS K, on Metal 4 tensor ops with {op} operands and fp32 accumulation")
+    return kernel_of(ctx, body, "dq_wide", summary, helpers, SIMD_WIDTH * WIDE)
+
+
+__all__ = ["WIDE", "PAD", "applies", "dkdv_kernel", "dq_kernel"]

@@ -1,0 +1,161 @@
+"""Left operands resident in a simdgroup's registers: 16 rows x K (static) of half / bfloat held
+as matmul2d's left input cooperative tensors across a loop, each product a whole
+C(16 x 16) += A(16 x K) B^T with B k-inner in threadgroup memory (its rows are C's columns, K
+contiguous, row stride given), fp32 destinations (the `strided.Blocks` naming, so that
+`strided.each` / `strided.clear` read them). Metal 4 tensor ops only (tile.MPP).
+
+    res = Resident("mf_sres", "half", 128)
+    declare_op(res)                           # matmul2d(16, 16, 128), B transposed
+    declare(res, "mf_kc")                     # a left input cooperative tensor
+    load(res, "mf_kc", ptr, stride)           # its 16 rows x K from threadgroup memory
+    destinations(res, "mf_kc", blk, 2)        # blk's blocks 0, 1 (zeroed)
+    multiply(res, "mf_kc", blk, 0, b_ptr, b_stride)
+
+The rows are read whole (16 x K from `ptr` and `b_ptr`): the caller zero-fills what lies past
+its data. The layout of the cooperative tensor is the target's (load / run only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ... import ir
+from .strided import EXTENTS, SIDE, Blocks, clear
+
+
+@dataclass(frozen=True)
+class Resident:
+    """The op `name`_op of left operands of MSL type `operand`, K = `k` (a multiple of 16)."""
+    name: str
+    operand: str
+    k: int
+
+    @property
+    def op(self) -> str:
+        return f"{self.name}_op"
+
+    @property
+    def tensor(self) -> str:
+        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+
+
+def _i(v: int) -> ir.Lit:
+    return ir.Lit(v, "int")
+
+
+def _view(res: Resident, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
+    """16 rows x K at `ptr`, K contiguous (dimension 0), `stride` between rows."""
+    return ir.Call(res.tensor, (ptr, ir.Call(EXTENTS, (_i(res.k), _i(SIDE))),
+                                ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+
+
+def declare_op(res: Resident) -> list[ir.Stmt]:
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(SIDE), _i(SIDE), _i(res.k), ir.Lit(False, "bool"), ir.Lit(True, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    return [ir.Decl(f"{res.op}_desc", "constexpr auto", desc, const=False),
+            ir.Decl(res.op, f"matmul2d<{res.op}_desc, execution_simdgroup>", None, const=False)]
+
+
+def declare(res: Resident, var: str) -> ir.Stmt:
+    t = res.operand
+    return ir.Decl(var, "auto", ir.Call(
+        f"{res.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
+
+
+def load(res: Resident, var: str, ptr: ir.Expr, stride: ir.Expr) -> ir.Stmt:
+    """The cooperative tensor `var` = the 16 rows x K at `ptr` (every lane together)."""
+    return ir.Eval(ir.Call(f"{var}.load", (_view(res, ptr, stride),)))
+
+
+def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.Stmt]:
+    """`blk`'s blocks 0 .. count - 1 as this op's destinations (zeroed)."""
+    dest = ir.Call(f"{res.op}.get_destination_cooperative_tensor<decltype({var}), "
+                   f"{res.tensor}, float>", ())
+    out: list[ir.Stmt] = [ir.Decl(blk.var(i).name, "auto", dest, const=False)
+                          for i in range(count)]
+    return out + [s for i in range(count) for s in clear(blk, i)]
+
+
+def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride: ir.Expr
+             ) -> ir.Stmt:
+    """Block i += `var` (16 x K) x B^T (B: 16 rows x K at `b`, K contiguous)."""
+    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res, b, b_stride),
+                                             blk.var(i))))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A simdgroup's 16 x n fp32 destinations, each ONE cooperative tensor (`name`_op:
+    matmul2d(16, n, 16)), of C += A (16 x 16 in threadgroup memory, K contiguous) x B (16
+    rows of K, n values each, contiguous): one run where 16 x 16 blocks take n / 16, the A
+    fragment read once."""
+    name: str
+    operand: str
+    n: int
+
+    @property
+    def op(self) -> str:
+        return f"{self.name}_op"
+
+    @property
+    def tensor(self) -> str:
+        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+
+
+def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
+    """The op and the destinations `dests` (zeroed)."""
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(SIDE), _i(rows.n), _i(SIDE), ir.Lit(False, "bool"), ir.Lit(False, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    dest = ir.Call(f"{rows.op}.get_destination_cooperative_tensor<{rows.tensor}, "
+                   f"{rows.tensor}, float>", ())
+    c = ir.Var("mf_c")
+    out: list[ir.Stmt] = [
+        ir.Decl(f"{rows.op}_desc", "constexpr auto", desc, const=False),
+        ir.Decl(rows.op, f"matmul2d<{rows.op}_desc, execution_simdgroup>", None, const=False)]
+    for d in dests:
+        out += [ir.Decl(d, "auto", dest, const=False),
+                ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{d}.get_capacity", ())),
+                       [ir.Assign(ir.Lane(ir.Var(d), c), ir.Lit(0.0, "float"))])]
+    return out
+
+
+def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Expr,
+                  b_stride: ir.Expr) -> ir.Stmt:
+    """`dest` += A (16 x 16 at `a`) x B (16 rows x n at `b`)."""
+    def view(ptr: ir.Expr, cols: int, stride: ir.Expr) -> ir.Expr:
+        return ir.Call(rows.tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(SIDE))),
+                                     ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+    return ir.Eval(ir.Call(f"{rows.op}.run", (view(a, SIDE, a_stride),
+                                              view(b, rows.n, b_stride), ir.Var(dest))))
+
+
+def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
+             ) -> list[ir.Stmt]:
+    """`body(row, col, element)` for each element of `dest` the lane holds (row 0 .. 15, col
+    0 .. n - 1, from get_multidimensional_index)."""
+    c, at = ir.Var("mf_c"), ir.Var("mf_at")
+    return [ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{dest}.get_capacity", ())), [
+        ir.If(ir.Call(f"{dest}.is_valid_element", (c,)), [
+            ir.Decl("mf_at", "auto", ir.Call(f"{dest}.get_multidimensional_index", (c,))),
+            *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
+                  ir.Lane(ir.Var(dest), c))])])]
+
+
+def tensor_destinations(res: Resident, blk: Blocks, count: int) -> list[ir.Stmt]:
+    """`blk`'s blocks 0 .. count - 1 as destinations of this op with both operands in
+    threadgroup memory (`multiply_tensors`), zeroed."""
+    dest = ir.Call(f"{res.op}.get_destination_cooperative_tensor<{res.tensor}, {res.tensor}, "
+                   "float>", ())
+    out: list[ir.Stmt] = [ir.Decl(blk.var(i).name, "auto", dest, const=False)
+                          for i in range(count)]
+    return out + [s for i in range(count) for s in clear(blk, i)]
+
+
+def multiply_tensors(res: Resident, blk: Blocks, i: int, a: ir.Expr, a_stride: ir.Expr,
+                     b: ir.Expr, b_stride: ir.Expr) -> ir.Stmt:
+    """Block i += A (16 rows x K at `a`) x B^T (16 rows x K at `b`), both in threadgroup
+    memory, K contiguous: one run over the whole K."""
+    return ir.Eval(ir.Call(f"{res.op}.run", (_view(res, a, a_stride), _view(res, b, b_stride),
+                                             blk.var(i))))
