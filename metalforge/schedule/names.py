@@ -109,8 +109,6 @@ _SCHEDULE_NAMES |= {"pa", "pb", "at_tile", "band", "band_rows", "left2", "left3"
 _SCHEDULE_NAMES |= {"dot", "es", "ew", "mma16", "oacc", "ov", "pe", "pn", "pr", "probe", "pt",
                     "pv", "qs", "qt", "row0", "sacc", "shared", "slices", "spart", "st",
                     "strides", "sv", "tsg", "wr", "wv", "xv", "zc", "zr"}
-# attention prefill in the FlashAttention-2 structure (schedule/attention/flash*.py)
-_SCHEDULE_NAMES |= {"spad", "ss", "sx"}
 # the tiled quantized kernel's teams (schedule/quant/teams.py) and one-launch column merges
 _SCHEDULE_NAMES |= {"parked", "team", "coherent", "coherent_load", "coherent_store", "counter",
                     "device_fence", "ticket", "ticket_reset"}

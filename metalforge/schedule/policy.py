@@ -74,10 +74,6 @@ class LaunchPolicy:
                                        # threads_per_group = 32 x rows_per_group)
     matrix_rows: int = 32              # attention: query rows sharing keys from which a call
                                        # runs the simdgroup_matrix prefill kernel (0: never)
-    prefill_rows: int = 64             # attention prefill on half / bfloat operands: query rows
-                                       # a threadgroup (64 or 128: each simdgroup owns 16 rows
-                                       # over every key of a tile, schedule/attention/flash.py;
-                                       # 32: the split-tile kernel, schedule/attention/mma.py)
     qmm_min_rows: int = 64             # quantized: rows of x from which the tiled kernel runs
     qmm_matrix: bool = True            # quantized, tiled kernel: products as simdgroup
                                        # matrices (Apple's matrix hardware); False: FMAs on
@@ -274,10 +270,6 @@ POLICIES: dict[str, LaunchPolicy] = {
     # target: the prefill kernel's matrix hardware (schedule/attention/mma.py: Metal 4 tensor
     # ops where the target has them, else simdgroup_matrix; set per call from the current
     # target, as the contractions')
-    # prefill_rows: the half / bfloat prefill kernel's query rows a threadgroup: 64 (4
-    # simdgroups) or 128 (8; E up to 64), FlashAttention-2's structure (schedule/attention/
-    # flash.py: each simdgroup owns 16 rows over whole K/V tiles, two barriers a tile); 32:
-    # the split-tile kernel (mma.py). 64 by design, untimed: bench/prefill.py --rows 32 64 128
     "attention": LaunchPolicy("attention", threads_per_group=128, reads_per_thread=8,
                               rows_per_group=4, keys_per_step=2, lane_scores=True,
                               uses_simd=True, target="apple9"),
@@ -393,7 +385,6 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index_check"),
     "attention": ("threads_per_group", "reads_per_thread", "rows_per_group", "key_splits",
                   "keys_per_step", "lane_scores", "stage_kv", "matrix_rows", "target",
-                  "prefill_rows",
                   "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
@@ -534,9 +525,6 @@ def _validate_attention(p: LaunchPolicy) -> None:
           f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
           f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
           f"{SIMD_WIDTH * p.rows_per_group}")
-    _need(p, p.prefill_rows in (32, 64, 128),
-          f"prefill_rows must be 32 (the split-tile prefill kernel), 64 or 128 (16 rows a "
-          f"simdgroup over whole tiles), got {p.prefill_rows!r}")
     nsg = p.threads_per_group // SIMD_WIDTH        # each simdgroup's (m, d, acc[E]) shared
     tg = 4 * nsg * (2 + SIMD_WIDTH * p.reads_per_thread)
     _need(p, tg <= MAX_THREADGROUP_BYTES,

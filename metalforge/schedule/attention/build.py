@@ -11,7 +11,7 @@ from ...graph import Graph
 from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
-from . import decode, flash, merge, mma, prefill, staged
+from . import decode, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context
 from .match import Form, match
@@ -38,28 +38,15 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
         first = carry(decode.kernel(ctx))
         narrow = wide = None
         tg_bytes = threadgroup_bytes(first)
-    matrix, rows = _prefill(ctx) if ctx.policy.matrix_rows else (None, MATRIX_ROWS)
+    matrix = _prefill(ctx) if ctx.policy.matrix_rows else None
     if matrix is not None:
         matrix = carry(matrix, also={"mf_mma", "mf_mma16", "mf_strides", "mf_tensor_ops"})
         tg_bytes = max(tg_bytes, threadgroup_bytes(matrix))
     merged = carry(merge.kernel(ctx))
-    return replace(_schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged),
-                   prefill_rows=rows)
+    return _schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged)
 
 
-def _prefill(ctx: CallContext) -> tuple[Optional[ir.LoweredKernel], int]:
-    """The prefill kernel and its query rows a threadgroup: launch={'prefill_rows': 64 or
-    128} the FlashAttention-2 structure (`flash`) where the matrix block applies, else (and
-    at 32) `_split_prefill`'s."""
-    rows = ctx.policy.prefill_rows
-    if rows != MATRIX_ROWS:
-        kernel = flash.kernel(ctx, get_target(ctx.policy.target or "apple9"), rows)
-        if kernel is not None:
-            return kernel, rows
-    return _split_prefill(ctx), MATRIX_ROWS
-
-
-def _split_prefill(ctx: CallContext) -> Optional[ir.LoweredKernel]:
+def _prefill(ctx: CallContext) -> Optional[ir.LoweredKernel]:
     """The prefill kernel: on the matrix block with half / bfloat operands where the graph's
     operands are (`mma`), else fp32 simdgroup_matrix products (`prefill`), except on a target
     without Apple GPUs (cuda), where those are emulated by shuffles and the decode kernels are

@@ -186,12 +186,10 @@ def _buffers(ctx: CallContext, ks: KernelState, op: str) -> list[ir.Stmt]:
         ir.Decl("mf_eb", UINT, ir.Var("mf_ew") / u(16))]
 
 
-def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node,
-            rows: int = MATRIX_ROWS, pairs: bool = False) -> list[ir.Stmt]:
-    """The tile's `rows` q rows into mf_qt as the operand type, E up to mf_ew (0 past E and
-    for rows past the tile's end), by all the group's threads (`pairs`: two adjacent
-    elements a thread, whole 4-byte words); the first tile's barrier orders them before the
-    scores read them."""
+def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node) -> list[ir.Stmt]:
+    """The tile's q rows into mf_qt as the operand type, E up to mf_ew (0 past E and for
+    rows past the tile's end), by all the group's threads; the first tile's barrier orders
+    them before the scores read them."""
     low = lowering(ctx, ks, "mf_q")
     body = low.lower([qn])
     value = as_float(low.value(qn), qn)
@@ -199,11 +197,9 @@ def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node,
     qi, at = ir.Var("mf_qi"), ir.Var("mf_qrow") * ir.Var("mf_qs") + ir.Var("mf_e")
     live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
         ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
-    if pairs:
-        return _stage_q_pairs(ks, op, rows, at, live, body, value)
     return [
         ir.Comment(f"the tile's q rows as {op} operands (0 past E and past the tile's rows)"),
-        ir.For("mf_qi", UINT, ir.Var("mf_tid"), u(rows) * ir.Var("mf_ew"), [
+        ir.For("mf_qi", UINT, ir.Var("mf_tid"), u(MATRIX_ROWS) * ir.Var("mf_ew"), [
             ir.Decl("mf_qrow", UINT, qi / ir.Var("mf_ew")),
             ir.Decl("mf_e", UINT, qi % ir.Var("mf_ew")),
             ir.Store("mf_qt", at, ir.Cast(op, ir.Lit(0.0, "float")), space="threadgroup"),
@@ -212,31 +208,12 @@ def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node,
             step=u(ks.group))]
 
 
-def _stage_q_pairs(ks: KernelState, op: str, rows: int, at: ir.Expr, live: ir.Expr,
-                   body: list[ir.Stmt], value: ir.Expr) -> list[ir.Stmt]:
-    """`stage_q`'s copies two adjacent elements a thread (E elements mf_e0, mf_e0 + 1)."""
-    half_w = ir.Var("mf_ew") / u(2)
-    qi = ir.Var("mf_qi")
-    return [
-        ir.Comment(f"the tile's q rows as {op} operands (0 past E and past the tile's rows), "
-                   "two adjacent elements a thread"),
-        ir.For("mf_qi", UINT, ir.Var("mf_tid"), u(rows) * half_w, [
-            ir.Decl("mf_qrow", UINT, qi / half_w),
-            ir.Decl("mf_e0", UINT, qi % half_w * u(2)),
-            ir.For("mf_x", UINT, u(0), u(2), [
-                ir.Decl("mf_e", UINT, ir.Var("mf_e0") + ir.Var("mf_x")),
-                ir.Store("mf_qt", at, ir.Cast(op, ir.Lit(0.0, "float")), space="threadgroup"),
-                ir.If(live, body + [ir.Store("mf_qt", at, ir.Cast(op, value),
-                                             space="threadgroup")])], unroll=True)],
-            step=u(ks.group))]
-
-
-def zero_fill(ctx: CallContext, threads: int = SIMD_WIDTH * SIMDGROUPS) -> list[ir.Stmt]:
+def zero_fill(ctx: CallContext) -> list[ir.Stmt]:
     """On a partial tile (keys or E not whole 16-blocks): the K/V tiles' elements the blocks
     read past the copied ones, 0 (rows mf_tn .. up to a 16-block, columns E .. mf_ew), so
     that stale or uninitialised memory never meets a product. After a barrier of its own
     (the copies' last element and the first zero may share a 4-byte word), two adjacent
-    elements a thread (`threads`: the group's)."""
+    elements a thread."""
     e = ctx.size(ctx.form.e)
     rows = (ir.Var("mf_tn") + u(15)) / u(16) * u(16)
     z, r, c = ir.Var("mf_z"), ir.Var("mf_zr"), ir.Var("mf_zc") + ir.Var("mf_x")
@@ -255,4 +232,4 @@ def zero_fill(ctx: CallContext, threads: int = SIMD_WIDTH * SIMDGROUPS) -> list[
             ir.Decl("mf_zc", UINT, z % half_w * u(2)),
             ir.For("mf_x", UINT, u(0), u(2), [
                 ir.If((r >= ir.Var("mf_tn")).or_(ir.Cast(IDX, c) >= e), stores)],
-                unroll=True)], step=u(threads))])]
+                unroll=True)], step=u(SIMD_WIDTH * SIMDGROUPS))])]

@@ -16,7 +16,6 @@ from ...reference import evaluate_expressions
 from ...shapes import numel
 from ..base import Schedule, Step, Traffic
 from ..hardware import SIMD_WIDTH
-from .flash_budget import keys_per_tile as flash_keys
 from .params import (
     MATRIX_GROUP,
     MATRIX_ROWS,
@@ -47,7 +46,6 @@ class AttentionSchedule(Schedule):
     mid_e: int = 0
     prefill: Optional[ir.LoweredKernel] = None  # simdgroup_matrix kernel for many query rows
     prefill_e: int = 0                          # ... E up to this
-    prefill_rows: int = MATRIX_ROWS             # ... query rows a threadgroup (64, 128: `flash`)
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -79,19 +77,10 @@ class AttentionSchedule(Schedule):
         matrix_rows query rows share their keys and E fits it."""
         rows = self.policy.matrix_rows
         return self.prefill is not None and rows > 0 and sizes[self.e_axis] <= self.prefill_e \
-            and numel(self.tile_axes, sizes) >= rows and self._fits(sizes)
-
-    def _flash(self) -> bool:
-        """Whether the prefill kernel is `flash`'s (16 rows a simdgroup over whole tiles)."""
-        return self.prefill_rows != MATRIX_ROWS
-
-    def _fits(self, sizes: Mapping[str, int]) -> bool:
-        """`flash`'s tile holds this E (128 rows: E up to 64; the decode kernels take the
-        rest)."""
-        return not self._flash() or flash_keys(sizes[self.e_axis], self.prefill_rows) > 0
+            and numel(self.tile_axes, sizes) >= rows
 
     def _tile_rows(self, sizes: Mapping[str, int]) -> int:
-        return self.prefill_rows if self._prefill(sizes) else self.qt
+        return MATRIX_ROWS if self._prefill(sizes) else self.qt
 
     def _tiles(self, sizes: Mapping[str, int]) -> int:
         """Threadgroups per key block: own rows x tiles of rows sharing keys."""
@@ -107,7 +96,7 @@ class AttentionSchedule(Schedule):
         """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile;
         the prefill kernel: one per 8 rows)."""
         if sizes is not None and self._prefill(sizes):
-            return self._prefill_group()
+            return MATRIX_GROUP
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def _narrow(self, sizes: Mapping[str, int]) -> bool:
@@ -119,8 +108,6 @@ class AttentionSchedule(Schedule):
         NARROW_TILE_KEYS) unless a tile's rows (E rounded up to whole chunks, padded by
         PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does; 0 if
         none fits."""
-        if self._flash() and self._prefill(sizes):
-            return flash_keys(sizes[self.e_axis], self.prefill_rows)
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
         kt = NARROW_TILE_KEYS if self._narrow(sizes) else TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
@@ -280,7 +267,7 @@ class AttentionSchedule(Schedule):
             axis = self._innermost(self.tile_axes)
             if axis is None:
                 return []
-            return self._two_ways({axis: self.prefill_rows + 1}, 33, NARROW_TILE_KEYS)
+            return self._two_ways({axis: MATRIX_ROWS + 1}, 33, NARROW_TILE_KEYS)
         if self.narrow is None:
             return []
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
@@ -318,10 +305,5 @@ class AttentionSchedule(Schedule):
         if self.merge is not None and host_name == self.merge.host_name:
             return SIMD_WIDTH * MERGE_SIMDGROUPS
         if self.prefill is not None and host_name == self.prefill.host_name:
-            return self._prefill_group()
+            return MATRIX_GROUP
         return self._group()
-
-    def _prefill_group(self) -> int:
-        """Threads of the prefill kernel's group: a simdgroup per 16 rows (`flash`), per 8
-        rows (the 32-row kernels)."""
-        return SIMD_WIDTH * self.prefill_rows // 16 if self._flash() else MATRIX_GROUP
