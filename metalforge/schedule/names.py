@@ -118,6 +118,8 @@ _SCHEDULE_NAMES |= {"b", "cf", "delta", "dk", "dkf", "dof", "dp", "dq", "dqf", "
                     "tqt", "tr", "tv", "tvt"}
 # ... on 16x16 matrix blocks (schedule/attention_grad/blocks.py)
 _SCHEDULE_NAMES |= {"gacc", "pd", "rs", "sd", "si", "sp", "sr", "tc", "td", "tl", "tp"}
+# ... their staging, row accumulators and 4-simdgroup kernels (staging.py, rowacc.py, wide.py)
+_SCHEDULE_NAMES |= {"ein", "gi", "kc", "lhi", "llo", "oc0", "oc1", "sres"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"
