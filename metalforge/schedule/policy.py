@@ -365,7 +365,8 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32},
-             "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128}},
+             "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128},
+             "attention_grad": {"grad_simdgroups": 4}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
@@ -390,7 +391,11 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
                "tile_groups", "index64"),
 }
-# the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group
+# the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group.
+# cuda: the 4-simdgroup block kernels (grad_simdgroups 4). H200, 2026-11-29, f16 causal, 16
+# heads, E = 128, ms (bench/attention_backward.py): S = 1024 2 simdgroups 0.90, 4 0.84 (SDPA
+# 0.22); S = 4096 4.49 / 3.72 (SDPA 0.51); before the cuda library dropped the register caps
+# that made these kernels spill, 1.98 / 13.01
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
                                           uses_simd=True)
 TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32", "grad_simdgroups")
