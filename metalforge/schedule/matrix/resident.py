@@ -43,18 +43,24 @@ def _i(v: int) -> ir.Lit:
     return ir.Lit(v, "int")
 
 
-def _view(res: Resident, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
-    """16 rows x K at `ptr`, K contiguous (dimension 0), `stride` between rows."""
-    return ir.Call(res.tensor, (ptr, ir.Call(EXTENTS, (_i(res.k), _i(SIDE))),
-                                ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+def _view(tensor: str, ptr: ir.Expr, cols: int, stride: ir.Expr) -> ir.Expr:
+    """16 rows x `cols` at `ptr` (a threadgroup tensor of type `tensor`), the columns
+    contiguous (dimension 0), `stride` between rows."""
+    return ir.Call(tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(SIDE))),
+                            ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+
+
+def _op(op: str, m: int, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]:
+    """The multiply-accumulate matmul2d `op` (one simdgroup) of M x N x K."""
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(m), _i(n), _i(k), ir.Lit(False, "bool"), ir.Lit(transpose_right, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    return [ir.Decl(f"{op}_desc", "constexpr auto", desc, const=False),
+            ir.Decl(op, f"matmul2d<{op}_desc, execution_simdgroup>", None, const=False)]
 
 
 def declare_op(res: Resident) -> list[ir.Stmt]:
-    desc = ir.Call("matmul2d_descriptor", (
-        _i(SIDE), _i(SIDE), _i(res.k), ir.Lit(False, "bool"), ir.Lit(True, "bool"),
-        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
-    return [ir.Decl(f"{res.op}_desc", "constexpr auto", desc, const=False),
-            ir.Decl(res.op, f"matmul2d<{res.op}_desc, execution_simdgroup>", None, const=False)]
+    return _op(res.op, SIDE, SIDE, res.k, True)
 
 
 def declare(res: Resident, var: str) -> ir.Stmt:
@@ -65,7 +71,7 @@ def declare(res: Resident, var: str) -> ir.Stmt:
 
 def load(res: Resident, var: str, ptr: ir.Expr, stride: ir.Expr) -> ir.Stmt:
     """The cooperative tensor `var` = the 16 rows x K at `ptr` (every lane together)."""
-    return ir.Eval(ir.Call(f"{var}.load", (_view(res, ptr, stride),)))
+    return ir.Eval(ir.Call(f"{var}.load", (_view(res.tensor, ptr, res.k, stride),)))
 
 
 def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.Stmt]:
@@ -80,7 +86,7 @@ def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.St
 def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride: ir.Expr
              ) -> ir.Stmt:
     """Block i += `var` (16 x K) x B^T (B: 16 rows x K at `b`, K contiguous)."""
-    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res, b, b_stride),
+    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res.tensor, b, res.k, b_stride),
                                              blk.var(i))))
 
 
@@ -105,15 +111,10 @@ class Rows:
 
 def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
     """The op and the destinations `dests` (zeroed)."""
-    desc = ir.Call("matmul2d_descriptor", (
-        _i(SIDE), _i(rows.n), _i(SIDE), ir.Lit(False, "bool"), ir.Lit(False, "bool"),
-        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
     dest = ir.Call(f"{rows.op}.get_destination_cooperative_tensor<{rows.tensor}, "
                    f"{rows.tensor}, float>", ())
     c = ir.Var("mf_c")
-    out: list[ir.Stmt] = [
-        ir.Decl(f"{rows.op}_desc", "constexpr auto", desc, const=False),
-        ir.Decl(rows.op, f"matmul2d<{rows.op}_desc, execution_simdgroup>", None, const=False)]
+    out = _op(rows.op, SIDE, rows.n, SIDE, False)
     for d in dests:
         out += [ir.Decl(d, "auto", dest, const=False),
                 ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{d}.get_capacity", ())),
@@ -124,11 +125,9 @@ def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
 def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Expr,
                   b_stride: ir.Expr) -> ir.Stmt:
     """`dest` += A (16 x 16 at `a`) x B (16 rows x n at `b`)."""
-    def view(ptr: ir.Expr, cols: int, stride: ir.Expr) -> ir.Expr:
-        return ir.Call(rows.tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(SIDE))),
-                                     ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
-    return ir.Eval(ir.Call(f"{rows.op}.run", (view(a, SIDE, a_stride),
-                                              view(b, rows.n, b_stride), ir.Var(dest))))
+    return ir.Eval(ir.Call(f"{rows.op}.run", (_view(rows.tensor, a, SIDE, a_stride),
+                                              _view(rows.tensor, b, rows.n, b_stride),
+                                              ir.Var(dest))))
 
 
 def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
@@ -157,5 +156,6 @@ def multiply_tensors(res: Resident, blk: Blocks, i: int, a: ir.Expr, a_stride: i
                      b: ir.Expr, b_stride: ir.Expr) -> ir.Stmt:
     """Block i += A (16 rows x K at `a`) x B^T (16 rows x K at `b`), both in threadgroup
     memory, K contiguous: one run over the whole K."""
-    return ir.Eval(ir.Call(f"{res.op}.run", (_view(res, a, a_stride), _view(res, b, b_stride),
+    return ir.Eval(ir.Call(f"{res.op}.run", (_view(res.tensor, a, res.k, a_stride),
+                                             _view(res.tensor, b, res.k, b_stride),
                                              blk.var(i))))
