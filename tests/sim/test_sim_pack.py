@@ -100,7 +100,7 @@ kernel void k(device const float4* a [[buffer(0)]], device uint* srgb [[buffer(1
   u5[i] = float4(unpack_unorm565_to_float(p565[i]), float(unpack_unorm565_to_half(p565[i]).y));
 }
 """)
-    a = torch.rand(64, 4) * 1.4 - 0.2
+    a = torch.rand(64, 4, generator=torch.Generator().manual_seed(3)) * 1.4 - 0.2
     a[0, 0] = 0.002
     srgb = torch.zeros(64, dtype=torch.int32)
     p565 = torch.zeros(64, dtype=torch.int16)
@@ -109,13 +109,18 @@ kernel void k(device const float4* a [[buffer(0)]], device uint* srgb [[buffer(1
     x = a.numpy()
     rgb = np.concatenate([_to_srgb(x[:, :3]), x[:, 3:]], 1)
     want = _join([_unorm(rgb[:, j], 255.0) for j in range(4)], 8)
-    np.testing.assert_array_equal(srgb.numpy().astype(np.uint32), want.astype(np.uint32))
+    # each channel within one step of numpy's (the curve's pow may round the other way at a
+    # step's edge: Metal allows the sRGB conversion 0.6 ULP), alpha exactly
+    got = srgb.numpy().astype(np.uint32).astype(np.int64)
+    bytes_of = [(v[:, None] >> (8 * np.arange(4))) & 255 for v in (got, want.astype(np.int64))]
+    assert np.abs(bytes_of[0] - bytes_of[1]).max() <= 1
+    np.testing.assert_array_equal(bytes_of[0][:, 3], bytes_of[1][:, 3])
     w565 = (_unorm(x[:, 0], 31.0) | _unorm(x[:, 1], 63.0) << 5 | _unorm(x[:, 2], 31.0) << 11)
     np.testing.assert_array_equal(p565.numpy().astype(np.uint16), w565.astype(np.uint16))
     b = w565.astype(np.int64)
     fl = np.stack([(b & 31) / 31.0, (b >> 5 & 63) / 63.0, (b >> 11 & 31) / 31.0], 1)
     np.testing.assert_allclose(u5.numpy()[:, :3], fl, rtol=1e-6)
-    c = np.stack([(want.astype(np.int64) >> (8 * j)) & 255 for j in range(4)], 1) / 255.0
+    c = np.stack([(got >> (8 * j)) & 255 for j in range(4)], 1) / 255.0
     lin = np.where(c <= 0.04045, c / 12.92, np.power((c + 0.055) / 1.055, 2.4))
     lin[:, 3] = c[:, 3]
     np.testing.assert_allclose(us.numpy(), lin, rtol=1e-5, atol=1e-7)
