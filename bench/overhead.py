@@ -105,17 +105,8 @@ class PlanOnNoDriver:
 
     def launch_plan(self, *args, threads, group_size, arg_casts=None):
         import ctypes
-        C = self._c
-        casts = C.cast_dtypes(arg_casts, len(args))
-        getters, shapes = [], []
-        for i, (a, spec) in enumerate(zip(args, self._entry.args)):
-            ty = C.scalar_type(spec.elem_type)
-            getters.append(C._pointer if spec.by_pointer else
-                           C.value_getter(a, i, ty, C._ArgName(self._host, i, spec), casts))
-            shapes.append(C.slot_shape(spec, ty))
-        blocks = (-(-threads // group_size), 1, 1)
-        return C.Plan(self._host, 0, ctypes.c_void_p(1), tuple(getters), (), C.layout(shapes),
-                      (threads, 1, 1), blocks, (group_size, 1, 1), True, self._driver)
+        return self._c.plan_unchecked(self._entry, args, threads, group_size, arg_casts,
+                                      ctypes.c_void_p(1), self._driver)
 
 
 def stub_driver() -> None:

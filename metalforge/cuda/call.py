@@ -659,3 +659,21 @@ def plan_call(entry: Entry, args: Sequence[Any], threads: Any, group_size: Any,
     return Plan(entry.host_name, device, func, tuple(getters), tuple(lists), layout(shapes),
                 (grid3[0], grid3[1], grid3[2]), (blocks[0], blocks[1], blocks[2]),
                 (group3[0], group3[1], group3[2]), launches, driver)
+
+
+def plan_unchecked(entry: Entry, args: Sequence[Any], threads: int, group_size: int,
+                   arg_casts: Any, func: Any, driver: Driver) -> Plan:
+    """A 1-D plan of `args` (tensors of any device: their pointers only) for function handle
+    `func` on `driver`, without `plan_call`'s checks or a compiled module: what a host-cost
+    measurement or a test that records launches drives through a fake driver."""
+    casts = cast_dtypes(arg_casts, len(args))
+    getters, shapes = [], []
+    for i, (a, spec) in enumerate(zip(args, entry.args)):
+        ty = scalar_type(spec.elem_type)
+        getters.append(_pointer if spec.by_pointer else
+                       value_getter(a, i, ty, _ArgName(entry.host_name, i, spec), casts))
+        shape = slot_shape(spec, ty)
+        assert shape is not None
+        shapes.append(shape)
+    return Plan(entry.host_name, 0, func, tuple(getters), (), layout(shapes), (threads, 1, 1),
+                (-(-threads // group_size), 1, 1), (group_size, 1, 1), True, driver)

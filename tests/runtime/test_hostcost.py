@@ -145,19 +145,8 @@ class CudaLike:
         return self._kernel(*args, **kw)
 
     def launch_plan(self, *args, threads, group_size, arg_casts=None):
-        casts = C.cast_dtypes(arg_casts, len(args))
-        getters, shapes = [], []
-        for i, (a, spec) in enumerate(zip(args, self._entry.args)):
-            ty = C.scalar_type(spec.elem_type)
-            getters.append(C._pointer if spec.by_pointer else
-                           C.value_getter(a, i, ty, C._ArgName(self._host, i, spec), casts))
-            shapes.append(C.slot_shape(spec, ty))
-        grid = [threads, 1, 1]
-        group = [group_size, 1, 1]
-        blocks = [-(-threads // group_size), 1, 1]
-        return C.Plan(self._host, 0, ctypes.c_void_p(id(self._entry)), tuple(getters), (),
-                      C.layout(shapes), tuple(grid), tuple(blocks), tuple(group), True,
-                      self._driver)
+        return C.plan_unchecked(self._entry, args, threads, group_size, arg_casts,
+                                ctypes.c_void_p(id(self._entry)), self._driver)
 
 
 @pytest.fixture(params=[True, False], ids=["cuLaunchKernelEx", "cuLaunchKernel"])
