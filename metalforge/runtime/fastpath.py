@@ -24,14 +24,13 @@ threads may call one kernel at once.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
 from ..bounded import Bounded
-from ..tuning.cache import _CACHE_DIR, _CACHES, default_cache
+from ..tuning.cache import _CACHE_DIR, _CACHES, default_cache, env_lookup
 from . import backends
 from .binding import Binder
 from .indexcheck import IndexErrors
@@ -108,12 +107,11 @@ MISS = object()         # what `hit` and a fast path return for a call they do n
 
 def _cache_dir_read() -> tuple[str, dict[str, Any]]:
     """An expression reading $METALFORGE_CACHE_DIR as `tuning.cache._CACHE_DIR()` does (the
-    key of its caches), and the names it reads: on POSIX its lookup itself, inline (the raw
-    value in the mapping `os.environ` keeps in step), else a call of `_CACHE_DIR`."""
-    data, encode = getattr(os.environ, "_data", None), getattr(os.environ, "encodekey", None)
-    if os.name == "posix" and isinstance(data, dict) and encode is not None:
-        return "_env_get(_env_key)", {"_env_get": data.get,
-                                      "_env_key": encode("METALFORGE_CACHE_DIR")}
+    key of its caches), and the names it reads: `env_lookup`'s lookup inline where there is
+    one, else a call of `_CACHE_DIR`."""
+    found = env_lookup("METALFORGE_CACHE_DIR")
+    if found is not None:
+        return "_env_get(_env_key)", {"_env_get": found[0], "_env_key": found[1]}
     return "_cache_dir()", {"_cache_dir": _CACHE_DIR}
 
 

@@ -302,16 +302,25 @@ def _refused(family: str, under: Optional[Mapping[str, Any]], tuned: Mapping[str
 _CACHES: dict[Any, TuneCache] = {}
 
 
-def _env_reader(name: str) -> Callable[[], Any]:
-    """A cheap reader of one environment variable, for code that runs on every kernel call:
-    on POSIX, a lookup in the mapping of encoded names that `os.environ` keeps in step with
-    its own updates (the raw bytes value, about ten times faster than `os.environ.get`, which
-    encodes the name and decodes the value on every call); elsewhere `os.environ.get`."""
+def env_lookup(name: str) -> Optional[tuple[Callable[[Any], Any], Any]]:
+    """On POSIX, (get, key): `get(key)` is environment variable `name`'s raw bytes value, from
+    the mapping of encoded names that `os.environ` keeps in step with its own updates (about
+    ten times faster than `os.environ.get`, which encodes the name and decodes the value on
+    every call); elsewhere None."""
     data = getattr(os.environ, "_data", None)
     encode = getattr(os.environ, "encodekey", None)
     if os.name == "posix" and isinstance(data, dict) and encode is not None:
-        key = encode(name)
-        return lambda: data.get(key)
+        return data.get, encode(name)
+    return None
+
+
+def _env_reader(name: str) -> Callable[[], Any]:
+    """A cheap reader of one environment variable, for code that runs on every kernel call
+    (`env_lookup`; elsewhere `os.environ.get`)."""
+    found = env_lookup(name)
+    if found is not None:
+        get, key = found
+        return lambda: get(key)
     return lambda: os.environ.get(name)
 
 
