@@ -1,6 +1,8 @@
 """Floors: the generated kernels timed with part of their work taken out (CUDA only).
 
-    python bench/floors.py [--parts decode qmv short] [--repeat 30]
+    python bench/floors.py [--parts decode qmv short rows elementwise columns] [--repeat 30]
+                           [--no-compile]
+    python bench/floors.py --check [--parts rows elementwise columns]   # no GPU: edits apply
 
 Each target still open in bench/README.md ("Floors") is set against the same kernel with some
 of its work removed by a text edit of the generated Metal source before the cuda backend
@@ -16,6 +18,21 @@ differently and it bounds nothing.
   copy_ of the same bytes and F.linear.
 - short: rows of 128 (8192 of them, f32 and f16): metalforge's own copy (x + 0), silu and
   log_softmax against torch's copy_, silu and log_softmax.
+- rows: examples' softmax, log_softmax, layer_norm, rms_norm and bench/reductions.py's
+  softmax_t (softmax(x / t)) at 64x65536 and 2048x16384, f16 and f32: as generated, "no
+  math" (each per-element value the plain sum of what it reads; reductions kept as
+  generated) and "no math, folds as adds" (each fold into an accumulator one add: reductions
+  removed down to what keeps every load alive).
+- elementwise: silu at 8192x8192, f16 / bf16 / f32: as generated and "identity" (silu's math
+  replaced by its input; loads and stores kept).
+- columns: column_sum and column_max at 4096x128 and 4096x4096, f16 / f32: as generated,
+  "folds as adds" (compensated sums and NaN-keeping max as one add) and "one row per chunk"
+  (every chunk of the reduced axis reads its first row only: the launches' fixed cost).
+  The rows, elementwise and columns tables: ours (the variant the shape launches), torch
+  eager, torch.compile (timed in the "as generated" process, compiled once per case; '-' with
+  --no-compile), copy_ of the schedule's bytes, %copy and torch / ours. The edits are in
+  bench/floors_bw.py; `--check` applies them to the source the cuda backend would compile at
+  each shape (its launch table), without a GPU.
 
 Each edit runs in a process of its own (compiled libraries and call plans are cached per
 process). Edited kernels compute wrong values: they are timed, never checked.
@@ -25,6 +42,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -34,7 +52,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from common import copy_time, plan, timeit  # noqa: E402
+import floors_bw  # noqa: E402
+from common import add_compile_flag, copy_time, plan, timeit  # noqa: E402
 
 # the generated text each edit looks for (an edit whose text is gone stops with its name)
 SCORES = "if (mf_key < mf_tn) {\n            if (mf_vec_ok) {"
@@ -96,10 +115,11 @@ def no_unpack(src: str) -> str:
 EDITS = {"as generated": [], "no scores": [no_scores], "no values": [no_values],
          "no scores, no values": [no_scores, no_values],
          "no scores, no values, no barriers": [no_scores, no_values, no_barriers],
-         "no unpacking": [no_unpack]}
+         "no unpacking": [no_unpack], **floors_bw.EDITS}
 PARTS = {"decode": ["as generated", "no scores", "no values", "no scores, no values",
                     "no scores, no values, no barriers"],
-         "qmv": ["as generated", "no unpacking"], "short": ["as generated"]}
+         "qmv": ["as generated", "no unpacking"], "short": ["as generated"],
+         **floors_bw.PARTS}
 
 
 def install(mode: str) -> None:
@@ -107,10 +127,10 @@ def install(mode: str) -> None:
     from metalforge.runtime import backends
     compile_shader = backends.cuda_compile_shader
 
-    def edited(source: str):
+    def edited(source: str, **options):
         for edit in EDITS[mode]:
             source = edit(source)
-        return compile_shader(source)
+        return compile_shader(source, **options)
     backends.cuda_compile_shader = edited
 
 
@@ -171,29 +191,46 @@ HEADERS = {"decode": f"{'decode kernel':<34} {'L':>6} {'ours us':>8} {'sdpa us':
                      f"{'sdpa/ours':>9}",
            "qmv": f"{'qmv kernel':<34} {'N x K':>11} {'ours us':>8} {'copy us':>8} "
                   f"{'%copy':>6} {'linear/ours':>9}",
-           "short": f"{'dtype':<8} {'op':<12} {'ours us':>8} {'torch us':>8} {'torch/ours':>9}"}
+           "short": f"{'dtype':<8} {'op':<12} {'ours us':>8} {'torch us':>8} {'torch/ours':>9}",
+           **{part: floors_bw.HEADER for part in floors_bw.PARTS}}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--check", action="store_true",
+                    help="no GPU: apply the parts' edits to the source the cuda backend would "
+                         "compile (rows, elementwise, columns) and stop")
+    add_compile_flag(ap)
     ap.add_argument("--one", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
+    ap.add_argument("--store", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.check:
+        for part in args.parts:
+            if part in floors_bw.PARTS:
+                print("\n".join(floors_bw.check(part)), flush=True)
+        return
     if not torch.cuda.is_available():
         sys.exit("bench/floors.py edits what the cuda backend compiles: it needs a CUDA GPU")
     if args.one:
         part, mode = args.one
         install(mode)
+        if part in floors_bw.PARTS:
+            floors_bw.run(part, mode, args.repeat, args.compile, args.store)
+            return
         {"decode": decode, "qmv": qmv, "short": short}[part](mode, args.repeat)
         return
     print(f"device {torch.cuda.get_device_name()}, CUDA graph replays, median of "
           f"{args.repeat}")
-    for part in args.parts:
-        print(HEADERS[part], flush=True)
-        for mode in PARTS[part]:
-            subprocess.run([sys.executable, __file__, "--one", part, mode,
-                            "--repeat", str(args.repeat)], check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for part in args.parts:
+            print(HEADERS[part], flush=True)
+            store = str(Path(tmp) / f"{part}.json")   # torch.compile's times, for edited rows
+            for mode in PARTS[part]:
+                subprocess.run([sys.executable, __file__, "--one", part, mode,
+                                "--repeat", str(args.repeat), "--store", store]
+                               + ([] if args.compile else ["--no-compile"]), check=True)
 
 
 if __name__ == "__main__":

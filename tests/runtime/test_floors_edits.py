@@ -1,0 +1,63 @@
+"""bench/floors.py's rows, elementwise and columns parts edit the source the cuda backend
+compiles: every edit applies at every case's shape (the cuda launch table, no GPU), the edited
+text is what it says (no per-element math left, folds as adds, one row per chunk), it still
+compiles (the cuda translation's host syntax check), and an edit whose text is gone stops with
+its name instead of timing the kernel as generated."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..cuda_host import assert_host_syntax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import floors_bw  # noqa: E402
+
+
+def _edited(src: str, mode: str) -> str:
+    for edit in floors_bw.EDITS[mode]:
+        src = edit(src)
+    return src
+
+
+def test_every_edit_applies_at_every_case():
+    for part, modes in floors_bw.PARTS.items():
+        lines = floors_bw.check(part)
+        cases = list(floors_bw.cases(part, "meta"))
+        assert len(lines) == len(cases) * (len(modes) - 1), part
+
+
+def _source(part: str, name: str, dtype: str, spec: str) -> str:
+    case = next(c for c in floors_bw.cases(part, "meta") if c[:3] == (name, dtype, spec))
+    return floors_bw.cuda_source(case[3], case[4])
+
+
+def test_edited_text(tmp_path):
+    from metalforge.cuda.translate import translate
+    ln = _source("rows", "layer_norm", "f16", "64x65536")
+    assert "kernel void mf_layer_norm_split(" in ln     # the cuda table: split rows
+    flat = _edited(ln, "no math, folds as adds")
+    values = re.findall(r"const float mf_v\d+ = (.*);", flat)
+    assert values and all(re.fullmatch(r"[\w\[\] +]+", v) for v in values)
+    assert "mf_sum_add(" not in "".join(floors_bw.bodies(flat))
+    assert "mf_in_w" in flat and "mf_in_b" in flat    # every input still reaches the store
+    assert_host_syntax(translate(flat).text, tmp_path)
+    silu = _edited(_source("elementwise", "silu", "bf16", "8192x8192"), "identity")
+    assert "exp(" not in "".join(floors_bw.bodies(silu))
+    assert set(re.findall(r"const float mf_v\d+ = (.*);", silu)) == {"mf_in_x"}
+    col = _edited(_source("columns", "column_max", "f16", "4096x128"), "one row per chunk")
+    assert "const uint mf_k1 = mf_k0 + 1u;" in col and "mf_i < 1u" in col
+    assert_host_syntax(translate(col).text, tmp_path)
+
+
+def test_an_edit_whose_text_is_gone_stops_with_its_name():
+    for mode, text in (("no math", "kernel void k() {\n}\n"),
+                       ("folds as adds", "kernel void k() {\n}\n"),
+                       ("one row per chunk", "")):
+        with pytest.raises(SystemExit, match=f"edit '{mode}'"):
+            _edited(text, mode)
+    odd = "kernel void k() {\n    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1);\n" \
+          "    mf_acc2 = fmax(mf_acc2, mf_in_x);\n}\n"
+    with pytest.raises(SystemExit, match="form it does not know"):
+        floors_bw.folds_as_adds(odd)
