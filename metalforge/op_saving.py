@@ -11,7 +11,7 @@ them when torch.compile or torch.export trace the op:
 - ``"forward"`` (attention): the rows' logsumexp (f32, one per query row) that the forward's
   kernel writes beside its output; autograd keeps the output itself. The backward starts at its
   delta kernel: the forward runs once.
-- ``"choice"`` (a backward that can load row logsumexps: a norm's statistics, softmax,
+- ``"choice"`` (a backward that can load row logsumexps: softmax, log_softmax,
   cross-entropy): one f32 buffer per row value (`saving.forward_saving`). WHETHER the forward
   writes them is `saving.choose`'s measure of the bytes both plans move at the call's sizes,
   backend and launch, made inside the op's implementation, where the sizes are concrete
