@@ -163,7 +163,8 @@ class _Module:
         def spilled(e: Entry) -> int:
             return self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
 
-        capped = {e.symbol: spilled(e) for e in entries if spilled(e) and self.attribute(
+        local = {e.symbol: spilled(e) for e in entries}
+        capped = {e.symbol: local[e.symbol] for e in entries if local[e.symbol] and self.attribute(
             e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS) >= cap_registers(e.max_total_threads)}
         free = [e for e in entries if e.symbol in capped]
         while free:

@@ -103,15 +103,25 @@ def launch_bounds(threads: int, capped: bool = True) -> str:
     `capped=False`: what the library compiles a kernel under where the cap makes it spill
     (local memory): only the group size. H200, 2026-11-29: the 128 x 128 matrix tile spilled
     1192 bytes a thread under 64 registers (8.7 TFLOP/s), uncapped it takes 168 (73.5)."""
-    if threads >= 1024:
-        return "__launch_bounds__(1024, 2)" if capped else ""
-    return f"__launch_bounds__({threads}, {1024 // threads})" if capped else \
-        f"__launch_bounds__({threads})"
+    n = min(threads, 1024)
+    if not capped:
+        return "" if n == 1024 else f"__launch_bounds__({n})"
+    return f"__launch_bounds__({n}, {_groups(n)})"
+
+
+def _groups(threads: int) -> int:
+    """The groups of `threads` threads (at most 1024) the cap keeps resident per core."""
+    return 2 if threads >= 1024 else 1024 // threads
+
+
+REGISTERS_PER_CORE = 65536
 
 
 def cap_registers(threads: int) -> int:
-    """The registers a thread gets under `launch_bounds(threads)`."""
-    return 32 if threads >= 1024 else 64
+    """The registers a thread gets under `launch_bounds(threads)` (32 without a declared
+    limit below 1024, else 64)."""
+    n = min(threads, 1024)
+    return REGISTERS_PER_CORE // (n * _groups(n))
 
 
 def cap(symbol: str) -> str:

@@ -402,7 +402,8 @@ TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32", "grad_simdgroups"
 # options a family's kernels do not read but the kernels of its backward do, given on the
 # forward's launch (`attention.with_launch(grad_fp32=True)`): `resolve` accepts and ignores
 # them; runtime/autograd.py hands them to the backward kernels whose family takes them
-FOR_BACKWARD: dict[str, tuple[str, ...]] = {"attention": ("grad_fp32", "grad_simdgroups")}
+FOR_BACKWARD: dict[str, tuple[str, ...]] = {"attention": tuple(
+    o for o in TUNABLE["attention_grad"] if o not in TUNABLE["attention"])}
 
 
 def backend_launch(backend: str, family: str) -> Optional[dict[str, Any]]:

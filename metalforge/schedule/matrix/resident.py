@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ... import ir
-from .strided import EXTENTS, SIDE, Blocks, clear
+from .strided import EXTENTS, SIDE, Blocks, clear, threadgroup_tensor
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Resident:
 
     @property
     def tensor(self) -> str:
-        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+        return threadgroup_tensor(self.operand)
 
 
 def _i(v: int) -> ir.Lit:
@@ -106,7 +106,7 @@ class Rows:
 
     @property
     def tensor(self) -> str:
-        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+        return threadgroup_tensor(self.operand)
 
 
 def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:

@@ -37,6 +37,11 @@ EXTENTS = "dextents<int32_t, 2>"
 Body = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
 
 
+def threadgroup_tensor(operand: str) -> str:
+    """The type of a 2-D Metal 4 tensor over threadgroup values of MSL type `operand`."""
+    return f"tensor<threadgroup {operand}, {EXTENTS}, tensor_inline>"
+
+
 @dataclass(frozen=True)
 class Blocks:
     """Blocks `name`0, `name`1, ... of 16 x 16 fp32 outputs of one simdgroup: operands of MSL
@@ -52,7 +57,7 @@ class Blocks:
 
     @property
     def tensor(self) -> str:
-        return f"tensor<threadgroup {self.operand}, {EXTENTS}, tensor_inline>"
+        return threadgroup_tensor(self.operand)
 
     def var(self, i: int) -> ir.Var:
         return ir.Var(f"{self.name}{i}")
