@@ -140,7 +140,8 @@ def backward_source(graph: Graph, values: Optional[Mapping[str, Any]] = None, *,
                     launch: Optional[Mapping[str, Any]] = None) -> str:
     """The MSL of the backward kernels of `graph`, in launch order."""
     return _sources(autodiff.backward_of(graph),
-                    lambda k, kv: source(k, kv, sizes=sizes, launch=launch), values)
+                    lambda k, kv: source(k, kv, sizes=sizes,
+                                         launch=options_for(k, launch)), values)
 
 
 def _sources(bw: autodiff.Backward, show: Callable[[Graph, Optional[Mapping[str, Any]]], str],

@@ -344,8 +344,12 @@ class ElementLowering:
             return ir.Call(_PRECISE_UNARY[f], (x,), precise=True)
         if f == UnaryOp.SIGMOID:
             one = lit(1.0, dt)
-            return one / (one + ir.Call("exp", (ir.Unary("-", x),),
-                                                                   precise=True))
+            y = one + ir.Call("exp", (ir.Unary("-", x),), precise=True)
+            if compute_type(dt) != "float":
+                return one / y
+            # y = 1 + exp(-x) lies in [1, inf] (or is NaN): fast::divide's range, except that
+            # where y > 2^126 the quotient (below 2^-126) may flush to 0; 1 / inf is 0
+            return ir.Call("fast::divide", (one, y))
         if f == UnaryOp.ERF:
             self.helpers.add("mf_erf")
             return ir.Call("mf_erf", (x,))
@@ -366,6 +370,12 @@ class ElementLowering:
             return ir.Unary("!", self._arg(n, 0, BOOL))
         raise UnsupportedConstruct(f"unary function '{f}'{at(n.loc)} is not supported")
 
+    def _divide(self, x: ir.Expr, y: ir.Expr) -> ir.Expr:
+        """x / y in fp32 through `mf_divide` (within 2.5 ulp: fast::divide where Metal states
+        that bound, the IEEE quotient elsewhere)."""
+        self.helpers.add("mf_divide")
+        return ir.Call("mf_divide", (x, y))
+
     def _binary(self, n: Node) -> ir.Expr:
         f = n.attr
         dt = n.dtype
@@ -385,6 +395,8 @@ class ElementLowering:
                 return ir.Call(f"mf_{f}", _typed(x, y))
             if dt.is_int:
                 return wrap_int(_ARITH[f], (x, y), dt)
+            if f == BinaryOp.DIV and compute_type(dt) == "float":
+                return self._divide(x, y)
             return ir.Binary(_ARITH[f], x, y)
         x, y = _typed(x, y)
         if f in (BinaryOp.MAXIMUM, BinaryOp.MINIMUM):

@@ -78,7 +78,7 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              # a tensor named so gets mf_in_<name> (tests/dsl/test_reserved_names)
                              "a", "ae", "at", "atomic_add", "av", "block", "bm", "bn", "cc",
                              "chunk", "chunk_rows", "chunks", "col", "count", "dc", "do",
-                             "dr", "dst", "dv", "erf", "first", "floordiv", "fremainder",
+                             "divide", "dr", "dst", "dv", "erf", "first", "floordiv", "fremainder",
                              "grp", "half", "hi", "ipow", "k_end", "k_first", "kb", "key",
                              "keys", "kf", "khi", "kk", "klo", "kn", "kp", "kq", "ks", "kt",
                              "lane8", "last", "lend", "live", "lo", "logaddexp",
@@ -169,7 +169,7 @@ HELPER_WORDS = frozenset("""
 erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd_min
 simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
-logaddexp""".split())
+logaddexp divide""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
 HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 HELPER_WORDS |= {"mma16", "strides"}                       # strided 16x16 blocks (prefill)

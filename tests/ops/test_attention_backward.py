@@ -222,6 +222,12 @@ def test_kernels_and_check_grad():
                                     torch.zeros(1, 1, 4, 8).half(),
                                     torch.zeros(1, 1, 4, 8).half(), 0.5)
     assert "simd_sum" in src and "mf_lse" in src
+    # a forward's launch options reach each backward kernel that takes them (the delta pass, a
+    # row kernel, takes neither), as when the backward runs
+    tuned = attention.with_launch(target="cuda", grad_simdgroups=4)
+    src = tuned.backward_source(torch.zeros(1, 2, 40, 64).half(), torch.zeros(1, 2, 40, 64).half(),
+                                torch.zeros(1, 2, 40, 64).half(), 0.5)
+    assert "dq_wide" in src and "matmul2d" in src
     report = check(masked, dims={"B": 1, "G": 1, "R": 2, "S": (1, 3), "L": (3, 9),
                                  "E": (1, 40)}, dtypes={"T": "f32"},
                    values={"window": (1, 9), "cap": (5.0, 30.0), "scale": (0.1, 0.5),

@@ -113,3 +113,22 @@ def test_int64_division_on_both_sides_of_32_bits():
     sim.compile_shader(LONG_DIV).long_div(a, b, q, r, threads=a.numel())
     assert torch.equal(q, torch.div(a, b, rounding_mode="floor"))
     assert torch.equal(r, torch.remainder(a, b))
+
+
+@mf.kernel
+def divide(x: "T[N]", y: "T[N]"):
+    return x / y, mf.sigmoid(x)
+
+
+def test_division_keeps_ieee_quotients_at_the_edges():
+    """x / y is `mf_divide` (fast::divide with the divisor scaled into its stated range): zero,
+    subnormal, huge and infinite divisors still give IEEE's quotients; sigmoid's fast division
+    keeps its limits and NaN."""
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([1.0, 0.0, -1.0, 1e-30, 3e38, 1.0, inf, inf, nan, 1.0, 5.0, 1e38, -7.0,
+                      -100.0, 100.0, -inf, inf, nan, 2.5, -3.0])
+    y = torch.tensor([0.0, 0.0, -0.0, 1e-39, 1e-39, inf, inf, 2.0, 1.0, nan, 3e38, 2e38, 1e-45,
+                      1.0, 1.0, 1.0, 1.0, 1.0, 0.5, 3.0])
+    q, s = divide(x, y)
+    torch.testing.assert_close(q, x / y, equal_nan=True, rtol=3e-7, atol=0)
+    torch.testing.assert_close(s, torch.sigmoid(x), equal_nan=True, rtol=3e-7, atol=1e-38)

@@ -1,6 +1,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
+// reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
+// is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
+// NaN keep IEEE's quotients (1/0 = inf, 0/0 = NaN, x/inf = 0). No branch: the correctly
+// rounded division is a long instruction sequence with a slow path, which held f16 silu at
+// 90% of copy_ on the H200.
+inline float mf_divide(float x, float y) {
+    const float a = abs(y);
+    const float s = a > 8.50705917e37f ? 0.25f : (a < 1.17549435e-38f ? 16777216.0f : 1.0f);
+    return s * fast::divide(x, y * s);
+}
+
 // compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
 // so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
 // the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
@@ -126,7 +138,7 @@ kernel void mf_add_rms_norm_simd(
     }
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
@@ -271,7 +283,7 @@ kernel void mf_add_rms_norm_simd_exact(
     }
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
@@ -426,7 +438,7 @@ kernel void mf_add_rms_norm_group(
     mf_acc1 = simd_sum(mf_acc1);
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     // load 8 elements per thread of w into registers
@@ -601,7 +613,7 @@ kernel void mf_add_rms_norm_looped(
     mf_acc1 = simd_sum(mf_acc1);
     // epilogue: compute and store the outputs along the row
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     const float mf_r3 = mf_r2 + eps;
     const float mf_r4 = precise::rsqrt(mf_r3);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {

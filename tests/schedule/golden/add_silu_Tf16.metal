@@ -46,7 +46,7 @@ kernel void mf_add_silu(
             const float mf_in_x = float(mf_lane8(mf_x_v, mf_k));
             const float mf_residual = float(mf_lane8(mf_residual_v, mf_k));
             const float mf_v1 = mf_in_x + mf_residual;
-            const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+            const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
             const float mf_v3 = mf_v1 * mf_v2;
             // store
             mf_out0_v[mf_k] = T(mf_v1);
@@ -64,7 +64,7 @@ kernel void mf_add_silu(
                 const float mf_in_x = float(x[mf_i]);
                 const float mf_residual = float(residual[mf_i]);
                 const float mf_v1 = mf_in_x + mf_residual;
-                const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+                const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
                 const float mf_v3 = mf_v1 * mf_v2;
                 // store
                 mf_out0[mf_i] = T(mf_v1);
@@ -109,7 +109,7 @@ kernel void mf_add_silu_small(
             const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_residual = float(mf_residual_v[mf_k]);
             const float mf_v1 = mf_in_x + mf_residual;
-            const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+            const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
             const float mf_v3 = mf_v1 * mf_v2;
             // store
             mf_out0_v[mf_k] = T(mf_v1);
@@ -127,7 +127,7 @@ kernel void mf_add_silu_small(
                 const float mf_in_x = float(x[mf_i]);
                 const float mf_residual = float(residual[mf_i]);
                 const float mf_v1 = mf_in_x + mf_residual;
-                const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+                const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
                 const float mf_v3 = mf_v1 * mf_v2;
                 // store
                 mf_out0[mf_i] = T(mf_v1);

@@ -27,7 +27,7 @@ kernel void mf_add_silu(
             const float mf_in_x = float(mf_x_v[mf_k]);
             const float mf_residual = float(mf_residual_v[mf_k]);
             const float mf_v1 = mf_in_x + mf_residual;
-            const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+            const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
             const float mf_v3 = mf_v1 * mf_v2;
             // store
             mf_out0_v[mf_k] = T(mf_v1);
@@ -45,7 +45,7 @@ kernel void mf_add_silu(
                 const float mf_in_x = float(x[mf_i]);
                 const float mf_residual = float(residual[mf_i]);
                 const float mf_v1 = mf_in_x + mf_residual;
-                const float mf_v2 = 1.0f / (1.0f + precise::exp(-mf_v1));
+                const float mf_v2 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v1));
                 const float mf_v3 = mf_v1 * mf_v2;
                 // store
                 mf_out0[mf_i] = T(mf_v1);

@@ -102,7 +102,7 @@ kernel void mf_causal_conv_silu(
             const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
             const float mf_v31 = mf_v25 * mf_v30;
             const float mf_v32 = mf_v24 + mf_v31;
-            const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+            const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
             const float mf_v34 = mf_v32 * mf_v33;
             const float mf_v35 = float(half(mf_v34));
             // store
@@ -158,7 +158,7 @@ kernel void mf_causal_conv_silu(
                 const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
                 const float mf_v31 = mf_v25 * mf_v30;
                 const float mf_v32 = mf_v24 + mf_v31;
-                const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+                const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
                 const float mf_v34 = mf_v32 * mf_v33;
                 const float mf_v35 = float(half(mf_v34));
                 // store
@@ -249,7 +249,7 @@ kernel void mf_causal_conv_silu_small(
             const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
             const float mf_v31 = mf_v25 * mf_v30;
             const float mf_v32 = mf_v24 + mf_v31;
-            const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+            const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
             const float mf_v34 = mf_v32 * mf_v33;
             const float mf_v35 = float(half(mf_v34));
             // store
@@ -305,7 +305,7 @@ kernel void mf_causal_conv_silu_small(
                 const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
                 const float mf_v31 = mf_v25 * mf_v30;
                 const float mf_v32 = mf_v24 + mf_v31;
-                const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+                const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
                 const float mf_v34 = mf_v32 * mf_v33;
                 const float mf_v35 = float(half(mf_v34));
                 // store

@@ -83,7 +83,7 @@ kernel void mf_causal_conv_silu(
             const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
             const float mf_v31 = mf_v25 * mf_v30;
             const float mf_v32 = mf_v24 + mf_v31;
-            const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+            const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
             const float mf_v34 = mf_v32 * mf_v33;
             // store
             mf_out_v[mf_k] = T(mf_v34);
@@ -138,7 +138,7 @@ kernel void mf_causal_conv_silu(
                 const float mf_v30 = mf_v27 ? mf_v29 : 0.0f;
                 const float mf_v31 = mf_v25 * mf_v30;
                 const float mf_v32 = mf_v24 + mf_v31;
-                const float mf_v33 = 1.0f / (1.0f + precise::exp(-mf_v32));
+                const float mf_v33 = fast::divide(1.0f, 1.0f + precise::exp(-mf_v32));
                 const float mf_v34 = mf_v32 * mf_v33;
                 // store
                 mf_out[mf_i] = T(mf_v34);

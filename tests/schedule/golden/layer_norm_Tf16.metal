@@ -1,6 +1,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
+// reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
+// is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
+// NaN keep IEEE's quotients (1/0 = inf, 0/0 = NaN, x/inf = 0). No branch: the correctly
+// rounded division is a long instruction sequence with a slow path, which held f16 silu at
+// 90% of copy_ on the H200.
+inline float mf_divide(float x, float y) {
+    const float a = abs(y);
+    const float s = a > 8.50705917e37f ? 0.25f : (a < 1.17549435e-38f ? 16777216.0f : 1.0f);
+    return s * fast::divide(x, y * s);
+}
+
 // 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
 // 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,
 // mf_lane8 gives one element, mf_pack8_of builds one to store.
@@ -110,7 +122,7 @@ kernel void mf_layer_norm_simd(
     }
     // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     float mf_acc2 = 0.0f;
     // each of this thread's 8 elements
     if (mf_last < mf_size_D) {
@@ -144,7 +156,7 @@ kernel void mf_layer_norm_simd(
     }
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
-    const float mf_r4 = mf_acc2 / mf_r3;
+    const float mf_r4 = mf_divide(mf_acc2, mf_r3);
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 8 elements per thread of b, w into registers
@@ -287,7 +299,7 @@ kernel void mf_layer_norm_simd_exact(
     }
     // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     float mf_acc2 = 0.0f;
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
@@ -307,7 +319,7 @@ kernel void mf_layer_norm_simd_exact(
     }
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
-    const float mf_r4 = mf_acc2 / mf_r3;
+    const float mf_r4 = mf_divide(mf_acc2, mf_r3);
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 8 elements per thread of b, w into registers
@@ -440,7 +452,7 @@ kernel void mf_layer_norm_group(
     mf_acc1 = simd_sum(mf_acc1);
     // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     float mf_acc2 = 0.0f;
     // each of this thread's 16 elements
     if (mf_last < mf_size_D) {
@@ -476,7 +488,7 @@ kernel void mf_layer_norm_group(
     mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
-    const float mf_r4 = mf_acc2 / mf_r3;
+    const float mf_r4 = mf_divide(mf_acc2, mf_r3);
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     // load 16 elements per thread of b, w into registers
@@ -650,7 +662,7 @@ kernel void mf_layer_norm_looped(
     mf_acc1 = simd_sum(mf_acc1);
     // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
-    const float mf_r2 = mf_acc1 / mf_r1;
+    const float mf_r2 = mf_divide(mf_acc1, mf_r1);
     float mf_acc2 = 0.0f;
     float mf_cmp2 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
@@ -712,7 +724,7 @@ kernel void mf_layer_norm_looped(
     mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
-    const float mf_r4 = mf_acc2 / mf_r3;
+    const float mf_r4 = mf_divide(mf_acc2, mf_r3);
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {

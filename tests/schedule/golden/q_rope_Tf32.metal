@@ -1,6 +1,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
+// reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
+// is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
+// NaN keep IEEE's quotients (1/0 = inf, 0/0 = NaN, x/inf = 0). No branch: the correctly
+// rounded division is a long instruction sequence with a slow path, which held f16 silu at
+// 90% of copy_ on the H200.
+inline float mf_divide(float x, float y) {
+    const float a = abs(y);
+    const float s = a > 8.50705917e37f ? 0.25f : (a < 1.17549435e-38f ? 16777216.0f : 1.0f);
+    return s * fast::divide(x, y * s);
+}
+
 // integer division rounding toward -infinity (torch.floor_divide)
 template <typename I>
 inline I mf_floordiv(I a, I b) {
@@ -152,7 +164,7 @@ kernel void mf_q_rope_qmv_paired(
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r % 2u) + mf_index_t(mf_r / 2u) * mf_q;
         if (mf_n0 + mf_index_t(mf_r % 2u) < mf_q && mf_lane == 0u) {
             const float mf_r2 = float(long(mf_size_K));
-            const float mf_r3 = mf_xs_0 / mf_r2;
+            const float mf_r3 = mf_divide(mf_xs_0, mf_r2);
             const float mf_r4 = mf_r3 + eps;
             const float mf_r5 = precise::rsqrt(mf_r4);
             const float mf_r6 = mf_r5 * mf_acc[mf_r];
@@ -162,7 +174,7 @@ kernel void mf_q_rope_qmv_paired(
             const float mf_r9 = float(mf_r8);
             const float mf_r10 = -2.0f * mf_r9;
             const float mf_r11 = float(long(mf_size_E));
-            const float mf_r12 = mf_r10 / mf_r11;
+            const float mf_r12 = mf_divide(mf_r10, mf_r11);
             const float mf_r13 = mf_pow(base, mf_r12);
             const float mf_r14 = mf_r7 * mf_r13;
             const float mf_r15 = precise::cos(mf_r14);
@@ -175,7 +187,7 @@ kernel void mf_q_rope_qmv_paired(
             // the partner's value: row E = the gathered index (proven in range), its sums from the rows this kernel holds
             const mf_index_t mf_partner_1 = mf_index_t(mf_r21);
             const float mf_partner_1_1 = float(long(mf_size_K));
-            const float mf_partner_1_2 = mf_xs_0 / mf_partner_1_1;
+            const float mf_partner_1_2 = mf_divide(mf_xs_0, mf_partner_1_1);
             const float mf_partner_1_3 = mf_partner_1_2 + eps;
             const float mf_partner_1_4 = precise::rsqrt(mf_partner_1_3);
             const float mf_partner_1_5 = mf_partner_1_4 * ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 0u ? mf_acc[0u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 1u ? mf_acc[1u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 2u ? mf_acc[2u] : mf_acc[3u])));
@@ -374,7 +386,7 @@ kernel void mf_q_rope_qmv_paired_split(
         const mf_index_t mf_n = mf_n0 + mf_index_t(mf_r % 2u) + mf_index_t(mf_r / 2u) * mf_q;
         if (mf_live && mf_split == 0u && (mf_n0 + mf_index_t(mf_r % 2u) < mf_q && mf_lane == 0u)) {
             const float mf_r2 = float(long(mf_size_K));
-            const float mf_r3 = mf_xs_0 / mf_r2;
+            const float mf_r3 = mf_divide(mf_xs_0, mf_r2);
             const float mf_r4 = mf_r3 + eps;
             const float mf_r5 = precise::rsqrt(mf_r4);
             const float mf_r6 = mf_r5 * mf_acc[mf_r];
@@ -384,7 +396,7 @@ kernel void mf_q_rope_qmv_paired_split(
             const float mf_r9 = float(mf_r8);
             const float mf_r10 = -2.0f * mf_r9;
             const float mf_r11 = float(long(mf_size_E));
-            const float mf_r12 = mf_r10 / mf_r11;
+            const float mf_r12 = mf_divide(mf_r10, mf_r11);
             const float mf_r13 = mf_pow(base, mf_r12);
             const float mf_r14 = mf_r7 * mf_r13;
             const float mf_r15 = precise::cos(mf_r14);
@@ -397,7 +409,7 @@ kernel void mf_q_rope_qmv_paired_split(
             // the partner's value: row E = the gathered index (proven in range), its sums from the rows this kernel holds
             const mf_index_t mf_partner_1 = mf_index_t(mf_r21);
             const float mf_partner_1_1 = float(long(mf_size_K));
-            const float mf_partner_1_2 = mf_xs_0 / mf_partner_1_1;
+            const float mf_partner_1_2 = mf_divide(mf_xs_0, mf_partner_1_1);
             const float mf_partner_1_3 = mf_partner_1_2 + eps;
             const float mf_partner_1_4 = precise::rsqrt(mf_partner_1_3);
             const float mf_partner_1_5 = mf_partner_1_4 * ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 0u ? mf_acc[0u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 1u ? mf_acc[1u] : ((mf_partner_1 >= mf_q ? 2u : 0u) + mf_r % 2u == 2u ? mf_acc[2u] : mf_acc[3u])));
@@ -551,7 +563,7 @@ template <typename T, typename mf_index_t>
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (mf_index_t mf_n = mf_index_t(mf_lid); mf_n < mf_size_E; mf_n += 512u) {
         const float mf_r1 = float(long(mf_size_K));
-        const float mf_r2 = mf_xstage[0u] / mf_r1;
+        const float mf_r2 = mf_divide(mf_xstage[0u], mf_r1);
         const float mf_r3 = mf_r2 + eps;
         const float mf_r4 = precise::rsqrt(mf_r3);
         const float mf_r5 = mf_r4 * mf_stage_0[mf_n];
@@ -562,7 +574,7 @@ template <typename T, typename mf_index_t>
         const float mf_r9 = float(mf_r8);
         const float mf_r10 = -2.0f * mf_r9;
         const float mf_r11 = float(long(mf_size_E));
-        const float mf_r12 = mf_r10 / mf_r11;
+        const float mf_r12 = mf_divide(mf_r10, mf_r11);
         const float mf_r13 = mf_pow(base, mf_r12);
         const float mf_r14 = mf_r6 * mf_r13;
         const float mf_r15 = precise::cos(mf_r14);
@@ -575,7 +587,7 @@ template <typename T, typename mf_index_t>
         // the partner's value: row E = the gathered index (proven in range), its sums from the rows this kernel holds
         const mf_index_t mf_partner_1 = mf_index_t(mf_r21);
         const float mf_partner_1_1 = float(long(mf_size_K));
-        const float mf_partner_1_2 = mf_xstage[0u] / mf_partner_1_1;
+        const float mf_partner_1_2 = mf_divide(mf_xstage[0u], mf_partner_1_1);
         const float mf_partner_1_3 = mf_partner_1_2 + eps;
         const float mf_partner_1_4 = precise::rsqrt(mf_partner_1_3);
         const float mf_partner_1_5 = mf_partner_1_4 * mf_stage_0[mf_partner_1];

@@ -1,6 +1,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
+// reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
+// is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
+// NaN keep IEEE's quotients (1/0 = inf, 0/0 = NaN, x/inf = 0). No branch: the correctly
+// rounded division is a long instruction sequence with a slow path, which held f16 silu at
+// 90% of copy_ on the H200.
+inline float mf_divide(float x, float y) {
+    const float a = abs(y);
+    const float s = a > 8.50705917e37f ? 0.25f : (a < 1.17549435e-38f ? 16777216.0f : 1.0f);
+    return s * fast::divide(x, y * s);
+}
+
 // integer division rounding toward -infinity (torch.floor_divide)
 template <typename I>
 inline I mf_floordiv(I a, I b) {
@@ -128,7 +140,7 @@ kernel void mf_qk_norm_rope_simd(
     const int mf_in_pos = int(pos[mf_row_pos]);
     const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
-    const float mf_r5 = mf_acc1 / mf_r4;
+    const float mf_r5 = mf_divide(mf_acc1, mf_r4);
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     // load 8 elements per thread of w into registers
@@ -203,7 +215,7 @@ kernel void mf_qk_norm_rope_simd(
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
             const float mf_v4 = float(mf_v3);
             const float mf_v5 = -2.0f * mf_v4;
-            const float mf_v6 = mf_v5 / mf_r1;
+            const float mf_v6 = mf_divide(mf_v5, mf_r1);
             const float mf_v7 = mf_pow(base, mf_v6);
             const float mf_v8 = mf_r3 * mf_v7;
             const float mf_v9 = precise::cos(mf_v8);
@@ -231,7 +243,7 @@ kernel void mf_qk_norm_rope_simd(
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
                 const float mf_v5 = -2.0f * mf_v4;
-                const float mf_v6 = mf_v5 / mf_r1;
+                const float mf_v6 = mf_divide(mf_v5, mf_r1);
                 const float mf_v7 = mf_pow(base, mf_v6);
                 const float mf_v8 = mf_r3 * mf_v7;
                 const float mf_v9 = precise::cos(mf_v8);
@@ -343,7 +355,7 @@ kernel void mf_qk_norm_rope_simd_exact(
     const int mf_in_pos = int(pos[mf_row_pos]);
     const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
-    const float mf_r5 = mf_acc1 / mf_r4;
+    const float mf_r5 = mf_divide(mf_acc1, mf_r4);
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     // load 8 elements per thread of w into registers
@@ -410,7 +422,7 @@ kernel void mf_qk_norm_rope_simd_exact(
         const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
         const float mf_v4 = float(mf_v3);
         const float mf_v5 = -2.0f * mf_v4;
-        const float mf_v6 = mf_v5 / mf_r1;
+        const float mf_v6 = mf_divide(mf_v5, mf_r1);
         const float mf_v7 = mf_pow(base, mf_v6);
         const float mf_v8 = mf_r3 * mf_v7;
         const float mf_v9 = precise::cos(mf_v8);
@@ -533,7 +545,7 @@ kernel void mf_qk_norm_rope_group(
     const int mf_in_pos = int(pos[mf_row_pos]);
     const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
-    const float mf_r5 = mf_acc1 / mf_r4;
+    const float mf_r5 = mf_divide(mf_acc1, mf_r4);
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     // load 8 elements per thread of w into registers
@@ -566,7 +578,7 @@ kernel void mf_qk_norm_rope_group(
             const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
             const float mf_v4 = float(mf_v3);
             const float mf_v5 = -2.0f * mf_v4;
-            const float mf_v6 = mf_v5 / mf_r1;
+            const float mf_v6 = mf_divide(mf_v5, mf_r1);
             const float mf_v7 = mf_pow(base, mf_v6);
             const float mf_v8 = mf_r3 * mf_v7;
             const float mf_v9 = precise::cos(mf_v8);
@@ -602,7 +614,7 @@ kernel void mf_qk_norm_rope_group(
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
                 const float mf_v5 = -2.0f * mf_v4;
-                const float mf_v6 = mf_v5 / mf_r1;
+                const float mf_v6 = mf_divide(mf_v5, mf_r1);
                 const float mf_v7 = mf_pow(base, mf_v6);
                 const float mf_v8 = mf_r3 * mf_v7;
                 const float mf_v9 = precise::cos(mf_v8);
@@ -755,7 +767,7 @@ kernel void mf_qk_norm_rope_looped(
     const int mf_in_pos = int(pos[mf_row_pos]);
     const float mf_r3 = float(mf_in_pos);
     const float mf_r4 = float(long(mf_size_E));
-    const float mf_r5 = mf_acc1 / mf_r4;
+    const float mf_r5 = mf_divide(mf_acc1, mf_r4);
     const float mf_r6 = mf_r5 + eps;
     const float mf_r7 = precise::rsqrt(mf_r6);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
@@ -800,7 +812,7 @@ kernel void mf_qk_norm_rope_looped(
                 const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                 const float mf_v4 = float(mf_v3);
                 const float mf_v5 = -2.0f * mf_v4;
-                const float mf_v6 = mf_v5 / mf_r1;
+                const float mf_v6 = mf_divide(mf_v5, mf_r1);
                 const float mf_v7 = mf_pow(base, mf_v6);
                 const float mf_v8 = mf_r3 * mf_v7;
                 const float mf_v9 = precise::cos(mf_v8);
@@ -836,7 +848,7 @@ kernel void mf_qk_norm_rope_looped(
                     const long mf_v3 = mf_remainder(mf_index_E, mf_r2);
                     const float mf_v4 = float(mf_v3);
                     const float mf_v5 = -2.0f * mf_v4;
-                    const float mf_v6 = mf_v5 / mf_r1;
+                    const float mf_v6 = mf_divide(mf_v5, mf_r1);
                     const float mf_v7 = mf_pow(base, mf_v6);
                     const float mf_v8 = mf_r3 * mf_v7;
                     const float mf_v9 = precise::cos(mf_v8);

@@ -21,7 +21,7 @@ kernel void mf_silu(
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
             const float mf_in_x = float(mf_x_v[mf_k]);
-            const float mf_v1 = 1.0f / (1.0f + precise::exp(-mf_in_x));
+            const float mf_v1 = fast::divide(1.0f, 1.0f + precise::exp(-mf_in_x));
             const float mf_v2 = mf_in_x * mf_v1;
             // store
             mf_out_v[mf_k] = T(mf_v2);
@@ -35,7 +35,7 @@ kernel void mf_silu(
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
                 const float mf_in_x = float(x[mf_i]);
-                const float mf_v1 = 1.0f / (1.0f + precise::exp(-mf_in_x));
+                const float mf_v1 = fast::divide(1.0f, 1.0f + precise::exp(-mf_in_x));
                 const float mf_v2 = mf_in_x * mf_v1;
                 // store
                 mf_out[mf_i] = T(mf_v2);

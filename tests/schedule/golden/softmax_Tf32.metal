@@ -1,6 +1,18 @@
 #include <metal_stdlib>
 using namespace metal;
 
+// x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
+// reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
+// is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
+// NaN keep IEEE's quotients (1/0 = inf, 0/0 = NaN, x/inf = 0). No branch: the correctly
+// rounded division is a long instruction sequence with a slow path, which held f16 silu at
+// 90% of copy_ on the H200.
+inline float mf_divide(float x, float y) {
+    const float a = abs(y);
+    const float s = a > 8.50705917e37f ? 0.25f : (a < 1.17549435e-38f ? 16777216.0f : 1.0f);
+    return s * fast::divide(x, y * s);
+}
+
 // online softmax: fold x into a running max m and running sum s of exp(x_i - m), rescaling the
 // sum (and its compensation term c, see the compensated sum below) when the max grows; returns
 // the new sum. The terms are those of the two-pass sum(exp(x - max(x))): a -inf element adds
@@ -175,7 +187,7 @@ kernel void mf_softmax_simd(
         }
     }
     // epilogue: compute and store the outputs along the row
-    const float mf_r1 = 1.0f / mf_acc2;
+    const float mf_r1 = mf_divide(1.0f, mf_acc2);
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
     if (mf_last < mf_size_D) {
@@ -287,7 +299,7 @@ kernel void mf_softmax_simd_exact(
         }
     }
     // epilogue: compute and store the outputs along the row
-    const float mf_r1 = 1.0f / mf_acc2;
+    const float mf_r1 = mf_divide(1.0f, mf_acc2);
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
     // all of them in the row: no per-element check
@@ -419,7 +431,7 @@ kernel void mf_softmax_group(
     mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
     mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
-    const float mf_r1 = 1.0f / mf_acc2;
+    const float mf_r1 = mf_divide(1.0f, mf_acc2);
     T mf_reg_mf_out[8];
     // each of this thread's 8 elements
     if (mf_last < mf_size_D) {
@@ -552,7 +564,7 @@ kernel void mf_softmax_looped(
     mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
     mf_acc2 = mf_simd_online(mf_acc1, mf_acc2);
     // epilogue: compute and store the outputs along the row
-    const float mf_r1 = 1.0f / (mf_acc1 == -INFINITY ? NAN : mf_acc2);
+    const float mf_r1 = mf_divide(1.0f, mf_acc1 == -INFINITY ? NAN : mf_acc2);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;

@@ -23,7 +23,7 @@ kernel void mf_swiglu(
         for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
             // compute (f16/bf16 in f32)
             const float mf_gate = float(mf_gate_v[mf_k]);
-            const float mf_v1 = 1.0f / (1.0f + precise::exp(-mf_gate));
+            const float mf_v1 = fast::divide(1.0f, 1.0f + precise::exp(-mf_gate));
             const float mf_v2 = mf_gate * mf_v1;
             const float mf_up = float(mf_up_v[mf_k]);
             const float mf_v3 = mf_v2 * mf_up;
@@ -39,7 +39,7 @@ kernel void mf_swiglu(
             if (mf_i < mf_numel) {
                 // compute (f16/bf16 in f32)
                 const float mf_gate = float(gate[mf_i]);
-                const float mf_v1 = 1.0f / (1.0f + precise::exp(-mf_gate));
+                const float mf_v1 = fast::divide(1.0f, 1.0f + precise::exp(-mf_gate));
                 const float mf_v2 = mf_gate * mf_v1;
                 const float mf_up = float(up[mf_i]);
                 const float mf_v3 = mf_v2 * mf_up;
