@@ -58,7 +58,7 @@ def test_check_selects_each_tiled_kernel():
     assert s.tiles == {"qmm": (64, 64, 32, 128), "qmm_wide": (128, 128, 32, 128)}
     assert s.selecting(s.variants["qmm"].host_name) == [{"K": 64, "N": 65, "M": 8}]
     assert s.selecting(s.variants["qmm_wide"].host_name) == [{"K": 64, "N": 129, "M": 40}]
-    report = check(q4_linear, max_examples=1, dtypes={"T": "f16"})
+    report = check(q4_linear, max_examples=1, dtypes={"T": "f16"}, layouts=False)
     assert "M=40" in report.coverage() and "_qmm_wide" in report.coverage()
 
 
