@@ -5,7 +5,10 @@ Built where x (the factor X over the rows of x, `form.factors`) holds half or bf
 (a tensor read or an explicit cast: `held`) and the launch option `qmm_fp32` is off; f32 or
 computed x keep the fp32 kernel of `tiled`. A threadgroup of 4 simdgroups (2 x 2) computes a
 tile of `qmm_tile_m` rows of x by `qmm_tile_n` weight rows (launch options: 32, 64 or 128
-each), walking K in steps of 32 values (`matrix.BK`). Each step:
+each), walking K in steps of 32 values (`matrix.BK`); the library may hold a second such
+kernel, `qmm_wide`, of the `qmm_wide_tile_m` x `qmm_wide_tile_n` tile in `qmm_wide_splits`
+teams (`plan_of(..., wide=True)`), which the host runs from `qmm_wide_rows` rows of x. Each
+step:
 
 - A, x's tile: its rows x 32 values in x's own type (16-byte vector loads where x is a
   k-inner tensor of that type and the step is whole, else element by element), 0 past M or K;
