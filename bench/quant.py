@@ -7,6 +7,7 @@
     python bench/quant.py --sweep --dtype f16 --rows 1 2 4 --splits 1 4 8 --threads 256 512
     python bench/quant.py --matmul --device cuda     # the tiled kernel (qmm), M = 64 .. 512
     python bench/quant.py --matmul --device cuda --tiles 64x32 64x64 --qmm-splits 1 2 4
+    python bench/quant.py --matmul --device cuda --lowerings cuda --tiles default 64x32 128x128
 
 For each weight shape N x K (4-bit, group size 64, MLX layout): our q4_matvec
 (examples/q4_matvec.py); torch F.linear with the f16/bf16 weight (what the 4-bit weight
@@ -33,7 +34,10 @@ per lowering: target `cuda` (Metal 4 tensor ops; the cuda backend runs them on t
 the matrix block; register tiles on the cuda backend), each tile of --tiles (rows of x x weight
 rows: launch options qmm_tile_m, qmm_tile_n), step of --tile-k (qmm_tile_k) and teams of
 --qmm-splits (qmm_splits: teams of 4 simdgroups in a threadgroup, each taking every T-th step
-of K); --no-prefetch adds each without its loads a step ahead (qmm_prefetch off). Against
+of K); --no-prefetch adds each without its loads a step ahead (qmm_prefetch off). A named tile
+runs at every M (qmm_wide_rows=0); the tile `default` is the launch table's choice by M (the
+cuda backend's: qmm's 64 x 32 tiles in 4 teams, qmm_wide's 128 x 128 from M = 128), and each
+row prints the kernel it launched (qmm or qmm_wide). Against
 F.linear on the f16 weight (what the 4-bit weight replaces) and torch.compile of it. TFLOP/s
 counts 2 M N K. On the simulator (--device cpu) the shapes and M shrink and `cuda` runs as
 apple10 (a smoke test of the script).
@@ -203,10 +207,13 @@ def _matmul_kernels(args, device: str) -> list[tuple[str, str, object]]:
         if device == "cpu" and opts.get("target") == "cuda":
             opts["target"] = "apple10"           # the simulator has no cuda target
         settings = [("32x32", {})] if name == "fp32" else [
+            ("default", {}) if tile == "default" else
             (f"{tile}x{bk}/{t}", {"qmm_tile_m": int(tile.split("x")[0]),
                                   "qmm_tile_n": int(tile.split("x")[1]), "qmm_tile_k": bk,
-                                  "qmm_splits": t})
-            for tile in args.tiles for bk in args.tile_k for t in args.qmm_splits]
+                                  "qmm_splits": t, "qmm_wide_rows": 0})
+            for tile in args.tiles
+            for bk, t in ([(0, 0)] if tile == "default" else
+                          itertools.product(args.tile_k, args.qmm_splits))]
         if name != "fp32" and args.no_prefetch:     # the old staging beside each setting
             settings += [(f"{tag}-np", {**opts, "qmm_prefetch": False})
                          for tag, opts in list(settings)]
@@ -230,7 +237,8 @@ def matmul_table(args, device: str, repeat: int) -> None:
     print(f"device {device}, tiled kernel (qmm), 4-bit, group size 64, launch "
           f"{parse_launch(args.launch) or 'default'}; tile: rows of x x weight rows x K a step "
           f"/ teams")
-    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>12} {'ours us':>8} "
+    print(f"{'dtype':>5} {'N x K':>11} {'M':>4} {'lowering':>8} {'tile':>12} {'variant':>8} "
+          f"{'ours us':>8} "
           f"{'linear us':>9} {'compile us':>10} {'TFLOP/s':>7} {'linear/ours':>11} "
           f"{'compile/ours':>12}")
     for dname in args.dtype:
@@ -241,9 +249,10 @@ def matmul_table(args, device: str, repeat: int) -> None:
             comp = compile_time(lambda: F.linear(x, w), device, repeat, not args.no_compile)
             for name, tile, kernel in kernels:
                 _check(kernel(*kargs), kargs, k, dtype)
-                assert launched_variant(plan(kernel, kargs)[0], kernel, kargs) == "qmm"
+                variant = launched_variant(plan(kernel, kargs)[0], kernel, kargs)
+                assert variant in ("qmm", "qmm_wide"), variant
                 ours = timeit(lambda kernel=kernel: kernel(*kargs), device, repeat)
-                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>12} "
+                print(f"{dname:>5} {f'{n}x{k}':>11} {m:>4} {name:>8} {tile:>12} {variant:>8} "
                       f"{ours * 1e6:>8.1f} {linear * 1e6:>9.1f} {us(comp, 10)} "
                       f"{2 * m * n * k / ours / 1e12:>7.1f} {ratio(linear, ours, 11)} "
                       f"{ratio(comp, ours, 12)}", flush=True)
@@ -276,8 +285,9 @@ def main(argv=None) -> None:
                     help="time the tiled kernel (qmm) at M = --ms, one row per lowering x tile")
     ap.add_argument("--ms", nargs="+", type=int, default=[64, 128, 256, 512],
                     help="--matmul: rows of x")
-    ap.add_argument("--tiles", nargs="+", default=["64x32", "64x64", "128x128"],
-                    help="--matmul: tiles, rows of x x weight rows (each 32, 64 or 128)")
+    ap.add_argument("--tiles", nargs="+", default=["default", "64x32", "64x64", "128x128"],
+                    help="--matmul: tiles, rows of x x weight rows (each 32, 64 or 128; "
+                         "'default': the launch table's qmm / qmm_wide by M)")
     ap.add_argument("--tile-k", nargs="+", type=int, default=[32],
                     help="--matmul: values of K a step (qmm_tile_k: 32, 64 or 128)")
     ap.add_argument("--qmm-splits", nargs="+", type=int, default=[1, 4],

@@ -88,6 +88,12 @@ class LaunchPolicy:
                                        # step's loads in registers while the products run
     qmm_fp32: bool = False             # quantized, tiled kernel: the fp32 kernel (qmm_matrix
                                        # picks its products) for half or bfloat x too
+    qmm_wide_rows: int = 0             # quantized, tiled kernel on the matrix block: from
+                                       # this many rows of x (and qmm_min_rows) the second
+                                       # tiled kernel, qmm_wide, runs (0: never built)
+    qmm_wide_tile_m: int = 128         # ... its rows of x and weight rows of a tile (32, 64
+    qmm_wide_tile_n: int = 128         # or 128 each; its values of K a step: qmm_tile_k)
+    qmm_wide_splits: int = 1           # ... and its teams splitting K (1, 2 or 4)
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
                                        # aims at, splitting the reduced axis into chunks where
                                        # the column blocks alone are fewer (0: never chunks)
@@ -347,6 +353,13 @@ POLICIES: dict[str, LaunchPolicy] = {
 # --matmul), M = 64 / 128 / 256: 64x32 1 team 126 / 156 / 247, 4 teams 83 / 134 / 262; 64x64
 # 1 team 229 / 226 / 264, 4 teams 133 / 135 / 238; 128x128 1 team 1214 / 1267 / 1265; the
 # fp32 kernel (qmm_fp32) 110 / 219 / 428; F.linear on the f16 weight 8.4 / 14.4 / 14.8
+# cuda: from 128 rows of x the second tiled kernel (qmm_wide: 128 x 128 tiles, one team; a
+# kernel of its own in the same library, picked per call by M, no recompile). H200,
+# 2026-11-29, f16 4-bit, us (bench/quant.py --matmul; F.linear on the f16 weight in
+# brackets): 14336x4096 M = 128 128x128 276.3 (34.6) against 64x32 / 4 teams 453.1, M = 256
+# 367.3 (48.0), M = 512 734.6 (90.2); 4096x4096 M = 512 273.5 (24.9) against 474.7; at M = 64
+# 64x32 / 4 teams stays best (82.6; 8.5). The Metal table never builds it (qmm_wide_rows 0:
+# untimed on Apple GPUs)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -364,7 +377,8 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
-                       "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32},
+                       "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32,
+                       "qmm_wide_rows": 128},
              "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128},
              "attention_grad": {"grad_simdgroups": 4}},
 }
@@ -380,7 +394,8 @@ TUNABLE: dict[str, tuple[str, ...]] = {
     "quant": ("threads_per_group", "vector_width", "rows_per_group", "k_splits", "split_grid",
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "paired_rows",
               "index64", "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32",
-              "qmm_splits", "qmm_tile_k", "qmm_prefetch"),
+              "qmm_splits", "qmm_tile_k", "qmm_prefetch", "qmm_wide_rows", "qmm_wide_tile_m",
+              "qmm_wide_tile_n", "qmm_wide_splits"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -459,7 +474,8 @@ def _validate_common(p: LaunchPolicy) -> None:
                        ("key_splits", "chosen per call"),
                        ("split_grid", "every call splits K k_splits ways"),
                        ("small_grid", "never the small kernel"),
-                       ("fill_groups", "never split the reduced axis into chunks")):
+                       ("fill_groups", "never split the reduced axis into chunks"),
+                       ("qmm_wide_rows", "never the wide tiled kernel")):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 0,
               f"{name} must be an int >= 0 (0: {zero}), got {v!r}")
@@ -554,10 +570,13 @@ def _validate_attention(p: LaunchPolicy) -> None:
 def _validate_quant(p: LaunchPolicy) -> None:
     _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
           f"got {p.target!r}")
-    for name in ("qmm_tile_m", "qmm_tile_n", "qmm_tile_k"):
+    for name in ("qmm_tile_m", "qmm_tile_n", "qmm_tile_k", "qmm_wide_tile_m",
+                 "qmm_wide_tile_n"):
         _need(p, getattr(p, name) in (32, 64, 128),
               f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
-    _need(p, p.qmm_splits in (1, 2, 4), f"qmm_splits must be 1, 2 or 4, got {p.qmm_splits!r}")
+    for name in ("qmm_splits", "qmm_wide_splits"):
+        _need(p, getattr(p, name) in (1, 2, 4),
+              f"{name} must be 1, 2 or 4, got {getattr(p, name)!r}")
     _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
           "packed words at once, at most 4 (16 bytes)")
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,

@@ -56,7 +56,9 @@ fewer simdgroups), k_splits (qmv_split's simdgroups per block: more loads in fli
 are few, one barrier and S partials per row more), split_grid (where the _split kernels run
 instead), vector_width (words per load), threads_per_group (a multiple of 32 S; only groups
 simdgroups). The kernels for several rows of x (`qmvx`, `qmm`) are described where they are
-built (`affine`, `tiled`).
+built (`affine`, `tiled`, `blocked`); on the matrix block the library may hold a second tiled
+kernel, `qmm_wide` (its own tile and teams: the qmm_wide_* options), which the host launches
+from qmm_wide_rows rows of x (`build.tiled_names`, `QuantSchedule.variant`).
 
 Modules: `form` (what the family recognises: `match`, the affine form, the tiled kernel's
 factors), `params` (tile sizes and constants), `context` (the frozen per-call context and the

@@ -5,7 +5,10 @@ Built where x (the factor X over the rows of x, `form.factors`) holds half or bf
 (a tensor read or an explicit cast: `held`) and the launch option `qmm_fp32` is off; f32 or
 computed x keep the fp32 kernel of `tiled`. A threadgroup of 4 simdgroups (2 x 2) computes a
 tile of `qmm_tile_m` rows of x by `qmm_tile_n` weight rows (launch options: 32, 64 or 128
-each), walking K in steps of 32 values (`matrix.BK`). Each step:
+each), walking K in steps of 32 values (`matrix.BK`); the library may hold a second such
+kernel, `qmm_wide`, of the `qmm_wide_tile_m` x `qmm_wide_tile_n` tile in `qmm_wide_splits`
+teams (`plan_of(..., wide=True)`), which the host runs from `qmm_wide_rows` rows of x. Each
+step:
 
 - A, x's tile: its rows x 32 values in x's own type (16-byte vector loads where x is a
   k-inner tensor of that type and the step is whole, else element by element), 0 past M or K;
@@ -56,6 +59,13 @@ class BlockPlan:
     teams, each taking every `teams`-th step of K (`teams`)."""
     tile: Tile
     teams: int
+    wide: bool = False          # the second tiled kernel's (qmm_wide: its own launch options)
+
+    @property
+    def options(self) -> tuple[str, str, str, str]:
+        """The launch options that set the plan: rows of x, weight rows, K a step, teams."""
+        pre = "qmm_wide" if self.wide else "qmm"
+        return f"{pre}_tile_m", f"{pre}_tile_n", "qmm_tile_k", f"{pre}_splits"
 
     @property
     def threads(self) -> int:
@@ -67,9 +77,10 @@ class BlockPlan:
         return ir.Var("mf_k0" if self.teams == 1 else "mf_kt")
 
 
-def plan_of(ctx: QuantContext) -> Optional[BlockPlan]:
-    """The matrix block's plan for the call's tiled kernel, or None where the fp32 kernel
-    runs (x of f32 or computed values, or `qmm_fp32`)."""
+def plan_of(ctx: QuantContext, wide: bool = False) -> Optional[BlockPlan]:
+    """The matrix block's plan for the call's tiled kernel (`wide`: the second one, qmm_wide,
+    of the qmm_wide_* options), or None where the fp32 kernel runs (x of f32 or computed
+    values, or `qmm_fp32`)."""
     found = factors(ctx)
     if found is None or ctx.policy.qmm_fp32:
         return None
@@ -78,6 +89,9 @@ def plan_of(ctx: QuantContext) -> Optional[BlockPlan]:
     t = matrix.choose(get_target(p.target or SIM_DEFAULT), dt, dt, 64)
     if t.operand == "float":
         return None
+    if wide:
+        return BlockPlan(replace(t, bm=p.qmm_wide_tile_m, bn=p.qmm_wide_tile_n,
+                                 bk=p.qmm_tile_k), p.qmm_wide_splits, True)
     return BlockPlan(replace(t, bm=p.qmm_tile_m, bn=p.qmm_tile_n, bk=p.qmm_tile_k), p.qmm_splits)
 
 

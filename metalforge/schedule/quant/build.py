@@ -18,7 +18,7 @@ from . import gathers, matvec, pairing, prologue, staged, tiled
 from .blocked import plan_of
 from .context import QuantContext, QuantState, context
 from .form import factors
-from .params import THREADS, TILE_K, TILE_M, TILE_N
+from .params import THREADS, TILE_K, TILE_M, TILE_N, TILED, WIDE
 from .positions import outer_load, row_position
 from .schedule import QuantSchedule
 from .teams import kernel as block_kernel
@@ -27,24 +27,36 @@ BUILDERS = {"qmm": tiled.kernel, "qmv_staged": staged.kernel}     # the rest: ma
 
 
 def qmm(st: QuantState) -> ir.LoweredKernel:
-    """The tiled kernel: on the matrix block where x is half or bfloat (`blocked`), else the
-    fp32 kernel (`tiled`)."""
-    pl = plan_of(st.ctx)
+    """A tiled kernel: on the matrix block where x is half or bfloat (`blocked`; qmm_wide
+    with its own tile and teams), else the fp32 kernel (`tiled`)."""
+    pl = plan_of(st.ctx, st.name == WIDE)
     return tiled.kernel(st) if pl is None else block_kernel(st, pl)
 
 
-def qmm_geometry(ctx: QuantContext) -> tuple[int, int, int, int]:
-    """The tiled kernel's rows of x, weight rows and values of K a step, and its threads."""
-    pl = plan_of(ctx)
+def qmm_geometry(ctx: QuantContext, name: str) -> tuple[int, int, int, int]:
+    """Tiled kernel `name`'s rows of x, weight rows and values of K a step, and its
+    threads."""
+    pl = plan_of(ctx, name == WIDE)
     if pl is None:
         return TILE_M, TILE_N, TILE_K, THREADS
     return pl.tile.bm, pl.tile.bn, pl.tile.bk * pl.teams, pl.threads
 
 
+def tiled_names(ctx: QuantContext) -> tuple[str, ...]:
+    """The tiled kernels where the graph is a product W * X: qmm, and qmm_wide beside it
+    where qmm_wide_rows asks for it and x is half or bfloat (the matrix block's; the fp32
+    kernel has one tile)."""
+    if factors(ctx) is None:
+        return ()
+    wide = ctx.policy.qmm_wide_rows > 0 and plan_of(ctx) is not None
+    return TILED if wide else ("qmm",)
+
+
 def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     """The kernels of the schedule: qmv; qmv_split beside it where K is split by size; qmvx
     (and qmvx_split) where rows of x can be blocked; qmm where the graph is a product W * X;
-    qmv_staged alone where the epilogue gathers the kernel's results (`gathers`)."""
+    (and qmm_wide: `tiled_names`) where the graph is a product W * X; qmv_staged alone where
+    the epilogue gathers the kernel's results (`gathers`)."""
     if gathers.value_gathers(ctx.graph):          # the epilogue gathers the kernel's sums
         gathers.check(ctx)
         if ctx.period is None:
@@ -62,7 +74,7 @@ def kernel_names(ctx: QuantContext) -> tuple[str, ...]:
     beside = split and policy.split_grid > 0            # the _split kernels, by size
     return ("qmv",) + (("qmv_split",) if beside else ()) \
         + (("qmvx",) + (("qmvx_split",) if beside else ()) if blocked else ()) \
-        + (("qmm",) if factors(ctx) is not None else ())
+        + tiled_names(ctx)
 
 
 def _x_rows_axis(ctx: QuantContext) -> bool:
@@ -79,7 +91,7 @@ def state(ctx: QuantContext, name: str) -> QuantState:
     """A fresh state for kernel `name`: its rows of x, simdgroups per block and variant record
     (whose row values read the kernel's positions)."""
     mb = ctx.x_rows if name.startswith("qmvx") else 1
-    splits = 1 if name == "qmm" else ctx.splits_of(name)
+    splits = 1 if name in TILED else ctx.splits_of(name)
 
     def position(axis: str) -> ir.Expr:
         return row_position(st, axis)
@@ -100,7 +112,7 @@ def kernels(ctx: QuantContext, names: tuple[str, ...]) -> tuple[dict[str, ir.Low
     tg = 0
     for name in names:
         st = state(ctx, name)
-        built[name] = (qmm if name == "qmm" else BUILDERS.get(name, matvec.kernel))(st)
+        built[name] = (qmm if name in TILED else BUILDERS.get(name, matvec.kernel))(st)
         ctx.uses.helpers.update(st.v.row_values.helpers)       # per-row values' helpers too
         tg = max(tg, st.v.tg_bytes)
     if tg > MAX_THREADGROUP_BYTES:
@@ -133,7 +145,6 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
                          chunk=ctx.chunk, variants=built,
                          m_axis=ctx.prefix[-1] if tiled_ or blocked else None,
                          x_rows=ctx.x_rows,
-                         splits={n: ctx.splits_of(n) for n in names if n != "qmm"},
+                         splits={n: ctx.splits_of(n) for n in names if n not in TILED},
                          period=ctx.period,
-                         qmm_tile=qmm_geometry(ctx) if tiled_ else (TILE_M, TILE_N, TILE_K,
-                                                                     THREADS))
+                         tiles={n: qmm_geometry(ctx, n) for n in names if n in TILED})

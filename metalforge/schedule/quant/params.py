@@ -8,7 +8,10 @@ from ..hardware import FRAG, SIMD_WIDTH
 
 SIMD = ir.Lit(SIMD_WIDTH, "uint")
 
-# -- the tiled kernel (qmm) ----------------------------------------------------------------
+# -- the tiled kernels: qmm, and qmm_wide (the matrix block's second tile, from
+# qmm_wide_rows rows of x) ------------------------------------------------------------------
+WIDE = "qmm_wide"
+TILED = ("qmm", WIDE)
 TILE_M, TILE_N, TILE_K = 32, 32, 64
 THREADS = 256                                   # 8 simdgroups
 SIMDGROUPS = THREADS // SIMD_WIDTH

@@ -13,6 +13,7 @@ from ..lower import ElementLowering, compute_type, ident
 from ..names import tensor_var
 from ..reduce import declare_position
 from .context import QuantContext, QuantState
+from .params import TILED
 
 Run = tuple[ir.Expr, int]
 """(first, n): element mf_j of n consecutive values of K from `first`, a multiple of n."""
@@ -51,7 +52,7 @@ def at(st: QuantState, axis: str, k: ir.Expr, run: Optional[Run] = None) -> ir.E
         return k
     if axis == ctx.rows_axis:
         return ir.Var("mf_n")
-    if st.name == "qmm" and axis == ctx.prefix[-1]:
+    if st.name in TILED and axis == ctx.prefix[-1]:
         return ir.Var("mf_m")                      # the tiled kernel's row of x
     if axis in ctx.prefix:
         return prefix_position(st, axis)

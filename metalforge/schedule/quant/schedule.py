@@ -14,7 +14,7 @@ from ..base import Schedule, Traffic
 from ..hardware import SIMD_WIDTH
 from . import pairing
 from .gathers import MAX_STAGED_ROWS
-from .params import THREADS, TILE_K, TILE_M, TILE_N
+from .params import TILED, WIDE
 from .staged import STAGED_THREADS
 
 
@@ -30,15 +30,23 @@ class QuantSchedule(Schedule):
     x_rows: int = 1                      # rows of x per simdgroup in qmvx
     splits: dict[str, int] = field(default_factory=dict)    # simdgroups per block, per kernel
     period: Optional[Node] = None        # Q of the paired kernel (`pairing`)
-    # the tiled kernel's rows of x, weight rows, values of K a step and threads (`build`)
-    qmm_tile: tuple[int, int, int, int] = (TILE_M, TILE_N, TILE_K, THREADS)
+    # each tiled kernel's (qmm, qmm_wide) rows of x, weight rows, values of K a step and
+    # threads (`build`)
+    tiles: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
         return tuple(self.variants.values())
 
+    @property
+    def wide_rows(self) -> int:
+        """The rows of x from which qmm_wide runs (where the kernel has it): qmm_wide_rows,
+        and never below qmm_min_rows (it is a tiled kernel)."""
+        return max(self.policy.qmm_min_rows, self.policy.qmm_wide_rows)
+
     def variant(self, sizes: Mapping[str, int]) -> str:
-        """By the rows of x: qmm from qmm_min_rows on (where the kernel has one), qmvx (x_rows
+        """By the rows of x: qmm_wide from `wide_rows` on and qmm from qmm_min_rows on (where
+        the kernel has them: the same tiled kernel, each with its own tile), qmvx (x_rows
         of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
         kernel where K is longer than one stretch of 32 chunks and the grid is small: qmv's
         with fewer than split_grid simdgroups per stretch each would walk (few simdgroups for
@@ -48,6 +56,8 @@ class QuantSchedule(Schedule):
         if "qmv_prologue" in self.variants:
             return "qmv_prologue"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
+        if WIDE in self.variants and m >= self.wide_rows:
+            return WIDE
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
@@ -81,7 +91,8 @@ class QuantSchedule(Schedule):
         last block of x's rows that is partly past M; the _split kernels with K two stretches
         of chunks long, the others with one (rows of weights as few as testing draws); qmm
         with a tile of rows of x and of weight rows plus one each (rows past M and N) over two
-        steps along K (the tiles rewritten, a step loaded ahead) and two groups or more."""
+        steps along K (the tiles rewritten, a step loaded ahead) and two groups or more, from
+        the first M it runs at (qmm_wide: `wide_rows`; qmm: qmm_min_rows, below `wide_rows`)."""
         name = next((n for n, k in self.variants.items() if k.host_name == host_name), None)
         if name is None:
             return []
@@ -91,13 +102,8 @@ class QuantSchedule(Schedule):
             stretch = SIMD_WIDTH * self.chunk
             k = 2 * stretch if name.endswith("_split") else stretch
             return [{self.rows_axis: 2 * self.policy.rows_per_group, self.axis: k}]
-        if name == "qmm":
-            mult, m = size_multiple(self.graph.tensors, self.axis), self.policy.qmm_min_rows
-            tm, tn, tk, _ = self.qmm_tile
-            assert self.m_axis is not None
-            return [{self.axis: -(-2 * tk // mult) * mult,
-                     self.rows_axis: tn + 1,
-                     self.m_axis: m + 1 if m % tm == 0 else m}]
+        if name in TILED:
+            return self._selecting_tiled(name)
         stretch = SIMD_WIDTH * self.chunk
         base = name.removesuffix("_split")
         pins = ({self.axis: 2 * stretch} if name != base else
@@ -108,6 +114,18 @@ class QuantSchedule(Schedule):
         pick = {"qmvx": max(self.x_rows, min(top, self.x_rows + 1)),
                 "qmv": 1 if "qmvx" in self.variants else max(1, top)}
         return [{**pins, self.m_axis: pick[base]}]
+
+    def _selecting_tiled(self, name: str) -> list[dict[str, int]]:
+        """`selecting` for tiled kernel `name` (none where another takes all its rows)."""
+        mult = size_multiple(self.graph.tensors, self.axis)
+        tm, tn, tk, _ = self.tiles[name]
+        first = self.wide_rows if name == WIDE else self.policy.qmm_min_rows
+        top = self.wide_rows - 1 if name == "qmm" and WIDE in self.variants else 1 << 30
+        m = min(first + 1 if first % tm == 0 else first, top)
+        if m < first:
+            return []
+        assert self.m_axis is not None
+        return [{self.axis: -(-2 * tk // mult) * mult, self.rows_axis: tn + 1, self.m_axis: m}]
 
     @property
     def thresholds(self) -> list[int]:
@@ -120,7 +138,7 @@ class QuantSchedule(Schedule):
         return out
 
     def launch(self, sizes: Mapping[str, int]) -> tuple[int, int]:
-        """qmm: one group of 256 threads per tile. qmv, qmvx: a simdgroup per block of
+        """qmm, qmm_wide: one group per tile (of its threads). qmv, qmvx: a simdgroup per block of
         rows_per_group rows; the _split kernels: k_splits of them. With k_splits > 1 the grid
         is padded to whole threadgroups (the kernel has a barrier: no thread may be missing);
         the group size is a multiple of 32 x k_splits, so a block's simdgroups share one."""
@@ -132,8 +150,8 @@ class QuantSchedule(Schedule):
             blocks = -(-sizes[self.rows_axis] // self.policy.rows_per_group)
             threads = numel(self.outer[:-1], sizes) * -(-blocks // g) * g * SIMD_WIDTH
             return threads, g * SIMD_WIDTH
-        if v == "qmm":
-            tm, tn, _, threads = self.qmm_tile
+        if v in TILED:
+            tm, tn, _, threads = self.tiles[v]
             return self.blocks(sizes, tn, tm) * threads, threads
         S = self.splits.get(v, 1)
         blocks = self.simdgroups(sizes, self.x_rows if v.startswith("qmvx") else 1)
@@ -158,8 +176,9 @@ class QuantSchedule(Schedule):
         return self.variants[self.variant(sizes)].host_name
 
     def max_group_size(self, host_name: str) -> int:
-        if "qmm" in self.variants and host_name == self.variants["qmm"].host_name:
-            return self.qmm_tile[3]
+        for name, tile in self.tiles.items():
+            if host_name == self.variants[name].host_name:
+                return tile[3]
         if "qmv_staged" in self.variants and host_name == self.variants["qmv_staged"].host_name:
             return STAGED_THREADS
         return self.policy.threads_per_group

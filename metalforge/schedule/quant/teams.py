@@ -48,10 +48,10 @@ def check(pl: BlockPlan) -> None:
     """A LaunchError where the plan's threadgroup memory is over Metal's limit."""
     need = shared_bytes(pl)
     if need > MAX_THREADGROUP_BYTES:
-        t = pl.tile
+        t, (om, on, ok, osp) = pl.tile, pl.options
         raise LaunchError(
-            f"quant launch policy: qmm_tile_m={t.bm} x qmm_tile_n={t.bn} x qmm_tile_k={t.bk} "
-            f"with qmm_splits={pl.teams} needs {need} bytes of threadgroup memory (each team's "
+            f"quant launch policy: {om}={t.bm} x {on}={t.bn} x {ok}={t.bk} "
+            f"with {osp}={pl.teams} needs {need} bytes of threadgroup memory (each team's "
             f"staged tiles, then the tile's sums parked as floats), over the "
             f"{MAX_THREADGROUP_BYTES}-byte limit; take smaller tiles or fewer splits")
 
@@ -158,9 +158,9 @@ def kernel(st: QuantState, pl: BlockPlan) -> ir.LoweredKernel:
     check(pl)
     w, x = found
     teams = f", {pl.teams} teams of them splitting K" if pl.teams > 1 else ""
-    summary = (f"{ctx.graph.name} (qmm): y = sum over '{ctx.axis}' of values unpacked from "
+    summary = (f"{ctx.graph.name} ({st.name}): y = sum over '{ctx.axis}' of values unpacked from "
                f"{ctx.bits}-bit words times rows of '{ctx.prefix[-1]}'; target "
                f"{ctx.policy.target}: {pl.tile.describe()}{teams}; weights dequantized in "
                f"fp32 once per tile, rounded to {pl.tile.operand}")
     return make_kernel(ctx.graph, ctx.index64, THREAD_INPUTS, body(st, w, x, pl), summary,
-                       "qmm", max_threads=pl.threads)
+                       st.name, max_threads=pl.threads)
