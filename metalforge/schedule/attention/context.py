@@ -105,12 +105,15 @@ class KernelState:
     # not read from the tile's arrays (indexing those by a run-time value would put them in
     # memory for the whole kernel)
     row_of: Optional[ir.Expr] = None
+    # ... and read from the threadgroup table `head.row_positions` fills (one load, not the
+    # division and remainder of `tile_position` per element)
+    row_table: bool = False
     staged: Mapping[Node, ir.Expr] = field(default_factory=dict)     # q in registers / tg
     staged_tg: Mapping[Node, str] = field(default_factory=dict)      # ... their tg arrays
     streamed: frozenset[Node] = frozenset()                          # what load_keys loads
 
-    def with_row(self, row: Optional[ir.Expr]) -> "KernelState":
-        return replace(self, row_of=row)
+    def with_row(self, row: Optional[ir.Expr], table: bool = False) -> "KernelState":
+        return replace(self, row_of=row, row_table=table)
 
 
 def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Form) -> CallContext:
@@ -224,6 +227,8 @@ def at(ctx: CallContext, ks: KernelState, axis: str) -> ir.Expr:
         return ir.Cast(IDX, ir.Var("mf_e"))
     if axis in ctx.tile_axes and ks.tiled:
         if ks.row_of is not None:        # row mf_t picked at run time: computed
+            if ks.row_table:
+                return ir.Lane(ir.Var(f"mf_tg_tpos_{ident(axis)}"), ks.row_of)
             return tile_position(ctx, ks, axis, ks.row_of)
         return ir.Lane(ir.Var(f"mf_tpos_{ident(axis)}"), ir.Var("mf_t"))
     if axis in ctx.own_axes and ks.tiled:

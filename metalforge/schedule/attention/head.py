@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ... import ir
 from ..base import IDX
+from ..hardware import SIMD_WIDTH
 from ..lower import ident
 from .bounds import key_bounds
 from .context import SIMD, CallContext, KernelState, lowering, tile_position
@@ -66,6 +67,24 @@ def tile(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                               tile_position(ctx, ks, a, ir.Var("mf_t"))))
     return out + [ir.For("mf_t", "uint", ir.Lit(0, "uint"), ir.Lit(ks.qt, "uint"), body,
                          unroll=True)]
+
+
+def row_positions(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """The tile's rows' positions along the tile axes in threadgroup memory
+    (`mf_tg_tpos_<axis>[row]`, a thread a row), for kernels whose phases pick the row at run
+    time (`KernelState.with_row(..., table=True)`): one load where `tile_position` takes a
+    division and a remainder (the prefill kernels' mask reads a row position per score)."""
+    if not ctx.tile_axes:
+        return []
+    tid = ir.Var("mf_sg") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")
+    body: list[ir.Stmt] = []
+    for a in ctx.tile_axes:
+        name = f"mf_tg_tpos_{ident(a)}"
+        ks.out.tg_decls.append(ir.ArrayDecl(name, IDX, ks.qt, "threadgroup"))
+        body.append(ir.Assign(ir.Lane(ir.Var(name), tid), tile_position(ctx, ks, a, tid)))
+    return [ir.Comment("the tile's rows' positions, once (read by row wherever the row is "
+                       "picked at run time)"),
+            ir.If(tid < ir.Lit(ks.qt, "uint"), body), ir.Barrier()]
 
 
 def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:

@@ -42,7 +42,7 @@ from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import block_keys, group_head, tile
+from .head import block_keys, group_head, row_positions, tile
 from .mma_phases import scores, softmax, values, write
 from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, TILE_KEYS
 from .prefill import THREADS, matrix_operands
@@ -102,8 +102,8 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     head = group_head(ctx, ks, SIMDGROUPS, (
         "4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of "
         "mf_kt keys of K and V and the rows' q in threadgroup memory")) \
-        + tile(ctx, ks) + block_keys(ctx, ks)
-    row = ks.with_row(ir.Var("mf_qrow"))
+        + tile(ctx, ks) + block_keys(ctx, ks) + row_positions(ctx, ks)
+    row = ks.with_row(ir.Var("mf_qrow"), table=True)
     body = _places(lowering_) + tile_arrays(ctx, row, runs=False) + _buffers(ctx, ks, op)
     operands = matrix_operands(ctx)
     assert operands is not None                      # `operand` found them

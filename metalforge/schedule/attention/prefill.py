@@ -29,7 +29,7 @@ from ..hardware import FRAG, SIMD_WIDTH
 from ..lower import as_float
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import block_keys, group_head, tile
+from .head import block_keys, group_head, row_positions, tile
 from .params import MATRIX_ROWS, NARROW_TILE_KEYS
 from .scores import score
 from .tiles import fill_tiles, tile_arrays, tile_reads
@@ -72,8 +72,8 @@ def kernel(ctx: CallContext, rows: int = MATRIX_ROWS,
     head = group_head(ctx, ks, rows // FRAG, (
         "8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup "
         "memory, each simdgroup multiplies its rows with every key of the tile")) \
-        + tile(ctx, ks) + block_keys(ctx, ks)
-    row = ks.with_row(ir.Var("mf_qrow"))
+        + tile(ctx, ks) + block_keys(ctx, ks) + row_positions(ctx, ks)
+    row = ks.with_row(ir.Var("mf_qrow"), table=True)
     q_side, k_side = ops
     dmax = emax // FRAG
     body = (_lane_row() + tile_arrays(ctx, row, runs=False) + q_fragments(ctx, row, q_side, dmax)

@@ -1327,6 +1327,8 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_R[32];
+    threadgroup mf_index_t mf_tg_tpos_S[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     threadgroup bfloat mf_tg_qs[6400];
@@ -1368,6 +1370,12 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) / mf_size_S;
+        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) % mf_size_S;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -1400,7 +1408,7 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % mf_ew;
         mf_qt[mf_qrow * mf_qs + mf_e] = bfloat(0.0f);
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
+            const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = bfloat(mf_in_q);
         }
     }
@@ -1510,7 +1518,7 @@ template <typename T, typename mf_index_t>
                     float mf_sv = -INFINITY;
                     if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                         const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S);
+                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
                         const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                         const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                         const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1538,7 +1546,7 @@ template <typename T, typename mf_index_t>
                     float mf_sv = -INFINITY;
                     if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                         const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S);
+                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
                         const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                         const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                         const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1637,7 +1645,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1651,7 +1659,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1665,7 +1673,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1679,7 +1687,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1697,7 +1705,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1716,7 +1724,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1735,7 +1743,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1754,7 +1762,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;

@@ -1311,6 +1311,8 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_R[32];
+    threadgroup mf_index_t mf_tg_tpos_S[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     threadgroup half mf_tg_qs[6400];
@@ -1352,6 +1354,12 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) / mf_size_S;
+        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) % mf_size_S;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -1381,7 +1389,7 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % mf_ew;
         mf_qt[mf_qrow * mf_qs + mf_e] = half(0.0f);
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
+            const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
         }
     }
@@ -1496,7 +1504,7 @@ template <typename T, typename mf_index_t>
                     float mf_sv = -INFINITY;
                     if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                         const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S);
+                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
                         const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                         const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                         const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1525,7 +1533,7 @@ template <typename T, typename mf_index_t>
                     float mf_sv = -INFINITY;
                     if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                         const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S);
+                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
                         const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                         const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                         const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1629,7 +1637,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1644,7 +1652,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1659,7 +1667,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1674,7 +1682,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1693,7 +1701,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1713,7 +1721,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1733,7 +1741,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1753,7 +1761,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;

@@ -1251,6 +1251,8 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_R[32];
+    threadgroup mf_index_t mf_tg_tpos_S[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup memory, each simdgroup multiplies its rows with every key of the tile
@@ -1288,6 +1290,12 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) / mf_size_S;
+        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) % mf_size_S;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1
@@ -1310,7 +1318,7 @@ template <typename T, typename mf_index_t>
             const uint mf_e = mf_d * 8u + mf_mc + mf_i;
             mf_qf[mf_d][mf_i] = 0.0f;
             if (mf_live && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)]);
+                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
                 mf_qf[mf_d][mf_i] = mf_in_q;
             }
         }
@@ -1395,7 +1403,7 @@ template <typename T, typename mf_index_t>
                     mf_sf[mf_kb][mf_i] = -INFINITY;
                     if (mf_u < mf_tn && mf_live) {
                         const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S);
+                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
                         const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                         const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                         const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1465,13 +1473,13 @@ template <typename T, typename mf_index_t>
             for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                 const uint mf_e = mf_d * 8u + mf_mc + mf_i;
                 if (mf_live && mf_index_t(mf_e) < mf_size_E) {
-                    mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_of[mf_d][mf_i] / mf_md));
+                    mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_of[mf_d][mf_i] / mf_md));
                 }
             }
         }
     } else {
         // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-        const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_S) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_S) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+        const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
         if (mf_live && mf_mc == 0u) {
             mf_scratch[mf_partial] = mf_mm;
             mf_scratch[mf_partial + 1u] = mf_md;

@@ -1306,6 +1306,8 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_B[32];
+    threadgroup mf_index_t mf_tg_tpos_R[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     threadgroup half mf_tg_qs[6400];
@@ -1344,6 +1346,12 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_B[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) / mf_size_R;
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) % mf_size_R;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_G = mf_index_t(mf_own);
     const uint mf_tid = mf_sg * 32u + mf_lane;
     // the simdgroup's 16 rows of the tile and its parity of key and E blocks
@@ -1375,7 +1383,7 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % mf_ew;
         mf_qt[mf_qrow * mf_qs + mf_e] = half(0.0f);
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_in_q = float(q[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)]);
+            const float mf_in_q = float(q[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
         }
     }
@@ -1606,7 +1614,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            mf_out[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1620,7 +1628,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            mf_out[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1634,7 +1642,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            mf_out[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1648,7 +1656,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            mf_out[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1666,7 +1674,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1685,7 +1693,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1704,7 +1712,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1723,7 +1731,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;

@@ -1230,6 +1230,8 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_B[32];
+    threadgroup mf_index_t mf_tg_tpos_R[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup memory, each simdgroup multiplies its rows with every key of the tile
@@ -1264,6 +1266,12 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_B[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) / mf_size_R;
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane)) % mf_size_R;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_G = mf_index_t(mf_own);
     // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1
     const uint mf_mr = ((mf_lane / 4u) & 4u) + mf_lane / 2u % 4u;
@@ -1285,7 +1293,7 @@ template <typename T, typename mf_index_t>
             const uint mf_e = mf_d * 8u + mf_mc + mf_i;
             mf_qf[mf_d][mf_i] = 0.0f;
             if (mf_live && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)]);
+                const float mf_in_q = float(q[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
                 mf_qf[mf_d][mf_i] = mf_in_q;
             }
         }
@@ -1437,13 +1445,13 @@ template <typename T, typename mf_index_t>
             for (uint mf_i = 0u; mf_i < 2u; ++mf_i) {
                 const uint mf_e = mf_d * 8u + mf_mc + mf_i;
                 if (mf_live && mf_index_t(mf_e) < mf_size_E) {
-                    mf_out[((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_of[mf_d][mf_i] / mf_md));
+                    mf_out[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_of[mf_d][mf_i] / mf_md));
                 }
             }
         }
     } else {
         // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-        const mf_index_t mf_partial = (((mf_index_t(mf_tile * 32u + mf_qrow) / mf_size_R * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow) % mf_size_R) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+        const mf_index_t mf_partial = (((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
         if (mf_live && mf_mc == 0u) {
             mf_scratch[mf_partial] = mf_mm;
             mf_scratch[mf_partial + 1u] = mf_md;

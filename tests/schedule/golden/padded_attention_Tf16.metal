@@ -1260,6 +1260,7 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_S[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     threadgroup half mf_tg_qs[6400];
@@ -1282,6 +1283,11 @@ template <typename T, typename mf_index_t>
     }
     const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane));
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -1314,7 +1320,7 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % mf_ew;
         mf_qt[mf_qrow * mf_qs + mf_e] = half(0.0f);
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)]);
+            const float mf_in_q = float(q[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
         }
     }
@@ -1549,7 +1555,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1563,7 +1569,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1577,7 +1583,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1591,7 +1597,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1609,7 +1615,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1628,7 +1634,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1647,7 +1653,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1666,7 +1672,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;

@@ -1463,6 +1463,7 @@ template <typename T, typename mf_index_t>
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]])
 {
+    threadgroup mf_index_t mf_tg_tpos_R[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
     threadgroup half mf_tg_qs[6400];
@@ -1485,6 +1486,11 @@ template <typename T, typename mf_index_t>
     }
     const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane));
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     const uint mf_tid = mf_sg * 32u + mf_lane;
@@ -1517,7 +1523,7 @@ template <typename T, typename mf_index_t>
         const uint mf_e = mf_qi % mf_ew;
         mf_qt[mf_qrow * mf_qs + mf_e] = half(0.0f);
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-            const float mf_in_q = float(q[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)]);
+            const float mf_in_q = float(q[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
         }
     }
@@ -1816,7 +1822,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1830,7 +1836,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1844,7 +1850,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1858,7 +1864,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
+                            mf_out[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                         }
                     }
                 }
@@ -1876,7 +1882,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc0[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1895,7 +1901,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc1[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1914,7 +1920,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc2[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
@@ -1933,7 +1939,7 @@ template <typename T, typename mf_index_t>
                             const float mf_mm = mf_tg_m[mf_qrow];
                             const float mf_md = mf_tg_d[mf_qrow];
                             const float mf_ov = mf_oacc3[mf_f][mf_x];
-                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_index_t(mf_tile * 32u + mf_qrow)) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                            const mf_index_t mf_partial = (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
                             if (mf_e == 0u) {
                                 mf_scratch[mf_partial] = mf_mm;
                                 mf_scratch[mf_partial + 1u] = mf_md;
