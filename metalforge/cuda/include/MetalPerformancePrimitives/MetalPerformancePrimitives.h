@@ -1,7 +1,9 @@
 // metalforge.cuda — <MetalPerformancePrimitives/MetalPerformancePrimitives.h>: Metal 4's
-// matmul2d over tensors and cooperative tensors, on tensor cores.  The same surface as the
-// simulator's (metalforge/sim/include/MetalPerformancePrimitives/), see docs/reference/
-// simulator.md; what differs is the hardware underneath and the cooperative-tensor layout.
+// matmul2d over tensors and cooperative tensors, on tensor cores.  The surface (extents,
+// tensor and its slices, execution_simdgroups, matmul2d_descriptor, matmul2d's factories and
+// checks) is the one the simulator uses too: mf_surface.h beside this file, see
+// docs/reference/simulator.md; what is here is the hardware underneath (mf_mpp::engine, the
+// `run` matmul2d derives) and the cooperative-tensor layout.
 //
 // - half x half and bfloat x bfloat products run as mma.sync.aligned.m16n8k16.row.col.f32
 //   (exact products, float accumulation), one m16n8k16 step per 16 x 8 x 16 block; float
@@ -59,6 +61,10 @@ namespace mf_mpp {
 template <class T, ::metal::size_t N> using index_array = T[N];
 }  // namespace mf_mpp
 #include <MetalPerformancePrimitives/mf_surface.h>
+#undef MF_MPP_FN
+#undef MF_MPP_HOT
+#undef MF_MPP_AT
+#undef MF_MPP_WHO
 
 namespace mf_mpp {
 using ::metal::enable_if;

@@ -22,6 +22,10 @@ template <class T, size_t N>
 using index_array = ::metal::array<T, N>;
 }  // namespace mf_mpp
 #include "../../../cuda/include/MetalPerformancePrimitives/mf_surface.h"
+#undef MF_MPP_FN
+#undef MF_MPP_HOT
+#undef MF_MPP_AT
+#undef MF_MPP_WHO
 
 #include "mf_layout.h"
 #include "mf_matmul.h"

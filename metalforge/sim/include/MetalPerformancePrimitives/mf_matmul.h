@@ -1,5 +1,7 @@
-// metalforge.sim — mpp::tensor_ops::matmul2d: Metal 4's matrix product over tensors and
-// cooperative tensors, run by one simdgroup (execution_simdgroup) or S of them
+// metalforge.sim — how mpp::tensor_ops::matmul2d runs here (mf_mpp::engine, which matmul2d
+// derives from; the descriptor, the factories and the checks are the surface shared with the
+// cuda shim, mf_surface.h) and the cooperative tensor: Metal 4's matrix product over tensors
+// and cooperative tensors, run by one simdgroup (execution_simdgroup) or S of them
 // (execution_simdgroups<S>).
 //
 // Semantics modelled: destination (M x N) = left (M x K) * right (K x N), plus the destination's
