@@ -81,12 +81,17 @@ KEY_MODULES = ("sim/compiler.py", "sim/toolchain.py", "sim/rewrite.py", "sim/spa
                "msl/signature.py", "msl/scalars.py", "msl/parse.py", "msl/blanks.py")
 
 
+# Headers outside the shim's include folder that its headers include (by relative path):
+# the Metal 4 tensor-ops surface the cuda shim shares (MetalPerformancePrimitives.h).
+KEY_HEADERS = ("cuda/include/MetalPerformancePrimitives/mf_surface.h",)
+
+
 def compute_shim_hash(include_dir: Path = INCLUDE_DIR, package_dir: Path = PACKAGE_DIR,
-                      modules: tuple[str, ...] = KEY_MODULES) -> str:
+                      modules: tuple[str, ...] = KEY_MODULES + KEY_HEADERS) -> str:
     """Hash of everything besides the source, compiler and flags that a compiled library depends
     on: every file under the shim's include folder (names and contents, engine.cpp included),
-    the `modules` under `package_dir` (paths and contents) and torch's version (its c10/metal
-    headers are inlined)."""
+    the `modules` (and KEY_HEADERS) under `package_dir` (paths and contents) and torch's
+    version (its c10/metal headers are inlined)."""
     import torch
     h = hashlib.sha256(FORMAT_VERSION.encode())
     for p in sorted(include_dir.rglob("*")):

@@ -18,6 +18,9 @@ def _copy_tree(tmp_path: Path) -> tuple[Path, Path]:
         (pkg / sub).mkdir(parents=True)
         for p in (toolchain.PACKAGE_DIR / sub).glob("*.py"):
             shutil.copy(p, pkg / sub / p.name)
+    for name in toolchain.KEY_HEADERS:
+        (pkg / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(toolchain.PACKAGE_DIR / name, pkg / name)
     return inc, pkg
 
 
@@ -47,7 +50,8 @@ def test_key_ignores_binding_modules_and_follows_headers_and_codegen(tmp_path):
                  lambda: _append(pkg / "msl" / "parse.py", "\n# edit\n"),
                  lambda: _append(pkg / "msl" / "walker.py", "\n# edit\n"),
                  lambda: _append(pkg / "sim" / "spaces.py", "\n# edit\n"),
-                 lambda: _append(pkg / "sim" / "compiler.py", "\n# edit\n")):
+                 lambda: _append(pkg / "sim" / "compiler.py", "\n# edit\n"),
+                 lambda: _append(pkg / toolchain.KEY_HEADERS[0], "\n// edit\n")):
         edit()
         k = toolchain.compute_shim_hash(inc, pkg)
         assert k not in keys
@@ -79,6 +83,21 @@ def test_key_modules_cover_everything_the_compiler_imports():
         todo += _imported(name)
     assert "msl/walker.py" in seen and "sim/toolchain.py" in seen
     assert seen <= set(toolchain.KEY_MODULES), seen - set(toolchain.KEY_MODULES)
+
+
+def test_key_headers_cover_every_header_the_shim_includes_from_outside():
+    """A shim header that includes a file outside the include folder by relative path (the MPP
+    surface shared with the cuda shim) has that file in KEY_HEADERS, which exist."""
+    outside = set()
+    for p in toolchain.INCLUDE_DIR.rglob("*"):
+        if not p.is_file():
+            continue
+        for rel in re.findall(r'^\s*#\s*include\s+"([^"]+)"', p.read_text(errors="replace"),
+                              flags=re.M):
+            target = (p.parent / rel).resolve()
+            if target.is_file() and not target.is_relative_to(toolchain.INCLUDE_DIR):
+                outside.add(target.relative_to(toolchain.PACKAGE_DIR).as_posix())
+    assert outside and outside <= set(toolchain.KEY_HEADERS), outside
 
 
 

@@ -1,7 +1,9 @@
 // metalforge.cuda — <MetalPerformancePrimitives/MetalPerformancePrimitives.h>: Metal 4's
-// matmul2d over tensors and cooperative tensors, on tensor cores.  The same surface as the
-// simulator's (metalforge/sim/include/MetalPerformancePrimitives/), see docs/reference/
-// simulator.md; what differs is the hardware underneath and the cooperative-tensor layout.
+// matmul2d over tensors and cooperative tensors, on tensor cores.  The surface (extents,
+// tensor and its slices, execution_simdgroups, matmul2d_descriptor, matmul2d's factories and
+// checks) is the one the simulator uses too: mf_surface.h beside this file, see
+// docs/reference/simulator.md; what is here is the hardware underneath (mf_mpp::engine, the
+// `run` matmul2d derives) and the cooperative-tensor layout.
 //
 // - half x half and bfloat x bfloat products run as mma.sync.aligned.m16n8k16.row.col.f32
 //   (exact products, float accumulation), one m16n8k16 step per 16 x 8 x 16 block; float
@@ -49,169 +51,24 @@
 #define MF_UNROLL _Pragma("unroll")
 #endif
 
-namespace metal {
-
-constexpr size_t dynamic_extent = size_t(-1);
-
-template <class I, size_t... E>
-struct extents {
-  typedef I index_type;
-  static constexpr size_t mf_rank = sizeof...(E);
-  static constexpr size_t mf_ndyn = (size_t(E == dynamic_extent) + ... + size_t(0));
-  I mf_e[mf_rank > 0 ? mf_rank : 1];
-  static constexpr size_t rank() { return mf_rank; }
-  static constexpr size_t static_extent(size_t r) {
-    constexpr size_t s[] = {E..., 0};
-    return s[r];
-  }
-  MF_D constexpr extents() : mf_e{I(E == dynamic_extent ? 0 : E)...} {}
-  template <class... J, class = typename enable_if<(sizeof...(J) > 0) &&
-                                                   (sizeof...(J) == mf_rank ||
-                                                    sizeof...(J) == mf_ndyn)>::type>
-  MF_D constexpr extents(J... v) : mf_e{} {
-    const I vals[] = {I(v)...};
-    size_t d = 0;
-    for (size_t r = 0; r < mf_rank; ++r) {
-      if (sizeof...(J) == mf_rank) mf_e[r] = vals[r];
-      else mf_e[r] = static_extent(r) == dynamic_extent ? vals[d++] : I(static_extent(r));
-    }
-  }
-  MF_D constexpr I extent(size_t r) const { return mf_e[r]; }
-};
-
-namespace mf_mpp_detail {
-template <size_t... S> struct seq {};
-template <size_t N, size_t... S> struct make_seq : make_seq<N - 1, N - 1, S...> {};
-template <size_t... S> struct make_seq<0, S...> { typedef seq<S...> type; };
-template <class I, class Seq> struct dext;
-template <class I, size_t... S> struct dext<I, seq<S...>> {
-  typedef extents<I, ((void)S, dynamic_extent)...> type;
-};
-}  // namespace mf_mpp_detail
-
-template <class I, size_t R>
-using dextents = typename mf_mpp_detail::dext<I, typename mf_mpp_detail::make_seq<R>::type>::type;
-
-struct tensor_inline {};
-struct tensor_handle {};
-struct tensor_offset {};
-
-// A view of device or threadgroup memory; dimension 0 innermost.  Like the simulator's, it
-// remembers how far its memory reaches (mf_lim): reads past it are zero, stores dropped.
-template <class T, class Ext, class Kind = tensor_handle, class... Tags>
-struct tensor {
-  static_assert(is_same<Kind, tensor_inline>::value,
-                "metalforge.cuda: only tensor_inline tensors are supported");
-  typedef T element_type;
-  typedef typename remove_cv<T>::type value_type;
-  typedef Ext extents_type;
-  typedef typename Ext::index_type index_type;
-  static constexpr size_t mf_rank = Ext::rank();
-  static constexpr bool mf_is_tensor = true;
-  T* mf_data;
-  Ext mf_ext;
-  index_type mf_stride[mf_rank];
-  index_type mf_lim[mf_rank];
-
-  MF_D tensor(T* p, Ext e) : mf_data(p), mf_ext(e) {
-    index_type s = 1;
-    for (size_t r = 0; r < mf_rank; ++r) {
-      mf_stride[r] = s;
-      s *= e.extent(r);
-      mf_lim[r] = e.extent(r);
-    }
-  }
-  template <class A>
-  MF_D tensor(T* p, Ext e, A strides) : mf_data(p), mf_ext(e) {
-    for (size_t r = 0; r < mf_rank; ++r) {
-      mf_stride[r] = index_type(strides[r]);
-      mf_lim[r] = e.extent(r);
-    }
-  }
-  MF_D index_type get_extent(size_t r) const { return mf_ext.extent(r); }
-  MF_D index_type get_stride(size_t r) const { return mf_stride[r]; }
-  MF_D T* get_data_pointer() const { return mf_data; }
-  MF_D value_type mf_get(long i0, long i1) const {
-    if (i0 < 0 || i1 < 0 || i0 >= long(mf_lim[0]) || i1 >= long(mf_lim[1])) return value_type(0);
-    return mf_data[i0 * long(mf_stride[0]) + i1 * long(mf_stride[1])];
-  }
-  template <class V>
-  MF_D void mf_set(long i0, long i1, V v) const {
-    if (i0 < 0 || i1 < 0 || i0 >= long(mf_lim[0]) || i1 >= long(mf_lim[1])) return;
-    mf_data[i0 * long(mf_stride[0]) + i1 * long(mf_stride[1])] = value_type(v);
-  }
-  template <class Out, class... O>
-  MF_D Out mf_slice(Out out, O... offs) const {
-    const long o[] = {long(offs)...};
-    long shift = 0;
-    for (size_t r = 0; r < mf_rank; ++r) {
-      shift += o[r] * long(mf_stride[r]);
-      out.mf_stride[r] = mf_stride[r];
-      const long rest = long(mf_lim[r]) - o[r];
-      const long want = long(out.mf_ext.extent(r));
-      out.mf_lim[r] = index_type(rest < 0 ? 0 : (rest < want ? rest : want));
-    }
-    out.mf_data = mf_data + shift;
-    return out;
-  }
-  template <class O0, class O1, class = typename enable_if<mf_rank == 2 && sizeof(O0) != 0>::type>
-  MF_D auto slice(O0 o0, O1 o1) const {
-    typedef tensor<T, dextents<index_type, 2>, tensor_inline> Out;
-    const long r0 = long(mf_ext.extent(0)) - long(o0), r1 = long(mf_ext.extent(1)) - long(o1);
-    return mf_slice(Out(mf_data, dextents<index_type, 2>(index_type(r0 < 0 ? 0 : r0),
-                                                         index_type(r1 < 0 ? 0 : r1))), o0, o1);
-  }
-  template <size_t E0, size_t E1, class O0, class O1>
-  MF_D auto slice(O0 o0, O1 o1) const {
-    typedef tensor<T, extents<index_type, E0, E1>, tensor_inline> Out;
-    return mf_slice(Out(mf_data, extents<index_type, E0, E1>()), o0, o1);
-  }
-};
-
-template <int N>
-struct execution_simdgroups {
-  static constexpr int mf_count = N;
-};
-typedef execution_simdgroups<1> execution_simdgroup;
-
-}  // namespace metal
+// The shared surface (extents, tensor, execution_simdgroups, matmul2d_descriptor, matmul2d's
+// factories and checks): mf_surface.h, in this backend's spelling.
+#define MF_MPP_FN MF_D
+#define MF_MPP_HOT MF_D
+#define MF_MPP_AT(i, n) (i)
+#define MF_MPP_WHO "metalforge.cuda"
+namespace mf_mpp {
+template <class T, ::metal::size_t N> using index_array = T[N];
+}  // namespace mf_mpp
+#include <MetalPerformancePrimitives/mf_surface.h>
+#undef MF_MPP_FN
+#undef MF_MPP_HOT
+#undef MF_MPP_AT
+#undef MF_MPP_WHO
 
 namespace mf_mpp {
 using ::metal::enable_if;
 using ::metal::is_same;
-
-template <class T> struct bare_t { typedef typename ::metal::remove_cv<
-    typename ::metal::remove_reference<T>::type>::type type; };
-template <class T> using bare = typename bare_t<T>::type;
-template <class...> struct voider { typedef void type; };
-
-template <class X, class = void> struct is_tensor { static constexpr bool value = false; };
-template <class X> struct is_tensor<X, typename voider<decltype(bare<X>::mf_is_tensor)>::type> {
-  static constexpr bool value = true;
-};
-template <class X, class = void> struct is_coop { static constexpr bool value = false; };
-template <class X> struct is_coop<X, typename voider<decltype(bare<X>::mf_is_coop)>::type> {
-  static constexpr bool value = true;
-};
-template <class X, class = void> struct elem_of { typedef bare<X> type; };
-template <class X> struct elem_of<X, typename voider<typename bare<X>::value_type>::type> {
-  typedef typename bare<X>::value_type type;
-};
-template <class X> using elem_t = typename elem_of<X>::type;
-
-template <class T> constexpr bool is_f16 = ::metal::is_f16<T>::value;
-template <class T> constexpr bool is_operand = is_f16<T> || is_same<T, float>::value;
-
-template <class A, class B, class C>
-constexpr bool check_types() {
-  static_assert(!((is_same<A, half>::value && is_same<B, bfloat>::value) ||
-                  (is_same<A, bfloat>::value && is_same<B, half>::value)),
-                "matmul2d: the left operand is half and the right bfloat (or the reverse): "
-                "both operands of a tensor op are one 16-bit float type; convert one of them");
-  static_assert(is_operand<A> && is_operand<B>, "matmul2d: operands are half, bfloat or float");
-  static_assert(is_operand<C>, "matmul2d: the destination is float, half or bfloat");
-  return true;
-}
 
 MF_D unsigned lane() { return ::metal::mf_simd::lane(); }
 MF_D unsigned warp() {
@@ -222,8 +79,6 @@ MF_D void frag_coord(unsigned l, int e, int& row, int& col) {
   row = int(l >> 2) + 8 * ((e >> 1) & 1);
   col = 2 * int(l & 3u) + (e & 1) + 8 * (e >> 2);
 }
-
-struct Elem { int row, col; bool valid; };
 
 // A cooperative tensor over a Rows x Cols matrix (rows M or N, columns K or N), S warps;
 // Swap: the stored tensor's dimension 0 is the row (a transposed left, an untransposed right).
@@ -333,60 +188,13 @@ MF_D void frag_mma(float* acc, const T* a, const T* b) {
   }
 }
 
-}  // namespace mf_mpp
-
-namespace mpp {
-namespace tensor_ops {
-
-struct matmul2d_descriptor {
-  enum class mode { multiply, multiply_accumulate };
-  int m, n, k;
-  bool transpose_left, transpose_right, relaxed_precision;
-  mode matmul_mode;
-  constexpr matmul2d_descriptor(int m_, int n_, int k_ = int(::metal::dynamic_extent),
-                                bool transpose_left_ = false, bool transpose_right_ = false,
-                                bool relaxed_precision_ = false, mode mode_ = mode::multiply)
-      : m(m_), n(n_), k(k_), transpose_left(transpose_left_),
-        transpose_right(transpose_right_), relaxed_precision(relaxed_precision_),
-        matmul_mode(mode_) {}
-};
-
-template <matmul2d_descriptor D, class Exec>
-struct matmul2d {
-  static constexpr int S = Exec::mf_count;
-  static constexpr int M = D.m, N = D.n, K = D.k;
-  static constexpr bool TL = D.transpose_left, TR = D.transpose_right;
-  static constexpr bool Acc = D.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
-  static_assert(M > 0 && N > 0 && M % 16 == 0 && N % 16 == 0,
-                "matmul2d_descriptor: M and N must be multiples of 16 (an 8 x 8 descriptor "
-                "does not compile on Metal; use (16, 32, 16)-style tiles)");
-  static_assert(K == -1 || (K > 0 && K % 16 == 0),
-                "matmul2d_descriptor: K is a multiple of 16, or dynamic_extent");
-  typedef mf_mpp::coop<float, M, N, S, false> acc_t;
-
-  template <class A, class B, class C>
-  MF_D auto get_left_input_cooperative_tensor() const {
-    static_assert(mf_mpp::check_types<A, B, C>());
-    static_assert(K > 0, "matmul2d: a cooperative left operand needs a static K");
-    return mf_mpp::coop<A, M, (K > 0 ? K : 16), S, TL>();
-  }
-  template <class A, class B, class C>
-  MF_D auto get_right_input_cooperative_tensor() const {
-    static_assert(mf_mpp::check_types<A, B, C>());
-    static_assert(K > 0, "matmul2d: a cooperative right operand needs a static K");
-    return mf_mpp::coop<B, N, (K > 0 ? K : 16), S, !TR>();
-  }
-  template <class L, class R, class C>
-  MF_D auto get_destination_cooperative_tensor() const {
-    static_assert(mf_mpp::check_types<mf_mpp::elem_t<L>, mf_mpp::elem_t<R>, C>());
-    return mf_mpp::coop<C, M, N, S, false>();
-  }
-  // The form that names the op's type first: get_destination_cooperative_tensor<decltype(op),
-  // L, R, C>().
-  template <class Op, class L, class R, class C>
-  MF_D auto get_destination_cooperative_tensor() const {
-    return get_destination_cooperative_tensor<L, R, C>();
-  }
+// matmul2d's execution here (mpp::tensor_ops::matmul2d derives from it: mf_surface.h).
+template <int M, int N, int K, bool TL, bool TR, bool Relaxed, bool Acc, int S>
+struct engine {
+  typedef coop<float, M, N, S, false> acc_t;
+  template <class A> using left_coop = coop<A, M, (K > 0 ? K : 16), S, TL>;
+  template <class B> using right_coop = coop<B, N, (K > 0 ? K : 16), S, !TR>;
+  template <class C> using dest_coop = coop<C, M, N, S, false>;
 
   template <class L, class R, class Dst>
   MF_D void run(L&& left, R&& right, Dst&& dest) const {
@@ -429,12 +237,13 @@ struct matmul2d {
       if constexpr (mf_mpp::is_f16<A> && is_same<A, B>::value) tensor_mma(acc, left, right);
       else scalar(acc, left, right);
     } else {
-      static_assert(S == 1, "metalforge.cuda: cooperative-tensor operands need "
-                            "execution_simdgroup; give execution_simdgroups<N> tensors");
+      static_assert(check_coop_run<S>());
       static_assert(mf_mpp::is_f16<A> && is_same<A, B>::value,
                     "metalforge.cuda: cooperative-tensor operands are half or bfloat");
-      auto a = get_left_input_cooperative_tensor<A, B, C>();
-      auto b = get_right_input_cooperative_tensor<A, B, C>();
+      static_assert(check_coop_input<true, K, A, B, C>());
+      static_assert(check_coop_input<false, K, A, B, C>());
+      auto a = left_coop<A>();
+      auto b = right_coop<B>();
       if constexpr (is_coop<L>::value) a = left; else a.load(left);
       if constexpr (is_coop<R>::value) b = right; else b.load(right);
       __syncwarp(0xffffffffu);
@@ -586,5 +395,4 @@ struct matmul2d {
   }
 };
 
-}  // namespace tensor_ops
-}  // namespace mpp
+}  // namespace mf_mpp

@@ -10,7 +10,23 @@
 #error "MetalPerformancePrimitives needs Metal 4.0 (macOS 26): this source is compiled for an older Metal (__METAL_VERSION__ < 400)"
 #endif
 
-#include "mf_tensor.h"
+// The surface shared with the cuda shim (extents, tensor, execution_simdgroups,
+// matmul2d_descriptor, matmul2d's factories and checks), in this backend's spelling; it lives
+// in the cuda tree (see its head) and is part of the compile cache's key (toolchain.py).
+#define MF_MPP_FN
+#define MF_MPP_HOT MF_INLINE
+#define MF_MPP_AT(i, n) MF_CHECKED(i, n)
+#define MF_MPP_WHO "metalforge.sim"
+namespace mf_mpp {
+template <class T, size_t N>
+using index_array = ::metal::array<T, N>;
+}  // namespace mf_mpp
+#include "../../../cuda/include/MetalPerformancePrimitives/mf_surface.h"
+#undef MF_MPP_FN
+#undef MF_MPP_HOT
+#undef MF_MPP_AT
+#undef MF_MPP_WHO
+
 #include "mf_layout.h"
 #include "mf_matmul.h"
 

@@ -28,10 +28,7 @@ namespace mpp {
 
 constexpr int kGpuFamily = MF_SIM_GPU_FAMILY;
 
-struct Elem {
-  int row, col;
-  bool valid;
-};
+using ::mf_mpp::Elem;
 
 MF_INLINE constexpr void frag_coord(unsigned lane, int e, int& row, int& col) {
   if constexpr (kGpuFamily >= 10) {

@@ -1,5 +1,7 @@
-// metalforge.sim — mpp::tensor_ops::matmul2d: Metal 4's matrix product over tensors and
-// cooperative tensors, run by one simdgroup (execution_simdgroup) or S of them
+// metalforge.sim — how mpp::tensor_ops::matmul2d runs here (mf_mpp::engine, which matmul2d
+// derives from; the descriptor, the factories and the checks are the surface shared with the
+// cuda shim, mf_surface.h) and the cooperative tensor: Metal 4's matrix product over tensors
+// and cooperative tensors, run by one simdgroup (execution_simdgroup) or S of them
 // (execution_simdgroups<S>).
 //
 // Semantics modelled: destination (M x N) = left (M x K) * right (K x N), plus the destination's
@@ -18,55 +20,14 @@
 #ifndef MF_SIM_MPP_MATMUL_H
 #define MF_SIM_MPP_MATMUL_H
 
-namespace metal {
-template <int N>
-struct execution_simdgroups {
-  static_assert(N > 0, "execution_simdgroups<N>: N > 0");
-  static constexpr int mf_count = N;
-};
-using execution_simdgroup = execution_simdgroups<1>;
-}  // namespace metal
-
 namespace mf {
 namespace mpp {
 
-template <class T>
-using bare = std::remove_cv_t<std::remove_reference_t<T>>;
-
-template <class X, class = void>
-struct is_tensor : std::false_type {};
-template <class X>
-struct is_tensor<X, std::void_t<decltype(bare<X>::mf_is_tensor)>> : std::true_type {};
-
-// The element type of an operand given as a type: a tensor, a cooperative tensor or a scalar.
-template <class X, class = void>
-struct elem_of {
-  using type = bare<X>;
-};
-template <class X>
-struct elem_of<X, std::void_t<typename bare<X>::value_type>> {
-  using type = typename bare<X>::value_type;
-};
-template <class X>
-using elem_t = typename elem_of<X>::type;
-
-template <class T>
-constexpr bool is_float16 = std::is_same<T, half>::value || std::is_same<T, bfloat>::value;
-template <class T>
-constexpr bool is_operand = is_float16<T> || std::is_same<T, float>::value;
-
-template <class A, class B, class C>
-constexpr bool check_types() {
-  static_assert(!((std::is_same<A, half>::value && std::is_same<B, bfloat>::value) ||
-                  (std::is_same<A, bfloat>::value && std::is_same<B, half>::value)),
-                "matmul2d: the left operand is half and the right bfloat (or the reverse): "
-                "both operands of a tensor op are one 16-bit float type; convert one of them");
-  static_assert(is_operand<A> && is_operand<B>,
-                "matmul2d: operands are half, bfloat or float here (the simulator does not "
-                "model int8 or narrower operand types)");
-  static_assert(is_operand<C>, "matmul2d: the destination is float, half or bfloat");
-  return true;
-}
+using ::mf_mpp::bare;
+using ::mf_mpp::check_types;
+using ::mf_mpp::elem_t;
+using ::mf_mpp::is_coop;
+using ::mf_mpp::is_tensor;
 
 // An operand's value as the matrix unit multiplies it.
 template <class T, bool Relaxed>
@@ -121,11 +82,6 @@ struct coop {
   }
 };
 
-template <class X, class = void>
-struct is_coop : std::false_type {};
-template <class X>
-struct is_coop<X, std::void_t<decltype(bare<X>::mf_is_coop)>> : std::true_type {};
-
 // What one lane brings to the collective product: its shares of the three matrices.
 struct RunIn {
   const void* a;
@@ -179,58 +135,14 @@ void product(CollSlot* const* l, unsigned) {
   ::mf::Loc mf_file = __builtin_FILE(), unsigned mf_line = __builtin_LINE(), \
             unsigned mf_col = MF_COLUMN()
 
-namespace mpp {
-namespace tensor_ops {
+namespace mf_mpp {
 
-struct matmul2d_descriptor {
-  enum class mode { multiply, multiply_accumulate };
-  int m, n, k;
-  bool transpose_left, transpose_right, relaxed_precision;
-  mode matmul_mode;
-  constexpr matmul2d_descriptor(int m_, int n_, int k_ = int(::metal::dynamic_extent),
-                                bool transpose_left_ = false, bool transpose_right_ = false,
-                                bool relaxed_precision_ = false, mode mode_ = mode::multiply)
-      : m(m_), n(n_), k(k_), transpose_left(transpose_left_),
-        transpose_right(transpose_right_), relaxed_precision(relaxed_precision_),
-        matmul_mode(mode_) {}
-};
-
-template <matmul2d_descriptor D, class Exec>
-struct matmul2d {
-  static constexpr int S = Exec::mf_count;
-  static constexpr int M = D.m, N = D.n, K = D.k;
-  static constexpr bool TL = D.transpose_left, TR = D.transpose_right;
-  static constexpr bool Relaxed = D.relaxed_precision;
-  static constexpr bool Acc = D.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate;
-  static_assert(M > 0 && N > 0 && M % 16 == 0 && N % 16 == 0,
-                "matmul2d_descriptor: M and N must be multiples of 16 (an 8 x 8 descriptor "
-                "does not compile on Metal; use (16, 32, 16)-style tiles)");
-  static_assert(K == -1 || (K > 0 && K % 16 == 0),
-                "matmul2d_descriptor: K is a multiple of 16, or dynamic_extent");
-
-  template <class A, class B, class C>
-  auto get_left_input_cooperative_tensor() const {
-    static_assert(::mf::mpp::check_types<A, B, C>());
-    static_assert(K > 0, "matmul2d: a cooperative left operand needs a static K");
-    return ::mf::mpp::coop<A, TL ? K : M, TL ? M : K, S>();
-  }
-  template <class A, class B, class C>
-  auto get_right_input_cooperative_tensor() const {
-    static_assert(::mf::mpp::check_types<A, B, C>());
-    static_assert(K > 0, "matmul2d: a cooperative right operand needs a static K");
-    return ::mf::mpp::coop<B, TR ? N : K, TR ? K : N, S>();
-  }
-  template <class L, class R, class C>
-  auto get_destination_cooperative_tensor() const {
-    static_assert(::mf::mpp::check_types<::mf::mpp::elem_t<L>, ::mf::mpp::elem_t<R>, C>());
-    return ::mf::mpp::coop<C, M, N, S>();
-  }
-  // The form that names the op's type first: get_destination_cooperative_tensor<decltype(op),
-  // L, R, C>().
-  template <class Op, class L, class R, class C>
-  auto get_destination_cooperative_tensor() const {
-    return get_destination_cooperative_tensor<L, R, C>();
-  }
+// matmul2d's execution here (mpp::tensor_ops::matmul2d derives from it: mf_surface.h).
+template <int M, int N, int K, bool TL, bool TR, bool Relaxed, bool Acc, int S>
+struct engine {
+  template <class A> using left_coop = ::mf::mpp::coop<A, TL ? K : M, TL ? M : K, S>;
+  template <class B> using right_coop = ::mf::mpp::coop<B, TR ? N : K, TR ? K : N, S>;
+  template <class C> using dest_coop = ::mf::mpp::coop<C, M, N, S>;
 
   template <class L, class R, class Dst>
   void run(L&& left, R&& right, Dst&& dest, MF_MPP_SITE_PARAMS) const {
@@ -243,8 +155,7 @@ struct matmul2d {
     if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
       direct(left, right, dest);
     } else {
-      static_assert(S == 1, "metalforge.sim: cooperative-tensor operands are modelled with "
-                            "execution_simdgroup only; give execution_simdgroups<N> tensors");
+      static_assert(check_coop_run<S>());
       collective(left, right, dest, mf_file, mf_line, mf_col);
     }
   }
@@ -284,8 +195,10 @@ struct matmul2d {
     using A = elem_t<L>;
     using B = elem_t<R>;
     using C = elem_t<Dst>;
-    auto a = get_left_input_cooperative_tensor<A, B, C>();
-    auto b = get_right_input_cooperative_tensor<A, B, C>();
+    static_assert(check_coop_input<true, K, A, B, C>());
+    static_assert(check_coop_input<false, K, A, B, C>());
+    auto a = left_coop<A>();
+    auto b = right_coop<B>();
     coop<C, M, N, 1> c;
     if constexpr (is_coop<L>::value) a = left; else a.load(left);
     if constexpr (is_coop<R>::value) b = right; else b.load(right);
@@ -297,8 +210,7 @@ struct matmul2d {
   }
 };
 
-}  // namespace tensor_ops
-}  // namespace mpp
+}  // namespace mf_mpp
 
 #undef MF_MPP_SITE_PARAMS
 
