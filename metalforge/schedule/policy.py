@@ -94,6 +94,8 @@ class LaunchPolicy:
     qmm_wide_tile_m: int = 128         # ... its rows of x and weight rows of a tile (32, 64
     qmm_wide_tile_n: int = 128         # or 128 each; its values of K a step: qmm_tile_k)
     qmm_wide_splits: int = 1           # ... and its teams splitting K (1, 2 or 4)
+    qmm_wide_groups: int = 0           # ... taken only where its grid has at least this many
+                                       # threadgroups (0: wherever qmm_wide_rows says)
     fill_groups: int = 0               # column reductions: threadgroups the split kernel's grid
                                        # aims at, splitting the reduced axis into chunks where
                                        # the column blocks alone are fewer (0: never chunks)
@@ -359,7 +361,10 @@ POLICIES: dict[str, LaunchPolicy] = {
 # brackets): 14336x4096 M = 128 128x128 276.3 (34.6) against 64x32 / 4 teams 453.1, M = 256
 # 367.3 (48.0), M = 512 734.6 (90.2); 4096x4096 M = 512 273.5 (24.9) against 474.7; at M = 64
 # 64x32 / 4 teams stays best (82.6; 8.5). The Metal table never builds it (qmm_wide_rows 0:
-# untimed on Apple GPUs)
+# untimed on Apple GPUs). Only where its grid has 96 threadgroups or more (qmm_wide_groups):
+# 4096x4096 (32 column tiles) M = 128 (32 groups) 272.2 against 133.4, M = 256 (64) 272.8
+# against 261.3, M = 512 (128) 275.5 against 512.4; 14336x4096 M = 128 (112) 280.4 against
+# 455.0 (same session, one run)
 # cuda, elementwise: 4 elements a thread below 2^21 elements, 8 from there (measured at
 # elementwise.SMALL_WIDTH).
 # scatter (schedule/scatter/): one element a thread in every kernel (untimed on Apple GPUs)
@@ -378,7 +383,8 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
     "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32,
-                       "qmm_wide_rows": 128},
+                       "qmm_wide_rows": 128,
+                       "qmm_wide_groups": 96},
              "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128},
              "attention_grad": {"grad_simdgroups": 4}},
 }
@@ -395,7 +401,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
               "qmm_min_rows", "qmm_matrix", "stage_prologue", "x_rows", "paired_rows",
               "index64", "index_check", "target", "qmm_tile_m", "qmm_tile_n", "qmm_fp32",
               "qmm_splits", "qmm_tile_k", "qmm_prefetch", "qmm_wide_rows", "qmm_wide_tile_m",
-              "qmm_wide_tile_n", "qmm_wide_splits"),
+              "qmm_wide_tile_n", "qmm_wide_splits", "qmm_wide_groups"),
     "scan": ("threads_per_group", "reads_per_thread", "fill_groups", "index64"),
     "multiaxis": ("threads_per_group", "vector_width", "fill_groups", "chunk_rows", "index64",
                   "index_check"),
@@ -475,7 +481,8 @@ def _validate_common(p: LaunchPolicy) -> None:
                        ("split_grid", "every call splits K k_splits ways"),
                        ("small_grid", "never the small kernel"),
                        ("fill_groups", "never split the reduced axis into chunks"),
-                       ("qmm_wide_rows", "never the wide tiled kernel")):
+                       ("qmm_wide_rows", "never the wide tiled kernel"),
+                       ("qmm_wide_groups", "at every grid")):
         v = getattr(p, name)
         _need(p, isinstance(v, int) and not isinstance(v, bool) and v >= 0,
               f"{name} must be an int >= 0 (0: {zero}), got {v!r}")

@@ -80,6 +80,24 @@ def test_which_calls_have_the_wide_kernel():
     assert s.selecting(s.variants["qmm"].host_name) == []       # qmm_wide takes all its rows
 
 
+def test_the_wide_kernel_waits_for_a_grid_of_qmm_wide_groups():
+    """With qmm_wide_groups (the cuda table's 96) the wide tile runs only where its grid has
+    that many threadgroups: 4096 weight rows are 32 tiles of 128, so M = 256 (2 tiles of rows
+    of x: 64 groups) stays on qmm and M = 512 (128 groups) goes wide; check's sizes for
+    qmm_wide make such a grid (96 tiles of weight rows, the last partial, at M = 40)."""
+    assert backend_launch("cuda", "quant")["qmm_wide_groups"] == 96
+    s = runtime.schedule_of(q4_linear.graph(T="f16"),
+                            launch={**q4_linear.launch, "qmm_wide_groups": 96},
+                            sizes={"M": 1, "N": 8, "K": 128, "K/8": 16, "K/64": 2})
+    at = {"N": 4096, "K": 4096}
+    assert [s.variant({**at, "M": m}) for m in (256, 512)] == ["qmm", "qmm_wide"]
+    assert s.variant({"N": 14336, "K": 4096, "M": 128}) == "qmm_wide"      # 112 groups
+    assert s.selecting(s.variants["qmm_wide"].host_name) == [{"K": 64, "N": 95 * 128 + 1,
+                                                              "M": 40}]
+    with pytest.raises(mf.LaunchError, match=r"qmm_wide_groups must be an int >= 0"):
+        q4_linear.with_launch(qmm_wide_groups=-1).source(T="f16")
+
+
 def test_wide_option_errors():
     with pytest.raises(mf.LaunchError, match="qmm_wide_tile_m must be 32, 64 or 128, got 48"):
         q4_linear.with_launch(qmm_wide_tile_m=48).source(T="f16")

@@ -45,8 +45,10 @@ class QuantSchedule(Schedule):
         return max(self.policy.qmm_min_rows, self.policy.qmm_wide_rows)
 
     def variant(self, sizes: Mapping[str, int]) -> str:
-        """By the rows of x: qmm_wide from `wide_rows` on and qmm from qmm_min_rows on (where
-        the kernel has them: the same tiled kernel, each with its own tile), qmvx (x_rows
+        """By the rows of x: qmm_wide from `wide_rows` on where its grid has
+        qmm_wide_groups threadgroups or more (fewer, larger tiles leave cores idle) and qmm
+        from qmm_min_rows on (where the kernel has them: the same tiled kernel, each with its
+        own tile), qmvx (x_rows
         of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
         kernel where K is longer than one stretch of 32 chunks and the grid is small: qmv's
         with fewer than split_grid simdgroups per stretch each would walk (few simdgroups for
@@ -57,7 +59,9 @@ class QuantSchedule(Schedule):
             return "qmv_prologue"
         m = 1 if self.m_axis is None else sizes[self.m_axis]
         if WIDE in self.variants and m >= self.wide_rows:
-            return WIDE
+            tm, tn, _, _ = self.tiles[WIDE]
+            if self.blocks(sizes, tn, tm) >= self.policy.qmm_wide_groups:
+                return WIDE
         if "qmm" in self.variants and m >= self.policy.qmm_min_rows:
             return "qmm"
         name = "qmvx" if "qmvx" in self.variants and m >= self.x_rows else "qmv"
@@ -125,7 +129,11 @@ class QuantSchedule(Schedule):
         if m < first:
             return []
         assert self.m_axis is not None
-        return [{self.axis: -(-2 * tk // mult) * mult, self.rows_axis: tn + 1, self.m_axis: m}]
+        tiles = 2                        # of weight rows, the last partial; qmm_wide's grid
+        if name == WIDE:                 # as large as qmm_wide_groups asks
+            tiles = max(tiles, -(-self.policy.qmm_wide_groups // -(-m // tm)))
+        return [{self.axis: -(-2 * tk // mult) * mult, self.rows_axis: tn * (tiles - 1) + 1,
+                 self.m_axis: m}]
 
     @property
     def thresholds(self) -> list[int]:
