@@ -143,6 +143,10 @@ class LaunchPolicy:
                                        # read into registers a step ahead of their products
     tile_groups: int = 0               # contractions: tiles walked column by column in bands
                                        # of this many rows of tiles (L2 reuse; 0: row-major)
+    tf32: bool = False                 # contractions: f32 operands on the matrix hardware at
+                                       # reduced precision (TF32: 10-bit mantissas) where the
+                                       # target has tensor ops (matmul2d's relaxed_precision);
+                                       # elsewhere exact fp32 still
 
     @property
     def elements_per_thread(self) -> int:
@@ -410,7 +414,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                   "index64", "index_check"),
     "scatter": ("threads_per_group", "index64"),
     "matmul": ("target", "tile", "tile_simdgroups", "k_step", "stage_pad", "prefetch",
-               "tile_groups", "index64"),
+               "tile_groups", "index64", "tf32"),
 }
 # the attention backward (schedule/attention_grad): a simdgroup per row, 4 rows a group.
 # cuda: the 4-simdgroup block kernels (grad_simdgroups 4). H200, 2026-11-29, f16 causal, 16
@@ -451,7 +455,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 # options that are True or False, and what None means where it is allowed too (None: not)
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("one_launch", None),
-    ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None),
+    ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None), ("tf32", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

@@ -89,3 +89,46 @@ def test_the_cuda_backend_on_tensor_cores(dtype, opts):
         x, w, b = (torch.randn(*s, generator=g).to(dtype).cuda() for s in ((m, k), (n, k), (n,)))
         want = x.double() @ w.double().T + b.double()
         torch.testing.assert_close(kernel(x, w, b).double(), want, rtol=2e-2, atol=5e-2)
+
+
+def _tf32(t: torch.Tensor) -> torch.Tensor:
+    """f32 values rounded to TF32 (10 mantissa bits, to nearest even), computed directly."""
+    i = t.view(torch.int32)
+    return ((i + 0x0FFF + ((i >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+
+
+def test_tf32_only_when_asked(tmp_path):
+    """launch tf32=True: f32 operands on Metal 4 tensor ops with relaxed_precision (each
+    operand rounded to TF32, fp32 sums): against torch on TF32-rounded operands, at partial
+    tiles and a partial step of K; exact fp32 without it, and on simdgroup_matrix targets
+    (no relaxed products there); the cuda translation (mma.sync m16n8k8 on TF32) passes the
+    host syntax check."""
+    g = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(*s, generator=g) for s in ((70, 100), (50, 100), (50,)))
+    exact = x.double() @ w.double().T + b.double()
+    got = linear.with_launch(target="apple10", tf32=True)(x, w, b).double()
+    torch.testing.assert_close(got, _tf32(x).double() @ _tf32(w).double().T + b.double(),
+                               rtol=1e-5, atol=1e-4)
+    assert (got - exact).abs().max() > 1e-3                  # the products lost their bits
+    for kernel in (linear.with_launch(target="apple10"),
+                   linear.with_launch(target="apple9", tf32=True)):
+        torch.testing.assert_close(kernel(x, w, b).double(), exact, rtol=1e-5, atol=1e-4)
+    src = linear.with_launch(target="cuda", tf32=True, tile=128).source(T="f32")
+    assert "matmul2d_descriptor(64, 64, 16, false, true, true," in src
+    assert "matmul2d_descriptor" not in linear.with_launch(target="cuda").source(T="f32")
+    assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tile", [64, 128])
+def test_tf32_on_tensor_cores(tile):
+    """The cuda shim's TF32 path (mma.sync m16n8k8, operands rounded to nearest with ties
+    away: at most one TF32 step from the simulator's even ties) against torch on TF32-rounded
+    operands, at partial tiles and steps."""
+    g = torch.Generator().manual_seed(4)
+    kernel = linear.with_launch(target="cuda", tf32=True, tile=tile)
+    for m, n, k in ((300, 200, 328), (33, 17, 41)):
+        x, w, b = (torch.randn(*s, generator=g) for s in ((m, k), (n, k), (n,)))
+        want = _tf32(x).double() @ _tf32(w).double().T + b.double()
+        got = kernel(x.cuda(), w.cuda(), b.cuda()).double().cpu()
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-2)

@@ -71,7 +71,8 @@ def context(graph: Graph, policy: LaunchPolicy, index64: bool, form: Contraction
     inputs, scalars = used_params(graph, list(graph.nodes()))
     names, out_names = msl_names(graph)
     tile = choose(get_target(policy.target), held_dtype(form.a), held_dtype(form.b),
-                  policy.tile, policy.k_step, policy.stage_pad, policy.tile_simdgroups)
+                  policy.tile, policy.k_step, policy.stage_pad, policy.tile_simdgroups,
+                  policy.tf32)
     return MatmulContext(graph, policy, index64, form, tile, inputs, scalars,
                          template_vars(graph.dtype_vars), names, out_names,
                          Uses([form.axis, form.rows, form.cols]))

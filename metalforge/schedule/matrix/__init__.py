@@ -17,10 +17,12 @@ word, a scaled or cast value: `stage` takes it as a callback) and what happens t
 (`metalforge.target`) and the operand dtypes (`tile.choose`):
 
 - `mpp` (module `mpp`): Metal 4 tensor ops, matmul2d over threadgroup tensors into a
-  cooperative fp32 destination (half or bfloat operands; targets with tensor_ops: apple10 and
-  the cuda backend, whose shim runs matmul2d on tensor cores);
+  cooperative fp32 destination (half or bfloat operands, and float ones with
+  relaxed_precision where a contraction's launch asks for TF32; targets with tensor_ops:
+  apple10 and the cuda backend, whose shim runs matmul2d on tensor cores);
 - `simdgroup_matrix` (module `simdgroup`): 8x8 fragments, half/bfloat/float operands staged as
-  they are, float accumulators (Apple7 .. Apple9, and f32 operands everywhere: no TF32).
+  they are, float accumulators (Apple7 .. Apple9, and exact fp32 for f32 operands
+  everywhere unless TF32 is asked for).
 
 `tile` holds the geometry, the staged layout and the staging loops both share. The block reads
 the thread inputs mf_t (thread in the threadgroup), mf_lane and mf_sg (its simdgroup); the

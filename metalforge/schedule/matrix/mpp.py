@@ -5,7 +5,8 @@ Each simdgroup runs one `matmul2d<desc, execution_simdgroup>` with the descripto
 transpose_left = false, transpose_right = true, relaxed_precision = false,
 multiply_accumulate): its operands are threadgroup tensors over its rows of each staged 16-wide
 slice of A and B (`tile.staged`: a slice of a block of rows is one packed row-major matrix, so
-the tensors need no strides), half or bfloat; B is k-inner, hence transpose_right. The
+the tensors need no strides), half or bfloat (float with relaxed_precision = true where the
+launch asks for TF32: `Tile.relaxed`); B is k-inner, hence transpose_right. The
 destination is a cooperative tensor of fp32 (mf_acc) that stays in registers across K, zeroed
 element by element up to its `get_capacity()`. Padded staged rows (`Tile.pad`) make the
 tensors strided (strides {1, 16 + pad}), and mark the loops over the capacity for unrolling
@@ -60,7 +61,7 @@ def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
     slices = t.bk // SLICE
     desc = ir.Call("matmul2d_descriptor", (
         _i(t.wm), _i(t.wn), _i(SLICE), ir.Lit(False, "bool"), ir.Lit(True, "bool"),
-        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+        ir.Lit(t.relaxed, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
     out: list[ir.Stmt] = [
         ir.Comment(f"Metal 4 tensor ops: the simdgroup's {t.wm} x {t.wn} outputs += A ({t.wm} "
                    f"rows) x B^T ({t.wn} rows), {SLICE} values of K a run"),

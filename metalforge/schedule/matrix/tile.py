@@ -54,6 +54,7 @@ class Tile:
     lowering: str
     bk: int = BK
     pad: int = 0                # values after each staged row of 16 (the layout above)
+    relaxed: bool = False       # float operands on tensor ops at reduced precision (TF32)
 
     @property
     def stride(self) -> int:
@@ -93,14 +94,16 @@ class Tile:
         how = ("Metal 4 tensor ops (matmul2d over threadgroup tensors, cooperative-tensor "
                "accumulators)" if self.lowering == MPP else "8x8 simdgroup_matrix products")
         pad = f" (rows padded by {self.pad})" if self.pad else ""
+        tf32 = " (relaxed precision: TF32 products)" if self.relaxed else ""
         return (f"tiles of {self.bm} x {self.bn} outputs, {self.bk} values of K a step staged "
                 f"as {self.operand}{pad}, {self.simdgroups} simdgroups of {self.wm} x "
-                f"{self.wn}; {how}; fp32 accumulation")
+                f"{self.wn}; {how}{tf32}; fp32 accumulation")
 
 
 def operand_type(a: DType, b: DType, target: Target) -> str:
     """The staged operands' MSL type: the operands' own half or bfloat (both the same; bfloat
-    where the target's Metal has it), else float (f32 keeps the fp32 path: no TF32)."""
+    where the target's Metal has it), else float (exact fp32 products unless a launch asks
+    for TF32: `choose`)."""
     if a == b and a.name == "f16":
         return "half"
     if a == b and a.name == "bf16" and target.bfloat_matrices:
@@ -109,15 +112,17 @@ def operand_type(a: DType, b: DType, target: Target) -> str:
 
 
 def choose(target: Target, a: DType, b: DType, tile: int, bk: int = BK, pad: int = 0,
-           simdgroups: int = 4) -> Tile:
+           simdgroups: int = 4, tf32: bool = False) -> Tile:
     """The tile a target and operand dtypes give: Metal 4 tensor ops where the target has them
-    and the operands are half or bfloat, simdgroup_matrix products elsewhere; `tile` x `tile`
-    outputs in 2 x 2 simdgroups (8: 2 x 4), `bk` values of K a step, staged rows padded by
-    `pad` values (2-byte operands only: a float tile keeps 16)."""
+    and the operands are half or bfloat (float ones too with `tf32`: matmul2d's
+    relaxed_precision, TF32 products), simdgroup_matrix products elsewhere (exact fp32 for
+    float); `tile` x `tile` outputs in 2 x 2 simdgroups (8: 2 x 4), `bk` values of K a step,
+    staged rows padded by `pad` values (2-byte operands only: a float tile keeps 16)."""
     op = operand_type(a, b, target)
-    lowering = MPP if target.tensor_ops and op != "float" else SIMDGROUP
+    relaxed = op == "float" and tf32 and target.tensor_ops
+    lowering = MPP if target.tensor_ops and (op != "float" or relaxed) else SIMDGROUP
     cols = simdgroups // 2
-    return Tile(tile, tile, 2, cols, op, lowering, bk, pad if op != "float" else 0)
+    return Tile(tile, tile, 2, cols, op, lowering, bk, pad if op != "float" else 0, relaxed)
 
 
 def staged(rows: int, r: ir.Expr, k: ir.Expr, pad: int = 0) -> ir.Expr:

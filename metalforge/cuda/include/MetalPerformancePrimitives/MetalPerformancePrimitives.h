@@ -7,7 +7,9 @@
 //
 // - half x half and bfloat x bfloat products run as mma.sync.aligned.m16n8k16.row.col.f32
 //   (exact products, float accumulation), one m16n8k16 step per 16 x 8 x 16 block; float
-//   operands multiply in float on the ALUs (exact fp32, no TF32), tensor operands only.
+//   operands multiply in float on the ALUs (exact fp32), tensor operands only, except under
+//   a descriptor's relaxed_precision: then as mma.sync.aligned.m16n8k8 with TF32 operands
+//   (each value rounded to 10 mantissa bits, cvt.rna), float accumulation.
 // - Cooperative-tensor layout (CUDA's own "GPU family"): each 16 x 16 fragment of an operand
 //   holds 8 elements a lane in mma.sync's register order; with g = lane / 4, t = lane % 4,
 //   element e is at row g + 8 * ((e / 2) % 2), column 2t + e % 2 + 8 * (e / 4) of the
@@ -151,6 +153,19 @@ MF_D void mma(float* d, const unsigned* a, unsigned b0, unsigned b1, bfloat) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// a float rounded to TF32 (10 mantissa bits, to nearest, ties away), as mma.sync reads it
+MF_D unsigned to_tf32(float x) {
+  unsigned u;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+  return u;
+}
+MF_D void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // whether p points into shared (threadgroup) memory
 MF_D bool is_shared(const void* p) {
   unsigned r;
@@ -235,6 +250,8 @@ struct engine {
     start(acc, dest);
     if constexpr (is_tensor<L>::value && is_tensor<R>::value) {
       if constexpr (mf_mpp::is_f16<A> && is_same<A, B>::value) tensor_mma(acc, left, right);
+      else if constexpr (Relaxed && is_same<A, float>::value && is_same<B, float>::value)
+        tensor_tf32(acc, left, right);
       else scalar(acc, left, right);
     } else {
       static_assert(check_coop_run<S>());
@@ -378,6 +395,52 @@ struct engine {
           b[e] = A(rv(right, k0 + c, n0 + r));
         }
         mf_mpp::frag_mma(&acc.mf_e[s * 8], a, b);
+      }
+    }
+  }
+  // float tensors under relaxed_precision: per 8 values of K, mma.sync m16n8k8's TF32 A
+  // fragment of each 16 rows (rows g, g + 8; values t, t + 4) and B fragment of each 8
+  // columns (values t, t + 4; column g), read element by element (zero outside the views),
+  // rounded to TF32, each read once a step where one warp runs the op (fragments row-major,
+  // as ldsm_run's), else per destination fragment
+  template <class L, class R>
+  MF_D static void tensor_tf32(acc_t& acc, const L& left, const R& right) {
+    using mf_mpp::to_tf32;
+    const int k_len = K > 0 ? K : int(left.get_extent(TL ? 1 : 0));
+    const unsigned l = mf_mpp::lane();
+    const int g = int(l >> 2), t = int(l & 3u);
+    if constexpr (S == 1 && M % 16 == 0 && N % 16 == 0) {
+      constexpr int FM = M / 16, FN = 2 * (N / 16);
+      for (int k0 = 0; k0 < k_len; k0 += 8) {
+        unsigned a[FM][4], b[FN][2];
+        MF_UNROLL for (int i = 0; i < FM; ++i) {
+          MF_UNROLL for (int q = 0; q < 4; ++q)
+            a[i][q] = to_tf32(float(lv(left, 16 * i + g + 8 * (q & 1), k0 + t + 4 * (q >> 1))));
+        }
+        MF_UNROLL for (int j = 0; j < FN; ++j) {
+          MF_UNROLL for (int q = 0; q < 2; ++q)
+            b[j][q] = to_tf32(float(rv(right, k0 + t + 4 * q, 8 * j + g)));
+        }
+        MF_UNROLL for (int i = 0; i < FM; ++i) {
+          MF_UNROLL for (int j = 0; j < FN; ++j)
+            mf_mpp::mma_tf32(&acc.mf_e[(i * (FN / 2) + j / 2) * 8 + 4 * (j % 2)], a[i],
+                             b[j][0], b[j][1]);
+        }
+      }
+      return;
+    }
+    MF_UNROLL for (int s = 0; s < acc_t::kSlots; ++s) {
+      const mf_mpp::Elem base = acc.mf_at(s * 8);
+      if (!base.valid) continue;                       // the same for the whole warp
+      const int m0 = base.row - g, n0 = base.col - 2 * t;
+      for (int k0 = 0; k0 < k_len; k0 += 8) {
+        unsigned a[4];
+        MF_UNROLL for (int q = 0; q < 4; ++q)
+          a[q] = to_tf32(float(lv(left, m0 + g + 8 * (q & 1), k0 + t + 4 * (q >> 1))));
+        MF_UNROLL for (int h = 0; h < 2; ++h)
+          mf_mpp::mma_tf32(&acc.mf_e[s * 8 + 4 * h], a,
+                           to_tf32(float(rv(right, k0 + t, n0 + 8 * h + g))),
+                           to_tf32(float(rv(right, k0 + t + 4, n0 + 8 * h + g))));
       }
     }
   }
