@@ -40,7 +40,7 @@ class Indexed:
 
 
 @dataclass(frozen=True)
-class ParamSource(Indexed):
+class ParameterSource(Indexed):
     """A graph parameter passed to the kernel: `name`, at `position` among the graph's
     parameters (where a call's values hold it)."""
     name: str
@@ -48,7 +48,7 @@ class ParamSource(Indexed):
 
 
 @dataclass(frozen=True)
-class InputSource(ParamSource):
+class InputSource(ParameterSource):
     """A tensor argument, read with vector loads of `vector` elements (0: scalar loads);
     `batch`: its leading batch dims are flattened into one."""
     vector: int
@@ -62,7 +62,7 @@ class OutputSource(Indexed):
 
 
 @dataclass(frozen=True)
-class ScalarSource(ParamSource):
+class ScalarSource(ParameterSource):
     """A runtime scalar, passed as a float or as an int checked to fit 64 bits (`where` names
     it in that error)."""
     is_float: bool
@@ -82,7 +82,7 @@ class LaunchSource(Indexed):
 
 
 @dataclass(frozen=True)
-class SortedSource(ParamSource):
+class SortedSource(ParameterSource):
     """An integer tensor argument sorted on the device before the launch (mf.scatter_add's
     deterministic mode): `part` "keys" (its values, ascending, int64) or "order" (where each
     was, int64; stable). The tensor is sorted once per call for both."""
