@@ -33,7 +33,7 @@ from .blocks import (
     store_acc,
 )
 from .kernels import Ctx, kernel_of, positions
-from .matrix import MAT_E
+from .matrix import K0, MAT_E, T0
 
 
 def _blocks(op: str, lowering_: str) -> tuple[strided.Blocks, strided.Blocks]:
@@ -80,8 +80,7 @@ class Setup:
         return resident.Resident("mf_sres", self.op, MAT_E)
 
 
-# the block's first key and first query row, and the simdgroup's first row of 16 in the block
-K0, T0, SG0 = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
+SG0 = ir.Var("mf_sg") * u(SIDE)     # the simdgroup's first row of 16 in the block
 
 
 def opening(ctx: Ctx, s: Setup, tiles: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],

@@ -28,7 +28,7 @@ from ..hardware import SIMD_WIDTH
 from ..matrix import resident, strided
 from ..matrix.tile import MPP
 from . import rowacc
-from .block_kernels import K0, SG0, T0, Setup, opening
+from .block_kernels import SG0, Setup, opening
 from .blocks import (
     PAD,
     SIDE,
@@ -41,7 +41,7 @@ from .blocks import (
     stage,
 )
 from .kernels import Ctx, kernel_of, positions
-from .matrix import MAT_E
+from .matrix import K0, MAT_E, T0
 
 WIDE = 4                       # simdgroups a threadgroup (16 keys or query rows each)
 OWN = ("mf_oc0", "mf_oc1")     # the simdgroup's resident left operands
