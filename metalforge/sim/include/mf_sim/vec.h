@@ -184,13 +184,19 @@ struct swizzle {
   MF_INLINE vec operator++(int) { vec t = *this; *this += T(1); return t; }                      \
   MF_INLINE vec operator--(int) { vec t = *this; *this -= T(1); return t; }
 
-// Anonymous structs in unions are a GNU/clang extension, used here for .x/.y/.z/.w.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
+// Anonymous structs in unions are a GNU/clang extension, used here (and in packed.h) for
+// .x/.y/.z/.w: MF_SIM_ANONYMOUS_BEGIN ... MF_SIM_ANONYMOUS_END around the types that use them.
 #ifdef __clang__
-#pragma clang diagnostic ignored "-Wgnu-anonymous-struct"
-#pragma clang diagnostic ignored "-Wnested-anon-types"
+#define MF_SIM_ANONYMOUS_BEGIN                                                      \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpedantic\"") \
+  _Pragma("clang diagnostic ignored \"-Wgnu-anonymous-struct\"")                   \
+  _Pragma("clang diagnostic ignored \"-Wnested-anon-types\"")
+#else
+#define MF_SIM_ANONYMOUS_BEGIN \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpedantic\"")
 #endif
+#define MF_SIM_ANONYMOUS_END _Pragma("GCC diagnostic pop")
+MF_SIM_ANONYMOUS_BEGIN
 
 // The swizzles of x, y, z without a repeated component (3P2 + 3P3), in both spellings, over
 // 4 stored elements (vec<T, 3> is padded to 4): members of vec<T, 3> and vec<T, 4>.
@@ -308,7 +314,7 @@ struct alignas(16 * sizeof(T)) vec<T, 16> {
   MF_SIM_VEC_COMMON(16)
 };
 
-#pragma GCC diagnostic pop
+MF_SIM_ANONYMOUS_END
 #undef MF_SIM_VEC_COMMON
 #undef MF_SIM_SWIZZLES_XYZ
 
