@@ -254,12 +254,15 @@ class simd_vote {
 // QUAD 1): M's two instances.
 #define MF_SIMD_QUAD(M, NAME, ...) M(simd_##NAME, __VA_ARGS__, 0) M(quad_##NAME, __VA_ARGS__, 1)
 
-#define MF_REDUCE(NAME, OP, QUAD)                                                   \
-  template <class T>                                                               \
-  inline T NAME(T data, MF_SITE_PARAMS) {                                          \
-    return ::mf::simd::run<T>(data, &::mf::simd::reduce<T, ::mf::simd::OP>, QUAD,  \
-                              #NAME, MF_SITE);                                     \
+// A collective of one value, `NAME`(data), resolved by the resolver given after QUAD (the
+// variadic tail: its template arguments may hold commas)
+#define MF_COLLECTIVE(NAME, QUAD, ...)                                                       \
+  template <class T>                                                                        \
+  inline T NAME(T data, MF_SITE_PARAMS) {                                                   \
+    return ::mf::simd::run<T>(data, &__VA_ARGS__, QUAD, #NAME, MF_SITE);                    \
   }
+
+#define MF_REDUCE(NAME, OP, QUAD) MF_COLLECTIVE(NAME, QUAD, ::mf::simd::reduce<T, ::mf::simd::OP>)
 MF_SIMD_QUAD(MF_REDUCE, sum, Sum)
 MF_SIMD_QUAD(MF_REDUCE, product, Prod)
 MF_SIMD_QUAD(MF_REDUCE, max, Max)
@@ -269,12 +272,8 @@ MF_SIMD_QUAD(MF_REDUCE, or, Or)
 MF_SIMD_QUAD(MF_REDUCE, xor, Xor)
 #undef MF_REDUCE
 
-#define MF_PREFIX(NAME, OP, INCL, ID, QUAD)                                                  \
-  template <class T>                                                                        \
-  inline T NAME(T data, MF_SITE_PARAMS) {                                                   \
-    return ::mf::simd::run<T>(data, &::mf::simd::prefix<T, ::mf::simd::OP, INCL, ID>, QUAD, \
-                              #NAME, MF_SITE);                                              \
-  }
+#define MF_PREFIX(NAME, OP, INCL, ID, QUAD) \
+  MF_COLLECTIVE(NAME, QUAD, ::mf::simd::prefix<T, ::mf::simd::OP, INCL, ID>)
 MF_SIMD_QUAD(MF_PREFIX, prefix_inclusive_sum, Sum, true, 0)
 MF_SIMD_QUAD(MF_PREFIX, prefix_exclusive_sum, Sum, false, 0)
 MF_SIMD_QUAD(MF_PREFIX, prefix_inclusive_product, Prod, true, 1)
@@ -311,14 +310,9 @@ MF_SIMD_QUAD(MF_FILL, shuffle_and_fill_up, false)
 MF_SIMD_QUAD(MF_FILL, shuffle_and_fill_down, true)
 #undef MF_FILL
 
-#define MF_BROADCAST_FIRST(NAME, QUAD)                                                       \
-  template <class T>                                                                        \
-  inline T NAME(T data, MF_SITE_PARAMS) {                                                   \
-    return ::mf::simd::run<T>(data, &::mf::simd::broadcast_first<T>, QUAD, #NAME, MF_SITE);   \
-  }
-MF_BROADCAST_FIRST(simd_broadcast_first, 0)
-MF_BROADCAST_FIRST(quad_broadcast_first, 1)
-#undef MF_BROADCAST_FIRST
+MF_COLLECTIVE(simd_broadcast_first, 0, ::mf::simd::broadcast_first<T>)
+MF_COLLECTIVE(quad_broadcast_first, 1, ::mf::simd::broadcast_first<T>)
+#undef MF_COLLECTIVE
 
 inline simd_vote simd_ballot(bool expr, MF_SITE_PARAMS) {
   auto b = ::mf::simd::run<::mf::simd::VoteBits>(expr, &::mf::simd::ballot, 0, "simd_ballot",
