@@ -216,6 +216,11 @@ def kind_of(root: Node) -> str:
     elementwise work: `autodiff` splits those by axis)."""
     if root.op == Op.SCATTER:
         return "scatter"
+    return "reduce" if _scan_below(root) is None else "scan"
+
+
+def _scan_below(root: Node) -> Optional[Node]:
+    """The first scan met from `root`, depth first, not passing a reduction or scatter."""
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -224,10 +229,10 @@ def kind_of(root: Node) -> str:
             continue
         seen.add(id(n))
         if n.op == Op.SCAN:
-            return "scan"
+            return n
         if n.op not in BARRIERS:
             stack.extend(n.args)
-    return "reduce"
+    return None
 
 
 def apart(graph: Graph, root: Node) -> list[Node]:
@@ -312,14 +317,7 @@ def _first_scan(root: Node) -> Node:
     """The scan that sets a scan kernel's axis and direction: the first met from the root
     (not through a reduction or scatter, which `apart` sets aside); `apart` sets aside the
     scans along another axis or the other way."""
-    stack, seen = [root], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if n.op == Op.SCAN:
-            return n
-        if n.op not in BARRIERS:
-            stack.extend(n.args)
-    raise MetalforgeError("no scan")           # kind_of said there is one
+    s = _scan_below(root)
+    if s is None:
+        raise MetalforgeError("no scan")       # kind_of said there is one
+    return s

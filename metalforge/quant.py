@@ -19,6 +19,7 @@ The layout (MLX "affine" mode):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -145,8 +146,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
     Example: ``wq = quant.pack(codes, bits=4)``"""
     _check_bits(bits)
-    if not isinstance(codes, torch.Tensor):
-        raise BindingError(f"pack: codes must be a torch.Tensor, got {type(codes).__name__}")
+    _check_tensor("pack: codes", codes)
     if codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
         raise BindingError(f"pack: codes must be an integer tensor, got {codes.dtype}")
     per_pack, _ = pack_layout(bits)
@@ -194,17 +194,21 @@ def _check_group_size(group_size: int) -> None:
             f"supports group_size in {SUPPORTED_GROUP_SIZES}")
 
 
-def _check_float(name: str, t: torch.Tensor) -> None:
+def _check_tensor(what: str, t: Any) -> None:
+    """`what` (the function and argument) is a torch.Tensor."""
     if not isinstance(t, torch.Tensor):
-        raise BindingError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise BindingError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    _check_tensor(name, t)
     if t.dtype not in FLOAT_DTYPES:
         raise BindingError(f"{name} must be float32, float16 or bfloat16 (what MLX quantizes), "
                            f"got {t.dtype}")
 
 
 def _check_words(fn: str, wq: torch.Tensor, bits: int) -> None:
-    if not isinstance(wq, torch.Tensor):
-        raise BindingError(f"{fn}: wq must be a torch.Tensor, got {type(wq).__name__}")
+    _check_tensor(f"{fn}: wq", wq)
     if wq.dtype != torch.uint32:
         raise BindingError(f"{fn}: wq must hold packed words as torch.uint32, got {wq.dtype}")
     _, words_per_pack = pack_layout(bits)

@@ -32,82 +32,77 @@ from .indexcheck import IndexErrors
 # --------------------------------------------------------------------------- the sources
 
 @dataclass(frozen=True)
-class InputSource:
-    """A tensor argument: parameter `name`, at `position` among the graph's parameters; read
-    with vector loads of `vector` elements (0: scalar loads); `batch`: its leading batch dims
-    are flattened into one."""
+class Indexed:
+    """A kernel argument's source: the argument at `index` in the kernels' parameter list.
+    The sources that need nothing else (the grid's element count, the scratch buffer, the
+    ticket counters, a gather's report) are this with only a name of their own."""
     index: int
+
+
+@dataclass(frozen=True)
+class ParameterSource(Indexed):
+    """A graph parameter passed to the kernel: `name`, at `position` among the graph's
+    parameters (where a call's values hold it)."""
     name: str
     position: int
+
+
+@dataclass(frozen=True)
+class InputSource(ParameterSource):
+    """A tensor argument, read with vector loads of `vector` elements (0: scalar loads);
+    `batch`: its leading batch dims are flattened into one."""
     vector: int
     batch: bool
 
 
 @dataclass(frozen=True)
-class OutputSource:
+class OutputSource(Indexed):
     """Output `output` of the graph (a 0-dim output binds as one element)."""
-    index: int
     output: int
 
 
 @dataclass(frozen=True)
-class ScalarSource:
-    """Runtime scalar `name`, at `position` among the graph's parameters, passed as a float or
-    as an int checked to fit 64 bits (`where` names it in that error)."""
-    index: int
-    name: str
-    position: int
+class ScalarSource(ParameterSource):
+    """A runtime scalar, passed as a float or as an int checked to fit 64 bits (`where` names
+    it in that error)."""
     is_float: bool
     where: str
 
 
 @dataclass(frozen=True)
-class SizeSource:
+class SizeSource(Indexed):
     """The size of axis `axis`."""
-    index: int
     axis: str
 
 
 @dataclass(frozen=True)
-class NumelSource:
-    """The number of output elements the grid covers."""
-    index: int
-
-
-@dataclass(frozen=True)
-class LaunchSource:
+class LaunchSource(Indexed):
     """A per-call launch parameter (`Schedule.launch_value(name, sizes)`)."""
-    index: int
     name: str
 
 
 @dataclass(frozen=True)
-class ScratchSource:
-    """A fresh fp32 buffer for partial results passed between a call's launches."""
-    index: int
-
-
-@dataclass(frozen=True)
-class CounterSource:
-    """The ticket counters of a one-launch kernel (runtime/counters.py): zero between launches."""
-    index: int
-
-
-@dataclass(frozen=True)
-class ReportSource:
-    """A gather kernel's 4-int error report (`indexcheck.IndexErrors`)."""
-    index: int
-
-
-@dataclass(frozen=True)
-class SortedSource:
+class SortedSource(ParameterSource):
     """An integer tensor argument sorted on the device before the launch (mf.scatter_add's
     deterministic mode): `part` "keys" (its values, ascending, int64) or "order" (where each
     was, int64; stable). The tensor is sorted once per call for both."""
-    index: int
-    name: str
-    position: int
     part: str
+
+
+class NumelSource(Indexed):
+    """The number of output elements the grid covers."""
+
+
+class ScratchSource(Indexed):
+    """A fresh fp32 buffer for partial results passed between a call's launches."""
+
+
+class CounterSource(Indexed):
+    """The ticket counters of a one-launch kernel (runtime/counters.py): zero between launches."""
+
+
+class ReportSource(Indexed):
+    """A gather kernel's 4-int error report (`indexcheck.IndexErrors`)."""
 
 
 Source = Union[InputSource, OutputSource, ScalarSource, SizeSource, NumelSource, LaunchSource,

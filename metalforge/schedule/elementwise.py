@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from .. import ir
@@ -655,28 +656,49 @@ def kernel_params(b: ParamSource, numel: bool = False, what: str = "",
     gather's error report (mf_err) is there when some gather is not in `proven` (None: the
     gathers `ranges.proven_sites` proves in range, which `ElementLowering` reads unchecked)."""
     ps: list[ir.Argument] = []
-
-    def add(name: str, kind: str, typ: str, binds: tuple[str | int, ...], writable: bool = False,
-            cast: Optional[str] = None) -> None:
-        ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
-
+    add = partial(add_param, ps)
     for t in b.inputs:
         add(b.names[t.name], "buffer", b.in_stype(t), ("input", t.name))
     for k in range(len(b.graph.outputs)):
         add(b.out_names[k], "buffer", b.out_stype(k), ("output", k), writable=True)
-    for s in b.scalars:
-        add(b.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
-            cast=_SCALAR_CASTS.get(s.dtype.name))
+    add_scalars(ps, b.names, b.scalars)
     checked = set(range(len(take_sites(b.graph))))
     if checked - (ranges.proven_sites(b.graph) if proven is None else proven):
         add("mf_err", "buffer", "int", ("error",), writable=True)
-    icast = None if b.index64 else "int32"
     if numel:
-        add("mf_numel", "scalar", IDX, ("numel",), cast=icast)
-    for a in b.sizes_used:
-        add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
+        add("mf_numel", "scalar", IDX, ("numel",), cast=index_cast(b.index64))
+    return with_sizes(ps, b.graph.name, b.sizes_used, b.index64, what)
+
+
+def add_param(ps: list[ir.Argument], name: str, kind: str, typ: str,
+              binds: tuple[str | int, ...], writable: bool = False,
+              cast: Optional[str] = None) -> None:
+    """Kernel argument `name` appended to `ps` (its index: its place)."""
+    ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
+
+
+def add_scalars(ps: list[ir.Argument], names: Mapping[str, str],
+                scalars: Iterable[ScalarParam]) -> None:
+    """The runtime scalars (MSL names `names`), each passed as its own type."""
+    for s in scalars:
+        add_param(ps, names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
+                  cast=_SCALAR_CASTS.get(s.dtype.name))
+
+
+def index_cast(index64: bool) -> Optional[str]:
+    """How an index-typed scalar (an element count, a size) is passed: int32 unless 64-bit."""
+    return None if index64 else "int32"
+
+
+def with_sizes(ps: list[ir.Argument], kernel: str, sizes_used: Iterable[str], index64: bool,
+               what: str = "") -> tuple[ir.Argument, ...]:
+    """`ps` and the sizes of the axes `sizes_used` (mf_size_<axis>), checked to fit Metal's
+    buffer slots (`what` goes after "kernel arguments" in that error)."""
+    for a in sizes_used:
+        add_param(ps, f"mf_size_{ident(a)}", "scalar", IDX, ("size", a),
+                  cast=index_cast(index64))
     if len(ps) > MAX_BUFFERS:
         raise UnsupportedConstruct(
-            f"kernel '{b.graph.name}' needs {len(ps)} kernel arguments{what}, over Metal's "
+            f"kernel '{kernel}' needs {len(ps)} kernel arguments{what}, over Metal's "
             f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
     return tuple(ps)

@@ -464,6 +464,27 @@ def _need(p: LaunchPolicy, ok: bool, msg: str) -> None:
         raise LaunchError(f"{p.family} launch policy: {msg}")
 
 
+def _need_in(p: LaunchPolicy, name: str, choices: tuple[Any, ...]) -> None:
+    """Option `name` is one of `choices` (numbers are listed "32, 64 or 128", names "one of
+    'a', 'b'")."""
+    v = getattr(p, name)
+    listed = (", ".join(map(str, choices[:-1])) + f" or {choices[-1]}"
+              if all(isinstance(c, int) for c in choices) else
+              "one of " + ", ".join(map(repr, choices)))
+    _need(p, v in choices, f"{name} must be {listed}, got {v!r}")
+
+
+def _need_reads(p: LaunchPolicy, name: str) -> None:
+    """Option `name` (values a thread reads at once) fits in registers and in whole vectors."""
+    r = getattr(p, name)
+    _need(p, r <= MAX_READS_PER_THREAD,
+          f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
+          f"spill on Apple GPUs")
+    _need(p, r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
+          f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
+          f"of two below it)")
+
+
 def validate(p: LaunchPolicy) -> None:
     """Check a policy's values, in general and for its family (a LaunchError naming the
     option, its value and what would be right)."""
@@ -505,29 +526,23 @@ def _validate_common(p: LaunchPolicy) -> None:
     _need(p, not p.uses_simd or p.threads_per_group % SIMD_WIDTH == 0,
           f"threads_per_group={p.threads_per_group} must be a multiple of {SIMD_WIDTH}: the "
           f"kernel uses simdgroup collectives")
-    _need(p, p.index_check in INDEX_CHECKS,
-          f"index_check must be one of {', '.join(map(repr, INDEX_CHECKS))}, got "
-          f"{p.index_check!r}")
-    _need(p, p.vector_width in (1, 2, 4, 8),
-          f"vector_width must be 1, 2, 4 or 8, got {p.vector_width}")
+    _need_in(p, "index_check", INDEX_CHECKS)
+    _need_in(p, "vector_width", (1, 2, 4, 8))
     _need(p, p.threadgroup_bytes <= MAX_THREADGROUP_BYTES,
           f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
           f"{MAX_THREADGROUP_BYTES}-byte limit")
-    _need(p, p.grad_simdgroups in (2, 4),
-          f"grad_simdgroups must be 2 or 4, got {p.grad_simdgroups!r}")
+    _need_in(p, "grad_simdgroups", (2, 4))
 
 
 def _validate_matmul(p: LaunchPolicy) -> None:
-    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
-          f"got {p.target!r}")
-    _need(p, p.tile in (32, 64, 128), f"tile must be 32, 64 or 128, got {p.tile!r}")
-    _need(p, p.tile_simdgroups in (4, 8),
-          f"tile_simdgroups must be 4 or 8, got {p.tile_simdgroups!r}")
+    _need_in(p, "target", tuple(TARGETS))
+    _need_in(p, "tile", (32, 64, 128))
+    _need_in(p, "tile_simdgroups", (4, 8))
     _need(p, p.tile_simdgroups == 4 or p.tile >= 64,
           f"tile_simdgroups=8 needs tile 64 or 128 (blocks of at least 16 columns), got "
           f"tile={p.tile}")
-    _need(p, p.k_step in (32, 64), f"k_step must be 32 or 64, got {p.k_step!r}")
-    _need(p, p.stage_pad in (0, 8), f"stage_pad must be 0 or 8, got {p.stage_pad!r}")
+    _need_in(p, "k_step", (32, 64))
+    _need_in(p, "stage_pad", (0, 8))
     _need(p, not p.prefetch or p.stage_pad > 0,
           "prefetch=True reads padded tiles a step ahead: give stage_pad=8 with it")
     _need(p, p.tile_groups >= 0, f"tile_groups must be 0 or more, got {p.tile_groups!r}")
@@ -535,13 +550,7 @@ def _validate_matmul(p: LaunchPolicy) -> None:
 
 def _validate_row(p: LaunchPolicy) -> None:
     for name in _READS:
-        r = getattr(p, name)
-        _need(p, r <= MAX_READS_PER_THREAD,
-              f"{name}={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
-              f"spill on Apple GPUs")
-        _need(p, r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
-              f"{name}={r} must be a multiple of vector_width={p.vector_width} (or a power "
-              f"of two below it)")
+        _need_reads(p, name)
     _need(p, p.rows_per_group * SIMD_WIDTH <= MAX_THREADS_PER_GROUP,
           f"rows_per_group={p.rows_per_group}: that many simdgroups per group make "
           f"{p.rows_per_group * SIMD_WIDTH} threads per group, over {MAX_THREADS_PER_GROUP}")
@@ -552,8 +561,7 @@ def _validate_row(p: LaunchPolicy) -> None:
 
 
 def _validate_attention(p: LaunchPolicy) -> None:
-    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
-          f"got {p.target!r}")
+    _need_in(p, "target", tuple(TARGETS))
     _need(p, not p.stage_kv or p.threads_per_group == SIMD_WIDTH * p.rows_per_group,
           f"stage_kv: one simdgroup per query row of the tile, so threads_per_group="
           f"{p.threads_per_group} must be 32 x rows_per_group={p.rows_per_group} = "
@@ -579,15 +587,12 @@ def _validate_attention(p: LaunchPolicy) -> None:
 
 
 def _validate_quant(p: LaunchPolicy) -> None:
-    _need(p, p.target in TARGETS, f"target must be one of {', '.join(map(repr, TARGETS))}, "
-          f"got {p.target!r}")
+    _need_in(p, "target", tuple(TARGETS))
     for name in ("qmm_tile_m", "qmm_tile_n", "qmm_tile_k", "qmm_wide_tile_m",
                  "qmm_wide_tile_n"):
-        _need(p, getattr(p, name) in (32, 64, 128),
-              f"{name} must be 32, 64 or 128, got {getattr(p, name)!r}")
+        _need_in(p, name, (32, 64, 128))
     for name in ("qmm_splits", "qmm_wide_splits"):
-        _need(p, getattr(p, name) in (1, 2, 4),
-              f"{name} must be 1, 2 or 4, got {getattr(p, name)!r}")
+        _need_in(p, name, (1, 2, 4))
     _need(p, p.vector_width <= 4, f"vector_width={p.vector_width}: a lane loads vector_width "
           "packed words at once, at most 4 (16 bytes)")
     _need(p, p.rows_per_group <= MAX_QUANT_ROWS,
@@ -619,13 +624,7 @@ def _validate_column(p: LaunchPolicy) -> None:
 
 
 def _validate_scan(p: LaunchPolicy) -> None:
-    r = p.reads_per_thread
-    _need(p, r <= MAX_READS_PER_THREAD,
-          f"reads_per_thread={r}: over {MAX_READS_PER_THREAD} values per thread in registers "
-          f"spill on Apple GPUs")
-    _need(p, r % p.vector_width == 0 if r >= p.vector_width else r & (r - 1) == 0,
-          f"reads_per_thread={r} must be a multiple of vector_width={p.vector_width} (or a "
-          f"power of two below it)")
+    _need_reads(p, "reads_per_thread")
 
 
 _FAMILY_CHECKS = {"row": _validate_row, "attention": _validate_attention,

@@ -212,20 +212,33 @@ def own_fragments(ctx: Ctx, name: str, node: Node, first: ir.Expr, count: ir.Exp
             ir.Barrier()]
 
 
+def _lanes(own: ir.Var, other: ir.Var) -> tuple[ir.Expr, ir.Expr]:
+    """A lane's key or row among the simdgroup's own 8 from `own` (its fragment row), and
+    among the block's 8 from `other` that they meet (its fragment column, + mf_k)."""
+    return (own + ir.Cast(IDX, ir.Var("mf_mr")),
+            other + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k")))
+
+
+def _own_first(name: str) -> ir.Stmt:
+    """`name` = the simdgroup's first own key or row: mf_b0 + 8 mf_sg."""
+    return ir.Decl(name, IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG)))
+
+
+K0, T0 = ir.Var("mf_k0"), ir.Var("mf_t0")   # the first key, query row of a block (or own)
+SHARE = (ir.Var("mf_sg"), u(KSG))   # staging shared by the group: a row per simdgroup
+
+
 def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = {"mf_mma", "mf_mat_load"}
-    k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
-    key = k0 + ir.Cast(IDX, ir.Var("mf_mr"))
-    row = t0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
-    share = (ir.Var("mf_sg"), u(KSG))
+    key, row = _lanes(K0, T0)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 8 query rows: q and dO staged, with their transposes, by the "
                    "whole group"),
-        *stage(ctx, "mf_tq", r.q, t0, ctx.span(r.tile), row_place(ctx), transposed=True,
-               rows=share),
-        *stage(ctx, "mf_tdo", r.dy, t0, ctx.span(r.tile), row_place(ctx), transposed=True,
-               rows=share),
+        *stage(ctx, "mf_tq", r.q, T0, ctx.span(r.tile), row_place(ctx), transposed=True,
+               rows=SHARE),
+        *stage(ctx, "mf_tdo", r.dy, T0, ctx.span(r.tile), row_place(ctx), transposed=True,
+               rows=SHARE),
         ir.Barrier(),
         ir.Comment("S^T = K Q^T, dP^T = V dO^T; per element P and dc; dV += P^T dO, "
                    "dK += dc^T Q"),
@@ -239,10 +252,10 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
     body: list[ir.Stmt] = [
         *regions(),
         *head(ctx, ctx.size(r.key), FRAG * KSG),
-        ir.Decl("mf_k0", IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG))),
+        _own_first("mf_k0"),
         ir.Comment("the simdgroup's 8 keys of K and V, as fragments in registers"),
-        *own_fragments(ctx, "mf_kf", r.k, k0, ctx.size(r.key), key_place),
-        *own_fragments(ctx, "mf_vf", r.v, k0, ctx.size(r.key), key_place),
+        *own_fragments(ctx, "mf_kf", r.k, K0, ctx.size(r.key), key_place),
+        *own_fragments(ctx, "mf_vf", r.v, K0, ctx.size(r.key), key_place),
         *fragments(["mf_dkf", "mf_dvf"]),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "8 at a time, in order"),
@@ -262,17 +275,14 @@ def dkdv_kernel(ctx: Ctx) -> ir.LoweredKernel:
 def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
     r = ctx.roles
     helpers: set[str] = {"mf_mma", "mf_mat_load"}
-    t0, k0 = ir.Var("mf_t0"), ir.Var("mf_k0")
-    row = t0 + ir.Cast(IDX, ir.Var("mf_mr"))
-    key = k0 + ir.Cast(IDX, ir.Var("mf_mc") + ir.Var("mf_k"))
-    share = (ir.Var("mf_sg"), u(KSG))
+    row, key = _lanes(T0, K0)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 8 keys: K staged with its transpose, V transposed, by the "
                    "whole group"),
-        *stage(ctx, "mf_tk", r.k, k0, ctx.size(r.key), key_place, transposed=True,
-               rows=share),
-        *stage(ctx, "mf_tv", r.v, k0, ctx.size(r.key), key_place, plain=False,
-               transposed=True, rows=share),
+        *stage(ctx, "mf_tk", r.k, K0, ctx.size(r.key), key_place, transposed=True,
+               rows=SHARE),
+        *stage(ctx, "mf_tv", r.v, K0, ctx.size(r.key), key_place, plain=False,
+               transposed=True, rows=SHARE),
         ir.Barrier(),
         ir.Comment("S = Q K^T, dP = dO V^T; per element dc; dQ += dc K"),
         *products_from("mf_qf", "mf_tkt", "mf_sf"), *products_from("mf_dof", "mf_tvt",
@@ -284,10 +294,10 @@ def dq_kernel(ctx: Ctx) -> ir.LoweredKernel:
     body: list[ir.Stmt] = [
         *regions(("mf_tk", "mf_tkt", "mf_tvt")),
         *head(ctx, ctx.span(r.tile), FRAG * KSG),
-        ir.Decl("mf_t0", IDX, ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_sg") * u(FRAG))),
+        _own_first("mf_t0"),
         ir.Comment("the simdgroup's 8 query rows of q and dO, as fragments in registers"),
-        *own_fragments(ctx, "mf_qf", r.q, t0, ctx.span(r.tile), row_place(ctx)),
-        *own_fragments(ctx, "mf_dof", r.dy, t0, ctx.span(r.tile), row_place(ctx)),
+        *own_fragments(ctx, "mf_qf", r.q, T0, ctx.span(r.tile), row_place(ctx)),
+        *own_fragments(ctx, "mf_dof", r.dy, T0, ctx.span(r.tile), row_place(ctx)),
         *fragments(["mf_dqf"]),
         *key_range(ctx, ir.Var("mf_b0"), step, FRAG * KSG),
         ir.Comment("the lane's row's dq"),

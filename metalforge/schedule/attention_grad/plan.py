@@ -99,9 +99,7 @@ def _block(ctx: Ctx, policy: LaunchPolicy, kind: str, target: Target
     if policy.grad_fp32:
         return None, blocks.SGS
     if policy.grad_simdgroups == wide.WIDE:
-        kinds = {"dq": wide.dq_kernel, "dkdv": wide.dkdv_kernel}
-        got = kinds[kind](ctx, target)
+        got = wide.wide_kernel(kind, ctx, target)
         if got is not None:
             return got, wide.WIDE
-    two = {"dq": block_kernels.dq_kernel, "dkdv": block_kernels.dkdv_kernel}
-    return two[kind](ctx, target), blocks.SGS
+    return block_kernels.block_kernel(kind, ctx, target), blocks.SGS

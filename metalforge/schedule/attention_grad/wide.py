@@ -28,11 +28,10 @@ from ..hardware import SIMD_WIDTH
 from ..matrix import resident, strided
 from ..matrix.tile import MPP
 from . import rowacc
-from .block_kernels import _blocks, _first
+from .block_kernels import SG0, Setup, opening
 from .blocks import (
     PAD,
     SIDE,
-    accounting,
     elements,
     key_blocks,
     key_place,
@@ -40,10 +39,9 @@ from .blocks import (
     row_place,
     rows_seen,
     stage,
-    start,
 )
 from .kernels import Ctx, kernel_of, positions
-from .matrix import MAT_E
+from .matrix import K0, MAT_E, T0
 
 WIDE = 4                       # simdgroups a threadgroup (16 keys or query rows each)
 OWN = ("mf_oc0", "mf_oc1")     # the simdgroup's resident left operands
@@ -83,50 +81,40 @@ def _group_first() -> ir.Expr:
     return ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_gi") * u(SIDE))
 
 
-def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
-    op = applies(ctx, target)
-    if op is None:
-        return None
-    sblk, _ = _blocks(op, MPP)
-    res = resident.Resident("mf_sres", op, MAT_E)
-    racc = rowacc.rows(op)
-    helpers = strided.helpers(sblk) | {"mf_pack8_of"}
+def _dkdv(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
     r = ctx.roles
-    k0, t0 = ir.Var("mf_k0"), ir.Var("mf_t0")
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 query rows: q, dO, lse, delta staged once for every "
                    "simdgroup"),
-        stage(ctx, op, [("mf_tq", r.q), ("mf_tdo", r.dy)], t0, SIDE, ctx.span(r.tile),
+        stage(ctx, s.op, [("mf_tq", r.q), ("mf_tdo", r.dy)], T0, SIDE, ctx.span(r.tile),
               row_place(ctx), stats=True, sgs=WIDE),
         ir.Barrier(),
         ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows, K and V from "
-                   f"registers); per element P^T and dS^T as {op} to the simdgroup's scratch"),
-        _products(res, sblk, ("mf_tq", "mf_tdo")),
-        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, i),
-                  lambda i, j: t0 + ir.Cast(IDX, j), lambda i, j: j,
-                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], helpers),
+                   f"registers); per element P^T and dS^T as {s.op} to the simdgroup's scratch"),
+        _products(s.res, s.sblk, ("mf_tq", "mf_tdo")),
+        *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, i),
+                  lambda i, j: T0 + ir.Cast(IDX, j), lambda i, j: j,
+                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], s.helpers),
         ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
-        *rowacc.accumulate(racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
-                                  ("mf_dk", "mf_tc", ir.Var("mf_tq")))),
+        *rowacc.accumulate(s.racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
+                                    ("mf_dk", "mf_tc", ir.Var("mf_tq")))),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
     def live(i: ir.Expr) -> ir.Expr:
-        return k0 + ir.Cast(IDX, i) < ctx.size(r.key)
+        return K0 + ir.Cast(IDX, i) < ctx.size(r.key)
 
     def key_at(i: ir.Expr) -> list[ir.Stmt]:
-        return [ir.Decl("mf_l", IDX, k0 + ir.Cast(IDX, i))]
-    keys = stage(ctx, op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
+        return [ir.Decl("mf_l", IDX, K0 + ir.Cast(IDX, i))]
+    keys = stage(ctx, s.op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
                  SIDE, ctx.size(r.key), key_place, sgs=WIDE)
     body: list[ir.Stmt] = [
-        ir.Comment(accounting(ctx, op, WIDE, 0, 2, True)),
-        *start(ctx, MPP, op, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
-               WIDE, whole=True),
-        ir.Decl("mf_k0", IDX, _first("mf_b0")),
-        *rowacc.zero((("mf_tq", SIDE), ("mf_tdo", SIDE)), op, WIDE), *resident.declare_op(res),
-        *_own(ctx, res, (keys,), ("mf_tq", "mf_tdo")),
+        *opening(ctx, s, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
+                 "mf_k0", WIDE),
+        *resident.declare_op(s.res),
+        *_own(ctx, s.res, (keys,), ("mf_tq", "mf_tdo")),
         ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
-        *resident.destinations(res, OWN[0], sblk, 2),
-        *resident.declare_rows(racc, ("mf_dv", "mf_dk")),
+        *resident.destinations(s.res, OWN[0], s.sblk, 2),
+        *resident.declare_rows(s.racc, ("mf_dv", "mf_dk")),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "16 at a time, in order"),
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
@@ -137,60 +125,57 @@ def dkdv_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     summary = (f"{ctx.graph.name} (attention backward, dk dv, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} keys of a kv head, 16 a simdgroup with their K "
                "and V in registers; per 16 query rows reading them S^T = K Q^T, dP^T = V dO^T, "
-               f"P and dS as {op}, dV += P^T dO, dK += dS^T Q, on Metal 4 tensor ops with {op} "
+               f"P and dS as {s.op}, dV += P^T dO, dK += dS^T Q, on Metal 4 tensor ops with {s.op} "
                "operands and fp32 accumulation")
-    return kernel_of(ctx, body, "dkdv_wide", summary, helpers, SIMD_WIDTH * WIDE)
+    return kernel_of(ctx, body, "dkdv_wide", summary, s.helpers, SIMD_WIDTH * WIDE)
 
 
-def dq_kernel(ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
-    op = applies(ctx, target)
-    if op is None:
-        return None
-    sblk, _ = _blocks(op, MPP)
-    res = resident.Resident("mf_sres", op, MAT_E)
-    racc = rowacc.rows(op)
-    helpers = strided.helpers(sblk) | {"mf_pack8_of"}
+def _dq(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
     r = ctx.roles
-    k0, t0, own = ir.Var("mf_k0"), ir.Var("mf_t0"), ir.Var("mf_sg") * u(SIDE)
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 keys: K and V staged once for every simdgroup"),
-        stage(ctx, op, [("mf_tk", r.k), ("mf_tv", r.v)], k0, SIDE, ctx.size(r.key),
+        stage(ctx, s.op, [("mf_tk", r.k), ("mf_tv", r.v)], K0, SIDE, ctx.size(r.key),
               key_place, sgs=WIDE),
         ir.Barrier(),
         ir.Comment("S = Q K^T and dP = dO V^T (16 rows x 16 keys, q and dO from registers); "
-                   f"per element dS as {op} to the simdgroup's scratch"),
-        _products(res, sblk, ("mf_tk", "mf_tv")),
-        *elements(ctx, op, sblk, lambda i, j: k0 + ir.Cast(IDX, j),
-                  lambda i, j: t0 + ir.Cast(IDX, i), lambda i, j: own + i, [(r.dc, "mf_tc")],
-                  helpers),
+                   f"per element dS as {s.op} to the simdgroup's scratch"),
+        _products(s.res, s.sblk, ("mf_tk", "mf_tv")),
+        *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, j),
+                  lambda i, j: T0 + ir.Cast(IDX, i), lambda i, j: SG0 + i, [(r.dc, "mf_tc")],
+                  s.helpers),
         ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
-        *rowacc.accumulate(racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)),
+        *rowacc.accumulate(s.racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
     def row_at(i: ir.Expr) -> list[ir.Stmt]:
-        return positions(ctx, t0 + ir.Cast(IDX, i), r.tile)
-    rows = stage(ctx, op, [("mf_tk", r.q), ("mf_tv", r.dy)], _group_first(),
+        return positions(ctx, T0 + ir.Cast(IDX, i), r.tile)
+    rows = stage(ctx, s.op, [("mf_tk", r.q), ("mf_tv", r.dy)], _group_first(),
                  SIDE, ctx.span(r.tile), row_place(ctx), stats=True, sgs=WIDE,
                  stat_at=ir.Var("mf_gi") * u(SIDE))
     body: list[ir.Stmt] = [
-        ir.Comment(accounting(ctx, op, WIDE, 0, 1, True)),
-        *start(ctx, MPP, op, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), WIDE,
-               whole=True),
-        ir.Decl("mf_t0", IDX, _first("mf_b0")),
-        *rowacc.zero((("mf_tk", SIDE), ("mf_tv", SIDE)), op, WIDE), *resident.declare_op(res),
-        *_own(ctx, res, (rows,), ("mf_tk", "mf_tv")),
+        *opening(ctx, s, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), "mf_t0",
+                 WIDE),
+        *resident.declare_op(s.res),
+        *_own(ctx, s.res, (rows,), ("mf_tk", "mf_tv")),
         ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
-        *resident.destinations(res, OWN[0], sblk, 2), *resident.declare_rows(racc, ("mf_dq",)),
+        *resident.destinations(s.res, OWN[0], s.sblk, 2),
+        *resident.declare_rows(s.racc, ("mf_dq",)),
         *key_blocks(ctx, step, WIDE),
         ir.Comment("the simdgroup's rows' dq"),
-        *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: t0 + ir.Cast(IDX, i)
+        *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: T0 + ir.Cast(IDX, i)
                 < ctx.span(r.tile))]
     summary = (f"{ctx.graph.name} (attention backward, dq, wide: {WIDE} simdgroups): a "
                f"threadgroup per {SIDE * WIDE} query rows of a kv head, 16 a simdgroup with "
-               f"their q and dO in registers; per 16 keys S = Q K^T, dP = dO V^T, dS as {op}, "
-               f"dQ += dS K, on Metal 4 tensor ops with {op} operands and fp32 accumulation")
-    return kernel_of(ctx, body, "dq_wide", summary, helpers, SIMD_WIDTH * WIDE)
+               f"their q and dO in registers; per 16 keys S = Q K^T, dP = dO V^T, dS as {s.op}, "
+               f"dQ += dS K, on Metal 4 tensor ops with {s.op} operands and fp32 accumulation")
+    return kernel_of(ctx, body, "dq_wide", summary, s.helpers, SIMD_WIDTH * WIDE)
 
 
-__all__ = ["WIDE", "PAD", "applies", "dkdv_kernel", "dq_kernel"]
+def wide_kernel(kind: str, ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
+    """The wide kernel `kind` ("dq" or "dkdv"); None where it does not apply (`applies`)."""
+    s = Setup.of(applies(ctx, target), MPP)
+    return None if s is None else {"dq": _dq, "dkdv": _dkdv}[kind](ctx, s)
+
+
+__all__ = ["WIDE", "PAD", "applies", "wide_kernel"]

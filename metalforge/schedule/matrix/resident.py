@@ -20,23 +20,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ... import ir
-from .strided import EXTENTS, SIDE, Blocks, clear, threadgroup_tensor
+from .strided import EXTENTS, SIDE, Blocks, OpNames, clear
 
 
 @dataclass(frozen=True)
-class Resident:
+class Resident(OpNames):
     """The op `name`_op of left operands of MSL type `operand`, K = `k` (a multiple of 16)."""
     name: str
     operand: str
     k: int
-
-    @property
-    def op(self) -> str:
-        return f"{self.name}_op"
-
-    @property
-    def tensor(self) -> str:
-        return threadgroup_tensor(self.operand)
 
 
 def _i(v: int) -> ir.Lit:
@@ -91,7 +83,7 @@ def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride:
 
 
 @dataclass(frozen=True)
-class Rows:
+class Rows(OpNames):
     """A simdgroup's 16 x n fp32 destinations, each ONE cooperative tensor (`name`_op:
     matmul2d(16, n, 16)), of C += A (16 x 16 in threadgroup memory, K contiguous) x B (16
     rows of K, n values each, contiguous): one run where 16 x 16 blocks take n / 16, the A
@@ -99,14 +91,6 @@ class Rows:
     name: str
     operand: str
     n: int
-
-    @property
-    def op(self) -> str:
-        return f"{self.name}_op"
-
-    @property
-    def tensor(self) -> str:
-        return threadgroup_tensor(self.operand)
 
 
 def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:

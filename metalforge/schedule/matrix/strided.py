@@ -42,14 +42,11 @@ def threadgroup_tensor(operand: str) -> str:
     return f"tensor<threadgroup {operand}, {EXTENTS}, tensor_inline>"
 
 
-@dataclass(frozen=True)
-class Blocks:
-    """Blocks `name`0, `name`1, ... of 16 x 16 fp32 outputs of one simdgroup: operands of MSL
-    type `operand` ("half", "bfloat", "float"), products by `lowering`, B k-inner or not."""
+class OpNames:
+    """What the holders of a matmul2d op's operands and results share: the op is `name`_op,
+    its operands of MSL type `operand` are threadgroup tensors of type `tensor`."""
     name: str
-    lowering: str
     operand: str
-    k_inner: bool
 
     @property
     def op(self) -> str:
@@ -58,6 +55,16 @@ class Blocks:
     @property
     def tensor(self) -> str:
         return threadgroup_tensor(self.operand)
+
+
+@dataclass(frozen=True)
+class Blocks(OpNames):
+    """Blocks `name`0, `name`1, ... of 16 x 16 fp32 outputs of one simdgroup: operands of MSL
+    type `operand` ("half", "bfloat", "float"), products by `lowering`, B k-inner or not."""
+    name: str
+    lowering: str
+    operand: str
+    k_inner: bool
 
     def var(self, i: int) -> ir.Var:
         return ir.Var(f"{self.name}{i}")

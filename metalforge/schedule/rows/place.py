@@ -52,15 +52,24 @@ def header(k: RowKernel) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
 def lanes_header(k: RowKernel) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
     """The simd kernels: mf_w lanes a row (computed from the row's length), its row and its
     lane in the row; past the last row, return."""
-    ctx, reads = k.ctx, k.reads
+    one, per_lane = lit(1), lit(k.reads)
+    return lanes_of_rows(
+        k.ctx, (ir.Cast("uint", k.ctx.size(k.ctx.axis)) + (per_lane - one)) / per_lane,
+        f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, that hold it "
+        f"at {k.reads} elements each (32 / mf_w rows per simdgroup; threads per threadgroup: "
+        "set at launch)")
+
+
+def lanes_of_rows(ctx: RowContext, lanes: ir.Expr, comment: str
+                  ) -> tuple[tuple[ir.ThreadInput, ...], list[ir.Stmt]]:
+    """A row's mf_w = 1 << mf_wlog lanes: the fewest, a power of two up to 32, at least
+    `lanes` (the row's length over a lane's elements); the thread's row mf_row (past the last
+    row: return) and its lane in the row mf_t."""
     threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
                ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-    one, shift, per_lane = lit(1), ir.Var("mf_wlog"), lit(reads)
-    lanes = (ir.Cast("uint", ctx.size(ctx.axis)) + (per_lane - one)) / per_lane
+    one, shift = lit(1), ir.Var("mf_wlog")
     return threads, [
-        ir.Comment(f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, "
-                   f"that hold it at {reads} elements each (32 / mf_w rows per simdgroup; "
-                   f"threads per threadgroup: set at launch)"),
+        ir.Comment(comment),
         ir.Decl("mf_wlog", "uint", lit(32) - ir.Call("clz", (ir.Call("max", (lanes, one)) - one,))),
         ir.Decl("mf_w", "uint", one << shift),
         ir.Decl("mf_row", "uint", ir.Var("mf_tid") >> shift),

@@ -14,6 +14,7 @@ from ..rows.context import RowContext, RowKernel, Section, outer_load
 from ..rows.gathers import element_lowering
 from ..rows.kernels import group_header
 from ..rows.loads import each_slot, load_block, slot_pos, store_block
+from ..rows.place import lanes_of_rows
 from . import segments
 from .blocks import (
     acc_value,
@@ -116,18 +117,10 @@ def lanes_header(ctx: RowContext, reads: int
     32) holding it at R elements each, computed from the row's length as the host does, so
     32 / mf_w rows share a simdgroup; past the last row (a grid rounded up to whole groups),
     a row's lanes leave together (no barrier waits for them)."""
-    threads = (ir.ThreadInput("mf_tid", "uint", "thread_position_in_grid"),
-               ir.ThreadInput("mf_lane", "uint", "thread_index_in_simdgroup"))
-    one, shift = lit(1), ir.Var("mf_wlog")
     lanes = (ir.Cast("uint", ctx.size(ctx.axis)) + lit(reads - 1)) / lit(reads)
-    return threads, [
-        ir.Comment(f"mf_w = 1 << mf_wlog lanes per row: the fewest, a power of two up to 32, "
-                   f"that hold it at {reads} elements each (32 / mf_w rows a simdgroup)"),
-        ir.Decl("mf_wlog", "uint", lit(32) - ir.Call("clz", (ir.Call("max", (lanes, one)) - one,))),
-        ir.Decl("mf_w", "uint", one << shift),
-        ir.Decl("mf_row", "uint", ir.Var("mf_tid") >> shift),
-        ir.If(ir.Cast(IDX, ir.Var("mf_row")) >= ctx.span(ctx.outer), [ir.Return()]),
-        ir.Decl("mf_t", "uint", ir.Var("mf_tid") & (ir.Var("mf_w") - one))]
+    return lanes_of_rows(ctx, lanes, "mf_w = 1 << mf_wlog lanes per row: the fewest, a power of "
+                         f"two up to 32, that hold it at {reads} elements each (32 / mf_w rows "
+                         "a simdgroup)")
 
 
 def across(scans: list[Scan], totals: bool, lanes: bool) -> list[ir.Stmt]:

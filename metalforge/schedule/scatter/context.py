@@ -8,20 +8,27 @@ the output's element count, the source elements' count and the axis sizes any ke
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from functools import partial
+from typing import Callable
 
 from ... import ir
 from ...dtypes import DType
-from ...errors import UnsupportedConstruct
 from ...graph import Graph, Node, TensorParam, take_sites, topo_order
 from ..base import IDX
-from ..elementwise import MAX_BUFFERS, input_stype, msl_names, output_stype, used_params
+from ..elementwise import (
+    add_param,
+    add_scalars,
+    index_cast,
+    input_stype,
+    msl_names,
+    output_stype,
+    used_params,
+    with_sizes,
+)
 from ..lower import ElementLowering, compute_type, ident
 from ..names import template_vars
 from .form import ScatterForm
 
-_SCALAR_CASTS = {"f16": "fp16", "bf16": "bf16", "i32": "int32", "u32": "int32", "i16": "int16",
-                 "u16": "int16", "i8": "int8", "u8": "uint8", "bool": "uint8"}
 Position = Callable[[str], ir.Expr]
 
 
@@ -129,17 +136,11 @@ class ScatterContext:
     # -- the parameter list -----------------------------------------------------------
     def params(self) -> tuple[ir.Argument, ...]:
         ps: list[ir.Argument] = []
-
-        def add(name: str, kind: str, typ: str, binds: tuple[str | int, ...],
-                writable: bool = False, cast: Optional[str] = None) -> None:
-            ps.append(ir.Argument(name, len(ps), kind, typ, binds, writable, cast))
-
+        add = partial(add_param, ps)
         for t in self.inputs:
             add(self.names[t.name], "buffer", self.in_stype(t), ("input", t.name))
         add(self.out, "buffer", self.out_stype(), ("output", 0), writable=True)
-        for s in self.scalars:
-            add(self.names[s.name], "scalar", s.dtype.msl, ("scalar", s.name),
-                cast=_SCALAR_CASTS.get(s.dtype.name))
+        add_scalars(ps, self.names, self.scalars)
         if self.form.accumulator:
             add("mf_scratch", "buffer", "float", ("scratch",), writable=True)
         if self.form.deterministic:
@@ -147,16 +148,9 @@ class ScatterContext:
             add("mf_keys", "buffer", "long", ("sorted", src, "keys"))
             add("mf_order", "buffer", "long", ("sorted", src, "order"))
         add("mf_err", "buffer", "int", ("error",), writable=True)
-        icast = None if self.index64 else "int32"
-        add("mf_numel", "scalar", IDX, ("numel",), cast=icast)
-        add("mf_count", "scalar", IDX, ("launch", "sources"), cast=icast)
-        for a in self.sizes_used:
-            add(f"mf_size_{ident(a)}", "scalar", IDX, ("size", a), cast=icast)
-        if len(ps) > MAX_BUFFERS:
-            raise UnsupportedConstruct(
-                f"kernel '{self.graph.name}' needs {len(ps)} kernel arguments, over Metal's "
-                f"{MAX_BUFFERS} buffer slots; split it into smaller kernels")
-        return tuple(ps)
+        add("mf_numel", "scalar", IDX, ("numel",), cast=index_cast(self.index64))
+        add("mf_count", "scalar", IDX, ("launch", "sources"), cast=index_cast(self.index64))
+        return with_sizes(ps, self.graph.name, self.sizes_used, self.index64)
 
 
 def sorted_tensor(form: ScatterForm) -> str:

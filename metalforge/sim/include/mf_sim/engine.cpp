@@ -949,6 +949,19 @@ extern "C" void __tsan_ignore_thread_end() {}
 extern "C" void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC_SEQ_CST); }
 
+// a read-modify-write `NAME` of width B (type T) through the builtin `BUILTIN`, and a compare
+// and exchange `NAME` (weak ones as strong), each recorded as an atomic write
+#define MF_TSAN_RMW(B, T, NAME, BUILTIN)                                                      \
+  extern "C" T __tsan_atomic##B##_##NAME(volatile T* a, T v, int) {                          \
+    atomic_written(a, sizeof(T));                                                             \
+    return BUILTIN(a, v, __ATOMIC_SEQ_CST);                                                   \
+  }
+#define MF_TSAN_CAS(B, T, NAME)                                                               \
+  extern "C" int __tsan_atomic##B##_compare_exchange_##NAME(volatile T* a, T* c, T v, int,   \
+                                                           int) {                             \
+    atomic_written(a, sizeof(T));                                                             \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
+  }
 #define MF_TSAN_ATOMIC(B, T)                                                                  \
   extern "C" T __tsan_atomic##B##_load(const volatile T* a, int) {                            \
     return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                             \
@@ -957,42 +970,15 @@ extern "C" void __tsan_atomic_signal_fence(int) { __atomic_signal_fence(__ATOMIC
     atomic_written(a, sizeof(T));                                                             \
     __atomic_store_n(a, v, __ATOMIC_SEQ_CST);                                                \
   }                                                                                           \
-  extern "C" T __tsan_atomic##B##_exchange(volatile T* a, T v, int) {                         \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_add(volatile T* a, T v, int) {                        \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_sub(volatile T* a, T v, int) {                        \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_and(volatile T* a, T v, int) {                        \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_or(volatile T* a, T v, int) {                         \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST);                                        \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_xor(volatile T* a, T v, int) {                        \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST);                                       \
-  }                                                                                           \
-  extern "C" T __tsan_atomic##B##_fetch_nand(volatile T* a, T v, int) {                       \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_fetch_nand(a, v, __ATOMIC_SEQ_CST);                                      \
-  }                                                                                           \
-  extern "C" int __tsan_atomic##B##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) { \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
-  }                                                                                           \
-  extern "C" int __tsan_atomic##B##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) { \
-    atomic_written(a, sizeof(T));                                                             \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);  \
-  }                                                                                           \
+  MF_TSAN_RMW(B, T, exchange, __atomic_exchange_n)                                            \
+  MF_TSAN_RMW(B, T, fetch_add, __atomic_fetch_add)                                            \
+  MF_TSAN_RMW(B, T, fetch_sub, __atomic_fetch_sub)                                            \
+  MF_TSAN_RMW(B, T, fetch_and, __atomic_fetch_and)                                            \
+  MF_TSAN_RMW(B, T, fetch_or, __atomic_fetch_or)                                              \
+  MF_TSAN_RMW(B, T, fetch_xor, __atomic_fetch_xor)                                            \
+  MF_TSAN_RMW(B, T, fetch_nand, __atomic_fetch_nand)                                          \
+  MF_TSAN_CAS(B, T, strong)                                                                   \
+  MF_TSAN_CAS(B, T, weak)                                                                     \
   extern "C" T __tsan_atomic##B##_compare_exchange_val(volatile T* a, T c, T v, int, int) {   \
     atomic_written(a, sizeof(T));                                                             \
     __atomic_compare_exchange_n(a, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);        \
@@ -1003,6 +989,8 @@ MF_TSAN_ATOMIC(16, uint16_t)
 MF_TSAN_ATOMIC(32, uint32_t)
 MF_TSAN_ATOMIC(64, uint64_t)
 #undef MF_TSAN_ATOMIC
+#undef MF_TSAN_CAS
+#undef MF_TSAN_RMW
 #undef MF_RACE_RA
 
 // ---------------------------------------------------------------- launch

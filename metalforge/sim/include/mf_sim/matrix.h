@@ -69,11 +69,7 @@ void mma(CollSlot* const* l, unsigned) {
 }  // namespace simd
 }  // namespace mf
 
-// Call-site identification, as in simd.h.
-#define MF_SITE_PARAMS                                                      \
-  ::mf::Loc mf_file = __builtin_FILE(), unsigned mf_line = __builtin_LINE(), \
-            unsigned mf_col = MF_COLUMN()
-#define MF_SITE mf_file, mf_line, mf_col
+#include "site.h"  // MF_SITE_PARAMS, MF_SITE (#undef below)
 
 namespace metal {
 

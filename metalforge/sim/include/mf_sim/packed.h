@@ -11,12 +11,7 @@ namespace metal {
 // with the vector operators (the results are vec<T, N>); .x/.y/.z/.w and [] as for vec.
 template <class T, int N> union packed_vec;
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
-#ifdef __clang__
-#pragma clang diagnostic ignored "-Wgnu-anonymous-struct"
-#pragma clang diagnostic ignored "-Wnested-anon-types"
-#endif
+MF_SIM_ANONYMOUS_BEGIN  // vec.h
 #define MF_SIM_PACKED_COMMON(N)                                                                  \
   using value_type = T;                                                                          \
   packed_vec() = default;                                                                        \
@@ -64,7 +59,7 @@ template <class T> union packed_vec<T, 4> {
   MF_SIM_PACKED_COMMON(4)
 };
 #undef MF_SIM_PACKED_COMMON
-#pragma GCC diagnostic pop
+MF_SIM_ANONYMOUS_END
 
 namespace detail {
 template <class T, int N> struct vinfo<packed_vec<T, N>> {

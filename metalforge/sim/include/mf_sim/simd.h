@@ -229,10 +229,7 @@ inline R run(const T& v, Resolver res, int quad, const char* what, const Loc& lo
 }  // namespace simd
 }  // namespace mf
 
-#define MF_SITE_PARAMS                                                      \
-  ::mf::Loc mf_file = __builtin_FILE(), unsigned mf_line = __builtin_LINE(), \
-            unsigned mf_col = MF_COLUMN()
-#define MF_SITE mf_file, mf_line, mf_col
+#include "site.h"  // MF_SITE_PARAMS, MF_SITE (#undef below)
 
 namespace metal {
 
@@ -253,42 +250,34 @@ class simd_vote {
   vote_t v_, active_;
 };
 
-#define MF_REDUCE(NAME, OP, QUAD)                                                   \
-  template <class T>                                                               \
-  inline T NAME(T data, MF_SITE_PARAMS) {                                          \
-    return ::mf::simd::run<T>(data, &::mf::simd::reduce<T, ::mf::simd::OP>, QUAD,  \
-                              #NAME, MF_SITE);                                     \
-  }
-MF_REDUCE(simd_sum, Sum, 0)
-MF_REDUCE(simd_product, Prod, 0)
-MF_REDUCE(simd_max, Max, 0)
-MF_REDUCE(simd_min, Min, 0)
-MF_REDUCE(simd_and, And, 0)
-MF_REDUCE(simd_or, Or, 0)
-MF_REDUCE(simd_xor, Xor, 0)
-MF_REDUCE(quad_sum, Sum, 1)
-MF_REDUCE(quad_product, Prod, 1)
-MF_REDUCE(quad_max, Max, 1)
-MF_REDUCE(quad_min, Min, 1)
-MF_REDUCE(quad_and, And, 1)
-MF_REDUCE(quad_or, Or, 1)
-MF_REDUCE(quad_xor, Xor, 1)
-#undef MF_REDUCE
+// Each collective comes as a simdgroup one (simd_NAME, QUAD 0) and a quadgroup one (quad_NAME,
+// QUAD 1): M's two instances.
+#define MF_SIMD_QUAD(M, NAME, ...) M(simd_##NAME, __VA_ARGS__, 0) M(quad_##NAME, __VA_ARGS__, 1)
 
-#define MF_PREFIX(NAME, OP, INCL, ID, QUAD)                                                  \
+// A collective of one value, `NAME`(data), resolved by the resolver given after QUAD (the
+// variadic tail: its template arguments may hold commas)
+#define MF_COLLECTIVE(NAME, QUAD, ...)                                                       \
   template <class T>                                                                        \
   inline T NAME(T data, MF_SITE_PARAMS) {                                                   \
-    return ::mf::simd::run<T>(data, &::mf::simd::prefix<T, ::mf::simd::OP, INCL, ID>, QUAD, \
-                              #NAME, MF_SITE);                                              \
+    return ::mf::simd::run<T>(data, &__VA_ARGS__, QUAD, #NAME, MF_SITE);                    \
   }
-MF_PREFIX(simd_prefix_inclusive_sum, Sum, true, 0, 0)
-MF_PREFIX(simd_prefix_exclusive_sum, Sum, false, 0, 0)
-MF_PREFIX(simd_prefix_inclusive_product, Prod, true, 1, 0)
-MF_PREFIX(simd_prefix_exclusive_product, Prod, false, 1, 0)
-MF_PREFIX(quad_prefix_inclusive_sum, Sum, true, 0, 1)
-MF_PREFIX(quad_prefix_exclusive_sum, Sum, false, 0, 1)
-MF_PREFIX(quad_prefix_inclusive_product, Prod, true, 1, 1)
-MF_PREFIX(quad_prefix_exclusive_product, Prod, false, 1, 1)
+
+#define MF_REDUCE(NAME, OP, QUAD) MF_COLLECTIVE(NAME, QUAD, ::mf::simd::reduce<T, ::mf::simd::OP>)
+MF_SIMD_QUAD(MF_REDUCE, sum, Sum)
+MF_SIMD_QUAD(MF_REDUCE, product, Prod)
+MF_SIMD_QUAD(MF_REDUCE, max, Max)
+MF_SIMD_QUAD(MF_REDUCE, min, Min)
+MF_SIMD_QUAD(MF_REDUCE, and, And)
+MF_SIMD_QUAD(MF_REDUCE, or, Or)
+MF_SIMD_QUAD(MF_REDUCE, xor, Xor)
+#undef MF_REDUCE
+
+#define MF_PREFIX(NAME, OP, INCL, ID, QUAD) \
+  MF_COLLECTIVE(NAME, QUAD, ::mf::simd::prefix<T, ::mf::simd::OP, INCL, ID>)
+MF_SIMD_QUAD(MF_PREFIX, prefix_inclusive_sum, Sum, true, 0)
+MF_SIMD_QUAD(MF_PREFIX, prefix_exclusive_sum, Sum, false, 0)
+MF_SIMD_QUAD(MF_PREFIX, prefix_inclusive_product, Prod, true, 1)
+MF_SIMD_QUAD(MF_PREFIX, prefix_exclusive_product, Prod, false, 1)
 #undef MF_PREFIX
 
 #define MF_SHUFFLE(NAME, KIND, QUAD)                                                         \
@@ -297,20 +286,13 @@ MF_PREFIX(quad_prefix_exclusive_product, Prod, false, 1, 1)
     return ::mf::simd::run<T>(data, &::mf::simd::shuffle<T, ::mf::simd::KIND>, QUAD, #NAME, \
                               MF_SITE, arg);                                                \
   }
-MF_SHUFFLE(simd_broadcast, BROADCAST, 0)
-MF_SHUFFLE(simd_shuffle, SHUFFLE, 0)
-MF_SHUFFLE(simd_shuffle_xor, XOR, 0)
-MF_SHUFFLE(simd_shuffle_up, UP, 0)
-MF_SHUFFLE(simd_shuffle_down, DOWN, 0)
-MF_SHUFFLE(simd_shuffle_rotate_up, ROTATE_UP, 0)
-MF_SHUFFLE(simd_shuffle_rotate_down, ROTATE_DOWN, 0)
-MF_SHUFFLE(quad_broadcast, BROADCAST, 1)
-MF_SHUFFLE(quad_shuffle, SHUFFLE, 1)
-MF_SHUFFLE(quad_shuffle_xor, XOR, 1)
-MF_SHUFFLE(quad_shuffle_up, UP, 1)
-MF_SHUFFLE(quad_shuffle_down, DOWN, 1)
-MF_SHUFFLE(quad_shuffle_rotate_up, ROTATE_UP, 1)
-MF_SHUFFLE(quad_shuffle_rotate_down, ROTATE_DOWN, 1)
+MF_SIMD_QUAD(MF_SHUFFLE, broadcast, BROADCAST)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle, SHUFFLE)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle_xor, XOR)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle_up, UP)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle_down, DOWN)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle_rotate_up, ROTATE_UP)
+MF_SIMD_QUAD(MF_SHUFFLE, shuffle_rotate_down, ROTATE_DOWN)
 #undef MF_SHUFFLE
 
 #define MF_FILL(NAME, DOWN, QUAD)                                                            \
@@ -324,22 +306,13 @@ MF_SHUFFLE(quad_shuffle_rotate_down, ROTATE_DOWN, 1)
     return ::mf::simd::run<T>(data, &::mf::simd::fill_shuffle<T, DOWN>, QUAD, #NAME,        \
                               MF_SITE, delta, &filling_data, (int64_t)modulo);              \
   }
-MF_FILL(simd_shuffle_and_fill_up, false, 0)
-MF_FILL(simd_shuffle_and_fill_down, true, 0)
-MF_FILL(quad_shuffle_and_fill_up, false, 1)
-MF_FILL(quad_shuffle_and_fill_down, true, 1)
+MF_SIMD_QUAD(MF_FILL, shuffle_and_fill_up, false)
+MF_SIMD_QUAD(MF_FILL, shuffle_and_fill_down, true)
 #undef MF_FILL
 
-template <class T>
-inline T simd_broadcast_first(T data, MF_SITE_PARAMS) {
-  return ::mf::simd::run<T>(data, &::mf::simd::broadcast_first<T>, 0, "simd_broadcast_first",
-                            MF_SITE);
-}
-template <class T>
-inline T quad_broadcast_first(T data, MF_SITE_PARAMS) {
-  return ::mf::simd::run<T>(data, &::mf::simd::broadcast_first<T>, 1, "quad_broadcast_first",
-                            MF_SITE);
-}
+MF_COLLECTIVE(simd_broadcast_first, 0, ::mf::simd::broadcast_first<T>)
+MF_COLLECTIVE(quad_broadcast_first, 1, ::mf::simd::broadcast_first<T>)
+#undef MF_COLLECTIVE
 
 inline simd_vote simd_ballot(bool expr, MF_SITE_PARAMS) {
   auto b = ::mf::simd::run<::mf::simd::VoteBits>(expr, &::mf::simd::ballot, 0, "simd_ballot",
@@ -351,28 +324,22 @@ inline simd_vote simd_active_threads_mask(MF_SITE_PARAMS) {
                                                   "simd_active_threads_mask", MF_SITE);
   return simd_vote(b.votes, b.active);
 }
-inline bool simd_all(bool expr, MF_SITE_PARAMS) {
-  return ::mf::simd::run<bool>(expr, &::mf::simd::reduce<bool, ::mf::simd::And>, 0, "simd_all",
-                               MF_SITE);
-}
-inline bool simd_any(bool expr, MF_SITE_PARAMS) {
-  return ::mf::simd::run<bool>(expr, &::mf::simd::reduce<bool, ::mf::simd::Or>, 0, "simd_any",
-                               MF_SITE);
-}
-inline bool quad_all(bool expr, MF_SITE_PARAMS) {
-  return ::mf::simd::run<bool>(expr, &::mf::simd::reduce<bool, ::mf::simd::And>, 1, "quad_all",
-                               MF_SITE);
-}
-inline bool quad_any(bool expr, MF_SITE_PARAMS) {
-  return ::mf::simd::run<bool>(expr, &::mf::simd::reduce<bool, ::mf::simd::Or>, 1, "quad_any",
-                               MF_SITE);
-}
+// simd_all / simd_any and the quad ones: the And / Or of the participating lanes' `expr`
+#define MF_VOTE(NAME, OP, QUAD)                                                              \
+  inline bool NAME(bool expr, MF_SITE_PARAMS) {                                             \
+    return ::mf::simd::run<bool>(expr, &::mf::simd::reduce<bool, ::mf::simd::OP>, QUAD, #NAME, \
+                                 MF_SITE);                                                  \
+  }
+MF_SIMD_QUAD(MF_VOTE, all, And)
+MF_SIMD_QUAD(MF_VOTE, any, Or)
+#undef MF_VOTE
 inline bool simd_is_first(MF_SITE_PARAMS) {
   return ::mf::simd::run<bool>(true, &::mf::simd::is_first, 0, "simd_is_first", MF_SITE);
 }
 
 }  // namespace metal
 
+#undef MF_SIMD_QUAD
 #undef MF_SITE_PARAMS
 #undef MF_SITE
 

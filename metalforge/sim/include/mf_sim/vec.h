@@ -184,13 +184,35 @@ struct swizzle {
   MF_INLINE vec operator++(int) { vec t = *this; *this += T(1); return t; }                      \
   MF_INLINE vec operator--(int) { vec t = *this; *this -= T(1); return t; }
 
-// Anonymous structs in unions are a GNU/clang extension, used here for .x/.y/.z/.w.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpedantic"
+// Anonymous structs in unions are a GNU/clang extension, used here (and in packed.h) for
+// .x/.y/.z/.w: MF_SIM_ANONYMOUS_BEGIN ... MF_SIM_ANONYMOUS_END around the types that use them.
 #ifdef __clang__
-#pragma clang diagnostic ignored "-Wgnu-anonymous-struct"
-#pragma clang diagnostic ignored "-Wnested-anon-types"
+#define MF_SIM_ANONYMOUS_BEGIN                                                      \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpedantic\"") \
+  _Pragma("clang diagnostic ignored \"-Wgnu-anonymous-struct\"")                   \
+  _Pragma("clang diagnostic ignored \"-Wnested-anon-types\"")
+#else
+#define MF_SIM_ANONYMOUS_BEGIN \
+  _Pragma("GCC diagnostic push") _Pragma("GCC diagnostic ignored \"-Wpedantic\"")
 #endif
+#define MF_SIM_ANONYMOUS_END _Pragma("GCC diagnostic pop")
+MF_SIM_ANONYMOUS_BEGIN
+
+// The swizzles of x, y, z without a repeated component (3P2 + 3P3), in both spellings, over
+// 4 stored elements (vec<T, 3> is padded to 4): members of vec<T, 3> and vec<T, 4>.
+#define MF_SIM_SWIZZLES_XYZ                                                                      \
+  swizzle<T, 4, 0, 1> xy, rg;                                                                    \
+  swizzle<T, 4, 0, 2> xz, rb;                                                                    \
+  swizzle<T, 4, 1, 0> yx, gr;                                                                    \
+  swizzle<T, 4, 1, 2> yz, gb;                                                                    \
+  swizzle<T, 4, 2, 0> zx, br;                                                                    \
+  swizzle<T, 4, 2, 1> zy, bg;                                                                    \
+  swizzle<T, 4, 0, 1, 2> xyz, rgb;                                                               \
+  swizzle<T, 4, 0, 2, 1> xzy, rbg;                                                               \
+  swizzle<T, 4, 1, 0, 2> yxz, grb;                                                               \
+  swizzle<T, 4, 1, 2, 0> yzx, gbr;                                                               \
+  swizzle<T, 4, 2, 0, 1> zxy, brg;                                                               \
+  swizzle<T, 4, 2, 1, 0> zyx, bgr;
 
 template <class T>
 struct alignas(2 * sizeof(T)) vec<T, 2> {
@@ -212,19 +234,7 @@ struct alignas(4 * sizeof(T)) vec<T, 3> {
     T mf_e[4];  // the 4th element is padding, as in MSL
     struct { T x, y, z; };
     struct { T r, g, b; };
-    // every swizzle without a repeated component, in both spellings (3P2 + ... + 3P3)
-    swizzle<T, 4, 0, 1> xy, rg;
-    swizzle<T, 4, 0, 2> xz, rb;
-    swizzle<T, 4, 1, 0> yx, gr;
-    swizzle<T, 4, 1, 2> yz, gb;
-    swizzle<T, 4, 2, 0> zx, br;
-    swizzle<T, 4, 2, 1> zy, bg;
-    swizzle<T, 4, 0, 1, 2> xyz, rgb;
-    swizzle<T, 4, 0, 2, 1> xzy, rbg;
-    swizzle<T, 4, 1, 0, 2> yxz, grb;
-    swizzle<T, 4, 1, 2, 0> yzx, gbr;
-    swizzle<T, 4, 2, 0, 1> zxy, brg;
-    swizzle<T, 4, 2, 1, 0> zyx, bgr;
+    MF_SIM_SWIZZLES_XYZ  // every swizzle without a repeated component (3P2 + 3P3)
   };
   MF_SIM_VEC_COMMON(3)
 };
@@ -235,34 +245,24 @@ struct alignas(4 * sizeof(T)) vec<T, 4> {
     T mf_e[4];
     struct { T x, y, z, w; };
     struct { T r, g, b, a; };
-    // every swizzle without a repeated component, in both spellings (4P2 + ... + 4P4)
-    swizzle<T, 4, 0, 1> xy, rg;
-    swizzle<T, 4, 0, 2> xz, rb;
+    // every swizzle without a repeated component (4P2 + ... + 4P4): those of x, y, z, then
+    // those with w
+    MF_SIM_SWIZZLES_XYZ
     swizzle<T, 4, 0, 3> xw, ra;
-    swizzle<T, 4, 1, 0> yx, gr;
-    swizzle<T, 4, 1, 2> yz, gb;
     swizzle<T, 4, 1, 3> yw, ga;
-    swizzle<T, 4, 2, 0> zx, br;
-    swizzle<T, 4, 2, 1> zy, bg;
     swizzle<T, 4, 2, 3> zw, ba;
     swizzle<T, 4, 3, 0> wx, ar;
     swizzle<T, 4, 3, 1> wy, ag;
     swizzle<T, 4, 3, 2> wz, ab;
-    swizzle<T, 4, 0, 1, 2> xyz, rgb;
     swizzle<T, 4, 0, 1, 3> xyw, rga;
-    swizzle<T, 4, 0, 2, 1> xzy, rbg;
     swizzle<T, 4, 0, 2, 3> xzw, rba;
     swizzle<T, 4, 0, 3, 1> xwy, rag;
     swizzle<T, 4, 0, 3, 2> xwz, rab;
-    swizzle<T, 4, 1, 0, 2> yxz, grb;
     swizzle<T, 4, 1, 0, 3> yxw, gra;
-    swizzle<T, 4, 1, 2, 0> yzx, gbr;
     swizzle<T, 4, 1, 2, 3> yzw, gba;
     swizzle<T, 4, 1, 3, 0> ywx, gar;
     swizzle<T, 4, 1, 3, 2> ywz, gab;
-    swizzle<T, 4, 2, 0, 1> zxy, brg;
     swizzle<T, 4, 2, 0, 3> zxw, bra;
-    swizzle<T, 4, 2, 1, 0> zyx, bgr;
     swizzle<T, 4, 2, 1, 3> zyw, bga;
     swizzle<T, 4, 2, 3, 0> zwx, bar;
     swizzle<T, 4, 2, 3, 1> zwy, bag;
@@ -314,8 +314,9 @@ struct alignas(16 * sizeof(T)) vec<T, 16> {
   MF_SIM_VEC_COMMON(16)
 };
 
-#pragma GCC diagnostic pop
+MF_SIM_ANONYMOUS_END
 #undef MF_SIM_VEC_COMMON
+#undef MF_SIM_SWIZZLES_XYZ
 
 // ---- operators (found by argument-dependent lookup on vec and swizzle) ----------------------
 
