@@ -370,12 +370,6 @@ class ElementLowering:
             return ir.Unary("!", self._arg(n, 0, BOOL))
         raise UnsupportedConstruct(f"unary function '{f}'{at(n.loc)} is not supported")
 
-    def _divide(self, x: ir.Expr, y: ir.Expr) -> ir.Expr:
-        """x / y in fp32 through `mf_divide` (within 2.5 ulp: fast::divide where Metal states
-        that bound, the IEEE quotient elsewhere)."""
-        self.helpers.add("mf_divide")
-        return ir.Call("mf_divide", (x, y))
-
     def _binary(self, n: Node) -> ir.Expr:
         f = n.attr
         dt = n.dtype
@@ -396,7 +390,9 @@ class ElementLowering:
             if dt.is_int:
                 return wrap_int(_ARITH[f], (x, y), dt)
             if f == BinaryOp.DIV and compute_type(dt) == "float":
-                return self._divide(x, y)
+                # within 2.5 ulp (codegen/helpers.metal): no correctly rounded division
+                self.helpers.add("mf_divide")
+                return ir.Call("mf_divide", (x, y))
             return ir.Binary(_ARITH[f], x, y)
         x, y = _typed(x, y)
         if f in (BinaryOp.MAXIMUM, BinaryOp.MINIMUM):

@@ -48,9 +48,9 @@ class QuantSchedule(Schedule):
         """By the rows of x: qmm_wide from `wide_rows` on where its grid has
         qmm_wide_groups threadgroups or more (fewer, larger tiles leave cores idle) and qmm
         from qmm_min_rows on (where the kernel has them: the same tiled kernel, each with its
-        own tile), qmvx (x_rows
-        of them per simdgroup) from x_rows on, else qmv; each of the last two as its _split
-        kernel where K is longer than one stretch of 32 chunks and the grid is small: qmv's
+        own tile), qmvx (x_rows of them per simdgroup) from x_rows on, else qmv; each of the
+        last two as its _split kernel where K is longer than one stretch of 32 chunks and
+        the grid is small: qmv's
         with fewer than split_grid simdgroups per stretch each would walk (few simdgroups for
         their chains of loads), qmvx's with at most split_grid simdgroups (its simdgroups do
         x_rows times the arithmetic a load; H100, 2026-11-27: split, qmvx lost 10-25% at
