@@ -1,8 +1,8 @@
 """Floors: the generated kernels timed with part of their work taken out (CUDA only).
 
-    python bench/floors.py [--parts decode qmv short rows elementwise columns] [--repeat 30]
-                           [--no-compile]
-    python bench/floors.py --check [--parts rows elementwise columns]   # no GPU: edits apply
+    python bench/floors.py [--parts decode qmv short rows elementwise columns prefill]
+                           [--repeat 30] [--no-compile]
+    python bench/floors.py --check [--parts rows elementwise columns prefill]   # no GPU
 
 Each target still open in bench/README.md ("Floors") is set against the same kernel with some
 of its work removed by a text edit of the generated Metal source before the cuda backend
@@ -33,6 +33,9 @@ differently and it bounds nothing.
   --no-compile), copy_ of the schedule's bytes, %copy and torch / ours. The edits are in
   bench/floors_bw.py; `--check` applies them to the source the cuda backend would compile at
   each shape (its launch table), without a GPU.
+- prefill: the matrix prefill kernel (f16, causal, 32 heads, S:E 1024:64 and 4096:128) without
+  its Q·Kᵀ products, its P·V products, its K/V loads, its score mask or its softmax exp, and
+  with the products alone; SDPA (bench/floors_prefill.py).
 
 Each edit runs in a process of its own (compiled libraries and call plans are cached per
 process). Edited kernels compute wrong values: they are timed, never checked.
@@ -53,6 +56,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 import floors_bw  # noqa: E402
+import floors_prefill  # noqa: E402
 from common import add_compile_flag, copy_time, plan, timeit  # noqa: E402
 
 # the generated text each edit looks for (an edit whose text is gone stops with its name)
@@ -115,11 +119,11 @@ def no_unpack(src: str) -> str:
 EDITS = {"as generated": [], "no scores": [no_scores], "no values": [no_values],
          "no scores, no values": [no_scores, no_values],
          "no scores, no values, no barriers": [no_scores, no_values, no_barriers],
-         "no unpacking": [no_unpack], **floors_bw.EDITS}
+         "no unpacking": [no_unpack], **floors_bw.EDITS, **floors_prefill.EDITS}
 PARTS = {"decode": ["as generated", "no scores", "no values", "no scores, no values",
                     "no scores, no values, no barriers"],
          "qmv": ["as generated", "no unpacking"], "short": ["as generated"],
-         **floors_bw.PARTS}
+         **floors_bw.PARTS, "prefill": floors_prefill.MODES}
 
 
 def install(mode: str) -> None:
@@ -192,7 +196,8 @@ HEADERS = {"decode": f"{'decode kernel':<34} {'L':>6} {'ours us':>8} {'sdpa us':
            "qmv": f"{'qmv kernel':<34} {'N x K':>11} {'ours us':>8} {'copy us':>8} "
                   f"{'%copy':>6} {'linear/ours':>9}",
            "short": f"{'dtype':<8} {'op':<12} {'ours us':>8} {'torch us':>8} {'torch/ours':>9}",
-           **{part: floors_bw.HEADER for part in floors_bw.PARTS}}
+           **{part: floors_bw.HEADER for part in floors_bw.PARTS},
+           "prefill": floors_prefill.HEADER}
 
 
 def main(argv=None) -> None:
@@ -201,7 +206,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--check", action="store_true",
                     help="no GPU: apply the parts' edits to the source the cuda backend would "
-                         "compile (rows, elementwise, columns) and stop")
+                         "compile (rows, elementwise, columns, prefill) and stop")
     add_compile_flag(ap)
     ap.add_argument("--one", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -210,6 +215,8 @@ def main(argv=None) -> None:
         for part in args.parts:
             if part in floors_bw.PARTS:
                 print("\n".join(floors_bw.check(part)), flush=True)
+            elif part == "prefill":
+                print("\n".join(floors_prefill.check()), flush=True)
         return
     if not torch.cuda.is_available():
         sys.exit("bench/floors.py edits what the cuda backend compiles: it needs a CUDA GPU")
@@ -219,7 +226,8 @@ def main(argv=None) -> None:
         if part in floors_bw.PARTS:
             floors_bw.run(part, mode, args.repeat, args.compile, args.store)
             return
-        {"decode": decode, "qmv": qmv, "short": short}[part](mode, args.repeat)
+        {"decode": decode, "qmv": qmv, "short": short,
+         "prefill": floors_prefill.run}[part](mode, args.repeat)
         return
     print(f"device {torch.cuda.get_device_name()}, CUDA graph replays, median of "
           f"{args.repeat}")

@@ -61,3 +61,21 @@ def test_an_edit_whose_text_is_gone_stops_with_its_name():
           "    mf_acc2 = fmax(mf_acc2, mf_in_x);\n}\n"
     with pytest.raises(SystemExit, match="form it does not know"):
         floors_bw.folds_as_adds(odd)
+
+
+def test_prefill_phase_edits(tmp_path):
+    """bench/floors.py --parts prefill: each phase edit applies to the prefill kernel the cuda
+    backend compiles at both cases, touches that kernel only, and still compiles."""
+    import floors_prefill
+
+    from metalforge.cuda.translate import translate
+    assert len(floors_prefill.check()) == len(floors_prefill.CASES) * len(floors_prefill.EDITS)
+    src = floors_prefill.source()[0]
+    i = src.find(floors_prefill.KERNEL)
+    out = src
+    for edit in floors_prefill.EDITS["products only"] + floors_prefill.EDITS["no P·V products"]:
+        out = edit(out)
+    body = out[i:out.find("template [[host_name(", i)]
+    assert out[:i] == src[:i] and "mf_oacc_op.run(" in src[i:]
+    assert "mf_oacc_op.run(" not in body and "*reinterpret_cast<device const" not in body
+    assert_host_syntax(translate(out).text, tmp_path, metal_version=400)
