@@ -55,6 +55,30 @@ def _method(obj: str, name: str, *args: ir.Expr) -> ir.Call:
     return ir.Call(f"{obj}.{name}", args)
 
 
+def _capacity_loop(coop: str, body: list[ir.Stmt]) -> ir.Stmt:
+    """`body` for each element index mf_c of cooperative tensor `coop`, up to its capacity: a
+    compile-time constant, so the loop is marked for unrolling (an element indexed at run time
+    would put the whole tensor in memory)."""
+    return ir.For("mf_c", "int", _i(0), ir.Cast("int", _method(coop, "get_capacity")), body,
+                  pragma_unroll=True)
+
+
+def zeroed(coop: str) -> ir.Stmt:
+    """Cooperative tensor `coop` set to 0, element by element."""
+    return _capacity_loop(coop, [ir.Assign(ir.Lane(ir.Var(coop), ir.Var("mf_c")),
+                                           ir.Lit(0.0, "float"))])
+
+
+def each_element(coop: str, body: Emit) -> ir.Stmt:
+    """`body(row, col, element)` for each valid element of cooperative tensor `coop` the lane
+    holds (its place from get_multidimensional_index: [column, row]; no layout assumed)."""
+    c, at = ir.Var("mf_c"), ir.Var("mf_at")
+    return _capacity_loop(coop, [ir.If(_method(coop, "is_valid_element", c), [
+        ir.Decl("mf_at", "auto", _method(coop, "get_multidimensional_index", c)),
+        *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
+              ir.Lane(ir.Var(coop), c))])])
+
+
 def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
     """The descriptor, the op, the simdgroup's operand tensors (one pair per slice) and its
     zeroed fp32 destination."""
@@ -72,15 +96,12 @@ def accumulators(t: Tile, row0: ir.Expr, col0: ir.Expr) -> list[ir.Stmt]:
     for s in range(slices):
         out += [_operand(t, f"mf_left{s}", "mf_as", t.bm, t.wm, row0, s),
                 _operand(t, f"mf_right{s}", "mf_bs", t.bn, t.wn, col0, s)]
-    acc = ir.Var("mf_acc")
     return out + [
         ir.Comment("the fp32 destination, in registers across K (a cooperative tensor)"),
         ir.Decl("mf_acc", "auto", ir.Call(
             "mf_op.get_destination_cooperative_tensor<decltype(mf_left0), "
             "decltype(mf_right0), float>", ()), const=False),
-        ir.For("mf_c", "int", _i(0), ir.Cast("int", _method("mf_acc", "get_capacity")),
-               [ir.Assign(ir.Lane(acc, ir.Var("mf_c")), ir.Lit(0.0, "float"))],
-               pragma_unroll=True)]
+        zeroed("mf_acc")]
 
 
 def products(t: Tile) -> list[ir.Stmt]:
@@ -94,12 +115,5 @@ def products(t: Tile) -> list[ir.Stmt]:
 def results(t: Tile, emit: Emit) -> list[ir.Stmt]:
     """`emit(row, col, value)` for each valid element of the lane's destination (its place
     from get_multidimensional_index: [column, row] in the simdgroup's block)."""
-    c = ir.Var("mf_c")
-    at = ir.Var("mf_at")
-    return [
-        ir.Comment("each element the lane holds: its place in the block, then its output"),
-        ir.For("mf_c", "int", _i(0), ir.Cast("int", _method("mf_acc", "get_capacity")), [
-            ir.If(_method("mf_acc", "is_valid_element", c), [
-                ir.Decl("mf_at", "auto", _method("mf_acc", "get_multidimensional_index", c)),
-                *emit(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
-                      ir.Lane(ir.Var("mf_acc"), c))])], pragma_unroll=True)]
+    return [ir.Comment("each element the lane holds: its place in the block, then its output"),
+            each_element("mf_acc", emit)]

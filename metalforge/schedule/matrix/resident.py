@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ... import ir
+from .mpp import each_element, zeroed
 from .strided import EXTENTS, SIDE, Blocks, OpNames, clear
 
 
@@ -97,12 +98,9 @@ def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
     """The op and the destinations `dests` (zeroed)."""
     dest = ir.Call(f"{rows.op}.get_destination_cooperative_tensor<{rows.tensor}, "
                    f"{rows.tensor}, float>", ())
-    c = ir.Var("mf_c")
     out = _op(rows.op, SIDE, rows.n, SIDE, False)
     for d in dests:
-        out += [ir.Decl(d, "auto", dest, const=False),
-                ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{d}.get_capacity", ())),
-                       [ir.Assign(ir.Lane(ir.Var(d), c), ir.Lit(0.0, "float"))])]
+        out += [ir.Decl(d, "auto", dest, const=False), zeroed(d)]
     return out
 
 
@@ -118,12 +116,7 @@ def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt
              ) -> list[ir.Stmt]:
     """`body(row, col, element)` for each element of `dest` the lane holds (row 0 .. 15, col
     0 .. n - 1, from get_multidimensional_index)."""
-    c, at = ir.Var("mf_c"), ir.Var("mf_at")
-    return [ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{dest}.get_capacity", ())), [
-        ir.If(ir.Call(f"{dest}.is_valid_element", (c,)), [
-            ir.Decl("mf_at", "auto", ir.Call(f"{dest}.get_multidimensional_index", (c,))),
-            *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
-                  ir.Lane(ir.Var(dest), c))])])]
+    return [each_element(dest, body)]
 
 
 def tensor_destinations(res: Resident, blk: Blocks, count: int) -> list[ir.Stmt]:

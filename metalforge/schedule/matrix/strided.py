@@ -29,6 +29,7 @@ from typing import Callable
 
 from ... import ir
 from ..fragments import u, zero
+from .mpp import each_element, zeroed
 from .tile import MPP
 
 SIDE = 16
@@ -99,10 +100,7 @@ def clear(b: Blocks, i: int) -> list[ir.Stmt]:
     if b.lowering != MPP:
         return [ir.For("mf_f", "uint", u(0), u(4), [
             ir.Assign(ir.Lane(b.var(i), ir.Var("mf_f")), zero())], unroll=True)]
-    c = ir.Var("mf_c")
-    return [ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(
-        f"{b.var(i).name}.get_capacity", ())), [ir.Assign(ir.Lane(b.var(i), c),
-                                                         ir.Lit(0.0, "float"))])]
+    return [zeroed(b.var(i).name)]
 
 
 def _operand(b: Blocks, ptr: ir.Expr, stride: ir.Expr) -> ir.Expr:
@@ -126,13 +124,7 @@ def each(b: Blocks, i: int, body: Body) -> list[ir.Stmt]:
     block; mpp: from get_multidimensional_index, [column, row]; simdgroup_matrix: the lane's
     place mf_mr, mf_mc, which the caller declares with `fragments.lane_place`)."""
     if b.lowering == MPP:
-        c, at = ir.Var("mf_c"), ir.Var("mf_at")
-        blk = b.var(i).name
-        return [ir.For("mf_c", "int", _i(0), ir.Cast("int", ir.Call(f"{blk}.get_capacity", ())), [
-            ir.If(ir.Call(f"{blk}.is_valid_element", (c,)), [
-                ir.Decl("mf_at", "auto", ir.Call(f"{blk}.get_multidimensional_index", (c,))),
-                *body(ir.Cast("uint", ir.Lane(at, _i(1))), ir.Cast("uint", ir.Lane(at, _i(0))),
-                      ir.Lane(b.var(i), c))])])]
+        return [each_element(b.var(i).name, body)]
     f, e = ir.Var("mf_f"), ir.Var("mf_x")
     row = f / u(2) * u(8) + ir.Var("mf_mr")
     col = f % u(2) * u(8) + ir.Var("mf_mc") + e

@@ -1403,16 +1403,16 @@ template <typename T, typename mf_index_t>
     auto mf_oacc1 = mf_oacc_op.get_destination_cooperative_tensor<tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_oacc2 = mf_oacc_op.get_destination_cooperative_tensor<tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_oacc3 = mf_oacc_op.get_destination_cooperative_tensor<tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
         mf_oacc0[mf_c] = 0.0f;
     }
-    for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
         mf_oacc1[mf_c] = 0.0f;
     }
-    for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
         mf_oacc2[mf_c] = 0.0f;
     }
-    for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
         mf_oacc3[mf_c] = 0.0f;
     }
     // its scores of a tile: up to two blocks of 16 rows x 16 keys
@@ -1420,10 +1420,10 @@ template <typename T, typename mf_index_t>
     matmul2d<mf_sacc_op_desc, execution_simdgroup> mf_sacc_op;
     auto mf_sacc0 = mf_sacc_op.get_destination_cooperative_tensor<tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_sacc1 = mf_sacc_op.get_destination_cooperative_tensor<tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
         mf_sacc0[mf_c] = 0.0f;
     }
-    for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
         mf_sacc1[mf_c] = 0.0f;
     }
     // one pass over the block's keys along 'L', a tile at a time
@@ -1488,13 +1488,13 @@ template <typename T, typename mf_index_t>
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // scores: S = Q x K^T, 16 rows x 16 keys a block, 16 elements of E a product; then the score's elementwise work on each element, to threadgroup memory
         if (mf_sc * 16u < mf_tn) {
-            for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
                 mf_sacc0[mf_c] = 0.0f;
             }
             for (uint mf_es = 0u; mf_es < mf_eb; ++mf_es) {
                 mf_sacc_op.run(tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_qt + mf_row0 * mf_qs + mf_es * 16u, dextents<int32_t, 2>(16, 16), mf_strides(int32_t(mf_qs))), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + mf_sc * 16u * mf_kv0_stride + mf_es * 16u, dextents<int32_t, 2>(16, 16), mf_strides(int32_t(mf_kv0_stride))), mf_sacc0);
             }
-            for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc0.get_capacity()); ++mf_c) {
                 if (mf_sacc0.is_valid_element(mf_c)) {
                     const auto mf_at = mf_sacc0.get_multidimensional_index(mf_c);
                     const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1517,13 +1517,13 @@ template <typename T, typename mf_index_t>
             }
         }
         if ((mf_sc + 2u) * 16u < mf_tn) {
-            for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
                 mf_sacc1[mf_c] = 0.0f;
             }
             for (uint mf_es = 0u; mf_es < mf_eb; ++mf_es) {
                 mf_sacc_op.run(tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_qt + mf_row0 * mf_qs + mf_es * 16u, dextents<int32_t, 2>(16, 16), mf_strides(int32_t(mf_qs))), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + (mf_sc + 2u) * 16u * mf_kv0_stride + mf_es * 16u, dextents<int32_t, 2>(16, 16), mf_strides(int32_t(mf_kv0_stride))), mf_sacc1);
             }
-            for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_sacc1.get_capacity()); ++mf_c) {
                 if (mf_sacc1.is_valid_element(mf_c)) {
                     const auto mf_at = mf_sacc1.get_multidimensional_index(mf_c);
                     const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1575,25 +1575,25 @@ template <typename T, typename mf_index_t>
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // the values: O rescaled by each row's factor, then O += P x V, 16 keys a product
-        for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
             if (mf_oacc0.is_valid_element(mf_c)) {
                 const auto mf_at = mf_oacc0.get_multidimensional_index(mf_c);
                 mf_oacc0[mf_c] = mf_oacc0[mf_c] * mf_tg_c[mf_row0 + uint(mf_at[1])];
             }
         }
-        for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
             if (mf_oacc1.is_valid_element(mf_c)) {
                 const auto mf_at = mf_oacc1.get_multidimensional_index(mf_c);
                 mf_oacc1[mf_c] = mf_oacc1[mf_c] * mf_tg_c[mf_row0 + uint(mf_at[1])];
             }
         }
-        for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
             if (mf_oacc2.is_valid_element(mf_c)) {
                 const auto mf_at = mf_oacc2.get_multidimensional_index(mf_c);
                 mf_oacc2[mf_c] = mf_oacc2[mf_c] * mf_tg_c[mf_row0 + uint(mf_at[1])];
             }
         }
-        for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
             if (mf_oacc3.is_valid_element(mf_c)) {
                 const auto mf_at = mf_oacc3.get_multidimensional_index(mf_c);
                 mf_oacc3[mf_c] = mf_oacc3[mf_c] * mf_tg_c[mf_row0 + uint(mf_at[1])];
@@ -1628,7 +1628,7 @@ template <typename T, typename mf_index_t>
         // one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)
         {
             if (mf_sc < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
                     if (mf_oacc0.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc0.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1643,7 +1643,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 2u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
                     if (mf_oacc1.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc1.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1658,7 +1658,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 4u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
                     if (mf_oacc2.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc2.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1673,7 +1673,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 6u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
                     if (mf_oacc3.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc3.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1692,7 +1692,7 @@ template <typename T, typename mf_index_t>
         // several blocks: this block's state (m, d, acc[E]) for the merge kernel
         {
             if (mf_sc < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc0.get_capacity()); ++mf_c) {
                     if (mf_oacc0.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc0.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1712,7 +1712,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 2u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc1.get_capacity()); ++mf_c) {
                     if (mf_oacc1.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc1.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1732,7 +1732,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 4u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc2.get_capacity()); ++mf_c) {
                     if (mf_oacc2.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc2.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
@@ -1752,7 +1752,7 @@ template <typename T, typename mf_index_t>
                 }
             }
             if (mf_sc + 6u < mf_eb) {
-                for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
+                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_oacc3.get_capacity()); ++mf_c) {
                     if (mf_oacc3.is_valid_element(mf_c)) {
                         const auto mf_at = mf_oacc3.get_multidimensional_index(mf_c);
                         const uint mf_qrow = mf_row0 + uint(mf_at[1]);
