@@ -7,6 +7,8 @@ torch.compile on the same device, TFLOP/s.
     python bench/matmul.py --device cuda --configs \
         "old:tile=64,stage_pad=0,prefetch=0,tile_groups=0" "new:" "w8:tile_simdgroups=8"
                                                           # launch options side by side
+    python bench/matmul.py --device cuda --dtype f32 --configs "fp32:" "tf32:tf32=1"
+                                                          # f32 exact vs TF32 (tensor ops)
     python bench/matmul.py --device cpu                   # the simulator: a smoke test
 
 Ops, each at M x N x K:
@@ -68,12 +70,13 @@ TABLE = "the table"
 
 
 def parse_config(spec: str) -> tuple[str, dict]:
-    """"name:opt=v,opt=v" -> (name, launch options); values int, or bool for prefetch."""
+    """"name:opt=v,opt=v" -> (name, launch options); values int, or bool for prefetch and
+    tf32."""
     name, _, rest = spec.partition(":")
     opts: dict = {}
     for item in filter(None, rest.split(",")):
         key, _, v = item.partition("=")
-        opts[key] = bool(int(v)) if key == "prefetch" else int(v)
+        opts[key] = bool(int(v)) if key in ("prefetch", "tf32") else int(v)
     return name or "-", opts
 
 
