@@ -27,7 +27,6 @@ simulator (--device cpu) this is a smoke test at small sizes.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import DTYPES, example, pick_device, sync, timeit  # noqa: E402
+from common import DTYPES, attention_parser, example, pick_device, sync, timeit  # noqa: E402
 
 _ex = example("attention")
 attention, causal_mask = _ex.attention, _ex.causal_mask
@@ -135,15 +134,8 @@ def case(device: str, dtype, length: int, heads: int, e: int, causal: bool, repe
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
-    ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
-    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--e", type=int, default=128)
+    ap = attention_parser(__doc__.split("\n")[0])
     ap.add_argument("--no-causal", dest="causal", action="store_false")
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--lowerings", nargs="+", default=list(LOWERINGS), choices=list(LOWERINGS),
                     help="our backward's lowerings, a row each (default: all)")
     args = ap.parse_args(argv)

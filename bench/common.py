@@ -38,6 +38,20 @@ def table_parser(description: str, sizes_help: str) -> argparse.ArgumentParser:
     return ap
 
 
+def attention_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments of the attention training benches (bench/attention_backward.py,
+    bench/op_training.py): B = 1, `--heads` heads of `--e` values, S = L in `--lengths`."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
+    ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--e", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=10)
+    add_compile_flag(ap)
+    return ap
+
+
 def add_compile_flag(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="skip the torch.compile column (skipped anyway on the simulator)")

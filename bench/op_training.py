@@ -18,7 +18,6 @@ simulator (--device cpu) a smoke test at small sizes.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from attention_backward import _time  # noqa: E402
-from common import DTYPES, example, pick_device  # noqa: E402
+from common import DTYPES, attention_parser, example, pick_device  # noqa: E402
 from cross_entropy import cross_entropy  # noqa: E402
 
 attention = example("attention").attention
@@ -88,16 +87,9 @@ def xent_case(device: str, dtype, rows: int, vocab: int, repeat: int, compiled: 
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", choices=("mps", "cuda", "cpu"), default=None)
-    ap.add_argument("--dtype", default="f16", choices=list(DTYPES))
-    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 4096])
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--e", type=int, default=128)
+    ap = attention_parser(__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--vocab", nargs="+", type=int, default=[131072])
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--no-compile", dest="compile", action="store_false")
     args = ap.parse_args(argv)
     device = pick_device(args.device)
     heads, e, lengths, rows, vocab, repeat = (args.heads, args.e, args.lengths, args.rows,
