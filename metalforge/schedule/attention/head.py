@@ -49,15 +49,16 @@ def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "") -> l
     return head
 
 
-def tile(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+def tile(ctx: CallContext, ks: KernelState, arrays: bool = True) -> list[ir.Stmt]:
     """Which rows of the tile exist (the first mf_nlive: the rows past the tile axes' end
-    do not) and their positions along the tile axes."""
+    do not) and, with `arrays`, their positions along the tile axes in registers (kernels
+    that read them from `row_positions`' table instead pass False)."""
     first = ir.Cast(IDX, ir.Var("mf_tile") * ir.Lit(ks.qt, "uint"))
     out: list[ir.Stmt] = [
         ir.Comment("the rows of the tile that exist: the first mf_nlive"),
         ir.Decl("mf_nlive", "uint", ir.Cast("uint", ir.Call("min", (
             ir.Cast(IDX, ir.Lit(ks.qt, "uint")), ctx.span(ctx.tile_axes) - first))))]
-    if not ctx.tile_axes:
+    if not ctx.tile_axes or not arrays:
         return out
     body: list[ir.Stmt] = []
     for a in ctx.tile_axes:
@@ -73,7 +74,8 @@ def row_positions(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """The tile's rows' positions along the tile axes in threadgroup memory
     (`mf_tg_tpos_<axis>[row]`, a thread a row), for kernels whose phases pick the row at run
     time (`KernelState.with_row(..., table=True)`): one load where `tile_position` takes a
-    division and a remainder (the prefill kernels' mask reads a row position per score)."""
+    division and a remainder (the prefill kernels' mask reads a row position per score);
+    computed once, in place of `tile`'s register arrays."""
     if not ctx.tile_axes:
         return []
     tid = ir.Var("mf_sg") * ir.Lit(SIMD_WIDTH, "uint") + ir.Var("mf_lane")

@@ -102,7 +102,8 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     head = group_head(ctx, ks, SIMDGROUPS, (
         "4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of "
         "mf_kt keys of K and V and the rows' q in threadgroup memory")) \
-        + tile(ctx, ks) + block_keys(ctx, ks) + row_positions(ctx, ks)
+        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
+        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     body = _places(lowering_) + tile_arrays(ctx, row, runs=False) + _buffers(ctx, ks, op)
     operands = matrix_operands(ctx)

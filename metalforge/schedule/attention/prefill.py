@@ -72,7 +72,8 @@ def kernel(ctx: CallContext, rows: int = MATRIX_ROWS,
     head = group_head(ctx, ks, rows // FRAG, (
         "8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup "
         "memory, each simdgroup multiplies its rows with every key of the tile")) \
-        + tile(ctx, ks) + block_keys(ctx, ks) + row_positions(ctx, ks)
+        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
+        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     q_side, k_side = ops
     dmax = emax // FRAG

@@ -1447,17 +1447,13 @@ template <typename T, typename mf_index_t>
     const bool mf_vec_ok = mf_size_E % 4u == 0u;
     // the rows of the tile that exist: the first mf_nlive
     const uint mf_nlive = uint(min(mf_index_t(32u), mf_size_R - mf_index_t(mf_tile * 32u)));
-    mf_index_t mf_tpos_R[32];
-    for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
-        mf_tpos_R[mf_t] = mf_index_t(mf_tile * 32u + mf_t);
-    }
-    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
-    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     // the tile's rows' positions, once (read by row wherever the row is picked at run time)
     if (mf_sg * 32u + mf_lane < 32u) {
         mf_tg_tpos_R[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane));
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
+    const mf_index_t mf_l0 = mf_index_t(mf_block) * ((mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
+    const mf_index_t mf_l1 = min(mf_l0 + (mf_size_L + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_size_L);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_G;
     const mf_index_t mf_pos_G = mf_index_t(mf_own) % mf_size_G;
     // the lane's place in an 8x8 matrix (Apple's layout): row mf_mr, columns mf_mc and mf_mc + 1

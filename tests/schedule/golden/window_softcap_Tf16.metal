@@ -1378,16 +1378,17 @@ template <typename T, typename mf_index_t>
     const bool mf_vec_ok = mf_size_E % 8u == 0u;
     // the rows of the tile that exist: the first mf_nlive
     const uint mf_nlive = uint(min(mf_index_t(32u), mf_size_S - mf_index_t(mf_tile * 32u)));
-    mf_index_t mf_tpos_S[32];
-    for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
-        mf_tpos_S[mf_t] = mf_index_t(mf_tile * 32u + mf_t);
+    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
+    if (mf_sg * 32u + mf_lane < 32u) {
+        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane));
     }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
     for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
         if (mf_t < mf_nlive) {
-            const long mf_index_S = long(mf_tpos_S[mf_t]);
+            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
             const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
             const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
             const long mf_kb3 = long(ulong(mf_kb2) - ulong(window));
@@ -1402,11 +1403,6 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
     const mf_index_t mf_l0 = (mf_khi > mf_klo ? mf_index_t(mf_klo) : 0u) + mf_index_t(mf_block) * ((mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits));
     const mf_index_t mf_l1 = min(mf_l0 + (mf_kn + mf_index_t(mf_splits) - 1u) / mf_index_t(mf_splits), mf_khi > mf_klo ? mf_index_t(mf_khi) : 0u);
-    // the tile's rows' positions, once (read by row wherever the row is picked at run time)
-    if (mf_sg * 32u + mf_lane < 32u) {
-        mf_tg_tpos_S[mf_sg * 32u + mf_lane] = mf_index_t(mf_tile * 32u + (mf_sg * 32u + mf_lane));
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
     const mf_index_t mf_pos_B = mf_index_t(mf_own) / mf_size_H;
     const mf_index_t mf_pos_H = mf_index_t(mf_own) % mf_size_H;
     const uint mf_tid = mf_sg * 32u + mf_lane;
