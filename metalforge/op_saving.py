@@ -31,6 +31,7 @@ from . import autodiff
 from .graph import Graph
 from .runtime import saving
 from .runtime.autograd import How, forward_saved, resume, run_backward
+from .runtime.backends import device_backend
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def decide(graph: Graph, wrt: tuple[str, ...], vals: Mapping[str, Any], how: How
     """`saving.choose` for a "choice" graph, from what the forward and the backward both see:
     the sizes, the kernel's backend (else the tensors' device's) and launch."""
     dev = next(vals[t.name] for t in graph.tensors).device.type
-    backend = how[0] or {"mps": "mps", "cuda": "cuda"}.get(dev, "sim")
+    backend = how[0] or device_backend(dev)
     return saving.choose(graph, wrt, vals, how[1], backend, deterministic=False)
 
 

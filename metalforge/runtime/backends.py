@@ -66,6 +66,11 @@ class backend:
         return f"metalforge.backend({self.name!r})"
 
 
+def device_backend(device_type: str) -> str:
+    """The backend that runs on a torch device type: "mps", "cuda", else the simulator."""
+    return {"mps": "mps", "cuda": "cuda"}.get(device_type, "sim")
+
+
 def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
     """The backend a call with these tensors uses: the `with` override, else their device."""
     name = _override.get()
@@ -74,7 +79,7 @@ def current_backend(tensors: Iterable[torch.Tensor] = ()) -> str:
     for t in tensors:
         if type(t).__module__ == "mlx.core":
             return "mlx"
-        return {"mps": "mps", "cuda": "cuda"}.get(t.device.type, "sim")
+        return device_backend(t.device.type)
     return "mps" if torch.backends.mps.is_available() else "sim"
 
 

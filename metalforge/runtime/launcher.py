@@ -41,7 +41,7 @@ from ..target import compile_options, current_target, get_target
 from ..tuning.cache import graph_text, tuned_launch
 from ..tuning.launch import merge
 from . import outputs
-from .backends import DEVICE_OF, current_backend, kernel_object
+from .backends import DEVICE_OF, current_backend, device_backend, kernel_object
 from .binding import Binder, BindingPlan, bound
 from .indexcheck import IndexErrors
 from .layout import check_dense
@@ -283,7 +283,7 @@ def check_call(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
     be = backend or current_backend(tensors.values())
     if DEVICE_OF[be] != dev.type:
         hint = {"mps": ".to('mps')", "cuda": ".cuda()"}.get(be, ".cpu()")
-        other = {"mps": "mps", "cuda": "cuda"}.get(dev.type, "sim")
+        other = device_backend(dev.type)
         raise DeviceError(f"{spec.where}: backend '{be}' runs on {DEVICE_OF[be]} tensors but the "
                           f"arguments are on {dev}; move them with {hint} or choose backend "
                           f"'{other}'")
