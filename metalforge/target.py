@@ -39,11 +39,16 @@ ENV = "METALFORGE_TARGET"
 class Target:
     """What generated code may assume: `metal_version` (__METAL_VERSION__: 320 is Metal 3.2,
     400 Metal 4.0), the Apple GPU family (0: not an Apple GPU, the cuda backend) and whether
-    Metal 4 tensor operations (MetalPerformancePrimitives) are there."""
+    Metal 4 tensor operations (MetalPerformancePrimitives) are there. `row_lanes`: where the
+    element layout of a 16 x 16 fp32 destination cooperative tensor is known (and the same as
+    that of a left input of the same shape), the xor masks between the lanes that hold one row
+    of it, each lane holding elements of one row in 0..7 and one in 8..15 (M5: MLX's
+    BaseNAXFrag; cuda: mma.sync's fragments); () where the code must assume no layout."""
     name: str
     metal_version: int
     gpu_family: int
     tensor_ops: bool
+    row_lanes: tuple[int, ...] = ()
 
     @property
     def bfloat_matrices(self) -> bool:
@@ -57,8 +62,8 @@ TARGETS: dict[str, Target] = {
         Target("apple8", 320, 8, False),
         Target("apple9", 320, 9, False),
         Target("apple9-metal4", 400, 9, True),
-        Target("apple10", 400, 10, True),
-        Target("cuda", 400, 0, True),
+        Target("apple10", 400, 10, True, (1, 8)),
+        Target("cuda", 400, 0, True, (1, 2)),
     )}
 SIM_DEFAULT = "apple9"          # the simulator's Metal unless chosen (contract: metal 320, 9)
 _chosen: ContextVar[Optional[str]] = ContextVar("metalforge_target", default=None)

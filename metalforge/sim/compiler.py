@@ -51,7 +51,7 @@ COMMON_FLAGS = ["-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
                 "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1"]
 # What a compile may assume of the Metal it targets (see metalforge/target.py): the language
 # version (__METAL_VERSION__, 320 = Metal 3.2, 400 = Metal 4.0) and the Apple GPU family
-# (MF_SIM_GPU_FAMILY: 9 = M3/M4, 10 = M5), which fixes the cooperative-tensor element layout of
+# (MF_SIM_GPU_FAMILY: 9 = M3/M4, 10 = M5, 0 = the cuda target), which fixes the cooperative-tensor element layout of
 # <MetalPerformancePrimitives/MetalPerformancePrimitives.h>.  Metal 4 sources compile as C++20:
 # MSL 4's `matmul2d<desc, ...>` takes a descriptor object as a template argument.
 DEFAULT_METAL_VERSION = 320
@@ -224,17 +224,19 @@ class _TooManyKernels(Exception):
 
 @dataclass(frozen=True)
 class MetalTarget:
-    """What the compiled source may assume: Metal language version and Apple GPU family."""
+    """What the compiled source may assume: Metal language version and Apple GPU family (0:
+    the cuda target, whose cooperative tensors lie as the cuda backend's shim lays them)."""
     metal_version: int = DEFAULT_METAL_VERSION
     gpu_family: int = DEFAULT_GPU_FAMILY
 
     def __post_init__(self) -> None:
         for name in ("metal_version", "gpu_family"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"metalforge.sim: {name} must be a positive int (e.g. "
-                                 f"metal_version=400 for Metal 4.0, gpu_family=10 for M5), "
-                                 f"got {v!r}")
+            low = 0 if name == "gpu_family" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"metalforge.sim: {name} must be an int of at least {low} "
+                                 f"(e.g. metal_version=400 for Metal 4.0, gpu_family=10 for M5, "
+                                 f"0 for the cuda target), got {v!r}")
 
     def defines(self) -> list[str]:
         """The macros of the kernel's compile besides the precompiled header's."""

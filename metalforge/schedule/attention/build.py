@@ -11,7 +11,7 @@ from ...graph import Graph
 from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
-from . import decode, merge, mma, prefill, staged
+from . import decode, flash, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context
 from .match import Form, match
@@ -38,24 +38,30 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
         first = carry(decode.kernel(ctx))
         narrow = wide = None
         tg_bytes = threadgroup_bytes(first)
-    matrix = _prefill(ctx) if ctx.policy.matrix_rows else None
+    matrix, shape = _prefill(ctx) if ctx.policy.matrix_rows else (None, (MATRIX_ROWS, 0))
     if matrix is not None:
         matrix = carry(matrix, also={"mf_mma", "mf_mma16", "mf_strides", "mf_tensor_ops"})
         tg_bytes = max(tg_bytes, threadgroup_bytes(matrix))
     merged = carry(merge.kernel(ctx))
-    return _schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged)
+    return replace(_schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged),
+                   prefill_rows=shape[0], prefill_keys=shape[1])
 
 
-def _prefill(ctx: CallContext) -> Optional[ir.LoweredKernel]:
-    """The prefill kernel: on the matrix block with half / bfloat operands where the graph's
-    operands are (`mma`), else fp32 simdgroup_matrix products (`prefill`), except on a target
-    without Apple GPUs (cuda), where those are emulated by shuffles and the decode kernels are
-    faster (S = L = 1024, E = 128: 1801 vs 872 us, H100): none there."""
+def _prefill(ctx: CallContext) -> tuple[Optional[ir.LoweredKernel], tuple[int, int]]:
+    """The prefill kernel and its (query rows a tile, keys a tile: 0 where the host's rule
+    picks them): with its scores in registers where the target knows its matrix layout and
+    the operands are half / bfloat (`flash`), else on the matrix block with no layout assumed
+    (`mma`), else fp32 simdgroup_matrix products (`prefill`), except on a target without Apple
+    GPUs (cuda), where those are emulated by shuffles and the decode kernels are faster
+    (S = L = 1024, E = 128: 1801 vs 872 us, H100): none there."""
     target = get_target(ctx.policy.target or "apple9")
+    resident = flash.kernel(ctx, target)
+    if resident is not None:
+        return resident, (flash.ROWS, flash.tile_keys(SIMD_WIDTH * ctx.run))
     matrix = mma.kernel(ctx, target)
     if matrix is not None or not target.gpu_family:
-        return matrix
-    return prefill.kernel(ctx, MATRIX_ROWS, NARROW_TILE_KEYS)
+        return matrix, (MATRIX_ROWS, 0)
+    return prefill.kernel(ctx, MATRIX_ROWS, NARROW_TILE_KEYS), (MATRIX_ROWS, 0)
 
 
 class _Carry:

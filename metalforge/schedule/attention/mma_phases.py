@@ -147,10 +147,10 @@ def write(ctx: CallContext, ks: KernelState, blk: strided.Blocks, emax: int) -> 
             ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
                        "softmax gives)"), epilogue(ctx, ks, ir.Var("mf_ov"), each)],
             [ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
-                        "kernel"), each(_state(ctx, ks))])]
+                        "kernel"), each(state(ctx, ks))])]
 
 
-def _state(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+def state(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """One element of the block's state: the row's m and d (with E element 0), acc."""
     row_id = offset(ctx, ks, ctx.rows)
     partial = ir.Var("mf_partial")

@@ -46,6 +46,8 @@ class AttentionSchedule(Schedule):
     mid_e: int = 0
     prefill: Optional[ir.LoweredKernel] = None  # simdgroup_matrix kernel for many query rows
     prefill_e: int = 0                          # ... E up to this
+    prefill_rows: int = MATRIX_ROWS             # ... query rows a tile
+    prefill_keys: int = 0                       # ... keys a staged tile (0: keys_per_tile's rule)
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -80,7 +82,7 @@ class AttentionSchedule(Schedule):
             and numel(self.tile_axes, sizes) >= rows
 
     def _tile_rows(self, sizes: Mapping[str, int]) -> int:
-        return MATRIX_ROWS if self._prefill(sizes) else self.qt
+        return self.prefill_rows if self._prefill(sizes) else self.qt
 
     def _tiles(self, sizes: Mapping[str, int]) -> int:
         """Threadgroups per key block: own rows x tiles of rows sharing keys."""
@@ -96,8 +98,13 @@ class AttentionSchedule(Schedule):
         """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile;
         the prefill kernel: one per 8 rows)."""
         if sizes is not None and self._prefill(sizes):
-            return MATRIX_GROUP
+            return self._prefill_group()
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
+
+    def _prefill_group(self) -> int:
+        """Threads per group of the prefill kernel (the kernel says)."""
+        assert self.prefill is not None
+        return self.prefill.max_threads or MATRIX_GROUP
 
     def _narrow(self, sizes: Mapping[str, int]) -> bool:
         """Whether a call with these sizes runs the narrow decode kernel (and its tiles)."""
@@ -108,6 +115,8 @@ class AttentionSchedule(Schedule):
         NARROW_TILE_KEYS) unless a tile's rows (E rounded up to whole chunks, padded by
         PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does; 0 if
         none fits."""
+        if self.prefill_keys and self._prefill(sizes):
+            return self.prefill_keys
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
         kt = NARROW_TILE_KEYS if self._narrow(sizes) else TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
@@ -261,13 +270,14 @@ class AttentionSchedule(Schedule):
         """Sizes that make a call launch kernel `host_name` (testing's coverage). The decode
         kernels (stage_kv): E = narrow_e for the narrow kernel and E just past the E of the
         kernel below for the others (narrow_e + 1, mid_e + 1); the prefill kernel: E = 33 (four
-        whole 8-element blocks and one of a single element) with MATRIX_ROWS + 1 positions along
+        whole 8-element blocks and one of a single element) with prefill_rows + 1 positions along
         the innermost tile axis a tensor names. Each kernel gets two examples (`_two_ways`)."""
         if self.prefill is not None and host_name == self.prefill.host_name:
             axis = self._innermost(self.tile_axes)
             if axis is None:
                 return []
-            return self._two_ways({axis: MATRIX_ROWS + 1}, 33, NARROW_TILE_KEYS)
+            return self._two_ways({axis: self.prefill_rows + 1}, 33,
+                                  self.prefill_keys or NARROW_TILE_KEYS)
         if self.narrow is None:
             return []
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
@@ -305,5 +315,5 @@ class AttentionSchedule(Schedule):
         if self.merge is not None and host_name == self.merge.host_name:
             return SIMD_WIDTH * MERGE_SIMDGROUPS
         if self.prefill is not None and host_name == self.prefill.host_name:
-            return MATRIX_GROUP
+            return self._prefill_group()
         return self._group()

@@ -13,7 +13,10 @@
 //   family >= 10 (M5, the neural accelerators; MLX's BaseNAXFrag):
 //       row = ((l / 4) & 4 | (l / 2) % 4) + (e / 4) * 8,  col = ((l / 4) & 2 | l % 2) * 4 + e % 4
 //       (2 rows x 4 columns a lane, rows 8 apart)
-//   family < 10 (tensor ops on the ALUs): row = l / 2, col = (l % 2) * 8 + e  (half a row a lane)
+//   family 0 (the cuda target: the cuda backend's shim, mma.sync's A / C register order):
+//       row = l / 4 + 8 * ((e / 2) % 2),  col = 2 * (l % 4) + e % 2 + 8 * (e / 4)
+//   other families < 10 (tensor ops on the ALUs): row = l / 2, col = (l % 2) * 8 + e  (half a
+//       row a lane)
 // So code that hard-codes M5's layout (fills ct[i] from its own idea of where element i is)
 // computes a different product on other families, as on a real M4.
 #ifndef MF_SIM_MPP_LAYOUT_H
@@ -35,6 +38,9 @@ MF_INLINE constexpr void frag_coord(unsigned lane, int e, int& row, int& col) {
     const int q = int(lane >> 2);
     row = ((q & 4) | int((lane >> 1) & 3)) + (e >> 2) * 8;
     col = ((q & 2) | int(lane & 1)) * 4 + (e & 3);
+  } else if constexpr (kGpuFamily == 0) {
+    row = int(lane >> 2) + 8 * ((e >> 1) & 1);
+    col = 2 * int(lane & 3u) + (e & 1) + 8 * (e >> 2);
   } else {
     row = int(lane >> 1);
     col = int(lane & 1) * 8 + e;

@@ -1,0 +1,329 @@
+"""The prefill kernel with its scores in registers (FlashAttention-2's structure), on Metal 4
+tensor operations where the target knows its cooperative tensors' element layout (apple10:
+M5's neural accelerators; cuda: the shim's tensor cores; `Target.row_lanes`):
+
+    S[16 rows x KT keys]  = sum over E's 16-blocks of Q_d x K_d^T   (Q_d held in registers)
+    online softmax of S, per row, in fp32, in registers            (P: the weights, as the operand type)
+    O_d[16 rows x 16 e]  += P x V_d                                (O_d held in registers)
+
+A threadgroup of four simdgroups takes a tile of ROWS = 64 query rows that read the same
+keys, each simdgroup 16 of them, all the tile's keys; the group stages the keys a tile of KT
+at a time (the decode kernels' `fill_tiles`). Each simdgroup's q rows are left input
+cooperative tensors, one per 16-block of E, filled once; its scores are one fp32 destination
+cooperative tensor (16 x KT), read and rewritten element by element where the lane holds
+them; the weights become the left input of the values' products by a copy of each element
+(`P[c] = op(S[c])`: the two tensors' elements lie alike on these targets); its outputs are
+one destination per 16-block of E. Nothing of a row but the K/V tiles goes through
+threadgroup memory, and a tile takes two barriers.
+
+Each lane holds elements of two rows of its simdgroup's 16 (one of rows 0..7, one of 8..15:
+`row_lanes`), so it keeps two rows' state (max m0 / m1, lane-partial sums d0 / d1), picks an
+element's by its row (`get_multidimensional_index`) and combines a row's over the lanes that
+hold it with `simd_shuffle_xor` over the target's masks.
+
+Built where `mma.operand` finds half / bfloat operands read from the staged tiles and the
+target's `row_lanes` is known; elsewhere `mma.kernel` (no layout assumed) or `prefill.kernel`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ... import ir
+from ...graph import Node, strip_casts
+from ...target import Target
+from .. import online
+from ..base import IDX, make_kernel
+from ..fragments import UINT, u
+from ..hardware import SIMD_WIDTH
+from ..lower import as_float
+from ..matrix.mpp import each_element, zeroed
+from ..matrix.strided import EXTENTS, SIDE, threadgroup_tensor
+from ..online import NEG_INF
+from .context import CallContext, Emitted, KernelState, lowering
+from .head import block_keys, group_head, row_positions, tile
+from .mma import operand, zero_fill
+from .mma_phases import state
+from .params import PAD_BYTES, TILE_BYTES
+from .prefill import THREADS, matrix_operands
+from .scores import score
+from .tiles import fill_tiles, tile_arrays
+from .write import epilogue
+
+SIMDGROUPS = 4
+ROWS = SIDE * SIMDGROUPS          # query rows a threadgroup
+MAX_KEYS = 64                     # keys a tile, at most
+Each = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
+
+
+def applies(ctx: CallContext, target: Target) -> Optional[str]:
+    """The operands' MSL type where this kernel applies, else None."""
+    op = operand(ctx, target)
+    return op if op is not None and target.tensor_ops and target.row_lanes else None
+
+
+def tile_keys(emax: int) -> int:
+    """Keys a staged tile holds for rows of E up to `emax` (2-byte K/V, rows padded by
+    PAD_BYTES, within TILE_BYTES): a power of two from 16 to MAX_KEYS. Static: the scores'
+    cooperative tensor is that wide."""
+    kt = MAX_KEYS
+    while kt > SIDE and kt * (emax * 2 + PAD_BYTES) > TILE_BYTES:
+        kt //= 2
+    return kt
+
+
+def _i(v: int) -> ir.Lit:
+    return ir.Lit(v, "int")
+
+
+def _op(name: str, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]:
+    desc = ir.Call("matmul2d_descriptor", (
+        _i(SIDE), _i(n), _i(k), ir.Lit(False, "bool"), ir.Lit(transpose_right, "bool"),
+        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
+    return [ir.Decl(f"{name}_desc", "constexpr auto", desc, const=False),
+            ir.Decl(name, f"matmul2d<{name}_desc, execution_simdgroup>", None, const=False)]
+
+
+def _view(op: str, ptr: ir.Expr, cols: int, rows: int, stride: ir.Expr) -> ir.Expr:
+    """A threadgroup tensor over `rows` rows of `cols` contiguous values at `ptr`."""
+    return ir.Call(threadgroup_tensor(op), (
+        ptr, ir.Call(EXTENTS, (_i(cols), _i(rows))),
+        ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
+
+
+def _upper(at_row: ir.Expr) -> ir.Expr:
+    """Whether an element's row (in the simdgroup's 16) is the lane's second (8..15)."""
+    return at_row >= u(8)
+
+
+def _pick(at_row: ir.Expr, lo: str, hi: str) -> ir.Expr:
+    return ir.Select(_upper(at_row), ir.Var(hi), ir.Var(lo))
+
+
+def _across_row(var: str, fn: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
+    """`var` combined (`fn`: mf_maximum or a sum) over the lanes holding the same row."""
+    v = ir.Var(var)
+    out: list[ir.Stmt] = []
+    for m in masks:
+        other = ir.Call("simd_shuffle_xor", (v, u(m)))
+        out.append(ir.Assign(v, ir.Call(fn, (v, other)) if fn else v + other))
+    return out
+
+
+def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
+    """The register-resident prefill kernel, or None where `applies` says it does not."""
+    op = applies(ctx, target)
+    if op is None:
+        return None
+    f = ctx.form
+    emax = SIMD_WIDTH * ctx.run
+    kt, eb = tile_keys(emax), -(-emax // SIDE)
+    ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
+                     epl=ctx.policy.reads_per_thread, kt_max=kt)
+    ks.out.helpers |= {"mf_tensor_ops", "mf_strides", "mf_maximum"}
+    head = group_head(ctx, ks, SIMDGROUPS, (
+        f"4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of "
+        f"{kt} keys of K and V in threadgroup memory")) \
+        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
+        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+    row = ks.with_row(ir.Var("mf_qrow"), table=True)
+    operands = matrix_operands(ctx)
+    assert operands is not None                      # `operand` found them
+    q, k = operands
+    k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
+    body = _places(ctx) + tile_arrays(ctx, row, runs=False) + _declare(op, kt, eb)
+    body += _fill_q(ctx, row, q, op, eb)
+    fill = fill_tiles(ctx, row)
+    assert isinstance(fill[-1], ir.Barrier)
+    fill[-1:-1] = zero_fill(ctx, kt)
+    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
+        ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
+    step += fill + _scores(ctx, row, op, kt, eb, k_arr) + _softmax(op, target.row_lanes)
+    step += _values(op, kt, eb, v_arr) + [
+        ir.Comment("every simdgroup is done with the tiles before they are refilled"),
+        ir.Barrier()]
+    body += [ir.Comment(f"one pass over the block's keys along '{f.key}', {kt} at a time"),
+             ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
+                    step=ir.Cast(IDX, ir.Lit(kt, "uint")))]
+    body += _write(ctx, row, eb, target.row_lanes)
+    return make_kernel(
+        ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + head + ks.out.pre + body,
+        f"{ctx.graph.name} (prefill): softmax over '{f.key}' of scores contracting "
+        f"'{f.e}' (up to {emax}), times the values, summed over '{f.key}'; a threadgroup "
+        f"per {ROWS} query rows sharing their keys and block of keys, 4 simdgroups of 16 "
+        f"rows; K and V staged as {op} in threadgroup memory, {kt} keys a tile; q, the "
+        f"scores, the weights and the outputs in registers (cooperative tensors): S = Q K^T "
+        f"and O += P V on Metal 4 tensor ops with {op} operands and fp32 accumulation, the "
+        f"online softmax in fp32 (P cast to {op}), one pass", "prefill", params=ctx.params,
+        helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
+
+
+def _places(ctx: CallContext) -> list[ir.Stmt]:
+    """The thread's place, the simdgroup's rows, E rounded up to 16-blocks (mf_ew, mf_eb)."""
+    sg, lane = ir.Var("mf_sg"), ir.Var("mf_lane")
+    return [ir.Decl("mf_tid", UINT, sg * u(SIMD_WIDTH) + lane),
+            ir.Comment("the simdgroup's 16 rows of the tile"),
+            ir.Decl("mf_row0", UINT, sg * u(SIDE)),
+            ir.Decl("mf_ew", UINT, ir.Cast(UINT, (ctx.size(ctx.form.e) + ir.Lit(15, IDX))
+                                           / ir.Lit(16, IDX) * ir.Lit(16, IDX))),
+            ir.Decl("mf_eb", UINT, ir.Var("mf_ew") / u(16))]
+
+
+def _declare(op: str, kt: int, eb: int) -> list[ir.Stmt]:
+    """The two products' ops and the simdgroup's cooperative tensors: q (a left input per
+    16-block of E), the scores (fp32), the weights (a left input of the values'), the outputs
+    (fp32, one per 16-block of E, zeroed); the rows' state."""
+    qs = [f"mf_q{d}" for d in range(eb)]
+    k_view, v_view = threadgroup_tensor(op), threadgroup_tensor(op)
+    out: list[ir.Stmt] = [
+        ir.Comment(f"S (16 x {kt}) += Q_d (16 x 16) K_d^T, a 16-block of E a run; O_d "
+                   f"(16 x 16) += P (16 x {kt}) V_d"),
+        *_op("mf_s_op", kt, SIDE, True), *_op("mf_p_op", SIDE, kt, False),
+        ir.Comment(f"the simdgroup's q rows, E in {eb} blocks of 16 (left inputs)"),
+        *[ir.Decl(n, "auto", ir.Call(
+            f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False)
+          for n in qs],
+        ir.Comment("its scores of a tile (fp32), their weights (the values' left input)"),
+        ir.Decl("mf_scores", "auto", ir.Call(
+            f"mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), {k_view}, float>",
+            ()), const=False),
+        ir.Decl("mf_weights", "auto", ir.Call(
+            f"mf_p_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
+        ir.Comment(f"its outputs, E in {eb} blocks of 16 (fp32)")]
+    for d in range(eb):
+        out += [ir.Decl(f"mf_o{d}", "auto", ir.Call(
+            f"mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), {v_view}, float>",
+            ()), const=False), zeroed(f"mf_o{d}")]
+    out.append(ir.Comment("the lane's two rows' state: running max, lane-partial sum"))
+    for n, v in (("mf_m0", NEG_INF), ("mf_m1", NEG_INF), ("mf_d0", ir.Lit(0.0, "float")),
+                 ("mf_d1", ir.Lit(0.0, "float"))):
+        out.append(ir.Decl(n, "float", v, const=False))
+    return out
+
+
+def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str, eb: int) -> list[ir.Stmt]:
+    """Each q cooperative tensor's elements, once: the q side at the element's row and E
+    element (0 past E and for rows past the tile's end)."""
+    low = lowering(ctx, ks, "mf_q")
+    body = low.lower([qn])
+    value = as_float(low.value(qn), qn)
+    ks.out.helpers |= low.helpers
+    live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
+        ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
+    out: list[ir.Stmt] = [ir.Comment(f"q: each element the lane holds, as {op} (0 past E and "
+                                     "past the tile's rows)")]
+    for d in range(eb):
+        def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr, d: int = d) -> list[ir.Stmt]:
+            qv = ir.Var("mf_qv")
+            return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                    ir.Decl("mf_e", UINT, u(d * SIDE) + c if d else c),
+                    ir.Decl("mf_qv", "float", ir.Lit(0.0, "float"), const=False),
+                    ir.If(live, body + [ir.Assign(qv, value)]),
+                    ir.Assign(ref, ir.Cast(op, qv))]
+        out.append(each_element(f"mf_q{d}", elem))
+    return out
+
+
+def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr: str
+            ) -> list[ir.Stmt]:
+    """S = Q K^T over E's 16-blocks, then per element the score's work (`score`: scale,
+    masks, caps; -inf past the tile's keys and rows) and the lane's rows' maxima over it."""
+    runs: list[ir.Stmt] = []
+    for d in range(eb):
+        k_at = ir.Var(k_arr) + u(d * SIDE) if d else ir.Var(k_arr)
+        run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var(f"mf_q{d}"), _view(
+            op, k_at, SIDE, kt, ir.Var(f"{k_arr}_stride")), ir.Var("mf_scores"))))
+        runs.append(run if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [run]))
+    body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
+
+    def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+        sv, hi = ir.Var("mf_sv"), _upper(r)
+        return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                ir.Decl("mf_u", UINT, c),
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+                ir.Decl("mf_dot", "float", ref),
+                ir.Decl("mf_sv", "float", NEG_INF, const=False),
+                ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
+                    ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sv, value)]),
+                ir.Assign(ref, sv),
+                ir.Assign(ir.Var("mf_t0"), ir.Select(hi, ir.Var("mf_t0"), ir.Call(
+                    "mf_maximum", (ir.Var("mf_t0"), sv)))),
+                ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
+                    "mf_maximum", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
+    return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, a 16-block of E a run"),
+            zeroed("mf_scores"), *runs,
+            ir.Comment("the score's elementwise work on each element the lane holds, and the "
+                       "tile's max of each of its two rows"),
+            ir.Decl("mf_t0", "float", NEG_INF, const=False),
+            ir.Decl("mf_t1", "float", NEG_INF, const=False),
+            each_element("mf_scores", elem)]
+
+
+def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
+    """The online update of the lane's two rows: the tile's maxima over the row's lanes, the
+    old sums' factors, the weights p into the lane's partial sums and, as the operand type,
+    into P (element for element: the weights' layout is the scores')."""
+    out: list[ir.Stmt] = [ir.Comment("online softmax of the lane's two rows: the tile's max "
+                                     "over each row's lanes, the factors of the old state")]
+    out += _across_row("mf_t0", "mf_maximum", masks) + _across_row("mf_t1", "mf_maximum", masks)
+    for j in "01":
+        m, t = ir.Var(f"mf_m{j}"), ir.Var(f"mf_t{j}")
+        out += [ir.Decl(f"mf_n{j}", "float", ir.Call("mf_maximum", (m, t))),
+                ir.Decl(f"mf_c{j}", "float", online.rescale(m, ir.Var(f"mf_n{j}"))),
+                ir.Assign(ir.Var(f"mf_d{j}"), ir.Var(f"mf_d{j}") * ir.Var(f"mf_c{j}")),
+                ir.Assign(m, ir.Var(f"mf_n{j}"))]
+
+    def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+        p, hi = ir.Var("mf_pw"), _upper(r)
+        return [ir.Decl("mf_mn", "float", _pick(r, "mf_n0", "mf_n1")),
+                ir.Decl("mf_pw", "float", online.weight(ref, ir.Var("mf_mn"))),
+                ir.Assign(ir.Var("mf_d0"), ir.Var("mf_d0") + ir.Select(
+                    hi, ir.Lit(0.0, "float"), p)),
+                ir.Assign(ir.Var("mf_d1"), ir.Var("mf_d1") + ir.Select(
+                    hi, p, ir.Lit(0.0, "float"))),
+                ir.Assign(ir.Lane(ir.Var("mf_weights"), ir.Var("mf_c")), ir.Cast(op, p))]
+    return out + [ir.Comment("the weights: into the lane's partial sums and P"),
+                  each_element("mf_scores", elem)]
+
+
+def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
+    """Each output block rescaled by its rows' factors, then O_d += P V_d."""
+    out: list[ir.Stmt] = [ir.Comment(f"the values: O rescaled by its rows' factors, then "
+                                     f"O_d += P V_d ({kt} keys a run)")]
+    for d in range(eb):
+        v_at = ir.Var(v_arr) + u(d * SIDE) if d else ir.Var(v_arr)
+        scale = each_element(f"mf_o{d}", lambda r, c, ref: [
+            ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])
+        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_weights"), _view(
+            op, v_at, SIDE, kt, ir.Var(f"{v_arr}_stride")), ir.Var(f"mf_o{d}"))))
+        work = [scale, run]
+        out += work if d == 0 else [ir.If(u(d) < ir.Var("mf_eb"), work)]
+    return out
+
+
+def _write(ctx: CallContext, ks: KernelState, eb: int, masks: tuple[int, ...]
+           ) -> list[ir.Stmt]:
+    """After the keys: each row's sum over its lanes, then each output element the lane
+    holds: acc / d through the work after the sum (one block of keys), else the block's state
+    for the merge kernel."""
+    def each(body: list[ir.Stmt]) -> ir.Stmt:
+        out: list[ir.Stmt] = []
+        for d in range(eb):
+            def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr, d: int = d) -> list[ir.Stmt]:
+                live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
+                    ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
+                return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                        ir.Decl("mf_e", UINT, u(d * SIDE) + c if d else c),
+                        ir.If(live, [ir.Decl("mf_mm", "float", _pick(r, "mf_m0", "mf_m1")),
+                                     ir.Decl("mf_md", "float", _pick(r, "mf_d0", "mf_d1")),
+                                     ir.Decl("mf_ov", "float", ref), *body])]
+            loop = each_element(f"mf_o{d}", elem)
+            out.append(loop if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [loop]))
+        return ir.Block(out)
+    return [
+        ir.Comment("each row's sum over the lanes that hold it"),
+        *_across_row("mf_d0", "", masks), *_across_row("mf_d1", "", masks),
+        ir.If(ir.Var("mf_splits").eq(u(1)), [
+            ir.Comment("one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as "
+                       "softmax gives)"), epilogue(ctx, ks, ir.Var("mf_ov"), each)],
+            [ir.Comment("several blocks: this block's state (m, d, acc[E]) for the merge "
+                        "kernel"), each(state(ctx, ks))])]
