@@ -1,7 +1,8 @@
-"""Attention prefill on the matrix block (schedule/attention/mma.py): Q·K^T and P·V as 16 x 16
-products with the tensors' own half / bfloat values as operands and fp32 accumulation, lowered
-by target: Metal 4 tensor ops (apple10; cuda) or simdgroup_matrix (apple9); f32 keeps the fp32
-simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
+"""Attention prefill on matrix hardware with the tensors' own half / bfloat values as operands
+and fp32 accumulation, by target: on Metal 4 tensor ops whose layout the target knows (apple10,
+cuda) with the scores in registers (schedule/attention/flash.py); on tensor ops of no known
+layout (apple9-metal4) and on simdgroup_matrix (apple9) as 16 x 16 blocks through threadgroup
+memory (schedule/attention/mma.py); f32 keeps the fp32 simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
 against torch's math attention in float64, the cuda target's translation through the shim's
 host syntax check (goldens per target: tests/schedule/test_golden.py). `check` covers the
 kernel at the simulator's default target in tests/ops/test_attention.py; at apple10 it takes
@@ -46,6 +47,7 @@ def _math_attention(q, k, v, scale, causal):
 
 @pytest.mark.parametrize("dtype,target,lowered", [
     (torch.float16, "apple9", "mf_mma16<half, true>"),
+    (torch.float16, "apple9-metal4", "mf_sacc_op.run(tensor<threadgroup half"),
     (torch.bfloat16, "apple9", "mf_mma16<bfloat, true>"),
     (torch.float16, "apple10", "tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>"),
     (torch.bfloat16, "apple10", "tensor<threadgroup bfloat, dextents<int32_t, 2>, "
@@ -55,29 +57,37 @@ def _math_attention(q, k, v, scale, causal):
 def test_prefill_lowering_by_target(dtype, target, lowered):
     """The prefill kernel's products on the target's matrix hardware with the tensors' own
     operand type: simdgroup_matrix (apple9: mf_mma16, K^T loaded transposed, V not), Metal 4
-    tensor ops (apple10, cuda: matmul2d over threadgroup tensors, V k-outer); f32 keeps the
-    fp32 simdgroup_matrix products everywhere (no TF32)."""
+    tensor ops (apple10, cuda: q, the scores and the weights in registers, one product over
+    a tile's 32 keys; apple9-metal4, whose layout is not known: 16 x 16 blocks over
+    threadgroup tensors, V k-outer); f32 keeps the fp32 simdgroup_matrix products everywhere
+    (no TF32)."""
     src = _prefill_source(attention, target, T=SHORT[dtype])
     assert lowered in src
-    if lowered.startswith("tensor"):
+    if target in ("apple10", "cuda") and dtype != torch.float32:
+        assert "matmul2d_descriptor(16, 32, 16, false, true" in src        # Q·K^T
+        assert "matmul2d_descriptor(16, 16, 32, false, false" in src       # P·V
+        assert "mf_weights[mf_c] = " in src and "mf_st[" not in src       # P in registers
+    elif "tensor" in lowered:
         assert "matmul2d_descriptor(16, 16, 16, false, true" in src        # Q·K^T
         assert "matmul2d_descriptor(16, 16, 16, false, false" in src       # P·V
     else:
         assert "matmul2d" not in src
 
 
-def test_tensor_ops_prefill_matches_math_attention():
-    """Metal 4 tensor ops in the simulator (apple10): GQA, 40 query positions (a whole tile
-    of 32 rows and a partial one per head pair), 70 keys (tiles of 64 and 6), E = 33 (two
-    whole 16-blocks and one of a single element); causal with S < L (bottom-right), one key
-    block and two merged. (simdgroup_matrix, apple9: tests/ops/test_attention.py's
+@pytest.mark.parametrize("target", ["apple10", "cuda"])
+def test_tensor_ops_prefill_matches_math_attention(target):
+    """Metal 4 tensor ops in the simulator, each target's layout (apple10: M5's; cuda: the
+    shim's mma.sync fragments, family 0): GQA, 66 query positions (a whole tile of 64 rows
+    and a partial one per head pair), 70 keys (tiles of 32, 32 and 6), E = 33 (two whole
+    16-blocks and one of a single element); causal with S < L (bottom-right), one key block
+    and two merged. (simdgroup_matrix, apple9: tests/ops/test_attention.py's
     test_matrix_prefill_matches_sdpa, the simulator's default target.)"""
     dtype = torch.float16
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(1, 4, 40, 33, generator=g).to(dtype)
+    q = torch.randn(1, 4, 66, 33, generator=g).to(dtype)
     k, v = (torch.randn(1, 2, 70, 33, generator=g).to(dtype) for _ in range(2))
     want = _math_attention(q, k, v, 0.3, True).to(dtype)
-    with mf.target("apple10"):
+    with mf.target(target):
         for splits in (1, 2):
             kernel = attention.with_launch(key_splits=splits)
             hosts = [h for h, _, _ in kernel.launches(q, k, v, 0.3)]
@@ -110,5 +120,5 @@ def test_cuda_target_translation_passes_host_syntax_check(tmp_path):
     compiles against the cuda shim (C++20, Metal 4.0)."""
     with mf.target("cuda"):
         src = attention.source(T="f16")
-    assert "mf_sacc_op.run(" in src and "mf_oacc_op.run(" in src
+    assert "mf_s_op.run(" in src and "mf_p_op.run(" in src
     assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
