@@ -2,7 +2,7 @@
 target, f16, causal, 32 heads, S = L) timed with one phase of its tile loop taken out by a
 text edit of the generated source (each edit touches `mf_attention_prefill` only):
 
-- no Q·Kᵀ products: the score block's matmul2d runs dropped (the scores stay 0);
+- no Q·Kᵀ products: the scores' matmul2d runs dropped (the scores stay 0);
 - no P·V products: the values' matmul2d runs dropped;
 - no K/V loads: the tile copies from device memory dropped (the staged tiles keep what they
   hold; the zero fill past the copied keys stays);
@@ -12,8 +12,8 @@ text edit of the generated source (each edit touches `mf_attention_prefill` only
 - products only: no K/V loads, no score mask and no softmax exp.
 
 What is left when a phase is out bounds what any change to that phase can gain; "products
-only" is the loop's glue plus its products: the scores' and P's round trips through
-threadgroup memory, the barriers, the accumulators rescaled element by element.
+only" is the loop's glue plus its products: the barriers, the row maxima's shuffles, the
+weights' conversion to operands, the accumulators rescaled element by element.
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ import torch
 import torch.nn.functional as F
 
 KERNEL = "kernel void mf_attention_prefill("
-QK_RUN = re.compile(r"^\s*mf_sacc_op\.run\(.*\);\n", re.M)
-PV_RUN = re.compile(r"^\s*mf_oacc_op\.run\(.*\);\n", re.M)
+QK_RUN = re.compile(r"^\s*mf_s_op\.run\(.*\);\n", re.M)
+PV_RUN = re.compile(r"^\s*mf_p_op\.run\(.*\);\n", re.M)
 KV_COPY = re.compile(r"^\s*\*reinterpret_cast<threadgroup mf_pack8<T>\*>\(mf_kv[01] .*"
                      r"\(([kv]) \+ .*\);\n", re.M)
-SCORE_STORE = "mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;"
-WEIGHT_EXP = "precise::exp(mf_pv[mf_x] - mf_m_new)"
-FACTOR_EXP = "precise::exp(mf_mm - mf_m_new)"
+SCORE_STORE = "mf_scores[mf_c] = mf_sv;"
+WEIGHT_EXP = "precise::exp(mf_scores[mf_c] - mf_mn)"
+FACTOR_EXPS = ("precise::exp(mf_m0 - mf_n0)", "precise::exp(mf_m1 - mf_n1)")
 CASES = ((1024, 64), (4096, 128))
 
 
@@ -70,8 +70,12 @@ def no_mask(src: str) -> str:
 
 
 def no_exp(src: str) -> str:
-    return _in_kernel(src, "no softmax exp", lambda s: s.replace(
-        WEIGHT_EXP, "(mf_pv[mf_x] - mf_m_new)").replace(FACTOR_EXP, "1.0f"))
+    def edit(s: str) -> str:
+        s = s.replace(WEIGHT_EXP, "(mf_scores[mf_c] - mf_mn)")
+        for factor in FACTOR_EXPS:
+            s = s.replace(factor, "1.0f")
+        return s
+    return _in_kernel(src, "no softmax exp", edit)
 
 
 EDITS = {"no Q·Kᵀ products": [no_qk], "no P·V products": [no_pv], "no K/V loads": [no_kv],

@@ -76,6 +76,6 @@ def test_prefill_phase_edits(tmp_path):
     for edit in floors_prefill.EDITS["products only"] + floors_prefill.EDITS["no P·V products"]:
         out = edit(out)
     body = out[i:out.find("template [[host_name(", i)]
-    assert out[:i] == src[:i] and "mf_oacc_op.run(" in src[i:]
-    assert "mf_oacc_op.run(" not in body and "*reinterpret_cast<device const" not in body
+    assert out[:i] == src[:i] and "mf_p_op.run(" in src[i:]
+    assert "mf_p_op.run(" not in body and "*reinterpret_cast<device const" not in body
     assert_host_syntax(translate(out).text, tmp_path, metal_version=400)
