@@ -51,9 +51,10 @@ COMMON_FLAGS = ["-fPIC", "-pthread", "-w", "-fno-strict-aliasing", "-fwrapv",
                 "-ffp-contract=off", "-fno-math-errno", "-D__METAL__=1"]
 # What a compile may assume of the Metal it targets (see metalforge/target.py): the language
 # version (__METAL_VERSION__, 320 = Metal 3.2, 400 = Metal 4.0) and the Apple GPU family
-# (MF_SIM_GPU_FAMILY: 9 = M3/M4, 10 = M5, 0 = the cuda target), which fixes the cooperative-tensor element layout of
-# <MetalPerformancePrimitives/MetalPerformancePrimitives.h>.  Metal 4 sources compile as C++20:
-# MSL 4's `matmul2d<desc, ...>` takes a descriptor object as a template argument.
+# (MF_SIM_GPU_FAMILY: 9 = M3/M4, 10 = M5, 0 = the cuda target), which fixes the cooperative
+# tensors' element layout of <MetalPerformancePrimitives/MetalPerformancePrimitives.h>.  Metal 4
+# sources compile as C++20: MSL 4's `matmul2d<desc, ...>` takes a descriptor object as a
+# template argument.
 DEFAULT_METAL_VERSION = 320
 DEFAULT_GPU_FAMILY = 9
 MPP_HEADER = "MetalPerformancePrimitives/MetalPerformancePrimitives.h"

@@ -2,11 +2,12 @@
 and fp32 accumulation, by target: on Metal 4 tensor ops whose layout the target knows (apple10,
 cuda) with the scores in registers (schedule/attention/flash.py); on tensor ops of no known
 layout (apple9-metal4) and on simdgroup_matrix (apple9) as 16 x 16 blocks through threadgroup
-memory (schedule/attention/mma.py); f32 keeps the fp32 simdgroup_matrix kernel. Simulator runs at partial tiles (rows, keys and E not whole blocks)
-against torch's math attention in float64, the cuda target's translation through the shim's
-host syntax check (goldens per target: tests/schedule/test_golden.py). `check` covers the
-kernel at the simulator's default target in tests/ops/test_attention.py; at apple10 it takes
-over a minute on the CI box: not here."""
+memory (schedule/attention/mma.py); f32 keeps the fp32 simdgroup_matrix kernel. Simulator
+runs at partial tiles (rows, keys and E not whole blocks) against torch's math attention in
+float64, the cuda target's translation through the shim's host syntax check (goldens per
+target: tests/schedule/test_golden.py). `check` covers the kernel at the simulator's default
+target in tests/ops/test_attention.py; at apple10 it takes over a minute on the CI box: not
+here."""
 from __future__ import annotations
 
 import sys

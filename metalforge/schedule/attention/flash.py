@@ -3,7 +3,7 @@ tensor operations where the target knows its cooperative tensors' element layout
 M5's neural accelerators; cuda: the shim's tensor cores; `Target.row_lanes`):
 
     S[16 rows x KT keys]  = sum over E's 16-blocks of Q_d x K_d^T   (Q_d held in registers)
-    online softmax of S, per row, in fp32, in registers            (P: the weights, as the operand type)
+    online softmax of S, per row, in fp32, in registers            (P: its weights, as operands)
     O_d[16 rows x 16 e]  += P x V_d                                (O_d held in registers)
 
 A threadgroup of four simdgroups takes a tile of ROWS = 64 query rows that read the same

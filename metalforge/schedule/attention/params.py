@@ -17,6 +17,12 @@ from ..hardware import SIMD_WIDTH
 # 44.7 / 127.6).
 TARGET_GROUPS = 512
 TARGET_GROUPS_STAGED = 1024
+# ... the prefill kernel with its scores in registers (flash.py): a tile's key blocks cost a
+# merge and each block's rows re-read q, so it splits only grids of fewer groups than this.
+# H200, 2026-11-29, f16, causal, 32 heads, us at S = L = 1024 E = 64 / 128 and 4096 E = 64 /
+# 128: key_splits 1 193.5 / 252.4 / 1846.5 / 2518.1; 2 350.6 / 580.5 / 2399.4 / 3633.4; 4
+# 366.8 / 601.4 / 2435.4 / 3664.9 (512 and 2048 tiles: the 1024 rule split S = 1024 in two)
+TARGET_GROUPS_RESIDENT = 256
 MIN_KEYS = 32
 MIN_STAGED_KEYS = 64
 # The merge kernel: key blocks a stream of lanes loads before it adds any of them, and the

@@ -26,6 +26,7 @@ from .params import (
     NARROW_TILE_KEYS,
     PAD_BYTES,
     TARGET_GROUPS,
+    TARGET_GROUPS_RESIDENT,
     TARGET_GROUPS_STAGED,
     TILE_BYTES,
     TILE_KEYS,
@@ -47,7 +48,8 @@ class AttentionSchedule(Schedule):
     prefill: Optional[ir.LoweredKernel] = None  # simdgroup_matrix kernel for many query rows
     prefill_e: int = 0                          # ... E up to this
     prefill_rows: int = MATRIX_ROWS             # ... query rows a tile
-    prefill_keys: int = 0                       # ... keys a staged tile (0: keys_per_tile's rule)
+    prefill_keys: int = 0                       # ... keys a staged tile (0: keys_per_tile's rule;
+                                                # set: flash.py's kernel, TARGET_GROUPS_RESIDENT)
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -132,6 +134,8 @@ class AttentionSchedule(Schedule):
         if self.policy.key_splits:
             return max(1, min(self.policy.key_splits, length))
         target = TARGET_GROUPS_STAGED if self.policy.stage_kv else TARGET_GROUPS
+        if self.prefill_keys and self._prefill(sizes):        # the register-resident prefill
+            target = TARGET_GROUPS_RESIDENT
         want = -(-target // max(1, self._tiles(sizes)))
         return max(1, min(want, length // self._per_block()))
 
