@@ -39,7 +39,6 @@ from ..lower import as_float
 from ..matrix.mpp import each_element, zeroed
 from ..matrix.strided import EXTENTS, SIDE, threadgroup_tensor
 from ..online import NEG_INF
-from . import prefetch
 from .context import CallContext, Emitted, KernelState, lowering
 from .head import block_keys, group_head, row_positions, tile
 from .mma import operand, zero_fill
@@ -132,19 +131,13 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body = _places(ctx) + tile_arrays(ctx, row, runs=False) + _declare(op, kt, eb)
+    body += _fill_q(ctx, row, q, op, eb)
     fill = fill_tiles(ctx, row)
     assert isinstance(fill[-1], ir.Barrier)
-    per = prefetch.copies(ks, emax // ctx.vw) if prefetch.applies(ctx) else 0
-    if per:
-        pre, fill = _ahead(ctx, row, kt, per, fill[:-1])
-        body += pre
     fill[-1:-1] = zero_fill(ctx, kt)
-    body += _fill_q(ctx, row, q, op, eb)
     step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
-        ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint")))))), *fill]
-    if per:
-        step += _next_loads(ctx, row, kt, per)
-    step += _scores(ctx, row, op, kt, eb, k_arr) + _softmax(op, target.row_lanes)
+        ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
+    step += fill + _scores(ctx, row, op, kt, eb, k_arr) + _softmax(op, target.row_lanes)
     step += _values(op, kt, eb, v_arr) + [
         ir.Comment("every simdgroup is done with the tiles before they are refilled"),
         ir.Barrier()]
@@ -162,34 +155,6 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
         f"and O += P V on Metal 4 tensor ops with {op} operands and fp32 accumulation, the "
         f"online softmax in fp32 (P cast to {op}), one pass", "prefill", params=ctx.params,
         helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
-
-
-def _ahead(ctx: CallContext, ks: KernelState, kt: int, per: int, copy: list[ir.Stmt]
-           ) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
-    """(before the loop: the registers and the first tile's loads; a tile's fill: its copies
-    from the registers, or `copy` (`fill_tiles`' element path) where E is not whole chunks,
-    then a barrier)."""
-    first = ir.Var("mf_l0")
-    count = ir.Call("min", (ir.Var("mf_l1") - first, ir.Cast(IDX, ir.Lit(kt, "uint"))))
-    pre: list[ir.Stmt] = [
-        ir.Comment(f"the thread's copies of a tile ({per} of each read) in registers: the "
-                   "next tile's loads are in flight while the group multiplies this one"),
-        *prefetch.declare(ctx, per),
-        ir.If(ir.Var("mf_vec_ok").and_(first < ir.Var("mf_l1")),
-              prefetch.tile_loads(ctx, ks, per, first, count))]
-    fill: list[ir.Stmt] = [
-        ir.Comment("stage the tile: its copies from the registers (where E is whole chunks)"),
-        ir.If(ir.Var("mf_vec_ok"), prefetch.tile_stores(ctx, ks, per), copy), ir.Barrier()]
-    return pre, fill
-
-
-def _next_loads(ctx: CallContext, ks: KernelState, kt: int, per: int) -> list[ir.Stmt]:
-    """The next tile's copies into registers (read before this tile's products)."""
-    nxt = ir.Var("mf_tk") + ir.Cast(IDX, ir.Lit(kt, "uint"))
-    count = ir.Call("min", (ir.Var("mf_l1") - nxt, ir.Cast(IDX, ir.Lit(kt, "uint"))))
-    return [ir.Comment("the next tile's copies, in flight during this tile's products"),
-            ir.If(ir.Var("mf_vec_ok").and_(nxt < ir.Var("mf_l1")),
-                  prefetch.tile_loads(ctx, ks, per, nxt, count))]
 
 
 def _places(ctx: CallContext) -> list[ir.Stmt]:
@@ -321,24 +286,18 @@ def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
 
 
 def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
-    """The output blocks rescaled by their rows' factors where some row's max grew (a factor
-    of 1 changes nothing: skipped when no row of the simdgroup has another), then O_d += P
-    V_d."""
-    scales: list[ir.Stmt] = []
-    runs: list[ir.Stmt] = []
+    """Each output block rescaled by its rows' factors, then O_d += P V_d."""
+    out: list[ir.Stmt] = [ir.Comment(f"the values: O rescaled by its rows' factors, then "
+                                     f"O_d += P V_d ({kt} keys a run)")]
     for d in range(eb):
         v_at = ir.Var(v_arr) + u(d * SIDE) if d else ir.Var(v_arr)
         scale = each_element(f"mf_o{d}", lambda r, c, ref: [
             ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])
         run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_weights"), _view(
             op, v_at, SIDE, kt, ir.Var(f"{v_arr}_stride")), ir.Var(f"mf_o{d}"))))
-        scales.append(scale if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [scale]))
-        runs.append(run if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [run]))
-    one = ir.Lit(1.0, "float")
-    grew = ir.Call("simd_any", (ir.Var("mf_c0").ne(one).or_(ir.Var("mf_c1").ne(one)),))
-    return [ir.Comment("the values: O rescaled by its rows' factors where a row's max grew"),
-            ir.If(grew, scales),
-            ir.Comment(f"O_d += P V_d ({kt} keys a run)"), *runs]
+        work = [scale, run]
+        out += work if d == 0 else [ir.If(u(d) < ir.Var("mf_eb"), work)]
+    return out
 
 
 def _write(ctx: CallContext, ks: KernelState, eb: int, masks: tuple[int, ...]
