@@ -15,7 +15,10 @@
   (Tensor..., Tensor[] saved)``): the forward the direct call runs, which also hands the
   backward what it would recompute (attention's rows' logsumexp; cross-entropy's or a
   softmax's where saving moves fewer bytes: `metalforge.op_saving`); ``torch.ops.mylib.rms_norm``
-  called directly saves its inputs only;
+  called directly saves its inputs only. Eagerly on plain tensors (`plain_eager`: nothing
+  traces the call) the wrapper runs the kernel's direct differentiable call instead, the same
+  kernels and saved tensors without the custom ops' host layers; `op.dispatched(...)` always
+  goes through the operators;
 - mutation: an output the kernel declares written into an argument (`@mf.kernel(inplace=...)`)
   marks that argument ``Tensor(a!)`` and is not returned by the op (the op's Python wrapper
   returns the argument in its place, like the kernel); ``op(..., out=t)`` calls the out variant
