@@ -247,9 +247,10 @@ class KernelOp:
         a = self.args_of(args, kwargs)
         if out is None and not self.mutated:
             wrt = self._grad_wrt(a)
+            direct = eager_direct and plain_eager(a)    # nothing traces: the kernel's own call
             if not wrt:
-                return self.op(*a)
-            if eager_direct and plain_eager(a):     # nothing traces: the direct call's autograd
+                return self._impl(*a) if direct else self.op(*a)
+            if direct:                              # the direct call's autograd
                 return call_differentiable(self._graph(a), self._values(a), *self._how(),
                                            op=f"{self.name}_backward")
             got = self.saving_op(*a, wrt)       # the forward that saves for the backward
@@ -443,8 +444,9 @@ def plain_eager(args: Sequence[Any]) -> bool:
     torch.export, make_fx, fake tensors), no dispatch or torch-function mode is active and no
     argument is a tensor subclass or a functorch (vmap, grad) wrapper. There the operator's
     dispatcher layers (the custom op's autograd and dispatch wrappers, twice a step) are host
-    time only, so a call that needs gradients runs the kernel's direct differentiable call:
-    the same forward, saved tensors and backward kernels (`runtime.autograd`)."""
+    time only, so the call runs the kernel directly (the op's implementation, `_impl`) and one
+    that needs gradients the kernel's direct differentiable call: the same forward, saved
+    tensors and backward kernels (`runtime.autograd`)."""
     if torch.compiler.is_compiling():   # first: dynamo folds it, the rest is never traced
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():

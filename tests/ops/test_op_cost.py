@@ -82,3 +82,25 @@ def test_operator_step_runs_no_pass_the_direct_call_does_not():
     assert passes(op_ops) <= passes(direct_ops), (passes(op_ops), passes(direct_ops))
     fills = [n for n, _, _ in op_ops + direct_ops if "zero" in n or "fill" in n]
     assert fills == []
+
+
+def test_plain_eager_only_where_nothing_traces_or_wraps():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from metalforge.torch_ops import plain_eager
+
+    class Sub(torch.Tensor):
+        pass
+    x = torch.randn(3)
+    assert plain_eager((x, 2.0)) and plain_eager((torch.nn.Parameter(x),))
+    assert not plain_eager((torch.Tensor._make_subclass(Sub, x),))
+    with Logged({}):
+        assert not plain_eager((x,))
+    with torch.device("cpu"):                    # a torch-function mode
+        assert not plain_eager((x,))
+    with FakeTensorMode() as fake:
+        assert not plain_eager((fake.from_tensor(x),))
+    seen = []
+    torch.func.grad(lambda a: seen.append(plain_eager((a,))) or a.sum())(x)
+    torch.func.vmap(lambda a: seen.append(plain_eager((a,))) or a)(x[None])
+    assert seen == [False, False]
