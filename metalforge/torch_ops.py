@@ -15,7 +15,10 @@
   (Tensor..., Tensor[] saved)``): the forward the direct call runs, which also hands the
   backward what it would recompute (attention's rows' logsumexp; cross-entropy's or a
   softmax's where saving moves fewer bytes: `metalforge.op_saving`); ``torch.ops.mylib.rms_norm``
-  called directly saves its inputs only;
+  called directly saves its inputs only. Eagerly on plain tensors (`plain_eager`: nothing
+  traces the call) the wrapper runs the kernel's direct differentiable call instead, the same
+  kernels and saved tensors without the custom ops' host layers; `op.dispatched(...)` always
+  goes through the operators;
 - mutation: an output the kernel declares written into an argument (`@mf.kernel(inplace=...)`)
   marks that argument ``Tensor(a!)`` and is not returned by the op (the op's Python wrapper
   returns the argument in its place, like the kernel); ``op(..., out=t)`` calls the out variant
@@ -40,6 +43,7 @@ from . import autodiff, op_saving
 from .autodiff import NotDifferentiable
 from .errors import BindingError
 from .graph import ConstParam, Graph, TensorParam
+from .runtime.autograd import call_differentiable
 from .shapes import bind_shapes, lay_out, output_shape
 
 __all__ = ["KernelOp", "register", "NotDifferentiable", "OpError"]
@@ -231,11 +235,24 @@ class KernelOp:
         return tuple(ba.arguments[n] for n in self.names)
 
     def __call__(self, *args, out: Any = None, **kwargs):
+        return self._call(args, kwargs, out, eager_direct=True)
+
+    def dispatched(self, *args, out: Any = None, **kwargs):
+        """The call through the registered operators whatever the context: a call that needs
+        gradients runs ``<name>_saving`` and ``<name>_backward`` even eagerly on plain tensors
+        (where `__call__` runs the kernel's direct differentiable call: `plain_eager`)."""
+        return self._call(args, kwargs, out, eager_direct=False)
+
+    def _call(self, args: tuple, kwargs: Mapping[str, Any], out: Any, eager_direct: bool):
         a = self.args_of(args, kwargs)
         if out is None and not self.mutated:
             wrt = self._grad_wrt(a)
+            direct = eager_direct and plain_eager(a)    # nothing traces: the kernel's own call
             if not wrt:
-                return self.op(*a)
+                return self._impl(*a) if direct else self.op(*a)
+            if direct:                              # the direct call's autograd
+                return call_differentiable(self._graph(a), self._values(a), *self._how(),
+                                           op=f"{self.name}_backward")
             got = self.saving_op(*a, wrt)       # the forward that saves for the backward
             return got[0] if len(got) == 2 else tuple(got[:-1])
         self._refuse_grad(a, out)
@@ -347,6 +364,7 @@ class KernelOp:
         fwd, wrt = inputs[:-1], inputs[-1]
         outs, saved = output[:-1], list(output[-1])
         ctx.mark_non_differentiable(*saved)
+        ctx.set_materialize_grads(False)    # no zeros filled for `saved`, which has no gradient
         kind = op_saving.saves(self._graph(fwd), tuple(self.names[i] for i in wrt)).kind
         kept = list(outs) if kind == "forward" else []      # attention's O: its backward reads it
         ctx.save_for_backward(*[fwd[i] for i in self._tensor_pos], *kept, *saved)
@@ -419,6 +437,23 @@ class KernelOp:
         heads)."""
         fwd, _, wrt = self._split_backward_args(args)
         return [torch.empty_like(fwd[i], memory_format=torch.contiguous_format) for i in wrt]
+
+
+def plain_eager(args: Sequence[Any]) -> bool:
+    """Whether a call on `args` runs eagerly on plain tensors: nothing traces it (torch.compile,
+    torch.export, make_fx, fake tensors), no dispatch or torch-function mode is active and no
+    argument is a tensor subclass or a functorch (vmap, grad) wrapper. There the operator's
+    dispatcher layers (the custom op's autograd and dispatch wrappers, twice a step) are host
+    time only, so the call runs the kernel directly (the op's implementation, `_impl`) and one
+    that needs gradients the kernel's direct differentiable call: the same forward, saved
+    tensors and backward kernels (`runtime.autograd`)."""
+    if torch.compiler.is_compiling():   # first: dynamo folds it, the rest is never traced
+        return False
+    if torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter)
+               and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+               for t in args if isinstance(t, torch.Tensor))
 
 
 # the backward op's arguments after the op's: output gradients, the arguments whose gradients

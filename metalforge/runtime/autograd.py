@@ -37,7 +37,7 @@ def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
 class _KernelFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, how: How, graph: Graph, values: Mapping[str, Any],
-                names: tuple[str, ...], *tensors: torch.Tensor) -> Any:
+                names: tuple[str, ...], op: Optional[str], *tensors: torch.Tensor) -> Any:
         vals = dict(values)
         vals.update(zip(names, tensors))
         wrt = _wrt(names, tensors, ctx.needs_input_grad)
@@ -45,13 +45,14 @@ class _KernelFunction(torch.autograd.Function):
         outs = out if isinstance(out, tuple) else (out,)
         ctx.mark_non_differentiable(*[o for o in outs if not o.dtype.is_floating_point])
         ctx.save_for_backward(*tensors, *kept)
-        ctx.meta = (how, graph, values, names, bw)
+        ctx.meta = (how, graph, values, names, bw, op)
         return out
 
     @staticmethod
     def backward(ctx: Any, *dys: Any) -> Any:
-        how, graph, values, names, bw = ctx.meta
-        if torch.is_grad_enabled():         # create_graph=True: the result must be differentiable
+        how, graph, values, names, bw, op = ctx.meta
+        double = torch.is_grad_enabled()    # create_graph=True
+        if double and op is None:           # a direct call: the result must be differentiable
             raise NotDifferentiable(f"{kernel_at(graph.name, graph.loc)}: double backward "
                                     "(create_graph=True) through a metalforge kernel is not "
                                     "supported; its backward kernels have no derivative")
@@ -60,15 +61,45 @@ class _KernelFunction(torch.autograd.Function):
         vals = dict(values)
         vals.update(zip(names, tensors))
         bw, ran = resume(graph, wrt, bw, tuple(kept), vals)
-        grads = run_backward(bw, vals, dys, how[0], how[1], saved=ran)
-        return (None, None, None, None, *[grads.get(n) for n in names])
+        with torch.no_grad():
+            grads = run_backward(bw, vals, dys, how[0], how[1], saved=ran)
+        got = [grads.get(n) for n in names]
+        anchor = [t for t in tensors if t.requires_grad][:1]
+        if double and op is not None and anchor:
+            got = _NoDerivative.mark(op, anchor, got)
+        return (None, None, None, None, None, *got)
+
+
+class _NoDerivative(torch.autograd.Function):
+    """The gradients an operator's eager call returns under create_graph=True, as its backward
+    op returns them: first-order gradients that raise where they are differentiated (the
+    backward kernels have no derivative), never a silent zero."""
+    @staticmethod
+    def forward(ctx: Any, op: str, *tensors: torch.Tensor) -> Any:
+        ctx.op = op                         # tensors: the anchor, then the gradients
+        return tuple(g.view_as(g) for g in tensors[1:])
+
+    @staticmethod
+    def backward(ctx: Any, *_: Any) -> Any:
+        raise NotDifferentiable(f"{ctx.op}: double backward (differentiating gradients taken "
+                                "with create_graph=True) through a metalforge operator is not "
+                                "supported; its backward kernels have no derivative")
+
+    @staticmethod
+    def mark(op: str, anchor: list[torch.Tensor], grads: list[Optional[torch.Tensor]]
+             ) -> list[Optional[torch.Tensor]]:
+        """`grads` with each tensor passed through this Function, recorded on the graph of
+        `anchor` (an input that requires grad: the kernels' results do not)."""
+        present = [g for g in grads if g is not None]
+        out = iter(_NoDerivative.apply(op, *anchor, *present))  # type: ignore[no-untyped-call]
+        return [None if g is None else next(out) for g in grads]
 
 
 def _wrt(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...],
          needs: tuple[bool, ...]) -> tuple[str, ...]:
     """The float inputs whose gradients autograd asks for (`needs`: the Function's
-    needs_input_grad, after its 4 non-tensor arguments)."""
-    return tuple(n for n, t, need in zip(names, tensors, needs[4:])
+    needs_input_grad, after its 5 non-tensor arguments)."""
+    return tuple(n for n, t, need in zip(names, tensors, needs[5:])
                  if need and t.dtype.is_floating_point)
 
 
@@ -120,9 +151,13 @@ def forward_saved(graph: Graph, vals: Mapping[str, Any], how: How,
 
 
 def call_differentiable(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
-                        launch: Optional[Mapping[str, Any]]) -> Any:
+                        launch: Optional[Mapping[str, Any]], op: Optional[str] = None) -> Any:
     """Run `graph` so that autograd can differentiate its outputs with respect to the input
-    tensors that require grad (the backward kernels of `metalforge.autodiff`)."""
+    tensors that require grad (the backward kernels of `metalforge.autodiff`). op: the name of
+    the backward operator of an `as_op` operator whose eager call this is
+    (`torch_ops.plain_eager`): under create_graph=True its backward returns first-order
+    gradients, as that operator does, which refuse to be differentiated; None (a direct call):
+    create_graph=True is refused at the backward."""
     names = tuple(t.name for t in graph.tensors)
     wrt = tuple(n for n in names if values[n].requires_grad)
     try:
@@ -131,7 +166,7 @@ def call_differentiable(graph: Graph, values: Mapping[str, Any], backend: Option
         raise NotDifferentiable(f"{e} (argument(s) {', '.join(wrt)} require grad)") from None
     scalars = {k: v for k, v in values.items() if k not in names}
     return _KernelFunction.apply(  # type: ignore[no-untyped-call]
-        (backend, launch), graph, scalars, names,
+        (backend, launch), graph, scalars, names, op,
                                  *[values[n] for n in names])
 
 

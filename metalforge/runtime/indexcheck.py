@@ -29,12 +29,26 @@ import torch
 
 from ..dtypes import U64
 from ..errors import GatherIndexError, LaunchError, at, kernel_at
-from ..graph import Graph, scatter_sites, take_sites
+from ..graph import Graph, Node, scatter_sites, take_sites
+from ..once import OnceMap
 
 
 def _capturing(device: Optional[torch.device]) -> bool:
     return device is not None and device.type == "cuda" and \
         torch.cuda.is_current_stream_capturing()
+
+
+_sites: OnceMap[int, tuple[Graph, tuple[Node, ...], tuple[Node, ...]]] = OnceMap()
+
+
+def _sites_of(graph: Graph) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """(take_sites, scatter_sites) of `graph`, walked once per graph (explicit cache: each
+    slow-path call of a gather kernel binds its report, and walking the graph twice was the
+    largest single host cost of a differentiable call)."""
+    got = _sites.get_or_build(id(graph), lambda: (graph, tuple(take_sites(graph)),
+                                                  tuple(scatter_sites(graph))),
+                              lambda v: v[0] is graph)
+    return got[1], got[2]
 
 
 @dataclass(frozen=True)
@@ -52,14 +66,15 @@ class IndexErrors:
            mode: str = "checked") -> Optional[IndexErrors]:
         if arg is None:
             return None
+        takes, scatters = _sites_of(graph)
         sites = tuple(f"mf.take from '{n.attr[0]}' along '{n.attr[1]}' (size "
                       f"{sizes[n.attr[1]]}: valid indices 0 to {sizes[n.attr[1]] - 1})"
-                      f"{at(n.loc)}" for n in take_sites(graph))
+                      f"{at(n.loc)}" for n in takes)
         sites += tuple(f"mf.scatter_add along '{n.attr[0]}' (size {sizes[n.attr[0]]}: valid "
                        f"indices 0 to {sizes[n.attr[0]] - 1}){at(n.loc)}"
-                       for n in scatter_sites(graph))
-        unsigned = tuple(n.args[0].dtype is U64 for n in take_sites(graph)) + \
-            tuple(n.args[1].dtype is U64 for n in scatter_sites(graph))
+                       for n in scatters)
+        unsigned = tuple(n.args[0].dtype is U64 for n in takes) + \
+            tuple(n.args[1].dtype is U64 for n in scatters)
         return IndexErrors(arg, sites, kernel_at(graph.name, graph.loc), mode, unsigned)
 
     @property

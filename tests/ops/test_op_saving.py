@@ -1,5 +1,6 @@
 """Training through `kernel.as_op(...)` runs the forward once (`metalforge.op_saving`): the
-op's forward for a call that needs gradients (`<name>_saving`) is the direct path's (attention
+op's forward for a call that needs gradients (`<name>_saving`; eagerly on plain tensors the
+direct call itself, `op.dispatched` forces the operators) is the direct path's (attention
 with its rows' logsumexp; cross-entropy's forward that saves the row's logsumexp where
 `saving.choose` picks it) and the backward op runs only the backward kernels; eagerly and under
 torch.compile(fullgraph=True); torch.export records the op itself. Gradients against the
@@ -50,7 +51,7 @@ def test_attention_op_runs_its_forward_once_eager_and_compiled(launched):
     op = masked.as_op("mf_test::attention_saving")
     compiled = torch.compile(lambda *a: op(*a, *extra), fullgraph=True, backend="aot_eager")
     kernels = ["masked_backward1", "masked_backward2", "masked_backward3", "masked_backward4"]
-    for fn in (lambda *a: op(*a, *extra), compiled):
+    for fn in (lambda *a: op(*a, *extra), lambda *a: op.dispatched(*a, *extra), compiled):
         launched.clear()
         got = _grads(fn, leaves)
         # the forward with lse once; delta, dq, dk/dv: no second forward
@@ -86,7 +87,7 @@ def test_cross_entropy_op_saves_what_the_direct_path_saves(launched, v, saves):
     assert (bw is not None) == saves and len(want_kernels) == 2
     op = cross_entropy_full.as_op(f"mf_test::xent_op_{v}")
     compiled = torch.compile(lambda a: op(a, t, *args), fullgraph=True, backend="aot_eager")
-    for fn in (lambda a: op(a, t, *args), compiled):
+    for fn in (lambda a: op(a, t, *args), lambda a: op.dispatched(a, t, *args), compiled):
         launched.clear()
         got = _grads(fn, [leaf])[0]
         assert [n for n, _ in launched] == want_kernels      # the direct path's two kernels

@@ -310,7 +310,13 @@ def test_double_backward_is_refused_clearly():
     with pytest.raises(NotDifferentiable, match="double backward"):
         torch.autograd.grad(silu(x).sum(), x, create_graph=True)
     op = silu.as_op("mf_test::silu_double")
+    # the operator gives first-order gradients (eagerly through the direct call's autograd,
+    # else through its backward op), which refuse to be differentiated
     g, = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+    torch.testing.assert_close(g, torch.autograd.grad(silu(x).sum(), x)[0], rtol=0, atol=0)
+    with pytest.raises(NotDifferentiable, match="silu_double_backward: double backward"):
+        torch.autograd.grad((g * g).sum(), x)
+    g, = torch.autograd.grad(op.dispatched(x).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="silu_double_backward"):
         torch.autograd.grad(g.sum(), x)
 
