@@ -250,10 +250,13 @@ Where = Callable[[ir.Expr, ir.Expr], ir.Expr]
 
 
 def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Where, row: Where, stat: Where,
-             outs: Sequence[tuple[Node, str]], helpers: set[str]) -> list[ir.Stmt]:
+             outs: Sequence[tuple[Node, str]], helpers: set[str], coops: bool = False
+             ) -> list[ir.Stmt]:
     """Per element (i, j) of blocks 0 (scores' dot) and 1 (dP's dot) the lane holds: the
     pair (key(i, j), row(i, j)), the row's lse and delta at mf_tl, mf_td[stat(i, j)]; each
-    root of `outs` to its scratch at [i][j] as `op` (0 past the keys or the rows)."""
+    root of `outs` to its scratch at [i][j] as `op` (0 past the keys or the rows), or with
+    `coops` to the same element of the cooperative tensor that `outs` names (a left input
+    whose elements lie as the blocks': `Target.row_lanes`)."""
     r = ctx.roles
     body, values = grads(ctx, [n for n, _ in outs], helpers)
     names = [f"mf_w{i}" for i in range(len(outs))]
@@ -270,8 +273,11 @@ def elements(ctx: Ctx, op: str, blk: strided.Blocks, key: Where, row: Where, sta
                                ir.Decl("mf_delta", "float", ir.Lane(ir.Var("mf_td"),
                                                                     stat(i, j))), *body,
                                *(ir.Assign(ir.Var(n), v) for n, v in zip(names, values))]),
-                *(ir.Store(arr, at, ir.Cast(op, ir.Var(n)), space="threadgroup")
+                *(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_c")), ir.Cast(op, ir.Var(n)))
+                  if coops else ir.Store(arr, at, ir.Cast(op, ir.Var(n)), space="threadgroup")
                   for n, (_, arr) in zip(names, outs))]
+    if coops:
+        return strided.each(blk, 0, put)
     return [*strided.each(blk, 0, put),
             ir.Comment("the simdgroup's scratch is written before its products read it"),
             ir.Barrier("simdgroup")]

@@ -32,13 +32,15 @@ def zero(arrs: tuple[tuple[str, int], ...], op: str, sgs: int) -> list[ir.Stmt]:
             ir.Barrier()]
 
 
-def accumulate(racc: resident.Rows, terms: tuple[tuple[str, str, ir.Expr], ...]
-               ) -> list[ir.Stmt]:
-    """dest += the simdgroup's scratch (16 x 16) x 16 staged rows (MAT_E each, from row
-    `first` of the array) for each (dest, scratch, (array, first)) of `terms`."""
+def accumulate(racc: resident.Rows, terms: tuple[tuple[str, str, ir.Expr], ...],
+               coops: bool = False) -> list[ir.Stmt]:
+    """dest += the simdgroup's scratch (16 x 16; with `coops` the left input cooperative
+    tensor of that name) x 16 staged rows (MAT_E each, from row `first` of the array) for
+    each (dest, scratch, (array, first)) of `terms`."""
     out: list[ir.Stmt] = []
     for d, a, b in terms:
-        out.append(resident.multiply_rows(racc, d, ir.Var(a) + ir.Var("mf_sp"), u(PS), b,
+        out.append(resident.multiply_rows_left(racc, d, a, b, ir.Var("mf_rs")) if coops else
+                   resident.multiply_rows(racc, d, ir.Var(a) + ir.Var("mf_sp"), u(PS), b,
                                           ir.Var("mf_rs")))
     return out
 

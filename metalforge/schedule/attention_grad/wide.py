@@ -81,7 +81,17 @@ def _group_first() -> ir.Expr:
     return ir.Var("mf_b0") + ir.Cast(IDX, ir.Var("mf_gi") * u(SIDE))
 
 
-def _dkdv(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
+def _left(s: Setup, coops: bool, names: tuple[str, ...]) -> list[ir.Stmt]:
+    """With `coops`: the simdgroup's P^T / dS^T (or dS) as left input cooperative tensors of
+    the accumulators' op, set element by element from the blocks (their layout is the
+    blocks': `Target.row_lanes`) in place of the scratch in threadgroup memory."""
+    if not coops:
+        return []
+    return [ir.Comment("the weights' left operands, in registers (the blocks' layout)"),
+            *(resident.declare_left(s.racc, n) for n in names)]
+
+
+def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
     r = ctx.roles
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 query rows: q, dO, lse, delta staged once for every "
@@ -90,14 +100,15 @@ def _dkdv(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
               row_place(ctx), stats=True, sgs=WIDE),
         ir.Barrier(),
         ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows, K and V from "
-                   f"registers); per element P^T and dS^T as {s.op} to the simdgroup's scratch"),
+                   f"registers); per element P^T and dS^T as {s.op} to the simdgroup's "
+                   + ("registers" if coops else "scratch")),
         _products(s.res, s.sblk, ("mf_tq", "mf_tdo")),
         *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, i),
                   lambda i, j: T0 + ir.Cast(IDX, j), lambda i, j: j,
-                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], s.helpers),
+                  [(r.p, "mf_tp"), (r.dc, "mf_tc")], s.helpers, coops),
         ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
         *rowacc.accumulate(s.racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
-                                    ("mf_dk", "mf_tc", ir.Var("mf_tq")))),
+                                    ("mf_dk", "mf_tc", ir.Var("mf_tq"))), coops),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
     def live(i: ir.Expr) -> ir.Expr:
@@ -108,13 +119,14 @@ def _dkdv(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
     keys = stage(ctx, s.op, [("mf_tq", r.k), ("mf_tdo", r.v)], _group_first(),
                  SIDE, ctx.size(r.key), key_place, sgs=WIDE)
     body: list[ir.Stmt] = [
-        *opening(ctx, s, (("mf_tq", "mf_tdo"), (), ("mf_tp", "mf_tc")), ctx.size(r.key),
-                 "mf_k0", WIDE),
+        *opening(ctx, s, (("mf_tq", "mf_tdo"), (), () if coops else ("mf_tp", "mf_tc")),
+                 ctx.size(r.key), "mf_k0", WIDE),
         *resident.declare_op(s.res),
         *_own(ctx, s.res, (keys,), ("mf_tq", "mf_tdo")),
         ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
         *resident.destinations(s.res, OWN[0], s.sblk, 2),
         *resident.declare_rows(s.racc, ("mf_dv", "mf_dk")),
+        *_left(s, coops, ("mf_tp", "mf_tc")),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
                    "16 at a time, in order"),
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
@@ -130,7 +142,7 @@ def _dkdv(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
     return kernel_of(ctx, body, "dkdv_wide", summary, s.helpers, SIMD_WIDTH * WIDE)
 
 
-def _dq(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
+def _dq(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
     r = ctx.roles
     step: list[ir.Stmt] = [
         ir.Comment("the block's 16 keys: K and V staged once for every simdgroup"),
@@ -138,13 +150,14 @@ def _dq(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
               key_place, sgs=WIDE),
         ir.Barrier(),
         ir.Comment("S = Q K^T and dP = dO V^T (16 rows x 16 keys, q and dO from registers); "
-                   f"per element dS as {s.op} to the simdgroup's scratch"),
+                   f"per element dS as {s.op} to the simdgroup's "
+                   + ("registers" if coops else "scratch")),
         _products(s.res, s.sblk, ("mf_tk", "mf_tv")),
         *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, j),
                   lambda i, j: T0 + ir.Cast(IDX, i), lambda i, j: SG0 + i, [(r.dc, "mf_tc")],
-                  s.helpers),
+                  s.helpers, coops),
         ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
-        *rowacc.accumulate(s.racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),)),
+        *rowacc.accumulate(s.racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),), coops),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
@@ -154,13 +167,14 @@ def _dq(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
                  SIDE, ctx.span(r.tile), row_place(ctx), stats=True, sgs=WIDE,
                  stat_at=ir.Var("mf_gi") * u(SIDE))
     body: list[ir.Stmt] = [
-        *opening(ctx, s, (("mf_tk", "mf_tv"), (), ("mf_tc",)), ctx.span(r.tile), "mf_t0",
-                 WIDE),
+        *opening(ctx, s, (("mf_tk", "mf_tv"), (), () if coops else ("mf_tc",)),
+                 ctx.span(r.tile), "mf_t0", WIDE),
         *resident.declare_op(s.res),
         *_own(ctx, s.res, (rows,), ("mf_tk", "mf_tv")),
         ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
         *resident.destinations(s.res, OWN[0], s.sblk, 2),
         *resident.declare_rows(s.racc, ("mf_dq",)),
+        *_left(s, coops, ("mf_tc",)),
         *key_blocks(ctx, step, WIDE),
         ir.Comment("the simdgroup's rows' dq"),
         *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: T0 + ir.Cast(IDX, i)
@@ -175,7 +189,8 @@ def _dq(ctx: Ctx, s: Setup) -> ir.LoweredKernel:
 def wide_kernel(kind: str, ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
     """The wide kernel `kind` ("dq" or "dkdv"); None where it does not apply (`applies`)."""
     s = Setup.of(applies(ctx, target), MPP)
-    return None if s is None else {"dq": _dq, "dkdv": _dkdv}[kind](ctx, s)
+    return None if s is None else {"dq": _dq, "dkdv": _dkdv}[kind](ctx, s,
+                                                                    bool(target.row_lanes))
 
 
 __all__ = ["WIDE", "PAD", "applies", "wide_kernel"]

@@ -112,6 +112,20 @@ def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Ex
                                               ir.Var(dest))))
 
 
+def declare_left(rows: Rows, var: str) -> ir.Stmt:
+    """A left input cooperative tensor (16 x 16) of the op, `var`, set element by element."""
+    t = rows.operand
+    return ir.Decl(var, "auto", ir.Call(
+        f"{rows.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
+
+
+def multiply_rows_left(rows: Rows, dest: str, left: str, b: ir.Expr, b_stride: ir.Expr
+                       ) -> ir.Stmt:
+    """`dest` += `left` (a cooperative tensor of `declare_left`) x B (16 rows x n at `b`)."""
+    return ir.Eval(ir.Call(f"{rows.op}.run", (ir.Var(left), _view(rows.tensor, b, rows.n,
+                                                                     b_stride), ir.Var(dest))))
+
+
 def each_row(dest: str, body: Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
              ) -> list[ir.Stmt]:
     """`body(row, col, element)` for each element of `dest` the lane holds (row 0 .. 15, col
