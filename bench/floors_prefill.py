@@ -28,8 +28,8 @@ QK_RUN = re.compile(r"^\s*mf_s_op\.run\(.*\);\n", re.M)
 PV_RUN = re.compile(r"^\s*mf_p_op\.run\(.*\);\n", re.M)
 KV_COPY = re.compile(r"^\s*\*reinterpret_cast<threadgroup mf_pack8<T>\*>\(mf_kv[01] .*"
                      r"\(([kv]) \+ .*\);\n", re.M)
-SCORE_STORE = "mf_scores[mf_c] = mf_sv;"
-WEIGHT_EXP = "precise::exp(mf_scores[mf_c] - mf_mn)"
+SCORE_STORE = "mf_s_tile[mf_c] = mf_sv;"
+WEIGHT_EXP = "precise::exp(mf_s_tile[mf_c] - mf_mn)"
 FACTOR_EXPS = ("precise::exp(mf_m0 - mf_n0)", "precise::exp(mf_m1 - mf_n1)")
 CASES = ((1024, 64), (4096, 128))
 
@@ -71,7 +71,7 @@ def no_mask(src: str) -> str:
 
 def no_exp(src: str) -> str:
     def edit(s: str) -> str:
-        s = s.replace(WEIGHT_EXP, "(mf_scores[mf_c] - mf_mn)")
+        s = s.replace(WEIGHT_EXP, "(mf_s_tile[mf_c] - mf_mn)")
         for factor in FACTOR_EXPS:
             s = s.replace(factor, "1.0f")
         return s

@@ -78,7 +78,7 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              # a tensor named so gets mf_in_<name> (tests/dsl/test_reserved_names)
                              "a", "ae", "at", "atomic_add", "av", "block", "bm", "bn", "cc",
                              "chunk", "chunk_rows", "chunks", "col", "count", "dc", "do",
-                             "mn", "pw", "qv", "s_op", "scores", "weights",
+                             "mn", "pw", "qv", "s_op", "s_tile", "p_tile",
                              "divide", "dr", "dst", "dv", "erf", "first", "floordiv", "fremainder",
                              "grp", "half", "hi", "ipow", "k_end", "k_first", "kb", "key",
                              "keys", "kf", "khi", "kk", "klo", "kn", "kp", "kq", "ks", "kt",

@@ -67,7 +67,7 @@ def test_prefill_lowering_by_target(dtype, target, lowered):
     if target in ("apple10", "cuda") and dtype != torch.float32:
         assert "matmul2d_descriptor(16, 32, 16, false, true" in src        # Q·K^T
         assert "matmul2d_descriptor(16, 16, 32, false, false" in src       # P·V
-        assert "mf_weights[mf_c] = " in src and "mf_st[" not in src       # P in registers
+        assert "mf_p_tile[mf_c] = " in src and "mf_st[" not in src       # P in registers
     elif "tensor" in lowered:
         assert "matmul2d_descriptor(16, 16, 16, false, true" in src        # Q·K^T
         assert "matmul2d_descriptor(16, 16, 16, false, false" in src       # P·V

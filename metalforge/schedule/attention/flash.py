@@ -183,15 +183,15 @@ def _declare(op: str, kt: int, eb: int) -> list[ir.Stmt]:
             f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False)
           for n in qs],
         ir.Comment("its scores of a tile (fp32), their weights (the values' left input)"),
-        ir.Decl("mf_scores", "auto", ir.Call(
+        ir.Decl("mf_s_tile", "auto", ir.Call(
             f"mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), {k_view}, float>",
             ()), const=False),
-        ir.Decl("mf_weights", "auto", ir.Call(
+        ir.Decl("mf_p_tile", "auto", ir.Call(
             f"mf_p_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
         ir.Comment(f"its outputs, E in {eb} blocks of 16 (fp32)")]
     for d in range(eb):
         out += [ir.Decl(f"mf_o{d}", "auto", ir.Call(
-            f"mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), {v_view}, float>",
+            f"mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), {v_view}, float>",
             ()), const=False), zeroed(f"mf_o{d}")]
     out.append(ir.Comment("the lane's two rows' state: running max, lane-partial sum"))
     for n, v in (("mf_m0", NEG_INF), ("mf_m1", NEG_INF), ("mf_d0", ir.Lit(0.0, "float")),
@@ -231,7 +231,7 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
     for d in range(eb):
         k_at = ir.Var(k_arr) + u(d * SIDE) if d else ir.Var(k_arr)
         run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var(f"mf_q{d}"), _view(
-            op, k_at, SIDE, kt, ir.Var(f"{k_arr}_stride")), ir.Var("mf_scores"))))
+            op, k_at, SIDE, kt, ir.Var(f"{k_arr}_stride")), ir.Var("mf_s_tile"))))
         runs.append(run if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [run]))
     body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
 
@@ -250,12 +250,12 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
                 ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
                     "mf_maximum", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
     return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, a 16-block of E a run"),
-            zeroed("mf_scores"), *runs,
+            zeroed("mf_s_tile"), *runs,
             ir.Comment("the score's elementwise work on each element the lane holds, and the "
                        "tile's max of each of its two rows"),
             ir.Decl("mf_t0", "float", NEG_INF, const=False),
             ir.Decl("mf_t1", "float", NEG_INF, const=False),
-            each_element("mf_scores", elem)]
+            each_element("mf_s_tile", elem)]
 
 
 def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
@@ -280,9 +280,9 @@ def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
                     hi, ir.Lit(0.0, "float"), p)),
                 ir.Assign(ir.Var("mf_d1"), ir.Var("mf_d1") + ir.Select(
                     hi, p, ir.Lit(0.0, "float"))),
-                ir.Assign(ir.Lane(ir.Var("mf_weights"), ir.Var("mf_c")), ir.Cast(op, p))]
+                ir.Assign(ir.Lane(ir.Var("mf_p_tile"), ir.Var("mf_c")), ir.Cast(op, p))]
     return out + [ir.Comment("the weights: into the lane's partial sums and P"),
-                  each_element("mf_scores", elem)]
+                  each_element("mf_s_tile", elem)]
 
 
 def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
@@ -293,7 +293,7 @@ def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
         v_at = ir.Var(v_arr) + u(d * SIDE) if d else ir.Var(v_arr)
         scale = each_element(f"mf_o{d}", lambda r, c, ref: [
             ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])
-        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_weights"), _view(
+        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_p_tile"), _view(
             op, v_at, SIDE, kt, ir.Var(f"{v_arr}_stride")), ir.Var(f"mf_o{d}"))))
         work = [scale, run]
         out += work if d == 0 else [ir.If(u(d) < ir.Var("mf_eb"), work)]

@@ -1378,38 +1378,38 @@ template <typename T, typename mf_index_t>
     auto mf_q6 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     auto mf_q7 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     // its scores of a tile (fp32), their weights (the values' left input)
-    auto mf_scores = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    auto mf_weights = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
+    auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_p_tile = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
     // its outputs, E in 8 blocks of 16 (fp32)
-    auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
         mf_o0[mf_c] = 0.0f;
     }
-    auto mf_o1 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o1 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
         mf_o1[mf_c] = 0.0f;
     }
-    auto mf_o2 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o2 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
         mf_o2[mf_c] = 0.0f;
     }
-    auto mf_o3 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o3 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
         mf_o3[mf_c] = 0.0f;
     }
-    auto mf_o4 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o4 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
         mf_o4[mf_c] = 0.0f;
     }
-    auto mf_o5 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o5 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
         mf_o5[mf_c] = 0.0f;
     }
-    auto mf_o6 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o6 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
         mf_o6[mf_c] = 0.0f;
     }
-    auto mf_o7 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_weights), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_o7 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
         mf_o7[mf_c] = 0.0f;
     }
@@ -1584,41 +1584,41 @@ template <typename T, typename mf_index_t>
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // scores: S = Q K^T, 16 rows x 32 keys, a 16-block of E a run
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_scores.get_capacity()); ++mf_c) {
-            mf_scores[mf_c] = 0.0f;
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+            mf_s_tile[mf_c] = 0.0f;
         }
-        mf_s_op.run(mf_q0, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+        mf_s_op.run(mf_q0, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         if (1u < mf_eb) {
-            mf_s_op.run(mf_q1, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q1, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (2u < mf_eb) {
-            mf_s_op.run(mf_q2, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q2, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (3u < mf_eb) {
-            mf_s_op.run(mf_q3, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q3, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (4u < mf_eb) {
-            mf_s_op.run(mf_q4, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q4, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (5u < mf_eb) {
-            mf_s_op.run(mf_q5, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q5, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (6u < mf_eb) {
-            mf_s_op.run(mf_q6, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q6, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         if (7u < mf_eb) {
-            mf_s_op.run(mf_q7, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_scores);
+            mf_s_op.run(mf_q7, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         }
         // the score's elementwise work on each element the lane holds, and the tile's max of each of its two rows
         float mf_t0 = -INFINITY;
         float mf_t1 = -INFINITY;
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_scores.get_capacity()); ++mf_c) {
-            if (mf_scores.is_valid_element(mf_c)) {
-                const auto mf_at = mf_scores.get_multidimensional_index(mf_c);
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+            if (mf_s_tile.is_valid_element(mf_c)) {
+                const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const uint mf_qrow = mf_row0 + uint(mf_at[1]);
                 const uint mf_u = uint(mf_at[0]);
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                const float mf_dot = mf_scores[mf_c];
+                const float mf_dot = mf_s_tile[mf_c];
                 float mf_sv = -INFINITY;
                 if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                     const long mf_index_L = long(mf_l);
@@ -1630,7 +1630,7 @@ template <typename T, typename mf_index_t>
                     const float mf_s5 = mf_s3 ? mf_s4 : -INFINITY;
                     mf_sv = mf_s5;
                 }
-                mf_scores[mf_c] = mf_sv;
+                mf_s_tile[mf_c] = mf_sv;
                 mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : mf_maximum(mf_t0, mf_sv);
                 mf_t1 = uint(mf_at[1]) >= 8u ? mf_maximum(mf_t1, mf_sv) : mf_t1;
             }
@@ -1649,14 +1649,14 @@ template <typename T, typename mf_index_t>
         mf_d1 = mf_d1 * mf_c1;
         mf_m1 = mf_n1;
         // the weights: into the lane's partial sums and P
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_scores.get_capacity()); ++mf_c) {
-            if (mf_scores.is_valid_element(mf_c)) {
-                const auto mf_at = mf_scores.get_multidimensional_index(mf_c);
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+            if (mf_s_tile.is_valid_element(mf_c)) {
+                const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const float mf_mn = uint(mf_at[1]) >= 8u ? mf_n1 : mf_n0;
-                const float mf_pw = mf_mn != -INFINITY ? precise::exp(mf_scores[mf_c] - mf_mn) : 0.0f;
+                const float mf_pw = mf_mn != -INFINITY ? precise::exp(mf_s_tile[mf_c] - mf_mn) : 0.0f;
                 mf_d0 = mf_d0 + (uint(mf_at[1]) >= 8u ? 0.0f : mf_pw);
                 mf_d1 = mf_d1 + (uint(mf_at[1]) >= 8u ? mf_pw : 0.0f);
-                mf_weights[mf_c] = half(mf_pw);
+                mf_p_tile[mf_c] = half(mf_pw);
             }
         }
         // the values: O rescaled by its rows' factors, then O_d += P V_d (32 keys a run)
@@ -1666,7 +1666,7 @@ template <typename T, typename mf_index_t>
                 mf_o0[mf_c] = mf_o0[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
             }
         }
-        mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o0);
+        mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o0);
         if (1u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
                 if (mf_o1.is_valid_element(mf_c)) {
@@ -1674,7 +1674,7 @@ template <typename T, typename mf_index_t>
                     mf_o1[mf_c] = mf_o1[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o1);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o1);
         }
         if (2u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
@@ -1683,7 +1683,7 @@ template <typename T, typename mf_index_t>
                     mf_o2[mf_c] = mf_o2[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o2);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o2);
         }
         if (3u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
@@ -1692,7 +1692,7 @@ template <typename T, typename mf_index_t>
                     mf_o3[mf_c] = mf_o3[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o3);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o3);
         }
         if (4u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
@@ -1701,7 +1701,7 @@ template <typename T, typename mf_index_t>
                     mf_o4[mf_c] = mf_o4[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o4);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o4);
         }
         if (5u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
@@ -1710,7 +1710,7 @@ template <typename T, typename mf_index_t>
                     mf_o5[mf_c] = mf_o5[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o5);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o5);
         }
         if (6u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
@@ -1719,7 +1719,7 @@ template <typename T, typename mf_index_t>
                     mf_o6[mf_c] = mf_o6[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o6);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o6);
         }
         if (7u < mf_eb) {
             _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
@@ -1728,7 +1728,7 @@ template <typename T, typename mf_index_t>
                     mf_o7[mf_c] = mf_o7[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_weights, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o7);
+            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o7);
         }
         // every simdgroup is done with the tiles before they are refilled
         threadgroup_barrier(mem_flags::mem_threadgroup);
