@@ -75,24 +75,27 @@ def test_prefill_lowering_by_target(dtype, target, lowered):
         assert "matmul2d" not in src
 
 
-@pytest.mark.parametrize("target", ["apple10", "cuda"])
-def test_tensor_ops_prefill_matches_math_attention(target):
+@pytest.mark.parametrize("target,e,kernel_name", [("apple10", 33, "_prefill_narrow"),
+                                                  ("cuda", 80, "_prefill")])
+def test_tensor_ops_prefill_matches_math_attention(target, e, kernel_name):
     """Metal 4 tensor ops in the simulator, each target's layout (apple10: M5's; cuda: the
-    shim's mma.sync fragments, family 0): GQA, 66 query positions (a whole tile of 64 rows
-    and a partial one per head pair), 70 keys (tiles of 32, 32 and 6), E = 33 (two whole
-    16-blocks and one of a single element); causal with S < L (bottom-right), one key block
-    and two merged. (simdgroup_matrix, apple9: tests/ops/test_attention.py's
-    test_matrix_prefill_matches_sdpa, the simulator's default target.)"""
+    shim's mma.sync fragments, family 0), each kernel at one of them (E = 33: the narrow
+    kernel, tiles of 64 keys, two whole 16-blocks of E and one of a single element; E = 80:
+    the kernel of E up to 128, tiles of 32 keys, E's last 16-block whole and the next ones
+    skipped): GQA, 66 query positions (a whole tile of 64 rows and a partial one per head
+    pair), 70 keys; causal with S < L (bottom-right), one key block and two merged.
+    (simdgroup_matrix, apple9: tests/ops/test_attention.py's test_matrix_prefill_matches_sdpa,
+    the simulator's default target.)"""
     dtype = torch.float16
     g = torch.Generator().manual_seed(7)
-    q = torch.randn(1, 4, 66, 33, generator=g).to(dtype)
-    k, v = (torch.randn(1, 2, 70, 33, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(1, 4, 66, e, generator=g).to(dtype)
+    k, v = (torch.randn(1, 2, 70, e, generator=g).to(dtype) for _ in range(2))
     want = _math_attention(q, k, v, 0.3, True).to(dtype)
     with mf.target(target):
         for splits in (1, 2):
             kernel = attention.with_launch(key_splits=splits)
             hosts = [h for h, _, _ in kernel.launches(q, k, v, 0.3)]
-            assert hosts[0].endswith("_prefill") and len(hosts) == splits, hosts
+            assert hosts[0].endswith(kernel_name) and len(hosts) == splits, hosts
             torch.testing.assert_close(kernel(q, k, v, 0.3), want, **TOL[dtype])
 
 
@@ -105,7 +108,7 @@ def test_tensor_ops_prefill_window_softcap_and_rows_without_keys():
     k, v = (torch.randn(1, 2, 90, 40, generator=g).bfloat16() for _ in range(2))
     with mf.target("apple10"):
         args = (q, k, v, 40 ** -0.5, 20, 15.0)
-        assert window_softcap.launches(*args)[0][0].endswith("_prefill")
+        assert window_softcap.launches(*args)[0][0].endswith("_prefill_narrow")
         torch.testing.assert_close(window_softcap(*args), torch_window_softcap(*args),
                                    **TOL[torch.bfloat16])
         q2 = torch.randn(1, 1, 50, 16, generator=g).half()

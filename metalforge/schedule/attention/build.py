@@ -2,7 +2,7 @@
 decode kernels, the prefill kernel, the merge kernel), and the host-side schedule around them."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from ... import ir
@@ -15,8 +15,11 @@ from . import decode, flash, merge, mma, prefill, staged
 from .bounds import key_bounds
 from .context import CallContext, context
 from .match import Form, match
-from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS
+from .params import MATRIX_ROWS, NARROW_LANES, NARROW_PREFILL_E, NARROW_TILE_KEYS
 from .schedule import AttentionSchedule
+
+# helpers a prefill kernel does not pass on to the kernels built after it
+MATRIX_HELPERS = frozenset({"mf_mma", "mf_mma16", "mf_strides", "mf_tensor_ops"})
 
 
 def build(graph: Graph, policy: LaunchPolicy, index64: bool,
@@ -38,30 +41,47 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
         first = carry(decode.kernel(ctx))
         narrow = wide = None
         tg_bytes = threadgroup_bytes(first)
-    matrix, shape = _prefill(ctx) if ctx.policy.matrix_rows else (None, (MATRIX_ROWS, 0))
-    if matrix is not None:
-        matrix = carry(matrix, also={"mf_mma", "mf_mma16", "mf_strides", "mf_tensor_ops"})
-        tg_bytes = max(tg_bytes, threadgroup_bytes(matrix))
+    pre = _prefill(ctx) if ctx.policy.matrix_rows else Prefill(None)
+    matrix, narrow_matrix = (None if k is None else carry(k, also=MATRIX_HELPERS)
+                             for k in (pre.kernel, pre.narrow))
+    tg_bytes = max([tg_bytes] + [threadgroup_bytes(k) for k in (matrix, narrow_matrix)
+                                 if k is not None])
     merged = carry(merge.kernel(ctx))
     return replace(_schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged),
-                   prefill_rows=shape[0], prefill_keys=shape[1])
+                   prefill_rows=pre.rows, prefill_keys=pre.keys,
+                   prefill_narrow=narrow_matrix, prefill_narrow_keys=pre.narrow_keys)
 
 
-def _prefill(ctx: CallContext) -> tuple[Optional[ir.LoweredKernel], tuple[int, int]]:
-    """The prefill kernel and its (query rows a tile, keys a tile: 0 where the host's rule
-    picks them): with its scores in registers where the target knows its matrix layout and
-    the operands are half / bfloat (`flash`), else on the matrix block with no layout assumed
-    (`mma`), else fp32 simdgroup_matrix products (`prefill`), except on a target without Apple
-    GPUs (cuda), where those are emulated by shuffles and the decode kernels are faster
-    (S = L = 1024, E = 128: 1801 vs 872 us, H100): none there."""
+@dataclass(frozen=True)
+class Prefill:
+    """The prefill kernel, its query rows and keys a tile (0: the host's rule picks them) and,
+    for the register-resident one, its narrow twin for E up to NARROW_PREFILL_E and that one's
+    keys a tile."""
+    kernel: Optional[ir.LoweredKernel]
+    rows: int = MATRIX_ROWS
+    keys: int = 0
+    narrow: Optional[ir.LoweredKernel] = None
+    narrow_keys: int = 0
+
+
+def _prefill(ctx: CallContext) -> Prefill:
+    """The prefill kernel: with its scores in registers where the target knows its matrix
+    layout and the operands are half / bfloat (`flash`; with a narrow twin where E may exceed
+    its NARROW_E), else on the matrix block with no layout assumed (`mma`), else fp32
+    simdgroup_matrix products (`prefill`), except on a target without Apple GPUs (cuda),
+    where those are emulated by shuffles and the decode kernels are faster (S = L = 1024,
+    E = 128: 1801 vs 872 us, H100): none there."""
     target = get_target(ctx.policy.target or "apple9")
     resident = flash.kernel(ctx, target)
     if resident is not None:
-        return resident, (flash.ROWS, flash.tile_keys(SIMD_WIDTH * ctx.run))
+        emax = SIMD_WIDTH * ctx.run
+        narrow = flash.kernel(ctx, target, narrow=True) if emax > NARROW_PREFILL_E else None
+        return Prefill(resident, flash.ROWS, flash.tile_keys(emax), narrow,
+                       flash.tile_keys(NARROW_PREFILL_E) if narrow is not None else 0)
     matrix = mma.kernel(ctx, target)
     if matrix is not None or not target.gpu_family:
-        return matrix, (MATRIX_ROWS, 0)
-    return prefill.kernel(ctx, MATRIX_ROWS, NARROW_TILE_KEYS), (MATRIX_ROWS, 0)
+        return Prefill(matrix)
+    return Prefill(prefill.kernel(ctx, MATRIX_ROWS, NARROW_TILE_KEYS))
 
 
 class _Carry:

@@ -43,7 +43,7 @@ from .context import CallContext, Emitted, KernelState, lowering
 from .head import block_keys, group_head, row_positions, tile
 from .mma import operand, zero_fill
 from .mma_phases import state
-from .params import PAD_BYTES, TILE_BYTES
+from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
 from .prefill import THREADS, matrix_operands
 from .scores import score
 from .tiles import fill_tiles, tile_arrays
@@ -109,13 +109,18 @@ def _across_row(var: str, fn: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
     return out
 
 
-def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
-    """The register-resident prefill kernel, or None where `applies` says it does not."""
+
+
+def kernel(ctx: CallContext, target: Target, narrow: bool = False
+           ) -> Optional[ir.LoweredKernel]:
+    """The register-resident prefill kernel for E up to 32 x run (`narrow`: up to
+    NARROW_PREFILL_E, "prefill_narrow": a row's registers and tiles of that E), or None where
+    `applies` says it does not."""
     op = applies(ctx, target)
     if op is None:
         return None
     f = ctx.form
-    emax = SIMD_WIDTH * ctx.run
+    emax = NARROW_PREFILL_E if narrow else SIMD_WIDTH * ctx.run
     kt, eb = tile_keys(emax), -(-emax // SIDE)
     ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
                      epl=ctx.policy.reads_per_thread, kt_max=kt)
@@ -153,7 +158,8 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
         f"rows; K and V staged as {op} in threadgroup memory, {kt} keys a tile; q, the "
         f"scores, the weights and the outputs in registers (cooperative tensors): S = Q K^T "
         f"and O += P V on Metal 4 tensor ops with {op} operands and fp32 accumulation, the "
-        f"online softmax in fp32 (P cast to {op}), one pass", "prefill", params=ctx.params,
+        f"online softmax in fp32 (P cast to {op}), one pass",
+        "prefill_narrow" if narrow else "prefill", params=ctx.params,
         helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
 
 

@@ -23,6 +23,9 @@ TARGET_GROUPS_STAGED = 1024
 # 128: key_splits 1 193.5 / 252.4 / 1846.5 / 2518.1; 2 350.6 / 580.5 / 2399.4 / 3633.4; 4
 # 366.8 / 601.4 / 2435.4 / 3664.9 (512 and 2048 tiles: the 1024 rule split S = 1024 in two)
 TARGET_GROUPS_RESIDENT = 256
+# ... and its narrow twin's E: rows of E up to this take a kernel whose registers and tiles
+# hold that E (64 keys a tile, not 32), where the kernel of E up to 32 x run keeps them
+NARROW_PREFILL_E = 64
 MIN_KEYS = 32
 MIN_STAGED_KEYS = 64
 # The merge kernel: key blocks a stream of lanes loads before it adds any of them, and the

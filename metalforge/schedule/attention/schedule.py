@@ -23,6 +23,7 @@ from .params import (
     MERGE_SIMDGROUPS,
     MIN_KEYS,
     MIN_STAGED_KEYS,
+    NARROW_PREFILL_E,
     NARROW_TILE_KEYS,
     PAD_BYTES,
     TARGET_GROUPS,
@@ -50,6 +51,8 @@ class AttentionSchedule(Schedule):
     prefill_rows: int = MATRIX_ROWS             # ... query rows a tile
     prefill_keys: int = 0                       # ... keys a staged tile (0: keys_per_tile's rule;
                                                 # set: flash.py's kernel, TARGET_GROUPS_RESIDENT)
+    prefill_narrow: Optional[ir.LoweredKernel] = None   # flash.py's for E up to NARROW_E
+    prefill_narrow_keys: int = 0                        # ... its keys a staged tile
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -70,7 +73,8 @@ class AttentionSchedule(Schedule):
 
     @property
     def kernels(self) -> tuple[ir.LoweredKernel, ...]:
-        return tuple(k for k in (self.kernel, self.narrow, self.wide, self.prefill, self.merge)
+        return tuple(k for k in (self.kernel, self.narrow, self.wide, self.prefill,
+                                 self.prefill_narrow, self.merge)
                      if k is not None)
 
     def _rows(self, sizes: Mapping[str, int]) -> int:
@@ -103,6 +107,10 @@ class AttentionSchedule(Schedule):
             return self._prefill_group()
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
+    def _narrow_prefill(self, sizes: Mapping[str, int]) -> bool:
+        """Whether a prefill call runs the narrow register-resident kernel (E up to its)."""
+        return self.prefill_narrow is not None and sizes[self.e_axis] <= NARROW_PREFILL_E
+
     def _prefill_group(self) -> int:
         """Threads per group of the prefill kernel (the kernel says)."""
         assert self.prefill is not None
@@ -118,7 +126,7 @@ class AttentionSchedule(Schedule):
         PAD_BYTES) would not fit its TILE_BYTES: then the largest power of two that does; 0 if
         none fits."""
         if self.prefill_keys and self._prefill(sizes):
-            return self.prefill_keys
+            return self.prefill_narrow_keys if self._narrow_prefill(sizes) else self.prefill_keys
         e = -(-sizes[self.e_axis] // self.tile_vw) * self.tile_vw      # whole chunks
         kt = NARROW_TILE_KEYS if self._narrow(sizes) else TILE_KEYS
         while kt and any(kt * (e + PAD_BYTES // b) > TILE_BYTES // b for b in self.tile_items):
@@ -263,6 +271,8 @@ class AttentionSchedule(Schedule):
                               f"rows_per_group={self.qt} simdgroups a key; lower rows_per_group "
                               f"or call it without stage_kv")
         if self.prefill is not None and self._prefill(sizes):
+            if self.prefill_narrow is not None and self._narrow_prefill(sizes):
+                return self.prefill_narrow.host_name
             return self.prefill.host_name
         if self.narrow is not None and self._narrow(sizes):
             return self.narrow.host_name
@@ -274,14 +284,20 @@ class AttentionSchedule(Schedule):
         """Sizes that make a call launch kernel `host_name` (testing's coverage). The decode
         kernels (stage_kv): E = narrow_e for the narrow kernel and E just past the E of the
         kernel below for the others (narrow_e + 1, mid_e + 1); the prefill kernel: E = 33 (four
-        whole 8-element blocks and one of a single element) with prefill_rows + 1 positions along
-        the innermost tile axis a tensor names. Each kernel gets two examples (`_two_ways`)."""
-        if self.prefill is not None and host_name == self.prefill.host_name:
+        whole 8-element blocks and one of a single element; beside a narrow prefill kernel,
+        which takes those, NARROW_PREFILL_E + 33) with prefill_rows + 1 positions along the
+        innermost tile axis a tensor names. Each kernel gets two examples (`_two_ways`)."""
+        main, narrow = self.prefill, self.prefill_narrow
+        if main is not None and host_name in (main.host_name, narrow and narrow.host_name):
             axis = self._innermost(self.tile_axes)
             if axis is None:
                 return []
-            return self._two_ways({axis: self.prefill_rows + 1}, 33,
-                                  self.prefill_keys or NARROW_TILE_KEYS)
+            rows = {axis: self.prefill_rows + 1}
+            if host_name != main.host_name:
+                return self._two_ways(rows, 33, self.prefill_narrow_keys)
+            if narrow is not None:                                # past the narrow kernel's E
+                return self._two_ways(rows, NARROW_PREFILL_E + 33, self.prefill_keys)
+            return self._two_ways(rows, 33, self.prefill_keys or NARROW_TILE_KEYS)
         if self.narrow is None:
             return []
         pick = {self.narrow.host_name: self.narrow_e, self.kernel.host_name: self.narrow_e + 1}
@@ -291,8 +307,8 @@ class AttentionSchedule(Schedule):
             return []
         tile = self._innermost(self.tile_axes)
         rows = {} if tile is None else {tile: self.qt + 1}      # a tile and a partial one
-        narrow = host_name == self.narrow.host_name
-        return self._two_ways(rows, pick[host_name], NARROW_TILE_KEYS if narrow else TILE_KEYS)
+        keys = NARROW_TILE_KEYS if host_name == self.narrow.host_name else TILE_KEYS
+        return self._two_ways(rows, pick[host_name], keys)
 
     def _two_ways(self, rows: dict[str, int], e: int, kt: int) -> list[dict[str, int]]:
         """Two examples, both with two heads (the innermost own axis a tensor names at 2): E of
@@ -318,6 +334,7 @@ class AttentionSchedule(Schedule):
     def max_group_size(self, host_name: str) -> int:
         if self.merge is not None and host_name == self.merge.host_name:
             return SIMD_WIDTH * MERGE_SIMDGROUPS
-        if self.prefill is not None and host_name == self.prefill.host_name:
-            return self._prefill_group()
+        for k in (self.prefill, self.prefill_narrow):
+            if k is not None and host_name == k.host_name:
+                return k.max_threads or MATRIX_GROUP
         return self._group()
