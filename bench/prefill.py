@@ -92,9 +92,8 @@ def main(argv=None) -> None:
     launch = parse_launch(args.launch)
     cases = [tuple(map(int, c.split(":"))) for c in args.cases] if args.cases else CASES
     targets = args.targets
-    if device == "cpu":             # the simulator runs no cuda target: apple10's tensor ops
+    if device == "cpu":             # the simulator (the cuda target in its layout, family 0)
         cases = cases[:1]
-        targets = list(dict.fromkeys("apple10" if t == "cuda" else t for t in targets))
     print(f"device {device}, prefill B=1, 32 heads, S = L, causal, {args.dtype}"
           + (f", launch {launch}" if launch else ""))
     print(f"{'S=L':>5} {'E':>4} {'target':>8} {'lowering':>11} {'kernel':>8} {'ours us':>9} "
