@@ -40,7 +40,7 @@ from ..matrix.mpp import each_element, zeroed
 from ..matrix.strided import EXTENTS, SIDE, threadgroup_tensor
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import block_keys, group_head, row_positions, tile
+from .head import tiled_head
 from .mma import operand, zero_fill
 from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
@@ -125,11 +125,9 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
                      epl=ctx.policy.reads_per_thread, kt_max=kt)
     ks.out.helpers |= {"mf_tensor_ops", "mf_strides", "mf_maximum"}
-    head = group_head(ctx, ks, SIMDGROUPS, (
+    head = tiled_head(ctx, ks, SIMDGROUPS, (
         f"4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of "
-        f"{kt} keys of K and V in threadgroup memory")) \
-        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
-        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+        f"{kt} keys of K and V in threadgroup memory"))
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     operands = matrix_operands(ctx)
     assert operands is not None                      # `operand` found them

@@ -89,6 +89,13 @@ def row_positions(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
             ir.If(tid < ir.Lit(ks.qt, "uint"), body), ir.Barrier()]
 
 
+def tiled_head(ctx: CallContext, ks: KernelState, nsg: int, what: str) -> list[ir.Stmt]:
+    """The prefill kernels' start: `group_head`, the tile's live rows and their positions'
+    table (`row_positions`, which the keys' bounds read too), the block of keys."""
+    return (group_head(ctx, ks, nsg, what) + tile(ctx, ks, arrays=False)
+            + row_positions(ctx, ks) + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True)))
+
+
 def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """The threadgroup's block of keys [mf_l0, mf_l1): the keys its rows can see (all of
     L, or the union of the rows' `key_bounds`: masked keys are never read) split into

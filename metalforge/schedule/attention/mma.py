@@ -42,7 +42,7 @@ from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import block_keys, group_head, row_positions, tile
+from .head import tiled_head
 from .mma_phases import scores, softmax, values, write
 from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, TILE_KEYS
 from .prefill import THREADS, matrix_operands
@@ -99,11 +99,9 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     sblk = strided.Blocks("mf_sacc", lowering_, op, k_inner=True)
     oblk = strided.Blocks("mf_oacc", lowering_, op, k_inner=False)
     ks.out.helpers |= strided.helpers(sblk) | {"mf_maximum"}
-    head = group_head(ctx, ks, SIMDGROUPS, (
+    head = tiled_head(ctx, ks, SIMDGROUPS, (
         "4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of "
-        "mf_kt keys of K and V and the rows' q in threadgroup memory")) \
-        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
-        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+        "mf_kt keys of K and V and the rows' q in threadgroup memory"))
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     body = _places(lowering_) + tile_arrays(ctx, row, runs=False) + _buffers(ctx, ks, op)
     operands = matrix_operands(ctx)

@@ -29,7 +29,7 @@ from ..hardware import FRAG, SIMD_WIDTH
 from ..lower import as_float
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import block_keys, group_head, row_positions, tile
+from .head import tiled_head
 from .params import MATRIX_ROWS, NARROW_TILE_KEYS
 from .scores import score
 from .tiles import fill_tiles, tile_arrays, tile_reads
@@ -69,11 +69,9 @@ def kernel(ctx: CallContext, rows: int = MATRIX_ROWS,
     ks = KernelState(Emitted(), qt=rows, group=SIMD_WIDTH * (rows // FRAG),
                      epl=ctx.policy.reads_per_thread, kt_max=keys)
     emax = SIMD_WIDTH * ctx.run
-    head = group_head(ctx, ks, rows // FRAG, (
+    head = tiled_head(ctx, ks, rows // FRAG, (
         "8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup "
-        "memory, each simdgroup multiplies its rows with every key of the tile")) \
-        + tile(ctx, ks, arrays=False) + row_positions(ctx, ks) \
-        + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+        "memory, each simdgroup multiplies its rows with every key of the tile"))
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     q_side, k_side = ops
     dmax = emax // FRAG
