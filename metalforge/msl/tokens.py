@@ -41,17 +41,41 @@ _PUNCT2 = ("::", "->", "++", "--", "<<", "<=", ">=", "==", "!=", "&&", "||", "+=
            "/=", "%=", "&=", "|=", "^=", ".*")
 
 
+# One match per identifier, number or punctuator, in `_token_at`'s order (an identifier, a
+# number, the longer punctuators first, then any one character); the whitespace inside a line
+# in one match too. `tokenize` reads the text with these instead of one character at a time (the
+# simulator tokenizes every source several times); the tokens are the same.
+_WORD = re.compile(r"(?P<id>[A-Za-z_]\w*)|(?P<num>\.?\d(?:[\w.]|[eEpP][+-])*)|(?P<punct>"
+                   + "|".join(re.escape(p) for p in _PUNCT3 + _PUNCT2) + "|.)", re.DOTALL)
+_BLANKS = re.compile(r"[ \t\r\f\v]+")
+
+
 def tokenize(text: str) -> list[Token]:
     """Tokens of preprocessed C++ (line markers and other # lines are skipped)."""
     toks: list[Token] = []
     i, n = 0, len(text)
     line_start = True
     while i < n:
-        j, line_start = _skip(text, i, line_start)
-        if j == i:
+        c = text[i]
+        if c == "\n":
+            i, line_start = i + 1, True
+            continue
+        if c in " \t\r\f\v":
+            blanks = _BLANKS.match(text, i)
+            i = blanks.end() if blanks else i + 1
+            continue
+        if c == "#" or c == "/":                         # a # line or a comment
+            j, after = _skip(text, i, line_start)
+            if j != i:
+                i, line_start = j, after
+                continue
+        line_start = False
+        m = None if c == '"' or c == "'" or text.startswith("[[", i) else _WORD.match(text, i)
+        if m is not None:                                # (any other character: punctuation)
+            toks.append(Token(m.lastgroup or "punct", m.group(), i, m.end()))
+        else:                                            # a literal or an attribute
             toks.append(_token_at(text, i))
-            j = toks[-1].end
-        i = j
+        i = toks[-1].end
     return toks
 
 

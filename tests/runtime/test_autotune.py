@@ -100,17 +100,32 @@ def example_kernels():
 # reduced-axis lengths that reach each variant of a family's schedule (short rows held by one
 # simdgroup, rows in registers, looped rows; columns split over several threads)
 LONGER = {"row": (700, 5000), "column": (300,)}
-# Examples of the attention and quantized families: every SAMPLE-th candidate of the grid, from
-# a different offset each (the tuple's index), so that each family's examples together still
-# reach every candidate: attention's first four, the quantized four (CI time: these sweeps took
-# 300 s of the suite; at every third candidate, beside full sweeps of attention.attention,
-# paged_attention and q4_matvec, still 330 s)
-SAMPLE = 4
-SAMPLED = ("sliding_window_softcap.window_softcap", "padded_attention.padded_attention",
-           "llama_decode.decode_attention", "llama_decode.paged_decode_attention",
-           "llama_decode.q_rope", "llama_decode.kv_rope", "llama_decode.qlinear_add",
-           "llama_decode.gate_up", "attention.attention", "paged_attention.paged_attention",
-           "q4_matvec.q4_matvec")
+# Examples of the attention and quantized families: a family's examples split its grid, each
+# taking every n-th candidate (n: the family's examples here) from its own offset, so that
+# together they reach every candidate exactly once (CI time: these sweeps took 300 s of the
+# suite; at every third candidate 330 s; at every fourth, where some candidates ran on two
+# examples, 190 s)
+SAMPLED = {"attention": ("sliding_window_softcap.window_softcap",
+                         "padded_attention.padded_attention", "llama_decode.decode_attention",
+                         "llama_decode.paged_decode_attention", "attention.attention",
+                         "paged_attention.paged_attention"),
+           "quant": ("llama_decode.q_rope", "llama_decode.kv_rope", "llama_decode.qlinear_add",
+                     "llama_decode.gate_up", "q4_matvec.q4_matvec")}
+
+
+def sampled(name: str, candidates: list) -> list | None:
+    """The share of `candidates` example `name` tries, when its family's grid is split."""
+    for names in SAMPLED.values():
+        if name in names:
+            return candidates[names.index(name)::len(names)]
+    return None
+
+
+def test_the_sampled_examples_together_reach_every_candidate():
+    for fam, names in SAMPLED.items():
+        every = grid(fam)
+        shares = [sampled(n, every) for n in names]
+        assert sorted(map(str, sum(shares, []))) == sorted(map(str, every)), fam
 
 
 @pytest.mark.parametrize("kernel", example_kernels())
@@ -123,12 +138,12 @@ def test_every_candidate_of_every_example_is_correct(kernel, tune_file, monkeypa
     shapes = [{}] + [{n.attr[1]: size} for n in graph.reductions()[:1]
                      for size in LONGER.get(fam, ())]
     name = request.node.callspec.id
-    every = grid(fam)
-    if name in SAMPLED:
-        every = every[SAMPLED.index(name) % SAMPLE::SAMPLE]
+    share = sampled(name, grid(fam))
+    assert share is None or name in SAMPLED[fam]          # it shares its own family's grid
+    every = grid(fam) if share is None else share
     for sizes in shapes:
         r = mf.autotune(kernel, *example_args(kernel, sizes), progress=False,  # raises if wrong
-                        candidates=None if name not in SAMPLED else every)
+                        candidates=share)
         assert [t.status for t in r.trials] == ["ok"] * len(r.trials)
         assert len(r.trials) >= len(every) and r.default in [t.launch for t in r.trials]
         # on the simulator nothing is timed or cached, and the default is kept

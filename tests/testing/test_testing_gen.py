@@ -47,7 +47,12 @@ SKIPPED = {("llama_decode", "decode_attention"), ("llama_decode", "paged_decode_
            ("sliding_window_softcap", "window_softcap"),
            # 47 s: the multi-axis schedule's check, which tests/ops/test_multiaxis.py runs on
            # the same group norm (against F.group_norm)
-           ("group_norm", "group_norm")}
+           ("group_norm", "group_norm"),
+           # 53 s and 30 s: tests/ops/test_attention.py (test_check_covers_attention) and
+           # tests/ops/test_paged_attention.py (test_check_covers_paged_attention) run check on
+           # these same kernel objects, every dtype variant, with the module's CHECK options
+           # (attention: at the head sizes that pick each of its kernels)
+           ("attention", "attention"), ("paged_attention", "paged_attention")}
 
 
 def _generated_tests():
