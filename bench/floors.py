@@ -1,8 +1,8 @@
 """Floors: the generated kernels timed with part of their work taken out (CUDA only).
 
-    python bench/floors.py [--parts decode qmv short rows elementwise columns prefill]
+    python bench/floors.py [--parts decode qmv short rows elementwise columns prefill backward]
                            [--repeat 30] [--no-compile]
-    python bench/floors.py --check [--parts rows elementwise columns prefill]   # no GPU
+    python bench/floors.py --check [--parts rows elementwise columns prefill backward]   # no GPU
 
 Each target still open in bench/README.md ("Floors") is set against the same kernel with some
 of its work removed by a text edit of the generated Metal source before the cuda backend
@@ -36,6 +36,9 @@ differently and it bounds nothing.
 - prefill: the matrix prefill kernel (f16, causal, 32 heads, S:E 1024:64 and 4096:128) without
   its Q·Kᵀ products, its P·V products, its K/V loads, its score mask or its softmax exp, and
   with the products alone; SDPA (bench/floors_prefill.py).
+- backward: the attention backward's wide kernels (f16, causal, 16 heads, E = 128, S = L 1024
+  and 4096) without their S / dP products, without their gradient products, or with plain
+  P / dS (bench/floors_backward.py).
 
 Each edit runs in a process of its own (compiled libraries and call plans are cached per
 process). Edited kernels compute wrong values: they are timed, never checked.
@@ -55,6 +58,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+import floors_backward  # noqa: E402
 import floors_bw  # noqa: E402
 import floors_prefill  # noqa: E402
 from common import add_compile_flag, copy_time, plan, timeit  # noqa: E402
@@ -119,11 +123,12 @@ def no_unpack(src: str) -> str:
 EDITS = {"as generated": [], "no scores": [no_scores], "no values": [no_values],
          "no scores, no values": [no_scores, no_values],
          "no scores, no values, no barriers": [no_scores, no_values, no_barriers],
-         "no unpacking": [no_unpack], **floors_bw.EDITS, **floors_prefill.EDITS}
+         "no unpacking": [no_unpack], **floors_bw.EDITS, **floors_prefill.EDITS,
+         **floors_backward.EDITS}
 PARTS = {"decode": ["as generated", "no scores", "no values", "no scores, no values",
                     "no scores, no values, no barriers"],
          "qmv": ["as generated", "no unpacking"], "short": ["as generated"],
-         **floors_bw.PARTS, "prefill": floors_prefill.MODES}
+         **floors_bw.PARTS, "prefill": floors_prefill.MODES, "backward": floors_backward.MODES}
 
 
 def install(mode: str) -> None:
@@ -197,7 +202,7 @@ HEADERS = {"decode": f"{'decode kernel':<34} {'L':>6} {'ours us':>8} {'sdpa us':
                   f"{'%copy':>6} {'linear/ours':>9}",
            "short": f"{'dtype':<8} {'op':<12} {'ours us':>8} {'torch us':>8} {'torch/ours':>9}",
            **{part: floors_bw.HEADER for part in floors_bw.PARTS},
-           "prefill": floors_prefill.HEADER}
+           "prefill": floors_prefill.HEADER, "backward": floors_backward.HEADER}
 
 
 def main(argv=None) -> None:
@@ -206,7 +211,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--check", action="store_true",
                     help="no GPU: apply the parts' edits to the source the cuda backend would "
-                         "compile (rows, elementwise, columns, prefill) and stop")
+                         "compile (rows, elementwise, columns, prefill, backward) and stop")
     add_compile_flag(ap)
     ap.add_argument("--one", nargs=2, metavar=("PART", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -217,6 +222,8 @@ def main(argv=None) -> None:
                 print("\n".join(floors_bw.check(part)), flush=True)
             elif part == "prefill":
                 print("\n".join(floors_prefill.check()), flush=True)
+            elif part == "backward":
+                print("\n".join(floors_backward.check()), flush=True)
         return
     if not torch.cuda.is_available():
         sys.exit("bench/floors.py edits what the cuda backend compiles: it needs a CUDA GPU")
@@ -227,7 +234,8 @@ def main(argv=None) -> None:
             floors_bw.run(part, mode, args.repeat, args.compile, args.store)
             return
         {"decode": decode, "qmv": qmv, "short": short,
-         "prefill": floors_prefill.run}[part](mode, args.repeat)
+         "prefill": floors_prefill.run, "backward": floors_backward.run}[part](mode,
+                                                                             args.repeat)
         return
     print(f"device {torch.cuda.get_device_name()}, CUDA graph replays, median of "
           f"{args.repeat}")

@@ -79,3 +79,26 @@ def test_prefill_phase_edits(tmp_path):
     assert out[:i] == src[:i] and "mf_p_op.run(" in src[i:]
     assert "mf_p_op.run(" not in body and "*reinterpret_cast<device const" not in body
     assert_host_syntax(translate(out).text, tmp_path, metal_version=400)
+
+
+def test_backward_phase_edits(tmp_path):
+    """bench/floors.py --parts backward: each edit applies to the wide kernels of the attention
+    backward the cuda backend compiles, touches nothing else, takes out what it names, and the
+    edited source still compiles; text the edits look for going away stops them."""
+    import floors_backward
+
+    from metalforge.cuda.translate import translate
+    src = floors_backward.source()
+    assert len(floors_backward.check()) == len(floors_backward.EDITS)
+    out = floors_backward.no_gradients(floors_backward.no_scores(floors_backward.plain(src)))
+    first = floors_backward.KERNEL.search(src).start()
+    assert out[:first] == src[:first]
+    for kind in ("dkdv", "dq"):
+        i = out.index(f"_{kind}_wide(")
+        body = out[i:out.index("template [[host_name(", i)]
+        assert "mf_sres_op.run(" not in body and "mf_racc_op.run(" not in body
+        assert "mf_w0 = mf_sd;" in body and "precise::exp" in src[src.index(f"_{kind}_wide("):]
+    assert "mf_racc_op.run(" in src and "mf_sres_op.run(" in src
+    assert_host_syntax(translate(out).text, tmp_path, metal_version=400)
+    with pytest.raises(SystemExit, match="plain P / dS"):
+        floors_backward.plain(re.sub(r"mf_w[01] = mf_g\d+;", "", src))
