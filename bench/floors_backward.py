@@ -35,16 +35,16 @@ def _stop(what: str) -> None:
 
 
 def _in_kernels(src: str, what: str, edit) -> str:
-    """`edit` applied to each wide kernel's text (its signature to the next instantiation);
-    stops where it changes none of them."""
-    out, at, changed = [], 0, False
+    """`edit` applied to each wide kernel's text (its signature to the next instantiation) of
+    a library that has them; stops where it changes none of them."""
+    out, at, found, changed = [], 0, False, False
     for m in KERNEL.finditer(src):
         j = src.find("template [[host_name(", m.start())
         body = edit(src[m.start():j])
-        changed |= body != src[m.start():j]
+        found, changed = True, changed or body != src[m.start():j]
         out += [src[at:m.start()], body]
         at = j
-    if not changed and "_wide(" in src:
+    if found and not changed:
         _stop(what)
     return "".join(out) + src[at:]
 
