@@ -21,12 +21,16 @@ Each lane holds elements of two rows of its simdgroup's 16 (one of rows 0..7, on
 element's by its row (`get_multidimensional_index`) and combines a row's over the lanes that
 hold it with `simd_shuffle_xor` over the target's masks.
 
-Built where `mma.operand` finds half / bfloat operands read from the staged tiles and the
-target's `row_lanes` is known; elsewhere `mma.kernel` (no layout assumed) or `prefill.kernel`.
+Built where `mma.operand` finds half / bfloat operands read from the staged tiles (loads or
+gathers: paged K/V) and the target's `row_lanes` is known; elsewhere `mma.kernel` (no layout
+assumed) or `prefill.kernel`. Two of it where E may exceed NARROW_PREFILL_E: the kernel of
+E up to 32 x run (tiles of 32 keys at 128) and a narrow twin for E up to 64 (tiles of 64
+keys, half the registers), which the host picks per call (`tile_keys`: KT, static, is what
+the host stages).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Optional
 
 from ... import ir
 from ...graph import Node, strip_casts
@@ -52,7 +56,6 @@ from .write import epilogue
 SIMDGROUPS = 4
 ROWS = SIDE * SIMDGROUPS          # query rows a threadgroup
 MAX_KEYS = 64                     # keys a tile, at most
-Each = Callable[[ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]
 
 
 def applies(ctx: CallContext, target: Target) -> Optional[str]:
