@@ -41,7 +41,8 @@ from ..fragments import UINT, u
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float
 from ..matrix.mpp import each_element, zeroed
-from ..matrix.strided import EXTENTS, SIDE, threadgroup_tensor
+from ..matrix.resident import declare_matmul, view
+from ..matrix.strided import SIDE, threadgroup_tensor
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
 from .head import tiled_head
@@ -74,25 +75,6 @@ def tile_keys(emax: int) -> int:
     return kt
 
 
-def _i(v: int) -> ir.Lit:
-    return ir.Lit(v, "int")
-
-
-def _op(name: str, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]:
-    desc = ir.Call("matmul2d_descriptor", (
-        _i(SIDE), _i(n), _i(k), ir.Lit(False, "bool"), ir.Lit(transpose_right, "bool"),
-        ir.Lit(False, "bool"), ir.Var("matmul2d_descriptor::mode::multiply_accumulate")))
-    return [ir.Decl(f"{name}_desc", "constexpr auto", desc, const=False),
-            ir.Decl(name, f"matmul2d<{name}_desc, execution_simdgroup>", None, const=False)]
-
-
-def _view(op: str, ptr: ir.Expr, cols: int, rows: int, stride: ir.Expr) -> ir.Expr:
-    """A threadgroup tensor over `rows` rows of `cols` contiguous values at `ptr`."""
-    return ir.Call(threadgroup_tensor(op), (
-        ptr, ir.Call(EXTENTS, (_i(cols), _i(rows))),
-        ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
-
-
 def _upper(at_row: ir.Expr) -> ir.Expr:
     """Whether an element's row (in the simdgroup's 16) is the lane's second (8..15)."""
     return at_row >= u(8)
@@ -110,8 +92,6 @@ def _across_row(var: str, fn: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
         other = ir.Call("simd_shuffle_xor", (v, u(m)))
         out.append(ir.Assign(v, ir.Call(fn, (v, other)) if fn else v + other))
     return out
-
-
 
 
 def kernel(ctx: CallContext, target: Target, narrow: bool = False
@@ -184,7 +164,8 @@ def _declare(op: str, kt: int, eb: int) -> list[ir.Stmt]:
     out: list[ir.Stmt] = [
         ir.Comment(f"S (16 x {kt}) += Q_d (16 x 16) K_d^T, a 16-block of E a run; O_d "
                    f"(16 x 16) += P (16 x {kt}) V_d"),
-        *_op("mf_s_op", kt, SIDE, True), *_op("mf_p_op", SIDE, kt, False),
+        *declare_matmul("mf_s_op", SIDE, kt, SIDE, True),
+        *declare_matmul("mf_p_op", SIDE, SIDE, kt, False),
         ir.Comment(f"the simdgroup's q rows, E in {eb} blocks of 16 (left inputs)"),
         *[ir.Decl(n, "auto", ir.Call(
             f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False)
@@ -237,8 +218,8 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
     runs: list[ir.Stmt] = []
     for d in range(eb):
         k_at = ir.Var(k_arr) + u(d * SIDE) if d else ir.Var(k_arr)
-        run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var(f"mf_q{d}"), _view(
-            op, k_at, SIDE, kt, ir.Var(f"{k_arr}_stride")), ir.Var("mf_s_tile"))))
+        k_view = view(threadgroup_tensor(op), k_at, SIDE, ir.Var(f"{k_arr}_stride"), kt)
+        run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var(f"mf_q{d}"), k_view, ir.Var("mf_s_tile"))))
         runs.append(run if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [run]))
     body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
 
@@ -300,8 +281,8 @@ def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
         v_at = ir.Var(v_arr) + u(d * SIDE) if d else ir.Var(v_arr)
         scale = each_element(f"mf_o{d}", lambda r, c, ref: [
             ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])
-        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_p_tile"), _view(
-            op, v_at, SIDE, kt, ir.Var(f"{v_arr}_stride")), ir.Var(f"mf_o{d}"))))
+        v_view = view(threadgroup_tensor(op), v_at, SIDE, ir.Var(f"{v_arr}_stride"), kt)
+        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_p_tile"), v_view, ir.Var(f"mf_o{d}"))))
         work = [scale, run]
         out += work if d == 0 else [ir.If(u(d) < ir.Var("mf_eb"), work)]
     return out

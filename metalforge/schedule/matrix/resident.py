@@ -36,14 +36,14 @@ def _i(v: int) -> ir.Lit:
     return ir.Lit(v, "int")
 
 
-def _view(tensor: str, ptr: ir.Expr, cols: int, stride: ir.Expr) -> ir.Expr:
-    """16 rows x `cols` at `ptr` (a threadgroup tensor of type `tensor`), the columns
+def view(tensor: str, ptr: ir.Expr, cols: int, stride: ir.Expr, rows: int = SIDE) -> ir.Expr:
+    """`rows` rows x `cols` at `ptr` (a threadgroup tensor of type `tensor`), the columns
     contiguous (dimension 0), `stride` between rows."""
-    return ir.Call(tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(SIDE))),
+    return ir.Call(tensor, (ptr, ir.Call(EXTENTS, (_i(cols), _i(rows))),
                             ir.Call("mf_strides", (ir.Cast("int32_t", stride),))))
 
 
-def _op(op: str, m: int, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]:
+def declare_matmul(op: str, m: int, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]:
     """The multiply-accumulate matmul2d `op` (one simdgroup) of M x N x K."""
     desc = ir.Call("matmul2d_descriptor", (
         _i(m), _i(n), _i(k), ir.Lit(False, "bool"), ir.Lit(transpose_right, "bool"),
@@ -53,7 +53,7 @@ def _op(op: str, m: int, n: int, k: int, transpose_right: bool) -> list[ir.Stmt]
 
 
 def declare_op(res: Resident) -> list[ir.Stmt]:
-    return _op(res.op, SIDE, SIDE, res.k, True)
+    return declare_matmul(res.op, SIDE, SIDE, res.k, True)
 
 
 def declare(res: Resident, var: str) -> ir.Stmt:
@@ -64,7 +64,7 @@ def declare(res: Resident, var: str) -> ir.Stmt:
 
 def load(res: Resident, var: str, ptr: ir.Expr, stride: ir.Expr) -> ir.Stmt:
     """The cooperative tensor `var` = the 16 rows x K at `ptr` (every lane together)."""
-    return ir.Eval(ir.Call(f"{var}.load", (_view(res.tensor, ptr, res.k, stride),)))
+    return ir.Eval(ir.Call(f"{var}.load", (view(res.tensor, ptr, res.k, stride),)))
 
 
 def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.Stmt]:
@@ -79,7 +79,7 @@ def destinations(res: Resident, var: str, blk: Blocks, count: int) -> list[ir.St
 def multiply(res: Resident, var: str, blk: Blocks, i: int, b: ir.Expr, b_stride: ir.Expr
              ) -> ir.Stmt:
     """Block i += `var` (16 x K) x B^T (B: 16 rows x K at `b`, K contiguous)."""
-    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), _view(res.tensor, b, res.k, b_stride),
+    return ir.Eval(ir.Call(f"{res.op}.run", (ir.Var(var), view(res.tensor, b, res.k, b_stride),
                                              blk.var(i))))
 
 
@@ -98,7 +98,7 @@ def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
     """The op and the destinations `dests` (zeroed)."""
     dest = ir.Call(f"{rows.op}.get_destination_cooperative_tensor<{rows.tensor}, "
                    f"{rows.tensor}, float>", ())
-    out = _op(rows.op, SIDE, rows.n, SIDE, False)
+    out = declare_matmul(rows.op, SIDE, rows.n, SIDE, False)
     for d in dests:
         out += [ir.Decl(d, "auto", dest, const=False), zeroed(d)]
     return out
@@ -107,8 +107,8 @@ def declare_rows(rows: Rows, dests: tuple[str, ...]) -> list[ir.Stmt]:
 def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Expr,
                   b_stride: ir.Expr) -> ir.Stmt:
     """`dest` += A (16 x 16 at `a`) x B (16 rows x n at `b`)."""
-    return ir.Eval(ir.Call(f"{rows.op}.run", (_view(rows.tensor, a, SIDE, a_stride),
-                                              _view(rows.tensor, b, rows.n, b_stride),
+    return ir.Eval(ir.Call(f"{rows.op}.run", (view(rows.tensor, a, SIDE, a_stride),
+                                              view(rows.tensor, b, rows.n, b_stride),
                                               ir.Var(dest))))
 
 
@@ -122,7 +122,7 @@ def declare_left(rows: Rows, var: str) -> ir.Stmt:
 def multiply_rows_left(rows: Rows, dest: str, left: str, b: ir.Expr, b_stride: ir.Expr
                        ) -> ir.Stmt:
     """`dest` += `left` (a cooperative tensor of `declare_left`) x B (16 rows x n at `b`)."""
-    return ir.Eval(ir.Call(f"{rows.op}.run", (ir.Var(left), _view(rows.tensor, b, rows.n,
+    return ir.Eval(ir.Call(f"{rows.op}.run", (ir.Var(left), view(rows.tensor, b, rows.n,
                                                                      b_stride), ir.Var(dest))))
 
 
@@ -147,6 +147,6 @@ def multiply_tensors(res: Resident, blk: Blocks, i: int, a: ir.Expr, a_stride: i
                      b: ir.Expr, b_stride: ir.Expr) -> ir.Stmt:
     """Block i += A (16 rows x K at `a`) x B^T (16 rows x K at `b`), both in threadgroup
     memory, K contiguous: one run over the whole K."""
-    return ir.Eval(ir.Call(f"{res.op}.run", (_view(res.tensor, a, res.k, a_stride),
-                                             _view(res.tensor, b, res.k, b_stride),
+    return ir.Eval(ir.Call(f"{res.op}.run", (view(res.tensor, a, res.k, a_stride),
+                                             view(res.tensor, b, res.k, b_stride),
                                              blk.var(i))))
