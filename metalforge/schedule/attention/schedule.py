@@ -285,7 +285,7 @@ class AttentionSchedule(Schedule):
         kernels (stage_kv): E = narrow_e for the narrow kernel and E just past the E of the
         kernel below for the others (narrow_e + 1, mid_e + 1); the prefill kernel: E = 33 (four
         whole 8-element blocks and one of a single element; beside a narrow prefill kernel,
-        which takes those, NARROW_PREFILL_E + 33) with prefill_rows + 1 positions along the
+        which takes those, NARROW_PREFILL_E + 1) with prefill_rows + 1 positions along the
         innermost tile axis a tensor names. Each kernel gets two examples (`_two_ways`)."""
         main, narrow = self.prefill, self.prefill_narrow
         if main is not None and host_name in (main.host_name, narrow and narrow.host_name):
@@ -296,7 +296,7 @@ class AttentionSchedule(Schedule):
             if host_name != main.host_name:
                 return self._two_ways(rows, 33, self.prefill_narrow_keys)
             if narrow is not None:                                # past the narrow kernel's E
-                return self._two_ways(rows, NARROW_PREFILL_E + 33, self.prefill_keys)
+                return self._two_ways(rows, NARROW_PREFILL_E + 1, self.prefill_keys)
             return self._two_ways(rows, 33, self.prefill_keys or NARROW_TILE_KEYS)
         if self.narrow is None:
             return []
