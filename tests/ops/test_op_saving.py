@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import metalforge.runtime.autograd as ag
 from examples.rms_norm import rms_norm
 from metalforge import autodiff
-from metalforge.runtime import saving
+from metalforge.runtime import gradwarm, saving
 from metalforge.runtime.grad_launch import options_for
 
 from .test_attention_backward import _inputs, _torch_masked, masked
@@ -27,12 +27,12 @@ from .test_row_gather import cross_entropy_full
 def launched(monkeypatch):
     """The kernels the differentiable paths launch, in order: (graph name, launch options)."""
     seen: list[tuple[str, object]] = []
-    run = ag.run
+    run = ag.run_warm
 
-    def counting(g, values, backend=None, launch=None):
-        seen.append((g.name, launch))
-        return run(g, values, backend=backend, launch=launch)
-    monkeypatch.setattr(ag, "run", counting)
+    def counting(g, values, backend, launch, role):
+        seen.append((g.name, gradwarm.graph_path(g, backend, launch, role).launch))
+        return run(g, values, backend, launch, role)
+    monkeypatch.setattr(ag, "run_warm", counting)
     return seen
 
 
