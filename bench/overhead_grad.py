@@ -7,7 +7,8 @@ by side in one run:
     warm   each kernel replays the closure its first call recorded (`runtime.gradwarm`: keyed
            as a kernel's own warm calls), the saving plan kept per key
     full   each kernel takes `runs.run`'s full path (check, bind, dispatch) and the forward
-           chooses its saving plan on every call (as before `gradwarm`)
+           chooses its saving plan on every call (as before `gradwarm`; the backward's
+           bookkeeping is `gradrun.BackwardRun`'s in both)
 Beside them: the kernel's warm call without grad (one launch, the fast path), the kernel
 launches a step makes, and torch eager's step on the same tensors (on the CPU that includes
 torch's arithmetic) and on 1-element tensors (torch autograd's dispatch floor).
@@ -25,21 +26,20 @@ from metalforge.runtime import gradwarm
 from metalforge.runtime.runs import run
 
 VARIANTS = ("full", "warm")
-_WARM = (ag.run_warm, ag.memo)
+_WARM = (gradwarm.GraphPath.run, ag.memo)
 
 
-def _full_run(graph, values, backend, launch, role):
-    """The full path of each kernel (the options it takes of the call's, as `run_warm`)."""
-    options = gradwarm.graph_path(graph, backend, launch, role).launch
-    return run(graph, values, backend=backend, launch=options)
+def _full_run(path, values):
+    """The full path of each kernel (with the options it takes of the call's)."""
+    return run(path.graph, values, backend=path.backend, launch=path.launch)
 
 
 def use_variant(name: str) -> None:
     """Run the differentiable calls' kernels the `name` way (`VARIANTS`)."""
     if name == "full":
-        ag.run_warm, ag.memo = _full_run, lambda *a: a[-1]()
+        gradwarm.GraphPath.run, ag.memo = _full_run, lambda *a: a[-1]()
     else:
-        ag.run_warm, ag.memo = _WARM
+        gradwarm.GraphPath.run, ag.memo = _WARM
 
 
 def cases(rows: int, cols: int, dtype, device: str):

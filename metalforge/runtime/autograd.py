@@ -14,7 +14,8 @@ from ..errors import kernel_at
 from ..graph import Graph, ScalarParam, TensorParam
 from . import saving
 from .grad_launch import options_for
-from .gradwarm import BACKWARD, FORWARD, memo, run_warm
+from .gradrun import backward_run
+from .gradwarm import FORWARD, memo, run_warm
 from .show import source
 
 # how a differentiable call runs its kernels: (backend, launch overrides)
@@ -25,13 +26,11 @@ def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
                  backend: Optional[str], launch: Optional[Mapping[str, Any]],
                  saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
     """`autodiff.run_backward` through the runtime, on `backend` under `launch` (the forward's:
-    the user tuned the forward). Each kernel takes the options of `launch` its family takes
-    (`options_for`); where the backward's first kernel is the forward's own (`bw.forward`), that
-    one takes the forward's options (`forward_options`)."""
-    def each(k: Graph, kv: Mapping[str, Any]) -> Any:
-        first = bw.forward and k is bw.kernels[0]
-        return run_warm(k, kv, backend, launch, FORWARD if first else BACKWARD)
-    return autodiff.run_backward(bw, values, dys, each, saved)
+    the user tuned the forward): `gradrun.BackwardRun`, each kernel replaying its warm closure.
+    Each kernel takes the options of `launch` its family takes (`options_for`); where the
+    backward's first kernel is the forward's own (`bw.forward`), that one takes the forward's
+    options (`forward_options`)."""
+    return backward_run(bw, backend, launch)(values, dys, saved)
 
 
 class _KernelFunction(torch.autograd.Function):

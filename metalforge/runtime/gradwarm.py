@@ -46,6 +46,24 @@ class GraphPath:
     # what a call decides from its key alone (the forward: its saving plan), by (key, extra)
     memos: Bounded[tuple[Any]] = field(default_factory=lambda: Bounded(64))
 
+    def run(self, values: Mapping[str, Any]) -> Any:
+        """`runs.run(graph, values, backend, launch)`: the closure a previous call with the
+        same key recorded, replayed where it is still current; else the full path, whose
+        closure is kept for the key."""
+        key = None
+        if MSL_REWRITE.get() is None:
+            args = [values.get(n) for n in self.names]
+            key = self.key(args, self.backend)
+            hit = None if key is None else self.warm.hits.get(key)
+            if hit is not None:
+                out = hit(args)
+                if out is not MISS:
+                    return out
+        out, w = run_recorded(self.graph, values, self.backend, self.launch)
+        if w is not None and key is not None:
+            self.warm.put(key, w)
+        return out
+
     @classmethod
     def of(cls, graph: Graph, backend: Optional[str], given: Optional[Mapping[str, Any]],
            role: str) -> "GraphPath":
@@ -71,22 +89,8 @@ def graph_path(graph: Graph, backend: Optional[str], launch: Optional[Mapping[st
 def run_warm(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
              launch: Optional[Mapping[str, Any]], role: str) -> Any:
     """`runs.run(graph, values, backend, options)` for the options of the call's `launch` this
-    graph takes (its `role`), replaying the closure a previous call with the same key recorded
-    where it is still current; else the full path, whose closure is kept for the key."""
-    path = graph_path(graph, backend, launch, role)
-    key = None
-    if MSL_REWRITE.get() is None:
-        args = [values.get(n) for n in path.names]
-        key = path.key(args, backend)
-        hit = None if key is None else path.warm.hits.get(key)
-        if hit is not None:
-            out = hit(args)
-            if out is not MISS:
-                return out
-    out, w = run_recorded(graph, values, backend, path.launch)
-    if w is not None and key is not None:
-        path.warm.put(key, w)
-    return out
+    graph takes (its `role`): `GraphPath.run`."""
+    return graph_path(graph, backend, launch, role).run(values)
 
 
 def memo(graph: Graph, values: Mapping[str, Any], backend: Optional[str],

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import metalforge.runtime.autograd as ag
 from examples.rms_norm import rms_norm
 from metalforge import autodiff
 from metalforge.runtime import gradwarm, saving
@@ -27,12 +26,12 @@ from .test_row_gather import cross_entropy_full
 def launched(monkeypatch):
     """The kernels the differentiable paths launch, in order: (graph name, launch options)."""
     seen: list[tuple[str, object]] = []
-    run = ag.run_warm
+    run = gradwarm.GraphPath.run
 
-    def counting(g, values, backend, launch, role):
-        seen.append((g.name, gradwarm.graph_path(g, backend, launch, role).launch))
-        return run(g, values, backend, launch, role)
-    monkeypatch.setattr(ag, "run_warm", counting)
+    def counting(self, values):
+        seen.append((self.graph.name, self.launch))
+        return run(self, values)
+    monkeypatch.setattr(gradwarm.GraphPath, "run", counting)
     return seen
 
 
