@@ -1,15 +1,18 @@
 """A warm training step re-plans nothing (runtime/gradwarm.py, #53): the differentiable call's
 forward and each backward kernel replay the closure their first call recorded, keyed as a
 kernel's own warm calls, and the forward's saving plan is kept per key. Counted on the stages of
-the full path (`launcher.check_call`, `launcher.bind`, `saving.choose`): the second step on new
-values of the same layout makes none of them, and its gradients are those of torch (float64) on
-those values; another shape takes the full path again; create_graph=True is still refused.
+the full path (`launcher.check_call`, `launcher.bind`, `saving.choose`) and on the frontend's
+binding (`Kernel._bound`, kept per key by `runtime.gradbind`): the second step on new values of
+the same layout makes none of them, and its gradients are those of torch (float64) on those
+values; another shape takes the full path again; a scalar the frontend converts (an int for a
+float) binds again, and one it refuses raises its error; create_graph=True is still refused.
 Kernels run through the simulator."""
 import pytest
 import torch
 
 import metalforge as mf
 from metalforge.autodiff import NotDifferentiable
+from metalforge.errors import BindingError
 from metalforge.runtime import launcher, saving
 
 
@@ -27,8 +30,9 @@ def _want(x, w, a, dy):
 @pytest.fixture
 def stages(monkeypatch):
     """How many times each stage of the full path ran."""
-    seen = {"check_call": 0, "bind": 0, "choose": 0}
-    for owner, name in ((launcher, "check_call"), (launcher, "bind"), (saving, "choose")):
+    seen = {"check_call": 0, "bind": 0, "choose": 0, "_bound": 0}
+    for owner, name in ((launcher, "check_call"), (launcher, "bind"), (saving, "choose"),
+                        (gate, "_bound")):
         real = getattr(owner, name)
 
         def counting(*args, _real=real, _name=name, **kwargs):
@@ -53,8 +57,14 @@ def test_a_warm_step_plans_nothing(stages):
     _step(5, 0)
     first = dict(stages)
     assert first["check_call"] >= 2 and first["bind"] >= 2 and first["choose"] == 1
+    assert first["_bound"] == 1
     _step(5, 1, a=-2.0)                 # new values, same layout: every kernel replayed
     assert stages == first, (stages, first)
+    _step(5, 3, a=3)                    # an int for the float: bound again, as 3.0
+    assert stages == {**first, "_bound": 2}, stages
+    x = torch.randn(5, 33, requires_grad=True)
+    with pytest.raises(BindingError, match="too large for a float scalar"):
+        gate(x, torch.randn(33), 10**400)
     _step(7, 2)                         # another shape: the full path again
     assert stages["check_call"] > first["check_call"] and stages["choose"] == 2
     x = torch.randn(5, 33, requires_grad=True)
