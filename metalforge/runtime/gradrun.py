@@ -77,11 +77,17 @@ class BackwardRun:
             for name, oi in buffers:
                 env[name] = r[oi]
         return {name: torch.zeros_like(values[name]) if at is None else
-                results[at[0]][at[1]].reshape(values[name].shape) for name, at in self.grads}
+                _shaped(results[at[0]][at[1]], values[name].shape) for name, at in self.grads}
 
     def _run(self, k: Any, values: Mapping[str, Any]) -> Any:
         """`autodiff.run_backward`'s run: kernel `k` through its path."""
         return next(p for p, _, _ in self.steps if p.graph is k).run(values)
+
+
+def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """`t.reshape(shape)`; `t` itself where it has that shape (a gradient the kernel wrote
+    fresh: no view to make)."""
+    return t if t.shape == shape else t.reshape(shape)
 
 
 _runs: OnceMap[tuple[int, Optional[str], int], BackwardRun] = OnceMap()
