@@ -17,7 +17,7 @@ import torch
 
 from .. import autodiff
 from ..once import OnceMap
-from .gradwarm import BACKWARD, FORWARD, GraphPath, graph_path
+from .gradwarm import BACKWARD, FORWARD, GraphPath, graph_path, launch_key
 
 Step = tuple[GraphPath, tuple[str, ...], tuple[tuple[str, int], ...]]
 
@@ -90,12 +90,11 @@ def _shaped(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     return t if t.shape == shape else t.reshape(shape)
 
 
-_runs: OnceMap[tuple[int, Optional[str], int], BackwardRun] = OnceMap()
+_runs: OnceMap[tuple[int, Optional[str], Any], BackwardRun] = OnceMap()
 
 
 def backward_run(bw: autodiff.Backward, backend: Optional[str],
                  launch: Optional[Mapping[str, Any]]) -> BackwardRun:
     """The `BackwardRun` of `bw` on `backend` under the call's `launch` options, made once."""
-    return _runs.get_or_build((id(bw), backend, id(launch)),
-                              lambda: BackwardRun.of(bw, backend, launch),
-                              lambda r: r.bw is bw and r.given is launch)
+    return _runs.get_or_build((id(bw), backend, launch_key(launch)),
+                              lambda: BackwardRun.of(bw, backend, launch), lambda r: r.bw is bw)

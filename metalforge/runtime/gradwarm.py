@@ -33,8 +33,8 @@ FORWARD, BACKWARD = "forward", "backward"
 class GraphPath:
     """The warm closures of one graph a differentiable call runs, under one launch.
 
-    given: the launch options of the call (the user's, `Kernel.launch`, held so that the cache
-    entry stays valid while they are alive); launch: the options this graph takes of them
+    given: the launch options of the call (the user's, `Kernel.launch`); launch: the options
+    this graph takes of them
     (`grad_launch.forward_options` for the forward, `options_for` for a backward kernel)."""
     graph: Graph
     backend: Optional[str]
@@ -73,7 +73,7 @@ class GraphPath:
                    tuple(p.name for p in graph.params), key_function(kinds))
 
 
-_paths: OnceMap[tuple[int, Optional[str], int, str], GraphPath] = OnceMap()
+_paths: OnceMap[tuple[int, Optional[str], Any, str], GraphPath] = OnceMap()
 
 
 def graph_path(graph: Graph, backend: Optional[str], launch: Optional[Mapping[str, Any]],
@@ -81,9 +81,13 @@ def graph_path(graph: Graph, backend: Optional[str], launch: Optional[Mapping[st
     """The `GraphPath` of `graph` run by a differentiable call on `backend` with the call's
     `launch` options, as its forward or as a backward kernel (`role`), made once."""
     return _paths.get_or_build(
-        (id(graph), backend, id(launch), role),
-        lambda: GraphPath.of(graph, backend, launch, role),
-        lambda p: p.graph is graph and p.given is launch)
+        (id(graph), backend, launch_key(launch), role),
+        lambda: GraphPath.of(graph, backend, launch, role), lambda p: p.graph is graph)
+
+
+def launch_key(launch: Optional[Mapping[str, Any]]) -> Optional[tuple[tuple[str, Any], ...]]:
+    """The call's launch options as a key (their contents, as `launcher.specialisation`'s)."""
+    return None if not launch else tuple(sorted(launch.items()))
 
 
 def run_warm(graph: Graph, values: Mapping[str, Any], backend: Optional[str],
