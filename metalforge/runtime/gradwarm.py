@@ -11,7 +11,10 @@ scalar's type; the graph itself fixes the Consts), and a key whose closure is cu
 it (`Warm.hit`: the autotune cache and the compiled kernel checked on every call, as for a
 kernel's own calls). The first call of a key, or one that the fast path does not serve (MLX
 arrays, the `MSL_REWRITE` seam set, a tensor subclass), takes `runs.run_recorded`, whose checks
-and errors are those of `runs.run`.
+and errors are those of `runs.run`. `memo` keeps, by the same key, what a call decides from
+its tensors' layout alone (the forward's saving plan, `saving.choose`). A backward's kernels
+run through their paths in `gradrun.BackwardRun`; the call's own binding is kept per key in
+`gradbind`.
 """
 from __future__ import annotations
 
