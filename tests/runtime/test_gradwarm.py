@@ -15,6 +15,8 @@ from metalforge.autodiff import NotDifferentiable
 from metalforge.errors import BindingError
 from metalforge.runtime import launcher, saving
 
+from ..ops.test_row_gather import cross_entropy_full
+
 
 @mf.kernel
 def gate(x: "T[R, D]", w: "T[D]", a: float):
@@ -72,3 +74,29 @@ def test_a_warm_step_plans_nothing(stages):
     y = gate(x, w, 1.0)
     with pytest.raises(NotDifferentiable, match="double backward"):
         torch.autograd.grad(y, (x, w), torch.ones_like(y), create_graph=True)
+
+
+def test_a_warm_step_still_checks_its_gathers():
+    """The replays keep the index check of a gather (`mf.take` of cross-entropy's target): on a
+    warm step an index out of range raises as on a cold one, and the next step is right (V 33,
+    4 rows: test_op_saving's kernels)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(4, 33, generator=g)
+    t = torch.randint(0, 33, (4,), generator=g, dtype=torch.int32)
+    dy = torch.randn(4, generator=g)
+
+    def step(target):
+        leaf = x.clone().requires_grad_()
+        return torch.autograd.grad(cross_entropy_full(leaf, target, 0.1, 1e-3), leaf, dy)[0]
+    first = step(t)
+    bad = t.clone()
+    bad[2] = 40
+    with pytest.raises(mf.GatherIndexError, match="index 40 is out of range"):
+        step(bad)
+    assert torch.equal(step(t), first)
+    x64 = x.double().requires_grad_()
+    lse = torch.logsumexp(x64, -1)
+    loss = 0.9 * (lse - x64.gather(1, t.long()[:, None])[:, 0]) + 0.1 * (lse - x64.mean(-1)) \
+        + 1e-3 * lse * lse
+    want, = torch.autograd.grad(loss, x64, dy.double())
+    torch.testing.assert_close(first.double(), want, rtol=1e-5, atol=1e-6)
