@@ -3,6 +3,7 @@
     python bench/overhead.py                    # MPS on a Mac, CUDA on NVIDIA, else the simulator
     python bench/overhead.py --device cuda --calls 20000
     python bench/overhead.py --device cuda --real            # real launches, CPU and wall time
+    python bench/overhead.py --grad --calls 2000             # warm training steps, stubbed
 
 Every compiled kernel object is wrapped so that calling it does nothing (compilation, the
 pipeline limits and everything before the launch are real), then each kernel is called warm
@@ -12,6 +13,13 @@ That is metalforge's own cost per call: binding, checks, shape binding, output a
 argument marshalling. Next to it, torch eager on the same tensors (which includes torch's real
 kernel, so on CPU it is dominated by the arithmetic) and on 1-element tensors (torch's dispatch
 floor), plus `torch.empty_like` (one output allocation).
+
+`--grad` times warm training steps instead (`overhead_grad.py`): `out = f(*leaves);
+torch.autograd.grad(out, leaves, dy)` with the launches stubbed, for attention, cross-entropy
+and rms_norm with weight: µs a step and kernel launches a step, through the warm replays of
+`runtime.gradwarm` and through the full path every kernel took before (`runs.run`: check, bind,
+dispatch, and the saving plan chosen per call), next to a warm call without grad and torch
+eager's step on the same tensors and on 1-element ones.
 
 `--real` launches for real (nothing stubbed): the whole host cost of a warm call, the backend's
 launch included (for `cuda`: metalforge.cuda's plan, the stream lookup and cuLaunchKernelEx),
@@ -52,7 +60,9 @@ _PLANNED = fastpath.planned
 
 
 class NoLaunch:
-    """A compiled kernel object whose call does nothing (its attributes are the real ones)."""
+    """A compiled kernel object whose call does nothing (its attributes are the real ones);
+    `launches` counts the (stubbed) launches of every such kernel."""
+    launches = 0
 
     def __init__(self, kernel):
         self._kernel = kernel
@@ -60,13 +70,17 @@ class NoLaunch:
     def __getattr__(self, name):
         if name == "planned":           # the backend's planned launch (cuda): stubbed too
             getattr(self._kernel, name)
-            return lambda *args, **kw: (lambda *args: None)
+            return lambda *args, **kw: NoLaunch._count
         if name == "launch_plan":       # its plan, inlined by the replay: not offered
             return lambda *args, **kw: None
         return getattr(self._kernel, name)
 
     def __call__(self, *args, threads, group_size, arg_casts=None):
-        return None
+        NoLaunch.launches += 1
+
+    @staticmethod
+    def _count(*args):
+        NoLaunch.launches += 1
 
 
 def stub_launches() -> None:
@@ -248,6 +262,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--real", action="store_true",
                     help="real launches (no stub): CPU and wall µs per call, next to torch eager")
+    ap.add_argument("--grad", action="store_true",
+                    help="warm training steps (forward + torch.autograd.grad), launches stubbed: "
+                         "µs and kernel launches a step, the warm replays (gradwarm) and the "
+                         "full path of every kernel side by side, next to torch eager")
     ap.add_argument("--driver-stub", action="store_true",
                     help="launch through a metalforge.cuda plan on a driver that does nothing "
                          "(the cuda path's Python, on any device), the plan's launch inlined "
@@ -260,6 +278,11 @@ def main() -> None:
         return
     if a.driver_stub:
         driver_stub(a, device, rows, cols)
+        return
+    if a.grad:
+        from overhead_grad import grad_steps
+        stub_launches()
+        grad_steps(a, device, rows, cols, per_call, NoLaunch)
         return
     stub_launches()
     print(f"warm-call overhead, launch stubbed (device {device}, {a.dtype} {rows}x{cols}, "

@@ -32,6 +32,7 @@ from .graph import Graph
 from .runtime import saving
 from .runtime.autograd import How, forward_saved, resume, run_backward
 from .runtime.backends import device_backend
+from .runtime.gradwarm import memo
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,12 @@ def saves(graph: Graph, wrt: tuple[str, ...]) -> Saves:
 def decide(graph: Graph, wrt: tuple[str, ...], vals: Mapping[str, Any], how: How
            ) -> Optional[autodiff.Backward]:
     """`saving.choose` for a "choice" graph, from what the forward and the backward both see:
-    the sizes, the kernel's backend (else the tensors' device's) and launch."""
+    the sizes, the kernel's backend (else the tensors' device's) and launch; kept per the
+    call's warm key (`gradwarm.memo`: an eager step decides once)."""
     dev = next(vals[t.name] for t in graph.tensors).device.type
     backend = how[0] or device_backend(dev)
-    return saving.choose(graph, wrt, vals, how[1], backend, deterministic=False)
+    return memo(graph, vals, how[0], how[1], ("decide", wrt), lambda: saving.choose(
+        graph, wrt, vals, how[1], backend, deterministic=False))
 
 
 def forward(graph: Graph, vals: Mapping[str, Any], how: How, wrt: tuple[str, ...]

@@ -1,6 +1,7 @@
-"""Autograd beside the call path: a call on tensors that require grad runs its forward through
-`runs.run` inside a `torch.autograd.Function` whose backward runs the kernels
-`metalforge.autodiff` derives (also through `runs.run`); `backward_source` shows them."""
+"""Autograd beside the call path: a call on tensors that require grad runs its forward inside a
+`torch.autograd.Function` whose backward runs the kernels `metalforge.autodiff` derives, each
+through `gradwarm.run_warm` (`runs.run` on a key's first call, its replay after: a warm step
+re-plans nothing); `backward_source` shows them."""
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
@@ -12,8 +13,9 @@ from ..autodiff import NotDifferentiable
 from ..errors import kernel_at
 from ..graph import Graph, ScalarParam, TensorParam
 from . import saving
-from .grad_launch import forward_options, options_for
-from .runs import run
+from .grad_launch import options_for
+from .gradrun import backward_run
+from .gradwarm import FORWARD, memo, run_warm
 from .show import source
 
 # how a differentiable call runs its kernels: (backend, launch overrides)
@@ -24,14 +26,11 @@ def run_backward(bw: autodiff.Backward, values: Mapping[str, Any], dys: Any,
                  backend: Optional[str], launch: Optional[Mapping[str, Any]],
                  saved: Optional[tuple[torch.Tensor, ...]] = None) -> dict[str, torch.Tensor]:
     """`autodiff.run_backward` through the runtime, on `backend` under `launch` (the forward's:
-    the user tuned the forward). Each kernel takes the options of `launch` its family takes
-    (`options_for`); where the backward's first kernel is the forward's own (`bw.forward`), that
-    one takes the forward's options (`forward_options`)."""
-    def each(k: Graph, kv: Mapping[str, Any]) -> Any:
-        first = bw.forward and k is bw.kernels[0]
-        mine = forward_options(k, launch) if first else options_for(k, launch)
-        return run(k, kv, backend=backend, launch=mine)
-    return autodiff.run_backward(bw, values, dys, each, saved)
+    the user tuned the forward): `gradrun.BackwardRun`, each kernel replaying its warm closure.
+    Each kernel takes the options of `launch` its family takes (`options_for`); where the
+    backward's first kernel is the forward's own (`bw.forward`), that one takes the forward's
+    options (`forward_options`)."""
+    return backward_run(bw, backend, launch)(values, dys, saved)
 
 
 class _KernelFunction(torch.autograd.Function):
@@ -110,12 +109,22 @@ def forward_for_grad(graph: Graph, vals: Mapping[str, Any], how: How, wrt: tuple
     logsumexps where `saving.choose` finds that moves fewer bytes; where the backward's first
     kernel is the forward's own (attention with its rows' logsumexp), that kernel; else the
     forward alone, nothing saved (backward None)."""
-    bw = saving.choose(graph, wrt, vals, how[1], how[0])
-    if bw is None and wrt:
-        plain = autodiff.backward_of(graph, wrt)
-        bw = plain if plain.forward else None
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    bw = memo(graph, vals, how[0], how[1], (wrt, deterministic),
+              lambda: _plan(graph, wrt, vals, how, deterministic))
     out, kept = forward_saved(graph, vals, how, bw)
     return out, kept, bw
+
+
+def _plan(graph: Graph, wrt: tuple[str, ...], vals: Mapping[str, Any], how: How,
+          deterministic: bool) -> Optional[autodiff.Backward]:
+    """`forward_for_grad`'s backward: the saving one `saving.choose` picks, else the forward's
+    own kernel's where it is the backward's first (attention), else None."""
+    bw = saving.choose(graph, wrt, vals, how[1], how[0], deterministic)
+    if bw is None and wrt:
+        plain = autodiff.backward_of(graph, wrt, deterministic)
+        bw = plain if plain.forward else None
+    return bw
 
 
 def resume(graph: Graph, wrt: tuple[str, ...], bw: Optional[autodiff.Backward],
@@ -142,7 +151,7 @@ def forward_saved(graph: Graph, vals: Mapping[str, Any], how: How,
     k = len(graph.outputs)
     g = graph if bw is None else bw.kernels[0] if bw.forward else \
         saving.forward_saving(graph, bw)
-    full = run(g, vals, backend=how[0], launch=forward_options(g, how[1]))
+    full = run_warm(g, vals, how[0], how[1], FORWARD)
     if bw is None:
         return full, ()
     if bw.forward:

@@ -21,6 +21,7 @@ from ..graph import Graph
 from . import outputs
 from .autograd import call_differentiable
 from .fastpath import MISS, MSL_REWRITE, WarmCache, fast_function, key_function
+from .gradbind import GradBinding
 from .into import Into, out_key
 from .mlx import is_array
 from .runs import run, run_into, run_recorded
@@ -51,6 +52,8 @@ class CallPath:
             if all(p.default is not _NO_DEFAULT for p in sig[n:]) else None
             for n in range(self._max_positional + 1))
         self.warm = WarmCache()
+        # the traced graphs of calls whose tensors require grad, by key (`gradbind`)
+        self._grad = GradBinding(self.kinds, [p.name for p in sig], backend)
         # calls with every parameter given by position take the shortest way to a replay
         # (the others: `_warm_key`); a kernel with in-place outputs never (`_into`)
         plain = all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig)
@@ -75,12 +78,16 @@ class CallPath:
                 return out
         if self.inplace or ("out" in kwargs and self._out_keyword):
             return self._into(bind, args, kwargs)
-        hit = self._warm_key(args, kwargs) if MSL_REWRITE.get() is None else None
+        rewrite = MSL_REWRITE.get() is not None
+        hit = self._warm_key(args, kwargs) if not rewrite else None
         if hit is not None:
             w = self.warm.get(hit[0])
             if w is not None and w.current():
                 return w.replay(hit[1])
-        graph, values = bind(args, kwargs)
+        if hit is None and not rewrite:     # tensors that require grad: the graph by key
+            graph, values = self._grad.bound(bind, args, kwargs, self._arguments(args, kwargs))
+        else:
+            graph, values = bind(args, kwargs)
         return call(graph, values, self.backend, self.launch,
                     None if hit is None else (self.warm, hit[0]))
 
@@ -119,17 +126,20 @@ class CallPath:
         shape, strides and device; each runtime scalar's Python type; each Const's type and
         value. The launch overrides are this path's, the autotune entry is checked by
         `Warm.current`."""
-        values: Optional[Sequence[Any]] = None
-        if not kwargs and len(args) <= self._max_positional:
-            tail = self._completions[len(args)]
-            if tail is not None:
-                values = args + tail if tail else args
-        else:
-            values = self._warm_values(args, kwargs)
+        values = self._arguments(args, kwargs)
         if values is None:
             return None
         key = self._key_of(values, self.backend)
         return None if key is None else (key, values)
+
+    def _arguments(self, args: tuple[Any, ...],
+                   kwargs: Mapping[str, Any]) -> Optional[Sequence[Any]]:
+        """Every argument in parameter order (defaults filled in), or None where that takes
+        `inspect.Signature.bind` (`_warm_values`)."""
+        if not kwargs and len(args) <= self._max_positional:
+            tail = self._completions[len(args)]
+            return None if tail is None else args + tail if tail else args
+        return self._warm_values(args, kwargs)
 
     def _warm_values(self, args: tuple[Any, ...],
                      kwargs: Mapping[str, Any]) -> Optional[list[Any]]:

@@ -263,10 +263,11 @@ def planned(kernel: Any, args: tuple[Any, ...], threads: int, group: int,
                                           arg_casts=casts)
 
 
-def _key_lines(kinds: Sequence[str], miss: str, values: str = "values") -> list[str]:
+def _key_lines(kinds: Sequence[str], miss: str, values: str = "values",
+               grad: bool = False) -> list[str]:
     """The lines computing a call's warm key `key` from `values` (the name of the arguments
     in parameter order), returning `miss` where the call must take the full path
-    (`key_function`)."""
+    (`key_function`; `grad`: a tensor that requires grad does not)."""
     names = [f"a{i}" for i in range(len(kinds))]
     tensors = [n for n, k in zip(names, kinds) if k == "tensor"]
     consts = [n for n, k in zip(names, kinds) if k == "const"]
@@ -277,9 +278,9 @@ def _key_lines(kinds: Sequence[str], miss: str, values: str = "values") -> list[
         f"(type({n}) is not int and type({n}) is not bool)" for n in consts]
     if tests:
         lines += [f"    if {' or '.join(tests)}:", f"        return {miss}"]
-    if tensors:
-        grad = " or ".join(f"{n}.requires_grad" for n in tensors)
-        lines += [f"    if ({grad}) and _grad_enabled():", f"        return {miss}"]
+    if tensors and not grad:
+        needs = " or ".join(f"{n}.requires_grad" for n in tensors)
+        lines += [f"    if ({needs}) and _grad_enabled():", f"        return {miss}"]
     parts = ["backend", "_override()"]
     for n, k in zip(names, kinds):
         parts += ([f"{n}.dtype", f"{n}.shape", f"{n}.stride()", f"{n}.device"] if k == "tensor"
@@ -294,15 +295,19 @@ def _key_env() -> dict[str, Any]:
             "_override": BACKEND_OVERRIDE.get, "_MISS": MISS, "_rewrite": MSL_REWRITE.get}
 
 
-def key_function(kinds: Sequence[str]) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:
+def key_function(kinds: Sequence[str], grad: bool = False
+                 ) -> Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]]:
     """The warm-call key of a kernel whose parameters are of these kinds ("tensor", "scalar",
     "const"), as straight-line Python: key(values in parameter order, backend) is None when
     the call must take the full path (a non-Tensor or Tensor subclass where a tensor goes, a
     Const that is not an int or bool, a tensor that requires grad while grad mode is on, a
     tensor without strides), else a flat tuple of everything a checked call's launch depends
     on: the backend and the `with mf.backend(...)` override, each tensor's dtype, shape,
-    strides and device, each runtime scalar's Python type, each Const's type and value."""
-    lines = ["def key(values, backend):", *_key_lines(kinds, "None"), "    return key"]
+    strides and device, each runtime scalar's Python type, each Const's type and value.
+    grad: the same key for a call whose tensors require grad (`CallPath`'s differentiable
+    calls, which key their traced graph by it)."""
+    lines = ["def key(values, backend):", *_key_lines(kinds, "None", grad=grad),
+             "    return key"]
     env = _key_env()
     exec(compile("\n".join(lines) + "\n", "<metalforge warm key>", "exec"), env)  # noqa: S102
     key: Callable[[Sequence[Any], Any], Optional[tuple[Any, ...]]] = env["key"]

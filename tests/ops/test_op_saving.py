@@ -13,10 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import metalforge.runtime.autograd as ag
 from examples.rms_norm import rms_norm
 from metalforge import autodiff
-from metalforge.runtime import saving
+from metalforge.runtime import gradwarm, saving
 from metalforge.runtime.grad_launch import options_for
 
 from .test_attention_backward import _inputs, _torch_masked, masked
@@ -27,12 +26,12 @@ from .test_row_gather import cross_entropy_full
 def launched(monkeypatch):
     """The kernels the differentiable paths launch, in order: (graph name, launch options)."""
     seen: list[tuple[str, object]] = []
-    run = ag.run
+    run = gradwarm.GraphPath.run
 
-    def counting(g, values, backend=None, launch=None):
-        seen.append((g.name, launch))
-        return run(g, values, backend=backend, launch=launch)
-    monkeypatch.setattr(ag, "run", counting)
+    def counting(self, values):
+        seen.append((self.graph.name, self.launch))
+        return run(self, values)
+    monkeypatch.setattr(gradwarm.GraphPath, "run", counting)
     return seen
 
 
