@@ -67,7 +67,7 @@ class Prefill:
 def _prefill(ctx: CallContext) -> Prefill:
     """The prefill kernel: with its scores in registers where the target knows its matrix
     layout and the operands are half / bfloat (`flash`; with a narrow twin where E may exceed
-    its NARROW_E), else on the matrix block with no layout assumed (`mma`), else fp32
+    NARROW_PREFILL_E), else on the matrix block with no layout assumed (`mma`), else fp32
     simdgroup_matrix products (`prefill`), except on a target without Apple GPUs (cuda),
     where those are emulated by shuffles and the decode kernels are faster (S = L = 1024,
     E = 128: 1801 vs 872 us, H100): none there."""

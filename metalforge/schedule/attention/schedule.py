@@ -51,7 +51,7 @@ class AttentionSchedule(Schedule):
     prefill_rows: int = MATRIX_ROWS             # ... query rows a tile
     prefill_keys: int = 0                       # ... keys a staged tile (0: keys_per_tile's rule;
                                                 # set: flash.py's kernel, TARGET_GROUPS_RESIDENT)
-    prefill_narrow: Optional[ir.LoweredKernel] = None   # flash.py's for E up to NARROW_E
+    prefill_narrow: Optional[ir.LoweredKernel] = None   # flash.py's, E up to NARROW_PREFILL_E
     prefill_narrow_keys: int = 0                        # ... its keys a staged tile
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
@@ -81,7 +81,7 @@ class AttentionSchedule(Schedule):
         return numel(self.rows, sizes)
 
     def _prefill(self, sizes: Mapping[str, int]) -> bool:
-        """Whether a call with these sizes runs the simdgroup_matrix prefill kernel: at least
+        """Whether a call with these sizes runs a prefill kernel (matrix products): at least
         matrix_rows query rows share their keys and E fits it."""
         rows = self.policy.matrix_rows
         return self.prefill is not None and rows > 0 and sizes[self.e_axis] <= self.prefill_e \
@@ -108,7 +108,8 @@ class AttentionSchedule(Schedule):
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def _narrow_prefill(self, sizes: Mapping[str, int]) -> bool:
-        """Whether a prefill call runs the narrow register-resident kernel (E up to its)."""
+        """Whether a prefill call runs the narrow register-resident kernel (E up to
+        NARROW_PREFILL_E)."""
         return self.prefill_narrow is not None and sizes[self.e_axis] <= NARROW_PREFILL_E
 
     def _prefill_group(self) -> int:
