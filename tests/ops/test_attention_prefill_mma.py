@@ -126,3 +126,21 @@ def test_cuda_target_translation_passes_host_syntax_check(tmp_path):
         src = attention.source(T="f16")
     assert "mf_s_op.run(" in src and "mf_p_op.run(" in src
     assert_host_syntax(translate(src).text, tmp_path, metal_version=400)
+
+
+@pytest.mark.parametrize("target,family", [("apple10", 9), ("cuda", 10)])
+def test_the_layout_it_assumes_is_the_targets(monkeypatch, target, family):
+    """The register-resident prefill assumes its target's cooperative-tensor layout (a row's
+    lanes, P laid out as S): compiled for another family's layout in the simulator it gives
+    wrong values (finite or not), so a kernel that assumed the wrong layout fails visibly; at
+    its own it matches (test_tensor_ops_prefill_matches_math_attention)."""
+    from metalforge.runtime import launcher
+    monkeypatch.setattr(launcher, "compile_options",
+                        lambda t, backend: {"metal_version": 400, "gpu_family": family})
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 32, generator=g).half() for _ in range(3))
+    kernel = attention.with_launch(target=target)
+    assert kernel.launches(q, k, v, 0.2)[0][0].endswith("_prefill_narrow")
+    got = kernel(q, k, v, 0.2)
+    want = _math_attention(q, k, v, 0.2, True).half()
+    assert not torch.allclose(got, want, **TOL[torch.float16])
