@@ -36,7 +36,7 @@ from ... import ir
 from ...graph import Node, strip_casts
 from ...target import Target
 from .. import online
-from ..base import IDX, make_kernel
+from ..base import IDX
 from ..fragments import UINT, u
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float
@@ -49,7 +49,7 @@ from .head import tiled_head
 from .mma import operand, zero_fill
 from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
-from .prefill import THREADS, matrix_operands
+from .prefill import finish, matrix_operands
 from .scores import score
 from .tiles import fill_tiles, tile_arrays
 from .write import epilogue
@@ -131,17 +131,12 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
              ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
                     step=ir.Cast(IDX, ir.Lit(kt, "uint")))]
     body += _write(ctx, row, eb, target.row_lanes)
-    return make_kernel(
-        ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + head + ks.out.pre + body,
-        f"{ctx.graph.name} (prefill): softmax over '{f.key}' of scores contracting "
-        f"'{f.e}' (up to {emax}), times the values, summed over '{f.key}'; a threadgroup "
-        f"per {ROWS} query rows sharing their keys and block of keys, 4 simdgroups of 16 "
-        f"rows; K and V staged as {op} in threadgroup memory, {kt} keys a tile; q, the "
-        f"scores, the weights and the outputs in registers (cooperative tensors): S = Q K^T "
-        f"and O += P V on Metal 4 tensor ops with {op} operands and fp32 accumulation, the "
-        f"online softmax in fp32 (P cast to {op}), one pass",
-        "prefill_narrow" if narrow else "prefill", params=ctx.params,
-        helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
+    return finish(ctx, ks, head, body, emax, ROWS, (
+        f"4 simdgroups of 16 rows; K and V staged as {op} in threadgroup memory, {kt} keys a "
+        f"tile; q, the scores, the weights and the outputs in registers (cooperative "
+        f"tensors): S = Q K^T and O += P V on Metal 4 tensor ops with {op} operands and fp32 "
+        f"accumulation, the online softmax in fp32 (P cast to {op}), one pass"),
+        "prefill_narrow" if narrow else "prefill")
 
 
 def _places(ctx: CallContext) -> list[ir.Stmt]:

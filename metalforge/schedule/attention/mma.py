@@ -33,7 +33,7 @@ from typing import Optional
 from ... import ir
 from ...graph import Node, strip_casts
 from ...target import Target
-from ..base import IDX, make_kernel
+from ..base import IDX
 from ..fragments import UINT, lane_place, u
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float
@@ -45,7 +45,7 @@ from .context import CallContext, Emitted, KernelState, lowering
 from .head import tiled_head
 from .mma_phases import scores, softmax, values, write
 from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, TILE_KEYS
-from .prefill import THREADS, matrix_operands
+from .prefill import finish, matrix_operands
 from .tiles import fill_tiles, tile_arrays
 
 SIMDGROUPS = 4
@@ -131,15 +131,10 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     body += write(ctx, row, oblk, emax)
     how = ("Metal 4 tensor ops (matmul2d over threadgroup tensors)" if lowering_ == MPP
            else "8x8 simdgroup_matrix products")
-    return make_kernel(
-        ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + head + ks.out.pre + body,
-        f"{ctx.graph.name} (prefill): softmax over '{f.key}' of scores contracting "
-        f"'{f.e}' (up to {emax}), times the values, summed over '{f.key}'; a threadgroup "
-        f"per {MATRIX_ROWS} query rows sharing their keys and block of keys, 4 simdgroups of "
-        f"16 rows; q, K and V tiles staged as {op} in threadgroup memory; S = Q K^T and "
-        f"O += P V as 16 x 16 blocks on {how} with {op} operands and fp32 accumulation; the "
-        f"online softmax in fp32 (P cast to {op}), one pass", "prefill", params=ctx.params,
-        helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
+    return finish(ctx, ks, head, body, emax, MATRIX_ROWS, (
+        f"4 simdgroups of 16 rows; q, K and V tiles staged as {op} in threadgroup memory; "
+        f"S = Q K^T and O += P V as 16 x 16 blocks on {how} with {op} operands and fp32 "
+        f"accumulation; the online softmax in fp32 (P cast to {op}), one pass"))
 
 
 def _places(lowering_: str) -> list[ir.Stmt]:

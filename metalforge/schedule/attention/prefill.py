@@ -90,16 +90,25 @@ def kernel(ctx: CallContext, rows: int = MATRIX_ROWS,
     body += [ir.Comment(f"one pass over the block's keys along '{f.key}', a tile at a "
                         "time (scores never stored)"), loop]
     body += fragment_write(ctx, row, dmax)
-    body = ks.out.tg_decls + head + ks.out.pre + body
+    ks.out.helpers.add("mf_mma")
+    return finish(ctx, ks, head, body, emax, rows, (
+        "8 rows a simdgroup; tiles of K and V staged in threadgroup memory by the whole group; "
+        "the scores and the values' products as 8x8 simdgroup_matrix products in fp32; online "
+        "softmax in one pass, fp32 state"))
+
+
+def finish(ctx: CallContext, ks: KernelState, head: list[ir.Stmt], body: list[ir.Stmt],
+           emax: int, rows: int, how: str, variant: str = "prefill") -> ir.LoweredKernel:
+    """A prefill kernel (`variant`) of `head` then `body`, its threadgroup arrays and
+    positions up front, summarised as the prefill kernels' shared opening (what it computes,
+    E up to `emax`, `rows` query rows a threadgroup) then `how` it does it."""
+    f = ctx.form
     return make_kernel(
-        ctx.graph, ctx.index64, THREADS, body,
+        ctx.graph, ctx.index64, THREADS, ks.out.tg_decls + head + ks.out.pre + body,
         f"{ctx.graph.name} (prefill): softmax over '{f.key}' of scores contracting "
         f"'{f.e}' (up to {emax}), times the values, summed over '{f.key}'; a threadgroup "
-        f"per {rows} query rows sharing their keys and block of keys, 8 rows a simdgroup; "
-        f"tiles of K and V staged in threadgroup memory by the whole group; the scores and "
-        f"the values' products as 8x8 simdgroup_matrix products in fp32; online softmax "
-        f"in one pass, fp32 state", "prefill", params=ctx.params,
-        helpers=tuple(sorted(ks.out.helpers | {"mf_mma"})), max_threads=ks.group)
+        f"per {rows} query rows sharing their keys and block of keys, {how}", variant,
+        params=ctx.params, helpers=tuple(sorted(ks.out.helpers)), max_threads=ks.group)
 
 
 def _lane_row() -> list[ir.Stmt]:
