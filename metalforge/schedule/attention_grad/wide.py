@@ -88,7 +88,7 @@ def _left(s: Setup, coops: bool, names: tuple[str, ...]) -> list[ir.Stmt]:
     if not coops:
         return []
     return [ir.Comment("the weights' left operands, in registers (the blocks' layout)"),
-            *(resident.declare_left(s.racc, n) for n in names)]
+            *(resident.declare(s.racc, n) for n in names)]
 
 
 def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:

@@ -56,10 +56,11 @@ def declare_op(res: Resident) -> list[ir.Stmt]:
     return declare_matmul(res.op, SIDE, SIDE, res.k, True)
 
 
-def declare(res: Resident, var: str) -> ir.Stmt:
-    t = res.operand
+def declare(ops: OpNames, var: str) -> ir.Stmt:
+    """`var`: a left input cooperative tensor of the op of `ops` (a Resident's or a Rows')."""
+    t = ops.operand
     return ir.Decl(var, "auto", ir.Call(
-        f"{res.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
+        f"{ops.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
 
 
 def load(res: Resident, var: str, ptr: ir.Expr, stride: ir.Expr) -> ir.Stmt:
@@ -112,16 +113,9 @@ def multiply_rows(rows: Rows, dest: str, a: ir.Expr, a_stride: ir.Expr, b: ir.Ex
                                               ir.Var(dest))))
 
 
-def declare_left(rows: Rows, var: str) -> ir.Stmt:
-    """A left input cooperative tensor (16 x 16) of the op, `var`, set element by element."""
-    t = rows.operand
-    return ir.Decl(var, "auto", ir.Call(
-        f"{rows.op}.get_left_input_cooperative_tensor<{t}, {t}, float>", ()), const=False)
-
-
 def multiply_rows_left(rows: Rows, dest: str, left: str, b: ir.Expr, b_stride: ir.Expr
                        ) -> ir.Stmt:
-    """`dest` += `left` (a cooperative tensor of `declare_left`) x B (16 rows x n at `b`)."""
+    """`dest` += `left` (a left input cooperative tensor: `declare`) x B (16 rows x n at `b`)."""
     return ir.Eval(ir.Call(f"{rows.op}.run", (ir.Var(left), view(rows.tensor, b, rows.n,
                                                                      b_stride), ir.Var(dest))))
 
