@@ -104,7 +104,7 @@ class AttentionSchedule(Schedule):
         """Threads per group of the decode kernel (stage_kv: a simdgroup per row of the tile;
         the prefill kernel: one per 8 rows)."""
         if sizes is not None and self._prefill(sizes):
-            return self._prefill_group()
+            return self._prefill_kernel(sizes).max_threads or MATRIX_GROUP
         return SIMD_WIDTH * self.qt if self.policy.stage_kv else self.policy.threads_per_group
 
     def _narrow_prefill(self, sizes: Mapping[str, int]) -> bool:
@@ -112,10 +112,12 @@ class AttentionSchedule(Schedule):
         NARROW_PREFILL_E)."""
         return self.prefill_narrow is not None and sizes[self.e_axis] <= NARROW_PREFILL_E
 
-    def _prefill_group(self) -> int:
-        """Threads per group of the prefill kernel (the kernel says)."""
+    def _prefill_kernel(self, sizes: Mapping[str, int]) -> ir.LoweredKernel:
+        """The prefill kernel a prefill call runs (the narrow twin where it takes E)."""
+        if self.prefill_narrow is not None and self._narrow_prefill(sizes):
+            return self.prefill_narrow
         assert self.prefill is not None
-        return self.prefill.max_threads or MATRIX_GROUP
+        return self.prefill
 
     def _narrow(self, sizes: Mapping[str, int]) -> bool:
         """Whether a call with these sizes runs the narrow decode kernel (and its tiles)."""
@@ -272,9 +274,7 @@ class AttentionSchedule(Schedule):
                               f"rows_per_group={self.qt} simdgroups a key; lower rows_per_group "
                               f"or call it without stage_kv")
         if self.prefill is not None and self._prefill(sizes):
-            if self.prefill_narrow is not None and self._narrow_prefill(sizes):
-                return self.prefill_narrow.host_name
-            return self.prefill.host_name
+            return self._prefill_kernel(sizes).host_name
         if self.narrow is not None and self._narrow(sizes):
             return self.narrow.host_name
         if self.wide is not None and sizes[self.e_axis] > self.mid_e:
