@@ -90,6 +90,7 @@ LOWERINGS = {
     "tensor": {},                                   # the device's target: tensor ops on cuda
     "wide": {"grad_simdgroups": 4},                 # the same, 4 simdgroups a threadgroup with
                                                     # their own rows in registers (tensor ops)
+    "wide32": {"grad_simdgroups": 4, "grad_step_blocks": 2},   # the same, 32 rows / keys a step
     "apple9": {"target": "apple9"},                 # 16x16 blocks on simdgroup_matrix (half)
     "fp32": {"grad_fp32": True},                    # the old fp32 8x8 simdgroup_matrix kernels
 }

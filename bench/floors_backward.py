@@ -7,7 +7,8 @@ taken out by a text edit of the generated source (each edit touches the `_wide` 
   compiler then also drops the element work that feeds only them);
 - plain P / dS: each element's P and dS taken as its S and dP dot products (the mask, the
   row's lse and delta, the exp computed for nothing, so the compiler drops them): the
-  products and the loop's glue alone.
+  products and the loop's glue alone;
+- fast exp: P's exp as `fast::exp` (a change, not a floor: what the exp's accuracy costs).
 
 The time is `torch.autograd.grad` of the forward's output (its graph kept, the forward not
 timed): the delta row kernel, dq and dk/dv. What is left when a phase is out bounds what any
@@ -63,17 +64,24 @@ def plain(src: str) -> str:
     return _in_kernels(src, "plain P / dS", edit)
 
 
+def fast_exp(src: str) -> str:
+    return _in_kernels(src, "fast exp", lambda s: s.replace("precise::exp(", "fast::exp("))
+
+
 EDITS = {"no S / dP products": [no_scores], "no gradient products": [no_gradients],
-         "plain P / dS": [plain]}
+         "plain P / dS": [plain], "fast exp": [fast_exp]}
 MODES = ["as generated", *EDITS]
 HEADER = f"{'backward kernels':<34} {'S=L':>9} {'ours ms':>9}"
 
 
 def source() -> str:
-    """The backward kernels' MSL at the cuda target with the wide kernels (the cuda backend's
-    default), f16: what the cuda backend compiles (no GPU)."""
+    """The backward kernels' MSL at the cuda target with the cuda backend's launch options
+    (the wide kernels, their step), f16: what the cuda backend compiles (no GPU)."""
     from attention import attention
-    return attention.with_launch(target="cuda", grad_simdgroups=4).backward_source(T="f16")
+
+    from metalforge.schedule.policy import backend_launch
+    launch = backend_launch("cuda", "attention_grad") or {}
+    return attention.with_launch(target="cuda", **launch).backward_source(T="f16")
 
 
 def check() -> list[str]:

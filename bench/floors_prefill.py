@@ -9,7 +9,9 @@ text edit of the generated source (each edit touches `mf_attention_prefill` only
 - no score mask: each score stored as its dot product (the mask and scale computed for
   nothing, so the compiler drops them);
 - no softmax exp: the weights and the rescale factor without their exp;
-- products only: no K/V loads, no score mask and no softmax exp.
+- products only: no K/V loads, no score mask and no softmax exp;
+- fast exp: the softmax's exp as `fast::exp` (a change, not a floor: what the exp's accuracy
+  costs).
 
 What is left when a phase is out bounds what any change to that phase can gain; "products
 only" is the loop's glue plus its products: the barriers, the row maxima's shuffles, the
@@ -23,7 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-KERNEL = "kernel void mf_attention_prefill("
+KERNELS = ("kernel void mf_attention_prefill(", "kernel void mf_attention_prefill_narrow(")
 QK_RUN = re.compile(r"^\s*mf_s_op\.run\(.*\);\n", re.M)
 PV_RUN = re.compile(r"^\s*mf_p_op\.run\(.*\);\n", re.M)
 KV_COPY = re.compile(r"^\s*\*reinterpret_cast<threadgroup mf_pack8<T>\*>\(mf_kv[01] .*"
@@ -40,16 +42,19 @@ def _stop(what: str) -> None:
 
 
 def _in_kernel(src: str, what: str, edit) -> str:
-    """`edit` applied to the prefill kernel's text only (from its signature to the next
-    kernel's instantiation); stops where the edit changes nothing there."""
-    i = src.find(KERNEL)
-    if i < 0:
-        return src
-    j = src.find("template [[host_name(", i)
-    body = edit(src[i:j])
-    if body == src[i:j]:
-        _stop(what)
-    return src[:i] + body + src[j:]
+    """`edit` applied to the prefill kernels' text only (each from its signature to the next
+    kernel's instantiation: the main kernel and its narrow twin, which E = 64 runs); stops
+    where the edit changes nothing in one of them."""
+    for kernel in KERNELS:
+        i = src.find(kernel)
+        if i < 0:
+            continue
+        j = src.find("template [[host_name(", i)
+        body = edit(src[i:j])
+        if body == src[i:j]:
+            _stop(what)
+        src = src[:i] + body + src[j:]
+    return src
 
 
 def no_qk(src: str) -> str:
@@ -78,9 +83,13 @@ def no_exp(src: str) -> str:
     return _in_kernel(src, "no softmax exp", edit)
 
 
+def fast_exp(src: str) -> str:
+    return _in_kernel(src, "fast exp", lambda s: s.replace("precise::exp(", "fast::exp("))
+
+
 EDITS = {"no Q·Kᵀ products": [no_qk], "no P·V products": [no_pv], "no K/V loads": [no_kv],
          "no score mask": [no_mask], "no softmax exp": [no_exp],
-         "products only": [no_kv, no_mask, no_exp]}
+         "products only": [no_kv, no_mask, no_exp], "fast exp": [fast_exp]}
 MODES = ["as generated", *EDITS]
 HEADER = f"{'prefill kernel':<34} {'S:E':>9} {'ours us':>9} {'sdpa us':>9} {'sdpa/ours':>9}"
 

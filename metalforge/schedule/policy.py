@@ -120,6 +120,9 @@ class LaunchPolicy:
                                        # threadgroup: 2 (K, V or q, dO staged) or 4 (each
                                        # simdgroup's own rows in registers: attention_grad/wide,
                                        # tensor-op targets; elsewhere 2)
+    grad_step_blocks: int = 1          # attention backward's wide kernels: 16-row (16-key)
+                                       # blocks a step stages at once (1 or 2: fewer barriers
+                                       # and load round trips a row; 4 would stage 34 KB)
     paired_rows: int = 0               # quantized matvec whose epilogue reads its own rows
                                        # (RoPE's partner: qmv_paired): rows_per_group of that
                                        # kernel, half of them partners (0: rows_per_group)
@@ -390,7 +393,7 @@ BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
                        "qmm_wide_rows": 128,
                        "qmm_wide_groups": 96},
              "elementwise": {"small_grid": 1 << 21}, "matmul": {"tile": 128},
-             "attention_grad": {"grad_simdgroups": 4}},
+             "attention_grad": {"grad_simdgroups": 4, "grad_step_blocks": 2}},
 }
 TUNABLE: dict[str, tuple[str, ...]] = {
     "elementwise": ("threads_per_group", "vector_width", "vectors_per_thread", "small_grid",
@@ -420,10 +423,12 @@ TUNABLE: dict[str, tuple[str, ...]] = {
 # cuda: the 4-simdgroup block kernels (grad_simdgroups 4). H200, 2026-11-29, f16 causal, 16
 # heads, E = 128, ms (bench/attention_backward.py): S = 1024 2 simdgroups 0.90, 4 0.84 (SDPA
 # 0.22); S = 4096 4.49 / 3.72 (SDPA 0.51); before the cuda library dropped the register caps
-# that made these kernels spill, 1.98 / 13.01
+# that made these kernels spill, 1.98 / 13.01. 32 rows / keys a step (grad_step_blocks 2), H200
+# 2026-11-29 (seventh session): S = 1024 0.37 -> 0.35, 4096 3.56 -> 3.24 (SDPA 0.15 / 0.44)
 POLICIES["attention_grad"] = LaunchPolicy("attention_grad", threads_per_group=128,
                                           uses_simd=True)
-TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32", "grad_simdgroups")
+TUNABLE["attention_grad"] = ("index64", "target", "grad_fp32", "grad_simdgroups",
+                             "grad_step_blocks")
 # options a family's kernels do not read but the kernels of its backward do, given on the
 # forward's launch (`attention.with_launch(grad_fp32=True)`): `resolve` accepts and ignores
 # them; runtime/autograd.py hands them to the backward kernels whose family takes them
@@ -532,6 +537,7 @@ def _validate_common(p: LaunchPolicy) -> None:
           f"the kernel needs {p.threadgroup_bytes} bytes of threadgroup memory, over the "
           f"{MAX_THREADGROUP_BYTES}-byte limit")
     _need_in(p, "grad_simdgroups", (2, 4))
+    _need_in(p, "grad_step_blocks", (1, 2))
 
 
 def _validate_matmul(p: LaunchPolicy) -> None:

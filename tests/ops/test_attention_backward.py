@@ -111,25 +111,28 @@ def test_block_kernels_by_target_match_torch(target, dtype, e):
     _close(got, want, dtype)
 
 
-@pytest.mark.parametrize("target", ["apple10", "cuda"])
-def test_wide_kernels_match_torch(target):
+@pytest.mark.parametrize("target,blocks", [("apple10", 1), ("cuda", 1), ("cuda", 2),
+                                           ("apple10", 2)])
+def test_wide_kernels_match_torch(target, blocks):
     """grad_simdgroups=4 (tensor ops; apple10: M5's layout, cuda: the shim's, in the
     simulator): 4 simdgroups a threadgroup, each with its own 16 keys (dk/dv) or query rows
-    (dq) in registers and its P^T / dS^T set in left operands element by element, at partial
-    tiles: 2 x 37 query rows a kv head (GQA), 80 keys (a partial second group of 64), E = 40
-    (rows zeroed past E up to the products' 128), soft cap, window and padding, against
-    torch's autograd in float64; the MSL accounts for its threadgroup memory."""
+    (dq) in registers and its P^T / dS^T set in left operands element by element, a step
+    staging `blocks` blocks of 16 rows or keys (grad_step_blocks), at partial tiles: 2 x 37
+    query rows a kv head (GQA), 80 keys (a partial second group of 64), E = 40 (rows zeroed
+    past E up to the products' 128), soft cap, window and padding, against torch's autograd
+    in float64; the MSL accounts for its threadgroup memory."""
     q, k, v, valid, dy = _inputs(torch.float16, 3, n=37, length=80, e=40)
     extra = (valid, 0.15, 30, 5.0)
     with mf.target(target):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        out = masked.with_launch(grad_simdgroups=4)(*leaves, *extra)
+        out = masked.with_launch(grad_simdgroups=4, grad_step_blocks=blocks)(*leaves, *extra)
         got = torch.autograd.grad(out, leaves, dy)
     from metalforge.msl.parse import parse
     for simdgroups, variant in ((4, "_wide"), (2, "_block")):   # the comment's accounting
         if target != "apple10":
             break
-        src = _dq_source(torch.float16, "apple10", grad_simdgroups=simdgroups)
+        src = _dq_source(torch.float16, "apple10", grad_simdgroups=simdgroups,
+                         grad_step_blocks=blocks)
         assert (variant == "_wide") == ("get_left_input_cooperative_tensor" in src)
         (tg,) = [k.threadgroup_bytes for k in parse(src).kernels if k.host_name.endswith(variant)]
         assert f"threadgroup memory {tg} bytes of 32768" in src

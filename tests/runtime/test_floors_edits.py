@@ -64,20 +64,25 @@ def test_an_edit_whose_text_is_gone_stops_with_its_name():
 
 
 def test_prefill_phase_edits(tmp_path):
-    """bench/floors.py --parts prefill: each phase edit applies to the prefill kernel the cuda
-    backend compiles at both cases, touches that kernel only, and still compiles."""
+    """bench/floors.py --parts prefill: each phase edit applies to the prefill kernels the cuda
+    backend compiles at both cases (the main kernel and its narrow twin), touches those
+    kernels only, and still compiles."""
     import floors_prefill
 
     from metalforge.cuda.translate import translate
     assert len(floors_prefill.check()) == len(floors_prefill.CASES) * len(floors_prefill.EDITS)
     src = floors_prefill.source()[0]
-    i = src.find(floors_prefill.KERNEL)
+    first = min(src.find(k) for k in floors_prefill.KERNELS)
     out = src
     for edit in floors_prefill.EDITS["products only"] + floors_prefill.EDITS["no P·V products"]:
         out = edit(out)
-    body = out[i:out.find("template [[host_name(", i)]
-    assert out[:i] == src[:i] and "mf_p_op.run(" in src[i:]
-    assert "mf_p_op.run(" not in body and "*reinterpret_cast<device const" not in body
+    assert out[:first] == src[:first]
+    for kernel in floors_prefill.KERNELS:
+        i = out.find(kernel)
+        body = out[i:out.find("template [[host_name(", i)]
+        assert "mf_p_op.run(" in src[src.find(kernel):]
+        assert "mf_p_op.run(" not in body and "*reinterpret_cast<device const" not in body
+    assert "fast::exp(" in floors_prefill.fast_exp(src)[first:]
     assert_host_syntax(translate(out).text, tmp_path, metal_version=400)
 
 

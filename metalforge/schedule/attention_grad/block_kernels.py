@@ -84,15 +84,16 @@ SG0 = ir.Var("mf_sg") * u(SIDE)     # the simdgroup's first row of 16 in the blo
 
 
 def opening(ctx: Ctx, s: Setup, tiles: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
-            count: ir.Expr, first: str, sgs: int = SGS) -> list[ir.Stmt]:
+            count: ir.Expr, first: str, sgs: int = SGS, rows: int = SIDE) -> list[ir.Stmt]:
     """A block kernel's start: the accounting comment, the buffers and head (`blocks.start`;
     `tiles`: the step's shared tiles, the group's own staged arrays (none: the own rows are
     resident in registers), the scratch), `first` = the simdgroup's first key or row, and at
-    tensor ops the staged tiles zeroed (16 rows each shared tile, 16 sgs each own array)."""
+    tensor ops the staged tiles zeroed (`rows` rows each shared tile, 16 sgs each own
+    array)."""
     shared, own, scratch = tiles
-    zeroed = tuple((t, SIDE) for t in shared) + tuple((t, SIDE * sgs) for t in own)
-    return [ir.Comment(accounting(ctx, s.op, sgs, len(own), len(scratch), not own)),
-            *start(ctx, s.low, s.op, tiles, count, sgs, whole=s.mpp),
+    zeroed = tuple((t, rows) for t in shared) + tuple((t, SIDE * sgs) for t in own)
+    return [ir.Comment(accounting(ctx, s.op, sgs, len(own), len(scratch), not own, rows)),
+            *start(ctx, s.low, s.op, tiles, count, sgs, whole=s.mpp, shared_rows=rows),
             ir.Decl(first, IDX, _first("mf_b0")),
             *(rowacc.zero(zeroed, s.op, sgs) if s.mpp else [])]
 

@@ -66,13 +66,14 @@ def lowering_of(target: Target) -> str:
 
 
 def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str],
-            sgs: int = SGS, pos: Sequence[str] = ()) -> list[ir.Stmt]:
-    """Threadgroup arrays of `op`: `shared` of 16 rows (the block every simdgroup reads),
+            sgs: int = SGS, pos: Sequence[str] = (), shared_rows: int = SIDE) -> list[ir.Stmt]:
+    """Threadgroup arrays of `op`: `shared` of `shared_rows` rows (the step's rows every
+    simdgroup reads),
     `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
     (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
     thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
     out: list[ir.Stmt] = [ir.Comment(f"threadgroup operands as {op}; scratch for P and dS")]
-    out += [ir.ArrayDecl(n, op, SIDE * ROW, "threadgroup") for n in shared]
+    out += [ir.ArrayDecl(n, op, shared_rows * ROW, "threadgroup") for n in shared]
     out += [ir.ArrayDecl(n, op, sgs * SIDE * ROW, "threadgroup") for n in own]
     out += [ir.ArrayDecl(n, op, sgs * SIDE * PS, "threadgroup") for n in scratch]
     out += [ir.ArrayDecl(n, "float", sgs * SIDE, "threadgroup") for n in ("mf_tl", "mf_td")]
@@ -105,21 +106,23 @@ def head(ctx: Ctx, count: ir.Expr, sgs: int = SGS, whole: bool = False) -> list[
 Place = Callable[[ir.Expr], list[ir.Stmt]]
 
 
-def accounting(ctx: Ctx, op: str, sgs: int, own: int, scratches: int, resident: bool) -> str:
+def accounting(ctx: Ctx, op: str, sgs: int, own: int, scratches: int, resident: bool,
+               rows: int = SIDE) -> str:
     """The generated comment's accounting of a block kernel: threadgroup memory (the step's
-    two shared 16-row tiles, `own` staged arrays of sgs x 16 rows, `scratches` scratch arrays
-    a simdgroup, the rows' lse, delta and positions), staged bytes and barriers a step."""
+    two shared tiles of `rows` rows, `own` staged arrays of sgs x 16 rows, `scratches` scratch
+    arrays a simdgroup, the rows' lse, delta and positions), staged bytes and barriers a
+    step."""
     size = 2                                       # half / bfloat
-    shared = 2 * SIDE * ROW * size
+    shared = 2 * rows * ROW * size
     owned = own * sgs * SIDE * ROW * size
     scratch = scratches * sgs * SIDE * PS * size
     stats = (2 * 4 + len(staged_positions(ctx)) * (8 if ctx.index64 else 4)) * sgs * SIDE
     where = (f"the own operands (2 x 16 x {MAT_E} {op}) in registers" if resident else
              f"{owned} the group's own rows")
     return (f"threadgroup memory {shared + owned + scratch + stats} bytes of 32768 ({shared} "
-            f"the step's two staged 16-row tiles as {op}, {scratch} the {sgs} simdgroups' P / "
+            f"the step's two staged {rows}-row tiles as {op}, {scratch} the {sgs} simdgroups' P / "
             f"dS scratch, {stats} the query rows' lse, delta and positions; {where}); per "
-            f"step {2 * SIDE * MAT_E * size} bytes staged (at E = {MAT_E}) for {sgs} "
+            f"step {2 * rows * MAT_E * size} bytes staged (at E = {MAT_E}) for {sgs} "
             "simdgroups, two threadgroup barriers")
 
 
@@ -322,30 +325,33 @@ def store_acc(ctx: Ctx, blk: strided.Blocks, first: int, kind: str,
     return out
 
 
-def rows_seen(ctx: Ctx, k0: ir.Expr, keys: int, step: list[ir.Stmt]) -> list[ir.Stmt]:
-    """`step` for the block of 16 rows from mf_t0 when one of them sees one of the `keys`
-    keys from k0 (always without an index mask: `bounds`)."""
+def rows_seen(ctx: Ctx, k0: ir.Expr, keys: int, step: list[ir.Stmt], rows: int = SIDE
+              ) -> list[ir.Stmt]:
+    """`step` for the `rows` rows from mf_t0 when one of them sees one of the `keys` keys
+    from k0 (always without an index mask: `bounds`)."""
     r = ctx.roles
     if r.form is None or not masked_by_index(r.form, r.rows):
         return step
     k = ir.Cast(LONG, k0)
-    return [*lane_bounds(ctx, r.form, ir.Var("mf_t0"), SIDE),
+    return [*lane_bounds(ctx, r.form, ir.Var("mf_t0"), rows),
             ir.If((ir.Var("mf_khi") > k).and_(
                 ir.Var("mf_klo") < k + ir.Cast(LONG, ir.Lit(keys, "int"))), step)]
 
 
-def key_blocks(ctx: Ctx, step: list[ir.Stmt], sgs: int = SGS) -> list[ir.Stmt]:
-    """The loop over the 16-key blocks the group's 16 x sgs rows (from mf_b0) can see."""
+def key_blocks(ctx: Ctx, step: list[ir.Stmt], sgs: int = SGS, keys: int = SIDE
+               ) -> list[ir.Stmt]:
+    """The loop over the blocks of `keys` keys (from a multiple of 16) the group's 16 x sgs
+    rows (from mf_b0) can see."""
     r = ctx.roles
     loop = ir.For("mf_k0", IDX, ir.Var("mf_kbeg"), ir.Var("mf_kend"), step,
-                  step=ir.Lit(SIDE, IDX))
+                  step=ir.Lit(keys, IDX))
     if r.form is None or not masked_by_index(r.form, r.rows):
-        return [ir.Comment("every key, 16 at a time"),
+        return [ir.Comment(f"every key, {keys} at a time"),
                 ir.Decl("mf_kbeg", IDX, ir.Lit(0, IDX)),
                 ir.Decl("mf_kend", IDX, ctx.size(r.key)), loop]
     zero = ir.Cast(LONG, ir.Lit(0, "int"))
     return [*lane_bounds(ctx, r.form, ir.Var("mf_b0"), SIDE * sgs),
-            ir.Comment("the key blocks they see, 16 keys at a time"),
+            ir.Comment(f"the key blocks they see, {keys} keys at a time"),
             ir.Decl("mf_kbeg", IDX, ir.Cast(IDX, ir.Call("max", (ir.Var("mf_klo"), zero)))
                     / ir.Lit(SIDE, IDX) * ir.Lit(SIDE, IDX)),
             ir.Decl("mf_kend", IDX, ir.Cast(IDX, ir.Call("max", (ir.Call("min", (
@@ -354,10 +360,10 @@ def key_blocks(ctx: Ctx, step: list[ir.Stmt], sgs: int = SGS) -> list[ir.Stmt]:
 
 def start(ctx: Ctx, lowering_: str, op: str, arrays: tuple[Sequence[str], Sequence[str],
                                                          Sequence[str]], count: ir.Expr,
-          sgs: int = SGS, whole: bool = False) -> list[ir.Stmt]:
-    """The buffers (`arrays`: shared, own, scratch), the group's head (`whole`: rows of
-    ROW), the lane's place."""
-    body = [*buffers(op, *arrays, sgs=sgs, pos=staged_positions(ctx)),
+          sgs: int = SGS, whole: bool = False, shared_rows: int = SIDE) -> list[ir.Stmt]:
+    """The buffers (`arrays`: shared of `shared_rows` rows, own, scratch), the group's head
+    (`whole`: rows of ROW), the lane's place."""
+    body = [*buffers(op, *arrays, sgs=sgs, pos=staged_positions(ctx), shared_rows=shared_rows),
             *head(ctx, count, sgs, whole)]
     return body + (lane_place(ir.Var("mf_lane")) if lowering_ == SIMDGROUP else [])
 

@@ -99,7 +99,7 @@ def _block(ctx: Ctx, policy: LaunchPolicy, kind: str, target: Target
     if policy.grad_fp32:
         return None, blocks.SGS
     if policy.grad_simdgroups == wide.WIDE:
-        got = wide.wide_kernel(kind, ctx, target)
+        got = wide.wide_kernel(kind, ctx, target, policy.grad_step_blocks)
         if got is not None:
             return got, wide.WIDE
     return block_kernels.block_kernel(kind, ctx, target), blocks.SGS

@@ -67,13 +67,22 @@ def _own(ctx: Ctx, res: resident.Resident, sources: tuple[ir.Stmt, ...],
                 ir.If(ir.Var("mf_sg").eq(ir.Var("mf_g")), take), ir.Barrier()])]
 
 
-def _products(res: resident.Resident, blk: strided.Blocks, tiles: tuple[str, str]
+def _products(res: resident.Resident, blk: strided.Blocks, tiles: tuple[ir.Expr, ir.Expr]
               ) -> ir.Stmt:
-    """Blocks 0, 1 = own operand 0, 1 x the shared tile's 16 rows^T."""
+    """Blocks 0, 1 = own operand 0, 1 x 16 rows^T of the shared tiles (from `tiles`)."""
     rs = ir.Var("mf_rs")
     return ir.Block([*strided.clear(blk, 0), *strided.clear(blk, 1),
-                     *(resident.multiply(res, o, blk, i, ir.Var(t), rs)
+                     *(resident.multiply(res, o, blk, i, t, rs)
                        for i, (o, t) in enumerate(zip(OWN, tiles)))])
+
+
+def _plus(e: ir.Expr, n: int) -> ir.Expr:
+    return e + u(n) if n else e
+
+
+def _block_of(tile: str, b: int) -> ir.Expr:
+    """The step's 16-row block b of a shared tile: its first row."""
+    return ir.Var(tile) + u(b * SIDE) * ir.Var("mf_rs") if b else ir.Var(tile)
 
 
 def _group_first() -> ir.Expr:
@@ -91,24 +100,34 @@ def _left(s: Setup, coops: bool, names: tuple[str, ...]) -> list[ir.Stmt]:
             *(resident.declare(s.racc, n) for n in names)]
 
 
-def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
+def _dkdv_block(ctx: Ctx, s: Setup, coops: bool, b: int, blocks: int) -> list[ir.Stmt]:
+    """The simdgroup's work on the step's staged block b of 16 query rows."""
     r = ctx.roles
-    step: list[ir.Stmt] = [
-        ir.Comment("the block's 16 query rows: q, dO, lse, delta staged once for every "
-                   "simdgroup"),
-        stage(ctx, s.op, [("mf_tq", r.q), ("mf_tdo", r.dy)], T0, SIDE, ctx.span(r.tile),
-              row_place(ctx), stats=True, sgs=WIDE),
-        ir.Barrier(),
-        ir.Comment("S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows, K and V from "
+    q, do = _block_of("mf_tq", b), _block_of("mf_tdo", b)
+    of = f" (block {b} of the step's {blocks})" if blocks > 1 else ""
+    return [
+        ir.Comment(f"S^T = K Q^T and dP^T = V dO^T (16 keys x 16 rows{of}, K and V from "
                    f"registers); per element P^T and dS^T as {s.op} to the simdgroup's "
                    + ("registers" if coops else "scratch")),
-        _products(s.res, s.sblk, ("mf_tq", "mf_tdo")),
+        _products(s.res, s.sblk, (q, do)),
         *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, i),
-                  lambda i, j: T0 + ir.Cast(IDX, j), lambda i, j: j,
+                  lambda i, j: T0 + ir.Cast(IDX, _plus(j, b * SIDE)),
+                  lambda i, j: _plus(j, b * SIDE),
                   [(r.p, "mf_tp"), (r.dc, "mf_tc")], s.helpers, coops),
         ir.Comment(f"dV += P^T dO, dK += dS^T Q (16 keys x {MAT_E}: one run each)"),
-        *rowacc.accumulate(s.racc, (("mf_dv", "mf_tp", ir.Var("mf_tdo")),
-                                    ("mf_dk", "mf_tc", ir.Var("mf_tq"))), coops),
+        *rowacc.accumulate(s.racc, (("mf_dv", "mf_tp", do), ("mf_dk", "mf_tc", q)), coops)]
+
+
+def _dkdv(ctx: Ctx, s: Setup, coops: bool, blocks: int) -> ir.LoweredKernel:
+    r = ctx.roles
+    rows = SIDE * blocks
+    step: list[ir.Stmt] = [
+        ir.Comment(f"the block's {rows} query rows: q, dO, lse, delta staged once for every "
+                   "simdgroup"),
+        stage(ctx, s.op, [("mf_tq", r.q), ("mf_tdo", r.dy)], T0, rows, ctx.span(r.tile),
+              row_place(ctx), stats=True, sgs=WIDE),
+        ir.Barrier(),
+        *(st for b in range(blocks) for st in _dkdv_block(ctx, s, coops, b, blocks)),
         ir.Comment("every simdgroup is done with the rows before they are restaged"),
         ir.Barrier()]
     def live(i: ir.Expr) -> ir.Expr:
@@ -120,7 +139,7 @@ def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
                  SIDE, ctx.size(r.key), key_place, sgs=WIDE)
     body: list[ir.Stmt] = [
         *opening(ctx, s, (("mf_tq", "mf_tdo"), (), () if coops else ("mf_tp", "mf_tc")),
-                 ctx.size(r.key), "mf_k0", WIDE),
+                 ctx.size(r.key), "mf_k0", WIDE, rows),
         *resident.declare_op(s.res),
         *_own(ctx, s.res, (keys,), ("mf_tq", "mf_tdo")),
         ir.Comment(f"the simdgroup's blocks: S^T and dP^T; dV and dK (16 x {MAT_E} each)"),
@@ -128,9 +147,9 @@ def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
         *resident.declare_rows(s.racc, ("mf_dv", "mf_dk")),
         *_left(s, coops, ("mf_tp", "mf_tc")),
         ir.Comment("every query row reading the keys (GQA: the kv head's query heads too), "
-                   "16 at a time, in order"),
+                   f"{rows} at a time, in order"),
         ir.For("mf_t0", IDX, ir.Lit(0, IDX), ctx.span(r.tile),
-               rows_seen(ctx, ir.Var("mf_b0"), SIDE * WIDE, step), step=ir.Lit(SIDE, IDX)),
+               rows_seen(ctx, ir.Var("mf_b0"), SIDE * WIDE, step, rows), step=ir.Lit(rows, IDX)),
         ir.Comment("the simdgroup's keys' dk and dv"),
         *rowacc.put(ctx, "mf_dk", "dk", key_at, live),
         *rowacc.put(ctx, "mf_dv", "dv", key_at, live)]
@@ -142,22 +161,32 @@ def _dkdv(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
     return kernel_of(ctx, body, "dkdv_wide", summary, s.helpers, SIMD_WIDTH * WIDE)
 
 
-def _dq(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
+def _dq_block(ctx: Ctx, s: Setup, coops: bool, b: int, blocks: int) -> list[ir.Stmt]:
+    """The simdgroup's work on the step's staged block b of 16 keys."""
     r = ctx.roles
-    step: list[ir.Stmt] = [
-        ir.Comment("the block's 16 keys: K and V staged once for every simdgroup"),
-        stage(ctx, s.op, [("mf_tk", r.k), ("mf_tv", r.v)], K0, SIDE, ctx.size(r.key),
-              key_place, sgs=WIDE),
-        ir.Barrier(),
-        ir.Comment("S = Q K^T and dP = dO V^T (16 rows x 16 keys, q and dO from registers); "
-                   f"per element dS as {s.op} to the simdgroup's "
+    k, v = _block_of("mf_tk", b), _block_of("mf_tv", b)
+    of = f" (block {b} of the step's {blocks})" if blocks > 1 else ""
+    return [
+        ir.Comment(f"S = Q K^T and dP = dO V^T (16 rows x 16 keys{of}, q and dO from "
+                   f"registers); per element dS as {s.op} to the simdgroup's "
                    + ("registers" if coops else "scratch")),
-        _products(s.res, s.sblk, ("mf_tk", "mf_tv")),
-        *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, j),
+        _products(s.res, s.sblk, (k, v)),
+        *elements(ctx, s.op, s.sblk, lambda i, j: K0 + ir.Cast(IDX, _plus(j, b * SIDE)),
                   lambda i, j: T0 + ir.Cast(IDX, i), lambda i, j: SG0 + i, [(r.dc, "mf_tc")],
                   s.helpers, coops),
         ir.Comment(f"dQ += dS K (16 rows x {MAT_E}: one run)"),
-        *rowacc.accumulate(s.racc, (("mf_dq", "mf_tc", ir.Var("mf_tk")),), coops),
+        *rowacc.accumulate(s.racc, (("mf_dq", "mf_tc", k),), coops)]
+
+
+def _dq(ctx: Ctx, s: Setup, coops: bool, blocks: int) -> ir.LoweredKernel:
+    r = ctx.roles
+    keys = SIDE * blocks
+    step: list[ir.Stmt] = [
+        ir.Comment(f"the block's {keys} keys: K and V staged once for every simdgroup"),
+        stage(ctx, s.op, [("mf_tk", r.k), ("mf_tv", r.v)], K0, keys, ctx.size(r.key),
+              key_place, sgs=WIDE),
+        ir.Barrier(),
+        *(st for b in range(blocks) for st in _dq_block(ctx, s, coops, b, blocks)),
         ir.Comment("every simdgroup is done with the keys before they are restaged"),
         ir.Barrier()]
 
@@ -168,14 +197,14 @@ def _dq(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
                  stat_at=ir.Var("mf_gi") * u(SIDE))
     body: list[ir.Stmt] = [
         *opening(ctx, s, (("mf_tk", "mf_tv"), (), () if coops else ("mf_tc",)),
-                 ctx.span(r.tile), "mf_t0", WIDE),
+                 ctx.span(r.tile), "mf_t0", WIDE, keys),
         *resident.declare_op(s.res),
         *_own(ctx, s.res, (rows,), ("mf_tk", "mf_tv")),
         ir.Comment(f"the simdgroup's blocks: S and dP; dQ (16 x {MAT_E})"),
         *resident.destinations(s.res, OWN[0], s.sblk, 2),
         *resident.declare_rows(s.racc, ("mf_dq",)),
         *_left(s, coops, ("mf_tc",)),
-        *key_blocks(ctx, step, WIDE),
+        *key_blocks(ctx, step, WIDE, keys),
         ir.Comment("the simdgroup's rows' dq"),
         *rowacc.put(ctx, "mf_dq", "dq", row_at, lambda i: T0 + ir.Cast(IDX, i)
                 < ctx.span(r.tile))]
@@ -186,11 +215,13 @@ def _dq(ctx: Ctx, s: Setup, coops: bool) -> ir.LoweredKernel:
     return kernel_of(ctx, body, "dq_wide", summary, s.helpers, SIMD_WIDTH * WIDE)
 
 
-def wide_kernel(kind: str, ctx: Ctx, target: Target) -> Optional[ir.LoweredKernel]:
-    """The wide kernel `kind` ("dq" or "dkdv"); None where it does not apply (`applies`)."""
+def wide_kernel(kind: str, ctx: Ctx, target: Target, blocks: int = 1
+                ) -> Optional[ir.LoweredKernel]:
+    """The wide kernel `kind` ("dq" or "dkdv"), its steps `blocks` blocks of 16 rows or keys;
+    None where it does not apply (`applies`)."""
     s = Setup.of(applies(ctx, target), MPP)
-    return None if s is None else {"dq": _dq, "dkdv": _dkdv}[kind](ctx, s,
-                                                                    bool(target.row_lanes))
+    return None if s is None else {"dq": _dq, "dkdv": _dkdv}[kind](
+        ctx, s, bool(target.row_lanes), blocks)
 
 
 __all__ = ["WIDE", "PAD", "applies", "wide_kernel"]

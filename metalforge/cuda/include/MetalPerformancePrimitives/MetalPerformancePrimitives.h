@@ -341,15 +341,16 @@ struct engine {
     const unsigned lb = mf_mpp::shared_address(left.mf_data);
     const unsigned rb = mf_mpp::shared_address(right.mf_data);
     for (int k0 = 0; k0 < k_len; k0 += 16) {
-      unsigned a[FM][4], b[FN][4];
+      unsigned a[FM][4], b[2][4];
       MF_UNROLL for (int i = 0; i < FM; ++i)
         mf_mpp::ldsm4<!LeftKIn>(a[i], ldsm_address(left, LeftKIn, lb, 16 * i, k0));
-      MF_UNROLL for (int j = 0; j < FN; ++j)
-        mf_mpp::ldsm4<!RightKIn>(b[j], ldsm_address(right, RightKIn, rb, 16 * j, k0));
-      MF_UNROLL for (int i = 0; i < FM; ++i) {
-        MF_UNROLL for (int j = 0; j < FN; ++j) {
+      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, k0));
+      MF_UNROLL for (int j = 0; j < FN; ++j) {
+        if (j + 1 < FN)
+          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1], ldsm_address(right, RightKIn, rb, 16 * (j + 1), k0));
+        MF_UNROLL for (int i = 0; i < FM; ++i) {
           MF_UNROLL for (int h = 0; h < 2; ++h)
-            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j][h], b[j][2 + h], A());
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j & 1][h], b[j & 1][2 + h], A());
         }
       }
     }
@@ -363,16 +364,18 @@ struct engine {
     static_assert(!TL, "metalforge.cuda: a cooperative left operand of a transposed left");
     const unsigned rb = mf_mpp::shared_address(right.mf_data);
     MF_UNROLL for (int kb = 0; kb < KB; ++kb) {
-      unsigned b[FN][4];
-      MF_UNROLL for (int j = 0; j < FN; ++j)
-        mf_mpp::ldsm4<!RightKIn>(b[j], ldsm_address(right, RightKIn, rb, 16 * j, 16 * kb));
+      unsigned ar[FM][4], b[2][4];
       MF_UNROLL for (int i = 0; i < FM; ++i) {
         const A* a = &left.mf_e[(i * KB + kb) * 8];
-        const unsigned ar[4] = {mf_mpp::pack(a[0], a[1]), mf_mpp::pack(a[2], a[3]),
-                                mf_mpp::pack(a[4], a[5]), mf_mpp::pack(a[6], a[7])};
-        MF_UNROLL for (int j = 0; j < FN; ++j) {
+        MF_UNROLL for (int p = 0; p < 4; ++p) ar[i][p] = mf_mpp::pack(a[2 * p], a[2 * p + 1]);
+      }
+      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, 16 * kb));
+      MF_UNROLL for (int j = 0; j < FN; ++j) {
+        if (j + 1 < FN)
+          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1], ldsm_address(right, RightKIn, rb, 16 * (j + 1), 16 * kb));
+        MF_UNROLL for (int i = 0; i < FM; ++i) {
           MF_UNROLL for (int h = 0; h < 2; ++h)
-            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], ar, b[j][h], b[j][2 + h], A());
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], ar[i], b[j & 1][h], b[j & 1][2 + h], A());
         }
       }
     }
