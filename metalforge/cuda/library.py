@@ -35,7 +35,16 @@ from ..bounded import Bounded
 from ..errors import KernelError
 from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
-from .translate import SOURCE_NAME, Entry, cap, cap_registers, launch_bounds, translate
+from .translate import (
+    MID_REGISTERS,
+    SOURCE_NAME,
+    Entry,
+    cap,
+    cap_registers,
+    launch_bounds,
+    mid_bounds,
+    translate,
+)
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 NVRTC_OPTIONS = ["-default-device", "-D__METAL__=1"]
@@ -55,6 +64,7 @@ _CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1
 _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3
 _CU_FUNC_ATTRIBUTE_NUM_REGS = 4
 PLANS_PER_KERNEL = 64
+SMALL_SPILL = 128                # local bytes a thread the middle cap may cost (`_mid`)
 
 
 _lib = None
@@ -144,7 +154,9 @@ class _Module:
 
     Kernels are compiled under a register cap (`translate.launch_bounds`: 32 registers
     without a declared thread limit, 64 with one below 1024); where the cap makes one spill
-    (local memory), the unit is compiled again with that kernel uncapped (`_uncap`). `one_d`:
+    (local memory), the unit is compiled again with that kernel uncapped (`_uncap`), and an
+    uncapped kernel past 128 registers under a middle cap where that spills little (`_mid`).
+    `one_d`:
     the unit for 1-D dispatches only (MF_ONE_D=1: the entry points' thread numbering without
     y and z, include/mf_cuda/entry.h); the other serves any grid."""
 
@@ -155,6 +167,27 @@ class _Module:
         self.one_d = one_d
         self._compile(text, entries, [])
         self.uncapped = self._uncap(text, entries)
+        self.mid = self._mid(text, entries, self.uncapped)
+
+    def _mid(self, text: str, entries: tuple[Entry, ...], uncapped: frozenset[str]
+             ) -> frozenset[str]:
+        """Compile again with the uncapped kernels past MID_REGISTERS registers under the
+        middle cap (`translate.mid_bounds`), keeping it for those that spill at most
+        SMALL_SPILL bytes a thread there (more groups a core outweigh a few spilled
+        registers; more spill does not: translate.mid_bounds' numbers)."""
+        wide = [e for e in entries if e.symbol in uncapped and mid_bounds(e.max_total_threads)
+                and self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS) > MID_REGISTERS]
+        free = [e for e in entries if e.symbol in uncapped]
+        while wide:
+            self._recompile(text, entries, free, wide)
+            kept = [e for e in wide if self.attribute(
+                e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) <= SMALL_SPILL]
+            if len(kept) == len(wide):
+                return frozenset(e.symbol for e in wide)
+            wide = kept
+            if not wide:
+                self._recompile(text, entries, free)
+        return frozenset()
 
     def _uncap(self, text: str, entries: tuple[Entry, ...]) -> frozenset[str]:
         """Compile again with the kernels uncapped whose cap made them spill (at the cap's
@@ -177,11 +210,16 @@ class _Module:
                 self._recompile(text, entries, [])
         return frozenset()
 
-    def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry]) -> None:
+    def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry],
+                   mid: tuple[Entry, ...] | list[Entry] = ()) -> None:
+        """Compile again with the kernels of `free` uncapped, those of `mid` (some of
+        `free`) under the middle cap."""
+        def bounds(e: Entry) -> str:
+            if e in mid:
+                return mid_bounds(e.max_total_threads) or ""
+            return launch_bounds(e.max_total_threads, capped=False)
         _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
-        self._compile(text, entries, [
-            f"-D{cap(e.symbol)}={launch_bounds(e.max_total_threads, capped=False)}"
-            for e in free])
+        self._compile(text, entries, [f"-D{cap(e.symbol)}={bounds(e)}" for e in free])
 
     def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
         with torch.cuda.device(self.device):

@@ -267,6 +267,30 @@ def test_register_cap_never_spills(dtype):
     torch.testing.assert_close(ln(x, w, b), ln.reference(x, w, b), rtol=2e-2, atol=2e-2)
 
 
+def test_middle_cap_where_it_spills_little():
+    # attention prefill uncapped takes 168 registers (3 groups of 128 a core); under the
+    # middle cap (128 registers, 4 groups) it spills at most SMALL_SPILL bytes and runs
+    # faster: the library keeps it there. The backward's wide kernels spill far more there
+    # and stay uncapped. Each prefill kernel's result against the reference.
+    from metalforge.cuda.library import _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES as LOCAL
+    from metalforge.cuda.library import SMALL_SPILL
+    attention = _example("attention")["attention"]
+    for e in (64, 128):                       # the narrow twin, the main kernel
+        q, k, v = (torch.randn(1, 4, 256, e, device="cuda", dtype=torch.float16)
+                   for _ in range(3))
+        src = attention.with_launch(target="cuda").source(q, k, v, e ** -0.5)
+        lib = mfcuda.compile_shader(src, metal_version=400)
+        m = lib.module(torch.cuda.current_device())
+        prefill = [x.symbol for x in lib._order if x.host_name.endswith(
+            "_prefill_narrow" if e == 64 else "_prefill")]
+        assert prefill and set(prefill) <= m.mid
+        for sym in m.mid:
+            assert m.attribute(sym, 4) <= 128 and m.attribute(sym, LOCAL) <= SMALL_SPILL
+        torch.testing.assert_close(attention(q, k, v, e ** -0.5),
+                                   attention.reference(q, k, v, e ** -0.5).to(q.dtype),
+                                   rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_staged_rows_where_twice_the_groups_fit(dtype):
     # cuda builds the staged row kernel (stage_rows=None) and takes it for rows of whole
