@@ -149,6 +149,16 @@ def _nvrtc_error(e: Exception) -> SyntaxError:
     return err
 
 
+def _defines(free: list[Entry], mid: list[Entry] | tuple[()]) -> list[str]:
+    """The cap macros of a compile with the kernels of `free` uncapped, those of `mid` (some
+    of `free`) under the middle cap (the others keep the cap: `translate.cap`)."""
+    def bounds(e: Entry) -> str:
+        if e in mid:
+            return mid_bounds(e.max_total_threads) or ""
+        return launch_bounds(e.max_total_threads, capped=False)
+    return [f"-D{cap(e.symbol)}={bounds(e)}" for e in free]
+
+
 class _Module:
     """The compiled translation unit on one device: function handles by entry symbol.
 
@@ -174,19 +184,25 @@ class _Module:
         """Compile again with the uncapped kernels past MID_REGISTERS registers under the
         middle cap (`translate.mid_bounds`), keeping it for those that spill at most
         SMALL_SPILL bytes a thread there (more groups a core outweigh a few spilled
-        registers; more spill does not: translate.mid_bounds' numbers)."""
+        registers; more spill does not: translate.mid_bounds' numbers). The uncapped unit
+        stays loaded until a trial keeps one: a library whose kernels all spill there (the
+        matrix tiles' accumulators) costs one compile more, not two."""
         wide = [e for e in entries if e.symbol in uncapped and mid_bounds(e.max_total_threads)
                 and self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS) > MID_REGISTERS]
         free = [e for e in entries if e.symbol in uncapped]
         while wide:
-            self._recompile(text, entries, free, wide)
+            before = self.module, self.funcs
+            self._compile(text, entries, _defines(free, wide))
             kept = [e for e in wide if self.attribute(
                 e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) <= SMALL_SPILL]
+            if not kept:
+                _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
+                self.module, self.funcs = before
+                return frozenset()
+            _check(_libcuda().cuModuleUnload(before[0]), "cuModuleUnload")
             if len(kept) == len(wide):
                 return frozenset(e.symbol for e in wide)
             wide = kept
-            if not wide:
-                self._recompile(text, entries, free)
         return frozenset()
 
     def _uncap(self, text: str, entries: tuple[Entry, ...]) -> frozenset[str]:
@@ -210,16 +226,9 @@ class _Module:
                 self._recompile(text, entries, [])
         return frozenset()
 
-    def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry],
-                   mid: tuple[Entry, ...] | list[Entry] = ()) -> None:
-        """Compile again with the kernels of `free` uncapped, those of `mid` (some of
-        `free`) under the middle cap."""
-        def bounds(e: Entry) -> str:
-            if e in mid:
-                return mid_bounds(e.max_total_threads) or ""
-            return launch_bounds(e.max_total_threads, capped=False)
+    def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry]) -> None:
         _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
-        self._compile(text, entries, [f"-D{cap(e.symbol)}={bounds(e)}" for e in free])
+        self._compile(text, entries, _defines(free, ()))
 
     def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
         with torch.cuda.device(self.device):
