@@ -37,6 +37,7 @@ from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
 from .translate import (
     MID_REGISTERS,
+    MID_TRIAL_LIMIT,
     SOURCE_NAME,
     Entry,
     cap,
@@ -181,14 +182,15 @@ class _Module:
 
     def _mid(self, text: str, entries: tuple[Entry, ...], uncapped: frozenset[str]
              ) -> frozenset[str]:
-        """Compile again with the uncapped kernels past MID_REGISTERS registers under the
-        middle cap (`translate.mid_bounds`), keeping it for those that spill at most
-        SMALL_SPILL bytes a thread there (more groups a core outweigh a few spilled
-        registers; more spill does not: translate.mid_bounds' numbers). The uncapped unit
+        """Compile again with the uncapped kernels past MID_REGISTERS registers (up to
+        MID_TRIAL_LIMIT) under the middle cap (`translate.mid_bounds`), keeping it for those
+        that spill at most SMALL_SPILL bytes a thread there (more groups a core outweigh a few
+        spilled registers; more spill does not: translate.mid_bounds' numbers). The uncapped unit
         stays loaded until a trial keeps one: a library whose kernels all spill there (the
         matrix tiles' accumulators) costs one compile more, not two."""
         wide = [e for e in entries if e.symbol in uncapped and mid_bounds(e.max_total_threads)
-                and self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS) > MID_REGISTERS]
+                and MID_REGISTERS < self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS)
+                <= MID_TRIAL_LIMIT]
         free = [e for e in entries if e.symbol in uncapped]
         while wide:
             before = self.module, self.funcs

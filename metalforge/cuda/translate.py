@@ -111,6 +111,7 @@ def launch_bounds(threads: int, capped: bool = True) -> str:
 
 
 MID_REGISTERS = 128
+MID_TRIAL_LIMIT = 192            # uncapped registers past which the middle cap is not tried
 
 
 def mid_bounds(threads: int) -> Optional[str]:
@@ -121,7 +122,9 @@ def mid_bounds(threads: int) -> Optional[str]:
     H200, 2026-11-29: attention prefill uncapped takes 168 registers (3 groups of 128 a
     core); under 128 it spills 80 bytes a thread (16 its narrow twin) and runs 8-16% faster
     (4096:128 2507 -> 2307 us, 1024:64 142 -> 119). The backward's wide kernels spill 640-688
-    bytes there and run 2.1x slower (so do they under 168: 440-504 bytes, 1.5x)."""
+    bytes there and run 2.1x slower (so do they under 168: 440-504 bytes, 1.5x). A kernel
+    past MID_TRIAL_LIMIT registers uncapped (64 over the cap: 256 bytes a thread or so to
+    spill) is not tried, which spares the backward's libraries a compile."""
     n = min(threads, 1024)
     groups = REGISTERS_PER_CORE // (n * MID_REGISTERS)
     return f"__launch_bounds__({n}, {groups})" if groups > 1 else None
