@@ -166,10 +166,9 @@ class _Module:
     Kernels are compiled under a register cap (`translate.launch_bounds`: 32 registers
     without a declared thread limit, 64 with one below 1024); where the cap makes one spill
     (local memory), the unit is compiled again with that kernel uncapped (`_uncap`), and an
-    uncapped kernel past 128 registers under a middle cap where that spills little (`_mid`).
-    `one_d`:
-    the unit for 1-D dispatches only (MF_ONE_D=1: the entry points' thread numbering without
-    y and z, include/mf_cuda/entry.h); the other serves any grid."""
+    uncapped kernel of 129 to 192 registers under a middle cap where that spills little
+    (`_mid`). `one_d`: the unit for 1-D dispatches only (MF_ONE_D=1: the entry points'
+    thread numbering without y and z, include/mf_cuda/entry.h); the other serves any grid."""
 
     def __init__(self, text: str, entries: tuple[Entry, ...], device: int, one_d: bool = True,
                  metal_version: int = DEFAULT_METAL_VERSION):

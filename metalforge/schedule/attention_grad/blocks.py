@@ -68,10 +68,9 @@ def lowering_of(target: Target) -> str:
 def buffers(op: str, shared: Sequence[str], own: Sequence[str], scratch: Sequence[str],
             sgs: int = SGS, pos: Sequence[str] = (), shared_rows: int = SIDE) -> list[ir.Stmt]:
     """Threadgroup arrays of `op`: `shared` of `shared_rows` rows (the step's rows every
-    simdgroup reads),
-    `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the scratch of P^T and dS
-    (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl, mf_td, fp32); the
-    thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
+    simdgroup reads), `own` of `sgs` x 16 rows (each simdgroup's rows), ROW a row; the
+    scratch of P^T and dS (16 x PS a simdgroup each); the query rows' lse and delta (mf_tl,
+    mf_td, fp32); the thread's index mf_tid and its simdgroup's scratch offset mf_sp."""
     out: list[ir.Stmt] = [ir.Comment(f"threadgroup operands as {op}; scratch for P and dS")]
     out += [ir.ArrayDecl(n, op, shared_rows * ROW, "threadgroup") for n in shared]
     out += [ir.ArrayDecl(n, op, sgs * SIDE * ROW, "threadgroup") for n in own]

@@ -14,8 +14,11 @@ K = MAT_E), loaded once; threadgroup memory holds only what every simdgroup read
            simdgroup S = Q K^T, dP = dO V^T, dS to its scratch, dQ += dS K.
 
 A step costs two threadgroup barriers however many simdgroups (staged rows complete; every
-simdgroup done with them). Tensor ops only (apple10, cuda): apple9's simdgroup_matrix lowering
-and the other cases keep `block_kernels` (plan.py routes them)."""
+simdgroup done with them). With launch option grad_step_blocks = 2 (the cuda default) a step
+stages 32 query rows (dk/dv) or 32 keys (dq) and each simdgroup works through them as two
+blocks of 16 (`_dkdv_block`, `_dq_block`): half the barriers and load round trips a row.
+Tensor ops only (apple10, cuda): apple9's simdgroup_matrix lowering and the other cases keep
+`block_kernels` (plan.py routes them)."""
 from __future__ import annotations
 
 from typing import Optional
