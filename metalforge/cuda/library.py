@@ -138,7 +138,7 @@ def _nvrtc_error(e: Exception) -> SyntaxError:
     msg = str(e)
     for prefix in ("Kernel compilation failed:\n",):
         msg = msg.replace(prefix, "")
-    msg = re.sub(r"mf_entry_\d+\.cu", "", msg)
+    msg = re.sub(r"mf_entry_\d+\w*\.cu", "", msg)
     lines = msg.splitlines()
     if len(lines) > 80:
         lines = lines[:80] + [f"... ({len(lines) - 80} more lines)"]

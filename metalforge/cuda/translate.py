@@ -151,6 +151,13 @@ def cap(symbol: str) -> str:
     return f"MF_BOUNDS_{symbol}"
 
 
+def entry_symbol(i: int, host_name: str) -> str:
+    """Entry point i's symbol: mf_entry_<i>_<its host name> (characters outside C
+    identifiers as _, at most 96 of the name), so that a profiler (torch.profiler, Nsight)
+    names the kernel it times."""
+    return f"mf_entry_{i}_" + re.sub(r"\W", "_", host_name, flags=re.ASCII)[:96]
+
+
 def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
     out = ["", "// ---- metalforge.cuda: entry points (one per host-visible kernel) ----"]
     entries = []
@@ -168,7 +175,7 @@ def entry_points(kernels) -> tuple[str, tuple[Entry, ...]]:
             if p.role == "position":
                 args[p.index] = (f"::mf_cuda::pos_cast<::mf_cuda::param_t<{fty}, {p.index}>>"
                                  f"(mf_p.{p.attr}())")
-        sym = f"mf_entry_{i}"
+        sym = entry_symbol(i, k.host_name)
         out += [f"// {k.host_name}",
                 f"#ifndef {cap(sym)}",
                 f"#define {cap(sym)} {launch_bounds(k.max_total_threads)}",

@@ -36,9 +36,11 @@ def test_golden_translates(path, tmp_path):
     tr = translate(src)
     hosts = [line.split('"')[1] for line in src.splitlines() if "host_name(" in line]
     assert [e.host_name for e in tr.entries] == hosts
-    entries = re.findall(r'extern "C" __global__ void (MF_BOUNDS_mf_entry_\d+) (mf_entry_\d+)',
+    entries = re.findall(r'extern "C" __global__ void (MF_BOUNDS_mf_entry_\w+) (mf_entry_\w+)\(',
                          tr.text)
     assert len(entries) == len(hosts)
+    # each entry named after its kernel, for profilers
+    assert [e.symbol for e in tr.entries] == [f"mf_entry_{i}_{h}" for i, h in enumerate(hosts)]
     # every kernel is compiled under a register cap the library drops where it spills: a
     # declared group size N < 1024 keeps 1024 threads of the kernel resident per core (64
     # registers), the others two groups of 1024 (32 registers)
