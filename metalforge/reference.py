@@ -105,19 +105,25 @@ def _take(src: torch.Tensor, src_axes: tuple[str, ...], axis: str, index: torch.
 
 
 def evaluate(graph: Graph, values: Mapping[str, Any],
-             adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]] = None):
+             adjust: Optional[Callable[[Node, torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+             rounded: Optional[Mapping[Node, torch.dtype]] = None):
     """Run `graph` eagerly. values: every tensor and runtime scalar by name. Returns the
     output tensor (or a tuple for several outputs) with batch dims re-expanded.
     adjust(node, input, result) may replace each reduction's result (testing uses it to see how
     far the outputs move when a sum is off by its allowed rounding error), and each float
     scatter's (input: the sum of the magnitudes of the terms added into each output element
-    and their count, stacked along a new first dim)."""
+    and their count, stacked along a new first dim).
+    rounded: nodes whose values are rounded to a narrower float type before their uses, as a
+    schedule's kernels do (`Schedule.rounded_operands`)."""
     ev = _Evaluator(graph, values, adjust)
+    rounded = rounded or {}
     ev.fused = {x for x in _summed_products(graph)
                 if numel(x.axes, ev.sizes) > FUSED_ELEMENTS}
     for n in graph.nodes():
         if n not in ev.fused:
             ev.val[n] = ev.fp32(ev.node(n), n.dtype)
+            if n in rounded:
+                ev.val[n] = ev.val[n].to(rounded[n]).to(ev.val[n].dtype)
     outs = [ev.output(o) for o in graph.outputs]
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
+import torch
+
 from .. import ir
-from ..graph import Graph, Op, take_sites
+from ..graph import Graph, Node, Op, take_sites
 from ..shapes import numel
 from .names import IDX as IDX
 from .names import kernel_name, template_vars
@@ -170,6 +172,12 @@ class Schedule:
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         """A ("launch", name) argument: a per-call launch parameter (attention's key_splits)."""
         raise KeyError(name)
+
+    def rounded_operands(self, sizes: Mapping[str, int]) -> dict[Node, torch.dtype]:
+        """The values a call with these sizes rounds to a narrower type than fp32 before using
+        them (attention's softmax weights, as the half operands of its matrix products), with
+        that type: testing's reference may round them alike. None by default."""
+        return {}
 
     @property
     def _binds(self) -> set[tuple[str | int, ...]]:

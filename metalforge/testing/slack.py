@@ -54,7 +54,21 @@ def allowance(graph: Graph, values: Mapping[str, Any], expected: Sequence[torch.
         return Allowance()
     moved = moved_references(graph, values, reordered)
     unread = unread_keys_reference(graph, values, s)
-    return Allowance(slack(expected, moved), moved + ([unread] if unread else []))
+    rounded = rounded_reference(graph, values, s)
+    return Allowance(slack(expected, moved),
+                     moved + [r for r in (unread, rounded) if r is not None])
+
+
+def rounded_reference(graph: Graph, values: Mapping[str, Any], s: Schedule) -> Optional[tuple]:
+    """The reference with the values the schedule's kernels round to a narrower type rounded
+    alike (`Schedule.rounded_operands`): attention's weights P as the half operands of P V,
+    where a weight under half's smallest subnormal becomes 0 and, against an infinite value,
+    makes NaN (FlashAttention's kernels do the same). The reference rounds the normalised
+    weights, the kernels the unnormalised ones against a running maximum, which are never
+    smaller: every weight the kernels lose this one loses too. None where nothing is rounded."""
+    sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
+    rounded = s.rounded_operands(sizes)
+    return _as_tuple(evaluate(graph, values, rounded=rounded)) if rounded else None
 
 
 def reduction_slack(graph: Graph, values: Mapping[str, Any],

@@ -230,6 +230,8 @@ def test_simdgroup_matrix_matches_the_simulator(t, u, bt):
 def test_runs_on_the_current_stream_without_sync():
     silu = _example("silu")["silu"]
     x = torch.randn(1 << 22, device="cuda")
+    silu(x)                                        # compiled first: NVRTC would outlast the sleep
+    torch.cuda.synchronize()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -504,14 +506,14 @@ def test_cuda_prefill_runs_on_tensor_cores_for_half_operands():
     simdgroup_matrix lowering of the same kernel."""
     attention = _module(EXAMPLES[0].parent / "attention.py").attention
     q, k, v = (torch.randn(1, 4, 40, 24, device="cuda", dtype=torch.float16) for _ in range(3))
-    assert attention.launches(q, k, v, 0.2)[0][0].endswith("_prefill")
+    assert "_prefill" in attention.launches(q, k, v, 0.2)[0][0]   # or its narrow twin
     decode = attention.with_launch(matrix_rows=0)
     want = decode(q, k, v, 0.2)
     torch.testing.assert_close(attention(q, k, v, 0.2), want, rtol=2e-3, atol=2e-3)
     simd = attention.with_launch(target="apple9")
     torch.testing.assert_close(simd(q, k, v, 0.2), want, rtol=2e-3, atol=2e-3)
     q32, k32, v32 = (x.float() for x in (q, k, v))
-    assert not attention.launches(q32, k32, v32, 0.2)[0][0].endswith("_prefill")
+    assert "_prefill" not in attention.launches(q32, k32, v32, 0.2)[0][0]
 
 
 def test_autotune_times_candidates_on_cuda():

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
+import torch
+
 from ... import ir
 from ...errors import UnsupportedConstruct
-from ...graph import Graph
+from ...graph import Graph, Node, strip_casts
 from ...target import get_target
 from ..hardware import SIMD_WIDTH
 from ..policy import LaunchPolicy, validate
@@ -49,7 +51,20 @@ def build(graph: Graph, policy: LaunchPolicy, index64: bool,
     merged = carry(merge.kernel(ctx))
     return replace(_schedule(ctx, tg_bytes, first, narrow, wide, matrix, merged),
                    prefill_rows=pre.rows, prefill_keys=pre.keys,
-                   prefill_narrow=narrow_matrix, prefill_narrow_keys=pre.narrow_keys)
+                   prefill_narrow=narrow_matrix, prefill_narrow_keys=pre.narrow_keys,
+                   prefill_weights=_rounded_weights(ctx) if matrix is not None else None)
+
+
+def _rounded_weights(ctx: CallContext) -> Optional[tuple[Node, torch.dtype]]:
+    """(P, the operand dtype) where the prefill kernel multiplies the softmax weights P into V
+    as half / bfloat operands (`mma.operand`, which the register-resident kernel applies too);
+    None where its products take fp32 weights."""
+    op = mma.operand(ctx, get_target(ctx.policy.target or "apple9"))
+    if op is None:
+        return None
+    out = strip_casts(ctx.form.out.args[0])
+    p = out.args[0] if strip_casts(out.args[1]) is strip_casts(ctx.form.values) else out.args[1]
+    return p, ctx.tensor_of(strip_casts(ctx.form.values)).dtype.torch
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ class AttentionSchedule(Schedule):
                                                 # set: flash.py's kernel, TARGET_GROUPS_RESIDENT)
     prefill_narrow: Optional[ir.LoweredKernel] = None   # flash.py's, E up to NARROW_PREFILL_E
     prefill_narrow_keys: int = 0                        # ... its keys a staged tile
+    prefill_weights: Optional[tuple[Node, torch.dtype]] = None  # P, rounded to this to multiply V
     own_axes: tuple[str, ...] = ()     # query-row axes the keys depend on (B, G)
     tile_axes: tuple[str, ...] = ()    # query-row axes sharing keys (R, S): tiled
     qt: int = 1                        # query rows per tile
@@ -237,6 +238,14 @@ class AttentionSchedule(Schedule):
     def scratch_floats(self, sizes: Mapping[str, int]) -> int:
         splits = self.splits(sizes)
         return 0 if splits == 1 else self._rows(sizes) * splits * (self.max_e + 2)
+
+    def rounded_operands(self, sizes: Mapping[str, int]) -> dict[Node, torch.dtype]:
+        """The prefill kernels' weights P, rounded to the operand type to multiply V where a
+        call runs them on half / bfloat operands."""
+        if self.prefill_weights is None or not self._prefill(sizes):
+            return {}
+        p, dtype = self.prefill_weights
+        return {p: dtype}
 
     def launch_value(self, name: str, sizes: Mapping[str, int]) -> int:
         if name == "key_splits":
