@@ -318,6 +318,106 @@ inline float mf_simd_online(thread float& m, float s) {
     return s;
 }
 
+// helper: mf_centered_add
+// one pass for a sum and the sum of squares around its mean (LayerNorm's mean and variance,
+// Welford's update on values shifted by the thread's first one, k, so that a mean far from 0
+// costs no digits): fold x into the running count n, sum t of x - k and sum q of squares around
+// the running mean (returned), and into the plain sum s of x (Neumaier-compensated by c, as in
+// mf_sum_add). Past an inf or NaN element q is inf or NaN, as the two-pass sum of squares
+// around an infinite mean is.
+inline float mf_centered_add(thread float& n, thread float& k, thread float& t, thread float& s,
+                             thread float& c, float q, float x) {
+    if (n == 0.0f) {
+        k = x;
+    }
+    const float mf_y = x - k;
+    const float mf_d = n == 0.0f ? 0.0f : mf_y - t / n;
+    t = t + mf_y;
+    n = n + 1.0f;
+    const float mf_s = s + x;
+    if (isfinite(mf_s)) {
+        c += abs(s) >= abs(x) ? (s - mf_s) + x : (x - mf_s) + s;
+    }
+    s = mf_s;
+    return q + mf_d * mf_d * ((n - 1.0f) / n);
+}
+
+// helper: mf_centered_add_chunk
+// mf_centered_add over a chunk of m elements x[0..m) (a thread's chunk, all in the row) at once:
+// the chunk's sum of x - k and its squares around their own mean (two passes over the
+// registers), merged into (n, t, q) as mf_centered_merge merges (Chan et al.); the chunk's sum
+// of x is added to s with Neumaier compensation. An inf or NaN element makes the squares NaN.
+inline float mf_centered_add_chunk(thread float& n, thread float& k, thread float& t,
+                                   thread float& s, thread float& c, float q,
+                                   thread const float* x, uint m) {
+    if (n == 0.0f) {
+        k = x[0];
+    }
+    float mf_xs = 0.0f;
+    float mf_ys = 0.0f;
+    for (uint mf_i = 0u; mf_i < m; ++mf_i) {
+        mf_xs += x[mf_i];
+        mf_ys += x[mf_i] - k;
+    }
+    const float mf_m = float(m);
+    const float mf_ym = mf_ys / mf_m;
+    float mf_q = 0.0f;
+    for (uint mf_i = 0u; mf_i < m; ++mf_i) {
+        const float mf_e = (x[mf_i] - k) - mf_ym;
+        mf_q += mf_e * mf_e;
+    }
+    const float mf_d = n == 0.0f ? 0.0f : mf_ym - t / n;
+    q = q + mf_q + mf_d * mf_d * (n * mf_m / (n + mf_m));
+    t = t + mf_ys;
+    n = n + mf_m;
+    const float mf_s = s + mf_xs;
+    if (isfinite(mf_s)) {
+        c += abs(s) >= abs(mf_xs) ? (s - mf_s) + mf_xs : (mf_xs - mf_s) + s;
+    }
+    s = mf_s;
+    return q;
+}
+
+// helper: mf_centered_merge
+// merge running (count n, shift k, sum t of x - k, squares q around the mean) states (Chan et
+// al.): returns q + q2 + d^2 n n2 / (n + n2), d the distance between the two means, and sets
+// n, k, t to the merged state's, shifted by the smaller k. Symmetric in its two states, bit for
+// bit (every lane of a butterfly ends with the same state); an empty state (n 0) adds nothing.
+inline float mf_centered_merge(thread float& n, thread float& k, thread float& t, float q,
+                               float n2, float k2, float t2, float q2) {
+    if (n2 == 0.0f) {
+        return q;
+    }
+    if (n == 0.0f || k2 < k) {
+        const float mf_n = n, mf_k = k, mf_t = t, mf_q = q;
+        n = n2; k = k2; t = t2; q = q2;
+        n2 = mf_n; k2 = mf_k; t2 = mf_t; q2 = mf_q;
+        if (n2 == 0.0f) {
+            return q;
+        }
+    }
+    const float mf_e = k2 - k;
+    const float mf_d = (mf_e + t2 / n2) - t / n;
+    q = (q + q2) + mf_d * mf_d * (n * n2 / (n + n2));
+    t = t + (t2 + n2 * mf_e);
+    n = n + n2;
+    return q;
+}
+
+// helper: mf_simd_centered
+// merge (count, shift, shifted sum, squares) states across a simdgroup by an xor butterfly
+// (mf_centered_merge); returns the squares, sets n, k and t in every lane
+inline float mf_simd_centered(thread float& n, thread float& k, thread float& t, float q) {
+    for (ushort mf_o = 1; mf_o < 32; mf_o <<= 1) {
+        const float mf_n2 = simd_shuffle_xor(n, mf_o);
+        const float mf_k2 = simd_shuffle_xor(k, mf_o);
+        const float mf_t2 = simd_shuffle_xor(t, mf_o);
+        const float mf_q2 = simd_shuffle_xor(q, mf_o);
+        q = mf_centered_merge(n, k, t, q, mf_n2, mf_k2, mf_t2, mf_q2);
+    }
+    return q;
+}
+
 // helper: mf_pack8_of
 // 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
 // 8 bytes for a 2-byte type): `*reinterpret_cast<device const mf_pack8<T>*>(p)` reads them,

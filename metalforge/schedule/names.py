@@ -100,6 +100,9 @@ _SCHEDULE_NAMES = frozenset({"c", "d", "e", "i", "j", "k", "l", "m", "n", "r", "
                              "blk", "padded", "poff", "xstage", "xstaged"})
 _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random numbers' helpers
 _SCHEDULE_NAMES |= {"segsum"}                               # cummax's gradient's helper
+# a centered pair's helpers (schedule/centered.py; its state mf_n2, mf_k2, mf_t2 and squares
+# mf_sq2 follow _SCHEDULE_PATTERN)
+_SCHEDULE_NAMES |= {"centered_add", "centered_add_chunk", "centered_merge", "simd_centered"}
 # the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
 _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
                     "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
@@ -123,8 +126,9 @@ _SCHEDULE_NAMES |= {"gacc", "pd", "rs", "sd", "si", "sp", "sr", "tc", "td", "tl"
 _SCHEDULE_NAMES |= {"ein", "gi", "kc", "lhi", "llo", "oc0", "oc1", "sres"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
-_SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|(?:size|pos|tpos|index|in|p|type|"
-                               r"reg|tg|row|col|stride|span|stage|simd|mf|xs|partner)_.*)$")
+_SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|tg[a-z]?\d+|sq\d+(?:_d)?|"
+                               r"(?:size|pos|tpos|index|in|p|type|reg|tg|row|col|stride|span|"
+                               r"stage|simd|mf|xs|partner)_.*)$")
 
 
 def _plain(name: str) -> bool:
@@ -170,7 +174,7 @@ HELPER_WORDS = frozenset("""
 erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd_min
 simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
-logaddexp divide""".split())
+logaddexp divide centered_add centered_add_chunk centered_merge simd_centered""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
 HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 HELPER_WORDS |= {"mma16", "strides"}                       # strided 16x16 blocks (prefill)

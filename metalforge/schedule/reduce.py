@@ -11,6 +11,9 @@ Online pairs: in a schedule that re-reads the row each phase (the looped row var
 `sum(exp(a - max(a)))` is computed in the same pass as its `max(a)` with a running max and a
 rescaled running sum (`mf_online_add`), which saves one pass over the row for softmax and
 log_softmax. The sum's terms are exactly the two-pass ones, so NaN/inf behave the same.
+Centered pairs (`centered`): there too, a sum of squares around a row value of a sum
+(LayerNorm's variance around its mean) rides along with that sum, saving LayerNorm's second
+pass.
 
 Compensated sums: where one thread folds many elements one after another (the looped row
 variant, the column schedule), a plain fp32 running sum loses about n*eps of accuracy (n terms
@@ -46,6 +49,7 @@ from ..graph import (
     literal_size,
     topo_order,
 )
+from . import centered
 from .base import IDX
 from .elementwise import input_stype, kernel_params, msl_names, output_stype, product, used_params
 from .hardware import MAX_THREADGROUP_BYTES
@@ -74,6 +78,11 @@ class Reduction:
     phase: int = 0
     online_sum: Optional["Reduction"] = None   # a max whose paired sum(exp(a - max)) rides along
     online_max: Optional["Reduction"] = None   # a sum computed online with this max
+    # a sum whose sum of squares around a row value of it rides along (`centered`), that sum
+    # of squares, and the row value (LayerNorm's mean and variance in one pass)
+    squares: Optional["Reduction"] = None
+    squares_of: Optional["Reduction"] = None
+    center: Optional[Node] = None
     compensated: bool = False              # a float sum with a Neumaier compensation term
     # the sum of an online pair whose shift is logsumexp's safe max, where(|max| == inf, 0, max)
     # (`_safe_max`): its result is fixed where the max is infinite (`result`)
@@ -89,6 +98,12 @@ class Reduction:
     def acc_ref(self) -> ir.Expr:
         """The running value as an expression (read and assigned)."""
         return self.acc_at if self.acc_at is not None else ir.Var(self.acc)
+
+    @property
+    def rides(self) -> Optional["Reduction"]:
+        """The reduction whose pass computes this one (an online pair's max, a centered pair's
+        sum); None where it folds its own elements."""
+        return self.online_max or self.squares_of
 
     @property
     def arg(self) -> Node:
@@ -147,11 +162,13 @@ def check_supported(graph: Graph, n: Node) -> None:
             f"argmin of integers up to 32 bits); convert first, e.g. x.to(mf.f32)")
 
 
-def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduction]:
+def phases(graph: Graph, online: bool, compensated: bool = False, centered: bool = False
+           ) -> list[Reduction]:
     """Every reduction with its phase (see the module doc); `online` pairs sum(exp(a - max(a)))
-    with its max; `compensated` gives float sums a compensation term (for schedules where a
-    thread adds many elements in sequence). The running sum of an online pair is always
-    compensated (online pairs only occur in such schedules)."""
+    with its max; `centered` pairs sum((x - c)^2) with sum(x) where c is a row value of it
+    (`schedule.centered`); `compensated` gives float sums a compensation term (for schedules
+    where a thread adds many elements in sequence). The running sum of an online pair is always
+    compensated, the sum of a centered pair too (both only occur in such schedules)."""
     nodes = list(graph.nodes())
     reds: list[Reduction] = []
     by_node: dict[Node, Reduction] = {}
@@ -168,17 +185,26 @@ def phases(graph: Graph, online: bool, compensated: bool = False) -> list[Reduct
                 mr.online_sum, r.online_max = r, mr
     for mr, r in pairs:
         mr.nan_via_sum = nan_in_sum(graph, mr.node, r.node)
-    for r in reds:
-        r.compensated = r.kind == ReduceOp.SUM and r.is_float and (compensated or
-                                                            r.online_max is not None)
+    if centered:
+        _centered_pairs(reds, by_node)
     avail: dict[Node, int] = {}
     for n in nodes:
         if n.op == Op.REDUCE:
             r = by_node[n]
             r.phase = avail[r.online_max.node] - 1 if r.online_max else avail[n.args[0]]
+            if r.squares_of is not None and r.center is not None:
+                s = r.squares_of
+                if all(avail[m] <= s.phase + 1 for m in topo_order([r.center])
+                       if m.op == Op.REDUCE and m is not s.node):
+                    r.phase = s.phase
+                else:                                   # c needs a later phase: two passes
+                    s.squares = r.squares_of = r.center = None
             avail[n] = r.phase + 1
         else:
             avail[n] = max((avail[a] for a in n.args), default=0)
+    for r in reds:
+        r.compensated = r.kind == ReduceOp.SUM and r.is_float and r.squares_of is None and (
+            compensated or r.online_max is not None or r.squares is not None)
     # renumber phases densely (an online pair can leave a phase empty)
     used = sorted({r.phase for r in reds})
     for r in reds:
@@ -208,6 +234,23 @@ def _exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
             r.safe_shift = safe is not None
             pairs.append((mr, r))
     return pairs
+
+
+def _centered_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]) -> None:
+    """Pair each float sum of squares around a row value of a float sum of the same elements
+    over the same axis with that sum (`centered.pair`), one pair a sum."""
+    for r in reds:
+        if r.kind != ReduceOp.SUM or not r.is_float or r.online_max is not None:
+            continue
+
+        def sums_of(x: Node, axis: str = r.axis) -> list[Node]:
+            return [m.node for m in reds if m.kind == ReduceOp.SUM and m.axis == axis
+                    and m.is_float and _strip_cast(m.arg) is _strip_cast(x)
+                    and m.squares is None and m.squares_of is None and m.online_max is None]
+        found = centered.pair(_strip_cast(r.arg), r.axis, sums_of)
+        if found is not None:
+            s = by_node[found[0]]
+            s.squares, r.squares_of, r.center = r, s, found[1]
 
 
 def _safe_max(n: Node) -> Optional[Node]:
@@ -285,6 +328,8 @@ def declare(r: Reduction) -> list[ir.Stmt]:
         out: list[ir.Stmt] = [ir.Decl(r.acc, "float", ir.Lit(0.0, "float"), const=False)]
     else:
         out = [ir.Decl(r.acc, r.acc_type, identity(r), const=False)]
+    if r.squares_of is not None:          # the squares of a centered pair: their state
+        out += centered.declare(r.i)
     if r.compensated:
         out.append(ir.Decl(r.cmp, "float", ir.Lit(0.0, "float"), const=False))
     if r.online_max is not None:
@@ -302,6 +347,8 @@ def update(r: Reduction, v: ir.Expr, pos: ir.Expr) -> list[ir.Stmt]:
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_online_add", (acc, ir.Var(r.online_sum.cmp), s, v)))]
+    if r.squares is not None:
+        return centered.update(r.squares.i, ir.Var(r.squares.acc), acc, ir.Var(r.cmp), v)
     if k == ReduceOp.SUM and r.compensated:
         return [ir.Assign(acc, ir.Call("mf_sum_add", (ir.Var(r.cmp), acc, v)))]
     if k == ReduceOp.SUM:
@@ -330,7 +377,10 @@ def _extreme(r: Reduction) -> str:
 def update_chunk(r: Reduction, values: str, n: int) -> list[ir.Stmt]:
     """Fold a whole chunk of n element values (the register array `values`) into an online
     max and its sum at once (`mf_online_add_chunk`: one rescale test and one compensated add
-    per chunk)."""
+    per chunk), or into a centered pair's sum and squares (`mf_centered_add_chunk`)."""
+    if r.squares is not None:
+        return centered.update_chunk(r.squares.i, ir.Var(r.squares.acc), r.acc_ref,
+                                     ir.Var(r.cmp), values, n)
     assert r.online_sum is not None, "a chunk update is for an online (max, sum) pair"
     s = ir.Var(r.online_sum.acc)
     return [ir.Assign(s, ir.Call("mf_online_add_chunk", (
@@ -356,6 +406,8 @@ def simd_combine(r: Reduction) -> list[ir.Stmt]:
     if r.online_sum is not None:
         s = ir.Var(r.online_sum.acc)
         return [ir.Assign(s, ir.Call("mf_simd_online", (acc, s)))]
+    if r.squares_of is not None:
+        return centered.simd_combine(r.i, acc)
     if k == ReduceOp.SUM:
         return [ir.Assign(acc, ir.Call("simd_sum", (acc,)))]
     if k == ReduceOp.PROD:
@@ -415,6 +467,13 @@ def through_threadgroup(v: "VariantParts", reds: list[Reduction], slots: int, sl
         ident_v = ir.Lit(0.0, "float") if r.online_max is not None else identity(r)
         reads.append(ir.Assign(r.acc_ref, ir.Select(
             have, ir.Lane(ir.Var(f"mf_tg{r.i}"), read), ident_v)))
+        if r.squares_of is not None:          # the state of a centered pair's squares
+            for letter, x in zip(centered.STATE, centered.state(r.i)):
+                tg = ir.Var(f"mf_tg{letter}{r.i}")
+                v.tg_arrays.append(ir.ArrayDecl(tg.name, "float", slots, "threadgroup"))
+                stores.append(ir.Assign(ir.Lane(tg, slot), x))
+                reads.append(ir.Assign(x, ir.Select(have, ir.Lane(tg, read),
+                                                    ir.Lit(0.0, "float"))))
         if r.has_index:
             v.tg_arrays.append(ir.ArrayDecl(f"mf_tgi{r.i}", "uint", slots, "threadgroup"))
             stores.append(ir.Assign(ir.Lane(ir.Var(f"mf_tgi{r.i}"), slot), ir.Var(r.idx)))
@@ -428,9 +487,11 @@ def through_threadgroup(v: "VariantParts", reds: list[Reduction], slots: int, sl
 def helpers_of(reds: list[Reduction], simd: bool) -> set[str]:
     hs: set[str] = set()
     for r in reds:
-        if r.compensated and r.online_max is None:
+        if r.compensated and r.online_max is None and r.squares is None:
             hs.add("mf_sum_add")
-        if r.online_sum is not None:
+        if r.squares is not None:
+            hs |= centered.HELPERS - ({"mf_simd_centered"} if not simd else set())
+        elif r.online_sum is not None:
             hs |= {"mf_online_add", "mf_online_merge"} | ({"mf_simd_online"} if simd else set())
         elif r.kind in (ReduceOp.MAX, ReduceOp.MIN) and r.is_float:
             if not r.nan_via_sum:              # NaN-skipping fmax / simd_max need no helper
@@ -459,6 +520,28 @@ def result(r: Reduction) -> ir.Expr:
                          ir.Lit(float("nan"), "float"), ir.Var(r.acc))
     want = compute_type(r.node.dtype)
     return ir.Var(r.acc) if want == r.acc_type else ir.Cast(want, ir.Var(r.acc))
+
+
+def results(row_values: ElementLowering, rs: list[Reduction]) -> list[ir.Stmt]:
+    """Make the results of `rs` (combined across the row) row values of `row_values`; returns
+    the statements a centered pair's squares need: its center c, computed from the sum as
+    the graph says, and V = q + n (k + t / n - c)^2 (`centered.squares`)."""
+    for r in rs:
+        row_values.values[r.node] = result(r)
+    out: list[ir.Stmt] = []
+    for r in rs:
+        if r.squares_of is None:
+            continue
+        assert r.center is not None
+        out += row_values.lower([r.center])
+        c = row_values.value(r.center)
+        name = f"mf_sq{r.i}"
+        out += centered.squares(r.i, ir.Var(r.acc), c, name)
+        row_values.values[r.node] = ir.Var(name)
+    if out:
+        out.insert(0, ir.Comment("the squares around the center: those around the mean plus "
+                                 "n (mean - center)^2"))
+    return out
 
 
 # --------------------------------------------------------------------------- builders
@@ -585,10 +668,11 @@ class ReductionContext:
 
     def fold(self, el: ElementLowering, reds: list[Reduction], pos: ir.Expr) -> list[ir.Stmt]:
         """Fold each reduction's element value (lowered by `el`, at position `pos` of the
-        axis) into its accumulator; the sum of an online pair rides along with its max."""
+        axis) into its accumulator; the sum of an online pair rides along with its max, the
+        squares of a centered pair with its sum."""
         out: list[ir.Stmt] = []
         for r in reds:
-            if r.online_max is None:
+            if r.rides is None:
                 out += update(r, self.acc_value(el, r), pos)
         return out
 

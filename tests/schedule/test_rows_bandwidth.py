@@ -86,20 +86,73 @@ def test_split_rows_slices_scratch_and_traffic():
     assert s.slices({"R": 2, "D": 2048}) == 1            # not the looped kernel's rows
 
 
-def test_two_phase_rows_split_one_launch_per_phase():
-    """layer_norm's mean, then the variance around it: a launch per phase (the second merges
-    the first's partials), then the finish; against torch."""
+@mf.kernel
+def spread(x: "T[R, D]"):                 # squares around the max: no sum to pair them with
+    d = x - mf.max(x, axis="D")
+    return d * mf.rsqrt(mf.mean(d * d, axis="D") + 1e-5)
+
+
+@mf.kernel
+def centers(x: "T[R, D]", a: float):      # squares around the mean and around a * sum
+    s = mf.sum(x, axis="D")
+    m = mf.mean(x, axis="D")
+    return mf.sum((x - m) * (x - m), axis="D"), mf.sum((x - a * s) ** 2, axis="D"), s
+
+
+def test_layer_norm_split_rows_mean_and_variance_in_one_pass():
+    """layer_norm's mean and the variance around it in one pass (a centered pair: count, sum
+    and squares around the running mean, merged slice by slice), then the finish; a mean far
+    from 0, where squares around 0 would cancel; against torch."""
     g = torch.Generator().manual_seed(8)
-    x = torch.randn(2, 9000, generator=g) * 3 + 100.0       # a mean far from 0
+    x = torch.randn(2, 9000, generator=g) * 3 + 1000.0
     k = layer_norm.with_launch(**SPLIT)
-    assert hosts(k, x) == ["layer_norm_f32_split", "layer_norm_f32_split_2",
-                           "layer_norm_f32_finish"]
+    assert hosts(k, x) == ["layer_norm_f32_split", "layer_norm_f32_finish"]
     xd = x.double()
     torch.testing.assert_close(k(x), F.layer_norm(xd, (9000,), eps=1e-5).float(),
                                rtol=1e-4, atol=1e-4)
     s = runtime.schedule_of(layer_norm.graph(x), {"x": x}, launch=k.launch)
     sizes = {"R": 2, "D": 9000}
     assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
+    assert s.passes["looped"] == {"x": 2}
+
+
+def test_two_phase_rows_split_one_launch_per_phase():
+    """Squares around the max: a launch per phase (the second merges the first's partials),
+    then the finish; against torch."""
+    x = torch.randn(2, 9000, generator=torch.Generator().manual_seed(9)) * 3 + 100.0
+    k = spread.with_launch(**SPLIT)
+    assert hosts(k, x) == ["spread_f32_split", "spread_f32_split_2", "spread_f32_finish"]
+    d = x.double() - x.double().amax(-1, keepdim=True)
+    want = d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+    torch.testing.assert_close(k(x), want.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("launch", [dict(fill_groups=0, threads_per_group=256, looped_limit=2048),
+                                    SPLIT], ids=["looped", "split"])
+def test_centered_pairs_match_two_passes(launch):
+    """A centered pair's squares, sum((x - c)^2) = q + n (mean - c)^2, against float64 two
+    passes: around the mean (1e4 away from 0, std 1: squares around 0 would lose every digit),
+    around a * sum (far from the mean), rows with inf, NaN, both infinities, zeros, and a
+    partial chunk (5000 = 4 x 1024 + 904)."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(6, 5000, generator=g) + 1e4
+    x[1, 77] = INF
+    x[2, 4999] = math.nan
+    x[3, 5], x[3, 4000] = INF, -INF
+    x[4] = 0.0
+    x[5] = torch.randn(5000, generator=g) * 50
+    k = centers.with_launch(**launch)
+    assert len(hosts(k, x, 0.5)) == (1 if launch["fill_groups"] == 0 else 2)
+    around_mean, around_half_sum, s = k(x, 0.5)
+    xd = x.double()
+    sd = xd.sum(-1, keepdim=True)
+    want_mean = ((xd - sd / 5000) ** 2).sum(-1)
+    want_half = ((xd - 0.5 * sd) ** 2).sum(-1)
+    torch.testing.assert_close(s, sd.squeeze(-1).float(), rtol=1e-6, atol=1e-3, equal_nan=True)
+    torch.testing.assert_close(around_mean, want_mean.float(), rtol=1e-5, atol=1e-3,
+                               equal_nan=True)
+    torch.testing.assert_close(around_half_sum, want_half.float(), rtol=1e-5, atol=1e-3,
+                               equal_nan=True)
 
 
 @mf.kernel

@@ -66,13 +66,13 @@ def kernel(k: RowKernel) -> Built:
     if k.vw == 8:
         ctx.helpers.add("mf_pack8_of")
     # the looped variant adds thousands of elements per thread: compensated sums
-    reds = reduce.phases(graph, online=looped, compensated=looped)
+    reds = reduce.phases(graph, online=looped, compensated=looped, centered=looped)
     ctx.helpers.update(reduce.helpers_of(reds, simd=True) - {"mf_online_merge"})
     early = () if looped else ctx.early
     for p in range(1 + max(r.phase for r in reds)):
         rs = [r for r in reds if r.phase == p]
-        roots = [r.arg for r in rs if r.online_max is None]
-        desc = ", ".join(describe(r) for r in rs)
+        roots = [r.arg for r in rs if r.rides is None]
+        desc = ", ".join(d for d in map(describe, rs) if d)
         outs = list(early) if p == 0 else []
         if outs:
             roots += [graph.outputs[j].node for j in outs]
@@ -90,6 +90,10 @@ def describe(r: reduce.Reduction) -> str:
     """A reduction in a phase's title."""
     if r.online_sum is not None:
         return f"{r.kind} and (online) sum of exp(x - max)"
+    if r.squares is not None:
+        return f"{r.kind} over {r.axis} and (centered) its squares around a value of it"
+    if r.squares_of is not None:
+        return ""
     if r.online_max is not None:
         return "(with the max above)"
     return f"{r.kind} over {r.axis}"

@@ -59,7 +59,7 @@ def element_loop(k: RowKernel, roots: list[Node], reds: list[reduce.Reduction],
             stmts = (decl_pos if ir.mentions(stmts, "mf_pos") else []) + stmts
         return each_slot(k, stmts)
     whole: list[ir.Stmt] = [ir.Comment("all of them in the row: no per-element check")]
-    pairs = [r for r in reds if r.online_sum is not None]
+    pairs = [r for r in reds if r.online_sum is not None or r.squares is not None]
     if pairs:
         whole += online_chunk(k, el, reds, pairs, values, rest, each)
     else:
@@ -77,12 +77,12 @@ def element_loop(k: RowKernel, roots: list[Node], reds: list[reduce.Reduction],
 def online_chunk(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction],
                  pairs: list[reduce.Reduction], values: list[ir.Stmt], rest: list[ir.Stmt],
                  each: Each) -> list[ir.Stmt]:
-    """The element loop over a chunk wholly in the row, with online (max, sum) pairs: the
-    loop keeps each pair's argument in a register array instead of folding it element by
-    element, and one `mf_online_add_chunk` per chunk folds them (one rescale test and one
-    compensated add per chunk: f32 softmax rows of 16384 went from 0.93x to 1.02x torch
-    eager on the H100)."""
-    others = [r for r in reds if r.online_sum is None]
+    """The element loop over a chunk wholly in the row, with online (max, sum) pairs or
+    centered (sum, squares) pairs: the loop keeps each pair's argument in a register array
+    instead of folding it element by element, and one `mf_online_add_chunk` (or
+    `mf_centered_add_chunk`) per chunk folds them (one rescale test and one compensated add
+    per chunk: f32 softmax rows of 16384 went from 0.93x to 1.02x torch eager on the H100)."""
+    others = [r for r in reds if r not in pairs]
     keep: list[ir.Stmt] = []
     decls: list[ir.Stmt] = []
     after: list[ir.Stmt] = []
@@ -91,10 +91,13 @@ def online_chunk(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction]
         decls.append(ir.ArrayDecl(arr, "float", k.reads))
         keep.append(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_k")), k.ctx.acc_value(el, r)))
         after += reduce.update_chunk(r, arr, k.reads)
-    k.ctx.helpers.add("mf_online_add_chunk")
+    if any(r.online_sum is not None for r in pairs):
+        k.ctx.helpers.add("mf_online_add_chunk")
     body = values + k.ctx.fold(el, others, ir.Var("mf_pos")) + keep + rest
-    return decls + [each(body, False), ir.Comment(
-        "fold the chunk into the running max and sum at once")] + after
+    what = " and ".join(dict.fromkeys(
+        "the running max and sum" if r.online_sum is not None else
+        "the running count, sum and squares around the mean" for r in pairs))
+    return decls + [each(body, False), ir.Comment(f"fold the chunk into {what} at once")] + after
 
 
 def section(k: RowKernel, roots: list[Node], rs: list[reduce.Reduction], outs: list[int],
@@ -143,8 +146,7 @@ def section(k: RowKernel, roots: list[Node], rs: list[reduce.Reduction], outs: l
     if rs:
         v.main.extend(reduce.finish(rs))
         v.main.extend(combine(v, rs))
-        for r in rs:
-            v.row_values.values[r.node] = reduce.result(r)
+        v.main.extend(reduce.results(v.row_values, rs))
 
 
 def epilogue(k: RowKernel, early: tuple[int, ...], first: ir.Expr | None = None) -> None:

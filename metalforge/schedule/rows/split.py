@@ -18,13 +18,14 @@ one more:
 The input is read once per launch, as the looped kernel reads it once per phase and once more
 for the epilogue, so the traffic is the same; the slices fill the GPU. Taken by graphs with a
 row axis, at most three phases (rms_norm, softmax, log_softmax, logsumexp, add_rms_norm,
-argmax: one; layer_norm: two) and no gather along the row (`passes`)."""
+argmax, layer_norm (its mean and variance a centered pair): one; squares around a max: two)
+and no gather along the row (`passes`)."""
 from __future__ import annotations
 
 from typing import Callable
 
 from ... import ir
-from .. import reduce
+from .. import centered, reduce
 from ..base import make_kernel
 from .context import RowContext, RowKernel, row_gathers, row_kernel
 from .loads import lit
@@ -39,7 +40,7 @@ SCRATCH = "mf_scratch"
 def one_pass(ctx: RowContext) -> list[reduce.Reduction]:
     """The graph's reductions as the streamed kernels fold them (online pairs, compensated
     sums)."""
-    return reduce.phases(ctx.graph, online=True, compensated=True)
+    return reduce.phases(ctx.graph, online=True, compensated=True, centered=True)
 
 
 def passes(ctx: RowContext) -> tuple[str, ...]:
@@ -54,8 +55,8 @@ def passes(ctx: RowContext) -> tuple[str, ...]:
 
 def held(r: reduce.Reduction) -> list[tuple[str, str]]:
     """(variable, MSL type) of each value a slice leaves in scratch for reduction r: its
-    accumulator, argmax/argmin's index, an online max's running sum (none for the sum of an
-    online pair: its max holds it)."""
+    accumulator, argmax/argmin's index, an online max's running sum, a centered pair's state
+    of the squares (none for the sum of an online pair: its max holds it)."""
     if r.online_max is not None:
         return []
     out = [(r.acc, r.acc_type)]
@@ -63,6 +64,8 @@ def held(r: reduce.Reduction) -> list[tuple[str, str]]:
         out.append((r.idx, "uint"))
     if r.online_sum is not None:
         out.append((r.online_sum.acc, "float"))
+    if r.squares_of is not None:
+        out += [(x.name, "float") for x in centered.state(r.i)]
     return out
 
 
@@ -102,17 +105,18 @@ def merged(k: RowKernel, reds: list[reduce.Reduction], rs: list[reduce.Reduction
         for j, (name, typ) in enumerate(vals):
             body.append(ir.Decl(f"mf_p{first + j}", typ, _bits(
                 ir.Load(SCRATCH, _at(s, first + j, n)), "float", typ)))
-        if vals:
-            extra = ir.Var(f"mf_p{first + 1}") if len(vals) > 1 else None
-            body += reduce.merge(r, ir.Var(f"mf_p{first}"), extra)
+        p = [ir.Var(f"mf_p{first + j}") for j in range(len(vals))]
+        if r.squares_of is not None:
+            body += centered.merge(r.i, ir.Var(r.acc), p)
+        elif vals:
+            body += reduce.merge(r, p[0], p[1] if len(p) > 1 else None)
     v.main.append(ir.Comment("merge the row's partials of " +
                              ", ".join(r.kind for r in rs if r.online_max is None) +
                              ", slice after slice"))
     for r in rs:
         v.main.extend(reduce.declare(r))
     v.main.append(ir.For("mf_s", "uint", lit(0), ir.Var("mf_slices"), body))
-    for r in rs:
-        v.row_values.values[r.node] = reduce.result(r)
+    v.main.extend(reduce.results(v.row_values, rs))
 
 
 def pass_kernel(p: int) -> Callable[[RowContext], Built]:
@@ -125,9 +129,9 @@ def pass_kernel(p: int) -> Callable[[RowContext], Built]:
         if p:
             merged(k, reds, [r for r in reds if r.phase < p])
         rs = [r for r in reds if r.phase == p]
-        section(k, [r.arg for r in rs if r.online_max is None], rs, [],
+        section(k, [r.arg for r in rs if r.rides is None], rs, [],
                 f"phase {p + 1}, this slice's chunks: " +
-                ", ".join(r.kind for r in rs if r.online_max is None))
+                ", ".join(r.kind for r in rs if r.rides is None))
         place = layout(reds)
         n = sum(c for _, c in place.values())
         stores: list[ir.Stmt] = []
