@@ -319,19 +319,18 @@ inline float mf_simd_online(thread float& m, float s) {
 }
 
 // helper: mf_centered_add
-// one pass for a sum and the sum of squares around its mean (LayerNorm's mean and variance,
-// Welford's update on values shifted by the thread's first one, k, so that a mean far from 0
-// costs no digits): fold x into the running count n, sum t of x - k and sum q of squares around
-// the running mean (returned), and into the plain sum s of x (Neumaier-compensated by c, as in
-// mf_sum_add). Past an inf or NaN element q is inf or NaN, as the two-pass sum of squares
-// around an infinite mean is.
+// one pass for a sum and the sum of squares around its mean (LayerNorm's mean and variance): a
+// thread folds x - k, k its first element, into a count n, a sum t and a sum u of squares
+// (returned), and x into the plain sum s (Neumaier-compensated by c, as in mf_sum_add);
+// mf_centered_done turns u into the squares around the mean. Shifted by one of its own values,
+// u - t^2 / n loses at most log10(n + 1) digits (u <= (n + 1) times the result), where around 0
+// a mean far from 0 would take them all. Past an inf or NaN element the squares are NaN.
 inline float mf_centered_add(thread float& n, thread float& k, thread float& t, thread float& s,
-                             thread float& c, float q, float x) {
+                             thread float& c, float u, float x) {
     if (n == 0.0f) {
         k = x;
     }
     const float mf_y = x - k;
-    const float mf_d = n == 0.0f ? 0.0f : mf_y - t / n;
     t = t + mf_y;
     n = n + 1.0f;
     const float mf_s = s + x;
@@ -339,16 +338,14 @@ inline float mf_centered_add(thread float& n, thread float& k, thread float& t, 
         c += abs(s) >= abs(x) ? (s - mf_s) + x : (x - mf_s) + s;
     }
     s = mf_s;
-    return q + mf_d * mf_d * ((n - 1.0f) / n);
+    return u + mf_y * mf_y;
 }
 
 // helper: mf_centered_add_chunk
 // mf_centered_add over a chunk of m elements x[0..m) (a thread's chunk, all in the row) at once:
-// the chunk's sum of x - k and its squares around their own mean (two passes over the
-// registers), merged into (n, t, q) as mf_centered_merge merges (Chan et al.); the chunk's sum
-// of x is added to s with Neumaier compensation. An inf or NaN element makes the squares NaN.
+// the chunk's sums are formed plainly and x's is added to s with Neumaier compensation
 inline float mf_centered_add_chunk(thread float& n, thread float& k, thread float& t,
-                                   thread float& s, thread float& c, float q,
+                                   thread float& s, thread float& c, float u,
                                    thread const float* x, uint m) {
     if (n == 0.0f) {
         k = x[0];
@@ -356,26 +353,30 @@ inline float mf_centered_add_chunk(thread float& n, thread float& k, thread floa
     float mf_xs = 0.0f;
     float mf_ys = 0.0f;
     for (uint mf_i = 0u; mf_i < m; ++mf_i) {
+        const float mf_y = x[mf_i] - k;
         mf_xs += x[mf_i];
-        mf_ys += x[mf_i] - k;
+        mf_ys += mf_y;
+        u += mf_y * mf_y;
     }
-    const float mf_m = float(m);
-    const float mf_ym = mf_ys / mf_m;
-    float mf_q = 0.0f;
-    for (uint mf_i = 0u; mf_i < m; ++mf_i) {
-        const float mf_e = (x[mf_i] - k) - mf_ym;
-        mf_q += mf_e * mf_e;
-    }
-    const float mf_d = n == 0.0f ? 0.0f : mf_ym - t / n;
-    q = q + mf_q + mf_d * mf_d * (n * mf_m / (n + mf_m));
     t = t + mf_ys;
-    n = n + mf_m;
+    n = n + float(m);
     const float mf_s = s + mf_xs;
     if (isfinite(mf_s)) {
         c += abs(s) >= abs(mf_xs) ? (s - mf_s) + mf_xs : (mf_xs - mf_s) + s;
     }
     s = mf_s;
-    return q;
+    return u;
+}
+
+// helper: mf_centered_done
+// after a thread's loop: its sum u of squared distances from its shift k as the squares around
+// its mean, u - t^2 / n (0 for no element; a rounding below 0 is 0; NaN stays NaN)
+inline float mf_centered_done(float n, float t, float u) {
+    if (n == 0.0f) {
+        return 0.0f;
+    }
+    const float mf_q = u - t * (t / n);
+    return mf_q < 0.0f ? 0.0f : mf_q;
 }
 
 // helper: mf_centered_merge

@@ -3,11 +3,12 @@ squares V = sum((x - c)^2) around a row value c computed from S (LayerNorm's mea
 variance: c = S / D), in one pass over the row instead of two.
 
 S is folded as any compensated sum. V keeps a state per thread: the count n of its elements,
-a shift k (the thread's first element), the sum t of x - k and the sum q of squares around
-their mean (Welford's update a chunk of registers at a time, Chan et al.'s merge of the chunk
-into the state; the shift keeps the digits a mean far from 0 would take). Threads and slices
-merge their states the same way. Once the row's state is known, c is computed from S as the
-graph says, and
+a shift k (the thread's first element), the sum t of x - k and the sum u of (x - k)^2, two adds
+an element; after the thread's loop, q = u - t^2 / n is the sum of squares around the thread's
+mean (shifted by one of its own values it loses at most log10(n + 1) digits; around 0 a mean
+far from 0 would take them all). Threads, simdgroups and slices merge their (n, k, t, q) by
+Chan et al.'s formula. Once the row's state is known, c is computed from S as the graph says,
+and
 
     V = q + n (k + t / n - c)^2
 
@@ -23,8 +24,8 @@ from typing import Callable, Optional, Sequence
 from .. import ir
 from ..graph import BinaryOp, Node, Op, topo_order
 
-HELPERS = frozenset({"mf_centered_add", "mf_centered_add_chunk", "mf_centered_merge",
-                     "mf_simd_centered"})
+HELPERS = frozenset({"mf_centered_add", "mf_centered_add_chunk", "mf_centered_done",
+                     "mf_centered_merge", "mf_simd_centered"})
 
 
 def state(i: int) -> tuple[ir.Var, ir.Var, ir.Var]:
@@ -82,6 +83,13 @@ def update_chunk(i: int, q: ir.Expr, s: ir.Expr, cmp: ir.Expr, values: str, n: i
     """Fold a chunk of n element values (the register array `values`) into them at once."""
     return [ir.Assign(q, ir.Call("mf_centered_add_chunk", (
         *state(i), s, cmp, q, ir.Var(values), ir.Lit(n, "uint"))))]
+
+
+def done(i: int, q: ir.Expr) -> list[ir.Stmt]:
+    """After the thread's loop: its sum of squared distances from its shift as the squares
+    around its mean."""
+    n, _, t = state(i)
+    return [ir.Assign(q, ir.Call("mf_centered_done", (n, t, q)))]
 
 
 def simd_combine(i: int, q: ir.Expr) -> list[ir.Stmt]:

@@ -102,7 +102,8 @@ _SCHEDULE_NAMES |= {"philox", "rand_bits", "randn"}          # the random number
 _SCHEDULE_NAMES |= {"segsum"}                               # cummax's gradient's helper
 # a centered pair's helpers (schedule/centered.py; its state mf_n2, mf_k2, mf_t2 and squares
 # mf_sq2 follow _SCHEDULE_PATTERN)
-_SCHEDULE_NAMES |= {"centered_add", "centered_add_chunk", "centered_merge", "simd_centered"}
+_SCHEDULE_NAMES |= {"centered_add", "centered_add_chunk", "centered_done", "centered_merge",
+                    "simd_centered"}
 # the matrix block and the contraction kernel (schedule/matrix, schedule/matmul)
 _SCHEDULE_NAMES |= {"as", "batch", "bs", "desc", "fa", "fb", "fi", "fj", "op", "sm", "sn",
                     "vals", "mat_elements", "tensor_ops", "left0", "left1", "right0", "right1"}
@@ -174,7 +175,8 @@ HELPER_WORDS = frozenset("""
 erf maximum minimum pow ipow shl shr remainder fremainder floordiv simd_max simd_min
 simd_argmax simd_argmin simd_iargmax simd_iargmin sum_add online_add online_add_chunk
 online_merge simd_online pack8_of place_weight mma mat_load atomic_add lower_bound
-logaddexp divide centered_add centered_add_chunk centered_merge simd_centered""".split())
+logaddexp divide centered_add centered_add_chunk centered_done centered_merge
+simd_centered""".split())
 HELPER_WORDS |= {"philox", "rand_bits", "randn"}             # mf.rand / mf.randn (Philox)
 HELPER_WORDS |= {"mat_elements", "tensor_ops"}              # the matrix block (schedule/matrix)
 HELPER_WORDS |= {"mma16", "strides"}                       # strided 16x16 blocks (prefill)

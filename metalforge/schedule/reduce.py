@@ -389,13 +389,20 @@ def update_chunk(r: Reduction, values: str, n: int) -> list[ir.Stmt]:
 
 def finish(reds: list[Reduction]) -> list[ir.Stmt]:
     """After a thread's sequential loop: fold each compensation term into its sum (a finite
-    correction; an inf or NaN sum stays as it is)."""
+    correction; an inf or NaN sum stays as it is), and turn a centered pair's squared distances
+    from the thread's shift into its squares around the thread's mean."""
     out: list[ir.Stmt] = []
     for r in reds:
         if r.compensated:
             out.append(ir.Assign(ir.Var(r.acc), ir.Var(r.acc) + ir.Var(r.cmp)))
     if out:
         out.insert(0, ir.Comment("add the rounding errors the compensated sums collected"))
+    squares = [r for r in reds if r.squares_of is not None]
+    if squares:
+        out.append(ir.Comment("the squared distances from the thread's first element as the "
+                              "squares around its mean"))
+    for r in squares:
+        out += centered.done(r.i, ir.Var(r.acc))
     return out
 
 
