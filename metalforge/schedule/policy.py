@@ -52,6 +52,9 @@ class LaunchPolicy:
                                        # plain arithmetic from 2-byte inputs (softmax(x / t)'s
                                        # x / t) kept in fp32 registers for the later phases;
                                        # False: recomputed there from the inputs' registers
+    centered: bool = False             # row reductions, streamed rows: a sum of squares around a
+                                       # value of a sum (LayerNorm's variance) in the sum's pass
+                                       # (schedule/centered.py); False: a pass of its own
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     split_grid: int = 0                # quantized matvec: the k_splits kernel (qmv_split) runs
@@ -400,7 +403,7 @@ TUNABLE: dict[str, tuple[str, ...]] = {
                     "index64", "index_check"),
     "row": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
             "simd_reads_per_thread", "looped_reads_per_thread", "looped_limit", "stage_rows",
-            "index64", "index_check", "keep_narrow", "fill_groups"),
+            "index64", "index_check", "keep_narrow", "fill_groups", "centered"),
     "column": ("threads_per_group", "vector_width", "rows_per_group", "reads_per_thread",
                "looped_limit", "fill_groups", "chunk_rows", "index64", "index_check",
                "one_launch"),
@@ -461,6 +464,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("one_launch", None),
     ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None), ("tf32", None),
+    ("centered", None),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

@@ -11,9 +11,9 @@ Online pairs: in a schedule that re-reads the row each phase (the looped row var
 `sum(exp(a - max(a)))` is computed in the same pass as its `max(a)` with a running max and a
 rescaled running sum (`mf_online_add`), which saves one pass over the row for softmax and
 log_softmax. The sum's terms are exactly the two-pass ones, so NaN/inf behave the same.
-Centered pairs (`centered`): there too, a sum of squares around a row value of a sum
-(LayerNorm's variance around its mean) rides along with that sum, saving LayerNorm's second
-pass.
+Centered pairs (`centered`, where the schedule asks): there too, a sum of squares around a row
+value of a sum (LayerNorm's variance around its mean) rides along with that sum, saving
+LayerNorm's second pass.
 
 Compensated sums: where one thread folds many elements one after another (the looped row
 variant, the column schedule), a plain fp32 running sum loses about n*eps of accuracy (n terms

@@ -16,6 +16,7 @@ INF = math.inf
 # 3 rows of 5000 at 256 threads x 4 values: 5 chunks of 1024 a row; fill_groups 8 asks for
 # 3 slices a row (chunks 0-1, 2-3 and the partial 4)
 SPLIT = dict(fill_groups=8, threads_per_group=256, looped_limit=2048)
+CENTERED = dict(SPLIT, centered=True)
 
 
 @mf.kernel
@@ -99,36 +100,39 @@ def centers(x: "T[R, D]", a: float):      # squares around the mean and around a
     return mf.sum((x - m) * (x - m), axis="D"), mf.sum((x - a * s) ** 2, axis="D"), s
 
 
-def test_layer_norm_split_rows_mean_and_variance_in_one_pass():
-    """layer_norm's mean and the variance around it in one pass (a centered pair: count, sum
-    and squares around the running mean, merged slice by slice), then the finish; a mean far
-    from 0, where squares around 0 would cancel; against torch."""
+@pytest.mark.parametrize("launch", [SPLIT, CENTERED], ids=["two_passes", "centered"])
+def test_layer_norm_split_rows(launch):
+    """layer_norm's mean, then the variance around it: a launch per phase (the second merges
+    the first's partials), then the finish; with `centered`, both in one pass (count, shift,
+    shifted sum and squares, merged slice by slice); a mean far from 0, where squares around 0
+    would cancel; against torch."""
     g = torch.Generator().manual_seed(8)
     x = torch.randn(2, 9000, generator=g) * 3 + 1000.0
-    k = layer_norm.with_launch(**SPLIT)
-    assert hosts(k, x) == ["layer_norm_f32_split", "layer_norm_f32_finish"]
+    k = layer_norm.with_launch(**launch)
+    passes = ["split", "finish"] if launch.get("centered") else ["split", "split_2", "finish"]
+    assert hosts(k, x) == [f"layer_norm_f32_{p}" for p in passes]
     xd = x.double()
     torch.testing.assert_close(k(x), F.layer_norm(xd, (9000,), eps=1e-5).float(),
                                rtol=1e-4, atol=1e-4)
     s = runtime.schedule_of(layer_norm.graph(x), {"x": x}, launch=k.launch)
     sizes = {"R": 2, "D": 9000}
     assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
-    assert s.passes["looped"] == {"x": 2}
+    assert s.passes["looped"] == {"x": len(passes)}
 
 
 def test_two_phase_rows_split_one_launch_per_phase():
-    """Squares around the max: a launch per phase (the second merges the first's partials),
-    then the finish; against torch."""
+    """Squares around the max (no sum to pair them with, even with `centered`): a launch per
+    phase, then the finish; against torch."""
     x = torch.randn(2, 9000, generator=torch.Generator().manual_seed(9)) * 3 + 100.0
-    k = spread.with_launch(**SPLIT)
+    k = spread.with_launch(**CENTERED)
     assert hosts(k, x) == ["spread_f32_split", "spread_f32_split_2", "spread_f32_finish"]
     d = x.double() - x.double().amax(-1, keepdim=True)
     want = d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(k(x), want.float(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("launch", [dict(fill_groups=0, threads_per_group=256, looped_limit=2048),
-                                    SPLIT], ids=["looped", "split"])
+@pytest.mark.parametrize("launch", [dict(CENTERED, fill_groups=0), CENTERED],
+                         ids=["looped", "split"])
 def test_centered_pairs_match_two_passes(launch):
     """A centered pair's squares, sum((x - c)^2) = q + n (mean - c)^2, against float64 two
     passes: around the mean (1e4 away from 0, std 1: squares around 0 would lose every digit),
@@ -143,6 +147,8 @@ def test_centered_pairs_match_two_passes(launch):
     x[5] = torch.randn(5000, generator=g) * 50
     k = centers.with_launch(**launch)
     assert len(hosts(k, x, 0.5)) == (1 if launch["fill_groups"] == 0 else 2)
+    s = runtime.schedule_of(centers.graph(x, 0.5), {"x": x, "a": 0.5}, launch=k.launch)
+    assert s.passes["looped"] == {"x": 1}                  # both squares ride along with a sum
     around_mean, around_half_sum, s = k(x, 0.5)
     xd = x.double()
     sd = xd.sum(-1, keepdim=True)

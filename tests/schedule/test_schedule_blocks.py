@@ -36,15 +36,17 @@ def test_make_kernel_names_template_and_instance():
 
 def test_each_row_variant_keeps_its_own_state():
     s = schedule.plan(layer_norm.graph(T="f32"))
-    # two phases (mean, then variance) and an epilogue: registers read x once per row; the
-    # looped variant streams it once for the mean and variance together (a centered pair)
-    # and once more for the outputs
+    # two phases (mean, then variance) and an epilogue: registers read x once per row, the
+    # looped variant streams it once per phase and once more for the outputs (with the launch
+    # option centered, once for the mean and variance together)
     assert s.passes["simd"] == {"x": 1} and s.passes["group"] == {"x": 1}
-    assert s.passes["looped"] == {"x": 2}
+    assert s.passes["looped"] == {"x": 3}
+    one = schedule.plan(layer_norm.graph(T="f32"), {"centered": True})    # (x - mu) ** 2
+    assert one.passes["looped"] == {"x": 2}
     # threadgroup scratch only where partials cross simdgroups, declared per variant
     tg = {v: [st for st in k.body if isinstance(st, ir.ArrayDecl) and st.space == "threadgroup"]
           for v, k in s.variants.items()}
-    assert tg["simd"] == [] and len(tg["group"]) == 2 and len(tg["looped"]) == 5   # + n, k, t
+    assert tg["simd"] == [] and len(tg["group"]) == 2 and len(tg["looped"]) == 2
     # one parameter list and helper set shared by the variants
     assert len({k.params for k in s.kernels}) == 1 and len({k.helpers for k in s.kernels}) == 1
 

@@ -66,7 +66,8 @@ def kernel(k: RowKernel) -> Built:
     if k.vw == 8:
         ctx.helpers.add("mf_pack8_of")
     # the looped variant adds thousands of elements per thread: compensated sums
-    reds = reduce.phases(graph, online=looped, compensated=looped, centered=looped)
+    reds = reduce.phases(graph, online=looped, compensated=looped,
+                         centered=looped and ctx.policy.centered)
     ctx.helpers.update(reduce.helpers_of(reds, simd=True) - {"mf_online_merge"})
     early = () if looped else ctx.early
     for p in range(1 + max(r.phase for r in reds)):

@@ -18,8 +18,8 @@ one more:
 The input is read once per launch, as the looped kernel reads it once per phase and once more
 for the epilogue, so the traffic is the same; the slices fill the GPU. Taken by graphs with a
 row axis, at most three phases (rms_norm, softmax, log_softmax, logsumexp, add_rms_norm,
-argmax, layer_norm (its mean and variance a centered pair): one; squares around a max: two)
-and no gather along the row (`passes`)."""
+argmax: one; layer_norm: two, one with `centered`) and no gather along the row
+(`passes`)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -40,7 +40,8 @@ SCRATCH = "mf_scratch"
 def one_pass(ctx: RowContext) -> list[reduce.Reduction]:
     """The graph's reductions as the streamed kernels fold them (online pairs, compensated
     sums)."""
-    return reduce.phases(ctx.graph, online=True, compensated=True, centered=True)
+    return reduce.phases(ctx.graph, online=True, compensated=True,
+                         centered=ctx.policy.centered)
 
 
 def passes(ctx: RowContext) -> tuple[str, ...]:

@@ -1,89 +1,6 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// one pass for a sum and the sum of squares around its mean (LayerNorm's mean and variance): a
-// thread folds x - k, k its first element, into a count n, a sum t and a sum u of squares
-// (returned), and x into the plain sum s (Neumaier-compensated by c, as in mf_sum_add);
-// mf_centered_done turns u into the squares around the mean. Shifted by one of its own values,
-// u - t^2 / n loses at most log10(n + 1) digits (u <= (n + 1) times the result), where around 0
-// a mean far from 0 would take them all. Past an inf or NaN element the squares are NaN.
-inline float mf_centered_add(thread float& n, thread float& k, thread float& t, thread float& s,
-                             thread float& c, float u, float x) {
-    if (n == 0.0f) {
-        k = x;
-    }
-    const float mf_y = x - k;
-    t = t + mf_y;
-    n = n + 1.0f;
-    const float mf_s = s + x;
-    if (isfinite(mf_s)) {
-        c += abs(s) >= abs(x) ? (s - mf_s) + x : (x - mf_s) + s;
-    }
-    s = mf_s;
-    return u + mf_y * mf_y;
-}
-
-// mf_centered_add over a chunk of m elements x[0..m) (a thread's chunk, all in the row) at once:
-// the chunk's sums are formed plainly and x's is added to s with Neumaier compensation
-inline float mf_centered_add_chunk(thread float& n, thread float& k, thread float& t,
-                                   thread float& s, thread float& c, float u,
-                                   thread const float* x, uint m) {
-    if (n == 0.0f) {
-        k = x[0];
-    }
-    float mf_xs = 0.0f;
-    float mf_ys = 0.0f;
-    for (uint mf_i = 0u; mf_i < m; ++mf_i) {
-        const float mf_y = x[mf_i] - k;
-        mf_xs += x[mf_i];
-        mf_ys += mf_y;
-        u += mf_y * mf_y;
-    }
-    t = t + mf_ys;
-    n = n + float(m);
-    const float mf_s = s + mf_xs;
-    if (isfinite(mf_s)) {
-        c += abs(s) >= abs(mf_xs) ? (s - mf_s) + mf_xs : (mf_xs - mf_s) + s;
-    }
-    s = mf_s;
-    return u;
-}
-
-// after a thread's loop: its sum u of squared distances from its shift k as the squares around
-// its mean, u - t^2 / n (0 for no element; a rounding below 0 is 0; NaN stays NaN)
-inline float mf_centered_done(float n, float t, float u) {
-    if (n == 0.0f) {
-        return 0.0f;
-    }
-    const float mf_q = u - t * (t / n);
-    return mf_q < 0.0f ? 0.0f : mf_q;
-}
-
-// merge running (count n, shift k, sum t of x - k, squares q around the mean) states (Chan et
-// al.): returns q + q2 + d^2 n n2 / (n + n2), d the distance between the two means, and sets
-// n, k, t to the merged state's, shifted by the smaller k. Symmetric in its two states, bit for
-// bit (every lane of a butterfly ends with the same state); an empty state (n 0) adds nothing.
-inline float mf_centered_merge(thread float& n, thread float& k, thread float& t, float q,
-                               float n2, float k2, float t2, float q2) {
-    if (n2 == 0.0f) {
-        return q;
-    }
-    if (n == 0.0f || k2 < k) {
-        const float mf_n = n, mf_k = k, mf_t = t, mf_q = q;
-        n = n2; k = k2; t = t2; q = q2;
-        n2 = mf_n; k2 = mf_k; t2 = mf_t; q2 = mf_q;
-        if (n2 == 0.0f) {
-            return q;
-        }
-    }
-    const float mf_e = k2 - k;
-    const float mf_d = (mf_e + t2 / n2) - t / n;
-    q = (q + q2) + mf_d * mf_d * (n * n2 / (n + n2));
-    t = t + (t2 + n2 * mf_e);
-    n = n + n2;
-    return q;
-}
-
 // x / y within 2.5 ulp, for every x and y: Metal's fast::divide (x times an approximate
 // reciprocal) states that bound for |y| in [2^-126, 2^126]; a y outside (huge, or subnormal)
 // is scaled into it first (x / y = s * (x / (y * s)), s a power of two), and 0, infinities and
@@ -115,17 +32,16 @@ inline mf_pack8<T> mf_pack8_of(T a0, T a1, T a2, T a3, T a4, T a5, T a6, T a7) {
     return p;
 }
 
-// merge (count, shift, shifted sum, squares) states across a simdgroup by an xor butterfly
-// (mf_centered_merge); returns the squares, sets n, k and t in every lane
-inline float mf_simd_centered(thread float& n, thread float& k, thread float& t, float q) {
-    for (ushort mf_o = 1; mf_o < 32; mf_o <<= 1) {
-        const float mf_n2 = simd_shuffle_xor(n, mf_o);
-        const float mf_k2 = simd_shuffle_xor(k, mf_o);
-        const float mf_t2 = simd_shuffle_xor(t, mf_o);
-        const float mf_q2 = simd_shuffle_xor(q, mf_o);
-        q = mf_centered_merge(n, k, t, q, mf_n2, mf_k2, mf_t2, mf_q2);
+// compensated (Neumaier) summation: returns s + x and adds that addition's rounding error to c,
+// so a long sequential sum stays accurate to a few ulp (plain fp32 addition loses ~n ulp);
+// the caller adds c to the sum at the end. Written for IEEE arithmetic (safe math mode): fast
+// math may reassociate (s - t) + x to 0. An inf or NaN sum collects no error term.
+inline float mf_sum_add(thread float& c, float s, float x) {
+    const float mf_t = s + x;
+    if (isfinite(mf_t)) {
+        c += abs(s) >= abs(x) ? (s - mf_t) + x : (x - mf_t) + s;
     }
-    return q;
+    return mf_t;
 }
 
 // layer_norm (simd): reduces 'D' over rows [B] in 2 phase(s); the fewest lanes of a simdgroup per row that hold it, 8 elements per lane in registers; 8-wide vector loads/stores where aligned; fp32 accumulation
@@ -660,7 +576,7 @@ template [[host_name("layer_norm_f16_group")]] kernel void mf_layer_norm_group<h
     uint mf_sg [[simdgroup_index_in_threadgroup]],
     uint mf_lane [[thread_index_in_simdgroup]]);
 
-// layer_norm (looped): reduces 'D' over rows [B] in 1 phase(s); one threadgroup per row (its size set at launch), streamed in chunks of 4 elements per thread per phase, compensated sums; 4-wide vector loads/stores where aligned; fp32 accumulation
+// layer_norm (looped): reduces 'D' over rows [B] in 2 phase(s); one threadgroup per row (its size set at launch), streamed in chunks of 4 elements per thread per phase, compensated sums; 4-wide vector loads/stores where aligned; fp32 accumulation
 // generated by metalforge
 
 template <typename T, typename mf_index_t>
@@ -680,9 +596,6 @@ kernel void mf_layer_norm_looped(
 {
     threadgroup float mf_tg1[32];
     threadgroup float mf_tg2[32];
-    threadgroup float mf_tgn2[32];
-    threadgroup float mf_tgk2[32];
-    threadgroup float mf_tgt2[32];
     // one threadgroup per row
     const uint mf_row = mf_group;
     const uint mf_t = mf_lid;
@@ -693,13 +606,9 @@ kernel void mf_layer_norm_looped(
     const mf_index_t mf_row_b = 0u;
     const mf_index_t mf_row_w = 0u;
     const mf_index_t mf_row_mf_out = mf_index_t(mf_row) * mf_size_D;
-    // phase 1: sum over D and (centered) its squares around a value of it
+    // phase 1: sum over D
     float mf_acc1 = 0.0f;
     float mf_cmp1 = 0.0f;
-    float mf_acc2 = 0.0f;
-    float mf_n2 = 0.0f;
-    float mf_k2 = 0.0f;
-    float mf_t2 = 0.0f;
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
         const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
         const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
@@ -725,55 +634,97 @@ kernel void mf_layer_norm_looped(
         // each of this thread's 4 elements
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
-            float mf_on1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_in_x = float(mf_reg_x[mf_k]);
-                mf_on1[mf_k] = mf_in_x;
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
             }
-            // fold the chunk into the running count, sum and squares around the mean at once
-            mf_acc2 = mf_centered_add_chunk(mf_n2, mf_k2, mf_t2, mf_acc1, mf_cmp1, mf_acc2, mf_on1, 4u);
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const uint mf_pos = mf_first + mf_k * mf_step;
                 if (mf_pos < mf_size_D) {
                     const float mf_in_x = float(mf_reg_x[mf_k]);
-                    mf_acc2 = mf_centered_add(mf_n2, mf_k2, mf_t2, mf_acc1, mf_cmp1, mf_acc2, mf_in_x);
+                    mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
                 }
             }
         }
     }
     // add the rounding errors the compensated sums collected
     mf_acc1 = mf_acc1 + mf_cmp1;
-    // the squared distances from the thread's first element as the squares around its mean
-    mf_acc2 = mf_centered_done(mf_n2, mf_t2, mf_acc2);
     // combine across the simdgroup
     mf_acc1 = simd_sum(mf_acc1);
-    mf_acc2 = mf_simd_centered(mf_n2, mf_k2, mf_t2, mf_acc2);
     // across simdgroups: one partial per simdgroup through threadgroup memory, then a second simd reduction in every simdgroup
     if (mf_lane == 0u) {
         mf_tg1[mf_sg] = mf_acc1;
-        mf_tg2[mf_sg] = mf_acc2;
-        mf_tgn2[mf_sg] = mf_n2;
-        mf_tgk2[mf_sg] = mf_k2;
-        mf_tgt2[mf_sg] = mf_t2;
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     mf_acc1 = mf_lane < mf_nsg ? mf_tg1[mf_lane] : 0.0f;
-    mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
-    mf_n2 = mf_lane < mf_nsg ? mf_tgn2[mf_lane] : 0.0f;
-    mf_k2 = mf_lane < mf_nsg ? mf_tgk2[mf_lane] : 0.0f;
-    mf_t2 = mf_lane < mf_nsg ? mf_tgt2[mf_lane] : 0.0f;
     mf_acc1 = simd_sum(mf_acc1);
-    mf_acc2 = mf_simd_centered(mf_n2, mf_k2, mf_t2, mf_acc2);
-    // the squares around the center: those around the mean plus n (mean - center)^2
+    // phase 2: sum over D
     const float mf_r1 = float(long(mf_size_D));
     const float mf_r2 = mf_divide(mf_acc1, mf_r1);
-    const float mf_sq2_d = mf_k2 - mf_r2 + mf_t2 / mf_n2;
-    const float mf_sq2 = mf_n2 == 0.0f ? mf_acc2 : mf_acc2 + mf_n2 * (mf_sq2_d * mf_sq2_d);
+    float mf_acc2 = 0.0f;
+    float mf_cmp2 = 0.0f;
+    for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
+        const uint mf_base = (mf_j * mf_tpg + mf_t) * 4u;
+        const uint mf_first = mf_vec_ok ? mf_base : mf_j * mf_tpg * 4u + mf_t;
+        const uint mf_step = mf_vec_ok ? 1u : mf_tpg;
+        const uint mf_last = mf_first + 3u * mf_step;
+        // load 4 elements per thread of x into registers
+        T mf_reg_x[4];
+        if (mf_vec_ok && mf_base + 4u <= mf_size_D) {
+            // 4-wide vector loads
+            {
+                const uint mf_c = 0u;
+                const vec<T, 4> mf_x_v = *reinterpret_cast<device const vec<T, 4>*>(x + mf_row_x + mf_index_t(mf_base) + mf_c * 4u);
+                for (uint mf_l = 0u; mf_l < 4u; ++mf_l) {
+                    mf_reg_x[mf_c * 4u + mf_l] = mf_x_v[mf_l];
+                }
+            }
+        } else if (mf_first < mf_size_D) {
+            // row tail or unaligned rows: scalar, guarded
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                mf_reg_x[mf_k] = mf_first + mf_k * mf_step < mf_size_D ? x[mf_row_x + mf_index_t(mf_first + mf_k * mf_step)] : T(0.0f);
+            }
+        }
+        // each of this thread's 4 elements
+        if (mf_last < mf_size_D) {
+            // all of them in the row: no per-element check
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const float mf_in_x = float(mf_reg_x[mf_k]);
+                const float mf_v1 = mf_in_x - mf_r2;
+                const float mf_v2 = mf_in_x - mf_r2;
+                const float mf_v3 = mf_v1 * mf_v2;
+                mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+            }
+        } else if (mf_first < mf_size_D) {
+            // the row's end: each element checked
+            for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
+                const uint mf_pos = mf_first + mf_k * mf_step;
+                if (mf_pos < mf_size_D) {
+                    const float mf_in_x = float(mf_reg_x[mf_k]);
+                    const float mf_v1 = mf_in_x - mf_r2;
+                    const float mf_v2 = mf_in_x - mf_r2;
+                    const float mf_v3 = mf_v1 * mf_v2;
+                    mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+                }
+            }
+        }
+    }
+    // add the rounding errors the compensated sums collected
+    mf_acc2 = mf_acc2 + mf_cmp2;
+    // combine across the simdgroup
+    mf_acc2 = simd_sum(mf_acc2);
+    // across simdgroups: one partial per simdgroup through threadgroup memory, then a second simd reduction in every simdgroup
+    if (mf_lane == 0u) {
+        mf_tg2[mf_sg] = mf_acc2;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    mf_acc2 = mf_lane < mf_nsg ? mf_tg2[mf_lane] : 0.0f;
+    mf_acc2 = simd_sum(mf_acc2);
     // epilogue: compute and store the outputs along the row
     const float mf_r3 = float(long(mf_size_D));
-    const float mf_r4 = mf_divide(mf_sq2, mf_r3);
+    const float mf_r4 = mf_divide(mf_acc2, mf_r3);
     const float mf_r5 = mf_r4 + eps;
     const float mf_r6 = precise::rsqrt(mf_r5);
     for (uint mf_j = 0u; mf_j < mf_chunks; ++mf_j) {
