@@ -5,6 +5,7 @@ made of each.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -164,12 +165,35 @@ def _cover_selected(runner, variant: CheckVariant, insts, dims, s, idx64: bool,
         for pins in s.selecting(host) if hasattr(s, "selecting") else []:
             pins = {a: round_up(n, plain.get(a, 1)) if isinstance(n, int) else n  # whole
                     for a, n in pins.items()}        # multiples; a batch dim's shape as it is
+            pins = _within(s, host, pins, dims)
+            if pins is None or w != idx64:
+                continue
             want = {f"{a}={n}" for a, n in pins.items()}
-            if w != idx64 or any(want <= set(seen.split(",")) for seen in inst.sizes) \
-                    or any(a in dims and not _allowed(dims[a], n) for a, n in pins.items()):
+            if any(want <= set(seen.split(",")) for seen in inst.sizes):
                 continue
             ran += pinned(runner, variant, {**dims, **pins})
     return ran
+
+
+def _within(s, host: str, pins: dict, dims) -> Optional[dict]:
+    """`pins`, where `dims=` allows them; else the same with each size it does not allow
+    replaced by sizes it does (each combination of their choices in turn) that still select
+    `host` (all other axes at 1); None where none does. (cuda's quantized matvec takes its
+    staged kernel at E = 3 where Metal's takes it at E = 7: llama_decode's rope check allows
+    7, not 3.)"""
+    bad = [a for a, n in pins.items() if a in dims and not _allowed(dims[a], n)]
+    if not bad:
+        return pins
+    ones = {d.name: 1 for t in s.graph.tensors for d in t.dims}
+    for combo in itertools.product(*(_choices(dims[a]) for a in bad)):
+        trial = {**pins, **dict(zip(bad, combo))}
+        try:
+            steps = s.steps({**ones, **trial})
+        except Exception:                                        # noqa: BLE001 - refused
+            continue
+        if any(step.host_name == host for step in steps):
+            return trial
+    return None
 
 
 def _one_per_kernel(s, axis: str, pins: list) -> list:

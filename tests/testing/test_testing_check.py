@@ -353,3 +353,19 @@ def test_the_work_budget_counts_the_axes_a_kernel_iterates():
     graph = gather_rows.graph(T="f32")
     assert work(graph, {"N": 1000, "D": 8, "M": 3}) == 24
     assert work(chk_softmax.graph(T="f32"), {"R": 5, "D": 7}) == 35
+
+
+@mf.kernel
+def qmv_cover(wq: "u32[N, K/8]", s: "T[N, K/GS]", b: "T[N, K/GS]", x: "T[M, K]",
+              GS: mf.Const[int] = 64) -> "T[M, N]":
+    return mf.sum((mf.unpack(wq, bits=4) * s + b) * x, axis="K")
+
+
+def test_coverage_finds_allowed_sizes_for_kernels_other_axes_select():
+    """The tiled quantized kernel is selected by rows of x (its coverage pins M = N = 65); with
+    dims= allowing N only 2, 15 or 64, check takes an allowed N that still selects it, at both
+    index widths, instead of leaving the 64-bit kernel untested and failing (as llama_decode's
+    rope check did on cuda, whose staged kernel starts at another E)."""
+    r = check(qmv_cover, max_examples=10, dims={"N": [2, 15, 64]}, dtypes={"T": "f16"})
+    launched = {i.host_name: i.launches for i in r.instantiations}
+    assert launched["qmv_cover_f16_GS_64_idx64_qmm"] and launched["qmv_cover_f16_GS_64_qmm"]
