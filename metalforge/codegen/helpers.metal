@@ -406,17 +406,29 @@ inline float mf_centered_merge(thread float& n, thread float& k, thread float& t
 }
 
 // helper: mf_simd_centered
-// merge (count, shift, shifted sum, squares) states across a simdgroup by an xor butterfly
-// (mf_centered_merge); returns the squares, sets n, k and t in every lane
+// merge (count, shift, shifted sum, squares) states across a simdgroup: every lane's moments
+// about one shift K, the largest of the lanes' means, summed by simd_sum; the squares are
+// those sums' u - t^2 / n. K is a mean of one lane's elements, so the subtraction loses at most
+// log10(1 + n / that lane's count) digits (1.5 for 32 equal lanes); a lane's distance from K is
+// taken as (k - K) + t / n, not as its mean's rounding minus K, which would lose the digits a
+// mean far from 0 takes. Returns the squares and sets n, k (K) and t in every lane, alike; an
+// inf or NaN mean makes them NaN.
 inline float mf_simd_centered(thread float& n, thread float& k, thread float& t, float q) {
-    for (ushort mf_o = 1; mf_o < 32; mf_o <<= 1) {
-        const float mf_n2 = simd_shuffle_xor(n, mf_o);
-        const float mf_k2 = simd_shuffle_xor(k, mf_o);
-        const float mf_t2 = simd_shuffle_xor(t, mf_o);
-        const float mf_q2 = simd_shuffle_xor(q, mf_o);
-        q = mf_centered_merge(n, k, t, q, mf_n2, mf_k2, mf_t2, mf_q2);
+    const bool mf_has = n > 0.0f;
+    const float mf_m = mf_has ? k + t / n : -INFINITY;
+    float mf_k = simd_max(mf_m);
+    mf_k = mf_k == -INFINITY ? 0.0f : mf_k;
+    const float mf_d = mf_has ? (k - mf_k) + t / n : 0.0f;    // k - K exact near the mean
+    const float mf_t = simd_sum(n * mf_d);
+    const float mf_u = simd_sum(mf_has ? q + n * (mf_d * mf_d) : 0.0f);
+    n = simd_sum(n);
+    k = mf_k;
+    t = mf_t;
+    if (n == 0.0f) {
+        return 0.0f;
     }
-    return q;
+    const float mf_q = mf_u - mf_t * (mf_t / n);
+    return mf_q < 0.0f ? 0.0f : mf_q;
 }
 
 // helper: mf_pack8_of

@@ -6,9 +6,11 @@ S is folded as any compensated sum. V keeps a state per thread: the count n of i
 a shift k (the thread's first element), the sum t of x - k and the sum u of (x - k)^2, two adds
 an element; after the thread's loop, q = u - t^2 / n is the sum of squares around the thread's
 mean (shifted by one of its own values it loses at most log10(n + 1) digits; around 0 a mean
-far from 0 would take them all). Threads, simdgroups and slices merge their (n, k, t, q) by
-Chan et al.'s formula. Once the row's state is known, c is computed from S as the graph says,
-and
+far from 0 would take them all). A simdgroup's lanes sum their moments about one shift, the
+largest of their means, by simd_sum (`mf_simd_centered`); a threadgroup's simdgroups do the
+same through threadgroup memory, and a split row's slices merge their (n, k, t, q) by Chan et
+al.'s formula (`mf_centered_merge`). Once the row's state is known, c is computed from S as
+the graph says, and
 
     V = q + n (k + t / n - c)^2
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 import torch
+from hypothesis.errors import Unsatisfiable
 
 from ..runtime.backends import current_backend
 from ..runtime.launcher import layered
@@ -165,13 +166,18 @@ def _cover_selected(runner, variant: CheckVariant, insts, dims, s, idx64: bool,
         for pins in s.selecting(host) if hasattr(s, "selecting") else []:
             pins = {a: round_up(n, plain.get(a, 1)) if isinstance(n, int) else n  # whole
                     for a, n in pins.items()}        # multiples; a batch dim's shape as it is
-            pins = _within(s, host, pins, dims)
-            if pins is None or w != idx64:
+            allowed = _within(s, host, pins, dims)
+            if allowed is None or w != idx64:
                 continue
-            want = {f"{a}={n}" for a, n in pins.items()}
+            want = {f"{a}={n}" for a, n in allowed.items()}
             if any(want <= set(seen.split(",")) for seen in inst.sizes):
                 continue
-            ran += pinned(runner, variant, {**dims, **pins})
+            try:
+                ran += pinned(runner, variant, {**dims, **allowed})
+            except Unsatisfiable:
+                if allowed == pins:
+                    raise
+                # sizes of its own choosing past the memory budget: left to the other examples
     return ran
 
 

@@ -135,16 +135,18 @@ def test_two_phase_rows_split_one_launch_per_phase():
                          ids=["looped", "split"])
 def test_centered_pairs_match_two_passes(launch):
     """A centered pair's squares, sum((x - c)^2) = q + n (mean - c)^2, against float64 two
-    passes: around the mean (1e4 away from 0, std 1: squares around 0 would lose every digit),
-    around a * sum (far from the mean), rows with inf, NaN, both infinities, zeros, and a
-    partial chunk (5000 = 4 x 1024 + 904)."""
+    passes: around the mean (1e4 away from 0, std 1: squares around 0 would lose every digit;
+    std 0.01), around a * sum (far from the mean), rows with inf, NaN, both infinities, zeros,
+    an outlier as the first element (every thread's and lane's shift), and a partial chunk
+    (5000 = 4 x 1024 + 904)."""
     g = torch.Generator().manual_seed(10)
-    x = torch.randn(6, 5000, generator=g) + 1e4
+    x = torch.randn(7, 5000, generator=g) + 1e4           # 7 rows: fewer than fill_groups
     x[1, 77] = INF
     x[2, 4999] = math.nan
     x[3, 5], x[3, 4000] = INF, -INF
     x[4] = 0.0
-    x[5] = torch.randn(5000, generator=g) * 50
+    x[5] = torch.randn(5000, generator=g) * 0.01 + 1e4
+    x[6, 0] = 1e6
     k = centers.with_launch(**launch)
     assert len(hosts(k, x, 0.5)) == (1 if launch["fill_groups"] == 0 else 2)
     s = runtime.schedule_of(centers.graph(x, 0.5), {"x": x, "a": 0.5}, launch=k.launch)
