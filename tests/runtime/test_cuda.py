@@ -315,6 +315,21 @@ def test_staged_rows_where_twice_the_groups_fit(dtype):
     assert ln.launches(x, w, b)[0][0] == hosts[None]           # the backend's own choice
 
 
+@pytest.mark.parametrize("rows,cols", [(6, 20000), (64, 65536), (300, 16384)])
+def test_layer_norm_centered_on_the_gpu(rows, cols):
+    """The launch option centered (layer_norm's mean and variance in one streamed pass: the
+    looped kernel, or split rows at few of them) through the shim's simd_max / simd_sum, a
+    mean 1e3 from 0, against torch in float64."""
+    ln = _example("layer_norm")["layer_norm"].with_launch(centered=True)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(rows, cols, device="cuda", generator=g) * 2 + 1e3
+    w, b = torch.randn(cols, device="cuda"), torch.randn(cols, device="cuda")
+    host = ln.launches(x, w, b)[0][0]
+    assert host.endswith(("_looped", "_split")), host
+    want = torch.nn.functional.layer_norm(x.double(), (cols,), w.double(), b.double())
+    torch.testing.assert_close(ln(x, w, b), want.float(), rtol=1e-4, atol=1e-4)
+
+
 def test_call_errors():
     lib = mfcuda.compile_shader("""
 #include <metal_stdlib>
