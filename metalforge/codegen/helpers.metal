@@ -381,21 +381,19 @@ inline float mf_centered_done(float n, float t, float u) {
 
 // helper: mf_centered_merge
 // merge running (count n, shift k, sum t of x - k, squares q around the mean) states (Chan et
-// al.): returns q + q2 + d^2 n n2 / (n + n2), d the distance between the two means, and sets
-// n, k, t to the merged state's, shifted by the smaller k. Symmetric in its two states, bit for
-// bit (every lane of a butterfly ends with the same state); an empty state (n 0) adds nothing.
+// al.; a split row's slices, in order): returns q + q2 + d^2 n n2 / (n + n2), d the distance
+// between the two means, taken as (k2 - k) + t2 / n2 - t / n, and sets n and t to the merged
+// state's, still shifted by k; an empty state (n 0) adds nothing.
 inline float mf_centered_merge(thread float& n, thread float& k, thread float& t, float q,
                                float n2, float k2, float t2, float q2) {
     if (n2 == 0.0f) {
         return q;
     }
-    if (n == 0.0f || k2 < k) {
-        const float mf_n = n, mf_k = k, mf_t = t, mf_q = q;
-        n = n2; k = k2; t = t2; q = q2;
-        n2 = mf_n; k2 = mf_k; t2 = mf_t; q2 = mf_q;
-        if (n2 == 0.0f) {
-            return q;
-        }
+    if (n == 0.0f) {
+        n = n2;
+        k = k2;
+        t = t2;
+        return q2;
     }
     const float mf_e = k2 - k;
     const float mf_d = (mf_e + t2 / n2) - t / n;

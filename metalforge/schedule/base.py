@@ -176,7 +176,7 @@ class Schedule:
     def rounded_operands(self, sizes: Mapping[str, int]) -> dict[Node, torch.dtype]:
         """The values a call with these sizes rounds to a narrower type than fp32 before using
         them (attention's softmax weights, as the half operands of its matrix products), with
-        that type: testing's reference may round them alike. None by default."""
+        that type: testing's reference may round them alike. None by default (empty)."""
         return {}
 
     @property

@@ -37,8 +37,9 @@ row length D (`RowSchedule.variant`), so sizes never recompile:
   once per phase; a max followed by sum(exp(a - max)) is fused into one online pass, and,
   with the launch option `centered`, a sum followed by the sum of squares around a value of
   it (LayerNorm's mean and variance) into one centered pass (`schedule.centered`: sums shifted
-  by the thread's first element, Chan's merge across threads), a thread's chunk folded at
-  once where it lies wholly in the row (`mf_online_add_chunk`, `mf_centered_add_chunk`).
+  by the thread's first element, moments about one shift summed across threads), a thread's
+  chunk folded at once where it lies wholly in the row (`mf_online_add_chunk`,
+  `mf_centered_add_chunk`).
 
 - ``split`` / ``split_2`` / ``split_3`` and ``finish`` (few long rows, where fill_groups asks:
   `RowSchedule.slices`, module `split`): the looped kernel's rows cut into slices of whole

@@ -68,7 +68,8 @@ def kernel(k: RowKernel) -> Built:
     # the looped variant adds thousands of elements per thread: compensated sums
     reds = reduce.phases(graph, online=looped, compensated=looped,
                          centered=looped and ctx.policy.centered)
-    ctx.helpers.update(reduce.helpers_of(reds, simd=True) - {"mf_online_merge"})
+    ctx.helpers.update(reduce.helpers_of(reds, simd=True)
+                       - {"mf_online_merge", "mf_centered_merge"})          # split rows' merges
     early = () if looped else ctx.early
     for p in range(1 + max(r.phase for r in reds)):
         rs = [r for r in reds if r.phase == p]

@@ -38,8 +38,8 @@ SCRATCH = "mf_scratch"
 
 
 def one_pass(ctx: RowContext) -> list[reduce.Reduction]:
-    """The graph's reductions as the streamed kernels fold them (online pairs, compensated
-    sums)."""
+    """The graph's reductions as the streamed kernels fold them (online pairs, centered pairs
+    where the policy asks, compensated sums)."""
     return reduce.phases(ctx.graph, online=True, compensated=True,
                          centered=ctx.policy.centered)
 
