@@ -149,17 +149,17 @@ def test_centered_pairs_match_two_passes(launch):
     x[6, 0] = 1e6
     k = centers.with_launch(**launch)
     assert len(hosts(k, x, 0.5)) == (1 if launch["fill_groups"] == 0 else 2)
-    s = runtime.schedule_of(centers.graph(x, 0.5), {"x": x, "a": 0.5}, launch=k.launch)
-    assert s.passes["looped"] == {"x": 1}                  # both squares ride along with a sum
+    sched = runtime.schedule_of(centers.graph(x, 0.5), {"x": x, "a": 0.5}, launch=k.launch)
+    assert sched.passes["looped"] == {"x": 1}              # both squares ride along with a sum
     around_mean, around_half_sum, s = k(x, 0.5)
     xd = x.double()
     sd = xd.sum(-1, keepdim=True)
     want_mean = ((xd - sd / 5000) ** 2).sum(-1)
     want_half = ((xd - 0.5 * sd) ** 2).sum(-1)
     torch.testing.assert_close(s, sd.squeeze(-1).float(), rtol=1e-6, atol=1e-3, equal_nan=True)
-    torch.testing.assert_close(around_mean, want_mean.float(), rtol=1e-5, atol=1e-3,
+    torch.testing.assert_close(around_mean, want_mean.float(), rtol=1e-5, atol=1e-6,
                                equal_nan=True)
-    torch.testing.assert_close(around_half_sum, want_half.float(), rtol=1e-5, atol=1e-3,
+    torch.testing.assert_close(around_half_sum, want_half.float(), rtol=1e-5, atol=1e-6,
                                equal_nan=True)
 
 
