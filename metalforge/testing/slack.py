@@ -35,20 +35,25 @@ class Allowance:
     alternatives: list[tuple] = field(default_factory=list)
 
 
-def schedule_for(graph: Graph, values: Mapping[str, Any]) -> Optional[Schedule]:
-    """The schedule a call with these arguments uses; None when it refuses them."""
+def schedule_for(graph: Graph, values: Mapping[str, Any],
+                 launch: Optional[Mapping[str, Any]] = None) -> Optional[Schedule]:
+    """The schedule a call with these arguments uses (`launch`: the kernel's own launch
+    options; their backend's layer from the tensors); None when it refuses them."""
     try:
+        if launch is not None:
+            return schedule_of(graph, values, launch=launch)
         sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
         return schedule_of(graph, sizes=sizes)
     except Exception:                                            # noqa: BLE001 - refused
         return None
 
 
-def allowance(graph: Graph, values: Mapping[str, Any], expected: Sequence[torch.Tensor]
-              ) -> Allowance:
+def allowance(graph: Graph, values: Mapping[str, Any], expected: Sequence[torch.Tensor],
+              launch: Optional[Mapping[str, Any]] = None) -> Allowance:
     """The slack and alternative references for one example of `graph` (`values`: the
-    arguments by name; `expected`: the reference's outputs), from what its schedule reorders."""
-    s = schedule_for(graph, values)
+    arguments by name; `expected`: the reference's outputs; `launch`: the kernel's own launch
+    options), from what its schedule reorders."""
+    s = schedule_for(graph, values, launch)
     reordered = s.reordering() if s is not None else None
     if reordered is None:
         return Allowance()

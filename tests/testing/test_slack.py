@@ -82,9 +82,13 @@ def test_half_prefill_rounds_its_weights_and_the_reference_may_too():
         assert got[..., 0].isnan().all() and (expected[..., 0] == -math.inf).all()
         tol = tolerance("f16", reduction_length=8)
         assert compare(got, expected.half(), tol) is not None
-        allowed = allowance(kernel.graph(T="f16"), values, (expected,))
+        allowed = allowance(kernel.graph(T="f16"), values, (expected,), kernel.launch)
         assert compare(got, expected.half(), tol,
                        alternatives=[m[0] for m in allowed.alternatives]) is None
+        # the kernel's own launch options count: with matrix_rows=0 nothing is rounded
+        decode = allowance(kernel.graph(T="f16"), values, (expected,),
+                           {**kernel.launch, "matrix_rows": 0})
+        assert len(decode.alternatives) == len(allowed.alternatives) - 1
     decode = sl_attention.with_launch(target="cuda", matrix_rows=0)
     assert (decode(q, k, v)[..., 0] == -math.inf).all()
     sizes = {"B": 1, "H": 1, "S": 32, "L": 4, "E": 8}
