@@ -363,7 +363,7 @@ def _run_and_compare(kernel, variant: CheckVariant, ex: Drawn, backend_ctx) -> O
     if len(got) != len(expected):
         return f"the kernel returned {len(got)} output(s), the reference {len(expected)}"
     tol = _tolerance(variant.graph, ex)
-    allowed = allowance(variant.graph, ex.args, expected, getattr(kernel, "launch", None) or {})
+    allowed = allowance(variant.graph, ex.args, expected, getattr(kernel, "launch", None))
     for i, (g, e) in enumerate(zip(got, expected)):
         breach = compare(g, e, tol, output=i,
                          slack=allowed.slack[i] if allowed.slack else None,

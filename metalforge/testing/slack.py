@@ -40,10 +40,7 @@ def schedule_for(graph: Graph, values: Mapping[str, Any],
     """The schedule a call with these arguments uses (`launch`: the kernel's own launch
     options; their backend's layer from the tensors); None when it refuses them."""
     try:
-        if launch is not None:
-            return schedule_of(graph, values, launch=launch)
-        sizes = bind_shapes(graph, {t.name: values[t.name] for t in graph.tensors}).sizes
-        return schedule_of(graph, sizes=sizes)
+        return schedule_of(graph, values, launch=launch)
     except Exception:                                            # noqa: BLE001 - refused
         return None
 
