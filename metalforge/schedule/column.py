@@ -34,7 +34,7 @@ reduced axis. Kernels of one library, chosen per call from the sizes:
 Split and wide steps compute the values of their reads_per_thread rows first (into register
 arrays), then fold them in row order, so the loads are not held back by the folds' chain; a
 compensated sum's or a float max / min's step values are combined among themselves first and
-folded once (`column_folds`).
+folded once (`folds`).
 
 Phases as in `reduce`; each phase loops over the reduced axis again (a max followed by
 sum(exp(a - max)) runs as one online pass), and the epilogue loops once more to write outputs
@@ -51,10 +51,10 @@ from ..graph import Graph, Node
 from . import reduce
 from .base import IDX, Step, make_kernel
 from .column_context import ColumnContext, column_context, partial_slots, wide_columns
-from .column_folds import step_folds
 from .column_merge import ChunkMerges, copies
 from .column_ticket import TicketMerges, counter_argument
 from .column_words import grouped
+from .folds import step_folds
 from .hardware import SIMD_WIDTH
 from .lower import ElementLowering, compute_type
 from .policy import LaunchPolicy

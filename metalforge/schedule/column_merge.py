@@ -11,7 +11,7 @@ from .. import ir
 from . import reduce
 from .base import IDX, make_kernel
 from .column_context import ColumnContext, _bits, partial_slots
-from .column_folds import extreme
+from .folds import extreme
 from .hardware import SIMD_WIDTH
 
 

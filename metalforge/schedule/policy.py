@@ -52,9 +52,10 @@ class LaunchPolicy:
                                        # plain arithmetic from 2-byte inputs (softmax(x / t)'s
                                        # x / t) kept in fp32 registers for the later phases;
                                        # False: recomputed there from the inputs' registers
-    centered: bool = False             # row reductions, streamed rows: a sum of squares around a
+    centered: Optional[bool] = None    # row reductions, streamed rows: a sum of squares around a
                                        # value of a sum (LayerNorm's variance) in the sum's pass
-                                       # (schedule/centered.py); False: a pass of its own
+                                       # (schedule/centered.py); False: a pass of its own; None:
+                                       # split rows centered, looped rows not (measured below)
     k_splits: int = 1                  # quantized matvec: simdgroups sharing one block of rows,
                                        # each taking a slice of K (merged in threadgroup memory)
     split_grid: int = 0                # quantized matvec: the k_splits kernel (qmv_split) runs
@@ -196,6 +197,10 @@ POLICIES: dict[str, LaunchPolicy] = {
     # since short rows share simdgroups (2026-11-25: D=128 in 16 lanes, 16-byte f16 accesses;
     # log_softmax f16 8192x128 0.79→1.03x, softmax f16 0.97→1.24x; at 4 per lane and one
     # simdgroup per row, 8 per lane had left half the lanes idle: softmax f16 0.77→0.46x).
+    # centered None: split rows fold LayerNorm's mean and variance in one centered pass, the
+    # looped kernel in two (H200, 2026-11-29, layer_norm µs: f32 / f16 64x65536 split 18.1 /
+    # 20.3, centered 17.1 / 17.6; f32 2048x16384 / 1024x16384 looped 124.0 / 64.1, centered
+    # 129.4 / 67.0; its second read comes from L2, the centered arithmetic does not)
     "row": LaunchPolicy("row", threads_per_group=1024, vector_width=8, rows_per_group=8,
                         reads_per_thread=8, simd_reads_per_thread=8, looped_reads_per_thread=4,
                         looped_limit=8192, uses_simd=True),
@@ -464,7 +469,7 @@ _READS = ("reads_per_thread", "simd_reads_per_thread", "looped_reads_per_thread"
 _SWITCHES: tuple[tuple[str, Optional[str]], ...] = (
     ("index64", ""), ("lane_scores", None), ("qmm_matrix", None), ("one_launch", None),
     ("qmm_fp32", None), ("qmm_prefetch", None), ("keep_narrow", None), ("tf32", None),
-    ("centered", None),
+    ("centered", " (split rows centered, looped rows not)"),
     ("stage_kv", " (the schedule's choice)"), ("stage_rows", " (the backend's choice)"))
 
 

@@ -319,15 +319,21 @@ def test_staged_rows_where_twice_the_groups_fit(dtype):
 def test_layer_norm_centered_on_the_gpu(rows, cols):
     """The launch option centered (layer_norm's mean and variance in one streamed pass: the
     looped kernel, or split rows at few of them) through the shim's simd_max / simd_sum, a
-    mean 1e3 from 0, against torch in float64."""
-    ln = _example("layer_norm")["layer_norm"].with_launch(centered=True)
+    mean 1e3 from 0, against torch in float64: as accurate as two passes. (Either is off by
+    a few ulp of the mean over the standard deviation, times w: 2e-4 to 5e-4 here.)"""
+    ln = _example("layer_norm")["layer_norm"]
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(rows, cols, device="cuda", generator=g) * 2 + 1e3
-    w, b = torch.randn(cols, device="cuda"), torch.randn(cols, device="cuda")
-    host = ln.launches(x, w, b)[0][0]
-    assert host.endswith(("_looped", "_split")), host
+    w = torch.randn(cols, device="cuda", generator=g)
+    b = torch.randn(cols, device="cuda", generator=g)
     want = torch.nn.functional.layer_norm(x.double(), (cols,), w.double(), b.double())
-    torch.testing.assert_close(ln(x, w, b), want.float(), rtol=1e-4, atol=1e-4)
+    err = {}
+    for centered in (True, False):
+        k = ln.with_launch(centered=centered)
+        host = k.launches(x, w, b)[0][0]
+        assert host.endswith(("_looped", "_split")), host
+        err[centered] = (k(x, w, b).double() - want).abs().max().item()
+    assert err[True] <= 1.5 * err[False] + 1e-6 and err[True] < 1e-3, err
 
 
 def test_call_errors():

@@ -100,24 +100,29 @@ def centers(x: "T[R, D]", a: float):      # squares around the mean and around a
     return mf.sum((x - m) * (x - m), axis="D"), mf.sum((x - a * s) ** 2, axis="D"), s
 
 
-@pytest.mark.parametrize("launch", [SPLIT, CENTERED], ids=["two_passes", "centered"])
+@pytest.mark.parametrize("launch", [dict(SPLIT, centered=False), SPLIT, CENTERED],
+                         ids=["two_passes", "default", "centered"])
 def test_layer_norm_split_rows(launch):
-    """layer_norm's mean, then the variance around it: a launch per phase (the second merges
-    the first's partials), then the finish; with `centered`, both in one pass (count, shift,
-    shifted sum and squares, merged slice by slice); a mean far from 0, where squares around 0
-    would cancel; against torch."""
+    """layer_norm's mean, then the variance around it: with centered=False a launch per phase
+    (the second merges the first's partials), then the finish; by default and with
+    centered=True both in one pass (count, shift, shifted sum and squares, merged slice by
+    slice), the looped kernel centered only where asked; a mean far from 0, where squares
+    around 0 would cancel; against torch."""
     g = torch.Generator().manual_seed(8)
     x = torch.randn(2, 9000, generator=g) * 3 + 1000.0
     k = layer_norm.with_launch(**launch)
-    passes = ["split", "finish"] if launch.get("centered") else ["split", "split_2", "finish"]
+    centered = launch.get("centered")
+    passes = ["split", "split_2", "finish"] if centered is False else ["split", "finish"]
     assert hosts(k, x) == [f"layer_norm_f32_{p}" for p in passes]
     xd = x.double()
     torch.testing.assert_close(k(x), F.layer_norm(xd, (9000,), eps=1e-5).float(),
                                rtol=1e-4, atol=1e-4)
     s = runtime.schedule_of(layer_norm.graph(x), {"x": x}, launch=k.launch)
     sizes = {"R": 2, "D": 9000}
-    assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
-    assert s.passes["looped"] == {"x": len(passes)}
+    looped = len(passes) if centered is not None else 3
+    assert s.passes["looped"] == {"x": looped}
+    if looped == len(passes):
+        assert s.traffic(sizes, "split").total == s.traffic(sizes, "looped").total
 
 
 def test_two_phase_rows_split_one_launch_per_phase():

@@ -35,8 +35,9 @@ row length D (`RowSchedule.variant`), so sizes never recompile:
   allows: `RowSchedule.within`): one threadgroup of `threads_per_group` threads per row; every phase
   streams the row in chunks of threads_per_group * R elements (vector loads), so the row is read
   once per phase; a max followed by sum(exp(a - max)) is fused into one online pass, and,
-  with the launch option `centered`, a sum followed by the sum of squares around a value of
-  it (LayerNorm's mean and variance) into one centered pass (`schedule.centered`: sums shifted
+  with the launch option `centered=True` (split rows: unless it is False), a sum followed by
+  the sum of squares around a value of it (LayerNorm's mean and variance) into one centered
+  pass (`schedule.centered`: sums shifted
   by the thread's first element, moments about one shift summed across threads), a thread's
   chunk folded at once where it lies wholly in the row (`mf_online_add_chunk`,
   `mf_centered_add_chunk`).

@@ -67,7 +67,7 @@ def kernel(k: RowKernel) -> Built:
         ctx.helpers.add("mf_pack8_of")
     # the looped variant adds thousands of elements per thread: compensated sums
     reds = reduce.phases(graph, online=looped, compensated=looped,
-                         centered=looped and ctx.policy.centered)
+                         centered=looped and ctx.policy.centered is True)
     ctx.helpers.update(reduce.helpers_of(reds, simd=True)
                        - {"mf_online_merge", "mf_centered_merge"})          # split rows' merges
     early = () if looped else ctx.early

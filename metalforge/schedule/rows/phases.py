@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ... import ir
-from ...graph import Node, take_sites
-from .. import reduce
+from ...graph import Node, ReduceOp, take_sites
+from .. import folds, reduce
 from ..lower import ElementLowering, compute_type
 from ..unit_gather import gathers_once
 from .combine import combine
@@ -59,9 +59,10 @@ def element_loop(k: RowKernel, roots: list[Node], reds: list[reduce.Reduction],
             stmts = (decl_pos if ir.mentions(stmts, "mf_pos") else []) + stmts
         return each_slot(k, stmts)
     whole: list[ir.Stmt] = [ir.Comment("all of them in the row: no per-element check")]
-    pairs = [r for r in reds if r.online_sum is not None or r.squares is not None]
-    if pairs:
-        whole += online_chunk(k, el, reds, pairs, values, rest, each)
+    chunked = [r for r in reds if r.online_sum is not None or r.squares is not None or (
+        k.name in STREAMED and k.reads > 1 and folds.blocked(r))]
+    if chunked:
+        whole += chunk_folds(k, el, reds, chunked, values, rest, each)
     else:
         whole.append(each(body, False))
     if k.name in WHOLE:                    # rows of whole blocks
@@ -74,29 +75,41 @@ def element_loop(k: RowKernel, roots: list[Node], reds: list[reduce.Reduction],
     return row_stmts, tensors, fetch, loop
 
 
-def online_chunk(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction],
-                 pairs: list[reduce.Reduction], values: list[ir.Stmt], rest: list[ir.Stmt],
-                 each: Each) -> list[ir.Stmt]:
-    """The element loop over a chunk wholly in the row, with online (max, sum) pairs or
-    centered (sum, squares) pairs: the loop keeps each pair's argument in a register array
-    instead of folding it element by element, and one `mf_online_add_chunk` (or
-    `mf_centered_add_chunk`) per chunk folds them (one rescale test and one compensated add
-    per chunk: f32 softmax rows of 16384 went from 0.93x to 1.02x torch eager on the H100)."""
-    others = [r for r in reds if r not in pairs]
+def chunk_folds(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction],
+                chunked: list[reduce.Reduction], values: list[ir.Stmt], rest: list[ir.Stmt],
+                each: Each) -> list[ir.Stmt]:
+    """The element loop over a chunk wholly in the row, folding the `chunked` reductions once
+    per chunk instead of element by element: the loop keeps each one's argument in a register
+    array, then
+    - an online (max, sum) pair folds it with one `mf_online_add_chunk` (one rescale test and
+      one compensated add per chunk: f32 softmax rows of 16384 went from 0.93x to 1.02x torch
+      eager on the H100), a centered (sum, squares) pair with one `mf_centered_add_chunk`;
+    - a compensated sum adds the chunk's values in plain fp32, in order, then that into its
+      sum with one compensated add, and a float max / min takes the chunk's extreme first
+      (`folds.block_value`: the streamed rows were ALU-bound on the compensated add's ten or
+      so instructions an element)."""
+    others = [r for r in reds if r not in chunked]
     keep: list[ir.Stmt] = []
     decls: list[ir.Stmt] = []
     after: list[ir.Stmt] = []
-    for r in pairs:
-        arr = f"mf_on{r.i}"
-        decls.append(ir.ArrayDecl(arr, "float", k.reads))
+    for r in chunked:
+        pair = r.online_sum is not None or r.squares is not None
+        arr = f"mf_on{r.i}" if pair else f"mf_e{r.i}"
+        decls.append(ir.ArrayDecl(arr, "float" if pair else r.acc_type, k.reads))
         keep.append(ir.Assign(ir.Lane(ir.Var(arr), ir.Var("mf_k")), k.ctx.acc_value(el, r)))
-        after += reduce.update_chunk(r, arr, k.reads)
-    if any(r.online_sum is not None for r in pairs):
+        if pair:
+            after += reduce.update_chunk(r, arr, k.reads)
+        else:
+            b = ir.Var(f"mf_b{r.i}")
+            after.append(ir.Block([*folds.block_value(r, ir.Var(arr), b, k.reads),
+                                   *folds.fold(r, b, ir.Var("mf_base"))]))
+    if any(r.online_sum is not None for r in chunked):
         k.ctx.helpers.add("mf_online_add_chunk")
     body = values + k.ctx.fold(el, others, ir.Var("mf_pos")) + keep + rest
     what = " and ".join(dict.fromkeys(
         "the running max and sum" if r.online_sum is not None else
-        "the running count, sum and squares around the mean" for r in pairs))
+        "the running count, sum and squares around the mean" if r.squares is not None else
+        "its sum" if r.kind == ReduceOp.SUM else f"its {r.kind}" for r in chunked))
     return decls + [each(body, False), ir.Comment(f"fold the chunk into {what} at once")] + after
 
 

@@ -39,9 +39,9 @@ SCRATCH = "mf_scratch"
 
 def one_pass(ctx: RowContext) -> list[reduce.Reduction]:
     """The graph's reductions as the streamed kernels fold them (online pairs, centered pairs
-    where the policy asks, compensated sums)."""
+    unless the policy says not to, compensated sums)."""
     return reduce.phases(ctx.graph, online=True, compensated=True,
-                         centered=ctx.policy.centered)
+                         centered=ctx.policy.centered is not False)
 
 
 def passes(ctx: RowContext) -> tuple[str, ...]:

@@ -634,9 +634,18 @@ kernel void mf_layer_norm_looped(
         // each of this thread's 4 elements
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
+            float mf_e1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_in_x = float(mf_reg_x[mf_k]);
-                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_in_x);
+                mf_e1[mf_k] = mf_in_x;
+            }
+            // fold the chunk into its sum at once
+            {
+                float mf_b1 = mf_e1[0u];
+                for (uint mf_u = 1u; mf_u < 4u; ++mf_u) {
+                    mf_b1 = mf_b1 + mf_e1[mf_u];
+                }
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_b1);
             }
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked
@@ -690,12 +699,21 @@ kernel void mf_layer_norm_looped(
         // each of this thread's 4 elements
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
+            float mf_e2[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_in_x - mf_r2;
                 const float mf_v2 = mf_in_x - mf_r2;
                 const float mf_v3 = mf_v1 * mf_v2;
-                mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_v3);
+                mf_e2[mf_k] = mf_v3;
+            }
+            // fold the chunk into its sum at once
+            {
+                float mf_b2 = mf_e2[0u];
+                for (uint mf_u = 1u; mf_u < 4u; ++mf_u) {
+                    mf_b2 = mf_b2 + mf_e2[mf_u];
+                }
+                mf_acc2 = mf_sum_add(mf_cmp2, mf_acc2, mf_b2);
             }
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked

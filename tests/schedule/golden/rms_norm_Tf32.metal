@@ -472,10 +472,19 @@ kernel void mf_rms_norm_looped(
         // each of this thread's 4 elements
         if (mf_last < mf_size_D) {
             // all of them in the row: no per-element check
+            float mf_e1[4];
             for (uint mf_k = 0u; mf_k < 4u; ++mf_k) {
                 const float mf_in_x = float(mf_reg_x[mf_k]);
                 const float mf_v1 = mf_in_x * mf_in_x;
-                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_v1);
+                mf_e1[mf_k] = mf_v1;
+            }
+            // fold the chunk into its sum at once
+            {
+                float mf_b1 = mf_e1[0u];
+                for (uint mf_u = 1u; mf_u < 4u; ++mf_u) {
+                    mf_b1 = mf_b1 + mf_e1[mf_u];
+                }
+                mf_acc1 = mf_sum_add(mf_cmp1, mf_acc1, mf_b1);
             }
         } else if (mf_first < mf_size_D) {
             // the row's end: each element checked

@@ -1,12 +1,13 @@
-"""How the column kernels fold a step's element values into their accumulators.
+"""How a thread folds a step's element values into its accumulators, in the column kernels
+and the row kernels that stream a row in chunks.
 
-A split or wide thread loads reads_per_thread rows of its column(s) at once (register arrays
-mf_e<i>[reads]), then folds them in row order. Folding each value on its own made the loops
-ALU-bound on an H200 (f16 column sums: the compensated add's ten or so instructions a value;
-maxima: `mf_maximum`'s NaN tests and early returns), so a step's values of a compensated sum
-or a float max / min are combined among themselves first (`block_value`) and folded once, and
-a float max / min folds without branches (`extreme`). Deterministic: the same rows combine in
-the same order on every call.
+A split or wide column thread loads reads_per_thread rows of its column(s) at once (register
+arrays mf_e<i>[reads]), a looped or split row thread one chunk of its row; then it folds them
+in order. Folding each value on its own made the loops ALU-bound on an H200 (f16 column sums:
+the compensated add's ten or so instructions a value; maxima: `mf_maximum`'s NaN tests and
+early returns), so a step's values of a compensated sum or a float max / min are combined
+among themselves first (`block_value`) and folded once, and a float max / min folds without
+branches (`extreme`). Deterministic: the same elements combine in the same order on every call.
 """
 from __future__ import annotations
 
