@@ -161,13 +161,20 @@ class Launch:
 
 def _groups_per_core(c: Compiled, group: int) -> int:
     """Threadgroups of `group` threads the backend says can share one core (cuda: from the
-    compiled kernel's registers and threadgroup memory); 0 where it cannot say. An
-    alternative kernel (the staged row kernel) runs where it fits at least twice as many as
-    the kernel it replaces: H100, 2026-11-27, f16 layer_norm 2048x16384 one group of 1024 a
-    core -> two, 74.3 -> 52.1 us; add_rms_norm 4096x8192 two groups of 512 -> three, 97.9 ->
-    103.4 us (bench/README.md)."""
+    compiled kernel's registers and threadgroup memory); 0 where it cannot say."""
     f = getattr(c.kernel, "groups_per_core", None)
     return int(f(group)) if f is not None else 0
+
+
+def _resident_gain(alt: Step, step: Step) -> float:
+    """How many times the threads resident on a core an alternative must keep to replace
+    `step`: another kernel (the staged row kernel) twice as many (H100, 2026-11-27, f16
+    layer_norm 2048x16384 one group of 1024 a core -> two, 74.3 -> 52.1 us; add_rms_norm
+    4096x8192 two groups of 512 -> three, 97.9 -> 103.4 us); the same kernel in smaller
+    groups half again as many (H200, 2026-11-29, f32 layer_norm's looped kernel one group of
+    1024 -> three of 512, 124.0 -> 94.2 us; rms_norm's, two of 1024 or four of 512, runs
+    75.8 / 94.1: bench/README.md)."""
+    return 1.5 if alt.host_name == step.host_name else 2.0
 
 
 def bind(call: CheckedCall) -> Launch:
@@ -193,16 +200,16 @@ def bind(call: CheckedCall) -> Launch:
 def _launch(call: CheckedCall, s: sched_mod.Schedule, lib: KernelSet,
             step: Step) -> tuple[Any, int, int, str]:
     """One launch of a call: (kernel object, threads, group, host name), the kernel the
-    pipeline allows (another where its limit is lower, an alternative where twice the groups
-    share a core), checked."""
+    pipeline allows (another where its limit is lower, an alternative where more of its
+    threads share a core: `_resident_gain`), checked."""
     sizes = call.binding.sizes
     step = fit(s, step, sizes, lambda host: lib.kernel(host).max_threads)
     compiled = lib.kernel(step.host_name)
-    for alt in s.alternatives(step, sizes):     # where twice the groups share a core
+    for alt in s.alternatives(step, sizes):     # where more threads share a core
         other = lib.kernel(alt.host_name)
-        now = _groups_per_core(compiled, step.group)
+        now = _groups_per_core(compiled, step.group) * step.group
         if alt.group <= other.max_threads and now and \
-                _groups_per_core(other, alt.group) >= 2 * now:
+                _groups_per_core(other, alt.group) * alt.group >= _resident_gain(alt, step) * now:
             step, compiled = alt, other
     check_step(call.spec.where, step, compiled.max_threads, call.numel, s.policy)
     return compiled.kernel, step.threads, step.group, step.host_name

@@ -205,7 +205,8 @@ def _within(s, host: str, pins: dict, dims) -> Optional[dict]:
 def _one_per_kernel(s, axis: str, pins: list) -> list:
     """The first size of `pins` that selects each of the schedule's kernels (all axes but
     `axis` at 1), and every size where the launcher may take another kernel instead
-    (`Schedule.alternatives`: whether it does depends on the device)."""
+    (`Schedule.alternatives`: whether it does depends on the device; the same kernel in
+    smaller groups adds none)."""
     firsts: dict[str, int] = {}
     maybe: set[int] = set()
     ones = {d.name: 1 for t in s.graph.tensors for d in t.dims}
@@ -217,7 +218,7 @@ def _one_per_kernel(s, axis: str, pins: list) -> list:
             continue
         for step in steps:
             firsts.setdefault(step.host_name, b)
-            if s.alternatives(step, sizes):
+            if any(a.host_name != step.host_name for a in s.alternatives(step, sizes)):
                 maybe.add(b)
     return sorted(set(firsts.values()) | maybe) or pins[:1]
 

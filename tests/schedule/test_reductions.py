@@ -296,6 +296,25 @@ def test_launcher_takes_the_staged_kernel_where_twice_the_groups_share_a_core(mo
     close(k(x, w), F.rms_norm(x.double(), (8192,), w.double(), eps=1e-6), torch.float16)
 
 
+def test_launcher_regroups_the_looped_kernel_where_more_threads_share_a_core(monkeypatch):
+    """The looped kernel reads its group size at run time: the launcher runs it in groups of
+    half the threads where the backend says that keeps half again as many threads on a core
+    (one group of 1024 -> three of 512), not where it keeps as many (two -> four); the
+    simulator says nothing (1024). Either way the result is the reference's."""
+    from metalforge.sim.library import LibraryFunction
+    x, w, b = torch.randn(3, 9000), torch.randn(9000), torch.randn(9000)
+    k = layer_norm.with_launch(looped_limit=2048, fill_groups=0)
+    (host, threads, group), = k.launches(x, w, b)
+    assert (host, threads, group) == ("layer_norm_f32_looped", 3 * 1024, 1024)
+    want = F.layer_norm(x.double(), (9000,), w.double(), b.double(), eps=1e-5)
+    for fits, tpg in (({1024: 1, 512: 3}, 512), ({1024: 2, 512: 4}, 1024),
+                      ({1024: 1, 512: 3, 256: 6}, 512)):
+        monkeypatch.setattr(LibraryFunction, "groups_per_core",
+                            lambda self, n, f=fits: f.get(n, 0), raising=False)
+        assert k.launches(x, w, b) == (("layer_norm_f32_looped", 3 * tpg, tpg),)
+        close(k(x, w, b), want, torch.float32)
+
+
 def test_softmax_keeps_exp_in_registers():
     x = torch.randn(4, 1000)
     src = softmax.source(x)
