@@ -345,13 +345,17 @@ POLICIES: dict[str, LaunchPolicy] = {
 # core either way) 54.8 -> 58.7, add_rms_norm 4096x8192 (two groups of 512 -> three) 97.9 ->
 # 103.4 (bench/README.md). The Metal table keeps it off: Metal says nothing of occupancy, and
 # no Mac has timed it.
-# cuda, rows: few long rows split over threadgroups (rows/split.py) where the looped kernel
-# would run fewer than 256 of them (two groups of 1024 threads on each of an H100's or H200's
-# 132 cores): 64 rows of 65536 ran in 64 threadgroups, f16 softmax 0.85x and log_softmax
-# 0.63x torch eager (H200, 2026-11-28, bench/README.md); split (H200, 2026-11-29), us, f16 /
-# f32: softmax 18.2 -> 16.0 / 19.0 -> 15.9, log_softmax 16.2 -> 15.1 / 17.3 -> 15.8,
-# layer_norm 21.5 -> 21.2 / 21.9 -> 18.9 (fill_groups=0: as before). The Metal table keeps it
-# off (untimed on Apple GPUs).
+# cuda, rows: few long rows split over threadgroups (rows/split.py) where the looped kernel would
+# run fewer than fill_groups of them (first 256: two groups of 1024 threads on each of an H100's
+# or H200's 132 cores; now 128): 64 rows of 65536 ran in 64 threadgroups, f16 softmax 0.85x and
+# log_softmax 0.63x torch eager (H200, 2026-11-28, bench/README.md); split (H200, 2026-11-29), us,
+# f16 / f32: softmax 18.2 -> 16.0 / 19.0 -> 15.9, log_softmax 16.2 -> 15.1 / 17.3 -> 15.8,
+# layer_norm 21.5 -> 21.2 / 21.9 -> 18.9 (fill_groups=0: as before). Then (H200, 2026-11-29, ninth
+# session) fewer slices: fill_groups 128 (two slices of 64 rows, four of 32) against 256, us, f32
+# layer_norm / softmax: 64x65536 17.2 / 16.1 -> 15.2 / 15.3, 32x65536 16.8 / 13.4 -> 12.1 / 10.7,
+# 16x262144 25.7 / 21.0 -> 17.5 / 16.1, 128x32768 (no longer split) 16.3 / 15.7 -> 14.4 / 11.8,
+# 8x65536 the same; 96 or 64 slower but at 8 rows, 192, 512 and 1024 slower everywhere
+# (bench/README.md). The Metal table keeps it off (untimed on Apple GPUs).
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
 # simdgroup_matrix products, whose operands the shim moves by shuffles: H100, 2026-11-28, f16,
@@ -395,7 +399,7 @@ POLICIES["matmul"] = LaunchPolicy("matmul", threads_per_group=128, vector_width=
                                   uses_simd=True, target="apple9", tile=64)
 
 BACKEND_POLICIES: dict[str, dict[str, dict[str, Any]]] = {
-    "cuda": {"row": {"stage_rows": None, "fill_groups": 256},
+    "cuda": {"row": {"stage_rows": None, "fill_groups": 128},
              "quant": {"split_grid": 256, "qmm_matrix": False, "stage_prologue": False,
                        "paired_rows": 2, "qmm_splits": 4, "qmm_tile_n": 32,
                        "qmm_wide_rows": 128,

@@ -225,4 +225,4 @@ def test_backend_policies_are_valid_options_of_their_families():
     assert policy.backend_launch("sim", "row") is None
     assert policy.backend_launch("cuda", "column") is None
     assert policy.backend_launch("cuda", "row") == {"stage_rows": None,    # per call
-                                                    "fill_groups": 256}   # few rows split
+                                                    "fill_groups": 128}   # few rows split
