@@ -354,7 +354,7 @@ POLICIES: dict[str, LaunchPolicy] = {
 # session) fewer slices: fill_groups 128 (two slices of 64 rows, four of 32) against 256, us, f32
 # layer_norm / softmax: 64x65536 17.2 / 16.1 -> 15.2 / 15.3, 32x65536 16.8 / 13.4 -> 12.1 / 10.7,
 # 16x262144 25.7 / 21.0 -> 17.5 / 16.1, 128x32768 (no longer split) 16.3 / 15.7 -> 14.4 / 11.8,
-# 8x65536 the same; 96 or 64 slower but at 8 rows, 192, 512 and 1024 slower everywhere
+# 8x65536 the same; 96 and 64 slower except at 8 rows, 192, 512 and 1024 slower everywhere
 # (bench/README.md). The Metal table keeps it off (untimed on Apple GPUs).
 # cuda, quant: K split 4 ways where qmv's grid has fewer than 256 simdgroups per stretch of
 # K (measured with the table's, above); the tiled kernel sums in register tiles, not
