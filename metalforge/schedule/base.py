@@ -145,9 +145,10 @@ class Schedule:
         return step
 
     def alternatives(self, step: Step, sizes: Mapping[str, int]) -> tuple[Step, ...]:
-        """Launches computing the same as `step` with another kernel, which the launcher takes
-        where the backend says at least twice as many of its threadgroups share a core (row:
-        the staged kernel)."""
+        """Launches computing the same as `step` with another kernel or in other groups,
+        which the launcher takes where the backend says enough more of their threads share a
+        core (`launcher._resident_gain`; row: the staged kernel, the looped kernel in groups
+        of half the threads)."""
         return ()
 
     @property
