@@ -173,6 +173,33 @@ def batched(x: "T[*B, D]"):
     return mf.softmax(x, axis="D")
 
 
+@mf.kernel
+def extremes(x: "T[R, D]"):
+    return mf.max(x, axis="D"), mf.min(x, axis="D"), mf.sum(x, axis="D")
+
+
+@pytest.mark.parametrize("fill", [0, 8], ids=["looped", "split"])
+def test_streamed_rows_fold_each_chunk_once(fill):
+    """The streamed kernels fold a chunk of a thread's elements once: a sum's values added in
+    plain fp32 first, then one compensated add; a max / min's with fmax / fmin, a NaN among
+    them put back. NaN, inf and -inf anywhere in a chunk, and a row of -inf, as torch gives."""
+    k = extremes.with_launch(looped_limit=256, threads_per_group=64, fill_groups=fill)
+    x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(3))
+    x[1, 517] = math.nan
+    x[2, 3] = INF
+    x[3, 999] = -INF
+    x[4, 100], x[4, 101] = math.nan, INF
+    x[5] = -INF
+    assert hosts(k, x)[0] == ("extremes_f32_split" if fill else "extremes_f32_looped")
+    src = k.source(x)
+    assert "// fold the chunk into its max and its min and its sum at once" in src
+    mx, mn, sm = k(x)
+    torch.testing.assert_close(mx, x.amax(-1), equal_nan=True)
+    torch.testing.assert_close(mn, x.amin(-1), equal_nan=True)
+    torch.testing.assert_close(sm, x.double().sum(-1).float(), equal_nan=True, rtol=1e-6,
+                               atol=1e-5)
+
+
 def test_check_pins_rows_enough_for_the_looped_kernel():
     """With split kernels built, few rows never reach the looped kernel: `check` runs it at
     fill_groups rows (a batch axis by its leading shape) and the shortest looped row."""
