@@ -9,13 +9,10 @@ pairs them where a schedule asks):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..graph import BinaryOp, Graph, Node, Op, ReduceOp, UnaryOp, topo_order
 from . import centered
-
-if TYPE_CHECKING:
-    from .reduce import Reduction
 
 
 def strip_cast(n: Node) -> Node:
@@ -25,15 +22,20 @@ def strip_cast(n: Node) -> Node:
     return n
 
 
-def exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
-                  ) -> list[tuple[Reduction, Reduction]]:
-    """(max, sum) pairs of float reductions over one axis where the sum is sum(exp(a - max))
-    of the max's own argument a: softmax's and logsumexp's two phases."""
+def _float_sum(n: Node) -> bool:
+    return n.attr[0] == ReduceOp.SUM and n.args[0].dtype.is_float
+
+
+def exp_sum_pairs(reduces: list[Node]) -> list[tuple[Node, Node, bool]]:
+    """(max, sum, whether the shift is logsumexp's safe max) of the float reductions
+    `reduces` over one axis where the sum is sum(exp(a - max)) of the max's own argument a:
+    softmax's and logsumexp's two phases."""
+    known = set(reduces)
     pairs = []
-    for r in reds:
-        if r.kind != ReduceOp.SUM or not r.is_float:
+    for r in reduces:
+        if not _float_sum(r):
             continue
-        e = strip_cast(r.arg)
+        e = strip_cast(r.args[0])
         if not (e.op == Op.UNARY and e.attr == UnaryOp.EXP):
             continue
         d = strip_cast(e.args[0])
@@ -41,29 +43,32 @@ def exp_sum_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]
             continue
         a, m = d.args[0], strip_cast(d.args[1])
         safe = safe_max(m)
-        mr = by_node.get(safe if safe is not None else m)
-        if mr is not None and mr.kind == ReduceOp.MAX and mr.axis == r.axis and mr.arg is a \
-                and mr.is_float:
-            r.safe_shift = safe is not None
-            pairs.append((mr, r))
+        mx = safe if safe is not None else m
+        if mx in known and mx.attr[0] == ReduceOp.MAX and mx.attr[1] == r.attr[1] and \
+                mx.args[0] is a and a.dtype.is_float:
+            pairs.append((mx, r, safe is not None))
     return pairs
 
 
-def centered_pairs(reds: list[Reduction], by_node: dict[Node, Reduction]) -> None:
-    """Pair each float sum of squares around a row value of a float sum of the same elements
-    over the same axis with that sum (`centered.pair`), one pair a sum."""
-    for r in reds:
-        if r.kind != ReduceOp.SUM or not r.is_float or r.online_max is not None:
+def centered_pairs(reduces: list[Node], online: set[Node]) -> list[tuple[Node, Node, Node]]:
+    """(sum, its squares, the center) for each float sum of squares around a row value (the
+    center) of a float sum of the same elements over the same axis among `reduces`
+    (`centered.pair`), one pair a sum; sums in `online` (an online pair's) take no part."""
+    paired: set[Node] = set()
+    out = []
+    for r in reduces:
+        if not _float_sum(r) or r in online:
             continue
 
-        def sums_of(x: Node, axis: str = r.axis) -> list[Node]:
-            return [m.node for m in reds if m.kind == ReduceOp.SUM and m.axis == axis
-                    and m.is_float and strip_cast(m.arg) is strip_cast(x)
-                    and m.squares is None and m.squares_of is None and m.online_max is None]
-        found = centered.pair(strip_cast(r.arg), r.axis, sums_of)
+        def sums_of(x: Node, axis: str = r.attr[1]) -> list[Node]:
+            return [m for m in reduces if _float_sum(m) and m.attr[1] == axis
+                    and strip_cast(m.args[0]) is strip_cast(x)
+                    and m not in paired and m not in online]
+        found = centered.pair(strip_cast(r.args[0]), r.attr[1], sums_of)
         if found is not None:
-            s = by_node[found[0]]
-            s.squares, r.squares_of, r.center = r, s, found[1]
+            out.append((found[0], r, found[1]))
+            paired.update((found[0], r))
+    return out
 
 
 def safe_max(n: Node) -> Optional[Node]:

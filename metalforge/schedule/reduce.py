@@ -171,7 +171,10 @@ def phases(graph: Graph, online: bool, compensated: bool = False, centered: bool
             r = Reduction(n, n.attr[0], n.attr[1], len(reds) + 1)
             reds.append(r)
             by_node[n] = r
-    pairs = exp_sum_pairs(reds, by_node)
+    pairs = []
+    for m, sm, safe in exp_sum_pairs([r.node for r in reds]):
+        by_node[sm].safe_shift = safe
+        pairs.append((by_node[m], by_node[sm]))
     if online:
         for mr, r in pairs:
             if mr.online_sum is None and r.online_max is None:
@@ -179,7 +182,10 @@ def phases(graph: Graph, online: bool, compensated: bool = False, centered: bool
     for mr, r in pairs:
         mr.nan_via_sum = nan_in_sum(graph, mr.node, r.node)
     if centered:
-        centered_pairs(reds, by_node)
+        online_sums = {r.node for r in reds if r.online_max is not None}
+        for sm, sq, c in centered_pairs([r.node for r in reds], online_sums):
+            by_node[sm].squares, by_node[sq].squares_of, by_node[sq].center = \
+                by_node[sq], by_node[sm], c
     avail: dict[Node, int] = {}
     for n in nodes:
         if n.op == Op.REDUCE:
