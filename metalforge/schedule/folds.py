@@ -64,6 +64,14 @@ def fold(r: reduce.Reduction, v: ir.Expr, k: ir.Expr) -> list[ir.Stmt]:
     return own if own is not None else reduce.update(r, v, k)
 
 
+def fold_block(r: reduce.Reduction, e: ir.Var, reads: int, k: ir.Expr) -> list[ir.Stmt]:
+    """A block of `reads` values of a `blocked` reduction (the register array `e`) folded
+    once: combined among themselves (`block_value`, into mf_b<i>), then into the accumulator
+    (`fold`, `k`: the block's first position)."""
+    b = ir.Var(f"mf_b{r.i}")
+    return [*block_value(r, e, b, reads), *fold(r, b, k)]
+
+
 def step_folds(rs: list[reduce.Reduction], k: ir.Expr, reads: int) -> list[ir.Stmt]:
     """Fold a step's `reads` element values (register arrays mf_e<i>[reads], rows in order,
     the first at position `k`) into `rs`. A compensated sum adds the step's values in plain
@@ -77,8 +85,7 @@ def step_folds(rs: list[reduce.Reduction], k: ir.Expr, reads: int) -> list[ir.St
     for r in rs:
         if not blocked(r) or reads == 1:
             continue
-        e, b = ir.Var(f"mf_e{r.i}"), ir.Var(f"mf_b{r.i}")
-        out += [*block_value(r, e, b, reads), *fold(r, b, k)]
+        out += fold_block(r, ir.Var(f"mf_e{r.i}"), reads, k)
     each = [r for r in rs if not blocked(r) or reads == 1]
     if not each:
         return [ir.Comment(f"the step's {reads} values of each reduction combined first, then "

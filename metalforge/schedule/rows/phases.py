@@ -86,7 +86,7 @@ def chunk_folds(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction],
       eager on the H100), a centered (sum, squares) pair with one `mf_centered_add_chunk`;
     - a compensated sum adds the chunk's values in plain fp32, in order, then that into its
       sum with one compensated add, and a float max / min takes the chunk's extreme first
-      (`folds.block_value`: the streamed rows were ALU-bound on the compensated add's ten or
+      (`folds.fold_block`: the streamed rows were ALU-bound on the compensated add's ten or
       so instructions an element)."""
     others = [r for r in reds if r not in chunked]
     keep: list[ir.Stmt] = []
@@ -100,9 +100,7 @@ def chunk_folds(k: RowKernel, el: ElementLowering, reds: list[reduce.Reduction],
         if pair:
             after += reduce.update_chunk(r, arr, k.reads)
         else:
-            b = ir.Var(f"mf_b{r.i}")
-            after.append(ir.Block([*folds.block_value(r, ir.Var(arr), b, k.reads),
-                                   *folds.fold(r, b, ir.Var("mf_base"))]))
+            after.append(ir.Block(folds.fold_block(r, ir.Var(arr), k.reads, ir.Var("mf_base"))))
     if any(r.online_sum is not None for r in chunked):
         k.ctx.helpers.add("mf_online_add_chunk")
     body = values + k.ctx.fold(el, others, ir.Var("mf_pos")) + keep + rest
