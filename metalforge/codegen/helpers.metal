@@ -52,27 +52,16 @@ inline float mf_erf(float x) {
 
 // helper: mf_maximum
 // maximum/minimum propagating NaN, as torch does
+// (one select, no branches: `a` where it is the greater or NaN, else `b`, a NaN `b` taken)
 template <typename F>
 inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a > b ? a : b;
+    return (a > b || a != a) ? a : b;
 }
 
 // helper: mf_minimum
 template <typename F>
 inline F mf_minimum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a < b ? a : b;
+    return (a < b || a != a) ? a : b;
 }
 
 // helper: mf_divide

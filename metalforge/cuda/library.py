@@ -27,7 +27,7 @@ import ctypes
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import torch
 
@@ -36,8 +36,6 @@ from ..errors import KernelError
 from ..once import OnceMap
 from .call import Driver, Plan, call_key, plan_call
 from .translate import (
-    MID_REGISTERS,
-    MID_TRIAL_LIMIT,
     SOURCE_NAME,
     Entry,
     cap,
@@ -150,12 +148,13 @@ def _nvrtc_error(e: Exception) -> SyntaxError:
     return err
 
 
-def _defines(free: list[Entry], mid: list[Entry] | tuple[()]) -> list[str]:
-    """The cap macros of a compile with the kernels of `free` uncapped, those of `mid` (some
-    of `free`) under the middle cap (the others keep the cap: `translate.cap`)."""
+def _defines(free: list[Entry], mid: Mapping[str, str] | None = None) -> list[str]:
+    """The cap macros of a compile with the kernels of `free` uncapped, those named in `mid`
+    (some of `free`) under their middle caps (`translate.mid_bounds`; the others keep the
+    cap: `translate.cap`)."""
     def bounds(e: Entry) -> str:
-        if e in mid:
-            return mid_bounds(e.max_total_threads) or ""
+        if mid and e.symbol in mid:
+            return mid[e.symbol]
         return launch_bounds(e.max_total_threads, capped=False)
     return [f"-D{cap(e.symbol)}={bounds(e)}" for e in free]
 
@@ -181,19 +180,21 @@ class _Module:
 
     def _mid(self, text: str, entries: tuple[Entry, ...], uncapped: frozenset[str]
              ) -> frozenset[str]:
-        """Compile again with the uncapped kernels past MID_REGISTERS registers (up to
-        MID_TRIAL_LIMIT) under the middle cap (`translate.mid_bounds`), keeping it for those
-        that spill at most SMALL_SPILL bytes a thread there (more groups a core outweigh a few
-        spilled registers; more spill does not: translate.mid_bounds' numbers). The uncapped unit
-        stays loaded until a trial keeps one: a library whose kernels all spill there (the
-        matrix tiles' accumulators) costs one compile more, not two."""
-        wide = [e for e in entries if e.symbol in uncapped and mid_bounds(e.max_total_threads)
-                and MID_REGISTERS < self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS)
-                <= MID_TRIAL_LIMIT]
+        """Compile again with the uncapped kernels under their middle caps (one group a core
+        more: `translate.mid_bounds`), keeping one for those that spill at most SMALL_SPILL
+        bytes a thread there (more groups a core outweigh a few spilled registers; more spill
+        does not: translate.mid_bounds' numbers). The uncapped unit stays loaded until a trial
+        keeps one: a library whose kernels all spill there (the matrix tiles' accumulators)
+        costs one compile more, not two."""
+        caps = {e.symbol: mid_bounds(e.max_total_threads,
+                                     self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS))
+                for e in entries if e.symbol in uncapped}
+        wide = [e for e in entries if caps.get(e.symbol)]
         free = [e for e in entries if e.symbol in uncapped]
         while wide:
             before = self.module, self.funcs
-            self._compile(text, entries, _defines(free, wide))
+            self._compile(text, entries, _defines(free, {e.symbol: str(caps[e.symbol])
+                                                         for e in wide}))
             kept = [e for e in wide if self.attribute(
                 e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) <= SMALL_SPILL]
             if not kept:
@@ -229,7 +230,7 @@ class _Module:
 
     def _recompile(self, text: str, entries: tuple[Entry, ...], free: list[Entry]) -> None:
         _check(_libcuda().cuModuleUnload(self.module), "cuModuleUnload")
-        self._compile(text, entries, _defines(free, ()))
+        self._compile(text, entries, _defines(free))
 
     def _compile(self, text: str, entries: tuple[Entry, ...], defines: list[str]) -> None:
         with torch.cuda.device(self.device):

@@ -110,24 +110,29 @@ def launch_bounds(threads: int, capped: bool = True) -> str:
     return f"__launch_bounds__({n}, {_groups(n)})"
 
 
-MID_REGISTERS = 128
-MID_TRIAL_LIMIT = 192            # uncapped registers past which the middle cap is not tried
+MID_REGISTERS = 128              # the fewest registers a middle cap leaves a thread
+MID_TRIAL_EXCESS = 64            # uncapped registers over the middle cap past which it is
+                                 # not tried (256 bytes a thread or so to spill)
 
 
-def mid_bounds(threads: int) -> Optional[str]:
-    """The middle cap the library tries for a kernel uncapped past MID_REGISTERS registers:
-    as many groups a core as MID_REGISTERS registers a thread allow (4 of 128 threads), None
-    where that is not above one group (512 threads and more).
+def mid_bounds(threads: int, registers: int) -> Optional[str]:
+    """The middle cap the library tries for a kernel uncapped at `registers` registers a
+    thread: one group a core more than those registers allow (168 registers, 3 groups of 128
+    threads: 4 under 128; 199, 2 groups: 3 under 170), None where that cap would leave fewer
+    than MID_REGISTERS registers (groups of 512 threads and more) or take away more than
+    MID_TRIAL_EXCESS.
 
     H200, 2026-11-29: attention prefill uncapped takes 168 registers (3 groups of 128 a
     core); under 128 it spills 80 bytes a thread (16 its narrow twin) and runs 8-16% faster
-    (4096:128 2507 -> 2307 us, 1024:64 142 -> 119). The backward's wide kernels spill 640-688
-    bytes there and run 2.1x slower (so do they under 168: 440-504 bytes, 1.5x). A kernel
-    past MID_TRIAL_LIMIT registers uncapped (64 over the cap: 256 bytes a thread or so to
-    spill) is not tried, which spares the backward's libraries a compile."""
+    (4096:128 2507 -> 2307 us, 1024:64 142 -> 119). The backward's wide kernels (252-255
+    registers) spill 640-688 bytes under 128 and run 2.1x slower (under 168: 440-504 bytes,
+    1.5x); they are not tried (82-85 registers over 170)."""
     n = min(threads, 1024)
-    groups = REGISTERS_PER_CORE // (n * MID_REGISTERS)
-    return f"__launch_bounds__({n}, {groups})" if groups > 1 else None
+    groups = REGISTERS_PER_CORE // (n * registers) + 1
+    limit = REGISTERS_PER_CORE // (n * groups)
+    if limit < MID_REGISTERS or registers - limit > MID_TRIAL_EXCESS:
+        return None
+    return f"__launch_bounds__({n}, {groups})"
 
 
 def _groups(threads: int) -> int:

@@ -116,3 +116,16 @@ def test_backend_is_registered():
 
     with pytest.raises(DeviceError, match=r"backend 'cuda' runs on cuda tensors.*\.cuda\(\)"):
         twice(torch.ones(4))
+
+
+def test_middle_cap_is_one_group_a_core_more():
+    # the cap the cuda library tries for a kernel uncapped past its register cap: one group
+    # of its threads a core more than its registers allow, where that leaves at least 128
+    # registers and takes at most 64 away
+    from metalforge.cuda.translate import mid_bounds
+    assert mid_bounds(128, 168) == "__launch_bounds__(128, 4)"     # 3 groups -> 4, 128 each
+    assert mid_bounds(128, 199) == "__launch_bounds__(128, 3)"     # 2 groups -> 3, 170 each
+    assert mid_bounds(256, 140) == "__launch_bounds__(256, 2)"     # 1 group -> 2, 128 each
+    assert mid_bounds(128, 252) is None                             # 82 over 170
+    assert mid_bounds(128, 120) is None                             # 4 groups -> 5: 102 each
+    assert mid_bounds(1024, 100) is None                            # 1 group -> 2: 32 each

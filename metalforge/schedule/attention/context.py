@@ -108,6 +108,10 @@ class KernelState:
     # ... and read from the threadgroup table `head.row_positions` fills (one load, not the
     # division and remainder of `tile_position` per element)
     row_table: bool = False
+    # ... or one of the lane's two rows (the register-resident prefill: `row_lanes` targets),
+    # its positions in registers (`mf_rpos_<axis>0` / `1`, read from the table once), the
+    # second where this holds (the element's row is in the upper 8 of its simdgroup's 16)
+    row_pick: Optional[ir.Expr] = None
     staged: Mapping[Node, ir.Expr] = field(default_factory=dict)     # q in registers / tg
     staged_tg: Mapping[Node, str] = field(default_factory=dict)      # ... their tg arrays
     streamed: frozenset[Node] = frozenset()                          # what load_keys loads
@@ -227,6 +231,9 @@ def at(ctx: CallContext, ks: KernelState, axis: str) -> ir.Expr:
         return ir.Cast(IDX, ir.Var("mf_e"))
     if axis in ctx.tile_axes and ks.tiled:
         if ks.row_of is not None:        # row mf_t picked at run time: computed
+            if ks.row_pick is not None:
+                return ir.Select(ks.row_pick, ir.Var(f"mf_rpos_{ident(axis)}1"),
+                                 ir.Var(f"mf_rpos_{ident(axis)}0"))
             if ks.row_table:
                 return ir.Lane(ir.Var(f"mf_tg_tpos_{ident(axis)}"), ks.row_of)
             return tile_position(ctx, ks, axis, ks.row_of)

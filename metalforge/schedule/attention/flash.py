@@ -30,6 +30,7 @@ the host stages).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from ... import ir
@@ -39,7 +40,7 @@ from .. import online
 from ..base import IDX
 from ..fragments import UINT, u
 from ..hardware import SIMD_WIDTH
-from ..lower import as_float
+from ..lower import as_float, ident
 from ..matrix.mpp import each_element, zeroed
 from ..matrix.resident import declare_matmul, view
 from ..matrix.strided import SIDE, threadgroup_tensor
@@ -106,7 +107,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     emax = NARROW_PREFILL_E if narrow else SIMD_WIDTH * ctx.run
     kt, eb = tile_keys(emax), -(-emax // SIDE)
     ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
-                     epl=ctx.policy.reads_per_thread, kt_max=kt)
+                     epl=emax // SIMD_WIDTH, kt_max=kt)
     ks.out.helpers |= {"mf_tensor_ops", "mf_strides", "mf_maximum"}
     head = tiled_head(ctx, ks, SIMDGROUPS, (
         f"4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of "
@@ -117,13 +118,14 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body = _places(ctx) + tile_arrays(ctx, row, runs=False) + _declare(op, kt, eb)
-    body += _fill_q(ctx, row, q, op, eb)
+    body += _fill_q(ctx, row, q, op, eb) + _lane_rows(ctx)
     fill = fill_tiles(ctx, row)
     assert isinstance(fill[-1], ir.Barrier)
     fill[-1:-1] = zero_fill(ctx, kt)
     step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
         ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
-    step += fill + _scores(ctx, row, op, kt, eb, k_arr) + _softmax(op, target.row_lanes)
+    step += fill + _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, eb, k_arr)
+    step += _softmax(op, target.row_lanes)
     step += _values(op, kt, eb, v_arr) + [
         ir.Comment("every simdgroup is done with the tiles before they are refilled"),
         ir.Barrier()]
@@ -206,6 +208,27 @@ def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str, eb: int) -> li
     return out
 
 
+def _lane_rows(ctx: CallContext) -> list[ir.Stmt]:
+    """The lane's two rows of its simdgroup's 16 (mf_lr0 of 0..7, mf_lr1 of 8..15, from the
+    scores' elements) and their positions along the tile axes in registers (`mf_rpos_<axis>0`
+    / `1`), read from the table once: the scores' masks read them per element without a load
+    (`KernelState.row_pick`), so the work on a row's positions is the compiler's to share."""
+    lr0, lr1 = ir.Var("mf_lr0"), ir.Var("mf_lr1")
+
+    def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+        return [ir.Assign(lr1, ir.Select(_upper(r), r, lr1)),
+                ir.Assign(lr0, ir.Select(_upper(r), lr0, r))]
+    out: list[ir.Stmt] = [
+        ir.Comment("the lane's two rows (one of 0..7, one of 8..15) and their positions, once"),
+        ir.Decl("mf_lr0", UINT, u(0), const=False), ir.Decl("mf_lr1", UINT, u(8), const=False),
+        each_element("mf_s_tile", elem)]
+    for a in ctx.tile_axes:
+        table = ir.Var(f"mf_tg_tpos_{ident(a)}")
+        out += [ir.Decl(f"mf_rpos_{ident(a)}{j}", IDX,
+                        ir.Lane(table, ir.Var("mf_row0") + lr)) for j, lr in enumerate((lr0, lr1))]
+    return out
+
+
 def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr: str
             ) -> list[ir.Stmt]:
     """S = Q K^T over E's 16-blocks, then per element the score's work (`score`: scale,
@@ -221,6 +244,7 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
     def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         sv, hi = ir.Var("mf_sv"), _upper(r)
         return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                ir.Decl("mf_qhi", "bool", hi),
                 ir.Decl("mf_u", UINT, c),
                 ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
                 ir.Decl("mf_dot", "float", ref),
@@ -241,6 +265,14 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
             each_element("mf_s_tile", elem)]
 
 
+def _weight(s: ir.Expr, m_new: ir.Expr) -> ir.Expr:
+    """p = exp(s - m'), 0 while m' = -inf (`online.weight`), as `fast::exp` of an argument
+    chosen without a branch (exp(-inf) = 0): the weights become half or bfloat operands, so
+    the fast exp's few ulps (relative) are far below their rounding; on CUDA it is one
+    multiply and MUFU.EX2 where precise::exp is ten instructions and a branch around them."""
+    return ir.Call("fast::exp", (ir.Select(m_new.ne(NEG_INF), s - m_new, NEG_INF),))
+
+
 def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
     """The online update of the lane's two rows: the tile's maxima over the row's lanes, the
     old sums' factors, the weights p into the lane's partial sums and, as the operand type,
@@ -258,7 +290,7 @@ def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
     def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         p, hi = ir.Var("mf_pw"), _upper(r)
         return [ir.Decl("mf_mn", "float", _pick(r, "mf_n0", "mf_n1")),
-                ir.Decl("mf_pw", "float", online.weight(ref, ir.Var("mf_mn"))),
+                ir.Decl("mf_pw", "float", _weight(ref, ir.Var("mf_mn"))),
                 ir.Assign(ir.Var("mf_d0"), ir.Var("mf_d0") + ir.Select(
                     hi, ir.Lit(0.0, "float"), p)),
                 ir.Assign(ir.Var("mf_d1"), ir.Var("mf_d1") + ir.Select(

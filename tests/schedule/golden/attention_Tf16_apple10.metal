@@ -6,15 +6,10 @@ using namespace mpp::tensor_ops;
 using namespace metal;
 
 // maximum/minimum propagating NaN, as torch does
+// (one select, no branches: `a` where it is the greater or NaN, else `b`, a NaN `b` taken)
 template <typename F>
 inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a > b ? a : b;
+    return (a > b || a != a) ? a : b;
 }
 
 // 8 consecutive elements moved as one 16-byte access (Metal's vectors stop at 4 components,
@@ -1523,6 +1518,20 @@ template <typename T, typename mf_index_t>
             mf_q7[mf_c] = half(mf_qv);
         }
     }
+    // the lane's two rows (one of 0..7, one of 8..15) and their positions, once
+    uint mf_lr0 = 0u;
+    uint mf_lr1 = 8u;
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+        if (mf_s_tile.is_valid_element(mf_c)) {
+            const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+            mf_lr1 = uint(mf_at[1]) >= 8u ? uint(mf_at[1]) : mf_lr1;
+            mf_lr0 = uint(mf_at[1]) >= 8u ? mf_lr0 : uint(mf_at[1]);
+        }
+    }
+    const mf_index_t mf_rpos_R0 = mf_tg_tpos_R[mf_row0 + mf_lr0];
+    const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
+    const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
+    const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
     // one pass over the block's keys along 'L', 32 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(32u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(32u)));
@@ -1531,41 +1540,88 @@ template <typename T, typename mf_index_t>
         uint mf_cc = mf_tid % mf_chunks;
         const uint mf_dr = 128u / mf_chunks;
         const uint mf_dc = 128u % mf_chunks;
-        for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
-            const uint mf_e0 = mf_cc * 8u;
-            const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
-            if (mf_vec_ok) {
-                const uint mf_e = mf_e0;
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-            } else {
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
+        if (mf_vec_ok && mf_dc == 0u && mf_tn * mf_chunks == 512u) {
+            // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
+            const uint mf_e = mf_cc * 8u;
+            mf_pack8<T> mf_kv0_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
-            mf_r = mf_r + mf_dr;
-            mf_cc = mf_cc + mf_dc;
-            if (mf_cc >= mf_chunks) {
-                mf_cc = mf_cc - mf_chunks;
-                mf_r = mf_r + 1u;
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
+            mf_pack8<T> mf_kv1_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 3u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[3u];
+        } else {
+            for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
+                const uint mf_e0 = mf_cc * 8u;
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
+                if (mf_vec_ok) {
+                    const uint mf_e = mf_e0;
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                } else {
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                }
+                // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
+                mf_r = mf_r + mf_dr;
+                mf_cc = mf_cc + mf_dc;
+                if (mf_cc >= mf_chunks) {
+                    mf_cc = mf_cc - mf_chunks;
+                    mf_r = mf_r + 1u;
+                }
             }
         }
         // a partial tile: K and V past the copied keys and past E (up to whole 16-blocks, 32 keys) are 0
@@ -1616,13 +1672,14 @@ template <typename T, typename mf_index_t>
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const bool mf_qhi = uint(mf_at[1]) >= 8u;
                 const uint mf_u = uint(mf_at[0]);
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
                 const float mf_dot = mf_s_tile[mf_c];
                 float mf_sv = -INFINITY;
                 if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                     const long mf_index_L = long(mf_l);
-                    const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
+                    const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
                     const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                     const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                     const bool mf_s3 = mf_index_L <= mf_s2;
@@ -1653,7 +1710,7 @@ template <typename T, typename mf_index_t>
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const float mf_mn = uint(mf_at[1]) >= 8u ? mf_n1 : mf_n0;
-                const float mf_pw = mf_mn != -INFINITY ? precise::exp(mf_s_tile[mf_c] - mf_mn) : 0.0f;
+                const float mf_pw = fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY);
                 mf_d0 = mf_d0 + (uint(mf_at[1]) >= 8u ? 0.0f : mf_pw);
                 mf_d1 = mf_d1 + (uint(mf_at[1]) >= 8u ? mf_pw : 0.0f);
                 mf_p_tile[mf_c] = half(mf_pw);
@@ -2210,6 +2267,20 @@ template <typename T, typename mf_index_t>
             mf_q3[mf_c] = half(mf_qv);
         }
     }
+    // the lane's two rows (one of 0..7, one of 8..15) and their positions, once
+    uint mf_lr0 = 0u;
+    uint mf_lr1 = 8u;
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+        if (mf_s_tile.is_valid_element(mf_c)) {
+            const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+            mf_lr1 = uint(mf_at[1]) >= 8u ? uint(mf_at[1]) : mf_lr1;
+            mf_lr0 = uint(mf_at[1]) >= 8u ? mf_lr0 : uint(mf_at[1]);
+        }
+    }
+    const mf_index_t mf_rpos_R0 = mf_tg_tpos_R[mf_row0 + mf_lr0];
+    const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
+    const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
+    const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
     // one pass over the block's keys along 'L', 64 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(64u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(64u)));
@@ -2218,41 +2289,88 @@ template <typename T, typename mf_index_t>
         uint mf_cc = mf_tid % mf_chunks;
         const uint mf_dr = 128u / mf_chunks;
         const uint mf_dc = 128u % mf_chunks;
-        for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
-            const uint mf_e0 = mf_cc * 8u;
-            const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
-            if (mf_vec_ok) {
-                const uint mf_e = mf_e0;
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-                {
-                    *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-                }
-            } else {
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
-                {
-                    for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
-                        const uint mf_e = mf_e0 + mf_x;
-                        if (mf_index_t(mf_e) < mf_size_E) {
-                            mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
-                        }
-                    }
-                }
+        if (mf_vec_ok && mf_dc == 0u && mf_tn * mf_chunks == 512u) {
+            // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
+            const uint mf_e = mf_cc * 8u;
+            mf_pack8<T> mf_kv0_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
             }
-            // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
-            mf_r = mf_r + mf_dr;
-            mf_cc = mf_cc + mf_dc;
-            if (mf_cc >= mf_chunks) {
-                mf_cc = mf_cc - mf_chunks;
-                mf_r = mf_r + 1u;
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
+            mf_pack8<T> mf_kv1_cp[4];
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
+                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
+                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
+                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            {
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
+                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+            }
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
+            *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 3u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[3u];
+        } else {
+            for (uint mf_i = mf_tid; mf_i < mf_tn * mf_chunks; mf_i += 128u) {
+                const uint mf_e0 = mf_cc * 8u;
+                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r);
+                if (mf_vec_ok) {
+                    const uint mf_e = mf_e0;
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + mf_r * mf_kv0_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                    {
+                        *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + mf_r * mf_kv1_stride + mf_e) = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
+                    }
+                } else {
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv0[mf_r * mf_kv0_stride + mf_e] = k[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                    {
+                        for (uint mf_x = 0u; mf_x < 8u; ++mf_x) {
+                            const uint mf_e = mf_e0 + mf_x;
+                            if (mf_index_t(mf_e) < mf_size_E) {
+                                mf_kv1[mf_r * mf_kv1_stride + mf_e] = v[((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e)];
+                            }
+                        }
+                    }
+                }
+                // the next copy: 128 further (mf_dr keys and mf_dc chunks), no division per copy
+                mf_r = mf_r + mf_dr;
+                mf_cc = mf_cc + mf_dc;
+                if (mf_cc >= mf_chunks) {
+                    mf_cc = mf_cc - mf_chunks;
+                    mf_r = mf_r + 1u;
+                }
             }
         }
         // a partial tile: K and V past the copied keys and past E (up to whole 16-blocks, 64 keys) are 0
@@ -2291,13 +2409,14 @@ template <typename T, typename mf_index_t>
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const bool mf_qhi = uint(mf_at[1]) >= 8u;
                 const uint mf_u = uint(mf_at[0]);
                 const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
                 const float mf_dot = mf_s_tile[mf_c];
                 float mf_sv = -INFINITY;
                 if (mf_u < mf_tn && mf_qrow < mf_nlive) {
                     const long mf_index_L = long(mf_l);
-                    const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
+                    const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
                     const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
                     const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
                     const bool mf_s3 = mf_index_L <= mf_s2;
@@ -2328,7 +2447,7 @@ template <typename T, typename mf_index_t>
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
                 const float mf_mn = uint(mf_at[1]) >= 8u ? mf_n1 : mf_n0;
-                const float mf_pw = mf_mn != -INFINITY ? precise::exp(mf_s_tile[mf_c] - mf_mn) : 0.0f;
+                const float mf_pw = fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY);
                 mf_d0 = mf_d0 + (uint(mf_at[1]) >= 8u ? 0.0f : mf_pw);
                 mf_d1 = mf_d1 + (uint(mf_at[1]) >= 8u ? mf_pw : 0.0f);
                 mf_p_tile[mf_c] = half(mf_pw);

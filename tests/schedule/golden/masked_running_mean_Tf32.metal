@@ -14,15 +14,10 @@ inline float mf_divide(float x, float y) {
 }
 
 // maximum/minimum propagating NaN, as torch does
+// (one select, no branches: `a` where it is the greater or NaN, else `b`, a NaN `b` taken)
 template <typename F>
 inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a > b ? a : b;
+    return (a > b || a != a) ? a : b;
 }
 
 // masked_running_mean (row): cumsum over L, cumsum over L along each row of [B], one threadgroup per segment of a row (mf_segs a row), in chunks of threads x 8 elements: a serial scan in registers, a simdgroup prefix, a threadgroup carry, the earlier segments' totals from scratch; 4-wide loads/stores where aligned; fp32 accumulation

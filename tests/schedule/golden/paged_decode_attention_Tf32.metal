@@ -2,15 +2,10 @@
 using namespace metal;
 
 // maximum/minimum propagating NaN, as torch does
+// (one select, no branches: `a` where it is the greater or NaN, else `b`, a NaN `b` taken)
 template <typename F>
 inline F mf_maximum(F a, F b) {
-    if (a != a) {
-        return a;
-    }
-    if (b != b) {
-        return b;
-    }
-    return a > b ? a : b;
+    return (a > b || a != a) ? a : b;
 }
 
 // integer remainder with the sign of the divisor (torch.remainder)

@@ -322,11 +322,15 @@ struct engine {
   }
   // The shared address lane l gives ldmatrix for the 16 x 16 fragment at rows r0 (M or N),
   // values k0 of K: matrix j = l / 8 is rows r0 + 8 (j % 2), values k0 + 8 (j / 2) (the
-  // register order of mma.sync's A fragment, and of B's two 8-column halves).
+  // register order of mma.sync's A fragment); for a right operand (`b_order`) rows
+  // r0 + 8 (j / 2), values k0 + 8 (j % 2): registers {0, 1} and {2, 3} are then the B
+  // operands of its two 8-column halves as they are, in adjacent registers (no moves).
   template <class T>
-  MF_D static unsigned ldsm_address(const T& t, bool k_in, unsigned base, int r0, int k0) {
+  MF_D static unsigned ldsm_address(const T& t, bool k_in, unsigned base, int r0, int k0,
+                                    bool b_order = false) {
     const unsigned l = mf_mpp::lane();
-    const int j = int(l >> 3), i = int(l & 7u);
+    const int i = int(l & 7u);
+    const int j = b_order ? int(((l >> 3) & 1u) << 1 | (l >> 4)) : int(l >> 3);
     const long lead = long(t.mf_stride[1]);
     const long at = k_in ? long(r0 + 8 * (j & 1) + i) * lead + (k0 + 8 * (j >> 1))
                          : long(k0 + 8 * (j >> 1) + i) * lead + (r0 + 8 * (j & 1));
@@ -344,13 +348,15 @@ struct engine {
       unsigned a[FM][4], b[2][4];
       MF_UNROLL for (int i = 0; i < FM; ++i)
         mf_mpp::ldsm4<!LeftKIn>(a[i], ldsm_address(left, LeftKIn, lb, 16 * i, k0));
-      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, k0));
+      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, k0, true));
       MF_UNROLL for (int j = 0; j < FN; ++j) {
         if (j + 1 < FN)
-          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1], ldsm_address(right, RightKIn, rb, 16 * (j + 1), k0));
+          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1],
+                                   ldsm_address(right, RightKIn, rb, 16 * (j + 1), k0, true));
         MF_UNROLL for (int i = 0; i < FM; ++i) {
           MF_UNROLL for (int h = 0; h < 2; ++h)
-            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j & 1][h], b[j & 1][2 + h], A());
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], a[i], b[j & 1][2 * h],
+                        b[j & 1][2 * h + 1], A());
         }
       }
     }
@@ -369,13 +375,15 @@ struct engine {
         const A* a = &left.mf_e[(i * KB + kb) * 8];
         MF_UNROLL for (int p = 0; p < 4; ++p) ar[i][p] = mf_mpp::pack(a[2 * p], a[2 * p + 1]);
       }
-      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, 16 * kb));
+      mf_mpp::ldsm4<!RightKIn>(b[0], ldsm_address(right, RightKIn, rb, 0, 16 * kb, true));
       MF_UNROLL for (int j = 0; j < FN; ++j) {
         if (j + 1 < FN)
-          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1], ldsm_address(right, RightKIn, rb, 16 * (j + 1), 16 * kb));
+          mf_mpp::ldsm4<!RightKIn>(b[(j + 1) & 1],
+                                   ldsm_address(right, RightKIn, rb, 16 * (j + 1), 16 * kb, true));
         MF_UNROLL for (int i = 0; i < FM; ++i) {
           MF_UNROLL for (int h = 0; h < 2; ++h)
-            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], ar[i], b[j & 1][h], b[j & 1][2 + h], A());
+            mf_mpp::mma(&acc[(i * FN + j) * 8 + 4 * h], ar[i], b[j & 1][2 * h],
+                        b[j & 1][2 * h + 1], A());
         }
       }
     }
