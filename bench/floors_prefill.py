@@ -4,14 +4,15 @@ text edit of the generated source (each edit touches `mf_attention_prefill` only
 
 - no Q·Kᵀ products: the scores' matmul2d runs dropped (the scores stay 0);
 - no P·V products: the values' matmul2d runs dropped;
-- no K/V loads: the tile copies from device memory dropped (the staged tiles keep what they
-  hold; the zero fill past the copied keys stays);
+- no K/V loads: the tile copies from device memory dropped, the full tiles' batched loads
+  too (the staged tiles keep what they hold, or a full tile's registers' stale values; the
+  zero fill past the copied keys stays);
 - no score mask: each score stored as its dot product (the mask and scale computed for
   nothing, so the compiler drops them);
 - no softmax exp: the weights and the rescale factor without their exp;
 - products only: no K/V loads, no score mask and no softmax exp;
-- fast exp: the softmax's exp as `fast::exp` (a change, not a floor: what the exp's accuracy
-  costs).
+- fast exp: the rescale factors' exp as `fast::exp` too (the weights' is already; a change,
+  not a floor: what the exp's accuracy costs).
 
 What is left when a phase is out bounds what any change to that phase can gain; "products
 only" is the loop's glue plus its products: the barriers, the row maxima's shuffles, the
@@ -30,8 +31,10 @@ QK_RUN = re.compile(r"^\s*mf_s_op\.run\(.*\);\n", re.M)
 PV_RUN = re.compile(r"^\s*mf_p_op\.run\(.*\);\n", re.M)
 KV_COPY = re.compile(r"^\s*\*reinterpret_cast<threadgroup mf_pack8<T>\*>\(mf_kv[01] .*"
                      r"\(([kv]) \+ .*\);\n", re.M)
+KV_BATCHED = re.compile(r"^\s*mf_kv[01]_cp\[\du\] = \*reinterpret_cast<device const "
+                        r"mf_pack8<T>\*>\(([kv]) \+ .*\);\n", re.M)
 SCORE_STORE = "mf_s_tile[mf_c] = mf_sv;"
-WEIGHT_EXP = "precise::exp(mf_s_tile[mf_c] - mf_mn)"
+WEIGHT_EXP = "fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY)"
 FACTOR_EXPS = ("precise::exp(mf_m0 - mf_n0)", "precise::exp(mf_m1 - mf_n1)")
 CASES = ((1024, 64), (4096, 128))
 
@@ -66,7 +69,7 @@ def no_pv(src: str) -> str:
 
 
 def no_kv(src: str) -> str:
-    return _in_kernel(src, "no K/V loads", lambda s: KV_COPY.sub("", s))
+    return _in_kernel(src, "no K/V loads", lambda s: KV_BATCHED.sub("", KV_COPY.sub("", s)))
 
 
 def no_mask(src: str) -> str:
@@ -76,7 +79,7 @@ def no_mask(src: str) -> str:
 
 def no_exp(src: str) -> str:
     def edit(s: str) -> str:
-        s = s.replace(WEIGHT_EXP, "(mf_s_tile[mf_c] - mf_mn)")
+        s = s.replace(WEIGHT_EXP, WEIGHT_EXP[len("fast::exp"):])
         for factor in FACTOR_EXPS:
             s = s.replace(factor, "1.0f")
         return s
