@@ -58,14 +58,15 @@ def _math_attention(q, k, v, scale, causal):
 def test_prefill_lowering_by_target(dtype, target, lowered):
     """The prefill kernel's products on the target's matrix hardware with the tensors' own
     operand type: simdgroup_matrix (apple9: mf_mma16, K^T loaded transposed, V not), Metal 4
-    tensor ops (apple10, cuda: q, the scores and the weights in registers, one product over
-    a tile's 32 keys; apple9-metal4, whose layout is not known: 16 x 16 blocks over
+    tensor ops (apple10, cuda: q, the scores and the weights in registers, the scores one
+    product over all of E up to 128, the values one over a tile's 32 keys per 16-block of E;
+    apple9-metal4, whose layout is not known: 16 x 16 blocks over
     threadgroup tensors, V k-outer); f32 keeps the fp32 simdgroup_matrix products everywhere
     (no TF32)."""
     src = _prefill_source(attention, target, T=SHORT[dtype])
     assert lowered in src
     if target in ("apple10", "cuda") and dtype != torch.float32:
-        assert "matmul2d_descriptor(16, 32, 16, false, true" in src        # Q·K^T
+        assert "matmul2d_descriptor(16, 32, 128, false, true" in src       # Q·K^T
         assert "matmul2d_descriptor(16, 16, 32, false, false" in src       # P·V
         assert "mf_p_tile[mf_c] = " in src and "mf_st[" not in src       # P in registers
     elif "tensor" in lowered:

@@ -117,14 +117,15 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     assert operands is not None                      # `operand` found them
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
-    body = _places(ctx) + tile_arrays(ctx, row, runs=False) + _declare(op, kt, eb)
-    body += _fill_q(ctx, row, q, op, eb) + _lane_rows(ctx)
+    body = _places(ctx) + tile_arrays(ctx, row, runs=False, width=emax)
+    body += _zero_columns(ctx, kt, emax) + _declare(op, kt, eb, emax)
+    body += _fill_q(ctx, row, q, op) + _lane_rows(ctx)
     fill = fill_tiles(ctx, row)
     assert isinstance(fill[-1], ir.Barrier)
     fill[-1:-1] = zero_fill(ctx, kt)
     step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
         ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
-    step += fill + _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, eb, k_arr)
+    step += fill + _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
     step += _softmax(op, target.row_lanes)
     step += _values(op, kt, eb, v_arr) + [
         ir.Comment("every simdgroup is done with the tiles before they are refilled"),
@@ -152,24 +153,44 @@ def _places(ctx: CallContext) -> list[ir.Stmt]:
             ir.Decl("mf_eb", UINT, ir.Var("mf_ew") / u(16))]
 
 
-def _declare(op: str, kt: int, eb: int) -> list[ir.Stmt]:
-    """The two products' ops and the simdgroup's cooperative tensors: q (a left input per
-    16-block of E), the scores (fp32), the weights (a left input of the values'), the outputs
-    (fp32, one per 16-block of E, zeroed); the rows' state."""
-    qs = [f"mf_q{d}" for d in range(eb)]
+def _zero_columns(ctx: CallContext, kt: int, emax: int) -> list[ir.Stmt]:
+    """The K/V tiles' columns past E (up to `emax`, which the scores' one run reads), 0 in
+    every row, once, then a barrier: no copy writes them. A thread zeroes the elements of
+    E or later in a 4-byte word of a row (two 2-byte elements): threads never share a word,
+    and the copies of the word's element before E come after the barrier."""
+    e, words = ir.Var("mf_e_in"), ir.Var("mf_zw")
+    r, c = ir.Var("mf_z") / words, (ir.Var("mf_e_in") / u(2) + ir.Var("mf_z") % words) * u(2)
+    col = c + ir.Var("mf_x")
+    stores: list[ir.Stmt] = [
+        ir.Store(arr, r * ir.Var(f"{arr}_stride") + col,
+                 ir.Cast(ctx.in_stype(ctx.tensor_of(n)), ir.Lit(0.0, "float")),
+                 space="threadgroup") for n, arr in ctx.kv.items()]
+    return [ir.Comment(f"the tiles' columns past E (up to {emax}, which the scores' run "
+                       "reads whole) are 0, once: no copy writes them; a 4-byte word a thread"),
+            ir.Decl("mf_e_in", UINT, ir.Cast(UINT, ctx.size(ctx.form.e))),
+            ir.Decl("mf_zw", UINT, ir.Select(e < u(emax), u(emax // 2) - e / u(2), u(0))),
+            ir.For("mf_z", UINT, ir.Var("mf_tid"), u(kt) * words, [
+                ir.For("mf_x", UINT, u(0), u(2), [ir.If(col >= e, stores)], unroll=True)],
+                step=u(SIMD_WIDTH * SIMDGROUPS)),
+            ir.Barrier()]
+
+
+def _declare(op: str, kt: int, eb: int, emax: int) -> list[ir.Stmt]:
+    """The two products' ops and the simdgroup's cooperative tensors: q (the left input, all
+    of E up to `emax`), the scores (fp32), the weights (a left input of the values'), the
+    outputs (fp32, one per 16-block of E, zeroed); the rows' state."""
     k_view, v_view = threadgroup_tensor(op), threadgroup_tensor(op)
     out: list[ir.Stmt] = [
-        ir.Comment(f"S (16 x {kt}) += Q_d (16 x 16) K_d^T, a 16-block of E a run; O_d "
-                   f"(16 x 16) += P (16 x {kt}) V_d"),
-        *declare_matmul("mf_s_op", SIDE, kt, SIDE, True),
+        ir.Comment(f"S (16 x {kt}) += Q (16 x {emax}) K^T, one run; O_d (16 x 16) += "
+                   f"P (16 x {kt}) V_d, a 16-block of E a run"),
+        *declare_matmul("mf_s_op", SIDE, kt, emax, True),
         *declare_matmul("mf_p_op", SIDE, SIDE, kt, False),
-        ir.Comment(f"the simdgroup's q rows, E in {eb} blocks of 16 (left inputs)"),
-        *[ir.Decl(n, "auto", ir.Call(
-            f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False)
-          for n in qs],
+        ir.Comment(f"the simdgroup's q rows, E up to {emax} (the left input; 0 past E)"),
+        ir.Decl("mf_q", "auto", ir.Call(
+            f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
         ir.Comment("its scores of a tile (fp32), their weights (the values' left input)"),
         ir.Decl("mf_s_tile", "auto", ir.Call(
-            f"mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), {k_view}, float>",
+            f"mf_s_op.get_destination_cooperative_tensor<decltype(mf_q), {k_view}, float>",
             ()), const=False),
         ir.Decl("mf_p_tile", "auto", ir.Call(
             f"mf_p_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
@@ -185,8 +206,8 @@ def _declare(op: str, kt: int, eb: int) -> list[ir.Stmt]:
     return out
 
 
-def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str, eb: int) -> list[ir.Stmt]:
-    """Each q cooperative tensor's elements, once: the q side at the element's row and E
+def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str) -> list[ir.Stmt]:
+    """The q cooperative tensor's elements, once: the q side at the element's row and E
     element (0 past E and for rows past the tile's end)."""
     low = lowering(ctx, ks, "mf_q")
     body = low.lower([qn])
@@ -194,18 +215,15 @@ def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str, eb: int) -> li
     ks.out.helpers |= low.helpers
     live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
         ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
-    out: list[ir.Stmt] = [ir.Comment(f"q: each element the lane holds, as {op} (0 past E and "
-                                     "past the tile's rows)")]
-    for d in range(eb):
-        def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr, d: int = d) -> list[ir.Stmt]:
-            qv = ir.Var("mf_qv")
-            return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
-                    ir.Decl("mf_e", UINT, u(d * SIDE) + c if d else c),
-                    ir.Decl("mf_qv", "float", ir.Lit(0.0, "float"), const=False),
-                    ir.If(live, body + [ir.Assign(qv, value)]),
-                    ir.Assign(ref, ir.Cast(op, qv))]
-        out.append(each_element(f"mf_q{d}", elem))
-    return out
+    def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+        qv = ir.Var("mf_qv")
+        return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                ir.Decl("mf_e", UINT, c),
+                ir.Decl("mf_qv", "float", ir.Lit(0.0, "float"), const=False),
+                ir.If(live, body + [ir.Assign(qv, value)]),
+                ir.Assign(ref, ir.Cast(op, qv))]
+    return [ir.Comment(f"q: each element the lane holds, as {op} (0 past E and past the "
+                       "tile's rows)"), each_element("mf_q", elem)]
 
 
 def _lane_rows(ctx: CallContext) -> list[ir.Stmt]:
@@ -229,16 +247,15 @@ def _lane_rows(ctx: CallContext) -> list[ir.Stmt]:
     return out
 
 
-def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr: str
+def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_arr: str
             ) -> list[ir.Stmt]:
-    """S = Q K^T over E's 16-blocks, then per element the score's work (`score`: scale,
-    masks, caps; -inf past the tile's keys and rows) and the lane's rows' maxima over it."""
-    runs: list[ir.Stmt] = []
-    for d in range(eb):
-        k_at = ir.Var(k_arr) + u(d * SIDE) if d else ir.Var(k_arr)
-        k_view = view(threadgroup_tensor(op), k_at, SIDE, ir.Var(f"{k_arr}_stride"), kt)
-        run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var(f"mf_q{d}"), k_view, ir.Var("mf_s_tile"))))
-        runs.append(run if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [run]))
+    """S = Q K^T in one run over E up to `emax` (q and the tile are 0 past E: one run lets
+    the target schedule every fragment load ahead of the products, where a run per 16-block
+    of E left a branch and a dependent product between each), then per element the score's
+    work (`score`: scale, masks, caps; -inf past the tile's keys and rows) and the lane's
+    rows' maxima over it."""
+    k_view = view(threadgroup_tensor(op), ir.Var(k_arr), emax, ir.Var(f"{k_arr}_stride"), kt)
+    run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var("mf_q"), k_view, ir.Var("mf_s_tile"))))
     body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
 
     def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
@@ -256,8 +273,8 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, eb: int, k_arr:
                     "mf_maximum", (ir.Var("mf_t0"), sv)))),
                 ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
                     "mf_maximum", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
-    return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, a 16-block of E a run"),
-            zeroed("mf_s_tile"), *runs,
+    return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, one run over E up to {emax}"),
+            zeroed("mf_s_tile"), run,
             ir.Comment("the score's elementwise work on each element the lane holds, and the "
                        "tile's max of each of its two rows"),
             ir.Decl("mf_t0", "float", NEG_INF, const=False),

@@ -2,6 +2,8 @@
 into them (`fill_tiles`, `batched_copies`) and reads of a tile's element (`tile_reads`)."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ... import ir
 from ...graph import Node, Op
 from ..base import IDX
@@ -11,12 +13,13 @@ from .context import CallContext, KernelState, lowering, offset
 from .params import BATCHED_COPIES, PAD_BYTES, TILE_BYTES
 
 
-def tile_arrays(ctx: CallContext, ks: KernelState, runs: bool = True) -> list[ir.Stmt]:
+def tile_arrays(ctx: CallContext, ks: KernelState, runs: bool = True,
+                width: Optional[int] = None) -> list[ir.Stmt]:
     """Each K/V read's tile: TILE_BYTES of threadgroup memory declared as float4 (16-byte
     units, aligned for vector access of any element type), used as `threadgroup T*
-    mf_kv<i>` with rows of mf_chunks chunks of vw elements (E rounded up) padded by
-    PAD_BYTES (`mf_kv<i>_stride` elements apart); with `runs`, whether the values loop may
-    read runs of `run` elements (mf_run_ok)."""
+    mf_kv<i>` with rows of mf_chunks chunks of vw elements (E rounded up; `width`: that many
+    elements, whatever E) padded by PAD_BYTES (`mf_kv<i>_stride` elements apart); with
+    `runs`, whether the values loop may read runs of `run` elements (mf_run_ok)."""
     out: list[ir.Stmt] = [ir.Comment(
         "the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] "
         f"(rows padded by {PAD_BYTES} bytes: lanes reading different rows hit different "
@@ -31,8 +34,9 @@ def tile_arrays(ctx: CallContext, ks: KernelState, runs: bool = True) -> list[ir
         out += [ir.Decl(arr, f"threadgroup {st}*", ir.Call(
                     f"reinterpret_cast<threadgroup {st}*>", (ir.Var(f"mf_tg_{arr[3:]}"),)),
                     const=False),
-                ir.Decl(f"{arr}_stride", "uint", ir.Var("mf_chunks") * ir.Lit(ctx.vw, "uint")
-                        + ir.Lit(PAD_BYTES // size, "uint"))]
+                ir.Decl(f"{arr}_stride", "uint", (
+                    ir.Var("mf_chunks") * ir.Lit(ctx.vw, "uint") if width is None
+                    else ir.Lit(width, "uint")) + ir.Lit(PAD_BYTES // size, "uint"))]
     chunks = (ctx.size(ctx.form.e) + ir.Lit(ctx.vw - 1, IDX)) / ir.Lit(ctx.vw, IDX)
     run_ok = (ctx.size(ctx.form.e) % ir.Lit(ctx.run, IDX)).eq(ir.Lit(0, IDX))
     head: list[ir.Stmt] = [ir.Decl("mf_chunks", "uint", ir.Cast("uint", chunks))]

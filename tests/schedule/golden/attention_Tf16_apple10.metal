@@ -1355,25 +1355,30 @@ template <typename T, typename mf_index_t>
     const uint mf_chunks = uint((mf_size_E + 7u) / 8u);
     // the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] (rows padded by 16 bytes: lanes reading different rows hit different banks)
     threadgroup T* mf_kv0 = reinterpret_cast<threadgroup T*>(mf_tg_kv0);
-    const uint mf_kv0_stride = mf_chunks * 8u + 8u;
+    const uint mf_kv0_stride = 128u + 8u;
     threadgroup T* mf_kv1 = reinterpret_cast<threadgroup T*>(mf_tg_kv1);
-    const uint mf_kv1_stride = mf_chunks * 8u + 8u;
-    // S (16 x 32) += Q_d (16 x 16) K_d^T, a 16-block of E a run; O_d (16 x 16) += P (16 x 32) V_d
-    constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 32, 16, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
+    const uint mf_kv1_stride = 128u + 8u;
+    // the tiles' columns past E (up to 128, which the scores' run reads whole) are 0, once: no copy writes them; a 4-byte word a thread
+    const uint mf_e_in = uint(mf_size_E);
+    const uint mf_zw = mf_e_in < 128u ? 64u - mf_e_in / 2u : 0u;
+    for (uint mf_z = mf_tid; mf_z < 32u * mf_zw; mf_z += 128u) {
+        for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+            if ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x >= mf_e_in) {
+                mf_kv0[mf_z / mf_zw * mf_kv0_stride + ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x)] = T(0.0f);
+                mf_kv1[mf_z / mf_zw * mf_kv1_stride + ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x)] = T(0.0f);
+            }
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    // S (16 x 32) += Q (16 x 128) K^T, one run; O_d (16 x 16) += P (16 x 32) V_d, a 16-block of E a run
+    constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 32, 128, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_s_op_desc, execution_simdgroup> mf_s_op;
     constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 16, 32, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_p_op_desc, execution_simdgroup> mf_p_op;
-    // the simdgroup's q rows, E in 8 blocks of 16 (left inputs)
-    auto mf_q0 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q1 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q2 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q3 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q4 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q5 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q6 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q7 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
+    // the simdgroup's q rows, E up to 128 (the left input; 0 past E)
+    auto mf_q = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     // its scores of a tile (fp32), their weights (the values' left input)
-    auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_p_tile = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
     // its outputs, E in 8 blocks of 16 (fp32)
     auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
@@ -1414,9 +1419,9 @@ template <typename T, typename mf_index_t>
     float mf_d0 = 0.0f;
     float mf_d1 = 0.0f;
     // q: each element the lane holds, as half (0 past E and past the tile's rows)
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q0.get_capacity()); ++mf_c) {
-        if (mf_q0.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q0.get_multidimensional_index(mf_c);
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q.get_capacity()); ++mf_c) {
+        if (mf_q.is_valid_element(mf_c)) {
+            const auto mf_at = mf_q.get_multidimensional_index(mf_c);
             const uint mf_qrow = mf_row0 + uint(mf_at[1]);
             const uint mf_e = uint(mf_at[0]);
             float mf_qv = 0.0f;
@@ -1424,98 +1429,7 @@ template <typename T, typename mf_index_t>
                 const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
                 mf_qv = mf_in_q;
             }
-            mf_q0[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q1.get_capacity()); ++mf_c) {
-        if (mf_q1.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q1.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 16u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q1[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q2.get_capacity()); ++mf_c) {
-        if (mf_q2.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q2.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 32u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q2[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q3.get_capacity()); ++mf_c) {
-        if (mf_q3.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q3.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 48u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q3[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q4.get_capacity()); ++mf_c) {
-        if (mf_q4.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q4.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 64u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q4[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q5.get_capacity()); ++mf_c) {
-        if (mf_q5.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q5.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 80u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q5[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q6.get_capacity()); ++mf_c) {
-        if (mf_q6.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q6.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 96u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q6[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q7.get_capacity()); ++mf_c) {
-        if (mf_q7.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q7.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 112u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q7[mf_c] = half(mf_qv);
+            mf_q[mf_c] = half(mf_qv);
         }
     }
     // the lane's two rows (one of 0..7, one of 8..15) and their positions, once
@@ -1639,32 +1553,11 @@ template <typename T, typename mf_index_t>
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        // scores: S = Q K^T, 16 rows x 32 keys, a 16-block of E a run
+        // scores: S = Q K^T, 16 rows x 32 keys, one run over E up to 128
         _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
             mf_s_tile[mf_c] = 0.0f;
         }
-        mf_s_op.run(mf_q0, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        if (1u < mf_eb) {
-            mf_s_op.run(mf_q1, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (2u < mf_eb) {
-            mf_s_op.run(mf_q2, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (3u < mf_eb) {
-            mf_s_op.run(mf_q3, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (4u < mf_eb) {
-            mf_s_op.run(mf_q4, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (5u < mf_eb) {
-            mf_s_op.run(mf_q5, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (6u < mf_eb) {
-            mf_s_op.run(mf_q6, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (7u < mf_eb) {
-            mf_s_op.run(mf_q7, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
+        mf_s_op.run(mf_q, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(128, 32), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         // the score's elementwise work on each element the lane holds, and the tile's max of each of its two rows
         float mf_t0 = -INFINITY;
         float mf_t1 = -INFINITY;
@@ -2176,21 +2069,30 @@ template <typename T, typename mf_index_t>
     const uint mf_chunks = uint((mf_size_E + 7u) / 8u);
     // the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] (rows padded by 16 bytes: lanes reading different rows hit different banks)
     threadgroup T* mf_kv0 = reinterpret_cast<threadgroup T*>(mf_tg_kv0);
-    const uint mf_kv0_stride = mf_chunks * 8u + 8u;
+    const uint mf_kv0_stride = 64u + 8u;
     threadgroup T* mf_kv1 = reinterpret_cast<threadgroup T*>(mf_tg_kv1);
-    const uint mf_kv1_stride = mf_chunks * 8u + 8u;
-    // S (16 x 64) += Q_d (16 x 16) K_d^T, a 16-block of E a run; O_d (16 x 16) += P (16 x 64) V_d
-    constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 64, 16, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
+    const uint mf_kv1_stride = 64u + 8u;
+    // the tiles' columns past E (up to 64, which the scores' run reads whole) are 0, once: no copy writes them; a 4-byte word a thread
+    const uint mf_e_in = uint(mf_size_E);
+    const uint mf_zw = mf_e_in < 64u ? 32u - mf_e_in / 2u : 0u;
+    for (uint mf_z = mf_tid; mf_z < 64u * mf_zw; mf_z += 128u) {
+        for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+            if ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x >= mf_e_in) {
+                mf_kv0[mf_z / mf_zw * mf_kv0_stride + ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x)] = T(0.0f);
+                mf_kv1[mf_z / mf_zw * mf_kv1_stride + ((mf_e_in / 2u + mf_z % mf_zw) * 2u + mf_x)] = T(0.0f);
+            }
+        }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    // S (16 x 64) += Q (16 x 64) K^T, one run; O_d (16 x 16) += P (16 x 64) V_d, a 16-block of E a run
+    constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 64, 64, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_s_op_desc, execution_simdgroup> mf_s_op;
     constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 16, 64, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_p_op_desc, execution_simdgroup> mf_p_op;
-    // the simdgroup's q rows, E in 4 blocks of 16 (left inputs)
-    auto mf_q0 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q1 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q2 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
-    auto mf_q3 = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
+    // the simdgroup's q rows, E up to 64 (the left input; 0 past E)
+    auto mf_q = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     // its scores of a tile (fp32), their weights (the values' left input)
-    auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q0), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_p_tile = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
     // its outputs, E in 4 blocks of 16 (fp32)
     auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
@@ -2215,9 +2117,9 @@ template <typename T, typename mf_index_t>
     float mf_d0 = 0.0f;
     float mf_d1 = 0.0f;
     // q: each element the lane holds, as half (0 past E and past the tile's rows)
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q0.get_capacity()); ++mf_c) {
-        if (mf_q0.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q0.get_multidimensional_index(mf_c);
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q.get_capacity()); ++mf_c) {
+        if (mf_q.is_valid_element(mf_c)) {
+            const auto mf_at = mf_q.get_multidimensional_index(mf_c);
             const uint mf_qrow = mf_row0 + uint(mf_at[1]);
             const uint mf_e = uint(mf_at[0]);
             float mf_qv = 0.0f;
@@ -2225,46 +2127,7 @@ template <typename T, typename mf_index_t>
                 const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
                 mf_qv = mf_in_q;
             }
-            mf_q0[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q1.get_capacity()); ++mf_c) {
-        if (mf_q1.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q1.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 16u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q1[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q2.get_capacity()); ++mf_c) {
-        if (mf_q2.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q2.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 32u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q2[mf_c] = half(mf_qv);
-        }
-    }
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_q3.get_capacity()); ++mf_c) {
-        if (mf_q3.is_valid_element(mf_c)) {
-            const auto mf_at = mf_q3.get_multidimensional_index(mf_c);
-            const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-            const uint mf_e = 48u + uint(mf_at[0]);
-            float mf_qv = 0.0f;
-            if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                const float mf_in_q = float(q[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
-                mf_qv = mf_in_q;
-            }
-            mf_q3[mf_c] = half(mf_qv);
+            mf_q[mf_c] = half(mf_qv);
         }
     }
     // the lane's two rows (one of 0..7, one of 8..15) and their positions, once
@@ -2388,20 +2251,11 @@ template <typename T, typename mf_index_t>
             }
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        // scores: S = Q K^T, 16 rows x 64 keys, a 16-block of E a run
+        // scores: S = Q K^T, 16 rows x 64 keys, one run over E up to 64
         _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
             mf_s_tile[mf_c] = 0.0f;
         }
-        mf_s_op.run(mf_q0, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        if (1u < mf_eb) {
-            mf_s_op.run(mf_q1, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 16u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (2u < mf_eb) {
-            mf_s_op.run(mf_q2, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 32u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
-        if (3u < mf_eb) {
-            mf_s_op.run(mf_q3, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0 + 48u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
-        }
+        mf_s_op.run(mf_q, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv0, dextents<int32_t, 2>(64, 64), mf_strides(int32_t(mf_kv0_stride))), mf_s_tile);
         // the score's elementwise work on each element the lane holds, and the tile's max of each of its two rows
         float mf_t0 = -INFINITY;
         float mf_t1 = -INFINITY;
