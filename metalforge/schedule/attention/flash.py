@@ -122,7 +122,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     body += _fill_q(ctx, row, q, op) + _lane_rows(ctx)
     fill = fill_tiles(ctx, row)
     assert isinstance(fill[-1], ir.Barrier)
-    fill[-1:-1] = zero_fill(ctx, kt)
+    fill[-1:-1] = zero_fill(ctx, kt, columns=False)
     step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
         ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
     step += fill + _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)

@@ -202,13 +202,15 @@ def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node) -> list[ir.Stm
             step=u(ks.group))]
 
 
-def zero_fill(ctx: CallContext, keys: Optional[int] = None) -> list[ir.Stmt]:
+def zero_fill(ctx: CallContext, keys: Optional[int] = None, columns: bool = True
+              ) -> list[ir.Stmt]:
     """On a partial tile (keys or E not whole 16-blocks): the K/V tiles' elements the blocks
     read past the copied ones, 0 (rows mf_tn .. up to a 16-block, columns E .. mf_ew), so
     that stale or uninitialised memory never meets a product. After a barrier of its own
     (the copies' last element and the first zero may share a 4-byte word), two adjacent
     elements a thread. With `keys` (the blocks read a whole tile of that many keys), the rows
-    up to it."""
+    up to it; without `columns` (the kernel zeroed the columns past E once), only a tile
+    short of keys is partial."""
     e = ctx.size(ctx.form.e)
     rows = (ir.Var("mf_tn") + u(15)) / u(16) * u(16) if keys is None else u(keys)
     z, r, c = ir.Var("mf_z"), ir.Var("mf_zr"), ir.Var("mf_zc") + ir.Var("mf_x")
@@ -217,7 +219,7 @@ def zero_fill(ctx: CallContext, keys: Optional[int] = None) -> list[ir.Stmt]:
             ctx.in_stype(ctx.tensor_of(n)), ir.Lit(0.0, "float")), space="threadgroup")
         for n, arr in ctx.kv.items()]
     short = (ir.Var("mf_tn") % u(16)).ne(u(0)) if keys is None else ir.Var("mf_tn") < u(keys)
-    partial = short.or_((e % ir.Lit(16, IDX)).ne(ir.Lit(0, IDX)))
+    partial = short.or_((e % ir.Lit(16, IDX)).ne(ir.Lit(0, IDX))) if columns else short
     half_w = ir.Var("mf_ew") / u(2)
     return [
         ir.Comment("a partial tile: K and V past the copied keys and past E (up to whole "
