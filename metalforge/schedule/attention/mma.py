@@ -221,9 +221,11 @@ def zero_fill(ctx: CallContext, keys: Optional[int] = None, columns: bool = True
     short = (ir.Var("mf_tn") % u(16)).ne(u(0)) if keys is None else ir.Var("mf_tn") < u(keys)
     partial = short.or_((e % ir.Lit(16, IDX)).ne(ir.Lit(0, IDX))) if columns else short
     half_w = ir.Var("mf_ew") / u(2)
+    what = ("K and V past the copied keys and past E (up to whole "
+            + ("16-blocks" if keys is None else f"16-blocks, {keys} keys") + ") are 0"
+            if columns else f"K and V past the copied keys (up to {keys}) are 0")
     return [
-        ir.Comment("a partial tile: K and V past the copied keys and past E (up to whole "
-                   + ("16-blocks" if keys is None else f"16-blocks, {keys} keys") + ") are 0"),
+        ir.Comment(f"a partial tile: {what}"),
         ir.If(partial, [ir.Barrier(), ir.For("mf_z", UINT, ir.Var("mf_tid"), rows * half_w, [
             ir.Decl("mf_zr", UINT, z / half_w),
             ir.Decl("mf_zc", UINT, z % half_w * u(2)),

@@ -1538,7 +1538,7 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // a partial tile: K and V past the copied keys and past E (up to whole 16-blocks, 32 keys) are 0
+        // a partial tile: K and V past the copied keys (up to 32) are 0
         if (mf_tn < 32u) {
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint mf_z = mf_tid; mf_z < 32u * (mf_ew / 2u); mf_z += 128u) {
@@ -2236,7 +2236,7 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // a partial tile: K and V past the copied keys and past E (up to whole 16-blocks, 64 keys) are 0
+        // a partial tile: K and V past the copied keys (up to 64) are 0
         if (mf_tn < 64u) {
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint mf_z = mf_tid; mf_z < 64u * (mf_ew / 2u); mf_z += 128u) {
