@@ -2,19 +2,22 @@
 tensor operations where the target knows its cooperative tensors' element layout (apple10:
 M5's neural accelerators; cuda: the shim's tensor cores; `Target.row_lanes`):
 
-    S[16 rows x KT keys]  = sum over E's 16-blocks of Q_d x K_d^T   (Q_d held in registers)
+    S[16 rows x KT keys]  = Q x K^T, one product over E up to EMAX   (Q held in registers)
     online softmax of S, per row, in fp32, in registers            (P: its weights, as operands)
     O_d[16 rows x 16 e]  += P x V_d                                (O_d held in registers)
 
 A threadgroup of four simdgroups takes a tile of ROWS = 64 query rows that read the same
 keys, each simdgroup 16 of them, all the tile's keys; the group stages the keys a tile of KT
-at a time (the decode kernels' `fill_tiles`). Each simdgroup's q rows are left input
-cooperative tensors, one per 16-block of E, filled once; its scores are one fp32 destination
-cooperative tensor (16 x KT), read and rewritten element by element where the lane holds
-them; the weights become the left input of the values' products by a copy of each element
-(`P[c] = op(S[c])`: the two tensors' elements lie alike on these targets); its outputs are
-one destination per 16-block of E. Nothing of a row but the K/V tiles goes through
-threadgroup memory, and a tile takes two barriers.
+at a time (the decode kernels' `fill_tiles`) in rows EMAX wide, whose columns past E are
+zeroed once. Each simdgroup's q rows are one left input cooperative tensor (16 x EMAX, 0
+past E), filled once: the scores' product is one run, whose fragment loads the target may
+all issue ahead of its products (NVIDIA H200: a run per 16-block of E, each behind a branch
+and a dependent product, was 37% of the kernel's time at E = 128). Its scores are one fp32
+destination cooperative tensor (16 x KT), read and rewritten element by element where the
+lane holds them; the weights become the left input of the values' products by a copy of each
+element (`P[c] = op(S[c])`: the two tensors' elements lie alike on these targets); its
+outputs are one destination per 16-block of E. Nothing of a row but the K/V tiles goes
+through threadgroup memory, and a tile takes two barriers.
 
 Each lane holds elements of two rows of its simdgroup's 16 (one of rows 0..7, one of 8..15:
 `row_lanes`), so it keeps two rows' state (max m0 / m1, lane-partial sums d0 / d1), picks an
