@@ -125,10 +125,13 @@ _SCHEDULE_NAMES |= {"b", "cf", "delta", "dk", "dkf", "dof", "dp", "dq", "dqf", "
 _SCHEDULE_NAMES |= {"gacc", "pd", "rs", "sd", "si", "sp", "sr", "tc", "td", "tl", "tp"}
 # ... their staging, row accumulators and 4-simdgroup kernels (staging.py, rowacc.py, wide.py)
 _SCHEDULE_NAMES |= {"ein", "gi", "kc", "lhi", "llo", "oc0", "oc1", "sres"}
+# the register-resident prefill (schedule/attention/flash.py): the lane's rows, their
+# positions (mf_rpos_<axis>0 / 1: _SCHEDULE_PATTERN), the columns past E zeroed once
+_SCHEDULE_NAMES |= {"lr0", "lr1", "qhi", "e_in", "zw"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|tg[a-z]?\d+|sq\d+(?:_d)?|"
-                               r"(?:size|pos|tpos|index|in|p|type|reg|tg|row|col|stride|span|"
+                               r"(?:size|pos|tpos|rpos|index|in|p|type|reg|tg|row|col|stride|span|"
                                r"stage|simd|mf|xs|partner)_.*)$")
 
 
