@@ -3,7 +3,7 @@ the executed warp instructions and of the stall samples) and the instructions a 
 per pass of each loop (the SASS lines that run equally often).
 
     ncu --clock-control none --profile-from-start off --set full -o prof \
-        python3 bench/profile.py prefill
+        python3 bench/nsight.py prefill
     ncu --import prof.ncu-rep --page source --print-source sass --csv | gzip > prof.csv.gz
     python bench/sass.py prof.csv.gz [--kernel prefill] [--top 30] [--loops 4]
 

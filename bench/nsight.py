@@ -3,9 +3,9 @@ Nsight Compute (`ncu --profile-from-start off`): each kernel of the call is prof
 after the warm-up calls that compile and cache it. CUDA only.
 
     ncu --clock-control none --profile-from-start off --set full -o prof \\
-        python3 bench/profile.py prefill [--length 4096] [--e 128]
+        python3 bench/nsight.py prefill [--length 4096] [--e 128]
     ncu --clock-control none --profile-from-start off --set full -o prof \\
-        python3 bench/profile.py matmul [--size 4096]
+        python3 bench/nsight.py matmul [--size 4096]
 
 Cases: `prefill` (examples/attention.py at the cuda target, f16, causal, B = 1, 32 heads,
 S = L; SDPA beside it) and `matmul` (bench/matmul.py's `mf.sum(a * b, axis="K")`, f16;
@@ -54,7 +54,7 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("bench/profile.py: CUDA only (Nsight Compute profiles the cuda backend)")
+        raise SystemExit("bench/nsight.py: CUDA only (Nsight Compute profiles the cuda backend)")
     torch.manual_seed(0)
     calls = CASES[args.case](args)
     for _ in range(args.warmup):
