@@ -20,3 +20,11 @@ def test_the_report_counts_a_loop_body_per_pass():
     assert sum(k.executed.values()) == 3 * 64 + 4
     text = sass.report(k, top=2, loops=1)
     assert "HMMA" in text and "64" in text and "3" in text.splitlines()[-1]
+
+
+def test_no_bench_script_shadows_the_standard_library():
+    # tests put bench/ first on sys.path (this file, test_floors_edits.py): a script named like
+    # a standard module (bench/profile.py was) replaces it in every later import of the
+    # worker, and torch.compile's `import cProfile` failed
+    scripts = {p.stem for p in (Path(__file__).resolve().parents[2] / "bench").glob("*.py")}
+    assert "sass" in scripts and not scripts & set(sys.stdlib_module_names)
