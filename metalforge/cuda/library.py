@@ -186,14 +186,13 @@ class _Module:
         does not: translate.mid_bounds' numbers). The uncapped unit stays loaded until a trial
         keeps one: a library whose kernels all spill there (the matrix tiles' accumulators)
         costs one compile more, not two."""
-        caps = {e.symbol: mid_bounds(e.max_total_threads,
-                                     self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS))
-                for e in entries if e.symbol in uncapped}
-        wide = [e for e in entries if caps.get(e.symbol)]
         free = [e for e in entries if e.symbol in uncapped]
+        caps = {e.symbol: b for e in free if (b := mid_bounds(
+            e.max_total_threads, self.attribute(e.symbol, _CU_FUNC_ATTRIBUTE_NUM_REGS)))}
+        wide = [e for e in free if e.symbol in caps]
         while wide:
             before = self.module, self.funcs
-            self._compile(text, entries, _defines(free, {e.symbol: str(caps[e.symbol])
+            self._compile(text, entries, _defines(free, {e.symbol: caps[e.symbol]
                                                          for e in wide}))
             kept = [e for e in wide if self.attribute(
                 e.symbol, _CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES) <= SMALL_SPILL]

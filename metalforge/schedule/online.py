@@ -19,8 +19,13 @@ def rescale(m: ir.Expr, m_new: ir.Expr) -> ir.Expr:
                      ir.Lit(1.0, "float"))
 
 
-def weight(s: ir.Expr, m_new: ir.Expr) -> ir.Expr:
-    """p = exp(s - m'): a score's weight under the new max (0 while m' = -inf)."""
+def weight(s: ir.Expr, m_new: ir.Expr, fast: bool = False) -> ir.Expr:
+    """p = exp(s - m'): a score's weight under the new max (0 while m' = -inf). `fast`: as
+    `fast::exp` of an argument chosen without a branch (exp(-inf) = 0), for weights that
+    become half or bfloat operands, whose rounding is far above the fast exp's few ulps (on
+    CUDA one multiply and MUFU.EX2, where precise::exp is ten instructions and a branch)."""
+    if fast:
+        return ir.Call("fast::exp", (ir.Select(m_new.ne(NEG_INF), s - m_new, NEG_INF),))
     return ir.Select(m_new.ne(NEG_INF), ir.Call("exp", (s - m_new,), precise=True),
                      ir.Lit(0.0, "float"))
 

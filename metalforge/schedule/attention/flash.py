@@ -285,14 +285,6 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_ar
             each_element("mf_s_tile", elem)]
 
 
-def _weight(s: ir.Expr, m_new: ir.Expr) -> ir.Expr:
-    """p = exp(s - m'), 0 while m' = -inf (`online.weight`), as `fast::exp` of an argument
-    chosen without a branch (exp(-inf) = 0): the weights become half or bfloat operands, so
-    the fast exp's few ulps (relative) are far below their rounding; on CUDA it is one
-    multiply and MUFU.EX2 where precise::exp is ten instructions and a branch around them."""
-    return ir.Call("fast::exp", (ir.Select(m_new.ne(NEG_INF), s - m_new, NEG_INF),))
-
-
 def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
     """The online update of the lane's two rows: the tile's maxima over the row's lanes, the
     old sums' factors, the weights p into the lane's partial sums and, as the operand type,
@@ -310,7 +302,7 @@ def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
     def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         p, hi = ir.Var("mf_pw"), _upper(r)
         return [ir.Decl("mf_mn", "float", _pick(r, "mf_n0", "mf_n1")),
-                ir.Decl("mf_pw", "float", _weight(ref, ir.Var("mf_mn"))),
+                ir.Decl("mf_pw", "float", online.weight(ref, ir.Var("mf_mn"), fast=True)),
                 ir.Assign(ir.Var("mf_d0"), ir.Var("mf_d0") + ir.Select(
                     hi, ir.Lit(0.0, "float"), p)),
                 ir.Assign(ir.Var("mf_d1"), ir.Var("mf_d1") + ir.Select(
