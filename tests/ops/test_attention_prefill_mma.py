@@ -67,7 +67,7 @@ def test_prefill_lowering_by_target(dtype, target, lowered):
     assert lowered in src
     if target in ("apple10", "cuda") and dtype != torch.float32:
         assert "matmul2d_descriptor(16, 32, 128, false, true" in src       # Q·K^T
-        assert "matmul2d_descriptor(16, 16, 32, false, false" in src       # P·V
+        assert "matmul2d_descriptor(16, 128, 32, false, false" in src      # P·V
         assert "mf_p_tile[mf_c] = " in src and "mf_st[" not in src       # P in registers
     elif "tensor" in lowered:
         assert "matmul2d_descriptor(16, 16, 16, false, true" in src        # Q·K^T
@@ -98,6 +98,30 @@ def test_tensor_ops_prefill_matches_math_attention(target, e, kernel_name):
             hosts = [h for h, _, _ in kernel.launches(q, k, v, 0.3)]
             assert hosts[0].endswith(kernel_name) and len(hosts) == splits, hosts
             torch.testing.assert_close(kernel(q, k, v, 0.3), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("target,e", [("apple10", 64), ("cuda", 128)])
+def test_tensor_ops_prefill_inner_tiles_lazy_max_and_nan(target, e):
+    """Tiles of keys inside every row's causal bound take the score without its mask (S = L
+    = 150: rows 64..149 have whole tiles of keys below the diagonal), the rows' maxes move
+    lazily (keys that grow along L: a later tile's scores exceed the row's max by far more
+    than the threshold, and by less), a NaN key makes the rows that see it NaN though the
+    maxes skip NaN (NaN weights), and K / V tiles are held in registers across the products
+    (E = 64 / 128: a whole number of rows a thread's copies; the last tile partial), on both
+    kernels (E = 64: narrow, 64-key tiles; E = 128: 32-key tiles). E = 33 and 80 (tiles
+    copied as they are staged): test_tensor_ops_prefill_matches_math_attention."""
+    dtype = torch.float16
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 2, 150, e, generator=g).to(dtype)
+    grow = torch.linspace(0.2, 60.0 / e ** 0.5, 150).view(1, 1, 150, 1)
+    k = (torch.randn(1, 1, 150, e, generator=g) * grow).to(dtype)
+    v = torch.randn(1, 1, 150, e, generator=g).to(dtype)
+    k[0, 0, 140, 3] = float("nan")
+    want = _math_attention(q, k, v, 0.4, True).to(dtype)
+    with mf.target(target):
+        got = attention.with_launch(key_splits=1)(q, k, v, 0.4)     # a pass over every tile
+    assert got[0, :, 140:].isnan().all() and not got[0, :, :140].isnan().any()
+    torch.testing.assert_close(got, want, equal_nan=True, **TOL[dtype])
 
 
 def test_tensor_ops_prefill_window_softcap_and_rows_without_keys():

@@ -48,14 +48,24 @@ from ..matrix.mpp import each_element, zeroed
 from ..matrix.resident import declare_matmul, view
 from ..matrix.strided import SIDE, threadgroup_tensor
 from ..online import NEG_INF
+from .bounds import unmasked
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import tiled_head
+from .head import inner_keys, tiled_head
 from .mma import operand, zero_fill
 from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
 from .prefill import finish, matrix_operands
 from .scores import score
-from .tiles import fill_tiles, tile_arrays
+from .tiles import (
+    Reads,
+    batch,
+    fill_tiles,
+    full_tile,
+    held_arrays,
+    held_loads,
+    held_stores,
+    tile_arrays,
+)
 from .write import epilogue
 
 SIMDGROUPS = 4
@@ -108,7 +118,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
         return None
     f = ctx.form
     emax = NARROW_PREFILL_E if narrow else SIMD_WIDTH * ctx.run
-    kt, eb = tile_keys(emax), -(-emax // SIDE)
+    kt = tile_keys(emax)
     ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
                      epl=emax // SIMD_WIDTH, kt_max=kt)
     ks.out.helpers |= {"mf_tensor_ops", "mf_strides", "mf_maximum"}
@@ -121,22 +131,14 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body = _places(ctx) + tile_arrays(ctx, row, runs=False, width=emax)
-    body += _zero_columns(ctx, kt, emax) + _declare(op, kt, eb, emax)
+    body += _zero_columns(ctx, kt, emax) + _declare(op, kt, emax)
     body += _fill_q(ctx, row, q, op) + _lane_rows(ctx)
-    fill = fill_tiles(ctx, row)
-    assert isinstance(fill[-1], ir.Barrier)
-    fill[-1:-1] = zero_fill(ctx, kt, columns=False)
-    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
-        ir.Var("mf_l1") - ir.Var("mf_tk"), ir.Cast(IDX, ir.Lit(kt, "uint"))))))]
-    step += fill + _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
-    step += _softmax(op, target.row_lanes)
-    step += _values(op, kt, eb, v_arr) + [
-        ir.Comment("every simdgroup is done with the tiles before they are refilled"),
-        ir.Barrier()]
-    body += [ir.Comment(f"one pass over the block's keys along '{f.key}', {kt} at a time"),
-             ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step,
-                    step=ir.Cast(IDX, ir.Lit(kt, "uint")))]
-    body += _write(ctx, row, eb, target.row_lanes)
+    if unmasked(ctx.form, ctx.rows) is not None:
+        body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+    weights = _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
+    weights += _softmax(op, target.row_lanes)
+    body += _pass(ctx, row, kt, k_arr, weights, _values(op, kt, emax, v_arr))
+    body += _write(ctx, row, target.row_lanes)
     return finish(ctx, ks, head, body, emax, ROWS, (
         f"4 simdgroups of 16 rows; K and V staged as {op} in threadgroup memory, {kt} keys a "
         f"tile; q, the scores, the weights and the outputs in registers (cooperative "
@@ -145,15 +147,82 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
         "prefill_narrow" if narrow else "prefill")
 
 
+def _pass(ctx: CallContext, ks: KernelState, kt: int, k_arr: str, weights: list[ir.Stmt],
+          values: list[ir.Stmt]) -> list[ir.Stmt]:
+    """One pass over the block's keys, `kt` at a time: the tile's K staged, then the scores
+    and their weights (`weights`), its V staged, then the values' products (`values`). Where
+    a thread's copies of a full tile go as one batch (`tiles.batch`; K and V the only
+    reads), they are held in registers across the products: V's loads are issued before
+    the scores and stored after them, the next tile's K's before the values' products and
+    stored after them, so that the products hide the loads; two barriers a tile either
+    way."""
+    per, f = batch(ctx, ks), ctx.form
+    kt_i, l1 = ir.Cast(IDX, ir.Lit(kt, "uint")), ir.Var("mf_l1")
+    tn, tk = ir.Var("mf_tn"), ir.Var("mf_tk")
+    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (l1 - tk, kt_i))))]
+    loop = f"one pass over the block's keys along '{f.key}', {kt} at a time"
+    if not per or len(ctx.kv) != 2:
+        fill = fill_tiles(ctx, ks)
+        fill[-1:-1] = zero_fill(ctx, kt, columns=False)
+        step += fill + weights + values + [
+            ir.Comment("every simdgroup is done with the tiles before they are refilled"),
+            ir.Barrier()]
+        return [ir.Comment(loop), ir.For("mf_tk", IDX, ir.Var("mf_l0"), l1, step, step=kt_i)]
+    k_reads = [(n, a) for n, a in ctx.kv.items() if a == k_arr]
+    v_reads = [(n, a) for n, a in ctx.kv.items() if a != k_arr]
+    hr, hdr, he = ir.Var("mf_hr"), ir.Var("mf_hdr"), ir.Var("mf_he")
+
+    def stage(reads: Reads, at: ir.Var, n: ir.Var, full: ir.Expr, load: bool = False
+              ) -> ir.Stmt:
+        """The held copies (loaded first where `load`) stored, or (not a full tile) the
+        tile's copies and zero rows."""
+        held = held_loads(ctx, ks, per, reads, at, hr, hdr, he) if load else []
+        return ir.If(full, held + held_stores(ctx, per, reads, hr, hdr, he), [ir.Block(
+            fill_tiles(ctx, ks, reads, barrier=False, tk=at, tn=n, batched=False)
+            + zero_fill(ctx, kt, columns=False, tn=n, reads=reads))])
+    nxt, nn = ir.Var("mf_tk2"), ir.Var("mf_tn2")
+    step += [
+        ir.Decl("mf_full", "bool", full_tile(ctx, ks, per, tn)),
+        ir.If(ir.Var("mf_full"), held_loads(ctx, ks, per, v_reads, tk, hr, hdr, he)),
+        ir.Comment("the tile's K staged; every simdgroup is past the last tile's values"),
+        ir.Barrier(), *weights,
+        ir.Comment("the tile's V staged (its loads were in flight during the scores), the "
+                   "next tile's K loaded"),
+        stage(v_reads, tk, tn, ir.Var("mf_full")),
+        ir.Decl("mf_tk2", IDX, tk + kt_i),
+        ir.Decl("mf_tn2", UINT, ir.Select(nxt < l1, ir.Cast(UINT, ir.Call(
+            "min", (l1 - nxt, kt_i))), u(0))),
+        ir.Decl("mf_full2", "bool", full_tile(ctx, ks, per, nn)),
+        ir.If(ir.Var("mf_full2"), held_loads(ctx, ks, per, k_reads, nxt, hr, hdr, he)),
+        ir.Comment("the tile's V staged; every simdgroup is past the tile's scores"),
+        ir.Barrier(), *values,
+        ir.Comment("the next tile's K staged (its loads were in flight during the values)"),
+        ir.If(nn > u(0), [stage(k_reads, nxt, nn, ir.Var("mf_full2"))])]
+    chunks, group = ir.Var("mf_chunks"), u(ks.group)
+    first = ir.Var("mf_hn")
+    return [
+        ir.Comment(f"a thread's copies of a full tile, held in registers across the "
+                   f"products: keys mf_hr + j * mf_hdr (j < {per}), E from mf_he"),
+        ir.Decl("mf_hr", UINT, ir.Var("mf_tid") / chunks),
+        ir.Decl("mf_hdr", UINT, group / chunks),
+        ir.Decl("mf_he", UINT, ir.Var("mf_tid") % chunks * u(ctx.vw)),
+        *held_arrays(ctx, per, k_reads + v_reads),
+        ir.Comment("the first tile's K"),
+        ir.Decl("mf_hn", UINT, ir.Cast(UINT, ir.Call("min", (
+            l1 - ir.Call("min", (ir.Var("mf_l0"), l1)), kt_i)))),
+        ir.If(first > u(0), [stage(k_reads, ir.Var("mf_l0"), first,
+                                   full_tile(ctx, ks, per, first), load=True)]),
+        ir.Comment(loop), ir.For("mf_tk", IDX, ir.Var("mf_l0"), l1, step, step=kt_i)]
+
+
 def _places(ctx: CallContext) -> list[ir.Stmt]:
-    """The thread's place, the simdgroup's rows, E rounded up to 16-blocks (mf_ew, mf_eb)."""
+    """The thread's place, the simdgroup's rows, E rounded up to a 16-block (mf_ew)."""
     sg, lane = ir.Var("mf_sg"), ir.Var("mf_lane")
     return [ir.Decl("mf_tid", UINT, sg * u(SIMD_WIDTH) + lane),
             ir.Comment("the simdgroup's 16 rows of the tile"),
             ir.Decl("mf_row0", UINT, sg * u(SIDE)),
             ir.Decl("mf_ew", UINT, ir.Cast(UINT, (ctx.size(ctx.form.e) + ir.Lit(15, IDX))
-                                           / ir.Lit(16, IDX) * ir.Lit(16, IDX))),
-            ir.Decl("mf_eb", UINT, ir.Var("mf_ew") / u(16))]
+                                           / ir.Lit(16, IDX) * ir.Lit(16, IDX)))]
 
 
 def _zero_columns(ctx: CallContext, kt: int, emax: int) -> list[ir.Stmt]:
@@ -178,16 +247,16 @@ def _zero_columns(ctx: CallContext, kt: int, emax: int) -> list[ir.Stmt]:
             ir.Barrier()]
 
 
-def _declare(op: str, kt: int, eb: int, emax: int) -> list[ir.Stmt]:
+def _declare(op: str, kt: int, emax: int) -> list[ir.Stmt]:
     """The two products' ops and the simdgroup's cooperative tensors: q (the left input, all
     of E up to `emax`), the scores (fp32), the weights (a left input of the values'), the
-    outputs (fp32, one per 16-block of E, zeroed); the rows' state."""
+    outputs (fp32, E up to `emax`, zeroed); the rows' state."""
     k_view, v_view = threadgroup_tensor(op), threadgroup_tensor(op)
-    out: list[ir.Stmt] = [
-        ir.Comment(f"S (16 x {kt}) += Q (16 x {emax}) K^T, one run; O_d (16 x 16) += "
-                   f"P (16 x {kt}) V_d, a 16-block of E a run"),
+    return [
+        ir.Comment(f"S (16 x {kt}) += Q (16 x {emax}) K^T and O (16 x {emax}) += "
+                   f"P (16 x {kt}) V, a run each"),
         *declare_matmul("mf_s_op", SIDE, kt, emax, True),
-        *declare_matmul("mf_p_op", SIDE, SIDE, kt, False),
+        *declare_matmul("mf_p_op", SIDE, emax, kt, False),
         ir.Comment(f"the simdgroup's q rows, E up to {emax} (the left input; 0 past E)"),
         ir.Decl("mf_q", "auto", ir.Call(
             f"mf_s_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
@@ -197,16 +266,14 @@ def _declare(op: str, kt: int, eb: int, emax: int) -> list[ir.Stmt]:
             ()), const=False),
         ir.Decl("mf_p_tile", "auto", ir.Call(
             f"mf_p_op.get_left_input_cooperative_tensor<{op}, {op}, float>", ()), const=False),
-        ir.Comment(f"its outputs, E in {eb} blocks of 16 (fp32)")]
-    for d in range(eb):
-        out += [ir.Decl(f"mf_o{d}", "auto", ir.Call(
+        ir.Comment(f"its outputs, E up to {emax} (fp32; 0 past E)"),
+        ir.Decl("mf_o", "auto", ir.Call(
             f"mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), {v_view}, float>",
-            ()), const=False), zeroed(f"mf_o{d}")]
-    out.append(ir.Comment("the lane's two rows' state: running max, lane-partial sum"))
-    for n, v in (("mf_m0", NEG_INF), ("mf_m1", NEG_INF), ("mf_d0", ir.Lit(0.0, "float")),
-                 ("mf_d1", ir.Lit(0.0, "float"))):
-        out.append(ir.Decl(n, "float", v, const=False))
-    return out
+            ()), const=False), zeroed("mf_o"),
+        ir.Comment("the lane's two rows' state: running max, lane-partial sum"),
+        *(ir.Decl(n, "float", v, const=False) for n, v in (
+            ("mf_m0", NEG_INF), ("mf_m1", NEG_INF), ("mf_d0", ir.Lit(0.0, "float")),
+            ("mf_d1", ir.Lit(0.0, "float"))))]
 
 
 def _fill_q(ctx: CallContext, ks: KernelState, qn: Node, op: str) -> list[ir.Stmt]:
@@ -256,53 +323,70 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_ar
     the target schedule every fragment load ahead of the products, where a run per 16-block
     of E left a branch and a dependent product between each), then per element the score's
     work (`score`: scale, masks, caps; -inf past the tile's keys and rows) and the lane's
-    rows' maxima over it."""
+    rows' maxima over it (ignoring NaN: a NaN score's weight is NaN, and so is its row's
+    sum). A whole tile of live rows inside every row's bounds (`head.inner_keys`) takes the
+    score without its mask (`bounds.unmasked`) and no guard: all but the tiles along a
+    causal diagonal."""
     k_view = view(threadgroup_tensor(op), ir.Var(k_arr), emax, ir.Var(f"{k_arr}_stride"), kt)
     run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var("mf_q"), k_view, ir.Var("mf_s_tile"))))
-    body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
+    dot = {ctx.form.contractions[0]: ir.Var("mf_dot")}
+    body, value = score(ctx, ks, dot)
 
-    def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+    def elem(guarded: bool, r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         sv, hi = ir.Var("mf_sv"), _upper(r)
-        return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
-                ir.Decl("mf_qhi", "bool", hi),
-                ir.Decl("mf_u", UINT, c),
-                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
-                ir.Decl("mf_dot", "float", ref),
-                ir.Decl("mf_sv", "float", NEG_INF, const=False),
-                ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
-                    ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sv, value)]),
-                ir.Assign(ref, sv),
-                ir.Assign(ir.Var("mf_t0"), ir.Select(hi, ir.Var("mf_t0"), ir.Call(
-                    "mf_maximum", (ir.Var("mf_t0"), sv)))),
-                ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
-                    "mf_maximum", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
+        out = [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+               ir.Decl("mf_qhi", "bool", hi),
+               ir.Decl("mf_u", UINT, c),
+               ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+               ir.Decl("mf_dot", "float", ref)]
+        if guarded:
+            out += [ir.Decl("mf_sv", "float", NEG_INF, const=False),
+                    ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
+                        ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sv, value)])]
+        else:
+            inner, inner_value = score(ctx, ks, dot, node=unmasked(ctx.form, ctx.rows))
+            out += inner + [ir.Decl("mf_sv", "float", inner_value)]
+        return out + [
+            ir.Assign(ref, sv),
+            ir.Assign(ir.Var("mf_t0"), ir.Select(hi, ir.Var("mf_t0"), ir.Call(
+                "fmax", (ir.Var("mf_t0"), sv)))),
+            ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
+                "fmax", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
+    guarded = each_element("mf_s_tile", lambda r, c, ref: elem(True, r, c, ref))
+    work: ir.Stmt = guarded
+    if unmasked(ctx.form, ctx.rows) is not None:
+        tk = ir.Cast("long", ir.Var("mf_tk"))
+        whole = (ir.Var("mf_tn").eq(u(kt))).and_(ir.Var("mf_row0") + u(SIDE) <= ir.Var(
+            "mf_nlive")).and_(tk >= ir.Var("mf_kilo")).and_(
+            tk + ir.Cast("long", ir.Lit(kt, IDX)) <= ir.Var("mf_kihi"))
+        work = ir.If(whole, [
+            ir.Comment("a whole tile inside every row's bounds: no mask, no guard"),
+            each_element("mf_s_tile", lambda r, c, ref: elem(False, r, c, ref))], [guarded])
     return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, one run over E up to {emax}"),
             zeroed("mf_s_tile"), run,
             ir.Comment("the score's elementwise work on each element the lane holds, and the "
                        "tile's max of each of its two rows"),
             ir.Decl("mf_t0", "float", NEG_INF, const=False),
-            ir.Decl("mf_t1", "float", NEG_INF, const=False),
-            each_element("mf_s_tile", elem)]
+            ir.Decl("mf_t1", "float", NEG_INF, const=False), work]
 
 
 def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
-    """The online update of the lane's two rows: the tile's maxima over the row's lanes, the
-    old sums' factors, the weights p into the lane's partial sums and, as the operand type,
-    into P (element for element: the weights' layout is the scores')."""
+    """The online update of the lane's two rows: the tile's maxima over the row's lanes, each
+    row's lazy max (`online.raise_lazily`) and its sum's factor, then the weights p into the
+    lane's partial sums and, as the operand type, into P (element for element: the weights'
+    layout is the scores')."""
     out: list[ir.Stmt] = [ir.Comment("online softmax of the lane's two rows: the tile's max "
-                                     "over each row's lanes, the factors of the old state")]
-    out += _across_row("mf_t0", "mf_maximum", masks) + _across_row("mf_t1", "mf_maximum", masks)
+                                     "over each row's lanes; each row's lazy max")]
+    out += _across_row("mf_t0", "fmax", masks) + _across_row("mf_t1", "fmax", masks)
     for j in "01":
-        m, t = ir.Var(f"mf_m{j}"), ir.Var(f"mf_t{j}")
-        out += [ir.Decl(f"mf_n{j}", "float", ir.Call("mf_maximum", (m, t))),
-                ir.Decl(f"mf_c{j}", "float", online.rescale(m, ir.Var(f"mf_n{j}"))),
-                ir.Assign(ir.Var(f"mf_d{j}"), ir.Var(f"mf_d{j}") * ir.Var(f"mf_c{j}")),
-                ir.Assign(m, ir.Var(f"mf_n{j}"))]
+        out += online.raise_lazily(ir.Var(f"mf_m{j}"), ir.Var(f"mf_t{j}"), f"mf_up{j}",
+                                   f"mf_c{j}")
+        out += [ir.Assign(ir.Var(f"mf_d{j}"), ir.Var(f"mf_d{j}") * ir.Var(f"mf_c{j}")),
+                ir.Decl(f"mf_ms{j}", "float", online.safe_max(ir.Var(f"mf_m{j}")))]
 
     def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         p, hi = ir.Var("mf_pw"), _upper(r)
-        return [ir.Decl("mf_mn", "float", _pick(r, "mf_n0", "mf_n1")),
-                ir.Decl("mf_pw", "float", online.weight(ref, ir.Var("mf_mn"), fast=True)),
+        return [ir.Decl("mf_pw", "float", online.fast2(ref, _pick(r, "mf_ms0", "mf_ms1"))),
                 ir.Assign(ir.Var("mf_d0"), ir.Var("mf_d0") + ir.Select(
                     hi, ir.Lit(0.0, "float"), p)),
                 ir.Assign(ir.Var("mf_d1"), ir.Var("mf_d1") + ir.Select(
@@ -312,40 +396,32 @@ def _softmax(op: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
                   each_element("mf_s_tile", elem)]
 
 
-def _values(op: str, kt: int, eb: int, v_arr: str) -> list[ir.Stmt]:
-    """Each output block rescaled by its rows' factors, then O_d += P V_d."""
-    out: list[ir.Stmt] = [ir.Comment(f"the values: O rescaled by its rows' factors, then "
-                                     f"O_d += P V_d ({kt} keys a run)")]
-    for d in range(eb):
-        v_at = ir.Var(v_arr) + u(d * SIDE) if d else ir.Var(v_arr)
-        scale = each_element(f"mf_o{d}", lambda r, c, ref: [
-            ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])
-        v_view = view(threadgroup_tensor(op), v_at, SIDE, ir.Var(f"{v_arr}_stride"), kt)
-        run = ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_p_tile"), v_view, ir.Var(f"mf_o{d}"))))
-        work = [scale, run]
-        out += work if d == 0 else [ir.If(u(d) < ir.Var("mf_eb"), work)]
-    return out
+def _values(op: str, kt: int, emax: int, v_arr: str) -> list[ir.Stmt]:
+    """O rescaled by its rows' factors where a max of the simdgroup's rows moved, then
+    O += P V in one run over E up to `emax` (V's columns past E are 0)."""
+    v_view = view(threadgroup_tensor(op), ir.Var(v_arr), emax, ir.Var(f"{v_arr}_stride"), kt)
+    moved = ir.Call("simd_any", (ir.Var("mf_up0").or_(ir.Var("mf_up1")),))
+    return [ir.Comment(f"the values: O rescaled by its rows' factors (where a row's max "
+                       f"moved), then O += P V ({kt} keys x E up to {emax}, one run)"),
+            ir.If(moved, [each_element("mf_o", lambda r, c, ref: [
+                ir.Assign(ref, ref * _pick(r, "mf_c0", "mf_c1"))])]),
+            ir.Eval(ir.Call("mf_p_op.run", (ir.Var("mf_p_tile"), v_view, ir.Var("mf_o"))))]
 
 
-def _write(ctx: CallContext, ks: KernelState, eb: int, masks: tuple[int, ...]
-           ) -> list[ir.Stmt]:
+def _write(ctx: CallContext, ks: KernelState, masks: tuple[int, ...]) -> list[ir.Stmt]:
     """After the keys: each row's sum over its lanes, then each output element the lane
     holds: acc / d through the work after the sum (one block of keys), else the block's state
     for the merge kernel."""
     def each(body: list[ir.Stmt]) -> ir.Stmt:
-        out: list[ir.Stmt] = []
-        for d in range(eb):
-            def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr, d: int = d) -> list[ir.Stmt]:
-                live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
-                    ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
-                return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
-                        ir.Decl("mf_e", UINT, u(d * SIDE) + c if d else c),
-                        ir.If(live, [ir.Decl("mf_mm", "float", _pick(r, "mf_m0", "mf_m1")),
-                                     ir.Decl("mf_md", "float", _pick(r, "mf_d0", "mf_d1")),
-                                     ir.Decl("mf_ov", "float", ref), *body])]
-            loop = each_element(f"mf_o{d}", elem)
-            out.append(loop if d == 0 else ir.If(u(d) < ir.Var("mf_eb"), [loop]))
-        return ir.Block(out)
+        def elem(r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+            live = (ir.Var("mf_qrow") < ir.Var("mf_nlive")).and_(
+                ir.Cast(IDX, ir.Var("mf_e")) < ctx.size(ctx.form.e))
+            return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                    ir.Decl("mf_e", UINT, c),
+                    ir.If(live, [ir.Decl("mf_mm", "float", _pick(r, "mf_m0", "mf_m1")),
+                                 ir.Decl("mf_md", "float", _pick(r, "mf_d0", "mf_d1")),
+                                 ir.Decl("mf_ov", "float", ref), *body])]
+        return each_element("mf_o", elem)
     return [
         ir.Comment("each row's sum over the lanes that hold it"),
         *_across_row("mf_d0", "", masks), *_across_row("mf_d1", "", masks),

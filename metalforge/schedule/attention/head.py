@@ -96,28 +96,35 @@ def tiled_head(ctx: CallContext, ks: KernelState, nsg: int, what: str) -> list[i
             + row_positions(ctx, ks) + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True)))
 
 
+def _row_bounds(ctx: CallContext, ks: KernelState
+                ) -> tuple[list[ir.Stmt], ir.Expr, ir.Expr]:
+    """The statements and the bounds [lo, hi) (long) of the keys row mf_t can see, from the
+    mask's `key_bounds` (at least 0 and at most L)."""
+    low = lowering(ctx, ks, "mf_kb")
+    bounds = key_bounds(ctx.form, ctx.rows)
+    vals = low.lower([n for _, n, _ in bounds])
+    ks.out.helpers |= low.helpers
+    lo: ir.Expr = ir.Cast("long", ir.Lit(0, IDX))
+    hi: ir.Expr = ir.Cast("long", ctx.size(ctx.form.key))
+    for kind, n, add in bounds:
+        v = ir.Cast("long", low.value(n)) + ir.Cast("long", ir.Lit(add, IDX)) if add \
+            else ir.Cast("long", low.value(n))
+        lo = ir.Select(v > lo, v, lo) if kind == "lo" else lo
+        hi = ir.Select(v < hi, v, hi) if kind == "hi" else hi
+    return vals, lo, hi
+
+
 def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """The threadgroup's block of keys [mf_l0, mf_l1): the keys its rows can see (all of
     L, or the union of the rows' `key_bounds`: masked keys are never read) split into
     mf_splits blocks."""
     splits, length = ir.Cast(IDX, ir.Var("mf_splits")), ctx.size(ctx.form.key)
     one = ir.Lit(1, IDX)
-    bounds = key_bounds(ctx.form, ctx.rows)
-    if not bounds:
+    if not key_bounds(ctx.form, ctx.rows):
         chunk = (length + splits - one) / splits
         return [ir.Decl("mf_l0", IDX, ir.Cast(IDX, ir.Var("mf_block")) * chunk),
                 ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, length)))]
-    low = lowering(ctx, ks, "mf_kb")
-    vals = low.lower([n for _, n, _ in bounds])
-    ks.out.helpers |= low.helpers
-    zero = ir.Cast("long", ir.Lit(0, IDX))
-    lo: ir.Expr = zero
-    hi: ir.Expr = ir.Cast("long", length)
-    for kind, n, add in bounds:
-        v = ir.Cast("long", low.value(n)) + ir.Cast("long", ir.Lit(add, IDX)) if add \
-            else ir.Cast("long", low.value(n))
-        lo = ir.Select(v > lo, v, lo) if kind == "lo" else lo
-        hi = ir.Select(v < hi, v, hi) if kind == "hi" else hi
+    vals, lo, hi = _row_bounds(ctx, ks)
     klo, khi = ir.Var("mf_klo"), ir.Var("mf_khi")
     rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")
     chunk = (ir.Var("mf_kn") + splits - one) / splits
@@ -126,7 +133,7 @@ def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                    f"'{ctx.form.key}'; masked keys are never read), split into mf_splits "
                    f"blocks"),
         ir.Decl("mf_klo", "long", ir.Cast("long", length), const=False),
-        ir.Decl("mf_khi", "long", zero, const=False),
+        ir.Decl("mf_khi", "long", ir.Cast("long", ir.Lit(0, IDX)), const=False),
         each_row(ctx, ks, vals + [
             ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
             ir.If(rlo < rhi, [ir.Assign(klo, ir.Select(rlo < klo, rlo, klo)),
@@ -137,3 +144,20 @@ def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
                 + ir.Cast(IDX, ir.Var("mf_block")) * chunk),
         ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, ir.Select(
             khi > klo, ir.Cast(IDX, khi), ir.Lit(0, IDX)))))]
+
+
+def inner_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """[mf_kilo, mf_kihi) (long): the keys every live row of the tile can see (the
+    intersection of the rows' `key_bounds`; empty where a row sees none). Where the mask is
+    nothing but those bounds (`bounds.unmasked`), a tile of keys inside it needs no mask."""
+    vals, lo, hi = _row_bounds(ctx, ks)
+    ilo, ihi = ir.Var("mf_kilo"), ir.Var("mf_kihi")
+    rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")
+    return [
+        ir.Comment("the keys every row of the tile sees (no mask needed inside them)"),
+        ir.Decl("mf_kilo", "long", ir.Cast("long", ir.Lit(0, IDX)), const=False),
+        ir.Decl("mf_kihi", "long", ir.Cast("long", ctx.size(ctx.form.key)), const=False),
+        each_row(ctx, ks, vals + [
+            ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
+            ir.Assign(ilo, ir.Select(rlo > ilo, rlo, ilo)),
+            ir.Assign(ihi, ir.Select(rhi < ihi, rhi, ihi))])]

@@ -2,7 +2,7 @@
 lane scores, `tile_scores` from staged tiles) and their elementwise work (`score`)."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 from ... import ir
 from ...graph import Node, topo_order
@@ -81,18 +81,19 @@ def lane_dots(ctx: CallContext, ks: KernelState) -> tuple[list[ir.Stmt], dict[No
     return out, dot_of
 
 
-def score(ctx: CallContext, ks: KernelState,
-          dot_of: Mapping[Node, ir.Expr]) -> tuple[list[ir.Stmt], ir.Expr]:
+def score(ctx: CallContext, ks: KernelState, dot_of: Mapping[Node, ir.Expr],
+          node: Optional[Node] = None) -> tuple[list[ir.Stmt], ir.Expr]:
     """The scores' elementwise work (scale, masks, caps) on the contractions `dot_of`: its
-    statements and the score as a float."""
-    f = ctx.form
+    statements and the score as a float (`node`: that part of the scores instead, e.g.
+    `bounds.unmasked`)."""
+    n = ctx.form.scores if node is None else node
     low = lowering(ctx, ks, "mf_s")
     for r, dot in dot_of.items():
         low.values[r] = dot if compute_type(r.dtype) == "float" else ir.Cast(
             compute_type(r.dtype), dot)
-    body = low.lower([f.scores])
+    body = low.lower([n])
     ks.out.helpers |= low.helpers | {"mf_maximum"}
-    return body, as_float(low.value(f.scores), f.scores)
+    return body, as_float(low.value(n), n)
 
 
 def _key_chunk(ctx: CallContext, nodes: list[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:
