@@ -40,12 +40,12 @@ def _key_free_int(n: Node, key: str) -> bool:
         _key_free_int(a, key) for a in n.args)
 
 
-def _where(form: Form):
+def _where(form: Form) -> Optional[tuple[Node, Node]]:
     """(c, s) when the scores' last step is `where(c, s, -inf)`, else None."""
     sc = strip_casts(form.scores)
     if sc.op != Op.WHERE:
         return None
-    cond, kept, other = sc.args
+    cond, kept, other = sc.args[0], sc.args[1], sc.args[2]
     other = strip_casts(other)
     if other.op != Op.CONST or other.attr != float("-inf"):
         return None

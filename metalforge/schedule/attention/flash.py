@@ -334,7 +334,7 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_ar
 
     def elem(guarded: bool, r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         sv, hi = ir.Var("mf_sv"), _upper(r)
-        out = [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+        out: list[ir.Stmt] = [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
                ir.Decl("mf_qhi", "bool", hi),
                ir.Decl("mf_u", UINT, c),
                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),

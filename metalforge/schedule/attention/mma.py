@@ -227,12 +227,12 @@ def zero_fill(ctx: CallContext, keys: Optional[int] = None, columns: bool = True
     what = ("K and V past the copied keys and past E (up to whole "
             + ("16-blocks" if keys is None else f"16-blocks, {keys} keys") + ") are 0"
             if columns else f"rows past the copied keys (up to {keys}) are 0")
+    zero: list[ir.Stmt] = [ir.For("mf_z", UINT, ir.Var("mf_tid"), rows * half_w, [
+        ir.Decl("mf_zr", UINT, z / half_w),
+        ir.Decl("mf_zc", UINT, z % half_w * u(2)),
+        ir.For("mf_x", UINT, u(0), u(2), [
+            ir.If((r >= tn).or_(ir.Cast(IDX, c) >= e) if columns else r >= tn, stores)],
+            unroll=True)], step=u(SIMD_WIDTH * SIMDGROUPS))]
     return [
         ir.Comment(f"a partial tile: {what}"),
-        ir.If(partial, ([ir.Barrier()] if columns else []) + [
-            ir.For("mf_z", UINT, ir.Var("mf_tid"), rows * half_w, [
-                ir.Decl("mf_zr", UINT, z / half_w),
-                ir.Decl("mf_zc", UINT, z % half_w * u(2)),
-                ir.For("mf_x", UINT, u(0), u(2), [
-                    ir.If((r >= tn).or_(ir.Cast(IDX, c) >= e) if columns else r >= tn, stores)],
-                    unroll=True)], step=u(SIMD_WIDTH * SIMDGROUPS))])]
+        ir.If(partial, ([ir.Barrier()] if columns else []) + zero)]

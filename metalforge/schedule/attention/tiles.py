@@ -115,7 +115,7 @@ def fill_tiles(ctx: CallContext, ks: KernelState, reads: Optional[Reads] = None,
         copies = ir.If(full_tile(ctx, ks, per, tn), batched_copies(ctx, ks, per, reads, tk),
                        [copies])
     names = " and ".join(f"'{ctx.tensor_of(n).name}'" for n, _ in reads)
-    return [
+    out: list[ir.Stmt] = [
         ir.Comment(f"stage keys [{tk.name}, {tk.name} + {tn.name}) of {names}: all {ks.group} "
                    f"threads copy, a chunk of {vw} elements (16 bytes) a copy; copy i is "
                    f"key i / mf_chunks, chunk i % mf_chunks"),
@@ -123,7 +123,8 @@ def fill_tiles(ctx: CallContext, ks: KernelState, reads: Optional[Reads] = None,
         ir.Decl("mf_cc", "uint", ir.Var("mf_tid") % chunks, const=False),
         ir.Decl("mf_dr", "uint", group / chunks),
         ir.Decl("mf_dc", "uint", group % chunks),
-        copies] + ([ir.Barrier()] if barrier else [])
+        copies]
+    return out + [ir.Barrier()] if barrier else out
 
 
 def batch(ctx: CallContext, ks: KernelState) -> int:
