@@ -128,9 +128,8 @@ _SCHEDULE_NAMES |= {"ein", "gi", "kc", "lhi", "llo", "oc0", "oc1", "sres"}
 # the register-resident prefill (schedule/attention/flash.py): the lane's rows, their
 # positions (mf_rpos_<axis>0 / 1: _SCHEDULE_PATTERN), the columns past E zeroed once
 _SCHEDULE_NAMES |= {"lr0", "lr1", "qhi", "e_in", "zw"}
-# the flash prefill's mask-free tiles, lazy maxes and held copies
-_SCHEDULE_NAMES |= {"kilo", "kihi", "up0", "up1", "ms0", "ms1", "full", "full2", "hr", "hdr",
-                    "he", "hn", "tk2", "tn2"}
+# the flash prefill's mask-free tiles and lazy maxes
+_SCHEDULE_NAMES |= {"kilo", "kihi", "up0", "up1", "ms0", "ms1"}
 # generated temporaries (mf_v1, mf_e2, mf_take3, mf_out0, ...) and per-axis or per-tensor
 # variables (mf_size_D, mf_pos_R, mf_index_L, mf_in_x, mf_p_x, mf_reg_x, ...)
 _SCHEDULE_PATTERN = re.compile(r"^(?:[a-z]\d+|take\d+|out\d+|tg[a-z]?\d+|sq\d+(?:_d)?|"

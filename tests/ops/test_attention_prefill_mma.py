@@ -105,11 +105,9 @@ def test_tensor_ops_prefill_inner_tiles_lazy_max_and_nan(target, e):
     """Tiles of keys inside every row's causal bound take the score without its mask (S = L
     = 150: rows 64..149 have whole tiles of keys below the diagonal), the rows' maxes move
     lazily (keys that grow along L: a later tile's scores exceed the row's max by far more
-    than the threshold, and by less), a NaN key makes the rows that see it NaN though the
-    maxes skip NaN (NaN weights), and K / V tiles are held in registers across the products
-    (E = 64 / 128: a whole number of rows a thread's copies; the last tile partial), on both
-    kernels (E = 64: narrow, 64-key tiles; E = 128: 32-key tiles). E = 33 and 80 (tiles
-    copied as they are staged): test_tensor_ops_prefill_matches_math_attention."""
+    than the threshold, and by less), and a NaN key makes the rows that see it NaN though
+    the maxes skip NaN (NaN weights), on both kernels (E = 64: narrow, 64-key tiles; E = 128:
+    32-key tiles; the full tiles' batched copies, the last tile partial)."""
     dtype = torch.float16
     g = torch.Generator().manual_seed(11)
     q = torch.randn(1, 2, 150, e, generator=g).to(dtype)

@@ -57,13 +57,7 @@ from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
 from .prefill import finish, matrix_operands
 from .scores import score
 from .tiles import (
-    Reads,
-    batch,
     fill_tiles,
-    full_tile,
-    held_arrays,
-    held_loads,
-    held_stores,
     tile_arrays,
 )
 from .write import epilogue
@@ -137,7 +131,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
         body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     weights = _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
     weights += _softmax(op, target.row_lanes)
-    body += _pass(ctx, row, kt, k_arr, weights, _values(op, kt, emax, v_arr))
+    body += _pass(ctx, row, kt, weights, _values(op, kt, emax, v_arr))
     body += _write(ctx, row, target.row_lanes)
     return finish(ctx, ks, head, body, emax, ROWS, (
         f"4 simdgroups of 16 rows; K and V staged as {op} in threadgroup memory, {kt} keys a "
@@ -147,72 +141,24 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
         "prefill_narrow" if narrow else "prefill")
 
 
-def _pass(ctx: CallContext, ks: KernelState, kt: int, k_arr: str, weights: list[ir.Stmt],
+def _pass(ctx: CallContext, ks: KernelState, kt: int, weights: list[ir.Stmt],
           values: list[ir.Stmt]) -> list[ir.Stmt]:
-    """One pass over the block's keys, `kt` at a time: the tile's K staged, then the scores
-    and their weights (`weights`), its V staged, then the values' products (`values`). Where
-    a thread's copies of a full tile go as one batch (`tiles.batch`; K and V the only
-    reads), they are held in registers across the products: V's loads are issued before
-    the scores and stored after them, the next tile's K's before the values' products and
-    stored after them, so that the products hide the loads; two barriers a tile either
-    way."""
-    per, f = batch(ctx, ks), ctx.form
-    kt_i, l1 = ir.Cast(IDX, ir.Lit(kt, "uint")), ir.Var("mf_l1")
-    tn, tk = ir.Var("mf_tn"), ir.Var("mf_tk")
-    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (l1 - tk, kt_i))))]
-    loop = f"one pass over the block's keys along '{f.key}', {kt} at a time"
-    if not per or len(ctx.kv) != 2:
-        fill = fill_tiles(ctx, ks)
-        fill[-1:-1] = zero_fill(ctx, kt, columns=False)
-        step += fill + weights + values + [
-            ir.Comment("every simdgroup is done with the tiles before they are refilled"),
-            ir.Barrier()]
-        return [ir.Comment(loop), ir.For("mf_tk", IDX, ir.Var("mf_l0"), l1, step, step=kt_i)]
-    k_reads = [(n, a) for n, a in ctx.kv.items() if a == k_arr]
-    v_reads = [(n, a) for n, a in ctx.kv.items() if a != k_arr]
-    hr, hdr, he = ir.Var("mf_hr"), ir.Var("mf_hdr"), ir.Var("mf_he")
-
-    def stage(reads: Reads, at: ir.Var, n: ir.Var, full: ir.Expr, load: bool = False
-              ) -> ir.Stmt:
-        """The held copies (loaded first where `load`) stored, or (not a full tile) the
-        tile's copies and zero rows."""
-        held = held_loads(ctx, ks, per, reads, at, hr, hdr, he) if load else []
-        return ir.If(full, held + held_stores(ctx, per, reads, hr, hdr, he), [ir.Block(
-            fill_tiles(ctx, ks, reads, barrier=False, tk=at, tn=n, batched=False)
-            + zero_fill(ctx, kt, columns=False, tn=n, reads=reads))])
-    nxt, nn = ir.Var("mf_tk2"), ir.Var("mf_tn2")
-    step += [
-        ir.Decl("mf_full", "bool", full_tile(ctx, ks, per, tn)),
-        ir.If(ir.Var("mf_full"), held_loads(ctx, ks, per, v_reads, tk, hr, hdr, he)),
-        ir.Comment("the tile's K staged; every simdgroup is past the last tile's values"),
-        ir.Barrier(), *weights,
-        ir.Comment("the tile's V staged (its loads were in flight during the scores), the "
-                   "next tile's K loaded"),
-        stage(v_reads, tk, tn, ir.Var("mf_full")),
-        ir.Decl("mf_tk2", IDX, tk + kt_i),
-        ir.Decl("mf_tn2", UINT, ir.Select(nxt < l1, ir.Cast(UINT, ir.Call(
-            "min", (l1 - nxt, kt_i))), u(0))),
-        ir.Decl("mf_full2", "bool", full_tile(ctx, ks, per, nn)),
-        ir.If(ir.Var("mf_full2"), held_loads(ctx, ks, per, k_reads, nxt, hr, hdr, he)),
-        ir.Comment("the tile's V staged; every simdgroup is past the tile's scores"),
-        ir.Barrier(), *values,
-        ir.Comment("the next tile's K staged (its loads were in flight during the values)"),
-        ir.If(nn > u(0), [stage(k_reads, nxt, nn, ir.Var("mf_full2"))])]
-    chunks, group = ir.Var("mf_chunks"), u(ks.group)
-    first = ir.Var("mf_hn")
-    return [
-        ir.Comment(f"a thread's copies of a full tile, held in registers across the "
-                   f"products: keys mf_hr + j * mf_hdr (j < {per}), E from mf_he"),
-        ir.Decl("mf_hr", UINT, ir.Var("mf_tid") / chunks),
-        ir.Decl("mf_hdr", UINT, group / chunks),
-        ir.Decl("mf_he", UINT, ir.Var("mf_tid") % chunks * u(ctx.vw)),
-        *held_arrays(ctx, per, k_reads + v_reads),
-        ir.Comment("the first tile's K"),
-        ir.Decl("mf_hn", UINT, ir.Cast(UINT, ir.Call("min", (
-            l1 - ir.Call("min", (ir.Var("mf_l0"), l1)), kt_i)))),
-        ir.If(first > u(0), [stage(k_reads, ir.Var("mf_l0"), first,
-                                   full_tile(ctx, ks, per, first), load=True)]),
-        ir.Comment(loop), ir.For("mf_tk", IDX, ir.Var("mf_l0"), l1, step, step=kt_i)]
+    """One pass over the block's keys, `kt` at a time: the tile's K and V staged, the scores
+    and their weights (`weights`), the values' products (`values`), a barrier. (Holding the
+    next tile's copies in registers across the products, as FlashAttention-2 overlaps its
+    copies, took the E = 128 kernel from 168 registers to 232 on the H200, two groups a core
+    instead of three, and was slower: bench/README.md, eleventh session.)"""
+    kt_i, tk = ir.Cast(IDX, ir.Lit(kt, "uint")), ir.Var("mf_tk")
+    fill = fill_tiles(ctx, ks)
+    assert isinstance(fill[-1], ir.Barrier)
+    fill[-1:-1] = zero_fill(ctx, kt, columns=False)
+    step: list[ir.Stmt] = [ir.Decl("mf_tn", UINT, ir.Cast(UINT, ir.Call("min", (
+        ir.Var("mf_l1") - tk, kt_i))))]
+    step += fill + weights + values + [
+        ir.Comment("every simdgroup is done with the tiles before they are refilled"),
+        ir.Barrier()]
+    return [ir.Comment(f"one pass over the block's keys along '{ctx.form.key}', {kt} at a time"),
+            ir.For("mf_tk", IDX, ir.Var("mf_l0"), ir.Var("mf_l1"), step, step=kt_i)]
 
 
 def _places(ctx: CallContext) -> list[ir.Stmt]:

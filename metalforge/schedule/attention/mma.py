@@ -202,25 +202,23 @@ def stage_q(ctx: CallContext, ks: KernelState, op: str, qn: Node) -> list[ir.Stm
             step=u(ks.group))]
 
 
-def zero_fill(ctx: CallContext, keys: Optional[int] = None, columns: bool = True,
-              tn: ir.Expr = ir.Var("mf_tn"), reads: Optional[list[tuple[Node, str]]] = None
+def zero_fill(ctx: CallContext, keys: Optional[int] = None, columns: bool = True
               ) -> list[ir.Stmt]:
     """On a partial tile (keys or E not whole 16-blocks): the K/V tiles' elements the blocks
-    read past the copied ones, 0 (rows `tn` .. up to a 16-block, columns E .. mf_ew), so
+    read past the copied ones, 0 (rows mf_tn .. up to a 16-block, columns E .. mf_ew), so
     that stale or uninitialised memory never meets a product; two adjacent elements a
     thread, after a barrier of its own where columns are zeroed (the copies' last element
     and the first zero may share a 4-byte word). With `keys` (the blocks read a whole tile
     of that many keys), the rows up to it; without `columns` (the kernel zeroed the columns
     past E once), only a tile short of keys is partial, and its zeros are whole rows no copy
-    writes (no barrier). `reads`: those K/V reads' tiles only."""
-    e = ctx.size(ctx.form.e)
-    reads = list(ctx.kv.items()) if reads is None else reads
+    writes (no barrier)."""
+    e, tn = ctx.size(ctx.form.e), ir.Var("mf_tn")
     rows = (tn + u(15)) / u(16) * u(16) if keys is None else u(keys)
     z, r, c = ir.Var("mf_z"), ir.Var("mf_zr"), ir.Var("mf_zc") + ir.Var("mf_x")
     stores: list[ir.Stmt] = [
         ir.Store(arr, r * ir.Var(f"{arr}_stride") + c, ir.Cast(
             ctx.in_stype(ctx.tensor_of(n)), ir.Lit(0.0, "float")), space="threadgroup")
-        for n, arr in reads]
+        for n, arr in ctx.kv.items()]
     short = (tn % u(16)).ne(u(0)) if keys is None else tn < u(keys)
     partial = short.or_((e % ir.Lit(16, IDX)).ne(ir.Lit(0, IDX))) if columns else short
     half_w = ir.Var("mf_ew") / u(2)

@@ -67,25 +67,17 @@ def key_row(ctx: CallContext, ks: KernelState, n: Node, arr: str) -> tuple[list[
     return find + [ir.Decl(f"mf_{arr}_row", IDX, pos)], {n.attr[1]: ir.Var(f"mf_{arr}_row")}
 
 
-Reads = list[tuple[Node, str]]
-
-
-def fill_tiles(ctx: CallContext, ks: KernelState, reads: Optional[Reads] = None,
-               barrier: bool = True, tk: ir.Var = ir.Var("mf_tk"),
-               tn: ir.Var = ir.Var("mf_tn"), batched: bool = True) -> list[ir.Stmt]:
-    """Every thread of the group copies its share of the tile's `tn` keys from key `tk` of
-    each K/V read (`reads`: those of them, (node, array) pairs) into threadgroup memory, a
-    chunk of vw elements (16 bytes) a copy: one vector copy when E is a multiple of vw (and
-    innermost in every read), else the chunk's elements inside E one by one (a chunk is
-    still one thread's); then a barrier (unless not `barrier`). A full tile's copies go as
-    one batch (`batch`) unless not `batched`."""
-    reads = list(ctx.kv.items()) if reads is None else reads
+def fill_tiles(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+    """Every thread of the group copies its share of the tile's mf_tn keys of each K/V
+    read into threadgroup memory, a chunk of vw elements (16 bytes) a copy: one vector
+    copy when E is a multiple of vw (and innermost in every read), else the chunk's
+    elements inside E one by one (a chunk is still one thread's)."""
     vw, group = ctx.vw, ir.Lit(ks.group, "uint")
     key = ir.Var("mf_r")                         # copy mf_i: key mf_r, E from mf_e0
     whole = vw > 1 and all(ctx.tensor_of(n).axes[-1] == ctx.form.e for n in ctx.kv)
     vector: list[ir.Stmt] = [ir.Decl("mf_e", "uint", ir.Var("mf_e0"))]
     scalar: list[ir.Stmt] = []
-    for n, arr in reads:
+    for n, arr in ctx.kv.items():
         t = ctx.tensor_of(n)
         find, moved = key_row(ctx, ks, n, arr)
         src = offset(ctx, ks, t.axes, moved)
@@ -102,92 +94,55 @@ def fill_tiles(ctx: CallContext, ks: KernelState, reads: Optional[Reads] = None,
     chunks, cc = ir.Var("mf_chunks"), ir.Var("mf_cc")
     body: list[ir.Stmt] = [
         ir.Decl("mf_e0", "uint", cc * ir.Lit(vw, "uint")),
-        ir.Decl("mf_l", IDX, tk + ir.Cast(IDX, key))]
+        ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key))]
     body += [ir.If(ir.Var("mf_vec_ok"), vector, scalar)] if whole else scalar
     body += [ir.Comment(f"the next copy: {ks.group} further (mf_dr keys and mf_dc "
                         "chunks), no division per copy"),
              ir.Assign(key, key + ir.Var("mf_dr")), ir.Assign(cc, cc + ir.Var("mf_dc")),
              ir.If(cc >= chunks, [ir.Assign(cc, cc - chunks),
                                   ir.Assign(key, key + ir.Lit(1, "uint"))])]
-    copies: ir.Stmt = ir.For("mf_i", "uint", ir.Var("mf_tid"), tn * chunks, body, step=group)
-    per = batch(ctx, ks)
-    if per and batched:
-        copies = ir.If(full_tile(ctx, ks, per, tn), batched_copies(ctx, ks, per, reads, tk),
-                       [copies])
-    names = " and ".join(f"'{ctx.tensor_of(n).name}'" for n, _ in reads)
-    out: list[ir.Stmt] = [
-        ir.Comment(f"stage keys [{tk.name}, {tk.name} + {tn.name}) of {names}: all {ks.group} "
+    copies: ir.Stmt = ir.For("mf_i", "uint", ir.Var("mf_tid"), ir.Var("mf_tn") * chunks,
+                             body, step=group)
+    per = ks.kt_max * (SIMD_WIDTH * ks.epl // vw) // ks.group
+    if whole and 1 < per <= BATCHED_COPIES and not any(m.op == Op.TAKE for m in ctx.kv):
+        full = ir.Var("mf_vec_ok").and_(ir.Var("mf_dc").eq(ir.Lit(0, "uint"))).and_(
+            (ir.Var("mf_tn") * chunks).eq(ir.Lit(per * ks.group, "uint")))
+        copies = ir.If(full, batched_copies(ctx, ks, per), [copies])
+    return [
+        ir.Comment(f"stage keys [mf_tk, mf_tk + mf_tn) of K and V: all {ks.group} "
                    f"threads copy, a chunk of {vw} elements (16 bytes) a copy; copy i is "
                    f"key i / mf_chunks, chunk i % mf_chunks"),
         ir.Decl("mf_r", "uint", ir.Var("mf_tid") / chunks, const=False),
         ir.Decl("mf_cc", "uint", ir.Var("mf_tid") % chunks, const=False),
         ir.Decl("mf_dr", "uint", group / chunks),
         ir.Decl("mf_dc", "uint", group % chunks),
-        copies]
-    return out + [ir.Barrier()] if barrier else out
+        copies,
+        ir.Barrier()]
 
 
-def batch(ctx: CallContext, ks: KernelState) -> int:
-    """A thread's copies of each read in a full tile where they can go as one batch (E
-    innermost in every read, no gathered read, 2 to BATCHED_COPIES of them), else 0."""
-    whole = ctx.vw > 1 and all(ctx.tensor_of(n).axes[-1] == ctx.form.e for n in ctx.kv)
-    per = ks.kt_max * (SIMD_WIDTH * ks.epl // ctx.vw) // ks.group
-    ok = whole and 1 < per <= BATCHED_COPIES and not any(m.op == Op.TAKE for m in ctx.kv)
-    return per if ok else 0
-
-
-def full_tile(ctx: CallContext, ks: KernelState, per: int, tn: ir.Expr) -> ir.Expr:
-    """Whether a tile of `tn` keys is full for `batch`'s copies (`per` a thread a read, each
-    keeping its chunk: the group a whole number of rows)."""
-    chunks, group = ir.Var("mf_chunks"), ir.Lit(ks.group, "uint")
-    return ir.Var("mf_vec_ok").and_((group % chunks).eq(ir.Lit(0, "uint"))).and_(
-        (tn * chunks).eq(ir.Lit(per * ks.group, "uint")))
-
-
-def held_arrays(ctx: CallContext, n: int, reads: Reads) -> list[ir.Stmt]:
-    """The registers of a thread's n copies of each read (`<array>_cp`)."""
-    return [ir.ArrayDecl(f"{arr}_cp", ir.vector_type(ctx.in_stype(ctx.tensor_of(node)),
-                                                      ctx.vw), n) for node, arr in reads]
-
-
-def held_loads(ctx: CallContext, ks: KernelState, n: int, reads: Reads, tk: ir.Expr,
-               key: ir.Expr, dr: ir.Expr, e: ir.Expr) -> list[ir.Stmt]:
-    """A full tile's n loads of each read (keys tk + `key` + j `dr`, E from `e`) into the
-    registers of `held_arrays`."""
-    out: list[ir.Stmt] = []
-    for node, arr in reads:
-        t = ctx.tensor_of(node)
-        for j in range(n):
-            out.append(ir.Block([
-                ir.Decl("mf_l", IDX, tk + ir.Cast(IDX, key + ir.Lit(j, "uint") * dr)),
-                ir.Decl("mf_e", "uint", e),
-                ir.Assign(ir.Lane(ir.Var(f"{arr}_cp"), ir.Lit(j, "uint")), ir.Load(
-                    ctx.names[t.name], offset(ctx, ks, t.axes), ctx.vw, ctx.in_stype(t)))]))
-    return out
-
-
-def held_stores(ctx: CallContext, n: int, reads: Reads, key: ir.Expr, dr: ir.Expr,
-                e: ir.Expr) -> list[ir.Stmt]:
-    """The registers of `held_loads` stored to their tiles' rows `key` + j `dr`, from E
-    element `e`."""
-    return [ir.Store(arr, (key + ir.Lit(j, "uint") * dr) * ir.Var(
-                f"{arr}_stride") + e, ir.Lane(ir.Var(f"{arr}_cp"), ir.Lit(j, "uint")), ctx.vw,
-                ctx.in_stype(ctx.tensor_of(node)), space="threadgroup")
-            for node, arr in reads for j in range(n)]
-
-
-def batched_copies(ctx: CallContext, ks: KernelState, n: int, reads: Reads,
-                   tk: ir.Expr = ir.Var("mf_tk")) -> list[ir.Stmt]:
+def batched_copies(ctx: CallContext, ks: KernelState, n: int) -> list[ir.Stmt]:
     """A full tile whose copies keep their chunk (mf_dc = 0): the thread's n copies (keys
     mf_r + j * mf_dr, chunk mf_cc) of each K/V read, all n loads before their stores, so
     that they are in flight together (`BATCHED_COPIES`)."""
-    e, key = ir.Var("mf_e0"), ir.Var("mf_r")
+    vw = ctx.vw
+    e = ir.Var("mf_e")
     out: list[ir.Stmt] = [
         ir.Comment(f"a full tile: this thread's {n} copies of each read (keys mf_r + j * "
-                   f"mf_dr, E from mf_e0), every load before its store"),
-        ir.Decl(e.name, "uint", ir.Var("mf_cc") * ir.Lit(ctx.vw, "uint"))]
-    for read in reads:
-        out += held_arrays(ctx, n, [read])
-        out += held_loads(ctx, ks, n, [read], tk, key, ir.Var("mf_dr"), e)
-        out += held_stores(ctx, n, [read], key, ir.Var("mf_dr"), e)
+                   f"mf_dr, E from mf_e), every load before its store"),
+        ir.Decl(e.name, "uint", ir.Var("mf_cc") * ir.Lit(vw, "uint"))]
+    for node, arr in ctx.kv.items():
+        t = ctx.tensor_of(node)
+        st = ctx.in_stype(t)
+        held = ir.Var(f"{arr}_cp")
+        keys = [ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr") for j in range(n)]
+        out.append(ir.ArrayDecl(held.name, ir.vector_type(st, vw), n))
+        for j, key in enumerate(keys):
+            out.append(ir.Block([
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)),
+                ir.Assign(ir.Lane(held, ir.Lit(j, "uint")), ir.Load(
+                    ctx.names[t.name], offset(ctx, ks, t.axes), vw, st))]))
+        for j, key in enumerate(keys):
+            out.append(ir.Store(arr, key * ir.Var(f"{arr}_stride") + e,
+                                ir.Lane(held, ir.Lit(j, "uint")), vw, st,
+                                space="threadgroup"))
     return out
