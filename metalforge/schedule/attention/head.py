@@ -31,12 +31,14 @@ def group_head(ctx: CallContext, ks: KernelState, nsg: int, what: str = "") -> l
                 + f"a key's E elements are spread over mf_w lanes, {ks.epl} "
                 f"consecutive ones each")
     what = (f"threadgroup: query rows mf_tile * {ks.qt} + t (t < {ks.qt}) of mf_own, "
-            f"keys [mf_l0, mf_l1) of block mf_block{what}")
+            f"keys [mf_l0, mf_l1) of block mf_block{what}; an own's last tile first (under "
+            f"a causal mask the one with the most keys: the longest groups start first)")
+    last = tiles - ir.Lit(1, IDX)
     head: list[ir.Stmt] = [
         ir.Comment(what),
         ir.Decl("mf_block", "uint", ir.Var("mf_group") % ir.Var("mf_splits")),
-        ir.Decl("mf_tile", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
-                                                           / ir.Var("mf_splits")) % tiles)),
+        ir.Decl("mf_tile", "uint", ir.Cast("uint", last - ir.Cast(
+            IDX, ir.Var("mf_group") / ir.Var("mf_splits")) % tiles)),
         ir.Decl("mf_own", "uint", ir.Cast("uint", ir.Cast(IDX, ir.Var("mf_group")
                                                           / ir.Var("mf_splits")) / tiles)),
         ir.If(ir.Cast(IDX, ir.Var("mf_own")) >= ctx.span(ctx.own_axes), [ir.Return()])]

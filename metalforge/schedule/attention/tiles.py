@@ -120,10 +120,20 @@ def fill_tiles(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
         ir.Barrier()]
 
 
+def _key_stride(ctx: CallContext, axes: tuple[str, ...]) -> ir.Expr:
+    """How far apart consecutive keys lie in a read over `axes` (row-major): the product of
+    the sizes of the axes after the key axis."""
+    out: ir.Expr = ir.Lit(1, IDX)
+    for a in axes[axes.index(ctx.form.key) + 1:]:
+        out = ctx.size(a) if isinstance(out, ir.Lit) else out * ctx.size(a)
+    return out
+
+
 def batched_copies(ctx: CallContext, ks: KernelState, n: int) -> list[ir.Stmt]:
     """A full tile whose copies keep their chunk (mf_dc = 0): the thread's n copies (keys
     mf_r + j * mf_dr, chunk mf_cc) of each K/V read, all n loads before their stores, so
-    that they are in flight together (`BATCHED_COPIES`)."""
+    that they are in flight together (`BATCHED_COPIES`); the loads from one pointer to the
+    first key's chunk (`<array>_src`), the others a fixed step past it."""
     vw = ctx.vw
     e = ir.Var("mf_e")
     out: list[ir.Stmt] = [
@@ -136,11 +146,13 @@ def batched_copies(ctx: CallContext, ks: KernelState, n: int) -> list[ir.Stmt]:
         held = ir.Var(f"{arr}_cp")
         keys = [ir.Var("mf_r") + ir.Lit(j, "uint") * ir.Var("mf_dr") for j in range(n)]
         out.append(ir.ArrayDecl(held.name, ir.vector_type(st, vw), n))
-        for j, key in enumerate(keys):
-            out.append(ir.Block([
-                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, key)),
-                ir.Assign(ir.Lane(held, ir.Lit(j, "uint")), ir.Load(
-                    ctx.names[t.name], offset(ctx, ks, t.axes), vw, st))]))
+        src, step = f"{arr}_src", _key_stride(ctx, t.axes) * ir.Cast(IDX, ir.Var("mf_dr"))
+        first = {ctx.form.key: ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_r"))}
+        out.append(ir.Decl(src, f"device const {st}*", ir.Var(ctx.names[t.name]) + offset(
+            ctx, ks, t.axes, first), const=False))
+        for j in range(n):
+            at = ir.Lit(j, IDX) * step if j else ir.Lit(0, IDX)
+            out.append(ir.Assign(ir.Lane(held, ir.Lit(j, "uint")), ir.Load(src, at, vw, st)))
         for j, key in enumerate(keys):
             out.append(ir.Store(arr, key * ir.Var(f"{arr}_stride") + e,
                                 ir.Lane(held, ir.Lit(j, "uint")), vw, st,

@@ -74,9 +74,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_R * mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_R * mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
@@ -161,43 +161,21 @@ template <typename T, typename mf_index_t>
             // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
             const uint mf_e = mf_cc * 8u;
             mf_pack8<T> mf_kv0_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv0_src = k + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 0u);
+            mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
             mf_pack8<T> mf_kv1_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv1_src = v + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 0u);
+            mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
@@ -512,9 +490,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_R * mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_R * mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
@@ -922,9 +900,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_R * mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_R * mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
@@ -1310,9 +1288,9 @@ template <typename T, typename mf_index_t>
     threadgroup mf_index_t mf_tg_tpos_S[64];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 64 + t (t < 64) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of 32 keys of K and V in threadgroup memory
+    // threadgroup: query rows mf_tile * 64 + t (t < 64) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of 32 keys of K and V in threadgroup memory; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 63u) / 64u));
+    const uint mf_tile = uint((mf_size_R * mf_size_S + 63u) / 64u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 63u) / 64u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_R * mf_size_S + 63u) / 64u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
@@ -1351,7 +1329,6 @@ template <typename T, typename mf_index_t>
     // the simdgroup's 16 rows of the tile
     const uint mf_row0 = mf_sg * 16u;
     const uint mf_ew = uint((mf_size_E + 15u) / 16u * 16u);
-    const uint mf_eb = mf_ew / 16u;
     const uint mf_chunks = uint((mf_size_E + 7u) / 8u);
     // the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] (rows padded by 16 bytes: lanes reading different rows hit different banks)
     threadgroup T* mf_kv0 = reinterpret_cast<threadgroup T*>(mf_tg_kv0);
@@ -1370,48 +1347,20 @@ template <typename T, typename mf_index_t>
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    // S (16 x 32) += Q (16 x 128) K^T, one run; O_d (16 x 16) += P (16 x 32) V_d, a 16-block of E a run
+    // S (16 x 32) += Q (16 x 128) K^T and O (16 x 128) += P (16 x 32) V, a run each
     constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 32, 128, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_s_op_desc, execution_simdgroup> mf_s_op;
-    constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 16, 32, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
+    constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 128, 32, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_p_op_desc, execution_simdgroup> mf_p_op;
     // the simdgroup's q rows, E up to 128 (the left input; 0 past E)
     auto mf_q = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     // its scores of a tile (fp32), their weights (the values' left input)
     auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_p_tile = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
-    // its outputs, E in 8 blocks of 16 (fp32)
-    auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-        mf_o0[mf_c] = 0.0f;
-    }
-    auto mf_o1 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-        mf_o1[mf_c] = 0.0f;
-    }
-    auto mf_o2 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-        mf_o2[mf_c] = 0.0f;
-    }
-    auto mf_o3 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-        mf_o3[mf_c] = 0.0f;
-    }
-    auto mf_o4 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
-        mf_o4[mf_c] = 0.0f;
-    }
-    auto mf_o5 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
-        mf_o5[mf_c] = 0.0f;
-    }
-    auto mf_o6 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
-        mf_o6[mf_c] = 0.0f;
-    }
-    auto mf_o7 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
-        mf_o7[mf_c] = 0.0f;
+    // its outputs, E up to 128 (fp32; 0 past E)
+    auto mf_o = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+        mf_o[mf_c] = 0.0f;
     }
     // the lane's two rows' state: running max, lane-partial sum
     float mf_m0 = -INFINITY;
@@ -1446,6 +1395,20 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
     const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
     const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
+    // the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
+    for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
+        if (mf_t < mf_nlive) {
+            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
+            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
+            const long mf_rlo = long(0u);
+            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
+        }
+    }
     // one pass over the block's keys along 'L', 32 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(32u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(32u)));
@@ -1458,43 +1421,21 @@ template <typename T, typename mf_index_t>
             // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
             const uint mf_e = mf_cc * 8u;
             mf_pack8<T> mf_kv0_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv0_src = k + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 0u);
+            mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
             mf_pack8<T> mf_kv1_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv1_src = v + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 0u);
+            mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
@@ -1538,14 +1479,13 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // a partial tile: K and V past the copied keys (up to 32) are 0
+        // a partial tile: rows past the copied keys (up to 32) are 0
         if (mf_tn < 32u) {
-            threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint mf_z = mf_tid; mf_z < 32u * (mf_ew / 2u); mf_z += 128u) {
                 const uint mf_zr = mf_z / (mf_ew / 2u);
                 const uint mf_zc = mf_z % (mf_ew / 2u) * 2u;
                 for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
-                    if (mf_zr >= mf_tn || mf_index_t(mf_zc + mf_x) >= mf_size_E) {
+                    if (mf_zr >= mf_tn) {
                         mf_kv0[mf_zr * mf_kv0_stride + (mf_zc + mf_x)] = T(0.0f);
                         mf_kv1[mf_zr * mf_kv1_stride + (mf_zc + mf_x)] = T(0.0f);
                     }
@@ -1561,125 +1501,84 @@ template <typename T, typename mf_index_t>
         // the score's elementwise work on each element the lane holds, and the tile's max of each of its two rows
         float mf_t0 = -INFINITY;
         float mf_t1 = -INFINITY;
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
-            if (mf_s_tile.is_valid_element(mf_c)) {
-                const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
-                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                const bool mf_qhi = uint(mf_at[1]) >= 8u;
-                const uint mf_u = uint(mf_at[0]);
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                const float mf_dot = mf_s_tile[mf_c];
-                float mf_sv = -INFINITY;
-                if (mf_u < mf_tn && mf_qrow < mf_nlive) {
-                    const long mf_index_L = long(mf_l);
-                    const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
-                    const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-                    const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
-                    const bool mf_s3 = mf_index_L <= mf_s2;
-                    const float mf_s4 = mf_dot * scale;
-                    const float mf_s5 = mf_s3 ? mf_s4 : -INFINITY;
-                    mf_sv = mf_s5;
+        if (mf_tn == 32u && mf_row0 + 16u <= mf_nlive && long(mf_tk) >= mf_kilo && long(mf_tk) + long(32u) <= mf_kihi) {
+            // a whole tile inside every row's bounds: no mask, no guard
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+                if (mf_s_tile.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                    const bool mf_qhi = uint(mf_at[1]) >= 8u;
+                    const uint mf_u = uint(mf_at[0]);
+                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                    const float mf_dot = mf_s_tile[mf_c];
+                    const float mf_s1 = mf_dot * scale;
+                    const float mf_sv = mf_s1;
+                    mf_s_tile[mf_c] = mf_sv;
+                    mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : fmax(mf_t0, mf_sv);
+                    mf_t1 = uint(mf_at[1]) >= 8u ? fmax(mf_t1, mf_sv) : mf_t1;
                 }
-                mf_s_tile[mf_c] = mf_sv;
-                mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : mf_maximum(mf_t0, mf_sv);
-                mf_t1 = uint(mf_at[1]) >= 8u ? mf_maximum(mf_t1, mf_sv) : mf_t1;
+            }
+        } else {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+                if (mf_s_tile.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                    const bool mf_qhi = uint(mf_at[1]) >= 8u;
+                    const uint mf_u = uint(mf_at[0]);
+                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                    const float mf_dot = mf_s_tile[mf_c];
+                    float mf_sv = -INFINITY;
+                    if (mf_u < mf_tn && mf_qrow < mf_nlive) {
+                        const long mf_index_L = long(mf_l);
+                        const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
+                        const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+                        const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
+                        const bool mf_s3 = mf_index_L <= mf_s2;
+                        const float mf_s4 = mf_dot * scale;
+                        const float mf_s5 = mf_s3 ? mf_s4 : -INFINITY;
+                        mf_sv = mf_s5;
+                    }
+                    mf_s_tile[mf_c] = mf_sv;
+                    mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : fmax(mf_t0, mf_sv);
+                    mf_t1 = uint(mf_at[1]) >= 8u ? fmax(mf_t1, mf_sv) : mf_t1;
+                }
             }
         }
-        // online softmax of the lane's two rows: the tile's max over each row's lanes, the factors of the old state
-        mf_t0 = mf_maximum(mf_t0, simd_shuffle_xor(mf_t0, 1u));
-        mf_t0 = mf_maximum(mf_t0, simd_shuffle_xor(mf_t0, 8u));
-        mf_t1 = mf_maximum(mf_t1, simd_shuffle_xor(mf_t1, 1u));
-        mf_t1 = mf_maximum(mf_t1, simd_shuffle_xor(mf_t1, 8u));
-        const float mf_n0 = mf_maximum(mf_m0, mf_t0);
-        const float mf_c0 = mf_n0 != -INFINITY ? precise::exp(mf_m0 - mf_n0) : 1.0f;
+        // online softmax of the lane's two rows: the tile's max over each row's lanes; each row's lazy max
+        mf_t0 = fmax(mf_t0, simd_shuffle_xor(mf_t0, 1u));
+        mf_t0 = fmax(mf_t0, simd_shuffle_xor(mf_t0, 8u));
+        mf_t1 = fmax(mf_t1, simd_shuffle_xor(mf_t1, 1u));
+        mf_t1 = fmax(mf_t1, simd_shuffle_xor(mf_t1, 8u));
+        const bool mf_up0 = mf_t0 > mf_m0 + 8.0f;
+        const float mf_c0 = mf_up0 ? precise::exp(mf_m0 - mf_t0) : 1.0f;
+        mf_m0 = mf_up0 ? mf_t0 : mf_m0;
         mf_d0 = mf_d0 * mf_c0;
-        mf_m0 = mf_n0;
-        const float mf_n1 = mf_maximum(mf_m1, mf_t1);
-        const float mf_c1 = mf_n1 != -INFINITY ? precise::exp(mf_m1 - mf_n1) : 1.0f;
+        const float mf_ms0 = mf_m0 != -INFINITY ? mf_m0 : 0.0f;
+        const bool mf_up1 = mf_t1 > mf_m1 + 8.0f;
+        const float mf_c1 = mf_up1 ? precise::exp(mf_m1 - mf_t1) : 1.0f;
+        mf_m1 = mf_up1 ? mf_t1 : mf_m1;
         mf_d1 = mf_d1 * mf_c1;
-        mf_m1 = mf_n1;
+        const float mf_ms1 = mf_m1 != -INFINITY ? mf_m1 : 0.0f;
         // the weights: into the lane's partial sums and P
         _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
-                const float mf_mn = uint(mf_at[1]) >= 8u ? mf_n1 : mf_n0;
-                const float mf_pw = fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY);
+                const float mf_pw = fast::exp2((mf_s_tile[mf_c] - (uint(mf_at[1]) >= 8u ? mf_ms1 : mf_ms0)) * 1.4426950408889634f);
                 mf_d0 = mf_d0 + (uint(mf_at[1]) >= 8u ? 0.0f : mf_pw);
                 mf_d1 = mf_d1 + (uint(mf_at[1]) >= 8u ? mf_pw : 0.0f);
                 mf_p_tile[mf_c] = half(mf_pw);
             }
         }
-        // the values: O rescaled by its rows' factors, then O_d += P V_d (32 keys a run)
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-            if (mf_o0.is_valid_element(mf_c)) {
-                const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                mf_o0[mf_c] = mf_o0[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-            }
-        }
-        mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o0);
-        if (1u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                if (mf_o1.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                    mf_o1[mf_c] = mf_o1[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
+        // the values: O rescaled by its rows' factors (where a row's max moved), then O += P V (32 keys x E up to 128, one run)
+        if (simd_any(mf_up0 || mf_up1)) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+                if (mf_o.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                    mf_o[mf_c] = mf_o[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 16u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o1);
         }
-        if (2u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                if (mf_o2.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                    mf_o2[mf_c] = mf_o2[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 32u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o2);
-        }
-        if (3u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                if (mf_o3.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                    mf_o3[mf_c] = mf_o3[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 48u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o3);
-        }
-        if (4u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
-                if (mf_o4.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o4.get_multidimensional_index(mf_c);
-                    mf_o4[mf_c] = mf_o4[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 64u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o4);
-        }
-        if (5u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
-                if (mf_o5.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o5.get_multidimensional_index(mf_c);
-                    mf_o5[mf_c] = mf_o5[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 80u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o5);
-        }
-        if (6u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
-                if (mf_o6.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o6.get_multidimensional_index(mf_c);
-                    mf_o6[mf_c] = mf_o6[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 96u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o6);
-        }
-        if (7u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
-                if (mf_o7.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o7.get_multidimensional_index(mf_c);
-                    mf_o7[mf_c] = mf_o7[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 112u, dextents<int32_t, 2>(16, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o7);
-        }
+        mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(128, 32), mf_strides(int32_t(mf_kv1_stride))), mf_o);
         // every simdgroup is done with the tiles before they are refilled
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
@@ -1690,285 +1589,36 @@ template <typename T, typename mf_index_t>
     mf_d1 = mf_d1 + simd_shuffle_xor(mf_d1, 8u);
     if (mf_splits == 1u) {
         // one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)
-        {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-                if (mf_o0.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                    const uint mf_e = uint(mf_at[0]);
-                    if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                        const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                        const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                        const float mf_ov = mf_o0[mf_c];
-                        mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                    }
-                }
-            }
-            if (1u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                    if (mf_o1.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 16u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o1[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (2u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                    if (mf_o2.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 32u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o2[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (3u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                    if (mf_o3.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 48u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o3[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (4u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
-                    if (mf_o4.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o4.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 64u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o4[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (5u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
-                    if (mf_o5.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o5.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 80u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o5[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (6u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
-                    if (mf_o6.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o6.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 96u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o6[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (7u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
-                    if (mf_o7.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o7.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 112u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o7[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+            if (mf_o.is_valid_element(mf_c)) {
+                const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const uint mf_e = uint(mf_at[0]);
+                if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
+                    const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
+                    const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
+                    const float mf_ov = mf_o[mf_c];
+                    mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                 }
             }
         }
     } else {
         // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-        {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-                if (mf_o0.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                    const uint mf_e = uint(mf_at[0]);
-                    if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                        const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                        const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                        const float mf_ov = mf_o0[mf_c];
-                        const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                        if (mf_e == 0u) {
-                            mf_scratch[mf_partial] = mf_mm;
-                            mf_scratch[mf_partial + 1u] = mf_md;
-                        }
-                        mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+            if (mf_o.is_valid_element(mf_c)) {
+                const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const uint mf_e = uint(mf_at[0]);
+                if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
+                    const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
+                    const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
+                    const float mf_ov = mf_o[mf_c];
+                    const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                    if (mf_e == 0u) {
+                        mf_scratch[mf_partial] = mf_mm;
+                        mf_scratch[mf_partial + 1u] = mf_md;
                     }
-                }
-            }
-            if (1u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                    if (mf_o1.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 16u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o1[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (2u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                    if (mf_o2.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 32u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o2[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (3u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                    if (mf_o3.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 48u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o3[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (4u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o4.get_capacity()); ++mf_c) {
-                    if (mf_o4.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o4.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 64u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o4[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (5u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o5.get_capacity()); ++mf_c) {
-                    if (mf_o5.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o5.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 80u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o5[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (6u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o6.get_capacity()); ++mf_c) {
-                    if (mf_o6.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o6.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 96u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o6[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (7u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o7.get_capacity()); ++mf_c) {
-                    if (mf_o7.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o7.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 112u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o7[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
+                    mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
                 }
             }
         }
@@ -2024,9 +1674,9 @@ template <typename T, typename mf_index_t>
     threadgroup mf_index_t mf_tg_tpos_S[64];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 64 + t (t < 64) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of 64 keys of K and V in threadgroup memory
+    // threadgroup: query rows mf_tile * 64 + t (t < 64) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of 64 keys of K and V in threadgroup memory; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 63u) / 64u));
+    const uint mf_tile = uint((mf_size_R * mf_size_S + 63u) / 64u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_R * mf_size_S + 63u) / 64u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_R * mf_size_S + 63u) / 64u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_G) {
         return;
@@ -2065,7 +1715,6 @@ template <typename T, typename mf_index_t>
     // the simdgroup's 16 rows of the tile
     const uint mf_row0 = mf_sg * 16u;
     const uint mf_ew = uint((mf_size_E + 15u) / 16u * 16u);
-    const uint mf_eb = mf_ew / 16u;
     const uint mf_chunks = uint((mf_size_E + 7u) / 8u);
     // the K/V tiles: key mf_key's element e at mf_kv<i>[mf_key * mf_kv<i>_stride + e] (rows padded by 16 bytes: lanes reading different rows hit different banks)
     threadgroup T* mf_kv0 = reinterpret_cast<threadgroup T*>(mf_tg_kv0);
@@ -2084,32 +1733,20 @@ template <typename T, typename mf_index_t>
         }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    // S (16 x 64) += Q (16 x 64) K^T, one run; O_d (16 x 16) += P (16 x 64) V_d, a 16-block of E a run
+    // S (16 x 64) += Q (16 x 64) K^T and O (16 x 64) += P (16 x 64) V, a run each
     constexpr auto mf_s_op_desc = matmul2d_descriptor(16, 64, 64, false, true, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_s_op_desc, execution_simdgroup> mf_s_op;
-    constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 16, 64, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
+    constexpr auto mf_p_op_desc = matmul2d_descriptor(16, 64, 64, false, false, false, matmul2d_descriptor::mode::multiply_accumulate);
     matmul2d<mf_p_op_desc, execution_simdgroup> mf_p_op;
     // the simdgroup's q rows, E up to 64 (the left input; 0 past E)
     auto mf_q = mf_s_op.get_left_input_cooperative_tensor<half, half, float>();
     // its scores of a tile (fp32), their weights (the values' left input)
     auto mf_s_tile = mf_s_op.get_destination_cooperative_tensor<decltype(mf_q), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
     auto mf_p_tile = mf_p_op.get_left_input_cooperative_tensor<half, half, float>();
-    // its outputs, E in 4 blocks of 16 (fp32)
-    auto mf_o0 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-        mf_o0[mf_c] = 0.0f;
-    }
-    auto mf_o1 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-        mf_o1[mf_c] = 0.0f;
-    }
-    auto mf_o2 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-        mf_o2[mf_c] = 0.0f;
-    }
-    auto mf_o3 = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
-    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-        mf_o3[mf_c] = 0.0f;
+    // its outputs, E up to 64 (fp32; 0 past E)
+    auto mf_o = mf_p_op.get_destination_cooperative_tensor<decltype(mf_p_tile), tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>, float>();
+    _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+        mf_o[mf_c] = 0.0f;
     }
     // the lane's two rows' state: running max, lane-partial sum
     float mf_m0 = -INFINITY;
@@ -2144,6 +1781,20 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
     const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
     const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
+    // the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
+    for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
+        if (mf_t < mf_nlive) {
+            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
+            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
+            const long mf_rlo = long(0u);
+            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
+        }
+    }
     // one pass over the block's keys along 'L', 64 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(64u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(64u)));
@@ -2156,43 +1807,21 @@ template <typename T, typename mf_index_t>
             // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
             const uint mf_e = mf_cc * 8u;
             mf_pack8<T> mf_kv0_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv0_src = k + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 0u);
+            mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
             mf_pack8<T> mf_kv1_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv1_src = v + (((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 0u);
+            mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
@@ -2236,14 +1865,13 @@ template <typename T, typename mf_index_t>
                 }
             }
         }
-        // a partial tile: K and V past the copied keys (up to 64) are 0
+        // a partial tile: rows past the copied keys (up to 64) are 0
         if (mf_tn < 64u) {
-            threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint mf_z = mf_tid; mf_z < 64u * (mf_ew / 2u); mf_z += 128u) {
                 const uint mf_zr = mf_z / (mf_ew / 2u);
                 const uint mf_zc = mf_z % (mf_ew / 2u) * 2u;
                 for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
-                    if (mf_zr >= mf_tn || mf_index_t(mf_zc + mf_x) >= mf_size_E) {
+                    if (mf_zr >= mf_tn) {
                         mf_kv0[mf_zr * mf_kv0_stride + (mf_zc + mf_x)] = T(0.0f);
                         mf_kv1[mf_zr * mf_kv1_stride + (mf_zc + mf_x)] = T(0.0f);
                     }
@@ -2259,89 +1887,84 @@ template <typename T, typename mf_index_t>
         // the score's elementwise work on each element the lane holds, and the tile's max of each of its two rows
         float mf_t0 = -INFINITY;
         float mf_t1 = -INFINITY;
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
-            if (mf_s_tile.is_valid_element(mf_c)) {
-                const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
-                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                const bool mf_qhi = uint(mf_at[1]) >= 8u;
-                const uint mf_u = uint(mf_at[0]);
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                const float mf_dot = mf_s_tile[mf_c];
-                float mf_sv = -INFINITY;
-                if (mf_u < mf_tn && mf_qrow < mf_nlive) {
-                    const long mf_index_L = long(mf_l);
-                    const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
-                    const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-                    const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
-                    const bool mf_s3 = mf_index_L <= mf_s2;
-                    const float mf_s4 = mf_dot * scale;
-                    const float mf_s5 = mf_s3 ? mf_s4 : -INFINITY;
-                    mf_sv = mf_s5;
+        if (mf_tn == 64u && mf_row0 + 16u <= mf_nlive && long(mf_tk) >= mf_kilo && long(mf_tk) + long(64u) <= mf_kihi) {
+            // a whole tile inside every row's bounds: no mask, no guard
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+                if (mf_s_tile.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                    const bool mf_qhi = uint(mf_at[1]) >= 8u;
+                    const uint mf_u = uint(mf_at[0]);
+                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                    const float mf_dot = mf_s_tile[mf_c];
+                    const float mf_s1 = mf_dot * scale;
+                    const float mf_sv = mf_s1;
+                    mf_s_tile[mf_c] = mf_sv;
+                    mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : fmax(mf_t0, mf_sv);
+                    mf_t1 = uint(mf_at[1]) >= 8u ? fmax(mf_t1, mf_sv) : mf_t1;
                 }
-                mf_s_tile[mf_c] = mf_sv;
-                mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : mf_maximum(mf_t0, mf_sv);
-                mf_t1 = uint(mf_at[1]) >= 8u ? mf_maximum(mf_t1, mf_sv) : mf_t1;
+            }
+        } else {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
+                if (mf_s_tile.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
+                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                    const bool mf_qhi = uint(mf_at[1]) >= 8u;
+                    const uint mf_u = uint(mf_at[0]);
+                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                    const float mf_dot = mf_s_tile[mf_c];
+                    float mf_sv = -INFINITY;
+                    if (mf_u < mf_tn && mf_qrow < mf_nlive) {
+                        const long mf_index_L = long(mf_l);
+                        const long mf_index_S = long(mf_qhi ? mf_rpos_S1 : mf_rpos_S0);
+                        const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+                        const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
+                        const bool mf_s3 = mf_index_L <= mf_s2;
+                        const float mf_s4 = mf_dot * scale;
+                        const float mf_s5 = mf_s3 ? mf_s4 : -INFINITY;
+                        mf_sv = mf_s5;
+                    }
+                    mf_s_tile[mf_c] = mf_sv;
+                    mf_t0 = uint(mf_at[1]) >= 8u ? mf_t0 : fmax(mf_t0, mf_sv);
+                    mf_t1 = uint(mf_at[1]) >= 8u ? fmax(mf_t1, mf_sv) : mf_t1;
+                }
             }
         }
-        // online softmax of the lane's two rows: the tile's max over each row's lanes, the factors of the old state
-        mf_t0 = mf_maximum(mf_t0, simd_shuffle_xor(mf_t0, 1u));
-        mf_t0 = mf_maximum(mf_t0, simd_shuffle_xor(mf_t0, 8u));
-        mf_t1 = mf_maximum(mf_t1, simd_shuffle_xor(mf_t1, 1u));
-        mf_t1 = mf_maximum(mf_t1, simd_shuffle_xor(mf_t1, 8u));
-        const float mf_n0 = mf_maximum(mf_m0, mf_t0);
-        const float mf_c0 = mf_n0 != -INFINITY ? precise::exp(mf_m0 - mf_n0) : 1.0f;
+        // online softmax of the lane's two rows: the tile's max over each row's lanes; each row's lazy max
+        mf_t0 = fmax(mf_t0, simd_shuffle_xor(mf_t0, 1u));
+        mf_t0 = fmax(mf_t0, simd_shuffle_xor(mf_t0, 8u));
+        mf_t1 = fmax(mf_t1, simd_shuffle_xor(mf_t1, 1u));
+        mf_t1 = fmax(mf_t1, simd_shuffle_xor(mf_t1, 8u));
+        const bool mf_up0 = mf_t0 > mf_m0 + 8.0f;
+        const float mf_c0 = mf_up0 ? precise::exp(mf_m0 - mf_t0) : 1.0f;
+        mf_m0 = mf_up0 ? mf_t0 : mf_m0;
         mf_d0 = mf_d0 * mf_c0;
-        mf_m0 = mf_n0;
-        const float mf_n1 = mf_maximum(mf_m1, mf_t1);
-        const float mf_c1 = mf_n1 != -INFINITY ? precise::exp(mf_m1 - mf_n1) : 1.0f;
+        const float mf_ms0 = mf_m0 != -INFINITY ? mf_m0 : 0.0f;
+        const bool mf_up1 = mf_t1 > mf_m1 + 8.0f;
+        const float mf_c1 = mf_up1 ? precise::exp(mf_m1 - mf_t1) : 1.0f;
+        mf_m1 = mf_up1 ? mf_t1 : mf_m1;
         mf_d1 = mf_d1 * mf_c1;
-        mf_m1 = mf_n1;
+        const float mf_ms1 = mf_m1 != -INFINITY ? mf_m1 : 0.0f;
         // the weights: into the lane's partial sums and P
         _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_s_tile.get_capacity()); ++mf_c) {
             if (mf_s_tile.is_valid_element(mf_c)) {
                 const auto mf_at = mf_s_tile.get_multidimensional_index(mf_c);
-                const float mf_mn = uint(mf_at[1]) >= 8u ? mf_n1 : mf_n0;
-                const float mf_pw = fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY);
+                const float mf_pw = fast::exp2((mf_s_tile[mf_c] - (uint(mf_at[1]) >= 8u ? mf_ms1 : mf_ms0)) * 1.4426950408889634f);
                 mf_d0 = mf_d0 + (uint(mf_at[1]) >= 8u ? 0.0f : mf_pw);
                 mf_d1 = mf_d1 + (uint(mf_at[1]) >= 8u ? mf_pw : 0.0f);
                 mf_p_tile[mf_c] = half(mf_pw);
             }
         }
-        // the values: O rescaled by its rows' factors, then O_d += P V_d (64 keys a run)
-        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-            if (mf_o0.is_valid_element(mf_c)) {
-                const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                mf_o0[mf_c] = mf_o0[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-            }
-        }
-        mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv1_stride))), mf_o0);
-        if (1u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                if (mf_o1.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                    mf_o1[mf_c] = mf_o1[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
+        // the values: O rescaled by its rows' factors (where a row's max moved), then O += P V (64 keys x E up to 64, one run)
+        if (simd_any(mf_up0 || mf_up1)) {
+            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+                if (mf_o.is_valid_element(mf_c)) {
+                    const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                    mf_o[mf_c] = mf_o[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
                 }
             }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 16u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv1_stride))), mf_o1);
         }
-        if (2u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                if (mf_o2.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                    mf_o2[mf_c] = mf_o2[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 32u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv1_stride))), mf_o2);
-        }
-        if (3u < mf_eb) {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                if (mf_o3.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                    mf_o3[mf_c] = mf_o3[mf_c] * (uint(mf_at[1]) >= 8u ? mf_c1 : mf_c0);
-                }
-            }
-            mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1 + 48u, dextents<int32_t, 2>(16, 64), mf_strides(int32_t(mf_kv1_stride))), mf_o3);
-        }
+        mf_p_op.run(mf_p_tile, tensor<threadgroup half, dextents<int32_t, 2>, tensor_inline>(mf_kv1, dextents<int32_t, 2>(64, 64), mf_strides(int32_t(mf_kv1_stride))), mf_o);
         // every simdgroup is done with the tiles before they are refilled
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
@@ -2352,145 +1975,36 @@ template <typename T, typename mf_index_t>
     mf_d1 = mf_d1 + simd_shuffle_xor(mf_d1, 8u);
     if (mf_splits == 1u) {
         // one block: outputs = acc / d (all keys masked: 0 / 0 = NaN, as softmax gives)
-        {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-                if (mf_o0.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                    const uint mf_e = uint(mf_at[0]);
-                    if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                        const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                        const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                        const float mf_ov = mf_o0[mf_c];
-                        mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                    }
-                }
-            }
-            if (1u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                    if (mf_o1.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 16u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o1[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (2u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                    if (mf_o2.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 32u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o2[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
-                }
-            }
-            if (3u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                    if (mf_o3.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 48u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o3[mf_c];
-                            mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
-                        }
-                    }
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+            if (mf_o.is_valid_element(mf_c)) {
+                const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const uint mf_e = uint(mf_at[0]);
+                if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
+                    const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
+                    const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
+                    const float mf_ov = mf_o[mf_c];
+                    mf_out[(((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_size_E + mf_index_t(mf_e)] = T(float(mf_ov / mf_md));
                 }
             }
         }
     } else {
         // several blocks: this block's state (m, d, acc[E]) for the merge kernel
-        {
-            _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o0.get_capacity()); ++mf_c) {
-                if (mf_o0.is_valid_element(mf_c)) {
-                    const auto mf_at = mf_o0.get_multidimensional_index(mf_c);
-                    const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                    const uint mf_e = uint(mf_at[0]);
-                    if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                        const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                        const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                        const float mf_ov = mf_o0[mf_c];
-                        const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                        if (mf_e == 0u) {
-                            mf_scratch[mf_partial] = mf_mm;
-                            mf_scratch[mf_partial + 1u] = mf_md;
-                        }
-                        mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
+        _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o.get_capacity()); ++mf_c) {
+            if (mf_o.is_valid_element(mf_c)) {
+                const auto mf_at = mf_o.get_multidimensional_index(mf_c);
+                const uint mf_qrow = mf_row0 + uint(mf_at[1]);
+                const uint mf_e = uint(mf_at[0]);
+                if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
+                    const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
+                    const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
+                    const float mf_ov = mf_o[mf_c];
+                    const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
+                    if (mf_e == 0u) {
+                        mf_scratch[mf_partial] = mf_mm;
+                        mf_scratch[mf_partial + 1u] = mf_md;
                     }
-                }
-            }
-            if (1u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o1.get_capacity()); ++mf_c) {
-                    if (mf_o1.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o1.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 16u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o1[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (2u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o2.get_capacity()); ++mf_c) {
-                    if (mf_o2.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o2.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 32u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o2[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
-                }
-            }
-            if (3u < mf_eb) {
-                _Pragma("unroll") for (int mf_c = 0; mf_c < int(mf_o3.get_capacity()); ++mf_c) {
-                    if (mf_o3.is_valid_element(mf_c)) {
-                        const auto mf_at = mf_o3.get_multidimensional_index(mf_c);
-                        const uint mf_qrow = mf_row0 + uint(mf_at[1]);
-                        const uint mf_e = 48u + uint(mf_at[0]);
-                        if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
-                            const float mf_mm = uint(mf_at[1]) >= 8u ? mf_m1 : mf_m0;
-                            const float mf_md = uint(mf_at[1]) >= 8u ? mf_d1 : mf_d0;
-                            const float mf_ov = mf_o3[mf_c];
-                            const mf_index_t mf_partial = ((((mf_pos_B * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_S + mf_tg_tpos_S[mf_qrow]) * mf_index_t(mf_splits) + mf_index_t(mf_block)) * 258u;
-                            if (mf_e == 0u) {
-                                mf_scratch[mf_partial] = mf_mm;
-                                mf_scratch[mf_partial + 1u] = mf_md;
-                            }
-                            mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
-                        }
-                    }
+                    mf_scratch[mf_partial + 2u + mf_index_t(mf_e)] = mf_ov;
                 }
             }
         }

@@ -89,9 +89,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -157,43 +157,21 @@ template <typename T, typename mf_index_t>
             // a full tile: this thread's 4 copies of each read (keys mf_r + j * mf_dr, E from mf_e), every load before its store
             const uint mf_e = mf_cc * 8u;
             mf_pack8<T> mf_kv0_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(k + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv0_src = k + (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv0_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 0u);
+            mf_kv0_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv0_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv0_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 0u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 1u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 2u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[2u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv0 + (mf_r + 3u * mf_dr) * mf_kv0_stride + mf_e) = mf_kv0_cp[3u];
             mf_pack8<T> mf_kv1_cp[4];
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 0u * mf_dr);
-                mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 1u * mf_dr);
-                mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 2u * mf_dr);
-                mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
-            {
-                const mf_index_t mf_l = mf_tk + mf_index_t(mf_r + 3u * mf_dr);
-                mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(v + ((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + mf_l) * mf_size_E + mf_index_t(mf_e));
-            }
+            device const T* mf_kv1_src = v + (((mf_pos_B * mf_size_H + mf_pos_H) * mf_size_L + (mf_tk + mf_index_t(mf_r))) * mf_size_E + mf_index_t(mf_e));
+            mf_kv1_cp[0u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 0u);
+            mf_kv1_cp[1u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 1u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[2u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 2u * (mf_size_E * mf_index_t(mf_dr)));
+            mf_kv1_cp[3u] = *reinterpret_cast<device const mf_pack8<T>*>(mf_kv1_src + 3u * (mf_size_E * mf_index_t(mf_dr)));
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 0u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[0u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 1u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[1u];
             *reinterpret_cast<threadgroup mf_pack8<T>*>(mf_kv1 + (mf_r + 2u * mf_dr) * mf_kv1_stride + mf_e) = mf_kv1_cp[2u];
@@ -505,9 +483,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -893,9 +871,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -1262,9 +1240,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[32];
     threadgroup float mf_tg_m[32];
     threadgroup float mf_tg_d[32];
-    // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of mf_kt keys of K and V and the rows' q in threadgroup memory
+    // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of mf_kt keys of K and V and the rows' q in threadgroup memory; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 31u) / 32u));
+    const uint mf_tile = uint((mf_size_S + 31u) / 32u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 31u) / 32u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 31u) / 32u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;

@@ -71,9 +71,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -470,9 +470,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -888,9 +888,9 @@ template <typename T, typename mf_index_t>
     threadgroup float mf_tg_c[4];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys
+    // threadgroup: query rows mf_tile * 4 + t (t < 4) of mf_own, keys [mf_l0, mf_l1) of block mf_block, a simdgroup per row; the group stages tiles of mf_kt keys of K and V in threadgroup memory, the simdgroups split each tile's keys; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
+    const uint mf_tile = uint((mf_size_S + 3u) / 4u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 3u) / 4u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 3u) / 4u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
@@ -1283,9 +1283,9 @@ template <typename T, typename mf_index_t>
     threadgroup mf_index_t mf_tg_tpos_S[32];
     threadgroup float4 mf_tg_kv0[576];
     threadgroup float4 mf_tg_kv1[576];
-    // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup memory, each simdgroup multiplies its rows with every key of the tile
+    // threadgroup: query rows mf_tile * 32 + t (t < 32) of mf_own, keys [mf_l0, mf_l1) of block mf_block; 8 rows a simdgroup; the group stages tiles of mf_kt keys of K and V in threadgroup memory, each simdgroup multiplies its rows with every key of the tile; an own's last tile first (under a causal mask the one with the most keys: the longest groups start first)
     const uint mf_block = mf_group % mf_splits;
-    const uint mf_tile = uint(mf_index_t(mf_group / mf_splits) % ((mf_size_S + 31u) / 32u));
+    const uint mf_tile = uint((mf_size_S + 31u) / 32u - 1u - mf_index_t(mf_group / mf_splits) % ((mf_size_S + 31u) / 32u));
     const uint mf_own = uint(mf_index_t(mf_group / mf_splits) / ((mf_size_S + 31u) / 32u));
     if (mf_index_t(mf_own) >= mf_size_B * mf_size_H) {
         return;
