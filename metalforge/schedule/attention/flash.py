@@ -145,9 +145,10 @@ def _pass(ctx: CallContext, ks: KernelState, kt: int, weights: list[ir.Stmt],
           values: list[ir.Stmt]) -> list[ir.Stmt]:
     """One pass over the block's keys, `kt` at a time: the tile's K and V staged, the scores
     and their weights (`weights`), the values' products (`values`), a barrier. (Holding the
-    next tile's copies in registers across the products, as FlashAttention-2 overlaps its
-    copies, took the E = 128 kernel from 168 registers to 232 on the H200, two groups a core
-    instead of three, and was slower: bench/README.md, eleventh session.)"""
+    next tile's copies in registers while they are in flight, as FlashAttention-2 overlaps
+    its copies, took the E = 128 kernel from 168 registers to 232-237 on the H200, two groups
+    a core instead of three, and was slower, whether they were held across both products or
+    across the values' only: bench/README.md, eleventh session.)"""
     kt_i, tk = ir.Cast(IDX, ir.Lit(kt, "uint")), ir.Var("mf_tk")
     fill = fill_tiles(ctx, ks)
     assert isinstance(fill[-1], ir.Barrier)
