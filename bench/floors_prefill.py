@@ -32,10 +32,10 @@ PV_RUN = re.compile(r"^\s*mf_p_op\.run\(.*\);\n", re.M)
 KV_COPY = re.compile(r"^\s*\*reinterpret_cast<threadgroup mf_pack8<T>\*>\(mf_kv[01] .*"
                      r"\(([kv]) \+ .*\);\n", re.M)
 KV_BATCHED = re.compile(r"^\s*mf_kv[01]_cp\[\du\] = \*reinterpret_cast<device const "
-                        r"mf_pack8<T>\*>\(([kv]) \+ .*\);\n", re.M)
+                        r"mf_pack8<T>\*>\(mf_kv[01]_src \+ .*\);\n", re.M)
 SCORE_STORE = "mf_s_tile[mf_c] = mf_sv;"
-WEIGHT_EXP = "fast::exp(mf_mn != -INFINITY ? mf_s_tile[mf_c] - mf_mn : -INFINITY)"
-FACTOR_EXPS = ("precise::exp(mf_m0 - mf_n0)", "precise::exp(mf_m1 - mf_n1)")
+WEIGHT_EXP = "fast::exp2((mf_s_tile[mf_c] - "
+FACTOR_EXPS = ("precise::exp(mf_m0 - mf_t0)", "precise::exp(mf_m1 - mf_t1)")
 CASES = ((1024, 64), (4096, 128))
 
 
@@ -79,7 +79,7 @@ def no_mask(src: str) -> str:
 
 def no_exp(src: str) -> str:
     def edit(s: str) -> str:
-        s = s.replace(WEIGHT_EXP, WEIGHT_EXP[len("fast::exp"):])
+        s = s.replace(WEIGHT_EXP, WEIGHT_EXP[len("fast::exp2"):])
         for factor in FACTOR_EXPS:
             s = s.replace(factor, "1.0f")
         return s

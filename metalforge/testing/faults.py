@@ -91,8 +91,8 @@ PARTIAL_PAST_END = Fault(
 TILE_OF_GROUP = Fault(
     "tile_of_group", "a group's tile of query rows is taken from its index times the key "
     "blocks instead of divided by them",
-    ((r"mf_tile = uint\(mf_index_t\(mf_group / mf_splits\)",
-      "mf_tile = uint(mf_index_t(mf_group * mf_splits)"),))
+    ((r"(mf_tile = uint\(.* - 1u - )mf_index_t\(mf_group / mf_splits\)",
+      r"\1mf_index_t(mf_group * mf_splits)"),))
 
 PARTIAL_HEAD_OFFSET = Fault(
     "partial_head_offset", "a split call's partial states are placed by the head's position "
