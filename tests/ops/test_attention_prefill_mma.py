@@ -100,14 +100,16 @@ def test_tensor_ops_prefill_matches_math_attention(target, e, kernel_name):
             torch.testing.assert_close(kernel(q, k, v, 0.3), want, **TOL[dtype])
 
 
-@pytest.mark.parametrize("target,e", [("apple10", 64), ("cuda", 128)])
-def test_tensor_ops_prefill_inner_tiles_lazy_max_and_nan(target, e):
+@pytest.mark.parametrize("target,e", [("apple10", 64), ("cuda", 128), ("apple9", 64)])
+def test_prefill_inner_tiles_lazy_max_and_nan(target, e):
     """Tiles of keys inside every row's causal bound take the score without its mask (S = L
     = 150: rows 64..149 have whole tiles of keys below the diagonal), the rows' maxes move
     lazily (keys that grow along L: a later tile's scores exceed the row's max by far more
     than the threshold, and by less), and a NaN key makes the rows that see it NaN though
     the maxes skip NaN (NaN weights), on both kernels (E = 64: narrow, 64-key tiles; E = 128:
-    32-key tiles; the full tiles' batched copies, the last tile partial)."""
+    32-key tiles; the full tiles' batched copies, the last tile partial); apple9: the block
+    kernel's scores through threadgroup memory, whose inner tiles go without the mask too
+    (its maxes are eager and NaN-propagating)."""
     dtype = torch.float16
     g = torch.Generator().manual_seed(11)
     q = torch.randn(1, 2, 150, e, generator=g).to(dtype)

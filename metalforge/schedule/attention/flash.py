@@ -55,7 +55,7 @@ from .mma import operand, zero_fill
 from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
 from .prefill import finish, matrix_operands
-from .scores import score
+from .scores import element_score, inside_bounds
 from .tiles import (
     fill_tiles,
     tile_arrays,
@@ -276,39 +276,27 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_ar
     causal diagonal."""
     k_view = view(threadgroup_tensor(op), ir.Var(k_arr), emax, ir.Var(f"{k_arr}_stride"), kt)
     run = ir.Eval(ir.Call("mf_s_op.run", (ir.Var("mf_q"), k_view, ir.Var("mf_s_tile"))))
-    dot = {ctx.form.contractions[0]: ir.Var("mf_dot")}
-    body, value = score(ctx, ks, dot)
+    guard = (ir.Var("mf_u") < ir.Var("mf_tn")).and_(ir.Var("mf_qrow") < ir.Var("mf_nlive"))
 
     def elem(guarded: bool, r: ir.Expr, c: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
         sv, hi = ir.Var("mf_sv"), _upper(r)
-        out: list[ir.Stmt] = [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
-               ir.Decl("mf_qhi", "bool", hi),
-               ir.Decl("mf_u", UINT, c),
-               ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
-               ir.Decl("mf_dot", "float", ref)]
-        if guarded:
-            out += [ir.Decl("mf_sv", "float", NEG_INF, const=False),
-                    ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
-                        ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sv, value)])]
-        else:
-            inner, inner_value = score(ctx, ks, dot, node=unmasked(ctx.form, ctx.rows))
-            out += inner + [ir.Decl("mf_sv", "float", inner_value)]
-        return out + [
-            ir.Assign(ref, sv),
-            ir.Assign(ir.Var("mf_t0"), ir.Select(hi, ir.Var("mf_t0"), ir.Call(
-                "fmax", (ir.Var("mf_t0"), sv)))),
-            ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
-                "fmax", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
-    guarded = each_element("mf_s_tile", lambda r, c, ref: elem(True, r, c, ref))
-    work: ir.Stmt = guarded
-    if unmasked(ctx.form, ctx.rows) is not None:
-        tk = ir.Cast("long", ir.Var("mf_tk"))
-        whole = (ir.Var("mf_tn").eq(u(kt))).and_(ir.Var("mf_row0") + u(SIDE) <= ir.Var(
-            "mf_nlive")).and_(tk >= ir.Var("mf_kilo")).and_(
-            tk + ir.Cast("long", ir.Lit(kt, IDX)) <= ir.Var("mf_kihi"))
+        return [ir.Decl("mf_qrow", UINT, ir.Var("mf_row0") + r),
+                ir.Decl("mf_qhi", "bool", hi),
+                ir.Decl("mf_u", UINT, c),
+                ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+                ir.Decl("mf_dot", "float", ref),
+                *element_score(ctx, ks, guard if guarded else None),
+                ir.Assign(ref, sv),
+                ir.Assign(ir.Var("mf_t0"), ir.Select(hi, ir.Var("mf_t0"), ir.Call(
+                    "fmax", (ir.Var("mf_t0"), sv)))),
+                ir.Assign(ir.Var("mf_t1"), ir.Select(hi, ir.Call(
+                    "fmax", (ir.Var("mf_t1"), sv)), ir.Var("mf_t1")))]
+    work: ir.Stmt = each_element("mf_s_tile", lambda r, c, ref: elem(True, r, c, ref))
+    whole = inside_bounds(ctx, u(kt))
+    if whole is not None:
         work = ir.If(whole, [
             ir.Comment("a whole tile inside every row's bounds: no mask, no guard"),
-            each_element("mf_s_tile", lambda r, c, ref: elem(False, r, c, ref))], [guarded])
+            each_element("mf_s_tile", lambda r, c, ref: elem(False, r, c, ref))], [work])
     return [ir.Comment(f"scores: S = Q K^T, 16 rows x {kt} keys, one run over E up to {emax}"),
             zeroed("mf_s_tile"), run,
             ir.Comment("the score's elementwise work on each element the lane holds, and the "

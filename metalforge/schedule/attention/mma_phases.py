@@ -4,6 +4,8 @@ the online update, P over the row's scores), `values` (O rescaled, O += P V), an
 keys `write` (the outputs, or the block's state for the merge kernel)."""
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from ... import ir
 from .. import online
 from ..base import IDX
@@ -12,7 +14,7 @@ from ..matrix import strided
 from ..online import NEG_INF
 from .context import CallContext, KernelState, offset
 from .params import NARROW_TILE_KEYS
-from .scores import score
+from .scores import element_score, inside_bounds
 from .write import epilogue
 
 SIDE = strided.SIDE
@@ -27,32 +29,36 @@ def scores(ctx: CallContext, ks: KernelState, blk: strided.Blocks, k_arr: str) -
     """The simdgroup's key blocks of the tile (mf_sc, mf_sc + 2: up to 16 keys each) against
     its 16 rows: S = sum over E's 16-blocks of Q x K^T, then per element the score's work
     (`score`: scale, masks, caps), -inf past the tile's keys and the tile's rows, to
-    mf_st[row * mf_kt + key]."""
+    mf_st[row * mf_kt + key]; a whole tile inside every row's bounds without the mask or
+    guards (`scores.inside_bounds`)."""
     es = ir.Var("mf_es")
-    body, value = score(ctx, ks, {ctx.form.contractions[0]: ir.Var("mf_dot")})
+    guard = (ir.Var("mf_u") < ir.Var("mf_tn")).and_(ir.Var("mf_qrow") < ir.Var("mf_nlive"))
+    whole = inside_bounds(ctx, ir.Var("mf_kt"))
     out: list[ir.Stmt] = [ir.Comment(
         "scores: S = Q x K^T, 16 rows x 16 keys a block, 16 elements of E a product; then "
         "the score's elementwise work on each element, to threadgroup memory")]
     for i in range(NARROW_TILE_KEYS // (2 * SIDE)):
         kb = ir.Var("mf_sc") + u(2 * i) if i else ir.Var("mf_sc")
 
-        def put(row: ir.Expr, col: ir.Expr, ref: ir.Expr, kb: ir.Expr = kb) -> list[ir.Stmt]:
-            sc = ir.Var("mf_sv")
-            return [_qrow(row), ir.Decl("mf_u", UINT, kb * u(SIDE) + col),
-                    ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
-                    ir.Decl("mf_dot", "float", ref),
-                    ir.Decl("mf_sv", "float", NEG_INF, const=False),
-                    ir.If((ir.Var("mf_u") < ir.Var("mf_tn")).and_(
-                        ir.Var("mf_qrow") < ir.Var("mf_nlive")), body + [ir.Assign(sc, value)]),
-                    ir.Store("mf_st", ir.Var("mf_qrow") * ir.Var("mf_kt") + ir.Var("mf_u"), sc,
-                             space="threadgroup")]
+        def put(kb: ir.Expr, check: Optional[ir.Expr]) -> Callable[
+                [ir.Expr, ir.Expr, ir.Expr], list[ir.Stmt]]:
+            def elem(row: ir.Expr, col: ir.Expr, ref: ir.Expr) -> list[ir.Stmt]:
+                return [_qrow(row), ir.Decl("mf_u", UINT, kb * u(SIDE) + col),
+                        ir.Decl("mf_l", IDX, ir.Var("mf_tk") + ir.Cast(IDX, ir.Var("mf_u"))),
+                        ir.Decl("mf_dot", "float", ref), *element_score(ctx, ks, check),
+                        ir.Store("mf_st", ir.Var("mf_qrow") * ir.Var("mf_kt") + ir.Var("mf_u"),
+                                 ir.Var("mf_sv"), space="threadgroup")]
+            return elem
+        work = strided.each(blk, i, put(kb, guard))
+        if whole is not None:
+            work = [ir.If(whole, strided.each(blk, i, put(kb, None)), work)]
         k_at = ir.Var(k_arr) + kb * u(SIDE) * ir.Var(f"{k_arr}_stride") + es * u(SIDE)
         q_at = ir.Var("mf_qt") + ir.Var("mf_row0") * ir.Var("mf_qs") + es * u(SIDE)
         out.append(ir.If(kb * u(SIDE) < ir.Var("mf_tn"), [
             *strided.clear(blk, i),
             ir.For("mf_es", UINT, u(0), ir.Var("mf_eb"), strided.multiply(
                 blk, i, q_at, ir.Var("mf_qs"), k_at, ir.Var(f"{k_arr}_stride"))),
-            *strided.each(blk, i, put)]))
+            *work]))
     return out
 
 

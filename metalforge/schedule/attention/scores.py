@@ -10,6 +10,7 @@ from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float, compute_type
 from ..online import NEG_INF
+from .bounds import unmasked
 from .context import SIMD, CallContext, KernelState, lowering
 from .loops import each_key, each_row, every_row, keys, lanes, rows_reading
 from .staging import elements, key_value, own_key_chunks, zero_padded
@@ -94,6 +95,33 @@ def score(ctx: CallContext, ks: KernelState, dot_of: Mapping[Node, ir.Expr],
     body = low.lower([n])
     ks.out.helpers |= low.helpers | {"mf_maximum"}
     return body, as_float(low.value(n), n)
+
+
+def element_score(ctx: CallContext, ks: KernelState, guard: Optional[ir.Expr]
+                  ) -> list[ir.Stmt]:
+    """`mf_sv`: the score of the element whose contraction is mf_dot (key mf_l, row mf_qrow):
+    the scores' work where `guard` holds, -inf elsewhere; without a guard (None: a tile
+    `inside_bounds`), the scores' work without its mask (`bounds.unmasked`)."""
+    dot = {ctx.form.contractions[0]: ir.Var("mf_dot")}
+    if guard is None:
+        body, value = score(ctx, ks, dot, node=unmasked(ctx.form, ctx.rows))
+        return body + [ir.Decl("mf_sv", "float", value)]
+    body, value = score(ctx, ks, dot)
+    return [ir.Decl("mf_sv", "float", NEG_INF, const=False),
+            ir.If(guard, body + [ir.Assign(ir.Var("mf_sv"), value)])]
+
+
+def inside_bounds(ctx: CallContext, kt: ir.Expr) -> Optional[ir.Expr]:
+    """Whether the tile of keys from mf_tk is whole (`kt` keys), the simdgroup's 16 rows
+    (from mf_row0) live and every key inside every row's bounds ([mf_kilo, mf_kihi):
+    `head.inner_keys`), so that its scores need no mask or guard; None where the mask is
+    more than bounds."""
+    if unmasked(ctx.form, ctx.rows) is None:
+        return None
+    tk = ir.Cast("long", ir.Var("mf_tk"))
+    return ir.Var("mf_tn").eq(kt).and_(
+        ir.Var("mf_row0") + ir.Lit(16, "uint") <= ir.Var("mf_nlive")).and_(
+        tk >= ir.Var("mf_kilo")).and_(tk + ir.Cast("long", kt) <= ir.Var("mf_kihi"))
 
 
 def _key_chunk(ctx: CallContext, nodes: list[Node]) -> tuple[list[ir.Stmt], list[ir.Stmt]]:

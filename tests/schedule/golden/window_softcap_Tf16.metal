@@ -1412,6 +1412,21 @@ template <typename T, typename mf_index_t>
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
         }
     }
+    // the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
+    for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
+        if (mf_t < mf_nlive) {
+            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
+            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
+            const long mf_kb3 = long(ulong(mf_kb2) - ulong(window));
+            const long mf_rlo = long(mf_kb3) + long(1u) > long(0u) ? long(mf_kb3) + long(1u) : long(0u);
+            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
+        }
+    }
     // the softmax threads' row (four a row): running max, partial sum
     float mf_mm = -INFINITY;
     float mf_md = 0.0f;
@@ -1509,30 +1524,47 @@ template <typename T, typename mf_index_t>
             for (uint mf_es = 0u; mf_es < mf_eb; ++mf_es) {
                 mf_mma16<half, true>(mf_sacc0, mf_qt + mf_row0 * mf_qs + mf_es * 16u, mf_qs, mf_kv0 + mf_sc * 16u * mf_kv0_stride + mf_es * 16u, mf_kv0_stride);
             }
-            for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
-                for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
-                    const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
-                    const uint mf_u = mf_sc * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
-                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                    const float mf_dot = mf_sacc0[mf_f][mf_x];
-                    float mf_sv = -INFINITY;
-                    if (mf_u < mf_tn && mf_qrow < mf_nlive) {
-                        const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
-                        const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-                        const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
-                        const bool mf_s3 = mf_index_L <= mf_s2;
-                        const long mf_s4 = long(ulong(mf_s2) - ulong(window));
-                        const bool mf_s5 = mf_index_L > mf_s4;
-                        const bool mf_s6 = mf_s3 & mf_s5;
-                        const float mf_s7 = mf_dot * scale;
-                        const float mf_s8 = mf_divide(mf_s7, cap);
-                        const float mf_s9 = precise::tanh(mf_s8);
-                        const float mf_s10 = cap * mf_s9;
-                        const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
-                        mf_sv = mf_s11;
+            if (mf_tn == mf_kt && mf_row0 + 16u <= mf_nlive && long(mf_tk) >= mf_kilo && long(mf_tk) + long(mf_kt) <= mf_kihi) {
+                for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
+                    for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+                        const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
+                        const uint mf_u = mf_sc * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
+                        const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                        const float mf_dot = mf_sacc0[mf_f][mf_x];
+                        const float mf_s1 = mf_dot * scale;
+                        const float mf_s2 = mf_divide(mf_s1, cap);
+                        const float mf_s3 = precise::tanh(mf_s2);
+                        const float mf_s4 = cap * mf_s3;
+                        const float mf_sv = mf_s4;
+                        mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
                     }
-                    mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
+                }
+            } else {
+                for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
+                    for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+                        const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
+                        const uint mf_u = mf_sc * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
+                        const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                        const float mf_dot = mf_sacc0[mf_f][mf_x];
+                        float mf_sv = -INFINITY;
+                        if (mf_u < mf_tn && mf_qrow < mf_nlive) {
+                            const long mf_index_L = long(mf_l);
+                            const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
+                            const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+                            const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
+                            const bool mf_s3 = mf_index_L <= mf_s2;
+                            const long mf_s4 = long(ulong(mf_s2) - ulong(window));
+                            const bool mf_s5 = mf_index_L > mf_s4;
+                            const bool mf_s6 = mf_s3 & mf_s5;
+                            const float mf_s7 = mf_dot * scale;
+                            const float mf_s8 = mf_divide(mf_s7, cap);
+                            const float mf_s9 = precise::tanh(mf_s8);
+                            const float mf_s10 = cap * mf_s9;
+                            const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
+                            mf_sv = mf_s11;
+                        }
+                        mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
+                    }
                 }
             }
         }
@@ -1543,30 +1575,47 @@ template <typename T, typename mf_index_t>
             for (uint mf_es = 0u; mf_es < mf_eb; ++mf_es) {
                 mf_mma16<half, true>(mf_sacc1, mf_qt + mf_row0 * mf_qs + mf_es * 16u, mf_qs, mf_kv0 + (mf_sc + 2u) * 16u * mf_kv0_stride + mf_es * 16u, mf_kv0_stride);
             }
-            for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
-                for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
-                    const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
-                    const uint mf_u = (mf_sc + 2u) * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
-                    const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
-                    const float mf_dot = mf_sacc1[mf_f][mf_x];
-                    float mf_sv = -INFINITY;
-                    if (mf_u < mf_tn && mf_qrow < mf_nlive) {
-                        const long mf_index_L = long(mf_l);
-                        const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
-                        const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-                        const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
-                        const bool mf_s3 = mf_index_L <= mf_s2;
-                        const long mf_s4 = long(ulong(mf_s2) - ulong(window));
-                        const bool mf_s5 = mf_index_L > mf_s4;
-                        const bool mf_s6 = mf_s3 & mf_s5;
-                        const float mf_s7 = mf_dot * scale;
-                        const float mf_s8 = mf_divide(mf_s7, cap);
-                        const float mf_s9 = precise::tanh(mf_s8);
-                        const float mf_s10 = cap * mf_s9;
-                        const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
-                        mf_sv = mf_s11;
+            if (mf_tn == mf_kt && mf_row0 + 16u <= mf_nlive && long(mf_tk) >= mf_kilo && long(mf_tk) + long(mf_kt) <= mf_kihi) {
+                for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
+                    for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+                        const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
+                        const uint mf_u = (mf_sc + 2u) * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
+                        const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                        const float mf_dot = mf_sacc1[mf_f][mf_x];
+                        const float mf_s1 = mf_dot * scale;
+                        const float mf_s2 = mf_divide(mf_s1, cap);
+                        const float mf_s3 = precise::tanh(mf_s2);
+                        const float mf_s4 = cap * mf_s3;
+                        const float mf_sv = mf_s4;
+                        mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
                     }
-                    mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
+                }
+            } else {
+                for (uint mf_f = 0u; mf_f < 4u; ++mf_f) {
+                    for (uint mf_x = 0u; mf_x < 2u; ++mf_x) {
+                        const uint mf_qrow = mf_row0 + (mf_f / 2u * 8u + mf_mr);
+                        const uint mf_u = (mf_sc + 2u) * 16u + (mf_f % 2u * 8u + mf_mc + mf_x);
+                        const mf_index_t mf_l = mf_tk + mf_index_t(mf_u);
+                        const float mf_dot = mf_sacc1[mf_f][mf_x];
+                        float mf_sv = -INFINITY;
+                        if (mf_u < mf_tn && mf_qrow < mf_nlive) {
+                            const long mf_index_L = long(mf_l);
+                            const long mf_index_S = long(mf_tg_tpos_S[mf_qrow]);
+                            const long mf_s1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
+                            const long mf_s2 = long(ulong(mf_s1) - ulong(long(mf_size_S)));
+                            const bool mf_s3 = mf_index_L <= mf_s2;
+                            const long mf_s4 = long(ulong(mf_s2) - ulong(window));
+                            const bool mf_s5 = mf_index_L > mf_s4;
+                            const bool mf_s6 = mf_s3 & mf_s5;
+                            const float mf_s7 = mf_dot * scale;
+                            const float mf_s8 = mf_divide(mf_s7, cap);
+                            const float mf_s9 = precise::tanh(mf_s8);
+                            const float mf_s10 = cap * mf_s9;
+                            const float mf_s11 = mf_s6 ? mf_s10 : -INFINITY;
+                            mf_sv = mf_s11;
+                        }
+                        mf_st[mf_qrow * mf_kt + mf_u] = mf_sv;
+                    }
                 }
             }
         }
