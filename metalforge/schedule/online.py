@@ -5,7 +5,9 @@ m, running sum d, accumulators rescaled as the max grows) and the merge of sever
     merge of states:     M = max_s m_s;   d = sum_s d_s exp(m_s - M)   (acc likewise)
 
 A state that has seen only masked keys has m = -inf, where exp(-inf - -inf) would be NaN; the
-factors below treat it as the empty state it is (nothing to rescale, no weight)."""
+factors below treat it as the empty state it is (nothing to rescale, no weight). Any m that d
+and the accumulators share gives the same quotient: a lazy max (`raise_lazily`) moves only when
+a tile's exceeds it by more than LAZY, so that most tiles rescale nothing."""
 from __future__ import annotations
 
 from .. import ir
@@ -21,13 +23,9 @@ def rescale(m: ir.Expr, m_new: ir.Expr) -> ir.Expr:
                      ir.Lit(1.0, "float"))
 
 
-def weight(s: ir.Expr, m_new: ir.Expr, fast: bool = False) -> ir.Expr:
-    """p = exp(s - m'): a score's weight under the new max (0 while m' = -inf). `fast`: as
-    `fast::exp` of an argument chosen without a branch (exp(-inf) = 0), for weights that
-    become half or bfloat operands, whose rounding is far above the fast exp's few ulps (on
-    CUDA one multiply and MUFU.EX2, where precise::exp is ten instructions and a branch)."""
-    if fast:
-        return ir.Call("fast::exp", (ir.Select(m_new.ne(NEG_INF), s - m_new, NEG_INF),))
+def weight(s: ir.Expr, m_new: ir.Expr) -> ir.Expr:
+    """p = exp(s - m'): a score's weight under the new max (0 while m' = -inf); `fast2` for
+    weights that become half or bfloat operands."""
     return ir.Select(m_new.ne(NEG_INF), ir.Call("exp", (s - m_new,), precise=True),
                      ir.Lit(0.0, "float"))
 

@@ -48,7 +48,6 @@ from ..matrix.mpp import each_element, zeroed
 from ..matrix.resident import declare_matmul, view
 from ..matrix.strided import SIDE, threadgroup_tensor
 from ..online import NEG_INF
-from .bounds import unmasked
 from .context import CallContext, Emitted, KernelState, lowering
 from .head import inner_keys, tiled_head
 from .mma import operand, zero_fill
@@ -56,10 +55,7 @@ from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
 from .prefill import finish, matrix_operands
 from .scores import element_score, inside_bounds
-from .tiles import (
-    fill_tiles,
-    tile_arrays,
-)
+from .tiles import fill_tiles, tile_arrays
 from .write import epilogue
 
 SIMDGROUPS = 4
@@ -93,7 +89,7 @@ def _pick(at_row: ir.Expr, lo: str, hi: str) -> ir.Expr:
 
 
 def _across_row(var: str, fn: str, masks: tuple[int, ...]) -> list[ir.Stmt]:
-    """`var` combined (`fn`: mf_maximum or a sum) over the lanes holding the same row."""
+    """`var` combined (`fn`: fmax or a sum) over the lanes holding the same row."""
     v = ir.Var(var)
     out: list[ir.Stmt] = []
     for m in masks:
@@ -115,7 +111,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     kt = tile_keys(emax)
     ks = KernelState(Emitted(), qt=ROWS, group=SIMD_WIDTH * SIMDGROUPS,
                      epl=emax // SIMD_WIDTH, kt_max=kt)
-    ks.out.helpers |= {"mf_tensor_ops", "mf_strides", "mf_maximum"}
+    ks.out.helpers |= {"mf_tensor_ops", "mf_strides"}
     head = tiled_head(ctx, ks, SIMDGROUPS, (
         f"4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of "
         f"{kt} keys of K and V in threadgroup memory"))
@@ -127,8 +123,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     body = _places(ctx) + tile_arrays(ctx, row, runs=False, width=emax)
     body += _zero_columns(ctx, kt, emax) + _declare(op, kt, emax)
     body += _fill_q(ctx, row, q, op) + _lane_rows(ctx)
-    if unmasked(ctx.form, ctx.rows) is not None:
-        body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+    body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     weights = _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
     weights += _softmax(op, target.row_lanes)
     body += _pass(ctx, row, kt, weights, _values(op, kt, emax, v_arr))

@@ -7,7 +7,7 @@ from ... import ir
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import ident
-from .bounds import key_bounds
+from .bounds import key_bounds, unmasked
 from .context import SIMD, CallContext, KernelState, lowering, tile_position
 from .loops import each_row
 
@@ -150,8 +150,11 @@ def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
 
 def inner_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     """[mf_kilo, mf_kihi) (long): the keys every live row of the tile can see (the
-    intersection of the rows' `key_bounds`; empty where a row sees none). Where the mask is
-    nothing but those bounds (`bounds.unmasked`), a tile of keys inside it needs no mask."""
+    intersection of the rows' `key_bounds`; empty where a row sees none), where the mask is
+    nothing but those bounds (`bounds.unmasked`): a tile of keys inside them needs no mask
+    (`scores.inside_bounds`). Nothing elsewhere."""
+    if unmasked(ctx.form, ctx.rows) is None:
+        return []
     vals, lo, hi = _row_bounds(ctx, ks)
     ilo, ihi = ir.Var("mf_kilo"), ir.Var("mf_kihi")
     rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")

@@ -41,7 +41,6 @@ from ..matmul.form import held_dtype
 from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from ..online import NEG_INF
-from .bounds import unmasked
 from .context import CallContext, Emitted, KernelState, lowering
 from .head import inner_keys, tiled_head
 from .mma_phases import scores, softmax, values, write
@@ -110,8 +109,7 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body += stage_q(ctx, row, op, q)
-    if unmasked(ctx.form, ctx.rows) is not None:
-        body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
+    body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     body += [ir.Comment("the softmax threads' row (four a row): running max, partial sum"),
              ir.Decl("mf_mm", "float", NEG_INF, const=False),
              ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),
