@@ -124,6 +124,20 @@ def test_prefill_inner_tiles_lazy_max_and_nan(target, e):
     torch.testing.assert_close(got, want, equal_nan=True, **TOL[dtype])
 
 
+def test_prefill_inner_tiles_of_a_sliding_window():
+    """A sliding window bounds a row's keys from both sides: tiles inside every row's window
+    (S = L = 200, a window of 100: rows 128..191 all see keys 92..128) take the soft-capped
+    score without the mask, the others keep it (cuda, E = 80: 32-key tiles)."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 200, 80, generator=g).half() for _ in range(3))
+    args = (q, k, v, 80 ** -0.5, 100, 5.0)
+    with mf.target("cuda"):
+        kernel = window_softcap.with_launch(key_splits=1)
+        assert "mf_kilo" in kernel.source(*args)
+        got = kernel(*args)
+    torch.testing.assert_close(got, torch_window_softcap(*args), **TOL[torch.float16])
+
+
 def test_tensor_ops_prefill_window_softcap_and_rows_without_keys():
     """bf16 operands on Metal 4 tensor ops with the score's elementwise work on the block's
     elements (a sliding window with a soft cap; 40 rows, 90 keys, E = 40: partial blocks
