@@ -59,7 +59,7 @@ def test_prefill_lowering_by_target(dtype, target, lowered):
     """The prefill kernel's products on the target's matrix hardware with the tensors' own
     operand type: simdgroup_matrix (apple9: mf_mma16, K^T loaded transposed, V not), Metal 4
     tensor ops (apple10, cuda: q, the scores and the weights in registers, the scores one
-    product over all of E up to 128, the values one over a tile's 32 keys per 16-block of E;
+    product over all of E up to 128, the values one over a tile's 32 keys and all of E;
     apple9-metal4, whose layout is not known: 16 x 16 blocks over
     threadgroup tensors, V k-outer); f32 keeps the fp32 simdgroup_matrix products everywhere
     (no TF32)."""

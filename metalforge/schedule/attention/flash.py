@@ -2,9 +2,9 @@
 tensor operations where the target knows its cooperative tensors' element layout (apple10:
 M5's neural accelerators; cuda: the shim's tensor cores; `Target.row_lanes`):
 
-    S[16 rows x KT keys]  = Q x K^T, one product over E up to EMAX   (Q held in registers)
-    online softmax of S, per row, in fp32, in registers            (P: its weights, as operands)
-    O_d[16 rows x 16 e]  += P x V_d                                (O_d held in registers)
+    S[16 rows x KT keys] = Q x K^T, one product over E up to EMAX    (Q held in registers)
+    online softmax of S, per row, in fp32, in registers             (P: its weights, as operands)
+    O[16 rows x EMAX]    += P x V, one product over the tile's keys (O held in registers)
 
 A threadgroup of four simdgroups takes a tile of ROWS = 64 query rows that read the same
 keys, each simdgroup 16 of them, all the tile's keys; the group stages the keys a tile of KT
@@ -16,8 +16,10 @@ and a dependent product, was 37% of the kernel's time at E = 128). Its scores ar
 destination cooperative tensor (16 x KT), read and rewritten element by element where the
 lane holds them; the weights become the left input of the values' products by a copy of each
 element (`P[c] = op(S[c])`: the two tensors' elements lie alike on these targets); its
-outputs are one destination per 16-block of E. Nothing of a row but the K/V tiles goes
-through threadgroup memory, and a tile takes two barriers.
+outputs are one destination (16 x EMAX, 0 past E). A row's max is lazy (`online.raise_lazily`)
+and a whole tile inside every row's bounds goes without the mask (`scores.inside_bounds`).
+Nothing of a row but the K/V tiles goes through threadgroup memory, and a tile takes two
+barriers.
 
 Each lane holds elements of two rows of its simdgroup's 16 (one of rows 0..7, one of 8..15:
 `row_lanes`), so it keeps two rows' state (max m0 / m1, lane-partial sums d0 / d1), picks an
@@ -49,7 +51,7 @@ from ..matrix.resident import declare_matmul, view
 from ..matrix.strided import SIDE, threadgroup_tensor
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import inner_keys, tiled_head
+from .head import tiled_head
 from .mma import operand, zero_fill
 from .mma_phases import state
 from .params import NARROW_PREFILL_E, PAD_BYTES, TILE_BYTES
@@ -114,7 +116,7 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     ks.out.helpers |= {"mf_tensor_ops", "mf_strides"}
     head = tiled_head(ctx, ks, SIMDGROUPS, (
         f"4 simdgroups of 16 rows, each with all of a tile's keys; the group stages tiles of "
-        f"{kt} keys of K and V in threadgroup memory"))
+        f"{kt} keys of K and V in threadgroup memory"), inner=True)
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     operands = matrix_operands(ctx)
     assert operands is not None                      # `operand` found them
@@ -123,7 +125,6 @@ def kernel(ctx: CallContext, target: Target, narrow: bool = False
     body = _places(ctx) + tile_arrays(ctx, row, runs=False, width=emax)
     body += _zero_columns(ctx, kt, emax) + _declare(op, kt, emax)
     body += _fill_q(ctx, row, q, op) + _lane_rows(ctx)
-    body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     weights = _scores(ctx, replace(row, row_pick=ir.Var("mf_qhi")), op, kt, emax, k_arr)
     weights += _softmax(op, target.row_lanes)
     body += _pass(ctx, row, kt, weights, _values(op, kt, emax, v_arr))
@@ -266,7 +267,7 @@ def _scores(ctx: CallContext, ks: KernelState, op: str, kt: int, emax: int, k_ar
     of E left a branch and a dependent product between each), then per element the score's
     work (`score`: scale, masks, caps; -inf past the tile's keys and rows) and the lane's
     rows' maxima over it (ignoring NaN: a NaN score's weight is NaN, and so is its row's
-    sum). A whole tile of live rows inside every row's bounds (`head.inner_keys`) takes the
+    sum). A whole tile of live rows inside every row's bounds (`head.block_keys`) takes the
     score without its mask (`bounds.unmasked`) and no guard: all but the tiles along a
     causal diagonal."""
     k_view = view(threadgroup_tensor(op), ir.Var(k_arr), emax, ir.Var(f"{k_arr}_stride"), kt)

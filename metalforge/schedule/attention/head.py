@@ -91,11 +91,13 @@ def row_positions(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
             ir.If(tid < ir.Lit(ks.qt, "uint"), body), ir.Barrier()]
 
 
-def tiled_head(ctx: CallContext, ks: KernelState, nsg: int, what: str) -> list[ir.Stmt]:
+def tiled_head(ctx: CallContext, ks: KernelState, nsg: int, what: str, inner: bool = False
+               ) -> list[ir.Stmt]:
     """The prefill kernels' start: `group_head`, the tile's live rows and their positions'
     table (`row_positions`, which the keys' bounds read too), the block of keys."""
     return (group_head(ctx, ks, nsg, what) + tile(ctx, ks, arrays=False)
-            + row_positions(ctx, ks) + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True)))
+            + row_positions(ctx, ks)
+            + block_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True), inner))
 
 
 def _row_bounds(ctx: CallContext, ks: KernelState
@@ -116,10 +118,13 @@ def _row_bounds(ctx: CallContext, ks: KernelState
     return vals, lo, hi
 
 
-def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
+def block_keys(ctx: CallContext, ks: KernelState, inner: bool = False) -> list[ir.Stmt]:
     """The threadgroup's block of keys [mf_l0, mf_l1): the keys its rows can see (all of
     L, or the union of the rows' `key_bounds`: masked keys are never read) split into
-    mf_splits blocks."""
+    mf_splits blocks. With `inner`, where the mask is nothing but those bounds
+    (`bounds.unmasked`), in the same pass over the rows also [mf_kilo, mf_kihi) (long): the
+    keys every live row sees (their intersection; empty where a row sees none), inside which
+    a tile needs no mask (`scores.inside_bounds`)."""
     splits, length = ir.Cast(IDX, ir.Var("mf_splits")), ctx.size(ctx.form.key)
     one = ir.Lit(1, IDX)
     if not key_bounds(ctx.form, ctx.rows):
@@ -129,40 +134,31 @@ def block_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
     vals, lo, hi = _row_bounds(ctx, ks)
     klo, khi = ir.Var("mf_klo"), ir.Var("mf_khi")
     rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")
+    ilo, ihi = ir.Var("mf_kilo"), ir.Var("mf_kihi")
     chunk = (ir.Var("mf_kn") + splits - one) / splits
+    zero = ir.Cast("long", ir.Lit(0, IDX))
+    union: list[ir.Stmt] = [
+        ir.Decl("mf_klo", "long", ir.Cast("long", length), const=False),
+        ir.Decl("mf_khi", "long", zero, const=False)]
+    per_row: list[ir.Stmt] = [
+        *vals, ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
+        ir.If(rlo < rhi, [ir.Assign(klo, ir.Select(rlo < klo, rlo, klo)),
+                          ir.Assign(khi, ir.Select(rhi > khi, rhi, khi))])]
+    if inner and unmasked(ctx.form, ctx.rows) is not None:
+        union += [ir.Comment("and the keys every row of the tile sees (no mask needed inside "
+                             "them)"),
+                  ir.Decl("mf_kilo", "long", zero, const=False),
+                  ir.Decl("mf_kihi", "long", ir.Cast("long", length), const=False)]
+        per_row += [ir.Assign(ilo, ir.Select(rlo > ilo, rlo, ilo)),
+                    ir.Assign(ihi, ir.Select(rhi < ihi, rhi, ihi))]
     return [
         ir.Comment(f"the keys the tile's rows can see (the mask's bounds on "
                    f"'{ctx.form.key}'; masked keys are never read), split into mf_splits "
                    f"blocks"),
-        ir.Decl("mf_klo", "long", ir.Cast("long", length), const=False),
-        ir.Decl("mf_khi", "long", ir.Cast("long", ir.Lit(0, IDX)), const=False),
-        each_row(ctx, ks, vals + [
-            ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
-            ir.If(rlo < rhi, [ir.Assign(klo, ir.Select(rlo < klo, rlo, klo)),
-                              ir.Assign(khi, ir.Select(rhi > khi, rhi, khi))])]),
+        *union, each_row(ctx, ks, per_row),
         ir.Decl("mf_kn", IDX, ir.Select(khi > klo, ir.Cast(IDX, khi - klo),
                                         ir.Lit(0, IDX))),
         ir.Decl("mf_l0", IDX, ir.Select(khi > klo, ir.Cast(IDX, klo), ir.Lit(0, IDX))
                 + ir.Cast(IDX, ir.Var("mf_block")) * chunk),
         ir.Decl("mf_l1", IDX, ir.Call("min", (ir.Var("mf_l0") + chunk, ir.Select(
             khi > klo, ir.Cast(IDX, khi), ir.Lit(0, IDX)))))]
-
-
-def inner_keys(ctx: CallContext, ks: KernelState) -> list[ir.Stmt]:
-    """[mf_kilo, mf_kihi) (long): the keys every live row of the tile can see (the
-    intersection of the rows' `key_bounds`; empty where a row sees none), where the mask is
-    nothing but those bounds (`bounds.unmasked`): a tile of keys inside them needs no mask
-    (`scores.inside_bounds`). Nothing elsewhere."""
-    if unmasked(ctx.form, ctx.rows) is None:
-        return []
-    vals, lo, hi = _row_bounds(ctx, ks)
-    ilo, ihi = ir.Var("mf_kilo"), ir.Var("mf_kihi")
-    rlo, rhi = ir.Var("mf_rlo"), ir.Var("mf_rhi")
-    return [
-        ir.Comment("the keys every row of the tile sees (no mask needed inside them)"),
-        ir.Decl("mf_kilo", "long", ir.Cast("long", ir.Lit(0, IDX)), const=False),
-        ir.Decl("mf_kihi", "long", ir.Cast("long", ctx.size(ctx.form.key)), const=False),
-        each_row(ctx, ks, vals + [
-            ir.Decl("mf_rlo", "long", lo), ir.Decl("mf_rhi", "long", hi),
-            ir.Assign(ilo, ir.Select(rlo > ilo, rlo, ilo)),
-            ir.Assign(ihi, ir.Select(rhi < ihi, rhi, ihi))])]

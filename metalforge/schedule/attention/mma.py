@@ -42,7 +42,7 @@ from ..matrix import strided
 from ..matrix.tile import MPP, SIMDGROUP, operand_type
 from ..online import NEG_INF
 from .context import CallContext, Emitted, KernelState, lowering
-from .head import inner_keys, tiled_head
+from .head import tiled_head
 from .mma_phases import scores, softmax, values, write
 from .params import MATRIX_ROWS, NARROW_LANES, NARROW_TILE_KEYS, PAD_BYTES, TILE_BYTES, TILE_KEYS
 from .prefill import finish, matrix_operands
@@ -101,7 +101,7 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     ks.out.helpers |= strided.helpers(sblk) | {"mf_maximum"}
     head = tiled_head(ctx, ks, SIMDGROUPS, (
         "4 simdgroups, each 16 rows x half the key and E blocks; the group stages tiles of "
-        "mf_kt keys of K and V and the rows' q in threadgroup memory"))
+        "mf_kt keys of K and V and the rows' q in threadgroup memory"), inner=True)
     row = ks.with_row(ir.Var("mf_qrow"), table=True)
     body = _places(lowering_) + tile_arrays(ctx, row, runs=False) + _buffers(ctx, ks, op)
     operands = matrix_operands(ctx)
@@ -109,7 +109,6 @@ def kernel(ctx: CallContext, target: Target) -> Optional[ir.LoweredKernel]:
     q, k = operands
     k_arr, v_arr = ctx.kv[strip_casts(k)], ctx.kv[strip_casts(f.values)]
     body += stage_q(ctx, row, op, q)
-    body += inner_keys(ctx, ks.with_row(ir.Var("mf_t"), table=True))
     body += [ir.Comment("the softmax threads' row (four a row): running max, partial sum"),
              ir.Decl("mf_mm", "float", NEG_INF, const=False),
              ir.Decl("mf_md", "float", ir.Lit(0.0, "float"), const=False),

@@ -9,6 +9,7 @@ from ...graph import Node, topo_order
 from ..base import IDX
 from ..hardware import SIMD_WIDTH
 from ..lower import as_float, compute_type
+from ..matrix.strided import SIDE
 from ..online import NEG_INF
 from .bounds import unmasked
 from .context import SIMD, CallContext, KernelState, lowering
@@ -114,13 +115,13 @@ def element_score(ctx: CallContext, ks: KernelState, guard: Optional[ir.Expr]
 def inside_bounds(ctx: CallContext, kt: ir.Expr) -> Optional[ir.Expr]:
     """Whether the tile of keys from mf_tk is whole (`kt` keys), the simdgroup's 16 rows
     (from mf_row0) live and every key inside every row's bounds ([mf_kilo, mf_kihi):
-    `head.inner_keys`), so that its scores need no mask or guard; None where the mask is
+    `head.block_keys`), so that its scores need no mask or guard; None where the mask is
     more than bounds."""
     if unmasked(ctx.form, ctx.rows) is None:
         return None
     tk = ir.Cast("long", ir.Var("mf_tk"))
     return ir.Var("mf_tn").eq(kt).and_(
-        ir.Var("mf_row0") + ir.Lit(16, "uint") <= ir.Var("mf_nlive")).and_(
+        ir.Var("mf_row0") + ir.Lit(SIDE, "uint") <= ir.Var("mf_nlive")).and_(
         tk >= ir.Var("mf_kilo")).and_(tk + ir.Cast("long", kt) <= ir.Var("mf_kihi"))
 
 

@@ -1307,6 +1307,9 @@ template <typename T, typename mf_index_t>
     // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
+    // and the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
     for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
         if (mf_t < mf_nlive) {
             const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
@@ -1318,6 +1321,8 @@ template <typename T, typename mf_index_t>
                 mf_klo = mf_rlo < mf_klo ? mf_rlo : mf_klo;
                 mf_khi = mf_rhi > mf_khi ? mf_rhi : mf_khi;
             }
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
         }
     }
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
@@ -1395,20 +1400,6 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
     const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
     const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
-    // the keys every row of the tile sees (no mask needed inside them)
-    long mf_kilo = long(0u);
-    long mf_kihi = long(mf_size_L);
-    for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
-        if (mf_t < mf_nlive) {
-            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
-            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
-            const long mf_rlo = long(0u);
-            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
-            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
-            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
-        }
-    }
     // one pass over the block's keys along 'L', 32 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(32u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(32u)));
@@ -1693,6 +1684,9 @@ template <typename T, typename mf_index_t>
     // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
+    // and the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
     for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
         if (mf_t < mf_nlive) {
             const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
@@ -1704,6 +1698,8 @@ template <typename T, typename mf_index_t>
                 mf_klo = mf_rlo < mf_klo ? mf_rlo : mf_klo;
                 mf_khi = mf_rhi > mf_khi ? mf_rhi : mf_khi;
             }
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
         }
     }
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
@@ -1781,20 +1777,6 @@ template <typename T, typename mf_index_t>
     const mf_index_t mf_rpos_R1 = mf_tg_tpos_R[mf_row0 + mf_lr1];
     const mf_index_t mf_rpos_S0 = mf_tg_tpos_S[mf_row0 + mf_lr0];
     const mf_index_t mf_rpos_S1 = mf_tg_tpos_S[mf_row0 + mf_lr1];
-    // the keys every row of the tile sees (no mask needed inside them)
-    long mf_kilo = long(0u);
-    long mf_kihi = long(mf_size_L);
-    for (uint mf_t = 0u; mf_t < 64u; ++mf_t) {
-        if (mf_t < mf_nlive) {
-            const long mf_index_S = long(mf_tg_tpos_S[mf_t]);
-            const long mf_kb1 = long(ulong(mf_index_S) + ulong(long(mf_size_L)));
-            const long mf_kb2 = long(ulong(mf_kb1) - ulong(long(mf_size_S)));
-            const long mf_rlo = long(0u);
-            const long mf_rhi = long(mf_kb2) + long(1u) < long(mf_size_L) ? long(mf_kb2) + long(1u) : long(mf_size_L);
-            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
-            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
-        }
-    }
     // one pass over the block's keys along 'L', 64 at a time
     for (mf_index_t mf_tk = mf_l0; mf_tk < mf_l1; mf_tk += mf_index_t(64u)) {
         const uint mf_tn = uint(min(mf_l1 - mf_tk, mf_index_t(64u)));

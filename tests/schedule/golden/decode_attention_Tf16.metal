@@ -1306,6 +1306,9 @@ template <typename T, typename mf_index_t>
     // the keys the tile's rows can see (the mask's bounds on 'L'; masked keys are never read), split into mf_splits blocks
     long mf_klo = long(mf_size_L);
     long mf_khi = long(0u);
+    // and the keys every row of the tile sees (no mask needed inside them)
+    long mf_kilo = long(0u);
+    long mf_kihi = long(mf_size_L);
     for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
         if (mf_t < mf_nlive) {
             const long mf_rlo = long(0u);
@@ -1314,6 +1317,8 @@ template <typename T, typename mf_index_t>
                 mf_klo = mf_rlo < mf_klo ? mf_rlo : mf_klo;
                 mf_khi = mf_rhi > mf_khi ? mf_rhi : mf_khi;
             }
+            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
+            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
         }
     }
     const mf_index_t mf_kn = mf_khi > mf_klo ? mf_index_t(mf_khi - mf_klo) : 0u;
@@ -1352,17 +1357,6 @@ template <typename T, typename mf_index_t>
         if (mf_qrow < mf_nlive && mf_index_t(mf_e) < mf_size_E) {
             const float mf_in_q = float(q[((mf_tg_tpos_B[mf_qrow] * mf_size_G + mf_pos_G) * mf_size_R + mf_tg_tpos_R[mf_qrow]) * mf_size_E + mf_index_t(mf_e)]);
             mf_qt[mf_qrow * mf_qs + mf_e] = half(mf_in_q);
-        }
-    }
-    // the keys every row of the tile sees (no mask needed inside them)
-    long mf_kilo = long(0u);
-    long mf_kihi = long(mf_size_L);
-    for (uint mf_t = 0u; mf_t < 32u; ++mf_t) {
-        if (mf_t < mf_nlive) {
-            const long mf_rlo = long(0u);
-            const long mf_rhi = long(pos) + long(1u) < long(mf_size_L) ? long(pos) + long(1u) : long(mf_size_L);
-            mf_kilo = mf_rlo > mf_kilo ? mf_rlo : mf_kilo;
-            mf_kihi = mf_rhi < mf_kihi ? mf_rhi : mf_kihi;
         }
     }
     // the softmax threads' row (four a row): running max, partial sum
