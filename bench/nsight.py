@@ -40,18 +40,15 @@ def prefill(args) -> tuple:
 def backward(args) -> tuple:
     """The backward of examples/attention.py (causal, f16, 16 heads as
     bench/attention_backward.py) and of SDPA: torch.autograd.grad of an output computed once."""
+    from attention_backward import _backward
     attention = example("attention").attention.with_launch(target="cuda")
     q, k, v, dy = (torch.randn(1, 16, args.length, args.e, dtype=torch.float16, device="cuda")
                    for _ in range(4))
     scale = args.e ** -0.5
-
-    def grad(forward):
-        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        out = forward(*leaves)
-        return lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)
-    return (grad(lambda a, b, c: attention(a, b, c, scale)),
-            grad(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=scale,
-                                                                 is_causal=True)))
+    return (_backward(lambda a, b, c: attention(a, b, c, scale), (q, k, v), dy),
+            _backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=scale,
+                                                                     is_causal=True),
+                      (q, k, v), dy))
 
 
 def matmul(args) -> tuple:
